@@ -1,0 +1,28 @@
+// `llmesh bench engine`: prompt-processing (pp) and decode (tg) tokens/s, llama-bench style,
+// reported against limits measured in the same run: the machine's read bandwidth (decode
+// roofline = bandwidth / bytes read per token) and OpenBLAS sgemm GFLOP/s (prefill GEMM).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "llmesh/common/error.hpp"
+
+namespace llmesh::bench {
+
+struct engine_bench_options {
+  std::string model_dir;
+  int tp = 1;
+  int threads = 0;
+  size_t prompt_tokens = 512;
+  size_t gen_tokens = 64;
+  int reps = 3;
+};
+
+/// Runs the benchmark and prints a table to stdout.
+[[nodiscard]] status run_engine_bench(const engine_bench_options& opt);
+
+/// Read bandwidth in bytes/s: `threads` threads sum a `bytes`-sized buffer (best of reps).
+double measure_read_bandwidth(int threads, size_t bytes, int reps);
+
+}  // namespace llmesh::bench

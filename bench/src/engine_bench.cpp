@@ -1,0 +1,145 @@
+// The engine benchmark. Prints one table; every number is measured in this run.
+#include <cblas.h>
+
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "llmesh/bench/engine_bench.hpp"
+#include "llmesh/kernels/cpu_features.hpp"
+#include "llmesh/kernels/matmul.hpp"
+#include "llmesh/model/engine.hpp"
+
+namespace llmesh::bench {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+std::vector<int32_t> bench_tokens(size_t n, size_t vocab) {
+  std::vector<int32_t> ids(n);
+  uint64_t x = 12345;
+  for (auto& id : ids) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    id = static_cast<int32_t>((x >> 33) % vocab);
+  }
+  return ids;
+}
+
+struct gemm_result {
+  double ours_model_dtype = 0, ours_f32 = 0, openblas = 0;
+};
+
+/// Prefill's largest GEMM shape (M prompt tokens × N intermediate × K hidden), ours on the
+/// model's own gate weights and on an f32 copy, against OpenBLAS sgemm on the f32 copy.
+gemm_result bench_gemm(const model::model& m, size_t rows, int threads, int reps) {
+  const auto& w = m.weights().layers[0].gate;
+  const size_t M = rows, N = w.rows, K = w.cols;
+  std::vector<float> x(M * K), wf(N * K), y(M * N);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+  for (size_t i = 0; i < wf.size(); ++i) wf[i] = kernels::load_as_f32(w.data, w.type, i);
+  kernels::thread_pool pool(threads);
+  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  auto best_of = [&](auto&& fn) {
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      auto t0 = clock_type::now();
+      fn();
+      best = std::min(best, since(t0));
+    }
+    return flops / best / 1e9;
+  };
+  gemm_result g;
+  kernels::matmul_args a{x.data(), K, w.data, K, w.type, nullptr, y.data(), N, M, N, K};
+  g.ours_model_dtype = best_of([&] { (void)kernels::matmul(a, pool); });
+  kernels::matmul_args af = a;
+  af.w = wf.data();
+  af.w_type = kernels::dtype::f32;
+  g.ours_f32 = best_of([&] { (void)kernels::matmul(af, pool); });
+  openblas_set_num_threads(threads);
+  g.openblas = best_of([&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K),
+                1.0f, x.data(), static_cast<int>(K), wf.data(), static_cast<int>(K), 0.0f, y.data(), static_cast<int>(N));
+  });
+  return g;
+}
+
+}  // namespace
+
+status run_engine_bench(const engine_bench_options& opt) {
+  auto m = model::model::load(opt.model_dir);
+  if (!m) return m.take_error();
+  model::engine_options eo;
+  eo.tp = opt.tp;
+  eo.threads = opt.threads;
+  eo.kv_tokens = opt.prompt_tokens + opt.gen_tokens + 16;
+  auto eng_r = model::engine::create(m.value(), eo);
+  if (!eng_r) return eng_r.take_error();
+  auto& eng = **eng_r;
+  const auto& c = eng.config();
+  if (opt.prompt_tokens + opt.gen_tokens + 1 > c.max_positions) {
+    return make_error(errc::invalid_request, "--pp + --tg exceed the model's context");
+  }
+  const int threads = eng.threads();
+  const int reps = std::max(1, opt.reps);
+
+  double bw = measure_read_bandwidth(threads, size_t{1} << 30, 3);
+
+  // pp: one step over the whole prompt on a fresh sequence.
+  auto prompt = bench_tokens(opt.prompt_tokens, c.vocab);
+  std::vector<float> logits;
+  double pp_best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    int seq = eng.open_sequence();
+    model::step_item item{seq, prompt, true};
+    auto t0 = clock_type::now();
+    LLMESH_TRY(eng.step(std::span(&item, 1), logits));
+    pp_best = std::min(pp_best, since(t0));
+    eng.close_sequence(seq);
+  }
+
+  // tg: decode token by token from a one-token context.
+  auto gen = bench_tokens(opt.gen_tokens + 1, c.vocab);
+  double tg_best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    int seq = eng.open_sequence();
+    model::step_item first{seq, std::span(gen.data(), 1), true};
+    LLMESH_TRY(eng.step(std::span(&first, 1), logits));
+    auto t0 = clock_type::now();
+    for (size_t i = 1; i <= opt.gen_tokens; ++i) {
+      model::step_item item{seq, std::span(gen.data() + i, 1), true};
+      LLMESH_TRY(eng.step(std::span(&item, 1), logits));
+    }
+    tg_best = std::min(tg_best, since(t0));
+    eng.close_sequence(seq);
+  }
+
+  const double weight_bytes = static_cast<double>(m.value()->decode_weight_bytes());
+  // KV bytes read per decode token at the average context of the tg run (keys + values, f32).
+  const double kv_bytes = 2.0 * 4.0 * static_cast<double>(c.n_layers * c.n_kv_heads * c.head_dim) *
+                          (1.0 + static_cast<double>(opt.gen_tokens) / 2.0);
+  const double bytes_per_token = weight_bytes + kv_bytes;
+  const double roofline = bw / bytes_per_token;
+  const double pp = static_cast<double>(opt.prompt_tokens) / pp_best;
+  const double tg = static_cast<double>(opt.gen_tokens) / tg_best;
+  auto g = bench_gemm(*m.value(), std::min<size_t>(opt.prompt_tokens, 512), threads, reps);
+
+  std::printf("llmesh bench engine: %s\n", opt.model_dir.c_str());
+  std::printf("  model        %s, hidden %zu, layers %zu, heads %zu/%zu, vocab %zu, %.2f B decode params\n",
+              c.arch_name.c_str(), c.hidden, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab,
+              weight_bytes / kernels::dtype_size(m.value()->weights().layers[0].q.type) / 1e9);
+  std::printf("  setup        tp %d, threads %d, isa %s\n", eng.tp(), threads,
+              std::string(kernels::isa_name(kernels::active_isa())).c_str());
+  std::printf("  bandwidth    %.1f GB/s (read, %d threads, 1 GiB)\n", bw / 1e9, threads);
+  std::printf("  bytes/token  %.3f GB (weights %.3f + KV %.4f)\n", bytes_per_token / 1e9, weight_bytes / 1e9, kv_bytes / 1e9);
+  std::printf("  pp%-8zu  %.2f tok/s\n", opt.prompt_tokens, pp);
+  std::printf("  tg%-8zu  %.2f tok/s = %.1f%% of the roofline %.2f tok/s\n", opt.gen_tokens, tg, 100.0 * tg / roofline,
+              roofline);
+  std::printf("  gemm         %zux%zux%zu: ours %.1f GFLOP/s (model dtype), %.1f (f32); OpenBLAS sgemm %.1f -> %.1f%% / %.1f%%\n",
+              std::min<size_t>(opt.prompt_tokens, 512), c.intermediate, c.hidden, g.ours_model_dtype, g.ours_f32,
+              g.openblas, 100.0 * g.ours_model_dtype / g.openblas, 100.0 * g.ours_f32 / g.openblas);
+  return ok_status();
+}
+
+}  // namespace llmesh::bench

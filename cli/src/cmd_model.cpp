@@ -1,0 +1,70 @@
+// `llmesh model random`: writes a deterministic random model in the HF layout.
+#include <cstdio>
+#include <memory>
+
+#include "commands.hpp"
+#include "llmesh/model/random_model.hpp"
+#include "llmesh/model/weights.hpp"
+
+namespace llmesh::cli {
+namespace {
+
+struct model_flags {
+  model::random_model_spec spec;
+  std::string out, dtype = "f32", rope_scaling;
+};
+
+status run_random(model_flags& f) {
+  if (f.dtype == "f32") {
+    f.spec.dtype = kernels::dtype::f32;
+  } else if (f.dtype == "f16") {
+    f.spec.dtype = kernels::dtype::f16;
+  } else if (f.dtype == "bf16") {
+    f.spec.dtype = kernels::dtype::bf16;
+  } else {
+    return make_error(errc::invalid_request, "--dtype must be f32, f16 or bf16, not '" + f.dtype + "'");
+  }
+  if (!f.rope_scaling.empty() && f.rope_scaling != "llama3") {
+    return make_error(errc::invalid_request, "--rope-scaling must be llama3");
+  }
+  f.spec.llama3_scaling = f.rope_scaling == "llama3";
+  LLMESH_TRY(model::write_random_model(f.spec, f.out));
+  auto check = model::model::load(f.out);  // what we write must load
+  if (!check) return check.take_error();
+  std::fprintf(stderr, "wrote %s: %zu layers, hidden %zu, vocab %zu, %s, %.1f MB of weights\n", f.out.c_str(),
+               f.spec.n_layers, f.spec.hidden, f.spec.vocab, f.dtype.c_str(),
+               static_cast<double>((*check)->decode_weight_bytes()) / 1e6);
+  return ok_status();
+}
+
+}  // namespace
+
+void add_model(CLI::App& app, command_set& commands) {
+  auto* model_cmd = app.add_subcommand("model", "Model utilities");
+  model_cmd->require_subcommand(1);
+  auto f = std::make_shared<model_flags>();
+  auto& s = f->spec;
+  auto* sub = model_cmd->add_subcommand("random", "Write a deterministic random model (HF directory)");
+  sub->add_option("--out", f->out, "Output directory")->required();
+  sub->add_option("--arch", s.arch, "llama | mistral | qwen2")->capture_default_str();
+  sub->add_option("--hidden", s.hidden, "hidden_size")->capture_default_str();
+  sub->add_option("--intermediate", s.intermediate, "intermediate_size")->capture_default_str();
+  sub->add_option("--layers", s.n_layers, "num_hidden_layers")->capture_default_str();
+  sub->add_option("--heads", s.n_heads, "num_attention_heads")->capture_default_str();
+  sub->add_option("--kv-heads", s.n_kv_heads, "num_key_value_heads")->capture_default_str();
+  sub->add_option("--head-dim", s.head_dim, "head_dim; 0 = hidden / heads")->capture_default_str();
+  sub->add_option("--vocab", s.vocab, "vocab_size (>= 258)")->capture_default_str();
+  sub->add_option("--max-positions", s.max_positions, "max_position_embeddings")->capture_default_str();
+  sub->add_option("--dtype", f->dtype, "f32 | f16 | bf16")->capture_default_str();
+  sub->add_flag("--tie", s.tie_embeddings, "tie_word_embeddings");
+  sub->add_flag("--attention-bias", s.attention_bias, "Llama attention_bias (q/k/v/o biases)");
+  sub->add_option("--rope-theta", s.rope_theta, "rope_theta")->capture_default_str();
+  sub->add_option("--rope-scaling", f->rope_scaling, "llama3 to write a llama3 rope_scaling block");
+  sub->add_option("--sliding-window", s.sliding_window, "Mistral sliding_window; 0 = none");
+  sub->add_option("--rms-norm-eps", s.rms_norm_eps, "rms_norm_eps")->capture_default_str();
+  sub->add_option("--seed", s.seed, "Seed of the weights")->capture_default_str();
+  sub->add_option("--shards", s.shards, "Number of safetensors files")->capture_default_str();
+  commands.emplace_back(sub, [f] { return run_random(*f); });
+}
+
+}  // namespace llmesh::cli

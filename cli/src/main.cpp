@@ -1,0 +1,37 @@
+// llmesh: the one binary. Parses flags, calls a library, maps errors to a one-line message
+// and a non-zero exit. Subcommands live in their own files (cmd_*.cpp).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "commands.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"llmesh: an actor-based serving mesh for large language models"};
+  app.require_subcommand(1);
+  llmesh::cli::command_set commands;
+  llmesh::cli::add_generate(app, commands);
+  llmesh::cli::add_model(app, commands);
+  llmesh::cli::add_bench(app, commands);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& [sub, run] : commands) {
+      if (sub->parsed()) {
+        llmesh::status s = run();
+        if (!s) {
+          std::fprintf(stderr, "llmesh: error: %s\n", s.err().message.c_str());
+          return 1;
+        }
+        return 0;
+      }
+    }
+  } catch (const std::exception& e) {  // a bug: report it in one line, not a stack trace
+    std::fprintf(stderr, "llmesh: internal error: %s\n", e.what());
+    return 70;
+  }
+  return 2;
+}

@@ -1,0 +1,55 @@
+// Causal grouped-query attention over a paged KV cache, and the cache writes it reads.
+//
+// KV layout (one layer of one shard): blocks of `block_size` positions; a block holds
+// [block_size][n_kv_heads][head_dim] float32 keys, and the same for values in a second array.
+// A sequence's block table maps its position p to block block_table[p / block_size].
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "llmesh/common/error.hpp"
+#include "llmesh/kernels/thread_pool.hpp"
+
+namespace llmesh::kernels {
+
+/// Shape shared by every sequence of one attention call.
+struct attention_shape {
+  size_t n_heads = 0;     ///< query heads on this shard
+  size_t n_kv_heads = 0;  ///< kv heads on this shard; n_heads % n_kv_heads == 0
+  size_t head_dim = 0;
+  size_t block_size = 16;
+  size_t sliding_window = 0;  ///< 0: none; else position i sees keys j with i - window < j <= i
+  float scale = 1.0f;         ///< usually 1/sqrt(head_dim)
+};
+
+/// One layer's cache of one shard: keys and values, each [n_blocks][block_size][n_kv_heads][head_dim].
+struct kv_layer_view {
+  float* keys = nullptr;
+  float* values = nullptr;
+  size_t n_blocks = 0;
+};
+
+/// One sequence's slice of an attention call: `n_tokens` consecutive query rows at positions
+/// pos0 .. pos0 + n_tokens - 1, whose keys and values are already in the cache.
+struct attention_seq {
+  const float* q = nullptr;  ///< [n_tokens][n_heads][head_dim]
+  float* out = nullptr;      ///< [n_tokens][n_heads][head_dim]
+  size_t pos0 = 0;
+  size_t n_tokens = 0;
+  std::span<const int32_t> block_table;  ///< covers positions 0 .. pos0 + n_tokens - 1
+};
+
+/// Writes keys/values [n_tokens][n_kv_heads][head_dim] at positions pos0.. into the cache.
+[[nodiscard]] status kv_write(const kv_layer_view& cache, const attention_shape& shape,
+                              std::span<const int32_t> block_table, size_t pos0, size_t n_tokens,
+                              const float* k, const float* v);
+
+/// For every query row: softmax(q·K / scale-adjusted) · V over its visible positions, keys in
+/// increasing position order (fixed order: results never depend on batch neighbours or on how
+/// the prompt was chunked). Work is split over (row, head) pairs across the pool.
+[[nodiscard]] status attention(const kv_layer_view& cache, const attention_shape& shape,
+                               std::span<const attention_seq> seqs, thread_pool& pool);
+
+}  // namespace llmesh::kernels

@@ -1,0 +1,44 @@
+// Row-wise ops of the Llama block: RMSNorm, residual add, SwiGLU, and the deterministic exp.
+// None of these reduce across a batch; RMSNorm reduces within a row with the canonical dot().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace llmesh::kernels {
+
+/// exp(x) for float32 with ~2 ulp error, written with plain multiplies and adds (no libm, no
+/// implicit fusing), so it gives the same bits on every CPU and vectorises under any flags.
+/// Returns 0 below -87.3 and is clamped near FLT_MAX above 88.3.
+inline float exp_det(float x) {
+  if (x < -87.3f) return 0.0f;
+  x = x > 88.3f ? 88.3f : x;
+  float t = x * 1.44269504088896341f;                  // x · log2(e)
+  float n = (t + 12582912.0f) - 12582912.0f;           // round to nearest (|t| < 2^22)
+  float r = x - n * 0.693359375f;                      // Cody-Waite: ln2 high part (exact product)
+  r = r - n * -2.12194440e-4f;                         // ln2 low part
+  float p = 1.9875691500e-4f;                          // Cephes expf minimax polynomial
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float y = (p * (r * r) + r) + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return y * scale;
+}
+
+/// out[i] = x[i] / sqrt(mean(x²) + eps) * weight[i] for one row of n (HF LlamaRMSNorm order).
+/// out may alias x.
+void rmsnorm(const float* x, const float* weight, float* out, size_t n, float eps);
+
+/// x[i] += delta[i].
+void add_inplace(float* x, const float* delta, size_t n);
+
+/// out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may alias gate.
+void swiglu(const float* gate, const float* up, float* out, size_t n);
+
+}  // namespace llmesh::kernels

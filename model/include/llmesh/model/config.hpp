@@ -1,0 +1,39 @@
+// The model hyper-parameters llmesh honours, read from an HF config.json.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "llmesh/common/error.hpp"
+#include "llmesh/kernels/rope.hpp"
+
+namespace llmesh::model {
+
+/// Supported architectures (DESIGN.md §Models).
+enum class architecture { llama, mistral, qwen2 };
+
+/// Everything the forward pass needs to know about a model's shape.
+struct model_config {
+  architecture arch = architecture::llama;
+  std::string arch_name;  ///< as spelled in config.json, e.g. "LlamaForCausalLM"
+  size_t hidden = 0, intermediate = 0, n_layers = 0;
+  size_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  size_t vocab = 0;
+  size_t max_positions = 0;
+  float rms_norm_eps = 1e-6f;
+  kernels::rope_config rope;   ///< head_dim, theta and llama3 scaling
+  bool tie_embeddings = false;
+  bool qkv_bias = false;       ///< Qwen2, or Llama with attention_bias
+  bool o_bias = false;         ///< Llama with attention_bias
+  size_t sliding_window = 0;   ///< 0: none (Mistral sliding_window, Qwen2 with use_sliding_window)
+  std::vector<int32_t> bos_ids, eos_ids;
+};
+
+/// Parses config.json text. Errors name the missing or invalid field.
+[[nodiscard]] result<model_config> parse_config(const std::string& json_text);
+
+/// Reads and parses DIR/config.json.
+[[nodiscard]] result<model_config> load_config(const std::string& model_dir);
+
+}  // namespace llmesh::model

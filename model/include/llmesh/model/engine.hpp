@@ -1,0 +1,81 @@
+// The engine: a model's tensor-parallel group of shard executors in one process, the
+// in-process communicator between them, and a simple paged KV block allocator.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "llmesh/common/error.hpp"
+#include "llmesh/kernels/communicator.hpp"
+#include "llmesh/kernels/thread_pool.hpp"
+#include "llmesh/model/shard_executor.hpp"
+#include "llmesh/model/weights.hpp"
+
+namespace llmesh::model {
+
+struct engine_options {
+  int tp = 1;                 ///< tensor-parallel ranks (executors) in this process
+  int threads = 0;            ///< kernel threads in all; 0 = one per hardware thread
+  size_t kv_tokens = 0;       ///< KV cache capacity in positions; 0 = min(max positions, 8192)
+  size_t block_size = 16;
+};
+
+/// Part of a step for one sequence: tokens to append, and whether to return the logits of
+/// the last one.
+struct step_item {
+  int seq = 0;
+  std::span<const int32_t> tokens;
+  bool want_logits = true;
+};
+
+/// Thread affinity: one caller at a time. The caller's thread is rank 0; ranks 1..tp-1 run on
+/// threads of the engine. Kernel threads: `threads` split evenly over the ranks, so the
+/// process never runs more kernel threads than asked for.
+/// Failure: if one rank fails mid-step, the group is aborted (no rank waits forever) and the
+/// engine refuses further steps: a tensor-parallel group fails as a unit.
+class engine {
+ public:
+  [[nodiscard]] static result<std::unique_ptr<engine>> create(std::shared_ptr<const model> m, engine_options opt);
+  ~engine();
+
+  /// Starts an empty sequence and returns its id.
+  int open_sequence();
+  /// Frees a sequence's KV blocks. Unknown ids are ignored.
+  void close_sequence(int seq);
+  /// Tokens stored for a sequence so far (0 for unknown ids).
+  size_t sequence_length(int seq) const;
+
+  /// Runs one forward step over all items: appends their tokens to their sequences and writes
+  /// [n_want][vocab] logits. Checks ids, lengths and KV capacity first; on such errors nothing
+  /// is changed.
+  [[nodiscard]] status step(std::span<const step_item> items, std::vector<float>& logits);
+
+  const model_config& config() const { return model_->config(); }
+  const model& loaded_model() const { return *model_; }
+  int tp() const { return opt_.tp; }
+  int threads() const { return opt_.threads; }
+  size_t free_blocks() const { return free_blocks_.size(); }
+
+ private:
+  struct sequence {
+    std::vector<int32_t> blocks;
+    size_t length = 0;
+  };
+  engine(std::shared_ptr<const model> m, engine_options opt);
+
+  std::shared_ptr<const model> model_;
+  engine_options opt_;
+  kv_cache_config kv_;
+  std::vector<std::unique_ptr<kernels::communicator>> comms_;
+  std::vector<std::unique_ptr<kernels::thread_pool>> pools_;  ///< one per rank
+  std::unique_ptr<kernels::thread_pool> ranks_;               ///< runs the ranks (tp > 1)
+  std::vector<std::unique_ptr<shard_executor>> shards_;
+  std::vector<int32_t> free_blocks_;
+  std::map<int, sequence> seqs_;
+  int next_seq_ = 0;
+  bool failed_ = false;
+};
+
+}  // namespace llmesh::model

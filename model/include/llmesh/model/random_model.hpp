@@ -1,0 +1,52 @@
+// `llmesh model random`: writes a deterministic random model as a loadable HF directory
+// (config.json, safetensors — single or sharded —, tokenizer.json, tokenizer_config.json,
+// generation_config.json). Used for tests, golden files and benchmarks at any shape.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "llmesh/common/error.hpp"
+#include "llmesh/kernels/dtype.hpp"
+
+namespace llmesh::model {
+
+struct random_model_spec {
+  std::string arch = "llama";  ///< llama | mistral | qwen2
+  size_t hidden = 64, intermediate = 160, n_layers = 2;
+  size_t n_heads = 4, n_kv_heads = 2, head_dim = 0;  ///< head_dim 0: hidden / n_heads (omitted from config)
+  size_t vocab = 517;                                ///< at least 258: 256 byte tokens + BOS + EOS
+  size_t max_positions = 2048;
+  kernels::dtype dtype = kernels::dtype::f32;
+  bool tie_embeddings = false;
+  bool attention_bias = false;  ///< Llama only (Qwen2 always has q/k/v biases)
+  double rope_theta = 10000.0;
+  bool llama3_scaling = false;  ///< rope_scaling {rope_type: llama3, factor 8, low 1, high 4, original 8192 / 64}
+  size_t sliding_window = 0;    ///< Mistral only; 0 writes null
+  float rms_norm_eps = 1e-5f;
+  uint64_t seed = 1;
+  size_t shards = 1;            ///< >1 writes model-0000i-of-0000n.safetensors + index
+};
+
+/// Writes the model into `dir` (created if missing). Same spec, same bytes, on every machine.
+[[nodiscard]] status write_random_model(const random_model_spec& spec, const std::string& dir);
+
+/// A tensor to write: its bytes are produced by `fill` when the writer reaches it, so a
+/// multi-GB model never sits in memory whole.
+struct tensor_spec {
+  std::string name;
+  kernels::dtype type = kernels::dtype::f32;
+  std::vector<size_t> shape;
+  std::function<void(std::span<uint8_t>)> fill;
+};
+
+/// Writes one safetensors file (header padded to 8 bytes, tensors in the given order).
+[[nodiscard]] status write_safetensors(const std::string& path, const std::vector<tensor_spec>& tensors);
+
+/// Parses an architecture name for `model random` ("llama", "mistral", "qwen2").
+[[nodiscard]] result<std::string> config_architecture_name(const std::string& arch);
+
+}  // namespace llmesh::model

@@ -1,0 +1,69 @@
+// Read-only, zero-copy access to the tensors of an HF model directory: one model.safetensors
+// or several shards listed by model.safetensors.index.json, each memory-mapped once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llmesh/common/error.hpp"
+#include "llmesh/kernels/dtype.hpp"
+
+namespace llmesh::model {
+
+/// A read-only memory mapping of a whole file. Movable, unmaps on destruction.
+class mapped_file {
+ public:
+  static result<std::unique_ptr<mapped_file>> open(const std::string& path);
+  ~mapped_file();
+  mapped_file(const mapped_file&) = delete;
+  mapped_file& operator=(const mapped_file&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  mapped_file(std::string path, const uint8_t* data, size_t size) : path_(std::move(path)), data_(data), size_(size) {}
+  std::string path_;
+  const uint8_t* data_;
+  size_t size_;
+};
+
+/// A tensor inside a mapped file: dtype, shape and a pointer into the mapping (not aligned).
+struct tensor_view {
+  kernels::dtype type = kernels::dtype::f32;
+  std::vector<size_t> shape;
+  const void* data = nullptr;
+  size_t bytes = 0;
+  size_t elements() const {
+    size_t n = 1;
+    for (size_t d : shape) n *= d;
+    return n;
+  }
+};
+
+/// All tensors of a model directory by name. Keeps its files mapped while it lives.
+class tensor_store {
+ public:
+  /// Opens DIR/model.safetensors, or the shards named by DIR/model.safetensors.index.json.
+  /// Errors name the file and the problem (missing, truncated, bad header, unknown dtype).
+  static result<tensor_store> open(const std::string& model_dir);
+
+  /// Parses one safetensors file's header and adds its tensors.
+  status add_file(const std::string& path);
+
+  /// The tensor, or not_found naming it.
+  result<tensor_view> get(const std::string& name) const;
+  bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
+  size_t size() const { return tensors_.size(); }
+
+ private:
+  std::vector<std::shared_ptr<mapped_file>> files_;
+  std::map<std::string, tensor_view> tensors_;
+};
+
+}  // namespace llmesh::model

@@ -1,0 +1,80 @@
+// One tensor-parallel rank of a model: its slice of the attention heads, of the MLP, of the LM
+// head and of the KV cache. It runs one forward step for a batch of sequences and meets its
+// peers in all-reduces through a communicator (Megatron-style: column-parallel q/k/v and
+// gate/up, row-parallel o and down, vocabulary-parallel LM head).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "llmesh/common/error.hpp"
+#include "llmesh/kernels/attention.hpp"
+#include "llmesh/kernels/communicator.hpp"
+#include "llmesh/kernels/thread_pool.hpp"
+#include "llmesh/model/weights.hpp"
+
+namespace llmesh::model {
+
+/// The slice of the model one rank owns. Heads and the MLP split evenly; when there are fewer
+/// KV heads than ranks, each rank holds a replica of the one KV head its query heads use.
+struct shard_layout {
+  int rank = 0, tp = 1;
+  size_t q_head0 = 0, n_heads = 0;
+  size_t kv_head0 = 0, n_kv_heads = 0;
+  size_t inter0 = 0, n_inter = 0;
+  size_t vocab0 = 0, n_vocab = 0;  ///< LM head rows; the last rank takes the remainder
+};
+
+/// Computes rank `rank` of `tp`, or an error naming the dimension that cannot split.
+[[nodiscard]] result<shard_layout> make_shard_layout(const model_config& cfg, int rank, int tp);
+
+/// Paged KV cache geometry (identical on every rank; the block ids come from the caller).
+struct kv_cache_config {
+  size_t block_size = 16;  ///< positions per block (vLLM's default)
+  size_t n_blocks = 0;
+};
+
+/// One sequence's part of a step: new tokens at positions pos0.., the block table covering
+/// them, and whether the caller wants the logits of its last token.
+struct step_sequence {
+  std::span<const int32_t> tokens;
+  size_t pos0 = 0;
+  std::span<const int32_t> block_table;
+  bool want_logits = true;
+};
+
+/// Thread affinity: one thread drives forward() at a time; it uses `pool` for its kernels.
+/// Ownership: shares the model; owns its KV cache; borrows the communicator and the pool.
+class shard_executor {
+ public:
+  shard_executor(std::shared_ptr<const model> m, shard_layout layout, kv_cache_config kv,
+                 kernels::communicator* comm, kernels::thread_pool* pool);
+
+  /// Runs one step. On success every rank's `logits` holds [n_want][vocab] (rows in batch
+  /// order of the sequences with want_logits). REQUIRES: token ids < vocab, block tables
+  /// cover pos0 + tokens.size() (the engine checks both before calling).
+  [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits);
+
+  const shard_layout& layout() const { return layout_; }
+
+ private:
+  status attention_block(size_t layer, std::span<const step_sequence> batch, size_t n_tokens);
+  status mlp_block(size_t layer, size_t n_tokens);
+  status lm_head(std::span<const step_sequence> batch, std::vector<float>& logits);
+  void ensure_buffers(size_t n_tokens);
+
+  std::shared_ptr<const model> model_;
+  shard_layout layout_;
+  kv_cache_config kv_;
+  kernels::communicator* comm_;
+  kernels::thread_pool* pool_;
+  kernels::attention_shape attn_shape_;
+  std::vector<double> inv_freq_;
+  std::vector<std::vector<float>> keys_, values_;  ///< per layer
+
+  // Step buffers, [n_tokens][...], grown on demand and reused.
+  std::vector<float> h_, xn_, q_, k_, v_, attn_, proj_, gate_, up_, cos_, sin_;
+};
+
+}  // namespace llmesh::model

@@ -1,0 +1,174 @@
+// config.json -> model_config. Unknown keys are ignored (HF configs carry many); known keys
+// with wrong types or impossible values are errors, and so is anything we would silently
+// compute wrong (a non-silu activation, an unsupported rope_scaling type, MLP biases).
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "llmesh/model/config.hpp"
+
+namespace llmesh::model {
+namespace {
+
+using json = nlohmann::json;
+
+error bad(const std::string& msg) { return make_error(errc::invalid_request, "config.json: " + msg); }
+
+result<size_t> get_size(const json& j, const char* key, bool required, size_t fallback = 0) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (required) return bad(std::string("missing field '") + key + "'");
+    return fallback;
+  }
+  const auto& v = j[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+    return bad(std::string("field '") + key + "' must be a non-negative integer");
+  }
+  return static_cast<size_t>(v.get<int64_t>());
+}
+
+result<double> get_number(const json& j, const char* key, double fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number()) return bad(std::string("field '") + key + "' must be a number");
+  return j[key].get<double>();
+}
+
+std::vector<int32_t> get_ids(const json& j, const char* key) {
+  std::vector<int32_t> ids;
+  if (!j.contains(key)) return ids;
+  const auto& v = j[key];
+  if (v.is_number_integer()) ids.push_back(v.get<int32_t>());
+  if (v.is_array()) {
+    for (const auto& x : v) {
+      if (x.is_number_integer()) ids.push_back(x.get<int32_t>());
+    }
+  }
+  return ids;
+}
+
+bool get_bool(const json& j, const char* key, bool fallback) {
+  if (!j.contains(key) || !j[key].is_boolean()) return fallback;
+  return j[key].get<bool>();
+}
+
+status parse_rope(const json& j, model_config& c) {
+  auto theta = get_number(j, "rope_theta", 10000.0);
+  if (!theta) return theta.take_error();
+  c.rope.head_dim = c.head_dim;
+  c.rope.theta = *theta;
+  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return ok_status();
+  const auto& s = j["rope_scaling"];
+  if (!s.is_object()) return bad("rope_scaling must be an object or null");
+  std::string type = s.value("rope_type", s.value("type", std::string("default")));
+  if (type == "default") return ok_status();
+  if (type != "llama3") return bad("unsupported rope_scaling type '" + type + "' (supported: llama3)");
+  c.rope.llama3 = true;
+  auto factor = get_number(s, "factor", 8.0);
+  auto low = get_number(s, "low_freq_factor", 1.0);
+  auto high = get_number(s, "high_freq_factor", 4.0);
+  auto orig = get_number(s, "original_max_position_embeddings", 8192.0);
+  if (!factor || !low || !high || !orig) return bad("rope_scaling fields must be numbers");
+  if (*high <= *low || *factor <= 0.0) return bad("rope_scaling: need high_freq_factor > low_freq_factor and factor > 0");
+  c.rope.factor = *factor;
+  c.rope.low_freq_factor = *low;
+  c.rope.high_freq_factor = *high;
+  c.rope.original_max_position = *orig;
+  return ok_status();
+}
+
+result<model_config> parse_config_json(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+  model_config c;
+  if (!j.contains("architectures") || !j["architectures"].is_array() || j["architectures"].empty() ||
+      !j["architectures"][0].is_string()) {
+    return bad("missing field 'architectures'");
+  }
+  c.arch_name = j["architectures"][0].get<std::string>();
+  if (c.arch_name == "LlamaForCausalLM") {
+    c.arch = architecture::llama;
+  } else if (c.arch_name == "MistralForCausalLM") {
+    c.arch = architecture::mistral;
+  } else if (c.arch_name == "Qwen2ForCausalLM") {
+    c.arch = architecture::qwen2;
+  } else {
+    return make_error(errc::unsupported, "config.json: unknown architecture '" + c.arch_name +
+                                             "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+  }
+
+#define LLMESH_FIELD(dst, key, required, fallback)     \
+  {                                                    \
+    auto v = get_size(j, key, required, fallback);     \
+    if (!v) return v.take_error();                     \
+    dst = *v;                                          \
+  }
+  LLMESH_FIELD(c.hidden, "hidden_size", true, 0)
+  LLMESH_FIELD(c.intermediate, "intermediate_size", true, 0)
+  LLMESH_FIELD(c.n_layers, "num_hidden_layers", true, 0)
+  LLMESH_FIELD(c.n_heads, "num_attention_heads", true, 0)
+  LLMESH_FIELD(c.n_kv_heads, "num_key_value_heads", false, c.n_heads)
+  LLMESH_FIELD(c.vocab, "vocab_size", true, 0)
+  LLMESH_FIELD(c.max_positions, "max_position_embeddings", false, 2048)
+  if (c.hidden == 0 || c.intermediate == 0 || c.n_layers == 0 || c.n_heads == 0 || c.vocab == 0) {
+    return bad("hidden_size, intermediate_size, num_hidden_layers, num_attention_heads and vocab_size must be positive");
+  }
+  LLMESH_FIELD(c.head_dim, "head_dim", false, c.hidden / c.n_heads)
+#undef LLMESH_FIELD
+  if (c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0) {
+    return bad("num_attention_heads (" + std::to_string(c.n_heads) + ") must be a multiple of num_key_value_heads (" +
+               std::to_string(c.n_kv_heads) + ")");
+  }
+  if (c.head_dim == 0 || c.head_dim % 2 != 0) return bad("head_dim must be even and positive");
+
+  auto eps = get_number(j, "rms_norm_eps", 1e-6);
+  if (!eps) return eps.take_error();
+  c.rms_norm_eps = static_cast<float>(*eps);
+  std::string act = j.value("hidden_act", std::string("silu"));
+  if (act != "silu") return make_error(errc::unsupported, "config.json: unsupported hidden_act '" + act + "' (supported: silu)");
+  if (get_bool(j, "mlp_bias", false)) return make_error(errc::unsupported, "config.json: mlp_bias is not supported");
+  LLMESH_TRY(parse_rope(j, c));
+
+  c.tie_embeddings = get_bool(j, "tie_word_embeddings", false);
+  bool attention_bias = get_bool(j, "attention_bias", false);
+  c.qkv_bias = c.arch == architecture::qwen2 || (c.arch == architecture::llama && attention_bias);
+  c.o_bias = c.arch == architecture::llama && attention_bias;
+  if (c.arch == architecture::qwen2 && get_bool(j, "use_sliding_window", false)) {
+    // HF applies Qwen2's window only from layer max_window_layers on; released checkpoints
+    // ship with it off. Refuse rather than compute something subtly different.
+    return make_error(errc::unsupported, "config.json: Qwen2 use_sliding_window is not supported");
+  }
+  if (c.arch == architecture::mistral) {
+    auto w = get_size(j, "sliding_window", false, 0);
+    if (!w) return w.take_error();
+    c.sliding_window = *w;
+  }
+  c.bos_ids = get_ids(j, "bos_token_id");
+  c.eos_ids = get_ids(j, "eos_token_id");
+  return c;
+}
+
+}  // namespace
+
+result<model_config> parse_config(const std::string& text) {
+  try {
+    return parse_config_json(text);
+  } catch (const std::exception& e) {  // nlohmann's typed accessors throw on a wrong type
+    return bad(std::string("invalid field type: ") + e.what());
+  }
+}
+
+result<model_config> load_config(const std::string& model_dir) {
+  std::string path = model_dir + "/config.json";
+  std::ifstream in(path);
+  if (!in) return make_error(errc::not_found, "cannot read " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto c = parse_config(ss.str());
+  if (!c) {
+    error e = c.take_error();
+    e.message = model_dir + "/" + e.message;
+    return e;
+  }
+  return c;
+}
+
+}  // namespace llmesh::model

@@ -1,0 +1,129 @@
+// Engine: validation and KV block allocation, then the explicit tensor-parallel map-reduce:
+// map = every rank runs forward() on the same batch; reduce = the step succeeds only if every
+// rank did; the logits are rank 0's (all ranks hold identical ones after the all-gather).
+#include "llmesh/model/engine.hpp"
+
+#include <algorithm>
+#include <string>
+#include <thread>
+
+namespace llmesh::model {
+
+engine::engine(std::shared_ptr<const model> m, engine_options opt) : model_(std::move(m)), opt_(opt) {}
+
+engine::~engine() = default;
+
+result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, engine_options opt) {
+  if (opt.tp < 1) return make_error(errc::invalid_request, "--tp must be at least 1");
+  if (opt.threads <= 0) opt.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (opt.block_size == 0) return make_error(errc::invalid_request, "KV block size must be positive");
+  const auto& c = m->config();
+  if (opt.kv_tokens == 0) opt.kv_tokens = std::min<size_t>(c.max_positions, 8192);
+  std::vector<shard_layout> layouts;
+  for (int r = 0; r < opt.tp; ++r) {
+    auto l = make_shard_layout(c, r, opt.tp);
+    if (!l) return l.take_error();
+    layouts.push_back(*l);
+  }
+  std::unique_ptr<engine> e(new engine(m, opt));
+  e->kv_.block_size = opt.block_size;
+  e->kv_.n_blocks = (opt.kv_tokens + opt.block_size - 1) / opt.block_size;
+  e->comms_ = kernels::make_local_communicators(opt.tp);
+  int per_rank = std::max(1, opt.threads / opt.tp);
+  for (int r = 0; r < opt.tp; ++r) {
+    e->pools_.push_back(std::make_unique<kernels::thread_pool>(per_rank));
+    e->shards_.push_back(std::make_unique<shard_executor>(m, layouts[r], e->kv_, e->comms_[r].get(), e->pools_[r].get()));
+  }
+  if (opt.tp > 1) e->ranks_ = std::make_unique<kernels::thread_pool>(opt.tp);
+  for (size_t b = e->kv_.n_blocks; b-- > 0;) e->free_blocks_.push_back(static_cast<int32_t>(b));
+  return e;
+}
+
+int engine::open_sequence() {
+  int id = next_seq_++;
+  seqs_[id] = sequence{};
+  return id;
+}
+
+void engine::close_sequence(int seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  for (auto b = it->second.blocks.rbegin(); b != it->second.blocks.rend(); ++b) free_blocks_.push_back(*b);
+  seqs_.erase(it);
+}
+
+size_t engine::sequence_length(int seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : it->second.length;
+}
+
+status engine::step(std::span<const step_item> items, std::vector<float>& logits) {
+  if (failed_) return make_error(errc::shard_failed, "engine: a shard failed earlier; the group must be rebuilt");
+  const auto& c = model_->config();
+  // Validate everything and count blocks before touching any state.
+  size_t blocks_needed = 0;
+  for (const auto& it : items) {
+    auto s = seqs_.find(it.seq);
+    if (s == seqs_.end()) return make_error(errc::invalid_request, "step: unknown sequence " + std::to_string(it.seq));
+    if (it.tokens.empty()) return make_error(errc::invalid_request, "step: no tokens for sequence " + std::to_string(it.seq));
+    for (int32_t id : it.tokens) {
+      if (id < 0 || static_cast<size_t>(id) >= c.vocab) {
+        return make_error(errc::invalid_request, "token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                                                     std::to_string(c.vocab) + ")");
+      }
+    }
+    size_t end = s->second.length + it.tokens.size();
+    if (end > c.max_positions) {
+      return make_error(errc::invalid_request, "sequence of " + std::to_string(end) +
+                                                   " tokens exceeds the model's context of " + std::to_string(c.max_positions));
+    }
+    size_t have = s->second.blocks.size();
+    size_t need = (end + kv_.block_size - 1) / kv_.block_size;
+    blocks_needed += need > have ? need - have : 0;
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (items[i].seq == items[j].seq) return make_error(errc::invalid_request, "step: a sequence appears twice");
+    }
+  }
+  if (blocks_needed > free_blocks_.size()) {
+    return make_error(errc::overloaded, "KV cache full: step needs " + std::to_string(blocks_needed) + " blocks, " +
+                                            std::to_string(free_blocks_.size()) + " free");
+  }
+  std::vector<step_sequence> batch;
+  batch.reserve(items.size());
+  for (const auto& it : items) {
+    auto& s = seqs_[it.seq];
+    size_t need = (s.length + it.tokens.size() + kv_.block_size - 1) / kv_.block_size;
+    while (s.blocks.size() < need) {
+      s.blocks.push_back(free_blocks_.back());
+      free_blocks_.pop_back();
+    }
+    batch.push_back({it.tokens, s.length, s.blocks, it.want_logits});
+  }
+
+  status result_status;
+  if (opt_.tp == 1) {
+    result_status = shards_[0]->forward(batch, logits);
+  } else {
+    std::vector<status> statuses(opt_.tp);
+    std::vector<std::vector<float>> rank_logits(opt_.tp);
+    ranks_->run([&](int r, int) {
+      statuses[r] = shards_[r]->forward(batch, r == 0 ? logits : rank_logits[r]);
+      if (!statuses[r]) comms_[r]->abort();
+    });
+    // Merge rule: success only if all ranks succeeded; report the root cause, not the
+    // "aborted" errors it caused on the peers.
+    for (auto& s : statuses) {
+      if (!s && (result_status.ok() || result_status.err().code == errc::shard_failed)) result_status = s;
+    }
+  }
+  if (!result_status) {
+    failed_ = true;
+    return result_status;
+  }
+  for (const auto& it : items) seqs_[it.seq].length += it.tokens.size();
+  return ok_status();
+}
+
+}  // namespace llmesh::model

@@ -1,0 +1,220 @@
+// Deterministic random models. Every tensor's values come from its own counter-based stream,
+// keyed by (seed, tensor name), so the bytes do not depend on write order or sharding.
+// Scales keep activations O(1) through the layers and spread the logits (std ≈ 2), so greedy
+// decoding has clear winners and golden comparisons are not decided by rounding.
+#include <sys/stat.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "llmesh/model/random_model.hpp"
+
+namespace llmesh::model {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t name_hash(const std::string& s) {  // FNV-1a
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+/// Fills a tensor with center + uniform(-scale, scale), rounded to its dtype.
+std::function<void(std::span<uint8_t>)> uniform(uint64_t seed, const std::string& name, kernels::dtype type,
+                                                float center, float scale) {
+  return [=](std::span<uint8_t> out) {
+    uint64_t state = seed ^ name_hash(name);
+    size_t n = out.size() / kernels::dtype_size(type);
+    for (size_t i = 0; i < n; ++i) {
+      float u = static_cast<float>(splitmix64(state) >> 40) * 0x1.0p-24f;  // [0, 1)
+      float v = center + scale * (2.0f * u - 1.0f);
+      if (type == kernels::dtype::f32) {
+        std::memcpy(out.data() + 4 * i, &v, 4);
+      } else {
+        uint16_t h = type == kernels::dtype::f16 ? kernels::f32_to_f16(v) : kernels::f32_to_bf16(v);
+        std::memcpy(out.data() + 2 * i, &h, 2);
+      }
+    }
+  };
+}
+
+/// GPT-2's byte-to-unicode table: the printable byte-level alphabet of BPE vocabularies.
+std::string byte_token(int b) {
+  int cp = b;
+  bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+  if (!printable) {
+    int n = 0;
+    for (int x = 0; x < b; ++x) {
+      if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) ++n;
+    }
+    cp = 256 + n;
+  }
+  std::string s;
+  if (cp < 0x80) {
+    s.push_back(static_cast<char>(cp));
+  } else {
+    s.push_back(static_cast<char>(0xc0 | (cp >> 6)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  }
+  return s;
+}
+
+json tokenizer_json(size_t vocab) {
+  json v = json::object();
+  for (int b = 0; b < 256; ++b) v[byte_token(b)] = b;
+  v["<|begin_of_text|>"] = 256;
+  v["<|end_of_text|>"] = 257;
+  for (size_t i = 258; i < vocab; ++i) v["<|reserved_" + std::to_string(i) + "|>"] = i;
+  json added = json::array();
+  for (int id : {256, 257}) {
+    added.push_back({{"id", id}, {"content", id == 256 ? "<|begin_of_text|>" : "<|end_of_text|>"}, {"single_word", false},
+                     {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"special", true}});
+  }
+  json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens", added},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", byte_level},
+          {"post_processor", nullptr},
+          {"decoder", byte_level},
+          {"model",
+           {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+            {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+            {"vocab", v}, {"merges", json::array()}}}};
+}
+
+status write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text << "\n";
+  out.close();
+  if (!out) return make_error(errc::io_error, "cannot write " + path);
+  return ok_status();
+}
+
+std::string shard_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+}  // namespace
+
+result<std::string> config_architecture_name(const std::string& arch) {
+  if (arch == "llama") return std::string("LlamaForCausalLM");
+  if (arch == "mistral") return std::string("MistralForCausalLM");
+  if (arch == "qwen2") return std::string("Qwen2ForCausalLM");
+  return make_error(errc::invalid_request, "unknown --arch '" + arch + "' (llama, mistral, qwen2)");
+}
+
+status write_random_model(const random_model_spec& s, const std::string& dir) {
+  auto arch = config_architecture_name(s.arch);
+  if (!arch) return arch.take_error();
+  if (s.vocab < 258) return make_error(errc::invalid_request, "--vocab must be at least 258 (byte tokens + BOS + EOS)");
+  if (s.hidden == 0 || s.intermediate == 0 || s.n_layers == 0 || s.n_heads == 0 || s.n_kv_heads == 0 ||
+      s.n_heads % s.n_kv_heads != 0) {
+    return make_error(errc::invalid_request, "model shape: sizes must be positive and heads a multiple of kv heads");
+  }
+  if (s.head_dim == 0 && s.hidden % s.n_heads != 0) {
+    return make_error(errc::invalid_request, "--hidden must be a multiple of --heads unless --head-dim is given");
+  }
+  if (s.shards == 0 || s.shards > s.n_layers + 1) {
+    return make_error(errc::invalid_request, "--shards must be between 1 and layers + 1");
+  }
+  const size_t hd = s.head_dim ? s.head_dim : s.hidden / s.n_heads;
+  if (hd % 2 != 0) return make_error(errc::invalid_request, "head dim must be even");
+  ::mkdir(dir.c_str(), 0755);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return make_error(errc::io_error, "cannot create " + dir);
+
+  const bool qwen = s.arch == "qwen2";
+  const bool qkv_bias = qwen || (s.arch == "llama" && s.attention_bias);
+  const bool o_bias = s.arch == "llama" && s.attention_bias;
+  json cfg = {{"architectures", {*arch}},
+              {"model_type", s.arch},
+              {"hidden_size", s.hidden},
+              {"intermediate_size", s.intermediate},
+              {"num_hidden_layers", s.n_layers},
+              {"num_attention_heads", s.n_heads},
+              {"num_key_value_heads", s.n_kv_heads},
+              {"vocab_size", s.vocab},
+              {"max_position_embeddings", s.max_positions},
+              {"rms_norm_eps", s.rms_norm_eps},
+              {"rope_theta", s.rope_theta},
+              {"hidden_act", "silu"},
+              {"tie_word_embeddings", s.tie_embeddings},
+              {"bos_token_id", 256},
+              {"eos_token_id", 257},
+              {"torch_dtype", s.dtype == kernels::dtype::f32 ? "float32" : (s.dtype == kernels::dtype::f16 ? "float16" : "bfloat16")}};
+  if (s.head_dim) cfg["head_dim"] = s.head_dim;
+  if (s.arch == "llama") cfg["attention_bias"] = s.attention_bias;
+  if (s.arch == "mistral") cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
+  if (qwen) cfg["use_sliding_window"] = false;
+  if (s.llama3_scaling) {
+    // Why 64: with tiny test contexts an original context of 8192 would leave every
+    // frequency in the unscaled band; 64 puts frequencies in all three llama3 bands.
+    cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  }
+  LLMESH_TRY(write_text(dir + "/config.json", cfg.dump(2)));
+  LLMESH_TRY(write_text(dir + "/generation_config.json",
+                        json({{"bos_token_id", 256}, {"eos_token_id", 257}, {"do_sample", false}}).dump(2)));
+  LLMESH_TRY(write_text(dir + "/tokenizer.json", tokenizer_json(s.vocab).dump()));
+  LLMESH_TRY(write_text(dir + "/tokenizer_config.json",
+                        json({{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|end_of_text|>"}, {"add_bos_token", true},
+                              {"model_max_length", s.max_positions}, {"tokenizer_class", "PreTrainedTokenizerFast"}})
+                            .dump(2)));
+
+  // Tensors, grouped into shards: shard 0 holds the embedding, norms and LM head, layers are
+  // spread over the rest (or everything in one file).
+  const auto t = s.dtype;
+  const size_t q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd;
+  const float in_h = std::sqrt(3.0f / static_cast<float>(s.hidden));
+  std::vector<std::vector<tensor_spec>> files(s.shards);
+  auto add = [&](size_t file, const std::string& name, std::vector<size_t> shape, float center, float scale) {
+    files[file].push_back({name, t, std::move(shape), uniform(s.seed, name, t, center, scale)});
+  };
+  add(0, "model.embed_tokens.weight", {s.vocab, s.hidden}, 0.0f, 1.0f);
+  add(0, "model.norm.weight", {s.hidden}, 1.0f, 0.2f);
+  if (!s.tie_embeddings) add(0, "lm_head.weight", {s.vocab, s.hidden}, 0.0f, 2.0f * in_h);
+  for (size_t i = 0; i < s.n_layers; ++i) {
+    size_t f = s.shards == 1 ? 0 : 1 + i * (s.shards - 1) / s.n_layers;
+    std::string p = "model.layers." + std::to_string(i) + ".";
+    add(f, p + "input_layernorm.weight", {s.hidden}, 1.0f, 0.2f);
+    add(f, p + "post_attention_layernorm.weight", {s.hidden}, 1.0f, 0.2f);
+    add(f, p + "self_attn.q_proj.weight", {q_dim, s.hidden}, 0.0f, in_h);
+    add(f, p + "self_attn.k_proj.weight", {kv_dim, s.hidden}, 0.0f, in_h);
+    add(f, p + "self_attn.v_proj.weight", {kv_dim, s.hidden}, 0.0f, in_h);
+    add(f, p + "self_attn.o_proj.weight", {s.hidden, q_dim}, 0.0f, std::sqrt(3.0f / static_cast<float>(q_dim)));
+    add(f, p + "mlp.gate_proj.weight", {s.intermediate, s.hidden}, 0.0f, in_h);
+    add(f, p + "mlp.up_proj.weight", {s.intermediate, s.hidden}, 0.0f, in_h);
+    add(f, p + "mlp.down_proj.weight", {s.hidden, s.intermediate}, 0.0f,
+        std::sqrt(3.0f / static_cast<float>(s.intermediate)));
+    if (qkv_bias) {
+      add(f, p + "self_attn.q_proj.bias", {q_dim}, 0.0f, 0.1f);
+      add(f, p + "self_attn.k_proj.bias", {kv_dim}, 0.0f, 0.1f);
+      add(f, p + "self_attn.v_proj.bias", {kv_dim}, 0.0f, 0.1f);
+    }
+    if (o_bias) add(f, p + "self_attn.o_proj.bias", {s.hidden}, 0.0f, 0.1f);
+  }
+  if (s.shards == 1) return write_safetensors(dir + "/model.safetensors", files[0]);
+  json weight_map = json::object();
+  for (size_t f = 0; f < s.shards; ++f) {
+    std::string name = shard_name(f, s.shards);
+    for (const auto& ts : files[f]) weight_map[ts.name] = name;
+    LLMESH_TRY(write_safetensors(dir + "/" + name, files[f]));
+  }
+  return write_text(dir + "/model.safetensors.index.json", json({{"metadata", json::object()}, {"weight_map", weight_map}}).dump(2));
+}
+
+}  // namespace llmesh::model

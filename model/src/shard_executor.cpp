@@ -1,0 +1,213 @@
+// The forward step of one tensor-parallel rank. Per layer: RMSNorm → q/k/v (one parallel
+// region) → RoPE → KV write → attention → o (partial) → all-reduce → residual; RMSNorm →
+// gate/up (one region) → SwiGLU → down (partial) → all-reduce → residual. Then the final norm
+// and this rank's vocabulary slice of the LM head, all-gathered into full logits.
+#include "llmesh/model/shard_executor.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "llmesh/kernels/elementwise.hpp"
+#include "llmesh/kernels/matmul.hpp"
+#include "llmesh/kernels/rope.hpp"
+
+namespace llmesh::model {
+namespace {
+
+using kernels::matmul_args;
+
+/// Rows [row0, row0 + rows) of a [out, in] weight: a column-parallel slice, used in place.
+const void* rows_from(const weight_matrix& w, size_t row0) {
+  return static_cast<const uint8_t*>(w.data) + row0 * w.cols * kernels::dtype_size(w.type);
+}
+
+/// Columns [col0, ...) of a [out, in] weight: a row-parallel slice, used in place with ldw = cols.
+const void* cols_from(const weight_matrix& w, size_t col0) {
+  return static_cast<const uint8_t*>(w.data) + col0 * kernels::dtype_size(w.type);
+}
+
+matmul_args job(const float* x, size_t ldx, const weight_matrix& w, const void* wdata, float* y, size_t ldy,
+                size_t m, size_t n, size_t k, const float* bias) {
+  matmul_args a;
+  a.x = x;
+  a.ldx = ldx;
+  a.w = wdata;
+  a.ldw = w.cols;
+  a.w_type = w.type;
+  a.bias = bias;
+  a.y = y;
+  a.ldy = ldy;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  return a;
+}
+
+const float* slice(const std::vector<float>& v, size_t from) { return v.empty() ? nullptr : v.data() + from; }
+
+}  // namespace
+
+shard_executor::shard_executor(std::shared_ptr<const model> m, shard_layout layout, kv_cache_config kv,
+                               kernels::communicator* comm, kernels::thread_pool* pool)
+    : model_(std::move(m)), layout_(layout), kv_(kv), comm_(comm), pool_(pool) {
+  const auto& c = model_->config();
+  attn_shape_.n_heads = layout_.n_heads;
+  attn_shape_.n_kv_heads = layout_.n_kv_heads;
+  attn_shape_.head_dim = c.head_dim;
+  attn_shape_.block_size = kv_.block_size;
+  attn_shape_.sliding_window = c.sliding_window;
+  attn_shape_.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  inv_freq_ = kernels::rope_inv_freq(c.rope);
+  size_t floats = kv_.n_blocks * kv_.block_size * layout_.n_kv_heads * c.head_dim;
+  keys_.assign(c.n_layers, std::vector<float>(floats));
+  values_.assign(c.n_layers, std::vector<float>(floats));
+}
+
+void shard_executor::ensure_buffers(size_t t) {
+  const auto& c = model_->config();
+  const size_t hd = c.head_dim;
+  h_.resize(t * c.hidden);
+  xn_.resize(t * c.hidden);
+  proj_.resize(t * c.hidden);
+  q_.resize(t * layout_.n_heads * hd);
+  attn_.resize(t * layout_.n_heads * hd);
+  k_.resize(t * layout_.n_kv_heads * hd);
+  v_.resize(t * layout_.n_kv_heads * hd);
+  gate_.resize(t * layout_.n_inter);
+  up_.resize(t * layout_.n_inter);
+  cos_.resize(t * hd / 2);
+  sin_.resize(t * hd / 2);
+}
+
+status shard_executor::forward(std::span<const step_sequence> batch, std::vector<float>& logits) {
+  const auto& c = model_->config();
+  const auto& w = model_->weights();
+  size_t n_tokens = 0;
+  for (const auto& s : batch) n_tokens += s.tokens.size();
+  if (n_tokens == 0) return make_error(errc::invalid_request, "forward: empty batch");
+  ensure_buffers(n_tokens);
+
+  // Embedding rows and rotary angles for every token of the step.
+  size_t t = 0;
+  const size_t half = c.head_dim / 2;
+  for (const auto& s : batch) {
+    for (size_t i = 0; i < s.tokens.size(); ++i, ++t) {
+      size_t id = static_cast<size_t>(s.tokens[i]);
+      for (size_t d = 0; d < c.hidden; ++d) {
+        h_[t * c.hidden + d] = kernels::load_as_f32(w.embed.data, w.embed.type, id * c.hidden + d);
+      }
+      kernels::rope_angles(inv_freq_, s.pos0 + i, cos_.data() + t * half, sin_.data() + t * half);
+    }
+  }
+  for (size_t layer = 0; layer < c.n_layers; ++layer) {
+    LLMESH_TRY(attention_block(layer, batch, n_tokens));
+    LLMESH_TRY(mlp_block(layer, n_tokens));
+  }
+  return lm_head(batch, logits);
+}
+
+status shard_executor::attention_block(size_t layer, std::span<const step_sequence> batch, size_t n_tokens) {
+  const auto& c = model_->config();
+  const auto& lw = model_->weights().layers[layer];
+  const size_t hd = c.head_dim, q_dim = layout_.n_heads * hd, kv_dim = layout_.n_kv_heads * hd;
+  for (size_t t = 0; t < n_tokens; ++t) {
+    kernels::rmsnorm(&h_[t * c.hidden], lw.attn_norm.data(), &xn_[t * c.hidden], c.hidden, c.rms_norm_eps);
+  }
+  const size_t q0 = layout_.q_head0 * hd, kv0 = layout_.kv_head0 * hd;
+  const matmul_args qkv[3] = {
+      job(xn_.data(), c.hidden, lw.q, rows_from(lw.q, q0), q_.data(), q_dim, n_tokens, q_dim, c.hidden, slice(lw.q_bias, q0)),
+      job(xn_.data(), c.hidden, lw.k, rows_from(lw.k, kv0), k_.data(), kv_dim, n_tokens, kv_dim, c.hidden, slice(lw.k_bias, kv0)),
+      job(xn_.data(), c.hidden, lw.v, rows_from(lw.v, kv0), v_.data(), kv_dim, n_tokens, kv_dim, c.hidden, slice(lw.v_bias, kv0)),
+  };
+  LLMESH_TRY(kernels::matmul(qkv, *pool_));
+  const size_t half = hd / 2;
+  for (size_t t = 0; t < n_tokens; ++t) {
+    kernels::rope_apply(&q_[t * q_dim], layout_.n_heads, hd, &cos_[t * half], &sin_[t * half]);
+    kernels::rope_apply(&k_[t * kv_dim], layout_.n_kv_heads, hd, &cos_[t * half], &sin_[t * half]);
+  }
+
+  kernels::kv_layer_view cache{keys_[layer].data(), values_[layer].data(), kv_.n_blocks};
+  std::vector<kernels::attention_seq> seqs;
+  seqs.reserve(batch.size());
+  size_t t = 0;
+  for (const auto& s : batch) {
+    LLMESH_TRY(kernels::kv_write(cache, attn_shape_, s.block_table, s.pos0, s.tokens.size(), &k_[t * kv_dim], &v_[t * kv_dim]));
+    seqs.push_back({&q_[t * q_dim], &attn_[t * q_dim], s.pos0, s.tokens.size(), s.block_table});
+    t += s.tokens.size();
+  }
+  LLMESH_TRY(kernels::attention(cache, attn_shape_, seqs, *pool_));
+
+  // Row-parallel output projection: each rank multiplies its heads' columns; rank 0 adds the
+  // bias, so the all-reduce (summing in rank order) yields it exactly once.
+  const float* o_bias = layout_.rank == 0 ? slice(lw.o_bias, 0) : nullptr;
+  LLMESH_TRY(kernels::matmul(job(attn_.data(), q_dim, lw.o, cols_from(lw.o, q0), proj_.data(), c.hidden, n_tokens,
+                                 c.hidden, q_dim, o_bias),
+                             *pool_));
+  if (layout_.tp > 1) LLMESH_TRY(comm_->all_reduce_sum(std::span(proj_.data(), n_tokens * c.hidden)));
+  kernels::add_inplace(h_.data(), proj_.data(), n_tokens * c.hidden);
+  return ok_status();
+}
+
+status shard_executor::mlp_block(size_t layer, size_t n_tokens) {
+  const auto& c = model_->config();
+  const auto& lw = model_->weights().layers[layer];
+  const size_t ni = layout_.n_inter, i0 = layout_.inter0;
+  for (size_t t = 0; t < n_tokens; ++t) {
+    kernels::rmsnorm(&h_[t * c.hidden], lw.mlp_norm.data(), &xn_[t * c.hidden], c.hidden, c.rms_norm_eps);
+  }
+  const matmul_args gate_up[2] = {
+      job(xn_.data(), c.hidden, lw.gate, rows_from(lw.gate, i0), gate_.data(), ni, n_tokens, ni, c.hidden, nullptr),
+      job(xn_.data(), c.hidden, lw.up, rows_from(lw.up, i0), up_.data(), ni, n_tokens, ni, c.hidden, nullptr),
+  };
+  LLMESH_TRY(kernels::matmul(gate_up, *pool_));
+  pool_->run([&](int th, int n_threads) {
+    auto [b, e] = kernels::thread_pool::split(n_tokens * ni, th, n_threads);
+    kernels::swiglu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
+  });
+  LLMESH_TRY(kernels::matmul(job(gate_.data(), ni, lw.down, cols_from(lw.down, i0), proj_.data(), c.hidden, n_tokens,
+                                 c.hidden, ni, nullptr),
+                             *pool_));
+  if (layout_.tp > 1) LLMESH_TRY(comm_->all_reduce_sum(std::span(proj_.data(), n_tokens * c.hidden)));
+  kernels::add_inplace(h_.data(), proj_.data(), n_tokens * c.hidden);
+  return ok_status();
+}
+
+status shard_executor::lm_head(std::span<const step_sequence> batch, std::vector<float>& logits) {
+  const auto& c = model_->config();
+  const auto& w = model_->weights();
+  size_t n_want = 0, t = 0;
+  for (const auto& s : batch) {
+    t += s.tokens.size();
+    if (!s.want_logits) continue;
+    kernels::rmsnorm(&h_[(t - 1) * c.hidden], w.final_norm.data(), &xn_[n_want * c.hidden], c.hidden, c.rms_norm_eps);
+    ++n_want;
+  }
+  logits.resize(n_want * c.vocab);
+  if (n_want == 0) return ok_status();
+  const size_t nv = layout_.n_vocab;
+  if (layout_.tp == 1) {
+    return kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, w.lm_head.data, logits.data(), c.vocab, n_want, c.vocab,
+                               c.hidden, nullptr),
+                           *pool_);
+  }
+  // Vocabulary-parallel: each rank computes its rows, the all-gather concatenates rank slices
+  // ([rank][n_want][n_vocab_r]), then each rank reorders them into [n_want][vocab].
+  std::vector<float> local(n_want * nv), gathered(n_want * c.vocab);
+  if (nv > 0) {
+    LLMESH_TRY(kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, rows_from(w.lm_head, layout_.vocab0), local.data(),
+                                   nv, n_want, nv, c.hidden, nullptr),
+                               *pool_));
+  }
+  LLMESH_TRY(comm_->all_gather(local, gathered));
+  size_t per = (c.vocab + layout_.tp - 1) / layout_.tp, at = 0;
+  for (int r = 0; r < layout_.tp; ++r) {
+    size_t v0 = std::min(c.vocab, r * per), n = std::min(c.vocab, v0 + per) - v0;
+    for (size_t row = 0; row < n_want; ++row) {
+      std::copy_n(&gathered[at + row * n], n, &logits[row * c.vocab + v0]);
+    }
+    at += n_want * n;
+  }
+  return ok_status();
+}
+
+}  // namespace llmesh::model

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs every Debian package llmesh's build and tests need. Idempotent: packages already
+# present are skipped, so a warm machine pays only a dpkg query. Non-interactive.
+set -euo pipefail
+
+packages=(
+  cmake ninja-build g++ make pkgconf git
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
+  libopenblas-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

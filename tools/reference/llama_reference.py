@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""Independent float64 reference of the Hugging Face Llama-family forward pass.
+
+Produces golden files (greedy token ids and first-step logits) for llmesh's
+correctness tests. It is run BY HAND, not in CI, and it deliberately shares no
+code (and no file-format parsing) with the C++ engine, so that a bug in one is
+not silently mirrored in the other.
+
+Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, with
+weights in model.safetensors or a sharded model.safetensors.index.json
+(F32, F16 or BF16). Everything is computed in float64; the full sequence is
+recomputed at every step (no KV cache), which is fine for tiny models.
+
+Needs only python3 with numpy and torch (Debian: python3-numpy python3-torch).
+
+Usage:
+  python3 llama_reference.py --model DIR --prompt-ids 1,2,3 --max-tokens 32 \
+      --out-ids ids.txt --out-logits logits.f32
+
+--out-ids gets the generated ids, space-separated on one line. --out-logits
+gets the logits after the last prompt token (the first generated position) as
+raw little-endian float32. stdout shows the ids and the smallest top-1/top-2
+logit gap over all generated positions, to judge how fragile greedy is.
+"""
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+try:
+    import numpy as np
+    import torch
+except ImportError as e:
+    sys.exit(f"error: {e}. Debian's python3-numpy/python3-torch are only visible to "
+             "/usr/bin/python3 (not a pyenv or venv python).")
+
+SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+# ---------------------------------------------------------------- safetensors
+
+def read_safetensors_header(path):
+    """Returns (header dict without __metadata__, byte offset where data starts)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n).decode("utf-8"))
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+class Weights:
+    """Lazily decodes tensors from one or more safetensors files into float64."""
+
+    def __init__(self, model_dir):
+        single = os.path.join(model_dir, "model.safetensors")
+        index = os.path.join(model_dir, "model.safetensors.index.json")
+        if os.path.exists(single):
+            files = {"model.safetensors"}
+            name_to_file = None
+        elif os.path.exists(index):
+            with open(index) as f:
+                name_to_file = json.load(f)["weight_map"]
+            files = set(name_to_file.values())
+        else:
+            sys.exit(f"error: no model.safetensors or model.safetensors.index.json in {model_dir}")
+        self.entries = {}  # name -> (path, data_start, info)
+        for fname in sorted(files):
+            path = os.path.join(model_dir, fname)
+            header, start = read_safetensors_header(path)
+            for name, info in header.items():
+                if name_to_file is not None and name_to_file.get(name) != fname:
+                    continue
+                self.entries[name] = (path, start, info)
+        if name_to_file is not None:
+            missing = [n for n in name_to_file if n not in self.entries]
+            if missing:
+                sys.exit(f"error: index names tensors not found in their shard: {missing[:5]}")
+        self.maps = {}
+
+    def has(self, name):
+        return name in self.entries
+
+    def get(self, name, shape):
+        if name not in self.entries:
+            sys.exit(f"error: tensor {name} missing")
+        path, start, info = self.entries[name]
+        if list(info["shape"]) != list(shape):
+            sys.exit(f"error: tensor {name} has shape {info['shape']}, expected {list(shape)}")
+        if path not in self.maps:
+            self.maps[path] = np.memmap(path, dtype=np.uint8, mode="r")
+        begin, end = info["data_offsets"]
+        raw = np.asarray(self.maps[path][start + begin:start + end])
+        dtype = info["dtype"]
+        if dtype == "F32":
+            arr = raw.view("<f4").astype(np.float64)
+        elif dtype == "F16":
+            arr = raw.view("<f2").astype(np.float64)
+        elif dtype == "BF16":
+            bits = raw.view("<u2").astype(np.uint32) << 16
+            arr = bits.view(np.float32).astype(np.float64)
+        else:
+            sys.exit(f"error: tensor {name} has unsupported dtype {dtype}")
+        if arr.size != math.prod(shape):
+            sys.exit(f"error: tensor {name} byte size does not match its shape")
+        return torch.from_numpy(arr.reshape(shape).copy())
+
+
+# ---------------------------------------------------------------- config
+
+def load_config(model_dir):
+    with open(os.path.join(model_dir, "config.json")) as f:
+        c = json.load(f)
+    arch = (c.get("architectures") or ["<none>"])[0]
+    if arch not in SUPPORTED_ARCHS:
+        sys.exit(f"error: unsupported architecture {arch}")
+    if c.get("hidden_act", "silu") != "silu":
+        sys.exit(f"error: hidden_act {c.get('hidden_act')} is not silu")
+    cfg = {
+        "arch": arch,
+        "hidden": c["hidden_size"],
+        "inter": c["intermediate_size"],
+        "layers": c["num_hidden_layers"],
+        "heads": c["num_attention_heads"],
+        "eps": c["rms_norm_eps"],
+        "theta": c.get("rope_theta") or 10000.0,
+        "vocab": c["vocab_size"],
+        "tied": bool(c.get("tie_word_embeddings", False)),
+        "rope_scaling": c.get("rope_scaling"),
+    }
+    cfg["kv_heads"] = c.get("num_key_value_heads") or cfg["heads"]
+    cfg["head_dim"] = c.get("head_dim") or cfg["hidden"] // cfg["heads"]
+    if cfg["heads"] % cfg["kv_heads"] != 0:
+        sys.exit("error: num_attention_heads not a multiple of num_key_value_heads")
+    if arch == "Qwen2ForCausalLM":
+        cfg["qkv_bias"], cfg["o_bias"] = True, False
+    elif arch == "LlamaForCausalLM":
+        cfg["qkv_bias"] = cfg["o_bias"] = bool(c.get("attention_bias", False))
+    else:  # Mistral: no biases
+        cfg["qkv_bias"] = cfg["o_bias"] = False
+    window = None
+    if arch == "MistralForCausalLM" or (arch == "Qwen2ForCausalLM" and c.get("use_sliding_window")):
+        window = c.get("sliding_window")
+    cfg["window"] = window
+    return cfg
+
+
+# ---------------------------------------------------------------- model
+
+def rope_inv_freq(cfg):
+    d = cfg["head_dim"]
+    inv_freq = 1.0 / (cfg["theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = cfg["rope_scaling"]
+    if not rs:
+        return inv_freq
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind == "default":
+        return inv_freq
+    if kind != "llama3":
+        sys.exit(f"error: unsupported rope_scaling type {kind}")
+    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old_ctx = rs["original_max_position_embeddings"]
+    out = []
+    for freq in inv_freq.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_ctx / high:
+            out.append(freq)
+        elif wavelen > old_ctx / low:
+            out.append(freq / factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append((1 - smooth) * freq / factor + smooth * freq)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + eps) * w
+
+
+class Model:
+    def __init__(self, model_dir):
+        self.cfg = cfg = load_config(model_dir)
+        W = Weights(model_dir)
+        H, I, V = cfg["hidden"], cfg["inter"], cfg["vocab"]
+        nh, nkv, hd = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
+        self.embed = W.get("model.embed_tokens.weight", [V, H])
+        self.layers = []
+        for i in range(cfg["layers"]):
+            p = f"model.layers.{i}."
+            L = {
+                "ln1": W.get(p + "input_layernorm.weight", [H]),
+                "ln2": W.get(p + "post_attention_layernorm.weight", [H]),
+                "q": W.get(p + "self_attn.q_proj.weight", [nh * hd, H]),
+                "k": W.get(p + "self_attn.k_proj.weight", [nkv * hd, H]),
+                "v": W.get(p + "self_attn.v_proj.weight", [nkv * hd, H]),
+                "o": W.get(p + "self_attn.o_proj.weight", [H, nh * hd]),
+                "gate": W.get(p + "mlp.gate_proj.weight", [I, H]),
+                "up": W.get(p + "mlp.up_proj.weight", [I, H]),
+                "down": W.get(p + "mlp.down_proj.weight", [H, I]),
+            }
+            for n, size in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+                L[n + "_b"] = W.get(p + f"self_attn.{n}_proj.bias", [size]) if cfg["qkv_bias"] else None
+            L["o_b"] = W.get(p + "self_attn.o_proj.bias", [H]) if cfg["o_bias"] else None
+            self.layers.append(L)
+        self.norm = W.get("model.norm.weight", [H])
+        self.lm_head = self.embed if cfg["tied"] else W.get("lm_head.weight", [V, H])
+        self.inv_freq = rope_inv_freq(cfg)
+
+    @staticmethod
+    def linear(x, w, b):
+        y = x @ w.T
+        return y if b is None else y + b
+
+    def attention(self, x, L, cos, sin):
+        cfg = self.cfg
+        T = x.shape[0]
+        nh, nkv, hd = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
+        q = self.linear(x, L["q"], L["q_b"]).view(T, nh, hd).transpose(0, 1)    # [nh, T, hd]
+        k = self.linear(x, L["k"], L["k_b"]).view(T, nkv, hd).transpose(0, 1)   # [nkv, T, hd]
+        v = self.linear(x, L["v"], L["v_b"]).view(T, nkv, hd).transpose(0, 1)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        group = nh // nkv
+        out = torch.empty(nh, T, hd, dtype=torch.float64)
+        i = torch.arange(T).view(T, 1)
+        j = torch.arange(T).view(1, T)
+        allowed = j <= i
+        if cfg["window"] is not None:
+            allowed = allowed & (j > i - cfg["window"])
+        for h in range(nh):
+            kh, vh = k[h // group], v[h // group]
+            scores = (q[h] @ kh.T) / math.sqrt(hd)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            out[h] = torch.softmax(scores, dim=-1) @ vh
+        out = out.transpose(0, 1).reshape(T, nh * hd)
+        return self.linear(out, L["o"], L["o_b"])
+
+    def forward(self, ids):
+        """Returns logits [len(ids), vocab] in float64."""
+        cfg = self.cfg
+        h = self.embed[torch.tensor(ids, dtype=torch.long)]
+        pos = torch.arange(len(ids), dtype=torch.float64)
+        angle = pos.view(-1, 1) * self.inv_freq.view(1, -1)
+        emb = torch.cat((angle, angle), dim=-1)   # [T, hd]
+        cos, sin = emb.cos(), emb.sin()
+        for L in self.layers:
+            x = rms_norm(h, L["ln1"], cfg["eps"])
+            h = h + self.attention(x, L, cos, sin)
+            x = rms_norm(h, L["ln2"], cfg["eps"])
+            gate = self.linear(x, L["gate"], None)
+            h = h + self.linear(torch.nn.functional.silu(gate) * self.linear(x, L["up"], None),
+                                L["down"], None)
+        x = rms_norm(h, self.norm, cfg["eps"])
+        return x @ self.lm_head.T
+
+
+# ---------------------------------------------------------------- main
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="HF model directory")
+    ap.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--out-ids", required=True)
+    ap.add_argument("--out-logits", required=True)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+    if not prompt:
+        sys.exit("error: empty prompt")
+    model = Model(args.model)
+    vocab = model.cfg["vocab"]
+    if any(t < 0 or t >= vocab for t in prompt):
+        sys.exit(f"error: prompt id out of range [0, {vocab})")
+
+    ids = list(prompt)
+    generated = []
+    first_logits = None
+    min_gap, min_gap_step = float("inf"), -1
+    with torch.no_grad():
+        for step in range(args.max_tokens):
+            logits = model.forward(ids)[-1].numpy()
+            if first_logits is None:
+                first_logits = logits
+            nxt = int(np.argmax(logits))   # numpy argmax: first (lowest) index on ties
+            if vocab > 1:
+                top2 = np.sort(logits)[-2:]
+                gap = float(top2[1] - top2[0])
+                if gap < min_gap:
+                    min_gap, min_gap_step = gap, step
+            generated.append(nxt)
+            ids.append(nxt)
+
+    with open(args.out_ids, "w") as f:
+        f.write(" ".join(str(t) for t in generated) + "\n")
+    if first_logits is not None:
+        first_logits.astype("<f4").tofile(args.out_logits)
+    else:
+        open(args.out_logits, "wb").close()
+    print("ids:", " ".join(str(t) for t in generated))
+    print(f"min top1-top2 logit gap: {min_gap:.6g} (at generated step {min_gap_step})")
+
+
+if __name__ == "__main__":
+    main()
