@@ -1,6 +1,6 @@
 // AVX-512 matmul and dot: 16 lanes in one zmm register. Compiled with -mavx512f -mavx512bw
 // -mavx512vl -mfma -mf16c; only called when active_isa() says the CPU has them.
-// Tile 4 × 6: 24 accumulators + 4 x vectors + 1 weight vector fit the 32 zmm registers.
+// Tile 4 × 6: 24 accumulators + 6 weight vectors + 1 x vector fit the 32 zmm registers.
 // g++ 12's own avx512fintrin.h trips -Wuninitialized (its _mm512_undefined_* placeholders).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -15,51 +15,42 @@ namespace llmesh::kernels::detail {
 namespace {
 
 struct v512 {
-  __m512 v;
-  static v512 zero() { return {_mm512_setzero_ps()}; }
-  static v512 load_x(const float* p) { return {_mm512_loadu_ps(p)}; }
-  static __mmask16 mask(size_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
-  static v512 load_x_tail(const float* p, size_t n) { return {_mm512_maskz_loadu_ps(mask(n), p)}; }
-  static v512 widen(__m256i h, dtype t) {
-    if (t == dtype::f16) return {_mm512_cvtph_ps(h)};
-    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
-  }
+  using reg = __m512;
+  static constexpr int width = 16;
+  static reg zero() { return _mm512_setzero_ps(); }
+  static reg load_x(const float* p) { return _mm512_loadu_ps(p); }
   template <dtype T>
-  static v512 load_w(const void* base, size_t i) {
+  static reg load_w(const void* base, size_t i) {
     if constexpr (T == dtype::f32) {
-      return {_mm512_loadu_ps(static_cast<const float*>(base) + i)};
+      return _mm512_loadu_ps(static_cast<const float*>(base) + i);
     } else {
-      const uint16_t* p = static_cast<const uint16_t*>(base) + i;
-      return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), T);
+      __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
+      if constexpr (T == dtype::f16) return _mm512_cvtph_ps(h);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
   }
-  template <dtype T>
-  static v512 load_w_tail(const void* base, size_t i, size_t n) {
-    if constexpr (T == dtype::f32) {
-      return {_mm512_maskz_loadu_ps(mask(n), static_cast<const float*>(base) + i)};
-    } else {
-      const uint16_t* p = static_cast<const uint16_t*>(base) + i;
-      return widen(_mm256_maskz_loadu_epi16(mask(n), p), T);
-    }
-  }
-  static v512 fma(v512 a, v512 b, v512 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
-  static float fold(v512 x) {
-    __m256 lo = _mm512_castps512_ps256(x.v);
-    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.v), 1));
-    __m256 a = _mm256_add_ps(lo, hi);                                          // i + 8
+  static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static float fold(const reg* parts) {
+    __m512 x = parts[0];
+    __m256 lo = _mm512_castps512_ps256(x);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+    __m256 a = _mm256_add_ps(lo, hi);                                               // i + 8
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));  // i + 4
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                             // i + 2
-    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));                              // i + 1
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                                  // i + 2
+    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));                                   // i + 1
     return _mm_cvtss_f32(d);
   }
 };
 
 float dot_avx512(const float* a, const float* b, size_t n) {
-  v512 acc = v512::zero();
+  __m512 acc = _mm512_setzero_ps();
   size_t i = 0;
-  for (; i + 16 <= n; i += 16) acc = v512::fma(v512::load_x(a + i), v512::load_x(b + i), acc);
-  if (i < n) acc = v512::fma(v512::load_x_tail(a + i, n - i), v512::load_x_tail(b + i, n - i), acc);
-  return v512::fold(acc);
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  if (i < n) {
+    __mmask16 mask = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, a + i), _mm512_maskz_loadu_ps(mask, b + i), acc);
+  }
+  return v512::fold(&acc);
 }
 
 }  // namespace

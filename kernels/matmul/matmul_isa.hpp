@@ -20,8 +20,13 @@ isa_kernels portable_kernels();
 isa_kernels avx2_kernels();
 isa_kernels avx512_kernels();
 
-/// Rows of x processed together while a weight tile stays in cache. Why 64: 64 rows of a
-/// 2048-wide activation are 512 KiB, which stays in a 1 MiB L2 next to the weight tile.
-constexpr size_t m_block = 64;
+/// Rows of x processed together while each weight tile passes over them: as many as fit in
+/// ~192 KiB, so the x block stays in L2 (512 KiB per core on the smallest CPUs we run on,
+/// shared with the weight stream) and each weight byte comes from memory m / m_block times.
+inline size_t m_block_rows(size_t k) {
+  constexpr size_t budget = 192 * 1024;
+  size_t rows = budget / (k * sizeof(float));
+  return rows < 8 ? 8 : (rows > 96 ? 96 : rows);
+}
 
 }  // namespace llmesh::kernels::detail

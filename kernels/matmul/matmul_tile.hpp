@@ -7,12 +7,20 @@
 // ([out, in]) and activations, so no packing copy is needed and each output keeps the
 // canonical reduction order of matmul.hpp whatever MR, NR or the thread split are.
 //
-// V must provide: zero(), load_x(const float*), load_x_tail(const float*, size_t n),
-// load_w<dtype>(const void*, size_t idx), load_w_tail<dtype>(const void*, size_t idx, size_t n),
-// fma(V a, V b, V c) = a*b+c per lane, fold(V) -> float in the canonical fold order.
+// V is one native vector of V::width lanes (16 for AVX-512, 8 for AVX2); a canonical 16-lane
+// accumulator is P = 16 / width registers ("parts"), each holding lanes [p·width, (p+1)·width).
+// Per 16-wide step of k the tile walks the parts one at a time: load NR weight parts, then
+// for each x row load one x part and issue NR fused multiply-adds. Registers in use:
+// MR·NR·P accumulators + NR weights + 1 x, which sizes the tiles (4×6 on AVX-512, 3×2 on AVX2).
+//
+// V must provide: using reg; width; zero(); load_x(const float*); load_w<dtype>(const void*,
+// size_t idx); fma(reg a, reg b, reg c) = a*b+c; fold(const reg* parts) -> float in the
+// canonical fold order.
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <utility>
 
 #include "matmul/matmul_isa.hpp"
 
@@ -20,33 +28,53 @@ namespace llmesh::kernels::detail {
 
 template <class V, int MR, int NR, dtype WT>
 void matmul_tile(const matmul_args& a, size_t i0, size_t j0) {
+  using reg = typename V::reg;
+  constexpr int W = V::width;
+  constexpr int P = 16 / W;
   const float* x = a.x + i0 * a.ldx;
   const size_t w_row0 = j0 * a.ldw;
-  V acc[MR][NR];
+  reg acc[MR][NR][P];
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 8
-    for (int n = 0; n < NR; ++n) acc[m][n] = V::zero();
+    for (int n = 0; n < NR; ++n)
+#pragma GCC unroll 2
+      for (int p = 0; p < P; ++p) acc[m][n][p] = V::zero();
 
   size_t kk = 0;
   for (; kk + 16 <= a.k; kk += 16) {
-    V xv[MR];
+#pragma GCC unroll 2
+    for (int p = 0; p < P; ++p) {
+      reg wv[NR];
 #pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) xv[m] = V::load_x(x + m * a.ldx + kk);
+      for (int n = 0; n < NR; ++n) {
+        wv[n] = V::template load_w<WT>(a.w, w_row0 + n * a.ldw + kk + p * W);
+        asm("" : "+x"(wv[n]));  // same reason as for x below
+      }
 #pragma GCC unroll 8
-    for (int n = 0; n < NR; ++n) {
-      V wv = V::template load_w<WT>(a.w, w_row0 + n * a.ldw + kk);
+      for (int m = 0; m < MR; ++m) {
+        reg xv = V::load_x(x + m * a.ldx + kk + p * W);
+        // Keep x in a register: otherwise GCC folds the load into each of the NR FMAs as a
+        // memory operand, and the tile becomes load-bound instead of FMA-bound.
+        asm("" : "+x"(xv));
 #pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) acc[m][n] = V::fma(xv[m], wv, acc[m][n]);
+        for (int n = 0; n < NR; ++n) acc[m][n][p] = V::fma(xv, wv[n], acc[m][n][p]);
+      }
     }
   }
-  if (kk < a.k) {  // tail: zero-padded lanes, i.e. fma(0, 0, acc), like the portable path
-    size_t rest = a.k - kk;
-    V xv[MR];
-    for (int m = 0; m < MR; ++m) xv[m] = V::load_x_tail(x + m * a.ldx + kk, rest);
-    for (int n = 0; n < NR; ++n) {
-      V wv = V::template load_w_tail<WT>(a.w, w_row0 + n * a.ldw + kk, rest);
-      for (int m = 0; m < MR; ++m) acc[m][n] = V::fma(xv[m], wv, acc[m][n]);
+  if (kk < a.k) {  // tail: zero-padded copies, i.e. fma(0, 0, acc) in the missing lanes
+    const size_t rest = a.k - kk;
+    alignas(64) float xt[MR][16] = {};
+    alignas(64) float wt[NR][16] = {};
+    for (int m = 0; m < MR; ++m)
+      for (size_t q = 0; q < rest; ++q) xt[m][q] = x[m * a.ldx + kk + q];
+    for (int n = 0; n < NR; ++n)
+      for (size_t q = 0; q < rest; ++q) wt[n][q] = load_as_f32(a.w, WT, w_row0 + n * a.ldw + kk + q);
+    for (int p = 0; p < P; ++p) {
+      for (int m = 0; m < MR; ++m) {
+        reg xv = V::load_x(&xt[m][p * W]);
+        for (int n = 0; n < NR; ++n) acc[m][n][p] = V::fma(xv, V::load_x(&wt[n][p * W]), acc[m][n][p]);
+      }
     }
   }
 #pragma GCC unroll 8

@@ -1,0 +1,322 @@
+// Tests of kv_write() and attention() over a paged cache: a double-precision reference with
+// shuffled, non-contiguous block tables, GQA, sliding windows and mixed batches; bitwise
+// invariance to batch neighbours, thread count and prefill-vs-decode; and block-table errors.
+#include "llmesh/kernels/attention.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace llmesh::kernels {
+namespace {
+
+constexpr float poison = std::numeric_limits<float>::quiet_NaN();
+
+/// One sequence of a test batch: its logical keys/values for every position it has, its query
+/// rows, and its block table into the shared cache.
+struct sequence {
+  size_t pos0 = 0, n_tokens = 0;
+  std::vector<float> k, v;       // [pos0 + n_tokens][n_kv_heads][head_dim], by position
+  std::vector<float> q;          // [n_tokens][n_heads][head_dim]
+  std::vector<int32_t> table;    // block ids
+  std::vector<float> out;        // [n_tokens][n_heads][head_dim] + 1 guard element
+
+  size_t end() const { return pos0 + n_tokens; }
+  size_t q_row() const { return q.size() / std::max<size_t>(n_tokens, 1); }
+  attention_seq view(size_t row0, size_t rows, float* dst) const {
+    attention_seq s;
+    s.q = q.data() + row0 * q_row();
+    s.out = dst;
+    s.pos0 = pos0 + row0;
+    s.n_tokens = rows;
+    s.block_table = table;
+    return s;
+  }
+};
+
+/// A poisoned cache: positions never written read as NaN, so reading one fails the test.
+struct cache_storage {
+  std::vector<float> keys, values;
+  size_t n_blocks;
+  cache_storage(const attention_shape& s, size_t blocks)
+      : keys(blocks * s.block_size * s.n_kv_heads * s.head_dim, poison),
+        values(keys.size(), poison),
+        n_blocks(blocks) {}
+  kv_layer_view view() { return {keys.data(), values.data(), n_blocks}; }
+};
+
+std::string describe(const attention_shape& s) {
+  return "block_size " + std::to_string(s.block_size) + " heads " + std::to_string(s.n_heads) + "/" +
+         std::to_string(s.n_kv_heads) + " head_dim " + std::to_string(s.head_dim) + " window " +
+         std::to_string(s.sliding_window);
+}
+
+/// Builds the sequences of one batch and hands out block ids from one shuffled pool, so every
+/// table is non-contiguous and out of order. Returns the number of blocks the cache needs.
+size_t make_batch(const attention_shape& s, const std::vector<std::pair<size_t, size_t>>& specs,
+                  std::mt19937& rng, std::vector<sequence>& seqs) {
+  std::uniform_real_distribution<float> val(-1.0f, 1.0f);
+  size_t blocks = 3;  // spares that nobody owns
+  for (auto [pos0, n] : specs) blocks += (pos0 + n + s.block_size - 1) / s.block_size;
+  std::vector<int32_t> ids(blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  size_t next = 0;
+  seqs.clear();
+  for (auto [pos0, n] : specs) {
+    sequence q;
+    q.pos0 = pos0;
+    q.n_tokens = n;
+    q.k.resize(q.end() * s.n_kv_heads * s.head_dim);
+    q.v.resize(q.k.size());
+    q.q.resize(n * s.n_heads * s.head_dim);
+    for (float& x : q.k) x = val(rng);
+    for (float& x : q.v) x = val(rng);
+    for (float& x : q.q) x = 3.0f * val(rng);  // sharper softmax than unit queries give
+    size_t need = (q.end() + s.block_size - 1) / s.block_size;
+    q.table.assign(ids.begin() + next, ids.begin() + next + need);
+    next += need;
+    q.out.assign(q.q.size() + 1, poison);
+    seqs.push_back(std::move(q));
+  }
+  return blocks;
+}
+
+/// softmax(q·k · scale) · v in double for one (row, head), with the documented window rule.
+std::vector<double> reference(const attention_shape& s, const sequence& q, size_t row, size_t head) {
+  const size_t pos = q.pos0 + row, d = s.head_dim;
+  const size_t kvh = head / (s.n_heads / s.n_kv_heads);
+  const size_t begin = s.sliding_window > 0 && pos + 1 > s.sliding_window ? pos + 1 - s.sliding_window : 0;
+  const float* qv = q.q.data() + (row * s.n_heads + head) * d;
+  std::vector<double> scores;
+  double max_score = -1e300;
+  for (size_t p = begin; p <= pos; ++p) {
+    const float* kv = q.k.data() + (p * s.n_kv_heads + kvh) * d;
+    double sc = 0.0;
+    for (size_t i = 0; i < d; ++i) sc += static_cast<double>(qv[i]) * kv[i];
+    scores.push_back(sc * s.scale);
+    max_score = std::max(max_score, scores.back());
+  }
+  double sum = 0.0;
+  for (double& sc : scores) sum += (sc = std::exp(sc - max_score));
+  std::vector<double> out(d, 0.0);
+  for (size_t p = begin; p <= pos; ++p) {
+    const float* vv = q.v.data() + (p * s.n_kv_heads + kvh) * d;
+    for (size_t i = 0; i < d; ++i) out[i] += scores[p - begin] / sum * vv[i];
+  }
+  return out;
+}
+
+/// Writes a sequence's keys and values in two calls, split at pos0 (mid-block in general).
+void write_sequence(cache_storage& cache, const attention_shape& s, const sequence& q) {
+  const size_t row = s.n_kv_heads * s.head_dim;
+  ASSERT_TRUE(kv_write(cache.view(), s, q.table, 0, q.pos0, q.k.data(), q.v.data()).ok());
+  ASSERT_TRUE(kv_write(cache.view(), s, q.table, q.pos0, q.n_tokens, q.k.data() + q.pos0 * row,
+                       q.v.data() + q.pos0 * row)
+                  .ok());
+}
+
+status attend(cache_storage& cache, const attention_shape& s, std::vector<sequence>& seqs, thread_pool& pool) {
+  std::vector<attention_seq> views;
+  for (auto& q : seqs) views.push_back(q.view(0, q.n_tokens, q.out.data()));
+  return attention(cache.view(), s, views, pool);
+}
+
+std::vector<attention_shape> all_shapes() {
+  std::vector<attention_shape> shapes;
+  for (size_t block_size : {4, 16})
+    for (size_t n_kv : {6, 3, 2, 1})
+      for (size_t head_dim : {8, 40})
+        for (size_t window : {0, 5, 19}) {
+          attention_shape s;
+          s.n_heads = 6;
+          s.n_kv_heads = n_kv;
+          s.head_dim = head_dim;
+          s.block_size = block_size;
+          s.sliding_window = window;
+          s.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+          shapes.push_back(s);
+        }
+  return shapes;
+}
+
+// (pos0, n_tokens): a whole prompt, a decode step deep in context, a chunk continuing a prompt
+// mid-block, an empty slot, and the very first token.
+const std::vector<std::pair<size_t, size_t>> batch_specs = {{0, 21}, {33, 1}, {10, 8}, {4, 0}, {0, 1}};
+
+TEST(Attention, MatchesDoublePrecisionReference) {
+  thread_pool pool(2);
+  std::mt19937 rng(21);
+  for (const attention_shape& s : all_shapes()) {
+    std::vector<sequence> seqs;
+    cache_storage cache(s, make_batch(s, batch_specs, rng, seqs));
+    for (const auto& q : seqs) write_sequence(cache, s, q);
+    ASSERT_TRUE(attend(cache, s, seqs, pool).ok()) << describe(s);
+    for (size_t si = 0; si < seqs.size(); ++si) {
+      const sequence& q = seqs[si];
+      for (size_t row = 0; row < q.n_tokens; ++row) {
+        for (size_t h = 0; h < s.n_heads; ++h) {
+          std::vector<double> want = reference(s, q, row, h);
+          const float* got = q.out.data() + (row * s.n_heads + h) * s.head_dim;
+          for (size_t i = 0; i < s.head_dim; ++i) {
+            ASSERT_NEAR(got[i], want[i], 2e-5) << describe(s) << " seq " << si << " row " << row << " head " << h
+                                               << " dim " << i;
+          }
+        }
+      }
+      EXPECT_TRUE(std::isnan(q.out.back())) << describe(s) << " seq " << si << " wrote past its output";
+    }
+  }
+}
+
+TEST(Attention, SequenceOutputIsBitwiseIndependentOfBatchAndThreads) {
+  thread_pool pool1(1), pool2(2), pool3(3);
+  std::mt19937 rng(22);
+  for (const attention_shape& s : all_shapes()) {
+    std::vector<sequence> seqs;
+    cache_storage cache(s, make_batch(s, batch_specs, rng, seqs));
+    for (const auto& q : seqs) write_sequence(cache, s, q);
+    ASSERT_TRUE(attend(cache, s, seqs, pool2).ok()) << describe(s);
+    for (thread_pool* pool : {&pool1, &pool3}) {
+      std::vector<sequence> again = seqs;
+      for (auto& q : again) std::fill(q.out.begin(), q.out.end(), poison);
+      ASSERT_TRUE(attend(cache, s, again, *pool).ok());
+      for (size_t si = 0; si < seqs.size(); ++si) {
+        ASSERT_EQ(std::memcmp(again[si].out.data(), seqs[si].out.data(), seqs[si].q.size() * sizeof(float)), 0)
+            << describe(s) << " seq " << si << " batched with " << pool->size() << " threads";
+      }
+    }
+    for (size_t si = 0; si < seqs.size(); ++si) {
+      std::vector<sequence> alone = {seqs[si]};
+      std::fill(alone[0].out.begin(), alone[0].out.end(), poison);
+      ASSERT_TRUE(attend(cache, s, alone, pool1).ok());
+      ASSERT_EQ(std::memcmp(alone[0].out.data(), seqs[si].out.data(), seqs[si].q.size() * sizeof(float)), 0)
+          << describe(s) << " seq " << si << " alone vs batched";
+    }
+  }
+}
+
+TEST(Attention, PrefillAndTokenByTokenDecodeGiveTheSameBits) {
+  thread_pool pool(2);
+  std::mt19937 rng(23);
+  for (const attention_shape& s : all_shapes()) {
+    std::vector<sequence> seqs;
+    const size_t blocks = make_batch(s, batch_specs, rng, seqs);
+    cache_storage cache(s, blocks);
+    for (const auto& q : seqs) write_sequence(cache, s, q);
+    ASSERT_TRUE(attend(cache, s, seqs, pool).ok()) << describe(s);
+    const size_t row = s.n_kv_heads * s.head_dim, out_row = s.n_heads * s.head_dim;
+    for (size_t si = 0; si < seqs.size(); ++si) {
+      const sequence& q = seqs[si];
+      // A fresh cache filled one position at a time, attending after each write: positions
+      // not written yet are NaN, so any look ahead shows.
+      cache_storage fresh(s, blocks);
+      std::vector<float> out(out_row + 1, poison);
+      for (size_t p = 0; p < q.end(); ++p) {
+        ASSERT_TRUE(kv_write(fresh.view(), s, q.table, p, 1, q.k.data() + p * row, q.v.data() + p * row).ok());
+        if (p < q.pos0) continue;
+        const size_t r = p - q.pos0;
+        std::fill(out.begin(), out.end(), poison);
+        attention_seq one = q.view(r, 1, out.data());
+        ASSERT_TRUE(attention(fresh.view(), s, std::span(&one, 1), pool).ok());
+        ASSERT_EQ(std::memcmp(out.data(), q.out.data() + r * out_row, out_row * sizeof(float)), 0)
+            << describe(s) << " seq " << si << " position " << p;
+        EXPECT_TRUE(std::isnan(out.back()));
+      }
+    }
+  }
+}
+
+TEST(Attention, SlidingWindowIgnoresKeysOutsideIt) {
+  // With window 3, the row at position 9 sees positions 7, 8, 9 only: garbage elsewhere in the
+  // cache (here: huge keys that would dominate the softmax) must not change its output.
+  attention_shape s;
+  s.n_heads = 2;
+  s.n_kv_heads = 1;
+  s.head_dim = 8;
+  s.block_size = 4;
+  s.sliding_window = 3;
+  s.scale = 0.5f;
+  std::mt19937 rng(24);
+  std::vector<sequence> seqs;
+  cache_storage cache(s, make_batch(s, {{9, 1}}, rng, seqs));
+  write_sequence(cache, s, seqs[0]);
+  thread_pool pool(1);
+  ASSERT_TRUE(attend(cache, s, seqs, pool).ok());
+  std::vector<float> first(seqs[0].out);
+  std::vector<float> loud_k(7 * 8, 1e3f), loud_v(7 * 8, 1e3f);
+  ASSERT_TRUE(kv_write(cache.view(), s, seqs[0].table, 0, 7, loud_k.data(), loud_v.data()).ok());
+  ASSERT_TRUE(attend(cache, s, seqs, pool).ok());
+  EXPECT_EQ(std::memcmp(first.data(), seqs[0].out.data(), seqs[0].q.size() * sizeof(float)), 0);
+}
+
+attention_shape small_shape() {
+  attention_shape s;
+  s.n_heads = 2;
+  s.n_kv_heads = 1;
+  s.head_dim = 8;
+  s.block_size = 4;
+  s.scale = 0.35f;
+  return s;
+}
+
+TEST(KvWrite, RejectsShortOrOutOfRangeBlockTables) {
+  const attention_shape s = small_shape();
+  cache_storage cache(s, 4);
+  std::vector<float> kv(3 * 8, 1.0f);
+  const std::vector<int32_t> short_table = {2, 0};  // covers positions 0..7 only
+  EXPECT_FALSE(kv_write(cache.view(), s, short_table, 6, 3, kv.data(), kv.data()).ok());
+  EXPECT_TRUE(kv_write(cache.view(), s, short_table, 5, 3, kv.data(), kv.data()).ok());
+  const std::vector<int32_t> past_end = {1, 4};  // block 4 of 4
+  EXPECT_FALSE(kv_write(cache.view(), s, past_end, 3, 2, kv.data(), kv.data()).ok());
+  const std::vector<int32_t> negative = {-1};
+  EXPECT_FALSE(kv_write(cache.view(), s, negative, 0, 1, kv.data(), kv.data()).ok());
+  EXPECT_FALSE(kv_write(cache.view(), s, std::span<const int32_t>(), 0, 1, kv.data(), kv.data()).ok());
+}
+
+TEST(Attention, RejectsShortOrOutOfRangeBlockTables) {
+  const attention_shape s = small_shape();
+  std::mt19937 rng(25);
+  std::vector<sequence> seqs;
+  const size_t blocks = make_batch(s, {{0, 6}, {3, 2}}, rng, seqs);  // needs 2 + 2 blocks
+  cache_storage cache(s, blocks);
+  for (const auto& q : seqs) write_sequence(cache, s, q);
+  thread_pool pool(2);
+  ASSERT_TRUE(attend(cache, s, seqs, pool).ok());
+
+  std::vector<sequence> bad = seqs;
+  bad[1].table.pop_back();  // position 4 has no block
+  EXPECT_FALSE(attend(cache, s, bad, pool).ok());
+  bad = seqs;
+  bad[0].table[1] = static_cast<int32_t>(blocks);
+  EXPECT_FALSE(attend(cache, s, bad, pool).ok());
+  bad = seqs;
+  bad[1].table[0] = -3;
+  EXPECT_FALSE(attend(cache, s, bad, pool).ok());
+}
+
+TEST(Attention, RejectsHeadsThatDoNotGroupEvenly) {
+  attention_shape s = small_shape();
+  std::mt19937 rng(26);
+  std::vector<sequence> seqs;
+  cache_storage cache(s, make_batch(s, {{0, 3}}, rng, seqs));
+  write_sequence(cache, s, seqs[0]);
+  thread_pool pool(1);
+  attention_shape odd = s;
+  odd.n_heads = 3;
+  odd.n_kv_heads = 2;
+  EXPECT_FALSE(attend(cache, odd, seqs, pool).ok());
+  attention_shape none = s;
+  none.n_kv_heads = 0;
+  EXPECT_FALSE(attend(cache, none, seqs, pool).ok());
+}
+
+}  // namespace
+}  // namespace llmesh::kernels

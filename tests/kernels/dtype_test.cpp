@@ -1,0 +1,264 @@
+// Tests of the float32 <-> f16 / bf16 conversions in dtype.hpp: exhaustive round trips over
+// every 16-bit pattern, an independent round-to-nearest-even reference over a strided sweep of
+// float32 patterns, and hand-picked ties, subnormals and overflows.
+#include "llmesh/kernels/dtype.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace llmesh::kernels {
+namespace {
+
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+float float_of(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+bool is_f16_nan(uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0; }
+bool is_bf16_nan(uint16_t h) { return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0; }
+
+/// The value a 16-bit float encodes, computed with ldexp (independent of the bit tricks under test).
+/// mant_bits: 10 for f16, 7 for bf16; bias: 15 or 127; exp_bits: 5 or 8.
+double decode_ref(uint16_t h, int mant_bits, int exp_bits, int bias) {
+  int sign = h >> 15;
+  int e = (h >> mant_bits) & ((1 << exp_bits) - 1);
+  int m = h & ((1 << mant_bits) - 1);
+  double v;
+  if (e == 0) {
+    v = std::ldexp(static_cast<double>(m), 1 - bias - mant_bits);
+  } else if (e == (1 << exp_bits) - 1) {
+    v = m == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  } else {
+    v = std::ldexp(static_cast<double>(m + (1 << mant_bits)), e - bias - mant_bits);
+  }
+  return sign ? -v : v;
+}
+
+/// Rounds a finite float to the 16-bit format to nearest, ties to even, with std::nearbyint
+/// (the default rounding mode is round-to-nearest-even); overflow gives infinity.
+uint16_t encode_ref(float f, int mant_bits, int exp_bits, int bias) {
+  uint16_t sign = std::signbit(f) ? 0x8000u : 0u;
+  double a = std::fabs(static_cast<double>(f));
+  const int max_e = (1 << exp_bits) - 1;
+  const int min_normal_exp = 1 - bias;
+  uint32_t q;
+  int biased;
+  if (a < std::ldexp(1.0, min_normal_exp)) {
+    // Subnormal range: the unit is 2^(min_normal_exp - mant_bits). q may round up to the first
+    // normal (q == 2^mant_bits), which is exactly its encoding.
+    q = static_cast<uint32_t>(std::nearbyint(std::ldexp(a, mant_bits - min_normal_exp)));
+    return static_cast<uint16_t>(sign | q);
+  }
+  int ex;
+  std::frexp(a, &ex);  // a = fr * 2^ex, fr in [0.5, 1)
+  int e = ex - 1;
+  q = static_cast<uint32_t>(std::nearbyint(std::ldexp(a, mant_bits - e)));  // in [2^mb, 2^(mb+1)]
+  if (q == (1u << (mant_bits + 1))) {
+    q >>= 1;
+    ++e;
+  }
+  biased = e + bias;
+  if (biased >= max_e) return static_cast<uint16_t>(sign | (max_e << mant_bits));
+  return static_cast<uint16_t>(sign | (biased << mant_bits) | (q - (1u << mant_bits)));
+}
+
+uint16_t f16_ref(float f) { return encode_ref(f, 10, 5, 15); }
+uint16_t bf16_ref(float f) { return encode_ref(f, 7, 8, 127); }
+
+TEST(Dtype, SizesAndNames) {
+  EXPECT_EQ(dtype_size(dtype::f32), 4u);
+  EXPECT_EQ(dtype_size(dtype::f16), 2u);
+  EXPECT_EQ(dtype_size(dtype::bf16), 2u);
+  EXPECT_EQ(dtype_name(dtype::f32), "F32");
+  EXPECT_EQ(dtype_name(dtype::f16), "F16");
+  EXPECT_EQ(dtype_name(dtype::bf16), "BF16");
+}
+
+TEST(F16ToF32, DecodesEveryBitPatternExactly) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    auto bits = static_cast<uint16_t>(h);
+    float f = f16_to_f32(bits);
+    double want = decode_ref(bits, 10, 5, 15);
+    if (is_f16_nan(bits)) {
+      ASSERT_TRUE(std::isnan(f)) << std::hex << h;
+    } else {
+      ASSERT_EQ(static_cast<double>(f), want) << std::hex << h;
+      ASSERT_EQ(std::signbit(f), (h & 0x8000u) != 0) << std::hex << h;
+    }
+  }
+}
+
+TEST(F16ToF32, RoundTripsEveryBitPattern) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    auto bits = static_cast<uint16_t>(h);
+    uint16_t back = f32_to_f16(f16_to_f32(bits));
+    if (is_f16_nan(bits)) {
+      ASSERT_TRUE(is_f16_nan(back)) << std::hex << h << " -> " << back;
+    } else {
+      ASSERT_EQ(back, bits) << std::hex << h;
+    }
+  }
+}
+
+TEST(Bf16ToF32, DecodesEveryBitPatternExactly) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    auto bits = static_cast<uint16_t>(h);
+    float f = bf16_to_f32(bits);
+    if (is_bf16_nan(bits)) {
+      ASSERT_TRUE(std::isnan(f)) << std::hex << h;
+    } else {
+      ASSERT_EQ(static_cast<double>(f), decode_ref(bits, 7, 8, 127)) << std::hex << h;
+      ASSERT_EQ(std::signbit(f), (h & 0x8000u) != 0) << std::hex << h;
+    }
+  }
+}
+
+TEST(Bf16ToF32, RoundTripsEveryBitPattern) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    auto bits = static_cast<uint16_t>(h);
+    uint16_t back = f32_to_bf16(bf16_to_f32(bits));
+    if (is_bf16_nan(bits)) {
+      ASSERT_TRUE(is_bf16_nan(back)) << std::hex << h << " -> " << back;
+    } else {
+      ASSERT_EQ(back, bits) << std::hex << h;
+    }
+  }
+}
+
+// A strided sweep over all 2^32 float patterns (about 16.7 million of them, every exponent and
+// many mantissas) against the nearbyint reference.
+constexpr uint32_t sweep_stride = 257;  // prime, so the low mantissa bits vary too
+
+TEST(F32ToF16, MatchesNearestEvenReferenceOverStridedSweep) {
+  for (uint64_t b = 0; b <= 0xffffffffull; b += sweep_stride) {
+    float f = float_of(static_cast<uint32_t>(b));
+    uint16_t got = f32_to_f16(f);
+    if (std::isnan(f)) {
+      ASSERT_TRUE(is_f16_nan(got)) << std::hex << b;
+    } else {
+      ASSERT_EQ(got, f16_ref(f)) << std::hex << "f32 bits " << b << " = " << f;
+    }
+  }
+}
+
+TEST(F32ToBf16, MatchesNearestEvenReferenceOverStridedSweep) {
+  for (uint64_t b = 0; b <= 0xffffffffull; b += sweep_stride) {
+    float f = float_of(static_cast<uint32_t>(b));
+    uint16_t got = f32_to_bf16(f);
+    if (std::isnan(f)) {
+      ASSERT_TRUE(is_bf16_nan(got)) << std::hex << b;
+    } else {
+      ASSERT_EQ(got, bf16_ref(f)) << std::hex << "f32 bits " << b << " = " << f;
+    }
+  }
+}
+
+TEST(F32ToF16, RoundsTiesToEven) {
+  // 1 + 2^-11 is halfway between 1 (0x3c00, even) and 1 + 2^-10 (0x3c01).
+  EXPECT_EQ(f32_to_f16(1.0f + 0x1p-11f), 0x3c00);
+  // 1 + 3·2^-11 is halfway between 0x3c01 and 0x3c02 (even).
+  EXPECT_EQ(f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);
+  // Just above / below a tie go to the nearer neighbour.
+  EXPECT_EQ(f32_to_f16(std::nextafter(1.0f + 0x1p-11f, 2.0f)), 0x3c01);
+  EXPECT_EQ(f32_to_f16(std::nextafter(1.0f + 3 * 0x1p-11f, 0.0f)), 0x3c01);
+  // 2049 lies between 2048 (0x6800) and 2050 (0x6801); 2051 between 0x6801 and 0x6802.
+  EXPECT_EQ(f32_to_f16(2049.0f), 0x6800);
+  EXPECT_EQ(f32_to_f16(2051.0f), 0x6802);
+  EXPECT_EQ(f32_to_f16(-2049.0f), 0xe800);
+  EXPECT_EQ(f32_to_f16(-2051.0f), 0xe802);
+}
+
+TEST(F32ToF16, HandlesSubnormals) {
+  EXPECT_EQ(f32_to_f16(0x1p-24f), 0x0001);                // smallest subnormal
+  EXPECT_EQ(f32_to_f16(-0x1p-24f), 0x8001);
+  EXPECT_EQ(f32_to_f16(1023 * 0x1p-24f), 0x03ff);         // largest subnormal
+  EXPECT_EQ(f32_to_f16(0x1p-14f), 0x0400);                // smallest normal
+  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);                // tie between 0 and 2^-24: even is 0
+  EXPECT_EQ(f32_to_f16(-0x1p-25f), 0x8000);
+  EXPECT_EQ(f32_to_f16(std::nextafter(0x1p-25f, 1.0f)), 0x0001);
+  EXPECT_EQ(f32_to_f16(3 * 0x1p-25f), 0x0002);            // tie between 1 and 2 units
+  EXPECT_EQ(f32_to_f16(5 * 0x1p-25f), 0x0002);            // tie between 2 and 3 units
+  EXPECT_EQ(f32_to_f16(0x1p-14f - 0x1p-25f), 0x0400);     // tie between 0x3ff and 0x400
+  EXPECT_EQ(f32_to_f16(1e-10f), 0x0000);                  // underflows to zero
+  EXPECT_EQ(f32_to_f16(-1e-10f), 0x8000);
+  EXPECT_EQ(f32_to_f16(float_of(1)), 0x0000);             // float32 subnormal
+  EXPECT_EQ(f32_to_f16(-0.0f), 0x8000);
+  EXPECT_EQ(f16_to_f32(0x0001), 0x1p-24f);
+  EXPECT_EQ(f16_to_f32(0x03ff), 1023 * 0x1p-24f);
+  EXPECT_EQ(f16_to_f32(0x8200), -512 * 0x1p-24f);
+}
+
+TEST(F32ToF16, OverflowsToInfinity) {
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);                          // largest half
+  EXPECT_EQ(f32_to_f16(std::nextafter(65520.0f, 0.0f)), 0x7bff);    // below the tie
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);                          // tie rounds to even: inf
+  EXPECT_EQ(f32_to_f16(-65520.0f), 0xfc00);
+  EXPECT_EQ(f32_to_f16(1e10f), 0x7c00);
+  EXPECT_EQ(f32_to_f16(std::numeric_limits<float>::max()), 0x7c00);
+  EXPECT_EQ(f32_to_f16(std::numeric_limits<float>::infinity()), 0x7c00);
+  EXPECT_EQ(f32_to_f16(-std::numeric_limits<float>::infinity()), 0xfc00);
+  EXPECT_TRUE(std::isinf(f16_to_f32(0x7c00)));
+  EXPECT_TRUE(is_f16_nan(f32_to_f16(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(is_f16_nan(f32_to_f16(float_of(0x7f800001u))));  // signalling NaN, low payload
+  EXPECT_TRUE(is_f16_nan(f32_to_f16(float_of(0xff800001u))));
+}
+
+TEST(F32ToBf16, RoundsTiesToEven) {
+  EXPECT_EQ(f32_to_bf16(float_of(0x3f808000u)), 0x3f80);  // tie, 0x3f80 is even
+  EXPECT_EQ(f32_to_bf16(float_of(0x3f818000u)), 0x3f82);  // tie, 0x3f82 is even
+  EXPECT_EQ(f32_to_bf16(float_of(0x3f808001u)), 0x3f81);  // above the tie
+  EXPECT_EQ(f32_to_bf16(float_of(0x3f807fffu)), 0x3f80);  // below the tie
+  EXPECT_EQ(f32_to_bf16(float_of(0xbf818000u)), 0xbf82);
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(f32_to_bf16(-2.0f), 0xc000);
+}
+
+TEST(F32ToBf16, HandlesSubnormalsAndOverflow) {
+  EXPECT_EQ(f32_to_bf16(float_of(0x00010000u)), 0x0001);  // smallest bf16 subnormal
+  EXPECT_EQ(f32_to_bf16(float_of(0x00008000u)), 0x0000);  // tie between 0 and 1: even
+  EXPECT_EQ(f32_to_bf16(float_of(0x00018000u)), 0x0002);  // tie between 1 and 2: even
+  EXPECT_EQ(f32_to_bf16(float_of(0x00008001u)), 0x0001);
+  EXPECT_EQ(f32_to_bf16(float_of(0x007fffffu)), 0x0080);  // largest subnormal rounds to normal
+  EXPECT_EQ(bf16_to_f32(0x0001), float_of(0x00010000u));
+  EXPECT_EQ(f32_to_bf16(float_of(0x7f7f0000u)), 0x7f7f);  // largest bf16
+  EXPECT_EQ(f32_to_bf16(float_of(0x7f7f7fffu)), 0x7f7f);
+  EXPECT_EQ(f32_to_bf16(float_of(0x7f7f8000u)), 0x7f80);  // tie, odd: rounds up to inf
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::max()), 0x7f80);
+  EXPECT_EQ(f32_to_bf16(-std::numeric_limits<float>::max()), 0xff80);
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+}
+
+TEST(F32ToBf16, KeepsNanANan) {
+  // Payloads in the low 16 bits only: plain truncation would turn these into infinities.
+  for (uint32_t b : {0x7f800001u, 0xff800001u, 0x7f80ffffu, 0x7fc00000u, 0xffffffffu}) {
+    uint16_t h = f32_to_bf16(float_of(b));
+    EXPECT_TRUE(is_bf16_nan(h)) << std::hex << b << " -> " << h;
+    EXPECT_EQ(h & 0x8000u, (b >> 16) & 0x8000u) << std::hex << b;
+  }
+}
+
+TEST(LoadAsF32, ConvertsEachDtype) {
+  const float f[] = {1.5f, -2.25f};
+  const uint16_t h[] = {0x3e00, 0xc080};   // f16: 1.5, -2.25
+  const uint16_t b[] = {0x3fc0, 0xc010};   // bf16: 1.5, -2.25
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(load_as_f32(f, dtype::f32, i), f[i]);
+    EXPECT_EQ(load_as_f32(h, dtype::f16, i), f[i]);
+    EXPECT_EQ(load_as_f32(b, dtype::bf16, i), f[i]);
+  }
+  EXPECT_EQ(bits_of(load_as_f32(b, dtype::bf16, 1)), 0xc0100000u);
+}
+
+}  // namespace
+}  // namespace llmesh::kernels

@@ -1,0 +1,313 @@
+// The engine's contracts: batch invariance, chunk invariance (identical bits), tensor
+// parallelism (same greedy tokens, logits within 1e-4), and refusing bad steps without
+// changing state.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "llmesh/model/engine.hpp"
+#include "llmesh/model/generate.hpp"
+#include "llmesh/model/random_model.hpp"
+
+namespace llmesh::model {
+namespace {
+
+class temp_model {
+ public:
+  explicit temp_model(random_model_spec spec) {
+    char tmpl[] = "/tmp/llmesh_engine_test_XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    EXPECT_TRUE(write_random_model(spec, dir_).ok());
+    auto m = model::load(dir_);
+    EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.err().message);
+    model_ = m.value();
+  }
+  ~temp_model() { std::filesystem::remove_all(dir_); }
+  std::shared_ptr<const model> get() const { return model_; }
+
+ private:
+  std::string dir_;
+  std::shared_ptr<const model> model_;
+};
+
+random_model_spec small_spec() {
+  random_model_spec s;
+  s.hidden = 96;
+  s.intermediate = 200;
+  s.n_layers = 2;
+  s.n_heads = 6;
+  s.n_kv_heads = 2;
+  s.vocab = 300;
+  s.dtype = kernels::dtype::bf16;
+  s.seed = 5;
+  return s;
+}
+
+std::unique_ptr<engine> make_engine(std::shared_ptr<const model> m, int tp, int threads = 2, size_t kv_tokens = 4096) {
+  engine_options o;
+  o.tp = tp;
+  o.threads = threads;
+  o.kv_tokens = kv_tokens;
+  o.block_size = 4;  // small blocks: sequences span many, non-contiguous blocks
+  auto e = engine::create(std::move(m), o);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.err().message);
+  return std::move(e.value());
+}
+
+std::vector<int32_t> prompt_of(size_t n, uint32_t salt) {
+  std::vector<int32_t> p(n);
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>((i * 37 + salt * 101 + 11) % 300);
+  return p;
+}
+
+bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+/// Logits of the target sequence's last prompt token, then of 6 greedy decode steps.
+std::vector<std::vector<float>> run_alone(engine& e, const std::vector<int32_t>& prompt, size_t chunk) {
+  std::vector<std::vector<float>> out;
+  std::vector<float> logits;
+  int seq = e.open_sequence();
+  for (size_t at = 0; at < prompt.size(); at += chunk) {
+    size_t n = std::min(chunk, prompt.size() - at);
+    step_item it{seq, std::span(prompt).subspan(at, n), at + n == prompt.size()};
+    EXPECT_TRUE(e.step(std::span(&it, 1), logits).ok());
+  }
+  out.push_back(logits);
+  for (int i = 0; i < 6; ++i) {
+    int32_t next = kernels::argmax(logits);
+    step_item it{seq, std::span(&next, 1), true};
+    EXPECT_TRUE(e.step(std::span(&it, 1), logits).ok());
+    out.push_back(logits);
+  }
+  e.close_sequence(seq);
+  return out;
+}
+
+TEST(Engine, ChunkedPrefillAndTokenByTokenGiveIdenticalBits) {
+  temp_model tm(small_spec());
+  auto e = make_engine(tm.get(), 1);
+  auto prompt = prompt_of(23, 1);
+  auto whole = run_alone(*e, prompt, prompt.size());
+  auto chunks5 = run_alone(*e, prompt, 5);
+  auto by_token = run_alone(*e, prompt, 1);
+  const size_t v = e->config().vocab;
+  for (size_t s = 0; s < whole.size(); ++s) {
+    ASSERT_EQ(whole[s].size(), v);
+    EXPECT_TRUE(same_bits(whole[s].data(), chunks5[s].data(), v)) << "chunks of 5 differ at step " << s;
+    EXPECT_TRUE(same_bits(whole[s].data(), by_token[s].data(), v)) << "token by token differs at step " << s;
+  }
+}
+
+TEST(Engine, SequenceLogitsDoNotDependOnBatchNeighbours) {
+  temp_model tm(small_spec());
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    auto e = make_engine(tm.get(), tp);
+    auto prompt = prompt_of(17, 2);
+    auto alone = run_alone(*e, prompt, prompt.size());
+    const size_t v = e->config().vocab;
+
+    // Seven neighbours: some already decoding (long contexts), some prefilling with the target.
+    std::vector<int> others;
+    std::vector<std::vector<int32_t>> other_prompts;
+    std::vector<float> logits;
+    for (uint32_t i = 0; i < 7; ++i) {
+      others.push_back(e->open_sequence());
+      other_prompts.push_back(prompt_of(3 + 5 * i, 10 + i));
+      if (i % 2 == 0) {  // pre-filled neighbours: in decode during the target's steps
+        step_item it{others.back(), other_prompts.back(), true};
+        ASSERT_TRUE(e->step(std::span(&it, 1), logits).ok());
+      }
+    }
+    int target = e->open_sequence();
+    std::vector<int32_t> next_tok(7, 1);
+    std::vector<int32_t> target_tok;
+    for (int step = 0; step < 7; ++step) {
+      std::vector<step_item> items;
+      for (size_t i = 0; i < 7; ++i) {
+        if (step == 0 && i % 2 == 1) {
+          items.push_back({others[i], other_prompts[i], true});
+        } else {
+          next_tok[i] = static_cast<int32_t>((step * 13 + i * 7) % 300);
+          items.push_back({others[i], std::span(&next_tok[i], 1), i % 3 != 0});
+        }
+        if (i == 3) {  // the target sits in the middle of the batch
+          if (step == 0) {
+            items.push_back({target, prompt, true});
+          } else {
+            items.push_back({target, std::span(&target_tok.back(), 1), true});
+          }
+        }
+      }
+      ASSERT_TRUE(e->step(items, logits).ok());
+      // Row of the target among the rows that asked for logits.
+      size_t row = 0;
+      for (const auto& it : items) {
+        if (it.seq == target) break;
+        if (it.want_logits) ++row;
+      }
+      EXPECT_TRUE(same_bits(&logits[row * v], alone[step].data(), v)) << "step " << step;
+      target_tok.push_back(kernels::argmax(std::span(&logits[row * v], v)));
+    }
+  }
+}
+
+TEST(Engine, TensorParallelMatchesSingleRank) {
+  for (auto spec : {small_spec(), [] {
+                      auto s = small_spec();  // fewer KV heads than ranks: replicated KV heads
+                      s.n_heads = 4;
+                      s.n_kv_heads = 1;
+                      s.hidden = 64;
+                      s.tie_embeddings = true;
+                      s.arch = "qwen2";
+                      return s;
+                    }()}) {
+    temp_model tm(spec);
+    auto e1 = make_engine(tm.get(), 1);
+    generate_request req;
+    req.prompt = prompt_of(9, 3);
+    req.max_tokens = 24;
+    auto r1 = generate(*e1, req);
+    ASSERT_TRUE(r1.ok());
+    for (int tp : {2, 4}) {
+      if (spec.n_heads % tp != 0 || spec.intermediate % tp != 0) continue;
+      SCOPED_TRACE("tp " + std::to_string(tp));
+      auto e = make_engine(tm.get(), tp, tp);
+      auto r = generate(*e, req);
+      ASSERT_TRUE(r.ok()) << r.err().message;
+      EXPECT_EQ(r->tokens, r1->tokens);
+      float max_abs = 0, max_diff = 0;
+      for (size_t i = 0; i < r1->first_logits.size(); ++i) {
+        max_abs = std::max(max_abs, std::fabs(r1->first_logits[i]));
+        max_diff = std::max(max_diff, std::fabs(r1->first_logits[i] - r->first_logits[i]));
+      }
+      EXPECT_LT(max_diff / max_abs, 1e-4f);
+    }
+  }
+}
+
+TEST(Engine, ShapeThatCannotSplitIsAClearError) {
+  auto spec = small_spec();
+  spec.n_heads = 6;
+  spec.n_kv_heads = 6;
+  temp_model tm(spec);
+  engine_options o;
+  o.tp = 4;
+  auto e = engine::create(tm.get(), o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.err().code, errc::invalid_request);
+  EXPECT_NE(e.err().message.find("num_attention_heads"), std::string::npos) << e.err().message;
+}
+
+TEST(Engine, BadStepsAreRefusedWithoutChangingState) {
+  temp_model tm(small_spec());
+  auto e = make_engine(tm.get(), 1, 1, /*kv_tokens=*/32);  // 8 blocks of 4
+  std::vector<float> logits;
+  int seq = e->open_sequence();
+  auto p = prompt_of(20, 4);
+  step_item ok_item{seq, p, true};
+  ASSERT_TRUE(e->step(std::span(&ok_item, 1), logits).ok());
+  const size_t free_before = e->free_blocks();
+  std::vector<float> before = logits;
+
+  std::vector<int32_t> bad_id{5, 300};
+  step_item bad{seq, bad_id, true};
+  auto s = e->step(std::span(&bad, 1), logits);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.err().code, errc::invalid_request);
+  EXPECT_NE(s.err().message.find("300"), std::string::npos);
+
+  auto big = prompt_of(16, 5);  // needs 4 more blocks, 3 are free
+  step_item too_big{seq, big, true};
+  s = e->step(std::span(&too_big, 1), logits);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.err().code, errc::overloaded);
+
+  step_item unknown{999, p, true};
+  EXPECT_FALSE(e->step(std::span(&unknown, 1), logits).ok());
+  EXPECT_EQ(e->free_blocks(), free_before);
+  EXPECT_EQ(e->sequence_length(seq), 20u);
+
+  // The sequence is intact: the same continuation as on a fresh engine.
+  int32_t next = 7;
+  step_item cont{seq, std::span(&next, 1), true};
+  ASSERT_TRUE(e->step(std::span(&cont, 1), logits).ok());
+  auto fresh = make_engine(tm.get(), 1, 1, 32);
+  std::vector<int32_t> full = p;
+  full.push_back(7);
+  int s2 = fresh->open_sequence();
+  step_item all{s2, full, true};
+  std::vector<float> ref;
+  ASSERT_TRUE(fresh->step(std::span(&all, 1), ref).ok());
+  EXPECT_TRUE(same_bits(logits.data(), ref.data(), ref.size()));
+  e->close_sequence(seq);
+  EXPECT_EQ(e->free_blocks(), 8u);
+}
+
+TEST(Engine, ContextLongerThanTheModelIsRefused) {
+  auto spec = small_spec();
+  spec.max_positions = 16;
+  temp_model tm(spec);
+  auto e = make_engine(tm.get(), 1, 1, 64);
+  std::vector<float> logits;
+  int seq = e->open_sequence();
+  auto p = prompt_of(17, 6);
+  step_item it{seq, p, true};
+  auto s = e->step(std::span(&it, 1), logits);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.err().message.find("context"), std::string::npos);
+}
+
+TEST(Generate, SamplingIsDeterministicPerSeedAndPosition) {
+  temp_model tm(small_spec());
+  auto e = make_engine(tm.get(), 1);
+  generate_request req;
+  req.prompt = prompt_of(5, 7);
+  req.max_tokens = 20;
+  req.sampling.temperature = 1.0f;
+  req.sampling.top_p = 0.9f;
+  req.sampling.seed = 42;
+  auto a = generate(*e, req);
+  auto b = generate(*e, req);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->tokens, b->tokens);
+  req.sampling.seed = 43;
+  auto c = generate(*e, req);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(a->tokens, c->tokens);
+
+  // Continuing from a prefix (a migrated request) yields the same remaining tokens.
+  generate_request cont = req;
+  cont.sampling.seed = 42;
+  cont.prompt.insert(cont.prompt.end(), a->tokens.begin(), a->tokens.begin() + 8);
+  cont.max_tokens = 12;
+  auto d = generate(*e, cont);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->tokens, std::vector<int32_t>(a->tokens.begin() + 8, a->tokens.end()));
+}
+
+TEST(Generate, StopsOnStopIdAndRejectsEmptyPrompt) {
+  temp_model tm(small_spec());
+  auto e = make_engine(tm.get(), 1);
+  generate_request req;
+  req.prompt = prompt_of(5, 8);
+  req.max_tokens = 10;
+  auto full = generate(*e, req);
+  ASSERT_TRUE(full.ok());
+  req.stop_ids = {full->tokens[3]};
+  auto stopped = generate(*e, req);
+  ASSERT_TRUE(stopped.ok());
+  size_t first = std::find(full->tokens.begin(), full->tokens.end(), full->tokens[3]) - full->tokens.begin();
+  EXPECT_EQ(stopped->tokens.size(), first + 1);
+  EXPECT_EQ(stopped->finish_reason, "stop");
+  req.prompt.clear();
+  EXPECT_FALSE(generate(*e, req).ok());
+}
+
+}  // namespace
+}  // namespace llmesh::model
