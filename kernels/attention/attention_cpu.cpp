@@ -18,6 +18,7 @@ size_t block_stride(const attention_shape& s) { return s.block_size * row_stride
 
 status check_table(const kv_layer_view& cache, const attention_shape& shape,
                    std::span<const int32_t> table, size_t end_pos) {
+  if (shape.block_size == 0) return make_error(errc::internal, "attention: block_size is 0");
   size_t need = (end_pos + shape.block_size - 1) / shape.block_size;
   if (table.size() < need) {
     return make_error(errc::internal, "attention: block table has " + std::to_string(table.size()) +

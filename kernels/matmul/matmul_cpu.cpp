@@ -48,10 +48,7 @@ status matmul(std::span<const matmul_args> jobs, thread_pool& pool) {
       size_t n0 = t0 * isa.n_tile;
       size_t n1 = std::min(job.n, t1 * isa.n_tile);
       if (n0 >= n1) continue;
-      const size_t rows = detail::m_block_rows(job.k);
-      for (size_t m0 = 0; m0 < job.m; m0 += rows) {
-        isa.gemm_block(job, m0, std::min(job.m, m0 + rows), n0, n1);
-      }
+      isa.gemm_block(job, 0, job.m, n0, n1);
     }
   });
   return ok_status();

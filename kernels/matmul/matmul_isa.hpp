@@ -20,13 +20,14 @@ isa_kernels portable_kernels();
 isa_kernels avx2_kernels();
 isa_kernels avx512_kernels();
 
-/// Rows of x processed together while each weight tile passes over them: as many as fit in
-/// ~192 KiB, so the x block stays in L2 (512 KiB per core on the smallest CPUs we run on,
-/// shared with the weight stream) and each weight byte comes from memory m / m_block times.
-inline size_t m_block_rows(size_t k) {
+/// Weight rows processed as one block: as many as fit in ~192 KiB, so the block stays in L2
+/// (512 KiB per core on the smallest CPUs we run on) while every x tile passes over it, and
+/// each weight byte is read from memory once per matmul. Rounded to the tile width.
+inline size_t n_block_rows(size_t k, dtype w_type, size_t n_tile) {
   constexpr size_t budget = 192 * 1024;
-  size_t rows = budget / (k * sizeof(float));
-  return rows < 8 ? 8 : (rows > 96 ? 96 : rows);
+  size_t rows = budget / (k * dtype_size(w_type));
+  rows = rows < n_tile ? n_tile : rows - rows % n_tile;
+  return rows;
 }
 
 }  // namespace llmesh::kernels::detail

@@ -43,6 +43,14 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0) {
 
   size_t kk = 0;
   for (; kk + 16 <= a.k; kk += 16) {
+    if constexpr (MR == 1) {
+      // Decode streams weights from memory with no reuse, one page-sized row after another,
+      // which the hardware prefetcher restarts at every page: prefetch the next tile's rows
+      // (the next NR rows) at the pace this tile consumes its own.
+      const char* next = static_cast<const char*>(a.w) + (w_row0 + NR * a.ldw) * dtype_size(WT);
+#pragma GCC unroll 8
+      for (int n = 0; n < NR; ++n) __builtin_prefetch(next + (n * a.ldw + kk) * dtype_size(WT), 0, 0);
+    }
 #pragma GCC unroll 2
     for (int p = 0; p < P; ++p) {
       reg wv[NR];
@@ -103,18 +111,22 @@ constexpr auto make_table(std::integer_sequence<int, Ms...>) {
 }
 
 /// Rows [m0, m1) × columns [n0, n1) with MRMax × NRMax tiles (smaller ones at the edges).
-/// Loop order: each weight tile stays in L1 while every x tile of the block passes over it.
+/// Loop order: a block of weight rows sized to stay in L2 is loaded from memory once; every x
+/// tile passes over it (x tiles come from L1/L2/L3, they are small and reused NB/NR times).
 template <class V, int MRMax, int NRMax>
 void gemm_block(const matmul_args& a, size_t m0, size_t m1, size_t n0, size_t n1) {
   static const auto t32 = make_table<V, dtype::f32, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto t16 = make_table<V, dtype::f16, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto tb16 = make_table<V, dtype::bf16, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   const auto& table = a.w_type == dtype::f32 ? t32 : (a.w_type == dtype::f16 ? t16 : tb16);
-  for (size_t j = n0; j < n1; j += NRMax) {
-    size_t nr = std::min<size_t>(NRMax, n1 - j);
+  const size_t nb = n_block_rows(a.k, a.w_type, NRMax);
+  for (size_t jb = n0; jb < n1; jb += nb) {
+    const size_t jb_end = std::min(n1, jb + nb);
     for (size_t i = m0; i < m1; i += MRMax) {
-      size_t mr = std::min<size_t>(MRMax, m1 - i);
-      table[mr - 1][nr - 1](a, i, j);
+      const size_t mr = std::min<size_t>(MRMax, m1 - i);
+      for (size_t j = jb; j < jb_end; j += NRMax) {
+        table[mr - 1][std::min<size_t>(NRMax, jb_end - j) - 1](a, i, j);
+      }
     }
   }
 }

@@ -45,28 +45,44 @@ std::vector<int32_t> get_ids(const json& j, const char* key) {
   return ids;
 }
 
-bool get_bool(const json& j, const char* key, bool fallback) {
-  if (!j.contains(key) || !j[key].is_boolean()) return fallback;
+result<bool> get_bool(const json& j, const char* key, bool fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) return bad(std::string("field '") + key + "' must be true or false");
   return j[key].get<bool>();
+}
+
+result<std::string> get_string(const json& j, const char* key, const std::string& fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_string()) return bad(std::string("field '") + key + "' must be a string");
+  return j[key].get<std::string>();
 }
 
 status parse_rope(const json& j, model_config& c) {
   auto theta = get_number(j, "rope_theta", 10000.0);
   if (!theta) return theta.take_error();
+  if (!(*theta > 0.0)) return bad("rope_theta must be positive");
   c.rope.head_dim = c.head_dim;
   c.rope.theta = *theta;
   if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return ok_status();
   const auto& s = j["rope_scaling"];
   if (!s.is_object()) return bad("rope_scaling must be an object or null");
-  std::string type = s.value("rope_type", s.value("type", std::string("default")));
+  auto legacy = get_string(s, "type", "default");
+  if (!legacy) return legacy.take_error();
+  auto type_r = get_string(s, "rope_type", *legacy);
+  if (!type_r) return type_r.take_error();
+  const std::string& type = *type_r;
   if (type == "default") return ok_status();
-  if (type != "llama3") return bad("unsupported rope_scaling type '" + type + "' (supported: llama3)");
+  if (type != "llama3") {
+    return make_error(errc::unsupported, "config.json: unsupported rope_scaling type '" + type + "' (supported: llama3)");
+  }
   c.rope.llama3 = true;
   auto factor = get_number(s, "factor", 8.0);
   auto low = get_number(s, "low_freq_factor", 1.0);
   auto high = get_number(s, "high_freq_factor", 4.0);
   auto orig = get_number(s, "original_max_position_embeddings", 8192.0);
-  if (!factor || !low || !high || !orig) return bad("rope_scaling fields must be numbers");
+  for (auto* r : {&factor, &low, &high, &orig}) {
+    if (!*r) return bad("rope_scaling: " + r->err().message.substr(std::string("config.json: ").size()));
+  }
   if (*high <= *low || *factor <= 0.0) return bad("rope_scaling: need high_freq_factor > low_freq_factor and factor > 0");
   c.rope.factor = *factor;
   c.rope.low_freq_factor = *low;
@@ -121,17 +137,26 @@ result<model_config> parse_config_json(const std::string& text) {
 
   auto eps = get_number(j, "rms_norm_eps", 1e-6);
   if (!eps) return eps.take_error();
+  if (!(*eps >= 0.0)) return bad("rms_norm_eps must not be negative");
   c.rms_norm_eps = static_cast<float>(*eps);
-  std::string act = j.value("hidden_act", std::string("silu"));
-  if (act != "silu") return make_error(errc::unsupported, "config.json: unsupported hidden_act '" + act + "' (supported: silu)");
-  if (get_bool(j, "mlp_bias", false)) return make_error(errc::unsupported, "config.json: mlp_bias is not supported");
+  auto act = get_string(j, "hidden_act", "silu");
+  if (!act) return act.take_error();
+  if (*act != "silu") return make_error(errc::unsupported, "config.json: unsupported hidden_act '" + *act + "' (supported: silu)");
+  auto mlp_bias = get_bool(j, "mlp_bias", false);
+  auto tie = get_bool(j, "tie_word_embeddings", false);
+  auto attention_bias_r = get_bool(j, "attention_bias", false);
+  auto use_window = get_bool(j, "use_sliding_window", false);
+  for (auto* r : {&mlp_bias, &tie, &attention_bias_r, &use_window}) {
+    if (!*r) return r->take_error();
+  }
+  if (*mlp_bias) return make_error(errc::unsupported, "config.json: mlp_bias is not supported");
   LLMESH_TRY(parse_rope(j, c));
 
-  c.tie_embeddings = get_bool(j, "tie_word_embeddings", false);
-  bool attention_bias = get_bool(j, "attention_bias", false);
+  c.tie_embeddings = *tie;
+  bool attention_bias = *attention_bias_r;
   c.qkv_bias = c.arch == architecture::qwen2 || (c.arch == architecture::llama && attention_bias);
   c.o_bias = c.arch == architecture::llama && attention_bias;
-  if (c.arch == architecture::qwen2 && get_bool(j, "use_sliding_window", false)) {
+  if (c.arch == architecture::qwen2 && *use_window) {
     // HF applies Qwen2's window only from layer max_window_layers on; released checkpoints
     // ship with it off. Refuse rather than compute something subtly different.
     return make_error(errc::unsupported, "config.json: Qwen2 use_sliding_window is not supported");

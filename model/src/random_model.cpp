@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -136,6 +138,15 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   ::mkdir(dir.c_str(), 0755);
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return make_error(errc::io_error, "cannot create " + dir);
+  // Weights of an earlier model in the same directory (other sharding) must not survive:
+  // an old index would otherwise keep serving the old shards.
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("model", 0) == 0 && (name.ends_with(".safetensors") || name == "model.safetensors.index.json")) {
+      std::filesystem::remove(entry.path(), ec);
+    }
+  }
 
   const bool qwen = s.arch == "qwen2";
   const bool qkv_bias = qwen || (s.arch == "llama" && s.attention_bias);

@@ -92,7 +92,7 @@ status tensor_store::add_file(const std::string& path) {
       return file_error(path, "malformed entry for tensor '" + name + "'");
     }
     auto type = parse_dtype(info["dtype"].get<std::string>());
-    if (!type) return file_error(path, "tensor '" + name + "' has unsupported " + type.err().message);
+    if (!type) return make_error(errc::unsupported, path + ": tensor '" + name + "' has unsupported " + type.err().message);
     tensor_view t;
     t.type = *type;
     size_t elements = 1;
@@ -108,7 +108,8 @@ status tensor_store::add_file(const std::string& path) {
       return file_error(path, "tensor '" + name + "' has bad data_offsets");
     }
     size_t begin = off[0].get<size_t>(), end = off[1].get<size_t>();
-    if (begin > end || end > data_size) {
+    if (begin > end) return file_error(path, "tensor '" + name + "' has data_offsets with begin > end");
+    if (end > data_size) {
       return file_error(path, "truncated: tensor '" + name + "' ends at byte " + std::to_string(end) +
                                   " of a " + std::to_string(data_size) + "-byte data section");
     }
@@ -160,7 +161,7 @@ result<tensor_store> tensor_store::open(const std::string& dir) {
 
 result<tensor_view> tensor_store::get(const std::string& name) const {
   auto it = tensors_.find(name);
-  if (it == tensors_.end()) return make_error(errc::invalid_request, "missing tensor '" + name + "'");
+  if (it == tensors_.end()) return make_error(errc::not_found, "missing tensor '" + name + "'");
   return it->second;
 }
 

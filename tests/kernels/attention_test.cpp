@@ -71,34 +71,34 @@ size_t make_batch(const attention_shape& s, const std::vector<std::pair<size_t, 
   size_t next = 0;
   seqs.clear();
   for (auto [pos0, n] : specs) {
-    sequence q;
-    q.pos0 = pos0;
-    q.n_tokens = n;
-    q.k.resize(q.end() * s.n_kv_heads * s.head_dim);
-    q.v.resize(q.k.size());
-    q.q.resize(n * s.n_heads * s.head_dim);
-    for (float& x : q.k) x = val(rng);
-    for (float& x : q.v) x = val(rng);
-    for (float& x : q.q) x = 3.0f * val(rng);  // sharper softmax than unit queries give
-    size_t need = (q.end() + s.block_size - 1) / s.block_size;
-    q.table.assign(ids.begin() + next, ids.begin() + next + need);
+    sequence seq;
+    seq.pos0 = pos0;
+    seq.n_tokens = n;
+    seq.k.resize(seq.end() * s.n_kv_heads * s.head_dim);
+    seq.v.resize(seq.k.size());
+    seq.q.resize(n * s.n_heads * s.head_dim);
+    for (float& x : seq.k) x = val(rng);
+    for (float& x : seq.v) x = val(rng);
+    for (float& x : seq.q) x = 3.0f * val(rng);  // sharper softmax than unit queries give
+    size_t need = (seq.end() + s.block_size - 1) / s.block_size;
+    seq.table.assign(ids.begin() + next, ids.begin() + next + need);
     next += need;
-    q.out.assign(q.q.size() + 1, poison);
-    seqs.push_back(std::move(q));
+    seq.out.assign(seq.q.size() + 1, poison);
+    seqs.push_back(std::move(seq));
   }
   return blocks;
 }
 
 /// softmax(q·k · scale) · v in double for one (row, head), with the documented window rule.
-std::vector<double> reference(const attention_shape& s, const sequence& q, size_t row, size_t head) {
-  const size_t pos = q.pos0 + row, d = s.head_dim;
+std::vector<double> reference(const attention_shape& s, const sequence& seq, size_t row, size_t head) {
+  const size_t pos = seq.pos0 + row, d = s.head_dim;
   const size_t kvh = head / (s.n_heads / s.n_kv_heads);
   const size_t begin = s.sliding_window > 0 && pos + 1 > s.sliding_window ? pos + 1 - s.sliding_window : 0;
-  const float* qv = q.q.data() + (row * s.n_heads + head) * d;
+  const float* qv = seq.q.data() + (row * s.n_heads + head) * d;
   std::vector<double> scores;
   double max_score = -1e300;
   for (size_t p = begin; p <= pos; ++p) {
-    const float* kv = q.k.data() + (p * s.n_kv_heads + kvh) * d;
+    const float* kv = seq.k.data() + (p * s.n_kv_heads + kvh) * d;
     double sc = 0.0;
     for (size_t i = 0; i < d; ++i) sc += static_cast<double>(qv[i]) * kv[i];
     scores.push_back(sc * s.scale);
@@ -108,24 +108,24 @@ std::vector<double> reference(const attention_shape& s, const sequence& q, size_
   for (double& sc : scores) sum += (sc = std::exp(sc - max_score));
   std::vector<double> out(d, 0.0);
   for (size_t p = begin; p <= pos; ++p) {
-    const float* vv = q.v.data() + (p * s.n_kv_heads + kvh) * d;
+    const float* vv = seq.v.data() + (p * s.n_kv_heads + kvh) * d;
     for (size_t i = 0; i < d; ++i) out[i] += scores[p - begin] / sum * vv[i];
   }
   return out;
 }
 
 /// Writes a sequence's keys and values in two calls, split at pos0 (mid-block in general).
-void write_sequence(cache_storage& cache, const attention_shape& s, const sequence& q) {
+void write_sequence(cache_storage& cache, const attention_shape& s, const sequence& seq) {
   const size_t row = s.n_kv_heads * s.head_dim;
-  ASSERT_TRUE(kv_write(cache.view(), s, q.table, 0, q.pos0, q.k.data(), q.v.data()).ok());
-  ASSERT_TRUE(kv_write(cache.view(), s, q.table, q.pos0, q.n_tokens, q.k.data() + q.pos0 * row,
-                       q.v.data() + q.pos0 * row)
+  ASSERT_TRUE(kv_write(cache.view(), s, seq.table, 0, seq.pos0, seq.k.data(), seq.v.data()).ok());
+  ASSERT_TRUE(kv_write(cache.view(), s, seq.table, seq.pos0, seq.n_tokens, seq.k.data() + seq.pos0 * row,
+                       seq.v.data() + seq.pos0 * row)
                   .ok());
 }
 
 status attend(cache_storage& cache, const attention_shape& s, std::vector<sequence>& seqs, thread_pool& pool) {
   std::vector<attention_seq> views;
-  for (auto& q : seqs) views.push_back(q.view(0, q.n_tokens, q.out.data()));
+  for (auto& seq : seqs) views.push_back(seq.view(0, seq.n_tokens, seq.out.data()));
   return attention(cache.view(), s, views, pool);
 }
 
@@ -157,21 +157,21 @@ TEST(Attention, MatchesDoublePrecisionReference) {
   for (const attention_shape& s : all_shapes()) {
     std::vector<sequence> seqs;
     cache_storage cache(s, make_batch(s, batch_specs, rng, seqs));
-    for (const auto& q : seqs) write_sequence(cache, s, q);
+    for (const auto& seq : seqs) write_sequence(cache, s, seq);
     ASSERT_TRUE(attend(cache, s, seqs, pool).ok()) << describe(s);
     for (size_t si = 0; si < seqs.size(); ++si) {
-      const sequence& q = seqs[si];
-      for (size_t row = 0; row < q.n_tokens; ++row) {
+      const sequence& seq = seqs[si];
+      for (size_t row = 0; row < seq.n_tokens; ++row) {
         for (size_t h = 0; h < s.n_heads; ++h) {
-          std::vector<double> want = reference(s, q, row, h);
-          const float* got = q.out.data() + (row * s.n_heads + h) * s.head_dim;
+          std::vector<double> want = reference(s, seq, row, h);
+          const float* got = seq.out.data() + (row * s.n_heads + h) * s.head_dim;
           for (size_t i = 0; i < s.head_dim; ++i) {
             ASSERT_NEAR(got[i], want[i], 2e-5) << describe(s) << " seq " << si << " row " << row << " head " << h
                                                << " dim " << i;
           }
         }
       }
-      EXPECT_TRUE(std::isnan(q.out.back())) << describe(s) << " seq " << si << " wrote past its output";
+      EXPECT_TRUE(std::isnan(seq.out.back())) << describe(s) << " seq " << si << " wrote past its output";
     }
   }
 }
@@ -182,11 +182,11 @@ TEST(Attention, SequenceOutputIsBitwiseIndependentOfBatchAndThreads) {
   for (const attention_shape& s : all_shapes()) {
     std::vector<sequence> seqs;
     cache_storage cache(s, make_batch(s, batch_specs, rng, seqs));
-    for (const auto& q : seqs) write_sequence(cache, s, q);
+    for (const auto& seq : seqs) write_sequence(cache, s, seq);
     ASSERT_TRUE(attend(cache, s, seqs, pool2).ok()) << describe(s);
     for (thread_pool* pool : {&pool1, &pool3}) {
       std::vector<sequence> again = seqs;
-      for (auto& q : again) std::fill(q.out.begin(), q.out.end(), poison);
+      for (auto& seq : again) std::fill(seq.out.begin(), seq.out.end(), poison);
       ASSERT_TRUE(attend(cache, s, again, *pool).ok());
       for (size_t si = 0; si < seqs.size(); ++si) {
         ASSERT_EQ(std::memcmp(again[si].out.data(), seqs[si].out.data(), seqs[si].q.size() * sizeof(float)), 0)
@@ -210,23 +210,23 @@ TEST(Attention, PrefillAndTokenByTokenDecodeGiveTheSameBits) {
     std::vector<sequence> seqs;
     const size_t blocks = make_batch(s, batch_specs, rng, seqs);
     cache_storage cache(s, blocks);
-    for (const auto& q : seqs) write_sequence(cache, s, q);
+    for (const auto& seq : seqs) write_sequence(cache, s, seq);
     ASSERT_TRUE(attend(cache, s, seqs, pool).ok()) << describe(s);
     const size_t row = s.n_kv_heads * s.head_dim, out_row = s.n_heads * s.head_dim;
     for (size_t si = 0; si < seqs.size(); ++si) {
-      const sequence& q = seqs[si];
+      const sequence& seq = seqs[si];
       // A fresh cache filled one position at a time, attending after each write: positions
       // not written yet are NaN, so any look ahead shows.
       cache_storage fresh(s, blocks);
       std::vector<float> out(out_row + 1, poison);
-      for (size_t p = 0; p < q.end(); ++p) {
-        ASSERT_TRUE(kv_write(fresh.view(), s, q.table, p, 1, q.k.data() + p * row, q.v.data() + p * row).ok());
-        if (p < q.pos0) continue;
-        const size_t r = p - q.pos0;
+      for (size_t p = 0; p < seq.end(); ++p) {
+        ASSERT_TRUE(kv_write(fresh.view(), s, seq.table, p, 1, seq.k.data() + p * row, seq.v.data() + p * row).ok());
+        if (p < seq.pos0) continue;
+        const size_t r = p - seq.pos0;
         std::fill(out.begin(), out.end(), poison);
-        attention_seq one = q.view(r, 1, out.data());
+        attention_seq one = seq.view(r, 1, out.data());
         ASSERT_TRUE(attention(fresh.view(), s, std::span(&one, 1), pool).ok());
-        ASSERT_EQ(std::memcmp(out.data(), q.out.data() + r * out_row, out_row * sizeof(float)), 0)
+        ASSERT_EQ(std::memcmp(out.data(), seq.out.data() + r * out_row, out_row * sizeof(float)), 0)
             << describe(s) << " seq " << si << " position " << p;
         EXPECT_TRUE(std::isnan(out.back()));
       }
@@ -287,7 +287,7 @@ TEST(Attention, RejectsShortOrOutOfRangeBlockTables) {
   std::vector<sequence> seqs;
   const size_t blocks = make_batch(s, {{0, 6}, {3, 2}}, rng, seqs);  // needs 2 + 2 blocks
   cache_storage cache(s, blocks);
-  for (const auto& q : seqs) write_sequence(cache, s, q);
+  for (const auto& seq : seqs) write_sequence(cache, s, seq);
   thread_pool pool(2);
   ASSERT_TRUE(attend(cache, s, seqs, pool).ok());
 

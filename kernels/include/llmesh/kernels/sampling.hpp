@@ -13,7 +13,7 @@ namespace llmesh::kernels {
 struct sampling_params {
   float temperature = 0.0f;
   int top_k = 0;         ///< 0: off
-  float top_p = 1.0f;    ///< 1: off; keep the smallest most-likely set whose mass reaches top_p
+  float top_p = 1.0f;    ///< 1: off; keep the smallest most-likely set whose mass reaches top_p (>= 1 token; 0 = greedy)
   uint64_t seed = 0;
 };
 

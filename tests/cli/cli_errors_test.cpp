@@ -1,0 +1,98 @@
+// Bad flags, unreadable models and bad configs end with one line naming the problem and a
+// non-zero exit — never a crash or a stack trace.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "subprocess.hpp"
+
+namespace llmesh::testing {
+namespace {
+
+const std::string llmesh_bin = LLMESH_BINARY;
+
+size_t count_lines(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+void expect_one_line_error(const command_result& r, const std::string& needle) {
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.exit_code, 128) << "killed by a signal";
+  EXPECT_EQ(count_lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
+}
+
+class CliErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = tmp_.path() + "/m";
+    auto r = run_command(llmesh_bin + " model random --out " + model_ + " --vocab 300");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  command_result generate(const std::string& dir, const std::string& extra = "--prompt-ids 1,2,3") {
+    return run_command(llmesh_bin + " generate --model " + dir + " --max-tokens 4 " + extra);
+  }
+  void rewrite_config(const std::string& from, const std::string& to) {
+    std::string cfg = read_file(model_ + "/config.json");
+    size_t at = cfg.find(from);
+    ASSERT_NE(at, std::string::npos);
+    cfg.replace(at, from.size(), to);
+    std::ofstream(model_ + "/config.json") << cfg;
+  }
+  temp_dir tmp_;
+  std::string model_;
+};
+
+TEST_F(CliErrors, MissingModelDirectory) { expect_one_line_error(generate(tmp_.path() + "/nope"), "nope/config.json"); }
+
+TEST_F(CliErrors, UnknownArchitecture) {
+  rewrite_config("LlamaForCausalLM", "GPT2LMHeadModel");
+  expect_one_line_error(generate(model_), "unknown architecture 'GPT2LMHeadModel'");
+}
+
+TEST_F(CliErrors, ShapeMismatchNamesTheTensor) {
+  rewrite_config("\"intermediate_size\": 160", "\"intermediate_size\": 161");
+  expect_one_line_error(generate(model_), "mlp.gate_proj.weight");
+}
+
+TEST_F(CliErrors, TruncatedWeights) {
+  std::filesystem::resize_file(model_ + "/model.safetensors", std::filesystem::file_size(model_ + "/model.safetensors") / 2);
+  expect_one_line_error(generate(model_), "truncated");
+}
+
+TEST_F(CliErrors, MissingWeightsFile) {
+  std::filesystem::remove(model_ + "/model.safetensors");
+  expect_one_line_error(generate(model_), "no model.safetensors");
+}
+
+TEST_F(CliErrors, BadPromptIds) {
+  expect_one_line_error(generate(model_, "--prompt-ids 1,x,3"), "bad token id 'x'");
+  expect_one_line_error(generate(model_, "--prompt-ids 1,,3"), "empty element");
+  expect_one_line_error(generate(model_, "--prompt-ids 1,99999"), "outside the vocabulary");
+}
+
+TEST_F(CliErrors, TensorParallelThatCannotSplit) {
+  expect_one_line_error(generate(model_, "--prompt-ids 1 --tp 3"), "cannot split");
+}
+
+TEST_F(CliErrors, BadFlagsAreRefused) {
+  auto r = run_command(llmesh_bin + " generate --model " + model_ + " --prompt-ids 1 --temperature -1");
+  EXPECT_NE(r.exit_code, 0);
+  r = run_command(llmesh_bin + " generate --prompt-ids 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--model"), std::string::npos) << r.err;
+  r = run_command(llmesh_bin + " model random --out " + tmp_.path() + "/x --dtype f64");
+  expect_one_line_error(r, "--dtype");
+  r = run_command(llmesh_bin + " model random --out " + tmp_.path() + "/x --vocab 10");
+  expect_one_line_error(r, "--vocab");
+}
+
+TEST_F(CliErrors, DumpLogitsToUnwritablePath) {
+  expect_one_line_error(generate(model_, "--prompt-ids 1 --dump-logits /nonexistent-dir/x.f32"), "/nonexistent-dir/x.f32");
+}
+
+}  // namespace
+}  // namespace llmesh::testing
