@@ -26,6 +26,7 @@ struct v256 {
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     }
   }
+  static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
   static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
   static float fold(const reg* parts) {  // parts[0] = lanes 0-7, parts[1] = lanes 8-15
     __m256 a = _mm256_add_ps(parts[0], parts[1]);                                   // i + 8

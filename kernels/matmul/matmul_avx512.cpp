@@ -29,6 +29,7 @@ struct v512 {
       return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
   }
+  static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
   static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
   static float fold(const reg* parts) {
     __m512 x = parts[0];

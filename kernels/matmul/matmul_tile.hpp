@@ -13,7 +13,8 @@
 // for each x row load one x part and issue NR fused multiply-adds. Registers in use:
 // MR·NR·P accumulators + NR weights + 1 x, which sizes the tiles (4×6 on AVX-512, 3×2 on AVX2).
 //
-// V must provide: using reg; width; zero(); load_x(const float*); load_w<dtype>(const void*,
+// V must provide: using reg; width; zero(); load_x(const float*); store(float*, reg);
+// load_w<dtype>(const void*,
 // size_t idx); fma(reg a, reg b, reg c) = a*b+c; fold(const reg* parts) -> float in the
 // canonical fold order.
 #pragma once
@@ -21,13 +22,18 @@
 #include <algorithm>
 #include <array>
 #include <utility>
+#include <vector>
 
 #include "matmul/matmul_isa.hpp"
 
 namespace llmesh::kernels::detail {
 
+/// Accumulates k in [k0, k1) (k0 a multiple of 16) for an MR × NR tile at rows i0, columns j0.
+/// `part` carries the 16-lane accumulators between k blocks (MR·NR·16 floats): loaded when
+/// k0 > 0, stored when k1 < k; the last block folds and writes y. With one block, part is
+/// unused. Splitting k this way keeps every lane's sum sequential in k: same bits.
 template <class V, int MR, int NR, dtype WT>
-void matmul_tile(const matmul_args& a, size_t i0, size_t j0) {
+void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k1, float* part) {
   using reg = typename V::reg;
   constexpr int W = V::width;
   constexpr int P = 16 / W;
@@ -39,10 +45,10 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0) {
 #pragma GCC unroll 8
     for (int n = 0; n < NR; ++n)
 #pragma GCC unroll 2
-      for (int p = 0; p < P; ++p) acc[m][n][p] = V::zero();
+      for (int p = 0; p < P; ++p) acc[m][n][p] = k0 > 0 ? V::load_x(part + ((m * NR + n) * P + p) * W) : V::zero();
 
-  size_t kk = 0;
-  for (; kk + 16 <= a.k; kk += 16) {
+  size_t kk = k0;
+  for (; kk + 16 <= k1; kk += 16) {
     if constexpr (MR == 1) {
       // Decode streams weights from memory with no reuse, one page-sized row after another,
       // which the hardware prefetcher restarts at every page: prefetch the next tile's rows
@@ -70,6 +76,12 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0) {
       }
     }
   }
+  if (k1 < a.k) {  // more k blocks follow: park the lanes
+    for (int m = 0; m < MR; ++m)
+      for (int n = 0; n < NR; ++n)
+        for (int p = 0; p < P; ++p) V::store(part + ((m * NR + n) * P + p) * W, acc[m][n][p]);
+    return;
+  }
   if (kk < a.k) {  // tail: zero-padded copies, i.e. fma(0, 0, acc) in the missing lanes
     const size_t rest = a.k - kk;
     alignas(64) float xt[MR][16] = {};
@@ -96,7 +108,7 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0) {
   }
 }
 
-using tile_fn = void (*)(const matmul_args&, size_t, size_t);
+using tile_fn = void (*)(const matmul_args&, size_t, size_t, size_t, size_t, float*);
 
 template <class V, dtype WT, int MR, int... Ns>
 constexpr void fill_row(tile_fn* row, std::integer_sequence<int, Ns...>) {
@@ -111,21 +123,32 @@ constexpr auto make_table(std::integer_sequence<int, Ms...>) {
 }
 
 /// Rows [m0, m1) × columns [n0, n1) with MRMax × NRMax tiles (smaller ones at the edges).
-/// Loop order: a block of weight rows sized to stay in L2 is loaded from memory once; every x
-/// tile passes over it (x tiles come from L1/L2/L3, they are small and reused NB/NR times).
+/// Blocking: a block of weight rows × a block of k sized to stay in L2 is read from memory
+/// once; every x tile (MRMax rows × the k block, sized to stay in L1) passes over it. With
+/// more than one k block, the tiles' lane accumulators wait in a per-thread buffer.
 template <class V, int MRMax, int NRMax>
 void gemm_block(const matmul_args& a, size_t m0, size_t m1, size_t n0, size_t n1) {
   static const auto t32 = make_table<V, dtype::f32, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto t16 = make_table<V, dtype::f16, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto tb16 = make_table<V, dtype::bf16, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   const auto& table = a.w_type == dtype::f32 ? t32 : (a.w_type == dtype::f16 ? t16 : tb16);
-  const size_t nb = n_block_rows(a.k, a.w_type, NRMax);
+  // k block: the x tile (MRMax rows) within ~24 KiB of L1. Decode (one x tile) never splits.
+  size_t kb = (24 * 1024 / (sizeof(float) * MRMax)) / 16 * 16;
+  if (m1 - m0 <= static_cast<size_t>(MRMax) || a.k <= kb + kb / 2) kb = a.k;
+  const size_t nb = n_block_rows(kb, a.w_type, NRMax);
+  constexpr size_t part_floats = static_cast<size_t>(MRMax) * NRMax * 16;
+  thread_local std::vector<float> parts;
+  if (kb < a.k) parts.resize(((m1 - m0 + MRMax - 1) / MRMax) * ((nb + NRMax - 1) / NRMax) * part_floats);
   for (size_t jb = n0; jb < n1; jb += nb) {
     const size_t jb_end = std::min(n1, jb + nb);
-    for (size_t i = m0; i < m1; i += MRMax) {
-      const size_t mr = std::min<size_t>(MRMax, m1 - i);
-      for (size_t j = jb; j < jb_end; j += NRMax) {
-        table[mr - 1][std::min<size_t>(NRMax, jb_end - j) - 1](a, i, j);
+    for (size_t k0 = 0; k0 < a.k; k0 += kb) {
+      const size_t k1 = std::min(a.k, k0 + kb);
+      float* part = kb < a.k ? parts.data() : nullptr;
+      for (size_t i = m0; i < m1; i += MRMax) {
+        const size_t mr = std::min<size_t>(MRMax, m1 - i);
+        for (size_t j = jb; j < jb_end; j += NRMax, part = part ? part + part_floats : nullptr) {
+          table[mr - 1][std::min<size_t>(NRMax, jb_end - j) - 1](a, i, j, k0, k1, part);
+        }
       }
     }
   }
