@@ -58,6 +58,6 @@ float dot_avx2(const float* a, const float* b, size_t n) {
 
 }  // namespace
 
-isa_kernels avx2_kernels() { return {gemm_block<v256, 3, 2>, dot_avx2, 2}; }
+isa_kernels avx2_kernels() { return {gemm_block<v256, 3, 2>, dot_avx2, 2, 3}; }
 
 }  // namespace llmesh::kernels::detail

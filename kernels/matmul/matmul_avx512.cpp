@@ -56,6 +56,6 @@ float dot_avx512(const float* a, const float* b, size_t n) {
 
 }  // namespace
 
-isa_kernels avx512_kernels() { return {gemm_block<v512, 4, 6>, dot_avx512, 6}; }
+isa_kernels avx512_kernels() { return {gemm_block<v512, 4, 6>, dot_avx512, 6, 4}; }
 
 }  // namespace llmesh::kernels::detail

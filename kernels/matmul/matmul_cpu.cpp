@@ -1,6 +1,8 @@
 // matmul(): validation, instruction-set dispatch and the thread split.
 // Benchmark: `llmesh bench engine` (GEMM GFLOP/s vs OpenBLAS sgemm, decode vs bandwidth).
 #include <algorithm>
+#include <atomic>
+#include <vector>
 #include <string>
 
 #include "matmul/matmul_isa.hpp"
@@ -40,15 +42,30 @@ status validate(const matmul_args& a) {
 status matmul(std::span<const matmul_args> jobs, thread_pool& pool) {
   for (const auto& job : jobs) LLMESH_TRY(validate(job));
   const auto& isa = kernels_for_cpu();
-  pool.run([&](int t, int n_threads) {
-    for (const auto& job : jobs) {
-      if (job.m == 0 || job.n == 0) continue;
-      size_t tiles = (job.n + isa.n_tile - 1) / isa.n_tile;
-      auto [t0, t1] = thread_pool::split(tiles, t, n_threads);
-      size_t n0 = t0 * isa.n_tile;
-      size_t n1 = std::min(job.n, t1 * isa.n_tile);
-      if (n0 >= n1) continue;
-      isa.gemm_block(job, 0, job.m, n0, n1);
+  // Work units: runs of output columns, handed out dynamically so a thread slowed by memory
+  // contention does not leave the others waiting at the end of the region. A unit is at least
+  // one cache block of weight rows (so blocking stays effective) and at least 64 rows (so a
+  // decode stream is long enough for the prefetcher). Which thread computes a column never
+  // changes its value.
+  std::vector<size_t> unit_rows(jobs.size()), first_unit(jobs.size() + 1, 0);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const auto& job = jobs[i];
+    const size_t kb = detail::k_block_len(job.k, job.m, isa.m_tile);
+    const size_t nb = detail::n_block_rows(kb, job.w_type, isa.n_tile);
+    unit_rows[i] = nb * ((64 + nb - 1) / nb);  // whole cache blocks, at least 64 rows
+    size_t units = job.m == 0 ? 0 : (job.n + unit_rows[i] - 1) / unit_rows[i];
+    first_unit[i + 1] = first_unit[i] + units;
+  }
+  const size_t total = first_unit.back();
+  std::atomic<size_t> next{0};
+  pool.run([&](int, int) {
+    size_t job = 0;
+    for (size_t u = next.fetch_add(1, std::memory_order_relaxed); u < total;
+         u = next.fetch_add(1, std::memory_order_relaxed)) {
+      while (u >= first_unit[job + 1]) ++job;
+      const auto& a = jobs[job];
+      size_t n0 = (u - first_unit[job]) * unit_rows[job];
+      isa.gemm_block(a, 0, a.m, n0, std::min(a.n, n0 + unit_rows[job]));
     }
   });
   return ok_status();

@@ -13,7 +13,8 @@ using dot_fn = float (*)(const float* a, const float* b, size_t n);
 struct isa_kernels {
   gemm_block_fn gemm_block;
   dot_fn dot;
-  size_t n_tile;  ///< output columns per micro-tile; thread splits are rounded to it
+  size_t n_tile;  ///< output columns per micro-tile; work units are rounded to it
+  size_t m_tile;  ///< rows of x per micro-tile
 };
 
 isa_kernels portable_kernels();
@@ -23,11 +24,20 @@ isa_kernels avx512_kernels();
 /// Weight rows processed as one block: as many as fit in ~192 KiB, so the block stays in L2
 /// (512 KiB per core on the smallest CPUs we run on) while every x tile passes over it, and
 /// each weight byte is read from memory once per matmul. Rounded to the tile width.
-inline size_t n_block_rows(size_t k, dtype w_type, size_t n_tile) {
+inline size_t n_block_rows(size_t k_block, dtype w_type, size_t n_tile) {
+  const size_t k = k_block;
   constexpr size_t budget = 192 * 1024;
   size_t rows = budget / (k * dtype_size(w_type));
   rows = rows < n_tile ? n_tile : rows - rows % n_tile;
   return rows;
+}
+
+/// Length of the k blocks a matmul with m rows is split into: the x tile (m_tile rows) stays
+/// within ~24 KiB of L1. Rows not much longer than that, and decode (a single x tile), are not
+/// split. A multiple of 16, so every block starts a new 16-lane step.
+inline size_t k_block_len(size_t k, size_t m, size_t m_tile) {
+  size_t kb = (24 * 1024 / (sizeof(float) * m_tile)) / 16 * 16;
+  return (m <= m_tile || k <= kb + kb / 2) ? k : kb;
 }
 
 }  // namespace llmesh::kernels::detail

@@ -132,9 +132,7 @@ void gemm_block(const matmul_args& a, size_t m0, size_t m1, size_t n0, size_t n1
   static const auto t16 = make_table<V, dtype::f16, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto tb16 = make_table<V, dtype::bf16, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   const auto& table = a.w_type == dtype::f32 ? t32 : (a.w_type == dtype::f16 ? t16 : tb16);
-  // k block: the x tile (MRMax rows) within ~24 KiB of L1. Decode (one x tile) never splits.
-  size_t kb = (24 * 1024 / (sizeof(float) * MRMax)) / 16 * 16;
-  if (m1 - m0 <= static_cast<size_t>(MRMax) || a.k <= kb + kb / 2) kb = a.k;
+  const size_t kb = k_block_len(a.k, m1 - m0, MRMax);
   const size_t nb = n_block_rows(kb, a.w_type, NRMax);
   constexpr size_t part_floats = static_cast<size_t>(MRMax) * NRMax * 16;
   thread_local std::vector<float> parts;
