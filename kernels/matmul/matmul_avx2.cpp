@@ -16,8 +16,10 @@ struct v256 {
   static constexpr int width = 8;
   static reg zero() { return _mm256_setzero_ps(); }
   static reg load_x(const float* p) { return _mm256_loadu_ps(p); }
+  static constexpr size_t pos(size_t q) { return q; }
   template <dtype T>
-  static reg load_w(const void* base, size_t i) {
+  static reg load_w(const void* base, size_t chunk, int part) {
+    const size_t i = chunk + static_cast<size_t>(part) * 8;
     if constexpr (T == dtype::f32) {
       return _mm256_loadu_ps(static_cast<const float*>(base) + i);
     } else {
@@ -36,6 +38,50 @@ struct v256 {
     return _mm_cvtss_f32(d);
   }
 };
+
+/// bf16 weights in an even/odd layout: one 32-byte load holds 16 bf16 = 8 dwords; shifting
+/// each dword left by 16 gives the even elements as float32, masking its high half gives the
+/// odd ones — two cheap integer ops instead of two zero-extends and two shifts. Lane j of
+/// part 0 holds chunk element 2j, of part 1 element 2j+1; x is packed to match
+/// (pack_x_even_odd), and the fold below adds the lanes in the canonical order.
+struct v256_bf16_even_odd {
+  using reg = __m256;
+  static constexpr int width = 8;
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg load_x(const float* p) { return _mm256_loadu_ps(p); }
+  static constexpr size_t pos(size_t q) { return (q % 2) * 8 + q / 2; }
+  template <dtype T>
+  static reg load_w(const void* base, size_t chunk, int part) {
+    static_assert(T == dtype::bf16);
+    __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + chunk));
+    if (part == 0) return _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));
+    return _mm256_castsi256_ps(_mm256_and_si256(d, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
+  static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static float fold(const reg* parts) {
+    // Canonical lanes r0..r15: parts[0] = r0 r2 .. r14, parts[1] = r1 r3 .. r15.
+    __m128 e = _mm_add_ps(_mm256_castps256_ps128(parts[0]), _mm256_extractf128_ps(parts[0], 1));  // r2j + r2j+8
+    __m128 o = _mm_add_ps(_mm256_castps256_ps128(parts[1]), _mm256_extractf128_ps(parts[1], 1));  // r2j+1 + r2j+9
+    __m128 e2 = _mm_add_ps(e, _mm_movehl_ps(e, e));  // [s0, s2] with s_i = (i + 8 fold)[i] + [i + 4]
+    __m128 o2 = _mm_add_ps(o, _mm_movehl_ps(o, o));  // [s1, s3]
+    float t0 = _mm_cvtss_f32(e2) + _mm_cvtss_f32(_mm_movehdup_ps(e2));  // s0 + s2
+    float t1 = _mm_cvtss_f32(o2) + _mm_cvtss_f32(_mm_movehdup_ps(o2));  // s1 + s3
+    return t0 + t1;
+  }
+};
+
+/// Packs rows of x into the even/odd layout: within each 16-chunk, elements 0,2,..,14 then
+/// 1,3,..,15; rows padded with zeros to a multiple of 16 (ld_out = that length).
+void pack_x_even_odd(const float* x, size_t ldx, size_t m, size_t k, float* out, size_t ld_out) {
+  for (size_t r = 0; r < m; ++r) {
+    const float* src = x + r * ldx;
+    float* dst = out + r * ld_out;
+    for (size_t c = 0; c < ld_out; c += 16) {
+      for (size_t q = 0; q < 16; ++q) dst[c + v256_bf16_even_odd::pos(q)] = c + q < k ? src[c + q] : 0.0f;
+    }
+  }
+}
 
 float dot_avx2(const float* a, const float* b, size_t n) {
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -58,6 +104,6 @@ float dot_avx2(const float* a, const float* b, size_t n) {
 
 }  // namespace
 
-isa_kernels avx2_kernels() { return {gemm_block<v256, 3, 2>, dot_avx2, 2, 3}; }
+isa_kernels avx2_kernels() { return {gemm_block<v256, v256_bf16_even_odd, 3, 2>, dot_avx2, 2, 3, pack_x_even_odd}; }
 
 }  // namespace llmesh::kernels::detail

@@ -19,8 +19,9 @@ struct v512 {
   static constexpr int width = 16;
   static reg zero() { return _mm512_setzero_ps(); }
   static reg load_x(const float* p) { return _mm512_loadu_ps(p); }
+  static constexpr size_t pos(size_t q) { return q; }
   template <dtype T>
-  static reg load_w(const void* base, size_t i) {
+  static reg load_w(const void* base, size_t i, int /*part: one per 16 lanes*/) {
     if constexpr (T == dtype::f32) {
       return _mm512_loadu_ps(static_cast<const float*>(base) + i);
     } else {
@@ -56,6 +57,6 @@ float dot_avx512(const float* a, const float* b, size_t n) {
 
 }  // namespace
 
-isa_kernels avx512_kernels() { return {gemm_block<v512, 4, 6>, dot_avx512, 6, 4}; }
+isa_kernels avx512_kernels() { return {gemm_block<v512, v512, 4, 6>, dot_avx512, 6, 4, nullptr}; }
 
 }  // namespace llmesh::kernels::detail

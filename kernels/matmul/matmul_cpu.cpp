@@ -37,11 +37,48 @@ status validate(const matmul_args& a) {
   return ok_status();
 }
 
+/// Jobs as the kernels take them: bf16 jobs of an ISA with a permuted bf16 layout get their x
+/// packed (once per distinct x; q/k/v share one) into the caller's thread-local buffers.
+std::span<const matmul_args> prepare_jobs(std::span<const matmul_args> jobs, const detail::isa_kernels& isa,
+                                          std::vector<matmul_args>& prepared) {
+  if (isa.pack_x_bf16 == nullptr) return jobs;
+  bool any = false;
+  for (const auto& j : jobs) any = any || (j.w_type == dtype::bf16 && j.m > 0);
+  if (!any) return jobs;
+  thread_local std::vector<std::vector<float>> buffers;
+  struct source {
+    const float* x;
+    size_t ldx, k, m;
+  };
+  std::vector<source> packed_from;
+  prepared.assign(jobs.begin(), jobs.end());
+  for (auto& j : prepared) {
+    if (j.w_type != dtype::bf16 || j.m == 0) continue;
+    const size_t ld = (j.k + 15) / 16 * 16;
+    size_t b = 0;
+    while (b < packed_from.size() &&
+           !(packed_from[b].x == j.x && packed_from[b].ldx == j.ldx && packed_from[b].k == j.k && packed_from[b].m >= j.m)) {
+      ++b;
+    }
+    if (b == packed_from.size()) {
+      if (buffers.size() <= b) buffers.resize(b + 1);
+      buffers[b].resize(j.m * ld);
+      isa.pack_x_bf16(j.x, j.ldx, j.m, j.k, buffers[b].data(), ld);
+      packed_from.push_back({j.x, j.ldx, j.k, j.m});
+    }
+    j.x = buffers[b].data();
+    j.ldx = ld;
+  }
+  return prepared;
+}
+
 }  // namespace
 
-status matmul(std::span<const matmul_args> jobs, thread_pool& pool) {
-  for (const auto& job : jobs) LLMESH_TRY(validate(job));
+status matmul(std::span<const matmul_args> jobs_in, thread_pool& pool) {
+  for (const auto& job : jobs_in) LLMESH_TRY(validate(job));
   const auto& isa = kernels_for_cpu();
+  std::vector<matmul_args> prepared;
+  const auto jobs = prepare_jobs(jobs_in, isa, prepared);
   // Work units: runs of output columns, handed out dynamically so a thread slowed by memory
   // contention does not leave the others waiting at the end of the region. A unit is at least
   // one cache block of weight rows (so blocking stays effective) and at least 64 rows (so a

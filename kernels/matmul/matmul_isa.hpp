@@ -15,6 +15,9 @@ struct isa_kernels {
   dot_fn dot;
   size_t n_tile;  ///< output columns per micro-tile; work units are rounded to it
   size_t m_tile;  ///< rows of x per micro-tile
+  /// When set, bf16 jobs take x packed by this function (a permuted layout within each
+  /// 16-chunk, rows zero-padded to a multiple of 16 = ld_out) instead of x itself.
+  void (*pack_x_bf16)(const float* x, size_t ldx, size_t m, size_t k, float* out, size_t ld_out);
 };
 
 isa_kernels portable_kernels();

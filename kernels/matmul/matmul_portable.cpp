@@ -72,7 +72,7 @@ float dot_reference(const float* x, const void* w, dtype w_type, size_t k) {
 }
 
 namespace detail {
-isa_kernels portable_kernels() { return {gemm_block_portable, dot_portable, 1, 1}; }
+isa_kernels portable_kernels() { return {gemm_block_portable, dot_portable, 1, 1, nullptr}; }
 }  // namespace detail
 
 }  // namespace llmesh::kernels

@@ -14,9 +14,10 @@
 // MR·NR·P accumulators + NR weights + 1 x, which sizes the tiles (4×6 on AVX-512, 3×2 on AVX2).
 //
 // V must provide: using reg; width; zero(); load_x(const float*); store(float*, reg);
-// load_w<dtype>(const void*,
-// size_t idx); fma(reg a, reg b, reg c) = a*b+c; fold(const reg* parts) -> float in the
-// canonical fold order.
+// load_w<dtype>(const void* w, size_t chunk_start, int part); fma(reg a, reg b, reg c) =
+// a*b+c; pos(q): where element q of a 16-chunk sits in V's register layout (q for the
+// natural layout); fold(const reg* parts) -> float in the canonical fold order.
+// A V with a permuted layout expects x already permuted the same way (matmul_cpu.cpp packs it).
 #pragma once
 
 #include <algorithm>
@@ -62,7 +63,7 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
       reg wv[NR];
 #pragma GCC unroll 8
       for (int n = 0; n < NR; ++n) {
-        wv[n] = V::template load_w<WT>(a.w, w_row0 + n * a.ldw + kk + p * W);
+        wv[n] = V::template load_w<WT>(a.w, w_row0 + n * a.ldw + kk, p);
         asm("" : "+x"(wv[n]));  // same reason as for x below
       }
 #pragma GCC unroll 8
@@ -87,9 +88,9 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
     alignas(64) float xt[MR][16] = {};
     alignas(64) float wt[NR][16] = {};
     for (int m = 0; m < MR; ++m)
-      for (size_t q = 0; q < rest; ++q) xt[m][q] = x[m * a.ldx + kk + q];
+      for (size_t q = 0; q < rest; ++q) xt[m][V::pos(q)] = x[m * a.ldx + kk + V::pos(q)];
     for (int n = 0; n < NR; ++n)
-      for (size_t q = 0; q < rest; ++q) wt[n][q] = load_as_f32(a.w, WT, w_row0 + n * a.ldw + kk + q);
+      for (size_t q = 0; q < rest; ++q) wt[n][V::pos(q)] = load_as_f32(a.w, WT, w_row0 + n * a.ldw + kk + q);
     for (int p = 0; p < P; ++p) {
       for (int m = 0; m < MR; ++m) {
         reg xv = V::load_x(&xt[m][p * W]);
@@ -126,11 +127,12 @@ constexpr auto make_table(std::integer_sequence<int, Ms...>) {
 /// Blocking: a block of weight rows × a block of k sized to stay in L2 is read from memory
 /// once; every x tile (MRMax rows × the k block, sized to stay in L1) passes over it. With
 /// more than one k block, the tiles' lane accumulators wait in a per-thread buffer.
-template <class V, int MRMax, int NRMax>
+/// VB16 is the vector type used for bf16 weights (it may use a permuted layout).
+template <class V, class VB16, int MRMax, int NRMax>
 void gemm_block(const matmul_args& a, size_t m0, size_t m1, size_t n0, size_t n1) {
   static const auto t32 = make_table<V, dtype::f32, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto t16 = make_table<V, dtype::f16, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
-  static const auto tb16 = make_table<V, dtype::bf16, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
+  static const auto tb16 = make_table<VB16, dtype::bf16, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   const auto& table = a.w_type == dtype::f32 ? t32 : (a.w_type == dtype::f16 ? t16 : tb16);
   const size_t kb = k_block_len(a.k, m1 - m0, MRMax);
   const size_t nb = n_block_rows(kb, a.w_type, NRMax);
