@@ -199,9 +199,10 @@ status shard_executor::lm_head(std::span<const step_sequence> batch, std::vector
                                *pool_));
   }
   LLMESH_TRY(comm_->all_gather(local, gathered));
-  size_t per = (c.vocab + layout_.tp - 1) / layout_.tp, at = 0;
+  size_t at = 0;
   for (int r = 0; r < layout_.tp; ++r) {
-    size_t v0 = std::min(c.vocab, r * per), n = std::min(c.vocab, v0 + per) - v0;
+    auto peer = make_shard_layout(c, r, layout_.tp);  // cannot fail: our own layout did not
+    const size_t v0 = peer->vocab0, n = peer->n_vocab;
     for (size_t row = 0; row < n_want; ++row) {
       std::copy_n(&gathered[at + row * n], n, &logits[row * c.vocab + v0]);
     }
