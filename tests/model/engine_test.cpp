@@ -4,34 +4,31 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "llmesh/model/engine.hpp"
 #include "llmesh/model/generate.hpp"
 #include "llmesh/model/random_model.hpp"
+#include "temp_dir.hpp"
 
 namespace llmesh::model {
 namespace {
 
+/// A random model written to a temporary directory and loaded.
 class temp_model {
  public:
-  explicit temp_model(random_model_spec spec) {
-    char tmpl[] = "/tmp/llmesh_engine_test_XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    EXPECT_TRUE(write_random_model(spec, dir_).ok());
-    auto m = model::load(dir_);
+  explicit temp_model(const random_model_spec& spec) {
+    EXPECT_TRUE(write_random_model(spec, dir_.path()).ok());
+    auto m = model::load(dir_.path());
     EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.err().message);
-    model_ = m.value();
+    if (m.ok()) model_ = m.value();
   }
-  ~temp_model() { std::filesystem::remove_all(dir_); }
   std::shared_ptr<const model> get() const { return model_; }
 
  private:
-  std::string dir_;
+  testing::temp_dir dir_;
   std::shared_ptr<const model> model_;
 };
 
