@@ -1,6 +1,7 @@
 // Tests of kv_write() and attention() over a paged cache: a double-precision reference with
 // shuffled, non-contiguous block tables, GQA, sliding windows and mixed batches; bitwise
 // invariance to batch neighbours, thread count and prefill-vs-decode; and block-table errors.
+#include "test_seed.hpp"
 #include "llmesh/kernels/attention.hpp"
 
 #include <gtest/gtest.h>
@@ -153,7 +154,7 @@ const std::vector<std::pair<size_t, size_t>> batch_specs = {{0, 21}, {33, 1}, {1
 
 TEST(Attention, MatchesDoublePrecisionReference) {
   thread_pool pool(2);
-  std::mt19937 rng(21);
+  std::mt19937 rng(testing::test_seed(21));
   for (const attention_shape& s : all_shapes()) {
     std::vector<sequence> seqs;
     cache_storage cache(s, make_batch(s, batch_specs, rng, seqs));
@@ -178,7 +179,7 @@ TEST(Attention, MatchesDoublePrecisionReference) {
 
 TEST(Attention, SequenceOutputIsBitwiseIndependentOfBatchAndThreads) {
   thread_pool pool1(1), pool2(2), pool3(3);
-  std::mt19937 rng(22);
+  std::mt19937 rng(testing::test_seed(22));
   for (const attention_shape& s : all_shapes()) {
     std::vector<sequence> seqs;
     cache_storage cache(s, make_batch(s, batch_specs, rng, seqs));
@@ -205,7 +206,7 @@ TEST(Attention, SequenceOutputIsBitwiseIndependentOfBatchAndThreads) {
 
 TEST(Attention, PrefillAndTokenByTokenDecodeGiveTheSameBits) {
   thread_pool pool(2);
-  std::mt19937 rng(23);
+  std::mt19937 rng(testing::test_seed(23));
   for (const attention_shape& s : all_shapes()) {
     std::vector<sequence> seqs;
     const size_t blocks = make_batch(s, batch_specs, rng, seqs);

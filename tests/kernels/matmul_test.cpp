@@ -5,6 +5,7 @@
 // The instruction set is chosen once per process from LLMESH_ISA, so
 // Matmul.MatchesDotReferenceBitwiseOnEverySupportedIsa re-runs this binary's Matmul/Dot tests
 // once per supported level with LLMESH_ISA set (LLMESH_KERNELS_TEST_CHILD marks those runs).
+#include "test_seed.hpp"
 #include "llmesh/kernels/matmul.hpp"
 
 #include <gtest/gtest.h>
@@ -149,7 +150,7 @@ constexpr std::pair<bool, bool> layouts[] = {{false, false}, {true, true}, {true
 /// Calls fn(problem&) for every dtype, shape and layout, after the matmul.
 template <class Fn>
 void for_each_problem(thread_pool& pool, Fn fn) {
-  std::mt19937 rng(1234);
+  std::mt19937 rng(testing::test_seed(1234));
   for (dtype t : all_dtypes)
     for (size_t m : ms)
       for (size_t n : ns)
@@ -273,7 +274,7 @@ TEST(Matmul, LargeShapesCrossCacheBlocksBitExactly) {
   // Long rows make the kernels split the weight rows (and batches of x rows) into cache-sized
   // blocks; a block boundary must not change any element.
   thread_pool pool(2);
-  std::mt19937 rng(31);
+  std::mt19937 rng(testing::test_seed(31));
   for (dtype t : all_dtypes) {
     for (size_t k : {4099}) {
       problem p = make_problem(t, 70, 37, k, true, true, rng);
