@@ -2,10 +2,12 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 
 #include "commands.hpp"
+#include "llmesh/model/detokenizer.hpp"
 #include "llmesh/model/generate.hpp"
 
 namespace llmesh::cli {
@@ -40,7 +42,26 @@ status run_generate(const generate_flags& f, bool seed_given) {
   req.sampling.top_p = f.top_p;
   // A request without a seed gets a random one here, where it enters the system.
   req.sampling.seed = seed_given ? f.seed : std::random_device{}();
-  auto out = model::generate(**eng, req);
+  // Text output streams token by token (complete UTF-8 characters only); models whose
+  // tokenizer cannot be decoded yet print their ids instead, with a note on stderr.
+  std::optional<model::detokenizer> detok;
+  if (!f.print_ids) {
+    auto d = model::detokenizer::load(f.model_dir);
+    if (d) {
+      detok = std::move(d.value());
+    } else {
+      std::fprintf(stderr, "llmesh: printing ids: %s\n", d.err().message.c_str());
+    }
+  }
+  std::optional<model::stream_decoder> stream;
+  if (detok) stream.emplace(*detok);
+  auto on_token = [&](int32_t id) {
+    if (!stream) return;
+    std::string text = stream->push(id);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  };
+  auto out = model::generate(**eng, req, on_token);
   if (!out) return out.take_error();
 
   if (!f.dump_logits.empty()) {
@@ -50,10 +71,14 @@ status run_generate(const generate_flags& f, bool seed_given) {
     dump.close();
     if (!dump) return make_error(errc::io_error, "cannot write " + f.dump_logits);
   }
-  // Text output arrives with the tokenizer; until then both modes print the ids.
-  std::ostringstream line;
-  for (size_t i = 0; i < out->tokens.size(); ++i) line << (i ? " " : "") << out->tokens[i];
-  std::printf("%s\n", line.str().c_str());
+  if (stream) {
+    std::string rest = stream->flush();
+    std::printf("%s\n", rest.c_str());
+  } else {
+    std::ostringstream line;
+    for (size_t i = 0; i < out->tokens.size(); ++i) line << (i ? " " : "") << out->tokens[i];
+    std::printf("%s\n", line.str().c_str());
+  }
   std::fprintf(stderr, "prompt %zu tokens in %.3f s (%.1f tok/s), generated %zu in %.3f s (%.1f tok/s), finish=%s, seed=%llu\n",
                req.prompt.size(), out->prefill_seconds, req.prompt.size() / std::max(out->prefill_seconds, 1e-9),
                out->tokens.size(), out->decode_seconds,

@@ -1,0 +1,63 @@
+// Token ids -> text for byte-level BPE vocabularies (GPT-2 / Llama 3 / Qwen2 style
+// tokenizer.json with a ByteLevel decoder), including streaming: a token that ends inside a
+// UTF-8 character emits nothing until the character is complete.
+//
+// This is the decoding half of the model's tokenizer; encoding (pre-tokenizer, merges,
+// normalizers, chat templates) is the tokenizer issue's.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "llmesh/common/error.hpp"
+
+namespace llmesh::model {
+
+/// Immutable after load; thread-safe to share.
+class detokenizer {
+ public:
+  /// Reads DIR/tokenizer.json. Errors name the file and the problem; a decoder other than
+  /// ByteLevel is `unsupported`.
+  [[nodiscard]] static result<detokenizer> load(const std::string& model_dir);
+
+  /// Bytes of one token (its UTF-8 text for added tokens); empty for ids outside the vocabulary.
+  const std::string& token_bytes(int32_t id) const;
+
+  /// Whether id is an added token marked special (BOS, EOS, ...).
+  bool is_special(int32_t id) const;
+
+  /// The text of ids; special tokens are skipped when skip_special. Invalid UTF-8 sequences
+  /// in the result (possible mid-stream) become U+FFFD, as HF's decode does.
+  std::string decode(std::span<const int32_t> ids, bool skip_special = true) const;
+
+  size_t vocab_size() const { return bytes_.size(); }
+
+ private:
+  std::vector<std::string> bytes_;
+  std::vector<bool> special_;
+};
+
+/// Streaming decode of one sequence: feed tokens one at a time; each call returns the new,
+/// complete UTF-8 text (possibly empty). The concatenation of all returns equals the decode of
+/// all ids once flush() has been called.
+class stream_decoder {
+ public:
+  explicit stream_decoder(const detokenizer& d, bool skip_special = true) : d_(d), skip_special_(skip_special) {}
+  std::string push(int32_t id);
+  /// Emits what is left (an incomplete trailing character becomes U+FFFD).
+  std::string flush();
+
+ private:
+  const detokenizer& d_;
+  bool skip_special_;
+  std::string pending_;  ///< bytes of an unfinished UTF-8 character
+};
+
+/// Replaces invalid UTF-8 sequences in bytes with U+FFFD; `complete_prefix` (optional)
+/// receives the length of the longest prefix that does not end inside a valid-but-unfinished
+/// character.
+std::string sanitize_utf8(const std::string& bytes, size_t* complete_prefix = nullptr);
+
+}  // namespace llmesh::model

@@ -1,0 +1,49 @@
+// `llmesh generate` output modes: --print-ids prints the ids on one line; without it the text
+// is streamed, and equals the decode of those ids.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "llmesh/model/detokenizer.hpp"
+#include "subprocess.hpp"
+
+namespace llmesh::testing {
+namespace {
+
+const std::string llmesh_bin = LLMESH_BINARY;
+
+TEST(Generate, TextOutputIsTheDecodeOfThePrintedIds) {
+  temp_dir tmp;
+  const std::string model = tmp.path() + "/m";
+  ASSERT_EQ(run_command(llmesh_bin + " model random --out " + model + " --vocab 300 --seed 3").exit_code, 0);
+  const std::string common = llmesh_bin + " generate --model " + model + " --prompt-ids 72,101,108 --max-tokens 24 --seed 9";
+  auto ids_run = run_command(common + " --print-ids");
+  ASSERT_EQ(ids_run.exit_code, 0) << ids_run.err;
+  std::vector<int32_t> ids;
+  std::stringstream ss(ids_run.out);
+  for (int32_t id; ss >> id;) ids.push_back(id);
+  ASSERT_EQ(ids.size(), 24u);
+
+  auto text_run = run_command(common);
+  ASSERT_EQ(text_run.exit_code, 0) << text_run.err;
+  auto d = model::detokenizer::load(model);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(text_run.out, d->decode(ids) + "\n");
+}
+
+TEST(Generate, UndecodableTokenizerFallsBackToIds) {
+  temp_dir tmp;
+  const std::string model = tmp.path() + "/m";
+  ASSERT_EQ(run_command(llmesh_bin + " model random --out " + model + " --vocab 300").exit_code, 0);
+  std::ofstream(model + "/tokenizer.json") << R"({"model":{"type":"BPE","vocab":{}},"decoder":{"type":"Metaspace"}})";
+  auto r = run_command(llmesh_bin + " generate --model " + model + " --prompt-ids 1,2 --max-tokens 3");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("printing ids"), std::string::npos) << r.err;
+  std::stringstream ss(r.out);
+  int count = 0;
+  for (int32_t id; ss >> id;) ++count;
+  EXPECT_EQ(count, 3);
+}
+
+}  // namespace
+}  // namespace llmesh::testing
