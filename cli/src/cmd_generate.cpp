@@ -9,12 +9,13 @@
 #include "commands.hpp"
 #include "llmesh/model/detokenizer.hpp"
 #include "llmesh/model/generate.hpp"
+#include "llmesh/model/tokenizer.hpp"
 
 namespace llmesh::cli {
 namespace {
 
 struct generate_flags {
-  std::string model_dir, prompt_ids, dump_logits;
+  std::string model_dir, prompt, prompt_ids, dump_logits;
   size_t max_tokens = 16, prefill_chunk = 0;
   float temperature = 0.0f, top_p = 1.0f;
   int top_k = 0, tp = 1, threads = 0;
@@ -22,8 +23,20 @@ struct generate_flags {
   bool print_ids = false;
 };
 
-status run_generate(const generate_flags& f, bool seed_given) {
-  auto ids = parse_id_list(f.prompt_ids);
+/// The prompt's ids: --prompt-ids as given, or --prompt through the model's tokenizer (with
+/// its special tokens, e.g. BOS, as HF's encode adds them by default).
+result<std::vector<int32_t>> prompt_ids(const generate_flags& f, bool has_prompt) {
+  if (has_prompt == !f.prompt_ids.empty()) return make_error(errc::invalid_request, "give exactly one of --prompt, --prompt-ids");
+  if (!has_prompt) return parse_id_list(f.prompt_ids);
+  auto tok = model::tokenizer::load(f.model_dir);
+  if (!tok) return tok.take_error();
+  auto ids = (*tok)->encode(f.prompt, true);
+  if (ids.empty()) return make_error(errc::invalid_request, "the prompt is empty");
+  return ids;
+}
+
+status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
+  auto ids = prompt_ids(f, has_prompt);
   if (!ids) return ids.take_error();
   auto m = model::model::load(f.model_dir);
   if (!m) return m.take_error();
@@ -113,7 +126,8 @@ void add_generate(CLI::App& app, command_set& commands) {
   auto f = std::make_shared<generate_flags>();
   auto* sub = app.add_subcommand("generate", "Generate tokens with the engine directly (no mesh)");
   sub->add_option("--model", f->model_dir, "HF model directory")->required();
-  sub->add_option("--prompt-ids", f->prompt_ids, "Prompt token ids, comma separated")->required();
+  auto* prompt = sub->add_option("--prompt", f->prompt, "Prompt text (tokenized with the model's tokenizer.json)");
+  sub->add_option("--prompt-ids", f->prompt_ids, "Prompt token ids, comma separated");
   sub->add_option("--max-tokens", f->max_tokens, "Tokens to generate")->capture_default_str();
   sub->add_option("--temperature", f->temperature, "Sampling temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
   sub->add_option("--top-p", f->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f));
@@ -124,7 +138,7 @@ void add_generate(CLI::App& app, command_set& commands) {
   sub->add_option("--prefill-chunk", f->prefill_chunk, "Prefill the prompt in chunks of N tokens; 0 = whole");
   sub->add_flag("--print-ids", f->print_ids, "Print the generated token ids on one line");
   sub->add_option("--dump-logits", f->dump_logits, "Write the first generated position's logits (raw float32 LE)");
-  commands.emplace_back(sub, [f, seed] { return run_generate(*f, seed->count() > 0); });
+  commands.emplace_back(sub, [f, seed, prompt] { return run_generate(*f, seed->count() > 0, prompt->count() > 0); });
 }
 
 }  // namespace llmesh::cli

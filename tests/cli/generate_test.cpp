@@ -47,3 +47,39 @@ TEST(Generate, UndecodableTokenizerFallsBackToIds) {
 
 }  // namespace
 }  // namespace llmesh::testing
+
+namespace llmesh::testing {
+namespace {
+
+const std::string llama3_dir = std::string(LLMESH_TEST_DATA) + "/tokenizers/llama3";
+
+TEST(Tokenize, EncodesAndDecodesThroughTheCli) {
+  auto r = run_command(llmesh_bin + " tokenize --model " + llama3_dir + " --text 'Hello, world!'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "9906 11 1917 0\n");
+  r = run_command(llmesh_bin + " tokenize --model " + llama3_dir + " --decode 9906,11,1917,0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "Hello, world!\n");
+  temp_dir tmp;
+  std::ofstream(tmp.path() + "/in.txt") << "Hello, world!";
+  r = run_command(llmesh_bin + " tokenize --model " + llama3_dir + " --file " + tmp.path() + "/in.txt");
+  EXPECT_EQ(r.out, "9906 11 1917 0\n");
+  r = run_command(llmesh_bin + " tokenize --model " + llama3_dir + " --text a --decode 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("exactly one"), std::string::npos) << r.err;
+}
+
+TEST(Generate, PromptTextIsTokenizedLikePromptIds) {
+  temp_dir tmp;
+  const std::string model = tmp.path() + "/m";
+  ASSERT_EQ(run_command(llmesh_bin + " model random --out " + model + " --vocab 300 --seed 4").exit_code, 0);
+  auto by_text = run_command(llmesh_bin + " generate --model " + model + " --prompt Hi --max-tokens 6 --print-ids");
+  auto by_ids = run_command(llmesh_bin + " generate --model " + model + " --prompt-ids 72,105 --max-tokens 6 --print-ids");
+  ASSERT_EQ(by_text.exit_code, 0) << by_text.err;
+  EXPECT_EQ(by_text.out, by_ids.out);
+  auto neither = run_command(llmesh_bin + " generate --model " + model + " --max-tokens 2");
+  EXPECT_NE(neither.exit_code, 0);
+}
+
+}  // namespace
+}  // namespace llmesh::testing

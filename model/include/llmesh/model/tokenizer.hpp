@@ -1,0 +1,43 @@
+// Text -> token ids from an HF tokenizer.json, for byte-level BPE tokenizers (GPT-2, Llama 3,
+// Qwen2 and models trained like them): added/special tokens matched first (lstrip / rstrip /
+// single_word honoured), NFC/NFKC normalizers, Split-regex and ByteLevel pre-tokenizers
+// (PCRE2 with Unicode properties), BPE merges by rank (O(n log n) per word, cached), and the
+// TemplateProcessing / ByteLevel post-processors. Decoding is `detokenizer`'s.
+//
+// Not yet: SentencePiece-style BPE (Metaspace, byte_fallback: Llama 2, Mistral) — load()
+// refuses such files with an `unsupported` error naming the component.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "llmesh/common/error.hpp"
+#include "llmesh/model/detokenizer.hpp"
+
+namespace llmesh::model {
+
+/// Immutable after load; encode() is thread-safe (its word cache is per thread).
+class tokenizer {
+ public:
+  /// Reads DIR/tokenizer.json. Errors name the file and the component.
+  [[nodiscard]] static result<std::shared_ptr<const tokenizer>> load(const std::string& model_dir);
+  ~tokenizer();
+
+  /// Token ids of text. add_special: apply the post-processor template (e.g. BOS). Invalid
+  /// UTF-8 in text is first replaced by U+FFFD (one per maximal invalid subpart).
+  std::vector<int32_t> encode(std::string_view text, bool add_special = true) const;
+
+  const detokenizer& decoder() const { return *decoder_; }
+
+  struct impl;
+
+ private:
+  tokenizer() = default;
+  std::unique_ptr<impl> impl_;
+  std::unique_ptr<detokenizer> decoder_;
+};
+
+}  // namespace llmesh::model

@@ -1,0 +1,95 @@
+// The byte-level BPE tokenizer against fixtures from the reference implementation
+// (transformers.js via tools/reference/tokenizer/make_fixtures.mjs) on the real Llama 3
+// tokenizer files: ids, ids with special tokens, and decode must match exactly.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "llmesh/model/tokenizer.hpp"
+#include "temp_dir.hpp"
+
+namespace llmesh::model {
+namespace {
+
+const std::string data_dir = std::string(LLMESH_TEST_DATA) + "/tokenizers";
+
+std::shared_ptr<const tokenizer> llama3() {
+  static std::shared_ptr<const tokenizer> t = [] {
+    auto r = tokenizer::load(data_dir + "/llama3");
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.err().message);
+    return r.ok() ? r.value() : nullptr;
+  }();
+  return t;
+}
+
+TEST(Tokenizer, Llama3MatchesTheReferenceOnTheCorpus) {
+  auto tok = llama3();
+  ASSERT_NE(tok, nullptr);
+  std::ifstream in(data_dir + "/llama3/cases.jsonl");
+  std::string line;
+  int cases = 0;
+  while (std::getline(in, line)) {
+    auto c = nlohmann::json::parse(line);
+    const std::string text = c["text"].get<std::string>();
+    SCOPED_TRACE("text: " + text.substr(0, 80));
+    EXPECT_EQ(tok->encode(text, false), c["ids"].get<std::vector<int32_t>>());
+    EXPECT_EQ(tok->encode(text, true), c["with_special"].get<std::vector<int32_t>>());
+    auto ids = c["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tok->decoder().decode(ids, false), c["decoded"].get<std::string>());
+    ++cases;
+  }
+  EXPECT_GE(cases, 25);
+}
+
+TEST(Tokenizer, InvalidUtf8AndEmptyInputHaveDefinedResults) {
+  auto tok = llama3();
+  ASSERT_NE(tok, nullptr);
+  EXPECT_TRUE(tok->encode("", false).empty());
+  // Invalid bytes are replaced by U+FFFD first: same ids as the repaired text.
+  EXPECT_EQ(tok->encode("ab\xFF\xC0 cd\xE2\x82", false), tok->encode("ab\xEF\xBF\xBD\xEF\xBF\xBD cd\xEF\xBF\xBD", false));
+  std::string with_nul("a\0b", 3);
+  EXPECT_FALSE(tok->encode(with_nul, false).empty());
+}
+
+TEST(Tokenizer, LargeInputIsLinearNotQuadratic) {
+  auto tok = llama3();
+  ASSERT_NE(tok, nullptr);
+  // One 200 kB "word" without spaces and 2 MB of prose: both must finish (no quadratic merge
+  // loop, no regex backtracking blow-up); round trip must be exact.
+  std::string word(200000, 'a');
+  for (size_t i = 0; i < word.size(); i += 7) word[i] = static_cast<char>('a' + i % 26);
+  auto ids = tok->encode(word, false);
+  EXPECT_EQ(tok->decoder().decode(ids, false), word);
+  std::string prose;
+  while (prose.size() < (2u << 20)) prose += "In the beginning God created the heaven and the earth. ";
+  ids = tok->encode(prose, false);
+  EXPECT_EQ(tok->decoder().decode(ids, false), prose);
+}
+
+TEST(TokenizerLoad, RefusesWhatItCannotReproduce) {
+  testing::temp_dir dir;
+  testing::write_text(dir / "tokenizer.json",
+                      R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[],"byte_fallback":true},"decoder":{"type":"ByteLevel"}})");
+  auto r = tokenizer::load(dir.path());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.err().code, errc::unsupported);
+  EXPECT_NE(r.err().message.find("byte_fallback"), std::string::npos);
+  testing::write_text(dir / "tokenizer.json",
+                      R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"Metaspace"},"decoder":{"type":"ByteLevel"}})");
+  r = tokenizer::load(dir.path());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("Metaspace"), std::string::npos);
+  testing::write_text(dir / "tokenizer.json",
+                      R"({"model":{"type":"BPE","vocab":{"a":0},"merges":["a b"]},"decoder":{"type":"ByteLevel"}})");
+  r = tokenizer::load(dir.path());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("merge 'a b'"), std::string::npos);
+  testing::write_text(dir / "tokenizer.json", R"({"model":{"type":"BPE","vocab":{"a":"x"},"merges":[]}})");
+  EXPECT_FALSE(tokenizer::load(dir.path()).ok());
+}
+
+}  // namespace
+}  // namespace llmesh::model
