@@ -1,8 +1,10 @@
-// `llmesh bench engine`: prompt-processing and decode speed against the machine's limits.
+// `llmesh bench engine` (prompt-processing and decode speed against the machine's limits) and
+// `llmesh bench tokenizer` (encode/decode throughput).
 #include <memory>
 
 #include "commands.hpp"
 #include "llmesh/bench/engine_bench.hpp"
+#include "llmesh/bench/tokenizer_bench.hpp"
 
 namespace llmesh::cli {
 
@@ -18,6 +20,13 @@ void add_bench(CLI::App& app, command_set& commands) {
   sub->add_option("--tg", o->gen_tokens, "Generated tokens (decode test)")->capture_default_str();
   sub->add_option("--reps", o->reps, "Repetitions; the best is reported")->capture_default_str();
   commands.emplace_back(sub, [o] { return bench::run_engine_bench(*o); });
+
+  auto t = std::make_shared<bench::tokenizer_bench_options>();
+  auto* tsub = bench_cmd->add_subcommand("tokenizer", "Tokenizer encode/decode throughput");
+  tsub->add_option("--model", t->model_dir, "Model directory (tokenizer.json)")->required();
+  tsub->add_option("--file", t->file, "Text to encode (default: ~1 MB of built-in prose)");
+  tsub->add_option("--reps", t->reps, "Repetitions; the best is reported")->capture_default_str();
+  commands.emplace_back(tsub, [t] { return bench::run_tokenizer_bench(*t); });
 }
 
 }  // namespace llmesh::cli
