@@ -1,6 +1,7 @@
 #include "bpe.hpp"
 
 #include <array>
+#include <cstdio>
 #include <queue>
 
 namespace llmesh::model {
@@ -48,9 +49,8 @@ std::string bpe_model::to_byte_level(const std::string& bytes) {
 status bpe_model::load(const json& m, const std::string& path) {
   std::string type = m.value("type", "BPE");
   if (type != "BPE") return make_error(errc::unsupported, path + ": model type '" + type + "' is not supported yet");
-  if (m.value("byte_fallback", false)) {
-    return make_error(errc::unsupported, path + ": BPE with byte_fallback (SentencePiece style) is not supported yet");
-  }
+  byte_fallback_ = m.value("byte_fallback", false);
+  fuse_unk_ = m.value("fuse_unk", false);
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (m.contains(k) && !m[k].is_null() && !m[k].get<std::string>().empty()) {
       return make_error(errc::unsupported, path + ": BPE " + k + " is not supported yet");
@@ -107,6 +107,7 @@ void bpe_model::encode_word(const std::string& word, std::vector<int32_t>& out) 
   std::vector<int32_t> ids;
   merge_word(word, ids);
   out.insert(out.end(), ids.begin(), ids.end());
+  if (word.size() > 256) return;  // whole-text "words" (no pre-tokenizer) are not worth caching
   std::lock_guard<std::mutex> lock(cache_mu_);
   if (cache_.size() >= max_cache_words) cache_.clear();
   cache_.emplace(word, std::move(ids));
@@ -123,11 +124,31 @@ void bpe_model::merge_word(const std::string& word, std::vector<int32_t>& out) c
     size_t n = std::min(utf8_len(static_cast<unsigned char>(word[i])), word.size() - i);
     auto it = vocab_.find(word.substr(i, n));
     i += n;
-    if (it == vocab_.end()) {
-      if (unk_ >= 0) sym.push_back({unk_, static_cast<int>(sym.size()) - 1, static_cast<int>(sym.size()) + 1, true});
-      continue;  // byte-level vocabularies hold every byte character; others drop unknowns
+    auto add = [&](int32_t id) { sym.push_back({id, static_cast<int>(sym.size()) - 1, static_cast<int>(sym.size()) + 1, true}); };
+    if (it != vocab_.end()) {
+      add(it->second);
+      continue;
     }
-    sym.push_back({it->second, static_cast<int>(sym.size()) - 1, static_cast<int>(sym.size()) + 1, true});
+    // Unknown character: its UTF-8 bytes as <0xNN> tokens when the vocabulary has them all
+    // (byte_fallback), else the unknown token (fused with a preceding one when fuse_unk).
+    std::vector<int32_t> bytes;
+    if (byte_fallback_) {
+      for (size_t b = i - n; b < i; ++b) {
+        char name[7];
+        std::snprintf(name, sizeof name, "<0x%02X>", static_cast<unsigned char>(word[b]));
+        auto bt = vocab_.find(name);
+        if (bt == vocab_.end()) {
+          bytes.clear();
+          break;
+        }
+        bytes.push_back(bt->second);
+      }
+    }
+    if (!bytes.empty()) {
+      for (int32_t id : bytes) add(id);
+    } else if (unk_ >= 0 && !(fuse_unk_ && !sym.empty() && sym.back().id == unk_)) {
+      add(unk_);
+    }
   }
   if (sym.empty()) return;
   sym.back().next = -1;

@@ -37,6 +37,8 @@ class bpe_model {
   std::unordered_map<uint64_t, merge> merges_;
   int32_t unk_ = -1;
   bool ignore_merges_ = false;
+  bool byte_fallback_ = false;
+  bool fuse_unk_ = false;
   mutable std::mutex cache_mu_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };

@@ -5,6 +5,7 @@
 #include "llmesh/model/detokenizer.hpp"
 
 #include <array>
+#include <cctype>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -59,6 +60,59 @@ std::string byte_level_bytes(const std::string& token) {
 }
 
 error bad(const std::string& path, const std::string& msg) { return make_error(errc::invalid_request, path + ": " + msg); }
+
+/// SentencePiece-style token text: "▁" is a space, "<0xNN>" is the byte NN.
+std::string metaspace_bytes(const std::string& token) {
+  if (token.size() == 6 && token.compare(0, 3, "<0x") == 0 && token[5] == '>' && std::isxdigit(static_cast<unsigned char>(token[3])) &&
+      std::isxdigit(static_cast<unsigned char>(token[4]))) {
+    return std::string(1, static_cast<char>(std::stoi(token.substr(3, 2), nullptr, 16)));
+  }
+  std::string out;
+  const std::string space = "\xE2\x96\x81";  // U+2581
+  for (size_t i = 0; i < token.size();) {
+    if (token.compare(i, space.size(), space) == 0) {
+      out.push_back(' ');
+      i += space.size();
+    } else {
+      out.push_back(token[i++]);
+    }
+  }
+  return out;
+}
+
+struct decoder_kind {
+  bool byte_level = true;
+  size_t strip_leading = 0;  ///< leading spaces removed from the start of a decode
+};
+
+/// The decoders we reproduce exactly: ByteLevel; SentencePiece's Metaspace; and the Sequence
+/// [Replace("▁" -> " "), ByteFallback, Fuse, Strip(" ", n, 0)] of Llama 2 / Mistral files.
+result<decoder_kind> classify_decoder(const json& d) {
+  std::string type = d.is_object() && d.contains("type") && d["type"].is_string() ? d["type"].get<std::string>() : "none";
+  if (type == "ByteLevel") return decoder_kind{true, 0};
+  if (type == "Metaspace") {
+    bool prefix = d.value("add_prefix_space", true) && d.value("prepend_scheme", std::string("always")) != "never";
+    return decoder_kind{false, prefix ? size_t{1} : size_t{0}};
+  }
+  if (type == "Sequence" && d.contains("decoders") && d["decoders"].is_array()) {
+    decoder_kind k{false, 0};
+    bool replace = false;
+    for (const auto& step : d["decoders"]) {
+      std::string t = step.value("type", "");
+      if (t == "Replace" && step.contains("pattern") && step["pattern"].contains("String") &&
+          step["pattern"]["String"] == "\u2581" && step.value("content", "") == " ") {
+        replace = true;
+      } else if (t == "ByteFallback" || t == "Fuse") {
+      } else if (t == "Strip" && step.value("content", "") == " " && step.value("stop", 0) == 0) {
+        k.strip_leading = step.value("start", 0);
+      } else {
+        return make_error(errc::unsupported, "decoder step '" + t + "' is not supported yet");
+      }
+    }
+    if (replace) return k;
+  }
+  return make_error(errc::unsupported, "decoder '" + type + "' is not supported yet");
+}
 
 }  // namespace
 
@@ -118,17 +172,15 @@ result<detokenizer> detokenizer::load(const std::string& dir) {
   ss << in.rdbuf();
   json j = json::parse(ss.str(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) return bad(path, "not a JSON object");
-  const json* decoder = j.contains("decoder") ? &j["decoder"] : nullptr;
-  std::string decoder_type = decoder && decoder->is_object() && (*decoder)["type"].is_string()
-                                 ? (*decoder)["type"].get<std::string>()
-                                 : "none";
-  if (decoder_type != "ByteLevel") {
-    return make_error(errc::unsupported, path + ": decoder '" + decoder_type + "' (only ByteLevel decoding so far)");
-  }
+  const json decoder = j.contains("decoder") ? j["decoder"] : json();
+  auto decoder_kind = classify_decoder(decoder);
+  if (!decoder_kind) return make_error(errc::unsupported, path + ": " + decoder_kind.err().message);
   if (!j.contains("model") || !j["model"].is_object() || !j["model"].contains("vocab") || !j["model"]["vocab"].is_object()) {
     return bad(path, "missing model.vocab");
   }
   detokenizer d;
+  d.strip_leading_ = decoder_kind->strip_leading;
+  const bool byte_level = decoder_kind->byte_level;
   auto place = [&d](int64_t id) -> bool {
     if (id < 0 || id > (1 << 24)) return false;
     if (static_cast<size_t>(id) >= d.bytes_.size()) {
@@ -139,7 +191,7 @@ result<detokenizer> detokenizer::load(const std::string& dir) {
   };
   for (const auto& [token, id] : j["model"]["vocab"].items()) {
     if (!id.is_number_integer() || !place(id.get<int64_t>())) return bad(path, "bad id for vocab entry '" + token + "'");
-    d.bytes_[id.get<size_t>()] = byte_level_bytes(token);
+    d.bytes_[id.get<size_t>()] = byte_level ? byte_level_bytes(token) : metaspace_bytes(token);
   }
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     for (const auto& t : j["added_tokens"]) {
@@ -170,12 +222,23 @@ std::string detokenizer::decode(std::span<const int32_t> ids, bool skip_special)
     if (skip_special && is_special(id)) continue;
     raw += token_bytes(id);
   }
-  return sanitize_utf8(raw);
+  size_t strip = 0;
+  while (strip < strip_leading_ && strip < raw.size() && raw[strip] == ' ') ++strip;
+  return sanitize_utf8(raw.substr(strip));
 }
 
 std::string stream_decoder::push(int32_t id) {
   if (skip_special_ && d_.is_special(id)) return {};
-  pending_ += d_.token_bytes(id);
+  std::string bytes = d_.token_bytes(id);
+  while (stripped_ < d_.strip_leading() && !bytes.empty()) {  // the decoder's Strip: leading spaces only
+    if (bytes[0] != ' ') {
+      stripped_ = d_.strip_leading();
+      break;
+    }
+    bytes.erase(0, 1);
+    ++stripped_;
+  }
+  pending_ += bytes;
   size_t complete = 0;
   sanitize_utf8(pending_, &complete);
   std::string out = sanitize_utf8(pending_.substr(0, complete));

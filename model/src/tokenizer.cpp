@@ -44,9 +44,11 @@ result<regex_ptr> compile(const std::string& pattern, const std::string& path) {
 }
 
 struct pre_step {
-  enum class kind { split, byte_level } type = kind::split;
+  enum class kind { split, byte_level, metaspace } type = kind::split;
   regex_ptr re;               ///< split pattern, or GPT-2's for byte_level with use_regex
   bool add_prefix_space = false;
+  bool first_only = false;    ///< metaspace prepend_scheme "first": only the text's first section
+  std::string replacement;    ///< metaspace: the space symbol
 };
 
 struct added_token {
@@ -55,7 +57,11 @@ struct added_token {
   bool lstrip = false, rstrip = false, single_word = false;
 };
 
-enum class normalization { nfc, nfkc };
+/// One normalizer step: NFC, NFKC, Prepend(text), Replace(String pattern -> content).
+struct normalization {
+  enum class kind { nfc, nfkc, prepend, replace } type;
+  std::string a, b;  ///< prepend: a; replace: a -> b
+};
 
 /// Pieces of text, with a flag: already mapped to byte-level characters.
 struct piece {
@@ -109,7 +115,7 @@ struct tokenizer::impl {
   status load_pre_tokenizer(const json& p);
   status load_post_processor(const json& p, const json& root);
   std::string normalize(std::string s) const;
-  void encode_segment(const std::string& s, std::vector<int32_t>& out) const;
+  void encode_segment(const std::string& s, bool first_section, std::vector<int32_t>& out) const;
 };
 
 status tokenizer::impl::load_normalizer(const json& n) {
@@ -120,9 +126,13 @@ status tokenizer::impl::load_normalizer(const json& n) {
     return ok_status();
   }
   if (type == "NFC") {
-    normalizers.push_back(normalization::nfc);
+    normalizers.push_back({normalization::kind::nfc, "", ""});
   } else if (type == "NFKC") {
-    normalizers.push_back(normalization::nfkc);
+    normalizers.push_back({normalization::kind::nfkc, "", ""});
+  } else if (type == "Prepend" && n.contains("prepend") && n["prepend"].is_string()) {
+    normalizers.push_back({normalization::kind::prepend, n["prepend"].get<std::string>(), ""});
+  } else if (type == "Replace" && n.contains("pattern") && n["pattern"].contains("String") && n.contains("content")) {
+    normalizers.push_back({normalization::kind::replace, n["pattern"]["String"].get<std::string>(), n["content"].get<std::string>()});
   } else {
     return unsupported(path, "normalizer '" + type + "'");
   }
@@ -159,6 +169,14 @@ status tokenizer::impl::load_pre_tokenizer(const json& p) {
       if (!re) return re.take_error();
       step.re = re.value();
     }
+  } else if (type == "Metaspace") {
+    // As transformers.js (the reference): spaces become the replacement, prefixed per
+    // prepend_scheme; no split (SentencePiece pieces never hold the symbol mid-piece).
+    step.type = pre_step::kind::metaspace;
+    step.replacement = p.value("replacement", std::string("\xE2\x96\x81"));
+    std::string scheme = p.value("prepend_scheme", std::string("always"));
+    step.add_prefix_space = p.value("add_prefix_space", true) && scheme != "never";
+    step.first_only = scheme == "first";
   } else {
     return unsupported(path, "pre-tokenizer '" + type + "'");
   }
@@ -191,22 +209,68 @@ status tokenizer::impl::load_post_processor(const json& p, const json& root) {
   return ok_status();
 }
 
+static std::string replace_all(const std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return s;
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    if (s.compare(i, from.size(), from) == 0) {
+      out += to;
+      i += from.size();
+    } else {
+      out.push_back(s[i++]);
+    }
+  }
+  return out;
+}
+
 std::string tokenizer::impl::normalize(std::string s) const {
-  for (normalization n : normalizers) {
-    utf8proc_uint8_t* out = n == normalization::nfc ? utf8proc_NFC(reinterpret_cast<const utf8proc_uint8_t*>(s.c_str()))
-                                                    : utf8proc_NFKC(reinterpret_cast<const utf8proc_uint8_t*>(s.c_str()));
-    if (out == nullptr) continue;  // cannot happen on sanitised UTF-8 without NULs
-    s = reinterpret_cast<char*>(out);
-    std::free(out);
+  for (const auto& n : normalizers) {
+    switch (n.type) {
+      case normalization::kind::prepend:
+        if (!s.empty()) s = n.a + s;  // HF's Prepend leaves an empty text empty
+        break;
+      case normalization::kind::replace:
+        s = replace_all(s, n.a, n.b);
+        break;
+      default: {
+        // utf8proc stops at a NUL byte: normalise the NUL-free runs and keep the NULs.
+        std::string out;
+        size_t at = 0;
+        while (at <= s.size()) {
+          size_t nul = std::min(s.find('\0', at), s.size());
+          std::string run = s.substr(at, nul - at);
+          auto* p = reinterpret_cast<const utf8proc_uint8_t*>(run.c_str());
+          utf8proc_uint8_t* r = n.type == normalization::kind::nfc ? utf8proc_NFC(p) : utf8proc_NFKC(p);
+          if (r != nullptr) {
+            out += reinterpret_cast<char*>(r);
+            std::free(r);
+          } else {
+            out += run;
+          }
+          if (nul < s.size()) out.push_back('\0');
+          at = nul + 1;
+        }
+        s = std::move(out);
+      }
+    }
   }
   return s;
 }
 
-void tokenizer::impl::encode_segment(const std::string& text, std::vector<int32_t>& out) const {
+void tokenizer::impl::encode_segment(const std::string& text, bool first_section, std::vector<int32_t>& out) const {
   std::vector<piece> pieces{{normalize(text), false}}, next;
   for (const auto& step : pre) {
     next.clear();
     for (auto& pc : pieces) {
+      if (step.type == pre_step::kind::metaspace) {
+        pc.text = replace_all(pc.text, " ", step.replacement);
+        if (step.add_prefix_space && (!step.first_only || first_section) &&
+            pc.text.compare(0, step.replacement.size(), step.replacement) != 0) {
+          pc.text = step.replacement + pc.text;
+        }
+        next.push_back(std::move(pc));
+        continue;
+      }
       if (step.type == pre_step::kind::byte_level && step.add_prefix_space && !pc.mapped &&
           (pc.text.empty() || pc.text[0] != ' ')) {
         pc.text.insert(pc.text.begin(), ' ');
@@ -228,8 +292,7 @@ void tokenizer::impl::encode_segment(const std::string& text, std::vector<int32_
     pieces.swap(next);
   }
   for (const auto& pc : pieces) {
-    if (pc.text.empty()) continue;
-    bpe.encode_word(pc.mapped ? pc.text : bpe_model::to_byte_level(pc.text), out);
+    if (!pc.text.empty()) bpe.encode_word(pc.text, out);
   }
 }
 
@@ -304,11 +367,11 @@ std::vector<int32_t> tokenizer::encode(std::string_view raw, bool add_special) c
     if (hit->rstrip) {
       while (end < text.size() && is_space_byte(text[end])) ++end;
     }
-    if (begin > seg) m.encode_segment(text.substr(seg, begin - seg), out);
+    if (begin > seg) m.encode_segment(text.substr(seg, begin - seg), seg == 0, out);
     out.push_back(hit->id);
     seg = i = end;
   }
-  if (seg < text.size()) m.encode_segment(text.substr(seg), out);
+  if (seg < text.size()) m.encode_segment(text.substr(seg), seg == 0, out);
   if (add_special) out.insert(out.end(), m.suffix_ids.begin(), m.suffix_ids.end());
   return out;
 }

@@ -35,7 +35,7 @@ TEST(Generate, UndecodableTokenizerFallsBackToIds) {
   temp_dir tmp;
   const std::string model = tmp.path() + "/m";
   ASSERT_EQ(run_command(llmesh_bin + " model random --out " + model + " --vocab 300").exit_code, 0);
-  std::ofstream(model + "/tokenizer.json") << R"({"model":{"type":"BPE","vocab":{}},"decoder":{"type":"Metaspace"}})";
+  std::ofstream(model + "/tokenizer.json") << R"({"model":{"type":"BPE","vocab":{}},"decoder":{"type":"WordPiece"}})";
   auto r = run_command(llmesh_bin + " generate --model " + model + " --prompt-ids 1,2 --max-tokens 3");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("printing ids"), std::string::npos) << r.err;

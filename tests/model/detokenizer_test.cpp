@@ -94,11 +94,11 @@ TEST(DetokenizerLoad, ErrorsNameTheProblem) {
   auto missing = detokenizer::load(dir.path());
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.err().code, errc::not_found);
-  testing::write_text(dir / "tokenizer.json", R"({"model":{"type":"BPE","vocab":{"a":0}},"decoder":{"type":"Metaspace"}})");
+  testing::write_text(dir / "tokenizer.json", R"({"model":{"type":"BPE","vocab":{"a":0}},"decoder":{"type":"WordPiece"}})");
   auto meta = detokenizer::load(dir.path());
   ASSERT_FALSE(meta.ok());
   EXPECT_EQ(meta.err().code, errc::unsupported);
-  EXPECT_NE(meta.err().message.find("Metaspace"), std::string::npos);
+  EXPECT_NE(meta.err().message.find("WordPiece"), std::string::npos);
   testing::write_text(dir / "tokenizer.json", "{not json");
   EXPECT_FALSE(detokenizer::load(dir.path()).ok());
   testing::write_text(dir / "tokenizer.json", R"({"model":{"vocab":{"a":-4}},"decoder":{"type":"ByteLevel"}})");

@@ -45,6 +45,11 @@ TEST_P(ReferenceTokenizer, MatchesTheReferenceOnTheCorpus) {
     EXPECT_EQ(tok->encode(text, true), c["with_special"].get<std::vector<int32_t>>());
     auto ids = c["ids"].get<std::vector<int32_t>>();
     EXPECT_EQ(tok->decoder().decode(ids, false), c["decoded"].get<std::string>());
+    stream_decoder stream(tok->decoder(), false);  // token by token: same text, never split chars
+    std::string streamed;
+    for (int32_t id : ids) streamed += stream.push(id);
+    streamed += stream.flush();
+    EXPECT_EQ(streamed, c["decoded"].get<std::string>());
     ++cases;
   }
   EXPECT_GE(cases, 25);
@@ -52,7 +57,9 @@ TEST_P(ReferenceTokenizer, MatchesTheReferenceOnTheCorpus) {
 
 // llama3: ByteLevel post-processor (no BOS); llama3_1: TemplateProcessing adds BOS; qwen3: NFC
 // normalizer, single-digit split, merges stored as pairs.
-INSTANTIATE_TEST_SUITE_P(Tokenizers, ReferenceTokenizer, ::testing::Values("llama3", "llama3_1", "qwen3"));
+// llama2: SentencePiece-style BPE (Prepend/Replace normalizers, byte fallback, BOS template,
+// Replace/ByteFallback/Fuse/Strip decoder).
+INSTANTIATE_TEST_SUITE_P(Tokenizers, ReferenceTokenizer, ::testing::Values("llama2", "llama3", "llama3_1", "qwen3"));
 
 TEST(Tokenizer, InvalidUtf8AndEmptyInputHaveDefinedResults) {
   auto tok = llama3();
@@ -82,16 +89,16 @@ TEST(Tokenizer, LargeInputIsLinearNotQuadratic) {
 TEST(TokenizerLoad, RefusesWhatItCannotReproduce) {
   testing::temp_dir dir;
   testing::write_text(dir / "tokenizer.json",
-                      R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[],"byte_fallback":true},"decoder":{"type":"ByteLevel"}})");
+                      R"({"model":{"type":"Unigram","vocab":[["a",0.0]]},"decoder":{"type":"ByteLevel"}})");
   auto r = tokenizer::load(dir.path());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.err().code, errc::unsupported);
-  EXPECT_NE(r.err().message.find("byte_fallback"), std::string::npos);
+  EXPECT_NE(r.err().message.find("Unigram"), std::string::npos);
   testing::write_text(dir / "tokenizer.json",
-                      R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"Metaspace"},"decoder":{"type":"ByteLevel"}})");
+                      R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"Whitespace"},"decoder":{"type":"ByteLevel"}})");
   r = tokenizer::load(dir.path());
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.err().message.find("Metaspace"), std::string::npos);
+  EXPECT_NE(r.err().message.find("Whitespace"), std::string::npos);
   testing::write_text(dir / "tokenizer.json",
                       R"({"model":{"type":"BPE","vocab":{"a":0},"merges":["a b"]},"decoder":{"type":"ByteLevel"}})");
   r = tokenizer::load(dir.path());

