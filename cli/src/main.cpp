@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   llmesh::cli::add_model(app, commands);
   llmesh::cli::add_bench(app, commands);
   llmesh::cli::add_tokenize(app, commands);
+  llmesh::cli::add_chat_template(app, commands);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -83,3 +83,22 @@ TEST(Generate, PromptTextIsTokenizedLikePromptIds) {
 
 }  // namespace
 }  // namespace llmesh::testing
+
+namespace llmesh::testing {
+namespace {
+
+TEST(ChatTemplateCli, RendersTheModelsTemplate) {
+  temp_dir tmp;
+  std::ofstream(tmp.path() + "/m.json") << R"([{"role": "user", "content": "Hi"}])";
+  auto r = run_command(llmesh_bin + " chat-template --model " + std::string(LLMESH_TEST_DATA) +
+                       "/tokenizers/llama3_1 --messages " + tmp.path() + "/m.json --add-generation-prompt");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  r = run_command(llmesh_bin + " chat-template --model " + tmp.path() + " --messages " + tmp.path() + "/m.json");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("tokenizer_config.json"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace llmesh::testing

@@ -1,0 +1,43 @@
+// Chat templates: the `chat_template` of tokenizer_config.json rendered with a Jinja subset
+// large enough for the real templates of Llama 2/3/3.1, Qwen2/3, Mistral and Zephyr-style
+// models: for (with loop.*, else, filters), if/elif/else, set (incl. namespace attributes),
+// Python-like string methods, filters (trim, tojson, length, ...), tests (defined, none,
+// string, ...), slicing, raise_exception. HF's environment settings apply (trim_blocks,
+// lstrip_blocks). A construct outside the subset is an `unsupported` error naming it — never
+// a wrongly rendered prompt.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "llmesh/common/error.hpp"
+
+namespace llmesh::model {
+
+namespace jinja {
+struct node;
+}
+
+/// Immutable after parse; render() is thread-safe.
+class chat_template {
+ public:
+  /// Parses a template source.
+  [[nodiscard]] static result<chat_template> parse(const std::string& source);
+
+  /// Reads DIR/tokenizer_config.json: its chat_template (a string, or a list of
+  /// {name, template} of which "default" is used) and its bos/eos tokens.
+  [[nodiscard]] static result<chat_template> load(const std::string& model_dir);
+
+  /// Renders `messages` (a JSON array of {role, content, ...}); `extra` adds context variables
+  /// (tools, ...). bos_token, eos_token and add_generation_prompt are set as HF does.
+  [[nodiscard]] result<std::string> render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                           const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+
+  std::string bos_token, eos_token;
+
+ private:
+  std::shared_ptr<const std::vector<std::unique_ptr<jinja::node>>> nodes_;
+};
+
+}  // namespace llmesh::model

@@ -1,0 +1,72 @@
+#include "llmesh/model/chat_template.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include "jinja/eval.hpp"
+#include "jinja/parser.hpp"
+
+namespace llmesh::model {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+std::string token_text(const json& cfg, const char* key) {
+  if (!cfg.contains(key)) return "";
+  const json& t = cfg[key];
+  if (t.is_string()) return t.get<std::string>();
+  if (t.is_object() && t.contains("content") && t["content"].is_string()) return t["content"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+result<chat_template> chat_template::parse(const std::string& source) {
+  auto nodes = jinja::parse(source);
+  if (!nodes) return nodes.take_error();
+  chat_template t;
+  t.nodes_ = std::make_shared<const jinja::node_list>(std::move(nodes.value()));
+  return t;
+}
+
+result<chat_template> chat_template::load(const std::string& dir) {
+  const std::string path = dir + "/tokenizer_config.json";
+  std::ifstream in(path);
+  if (!in) return make_error(errc::not_found, "cannot read " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json cfg = json::parse(ss.str(), nullptr, false);
+  if (cfg.is_discarded() || !cfg.is_object()) return make_error(errc::invalid_request, path + ": not a JSON object");
+  std::string source;
+  if (cfg.contains("chat_template") && cfg["chat_template"].is_string()) {
+    source = cfg["chat_template"].get<std::string>();
+  } else if (cfg.contains("chat_template") && cfg["chat_template"].is_array()) {
+    for (const auto& t : cfg["chat_template"]) {
+      if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string()) {
+        source = t["template"].get<std::string>();
+      }
+    }
+  }
+  if (source.empty()) return make_error(errc::not_found, path + ": no chat_template");
+  auto t = parse(source);
+  if (!t) {
+    error e = t.take_error();
+    e.message = path + ": " + e.message;
+    return e;
+  }
+  t->bos_token = token_text(cfg, "bos_token");
+  t->eos_token = token_text(cfg, "eos_token");
+  return t;
+}
+
+result<std::string> chat_template::render(const json& messages, bool add_generation_prompt, const json& extra) const {
+  if (!messages.is_array()) return make_error(errc::invalid_request, "chat template: messages must be an array");
+  json ctx = extra.is_object() ? extra : json::object();
+  ctx["messages"] = messages;
+  ctx["add_generation_prompt"] = add_generation_prompt;
+  if (!ctx.contains("bos_token")) ctx["bos_token"] = bos_token;
+  if (!ctx.contains("eos_token")) ctx["eos_token"] = eos_token;
+  return jinja::render(*nodes_, ctx);
+}
+
+}  // namespace llmesh::model

@@ -1,0 +1,95 @@
+// Chat templates against the reference Jinja implementation (@huggingface/jinja; fixtures from
+// tools/reference/tokenizer/make_chat_fixtures.mjs): real templates (Llama 2, Llama 3/3.1,
+// Qwen3, Mistral, Zephyr, ChatML) on several conversations render identically, and the ones
+// that raise_exception raise the same message.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "llmesh/model/chat_template.hpp"
+#include "temp_dir.hpp"
+
+namespace llmesh::model {
+namespace {
+
+using json = nlohmann::ordered_json;
+const std::string data_dir = std::string(LLMESH_TEST_DATA);
+
+TEST(ChatTemplate, MatchesTheReferenceOnRealTemplates) {
+  std::ifstream in(data_dir + "/chat_templates/cases.jsonl");
+  std::string line;
+  int cases = 0;
+  while (std::getline(in, line)) {
+    json c = json::parse(line);
+    SCOPED_TRACE(c["template"].get<std::string>() + " / " + c["conversation"].get<std::string>() +
+                 (c["add_generation_prompt"].get<bool>() ? " / +gen" : ""));
+    auto t = chat_template::parse(c["source"].get<std::string>());
+    ASSERT_TRUE(t.ok()) << t.err().message;
+    t->bos_token = "<s>";
+    t->eos_token = "</s>";
+    auto r = t->render(c["messages"], c["add_generation_prompt"].get<bool>());
+    if (c["error"].is_string()) {
+      ASSERT_FALSE(r.ok()) << "rendered instead of raising: " << r.value();
+      EXPECT_NE(r.err().message.find(c["error"].get<std::string>()), std::string::npos) << r.err().message;
+    } else {
+      ASSERT_TRUE(r.ok()) << r.err().message;
+      EXPECT_EQ(r.value(), c["rendered"].get<std::string>());
+    }
+    ++cases;
+  }
+  EXPECT_GE(cases, 90);
+}
+
+TEST(ChatTemplate, UnsupportedConstructsAreNamed) {
+  for (const char* src : {"{% macro m() %}x{% endmacro %}", "{% include 'x' %}", "{{ x | wordwrap }}",
+                          "{{ foo() }}", "{% for x in y recursive %}{% endfor %}"}) {
+    auto t = chat_template::parse(src);
+    if (t.ok()) {
+      auto r = t->render(json::array(), false, json{{"y", json::array({1})}, {"x", "a"}});
+      ASSERT_FALSE(r.ok()) << src;
+      EXPECT_EQ(r.err().code, errc::unsupported) << src << ": " << r.err().message;
+    } else {
+      EXPECT_EQ(t.err().code, errc::unsupported) << src << ": " << t.err().message;
+    }
+  }
+  for (const char* bad : {"{% if x %}", "{{ 'unterminated }}", "{% for %}", "{{ }}", "{% endfor %}"}) {
+    auto t = chat_template::parse(bad);
+    EXPECT_FALSE(t.ok()) << bad;
+  }
+}
+
+TEST(ChatTemplate, ExpressionsBehaveLikePython) {
+  auto render = [](const std::string& src, json ctx = json::object()) {
+    auto t = chat_template::parse(src);
+    EXPECT_TRUE(t.ok()) << src;
+    auto r = t->render(json::array(), false, ctx);
+    return r.ok() ? r.value() : "ERROR: " + r.err().message;
+  };
+  EXPECT_EQ(render("{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ 1 / 2 }} {{ 2 ** 10 }}"), "3 -4 1 0.5 1024");
+  EXPECT_EQ(render("{{ none }} {{ true }} {{ [1, 'a'] }} {{ {'k': 1} }}"), "None True [1, 'a'] {'k': 1}");
+  EXPECT_EQ(render("{{ 'abc'[::-1] }} {{ [1,2,3][1:] }} {{ 'a,b'.split(',') | join('|') }}"), "cba [2, 3] a|b");
+  EXPECT_EQ(render("{{ x is defined }} {{ y is none }} {{ 'a' in 'cat' }} {{ 3 not in [1] }}", {{"y", nullptr}}),
+            "False True True True");
+  EXPECT_EQ(render("{% set ns = namespace(n=0) %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}"), "6");
+  EXPECT_EQ(render("{% for i in [] %}x{% else %}empty{% endfor %}"), "empty");
+  EXPECT_EQ(render("{{ {'b': [1, 'x']} | tojson }}"), "{\"b\": [1, \"x\"]}");
+  EXPECT_EQ(render("{{ 'yes' if 0 else 'no' }} {{ '  pad ' | trim | upper }}"), "no PAD");
+}
+
+TEST(ChatTemplate, LoadsFromTokenizerConfig) {
+  auto t = chat_template::load(data_dir + "/tokenizers/llama3_1");
+  ASSERT_TRUE(t.ok()) << t.err().message;
+  EXPECT_EQ(t->bos_token, "<|begin_of_text|>");
+  auto r = t->render(json::array({{{"role", "user"}, {"content", "Hi"}}}), true);
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_EQ(r.value(),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  testing::temp_dir dir;
+  testing::write_text(dir / "tokenizer_config.json", "{}");
+  auto missing = chat_template::load(dir.path());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.err().message.find("no chat_template"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace llmesh::model
