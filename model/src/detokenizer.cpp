@@ -61,9 +61,10 @@ std::string byte_level_bytes(const std::string& token) {
 
 error bad(const std::string& path, const std::string& msg) { return make_error(errc::invalid_request, path + ": " + msg); }
 
-/// SentencePiece-style token text: "▁" is a space, "<0xNN>" is the byte NN.
-std::string metaspace_bytes(const std::string& token) {
-  if (token.size() == 6 && token.compare(0, 3, "<0x") == 0 && token[5] == '>' && std::isxdigit(static_cast<unsigned char>(token[3])) &&
+/// SentencePiece-style token text: "▁" is a space, and with a ByteFallback decoder "<0xNN>"
+/// is the byte NN (without one it stays literal text, as the reference decodes it).
+std::string metaspace_bytes(const std::string& token, bool byte_fallback) {
+  if (byte_fallback && token.size() == 6 && token.compare(0, 3, "<0x") == 0 && token[5] == '>' && std::isxdigit(static_cast<unsigned char>(token[3])) &&
       std::isxdigit(static_cast<unsigned char>(token[4]))) {
     return std::string(1, static_cast<char>(std::stoi(token.substr(3, 2), nullptr, 16)));
   }
@@ -83,26 +84,29 @@ std::string metaspace_bytes(const std::string& token) {
 struct decoder_kind {
   bool byte_level = true;
   size_t strip_leading = 0;  ///< leading spaces removed from the start of a decode
+  bool byte_fallback = false;  ///< <0xNN> tokens decode to their byte
 };
 
 /// The decoders we reproduce exactly: ByteLevel; SentencePiece's Metaspace; and the Sequence
 /// [Replace("▁" -> " "), ByteFallback, Fuse, Strip(" ", n, 0)] of Llama 2 / Mistral files.
 result<decoder_kind> classify_decoder(const json& d) {
   std::string type = d.is_object() && d.contains("type") && d["type"].is_string() ? d["type"].get<std::string>() : "none";
-  if (type == "ByteLevel") return decoder_kind{true, 0};
+  if (type == "ByteLevel") return decoder_kind{true, 0, false};
   if (type == "Metaspace") {
     bool prefix = d.value("add_prefix_space", true) && d.value("prepend_scheme", std::string("always")) != "never";
-    return decoder_kind{false, prefix ? size_t{1} : size_t{0}};
+    return decoder_kind{false, prefix ? size_t{1} : size_t{0}, false};
   }
   if (type == "Sequence" && d.contains("decoders") && d["decoders"].is_array()) {
-    decoder_kind k{false, 0};
+    decoder_kind k{false, 0, false};
     bool replace = false;
     for (const auto& step : d["decoders"]) {
       std::string t = step.value("type", "");
       if (t == "Replace" && step.contains("pattern") && step["pattern"].contains("String") &&
           step["pattern"]["String"] == "\u2581" && step.value("content", "") == " ") {
         replace = true;
-      } else if (t == "ByteFallback" || t == "Fuse") {
+      } else if (t == "ByteFallback") {
+        k.byte_fallback = true;
+      } else if (t == "Fuse") {
       } else if (t == "Strip" && step.value("content", "") == " " && step.value("stop", 0) == 0) {
         k.strip_leading = step.value("start", 0);
       } else {
@@ -180,7 +184,7 @@ result<detokenizer> detokenizer::load(const std::string& dir) {
   }
   detokenizer d;
   d.strip_leading_ = decoder_kind->strip_leading;
-  const bool byte_level = decoder_kind->byte_level;
+  const bool byte_level = decoder_kind->byte_level, byte_fallback = decoder_kind->byte_fallback;
   auto place = [&d](int64_t id) -> bool {
     if (id < 0 || id > (1 << 24)) return false;
     if (static_cast<size_t>(id) >= d.bytes_.size()) {
@@ -191,7 +195,7 @@ result<detokenizer> detokenizer::load(const std::string& dir) {
   };
   for (const auto& [token, id] : j["model"]["vocab"].items()) {
     if (!id.is_number_integer() || !place(id.get<int64_t>())) return bad(path, "bad id for vocab entry '" + token + "'");
-    d.bytes_[id.get<size_t>()] = byte_level ? byte_level_bytes(token) : metaspace_bytes(token);
+    d.bytes_[id.get<size_t>()] = byte_level ? byte_level_bytes(token) : metaspace_bytes(token, byte_fallback);
   }
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     for (const auto& t : j["added_tokens"]) {

@@ -58,8 +58,10 @@ TEST_P(ReferenceTokenizer, MatchesTheReferenceOnTheCorpus) {
 // llama3: ByteLevel post-processor (no BOS); llama3_1: TemplateProcessing adds BOS; qwen3: NFC
 // normalizer, single-digit split, merges stored as pairs.
 // llama2: SentencePiece-style BPE (Prepend/Replace normalizers, byte fallback, BOS template,
-// Replace/ByteFallback/Fuse/Strip decoder).
-INSTANTIATE_TEST_SUITE_P(Tokenizers, ReferenceTokenizer, ::testing::Values("llama2", "llama3", "llama3_1", "qwen3"));
+// Replace/ByteFallback/Fuse/Strip decoder); llama2_metaspace: the same vocabulary with the
+// Metaspace pre-tokenizer and decoder (prepend_scheme "first");
+INSTANTIATE_TEST_SUITE_P(Tokenizers, ReferenceTokenizer,
+                         ::testing::Values("llama2", "llama2_metaspace", "llama3", "llama3_1", "qwen3"));
 
 TEST(Tokenizer, InvalidUtf8AndEmptyInputHaveDefinedResults) {
   auto tok = llama3();

@@ -4,6 +4,7 @@
 //   npm ci && node make_fixtures.mjs ../../../tests/data/tokenizers
 // CI reads the committed fixtures, never Node.
 import { readFileSync, writeFileSync, mkdirSync, copyFileSync } from "node:fs";
+import { TokenizerLoader } from "@lenml/tokenizers";
 import { createRequire } from "node:module";
 import path from "node:path";
 
@@ -14,14 +15,31 @@ const corpus = JSON.parse(readFileSync(new URL("./corpus.json", import.meta.url)
 // A long text too: the corpus repeated with numbers, to exercise the word cache and merges.
 corpus.push(Array.from({ length: 50 }, (_, i) => `${i} ${corpus[i % corpus.length]}`).join(" "));
 
-for (const name of ["llama2", "llama3", "llama3_1", "qwen3"]) {
-  const pkg = `@lenml/tokenizer-${name}`;
-  const { fromPreTrained } = await import(pkg);
+// Each entry: output folder -> [package, edit of tokenizer.json or null]. "llama2_metaspace" is
+// Llama 2's vocabulary with the Metaspace pre-tokenizer/decoder pair of Mistral / TinyLlama era
+// files instead of the Prepend/Replace normalizers.
+const variants = {
+  llama2: ["llama2", null],
+  llama2_metaspace: ["llama2", (t) => {
+    t.normalizer = null;
+    t.pre_tokenizer = { type: "Metaspace", replacement: "\u2581", add_prefix_space: true, prepend_scheme: "first" };
+    t.decoder = { type: "Metaspace", replacement: "\u2581", add_prefix_space: true, prepend_scheme: "first" };
+    return t;
+  }],
+  llama3: ["llama3", null],
+  llama3_1: ["llama3_1", null],
+  qwen3: ["qwen3", null],
+};
+for (const [name, [pkgName, edit]] of Object.entries(variants)) {
+  const pkg = `@lenml/tokenizer-${pkgName}`;
   const dir = path.join(out, name);
   mkdirSync(dir, { recursive: true });
-  copyFileSync(require.resolve(`${pkg}/models/tokenizer.json`), path.join(dir, "tokenizer.json"));
+  const tokenizerJSON = JSON.parse(readFileSync(require.resolve(`${pkg}/models/tokenizer.json`), "utf8"));
+  const tokenizerConfig = JSON.parse(readFileSync(require.resolve(`${pkg}/models/tokenizer_config.json`), "utf8"));
+  const edited = edit ? edit(tokenizerJSON) : tokenizerJSON;
+  writeFileSync(path.join(dir, "tokenizer.json"), JSON.stringify(edited));
   copyFileSync(require.resolve(`${pkg}/models/tokenizer_config.json`), path.join(dir, "tokenizer_config.json"));
-  const tok = fromPreTrained();
+  const tok = TokenizerLoader.fromPreTrained({ tokenizerJSON: edited, tokenizerConfig });
   const lines = corpus.map((text) => {
     const ids = tok.encode(text, { add_special_tokens: false });
     const with_special = tok.encode(text, { add_special_tokens: true });
