@@ -102,6 +102,26 @@ std::string strip_chars(const std::string& s, const std::string& chars, bool lef
   return s.substr(b, e - b);
 }
 
+std::string replace_all(const std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return s;
+  std::string r;
+  for (size_t i = 0; i < s.size();) {
+    if (s.compare(i, from.size(), from) == 0) {
+      r += to;
+      i += from.size();
+    } else {
+      r.push_back(s[i++]);
+    }
+  }
+  return r;
+}
+
+/// ASCII upper/lower case (Python's str.upper/lower on the ASCII letters the templates use).
+std::string change_case(std::string s, bool upper) {
+  for (char& c : s) c = static_cast<char>(upper ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
 std::vector<std::string> split(const std::string& s, const std::string* sep) {
   std::vector<std::string> out;
   if (sep == nullptr) {  // Python's split(): runs of whitespace, no empty parts
@@ -426,29 +446,13 @@ class evaluator {
       if (m == "rstrip") return value{json(strip_chars(s, arg0, false, true))};
       if (m == "startswith") return value{json(s.rfind(arg0, 0) == 0)};
       if (m == "endswith") return value{json(s.size() >= arg0.size() && s.compare(s.size() - arg0.size(), arg0.size(), arg0) == 0)};
-      if (m == "upper" || m == "lower") {
-        std::string r = s;
-        for (char& c : r) c = static_cast<char>(m == "upper" ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
-        return value{json(r)};
-      }
+      if (m == "upper" || m == "lower") return value{json(change_case(s, m == "upper"))};
       if (m == "split") {
         json out = json::array();
         for (auto& part : split(s, a.empty() ? nullptr : &arg0)) out.push_back(part);
         return value{out};
       }
-      if (m == "replace" && a.size() >= 2) {
-        std::string from = arg0, to = to_str(a[1]), r;
-        if (from.empty()) return value{json(s)};
-        for (size_t i = 0; i < s.size();) {
-          if (s.compare(i, from.size(), from) == 0) {
-            r += to;
-            i += from.size();
-          } else {
-            r.push_back(s[i++]);
-          }
-        }
-        return value{json(r)};
-      }
+      if (m == "replace" && a.size() >= 2) return value{json(replace_all(s, arg0, to_str(a[1])))};
     }
     if (o.is_object()) {
       if (m == "items") {
@@ -479,11 +483,7 @@ class evaluator {
     const json& j = v.j;
     const std::string& f = e.text;
     if (f == "trim") return value{json(strip_chars(to_str(v), "", true, true))};
-    if (f == "upper" || f == "lower") {
-      std::string r = to_str(v);
-      for (char& c : r) c = static_cast<char>(f == "upper" ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
-      return value{json(r)};
-    }
+    if (f == "upper" || f == "lower") return value{json(change_case(to_str(v), f == "upper"))};
     if (f == "capitalize") {
       std::string r = to_str(v);
       for (size_t i = 0; i < r.size(); ++i) r[i] = static_cast<char>(i == 0 ? std::toupper(static_cast<unsigned char>(r[i])) : std::tolower(static_cast<unsigned char>(r[i])));
@@ -538,19 +538,7 @@ class evaluator {
       std::string s = to_str(v);
       return value{json(std::string(s.rbegin(), s.rend()))};
     }
-    if (f == "replace" && args->size() >= 2) {
-      std::string s = to_str(v), from = to_str((*args)[0]), to = to_str((*args)[1]), r;
-      if (from.empty()) return value{json(s)};
-      for (size_t i = 0; i < s.size();) {
-        if (s.compare(i, from.size(), from) == 0) {
-          r += to;
-          i += from.size();
-        } else {
-          r.push_back(s[i++]);
-        }
-      }
-      return value{json(r)};
-    }
+    if (f == "replace" && args->size() >= 2) return value{json(replace_all(to_str(v), to_str((*args)[0]), to_str((*args)[1])))};
     if (f == "tojson") {
       int indent = -1;
       for (const auto& [k, x] : e.kwargs) {
