@@ -93,3 +93,22 @@ TEST(ChatTemplate, LoadsFromTokenizerConfig) {
 
 }  // namespace
 }  // namespace llmesh::model
+
+namespace llmesh::model {
+namespace {
+
+TEST(ChatTemplate, WhitespaceControlFollowsHfSettings) {
+  auto render = [](const std::string& src) {
+    auto t = chat_template::parse(src);
+    EXPECT_TRUE(t.ok()) << src;
+    auto r = t->render(nlohmann::ordered_json::array(), false, {{"x", true}});
+    return r.ok() ? r.value() : "ERROR";
+  };
+  EXPECT_EQ(render("a\n  {% if x %}\nb\n  {% endif %}\nc"), "a\nb\nc");  // lstrip_blocks + trim_blocks
+  EXPECT_EQ(render("a {% if x %}  {% endif %}b"), "a   b");             // mid-line: nothing stripped
+  EXPECT_EQ(render("a  {%- if x -%}  b  {%- endif %}"), "ab");
+  EXPECT_EQ(render("{{ 'a' }}\n{{ 'b' }}"), "a\nb");                      // trim_blocks: blocks only
+}
+
+}  // namespace
+}  // namespace llmesh::model

@@ -20,6 +20,7 @@ result<std::vector<segment>> scan(const std::string& s) {
   std::vector<segment> out;
   std::string text;
   bool strip_next = false, trim_newline = false;
+  bool text_at_line_start = true;  // the current text began at the start of a source line
   size_t i = 0;
   auto flush_text = [&](bool rstrip, bool lstrip_block) {
     if (rstrip) {
@@ -27,7 +28,7 @@ result<std::vector<segment>> scan(const std::string& s) {
     } else if (lstrip_block) {  // lstrip_blocks: drop spaces/tabs between a line start and the tag
       size_t k = text.size();
       while (k > 0 && (text[k - 1] == ' ' || text[k - 1] == '\t')) --k;
-      if (k == 0 ? out.empty() || true : text[k - 1] == '\n') text.resize(k);
+      if (k == 0 ? text_at_line_start : text[k - 1] == '\n') text.resize(k);
     }
     if (!text.empty()) out.push_back({segment::kind::text, text});
     text.clear();
@@ -70,6 +71,7 @@ result<std::vector<segment>> scan(const std::string& s) {
       trim_newline = open != '{';  // trim_blocks: one newline after a block or comment tag
       i = j + 2;
       if (trim_newline && !strip_next && i < s.size() && s[i] == '\n') ++i;
+      text_at_line_start = i > 0 && s[i - 1] == '\n';
       continue;
     }
     if (strip_next && std::isspace(static_cast<unsigned char>(s[i])) && text.empty()) {
