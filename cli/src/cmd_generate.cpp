@@ -24,19 +24,23 @@ struct generate_flags {
 };
 
 /// The prompt's ids: --prompt-ids as given, or --prompt through the model's tokenizer (with
-/// its special tokens, e.g. BOS, as HF's encode adds them by default).
-result<std::vector<int32_t>> prompt_ids(const generate_flags& f, bool has_prompt) {
+/// its special tokens, e.g. BOS, as HF's encode adds them by default; the tokenizer is kept
+/// in `tok` for decoding).
+result<std::vector<int32_t>> prompt_ids(const generate_flags& f, bool has_prompt,
+                                        std::shared_ptr<const model::tokenizer>& tok) {
   if (has_prompt == !f.prompt_ids.empty()) return make_error(errc::invalid_request, "give exactly one of --prompt, --prompt-ids");
   if (!has_prompt) return parse_id_list(f.prompt_ids);
-  auto tok = model::tokenizer::load(f.model_dir);
-  if (!tok) return tok.take_error();
-  auto ids = (*tok)->encode(f.prompt, true);
+  auto loaded = model::tokenizer::load(f.model_dir);
+  if (!loaded) return loaded.take_error();
+  tok = loaded.value();
+  auto ids = tok->encode(f.prompt, true);
   if (ids.empty()) return make_error(errc::invalid_request, "the prompt is empty");
   return ids;
 }
 
 status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
-  auto ids = prompt_ids(f, has_prompt);
+  std::shared_ptr<const model::tokenizer> tok;
+  auto ids = prompt_ids(f, has_prompt, tok);
   if (!ids) return ids.take_error();
   auto m = model::model::load(f.model_dir);
   if (!m) return m.take_error();
@@ -58,7 +62,7 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
   // Text output streams token by token (complete UTF-8 characters only); models whose
   // tokenizer cannot be decoded yet print their ids instead, with a note on stderr.
   std::optional<model::detokenizer> detok;
-  if (!f.print_ids) {
+  if (!f.print_ids && !tok) {
     auto d = model::detokenizer::load(f.model_dir);
     if (d) {
       detok = std::move(d.value());
@@ -67,6 +71,7 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
     }
   }
   std::optional<model::stream_decoder> stream;
+  if (!f.print_ids && tok) stream.emplace(tok->decoder());
   if (detok) stream.emplace(*detok);
   auto on_token = [&](int32_t id) {
     if (!stream) return;

@@ -60,8 +60,10 @@ TEST(KjvTiny, TextPromptTokenizesLikeTheTrainingTokenizer) {
   auto r = run_command(llmesh_bin + " tokenize --model " + model_dir + " --text 'In the beginning God created'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, cases().at(0).prompt_ids + "\n");
-  auto chat = run_command("printf '[{\"role\":\"user\",\"content\":\"Hi\"}]' > /tmp/llmesh_kjv_m.json && " + llmesh_bin +
-                          " chat-template --model " + model_dir + " --messages /tmp/llmesh_kjv_m.json --add-generation-prompt");
+  temp_dir tmp;
+  std::ofstream(tmp.path() + "/m.json") << R"([{"role": "user", "content": "Hi"}])";
+  auto chat = run_command(llmesh_bin + " chat-template --model " + model_dir + " --messages " + tmp.path() +
+                          "/m.json --add-generation-prompt");
   EXPECT_EQ(chat.out, "user: Hi\nassistant:");
 }
 
