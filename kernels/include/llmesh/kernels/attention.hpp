@@ -46,7 +46,7 @@ struct attention_seq {
                               std::span<const int32_t> block_table, size_t pos0, size_t n_tokens,
                               const float* k, const float* v);
 
-/// For every query row: softmax(q·K / scale-adjusted) · V over its visible positions, keys in
+/// For every query row: softmax(scale · q·K) · V over its visible positions, keys in
 /// increasing position order (fixed order: results never depend on batch neighbours or on how
 /// the prompt was chunked). Work is split over (row, head) pairs across the pool.
 [[nodiscard]] status attention(const kv_layer_view& cache, const attention_shape& shape,
