@@ -97,6 +97,7 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
     for (size_t i = 0; i < out->tokens.size(); ++i) line << (i ? " " : "") << out->tokens[i];
     std::printf("%s\n", line.str().c_str());
   }
+  std::fflush(stdout);  // the text, then the timing line
   std::fprintf(stderr, "prompt %zu tokens in %.3f s (%.1f tok/s), generated %zu in %.3f s (%.1f tok/s), finish=%s, seed=%llu\n",
                req.prompt.size(), out->prefill_seconds, req.prompt.size() / std::max(out->prefill_seconds, 1e-9),
                out->tokens.size(), out->decode_seconds,
