@@ -135,12 +135,12 @@ void add_generate(CLI::App& app, command_set& commands) {
   auto* prompt = sub->add_option("--prompt", f->prompt, "Prompt text (tokenized with the model's tokenizer.json)");
   sub->add_option("--prompt-ids", f->prompt_ids, "Prompt token ids, comma separated");
   sub->add_option("--max-tokens", f->max_tokens, "Tokens to generate")->capture_default_str();
-  sub->add_option("--temperature", f->temperature, "Sampling temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
+  sub->add_option("--temperature", f->temperature, "Sampling temperature; 0 = greedy")->check(CLI::Range(0.0f, 100.0f));
   sub->add_option("--top-p", f->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f));
-  sub->add_option("--top-k", f->top_k, "Keep the k most likely tokens; 0 = off")->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-k", f->top_k, "Keep the k most likely tokens; 0 = off")->check(CLI::Range(0, 1 << 30));
   auto* seed = sub->add_option("--seed", f->seed, "Sampling seed (random when absent)");
   sub->add_option("--tp", f->tp, "Tensor-parallel ranks")->check(CLI::Range(1, 64))->capture_default_str();
-  sub->add_option("--threads", f->threads, "Kernel threads in all; 0 = one per core")->check(CLI::NonNegativeNumber);
+  sub->add_option("--threads", f->threads, "Kernel threads in all; 0 = one per core")->check(CLI::Range(0, 1024));
   sub->add_option("--prefill-chunk", f->prefill_chunk, "Prefill the prompt in chunks of N tokens; 0 = whole");
   sub->add_flag("--print-ids", f->print_ids, "Print the generated token ids on one line");
   sub->add_option("--dump-logits", f->dump_logits, "Write the first generated position's logits (raw float32 LE)");

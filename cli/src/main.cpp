@@ -15,10 +15,23 @@ int main(int argc, char** argv) {
   llmesh::cli::add_bench(app, commands);
   llmesh::cli::add_tokenize(app, commands);
   llmesh::cli::add_chat_template(app, commands);
+  if (argc > 1 && argv[1][0] != '-') {  // name an unknown command rather than "subcommand required"
+    bool known = false;
+    for (const auto* sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];
+    if (!known) {
+      std::fprintf(stderr, "llmesh: error: unknown command '%s' (see --help)\n", argv[1]);
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {  // bad flags: one line naming the problem (DESIGN.md §4)
+    std::fprintf(stderr, "llmesh: error: %s (see --help)\n", e.what());
+    return 2;
   }
   try {
     for (auto& [sub, run] : commands) {

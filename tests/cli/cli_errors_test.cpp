@@ -80,10 +80,16 @@ TEST_F(CliErrors, TensorParallelThatCannotSplit) {
 
 TEST_F(CliErrors, BadFlagsAreRefused) {
   auto r = run_command(llmesh_bin + " generate --model " + model_ + " --prompt-ids 1 --temperature -1");
-  EXPECT_NE(r.exit_code, 0);
+  expect_one_line_error(r, "--temperature");
   r = run_command(llmesh_bin + " generate --prompt-ids 1");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("--model"), std::string::npos) << r.err;
+  expect_one_line_error(r, "--model");
+  r = run_command(llmesh_bin + " generate --model " + model_ + " --prompt-ids 1 --no-such-flag");
+  expect_one_line_error(r, "--no-such-flag");
+  r = run_command(llmesh_bin + " frobnicate");
+  expect_one_line_error(r, "frobnicate");
+  r = run_command(llmesh_bin + " generate --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--prompt-ids"), std::string::npos);
   r = run_command(llmesh_bin + " model random --out " + tmp_.path() + "/x --dtype f64");
   expect_one_line_error(r, "--dtype");
   r = run_command(llmesh_bin + " model random --out " + tmp_.path() + "/x --vocab 10");
