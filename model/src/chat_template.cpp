@@ -1,9 +1,8 @@
 #include "llmesh/model/chat_template.hpp"
 
-#include <fstream>
-#include <sstream>
 
 #include "jinja/eval.hpp"
+#include "read_file.hpp"
 #include "jinja/parser.hpp"
 
 namespace llmesh::model {
@@ -31,11 +30,9 @@ result<chat_template> chat_template::parse(const std::string& source) {
 
 result<chat_template> chat_template::load(const std::string& dir) {
   const std::string path = dir + "/tokenizer_config.json";
-  std::ifstream in(path);
-  if (!in) return make_error(errc::not_found, "cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json cfg = json::parse(ss.str(), nullptr, false);
+  auto text = read_text_file(path);
+  if (!text) return text.take_error();
+  json cfg = json::parse(*text, nullptr, false);
   if (cfg.is_discarded() || !cfg.is_object()) return make_error(errc::invalid_request, path + ": not a JSON object");
   std::string source;
   if (cfg.contains("chat_template") && cfg["chat_template"].is_string()) {

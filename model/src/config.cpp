@@ -1,11 +1,10 @@
 // config.json -> model_config. Unknown keys are ignored (HF configs carry many); known keys
 // with wrong types or impossible values are errors, and so is anything we would silently
 // compute wrong (a non-silu activation, an unsupported rope_scaling type, MLP biases).
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "llmesh/model/config.hpp"
+#include "read_file.hpp"
 
 namespace llmesh::model {
 namespace {
@@ -183,11 +182,9 @@ result<model_config> parse_config(const std::string& text) {
 
 result<model_config> load_config(const std::string& model_dir) {
   std::string path = model_dir + "/config.json";
-  std::ifstream in(path);
-  if (!in) return make_error(errc::not_found, "cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto c = parse_config(ss.str());
+  auto text = read_text_file(path);
+  if (!text) return text.take_error();
+  auto c = parse_config(*text);
   if (!c) {
     error e = c.take_error();
     e.message = model_dir + "/" + e.message;

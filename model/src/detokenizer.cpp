@@ -3,12 +3,11 @@
 // their content. Invalid UTF-8 becomes U+FFFD per maximal invalid subpart (Rust's
 // from_utf8_lossy, which HF tokenizers use).
 #include "llmesh/model/detokenizer.hpp"
+#include "read_file.hpp"
 
 #include <array>
 #include <cctype>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 namespace llmesh::model {
 namespace {
@@ -170,12 +169,14 @@ std::string sanitize_utf8(const std::string& s, size_t* complete_prefix) {
 
 result<detokenizer> detokenizer::load(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
-  std::ifstream in(path);
-  if (!in) return make_error(errc::not_found, "cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
+  auto text = read_text_file(path);
+  if (!text) return text.take_error();
+  json j = json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return bad(path, "not a JSON object");
+  return from_json(j, path);
+}
+
+result<detokenizer> detokenizer::from_json(const nlohmann::json& j, const std::string& path) {
   const json decoder = j.contains("decoder") ? j["decoder"] : json();
   auto decoder_kind = classify_decoder(decoder);
   if (!decoder_kind) return make_error(errc::unsupported, path + ": " + decoder_kind.err().message);

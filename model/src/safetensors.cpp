@@ -4,6 +4,8 @@
 // file before a pointer is formed, so a truncated or lying file is an error, never a fault.
 #include "llmesh/model/safetensors.hpp"
 
+#include "read_file.hpp"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -11,10 +13,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
 namespace llmesh::model {
 namespace {
@@ -128,8 +128,8 @@ status tensor_store::add_file(const std::string& path) {
 result<tensor_store> tensor_store::open(const std::string& dir) {
   tensor_store store;
   std::string index_path = dir + "/model.safetensors.index.json";
-  std::ifstream index_in(index_path);
-  if (!index_in) {
+  auto index_text = read_text_file(index_path);
+  if (!index_text) {
     std::string single = dir + "/model.safetensors";
     if (access(single.c_str(), F_OK) != 0) {
       return make_error(errc::not_found, dir + ": no model.safetensors or model.safetensors.index.json");
@@ -137,9 +137,7 @@ result<tensor_store> tensor_store::open(const std::string& dir) {
     LLMESH_TRY(store.add_file(single));
     return store;
   }
-  std::stringstream ss;
-  ss << index_in.rdbuf();
-  json index = json::parse(ss.str(), nullptr, false);
+  json index = json::parse(*index_text, nullptr, false);
   if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
     return file_error(index_path, "missing or malformed 'weight_map'");
   }

@@ -7,11 +7,10 @@
 #include <utf8proc.h>
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "bpe.hpp"
+#include "read_file.hpp"
 #include "llmesh/model/tokenizer.hpp"
 
 namespace llmesh::model {
@@ -300,11 +299,9 @@ tokenizer::~tokenizer() = default;
 
 result<std::shared_ptr<const tokenizer>> tokenizer::load(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
-  std::ifstream in(path);
-  if (!in) return make_error(errc::not_found, "cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
+  auto text = read_text_file(path);
+  if (!text) return text.take_error();
+  json j = json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return bad(path, "not a JSON object");
   std::shared_ptr<tokenizer> t(new tokenizer());
   t->impl_ = std::make_unique<impl>();
@@ -332,7 +329,7 @@ result<std::shared_ptr<const tokenizer>> tokenizer::load(const std::string& dir)
   } catch (const std::exception& e) {  // nlohmann's typed accessors on a malformed file
     return bad(path, std::string("malformed: ") + e.what());
   }
-  auto d = detokenizer::load(dir);
+  auto d = detokenizer::from_json(j, path);  // one read and parse of the file for both halves
   if (!d) return d.take_error();
   t->decoder_ = std::make_unique<detokenizer>(std::move(d.value()));
   return std::shared_ptr<const tokenizer>(std::move(t));

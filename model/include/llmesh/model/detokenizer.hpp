@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "llmesh/common/error.hpp"
 
 namespace llmesh::model {
@@ -22,6 +24,9 @@ class detokenizer {
   /// Reads DIR/tokenizer.json. Errors name the file and the problem; decoders other than those
   /// above are `unsupported`.
   [[nodiscard]] static result<detokenizer> load(const std::string& model_dir);
+
+  /// The same from an already parsed tokenizer.json (`path` names it in errors).
+  [[nodiscard]] static result<detokenizer> from_json(const nlohmann::json& tokenizer_json, const std::string& path);
 
   /// Bytes of one token (its UTF-8 text for added tokens); empty for ids outside the vocabulary.
   const std::string& token_bytes(int32_t id) const;
