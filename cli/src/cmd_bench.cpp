@@ -1,9 +1,12 @@
 // `llmesh bench engine` (prompt-processing and decode speed against the machine's limits) and
 // `llmesh bench tokenizer` (encode/decode throughput).
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "llmesh/bench/engine_bench.hpp"
+#include "llmesh/bench/gpu_bench.hpp"
 #include "llmesh/bench/tokenizer_bench.hpp"
 
 namespace llmesh::cli {
@@ -12,14 +15,35 @@ void add_bench(CLI::App& app, command_set& commands) {
   auto* bench_cmd = app.add_subcommand("bench", "Benchmarks");
   bench_cmd->require_subcommand(1);
   auto o = std::make_shared<bench::engine_bench_options>();
-  auto* sub = bench_cmd->add_subcommand("engine", "Engine pp/tg tokens/s vs memory bandwidth and OpenBLAS");
-  sub->add_option("--model", o->model_dir, "HF model directory")->required();
+  auto g = std::make_shared<bench::gpu_bench_options>();
+  auto device = std::make_shared<std::string>("cpu");
+  auto batches = std::make_shared<std::vector<size_t>>(std::vector<size_t>{1, 8, 64});
+  auto* sub = bench_cmd->add_subcommand("engine", "Engine pp/tg tokens/s vs memory bandwidth and OpenBLAS (or, on "
+                                                   "CUDA, vs copy bandwidth and cuBLAS)");
+  sub->add_option("--model", o->model_dir, "HF model directory");
+  sub->add_option("--device", *device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  sub->add_option("--shape", g->shape, "cuda: random BF16 weights made on the GPU instead of --model: 1b or 8b")
+      ->check(CLI::IsMember({"1b", "8b"}));
+  sub->add_option("--batches", *batches, "cuda: decode batch sizes")->delimiter(',')->capture_default_str();
+  sub->add_option("--ctx", g->context, "cuda: prompt tokens of each decode sequence")->capture_default_str();
   sub->add_option("--tp", o->tp, "Tensor-parallel ranks")->capture_default_str();
   sub->add_option("--threads", o->threads, "Kernel threads in all; 0 = one per core")->capture_default_str();
   sub->add_option("--pp", o->prompt_tokens, "Prompt tokens (prefill test)")->capture_default_str();
   sub->add_option("--tg", o->gen_tokens, "Generated tokens (decode test)")->capture_default_str();
   sub->add_option("--reps", o->reps, "Repetitions; the best is reported")->capture_default_str();
-  commands.emplace_back(sub, [o] { return bench::run_engine_bench(*o); });
+  commands.emplace_back(sub, [o, g, device, batches]() -> status {
+    if (*device == "cuda") {
+      if (o->model_dir.empty() == g->shape.empty()) return make_error(errc::invalid_request, "give exactly one of --model, --shape");
+      g->model_dir = o->model_dir;
+      g->batches = *batches;
+      g->prompt_tokens = o->prompt_tokens;
+      g->gen_tokens = o->gen_tokens;
+      g->reps = o->reps;
+      return bench::run_gpu_bench(*g);
+    }
+    if (o->model_dir.empty()) return make_error(errc::invalid_request, "--model is required");
+    return bench::run_engine_bench(*o);
+  });
 
   auto t = std::make_shared<bench::tokenizer_bench_options>();
   auto* tsub = bench_cmd->add_subcommand("tokenizer", "Tokenizer encode/decode throughput");

@@ -20,7 +20,8 @@ struct generate_flags {
   float temperature = 0.0f, top_p = 1.0f;
   int top_k = 0, tp = 1, threads = 0;
   uint64_t seed = 0;
-  bool print_ids = false;
+  bool print_ids = false, deterministic = false;
+  std::string device = "auto";
 };
 
 /// The prompt's ids: --prompt-ids as given, or --prompt through the model's tokenizer (with
@@ -47,6 +48,10 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
   model::engine_options opt;
   opt.tp = f.tp;
   opt.threads = f.threads;
+  auto device = model::parse_backend(f.device);
+  if (!device) return device.take_error();
+  opt.device = *device;
+  opt.deterministic = f.deterministic;
   auto eng = model::engine::create(m.value(), opt);
   if (!eng) return eng.take_error();
 
@@ -98,11 +103,13 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
     std::printf("%s\n", line.str().c_str());
   }
   std::fflush(stdout);  // the text, then the timing line
-  std::fprintf(stderr, "prompt %zu tokens in %.3f s (%.1f tok/s), generated %zu in %.3f s (%.1f tok/s), finish=%s, seed=%llu\n",
+  std::fprintf(stderr, "prompt %zu tokens in %.3f s (%.1f tok/s), generated %zu in %.3f s (%.1f tok/s), finish=%s, seed=%llu, device=%s%s%s\n",
                req.prompt.size(), out->prefill_seconds, req.prompt.size() / std::max(out->prefill_seconds, 1e-9),
                out->tokens.size(), out->decode_seconds,
                out->tokens.size() > 1 ? (out->tokens.size() - 1) / std::max(out->decode_seconds, 1e-9) : 0.0,
-               out->finish_reason.c_str(), static_cast<unsigned long long>(req.sampling.seed));
+               out->finish_reason.c_str(), static_cast<unsigned long long>(req.sampling.seed), (**eng).backend_name(),
+               (**eng).device_note().empty() ? "" : " (",
+               (**eng).device_note().empty() ? "" : ((**eng).device_note() + ")").c_str());
   return ok_status();
 }
 
@@ -141,6 +148,8 @@ void add_generate(CLI::App& app, command_set& commands) {
   auto* seed = sub->add_option("--seed", f->seed, "Sampling seed (random when absent)");
   sub->add_option("--tp", f->tp, "Tensor-parallel ranks")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_option("--threads", f->threads, "Kernel threads in all; 0 = one per core")->check(CLI::Range(0, 1024));
+  sub->add_option("--device", f->device, "cpu, cuda, or auto (CUDA when a GPU is present)")->capture_default_str();
+  sub->add_flag("--deterministic", f->deterministic, "CUDA: batch-invariant kernels at every batch size");
   sub->add_option("--prefill-chunk", f->prefill_chunk, "Prefill the prompt in chunks of N tokens; 0 = whole");
   sub->add_flag("--print-ids", f->print_ids, "Print the generated token ids on one line");
   sub->add_option("--dump-logits", f->dump_logits, "Write the first generated position's logits (raw float32 LE)");

@@ -4,14 +4,66 @@
 #include "llmesh/model/engine.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <thread>
+
+#include "llmesh/kernels/device.hpp"
+#include "llmesh/model/cuda_executor.hpp"
 
 namespace llmesh::model {
 
 engine::engine(std::shared_ptr<const model> m, engine_options opt) : model_(std::move(m)), opt_(opt) {}
 
 engine::~engine() = default;
+
+result<backend> parse_backend(const std::string& name) {
+  if (name == "cpu") return backend::cpu;
+  if (name == "cuda") return backend::cuda;
+  if (name == "auto") return backend::automatic;
+  return make_error(errc::invalid_request, "unknown device '" + name + "' (expected cpu, cuda or auto)");
+}
+
+status engine::create_cuda_shards(const std::vector<shard_layout>& layouts) {
+  const int tp = opt_.tp;
+  if (tp > kernels::cuda_device_count()) {
+    return make_error(errc::invalid_request, "--tp " + std::to_string(tp) + " on CUDA needs " + std::to_string(tp) +
+                                                 " GPUs (one rank per device; NCCL refuses two ranks on one GPU), found " +
+                                                 std::to_string(kernels::cuda_device_count()));
+  }
+  cuda_options co;
+  co.deterministic = opt_.deterministic;
+  co.graphs = opt_.cuda_graphs;
+  if (tp == 1) {
+    auto e = make_cuda_executor(model_, layouts[0], kv_, co, nullptr);
+    if (!e) return e.take_error();
+    shards_.push_back(std::move(*e));
+    return ok_status();
+  }
+  // Rank 0 makes the group id; in one process it reaches the other ranks directly (between
+  // processes it travels in a control message). Ranks join concurrently, one thread each.
+  auto id = kernels::nccl_make_id();
+  if (!id) return id.take_error();
+  device_comms_.resize(tp);
+  shards_.resize(tp);
+  std::vector<status> st(tp);
+  std::vector<std::thread> joiners;
+  for (int r = 0; r < tp; ++r) {
+    joiners.emplace_back([&, r] {
+      auto c = kernels::nccl_connect(*id, r, tp, r, std::chrono::seconds(60));
+      if (!c) { st[r] = c.take_error(); return; }
+      device_comms_[r] = std::move(*c);
+      cuda_options rco = co;
+      rco.device = r;
+      auto e = make_cuda_executor(model_, layouts[r], kv_, rco, device_comms_[r].get());
+      if (!e) { st[r] = e.take_error(); return; }
+      shards_[r] = std::move(*e);
+    });
+  }
+  for (auto& j : joiners) j.join();
+  for (auto& s : st) LLMESH_TRY(s);
+  return ok_status();
+}
 
 result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, engine_options opt) {
   if (opt.tp < 1) return make_error(errc::invalid_request, "--tp must be at least 1");
@@ -28,6 +80,22 @@ result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, e
   std::unique_ptr<engine> e(new engine(m, opt));
   e->kv_.block_size = opt.block_size;
   e->kv_.n_blocks = (opt.kv_tokens + opt.block_size - 1) / opt.block_size;
+  if (opt.device == backend::automatic) {
+    if (cuda_available()) {
+      opt.device = backend::cuda;
+    } else {
+      opt.device = backend::cpu;
+      e->device_note_ = kernels::cuda_compiled() ? "no CUDA device found; running on the CPU" : "";
+    }
+    e->opt_.device = opt.device;
+  }
+  if (opt.device == backend::cuda) {
+    e->on_cuda_ = true;
+    LLMESH_TRY(e->create_cuda_shards(layouts));
+    for (size_t b = e->kv_.n_blocks; b-- > 0;) e->free_blocks_.push_back(static_cast<int32_t>(b));
+    if (opt.tp > 1) e->ranks_ = std::make_unique<kernels::thread_pool>(opt.tp);
+    return e;
+  }
   e->comms_ = kernels::make_local_communicators(opt.tp);
   int per_rank = std::max(1, opt.threads / opt.tp);
   for (int r = 0; r < opt.tp; ++r) {
@@ -58,6 +126,20 @@ size_t engine::sequence_length(int seq) const {
 }
 
 status engine::step(std::span<const step_item> items, std::vector<float>& logits) {
+  return run_step(items, [&](int r, std::span<const step_sequence> batch, std::vector<float>& scratch) {
+    return shards_[r]->forward(batch, r == 0 ? logits : scratch);
+  });
+}
+
+status engine::step_greedy(std::span<const step_item> items, std::vector<int32_t>& tokens) {
+  std::vector<std::vector<int32_t>> rank_tokens(opt_.tp);
+  return run_step(items, [&](int r, std::span<const step_sequence> batch, std::vector<float>&) {
+    return shards_[r]->forward_greedy(batch, r == 0 ? tokens : rank_tokens[r]);
+  });
+}
+
+template <class Fn>
+status engine::run_step(std::span<const step_item> items, Fn fn) {
   if (failed_) return make_error(errc::shard_failed, "engine: a shard failed earlier; the group must be rebuilt");
   const auto& c = model_->config();
   // Validate everything and count blocks before touching any state.
@@ -103,14 +185,17 @@ status engine::step(std::span<const step_item> items, std::vector<float>& logits
   }
 
   status result_status;
+  std::vector<std::vector<float>> rank_scratch(opt_.tp);
   if (opt_.tp == 1) {
-    result_status = shards_[0]->forward(batch, logits);
+    result_status = fn(0, std::span<const step_sequence>(batch), rank_scratch[0]);
   } else {
     std::vector<status> statuses(opt_.tp);
-    std::vector<std::vector<float>> rank_logits(opt_.tp);
     ranks_->run([&](int r, int) {
-      statuses[r] = shards_[r]->forward(batch, r == 0 ? logits : rank_logits[r]);
-      if (!statuses[r]) comms_[r]->abort();
+      statuses[r] = fn(r, std::span<const step_sequence>(batch), rank_scratch[r]);
+      if (!statuses[r]) {
+        if (on_cuda_) device_comms_[r]->abort();
+        else comms_[r]->abort();
+      }
     });
     // Merge rule: success only if all ranks succeeded; report the root cause, not the
     // "aborted" errors it caused on the peers.

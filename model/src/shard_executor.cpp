@@ -10,6 +10,7 @@
 #include "llmesh/kernels/elementwise.hpp"
 #include "llmesh/kernels/matmul.hpp"
 #include "llmesh/kernels/rope.hpp"
+#include "llmesh/kernels/sampling.hpp"
 
 namespace llmesh::model {
 namespace {
@@ -104,6 +105,16 @@ status shard_executor::forward(std::span<const step_sequence> batch, std::vector
     LLMESH_TRY(mlp_block(layer, n_tokens));
   }
   return lm_head(batch, logits);
+}
+
+status shard_executor::forward_greedy(std::span<const step_sequence> batch, std::vector<int32_t>& tokens) {
+  LLMESH_TRY(forward(batch, greedy_logits_));
+  const size_t vocab = model_->config().vocab;
+  tokens.resize(vocab ? greedy_logits_.size() / vocab : 0);
+  for (size_t r = 0; r < tokens.size(); ++r) {
+    tokens[r] = kernels::argmax(std::span<const float>(greedy_logits_.data() + r * vocab, vocab));
+  }
+  return ok_status();
 }
 
 status shard_executor::attention_block(size_t layer, std::span<const step_sequence> batch, size_t n_tokens) {

@@ -5,21 +5,32 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "llmesh/common/error.hpp"
 #include "llmesh/kernels/communicator.hpp"
+#include "llmesh/kernels/device_communicator.hpp"
 #include "llmesh/kernels/thread_pool.hpp"
 #include "llmesh/model/shard_executor.hpp"
 #include "llmesh/model/weights.hpp"
 
 namespace llmesh::model {
 
+/// Where the shards run. `automatic`: CUDA when a device is present, else the CPU (one log line).
+enum class backend { cpu, cuda, automatic };
+
+/// Parses "cpu", "cuda" or "auto".
+[[nodiscard]] result<backend> parse_backend(const std::string& name);
+
 struct engine_options {
   int tp = 1;                 ///< tensor-parallel ranks (executors) in this process
   int threads = 0;            ///< kernel threads in all; 0 = one per hardware thread
   size_t kv_tokens = 0;       ///< KV cache capacity in positions; 0 = min(max positions, 8192)
   size_t block_size = 16;
+  backend device = backend::cpu;
+  bool deterministic = false;  ///< CUDA: batch-invariant projections at every batch size
+  bool cuda_graphs = true;     ///< CUDA: replay decode steps from captured graphs
 };
 
 /// Part of a step for one sequence: tokens to append, and whether to return the logits of
@@ -52,6 +63,15 @@ class engine {
   /// is changed.
   [[nodiscard]] status step(std::span<const step_item> items, std::vector<float>& logits);
 
+  /// As step(), but returns the greedy token of each wanted row instead of its logits (on a
+  /// GPU, only the ids leave the device).
+  [[nodiscard]] status step_greedy(std::span<const step_item> items, std::vector<int32_t>& tokens);
+
+  /// The backend the shards run on ("cpu" or "cuda").
+  const char* backend_name() const { return on_cuda_ ? "cuda" : "cpu"; }
+  /// Why `auto` chose the CPU on a CUDA build ("" otherwise): for the caller's log line.
+  const std::string& device_note() const { return device_note_; }
+
   const model_config& config() const { return model_->config(); }
   const model& loaded_model() const { return *model_; }
   int tp() const { return opt_.tp; }
@@ -64,6 +84,10 @@ class engine {
     size_t length = 0;
   };
   engine(std::shared_ptr<const model> m, engine_options opt);
+  [[nodiscard]] status create_cuda_shards(const std::vector<shard_layout>& layouts);
+  /// Validates and allocates, then runs `fn(rank, batch)` on every rank (the map) and merges.
+  template <class Fn>
+  [[nodiscard]] status run_step(std::span<const step_item> items, Fn fn);
 
   std::shared_ptr<const model> model_;
   engine_options opt_;
@@ -71,11 +95,14 @@ class engine {
   std::vector<std::unique_ptr<kernels::communicator>> comms_;
   std::vector<std::unique_ptr<kernels::thread_pool>> pools_;  ///< one per rank
   std::unique_ptr<kernels::thread_pool> ranks_;               ///< runs the ranks (tp > 1)
-  std::vector<std::unique_ptr<shard_executor>> shards_;
+  std::vector<std::unique_ptr<kernels::device_communicator>> device_comms_;
+  std::vector<std::unique_ptr<step_executor>> shards_;
   std::vector<int32_t> free_blocks_;
   std::map<int, sequence> seqs_;
   int next_seq_ = 0;
   bool failed_ = false;
+  bool on_cuda_ = false;
+  std::string device_note_;
 };
 
 }  // namespace llmesh::model

@@ -44,19 +44,35 @@ struct step_sequence {
   bool want_logits = true;
 };
 
-/// Thread affinity: one thread drives forward() at a time; it uses `pool` for its kernels.
-/// Ownership: shares the model; owns its KV cache; borrows the communicator and the pool.
-class shard_executor {
+/// One rank's forward step on some device: the CPU (shard_executor below) or a GPU
+/// (cuda_executor.hpp). The engine and the shard actors see only this.
+class step_executor {
  public:
-  shard_executor(std::shared_ptr<const model> m, shard_layout layout, kv_cache_config kv,
-                 kernels::communicator* comm, kernels::thread_pool* pool);
+  virtual ~step_executor() = default;
 
   /// Runs one step. On success every rank's `logits` holds [n_want][vocab] (rows in batch
   /// order of the sequences with want_logits). REQUIRES: token ids < vocab, block tables
   /// cover pos0 + tokens.size() (the engine checks both before calling).
-  [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits);
+  [[nodiscard]] virtual status forward(std::span<const step_sequence> batch, std::vector<float>& logits) = 0;
 
-  const shard_layout& layout() const { return layout_; }
+  /// Runs one step and returns the greedy token (kernels::argmax) of each wanted row; on a
+  /// GPU only the ids cross back to the host.
+  [[nodiscard]] virtual status forward_greedy(std::span<const step_sequence> batch, std::vector<int32_t>& tokens) = 0;
+
+  virtual const shard_layout& layout() const = 0;
+};
+
+/// The CPU executor.
+/// Thread affinity: one thread drives forward() at a time; it uses `pool` for its kernels.
+/// Ownership: shares the model; owns its KV cache; borrows the communicator and the pool.
+class shard_executor final : public step_executor {
+ public:
+  shard_executor(std::shared_ptr<const model> m, shard_layout layout, kv_cache_config kv,
+                 kernels::communicator* comm, kernels::thread_pool* pool);
+
+  [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits) override;
+  [[nodiscard]] status forward_greedy(std::span<const step_sequence> batch, std::vector<int32_t>& tokens) override;
+  const shard_layout& layout() const override { return layout_; }
 
  private:
   status attention_block(size_t layer, std::span<const step_sequence> batch, size_t n_tokens);
@@ -74,6 +90,7 @@ class shard_executor {
   std::vector<std::vector<float>> keys_, values_;  ///< per layer
 
   // Step buffers, [n_tokens][...], grown on demand and reused.
+  std::vector<float> greedy_logits_;
   std::vector<float> h_, xn_, q_, k_, v_, attn_, proj_, gate_, up_, cos_, sin_;
 };
 

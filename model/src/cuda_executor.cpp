@@ -1,0 +1,405 @@
+// The CUDA executor (cuda_executor.hpp). A step: host metadata (token ids, positions, cache
+// slots, query tiles, logit rows, block tables) goes to the device in one copy; then the layer
+// loop of shard_executor.cpp runs as kernels on one stream; then argmax ids (greedy) or logits
+// come back. Pure decode steps pad the batch to a power-of-two bucket (padding rows have slot
+// -1 and touch nothing) and replay a CUDA graph captured once per (bucket, partitions).
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "cuda_weights.hpp"
+#include "llmesh/kernels/cuda_ops.hpp"
+#include "llmesh/kernels/device.hpp"
+#include "llmesh/model/cuda_executor.hpp"
+
+namespace llmesh::model {
+namespace {
+
+namespace cuda = kernels::cuda;
+using kernels::dtype;
+
+size_t pow2_at_least(size_t n) {
+  size_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+/// What one step runs: counts include batch padding.
+struct step_plan {
+  size_t tokens = 0, tiles = 0, rows = 0, real_rows = 0, partitions = 1;
+  bool decode_graph = false;
+};
+
+class cuda_executor final : public step_executor {
+ public:
+  cuda_executor(model_config cfg, device_weights w, shard_layout l, kv_cache_config kv, cuda_options opt,
+                kernels::device_communicator* comm)
+      : cfg_(std::move(cfg)), w_(std::move(w)), layout_(l), kv_(kv), opt_(opt), comm_(comm) {}
+
+  status init() {
+    auto s = cuda::stream::create();
+    if (!s) return s.take_error();
+    stream_ = std::move(*s);
+    auto b = cuda::blas::create();
+    if (!b) return b.take_error();
+    blas_ = std::move(*b);
+    const size_t hd = cfg_.head_dim, slots = kv_.n_blocks * kv_.block_size;
+    const size_t kv_floats = slots * layout_.n_kv_heads * hd;
+    for (size_t i = 0; i < cfg_.n_layers; ++i) {
+      LLMESH_TRY(alloc(k_cache_.emplace_back(), kv_floats * sizeof(float)));
+      LLMESH_TRY(alloc(v_cache_.emplace_back(), kv_floats * sizeof(float)));
+    }
+    // Rotary tables for every position the cache can hold, computed as the CPU computes them.
+    const size_t half = hd / 2, positions = std::min(slots, cfg_.max_positions);
+    std::vector<float> cs(positions * half), sn(positions * half);
+    auto inv_freq = kernels::rope_inv_freq(cfg_.rope);
+    for (size_t p = 0; p < positions; ++p) kernels::rope_angles(inv_freq, p, &cs[p * half], &sn[p * half]);
+    LLMESH_TRY(alloc(cos_, cs.size() * sizeof(float)));
+    LLMESH_TRY(alloc(sin_, sn.size() * sizeof(float)));
+    LLMESH_TRY(cuda::copy_to_device(cos_.get(), cs.data(), cs.size() * sizeof(float), stream_.get()));
+    LLMESH_TRY(cuda::copy_to_device(sin_.get(), sn.data(), sn.size() * sizeof(float), stream_.get()));
+    nv_max_ = layout_.n_vocab;
+    for (int r = 0; r < layout_.tp; ++r) {
+      auto peer = make_shard_layout(cfg_, r, layout_.tp);
+      if (!peer) return peer.take_error();
+      nv_max_ = std::max(nv_max_, peer->n_vocab);
+      peers_.push_back(*peer);
+    }
+    return stream_.synchronize();
+  }
+
+  status forward(std::span<const step_sequence> batch, std::vector<float>& logits) override {
+    step_plan p;
+    LLMESH_TRY(run(batch, p));
+    logits.resize(p.real_rows * cfg_.vocab);
+    LLMESH_TRY(cuda::copy_to_host(logits.data(), logits_full(), logits.size() * sizeof(float), stream_.get()));
+    return finish();
+  }
+
+  status forward_greedy(std::span<const step_sequence> batch, std::vector<int32_t>& tokens) override {
+    step_plan p;
+    LLMESH_TRY(run(batch, p));
+    LLMESH_TRY(cuda::argmax(logits_full(), p.real_rows, cfg_.vocab, ids_.as<int32_t>(), stream_.get()));
+    LLMESH_TRY(cuda::copy_to_host(ids_host_.get(), ids_.get(), p.real_rows * sizeof(int32_t), stream_.get()));
+    LLMESH_TRY(finish());
+    tokens.assign(ids_host_.as<int32_t>(), ids_host_.as<int32_t>() + p.real_rows);
+    return ok_status();
+  }
+
+  const shard_layout& layout() const override { return layout_; }
+
+ private:
+  static status alloc(cuda::buffer& b, size_t bytes) {
+    auto r = cuda::buffer::device(bytes);
+    if (!r) return r.take_error();
+    b = std::move(*r);
+    return ok_status();
+  }
+
+  float* logits_full() const { return layout_.tp > 1 ? gathered_.as<float>() + 0 : logits_.as<float>(); }
+
+  status finish() {
+    if (comm_ && layout_.tp > 1) return comm_->wait(stream_.get());
+    return stream_.synchronize();
+  }
+
+  // Metadata offsets (int32 elements) for a token capacity; block tables come last.
+  size_t off_tokens() const { return 0; }
+  size_t off_pos() const { return cap_; }
+  size_t off_slot() const { return 2 * cap_; }
+  size_t off_bt() const { return 3 * cap_; }
+  size_t off_tile0() const { return 4 * cap_; }
+  size_t off_tile_rows() const { return 5 * cap_; }
+  size_t off_rows() const { return 6 * cap_; }
+  size_t off_tables() const { return 7 * cap_; }
+
+  /// Grows step buffers to hold `tokens` rows, `table_ints` block-table entries and
+  /// `partitions` attention partitions. Growing invalidates captured graphs.
+  status reserve(size_t tokens, size_t table_ints, size_t partitions) {
+    const bool grow_tokens = tokens > cap_, grow_tables = table_ints > cap_tables_;
+    const bool grow_parts = partitions > cap_parts_;
+    if (!grow_tokens && !grow_tables && !grow_parts) return ok_status();
+    LLMESH_TRY(stream_.synchronize());
+    graphs_.clear();
+    if (grow_tokens) cap_ = std::max<size_t>({tokens, cap_ * 2, 64});
+    if (grow_tables) cap_tables_ = std::max(table_ints, cap_tables_ * 2);
+    if (grow_parts) cap_parts_ = pow2_at_least(partitions);
+    const size_t hd = cfg_.head_dim, nq = layout_.n_heads * hd, nkv = layout_.n_kv_heads * hd;
+    const size_t ni = layout_.n_inter, H = cfg_.hidden, f = sizeof(float);
+    if (grow_tokens || grow_tables) {
+      const size_t ints = off_tables() + cap_tables_;
+      LLMESH_TRY(alloc(meta_, ints * sizeof(int32_t)));
+      auto pinned = cuda::buffer::pinned(ints * sizeof(int32_t));
+      if (!pinned) return pinned.take_error();
+      meta_host_ = std::move(*pinned);
+    }
+    if (grow_tokens) {
+      for (auto* b : {&h_, &xn_, &proj_, &xl_}) LLMESH_TRY(alloc(*b, cap_ * H * f));
+      LLMESH_TRY(alloc(q_, cap_ * nq * f));
+      LLMESH_TRY(alloc(attn_, cap_ * nq * f));
+      LLMESH_TRY(alloc(k_, cap_ * nkv * f));
+      LLMESH_TRY(alloc(v_, cap_ * nkv * f));
+      LLMESH_TRY(alloc(gate_, cap_ * std::max<size_t>(ni, 1) * f));
+      LLMESH_TRY(alloc(up_, cap_ * std::max<size_t>(ni, 1) * f));
+      LLMESH_TRY(alloc(scratch16_, cap_ * std::max({H, nq, ni}) * 2));
+      LLMESH_TRY(alloc(logits_, cap_ * std::max<size_t>(nv_max_, 1) * f));
+      if (layout_.tp > 1) {
+        LLMESH_TRY(alloc(gathered_raw_, cap_ * nv_max_ * layout_.tp * f));
+        LLMESH_TRY(alloc(gathered_, cap_ * cfg_.vocab * f));
+      }
+      LLMESH_TRY(alloc(ids_, cap_ * sizeof(int32_t)));
+      auto pinned = cuda::buffer::pinned(cap_ * sizeof(int32_t));
+      if (!pinned) return pinned.take_error();
+      ids_host_ = std::move(*pinned);
+      // Padding rows read these buffers: start from zeros, never from stale NaN patterns.
+      for (auto* b : {&h_, &xn_, &proj_, &xl_, &q_, &attn_, &k_, &v_, &gate_, &up_}) {
+        LLMESH_TRY(cuda::fill_bytes(b->get(), 0, b->size(), stream_.get()));
+      }
+    }
+    if (grow_tokens || grow_parts) {
+      const size_t n = kernels::cuda::attention_partials_floats(cap_, layout_.n_heads, hd, cap_parts_);
+      if (n > 0) LLMESH_TRY(alloc(partials_, n * f));
+    }
+    return ok_status();
+  }
+
+  /// Builds the step's metadata on the host, copies it to the device and runs the step.
+  status run(std::span<const step_sequence> batch, step_plan& p) {
+    LLMESH_TRY(cuda::use_device(opt_.device));  // ranks may be driven from any thread
+    size_t n_tokens = 0, table_ints = 0, max_pos = 0;
+    bool decode = opt_.graphs;
+    for (const auto& s : batch) {
+      n_tokens += s.tokens.size();
+      table_ints += s.block_table.size();
+      max_pos = std::max(max_pos, s.pos0 + s.tokens.size() - 1);
+      decode = decode && s.tokens.size() == 1 && s.want_logits;
+      if (s.want_logits) ++p.real_rows;
+    }
+    if (n_tokens == 0) return make_error(errc::invalid_request, "forward: empty batch");
+    if (max_pos >= std::min(kv_.n_blocks * kv_.block_size, cfg_.max_positions)) {
+      return make_error(errc::invalid_request, "forward: position beyond the KV cache");
+    }
+    p.partitions = max_pos / cuda::attention_partition + 1;
+    p.decode_graph = decode;
+    if (decode) {
+      p.tokens = p.tiles = p.rows = pow2_at_least(n_tokens);
+      p.partitions = pow2_at_least(p.partitions);
+    } else {
+      p.tokens = n_tokens;
+      p.rows = p.real_rows;
+      for (const auto& s : batch) p.tiles += (s.tokens.size() + cuda::attention_tile_rows - 1) / cuda::attention_tile_rows;
+    }
+    LLMESH_TRY(reserve(p.tokens, table_ints, p.partitions));
+
+    int32_t* m = meta_host_.as<int32_t>();
+    std::fill(m, m + off_tables(), 0);
+    size_t t = 0, tile = 0, row = 0, table = 0;
+    for (const auto& s : batch) {
+      std::copy(s.block_table.begin(), s.block_table.end(), m + off_tables() + table);
+      for (size_t i = 0; i < s.tokens.size(); ++i, ++t) {
+        const size_t pos = s.pos0 + i;
+        m[off_tokens() + t] = s.tokens[i];
+        m[off_pos() + t] = static_cast<int32_t>(pos);
+        m[off_slot() + t] = s.block_table[pos / kv_.block_size] * static_cast<int32_t>(kv_.block_size) +
+                            static_cast<int32_t>(pos % kv_.block_size);
+        m[off_bt() + t] = static_cast<int32_t>(table);
+        if (i % cuda::attention_tile_rows == 0) {
+          m[off_tile0() + tile] = static_cast<int32_t>(t);
+          m[off_tile_rows() + tile] =
+              static_cast<int32_t>(std::min(cuda::attention_tile_rows, s.tokens.size() - i));
+          ++tile;
+        }
+      }
+      if (s.want_logits) m[off_rows() + row++] = static_cast<int32_t>(t - 1);
+      table += s.block_table.size();
+    }
+    for (; t < p.tokens; ++t) {  // decode padding: no cache slot, no tile
+      m[off_pos() + t] = -1;
+      m[off_slot() + t] = -1;
+    }
+    LLMESH_TRY(cuda::copy_to_device(meta_.get(), m, (off_tables() + table) * sizeof(int32_t), stream_.get()));
+
+    if (!p.decode_graph) return enqueue(p);
+    const auto key = std::make_pair(p.tokens, p.partitions);
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      LLMESH_TRY(cuda::graph::begin_capture(stream_.get()));
+      status st = enqueue(p);
+      auto g = cuda::graph::end_capture(stream_.get());
+      if (!st) return st;
+      if (!g) return g.take_error();
+      it = graphs_.emplace(key, std::move(*g)).first;
+    }
+    return it->second.launch(stream_.get());
+  }
+
+  status project(std::span<const kernels::cuda::dense_job> jobs, size_t m) {
+    if (opt_.deterministic || m <= 8 || w_.type == dtype::f32) return cuda::dense(jobs, m, stream_.get());
+    for (const auto& j : jobs) LLMESH_TRY(blas_->gemm(j, m, scratch16_.get(), stream_.get()));
+    return ok_status();
+  }
+
+  cuda::dense_job job(const float* x, size_t ldx, const device_matrix& w, const float* bias, float* y, size_t ldy) const {
+    cuda::dense_job j;
+    j.x = x;
+    j.ldx = ldx;
+    j.w = w.data;
+    j.ldw = w.ld;
+    j.w_type = w_.type;
+    j.bias = bias;
+    j.y = y;
+    j.ldy = ldy;
+    j.n = w.rows;
+    j.k = w.cols;
+    return j;
+  }
+
+  status all_reduce(float* data, size_t n) {
+    if (layout_.tp == 1) return ok_status();
+    return comm_->all_reduce_sum(data, n, stream_.get());
+  }
+
+  /// The whole forward pass as stream work (capturable: fixed pointers and sizes only).
+  status enqueue(const step_plan& p) {
+    const size_t T = p.tokens, H = cfg_.hidden, hd = cfg_.head_dim;
+    const size_t nq = layout_.n_heads * hd, nkv = layout_.n_kv_heads * hd, ni = layout_.n_inter;
+    const float eps = cfg_.rms_norm_eps;
+    auto s = stream_.get();
+    const int32_t* meta = meta_.as<int32_t>();
+    float *h = h_.as<float>(), *xn = xn_.as<float>(), *proj = proj_.as<float>();
+    float *q = q_.as<float>(), *k = k_.as<float>(), *v = v_.as<float>(), *attn = attn_.as<float>();
+    float *gate = gate_.as<float>(), *up = up_.as<float>();
+    LLMESH_TRY(cuda::embed(w_.embed.data, w_.type, H, meta + off_tokens(), T, h, s));
+    for (size_t L = 0; L < cfg_.n_layers; ++L) {
+      const auto& lw = w_.layers[L];
+      if (L == 0) LLMESH_TRY(cuda::rmsnorm(h, lw.attn_norm, xn, T, H, eps, s));
+      else LLMESH_TRY(cuda::add_rmsnorm(h, proj, lw.attn_norm, xn, T, H, eps, s));
+      const cuda::dense_job qkv[3] = {job(xn, H, lw.q, lw.q_bias, q, nq), job(xn, H, lw.k, lw.k_bias, k, nkv),
+                                      job(xn, H, lw.v, lw.v_bias, v, nkv)};
+      LLMESH_TRY(project(qkv, T));
+      cuda::rope_kv_args r;
+      r.q = q;
+      r.k = k;
+      r.v = v;
+      r.n_tokens = T;
+      r.n_heads = layout_.n_heads;
+      r.n_kv_heads = layout_.n_kv_heads;
+      r.head_dim = hd;
+      r.pos = meta + off_pos();
+      r.slot = meta + off_slot();
+      r.cos = cos_.as<float>();
+      r.sin = sin_.as<float>();
+      r.k_cache = k_cache_[L].as<float>();
+      r.v_cache = v_cache_[L].as<float>();
+      LLMESH_TRY(cuda::rope_kv(r, s));
+      cuda::attention_args a;
+      a.q = q;
+      a.out = attn;
+      a.k_cache = r.k_cache;
+      a.v_cache = r.v_cache;
+      a.pos = r.pos;
+      a.bt_offset = meta + off_bt();
+      a.block_tables = meta + off_tables();
+      a.tile_token0 = meta + off_tile0();
+      a.tile_rows = meta + off_tile_rows();
+      a.n_tiles = p.tiles;
+      a.n_tokens = T;
+      a.n_heads = layout_.n_heads;
+      a.n_kv_heads = layout_.n_kv_heads;
+      a.head_dim = hd;
+      a.block_size = kv_.block_size;
+      a.sliding_window = cfg_.sliding_window;
+      a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+      a.max_partitions = p.partitions;
+      a.partials = partials_.as<float>();
+      LLMESH_TRY(cuda::attention(a, s));
+      const cuda::dense_job o[1] = {job(attn, nq, lw.o, lw.o_bias, proj, H)};
+      LLMESH_TRY(project(o, T));
+      LLMESH_TRY(all_reduce(proj, T * H));
+      LLMESH_TRY(cuda::add_rmsnorm(h, proj, lw.mlp_norm, xn, T, H, eps, s));
+      if (ni > 0) {
+        const cuda::dense_job gu[2] = {job(xn, H, lw.gate, nullptr, gate, ni), job(xn, H, lw.up, nullptr, up, ni)};
+        LLMESH_TRY(project(gu, T));
+        LLMESH_TRY(cuda::swiglu(gate, up, gate, T * ni, s));
+        const cuda::dense_job down[1] = {job(gate, ni, lw.down, nullptr, proj, H)};
+        LLMESH_TRY(project(down, T));
+      } else {
+        LLMESH_TRY(cuda::fill_bytes(proj, 0, T * H * sizeof(float), s));
+      }
+      LLMESH_TRY(all_reduce(proj, T * H));
+    }
+    LLMESH_TRY(cuda::add_rmsnorm(h, proj, w_.final_norm, xn, T, H, eps, s));
+    const size_t W = p.rows;
+    if (W == 0) return ok_status();
+    LLMESH_TRY(cuda::gather_rows(xn, H, meta + off_rows(), W, H, xl_.as<float>(), s));
+    float* local = logits_.as<float>();
+    const size_t ld_local = layout_.tp > 1 ? nv_max_ : cfg_.vocab;
+    if (layout_.n_vocab > 0) {
+      const cuda::dense_job head[1] = {job(xl_.as<float>(), H, w_.lm_head, nullptr, local, ld_local)};
+      LLMESH_TRY(project(head, W));
+    }
+    if (layout_.tp == 1) return ok_status();
+    // Vocabulary-parallel head: gather [rank][W][nv_max], then place each rank's columns.
+    float* raw = gathered_raw_.as<float>();
+    LLMESH_TRY(comm_->all_gather(local, W * nv_max_, raw, s));
+    for (int rk = 0; rk < layout_.tp; ++rk) {
+      const auto& peer = peers_[rk];
+      for (size_t row = 0; row < W; ++row) {
+        LLMESH_TRY(cuda::copy_on_device(gathered_.as<float>() + row * cfg_.vocab + peer.vocab0,
+                                        raw + (rk * W + row) * nv_max_, peer.n_vocab * sizeof(float), s));
+      }
+    }
+    return ok_status();
+  }
+
+  model_config cfg_;
+  device_weights w_;
+  shard_layout layout_;
+  kv_cache_config kv_;
+  cuda_options opt_;
+  kernels::device_communicator* comm_;
+  std::vector<shard_layout> peers_;
+  size_t nv_max_ = 0;
+  cuda::stream stream_;
+  std::unique_ptr<cuda::blas> blas_;
+  std::vector<cuda::buffer> k_cache_, v_cache_;
+  cuda::buffer cos_, sin_;
+  size_t cap_ = 0, cap_tables_ = 0, cap_parts_ = 1;
+  cuda::buffer meta_, meta_host_, ids_, ids_host_;
+  cuda::buffer h_, xn_, proj_, xl_, q_, attn_, k_, v_, gate_, up_, scratch16_, logits_, gathered_raw_, gathered_,
+      partials_;
+  std::map<std::pair<size_t, size_t>, cuda::graph> graphs_;
+};
+
+result<std::unique_ptr<step_executor>> finish_create(std::unique_ptr<cuda_executor> e) {
+  LLMESH_TRY(e->init());
+  return std::unique_ptr<step_executor>(std::move(e));
+}
+
+}  // namespace
+
+bool cuda_available() { return kernels::cuda_device_count() > 0; }
+
+result<std::unique_ptr<step_executor>> make_cuda_executor(std::shared_ptr<const model> m, shard_layout layout,
+                                                          kv_cache_config kv, cuda_options opt,
+                                                          kernels::device_communicator* comm) {
+  if (!cuda_available()) return make_error(errc::invalid_request, "no CUDA device");
+  if (layout.tp > 1 && comm == nullptr) return make_error(errc::internal, "cuda executor: tp > 1 needs a communicator");
+  LLMESH_TRY(cuda::use_device(opt.device));
+  auto w = upload_weights(*m, layout);
+  if (!w) return w.take_error();
+  return finish_create(std::make_unique<cuda_executor>(m->config(), std::move(*w), layout, kv, opt, comm));
+}
+
+result<std::unique_ptr<step_executor>> make_cuda_executor_random(const model_config& cfg, kernels::dtype type,
+                                                                 uint64_t seed, kv_cache_config kv, cuda_options opt) {
+  if (!cuda_available()) return make_error(errc::invalid_request, "no CUDA device");
+  LLMESH_TRY(cuda::use_device(opt.device));
+  auto layout = make_shard_layout(cfg, 0, 1);
+  if (!layout) return layout.take_error();
+  auto w = random_weights(cfg, type, seed);
+  if (!w) return w.take_error();
+  return finish_create(std::make_unique<cuda_executor>(cfg, std::move(*w), *layout, kv, opt, nullptr));
+}
+
+}  // namespace llmesh::model

@@ -1,0 +1,231 @@
+// The CUDA engine end to end against the CPU engine (itself checked against the PyTorch golden
+// files): on the golden shapes, greedy tokens identical and logits within 1e-4 relative
+// (deterministic mode); and the GPU's own contracts, bit for bit: a sequence's logits do not
+// change with its batch neighbours, with prefill chunking, or with CUDA graph replay.
+// Skipped without a device (label gpu).
+#include <cstring>
+
+#include "../model/temp_dir.hpp"
+#include "gpu_test_util.hpp"
+#include "llmesh/kernels/sampling.hpp"
+#include "llmesh/model/cuda_executor.hpp"
+#include "llmesh/model/engine.hpp"
+#include "llmesh/model/random_model.hpp"
+
+namespace llmesh::gpu_testing {
+namespace {
+
+using model::random_model_spec;
+
+struct named_spec {
+  const char* name;
+  random_model_spec spec;
+};
+
+/// The shapes of tests/data/golden/cases.txt (dtype, GQA/MHA/MQA, biases, llama3 rope with
+/// head_dim ≠ hidden/heads, sliding window, odd vocabulary), plus one wide enough for 16-byte loads.
+std::vector<named_spec> golden_shapes() {
+  std::vector<named_spec> v;
+  auto add = [&](const char* name, auto edit) {
+    random_model_spec s;
+    edit(s);
+    v.push_back({name, s});
+  };
+  add("llama_gqa_f32", [](auto& s) { s.hidden = 64; s.intermediate = 160; s.n_heads = 4; s.n_kv_heads = 2; s.seed = 11; });
+  add("llama_mha_tied_f16_h200", [](auto& s) {
+    s.hidden = 200; s.intermediate = 344; s.n_heads = 5; s.n_kv_heads = 5; s.dtype = kernels::dtype::f16;
+    s.tie_embeddings = true; s.seed = 12; });
+  add("qwen2_bias_bf16", [](auto& s) {
+    s.arch = "qwen2"; s.hidden = 96; s.intermediate = 256; s.n_layers = 3; s.n_heads = 6; s.n_kv_heads = 2;
+    s.vocab = 600; s.dtype = kernels::dtype::bf16; s.tie_embeddings = true; s.rope_theta = 1e6; s.seed = 13; });
+  add("llama3_rope_mqa_f32", [](auto& s) {
+    s.hidden = 128; s.intermediate = 200; s.n_heads = 4; s.n_kv_heads = 1; s.head_dim = 48; s.vocab = 700;
+    s.llama3_scaling = true; s.rope_theta = 500000; s.attention_bias = true; s.seed = 44; });
+  add("mistral_window_bf16", [](auto& s) {
+    s.arch = "mistral"; s.hidden = 64; s.intermediate = 128; s.n_heads = 8; s.n_kv_heads = 4;
+    s.dtype = kernels::dtype::bf16; s.sliding_window = 8; s.seed = 15; });
+  add("llama_wide_bf16", [](auto& s) {
+    s.hidden = 512; s.intermediate = 1376; s.n_layers = 3; s.n_heads = 8; s.n_kv_heads = 2; s.vocab = 4099;
+    s.dtype = kernels::dtype::bf16; s.seed = 17; });
+  return v;
+}
+
+class loaded_model {
+ public:
+  explicit loaded_model(const random_model_spec& spec) {
+    EXPECT_TRUE(model::write_random_model(spec, dir_.path()).ok());
+    auto m = model::model::load(dir_.path());
+    EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.err().message);
+    if (m.ok()) m_ = *m;
+  }
+  std::shared_ptr<const model::model> get() const { return m_; }
+
+ private:
+  model::testing::temp_dir dir_;
+  std::shared_ptr<const model::model> m_;
+};
+
+std::unique_ptr<model::engine> make_engine(std::shared_ptr<const model::model> m, model::backend b, bool det = true,
+                                           bool graphs = true) {
+  model::engine_options o;
+  o.device = b;
+  o.deterministic = det;
+  o.cuda_graphs = graphs;
+  o.threads = 2;
+  o.kv_tokens = 2048;
+  auto e = model::engine::create(std::move(m), o);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.err().message);
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+std::vector<int32_t> prompt_of(size_t n, size_t vocab, uint32_t salt) {
+  std::mt19937 rng(test_seed(salt));
+  std::vector<int32_t> p(n);
+  for (auto& t : p) t = static_cast<int32_t>(rng() % vocab);
+  return p;
+}
+
+/// Greedy generation: the logits of every step (prefill's last row, then each decode step).
+std::vector<std::vector<float>> greedy_logits(model::engine& e, const std::vector<int32_t>& prompt, size_t steps,
+                                              std::vector<int32_t>& ids) {
+  std::vector<std::vector<float>> out;
+  int seq = e.open_sequence();
+  std::vector<int32_t> next = prompt;
+  for (size_t i = 0; i < steps; ++i) {
+    std::vector<float> logits;
+    const model::step_item item{seq, next, true};
+    auto st = e.step(std::span(&item, 1), logits);
+    EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.err().message);
+    if (!st.ok()) break;
+    int32_t tok = kernels::argmax(logits);
+    ids.push_back(tok);
+    out.push_back(std::move(logits));
+    next = {tok};
+  }
+  e.close_sequence(seq);
+  return out;
+}
+
+TEST(CudaEngine, GreedyTokensEqualCpuOnGoldenShapes) {
+  LLMESH_REQUIRE_GPU();
+  uint32_t salt = 1;
+  for (const auto& [name, spec] : golden_shapes()) {
+    loaded_model m(spec);
+    ASSERT_TRUE(m.get());
+    auto cpu = make_engine(m.get(), model::backend::cpu);
+    auto gpu = make_engine(m.get(), model::backend::cuda);
+    ASSERT_TRUE(cpu && gpu);
+    EXPECT_STREQ(gpu->backend_name(), "cuda");
+    auto prompt = prompt_of(23, spec.vocab, salt++);
+    std::vector<int32_t> cpu_ids, gpu_ids;
+    auto want = greedy_logits(*cpu, prompt, 12, cpu_ids);
+    auto got = greedy_logits(*gpu, prompt, 12, gpu_ids);
+    EXPECT_EQ(gpu_ids, cpu_ids) << name;
+    for (size_t i = 0; i < std::min(want.size(), got.size()); ++i) {
+      EXPECT_LT(rel_error(got[i], want[i]), 1e-4) << name << " step " << i;
+    }
+  }
+}
+
+TEST(CudaEngine, FastModeStaysCloseToCpu) {
+  LLMESH_REQUIRE_GPU();
+  auto shapes = golden_shapes();
+  loaded_model m(shapes.back().spec);  // bf16, wide enough for cuBLAS's tensor-core kernels
+  auto cpu = make_engine(m.get(), model::backend::cpu);
+  auto gpu = make_engine(m.get(), model::backend::cuda, /*det=*/false);
+  ASSERT_TRUE(cpu && gpu);
+  auto prompt = prompt_of(64, shapes.back().spec.vocab, 50);
+  std::vector<int32_t> a, b;
+  auto want = greedy_logits(*cpu, prompt, 4, a);
+  auto got = greedy_logits(*gpu, prompt, 4, b);
+  ASSERT_EQ(want.size(), got.size());
+  EXPECT_LT(rel_error(got[0], want[0]), 2e-2);  // prefill through cuBLASLt with bf16 activations
+}
+
+TEST(CudaEngine, StepGreedyEqualsArgmaxOfLogits) {
+  LLMESH_REQUIRE_GPU();
+  loaded_model m(golden_shapes()[2].spec);
+  auto a = make_engine(m.get(), model::backend::cuda);
+  auto b = make_engine(m.get(), model::backend::cuda);
+  auto prompt = prompt_of(9, 600, 60);
+  int sa = a->open_sequence(), sb = b->open_sequence();
+  std::vector<int32_t> next = prompt;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<float> logits;
+    std::vector<int32_t> ids;
+    const model::step_item ia{sa, next, true}, ib{sb, next, true};
+    ASSERT_TRUE(a->step(std::span(&ia, 1), logits).ok());
+    ASSERT_TRUE(b->step_greedy(std::span(&ib, 1), ids).ok());
+    ASSERT_EQ(ids.size(), 1u);
+    EXPECT_EQ(ids[0], kernels::argmax(logits)) << "step " << i;
+    next = {ids[0]};
+  }
+}
+
+/// Decodes `target` alone, then again beside two other sequences (graphs on or off):
+/// its logits must keep their bits.
+TEST(CudaEngine, DecodeIsBatchInvariantAndGraphsChangeNothing) {
+  LLMESH_REQUIRE_GPU();
+  loaded_model m(golden_shapes().back().spec);
+  const size_t vocab = golden_shapes().back().spec.vocab;
+  auto prompt = prompt_of(30, vocab, 70), other1 = prompt_of(45, vocab, 71), other2 = prompt_of(3, vocab, 72);
+  std::vector<std::vector<float>> reference;
+  for (int variant = 0; variant < 3; ++variant) {
+    auto e = make_engine(m.get(), model::backend::cuda, true, /*graphs=*/variant != 1);
+    ASSERT_TRUE(e);
+    const bool crowded = variant > 0;
+    int s = e->open_sequence(), o1 = e->open_sequence(), o2 = e->open_sequence();
+    std::vector<float> logits;
+    // Prefill (others prefilled in the same step when crowded).
+    std::vector<model::step_item> items = {{s, prompt, true}};
+    if (crowded) {
+      items.push_back({o1, other1, true});
+      items.push_back({o2, other2, true});
+    }
+    ASSERT_TRUE(e->step(items, logits).ok());
+    std::vector<std::vector<float>> rows = {std::vector<float>(logits.begin(), logits.begin() + vocab)};
+    std::vector<int32_t> tok = {kernels::argmax(rows.back())}, t1 = {5}, t2 = {7};
+    for (int i = 0; i < 6; ++i) {
+      items = {{s, tok, true}};
+      if (crowded) {
+        items.insert(items.begin(), model::step_item{o1, t1, true});  // target not first in the batch
+        items.push_back({o2, t2, true});
+      }
+      ASSERT_TRUE(e->step(items, logits).ok());
+      const size_t at = crowded ? vocab : 0;
+      rows.emplace_back(logits.begin() + at, logits.begin() + at + vocab);
+      tok = {kernels::argmax(rows.back())};
+    }
+    if (variant == 0) {
+      reference = rows;
+    } else {
+      for (size_t i = 0; i < rows.size(); ++i) EXPECT_TRUE(same_bits(rows[i], reference[i])) << "variant " << variant << " step " << i;
+    }
+  }
+}
+
+TEST(CudaEngine, ChunkedPrefillGivesIdenticalBits) {
+  LLMESH_REQUIRE_GPU();
+  loaded_model m(golden_shapes()[4].spec);  // the sliding-window model
+  auto prompt = prompt_of(41, 517, 80);
+  std::vector<float> whole, chunked;
+  {
+    auto e = make_engine(m.get(), model::backend::cuda);
+    int s = e->open_sequence();
+    const model::step_item item{s, prompt, true};
+    ASSERT_TRUE(e->step(std::span(&item, 1), whole).ok());
+  }
+  {
+    auto e = make_engine(m.get(), model::backend::cuda);
+    int s = e->open_sequence();
+    for (size_t at = 0; at < prompt.size(); at += 5) {
+      const size_t n = std::min<size_t>(5, prompt.size() - at);
+      const model::step_item item{s, std::span<const int32_t>(prompt.data() + at, n), at + n == prompt.size()};
+      ASSERT_TRUE(e->step(std::span(&item, 1), chunked).ok());
+    }
+  }
+  EXPECT_TRUE(same_bits(whole, chunked));
+}
+
+}  // namespace
+}  // namespace llmesh::gpu_testing
