@@ -102,7 +102,8 @@ result<double> gemm_rate(cuda::blas& blas, cuda::stream_t s, size_t m, size_t n,
   j.ldy = n;
   j.n = n;
   j.k = k;
-  auto t = time_events(s, [&] { return blas.gemm(j, m, scratch->get(), s); });
+  LLMESH_TRY(cuda::fill_random(scratch->get(), kernels::dtype::bf16, m * k, 1.0f, 3, s));
+  auto t = time_events(s, [&] { return blas.gemm_16bit(j, m, scratch->get(), s); });
   if (!t) return t.take_error();
   return 2.0 * m * n * k / *t;
 }

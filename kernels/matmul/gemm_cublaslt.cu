@@ -128,8 +128,15 @@ status blas::gemm(const dense_job& job, size_t m, void* scratch, stream_t s) {
                                                                         static_cast<__nv_bfloat16*>(scratch));
   }
   LLMESH_TRY(detail::launched("gemm: activations to 16 bit"));
+  return gemm_16bit(job, m, scratch, s);
+}
+
+status blas::gemm_16bit(const dense_job& job, size_t m, const void* x16, stream_t s) {
+  auto p = st_->plan_for(m, job.n, job.k, job.ldw, job.ldy, job.w_type);
+  if (!p) return p.take_error();
+  if (!(*p)->found) return make_error(errc::internal, "cuBLASLt has no algorithm for this shape");
   const float alpha = 1.0f, beta = 0.0f;
-  LLMESH_TRY(check(cublasLtMatmul(st_->handle, (*p)->op, &alpha, job.w, (*p)->a, scratch, (*p)->b, &beta, job.y, (*p)->c,
+  LLMESH_TRY(check(cublasLtMatmul(st_->handle, (*p)->op, &alpha, job.w, (*p)->a, x16, (*p)->b, &beta, job.y, (*p)->c,
                                   job.y, (*p)->c, &(*p)->algo, st_->workspace.get(), workspace_bytes, s),
                    "cublasLtMatmul"));
   if (job.bias) {

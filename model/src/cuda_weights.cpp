@@ -90,6 +90,7 @@ result<device_weights> upload_weights(const model& m, const shard_layout& l) {
     LLMESH_ASSIGN(dl.down, up.matrix(lw.down, 0, c.hidden, l.inter0, l.n_inter));
     d.layers.push_back(dl);
   }
+  LLMESH_TRY(cuda::synchronize_device());  // the executor's own stream does not order after these
   return d;
 }
 
@@ -133,6 +134,7 @@ result<device_weights> random_weights(const model_config& c, kernels::dtype type
     LLMESH_ASSIGN(dl.down, matrix(c.hidden, c.intermediate));
     d.layers.push_back(dl);
   }
+  LLMESH_TRY(cuda::synchronize_device());  // fills ran on the legacy stream
   return d;
 }
 

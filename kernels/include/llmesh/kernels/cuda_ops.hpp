@@ -116,6 +116,9 @@ class blas {
   /// y = x · wᵀ (+ bias) for m rows; `scratch` holds ≥ m·k 16-bit values.
   /// REQUIRES: w_type is bf16 or f16.
   [[nodiscard]] status gemm(const dense_job& job, size_t m, void* scratch, stream_t s);
+  /// The GEMM alone, on activations already in the weights' 16-bit type (x16 [m][k]; job.x
+  /// unused): what benchmarks measure as "a cuBLAS GEMM".
+  [[nodiscard]] status gemm_16bit(const dense_job& job, size_t m, const void* x16, stream_t s);
 
  private:
   blas() = default;
