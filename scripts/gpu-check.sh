@@ -40,14 +40,14 @@ grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error|nccl:|expected|Which is|rel
 for shape in 1b 8b; do
   echo "== bench $shape"
   timeout 150 "$llmesh" bench engine --device cuda --shape "$shape" --pp 512 --tg 64 --batches 1,8,64 \
-    >"$out/bench_$shape.txt" 2>&1
+    ${GPU_CHECK_PROFILE:+--profile} >"$out/bench_$shape.txt" 2>&1
   echo "rc=$?" >>"$out/bench_$shape.txt"
   tail -4 "$out/bench_$shape.txt" | grep -v '^{' | grep -v '^|' || true
 done
 
 if [ "${GPU_CHECK_SANITIZER:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer memcheck (ops tests)"
-  timeout 120 compute-sanitizer --tool memcheck --print-limit 5 "$gpu_test" --gtest_filter='Cuda[A-Z]*.*:-CudaEngine.*' \
+  timeout 120 compute-sanitizer --tool memcheck --print-limit 5 "$gpu_test" --gtest_filter='Cuda*:-CudaEngine.*' \
     >"$out/sanitizer.log" 2>&1
   grep -E "ERROR SUMMARY|Invalid|PASSED|FAILED" "$out/sanitizer.log" | head -12
 fi

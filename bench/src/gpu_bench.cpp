@@ -200,6 +200,42 @@ result<mode_result> run_mode(model::step_executor& ex, const model::model_config
   return r;
 }
 
+/// Per-op device time (events around every op, no graphs): one prefill, then 8 decode steps
+/// at each batch size, fast mode.
+status profile_ops(std::shared_ptr<const model::model> m, const model::model_config& c, const gpu_bench_options& o,
+                   const model::kv_cache_config& kv, size_t bs) {
+  model::cuda_options co;
+  co.profile = true;
+  auto ex = m ? model::make_cuda_executor(m, *model::make_shard_layout(c, 0, 1), kv, co, nullptr)
+              : model::make_cuda_executor_random(c, kernels::dtype::bf16, 7, kv, co);
+  if (!ex) return ex.take_error();
+  std::vector<int32_t> ids;
+  {
+    bench_tables bt(1, o.prompt_tokens, bs);
+    std::vector<int32_t> prompt(o.prompt_tokens, 1);
+    model::step_sequence s{prompt, 0, bt.tables[0], true};
+    LLMESH_TRY((*ex)->forward_greedy(std::span(&s, 1), ids));
+    (*ex)->profile_reset();
+    LLMESH_TRY((*ex)->forward_greedy(std::span(&s, 1), ids));
+    std::printf("\nprofile: prefill %zu tokens (fast mode)\n%s", o.prompt_tokens, (*ex)->profile_report().c_str());
+  }
+  for (size_t batch : o.batches) {
+    bench_tables bt(batch, o.context + 9, bs);
+    std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>(o.context, 2)), next(batch, {3});
+    std::vector<model::step_sequence> seqs;
+    for (size_t i = 0; i < batch; ++i) seqs.push_back({prompts[i], 0, bt.tables[i], true});
+    LLMESH_TRY((*ex)->forward_greedy(seqs, ids));
+    (*ex)->profile_reset();
+    for (size_t step = 0; step < 8; ++step) {
+      for (size_t i = 0; i < batch; ++i) seqs[i] = {next[i], o.context + step, bt.tables[i], true};
+      LLMESH_TRY((*ex)->forward_greedy(seqs, ids));
+    }
+    std::printf("\nprofile: 8 decode steps at batch %zu (fast mode, no graphs)\n%s", batch,
+                (*ex)->profile_report().c_str());
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 status run_gpu_bench(const gpu_bench_options& o) {
@@ -268,6 +304,7 @@ status run_gpu_bench(const gpu_bench_options& o) {
     }
   }
   std::printf("%s}\n", json.c_str());
+  if (o.profile) LLMESH_TRY(profile_ops(m, c, o, kv, bs));
   return ok_status();
 }
 

@@ -26,6 +26,7 @@ void add_bench(CLI::App& app, command_set& commands) {
       ->check(CLI::IsMember({"1b", "8b"}));
   sub->add_option("--batches", *batches, "cuda: decode batch sizes")->delimiter(',')->capture_default_str();
   sub->add_option("--ctx", g->context, "cuda: prompt tokens of each decode sequence")->capture_default_str();
+  sub->add_flag("--profile", g->profile, "cuda: also print per-op device time (prefill, decode)");
   sub->add_option("--tp", o->tp, "Tensor-parallel ranks")->capture_default_str();
   sub->add_option("--threads", o->threads, "Kernel threads in all; 0 = one per core")->capture_default_str();
   sub->add_option("--pp", o->prompt_tokens, "Prompt tokens (prefill test)")->capture_default_str();

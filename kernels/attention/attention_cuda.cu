@@ -100,9 +100,18 @@ __global__ void attention_kernel(attention_args a) {
       if (valid) {
         const float* q = qs + r * hd;
         const float* k = ks + lane * (hd + 1);
-        float dotv = 0.0f;
-        for (size_t d = 0; d < hd; ++d) dotv = __fmaf_rn(q[d], k[d], dotv);
-        score = dotv * a.scale;
+        // Four interleaved partial sums (d mod 4), then (s0 + s1) + (s2 + s3): a fixed order
+        // with a quarter of the dependent-FMA latency.
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        size_t d = 0;
+        for (; d + 4 <= hd; d += 4) {
+          s0 = __fmaf_rn(q[d], k[d], s0);
+          s1 = __fmaf_rn(q[d + 1], k[d + 1], s1);
+          s2 = __fmaf_rn(q[d + 2], k[d + 2], s2);
+          s3 = __fmaf_rn(q[d + 3], k[d + 3], s3);
+        }
+        for (; d < hd; ++d) s0 = __fmaf_rn(q[d], k[d], s0);
+        score = ((s0 + s1) + (s2 + s3)) * a.scale;
       }
       const float tile_max = warp_max(score);
       if (tile_max == -INFINITY) continue;

@@ -61,8 +61,11 @@ __device__ __forceinline__ float dot16_warp(size_t n, LoadA a, LoadB b) {
   const unsigned lane = threadIdx.x & 31u;
   float acc = 0.0f;
   if (lane < 16) {
-    const size_t padded = (n + 15) / 16 * 16;
-    for (size_t i = lane; i < padded; i += 16) {
+    const size_t full = n / 16 * 16;
+    size_t i = lane;
+#pragma unroll 8
+    for (; i < full; i += 16) acc = __fmaf_rn(a(i), b(i), acc);
+    if (full < n) {  // the tail, zero-padded as on the CPU
       bool in = i < n;
       acc = __fmaf_rn(in ? a(i) : 0.0f, in ? b(i) : 0.0f, acc);
     }

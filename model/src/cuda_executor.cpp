@@ -5,7 +5,9 @@
 // -1 and touch nothing) and replay a CUDA graph captured once per (bucket, partitions).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
+#include <string>
 
 #include "cuda_weights.hpp"
 #include "llmesh/kernels/cuda_ops.hpp"
@@ -79,7 +81,7 @@ class cuda_executor final : public step_executor {
   status forward_greedy(std::span<const step_sequence> batch, std::vector<int32_t>& tokens) override {
     step_plan p;
     LLMESH_TRY(run(batch, p));
-    LLMESH_TRY(cuda::argmax(logits_full(), p.real_rows, cfg_.vocab, ids_.as<int32_t>(), stream_.get()));
+    LLMESH_TRY(timed("argmax", [&] { return cuda::argmax(logits_full(), p.real_rows, cfg_.vocab, ids_.as<int32_t>(), stream_.get()); }));
     LLMESH_TRY(cuda::copy_to_host(ids_host_.get(), ids_.get(), p.real_rows * sizeof(int32_t), stream_.get()));
     LLMESH_TRY(finish());
     tokens.assign(ids_host_.as<int32_t>(), ids_host_.as<int32_t>() + p.real_rows);
@@ -88,7 +90,36 @@ class cuda_executor final : public step_executor {
 
   const shard_layout& layout() const override { return layout_; }
 
+  std::string profile_report() const override {
+    std::string out;
+    double total = 0;
+    for (const auto& [name, t] : profile_) total += t.first;
+    char line[160];
+    for (const auto& [name, t] : profile_) {
+      std::snprintf(line, sizeof line, "  %-22s %6zu calls %9.3f ms %8.1f us/call %5.1f%%\n", name.c_str(), t.second,
+                    t.first, 1e3 * t.first / static_cast<double>(t.second), 100.0 * t.first / total);
+      out += line;
+    }
+    std::snprintf(line, sizeof line, "  %-22s %22.3f ms\n", "total (device)", total);
+    return out + line;
+  }
+
+  void profile_reset() override { profile_.clear(); }
+
  private:
+  /// Runs one op; with opt_.profile (and outside graph capture) times it with events.
+  template <class F>
+  status timed(const std::string& name, F&& f) {
+    if (!opt_.profile) return f();
+    auto t = cuda::event_timer::create();
+    if (!t) return t.take_error();
+    LLMESH_TRY(t->start(stream_.get()));
+    LLMESH_TRY(f());
+    LLMESH_TRY(t->stop(stream_.get()));
+    pending_.push_back({name, std::move(*t)});
+    return ok_status();
+  }
+
   static status alloc(cuda::buffer& b, size_t bytes) {
     auto r = cuda::buffer::device(bytes);
     if (!r) return r.take_error();
@@ -99,8 +130,17 @@ class cuda_executor final : public step_executor {
   float* logits_full() const { return layout_.tp > 1 ? gathered_.as<float>() + 0 : logits_.as<float>(); }
 
   status finish() {
-    if (comm_ && layout_.tp > 1) return comm_->wait(stream_.get());
-    return stream_.synchronize();
+    if (comm_ && layout_.tp > 1) LLMESH_TRY(comm_->wait(stream_.get()));
+    else LLMESH_TRY(stream_.synchronize());
+    for (auto& [name, t] : pending_) {
+      auto ms = t.elapsed_ms();
+      if (!ms) return ms.take_error();
+      auto& acc = profile_[name];
+      acc.first += *ms;
+      acc.second += 1;
+    }
+    pending_.clear();
+    return ok_status();
   }
 
   // Metadata offsets (int32 elements) for a token capacity; block tables come last.
@@ -167,7 +207,7 @@ class cuda_executor final : public step_executor {
   status run(std::span<const step_sequence> batch, step_plan& p) {
     LLMESH_TRY(cuda::use_device(opt_.device));  // ranks may be driven from any thread
     size_t n_tokens = 0, table_ints = 0, max_pos = 0;
-    bool decode = opt_.graphs;
+    bool decode = opt_.graphs && !opt_.profile;  // profiling times each op: no graphs
     for (const auto& s : batch) {
       n_tokens += s.tokens.size();
       table_ints += s.block_table.size();
@@ -233,10 +273,14 @@ class cuda_executor final : public step_executor {
     return it->second.launch(stream_.get());
   }
 
-  status project(std::span<const kernels::cuda::dense_job> jobs, size_t m) {
-    if (opt_.deterministic || m <= 8 || w_.type == dtype::f32) return cuda::dense(jobs, m, stream_.get());
-    for (const auto& j : jobs) LLMESH_TRY(blas_->gemm(j, m, scratch16_.get(), stream_.get()));
-    return ok_status();
+  status project(const char* name, std::span<const kernels::cuda::dense_job> jobs, size_t m) {
+    if (opt_.deterministic || m <= 8 || w_.type == dtype::f32) {
+      return timed(std::string("dense ") + name, [&] { return cuda::dense(jobs, m, stream_.get()); });
+    }
+    return timed(std::string("cublas ") + name, [&]() -> status {
+      for (const auto& j : jobs) LLMESH_TRY(blas_->gemm(j, m, scratch16_.get(), stream_.get()));
+      return ok_status();
+    });
   }
 
   cuda::dense_job job(const float* x, size_t ldx, const device_matrix& w, const float* bias, float* y, size_t ldy) const {
@@ -269,14 +313,16 @@ class cuda_executor final : public step_executor {
     float *h = h_.as<float>(), *xn = xn_.as<float>(), *proj = proj_.as<float>();
     float *q = q_.as<float>(), *k = k_.as<float>(), *v = v_.as<float>(), *attn = attn_.as<float>();
     float *gate = gate_.as<float>(), *up = up_.as<float>();
-    LLMESH_TRY(cuda::embed(w_.embed.data, w_.type, H, meta + off_tokens(), T, h, s));
+    LLMESH_TRY(timed("embed", [&] { return cuda::embed(w_.embed.data, w_.type, H, meta + off_tokens(), T, h, s); }));
     for (size_t L = 0; L < cfg_.n_layers; ++L) {
       const auto& lw = w_.layers[L];
-      if (L == 0) LLMESH_TRY(cuda::rmsnorm(h, lw.attn_norm, xn, T, H, eps, s));
-      else LLMESH_TRY(cuda::add_rmsnorm(h, proj, lw.attn_norm, xn, T, H, eps, s));
+      LLMESH_TRY(timed("rmsnorm", [&] {
+        return L == 0 ? cuda::rmsnorm(h, lw.attn_norm, xn, T, H, eps, s)
+                      : cuda::add_rmsnorm(h, proj, lw.attn_norm, xn, T, H, eps, s);
+      }));
       const cuda::dense_job qkv[3] = {job(xn, H, lw.q, lw.q_bias, q, nq), job(xn, H, lw.k, lw.k_bias, k, nkv),
                                       job(xn, H, lw.v, lw.v_bias, v, nkv)};
-      LLMESH_TRY(project(qkv, T));
+      LLMESH_TRY(project("qkv", qkv, T));
       cuda::rope_kv_args r;
       r.q = q;
       r.k = k;
@@ -291,7 +337,7 @@ class cuda_executor final : public step_executor {
       r.sin = sin_.as<float>();
       r.k_cache = k_cache_[L].as<float>();
       r.v_cache = v_cache_[L].as<float>();
-      LLMESH_TRY(cuda::rope_kv(r, s));
+      LLMESH_TRY(timed("rope_kv", [&] { return cuda::rope_kv(r, s); }));
       cuda::attention_args a;
       a.q = q;
       a.out = attn;
@@ -312,31 +358,31 @@ class cuda_executor final : public step_executor {
       a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
       a.max_partitions = p.partitions;
       a.partials = partials_.as<float>();
-      LLMESH_TRY(cuda::attention(a, s));
+      LLMESH_TRY(timed("attention", [&] { return cuda::attention(a, s); }));
       const cuda::dense_job o[1] = {job(attn, nq, lw.o, lw.o_bias, proj, H)};
-      LLMESH_TRY(project(o, T));
+      LLMESH_TRY(project("o", o, T));
       LLMESH_TRY(all_reduce(proj, T * H));
-      LLMESH_TRY(cuda::add_rmsnorm(h, proj, lw.mlp_norm, xn, T, H, eps, s));
+      LLMESH_TRY(timed("rmsnorm", [&] { return cuda::add_rmsnorm(h, proj, lw.mlp_norm, xn, T, H, eps, s); }));
       if (ni > 0) {
         const cuda::dense_job gu[2] = {job(xn, H, lw.gate, nullptr, gate, ni), job(xn, H, lw.up, nullptr, up, ni)};
-        LLMESH_TRY(project(gu, T));
-        LLMESH_TRY(cuda::swiglu(gate, up, gate, T * ni, s));
+        LLMESH_TRY(project("gate_up", gu, T));
+        LLMESH_TRY(timed("swiglu", [&] { return cuda::swiglu(gate, up, gate, T * ni, s); }));
         const cuda::dense_job down[1] = {job(gate, ni, lw.down, nullptr, proj, H)};
-        LLMESH_TRY(project(down, T));
+        LLMESH_TRY(project("down", down, T));
       } else {
         LLMESH_TRY(cuda::fill_bytes(proj, 0, T * H * sizeof(float), s));
       }
       LLMESH_TRY(all_reduce(proj, T * H));
     }
-    LLMESH_TRY(cuda::add_rmsnorm(h, proj, w_.final_norm, xn, T, H, eps, s));
+    LLMESH_TRY(timed("rmsnorm", [&] { return cuda::add_rmsnorm(h, proj, w_.final_norm, xn, T, H, eps, s); }));
     const size_t W = p.rows;
     if (W == 0) return ok_status();
-    LLMESH_TRY(cuda::gather_rows(xn, H, meta + off_rows(), W, H, xl_.as<float>(), s));
+    LLMESH_TRY(timed("gather", [&] { return cuda::gather_rows(xn, H, meta + off_rows(), W, H, xl_.as<float>(), s); }));
     float* local = logits_.as<float>();
     const size_t ld_local = layout_.tp > 1 ? nv_max_ : cfg_.vocab;
     if (layout_.n_vocab > 0) {
       const cuda::dense_job head[1] = {job(xl_.as<float>(), H, w_.lm_head, nullptr, local, ld_local)};
-      LLMESH_TRY(project(head, W));
+      LLMESH_TRY(project("lm_head", head, W));
     }
     if (layout_.tp == 1) return ok_status();
     // Vocabulary-parallel head: gather [rank][W][nv_max], then place each rank's columns.
@@ -369,6 +415,12 @@ class cuda_executor final : public step_executor {
   cuda::buffer h_, xn_, proj_, xl_, q_, attn_, k_, v_, gate_, up_, scratch16_, logits_, gathered_raw_, gathered_,
       partials_;
   std::map<std::pair<size_t, size_t>, cuda::graph> graphs_;
+  struct pending_timing {
+    std::string name;
+    cuda::event_timer timer;
+  };
+  std::vector<pending_timing> pending_;
+  std::map<std::string, std::pair<double, size_t>> profile_;  ///< name → (ms, calls)
 };
 
 result<std::unique_ptr<step_executor>> finish_create(std::unique_ptr<cuda_executor> e) {

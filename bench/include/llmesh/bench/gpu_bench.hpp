@@ -21,6 +21,7 @@ struct gpu_bench_options {
   size_t context = 128;        ///< each decode sequence's prompt
   size_t gen_tokens = 64;      ///< decode steps timed
   int reps = 3;
+  bool profile = false;  ///< also print per-op device time for one prefill and a few decode steps
 };
 
 /// Runs the benchmark, prints a table and one JSON line to stdout.

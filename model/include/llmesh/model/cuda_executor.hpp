@@ -22,6 +22,7 @@ struct cuda_options {
   /// steps with more than 8 tokens use cuBLASLt (faster prefill, order may change with m).
   bool deterministic = false;
   bool graphs = true;  ///< replay pure decode steps from CUDA graphs
+  bool profile = false;  ///< time every op with events (disables graphs): profile_report()
 };
 
 /// True when this build has CUDA and the machine has at least one device.

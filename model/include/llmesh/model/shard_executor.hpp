@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "llmesh/common/error.hpp"
@@ -60,6 +61,10 @@ class step_executor {
   [[nodiscard]] virtual status forward_greedy(std::span<const step_sequence> batch, std::vector<int32_t>& tokens) = 0;
 
   virtual const shard_layout& layout() const = 0;
+
+  /// Per-op device time since the last reset, one line per op ("" where not profiled).
+  virtual std::string profile_report() const { return ""; }
+  virtual void profile_reset() {}
 };
 
 /// The CPU executor.
