@@ -1,13 +1,16 @@
-// Causal GQA attention over the paged KV cache on the device, flash-attention style: a block
-// takes one query tile (≤ 16 consecutive tokens of one sequence), one head and one 512-position
-// partition; it stages 32 keys and values at a time in shared memory and keeps an online
-// softmax per row (lane j scores key j; a warp owns up to 4 rows). Rows whose context spans
-// several partitions write partial (acc, max, sum) triples that a second kernel merges in
-// partition order. Tile and partition boundaries sit at absolute positions (multiples of 32
-// and 512), so a row's numbers depend on its position and its sequence only — never on the
-// batch or on how the prompt was chunked.
-// Layout: q/out [T][n_heads][hd]; cache [slot][n_kv_heads][hd] float32, slot = block·bs + p % bs.
-// Benchmark: part of `llmesh bench engine --device cuda`; CPU oracle: attention_cpu.cpp.
+// Causal GQA attention over the paged KV cache on the device (cuda_ops.hpp states the fixed
+// structure that makes it batch- and chunk-invariant). Two paths, one arithmetic:
+//  - multi-row tiles (prefill): one block per (tile, head) stages 32 keys and values at a time
+//    in shared memory, a warp owns up to 4 rows, and each row folds tile → partition → row
+//    states as it walks its keys;
+//  - one-row tiles (decode): one block per (row, head, partition); its 4 warps compute the
+//    partition's 4 key tiles in parallel straight from the cache, warp 0 folds them in order;
+//    rows spanning several partitions are folded by a second kernel, in order.
+// Every tile state is made by the same code (scores with 4 partial sums over d, exp_det, a
+// xor-butterfly sum, Σp·v in key order) and every fold by fold(), so both paths give a row
+// the same bits. Layout: q/out [T][n_heads][hd]; cache [slot][n_kv_heads][hd] float32,
+// slot = block·bs + p % bs. CPU oracle: attention_cpu.cpp (another order: within 1e-5).
+// Benchmark: `llmesh bench engine --device cuda --profile`.
 #include <cmath>
 
 #include "device/cuda_common.cuh"
@@ -19,9 +22,36 @@ namespace {
 constexpr unsigned warps = 4;
 constexpr unsigned rows_per_warp = attention_tile_rows / warps;  // 4
 constexpr unsigned key_tile = 32;                                 // one key per lane
+constexpr unsigned tiles_per_partition = attention_partition / key_tile;
 constexpr unsigned max_dims_per_lane = 8;                         // head_dim ≤ 256
+static_assert(tiles_per_partition == warps, "decode path: one warp per key tile of a partition");
 
-size_t shared_bytes(size_t hd) { return (key_tile * (hd + 1) + key_tile * hd + attention_tile_rows * hd) * sizeof(float); }
+/// A softmax state: running max, sum of exp, and this lane's Σ p·v for d = lane + 32·i.
+struct state {
+  float m, l, acc[max_dims_per_lane];
+};
+
+__device__ __forceinline__ void clear(state& s) {
+  s.m = -INFINITY;
+  s.l = 0.0f;
+#pragma unroll
+  for (unsigned i = 0; i < max_dims_per_lane; ++i) s.acc[i] = 0.0f;
+}
+
+/// a ← a ⊕ b (b's keys come after a's). Empty states (m = -inf) are identities.
+__device__ __forceinline__ void fold(state& a, const state& b) {
+  if (b.m == -INFINITY) return;
+  if (a.m == -INFINITY) {
+    a = b;
+    return;
+  }
+  const float m = fmaxf(a.m, b.m);
+  const float ea = detail::exp_det(a.m - m), eb = detail::exp_det(b.m - m);
+  a.l = a.l * ea + b.l * eb;
+#pragma unroll
+  for (unsigned i = 0; i < max_dims_per_lane; ++i) a.acc[i] = a.acc[i] * ea + b.acc[i] * eb;
+  a.m = m;
+}
 
 __device__ __forceinline__ float warp_max(float v) {
   for (unsigned off = 16; off >= 1; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
@@ -33,163 +63,238 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-__device__ __forceinline__ size_t window_begin(int64_t pos, size_t window) {
-  return (window > 0 && pos + 1 > static_cast<int64_t>(window)) ? static_cast<size_t>(pos + 1 - static_cast<int64_t>(window)) : 0;
+/// q·k · scale with four interleaved partial sums (d mod 4), then (s0 + s1) + (s2 + s3).
+template <class LoadK>
+__device__ __forceinline__ float score_of(const float* q, LoadK k, unsigned hd, float scale) {
+  float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+  unsigned d = 0;
+  for (; d + 4 <= hd; d += 4) {
+    s0 = __fmaf_rn(q[d], k(d), s0);
+    s1 = __fmaf_rn(q[d + 1], k(d + 1), s1);
+    s2 = __fmaf_rn(q[d + 2], k(d + 2), s2);
+    s3 = __fmaf_rn(q[d + 3], k(d + 3), s3);
+  }
+  for (; d < hd; ++d) s0 = __fmaf_rn(q[d], k(d), s0);
+  return ((s0 + s1) + (s2 + s3)) * scale;
 }
 
-__global__ void attention_kernel(attention_args a) {
-  extern __shared__ float smem[];
-  const size_t hd = a.head_dim;
-  float* ks = smem;                        // [32][hd + 1] (padded: lane j reads row j conflict-free)
-  float* vs = ks + key_tile * (hd + 1);    // [32][hd]
-  float* qs = vs + key_tile * hd;          // [16][hd]
-
-  const unsigned tile = blockIdx.x, head = blockIdx.y, part = blockIdx.z;
-  const int rows = a.tile_rows[tile];
-  if (rows <= 0) return;
-  const size_t tok0 = static_cast<size_t>(a.tile_token0[tile]);
-  const int64_t pmin = a.pos[tok0], pmax = a.pos[tok0 + rows - 1];
-  const size_t part_begin = static_cast<size_t>(part) * attention_partition;
-  if (static_cast<int64_t>(part_begin) > pmax) return;
-  const size_t part_end = min(part_begin + attention_partition, static_cast<size_t>(pmax) + 1);
-  const size_t lo_tile = window_begin(pmin, a.sliding_window);
-  if (lo_tile >= part_end) return;  // the whole partition is outside every row's window
-  const size_t kvh = head / (a.n_heads / a.n_kv_heads);
-  const int32_t* bt = a.block_tables + a.bt_offset[tok0];
-  const size_t kv_row = a.n_kv_heads * hd;
-
-  for (size_t e = threadIdx.x; e < static_cast<size_t>(rows) * hd; e += blockDim.x) {
-    const size_t r = e / hd, d = e % hd;
-    qs[r * hd + d] = a.q[((tok0 + r) * a.n_heads + head) * hd + d];
-  }
-
-  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x & 31u;
-  float m[rows_per_warp], l[rows_per_warp], acc[rows_per_warp][max_dims_per_lane];
+/// The state of one 32-key tile; lane j holds key j's score (valid or not). vrow(kj) returns
+/// key kj's value row (called by the whole warp); invalid keys contribute nothing (their p is 0
+/// and they are skipped).
+template <class ValueRow>
+__device__ __forceinline__ state tile_state(float score, bool valid, ValueRow vrow, unsigned hd) {
+  const unsigned lane = threadIdx.x & 31u;
+  state t;
+  clear(t);
+  t.m = warp_max(valid ? score : -INFINITY);
+  if (t.m == -INFINITY) return t;  // uniform across the warp
+  const float p = valid ? detail::exp_det(score - t.m) : 0.0f;
+  t.l = warp_sum(p);
+  for (unsigned kj = 0; kj < key_tile; ++kj) {
+    const float pk = __shfl_sync(0xffffffffu, p, kj);
+    if (pk == 0.0f) continue;  // uniform: masked (or underflowed) keys add nothing
+    const float* v = vrow(kj);
 #pragma unroll
-  for (unsigned j = 0; j < rows_per_warp; ++j) {
-    m[j] = -INFINITY;
-    l[j] = 0.0f;
-#pragma unroll
-    for (unsigned i = 0; i < max_dims_per_lane; ++i) acc[j][i] = 0.0f;
-  }
-
-  const size_t start = lo_tile > part_begin ? lo_tile / key_tile * key_tile : part_begin;
-  for (size_t k0 = start; k0 < part_end; k0 += key_tile) {
-    __syncthreads();  // previous tile consumed (and qs written, on the first pass)
-    for (size_t e = threadIdx.x; e < key_tile * hd; e += blockDim.x) {
-      const size_t j = e / hd, d = e % hd, p = k0 + j;
-      float kv = 0.0f, vv = 0.0f;
-      if (p < part_end) {
-        const size_t slot = static_cast<size_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size;
-        kv = a.k_cache[slot * kv_row + kvh * hd + d];
-        vv = a.v_cache[slot * kv_row + kvh * hd + d];
-      }
-      ks[j * (hd + 1) + d] = kv;
-      vs[j * hd + d] = vv;
+    for (unsigned i = 0; i < max_dims_per_lane; ++i) {
+      const unsigned d = lane + 32 * i;
+      if (d < hd) t.acc[i] = __fmaf_rn(pk, v[d], t.acc[i]);
     }
-    __syncthreads();
+  }
+  return t;
+}
+
+__device__ __forceinline__ unsigned window_begin(int pos, unsigned window) {
+  return (window > 0 && pos + 1 > static_cast<int>(window)) ? static_cast<unsigned>(pos + 1 - static_cast<int>(window)) : 0u;
+}
+
+__device__ __forceinline__ unsigned slot_of(const int32_t* bt, unsigned p, unsigned bs) {
+  return static_cast<unsigned>(bt[p / bs]) * bs + p % bs;
+}
+
+__device__ __forceinline__ void store_out(float* out, const state& s, unsigned hd) {
+  const unsigned lane = threadIdx.x & 31u;
+  const float inv = 1.0f / s.l;
 #pragma unroll
-    for (unsigned j = 0; j < rows_per_warp; ++j) {
-      const int r = static_cast<int>(warp + warps * j);
-      if (r >= rows) continue;  // uniform across the warp
-      const int64_t prow = a.pos[tok0 + r];
-      const size_t lo = window_begin(prow, a.sliding_window);
-      const size_t p = k0 + lane;
-      const bool valid = p >= lo && static_cast<int64_t>(p) <= prow && p < part_end;
-      float score = -INFINITY;
-      if (valid) {
+  for (unsigned i = 0; i < max_dims_per_lane; ++i) {
+    const unsigned d = lane + 32 * i;
+    if (d < hd) out[d] = s.acc[i] * inv;
+  }
+}
+
+size_t prefill_shared_bytes(size_t hd) {
+  return (key_tile * (hd + 1) + key_tile * hd + attention_tile_rows * hd) * sizeof(float);
+}
+
+/// Multi-row tiles: grid (tile, head); blocks of one-row tiles leave (the decode kernel has them).
+__global__ void __launch_bounds__(warps * 32) prefill_kernel(attention_args a) {
+  extern __shared__ float smem[];
+  const unsigned hd = static_cast<unsigned>(a.head_dim);
+  float* ks = smem;                      // [32][hd + 1]: lane j reads row j conflict-free
+  float* vs = ks + key_tile * (hd + 1);  // [32][hd]
+  float* qs = vs + key_tile * hd;        // [16][hd]
+  const unsigned tile = blockIdx.x, head = blockIdx.y;
+  const int rows = a.tile_rows[tile];
+  if (rows <= 1) return;
+  const unsigned tok0 = static_cast<unsigned>(a.tile_token0[tile]);
+  const int pmin = a.pos[tok0], pmax = a.pos[tok0 + rows - 1];
+  const unsigned window = static_cast<unsigned>(a.sliding_window), bs = static_cast<unsigned>(a.block_size);
+  const unsigned kvh = head / static_cast<unsigned>(a.n_heads / a.n_kv_heads);
+  const int32_t* bt = a.block_tables + a.bt_offset[tok0];
+  const unsigned kv_row = static_cast<unsigned>(a.n_kv_heads) * hd, nh = static_cast<unsigned>(a.n_heads);
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x & 31u;
+
+  for (unsigned r = warp; r < static_cast<unsigned>(rows); r += warps) {
+    for (unsigned d = lane; d < hd; d += 32) qs[r * hd + d] = a.q[(static_cast<size_t>(tok0 + r) * nh + head) * hd + d];
+  }
+  state row_s[rows_per_warp], part_s[rows_per_warp];
+#pragma unroll
+  for (unsigned j = 0; j < rows_per_warp; ++j) clear(row_s[j]);
+
+  const unsigned lo_tile = window_begin(pmin, window);
+  for (unsigned part = lo_tile / attention_partition; part * attention_partition <= static_cast<unsigned>(pmax); ++part) {
+#pragma unroll
+    for (unsigned j = 0; j < rows_per_warp; ++j) clear(part_s[j]);
+    for (unsigned t = 0; t < tiles_per_partition; ++t) {
+      const unsigned k0 = part * attention_partition + t * key_tile;
+      if (k0 > static_cast<unsigned>(pmax)) break;        // later tiles: no row sees them
+      if (k0 + key_tile <= lo_tile) continue;             // earlier tiles: outside every window
+      __syncthreads();  // the previous tile is consumed (and qs is written, the first time)
+      for (unsigned j = warp; j < key_tile; j += warps) {
+        const unsigned p = k0 + j;
+        const bool in = p <= static_cast<unsigned>(pmax);
+        const size_t base = in ? static_cast<size_t>(slot_of(bt, p, bs)) * kv_row + kvh * hd : 0;
+        for (unsigned d = lane; d < hd; d += 32) {
+          ks[j * (hd + 1) + d] = in ? a.k_cache[base + d] : 0.0f;
+          vs[j * hd + d] = in ? a.v_cache[base + d] : 0.0f;
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (unsigned j = 0; j < rows_per_warp; ++j) {
+        const unsigned r = warp + warps * j;
+        if (r >= static_cast<unsigned>(rows)) continue;  // uniform across the warp
+        const int prow = a.pos[tok0 + r];
+        const unsigned p = k0 + lane;
+        const bool valid = p >= window_begin(prow, window) && static_cast<int>(p) <= prow;
         const float* q = qs + r * hd;
         const float* k = ks + lane * (hd + 1);
-        // Four interleaved partial sums (d mod 4), then (s0 + s1) + (s2 + s3): a fixed order
-        // with a quarter of the dependent-FMA latency.
-        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-        size_t d = 0;
-        for (; d + 4 <= hd; d += 4) {
-          s0 = __fmaf_rn(q[d], k[d], s0);
-          s1 = __fmaf_rn(q[d + 1], k[d + 1], s1);
-          s2 = __fmaf_rn(q[d + 2], k[d + 2], s2);
-          s3 = __fmaf_rn(q[d + 3], k[d + 3], s3);
-        }
-        for (; d < hd; ++d) s0 = __fmaf_rn(q[d], k[d], s0);
-        score = ((s0 + s1) + (s2 + s3)) * a.scale;
+        const float sc = valid ? score_of(q, [k](unsigned d) { return k[d]; }, hd, a.scale) : 0.0f;
+        state ts = tile_state(sc, valid, [vs, hd](unsigned kj) -> const float* { return vs + kj * hd; }, hd);
+        fold(part_s[j], ts);
       }
-      const float tile_max = warp_max(score);
-      if (tile_max == -INFINITY) continue;
-      const float m_new = fmaxf(m[j], tile_max);
-      const float pr = valid ? detail::exp_det(score - m_new) : 0.0f;
-      const float corr = m[j] == -INFINITY ? 0.0f : detail::exp_det(m[j] - m_new);
-      l[j] = l[j] * corr + warp_sum(pr);
-#pragma unroll
-      for (unsigned i = 0; i < max_dims_per_lane; ++i) acc[j][i] = acc[j][i] * corr;
-      for (unsigned kj = 0; kj < key_tile; ++kj) {
-        const float pk = __shfl_sync(0xffffffffu, pr, kj);
-#pragma unroll
-        for (unsigned i = 0; i < max_dims_per_lane; ++i) {
-          const size_t d = lane + 32 * i;
-          if (d < hd) acc[j][i] = __fmaf_rn(pk, vs[kj * hd + d], acc[j][i]);
-        }
-      }
-      m[j] = m_new;
     }
+#pragma unroll
+    for (unsigned j = 0; j < rows_per_warp; ++j) fold(row_s[j], part_s[j]);
   }
-
 #pragma unroll
   for (unsigned j = 0; j < rows_per_warp; ++j) {
-    const int r = static_cast<int>(warp + warps * j);
-    if (r >= rows) continue;
-    const size_t t = tok0 + r;
-    const int64_t prow = a.pos[t];
-    if (static_cast<int64_t>(part_begin) > prow) continue;  // this partition is after the row
-    if (prow < static_cast<int64_t>(attention_partition)) {  // one partition: the final answer
-      float* out = a.out + (t * a.n_heads + head) * hd;
-      const float inv = 1.0f / l[j];
-#pragma unroll
-      for (unsigned i = 0; i < max_dims_per_lane; ++i) {
-        const size_t d = lane + 32 * i;
-        if (d < hd) out[d] = acc[j][i] * inv;
-      }
-    } else {
-      float* pt = a.partials + ((t * a.n_heads + head) * a.max_partitions + part) * (hd + 2);
-#pragma unroll
-      for (unsigned i = 0; i < max_dims_per_lane; ++i) {
-        const size_t d = lane + 32 * i;
-        if (d < hd) pt[d] = acc[j][i];
-      }
-      if (lane == 0) {
-        pt[hd] = m[j];
-        pt[hd + 1] = l[j];
-      }
-    }
+    const unsigned r = warp + warps * j;
+    if (r >= static_cast<unsigned>(rows)) continue;
+    store_out(a.out + (static_cast<size_t>(tok0 + r) * nh + head) * hd, row_s[j], hd);
   }
 }
 
-/// Merges a row's partitions in order: out = Σ acc_p·e^(m_p−M) / Σ l_p·e^(m_p−M).
-__global__ void combine_kernel(attention_args a) {
-  const size_t t = blockIdx.x, head = blockIdx.y, hd = a.head_dim;
-  const int64_t prow = a.pos[t];
-  if (prow < static_cast<int64_t>(attention_partition)) return;  // padding or written directly
-  const size_t last = static_cast<size_t>(prow) / attention_partition;
-  const size_t first = window_begin(prow, a.sliding_window) / attention_partition;
-  const float* base = a.partials + (t * a.n_heads + head) * a.max_partitions * (hd + 2);
-  float mx = -INFINITY;
-  for (size_t p = first; p <= last; ++p) mx = fmaxf(mx, base[p * (hd + 2) + hd]);
-  for (size_t d = threadIdx.x; d < hd; d += blockDim.x) {
-    float num = 0.0f, den = 0.0f;
-    for (size_t p = first; p <= last; ++p) {
-      const float* pt = base + p * (hd + 2);
-      if (pt[hd] == -INFINITY) continue;  // no visible key in this partition
-      const float w = detail::exp_det(pt[hd] - mx);
-      num = num + pt[d] * w;
-      den = den + pt[hd + 1] * w;
-    }
-    a.out[(t * a.n_heads + head) * hd + d] = num / den;
+/// One-row tiles: grid (tile, head, partition); warp w computes key tile w of the partition.
+__global__ void __launch_bounds__(warps * 32) decode_kernel(attention_args a) {
+  __shared__ float qs[32 * max_dims_per_lane];
+  __shared__ state states[warps];
+  const unsigned tile = blockIdx.x, head = blockIdx.y, part = blockIdx.z;
+  if (a.tile_rows[tile] != 1) return;
+  const unsigned t = static_cast<unsigned>(a.tile_token0[tile]);
+  const int prow = a.pos[t];
+  const unsigned hd = static_cast<unsigned>(a.head_dim), nh = static_cast<unsigned>(a.n_heads);
+  const unsigned parts = static_cast<unsigned>(prow) / attention_partition + 1;
+  if (part >= parts) return;
+  const unsigned window = static_cast<unsigned>(a.sliding_window), bs = static_cast<unsigned>(a.block_size);
+  const unsigned lo = window_begin(prow, window);
+  const unsigned kvh = head / static_cast<unsigned>(a.n_heads / a.n_kv_heads);
+  const int32_t* bt = a.block_tables + a.bt_offset[t];
+  const unsigned kv_row = static_cast<unsigned>(a.n_kv_heads) * hd;
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x & 31u;
+  for (unsigned d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = a.q[(static_cast<size_t>(t) * nh + head) * hd + d];
+  __syncthreads();
+
+  const unsigned p = part * attention_partition + warp * key_tile + lane;
+  const bool valid = p >= lo && static_cast<int>(p) <= prow;
+  const size_t base = valid ? static_cast<size_t>(slot_of(bt, p, bs)) * kv_row + kvh * hd : 0;
+  const float* krow = a.k_cache + base;
+  const float sc = valid ? score_of(qs, [krow](unsigned d) { return __ldg(krow + d); }, hd, a.scale) : 0.0f;
+  const float* vcache = a.v_cache;
+  state ts = tile_state(
+      sc, valid, [vcache, base](unsigned kj) -> const float* { return vcache + __shfl_sync(0xffffffffu, base, kj); },
+      hd);
+  if (lane == 0) {
+    states[warp].m = ts.m;
+    states[warp].l = ts.l;
   }
+  __syncthreads();
+  // Warp w's accumulators are per lane: share them through shared memory lane by lane.
+  __shared__ float accs[warps][32 * max_dims_per_lane];
+#pragma unroll
+  for (unsigned i = 0; i < max_dims_per_lane; ++i) accs[warp][lane + 32 * i] = ts.acc[i];
+  __syncthreads();
+  if (warp != 0) return;
+  state ps;
+  clear(ps);
+  for (unsigned w = 0; w < warps; ++w) {
+    state b;
+    b.m = states[w].m;
+    b.l = states[w].l;
+#pragma unroll
+    for (unsigned i = 0; i < max_dims_per_lane; ++i) b.acc[i] = accs[w][lane + 32 * i];
+    fold(ps, b);
+  }
+  if (parts == 1) {
+    state rs;
+    clear(rs);
+    fold(rs, ps);  // the row's fold over its one partition (an exact copy)
+    store_out(a.out + (static_cast<size_t>(t) * nh + head) * hd, rs, hd);
+    return;
+  }
+  float* pt = a.partials + ((static_cast<size_t>(a.tile_partial[tile]) * nh + head) * a.max_partitions + part) * (hd + 2);
+#pragma unroll
+  for (unsigned i = 0; i < max_dims_per_lane; ++i) {
+    const unsigned d = lane + 32 * i;
+    if (d < hd) pt[d] = ps.acc[i];
+  }
+  if (lane == 0) {
+    pt[hd] = ps.m;
+    pt[hd + 1] = ps.l;
+  }
+}
+
+/// One-row tiles spanning several partitions: fold them in order. Grid (tile, head), one warp.
+__global__ void combine_kernel(attention_args a) {
+  const unsigned tile = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
+  if (a.tile_rows[tile] != 1) return;
+  const unsigned t = static_cast<unsigned>(a.tile_token0[tile]);
+  const int prow = a.pos[t];
+  const unsigned parts = static_cast<unsigned>(prow) / attention_partition + 1;
+  if (parts == 1) return;  // written directly
+  const unsigned hd = static_cast<unsigned>(a.head_dim), nh = static_cast<unsigned>(a.n_heads);
+  const unsigned first = window_begin(prow, static_cast<unsigned>(a.sliding_window)) / attention_partition;
+  const float* base = a.partials + (static_cast<size_t>(a.tile_partial[tile]) * nh + head) * a.max_partitions * (hd + 2);
+  state rs;
+  clear(rs);
+  for (unsigned p = first; p < parts; ++p) {
+    const float* pt = base + static_cast<size_t>(p) * (hd + 2);
+    state b;
+    b.m = pt[hd];
+    b.l = pt[hd + 1];
+#pragma unroll
+    for (unsigned i = 0; i < max_dims_per_lane; ++i) {
+      const unsigned d = lane + 32 * i;
+      b.acc[i] = d < hd ? pt[d] : 0.0f;
+    }
+    fold(rs, b);
+  }
+  store_out(a.out + (static_cast<size_t>(t) * nh + head) * hd, rs, hd);
 }
 
 }  // namespace
 
-size_t attention_partials_floats(size_t n_tokens, size_t n_heads, size_t head_dim, size_t max_partitions) {
-  return max_partitions > 1 ? n_tokens * n_heads * max_partitions * (head_dim + 2) : 0;
+size_t attention_partials_floats(size_t partial_slots, size_t n_heads, size_t head_dim, size_t max_partitions) {
+  return max_partitions > 1 ? partial_slots * n_heads * max_partitions * (head_dim + 2) : 0;
 }
 
 status attention(const attention_args& a, stream_t s) {
@@ -200,20 +305,21 @@ status attention(const attention_args& a, stream_t s) {
   if (a.n_kv_heads == 0 || a.n_heads % a.n_kv_heads != 0) {
     return make_error(errc::invalid_request, "cuda attention: heads do not group evenly over kv heads");
   }
-  if (a.max_partitions > 1 && a.partials == nullptr) {
-    return make_error(errc::internal, "cuda attention: long contexts need the partials scratch");
+  if (a.max_partitions > 1 && (a.partials == nullptr || a.tile_partial == nullptr)) {
+    return make_error(errc::internal, "cuda attention: rows over several partitions need the partials scratch");
   }
   static const bool raised = [] {
-    return cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(shared_bytes(256))) == cudaSuccess;
+    return cudaFuncSetAttribute(prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(prefill_shared_bytes(256))) == cudaSuccess;
   }();
   if (!raised) return make_error(errc::internal, "cuda attention: cannot raise the shared-memory limit");
-  dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.max_partitions));
-  attention_kernel<<<grid, warps * 32, shared_bytes(a.head_dim), s>>>(a);
-  LLMESH_TRY(detail::launched("attention"));
+  const unsigned tiles = static_cast<unsigned>(a.n_tiles), heads = static_cast<unsigned>(a.n_heads);
+  prefill_kernel<<<dim3(tiles, heads), warps * 32, prefill_shared_bytes(a.head_dim), s>>>(a);
+  LLMESH_TRY(detail::launched("attention (multi-row tiles)"));
+  decode_kernel<<<dim3(tiles, heads, static_cast<unsigned>(a.max_partitions)), warps * 32, 0, s>>>(a);
+  LLMESH_TRY(detail::launched("attention (one-row tiles)"));
   if (a.max_partitions > 1) {
-    dim3 g2(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_heads));
-    combine_kernel<<<g2, 128, 0, s>>>(a);
+    combine_kernel<<<dim3(tiles, heads), 32, 0, s>>>(a);
     LLMESH_TRY(detail::launched("attention combine"));
   }
   return ok_status();

@@ -50,6 +50,16 @@ unsigned grid_for(size_t n) {
 
 }  // namespace
 
+status to_16bit(const float* x, size_t ldx, size_t m, size_t k, dtype type, void* out, stream_t s) {
+  if (m == 0 || k == 0) return ok_status();
+  if (type == dtype::f16) {
+    to_16bit_kernel<__half><<<grid_for(m * k), 256, 0, s>>>(x, ldx, m, k, static_cast<__half*>(out));
+  } else {
+    to_16bit_kernel<__nv_bfloat16><<<grid_for(m * k), 256, 0, s>>>(x, ldx, m, k, static_cast<__nv_bfloat16*>(out));
+  }
+  return detail::launched("activations to 16 bit");
+}
+
 struct blas::state {
   cublasLtHandle_t handle = nullptr;
   buffer workspace;
@@ -121,13 +131,7 @@ status blas::gemm(const dense_job& job, size_t m, void* scratch, stream_t s) {
     const dense_job one[1] = {job};
     return dense(one, m, s);
   }
-  if (job.w_type == dtype::f16) {
-    to_16bit_kernel<__half><<<grid_for(m * job.k), 256, 0, s>>>(job.x, job.ldx, m, job.k, static_cast<__half*>(scratch));
-  } else {
-    to_16bit_kernel<__nv_bfloat16><<<grid_for(m * job.k), 256, 0, s>>>(job.x, job.ldx, m, job.k,
-                                                                        static_cast<__nv_bfloat16*>(scratch));
-  }
-  LLMESH_TRY(detail::launched("gemm: activations to 16 bit"));
+  LLMESH_TRY(to_16bit(job.x, job.ldx, m, job.k, job.w_type, scratch, s));
   return gemm_16bit(job, m, scratch, s);
 }
 

@@ -1,8 +1,9 @@
 // Projections on CUDA cores: y = x · wᵀ (+ bias) with float32 activations and F32/F16/BF16
 // weights, the decode path and the batch-invariant (--deterministic) path. One warp per
-// output column j; lane l reads the 8-element chunks l, l+32, l+64, ... of w[j] (16-byte loads,
-// U chunks in flight) and keeps one float32 sum per activation row, then the warp folds with a
-// fixed xor butterfly. The order depends only on k, never on m: batch-invariant.
+// R output columns (each x chunk loaded serves R weight rows); lane l reads the 8-element chunks
+// l, l+32, l+64, ... of each row (16-byte loads, U chunks per row in flight) and keeps one
+// float32 sum per (activation row, column), then the warp folds with a fixed xor butterfly.
+// The order depends only on k, never on m or on R: batch-invariant.
 // m ≤ 8 reads each weight once (memory-bound, the decode case); larger m runs in slices of 8
 // rows, re-reading the weights per slice (that is what the deterministic mode costs).
 // Layout: x [m][ldx], w [n][ldw] (HF [out, in]), y [m][ldy]. CPU oracle: matmul_cpu.cpp.
@@ -18,7 +19,6 @@ namespace {
 
 constexpr unsigned warps_per_block = 8;
 constexpr unsigned max_jobs = 4;
-constexpr unsigned chunks_in_flight = 4;  // 4 × 16 B of weights per lane before the first use
 
 struct dense_launch {
   dense_job jobs[max_jobs];
@@ -67,36 +67,17 @@ __device__ __forceinline__ chunk<W> load_chunk(const W* w, size_t k0, size_t k) 
   return c;
 }
 
-template <int M, bool Vec>
-__device__ __forceinline__ void fma_chunk(float (&acc)[M], const float* const (&xr)[M], size_t k0, size_t k,
-                                          const float (&w)[8]) {
-#pragma unroll
-  for (int i = 0; i < M; ++i) {
-    if (Vec && k0 + 8 <= k) {
-      float4 a = __ldg(reinterpret_cast<const float4*>(xr[i] + k0));
-      float4 b = __ldg(reinterpret_cast<const float4*>(xr[i] + k0 + 4));
-      float s = acc[i];
-      s = __fmaf_rn(a.x, w[0], s); s = __fmaf_rn(a.y, w[1], s);
-      s = __fmaf_rn(a.z, w[2], s); s = __fmaf_rn(a.w, w[3], s);
-      s = __fmaf_rn(b.x, w[4], s); s = __fmaf_rn(b.y, w[5], s);
-      s = __fmaf_rn(b.z, w[6], s); s = __fmaf_rn(b.w, w[7], s);
-      acc[i] = s;
-    } else {
-      float s = acc[i];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        if (k0 + e < k) s = __fmaf_rn(xr[i][k0 + e], w[e], s);
-      }
-      acc[i] = s;
-    }
-  }
-}
+/// Rows of w per warp (R: each x chunk loaded serves R rows) and weight chunks in flight per
+/// row (U), by activation rows M: fewer x loads per weight byte as M grows, with a register
+/// budget of about 64 floats of weights in flight.
+template <int M> struct tiling { static constexpr int R = M <= 2 ? 2 : 4, U = M <= 2 ? 4 : (M <= 4 ? 2 : 1); };
 
 template <class W, int M, bool Vec>
 __global__ void __launch_bounds__(warps_per_block * 32) dense_kernel(dense_launch L) {
+  constexpr int R = tiling<M>::R, U = tiling<M>::U;
   const dense_job& job = L.jobs[blockIdx.y];
-  const size_t j = static_cast<size_t>(blockIdx.x) * warps_per_block + threadIdx.x / 32;
-  if (j >= job.n) return;
+  const size_t j0 = (static_cast<size_t>(blockIdx.x) * warps_per_block + threadIdx.x / 32) * R;
+  if (j0 >= job.n) return;  // whole warps leave together
   const unsigned lane = threadIdx.x & 31u;
   const size_t row0 = static_cast<size_t>(blockIdx.z) * M;
   const float* xr[M];
@@ -105,50 +86,98 @@ __global__ void __launch_bounds__(warps_per_block * 32) dense_kernel(dense_launc
     size_t r = row0 + i < L.m ? row0 + i : L.m - 1;  // rows past m repeat the last one; not stored
     xr[i] = job.x + r * job.ldx;
   }
-  const W* w = static_cast<const W*>(job.w) + j * job.ldw;
+  const W* w[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) w[r] = static_cast<const W*>(job.w) + (j0 + r < job.n ? j0 + r : j0) * job.ldw;
   const size_t k = job.k, n_chunks = (k + 7) / 8;
-  float acc[M];
+  float acc[M][R];
 #pragma unroll
-  for (int i = 0; i < M; ++i) acc[i] = 0.0f;
-
+  for (int i = 0; i < M; ++i) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
+  }
+  // One x chunk per activation row, applied to all R weight rows: 8 products each, in k order.
+  auto consume = [&](const chunk<W> (&wc)[R], size_t k0) {
+    const bool full = k0 + 8 <= k;
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      float xv[8];
+      if (Vec && full) {
+        float4 a = __ldg(reinterpret_cast<const float4*>(xr[i] + k0));
+        float4 b = __ldg(reinterpret_cast<const float4*>(xr[i] + k0 + 4));
+        xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
+        xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) xv[e] = k0 + e < k ? xr[i][k0 + e] : 0.0f;
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float sum = acc[i][r];
+        if (full) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) sum = __fmaf_rn(xv[e], wc[r].v[e], sum);
+        } else {
+          for (int e = 0; e < 8; ++e) {
+            if (k0 + e < k) sum = __fmaf_rn(xv[e], wc[r].v[e], sum);
+          }
+        }
+        acc[i][r] = sum;
+      }
+    }
+  };
   size_t c = lane;
-  for (; c + 32 * (chunks_in_flight - 1) < n_chunks; c += 32 * chunks_in_flight) {
-    chunk<W> ws[chunks_in_flight];
+  for (; c + 32 * (U - 1) < n_chunks; c += 32 * U) {
+    chunk<W> ws[U][R];
 #pragma unroll
-    for (unsigned u = 0; u < chunks_in_flight; ++u) ws[u] = load_chunk<W, Vec>(w, (c + 32 * u) * 8, k);
+    for (int u = 0; u < U; ++u) {
 #pragma unroll
-    for (unsigned u = 0; u < chunks_in_flight; ++u) fma_chunk<M, Vec>(acc, xr, (c + 32 * u) * 8, k, ws[u].v);
+      for (int r = 0; r < R; ++r) ws[u][r] = load_chunk<W, Vec>(w[r], (c + 32 * u) * 8, k);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) consume(ws[u], (c + 32 * u) * 8);
   }
   for (; c < n_chunks; c += 32) {
-    chunk<W> wc = load_chunk<W, Vec>(w, c * 8, k);
-    fma_chunk<M, Vec>(acc, xr, c * 8, k, wc.v);
+    chunk<W> ws[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) ws[r] = load_chunk<W, Vec>(w[r], c * 8, k);
+    consume(ws, c * 8);
   }
 #pragma unroll
   for (int i = 0; i < M; ++i) {
-    float v = acc[i];
-    for (unsigned off = 16; off >= 1; off /= 2) v = v + __shfl_xor_sync(0xffffffffu, v, off);
-    acc[i] = v;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float v = acc[i][r];
+      for (unsigned off = 16; off >= 1; off /= 2) v = v + __shfl_xor_sync(0xffffffffu, v, off);
+      acc[i][r] = v;
+    }
   }
   if (lane == 0) {
 #pragma unroll
     for (int i = 0; i < M; ++i) {
-      if (row0 + i < L.m) job.y[(row0 + i) * job.ldy + j] = job.bias ? acc[i] + job.bias[j] : acc[i];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const size_t j = j0 + r;
+        if (row0 + i < L.m && j < job.n) job.y[(row0 + i) * job.ldy + j] = job.bias ? acc[i][r] + job.bias[j] : acc[i][r];
+      }
     }
   }
 }
 
 template <class W, int M>
-void launch_typed(const dense_launch& L, bool vec, dim3 grid, stream_t s) {
+void launch_typed(const dense_launch& L, bool vec, size_t max_n, unsigned slices, stream_t s) {
+  const size_t rows_per_block = warps_per_block * static_cast<size_t>(tiling<M>::R);
+  dim3 grid(static_cast<unsigned>((max_n + rows_per_block - 1) / rows_per_block), L.n_jobs, slices);
   if (vec) dense_kernel<W, M, true><<<grid, warps_per_block * 32, 0, s>>>(L);
   else dense_kernel<W, M, false><<<grid, warps_per_block * 32, 0, s>>>(L);
 }
 
 template <class W>
-void launch_m(const dense_launch& L, bool vec, dim3 grid, stream_t s) {
-  if (L.m <= 1) launch_typed<W, 1>(L, vec, grid, s);
-  else if (L.m <= 2) launch_typed<W, 2>(L, vec, grid, s);
-  else if (L.m <= 4) launch_typed<W, 4>(L, vec, grid, s);
-  else launch_typed<W, 8>(L, vec, grid, s);
+void launch_m(const dense_launch& L, bool vec, size_t max_n, unsigned slices, stream_t s) {
+  if (L.m <= 1) launch_typed<W, 1>(L, vec, max_n, slices, s);
+  else if (L.m <= 2) launch_typed<W, 2>(L, vec, max_n, slices, s);
+  else if (L.m <= 4) launch_typed<W, 4>(L, vec, max_n, slices, s);
+  else launch_typed<W, 8>(L, vec, max_n, slices, s);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -175,11 +204,10 @@ status dense(std::span<const dense_job> jobs, size_t m, stream_t s) {
     vec = vec && aligned16(j.w) && (j.ldw * dtype_size(type)) % 16 == 0 && aligned16(j.x) && (j.ldx * 4) % 16 == 0;
   }
   const unsigned slices = m <= 8 ? 1u : static_cast<unsigned>((m + 7) / 8);
-  dim3 grid(detail::blocks_for(max_n, warps_per_block), L.n_jobs, slices);
   switch (type) {
-    case dtype::f32: launch_m<float>(L, vec, grid, s); break;
-    case dtype::f16: launch_m<__half>(L, vec, grid, s); break;
-    default: launch_m<__nv_bfloat16>(L, vec, grid, s); break;
+    case dtype::f32: launch_m<float>(L, vec, max_n, slices, s); break;
+    case dtype::f16: launch_m<__half>(L, vec, max_n, slices, s); break;
+    default: launch_m<__nv_bfloat16>(L, vec, max_n, slices, s); break;
   }
   return detail::launched("dense");
 }

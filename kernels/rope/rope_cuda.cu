@@ -10,31 +10,33 @@ namespace llmesh::kernels::cuda {
 namespace {
 
 __global__ void rope_kv_kernel(rope_kv_args a) {
-  const size_t t = blockIdx.x;
+  const unsigned t = blockIdx.x;
   const int32_t slot = a.slot[t];
   if (slot < 0) return;  // batch padding
-  const size_t half = a.head_dim / 2;
+  const unsigned hd = static_cast<unsigned>(a.head_dim), half = hd / 2;
+  const unsigned nq = static_cast<unsigned>(a.n_heads), nkv = static_cast<unsigned>(a.n_kv_heads);
   const size_t p = static_cast<size_t>(a.pos[t]);
   const float* c = a.cos + p * half;
   const float* sn = a.sin + p * half;
-  const size_t q_pairs = a.n_heads * half, k_pairs = a.n_kv_heads * half;
-  for (size_t j = threadIdx.x; j < q_pairs + k_pairs; j += blockDim.x) {
-    const bool is_q = j < q_pairs;
-    const size_t jj = is_q ? j : j - q_pairs;
-    const size_t h = jj / half, i = jj % half;
-    float* x = is_q ? a.q + (t * a.n_heads + h) * a.head_dim : a.k + (t * a.n_kv_heads + h) * a.head_dim;
-    float va = x[i], vb = x[i + half];
-    float ra = va * c[i] - vb * sn[i];
-    float rb = vb * c[i] + va * sn[i];
-    x[i] = ra;
-    x[i + half] = rb;
-    if (!is_q) {
-      float* kc = a.k_cache + (static_cast<size_t>(slot) * a.n_kv_heads + h) * a.head_dim;
-      kc[i] = ra;
-      kc[i + half] = rb;
+  // One warp per head (q heads, then kv heads); lanes walk the head's first half.
+  for (unsigned h = threadIdx.x / 32; h < nq + nkv; h += blockDim.x / 32) {
+    const bool is_q = h < nq;
+    const unsigned hh = is_q ? h : h - nq;
+    float* x = is_q ? a.q + (static_cast<size_t>(t) * nq + hh) * hd : a.k + (static_cast<size_t>(t) * nkv + hh) * hd;
+    float* kc = is_q ? nullptr : a.k_cache + (static_cast<size_t>(slot) * nkv + hh) * hd;
+    for (unsigned i = threadIdx.x & 31u; i < half; i += 32) {
+      float va = x[i], vb = x[i + half];
+      float ra = va * c[i] - vb * sn[i];
+      float rb = vb * c[i] + va * sn[i];
+      x[i] = ra;
+      x[i + half] = rb;
+      if (kc) {
+        kc[i] = ra;
+        kc[i + half] = rb;
+      }
     }
   }
-  const size_t kv = a.n_kv_heads * a.head_dim;
+  const size_t kv = static_cast<size_t>(nkv) * hd;
   float* vc = a.v_cache + static_cast<size_t>(slot) * kv;
   for (size_t j = threadIdx.x; j < kv; j += blockDim.x) vc[j] = a.v[t * kv + j];
 }
@@ -43,7 +45,7 @@ __global__ void rope_kv_kernel(rope_kv_args a) {
 
 status rope_kv(const rope_kv_args& a, stream_t s) {
   if (a.n_tokens == 0) return ok_status();
-  rope_kv_kernel<<<static_cast<unsigned>(a.n_tokens), 128, 0, s>>>(a);
+  rope_kv_kernel<<<static_cast<unsigned>(a.n_tokens), 256, 0, s>>>(a);
   return detail::launched("rope_kv");
 }
 

@@ -1,6 +1,10 @@
 // Greedy sampling on the device: the index of the largest logit per row, lowest index on ties
 // (exactly kernels::argmax), so only token ids cross back to the host.
 // Layout: logits [rows][vocab] float32. One block per row.
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
 #include "device/cuda_common.cuh"
 #include "llmesh/kernels/cuda_ops.hpp"
 
@@ -15,13 +19,30 @@ __device__ __forceinline__ bool better(float v, int32_t i, float bv, int32_t bi)
 
 __global__ void argmax_kernel(const float* logits, size_t vocab, int32_t* out) {
   const float* row = logits + blockIdx.x * vocab;
-  float best = row[0];
-  int32_t best_i = 0;
-  for (size_t i = threadIdx.x; i < vocab; i += threads) {
-    if (row[i] > best) {  // strictly greater: the first index wins within a thread
-      best = row[i];
-      best_i = static_cast<int32_t>(i);
+  // Four independent candidates per thread (loads in flight), each the first maximum of its
+  // stride; merging with better() keeps the lowest index among equal values.
+  float bv[4];
+  int32_t bi[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) { bv[u] = -INFINITY; bi[u] = INT32_MAX; }
+  size_t i = threadIdx.x;
+  for (; i + 3 * threads < vocab; i += 4 * threads) {
+    float v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = row[i + u * threads];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (better(v[u], static_cast<int32_t>(i + u * threads), bv[u], bi[u])) { bv[u] = v[u]; bi[u] = static_cast<int32_t>(i + u * threads); }
     }
+  }
+  for (; i < vocab; i += threads) {
+    if (better(row[i], static_cast<int32_t>(i), bv[0], bi[0])) { bv[0] = row[i]; bi[0] = static_cast<int32_t>(i); }
+  }
+  float best = bv[0];
+  int32_t best_i = bi[0];
+#pragma unroll
+  for (int u = 1; u < 4; ++u) {
+    if (better(bv[u], bi[u], best, best_i)) { best = bv[u]; best_i = bi[u]; }
   }
   for (unsigned off = 16; off >= 1; off /= 2) {
     float v = __shfl_down_sync(0xffffffffu, best, off);
@@ -37,7 +58,7 @@ __global__ void argmax_kernel(const float* logits, size_t vocab, int32_t* out) {
     for (unsigned w = 1; w < threads / 32; ++w) {
       if (better(sv[w], si[w], best, best_i)) { best = sv[w]; best_i = si[w]; }
     }
-    out[blockIdx.x] = best_i;
+    out[blockIdx.x] = best_i == INT32_MAX ? 0 : best_i;  // all NaN: index 0, as the CPU
   }
 }
 

@@ -150,20 +150,25 @@ class cuda_executor final : public step_executor {
   size_t off_bt() const { return 3 * cap_; }
   size_t off_tile0() const { return 4 * cap_; }
   size_t off_tile_rows() const { return 5 * cap_; }
-  size_t off_rows() const { return 6 * cap_; }
-  size_t off_tables() const { return 7 * cap_; }
+  size_t off_tile_partial() const { return 6 * cap_; }
+  size_t off_rows() const { return 7 * cap_; }
+  size_t off_tables() const { return 8 * cap_; }
 
   /// Grows step buffers to hold `tokens` rows, `table_ints` block-table entries and
-  /// `partitions` attention partitions. Growing invalidates captured graphs.
-  status reserve(size_t tokens, size_t table_ints, size_t partitions) {
+  /// attention partials for `singles` one-row tiles over `partitions` partitions. Growing
+  /// invalidates captured graphs.
+  status reserve(size_t tokens, size_t table_ints, size_t partitions, size_t singles) {
     const bool grow_tokens = tokens > cap_, grow_tables = table_ints > cap_tables_;
-    const bool grow_parts = partitions > cap_parts_;
+    const bool grow_parts = partitions > cap_parts_ || singles > cap_singles_;
     if (!grow_tokens && !grow_tables && !grow_parts) return ok_status();
     LLMESH_TRY(stream_.synchronize());
     graphs_.clear();
     if (grow_tokens) cap_ = std::max<size_t>({tokens, cap_ * 2, 64});
     if (grow_tables) cap_tables_ = std::max(table_ints, cap_tables_ * 2);
-    if (grow_parts) cap_parts_ = pow2_at_least(partitions);
+    if (grow_parts) {
+      cap_parts_ = std::max(cap_parts_, pow2_at_least(partitions));
+      cap_singles_ = std::max(cap_singles_, pow2_at_least(singles));
+    }
     const size_t hd = cfg_.head_dim, nq = layout_.n_heads * hd, nkv = layout_.n_kv_heads * hd;
     const size_t ni = layout_.n_inter, H = cfg_.hidden, f = sizeof(float);
     if (grow_tokens || grow_tables) {
@@ -196,8 +201,8 @@ class cuda_executor final : public step_executor {
         LLMESH_TRY(cuda::fill_bytes(b->get(), 0, b->size(), stream_.get()));
       }
     }
-    if (grow_tokens || grow_parts) {
-      const size_t n = kernels::cuda::attention_partials_floats(cap_, layout_.n_heads, hd, cap_parts_);
+    if (grow_parts) {
+      const size_t n = kernels::cuda::attention_partials_floats(cap_singles_, layout_.n_heads, hd, cap_parts_);
       if (n > 0) LLMESH_TRY(alloc(partials_, n * f));
     }
     return ok_status();
@@ -219,21 +224,30 @@ class cuda_executor final : public step_executor {
     if (max_pos >= std::min(kv_.n_blocks * kv_.block_size, cfg_.max_positions)) {
       return make_error(errc::invalid_request, "forward: position beyond the KV cache");
     }
-    p.partitions = max_pos / cuda::attention_partition + 1;
+    // One-row tiles (decode rows, and a prompt chunk's last tile of one token) run one block
+    // per 128-position partition; the partials of those spanning several are merged after.
+    size_t singles = 0, single_pos = 0;
+    for (const auto& s : batch) {
+      if (s.tokens.size() % cuda::attention_tile_rows == 1) {
+        ++singles;
+        single_pos = std::max(single_pos, s.pos0 + s.tokens.size() - 1);
+      }
+    }
+    p.partitions = single_pos / cuda::attention_partition + 1;
     p.decode_graph = decode;
     if (decode) {
-      p.tokens = p.tiles = p.rows = pow2_at_least(n_tokens);
+      p.tokens = p.tiles = p.rows = singles = pow2_at_least(n_tokens);
       p.partitions = pow2_at_least(p.partitions);
     } else {
       p.tokens = n_tokens;
       p.rows = p.real_rows;
       for (const auto& s : batch) p.tiles += (s.tokens.size() + cuda::attention_tile_rows - 1) / cuda::attention_tile_rows;
     }
-    LLMESH_TRY(reserve(p.tokens, table_ints, p.partitions));
+    LLMESH_TRY(reserve(p.tokens, table_ints, p.partitions, singles));
 
     int32_t* m = meta_host_.as<int32_t>();
     std::fill(m, m + off_tables(), 0);
-    size_t t = 0, tile = 0, row = 0, table = 0;
+    size_t t = 0, tile = 0, row = 0, table = 0, single = 0;
     for (const auto& s : batch) {
       std::copy(s.block_table.begin(), s.block_table.end(), m + off_tables() + table);
       for (size_t i = 0; i < s.tokens.size(); ++i, ++t) {
@@ -244,9 +258,10 @@ class cuda_executor final : public step_executor {
                             static_cast<int32_t>(pos % kv_.block_size);
         m[off_bt() + t] = static_cast<int32_t>(table);
         if (i % cuda::attention_tile_rows == 0) {
+          const size_t rows = std::min(cuda::attention_tile_rows, s.tokens.size() - i);
           m[off_tile0() + tile] = static_cast<int32_t>(t);
-          m[off_tile_rows() + tile] =
-              static_cast<int32_t>(std::min(cuda::attention_tile_rows, s.tokens.size() - i));
+          m[off_tile_rows() + tile] = static_cast<int32_t>(rows);
+          m[off_tile_partial() + tile] = rows == 1 ? static_cast<int32_t>(single++) : -1;
           ++tile;
         }
       }
@@ -278,7 +293,9 @@ class cuda_executor final : public step_executor {
       return timed(std::string("dense ") + name, [&] { return cuda::dense(jobs, m, stream_.get()); });
     }
     return timed(std::string("cublas ") + name, [&]() -> status {
-      for (const auto& j : jobs) LLMESH_TRY(blas_->gemm(j, m, scratch16_.get(), stream_.get()));
+      // The jobs of one call share their input: round it to 16 bits once.
+      LLMESH_TRY(cuda::to_16bit(jobs[0].x, jobs[0].ldx, m, jobs[0].k, w_.type, scratch16_.get(), stream_.get()));
+      for (const auto& j : jobs) LLMESH_TRY(blas_->gemm_16bit(j, m, scratch16_.get(), stream_.get()));
       return ok_status();
     });
   }
@@ -348,6 +365,7 @@ class cuda_executor final : public step_executor {
       a.block_tables = meta + off_tables();
       a.tile_token0 = meta + off_tile0();
       a.tile_rows = meta + off_tile_rows();
+      a.tile_partial = meta + off_tile_partial();
       a.n_tiles = p.tiles;
       a.n_tokens = T;
       a.n_heads = layout_.n_heads;
@@ -410,7 +428,7 @@ class cuda_executor final : public step_executor {
   std::unique_ptr<cuda::blas> blas_;
   std::vector<cuda::buffer> k_cache_, v_cache_;
   cuda::buffer cos_, sin_;
-  size_t cap_ = 0, cap_tables_ = 0, cap_parts_ = 1;
+  size_t cap_ = 0, cap_tables_ = 0, cap_parts_ = 1, cap_singles_ = 0;
   cuda::buffer meta_, meta_host_, ids_, ids_host_;
   cuda::buffer h_, xn_, proj_, xl_, q_, attn_, k_, v_, gate_, up_, scratch16_, logits_, gathered_raw_, gathered_,
       partials_;

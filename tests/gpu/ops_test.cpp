@@ -293,10 +293,10 @@ struct attn_seq {
 std::vector<float> run_attention(const paged_cache& c, size_t n_heads, size_t window, const std::vector<attn_seq>& seqs,
                                  const std::vector<float>& q, std::vector<float>* want) {
   const size_t hd = c.hd;
-  std::vector<int32_t> tables, pos, bt_off, tile0, tile_rows;
+  std::vector<int32_t> tables, pos, bt_off, tile0, tile_rows, tile_partial;
   std::vector<std::vector<int32_t>> per_seq;
   std::mt19937 rng(7);
-  size_t t = 0, max_pos = 0;
+  size_t t = 0, max_pos = 0, singles = 0, max_pos_single = 0;
   for (const auto& s : seqs) {
     const size_t blocks = (s.pos0 + s.n + c.bs - 1) / c.bs;
     std::vector<int32_t> ids(c.n_blocks);
@@ -308,19 +308,23 @@ std::vector<float> run_attention(const paged_cache& c, size_t n_heads, size_t wi
       pos.push_back(static_cast<int32_t>(s.pos0 + i));
       bt_off.push_back(static_cast<int32_t>(tables.size()));
       if (i % cuda::attention_tile_rows == 0) {
+        const size_t rows = std::min(cuda::attention_tile_rows, s.n - i);
         tile0.push_back(static_cast<int32_t>(t));
-        tile_rows.push_back(static_cast<int32_t>(std::min(cuda::attention_tile_rows, s.n - i)));
+        tile_rows.push_back(static_cast<int32_t>(rows));
+        tile_partial.push_back(rows == 1 ? static_cast<int32_t>(singles++) : -1);
+        if (rows == 1) max_pos_single = std::max(max_pos_single, s.pos0 + i);
       }
     }
     tables.insert(tables.end(), ids.begin(), ids.end());
     max_pos = std::max(max_pos, s.pos0 + s.n - 1);
   }
-  const size_t T = t, parts = max_pos / cuda::attention_partition + 1;
+  const size_t T = t, parts = max_pos_single / cuda::attention_partition + 1;
+  (void)max_pos;
   auto dq = to_device(q), dk = to_device(c.keys), dv = to_device(c.values);
   auto dpos = to_device(pos), dbt = to_device(bt_off), dtab = to_device(tables), dt0 = to_device(tile0),
-       dtr = to_device(tile_rows);
+       dtr = to_device(tile_rows), dtp = to_device(tile_partial);
   auto out = poisoned(T * n_heads * hd * 4);
-  const size_t pf = cuda::attention_partials_floats(T, n_heads, hd, parts);
+  const size_t pf = cuda::attention_partials_floats(singles, n_heads, hd, parts);
   auto partials = poisoned(std::max<size_t>(pf, 1) * 4);
   cuda::attention_args a;
   a.q = dq.as<float>();
@@ -332,6 +336,7 @@ std::vector<float> run_attention(const paged_cache& c, size_t n_heads, size_t wi
   a.block_tables = dtab.as<int32_t>();
   a.tile_token0 = dt0.as<int32_t>();
   a.tile_rows = dtr.as<int32_t>();
+  a.tile_partial = dtp.as<int32_t>();
   a.n_tiles = tile0.size();
   a.n_tokens = T;
   a.n_heads = n_heads;
@@ -373,9 +378,9 @@ TEST(CudaAttention, MatchesCpuAcrossShapesWindowsAndPartitions) {
   };
   const shape_case cases[] = {
       {8, 2, 128, 0, {{0, 37}, {100, 1}, {0, 1}}},            // prefill tiles + decode rows
-      {4, 4, 40, 0, {{500, 30}, {1100, 1}, {1530, 3}}},       // rows across 512-position partitions
+      {4, 4, 40, 0, {{500, 30}, {1100, 1}, {1530, 3}}},       // rows across 128-position partitions
       {8, 1, 64, 8, {{0, 20}, {700, 2}}},                     // sliding window (Mistral)
-      {32, 8, 128, 0, {{1023, 1}, {511, 2}, {0, 16}}},        // partition edges
+      {32, 8, 128, 0, {{1023, 1}, {511, 2}, {0, 16}, {127, 1}, {128, 1}, {255, 17}}},  // partition edges
       {6, 2, 256, 300, {{900, 5}}},                           // hd 256, window across partitions
   };
   uint32_t salt = 1000;
@@ -395,7 +400,8 @@ TEST(CudaAttention, RowsAreBatchAndChunkInvariant) {
   const size_t n_heads = 8, n_kv = 2, hd = 128;
   paged_cache cache(120, n_kv, hd, 1100);
   // One sequence of 40 rows at 600..639, prefilled whole, then the same rows in chunks of 7
-  // and one by one; every row's output must carry the same bits. (Same block table: seed 7.)
+  // and one by one (the one-row decode path); every row's output must carry the same bits.
+  // (Same block table: seed 7.)
   auto q = random_floats(40 * n_heads * hd, 1101);
   auto whole = run_attention(cache, n_heads, 0, {{600, 40}}, q, nullptr);
   const size_t row = n_heads * hd;

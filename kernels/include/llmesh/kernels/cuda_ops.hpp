@@ -54,16 +54,20 @@ struct rope_kv_args {
 };
 [[nodiscard]] status rope_kv(const rope_kv_args& a, stream_t s);
 
-/// Positions per attention partition: long contexts split into fixed 512-position pieces
-/// combined in order, so a row's numbers depend on its position alone (not on its batch).
-inline constexpr size_t attention_partition = 512;
-/// Query rows per tile: a tile's rows share the K/V tiles staged in shared memory.
+/// Attention's fixed structure, the same for every row wherever it sits: keys are taken in
+/// 32-key tiles at absolute positions; a tile's softmax state (max, sum, Σp·v) is folded into
+/// its partition's state in order, and 128-position partitions are folded into the row's state
+/// in order, with one fold function. So a row's numbers depend on its position and sequence
+/// alone — never on the batch, the tiling of the step, or how the prompt was chunked.
+inline constexpr size_t attention_partition = 128;
+/// Query rows per tile: a multi-row tile's rows share the K/V tiles staged in shared memory
+/// and walk all partitions in one block; a one-row tile (decode) gets one block per partition
+/// (4 warps = 4 key tiles in parallel) and a merge kernel.
 inline constexpr size_t attention_tile_rows = 16;
 
 /// Causal GQA attention over the paged cache for T query rows grouped in tiles of consecutive
 /// tokens of one sequence. Row t sees positions max(0, pos[t] - window + 1) .. pos[t] of its
-/// sequence, whose block table starts at block_tables[bt_offset[t]]. Keys are visited in
-/// increasing position order; partials are merged in partition order.
+/// sequence, whose block table starts at block_tables[bt_offset[t]].
 struct attention_args {
   const float* q = nullptr;  ///< [T][n_heads][hd]
   float* out = nullptr;      ///< [T][n_heads][hd]
@@ -72,17 +76,18 @@ struct attention_args {
   const int32_t* pos = nullptr;        ///< [T]; < 0 for padding
   const int32_t* bt_offset = nullptr;  ///< [T]
   const int32_t* block_tables = nullptr;
-  const int32_t* tile_token0 = nullptr;  ///< [n_tiles]
-  const int32_t* tile_rows = nullptr;    ///< [n_tiles]; 0 for padding
+  const int32_t* tile_token0 = nullptr;   ///< [n_tiles]
+  const int32_t* tile_rows = nullptr;     ///< [n_tiles]; 0 for padding
+  const int32_t* tile_partial = nullptr;  ///< [n_tiles]: one-row tiles' slot in `partials`, else -1
   size_t n_tiles = 0, n_tokens = 0;
   size_t n_heads = 0, n_kv_heads = 0, head_dim = 0, block_size = 16, sliding_window = 0;
   float scale = 1.0f;
-  size_t max_partitions = 1;  ///< ≥ partitions of any row in this call
-  float* partials = nullptr;  ///< [T][n_heads][max_partitions][hd + 2]; needed when max_partitions > 1
+  size_t max_partitions = 1;  ///< ≥ partitions of any one-row tile's row in this call
+  float* partials = nullptr;  ///< [partial slots][n_heads][max_partitions][hd + 2]
 };
 [[nodiscard]] status attention(const attention_args& a, stream_t s);
-/// Floats of scratch attention() needs for `partials`.
-size_t attention_partials_floats(size_t n_tokens, size_t n_heads, size_t head_dim, size_t max_partitions);
+/// Floats of scratch attention() needs for `partials` (0 when no row spans two partitions).
+size_t attention_partials_floats(size_t partial_slots, size_t n_heads, size_t head_dim, size_t max_partitions);
 
 /// One projection y[i][j] = dot(x[i], w[j]) (+ bias[j]) for i < m, j < n over k; weights in
 /// HF [out, in] layout with leading dimension ldw (a tensor-parallel slice is used in place).
@@ -125,6 +130,10 @@ class blas {
   struct state;
   std::unique_ptr<state> st_;
 };
+
+/// out[i][c] = x[i][c] rounded to `type` (bf16 or f16, nearest-even) for i < m, c < k: the
+/// activations of blas::gemm_16bit, converted once for several projections of the same x.
+[[nodiscard]] status to_16bit(const float* x, size_t ldx, size_t m, size_t k, dtype type, void* out, stream_t s);
 
 /// out[r] = index of the largest of logits[r][0..vocab) (lowest index on ties, as kernels::argmax).
 [[nodiscard]] status argmax(const float* logits, size_t rows, size_t vocab, int32_t* out, stream_t s);
