@@ -78,6 +78,22 @@ __device__ __forceinline__ float score_of(const float* q, LoadK k, unsigned hd, 
   return ((s0 + s1) + (s2 + s3)) * scale;
 }
 
+/// score_of for a 16-byte aligned k with hd % 4 == 0, 8 loads in flight: the same sums.
+__device__ __forceinline__ float score_of4(const float* q, const float* k, unsigned hd, float scale) {
+  float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+  const float4* k4 = reinterpret_cast<const float4*>(k);
+#pragma unroll 8
+  for (unsigned d4 = 0; d4 < hd / 4; ++d4) {
+    const float4 kv = __ldg(k4 + d4);
+    const unsigned d = 4 * d4;
+    s0 = __fmaf_rn(q[d], kv.x, s0);
+    s1 = __fmaf_rn(q[d + 1], kv.y, s1);
+    s2 = __fmaf_rn(q[d + 2], kv.z, s2);
+    s3 = __fmaf_rn(q[d + 3], kv.w, s3);
+  }
+  return ((s0 + s1) + (s2 + s3)) * scale;
+}
+
 /// The state of one 32-key tile; lane j holds key j's score (valid or not). vrow(kj) returns
 /// key kj's value row (called by the whole warp); invalid keys contribute nothing (their p is 0
 /// and they are skipped).
@@ -90,14 +106,27 @@ __device__ __forceinline__ state tile_state(float score, bool valid, ValueRow vr
   if (t.m == -INFINITY) return t;  // uniform across the warp
   const float p = valid ? detail::exp_det(score - t.m) : 0.0f;
   t.l = warp_sum(p);
-  for (unsigned kj = 0; kj < key_tile; ++kj) {
-    const float pk = __shfl_sync(0xffffffffu, p, kj);
-    if (pk == 0.0f) continue;  // uniform: masked (or underflowed) keys add nothing
-    const float* v = vrow(kj);
+  // Keys in order, 4 at a time: their value loads are issued together (all addresses are valid:
+  // masked keys point at slot 0), then each key with p ≠ 0 is accumulated in key order.
+  for (unsigned kj = 0; kj < key_tile; kj += 4) {
+    float pk[4], vals[4][max_dims_per_lane];
 #pragma unroll
-    for (unsigned i = 0; i < max_dims_per_lane; ++i) {
-      const unsigned d = lane + 32 * i;
-      if (d < hd) t.acc[i] = __fmaf_rn(pk, v[d], t.acc[i]);
+    for (unsigned u = 0; u < 4; ++u) {
+      pk[u] = __shfl_sync(0xffffffffu, p, kj + u);
+      const float* v = vrow(kj + u);
+#pragma unroll
+      for (unsigned i = 0; i < max_dims_per_lane; ++i) {
+        const unsigned d = lane + 32 * i;
+        vals[u][i] = d < hd ? v[d] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (unsigned u = 0; u < 4; ++u) {
+      if (pk[u] == 0.0f) continue;  // uniform: masked (or underflowed) keys add nothing
+#pragma unroll
+      for (unsigned i = 0; i < max_dims_per_lane; ++i) {
+        if (lane + 32 * i < hd) t.acc[i] = __fmaf_rn(pk[u], vals[u][i], t.acc[i]);
+      }
     }
   }
   return t;
@@ -159,13 +188,37 @@ __global__ void __launch_bounds__(warps * 32) prefill_kernel(attention_args a) {
       if (k0 > static_cast<unsigned>(pmax)) break;        // later tiles: no row sees them
       if (k0 + key_tile <= lo_tile) continue;             // earlier tiles: outside every window
       __syncthreads();  // the previous tile is consumed (and qs is written, the first time)
-      for (unsigned j = warp; j < key_tile; j += warps) {
-        const unsigned p = k0 + j;
-        const bool in = p <= static_cast<unsigned>(pmax);
-        const size_t base = in ? static_cast<size_t>(slot_of(bt, p, bs)) * kv_row + kvh * hd : 0;
-        for (unsigned d = lane; d < hd; d += 32) {
-          ks[j * (hd + 1) + d] = in ? a.k_cache[base + d] : 0.0f;
-          vs[j * hd + d] = in ? a.v_cache[base + d] : 0.0f;
+      // Warp w stages keys w, w+4, ..., w+28: all its loads are issued before the stores.
+      if (hd % 4 == 0 && hd <= 128) {
+        float4 kr[key_tile / warps], vr[key_tile / warps];
+        const unsigned d = 4 * lane;
+#pragma unroll
+        for (unsigned u = 0; u < key_tile / warps; ++u) {
+          const unsigned p = k0 + warp + warps * u;
+          const bool in = p <= static_cast<unsigned>(pmax) && d < hd;
+          const size_t base = in ? static_cast<size_t>(slot_of(bt, p, bs)) * kv_row + kvh * hd + d : 0;
+          kr[u] = in ? __ldg(reinterpret_cast<const float4*>(a.k_cache + base)) : make_float4(0, 0, 0, 0);
+          vr[u] = in ? __ldg(reinterpret_cast<const float4*>(a.v_cache + base)) : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (unsigned u = 0; u < key_tile / warps; ++u) {
+          const unsigned j = warp + warps * u;
+          if (d < hd) {
+            float* kd = ks + j * (hd + 1) + d;
+            kd[0] = kr[u].x; kd[1] = kr[u].y; kd[2] = kr[u].z; kd[3] = kr[u].w;
+            *reinterpret_cast<float4*>(vs + j * hd + d) = vr[u];
+          }
+        }
+      } else {
+        for (unsigned j = warp; j < key_tile; j += warps) {
+          const unsigned p = k0 + j;
+          const bool in = p <= static_cast<unsigned>(pmax);
+          const size_t base = in ? static_cast<size_t>(slot_of(bt, p, bs)) * kv_row + kvh * hd : 0;
+#pragma unroll 4
+          for (unsigned d = lane; d < hd; d += 32) {
+            ks[j * (hd + 1) + d] = in ? a.k_cache[base + d] : 0.0f;
+            vs[j * hd + d] = in ? a.v_cache[base + d] : 0.0f;
+          }
         }
       }
       __syncthreads();
@@ -218,7 +271,11 @@ __global__ void __launch_bounds__(warps * 32) decode_kernel(attention_args a) {
   const bool valid = p >= lo && static_cast<int>(p) <= prow;
   const size_t base = valid ? static_cast<size_t>(slot_of(bt, p, bs)) * kv_row + kvh * hd : 0;
   const float* krow = a.k_cache + base;
-  const float sc = valid ? score_of(qs, [krow](unsigned d) { return __ldg(krow + d); }, hd, a.scale) : 0.0f;
+  float sc = 0.0f;
+  if (valid) {
+    sc = hd % 4 == 0 ? score_of4(qs, krow, hd, a.scale)
+                     : score_of(qs, [krow](unsigned d) { return __ldg(krow + d); }, hd, a.scale);
+  }
   const float* vcache = a.v_cache;
   state ts = tile_state(
       sc, valid, [vcache, base](unsigned kj) -> const float* { return vcache + __shfl_sync(0xffffffffu, base, kj); },

@@ -1,9 +1,9 @@
 // Projections on CUDA cores: y = x · wᵀ (+ bias) with float32 activations and F32/F16/BF16
-// weights, the decode path and the batch-invariant (--deterministic) path. One warp per
-// R output columns (each x chunk loaded serves R weight rows); lane l reads the 8-element chunks
-// l, l+32, l+64, ... of each row (16-byte loads, U chunks per row in flight) and keeps one
-// float32 sum per (activation row, column), then the warp folds with a fixed xor butterfly.
-// The order depends only on k, never on m or on R: batch-invariant.
+// weights, the decode path and the batch-invariant (--deterministic) path. Each output column's
+// k range is split into S segments (S = 1, 2 or 4 by k), one warp each; lane l reads the
+// segment's 8-element chunks l, l+32, ... (16-byte loads, 4 in flight) and keeps one float32
+// sum per activation row; the warp folds with a fixed xor butterfly, then the segments are
+// added in order. The order depends only on k, never on m: batch-invariant.
 // m ≤ 8 reads each weight once (memory-bound, the decode case); larger m runs in slices of 8
 // rows, re-reading the weights per slice (that is what the deterministic mode costs).
 // Layout: x [m][ldx], w [n][ldw] (HF [out, in]), y [m][ldy]. CPU oracle: matmul_cpu.cpp.
@@ -67,37 +67,36 @@ __device__ __forceinline__ chunk<W> load_chunk(const W* w, size_t k0, size_t k) 
   return c;
 }
 
-/// Rows of w per warp (R: each x chunk loaded serves R rows) and weight chunks in flight per
-/// row (U), by activation rows M: fewer x loads per weight byte as M grows, with a register
-/// budget of about 64 floats of weights in flight.
-template <int M> struct tiling { static constexpr int R = M <= 2 ? 2 : 4, U = M <= 2 ? 4 : (M <= 4 ? 2 : 1); };
+constexpr int chunks_in_flight = 4;  // 4 × 16 B of weights per lane before their first use
+
+/// Split-K: each output's k range is cut into S contiguous segments (whole 8-element chunks),
+/// one warp each, summed in segment order. S depends on k alone, so the order still does:
+/// long rows (the down projection) get more warps in flight.
+__host__ __device__ inline unsigned segments_for(size_t k) { return k >= 8192 ? 4u : (k >= 4096 ? 2u : 1u); }
 
 template <class W, int M, bool Vec>
 __global__ void __launch_bounds__(warps_per_block * 32) dense_kernel(dense_launch L) {
-  constexpr int R = tiling<M>::R, U = tiling<M>::U;
+  __shared__ float partial[warps_per_block][M];
   const dense_job& job = L.jobs[blockIdx.y];
-  const size_t j0 = (static_cast<size_t>(blockIdx.x) * warps_per_block + threadIdx.x / 32) * R;
-  if (j0 >= job.n) return;  // whole warps leave together
-  const unsigned lane = threadIdx.x & 31u;
+  const unsigned S = segments_for(job.k), warp = threadIdx.x / 32, lane = threadIdx.x & 31u;
+  const size_t j = static_cast<size_t>(blockIdx.x) * (warps_per_block / S) + warp / S;
+  const unsigned seg = warp % S;
+  const bool active = j < job.n;
   const size_t row0 = static_cast<size_t>(blockIdx.z) * M;
+  const size_t k = job.k, n_chunks = (k + 7) / 8, per_seg = (n_chunks + S - 1) / S;
+  const size_t c_begin = seg * per_seg, c_end = active ? min(n_chunks, c_begin + per_seg) : 0;
   const float* xr[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) {
     size_t r = row0 + i < L.m ? row0 + i : L.m - 1;  // rows past m repeat the last one; not stored
     xr[i] = job.x + r * job.ldx;
   }
-  const W* w[R];
+  const W* w = static_cast<const W*>(job.w) + (active ? j : 0) * job.ldw;
+  float acc[M];
 #pragma unroll
-  for (int r = 0; r < R; ++r) w[r] = static_cast<const W*>(job.w) + (j0 + r < job.n ? j0 + r : j0) * job.ldw;
-  const size_t k = job.k, n_chunks = (k + 7) / 8;
-  float acc[M][R];
-#pragma unroll
-  for (int i = 0; i < M; ++i) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
-  }
-  // One x chunk per activation row, applied to all R weight rows: 8 products each, in k order.
-  auto consume = [&](const chunk<W> (&wc)[R], size_t k0) {
+  for (int i = 0; i < M; ++i) acc[i] = 0.0f;
+  // One x chunk per activation row: 8 products each, in k order.
+  auto consume = [&](const chunk<W>& wc, size_t k0) {
     const bool full = k0 + 8 <= k;
 #pragma unroll
     for (int i = 0; i < M; ++i) {
@@ -111,73 +110,57 @@ __global__ void __launch_bounds__(warps_per_block * 32) dense_kernel(dense_launc
 #pragma unroll
         for (int e = 0; e < 8; ++e) xv[e] = k0 + e < k ? xr[i][k0 + e] : 0.0f;
       }
+      float sum = acc[i];
+      if (full) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float sum = acc[i][r];
-        if (full) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) sum = __fmaf_rn(xv[e], wc[r].v[e], sum);
-        } else {
-          for (int e = 0; e < 8; ++e) {
-            if (k0 + e < k) sum = __fmaf_rn(xv[e], wc[r].v[e], sum);
-          }
+        for (int e = 0; e < 8; ++e) sum = __fmaf_rn(xv[e], wc.v[e], sum);
+      } else {
+        for (int e = 0; e < 8; ++e) {
+          if (k0 + e < k) sum = __fmaf_rn(xv[e], wc.v[e], sum);
         }
-        acc[i][r] = sum;
       }
+      acc[i] = sum;
     }
   };
-  size_t c = lane;
-  for (; c + 32 * (U - 1) < n_chunks; c += 32 * U) {
-    chunk<W> ws[U][R];
+  size_t c = c_begin + lane;
+  for (; c + 32 * (chunks_in_flight - 1) < c_end; c += 32 * chunks_in_flight) {
+    chunk<W> ws[chunks_in_flight];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
+    for (int u = 0; u < chunks_in_flight; ++u) ws[u] = load_chunk<W, Vec>(w, (c + 32 * u) * 8, k);
 #pragma unroll
-      for (int r = 0; r < R; ++r) ws[u][r] = load_chunk<W, Vec>(w[r], (c + 32 * u) * 8, k);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) consume(ws[u], (c + 32 * u) * 8);
+    for (int u = 0; u < chunks_in_flight; ++u) consume(ws[u], (c + 32 * u) * 8);
   }
-  for (; c < n_chunks; c += 32) {
-    chunk<W> ws[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) ws[r] = load_chunk<W, Vec>(w[r], c * 8, k);
-    consume(ws, c * 8);
-  }
+  for (; c < c_end; c += 32) consume(load_chunk<W, Vec>(w, c * 8, k), c * 8);
 #pragma unroll
   for (int i = 0; i < M; ++i) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float v = acc[i][r];
-      for (unsigned off = 16; off >= 1; off /= 2) v = v + __shfl_xor_sync(0xffffffffu, v, off);
-      acc[i][r] = v;
-    }
+    float v = acc[i];
+    for (unsigned off = 16; off >= 1; off /= 2) v = v + __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) partial[warp][i] = v;
   }
-  if (lane == 0) {
+  __syncthreads();
+  if (!active || seg != 0 || lane != 0) return;
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const size_t j = j0 + r;
-        if (row0 + i < L.m && j < job.n) job.y[(row0 + i) * job.ldy + j] = job.bias ? acc[i][r] + job.bias[j] : acc[i][r];
-      }
-    }
+  for (int i = 0; i < M; ++i) {
+    if (row0 + i >= L.m) continue;
+    float v = partial[warp][i];
+    for (unsigned sg = 1; sg < S; ++sg) v = v + partial[warp + sg][i];
+    job.y[(row0 + i) * job.ldy + j] = job.bias ? v + job.bias[j] : v;
   }
 }
 
 template <class W, int M>
-void launch_typed(const dense_launch& L, bool vec, size_t max_n, unsigned slices, stream_t s) {
-  const size_t rows_per_block = warps_per_block * static_cast<size_t>(tiling<M>::R);
-  dim3 grid(static_cast<unsigned>((max_n + rows_per_block - 1) / rows_per_block), L.n_jobs, slices);
+void launch_typed(const dense_launch& L, bool vec, unsigned blocks, unsigned slices, stream_t s) {
+  dim3 grid(blocks, L.n_jobs, slices);
   if (vec) dense_kernel<W, M, true><<<grid, warps_per_block * 32, 0, s>>>(L);
   else dense_kernel<W, M, false><<<grid, warps_per_block * 32, 0, s>>>(L);
 }
 
 template <class W>
-void launch_m(const dense_launch& L, bool vec, size_t max_n, unsigned slices, stream_t s) {
-  if (L.m <= 1) launch_typed<W, 1>(L, vec, max_n, slices, s);
-  else if (L.m <= 2) launch_typed<W, 2>(L, vec, max_n, slices, s);
-  else if (L.m <= 4) launch_typed<W, 4>(L, vec, max_n, slices, s);
-  else launch_typed<W, 8>(L, vec, max_n, slices, s);
+void launch_m(const dense_launch& L, bool vec, unsigned blocks, unsigned slices, stream_t s) {
+  if (L.m <= 1) launch_typed<W, 1>(L, vec, blocks, slices, s);
+  else if (L.m <= 2) launch_typed<W, 2>(L, vec, blocks, slices, s);
+  else if (L.m <= 4) launch_typed<W, 4>(L, vec, blocks, slices, s);
+  else launch_typed<W, 8>(L, vec, blocks, slices, s);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -190,7 +173,7 @@ status dense(std::span<const dense_job> jobs, size_t m, stream_t s) {
   dense_launch L{};
   L.n_jobs = static_cast<unsigned>(jobs.size());
   L.m = m;
-  size_t max_n = 0;
+  size_t blocks = 0;
   bool vec = true;
   const dtype type = jobs[0].w_type;
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -200,14 +183,15 @@ status dense(std::span<const dense_job> jobs, size_t m, stream_t s) {
     }
     if (j.w_type != type) return make_error(errc::internal, "cuda dense: jobs of one launch share a dtype");
     L.jobs[i] = j;
-    max_n = std::max(max_n, j.n);
+    const size_t rows_per_block = warps_per_block / segments_for(j.k);
+    blocks = std::max(blocks, (j.n + rows_per_block - 1) / rows_per_block);
     vec = vec && aligned16(j.w) && (j.ldw * dtype_size(type)) % 16 == 0 && aligned16(j.x) && (j.ldx * 4) % 16 == 0;
   }
   const unsigned slices = m <= 8 ? 1u : static_cast<unsigned>((m + 7) / 8);
   switch (type) {
-    case dtype::f32: launch_m<float>(L, vec, max_n, slices, s); break;
-    case dtype::f16: launch_m<__half>(L, vec, max_n, slices, s); break;
-    default: launch_m<__nv_bfloat16>(L, vec, max_n, slices, s); break;
+    case dtype::f32: launch_m<float>(L, vec, static_cast<unsigned>(blocks), slices, s); break;
+    case dtype::f16: launch_m<__half>(L, vec, static_cast<unsigned>(blocks), slices, s); break;
+    default: launch_m<__nv_bfloat16>(L, vec, static_cast<unsigned>(blocks), slices, s); break;
   }
   return detail::launched("dense");
 }

@@ -112,16 +112,18 @@ TEST(CudaDense, MatchesCpuForEveryDtypeAndShape) {
 
 TEST(CudaDense, RowsAreBatchInvariant) {
   LLMESH_REQUIRE_GPU();
-  const size_t n = 160, k = 1000, m = 19;
-  auto w = make_weights(n * k, dtype::bf16, 101);
-  auto dw = upload(w, dtype::bf16);
-  auto x = random_floats(m * k, 102);
-  auto all = gpu_dense(x, m, k, dw, dtype::bf16, n, k, {});
-  for (size_t sub : {1, 2, 3, 5, 8}) {  // every template width and the sliced m > 8 path
-    std::vector<float> part(x.begin(), x.begin() + static_cast<ptrdiff_t>(sub * k));
-    auto got = gpu_dense(part, sub, k, dw, dtype::bf16, n, k, {});
-    EXPECT_TRUE(same_bits(got, std::vector<float>(all.begin(), all.begin() + static_cast<ptrdiff_t>(sub * n))))
-        << "m=" << sub;
+  for (size_t k : {1000, 4100, 8200}) {  // one, two and four split-K segments, with a tail
+    const size_t n = 160, m = 19;
+    auto w = make_weights(n * k, dtype::bf16, 101 + static_cast<uint32_t>(k));
+    auto dw = upload(w, dtype::bf16);
+    auto x = random_floats(m * k, 102);
+    auto all = gpu_dense(x, m, k, dw, dtype::bf16, n, k, {});
+    for (size_t sub : {1, 2, 3, 5, 8}) {  // every template width and the sliced m > 8 path
+      std::vector<float> part(x.begin(), x.begin() + static_cast<ptrdiff_t>(sub * k));
+      auto got = gpu_dense(part, sub, k, dw, dtype::bf16, n, k, {});
+      EXPECT_TRUE(same_bits(got, std::vector<float>(all.begin(), all.begin() + static_cast<ptrdiff_t>(sub * n))))
+          << "k=" << k << " m=" << sub;
+    }
   }
 }
 

@@ -19,7 +19,8 @@ namespace llmesh::model {
 struct cuda_options {
   int device = 0;
   /// Batch-invariant projections (CUDA-core kernels, fixed order) for every m; when false,
-  /// steps with more than 8 tokens use cuBLASLt (faster prefill, order may change with m).
+  /// steps with more than 2 tokens use cuBLASLt (bf16 activations; faster prefill and batched
+  /// decode, but a row's numbers may change with its batch).
   bool deterministic = false;
   bool graphs = true;  ///< replay pure decode steps from CUDA graphs
   bool profile = false;  ///< time every op with events (disables graphs): profile_report()
