@@ -24,22 +24,28 @@ constexpr unsigned rows_per_warp = attention_tile_rows / warps;  // 4
 constexpr unsigned key_tile = 32;                                 // one key per lane
 constexpr unsigned tiles_per_partition = attention_partition / key_tile;
 constexpr unsigned max_dims_per_lane = 8;                         // head_dim ≤ 256
+// Kernels are instantiated for D = 1, 2, 4, 8 dims per lane (the smallest power of two with
+// 32·D ≥ head_dim): unused dims cost neither registers nor instructions. D follows from
+// head_dim alone, so it never changes a row's arithmetic.
 static_assert(tiles_per_partition == warps, "decode path: one warp per key tile of a partition");
 
 /// A softmax state: running max, sum of exp, and this lane's Σ p·v for d = lane + 32·i.
+template <unsigned D>
 struct state {
-  float m, l, acc[max_dims_per_lane];
+  float m, l, acc[D];
 };
 
-__device__ __forceinline__ void clear(state& s) {
+template <unsigned D>
+__device__ __forceinline__ void clear(state<D>& s) {
   s.m = -INFINITY;
   s.l = 0.0f;
 #pragma unroll
-  for (unsigned i = 0; i < max_dims_per_lane; ++i) s.acc[i] = 0.0f;
+  for (unsigned i = 0; i < D; ++i) s.acc[i] = 0.0f;
 }
 
 /// a ← a ⊕ b (b's keys come after a's). Empty states (m = -inf) are identities.
-__device__ __forceinline__ void fold(state& a, const state& b) {
+template <unsigned D>
+__device__ __forceinline__ void fold(state<D>& a, const state<D>& b) {
   if (b.m == -INFINITY) return;
   if (a.m == -INFINITY) {
     a = b;
@@ -49,7 +55,7 @@ __device__ __forceinline__ void fold(state& a, const state& b) {
   const float ea = detail::exp_det(a.m - m), eb = detail::exp_det(b.m - m);
   a.l = a.l * ea + b.l * eb;
 #pragma unroll
-  for (unsigned i = 0; i < max_dims_per_lane; ++i) a.acc[i] = a.acc[i] * ea + b.acc[i] * eb;
+  for (unsigned i = 0; i < D; ++i) a.acc[i] = a.acc[i] * ea + b.acc[i] * eb;
   a.m = m;
 }
 
@@ -97,34 +103,35 @@ __device__ __forceinline__ float score_of4(const float* q, const float* k, unsig
 /// The state of one 32-key tile; lane j holds key j's score (valid or not). vrow(kj) returns
 /// key kj's value row (called by the whole warp); invalid keys contribute nothing (their p is 0
 /// and they are skipped).
-template <class ValueRow>
-__device__ __forceinline__ state tile_state(float score, bool valid, ValueRow vrow, unsigned hd) {
+template <unsigned D, class ValueRow>
+__device__ __forceinline__ state<D> tile_state(float score, bool valid, ValueRow vrow, unsigned hd) {
   const unsigned lane = threadIdx.x & 31u;
-  state t;
+  constexpr unsigned G = D <= 4 ? 8 : 4;  // keys whose value loads are issued together
+  state<D> t;
   clear(t);
   t.m = warp_max(valid ? score : -INFINITY);
   if (t.m == -INFINITY) return t;  // uniform across the warp
   const float p = valid ? detail::exp_det(score - t.m) : 0.0f;
   t.l = warp_sum(p);
-  // Keys in order, 4 at a time: their value loads are issued together (all addresses are valid:
-  // masked keys point at slot 0), then each key with p ≠ 0 is accumulated in key order.
-  for (unsigned kj = 0; kj < key_tile; kj += 4) {
-    float pk[4], vals[4][max_dims_per_lane];
+  // Keys in order, G at a time: their value loads are issued together (all addresses are
+  // valid: masked keys point at slot 0), then each key with p ≠ 0 is accumulated in key order.
+  for (unsigned kj = 0; kj < key_tile; kj += G) {
+    float pk[G], vals[G][D];
 #pragma unroll
-    for (unsigned u = 0; u < 4; ++u) {
+    for (unsigned u = 0; u < G; ++u) {
       pk[u] = __shfl_sync(0xffffffffu, p, kj + u);
       const float* v = vrow(kj + u);
 #pragma unroll
-      for (unsigned i = 0; i < max_dims_per_lane; ++i) {
+      for (unsigned i = 0; i < D; ++i) {
         const unsigned d = lane + 32 * i;
         vals[u][i] = d < hd ? v[d] : 0.0f;
       }
     }
 #pragma unroll
-    for (unsigned u = 0; u < 4; ++u) {
+    for (unsigned u = 0; u < G; ++u) {
       if (pk[u] == 0.0f) continue;  // uniform: masked (or underflowed) keys add nothing
 #pragma unroll
-      for (unsigned i = 0; i < max_dims_per_lane; ++i) {
+      for (unsigned i = 0; i < D; ++i) {
         if (lane + 32 * i < hd) t.acc[i] = __fmaf_rn(pk[u], vals[u][i], t.acc[i]);
       }
     }
@@ -140,11 +147,12 @@ __device__ __forceinline__ unsigned slot_of(const int32_t* bt, unsigned p, unsig
   return static_cast<unsigned>(bt[p / bs]) * bs + p % bs;
 }
 
-__device__ __forceinline__ void store_out(float* out, const state& s, unsigned hd) {
+template <unsigned D>
+__device__ __forceinline__ void store_out(float* out, const state<D>& s, unsigned hd) {
   const unsigned lane = threadIdx.x & 31u;
   const float inv = 1.0f / s.l;
 #pragma unroll
-  for (unsigned i = 0; i < max_dims_per_lane; ++i) {
+  for (unsigned i = 0; i < D; ++i) {
     const unsigned d = lane + 32 * i;
     if (d < hd) out[d] = s.acc[i] * inv;
   }
@@ -155,6 +163,7 @@ size_t prefill_shared_bytes(size_t hd) {
 }
 
 /// Multi-row tiles: grid (tile, head); blocks of one-row tiles leave (the decode kernel has them).
+template <unsigned D>
 __global__ void __launch_bounds__(warps * 32) prefill_kernel(attention_args a) {
   extern __shared__ float smem[];
   const unsigned hd = static_cast<unsigned>(a.head_dim);
@@ -175,7 +184,7 @@ __global__ void __launch_bounds__(warps * 32) prefill_kernel(attention_args a) {
   for (unsigned r = warp; r < static_cast<unsigned>(rows); r += warps) {
     for (unsigned d = lane; d < hd; d += 32) qs[r * hd + d] = a.q[(static_cast<size_t>(tok0 + r) * nh + head) * hd + d];
   }
-  state row_s[rows_per_warp], part_s[rows_per_warp];
+  state<D> row_s[rows_per_warp], part_s[rows_per_warp];
 #pragma unroll
   for (unsigned j = 0; j < rows_per_warp; ++j) clear(row_s[j]);
 
@@ -232,7 +241,7 @@ __global__ void __launch_bounds__(warps * 32) prefill_kernel(attention_args a) {
         const float* q = qs + r * hd;
         const float* k = ks + lane * (hd + 1);
         const float sc = valid ? score_of(q, [k](unsigned d) { return k[d]; }, hd, a.scale) : 0.0f;
-        state ts = tile_state(sc, valid, [vs, hd](unsigned kj) -> const float* { return vs + kj * hd; }, hd);
+        state<D> ts = tile_state<D>(sc, valid, [vs, hd](unsigned kj) -> const float* { return vs + kj * hd; }, hd);
         fold(part_s[j], ts);
       }
     }
@@ -248,9 +257,10 @@ __global__ void __launch_bounds__(warps * 32) prefill_kernel(attention_args a) {
 }
 
 /// One-row tiles: grid (tile, head, partition); warp w computes key tile w of the partition.
+template <unsigned D>
 __global__ void __launch_bounds__(warps * 32) decode_kernel(attention_args a) {
-  __shared__ float qs[32 * max_dims_per_lane];
-  __shared__ state states[warps];
+  __shared__ float qs[32 * D];
+  __shared__ float ms[warps], ls[warps];
   const unsigned tile = blockIdx.x, head = blockIdx.y, part = blockIdx.z;
   if (a.tile_rows[tile] != 1) return;
   const unsigned t = static_cast<unsigned>(a.tile_token0[tile]);
@@ -277,32 +287,31 @@ __global__ void __launch_bounds__(warps * 32) decode_kernel(attention_args a) {
                      : score_of(qs, [krow](unsigned d) { return __ldg(krow + d); }, hd, a.scale);
   }
   const float* vcache = a.v_cache;
-  state ts = tile_state(
+  state<D> ts = tile_state<D>(
       sc, valid, [vcache, base](unsigned kj) -> const float* { return vcache + __shfl_sync(0xffffffffu, base, kj); },
       hd);
   if (lane == 0) {
-    states[warp].m = ts.m;
-    states[warp].l = ts.l;
+    ms[warp] = ts.m;
+    ls[warp] = ts.l;
   }
-  __syncthreads();
   // Warp w's accumulators are per lane: share them through shared memory lane by lane.
-  __shared__ float accs[warps][32 * max_dims_per_lane];
+  __shared__ float accs[warps][32 * D];
 #pragma unroll
-  for (unsigned i = 0; i < max_dims_per_lane; ++i) accs[warp][lane + 32 * i] = ts.acc[i];
+  for (unsigned i = 0; i < D; ++i) accs[warp][lane + 32 * i] = ts.acc[i];
   __syncthreads();
   if (warp != 0) return;
-  state ps;
+  state<D> ps;
   clear(ps);
   for (unsigned w = 0; w < warps; ++w) {
-    state b;
-    b.m = states[w].m;
-    b.l = states[w].l;
+    state<D> b;
+    b.m = ms[w];
+    b.l = ls[w];
 #pragma unroll
-    for (unsigned i = 0; i < max_dims_per_lane; ++i) b.acc[i] = accs[w][lane + 32 * i];
+    for (unsigned i = 0; i < D; ++i) b.acc[i] = accs[w][lane + 32 * i];
     fold(ps, b);
   }
   if (parts == 1) {
-    state rs;
+    state<D> rs;
     clear(rs);
     fold(rs, ps);  // the row's fold over its one partition (an exact copy)
     store_out(a.out + (static_cast<size_t>(t) * nh + head) * hd, rs, hd);
@@ -310,7 +319,7 @@ __global__ void __launch_bounds__(warps * 32) decode_kernel(attention_args a) {
   }
   float* pt = a.partials + ((static_cast<size_t>(a.tile_partial[tile]) * nh + head) * a.max_partitions + part) * (hd + 2);
 #pragma unroll
-  for (unsigned i = 0; i < max_dims_per_lane; ++i) {
+  for (unsigned i = 0; i < D; ++i) {
     const unsigned d = lane + 32 * i;
     if (d < hd) pt[d] = ps.acc[i];
   }
@@ -321,6 +330,7 @@ __global__ void __launch_bounds__(warps * 32) decode_kernel(attention_args a) {
 }
 
 /// One-row tiles spanning several partitions: fold them in order. Grid (tile, head), one warp.
+template <unsigned D>
 __global__ void combine_kernel(attention_args a) {
   const unsigned tile = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
   if (a.tile_rows[tile] != 1) return;
@@ -331,21 +341,40 @@ __global__ void combine_kernel(attention_args a) {
   const unsigned hd = static_cast<unsigned>(a.head_dim), nh = static_cast<unsigned>(a.n_heads);
   const unsigned first = window_begin(prow, static_cast<unsigned>(a.sliding_window)) / attention_partition;
   const float* base = a.partials + (static_cast<size_t>(a.tile_partial[tile]) * nh + head) * a.max_partitions * (hd + 2);
-  state rs;
+  state<D> rs;
   clear(rs);
   for (unsigned p = first; p < parts; ++p) {
     const float* pt = base + static_cast<size_t>(p) * (hd + 2);
-    state b;
+    state<D> b;
     b.m = pt[hd];
     b.l = pt[hd + 1];
 #pragma unroll
-    for (unsigned i = 0; i < max_dims_per_lane; ++i) {
+    for (unsigned i = 0; i < D; ++i) {
       const unsigned d = lane + 32 * i;
       b.acc[i] = d < hd ? pt[d] : 0.0f;
     }
     fold(rs, b);
   }
   store_out(a.out + (static_cast<size_t>(t) * nh + head) * hd, rs, hd);
+}
+
+template <unsigned D>
+status launch(const attention_args& a, stream_t s) {
+  static const bool raised = [] {
+    return cudaFuncSetAttribute(prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(prefill_shared_bytes(32 * D))) == cudaSuccess;
+  }();
+  if (!raised) return make_error(errc::internal, "cuda attention: cannot raise the shared-memory limit");
+  const unsigned tiles = static_cast<unsigned>(a.n_tiles), heads = static_cast<unsigned>(a.n_heads);
+  prefill_kernel<D><<<dim3(tiles, heads), warps * 32, prefill_shared_bytes(a.head_dim), s>>>(a);
+  LLMESH_TRY(detail::launched("attention (multi-row tiles)"));
+  decode_kernel<D><<<dim3(tiles, heads, static_cast<unsigned>(a.max_partitions)), warps * 32, 0, s>>>(a);
+  LLMESH_TRY(detail::launched("attention (one-row tiles)"));
+  if (a.max_partitions > 1) {
+    combine_kernel<D><<<dim3(tiles, heads), 32, 0, s>>>(a);
+    LLMESH_TRY(detail::launched("attention combine"));
+  }
+  return ok_status();
 }
 
 }  // namespace
@@ -365,20 +394,11 @@ status attention(const attention_args& a, stream_t s) {
   if (a.max_partitions > 1 && (a.partials == nullptr || a.tile_partial == nullptr)) {
     return make_error(errc::internal, "cuda attention: rows over several partitions need the partials scratch");
   }
-  static const bool raised = [] {
-    return cudaFuncSetAttribute(prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(prefill_shared_bytes(256))) == cudaSuccess;
-  }();
-  if (!raised) return make_error(errc::internal, "cuda attention: cannot raise the shared-memory limit");
-  const unsigned tiles = static_cast<unsigned>(a.n_tiles), heads = static_cast<unsigned>(a.n_heads);
-  prefill_kernel<<<dim3(tiles, heads), warps * 32, prefill_shared_bytes(a.head_dim), s>>>(a);
-  LLMESH_TRY(detail::launched("attention (multi-row tiles)"));
-  decode_kernel<<<dim3(tiles, heads, static_cast<unsigned>(a.max_partitions)), warps * 32, 0, s>>>(a);
-  LLMESH_TRY(detail::launched("attention (one-row tiles)"));
-  if (a.max_partitions > 1) {
-    combine_kernel<<<dim3(tiles, heads), 32, 0, s>>>(a);
-    LLMESH_TRY(detail::launched("attention combine"));
-  }
+  const unsigned hd = static_cast<unsigned>(a.head_dim);
+  if (hd <= 32) return launch<1>(a, s);
+  if (hd <= 64) return launch<2>(a, s);
+  if (hd <= 128) return launch<4>(a, s);
+  return launch<8>(a, s);
   return ok_status();
 }
 
