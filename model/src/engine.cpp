@@ -81,11 +81,15 @@ result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, e
   e->kv_.block_size = opt.block_size;
   e->kv_.n_blocks = (opt.kv_tokens + opt.block_size - 1) / opt.block_size;
   if (opt.device == backend::automatic) {
-    if (cuda_available()) {
+    const int gpus = kernels::cuda_device_count();
+    if (gpus >= opt.tp) {
       opt.device = backend::cuda;
     } else {
       opt.device = backend::cpu;
-      e->device_note_ = kernels::cuda_compiled() ? "no CUDA device found; running on the CPU" : "";
+      if (kernels::cuda_compiled()) {
+        e->device_note_ = gpus == 0 ? "no CUDA device found; running on the CPU"
+                                    : "--tp " + std::to_string(opt.tp) + " needs as many GPUs; running on the CPU";
+      }
     }
     e->opt_.device = opt.device;
   }

@@ -33,7 +33,7 @@ class CliErrors : public ::testing::Test {
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   command_result generate(const std::string& dir, const std::string& extra = "--prompt-ids 1,2,3") {
-    return run_command(llmesh_bin + " generate --model " + dir + " --max-tokens 4 " + extra);
+    return run_command(llmesh_bin + " generate --device cpu --model " + dir + " --max-tokens 4 " + extra);
   }
   void rewrite_config(const std::string& from, const std::string& to) {
     std::string cfg = read_file(model_ + "/config.json");
@@ -79,11 +79,11 @@ TEST_F(CliErrors, TensorParallelThatCannotSplit) {
 }
 
 TEST_F(CliErrors, BadFlagsAreRefused) {
-  auto r = run_command(llmesh_bin + " generate --model " + model_ + " --prompt-ids 1 --temperature -1");
+  auto r = run_command(llmesh_bin + " generate --device cpu --model " + model_ + " --prompt-ids 1 --temperature -1");
   expect_one_line_error(r, "--temperature");
   r = run_command(llmesh_bin + " generate --prompt-ids 1");
   expect_one_line_error(r, "--model");
-  r = run_command(llmesh_bin + " generate --model " + model_ + " --prompt-ids 1 --no-such-flag");
+  r = run_command(llmesh_bin + " generate --device cpu --model " + model_ + " --prompt-ids 1 --no-such-flag");
   expect_one_line_error(r, "--no-such-flag");
   r = run_command(llmesh_bin + " frobnicate");
   expect_one_line_error(r, "frobnicate");

@@ -16,7 +16,7 @@ TEST(Generate, TextOutputIsTheDecodeOfThePrintedIds) {
   temp_dir tmp;
   const std::string model = tmp.path() + "/m";
   ASSERT_EQ(run_command(llmesh_bin + " model random --out " + model + " --vocab 300 --seed 3").exit_code, 0);
-  const std::string common = llmesh_bin + " generate --model " + model + " --prompt-ids 72,101,108 --max-tokens 24 --seed 9";
+  const std::string common = llmesh_bin + " generate --device cpu --model " + model + " --prompt-ids 72,101,108 --max-tokens 24 --seed 9";
   auto ids_run = run_command(common + " --print-ids");
   ASSERT_EQ(ids_run.exit_code, 0) << ids_run.err;
   std::vector<int32_t> ids;
@@ -36,7 +36,7 @@ TEST(Generate, UndecodableTokenizerFallsBackToIds) {
   const std::string model = tmp.path() + "/m";
   ASSERT_EQ(run_command(llmesh_bin + " model random --out " + model + " --vocab 300").exit_code, 0);
   std::ofstream(model + "/tokenizer.json") << R"({"model":{"type":"BPE","vocab":{}},"decoder":{"type":"WordPiece"}})";
-  auto r = run_command(llmesh_bin + " generate --model " + model + " --prompt-ids 1,2 --max-tokens 3");
+  auto r = run_command(llmesh_bin + " generate --device cpu --model " + model + " --prompt-ids 1,2 --max-tokens 3");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("printing ids"), std::string::npos) << r.err;
   std::stringstream ss(r.out);
@@ -73,11 +73,11 @@ TEST(Generate, PromptTextIsTokenizedLikePromptIds) {
   temp_dir tmp;
   const std::string model = tmp.path() + "/m";
   ASSERT_EQ(run_command(llmesh_bin + " model random --out " + model + " --vocab 300 --seed 4").exit_code, 0);
-  auto by_text = run_command(llmesh_bin + " generate --model " + model + " --prompt Hi --max-tokens 6 --print-ids");
-  auto by_ids = run_command(llmesh_bin + " generate --model " + model + " --prompt-ids 72,105 --max-tokens 6 --print-ids");
+  auto by_text = run_command(llmesh_bin + " generate --device cpu --model " + model + " --prompt Hi --max-tokens 6 --print-ids");
+  auto by_ids = run_command(llmesh_bin + " generate --device cpu --model " + model + " --prompt-ids 72,105 --max-tokens 6 --print-ids");
   ASSERT_EQ(by_text.exit_code, 0) << by_text.err;
   EXPECT_EQ(by_text.out, by_ids.out);
-  auto neither = run_command(llmesh_bin + " generate --model " + model + " --max-tokens 2");
+  auto neither = run_command(llmesh_bin + " generate --device cpu --model " + model + " --max-tokens 2");
   EXPECT_NE(neither.exit_code, 0);
 }
 

@@ -65,7 +65,7 @@ TEST_P(GoldenTest, GenerateMatchesReference) {
   for (int tp : {1, 2}) {
     SCOPED_TRACE("tp " + std::to_string(tp));
     const std::string dump = tmp.path() + "/logits" + std::to_string(tp);
-    auto r = run_command(llmesh_bin + " generate --model " + model + " --prompt-ids " + c.prompt +
+    auto r = run_command(llmesh_bin + " generate --device cpu --model " + model + " --prompt-ids " + c.prompt +
                          " --max-tokens 32 --print-ids --threads 2 --tp " + std::to_string(tp) + " --dump-logits " + dump);
     if (tp == 2 && !splits_in_two) {
       EXPECT_NE(r.exit_code, 0);
@@ -84,7 +84,7 @@ TEST_P(GoldenTest, GenerateMatchesReference) {
 
   // Prefill in chunks of 3: the same bits as prefilling the whole prompt.
   const std::string dump = tmp.path() + "/logits_chunked";
-  auto r = run_command(llmesh_bin + " generate --model " + model + " --prompt-ids " + c.prompt +
+  auto r = run_command(llmesh_bin + " generate --device cpu --model " + model + " --prompt-ids " + c.prompt +
                        " --max-tokens 32 --print-ids --prefill-chunk 3 --dump-logits " + dump);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(trim(r.out), want_ids);

@@ -44,11 +44,11 @@ TEST(KjvTiny, GreedyMatchesTheTrainingScriptsPyTorch) {
   ASSERT_EQ(all.size(), 3u);
   for (const auto& c : all) {
     SCOPED_TRACE(c.prompt_ids);
-    auto r = run_command(llmesh_bin + " generate --model " + model_dir + " --prompt-ids " + commas(c.prompt_ids) +
+    auto r = run_command(llmesh_bin + " generate --device cpu --model " + model_dir + " --prompt-ids " + commas(c.prompt_ids) +
                          " --max-tokens 32 --print-ids");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(trim(r.out.substr(0, r.out.size() - 1)), c.generated_ids);
-    auto text = run_command(llmesh_bin + " generate --model " + model_dir + " --prompt-ids " + commas(c.prompt_ids) +
+    auto text = run_command(llmesh_bin + " generate --device cpu --model " + model_dir + " --prompt-ids " + commas(c.prompt_ids) +
                             " --max-tokens 32");
     std::string flat = text.out.substr(0, text.out.size() - 1);  // expected.txt keeps one line a case:
     for (char& ch : flat) ch = ch == '\n' ? ' ' : ch;             // its text has newlines as spaces
