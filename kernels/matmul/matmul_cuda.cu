@@ -123,12 +123,46 @@ __global__ void __launch_bounds__(warps_per_block * 32) dense_kernel(dense_launc
     }
   };
   size_t c = c_begin + lane;
-  for (; c + 32 * (chunks_in_flight - 1) < c_end; c += 32 * chunks_in_flight) {
-    chunk<W> ws[chunks_in_flight];
+  if constexpr (Vec && sizeof(W) == 2) {
+    // Software-pipelined: the next group's raw 16-byte loads are issued before the current
+    // group is converted and consumed, so each lane always has loads in flight. Chunks are
+    // still consumed in increasing k.
+    const size_t full_end = min(c_end, k / 8);  // chunks wholly inside k
+    uint4 next[chunks_in_flight];
 #pragma unroll
-    for (int u = 0; u < chunks_in_flight; ++u) ws[u] = load_chunk<W, Vec>(w, (c + 32 * u) * 8, k);
+    for (int u = 0; u < chunks_in_flight; ++u) {
+      if (c + 32 * u < full_end) next[u] = __ldg(reinterpret_cast<const uint4*>(w + (c + 32 * u) * 8));
+    }
+    while (c + 32 * (chunks_in_flight - 1) < full_end) {
+      uint4 cur[chunks_in_flight];
 #pragma unroll
-    for (int u = 0; u < chunks_in_flight; ++u) consume(ws[u], (c + 32 * u) * 8);
+      for (int u = 0; u < chunks_in_flight; ++u) cur[u] = next[u];
+      const size_t cn = c + 32 * chunks_in_flight;
+#pragma unroll
+      for (int u = 0; u < chunks_in_flight; ++u) {
+        if (cn + 32 * u < full_end) next[u] = __ldg(reinterpret_cast<const uint4*>(w + (cn + 32 * u) * 8));
+      }
+#pragma unroll
+      for (int u = 0; u < chunks_in_flight; ++u) {
+        chunk<W> wc;
+        const W* h = reinterpret_cast<const W*>(&cur[u]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          if constexpr (std::is_same_v<W, __half>) wc.v[e] = __half2float(h[e]);
+          else wc.v[e] = __bfloat162float(h[e]);
+        }
+        consume(wc, (c + 32 * u) * 8);
+      }
+      c = cn;
+    }
+  } else {
+    for (; c + 32 * (chunks_in_flight - 1) < c_end; c += 32 * chunks_in_flight) {
+      chunk<W> ws[chunks_in_flight];
+#pragma unroll
+      for (int u = 0; u < chunks_in_flight; ++u) ws[u] = load_chunk<W, Vec>(w, (c + 32 * u) * 8, k);
+#pragma unroll
+      for (int u = 0; u < chunks_in_flight; ++u) consume(ws[u], (c + 32 * u) * 8);
+    }
   }
   for (; c < c_end; c += 32) consume(load_chunk<W, Vec>(w, c * 8, k), c * 8);
 #pragma unroll
