@@ -1,0 +1,158 @@
+// The block manager: allocation and refusal without side effects, prefix-cache hits (chained
+// hashes, never the prompt's last block, verified content), shared blocks and reference
+// counts, LRU eviction, and a random-operation loop checking the bookkeeping after each step.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+
+#include "llmesh/actors/block_manager.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+std::vector<int32_t> seq_tokens(size_t n, int32_t start) {
+  std::vector<int32_t> t(n);
+  std::iota(t.begin(), t.end(), start);
+  return t;
+}
+
+/// Runs a whole request: match, reserve the prompt, commit it, release.
+size_t serve(block_manager& m, const std::vector<int32_t>& prompt) {
+  block_list b;
+  size_t hit = m.match_prefix(prompt, b);
+  EXPECT_TRUE(m.reserve(b, prompt.size()).ok());
+  m.commit(b, prompt);
+  m.release(b);
+  EXPECT_TRUE(m.check_invariants().ok());
+  return hit;
+}
+
+TEST(BlockManager, ReservesAndRefusesWithoutSideEffects) {
+  block_manager m(10, 16);
+  block_list a, b;
+  ASSERT_TRUE(m.reserve(a, 100).ok());  // 7 blocks
+  EXPECT_EQ(a.ids.size(), 7u);
+  EXPECT_EQ(m.free_blocks(), 3u);
+  auto st = m.reserve(b, 64);  // 4 blocks: one too many
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.err().code, errc::overloaded);
+  EXPECT_TRUE(b.ids.empty());
+  EXPECT_EQ(m.free_blocks(), 3u);
+  ASSERT_TRUE(m.reserve(a, 112).ok());  // still 7 blocks
+  EXPECT_EQ(a.ids.size(), 7u);
+  m.release(a);
+  EXPECT_EQ(m.free_blocks(), 10u);
+  EXPECT_TRUE(m.check_invariants().ok());
+}
+
+TEST(BlockManager, ReusesFullPrefixBlocksButNeverTheLastTokensBlock) {
+  block_manager m(32, 16);
+  auto prompt = seq_tokens(40, 100);
+  EXPECT_EQ(serve(m, prompt), 0u);
+  EXPECT_EQ(m.cached_blocks(), 2u);     // blocks [0,16) and [16,32) are full
+  EXPECT_EQ(serve(m, prompt), 32u);     // both reused
+  auto exact = seq_tokens(32, 100);     // ends on a block boundary: its last block is computed
+  EXPECT_EQ(serve(m, exact), 16u);
+  auto longer = seq_tokens(70, 100);    // shares the first 32 tokens, then more
+  EXPECT_EQ(serve(m, longer), 32u);
+  EXPECT_EQ(m.cached_blocks(), 4u);     // + [32,48) and [48,64)
+  EXPECT_EQ(serve(m, longer), 64u);
+}
+
+TEST(BlockManager, HashesChainOverThePrefix) {
+  block_manager m(32, 4);
+  std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  std::vector<int32_t> b = {0, 0, 0, 0, 5, 6, 7, 8, 9};  // same second block after another first
+  EXPECT_EQ(serve(m, a), 0u);
+  EXPECT_EQ(serve(m, b), 0u);  // no match: block 2's identity includes block 1
+  std::vector<int32_t> c = {1, 2, 3, 4, 5, 6, 0, 0, 9};
+  EXPECT_EQ(serve(m, c), 4u);  // the first block only
+}
+
+TEST(BlockManager, SharedBlocksLiveUntilTheLastUserLeaves) {
+  block_manager m(8, 4);
+  auto prompt = seq_tokens(9, 1);
+  EXPECT_EQ(serve(m, prompt), 0u);
+  block_list x, y;
+  EXPECT_EQ(m.match_prefix(prompt, x), 8u);
+  EXPECT_EQ(m.match_prefix(prompt, y), 8u);
+  EXPECT_EQ(x.ids, y.ids);
+  ASSERT_TRUE(m.reserve(x, 9).ok());
+  ASSERT_TRUE(m.reserve(y, 9).ok());
+  EXPECT_NE(x.ids[2], y.ids[2]);  // the partial block is private
+  m.release(x);
+  EXPECT_TRUE(m.check_invariants().ok());
+  // y still holds the shared blocks: filling the pool must not evict them.
+  block_list z;
+  ASSERT_TRUE(m.reserve(z, 4 * m.free_blocks()).ok());
+  for (int32_t id : y.ids) EXPECT_EQ(std::count(z.ids.begin(), z.ids.end(), id), 0);
+  m.release(z);
+  m.release(y);
+  EXPECT_TRUE(m.check_invariants().ok());
+}
+
+TEST(BlockManager, EvictsLeastRecentlyUsedFirst) {
+  block_manager m(4, 2);
+  std::vector<int32_t> a = {1, 1, 9}, b = {2, 2, 9}, c = {3, 3, 9};
+  serve(m, a);
+  serve(m, b);
+  serve(m, c);  // three cached blocks (+ three freed partials): a, b, c in LRU order
+  EXPECT_EQ(m.cached_blocks(), 3u);
+  block_list big;
+  ASSERT_TRUE(m.reserve(big, 4).ok());  // 2 blocks: the free one, then the LRU one (a)
+  m.release(big);
+  EXPECT_EQ(serve(m, a), 0u);  // a was evicted
+  EXPECT_EQ(serve(m, c), 2u);  // c survived
+}
+
+TEST(BlockManager, WithoutPrefixCachingNothingIsShared) {
+  block_manager m(8, 4, /*prefix_caching=*/false);
+  auto prompt = seq_tokens(9, 1);
+  EXPECT_EQ(serve(m, prompt), 0u);
+  EXPECT_EQ(serve(m, prompt), 0u);
+  EXPECT_EQ(m.cached_blocks(), 0u);
+}
+
+TEST(BlockManager, RandomOperationsKeepTheBookkeeping) {
+  std::mt19937 rng(12345);
+  block_manager m(64, 4);
+  struct seq {
+    std::vector<int32_t> tokens;
+    block_list blocks;
+  };
+  std::vector<seq> live;
+  for (int op = 0; op < 5000; ++op) {
+    const int what = static_cast<int>(rng() % 4);
+    if (what == 0 || live.empty()) {  // a new request with one of a few shared prefixes
+      seq s;
+      const int32_t family = static_cast<int32_t>(rng() % 3);
+      const size_t n = 1 + rng() % 20;
+      for (size_t i = 0; i < n; ++i) s.tokens.push_back(i < 8 ? family : static_cast<int32_t>(rng() % 5));
+      const size_t hit = m.match_prefix(s.tokens, s.blocks);
+      ASSERT_LT(hit, s.tokens.size());
+      if (!m.reserve(s.blocks, s.tokens.size()).ok()) {
+        m.release(s.blocks);
+      } else {
+        m.commit(s.blocks, s.tokens);
+        live.push_back(std::move(s));
+      }
+    } else if (what == 1) {  // a decode step
+      auto& s = live[rng() % live.size()];
+      s.tokens.push_back(static_cast<int32_t>(rng() % 5));
+      if (m.reserve(s.blocks, s.tokens.size()).ok()) m.commit(s.blocks, s.tokens); else s.tokens.pop_back();
+    } else {  // a request ends
+      const size_t i = rng() % live.size();
+      m.release(live[i].blocks);
+      live.erase(live.begin() + static_cast<ptrdiff_t>(i));
+    }
+    auto st = m.check_invariants();
+    ASSERT_TRUE(st.ok()) << "op " << op << ": " << st.err().message;
+  }
+  for (auto& s : live) m.release(s.blocks);
+  EXPECT_EQ(m.free_blocks(), 64u);
+  EXPECT_GT(m.hit_tokens(), 0u);
+}
+
+}  // namespace
+}  // namespace llmesh::actors
