@@ -1,0 +1,102 @@
+// The replica's continuous-batching scheduler (iteration-level, vLLM/Orca style), a plain
+// class: each call plans one forward step over the running requests under a token budget —
+// every decoding request's next token first, then prompt chunks (chunked prefill), then new
+// requests admitted in arrival order while KV blocks allow — and then applies the sampled
+// tokens, finishing requests on max_tokens or an end-of-sequence id. When a running request
+// cannot get a block, the most recently admitted request is preempted: its blocks are freed
+// and it waits at the head of the queue to be recomputed (prompt + output so far; the prefix
+// cache often still holds most of it). Stop strings are the caller's (they need text).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "llmesh/actors/block_manager.hpp"
+
+namespace llmesh::actors {
+
+struct scheduler_config {
+  size_t max_batch_tokens = 2048;  ///< tokens per step (prefill chunks + decodes)
+  size_t max_seqs = 256;           ///< sequences per step
+};
+
+struct request_spec {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;  ///< at least one token
+  size_t max_tokens = 16;       ///< tokens to generate at most (≥ 1)
+  std::vector<int32_t> eos_ids; ///< generation ends after any of these (empty: never)
+};
+
+/// One sequence's part of a planned step. Spans point into the scheduler's request state and
+/// stay valid until complete() or the next schedule().
+struct scheduled_seq {
+  uint64_t id = 0;
+  std::span<const int32_t> tokens;       ///< tokens to run, at positions pos0..
+  size_t pos0 = 0;
+  std::span<const int32_t> block_table;  ///< covers pos0 + tokens.size()
+  bool want_logits = false;              ///< the chunk ends the known tokens: sample after it
+};
+
+struct step_plan {
+  std::vector<scheduled_seq> seqs;
+  size_t n_tokens = 0;
+  std::vector<uint64_t> preempted;  ///< requests sent back to the queue while planning
+};
+
+enum class finish_reason { none, length, eos, cancelled };
+
+/// What a completed step produced for one request.
+struct token_event {
+  uint64_t id = 0;
+  int32_t token = -1;                        ///< the new token (-1 for a cancellation)
+  finish_reason finish = finish_reason::none;
+};
+
+/// Thread affinity: the replica's thread. Ownership: owns request state; borrows the block
+/// manager (one scheduler per manager).
+class batch_scheduler {
+ public:
+  batch_scheduler(scheduler_config cfg, block_manager& blocks) : cfg_(cfg), blocks_(blocks) {}
+  ~batch_scheduler();
+
+  /// Queues a request (FCFS). Refuses an empty prompt, max_tokens 0 or a duplicate id.
+  [[nodiscard]] status add(request_spec r);
+  /// Drops a request (queued or running) and frees its blocks at once.
+  /// Returns false for unknown ids.
+  bool cancel(uint64_t id);
+
+  /// Plans the next step (reserves its blocks). An empty plan means nothing can run now.
+  step_plan schedule();
+  /// Applies a step's results: `sampled` holds one token per want_logits sequence of `plan`, in
+  /// plan order. Finished requests are removed and their blocks released.
+  std::vector<token_event> complete(const step_plan& plan, std::span<const int32_t> sampled);
+
+  size_t waiting() const { return waiting_.size(); }
+  size_t running() const { return running_.size(); }
+  size_t preemptions() const { return preemptions_; }
+  /// Generated tokens so far of a live request (empty for unknown ids).
+  std::span<const int32_t> output(uint64_t id) const;
+
+ private:
+  struct request {
+    request_spec spec;
+    std::vector<int32_t> tokens;  ///< prompt, then every generated token
+    size_t n_generated = 0;
+    size_t n_computed = 0;        ///< tokens whose KV is in `blocks`
+    block_list blocks;
+  };
+  void preempt(uint64_t id);
+  bool admit(request& r, size_t& budget);
+
+  scheduler_config cfg_;
+  block_manager& blocks_;
+  std::map<uint64_t, request> requests_;
+  std::deque<uint64_t> waiting_;
+  std::vector<uint64_t> running_;  ///< admission order
+  size_t preemptions_ = 0;
+};
+
+}  // namespace llmesh::actors

@@ -1,0 +1,151 @@
+// The continuous-batching scheduler (batch_scheduler.hpp).
+#include "llmesh/actors/batch_scheduler.hpp"
+
+#include <algorithm>
+#include <string>
+
+namespace llmesh::actors {
+
+batch_scheduler::~batch_scheduler() {
+  for (auto& [id, r] : requests_) blocks_.release(r.blocks);
+}
+
+status batch_scheduler::add(request_spec r) {
+  if (r.prompt.empty()) return make_error(errc::invalid_request, "request " + std::to_string(r.id) + ": empty prompt");
+  if (r.max_tokens == 0) return make_error(errc::invalid_request, "request " + std::to_string(r.id) + ": max_tokens is 0");
+  if (requests_.contains(r.id)) return make_error(errc::invalid_request, "request " + std::to_string(r.id) + " exists");
+  const uint64_t id = r.id;
+  request q;
+  q.tokens = r.prompt;
+  q.spec = std::move(r);
+  requests_.emplace(id, std::move(q));
+  waiting_.push_back(id);
+  return ok_status();
+}
+
+bool batch_scheduler::cancel(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  blocks_.release(it->second.blocks);
+  requests_.erase(it);
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
+  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+  return true;
+}
+
+std::span<const int32_t> batch_scheduler::output(uint64_t id) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return {};
+  const auto& r = it->second;
+  return std::span<const int32_t>(r.tokens).subspan(r.tokens.size() - r.n_generated);
+}
+
+void batch_scheduler::preempt(uint64_t id) {
+  auto& r = requests_.at(id);
+  blocks_.release(r.blocks);
+  r.n_computed = 0;
+  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+  waiting_.push_front(id);  // first to come back
+  ++preemptions_;
+}
+
+/// Starts a waiting request: prefix-cache hit, then blocks for its first chunk.
+bool batch_scheduler::admit(request& r, size_t& budget) {
+  const size_t hit = blocks_.match_prefix(r.tokens, r.blocks);
+  const size_t chunk = std::min(r.tokens.size() - hit, budget);
+  if (!blocks_.reserve(r.blocks, hit + chunk).ok()) {
+    blocks_.release(r.blocks);
+    return false;
+  }
+  r.n_computed = hit;
+  return true;
+}
+
+step_plan batch_scheduler::schedule() {
+  step_plan plan;
+  size_t budget = cfg_.max_batch_tokens;
+  std::vector<std::pair<uint64_t, size_t>> picks;  // (request, tokens to run)
+
+  // Running requests in admission order: decodes take one token, prefills a chunk.
+  for (size_t i = 0; i < running_.size() && budget > 0 && picks.size() < cfg_.max_seqs;) {
+    const uint64_t id = running_[i];
+    auto& r = requests_.at(id);
+    const size_t n = std::min(r.tokens.size() - r.n_computed, budget);
+    bool ok = blocks_.reserve(r.blocks, r.n_computed + n).ok();
+    while (!ok && running_.back() != id) {  // free blocks by preempting the newest request
+      const uint64_t victim = running_.back();
+      for (auto p = picks.begin(); p != picks.end(); ++p) {
+        if (p->first != victim) continue;
+        budget += p->second;  // its tokens go back to the budget
+        picks.erase(p);
+        break;
+      }
+      preempt(victim);
+      plan.preempted.push_back(victim);
+      ok = blocks_.reserve(r.blocks, r.n_computed + n).ok();
+    }
+    if (!ok) {  // this request is the newest: it waits instead
+      preempt(id);
+      plan.preempted.push_back(id);
+      continue;
+    }
+    picks.emplace_back(id, n);
+    budget -= n;
+    ++i;
+  }
+  // New requests, first come first served, while tokens, sequences and blocks allow (none in
+  // a step that had to preempt: the pool is short, admitting would thrash).
+  while (plan.preempted.empty() && !waiting_.empty() && budget > 0 && picks.size() < cfg_.max_seqs) {
+    const uint64_t id = waiting_.front();
+    auto& r = requests_.at(id);
+    if (!admit(r, budget)) break;  // head-of-line: keep arrival order
+    waiting_.pop_front();
+    running_.push_back(id);
+    const size_t n = std::min(r.tokens.size() - r.n_computed, budget);
+    picks.emplace_back(id, n);
+    budget -= n;
+  }
+  for (const auto& [id, n] : picks) {
+    const auto& r = requests_.at(id);
+    scheduled_seq s;
+    s.id = id;
+    s.pos0 = r.n_computed;
+    s.tokens = std::span<const int32_t>(r.tokens).subspan(r.n_computed, n);
+    s.block_table = r.blocks.ids;
+    s.want_logits = r.n_computed + n == r.tokens.size();
+    plan.seqs.push_back(s);
+    plan.n_tokens += n;
+  }
+  return plan;
+}
+
+std::vector<token_event> batch_scheduler::complete(const step_plan& plan, std::span<const int32_t> sampled) {
+  std::vector<token_event> events;
+  size_t next = 0;
+  for (const auto& s : plan.seqs) {
+    auto it = requests_.find(s.id);
+    if (it == requests_.end()) {  // cancelled while the step ran
+      if (s.want_logits) ++next;
+      continue;
+    }
+    auto& r = it->second;
+    r.n_computed = s.pos0 + s.tokens.size();
+    blocks_.commit(r.blocks, std::span<const int32_t>(r.tokens).first(r.n_computed));
+    if (!s.want_logits) continue;
+    if (next >= sampled.size()) break;  // a short result: the caller's bug; keep state sane
+    const int32_t tok = sampled[next++];
+    r.tokens.push_back(tok);
+    ++r.n_generated;
+    token_event e{s.id, tok, finish_reason::none};
+    if (std::find(r.spec.eos_ids.begin(), r.spec.eos_ids.end(), tok) != r.spec.eos_ids.end()) {
+      e.finish = finish_reason::eos;
+    } else if (r.n_generated >= r.spec.max_tokens) {
+      e.finish = finish_reason::length;
+    }
+    events.push_back(e);
+    if (e.finish != finish_reason::none) cancel(s.id);
+  }
+  return events;
+}
+
+}  // namespace llmesh::actors
