@@ -188,14 +188,23 @@ status engine::run_step(std::span<const step_item> items, Fn fn) {
     batch.push_back({it.tokens, s.length, s.blocks, it.want_logits});
   }
 
+  LLMESH_TRY(run_ranks(batch, fn));
+  for (const auto& it : items) seqs_[it.seq].length += it.tokens.size();
+  return ok_status();
+}
+
+
+
+template <class Fn>
+status engine::run_ranks(std::span<const step_sequence> batch, Fn fn) {
   status result_status;
   std::vector<std::vector<float>> rank_scratch(opt_.tp);
   if (opt_.tp == 1) {
-    result_status = fn(0, std::span<const step_sequence>(batch), rank_scratch[0]);
+    result_status = fn(0, batch, rank_scratch[0]);
   } else {
     std::vector<status> statuses(opt_.tp);
     ranks_->run([&](int r, int) {
-      statuses[r] = fn(r, std::span<const step_sequence>(batch), rank_scratch[r]);
+      statuses[r] = fn(r, batch, rank_scratch[r]);
       if (!statuses[r]) {
         if (on_cuda_) device_comms_[r]->abort();
         else comms_[r]->abort();
@@ -207,12 +216,37 @@ status engine::run_step(std::span<const step_item> items, Fn fn) {
       if (!s && (result_status.ok() || result_status.err().code == errc::shard_failed)) result_status = s;
     }
   }
-  if (!result_status) {
-    failed_ = true;
-    return result_status;
+  if (!result_status) failed_ = true;
+  return result_status;
+}
+
+status engine::forward(std::span<const step_sequence> batch, std::vector<float>& logits) {
+  if (failed_) return make_error(errc::shard_failed, "engine: a shard failed earlier; the group must be rebuilt");
+  if (batch.empty()) return make_error(errc::invalid_request, "forward: empty batch");
+  const auto& c = model_->config();
+  for (const auto& s : batch) {
+    if (s.tokens.empty()) return make_error(errc::invalid_request, "forward: a sequence without tokens");
+    for (int32_t id : s.tokens) {
+      if (id < 0 || static_cast<size_t>(id) >= c.vocab) {
+        return make_error(errc::invalid_request, "token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                                                     std::to_string(c.vocab) + ")");
+      }
+    }
+    const size_t end = s.pos0 + s.tokens.size();
+    if (end > c.max_positions) {
+      return make_error(errc::invalid_request, "sequence of " + std::to_string(end) +
+                                                   " tokens exceeds the model's context of " + std::to_string(c.max_positions));
+    }
+    if (s.block_table.size() * kv_.block_size < end) return make_error(errc::invalid_request, "forward: block table too short");
+    for (size_t b = 0; b < (end + kv_.block_size - 1) / kv_.block_size; ++b) {
+      if (s.block_table[b] < 0 || static_cast<size_t>(s.block_table[b]) >= kv_.n_blocks) {
+        return make_error(errc::invalid_request, "forward: block id " + std::to_string(s.block_table[b]) + " out of range");
+      }
+    }
   }
-  for (const auto& it : items) seqs_[it.seq].length += it.tokens.size();
-  return ok_status();
+  return run_ranks(batch, [&](int r, std::span<const step_sequence> b, std::vector<float>& scratch) {
+    return shards_[r]->forward(b, r == 0 ? logits : scratch);
+  });
 }
 
 }  // namespace llmesh::model

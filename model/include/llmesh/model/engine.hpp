@@ -67,6 +67,13 @@ class engine {
   /// GPU, only the ids leave the device).
   [[nodiscard]] status step_greedy(std::span<const step_item> items, std::vector<int32_t>& tokens);
 
+  /// Runs one step over sequences whose KV blocks the caller manages (a replica's block
+  /// manager, ids in [0, kv_blocks())): checks ids, lengths and tables, then runs every rank.
+  /// An engine is driven either this way or through open_sequence/step, never both.
+  [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits);
+  size_t kv_blocks() const { return kv_.n_blocks; }
+  size_t kv_block_size() const { return kv_.block_size; }
+
   /// The backend the shards run on ("cpu" or "cuda").
   const char* backend_name() const { return on_cuda_ ? "cuda" : "cpu"; }
   /// Why `auto` chose the CPU on a CUDA build ("" otherwise): for the caller's log line.
@@ -88,6 +95,9 @@ class engine {
   /// Validates and allocates, then runs `fn(rank, batch)` on every rank (the map) and merges.
   template <class Fn>
   [[nodiscard]] status run_step(std::span<const step_item> items, Fn fn);
+  /// Runs `fn(rank, batch, scratch)` on every rank (the map) and merges their statuses.
+  template <class Fn>
+  [[nodiscard]] status run_ranks(std::span<const step_sequence> batch, Fn fn);
 
   std::shared_ptr<const model> model_;
   engine_options opt_;

@@ -1,0 +1,66 @@
+// The replica's work loop (replica_core.hpp): schedule → engine::forward → sample → complete.
+#include "llmesh/actors/replica_core.hpp"
+
+#include <string>
+
+namespace llmesh::actors {
+
+replica_core::replica_core(model::engine& eng, scheduler_config cfg, bool prefix_caching)
+    : eng_(eng), blocks_(eng.kv_blocks(), eng.kv_block_size(), prefix_caching), sched_(cfg, blocks_) {}
+
+status replica_core::submit(replica_request r) {
+  const auto& c = eng_.config();
+  const size_t longest = r.prompt.size() + r.max_tokens;
+  if (longest > c.max_positions) {
+    return make_error(errc::invalid_request, "prompt of " + std::to_string(r.prompt.size()) + " tokens plus max_tokens " +
+                                                 std::to_string(r.max_tokens) + " exceeds the model's context of " +
+                                                 std::to_string(c.max_positions));
+  }
+  if ((longest + eng_.kv_block_size() - 1) / eng_.kv_block_size() > blocks_.total_blocks()) {
+    return make_error(errc::invalid_request, "request needs more KV cache than this replica has");
+  }
+  for (int32_t t : r.prompt) {
+    if (t < 0 || static_cast<size_t>(t) >= c.vocab) {
+      return make_error(errc::invalid_request, "token id " + std::to_string(t) + " is outside the vocabulary");
+    }
+  }
+  request_spec spec;
+  spec.id = r.id;
+  spec.prompt = std::move(r.prompt);
+  spec.max_tokens = r.max_tokens;
+  spec.eos_ids = std::move(r.eos_ids);
+  LLMESH_TRY(sched_.add(std::move(spec)));
+  sampling_[r.id] = r.sampling;
+  return ok_status();
+}
+
+bool replica_core::cancel(uint64_t id) {
+  sampling_.erase(id);
+  return sched_.cancel(id);
+}
+
+result<std::vector<token_event>> replica_core::step() {
+  auto plan = sched_.schedule();
+  if (plan.seqs.empty()) return std::vector<token_event>{};
+  batch_.clear();
+  for (const auto& s : plan.seqs) batch_.push_back({s.tokens, s.pos0, s.block_table, s.want_logits});
+  LLMESH_TRY(eng_.forward(batch_, logits_));
+  const size_t vocab = eng_.config().vocab;
+  std::vector<int32_t> sampled;
+  size_t row = 0;
+  for (const auto& s : plan.seqs) {
+    if (!s.want_logits) continue;
+    // The token being drawn sits at position pos0 + n: the (seed, position) key generate uses.
+    const auto& params = sampling_.at(s.id);
+    sampled.push_back(kernels::sample(std::span<const float>(logits_.data() + row * vocab, vocab), params,
+                                      s.pos0 + s.tokens.size()));
+    ++row;
+  }
+  auto events = sched_.complete(plan, sampled);
+  for (const auto& e : events) {
+    if (e.finish != finish_reason::none) sampling_.erase(e.id);
+  }
+  return events;
+}
+
+}  // namespace llmesh::actors
