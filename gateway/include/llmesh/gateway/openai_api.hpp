@@ -1,0 +1,98 @@
+// The OpenAI-compatible HTTP API's bodies (DESIGN.md §Contracts), without the HTTP: request
+// parsing with a one-line error naming the offending field, the one mapping from error kinds
+// to HTTP statuses and OpenAI error types, and the response / SSE chunk shapes of
+// /v1/completions and /v1/chat/completions. Plain functions over nlohmann::json; the Beast
+// server calls them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "llmesh/common/error.hpp"
+
+namespace llmesh::gateway {
+
+/// Fields both endpoints share. Defaults are OpenAI's (temperature 1, top_p 1, max_tokens 16
+/// for completions); top_k is vLLM's extension (0 or -1: off).
+struct generation_fields {
+  size_t max_tokens = 16;
+  bool max_tokens_given = false;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;     ///< stream_options.include_usage
+  bool return_token_ids = false;  ///< extension: prompt_token_ids and token_ids in each choice
+};
+
+struct completion_request {
+  std::string model;
+  std::optional<std::string> prompt_text;  ///< a string prompt, or
+  std::vector<int32_t> prompt_ids;         ///< an array of token ids
+  generation_fields gen;
+};
+
+struct chat_request {
+  std::string model;
+  nlohmann::ordered_json messages;  ///< validated: objects with a string role and content
+  generation_fields gen;
+};
+
+/// Bounds a request must respect (the server's flags).
+struct request_limits {
+  size_t max_tokens = 4096;    ///< largest max_tokens accepted
+  size_t max_stop = 4;         ///< stop strings (OpenAI's limit)
+  size_t max_stop_bytes = 256;
+  size_t max_messages = 1024;
+};
+
+[[nodiscard]] result<completion_request> parse_completion_request(std::string_view body, const request_limits& lim);
+[[nodiscard]] result<chat_request> parse_chat_request(std::string_view body, const request_limits& lim);
+
+/// HTTP status and OpenAI error type of an error kind: the gateway's single mapping.
+struct http_error_kind {
+  int status;
+  std::string_view type;
+};
+http_error_kind http_error_of(errc code);
+
+/// {"error":{"message":...,"type":...,"code":...}} for an error.
+std::string error_json(const error& e);
+
+struct usage_counts {
+  size_t prompt_tokens = 0, completion_tokens = 0;
+};
+
+/// One choice of a response or chunk.
+struct choice_delta {
+  std::string text;                   ///< completion text, or the chat delta's content
+  std::optional<std::string> finish;  ///< "stop", "length", or none (mid-stream)
+  std::vector<int32_t> token_ids;     ///< with return_token_ids
+  std::vector<int32_t> prompt_token_ids;
+  bool with_token_ids = false;
+  bool role = false;                  ///< chat: the first chunk carries role "assistant"
+};
+
+/// A whole (non-streamed) response. kind: "text_completion" or "chat.completion".
+std::string response_json(std::string_view kind, std::string_view id, int64_t created, std::string_view model,
+                          const choice_delta& c, const usage_counts& u);
+/// One streamed chunk ("text_completion" or "chat.completion.chunk"); usage only on the last
+/// chunk when stream_options.include_usage is set.
+std::string chunk_json(std::string_view kind, std::string_view id, int64_t created, std::string_view model,
+                       const choice_delta& c, const std::optional<usage_counts>& u = std::nullopt);
+/// The usage-only final chunk OpenAI sends with include_usage (empty choices).
+std::string usage_chunk_json(std::string_view kind, std::string_view id, int64_t created, std::string_view model,
+                             const usage_counts& u);
+
+/// "data: <json>\n\n"
+std::string sse_event(std::string_view json);
+inline constexpr std::string_view sse_done = "data: [DONE]\n\n";
+
+}  // namespace llmesh::gateway

@@ -1,0 +1,34 @@
+// Stop strings over a token stream: text arrives piece by piece (whole UTF-8 characters, from
+// model::stream_decoder) and a stop string may straddle pieces. The matcher releases only text
+// that can no longer be the start of a stop string, holds back the rest, and on a match
+// reports the text before it (the stop string itself is not returned, as in OpenAI's API).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace llmesh::gateway {
+
+/// Thread affinity: one request's stream.
+class stop_matcher {
+ public:
+  explicit stop_matcher(std::vector<std::string> stops);
+
+  struct output {
+    std::string text;      ///< text safe to send now
+    bool stopped = false;  ///< a stop string was found: `text` ends just before it
+  };
+
+  /// Appends a piece of generated text.
+  output push(std::string_view piece);
+  /// The stream ended without a stop string: everything held back.
+  std::string flush();
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+}  // namespace llmesh::gateway

@@ -1,0 +1,264 @@
+// OpenAI API bodies (openai_api.hpp). Every JSON exception is caught here and becomes an
+// invalid_request error naming the field.
+#include "llmesh/gateway/openai_api.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace llmesh::gateway {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+error bad(const std::string& msg) { return make_error(errc::invalid_request, msg); }
+
+result<json> parse_object(std::string_view body) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return bad("the request body is not valid JSON");
+  if (!j.is_object()) return bad("the request body must be a JSON object");
+  return j;
+}
+
+/// A number field within [lo, hi]; absent or null keeps the default.
+status number_field(const json& j, const char* name, double lo, double hi, float& out) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (!it->is_number()) return bad(std::string("'") + name + "' must be a number");
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    return bad(std::string("'") + name + "' must be between " + std::to_string(lo).substr(0, 4) + " and " +
+               std::to_string(hi).substr(0, 4));
+  }
+  out = static_cast<float>(v);
+  return ok_status();
+}
+
+status bool_field(const json& j, const char* name, bool& out) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (!it->is_boolean()) return bad(std::string("'") + name + "' must be true or false");
+  out = it->get<bool>();
+  return ok_status();
+}
+
+status parse_generation(const json& j, const request_limits& lim, bool chat, generation_fields& g) {
+  for (const char* name : {chat ? "max_completion_tokens" : "", "max_tokens"}) {
+    if (!*name) continue;
+    auto it = j.find(name);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_number_integer()) return bad(std::string("'") + name + "' must be an integer");
+    const auto v = it->get<int64_t>();
+    if (v < 1 || static_cast<uint64_t>(v) > lim.max_tokens) {
+      return bad(std::string("'") + name + "' must be between 1 and " + std::to_string(lim.max_tokens));
+    }
+    g.max_tokens = static_cast<size_t>(v);
+    g.max_tokens_given = true;
+    break;
+  }
+  LLMESH_TRY(number_field(j, "temperature", 0.0, 2.0, g.temperature));
+  LLMESH_TRY(number_field(j, "top_p", 0.0, 1.0, g.top_p));
+  if (auto it = j.find("top_k"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer()) return bad("'top_k' must be an integer");
+    const auto v = it->get<int64_t>();
+    if (v < -1 || v > std::numeric_limits<int>::max()) return bad("'top_k' must be -1, 0 or positive");
+    g.top_k = v < 0 ? 0 : static_cast<int>(v);
+  }
+  if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer()) return bad("'seed' must be an integer");
+    g.seed = it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
+  }
+  if (auto it = j.find("n"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() != 1) return bad("'n' must be 1 (one choice per request)");
+  }
+  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    if (it->is_string()) {
+      g.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const auto& s : *it) {
+        if (!s.is_string()) return bad("'stop' must be a string or an array of strings");
+        g.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return bad("'stop' must be a string or an array of strings");
+    }
+    if (g.stop.size() > lim.max_stop) return bad("'stop' holds at most " + std::to_string(lim.max_stop) + " strings");
+    for (const auto& s : g.stop) {
+      if (s.empty() || s.size() > lim.max_stop_bytes) {
+        return bad("each 'stop' string must be 1 to " + std::to_string(lim.max_stop_bytes) + " bytes");
+      }
+    }
+  }
+  LLMESH_TRY(bool_field(j, "stream", g.stream));
+  LLMESH_TRY(bool_field(j, "return_token_ids", g.return_token_ids));
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return bad("'stream_options' must be an object");
+    LLMESH_TRY(bool_field(*it, "include_usage", g.include_usage));
+  }
+  return ok_status();
+}
+
+status parse_model(const json& j, std::string& model) {
+  auto it = j.find("model");
+  if (it == j.end() || !it->is_string() || it->get<std::string>().empty()) return bad("'model' must be a non-empty string");
+  model = it->get<std::string>();
+  return ok_status();
+}
+
+json choice_json(std::string_view kind, const choice_delta& c, bool stream) {
+  json ch;
+  ch["index"] = 0;
+  const bool chat = kind.starts_with("chat");
+  if (chat) {
+    json msg = json::object();
+    if (c.role || !stream) msg["role"] = "assistant";
+    if (!c.text.empty() || !stream) msg["content"] = c.text;
+    ch[stream ? "delta" : "message"] = msg;
+  } else {
+    ch["text"] = c.text;
+  }
+  ch["logprobs"] = nullptr;
+  ch["finish_reason"] = c.finish ? json(*c.finish) : json(nullptr);
+  if (c.with_token_ids) {
+    ch["token_ids"] = c.token_ids;
+    if (!c.prompt_token_ids.empty()) ch["prompt_token_ids"] = c.prompt_token_ids;
+  }
+  return ch;
+}
+
+json usage_json(const usage_counts& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+json envelope(std::string_view kind, std::string_view id, int64_t created, std::string_view model) {
+  return {{"id", id}, {"object", kind}, {"created", created}, {"model", model}};
+}
+
+}  // namespace
+
+namespace {
+
+result<completion_request> parse_completion(std::string_view body, const request_limits& lim) {
+  auto j = parse_object(body);
+  if (!j) return j.take_error();
+  completion_request r;
+  LLMESH_TRY(parse_model(*j, r.model));
+  auto p = j->find("prompt");
+  if (p == j->end()) return bad("'prompt' is required");
+  if (p->is_string()) {
+    r.prompt_text = p->get<std::string>();
+    if (r.prompt_text->empty()) return bad("'prompt' is empty");
+  } else if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
+    for (const auto& t : *p) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return bad("'prompt' token ids must be non-negative integers");
+      }
+      r.prompt_ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
+    r.prompt_text = (*p)[0].get<std::string>();  // a batch of one prompt
+  } else {
+    return bad("'prompt' must be a string, or an array of token ids (one prompt per request)");
+  }
+  if (auto e = j->find("echo"); e != j->end() && e->is_boolean() && e->get<bool>()) return bad("'echo' is not supported");
+  LLMESH_TRY(parse_generation(*j, lim, false, r.gen));
+  return r;
+}
+
+result<chat_request> parse_chat(std::string_view body, const request_limits& lim) {
+  auto j = parse_object(body);
+  if (!j) return j.take_error();
+  chat_request r;
+  LLMESH_TRY(parse_model(*j, r.model));
+  auto m = j->find("messages");
+  if (m == j->end() || !m->is_array() || m->empty()) return bad("'messages' must be a non-empty array");
+  if (m->size() > lim.max_messages) return bad("'messages' holds at most " + std::to_string(lim.max_messages) + " entries");
+  for (const auto& msg : *m) {
+    if (!msg.is_object()) return bad("each message must be an object");
+    auto role = msg.find("role");
+    if (role == msg.end() || !role->is_string()) return bad("each message needs a string 'role'");
+    auto content = msg.find("content");
+    if (content == msg.end() || !(content->is_string() || content->is_null())) {
+      return bad("each message needs a string 'content'");
+    }
+  }
+  r.messages = *m;
+  LLMESH_TRY(parse_generation(*j, lim, true, r.gen));
+  if (!r.gen.max_tokens_given) r.gen.max_tokens = lim.max_tokens;  // chat: until EOS, bounded by the server
+  return r;
+}
+
+}  // namespace
+
+// nlohmann::json throws on some inputs (deep nesting, type errors we did not foresee): any such
+// exception becomes a 400 naming the JSON problem, never a crash.
+result<completion_request> parse_completion_request(std::string_view body, const request_limits& lim) {
+  try {
+    return parse_completion(body, lim);
+  } catch (const std::exception& e) {
+    return bad(std::string("malformed request: ") + e.what());
+  }
+}
+
+result<chat_request> parse_chat_request(std::string_view body, const request_limits& lim) {
+  try {
+    return parse_chat(body, lim);
+  } catch (const std::exception& e) {
+    return bad(std::string("malformed request: ") + e.what());
+  }
+}
+
+http_error_kind http_error_of(errc code) {
+  switch (code) {
+    case errc::invalid_request: return {400, "invalid_request_error"};
+    case errc::unauthorized: return {401, "authentication_error"};
+    case errc::not_found: return {404, "not_found_error"};
+    case errc::overloaded: return {429, "rate_limit_error"};
+    case errc::replica_unavailable: return {503, "service_unavailable"};
+    case errc::cancelled: return {499, "cancelled"};
+    case errc::deadline_exceeded: return {504, "timeout"};
+    case errc::unsupported: return {400, "invalid_request_error"};
+    default: return {500, "internal_error"};
+  }
+}
+
+std::string error_json(const error& e) {
+  json j = {{"error", {{"message", e.message}, {"type", http_error_of(e.code).type}, {"code", errc_name(e.code)}}}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string response_json(std::string_view kind, std::string_view id, int64_t created, std::string_view model,
+                           const choice_delta& c, const usage_counts& u) {
+  json j = envelope(kind, id, created, model);
+  j["choices"] = json::array({choice_json(kind, c, false)});
+  j["usage"] = usage_json(u);
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string chunk_json(std::string_view kind, std::string_view id, int64_t created, std::string_view model,
+                       const choice_delta& c, const std::optional<usage_counts>& u) {
+  json j = envelope(kind, id, created, model);
+  j["choices"] = json::array({choice_json(kind, c, true)});
+  if (u) j["usage"] = usage_json(*u);
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string usage_chunk_json(std::string_view kind, std::string_view id, int64_t created, std::string_view model,
+                             const usage_counts& u) {
+  json j = envelope(kind, id, created, model);
+  j["choices"] = json::array();
+  j["usage"] = usage_json(u);
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string sse_event(std::string_view json_text) {
+  std::string out;
+  out.reserve(json_text.size() + 8);
+  out += "data: ";
+  out += json_text;
+  out += "\n\n";
+  return out;
+}
+
+}  // namespace llmesh::gateway

@@ -1,0 +1,157 @@
+// OpenAI request parsing (valid bodies, each invalid field named in a one-line 400, a
+// mutation fuzz loop that must never throw or crash) and the response / SSE shapes read back.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "llmesh/gateway/openai_api.hpp"
+
+namespace llmesh::gateway {
+namespace {
+
+using json = nlohmann::json;
+
+TEST(OpenaiApi, ParsesCompletionRequests) {
+  request_limits lim;
+  auto r = parse_completion_request(
+      R"({"model":"m","prompt":"Hello","max_tokens":5,"temperature":0,"top_p":0.9,"top_k":40,"seed":7,
+          "stop":["\n","END"],"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true,
+          "unknown_field":{"ignored":1}})",
+      lim);
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_EQ(r->model, "m");
+  EXPECT_EQ(*r->prompt_text, "Hello");
+  EXPECT_EQ(r->gen.max_tokens, 5u);
+  EXPECT_EQ(r->gen.temperature, 0.0f);
+  EXPECT_EQ(r->gen.top_k, 40);
+  EXPECT_EQ(*r->gen.seed, 7u);
+  EXPECT_EQ(r->gen.stop, (std::vector<std::string>{"\n", "END"}));
+  EXPECT_TRUE(r->gen.stream && r->gen.include_usage && r->gen.return_token_ids);
+  auto ids = parse_completion_request(R"({"model":"m","prompt":[1,2,3]})", lim);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(ids->gen.max_tokens, 16u);  // OpenAI's default
+}
+
+TEST(OpenaiApi, ParsesChatRequests) {
+  request_limits lim;
+  lim.max_tokens = 100;
+  auto r = parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"Hi"}],"max_completion_tokens":9})", lim);
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_EQ(r->messages.size(), 1u);
+  EXPECT_EQ(r->gen.max_tokens, 9u);
+  auto d = parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"Hi"}]})", lim);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->gen.max_tokens, 100u);  // chat without a limit: the server's bound
+}
+
+TEST(OpenaiApi, NamesTheBadField) {
+  request_limits lim;
+  const std::pair<const char*, const char*> cases[] = {
+      {"not json", "not valid JSON"},
+      {"[1,2]", "JSON object"},
+      {R"({"prompt":"x"})", "'model'"},
+      {R"({"model":"m"})", "'prompt' is required"},
+      {R"({"model":"m","prompt":""})", "'prompt' is empty"},
+      {R"({"model":"m","prompt":[1,-2]})", "token ids"},
+      {R"({"model":"m","prompt":["a","b"]})", "one prompt per request"},
+      {R"({"model":"m","prompt":"x","max_tokens":0})", "'max_tokens'"},
+      {R"({"model":"m","prompt":"x","max_tokens":100000})", "'max_tokens'"},
+      {R"({"model":"m","prompt":"x","max_tokens":"5"})", "'max_tokens' must be an integer"},
+      {R"({"model":"m","prompt":"x","temperature":3})", "'temperature'"},
+      {R"({"model":"m","prompt":"x","top_p":-0.1})", "'top_p'"},
+      {R"({"model":"m","prompt":"x","n":2})", "'n'"},
+      {R"({"model":"m","prompt":"x","stop":["a","b","c","d","e"]})", "at most 4"},
+      {R"({"model":"m","prompt":"x","stop":[""]})", "'stop'"},
+      {R"({"model":"m","prompt":"x","stop":5})", "'stop'"},
+      {R"({"model":"m","prompt":"x","stream":"yes"})", "'stream'"},
+      {R"({"model":"m","prompt":"x","echo":true})", "'echo'"},
+      {R"({"model":"m","prompt":"x","seed":1.5})", "'seed'"},
+  };
+  for (const auto& [body, needle] : cases) {
+    auto r = parse_completion_request(body, lim);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.err().code, errc::invalid_request);
+    EXPECT_NE(r.err().message.find(needle), std::string::npos) << body << " -> " << r.err().message;
+    EXPECT_EQ(r.err().message.find('\n'), std::string::npos);
+  }
+  EXPECT_FALSE(parse_chat_request(R"({"model":"m","messages":[]})", lim).ok());
+  EXPECT_FALSE(parse_chat_request(R"({"model":"m","messages":[{"role":"user"}]})", lim).ok());
+  EXPECT_FALSE(parse_chat_request(R"({"model":"m","messages":[{"role":1,"content":"x"}]})", lim).ok());
+}
+
+TEST(OpenaiApi, MutatedBodiesNeverThrow) {
+  const std::string seed_body =
+      R"({"model":"m","prompt":[1,2,3],"max_tokens":5,"stop":["a"],"stream":true,"messages":[{"role":"user","content":"x"}]})";
+  std::mt19937 rng(11);
+  const std::string alphabet = "{}[]\",:0123456789.-+eE truefalsnul\\\x80\xff";
+  request_limits lim;
+  for (int i = 0; i < 20000; ++i) {
+    std::string body = seed_body;
+    const int edits = 1 + static_cast<int>(rng() % 6);
+    for (int e = 0; e < edits && !body.empty(); ++e) {
+      const size_t at = rng() % body.size();
+      switch (rng() % 3) {
+        case 0: body[at] = alphabet[rng() % alphabet.size()]; break;
+        case 1: body.erase(at, 1 + rng() % 3); break;
+        default: body.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
+      }
+    }
+    auto a = parse_completion_request(body, lim);
+    auto b = parse_chat_request(body, lim);
+    if (!a.ok()) {
+      EXPECT_EQ(a.err().code, errc::invalid_request);
+    }
+    if (!b.ok()) {
+      EXPECT_EQ(b.err().code, errc::invalid_request);
+    }
+  }
+  // Deep nesting is refused or parsed, never a stack overflow.
+  std::string deep(100000, '[');
+  EXPECT_FALSE(parse_completion_request(deep, lim).ok());
+}
+
+TEST(OpenaiApi, ErrorsMapToStatusesAndShapes) {
+  EXPECT_EQ(http_error_of(errc::invalid_request).status, 400);
+  EXPECT_EQ(http_error_of(errc::unauthorized).status, 401);
+  EXPECT_EQ(http_error_of(errc::not_found).status, 404);
+  EXPECT_EQ(http_error_of(errc::overloaded).status, 429);
+  EXPECT_EQ(http_error_of(errc::replica_unavailable).status, 503);
+  EXPECT_EQ(http_error_of(errc::internal).status, 500);
+  auto j = json::parse(error_json(make_error(errc::invalid_request, "bad \xff field")));
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["code"], "invalid_request");
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("bad"), std::string::npos);
+}
+
+TEST(OpenaiApi, ResponsesAndChunksHaveOpenaisShape) {
+  choice_delta c;
+  c.text = "Hi there";
+  c.finish = "length";
+  c.with_token_ids = true;
+  c.token_ids = {5, 6};
+  c.prompt_token_ids = {1, 2};
+  auto r = json::parse(response_json("text_completion", "cmpl-1", 123, "m", c, {3, 2}));
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["choices"][0]["text"], "Hi there");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["choices"][0]["token_ids"], json({5, 6}));
+  EXPECT_EQ(r["choices"][0]["prompt_token_ids"], json({1, 2}));
+  EXPECT_EQ(r["usage"]["total_tokens"], 5);
+  choice_delta first;
+  first.role = true;
+  auto ch = json::parse(chunk_json("chat.completion.chunk", "chatcmpl-1", 123, "m", first));
+  EXPECT_EQ(ch["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(ch["choices"][0]["finish_reason"].is_null());
+  EXPECT_FALSE(ch.contains("usage"));
+  auto u = json::parse(usage_chunk_json("chat.completion.chunk", "chatcmpl-1", 123, "m", {4, 1}));
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["completion_tokens"], 1);
+  auto chat = json::parse(response_json("chat.completion", "chatcmpl-2", 1, "m", c, {1, 1}));
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], "Hi there");
+  EXPECT_EQ(sse_event("{}"), "data: {}\n\n");
+}
+
+}  // namespace
+}  // namespace llmesh::gateway
