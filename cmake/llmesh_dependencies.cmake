@@ -13,3 +13,11 @@ include(GoogleTest)
 # OpenBLAS is only the peer that `llmesh bench` measures our GEMM against.
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS REQUIRED)
+
+# CAF 0.17.6 (libcaf-dev) ships no CMake config or pkg-config file: wrap it by hand.
+find_path(CAF_INCLUDE_DIR caf/all.hpp REQUIRED)
+find_library(CAF_CORE_LIBRARY caf_core REQUIRED)
+add_library(caf::core UNKNOWN IMPORTED)
+set_target_properties(caf::core PROPERTIES IMPORTED_LOCATION "${CAF_CORE_LIBRARY}"
+                                           INTERFACE_INCLUDE_DIRECTORIES "${CAF_INCLUDE_DIR}")
+target_link_libraries(caf::core INTERFACE Threads::Threads)

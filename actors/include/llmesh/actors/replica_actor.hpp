@@ -1,0 +1,43 @@
+// The replica actor (CAF): a thin shell over replica_core. Requests arrive as messages; each
+// engine step is one message the actor sends itself, so new requests and cancellations are
+// taken between steps (continuous batching); every new token goes straight to the actor that
+// submitted the request. Spawn it detached: a step holds its thread for the step's duration.
+#pragma once
+
+#include <caf/all.hpp>
+
+#include "llmesh/actors/replica_core.hpp"
+
+namespace llmesh::actors {
+
+using generate_atom = caf::atom_constant<caf::atom("generate")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+
+/// A token for the request `id` (or its end: finish != none; or a failure: code set).
+struct token_msg {
+  uint64_t id = 0;
+  int32_t token = -1;
+  finish_reason finish = finish_reason::none;
+  bool failed = false;
+  error err;  ///< when failed
+};
+
+struct replica_state {
+  std::unique_ptr<replica_core> core;
+  std::unordered_map<uint64_t, caf::actor> owners;
+  bool step_pending = false;
+  bool dead = false;
+  static inline const char* name = "replica";
+};
+
+/// `(generate_atom, replica_request, caf::actor reply_to)` queues a request whose tokens go to
+/// reply_to as token_msg; `(cancel_atom, uint64_t id)` drops one. If the engine fails, every
+/// live request gets a failed token_msg and the actor refuses further work (the replica is
+/// dead; its tensor-parallel group fails as a unit). Borrows the engine.
+caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::engine* eng, scheduler_config cfg);
+
+}  // namespace llmesh::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::replica_request)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::token_msg)

@@ -1,0 +1,82 @@
+// The replica actor in a real CAF system: requests sent as messages stream their tokens back
+// to the submitter, equal to generate() alone per request; cancellation and refused requests
+// are answered.
+#include <chrono>
+#include <set>
+
+#include "llmesh/actors/replica_actor.hpp"
+#include "replica_fixture.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+class ReplicaActor : public testing::replica_test_base {
+ protected:
+  caf::actor_system_config cfg_ = [] {
+    caf::actor_system_config c;
+    c.set("scheduler.max-threads", 2);  // the machine's 2 cores; the replica runs detached
+    return c;
+  }();
+};
+
+TEST_F(ReplicaActor, StreamsEveryRequestsTokensToItsSubmitter) {
+  auto reqs = requests(12);
+  auto want = alone(reqs, 1);
+  auto eng = engine(1, 1024);
+  caf::actor_system sys{cfg_};
+  scheduler_config sc;
+  sc.max_batch_tokens = 48;
+  auto replica = sys.spawn<caf::detached>(replica_actor, eng.get(), sc);
+  caf::scoped_actor self{sys};
+  for (const auto& r : reqs) self->send(replica, generate_atom::value, r, caf::actor{self});
+  std::map<uint64_t, std::vector<int32_t>> got;
+  std::set<uint64_t> done;
+  bool timed_out = false;
+  while (done.size() < reqs.size() && !timed_out) {
+    self->receive(
+        [&](const token_msg& t) {
+          ASSERT_FALSE(t.failed) << t.err.message;
+          got[t.id].push_back(t.token);
+          if (t.finish != finish_reason::none) done.insert(t.id);
+        },
+        caf::after(std::chrono::seconds(30)) >> [&] { timed_out = true; });
+  }
+  ASSERT_FALSE(timed_out);
+  for (const auto& r : reqs) EXPECT_EQ(got[r.id], want[r.id]) << "request " << r.id;
+  self->send_exit(replica, caf::exit_reason::user_shutdown);
+}
+
+TEST_F(ReplicaActor, RefusesBadRequestsAndCancels) {
+  auto eng = engine(1, 256);
+  caf::actor_system sys{cfg_};
+  auto replica = sys.spawn<caf::detached>(replica_actor, eng.get(), scheduler_config{});
+  caf::scoped_actor self{sys};
+  replica_request bad;
+  bad.id = 7;
+  bad.prompt = {1, 999};  // outside the vocabulary
+  self->send(replica, generate_atom::value, bad, caf::actor{self});
+  self->receive([&](const token_msg& t) {
+    EXPECT_EQ(t.id, 7u);
+    EXPECT_TRUE(t.failed);
+    EXPECT_EQ(t.err.code, errc::invalid_request);
+  }, caf::after(std::chrono::seconds(10)) >> [&] { ADD_FAILURE() << "no answer"; });
+  replica_request longer;
+  longer.id = 8;
+  longer.prompt = {1, 2, 3};
+  longer.max_tokens = 200;
+  self->send(replica, generate_atom::value, longer, caf::actor{self});
+  self->receive([&](const token_msg& t) { EXPECT_EQ(t.id, 8u); },
+                caf::after(std::chrono::seconds(10)) >> [&] { ADD_FAILURE() << "no token"; });
+  self->send(replica, cancel_atom::value, uint64_t{8});
+  // After the cancel is processed, at most the tokens of steps already under way arrive.
+  size_t late = 0;
+  bool quiet = false;
+  while (!quiet) {
+    self->receive([&](const token_msg&) { ++late; }, caf::after(std::chrono::milliseconds(300)) >> [&] { quiet = true; });
+  }
+  EXPECT_LT(late, 5u);
+  self->send_exit(replica, caf::exit_reason::user_shutdown);
+}
+
+}  // namespace
+}  // namespace llmesh::actors
