@@ -1,0 +1,70 @@
+// The router's replica choice, a plain class: round-robin, least-load, power-of-two-choices or
+// prefix-aware (send a prompt where its leading blocks were sent before, so the replica's
+// prefix cache already holds them, unless that replica is much busier than the least loaded).
+// Load is what replicas report (running + waiting requests) plus what this router assigned
+// since their last report.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <random>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+
+#include "llmesh/common/error.hpp"
+
+namespace llmesh::actors {
+
+enum class balance_policy { round_robin, least_load, power_of_two, prefix_aware };
+
+/// Parses "round-robin", "least-load", "power-of-two" or "prefix-aware".
+[[nodiscard]] result<balance_policy> parse_balance_policy(std::string_view name);
+
+/// A replica's state as its last report gave it.
+struct replica_load {
+  uint64_t replica = 0;
+  bool ready = true;  ///< false while loading, draining or dead: never picked
+  size_t running = 0, waiting = 0;
+};
+
+/// Thread affinity: the router's. Deterministic for a given seed and sequence of calls.
+class balancer {
+ public:
+  explicit balancer(balance_policy policy, uint64_t seed = 1, size_t block_size = 16, size_t max_prefixes = 100000);
+
+  /// Adds a replica or refreshes its report (assignments since the last report are dropped:
+  /// the report includes them).
+  void update(const replica_load& load);
+  void remove(uint64_t replica);
+
+  /// A ready replica for this prompt; replica_unavailable when there is none.
+  [[nodiscard]] result<uint64_t> pick(std::span<const int32_t> prompt);
+  /// Records that a request with this prompt went to `replica`.
+  void assigned(uint64_t replica, std::span<const int32_t> prompt);
+  /// Records that one of its requests ended.
+  void finished(uint64_t replica);
+
+  /// Current load estimate of a replica (0 for unknown ones).
+  size_t load_of(uint64_t replica) const;
+
+ private:
+  struct entry {
+    replica_load report;
+    size_t extra = 0;  ///< assigned since the report, minus finished
+  };
+  size_t load(const entry& e) const { return e.report.running + e.report.waiting + e.extra; }
+  result<uint64_t> least_loaded() const;
+
+  balance_policy policy_;
+  size_t block_size_, max_prefixes_;
+  std::mt19937_64 rng_;
+  std::map<uint64_t, entry> replicas_;  ///< ordered: round-robin and ties go by id
+  uint64_t next_rr_ = 0;
+  // prefix-aware: chained block hash → (replica, position in the LRU list)
+  std::list<uint64_t> lru_;
+  std::unordered_map<uint64_t, std::pair<uint64_t, std::list<uint64_t>::iterator>> prefixes_;
+};
+
+}  // namespace llmesh::actors

@@ -1,0 +1,139 @@
+// Replica choice (balancer.hpp).
+#include "llmesh/actors/balancer.hpp"
+
+#include <algorithm>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace llmesh::actors {
+namespace {
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/// Chained hashes of the prompt's full leading blocks (at most 64: enough to tell prompts apart).
+std::vector<uint64_t> block_hashes(std::span<const int32_t> prompt, size_t bs) {
+  std::vector<uint64_t> out;
+  uint64_t h = 0;
+  for (size_t b = 0; (b + 1) * bs <= prompt.size() && b < 64; ++b) {
+    for (size_t i = 0; i < bs; ++i) h = mix(h ^ static_cast<uint32_t>(prompt[b * bs + i]));
+    out.push_back(h);
+  }
+  return out;
+}
+
+}  // namespace
+
+result<balance_policy> parse_balance_policy(std::string_view name) {
+  if (name == "round-robin") return balance_policy::round_robin;
+  if (name == "least-load") return balance_policy::least_load;
+  if (name == "power-of-two") return balance_policy::power_of_two;
+  if (name == "prefix-aware") return balance_policy::prefix_aware;
+  return make_error(errc::invalid_request, "unknown router policy '" + std::string(name) +
+                                               "' (expected round-robin, least-load, power-of-two or prefix-aware)");
+}
+
+balancer::balancer(balance_policy policy, uint64_t seed, size_t block_size, size_t max_prefixes)
+    : policy_(policy), block_size_(block_size == 0 ? 16 : block_size), max_prefixes_(max_prefixes), rng_(seed) {}
+
+void balancer::update(const replica_load& load) {
+  auto& e = replicas_[load.replica];
+  e.report = load;
+  e.extra = 0;
+}
+
+void balancer::remove(uint64_t replica) { replicas_.erase(replica); }
+
+size_t balancer::load_of(uint64_t replica) const {
+  auto it = replicas_.find(replica);
+  return it == replicas_.end() ? 0 : load(it->second);
+}
+
+result<uint64_t> balancer::least_loaded() const {
+  const entry* best = nullptr;
+  uint64_t best_id = 0;
+  for (const auto& [id, e] : replicas_) {
+    if (!e.report.ready) continue;
+    if (!best || load(e) < load(*best)) {
+      best = &e;
+      best_id = id;
+    }
+  }
+  if (!best) return make_error(errc::replica_unavailable, "no ready replica");
+  return best_id;
+}
+
+result<uint64_t> balancer::pick(std::span<const int32_t> prompt) {
+  std::vector<uint64_t> ready;
+  for (const auto& [id, e] : replicas_) {
+    if (e.report.ready) ready.push_back(id);
+  }
+  if (ready.empty()) return make_error(errc::replica_unavailable, "no ready replica");
+  switch (policy_) {
+    case balance_policy::round_robin: {
+      auto it = std::lower_bound(ready.begin(), ready.end(), next_rr_);
+      const uint64_t id = it == ready.end() ? ready.front() : *it;
+      next_rr_ = id + 1;
+      return id;
+    }
+    case balance_policy::least_load:
+      return least_loaded();
+    case balance_policy::power_of_two: {
+      if (ready.size() == 1) return ready[0];
+      std::uniform_int_distribution<size_t> d(0, ready.size() - 1);
+      const size_t a = d(rng_);
+      size_t b = d(rng_);
+      while (b == a) b = d(rng_);
+      const uint64_t ra = ready[a], rb = ready[b];
+      return load(replicas_.at(rb)) < load(replicas_.at(ra)) ? rb : ra;
+    }
+    case balance_policy::prefix_aware: {
+      auto least = least_loaded();
+      if (!least) return least;
+      const size_t floor = load(replicas_.at(*least));
+      const auto hashes = block_hashes(prompt, block_size_);
+      for (size_t i = hashes.size(); i-- > 0;) {  // the longest remembered prefix first
+        auto it = prefixes_.find(hashes[i]);
+        if (it == prefixes_.end()) continue;
+        auto r = replicas_.find(it->second.first);
+        // Cache affinity is worth a little imbalance, not a queue: at most 2x + 2 the least load.
+        if (r != replicas_.end() && r->second.report.ready && load(r->second) <= 2 * floor + 2) return r->first;
+        break;
+      }
+      return least;
+    }
+  }
+  return make_error(errc::internal, "balancer: unknown policy");
+}
+
+void balancer::assigned(uint64_t replica, std::span<const int32_t> prompt) {
+  auto it = replicas_.find(replica);
+  if (it == replicas_.end()) return;
+  ++it->second.extra;
+  if (policy_ != balance_policy::prefix_aware) return;
+  for (uint64_t h : block_hashes(prompt, block_size_)) {
+    auto p = prefixes_.find(h);
+    if (p != prefixes_.end()) {
+      lru_.erase(p->second.second);
+      prefixes_.erase(p);
+    }
+    lru_.push_back(h);
+    prefixes_[h] = {replica, std::prev(lru_.end())};
+    if (prefixes_.size() > max_prefixes_) {
+      prefixes_.erase(lru_.front());
+      lru_.pop_front();
+    }
+  }
+}
+
+void balancer::finished(uint64_t replica) {
+  auto it = replicas_.find(replica);
+  if (it != replicas_.end() && it->second.extra > 0) --it->second.extra;
+}
+
+}  // namespace llmesh::actors

@@ -1,0 +1,89 @@
+// The router's policies: only ready replicas, round-robin order, least load with assignments
+// counted, power-of-two never the busier of its pair, prefix affinity within a load bound, and
+// a clear error when no replica is ready.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "llmesh/actors/balancer.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+std::vector<int32_t> prompt_of(int32_t family, size_t n) {
+  std::vector<int32_t> p(n);
+  for (size_t i = 0; i < n; ++i) p[i] = family * 1000 + static_cast<int32_t>(i);
+  return p;
+}
+
+TEST(Balancer, ParsesPolicies) {
+  EXPECT_EQ(*parse_balance_policy("prefix-aware"), balance_policy::prefix_aware);
+  EXPECT_EQ(*parse_balance_policy("round-robin"), balance_policy::round_robin);
+  auto bad = parse_balance_policy("random");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("random"), std::string::npos);
+}
+
+TEST(Balancer, NoReadyReplicaIsAnError) {
+  balancer b(balance_policy::least_load);
+  EXPECT_EQ(b.pick({}).err().code, errc::replica_unavailable);
+  b.update({1, false, 0, 0});
+  EXPECT_EQ(b.pick({}).err().code, errc::replica_unavailable);
+  b.update({2, true, 0, 0});
+  EXPECT_EQ(*b.pick({}), 2u);
+}
+
+TEST(Balancer, RoundRobinSkipsReplicasThatAreNotReady) {
+  balancer b(balance_policy::round_robin);
+  for (uint64_t id : {3, 1, 2}) b.update({id, true, 0, 0});
+  b.update({2, false, 0, 0});
+  std::vector<uint64_t> order;
+  for (int i = 0; i < 4; ++i) order.push_back(*b.pick({}));
+  EXPECT_EQ(order, (std::vector<uint64_t>{1, 3, 1, 3}));
+}
+
+TEST(Balancer, LeastLoadCountsItsOwnAssignments) {
+  balancer b(balance_policy::least_load);
+  b.update({1, true, 2, 0});
+  b.update({2, true, 0, 1});
+  std::map<uint64_t, int> count;
+  for (int i = 0; i < 6; ++i) {
+    uint64_t r = *b.pick({});
+    b.assigned(r, {});
+    ++count[r];
+  }
+  EXPECT_EQ(b.load_of(1), 5u);  // 2 reported + 3 assigned
+  EXPECT_EQ(b.load_of(2), 4u);  // 1 reported + 3 assigned (ties go to the lower id)
+  EXPECT_EQ(count[1] + count[2], 6);
+  b.update({1, true, 0, 0});  // a fresh report replaces the estimate
+  EXPECT_EQ(b.load_of(1), 0u);
+}
+
+TEST(Balancer, PowerOfTwoNeverPicksTheBusierOfTwo) {
+  balancer b(balance_policy::power_of_two, 42);
+  b.update({1, true, 10, 0});
+  b.update({2, true, 0, 0});
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(*b.pick({}), 2u);
+}
+
+TEST(Balancer, PrefixAwareKeepsAPrefixOnOneReplicaWithinTheLoadBound) {
+  balancer b(balance_policy::prefix_aware, 1, 16);
+  for (uint64_t id : {1, 2, 3}) b.update({id, true, 0, 0});
+  auto system = prompt_of(7, 64);
+  const uint64_t home = *b.pick(system);
+  b.assigned(home, system);
+  for (int i = 0; i < 2; ++i) {  // same prefix, different tails: same replica
+    auto p = system;
+    p.push_back(i);
+    EXPECT_EQ(*b.pick(p), home);
+    b.assigned(home, p);
+  }
+  auto other = prompt_of(9, 40);  // a new prefix goes to the least loaded
+  EXPECT_NE(*b.pick(other), home);
+  // The home replica becomes far busier than the others: affinity yields.
+  b.update({home, true, 50, 0});
+  EXPECT_NE(*b.pick(system), home);
+}
+
+}  // namespace
+}  // namespace llmesh::actors
