@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libpcre2-dev libutf8proc-dev
   libopenblas-dev libcaf-dev
+  prometheus  # promtool: tests check /metrics output with it
 )
 
 missing=()

@@ -1,0 +1,106 @@
+// The metrics registry: the exact Prometheus text for each kind (cumulative buckets, +Inf,
+// _sum/_count, escaped labels and help), refusals of undeclared or mislabelled series, and
+// concurrent recording that loses nothing.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "../model/temp_dir.hpp"
+
+#include "llmesh/actors/metrics.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+TEST(Metrics, RendersTheTextFormat) {
+  metrics_registry r;
+  r.declare_counter("llmesh_generation_tokens_total", "Tokens generated.", {"replica"});
+  r.declare_gauge("llmesh_requests_running", "Requests in the running batch.");
+  r.declare_histogram("llmesh_ttft_seconds", "Time to first token.", {0.1, 1}, {"replica"});
+  r.get_counter("llmesh_generation_tokens_total", {"r\"1\\\n"})->add(3);
+  r.get_gauge("llmesh_requests_running")->set(2);
+  auto* h = r.get_histogram("llmesh_ttft_seconds", {"r1"});
+  h->observe(0.05);
+  h->observe(0.5);
+  h->observe(7);
+  EXPECT_EQ(r.render(),
+            "# HELP llmesh_generation_tokens_total Tokens generated.\n"
+            "# TYPE llmesh_generation_tokens_total counter\n"
+            "llmesh_generation_tokens_total{replica=\"r\\\"1\\\\\\n\"} 3\n"
+            "# HELP llmesh_requests_running Requests in the running batch.\n"
+            "# TYPE llmesh_requests_running gauge\n"
+            "llmesh_requests_running 2\n"
+            "# HELP llmesh_ttft_seconds Time to first token.\n"
+            "# TYPE llmesh_ttft_seconds histogram\n"
+            "llmesh_ttft_seconds_bucket{replica=\"r1\",le=\"0.1\"} 1\n"
+            "llmesh_ttft_seconds_bucket{replica=\"r1\",le=\"1\"} 2\n"
+            "llmesh_ttft_seconds_bucket{replica=\"r1\",le=\"+Inf\"} 3\n"
+            "llmesh_ttft_seconds_sum{replica=\"r1\"} 7.55\n"
+            "llmesh_ttft_seconds_count{replica=\"r1\"} 3\n");
+}
+
+TEST(Metrics, RefusesUndeclaredOrMislabelledSeries) {
+  metrics_registry r;
+  r.declare_counter("llmesh_x_total", "x", {"replica"});
+  EXPECT_EQ(r.get_counter("llmesh_y_total"), nullptr);
+  EXPECT_EQ(r.get_counter("llmesh_x_total"), nullptr);          // one label expected
+  EXPECT_EQ(r.get_gauge("llmesh_x_total", {"a"}), nullptr);     // another kind
+  EXPECT_EQ(r.get_counter("llmesh_x_total", {"a"}), r.get_counter("llmesh_x_total", {"a"}));
+  r.get_counter("llmesh_x_total", {"a"})->add(-5);  // counters never go down
+  EXPECT_EQ(r.get_counter("llmesh_x_total", {"a"})->value(), 0.0);
+}
+
+TEST(Metrics, ConcurrentRecordingLosesNothing) {
+  metrics_registry r;
+  r.declare_counter("llmesh_c_total", "c");
+  r.declare_histogram("llmesh_h_seconds", "h", metrics_registry::latency_buckets());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 10000; ++i) {
+        r.get_counter("llmesh_c_total")->add();
+        r.get_histogram("llmesh_h_seconds")->observe(0.002);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(r.get_counter("llmesh_c_total")->value(), 40000.0);
+  std::vector<uint64_t> cum;
+  double sum = 0;
+  uint64_t count = 0;
+  r.get_histogram("llmesh_h_seconds")->snapshot(cum, sum, count);
+  EXPECT_EQ(count, 40000u);
+  EXPECT_EQ(cum.back(), 40000u);
+  EXPECT_EQ(cum[0], 0u);   // ≤ 1 ms
+  EXPECT_EQ(cum[1], 40000u);  // ≤ 2.5 ms
+}
+
+/// Every family the mesh declares, with awkward label values, passes `promtool check metrics`.
+TEST(Metrics, PromtoolAcceptsTheOutput) {
+  metrics_registry r;
+  r.declare_histogram("llmesh_time_to_first_token_seconds", "Time from request to first token.",
+                      metrics_registry::latency_buckets(), {"replica"});
+  r.declare_counter("llmesh_prompt_tokens_total", "Prompt tokens processed.", {"replica"});
+  r.declare_gauge("llmesh_kv_cache_usage_ratio", "Fraction of KV blocks in use.", {"replica"});
+  r.declare_gauge("llmesh_replicas_ready", "Replicas ready to serve.");
+  r.get_histogram("llmesh_time_to_first_token_seconds", {"a\"b"})->observe(0.3);
+  r.get_counter("llmesh_prompt_tokens_total", {"line\nbreak"})->add(12);
+  r.get_gauge("llmesh_kv_cache_usage_ratio", {"r0"})->set(0.25);
+  r.get_gauge("llmesh_replicas_ready")->set(1);
+  model::testing::temp_dir tmp;
+  const std::string path = tmp.path() + "/metrics.txt";
+  std::ofstream(path) << r.render();
+  const std::string cmd = "promtool check metrics < " + path + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[256];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  const int rc = pclose(p);
+  EXPECT_EQ(rc, 0) << out;
+}
+
+}  // namespace
+}  // namespace llmesh::actors
