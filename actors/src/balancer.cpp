@@ -6,22 +6,18 @@
 #include <string>
 #include <vector>
 
+#include "block_hash.hpp"
+
 namespace llmesh::actors {
 namespace {
 
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-/// Chained hashes of the prompt's full leading blocks (at most 64: enough to tell prompts apart).
+/// The prompt's full leading blocks hashed as the replicas' prefix caches hash them (at most
+/// 64 blocks: enough to tell prompts apart).
 std::vector<uint64_t> block_hashes(std::span<const int32_t> prompt, size_t bs) {
   std::vector<uint64_t> out;
   uint64_t h = 0;
   for (size_t b = 0; (b + 1) * bs <= prompt.size() && b < 64; ++b) {
-    for (size_t i = 0; i < bs; ++i) h = mix(h ^ static_cast<uint32_t>(prompt[b * bs + i]));
+    h = detail::chain_block_hash(h, prompt.subspan(b * bs, bs));
     out.push_back(h);
   }
   return out;

@@ -5,17 +5,9 @@
 #include <algorithm>
 #include <string>
 
+#include "block_hash.hpp"
+
 namespace llmesh::actors {
-namespace {
-
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 block_manager::block_manager(size_t n_blocks, size_t block_size, bool prefix_caching)
     : block_size_(block_size == 0 ? 1 : block_size),
@@ -32,9 +24,7 @@ block_manager::block_manager(size_t n_blocks, size_t block_size, bool prefix_cac
 }
 
 uint64_t block_manager::chain(uint64_t prev, std::span<const int32_t> block_tokens) const {
-  uint64_t h = mix(prev ^ 0x6c6c6d657368ull);  // never 0 for a real block
-  for (int32_t t : block_tokens) h = mix(h ^ static_cast<uint32_t>(t));
-  return h == 0 ? 1 : h;
+  return detail::chain_block_hash(prev, block_tokens);
 }
 
 size_t block_manager::blocks_needed(const block_list& b, size_t n_tokens) const {

@@ -34,6 +34,10 @@ caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::eng
         self->state.core->cancel(id);
         self->state.owners.erase(id);
       },
+      [=](status_atom, caf::actor reply_to) {
+        const auto& st = self->state;
+        self->send(reply_to, replica_load{self->id(), !st.dead, st.core->running(), st.core->waiting()});
+      },
       [=](step_atom) {
         auto& st = self->state;
         st.step_pending = false;

@@ -60,20 +60,32 @@ TEST_F(ReplicaActor, RefusesBadRequestsAndCancels) {
     EXPECT_TRUE(t.failed);
     EXPECT_EQ(t.err.code, errc::invalid_request);
   }, caf::after(std::chrono::seconds(10)) >> [&] { ADD_FAILURE() << "no answer"; });
-  // A cancel sent right behind its request is in the replica's mailbox before the first step
-  // message (which the replica sends itself while handling the request): no token may come.
+  // Cancel, then ask for the replica's status: messages between two actors keep their order,
+  // so when the status arrives the cancel has been handled and every token the replica sent
+  // before it has arrived too — no token may follow it.
   replica_request longer;
   longer.id = 8;
   longer.prompt = {1, 2, 3};
   longer.max_tokens = 200;
   self->send(replica, generate_atom::value, longer, caf::actor{self});
   self->send(replica, cancel_atom::value, uint64_t{8});
-  size_t tokens = 0;
-  bool quiet = false;
-  while (!quiet) {
-    self->receive([&](const token_msg&) { ++tokens; }, caf::after(std::chrono::milliseconds(300)) >> [&] { quiet = true; });
+  self->send(replica, status_atom::value, caf::actor{self});
+  size_t before = 0, after = 0;
+  bool have_status = false, quiet = false;
+  while (!have_status) {
+    self->receive([&](const token_msg& t) { ++before; EXPECT_EQ(t.finish, finish_reason::none); },
+                  [&](const replica_load& l) {
+                    have_status = true;
+                    EXPECT_TRUE(l.ready);
+                    EXPECT_EQ(l.running + l.waiting, 0u);
+                  },
+                  caf::after(std::chrono::seconds(10)) >> [&] { have_status = true; ADD_FAILURE() << "no status"; });
   }
-  EXPECT_EQ(tokens, 0u);
+  while (!quiet) {
+    self->receive([&](const token_msg&) { ++after; }, caf::after(std::chrono::milliseconds(300)) >> [&] { quiet = true; });
+  }
+  EXPECT_EQ(after, 0u);
+  EXPECT_LT(before, 200u);
   // The replica still serves after a cancel.
   longer.id = 9;
   longer.max_tokens = 3;

@@ -6,6 +6,7 @@
 
 #include <caf/all.hpp>
 
+#include "llmesh/actors/balancer.hpp"
 #include "llmesh/actors/replica_core.hpp"
 
 namespace llmesh::actors {
@@ -13,6 +14,7 @@ namespace llmesh::actors {
 using generate_atom = caf::atom_constant<caf::atom("generate")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
+using status_atom = caf::atom_constant<caf::atom("status")>;
 
 /// A token for the request `id` (or its end: finish != none; or a failure: code set).
 struct token_msg {
@@ -32,7 +34,8 @@ struct replica_state {
 };
 
 /// `(generate_atom, replica_request, caf::actor reply_to)` queues a request whose tokens go to
-/// reply_to as token_msg; `(cancel_atom, uint64_t id)` drops one. If the engine fails, every
+/// reply_to as token_msg; `(cancel_atom, uint64_t id)` drops one; `(status_atom, caf::actor
+/// reply_to)` sends reply_to a replica_load (the router's report; ready is false once dead). If the engine fails, every
 /// live request gets a failed token_msg and the actor refuses further work (the replica is
 /// dead; its tensor-parallel group fails as a unit). Borrows the engine.
 caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::engine* eng, scheduler_config cfg);
@@ -41,3 +44,4 @@ caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::eng
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::replica_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::token_msg)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::replica_load)
