@@ -23,10 +23,6 @@ block_manager::block_manager(size_t n_blocks, size_t block_size, bool prefix_cac
   for (size_t b = n_blocks; b-- > 0;) free_.push_back(static_cast<int32_t>(b));  // block 0 first
 }
 
-uint64_t block_manager::chain(uint64_t prev, std::span<const int32_t> block_tokens) const {
-  return detail::chain_block_hash(prev, block_tokens);
-}
-
 size_t block_manager::blocks_needed(const block_list& b, size_t n_tokens) const {
   const size_t want = (n_tokens + block_size_ - 1) / block_size_;
   return want > b.ids.size() ? want - b.ids.size() : 0;
@@ -63,7 +59,7 @@ size_t block_manager::match_prefix(std::span<const int32_t> prompt, block_list& 
   const size_t usable = (prompt.size() - 1) / block_size_;  // never the last token's block
   for (size_t i = 0; i < usable; ++i) {
     auto tokens = prompt.subspan(i * block_size_, block_size_);
-    const uint64_t h = chain(b.last_hash, tokens);
+    const uint64_t h = detail::chain_block_hash(b.last_hash, tokens);
     auto it = by_hash_.find(h);
     if (it == by_hash_.end()) break;
     const int32_t id = it->second;
@@ -94,7 +90,7 @@ void block_manager::commit(block_list& b, std::span<const int32_t> tokens) {
   if (!prefix_caching_) return;
   while ((b.n_hashed + 1) * block_size_ <= tokens.size() && b.n_hashed < b.ids.size()) {
     auto block_tokens = tokens.subspan(b.n_hashed * block_size_, block_size_);
-    const uint64_t h = chain(b.last_hash, block_tokens);
+    const uint64_t h = detail::chain_block_hash(b.last_hash, block_tokens);
     const int32_t id = b.ids[b.n_hashed];
     if (!by_hash_.contains(h) && !cached_[id]) {  // a duplicate of a cached block stays private
       by_hash_[h] = id;

@@ -2,6 +2,7 @@
 #include "llmesh/actors/metrics.hpp"
 
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -111,31 +112,31 @@ metrics_registry::family* metrics_registry::find(const std::string& name, kind k
   return &it->second;
 }
 
-metrics_registry::counter* metrics_registry::get_counter(const std::string& name, const label_values& values) {
+template <class Series>
+Series* metrics_registry::series(const std::string& name, kind k, const label_values& values,
+                                 std::map<label_values, std::unique_ptr<Series>> family::*member,
+                                 const std::vector<double>* (*bounds_of)(const family&)) {
   std::lock_guard lock(mu_);
-  family* f = find(name, kind::counter, values);
+  family* f = find(name, k, values);
   if (!f) return nullptr;
-  auto& p = f->counters[values];
-  if (!p) p = std::make_unique<counter>();
+  auto& p = (f->*member)[values];
+  if (!p) {
+    if constexpr (std::is_same_v<Series, histogram>) p = std::make_unique<Series>(bounds_of(*f));
+    else p = std::make_unique<Series>();
+  }
   return p.get();
+}
+
+metrics_registry::counter* metrics_registry::get_counter(const std::string& name, const label_values& values) {
+  return series(name, kind::counter, values, &family::counters, nullptr);
 }
 
 metrics_registry::gauge* metrics_registry::get_gauge(const std::string& name, const label_values& values) {
-  std::lock_guard lock(mu_);
-  family* f = find(name, kind::gauge, values);
-  if (!f) return nullptr;
-  auto& p = f->gauges[values];
-  if (!p) p = std::make_unique<gauge>();
-  return p.get();
+  return series(name, kind::gauge, values, &family::gauges, nullptr);
 }
 
 metrics_registry::histogram* metrics_registry::get_histogram(const std::string& name, const label_values& values) {
-  std::lock_guard lock(mu_);
-  family* f = find(name, kind::histogram, values);
-  if (!f) return nullptr;
-  auto& p = f->histograms[values];
-  if (!p) p = std::make_unique<histogram>(&f->bounds);
-  return p.get();
+  return series(name, kind::histogram, values, &family::histograms, [](const family& f) { return &f.bounds; });
 }
 
 std::string metrics_registry::render() const {

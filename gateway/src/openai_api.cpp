@@ -135,10 +135,6 @@ json envelope(std::string_view kind, std::string_view id, int64_t created, std::
   return {{"id", id}, {"object", kind}, {"created", created}, {"model", model}};
 }
 
-}  // namespace
-
-namespace {
-
 result<completion_request> parse_completion(std::string_view body, const request_limits& lim) {
   auto j = parse_object(body);
   if (!j) return j.take_error();

@@ -21,10 +21,6 @@ status use_device(int device) { return check(cudaSetDevice(device), "cudaSetDevi
 
 status synchronize_device() { return check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
-status memory_info(size_t& free_bytes, size_t& total_bytes) {
-  return check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
-}
-
 status device_info(int& multiprocessors, std::string& name) {
   int dev = 0;
   LLMESH_TRY(check(cudaGetDevice(&dev), "cudaGetDevice"));

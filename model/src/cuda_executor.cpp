@@ -127,7 +127,7 @@ class cuda_executor final : public step_executor {
     return ok_status();
   }
 
-  float* logits_full() const { return layout_.tp > 1 ? gathered_.as<float>() + 0 : logits_.as<float>(); }
+  float* logits_full() const { return layout_.tp > 1 ? gathered_.as<float>() : logits_.as<float>(); }
 
   status finish() {
     if (comm_ && layout_.tp > 1) LLMESH_TRY(comm_->wait(stream_.get()));

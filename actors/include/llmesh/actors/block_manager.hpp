@@ -72,7 +72,6 @@ class block_manager {
  private:
   void take(int32_t id);
   int32_t allocate_one();
-  uint64_t chain(uint64_t prev, std::span<const int32_t> block_tokens) const;
 
   size_t block_size_;
   bool prefix_caching_;

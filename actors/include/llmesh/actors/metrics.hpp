@@ -81,6 +81,12 @@ class metrics_registry {
     std::map<label_values, std::unique_ptr<histogram>> histograms;
   };
   family* find(const std::string& name, kind k, const label_values& values);
+  /// The series of family `name` in `member`, created on first use (histograms get the
+  /// family's bounds from `bounds_of`).
+  template <class Series>
+  Series* series(const std::string& name, kind k, const label_values& values,
+                 std::map<label_values, std::unique_ptr<Series>> family::*member,
+                 const std::vector<double>* (*bounds_of)(const family&));
   void declare(const std::string& name, kind k, const std::string& help, std::vector<std::string> labels,
                std::vector<double> bounds);
 

@@ -23,9 +23,6 @@ using stream_t = CUstream_st*;
 /// Waits for all work on the current device (tests and benchmarks).
 [[nodiscard]] status synchronize_device();
 
-/// Free and total bytes of the current device.
-[[nodiscard]] status memory_info(size_t& free_bytes, size_t& total_bytes);
-
 /// Multiprocessor count and name of the current device.
 [[nodiscard]] status device_info(int& multiprocessors, std::string& name);
 
