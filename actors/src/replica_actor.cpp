@@ -36,7 +36,9 @@ caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::eng
       },
       [=](status_atom, caf::actor reply_to) {
         const auto& st = self->state;
-        self->send(reply_to, replica_load{self->id(), !st.dead, st.core->running(), st.core->waiting()});
+        const auto& b = st.core->blocks();
+        self->send(reply_to, replica_load{self->id(), !st.dead, st.core->running(), st.core->waiting(),
+                                          b.total_blocks() - b.free_blocks(), b.total_blocks()});
       },
       [=](step_atom) {
         auto& st = self->state;

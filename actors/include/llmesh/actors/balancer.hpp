@@ -27,6 +27,7 @@ struct replica_load {
   uint64_t replica = 0;
   bool ready = true;  ///< false while loading, draining or dead: never picked
   size_t running = 0, waiting = 0;
+  size_t kv_used = 0, kv_total = 0;  ///< KV blocks held by requests (cached-free ones excluded), of all
 };
 
 /// Thread affinity: the router's. Deterministic for a given seed and sequence of calls.

@@ -8,6 +8,7 @@
 
 #include "llmesh/actors/balancer.hpp"
 #include "llmesh/actors/replica_core.hpp"
+#include "llmesh/actors/token_stream.hpp"
 
 namespace llmesh::actors {
 
@@ -15,15 +16,6 @@ using generate_atom = caf::atom_constant<caf::atom("generate")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
-
-/// A token for the request `id` (or its end: finish != none; or a failure: code set).
-struct token_msg {
-  uint64_t id = 0;
-  int32_t token = -1;
-  finish_reason finish = finish_reason::none;
-  bool failed = false;
-  error err;  ///< when failed
-};
 
 struct replica_state {
   std::unique_ptr<replica_core> core;

@@ -1,0 +1,67 @@
+// The mesh in one process (`llmesh serve`): a CAF actor system with one router and N replica
+// actors, each replica over its own engine (a tensor-parallel group), and a request actor per
+// submitted request. The gateway sees only `mesh_client` — plain C++, no CAF — so the HTTP
+// layer is tested against a fake and the multi-process mesh can implement the same interface.
+#pragma once
+
+#include <memory>
+
+#include "llmesh/actors/balancer.hpp"
+#include "llmesh/actors/batch_scheduler.hpp"
+#include "llmesh/actors/metrics.hpp"
+#include "llmesh/actors/replica_core.hpp"
+#include "llmesh/actors/token_stream.hpp"
+#include "llmesh/model/engine.hpp"
+
+namespace llmesh::actors {
+
+/// What the gateway needs from a mesh. Thread affinity: any thread.
+class mesh_client {
+ public:
+  virtual ~mesh_client() = default;
+  /// Starts a request (its id unique among live ones); its tokens and its end go to `sink`.
+  virtual void submit(replica_request r, token_sink sink) = 0;
+  /// The client went away: the request's sequence is freed at the replica's next step and the
+  /// sink gets nothing more. Unknown ids are ignored.
+  virtual void cancel(uint64_t id) = 0;
+  /// Replicas ready to take requests now.
+  virtual size_t ready_replicas() const = 0;
+};
+
+struct mesh_options {
+  int replicas = 1;
+  model::engine_options engine;  ///< per replica: tp, kernel threads, KV capacity, device
+  scheduler_config sched;
+  balance_policy policy = balance_policy::least_load;
+  size_t max_migrations = 3;
+  int actor_threads = 2;  ///< CAF scheduler threads (replicas run detached, on their own)
+};
+
+/// Thread affinity: any thread. Destruction stops every actor (in-flight requests end without
+/// a final message: the gateway cancels its own first).
+class local_mesh final : public mesh_client {
+ public:
+  /// Builds the engines (loading weights), spawns the replicas and the router.
+  [[nodiscard]] static result<std::unique_ptr<local_mesh>> create(std::shared_ptr<const model::model> m,
+                                                                  mesh_options opt, metrics_registry* metrics);
+  ~local_mesh() override;
+
+  void submit(replica_request r, token_sink sink) override;
+  void cancel(uint64_t id) override;
+  size_t ready_replicas() const override;
+
+  size_t replica_count() const;
+  const model::engine& engine(size_t i) const;
+  /// Fault injection: stops replica i as if its process had died (its requests move on).
+  void kill_replica(size_t i);
+  /// Requests in flight (submitted, not yet finished or cancelled).
+  size_t inflight() const;
+
+  struct impl;
+
+ private:
+  explicit local_mesh(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace llmesh::actors

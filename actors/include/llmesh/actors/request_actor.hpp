@@ -1,0 +1,39 @@
+// The request actor (CAF): one per client request, a thin shell over request_tracker. It asks
+// the router for a replica, submits the request there, monitors it, and passes every token to
+// the client's sink. When its replica dies (a down message, or a failed token saying the
+// replica or a shard is gone) it asks the router again with the prompt plus the tokens already
+// streamed — the client sees one unbroken stream. It ends after the last token, a failure, or
+// a cancel (the client went away: the replica frees the sequence at its next step).
+#pragma once
+
+#include <caf/all.hpp>
+
+#include "llmesh/actors/metrics.hpp"
+#include "llmesh/actors/replica_core.hpp"
+#include "llmesh/actors/request_tracker.hpp"
+#include "llmesh/actors/token_stream.hpp"
+
+namespace llmesh::actors {
+
+struct request_options {
+  caf::actor router;
+  size_t max_migrations = 3;
+  std::chrono::milliseconds route_timeout{10000};
+  metrics_registry* metrics = nullptr;  ///< optional: counts migrations
+};
+
+struct request_state {
+  std::unique_ptr<request_tracker> tracker;
+  token_sink sink;
+  request_options opt;
+  caf::actor replica;  ///< where the request runs now (invalid while routing)
+  bool cancelled = false;
+  static inline const char* name = "request";
+};
+
+/// Spawned per request; `(cancel_atom)` cancels it. The sink sees the tokens, then exactly one
+/// final message (finish set, or failed: no replica, migrations spent, or refused).
+caf::behavior request_actor(caf::stateful_actor<request_state>* self, replica_request req, token_sink sink,
+                            request_options opt);
+
+}  // namespace llmesh::actors

@@ -1,0 +1,53 @@
+// The router actor (CAF): a thin shell over `balancer`. It knows its replicas (added by
+// message, monitored, dropped when they die), asks each for its load every `poll` interval,
+// and answers a route request with the replica the policy picks. Requesters report when a
+// request they were routed ends, so load estimates between polls stay honest.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+
+#include <caf/all.hpp>
+
+#include "llmesh/actors/balancer.hpp"
+#include "llmesh/actors/metrics.hpp"
+
+namespace llmesh::actors {
+
+using add_atom = caf::atom_constant<caf::atom("add")>;
+using route_atom = caf::atom_constant<caf::atom("route")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+
+/// The answer to a route request: a replica, or (replica invalid) why there is none.
+struct route_reply {
+  caf::actor replica;
+  error err;
+};
+
+struct router_options {
+  balance_policy policy = balance_policy::least_load;
+  size_t block_size = 16;                   ///< the replicas' KV block size (prefix-aware policy)
+  std::chrono::milliseconds poll{50};       ///< how often replicas are asked for their load
+  metrics_registry* metrics = nullptr;      ///< optional: per-replica gauges (see serving_metrics)
+  std::shared_ptr<std::atomic<size_t>> ready_count;  ///< optional: ready replicas, for /ready
+};
+
+struct router_state {
+  std::unique_ptr<balancer> bal;
+  std::map<uint64_t, caf::actor> replicas;
+  std::map<uint64_t, replica_load> loads;
+  router_options opt;
+  static inline const char* name = "router";
+};
+
+/// `(add_atom, caf::actor replica)` adds a replica; `(route_atom, std::vector<int32_t> prompt)`
+/// replies a route_reply and counts the request against the chosen replica; `(done_atom,
+/// uint64_t replica_id)` uncounts it. A replica that stops is forgotten (down message).
+caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_options opt);
+
+}  // namespace llmesh::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::route_reply)

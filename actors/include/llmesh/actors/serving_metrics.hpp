@@ -1,0 +1,25 @@
+// The serving metrics of DESIGN.md §Metrics: their names and one function that declares them,
+// so that the router, the request actors and the gateway record into the same families.
+#pragma once
+
+#include "llmesh/actors/metrics.hpp"
+
+namespace llmesh::actors::metric {
+
+inline constexpr const char* ttft = "llmesh_time_to_first_token_seconds";
+inline constexpr const char* itl = "llmesh_inter_token_latency_seconds";
+inline constexpr const char* e2e = "llmesh_e2e_request_latency_seconds";
+inline constexpr const char* prompt_tokens = "llmesh_prompt_tokens_total";
+inline constexpr const char* generation_tokens = "llmesh_generation_tokens_total";
+inline constexpr const char* requests = "llmesh_requests_total";  ///< label: status (HTTP code)
+inline constexpr const char* running = "llmesh_requests_running";        ///< label: replica
+inline constexpr const char* waiting = "llmesh_requests_waiting";        ///< label: replica
+inline constexpr const char* kv_usage = "llmesh_kv_cache_usage_ratio";   ///< label: replica
+inline constexpr const char* migrations = "llmesh_request_migrations_total";
+inline constexpr const char* replicas_ready = "llmesh_replicas_ready";
+inline constexpr const char* gateway_inflight = "llmesh_gateway_requests_inflight";
+
+/// Declares every family above in `r` (idempotent).
+void declare_serving(metrics_registry& r);
+
+}  // namespace llmesh::actors::metric

@@ -1,0 +1,28 @@
+// What flows back to whoever submitted a request: one token_msg per generated token, the last
+// one carrying the finish reason, or a single failed one. Plain structs (no CAF): the gateway
+// sees only these and mesh_client.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "llmesh/actors/batch_scheduler.hpp"
+#include "llmesh/common/error.hpp"
+
+namespace llmesh::actors {
+
+/// A token for the request `id` (or its end: finish != none; or a failure: failed set).
+struct token_msg {
+  uint64_t id = 0;
+  int32_t token = -1;
+  finish_reason finish = finish_reason::none;
+  bool failed = false;
+  error err;  ///< when failed
+};
+
+/// Receives a request's stream. Called on an actor's thread, one call at a time per request,
+/// in order; the call after which nothing more comes is the one with `finish != none` or
+/// `failed`.
+using token_sink = std::function<void(const token_msg&)>;
+
+}  // namespace llmesh::actors

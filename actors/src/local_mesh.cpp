@@ -1,0 +1,117 @@
+// The in-process mesh (local_mesh.hpp): spawns and wires the actors; submit/cancel are
+// messages into the actor system.
+#include "llmesh/actors/local_mesh.hpp"
+
+#include <mutex>
+#include <unordered_map>
+
+#include "llmesh/actors/replica_actor.hpp"
+#include "llmesh/actors/request_actor.hpp"
+#include "llmesh/actors/router_actor.hpp"
+
+namespace llmesh::actors {
+
+struct local_mesh::impl {
+  // Declaration order is destruction order reversed: the actor system (and so every actor)
+  // goes before the engines the replicas borrow.
+  std::vector<std::unique_ptr<model::engine>> engines;
+  mesh_options opt;
+  metrics_registry* metrics = nullptr;
+  std::shared_ptr<std::atomic<size_t>> ready = std::make_shared<std::atomic<size_t>>(0);
+  std::unique_ptr<caf::actor_system_config> cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  caf::actor router;
+  std::vector<caf::actor> replicas;
+  mutable std::mutex mu;
+  std::unordered_map<uint64_t, caf::actor> requests;  ///< live request actors by request id
+};
+
+local_mesh::local_mesh(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+
+result<std::unique_ptr<local_mesh>> local_mesh::create(std::shared_ptr<const model::model> m, mesh_options opt,
+                                                       metrics_registry* metrics) {
+  if (opt.replicas < 1) return make_error(errc::invalid_request, "a mesh needs at least one replica");
+  auto p = std::make_unique<impl>();
+  p->opt = opt;
+  p->metrics = metrics;
+  for (int i = 0; i < opt.replicas; ++i) {
+    auto e = model::engine::create(m, opt.engine);
+    if (!e) return e.take_error();
+    p->engines.push_back(std::move(*e));
+  }
+  p->cfg = std::make_unique<caf::actor_system_config>();
+  p->cfg->set("scheduler.max-threads", std::max(1, opt.actor_threads));
+  p->sys = std::make_unique<caf::actor_system>(*p->cfg);
+  router_options ro;
+  ro.policy = opt.policy;
+  ro.block_size = p->engines[0]->kv_block_size();
+  ro.metrics = metrics;
+  ro.ready_count = p->ready;
+  p->router = p->sys->spawn(router_actor, ro);
+  for (auto& e : p->engines) {
+    // Detached: a step holds the replica's thread (it is rank 0 of the kernels) for its length.
+    auto r = p->sys->spawn<caf::detached>(replica_actor, e.get(), opt.sched);
+    caf::anon_send(p->router, add_atom::value, r);
+    p->replicas.push_back(r);
+  }
+  p->ready->store(p->replicas.size());  // the router confirms with its first poll
+  return std::unique_ptr<local_mesh>(new local_mesh(std::move(p)));
+}
+
+local_mesh::~local_mesh() {
+  {
+    std::lock_guard lock(impl_->mu);
+    for (auto& [id, a] : impl_->requests) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    impl_->requests.clear();
+  }
+  for (auto& r : impl_->replicas) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(impl_->router, caf::exit_reason::user_shutdown);
+  // CAF waits for a detached actor's thread until the last handle to the actor is gone.
+  impl_->replicas.clear();
+  impl_->router = caf::actor{};
+  impl_->sys.reset();  // waits for every actor
+}
+
+void local_mesh::submit(replica_request r, token_sink sink) {
+  const uint64_t id = r.id;
+  impl* p = impl_.get();
+  // The sink wrapper forgets the request once its final message has gone out.
+  token_sink wrapped = [p, id, sink = std::move(sink)](const token_msg& t) {
+    if (t.failed || t.finish != finish_reason::none) {
+      std::lock_guard lock(p->mu);
+      p->requests.erase(id);
+    }
+    sink(t);
+  };
+  request_options ro;
+  ro.router = p->router;
+  ro.max_migrations = p->opt.max_migrations;
+  ro.metrics = p->metrics;
+  std::lock_guard lock(p->mu);
+  p->requests[id] = p->sys->spawn(request_actor, std::move(r), std::move(wrapped), ro);
+}
+
+void local_mesh::cancel(uint64_t id) {
+  caf::actor a;
+  {
+    std::lock_guard lock(impl_->mu);
+    auto it = impl_->requests.find(id);
+    if (it == impl_->requests.end()) return;
+    a = it->second;
+    impl_->requests.erase(it);
+  }
+  caf::anon_send(a, cancel_atom::value);
+}
+
+size_t local_mesh::ready_replicas() const { return impl_->ready->load(); }
+size_t local_mesh::replica_count() const { return impl_->replicas.size(); }
+const model::engine& local_mesh::engine(size_t i) const { return *impl_->engines.at(i); }
+
+void local_mesh::kill_replica(size_t i) { caf::anon_send_exit(impl_->replicas.at(i), caf::exit_reason::kill); }
+
+size_t local_mesh::inflight() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->requests.size();
+}
+
+}  // namespace llmesh::actors

@@ -1,0 +1,106 @@
+// The request actor (request_actor.hpp): messages in, calls on request_tracker, messages out.
+#include "llmesh/actors/request_actor.hpp"
+
+#include "llmesh/actors/replica_actor.hpp"
+#include "llmesh/actors/router_actor.hpp"
+#include "llmesh/actors/serving_metrics.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+using request = caf::stateful_actor<request_state>;
+
+/// Ends the request with a failure the client sees.
+void fail(request* self, error e) {
+  auto& st = self->state;
+  st.sink(token_msg{st.tracker->original().id, -1, finish_reason::none, true, std::move(e)});
+  self->quit();
+}
+
+/// Lets go of the current replica: the router uncounts the request there.
+void release(request* self) {
+  auto& st = self->state;
+  if (!st.replica) return;
+  self->demonitor(st.replica);
+  self->send(st.opt.router, done_atom::value, st.replica.id());
+  st.replica = caf::actor{};
+}
+
+void route(request* self, replica_request r) {
+  auto prompt = r.prompt;
+  self->request(self->state.opt.router, self->state.opt.route_timeout, route_atom::value, std::move(prompt))
+      .then(
+          [=](const route_reply& reply) {
+            auto& st = self->state;
+            if (!reply.replica) return fail(self, reply.err);
+            st.replica = reply.replica;
+            if (st.cancelled) {  // the client left while we were routing
+              release(self);
+              return self->quit();
+            }
+            self->monitor(st.replica);
+            self->send(st.replica, generate_atom::value, r, caf::actor{self});
+          },
+          [=](caf::error& e) {
+            fail(self, make_error(errc::replica_unavailable, "no answer from the router: " + self->system().render(e)));
+          });
+}
+
+/// The replica is gone: continue elsewhere, or fail once the migrations are spent.
+void failover(request* self, const error& why) {
+  auto& st = self->state;
+  release(self);
+  auto next = st.tracker->failover();
+  if (!next) {
+    error e = next.err();
+    e.message += " (last failure: " + why.message + ")";
+    return fail(self, std::move(e));
+  }
+  if (st.opt.metrics) st.opt.metrics->get_counter(metric::migrations)->add();
+  route(self, std::move(*next));
+}
+
+}  // namespace
+
+caf::behavior request_actor(request* self, replica_request req, token_sink sink, request_options opt) {
+  auto& st = self->state;
+  st.tracker = std::make_unique<request_tracker>(req, opt.max_migrations);
+  st.sink = std::move(sink);
+  st.opt = opt;
+  if (opt.metrics) metric::declare_serving(*opt.metrics);
+  self->set_down_handler([=](const caf::down_msg& d) {
+    if (self->state.replica && d.source == self->state.replica.address()) {
+      failover(self, make_error(errc::replica_unavailable, "replica stopped"));
+    }
+  });
+  route(self, std::move(req));
+  return {
+      [=](const token_msg& t) {
+        auto& st = self->state;
+        // Only the current replica speaks for this request (a dead one may still have mail).
+        if (!st.replica || caf::actor_cast<caf::actor_addr>(self->current_sender()) != st.replica.address()) return;
+        if (t.failed) {
+          if (t.err.code == errc::replica_unavailable || t.err.code == errc::shard_failed) return failover(self, t.err);
+          release(self);
+          return fail(self, t.err);
+        }
+        const bool final = t.finish != finish_reason::none;
+        st.tracker->on_token(t.token, final);
+        st.sink(t);
+        if (final) {
+          release(self);
+          self->quit();
+        }
+      },
+      [=](cancel_atom) {
+        auto& st = self->state;
+        st.cancelled = true;
+        if (!st.replica) return;  // routing: handled when the reply comes
+        self->send(st.replica, cancel_atom::value, st.tracker->original().id);
+        release(self);
+        self->quit();
+      },
+  };
+}
+
+}  // namespace llmesh::actors

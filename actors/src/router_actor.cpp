@@ -1,0 +1,82 @@
+// The router actor (router_actor.hpp): messages in, calls on balancer, messages out.
+#include "llmesh/actors/router_actor.hpp"
+
+#include <string>
+
+#include "llmesh/actors/replica_actor.hpp"
+#include "llmesh/actors/serving_metrics.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+using router = caf::stateful_actor<router_state>;
+
+void publish(router* self) {
+  auto& st = self->state;
+  size_t ready = 0;
+  for (const auto& [id, l] : st.loads) ready += l.ready ? 1 : 0;
+  if (st.opt.ready_count) st.opt.ready_count->store(ready);
+  auto* m = st.opt.metrics;
+  if (m == nullptr) return;
+  m->get_gauge(metric::replicas_ready)->set(static_cast<double>(ready));
+  for (const auto& [id, l] : st.loads) {
+    const label_values replica{std::to_string(id)};
+    m->get_gauge(metric::running, replica)->set(static_cast<double>(l.running));
+    m->get_gauge(metric::waiting, replica)->set(static_cast<double>(l.waiting));
+    m->get_gauge(metric::kv_usage, replica)
+        ->set(l.kv_total ? static_cast<double>(l.kv_used) / static_cast<double>(l.kv_total) : 0.0);
+  }
+}
+
+}  // namespace
+
+caf::behavior router_actor(router* self, router_options opt) {
+  self->state.bal = std::make_unique<balancer>(opt.policy, 1, opt.block_size);
+  self->state.opt = opt;
+  if (opt.metrics) metric::declare_serving(*opt.metrics);
+  self->set_down_handler([=](const caf::down_msg& d) {
+    auto& st = self->state;
+    for (auto it = st.replicas.begin(); it != st.replicas.end(); ++it) {
+      if (it->second.address() != d.source) continue;
+      st.bal->remove(it->first);
+      st.loads[it->first].ready = false;
+      st.loads[it->first].running = st.loads[it->first].waiting = st.loads[it->first].kv_used = 0;
+      st.replicas.erase(it);
+      break;
+    }
+    publish(self);
+  });
+  self->send(self, tick_atom::value);
+  return {
+      [=](add_atom, caf::actor replica) {
+        auto& st = self->state;
+        self->monitor(replica);
+        const uint64_t id = replica.id();
+        st.replicas[id] = replica;
+        st.loads[id] = replica_load{id, true, 0, 0, 0, 0};
+        st.bal->update(st.loads[id]);
+        publish(self);
+      },
+      [=](route_atom, const std::vector<int32_t>& prompt) -> route_reply {
+        auto& st = self->state;
+        auto picked = st.bal->pick(prompt);
+        if (!picked) return route_reply{caf::actor{}, picked.err()};
+        st.bal->assigned(*picked, prompt);
+        return route_reply{st.replicas.at(*picked), {}};
+      },
+      [=](done_atom, uint64_t replica) { self->state.bal->finished(replica); },
+      [=](const replica_load& l) {
+        auto& st = self->state;
+        if (st.replicas.count(l.replica) == 0) return;  // a report that crossed the replica's death
+        st.loads[l.replica] = l;
+        st.bal->update(l);
+        publish(self);
+      },
+      [=](tick_atom) {
+        for (const auto& [id, r] : self->state.replicas) self->send(r, status_atom::value, caf::actor{self});
+        self->delayed_send(self, self->state.opt.poll, tick_atom::value);
+      },
+  };
+}
+
+}  // namespace llmesh::actors

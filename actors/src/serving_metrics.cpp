@@ -1,0 +1,22 @@
+// The serving metric families (serving_metrics.hpp).
+#include "llmesh/actors/serving_metrics.hpp"
+
+namespace llmesh::actors::metric {
+
+void declare_serving(metrics_registry& r) {
+  const auto lat = metrics_registry::latency_buckets();
+  r.declare_histogram(ttft, "Time from request arrival to its first token.", lat);
+  r.declare_histogram(itl, "Time between consecutive tokens of a stream.", lat);
+  r.declare_histogram(e2e, "Time from request arrival to its last token.", lat);
+  r.declare_counter(prompt_tokens, "Prompt tokens of admitted requests.");
+  r.declare_counter(generation_tokens, "Tokens generated.");
+  r.declare_counter(requests, "Finished HTTP requests by status code.", {"status"});
+  r.declare_gauge(running, "Requests in the replica's running batch.", {"replica"});
+  r.declare_gauge(waiting, "Requests queued at the replica.", {"replica"});
+  r.declare_gauge(kv_usage, "Fraction of the replica's KV-cache blocks held by requests.", {"replica"});
+  r.declare_counter(migrations, "Requests moved to another replica after theirs failed.");
+  r.declare_gauge(replicas_ready, "Replicas ready to take requests.");
+  r.declare_gauge(gateway_inflight, "Generation requests the gateway is serving.");
+}
+
+}  // namespace llmesh::actors::metric

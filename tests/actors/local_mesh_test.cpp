@@ -1,0 +1,157 @@
+// The in-process mesh end to end (router, replicas, request actors): every request's tokens
+// equal generate() alone, whatever the concurrency and the replica count; a replica killed
+// mid-stream is invisible in the tokens; cancellation ends a stream and frees its replica.
+#include <condition_variable>
+#include <mutex>
+#include <set>
+
+#include "llmesh/actors/local_mesh.hpp"
+#include "llmesh/actors/serving_metrics.hpp"
+#include "replica_fixture.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+/// Collects streams from sinks called on actor threads.
+struct collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint64_t, std::vector<int32_t>> tokens;
+  std::map<uint64_t, token_msg> ends;
+
+  token_sink sink() {
+    return [this](const token_msg& t) {
+      std::lock_guard lock(mu);
+      if (!t.failed) tokens[t.id].push_back(t.token);
+      if (t.failed || t.finish != finish_reason::none) {
+        ends[t.id] = t;
+        cv.notify_all();
+      }
+    };
+  }
+  bool wait_ends(size_t n, std::chrono::seconds limit = std::chrono::seconds(60)) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, limit, [&] { return ends.size() >= n; });
+  }
+  size_t count(uint64_t id) {
+    std::lock_guard lock(mu);
+    return tokens[id].size();
+  }
+};
+
+class LocalMesh : public testing::replica_test_base {
+ protected:
+  std::unique_ptr<local_mesh> mesh(int replicas, int tp, size_t kv_tokens = 1024, size_t max_migrations = 3) {
+    mesh_options o;
+    o.replicas = replicas;
+    o.engine.tp = tp;
+    o.engine.threads = 2;
+    o.engine.kv_tokens = kv_tokens;
+    o.engine.block_size = 8;
+    o.sched.max_batch_tokens = 48;
+    o.max_migrations = max_migrations;
+    auto m = local_mesh::create(model_, o, &metrics_);
+    EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.err().message);
+    return std::move(*m);
+  }
+  metrics_registry metrics_;
+};
+
+TEST_F(LocalMesh, EveryRequestGetsItsAloneTokensAtAnyReplicaCount) {
+  auto reqs = requests(12);
+  auto want = alone(reqs, 1);
+  for (int replicas : {1, 3}) {
+    auto m = mesh(replicas, 1);
+    collector c;
+    for (const auto& r : reqs) m->submit(r, c.sink());
+    ASSERT_TRUE(c.wait_ends(reqs.size()));
+    for (const auto& r : reqs) {
+      EXPECT_FALSE(c.ends[r.id].failed) << c.ends[r.id].err.message;
+      EXPECT_EQ(c.tokens[r.id], want[r.id]) << "request " << r.id << " with " << replicas << " replicas";
+    }
+    EXPECT_EQ(m->inflight(), 0u);
+  }
+}
+
+TEST_F(LocalMesh, TensorParallelReplicasGiveTheSameTokens) {
+  auto reqs = requests(6);
+  auto want = alone(reqs, 1);
+  auto m = mesh(2, 2);
+  collector c;
+  for (const auto& r : reqs) m->submit(r, c.sink());
+  ASSERT_TRUE(c.wait_ends(reqs.size()));
+  for (const auto& r : reqs) EXPECT_EQ(c.tokens[r.id], want[r.id]) << "request " << r.id;
+}
+
+TEST_F(LocalMesh, AKilledReplicaIsInvisibleInTheStream) {
+  auto reqs = requests(8);
+  for (auto& r : reqs) r.max_tokens = 40, r.eos_ids.clear();
+  auto want = alone(reqs, 1);
+  auto m = mesh(2, 1);
+  collector c;
+  for (const auto& r : reqs) m->submit(r, c.sink());
+  // Wait until streams are under way, then kill the first replica.
+  for (int i = 0; i < 2000 && c.count(0) + c.count(1) < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  m->kill_replica(0);
+  ASSERT_TRUE(c.wait_ends(reqs.size()));
+  for (const auto& r : reqs) {
+    EXPECT_FALSE(c.ends[r.id].failed) << c.ends[r.id].err.message;
+    EXPECT_EQ(c.tokens[r.id], want[r.id]) << "request " << r.id;
+  }
+  EXPECT_GE(metrics_.get_counter(metric::migrations)->value(), 1.0);
+  // Only one replica is left, and the router knows it.
+  for (int i = 0; i < 200 && m->ready_replicas() != 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(m->ready_replicas(), 1u);
+}
+
+TEST_F(LocalMesh, LosingEveryReplicaFailsTheRequestClearly) {
+  auto reqs = requests(2);
+  for (auto& r : reqs) r.max_tokens = 200, r.eos_ids.clear();
+  auto m = mesh(1, 1);
+  collector c;
+  for (const auto& r : reqs) m->submit(r, c.sink());
+  for (int i = 0; i < 2000 && c.count(0) < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  m->kill_replica(0);
+  ASSERT_TRUE(c.wait_ends(reqs.size()));
+  for (const auto& r : reqs) {
+    EXPECT_TRUE(c.ends[r.id].failed);
+    EXPECT_EQ(c.ends[r.id].err.code, errc::replica_unavailable) << c.ends[r.id].err.message;
+  }
+  EXPECT_EQ(m->ready_replicas(), 0u);
+}
+
+TEST_F(LocalMesh, CancelStopsTheStreamAndFreesTheReplica) {
+  auto reqs = requests(3);
+  for (auto& r : reqs) r.max_tokens = 400, r.eos_ids.clear();
+  auto m = mesh(1, 1);
+  collector c;
+  for (const auto& r : reqs) m->submit(r, c.sink());
+  for (int i = 0; i < 2000 && c.count(0) < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (const auto& r : reqs) m->cancel(r.id);
+  EXPECT_EQ(m->inflight(), 0u);
+  // The replica is free again: a short request runs to completion right away.
+  auto more = requests(4);
+  more[3].id = 77;
+  more[3].max_tokens = 3;
+  m->submit(more[3], c.sink());
+  ASSERT_TRUE(c.wait_ends(1));
+  EXPECT_EQ(c.ends.count(77), 1u);
+  EXPECT_FALSE(c.ends[77].failed);
+  EXPECT_EQ(c.ends.size(), 1u);  // the cancelled ones never got a final message
+}
+
+TEST_F(LocalMesh, RefusedRequestsFailWithTheReplicasReason) {
+  auto m = mesh(1, 1);
+  collector c;
+  replica_request r;
+  r.id = 5;
+  r.prompt = {1, 2, 3};
+  r.max_tokens = 10000;  // beyond the model's 512 positions
+  m->submit(r, c.sink());
+  ASSERT_TRUE(c.wait_ends(1));
+  EXPECT_TRUE(c.ends[5].failed);
+  EXPECT_EQ(c.ends[5].err.code, errc::invalid_request);
+}
+
+}  // namespace
+}  // namespace llmesh::actors
