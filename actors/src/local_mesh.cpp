@@ -107,7 +107,10 @@ size_t local_mesh::ready_replicas() const { return impl_->ready->load(); }
 size_t local_mesh::replica_count() const { return impl_->replicas.size(); }
 const model::engine& local_mesh::engine(size_t i) const { return *impl_->engines.at(i); }
 
-void local_mesh::kill_replica(size_t i) { caf::anon_send_exit(impl_->replicas.at(i), caf::exit_reason::kill); }
+void local_mesh::kill_replica(size_t i, int64_t after_steps) {
+  if (after_steps <= 0) return caf::anon_send_exit(impl_->replicas.at(i), caf::exit_reason::kill);
+  caf::anon_send(impl_->replicas.at(i), fault_atom::value, after_steps);
+}
 
 size_t local_mesh::inflight() const {
   std::lock_guard lock(impl_->mu);

@@ -40,6 +40,7 @@ caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::eng
         self->send(reply_to, replica_load{self->id(), !st.dead, st.core->running(), st.core->waiting(),
                                           b.total_blocks() - b.free_blocks(), b.total_blocks()});
       },
+      [=](fault_atom, int64_t steps) { self->state.crash_after = steps; },
       [=](step_atom) {
         auto& st = self->state;
         st.step_pending = false;
@@ -56,6 +57,7 @@ caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::eng
           self->send(it->second, token_msg{e.id, e.token, e.finish, false, {}});
           if (e.finish != finish_reason::none) st.owners.erase(it);
         }
+        if (st.crash_after > 0 && --st.crash_after == 0) return self->quit(caf::exit_reason::kill);
         kick(self);
       },
   };

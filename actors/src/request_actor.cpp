@@ -49,6 +49,7 @@ void route(request* self, replica_request r) {
 /// The replica is gone: continue elsewhere, or fail once the migrations are spent.
 void failover(request* self, const error& why) {
   auto& st = self->state;
+  if (st.replica) self->send(st.opt.router, dead_atom::value, st.replica.id());
   release(self);
   auto next = st.tracker->failover();
   if (!next) {

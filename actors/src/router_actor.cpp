@@ -28,6 +28,14 @@ void publish(router* self) {
   }
 }
 
+void forget(router* self, uint64_t id) {
+  auto& st = self->state;
+  if (st.replicas.erase(id) == 0) return;
+  st.bal->remove(id);
+  st.loads[id] = replica_load{id, false, 0, 0, 0, st.loads[id].kv_total};
+  publish(self);
+}
+
 }  // namespace
 
 caf::behavior router_actor(router* self, router_options opt) {
@@ -35,16 +43,9 @@ caf::behavior router_actor(router* self, router_options opt) {
   self->state.opt = opt;
   if (opt.metrics) metric::declare_serving(*opt.metrics);
   self->set_down_handler([=](const caf::down_msg& d) {
-    auto& st = self->state;
-    for (auto it = st.replicas.begin(); it != st.replicas.end(); ++it) {
-      if (it->second.address() != d.source) continue;
-      st.bal->remove(it->first);
-      st.loads[it->first].ready = false;
-      st.loads[it->first].running = st.loads[it->first].waiting = st.loads[it->first].kv_used = 0;
-      st.replicas.erase(it);
-      break;
+    for (const auto& [id, r] : self->state.replicas) {
+      if (r.address() == d.source) return forget(self, id);
     }
-    publish(self);
   });
   self->send(self, tick_atom::value);
   return {
@@ -65,6 +66,7 @@ caf::behavior router_actor(router* self, router_options opt) {
         return route_reply{st.replicas.at(*picked), {}};
       },
       [=](done_atom, uint64_t replica) { self->state.bal->finished(replica); },
+      [=](dead_atom, uint64_t replica) { forget(self, replica); },
       [=](const replica_load& l) {
         auto& st = self->state;
         if (st.replicas.count(l.replica) == 0) return;  // a report that crossed the replica's death

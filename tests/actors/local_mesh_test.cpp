@@ -89,10 +89,8 @@ TEST_F(LocalMesh, AKilledReplicaIsInvisibleInTheStream) {
   auto want = alone(reqs, 1);
   auto m = mesh(2, 1);
   collector c;
+  m->kill_replica(0, 6);  // crashes mid-stream: its requests have up to 40 tokens to go
   for (const auto& r : reqs) m->submit(r, c.sink());
-  // Wait until streams are under way, then kill the first replica.
-  for (int i = 0; i < 2000 && c.count(0) + c.count(1) < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  m->kill_replica(0);
   ASSERT_TRUE(c.wait_ends(reqs.size()));
   for (const auto& r : reqs) {
     EXPECT_FALSE(c.ends[r.id].failed) << c.ends[r.id].err.message;
@@ -109,14 +107,15 @@ TEST_F(LocalMesh, LosingEveryReplicaFailsTheRequestClearly) {
   for (auto& r : reqs) r.max_tokens = 200, r.eos_ids.clear();
   auto m = mesh(1, 1);
   collector c;
+  m->kill_replica(0, 5);
   for (const auto& r : reqs) m->submit(r, c.sink());
-  for (int i = 0; i < 2000 && c.count(0) < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  m->kill_replica(0);
   ASSERT_TRUE(c.wait_ends(reqs.size()));
   for (const auto& r : reqs) {
     EXPECT_TRUE(c.ends[r.id].failed);
     EXPECT_EQ(c.ends[r.id].err.code, errc::replica_unavailable) << c.ends[r.id].err.message;
+    EXPECT_LE(c.tokens[r.id].size(), 5u);  // streamed before the crash, then the clear error
   }
+  for (int i = 0; i < 200 && m->ready_replicas() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(m->ready_replicas(), 0u);
 }
 

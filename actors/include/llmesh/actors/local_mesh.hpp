@@ -52,8 +52,9 @@ class local_mesh final : public mesh_client {
 
   size_t replica_count() const;
   const model::engine& engine(size_t i) const;
-  /// Fault injection: stops replica i as if its process had died (its requests move on).
-  void kill_replica(size_t i);
+  /// Fault injection: replica i crashes as if its process had died (its requests move on),
+  /// now or after `after_steps` more engine steps.
+  void kill_replica(size_t i, int64_t after_steps = 0);
   /// Requests in flight (submitted, not yet finished or cancelled).
   size_t inflight() const;
 

@@ -16,18 +16,21 @@ using generate_atom = caf::atom_constant<caf::atom("generate")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
+using fault_atom = caf::atom_constant<caf::atom("fault")>;
 
 struct replica_state {
   std::unique_ptr<replica_core> core;
   std::unordered_map<uint64_t, caf::actor> owners;
   bool step_pending = false;
   bool dead = false;
+  int64_t crash_after = -1;  ///< fault injection: steps left before the replica crashes
   static inline const char* name = "replica";
 };
 
 /// `(generate_atom, replica_request, caf::actor reply_to)` queues a request whose tokens go to
 /// reply_to as token_msg; `(cancel_atom, uint64_t id)` drops one; `(status_atom, caf::actor
-/// reply_to)` sends reply_to a replica_load (the router's report; ready is false once dead). If the engine fails, every
+/// reply_to)` sends reply_to a replica_load; `(fault_atom, int64_t steps)` makes the replica crash
+/// (stop without a word, as a dead process would) after that many more steps (the router's report; ready is false once dead). If the engine fails, every
 /// live request gets a failed token_msg and the actor refuses further work (the replica is
 /// dead; its tensor-parallel group fails as a unit). Borrows the engine.
 caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::engine* eng, scheduler_config cfg);

@@ -20,6 +20,7 @@ using add_atom = caf::atom_constant<caf::atom("add")>;
 using route_atom = caf::atom_constant<caf::atom("route")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using dead_atom = caf::atom_constant<caf::atom("dead")>;
 
 /// The answer to a route request: a replica, or (replica invalid) why there is none.
 struct route_reply {
@@ -45,7 +46,9 @@ struct router_state {
 
 /// `(add_atom, caf::actor replica)` adds a replica; `(route_atom, std::vector<int32_t> prompt)`
 /// replies a route_reply and counts the request against the chosen replica; `(done_atom,
-/// uint64_t replica_id)` uncounts it. A replica that stops is forgotten (down message).
+/// uint64_t replica_id)` uncounts it. A replica that stops is forgotten (its down message, or
+/// `(dead_atom, uint64_t replica_id)` from a requester that saw it die first: that requester's
+/// next route request must not get the dead replica back).
 caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_options opt);
 
 }  // namespace llmesh::actors
