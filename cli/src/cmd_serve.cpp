@@ -1,0 +1,177 @@
+// `llmesh serve`: the whole mesh in one process — HTTP gateway, router, replicas (each a
+// tensor-parallel engine) — on one model, until SIGINT or SIGTERM (then it drains).
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "commands.hpp"
+#include "llmesh/actors/local_mesh.hpp"
+#include "llmesh/gateway/http_server.hpp"
+
+namespace llmesh::cli {
+namespace {
+
+struct serve_flags {
+  std::string model_dir, http = "127.0.0.1:8080", api_key, served_name, device = "auto", policy = "least-load";
+  int replicas = 1, tp = 1, threads = 0;
+  size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256, max_concurrent = 256, max_tokens = 4096;
+  size_t max_body_kb = 4096, idle_timeout_s = 60, max_migrations = 3, drain_s = 10;
+  bool deterministic = false;
+};
+
+result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s, const char* flag) {
+  const auto colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return make_error(errc::invalid_request, std::string(flag) + " must be HOST:PORT, got '" + s + "'");
+  }
+  char* end = nullptr;
+  const long port = std::strtol(s.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || port < 0 || port > 65535 || end == s.c_str() + colon + 1) {
+    return make_error(errc::invalid_request, std::string(flag) + " has a bad port in '" + s + "'");
+  }
+  std::string host = s.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return std::make_pair(host, static_cast<uint16_t>(port));
+}
+
+/// KV positions per replica from a per-shard budget: K and V, f32, this shard's KV heads.
+size_t kv_tokens_for(const model::model_config& c, int tp, size_t budget_mb, size_t max_seqs) {
+  const size_t heads = std::max<size_t>(1, c.n_kv_heads / static_cast<size_t>(tp));
+  const size_t per_token = 2 * c.n_layers * heads * c.head_dim * sizeof(float);
+  const size_t tokens = budget_mb * (size_t{1} << 20) / std::max<size_t>(per_token, 1);
+  return std::min(tokens, max_seqs * c.max_positions);  // more could never be used
+}
+
+status run_serve(const serve_flags& f) {
+  auto where = parse_host_port(f.http, "--http");
+  if (!where) return where.take_error();
+  auto policy = actors::parse_balance_policy(f.policy);
+  if (!policy) return policy.take_error();
+  auto device = model::parse_backend(f.device);
+  if (!device) return device.take_error();
+  auto tok = model::tokenizer::load(f.model_dir);
+  if (!tok) return tok.take_error();
+  std::optional<model::chat_template> chat;
+  if (auto t = model::chat_template::load(f.model_dir); t) chat = std::move(*t);
+  auto m = model::model::load(f.model_dir);
+  if (!m) return m.take_error();
+  const auto& cfg = (*m)->config();
+
+  // Signals go to one thread that asks the server to drain; every other thread (kernel pools,
+  // CAF, Asio) is created after this mask and inherits it.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  // Thread budget: kernel threads are the cores, split over the replicas (a replica's own
+  // actor thread is its rank 0); CAF gets 2 mostly idle threads; Asio is this thread.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  actors::mesh_options mo;
+  mo.replicas = f.replicas;
+  mo.engine.tp = f.tp;
+  mo.engine.threads = f.threads > 0 ? f.threads : std::max(f.tp, cores / f.replicas);
+  mo.engine.kv_tokens = kv_tokens_for(cfg, f.tp, f.kv_cache_mb, f.max_seqs);
+  mo.engine.device = *device;
+  mo.engine.deterministic = f.deterministic;
+  mo.sched.max_batch_tokens = f.max_batch_tokens;
+  mo.sched.max_seqs = f.max_seqs;
+  mo.policy = *policy;
+  mo.max_migrations = f.max_migrations;
+  actors::metrics_registry metrics;
+  auto mesh = actors::local_mesh::create(*m, mo, &metrics);
+  if (!mesh) return mesh.take_error();
+
+  gateway::api_options ao;
+  ao.model_name = f.served_name.empty() ? std::filesystem::path(f.model_dir).lexically_normal().filename().string()
+                                        : f.served_name;
+  if (ao.model_name.empty()) ao.model_name = std::filesystem::path(f.model_dir).parent_path().filename().string();
+  ao.api_key = f.api_key;
+  ao.limits.max_tokens = f.max_tokens;
+  ao.max_concurrent = f.max_concurrent;
+  auto api = std::make_unique<gateway::api_service>(ao, *tok, chat, cfg, **mesh, metrics);
+  gateway::http_options ho;
+  ho.host = where->first;
+  ho.port = where->second;
+  ho.max_body_bytes = f.max_body_kb << 10;
+  ho.idle_timeout = std::chrono::seconds(f.idle_timeout_s);
+  auto server = gateway::http_server::listen(*api, ho);
+  if (!server) return server.take_error();
+
+  const auto& e0 = (*mesh)->engine(0);
+  std::fprintf(stderr,
+               "llmesh: serving '%s' on http://%s:%u (%d replica(s), tp %d, %s, %d kernel threads each, KV %zu "
+               "positions per replica%s%s)\n",
+               ao.model_name.c_str(), ho.host.c_str(), (*server)->port(), f.replicas, f.tp, e0.backend_name(),
+               mo.engine.threads, e0.kv_blocks() * e0.kv_block_size(), e0.device_note().empty() ? "" : "; ",
+               e0.device_note().c_str());
+  std::fprintf(stderr,
+               "llmesh: try: curl http://%s:%u/v1/completions -H 'Content-Type: application/json'%s -d "
+               "'{\"model\":\"%s\",\"prompt\":\"In the beginning God created\",\"max_tokens\":32}'\n",
+               ho.host.c_str(), (*server)->port(), f.api_key.empty() ? "" : " -H 'Authorization: Bearer KEY'",
+               ao.model_name.c_str());
+  std::fflush(stderr);
+
+  gateway::http_server* srv = server->get();
+  const auto drain = std::chrono::seconds(f.drain_s);
+  std::thread waiter([&sigs, srv, drain] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    std::fprintf(stderr, "llmesh: %s: draining (up to %llds), then stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                 static_cast<long long>(drain.count()));
+    srv->stop(drain);
+  });
+  (*server)->run();
+  // Stop order: the mesh first (its sinks post into the server's io_context, still alive),
+  // then the server, then the API it borrowed.
+  mesh->reset();
+  server->reset();
+  api.reset();
+  waiter.join();
+  std::fprintf(stderr, "llmesh: stopped\n");
+  return ok_status();
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app, command_set& commands) {
+  auto f = std::make_shared<serve_flags>();
+  auto* sub = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API (the mesh in one process)");
+  sub->add_option("--model", f->model_dir, "HF model directory")->required();
+  sub->add_option("--replicas", f->replicas, "Model replicas")->check(CLI::Range(1, 64))->capture_default_str();
+  sub->add_option("--tp", f->tp, "Tensor-parallel shards per replica")->check(CLI::Range(1, 64))->capture_default_str();
+  sub->add_option("--http", f->http, "HTTP listen address HOST:PORT (port 0: any free port)")->capture_default_str();
+  sub->add_option("--api-key", f->api_key, "Require 'Authorization: Bearer KEY' on /v1 routes");
+  sub->add_option("--served-model-name", f->served_name, "Model id in the API (default: the directory's name)");
+  sub->add_option("--device", f->device, "auto, cpu or cuda")->capture_default_str();
+  sub->add_flag("--deterministic", f->deterministic, "CUDA: batch-invariant projections at every batch size");
+  sub->add_option("--threads", f->threads, "Kernel threads per replica; 0 = the cores split over the replicas")
+      ->check(CLI::Range(0, 1024));
+  sub->add_option("--kv-cache-mb", f->kv_cache_mb, "KV-cache budget per shard, MiB")->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  sub->add_option("--max-batch-tokens", f->max_batch_tokens, "Tokens per engine step (prefill chunks + decodes)")
+      ->check(CLI::Range(16, 1 << 20))->capture_default_str();
+  sub->add_option("--max-seqs", f->max_seqs, "Sequences per engine step")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  sub->add_option("--max-concurrent", f->max_concurrent, "Generations in flight; beyond: 429")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  sub->add_option("--max-tokens-limit", f->max_tokens, "Largest max_tokens a request may ask for")
+      ->check(CLI::Range(1, 1 << 24))->capture_default_str();
+  sub->add_option("--max-body-kb", f->max_body_kb, "Largest request body, KiB; beyond: 413")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  sub->add_option("--idle-timeout", f->idle_timeout_s, "Seconds an idle connection stays open")
+      ->check(CLI::Range(1, 86400))->capture_default_str();
+  sub->add_option("--policy", f->policy, "Router policy: round-robin, least-load, power-of-two, prefix-aware")
+      ->capture_default_str();
+  sub->add_option("--max-migrations", f->max_migrations, "Replica failures a request survives")
+      ->check(CLI::Range(0, 100))->capture_default_str();
+  sub->add_option("--drain-timeout", f->drain_s, "Seconds to let requests finish on SIGTERM")
+      ->check(CLI::Range(0, 3600))->capture_default_str();
+  commands.emplace_back(sub, [f] { return run_serve(*f); });
+}
+
+}  // namespace llmesh::cli

@@ -1,0 +1,78 @@
+// The HTTP API of DESIGN.md §Contracts without the HTTP transport, a plain class: a request
+// (method, target, Authorization header, body) in; either a complete reply or a generation
+// job (the request for the mesh plus the completion_stream that renders its tokens) out.
+// It owns the gateway's policies: API key, the served model's name, prompt and max_tokens
+// limits against the context, tokenization and chat templates, seeds for seedless requests,
+// and the bound on concurrent generations (429 with Retry-After when full).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "llmesh/actors/local_mesh.hpp"
+#include "llmesh/actors/metrics.hpp"
+#include "llmesh/gateway/completion_stream.hpp"
+#include "llmesh/gateway/openai_api.hpp"
+#include "llmesh/model/chat_template.hpp"
+#include "llmesh/model/config.hpp"
+#include "llmesh/model/tokenizer.hpp"
+
+namespace llmesh::gateway {
+
+struct api_options {
+  std::string model_name;        ///< the id clients send as "model" and /v1/models lists
+  std::string api_key;           ///< empty: /v1 routes are open
+  request_limits limits;         ///< max_tokens bound, stop strings, messages
+  size_t max_concurrent = 256;   ///< generations in flight; beyond: 429
+};
+
+/// A generation to run: submit `req` to the mesh, feed its messages to `stream`.
+struct generation_job {
+  actors::replica_request req;
+  std::unique_ptr<completion_stream> stream;
+  bool streaming = false;
+  std::shared_ptr<void> slot;  ///< holds one of max_concurrent; released when dropped
+};
+
+using api_outcome = std::variant<http_reply, generation_job>;
+
+/// Thread affinity: any thread (the counters are atomic; the rest is immutable).
+class api_service {
+ public:
+  /// `tok` encodes prompts and decodes output; `chat` is the model's template (nullopt: the chat
+  /// endpoint answers 400). Borrows mesh and metrics.
+  api_service(api_options opt, std::shared_ptr<const model::tokenizer> tok, std::optional<model::chat_template> chat,
+              model::model_config cfg, actors::mesh_client& mesh, actors::metrics_registry& metrics);
+
+  api_outcome handle(std::string_view method, std::string_view target, std::string_view authorization,
+                     std::string_view body);
+
+  /// Generations in flight.
+  size_t inflight() const { return inflight_->load(); }
+  actors::mesh_client& mesh() { return mesh_; }
+  actors::metrics_registry& metrics() { return metrics_; }
+
+ private:
+  api_outcome completions(std::string_view body);
+  api_outcome chat_completions(std::string_view body);
+  api_outcome start(bool chat, const std::string& model, std::vector<int32_t> prompt, const generation_fields& g);
+  http_reply models() const;
+  bool authorized(std::string_view authorization) const;
+
+  api_options opt_;
+  std::shared_ptr<const model::tokenizer> tok_;
+  std::optional<model::chat_template> chat_;
+  model::model_config cfg_;
+  actors::mesh_client& mesh_;
+  actors::metrics_registry& metrics_;
+  std::shared_ptr<std::atomic<size_t>> inflight_ = std::make_shared<std::atomic<size_t>>(0);
+  std::atomic<uint64_t> next_id_{1};
+  uint64_t seed_base_;
+  int64_t created_;
+};
+
+}  // namespace llmesh::gateway

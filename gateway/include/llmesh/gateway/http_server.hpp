@@ -1,0 +1,49 @@
+// The HTTP/1.1 front end (Boost.Beast on Asio, C++20 coroutines): one coroutine per
+// connection reads requests under size and time limits, hands them to api_service, writes
+// plain replies, and runs generation jobs — submitting to the mesh, streaming SSE chunks over
+// chunked encoding as tokens arrive, and cancelling the request in the mesh when the client
+// goes away (a readiness watch on the socket notices a disconnect while nothing is written).
+// This is the only translation unit that includes Beast (it compiles slowly).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "llmesh/common/error.hpp"
+#include "llmesh/gateway/api_service.hpp"
+
+namespace llmesh::gateway {
+
+struct http_options {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8080;  ///< 0: any free port (see port())
+  size_t max_body_bytes = 4u << 20;   ///< beyond: 413
+  size_t max_header_bytes = 16u << 10;  ///< beyond: 431
+  std::chrono::seconds idle_timeout{60};   ///< a connection with no request for this long is closed
+  std::chrono::seconds write_timeout{60};  ///< a client that reads nothing for this long is dropped
+  size_t max_connections = 1024;           ///< beyond: new connections are closed at once
+};
+
+/// Thread affinity: run() on one thread; stop() from any thread (signal handlers excluded).
+class http_server {
+ public:
+  /// Binds and listens (errors name the address). Serving starts with run().
+  [[nodiscard]] static result<std::unique_ptr<http_server>> listen(api_service& api, http_options opt);
+  ~http_server();
+
+  /// Serves until stop() and the drain have finished.
+  void run();
+  /// Stops accepting, lets generations in flight finish for up to `drain`, then ends run().
+  void stop(std::chrono::milliseconds drain = std::chrono::milliseconds(10000));
+  uint16_t port() const;
+
+  struct impl;
+
+ private:
+  explicit http_server(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace llmesh::gateway

@@ -1,0 +1,132 @@
+// A generation's client-side output (completion_stream.hpp).
+#include "llmesh/gateway/completion_stream.hpp"
+
+#include "llmesh/actors/serving_metrics.hpp"
+#include "llmesh/gateway/openai_api.hpp"
+
+namespace llmesh::gateway {
+
+namespace metric = actors::metric;
+
+http_reply error_reply(const error& e) {
+  http_reply r;
+  r.status = http_error_of(e.code).status;
+  r.body = error_json(e);
+  if (e.code == errc::overloaded) r.headers.emplace_back("Retry-After", "1");
+  return r;
+}
+
+completion_stream::completion_stream(stream_setup s, const model::detokenizer& d, actors::metrics_registry* metrics)
+    : s_(std::move(s)), decoder_(d), matcher_(s_.stop), metrics_(metrics), start_(std::chrono::steady_clock::now()) {
+  if (metrics_) {
+    metric::declare_serving(*metrics_);
+    metrics_->get_counter(metric::prompt_tokens)->add(static_cast<double>(s_.prompt_ids.size()));
+  }
+  last_ = start_;
+}
+
+void completion_stream::observe_token() {
+  if (!metrics_) return;
+  const auto now = std::chrono::steady_clock::now();
+  metrics_->get_histogram(tokens_.size() == 1 ? metric::ttft : metric::itl)
+      ->observe(std::chrono::duration<double>(now - (tokens_.size() == 1 ? start_ : last_)).count());
+  metrics_->get_counter(metric::generation_tokens)->add();
+  last_ = now;
+}
+
+std::string completion_stream::chunk(const std::string& text, const std::optional<std::string>& finish,
+                                     bool with_usage) {
+  choice_delta c;
+  c.text = text;
+  c.finish = finish;
+  c.role = s_.chat && !started_;
+  if (s_.return_token_ids) {
+    c.with_token_ids = true;
+    c.token_ids.assign(tokens_.begin() + static_cast<std::ptrdiff_t>(ids_sent_), tokens_.end());
+    ids_sent_ = tokens_.size();
+    if (!started_) c.prompt_token_ids = s_.prompt_ids;
+  }
+  std::optional<usage_counts> usage;
+  if (with_usage) usage = usage_counts{s_.prompt_ids.size(), tokens_.size()};
+  started_ = true;
+  return sse_event(chunk_json(s_.chat ? "chat.completion.chunk" : "text_completion", s_.id, s_.created, s_.model, c,
+                              usage));
+}
+
+std::string completion_stream::finish(const std::string& reason) {
+  done_ = true;
+  finish_reason_ = reason;
+  if (metrics_) {
+    metrics_->get_histogram(metric::e2e)
+        ->observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  }
+  std::string rest;
+  if (!stopped_by_string_) {
+    auto out = matcher_.push(decoder_.flush());
+    rest = out.text + (out.stopped ? "" : matcher_.flush());
+  }
+  if (!s_.streaming) {
+    text_ += rest;
+    return "";
+  }
+  std::string bytes = chunk(rest, reason, false);
+  if (s_.include_usage) {
+    bytes += sse_event(usage_chunk_json(s_.chat ? "chat.completion.chunk" : "text_completion", s_.id, s_.created,
+                                        s_.model, usage_counts{s_.prompt_ids.size(), tokens_.size()}));
+  }
+  bytes += sse_done;
+  return bytes;
+}
+
+std::string completion_stream::on_message(const actors::token_msg& t) {
+  if (done_) return "";
+  if (t.failed) {
+    done_ = true;
+    failure_ = t.err;
+    if (!s_.streaming || !started_) return "";
+    // Mid-stream: the status is already 200; the error travels as an event, then [DONE].
+    return sse_event(error_json(t.err)) + std::string(sse_done);
+  }
+  tokens_.push_back(t.token);
+  observe_token();
+  auto out = matcher_.push(decoder_.push(t.token));
+  if (out.stopped) {
+    stopped_by_string_ = true;
+    if (s_.streaming) return (out.text.empty() ? "" : chunk(out.text, std::nullopt, false)) + finish("stop");
+    text_ += out.text;
+    return finish("stop");
+  }
+  if (t.finish != actors::finish_reason::none) {
+    const char* reason = t.finish == actors::finish_reason::length ? "length" : "stop";
+    if (!s_.streaming) {
+      text_ += out.text;
+      return finish(reason);
+    }
+    return (out.text.empty() ? "" : chunk(out.text, std::nullopt, false)) + finish(reason);
+  }
+  if (!s_.streaming) {
+    text_ += out.text;
+    return "";
+  }
+  // The first chunk goes out at once (it carries the role); later ones when there is text.
+  if (out.text.empty() && started_) return "";
+  return chunk(out.text, std::nullopt, false);
+}
+
+http_reply completion_stream::reply() const {
+  if (failure_) return error_reply(*failure_);
+  choice_delta c;
+  c.text = text_;
+  c.finish = finish_reason_;
+  if (s_.return_token_ids) {
+    c.with_token_ids = true;
+    c.token_ids = tokens_;
+    c.prompt_token_ids = s_.prompt_ids;
+  }
+  http_reply r;
+  r.body = response_json(s_.chat ? "chat.completion" : "text_completion", s_.id, s_.created, s_.model, c,
+                         usage_counts{s_.prompt_ids.size(), tokens_.size()});
+  return r;
+}
+
+}  // namespace llmesh::gateway

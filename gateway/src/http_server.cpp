@@ -1,0 +1,279 @@
+// The Beast HTTP front end (http_server.hpp). One io_context thread serves every connection.
+#include <utility>  // before Asio: asio/awaitable.hpp needs std::exchange (g++ 12)
+
+#include "llmesh/gateway/http_server.hpp"
+
+#include <sys/socket.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <deque>
+
+namespace llmesh::gateway {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using net::awaitable;
+using net::use_awaitable;
+using error_code = boost::system::error_code;
+
+struct http_server::impl {
+  impl(api_service& a, http_options o) : api(a), opt(std::move(o)) {}
+  api_service& api;
+  http_options opt;
+  net::io_context ioc{1};
+  tcp::acceptor acceptor{ioc};
+  size_t connections = 0;
+  bool stopping = false;
+  uint16_t port = 0;
+};
+
+namespace {
+
+std::string_view sv(beast::string_view s) { return {s.data(), s.size()}; }
+
+/// What a generation's connection waits on: the mesh's messages (posted here from actor
+/// threads) and the client's disconnect.
+struct job_state {
+  explicit job_state(const net::any_io_executor& ex) : timer(ex) {}
+  net::steady_timer timer;  ///< cancelled to wake the connection
+  std::deque<actors::token_msg> queue;
+  bool gone = false;  ///< the client disconnected
+};
+
+/// Watches a connection while its request runs: readable with nothing to read means the
+/// client closed (or reset) it. Early bytes of a next request end the watch and stay unread.
+awaitable<void> watch(std::shared_ptr<job_state> st, tcp::socket& sock) {
+  for (;;) {
+    error_code ec;
+    co_await sock.async_wait(tcp::socket::wait_read, net::redirect_error(use_awaitable, ec));
+    if (ec) co_return;  // cancelled: the request ended
+    char c;
+    const ssize_t n = ::recv(sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) co_return;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+    st->gone = true;
+    st->timer.cancel();
+    co_return;
+  }
+}
+
+awaitable<bool> write_reply(http_server::impl* s, beast::tcp_stream& stream, const http_reply& r, unsigned version,
+                            bool keep) {
+  http::response<http::string_body> res;
+  res.version(version);
+  res.result(static_cast<unsigned>(r.status));
+  res.set(http::field::server, "llmesh");
+  res.set(http::field::content_type, r.content_type);
+  for (const auto& [k, v] : r.headers) res.set(k, v);
+  res.keep_alive(keep);
+  res.body() = r.body;
+  res.prepare_payload();
+  stream.expires_after(s->opt.write_timeout);
+  error_code ec;
+  co_await http::async_write(stream, res, net::redirect_error(use_awaitable, ec));
+  co_return !ec;
+}
+
+/// Runs one generation on this connection. Returns false when the connection must close.
+awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generation_job& job, unsigned version,
+                        bool keep) {
+  auto ex = stream.get_executor();
+  auto st = std::make_shared<job_state>(ex);
+  const uint64_t id = job.req.id;
+  s->api.mesh().submit(std::move(job.req), [st, ex](const actors::token_msg& t) {
+    net::post(ex, [st, t] {
+      st->queue.push_back(t);
+      st->timer.cancel();
+    });
+  });
+  net::co_spawn(ex, watch(st, stream.socket()), net::detached);
+
+  http::response<http::empty_body> head{http::status::ok, version};
+  head.set(http::field::server, "llmesh");
+  head.set(http::field::content_type, "text/event-stream");
+  head.set(http::field::cache_control, "no-cache");
+  head.keep_alive(keep);
+  head.chunked(true);
+  http::response_serializer<http::empty_body> head_writer{head};
+  bool head_sent = false;
+  error_code ec;
+  auto& out = *job.stream;
+  while (!out.done() && !st->gone) {
+    while (st->queue.empty() && !st->gone) {
+      st->timer.expires_at(net::steady_timer::time_point::max());
+      error_code woken;  // cancelled by a post or the watch: not an error
+      co_await st->timer.async_wait(net::redirect_error(use_awaitable, woken));
+    }
+    std::string bytes;
+    while (!st->queue.empty() && !out.done()) {
+      bytes += out.on_message(st->queue.front());
+      st->queue.pop_front();
+    }
+    if (st->gone || bytes.empty()) continue;
+    stream.expires_after(s->opt.write_timeout);
+    if (!head_sent) {
+      co_await http::async_write_header(stream, head_writer, net::redirect_error(use_awaitable, ec));
+      head_sent = true;
+      if (ec) break;
+    }
+    co_await net::async_write(stream, http::make_chunk(net::buffer(bytes)), net::redirect_error(use_awaitable, ec));
+    if (ec) break;
+  }
+  error_code ignored;
+  stream.socket().cancel(ignored);  // ends the watch
+  // Unfinished (client gone, write failed) or ended by a stop string: free it in the mesh.
+  // For a request that ended on its own this is a no-op.
+  s->api.mesh().cancel(id);
+  if (st->gone || ec) co_return false;
+  if (!head_sent) co_return co_await write_reply(s, stream, out.reply(), version, keep);
+  stream.expires_after(s->opt.write_timeout);
+  co_await net::async_write(stream, http::make_chunk_last(), net::redirect_error(use_awaitable, ec));
+  co_return !ec;
+}
+
+bool quiet_close(const error_code& ec) {
+  return ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::eof ||
+         ec == net::error::connection_reset || ec == net::error::operation_aborted || ec == net::error::broken_pipe;
+}
+
+awaitable<void> session(http_server::impl* s, tcp::socket sock) {
+  ++s->connections;
+  struct count_guard {
+    http_server::impl* s;
+    ~count_guard() { --s->connections; }
+  } guard{s};
+  error_code ec;
+  sock.set_option(tcp::no_delay(true), ec);
+  beast::tcp_stream stream(std::move(sock));
+  beast::flat_buffer buf;
+  try {
+    for (;;) {
+      http::request_parser<http::string_body> parser;
+      parser.body_limit(s->opt.max_body_bytes);
+      parser.header_limit(static_cast<std::uint32_t>(s->opt.max_header_bytes));
+      stream.expires_after(s->opt.idle_timeout);
+      co_await http::async_read(stream, buf, parser, net::redirect_error(use_awaitable, ec));
+      if (ec) {
+        if (quiet_close(ec)) break;
+        http_reply r;
+        if (ec == http::error::body_limit) {
+          r = error_reply(make_error(errc::invalid_request, "the request body is larger than " +
+                                                                std::to_string(s->opt.max_body_bytes) + " bytes"));
+          r.status = 413;
+        } else if (ec == http::error::header_limit) {
+          r = error_reply(make_error(errc::invalid_request, "the request headers are larger than " +
+                                                                std::to_string(s->opt.max_header_bytes) + " bytes"));
+          r.status = 431;
+        } else {
+          r = error_reply(make_error(errc::invalid_request, "malformed HTTP request: " + ec.message()));
+        }
+        co_await write_reply(s, stream, r, 11, false);
+        break;
+      }
+      auto& req = parser.get();
+      const bool keep = req.keep_alive() && !s->stopping;
+      auto outcome = s->api.handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]),
+                                   req.body());
+      bool ok = false;
+      if (auto* reply = std::get_if<http_reply>(&outcome)) {
+        ok = co_await write_reply(s, stream, *reply, req.version(), keep);
+      } else {
+        ok = co_await run_job(s, stream, std::get<generation_job>(outcome), req.version(), keep);
+      }
+      if (!ok || !keep) break;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llmesh: connection dropped after an internal error: %s\n", e.what());
+  }
+  stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+  stream.close();
+}
+
+awaitable<void> accept_loop(http_server::impl* s) {
+  net::steady_timer backoff(s->ioc);
+  for (;;) {
+    error_code ec;
+    tcp::socket sock = co_await s->acceptor.async_accept(net::redirect_error(use_awaitable, ec));
+    if (!s->acceptor.is_open()) co_return;
+    if (ec) {  // out of descriptors or similar: do not spin
+      backoff.expires_after(std::chrono::milliseconds(50));
+      co_await backoff.async_wait(net::redirect_error(use_awaitable, ec));
+      continue;
+    }
+    if (s->connections >= s->opt.max_connections) {
+      sock.close(ec);
+      continue;
+    }
+    net::co_spawn(s->ioc, session(s, std::move(sock)), net::detached);
+  }
+}
+
+awaitable<void> drain(http_server::impl* s, std::chrono::steady_clock::time_point deadline) {
+  net::steady_timer t(s->ioc);
+  while (s->api.inflight() > 0 && std::chrono::steady_clock::now() < deadline) {
+    t.expires_after(std::chrono::milliseconds(20));
+    error_code ec;
+    co_await t.async_wait(net::redirect_error(use_awaitable, ec));
+  }
+  s->ioc.stop();
+}
+
+}  // namespace
+
+http_server::http_server(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+http_server::~http_server() = default;
+
+result<std::unique_ptr<http_server>> http_server::listen(api_service& api, http_options opt) {
+  auto p = std::make_unique<impl>(api, opt);
+  const std::string where = opt.host + ":" + std::to_string(opt.port);
+  error_code ec;
+  tcp::endpoint ep;
+  auto addr = net::ip::make_address(opt.host, ec);
+  if (!ec) {
+    ep = tcp::endpoint(addr, opt.port);
+  } else {
+    tcp::resolver resolver(p->ioc);
+    auto found = resolver.resolve(opt.host, std::to_string(opt.port), ec);
+    if (ec || found.empty()) return make_error(errc::invalid_request, "cannot resolve the HTTP host '" + opt.host + "'");
+    ep = found.begin()->endpoint();
+  }
+  p->acceptor.open(ep.protocol(), ec);
+  if (!ec) p->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) p->acceptor.bind(ep, ec);
+  if (!ec) p->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) return make_error(errc::io_error, "cannot listen on " + where + ": " + ec.message());
+  p->port = p->acceptor.local_endpoint().port();
+  net::co_spawn(p->ioc, accept_loop(p.get()), net::detached);
+  return std::unique_ptr<http_server>(new http_server(std::move(p)));
+}
+
+void http_server::run() { impl_->ioc.run(); }
+
+void http_server::stop(std::chrono::milliseconds drain_for) {
+  impl* s = impl_.get();
+  net::post(s->ioc, [s, drain_for] {
+    if (s->stopping) return;
+    s->stopping = true;
+    error_code ec;
+    s->acceptor.close(ec);
+    net::co_spawn(s->ioc, drain(s, std::chrono::steady_clock::now() + drain_for), net::detached);
+  });
+}
+
+uint16_t http_server::port() const { return impl_->port; }
+
+}  // namespace llmesh::gateway
