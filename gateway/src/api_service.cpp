@@ -165,7 +165,7 @@ api_outcome api_service::start(bool chat, const std::string& model, std::vector<
   job.req.sampling.top_p = g.top_p;
   job.req.sampling.top_k = g.top_k;
   job.req.sampling.seed = g.seed ? *g.seed : mix(seed_base_ ^ id);
-  job.req.eos_ids = cfg_.eos_ids;
+  if (!g.ignore_eos) job.req.eos_ids = cfg_.eos_ids;
 
   stream_setup s;
   s.chat = chat;

@@ -90,6 +90,7 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
   }
   LLMESH_TRY(bool_field(j, "stream", g.stream));
   LLMESH_TRY(bool_field(j, "return_token_ids", g.return_token_ids));
+  LLMESH_TRY(bool_field(j, "ignore_eos", g.ignore_eos));
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return bad("'stream_options' must be an object");
     LLMESH_TRY(bool_field(*it, "include_usage", g.include_usage));

@@ -30,6 +30,7 @@ struct generation_fields {
   bool stream = false;
   bool include_usage = false;     ///< stream_options.include_usage
   bool return_token_ids = false;  ///< extension: prompt_token_ids and token_ids in each choice
+  bool ignore_eos = false;        ///< extension (vLLM's): generate max_tokens whatever the EOS
 };
 
 struct completion_request {
