@@ -5,6 +5,8 @@
 
 #include <sys/socket.h>
 
+#include "llmesh/actors/serving_metrics.hpp"
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -44,6 +46,10 @@ struct http_server::impl {
 namespace {
 
 std::string_view sv(beast::string_view s) { return {s.data(), s.size()}; }
+
+void count_request(http_server::impl* s, int status) {
+  s->api.metrics().get_counter(actors::metric::requests, {std::to_string(status)})->add();
+}
 
 /// What a generation's connection waits on: the mesh's messages (posted here from actor
 /// threads) and the client's disconnect.
@@ -138,8 +144,16 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
   // Unfinished (client gone, write failed) or ended by a stop string: free it in the mesh.
   // For a request that ended on its own this is a no-op.
   s->api.mesh().cancel(id);
-  if (st->gone || ec) co_return false;
-  if (!head_sent) co_return co_await write_reply(s, stream, out.reply(), version, keep);
+  if (st->gone || ec) {
+    count_request(s, 499);  // nginx's "client closed request"
+    co_return false;
+  }
+  if (!head_sent) {
+    const http_reply r = out.reply();
+    count_request(s, r.status);
+    co_return co_await write_reply(s, stream, r, version, keep);
+  }
+  count_request(s, 200);
   stream.expires_after(s->opt.write_timeout);
   co_await net::async_write(stream, http::make_chunk_last(), net::redirect_error(use_awaitable, ec));
   co_return !ec;
@@ -181,6 +195,7 @@ awaitable<void> session(http_server::impl* s, tcp::socket sock) {
         } else {
           r = error_reply(make_error(errc::invalid_request, "malformed HTTP request: " + ec.message()));
         }
+        count_request(s, r.status);
         co_await write_reply(s, stream, r, 11, false);
         break;
       }
@@ -190,6 +205,7 @@ awaitable<void> session(http_server::impl* s, tcp::socket sock) {
                                    req.body());
       bool ok = false;
       if (auto* reply = std::get_if<http_reply>(&outcome)) {
+        count_request(s, reply->status);
         ok = co_await write_reply(s, stream, *reply, req.version(), keep);
       } else {
         ok = co_await run_job(s, stream, std::get<generation_job>(outcome), req.version(), keep);

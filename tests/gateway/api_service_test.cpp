@@ -1,0 +1,140 @@
+// api_service against a fake mesh: routes, API key, model name, context limits, the
+// concurrency bound (429 + Retry-After), seeds, ignore_eos and the chat template's prompt.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "llmesh/gateway/api_service.hpp"
+
+namespace llmesh::gateway {
+namespace {
+
+using json = nlohmann::json;
+
+struct fake_mesh : actors::mesh_client {
+  void submit(actors::replica_request, actors::token_sink) override {}
+  void cancel(uint64_t) override {}
+  size_t ready_replicas() const override { return ready; }
+  size_t ready = 1;
+};
+
+class ApiService : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = LLMESH_SOURCE_DIR "/models/kjv-tiny";
+    auto t = model::tokenizer::load(dir);
+    ASSERT_TRUE(t.ok());
+    auto c = model::load_config(dir);
+    ASSERT_TRUE(c.ok());
+    auto chat = model::chat_template::load(dir);
+    ASSERT_TRUE(chat.ok());
+    cfg_ = *c;
+    api_options o;
+    o.model_name = "kjv";
+    o.api_key = "sekret";
+    o.max_concurrent = 2;
+    api_ = std::make_unique<api_service>(o, *t, *chat, cfg_, mesh_, metrics_);
+  }
+  api_outcome call(const std::string& method, const std::string& path, const std::string& body = "",
+                   const std::string& auth = "Bearer sekret") {
+    return api_->handle(method, path, auth, body);
+  }
+  static int status(const api_outcome& o) {
+    return std::holds_alternative<http_reply>(o) ? std::get<http_reply>(o).status : 0;
+  }
+  static generation_job& job(api_outcome& o) { return std::get<generation_job>(o); }
+
+  fake_mesh mesh_;
+  actors::metrics_registry metrics_;
+  model::model_config cfg_;
+  std::unique_ptr<api_service> api_;
+};
+
+TEST_F(ApiService, PublicRoutesAndTheApiKey) {
+  EXPECT_EQ(status(call("GET", "/health", "", "")), 200);
+  EXPECT_EQ(status(call("GET", "/ready", "", "")), 200);
+  mesh_.ready = 0;
+  EXPECT_EQ(status(call("GET", "/ready", "", "")), 503);
+  EXPECT_EQ(status(call("GET", "/metrics", "", "")), 200);
+  EXPECT_EQ(status(call("GET", "/v1/models", "", "")), 401);
+  EXPECT_EQ(status(call("GET", "/v1/models", "", "Bearer wrong!")), 401);
+  EXPECT_EQ(status(call("GET", "/v1/models", "", "Basic sekret")), 401);
+  auto ok = call("GET", "/v1/models?x=1");
+  ASSERT_EQ(status(ok), 200);
+  auto j = json::parse(std::get<http_reply>(ok).body);
+  EXPECT_EQ(j["data"][0]["id"], "kjv");
+  EXPECT_EQ(j["data"][0]["max_model_len"], cfg_.max_positions);
+  auto err = json::parse(std::get<http_reply>(call("GET", "/v1/models", "", "")).body);
+  EXPECT_EQ(err["error"]["type"], "authentication_error");
+}
+
+TEST_F(ApiService, UnknownRoutesMethodsAndModels) {
+  EXPECT_EQ(status(call("GET", "/v2/anything")), 404);
+  auto wrong = call("GET", "/v1/completions");
+  EXPECT_EQ(status(wrong), 405);
+  EXPECT_EQ(std::get<http_reply>(wrong).headers.at(0).second, "POST");
+  EXPECT_EQ(status(call("POST", "/v1/completions", R"({"model":"other","prompt":"a"})")), 404);
+  EXPECT_EQ(status(call("POST", "/v1/completions", R"({"model":"kjv","prompt":"a","max_tokens":0})")), 400);
+  EXPECT_EQ(status(call("POST", "/v1/completions", "not json")), 400);
+}
+
+TEST_F(ApiService, PromptsAreBoundedByTheContext) {
+  const size_t ctx = cfg_.max_positions;
+  json ids = json::array();
+  for (size_t i = 0; i < ctx; ++i) ids.push_back(5);
+  EXPECT_EQ(status(call("POST", "/v1/completions", json{{"model", "kjv"}, {"prompt", ids}}.dump())), 400);
+  ids.erase(ids.begin() + 10, ids.end());
+  auto too_long = json{{"model", "kjv"}, {"prompt", ids}, {"max_tokens", ctx}};
+  EXPECT_EQ(status(call("POST", "/v1/completions", too_long.dump())), 400);
+  EXPECT_EQ(status(call("POST", "/v1/completions", json{{"model", "kjv"}, {"prompt", {1, 99999}}}.dump())), 400);
+  // Chat without max_tokens: up to the context's end.
+  auto chat = call("POST", "/v1/chat/completions", R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}]})");
+  ASSERT_EQ(status(chat), 0);
+  EXPECT_EQ(job(chat).req.prompt.size() + job(chat).req.max_tokens, ctx);
+}
+
+TEST_F(ApiService, ConcurrencyIsBoundedWith429) {
+  const std::string body = R"({"model":"kjv","prompt":"In the beginning","max_tokens":4})";
+  auto a = call("POST", "/v1/completions", body);
+  auto b = call("POST", "/v1/completions", body);
+  ASSERT_EQ(status(a), 0);
+  ASSERT_EQ(status(b), 0);
+  EXPECT_EQ(api_->inflight(), 2u);
+  auto c = call("POST", "/v1/completions", body);
+  ASSERT_EQ(status(c), 429);
+  EXPECT_EQ(std::get<http_reply>(c).headers.at(0), (std::pair<std::string, std::string>{"Retry-After", "1"}));
+  a = http_reply{};  // the first job ends: its slot is free
+  EXPECT_EQ(api_->inflight(), 1u);
+  EXPECT_EQ(status(call("POST", "/v1/completions", body)), 0);
+}
+
+TEST_F(ApiService, RequestsCarryTokensSeedsAndEos) {
+  auto a = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"In the beginning","max_tokens":4,"seed":42})");
+  ASSERT_EQ(status(a), 0);
+  auto t = model::tokenizer::load(LLMESH_SOURCE_DIR "/models/kjv-tiny");
+  EXPECT_EQ(job(a).req.prompt, (*t)->encode("In the beginning", true));
+  EXPECT_EQ(job(a).req.sampling.seed, 42u);
+  EXPECT_EQ(job(a).req.max_tokens, 4u);
+  EXPECT_EQ(job(a).req.eos_ids, cfg_.eos_ids);
+  a = http_reply{};
+  // Seedless requests get different seeds; ignore_eos drops the EOS ids.
+  auto b = call("POST", "/v1/completions", R"({"model":"kjv","prompt":[1,2,3],"ignore_eos":true})");
+  auto c = call("POST", "/v1/completions", R"({"model":"kjv","prompt":[1,2,3]})");
+  ASSERT_EQ(status(b), 0);
+  ASSERT_EQ(status(c), 0);
+  EXPECT_NE(job(b).req.sampling.seed, job(c).req.sampling.seed);
+  EXPECT_TRUE(job(b).req.eos_ids.empty());
+  EXPECT_EQ(job(b).req.prompt, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(job(b).req.max_tokens, 16u);  // OpenAI's default for completions
+}
+
+TEST_F(ApiService, ChatPromptsComeFromTheTemplateWithoutExtraSpecialTokens) {
+  auto a = call("POST", "/v1/chat/completions",
+                R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"max_tokens":3})");
+  ASSERT_EQ(status(a), 0);
+  auto t = model::tokenizer::load(LLMESH_SOURCE_DIR "/models/kjv-tiny");
+  EXPECT_EQ(job(a).req.prompt, (*t)->encode("user: Hi\nassistant:", false));
+}
+
+}  // namespace
+}  // namespace llmesh::gateway

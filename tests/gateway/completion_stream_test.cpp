@@ -1,0 +1,191 @@
+// completion_stream: token messages in, OpenAI-shaped SSE chunks or one response out. UTF-8
+// characters split over several tokens are never split in a chunk; stop strings cut the text
+// across token boundaries; finish reasons, usage and token ids land where OpenAI puts them.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "llmesh/gateway/completion_stream.hpp"
+#include "llmesh/model/tokenizer.hpp"
+
+namespace llmesh::gateway {
+namespace {
+
+using json = nlohmann::json;
+using actors::finish_reason;
+using actors::token_msg;
+
+class CompletionStream : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {  // a 128k vocabulary: load it once
+    auto t = model::tokenizer::load(LLMESH_TEST_DATA "/tokenizers/llama3");
+    ASSERT_TRUE(t.ok()) << t.err().message;
+    tok_ = *t;
+  }
+  /// The id whose bytes are exactly `b` (byte-level vocabularies have one per byte).
+  int32_t byte_token(unsigned char b) const {
+    const auto& d = tok_->decoder();
+    for (size_t id = 0; id < d.vocab_size(); ++id) {
+      const auto& s = d.token_bytes(static_cast<int32_t>(id));
+      if (s.size() == 1 && static_cast<unsigned char>(s[0]) == b) return static_cast<int32_t>(id);
+    }
+    return -1;
+  }
+  /// "Hi " + 🎉 as four one-byte tokens + " é" as bytes + " ok".
+  std::vector<int32_t> tricky_ids() const {
+    std::vector<int32_t> ids = tok_->encode("Hi", false);
+    for (unsigned char b : std::string(" \xF0\x9F\x8E\x89 \xC3\xA9")) ids.push_back(byte_token(b));
+    for (int32_t t : tok_->encode(" ok", false)) ids.push_back(t);
+    return ids;
+  }
+  stream_setup setup(bool chat, bool streaming) const {
+    stream_setup s;
+    s.chat = chat;
+    s.streaming = streaming;
+    s.id = "cmpl-1";
+    s.created = 7;
+    s.model = "m";
+    s.prompt_ids = {1, 2, 3};
+    return s;
+  }
+  /// Feeds ids, the last one with `last`; returns the concatenated SSE bytes.
+  static std::string feed(completion_stream& c, const std::vector<int32_t>& ids, finish_reason last) {
+    std::string out;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      out += c.on_message(token_msg{1, ids[i], i + 1 == ids.size() ? last : finish_reason::none, false, {}});
+    }
+    return out;
+  }
+  static std::vector<json> events(const std::string& sse, bool& done) {
+    std::vector<json> out;
+    done = false;
+    size_t pos = 0;
+    while ((pos = sse.find("data: ", pos)) != std::string::npos) {
+      const size_t end = sse.find("\n\n", pos);
+      const std::string payload = sse.substr(pos + 6, end - pos - 6);
+      if (payload == "[DONE]") {
+        done = true;
+      } else {
+        out.push_back(json::parse(payload));
+      }
+      pos = end + 2;
+    }
+    return out;
+  }
+  static bool valid_utf8(const std::string& s) { return model::sanitize_utf8(s) == s; }
+
+  static inline std::shared_ptr<const model::tokenizer> tok_;
+};
+
+TEST_F(CompletionStream, StreamedChunksKeepCharactersWholeAndAddUpToTheText) {
+  const auto ids = tricky_ids();
+  const std::string want = tok_->decoder().decode(ids);
+  ASSERT_EQ(want, "Hi \xF0\x9F\x8E\x89 \xC3\xA9 ok");
+  auto s = setup(false, true);
+  s.include_usage = true;
+  completion_stream c(s, tok_->decoder(), nullptr);
+  bool done = false;
+  auto ev = events(feed(c, ids, finish_reason::length), done);
+  EXPECT_TRUE(done);
+  EXPECT_TRUE(c.done());
+  std::string text;
+  ASSERT_GE(ev.size(), 3u);
+  for (size_t i = 0; i + 1 < ev.size(); ++i) {
+    const std::string piece = ev[i]["choices"][0]["text"];
+    EXPECT_TRUE(valid_utf8(piece)) << "chunk " << i;
+    text += piece;
+    EXPECT_EQ(ev[i]["object"], "text_completion");
+    EXPECT_EQ(ev[i]["id"], "cmpl-1");
+  }
+  EXPECT_EQ(text, want);
+  EXPECT_EQ(ev[ev.size() - 2]["choices"][0]["finish_reason"], "length");
+  // include_usage: a last chunk with empty choices and the counts.
+  EXPECT_TRUE(ev.back()["choices"].empty());
+  EXPECT_EQ(ev.back()["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(ev.back()["usage"]["completion_tokens"], ids.size());
+}
+
+TEST_F(CompletionStream, ChatChunksStartWithTheRoleAndEndOnEos) {
+  const auto ids = tok_->encode("Fine, thanks.", false);
+  completion_stream c(setup(true, true), tok_->decoder(), nullptr);
+  bool done = false;
+  auto ev = events(feed(c, ids, finish_reason::eos), done);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(ev[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(ev[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (const auto& e : ev) text += e["choices"][0]["delta"].value("content", "");
+  EXPECT_EQ(text, "Fine, thanks.");
+  EXPECT_EQ(ev.back()["choices"][0]["finish_reason"], "stop");
+  for (size_t i = 1; i < ev.size(); ++i) EXPECT_FALSE(ev[i]["choices"][0]["delta"].contains("role"));
+}
+
+TEST_F(CompletionStream, StopStringsCutAcrossTokensAndAskForCancellation) {
+  const auto ids = tok_->encode("one two three four five", false);
+  for (bool streaming : {false, true}) {
+    auto s = setup(false, streaming);
+    s.stop = {"e fo"};  // straddles "three" and " four"
+    completion_stream c(s, tok_->decoder(), nullptr);
+    std::string sse;
+    for (int32_t t : ids) {
+      sse += c.on_message(token_msg{1, t, finish_reason::none, false, {}});
+      if (c.done()) break;
+    }
+    ASSERT_TRUE(c.done());
+    EXPECT_TRUE(c.stopped_by_string());
+    if (streaming) {
+      bool done = false;
+      auto ev = events(sse, done);
+      EXPECT_TRUE(done);
+      std::string text;
+      for (const auto& e : ev) text += e["choices"][0]["text"];
+      EXPECT_EQ(text, "one two thre");
+      EXPECT_EQ(ev.back()["choices"][0]["finish_reason"], "stop");
+    } else {
+      auto j = json::parse(c.reply().body);
+      EXPECT_EQ(j["choices"][0]["text"], "one two thre");
+      EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+    }
+  }
+}
+
+TEST_F(CompletionStream, WholeResponseCarriesUsageAndTokenIds) {
+  const auto ids = tricky_ids();
+  auto s = setup(false, false);
+  s.return_token_ids = true;
+  completion_stream c(s, tok_->decoder(), nullptr);
+  EXPECT_EQ(feed(c, ids, finish_reason::length), "");
+  auto r = c.reply();
+  EXPECT_EQ(r.status, 200);
+  auto j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], "Hi \xF0\x9F\x8E\x89 \xC3\xA9 ok");
+  EXPECT_EQ(j["choices"][0]["token_ids"], ids);
+  EXPECT_EQ(j["choices"][0]["prompt_token_ids"], (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(j["usage"]["total_tokens"], 3 + ids.size());
+}
+
+TEST_F(CompletionStream, FailuresBecomeHttpErrorsOrAnErrorEvent) {
+  {  // before anything was sent: an HTTP error
+    completion_stream c(setup(false, true), tok_->decoder(), nullptr);
+    EXPECT_EQ(c.on_message(token_msg{1, -1, finish_reason::none, true,
+                                     make_error(errc::replica_unavailable, "no replica")}),
+              "");
+    EXPECT_TRUE(c.done());
+    EXPECT_FALSE(c.started());
+    EXPECT_EQ(c.reply().status, 503);
+  }
+  {  // mid-stream: the status is committed, the error is an event, then [DONE]
+    completion_stream c(setup(false, true), tok_->decoder(), nullptr);
+    EXPECT_NE(c.on_message(token_msg{1, tok_->encode("Hi", false)[0], finish_reason::none, false, {}}), "");
+    const std::string tail = c.on_message(token_msg{1, -1, finish_reason::none, true, make_error(errc::internal, "boom")});
+    bool done = false;
+    auto ev = events(tail, done);
+    EXPECT_TRUE(done);
+    ASSERT_EQ(ev.size(), 1u);
+    EXPECT_EQ(ev[0]["error"]["message"], "boom");
+  }
+}
+
+}  // namespace
+}  // namespace llmesh::gateway
