@@ -1,8 +1,9 @@
 // `llmesh serve`: the whole mesh in one process — HTTP gateway, router, replicas (each a
 // tensor-parallel engine) — on one model, until SIGINT or SIGTERM (then it drains).
-#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -38,6 +39,14 @@ result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s, c
   return std::make_pair(host, static_cast<uint16_t>(port));
 }
 
+// SIGINT/SIGTERM: the handler writes the signal number into a pipe that one thread reads (a
+// signal mask cannot cover threads that libraries start before main, e.g. OpenBLAS's).
+int signal_pipe[2] = {-1, -1};
+extern "C" void on_stop_signal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] auto n = write(signal_pipe[1], &b, 1);
+}
+
 /// KV positions per replica from a per-shard budget: K and V, f32, this shard's KV heads.
 size_t kv_tokens_for(const model::model_config& c, int tp, size_t budget_mb, size_t max_seqs) {
   const size_t heads = std::max<size_t>(1, c.n_kv_heads / static_cast<size_t>(tp));
@@ -60,14 +69,6 @@ status run_serve(const serve_flags& f) {
   auto m = model::model::load(f.model_dir);
   if (!m) return m.take_error();
   const auto& cfg = (*m)->config();
-
-  // Signals go to one thread that asks the server to drain; every other thread (kernel pools,
-  // CAF, Asio) is created after this mask and inherits it.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   // Thread budget: kernel threads are the cores, split over the replicas (a replica's own
   // actor thread is its rank 0); CAF gets 2 mostly idle threads; Asio is this thread.
@@ -119,9 +120,18 @@ status run_serve(const serve_flags& f) {
 
   gateway::http_server* srv = server->get();
   const auto drain = std::chrono::seconds(f.drain_s);
-  std::thread waiter([&sigs, srv, drain] {
-    int sig = 0;
-    sigwait(&sigs, &sig);
+  if (pipe(signal_pipe) != 0) return make_error(errc::io_error, "cannot create the signal pipe");
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::thread waiter([srv, drain] {
+    unsigned char b = 0;
+    while (read(signal_pipe[0], &b, 1) < 0 && errno == EINTR) {
+    }
+    if (b == 0) return;  // the pipe closed: the server stopped on its own
+    const int sig = b;
     std::fprintf(stderr, "llmesh: %s: draining (up to %llds), then stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                  static_cast<long long>(drain.count()));
     srv->stop(drain);
@@ -132,7 +142,11 @@ status run_serve(const serve_flags& f) {
   mesh->reset();
   server->reset();
   api.reset();
+  close(signal_pipe[1]);  // wakes the waiter if no signal came
   waiter.join();
+  close(signal_pipe[0]);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
   std::fprintf(stderr, "llmesh: stopped\n");
   return ok_status();
 }

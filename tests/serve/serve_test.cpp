@@ -1,0 +1,182 @@
+// `llmesh serve` over real HTTP: greedy and seeded output equal `llmesh generate` at any
+// concurrency and at --tp 2 with several replicas; the HTTP error paths (401, 404, 405, 413,
+// 431, 400, 429); a client that hangs up mid-stream frees its slot; idle connections close;
+// keep-alive works; /metrics passes promtool; SIGTERM stops the server cleanly.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "../cli/subprocess.hpp"
+#include "server_process.hpp"
+
+namespace llmesh::testing {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string bin = LLMESH_BINARY;
+const std::string model_dir = std::string(LLMESH_SOURCE_DIR) + "/models/kjv-tiny";
+
+const std::vector<std::string> prompts = {
+    "In the beginning God created", "And the LORD said unto Moses", "Blessed are the",
+    "The LORD is my shepherd", "And it came to pass", "Then said Jesus unto them",
+    "For God so loved", "Let there be light"};
+
+/// What `llmesh generate` gives (ids), the reference path.
+std::vector<int32_t> generate_ids(const std::string& prompt, int max_tokens, const std::string& sampling) {
+  auto r = run_command(bin + " generate --device cpu --model " + model_dir + " --prompt '" + prompt +
+                       "' --max-tokens " + std::to_string(max_tokens) + " " + sampling + " --print-ids");
+  std::vector<int32_t> ids;
+  std::stringstream ss(r.out);
+  for (int32_t id; ss >> id;) ids.push_back(id);
+  return ids;
+}
+
+json completion(int port, const json& body, int* status = nullptr, const std::string& headers = "") {
+  auto r = http_request(port, "POST", "/v1/completions", body.dump(), headers);
+  if (status) *status = r.status;
+  auto j = json::parse(r.body, nullptr, false);
+  return j.is_discarded() ? json{{"raw", r.body}} : j;
+}
+
+/// Requests every prompt from `threads` client threads at once; returns token_ids per prompt.
+std::vector<std::vector<int32_t>> served_ids(int port, int threads, int max_tokens, const json& sampling) {
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (size_t i = static_cast<size_t>(t); i < prompts.size(); i += static_cast<size_t>(threads)) {
+        json body = {{"model", "kjv-tiny"}, {"prompt", prompts[i]}, {"max_tokens", max_tokens}, {"return_token_ids", true}};
+        body.update(sampling);
+        auto j = completion(port, body);
+        if (j.contains("choices")) out[i] = j["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  return out;
+}
+
+TEST(Serve, OutputEqualsGenerateAtAnyConcurrencyAndTp2) {
+  std::vector<std::vector<int32_t>> greedy, sampled;
+  for (const auto& p : prompts) {
+    greedy.push_back(generate_ids(p, 24, "--temperature 0"));
+    sampled.push_back(generate_ids(p, 24, "--temperature 0.8 --top-k 40 --seed 7"));
+    ASSERT_EQ(greedy.back().size(), 24u);
+  }
+  const json greedy_params = {{"temperature", 0}};
+  const json sampled_params = {{"temperature", 0.8}, {"top_k", 40}, {"seed", 7}};
+  {
+    server_process s(bin, {"--model", model_dir});
+    ASSERT_GT(s.port(), 0) << s.log();
+    for (int threads : {1, 8}) {
+      EXPECT_EQ(served_ids(s.port(), threads, 24, greedy_params), greedy) << "greedy, concurrency " << threads;
+      EXPECT_EQ(served_ids(s.port(), threads, 24, sampled_params), sampled) << "sampled, concurrency " << threads;
+    }
+  }
+  server_process tp2(bin, {"--model", model_dir, "--tp", "2", "--replicas", "2"});
+  ASSERT_GT(tp2.port(), 0) << tp2.log();
+  EXPECT_EQ(served_ids(tp2.port(), 8, 24, greedy_params), greedy) << "greedy, tp 2, 2 replicas";
+  EXPECT_EQ(served_ids(tp2.port(), 8, 24, sampled_params), sampled) << "sampled, tp 2, 2 replicas";
+}
+
+TEST(Serve, HttpErrorPaths) {
+  server_process s(bin, {"--model", model_dir, "--api-key", "k3y", "--max-body-kb", "1"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const std::string auth = "Authorization: Bearer k3y\r\n";
+  const json ok_body = {{"model", "kjv-tiny"}, {"prompt", "Let there be"}, {"max_tokens", 2}};
+  int status = 0;
+  auto j = completion(s.port(), ok_body, &status);
+  EXPECT_EQ(status, 401);
+  EXPECT_EQ(j["error"]["type"], "authentication_error");
+  completion(s.port(), ok_body, &status, auth);
+  EXPECT_EQ(status, 200);
+  j = completion(s.port(), {{"model", "nope"}, {"prompt", "x"}}, &status, auth);
+  EXPECT_EQ(status, 404);
+  EXPECT_EQ(j["error"]["code"], "not_found");
+  EXPECT_EQ(http_request(s.port(), "GET", "/v1/nothing", "", auth).status, 404);
+  EXPECT_EQ(http_request(s.port(), "DELETE", "/v1/completions", "", auth).status, 405);
+  j = completion(s.port(), {{"model", "kjv-tiny"}, {"prompt", "x"}, {"temperature", "hot"}}, &status, auth);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("temperature"), std::string::npos);
+  EXPECT_EQ(http_request(s.port(), "POST", "/v1/completions", std::string(2000, ' '), auth).status, 413);
+  EXPECT_EQ(http_request(s.port(), "GET", "/health", "", "X-Big: " + std::string(20000, 'a') + "\r\n").status, 431);
+  int fd = connect_local(s.port());
+  ASSERT_TRUE(send_all(fd, "NONSENSE\r\n\r\n"));
+  EXPECT_EQ(parse_response(read_all(fd, 10)).status, 400);
+  close(fd);
+  // The server is still healthy after all of that.
+  EXPECT_EQ(http_request(s.port(), "GET", "/health").status, 200);
+}
+
+/// Opens a streaming request and reads until its first chunk arrived; returns the socket.
+int start_stream(int port, int max_tokens) {
+  int fd = connect_local(port);
+  const std::string body = json{{"model", "kjv-tiny"}, {"prompt", "And God said"}, {"max_tokens", max_tokens},
+                                {"ignore_eos", true}, {"stream", true}}.dump();
+  send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                   std::to_string(body.size()) + "\r\n\r\n" + body);
+  std::string got;
+  char buf[4096];
+  while (got.find("data: ") == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return fd;
+}
+
+TEST(Serve, OverloadAnswers429AndAHangUpFreesTheSlot) {
+  // One slot and a slow client (1-token steps cannot outrun a stream we do not read fast).
+  server_process s(bin, {"--model", model_dir, "--max-concurrent", "1"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  int fd = start_stream(s.port(), 250);
+  auto busy = http_request(s.port(), "POST", "/v1/completions", R"({"model":"kjv-tiny","prompt":"x","max_tokens":1})");
+  EXPECT_EQ(busy.status, 429);
+  EXPECT_EQ(busy.headers["retry-after"], "1");
+  close(fd);  // the client goes away mid-stream
+  int status = 0;
+  for (int i = 0; i < 100 && status != 200; ++i) {
+    completion(s.port(), {{"model", "kjv-tiny"}, {"prompt", "x"}, {"max_tokens", 1}}, &status);
+    if (status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(status, 200);
+  auto metrics = http_request(s.port(), "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("llmesh_requests_total{status=\"429\"}"), std::string::npos);
+}
+
+TEST(Serve, KeepAliveIdleTimeoutMetricsAndCleanStop) {
+  server_process s(bin, {"--model", model_dir, "--idle-timeout", "1"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  // Two requests on one connection, then the idle timeout closes it.
+  int fd = connect_local(s.port());
+  const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_TRUE(send_all(fd, get + get));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string both = read_all(fd, 10);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));  // closed by the server, not us
+  size_t count = 0;
+  for (size_t at = 0; (at = both.find("HTTP/1.1 200", at)) != std::string::npos; ++at) ++count;
+  EXPECT_EQ(count, 2u);
+  close(fd);
+
+  completion(s.port(), {{"model", "kjv-tiny"}, {"prompt", "Let there be"}, {"max_tokens", 4}});
+  const std::string metrics = http_request(s.port(), "GET", "/metrics").body;
+  for (const char* name : {"llmesh_time_to_first_token_seconds_count 1", "llmesh_generation_tokens_total 4",
+                           "llmesh_replicas_ready 1", "llmesh_kv_cache_usage_ratio{replica="}) {
+    EXPECT_NE(metrics.find(name), std::string::npos) << name;
+  }
+  if (std::system("command -v promtool > /dev/null") == 0) {
+    temp_dir tmp;
+    std::ofstream(tmp.path() + "/m.txt") << metrics;
+    auto check = run_command("promtool check metrics < " + tmp.path() + "/m.txt");
+    EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  }
+  EXPECT_EQ(s.stop(), 0);
+  EXPECT_NE(s.log().find("llmesh: stopped"), std::string::npos) << s.log();
+}
+
+}  // namespace
+}  // namespace llmesh::testing
