@@ -9,10 +9,19 @@ packages=(
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libpcre2-dev libutf8proc-dev
   libopenblas-dev libcaf-dev libboost-dev
   prometheus  # promtool: tests check /metrics output with it
+  nodejs npm  # tests/e2e: the official openai npm client against llmesh serve
 )
+
+# Packages that a command already on PATH stands in for: NodeSource's nodejs bundles npm and
+# conflicts with Debian's npm package, so asking apt for npm on such a machine would fail.
+declare -A satisfied_by_command=([nodejs]=node [npm]=npm)
 
 missing=()
 for p in "${packages[@]}"; do
+  cmd="${satisfied_by_command[$p]:-}"
+  if [ -n "$cmd" ] && command -v "$cmd" >/dev/null 2>&1; then
+    continue
+  fi
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
     missing+=("$p")
   fi

@@ -49,8 +49,8 @@ result<std::unique_ptr<local_mesh>> local_mesh::create(std::shared_ptr<const mod
   ro.ready_count = p->ready;
   p->router = p->sys->spawn(router_actor, ro);
   for (auto& e : p->engines) {
-    // Detached: a step holds the replica's thread (it is rank 0 of the kernels) for its length.
-    auto r = p->sys->spawn<caf::detached>(replica_actor, e.get(), opt.sched);
+    // The replica never blocks; its shard actors (detached) run the kernels.
+    auto r = p->sys->spawn(replica_actor, e.get(), opt.sched);
     caf::anon_send(p->router, add_atom::value, r);
     p->replicas.push_back(r);
   }

@@ -1,38 +1,126 @@
-// The replica actor (replica_actor.hpp): messages in, calls on replica_core, messages out.
+// The replica actor (replica_actor.hpp): messages in, calls on replica_core, messages out; the
+// engine's ranks run in its shard actors (shard_actor.hpp), one step message to each.
 #include "llmesh/actors/replica_actor.hpp"
+
+#include "llmesh/actors/shard_actor.hpp"
 
 namespace llmesh::actors {
 namespace {
 
-void kick(caf::stateful_actor<replica_state>* self) {
-  if (self->state.step_pending || self->state.dead || self->state.core->idle()) return;
-  self->state.step_pending = true;
+using replica = caf::stateful_actor<replica_state>;
+
+void kick(replica* self) {
+  auto& st = self->state;
+  if (st.step_pending || st.dead || st.core->in_step() || st.core->idle()) return;
+  st.step_pending = true;
   self->send(self, step_atom::value);
+}
+
+/// The group failed: every live request hears it (its request actor moves it elsewhere), the
+/// shards stop, and the replica refuses further work.
+void die(replica* self, const error& e) {
+  auto& st = self->state;
+  st.dead = true;
+  for (auto& [id, owner] : st.owners) self->send(owner, token_msg{id, -1, finish_reason::none, true, e});
+  st.owners.clear();
+  for (auto& s : st.shards) self->send_exit(s, caf::exit_reason::user_shutdown);
+  st.deferred.clear();
+}
+
+void submit(replica* self, replica_request r, const caf::actor& reply_to) {
+  auto& st = self->state;
+  const uint64_t id = r.id;
+  if (st.dead) {
+    self->send(reply_to, token_msg{id, -1, finish_reason::none, true, make_error(errc::replica_unavailable, "replica is dead")});
+    return;
+  }
+  if (auto s = st.core->submit(std::move(r)); !s) {
+    self->send(reply_to, token_msg{id, -1, finish_reason::none, true, s.err()});
+    return;
+  }
+  st.owners[id] = reply_to;
+  kick(self);
+}
+
+void cancel(replica* self, uint64_t id) {
+  self->state.core->cancel(id);
+  self->state.owners.erase(id);
+}
+
+/// All shards answered: merge (success only if every shard succeeded; the root cause wins
+/// over the "aborted" errors it caused on the peers), then complete the step.
+void step_done(replica* self) {
+  auto& st = self->state;
+  if (st.step_error) {
+    st.core->finish_step({});  // leaves the core consistent; the replica is dead anyway
+    return die(self, *st.step_error);
+  }
+  auto events = st.core->finish_step(st.sampled);
+  for (const auto& e : events) {
+    auto it = st.owners.find(e.id);
+    if (it == st.owners.end()) continue;
+    self->send(it->second, token_msg{e.id, e.token, e.finish, false, {}});
+    if (e.finish != finish_reason::none) st.owners.erase(it);
+  }
+  if (st.crash_after > 0 && --st.crash_after == 0) return self->quit(caf::exit_reason::kill);
+  auto deferred = std::move(st.deferred);
+  st.deferred.clear();
+  for (auto& f : deferred) f();
+  kick(self);
+}
+
+void on_shard_result(replica* self, shard_result r) {
+  auto& st = self->state;
+  if (!r.ok && (!st.step_error || st.step_error->code == errc::shard_failed)) st.step_error = r.err;
+  if (r.ok && r.rank == 0) st.sampled = std::move(r.sampled);
+  if (--st.pending == 0) step_done(self);
+}
+
+void step(replica* self, model::engine* eng) {
+  auto& st = self->state;
+  st.step_pending = false;
+  if (st.dead || !st.core->begin_step()) return;
+  if (auto s = eng->check_batch(st.core->batch()); !s) {
+    st.core->finish_step({});
+    return die(self, s.err());
+  }
+  st.pending = st.shards.size();
+  st.step_error.reset();
+  st.sampled.clear();
+  const shard_step msg{++st.step_no, st.core->batch(), st.core->rows()};
+  for (size_t r = 0; r < st.shards.size(); ++r) {
+    self->request(st.shards[r], caf::infinite, shard_step_atom::value, msg)
+        .then([=](shard_result& res) { on_shard_result(self, std::move(res)); },
+              [=](caf::error& e) {
+                on_shard_result(self, shard_result{msg.step, static_cast<int>(r), false,
+                                                   make_error(errc::shard_failed, "shard " + std::to_string(r) +
+                                                                                      " is gone: " + self->system().render(e)),
+                                                   {}});
+              });
+  }
 }
 
 }  // namespace
 
-caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::engine* eng, scheduler_config cfg) {
+caf::behavior replica_actor(replica* self, model::engine* eng, scheduler_config cfg) {
   self->state.core = std::make_unique<replica_core>(*eng, cfg);
+  for (int r = 0; r < eng->tp(); ++r) {
+    self->state.shards.push_back(self->spawn<caf::detached + caf::linked>(shard_actor, eng, r));
+  }
   return {
       [=](generate_atom, replica_request r, caf::actor reply_to) {
-        auto& st = self->state;
-        const uint64_t id = r.id;
-        if (st.dead) {
-          self->send(reply_to, token_msg{id, -1, finish_reason::none, true,
-                                         make_error(errc::replica_unavailable, "replica is dead")});
+        if (self->state.core->in_step()) {  // the step's batch points into request state
+          self->state.deferred.push_back([=]() mutable { submit(self, std::move(r), reply_to); });
           return;
         }
-        if (auto s = st.core->submit(std::move(r)); !s) {
-          self->send(reply_to, token_msg{id, -1, finish_reason::none, true, s.err()});
-          return;
-        }
-        st.owners[id] = reply_to;
-        kick(self);
+        submit(self, std::move(r), reply_to);
       },
       [=](cancel_atom, uint64_t id) {
-        self->state.core->cancel(id);
-        self->state.owners.erase(id);
+        if (self->state.core->in_step()) {
+          self->state.deferred.push_back([=] { cancel(self, id); });
+          return;
+        }
+        cancel(self, id);
       },
       [=](status_atom, caf::actor reply_to) {
         const auto& st = self->state;
@@ -41,25 +129,7 @@ caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::eng
                                           b.total_blocks() - b.free_blocks(), b.total_blocks()});
       },
       [=](fault_atom, int64_t steps) { self->state.crash_after = steps; },
-      [=](step_atom) {
-        auto& st = self->state;
-        st.step_pending = false;
-        auto events = st.core->step();
-        if (!events) {  // the engine failed: the replica is dead
-          st.dead = true;
-          for (auto& [id, owner] : st.owners) self->send(owner, token_msg{id, -1, finish_reason::none, true, events.err()});
-          st.owners.clear();
-          return;
-        }
-        for (const auto& e : *events) {
-          auto it = st.owners.find(e.id);
-          if (it == st.owners.end()) continue;
-          self->send(it->second, token_msg{e.id, e.token, e.finish, false, {}});
-          if (e.finish != finish_reason::none) st.owners.erase(it);
-        }
-        if (st.crash_after > 0 && --st.crash_after == 0) return self->quit(caf::exit_reason::kill);
-        kick(self);
-      },
+      [=](step_atom) { step(self, eng); },
   };
 }
 

@@ -39,28 +39,46 @@ bool replica_core::cancel(uint64_t id) {
   return sched_.cancel(id);
 }
 
-result<std::vector<token_event>> replica_core::step() {
-  auto plan = sched_.schedule();
-  if (plan.seqs.empty()) return std::vector<token_event>{};
-  batch_.clear();
-  for (const auto& s : plan.seqs) batch_.push_back({s.tokens, s.pos0, s.block_table, s.want_logits});
-  LLMESH_TRY(eng_.forward(batch_, logits_));
-  const size_t vocab = eng_.config().vocab;
-  std::vector<int32_t> sampled;
-  size_t row = 0;
-  for (const auto& s : plan.seqs) {
-    if (!s.want_logits) continue;
-    // The token being drawn sits at position pos0 + n: the (seed, position) key generate uses.
-    const auto& params = sampling_.at(s.id);
-    sampled.push_back(kernels::sample(std::span<const float>(logits_.data() + row * vocab, vocab), params,
-                                      s.pos0 + s.tokens.size()));
-    ++row;
+std::vector<int32_t> sample_rows(std::span<const float> logits, size_t vocab, std::span<const sample_row> rows) {
+  std::vector<int32_t> out;
+  out.reserve(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    out.push_back(kernels::sample(logits.subspan(r * vocab, vocab), rows[r].params, rows[r].position));
   }
-  auto events = sched_.complete(plan, sampled);
+  return out;
+}
+
+bool replica_core::begin_step() {
+  plan_ = sched_.schedule();
+  batch_.clear();
+  rows_.clear();
+  if (plan_.seqs.empty()) return false;
+  for (const auto& s : plan_.seqs) {
+    batch_.push_back({s.tokens, s.pos0, s.block_table, s.want_logits});
+    // The token being drawn sits at position pos0 + n: the (seed, position) key generate uses.
+    if (s.want_logits) rows_.push_back({sampling_.at(s.id), s.pos0 + s.tokens.size()});
+  }
+  in_step_ = true;
+  return true;
+}
+
+std::vector<token_event> replica_core::finish_step(std::span<const int32_t> sampled) {
+  in_step_ = false;
+  auto events = sched_.complete(plan_, sampled);
   for (const auto& e : events) {
     if (e.finish != finish_reason::none) sampling_.erase(e.id);
   }
   return events;
+}
+
+result<std::vector<token_event>> replica_core::step() {
+  if (!begin_step()) return std::vector<token_event>{};
+  if (auto s = eng_.forward(batch_, logits_); !s) {
+    in_step_ = false;
+    return s.take_error();
+  }
+  const auto sampled = sample_rows(logits_, eng_.config().vocab, rows_);
+  return finish_step(sampled);
 }
 
 }  // namespace llmesh::actors

@@ -1,5 +1,6 @@
-// `llmesh bench engine` (prompt-processing and decode speed against the machine's limits) and
-// `llmesh bench tokenizer` (encode/decode throughput).
+// `llmesh bench engine` (prompt-processing and decode speed against the machine's limits),
+// `llmesh bench tokenizer` (encode/decode throughput) and `llmesh bench serve` (a serving
+// benchmark client against an OpenAI-compatible server, vLLM `bench serve` style).
 #include <memory>
 #include <string>
 #include <vector>
@@ -7,6 +8,7 @@
 #include "commands.hpp"
 #include "llmesh/bench/engine_bench.hpp"
 #include "llmesh/bench/gpu_bench.hpp"
+#include "llmesh/bench/serve_bench.hpp"
 #include "llmesh/bench/tokenizer_bench.hpp"
 
 namespace llmesh::cli {
@@ -52,6 +54,27 @@ void add_bench(CLI::App& app, command_set& commands) {
   tsub->add_option("--file", t->file, "Text to encode (default: ~1 MB of built-in prose)");
   tsub->add_option("--reps", t->reps, "Repetitions; the best is reported")->capture_default_str();
   commands.emplace_back(tsub, [t] { return bench::run_tokenizer_bench(*t); });
+
+  auto s = std::make_shared<bench::serve_bench_options>();
+  auto* ssub = bench_cmd->add_subcommand("serve", "Serving benchmark against an OpenAI-compatible server (vLLM "
+                                                   "bench serve's metrics: TTFT, TPOT, ITL, E2EL, throughput)");
+  ssub->add_option("--url", s->url, "Server base URL, http://HOST:PORT")->required();
+  ssub->add_option("--model", s->model, "Model name to request (default: the first id of GET /v1/models)");
+  ssub->add_option("--api-key", s->api_key, "Sent as 'Authorization: Bearer KEY'");
+  ssub->add_option("--num-prompts", s->num_prompts, "Requests to send")->capture_default_str();
+  ssub->add_option("--request-rate", s->request_rate, "Poisson arrival rate, requests/s; inf: all at once")
+      ->capture_default_str();
+  ssub->add_option("--max-concurrency", s->max_concurrency, "Requests in flight at most; 0: unlimited")
+      ->capture_default_str();
+  ssub->add_option("--input-len", s->input_len, "Prompt tokens per request (random ids)")->capture_default_str();
+  ssub->add_option("--output-len", s->output_len, "Generated tokens per request (max_tokens, ignore_eos)")
+      ->capture_default_str();
+  ssub->add_option("--tokenizer-dir", s->tokenizer_dir, "Model directory whose config.json's vocab_size bounds the ids");
+  ssub->add_option("--vocab", s->vocab, "Prompt ids are drawn from [0, vocab); 0: --tokenizer-dir's, else 256")
+      ->capture_default_str();
+  ssub->add_option("--seed", s->seed, "Seed of the prompts and the arrival times")->capture_default_str();
+  ssub->add_option("--timeout", s->timeout_s, "Seconds without data before a request fails")->capture_default_str();
+  commands.emplace_back(ssub, [s] { return bench::run_serve_bench(*s); });
 }
 
 }  // namespace llmesh::cli

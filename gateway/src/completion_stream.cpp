@@ -53,17 +53,17 @@ std::string completion_stream::chunk(const std::string& text, const std::optiona
                               usage));
 }
 
-std::string completion_stream::finish(const std::string& reason) {
+std::string completion_stream::finish(const std::string& reason, std::string text) {
   done_ = true;
   finish_reason_ = reason;
   if (metrics_) {
     metrics_->get_histogram(metric::e2e)
         ->observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   }
-  std::string rest;
+  std::string rest = std::move(text);  // the last token's text rides on the final chunk (as vLLM sends it)
   if (!stopped_by_string_) {
     auto out = matcher_.push(decoder_.flush());
-    rest = out.text + (out.stopped ? "" : matcher_.flush());
+    rest += out.text + (out.stopped ? "" : matcher_.flush());
   }
   if (!s_.streaming) {
     text_ += rest;
@@ -92,17 +92,10 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
   auto out = matcher_.push(decoder_.push(t.token));
   if (out.stopped) {
     stopped_by_string_ = true;
-    if (s_.streaming) return (out.text.empty() ? "" : chunk(out.text, std::nullopt, false)) + finish("stop");
-    text_ += out.text;
-    return finish("stop");
+    return finish("stop", std::move(out.text));
   }
   if (t.finish != actors::finish_reason::none) {
-    const char* reason = t.finish == actors::finish_reason::length ? "length" : "stop";
-    if (!s_.streaming) {
-      text_ += out.text;
-      return finish(reason);
-    }
-    return (out.text.empty() ? "" : chunk(out.text, std::nullopt, false)) + finish(reason);
+    return finish(t.finish == actors::finish_reason::length ? "length" : "stop", std::move(out.text));
   }
   if (!s_.streaming) {
     text_ += out.text;

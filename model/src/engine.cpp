@@ -220,7 +220,7 @@ status engine::run_ranks(std::span<const step_sequence> batch, Fn fn) {
   return result_status;
 }
 
-status engine::forward(std::span<const step_sequence> batch, std::vector<float>& logits) {
+status engine::check_batch(std::span<const step_sequence> batch) const {
   if (failed_) return make_error(errc::shard_failed, "engine: a shard failed earlier; the group must be rebuilt");
   if (batch.empty()) return make_error(errc::invalid_request, "forward: empty batch");
   const auto& c = model_->config();
@@ -244,9 +244,27 @@ status engine::forward(std::span<const step_sequence> batch, std::vector<float>&
       }
     }
   }
+  return ok_status();
+}
+
+status engine::forward(std::span<const step_sequence> batch, std::vector<float>& logits) {
+  LLMESH_TRY(check_batch(batch));
   return run_ranks(batch, [&](int r, std::span<const step_sequence> b, std::vector<float>& scratch) {
     return shards_[r]->forward(b, r == 0 ? logits : scratch);
   });
+}
+
+status engine::forward_rank(int rank, std::span<const step_sequence> batch, std::vector<float>& logits) {
+  if (rank < 0 || rank >= opt_.tp) return make_error(errc::invalid_request, "forward_rank: no rank " + std::to_string(rank));
+  auto s = shards_[rank]->forward(batch, logits);
+  if (!s) {  // a failed rank aborts its collectives, so that no peer waits for it forever
+    if (opt_.tp > 1) {
+      if (on_cuda_) device_comms_[rank]->abort();
+      else comms_[rank]->abort();
+    }
+    failed_ = true;
+  }
+  return s;
 }
 
 }  // namespace llmesh::model

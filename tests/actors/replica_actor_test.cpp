@@ -14,7 +14,7 @@ class ReplicaActor : public testing::replica_test_base {
  protected:
   caf::actor_system_config cfg_ = [] {
     caf::actor_system_config c;
-    c.set("scheduler.max-threads", 2);  // the machine's 2 cores; the replica runs detached
+    c.set("scheduler.max-threads", 2);  // the machine's 2 cores; the shards run detached
     return c;
   }();
 };
@@ -26,7 +26,7 @@ TEST_F(ReplicaActor, StreamsEveryRequestsTokensToItsSubmitter) {
   caf::actor_system sys{cfg_};
   scheduler_config sc;
   sc.max_batch_tokens = 48;
-  auto replica = sys.spawn<caf::detached>(replica_actor, eng.get(), sc);
+  auto replica = sys.spawn(replica_actor, eng.get(), sc);
   caf::scoped_actor self{sys};
   for (const auto& r : reqs) self->send(replica, generate_atom::value, r, caf::actor{self});
   std::map<uint64_t, std::vector<int32_t>> got;
@@ -49,7 +49,7 @@ TEST_F(ReplicaActor, StreamsEveryRequestsTokensToItsSubmitter) {
 TEST_F(ReplicaActor, RefusesBadRequestsAndCancels) {
   auto eng = engine(1, 256);
   caf::actor_system sys{cfg_};
-  auto replica = sys.spawn<caf::detached>(replica_actor, eng.get(), scheduler_config{});
+  auto replica = sys.spawn(replica_actor, eng.get(), scheduler_config{});
   caf::scoped_actor self{sys};
   replica_request bad;
   bad.id = 7;

@@ -1,10 +1,14 @@
 // The replica actor (CAF): a thin shell over replica_core. Requests arrive as messages; each
 // engine step is one message the actor sends itself, so new requests and cancellations are
-// taken between steps (continuous batching); every new token goes straight to the actor that
-// submitted the request. Spawn it detached: a step holds its thread for the step's duration.
+// taken between steps (continuous batching); the step itself is fanned out to the replica's
+// shard actors (one per tensor-parallel rank, spawned and linked here; shard_actor.hpp) and
+// completed when all have answered; every new token goes straight to the actor that submitted
+// the request. The replica never blocks, so it needs no thread of its own.
 #pragma once
 
 #include <caf/all.hpp>
+#include <functional>
+#include <optional>
 
 #include "llmesh/actors/balancer.hpp"
 #include "llmesh/actors/replica_core.hpp"
@@ -21,8 +25,15 @@ using fault_atom = caf::atom_constant<caf::atom("fault")>;
 struct replica_state {
   std::unique_ptr<replica_core> core;
   std::unordered_map<uint64_t, caf::actor> owners;
+  std::vector<caf::actor> shards;  ///< rank order; linked
   bool step_pending = false;
   bool dead = false;
+  // The step in flight: answers still due, the merged outcome, submits and cancels held back.
+  uint64_t step_no = 0;
+  size_t pending = 0;
+  std::optional<error> step_error;
+  std::vector<int32_t> sampled;
+  std::vector<std::function<void()>> deferred;
   int64_t crash_after = -1;  ///< fault injection: steps left before the replica crashes
   static inline const char* name = "replica";
 };

@@ -26,6 +26,16 @@ struct replica_request {
   std::vector<int32_t> eos_ids;       ///< generation ends after any of these
 };
 
+/// How to draw the token of one row of a step's logits: the request's parameters, keyed by the
+/// position the token will take (model::generate's (seed, position) key).
+struct sample_row {
+  kernels::sampling_params params;
+  size_t position = 0;
+};
+
+/// One token per row of `logits` ([rows][vocab]).
+std::vector<int32_t> sample_rows(std::span<const float> logits, size_t vocab, std::span<const sample_row> rows);
+
 /// Thread affinity: one thread (the replica actor's). Ownership: borrows the engine, which it
 /// drives through engine::forward with its own block tables.
 class replica_core {
@@ -42,6 +52,16 @@ class replica_core {
   /// queued. An engine failure is returned as is: the replica is then dead.
   [[nodiscard]] result<std::vector<token_event>> step();
 
+  /// The same step in two halves, for a caller that runs the engine's ranks itself (the
+  /// replica actor and its shard actors): begin_step() plans it (false: nothing to run), then
+  /// batch() and rows() describe it, then finish_step() takes one sampled token per row. No
+  /// submit or cancel may come between the halves (the batch points into request state).
+  bool begin_step();
+  std::span<const model::step_sequence> batch() const { return batch_; }
+  std::span<const sample_row> rows() const { return rows_; }
+  std::vector<token_event> finish_step(std::span<const int32_t> sampled);
+  bool in_step() const { return in_step_; }
+
   bool idle() const { return sched_.waiting() + sched_.running() == 0; }
   size_t waiting() const { return sched_.waiting(); }
   size_t running() const { return sched_.running(); }
@@ -53,8 +73,11 @@ class replica_core {
   block_manager blocks_;
   batch_scheduler sched_;
   std::unordered_map<uint64_t, kernels::sampling_params> sampling_;
+  step_plan plan_;
   std::vector<model::step_sequence> batch_;
+  std::vector<sample_row> rows_;
   std::vector<float> logits_;
+  bool in_step_ = false;
 };
 
 }  // namespace llmesh::actors

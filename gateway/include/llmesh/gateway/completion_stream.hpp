@@ -63,7 +63,8 @@ class completion_stream {
 
  private:
   std::string chunk(const std::string& text, const std::optional<std::string>& finish, bool with_usage);
-  std::string finish(const std::string& reason);
+  /// Ends the stream; `text` is what the last token released.
+  std::string finish(const std::string& reason, std::string text);
   void observe_token();
 
   stream_setup s_;

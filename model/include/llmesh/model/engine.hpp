@@ -2,6 +2,7 @@
 // in-process communicator between them, and a simple paged KV block allocator.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <span>
@@ -71,6 +72,14 @@ class engine {
   /// manager, ids in [0, kv_blocks())): checks ids, lengths and tables, then runs every rank.
   /// An engine is driven either this way or through open_sequence/step, never both.
   [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits);
+  /// The checks forward() makes before running the ranks (ids, lengths, block tables, a failed group).
+  [[nodiscard]] status check_batch(std::span<const step_sequence> batch) const;
+  /// Rank `rank`'s part of forward(), for callers that run the ranks themselves (the shard
+  /// actors): every rank must be called with the same batch, each from its own thread, at
+  /// the same time (they meet in collectives); rank 0's `logits` receive the result. The
+  /// caller checks the batch first (check_batch) and merges the statuses. A failing rank
+  /// aborts its communicator (its peers fail instead of waiting) and marks the group failed.
+  [[nodiscard]] status forward_rank(int rank, std::span<const step_sequence> batch, std::vector<float>& logits);
   size_t kv_blocks() const { return kv_.n_blocks; }
   size_t kv_block_size() const { return kv_.block_size; }
 
@@ -110,7 +119,7 @@ class engine {
   std::vector<int32_t> free_blocks_;
   std::map<int, sequence> seqs_;
   int next_seq_ = 0;
-  bool failed_ = false;
+  std::atomic<bool> failed_{false};
   bool on_cuda_ = false;
   std::string device_note_;
 };

@@ -1,0 +1,63 @@
+// `llmesh bench serve`: a serving benchmark client with vLLM `bench serve` semantics, against
+// any OpenAI-compatible server (llmesh serve, vLLM, llama.cpp's server). It sends
+// `num_prompts` streamed POST /v1/completions requests, each a prompt of exactly `input_len`
+// random token ids (uniform over [0, vocab), seeded) with max_tokens `output_len`,
+// ignore_eos and temperature 0, arriving as a Poisson process of `request_rate` requests/s
+// (infinity: all at once), at most `max_concurrency` in flight; then prints vLLM's table and
+// one JSON line (serve_stats.hpp has the metric definitions).
+//
+// Threads: run_serve_bench runs one io_context on the calling thread; every request is a
+// coroutine on it with its own HTTP/1.1 connection.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "llmesh/common/error.hpp"
+
+namespace llmesh::bench {
+
+struct serve_bench_options {
+  std::string url;            ///< server base, http://HOST[:PORT][/PREFIX]; PREFIX/v1/... is called
+  std::string model;          ///< empty: the first id GET /v1/models lists
+  std::string api_key;        ///< sent as "Authorization: Bearer KEY" when set
+  std::string tokenizer_dir;  ///< a model directory: its config.json's vocab_size bounds the ids
+  size_t num_prompts = 1000;
+  double request_rate = std::numeric_limits<double>::infinity();  ///< requests/s (vLLM's default: inf)
+  size_t max_concurrency = 0;                                     ///< 0: unlimited
+  size_t input_len = 1024;
+  size_t output_len = 128;
+  /// Prompt ids are drawn from [0, vocab). 0: tokenizer_dir's vocab_size, else 256 (every
+  /// model has at least 256 ids: byte-level BPE starts from the bytes).
+  size_t vocab = 0;
+  uint64_t seed = 0;
+  double timeout_s = 600;     ///< a request with no byte from the server for this long fails
+};
+
+/// Runs the benchmark; prints the table and the JSON line to stdout. Errors: bad options,
+/// an unparsable URL, an unreachable server or a failed GET /v1/models (before any request
+/// is sent), and a run in which every request failed (after the report is printed).
+[[nodiscard]] status run_serve_bench(const serve_bench_options& opt);
+
+/// Where a base URL points.
+struct base_url {
+  std::string host;    ///< without brackets for IPv6
+  std::string port;    ///< "80" when the URL names none
+  std::string prefix;  ///< path before /v1, no trailing '/'; usually empty
+};
+
+/// Parses "http://HOST[:PORT][/PREFIX]" (HOST may be "[v6]"). https is refused (no TLS here).
+[[nodiscard]] result<base_url> parse_base_url(const std::string& url);
+
+/// Send times in seconds from the start: 0 for the first request, then exponential gaps of
+/// mean 1/rate drawn from `seed` (vLLM's Poisson arrivals, burstiness 1). All 0 when rate
+/// is infinite. REQUIRES: rate > 0.
+std::vector<double> poisson_arrivals(size_t n, double rate, uint64_t seed);
+
+/// `n` prompts of `len` ids each, uniform over [0, vocab), from `seed`. REQUIRES: vocab > 0.
+std::vector<std::vector<int32_t>> random_prompts(size_t n, size_t len, size_t vocab, uint64_t seed);
+
+}  // namespace llmesh::bench
