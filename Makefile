@@ -1,5 +1,5 @@
 # llmesh: two commands.
-#   make run   install dependencies, build, run the main job (llmesh generate on the bundled model)
+#   make run   install dependencies, build, serve the bundled model over the OpenAI API (llmesh serve)
 #   make test  install dependencies, configure, build, run every test (ctest)
 BUILD ?= build
 JOBS ?= $(shell nproc)
@@ -22,10 +22,10 @@ test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 # The bundled model: models/kjv-tiny, a tiny Llama trained on the King James Bible
-# (tools/train/README.md). Sampled with a fixed seed, so every run prints the same text.
+# (tools/train/README.md), served on http://127.0.0.1:8080 until Ctrl-C (HTTP=HOST:PORT to move it).
+HTTP ?= 127.0.0.1:8080
 run: build
-	$(BUILD)/cli/llmesh generate --model models/kjv-tiny --prompt "In the beginning God created" \
-	  --max-tokens 48 --temperature 0.8 --top-k 40 --seed 1
+	$(BUILD)/cli/llmesh serve --model models/kjv-tiny --http $(HTTP)
 
 clean:
 	rm -rf $(BUILD)

@@ -41,6 +41,9 @@ result<std::unique_ptr<local_mesh>> local_mesh::create(std::shared_ptr<const mod
   }
   p->cfg = std::make_unique<caf::actor_system_config>();
   p->cfg->set("scheduler.max-threads", std::max(1, opt.actor_threads));
+  // A shared queue with a condition variable: idle workers sleep. (The default work-stealing
+  // workers poll, ~10% of a core at idle on this machine; DESIGN.md §5: no busy idle.)
+  p->cfg->set("scheduler.policy", caf::atom("sharing"));
   p->sys = std::make_unique<caf::actor_system>(*p->cfg);
   router_options ro;
   ro.policy = opt.policy;
@@ -51,7 +54,7 @@ result<std::unique_ptr<local_mesh>> local_mesh::create(std::shared_ptr<const mod
   for (auto& e : p->engines) {
     // The replica never blocks; its shard actors (detached) run the kernels.
     auto r = p->sys->spawn(replica_actor, e.get(), opt.sched);
-    caf::anon_send(p->router, add_atom::value, r);
+    caf::anon_send(p->router, add_atom::value, r, std::to_string(p->replicas.size()));
     p->replicas.push_back(r);
   }
   p->ready->store(p->replicas.size());  // the router confirms with its first poll

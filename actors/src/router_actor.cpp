@@ -20,7 +20,7 @@ void publish(router* self) {
   if (m == nullptr) return;
   m->get_gauge(metric::replicas_ready)->set(static_cast<double>(ready));
   for (const auto& [id, l] : st.loads) {
-    const label_values replica{std::to_string(id)};
+    const label_values replica{st.names[id]};
     m->get_gauge(metric::running, replica)->set(static_cast<double>(l.running));
     m->get_gauge(metric::waiting, replica)->set(static_cast<double>(l.waiting));
     m->get_gauge(metric::kv_usage, replica)
@@ -49,8 +49,9 @@ caf::behavior router_actor(router* self, router_options opt) {
   });
   self->send(self, tick_atom::value);
   return {
-      [=](add_atom, caf::actor replica) {
+      [=](add_atom, caf::actor replica, const std::string& name) {
         auto& st = self->state;
+        st.names[replica.id()] = name;
         self->monitor(replica);
         const uint64_t id = replica.id();
         st.replicas[id] = replica;

@@ -17,6 +17,10 @@ void declare_serving(metrics_registry& r) {
   r.declare_counter(migrations, "Requests moved to another replica after theirs failed.");
   r.declare_gauge(replicas_ready, "Replicas ready to take requests.");
   r.declare_gauge(gateway_inflight, "Generation requests the gateway is serving.");
+  // Unlabelled series exist from the start (a scrape before the first request sees zeros).
+  for (const char* name : {prompt_tokens, generation_tokens, migrations}) r.get_counter(name)->add(0);
+  for (const char* name : {ttft, itl, e2e}) r.get_histogram(name);
+  r.get_gauge(gateway_inflight)->add(0);
 }
 
 }  // namespace llmesh::actors::metric

@@ -40,11 +40,12 @@ struct router_state {
   std::unique_ptr<balancer> bal;
   std::map<uint64_t, caf::actor> replicas;
   std::map<uint64_t, replica_load> loads;
+  std::map<uint64_t, std::string> names;  ///< the replica label in metrics
   router_options opt;
   static inline const char* name = "router";
 };
 
-/// `(add_atom, caf::actor replica)` adds a replica; `(route_atom, std::vector<int32_t> prompt)`
+/// `(add_atom, caf::actor replica, std::string name)` adds a replica (name: its metrics label); `(route_atom, std::vector<int32_t> prompt)`
 /// replies a route_reply and counts the request against the chosen replica; `(done_atom,
 /// uint64_t replica_id)` uncounts it. A replica that stops is forgotten (its down message, or
 /// `(dead_atom, uint64_t replica_id)` from a requester that saw it die first: that requester's
