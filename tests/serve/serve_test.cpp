@@ -82,6 +82,25 @@ TEST(Serve, OutputEqualsGenerateAtAnyConcurrencyAndTp2) {
   EXPECT_EQ(served_ids(tp2.port(), 8, 24, sampled_params), sampled) << "sampled, tp 2, 2 replicas";
 }
 
+// The bundled model answers a chat in scripture's words (issue 7's check of the served path):
+// greedy, so the same bits on every machine.
+TEST(Serve, ChatAnswersInTheCorpusVocabulary) {
+  server_process s(bin, {"--model", model_dir});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const json body = {{"model", "kjv-tiny"},
+                     {"messages", {{{"role", "user"}, {"content", "Who made the heaven and the earth?"}}}},
+                     {"max_tokens", 48},
+                     {"temperature", 0}};
+  auto r = http_request(s.port(), "POST", "/v1/chat/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string text = json::parse(r.body)["choices"][0]["message"]["content"];
+  EXPECT_GT(text.size(), 40u);
+  for (unsigned char c : text) EXPECT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f)) << "byte " << int(c) << " in " << text;
+  size_t hits = 0;
+  for (const char* w : {" the ", " and ", " unto ", " of ", " LORD", " said"}) hits += text.find(w) != std::string::npos;
+  EXPECT_GE(hits, 3u) << text;
+}
+
 TEST(Serve, HttpErrorPaths) {
   server_process s(bin, {"--model", model_dir, "--api-key", "k3y", "--max-body-kb", "1"});
   ASSERT_GT(s.port(), 0) << s.log();
