@@ -76,7 +76,9 @@ status run_engine_bench(const engine_bench_options& opt) {
   model::engine_options eo;
   eo.tp = opt.tp;
   eo.threads = opt.threads;
-  eo.kv_tokens = opt.prompt_tokens + opt.gen_tokens + 16;
+  size_t widest = 1;
+  for (size_t b : opt.batches) widest = std::max(widest, b);
+  eo.kv_tokens = std::max(opt.prompt_tokens, widest * (opt.gen_tokens + 1 + 16)) + 16;
   auto eng_r = model::engine::create(m.value(), eo);
   if (!eng_r) return eng_r.take_error();
   auto& eng = **eng_r;
@@ -122,6 +124,31 @@ status run_engine_bench(const engine_bench_options& opt) {
     eng.close_sequence(seq);
   }
 
+  // Batched decode: b sequences step together, as a replica's running batch does; one read of
+  // the weights serves them all, so aggregate tok/s should grow with b until compute binds.
+  std::vector<std::pair<size_t, double>> batched;
+  for (size_t b : opt.batches) {
+    if (b < 1) continue;
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      std::vector<int> seqs;
+      std::vector<model::step_item> items;
+      for (size_t i = 0; i < b; ++i) {
+        seqs.push_back(eng.open_sequence());
+        items.push_back({seqs.back(), std::span(gen.data() + i % gen.size(), 1), true});
+      }
+      LLMESH_TRY(eng.step(items, logits));
+      auto t0 = clock_type::now();
+      for (size_t t = 1; t <= opt.gen_tokens; ++t) {
+        for (size_t i = 0; i < b; ++i) items[i].tokens = std::span(gen.data() + (t + i) % gen.size(), 1);
+        LLMESH_TRY(eng.step(items, logits));
+      }
+      best = std::min(best, since(t0));
+      for (int s : seqs) eng.close_sequence(s);
+    }
+    batched.emplace_back(b, static_cast<double>(b * opt.gen_tokens) / best);
+  }
+
   bw = std::max(bw, measure_read_bandwidth(threads, size_t{1} << 30, 3));
   const double weight_bytes = static_cast<double>(m.value()->decode_weight_bytes());
   // KV bytes read per decode token at the average context of the tg run (keys + values, f32).
@@ -144,6 +171,9 @@ status run_engine_bench(const engine_bench_options& opt) {
   std::printf("  pp%-8zu  %.2f tok/s\n", opt.prompt_tokens, pp);
   std::printf("  tg%-8zu  %.2f tok/s = %.1f%% of the roofline %.2f tok/s\n", opt.gen_tokens, tg, 100.0 * tg / roofline,
               roofline);
+  for (const auto& [b, tps] : batched) {
+    std::printf("  decode b%-5zu %.2f tok/s aggregate = %.2fx batch 1\n", b, tps, tps / tg);
+  }
   std::printf("  gemm         %zux%zux%zu: ours %.1f GFLOP/s (model dtype), %.1f (f32); OpenBLAS sgemm %.1f -> %.1f%% / %.1f%%\n",
               std::min<size_t>(opt.prompt_tokens, 512), c.intermediate, c.hidden, g.ours_model_dtype, g.ours_f32,
               g.openblas, 100.0 * g.ours_model_dtype / g.openblas, 100.0 * g.ours_f32 / g.openblas);

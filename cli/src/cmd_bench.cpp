@@ -26,7 +26,9 @@ void add_bench(CLI::App& app, command_set& commands) {
   sub->add_option("--device", *device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   sub->add_option("--shape", g->shape, "cuda: random BF16 weights made on the GPU instead of --model: 1b or 8b")
       ->check(CLI::IsMember({"1b", "8b"}));
-  sub->add_option("--batches", *batches, "cuda: decode batch sizes")->delimiter(',')->capture_default_str();
+  sub->add_option("--batches", *batches, "Decode batch sizes (cpu: aggregate tok/s against batch 1)")
+      ->delimiter(',')
+      ->capture_default_str();
   sub->add_option("--ctx", g->context, "cuda: prompt tokens of each decode sequence")->capture_default_str();
   sub->add_flag("--profile", g->profile, "cuda: also print per-op device time (prefill, decode)");
   sub->add_option("--tp", o->tp, "Tensor-parallel ranks")->capture_default_str();
@@ -45,6 +47,7 @@ void add_bench(CLI::App& app, command_set& commands) {
       return bench::run_gpu_bench(*g);
     }
     if (o->model_dir.empty()) return make_error(errc::invalid_request, "--model is required");
+    o->batches = *batches;
     return bench::run_engine_bench(*o);
   });
 

@@ -12,8 +12,17 @@ using json = nlohmann::ordered_json;
 
 error bad(const std::string& msg) { return make_error(errc::invalid_request, msg); }
 
+/// Deepest nesting a request body may have (DESIGN.md §6); the real ones need 4.
+constexpr int max_json_depth = 32;
+
 result<json> parse_object(std::string_view body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  bool too_deep = false;
+  json::parser_callback_t depth_guard = [&too_deep](int depth, json::parse_event_t, json&) {
+    if (depth > max_json_depth) too_deep = true;
+    return !too_deep;
+  };
+  json j = json::parse(body, depth_guard, /*allow_exceptions=*/false);
+  if (too_deep) return bad("the request body nests deeper than " + std::to_string(max_json_depth) + " levels");
   if (j.is_discarded()) return bad("the request body is not valid JSON");
   if (!j.is_object()) return bad("the request body must be a JSON object");
   return j;

@@ -109,6 +109,11 @@ TEST(OpenaiApi, MutatedBodiesNeverThrow) {
   // Deep nesting is refused or parsed, never a stack overflow.
   std::string deep(100000, '[');
   EXPECT_FALSE(parse_completion_request(deep, lim).ok());
+  // Valid but deep JSON is refused by its depth, naming the limit.
+  const std::string nested = R"({"model":"m","prompt":"x","stop":)" + std::string(40, '[') + std::string(40, ']') + "}";
+  auto r = parse_completion_request(nested, lim);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("nests deeper"), std::string::npos) << r.err().message;
 }
 
 TEST(OpenaiApi, ErrorsMapToStatusesAndShapes) {

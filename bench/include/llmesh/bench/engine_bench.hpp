@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "llmesh/common/error.hpp"
 
@@ -17,6 +18,7 @@ struct engine_bench_options {
   size_t prompt_tokens = 512;
   size_t gen_tokens = 64;
   int reps = 3;
+  std::vector<size_t> batches;  ///< also decode this many sequences at once (aggregate tok/s vs batch 1)
 };
 
 /// Runs the benchmark and prints a table to stdout.
