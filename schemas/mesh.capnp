@@ -1,0 +1,163 @@
+# Every message that crosses a process boundary in the mesh, as one Envelope per frame.
+# Evolution rules (schemas/README.md): fields and union members are only ever appended with
+# the next ordinal; nothing is renumbered, retyped or removed; a retired field keeps its slot
+# with a "deprecated" comment. A reader that meets an unknown union member drops the frame
+# with a logged error (a newer peer), never guesses.
+@0xcb71ad75eb6899c6;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("llmesh::schemas");
+
+# An actor somewhere in the mesh: the node that hosts it and its id there (0: the node agent).
+struct ActorAddress {
+  node @0 :Text;
+  actor @1 :UInt64;
+}
+
+# One frame. The union's discriminant is the message kind.
+struct Envelope {
+  source @0 :ActorAddress;
+  destination @1 :ActorAddress;
+  correlationId @2 :UInt64;  # pairs a reply with its request (0: none)
+  traceId @3 :UInt64;        # follows one client request across the mesh
+  body :union {
+    generate @4 :GenerateRequest;
+    token @5 :Token;
+    cancel @6 :Cancel;
+    statusRequest @7 :Void;
+    load @8 :ReplicaLoad;
+    hello @9 :Hello;
+    challenge @10 :Challenge;
+    proof @11 :Proof;
+    welcome @12 :Welcome;
+    heartbeat @13 :Heartbeat;
+    replicaState @14 :ReplicaState;
+    collectiveId @15 :CollectiveId;
+  }
+}
+
+# --- inference ---------------------------------------------------------------------------
+
+struct Sampling {
+  temperature @0 :Float32;
+  topP @1 :Float32 = 1.0;
+  topK @2 :Int32;
+  seed @3 :UInt64;
+}
+
+struct GenerateRequest {
+  id @0 :UInt64;
+  prompt @1 :List(Int32);
+  maxTokens @2 :UInt32;
+  sampling @3 :Sampling;
+  eosIds @4 :List(Int32);
+}
+
+enum Finish {
+  none @0;
+  length @1;
+  eos @2;
+  cancelled @3;
+}
+
+struct Error {
+  code @0 :UInt16;   # llmesh::errc
+  message @1 :Text;
+}
+
+struct Token {
+  id @0 :UInt64;
+  token @1 :Int32;
+  finish @2 :Finish;
+  failed @3 :Bool;
+  error @4 :Error;   # when failed
+}
+
+struct Cancel {
+  id @0 :UInt64;
+}
+
+struct ReplicaLoad {
+  replica @0 :UInt64;
+  ready @1 :Bool;
+  running @2 :UInt32;
+  waiting @3 :UInt32;
+  kvUsed @4 :UInt64;
+  kvTotal @5 :UInt64;
+}
+
+# --- membership --------------------------------------------------------------------------
+
+enum Role {
+  coordinator @0;
+  gateway @1;
+  router @2;
+  replica @3;
+}
+
+struct Resources {
+  cores @0 :UInt32;
+  memoryBytes @1 :UInt64;
+  gpus @2 :UInt32;
+}
+
+# A node asks to join: who it is, what it does, where it listens, what it has, and a fresh
+# nonce of its own (the coordinator's challenge must cover it).
+struct Hello {
+  node @0 :Text;
+  roles @1 :List(Role);
+  listen @2 :Text;
+  resources @3 :Resources;
+  nonce @4 :Data;
+}
+
+# The coordinator's fresh nonce; the joiner proves it knows the cluster token without sending it.
+struct Challenge {
+  nonce @0 :Data;
+}
+
+# HMAC-SHA256 keyed by the cluster token over both nonces and the node's name.
+struct Proof {
+  mac @0 :Data;
+}
+
+struct Member {
+  node @0 :Text;
+  roles @1 :List(Role);
+  listen @2 :Text;
+}
+
+struct Welcome {
+  accepted @0 :Bool;
+  reason @1 :Text;          # when refused
+  members @2 :List(Member);
+}
+
+struct Heartbeat {
+  node @0 :Text;
+  seq @1 :UInt64;
+}
+
+# --- control -----------------------------------------------------------------------------
+
+enum ReplicaPhase {
+  loading @0;
+  ready @1;
+  draining @2;
+  dead @3;
+}
+
+struct ReplicaState {
+  replica @0 :UInt64;
+  node @1 :Text;
+  model @2 :Text;
+  phase @3 :ReplicaPhase;
+}
+
+# A tensor-parallel group's rendezvous: rank 0 makes the collective's id (e.g. NCCL's unique
+# id) and sends it to the other ranks of its replica.
+struct CollectiveId {
+  replica @0 :UInt64;
+  ranks @1 :UInt32;
+  id @2 :Data;
+}

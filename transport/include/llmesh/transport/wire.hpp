@@ -1,0 +1,133 @@
+// The mesh's wire messages as plain C++ (no Cap'n Proto type leaves transport/): one envelope
+// per frame — source and destination actor addresses, a correlation id, a trace id, and one
+// body whose alternative is the message kind. codec.hpp turns envelopes into Cap'n Proto
+// frames (schemas/mesh.capnp) and back, under limits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "llmesh/common/error.hpp"
+
+namespace llmesh::transport {
+
+struct actor_address {
+  std::string node;   ///< the hosting node's name
+  uint64_t actor = 0; ///< the actor's id there (0: the node agent)
+  bool operator==(const actor_address&) const = default;
+};
+
+// --- inference ---
+struct sampling {
+  float temperature = 0.0f, top_p = 1.0f;
+  int32_t top_k = 0;
+  uint64_t seed = 0;
+  bool operator==(const sampling&) const = default;
+};
+struct generate_msg {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  uint32_t max_tokens = 0;
+  sampling params;
+  std::vector<int32_t> eos_ids;
+  bool operator==(const generate_msg&) const = default;
+};
+enum class finish_kind : uint8_t { none, length, eos, cancelled };
+struct token_body {
+  uint64_t id = 0;
+  int32_t token = -1;
+  finish_kind finish = finish_kind::none;
+  bool failed = false;
+  errc code = errc::internal;  ///< when failed
+  std::string message;         ///< when failed
+  bool operator==(const token_body&) const = default;
+};
+struct cancel_msg {
+  uint64_t id = 0;
+  bool operator==(const cancel_msg&) const = default;
+};
+struct status_request {
+  bool operator==(const status_request&) const = default;
+};
+struct load_msg {
+  uint64_t replica = 0;
+  bool ready = false;
+  uint32_t running = 0, waiting = 0;
+  uint64_t kv_used = 0, kv_total = 0;
+  bool operator==(const load_msg&) const = default;
+};
+
+// --- membership ---
+enum class role : uint8_t { coordinator, gateway, router, replica };
+struct resources {
+  uint32_t cores = 0;
+  uint64_t memory_bytes = 0;
+  uint32_t gpus = 0;
+  bool operator==(const resources&) const = default;
+};
+struct hello_msg {
+  std::string node;
+  std::vector<role> roles;
+  std::string listen;
+  resources res;
+  std::string nonce;  ///< bytes
+  bool operator==(const hello_msg&) const = default;
+};
+struct challenge_msg {
+  std::string nonce;
+  bool operator==(const challenge_msg&) const = default;
+};
+struct proof_msg {
+  std::string mac;
+  bool operator==(const proof_msg&) const = default;
+};
+struct member {
+  std::string node;
+  std::vector<role> roles;
+  std::string listen;
+  bool operator==(const member&) const = default;
+};
+struct welcome_msg {
+  bool accepted = false;
+  std::string reason;
+  std::vector<member> members;
+  bool operator==(const welcome_msg&) const = default;
+};
+struct heartbeat_msg {
+  std::string node;
+  uint64_t seq = 0;
+  bool operator==(const heartbeat_msg&) const = default;
+};
+
+// --- control ---
+enum class replica_phase : uint8_t { loading, ready, draining, dead };
+struct replica_state_msg {
+  uint64_t replica = 0;
+  std::string node, model;
+  replica_phase phase = replica_phase::loading;
+  bool operator==(const replica_state_msg&) const = default;
+};
+struct collective_id_msg {
+  uint64_t replica = 0;
+  uint32_t ranks = 0;
+  std::string id;  ///< bytes (e.g. an ncclUniqueId)
+  bool operator==(const collective_id_msg&) const = default;
+};
+
+using body = std::variant<generate_msg, token_body, cancel_msg, status_request, load_msg, hello_msg, challenge_msg,
+                          proof_msg, welcome_msg, heartbeat_msg, replica_state_msg, collective_id_msg>;
+
+struct envelope {
+  actor_address source, destination;
+  uint64_t correlation_id = 0;
+  uint64_t trace_id = 0;
+  body msg;
+  bool operator==(const envelope&) const = default;
+};
+
+/// The message kind's name ("generate", "token", ...), for logs and counters.
+const char* kind_name(const body& b);
+
+}  // namespace llmesh::transport

@@ -1,0 +1,325 @@
+// Envelopes <-> Cap'n Proto frames (codec.hpp). The only file that sees the generated types.
+#include "llmesh/transport/codec.hpp"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "llmesh/schemas/mesh.capnp.h"
+
+namespace llmesh::transport {
+namespace {
+
+namespace s = llmesh::schemas;
+using Body = s::Envelope::Body;
+
+capnp::Text::Reader text(const std::string& v) { return capnp::Text::Reader(v.data(), v.size()); }
+capnp::Data::Reader data(const std::string& v) {
+  return capnp::Data::Reader(reinterpret_cast<const kj::byte*>(v.data()), v.size());
+}
+
+template <class ListBuilder, class Vec>
+void fill(ListBuilder list, const Vec& v) {
+  for (unsigned i = 0; i < v.size(); ++i) list.set(i, v[i]);
+}
+
+void put_roles(capnp::List<s::Role>::Builder list, const std::vector<role>& roles) {
+  for (unsigned i = 0; i < roles.size(); ++i) list.set(i, static_cast<s::Role>(roles[i]));
+}
+
+struct writer {
+  Body::Builder b;
+  void operator()(const generate_msg& m) {
+    auto g = b.initGenerate();
+    g.setId(m.id);
+    fill(g.initPrompt(static_cast<unsigned>(m.prompt.size())), m.prompt);
+    g.setMaxTokens(m.max_tokens);
+    auto sp = g.initSampling();
+    sp.setTemperature(m.params.temperature);
+    sp.setTopP(m.params.top_p);
+    sp.setTopK(m.params.top_k);
+    sp.setSeed(m.params.seed);
+    fill(g.initEosIds(static_cast<unsigned>(m.eos_ids.size())), m.eos_ids);
+  }
+  void operator()(const token_body& m) {
+    auto t = b.initToken();
+    t.setId(m.id);
+    t.setToken(m.token);
+    t.setFinish(static_cast<s::Finish>(m.finish));
+    t.setFailed(m.failed);
+    if (m.failed) {
+      auto e = t.initError();
+      e.setCode(static_cast<uint16_t>(m.code));
+      e.setMessage(text(m.message));
+    }
+  }
+  void operator()(const cancel_msg& m) { b.initCancel().setId(m.id); }
+  void operator()(const status_request&) { b.setStatusRequest(); }
+  void operator()(const load_msg& m) {
+    auto l = b.initLoad();
+    l.setReplica(m.replica);
+    l.setReady(m.ready);
+    l.setRunning(m.running);
+    l.setWaiting(m.waiting);
+    l.setKvUsed(m.kv_used);
+    l.setKvTotal(m.kv_total);
+  }
+  void operator()(const hello_msg& m) {
+    auto h = b.initHello();
+    h.setNode(text(m.node));
+    put_roles(h.initRoles(static_cast<unsigned>(m.roles.size())), m.roles);
+    h.setListen(text(m.listen));
+    auto r = h.initResources();
+    r.setCores(m.res.cores);
+    r.setMemoryBytes(m.res.memory_bytes);
+    r.setGpus(m.res.gpus);
+    h.setNonce(data(m.nonce));
+  }
+  void operator()(const challenge_msg& m) { b.initChallenge().setNonce(data(m.nonce)); }
+  void operator()(const proof_msg& m) { b.initProof().setMac(data(m.mac)); }
+  void operator()(const welcome_msg& m) {
+    auto w = b.initWelcome();
+    w.setAccepted(m.accepted);
+    w.setReason(text(m.reason));
+    auto list = w.initMembers(static_cast<unsigned>(m.members.size()));
+    for (unsigned i = 0; i < m.members.size(); ++i) {
+      list[i].setNode(text(m.members[i].node));
+      put_roles(list[i].initRoles(static_cast<unsigned>(m.members[i].roles.size())), m.members[i].roles);
+      list[i].setListen(text(m.members[i].listen));
+    }
+  }
+  void operator()(const heartbeat_msg& m) {
+    auto h = b.initHeartbeat();
+    h.setNode(text(m.node));
+    h.setSeq(m.seq);
+  }
+  void operator()(const replica_state_msg& m) {
+    auto r = b.initReplicaState();
+    r.setReplica(m.replica);
+    r.setNode(text(m.node));
+    r.setModel(text(m.model));
+    r.setPhase(static_cast<s::ReplicaPhase>(m.phase));
+  }
+  void operator()(const collective_id_msg& m) {
+    auto c = b.initCollectiveId();
+    c.setReplica(m.replica);
+    c.setRanks(m.ranks);
+    c.setId(data(m.id));
+  }
+};
+
+error bad(std::string what) { return make_error(errc::protocol_violation, "bad frame: " + std::move(what)); }
+
+/// Reads with every length checked against the limits; any violation sets `err`.
+struct reader {
+  const frame_limits& lim;
+  std::optional<error> err;
+
+  std::string str(capnp::Text::Reader t, const char* field) {
+    if (t.size() > lim.max_text) {
+      err = bad(std::string(field) + " holds " + std::to_string(t.size()) + " bytes");
+      return {};
+    }
+    return std::string(t.begin(), t.size());
+  }
+  std::string bytes(capnp::Data::Reader d, const char* field) {
+    if (d.size() > lim.max_text) {
+      err = bad(std::string(field) + " holds " + std::to_string(d.size()) + " bytes");
+      return {};
+    }
+    return std::string(reinterpret_cast<const char*>(d.begin()), d.size());
+  }
+  template <class List>
+  bool fits(List l, const char* field) {
+    if (l.size() <= lim.max_list) return true;
+    err = bad(std::string(field) + " holds " + std::to_string(l.size()) + " elements");
+    return false;
+  }
+  std::vector<int32_t> ints(capnp::List<int32_t>::Reader l, const char* field) {
+    std::vector<int32_t> out;
+    if (!fits(l, field)) return out;
+    out.reserve(l.size());
+    for (int32_t v : l) out.push_back(v);
+    return out;
+  }
+  std::vector<role> roles(capnp::List<s::Role>::Reader l) {
+    std::vector<role> out;
+    if (!fits(l, "roles")) return out;
+    for (auto r : l) {
+      if (static_cast<unsigned>(r) > static_cast<unsigned>(role::replica)) {
+        err = bad("unknown role " + std::to_string(static_cast<unsigned>(r)));
+        return {};
+      }
+      out.push_back(static_cast<role>(r));
+    }
+    return out;
+  }
+  template <class E>
+  E enum_value(E v, unsigned last, const char* field) {
+    if (static_cast<unsigned>(v) > last) err = bad(std::string("unknown ") + field + " " + std::to_string(static_cast<unsigned>(v)));
+    return v;
+  }
+
+  result<body> read(Body::Reader b) {
+    body out;
+    switch (b.which()) {
+      case Body::GENERATE: {
+        auto g = b.getGenerate();
+        generate_msg m;
+        m.id = g.getId();
+        m.prompt = ints(g.getPrompt(), "prompt");
+        m.max_tokens = g.getMaxTokens();
+        auto sp = g.getSampling();
+        m.params = {sp.getTemperature(), sp.getTopP(), sp.getTopK(), sp.getSeed()};
+        m.eos_ids = ints(g.getEosIds(), "eosIds");
+        out = std::move(m);
+        break;
+      }
+      case Body::TOKEN: {
+        auto t = b.getToken();
+        token_body m;
+        m.id = t.getId();
+        m.token = t.getToken();
+        m.finish = static_cast<finish_kind>(enum_value(t.getFinish(), 3, "finish"));
+        m.failed = t.getFailed();
+        if (m.failed) {
+          const auto code = t.getError().getCode();
+          if (code > static_cast<uint16_t>(errc::internal)) err = bad("unknown error code " + std::to_string(code));
+          m.code = static_cast<errc>(code);
+          m.message = str(t.getError().getMessage(), "error.message");
+        }
+        out = std::move(m);
+        break;
+      }
+      case Body::CANCEL: out = cancel_msg{b.getCancel().getId()}; break;
+      case Body::STATUS_REQUEST: out = status_request{}; break;
+      case Body::LOAD: {
+        auto l = b.getLoad();
+        out = load_msg{l.getReplica(), l.getReady(), l.getRunning(), l.getWaiting(), l.getKvUsed(), l.getKvTotal()};
+        break;
+      }
+      case Body::HELLO: {
+        auto h = b.getHello();
+        hello_msg m;
+        m.node = str(h.getNode(), "node");
+        m.roles = roles(h.getRoles());
+        m.listen = str(h.getListen(), "listen");
+        auto r = h.getResources();
+        m.res = {r.getCores(), r.getMemoryBytes(), r.getGpus()};
+        m.nonce = bytes(h.getNonce(), "nonce");
+        out = std::move(m);
+        break;
+      }
+      case Body::CHALLENGE: out = challenge_msg{bytes(b.getChallenge().getNonce(), "nonce")}; break;
+      case Body::PROOF: out = proof_msg{bytes(b.getProof().getMac(), "mac")}; break;
+      case Body::WELCOME: {
+        auto w = b.getWelcome();
+        welcome_msg m;
+        m.accepted = w.getAccepted();
+        m.reason = str(w.getReason(), "reason");
+        if (fits(w.getMembers(), "members")) {
+          for (auto x : w.getMembers()) m.members.push_back({str(x.getNode(), "node"), roles(x.getRoles()), str(x.getListen(), "listen")});
+        }
+        out = std::move(m);
+        break;
+      }
+      case Body::HEARTBEAT: out = heartbeat_msg{str(b.getHeartbeat().getNode(), "node"), b.getHeartbeat().getSeq()}; break;
+      case Body::REPLICA_STATE: {
+        auto r = b.getReplicaState();
+        out = replica_state_msg{r.getReplica(), str(r.getNode(), "node"), str(r.getModel(), "model"),
+                                static_cast<replica_phase>(enum_value(r.getPhase(), 3, "phase"))};
+        break;
+      }
+      case Body::COLLECTIVE_ID: {
+        auto c = b.getCollectiveId();
+        out = collective_id_msg{c.getReplica(), c.getRanks(), bytes(c.getId(), "id")};
+        break;
+      }
+      default:  // a newer peer's message: drop it, say what it was
+        return bad("unknown message kind " + std::to_string(static_cast<unsigned>(b.which())));
+    }
+    if (err) return *err;
+    return out;
+  }
+};
+
+}  // namespace
+
+const char* kind_name(const body& b) {
+  static constexpr const char* names[] = {"generate", "token",   "cancel",    "status_request", "load",          "hello",
+                                          "challenge", "proof", "welcome", "heartbeat",      "replica_state", "collective_id"};
+  static_assert(std::size(names) == std::variant_size_v<body>);
+  return names[b.index()];
+}
+
+std::vector<uint8_t> encode(const envelope& e) {
+  capnp::MallocMessageBuilder mb;
+  auto root = mb.initRoot<s::Envelope>();
+  auto src = root.initSource();
+  src.setNode(text(e.source.node));
+  src.setActor(e.source.actor);
+  auto dst = root.initDestination();
+  dst.setNode(text(e.destination.node));
+  dst.setActor(e.destination.actor);
+  root.setCorrelationId(e.correlation_id);
+  root.setTraceId(e.trace_id);
+  std::visit(writer{root.getBody()}, e.msg);
+  const kj::Array<capnp::word> words = capnp::messageToFlatArray(mb);
+  const auto bytes = words.asBytes();
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
+}
+
+result<envelope> decode(std::span<const uint8_t> frame, const frame_limits& lim) {
+  if (frame.size() > lim.max_frame_bytes) return bad(std::to_string(frame.size()) + " bytes exceed the frame limit");
+  if (frame.size() < 8 || frame.size() % 8 != 0) return bad("size " + std::to_string(frame.size()) + " is not whole words");
+  // The segment table, checked before Cap'n Proto reads it: count, then each size in words.
+  uint32_t count_minus_one = 0;
+  std::memcpy(&count_minus_one, frame.data(), 4);
+  if (count_minus_one >= lim.max_segments) return bad(std::to_string(count_minus_one + 1ull) + " segments");
+  const size_t segments = count_minus_one + 1;
+  const size_t table_bytes = ((4 + 4 * segments) + 7) / 8 * 8;
+  if (table_bytes > frame.size()) return bad("truncated segment table");
+  uint64_t total_words = 0;
+  for (size_t i = 0; i < segments; ++i) {
+    uint32_t words = 0;
+    std::memcpy(&words, frame.data() + 4 + 4 * i, 4);
+    total_words += words;
+  }
+  if (table_bytes + total_words * 8 != frame.size()) return bad("segment sizes do not add up to the frame");
+
+  kj::Array<capnp::word> aligned;
+  const capnp::word* begin = reinterpret_cast<const capnp::word*>(frame.data());
+  if (reinterpret_cast<uintptr_t>(frame.data()) % alignof(capnp::word) != 0) {
+    aligned = kj::heapArray<capnp::word>(frame.size() / 8);
+    std::memcpy(aligned.begin(), frame.data(), frame.size());
+    begin = aligned.begin();
+  }
+  capnp::ReaderOptions opts;
+  // Each word is read once by a well-formed message: more would be an amplification attack.
+  opts.traversalLimitInWords = std::min<uint64_t>(lim.traversal_words, frame.size() / 8 * 2 + 64);
+  opts.nestingLimit = lim.nesting;
+  try {
+    capnp::FlatArrayMessageReader msg(kj::arrayPtr(begin, frame.size() / 8), opts);
+    auto root = msg.getRoot<s::Envelope>();
+    reader r{lim, std::nullopt};
+    envelope e;
+    e.source = {r.str(root.getSource().getNode(), "source.node"), root.getSource().getActor()};
+    e.destination = {r.str(root.getDestination().getNode(), "destination.node"), root.getDestination().getActor()};
+    e.correlation_id = root.getCorrelationId();
+    e.trace_id = root.getTraceId();
+    auto b = r.read(root.getBody());
+    if (!b) return b.take_error();
+    if (r.err) return *r.err;
+    e.msg = std::move(*b);
+    return e;
+  } catch (const kj::Exception& ex) {
+    return bad(ex.getDescription().cStr());
+  } catch (const std::exception& ex) {
+    return bad(ex.what());
+  }
+}
+
+}  // namespace llmesh::transport
