@@ -16,10 +16,11 @@ void kick(replica* self) {
   self->send(self, step_atom::value);
 }
 
-/// The group failed: every live request hears it (its request actor moves it elsewhere), the
-/// shards stop, and the replica refuses further work.
-void die(replica* self, const error& e) {
+/// The group failed: every live request hears it as shard_failed, whatever the root cause (its
+/// request actor moves it elsewhere), the shards stop, and the replica refuses further work.
+void die(replica* self, const error& cause) {
   auto& st = self->state;
+  const error e = make_error(errc::shard_failed, "replica failed: " + cause.message);
   st.dead = true;
   for (auto& [id, owner] : st.owners) self->send(owner, token_msg{id, -1, finish_reason::none, true, e});
   st.owners.clear();
@@ -87,7 +88,7 @@ void step(replica* self, model::engine* eng) {
   st.pending = st.shards.size();
   st.step_error.reset();
   st.sampled.clear();
-  const shard_step msg{++st.step_no, st.core->batch(), st.core->rows()};
+  const shard_step msg{++st.step_no, step_data::copy(st.core->batch(), st.core->rows())};
   for (size_t r = 0; r < st.shards.size(); ++r) {
     self->request(st.shards[r], caf::infinite, shard_step_atom::value, msg)
         .then([=](shard_result& res) { on_shard_result(self, std::move(res)); },

@@ -3,13 +3,36 @@
 
 namespace llmesh::actors {
 
+std::shared_ptr<const step_data> step_data::copy(std::span<const model::step_sequence> batch,
+                                                 std::span<const sample_row> rows) {
+  auto d = std::make_shared<step_data>();
+  size_t n_tokens = 0, n_tables = 0;
+  for (const auto& s : batch) n_tokens += s.tokens.size(), n_tables += s.block_table.size();
+  d->tokens.reserve(n_tokens);
+  d->tables.reserve(n_tables);
+  for (const auto& s : batch) {  // reserved: the spans below stay valid
+    const size_t t0 = d->tokens.size(), b0 = d->tables.size();
+    d->tokens.insert(d->tokens.end(), s.tokens.begin(), s.tokens.end());
+    d->tables.insert(d->tables.end(), s.block_table.begin(), s.block_table.end());
+    d->batch.push_back({std::span<const int32_t>(d->tokens.data() + t0, s.tokens.size()), s.pos0,
+                        std::span<const int32_t>(d->tables.data() + b0, s.block_table.size()), s.want_logits});
+  }
+  d->rows.assign(rows.begin(), rows.end());
+  return d;
+}
+
 caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, model::engine* eng, int rank) {
   return {
       [=](shard_step_atom, const shard_step& s) -> shard_result {
         auto& logits = self->state.logits;
-        if (auto st = eng->forward_rank(rank, s.batch, logits); !st) return shard_result{s.step, rank, false, st.err(), {}};
+        const auto& d = *s.data;
+        if (auto st = eng->forward_rank(rank, d.batch, logits); !st) return shard_result{s.step, rank, false, st.err(), {}};
         if (rank != 0) return shard_result{s.step, rank, true, {}, {}};
-        return shard_result{s.step, rank, true, {}, sample_rows(logits, eng->config().vocab, s.rows)};
+        try {
+          return shard_result{s.step, rank, true, {}, sample_rows(logits, eng->config().vocab, d.rows)};
+        } catch (const std::exception& e) {
+          return shard_result{s.step, rank, false, make_error(errc::internal, std::string("sampling: ") + e.what()), {}};
+        }
       },
   };
 }

@@ -36,11 +36,12 @@ struct http_server::impl {
   impl(api_service& a, http_options o) : api(a), opt(std::move(o)) {}
   api_service& api;
   http_options opt;
-  net::io_context ioc{1};
-  tcp::acceptor acceptor{ioc};
+  // Before ioc: ~io_context destroys suspended sessions, whose guards still count here.
   size_t connections = 0;
   bool stopping = false;
   uint16_t port = 0;
+  net::io_context ioc{1};
+  tcp::acceptor acceptor{ioc};
 };
 
 namespace {
@@ -57,7 +58,8 @@ struct job_state {
   explicit job_state(const net::any_io_executor& ex) : timer(ex) {}
   net::steady_timer timer;  ///< cancelled to wake the connection
   std::deque<actors::token_msg> queue;
-  bool gone = false;  ///< the client disconnected
+  bool gone = false;      ///< the client disconnected
+  bool finished = false;  ///< the job is over: the watch must not touch the socket any more
 };
 
 /// Watches a connection while its request runs: readable with nothing to read means the
@@ -66,7 +68,8 @@ awaitable<void> watch(std::shared_ptr<job_state> st, tcp::socket& sock) {
   for (;;) {
     error_code ec;
     co_await sock.async_wait(tcp::socket::wait_read, net::redirect_error(use_awaitable, ec));
-    if (ec) co_return;  // cancelled: the request ended
+    // Cancelled, or completed just as the job ended (the socket may be gone by now).
+    if (ec || st->finished) co_return;
     char c;
     const ssize_t n = ::recv(sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n > 0) co_return;
@@ -108,12 +111,15 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
   });
   net::co_spawn(ex, watch(st, stream.socket()), net::detached);
 
+  // HTTP/1.1 streams in chunks; HTTP/1.0 has no chunked encoding: the raw stream, then close.
+  const bool chunked = version >= 11;
+  if (!chunked) keep = false;
   http::response<http::empty_body> head{http::status::ok, version};
   head.set(http::field::server, "llmesh");
   head.set(http::field::content_type, "text/event-stream");
   head.set(http::field::cache_control, "no-cache");
   head.keep_alive(keep);
-  head.chunked(true);
+  head.chunked(chunked);
   http::response_serializer<http::empty_body> head_writer{head};
   bool head_sent = false;
   error_code ec;
@@ -136,9 +142,14 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
       head_sent = true;
       if (ec) break;
     }
-    co_await net::async_write(stream, http::make_chunk(net::buffer(bytes)), net::redirect_error(use_awaitable, ec));
+    if (chunked) {
+      co_await net::async_write(stream, http::make_chunk(net::buffer(bytes)), net::redirect_error(use_awaitable, ec));
+    } else {
+      co_await net::async_write(stream, net::buffer(bytes), net::redirect_error(use_awaitable, ec));
+    }
     if (ec) break;
   }
+  st->finished = true;
   error_code ignored;
   stream.socket().cancel(ignored);  // ends the watch
   // Unfinished (client gone, write failed) or ended by a stop string: free it in the mesh.
@@ -154,6 +165,7 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
     co_return co_await write_reply(s, stream, r, version, keep);
   }
   count_request(s, 200);
+  if (!chunked) co_return false;  // the end of an HTTP/1.0 stream is the connection's end
   stream.expires_after(s->opt.write_timeout);
   co_await net::async_write(stream, http::make_chunk_last(), net::redirect_error(use_awaitable, ec));
   co_return !ec;

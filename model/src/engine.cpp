@@ -256,7 +256,12 @@ status engine::forward(std::span<const step_sequence> batch, std::vector<float>&
 
 status engine::forward_rank(int rank, std::span<const step_sequence> batch, std::vector<float>& logits) {
   if (rank < 0 || rank >= opt_.tp) return make_error(errc::invalid_request, "forward_rank: no rank " + std::to_string(rank));
-  auto s = shards_[rank]->forward(batch, logits);
+  status s = ok_status();
+  try {
+    s = shards_[rank]->forward(batch, logits);
+  } catch (const std::exception& e) {  // e.g. out of memory: still abort, or the peers wait forever
+    s = make_error(errc::shard_failed, std::string("rank ") + std::to_string(rank) + ": " + e.what());
+  }
   if (!s) {  // a failed rank aborts its collectives, so that no peer waits for it forever
     if (opt_.tp > 1) {
       if (on_cuda_) device_comms_[rank]->abort();

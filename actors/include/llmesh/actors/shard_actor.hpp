@@ -8,6 +8,7 @@
 #pragma once
 
 #include <caf/all.hpp>
+#include <memory>
 
 #include "llmesh/actors/replica_core.hpp"
 
@@ -15,12 +16,21 @@ namespace llmesh::actors {
 
 using shard_step_atom = caf::atom_constant<caf::atom("shardstep")>;
 
-/// One step for every shard. In-process it points into the replica's state, which stays put
-/// until every shard has answered (the replica takes no submit or cancel in between).
+/// One step's data, owned: every shard reads it, and it outlives the replica if the replica is
+/// stopped while its shards are mid-step (they finish reading, then stop).
+struct step_data {
+  std::vector<int32_t> tokens, tables;          ///< the sequences' tokens and block tables, packed
+  std::vector<model::step_sequence> batch;      ///< spans into tokens and tables
+  std::vector<sample_row> rows;                 ///< rank 0 samples these rows of its logits
+  /// Copies a planned step.
+  static std::shared_ptr<const step_data> copy(std::span<const model::step_sequence> batch,
+                                               std::span<const sample_row> rows);
+};
+
+/// One step for every shard.
 struct shard_step {
   uint64_t step = 0;
-  std::span<const model::step_sequence> batch;
-  std::span<const sample_row> rows;  ///< rank 0 samples these rows of its logits
+  std::shared_ptr<const step_data> data;
 };
 
 struct shard_result {
