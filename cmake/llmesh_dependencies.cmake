@@ -4,8 +4,10 @@ find_package(nlohmann_json 3 REQUIRED)
 find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(CLI11 REQUIRED)
+find_package(yaml-cpp REQUIRED)  # cluster configs (actors/src/cluster_config.cpp)
 find_package(Boost 1.74 REQUIRED)  # headers only: Asio and Beast (the gateway)
 find_package(CapnProto CONFIG REQUIRED)  # schemas/, transport/ only
+find_package(ucx CONFIG REQUIRED)  # transport/ only: ucx::ucp, ucx::ucs
 find_package(GTest REQUIRED)
 # The tokenizer's pre-tokenizer regexes (Unicode properties, lookahead) and normalizers.
 find_package(PkgConfig REQUIRED)

@@ -7,7 +7,9 @@ packages=(
   cmake ninja-build g++ make pkgconf git
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libpcre2-dev libutf8proc-dev
+  libyaml-cpp-dev  # cluster configs
   libopenblas-dev libcaf-dev libboost-dev capnproto libcapnp-dev
+  libucx-dev ucx-utils  # transport/: UCX 1.13 (ucx_info, ucx_perftest for diagnosis)
   prometheus  # promtool: tests check /metrics output with it
   nodejs npm  # tests/e2e: the official openai npm client against llmesh serve
 )

@@ -1,0 +1,53 @@
+// The bridge between this process's actors and other processes (DESIGN.md §1, mesh plane): a
+// CAF actor that owns a transport. Local actors that peers may address are exported under an
+// id; a remote actor is represented here by a proxy actor (one per peer and remote id) that
+// local actors talk to as if it were the actor itself. What a proxy receives is encoded once
+// into a Cap'n Proto frame and sent; what arrives is decoded once and delivered to the local
+// destination with the sender's proxy as its sender (so monitors and sender checks work
+// across processes). When a peer is lost, its proxies stop: whoever monitors them — a request
+// actor monitoring its replica — sees the death, exactly as in one process.
+#pragma once
+
+#include <map>
+#include <memory>
+
+#include <caf/all.hpp>
+
+#include "llmesh/actors/replica_actor.hpp"
+#include "llmesh/transport/transport.hpp"
+#include "llmesh/transport/wire.hpp"
+
+namespace llmesh::actors {
+
+using frame_atom = caf::atom_constant<caf::atom("frame")>;
+using peerdown_atom = caf::atom_constant<caf::atom("peerdown")>;
+using proxy_atom = caf::atom_constant<caf::atom("proxy")>;
+using export_atom = caf::atom_constant<caf::atom("export")>;
+using out_atom = caf::atom_constant<caf::atom("out")>;
+using deliver_atom = caf::atom_constant<caf::atom("deliver")>;
+using connect_atom = caf::atom_constant<caf::atom("connect")>;
+
+struct bridge_state {
+  std::shared_ptr<transport::transport> net;
+  std::string node;
+  std::map<uint64_t, caf::actor> exports;               ///< id -> local actor
+  std::map<caf::actor_addr, uint64_t> export_ids;
+  uint64_t next_export = 1000;                          ///< ids below are well-known (given by export)
+  std::map<std::pair<transport::peer_id, uint64_t>, caf::actor> proxies;
+  uint64_t frames_in = 0, frames_out = 0, dropped = 0;
+  static inline const char* name = "bridge";
+};
+
+/// `(export_atom, caf::actor, uint64_t id)`: peers may address `actor` as `id`.
+/// `(connect_atom, std::string host_port)` → peer_id: opens a connection.
+/// `(proxy_atom, peer_id, uint64_t remote_id)` → caf::actor: the local stand-in for a remote
+/// actor (a replica: it takes generate / cancel / status and answers with token_msg and
+/// replica_load like a local one). Owns the transport (pass the only reference: the transport's
+/// callbacks must not outlive the actor system); listen on it before spawning.
+caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, std::shared_ptr<transport::transport> net,
+                           std::string node);
+
+}  // namespace llmesh::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<llmesh::transport::envelope>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::transport::body)

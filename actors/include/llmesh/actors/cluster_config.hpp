@@ -1,0 +1,98 @@
+// A cluster config (`cluster-configs/*.yaml`, DESIGN §4): the mesh's name, seed (coordinator)
+// address and join token, every node with its roles and addresses, and every model with its
+// path, tensor-parallel size, replica count, router policy and KV-cache budget. A plain class
+// (no CAF, no yaml-cpp in this header); `llmesh node --config FILE --name NODE` reads one.
+//
+// Parsing validates everything a node would otherwise trip over at run time and answers with
+// one line naming the file, the entry and the field, e.g.
+//   local.yaml: nodes[2] (replica-b): 'listen' must be HOST:PORT, got 'x'
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "llmesh/common/error.hpp"
+
+namespace llmesh::actors {
+
+/// A TCP address: a host name, an IPv4 address or an IPv6 address (without brackets) and a port.
+struct endpoint {
+  std::string host;
+  uint16_t port = 0;
+
+  /// "HOST:PORT", with brackets around an IPv6 host ("[::1]:7100").
+  std::string str() const;
+  bool operator==(const endpoint&) const = default;
+};
+
+/// Parses "HOST:PORT" or "[IPV6]:PORT". The host is a name or address made of letters, digits,
+/// '.', '-' (and ':' inside brackets); the port is decimal, 1..65535. Does not resolve names
+/// and does not refuse 0.0.0.0 (that is the config's rule; see `is_unspecified_host`).
+[[nodiscard]] result<endpoint> parse_endpoint(std::string_view host_port);
+
+/// True for hosts that mean "every interface" (0.0.0.0, ::, and their spellings such as "0" or
+/// "0:0::0"), which a config may use only with `allow_public: true` (DESIGN §6).
+bool is_unspecified_host(std::string_view host);
+
+/// What a node runs. One process may hold several roles (the seed node of `local.yaml` is
+/// coordinator, gateway and router).
+enum class node_role { coordinator, gateway, router, replica };
+
+/// "coordinator", "gateway", "router" or "replica".
+std::string_view node_role_name(node_role role);
+
+/// Where a replica's tensor-parallel shards live.
+enum class placement {
+  packed,  ///< all tp shards of a replica in one replica node's process
+  spread,  ///< each shard of a replica on a different replica node (tensor plane over UCX)
+};
+
+/// One process of the mesh.
+struct node_spec {
+  std::string name;              ///< unique in the file; `llmesh node --name NAME` picks it
+  std::vector<node_role> roles;  ///< non-empty, no repeats
+  endpoint listen;               ///< the mesh (actor message) address; unique in the file
+  std::optional<endpoint> http;  ///< gateway only, and required there: the OpenAI-compatible API
+  std::optional<endpoint> rpc;   ///< gateway only, optional: the native Cap'n Proto RPC API
+
+  bool has(node_role role) const;
+};
+
+/// One model the mesh serves.
+struct model_spec {
+  std::string name;  ///< the API's "model" field; unique in the file
+  std::string path;  ///< HF model directory, as written (relative paths are the node's cwd's)
+  int tp = 1;        ///< tensor-parallel shards per replica, 1..64
+  int replicas = 1;  ///< replicas to keep running, 0..1024 (0: declared, scaled up later)
+  std::string policy = "least-load";  ///< router policy: round-robin|least-load|power-of-two|prefix-aware
+  size_t kv_cache_mb = 1024;          ///< KV-cache budget per replica, MiB
+  placement place = placement::packed;
+};
+
+/// A whole cluster config, validated. Immutable after parsing; safe to share between threads.
+struct cluster_config {
+  std::string mesh;   ///< the mesh's name (nodes of another mesh are refused)
+  endpoint seed;      ///< the coordinator's `listen` address; where nodes join
+  std::string token;  ///< cluster join token, at least 16 characters
+  std::chrono::milliseconds heartbeat{500}, failure_timeout{3000};
+  bool allow_public = false;  ///< whether 0.0.0.0 / :: addresses were allowed
+  std::vector<node_spec> nodes;
+  std::vector<model_spec> models;
+
+  /// The node with this name, or nullptr.
+  const node_spec* node(std::string_view name) const;
+};
+
+/// Parses and validates a config's text. `source` names the file in error messages. Every
+/// error is invalid_request with a one-line message; malformed YAML reports its line.
+[[nodiscard]] result<cluster_config> parse_cluster_config(std::string_view yaml_text, const std::string& source);
+
+/// Reads `path` (not_found / io_error when it cannot) and parses it, naming `path` in errors.
+[[nodiscard]] result<cluster_config> load_cluster_config(const std::string& path);
+
+}  // namespace llmesh::actors

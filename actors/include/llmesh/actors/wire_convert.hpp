@@ -1,0 +1,18 @@
+// The actors' messages <-> the transport's wire structs (plain functions; the bridge uses them).
+#pragma once
+
+#include "llmesh/actors/balancer.hpp"
+#include "llmesh/actors/replica_core.hpp"
+#include "llmesh/actors/token_stream.hpp"
+#include "llmesh/transport/wire.hpp"
+
+namespace llmesh::actors {
+
+transport::generate_msg to_wire(const replica_request& r);
+replica_request from_wire(const transport::generate_msg& m);
+transport::token_body to_wire(const token_msg& t);
+token_msg from_wire(const transport::token_body& t);
+transport::load_msg to_wire(const replica_load& l);
+replica_load from_wire(const transport::load_msg& l);
+
+}  // namespace llmesh::actors

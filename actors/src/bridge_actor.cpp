@@ -1,0 +1,163 @@
+// The mesh bridge (bridge_actor.hpp): frames in -> local messages; proxies' messages -> frames.
+#include "llmesh/actors/bridge_actor.hpp"
+
+#include <cstdio>
+
+#include "llmesh/actors/wire_convert.hpp"
+#include "llmesh/transport/codec.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+using bridge = caf::stateful_actor<bridge_state>;
+
+struct proxy_state {
+  static inline const char* name = "remote";
+};
+
+/// A remote actor's stand-in: everything local actors send it goes to the bridge as a frame;
+/// what the bridge delivers through it reaches local actors with the proxy as their sender.
+caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, caf::actor bridge_handle, transport::peer_id peer,
+                          uint64_t remote) {
+  auto out = [=](transport::body b, caf::actor from) { self->send(bridge_handle, out_atom::value, peer, remote, std::move(b), from); };
+  return {
+      [=](generate_atom, const replica_request& r, caf::actor reply_to) { out(to_wire(r), reply_to); },
+      [=](cancel_atom, uint64_t id) { out(transport::cancel_msg{id}, caf::actor{}); },
+      [=](status_atom, caf::actor reply_to) { out(transport::status_request{}, reply_to); },
+      [=](const token_msg& t) { out(to_wire(t), caf::actor_cast<caf::actor>(self->current_sender())); },
+      [=](const replica_load& l) { out(to_wire(l), caf::actor_cast<caf::actor>(self->current_sender())); },
+      [=](deliver_atom, caf::actor dest, const token_msg& t) { self->send(dest, t); },
+      [=](deliver_atom, caf::actor dest, replica_load l) {
+        l.replica = self->id();  // the router knows the replica by its proxy
+        self->send(dest, l);
+      },
+  };
+}
+
+/// The id under which peers address `a` (exported on first use; forgotten when it stops).
+uint64_t export_id(bridge* self, const caf::actor& a) {
+  if (!a) return 0;
+  auto& st = self->state;
+  auto it = st.export_ids.find(a.address());
+  if (it != st.export_ids.end()) return it->second;
+  const uint64_t id = st.next_export++;
+  st.exports[id] = a;
+  st.export_ids[a.address()] = id;
+  self->monitor(a);
+  return id;
+}
+
+caf::actor proxy_for(bridge* self, transport::peer_id peer, uint64_t remote) {
+  auto& st = self->state;
+  auto& p = st.proxies[{peer, remote}];
+  if (!p) p = self->spawn(proxy_actor, caf::actor_cast<caf::actor>(self), peer, remote);
+  return p;
+}
+
+void deliver(bridge* self, transport::peer_id peer, const transport::envelope& e) {
+  auto& st = self->state;
+  auto dest_it = st.exports.find(e.destination.actor);
+  if (dest_it == st.exports.end()) {  // an actor that stopped, or a confused peer
+    ++st.dropped;
+    return;
+  }
+  const caf::actor& dest = dest_it->second;
+  const caf::actor from = proxy_for(self, peer, e.source.actor);
+  std::visit(
+      [&](const auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, transport::generate_msg>) {
+          self->send(dest, generate_atom::value, from_wire(m), from);
+        } else if constexpr (std::is_same_v<T, transport::cancel_msg>) {
+          self->send(dest, cancel_atom::value, m.id);
+        } else if constexpr (std::is_same_v<T, transport::status_request>) {
+          self->send(dest, status_atom::value, from);
+        } else if constexpr (std::is_same_v<T, transport::token_body>) {
+          self->send(from, deliver_atom::value, dest, from_wire(m));
+        } else if constexpr (std::is_same_v<T, transport::load_msg>) {
+          self->send(from, deliver_atom::value, dest, from_wire(m));
+        } else {
+          ++st.dropped;  // membership and control kinds go to the node agent (not here yet)
+        }
+      },
+      e.msg);
+}
+
+}  // namespace
+
+caf::behavior bridge_actor(bridge* self, std::shared_ptr<transport::transport> net, std::string node) {
+  auto& st = self->state;
+  st.net = net;
+  st.node = node;
+  // Transport callbacks run on its thread: they hand over to this actor by message. A weak
+  // handle, so the transport (owned here) does not keep its owner alive.
+  caf::actor_addr me = self->address();
+  transport::transport_handlers h;
+  h.on_frame = [me](transport::peer_id peer, std::span<const uint8_t> frame) {
+    auto e = transport::decode(frame);
+    auto a = caf::actor_cast<caf::actor>(me);
+    if (!a) return;
+    if (!e) {
+      std::fprintf(stderr, "llmesh: dropped a frame from peer %llu: %s\n", static_cast<unsigned long long>(peer),
+                   e.err().message.c_str());
+      return;
+    }
+    caf::anon_send(a, frame_atom::value, peer, std::make_shared<transport::envelope>(std::move(*e)));
+  };
+  h.on_peer_down = [me](transport::peer_id peer, const error& why) {
+    if (auto a = caf::actor_cast<caf::actor>(me)) caf::anon_send(a, peerdown_atom::value, peer, why.message);
+  };
+  net->set_handlers(std::move(h));
+  self->set_down_handler([=](const caf::down_msg& d) {
+    auto& st = self->state;
+    auto it = st.export_ids.find(d.source);
+    if (it == st.export_ids.end()) return;
+    st.exports.erase(it->second);
+    st.export_ids.erase(it);
+  });
+  self->set_exit_handler([=](const caf::exit_msg& m) {
+    for (auto& [key, p] : self->state.proxies) self->send_exit(p, m.reason);
+    self->quit(m.reason);
+  });
+  return {
+      [=](export_atom, caf::actor a, uint64_t id) {
+        auto& st = self->state;
+        st.exports[id] = a;
+        st.export_ids[a.address()] = id;
+        self->monitor(a);
+      },
+      [=](connect_atom, const std::string& where) -> caf::result<transport::peer_id> {
+        auto p = self->state.net->connect(where);
+        if (!p) return caf::make_error(caf::sec::cannot_connect_to_node, p.err().message);
+        return *p;
+      },
+      [=](proxy_atom, transport::peer_id peer, uint64_t remote) { return proxy_for(self, peer, remote); },
+      [=](frame_atom, transport::peer_id peer, const std::shared_ptr<transport::envelope>& e) {
+        ++self->state.frames_in;
+        deliver(self, peer, *e);
+      },
+      [=](out_atom, transport::peer_id peer, uint64_t remote, const transport::body& b, caf::actor from) {
+        auto& st = self->state;
+        transport::envelope e{{st.node, export_id(self, from)}, {"", remote}, 0, 0, b};
+        if (auto s = st.net->send(peer, transport::encode(e)); !s) {
+          ++st.dropped;  // the peer is gone: its down report stops the proxies
+          return;
+        }
+        ++st.frames_out;
+      },
+      [=](peerdown_atom, transport::peer_id peer, const std::string&) {
+        // The peer's actors are gone: their proxies stop, so monitors fire.
+        auto& st = self->state;
+        for (auto it = st.proxies.begin(); it != st.proxies.end();) {
+          if (it->first.first != peer) {
+            ++it;
+            continue;
+          }
+          self->send_exit(it->second, caf::exit_reason::remote_link_unreachable);
+          it = st.proxies.erase(it);
+        }
+      },
+  };
+}
+
+}  // namespace llmesh::actors

@@ -1,0 +1,495 @@
+// Cluster config parsing and validation (cluster_config.hpp). yaml-cpp stays in this file:
+// every yaml-cpp exception is caught here and becomes an invalid_request error.
+//
+// yaml-cpp habits this file works around (0.7):
+// - YAML::Load returns the first document and drops the rest: we LoadAll and want exactly one.
+// - Duplicate keys load silently (lookup gives the first): we walk every map and refuse them.
+// - as<int>() reads "010" as octal 8 and "0x10" as 16, and every scalar is a string to it
+//   (no types): integers and booleans are read here, plain (unquoted) decimal / true|false only.
+// - A non-const Node's operator[] inserts the key: maps are read once into a std::map instead.
+// - Its recursion guard allows ~2000 levels and reports "bad file": a pre-scan refuses deep
+//   nesting first, with a line number.
+#include "llmesh/actors/cluster_config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <map>
+#include <sstream>
+
+#include "llmesh/actors/balancer.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+// Configs are a few KB; a bound keeps a wrong file (a model, a log) from being parsed at length.
+constexpr size_t max_config_bytes = size_t{1} << 20;
+// Configs nest four levels (file → nodes → node → roles); 64 leaves room for any hand-written
+// flow style while keeping yaml-cpp's recursive parser far from the stack's end.
+constexpr int max_flow_nesting = 64;
+// Block nesting costs at least one column per level; 128 columns is far past any real config.
+constexpr size_t max_indent_columns = 128;
+
+/// A value for an error message: quoted, at most 60 characters, control characters escaped, so
+/// that the message stays one line.
+std::string shown(std::string_view v) {
+  std::string out = "'";
+  for (size_t i = 0; i < v.size() && i < 60; ++i) {
+    auto c = static_cast<unsigned char>(v[i]);
+    if (c < 0x20 || c == 0x7f) {
+      static constexpr char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (v.size() > 60) out += "...";
+  return out + "'";
+}
+
+/// What a YAML node holds, for "must be X, got Y": the quoted value of a scalar, else its kind.
+std::string kind_of(const YAML::Node& node) {
+  if (node.IsScalar()) return shown(node.Scalar());
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "nothing";  // `key:`, `key: ~`, `key: null`
+}
+
+bool is_name(std::string_view s) {  // mesh and node names: used on command lines and in labels
+  return !s.empty() && s.size() <= 64 && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+  });
+}
+
+bool is_printable_word(std::string_view s) {  // no spaces or control characters
+  return std::all_of(s.begin(), s.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+}
+
+/// Why `s` is not HOST:PORT (a phrase to follow the field's name), or nothing when it is.
+std::optional<std::string> endpoint_problem(std::string_view s, endpoint& out) {
+  const std::string bad = "must be HOST:PORT, got " + shown(s);
+  std::string_view host, port;
+  if (!s.empty() && s.front() == '[') {
+    size_t close = s.find(']');
+    if (close == std::string_view::npos || close + 1 >= s.size() || s[close + 1] != ':') return bad;
+    host = s.substr(1, close - 1);
+    port = s.substr(close + 2);
+    bool ipv6 = host.find(':') != std::string_view::npos &&
+                std::all_of(host.begin(), host.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (!ipv6) return "must be [IPV6]:PORT, got " + shown(s);
+  } else {
+    size_t colon = s.rfind(':');
+    if (colon == std::string_view::npos) return bad;
+    host = s.substr(0, colon);
+    port = s.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) return "needs brackets around an IPv6 host ([::1]:PORT), got " + shown(s);
+    bool name = host.size() <= 253 && std::all_of(host.begin(), host.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-';
+    });
+    if (host.empty() || !name) return bad;
+  }
+  unsigned value = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  bool digits = !port.empty() && port.size() <= 5 && std::isdigit(static_cast<unsigned char>(port[0]));
+  if (!digits || ec != std::errc() || end != port.data() + port.size()) return bad;
+  if (value < 1 || value > 65535) return "port must be 1..65535, got " + shown(s);
+  out = endpoint{std::string(host), static_cast<uint16_t>(value)};
+  return std::nullopt;
+}
+
+/// Refuses, before yaml-cpp sees the text, what it handles badly: too much of it, tabs as
+/// indentation (yaml-cpp says only "illegal map value"), and deep nesting (see the limits
+/// above). Approximate on purpose (a bracket inside a block scalar counts); yaml-cpp's own
+/// guard backs it.
+status prescan(std::string_view text, const std::string& source) {
+  auto fail = [&](size_t line, const std::string& what) {
+    return make_error(errc::invalid_request, source + ":" + std::to_string(line) + ": " + what);
+  };
+  if (text.size() > max_config_bytes)
+    return make_error(errc::invalid_request, source + ": larger than 1 MiB (" + std::to_string(text.size()) + " bytes); not a cluster config");
+  int depth = 0;
+  size_t line = 1;
+  bool line_start = true, token_start = true;
+  size_t indent = 0;  // width of the line's leading spaces and "- ", "? ", ": " indicators
+  char quote = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '\n') {
+      ++line;
+      line_start = token_start = true;
+      indent = 0;
+      continue;
+    }
+    if (quote != 0) {
+      if (quote == '"' && c == '\\') ++i;
+      else if (quote == '\'' && c == '\'' && i + 1 < text.size() && text[i + 1] == '\'') ++i;
+      else if (c == quote) quote = 0;
+      token_start = false;
+      continue;
+    }
+    if (line_start) {
+      bool indicator = (c == '-' || c == '?' || c == ':') &&
+                       (i + 1 == text.size() || text[i + 1] == ' ' || text[i + 1] == '\n' || text[i + 1] == '\r');
+      if (c == ' ' || indicator) {
+        if (++indent > max_indent_columns) return fail(line, "indented deeper than " + std::to_string(max_indent_columns) + " columns; not a cluster config");
+        continue;
+      }
+      if (c == '\t' && depth == 0) {
+        size_t j = text.find_first_not_of(" \t", i);
+        if (j != std::string_view::npos && text[j] != '\n' && text[j] != '\r' && text[j] != '#')
+          return fail(line, "tab in indentation; YAML indents with spaces");
+      }
+      line_start = false;
+    }
+    if (c == '#' && token_start) {
+      size_t nl = text.find('\n', i);
+      i = (nl == std::string_view::npos ? text.size() : nl) - 1;
+      continue;
+    }
+    if ((c == '"' || c == '\'') && token_start) {
+      quote = c;
+    } else if ((c == '[' || c == '{') && (token_start || depth > 0)) {
+      if (++depth > max_flow_nesting) return fail(line, "nested deeper than " + std::to_string(max_flow_nesting) + " levels; not a cluster config");
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+    token_start = c == ' ' || c == '\t' || c == '[' || c == '{' || (depth > 0 && c == ',');
+  }
+  return ok_status();
+}
+
+/// Reads YAML nodes into config values, prefixing every error with the file and the entry.
+class reader {
+ public:
+  explicit reader(const std::string& source) : source_(source) {}
+
+  /// The entry the next errors name: "" (top level) or "nodes[2] (replica-b)".
+  void at(std::string where) { where_ = std::move(where); }
+
+  error fail(const std::string& what) const {
+    return make_error(errc::invalid_request, source_ + ": " + (where_.empty() ? "" : where_ + ": ") + what);
+  }
+
+  using fields = std::map<std::string, YAML::Node, std::less<>>;
+
+  /// The mapping's entries; refuses non-mappings, non-string, repeated and unknown keys.
+  result<fields> map(const YAML::Node& node, std::initializer_list<std::string_view> known) const {
+    std::string names;
+    for (auto k : known) names += (names.empty() ? "" : ", ") + std::string(k);
+    if (!node.IsMap()) return fail("must be a mapping with keys " + names);
+    fields out;
+    for (const auto& kv : node) {
+      if (!kv.first.IsScalar()) return fail("keys must be strings");
+      std::string key = kv.first.Scalar();
+      if (std::find(known.begin(), known.end(), key) == known.end())
+        return fail("unknown key " + shown(key) + " (known: " + names + ")");
+      if (!out.emplace(key, kv.second).second) return fail("key " + shown(key) + " appears twice");
+    }
+    return out;
+  }
+
+  result<std::optional<std::string>> string(const fields& f, std::string_view key, bool required) const {
+    auto it = f.find(key);
+    if (it == f.end()) {
+      if (required) return fail("'" + std::string(key) + "' is required");
+      return std::optional<std::string>{};
+    }
+    if (!it->second.IsScalar()) return fail("'" + std::string(key) + "' must be a string, got " + kind_of(it->second));
+    return std::optional<std::string>{it->second.Scalar()};
+  }
+
+  /// A plain decimal integer in [lo, hi] (missing: nothing).
+  result<std::optional<int64_t>> integer(const fields& f, std::string_view key, int64_t lo, int64_t hi) const {
+    auto it = f.find(key);
+    if (it == f.end()) return std::optional<int64_t>{};
+    const std::string range = "an integer in " + std::to_string(lo) + ".." + std::to_string(hi);
+    const std::string k = "'" + std::string(key) + "'";
+    if (!it->second.IsScalar()) return fail(k + " must be " + range + ", got " + kind_of(it->second));
+    const std::string& s = it->second.Scalar();
+    if (it->second.Tag() != "?") return fail(k + " must be " + range + " (unquoted), got " + shown(s));
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || end != s.data() + s.size() || v < lo || v > hi) return fail(k + " must be " + range + ", got " + shown(s));
+    return std::optional<int64_t>{v};
+  }
+
+  result<bool> boolean(const fields& f, std::string_view key) const {
+    auto it = f.find(key);
+    if (it == f.end()) return false;
+    bool plain = it->second.IsScalar() && it->second.Tag() == "?";
+    if (plain && it->second.Scalar() == "true") return true;
+    if (plain && it->second.Scalar() == "false") return false;
+    return fail("'" + std::string(key) + "' must be true or false, got " + kind_of(it->second));
+  }
+
+  result<std::optional<endpoint>> address(const fields& f, std::string_view key, bool required, bool allow_public) const {
+    auto s = string(f, key, required);
+    if (!s.ok()) return s.take_error();
+    if (!s->has_value()) return std::optional<endpoint>{};
+    endpoint e;
+    if (auto problem = endpoint_problem(**s, e)) return fail("'" + std::string(key) + "' " + *problem);
+    if (!allow_public && is_unspecified_host(e.host))
+      return fail("'" + std::string(key) + "' " + shown(e.str()) + " listens on every interface; use a specific address or set 'allow_public: true'");
+    return std::optional<endpoint>{e};
+  }
+
+ private:
+  const std::string& source_;
+  std::string where_;
+};
+
+#define LLMESH_READ(var, expr)          \
+  auto var##_read_ = (expr);            \
+  if (!var##_read_.ok()) return var##_read_.take_error(); \
+  auto var = std::move(var##_read_).value()
+
+/// "nodes[2] (replica-b)", or "nodes[2]" while the entry has no usable name, so that every
+/// error about an entry (unknown keys included) names it.
+std::string entry_label(std::string_view list, size_t index, const YAML::Node& entry) {
+  std::string label = std::string(list) + "[" + std::to_string(index) + "]";
+  if (!entry.IsMap()) return label;
+  for (const auto& kv : entry) {
+    if (kv.first.IsScalar() && kv.first.Scalar() == "name" && kv.second.IsScalar()) {
+      const std::string& name = kv.second.Scalar();
+      if (!name.empty() && name.size() <= 128 && is_printable_word(name)) label += " (" + name + ")";
+      break;
+    }
+  }
+  return label;
+}
+
+std::optional<node_role> parse_role(const YAML::Node& node) {
+  if (!node.IsScalar()) return std::nullopt;
+  for (auto r : {node_role::coordinator, node_role::gateway, node_role::router, node_role::replica})
+    if (node_role_name(r) == node.Scalar()) return r;
+  return std::nullopt;
+}
+
+result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, bool allow_public) {
+  r.at(entry_label("nodes", index, node));
+  LLMESH_READ(f, r.map(node, {"name", "roles", "listen", "http", "rpc"}));
+  LLMESH_READ(name, r.string(f, "name", true));
+  if (!is_name(*name)) return r.fail("'name' must be 1..64 letters, digits, '-', '_' or '.', got " + shown(*name));
+  node_spec out;
+  out.name = *name;
+  auto roles = f.find("roles");
+  if (roles == f.end()) return r.fail("'roles' is required");
+  if (!roles->second.IsSequence() || roles->second.size() == 0)
+    return r.fail("'roles' must be a non-empty list of coordinator, gateway, router, replica, got " +
+                  (roles->second.IsSequence() ? "[]" : kind_of(roles->second)));
+  for (const auto& role : roles->second) {
+    auto parsed = parse_role(role);
+    if (!parsed)
+      return r.fail("'roles' has unknown role " + shown(role.IsScalar() ? role.Scalar() : "(not a string)") +
+                    " (known: coordinator, gateway, router, replica)");
+    if (out.has(*parsed)) return r.fail("'roles' lists " + shown(role.Scalar()) + " twice");
+    out.roles.push_back(*parsed);
+  }
+  LLMESH_READ(listen, r.address(f, "listen", true, allow_public));
+  out.listen = *listen;
+  LLMESH_READ(http, r.address(f, "http", false, allow_public));
+  LLMESH_READ(rpc, r.address(f, "rpc", false, allow_public));
+  out.http = http;
+  out.rpc = rpc;
+  if (!out.has(node_role::gateway) && (http || rpc))
+    return r.fail(std::string(http ? "'http'" : "'rpc'") + " is only for gateway nodes");
+  if (out.has(node_role::gateway) && !http) return r.fail("'http' is required on a gateway node");
+  return out;
+}
+
+result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
+  r.at(entry_label("models", index, node));
+  LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement"}));
+  model_spec out;
+  LLMESH_READ(name, r.string(f, "name", true));
+  if (name->empty() || name->size() > 128 || !is_printable_word(*name))
+    return r.fail("'name' must be 1..128 characters without spaces, got " + shown(*name));
+  out.name = *name;
+  LLMESH_READ(path, r.string(f, "path", true));
+  if (path->empty()) return r.fail("'path' must not be empty");
+  out.path = *path;
+  LLMESH_READ(tp, r.integer(f, "tp", 1, 64));  // 64: the most devices one replica's collective spans
+  if (tp) out.tp = static_cast<int>(*tp);
+  LLMESH_READ(replicas, r.integer(f, "replicas", 0, 1024));  // 0: declared now, scaled up with `llmesh ctl scale`
+  if (replicas) out.replicas = static_cast<int>(*replicas);
+  LLMESH_READ(policy, r.string(f, "policy", false));
+  if (policy) {
+    if (!parse_balance_policy(*policy).ok())
+      return r.fail("'policy' must be round-robin, least-load, power-of-two or prefix-aware, got " + shown(*policy));
+    out.policy = *policy;
+  }
+  LLMESH_READ(kv, r.integer(f, "kv_cache_mb", 1, int64_t{1} << 24));  // 16 TiB: byte counts stay far from overflow
+  if (kv) out.kv_cache_mb = static_cast<size_t>(*kv);
+  LLMESH_READ(place, r.string(f, "placement", false));
+  if (place && *place == "spread") out.place = placement::spread;
+  else if (place && *place != "packed") return r.fail("'placement' must be packed or spread, got " + shown(*place));
+  return out;
+}
+
+/// Rules between entries: unique names and addresses, one coordinator at the seed, the roles a
+/// mesh needs, enough replica nodes for the models.
+status check_mesh(reader& r, const cluster_config& c) {
+  std::map<std::string, std::string> bound;  // address → "nodes[i] (name) 'field'"
+  const node_spec* coordinator = nullptr;
+  size_t replica_nodes = 0;
+  for (size_t i = 0; i < c.nodes.size(); ++i) {
+    const node_spec& n = c.nodes[i];
+    const std::string where = "nodes[" + std::to_string(i) + "] (" + n.name + ")";
+    r.at(where);
+    for (size_t j = 0; j < i; ++j)
+      if (c.nodes[j].name == n.name) return r.fail("name " + shown(n.name) + " is already used by nodes[" + std::to_string(j) + "]");
+    for (auto [field, e] : {std::pair{"listen", std::optional(n.listen)}, std::pair{"http", n.http}, std::pair{"rpc", n.rpc}}) {
+      if (!e) continue;
+      auto [it, fresh] = bound.emplace(e->str(), where + " '" + field + "'");
+      if (!fresh) return r.fail(std::string("'") + field + "' " + shown(e->str()) + " is already used by " + it->second);
+    }
+    if (n.has(node_role::coordinator)) {
+      if (coordinator) return r.fail("a second coordinator (the first is " + shown(coordinator->name) + "); a mesh has exactly one");
+      coordinator = &n;
+    }
+    if (n.has(node_role::replica)) ++replica_nodes;
+  }
+  r.at("");
+  if (!coordinator) return r.fail("no node has the coordinator role; a mesh has exactly one");
+  if (!(coordinator->listen == c.seed))
+    return r.fail("'seed' " + shown(c.seed.str()) + " must equal the coordinator's 'listen' (" + coordinator->name + ": " + coordinator->listen.str() + ")");
+  for (auto role : {node_role::gateway, node_role::router})
+    if (std::none_of(c.nodes.begin(), c.nodes.end(), [&](const node_spec& n) { return n.has(role); }))
+      return r.fail("no node has the " + std::string(node_role_name(role)) + " role; a mesh needs at least one");
+  for (size_t i = 0; i < c.models.size(); ++i) {
+    const model_spec& m = c.models[i];
+    r.at("models[" + std::to_string(i) + "] (" + m.name + ")");
+    for (size_t j = 0; j < i; ++j)
+      if (c.models[j].name == m.name) return r.fail("name " + shown(m.name) + " is already used by models[" + std::to_string(j) + "]");
+    if (m.replicas > 0 && replica_nodes == 0) return r.fail("'replicas' is " + std::to_string(m.replicas) + " but no node has the replica role");
+    if (m.place == placement::spread && replica_nodes < static_cast<size_t>(m.tp))
+      return r.fail("'placement' spread puts each of tp=" + std::to_string(m.tp) + " shards on its own node, but only " +
+                    std::to_string(replica_nodes) + " nodes have the replica role");
+  }
+  return ok_status();
+}
+
+result<cluster_config> read_config(reader& r, const YAML::Node& root) {
+  LLMESH_READ(f, r.map(root, {"mesh", "seed", "token", "heartbeat_ms", "failure_timeout_ms", "allow_public", "nodes", "models"}));
+  cluster_config c;
+  LLMESH_READ(allow_public, r.boolean(f, "allow_public"));
+  c.allow_public = allow_public;
+  LLMESH_READ(mesh, r.string(f, "mesh", true));
+  if (!is_name(*mesh)) return r.fail("'mesh' must be 1..64 letters, digits, '-', '_' or '.', got " + shown(*mesh));
+  c.mesh = *mesh;
+  LLMESH_READ(seed, r.address(f, "seed", true, allow_public));
+  c.seed = *seed;
+  LLMESH_READ(token, r.string(f, "token", true));
+  // 16: short enough to type, long enough that guessing it is not the easy way in.
+  if (token->size() < 16 || token->size() > 1024 || !is_printable_word(*token))
+    return r.fail("'token' must be 16..1024 characters without spaces (got " + std::to_string(token->size()) + " characters)");
+  c.token = *token;
+  LLMESH_READ(heartbeat, r.integer(f, "heartbeat_ms", 1, 60'000));  // past a minute, failures go unnoticed too long
+  if (heartbeat) c.heartbeat = std::chrono::milliseconds(*heartbeat);
+  LLMESH_READ(timeout, r.integer(f, "failure_timeout_ms", 1, 600'000));
+  if (timeout) c.failure_timeout = std::chrono::milliseconds(*timeout);
+  if (c.heartbeat >= c.failure_timeout)
+    return r.fail("'heartbeat_ms' (" + std::to_string(c.heartbeat.count()) + ") must be less than 'failure_timeout_ms' (" +
+                  std::to_string(c.failure_timeout.count()) + ")");
+  auto nodes = f.find("nodes");
+  if (nodes == f.end()) return r.fail("'nodes' is required");
+  if (!nodes->second.IsSequence() || nodes->second.size() == 0) return r.fail("'nodes' must be a non-empty list, got " + (nodes->second.IsSequence() ? "[]" : kind_of(nodes->second)));
+  size_t index = 0;
+  for (const YAML::Node& node : nodes->second) {
+    LLMESH_READ(n, read_node(r, node, index++, allow_public));
+    c.nodes.push_back(std::move(n));
+    r.at("");
+  }
+  if (auto models = f.find("models"); models != f.end()) {
+    if (!models->second.IsSequence()) return r.fail("'models' must be a list, got " + kind_of(models->second));
+    index = 0;
+    for (const YAML::Node& model : models->second) {
+      LLMESH_READ(m, read_model(r, model, index++));
+      c.models.push_back(std::move(m));
+      r.at("");
+    }
+  }
+  LLMESH_TRY(check_mesh(r, c));
+  return c;
+}
+
+#undef LLMESH_READ
+
+}  // namespace
+
+std::string endpoint::str() const {
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+result<endpoint> parse_endpoint(std::string_view host_port) {
+  endpoint e;
+  if (auto problem = endpoint_problem(host_port, e)) return make_error(errc::invalid_request, "address " + *problem);
+  return e;
+}
+
+bool is_unspecified_host(std::string_view host) {
+  if (host.find(':') != std::string_view::npos)  // IPv6: every group zero ("::", "0:0::0")
+    return std::all_of(host.begin(), host.end(), [](char c) { return c == '0' || c == ':'; });
+  // IPv4 as inet_aton reads it: "0", "0.0.0.0", "00.0" all mean 0.0.0.0.
+  return !host.empty() && std::all_of(host.begin(), host.end(), [](char c) { return c == '0' || c == '.'; }) &&
+         host.find('0') != std::string_view::npos;
+}
+
+std::string_view node_role_name(node_role role) {
+  switch (role) {
+    case node_role::coordinator: return "coordinator";
+    case node_role::gateway: return "gateway";
+    case node_role::router: return "router";
+    case node_role::replica: return "replica";
+  }
+  return "unknown";
+}
+
+bool node_spec::has(node_role role) const { return std::find(roles.begin(), roles.end(), role) != roles.end(); }
+
+const node_spec* cluster_config::node(std::string_view name) const {
+  for (const auto& n : nodes)
+    if (n.name == name) return &n;
+  return nullptr;
+}
+
+result<cluster_config> parse_cluster_config(std::string_view yaml_text, const std::string& source) {
+  LLMESH_TRY(prescan(yaml_text, source));
+  reader r(source);
+  try {
+    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml_text));
+    if (docs.empty() || (docs.size() == 1 && docs[0].IsNull())) return r.fail("is empty; a cluster config is a YAML mapping");
+    if (docs.size() != 1) return r.fail("must hold exactly one YAML document, found " + std::to_string(docs.size()));
+    return read_config(r, docs[0]);
+  } catch (const YAML::Exception& e) {
+    std::string at = e.mark.is_null() ? "" : ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1);
+    return make_error(errc::invalid_request, source + at + ": malformed YAML: " + e.msg);
+  } catch (const std::exception& e) {  // bad_alloc and the like: still an answer, not a crash
+    return make_error(errc::invalid_request, source + ": cannot parse: " + e.what());
+  }
+}
+
+result<cluster_config> load_cluster_config(const std::string& path) {
+  std::error_code ec;
+  auto st = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(st)) return make_error(errc::not_found, path + ": no such cluster config");
+  if (!std::filesystem::is_regular_file(st)) return make_error(errc::io_error, path + ": not a regular file");
+  auto size = std::filesystem::file_size(path, ec);
+  if (ec) return make_error(errc::io_error, path + ": cannot read: " + ec.message());
+  if (size > max_config_bytes)
+    return make_error(errc::invalid_request, path + ": larger than 1 MiB (" + std::to_string(size) + " bytes); not a cluster config");
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in) return make_error(errc::io_error, path + ": cannot read");
+  return parse_cluster_config(text.str(), path);
+}
+
+}  // namespace llmesh::actors

@@ -1,0 +1,109 @@
+// Two nodes, each its own CAF actor system, joined by the bridge over the loopback network:
+// requests routed on node A to a replica on node B stream exactly generate()'s tokens through
+// Cap'n Proto frames; when node B dies mid-stream, its proxies stop and every request
+// continues on node A's own replica with the exact tokens it would have had.
+#include <condition_variable>
+#include <mutex>
+
+#include "llmesh/actors/bridge_actor.hpp"
+#include "llmesh/actors/request_actor.hpp"
+#include "llmesh/actors/router_actor.hpp"
+#include "llmesh/actors/serving_metrics.hpp"
+#include "llmesh/transport/loopback.hpp"
+#include "replica_fixture.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+struct collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint64_t, std::vector<int32_t>> tokens;
+  std::map<uint64_t, token_msg> ends;
+  token_sink sink() {
+    return [this](const token_msg& t) {
+      std::lock_guard lock(mu);
+      if (!t.failed) tokens[t.id].push_back(t.token);
+      if (t.failed || t.finish != finish_reason::none) ends[t.id] = t;
+      cv.notify_all();
+    };
+  }
+  bool wait(std::function<bool()> pred) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(60), pred);
+  }
+};
+
+caf::actor_system_config& config(caf::actor_system_config& c) {
+  c.set("scheduler.max-threads", 2);
+  c.set("scheduler.policy", caf::atom("sharing"));
+  return c;
+}
+
+class Bridge : public testing::replica_test_base {};
+
+TEST_F(Bridge, RequestsRunOnARemoteReplicaAndSurviveItsNodesDeath) {
+  auto reqs = requests(8);
+  for (auto& r : reqs) r.max_tokens = 300, r.eos_ids.clear();
+  auto want = alone(reqs, 1);
+  auto net = std::make_shared<transport::loopback_network>();
+  auto eng_a = engine(1, 4096), eng_b = engine(1, 4096);
+
+  caf::actor_system_config cfg_a, cfg_b;
+  caf::actor_system sys_a{config(cfg_a)};
+  collector c;
+  {
+    caf::actor_system sys_b{config(cfg_b)};
+    // Node B: a replica, exported as actor 1.
+    auto net_b = std::make_shared<transport::loopback_transport>(net);
+    ASSERT_TRUE(net_b->listen("node-b:7101").ok());
+    auto replica_b = sys_b.spawn(replica_actor, eng_b.get(), scheduler_config{});
+    // The bridge is the transport's only owner: node B's death takes its connections with it.
+    auto bridge_b = sys_b.spawn(bridge_actor, std::shared_ptr<transport::transport>(std::move(net_b)), std::string("node-b"));
+    caf::anon_send(bridge_b, export_atom::value, replica_b, uint64_t{1});
+
+    // Node A: a router that knows B's replica only through its proxy.
+    auto bridge_a = sys_a.spawn(bridge_actor, std::shared_ptr<transport::transport>(
+                                                  std::make_shared<transport::loopback_transport>(net)),
+                                std::string("node-a"));
+    caf::scoped_actor self{sys_a};
+    transport::peer_id peer = 0;
+    self->request(bridge_a, caf::infinite, connect_atom::value, std::string("node-b:7101"))
+        .receive([&](transport::peer_id p) { peer = p; }, [&](caf::error& e) { FAIL() << sys_a.render(e); });
+    caf::actor remote;
+    self->request(bridge_a, caf::infinite, proxy_atom::value, peer, uint64_t{1})
+        .receive([&](caf::actor p) { remote = p; }, [&](caf::error& e) { FAIL() << sys_a.render(e); });
+    router_options ro;
+    ro.block_size = eng_a->kv_block_size();
+    auto router = sys_a.spawn(router_actor, ro);
+    caf::anon_send(router, add_atom::value, remote, std::string("b0"));
+
+    metrics_registry metrics;
+    request_options qo;
+    qo.router = router;
+    qo.metrics = &metrics;
+    for (const auto& r : reqs) sys_a.spawn(request_actor, r, c.sink(), qo);
+    // Every request is streaming from node B: now add node A's own replica, and kill node B.
+    ASSERT_TRUE(c.wait([&] {
+      size_t going = 0;
+      for (const auto& r : reqs) going += c.tokens[r.id].size() >= 3;
+      return going == reqs.size();
+    }));
+    auto replica_a = sys_a.spawn(replica_actor, eng_a.get(), scheduler_config{});
+    caf::anon_send(router, add_atom::value, replica_a, std::string("a0"));
+    self->send_exit(bridge_b, caf::exit_reason::kill);  // node B's process dies: its transport with it
+    self->send_exit(replica_b, caf::exit_reason::kill);
+    ASSERT_TRUE(c.wait([&] { return c.ends.size() == reqs.size(); }));
+    for (const auto& r : reqs) {
+      EXPECT_FALSE(c.ends[r.id].failed) << c.ends[r.id].err.message;
+      EXPECT_EQ(c.tokens[r.id], want[r.id]) << "request " << r.id;
+    }
+    EXPECT_EQ(metrics.get_counter("llmesh_request_migrations_total")->value(), static_cast<double>(reqs.size()));
+    self->send_exit(router, caf::exit_reason::user_shutdown);
+    self->send_exit(replica_a, caf::exit_reason::user_shutdown);
+    self->send_exit(bridge_a, caf::exit_reason::user_shutdown);
+  }
+}
+
+}  // namespace
+}  // namespace llmesh::actors
