@@ -20,7 +20,7 @@ struct serve_flags {
   std::string model_dir, http = "127.0.0.1:8080", api_key, served_name, device = "auto", policy = "least-load";
   int replicas = 1, tp = 1, threads = 0;
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256, max_concurrent = 256, max_tokens = 4096;
-  size_t max_body_kb = 4096, idle_timeout_s = 60, max_migrations = 3, drain_s = 10;
+  size_t max_body_kb = 4096, idle_timeout_s = 15, max_migrations = 3, drain_s = 10;
   bool deterministic = false;
 };
 

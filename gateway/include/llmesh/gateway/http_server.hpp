@@ -21,7 +21,9 @@ struct http_options {
   uint16_t port = 8080;  ///< 0: any free port (see port())
   size_t max_body_bytes = 4u << 20;   ///< beyond: 413
   size_t max_header_bytes = 16u << 10;  ///< beyond: 431
-  std::chrono::seconds idle_timeout{60};   ///< a connection with no request for this long is closed
+  /// A connection that has not delivered a whole request within this long is closed (idle
+  /// keep-alive and slow senders alike: each open connection is a slot of max_connections).
+  std::chrono::seconds idle_timeout{15};
   std::chrono::seconds write_timeout{60};  ///< a client that reads nothing for this long is dropped
   size_t max_connections = 1024;           ///< beyond: new connections are closed at once
 };
