@@ -4,6 +4,7 @@ find_package(nlohmann_json 3 REQUIRED)
 find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(CLI11 REQUIRED)
+find_package(OpenSSL 3 REQUIRED)  # the join challenge (HMAC-SHA256, CSPRNG)
 find_package(yaml-cpp REQUIRED)  # cluster configs (actors/src/cluster_config.cpp)
 find_package(Boost 1.74 REQUIRED)  # headers only: Asio and Beast (the gateway)
 find_package(CapnProto CONFIG REQUIRED)  # schemas/, transport/ only

@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libpcre2-dev libutf8proc-dev
   libyaml-cpp-dev  # cluster configs
+  libssl-dev  # the join challenge: HMAC-SHA256
   libopenblas-dev libcaf-dev libboost-dev capnproto libcapnp-dev
   libucx-dev ucx-utils  # transport/: UCX 1.13 (ucx_info, ucx_perftest for diagnosis)
   prometheus  # promtool: tests check /metrics output with it
