@@ -115,6 +115,12 @@ void local_mesh::kill_replica(size_t i, int64_t after_steps) {
   caf::anon_send(impl_->replicas.at(i), fault_atom::value, after_steps);
 }
 
+void local_mesh::drain_replica(size_t i) {
+  const auto& r = impl_->replicas.at(i);
+  caf::anon_send(impl_->router, drain_atom::value, r.id());  // first: no request is routed there any more
+  caf::anon_send(r, drain_atom::value);
+}
+
 size_t local_mesh::inflight() const {
   std::lock_guard lock(impl_->mu);
   return impl_->requests.size();

@@ -31,6 +31,7 @@ void die(replica* self, const error& cause) {
 void submit(replica* self, replica_request r, const caf::actor& reply_to) {
   auto& st = self->state;
   const uint64_t id = r.id;
+  // A draining replica still takes what routers sent before they knew (routers stop at once).
   if (st.dead) {
     self->send(reply_to, token_msg{id, -1, finish_reason::none, true, make_error(errc::replica_unavailable, "replica is dead")});
     return;
@@ -126,10 +127,11 @@ caf::behavior replica_actor(replica* self, model::engine* eng, scheduler_config 
       [=](status_atom, caf::actor reply_to) {
         const auto& st = self->state;
         const auto& b = st.core->blocks();
-        self->send(reply_to, replica_load{self->id(), !st.dead, st.core->running(), st.core->waiting(),
+        self->send(reply_to, replica_load{self->id(), !st.dead && !st.draining, st.core->running(), st.core->waiting(),
                                           b.total_blocks() - b.free_blocks(), b.total_blocks()});
       },
       [=](fault_atom, int64_t steps) { self->state.crash_after = steps; },
+      [=](drain_atom) { self->state.draining = true; },
       [=](step_atom) { step(self, eng); },
   };
 }

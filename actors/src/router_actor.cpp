@@ -68,9 +68,18 @@ caf::behavior router_actor(router* self, router_options opt) {
       },
       [=](done_atom, uint64_t replica) { self->state.bal->finished(replica); },
       [=](dead_atom, uint64_t replica) { forget(self, replica); },
-      [=](const replica_load& l) {
+      [=](drain_atom, uint64_t replica) {
+        auto& st = self->state;
+        if (st.replicas.count(replica) == 0) return;
+        st.draining.insert(replica);
+        st.loads[replica].ready = false;
+        st.bal->update(st.loads[replica]);
+        publish(self);
+      },
+      [=](replica_load l) {
         auto& st = self->state;
         if (st.replicas.count(l.replica) == 0) return;  // a report that crossed the replica's death
+        if (st.draining.count(l.replica)) l.ready = false;
         st.loads[l.replica] = l;
         st.bal->update(l);
         publish(self);

@@ -139,6 +139,31 @@ TEST_F(LocalMesh, CancelStopsTheStreamAndFreesTheReplica) {
   EXPECT_EQ(c.ends.size(), 1u);  // the cancelled ones never got a final message
 }
 
+TEST_F(LocalMesh, ADrainedReplicaFinishesItsWorkAndGetsNoMore) {
+  auto reqs = requests(8);
+  for (auto& r : reqs) r.max_tokens = 60, r.eos_ids.clear();
+  auto want = alone(reqs, 1);
+  auto m = mesh(2, 1);
+  collector c;
+  for (size_t i = 0; i < 4; ++i) m->submit(reqs[i], c.sink());
+  m->drain_replica(0);
+  for (size_t i = 4; i < reqs.size(); ++i) m->submit(reqs[i], c.sink());
+  ASSERT_TRUE(c.wait_ends(reqs.size()));
+  for (const auto& r : reqs) {
+    EXPECT_FALSE(c.ends[r.id].failed) << c.ends[r.id].err.message;
+    EXPECT_EQ(c.tokens[r.id], want[r.id]) << "request " << r.id;
+  }
+  // The router has learnt it: replica 0 is no longer ready, and new work goes to replica 1.
+  for (int i = 0; i < 200 && m->ready_replicas() != 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(m->ready_replicas(), 1u);
+  auto more = requests(12);
+  collector c2;
+  for (size_t i = 8; i < 12; ++i) m->submit(more[i], c2.sink());
+  ASSERT_TRUE(c2.wait_ends(4));
+  for (size_t i = 8; i < 12; ++i) EXPECT_FALSE(c2.ends[more[i].id].failed);
+  EXPECT_EQ(metrics_.get_counter(metric::migrations)->value(), 0.0);  // nothing had to move
+}
+
 TEST_F(LocalMesh, RefusedRequestsFailWithTheReplicasReason) {
   auto m = mesh(1, 1);
   collector c;

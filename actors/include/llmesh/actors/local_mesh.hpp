@@ -55,6 +55,8 @@ class local_mesh final : public mesh_client {
   /// Fault injection: replica i crashes as if its process had died (its requests move on),
   /// now or after `after_steps` more engine steps.
   void kill_replica(size_t i, int64_t after_steps = 0);
+  /// Replica i finishes its requests and the router sends it no new ones.
+  void drain_replica(size_t i);
   /// Requests in flight (submitted, not yet finished or cancelled).
   size_t inflight() const;
 

@@ -21,6 +21,7 @@ using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
 using fault_atom = caf::atom_constant<caf::atom("fault")>;
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
 
 struct replica_state {
   std::unique_ptr<replica_core> core;
@@ -28,6 +29,7 @@ struct replica_state {
   std::vector<caf::actor> shards;  ///< rank order; linked
   bool step_pending = false;
   bool dead = false;
+  bool draining = false;  ///< finishes what it has, takes nothing new, reports not ready
   // The step in flight: answers still due, the merged outcome, submits and cancels held back.
   uint64_t step_no = 0;
   size_t pending = 0;
@@ -41,7 +43,9 @@ struct replica_state {
 /// `(generate_atom, replica_request, caf::actor reply_to)` queues a request whose tokens go to
 /// reply_to as token_msg; `(cancel_atom, uint64_t id)` drops one; `(status_atom, caf::actor
 /// reply_to)` sends reply_to a replica_load; `(fault_atom, int64_t steps)` makes the replica crash
-/// (stop without a word, as a dead process would) after that many more steps (the router's report; ready is false once dead). If the engine fails, every
+/// (stop without a word, as a dead process would) after that many more steps; `(drain_atom)`
+/// reports the replica not ready from then on (routers stop sending it work; the router is told
+/// first) while it finishes what it has, including requests routed to it just before (the router's report; ready is false once dead). If the engine fails, every
 /// live request gets a failed token_msg and the actor refuses further work (the replica is
 /// dead; its tensor-parallel group fails as a unit). Borrows the engine.
 caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::engine* eng, scheduler_config cfg);

@@ -7,12 +7,14 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <set>
 #include <memory>
 
 #include <caf/all.hpp>
 
 #include "llmesh/actors/balancer.hpp"
 #include "llmesh/actors/metrics.hpp"
+#include "llmesh/actors/replica_actor.hpp"
 
 namespace llmesh::actors {
 
@@ -41,6 +43,7 @@ struct router_state {
   std::map<uint64_t, caf::actor> replicas;
   std::map<uint64_t, replica_load> loads;
   std::map<uint64_t, std::string> names;  ///< the replica label in metrics
+  std::set<uint64_t> draining;            ///< never picked again, whatever a stale report says
   router_options opt;
   static inline const char* name = "router";
 };
@@ -49,7 +52,8 @@ struct router_state {
 /// replies a route_reply and counts the request against the chosen replica; `(done_atom,
 /// uint64_t replica_id)` uncounts it. A replica that stops is forgotten (its down message, or
 /// `(dead_atom, uint64_t replica_id)` from a requester that saw it die first: that requester's
-/// next route request must not get the dead replica back).
+/// next route request must not get the dead replica back). `(drain_atom, uint64_t replica_id)`:
+/// the replica is draining; it gets no new requests from here on.
 caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_options opt);
 
 }  // namespace llmesh::actors
