@@ -1,8 +1,9 @@
 // The UCX transport on 127.0.0.1 (ports chosen at run time): connect and accept, 1000 frames
-// each way in order, an 8 MiB rendezvous frame intact and in line, oversized frames dropped,
-// close and destruction seen as on_peer_down on both sides, refused and unanswered connects
-// timing out, an idle pair using no CPU, a ping-pong round trip (printed, not asserted), and a
-// child process SIGKILLed mid-stream reported down without hanging anyone.
+// each way in order, an 8 MiB rendezvous frame intact and in line, many rendezvous frames among
+// small ones in order both ways, oversized frames dropped, close and destruction seen as
+// on_peer_down on both sides, refused and unanswered connects timing out, an idle pair using no
+// CPU, a ping-pong round trip (printed, not asserted), and a child process SIGKILLed
+// mid-stream reported down without hanging anyone.
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
@@ -173,6 +174,25 @@ TEST(UcxTransport, AnEightMebibyteFrameArrivesIntactByRendezvousAndInLine) {
   std::printf("[ ucx ] 8 MiB frame by rendezvous: %.2f ms\n", ms_since(t0));
   EXPECT_TRUE(f.rc.frames[0].second == big);
   EXPECT_EQ(f.client->rndv_frames_received(), 1u);
+}
+
+TEST(UcxTransport, ManyRendezvousFramesAmongSmallOnesKeepTheirOrderBothWays) {
+  ucx_options o;
+  o.rndv_threshold = 64 << 10;  // every 5th frame (256 KiB) goes by rendezvous
+  pair_fixture f(o);
+  ASSERT_TRUE(f.server && f.client);
+  auto size_of = [](uint32_t i) { return i % 5 == 4 ? size_t{256} << 10 : 100 + i % 1000; };
+  for (uint32_t i = 0; i < 400; ++i) {
+    ASSERT_TRUE(f.client->send(f.client_peer, frame_of(i, size_of(i))).ok());
+    ASSERT_TRUE(f.server->send(f.server_peer, frame_of(i + 7, size_of(i))).ok());
+  }
+  ASSERT_TRUE(eventually([&] { return f.rs.n_frames() == 400 && f.rc.n_frames() == 400; }));
+  for (uint32_t i = 0; i < 400; ++i) {
+    ASSERT_EQ(f.rs.frames[i].second, frame_of(i, size_of(i))) << i;
+    ASSERT_EQ(f.rc.frames[i].second, frame_of(i + 7, size_of(i))) << i;
+  }
+  EXPECT_EQ(f.server->rndv_frames_received(), 80u);
+  EXPECT_EQ(f.client->rndv_frames_received(), 80u);
 }
 
 TEST(UcxTransport, OversizedFramesAreRefusedAndDroppedButTheConnectionStays) {

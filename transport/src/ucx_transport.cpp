@@ -19,8 +19,9 @@
 // overtaken by later ones (seen in the oversized-frame test), and a rendezvous message's
 // handler runs before its data arrives. The receiver delivers by sequence number: the next
 // frame at once (without a copy when eager), others from a bounded per-peer reorder map
-// (max_reorder_bytes). A hole that can never close (a failed send or rendezvous receive) fails
-// the peer: frames arrive in order and without gaps, or the peer is reported down.
+// (max_reorder_bytes). Rendezvous receives run one at a time per peer, in order. A hole that
+// can never close (a failed send or rendezvous receive) fails the peer: frames arrive in order
+// and without gaps, or the peer is reported down.
 #include "llmesh/transport/ucx_transport.hpp"
 
 #include <netdb.h>
@@ -118,8 +119,9 @@ void set_environment_defaults() {
   // No zero-copy on TCP: UCX 1.13 aborts the whole process when a peer dies with zero-copy
   // sends in flight (AM zcopy: uct_iface.h:884 `comp->count > 0`; PUT rendezvous: tcp_ep.c:939
   // `ep->flags & UCT_TCP_EP_FLAG_PUT_TX_WAITING_ACK`). Peers SIGKILLed mid-stream: UCX's
-  // defaults 3 aborts in ~140, PUT alone 3 in ~25, both off none in 600+. The price: rendezvous
-  // bandwidth halves here (~0.5 to ~0.25 GB/s; UCX_TCP_PUT_ENABLE=y brings it back).
+  // defaults 3 aborts in ~140; PUT off, AM zero-copy on: 3 in ~25; both off: none in 1000+.
+  // The price: rendezvous bandwidth halves here (~0.5 to ~0.25 GB/s; UCX_TCP_PUT_ENABLE=y
+  // brings it back, at the risk above).
   setenv("UCX_ZCOPY_THRESH", "inf", 0);
   setenv("UCX_TCP_PUT_ENABLE", "n", 0);
 }

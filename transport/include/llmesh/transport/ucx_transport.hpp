@@ -41,8 +41,9 @@ struct ucx_options {
   /// without bound while bulk transfers still pipeline.
   size_t max_pending_send_bytes = size_t{256} << 20;
   /// Bytes received from one peer that wait for an earlier frame (UCX may reorder active
-  /// messages; see the .cpp); a peer that needs more is failed (protocol_violation). Why
-  /// 256 MiB: what a sender with the default max_pending_send_bytes can have in flight.
+  /// messages; see the .cpp), counting waiting rendezvous frames at 8 KiB until their receive
+  /// starts; a peer that needs more is failed (protocol_violation). Why 256 MiB: as much as a
+  /// sender's default max_pending_send_bytes.
   size_t max_reorder_bytes = size_t{256} << 20;
 };
 
