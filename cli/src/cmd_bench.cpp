@@ -10,6 +10,7 @@
 #include "llmesh/bench/gpu_bench.hpp"
 #include "llmesh/bench/serve_bench.hpp"
 #include "llmesh/bench/tokenizer_bench.hpp"
+#include "llmesh/bench/transport_bench.hpp"
 
 namespace llmesh::cli {
 
@@ -57,6 +58,15 @@ void add_bench(CLI::App& app, command_set& commands) {
   tsub->add_option("--file", t->file, "Text to encode (default: ~1 MB of built-in prose)");
   tsub->add_option("--reps", t->reps, "Repetitions; the best is reported")->capture_default_str();
   commands.emplace_back(tsub, [t] { return bench::run_tokenizer_bench(*t); });
+
+  auto x = std::make_shared<bench::transport_bench_options>();
+  auto* xsub = bench_cmd->add_subcommand("transport", "UCX transport between two processes vs ucx_perftest");
+  xsub->add_option("--iters", x->iters, "Round trips of small frames")->capture_default_str();
+  xsub->add_option("--small-bytes", x->small_bytes, "Small frame size (1..4096)")->capture_default_str();
+  xsub->add_option("--frames", x->frames, "Large frames in the bandwidth run")->capture_default_str();
+  xsub->add_option("--large-bytes", x->large_bytes, "Large frame size")->capture_default_str();
+  xsub->add_option("--echo", x->echo, "internal: run as the echo peer")->group("");
+  commands.emplace_back(xsub, [x] { return bench::run_transport_bench(*x); });
 
   auto s = std::make_shared<bench::serve_bench_options>();
   auto* ssub = bench_cmd->add_subcommand("serve", "Serving benchmark against an OpenAI-compatible server (vLLM "
