@@ -15,24 +15,7 @@
 namespace llmesh::actors {
 namespace {
 
-struct collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<uint64_t, std::vector<int32_t>> tokens;
-  std::map<uint64_t, token_msg> ends;
-  token_sink sink() {
-    return [this](const token_msg& t) {
-      std::lock_guard lock(mu);
-      if (!t.failed) tokens[t.id].push_back(t.token);
-      if (t.failed || t.finish != finish_reason::none) ends[t.id] = t;
-      cv.notify_all();
-    };
-  }
-  bool wait(std::function<bool()> pred) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, std::chrono::seconds(60), pred);
-  }
-};
+using testing::collector;
 
 caf::actor_system_config& config(caf::actor_system_config& c) {
   c.set("scheduler.max-threads", 2);

@@ -12,32 +12,7 @@
 namespace llmesh::actors {
 namespace {
 
-/// Collects streams from sinks called on actor threads.
-struct collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<uint64_t, std::vector<int32_t>> tokens;
-  std::map<uint64_t, token_msg> ends;
-
-  token_sink sink() {
-    return [this](const token_msg& t) {
-      std::lock_guard lock(mu);
-      if (!t.failed) tokens[t.id].push_back(t.token);
-      if (t.failed || t.finish != finish_reason::none) {
-        ends[t.id] = t;
-        cv.notify_all();
-      }
-    };
-  }
-  bool wait_ends(size_t n, std::chrono::seconds limit = std::chrono::seconds(60)) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, limit, [&] { return ends.size() >= n; });
-  }
-  size_t count(uint64_t id) {
-    std::lock_guard lock(mu);
-    return tokens[id].size();
-  }
-};
+using testing::collector;
 
 class LocalMesh : public testing::replica_test_base {
  protected:

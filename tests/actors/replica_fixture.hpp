@@ -5,11 +5,16 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <random>
 
 #include "../model/temp_dir.hpp"
 #include "llmesh/actors/replica_core.hpp"
+#include "llmesh/actors/token_stream.hpp"
 #include "llmesh/model/generate.hpp"
 #include "llmesh/model/random_model.hpp"
 
@@ -87,6 +92,35 @@ class replica_test_base : public ::testing::Test {
 
   model::testing::temp_dir dir_;
   std::shared_ptr<const model::model> model_;
+};
+
+/// Collects request streams from sinks called on actor threads.
+struct collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint64_t, std::vector<int32_t>> tokens;
+  std::map<uint64_t, token_msg> ends;
+
+  token_sink sink() {
+    return [this](const token_msg& t) {
+      std::lock_guard lock(mu);
+      if (!t.failed) tokens[t.id].push_back(t.token);
+      if (t.failed || t.finish != finish_reason::none) ends[t.id] = t;
+      cv.notify_all();
+    };
+  }
+  /// Waits (up to a minute) until pred() holds, evaluated under the lock.
+  bool wait(const std::function<bool()>& pred) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(60), pred);
+  }
+  bool wait_ends(size_t n) {
+    return wait([&] { return ends.size() >= n; });
+  }
+  size_t count(uint64_t id) {
+    std::lock_guard lock(mu);
+    return tokens[id].size();
+  }
 };
 
 }  // namespace llmesh::actors::testing
