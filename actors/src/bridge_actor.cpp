@@ -50,7 +50,10 @@ uint64_t export_id(bridge* self, const caf::actor& a) {
 caf::actor proxy_for(bridge* self, transport::peer_id peer, uint64_t remote) {
   auto& st = self->state;
   auto& p = st.proxies[{peer, remote}];
-  if (!p) p = self->spawn(proxy_actor, caf::actor_cast<caf::actor>(self), peer, remote);
+  if (!p) {
+    p = self->spawn(proxy_actor, caf::actor_cast<caf::actor>(self), peer, remote);
+    st.proxy_refs->push_back(caf::actor_cast<caf::weak_actor_ptr>(p));
+  }
   return p;
 }
 
@@ -115,9 +118,11 @@ caf::behavior bridge_actor(bridge* self, std::shared_ptr<transport::transport> n
     st.exports.erase(it->second);
     st.export_ids.erase(it);
   });
-  self->set_exit_handler([=](const caf::exit_msg& m) {
-    for (auto& [key, p] : self->state.proxies) self->send_exit(p, m.reason);
-    self->quit(m.reason);
+  // However the bridge ends (even killed: no exit handler runs then), its proxies stop with it.
+  self->attach_functor([proxies = self->state.proxy_refs](const caf::error&) {
+    for (const auto& weak : *proxies) {
+      if (auto p = caf::actor_cast<caf::actor>(weak)) caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
+    }
   });
   return {
       [=](export_atom, caf::actor a, uint64_t id) {

@@ -34,6 +34,8 @@ struct bridge_state {
   std::map<caf::actor_addr, uint64_t> export_ids;
   uint64_t next_export = 1000;                          ///< ids below are well-known (given by export)
   std::map<std::pair<transport::peer_id, uint64_t>, caf::actor> proxies;
+  /// Every proxy ever made, weakly: stopped when the bridge ends, however it ends.
+  std::shared_ptr<std::vector<caf::weak_actor_ptr>> proxy_refs = std::make_shared<std::vector<caf::weak_actor_ptr>>();
   uint64_t frames_in = 0, frames_out = 0, dropped = 0;
   static inline const char* name = "bridge";
 };
