@@ -24,5 +24,9 @@ function(llmesh_add_test name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${ARG_LABELS}")
+  # Every test has a time limit: a hang fails that test by name instead of holding CI until its
+  # own limit. ctest also waits for a test's children when they hold its output; with a TIMEOUT
+  # such a leaked child fails the test at the limit instead of blocking the run forever.
+  # Why 180 s: the slowest test takes ~11 s on 2 idle cores; CI runs two at a time.
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 180)
 endfunction()

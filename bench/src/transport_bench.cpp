@@ -69,22 +69,39 @@ std::string capture(const std::string& cmd) {
   return out;
 }
 
+/// Ends a child process: SIGTERM, then SIGKILL when it has not exited within `patience`.
+void stop_process(pid_t pid, std::chrono::milliseconds patience = std::chrono::seconds(5)) {
+  kill(pid, SIGTERM);
+  const auto deadline = clock_type::now() + patience;
+  while (waitpid(pid, nullptr, WNOHANG) == 0) {
+    if (clock_type::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 /// ucx_perftest's "Final:" numbers: {p50 overhead us, average overhead us, overall MB/s}.
+/// Both ucx_perftest processes run under coreutils' `timeout`: a server that never sees its
+/// client, or a client whose server went away, must not hold the benchmark (or a test) forever.
 std::optional<std::array<double, 3>> perftest(const std::string& test, size_t bytes, size_t iters, int port) {
   const std::string common = "ucx_perftest -e -p " + std::to_string(port);
   const pid_t server = fork();
   if (server == 0) {
-    execl("/bin/sh", "sh", "-c", (common + " > /dev/null 2>&1").c_str(), static_cast<char*>(nullptr));
+    execl("/bin/sh", "sh", "-c", ("exec timeout -k 2 30 " + common + " > /dev/null 2>&1 < /dev/null").c_str(),
+          static_cast<char*>(nullptr));
     _exit(127);
   }
   std::string out;
   for (int attempt = 0; attempt < 3 && out.find("Final:") == std::string::npos; ++attempt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the server's start-up
-    out = capture(common + " -t " + test + " -s " + std::to_string(bytes) + " -n " + std::to_string(iters) + " -w " +
-                  std::to_string(std::max<size_t>(iters / 10, 10)) + " 127.0.0.1 2>/dev/null");
+    out = capture("timeout -k 2 20 " + common + " -t " + test + " -s " + std::to_string(bytes) + " -n " +
+                  std::to_string(iters) + " -w " + std::to_string(std::max<size_t>(iters / 10, 10)) +
+                  " 127.0.0.1 2>/dev/null < /dev/null");
   }
-  kill(server, SIGTERM);
-  waitpid(server, nullptr, 0);
+  stop_process(server);
   const auto at = out.find("Final:");
   if (at == std::string::npos) return std::nullopt;
   std::stringstream ss(out.substr(at + 6));
@@ -132,10 +149,7 @@ status run_transport_bench(const transport_bench_options& opt) {
     execl("/proc/self/exe", "llmesh", "bench", "transport", "--echo", where->c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
-  auto stop_child = [&] {
-    kill(child, SIGTERM);
-    waitpid(child, nullptr, 0);
-  };
+  auto stop_child = [&] { stop_process(child); };
   {
     std::unique_lock l(mu);
     if (!cv.wait_for(l, std::chrono::seconds(10), [&] { return peer.has_value() || down; }) || down) {

@@ -34,31 +34,34 @@ TEST_F(Bridge, RequestsRunOnARemoteReplicaAndSurviveItsNodesDeath) {
 
   caf::actor_system_config cfg_a, cfg_b;
   caf::actor_system sys_a{config(cfg_a)};
+  testing::actor_reaper reap_a;
   collector c;
   {
     caf::actor_system sys_b{config(cfg_b)};
+    testing::actor_reaper reap_b;
     // Node B: a replica, exported as actor 1.
     auto net_b = std::make_shared<transport::loopback_transport>(net);
     ASSERT_TRUE(net_b->listen("node-b:7101").ok());
-    auto replica_b = sys_b.spawn(replica_actor, eng_b.get(), scheduler_config{});
+    auto replica_b = reap_b(sys_b.spawn(replica_actor, eng_b.get(), scheduler_config{}));
     // The bridge is the transport's only owner: node B's death takes its connections with it.
-    auto bridge_b = sys_b.spawn(bridge_actor, std::shared_ptr<transport::transport>(std::move(net_b)), std::string("node-b"));
+    auto bridge_b =
+        reap_b(sys_b.spawn(bridge_actor, std::shared_ptr<transport::transport>(std::move(net_b)), std::string("node-b")));
     caf::anon_send(bridge_b, export_atom::value, replica_b, uint64_t{1});
 
     // Node A: a router that knows B's replica only through its proxy.
-    auto bridge_a = sys_a.spawn(bridge_actor, std::shared_ptr<transport::transport>(
-                                                  std::make_shared<transport::loopback_transport>(net)),
-                                std::string("node-a"));
+    auto bridge_a = reap_a(sys_a.spawn(
+        bridge_actor, std::shared_ptr<transport::transport>(std::make_shared<transport::loopback_transport>(net)),
+        std::string("node-a")));
     caf::scoped_actor self{sys_a};
     transport::peer_id peer = 0;
-    self->request(bridge_a, caf::infinite, connect_atom::value, std::string("node-b:7101"))
+    self->request(bridge_a, std::chrono::seconds(30), connect_atom::value, std::string("node-b:7101"))
         .receive([&](transport::peer_id p) { peer = p; }, [&](caf::error& e) { FAIL() << sys_a.render(e); });
     caf::actor remote;
-    self->request(bridge_a, caf::infinite, proxy_atom::value, peer, uint64_t{1})
+    self->request(bridge_a, std::chrono::seconds(30), proxy_atom::value, peer, uint64_t{1})
         .receive([&](caf::actor p) { remote = p; }, [&](caf::error& e) { FAIL() << sys_a.render(e); });
     router_options ro;
     ro.block_size = eng_a->kv_block_size();
-    auto router = sys_a.spawn(router_actor, ro);
+    auto router = reap_a(sys_a.spawn(router_actor, ro));
     caf::anon_send(router, add_atom::value, remote, std::string("b0"));
 
     metrics_registry metrics;
@@ -72,7 +75,7 @@ TEST_F(Bridge, RequestsRunOnARemoteReplicaAndSurviveItsNodesDeath) {
       for (const auto& r : reqs) going += c.tokens[r.id].size() >= 3;
       return going == reqs.size();
     }));
-    auto replica_a = sys_a.spawn(replica_actor, eng_a.get(), scheduler_config{});
+    auto replica_a = reap_a(sys_a.spawn(replica_actor, eng_a.get(), scheduler_config{}));
     caf::anon_send(router, add_atom::value, replica_a, std::string("a0"));
     self->send_exit(bridge_b, caf::exit_reason::kill);  // node B's process dies: its transport with it
     self->send_exit(replica_b, caf::exit_reason::kill);

@@ -24,9 +24,10 @@ TEST_F(ReplicaActor, StreamsEveryRequestsTokensToItsSubmitter) {
   auto want = alone(reqs, 1);
   auto eng = engine(1, 1024);
   caf::actor_system sys{cfg_};
+  testing::actor_reaper reap;
   scheduler_config sc;
   sc.max_batch_tokens = 48;
-  auto replica = sys.spawn(replica_actor, eng.get(), sc);
+  auto replica = reap(sys.spawn(replica_actor, eng.get(), sc));
   caf::scoped_actor self{sys};
   for (const auto& r : reqs) self->send(replica, generate_atom::value, r, caf::actor{self});
   std::map<uint64_t, std::vector<int32_t>> got;
@@ -49,7 +50,8 @@ TEST_F(ReplicaActor, StreamsEveryRequestsTokensToItsSubmitter) {
 TEST_F(ReplicaActor, RefusesBadRequestsAndCancels) {
   auto eng = engine(1, 256);
   caf::actor_system sys{cfg_};
-  auto replica = sys.spawn(replica_actor, eng.get(), scheduler_config{});
+  testing::actor_reaper reap;
+  auto replica = reap(sys.spawn(replica_actor, eng.get(), scheduler_config{}));
   caf::scoped_actor self{sys};
   replica_request bad;
   bad.id = 7;

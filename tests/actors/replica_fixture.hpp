@@ -11,6 +11,9 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <vector>
+
+#include <caf/all.hpp>
 
 #include "../model/temp_dir.hpp"
 #include "llmesh/actors/replica_core.hpp"
@@ -92,6 +95,26 @@ class replica_test_base : public ::testing::Test {
 
   model::testing::temp_dir dir_;
   std::shared_ptr<const model::model> model_;
+};
+
+/// Kills the actors it holds when it goes out of scope. Declare it after their actor system, so
+/// that it runs first: an actor system's destructor waits for every running actor, so a failed
+/// ASSERT (an early return) would otherwise hang the test instead of failing it.
+class actor_reaper {
+ public:
+  actor_reaper() = default;
+  actor_reaper(const actor_reaper&) = delete;
+  actor_reaper& operator=(const actor_reaper&) = delete;
+  ~actor_reaper() {
+    for (const auto& a : actors_) caf::anon_send_exit(a, caf::exit_reason::kill);
+  }
+  const caf::actor& operator()(const caf::actor& a) {
+    actors_.push_back(a);
+    return a;
+  }
+
+ private:
+  std::vector<caf::actor> actors_;
 };
 
 /// Collects request streams from sinks called on actor threads.
