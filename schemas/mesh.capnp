@@ -33,6 +33,9 @@ struct Envelope {
     heartbeat @13 :Heartbeat;
     replicaState @14 :ReplicaState;
     collectiveId @15 :CollectiveId;
+    assign @16 :Assign;
+    control @17 :ControlRequest;
+    controlReply @18 :ControlReply;
   }
 }
 
@@ -152,6 +155,8 @@ struct ReplicaState {
   node @1 :Text;
   model @2 :Text;
   phase @3 :ReplicaPhase;
+  actor @4 :UInt64;         # the replica actor's id on its node (ready: where to send requests)
+  reason @5 :Text;          # dead: why (a model that failed to load, ...)
 }
 
 # A tensor-parallel group's rendezvous: rank 0 makes the collective's id (e.g. NCCL's unique
@@ -160,4 +165,37 @@ struct CollectiveId {
   replica @0 :UInt64;
   ranks @1 :UInt32;
   id @2 :Data;
+}
+
+# The coordinator tells a node agent to start or stop one replica (all of its shards are on
+# that node: packed placement).
+enum AssignOp {
+  start @0;
+  stop @1;        # drain: in-flight requests finish, then the replica stops
+}
+
+struct Assign {
+  replica @0 :UInt64;
+  model @1 :Text;
+  path @2 :Text;            # the model directory, as the cluster config names it
+  tp @3 :UInt32;
+  kvCacheMb @4 :UInt64;
+  op @5 :AssignOp;
+}
+
+# An operator command for the coordinator (`llmesh ctl`). mac = HMAC-SHA256(cluster token,
+# "llmesh-ctl" | nonce | timestampMs | command | args), so the token never travels and a
+# recorded request cannot be replayed (nonces are remembered, timestamps must be recent).
+struct ControlRequest {
+  command @0 :Text;
+  args @1 :List(Text);
+  nonce @2 :Data;
+  timestampMs @3 :UInt64;
+  mac @4 :Data;
+}
+
+struct ControlReply {
+  ok @0 :Bool;
+  text @1 :Text;            # for people
+  json @2 :Text;            # the same, for scripts
 }

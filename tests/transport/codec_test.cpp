@@ -28,8 +28,16 @@ std::vector<envelope> samples() {
       proof_msg{std::string(32, '\x01')},
       welcome_msg{true, "", {{"seed", {role::coordinator, role::gateway}, "127.0.0.1:7100"}, {"replica-a", {role::replica}, "127.0.0.1:7101"}}},
       heartbeat_msg{"replica-b", 99},
-      replica_state_msg{11, "replica-a", "kjv-tiny", replica_phase::draining},
+      replica_state_msg{11, "replica-a", "kjv-tiny", replica_phase::draining, 0, ""},
+      replica_state_msg{12, "replica-b", "kjv-tiny", replica_phase::ready, 1012, ""},
+      replica_state_msg{13, "replica-b", "kjv-tiny", replica_phase::dead, 0, "config.json: not found"},
       collective_id_msg{11, 2, std::string(128, '\x05')},
+      assign_msg{14, "kjv-tiny", "models/kjv-tiny", 2, 256, assign_op::start},
+      assign_msg{14, "kjv-tiny", "models/kjv-tiny", 2, 256, assign_op::stop},
+      control_msg{"drain", {"replica-a"}, std::string(16, '\x02'), 1764000000000ull, std::string(32, '\x03')},
+      control_msg{"status", {}, "", 0, ""},
+      control_reply_msg{true, "2 nodes", "{\"nodes\":2}"},
+      control_reply_msg{false, "unknown node 'x'", ""},
   };
   std::vector<envelope> out;
   uint64_t n = 1;
@@ -50,6 +58,7 @@ TEST(Codec, EveryKindRoundTripsAlignedOrNot) {
     EXPECT_EQ(*unaligned, e);
   }
   EXPECT_STREQ(kind_name(body{collective_id_msg{}}), "collective_id");
+  EXPECT_STREQ(kind_name(body{control_reply_msg{}}), "control_reply");
 }
 
 TEST(Codec, ANewerPeersKindIsRefusedByName) {
@@ -62,7 +71,7 @@ TEST(Codec, ANewerPeersKindIsRefusedByName) {
   auto r = decode(std::span<const uint8_t>(bytes.begin(), bytes.size()));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.err().code, errc::protocol_violation);
-  EXPECT_NE(r.err().message.find("unknown message kind 12"), std::string::npos) << r.err().message;
+  EXPECT_NE(r.err().message.find("unknown message kind 15"), std::string::npos) << r.err().message;
   // (12: the discriminant counts union members, 0-based.) And the newer peer reads our frames: old kinds keep their ordinals.
   const auto ours = encode(samples()[0]);
   capnp::FlatArrayMessageReader reader(kj::arrayPtr(reinterpret_cast<const capnp::word*>(ours.data()), ours.size() / 8));

@@ -102,6 +102,32 @@ struct writer {
     r.setNode(text(m.node));
     r.setModel(text(m.model));
     r.setPhase(static_cast<s::ReplicaPhase>(m.phase));
+    r.setActor(m.actor);
+    r.setReason(text(m.reason));
+  }
+  void operator()(const assign_msg& m) {
+    auto a = b.initAssign();
+    a.setReplica(m.replica);
+    a.setModel(text(m.model));
+    a.setPath(text(m.path));
+    a.setTp(m.tp);
+    a.setKvCacheMb(m.kv_cache_mb);
+    a.setOp(static_cast<s::AssignOp>(m.op));
+  }
+  void operator()(const control_msg& m) {
+    auto c = b.initControl();
+    c.setCommand(text(m.command));
+    auto args = c.initArgs(static_cast<unsigned>(m.args.size()));
+    for (unsigned i = 0; i < m.args.size(); ++i) args.set(i, text(m.args[i]));
+    c.setNonce(data(m.nonce));
+    c.setTimestampMs(m.timestamp_ms);
+    c.setMac(data(m.mac));
+  }
+  void operator()(const control_reply_msg& m) {
+    auto r = b.initControlReply();
+    r.setOk(m.ok);
+    r.setText(text(m.text));
+    r.setJson(text(m.json));
   }
   void operator()(const collective_id_msg& m) {
     auto c = b.initCollectiveId();
@@ -230,7 +256,32 @@ struct reader {
       case Body::REPLICA_STATE: {
         auto r = b.getReplicaState();
         out = replica_state_msg{r.getReplica(), str(r.getNode(), "node"), str(r.getModel(), "model"),
-                                static_cast<replica_phase>(enum_value(r.getPhase(), 3, "phase"))};
+                                static_cast<replica_phase>(enum_value(r.getPhase(), 3, "phase")), r.getActor(),
+                                str(r.getReason(), "reason")};
+        break;
+      }
+      case Body::ASSIGN: {
+        auto a = b.getAssign();
+        out = assign_msg{a.getReplica(), str(a.getModel(), "model"), str(a.getPath(), "path"), a.getTp(),
+                         a.getKvCacheMb(), static_cast<assign_op>(enum_value(a.getOp(), 1, "op"))};
+        break;
+      }
+      case Body::CONTROL: {
+        auto c = b.getControl();
+        control_msg m;
+        m.command = str(c.getCommand(), "command");
+        if (fits(c.getArgs(), "args")) {
+          for (auto x : c.getArgs()) m.args.push_back(str(x, "args"));
+        }
+        m.nonce = bytes(c.getNonce(), "nonce");
+        m.timestamp_ms = c.getTimestampMs();
+        m.mac = bytes(c.getMac(), "mac");
+        out = std::move(m);
+        break;
+      }
+      case Body::CONTROL_REPLY: {
+        auto r = b.getControlReply();
+        out = control_reply_msg{r.getOk(), str(r.getText(), "text"), str(r.getJson(), "json")};
         break;
       }
       case Body::COLLECTIVE_ID: {
@@ -250,7 +301,8 @@ struct reader {
 
 const char* kind_name(const body& b) {
   static constexpr const char* names[] = {"generate", "token",   "cancel",    "status_request", "load",          "hello",
-                                          "challenge", "proof", "welcome", "heartbeat",      "replica_state", "collective_id"};
+                                          "challenge", "proof", "welcome", "heartbeat",      "replica_state", "collective_id",
+                                          "assign",    "control", "control_reply"};
   static_assert(std::size(names) == std::variant_size_v<body>);
   return names[b.index()];
 }

@@ -107,6 +107,8 @@ struct replica_state_msg {
   uint64_t replica = 0;
   std::string node, model;
   replica_phase phase = replica_phase::loading;
+  uint64_t actor = 0;   ///< ready: the replica actor's id on its node
+  std::string reason;   ///< dead: why
   bool operator==(const replica_state_msg&) const = default;
 };
 struct collective_id_msg {
@@ -116,8 +118,32 @@ struct collective_id_msg {
   bool operator==(const collective_id_msg&) const = default;
 };
 
+enum class assign_op : uint8_t { start, stop };
+struct assign_msg {
+  uint64_t replica = 0;
+  std::string model, path;
+  uint32_t tp = 1;
+  uint64_t kv_cache_mb = 0;
+  assign_op op = assign_op::start;
+  bool operator==(const assign_msg&) const = default;
+};
+struct control_msg {
+  std::string command;
+  std::vector<std::string> args;
+  std::string nonce;  ///< bytes
+  uint64_t timestamp_ms = 0;
+  std::string mac;    ///< bytes
+  bool operator==(const control_msg&) const = default;
+};
+struct control_reply_msg {
+  bool ok = false;
+  std::string text, json;
+  bool operator==(const control_reply_msg&) const = default;
+};
+
 using body = std::variant<generate_msg, token_body, cancel_msg, status_request, load_msg, hello_msg, challenge_msg,
-                          proof_msg, welcome_msg, heartbeat_msg, replica_state_msg, collective_id_msg>;
+                          proof_msg, welcome_msg, heartbeat_msg, replica_state_msg, collective_id_msg, assign_msg,
+                          control_msg, control_reply_msg>;
 
 struct envelope {
   actor_address source, destination;
