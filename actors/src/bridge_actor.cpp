@@ -57,7 +57,8 @@ caf::actor proxy_for(bridge* self, transport::peer_id peer, uint64_t remote) {
   return p;
 }
 
-void deliver(bridge* self, transport::peer_id peer, const transport::envelope& e) {
+void deliver(bridge* self, transport::peer_id peer, const std::shared_ptr<transport::envelope>& env) {
+  const transport::envelope& e = *env;
   auto& st = self->state;
   auto dest_it = st.exports.find(e.destination.actor);
   if (dest_it == st.exports.end()) {  // an actor that stopped, or a confused peer
@@ -80,7 +81,7 @@ void deliver(bridge* self, transport::peer_id peer, const transport::envelope& e
         } else if constexpr (std::is_same_v<T, transport::load_msg>) {
           self->send(from, deliver_atom::value, dest, from_wire(m));
         } else {
-          ++st.dropped;  // membership and control kinds go to the node agent (not here yet)
+          self->send(dest, wire_atom::value, peer, env);  // membership and control: the agent or coordinator
         }
       },
       e.msg);
@@ -137,9 +138,14 @@ caf::behavior bridge_actor(bridge* self, std::shared_ptr<transport::transport> n
         return *p;
       },
       [=](proxy_atom, transport::peer_id peer, uint64_t remote) { return proxy_for(self, peer, remote); },
+      [=](watch_atom, caf::actor a) { self->state.watchers.push_back(std::move(a)); },
+      [=](lookup_atom, uint64_t id) {
+        auto it = self->state.exports.find(id);
+        return it == self->state.exports.end() ? caf::actor{} : it->second;
+      },
       [=](frame_atom, transport::peer_id peer, const std::shared_ptr<transport::envelope>& e) {
         ++self->state.frames_in;
-        deliver(self, peer, *e);
+        deliver(self, peer, e);
       },
       [=](out_atom, transport::peer_id peer, uint64_t remote, const transport::body& b, caf::actor from) {
         auto& st = self->state;
@@ -150,9 +156,10 @@ caf::behavior bridge_actor(bridge* self, std::shared_ptr<transport::transport> n
         }
         ++st.frames_out;
       },
-      [=](peerdown_atom, transport::peer_id peer, const std::string&) {
+      [=](peerdown_atom, transport::peer_id peer, const std::string& why) {
         // The peer's actors are gone: their proxies stop, so monitors fire.
         auto& st = self->state;
+        for (const auto& w : st.watchers) self->send(w, peerdown_atom::value, peer, why);
         for (auto it = st.proxies.begin(); it != st.proxies.end();) {
           if (it->first.first != peer) {
             ++it;

@@ -26,6 +26,33 @@ result<std::string> make_nonce() {
   return n;
 }
 
+namespace {
+std::string hmac(std::string_view token, const std::string& msg) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), reinterpret_cast<const unsigned char*>(msg.data()),
+       msg.size(), mac, &len);
+  return std::string(reinterpret_cast<const char*>(mac), len);
+}
+}  // namespace
+
+std::string control_mac(std::string_view token, std::string_view nonce, uint64_t timestamp_ms, std::string_view command,
+                        const std::vector<std::string>& args) {
+  std::string msg = "llmesh-ctl";
+  append_field(msg, nonce);
+  append_field(msg, std::to_string(timestamp_ms));
+  append_field(msg, command);
+  for (const auto& a : args) append_field(msg, a);
+  return hmac(token, msg);
+}
+
+bool verify_control(std::string_view token, std::string_view nonce, uint64_t timestamp_ms, std::string_view command,
+                    const std::vector<std::string>& args, std::string_view mac) {
+  if (nonce.size() != nonce_bytes) return false;
+  const std::string want = control_mac(token, nonce, timestamp_ms, command, args);
+  return mac.size() == want.size() && CRYPTO_memcmp(mac.data(), want.data(), want.size()) == 0;
+}
+
 std::string proof(std::string_view token, std::string_view coordinator_nonce, std::string_view joiner_nonce,
                   std::string_view node) {
   std::string msg = "llmesh-join";

@@ -2,12 +2,9 @@
 // messages into the actor system.
 #include "llmesh/actors/local_mesh.hpp"
 
-#include <mutex>
-#include <unordered_map>
-
 #include "llmesh/actors/replica_actor.hpp"
-#include "llmesh/actors/request_actor.hpp"
 #include "llmesh/actors/router_actor.hpp"
+#include "llmesh/actors/router_client.hpp"
 
 namespace llmesh::actors {
 
@@ -22,8 +19,7 @@ struct local_mesh::impl {
   std::unique_ptr<caf::actor_system> sys;
   caf::actor router;
   std::vector<caf::actor> replicas;
-  mutable std::mutex mu;
-  std::unordered_map<uint64_t, caf::actor> requests;  ///< live request actors by request id
+  std::unique_ptr<router_client> client;
 };
 
 local_mesh::local_mesh(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -58,15 +54,12 @@ result<std::unique_ptr<local_mesh>> local_mesh::create(std::shared_ptr<const mod
     p->replicas.push_back(r);
   }
   p->ready->store(p->replicas.size());  // the router confirms with its first poll
+  p->client = std::make_unique<router_client>(*p->sys, p->router, p->ready, opt.max_migrations, metrics);
   return std::unique_ptr<local_mesh>(new local_mesh(std::move(p)));
 }
 
 local_mesh::~local_mesh() {
-  {
-    std::lock_guard lock(impl_->mu);
-    for (auto& [id, a] : impl_->requests) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    impl_->requests.clear();
-  }
+  impl_->client.reset();  // stops the live request actors
   for (auto& r : impl_->replicas) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(impl_->router, caf::exit_reason::user_shutdown);
   // CAF waits for a detached actor's thread until the last handle to the actor is gone.
@@ -75,37 +68,8 @@ local_mesh::~local_mesh() {
   impl_->sys.reset();  // waits for every actor
 }
 
-void local_mesh::submit(replica_request r, token_sink sink) {
-  const uint64_t id = r.id;
-  impl* p = impl_.get();
-  // The sink wrapper forgets the request once its final message has gone out.
-  token_sink wrapped = [p, id, sink = std::move(sink)](const token_msg& t) {
-    if (t.failed || t.finish != finish_reason::none) {
-      std::lock_guard lock(p->mu);
-      p->requests.erase(id);
-    }
-    sink(t);
-  };
-  request_options ro;
-  ro.router = p->router;
-  ro.max_migrations = p->opt.max_migrations;
-  ro.metrics = p->metrics;
-  std::lock_guard lock(p->mu);
-  p->requests[id] = p->sys->spawn(request_actor, std::move(r), std::move(wrapped), ro);
-}
-
-void local_mesh::cancel(uint64_t id) {
-  caf::actor a;
-  {
-    std::lock_guard lock(impl_->mu);
-    auto it = impl_->requests.find(id);
-    if (it == impl_->requests.end()) return;
-    a = it->second;
-    impl_->requests.erase(it);
-  }
-  caf::anon_send(a, cancel_atom::value);
-}
-
+void local_mesh::submit(replica_request r, token_sink sink) { impl_->client->submit(std::move(r), std::move(sink)); }
+void local_mesh::cancel(uint64_t id) { impl_->client->cancel(id); }
 size_t local_mesh::ready_replicas() const { return impl_->ready->load(); }
 size_t local_mesh::replica_count() const { return impl_->replicas.size(); }
 const model::engine& local_mesh::engine(size_t i) const { return *impl_->engines.at(i); }
@@ -121,9 +85,6 @@ void local_mesh::drain_replica(size_t i) {
   caf::anon_send(r, drain_atom::value);
 }
 
-size_t local_mesh::inflight() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->requests.size();
-}
+size_t local_mesh::inflight() const { return impl_->client->inflight(); }
 
 }  // namespace llmesh::actors

@@ -132,6 +132,7 @@ caf::behavior replica_actor(replica* self, model::engine* eng, scheduler_config 
       },
       [=](fault_atom, int64_t steps) { self->state.crash_after = steps; },
       [=](drain_atom) { self->state.draining = true; },
+      [=](shards_atom) { return self->state.shards; },
       [=](step_atom) { step(self, eng); },
   };
 }

@@ -1,15 +1,15 @@
 // `llmesh serve`: the whole mesh in one process — HTTP gateway, router, replicas (each a
 // tensor-parallel engine) — on one model, until SIGINT or SIGTERM (then it drains).
 #include <signal.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
 
 #include "commands.hpp"
+#include "llmesh/actors/node_agent.hpp"
+#include "stop_signal.hpp"
 #include "llmesh/actors/local_mesh.hpp"
 #include "llmesh/gateway/http_server.hpp"
 
@@ -39,22 +39,6 @@ result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s, c
   return std::make_pair(host, static_cast<uint16_t>(port));
 }
 
-// SIGINT/SIGTERM: the handler writes the signal number into a pipe that one thread reads (a
-// signal mask cannot cover threads that libraries start before main, e.g. OpenBLAS's).
-int signal_pipe[2] = {-1, -1};
-extern "C" void on_stop_signal(int sig) {
-  const unsigned char b = static_cast<unsigned char>(sig);
-  [[maybe_unused]] auto n = write(signal_pipe[1], &b, 1);
-}
-
-/// KV positions per replica from a per-shard budget: K and V, f32, this shard's KV heads.
-size_t kv_tokens_for(const model::model_config& c, int tp, size_t budget_mb, size_t max_seqs) {
-  const size_t heads = std::max<size_t>(1, c.n_kv_heads / static_cast<size_t>(tp));
-  const size_t per_token = 2 * c.n_layers * heads * c.head_dim * sizeof(float);
-  const size_t tokens = budget_mb * (size_t{1} << 20) / std::max<size_t>(per_token, 1);
-  return std::min(tokens, max_seqs * c.max_positions);  // more could never be used
-}
-
 status run_serve(const serve_flags& f) {
   auto where = parse_host_port(f.http, "--http");
   if (!where) return where.take_error();
@@ -77,7 +61,7 @@ status run_serve(const serve_flags& f) {
   mo.replicas = f.replicas;
   mo.engine.tp = f.tp;
   mo.engine.threads = f.threads > 0 ? f.threads : std::max(f.tp, cores / f.replicas);
-  mo.engine.kv_tokens = kv_tokens_for(cfg, f.tp, f.kv_cache_mb, f.max_seqs);
+  mo.engine.kv_tokens = actors::kv_tokens_for_budget(cfg, f.tp, f.kv_cache_mb, f.max_seqs);
   mo.engine.device = *device;
   mo.engine.deterministic = f.deterministic;
   mo.sched.max_batch_tokens = f.max_batch_tokens;
@@ -120,18 +104,10 @@ status run_serve(const serve_flags& f) {
 
   gateway::http_server* srv = server->get();
   const auto drain = std::chrono::seconds(f.drain_s);
-  if (pipe(signal_pipe) != 0) return make_error(errc::io_error, "cannot create the signal pipe");
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  if (auto s = stop_signal::install(); !s) return s;
   std::thread waiter([srv, drain] {
-    unsigned char b = 0;
-    while (read(signal_pipe[0], &b, 1) < 0 && errno == EINTR) {
-    }
-    if (b == 0) return;  // the pipe closed: the server stopped on its own
-    const int sig = b;
+    const int sig = stop_signal::wait();
+    if (sig == 0) return;  // woken: the server stopped on its own
     std::fprintf(stderr, "llmesh: %s: draining (up to %llds), then stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                  static_cast<long long>(drain.count()));
     srv->stop(drain);
@@ -142,11 +118,9 @@ status run_serve(const serve_flags& f) {
   mesh->reset();
   server->reset();
   api.reset();
-  close(signal_pipe[1]);  // wakes the waiter if no signal came
+  stop_signal::wake();  // the waiter, if no signal came
   waiter.join();
-  close(signal_pipe[0]);
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
+  stop_signal::uninstall();
   std::fprintf(stderr, "llmesh: stopped\n");
   return ok_status();
 }

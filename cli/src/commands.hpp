@@ -19,6 +19,8 @@ void add_bench(CLI::App& app, command_set& commands);
 void add_tokenize(CLI::App& app, command_set& commands);
 void add_chat_template(CLI::App& app, command_set& commands);
 void add_serve(CLI::App& app, command_set& commands);
+void add_node(CLI::App& app, command_set& commands);
+void add_ctl(CLI::App& app, command_set& commands);
 
 /// Parses "1,2,3" (spaces allowed) into ids; errors name the bad element.
 [[nodiscard]] result<std::vector<int32_t>> parse_id_list(const std::string& text);

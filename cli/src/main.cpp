@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   llmesh::cli::add_tokenize(app, commands);
   llmesh::cli::add_chat_template(app, commands);
   llmesh::cli::add_serve(app, commands);
+  llmesh::cli::add_node(app, commands);
+  llmesh::cli::add_ctl(app, commands);
   if (argc > 1 && argv[1][0] != '-') {  // name an unknown command rather than "subcommand required"
     bool known = false;
     for (const auto* sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];

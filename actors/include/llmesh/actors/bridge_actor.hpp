@@ -26,13 +26,17 @@ using export_atom = caf::atom_constant<caf::atom("export")>;
 using out_atom = caf::atom_constant<caf::atom("out")>;
 using deliver_atom = caf::atom_constant<caf::atom("deliver")>;
 using connect_atom = caf::atom_constant<caf::atom("connect")>;
+using wire_atom = caf::atom_constant<caf::atom("wire")>;
+using watch_atom = caf::atom_constant<caf::atom("watch")>;
+using lookup_atom = caf::atom_constant<caf::atom("lookup")>;
 
 struct bridge_state {
   std::shared_ptr<transport::transport> net;
   std::string node;
   std::map<uint64_t, caf::actor> exports;               ///< id -> local actor
   std::map<caf::actor_addr, uint64_t> export_ids;
-  uint64_t next_export = 1000;                          ///< ids below are well-known (given by export)
+  uint64_t next_export = uint64_t{1} << 32;             ///< ids below are given by export (well-known ones)
+  std::vector<caf::actor> watchers;                     ///< told when a peer is lost
   std::map<std::pair<transport::peer_id, uint64_t>, caf::actor> proxies;
   /// Every proxy ever made, weakly: stopped when the bridge ends, however it ends.
   std::shared_ptr<std::vector<caf::weak_actor_ptr>> proxy_refs = std::make_shared<std::vector<caf::weak_actor_ptr>>();
@@ -40,7 +44,14 @@ struct bridge_state {
   static inline const char* name = "bridge";
 };
 
-/// `(export_atom, caf::actor, uint64_t id)`: peers may address `actor` as `id`.
+/// `(export_atom, caf::actor, uint64_t id)`: peers may address `actor` as `id` (ids below 2^32;
+/// the bridge numbers other local senders from 2^32 up).
+/// Membership and control messages are not actor messages: an exported actor receives them as
+/// `(wire_atom, peer_id, std::shared_ptr<transport::envelope>)`, and sends them with
+/// `(out_atom, peer_id, uint64_t remote_id, transport::body, caf::actor from)`.
+/// `(lookup_atom, uint64_t id)` → caf::actor: the local actor exported as `id` (invalid if none).
+/// `(watch_atom, caf::actor)`: that actor gets `(peerdown_atom, peer_id, std::string why)`
+/// whenever a connection is lost.
 /// `(connect_atom, std::string host_port)` → peer_id: opens a connection.
 /// `(proxy_atom, peer_id, uint64_t remote_id)` → caf::actor: the local stand-in for a remote
 /// actor (a replica: it takes generate / cancel / status and answers with token_msg and

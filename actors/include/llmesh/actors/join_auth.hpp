@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "llmesh/common/error.hpp"
@@ -24,5 +25,14 @@ std::string proof(std::string_view token, std::string_view coordinator_nonce, st
 /// The coordinator's check: nonces of the right size and a matching proof.
 [[nodiscard]] bool verify(std::string_view token, std::string_view coordinator_nonce, std::string_view joiner_nonce,
                           std::string_view node, std::string_view mac);
+
+/// An operator command's MAC (`llmesh ctl`): HMAC-SHA256(token, "llmesh-ctl" || nonce ||
+/// timestamp_ms || command || args), each field length-prefixed.
+std::string control_mac(std::string_view token, std::string_view nonce, uint64_t timestamp_ms, std::string_view command,
+                        const std::vector<std::string>& args);
+
+/// The coordinator's check of a command's MAC (constant-time; nonce of the right size).
+[[nodiscard]] bool verify_control(std::string_view token, std::string_view nonce, uint64_t timestamp_ms,
+                                  std::string_view command, const std::vector<std::string>& args, std::string_view mac);
 
 }  // namespace llmesh::actors::join_auth

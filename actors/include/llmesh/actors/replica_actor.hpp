@@ -22,6 +22,7 @@ using step_atom = caf::atom_constant<caf::atom("step")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
 using fault_atom = caf::atom_constant<caf::atom("fault")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using shards_atom = caf::atom_constant<caf::atom("shards")>;
 
 struct replica_state {
   std::unique_ptr<replica_core> core;
@@ -40,6 +41,8 @@ struct replica_state {
   static inline const char* name = "replica";
 };
 
+/// `(shards_atom)` → std::vector<caf::actor>: its shard actors (whoever frees the engine waits
+/// for them to stop, not only for the replica).
 /// `(generate_atom, replica_request, caf::actor reply_to)` queues a request whose tokens go to
 /// reply_to as token_msg; `(cancel_atom, uint64_t id)` drops one; `(status_atom, caf::actor
 /// reply_to)` sends reply_to a replica_load; `(fault_atom, int64_t steps)` makes the replica crash

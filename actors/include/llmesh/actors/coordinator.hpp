@@ -1,0 +1,99 @@
+// The coordinator (DESIGN.md §2), a plain class; coordinator_actor.hpp is its CAF shell. It
+// joins membership (the handshake, heartbeats, failure detection) to placement (which node
+// hosts which replica) and turns both into actions: frames to node agents (assign start/stop,
+// the handshake's replies), and what the routers must learn (a replica ready, draining, gone).
+// Operator commands (`llmesh ctl`) arrive as authenticated control messages.
+//
+// Peers: a node agent is reached by its connection (peer id) and actor id 1; peer 0 is this
+// process (the coordinator's own node joins without a connection).
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "llmesh/actors/cluster_config.hpp"
+#include "llmesh/actors/membership.hpp"
+#include "llmesh/actors/placement.hpp"
+#include "llmesh/transport/wire.hpp"
+
+namespace llmesh::actors {
+
+/// Well-known actor ids on every node.
+inline constexpr uint64_t agent_actor_id = 1;
+inline constexpr uint64_t coordinator_actor_id = 2;
+/// A replica actor is exported as this plus its replica id.
+inline constexpr uint64_t replica_actor_base = 1000;
+
+struct coordinator_options {
+  std::string token;
+  std::chrono::milliseconds failure_timeout{3000};
+  std::vector<model_spec> models;
+  std::chrono::milliseconds control_clock_skew{60000};  ///< how old (or new) a command may be
+};
+
+/// Something the coordinator's actor must do.
+struct coordinator_action {
+  enum kind {
+    send,           ///< `msg` to actor `remote` on connection `peer`
+    replica_ready,  ///< routers add replica `replica` (actor `remote` on `peer`), labelled `name`
+    replica_drain,  ///< routers stop sending new requests to `replica`
+    replica_gone,   ///< routers forget `replica`; requests still on it fail over
+  } k;
+  transport::peer_id peer = 0;
+  uint64_t remote = 0;
+  transport::body msg;
+  uint64_t replica = 0;
+  std::string name;
+};
+
+/// A replica as the coordinator tracks it.
+struct replica_record {
+  replica_assignment a;
+  transport::replica_phase phase = transport::replica_phase::loading;
+  transport::peer_id peer = 0;  ///< the hosting node's connection
+  uint64_t actor = 0;           ///< the replica actor's id there, once ready
+  std::string reason;           ///< why it died, when it did
+};
+
+/// Thread affinity: the coordinator actor's.
+class coordinator {
+ public:
+  using actions = std::vector<coordinator_action>;
+
+  /// invalid_request for models the mesh cannot run yet (spread placement: shards of one
+  /// replica in different processes).
+  [[nodiscard]] static result<coordinator> create(coordinator_options opt);
+
+  /// A frame from a node agent (or ctl) on connection `peer`.
+  actions on_message(transport::peer_id peer, const transport::envelope& e, mesh_clock::time_point now,
+                     uint64_t wall_ms);
+  /// The transport lost connection `peer`.
+  actions on_peer_down(transport::peer_id peer);
+  /// Periodic: members silent past the failure timeout are dead.
+  actions on_tick(mesh_clock::time_point now);
+
+  const membership& members() const { return members_; }
+  const std::map<uint64_t, replica_record>& replicas() const { return replicas_; }
+
+ private:
+  explicit coordinator(coordinator_options opt);
+  actions apply(const std::vector<change>& changes);
+  void node_lost(const std::string& name, actions& out);
+  transport::control_reply_msg control(const transport::control_msg& c, uint64_t wall_ms, actions& out);
+  transport::control_reply_msg run_command(const std::string& cmd, const std::vector<std::string>& args, actions& out);
+  std::string nodes_json() const;
+  std::string replicas_json() const;
+
+  coordinator_options opt_;
+  membership members_;
+  placement_planner plan_;
+  std::map<uint64_t, replica_record> replicas_;
+  std::deque<std::string> recent_nonces_;  ///< control nonces seen (bounded): no replays
+  std::set<std::string> nonce_set_;
+};
+
+}  // namespace llmesh::actors

@@ -1,0 +1,81 @@
+// The node agent (DESIGN.md §2): one per `llmesh node` process. It joins the mesh (Hello →
+// Challenge → Proof → Welcome with the cluster token, join_auth.hpp), sends heartbeats, rejoins
+// when the coordinator's connection is lost, and hosts the replicas the coordinator assigns:
+// it loads the model (off its own thread), spawns the replica actor, exports it through the
+// bridge, and reports it ready; on a stop it drains the replica (in-flight requests finish),
+// stops it, and frees its engine once the replica and its shard actors are gone.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "llmesh/actors/batch_scheduler.hpp"
+#include "llmesh/model/engine.hpp"
+#include "llmesh/transport/transport.hpp"
+#include "llmesh/transport/wire.hpp"
+
+namespace llmesh::actors {
+
+using join_atom = caf::atom_constant<caf::atom("join")>;
+using beat_atom = caf::atom_constant<caf::atom("beat")>;
+using loaded_atom = caf::atom_constant<caf::atom("loaded")>;
+using poll_atom = caf::atom_constant<caf::atom("poll")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using agent_atom = caf::atom_constant<caf::atom("agent")>;
+
+struct node_agent_options {
+  std::string node;  ///< this node's name
+  std::vector<transport::role> roles;
+  std::string listen;  ///< this node's mesh address
+  std::string seed;    ///< the coordinator's mesh address (unused when the coordinator is local)
+  std::string token;
+  std::chrono::milliseconds heartbeat{500};
+  std::chrono::milliseconds drain_timeout{60000};  ///< a stopping replica's in-flight requests get this long
+  model::engine_options engine;                    ///< threads and device; tp and KV come with each assignment
+  scheduler_config sched;
+  /// Called (on an actor thread) when the node cannot go on: its join was refused.
+  std::function<void(const std::string&)> on_fatal;
+};
+
+/// Replicas this agent hosts, by replica id. The engine outlives the replica and its shards.
+struct hosted_replica {
+  std::string model;
+  std::shared_ptr<model::engine> engine;
+  caf::actor replica;
+  size_t alive = 0;         ///< the replica and its shards not yet down
+  bool stopping = false;    ///< asked to stop (drain, then exit)
+  std::chrono::steady_clock::time_point stop_since;
+};
+
+struct node_agent_state {
+  node_agent_options opt;
+  caf::actor bridge, coordinator;  ///< coordinator: set when it lives in this process
+  std::optional<transport::peer_id> coord_peer;
+  bool joined = false;
+  bool quitting = false;
+  uint64_t seq = 0;
+  std::string nonce;
+  std::map<uint64_t, hosted_replica> hosted;
+  std::map<uint64_t, std::pair<std::string, bool>> loading;  ///< replica id → (model, stop asked)
+  std::map<caf::actor_addr, uint64_t> by_actor;  ///< replica and shard actors → replica id
+  std::map<std::string, std::shared_ptr<const model::model>> models;  ///< loaded, by path
+  static inline const char* name = "node-agent";
+};
+
+/// KV positions per replica from a per-shard budget in MiB: K and V, f32, a shard's KV heads
+/// (no more than `max_seqs` full contexts, which could never be used).
+size_t kv_tokens_for_budget(const model::model_config& c, int tp, size_t budget_mb, size_t max_seqs);
+
+/// `(join_atom)` starts (and after a lost coordinator, restarts) the join. `(stop_atom)`: stop
+/// every hosted replica now, then quit once their engines are free. The bridge delivers the
+/// coordinator's frames as `(wire_atom, peer, envelope)`; a local coordinator sends the same
+/// with peer 0. `(agent_atom, caf::actor coordinator)` names a coordinator in this process.
+caf::behavior node_agent(caf::stateful_actor<node_agent_state>* self, node_agent_options opt, caf::actor bridge);
+
+}  // namespace llmesh::actors

@@ -1,0 +1,45 @@
+// The gateway's side of a mesh whose router lives in an actor system the caller owns: each
+// submitted request becomes a request actor that routes through `router` (DESIGN.md §3). Used
+// by the in-process mesh (local_mesh) and by a gateway node of a multi-process mesh, where the
+// router's replicas are proxies of remote ones.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include <caf/all.hpp>
+
+#include "llmesh/actors/local_mesh.hpp"
+
+namespace llmesh::actors {
+
+/// Thread affinity: any thread. Must be destroyed before its actor system; destruction stops
+/// the request actors still running (their sinks get nothing more).
+class router_client final : public mesh_client {
+ public:
+  /// `ready`: the router's count of ready replicas (router_options::ready_count).
+  router_client(caf::actor_system& sys, caf::actor router, std::shared_ptr<std::atomic<size_t>> ready,
+                size_t max_migrations, metrics_registry* metrics);
+  ~router_client() override;
+  router_client(const router_client&) = delete;
+  router_client& operator=(const router_client&) = delete;
+
+  void submit(replica_request r, token_sink sink) override;
+  void cancel(uint64_t id) override;
+  size_t ready_replicas() const override { return ready_->load(); }
+  /// Requests in flight (submitted, not yet finished or cancelled).
+  size_t inflight() const;
+
+ private:
+  struct live;  ///< shared with the sinks, which may run after this object is gone
+  caf::actor_system& sys_;
+  caf::actor router_;
+  std::shared_ptr<std::atomic<size_t>> ready_;
+  size_t max_migrations_;
+  metrics_registry* metrics_;
+  std::shared_ptr<live> live_;
+};
+
+}  // namespace llmesh::actors

@@ -1,0 +1,270 @@
+// The coordinator's logic (coordinator.hpp).
+#include "llmesh/actors/coordinator.hpp"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "llmesh/actors/join_auth.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+using transport::replica_phase;
+
+const char* phase_name(replica_phase p) {
+  switch (p) {
+    case replica_phase::loading: return "loading";
+    case replica_phase::ready: return "ready";
+    case replica_phase::draining: return "draining";
+    case replica_phase::dead: return "dead";
+  }
+  return "?";
+}
+
+std::string role_list(const std::vector<transport::role>& roles) {
+  static constexpr const char* names[] = {"coordinator", "gateway", "router", "replica"};
+  std::string out;
+  for (auto r : roles) out += (out.empty() ? "" : ",") + std::string(names[static_cast<int>(r)]);
+  return out;
+}
+
+bool has_role(const std::vector<transport::role>& roles, transport::role r) {
+  return std::find(roles.begin(), roles.end(), r) != roles.end();
+}
+
+coordinator_action send_to(transport::peer_id peer, uint64_t remote, transport::body b) {
+  return {coordinator_action::send, peer, remote, std::move(b), 0, {}};
+}
+
+}  // namespace
+
+result<coordinator> coordinator::create(coordinator_options opt) {
+  for (const auto& m : opt.models) {
+    if (m.place == placement::spread) {
+      return make_error(errc::unsupported, "model '" + m.name +
+                                                   "': placement 'spread' (a replica's shards in different "
+                                                   "processes) is not supported yet; use 'packed'");
+    }
+  }
+  coordinator c(std::move(opt));
+  if (auto s = c.plan_.set_models(c.opt_.models); !s) return s.take_error();
+  return c;
+}
+
+coordinator::coordinator(coordinator_options opt)
+    : opt_(std::move(opt)), members_(opt_.token, opt_.failure_timeout) {}
+
+coordinator::actions coordinator::on_message(transport::peer_id peer, const transport::envelope& e,
+                                             mesh_clock::time_point now, uint64_t wall_ms) {
+  actions out;
+  const uint64_t reply_to = e.source.actor;
+  std::visit(
+      [&](const auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, transport::hello_msg>) {
+          auto ch = members_.on_hello(peer, m, now);
+          if (ch) {
+            out.push_back(send_to(peer, reply_to, *ch));
+          } else {
+            out.push_back(send_to(peer, reply_to, transport::welcome_msg{false, ch.err().message, {}}));
+          }
+        } else if constexpr (std::is_same_v<T, transport::proof_msg>) {
+          auto j = members_.on_proof(peer, m, now);
+          out.push_back(send_to(peer, reply_to, j.welcome));
+          if (j.joined) {
+            const auto& info = members_.members().at(*j.joined);
+            if (has_role(info.who.roles, transport::role::replica)) {
+              if (auto ch = plan_.node_up(*j.joined); ch) {
+                auto more = apply(*ch);
+                out.insert(out.end(), more.begin(), more.end());
+              }
+            }
+          }
+        } else if constexpr (std::is_same_v<T, transport::heartbeat_msg>) {
+          members_.on_heartbeat(peer, m, now);
+        } else if constexpr (std::is_same_v<T, transport::replica_state_msg>) {
+          auto it = replicas_.find(m.replica);
+          if (it == replicas_.end() || it->second.peer != peer) return;  // stale or confused
+          auto& r = it->second;
+          if (m.phase == replica_phase::ready && r.phase == replica_phase::loading) {
+            r.phase = replica_phase::ready;
+            r.actor = m.actor;
+            out.push_back({coordinator_action::replica_ready, peer, m.actor, {}, m.replica,
+                           r.a.shards.front() + "/" + std::to_string(m.replica)});
+          } else if (m.phase == replica_phase::dead) {
+            if (r.phase == replica_phase::ready || r.phase == replica_phase::draining) {
+              out.push_back({coordinator_action::replica_gone, peer, 0, {}, m.replica, {}});
+            }
+            if (r.phase == replica_phase::draining) {
+              replicas_.erase(it);  // a planned stop, done
+            } else {
+              r.phase = replica_phase::dead;  // failed on its own: ctl shows why
+              r.reason = m.reason;
+            }
+          }
+        } else if constexpr (std::is_same_v<T, transport::control_msg>) {
+          out.push_back(send_to(peer, reply_to, control(m, wall_ms, out)));
+        }
+      },
+      e.msg);
+  return out;
+}
+
+coordinator::actions coordinator::on_peer_down(transport::peer_id peer) {
+  actions out;
+  if (auto name = members_.on_peer_down(peer)) node_lost(*name, out);
+  return out;
+}
+
+coordinator::actions coordinator::on_tick(mesh_clock::time_point now) {
+  actions out;
+  for (const auto& name : members_.expire(now)) node_lost(name, out);
+  return out;
+}
+
+void coordinator::node_lost(const std::string& name, actions& out) {
+  // Replicas on the lost node cannot answer any more: routers forget them now.
+  for (auto it = replicas_.begin(); it != replicas_.end();) {
+    if (it->second.a.shards.front() != name) {
+      ++it;
+      continue;
+    }
+    if (it->second.phase != replica_phase::dead) out.push_back({coordinator_action::replica_gone, 0, 0, {}, it->first, {}});
+    it = replicas_.erase(it);
+  }
+  auto more = apply(plan_.node_down(name));
+  out.insert(out.end(), more.begin(), more.end());
+}
+
+coordinator::actions coordinator::apply(const std::vector<change>& changes) {
+  actions out;
+  for (const auto& c : changes) {
+    const std::string& node = c.r.shards.front();  // packed: every shard on one node
+    auto m = members_.members().find(node);
+    if (c.k == change::start_replica) {
+      if (m == members_.members().end()) continue;  // cannot happen: placement only uses members
+      const auto* spec = [&]() -> const model_spec* {
+        for (const auto& s : plan_.models()) {
+          if (s.name == c.r.model) return &s;
+        }
+        return nullptr;
+      }();
+      if (!spec) continue;
+      replicas_[c.r.id] = {c.r, replica_phase::loading, m->second.peer, 0, {}};
+      out.push_back(send_to(m->second.peer, agent_actor_id,
+                            transport::assign_msg{c.r.id, spec->name, spec->path, static_cast<uint32_t>(spec->tp),
+                                                  spec->kv_cache_mb, transport::assign_op::start}));
+    } else {
+      auto it = replicas_.find(c.r.id);
+      if (it == replicas_.end()) continue;  // already forgotten (its node was lost)
+      if (m == members_.members().end()) {
+        out.push_back({coordinator_action::replica_gone, 0, 0, {}, c.r.id, {}});
+        replicas_.erase(it);
+        continue;
+      }
+      // Routers first (no new request goes there), then the node drains and stops it.
+      if (it->second.phase == replica_phase::ready) out.push_back({coordinator_action::replica_drain, 0, 0, {}, c.r.id, {}});
+      it->second.phase = replica_phase::draining;
+      out.push_back(send_to(m->second.peer, agent_actor_id,
+                            transport::assign_msg{c.r.id, c.r.model, "", 0, 0, transport::assign_op::stop}));
+    }
+  }
+  return out;
+}
+
+transport::control_reply_msg coordinator::control(const transport::control_msg& c, uint64_t wall_ms, actions& out) {
+  const uint64_t skew = static_cast<uint64_t>(opt_.control_clock_skew.count());
+  if (!join_auth::verify_control(opt_.token, c.nonce, c.timestamp_ms, c.command, c.args, c.mac)) {
+    return {false, "refused: bad credentials (check the cluster token)", ""};
+  }
+  if (c.timestamp_ms + skew < wall_ms || c.timestamp_ms > wall_ms + skew) {
+    return {false, "refused: the command's clock is more than " + std::to_string(skew / 1000) + " s off", ""};
+  }
+  if (!nonce_set_.insert(c.nonce).second) return {false, "refused: a replayed command", ""};
+  recent_nonces_.push_back(c.nonce);
+  if (recent_nonces_.size() > 4096) {
+    nonce_set_.erase(recent_nonces_.front());
+    recent_nonces_.pop_front();
+  }
+  return run_command(c.command, c.args, out);
+}
+
+transport::control_reply_msg coordinator::run_command(const std::string& cmd, const std::vector<std::string>& args,
+                                                      actions& out) {
+  auto need = [&](size_t n) { return args.size() == n; };
+  auto applied = [&](result<std::vector<change>> r, const std::string& done) -> transport::control_reply_msg {
+    if (!r) return {false, r.err().message, ""};
+    auto more = apply(*r);
+    out.insert(out.end(), more.begin(), more.end());
+    return {true, done, nlohmann::json{{"ok", true}, {"changes", r->size()}}.dump()};
+  };
+  if (cmd == "status" && need(0)) {
+    size_t ready = 0, total = replicas_.size();
+    for (const auto& [id, r] : replicas_) ready += r.phase == replica_phase::ready;
+    nlohmann::json pending = nlohmann::json::object();
+    for (const auto& [model, n] : plan_.pending()) pending[model] = n;
+    nlohmann::json j{{"nodes", members_.members().size()}, {"replicas", total}, {"ready", ready}, {"pending", pending}};
+    std::string text = std::to_string(members_.members().size()) + " node(s), " + std::to_string(ready) + "/" +
+                       std::to_string(total) + " replica(s) ready";
+    for (const auto& [model, n] : plan_.pending()) text += ", " + model + " short of " + std::to_string(n);
+    return {true, text, j.dump()};
+  }
+  if (cmd == "nodes" && need(0)) {
+    std::string text;
+    for (const auto& [name, info] : members_.members()) {
+      const auto pn = plan_.nodes();
+      const auto p = std::find_if(pn.begin(), pn.end(), [&](const placement_node& n) { return n.name == name; });
+      text += name + "  " + info.who.listen + "  " + role_list(info.who.roles) +
+              (p == pn.end() ? "" : std::string("  ") + (p->state == node_state::draining ? "draining" : "ready") +
+                                        "  shards " + std::to_string(p->used) + "/" + std::to_string(p->slots)) +
+              "\n";
+    }
+    return {true, text, nodes_json()};
+  }
+  if (cmd == "replicas" && need(0)) {
+    std::string text;
+    for (const auto& [id, r] : replicas_) {
+      text += std::to_string(id) + "  " + r.a.model + "  " + r.a.shards.front() + "  " + phase_name(r.phase) +
+              (r.reason.empty() ? "" : "  (" + r.reason + ")") + "\n";
+    }
+    return {true, text, replicas_json()};
+  }
+  if (cmd == "drain" && need(1)) return applied(plan_.drain(args[0]), "draining " + args[0]);
+  if (cmd == "remove" && need(1)) return applied(plan_.remove(args[0]), "removed " + args[0]);
+  if (cmd == "scale" && need(2)) {
+    char* end = nullptr;
+    const long n = std::strtol(args[1].c_str(), &end, 10);
+    if (args[1].empty() || *end != '\0' || n < 0 || n > 1024) return {false, "scale: N must be 0..1024", ""};
+    return applied(plan_.scale(args[0], static_cast<int>(n)), args[0] + " scaled to " + args[1]);
+  }
+  return {false, "unknown command '" + cmd + "' with " + std::to_string(args.size()) +
+                     " argument(s) (status, nodes, replicas, drain NODE, remove NODE, scale MODEL N)",
+          ""};
+}
+
+std::string coordinator::nodes_json() const {
+  nlohmann::json j = nlohmann::json::array();
+  const auto pn = plan_.nodes();
+  for (const auto& [name, info] : members_.members()) {
+    nlohmann::json n{{"name", name}, {"listen", info.who.listen}, {"roles", role_list(info.who.roles)}};
+    for (const auto& p : pn) {
+      if (p.name != name) continue;
+      n["state"] = p.state == node_state::draining ? "draining" : "ready";
+      n["shards"] = p.used;
+      n["slots"] = p.slots;
+    }
+    j.push_back(n);
+  }
+  return j.dump();
+}
+
+std::string coordinator::replicas_json() const {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& [id, r] : replicas_) {
+    j.push_back({{"id", id}, {"model", r.a.model}, {"node", r.a.shards.front()}, {"phase", phase_name(r.phase)},
+                 {"reason", r.reason}});
+  }
+  return j.dump();
+}
+
+}  // namespace llmesh::actors

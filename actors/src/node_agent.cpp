@@ -1,0 +1,263 @@
+// The node agent (node_agent.hpp).
+#include "llmesh/actors/node_agent.hpp"
+
+#include <cstdio>
+
+#include "llmesh/actors/bridge_actor.hpp"
+#include "llmesh/actors/coordinator.hpp"
+#include "llmesh/actors/join_auth.hpp"
+#include "llmesh/actors/replica_actor.hpp"
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<llmesh::model::engine>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const llmesh::model::model>)
+
+namespace llmesh::actors {
+namespace {
+
+using agent = caf::stateful_actor<node_agent_state>;
+using namespace std::chrono_literals;
+
+/// A frame body to the coordinator: through the bridge, or straight to it in this process.
+void to_coordinator(agent* self, transport::body b) {
+  auto& st = self->state;
+  if (st.coordinator) {
+    auto e = std::make_shared<transport::envelope>();
+    e->source = {st.opt.node, agent_actor_id};
+    e->destination = {st.opt.node, coordinator_actor_id};
+    e->msg = std::move(b);
+    self->send(st.coordinator, wire_atom::value, transport::peer_id{0}, std::move(e));
+  } else if (st.coord_peer) {
+    self->send(st.bridge, out_atom::value, *st.coord_peer, coordinator_actor_id, std::move(b), caf::actor_cast<caf::actor>(self));
+  }
+}
+
+void report(agent* self, uint64_t id, const std::string& model, transport::replica_phase phase, uint64_t actor = 0,
+            std::string reason = {}) {
+  to_coordinator(self, transport::replica_state_msg{id, self->state.opt.node, model, phase, actor, std::move(reason)});
+}
+
+void send_hello(agent* self) {
+  auto& st = self->state;
+  auto n = join_auth::make_nonce();
+  if (!n) return;
+  st.nonce = *n;
+  transport::resources res;
+  res.cores = std::max(1u, std::thread::hardware_concurrency());
+  to_coordinator(self, transport::hello_msg{st.opt.node, st.opt.roles, st.opt.listen, res, st.nonce});
+}
+
+void start_join(agent* self) {
+  auto& st = self->state;
+  if (st.quitting || st.joined) return;
+  if (st.coordinator) return send_hello(self);
+  self->request(st.bridge, 10s, connect_atom::value, st.opt.seed)
+      .then(
+          [=](transport::peer_id p) {
+            self->state.coord_peer = p;
+            send_hello(self);
+          },
+          [=](caf::error&) { self->delayed_send(self, 1s, join_atom::value); });  // the seed is not up yet
+}
+
+/// Loads the model and builds the engine on a detached helper (a large model takes seconds;
+/// heartbeats must go on meanwhile), then reports back with `(loaded_atom, id, engine, error)`.
+void load_replica(agent* self, const transport::assign_msg& a) {
+  auto& st = self->state;
+  std::shared_ptr<const model::model> cached;
+  if (auto it = st.models.find(a.path); it != st.models.end()) cached = it->second;
+  model::engine_options eo = st.opt.engine;
+  eo.tp = static_cast<int>(std::max<uint32_t>(a.tp, 1));
+  const size_t kv_mb = a.kv_cache_mb;
+  const size_t max_seqs = st.opt.sched.max_seqs;
+  st.loading[a.replica] = {a.model, false};
+  self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, kv_mb,
+                              max_seqs](caf::event_based_actor* helper) mutable {
+    std::shared_ptr<const model::model> m = cached;
+    std::string err;
+    std::shared_ptr<model::engine> eng;
+    if (!m) {
+      auto loaded = model::model::load(a.path);
+      if (loaded) m = *loaded;
+      else err = loaded.err().message;
+    }
+    if (m) {
+      eo.kv_tokens = kv_tokens_for_budget(m->config(), eo.tp, kv_mb, max_seqs);
+      auto e = model::engine::create(m, eo);
+      if (e) eng = std::move(*e);
+      else err = e.err().message;
+    }
+    helper->send(agent_handle, loaded_atom::value, a.replica, a.path, m, eng, err);
+  });
+}
+
+void loaded(agent* self, uint64_t id, const std::string& path, std::shared_ptr<const model::model> m,
+            std::shared_ptr<model::engine> eng, const std::string& err) {
+  auto& st = self->state;
+  auto pending = st.loading.find(id);
+  if (pending == st.loading.end()) return;
+  const std::string model = pending->second.first;
+  const bool cancelled = pending->second.second || st.quitting;
+  st.loading.erase(pending);
+  if (m) st.models[path] = m;
+  if (cancelled) return report(self, id, model, transport::replica_phase::dead, 0, "stopped while loading");
+  if (!eng) {
+    std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' failed to load: %s\n", st.opt.node.c_str(),
+                 static_cast<unsigned long long>(id), model.c_str(), err.c_str());
+    return report(self, id, model, transport::replica_phase::dead, 0, err);
+  }
+  auto r = self->spawn(replica_actor, eng.get(), st.opt.sched);
+  auto& h = st.hosted[id];
+  h.model = model;
+  h.engine = std::move(eng);
+  h.replica = r;
+  h.alive = 1;
+  self->monitor(r);
+  st.by_actor[r.address()] = id;
+  const uint64_t export_id = replica_actor_base + id;
+  self->send(st.bridge, export_atom::value, r, export_id);
+  // The shard actors hold the engine too: it is freed only when they are gone as well.
+  self->request(r, 10s, shards_atom::value).await([=](const std::vector<caf::actor>& shards) {
+    auto it = self->state.hosted.find(id);
+    if (it == self->state.hosted.end()) return;
+    for (const auto& s : shards) {
+      self->monitor(s);
+      self->state.by_actor[s.address()] = id;
+      ++it->second.alive;
+    }
+  });
+  std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' ready (tp %d)\n", st.opt.node.c_str(),
+               static_cast<unsigned long long>(id), model.c_str(), st.hosted[id].engine->tp());
+  report(self, id, model, transport::replica_phase::ready, export_id);
+}
+
+void stop_replica(agent* self, uint64_t id) {
+  if (auto l = self->state.loading.find(id); l != self->state.loading.end()) l->second.second = true;
+  auto it = self->state.hosted.find(id);
+  if (it == self->state.hosted.end() || it->second.stopping) return;
+  it->second.stopping = true;
+  it->second.stop_since = std::chrono::steady_clock::now();
+  self->send(it->second.replica, drain_atom::value);  // takes nothing new
+  self->send(self, poll_atom::value, id);
+}
+
+/// A stopping replica is polled until its last request finished (or the drain timeout), then stopped.
+void poll(agent* self, uint64_t id) {
+  auto it = self->state.hosted.find(id);
+  if (it == self->state.hosted.end() || !it->second.replica) return;
+  const auto waited = std::chrono::steady_clock::now() - it->second.stop_since;
+  if (waited > self->state.opt.drain_timeout) {
+    self->send_exit(it->second.replica, caf::exit_reason::user_shutdown);
+    return;
+  }
+  self->send(it->second.replica, status_atom::value, caf::actor_cast<caf::actor>(self));
+  self->delayed_send(self, 50ms, poll_atom::value, id);
+}
+
+void on_down(agent* self, const caf::down_msg& d) {
+  auto& st = self->state;
+  auto a = st.by_actor.find(d.source);
+  if (a == st.by_actor.end()) {
+    return;
+  }
+  const uint64_t id = a->second;
+  st.by_actor.erase(a);
+  auto it = st.hosted.find(id);
+  if (it == st.hosted.end()) return;
+  auto& h = it->second;
+  if (h.replica && d.source == h.replica.address()) h.replica = caf::actor{};
+  if (--h.alive > 0) return;
+  // Replica and shards are gone: the engine can go. The coordinator learns it stopped.
+  const bool planned = h.stopping;
+  const std::string model = h.model;
+  st.hosted.erase(it);
+  if (!st.quitting) {
+    report(self, id, model, transport::replica_phase::dead, 0, planned ? "" : "the replica stopped unexpectedly");
+  }
+  if (st.quitting && st.hosted.empty()) self->quit();
+}
+
+void on_wire(agent* self, transport::peer_id peer, const transport::envelope& e) {
+  auto& st = self->state;
+  if (!st.coordinator && (!st.coord_peer || peer != *st.coord_peer)) return;  // only the coordinator commands
+  std::visit(
+      [&](const auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, transport::challenge_msg>) {
+          to_coordinator(self, transport::proof_msg{join_auth::proof(st.opt.token, m.nonce, st.nonce, st.opt.node)});
+        } else if constexpr (std::is_same_v<T, transport::welcome_msg>) {
+          if (!m.accepted) {
+            std::fprintf(stderr, "llmesh: node %s: the coordinator refused the join: %s\n", st.opt.node.c_str(),
+                         m.reason.c_str());
+            if (st.opt.on_fatal) st.opt.on_fatal("join refused: " + m.reason);
+            return;
+          }
+          const bool first = !st.joined;
+          st.joined = true;
+          if (first) {
+            std::fprintf(stderr, "llmesh: node %s joined the mesh (%zu member(s))\n", st.opt.node.c_str(), m.members.size());
+            self->send(self, beat_atom::value);
+          }
+        } else if constexpr (std::is_same_v<T, transport::assign_msg>) {
+          if (m.op == transport::assign_op::start) {
+            if (!st.hosted.count(m.replica)) load_replica(self, m);
+          } else {
+            stop_replica(self, m.replica);
+          }
+        }
+      },
+      e.msg);
+}
+
+}  // namespace
+
+size_t kv_tokens_for_budget(const model::model_config& c, int tp, size_t budget_mb, size_t max_seqs) {
+  const size_t heads = std::max<size_t>(1, c.n_kv_heads / static_cast<size_t>(std::max(tp, 1)));
+  const size_t per_token = 2 * c.n_layers * heads * c.head_dim * sizeof(float);
+  const size_t tokens = budget_mb * (size_t{1} << 20) / std::max<size_t>(per_token, 1);
+  return std::min(tokens, max_seqs * c.max_positions);  // more could never be used
+}
+
+caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge) {
+  self->state.opt = std::move(opt);
+  self->state.bridge = std::move(bridge);
+  self->set_down_handler([=](const caf::down_msg& d) { on_down(self, d); });
+  return {
+      [=](agent_atom, caf::actor coordinator) { self->state.coordinator = std::move(coordinator); },
+      [=](join_atom) { start_join(self); },
+      [=](beat_atom) {
+        auto& st = self->state;
+        if (!st.joined || st.quitting) return;
+        to_coordinator(self, transport::heartbeat_msg{st.opt.node, ++st.seq});
+        self->delayed_send(self, st.opt.heartbeat, beat_atom::value);
+      },
+      [=](wire_atom, transport::peer_id peer, const std::shared_ptr<transport::envelope>& e) { on_wire(self, peer, *e); },
+      [=](peerdown_atom, transport::peer_id peer, const std::string& why) {
+        auto& st = self->state;
+        if (!st.coord_peer || *st.coord_peer != peer) return;
+        std::fprintf(stderr, "llmesh: node %s lost the coordinator (%s); rejoining\n", st.opt.node.c_str(), why.c_str());
+        st.coord_peer.reset();
+        st.joined = false;
+        self->delayed_send(self, 1s, join_atom::value);
+      },
+      [=](loaded_atom, uint64_t id, const std::string& path, std::shared_ptr<const model::model> m,
+          std::shared_ptr<model::engine> eng, const std::string& err) { loaded(self, id, path, std::move(m), std::move(eng), err); },
+      [=](poll_atom, uint64_t id) { poll(self, id); },
+      [=](const replica_load& l) {
+        for (auto& [id, h] : self->state.hosted) {
+          if (h.stopping && h.replica && h.replica.id() == l.replica && l.running + l.waiting == 0) {
+            self->send_exit(h.replica, caf::exit_reason::user_shutdown);
+          }
+        }
+      },
+      [=](stop_atom) {
+        auto& st = self->state;
+        st.quitting = true;
+        if (st.hosted.empty()) return self->quit();  // (a replica still loading is dropped when it arrives)
+        for (auto& [id, h] : st.hosted) {
+          if (h.replica) self->send_exit(h.replica, caf::exit_reason::user_shutdown);
+        }
+      },
+  };
+}
+
+}  // namespace llmesh::actors

@@ -1,0 +1,64 @@
+// Requests into a router (router_client.hpp).
+#include "llmesh/actors/router_client.hpp"
+
+#include "llmesh/actors/replica_actor.hpp"
+#include "llmesh/actors/request_actor.hpp"
+
+namespace llmesh::actors {
+
+struct router_client::live {
+  mutable std::mutex mu;
+  std::unordered_map<uint64_t, caf::actor> requests;  ///< live request actors by request id
+};
+
+router_client::router_client(caf::actor_system& sys, caf::actor router, std::shared_ptr<std::atomic<size_t>> ready,
+                             size_t max_migrations, metrics_registry* metrics)
+    : sys_(sys),
+      router_(std::move(router)),
+      ready_(ready ? std::move(ready) : std::make_shared<std::atomic<size_t>>(0)),
+      max_migrations_(max_migrations),
+      metrics_(metrics),
+      live_(std::make_shared<live>()) {}
+
+router_client::~router_client() {
+  std::lock_guard lock(live_->mu);
+  for (auto& [id, a] : live_->requests) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  live_->requests.clear();
+}
+
+void router_client::submit(replica_request r, token_sink sink) {
+  const uint64_t id = r.id;
+  // The sink wrapper forgets the request once its final message has gone out.
+  token_sink wrapped = [l = live_, id, sink = std::move(sink)](const token_msg& t) {
+    if (t.failed || t.finish != finish_reason::none) {
+      std::lock_guard lock(l->mu);
+      l->requests.erase(id);
+    }
+    sink(t);
+  };
+  request_options ro;
+  ro.router = router_;
+  ro.max_migrations = max_migrations_;
+  ro.metrics = metrics_;
+  std::lock_guard lock(live_->mu);
+  live_->requests[id] = sys_.spawn(request_actor, std::move(r), std::move(wrapped), ro);
+}
+
+void router_client::cancel(uint64_t id) {
+  caf::actor a;
+  {
+    std::lock_guard lock(live_->mu);
+    auto it = live_->requests.find(id);
+    if (it == live_->requests.end()) return;
+    a = it->second;
+    live_->requests.erase(it);
+  }
+  caf::anon_send(a, cancel_atom::value);
+}
+
+size_t router_client::inflight() const {
+  std::lock_guard lock(live_->mu);
+  return live_->requests.size();
+}
+
+}  // namespace llmesh::actors

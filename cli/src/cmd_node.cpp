@@ -1,0 +1,275 @@
+// `llmesh node`: one process of a multi-process mesh (DESIGN.md §2, §4). Every node has a node
+// agent (joins, heartbeats, hosts assigned replicas) and a bridge to the other processes over
+// UCX; by role it also runs the coordinator, a router, and the OpenAI-compatible gateway.
+// Described by a cluster config (`--config FILE --name NODE`) or by flags when added at run
+// time (`--join SEED --name NODE --listen HOST:PORT --role ROLES`). Stops on SIGINT/SIGTERM:
+// the gateway drains, hosted replicas stop, then the process exits 0.
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "commands.hpp"
+#include "llmesh/actors/bridge_actor.hpp"
+#include "llmesh/actors/cluster_config.hpp"
+#include "llmesh/actors/coordinator_actor.hpp"
+#include "llmesh/actors/node_agent.hpp"
+#include "llmesh/actors/router_actor.hpp"
+#include "llmesh/actors/router_client.hpp"
+#include "llmesh/gateway/http_server.hpp"
+#include "llmesh/transport/ucx_transport.hpp"
+#include "stop_signal.hpp"
+
+namespace llmesh::cli {
+namespace {
+
+struct node_flags {
+  std::string config, name, join, listen, roles, token, model_dir, http, device = "cpu";
+  int threads = 0, heartbeat_ms = 500;
+  size_t drain_s = 10, max_concurrent = 256;
+};
+
+/// What this process is, from the config or the flags.
+struct node_plan {
+  std::string name, listen, seed, token;
+  std::vector<actors::node_role> roles;
+  std::chrono::milliseconds heartbeat{500}, failure_timeout{3000};
+  std::vector<actors::model_spec> models;  ///< the coordinator's (config mode)
+  std::string gateway_model_dir, gateway_model_name;
+  std::optional<actors::endpoint> http;
+  bool has(actors::node_role r) const { return std::find(roles.begin(), roles.end(), r) != roles.end(); }
+};
+
+result<node_plan> plan_from_flags(const node_flags& f) {
+  node_plan p;
+  p.name = f.name;
+  if (!f.config.empty()) {
+    auto cfg = actors::load_cluster_config(f.config);
+    if (!cfg) return cfg.take_error();
+    const auto* n = cfg->node(f.name);
+    if (!n) return make_error(errc::invalid_request, f.config + ": no node named '" + f.name + "'");
+    p.roles = n->roles;
+    p.listen = n->listen.str();
+    p.seed = cfg->seed.str();
+    p.token = cfg->token;
+    p.heartbeat = cfg->heartbeat;
+    p.failure_timeout = cfg->failure_timeout;
+    p.models = cfg->models;
+    p.http = n->http;
+    if (p.has(actors::node_role::gateway)) {
+      if (cfg->models.empty()) return make_error(errc::invalid_request, f.config + ": a gateway needs a model");
+      p.gateway_model_dir = cfg->models.front().path;
+      p.gateway_model_name = cfg->models.front().name;
+    }
+    return p;
+  }
+  if (f.join.empty()) return make_error(errc::invalid_request, "give --config FILE, or --join HOST:PORT with --listen and --role");
+  auto seed = actors::parse_endpoint(f.join);
+  if (!seed) return make_error(errc::invalid_request, "--join: " + seed.err().message);
+  auto listen = actors::parse_endpoint(f.listen);
+  if (!listen) return make_error(errc::invalid_request, "--listen: " + listen.err().message);
+  p.seed = seed->str();
+  p.listen = listen->str();
+  p.heartbeat = std::chrono::milliseconds(f.heartbeat_ms);
+  p.token = f.token;
+  if (p.token.empty()) {
+    if (const char* t = std::getenv("LLMESH_TOKEN")) p.token = t;
+  }
+  if (p.token.empty()) return make_error(errc::invalid_request, "--join needs the cluster token: --token or LLMESH_TOKEN");
+  for (size_t at = 0; at <= f.roles.size();) {
+    const size_t comma = std::min(f.roles.find(',', at), f.roles.size());
+    const std::string r = f.roles.substr(at, comma - at);
+    at = comma + 1;
+    if (r == "replica") p.roles.push_back(actors::node_role::replica);
+    else if (r == "router") p.roles.push_back(actors::node_role::router);
+    else if (r == "gateway") p.roles.push_back(actors::node_role::gateway);
+    else if (r == "coordinator") return make_error(errc::invalid_request, "--role: the coordinator is the seed node; it does not join");
+    else return make_error(errc::invalid_request, "--role: unknown role '" + r + "' (replica, router, gateway)");
+  }
+  if (p.has(actors::node_role::gateway)) {
+    if (f.model_dir.empty() || f.http.empty()) return make_error(errc::invalid_request, "a gateway node needs --model DIR and --http HOST:PORT");
+    auto h = actors::parse_endpoint(f.http);
+    if (!h) return make_error(errc::invalid_request, "--http: " + h.err().message);
+    p.http = *h;
+    p.gateway_model_dir = f.model_dir;
+    p.gateway_model_name = std::filesystem::path(f.model_dir).lexically_normal().filename().string();
+  }
+  return p;
+}
+
+std::vector<transport::role> wire_roles(const std::vector<actors::node_role>& roles) {
+  std::vector<transport::role> out;
+  for (auto r : roles) out.push_back(static_cast<transport::role>(r));  // same order in both enums
+  return out;
+}
+
+status run_node(const node_flags& f) {
+  auto plan = plan_from_flags(f);
+  if (!plan) return plan.take_error();
+  const node_plan& p = *plan;
+  if (p.has(actors::node_role::gateway) && !p.has(actors::node_role::router)) {
+    return make_error(errc::invalid_request, "node '" + p.name + "': a gateway needs the router role in the same node");
+  }
+  auto device = model::parse_backend(f.device);
+  if (!device) return device.take_error();
+
+  // The gateway's model files first: a typo fails before anything listens.
+  std::shared_ptr<const model::tokenizer> tok;
+  std::optional<model::chat_template> chat;
+  std::optional<model::model_config> gw_cfg;
+  if (p.has(actors::node_role::gateway)) {
+    auto t = model::tokenizer::load(p.gateway_model_dir);
+    if (!t) return t.take_error();
+    tok = *t;
+    if (auto c = model::chat_template::load(p.gateway_model_dir); c) chat = std::move(*c);
+    auto c = model::load_config(p.gateway_model_dir);
+    if (!c) return c.take_error();
+    gw_cfg = *c;
+  }
+  std::shared_ptr<actors::coordinator> core;
+  if (p.has(actors::node_role::coordinator)) {
+    actors::coordinator_options co;
+    co.token = p.token;
+    co.failure_timeout = p.failure_timeout;
+    co.models = p.models;
+    auto c = actors::coordinator::create(co);
+    if (!c) return c.take_error();
+    core = std::make_shared<actors::coordinator>(std::move(*c));
+  }
+
+  auto net = transport::ucx_transport::create();
+  if (!net) return net.take_error();
+  auto bound = (*net)->listen(p.listen);
+  if (!bound) return bound.take_error();
+  if (auto s = stop_signal::install(); !s) return s;
+
+  caf::actor_system_config cfg;
+  cfg.set("scheduler.max-threads", 2);
+  cfg.set("scheduler.policy", caf::atom("sharing"));  // idle workers sleep
+  auto sys = std::make_unique<caf::actor_system>(cfg);
+  auto bridge = sys->spawn(actors::bridge_actor, std::shared_ptr<transport::transport>(std::move(*net)), p.name);
+
+  actors::metrics_registry metrics;
+  caf::actor router;
+  auto ready = std::make_shared<std::atomic<size_t>>(0);
+  if (p.has(actors::node_role::router)) {
+    actors::router_options ro;
+    if (!p.models.empty()) {
+      auto pol = actors::parse_balance_policy(p.models.front().policy);
+      if (pol) ro.policy = *pol;
+    }
+    ro.metrics = &metrics;
+    ro.ready_count = ready;
+    router = sys->spawn(actors::router_actor, ro);
+  }
+  caf::actor coordinator;
+  if (core) {
+    coordinator = sys->spawn(actors::coordinator_actor, core, bridge, router, p.name, p.heartbeat);
+    caf::anon_send(bridge, actors::export_atom::value, coordinator, actors::coordinator_actor_id);
+    caf::anon_send(bridge, actors::watch_atom::value, coordinator);
+  }
+  std::atomic<bool> fatal{false};
+  actors::node_agent_options ao;
+  ao.node = p.name;
+  ao.roles = wire_roles(p.roles);
+  ao.listen = p.listen;
+  ao.seed = p.seed;
+  ao.token = p.token;
+  ao.heartbeat = p.heartbeat;
+  ao.engine.device = *device;
+  ao.engine.threads = f.threads > 0 ? f.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ao.on_fatal = [&fatal](const std::string&) {
+    fatal = true;
+    stop_signal::wake();
+  };
+  auto agent = sys->spawn(actors::node_agent, ao, bridge);
+  caf::anon_send(bridge, actors::export_atom::value, agent, actors::agent_actor_id);
+  caf::anon_send(bridge, actors::watch_atom::value, agent);
+  if (coordinator) {
+    caf::anon_send(agent, actors::agent_atom::value, coordinator);
+    caf::anon_send(coordinator, actors::agent_atom::value, agent);
+  }
+  caf::anon_send(agent, actors::join_atom::value);
+
+  std::string roles;
+  for (auto r : p.roles) roles += (roles.empty() ? "" : ",") + std::string(actors::node_role_name(r));
+  std::fprintf(stderr, "llmesh: node %s (%s) on mesh address %s%s\n", p.name.c_str(), roles.c_str(), bound->c_str(),
+               core ? "; coordinating" : (" ; joining " + p.seed).c_str());
+  std::fflush(stderr);
+
+  const auto drain = std::chrono::seconds(f.drain_s);
+  if (p.has(actors::node_role::gateway)) {
+    actors::router_client client(*sys, router, ready, 3, &metrics);
+    gateway::api_options api_opt;
+    api_opt.model_name = p.gateway_model_name;
+    api_opt.max_concurrent = f.max_concurrent;
+    auto api = std::make_unique<gateway::api_service>(api_opt, tok, chat, *gw_cfg, client, metrics);
+    gateway::http_options ho;
+    ho.host = p.http->host;
+    ho.port = p.http->port;
+    auto server = gateway::http_server::listen(*api, ho);
+    if (!server) {
+      caf::anon_send_exit(agent, caf::exit_reason::kill);
+      return server.take_error();
+    }
+    std::fprintf(stderr, "llmesh: node %s serving '%s' on http://%s:%u\n", p.name.c_str(), api_opt.model_name.c_str(),
+                 ho.host.c_str(), (*server)->port());
+    std::fflush(stderr);
+    gateway::http_server* srv = server->get();
+    std::thread waiter([srv, drain, &fatal] {
+      const int sig = stop_signal::wait();
+      if (sig == 0 && !fatal) return;  // woken: the server stopped on its own
+      srv->stop(fatal ? std::chrono::seconds(0) : drain);
+    });
+    (*server)->run();
+    stop_signal::wake();
+    waiter.join();
+    server->reset();
+    api.reset();
+  } else {
+    stop_signal::wait();
+  }
+  std::fprintf(stderr, "llmesh: node %s stopping\n", p.name.c_str());
+  {
+    // Hosted replicas stop and free their engines first; then everything else.
+    caf::scoped_actor self{*sys};
+    self->send(agent, actors::stop_atom::value);
+    self->wait_for(agent);
+    for (const auto& a : {coordinator, router, bridge}) {
+      if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
+    }
+  }
+  sys.reset();
+  stop_signal::uninstall();
+  if (fatal) return make_error(errc::invalid_request, "node '" + p.name + "' could not join the mesh (see above)");
+  std::fprintf(stderr, "llmesh: node %s stopped\n", p.name.c_str());
+  return ok_status();
+}
+
+}  // namespace
+
+void add_node(CLI::App& app, command_set& commands) {
+  auto f = std::make_shared<node_flags>();
+  auto* sub = app.add_subcommand("node", "Run one node of a multi-process mesh");
+  sub->add_option("--config", f->config, "Cluster config (cluster-configs/*.yaml)");
+  sub->add_option("--name", f->name, "This node's name (its entry in the config)")->required();
+  sub->add_option("--join", f->join, "Join at run time: the coordinator's mesh address HOST:PORT");
+  sub->add_option("--listen", f->listen, "--join: this node's mesh address HOST:PORT");
+  sub->add_option("--role", f->roles, "--join: roles, comma separated (replica, router, gateway)")->default_str("replica");
+  sub->add_option("--token", f->token, "--join: the cluster token (or LLMESH_TOKEN)");
+  sub->add_option("--model", f->model_dir, "--join with the gateway role: the model directory (tokenizer)");
+  sub->add_option("--http", f->http, "--join with the gateway role: HTTP address HOST:PORT");
+  sub->add_option("--heartbeat-ms", f->heartbeat_ms, "--join: heartbeat interval")->check(CLI::Range(10, 60000));
+  sub->add_option("--device", f->device, "Replicas' device: cpu, cuda or auto")->capture_default_str();
+  sub->add_option("--threads", f->threads, "Kernel threads per replica; 0 = one per core")->check(CLI::Range(0, 1024));
+  sub->add_option("--drain-timeout", f->drain_s, "Seconds to let requests finish on SIGTERM")->check(CLI::Range(0, 3600));
+  commands.emplace_back(sub, [f] {
+    if (f->roles.empty()) f->roles = "replica";
+    return run_node(*f);
+  });
+}
+
+}  // namespace llmesh::cli
