@@ -92,13 +92,21 @@ coordinator::actions coordinator::on_message(transport::peer_id peer, const tran
             out.push_back({coordinator_action::replica_ready, peer, m.actor, {}, m.replica,
                            r.a.shards.front() + "/" + std::to_string(m.replica)});
           } else if (m.phase == replica_phase::dead) {
-            if (r.phase == replica_phase::ready || r.phase == replica_phase::draining) {
+            const replica_phase was = r.phase;
+            if (was == replica_phase::ready || was == replica_phase::draining) {
               out.push_back({coordinator_action::replica_gone, peer, 0, {}, m.replica, {}});
             }
-            if (r.phase == replica_phase::draining) {
+            if (was == replica_phase::draining) {
               replicas_.erase(it);  // a planned stop, done
+            } else if (was == replica_phase::ready) {
+              // It crashed after serving: re-formed, where capacity allows (its node may be it).
+              replicas_.erase(it);
+              auto more = apply(plan_.replica_failed(m.replica));
+              out.insert(out.end(), more.begin(), more.end());
             } else {
-              r.phase = replica_phase::dead;  // failed on its own: ctl shows why
+              // It never loaded (a bad path, no memory): kept, with the reason, for ctl to show;
+              // re-placing it would only fail again. Scaling or draining clears it.
+              r.phase = replica_phase::dead;
               r.reason = m.reason;
             }
           }
@@ -156,7 +164,11 @@ coordinator::actions coordinator::apply(const std::vector<change>& changes) {
                                                   spec->kv_cache_mb, transport::assign_op::start}));
     } else {
       auto it = replicas_.find(c.r.id);
-      if (it == replicas_.end()) continue;  // already forgotten (its node was lost)
+      if (it == replicas_.end()) continue;  // already forgotten (its node was lost, or it crashed)
+      if (it->second.phase == replica_phase::dead) {  // never loaded: nothing runs, nothing to tell
+        replicas_.erase(it);
+        continue;
+      }
       if (m == members_.members().end()) {
         out.push_back({coordinator_action::replica_gone, 0, 0, {}, c.r.id, {}});
         replicas_.erase(it);

@@ -197,6 +197,14 @@ std::vector<change> placement_planner::node_down(std::string_view name) {
   return out;
 }
 
+std::vector<change> placement_planner::replica_failed(uint64_t id) {
+  std::vector<change> out;
+  if (replicas_.find(id) == replicas_.end()) return out;
+  stop(id, out);
+  reconcile(out);
+  return out;
+}
+
 result<std::vector<change>> placement_planner::drain(std::string_view name) {
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return make_error(errc::not_found, "placement: no node '" + std::string(name) + "'");

@@ -64,6 +64,7 @@ caf::behavior router_actor(router* self, router_options opt) {
         auto picked = st.bal->pick(prompt);
         if (!picked) return route_reply{caf::actor{}, picked.err()};
         st.bal->assigned(*picked, prompt);
+        if (st.opt.metrics) st.opt.metrics->get_counter(metric::routed, {st.names[*picked]})->add(1);
         return route_reply{st.replicas.at(*picked), {}};
       },
       [=](done_atom, uint64_t replica) { self->state.bal->finished(replica); },

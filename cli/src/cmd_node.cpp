@@ -116,7 +116,18 @@ status run_node(const node_flags& f) {
   auto device = model::parse_backend(f.device);
   if (!device) return device.take_error();
 
-  // The gateway's model files first: a typo fails before anything listens.
+  std::shared_ptr<actors::coordinator> core;
+  if (p.has(actors::node_role::coordinator)) {
+    actors::coordinator_options co;
+    co.token = p.token;
+    co.failure_timeout = p.failure_timeout;
+    co.models = p.models;
+    auto c = actors::coordinator::create(co);
+    if (!c) return c.take_error();
+    core = std::make_shared<actors::coordinator>(std::move(*c));
+  }
+
+  // The gateway's model files next: a typo fails before anything listens.
   std::shared_ptr<const model::tokenizer> tok;
   std::optional<model::chat_template> chat;
   std::optional<model::model_config> gw_cfg;
@@ -129,17 +140,6 @@ status run_node(const node_flags& f) {
     if (!c) return c.take_error();
     gw_cfg = *c;
   }
-  std::shared_ptr<actors::coordinator> core;
-  if (p.has(actors::node_role::coordinator)) {
-    actors::coordinator_options co;
-    co.token = p.token;
-    co.failure_timeout = p.failure_timeout;
-    co.models = p.models;
-    auto c = actors::coordinator::create(co);
-    if (!c) return c.take_error();
-    core = std::make_shared<actors::coordinator>(std::move(*c));
-  }
-
   auto net = transport::ucx_transport::create();
   if (!net) return net.take_error();
   auto bound = (*net)->listen(p.listen);

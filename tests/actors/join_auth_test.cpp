@@ -1,6 +1,7 @@
 // The join challenge: the right token verifies; a wrong token, a replayed proof under a new
 // nonce, another node's name, short nonces or a truncated mac do not; RFC 4231's HMAC-SHA256
-// test vector pins the primitive.
+// test vector pins the primitive. Operator commands: the MAC binds token, nonce, timestamp,
+// command and every argument; a wrong-sized nonce never verifies.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -42,6 +43,45 @@ TEST(JoinAuth, HmacSha256MatchesRfc4231) {
                                          0x3d, 0xa7, 0x26, 0xe9, 0x37, 0x6c, 0x2e, 0x32, 0xcf, 0xf7};
   ASSERT_EQ(len, 32u);
   EXPECT_EQ(std::memcmp(mac, want, 32), 0);
+}
+
+TEST(JoinAuth, ControlMacVerifiesOnlyWithTheSameTokenNonceTimeCommandAndArgs) {
+  const std::string token = "local-cluster-token-0123456789";
+  auto n = join_auth::make_nonce();
+  ASSERT_TRUE(n.ok());
+  const uint64_t ts = 1'700'000'000'000;
+  const std::vector<std::string> args = {"tiny", "2"};
+  const std::string mac = join_auth::control_mac(token, *n, ts, "scale", args);
+  EXPECT_EQ(mac.size(), 32u);
+  EXPECT_EQ(mac, join_auth::control_mac(token, *n, ts, "scale", args));  // deterministic
+  EXPECT_TRUE(join_auth::verify_control(token, *n, ts, "scale", args, mac));
+
+  EXPECT_FALSE(join_auth::verify_control(token + "x", *n, ts, "scale", args, mac));
+  auto other = join_auth::make_nonce();
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(join_auth::verify_control(token, *other, ts, "scale", args, mac));
+  EXPECT_FALSE(join_auth::verify_control(token, *n, ts + 1, "scale", args, mac));
+  EXPECT_FALSE(join_auth::verify_control(token, *n, ts, "drain", args, mac));
+  EXPECT_FALSE(join_auth::verify_control(token, *n, ts, "scale", {"tiny", "3"}, mac));
+  EXPECT_FALSE(join_auth::verify_control(token, *n, ts, "scale", {"small", "2"}, mac));
+  EXPECT_FALSE(join_auth::verify_control(token, *n, ts, "scale", {"tiny"}, mac));
+  EXPECT_FALSE(join_auth::verify_control(token, *n, ts, "scale", {"tiny", "2", ""}, mac));  // an extra empty arg
+  EXPECT_FALSE(join_auth::verify_control(token, *n, ts, "scale", args, mac.substr(0, 16)));
+  EXPECT_FALSE(join_auth::verify_control(token, *n, ts, "scale", args, ""));
+  std::string flipped = mac;
+  flipped[0] = static_cast<char>(flipped[0] ^ 1);
+  EXPECT_FALSE(join_auth::verify_control(token, *n, ts, "scale", args, flipped));
+
+  // A nonce of the wrong size fails even with a MAC computed over it.
+  for (const std::string& bad : {std::string(), n->substr(0, 16), *n + "x"}) {
+    EXPECT_FALSE(join_auth::verify_control(token, bad, ts, "status", {}, join_auth::control_mac(token, bad, ts, "status", {})))
+        << bad.size();
+  }
+  // Fields are length-prefixed: moving bytes between the command and an argument, or between
+  // arguments, changes the MAC.
+  EXPECT_NE(join_auth::control_mac(token, *n, ts, "drain", {"ab"}), join_auth::control_mac(token, *n, ts, "draina", {"b"}));
+  EXPECT_NE(join_auth::control_mac(token, *n, ts, "scale", {"ab", "c"}), join_auth::control_mac(token, *n, ts, "scale", {"a", "bc"}));
+  EXPECT_NE(join_auth::control_mac(token, *n, ts, "status", {}), join_auth::control_mac(token, *n, ts, "status", {""}));
 }
 
 }  // namespace

@@ -64,8 +64,8 @@ class coordinator {
  public:
   using actions = std::vector<coordinator_action>;
 
-  /// invalid_request for models the mesh cannot run yet (spread placement: shards of one
-  /// replica in different processes).
+  /// unsupported for models the mesh cannot run yet (spread placement: shards of one replica in
+  /// different processes); invalid_request for models placement refuses.
   [[nodiscard]] static result<coordinator> create(coordinator_options opt);
 
   /// A frame from a node agent (or ctl) on connection `peer`.

@@ -92,6 +92,10 @@ class placement_planner {
   /// ignored, so a failure reported twice is harmless.
   std::vector<change> node_down(std::string_view name);
 
+  /// A running replica died on its own (its node lives on): it is stopped (the stop comes
+  /// first in the list) and placed anew where capacity allows. Unknown ids are ignored.
+  std::vector<change> replica_failed(uint64_t id);
+
   /// The operator drains a node: see the class comment. Draining twice is harmless.
   /// not_found for an unknown node.
   [[nodiscard]] result<std::vector<change>> drain(std::string_view name);

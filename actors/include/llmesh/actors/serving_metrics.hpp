@@ -16,6 +16,7 @@ inline constexpr const char* running = "llmesh_requests_running";        ///< la
 inline constexpr const char* waiting = "llmesh_requests_waiting";        ///< label: replica
 inline constexpr const char* kv_usage = "llmesh_kv_cache_usage_ratio";   ///< label: replica
 inline constexpr const char* migrations = "llmesh_request_migrations_total";
+inline constexpr const char* routed = "llmesh_replica_requests_total";  ///< label: replica
 inline constexpr const char* replicas_ready = "llmesh_replicas_ready";
 inline constexpr const char* gateway_inflight = "llmesh_gateway_requests_inflight";
 

@@ -1,0 +1,564 @@
+// The coordinator's logic without CAF or a network, driven frame by frame with clocks the test
+// controls. Covered: the join handshake (the token's holder gets its replica assignment, others
+// a refusal and nothing else); ready reports reaching the routers and the ctl views (status,
+// nodes, replicas); a node lost by a dropped connection or by silence (its replicas are gone
+// and re-placed on a spare node; heartbeats keep a node alive); drain, remove and scale through
+// ctl; ctl's authentication (token, clock skew, replays) and argument errors; create() refusing
+// spread placement; replica reports from a peer that does not host the replica being ignored.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "llmesh/actors/coordinator.hpp"
+#include "llmesh/actors/join_auth.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+using namespace std::chrono_literals;
+using transport::peer_id;
+using transport::replica_phase;
+using json = nlohmann::json;
+using strings = std::vector<std::string>;
+
+const std::string token = "local-cluster-token-0123456789";
+const mesh_clock::time_point t0 = mesh_clock::time_point{} + std::chrono::seconds(100);
+constexpr uint64_t wall0 = 1'700'000'000'000;  // the coordinator's wall clock, ms
+constexpr peer_id ctl_peer = 50;                // `llmesh ctl`'s connection
+constexpr uint64_t ctl_actor = 9;               // and its actor there
+
+/// One model: a tp-2 packed replica fills a node's two default shard slots.
+model_spec tiny(int replicas = 1) {
+  model_spec m;
+  m.name = "tiny";
+  m.path = "/models/tiny";
+  m.tp = 2;
+  m.replicas = replicas;
+  m.kv_cache_mb = 256;
+  return m;
+}
+
+coordinator make(std::vector<model_spec> models = {tiny()}, std::chrono::milliseconds failure_timeout = 3000ms) {
+  auto c = coordinator::create({token, failure_timeout, std::move(models)});
+  EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.err().message);
+  return std::move(c).value();
+}
+
+/// A frame from actor `from` (a node agent unless told).
+transport::envelope frame(transport::body b, uint64_t from = agent_actor_id) {
+  transport::envelope e;
+  e.source = {"sender", from};
+  e.destination = {"seed", coordinator_actor_id};
+  e.msg = std::move(b);
+  return e;
+}
+
+/// One line per action, so that a test can compare a whole list (order included) at once:
+/// "start r1 -> 1:1" (assign start to peer 1, actor 1), "stop r1 -> 1:1", "welcome -> 1:1",
+/// "refused -> 1:1", "challenge -> 1:1", "reply -> 50:9", "ready r1 at 1:1001 (a/1)",
+/// "drain r1", "gone r1".
+std::string describe(const coordinator_action& a) {
+  const std::string r = "r" + std::to_string(a.replica);
+  switch (a.k) {
+    case coordinator_action::send: {
+      const std::string to = " -> " + std::to_string(a.peer) + ":" + std::to_string(a.remote);
+      return std::visit(
+          [&](const auto& m) -> std::string {
+            using T = std::decay_t<decltype(m)>;
+            if constexpr (std::is_same_v<T, transport::assign_msg>) {
+              return std::string(m.op == transport::assign_op::start ? "start" : "stop") + " r" +
+                     std::to_string(m.replica) + to;
+            } else if constexpr (std::is_same_v<T, transport::welcome_msg>) {
+              return (m.accepted ? "welcome" : "refused") + to;
+            } else if constexpr (std::is_same_v<T, transport::challenge_msg>) {
+              return "challenge" + to;
+            } else if constexpr (std::is_same_v<T, transport::control_reply_msg>) {
+              return "reply" + to;
+            } else {
+              return "other" + to;
+            }
+          },
+          a.msg);
+    }
+    case coordinator_action::replica_ready:
+      return "ready " + r + " at " + std::to_string(a.peer) + ":" + std::to_string(a.remote) + " (" + a.name + ")";
+    case coordinator_action::replica_drain: return "drain " + r;
+    case coordinator_action::replica_gone: return "gone " + r;
+  }
+  return "?";
+}
+
+strings describe(const coordinator::actions& as) {
+  strings out;
+  for (const auto& a : as) out.push_back(describe(a));
+  return out;
+}
+
+/// The assign messages among `as`, in order.
+std::vector<transport::assign_msg> assigns(const coordinator::actions& as) {
+  std::vector<transport::assign_msg> out;
+  for (const auto& a : as) {
+    if (const auto* m = std::get_if<transport::assign_msg>(&a.msg); m && a.k == coordinator_action::send) {
+      out.push_back(*m);
+    }
+  }
+  return out;
+}
+
+transport::hello_msg hello(const std::string& name, peer_id peer,
+                           std::vector<transport::role> roles = {transport::role::replica}) {
+  return {name, std::move(roles), "127.0.0.1:" + std::to_string(7100 + peer), {2, 1ull << 30, 0},
+          *join_auth::make_nonce()};
+}
+
+/// The joiner's side of the handshake on connection `peer`: hello, then the proof for the
+/// challenge. Returns the coordinator's answer to the proof (the welcome, then any assigns).
+coordinator::actions join(coordinator& c, peer_id peer, const transport::hello_msg& h,
+                          mesh_clock::time_point now = t0, const std::string& key = token) {
+  auto answer = c.on_message(peer, frame(h), now, wall0);
+  if (answer.size() != 1 || !std::holds_alternative<transport::challenge_msg>(answer[0].msg)) {
+    ADD_FAILURE() << "no challenge for " << h.node << ": " << testing::PrintToString(describe(answer));
+    return answer;
+  }
+  EXPECT_EQ(describe(answer[0]), "challenge -> " + std::to_string(peer) + ":1");
+  const auto& nonce = std::get<transport::challenge_msg>(answer[0].msg).nonce;
+  return c.on_message(peer, frame(transport::proof_msg{join_auth::proof(key, nonce, h.nonce, h.node)}), now, wall0);
+}
+
+coordinator::actions join(coordinator& c, peer_id peer, const std::string& name, mesh_clock::time_point now = t0) {
+  return join(c, peer, hello(name, peer), now);
+}
+
+coordinator::actions report(coordinator& c, peer_id peer, uint64_t replica, replica_phase phase, uint64_t actor = 0,
+                            std::string reason = {}) {
+  transport::replica_state_msg m{replica, "node", "tiny", phase, actor, std::move(reason)};
+  return c.on_message(peer, frame(m), t0, wall0);
+}
+
+coordinator::actions ready(coordinator& c, peer_id peer, uint64_t replica) {
+  return report(c, peer, replica, replica_phase::ready, replica_actor_base + replica);
+}
+
+/// A ctl command signed with `key` at `timestamp_ms` under a fresh nonce.
+transport::control_msg command(const std::string& cmd, strings args = {}, uint64_t timestamp_ms = wall0,
+                               const std::string& key = token) {
+  transport::control_msg m{cmd, std::move(args), *join_auth::make_nonce(), timestamp_ms, {}};
+  m.mac = join_auth::control_mac(key, m.nonce, m.timestamp_ms, m.command, m.args);
+  return m;
+}
+
+/// The coordinator's answer to a ctl command: the reply (always the last action) and what
+/// the command did before it.
+struct ctl_answer {
+  transport::control_reply_msg reply;
+  coordinator::actions effects;
+};
+
+ctl_answer send_ctl(coordinator& c, const transport::control_msg& m, uint64_t wall_ms = wall0) {
+  ctl_answer out;
+  out.effects = c.on_message(ctl_peer, frame(m, ctl_actor), t0, wall_ms);
+  if (out.effects.empty()) {
+    ADD_FAILURE() << "no reply to '" << m.command << "'";
+    return out;
+  }
+  EXPECT_EQ(describe(out.effects.back()), "reply -> 50:9");
+  if (const auto* r = std::get_if<transport::control_reply_msg>(&out.effects.back().msg)) out.reply = *r;
+  out.effects.pop_back();
+  return out;
+}
+
+ctl_answer ctl(coordinator& c, const std::string& cmd, strings args = {}) { return send_ctl(c, command(cmd, std::move(args))); }
+
+/// The `replicas` view as id → phase.
+std::map<uint64_t, std::string> phases(coordinator& c) {
+  auto a = ctl(c, "replicas");
+  EXPECT_TRUE(a.reply.ok) << a.reply.text;
+  std::map<uint64_t, std::string> out;
+  for (const auto& r : json::parse(a.reply.json)) out[r.at("id").get<uint64_t>()] = r.at("phase").get<std::string>();
+  return out;
+}
+
+/// The `nodes` view's entry for `name` (null when it is not listed).
+json node_view(coordinator& c, const std::string& name) {
+  auto a = ctl(c, "nodes");
+  EXPECT_TRUE(a.reply.ok) << a.reply.text;
+  for (const auto& n : json::parse(a.reply.json))
+    if (n.at("name") == name) return n;
+  return nullptr;
+}
+
+// --- joining ---
+
+TEST(Coordinator, AReplicaNodeWithTheTokenIsWelcomedAndAssignedAReplica) {
+  auto c = make({tiny(2)});
+  auto a = join(c, 1, "a");
+  ASSERT_EQ(describe(a), (strings{"welcome -> 1:1", "start r1 -> 1:1"}));
+  const auto& welcome = std::get<transport::welcome_msg>(a[0].msg);
+  ASSERT_EQ(welcome.members.size(), 1u);
+  EXPECT_EQ(welcome.members[0].node, "a");
+  const auto start = std::get<transport::assign_msg>(a[1].msg);
+  EXPECT_EQ(start, (transport::assign_msg{1, "tiny", "/models/tiny", 2, 256, transport::assign_op::start}));
+  EXPECT_EQ(c.replicas().at(1).peer, 1u);
+  EXPECT_EQ(c.replicas().at(1).phase, replica_phase::loading);
+
+  // The second replica does not fit on a (tp 2 fills its two slots): the model is short.
+  auto s = ctl(c, "status");
+  ASSERT_TRUE(s.reply.ok);
+  EXPECT_EQ(s.reply.text, "1 node(s), 0/1 replica(s) ready, tiny short of 1");
+  EXPECT_EQ(json::parse(s.reply.json)["pending"], (json{{"tiny", 1}}));
+
+  // A node without the replica role joins but gets nothing to run.
+  EXPECT_EQ(describe(join(c, 2, hello("gw", 2, {transport::role::gateway, transport::role::router}))),
+            (strings{"welcome -> 2:1"}));
+  // The next replica node takes the pending replica.
+  auto b = join(c, 3, "b");
+  EXPECT_EQ(describe(b), (strings{"welcome -> 3:1", "start r2 -> 3:1"}));
+  EXPECT_EQ(std::get<transport::welcome_msg>(b[0].msg).members.size(), 3u);
+  EXPECT_EQ(json::parse(ctl(c, "status").reply.json)["pending"], json::object());
+}
+
+TEST(Coordinator, AWrongTokenOrABadHelloIsRefusedAndAssignsNothing) {
+  auto c = make();
+  auto wrong = join(c, 1, hello("a", 1), t0, token + "!");
+  ASSERT_EQ(describe(wrong), (strings{"refused -> 1:1"}));
+  EXPECT_EQ(std::get<transport::welcome_msg>(wrong[0].msg).reason, "wrong cluster token");
+  EXPECT_TRUE(c.members().members().empty());
+  EXPECT_TRUE(c.replicas().empty());
+
+  // A malformed hello is answered with a refusing welcome straight away (no challenge).
+  auto bad = c.on_message(2, frame(hello("bad name!", 2)), t0, wall0);
+  ASSERT_EQ(describe(bad), (strings{"refused -> 2:1"}));
+  EXPECT_NE(std::get<transport::welcome_msg>(bad[0].msg).reason.find("join refused for 'bad name!'"), std::string::npos);
+  // A proof without a hello.
+  auto stray = c.on_message(3, frame(transport::proof_msg{std::string(32, 'x')}), t0, wall0);
+  EXPECT_EQ(describe(stray), (strings{"refused -> 3:1"}));
+  EXPECT_TRUE(c.replicas().empty());
+
+  // The same name with the right token still joins and gets the replica.
+  EXPECT_EQ(describe(join(c, 4, "a")), (strings{"welcome -> 4:1", "start r1 -> 4:1"}));
+}
+
+// --- ready reports and the ctl views ---
+
+TEST(Coordinator, ReadyReportsReachTheRoutersAndTheCtlViews) {
+  auto c = make({tiny(2)});
+  join(c, 1, "a");
+  join(c, 2, "b");
+  auto s = ctl(c, "status");
+  EXPECT_EQ(s.reply.text, "2 node(s), 0/2 replica(s) ready");
+
+  EXPECT_EQ(describe(ready(c, 1, 1)), (strings{"ready r1 at 1:1001 (a/1)"}));
+  EXPECT_TRUE(ready(c, 1, 1).empty());  // reported twice: the routers already know
+  EXPECT_EQ(c.replicas().at(1).actor, 1001u);
+  EXPECT_EQ(phases(c), (std::map<uint64_t, std::string>{{1, "ready"}, {2, "loading"}}));
+  s = ctl(c, "status");
+  EXPECT_EQ(s.reply.text, "2 node(s), 1/2 replica(s) ready");
+
+  EXPECT_EQ(describe(ready(c, 2, 2)), (strings{"ready r2 at 2:1002 (b/2)"}));
+  s = ctl(c, "status");
+  ASSERT_TRUE(s.reply.ok);
+  EXPECT_TRUE(s.effects.empty());
+  EXPECT_EQ(s.reply.text, "2 node(s), 2/2 replica(s) ready");
+  const auto j = json::parse(s.reply.json);
+  EXPECT_EQ(j["nodes"], 2);
+  EXPECT_EQ(j["replicas"], 2);
+  EXPECT_EQ(j["ready"], 2);
+  EXPECT_EQ(j["pending"], json::object());
+
+  auto r = ctl(c, "replicas");
+  ASSERT_TRUE(r.reply.ok);
+  EXPECT_EQ(r.reply.text, "1  tiny  a  ready\n2  tiny  b  ready\n");
+  EXPECT_EQ(json::parse(r.reply.json)[1],
+            (json{{"id", 2}, {"model", "tiny"}, {"node", "b"}, {"phase", "ready"}, {"reason", ""}}));
+
+  const json a = node_view(c, "a");
+  EXPECT_EQ(a["listen"], "127.0.0.1:7101");
+  EXPECT_EQ(a["roles"], "replica");
+  EXPECT_EQ(a["state"], "ready");
+  EXPECT_EQ(a["shards"], 2);
+  EXPECT_EQ(a["slots"], 2);
+}
+
+TEST(Coordinator, AReplicaThatFailsOnItsOwnIsReformedOneThatNeverLoadedKeepsItsReason) {
+  auto c = make({tiny(2)});
+  join(c, 1, "a");
+  join(c, 2, "b");
+  ready(c, 1, 1);
+  // A ready replica dies: the routers forget it, and it is re-formed where there is room (its
+  // own node, whose slots it freed).
+  EXPECT_EQ(describe(report(c, 1, 1, replica_phase::dead, 0, "out of memory")), (strings{"gone r1", "start r3 -> 1:1"}));
+  // One still loading fails: the routers never knew it; it stays, with its reason (placing it
+  // again would fail the same way).
+  EXPECT_TRUE(report(c, 2, 2, replica_phase::dead, 0, "no such file").empty());
+  EXPECT_EQ(phases(c), (std::map<uint64_t, std::string>{{2, "dead"}, {3, "loading"}}));
+  auto r = ctl(c, "replicas");
+  EXPECT_EQ(r.reply.text, "2  tiny  b  dead  (no such file)\n3  tiny  a  loading\n");
+  EXPECT_EQ(json::parse(r.reply.json)[0]["reason"], "no such file");
+  EXPECT_EQ(ctl(c, "status").reply.text, "2 node(s), 0/2 replica(s) ready");
+  EXPECT_TRUE(report(c, 1, 1, replica_phase::ready, 1001).empty());  // a dead replica does not come back
+  // Scaling to zero stops the live one and forgets the one that never loaded without a word.
+  EXPECT_EQ(describe(ctl(c, "scale", {"tiny", "0"}).effects), (strings{"stop r3 -> 1:1"}));
+  EXPECT_EQ(phases(c), (std::map<uint64_t, std::string>{{3, "draining"}}));
+}
+
+TEST(Coordinator, ReplicaStatesFromAPeerThatDoesNotHostTheReplicaAreIgnored) {
+  auto c = make({tiny(2)});
+  join(c, 1, "a");
+  join(c, 2, "b");
+  EXPECT_TRUE(ready(c, 2, 1).empty());  // r1 runs on peer 1
+  EXPECT_TRUE(report(c, 2, 1, replica_phase::dead, 0, "lies").empty());
+  EXPECT_TRUE(report(c, ctl_peer, 1, replica_phase::ready, 1001).empty());
+  EXPECT_TRUE(ready(c, 1, 99).empty());  // no such replica
+  EXPECT_EQ(c.replicas().at(1).phase, replica_phase::loading);
+  EXPECT_EQ(c.replicas().at(1).actor, 0u);
+  EXPECT_EQ(phases(c), (std::map<uint64_t, std::string>{{1, "loading"}, {2, "loading"}}));
+  // The real host's report still counts.
+  EXPECT_EQ(describe(ready(c, 1, 1)), (strings{"ready r1 at 1:1001 (a/1)"}));
+}
+
+// --- losing a node ---
+
+TEST(Coordinator, ALostConnectionsReplicasAreGoneAndPlacedOnASpareNode) {
+  auto c = make();
+  join(c, 1, "a");
+  EXPECT_EQ(describe(join(c, 2, "b")), (strings{"welcome -> 2:1"}));  // a spare: one replica wanted
+  ready(c, 1, 1);
+
+  auto down = c.on_peer_down(1);
+  ASSERT_EQ(describe(down), (strings{"gone r1", "start r2 -> 2:1"}));
+  EXPECT_EQ(assigns(down)[0], (transport::assign_msg{2, "tiny", "/models/tiny", 2, 256, transport::assign_op::start}));
+  EXPECT_EQ(c.members().members().count("a"), 0u);
+  EXPECT_EQ(c.replicas().count(1), 0u);
+  EXPECT_TRUE(c.on_peer_down(1).empty());  // reported twice: harmless
+  EXPECT_TRUE(ready(c, 1, 1).empty());     // the old replica is forgotten
+  EXPECT_EQ(describe(ready(c, 2, 2)), (strings{"ready r2 at 2:1002 (b/2)"}));
+  EXPECT_EQ(ctl(c, "status").reply.text, "1 node(s), 1/1 replica(s) ready");
+
+  // The last replica node goes too: nothing left to place on, the model is short.
+  EXPECT_EQ(describe(c.on_peer_down(2)), (strings{"gone r2"}));
+  EXPECT_EQ(ctl(c, "status").reply.text, "0 node(s), 0/0 replica(s) ready, tiny short of 1");
+  // A node coming back takes it again.
+  EXPECT_EQ(describe(join(c, 3, "a")), (strings{"welcome -> 3:1", "start r3 -> 3:1"}));
+}
+
+TEST(Coordinator, SilencePastTheFailureTimeoutLosesANodeHeartbeatsKeepItAlive) {
+  auto c = make({tiny()}, 3000ms);
+  join(c, 1, "a");
+  join(c, 2, "b");
+  ready(c, 1, 1);
+  auto beat = [&](peer_id p, const std::string& name, uint64_t seq, std::chrono::milliseconds at) {
+    EXPECT_TRUE(c.on_message(p, frame(transport::heartbeat_msg{name, seq}), t0 + at, wall0).empty());
+  };
+  beat(1, "a", 1, 1000ms);
+  beat(2, "b", 1, 1000ms);
+  beat(2, "b", 2, 3000ms);
+  EXPECT_TRUE(c.on_tick(t0 + 3500ms).empty());  // a was heard 2.5 s ago
+  EXPECT_TRUE(c.on_tick(t0 + 4000ms).empty());  // exactly the timeout: still alive
+
+  auto lost = c.on_tick(t0 + 4500ms);  // a silent for 3.5 s; b heard 1.5 s ago
+  ASSERT_EQ(describe(lost), (strings{"gone r1", "start r2 -> 2:1"}));
+  EXPECT_EQ(c.members().members().size(), 1u);
+  EXPECT_EQ(c.members().members().count("b"), 1u);
+  EXPECT_TRUE(c.on_tick(t0 + 4600ms).empty());
+}
+
+// --- drain, remove, scale ---
+
+TEST(Coordinator, DrainStartsTheReplacementThenDrainsAndStopsTheOldReplica) {
+  auto c = make();
+  join(c, 1, "a");
+  join(c, 2, "b");
+  ready(c, 1, 1);
+
+  auto d = ctl(c, "drain", {"a"});
+  ASSERT_TRUE(d.reply.ok) << d.reply.text;
+  EXPECT_EQ(d.reply.text, "draining a");
+  EXPECT_EQ(json::parse(d.reply.json), (json{{"ok", true}, {"changes", 2}}));
+  ASSERT_EQ(describe(d.effects), (strings{"start r2 -> 2:1", "drain r1", "stop r1 -> 1:1"}));
+  const auto sent = assigns(d.effects);
+  EXPECT_EQ(sent[0], (transport::assign_msg{2, "tiny", "/models/tiny", 2, 256, transport::assign_op::start}));
+  EXPECT_EQ(sent[1].replica, 1u);
+  EXPECT_EQ(sent[1].model, "tiny");
+  EXPECT_EQ(sent[1].op, transport::assign_op::stop);
+
+  EXPECT_EQ(phases(c), (std::map<uint64_t, std::string>{{1, "draining"}, {2, "loading"}}));
+  const json a = node_view(c, "a"), b = node_view(c, "b");
+  EXPECT_EQ(a["state"], "draining");
+  EXPECT_EQ(a["shards"], 0);
+  EXPECT_EQ(b["state"], "ready");
+  EXPECT_EQ(b["shards"], 2);
+  EXPECT_NE(ctl(c, "nodes").reply.text.find("a  127.0.0.1:7101  replica  draining  shards 0/2\n"), std::string::npos);
+
+  // A draining replica's late ready report changes nothing; its stop report retires it.
+  EXPECT_TRUE(ready(c, 1, 1).empty());
+  EXPECT_EQ(describe(report(c, 1, 1, replica_phase::dead)), (strings{"gone r1"}));
+  EXPECT_EQ(c.replicas().count(1), 0u);
+  EXPECT_EQ(phases(c), (std::map<uint64_t, std::string>{{2, "loading"}}));
+
+  // Draining the last ready node: nowhere to move to, so r2 keeps running there.
+  auto again = ctl(c, "drain", {"b"});
+  ASSERT_TRUE(again.reply.ok);
+  EXPECT_TRUE(again.effects.empty());
+  EXPECT_EQ(json::parse(again.reply.json)["changes"], 0);
+  EXPECT_EQ(c.replicas().at(2).phase, replica_phase::loading);
+}
+
+TEST(Coordinator, RemoveStopsANodesReplicasAndPlacesThemElsewhere) {
+  auto c = make();
+  join(c, 1, "a");
+  join(c, 2, "b");
+  ready(c, 1, 1);
+  auto r = ctl(c, "remove", {"a"});
+  ASSERT_TRUE(r.reply.ok) << r.reply.text;
+  EXPECT_EQ(r.reply.text, "removed a");
+  EXPECT_EQ(describe(r.effects), (strings{"drain r1", "stop r1 -> 1:1", "start r2 -> 2:1"}));
+  // a stays a member (its connection is up) but hosts nothing any more.
+  const json a = node_view(c, "a");
+  ASSERT_FALSE(a.is_null());
+  EXPECT_FALSE(a.contains("state"));
+  EXPECT_EQ(describe(report(c, 1, 1, replica_phase::dead)), (strings{"gone r1"}));
+  EXPECT_FALSE(ctl(c, "remove", {"a"}).reply.ok);  // placement no longer knows it
+}
+
+TEST(Coordinator, ScaleUpAndDownThroughCtl) {
+  auto c = make();
+  join(c, 1, "a");
+  join(c, 2, "b");
+  ready(c, 1, 1);
+
+  auto up = ctl(c, "scale", {"tiny", "2"});
+  ASSERT_TRUE(up.reply.ok) << up.reply.text;
+  EXPECT_EQ(up.reply.text, "tiny scaled to 2");
+  EXPECT_EQ(json::parse(up.reply.json), (json{{"ok", true}, {"changes", 1}}));
+  ASSERT_EQ(describe(up.effects), (strings{"start r2 -> 2:1"}));
+  EXPECT_EQ(assigns(up.effects)[0].kv_cache_mb, 256u);
+
+  // Past capacity: the rest is pending.
+  auto more = ctl(c, "scale", {"tiny", "3"});
+  ASSERT_TRUE(more.reply.ok);
+  EXPECT_TRUE(more.effects.empty());
+  EXPECT_EQ(ctl(c, "status").reply.text, "2 node(s), 1/2 replica(s) ready, tiny short of 1");
+
+  // Down: the newest goes first; it was still loading, so the routers hear nothing.
+  auto down = ctl(c, "scale", {"tiny", "1"});
+  ASSERT_TRUE(down.reply.ok);
+  EXPECT_EQ(describe(down.effects), (strings{"stop r2 -> 2:1"}));
+  auto zero = ctl(c, "scale", {"tiny", "0"});
+  ASSERT_TRUE(zero.reply.ok);
+  EXPECT_EQ(describe(zero.effects), (strings{"drain r1", "stop r1 -> 1:1"}));
+  EXPECT_EQ(phases(c), (std::map<uint64_t, std::string>{{1, "draining"}, {2, "draining"}}));
+  EXPECT_EQ(describe(report(c, 1, 1, replica_phase::dead)), (strings{"gone r1"}));
+  // r2 never got ready; the coordinator still says gone (harmless: routers forget an unknown id).
+  EXPECT_EQ(describe(report(c, 2, 2, replica_phase::dead, 0, "stopped while loading")), (strings{"gone r2"}));
+  EXPECT_TRUE(c.replicas().empty());
+  EXPECT_EQ(ctl(c, "status").reply.text, "2 node(s), 0/0 replica(s) ready");
+}
+
+TEST(Coordinator, CtlRefusesBadArgumentsWithAClearMessageAndChangesNothing) {
+  auto c = make();
+  join(c, 1, "a");
+  join(c, 2, "b");
+  auto refused = [&](const std::string& cmd, strings args) {
+    auto a = ctl(c, cmd, std::move(args));
+    EXPECT_FALSE(a.reply.ok) << cmd;
+    EXPECT_TRUE(a.effects.empty()) << cmd;
+    EXPECT_EQ(a.reply.json, "") << cmd;
+    return a.reply.text;
+  };
+  for (const auto& n : strings{"abc", "", "-1", "1025", "2x", "99999999999999999999"}) {
+    EXPECT_EQ(refused("scale", {"tiny", n}), "scale: N must be 0..1024") << n;
+  }
+  EXPECT_EQ(refused("scale", {"nope", "1"}), "placement: no model 'nope'");
+  EXPECT_EQ(refused("drain", {"ghost"}), "placement: no node 'ghost'");
+  EXPECT_EQ(refused("remove", {"ghost"}), "placement: no node 'ghost'");
+  EXPECT_EQ(refused("frobnicate", {}),
+            "unknown command 'frobnicate' with 0 argument(s) (status, nodes, replicas, drain NODE, remove NODE, "
+            "scale MODEL N)");
+  EXPECT_EQ(refused("status", {"now"}).rfind("unknown command 'status' with 1 argument(s)", 0), 0u);
+  EXPECT_EQ(refused("drain", {}).rfind("unknown command 'drain' with 0 argument(s)", 0), 0u);
+  EXPECT_EQ(refused("scale", {"tiny"}).rfind("unknown command 'scale' with 1 argument(s)", 0), 0u);
+  EXPECT_EQ(phases(c), (std::map<uint64_t, std::string>{{1, "loading"}}));
+  EXPECT_EQ(node_view(c, "a")["state"], "ready");
+}
+
+// --- ctl authentication ---
+
+TEST(Coordinator, CtlRefusesAWrongTokenAStaleClockAndReplays) {
+  auto c = make();
+  join(c, 1, "a");
+  join(c, 2, "b");
+  auto expect_refused = [&](const transport::control_msg& m, uint64_t wall, const std::string& why) {
+    auto a = send_ctl(c, m, wall);
+    EXPECT_FALSE(a.reply.ok);
+    EXPECT_EQ(a.reply.text, why);
+    EXPECT_EQ(a.reply.json, "");
+    EXPECT_TRUE(a.effects.empty());
+  };
+  const std::string bad_token = "refused: bad credentials (check the cluster token)";
+  const std::string bad_clock = "refused: the command's clock is more than 60 s off";
+
+  expect_refused(command("scale", {"tiny", "2"}, wall0, token + "x"), wall0, bad_token);
+  auto tampered = command("scale", {"tiny", "0"});
+  tampered.args[1] = "2";
+  expect_refused(tampered, wall0, bad_token);
+  auto short_nonce = command("status");
+  short_nonce.nonce.resize(16);
+  short_nonce.mac = join_auth::control_mac(token, short_nonce.nonce, short_nonce.timestamp_ms, "status", {});
+  expect_refused(short_nonce, wall0, bad_token);
+  auto no_mac = command("status");
+  no_mac.mac.clear();
+  expect_refused(no_mac, wall0, bad_token);
+
+  expect_refused(command("scale", {"tiny", "2"}, wall0 - 60001), wall0, bad_clock);
+  expect_refused(command("scale", {"tiny", "2"}, wall0 + 60001), wall0, bad_clock);
+  EXPECT_TRUE(send_ctl(c, command("status", {}, wall0 - 60000)).reply.ok);  // at the limit: fine
+  EXPECT_TRUE(send_ctl(c, command("status", {}, wall0 + 60000)).reply.ok);
+  EXPECT_EQ(c.replicas().size(), 1u);  // none of the refused scales ran
+
+  // A command is accepted once; the same frame again is a replay, even much later than the
+  // first but within the clock window.
+  const auto scale = command("scale", {"tiny", "2"});
+  auto first = send_ctl(c, scale);
+  ASSERT_TRUE(first.reply.ok) << first.reply.text;
+  EXPECT_EQ(describe(first.effects), (strings{"start r2 -> 2:1"}));
+  expect_refused(scale, wall0, "refused: a replayed command");
+  expect_refused(scale, wall0 + 30000, "refused: a replayed command");
+  EXPECT_EQ(c.replicas().size(), 2u);
+}
+
+TEST(Coordinator, ACustomClockSkewIsHonoured) {
+  auto made = coordinator::create({token, 3000ms, {tiny()}, 5000ms});
+  ASSERT_TRUE(made.ok());
+  auto& c = *made;
+  EXPECT_TRUE(send_ctl(c, command("status", {}, wall0 - 5000)).reply.ok);
+  auto late = send_ctl(c, command("status", {}, wall0 - 5001));
+  EXPECT_FALSE(late.reply.ok);
+  EXPECT_EQ(late.reply.text, "refused: the command's clock is more than 5 s off");
+}
+
+// --- create ---
+
+TEST(Coordinator, CreateRefusesSpreadPlacementAndBadModels) {
+  auto spread = tiny();
+  spread.place = placement::spread;
+  auto c = coordinator::create({token, 3000ms, {tiny(), spread}});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.err().code, errc::unsupported);
+  EXPECT_NE(c.err().message.find("'tiny'"), std::string::npos) << c.err().message;
+  EXPECT_NE(c.err().message.find("spread"), std::string::npos) << c.err().message;
+
+  auto zero_tp = tiny();
+  zero_tp.tp = 0;
+  auto z = coordinator::create({token, 3000ms, {zero_tp}});
+  ASSERT_FALSE(z.ok());
+  EXPECT_EQ(z.err().code, errc::invalid_request);
+
+  auto twice = coordinator::create({token, 3000ms, {tiny(), tiny()}});
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.err().code, errc::invalid_request);
+
+  EXPECT_TRUE(coordinator::create({token, 3000ms, {}}).ok());  // no models yet: fine
+}
+
+}  // namespace
+}  // namespace llmesh::actors

@@ -1,0 +1,432 @@
+// The mesh across processes: cluster-configs/local.yaml (ports moved to free ones) started as
+// three `llmesh node` processes — seed (coordinator, gateway, router) and two replica nodes,
+// each hosting a tp-2 replica — serves OpenAI requests with exactly `llmesh generate`'s tokens.
+// Under a steady load, a fourth node joins at run time (`--join`) and an operator drains
+// replica-a with `llmesh ctl`: its replica moves to the new node, which then gets traffic, and
+// no request fails or changes a token. Every process stops with exit status 0 on SIGTERM.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+
+#include <array>
+#include <atomic>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "../cli/subprocess.hpp"
+#include "../serve/server_process.hpp"
+
+namespace llmesh::testing {
+namespace {
+
+const std::string bin = LLMESH_BINARY;
+const std::string source_dir = LLMESH_SOURCE_DIR;
+const std::string model_dir = source_dir + "/models/kjv-tiny";
+
+/// A free TCP port on 127.0.0.1 (bound, then released: the node binds it again right away).
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+/// A `llmesh node` process; its stderr is collected. SIGTERM (then SIGKILL) when destroyed.
+class node_process {
+ public:
+  explicit node_process(const std::vector<std::string>& args) {
+    int err_pipe[2];
+    if (pipe(err_pipe) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
+      dup2(err_pipe[1], 2);
+      close(err_pipe[0]);
+      close(err_pipe[1]);
+      std::vector<std::string> all{bin, "node"};
+      all.insert(all.end(), args.begin(), args.end());
+      std::vector<char*> argv;
+      for (auto& a : all) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(bin.c_str(), argv.data());
+      _exit(127);
+    }
+    close(err_pipe[1]);
+    fd_ = err_pipe[0];
+  }
+  ~node_process() { stop(std::chrono::seconds(5)); }
+
+  /// Waits (up to `patience`) until stderr contains `text`.
+  bool wait_for(const std::string& text, std::chrono::seconds patience = std::chrono::seconds(60)) {
+    const auto deadline = std::chrono::steady_clock::now() + patience;
+    while (log_.find(text) == std::string::npos) {
+      if (std::chrono::steady_clock::now() > deadline || !read_some(200)) return log_.find(text) != std::string::npos;
+    }
+    return true;
+  }
+  const std::string& log() {
+    while (read_some(0)) {
+    }
+    return log_;
+  }
+  void pause() { kill(pid_, SIGSTOP); }
+  void resume() { kill(pid_, SIGCONT); }
+  /// SIGKILL: the process dies as in a crash (no goodbye to its peers).
+  void crash() {
+    if (pid_ > 0) kill(pid_, SIGKILL);
+  }
+  /// SIGTERM, wait; the exit status (128 + signal if killed).
+  int stop(std::chrono::seconds patience = std::chrono::seconds(30)) {
+    if (pid_ <= 0) return -1;
+    kill(pid_, SIGTERM);
+    const auto deadline = std::chrono::steady_clock::now() + patience;
+    int status = 0;
+    while (waitpid(pid_, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+        break;
+      }
+      read_some(10);
+    }
+    log();
+    pid_ = -1;
+    close(fd_);
+    fd_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  bool read_some(int timeout_ms) {
+    if (fd_ < 0) return false;
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0) return timeout_ms > 0;
+    char buf[4096];
+    const ssize_t n = read(fd_, buf, sizeof buf);
+    if (n <= 0) return false;
+    log_.append(buf, static_cast<size_t>(n));
+    return true;
+  }
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::string log_;
+};
+
+/// local.yaml with every port replaced by a free one and the model path made absolute.
+struct mesh_files {
+  temp_dir dir;
+  std::string config;
+  int seed_port = 0, http_port = 0;
+
+  /// `failure_timeout`: a replacement for local.yaml's failure_timeout_ms line, if given.
+  explicit mesh_files(const std::string& failure_timeout = "") {
+    std::ifstream in(source_dir + "/cluster-configs/local.yaml");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string yaml = ss.str();
+    if (!failure_timeout.empty()) yaml = std::regex_replace(yaml, std::regex("failure_timeout_ms: 3000"), failure_timeout);
+    seed_port = free_port();
+    http_port = free_port();
+    const std::map<std::string, int> ports{{"7100", seed_port}, {"7101", free_port()}, {"7102", free_port()},
+                                           {"8080", http_port}, {"8081", free_port()}};
+    for (const auto& [from, to] : ports) yaml = std::regex_replace(yaml, std::regex("127\\.0\\.0\\.1:" + from), "127.0.0.1:" + std::to_string(to));
+    yaml = std::regex_replace(yaml, std::regex("path: models/kjv-tiny"), "path: " + model_dir);
+    config = dir.path() + "/local.yaml";
+    std::ofstream(config) << yaml;
+  }
+  std::vector<std::string> node(const std::string& name) const { return {"--config", config, "--name", name}; }
+  std::string token() const { return "local-dev-token-change-me"; }  // local.yaml's
+};
+
+nlohmann::json ctl_json(const mesh_files& m, const std::string& command) {
+  auto r = run_command(bin + " ctl --config " + m.config + " --json " + command);
+  if (r.exit_code != 0) return nlohmann::json{{"error", r.err}};
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  return j.is_discarded() ? nlohmann::json{{"error", r.out}} : j;
+}
+
+/// Waits (up to a minute) until the coordinator's replica list satisfies `pred`.
+bool wait_replicas(const mesh_files& m, const std::function<bool(const nlohmann::json&)>& pred, nlohmann::json* last) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    *last = ctl_json(m, "replicas");
+    if (last->is_array() && pred(*last)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+size_t count_ready(const nlohmann::json& replicas, const std::string& node = "") {
+  size_t n = 0;
+  for (const auto& r : replicas) n += r["phase"] == "ready" && (node.empty() || r["node"] == node);
+  return n;
+}
+
+std::vector<int32_t> generate_ids(const std::vector<int32_t>& prompt, int max_tokens) {
+  std::string ids;
+  for (auto t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  auto r = run_command(bin + " generate --device cpu --model " + model_dir + " --prompt-ids " + ids + " --max-tokens " +
+                       std::to_string(max_tokens) + " --temperature 0 --print-ids");
+  std::vector<int32_t> out;
+  std::stringstream ss(r.out.substr(0, r.out.find('\n')));
+  for (int32_t t; ss >> t;) out.push_back(t);
+  return out;
+}
+
+/// One greedy completion through the gateway: its token ids, or empty with `why` set.
+std::vector<int32_t> complete(int port, const std::vector<int32_t>& prompt, int max_tokens, std::string* why) {
+  nlohmann::json body{{"model", "kjv-tiny"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
+                      {"ignore_eos", true}, {"return_token_ids", true}};
+  auto r = http_request(port, "POST", "/v1/completions", body.dump());
+  if (r.status != 200) {
+    *why = std::to_string(r.status) + " " + r.body;
+    return {};
+  }
+  auto j = nlohmann::json::parse(r.body, nullptr, false);
+  if (j.is_discarded()) {
+    *why = "bad JSON: " + r.body;
+    return {};
+  }
+  return j["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+}
+
+double metric_value(int port, const std::string& series) {
+  auto r = http_request(port, "GET", "/metrics");
+  const auto at = r.body.find("\n" + series + " ");  // a sample line, not the # HELP line
+  return at == std::string::npos ? 0.0 : std::atof(r.body.c_str() + at + series.size() + 2);
+}
+
+/// Clients sending greedy completions in a loop, checking every answer against `want`.
+struct load {
+  int port;
+  const std::vector<std::vector<int32_t>>& prompts;
+  const std::vector<std::vector<int32_t>>& want;
+  int max_tokens;
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> done{0}, failed{0}, wrong{0};
+  std::mutex mu;
+  std::string first_failure;
+  std::vector<std::thread> clients;
+  std::array<std::atomic<int64_t>, 16> started{};  ///< per client: when its request began (ms), 0 between
+  std::atomic<int64_t> total_ms{0};                 ///< summed request latency
+
+  int64_t mean_ms() const { return done ? total_ms / static_cast<int64_t>(done) : 0; }
+
+  static int64_t now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  /// Whether some client's request has been running for longer than `ms`.
+  bool some_request_older_than(int64_t ms) const {
+    for (const auto& s : started) {
+      const int64_t t = s.load();
+      if (t != 0 && now_ms() - t > ms) return true;
+    }
+    return false;
+  }
+  void start(int n) {
+    for (int c = 0; c < n && c < 16; ++c) {
+      clients.emplace_back([this, c] {
+        for (size_t i = static_cast<size_t>(c); !stop; ++i) {
+          std::string why;
+          const size_t k = i % prompts.size();
+          const int64_t t0 = now_ms();
+          started[static_cast<size_t>(c)] = t0;
+          auto got = complete(port, prompts[k], max_tokens, &why);
+          started[static_cast<size_t>(c)] = 0;
+          total_ms += now_ms() - t0;
+          if (got.empty()) {
+            ++failed;
+            std::lock_guard l(mu);
+            if (first_failure.empty()) first_failure = why;
+          } else if (got != want[k]) {
+            ++wrong;
+          }
+          ++done;
+        }
+      });
+    }
+  }
+  /// Lets at least `n` more requests finish (or 30 s pass).
+  void more(size_t n) {
+    const size_t before = done;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (done < before + n && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  void finish() {
+    stop = true;
+    for (auto& t : clients) t.join();
+    clients.clear();
+  }
+  ~load() { finish(); }
+};
+
+TEST(Mesh, LocalYamlServesExactlyAndSurvivesAJoinAndADrainUnderLoad) {
+  mesh_files m;
+  node_process seed(m.node("seed"));
+  ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny' on http://")) << seed.log();
+  node_process a(m.node("replica-a")), b(m.node("replica-b"));
+  nlohmann::json reps;
+  ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) { return count_ready(j) == 2; }, &reps))
+      << reps.dump() << "\n" << seed.log() << a.log() << b.log();
+  EXPECT_EQ(count_ready(reps, "replica-a"), 1u) << reps.dump();
+  EXPECT_EQ(count_ready(reps, "replica-b"), 1u) << reps.dump();
+
+  // Exact tokens through the gateway, against the engine run directly.
+  const std::vector<std::vector<int32_t>> prompts{{1142, 258, 2078, 386, 3345}, {295, 258, 400}, {46, 10, 295}, {1225, 334}};
+  constexpr int max_tokens = 24;
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) {
+    want.push_back(generate_ids(p, max_tokens));
+    ASSERT_EQ(want.back().size(), static_cast<size_t>(max_tokens));
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::string why;
+    EXPECT_EQ(complete(m.http_port, prompts[i], max_tokens, &why), want[i]) << why;
+  }
+
+  // A steady load from three clients while the mesh changes under it.
+  load l{m.http_port, prompts, want, max_tokens};
+  l.start(3);
+  // A node added at run time joins and is placed nothing yet (the model has its 2 replicas).
+  node_process c({"--join", "127.0.0.1:" + std::to_string(m.seed_port), "--name", "replica-c", "--listen",
+                  "127.0.0.1:" + std::to_string(free_port()), "--token", m.token(), "--heartbeat-ms", "200"});
+  ASSERT_TRUE(c.wait_for("joined the mesh")) << c.log();
+  // Draining replica-a moves its replica to replica-c; a's in-flight requests finish there.
+  auto drain = run_command(bin + " ctl --config " + m.config + " drain replica-a");
+  ASSERT_EQ(drain.exit_code, 0) << drain.err;
+  ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) {
+    return count_ready(j, "replica-c") == 1 && count_ready(j, "replica-b") == 1 && j.size() == 2;
+  }, &reps)) << reps.dump() << "\n" << c.log() << a.log();
+  EXPECT_TRUE(a.wait_for("stopped after draining", std::chrono::seconds(30))) << a.log();
+  // The new replica takes traffic: let the clients run a little longer.
+  l.more(30);
+  l.finish();
+  EXPECT_GT(l.done.load(), 30u);
+  EXPECT_EQ(l.failed.load(), 0u) << l.first_failure;
+  EXPECT_EQ(l.wrong.load(), 0u);
+  // A drain is graceful: nothing had to move to another replica mid-stream.
+  EXPECT_EQ(metric_value(m.http_port, "llmesh_request_migrations_total"), 0.0);
+  auto nodes = ctl_json(m, "nodes");
+  bool a_draining = false;
+  for (const auto& n : nodes) a_draining |= n["name"] == "replica-a" && n["state"] == "draining";
+  EXPECT_TRUE(a_draining) << nodes.dump();
+  // Which replica is on replica-c: its routed-request counter grew.
+  uint64_t c_replica = 0;
+  for (const auto& r : reps) {
+    if (r["node"] == "replica-c") c_replica = r["id"].get<uint64_t>();
+  }
+  EXPECT_GT(metric_value(m.http_port, "llmesh_replica_requests_total{replica=\"replica-c/" + std::to_string(c_replica) + "\"}"), 0.0);
+
+  EXPECT_EQ(c.stop(), 0) << c.log();
+  EXPECT_EQ(a.stop(), 0) << a.log();
+  EXPECT_EQ(b.stop(), 0) << b.log();
+  EXPECT_EQ(seed.stop(), 0) << seed.log();
+}
+
+TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
+  // Heartbeats may pause here (replica-b is frozen below): the kill is seen by the transport.
+  mesh_files m("failure_timeout_ms: 60000");
+  node_process seed(m.node("seed"));
+  ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny' on http://")) << seed.log();
+  node_process a(m.node("replica-a")), b(m.node("replica-b"));
+  nlohmann::json reps;
+  ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) {
+    return count_ready(j, "replica-a") == 1 && count_ready(j, "replica-b") == 1;
+  }, &reps)) << reps.dump();
+  node_process spare({"--join", "127.0.0.1:" + std::to_string(m.seed_port), "--name", "spare", "--listen",
+                      "127.0.0.1:" + std::to_string(free_port()), "--token", m.token()});
+  ASSERT_TRUE(spare.wait_for("joined the mesh")) << spare.log();
+  const std::vector<std::vector<int32_t>> prompts{{1142, 258, 2078, 386, 3345}, {295, 258, 400}};
+  constexpr int max_tokens = 200;  // long streams: the kill lands in the middle of some
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) want.push_back(generate_ids(p, max_tokens));
+  load l{m.http_port, prompts, want, max_tokens};
+  l.start(4);
+  l.more(8);
+  // Freeze replica-b until one of its streams is caught mid-way: a request unfinished for four
+  // times the mean request time, while replica-a goes on, is on replica-b.
+  const int64_t mean = std::max<int64_t>(l.mean_ms(), 50);
+  bool caught = false;
+  for (int attempt = 0; attempt < 10 && !caught; ++attempt) {
+    b.pause();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 * mean));
+    caught = l.some_request_older_than(4 * mean);
+    if (!caught) b.resume(), l.more(2);
+  }
+  ASSERT_TRUE(caught) << "no stream was ever on replica-b";
+  b.crash();  // replica-b's process dies mid-stream: its streams continue on replica-a
+  ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) {
+    return count_ready(j, "spare") == 1 && count_ready(j, "replica-a") == 1 && j.size() == 2;
+  }, &reps)) << reps.dump() << "\n" << seed.log() << spare.log();
+  l.more(8);
+  l.finish();
+  EXPECT_EQ(l.failed.load(), 0u) << l.first_failure;
+  EXPECT_EQ(l.wrong.load(), 0u) << "a migrated stream changed its tokens";
+  EXPECT_GT(metric_value(m.http_port, "llmesh_request_migrations_total"), 0.0)
+      << "the kill hit no stream; " << http_request(m.http_port, "GET", "/metrics").body << "\n" << seed.log() << a.log() << spare.log();
+  EXPECT_EQ(spare.stop(), 0) << spare.log();
+  EXPECT_EQ(a.stop(), 0) << a.log();
+  EXPECT_EQ(seed.stop(), 0) << seed.log();
+}
+
+TEST(Mesh, CtlNeedsTheTokenAndNamesBadCommands) {
+  mesh_files m;
+  node_process seed(m.node("seed"));
+  ASSERT_TRUE(seed.wait_for("coordinating")) << seed.log();
+  const std::string control = " --control 127.0.0.1:" + std::to_string(m.seed_port);
+  auto wrong = run_command(bin + " ctl" + control + " --token not-the-cluster-token status");
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(wrong.err.find("bad credentials"), std::string::npos) << wrong.err;
+  auto bad = run_command(bin + " ctl --config " + m.config + " frobnicate");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("unknown command 'frobnicate'"), std::string::npos) << bad.err;
+  auto unknown = run_command(bin + " ctl --config " + m.config + " drain nobody");
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.err.find("nobody"), std::string::npos) << unknown.err;
+  auto ok = run_command(bin + " ctl --config " + m.config + " status");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("1 node(s), 0/0 replica(s) ready, kjv-tiny short of 2"), std::string::npos) << ok.out;
+  auto scaled = run_command(bin + " ctl --config " + m.config + " scale kjv-tiny 3");
+  EXPECT_EQ(scaled.exit_code, 0) << scaled.err;
+  EXPECT_EQ(ctl_json(m, "status")["pending"]["kjv-tiny"], 3) << ctl_json(m, "status").dump();
+  auto bad_scale = run_command(bin + " ctl --config " + m.config + " scale kjv-tiny many");
+  EXPECT_NE(bad_scale.exit_code, 0);
+  EXPECT_NE(bad_scale.err.find("N must be"), std::string::npos) << bad_scale.err;
+  // A node with the wrong token is refused and exits non-zero with one line.
+  node_process intruder({"--join", "127.0.0.1:" + std::to_string(m.seed_port), "--name", "intruder", "--listen",
+                         "127.0.0.1:" + std::to_string(free_port()), "--token", "not-the-cluster-token-at-all"});
+  EXPECT_TRUE(intruder.wait_for("refused the join")) << intruder.log();
+  EXPECT_NE(intruder.stop(), 0);
+  EXPECT_EQ(seed.stop(), 0) << seed.log();
+}
+
+TEST(Mesh, NodeAndCtlRefuseBadFlagsAndConfigsWithOneLine) {
+  mesh_files m;
+  auto missing = run_command(bin + " node --config " + m.config + " --name nobody");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("no node named 'nobody'"), std::string::npos) << missing.err;
+  auto spread = run_command(bin + " node --config " + source_dir + "/cluster-configs/local-split-shards.yaml --name seed");
+  EXPECT_NE(spread.exit_code, 0);
+  EXPECT_NE(spread.err.find("spread"), std::string::npos) << spread.err;
+  auto no_token = run_command("env -u LLMESH_TOKEN " + bin + " node --join 127.0.0.1:1 --name x --listen 127.0.0.1:2");
+  EXPECT_NE(no_token.exit_code, 0);
+  EXPECT_NE(no_token.err.find("token"), std::string::npos) << no_token.err;
+  auto unreachable = run_command(bin + " ctl --control 127.0.0.1:1 --token abcdefghijklmnopq --timeout 3 status");
+  EXPECT_NE(unreachable.exit_code, 0);
+  EXPECT_NE(unreachable.err.find("coordinator"), std::string::npos) << unreachable.err;
+}
+
+}  // namespace
+}  // namespace llmesh::testing
