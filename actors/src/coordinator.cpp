@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmesh/actors/join_auth.hpp"
+#include "llmesh/transport/fault_injector.hpp"
 
 namespace llmesh::actors {
 namespace {
@@ -249,8 +250,17 @@ transport::control_reply_msg coordinator::run_command(const std::string& cmd, co
     if (args[1].empty() || *end != '\0' || n < 0 || n > 1024) return {false, "scale: N must be 0..1024", ""};
     return applied(plan_.scale(args[0], static_cast<int>(n)), args[0] + " scaled to " + args[1]);
   }
+  if (cmd == "fault" && need(2)) {
+    // Fault injection on a node's transport (every connection of that node): checked here, so
+    // a typo is answered; applied by the node's agent.
+    auto m = members_.members().find(args[0]);
+    if (m == members_.members().end()) return {false, "fault: no node '" + args[0] + "'", ""};
+    if (auto rule = transport::parse_fault_rule(args[1]); !rule) return {false, "fault: " + rule.err().message, ""};
+    out.push_back(send_to(m->second.peer, agent_actor_id, transport::control_msg{"fault", {args[1]}, "", 0, ""}));
+    return {true, "fault '" + args[1] + "' set on " + args[0], nlohmann::json{{"ok", true}}.dump()};
+  }
   return {false, "unknown command '" + cmd + "' with " + std::to_string(args.size()) +
-                     " argument(s) (status, nodes, replicas, drain NODE, remove NODE, scale MODEL N)",
+                     " argument(s) (status, nodes, replicas, drain NODE, remove NODE, scale MODEL N, fault NODE RULE)",
           ""};
 }
 

@@ -200,6 +200,11 @@ void on_wire(agent* self, transport::peer_id peer, const transport::envelope& e)
             std::fprintf(stderr, "llmesh: node %s joined the mesh (%zu member(s))\n", st.opt.node.c_str(), m.members.size());
             self->send(self, beat_atom::value);
           }
+        } else if constexpr (std::is_same_v<T, transport::control_msg>) {
+          if (m.command == "fault" && m.args.size() == 1 && st.opt.set_fault) {
+            std::fprintf(stderr, "llmesh: node %s: fault '%s' on its transport\n", st.opt.node.c_str(), m.args[0].c_str());
+            st.opt.set_fault(m.args[0]);
+          }
         } else if constexpr (std::is_same_v<T, transport::assign_msg>) {
           if (m.op == transport::assign_op::start) {
             if (!st.hosted.count(m.replica)) load_replica(self, m);

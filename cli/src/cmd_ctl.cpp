@@ -63,7 +63,7 @@ status run_ctl(const ctl_flags& f) {
   };
   (*net)->set_handlers(std::move(h));
   auto peer = (*net)->connect(control);
-  if (!peer) return peer.take_error();
+  if (!peer) return make_error(peer.err().code, "cannot reach the coordinator at " + control + ": " + peer.err().message);
 
   auto nonce = actors::join_auth::make_nonce();
   if (!nonce) return nonce.take_error();
@@ -73,7 +73,9 @@ status run_ctl(const ctl_flags& f) {
   transport::control_msg c{f.command, f.args, *nonce, now_ms,
                            actors::join_auth::control_mac(token, *nonce, now_ms, f.command, f.args)};
   transport::envelope e{{"ctl", ctl_actor_id}, {"", actors::coordinator_actor_id}, 0, 0, std::move(c)};
-  if (auto s = (*net)->send(*peer, transport::encode(e)); !s) return s;
+  if (auto s = (*net)->send(*peer, transport::encode(e)); !s) {
+    return make_error(s.err().code, "cannot reach the coordinator at " + control + ": " + s.err().message);
+  }
   {
     std::unique_lock l(mu);
     if (!cv.wait_for(l, std::chrono::seconds(f.timeout_s), [&] { return reply || lost; })) {

@@ -20,6 +20,7 @@
 #include "llmesh/actors/router_actor.hpp"
 #include "llmesh/actors/router_client.hpp"
 #include "llmesh/gateway/http_server.hpp"
+#include "llmesh/transport/fault_injector.hpp"
 #include "llmesh/transport/ucx_transport.hpp"
 #include "stop_signal.hpp"
 
@@ -140,9 +141,11 @@ status run_node(const node_flags& f) {
     if (!c) return c.take_error();
     gw_cfg = *c;
   }
-  auto net = transport::ucx_transport::create();
-  if (!net) return net.take_error();
-  auto bound = (*net)->listen(p.listen);
+  auto ucx = transport::ucx_transport::create();
+  if (!ucx) return ucx.take_error();
+  // Fault hooks (`llmesh ctl fault NODE RULE`) on every connection; no rule, no cost but a lock.
+  auto faults = std::make_shared<transport::fault_injector>(std::move(*ucx));
+  auto bound = faults->listen(p.listen);
   if (!bound) return bound.take_error();
   if (auto s = stop_signal::install(); !s) return s;
 
@@ -150,7 +153,8 @@ status run_node(const node_flags& f) {
   cfg.set("scheduler.max-threads", 2);
   cfg.set("scheduler.policy", caf::atom("sharing"));  // idle workers sleep
   auto sys = std::make_unique<caf::actor_system>(cfg);
-  auto bridge = sys->spawn(actors::bridge_actor, std::shared_ptr<transport::transport>(std::move(*net)), p.name);
+  std::weak_ptr<transport::fault_injector> fault_hook = faults;
+  auto bridge = sys->spawn(actors::bridge_actor, std::shared_ptr<transport::transport>(std::move(faults)), p.name);
 
   actors::metrics_registry metrics;
   caf::actor router;
@@ -181,6 +185,11 @@ status run_node(const node_flags& f) {
   ao.heartbeat = p.heartbeat;
   ao.engine.device = *device;
   ao.engine.threads = f.threads > 0 ? f.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ao.set_fault = [fault_hook](const std::string& spec) {
+    auto rule = transport::parse_fault_rule(spec);
+    auto f = fault_hook.lock();
+    if (rule && f) f->set_rule(std::nullopt, *rule);
+  };
   ao.on_fatal = [&fatal](const std::string&) {
     fatal = true;
     stop_signal::wake();

@@ -381,6 +381,43 @@ TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
   EXPECT_EQ(seed.stop(), 0) << seed.log();
 }
 
+TEST(Mesh, APartitionedNodeIsDeclaredDeadByItsSilenceAndItsStreamsContinueElsewhere) {
+  mesh_files m("failure_timeout_ms: 1500");
+  node_process seed(m.node("seed"));
+  ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny' on http://")) << seed.log();
+  node_process a(m.node("replica-a")), b(m.node("replica-b"));
+  nlohmann::json reps;
+  ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) {
+    return count_ready(j, "replica-a") == 1 && count_ready(j, "replica-b") == 1;
+  }, &reps)) << reps.dump();
+  node_process spare({"--join", "127.0.0.1:" + std::to_string(m.seed_port), "--name", "spare", "--listen",
+                      "127.0.0.1:" + std::to_string(free_port()), "--token", m.token()});
+  ASSERT_TRUE(spare.wait_for("joined the mesh")) << spare.log();
+  const std::vector<std::vector<int32_t>> prompts{{1142, 258, 2078, 386, 3345}, {295, 258, 400}};
+  constexpr int max_tokens = 120;
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) want.push_back(generate_ids(p, max_tokens));
+  load l{m.http_port, prompts, want, max_tokens};
+  l.start(3);
+  l.more(4);
+  // Nothing passes to or from replica-b any more, and nothing reports it: only the missing
+  // heartbeats do.
+  auto cut = run_command(bin + " ctl --config " + m.config + " fault replica-b partition");
+  ASSERT_EQ(cut.exit_code, 0) << cut.err;
+  EXPECT_TRUE(b.wait_for("fault 'partition'", std::chrono::seconds(10))) << b.log();
+  ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) {
+    return count_ready(j, "spare") == 1 && count_ready(j, "replica-a") == 1 && j.size() == 2;
+  }, &reps)) << reps.dump() << "\n" << seed.log();
+  l.more(6);
+  l.finish();
+  EXPECT_EQ(l.failed.load(), 0u) << l.first_failure;
+  EXPECT_EQ(l.wrong.load(), 0u);
+  EXPECT_EQ(spare.stop(), 0) << spare.log();
+  EXPECT_EQ(b.stop(), 0) << b.log();
+  EXPECT_EQ(a.stop(), 0) << a.log();
+  EXPECT_EQ(seed.stop(), 0) << seed.log();
+}
+
 TEST(Mesh, CtlNeedsTheTokenAndNamesBadCommands) {
   mesh_files m;
   node_process seed(m.node("seed"));
@@ -401,6 +438,11 @@ TEST(Mesh, CtlNeedsTheTokenAndNamesBadCommands) {
   auto scaled = run_command(bin + " ctl --config " + m.config + " scale kjv-tiny 3");
   EXPECT_EQ(scaled.exit_code, 0) << scaled.err;
   EXPECT_EQ(ctl_json(m, "status")["pending"]["kjv-tiny"], 3) << ctl_json(m, "status").dump();
+  auto bad_fault = run_command(bin + " ctl --config " + m.config + " fault seed sometimes");
+  EXPECT_NE(bad_fault.exit_code, 0);
+  EXPECT_NE(bad_fault.err.find("fault: "), std::string::npos) << bad_fault.err;
+  auto fault_nobody = run_command(bin + " ctl --config " + m.config + " fault nobody partition");
+  EXPECT_NE(fault_nobody.err.find("no node 'nobody'"), std::string::npos) << fault_nobody.err;
   auto bad_scale = run_command(bin + " ctl --config " + m.config + " scale kjv-tiny many");
   EXPECT_NE(bad_scale.exit_code, 0);
   EXPECT_NE(bad_scale.err.find("N must be"), std::string::npos) << bad_scale.err;

@@ -39,6 +39,8 @@ struct node_agent_options {
   std::chrono::milliseconds drain_timeout{60000};  ///< a stopping replica's in-flight requests get this long
   model::engine_options engine;                    ///< threads and device; tp and KV come with each assignment
   scheduler_config sched;
+  /// Sets a fault rule on this node's transport (`llmesh ctl fault`; fault_injector.hpp syntax).
+  std::function<void(const std::string&)> set_fault;
   /// Called (on an actor thread) when the node cannot go on: its join was refused.
   std::function<void(const std::string&)> on_fatal;
 };
