@@ -26,8 +26,9 @@ test: build
 # The bundled model: models/kjv-tiny, a tiny Llama trained on the King James Bible
 # (tools/train/README.md), served on http://127.0.0.1:8080 until Ctrl-C (HTTP=HOST:PORT to move it).
 HTTP ?= 127.0.0.1:8080
+RPC ?= 127.0.0.1:8081
 run: build
-	$(BUILD)/cli/llmesh serve --model models/kjv-tiny --http $(HTTP)
+	$(BUILD)/cli/llmesh serve --model models/kjv-tiny --http $(HTTP) --rpc $(RPC)
 
 clean:
 	rm -rf $(BUILD)

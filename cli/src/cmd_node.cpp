@@ -20,6 +20,7 @@
 #include "llmesh/actors/router_actor.hpp"
 #include "llmesh/actors/router_client.hpp"
 #include "llmesh/gateway/http_server.hpp"
+#include "llmesh/gateway/rpc_server.hpp"
 #include "llmesh/transport/fault_injector.hpp"
 #include "llmesh/transport/ucx_transport.hpp"
 #include "stop_signal.hpp"
@@ -40,7 +41,7 @@ struct node_plan {
   std::chrono::milliseconds heartbeat{500}, failure_timeout{3000};
   std::vector<actors::model_spec> models;  ///< the coordinator's (config mode)
   std::string gateway_model_dir, gateway_model_name;
-  std::optional<actors::endpoint> http;
+  std::optional<actors::endpoint> http, rpc;
   bool has(actors::node_role r) const { return std::find(roles.begin(), roles.end(), r) != roles.end(); }
 };
 
@@ -60,6 +61,7 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     p.failure_timeout = cfg->failure_timeout;
     p.models = cfg->models;
     p.http = n->http;
+    p.rpc = n->rpc;
     if (p.has(actors::node_role::gateway)) {
       if (cfg->models.empty()) return make_error(errc::invalid_request, f.config + ": a gateway needs a model");
       p.gateway_model_dir = cfg->models.front().path;
@@ -224,8 +226,18 @@ status run_node(const node_flags& f) {
       caf::anon_send_exit(agent, caf::exit_reason::kill);
       return server.take_error();
     }
-    std::fprintf(stderr, "llmesh: node %s serving '%s' on http://%s:%u\n", p.name.c_str(), api_opt.model_name.c_str(),
-                 ho.host.c_str(), (*server)->port());
+    std::unique_ptr<gateway::rpc_server> rpc;
+    if (p.rpc) {
+      auto r = gateway::rpc_server::start(*api, {p.rpc->host, p.rpc->port});
+      if (!r) {
+        caf::anon_send_exit(agent, caf::exit_reason::kill);
+        return r.take_error();
+      }
+      rpc = std::move(*r);
+    }
+    std::fprintf(stderr, "llmesh: node %s serving '%s' on http://%s:%u%s\n", p.name.c_str(), api_opt.model_name.c_str(),
+                 ho.host.c_str(), (*server)->port(),
+                 rpc ? (" and RPC " + p.rpc->host + ":" + std::to_string(rpc->port())).c_str() : "");
     std::fflush(stderr);
     gateway::http_server* srv = server->get();
     std::thread waiter([srv, drain, &fatal] {
@@ -236,6 +248,7 @@ status run_node(const node_flags& f) {
     (*server)->run();
     stop_signal::wake();
     waiter.join();
+    rpc.reset();
     server->reset();
     api.reset();
   } else {

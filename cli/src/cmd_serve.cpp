@@ -12,12 +12,13 @@
 #include "stop_signal.hpp"
 #include "llmesh/actors/local_mesh.hpp"
 #include "llmesh/gateway/http_server.hpp"
+#include "llmesh/gateway/rpc_server.hpp"
 
 namespace llmesh::cli {
 namespace {
 
 struct serve_flags {
-  std::string model_dir, http = "127.0.0.1:8080", api_key, served_name, device = "auto", policy = "least-load";
+  std::string model_dir, http = "127.0.0.1:8080", rpc = "127.0.0.1:8081", api_key, served_name, device = "auto", policy = "least-load";
   int replicas = 1, tp = 1, threads = 0;
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256, max_concurrent = 256, max_tokens = 4096;
   size_t max_body_kb = 4096, idle_timeout_s = 15, max_migrations = 3, drain_s = 10;
@@ -87,7 +88,18 @@ status run_serve(const serve_flags& f) {
   ho.idle_timeout = std::chrono::seconds(f.idle_timeout_s);
   auto server = gateway::http_server::listen(*api, ho);
   if (!server) return server.take_error();
+  std::unique_ptr<gateway::rpc_server> rpc;
+  std::string rpc_host;
+  if (f.rpc != "none") {
+    auto rpc_where = parse_host_port(f.rpc, "--rpc");
+    if (!rpc_where) return rpc_where.take_error();
+    rpc_host = rpc_where->first;
+    auto r = gateway::rpc_server::start(*api, {rpc_where->first, rpc_where->second});
+    if (!r) return r.take_error();
+    rpc = std::move(*r);
+  }
 
+  if (rpc) std::fprintf(stderr, "llmesh: native API (Cap'n Proto RPC, schemas/rpc.capnp) on %s:%u\n", rpc_host.c_str(), rpc->port());
   const auto& e0 = (*mesh)->engine(0);
   std::fprintf(stderr,
                "llmesh: serving '%s' on http://%s:%u (%d replica(s), tp %d, %s, %d kernel threads each, KV %zu "
@@ -113,8 +125,9 @@ status run_serve(const serve_flags& f) {
     srv->stop(drain);
   });
   (*server)->run();
-  // Stop order: the mesh first (its sinks post into the server's io_context, still alive),
-  // then the server, then the API it borrowed.
+  // Stop order: the RPC server (its calls cancel their generations), the mesh (its sinks post
+  // into the server's io_context, still alive), then the HTTP server, then the API they borrowed.
+  rpc.reset();
   mesh->reset();
   server->reset();
   api.reset();
@@ -134,6 +147,8 @@ void add_serve(CLI::App& app, command_set& commands) {
   sub->add_option("--replicas", f->replicas, "Model replicas")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_option("--tp", f->tp, "Tensor-parallel shards per replica")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_option("--http", f->http, "HTTP listen address HOST:PORT (port 0: any free port)")->capture_default_str();
+  sub->add_option("--rpc", f->rpc, "Native API (Cap'n Proto RPC) address HOST:PORT (port 0: any; 'none': off)")
+      ->capture_default_str();
   sub->add_option("--api-key", f->api_key, "Require 'Authorization: Bearer KEY' on /v1 routes");
   sub->add_option("--served-model-name", f->served_name, "Model id in the API (default: the directory's name)");
   sub->add_option("--device", f->device, "auto, cpu or cuda")->capture_default_str();

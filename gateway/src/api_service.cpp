@@ -120,34 +120,52 @@ api_outcome api_service::chat_completions(std::string_view body) {
 
 api_outcome api_service::start(bool chat, const std::string& model, std::vector<int32_t> prompt,
                                const generation_fields& g) {
+  auto job = prepare(chat, model, std::move(prompt), g);
+  if (!job) return error_reply(job.err());
+  return std::move(*job);
+}
+
+result<generation_job> api_service::native_generate(std::string_view api_key, const std::string& model,
+                                                    const std::optional<std::string>& prompt_text,
+                                                    std::vector<int32_t> prompt_ids, const generation_fields& g) {
+  if (!authorized("Bearer " + std::string(api_key))) {
+    return make_error(errc::unauthorized, "missing or wrong API key");
+  }
+  if (mesh_.ready_replicas() == 0) return make_error(errc::replica_unavailable, "no replica is ready");
+  if (prompt_text) prompt_ids = tok_->encode(*prompt_text, true);
+  return prepare(false, model, std::move(prompt_ids), g);
+}
+
+result<generation_job> api_service::prepare(bool chat, const std::string& model, std::vector<int32_t> prompt,
+                                            const generation_fields& g) {
   if (model != opt_.model_name) {
-    return error_reply(make_error(errc::not_found, "the model '" + model + "' does not exist; this server serves '" +
+    return (make_error(errc::not_found, "the model '" + model + "' does not exist; this server serves '" +
                                                        opt_.model_name + "'"));
   }
-  if (prompt.empty()) return error_reply(make_error(errc::invalid_request, "the prompt is empty"));
+  if (prompt.empty()) return (make_error(errc::invalid_request, "the prompt is empty"));
   for (int32_t t : prompt) {
     if (t < 0 || static_cast<size_t>(t) >= cfg_.vocab) {
-      return error_reply(make_error(errc::invalid_request, "prompt token id " + std::to_string(t) +
+      return (make_error(errc::invalid_request, "prompt token id " + std::to_string(t) +
                                                                " is outside the vocabulary of " + std::to_string(cfg_.vocab)));
     }
   }
   const size_t ctx = cfg_.max_positions;
   if (prompt.size() >= ctx) {
-    return error_reply(make_error(errc::invalid_request, "the prompt has " + std::to_string(prompt.size()) +
+    return (make_error(errc::invalid_request, "the prompt has " + std::to_string(prompt.size()) +
                                                              " tokens; this model's context is " + std::to_string(ctx)));
   }
   size_t max_tokens = g.max_tokens;
   if (!g.max_tokens_given) {
     max_tokens = std::min(max_tokens, ctx - prompt.size());
   } else if (prompt.size() + max_tokens > ctx) {
-    return error_reply(make_error(errc::invalid_request,
+    return (make_error(errc::invalid_request,
                                   "the prompt (" + std::to_string(prompt.size()) + " tokens) plus max_tokens (" +
                                       std::to_string(max_tokens) + ") exceeds this model's context of " + std::to_string(ctx)));
   }
   // The concurrency slot: taken here, released when the job (and its connection's use of it) ends.
   if (inflight_->fetch_add(1) >= opt_.max_concurrent) {
     inflight_->fetch_sub(1);
-    return error_reply(make_error(errc::overloaded, "the server is at its limit of " +
+    return (make_error(errc::overloaded, "the server is at its limit of " +
                                                         std::to_string(opt_.max_concurrent) + " concurrent requests; retry shortly"));
   }
   metrics_.get_gauge(actors::metric::gateway_inflight)->set(static_cast<double>(inflight_->load()));

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -25,7 +26,7 @@ namespace llmesh::testing {
 /// A running `llmesh serve`; stopped (SIGTERM, then SIGKILL after 20 s) when destroyed.
 class server_process {
  public:
-  /// Starts `binary serve <args> --http 127.0.0.1:0` and waits (up to 60 s) for its
+  /// Starts `binary serve <args> --http 127.0.0.1:0 --rpc 127.0.0.1:0` and waits (up to 60 s) for its
   /// "serving ... on http://127.0.0.1:PORT" line. port() is 0 when it failed; log() says why.
   server_process(const std::string& binary, const std::vector<std::string>& args) {
     int err_pipe[2];
@@ -39,6 +40,10 @@ class server_process {
       all.insert(all.end(), args.begin(), args.end());
       all.push_back("--http");
       all.push_back("127.0.0.1:0");
+      if (std::find(args.begin(), args.end(), "--rpc") == args.end()) {
+        all.push_back("--rpc");  // any free port: tests run side by side
+        all.push_back("127.0.0.1:0");
+      }
       std::vector<char*> argv;
       for (auto& a : all) argv.push_back(a.data());
       argv.push_back(nullptr);

@@ -40,7 +40,7 @@ function requireEnv() {
 /// Starts `llmesh serve` and resolves with its port once it prints "on http://127.0.0.1:PORT".
 function startServer() {
   requireEnv();
-  server = spawn(BINARY, ['serve', '--model', MODEL_DIR, '--http', '127.0.0.1:0',
+  server = spawn(BINARY, ['serve', '--model', MODEL_DIR, '--http', '127.0.0.1:0', '--rpc', '127.0.0.1:0',
     '--api-key', API_KEY, '--device', 'cpu'], { stdio: ['ignore', 'ignore', 'pipe'] });
   serverExit = new Promise((resolve) => server.once('exit', (code, signal) => resolve({ code, signal })));
   return new Promise((resolve, reject) => {

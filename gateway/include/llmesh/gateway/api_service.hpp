@@ -51,15 +51,27 @@ class api_service {
   api_outcome handle(std::string_view method, std::string_view target, std::string_view authorization,
                      std::string_view body);
 
+  /// The native API's generation (gateway/rpc_server): the checks and policies of
+  /// /v1/completions — API key, model name, prompt (text is tokenized with BOS) and context
+  /// limits, the concurrency slot, a seed when none is given. The caller uses the job's request
+  /// and slot (its stream renders OpenAI chunks, which the RPC server does not need).
+  [[nodiscard]] result<generation_job> native_generate(std::string_view api_key, const std::string& model,
+                                                       const std::optional<std::string>& prompt_text,
+                                                       std::vector<int32_t> prompt_ids, const generation_fields& g);
+
   /// Generations in flight.
   size_t inflight() const { return inflight_->load(); }
   actors::mesh_client& mesh() { return mesh_; }
   actors::metrics_registry& metrics() { return metrics_; }
+  const model::tokenizer& tokenizer() const { return *tok_; }
+  const std::string& model_name() const { return opt_.model_name; }
 
  private:
   api_outcome completions(std::string_view body);
   api_outcome chat_completions(std::string_view body);
   api_outcome start(bool chat, const std::string& model, std::vector<int32_t> prompt, const generation_fields& g);
+  result<generation_job> prepare(bool chat, const std::string& model, std::vector<int32_t> prompt,
+                                 const generation_fields& g);
   http_reply models() const;
   bool authorized(std::string_view authorization) const;
 

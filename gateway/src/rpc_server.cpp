@@ -1,0 +1,232 @@
+// The native client API over Cap'n Proto RPC (rpc_server.hpp).
+#include "llmesh/gateway/rpc_server.hpp"
+
+#include <capnp/ez-rpc.h>
+#include <kj/async.h>
+
+#include <future>
+#include <thread>
+#include <unordered_map>
+
+#include "llmesh/gateway/completion_stream.hpp"
+#include "llmesh/schemas/rpc.capnp.h"
+
+namespace llmesh::gateway {
+namespace {
+
+/// One generation, owned by its RPC call's promise: destroyed on the loop thread when the call
+/// ends or is cancelled (then the generation is cancelled in the mesh).
+struct call_state {
+  rpc_server::impl* owner = nullptr;
+  uint64_t id = 0;
+  std::shared_ptr<void> slot;  ///< the api_service concurrency slot
+  size_t prompt_tokens = 0;
+  rpc::TokenSink::Client sink;
+  kj::Own<kj::PromiseFulfiller<void>> done;
+  kj::Promise<void> chain = kj::READY_NOW;  ///< the streaming calls to the sink, in order
+  model::stream_decoder decoder;
+  std::vector<int32_t> ids;
+  std::string text;
+  bool finished = false;        ///< the RPC call's outcome is decided
+  bool mesh_done = false;       ///< the mesh sent the generation's last message
+  std::optional<error> failure;
+  actors::finish_reason finish = actors::finish_reason::none;
+
+  call_state(rpc_server::impl* o, uint64_t i, rpc::TokenSink::Client s, const model::detokenizer& d)
+      : owner(o), id(i), sink(kj::mv(s)), decoder(d) {}
+  ~call_state();
+};
+
+}  // namespace
+
+struct rpc_server::impl {
+  api_service& api;
+  rpc_options opt;
+  std::thread loop;
+  uint16_t port = 0;
+  // Set and used on the loop thread only (the executor reference is safe from any thread).
+  kj::Own<const kj::Executor> executor;
+  kj::Own<kj::PromiseFulfiller<void>> stop;
+  std::unordered_map<uint64_t, call_state*> calls;
+
+  impl(api_service& a, rpc_options o) : api(a), opt(std::move(o)) {}
+
+  /// A token for call `id` (on the loop thread): decoded, streamed to the client's sink; the
+  /// last one completes the call once every streaming call before it was delivered.
+  void on_token(uint64_t id, const actors::token_msg& t) {
+    auto it = calls.find(id);
+    if (it == calls.end()) return;  // cancelled meanwhile
+    call_state* st = it->second;
+    if (st->finished) return;
+    if (t.failed) {
+      st->failure = t.err;
+    } else {
+      st->ids.push_back(t.token);
+      std::string piece = st->decoder.push(t.token);
+      if (t.finish != actors::finish_reason::none) piece += st->decoder.flush();
+      st->text += piece;
+      auto req = st->sink.tokensRequest();
+      req.initIds(1).set(0, t.token);
+      req.setText(piece);
+      st->chain = st->chain.then([r = kj::mv(req)]() mutable { return r.send(); });
+      st->finish = t.finish;
+    }
+    if (t.failed || t.finish != actors::finish_reason::none) {
+      st->finished = true;
+      st->mesh_done = true;
+      st->chain = st->chain.then([st] { st->done->fulfill(); }, [st](kj::Exception&& e) { st->done->reject(kj::mv(e)); })
+                      .eagerlyEvaluate(nullptr);
+    } else {
+      st->chain = st->chain.eagerlyEvaluate([st](kj::Exception&& e) {
+        if (!st->finished) st->done->reject(kj::mv(e));  // the client's sink failed: the call ends
+        st->finished = true;
+      });
+    }
+  }
+};
+
+namespace {
+
+call_state::~call_state() {
+  if (!mesh_done) owner->api.mesh().cancel(id);
+  owner->calls.erase(id);
+}
+
+uint16_t status_of(const error& e) { return static_cast<uint16_t>(http_error_of(e.code).status); }
+
+class llmesh_service final : public rpc::Llmesh::Server {
+ public:
+  explicit llmesh_service(rpc_server::impl* p) : p_(p) {}
+
+  kj::Promise<void> model(ModelContext ctx) override {
+    ctx.getResults().setName(p_->api.model_name());
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> generate(GenerateContext ctx) override {
+    // Cap'n Proto 0.9 runs a call to completion unless the server opts in: a client that drops
+    // its call must stop its generation.
+    ctx.allowCancellation();
+    auto params = ctx.getParams();
+    auto in = params.getRequest();
+    generation_fields g;
+    g.max_tokens = in.getMaxTokens();
+    g.max_tokens_given = in.getMaxTokens() > 0;
+    if (!g.max_tokens_given) g.max_tokens = SIZE_MAX;
+    g.temperature = in.getTemperature();
+    g.top_p = in.getTopP();
+    g.top_k = in.getTopK();
+    if (in.getHasSeed()) g.seed = in.getSeed();
+    g.ignore_eos = in.getIgnoreEos();
+    std::optional<std::string> text;
+    std::vector<int32_t> ids;
+    auto prompt = in.getPrompt();
+    if (prompt.isText()) {
+      text = std::string(prompt.getText().cStr(), prompt.getText().size());
+    } else {
+      for (auto id : prompt.getIds()) ids.push_back(id);
+    }
+    std::string key(in.getApiKey().cStr(), in.getApiKey().size());
+    std::string model(in.getModel().cStr(), in.getModel().size());
+    auto job = p_->api.native_generate(key, model, text, std::move(ids), g);
+    if (!job) {
+      auto r = ctx.getResults().initResult();
+      r.setOk(false);
+      r.setErrorCode(status_of(job.err()));
+      r.setErrorMessage(job.err().message);
+      return kj::READY_NOW;
+    }
+    const uint64_t id = job->req.id;
+    auto st = kj::heap<call_state>(p_, id, params.getSink(), p_->api.tokenizer().decoder());
+    st->slot = std::move(job->slot);
+    st->prompt_tokens = job->req.prompt.size();
+    auto paf = kj::newPromiseAndFulfiller<void>();
+    st->done = kj::mv(paf.fulfiller);
+    call_state* raw = st.get();
+    p_->calls[id] = raw;
+    // Tokens arrive on actor threads: each is handed to the loop (a blocking hand-over of
+    // microseconds; after the server stopped, the executor refuses and the token is dropped).
+    auto exec = std::shared_ptr<kj::Own<const kj::Executor>>(new kj::Own<const kj::Executor>(p_->executor->addRef()));
+    rpc_server::impl* owner = p_;
+    p_->api.mesh().submit(std::move(job->req), [exec, owner, id](const actors::token_msg& t) {
+      try {
+        (*exec)->executeSync([&] { owner->on_token(id, t); });
+      } catch (const kj::Exception&) {
+      }
+    });
+    return paf.promise
+        .then([ctx, raw]() mutable {
+          auto r = ctx.getResults().initResult();
+          if (raw->failure) {
+            r.setOk(false);
+            r.setErrorCode(status_of(*raw->failure));
+            r.setErrorMessage(raw->failure->message);
+            return;
+          }
+          r.setOk(true);
+          r.setFinishReason(raw->finish == actors::finish_reason::eos ? "stop" : "length");
+          r.setPromptTokens(static_cast<uint32_t>(raw->prompt_tokens));
+          r.setCompletionTokens(static_cast<uint32_t>(raw->ids.size()));
+          r.setText(raw->text);
+          auto out = r.initTokenIds(static_cast<unsigned>(raw->ids.size()));
+          for (unsigned i = 0; i < raw->ids.size(); ++i) out.set(i, raw->ids[i]);
+        })
+        .attach(kj::mv(st));
+  }
+
+ private:
+  rpc_server::impl* p_;
+};
+
+}  // namespace
+
+rpc_server::rpc_server(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+
+result<std::unique_ptr<rpc_server>> rpc_server::start(api_service& api, rpc_options opt) {
+  auto p = std::make_unique<impl>(api, std::move(opt));
+  std::promise<result<uint16_t>> started;
+  auto ready = started.get_future();
+  impl* raw = p.get();
+  p->loop = std::thread([raw, &started] {
+    bool told = false;
+    try {
+      capnp::EzRpcServer server(kj::heap<llmesh_service>(raw), raw->opt.host, raw->opt.port);
+      auto& ws = server.getWaitScope();
+      const uint16_t port = static_cast<uint16_t>(server.getPort().wait(ws));
+      auto paf = kj::newPromiseAndFulfiller<void>();
+      raw->stop = kj::mv(paf.fulfiller);
+      raw->executor = kj::getCurrentThreadExecutor().addRef();
+      raw->port = port;
+      told = true;
+      started.set_value(port);
+      paf.promise.wait(ws);
+      raw->calls.clear();  // the server's destruction below cancels every open call
+    } catch (const kj::Exception& e) {
+      if (!told) {
+        started.set_value(make_error(errc::io_error, "cannot serve RPC on " + raw->opt.host + ":" +
+                                                         std::to_string(raw->opt.port) + ": " +
+                                                         std::string(e.getDescription().cStr())));
+      }
+    }
+  });
+  auto port = ready.get();
+  if (!port) {
+    p->loop.join();
+    return port.take_error();
+  }
+  return std::unique_ptr<rpc_server>(new rpc_server(std::move(p)));
+}
+
+rpc_server::~rpc_server() {
+  if (impl_->executor) {
+    try {
+      impl_->executor->executeSync([p = impl_.get()] { p->stop->fulfill(); });
+    } catch (const kj::Exception&) {
+    }
+  }
+  if (impl_->loop.joinable()) impl_->loop.join();
+}
+
+uint16_t rpc_server::port() const { return impl_->port; }
+
+}  // namespace llmesh::gateway

@@ -1,0 +1,50 @@
+# The native client API (DESIGN.md §1, client plane): Cap'n Proto RPC over TCP, served by the
+# gateway next to its HTTP API (`llmesh serve --rpc HOST:PORT`, default 127.0.0.1:8081). A
+# generation streams its tokens to a sink the client passes in, then returns the summary.
+# Evolution rules as for mesh.capnp (schemas/README.md): append only.
+@0x85e61152eaeda7bd;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("llmesh::rpc");
+
+interface Llmesh {
+  # Runs one generation. Tokens go to `sink` as they are produced (in order, flow-controlled);
+  # the call returns when the generation ends. Cancelling the call (or dropping the
+  # connection) cancels the generation in the mesh.
+  generate @0 (request :GenerateRequest, sink :TokenSink) -> (result :GenerateResult);
+
+  # The served model's name (what GenerateRequest.model must be).
+  model @1 () -> (name :Text);
+}
+
+struct GenerateRequest {
+  apiKey @0 :Text;              # required when the server has an API key
+  model @1 :Text;
+  prompt :union {
+    text @2 :Text;              # tokenized with the model's tokenizer (BOS added as /v1/completions does)
+    ids @3 :List(Int32);
+  }
+  maxTokens @4 :UInt32;         # 0: up to the model's context
+  temperature @5 :Float32;      # 0: greedy
+  topP @6 :Float32 = 1.0;
+  topK @7 :Int32;
+  seed @8 :UInt64;
+  hasSeed @9 :Bool;             # false: the server picks one
+  ignoreEos @10 :Bool;
+}
+
+interface TokenSink {
+  # New tokens and the text they complete (whole UTF-8 characters only).
+  tokens @0 (ids :List(Int32), text :Text) -> stream;
+}
+
+struct GenerateResult {
+  ok @0 :Bool;
+  errorCode @1 :UInt16;         # when not ok: the HTTP status the same error has (400, 401, 404, 429, 503, ...)
+  errorMessage @2 :Text;
+  finishReason @3 :Text;        # "length" or "stop" (an EOS token)
+  promptTokens @4 :UInt32;
+  completionTokens @5 :UInt32;
+  text @6 :Text;                # the whole completion
+  tokenIds @7 :List(Int32);
+}

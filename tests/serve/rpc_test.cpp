@@ -1,0 +1,175 @@
+// `llmesh serve`'s native API (schemas/rpc.capnp) over real TCP with Cap'n Proto's own client:
+// greedy tokens equal `llmesh generate`'s, streamed in order to the client's sink and adding up
+// to the result; text prompts are tokenized as /v1/completions does; the API key, the model
+// name, the context and the concurrency bound give HTTP-like codes; a client that drops its
+// call mid-stream frees its slot.
+#include <capnp/ez-rpc.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "../cli/subprocess.hpp"
+#include "llmesh/schemas/rpc.capnp.h"
+#include "server_process.hpp"
+
+namespace llmesh::testing {
+namespace {
+
+const std::string bin = LLMESH_BINARY;
+const std::string model_dir = std::string(LLMESH_SOURCE_DIR) + "/models/kjv-tiny";
+
+int rpc_port(server_process& s) {
+  const std::string marker = "(Cap'n Proto RPC, schemas/rpc.capnp) on 127.0.0.1:";
+  const auto at = s.log().find(marker);
+  return at == std::string::npos ? 0 : std::atoi(s.log().c_str() + at + marker.size());
+}
+
+/// Collects what the server streams; `at_least` tokens fulfil `enough`.
+class sink final : public rpc::TokenSink::Server {
+ public:
+  sink(std::vector<int32_t>& ids, std::string& text) : ids_(ids), text_(text) {}
+  sink(std::vector<int32_t>& ids, std::string& text, size_t at_least, kj::Own<kj::PromiseFulfiller<void>> enough)
+      : ids_(ids), text_(text), at_least_(at_least), enough_(kj::mv(enough)) {}
+  kj::Promise<void> tokens(TokensContext ctx) override {
+    for (auto id : ctx.getParams().getIds()) ids_.push_back(id);
+    text_ += ctx.getParams().getText().cStr();
+    if (enough_.get() != nullptr && ids_.size() >= at_least_) enough_->fulfill();
+    return kj::READY_NOW;
+  }
+
+ private:
+  std::vector<int32_t>& ids_;
+  std::string& text_;
+  size_t at_least_ = 0;
+  kj::Own<kj::PromiseFulfiller<void>> enough_;
+};
+
+struct outcome {
+  bool ok = false;
+  int code = 0;
+  std::string message, finish, text, streamed_text;
+  std::vector<int32_t> ids, streamed;
+};
+
+using request_setup = std::function<void(rpc::GenerateRequest::Builder)>;
+
+outcome generate(capnp::EzRpcClient& c, const request_setup& setup) {
+  auto main = c.getMain<rpc::Llmesh>();
+  auto req = main.generateRequest();
+  setup(req.initRequest());
+  outcome o;
+  req.setSink(kj::heap<sink>(o.streamed, o.streamed_text));
+  auto resp = req.send().wait(c.getWaitScope());
+  auto r = resp.getResult();
+  o.ok = r.getOk();
+  o.code = r.getErrorCode();
+  o.message = r.getErrorMessage().cStr();
+  o.finish = r.getFinishReason().cStr();
+  o.text = r.getText().cStr();
+  for (auto id : r.getTokenIds()) o.ids.push_back(id);
+  return o;
+}
+
+std::vector<int32_t> generate_ids(const std::string& prompt_flag, int max_tokens) {
+  auto r = run_command(bin + " generate --device cpu --model " + model_dir + " " + prompt_flag + " --max-tokens " +
+                       std::to_string(max_tokens) + " --temperature 0 --print-ids");
+  std::vector<int32_t> out;
+  std::stringstream ss(r.out.substr(0, r.out.find('\n')));
+  for (int32_t t; ss >> t;) out.push_back(t);
+  return out;
+}
+
+TEST(Rpc, GreedyTokensEqualGenerateAndStreamInOrder) {
+  server_process s(bin, {"--model", model_dir, "--api-key", "sesame"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const int port = rpc_port(s);
+  ASSERT_GT(port, 0) << s.log();
+  capnp::EzRpcClient c("127.0.0.1", static_cast<uint>(port));
+  EXPECT_EQ(std::string(c.getMain<rpc::Llmesh>().modelRequest().send().wait(c.getWaitScope()).getName().cStr()), "kjv-tiny");
+
+  const std::vector<int32_t> prompt{1142, 258, 2078, 386, 3345};
+  const auto want = generate_ids("--prompt-ids 1142,258,2078,386,3345", 24);
+  auto o = generate(c, [&](auto r) {
+    r.setApiKey("sesame");
+    r.setModel("kjv-tiny");
+    auto ids = r.getPrompt().initIds(static_cast<unsigned>(prompt.size()));
+    for (unsigned i = 0; i < prompt.size(); ++i) ids.set(i, prompt[i]);
+    r.setMaxTokens(24);
+    r.setIgnoreEos(true);
+  });
+  ASSERT_TRUE(o.ok) << o.code << " " << o.message;
+  EXPECT_EQ(o.ids, want);
+  EXPECT_EQ(o.streamed, want);  // every token streamed, in order, before the call returned
+  EXPECT_EQ(o.streamed_text, o.text);
+  EXPECT_EQ(o.finish, "length");
+  EXPECT_FALSE(o.text.empty());
+
+  // A text prompt is tokenized as /v1/completions does (BOS and all): the same tokens.
+  const auto want_text = generate_ids("--prompt 'In the beginning God created'", 16);
+  auto t = generate(c, [&](auto r) {
+    r.setApiKey("sesame");
+    r.setModel("kjv-tiny");
+    r.getPrompt().setText("In the beginning God created");
+    r.setMaxTokens(16);
+    r.setIgnoreEos(true);
+  });
+  ASSERT_TRUE(t.ok) << t.message;
+  EXPECT_EQ(t.ids, want_text);
+}
+
+TEST(Rpc, ErrorsCarryHttpLikeCodesAndADroppedCallFreesItsSlot) {
+  server_process s(bin, {"--model", model_dir, "--api-key", "sesame", "--max-concurrent", "1"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const int port = rpc_port(s);
+  ASSERT_GT(port, 0) << s.log();
+  capnp::EzRpcClient c("127.0.0.1", static_cast<uint>(port));
+  auto base = [](auto r) {
+    r.setApiKey("sesame");
+    r.setModel("kjv-tiny");
+    r.getPrompt().setText("The LORD is my shepherd");
+    r.setMaxTokens(8);
+  };
+  auto wrong_key = generate(c, [&](auto r) { base(r), r.setApiKey("open sesame"); });
+  EXPECT_FALSE(wrong_key.ok);
+  EXPECT_EQ(wrong_key.code, 401) << wrong_key.message;
+  auto wrong_model = generate(c, [&](auto r) { base(r), r.setModel("gpt-5"); });
+  EXPECT_EQ(wrong_model.code, 404) << wrong_model.message;
+  auto too_long = generate(c, [&](auto r) { base(r), r.setMaxTokens(100000); });
+  EXPECT_EQ(too_long.code, 400) << too_long.message;
+  EXPECT_NE(too_long.message.find("context"), std::string::npos) << too_long.message;
+  auto bad_id = generate(c, [&](auto r) {
+    base(r);
+    r.getPrompt().initIds(1).set(0, 1 << 30);
+  });
+  EXPECT_EQ(bad_id.code, 400) << bad_id.message;
+
+  // A long generation holds the only slot: a second call is refused with 429.
+  auto& ws = c.getWaitScope();
+  auto main = c.getMain<rpc::Llmesh>();
+  std::vector<int32_t> ids;
+  std::string text;
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  auto req = main.generateRequest();
+  base(req.initRequest());
+  req.getRequest().setMaxTokens(200);
+  req.getRequest().setIgnoreEos(true);
+  req.setSink(kj::heap<sink>(ids, text, 3, kj::mv(paf.fulfiller)));
+  auto call = req.send();
+  paf.promise.wait(ws);  // streaming
+  auto busy = generate(c, base);
+  EXPECT_EQ(busy.code, 429) << busy.message;
+  { auto dropped = kj::mv(call); }  // the client gives up mid-stream: the call is cancelled
+  // The server cancels the generation and frees the slot: the next call succeeds.
+  outcome next;
+  for (int attempt = 0; attempt < 100 && !next.ok; ++attempt) {
+    next = generate(c, base);
+    if (!next.ok) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(next.ok) << next.code << " " << next.message;
+  EXPECT_LT(ids.size(), 200u);
+  EXPECT_EQ(s.stop(), 0) << s.log();
+}
+
+}  // namespace
+}  // namespace llmesh::testing
