@@ -92,6 +92,7 @@ coordinator::actions coordinator::on_message(transport::peer_id peer, const tran
             r.actor = m.actor;
             out.push_back({coordinator_action::replica_ready, peer, m.actor, {}, m.replica,
                            r.a.shards.front() + "/" + std::to_string(m.replica)});
+            settled(m.replica, out);
           } else if (m.phase == replica_phase::dead) {
             const replica_phase was = r.phase;
             if (was == replica_phase::ready || was == replica_phase::draining) {
@@ -110,6 +111,7 @@ coordinator::actions coordinator::on_message(transport::peer_id peer, const tran
               r.phase = replica_phase::dead;
               r.reason = m.reason;
             }
+            settled(m.replica, out);
           }
         } else if constexpr (std::is_same_v<T, transport::control_msg>) {
           out.push_back(send_to(peer, reply_to, control(m, wall_ms, out)));
@@ -133,20 +135,24 @@ coordinator::actions coordinator::on_tick(mesh_clock::time_point now) {
 
 void coordinator::node_lost(const std::string& name, actions& out) {
   // Replicas on the lost node cannot answer any more: routers forget them now.
+  std::vector<uint64_t> lost;
   for (auto it = replicas_.begin(); it != replicas_.end();) {
     if (it->second.a.shards.front() != name) {
       ++it;
       continue;
     }
     if (it->second.phase != replica_phase::dead) out.push_back({coordinator_action::replica_gone, 0, 0, {}, it->first, {}});
+    lost.push_back(it->first);
     it = replicas_.erase(it);
   }
+  for (uint64_t id : lost) settled(id, out);
   auto more = apply(plan_.node_down(name));
   out.insert(out.end(), more.begin(), more.end());
 }
 
 coordinator::actions coordinator::apply(const std::vector<change>& changes) {
   actions out;
+  std::map<std::string, std::set<uint64_t>> started;  ///< model → replicas started by these changes
   for (const auto& c : changes) {
     const std::string& node = c.r.shards.front();  // packed: every shard on one node
     auto m = members_.members().find(node);
@@ -159,7 +165,8 @@ coordinator::actions coordinator::apply(const std::vector<change>& changes) {
         return nullptr;
       }();
       if (!spec) continue;
-      replicas_[c.r.id] = {c.r, replica_phase::loading, m->second.peer, 0, {}};
+      replicas_[c.r.id] = {c.r, replica_phase::loading, m->second.peer, 0, {}, {}, false};
+      started[c.r.model].insert(c.r.id);
       out.push_back(send_to(m->second.peer, agent_actor_id,
                             transport::assign_msg{c.r.id, spec->name, spec->path, static_cast<uint32_t>(spec->tp),
                                                   spec->kv_cache_mb, transport::assign_op::start}));
@@ -175,14 +182,38 @@ coordinator::actions coordinator::apply(const std::vector<change>& changes) {
         replicas_.erase(it);
         continue;
       }
-      // Routers first (no new request goes there), then the node drains and stops it.
-      if (it->second.phase == replica_phase::ready) out.push_back({coordinator_action::replica_drain, 0, 0, {}, c.r.id, {}});
-      it->second.phase = replica_phase::draining;
-      out.push_back(send_to(m->second.peer, agent_actor_id,
-                            transport::assign_msg{c.r.id, c.r.model, "", 0, 0, transport::assign_op::stop}));
+      // A replica moving (a drain): it keeps serving until its replacement is ready.
+      if (auto s = started.find(c.r.model); s != started.end() && it->second.phase == replica_phase::ready) {
+        it->second.stop_pending = true;
+        it->second.stop_after = s->second;
+        continue;
+      }
+      stop_now(c.r.id, out);
     }
   }
   return out;
+}
+
+void coordinator::stop_now(uint64_t id, actions& out) {
+  auto it = replicas_.find(id);
+  if (it == replicas_.end()) return;
+  auto m = members_.members().find(it->second.a.shards.front());
+  if (m == members_.members().end()) return;
+  it->second.stop_pending = false;
+  it->second.stop_after.clear();
+  if (it->second.phase == replica_phase::ready) out.push_back({coordinator_action::replica_drain, 0, 0, {}, id, {}});
+  it->second.phase = replica_phase::draining;
+  out.push_back(send_to(m->second.peer, agent_actor_id,
+                        transport::assign_msg{id, it->second.a.model, "", 0, 0, transport::assign_op::stop}));
+}
+
+void coordinator::settled(uint64_t id, actions& out) {
+  std::vector<uint64_t> go;
+  for (auto& [rid, r] : replicas_) {
+    if (!r.stop_pending || r.stop_after.erase(id) == 0) continue;
+    if (r.stop_after.empty()) go.push_back(rid);
+  }
+  for (uint64_t rid : go) stop_now(rid, out);
 }
 
 transport::control_reply_msg coordinator::control(const transport::control_msg& c, uint64_t wall_ms, actions& out) {
@@ -238,6 +269,7 @@ transport::control_reply_msg coordinator::run_command(const std::string& cmd, co
     std::string text;
     for (const auto& [id, r] : replicas_) {
       text += std::to_string(id) + "  " + r.a.model + "  " + r.a.shards.front() + "  " + phase_name(r.phase) +
+              (r.stop_pending ? "  (moving: stops once its replacement is ready)" : "") +
               (r.reason.empty() ? "" : "  (" + r.reason + ")") + "\n";
     }
     return {true, text, replicas_json()};
@@ -284,7 +316,7 @@ std::string coordinator::replicas_json() const {
   nlohmann::json j = nlohmann::json::array();
   for (const auto& [id, r] : replicas_) {
     j.push_back({{"id", id}, {"model", r.a.model}, {"node", r.a.shards.front()}, {"phase", phase_name(r.phase)},
-                 {"reason", r.reason}});
+                 {"moving", r.stop_pending}, {"reason", r.reason}});
   }
   return j.dump();
 }

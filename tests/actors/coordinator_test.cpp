@@ -269,7 +269,7 @@ TEST(Coordinator, ReadyReportsReachTheRoutersAndTheCtlViews) {
   ASSERT_TRUE(r.reply.ok);
   EXPECT_EQ(r.reply.text, "1  tiny  a  ready\n2  tiny  b  ready\n");
   EXPECT_EQ(json::parse(r.reply.json)[1],
-            (json{{"id", 2}, {"model", "tiny"}, {"node", "b"}, {"phase", "ready"}, {"reason", ""}}));
+            (json{{"id", 2}, {"model", "tiny"}, {"moving", false}, {"node", "b"}, {"phase", "ready"}, {"reason", ""}}));
 
   const json a = node_view(c, "a");
   EXPECT_EQ(a["listen"], "127.0.0.1:7101");
@@ -374,14 +374,19 @@ TEST(Coordinator, DrainStartsTheReplacementThenDrainsAndStopsTheOldReplica) {
   ASSERT_TRUE(d.reply.ok) << d.reply.text;
   EXPECT_EQ(d.reply.text, "draining a");
   EXPECT_EQ(json::parse(d.reply.json), (json{{"ok", true}, {"changes", 2}}));
-  ASSERT_EQ(describe(d.effects), (strings{"start r2 -> 2:1", "drain r1", "stop r1 -> 1:1"}));
-  const auto sent = assigns(d.effects);
-  EXPECT_EQ(sent[0], (transport::assign_msg{2, "tiny", "/models/tiny", 2, 256, transport::assign_op::start}));
-  EXPECT_EQ(sent[1].replica, 1u);
-  EXPECT_EQ(sent[1].model, "tiny");
-  EXPECT_EQ(sent[1].op, transport::assign_op::stop);
+  // The replacement starts; the old replica serves on until it is ready (no dip in capacity).
+  ASSERT_EQ(describe(d.effects), (strings{"start r2 -> 2:1"}));
+  EXPECT_EQ(assigns(d.effects)[0], (transport::assign_msg{2, "tiny", "/models/tiny", 2, 256, transport::assign_op::start}));
+  EXPECT_EQ(phases(c), (std::map<uint64_t, std::string>{{1, "ready"}, {2, "loading"}}));
+  EXPECT_EQ(json::parse(ctl(c, "replicas").reply.json)[0]["moving"], true);
+  const auto up = ready(c, 2, 2);
+  ASSERT_EQ(describe(up), (strings{"ready r2 at 2:1002 (b/2)", "drain r1", "stop r1 -> 1:1"}));
+  const auto sent = assigns(up);
+  EXPECT_EQ(sent[0].replica, 1u);
+  EXPECT_EQ(sent[0].model, "tiny");
+  EXPECT_EQ(sent[0].op, transport::assign_op::stop);
 
-  EXPECT_EQ(phases(c), (std::map<uint64_t, std::string>{{1, "draining"}, {2, "loading"}}));
+  EXPECT_EQ(phases(c), (std::map<uint64_t, std::string>{{1, "draining"}, {2, "ready"}}));
   const json a = node_view(c, "a"), b = node_view(c, "b");
   EXPECT_EQ(a["state"], "draining");
   EXPECT_EQ(a["shards"], 0);
@@ -393,14 +398,14 @@ TEST(Coordinator, DrainStartsTheReplacementThenDrainsAndStopsTheOldReplica) {
   EXPECT_TRUE(ready(c, 1, 1).empty());
   EXPECT_EQ(describe(report(c, 1, 1, replica_phase::dead)), (strings{"gone r1"}));
   EXPECT_EQ(c.replicas().count(1), 0u);
-  EXPECT_EQ(phases(c), (std::map<uint64_t, std::string>{{2, "loading"}}));
+  EXPECT_EQ(phases(c), (std::map<uint64_t, std::string>{{2, "ready"}}));
 
   // Draining the last ready node: nowhere to move to, so r2 keeps running there.
   auto again = ctl(c, "drain", {"b"});
   ASSERT_TRUE(again.reply.ok);
   EXPECT_TRUE(again.effects.empty());
   EXPECT_EQ(json::parse(again.reply.json)["changes"], 0);
-  EXPECT_EQ(c.replicas().at(2).phase, replica_phase::loading);
+  EXPECT_EQ(c.replicas().at(2).phase, replica_phase::ready);
 }
 
 TEST(Coordinator, RemoveStopsANodesReplicasAndPlacesThemElsewhere) {
@@ -473,7 +478,7 @@ TEST(Coordinator, CtlRefusesBadArgumentsWithAClearMessageAndChangesNothing) {
   EXPECT_EQ(refused("remove", {"ghost"}), "placement: no node 'ghost'");
   EXPECT_EQ(refused("frobnicate", {}),
             "unknown command 'frobnicate' with 0 argument(s) (status, nodes, replicas, drain NODE, remove NODE, "
-            "scale MODEL N)");
+            "scale MODEL N, fault NODE RULE)");
   EXPECT_EQ(refused("status", {"now"}).rfind("unknown command 'status' with 1 argument(s)", 0), 0u);
   EXPECT_EQ(refused("drain", {}).rfind("unknown command 'drain' with 0 argument(s)", 0), 0u);
   EXPECT_EQ(refused("scale", {"tiny"}).rfind("unknown command 'scale' with 1 argument(s)", 0), 0u);

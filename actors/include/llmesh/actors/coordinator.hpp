@@ -57,6 +57,10 @@ struct replica_record {
   transport::peer_id peer = 0;  ///< the hosting node's connection
   uint64_t actor = 0;           ///< the replica actor's id there, once ready
   std::string reason;           ///< why it died, when it did
+  /// A stop decided while its replacement(s) were still loading: it serves on until these
+  /// replicas are ready (or have failed), so capacity never dips during a drain.
+  std::set<uint64_t> stop_after;
+  bool stop_pending = false;
 };
 
 /// Thread affinity: the coordinator actor's.
@@ -82,6 +86,10 @@ class coordinator {
  private:
   explicit coordinator(coordinator_options opt);
   actions apply(const std::vector<change>& changes);
+  /// Stops replica `id` now: routers first, then its node drains and stops it.
+  void stop_now(uint64_t id, actions& out);
+  /// Replica `id` became ready, or will never be: stops waiting on it may go ahead.
+  void settled(uint64_t id, actions& out);
   void node_lost(const std::string& name, actions& out);
   transport::control_reply_msg control(const transport::control_msg& c, uint64_t wall_ms, actions& out);
   transport::control_reply_msg run_command(const std::string& cmd, const std::vector<std::string>& args, actions& out);
