@@ -65,6 +65,8 @@ void add_bench(CLI::App& app, command_set& commands) {
   xsub->add_option("--small-bytes", x->small_bytes, "Small frame size (1..4096)")->capture_default_str();
   xsub->add_option("--frames", x->frames, "Large frames in the bandwidth run")->capture_default_str();
   xsub->add_option("--large-bytes", x->large_bytes, "Large frame size")->capture_default_str();
+  xsub->add_option("--spin-us", x->spin_us, "Progress-thread spin after activity, microseconds (0: sleep at once)")
+      ->check(CLI::Range(0, 100000))->capture_default_str();
   xsub->add_option("--echo", x->echo, "internal: run as the echo peer")->group("");
   commands.emplace_back(xsub, [x] { return bench::run_transport_bench(*x); });
 

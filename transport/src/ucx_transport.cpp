@@ -290,14 +290,22 @@ struct ucx_transport::impl {
     bool ok = st.ok();
     started->set_value(std::move(st));
     if (!ok) return worker ? ucp_worker_destroy(worker) : void();
+    auto last_activity = clock_type::now();
     while (true) {
-      if (!run_commands()) break;
-      bool progressed = false;
+      bool ran = false;
+      if (!run_commands(&ran)) break;
+      bool progressed = ran;
       for (int i = 0; i < max_progress_calls && ucp_worker_progress(worker) != 0; ++i) progressed = true;
       progressed |= run_deferred();
       int timeout_ms = check_deadlines();
-      if (progressed || !deferred.empty()) continue;
+      if (progressed || !deferred.empty()) {
+        last_activity = clock_type::now();
+        continue;
+      }
       if (std::lock_guard lock(mu); !queue.empty()) continue;
+      // A bounded spin after activity: a reply due within microseconds is caught without the
+      // epoll wake-up it would otherwise cost.
+      if (options.spin.count() > 0 && clock_type::now() - last_activity < options.spin) continue;
       ucs_status_t armed = ucp_worker_arm(worker);
       if (armed == UCS_ERR_BUSY) continue;  // events arrived meanwhile: progress again
       if (armed != UCS_OK) timeout_ms = 1;  // cannot arm (never seen): poll slowly rather than spin
@@ -313,12 +321,13 @@ struct ucx_transport::impl {
   }
 
   // Returns false once the destructor's stop has been seen.
-  bool run_commands() {
+  bool run_commands(bool* ran = nullptr) {
     std::vector<command> batch;
     {
       std::lock_guard lock(mu);
       batch.swap(queue);
     }
+    if (ran) *ran = !batch.empty();
     for (auto& c : batch) c.op ? do_send(c.op) : c.fn();
     return !stopping;
   }

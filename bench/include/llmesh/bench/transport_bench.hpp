@@ -15,6 +15,7 @@ struct transport_bench_options {
   size_t small_bytes = 64;
   size_t frames = 64;               ///< large frames for the bandwidth test
   size_t large_bytes = size_t{4} << 20;
+  int spin_us = 0;                  ///< both processes' progress-thread spin (ucx_options::spin)
   std::string echo;                 ///< internal: run as the echo peer, connecting to this HOST:PORT
 };
 

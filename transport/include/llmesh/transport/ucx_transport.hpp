@@ -45,6 +45,12 @@ struct ucx_options {
   /// starts; a peer that needs more is failed (protocol_violation). Why 256 MiB: as much as a
   /// sender's default max_pending_send_bytes.
   size_t max_reorder_bytes = size_t{256} << 20;
+  /// After any activity, the progress thread keeps polling this long before it sleeps in
+  /// epoll: a reply that comes back within it is seen without a wake-up (the round trip's
+  /// largest cost). Idle costs nothing; a busy link spins. 0 (the default): always sleep — on
+  /// 2 cores the spinning threads of both ends took the CPU the reply needed (bench transport
+  /// --spin-us).
+  std::chrono::microseconds spin{0};
 };
 
 /// Frames between processes over UCX active messages.
