@@ -22,6 +22,7 @@ struct serve_flags {
   int replicas = 1, tp = 1, threads = 0;
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256, max_concurrent = 256, max_tokens = 4096;
   size_t max_body_kb = 4096, idle_timeout_s = 15, max_migrations = 3, drain_s = 10;
+  size_t max_connections = 1024, max_connections_per_client = 256;
   bool deterministic = false;
 };
 
@@ -86,6 +87,8 @@ status run_serve(const serve_flags& f) {
   ho.port = where->second;
   ho.max_body_bytes = f.max_body_kb << 10;
   ho.idle_timeout = std::chrono::seconds(f.idle_timeout_s);
+  ho.max_connections = f.max_connections;
+  ho.max_connections_per_client = f.max_connections_per_client;
   auto server = gateway::http_server::listen(*api, ho);
   if (!server) return server.take_error();
   std::unique_ptr<gateway::rpc_server> rpc;
@@ -165,6 +168,11 @@ void add_serve(CLI::App& app, command_set& commands) {
   sub->add_option("--max-tokens-limit", f->max_tokens, "Largest max_tokens a request may ask for")
       ->check(CLI::Range(1, 1 << 24))->capture_default_str();
   sub->add_option("--max-body-kb", f->max_body_kb, "Largest request body, KiB; beyond: 413")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  sub->add_option("--max-connections", f->max_connections, "Open HTTP connections; beyond: closed at once")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  sub->add_option("--max-connections-per-client", f->max_connections_per_client,
+                  "Open HTTP connections one client address may hold")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_option("--idle-timeout", f->idle_timeout_s, "Seconds an idle connection stays open")
       ->check(CLI::Range(1, 86400))->capture_default_str();

@@ -21,6 +21,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <deque>
+#include <map>
 
 namespace llmesh::gateway {
 
@@ -38,6 +39,7 @@ struct http_server::impl {
   http_options opt;
   // Before ioc: ~io_context destroys suspended sessions, whose guards still count here.
   size_t connections = 0;
+  std::map<net::ip::address, size_t> per_client;  ///< open connections by client address
   bool stopping = false;
   uint16_t port = 0;
   net::io_context ioc{1};
@@ -176,12 +178,17 @@ bool quiet_close(const error_code& ec) {
          ec == net::error::connection_reset || ec == net::error::operation_aborted || ec == net::error::broken_pipe;
 }
 
-awaitable<void> session(http_server::impl* s, tcp::socket sock) {
+awaitable<void> session(http_server::impl* s, tcp::socket sock, net::ip::address client) {
   ++s->connections;
+  ++s->per_client[client];
   struct count_guard {
     http_server::impl* s;
-    ~count_guard() { --s->connections; }
-  } guard{s};
+    net::ip::address client;
+    ~count_guard() {
+      --s->connections;
+      if (auto it = s->per_client.find(client); it != s->per_client.end() && --it->second == 0) s->per_client.erase(it);
+    }
+  } guard{s, client};
   error_code ec;
   sock.set_option(tcp::no_delay(true), ec);
   beast::tcp_stream stream(std::move(sock));
@@ -242,11 +249,18 @@ awaitable<void> accept_loop(http_server::impl* s) {
       co_await backoff.async_wait(net::redirect_error(use_awaitable, ec));
       continue;
     }
-    if (s->connections >= s->opt.max_connections) {
+    const auto peer = sock.remote_endpoint(ec);
+    if (ec || s->connections >= s->opt.max_connections) {
       sock.close(ec);
       continue;
     }
-    net::co_spawn(s->ioc, session(s, std::move(sock)), net::detached);
+    // One client (address) cannot take every slot: beyond its share, its new connections close.
+    if (auto it = s->per_client.find(peer.address());
+        it != s->per_client.end() && it->second >= s->opt.max_connections_per_client) {
+      sock.close(ec);
+      continue;
+    }
+    net::co_spawn(s->ioc, session(s, std::move(sock), peer.address()), net::detached);
   }
 }
 

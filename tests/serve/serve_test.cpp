@@ -197,5 +197,28 @@ TEST(Serve, KeepAliveIdleTimeoutMetricsAndCleanStop) {
   EXPECT_NE(s.log().find("llmesh: stopped"), std::string::npos) << s.log();
 }
 
+TEST(Serve, OneClientCannotHoldMoreThanItsShareOfConnections) {
+  server_process s(bin, {"--model", model_dir, "--max-connections-per-client", "2"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  // Two idle connections from this address hold its share: a third is closed at once, unanswered.
+  int a = connect_local(s.port()), b = connect_local(s.port());
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both accepted
+  int c = connect_local(s.port());
+  ASSERT_GE(c, 0);  // the kernel accepts; the server closes it
+  send_all(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(read_all(c, 10), "");
+  close(c);
+  // The held connections still work, and a freed slot is usable again.
+  ASSERT_TRUE(send_all(a, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  EXPECT_NE(read_all(a, 10).find("HTTP/1.1 200"), std::string::npos);
+  close(a);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the server saw the close
+  EXPECT_EQ(http_request(s.port(), "GET", "/health").status, 200);
+  close(b);
+  EXPECT_EQ(s.stop(), 0);
+}
+
 }  // namespace
 }  // namespace llmesh::testing

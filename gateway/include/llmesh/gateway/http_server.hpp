@@ -26,6 +26,9 @@ struct http_options {
   std::chrono::seconds idle_timeout{15};
   std::chrono::seconds write_timeout{60};  ///< a client that reads nothing for this long is dropped
   size_t max_connections = 1024;           ///< beyond: new connections are closed at once
+  /// Open connections one client address may hold (beyond: its new ones are closed at once),
+  /// so that one client cannot take every slot of max_connections.
+  size_t max_connections_per_client = 256;
 };
 
 /// Thread affinity: run() on one thread; stop() from any thread (signal handlers excluded).
