@@ -82,6 +82,15 @@ coordinator::actions coordinator::on_message(transport::peer_id peer, const tran
             }
           }
         } else if constexpr (std::is_same_v<T, transport::heartbeat_msg>) {
+          auto known = members_.members().find(m.node);
+          if (known == members_.members().end() || known->second.peer != peer) {
+            // A node declared dead (silent too long: a partition that healed) still beats:
+            // it must join again, and drop the replicas it kept (they were re-formed elsewhere).
+            if (!members_.pending_on(peer)) {
+              out.push_back(send_to(peer, reply_to, transport::welcome_msg{false, rejoin_reason, {}}));
+            }
+            return;
+          }
           members_.on_heartbeat(peer, m, now);
         } else if constexpr (std::is_same_v<T, transport::replica_state_msg>) {
           auto it = replicas_.find(m.replica);

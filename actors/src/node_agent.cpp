@@ -7,6 +7,7 @@
 #include "llmesh/actors/coordinator.hpp"
 #include "llmesh/actors/join_auth.hpp"
 #include "llmesh/actors/replica_actor.hpp"
+#include "llmesh/transport/fault_injector.hpp"
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<llmesh::model::engine>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const llmesh::model::model>)
@@ -188,6 +189,20 @@ void on_wire(agent* self, transport::peer_id peer, const transport::envelope& e)
         if constexpr (std::is_same_v<T, transport::challenge_msg>) {
           to_coordinator(self, transport::proof_msg{join_auth::proof(st.opt.token, m.nonce, st.nonce, st.opt.node)});
         } else if constexpr (std::is_same_v<T, transport::welcome_msg>) {
+          if (!m.accepted && m.reason == rejoin_reason) {
+            if (!st.joined) return;  // a rejoin already under way
+            // Declared dead while cut off: the replicas here were re-formed elsewhere and no
+            // router knows them any more. Stop them, then join as a fresh node.
+            std::fprintf(stderr, "llmesh: node %s was declared dead; dropping its replicas and joining again\n",
+                         st.opt.node.c_str());
+            st.joined = false;
+            for (auto& [id, h] : st.hosted) {
+              h.stopping = true;
+              if (h.replica) self->send_exit(h.replica, caf::exit_reason::user_shutdown);
+            }
+            for (auto& [id, l] : st.loading) l.second = true;
+            return send_hello(self);
+          }
           if (!m.accepted) {
             std::fprintf(stderr, "llmesh: node %s: the coordinator refused the join: %s\n", st.opt.node.c_str(),
                          m.reason.c_str());
@@ -204,6 +219,11 @@ void on_wire(agent* self, transport::peer_id peer, const transport::envelope& e)
           if (m.command == "fault" && m.args.size() == 1 && st.opt.set_fault) {
             std::fprintf(stderr, "llmesh: node %s: fault '%s' on its transport\n", st.opt.node.c_str(), m.args[0].c_str());
             st.opt.set_fault(m.args[0]);
+            const uint64_t epoch = ++st.fault_epoch;  // any newer rule cancels an older one's timer
+            // A rule with for=D is lifted here after D (a partition cannot be lifted through itself).
+            if (auto rule = transport::parse_fault_rule(m.args[0]); rule && rule->lasts.count() > 0) {
+              self->delayed_send(self, rule->lasts, fault_clear_atom::value, epoch);
+            }
           }
         } else if constexpr (std::is_same_v<T, transport::assign_msg>) {
           if (m.op == transport::assign_op::start) {
@@ -250,6 +270,12 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
       [=](loaded_atom, uint64_t id, const std::string& path, std::shared_ptr<const model::model> m,
           std::shared_ptr<model::engine> eng, const std::string& err) { loaded(self, id, path, std::move(m), std::move(eng), err); },
       [=](poll_atom, uint64_t id) { poll(self, id); },
+      [=](fault_clear_atom, uint64_t epoch) {
+        auto& st = self->state;
+        if (epoch != st.fault_epoch || !st.opt.set_fault) return;  // a newer rule replaced it
+        std::fprintf(stderr, "llmesh: node %s: fault lifted\n", st.opt.node.c_str());
+        st.opt.set_fault("none");
+      },
       [=](const replica_load& l) {
         for (auto& [id, h] : self->state.hosted) {
           if (h.stopping && h.replica && h.replica.id() == l.replica && l.running + l.waiting == 0) {

@@ -360,6 +360,15 @@ TEST(Coordinator, SilencePastTheFailureTimeoutLosesANodeHeartbeatsKeepItAlive) {
   EXPECT_EQ(c.members().members().size(), 1u);
   EXPECT_EQ(c.members().members().count("b"), 1u);
   EXPECT_TRUE(c.on_tick(t0 + 4600ms).empty());
+
+  // a's partition heals: its heartbeats come back, and it is told to join again (it drops the
+  // replica that was re-formed on b), then it is a member with nothing placed on it.
+  auto back = c.on_message(1, frame(transport::heartbeat_msg{"a", 2}), t0 + 5000ms, wall0);
+  ASSERT_EQ(describe(back), (strings{"refused -> 1:1"}));
+  EXPECT_EQ(std::get<transport::welcome_msg>(back[0].msg).reason, rejoin_reason);
+  EXPECT_TRUE(join(c, 1, "a", t0 + 5100ms).size() == 1);  // the welcome; nothing to place
+  EXPECT_EQ(c.members().members().size(), 2u);
+  EXPECT_TRUE(c.on_message(1, frame(transport::heartbeat_msg{"a", 3}), t0 + 5200ms, wall0).empty());
 }
 
 // --- drain, remove, scale ---

@@ -402,9 +402,10 @@ TEST(Mesh, APartitionedNodeIsDeclaredDeadByItsSilenceAndItsStreamsContinueElsewh
   l.more(4);
   // Nothing passes to or from replica-b any more, and nothing reports it: only the missing
   // heartbeats do.
-  auto cut = run_command(bin + " ctl --config " + m.config + " fault replica-b partition");
+  // The partition lasts 4 s: long past the 1.5 s failure timeout.
+  auto cut = run_command(bin + " ctl --config " + m.config + " fault replica-b partition,for=4s");
   ASSERT_EQ(cut.exit_code, 0) << cut.err;
-  EXPECT_TRUE(b.wait_for("fault 'partition'", std::chrono::seconds(10))) << b.log();
+  EXPECT_TRUE(b.wait_for("fault 'partition,for=4s'", std::chrono::seconds(10))) << b.log();
   ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) {
     return count_ready(j, "spare") == 1 && count_ready(j, "replica-a") == 1 && j.size() == 2;
   }, &reps)) << reps.dump() << "\n" << seed.log();
@@ -412,6 +413,18 @@ TEST(Mesh, APartitionedNodeIsDeclaredDeadByItsSilenceAndItsStreamsContinueElsewh
   l.finish();
   EXPECT_EQ(l.failed.load(), 0u) << l.first_failure;
   EXPECT_EQ(l.wrong.load(), 0u);
+  // When the partition lifts, replica-b learns it was declared dead, drops its replica (which
+  // was re-formed on the spare) and joins again as an empty node.
+  EXPECT_TRUE(b.wait_for("joining again", std::chrono::seconds(30))) << b.log() << seed.log();
+  EXPECT_TRUE(b.wait_for("stopped after draining", std::chrono::seconds(30))) << b.log();
+  bool back = false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!back && std::chrono::steady_clock::now() < until) {
+    for (const auto& n : ctl_json(m, "nodes")) back |= n["name"] == "replica-b" && n["shards"] == 0;
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(back) << ctl_json(m, "nodes").dump();
+  EXPECT_EQ(count_ready(ctl_json(m, "replicas")), 2u);
   EXPECT_EQ(spare.stop(), 0) << spare.log();
   EXPECT_EQ(b.stop(), 0) << b.log();
   EXPECT_EQ(a.stop(), 0) << a.log();

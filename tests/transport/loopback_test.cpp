@@ -154,6 +154,12 @@ TEST(FaultInjector, ParsesRules) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(*r, (fault_rule{0.25, 0.1, std::chrono::milliseconds(20), false}));
   EXPECT_TRUE(parse_fault_rule("partition")->partition);
+  EXPECT_EQ(parse_fault_rule("partition,for=3s")->lasts, std::chrono::milliseconds(3000));
+  EXPECT_EQ(parse_fault_rule("drop=1,for=250ms")->lasts, std::chrono::milliseconds(250));
+  EXPECT_EQ(parse_fault_rule("drop=1")->lasts, std::chrono::milliseconds(0));
+  for (const char* bad : {"for=3", "for=0s", "for=-1s", "for=", "for=25h"}) {
+    EXPECT_FALSE(parse_fault_rule(bad).ok()) << bad;
+  }
   EXPECT_EQ(*parse_fault_rule("none"), fault_rule{});
   for (const char* bad : {"drop=2", "drop=", "delay=-1", "delay=5s", "jitter=1", "drop"}) {
     auto e = parse_fault_rule(bad);

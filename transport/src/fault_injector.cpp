@@ -31,8 +31,14 @@ result<fault_rule> parse_fault_rule(const std::string& spec) {
         return bad("delay must be milliseconds, e.g. delay=20ms");
       }
       r.delay = std::chrono::milliseconds(ms);
+    } else if (key == "for") {
+      const long ms = std::strtol(value.c_str(), &end, 10);
+      const std::string unit(end);
+      if (value.empty() || ms <= 0 || (unit != "ms" && unit != "s")) return bad("for must be a duration, e.g. for=3s or for=500ms");
+      r.lasts = std::chrono::milliseconds(unit == "s" ? ms * 1000 : ms);
+      if (r.lasts > std::chrono::hours(24)) return bad("for is at most 24 hours");
     } else {
-      return bad("unknown key '" + key + "' (drop, dup, delay, partition)");
+      return bad("unknown key '" + key + "' (drop, dup, delay, partition, for)");
     }
   }
   return r;

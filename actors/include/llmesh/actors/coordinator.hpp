@@ -27,6 +27,9 @@ inline constexpr uint64_t agent_actor_id = 1;
 inline constexpr uint64_t coordinator_actor_id = 2;
 /// A replica actor is exported as this plus its replica id.
 inline constexpr uint64_t replica_actor_base = 1000;
+/// The refusal a node gets when it beats without being a member (declared dead meanwhile):
+/// its agent drops its replicas and joins again.
+inline constexpr const char* rejoin_reason = "not a member (declared dead): join again";
 
 struct coordinator_options {
   std::string token;

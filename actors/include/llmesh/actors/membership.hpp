@@ -52,6 +52,8 @@ class membership {
   const std::map<std::string, member_info>& members() const { return members_; }
   std::vector<transport::member> roster() const;
   size_t pending() const { return pending_.size(); }
+  /// Whether a handshake is under way on this connection.
+  bool pending_on(transport::peer_id peer) const { return pending_.count(peer) != 0; }
 
  private:
   struct pending_join {

@@ -28,6 +28,7 @@ using loaded_atom = caf::atom_constant<caf::atom("loaded")>;
 using poll_atom = caf::atom_constant<caf::atom("poll")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using agent_atom = caf::atom_constant<caf::atom("agent")>;
+using fault_clear_atom = caf::atom_constant<caf::atom("unfault")>;
 
 struct node_agent_options {
   std::string node;  ///< this node's name
@@ -62,6 +63,7 @@ struct node_agent_state {
   bool joined = false;
   bool quitting = false;
   uint64_t seq = 0;
+  uint64_t fault_epoch = 0;  ///< the fault rule set last (a timed one is lifted only if still current)
   std::string nonce;
   std::map<uint64_t, hosted_replica> hosted;
   std::map<uint64_t, std::pair<std::string, bool>> loading;  ///< replica id → (model, stop asked)

@@ -22,10 +22,13 @@ struct fault_rule {
   double duplicate = 0.0;  ///< probability that a frame is sent twice
   std::chrono::milliseconds delay{0};  ///< every frame waits this long (order kept)
   bool partition = false;  ///< nothing passes, either way
+  /// How long the rule lasts before whoever set it clears it (0: until changed). The injector
+  /// itself does not time rules; `llmesh node` does (a partition cannot be lifted through itself).
+  std::chrono::milliseconds lasts{0};
   bool operator==(const fault_rule&) const = default;
 };
 
-/// Parses "drop=0.1,dup=0.05,delay=20ms,partition" (any subset; "none" clears).
+/// Parses "drop=0.1,dup=0.05,delay=20ms,partition,for=3s" (any subset; "none" clears).
 [[nodiscard]] result<fault_rule> parse_fault_rule(const std::string& spec);
 
 /// Thread affinity: any thread. Owns the wrapped transport.
