@@ -262,9 +262,17 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
       [=](peerdown_atom, transport::peer_id peer, const std::string& why) {
         auto& st = self->state;
         if (!st.coord_peer || *st.coord_peer != peer) return;
-        std::fprintf(stderr, "llmesh: node %s lost the coordinator (%s); rejoining\n", st.opt.node.c_str(), why.c_str());
+        std::fprintf(stderr, "llmesh: node %s lost the coordinator (%s); dropping its replicas and rejoining\n",
+                     st.opt.node.c_str(), why.c_str());
         st.coord_peer.reset();
         st.joined = false;
+        // The coordinator forgot this node's replicas with the connection (and re-formed them
+        // elsewhere); kept, they would be orphans no router knows.
+        for (auto& [id, h] : st.hosted) {
+          h.stopping = true;
+          if (h.replica) self->send_exit(h.replica, caf::exit_reason::user_shutdown);
+        }
+        for (auto& [id, l] : st.loading) l.second = true;
         self->delayed_send(self, 1s, join_atom::value);
       },
       [=](loaded_atom, uint64_t id, const std::string& path, std::shared_ptr<const model::model> m,
