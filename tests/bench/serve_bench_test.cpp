@@ -33,19 +33,6 @@ size_t count_lines(const std::string& s) {
   return n;
 }
 
-/// A port nothing listens on (bound, then released; another process could take it, rarely).
-int closed_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 TEST(ServeBench, MeasuresARealServer) {
   server_process server(llmesh_bin, {"--model", source_dir + "/models/kjv-tiny"});
   ASSERT_NE(server.port(), 0) << server.log();
@@ -95,7 +82,7 @@ TEST(ServeBench, MeasuresARealServer) {
 TEST(ServeBench, BadFlagsAndUnreachableServersGiveOneLine) {
   const std::string base = llmesh_bin + " bench serve --num-prompts 2 --input-len 4 --output-len 2 ";
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
-           {"--url http://127.0.0.1:" + std::to_string(closed_port()), "cannot connect"},
+           {"--url http://127.0.0.1:" + std::to_string(free_local_port()), "cannot connect"},
            {"--url ftp://x", "must start with http://"},
            {"--url https://127.0.0.1:1", "https is not supported"},
            {"--url http://127.0.0.1:99999", "bad port"},

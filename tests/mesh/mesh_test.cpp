@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "../cli/subprocess.hpp"
+#include "../serve/reference.hpp"
 #include "../serve/server_process.hpp"
 
 namespace llmesh::testing {
@@ -30,98 +31,14 @@ const std::string bin = LLMESH_BINARY;
 const std::string source_dir = LLMESH_SOURCE_DIR;
 const std::string model_dir = source_dir + "/models/kjv-tiny";
 
-/// A free TCP port on 127.0.0.1 (bound, then released: the node binds it again right away).
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-/// A `llmesh node` process; its stderr is collected. SIGTERM (then SIGKILL) when destroyed.
-class node_process {
- public:
-  explicit node_process(const std::vector<std::string>& args) {
-    int err_pipe[2];
-    if (pipe(err_pipe) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
-      dup2(err_pipe[1], 2);
-      close(err_pipe[0]);
-      close(err_pipe[1]);
-      std::vector<std::string> all{bin, "node"};
-      all.insert(all.end(), args.begin(), args.end());
-      std::vector<char*> argv;
-      for (auto& a : all) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(bin.c_str(), argv.data());
-      _exit(127);
-    }
-    close(err_pipe[1]);
-    fd_ = err_pipe[0];
+/// A `llmesh node` process (stderr collected; SIGTERM, then SIGKILL, when destroyed).
+struct node_process : child_process {
+  explicit node_process(const std::vector<std::string>& args) : child_process(argv(args)) {}
+  static std::vector<std::string> argv(const std::vector<std::string>& args) {
+    std::vector<std::string> all{bin, "node"};
+    all.insert(all.end(), args.begin(), args.end());
+    return all;
   }
-  ~node_process() { stop(std::chrono::seconds(5)); }
-
-  /// Waits (up to `patience`) until stderr contains `text`.
-  bool wait_for(const std::string& text, std::chrono::seconds patience = std::chrono::seconds(60)) {
-    const auto deadline = std::chrono::steady_clock::now() + patience;
-    while (log_.find(text) == std::string::npos) {
-      if (std::chrono::steady_clock::now() > deadline || !read_some(200)) return log_.find(text) != std::string::npos;
-    }
-    return true;
-  }
-  const std::string& log() {
-    while (read_some(0)) {
-    }
-    return log_;
-  }
-  void pause() { kill(pid_, SIGSTOP); }
-  void resume() { kill(pid_, SIGCONT); }
-  /// SIGKILL: the process dies as in a crash (no goodbye to its peers).
-  void crash() {
-    if (pid_ > 0) kill(pid_, SIGKILL);
-  }
-  /// SIGTERM, wait; the exit status (128 + signal if killed).
-  int stop(std::chrono::seconds patience = std::chrono::seconds(30)) {
-    if (pid_ <= 0) return -1;
-    kill(pid_, SIGTERM);
-    const auto deadline = std::chrono::steady_clock::now() + patience;
-    int status = 0;
-    while (waitpid(pid_, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &status, 0);
-        break;
-      }
-      read_some(10);
-    }
-    log();
-    pid_ = -1;
-    close(fd_);
-    fd_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
- private:
-  bool read_some(int timeout_ms) {
-    if (fd_ < 0) return false;
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, timeout_ms) <= 0) return timeout_ms > 0;
-    char buf[4096];
-    const ssize_t n = read(fd_, buf, sizeof buf);
-    if (n <= 0) return false;
-    log_.append(buf, static_cast<size_t>(n));
-    return true;
-  }
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  std::string log_;
 };
 
 /// local.yaml with every port replaced by a free one and the model path made absolute.
@@ -137,10 +54,10 @@ struct mesh_files {
     ss << in.rdbuf();
     std::string yaml = ss.str();
     if (!failure_timeout.empty()) yaml = std::regex_replace(yaml, std::regex("failure_timeout_ms: 3000"), failure_timeout);
-    seed_port = free_port();
-    http_port = free_port();
-    const std::map<std::string, int> ports{{"7100", seed_port}, {"7101", free_port()}, {"7102", free_port()},
-                                           {"8080", http_port}, {"8081", free_port()}};
+    seed_port = free_local_port();
+    http_port = free_local_port();
+    const std::map<std::string, int> ports{{"7100", seed_port}, {"7101", free_local_port()}, {"7102", free_local_port()},
+                                           {"8080", http_port}, {"8081", free_local_port()}};
     for (const auto& [from, to] : ports) yaml = std::regex_replace(yaml, std::regex("127\\.0\\.0\\.1:" + from), "127.0.0.1:" + std::to_string(to));
     yaml = std::regex_replace(yaml, std::regex("path: models/kjv-tiny"), "path: " + model_dir);
     config = dir.path() + "/local.yaml";
@@ -174,15 +91,33 @@ size_t count_ready(const nlohmann::json& replicas, const std::string& node = "")
   return n;
 }
 
+/// local.yaml's three processes; ready() waits until the gateway serves and each replica node
+/// has its replica.
+struct three_nodes {
+  node_process seed, a, b;
+  explicit three_nodes(const mesh_files& m) : seed(m.node("seed")), a(m.node("replica-a")), b(m.node("replica-b")) {}
+  ::testing::AssertionResult ready(const mesh_files& m) {
+    if (!seed.wait_for("serving 'kjv-tiny' on http://")) return ::testing::AssertionFailure() << seed.log();
+    nlohmann::json reps;
+    if (!wait_replicas(m, [](const nlohmann::json& j) {
+          return count_ready(j, "replica-a") == 1 && count_ready(j, "replica-b") == 1;
+        }, &reps)) {
+      return ::testing::AssertionFailure() << reps.dump() << "\n" << seed.log() << a.log() << b.log();
+    }
+    return ::testing::AssertionSuccess();
+  }
+};
+
+/// A node added at run time (`--join`), with a replica role.
+node_process joiner(const mesh_files& m, const std::string& name, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args{"--join", "127.0.0.1:" + std::to_string(m.seed_port), "--name", name, "--listen",
+                                "127.0.0.1:" + std::to_string(free_local_port()), "--token", m.token()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return node_process(args);
+}
+
 std::vector<int32_t> generate_ids(const std::vector<int32_t>& prompt, int max_tokens) {
-  std::string ids;
-  for (auto t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  auto r = run_command(bin + " generate --device cpu --model " + model_dir + " --prompt-ids " + ids + " --max-tokens " +
-                       std::to_string(max_tokens) + " --temperature 0 --print-ids");
-  std::vector<int32_t> out;
-  std::stringstream ss(r.out.substr(0, r.out.find('\n')));
-  for (int32_t t; ss >> t;) out.push_back(t);
-  return out;
+  return testing::generate_ids(bin, model_dir, "--prompt-ids " + id_list(prompt), max_tokens);
 }
 
 /// One greedy completion through the gateway: its token ids, or empty with `why` set.
@@ -274,14 +209,10 @@ struct load {
 
 TEST(Mesh, LocalYamlServesExactlyAndSurvivesAJoinAndADrainUnderLoad) {
   mesh_files m;
-  node_process seed(m.node("seed"));
-  ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny' on http://")) << seed.log();
-  node_process a(m.node("replica-a")), b(m.node("replica-b"));
+  three_nodes n(m);
+  ASSERT_TRUE(n.ready(m));
+  auto& [seed, a, b] = n;
   nlohmann::json reps;
-  ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) { return count_ready(j) == 2; }, &reps))
-      << reps.dump() << "\n" << seed.log() << a.log() << b.log();
-  EXPECT_EQ(count_ready(reps, "replica-a"), 1u) << reps.dump();
-  EXPECT_EQ(count_ready(reps, "replica-b"), 1u) << reps.dump();
 
   // Exact tokens through the gateway, against the engine run directly.
   const std::vector<std::vector<int32_t>> prompts{{1142, 258, 2078, 386, 3345}, {295, 258, 400}, {46, 10, 295}, {1225, 334}};
@@ -300,8 +231,7 @@ TEST(Mesh, LocalYamlServesExactlyAndSurvivesAJoinAndADrainUnderLoad) {
   load l{m.http_port, prompts, want, max_tokens};
   l.start(3);
   // A node added at run time joins and is placed nothing yet (the model has its 2 replicas).
-  node_process c({"--join", "127.0.0.1:" + std::to_string(m.seed_port), "--name", "replica-c", "--listen",
-                  "127.0.0.1:" + std::to_string(free_port()), "--token", m.token(), "--heartbeat-ms", "200"});
+  node_process c = joiner(m, "replica-c", {"--heartbeat-ms", "200"});
   ASSERT_TRUE(c.wait_for("joined the mesh")) << c.log();
   // Draining replica-a moves its replica to replica-c; a's in-flight requests finish there.
   auto drain = run_command(bin + " ctl --config " + m.config + " drain replica-a");
@@ -338,15 +268,11 @@ TEST(Mesh, LocalYamlServesExactlyAndSurvivesAJoinAndADrainUnderLoad) {
 TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
   // Heartbeats may pause here (replica-b is frozen below): the kill is seen by the transport.
   mesh_files m("failure_timeout_ms: 60000");
-  node_process seed(m.node("seed"));
-  ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny' on http://")) << seed.log();
-  node_process a(m.node("replica-a")), b(m.node("replica-b"));
+  three_nodes n(m);
+  ASSERT_TRUE(n.ready(m));
+  auto& [seed, a, b] = n;
   nlohmann::json reps;
-  ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) {
-    return count_ready(j, "replica-a") == 1 && count_ready(j, "replica-b") == 1;
-  }, &reps)) << reps.dump();
-  node_process spare({"--join", "127.0.0.1:" + std::to_string(m.seed_port), "--name", "spare", "--listen",
-                      "127.0.0.1:" + std::to_string(free_port()), "--token", m.token()});
+  node_process spare = joiner(m, "spare");  // after a and b have theirs: it stays empty
   ASSERT_TRUE(spare.wait_for("joined the mesh")) << spare.log();
   const std::vector<std::vector<int32_t>> prompts{{1142, 258, 2078, 386, 3345}, {295, 258, 400}};
   constexpr int max_tokens = 200;  // long streams: the kill lands in the middle of some
@@ -383,15 +309,11 @@ TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
 
 TEST(Mesh, APartitionedNodeIsDeclaredDeadByItsSilenceAndItsStreamsContinueElsewhere) {
   mesh_files m("failure_timeout_ms: 1500");
-  node_process seed(m.node("seed"));
-  ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny' on http://")) << seed.log();
-  node_process a(m.node("replica-a")), b(m.node("replica-b"));
+  three_nodes n(m);
+  ASSERT_TRUE(n.ready(m));
+  auto& [seed, a, b] = n;
   nlohmann::json reps;
-  ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) {
-    return count_ready(j, "replica-a") == 1 && count_ready(j, "replica-b") == 1;
-  }, &reps)) << reps.dump();
-  node_process spare({"--join", "127.0.0.1:" + std::to_string(m.seed_port), "--name", "spare", "--listen",
-                      "127.0.0.1:" + std::to_string(free_port()), "--token", m.token()});
+  node_process spare = joiner(m, "spare");  // after a and b have theirs: it stays empty
   ASSERT_TRUE(spare.wait_for("joined the mesh")) << spare.log();
   const std::vector<std::vector<int32_t>> prompts{{1142, 258, 2078, 386, 3345}, {295, 258, 400}};
   constexpr int max_tokens = 120;
@@ -461,7 +383,7 @@ TEST(Mesh, CtlNeedsTheTokenAndNamesBadCommands) {
   EXPECT_NE(bad_scale.err.find("N must be"), std::string::npos) << bad_scale.err;
   // A node with the wrong token is refused and exits non-zero with one line.
   node_process intruder({"--join", "127.0.0.1:" + std::to_string(m.seed_port), "--name", "intruder", "--listen",
-                         "127.0.0.1:" + std::to_string(free_port()), "--token", "not-the-cluster-token-at-all"});
+                         "127.0.0.1:" + std::to_string(free_local_port()), "--token", "not-the-cluster-token-at-all"});
   EXPECT_TRUE(intruder.wait_for("refused the join")) << intruder.log();
   EXPECT_NE(intruder.stop(), 0);
   EXPECT_EQ(seed.stop(), 0) << seed.log();

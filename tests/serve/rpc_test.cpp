@@ -11,6 +11,7 @@
 
 #include "../cli/subprocess.hpp"
 #include "llmesh/schemas/rpc.capnp.h"
+#include "reference.hpp"
 #include "server_process.hpp"
 
 namespace llmesh::testing {
@@ -71,15 +72,6 @@ outcome generate(capnp::EzRpcClient& c, const request_setup& setup) {
   return o;
 }
 
-std::vector<int32_t> generate_ids(const std::string& prompt_flag, int max_tokens) {
-  auto r = run_command(bin + " generate --device cpu --model " + model_dir + " " + prompt_flag + " --max-tokens " +
-                       std::to_string(max_tokens) + " --temperature 0 --print-ids");
-  std::vector<int32_t> out;
-  std::stringstream ss(r.out.substr(0, r.out.find('\n')));
-  for (int32_t t; ss >> t;) out.push_back(t);
-  return out;
-}
-
 TEST(Rpc, GreedyTokensEqualGenerateAndStreamInOrder) {
   server_process s(bin, {"--model", model_dir, "--api-key", "sesame"});
   ASSERT_GT(s.port(), 0) << s.log();
@@ -89,7 +81,7 @@ TEST(Rpc, GreedyTokensEqualGenerateAndStreamInOrder) {
   EXPECT_EQ(std::string(c.getMain<rpc::Llmesh>().modelRequest().send().wait(c.getWaitScope()).getName().cStr()), "kjv-tiny");
 
   const std::vector<int32_t> prompt{1142, 258, 2078, 386, 3345};
-  const auto want = generate_ids("--prompt-ids 1142,258,2078,386,3345", 24);
+  const auto want = generate_ids(bin, model_dir, "--prompt-ids " + id_list(prompt), 24);
   auto o = generate(c, [&](auto r) {
     r.setApiKey("sesame");
     r.setModel("kjv-tiny");
@@ -106,7 +98,7 @@ TEST(Rpc, GreedyTokensEqualGenerateAndStreamInOrder) {
   EXPECT_FALSE(o.text.empty());
 
   // A text prompt is tokenized as /v1/completions does (BOS and all): the same tokens.
-  const auto want_text = generate_ids("--prompt 'In the beginning God created'", 16);
+  const auto want_text = generate_ids(bin, model_dir, "--prompt 'In the beginning God created'", 16);
   auto t = generate(c, [&](auto r) {
     r.setApiKey("sesame");
     r.setModel("kjv-tiny");

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "../cli/subprocess.hpp"
+#include "reference.hpp"
 #include "server_process.hpp"
 
 namespace llmesh::testing {
@@ -24,14 +25,8 @@ const std::vector<std::string> prompts = {
     "The LORD is my shepherd", "And it came to pass", "Then said Jesus unto them",
     "For God so loved", "Let there be light"};
 
-/// What `llmesh generate` gives (ids), the reference path.
 std::vector<int32_t> generate_ids(const std::string& prompt, int max_tokens, const std::string& sampling) {
-  auto r = run_command(bin + " generate --device cpu --model " + model_dir + " --prompt '" + prompt +
-                       "' --max-tokens " + std::to_string(max_tokens) + " " + sampling + " --print-ids");
-  std::vector<int32_t> ids;
-  std::stringstream ss(r.out);
-  for (int32_t id; ss >> id;) ids.push_back(id);
-  return ids;
+  return testing::generate_ids(bin, model_dir, "--prompt '" + prompt + "'", max_tokens, sampling);
 }
 
 json completion(int port, const json& body, int* status = nullptr, const std::string& headers = "") {

@@ -1,5 +1,6 @@
-// Test helpers for the server: start `llmesh serve` on 127.0.0.1 with a port chosen at run
-// time (it prints the port it got), stop it with SIGTERM (SIGKILL if it does not exit), and a
+// Test helpers for the server: child processes with their stderr collected; `llmesh serve`
+// on 127.0.0.1 with a port chosen at run time (it prints the port it got), stopped with SIGTERM
+// (SIGKILL if it does not exit); free ports; and a
 // blocking HTTP/1.1 client on raw sockets — raw, so tests can also send malformed requests,
 // oversized headers and half-written bodies, and hang up mid-stream.
 #pragma once
@@ -9,6 +10,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,45 +25,32 @@
 
 namespace llmesh::testing {
 
-/// A running `llmesh serve`; stopped (SIGTERM, then SIGKILL after 20 s) when destroyed.
-class server_process {
+/// A child process (argv[0] is the binary) whose stderr is collected; SIGTERM (then SIGKILL)
+/// when destroyed. It never outlives the test (SIGKILL when the test process dies).
+class child_process {
  public:
-  /// Starts `binary serve <args> --http 127.0.0.1:0 --rpc 127.0.0.1:0` and waits (up to 60 s) for its
-  /// "serving ... on http://127.0.0.1:PORT" line. port() is 0 when it failed; log() says why.
-  server_process(const std::string& binary, const std::vector<std::string>& args) {
+  explicit child_process(std::vector<std::string> argv) {
     int err_pipe[2];
     if (pipe(err_pipe) != 0) return;
     pid_ = fork();
     if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       dup2(err_pipe[1], 2);
       close(err_pipe[0]);
       close(err_pipe[1]);
-      std::vector<std::string> all{binary, "serve"};
-      all.insert(all.end(), args.begin(), args.end());
-      all.push_back("--http");
-      all.push_back("127.0.0.1:0");
-      if (std::find(args.begin(), args.end(), "--rpc") == args.end()) {
-        all.push_back("--rpc");  // any free port: tests run side by side
-        all.push_back("127.0.0.1:0");
-      }
-      std::vector<char*> argv;
-      for (auto& a : all) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(binary.c_str(), argv.data());
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execv(argv[0].c_str(), args.data());
       _exit(127);
     }
     close(err_pipe[1]);
     err_fd_ = err_pipe[0];
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (port_ == 0 && std::chrono::steady_clock::now() < deadline) {
-      if (!read_some(200)) break;
-      const auto at = log_.find("on http://127.0.0.1:");
-      if (at != std::string::npos) port_ = std::atoi(log_.c_str() + at + std::strlen("on http://127.0.0.1:"));
-    }
   }
-  ~server_process() { stop(); }
+  ~child_process() { stop(std::chrono::seconds(20)); }
+  child_process(const child_process&) = delete;
+  child_process& operator=(const child_process&) = delete;
 
-  int port() const { return port_; }
   pid_t pid() const { return pid_; }
   /// stderr so far.
   const std::string& log() {
@@ -69,8 +58,22 @@ class server_process {
     }
     return log_;
   }
-
-  /// SIGTERM, then wait; returns the exit status (or -1).
+  /// Waits (up to `patience`) until stderr contains `text`; false if it never did (or the
+  /// process closed stderr first).
+  bool wait_for(const std::string& text, std::chrono::seconds patience = std::chrono::seconds(60)) {
+    const auto deadline = std::chrono::steady_clock::now() + patience;
+    while (log_.find(text) == std::string::npos) {
+      if (std::chrono::steady_clock::now() > deadline || !read_some(200)) return log_.find(text) != std::string::npos;
+    }
+    return true;
+  }
+  void pause() { kill(pid_, SIGSTOP); }
+  void resume() { kill(pid_, SIGCONT); }
+  /// SIGKILL: the process dies as in a crash (no goodbye to anyone).
+  void crash() {
+    if (pid_ > 0) kill(pid_, SIGKILL);
+  }
+  /// SIGTERM, then wait (SIGKILL after `patience`); the exit status, or 128 + the signal.
   int stop(std::chrono::seconds patience = std::chrono::seconds(20)) {
     if (pid_ <= 0) return -1;
     kill(pid_, SIGTERM);
@@ -106,9 +109,49 @@ class server_process {
 
   pid_t pid_ = -1;
   int err_fd_ = -1;
-  int port_ = 0;
   std::string log_;
 };
+
+/// A running `llmesh serve`; stopped (SIGTERM, then SIGKILL after 20 s) when destroyed.
+class server_process : public child_process {
+ public:
+  /// Starts `binary serve <args> --http 127.0.0.1:0 --rpc 127.0.0.1:0` and waits (up to 60 s) for its
+  /// "serving ... on http://127.0.0.1:PORT" line. port() is 0 when it failed; log() says why.
+  server_process(const std::string& binary, const std::vector<std::string>& args) : child_process(argv(binary, args)) {
+    if (wait_for("on http://127.0.0.1:")) {
+      const auto at = log().find("on http://127.0.0.1:");
+      port_ = std::atoi(log().c_str() + at + std::strlen("on http://127.0.0.1:"));
+    }
+  }
+  int port() const { return port_; }
+
+ private:
+  static std::vector<std::string> argv(const std::string& binary, const std::vector<std::string>& args) {
+    std::vector<std::string> all{binary, "serve"};
+    all.insert(all.end(), args.begin(), args.end());
+    all.push_back("--http");
+    all.push_back("127.0.0.1:0");
+    if (std::find(args.begin(), args.end(), "--rpc") == args.end()) {
+      all.push_back("--rpc");  // any free port: tests run side by side
+      all.push_back("127.0.0.1:0");
+    }
+    return all;
+  }
+  int port_ = 0;
+};
+
+/// A free TCP port on 127.0.0.1 (bound, then released: rarely, another process takes it first).
+inline int free_local_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
 
 struct http_response {
   int status = 0;  ///< 0: no response (connection failed or closed early)
