@@ -157,6 +157,7 @@ struct ReplicaState {
   phase @3 :ReplicaPhase;
   actor @4 :UInt64;         # the replica actor's id on its node (ready: where to send requests)
   reason @5 :Text;          # dead: why (a model that failed to load, ...)
+  listen @6 :Text;          # the hosting node's mesh address (for routers in other processes)
 }
 
 # A tensor-parallel group's rendezvous: rank 0 makes the collective's id (e.g. NCCL's unique

@@ -58,6 +58,7 @@ coordinator::coordinator(coordinator_options opt)
 coordinator::actions coordinator::on_message(transport::peer_id peer, const transport::envelope& e,
                                              mesh_clock::time_point now, uint64_t wall_ms) {
   actions out;
+  bool told = false;  ///< routers elsewhere already told of this message's effects
   const uint64_t reply_to = e.source.actor;
   std::visit(
       [&](const auto& m) {
@@ -74,6 +75,7 @@ coordinator::actions coordinator::on_message(transport::peer_id peer, const tran
           out.push_back(send_to(peer, reply_to, j.welcome));
           if (j.joined) {
             const auto& info = members_.members().at(*j.joined);
+            if (peer != 0 && has_role(info.who.roles, transport::role::router)) brief_router(peer, out);
             if (has_role(info.who.roles, transport::role::replica)) {
               if (auto ch = plan_.node_up(*j.joined); ch) {
                 auto more = apply(*ch);
@@ -123,23 +125,72 @@ coordinator::actions coordinator::on_message(transport::peer_id peer, const tran
             settled(m.replica, out);
           }
         } else if constexpr (std::is_same_v<T, transport::control_msg>) {
-          out.push_back(send_to(peer, reply_to, control(m, wall_ms, out)));
+          auto reply = control(m, wall_ms, out);
+          tell_routers(out);
+          told = true;
+          out.push_back(send_to(peer, reply_to, std::move(reply)));  // the reply comes last
         }
       },
       e.msg);
+  if (!told) tell_routers(out);
   return out;
 }
 
 coordinator::actions coordinator::on_peer_down(transport::peer_id peer) {
   actions out;
   if (auto name = members_.on_peer_down(peer)) node_lost(*name, out);
+  tell_routers(out);
   return out;
 }
 
 coordinator::actions coordinator::on_tick(mesh_clock::time_point now) {
   actions out;
   for (const auto& name : members_.expire(now)) node_lost(name, out);
+  tell_routers(out);
   return out;
+}
+
+void coordinator::tell_routers(actions& out) const {
+  std::vector<transport::peer_id> routers;
+  for (const auto& [name, info] : members_.members()) {
+    if (info.peer != 0 && has_role(info.who.roles, transport::role::router)) routers.push_back(info.peer);
+  }
+  if (routers.empty()) return;
+  const size_t n = out.size();
+  for (size_t i = 0; i < n; ++i) {
+    const auto& a = out[i];
+    transport::replica_state_msg news;
+    news.replica = a.replica;
+    if (a.k == coordinator_action::replica_ready) {
+      auto r = replicas_.find(a.replica);
+      if (r == replicas_.end()) continue;
+      auto host = members_.members().find(r->second.a.shards.front());
+      if (host == members_.members().end()) continue;
+      news.node = host->first;
+      news.model = r->second.a.model;
+      news.phase = replica_phase::ready;
+      news.actor = r->second.actor;
+      news.listen = host->second.who.listen;
+    } else if (a.k == coordinator_action::replica_drain) {
+      news.phase = replica_phase::draining;
+    } else if (a.k == coordinator_action::replica_gone) {
+      news.phase = replica_phase::dead;
+    } else {
+      continue;
+    }
+    for (auto p : routers) out.push_back(send_to(p, agent_actor_id, news));
+  }
+}
+
+void coordinator::brief_router(transport::peer_id peer, actions& out) const {
+  for (const auto& [id, r] : replicas_) {
+    if (r.phase != replica_phase::ready) continue;
+    auto host = members_.members().find(r.a.shards.front());
+    if (host == members_.members().end()) continue;
+    out.push_back(send_to(peer, agent_actor_id,
+                          transport::replica_state_msg{id, host->first, r.a.model, replica_phase::ready, r.actor, "",
+                                                       host->second.who.listen}));
+  }
 }
 
 void coordinator::node_lost(const std::string& name, actions& out) {

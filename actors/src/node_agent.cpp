@@ -7,6 +7,7 @@
 #include "llmesh/actors/coordinator.hpp"
 #include "llmesh/actors/join_auth.hpp"
 #include "llmesh/actors/replica_actor.hpp"
+#include "llmesh/actors/router_actor.hpp"
 #include "llmesh/transport/fault_injector.hpp"
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<llmesh::model::engine>)
@@ -180,6 +181,49 @@ void on_down(agent* self, const caf::down_msg& d) {
   if (st.quitting && st.hosted.empty()) self->quit();
 }
 
+/// What the coordinator tells a router node (one without the coordinator) about a replica: the
+/// router here adds it (through a proxy over a connection to its node), drains it, or drops it.
+/// Awaited, so the news of one replica is handled in the order it came.
+void replica_news(agent* self, const transport::replica_state_msg& m) {
+  auto& st = self->state;
+  if (!st.router) return;
+  const uint64_t id = m.replica;
+  auto known = st.routed.find(id);
+  if (m.phase == transport::replica_phase::ready) {
+    if (known != st.routed.end()) return;
+    const std::string name = m.node + "/" + std::to_string(id);
+    auto add = [=](caf::actor r, bool proxy) {
+      if (!r) return;
+      self->state.routed[id] = {r, proxy};
+      self->send(self->state.router, add_atom::value, r, name);
+    };
+    if (m.node == st.opt.node) {  // hosted here
+      self->request(st.bridge, 10s, lookup_atom::value, m.actor).await([=](caf::actor r) { add(r, false); });
+      return;
+    }
+    auto proxy_on = [=](transport::peer_id p) {
+      self->request(self->state.bridge, 10s, proxy_atom::value, p, m.actor).await([=](caf::actor r) { add(r, true); });
+    };
+    if (auto p = st.node_peers.find(m.listen); p != st.node_peers.end()) return proxy_on(p->second);
+    const std::string listen = m.listen;
+    self->request(st.bridge, 10s, connect_atom::value, listen).await([=](transport::peer_id p) {
+      self->state.node_peers[listen] = p;
+      proxy_on(p);
+    });
+    return;
+  }
+  if (known == st.routed.end()) return;
+  if (m.phase == transport::replica_phase::draining) {
+    self->send(st.router, drain_atom::value, known->second.first.id());
+    return;
+  }
+  if (m.phase == transport::replica_phase::dead) {
+    self->send(st.router, dead_atom::value, known->second.first.id());
+    if (known->second.second) self->send_exit(known->second.first, caf::exit_reason::user_shutdown);
+    st.routed.erase(known);
+  }
+}
+
 void on_wire(agent* self, transport::peer_id peer, const transport::envelope& e) {
   auto& st = self->state;
   if (!st.coordinator && (!st.coord_peer || peer != *st.coord_peer)) return;  // only the coordinator commands
@@ -225,6 +269,8 @@ void on_wire(agent* self, transport::peer_id peer, const transport::envelope& e)
               self->delayed_send(self, rule->lasts, fault_clear_atom::value, epoch);
             }
           }
+        } else if constexpr (std::is_same_v<T, transport::replica_state_msg>) {
+          replica_news(self, m);
         } else if constexpr (std::is_same_v<T, transport::assign_msg>) {
           if (m.op == transport::assign_op::start) {
             if (!st.hosted.count(m.replica)) load_replica(self, m);
@@ -251,6 +297,7 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
   self->set_down_handler([=](const caf::down_msg& d) { on_down(self, d); });
   return {
       [=](agent_atom, caf::actor coordinator) { self->state.coordinator = std::move(coordinator); },
+      [=](router_atom, caf::actor router) { self->state.router = std::move(router); },
       [=](join_atom) { start_join(self); },
       [=](beat_atom) {
         auto& st = self->state;
@@ -261,6 +308,9 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
       [=](wire_atom, transport::peer_id peer, const std::shared_ptr<transport::envelope>& e) { on_wire(self, peer, *e); },
       [=](peerdown_atom, transport::peer_id peer, const std::string& why) {
         auto& st = self->state;
+        for (auto it = st.node_peers.begin(); it != st.node_peers.end();) {  // its proxies stop with it
+          it = it->second == peer ? st.node_peers.erase(it) : std::next(it);
+        }
         if (!st.coord_peer || *st.coord_peer != peer) return;
         std::fprintf(stderr, "llmesh: node %s lost the coordinator (%s); dropping its replicas and rejoining\n",
                      st.opt.node.c_str(), why.c_str());

@@ -202,6 +202,8 @@ status run_node(const node_flags& f) {
   if (coordinator) {
     caf::anon_send(agent, actors::agent_atom::value, coordinator);
     caf::anon_send(coordinator, actors::agent_atom::value, agent);
+  } else if (router) {
+    caf::anon_send(agent, actors::router_atom::value, router);  // replicas reach it through the agent
   }
   caf::anon_send(agent, actors::join_atom::value);
 

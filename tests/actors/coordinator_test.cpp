@@ -74,6 +74,10 @@ std::string describe(const coordinator_action& a) {
               return "challenge" + to;
             } else if constexpr (std::is_same_v<T, transport::control_reply_msg>) {
               return "reply" + to;
+            } else if constexpr (std::is_same_v<T, transport::replica_state_msg>) {
+              static constexpr const char* phases[] = {"loading", "ready", "draining", "dead"};
+              return std::string("news r") + std::to_string(m.replica) + " " + phases[static_cast<int>(m.phase)] +
+                     (m.listen.empty() ? "" : " " + m.node + "@" + m.listen + ":" + std::to_string(m.actor)) + to;
             } else {
               return "other" + to;
             }
@@ -369,6 +373,25 @@ TEST(Coordinator, SilencePastTheFailureTimeoutLosesANodeHeartbeatsKeepItAlive) {
   EXPECT_TRUE(join(c, 1, "a", t0 + 5100ms).size() == 1);  // the welcome; nothing to place
   EXPECT_EQ(c.members().members().size(), 2u);
   EXPECT_TRUE(c.on_message(1, frame(transport::heartbeat_msg{"a", 3}), t0 + 5200ms, wall0).empty());
+}
+
+TEST(Coordinator, RoutersInOtherProcessesHearOfReplicasThroughTheirAgents) {
+  auto c = make({tiny(2)});
+  join(c, 1, "a");
+  join(c, 2, "b");
+  ready(c, 1, 1);
+  // A router node joins: it is told of the ready replica (where to reach it) at once.
+  auto j = join(c, 3, hello("gw2", 3, {transport::role::gateway, transport::role::router}));
+  EXPECT_EQ(describe(j), (strings{"welcome -> 3:1", "news r1 ready a@127.0.0.1:7101:1001 -> 3:1"}));
+  // Later changes reach it beside the router here.
+  EXPECT_EQ(describe(ready(c, 2, 2)), (strings{"ready r2 at 2:1002 (b/2)", "news r2 ready b@127.0.0.1:7102:1002 -> 3:1"}));
+  auto scaled = ctl(c, "scale", {"tiny", "1"});
+  EXPECT_EQ(describe(scaled.effects), (strings{"drain r2", "stop r2 -> 2:1", "news r2 draining -> 3:1"}));
+  EXPECT_EQ(describe(report(c, 2, 2, replica_phase::dead)), (strings{"gone r2", "news r2 dead -> 3:1"}));
+  EXPECT_EQ(describe(c.on_peer_down(1)), (strings{"gone r1", "start r3 -> 2:1", "news r1 dead -> 3:1"}));
+  // A gone router node hears nothing more.
+  c.on_peer_down(3);
+  EXPECT_EQ(describe(ready(c, 2, 3)), (strings{"ready r3 at 2:1003 (b/3)"}));
 }
 
 // --- drain, remove, scale ---

@@ -63,6 +63,19 @@ struct mesh_files {
     config = dir.path() + "/local.yaml";
     std::ofstream(config) << yaml;
   }
+  /// Adds a second gateway node (with its own router) to the config; returns its HTTP port.
+  int add_gateway(const std::string& name) {
+    std::ifstream in(config);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string yaml = ss.str();
+    const int http = free_local_port();
+    const std::string entry = "  - name: " + name + "\n    roles: [gateway, router]\n    listen: 127.0.0.1:" +
+                              std::to_string(free_local_port()) + "\n    http: 127.0.0.1:" + std::to_string(http) + "\n\n";
+    yaml.insert(yaml.find("\n# The models the mesh serves.") + 1, entry);
+    std::ofstream(config) << yaml;
+    return http;
+  }
   std::vector<std::string> node(const std::string& name) const { return {"--config", config, "--name", name}; }
   std::string token() const { return "local-dev-token-change-me"; }  // local.yaml's
 };
@@ -351,6 +364,42 @@ TEST(Mesh, APartitionedNodeIsDeclaredDeadByItsSilenceAndItsStreamsContinueElsewh
   EXPECT_EQ(b.stop(), 0) << b.log();
   EXPECT_EQ(a.stop(), 0) << a.log();
   EXPECT_EQ(seed.stop(), 0) << seed.log();
+}
+
+TEST(Mesh, ASecondGatewayWithItsOwnRouterServesTheSameReplicas) {
+  mesh_files m;
+  const int gw2_http = m.add_gateway("gw2");
+  three_nodes n(m);
+  ASSERT_TRUE(n.ready(m));
+  node_process gw2(m.node("gw2"));
+  ASSERT_TRUE(gw2.wait_for("serving 'kjv-tiny' on http://")) << gw2.log();
+  // Its router hears of both replicas through its agent (the coordinator is on the seed).
+  bool ready = false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!ready && std::chrono::steady_clock::now() < until) {
+    ready = metric_value(gw2_http, "llmesh_replicas_ready") == 2.0;
+    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(ready) << http_request(gw2_http, "GET", "/metrics").body << gw2.log();
+  const std::vector<int32_t> prompt{1142, 258, 2078, 386, 3345};
+  const auto want = generate_ids(prompt, 24);
+  for (int i = 0; i < 4; ++i) {
+    std::string why;
+    EXPECT_EQ(complete(gw2_http, prompt, 24, &why), want) << why;
+  }
+  // Scaling down stops one replica gracefully: gw2's router drops it too.
+  auto scale = run_command(bin + " ctl --config " + m.config + " scale kjv-tiny 1");
+  ASSERT_EQ(scale.exit_code, 0) << scale.err;
+  ready = false;
+  const auto until2 = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!ready && std::chrono::steady_clock::now() < until2) {
+    ready = metric_value(gw2_http, "llmesh_replicas_ready") == 1.0;
+    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(ready) << http_request(gw2_http, "GET", "/metrics").body;
+  std::string why;
+  EXPECT_EQ(complete(gw2_http, prompt, 24, &why), want) << why;
+  EXPECT_EQ(gw2.stop(), 0) << gw2.log();
 }
 
 TEST(Mesh, CtlNeedsTheTokenAndNamesBadCommands) {

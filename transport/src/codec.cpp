@@ -104,6 +104,7 @@ struct writer {
     r.setPhase(static_cast<s::ReplicaPhase>(m.phase));
     r.setActor(m.actor);
     r.setReason(text(m.reason));
+    r.setListen(text(m.listen));
   }
   void operator()(const assign_msg& m) {
     auto a = b.initAssign();
@@ -257,7 +258,7 @@ struct reader {
         auto r = b.getReplicaState();
         out = replica_state_msg{r.getReplica(), str(r.getNode(), "node"), str(r.getModel(), "model"),
                                 static_cast<replica_phase>(enum_value(r.getPhase(), 3, "phase")), r.getActor(),
-                                str(r.getReason(), "reason")};
+                                str(r.getReason(), "reason"), str(r.getListen(), "listen")};
         break;
       }
       case Body::ASSIGN: {

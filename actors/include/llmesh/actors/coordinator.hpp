@@ -5,7 +5,8 @@
 // Operator commands (`llmesh ctl`) arrive as authenticated control messages.
 //
 // Peers: a node agent is reached by its connection (peer id) and actor id 1; peer 0 is this
-// process (the coordinator's own node joins without a connection).
+// process (the coordinator's own node joins without a connection). Routers in other processes
+// hear of replicas through their node agents (ReplicaState frames).
 #pragma once
 
 #include <chrono>
@@ -93,6 +94,11 @@ class coordinator {
   void stop_now(uint64_t id, actions& out);
   /// Replica `id` became ready, or will never be: stops waiting on it may go ahead.
   void settled(uint64_t id, actions& out);
+  /// Routers in other processes learn what the router here learns: for every replica_ready,
+  /// replica_drain and replica_gone in `out`, a ReplicaState frame to each router node's agent.
+  void tell_routers(actions& out) const;
+  /// A router node that just joined learns every ready replica.
+  void brief_router(transport::peer_id peer, actions& out) const;
   void node_lost(const std::string& name, actions& out);
   transport::control_reply_msg control(const transport::control_msg& c, uint64_t wall_ms, actions& out);
   transport::control_reply_msg run_command(const std::string& cmd, const std::vector<std::string>& args, actions& out);

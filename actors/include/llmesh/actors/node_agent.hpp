@@ -29,6 +29,7 @@ using poll_atom = caf::atom_constant<caf::atom("poll")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using agent_atom = caf::atom_constant<caf::atom("agent")>;
 using fault_clear_atom = caf::atom_constant<caf::atom("unfault")>;
+using router_atom = caf::atom_constant<caf::atom("router")>;
 
 struct node_agent_options {
   std::string node;  ///< this node's name
@@ -59,6 +60,9 @@ struct hosted_replica {
 struct node_agent_state {
   node_agent_options opt;
   caf::actor bridge, coordinator;  ///< coordinator: set when it lives in this process
+  caf::actor router;               ///< this node's router when the coordinator is elsewhere
+  std::map<uint64_t, std::pair<caf::actor, bool>> routed;  ///< replica id → (actor or proxy, is a proxy)
+  std::map<std::string, transport::peer_id> node_peers;   ///< connections to replica nodes, by address
   std::optional<transport::peer_id> coord_peer;
   bool joined = false;
   bool quitting = false;
@@ -79,7 +83,10 @@ size_t kv_tokens_for_budget(const model::model_config& c, int tp, size_t budget_
 /// `(join_atom)` starts (and after a lost coordinator, restarts) the join. `(stop_atom)`: stop
 /// every hosted replica now, then quit once their engines are free. The bridge delivers the
 /// coordinator's frames as `(wire_atom, peer, envelope)`; a local coordinator sends the same
-/// with peer 0. `(agent_atom, caf::actor coordinator)` names a coordinator in this process.
+/// with peer 0. `(agent_atom, caf::actor coordinator)` names a coordinator in this process;
+/// `(router_atom, caf::actor)` this node's router, when the coordinator is in another process:
+/// the agent then adds, drains and drops replicas there as the coordinator's ReplicaState
+/// frames say.
 caf::behavior node_agent(caf::stateful_actor<node_agent_state>* self, node_agent_options opt, caf::actor bridge);
 
 }  // namespace llmesh::actors

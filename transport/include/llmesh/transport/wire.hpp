@@ -109,6 +109,7 @@ struct replica_state_msg {
   replica_phase phase = replica_phase::loading;
   uint64_t actor = 0;   ///< ready: the replica actor's id on its node
   std::string reason;   ///< dead: why
+  std::string listen;   ///< the hosting node's mesh address (for routers in other processes)
   bool operator==(const replica_state_msg&) const = default;
 };
 struct collective_id_msg {
