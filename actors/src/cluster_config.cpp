@@ -105,8 +105,8 @@ std::optional<std::string> endpoint_problem(std::string_view s, endpoint& out) {
 }
 
 /// Refuses, before yaml-cpp sees the text, what it handles badly: too much of it, tabs as
-/// indentation (yaml-cpp says only "illegal map value"), and deep nesting (see the limits
-/// above). Approximate on purpose (a bracket inside a block scalar counts); yaml-cpp's own
+/// indentation (yaml-cpp says only "illegal map value"), deep nesting (see the limits above),
+/// and a ',' that starts a token outside flow collections (yaml-cpp exhausts memory on it). Approximate on purpose (a bracket inside a block scalar counts); yaml-cpp's own
 /// guard backs it.
 status prescan(std::string_view text, const std::string& source) {
   auto fail = [&](size_t line, const std::string& what) {
@@ -155,6 +155,11 @@ status prescan(std::string_view text, const std::string& source) {
     }
     if ((c == '"' || c == '\'') && token_start) {
       quote = c;
+    } else if (c == ',' && depth == 0 && token_start) {
+      // Invalid YAML (no plain value starts with ','), and yaml-cpp 0.7 meets a ',' that begins a
+      // token outside any [...] or {...} at the top level (",", "&a ,", "[a]\n,") by allocating
+      // without bound: 24 GB and the OOM killer, found by the mutation test.
+      return fail(line, "',' outside a [...] or {...} list");
     } else if ((c == '[' || c == '{') && (token_start || depth > 0)) {
       if (++depth > max_flow_nesting) return fail(line, "nested deeper than " + std::to_string(max_flow_nesting) + " levels; not a cluster config");
     } else if ((c == ']' || c == '}') && depth > 0) {

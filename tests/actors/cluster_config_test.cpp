@@ -3,6 +3,7 @@
 // and malformed or hostile YAML (tabs, unclosed brackets, garbage, 100000-deep nesting, random
 // mutations) ends in an error, never a crash.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <filesystem>
 #include <fstream>
@@ -345,6 +346,29 @@ TEST(ClusterConfig, DeepNestingIsRefusedBeforeYamlCppRecurses) {
   EXPECT_EQ(error_of(with("token: 0123456789abcdef", "token: \"" + std::string(100, '[') + "\\\"\"")), "(parsed)");
 }
 
+TEST(ClusterConfig, ACommaOutsideFlowCollectionsIsRefusedBeforeYamlCppSeesIt) {
+  // yaml-cpp 0.7 allocates without bound on each of these (24 GB, then the OOM killer).
+  for (const char* text : {",", ",\n", ", x\n", "&a ,", "!t ,", "[a, b]\n,", ",# comment\nmesh: x\n", "a: ,"}) {
+    auto c = parse_cluster_config(text, "comma.yaml");
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_NE(c.err().message.find("',' outside a [...] or {...} list"), std::string::npos) << c.err().message;
+  }
+  // Commas inside flow collections, quotes and plain values still parse.
+  auto ok = parse_cluster_config(R"(mesh: m
+seed: 127.0.0.1:7100
+token: "a,token,with,commas"
+nodes:
+  - {name: seed, roles: [coordinator, gateway, router], listen: 127.0.0.1:7100, http: 127.0.0.1:8080}
+  - name: r
+    roles: [replica]
+    listen: 127.0.0.1:7101
+models:
+  - name: m
+    path: some/dir,with,commas
+)", "commas.yaml");
+  EXPECT_TRUE(ok.ok()) << ok.err().message;
+}
+
 TEST(ClusterConfig, RandomMutationsParseOrFailCleanly) {
   const std::string local = [] {
     auto c = load_cluster_config((configs_dir / "local.yaml").string());
@@ -353,6 +377,10 @@ TEST(ClusterConfig, RandomMutationsParseOrFailCleanly) {
     return std::string(std::istreambuf_iterator<char>(in), {});
   }();
   ASSERT_FALSE(local.empty());
+  // A parser that runs away with memory fails here with bad_alloc instead of taking the
+  // machine to the OOM killer (yaml-cpp once took 24 GB on a mutated file).
+  rlimit cap{size_t{4} << 30, size_t{4} << 30};
+  setrlimit(RLIMIT_AS, &cap);
   std::mt19937 rng(20240611);
   const std::string alphabet = "[]{}:,-#'\"\t\n &*!|>%@?~0123456789abcxyz.\\";
   auto pick = [&](size_t n) { return n == 0 ? 0 : static_cast<size_t>(rng() % n); };
@@ -390,6 +418,8 @@ TEST(ClusterConfig, RandomMutationsParseOrFailCleanly) {
       EXPECT_EQ(c.err().code, errc::invalid_request);
       EXPECT_EQ(c.err().message.rfind("fuzz.yaml", 0), 0u) << c.err().message;
       EXPECT_EQ(c.err().message.find('\n'), std::string::npos) << c.err().message;
+      // Running out of memory is not a clean refusal (see the address-space cap above).
+      EXPECT_EQ(c.err().message.find("bad_alloc"), std::string::npos) << "round " << round << ":\n" << text;
     }
   }
   EXPECT_GT(parsed, 0u);  // mutations in comments and values leave valid configs
