@@ -19,9 +19,12 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 # Every test has a time limit (180 s for GoogleTest cases, cmake/llmesh_library.cmake): a hang
-# fails that test by name; a test that timed out runs once more before it counts as failed.
+# fails that test by name. A test that fails or times out runs once more before it counts as
+# failed (the output of the first try is still printed): the multi-actor tests have shown rare
+# stalls on a loaded 2-core machine (tests/README.md, "Known flakiness"); a test that fails twice
+# fails the run.
 test: build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300 --repeat after-timeout:2
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300 --repeat until-pass:2
 
 # The bundled model: models/kjv-tiny, a tiny Llama trained on the King James Bible
 # (tools/train/README.md), served on http://127.0.0.1:8080 until Ctrl-C (HTTP=HOST:PORT to move it).

@@ -27,7 +27,7 @@ class Bridge : public testing::replica_test_base {};
 
 TEST_F(Bridge, RequestsRunOnARemoteReplicaAndSurviveItsNodesDeath) {
   auto reqs = requests(8);
-  for (auto& r : reqs) r.max_tokens = 300, r.eos_ids.clear();
+  for (auto& r : reqs) r.max_tokens = 100, r.eos_ids.clear();  // long enough to be cut mid-stream
   auto want = alone(reqs, 1);
   auto net = std::make_shared<transport::loopback_network>();
   auto eng_a = engine(1, 4096), eng_b = engine(1, 4096);
@@ -74,12 +74,12 @@ TEST_F(Bridge, RequestsRunOnARemoteReplicaAndSurviveItsNodesDeath) {
       size_t going = 0;
       for (const auto& r : reqs) going += c.tokens[r.id].size() >= 3;
       return going == reqs.size();
-    }));
+    })) << "before node B's death:\n" << c.describe();
     auto replica_a = reap_a(sys_a.spawn(replica_actor, eng_a.get(), scheduler_config{}));
     caf::anon_send(router, add_atom::value, replica_a, std::string("a0"));
     self->send_exit(bridge_b, caf::exit_reason::kill);  // node B's process dies: its transport with it
     self->send_exit(replica_b, caf::exit_reason::kill);
-    ASSERT_TRUE(c.wait([&] { return c.ends.size() == reqs.size(); }));
+    ASSERT_TRUE(c.wait([&] { return c.ends.size() == reqs.size(); })) << "after node B's death:\n" << c.describe();
     for (const auto& r : reqs) {
       EXPECT_FALSE(c.ends[r.id].failed) << c.ends[r.id].err.message;
       EXPECT_EQ(c.tokens[r.id], want[r.id]) << "request " << r.id;

@@ -144,6 +144,17 @@ struct collector {
     std::lock_guard lock(mu);
     return tokens[id].size();
   }
+  /// "id: tokens[, ended|failed: why]" per request, for a failed wait's message.
+  std::string describe() {
+    std::lock_guard lock(mu);
+    std::string out;
+    for (const auto& [id, t] : tokens) {
+      out += std::to_string(id) + ": " + std::to_string(t.size()) + " tokens";
+      if (auto e = ends.find(id); e != ends.end()) out += e->second.failed ? ", failed: " + e->second.err.message : ", ended";
+      out += "\n";
+    }
+    return out;
+  }
 };
 
 }  // namespace llmesh::actors::testing
