@@ -20,9 +20,9 @@ build: configure
 
 # Every test has a time limit (180 s for GoogleTest cases, cmake/llmesh_library.cmake): a hang
 # fails that test by name. A test that fails or times out runs once more before it counts as
-# failed (the output of the first try is still printed): the multi-actor tests have shown rare
-# stalls on a loaded 2-core machine (tests/README.md, "Known flakiness"); a test that fails twice
-# fails the run.
+# failed (the output of the first try is still printed), so that a rare stall on a loaded
+# 2-core machine does not sink a run (tests/README.md, "Known flakiness"); a test that fails
+# twice fails the run.
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300 --repeat until-pass:2
 

@@ -93,25 +93,6 @@ caf::behavior bridge_actor(bridge* self, std::shared_ptr<transport::transport> n
   auto& st = self->state;
   st.net = net;
   st.node = node;
-  // Transport callbacks run on its thread: they hand over to this actor by message. A weak
-  // handle, so the transport (owned here) does not keep its owner alive.
-  caf::actor_addr me = self->address();
-  transport::transport_handlers h;
-  h.on_frame = [me](transport::peer_id peer, std::span<const uint8_t> frame) {
-    auto e = transport::decode(frame);
-    auto a = caf::actor_cast<caf::actor>(me);
-    if (!a) return;
-    if (!e) {
-      std::fprintf(stderr, "llmesh: dropped a frame from peer %llu: %s\n", static_cast<unsigned long long>(peer),
-                   e.err().message.c_str());
-      return;
-    }
-    caf::anon_send(a, frame_atom::value, peer, std::make_shared<transport::envelope>(std::move(*e)));
-  };
-  h.on_peer_down = [me](transport::peer_id peer, const error& why) {
-    if (auto a = caf::actor_cast<caf::actor>(me)) caf::anon_send(a, peerdown_atom::value, peer, why.message);
-  };
-  net->set_handlers(std::move(h));
   self->set_down_handler([=](const caf::down_msg& d) {
     auto& st = self->state;
     auto it = st.export_ids.find(d.source);
@@ -170,6 +151,34 @@ caf::behavior bridge_actor(bridge* self, std::shared_ptr<transport::transport> n
         }
       },
   };
+}
+
+caf::actor spawn_bridge(caf::actor_system& sys, std::shared_ptr<transport::transport> net, std::string node) {
+  transport::transport* t = net.get();
+  auto bridge = sys.spawn(bridge_actor, std::move(net), std::move(node));
+  // The handlers are set here, on the caller's thread, before the caller listens or connects:
+  // set in the actor's body, they waited for its first run, and frames that came sooner (a
+  // peer's first requests, a join's Hello) were dropped.
+  caf::actor_addr me = bridge.address();
+  // Transport callbacks run on its thread: they hand over to the actor by message. A weak
+  // handle, so the transport (owned by the actor) does not keep its owner alive.
+  transport::transport_handlers h;
+  h.on_frame = [me](transport::peer_id peer, std::span<const uint8_t> frame) {
+    auto e = transport::decode(frame);
+    auto a = caf::actor_cast<caf::actor>(me);
+    if (!a) return;
+    if (!e) {
+      std::fprintf(stderr, "llmesh: dropped a frame from peer %llu: %s\n", static_cast<unsigned long long>(peer),
+                   e.err().message.c_str());
+      return;
+    }
+    caf::anon_send(a, frame_atom::value, peer, std::make_shared<transport::envelope>(std::move(*e)));
+  };
+  h.on_peer_down = [me](transport::peer_id peer, const error& why) {
+    if (auto a = caf::actor_cast<caf::actor>(me)) caf::anon_send(a, peerdown_atom::value, peer, why.message);
+  };
+  t->set_handlers(std::move(h));
+  return bridge;
 }
 
 }  // namespace llmesh::actors

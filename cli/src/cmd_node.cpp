@@ -147,8 +147,6 @@ status run_node(const node_flags& f) {
   if (!ucx) return ucx.take_error();
   // Fault hooks (`llmesh ctl fault NODE RULE`) on every connection; no rule, no cost but a lock.
   auto faults = std::make_shared<transport::fault_injector>(std::move(*ucx));
-  auto bound = faults->listen(p.listen);
-  if (!bound) return bound.take_error();
   if (auto s = stop_signal::install(); !s) return s;
 
   caf::actor_system_config cfg;
@@ -156,7 +154,13 @@ status run_node(const node_flags& f) {
   cfg.set("scheduler.policy", caf::atom("sharing"));  // idle workers sleep
   auto sys = std::make_unique<caf::actor_system>(cfg);
   std::weak_ptr<transport::fault_injector> fault_hook = faults;
-  auto bridge = sys->spawn(actors::bridge_actor, std::shared_ptr<transport::transport>(std::move(faults)), p.name);
+  transport::transport* net = faults.get();  // owned by the bridge from here on
+  auto bridge = actors::spawn_bridge(*sys, std::move(faults), p.name);  // handlers first, then listen
+  auto bound = net->listen(p.listen);
+  if (!bound) {
+    caf::anon_send_exit(bridge, caf::exit_reason::kill);
+    return bound.take_error();
+  }
 
   actors::metrics_registry metrics;
   caf::actor router;

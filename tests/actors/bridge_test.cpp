@@ -45,12 +45,12 @@ TEST_F(Bridge, RequestsRunOnARemoteReplicaAndSurviveItsNodesDeath) {
     auto replica_b = reap_b(sys_b.spawn(replica_actor, eng_b.get(), scheduler_config{}));
     // The bridge is the transport's only owner: node B's death takes its connections with it.
     auto bridge_b =
-        reap_b(sys_b.spawn(bridge_actor, std::shared_ptr<transport::transport>(std::move(net_b)), std::string("node-b")));
+        reap_b(spawn_bridge(sys_b, std::shared_ptr<transport::transport>(std::move(net_b)), std::string("node-b")));
     caf::anon_send(bridge_b, export_atom::value, replica_b, uint64_t{1});
 
     // Node A: a router that knows B's replica only through its proxy.
-    auto bridge_a = reap_a(sys_a.spawn(
-        bridge_actor, std::shared_ptr<transport::transport>(std::make_shared<transport::loopback_transport>(net)),
+    auto bridge_a = reap_a(spawn_bridge(
+        sys_a, std::shared_ptr<transport::transport>(std::make_shared<transport::loopback_transport>(net)),
         std::string("node-a")));
     caf::scoped_actor self{sys_a};
     transport::peer_id peer = 0;

@@ -60,6 +60,11 @@ struct bridge_state {
 caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, std::shared_ptr<transport::transport> net,
                            std::string node);
 
+/// Spawns a bridge over `net` and sets the transport's handlers at once, so that nothing that
+/// arrives is lost while the actor waits for its first run. Use this, not spawn(bridge_actor):
+/// listen and connect only after it returned.
+caf::actor spawn_bridge(caf::actor_system& sys, std::shared_ptr<transport::transport> net, std::string node);
+
 }  // namespace llmesh::actors
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<llmesh::transport::envelope>)
