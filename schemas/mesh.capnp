@@ -36,6 +36,10 @@ struct Envelope {
     assign @16 :Assign;
     control @17 :ControlRequest;
     controlReply @18 :ControlReply;
+    shardStep @19 :ShardStep;
+    shardResult @20 :ShardResult;
+    shardReady @21 :ShardReady;
+    shardGroup @22 :ShardGroup;
   }
 }
 
@@ -182,6 +186,54 @@ struct Assign {
   tp @3 :UInt32;
   kvCacheMb @4 :UInt64;
   op @5 :AssignOp;
+  # A replica whose shards live on several nodes (spread placement); empty lists: all on this
+  # node. ranks: the ranks this node runs (rank 0's node runs the replica); shardNodes: every
+  # rank's node mesh address, by rank; groupKey: the tensor group's secret.
+  ranks @6 :List(UInt32);
+  shardNodes @7 :List(Text);
+  groupKey @8 :Data;
+}
+
+# A replica's step for a shard in another process (its replica's rank 0 samples, so no rows).
+# Sequence i has tokens[sum of nTokens before i ..] and blockTable[sum of nBlocks before i ..].
+struct ShardStep {
+  step @0 :UInt64;
+  tokens @1 :List(Int32);
+  blockTable @2 :List(Int32);
+  seqs @3 :List(StepSequence);
+}
+
+struct StepSequence {
+  nTokens @0 :UInt32;
+  pos0 @1 :UInt64;
+  nBlocks @2 :UInt32;
+  wantLogits @3 :Bool;
+}
+
+struct ShardResult {
+  step @0 :UInt64;
+  rank @1 :UInt32;
+  ok @2 :Bool;
+  error @3 :Error;          # when not ok
+}
+
+# A shard's node tells the replica's node (rank 0's) that its ranks are loaded and where their
+# tensor plane listens (or why they failed to load).
+struct ShardReady {
+  replica @0 :UInt64;
+  rank @1 :UInt32;
+  tensor @2 :Text;          # the rank's tensor-plane address
+  actor @3 :UInt64;         # the shard actor's id on its node
+  key @4 :Data;             # the group's key, from the Assign
+  ok @5 :Bool;
+  reason @6 :Text;          # when not ok
+}
+
+# The replica's node tells every shard's node that the group forms: connect to the ranks above.
+struct ShardGroup {
+  replica @0 :UInt64;
+  key @1 :Data;
+  tensors @2 :List(Text);   # every rank's tensor-plane address, by rank
 }
 
 # An operator command for the coordinator (`llmesh ctl`). mac = HMAC-SHA256(cluster token,

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "llmesh/actors/shard_actor.hpp"
 #include "llmesh/actors/wire_convert.hpp"
 #include "llmesh/transport/codec.hpp"
 
@@ -12,6 +13,7 @@ namespace {
 using bridge = caf::stateful_actor<bridge_state>;
 
 struct proxy_state {
+  std::map<uint64_t, caf::response_promise> steps;  ///< a remote shard's steps awaiting its result
   static inline const char* name = "remote";
 };
 
@@ -26,6 +28,21 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, caf::actor bri
       [=](status_atom, caf::actor reply_to) { out(transport::status_request{}, reply_to); },
       [=](const token_msg& t) { out(to_wire(t), caf::actor_cast<caf::actor>(self->current_sender())); },
       [=](const replica_load& l) { out(to_wire(l), caf::actor_cast<caf::actor>(self->current_sender())); },
+      // A replica's step for a shard in another process: answered when its result comes back.
+      [=](shard_step_atom, const shard_step& s) {
+        // The sender first: making the promise takes it out of the current message.
+        auto from = caf::actor_cast<caf::actor>(self->current_sender());
+        auto rp = self->make_response_promise();
+        self->state.steps[s.step] = rp;
+        out(to_wire(s), from);
+        return rp;
+      },
+      [=](deliver_atom, caf::actor, const shard_result& r) {
+        auto it = self->state.steps.find(r.step);
+        if (it == self->state.steps.end()) return;
+        it->second.deliver(r);
+        self->state.steps.erase(it);
+      },
       [=](deliver_atom, caf::actor dest, const token_msg& t) { self->send(dest, t); },
       [=](deliver_atom, caf::actor dest, replica_load l) {
         l.replica = self->id();  // the router knows the replica by its proxy
@@ -53,8 +70,40 @@ caf::actor proxy_for(bridge* self, transport::peer_id peer, uint64_t remote) {
   if (!p) {
     p = self->spawn(proxy_actor, caf::actor_cast<caf::actor>(self), peer, remote);
     st.proxy_refs->push_back(caf::actor_cast<caf::weak_actor_ptr>(p));
+    self->monitor(p);  // a proxy stopped by its user (a replica's shard) is made anew when asked again
   }
   return p;
+}
+
+/// Encodes `b` from local actor `from` to actor `remote` on `peer`, and sends it.
+void send_out(bridge* self, transport::peer_id peer, uint64_t remote, const transport::body& b, const caf::actor& from) {
+  auto& st = self->state;
+  transport::envelope e{{st.node, export_id(self, from)}, {"", remote}, 0, 0, b};
+  if (auto s = st.net->send(peer, transport::encode(e)); !s) {
+    ++st.dropped;  // the peer is gone: its down report stops the proxies
+    return;
+  }
+  ++st.frames_out;
+}
+
+/// A step for a shard here from its replica in another process: run, then answered. A
+/// malformed step still reaches the shard, as an empty one it refuses: refusing aborts its
+/// tensor group, so the replica's other ranks, already in the step, fail at once.
+void serve_shard_step(bridge* self, transport::peer_id peer, uint64_t reply_to, const caf::actor& shard,
+                      const transport::shard_step_msg& m) {
+  auto s = from_wire(m);
+  if (!s) {
+    std::fprintf(stderr, "llmesh: bridge: a malformed shard step from peer %llu: %s\n",
+                 static_cast<unsigned long long>(peer), s.err().message.c_str());
+    s = shard_step{m.step, std::make_shared<step_data>()};
+  }
+  const uint64_t step = m.step;
+  self->request(shard, caf::infinite, shard_step_atom::value, *s)
+      .then([=](const shard_result& r) { send_out(self, peer, reply_to, to_wire(r), shard); },
+            [=](caf::error& err) {
+              shard_result r{step, -1, false, make_error(errc::shard_failed, "shard gone: " + self->system().render(err)), {}};
+              send_out(self, peer, reply_to, to_wire(r), shard);
+            });
 }
 
 void deliver(bridge* self, transport::peer_id peer, const std::shared_ptr<transport::envelope>& env) {
@@ -80,6 +129,10 @@ void deliver(bridge* self, transport::peer_id peer, const std::shared_ptr<transp
           self->send(from, deliver_atom::value, dest, from_wire(m));
         } else if constexpr (std::is_same_v<T, transport::load_msg>) {
           self->send(from, deliver_atom::value, dest, from_wire(m));
+        } else if constexpr (std::is_same_v<T, transport::shard_step_msg>) {
+          serve_shard_step(self, peer, e.source.actor, dest, m);
+        } else if constexpr (std::is_same_v<T, transport::shard_result_msg>) {
+          self->send(from, deliver_atom::value, dest, from_wire(m));
         } else {
           self->send(dest, wire_atom::value, peer, env);  // membership and control: the agent or coordinator
         }
@@ -95,6 +148,12 @@ caf::behavior bridge_actor(bridge* self, std::shared_ptr<transport::transport> n
   st.node = node;
   self->set_down_handler([=](const caf::down_msg& d) {
     auto& st = self->state;
+    for (auto p = st.proxies.begin(); p != st.proxies.end(); ++p) {
+      if (p->second.address() == d.source) {
+        st.proxies.erase(p);
+        break;
+      }
+    }
     auto it = st.export_ids.find(d.source);
     if (it == st.export_ids.end()) return;
     st.exports.erase(it->second);
@@ -129,13 +188,7 @@ caf::behavior bridge_actor(bridge* self, std::shared_ptr<transport::transport> n
         deliver(self, peer, e);
       },
       [=](out_atom, transport::peer_id peer, uint64_t remote, const transport::body& b, caf::actor from) {
-        auto& st = self->state;
-        transport::envelope e{{st.node, export_id(self, from)}, {"", remote}, 0, 0, b};
-        if (auto s = st.net->send(peer, transport::encode(e)); !s) {
-          ++st.dropped;  // the peer is gone: its down report stops the proxies
-          return;
-        }
-        ++st.frames_out;
+        send_out(self, peer, remote, b, from);
       },
       [=](peerdown_atom, transport::peer_id peer, const std::string& why) {
         // The peer's actors are gone: their proxies stop, so monitors fire.

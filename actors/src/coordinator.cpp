@@ -40,13 +40,6 @@ coordinator_action send_to(transport::peer_id peer, uint64_t remote, transport::
 }  // namespace
 
 result<coordinator> coordinator::create(coordinator_options opt) {
-  for (const auto& m : opt.models) {
-    if (m.place == placement::spread) {
-      return make_error(errc::unsupported, "model '" + m.name +
-                                                   "': placement 'spread' (a replica's shards in different "
-                                                   "processes) is not supported yet; use 'packed'");
-    }
-  }
   coordinator c(std::move(opt));
   if (auto s = c.plan_.set_models(c.opt_.models); !s) return s.take_error();
   return c;
@@ -106,6 +99,7 @@ coordinator::actions coordinator::on_message(transport::peer_id peer, const tran
             settled(m.replica, out);
           } else if (m.phase == replica_phase::dead) {
             const replica_phase was = r.phase;
+            stop_shards(r, r.a.shards.front(), false, out);  // its shards on other nodes go with it
             if (was == replica_phase::ready || was == replica_phase::draining) {
               out.push_back({coordinator_action::replica_gone, peer, 0, {}, m.replica, {}});
             }
@@ -194,20 +188,35 @@ void coordinator::brief_router(transport::peer_id peer, actions& out) const {
 }
 
 void coordinator::node_lost(const std::string& name, actions& out) {
-  // Replicas on the lost node cannot answer any more: routers forget them now.
+  // Replicas with a shard on the lost node cannot answer any more (one dead shard kills its
+  // group): routers forget them now, and the nodes of their other shards stop them.
   std::vector<uint64_t> lost;
   for (auto it = replicas_.begin(); it != replicas_.end();) {
-    if (it->second.a.shards.front() != name) {
+    const auto& shards = it->second.a.shards;
+    if (std::find(shards.begin(), shards.end(), name) == shards.end()) {
       ++it;
       continue;
     }
     if (it->second.phase != replica_phase::dead) out.push_back({coordinator_action::replica_gone, 0, 0, {}, it->first, {}});
+    stop_shards(it->second, name, true, out);
     lost.push_back(it->first);
     it = replicas_.erase(it);
   }
   for (uint64_t id : lost) settled(id, out);
   auto more = apply(plan_.node_down(name));
   out.insert(out.end(), more.begin(), more.end());
+}
+
+void coordinator::stop_shards(const replica_record& r, const std::string& except, bool leader_too, actions& out) const {
+  std::set<std::string> told{except};
+  for (size_t i = leader_too ? 0 : 1; i < r.a.shards.size(); ++i) {
+    const std::string& node = r.a.shards[i];
+    if (!told.insert(node).second) continue;
+    auto m = members_.members().find(node);
+    if (m == members_.members().end()) continue;
+    out.push_back(send_to(m->second.peer, agent_actor_id,
+                          transport::assign_msg{r.a.id, r.a.model, "", 0, 0, transport::assign_op::stop, {}, {}, {}}));
+  }
 }
 
 coordinator::actions coordinator::apply(const std::vector<change>& changes) {
@@ -227,9 +236,31 @@ coordinator::actions coordinator::apply(const std::vector<change>& changes) {
       if (!spec) continue;
       replicas_[c.r.id] = {c.r, replica_phase::loading, m->second.peer, 0, {}, {}, false};
       started[c.r.model].insert(c.r.id);
-      out.push_back(send_to(m->second.peer, agent_actor_id,
-                            transport::assign_msg{c.r.id, spec->name, spec->path, static_cast<uint32_t>(spec->tp),
-                                                  spec->kv_cache_mb, transport::assign_op::start}));
+      transport::assign_msg a{c.r.id, spec->name, spec->path, static_cast<uint32_t>(spec->tp), spec->kv_cache_mb,
+                              transport::assign_op::start, {}, {}, {}};
+      const bool spread = std::any_of(c.r.shards.begin(), c.r.shards.end(), [&](const auto& n) { return n != node; });
+      if (!spread) {
+        out.push_back(send_to(m->second.peer, agent_actor_id, a));
+        continue;
+      }
+      // Shards on several nodes: each node runs its ranks; rank 0's node runs the replica and
+      // forms the tensor group (the key keeps strangers out of it).
+      auto key = join_auth::make_nonce();
+      if (!key) continue;
+      a.group_key = *key;
+      std::map<std::string, std::vector<uint32_t>> ranks;
+      for (size_t r = 0; r < c.r.shards.size(); ++r) {
+        auto sm = members_.members().find(c.r.shards[r]);
+        a.shard_nodes.push_back(sm == members_.members().end() ? "" : sm->second.who.listen);
+        ranks[c.r.shards[r]].push_back(static_cast<uint32_t>(r));
+      }
+      for (const auto& [n, rs] : ranks) {
+        auto sm = members_.members().find(n);
+        if (sm == members_.members().end()) continue;
+        transport::assign_msg part = a;
+        part.ranks = rs;
+        out.push_back(send_to(sm->second.peer, agent_actor_id, std::move(part)));
+      }
     } else {
       auto it = replicas_.find(c.r.id);
       if (it == replicas_.end()) continue;  // already forgotten (its node was lost, or it crashed)
@@ -264,7 +295,7 @@ void coordinator::stop_now(uint64_t id, actions& out) {
   if (it->second.phase == replica_phase::ready) out.push_back({coordinator_action::replica_drain, 0, 0, {}, id, {}});
   it->second.phase = replica_phase::draining;
   out.push_back(send_to(m->second.peer, agent_actor_id,
-                        transport::assign_msg{id, it->second.a.model, "", 0, 0, transport::assign_op::stop}));
+                        transport::assign_msg{id, it->second.a.model, "", 0, 0, transport::assign_op::stop, {}, {}, {}}));
 }
 
 void coordinator::settled(uint64_t id, actions& out) {

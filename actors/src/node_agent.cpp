@@ -9,17 +9,14 @@
 #include "llmesh/actors/replica_actor.hpp"
 #include "llmesh/actors/router_actor.hpp"
 #include "llmesh/transport/fault_injector.hpp"
+#include "node_agent_detail.hpp"
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<llmesh::model::engine>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const llmesh::model::model>)
 
 namespace llmesh::actors {
-namespace {
+namespace agent_detail {
 
-using agent = caf::stateful_actor<node_agent_state>;
-using namespace std::chrono_literals;
-
-/// A frame body to the coordinator: through the bridge, or straight to it in this process.
 void to_coordinator(agent* self, transport::body b) {
   auto& st = self->state;
   if (st.coordinator) {
@@ -33,10 +30,17 @@ void to_coordinator(agent* self, transport::body b) {
   }
 }
 
-void report(agent* self, uint64_t id, const std::string& model, transport::replica_phase phase, uint64_t actor = 0,
-            std::string reason = {}) {
+void report(agent* self, uint64_t id, const std::string& model, transport::replica_phase phase, uint64_t actor,
+            std::string reason) {
   to_coordinator(self, transport::replica_state_msg{id, self->state.opt.node, model, phase, actor, std::move(reason)});
 }
+
+}  // namespace agent_detail
+
+namespace {
+
+using namespace agent_detail;
+using namespace std::chrono_literals;
 
 void send_hello(agent* self) {
   auto& st = self->state;
@@ -133,9 +137,14 @@ void loaded(agent* self, uint64_t id, const std::string& path, std::shared_ptr<c
 }
 
 void stop_replica(agent* self, uint64_t id) {
-  if (auto l = self->state.loading.find(id); l != self->state.loading.end()) l->second.second = true;
+  if (auto l = self->state.loading.find(id); l != self->state.loading.end()) {
+    l->second.second = true;
+    return;
+  }
+  if (self->state.forming.count(id)) return fail_forming(self, id, "stopped while forming its tensor group");
   auto it = self->state.hosted.find(id);
   if (it == self->state.hosted.end() || it->second.stopping) return;
+  if (it->second.follower) return stop_hosted(self, it->second);  // its replica's node drained it already
   it->second.stopping = true;
   it->second.stop_since = std::chrono::steady_clock::now();
   self->send(it->second.replica, drain_atom::value);  // takes nothing new
@@ -155,6 +164,19 @@ void poll(agent* self, uint64_t id) {
   self->delayed_send(self, 50ms, poll_atom::value, id);
 }
 
+/// Every replica here stops now (without draining), and those still loading or forming are
+/// dropped when they arrive.
+void drop_all(agent* self) {
+  auto& st = self->state;
+  for (auto& [id, h] : st.hosted) stop_hosted(self, h);
+  for (auto& [id, l] : st.loading) l.second = true;
+  std::vector<uint64_t> forming;
+  for (auto& [id, f] : st.forming) {
+    if (!st.loading.count(id)) forming.push_back(id);
+  }
+  for (uint64_t id : forming) fail_forming(self, id, "dropped");
+}
+
 void on_down(agent* self, const caf::down_msg& d) {
   auto& st = self->state;
   auto a = st.by_actor.find(d.source);
@@ -166,16 +188,21 @@ void on_down(agent* self, const caf::down_msg& d) {
   auto it = st.hosted.find(id);
   if (it == st.hosted.end()) return;
   auto& h = it->second;
-  if (h.replica && d.source == h.replica.address()) h.replica = caf::actor{};
+  if (h.replica && d.source == h.replica.address()) {
+    h.replica = caf::actor{};
+    for (auto& p : h.remote) self->send_exit(p, caf::exit_reason::user_shutdown);  // stand-ins for other nodes' shards
+    h.remote.clear();
+  }
   if (--h.alive > 0) return;
   // Replica and shards are gone: the engine can go. The coordinator learns it stopped.
   const bool planned = h.stopping;
+  const bool follower = h.follower;
   const std::string model = h.model;
   st.hosted.erase(it);
   std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' stopped%s\n", st.opt.node.c_str(),
                static_cast<unsigned long long>(id), model.c_str(),
                planned ? " after draining" : (st.quitting ? "" : " unexpectedly"));
-  if (!st.quitting) {
+  if (!st.quitting && !follower) {  // a follower's shards: the replica's node reports
     report(self, id, model, transport::replica_phase::dead, 0, planned ? "" : "the replica stopped unexpectedly");
   }
   if (st.quitting && st.hosted.empty()) self->quit();
@@ -226,6 +253,9 @@ void replica_news(agent* self, const transport::replica_state_msg& m) {
 
 void on_wire(agent* self, transport::peer_id peer, const transport::envelope& e) {
   auto& st = self->state;
+  // Between the nodes of a spread replica (checked against the group's key there).
+  if (const auto* m = std::get_if<transport::shard_ready_msg>(&e.msg)) return on_shard_ready(self, peer, *m);
+  if (const auto* m = std::get_if<transport::shard_group_msg>(&e.msg)) return on_shard_group(self, *m);
   if (!st.coordinator && (!st.coord_peer || peer != *st.coord_peer)) return;  // only the coordinator commands
   std::visit(
       [&](const auto& m) {
@@ -240,11 +270,7 @@ void on_wire(agent* self, transport::peer_id peer, const transport::envelope& e)
             std::fprintf(stderr, "llmesh: node %s was declared dead; dropping its replicas and joining again\n",
                          st.opt.node.c_str());
             st.joined = false;
-            for (auto& [id, h] : st.hosted) {
-              h.stopping = true;
-              if (h.replica) self->send_exit(h.replica, caf::exit_reason::user_shutdown);
-            }
-            for (auto& [id, l] : st.loading) l.second = true;
+            drop_all(self);
             return send_hello(self);
           }
           if (!m.accepted) {
@@ -273,7 +299,9 @@ void on_wire(agent* self, transport::peer_id peer, const transport::envelope& e)
           replica_news(self, m);
         } else if constexpr (std::is_same_v<T, transport::assign_msg>) {
           if (m.op == transport::assign_op::start) {
-            if (!st.hosted.count(m.replica)) load_replica(self, m);
+            const bool known = st.hosted.count(m.replica) || st.loading.count(m.replica) || st.forming.count(m.replica);
+            if (!known && m.ranks.empty()) load_replica(self, m);
+            else if (!known) load_part(self, m);
           } else {
             stop_replica(self, m.replica);
           }
@@ -318,16 +346,21 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
         st.joined = false;
         // The coordinator forgot this node's replicas with the connection (and re-formed them
         // elsewhere); kept, they would be orphans no router knows.
-        for (auto& [id, h] : st.hosted) {
-          h.stopping = true;
-          if (h.replica) self->send_exit(h.replica, caf::exit_reason::user_shutdown);
-        }
-        for (auto& [id, l] : st.loading) l.second = true;
+        drop_all(self);
         self->delayed_send(self, 1s, join_atom::value);
       },
       [=](loaded_atom, uint64_t id, const std::string& path, std::shared_ptr<const model::model> m,
           std::shared_ptr<model::engine> eng, const std::string& err) { loaded(self, id, path, std::move(m), std::move(eng), err); },
       [=](poll_atom, uint64_t id) { poll(self, id); },
+      [=](part_atom, const std::shared_ptr<loaded_part>& p) { part_loaded(self, p); },
+      [=](joined_atom, uint64_t id, const std::string& err) { joined(self, id, err); },
+      [=](form_timeout_atom, uint64_t id) {
+        if (self->state.forming.count(id)) fail_forming(self, id, "the other ranks' nodes did not report in time");
+      },
+      [=](group_lost_atom, uint64_t id) {  // a follower's tensor group failed: its shards end
+        auto it = self->state.hosted.find(id);
+        if (it != self->state.hosted.end() && it->second.follower) stop_hosted(self, it->second);
+      },
       [=](fault_clear_atom, uint64_t epoch) {
         auto& st = self->state;
         if (epoch != st.fault_epoch || !st.opt.set_fault) return;  // a newer rule replaced it
@@ -344,10 +377,8 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
       [=](stop_atom) {
         auto& st = self->state;
         st.quitting = true;
+        drop_all(self);
         if (st.hosted.empty()) return self->quit();  // (a replica still loading is dropped when it arrives)
-        for (auto& [id, h] : st.hosted) {
-          if (h.replica) self->send_exit(h.replica, caf::exit_reason::user_shutdown);
-        }
       },
   };
 }

@@ -24,7 +24,9 @@ void die(replica* self, const error& cause) {
   st.dead = true;
   for (auto& [id, owner] : st.owners) self->send(owner, token_msg{id, -1, finish_reason::none, true, e});
   st.owners.clear();
-  for (auto& s : st.shards) self->send_exit(s, caf::exit_reason::user_shutdown);
+  for (auto& s : st.shards) {
+    if (s) self->send_exit(s, caf::exit_reason::user_shutdown);
+  }
   st.deferred.clear();
 }
 
@@ -105,10 +107,37 @@ void step(replica* self, model::engine* eng) {
 }  // namespace
 
 caf::behavior replica_actor(replica* self, model::engine* eng, scheduler_config cfg) {
-  self->state.core = std::make_unique<replica_core>(*eng, cfg);
-  for (int r = 0; r < eng->tp(); ++r) {
-    self->state.shards.push_back(self->spawn<caf::detached + caf::linked>(shard_actor, eng, r));
+  return split_replica_actor(self, eng, cfg, {});
+}
+
+caf::behavior split_replica_actor(replica* self, model::engine* eng, scheduler_config cfg,
+                                  std::map<int, caf::actor> remote_shards) {
+  auto& st = self->state;
+  st.core = std::make_unique<replica_core>(*eng, cfg);
+  st.shards.resize(static_cast<size_t>(eng->tp()));
+  for (int r : eng->local_ranks()) st.shards[static_cast<size_t>(r)] = self->spawn<caf::detached + caf::linked>(shard_actor, eng, r);
+  for (auto& [r, a] : remote_shards) {
+    if (r < 0 || r >= eng->tp() || st.shards[static_cast<size_t>(r)]) continue;
+    st.shards[static_cast<size_t>(r)] = a;
+    self->monitor(a);  // a shard in another process: its stand-in stops when that process is lost
   }
+  std::string missing;
+  for (int r = 0; r < eng->tp(); ++r) {
+    if (!st.shards[static_cast<size_t>(r)]) missing += " " + std::to_string(r);
+  }
+  if (!missing.empty() || eng->local_ranks().empty() || eng->local_ranks().front() != 0) {
+    die(self, make_error(errc::internal, "replica: rank 0 must run in the replica's process, and ranks" + missing + " have no shard"));
+  }
+  self->set_down_handler([=](const caf::down_msg& d) {
+    auto& st = self->state;
+    for (size_t r = 0; r < st.shards.size(); ++r) {
+      if (st.shards[r] && st.shards[r].address() == d.source) {
+        // The group fails as a unit: a step in flight fails too (its request errors out).
+        die(self, make_error(errc::shard_failed, "shard " + std::to_string(r) + " in another process is gone"));
+        return self->quit(caf::exit_reason::remote_link_unreachable);
+      }
+    }
+  });
   return {
       [=](generate_atom, replica_request r, caf::actor reply_to) {
         if (self->state.core->in_step()) {  // the step's batch points into request state

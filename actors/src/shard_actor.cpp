@@ -37,4 +37,17 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, model::engine*
   };
 }
 
+caf::behavior remote_shard_actor(caf::stateful_actor<shard_state>* self, model::engine* eng, int rank) {
+  return {
+      [=](shard_step_atom, const shard_step& s) -> shard_result {
+        if (auto ok = eng->check_batch(s.data->batch); !ok) {
+          eng->abort();
+          return shard_result{s.step, rank, false, ok.err(), {}};
+        }
+        auto st = eng->forward_rank(rank, s.data->batch, self->state.logits);
+        return shard_result{s.step, rank, static_cast<bool>(st), st ? error{} : st.err(), {}};
+      },
+  };
+}
+
 }  // namespace llmesh::actors

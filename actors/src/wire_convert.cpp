@@ -37,4 +37,43 @@ replica_load from_wire(const transport::load_msg& l) {
   return {l.replica, l.ready, l.running, l.waiting, l.kv_used, l.kv_total};
 }
 
+transport::shard_step_msg to_wire(const shard_step& s) {
+  transport::shard_step_msg m;
+  m.step = s.step;
+  m.tokens = s.data->tokens;
+  m.tables = s.data->tables;
+  for (const auto& q : s.data->batch) {
+    m.seqs.push_back({static_cast<uint32_t>(q.tokens.size()), q.pos0, static_cast<uint32_t>(q.block_table.size()), q.want_logits});
+  }
+  return m;
+}
+
+result<shard_step> from_wire(const transport::shard_step_msg& m) {
+  auto d = std::make_shared<step_data>();
+  d->tokens = m.tokens;
+  d->tables = m.tables;
+  size_t t = 0, b = 0;
+  for (const auto& q : m.seqs) {
+    if (q.pos0 > UINT32_MAX || q.n_tokens > d->tokens.size() - t || q.n_blocks > d->tables.size() - b) {
+      return make_error(errc::protocol_violation, "shard step: its sequences need more tokens or blocks than it carries");
+    }
+    d->batch.push_back({std::span<const int32_t>(d->tokens.data() + t, q.n_tokens), static_cast<size_t>(q.pos0),
+                        std::span<const int32_t>(d->tables.data() + b, q.n_blocks), q.want_logits});
+    t += q.n_tokens;
+    b += q.n_blocks;
+  }
+  if (t != d->tokens.size() || b != d->tables.size()) {
+    return make_error(errc::protocol_violation, "shard step: tokens or blocks left over after its sequences");
+  }
+  return shard_step{m.step, std::move(d)};
+}
+
+transport::shard_result_msg to_wire(const shard_result& r) {
+  return {r.step, static_cast<uint32_t>(r.rank), r.ok, r.err.code, r.ok ? "" : r.err.message};
+}
+
+shard_result from_wire(const transport::shard_result_msg& m) {
+  return {m.step, static_cast<int>(m.rank), m.ok, m.ok ? error{} : make_error(m.code, m.message), {}};
+}
+
 }  // namespace llmesh::actors

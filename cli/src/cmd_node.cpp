@@ -196,6 +196,13 @@ status run_node(const node_flags& f) {
     auto f = fault_hook.lock();
     if (rule && f) f->set_rule(std::nullopt, *rule);
   };
+  // The tensor plane (spread replicas): one UCX transport per rank, on this node's mesh host.
+  ao.make_tensor_transport = []() -> result<std::shared_ptr<transport::transport>> {
+    auto t = transport::ucx_transport::create();
+    if (!t) return t.take_error();
+    return std::shared_ptr<transport::transport>(std::move(*t));
+  };
+  ao.tensor_host = p.listen.substr(0, p.listen.rfind(':'));
   ao.on_fatal = [&fatal](const std::string&) {
     fatal = true;
     stop_signal::wake();

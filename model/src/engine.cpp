@@ -95,11 +95,13 @@ result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, e
   }
   if (opt.device == backend::cuda) {
     e->on_cuda_ = true;
+    for (int r = 0; r < opt.tp; ++r) e->local_.push_back(r);
     LLMESH_TRY(e->create_cuda_shards(layouts));
     for (size_t b = e->kv_.n_blocks; b-- > 0;) e->free_blocks_.push_back(static_cast<int32_t>(b));
     if (opt.tp > 1) e->ranks_ = std::make_unique<kernels::thread_pool>(opt.tp);
     return e;
   }
+  for (int r = 0; r < opt.tp; ++r) e->local_.push_back(r);
   e->comms_ = kernels::make_local_communicators(opt.tp);
   int per_rank = std::max(1, opt.threads / opt.tp);
   for (int r = 0; r < opt.tp; ++r) {
@@ -109,6 +111,62 @@ result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, e
   if (opt.tp > 1) e->ranks_ = std::make_unique<kernels::thread_pool>(opt.tp);
   for (size_t b = e->kv_.n_blocks; b-- > 0;) e->free_blocks_.push_back(static_cast<int32_t>(b));
   return e;
+}
+
+result<std::unique_ptr<engine>> engine::create_part(std::shared_ptr<const model> m, engine_options opt,
+                                                     std::vector<std::unique_ptr<kernels::communicator>> comms) {
+  if (opt.tp < 1) return make_error(errc::invalid_request, "--tp must be at least 1");
+  if (opt.device == backend::cuda) {
+    return make_error(errc::unsupported, "a tensor-parallel group split over processes runs on the CPU only");
+  }
+  if (comms.empty()) return make_error(errc::invalid_request, "engine part: no ranks");
+  if (opt.threads <= 0) opt.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (opt.block_size == 0) return make_error(errc::invalid_request, "KV block size must be positive");
+  const auto& c = m->config();
+  if (opt.kv_tokens == 0) opt.kv_tokens = std::min<size_t>(c.max_positions, 8192);
+  std::sort(comms.begin(), comms.end(), [](const auto& a, const auto& b) { return a->rank() < b->rank(); });
+  std::unique_ptr<engine> e(new engine(m, opt));
+  e->opt_.device = backend::cpu;
+  e->kv_.block_size = opt.block_size;
+  e->kv_.n_blocks = (opt.kv_tokens + opt.block_size - 1) / opt.block_size;
+  const int per_rank = std::max(1, opt.threads / static_cast<int>(comms.size()));
+  for (auto& comm : comms) {
+    const int r = comm->rank();
+    if (comm->size() != opt.tp || r < 0 || r >= opt.tp || (!e->local_.empty() && e->local_.back() == r)) {
+      return make_error(errc::invalid_request, "engine part: communicator rank " + std::to_string(r) + " of " +
+                                                   std::to_string(comm->size()) + " does not fit tp " + std::to_string(opt.tp));
+    }
+    auto l = make_shard_layout(c, r, opt.tp);
+    if (!l) return l.take_error();
+    e->local_.push_back(r);
+    e->comms_.push_back(std::move(comm));
+    e->pools_.push_back(std::make_unique<kernels::thread_pool>(per_rank));
+    e->shards_.push_back(std::make_unique<shard_executor>(m, *l, e->kv_, e->comms_.back().get(), e->pools_.back().get()));
+  }
+  // Holding every rank, it is a whole engine: forward() and step() run the ranks on ranks_.
+  if (opt.tp > 1 && static_cast<int>(e->local_.size()) == opt.tp) e->ranks_ = std::make_unique<kernels::thread_pool>(opt.tp);
+  for (size_t b = e->kv_.n_blocks; b-- > 0;) e->free_blocks_.push_back(static_cast<int32_t>(b));
+  return e;
+}
+
+int engine::index_of(int rank) const {
+  for (size_t i = 0; i < local_.size(); ++i) {
+    if (local_[i] == rank) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+status engine::all_local(const char* what) const {
+  if (static_cast<int>(local_.size()) == opt_.tp) return ok_status();
+  return make_error(errc::invalid_request, std::string(what) + ": this engine holds only part of its tensor-parallel group");
+}
+
+void engine::abort() {
+  failed_ = true;
+  for (auto& c : comms_) c->abort();
+  for (auto& c : device_comms_) {
+    if (c) c->abort();
+  }
 }
 
 int engine::open_sequence() {
@@ -144,6 +202,7 @@ status engine::step_greedy(std::span<const step_item> items, std::vector<int32_t
 
 template <class Fn>
 status engine::run_step(std::span<const step_item> items, Fn fn) {
+  LLMESH_TRY(all_local("step"));
   if (failed_) return make_error(errc::shard_failed, "engine: a shard failed earlier; the group must be rebuilt");
   const auto& c = model_->config();
   // Validate everything and count blocks before touching any state.
@@ -248,6 +307,7 @@ status engine::check_batch(std::span<const step_sequence> batch) const {
 }
 
 status engine::forward(std::span<const step_sequence> batch, std::vector<float>& logits) {
+  LLMESH_TRY(all_local("forward"));
   LLMESH_TRY(check_batch(batch));
   return run_ranks(batch, [&](int r, std::span<const step_sequence> b, std::vector<float>& scratch) {
     return shards_[r]->forward(b, r == 0 ? logits : scratch);
@@ -255,17 +315,18 @@ status engine::forward(std::span<const step_sequence> batch, std::vector<float>&
 }
 
 status engine::forward_rank(int rank, std::span<const step_sequence> batch, std::vector<float>& logits) {
-  if (rank < 0 || rank >= opt_.tp) return make_error(errc::invalid_request, "forward_rank: no rank " + std::to_string(rank));
+  const int i = index_of(rank);
+  if (i < 0) return make_error(errc::invalid_request, "forward_rank: rank " + std::to_string(rank) + " does not run here");
   status s = ok_status();
   try {
-    s = shards_[rank]->forward(batch, logits);
+    s = shards_[static_cast<size_t>(i)]->forward(batch, logits);
   } catch (const std::exception& e) {  // e.g. out of memory: still abort, or the peers wait forever
     s = make_error(errc::shard_failed, std::string("rank ") + std::to_string(rank) + ": " + e.what());
   }
   if (!s) {  // a failed rank aborts its collectives, so that no peer waits for it forever
     if (opt_.tp > 1) {
-      if (on_cuda_) device_comms_[rank]->abort();
-      else comms_[rank]->abort();
+      if (on_cuda_) device_comms_[static_cast<size_t>(i)]->abort();
+      else comms_[static_cast<size_t>(i)]->abort();
     }
     failed_ = true;
   }

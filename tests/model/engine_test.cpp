@@ -1,11 +1,13 @@
 // The engine's contracts: batch invariance, chunk invariance (identical bits), tensor
-// parallelism (same greedy tokens, logits within 1e-4), and refusing bad steps without
-// changing state.
+// parallelism (same greedy tokens, logits within 1e-4), refusing bad steps without changing
+// state, and engine parts (create_part): one rank per engine gives one engine's bits, and a
+// part refuses what it cannot run.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "llmesh/model/engine.hpp"
@@ -258,6 +260,149 @@ TEST(Engine, ContextLongerThanTheModelIsRefused) {
   auto s = e->step(std::span(&it, 1), logits);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.err().message.find("context"), std::string::npos);
+}
+
+engine_options part_options(int tp, int threads) {
+  engine_options o;
+  o.tp = tp;
+  o.threads = threads;
+  o.kv_tokens = 256;
+  o.block_size = 4;
+  return o;
+}
+
+/// Communicators of ranks `ranks` of a fresh in-process group of `size`.
+std::vector<std::unique_ptr<kernels::communicator>> comms_of(std::vector<std::unique_ptr<kernels::communicator>>& group,
+                                                             std::initializer_list<int> ranks) {
+  std::vector<std::unique_ptr<kernels::communicator>> out;
+  for (int r : ranks) out.push_back(std::move(group[static_cast<size_t>(r)]));
+  return out;
+}
+
+TEST(Engine, PartsInTwoEnginesMatchOneEngine) {
+  // Two engines of one rank each (as on two nodes; here they meet through the in-process
+  // communicator), driven rank by rank, give the logits of one tp=2 engine, bit for bit.
+  temp_model tm(small_spec());
+  auto whole = engine::create(tm.get(), part_options(2, 2));
+  ASSERT_TRUE(whole.ok()) << whole.err().message;
+  auto group = kernels::make_local_communicators(2);
+  std::vector<std::unique_ptr<engine>> parts;
+  for (int r = 0; r < 2; ++r) {
+    auto e = engine::create_part(tm.get(), part_options(2, 1), comms_of(group, {r}));
+    ASSERT_TRUE(e.ok()) << e.err().message;
+    EXPECT_EQ((*e)->local_ranks(), std::vector<int>{r});
+    EXPECT_EQ((*e)->tp(), 2);
+    EXPECT_EQ((*e)->kv_blocks(), (*whole)->kv_blocks());
+    parts.push_back(std::move(*e));
+  }
+  auto prompt = prompt_of(7, 9);
+  const std::vector<int32_t> table{5, 2, 9};  // caller-managed, non-contiguous blocks
+  std::vector<int32_t> tokens = prompt;
+  size_t pos = 0;
+  const size_t v = tm.get()->config().vocab;
+  for (int step = 0; step < 5; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    std::vector<step_sequence> batch{{tokens, pos, table, true}};
+    std::vector<float> want;
+    ASSERT_TRUE((*whole)->forward(batch, want).ok());
+    ASSERT_EQ(want.size(), v);
+    std::vector<std::vector<float>> got(2);
+    std::vector<status> st(2);
+    std::thread rank1([&] { st[1] = parts[1]->forward_rank(1, batch, got[1]); });
+    st[0] = parts[0]->forward_rank(0, batch, got[0]);
+    rank1.join();
+    ASSERT_TRUE(st[0].ok()) << st[0].err().message;
+    ASSERT_TRUE(st[1].ok()) << st[1].err().message;
+    ASSERT_EQ(got[0].size(), v);
+    EXPECT_TRUE(same_bits(got[0].data(), want.data(), v));
+    pos += tokens.size();
+    tokens = {kernels::argmax(want)};
+  }
+}
+
+TEST(Engine, CreatePartRefusesWhatItCannotRun) {
+  temp_model tm(small_spec());
+  {
+    auto group = kernels::make_local_communicators(2);
+    auto o = part_options(2, 1);
+    o.device = backend::cuda;
+    auto e = engine::create_part(tm.get(), o, comms_of(group, {0}));
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.err().code, errc::unsupported) << e.err().message;
+  }
+  {
+    auto group = kernels::make_local_communicators(3);  // a group of 3 for tp 2
+    auto e = engine::create_part(tm.get(), part_options(2, 1), comms_of(group, {0}));
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.err().code, errc::invalid_request) << e.err().message;
+  }
+  {
+    auto a = kernels::make_local_communicators(2), b = kernels::make_local_communicators(2);
+    auto comms = comms_of(a, {1});
+    comms.push_back(std::move(b[1]));  // rank 1 twice
+    auto e = engine::create_part(tm.get(), part_options(2, 1), std::move(comms));
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.err().code, errc::invalid_request) << e.err().message;
+  }
+  {
+    auto e = engine::create_part(tm.get(), part_options(2, 1), {});
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.err().code, errc::invalid_request) << e.err().message;
+  }
+  {
+    auto group = kernels::make_local_communicators(4);  // 6 heads do not split over 4 ranks
+    auto e = engine::create_part(tm.get(), part_options(4, 1), comms_of(group, {2}));
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.err().code, errc::invalid_request) << e.err().message;
+  }
+}
+
+TEST(Engine, APartRunsOnlyItsOwnRanks) {
+  temp_model tm(small_spec());
+  auto group = kernels::make_local_communicators(2);
+  auto e = engine::create_part(tm.get(), part_options(2, 1), comms_of(group, {1}));
+  ASSERT_TRUE(e.ok()) << e.err().message;
+  auto prompt = prompt_of(5, 1);
+  const std::vector<int32_t> table{0, 1};
+  std::vector<step_sequence> batch{{prompt, 0, table, true}};
+  ASSERT_TRUE((*e)->check_batch(batch).ok());
+  std::vector<float> logits;
+  auto s = (*e)->forward(batch, logits);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.err().code, errc::invalid_request) << s.err().message;
+  int seq = (*e)->open_sequence();
+  step_item it{seq, prompt, true};
+  s = (*e)->step(std::span(&it, 1), logits);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.err().code, errc::invalid_request) << s.err().message;
+  std::vector<int32_t> greedy;
+  s = (*e)->step_greedy(std::span(&it, 1), greedy);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.err().code, errc::invalid_request) << s.err().message;
+  EXPECT_EQ((*e)->sequence_length(seq), 0u);
+  s = (*e)->forward_rank(0, batch, logits);  // rank 0 runs elsewhere
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.err().code, errc::invalid_request) << s.err().message;
+  EXPECT_TRUE((*e)->check_batch(batch).ok());  // refusing a rank it does not hold is no failure
+}
+
+TEST(Engine, APartHoldingEveryRankIsAWholeEngine) {
+  temp_model tm(small_spec());
+  auto whole = engine::create(tm.get(), part_options(2, 2));
+  ASSERT_TRUE(whole.ok()) << whole.err().message;
+  auto group = kernels::make_local_communicators(2);
+  auto e = engine::create_part(tm.get(), part_options(2, 2), comms_of(group, {1, 0}));
+  ASSERT_TRUE(e.ok()) << e.err().message;
+  EXPECT_EQ((*e)->local_ranks(), (std::vector<int>{0, 1}));
+  auto prompt = prompt_of(6, 2);
+  const std::vector<int32_t> table{3, 1};
+  std::vector<step_sequence> batch{{prompt, 0, table, true}};
+  std::vector<float> want, got;
+  ASSERT_TRUE((*whole)->forward(batch, want).ok());
+  auto s = (*e)->forward(batch, got);
+  ASSERT_TRUE(s.ok()) << s.err().message;
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_TRUE(same_bits(got.data(), want.data(), want.size()));
 }
 
 TEST(Generate, SamplingIsDeterministicPerSeedAndPosition) {

@@ -1,4 +1,5 @@
-// The frame codec: every message kind survives a round trip (aligned or not); a frame from a
+// The frame codec: every message kind survives a round trip (aligned or not), the shard
+// messages field by field; an older peer's assign reads as "all ranks here"; a frame from a
 // newer peer (an unknown kind) is refused by name; and no byte sequence — truncated, flipped,
 // oversized, with a forged segment table or lists beyond the limits — crashes the decoder or
 // gets past it unchecked.
@@ -32,8 +33,18 @@ std::vector<envelope> samples() {
       replica_state_msg{12, "replica-b", "kjv-tiny", replica_phase::ready, 1012, "", "127.0.0.1:7102"},
       replica_state_msg{13, "replica-b", "kjv-tiny", replica_phase::dead, 0, "config.json: not found", ""},
       collective_id_msg{11, 2, std::string(128, '\x05')},
-      assign_msg{14, "kjv-tiny", "models/kjv-tiny", 2, 256, assign_op::start},
-      assign_msg{14, "kjv-tiny", "models/kjv-tiny", 2, 256, assign_op::stop},
+      assign_msg{14, "kjv-tiny", "models/kjv-tiny", 2, 256, assign_op::start, {}, {}, {}},
+      assign_msg{14, "kjv-tiny", "models/kjv-tiny", 2, 256, assign_op::stop, {}, {}, {}},
+      // Spread placement: this node runs ranks 1 and 2 of 3; the key is bytes (zeros too).
+      assign_msg{15, "kjv-tiny", "models/kjv-tiny", 3, 128, assign_op::start, {1, 2},
+                 {"127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7102"}, std::string("\x00key\xff\x01-of-the-group", 19)},
+      shard_step_msg{41, {5, 6, 7, -1, 299}, {3, 0, 9}, {{4, 0, 2, false}, {1, 17, 1, true}}},
+      shard_step_msg{},
+      shard_result_msg{41, 1, true, errc::internal, ""},
+      shard_result_msg{42, 2, false, errc::shard_failed, "rank 2: out of memory"},
+      shard_ready_msg{15, 1, "127.0.0.1:39001", 77, std::string(32, '\x09'), true, ""},
+      shard_ready_msg{15, 2, "", 0, std::string(32, '\x09'), false, "config.json: not found"},
+      shard_group_msg{15, std::string("\x00\x01group-key-bytes", 17), {"127.0.0.1:39000", "127.0.0.1:39001", "127.0.0.1:39002"}},
       control_msg{"drain", {"replica-a"}, std::string(16, '\x02'), 1764000000000ull, std::string(32, '\x03')},
       control_msg{"status", {}, "", 0, ""},
       control_reply_msg{true, "2 nodes", "{\"nodes\":2}"},
@@ -59,6 +70,106 @@ TEST(Codec, EveryKindRoundTripsAlignedOrNot) {
   }
   EXPECT_STREQ(kind_name(body{collective_id_msg{}}), "collective_id");
   EXPECT_STREQ(kind_name(body{control_reply_msg{}}), "control_reply");
+  EXPECT_STREQ(kind_name(body{shard_step_msg{}}), "shard_step");
+  EXPECT_STREQ(kind_name(body{shard_result_msg{}}), "shard_result");
+  EXPECT_STREQ(kind_name(body{shard_ready_msg{}}), "shard_ready");
+  EXPECT_STREQ(kind_name(body{shard_group_msg{}}), "shard_group");
+}
+
+TEST(Codec, EveryKindHasASample) {
+  std::vector<bool> seen(std::variant_size_v<body>, false);
+  for (const auto& e : samples()) seen[e.msg.index()] = true;
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_TRUE(seen[i]) << "no sample of kind " << i;
+}
+
+TEST(Codec, ShardMessagesKeepEveryField) {
+  // Field by field, so that a field the codec forgets shows by name (not only as a != above).
+  shard_step_msg st{9, {1, 2, 3}, {4, 5}, {{2, 7, 1, false}, {1, 8, 1, true}}};
+  auto back = decode(encode({{"a", 1}, {"b", 2}, 3, 4, st}));
+  ASSERT_TRUE(back.ok()) << back.err().message;
+  const auto& s = std::get<shard_step_msg>(back->msg);
+  EXPECT_EQ(s.step, 9u);
+  EXPECT_EQ(s.tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(s.tables, (std::vector<int32_t>{4, 5}));
+  ASSERT_EQ(s.seqs.size(), 2u);
+  EXPECT_EQ(s.seqs[0].n_tokens, 2u);
+  EXPECT_EQ(s.seqs[0].pos0, 7u);
+  EXPECT_EQ(s.seqs[0].n_blocks, 1u);
+  EXPECT_FALSE(s.seqs[0].want_logits);
+  EXPECT_TRUE(s.seqs[1].want_logits);
+
+  back = decode(encode({{}, {}, 0, 0, shard_result_msg{5, 3, false, errc::deadline_exceeded, "slow"}}));
+  ASSERT_TRUE(back.ok()) << back.err().message;
+  const auto& r = std::get<shard_result_msg>(back->msg);
+  EXPECT_EQ(r.step, 5u);
+  EXPECT_EQ(r.rank, 3u);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.code, errc::deadline_exceeded);
+  EXPECT_EQ(r.message, "slow");
+
+  back = decode(encode({{}, {}, 0, 0, shard_ready_msg{6, 1, "h:1", 8, "k", false, "why"}}));
+  ASSERT_TRUE(back.ok()) << back.err().message;
+  const auto& rd = std::get<shard_ready_msg>(back->msg);
+  EXPECT_EQ(rd.replica, 6u);
+  EXPECT_EQ(rd.rank, 1u);
+  EXPECT_EQ(rd.tensor, "h:1");
+  EXPECT_EQ(rd.actor, 8u);
+  EXPECT_EQ(rd.key, "k");
+  EXPECT_FALSE(rd.ok);
+  EXPECT_EQ(rd.reason, "why");
+
+  back = decode(encode({{}, {}, 0, 0, shard_group_msg{7, "kk", {"a:1", "b:2"}}}));
+  ASSERT_TRUE(back.ok()) << back.err().message;
+  const auto& g = std::get<shard_group_msg>(back->msg);
+  EXPECT_EQ(g.replica, 7u);
+  EXPECT_EQ(g.key, "kk");
+  EXPECT_EQ(g.tensors, (std::vector<std::string>{"a:1", "b:2"}));
+
+  assign_msg a{1, "m", "p", 2, 3, assign_op::start, {1}, {"n0:1", "n1:2"}, std::string(16, '\0')};
+  back = decode(encode({{}, {}, 0, 0, a}));
+  ASSERT_TRUE(back.ok()) << back.err().message;
+  const auto& ab = std::get<assign_msg>(back->msg);
+  EXPECT_EQ(ab.ranks, std::vector<uint32_t>{1});
+  EXPECT_EQ(ab.shard_nodes, (std::vector<std::string>{"n0:1", "n1:2"}));
+  EXPECT_EQ(ab.group_key, std::string(16, '\0'));
+}
+
+TEST(Codec, AnOlderPeersAssignHasNoShardFields) {
+  // A peer from before spread placement never sets ranks/shardNodes/groupKey: all on this node.
+  capnp::MallocMessageBuilder mb;
+  auto root = mb.initRoot<schemas_v2::Envelope>();
+  auto a = root.getBody().initAssign();
+  a.setReplica(3);
+  a.setModel("kjv-tiny");
+  a.setPath("models/kjv-tiny");
+  a.setTp(2);
+  auto words = capnp::messageToFlatArray(mb);
+  auto bytes = words.asBytes();
+  auto r = decode(std::span<const uint8_t>(bytes.begin(), bytes.size()));
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_EQ(std::get<assign_msg>(r->msg), (assign_msg{3, "kjv-tiny", "models/kjv-tiny", 2, 0, assign_op::start, {}, {}, {}}));
+}
+
+TEST(Codec, AShardResultWithAnUnknownErrorCodeIsRefused) {
+  capnp::MallocMessageBuilder mb;
+  auto root = mb.initRoot<schemas_v2::Envelope>();
+  auto res = root.getBody().initShardResult();
+  res.setStep(1);
+  res.setOk(false);
+  res.initError().setCode(static_cast<uint16_t>(errc::internal) + 1);
+  auto words = capnp::messageToFlatArray(mb);
+  auto bytes = words.asBytes();
+  auto r = decode(std::span<const uint8_t>(bytes.begin(), bytes.size()));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.err().code, errc::protocol_violation);
+  EXPECT_NE(r.err().message.find("unknown error code"), std::string::npos) << r.err().message;
+  // The same code in a result that succeeded is not read at all.
+  res.setOk(true);
+  words = capnp::messageToFlatArray(mb);
+  bytes = words.asBytes();
+  r = decode(std::span<const uint8_t>(bytes.begin(), bytes.size()));
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_TRUE(std::get<shard_result_msg>(r->msg).ok);
 }
 
 TEST(Codec, ANewerPeersKindIsRefusedByName) {
@@ -71,8 +182,11 @@ TEST(Codec, ANewerPeersKindIsRefusedByName) {
   auto r = decode(std::span<const uint8_t>(bytes.begin(), bytes.size()));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.err().code, errc::protocol_violation);
-  EXPECT_NE(r.err().message.find("unknown message kind 15"), std::string::npos) << r.err().message;
-  // (12: the discriminant counts union members, 0-based.) And the newer peer reads our frames: old kinds keep their ordinals.
+  // The discriminant counts union members, 0-based: fromTheFuture follows the last one we know.
+  const auto future = static_cast<unsigned>(schemas_v2::Envelope::Body::FROM_THE_FUTURE);
+  EXPECT_EQ(future, std::variant_size_v<body>);
+  EXPECT_NE(r.err().message.find("unknown message kind " + std::to_string(future)), std::string::npos) << r.err().message;
+  // And the newer peer reads our frames: old kinds keep their ordinals.
   const auto ours = encode(samples()[0]);
   capnp::FlatArrayMessageReader reader(kj::arrayPtr(reinterpret_cast<const capnp::word*>(ours.data()), ours.size() / 8));
   auto v2 = reader.getRoot<schemas_v2::Envelope>();
@@ -89,7 +203,21 @@ TEST(Codec, LimitsAreEnforced) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.err().message.find("prompt holds 5000"), std::string::npos) << r.err().message;
   lim = {};
+  lim.max_list = 4;
+  r = decode(encode({{}, {}, 0, 0, shard_step_msg{1, {1, 2, 3, 4, 5}, {}, {}}}), lim);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("tokens holds 5"), std::string::npos) << r.err().message;
+  r = decode(encode({{}, {}, 0, 0, shard_group_msg{1, "k", {"a", "b", "c", "d", "e"}}}), lim);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("tensors holds 5"), std::string::npos) << r.err().message;
+  r = decode(encode({{}, {}, 0, 0, assign_msg{1, "m", "p", 5, 0, assign_op::start, {0, 1, 2, 3, 4}, {}, ""}}), lim);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("ranks holds 5"), std::string::npos) << r.err().message;
+  lim = {};
   lim.max_text = 10;
+  r = decode(encode({{}, {}, 0, 0, shard_ready_msg{1, 0, "h:1", 0, std::string(11, 'k'), true, ""}}), lim);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("key holds 11"), std::string::npos) << r.err().message;
   r = decode(encode({{"a-very-long-node-name", 1}, {}, 0, 0, status_request{}}), lim);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.err().message.find("source.node"), std::string::npos);

@@ -114,6 +114,51 @@ struct writer {
     a.setTp(m.tp);
     a.setKvCacheMb(m.kv_cache_mb);
     a.setOp(static_cast<s::AssignOp>(m.op));
+    fill(a.initRanks(static_cast<unsigned>(m.ranks.size())), m.ranks);
+    auto nodes = a.initShardNodes(static_cast<unsigned>(m.shard_nodes.size()));
+    for (unsigned i = 0; i < m.shard_nodes.size(); ++i) nodes.set(i, text(m.shard_nodes[i]));
+    a.setGroupKey(data(m.group_key));
+  }
+  void operator()(const shard_step_msg& m) {
+    auto st = b.initShardStep();
+    st.setStep(m.step);
+    fill(st.initTokens(static_cast<unsigned>(m.tokens.size())), m.tokens);
+    fill(st.initBlockTable(static_cast<unsigned>(m.tables.size())), m.tables);
+    auto seqs = st.initSeqs(static_cast<unsigned>(m.seqs.size()));
+    for (unsigned i = 0; i < m.seqs.size(); ++i) {
+      seqs[i].setNTokens(m.seqs[i].n_tokens);
+      seqs[i].setPos0(m.seqs[i].pos0);
+      seqs[i].setNBlocks(m.seqs[i].n_blocks);
+      seqs[i].setWantLogits(m.seqs[i].want_logits);
+    }
+  }
+  void operator()(const shard_result_msg& m) {
+    auto r = b.initShardResult();
+    r.setStep(m.step);
+    r.setRank(m.rank);
+    r.setOk(m.ok);
+    if (!m.ok) {
+      auto e = r.initError();
+      e.setCode(static_cast<uint16_t>(m.code));
+      e.setMessage(text(m.message));
+    }
+  }
+  void operator()(const shard_ready_msg& m) {
+    auto r = b.initShardReady();
+    r.setReplica(m.replica);
+    r.setRank(m.rank);
+    r.setTensor(text(m.tensor));
+    r.setActor(m.actor);
+    r.setKey(data(m.key));
+    r.setOk(m.ok);
+    r.setReason(text(m.reason));
+  }
+  void operator()(const shard_group_msg& m) {
+    auto g = b.initShardGroup();
+    g.setReplica(m.replica);
+    g.setKey(data(m.key));
+    auto t = g.initTensors(static_cast<unsigned>(m.tensors.size()));
+    for (unsigned i = 0; i < m.tensors.size(); ++i) t.set(i, text(m.tensors[i]));
   }
   void operator()(const control_msg& m) {
     auto c = b.initControl();
@@ -263,8 +308,57 @@ struct reader {
       }
       case Body::ASSIGN: {
         auto a = b.getAssign();
-        out = assign_msg{a.getReplica(), str(a.getModel(), "model"), str(a.getPath(), "path"), a.getTp(),
-                         a.getKvCacheMb(), static_cast<assign_op>(enum_value(a.getOp(), 1, "op"))};
+        assign_msg m{a.getReplica(), str(a.getModel(), "model"), str(a.getPath(), "path"), a.getTp(),
+                     a.getKvCacheMb(), static_cast<assign_op>(enum_value(a.getOp(), 1, "op")), {}, {}, {}};
+        if (fits(a.getRanks(), "ranks")) {
+          for (auto x : a.getRanks()) m.ranks.push_back(x);
+        }
+        if (fits(a.getShardNodes(), "shardNodes")) {
+          for (auto x : a.getShardNodes()) m.shard_nodes.push_back(str(x, "shardNodes"));
+        }
+        m.group_key = bytes(a.getGroupKey(), "groupKey");
+        out = std::move(m);
+        break;
+      }
+      case Body::SHARD_STEP: {
+        auto st = b.getShardStep();
+        shard_step_msg m;
+        m.step = st.getStep();
+        m.tokens = ints(st.getTokens(), "tokens");
+        m.tables = ints(st.getBlockTable(), "blockTable");
+        if (fits(st.getSeqs(), "seqs")) {
+          for (auto x : st.getSeqs()) m.seqs.push_back({x.getNTokens(), x.getPos0(), x.getNBlocks(), x.getWantLogits()});
+        }
+        out = std::move(m);
+        break;
+      }
+      case Body::SHARD_RESULT: {
+        auto r = b.getShardResult();
+        shard_result_msg m{r.getStep(), r.getRank(), r.getOk(), errc::internal, {}};
+        if (!m.ok) {
+          const auto code = r.getError().getCode();
+          if (code > static_cast<uint16_t>(errc::internal)) err = bad("unknown error code " + std::to_string(code));
+          m.code = static_cast<errc>(code);
+          m.message = str(r.getError().getMessage(), "error.message");
+        }
+        out = std::move(m);
+        break;
+      }
+      case Body::SHARD_READY: {
+        auto r = b.getShardReady();
+        out = shard_ready_msg{r.getReplica(), r.getRank(), str(r.getTensor(), "tensor"), r.getActor(),
+                              bytes(r.getKey(), "key"), r.getOk(), str(r.getReason(), "reason")};
+        break;
+      }
+      case Body::SHARD_GROUP: {
+        auto g = b.getShardGroup();
+        shard_group_msg m;
+        m.replica = g.getReplica();
+        m.key = bytes(g.getKey(), "key");
+        if (fits(g.getTensors(), "tensors")) {
+          for (auto x : g.getTensors()) m.tensors.push_back(str(x, "tensors"));
+        }
+        out = std::move(m);
         break;
       }
       case Body::CONTROL: {
@@ -303,7 +397,7 @@ struct reader {
 const char* kind_name(const body& b) {
   static constexpr const char* names[] = {"generate", "token",   "cancel",    "status_request", "load",          "hello",
                                           "challenge", "proof", "welcome", "heartbeat",      "replica_state", "collective_id",
-                                          "assign",    "control", "control_reply"};
+                                          "assign",    "control", "control_reply", "shard_step", "shard_result", "shard_ready", "shard_group"};
   static_assert(std::size(names) == std::variant_size_v<body>);
   return names[b.index()];
 }

@@ -124,6 +124,9 @@ void set_environment_defaults() {
   // brings it back, at the risk above).
   setenv("UCX_ZCOPY_THRESH", "inf", 0);
   setenv("UCX_TCP_PUT_ENABLE", "n", 0);
+  // SO_REUSEADDR on listeners, as servers do: a node restarted within TIME_WAIT (a minute)
+  // could not bind its mesh address again ("Device is busy").
+  setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
 }
 
 error ucx_error(errc code, const std::string& what, ucs_status_t st) {

@@ -72,8 +72,7 @@ class coordinator {
  public:
   using actions = std::vector<coordinator_action>;
 
-  /// unsupported for models the mesh cannot run yet (spread placement: shards of one replica in
-  /// different processes); invalid_request for models placement refuses.
+  /// invalid_request for models placement refuses.
   [[nodiscard]] static result<coordinator> create(coordinator_options opt);
 
   /// A frame from a node agent (or ctl) on connection `peer`.
@@ -100,6 +99,9 @@ class coordinator {
   /// A router node that just joined learns every ready replica.
   void brief_router(transport::peer_id peer, actions& out) const;
   void node_lost(const std::string& name, actions& out);
+  /// Tells every node of `r`'s shards but `except` (and but rank 0's unless `leader_too`) to
+  /// stop them now (spread placement; nothing for a packed replica).
+  void stop_shards(const replica_record& r, const std::string& except, bool leader_too, actions& out) const;
   transport::control_reply_msg control(const transport::control_msg& c, uint64_t wall_ms, actions& out);
   transport::control_reply_msg run_command(const std::string& cmd, const std::vector<std::string>& args, actions& out);
   std::string nodes_json() const;

@@ -16,6 +16,7 @@
 #include <caf/all.hpp>
 
 #include "llmesh/actors/batch_scheduler.hpp"
+#include "llmesh/actors/tensor_communicator.hpp"
 #include "llmesh/model/engine.hpp"
 #include "llmesh/transport/transport.hpp"
 #include "llmesh/transport/wire.hpp"
@@ -45,16 +46,41 @@ struct node_agent_options {
   std::function<void(const std::string&)> set_fault;
   /// Called (on an actor thread) when the node cannot go on: its join was refused.
   std::function<void(const std::string&)> on_fatal;
+  /// A fresh transport for one rank's tensor plane (spread placement: a replica's shards on
+  /// several nodes); it listens on `tensor_host`:0. Unset: this node cannot host such shards.
+  std::function<result<std::shared_ptr<transport::transport>>()> make_tensor_transport;
+  std::string tensor_host = "127.0.0.1";
+  std::chrono::milliseconds tensor_timeout{60000};  ///< joining a tensor group, one collective
+  std::chrono::milliseconds form_timeout{120000};   ///< rank 0's node waits this long for the other ranks' nodes
 };
 
 /// Replicas this agent hosts, by replica id. The engine outlives the replica and its shards.
+/// A spread replica's other node hosts only shards: `follower`, no replica actor, and
+/// `shards` are the actors its replica's node reaches through the bridge.
 struct hosted_replica {
   std::string model;
   std::shared_ptr<model::engine> engine;
   caf::actor replica;
+  std::vector<caf::actor> shards;  ///< follower: the shard actors here
+  std::vector<caf::actor> remote;  ///< rank 0's node: stand-ins for the shards on other nodes
+  bool follower = false;
+  std::string group_key;    ///< spread: the tensor group's key
+  std::vector<tensor_communicator*> comms;  ///< follower: its ranks' (inside engine)
   size_t alive = 0;         ///< the replica and its shards not yet down
   bool stopping = false;    ///< asked to stop (drain, then exit)
   std::chrono::steady_clock::time_point stop_since;
+};
+
+/// A spread replica on rank 0's node, between its assignment and its replica actor: the engine
+/// part loads here while the other ranks' nodes load theirs and report (ShardReady); then the
+/// tensor group forms (ShardGroup, join), and the replica starts with stand-ins for them.
+struct forming_replica {
+  transport::assign_msg a;
+  std::shared_ptr<model::engine> engine;  ///< once loaded
+  std::vector<std::string> tensors;       ///< by rank, as they become known
+  std::map<int, std::pair<transport::peer_id, uint64_t>> remote;  ///< rank → (connection, shard actor id)
+  std::vector<tensor_communicator*> comms;  ///< inside engine: the ranks here
+  bool joining = false;
 };
 
 struct node_agent_state {
@@ -71,6 +97,8 @@ struct node_agent_state {
   std::string nonce;
   std::map<uint64_t, hosted_replica> hosted;
   std::map<uint64_t, std::pair<std::string, bool>> loading;  ///< replica id → (model, stop asked)
+  std::map<uint64_t, forming_replica> forming;
+  std::map<uint64_t, transport::assign_msg> assigned;  ///< a follower's assignments while loading
   std::map<caf::actor_addr, uint64_t> by_actor;  ///< replica and shard actors → replica id
   std::map<std::string, std::shared_ptr<const model::model>> models;  ///< loaded, by path
   static inline const char* name = "node-agent";

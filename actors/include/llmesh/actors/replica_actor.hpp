@@ -8,6 +8,7 @@
 
 #include <caf/all.hpp>
 #include <functional>
+#include <map>
 #include <optional>
 
 #include "llmesh/actors/balancer.hpp"
@@ -52,6 +53,13 @@ struct replica_state {
 /// live request gets a failed token_msg and the actor refuses further work (the replica is
 /// dead; its tensor-parallel group fails as a unit). Borrows the engine.
 caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::engine* eng, scheduler_config cfg);
+
+/// A replica whose engine holds only some ranks (engine::create_part): those run in shard
+/// actors here, the others are `remote_shards` (rank → the bridge's stand-in for a shard actor
+/// in another process). Rank 0 must be local (it samples). A remote shard that goes away kills
+/// the replica (the group fails as a unit): its requests fail over.
+caf::behavior split_replica_actor(caf::stateful_actor<replica_state>* self, model::engine* eng, scheduler_config cfg,
+                                  std::map<int, caf::actor> remote_shards);
 
 }  // namespace llmesh::actors
 

@@ -49,6 +49,11 @@ struct shard_state {
 /// `(shard_step_atom, shard_step)` → shard_result. Borrows the engine (whose rank it runs).
 caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, model::engine* eng, int rank);
 
+/// A shard whose replica is in another process: as shard_actor, but it checks every step first
+/// (the batch came over the network), and a step it refuses aborts the group, so that the
+/// peer ranks, already in the step, fail instead of waiting for this one.
+caf::behavior remote_shard_actor(caf::stateful_actor<shard_state>* self, model::engine* eng, int rank);
+
 }  // namespace llmesh::actors
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::shard_step)

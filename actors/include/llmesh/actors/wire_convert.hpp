@@ -3,6 +3,7 @@
 
 #include "llmesh/actors/balancer.hpp"
 #include "llmesh/actors/replica_core.hpp"
+#include "llmesh/actors/shard_actor.hpp"
 #include "llmesh/actors/token_stream.hpp"
 #include "llmesh/transport/wire.hpp"
 
@@ -14,5 +15,11 @@ transport::token_body to_wire(const token_msg& t);
 token_msg from_wire(const transport::token_body& t);
 transport::load_msg to_wire(const replica_load& l);
 replica_load from_wire(const transport::load_msg& l);
+/// A step for a shard in another process (its rows stay home: rank 0 samples).
+transport::shard_step_msg to_wire(const shard_step& s);
+/// protocol_violation when the sequences' counts do not add up to the lists.
+result<shard_step> from_wire(const transport::shard_step_msg& m);
+transport::shard_result_msg to_wire(const shard_result& r);
+shard_result from_wire(const transport::shard_result_msg& m);
 
 }  // namespace llmesh::actors

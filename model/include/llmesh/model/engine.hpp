@@ -50,6 +50,12 @@ struct step_item {
 class engine {
  public:
   [[nodiscard]] static result<std::unique_ptr<engine>> create(std::shared_ptr<const model> m, engine_options opt);
+  /// Part of a tensor-parallel group whose other ranks run elsewhere (other processes): this
+  /// engine holds the ranks of `comms` (each communicator's rank() of opt.tp; its size() must
+  /// be opt.tp) and only their slices of the weights and the KV cache. Only forward_rank()
+  /// runs on such an engine (the ranks meet their peers through `comms`). CPU only.
+  [[nodiscard]] static result<std::unique_ptr<engine>> create_part(std::shared_ptr<const model> m, engine_options opt,
+                                                                    std::vector<std::unique_ptr<kernels::communicator>> comms);
   ~engine();
 
   /// Starts an empty sequence and returns its id.
@@ -80,6 +86,9 @@ class engine {
   /// caller checks the batch first (check_batch) and merges the statuses. A failing rank
   /// aborts its communicator (its peers fail instead of waiting) and marks the group failed.
   [[nodiscard]] status forward_rank(int rank, std::span<const step_sequence> batch, std::vector<float>& logits);
+  /// Marks the group failed and aborts this engine's collectives (a peer rank must not wait
+  /// for a step this engine will not run).
+  void abort();
   size_t kv_blocks() const { return kv_.n_blocks; }
   size_t kv_block_size() const { return kv_.block_size; }
 
@@ -91,6 +100,8 @@ class engine {
   const model_config& config() const { return model_->config(); }
   const model& loaded_model() const { return *model_; }
   int tp() const { return opt_.tp; }
+  /// The ranks this engine runs (all of 0..tp-1, unless made by create_part).
+  const std::vector<int>& local_ranks() const { return local_; }
   int threads() const { return opt_.threads; }
   size_t free_blocks() const { return free_blocks_.size(); }
 
@@ -108,8 +119,13 @@ class engine {
   template <class Fn>
   [[nodiscard]] status run_ranks(std::span<const step_sequence> batch, Fn fn);
 
+  /// Index into shards_, comms_ and pools_ of `rank`, or -1 when it runs elsewhere.
+  int index_of(int rank) const;
+  [[nodiscard]] status all_local(const char* what) const;
+
   std::shared_ptr<const model> model_;
   engine_options opt_;
+  std::vector<int> local_;  ///< ranks held here, ascending
   kv_cache_config kv_;
   std::vector<std::unique_ptr<kernels::communicator>> comms_;
   std::vector<std::unique_ptr<kernels::thread_pool>> pools_;  ///< one per rank

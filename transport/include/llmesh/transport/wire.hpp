@@ -126,7 +126,53 @@ struct assign_msg {
   uint32_t tp = 1;
   uint64_t kv_cache_mb = 0;
   assign_op op = assign_op::start;
+  /// Spread placement (empty: every rank on this node): the ranks this node runs, every rank's
+  /// node mesh address by rank, and the tensor group's key (bytes).
+  std::vector<uint32_t> ranks;
+  std::vector<std::string> shard_nodes;
+  std::string group_key;
   bool operator==(const assign_msg&) const = default;
+};
+
+// --- shards in other processes ---
+struct step_seq {
+  uint32_t n_tokens = 0;
+  uint64_t pos0 = 0;
+  uint32_t n_blocks = 0;
+  bool want_logits = true;
+  bool operator==(const step_seq&) const = default;
+};
+/// One step for a shard in another process; sequence i's tokens and block table are the next
+/// n_tokens and n_blocks entries.
+struct shard_step_msg {
+  uint64_t step = 0;
+  std::vector<int32_t> tokens, tables;
+  std::vector<step_seq> seqs;
+  bool operator==(const shard_step_msg&) const = default;
+};
+struct shard_result_msg {
+  uint64_t step = 0;
+  uint32_t rank = 0;
+  bool ok = true;
+  errc code = errc::internal;  ///< when !ok
+  std::string message;
+  bool operator==(const shard_result_msg&) const = default;
+};
+struct shard_ready_msg {
+  uint64_t replica = 0;
+  uint32_t rank = 0;
+  std::string tensor;  ///< the rank's tensor-plane address
+  uint64_t actor = 0;  ///< its shard actor's id
+  std::string key;     ///< bytes: the group's key
+  bool ok = true;
+  std::string reason;
+  bool operator==(const shard_ready_msg&) const = default;
+};
+struct shard_group_msg {
+  uint64_t replica = 0;
+  std::string key;
+  std::vector<std::string> tensors;  ///< by rank
+  bool operator==(const shard_group_msg&) const = default;
 };
 struct control_msg {
   std::string command;
@@ -144,7 +190,8 @@ struct control_reply_msg {
 
 using body = std::variant<generate_msg, token_body, cancel_msg, status_request, load_msg, hello_msg, challenge_msg,
                           proof_msg, welcome_msg, heartbeat_msg, replica_state_msg, collective_id_msg, assign_msg,
-                          control_msg, control_reply_msg>;
+                          control_msg, control_reply_msg, shard_step_msg, shard_result_msg, shard_ready_msg,
+                          shard_group_msg>;
 
 struct envelope {
   actor_address source, destination;

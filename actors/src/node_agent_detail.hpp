@@ -1,0 +1,56 @@
+// The node agent's internals shared by its two files: node_agent.cpp (joining, packed replicas,
+// routers) and node_agent_split.cpp (spread replicas: shards on several nodes).
+#pragma once
+
+#include "llmesh/actors/node_agent.hpp"
+
+namespace llmesh::actors::agent_detail {
+
+using agent = caf::stateful_actor<node_agent_state>;
+
+using part_atom = caf::atom_constant<caf::atom("part")>;
+using joined_atom = caf::atom_constant<caf::atom("joined")>;
+using group_lost_atom = caf::atom_constant<caf::atom("grouplost")>;
+using form_timeout_atom = caf::atom_constant<caf::atom("formtime")>;
+
+/// A spread replica's part, loaded on a helper: the engine (or why not) and its communicators.
+struct loaded_part {
+  uint64_t id = 0;
+  std::string path;
+  std::shared_ptr<const model::model> m;
+  std::shared_ptr<model::engine> engine;
+  std::vector<tensor_communicator*> comms;  ///< inside engine, by ascending rank
+  std::string err;
+};
+
+/// The id under which a shard of a spread replica is exported on its node.
+inline uint64_t shard_actor_id(uint64_t replica, uint32_t rank) {
+  return (uint64_t{1} << 30) + (replica % (uint64_t{1} << 20)) * 256 + rank % 256;
+}
+
+/// A frame body to the coordinator: through the bridge, or straight to it in this process.
+void to_coordinator(agent* self, transport::body b);
+/// A ReplicaState report to the coordinator.
+void report(agent* self, uint64_t id, const std::string& model, transport::replica_phase phase, uint64_t actor = 0,
+            std::string reason = {});
+/// A connection to the node at mesh address `listen` (made once, kept in node_peers), then `then`.
+void with_peer(agent* self, const std::string& listen, std::function<void(transport::peer_id)> then);
+
+/// Starts loading this node's ranks of a spread replica (assign with ranks).
+void load_part(agent* self, const transport::assign_msg& a);
+/// The helper finished loading.
+void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p);
+/// Rank 0's node: another node's ranks are loaded (or failed).
+void on_shard_ready(agent* self, transport::peer_id peer, const transport::shard_ready_msg& m);
+/// Another rank's node: the group forms, join it.
+void on_shard_group(agent* self, const transport::shard_group_msg& m);
+/// Rank 0's node: the tensor group formed (err empty) or failed.
+void joined(agent* self, uint64_t id, const std::string& err);
+/// Rank 0's node: a replica still forming fails (reported dead with `why`; its engine freed).
+void fail_forming(agent* self, uint64_t id, const std::string& why);
+/// Stops whatever runs for a hosted replica now: its replica actor, or a follower's shards.
+void stop_hosted(agent* self, hosted_replica& h);
+
+}  // namespace llmesh::actors::agent_detail
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<llmesh::actors::agent_detail::loaded_part>)

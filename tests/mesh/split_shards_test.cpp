@@ -1,0 +1,87 @@
+// A replica whose two tensor-parallel shards run in two processes:
+// cluster-configs/local-split-shards.yaml (ports moved to free ones) started as three
+// `llmesh node` processes — seed (coordinator, gateway, router), shard-0 (rank 0 and the
+// replica) and shard-1 (rank 1). Steps cross the mesh plane (ShardStep/ShardResult), and every
+// layer's all-reduce the tensor plane, yet greedy tokens equal `llmesh generate --tp 2`'s, alone
+// and under concurrent load. When shard-1's process dies, the replica is gone (the group fails
+// as a unit): the requests it held end with an error instead of hanging, and when the node
+// comes back the replica is formed again and serves the same tokens.
+#include "mesh_fixture.hpp"
+
+namespace llmesh::testing {
+namespace {
+
+mesh_files split_files() {
+  return mesh_files("local-split-shards.yaml", {"7200", "7201", "7202", "8090", "8091"}, "split-shards-dev-token-change-me");
+}
+
+::testing::AssertionResult replica_ready(const mesh_files& m, child_process& seed, child_process& s0, child_process& s1) {
+  nlohmann::json reps;
+  if (!wait_replicas(m, [](const nlohmann::json& j) { return count_ready(j, "shard-0") == 1; }, &reps)) {
+    return ::testing::AssertionFailure() << reps.dump() << "\n" << seed.log() << s0.log() << s1.log();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(SplitShards, TwoProcessesServeExactlyAndReformAfterAShardsDeath) {
+  auto m = split_files();
+  node_process seed(m.node("seed"));
+  ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny' on http://")) << seed.log();
+  node_process s0(m.node("shard-0"));
+  auto s1 = std::make_unique<node_process>(m.node("shard-1"));
+  ASSERT_TRUE(replica_ready(m, seed, s0, *s1));
+  EXPECT_TRUE(s0.wait_for("ready (tp 2 over 2 node(s))")) << s0.log();
+  EXPECT_TRUE(s1->wait_for("telling rank 0's node")) << s1->log();
+
+  const std::vector<std::vector<int32_t>> prompts{{1142, 258, 2078, 386, 3345}, {295, 258, 400}, {46, 10, 295}};
+  constexpr int max_tokens = 24;
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) {
+    want.push_back(generate_ids(p, max_tokens, " --tp 2"));
+    ASSERT_EQ(want.back().size(), static_cast<size_t>(max_tokens));
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::string why;
+    EXPECT_EQ(complete(m.http_port, prompts[i], max_tokens, &why), want[i]) << why;
+  }
+  {  // Concurrent requests batch together in the split replica: still exact.
+    load l{m.http_port, prompts, want, max_tokens};
+    l.start(3);
+    l.more(12);
+    l.finish();
+    EXPECT_GE(l.done.load(), 12u);
+    EXPECT_EQ(l.failed.load(), 0u) << l.first_failure;
+    EXPECT_EQ(l.wrong.load(), 0u);
+  }
+
+  // shard-1 dies while streams run: the replica fails as a unit; no request hangs.
+  {
+    const std::vector<std::vector<int32_t>> long_prompts{{1142, 258, 2078}};
+    const std::vector<std::vector<int32_t>> long_want{generate_ids(long_prompts[0], 400, " --tp 2")};
+    load l{m.http_port, long_prompts, long_want, 400};
+    l.start(2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    s1->crash();
+    nlohmann::json reps;
+    EXPECT_TRUE(wait_replicas(m, [](const nlohmann::json& j) { return count_ready(j) == 0; }, &reps)) << reps.dump();
+    l.more(2);  // requests end (failed: no replica is left), they do not hang
+    l.finish();
+    EXPECT_EQ(l.wrong.load(), 0u);
+    EXPECT_GT(l.failed.load(), 0u) << "the crash hit no request";
+    EXPECT_TRUE(s0.wait_for("stopped", std::chrono::seconds(30))) << s0.log();
+  }
+
+  // The node comes back: the replica is formed again, over both processes, and serves exactly.
+  s1 = std::make_unique<node_process>(m.node("shard-1"));
+  ASSERT_TRUE(replica_ready(m, seed, s0, *s1));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::string why;
+    EXPECT_EQ(complete(m.http_port, prompts[i], max_tokens, &why), want[i]) << why;
+  }
+  EXPECT_EQ(s1->stop(), 0) << s1->log();
+  EXPECT_EQ(s0.stop(), 0) << s0.log();
+  EXPECT_EQ(seed.stop(), 0) << seed.log();
+}
+
+}  // namespace
+}  // namespace llmesh::testing
