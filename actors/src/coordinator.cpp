@@ -359,7 +359,11 @@ transport::control_reply_msg coordinator::run_command(const std::string& cmd, co
   if (cmd == "replicas" && need(0)) {
     std::string text;
     for (const auto& [id, r] : replicas_) {
-      text += std::to_string(id) + "  " + r.a.model + "  " + r.a.shards.front() + "  " + phase_name(r.phase) +
+      std::string where = r.a.shards.front();
+      for (size_t k = 1; k < r.a.shards.size(); ++k) {
+        if (r.a.shards[k] != r.a.shards.front()) where += "," + r.a.shards[k];  // spread: every rank's node, by rank
+      }
+      text += std::to_string(id) + "  " + r.a.model + "  " + where + "  " + phase_name(r.phase) +
               (r.stop_pending ? "  (moving: stops once its replacement is ready)" : "") +
               (r.reason.empty() ? "" : "  (" + r.reason + ")") + "\n";
     }
@@ -406,8 +410,8 @@ std::string coordinator::nodes_json() const {
 std::string coordinator::replicas_json() const {
   nlohmann::json j = nlohmann::json::array();
   for (const auto& [id, r] : replicas_) {
-    j.push_back({{"id", id}, {"model", r.a.model}, {"node", r.a.shards.front()}, {"phase", phase_name(r.phase)},
-                 {"moving", r.stop_pending}, {"reason", r.reason}});
+    j.push_back({{"id", id}, {"model", r.a.model}, {"node", r.a.shards.front()}, {"shards", r.a.shards},
+                 {"phase", phase_name(r.phase)}, {"moving", r.stop_pending}, {"reason", r.reason}});
   }
   return j.dump();
 }

@@ -199,9 +199,9 @@ void on_down(agent* self, const caf::down_msg& d) {
   const bool follower = h.follower;
   const std::string model = h.model;
   st.hosted.erase(it);
-  std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' stopped%s\n", st.opt.node.c_str(),
-               static_cast<unsigned long long>(id), model.c_str(),
-               planned ? " after draining" : (st.quitting ? "" : " unexpectedly"));
+  std::fprintf(stderr, "llmesh: node %s: %s %llu of '%s' stopped%s\n", st.opt.node.c_str(),
+               follower ? "shards of replica" : "replica", static_cast<unsigned long long>(id), model.c_str(),
+               follower ? "" : planned ? " after draining" : (st.quitting ? "" : " unexpectedly"));
   if (!st.quitting && !follower) {  // a follower's shards: the replica's node reports
     report(self, id, model, transport::replica_phase::dead, 0, planned ? "" : "the replica stopped unexpectedly");
   }

@@ -10,6 +10,7 @@
 #include "llmesh/bench/gpu_bench.hpp"
 #include "llmesh/bench/serve_bench.hpp"
 #include "llmesh/bench/tokenizer_bench.hpp"
+#include "llmesh/bench/allreduce_bench.hpp"
 #include "llmesh/bench/transport_bench.hpp"
 
 namespace llmesh::cli {
@@ -69,6 +70,17 @@ void add_bench(CLI::App& app, command_set& commands) {
       ->check(CLI::Range(0, 100000))->capture_default_str();
   xsub->add_option("--echo", x->echo, "internal: run as the echo peer")->group("");
   commands.emplace_back(xsub, [x] { return bench::run_transport_bench(*x); });
+
+  auto ar = std::make_shared<bench::allreduce_bench_options>();
+  auto* arsub = bench_cmd->add_subcommand("allreduce", "Tensor-plane collectives over UCX vs shared memory, per decode step");
+  arsub->add_option("--model", ar->model_dir, "Model directory (config.json gives the shapes)");
+  arsub->add_option("--hidden", ar->hidden, "Hidden size, without --model")->capture_default_str();
+  arsub->add_option("--vocab", ar->vocab, "Vocabulary size, without --model")->capture_default_str();
+  arsub->add_option("--layers", ar->layers, "Layers, without --model")->capture_default_str();
+  arsub->add_option("--iters", ar->iters, "Collectives timed per shape")->capture_default_str();
+  arsub->add_option("--spin-us", ar->spin_us, "Progress-thread spin after activity, microseconds")
+      ->check(CLI::Range(0, 100000))->capture_default_str();
+  commands.emplace_back(arsub, [ar] { return bench::run_allreduce_bench(*ar); });
 
   auto s = std::make_shared<bench::serve_bench_options>();
   auto* ssub = bench_cmd->add_subcommand("serve", "Serving benchmark against an OpenAI-compatible server (vLLM "

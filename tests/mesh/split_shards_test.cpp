@@ -32,6 +32,9 @@ TEST(SplitShards, TwoProcessesServeExactlyAndReformAfterAShardsDeath) {
   ASSERT_TRUE(replica_ready(m, seed, s0, *s1));
   EXPECT_TRUE(s0.wait_for("ready (tp 2 over 2 node(s))")) << s0.log();
   EXPECT_TRUE(s1->wait_for("telling rank 0's node")) << s1->log();
+  const auto reps = ctl_json(m, "replicas");
+  ASSERT_EQ(reps.size(), 1u) << reps.dump();
+  EXPECT_EQ(reps[0]["shards"], (nlohmann::json{"shard-0", "shard-1"})) << reps.dump();
 
   const std::vector<std::vector<int32_t>> prompts{{1142, 258, 2078, 386, 3345}, {295, 258, 400}, {46, 10, 295}};
   constexpr int max_tokens = 24;
