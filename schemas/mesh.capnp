@@ -210,6 +210,8 @@ struct StepSequence {
   wantLogits @3 :Bool;
 }
 
+# A shard in another process answers a step only when it failed (its replica's rank 0 fails the
+# same step: a failing rank aborts the tensor group); for the replica node's log.
 struct ShardResult {
   step @0 :UInt64;
   rank @1 :UInt32;

@@ -13,7 +13,6 @@ namespace {
 using bridge = caf::stateful_actor<bridge_state>;
 
 struct proxy_state {
-  std::map<uint64_t, caf::response_promise> steps;  ///< a remote shard's steps awaiting its result
   static inline const char* name = "remote";
 };
 
@@ -28,21 +27,8 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, caf::actor bri
       [=](status_atom, caf::actor reply_to) { out(transport::status_request{}, reply_to); },
       [=](const token_msg& t) { out(to_wire(t), caf::actor_cast<caf::actor>(self->current_sender())); },
       [=](const replica_load& l) { out(to_wire(l), caf::actor_cast<caf::actor>(self->current_sender())); },
-      // A replica's step for a shard in another process: answered when its result comes back.
-      [=](shard_step_atom, const shard_step& s) {
-        // The sender first: making the promise takes it out of the current message.
-        auto from = caf::actor_cast<caf::actor>(self->current_sender());
-        auto rp = self->make_response_promise();
-        self->state.steps[s.step] = rp;
-        out(to_wire(s), from);
-        return rp;
-      },
-      [=](deliver_atom, caf::actor, const shard_result& r) {
-        auto it = self->state.steps.find(r.step);
-        if (it == self->state.steps.end()) return;
-        it->second.deliver(r);
-        self->state.steps.erase(it);
-      },
+      // A replica's step for a shard in another process (told, not asked: replica_actor.cpp).
+      [=](shard_step_atom, const shard_step& s) { out(to_wire(s), caf::actor_cast<caf::actor>(self->current_sender())); },
       [=](deliver_atom, caf::actor dest, const token_msg& t) { self->send(dest, t); },
       [=](deliver_atom, caf::actor dest, replica_load l) {
         l.replica = self->id();  // the router knows the replica by its proxy
@@ -86,9 +72,10 @@ void send_out(bridge* self, transport::peer_id peer, uint64_t remote, const tran
   ++st.frames_out;
 }
 
-/// A step for a shard here from its replica in another process: run, then answered. A
-/// malformed step still reaches the shard, as an empty one it refuses: refusing aborts its
-/// tensor group, so the replica's other ranks, already in the step, fail at once.
+/// A step for a shard here from its replica in another process: run; only a failure is
+/// answered (for the replica node's log: its own rank fails the same step, since a failing
+/// rank aborts the group). A malformed step still reaches the shard, as an empty one it
+/// refuses: refusing aborts its tensor group, so the replica's other ranks fail at once.
 void serve_shard_step(bridge* self, transport::peer_id peer, uint64_t reply_to, const caf::actor& shard,
                       const transport::shard_step_msg& m) {
   auto s = from_wire(m);
@@ -99,7 +86,9 @@ void serve_shard_step(bridge* self, transport::peer_id peer, uint64_t reply_to, 
   }
   const uint64_t step = m.step;
   self->request(shard, caf::infinite, shard_step_atom::value, *s)
-      .then([=](const shard_result& r) { send_out(self, peer, reply_to, to_wire(r), shard); },
+      .then([=](const shard_result& r) {
+              if (!r.ok) send_out(self, peer, reply_to, to_wire(r), shard);
+            },
             [=](caf::error& err) {
               shard_result r{step, -1, false, make_error(errc::shard_failed, "shard gone: " + self->system().render(err)), {}};
               send_out(self, peer, reply_to, to_wire(r), shard);
@@ -132,7 +121,8 @@ void deliver(bridge* self, transport::peer_id peer, const std::shared_ptr<transp
         } else if constexpr (std::is_same_v<T, transport::shard_step_msg>) {
           serve_shard_step(self, peer, e.source.actor, dest, m);
         } else if constexpr (std::is_same_v<T, transport::shard_result_msg>) {
-          self->send(from, deliver_atom::value, dest, from_wire(m));
+          std::fprintf(stderr, "llmesh: bridge: step %llu failed on rank %u in another process: %s\n",
+                       static_cast<unsigned long long>(m.step), m.rank, m.message.c_str());
         } else {
           self->send(dest, wire_atom::value, peer, env);  // membership and control: the agent or coordinator
         }

@@ -9,6 +9,7 @@
 #include <caf/all.hpp>
 #include <functional>
 #include <map>
+#include <set>
 #include <optional>
 
 #include "llmesh/actors/balancer.hpp"
@@ -28,7 +29,8 @@ using shards_atom = caf::atom_constant<caf::atom("shards")>;
 struct replica_state {
   std::unique_ptr<replica_core> core;
   std::unordered_map<uint64_t, caf::actor> owners;
-  std::vector<caf::actor> shards;  ///< rank order; linked
+  std::vector<caf::actor> shards;  ///< rank order; linked (those here) or monitored (remote)
+  std::set<int> remote;            ///< ranks whose shard is in another process
   bool step_pending = false;
   bool dead = false;
   bool draining = false;  ///< finishes what it has, takes nothing new, reports not ready
