@@ -32,7 +32,36 @@ void to_coordinator(agent* self, transport::body b) {
 
 void report(agent* self, uint64_t id, const std::string& model, transport::replica_phase phase, uint64_t actor,
             std::string reason) {
-  to_coordinator(self, transport::replica_state_msg{id, self->state.opt.node, model, phase, actor, std::move(reason)});
+  to_coordinator(self, transport::replica_state_msg{id, self->state.opt.node, model, phase, actor, std::move(reason), ""});
+}
+
+uint64_t host_replica(agent* self, uint64_t id, const std::string& model, std::shared_ptr<model::engine> eng,
+                      caf::actor r, std::vector<caf::actor> remote) {
+  auto& st = self->state;
+  auto& h = st.hosted[id];
+  h.model = model;
+  h.engine = std::move(eng);
+  h.replica = r;
+  h.alive = 1;
+  h.remote = std::move(remote);
+  self->monitor(r);
+  st.by_actor[r.address()] = id;
+  const uint64_t export_id = replica_actor_base + id;
+  self->send(st.bridge, export_atom::value, r, export_id);
+  // Its local shard actors hold the engine too: it is freed only when they are gone as well
+  // (the stand-ins for shards in other processes do not).
+  self->request(r, std::chrono::seconds(10), shards_atom::value).await([=](const std::vector<caf::actor>& shards) {
+    auto it = self->state.hosted.find(id);
+    if (it == self->state.hosted.end()) return;
+    const auto& far = it->second.remote;
+    for (const auto& s : shards) {
+      if (!s || std::find(far.begin(), far.end(), s) != far.end()) continue;
+      self->monitor(s);
+      self->state.by_actor[s.address()] = id;
+      ++it->second.alive;
+    }
+  });
+  return export_id;
 }
 
 }  // namespace agent_detail
@@ -112,27 +141,10 @@ void loaded(agent* self, uint64_t id, const std::string& path, std::shared_ptr<c
     return report(self, id, model, transport::replica_phase::dead, 0, err);
   }
   auto r = self->spawn(replica_actor, eng.get(), st.opt.sched);
-  auto& h = st.hosted[id];
-  h.model = model;
-  h.engine = std::move(eng);
-  h.replica = r;
-  h.alive = 1;
-  self->monitor(r);
-  st.by_actor[r.address()] = id;
-  const uint64_t export_id = replica_actor_base + id;
-  self->send(st.bridge, export_atom::value, r, export_id);
-  // The shard actors hold the engine too: it is freed only when they are gone as well.
-  self->request(r, 10s, shards_atom::value).await([=](const std::vector<caf::actor>& shards) {
-    auto it = self->state.hosted.find(id);
-    if (it == self->state.hosted.end()) return;
-    for (const auto& s : shards) {
-      self->monitor(s);
-      self->state.by_actor[s.address()] = id;
-      ++it->second.alive;
-    }
-  });
+  const int tp = eng->tp();
+  const uint64_t export_id = host_replica(self, id, model, std::move(eng), r, {});
   std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' ready (tp %d)\n", st.opt.node.c_str(),
-               static_cast<unsigned long long>(id), model.c_str(), st.hosted[id].engine->tp());
+               static_cast<unsigned long long>(id), model.c_str(), tp);
   report(self, id, model, transport::replica_phase::ready, export_id);
 }
 
@@ -231,13 +243,7 @@ void replica_news(agent* self, const transport::replica_state_msg& m) {
     auto proxy_on = [=](transport::peer_id p) {
       self->request(self->state.bridge, 10s, proxy_atom::value, p, m.actor).await([=](caf::actor r) { add(r, true); });
     };
-    if (auto p = st.node_peers.find(m.listen); p != st.node_peers.end()) return proxy_on(p->second);
-    const std::string listen = m.listen;
-    self->request(st.bridge, 10s, connect_atom::value, listen).await([=](transport::peer_id p) {
-      self->state.node_peers[listen] = p;
-      proxy_on(p);
-    });
-    return;
+    return with_peer(self, m.listen, proxy_on);
   }
   if (known == st.routed.end()) return;
   if (m.phase == transport::replica_phase::draining) {

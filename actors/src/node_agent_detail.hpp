@@ -36,6 +36,11 @@ void report(agent* self, uint64_t id, const std::string& model, transport::repli
 /// A connection to the node at mesh address `listen` (made once, kept in node_peers), then `then`.
 void with_peer(agent* self, const std::string& listen, std::function<void(transport::peer_id)> then);
 
+/// Records a replica actor started here: monitored with its local shard actors (the engine is
+/// freed only when all are down; `remote`, the stand-ins for shards elsewhere, are not
+/// counted), exported as replica_actor_base + id. Returns that id.
+uint64_t host_replica(agent* self, uint64_t id, const std::string& model, std::shared_ptr<model::engine> eng,
+                      caf::actor r, std::vector<caf::actor> remote);
 /// Starts loading this node's ranks of a spread replica (assign with ranks).
 void load_part(agent* self, const transport::assign_msg& a);
 /// The helper finished loading.

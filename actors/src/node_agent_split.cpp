@@ -264,27 +264,9 @@ void joined(agent* self, uint64_t id, const std::string& err) {
     auto eng = f->second.engine;
     st.forming.erase(f);
     auto r = self->spawn(split_replica_actor, eng.get(), st.opt.sched, remote);
-    auto& h = st.hosted[id];
-    h.model = model;
-    h.engine = eng;
-    h.replica = r;
-    h.alive = 1;
-    for (auto& [rank, p] : remote) h.remote.push_back(p);
-    self->monitor(r);
-    st.by_actor[r.address()] = id;
-    const uint64_t export_id = replica_actor_base + id;
-    self->send(st.bridge, export_atom::value, r, export_id);
-    // Its local shard actors hold the engine too (the stand-ins do not).
-    self->request(r, 10s, shards_atom::value).await([=](const std::vector<caf::actor>& shards) {
-      auto it = self->state.hosted.find(id);
-      if (it == self->state.hosted.end()) return;
-      for (const auto& s : shards) {
-        if (!s || std::find(it->second.remote.begin(), it->second.remote.end(), s) != it->second.remote.end()) continue;
-        self->monitor(s);
-        self->state.by_actor[s.address()] = id;
-        ++it->second.alive;
-      }
-    });
+    std::vector<caf::actor> stand_ins;
+    for (auto& [rank, p] : remote) stand_ins.push_back(p);
+    const uint64_t export_id = host_replica(self, id, model, eng, r, std::move(stand_ins));
     std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' ready (tp %d over %zu node(s))\n", st.opt.node.c_str(),
                  static_cast<unsigned long long>(id), model.c_str(), eng->tp(), 1 + remote.size());
     report(self, id, model, transport::replica_phase::ready, export_id);
