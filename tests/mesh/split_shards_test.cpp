@@ -6,6 +6,8 @@
 // and under concurrent load. When shard-1's process dies, the replica is gone (the group fails
 // as a unit): the requests it held end with an error instead of hanging, and when the node
 // comes back the replica is formed again and serves the same tokens.
+#include <algorithm>
+
 #include "mesh_fixture.hpp"
 
 namespace llmesh::testing {
@@ -82,6 +84,45 @@ TEST(SplitShards, TwoProcessesServeExactlyAndReformAfterAShardsDeath) {
     EXPECT_EQ(complete(m.http_port, prompts[i], max_tokens, &why), want[i]) << why;
   }
   EXPECT_EQ(s1->stop(), 0) << s1->log();
+  EXPECT_EQ(s0.stop(), 0) << s0.log();
+  EXPECT_EQ(seed.stop(), 0) << seed.log();
+}
+
+TEST(SplitShards, ADrainMovesASplitReplicaOntoAJoinedNodeWithoutAFailedRequest) {
+  auto m = split_files();
+  node_process seed(m.node("seed"));
+  ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny' on http://")) << seed.log();
+  node_process s0(m.node("shard-0")), s1(m.node("shard-1"));
+  ASSERT_TRUE(replica_ready(m, seed, s0, s1));
+  const std::vector<std::vector<int32_t>> prompts{{1142, 258, 2078, 386, 3345}, {295, 258, 400}};
+  constexpr int max_tokens = 32;
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) want.push_back(generate_ids(p, max_tokens, " --tp 2"));
+  load l{m.http_port, prompts, want, max_tokens};
+  l.start(2);
+  l.more(4);
+  // A third replica node joins; draining shard-0 forms the replacement on shard-1 and the new
+  // node (two tensor groups now share shard-1's process), then the old replica drains and its
+  // rank 1 on shard-1 is stopped after it.
+  node_process s2 = joiner(m, "shard-2");
+  ASSERT_TRUE(s2.wait_for("joined the mesh")) << s2.log();
+  auto drain = run_command(bin + " ctl --config " + m.config + " drain shard-0");
+  ASSERT_EQ(drain.exit_code, 0) << drain.err;
+  nlohmann::json reps;
+  ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) {
+    if (j.size() != 1 || j[0]["phase"] != "ready") return false;
+    const auto shards = j[0]["shards"];
+    return std::find(shards.begin(), shards.end(), "shard-0") == shards.end();
+  }, &reps)) << reps.dump() << "\n" << s0.log() << s1.log() << s2.log();
+  EXPECT_TRUE(s0.wait_for("stopped after draining", std::chrono::seconds(30))) << s0.log();
+  EXPECT_TRUE(s1.wait_for("shards of replica 1 of 'kjv-tiny' stopped", std::chrono::seconds(30))) << s1.log();
+  l.more(10);
+  l.finish();
+  EXPECT_EQ(l.failed.load(), 0u) << l.first_failure;
+  EXPECT_EQ(l.wrong.load(), 0u);
+  EXPECT_EQ(metric_value(m.http_port, "llmesh_request_migrations_total"), 0.0);  // a drain moves nothing mid-stream
+  EXPECT_EQ(s2.stop(), 0) << s2.log();
+  EXPECT_EQ(s1.stop(), 0) << s1.log();
   EXPECT_EQ(s0.stop(), 0) << s0.log();
   EXPECT_EQ(seed.stop(), 0) << seed.log();
 }
