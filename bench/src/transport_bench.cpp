@@ -29,9 +29,10 @@ using clock_type = std::chrono::steady_clock;
 using transport::peer_id;
 
 /// The echo peer: small frames come back whole, large ones are acknowledged with 8 bytes.
-status run_echo(const std::string& where, int spin_us) {
+status run_echo(const std::string& where, int spin_us, bool queued_sends) {
   transport::ucx_options uo;
   uo.spin = std::chrono::microseconds(spin_us);
+  uo.direct_send = !queued_sends;
   auto t = transport::ucx_transport::create(uo);
   if (!t) return t.take_error();
   std::mutex mu;
@@ -115,12 +116,13 @@ std::optional<std::array<double, 3>> perftest(const std::string& test, size_t by
 }  // namespace
 
 status run_transport_bench(const transport_bench_options& opt) {
-  if (!opt.echo.empty()) return run_echo(opt.echo, opt.spin_us);
+  if (!opt.echo.empty()) return run_echo(opt.echo, opt.spin_us, opt.queued_sends);
   if (opt.iters == 0 || opt.frames == 0 || opt.small_bytes == 0 || opt.small_bytes > 4096 || opt.large_bytes <= 4096) {
     return make_error(errc::invalid_request, "need --iters, --frames > 0, --small-bytes in 1..4096, --large-bytes > 4096");
   }
   transport::ucx_options uo;
   uo.spin = std::chrono::microseconds(opt.spin_us);
+  uo.direct_send = !opt.queued_sends;
   auto t = transport::ucx_transport::create(uo);
   if (!t) return t.take_error();
   std::mutex mu;
@@ -152,7 +154,7 @@ status run_transport_bench(const transport_bench_options& opt) {
   if (child == 0) {
     const std::string spin = std::to_string(opt.spin_us);
     execl("/proc/self/exe", "llmesh", "bench", "transport", "--spin-us", spin.c_str(), "--echo", where->c_str(),
-          static_cast<char*>(nullptr));
+          opt.queued_sends ? "--queued-sends" : static_cast<char*>(nullptr), static_cast<char*>(nullptr));
     _exit(127);
   }
   auto stop_child = [&] { stop_process(child); };
@@ -206,8 +208,8 @@ status run_transport_bench(const transport_bench_options& opt) {
   const auto lat = perftest("ucp_am_lat", opt.small_bytes, opt.iters, 13337 + static_cast<int>(getpid() % 1000));
   const auto band = perftest("ucp_am_bw", opt.large_bytes, std::max<size_t>(opt.frames, 16), 14337 + static_cast<int>(getpid() % 1000));
   const char* tls = std::getenv("UCX_TLS");
-  std::printf("llmesh bench transport: two processes on 127.0.0.1, UCX_TLS=%s, peer error mode, spin %d us\n",
-              tls ? tls : "(unset)", opt.spin_us);
+  std::printf("llmesh bench transport: two processes on 127.0.0.1, UCX_TLS=%s, peer error mode, spin %d us, %s sends\n",
+              tls ? tls : "(unset)", opt.spin_us, opt.queued_sends ? "queued" : "direct");
   std::printf("  round trip   %zu B frames: p50 %.2f us, mean %.2f us", opt.small_bytes, rt_p50, rt_mean);
   if (lat) {
     std::printf("; ucx_perftest ucp_am_lat: %.2f us (2 x one-way p50) -> %.2fx\n", 2 * (*lat)[0], rt_p50 / (2 * (*lat)[0]));

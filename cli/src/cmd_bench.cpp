@@ -68,6 +68,7 @@ void add_bench(CLI::App& app, command_set& commands) {
   xsub->add_option("--large-bytes", x->large_bytes, "Large frame size")->capture_default_str();
   xsub->add_option("--spin-us", x->spin_us, "Progress-thread spin after activity, microseconds (0: sleep at once)")
       ->check(CLI::Range(0, 100000))->capture_default_str();
+  xsub->add_flag("--queued-sends", x->queued_sends, "Every send through the progress thread's queue (ucx_options::direct_send off)");
   xsub->add_option("--echo", x->echo, "internal: run as the echo peer")->group("");
   commands.emplace_back(xsub, [x] { return bench::run_transport_bench(*x); });
 

@@ -1,8 +1,12 @@
 // ucx_transport: frames as UCX 1.13 active messages over TCP, one progress thread per object.
 //
-// Threads. The progress thread creates, drives and destroys the worker (thread mode SINGLE),
-// the listener and the endpoints. Public calls become commands on a mutex-protected queue; one
-// put on an empty queue writes the wake eventfd. The thread progresses until UCX has no work,
+// Threads. The progress thread creates, drives and destroys the worker (thread mode
+// SERIALIZED), the listener and the endpoints, holding `work_mu` whenever it touches them; it
+// lets go only to sleep in epoll. Public calls become commands on a mutex-protected queue; one
+// put on an empty queue writes the wake eventfd. The exception is the hot path: a send() that
+// finds the progress thread asleep (work_mu free) and the queue empty sends on the caller's
+// thread (options.direct_send); what would call a handler (a failed send) is deferred to the
+// progress thread, so handlers still run there only. The thread progresses until UCX has no work,
 // arms the worker and sleeps in epoll on the worker's event fd and the eventfd (with a timeout
 // only while a connect or close deadline runs). Work that would re-enter UCX from a UCX
 // callback (accepting, answering hellos, closing failed endpoints) is deferred until
@@ -193,6 +197,7 @@ struct ucx_transport::impl {
   std::thread thread;
   std::thread::id thread_id;
 
+  std::mutex work_mu;  // held by whoever drives the worker: the progress thread, or a direct send
   std::mutex mu;  // guards queue and live
   std::vector<command> queue;
   std::unordered_set<peer_id> live;  // peers send() may address
@@ -259,7 +264,7 @@ struct ucx_transport::impl {
   status start_worker() {
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // a direct send drives it from the caller's thread
     if (auto st = ucp_worker_create(context, &wp, &worker); st != UCS_OK)
       return ucx_error(errc::internal, "ucp_worker_create", st);
     if (auto st = ucp_worker_get_efd(worker, &worker_fd); st != UCS_OK)
@@ -289,6 +294,7 @@ struct ucx_transport::impl {
 
   void run(std::promise<status>* started) {
     thread_id = std::this_thread::get_id();
+    std::unique_lock work(work_mu);  // let go only while asleep in epoll
     status st = start_worker();
     bool ok = st.ok();
     started->set_value(std::move(st));
@@ -313,9 +319,17 @@ struct ucx_transport::impl {
       if (armed == UCS_ERR_BUSY) continue;  // events arrived meanwhile: progress again
       if (armed != UCS_OK) timeout_ms = 1;  // cannot arm (never seen): poll slowly rather than spin
       epoll_event events[2];
-      if (epoll_wait(epoll_fd, events, 2, timeout_ms) > 0) drain_wake();
+      work.unlock();
+      const int n = epoll_wait(epoll_fd, events, 2, timeout_ms);
+      work.lock();
+      if (n > 0) drain_wake();
     }
     shutdown();
+  }
+
+  void wake() {
+    uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake_fd, &one, sizeof one);
   }
 
   void drain_wake() {
@@ -534,9 +548,12 @@ struct ucx_transport::impl {
 
   void send_control(peer_id id, uint8_t kind) { do_send(new send_op{this, id, {}, kind}); }
 
-  void do_send(send_op* op) {
+  // `direct`: on a caller's thread (holding work_mu while the progress thread sleeps): a
+  // failure is handed to the progress thread (it may call handlers), and so is a send that
+  // UCX could not finish at once (it needs progress).
+  void do_send(send_op* op, bool direct = false) {
     auto it = peers.find(op->peer);
-    if (it == peers.end() || stopping) return finish_send(op, UCS_ERR_NOT_CONNECTED);
+    if (it == peers.end() || stopping) return finish_send(op, UCS_ERR_NOT_CONNECTED);  // calls no handler
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_AM_SEND_FLAG_REPLY;
@@ -546,9 +563,16 @@ struct ucx_transport::impl {
     void* req = op->control ? ucp_am_send_nbx(it->second.ep, am_control, &op->control, 1, nullptr, 0, &p)
                             : ucp_am_send_nbx(it->second.ep, am_frame, &op->seq, sizeof op->seq, op->frame.data(),
                                               op->frame.size(), &p);
-    if (req == nullptr) finish_send(op, UCS_OK);
-    else if (UCS_PTR_IS_ERR(req)) finish_send(op, UCS_PTR_STATUS(req));
-    else ++inflight;
+    if (req == nullptr) {
+      finish_send(op, UCS_OK);  // calls no handler
+    } else if (UCS_PTR_IS_ERR(req)) {
+      if (!direct) return finish_send(op, UCS_PTR_STATUS(req));
+      deferred.push_back([this, op, st = UCS_PTR_STATUS(req)] { finish_send(op, st); });
+      wake();
+    } else {
+      ++inflight;
+      if (direct) wake();
+    }
   }
 
   void finish_send(send_op* op, ucs_status_t st) {
@@ -825,7 +849,22 @@ status ucx_transport::send(peer_id peer, std::vector<uint8_t> frame) {
     return make_error(errc::overloaded, "more than " + std::to_string(s.options.max_pending_send_bytes) +
                                             " bytes waiting to be sent");
   }
-  s.post({.op = new impl::send_op{&s, peer, std::move(frame)}});
+  auto* op = new impl::send_op{&s, peer, std::move(frame)};
+  if (s.options.direct_send && !s.on_thread()) {
+    std::unique_lock work(s.work_mu, std::try_to_lock);  // held: the progress thread is busy, so queue it
+    if (work.owns_lock() && s.worker && !s.stopping) {
+      bool first;  // nothing queued before it: sending now keeps the order
+      {
+        std::lock_guard lock(s.mu);
+        first = s.queue.empty();
+      }
+      if (first) {
+        s.do_send(op, /*direct=*/true);
+        return ok_status();
+      }
+    }
+  }
+  s.post({.op = op});
   return ok_status();
 }
 

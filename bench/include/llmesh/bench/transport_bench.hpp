@@ -16,6 +16,7 @@ struct transport_bench_options {
   size_t frames = 64;               ///< large frames for the bandwidth test
   size_t large_bytes = size_t{4} << 20;
   int spin_us = 0;                  ///< both processes' progress-thread spin (ucx_options::spin)
+  bool queued_sends = false;        ///< both processes: ucx_options::direct_send off
   std::string echo;                 ///< internal: run as the echo peer, connecting to this HOST:PORT
 };
 

@@ -51,6 +51,11 @@ struct ucx_options {
   /// 2 cores the spinning threads of both ends took the CPU the reply needed (bench transport
   /// --spin-us).
   std::chrono::microseconds spin{0};
+  /// A send() from another thread goes out on the caller's thread when the progress thread is
+  /// idle (asleep in epoll) and nothing is queued before it, instead of waking the progress
+  /// thread to send it: one thread hand-off less per message (the worker runs in UCX's
+  /// SERIALIZED mode, one thread at a time). Off: every send goes through the queue.
+  bool direct_send = true;
 };
 
 /// Frames between processes over UCX active messages.
