@@ -229,6 +229,7 @@ struct ShardReady {
   key @4 :Data;             # the group's key, from the Assign
   ok @5 :Bool;
   reason @6 :Text;          # when not ok
+  kvBlocks @7 :UInt64;      # its KV cache's blocks: every rank's must equal rank 0's
 }
 
 # The replica's node tells every shard's node that the group forms: connect to the ranks above.

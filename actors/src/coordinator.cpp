@@ -25,7 +25,7 @@ const char* phase_name(replica_phase p) {
 std::string role_list(const std::vector<transport::role>& roles) {
   static constexpr const char* names[] = {"coordinator", "gateway", "router", "replica"};
   std::string out;
-  for (auto r : roles) out += (out.empty() ? "" : ",") + std::string(names[static_cast<int>(r)]);
+  for (auto r : roles) out.append(out.empty() ? "" : ",").append(names[static_cast<int>(r)]);  // (g++ 12 misreports "+": -Wrestrict)
   return out;
 }
 

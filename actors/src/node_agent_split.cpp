@@ -37,6 +37,15 @@ void maybe_form(agent* self, uint64_t id) {
   for (const auto& t : f.tensors) {
     if (t.empty()) return;
   }
+  // Rank 0 hands out block ids for every rank's KV cache: they must be the same size (nodes
+  // whose --max-seqs differ size them differently).
+  for (const auto& [rank, blocks] : f.kv_blocks) {
+    if (blocks != f.engine->kv_blocks()) {
+      return fail_forming(self, id, "rank " + std::to_string(rank) + "'s KV cache has " + std::to_string(blocks) +
+                                        " blocks, rank 0's " + std::to_string(f.engine->kv_blocks()) +
+                                        ": the nodes must run with the same scheduler settings");
+    }
+  }
   f.joining = true;
   std::set<transport::peer_id> told;
   for (const auto& [rank, where] : f.remote) {
@@ -183,7 +192,7 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
       const auto ranks = a->second.ranks;
       st.assigned.erase(a);
       return with_peer(self, *leader_listen, [=](transport::peer_id peer) {
-        for (uint32_t r : ranks) to_agent(self, peer, transport::shard_ready_msg{p->id, r, "", 0, *key, false, p->err});
+        for (uint32_t r : ranks) to_agent(self, peer, transport::shard_ready_msg{p->id, r, "", 0, *key, false, p->err, 0});
       });
     }
     st.assigned.erase(a);
@@ -204,7 +213,7 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
     ++h.alive;
     const uint64_t sid = shard_actor_id(p->id, static_cast<uint32_t>(rank));
     self->send(st.bridge, export_atom::value, s, sid);
-    ready.push_back({p->id, static_cast<uint32_t>(rank), c->address(), sid, *key, true, ""});
+    ready.push_back({p->id, static_cast<uint32_t>(rank), c->address(), sid, *key, true, "", p->engine->kv_blocks()});
     // The group failing (rank 0's node lost, a peer's abort) ends these shards.
     c->set_on_failed([me = caf::actor_cast<caf::actor>(self), id = p->id](const error&) {
       caf::anon_send(me, group_lost_atom::value, id);
@@ -226,6 +235,7 @@ void on_shard_ready(agent* self, transport::peer_id peer, const transport::shard
   if (!m.ok) return fail_forming(self, m.replica, "rank " + std::to_string(m.rank) + ": " + m.reason);
   f.tensors[m.rank] = m.tensor;
   f.remote[static_cast<int>(m.rank)] = {peer, m.actor};
+  f.kv_blocks[static_cast<int>(m.rank)] = m.kv_blocks;
   maybe_form(self, m.replica);
 }
 

@@ -131,7 +131,7 @@ caf::behavior split_replica_actor(replica* self, model::engine* eng, scheduler_c
   }
   std::string missing;
   for (int r = 0; r < eng->tp(); ++r) {
-    if (!st.shards[static_cast<size_t>(r)]) missing += " " + std::to_string(r);
+    if (!st.shards[static_cast<size_t>(r)]) missing.append(" ").append(std::to_string(r));
   }
   if (!missing.empty() || eng->local_ranks().empty() || eng->local_ranks().front() != 0) {
     die(self, make_error(errc::internal, "replica: rank 0 must run in the replica's process, and ranks" + missing + " have no shard"));

@@ -152,6 +152,7 @@ struct writer {
     r.setKey(data(m.key));
     r.setOk(m.ok);
     r.setReason(text(m.reason));
+    r.setKvBlocks(m.kv_blocks);
   }
   void operator()(const shard_group_msg& m) {
     auto g = b.initShardGroup();
@@ -347,7 +348,7 @@ struct reader {
       case Body::SHARD_READY: {
         auto r = b.getShardReady();
         out = shard_ready_msg{r.getReplica(), r.getRank(), str(r.getTensor(), "tensor"), r.getActor(),
-                              bytes(r.getKey(), "key"), r.getOk(), str(r.getReason(), "reason")};
+                              bytes(r.getKey(), "key"), r.getOk(), str(r.getReason(), "reason"), r.getKvBlocks()};
         break;
       }
       case Body::SHARD_GROUP: {

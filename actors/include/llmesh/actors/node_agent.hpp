@@ -79,6 +79,7 @@ struct forming_replica {
   std::shared_ptr<model::engine> engine;  ///< once loaded
   std::vector<std::string> tensors;       ///< by rank, as they become known
   std::map<int, std::pair<transport::peer_id, uint64_t>> remote;  ///< rank → (connection, shard actor id)
+  std::map<int, uint64_t> kv_blocks;                              ///< rank → its KV cache's blocks
   std::vector<tensor_communicator*> comms;  ///< inside engine: the ranks here
   bool joining = false;
 };

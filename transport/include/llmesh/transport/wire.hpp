@@ -166,6 +166,7 @@ struct shard_ready_msg {
   std::string key;     ///< bytes: the group's key
   bool ok = true;
   std::string reason;
+  uint64_t kv_blocks = 0;  ///< its KV cache's blocks (the block ids rank 0 hands out must fit)
   bool operator==(const shard_ready_msg&) const = default;
 };
 struct shard_group_msg {
