@@ -297,6 +297,9 @@ void fail_forming(agent* self, uint64_t id, const std::string& why) {
 
 void stop_hosted(agent* self, hosted_replica& h) {
   h.stopping = true;
+  // A follower's group fails first, so rank 0's node learns at once (its collectives fail)
+  // instead of waiting out a collective's timeout for shards that are gone.
+  if (h.follower && h.engine) h.engine->abort();
   if (h.replica) self->send_exit(h.replica, caf::exit_reason::user_shutdown);
   for (auto& s : h.shards) self->send_exit(s, caf::exit_reason::user_shutdown);
 }

@@ -77,8 +77,11 @@ TEST_F(Bridge, RequestsRunOnARemoteReplicaAndSurviveItsNodesDeath) {
     })) << "before node B's death:\n" << c.describe();
     auto replica_a = reap_a(sys_a.spawn(replica_actor, eng_a.get(), scheduler_config{}));
     caf::anon_send(router, add_atom::value, replica_a, std::string("a0"));
-    self->send_exit(bridge_b, caf::exit_reason::kill);  // node B's process dies: its transport with it
-    self->send_exit(replica_b, caf::exit_reason::kill);
+    // Node B's process dies: its transport with it. anon_send_exit, not self->send_exit: an
+    // exit sent from sys_a's scoped actor may run B's actors on sys_a's workers, still in
+    // their cleanup while sys_b is destroyed (the segfault seen at teardown in session 4).
+    caf::anon_send_exit(bridge_b, caf::exit_reason::kill);
+    caf::anon_send_exit(replica_b, caf::exit_reason::kill);
     ASSERT_TRUE(c.wait([&] { return c.ends.size() == reqs.size(); })) << "after node B's death:\n" << c.describe();
     for (const auto& r : reqs) {
       EXPECT_FALSE(c.ends[r.id].failed) << c.ends[r.id].err.message;
