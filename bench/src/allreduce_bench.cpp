@@ -113,6 +113,10 @@ status run_allreduce_bench(const allreduce_bench_options& opt) {
   std::printf("per decode step (%zu layers: %zu all-reduces + 1 all-gather): UCX %.0f us, shared memory %.0f us; "
               "the split costs %.0f us a step\n",
               layers, 2 * layers, per_token_ucx, per_token_mem, per_token_ucx - per_token_mem);
+  std::printf("{\"allreduce_ucx_us\":%.3f,\"allreduce_shm_us\":%.3f,\"gather_ucx_us\":%.3f,\"gather_shm_us\":%.3f,"
+              "\"step_ucx_us\":%.3f,\"step_shm_us\":%.3f}\n",
+              ucx_reduce->median_us, mem_reduce->median_us, ucx_gather->median_us, mem_gather->median_us, per_token_ucx,
+              per_token_mem);
   return ok_status();
 }
 
