@@ -177,7 +177,10 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
     return maybe_form(self, p->id);
   }
   // Another rank's node: it hosts shard actors for rank 0's replica and tells that node.
-  if (cancelled) return;
+  if (cancelled) {
+    st.assigned.erase(p->id);
+    return;
+  }
   // Which assignment: the loading entry kept only the model; the ranks come with the part.
   auto leader_listen = std::make_shared<std::string>();
   auto key = std::make_shared<std::string>();

@@ -131,6 +131,17 @@ struct node_a {
     });
   }
   /// Waits until every request has ended.
+  /// Every request ended with a failed token_msg (shard_failed), before its last token.
+  void expect_failed(const std::vector<replica_request>& reqs) {
+    std::lock_guard lock(c.mu);
+    for (const auto& r : reqs) {
+      const token_msg& end = c.ends[r.id];
+      EXPECT_TRUE(end.failed) << "request " << r.id << " ended without failing, after " << c.tokens[r.id].size()
+                              << " tokens";
+      EXPECT_EQ(errc_name(end.err.code), errc_name(errc::shard_failed)) << end.err.message;
+      EXPECT_LT(c.tokens[r.id].size(), r.max_tokens);
+    }
+  }
   bool ended(const std::vector<replica_request>& reqs) {
     return wait_for(c, [&] { return c.ends.size() >= reqs.size(); });
   }
@@ -267,16 +278,7 @@ class SplitReplica : public ::testing::Test {
     ASSERT_TRUE(node_c->send(*peer, transport::encode(transport::envelope{{"node-c", 99}, {"", shard_id}, 0, 0, bad})).ok());
 
     ASSERT_TRUE(a.ended(reqs)) << "after the bad step:\n" << a.c.describe();
-    {
-      std::lock_guard lock(a.c.mu);
-      for (const auto& r : reqs) {
-        const token_msg& end = a.c.ends[r.id];
-        EXPECT_TRUE(end.failed) << "request " << r.id << " ended without failing, after " << a.c.tokens[r.id].size()
-                                << " tokens";
-        EXPECT_EQ(errc_name(end.err.code), errc_name(errc::shard_failed)) << end.err.message;
-        EXPECT_LT(a.c.tokens[r.id].size(), r.max_tokens);
-      }
-    }
+    a.expect_failed(reqs);
     std::unique_lock lock(mu);
     ASSERT_TRUE(cv.wait_for(lock, patience, [&] { return !heard.empty(); })) << "node C heard nothing back";
     const auto* res = std::get_if<transport::shard_result_msg>(&heard.front().msg);
@@ -371,16 +373,7 @@ TEST_F(SplitReplica, NodeBsDeathFailsTheRequestsInFlightAndStopsTheReplica) {
   caf::anon_send_exit(b->bridge, caf::exit_reason::kill);
   caf::anon_send_exit(b->shard, caf::exit_reason::kill);
   ASSERT_TRUE(a.ended(reqs)) << "after node B's death:\n" << a.c.describe();
-  {
-    std::lock_guard lock(a.c.mu);
-    for (const auto& r : reqs) {
-      const token_msg& end = a.c.ends[r.id];
-      EXPECT_TRUE(end.failed) << "request " << r.id << " ended without failing, after " << a.c.tokens[r.id].size()
-                              << " tokens";
-      EXPECT_EQ(errc_name(end.err.code), errc_name(errc::shard_failed)) << end.err.message;
-      EXPECT_LT(a.c.tokens[r.id].size(), r.max_tokens);
-    }
-  }
+  a.expect_failed(reqs);
   downs d{self, {}};
   EXPECT_TRUE(d.wait(a.replica)) << "the replica outlived node B";
 
