@@ -106,6 +106,7 @@ struct Resources {
   cores @0 :UInt32;
   memoryBytes @1 :UInt64;
   gpus @2 :UInt32;
+  slots @3 :UInt32;         # shards it may host (0: the coordinator's default, 2)
 }
 
 # A node asks to join: who it is, what it does, where it listens, what it has, and a fresh

@@ -279,7 +279,7 @@ std::optional<node_role> parse_role(const YAML::Node& node) {
 
 result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, bool allow_public) {
   r.at(entry_label("nodes", index, node));
-  LLMESH_READ(f, r.map(node, {"name", "roles", "listen", "http", "rpc"}));
+  LLMESH_READ(f, r.map(node, {"name", "roles", "listen", "http", "rpc", "slots"}));
   LLMESH_READ(name, r.string(f, "name", true));
   if (!is_name(*name)) return r.fail("'name' must be 1..64 letters, digits, '-', '_' or '.', got " + shown(*name));
   node_spec out;
@@ -306,6 +306,9 @@ result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, boo
   if (!out.has(node_role::gateway) && (http || rpc))
     return r.fail(std::string(http ? "'http'" : "'rpc'") + " is only for gateway nodes");
   if (out.has(node_role::gateway) && !http) return r.fail("'http' is required on a gateway node");
+  LLMESH_READ(slots, r.integer(f, "slots", 1, 1024));  // 1024: far past any node's devices or cores
+  if (slots && !out.has(node_role::replica)) return r.fail("'slots' is only for replica nodes");
+  if (slots) out.slots = static_cast<int>(*slots);
   return out;
 }
 

@@ -70,7 +70,8 @@ coordinator::actions coordinator::on_message(transport::peer_id peer, const tran
             const auto& info = members_.members().at(*j.joined);
             if (peer != 0 && has_role(info.who.roles, transport::role::router)) brief_router(peer, out);
             if (has_role(info.who.roles, transport::role::replica)) {
-              if (auto ch = plan_.node_up(*j.joined); ch) {
+              const uint32_t slots = std::min<uint32_t>(info.res.slots, 1024);  // 0: not said; 1024 as in configs
+              if (auto ch = plan_.node_up(*j.joined, slots > 0 ? static_cast<int>(slots) : placement_planner::default_slots); ch) {
                 auto more = apply(*ch);
                 out.insert(out.end(), more.begin(), more.end());
               }

@@ -78,6 +78,7 @@ void send_hello(agent* self) {
   st.nonce = *n;
   transport::resources res;
   res.cores = std::max(1u, std::thread::hardware_concurrency());
+  res.slots = static_cast<uint32_t>(std::max(st.opt.slots, 0));
   to_coordinator(self, transport::hello_msg{st.opt.node, st.opt.roles, st.opt.listen, res, st.nonce});
 }
 

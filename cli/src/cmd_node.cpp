@@ -30,13 +30,14 @@ namespace {
 
 struct node_flags {
   std::string config, name, join, listen, roles, token, model_dir, http, device = "cpu";
-  int threads = 0, heartbeat_ms = 500;
+  int threads = 0, heartbeat_ms = 500, slots = 0;
   size_t drain_s = 10, max_concurrent = 256;
 };
 
 /// What this process is, from the config or the flags.
 struct node_plan {
   std::string name, listen, seed, token;
+  int slots = 0;
   std::vector<actors::node_role> roles;
   std::chrono::milliseconds heartbeat{500}, failure_timeout{3000};
   std::vector<actors::model_spec> models;  ///< the coordinator's (config mode)
@@ -62,6 +63,7 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     p.models = cfg->models;
     p.http = n->http;
     p.rpc = n->rpc;
+    p.slots = n->slots;
     if (p.has(actors::node_role::gateway)) {
       if (cfg->models.empty()) return make_error(errc::invalid_request, f.config + ": a gateway needs a model");
       p.gateway_model_dir = cfg->models.front().path;
@@ -77,6 +79,7 @@ result<node_plan> plan_from_flags(const node_flags& f) {
   p.seed = seed->str();
   p.listen = listen->str();
   p.heartbeat = std::chrono::milliseconds(f.heartbeat_ms);
+  p.slots = f.slots;
   p.token = f.token;
   if (p.token.empty()) {
     if (const char* t = std::getenv("LLMESH_TOKEN")) p.token = t;
@@ -186,6 +189,7 @@ status run_node(const node_flags& f) {
   ao.node = p.name;
   ao.roles = wire_roles(p.roles);
   ao.listen = p.listen;
+  ao.slots = p.slots;
   ao.seed = p.seed;
   ao.token = p.token;
   ao.heartbeat = p.heartbeat;
@@ -298,6 +302,8 @@ void add_node(CLI::App& app, command_set& commands) {
   sub->add_option("--model", f->model_dir, "--join with the gateway role: the model directory (tokenizer)");
   sub->add_option("--http", f->http, "--join with the gateway role: HTTP address HOST:PORT");
   sub->add_option("--heartbeat-ms", f->heartbeat_ms, "--join: heartbeat interval")->check(CLI::Range(10, 60000));
+  sub->add_option("--slots", f->slots, "--join: tensor-parallel shards this replica node may host (default 2)")
+      ->check(CLI::Range(1, 1024));
   sub->add_option("--device", f->device, "Replicas' device: cpu, cuda or auto")->capture_default_str();
   sub->add_option("--threads", f->threads, "Kernel threads per replica; 0 = one per core")->check(CLI::Range(0, 1024));
   sub->add_option("--drain-timeout", f->drain_s, "Seconds to let requests finish on SIGTERM")->check(CLI::Range(0, 3600));

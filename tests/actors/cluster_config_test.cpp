@@ -179,6 +179,17 @@ TEST(ClusterConfig, ErrorNamesTheFileTheEntryAndTheField) {
   EXPECT_EQ(error_of(with("listen: 127.0.0.1:7102", "listen: x")), "t.yaml: nodes[2] (replica-b): 'listen' must be HOST:PORT, got 'x'");
 }
 
+TEST(ClusterConfig, AReplicaNodeMaySayHowManyShardsItHosts) {
+  auto c = parse_cluster_config(with("listen: 127.0.0.1:7101", "listen: 127.0.0.1:7101\n    slots: 6"), "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_EQ(c->node("replica-a")->slots, 6);
+  EXPECT_EQ(c->node("replica-b")->slots, 0);  // not said: the coordinator's default
+  expect_refused(with("listen: 127.0.0.1:7101", "listen: 127.0.0.1:7101\n    slots: 0"), {"nodes[1] (replica-a)", "'slots'"});
+  expect_refused(with("listen: 127.0.0.1:7101", "listen: 127.0.0.1:7101\n    slots: 5000"), {"'slots'"});
+  expect_refused(with("listen: 127.0.0.1:7101", "listen: 127.0.0.1:7101\n    slots: many"), {"'slots'"});
+  expect_refused(with("listen: 127.0.0.1:7100", "listen: 127.0.0.1:7100\n    slots: 2"), {"nodes[0] (seed)", "'slots' is only for replica nodes"});
+}
+
 TEST(ClusterConfig, RequiredFieldsAreRequired) {
   expect_refused(with("mesh: test\n", ""), {"'mesh' is required"});
   expect_refused(with("seed: 127.0.0.1:7100\n", ""), {"'seed' is required"});

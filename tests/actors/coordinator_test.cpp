@@ -122,7 +122,7 @@ std::vector<transport::assign_msg> assigns(const coordinator::actions& as) {
 
 transport::hello_msg hello(const std::string& name, peer_id peer,
                            std::vector<transport::role> roles = {transport::role::replica}) {
-  return {name, std::move(roles), "127.0.0.1:" + std::to_string(7100 + peer), {2, 1ull << 30, 0},
+  return {name, std::move(roles), "127.0.0.1:" + std::to_string(7100 + peer), {2, 1ull << 30, 0, 0},
           *join_auth::make_nonce()};
 }
 
@@ -230,6 +230,20 @@ TEST(Coordinator, AReplicaNodeWithTheTokenIsWelcomedAndAssignedAReplica) {
   EXPECT_EQ(describe(b), (strings{"welcome -> 3:1", "start r2 -> 3:1"}));
   EXPECT_EQ(std::get<transport::welcome_msg>(b[0].msg).members.size(), 3u);
   EXPECT_EQ(json::parse(ctl(c, "status").reply.json)["pending"], json::object());
+}
+
+TEST(Coordinator, ANodeThatAnnouncesMoreSlotsHostsMoreReplicas) {
+  auto c = make({tiny(3)});  // tp 2, packed
+  auto h = hello("big", 1);
+  h.res.slots = 4;
+  EXPECT_EQ(assigns(join(c, 1, h)).size(), 2u);  // 4 slots: two tp-2 replicas, the third is short
+  EXPECT_EQ(node_view(c, "big")["slots"], 4);
+  EXPECT_EQ(assigns(join(c, 2, "small")).size(), 1u);  // the default: 2 slots
+  EXPECT_EQ(node_view(c, "small")["slots"], 2);
+  auto huge = hello("huge", 3);
+  huge.res.slots = UINT32_MAX;  // capped, not wrapped into a negative count
+  join(c, 3, huge);
+  EXPECT_EQ(node_view(c, "huge")["slots"], 1024);
 }
 
 TEST(Coordinator, AWrongTokenOrABadHelloIsRefusedAndAssignsNothing) {

@@ -24,7 +24,7 @@ std::vector<envelope> samples() {
       cancel_msg{9},
       status_request{},
       load_msg{5, true, 3, 4, 100, 4096},
-      hello_msg{"replica-a", {role::replica, role::router}, "127.0.0.1:7101", {2, 24ull << 30, 0}, std::string("\x00\x01\xff", 3)},
+      hello_msg{"replica-a", {role::replica, role::router}, "127.0.0.1:7101", {2, 24ull << 30, 0, 6}, std::string("\x00\x01\xff", 3)},
       challenge_msg{std::string(32, '\x7f')},
       proof_msg{std::string(32, '\x01')},
       welcome_msg{true, "", {{"seed", {role::coordinator, role::gateway}, "127.0.0.1:7100"}, {"replica-a", {role::replica}, "127.0.0.1:7101"}}},

@@ -76,6 +76,7 @@ struct writer {
     r.setCores(m.res.cores);
     r.setMemoryBytes(m.res.memory_bytes);
     r.setGpus(m.res.gpus);
+    r.setSlots(m.res.slots);
     h.setNonce(data(m.nonce));
   }
   void operator()(const challenge_msg& m) { b.initChallenge().setNonce(data(m.nonce)); }
@@ -281,7 +282,7 @@ struct reader {
         m.roles = roles(h.getRoles());
         m.listen = str(h.getListen(), "listen");
         auto r = h.getResources();
-        m.res = {r.getCores(), r.getMemoryBytes(), r.getGpus()};
+        m.res = {r.getCores(), r.getMemoryBytes(), r.getGpus(), r.getSlots()};
         m.nonce = bytes(h.getNonce(), "nonce");
         out = std::move(m);
         break;

@@ -59,6 +59,7 @@ struct node_spec {
   endpoint listen;               ///< the mesh (actor message) address; unique in the file
   std::optional<endpoint> http;  ///< gateway only, and required there: the OpenAI-compatible API
   std::optional<endpoint> rpc;   ///< gateway only, optional: the native Cap'n Proto RPC API
+  int slots = 0;                 ///< replica only, optional: tensor-parallel shards it may host (0: 2)
 
   bool has(node_role role) const;
 };

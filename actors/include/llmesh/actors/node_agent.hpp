@@ -36,6 +36,7 @@ struct node_agent_options {
   std::string node;  ///< this node's name
   std::vector<transport::role> roles;
   std::string listen;  ///< this node's mesh address
+  int slots = 0;       ///< shards this node may host, announced in its Hello (0: the coordinator's default)
   std::string seed;    ///< the coordinator's mesh address (unused when the coordinator is local)
   std::string token;
   std::chrono::milliseconds heartbeat{500};

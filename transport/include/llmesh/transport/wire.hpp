@@ -65,6 +65,7 @@ struct resources {
   uint32_t cores = 0;
   uint64_t memory_bytes = 0;
   uint32_t gpus = 0;
+  uint32_t slots = 0;  ///< shards it may host (0: the coordinator's default)
   bool operator==(const resources&) const = default;
 };
 struct hello_msg {
