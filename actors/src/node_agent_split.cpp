@@ -66,15 +66,15 @@ void maybe_form(agent* self, uint64_t id) {
 
 /// Rank 0's node: asks the bridge for the stand-ins of the remote shards one by one, then
 /// `done` with them (rank → actor).
-void gather_proxies(agent* self, std::vector<std::pair<int, std::pair<transport::peer_id, uint64_t>>> todo,
+void gather_proxies(agent* self, std::vector<std::pair<int, std::pair<transport::peer_id, uint64_t>>> left,
                     std::map<int, caf::actor> got, std::function<void(std::map<int, caf::actor>)> done) {
-  if (todo.empty()) return done(std::move(got));
-  auto [rank, where] = todo.back();
-  todo.pop_back();
+  if (left.empty()) return done(std::move(got));
+  auto [rank, where] = left.back();
+  left.pop_back();
   self->request(self->state.bridge, 10s, proxy_atom::value, where.first, where.second)
       .await([=](caf::actor p) mutable {
         got[rank] = p;
-        gather_proxies(self, std::move(todo), std::move(got), done);
+        gather_proxies(self, std::move(left), std::move(got), done);
       });
 }
 
@@ -265,8 +265,8 @@ void joined(agent* self, uint64_t id, const std::string& err) {
   auto it = st.forming.find(id);
   if (it == st.forming.end()) return;
   if (!err.empty()) return fail_forming(self, id, "tensor group: " + err);
-  std::vector<std::pair<int, std::pair<transport::peer_id, uint64_t>>> todo(it->second.remote.begin(), it->second.remote.end());
-  gather_proxies(self, std::move(todo), {}, [=](std::map<int, caf::actor> remote) {
+  std::vector<std::pair<int, std::pair<transport::peer_id, uint64_t>>> left(it->second.remote.begin(), it->second.remote.end());
+  gather_proxies(self, std::move(left), {}, [=](std::map<int, caf::actor> remote) {
     auto& st = self->state;
     auto f = st.forming.find(id);
     if (f == st.forming.end()) {  // stopped meanwhile

@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "../free_port.hpp"
+
 namespace llmesh::testing {
 
 /// A child process (argv[0] is the binary) whose stderr is collected; SIGTERM (then SIGKILL)
@@ -140,18 +142,6 @@ class server_process : public child_process {
   int port_ = 0;
 };
 
-/// A free TCP port on 127.0.0.1 (bound, then released: rarely, another process takes it first).
-inline int free_local_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 struct http_response {
   int status = 0;  ///< 0: no response (connection failed or closed early)

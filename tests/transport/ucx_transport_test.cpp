@@ -23,6 +23,7 @@
 #include <mutex>
 #include <thread>
 
+#include "../free_port.hpp"
 #include "llmesh/transport/ucx_transport.hpp"
 
 extern char** environ;
@@ -117,19 +118,6 @@ struct pair_fixture {
     server_peer = rs.accepted[0];
   }
 };
-
-// A port on 127.0.0.1 that nobody listens on (bound, read, released).
-uint16_t unused_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 TEST(UcxTransport, ExchangesAThousandFramesEachWayInOrder) {
   pair_fixture f;
@@ -259,7 +247,7 @@ TEST(UcxTransport, ConnectingToAPortNobodyListensOnReportsPeerDownWithinTheTimeo
   auto t = make(r, o);
   ASSERT_TRUE(t);
   auto t0 = clock_type::now();
-  auto p = t->connect("127.0.0.1:" + std::to_string(unused_port()));
+  auto p = t->connect("127.0.0.1:" + std::to_string(llmesh::testing::free_local_port())  /* nobody listens there */);
   ASSERT_TRUE(p.ok());
   ASSERT_TRUE(eventually([&] { return r.n_down() == 1; }));
   double ms = std::chrono::duration<double, std::milli>(r.first_down - t0).count();
