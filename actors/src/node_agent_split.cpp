@@ -187,6 +187,10 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
   {
     auto a = st.assigned.find(p->id);
     if (a == st.assigned.end()) return;
+    if (a->second.shard_nodes.empty()) {  // malformed (load_part refused it): nobody to tell
+      st.assigned.erase(a);
+      return;
+    }
     *leader_listen = a->second.shard_nodes.front();
     *key = a->second.group_key;
     if (!p->engine) {
