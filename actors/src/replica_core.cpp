@@ -39,15 +39,6 @@ bool replica_core::cancel(uint64_t id) {
   return sched_.cancel(id);
 }
 
-std::vector<int32_t> sample_rows(std::span<const float> logits, size_t vocab, std::span<const sample_row> rows) {
-  std::vector<int32_t> out;
-  out.reserve(rows.size());
-  for (size_t r = 0; r < rows.size(); ++r) {
-    out.push_back(kernels::sample(logits.subspan(r * vocab, vocab), rows[r].params, rows[r].position));
-  }
-  return out;
-}
-
 bool replica_core::begin_step() {
   plan_ = sched_.schedule();
   batch_.clear();
@@ -73,11 +64,11 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
 
 result<std::vector<token_event>> replica_core::step() {
   if (!begin_step()) return std::vector<token_event>{};
-  if (auto s = eng_.forward(batch_, logits_); !s) {
+  std::vector<int32_t> sampled;
+  if (auto s = eng_.forward_sample(batch_, rows_, sampled); !s) {
     in_step_ = false;
     return s.take_error();
   }
-  const auto sampled = sample_rows(logits_, eng_.config().vocab, rows_);
   return finish_step(sampled);
 }
 

@@ -1,4 +1,4 @@
-// The shard actor (shard_actor.hpp): a step in, engine::forward_rank, a result out.
+// The shard actor (shard_actor.hpp): a step in, engine::forward_rank_sample, a result out.
 #include "llmesh/actors/shard_actor.hpp"
 
 namespace llmesh::actors {
@@ -24,15 +24,12 @@ std::shared_ptr<const step_data> step_data::copy(std::span<const model::step_seq
 caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, model::engine* eng, int rank) {
   return {
       [=](shard_step_atom, const shard_step& s) -> shard_result {
-        auto& logits = self->state.logits;
         const auto& d = *s.data;
-        if (auto st = eng->forward_rank(rank, d.batch, logits); !st) return shard_result{s.step, rank, false, st.err(), {}};
-        if (rank != 0) return shard_result{s.step, rank, true, {}, {}};
-        try {
-          return shard_result{s.step, rank, true, {}, sample_rows(logits, eng->config().vocab, d.rows)};
-        } catch (const std::exception& e) {
-          return shard_result{s.step, rank, false, make_error(errc::internal, std::string("sampling: ") + e.what()), {}};
+        std::vector<int32_t> tokens;
+        if (auto st = eng->forward_rank_sample(rank, d.batch, d.rows, tokens); !st) {
+          return shard_result{s.step, rank, false, st.err(), {}};
         }
+        return shard_result{s.step, rank, true, {}, std::move(tokens)};  // rank 0's tokens; others' empty
       },
   };
 }

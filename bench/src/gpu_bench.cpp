@@ -148,6 +148,16 @@ struct bench_tables {
   }
 };
 
+/// Greedy rows for every sequence of a batch (each wants a token).
+std::vector<kernels::sample_row> greedy_rows(size_t n) { return std::vector<kernels::sample_row>(n); }
+
+/// Rows with the usual chat sampling: temperature 0.8, top-k 50, top-p 0.95.
+std::vector<kernels::sample_row> sampled_rows(size_t n, size_t position) {
+  std::vector<kernels::sample_row> rows(n);
+  for (size_t i = 0; i < n; ++i) rows[i] = {{0.8f, 50, 0.95f, 1234 + i}, position};
+  return rows;
+}
+
 result<mode_result> run_mode(model::step_executor& ex, const model::model_config& c, const gpu_bench_options& o,
                              size_t bs, size_t kv_bytes_per_token) {
   mode_result r;
@@ -163,11 +173,11 @@ result<mode_result> run_mode(model::step_executor& ex, const model::model_config
     bench_tables bt(1, o.prompt_tokens, bs);
     auto prompt = tokens(o.prompt_tokens);
     model::step_sequence s{prompt, 0, bt.tables[0], true};
-    LLMESH_TRY(ex.forward_greedy(std::span(&s, 1), ids));  // warm-up (plans, allocations)
+    LLMESH_TRY(ex.forward_sample(std::span(&s, 1), greedy_rows(1), ids));  // warm-up (plans, allocations)
     std::vector<double> times;
     for (int i = 0; i < std::max(1, o.reps); ++i) {
       auto t0 = clock_type::now();
-      LLMESH_TRY(ex.forward_greedy(std::span(&s, 1), ids));
+      LLMESH_TRY(ex.forward_sample(std::span(&s, 1), greedy_rows(1), ids));
       times.push_back(since(t0));
     }
     r.pp_seconds = median(times);
@@ -178,12 +188,12 @@ result<mode_result> run_mode(model::step_executor& ex, const model::model_config
     std::vector<model::step_sequence> seqs;
     for (size_t i = 0; i < batch; ++i) prompts.push_back(tokens(o.context));
     for (size_t i = 0; i < batch; ++i) seqs.push_back({prompts[i], 0, bt.tables[i], true});
-    LLMESH_TRY(ex.forward_greedy(seqs, ids));
+    LLMESH_TRY(ex.forward_sample(seqs, greedy_rows(seqs.size()), ids));
     std::vector<std::vector<int32_t>> next(batch);
     for (size_t i = 0; i < batch; ++i) next[i] = {ids[i]};
     auto step_at = [&](size_t step) -> status {
       for (size_t i = 0; i < batch; ++i) seqs[i] = {next[i], o.context + step, bt.tables[i], true};
-      LLMESH_TRY(ex.forward_greedy(seqs, ids));
+      LLMESH_TRY(ex.forward_sample(seqs, greedy_rows(seqs.size()), ids));
       for (size_t i = 0; i < batch; ++i) next[i][0] = ids[i];
       return ok_status();
     };
@@ -214,9 +224,9 @@ status profile_ops(std::shared_ptr<const model::model> m, const model::model_con
     bench_tables bt(1, o.prompt_tokens, bs);
     std::vector<int32_t> prompt(o.prompt_tokens, 1);
     model::step_sequence s{prompt, 0, bt.tables[0], true};
-    LLMESH_TRY((*ex)->forward_greedy(std::span(&s, 1), ids));
+    LLMESH_TRY((*ex)->forward_sample(std::span(&s, 1), greedy_rows(1), ids));
     (*ex)->profile_reset();
-    LLMESH_TRY((*ex)->forward_greedy(std::span(&s, 1), ids));
+    LLMESH_TRY((*ex)->forward_sample(std::span(&s, 1), greedy_rows(1), ids));
     std::printf("\nprofile: prefill %zu tokens (fast mode)\n%s", o.prompt_tokens, (*ex)->profile_report().c_str());
   }
   for (size_t batch : o.batches) {
@@ -224,13 +234,20 @@ status profile_ops(std::shared_ptr<const model::model> m, const model::model_con
     std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>(o.context, 2)), next(batch, {3});
     std::vector<model::step_sequence> seqs;
     for (size_t i = 0; i < batch; ++i) seqs.push_back({prompts[i], 0, bt.tables[i], true});
-    LLMESH_TRY((*ex)->forward_greedy(seqs, ids));
+    LLMESH_TRY((*ex)->forward_sample(seqs, greedy_rows(batch), ids));
     (*ex)->profile_reset();
     for (size_t step = 0; step < 8; ++step) {
       for (size_t i = 0; i < batch; ++i) seqs[i] = {next[i], o.context + step, bt.tables[i], true};
-      LLMESH_TRY((*ex)->forward_greedy(seqs, ids));
+      LLMESH_TRY((*ex)->forward_sample(seqs, greedy_rows(batch), ids));
     }
     std::printf("\nprofile: 8 decode steps at batch %zu (fast mode, no graphs)\n%s", batch,
+                (*ex)->profile_report().c_str());
+    (*ex)->profile_reset();
+    for (size_t step = 0; step < 8; ++step) {  // the same positions again: the cache slots are rewritten
+      for (size_t i = 0; i < batch; ++i) seqs[i] = {next[i], o.context + step, bt.tables[i], true};
+      LLMESH_TRY((*ex)->forward_sample(seqs, sampled_rows(batch, o.context + step + 1), ids));
+    }
+    std::printf("\nprofile: the same 8 steps sampled (temperature 0.8, top-k 50, top-p 0.95)\n%s",
                 (*ex)->profile_report().c_str());
   }
   return ok_status();

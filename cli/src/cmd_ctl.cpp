@@ -99,14 +99,16 @@ status run_ctl(const ctl_flags& f) {
 void add_ctl(CLI::App& app, command_set& commands) {
   auto f = std::make_shared<ctl_flags>();
   auto* sub = app.add_subcommand("ctl", "Operator commands against the coordinator: status, nodes, replicas, drain NODE, "
-                                        "remove NODE, scale MODEL N");
+                                        "remove NODE, scale MODEL N, fault NODE RULE");
   sub->add_option("--control", f->control, "The coordinator's mesh address HOST:PORT");
   sub->add_option("--config", f->config, "Cluster config: the seed address and the token");
   sub->add_option("--token", f->token, "The cluster token (or LLMESH_TOKEN)");
   sub->add_flag("--json", f->json, "Print JSON");
   sub->add_option("--timeout", f->timeout_s, "Seconds to wait for the answer")->check(CLI::Range(1, 3600));
-  sub->add_option("command", f->command, "status, nodes, replicas, drain, remove or scale")->required();
-  sub->add_option("args", f->args, "The command's arguments");
+  sub->add_option("command", f->command, "status, nodes, replicas, drain, remove, scale or fault")->required();
+  sub->add_option("args", f->args,
+                  "The command's arguments; fault's RULE: drop=0.1,dup=0.05,delay=20ms,partition,for=3s "
+                  "(any subset) or none");
   commands.emplace_back(sub, [f] { return run_ctl(*f); });
 }
 

@@ -1,81 +1,75 @@
-// Sampling on CPU. The filters decide *which* tokens may be drawn (ranked by probability,
-// ties broken by the lower id); the draw then walks the kept tokens in increasing id order,
-// so the token a given (seed, position) picks depends only on the logits and the parameters.
+// Sampling on CPU, the oracle of sampling_cuda.cu. Probabilities become integer masses once
+// (sampling_fixed.hpp); the filters keep a prefix of the vocabulary ordered by mass (ties: the
+// lower id first); the draw walks the kept tokens in increasing id order. With integer masses
+// no sum depends on its order, so the device's parallel sums pick the same token.
 // Cost: O(vocab) without filters; top-k is a partial sort; top-p sorts a growing prefix and,
-// for flat distributions where the prefix would grow past 4096, finds the probability
-// threshold by bisection instead (O(vocab · 32)).
+// for flat distributions where the prefix would grow past 4096, finds the mass threshold by
+// bisection instead (O(vocab · 41)).
 #include <algorithm>
-#include <cstring>
+#include <cmath>
 #include <vector>
 
 #include "llmesh/kernels/elementwise.hpp"
 #include "llmesh/kernels/sampling.hpp"
+#include "sampling/sampling_fixed.hpp"
 
 namespace llmesh::kernels {
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+namespace fx = sampling_detail;
 
 struct candidate {
-  float p;
+  uint64_t m;  ///< integer mass
   int32_t id;
 };
 
-bool before(const candidate& a, const candidate& b) { return a.p > b.p || (a.p == b.p && a.id < b.id); }
+bool before(const candidate& a, const candidate& b) { return a.m > b.m || (a.m == b.m && a.id < b.id); }
 
-double mass_of(const candidate* c, size_t n) {
-  double m = 0.0;
-  for (size_t i = 0; i < n; ++i) m += c[i].p;
+uint64_t mass_of(const candidate* c, size_t n) {
+  uint64_t m = 0;
+  for (size_t i = 0; i < n; ++i) m += c[i].m;
   return m;
 }
 
-/// Reorders c so that its first n entries are the smallest most-likely set (in `before`
-/// order) whose mass reaches `target`; returns n (at least 1). c[0..size) is unsorted.
-size_t nucleus(std::vector<candidate>& c, size_t size, double target) {
+/// Reorders c so that its first n entries are the shortest prefix (in `before` order) whose
+/// mass reaches `target` (>= 1, <= the mass of all `size`); returns n. c[0..size) is unsorted.
+size_t nucleus(std::vector<candidate>& c, size_t size, uint64_t target) {
   for (size_t prefix = std::min<size_t>(size, 256);; prefix = std::min(size, prefix * 4)) {
     if (prefix > 4096 && prefix < size) break;  // flat distribution: bisection below
     std::partial_sort(c.begin(), c.begin() + static_cast<ptrdiff_t>(prefix), c.begin() + static_cast<ptrdiff_t>(size), before);
-    double mass = 0.0;
+    uint64_t mass = 0;
     for (size_t n = 0; n < prefix; ++n) {
-      mass += c[n].p;
+      mass += c[n].m;
       if (mass >= target) return n + 1;
     }
     if (prefix == size) return size;
   }
-  // Largest threshold t (over float bit patterns, monotonic for p >= 0) with mass(p >= t) >= target.
-  auto mass_at_least = [&](uint32_t bits) {
-    float t;
-    std::memcpy(&t, &bits, 4);
-    double m = 0.0;
-    for (size_t i = 0; i < size; ++i) m += c[i].p >= t ? c[i].p : 0.0f;
+  // The largest threshold t with mass(m >= t) >= target; then everything above t and, in id
+  // order, as many ties at t as the target needs.
+  auto mass_at_least = [&](uint64_t t) {
+    uint64_t m = 0;
+    for (size_t i = 0; i < size; ++i) m += c[i].m >= t ? c[i].m : 0;
     return m;
   };
-  uint32_t lo = 0, hi = 0x3f800001u;  // p <= 1
+  uint64_t lo = 1, hi = 0;  // mass_at_least(lo) >= target > mass_at_least(hi)
+  for (size_t i = 0; i < size; ++i) hi = std::max(hi, c[i].m);
+  ++hi;
   while (hi - lo > 1) {
-    uint32_t mid = lo + (hi - lo) / 2;
+    uint64_t mid = lo + (hi - lo) / 2;
     if (mass_at_least(mid) >= target) lo = mid; else hi = mid;
   }
-  float t;
-  std::memcpy(&t, &lo, 4);
-  auto mid = std::partition(c.begin(), c.begin() + static_cast<ptrdiff_t>(size), [t](const candidate& x) { return x.p > t; });
-  auto eq_end = std::partition(mid, c.begin() + static_cast<ptrdiff_t>(size), [t](const candidate& x) { return x.p == t; });
+  const uint64_t t = lo;
+  auto mid = std::partition(c.begin(), c.begin() + static_cast<ptrdiff_t>(size), [t](const candidate& x) { return x.m > t; });
+  auto eq_end = std::partition(mid, c.begin() + static_cast<ptrdiff_t>(size), [t](const candidate& x) { return x.m == t; });
   std::sort(mid, eq_end, before);  // ties at the threshold: lower ids first
-  size_t n = static_cast<size_t>(mid - c.begin());
-  double mass = mass_of(c.data(), n);
-  while (mass < target && n < static_cast<size_t>(eq_end - c.begin())) mass += c[n++].p;
-  return std::max<size_t>(n, 1);
+  const size_t above = static_cast<size_t>(mid - c.begin());
+  return above + static_cast<size_t>(fx::ties_needed(target, mass_of(c.data(), above), t));
 }
 
 }  // namespace
 
 double sampling_uniform(uint64_t seed, uint64_t position) {
-  uint64_t h = splitmix64(seed ^ splitmix64(position ^ 0x5851f42d4c957f2dull));
-  return static_cast<double>(h >> 11) * 0x1.0p-53;
+  return static_cast<double>(fx::draw_bits(seed, position) >> 11) * 0x1.0p-53;
 }
 
 int32_t argmax(std::span<const float> logits) {
@@ -86,37 +80,50 @@ int32_t argmax(std::span<const float> logits) {
   return best;
 }
 
+bool is_greedy(const sampling_params& params) { return !(params.temperature > 0.0f) || params.top_k == 1; }
+
 int32_t sample(std::span<const float> logits, const sampling_params& params, uint64_t position) {
   if (logits.empty()) return 0;
-  if (params.temperature <= 0.0f || params.top_k == 1) return argmax(logits);
-  const size_t vocab = logits.size();
-  const float max_logit = logits[argmax(logits)];
+  const int32_t best = argmax(logits);
+  if (is_greedy(params)) return best;
+  const float max_logit = logits[best];
   const float inv_t = 1.0f / params.temperature;
-  std::vector<candidate> c(vocab);
-  for (size_t i = 0; i < vocab; ++i) c[i] = {exp_det((logits[i] - max_logit) * inv_t), static_cast<int32_t>(i)};
-
-  size_t keep = vocab;
-  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab) {
+  if (!std::isfinite(max_logit) || !std::isfinite(inv_t)) return best;
+  const size_t vocab = logits.size();
+  const int bits = fx::mass_bits(vocab);
+  std::vector<candidate> c;
+  c.reserve(vocab);
+  for (size_t i = 0; i < vocab; ++i) {
+    const uint64_t m = fx::mass_of(exp_det((logits[i] - max_logit) * inv_t), bits);
+    if (m != 0) c.push_back({m, static_cast<int32_t>(i)});  // massless tokens can never be drawn
+  }
+  size_t keep = c.size();  // >= 1: the most likely token has mass 2^bits
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < keep) {
     keep = static_cast<size_t>(params.top_k);
     std::partial_sort(c.begin(), c.begin() + static_cast<ptrdiff_t>(keep), c.end(), before);
   }
-  if (params.top_p < 1.0f) {
-    double target = static_cast<double>(std::max(params.top_p, 0.0f)) * mass_of(c.data(), keep);
-    keep = nucleus(c, keep, target);
-  }
-  // Draw: walk the kept tokens in id order.
-  if (keep < vocab) {
+  if (params.top_p < 1.0f) keep = nucleus(c, keep, fx::nucleus_target(mass_of(c.data(), keep), params.top_p));
+  // Draw: walk the kept tokens in id order (c was built in id order; filters reorder it).
+  if (keep < c.size()) {
     std::sort(c.begin(), c.begin() + static_cast<ptrdiff_t>(keep),
               [](const candidate& a, const candidate& b) { return a.id < b.id; });
   }
-  double total = mass_of(c.data(), keep);
-  double u = sampling_uniform(params.seed, position) * total;
-  double acc = 0.0;
+  const uint64_t u = fx::mulhi(fx::draw_bits(params.seed, position), mass_of(c.data(), keep));
+  uint64_t acc = 0;
   for (size_t i = 0; i < keep; ++i) {
-    acc += c[i].p;
+    acc += c[i].m;
     if (u < acc) return c[i].id;
   }
-  return c[keep - 1].id;  // rounding put u at the very top: the last kept token
+  return c[keep - 1].id;  // unreachable: u < total
+}
+
+std::vector<int32_t> sample_rows(std::span<const float> logits, size_t vocab, std::span<const sample_row> rows) {
+  std::vector<int32_t> out;
+  out.reserve(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    out.push_back(sample(logits.subspan(r * vocab, vocab), rows[r].params, rows[r].position));
+  }
+  return out;
 }
 
 }  // namespace llmesh::kernels

@@ -1,7 +1,14 @@
 // config.json -> model_config. Unknown keys are ignored (HF configs carry many); known keys
 // with wrong types or impossible values are errors, and so is anything we would silently
 // compute wrong (a non-silu activation, an unsupported rope_scaling type, MLP biases).
+// load_config also merges generation_config.json's bos/eos ids when that file is present.
 #include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <system_error>
 
 #include "llmesh/model/config.hpp"
 #include "read_file.hpp"
@@ -170,6 +177,61 @@ result<model_config> parse_config_json(const std::string& text) {
   return c;
 }
 
+/// Appends each of `src` not already in `dst`, keeping order.
+void append_unique(std::vector<int32_t>& dst, const std::vector<int32_t>& src) {
+  for (int32_t id : src) {
+    if (std::find(dst.begin(), dst.end(), id) == dst.end()) dst.push_back(id);
+  }
+}
+
+/// generation_config.json's `key`: absent or null is none, else an int or a list of ints, each a
+/// valid token id (0..INT32_MAX). Unlike config.json's ids (read leniently), a wrong type here is
+/// an error: this file is the only source of e.g. Llama-3-Instruct's end-of-turn id, and
+/// ignoring it silently would make generation run to max_tokens.
+result<std::vector<int32_t>> get_generation_ids(const json& j, const char* key, const std::string& path) {
+  std::vector<int32_t> ids;
+  if (!j.contains(key) || j[key].is_null()) return ids;
+  auto bad_ids = [&] {
+    return make_error(errc::invalid_request, path + ": field '" + key + "' must be a token id or a list of token ids");
+  };
+  auto add = [&](const json& x) {
+    if (!x.is_number_integer()) return false;
+    const bool in_range = x.is_number_unsigned()
+                              ? x.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int32_t>::max())
+                              : x.get<int64_t>() >= 0 && x.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+    if (!in_range) return false;
+    ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+    return true;
+  };
+  const auto& v = j[key];
+  if (v.is_array()) {
+    for (const auto& x : v) {
+      if (!add(x)) return bad_ids();
+    }
+  } else if (!add(v)) {
+    return bad_ids();
+  }
+  return ids;
+}
+
+/// Merges generation_config.json (the text of `path`) into `c`, as HF transformers and vLLM do:
+/// eos ids are config.json's followed by generation_config's, without duplicates; bos ids are
+/// taken from it only where config.json has none.
+status merge_generation_config(model_config& c, const std::string& text, const std::string& path) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return make_error(errc::invalid_request, path + ": not a JSON object");
+  auto eos = get_generation_ids(j, "eos_token_id", path);
+  if (!eos) return eos.take_error();
+  auto bos = get_generation_ids(j, "bos_token_id", path);
+  if (!bos) return bos.take_error();
+  std::vector<int32_t> merged;
+  append_unique(merged, c.eos_ids);
+  append_unique(merged, *eos);
+  c.eos_ids = std::move(merged);
+  if (c.bos_ids.empty()) append_unique(c.bos_ids, *bos);
+  return ok_status();
+}
+
 }  // namespace
 
 result<model_config> parse_config(const std::string& text) {
@@ -190,6 +252,14 @@ result<model_config> load_config(const std::string& model_dir) {
     e.message = model_dir + "/" + e.message;
     return e;
   }
+  // generation_config.json is optional: only a missing file is skipped; one that exists but
+  // cannot be read or parsed is an error, so a model never loads without its stop ids.
+  const std::string gen_path = model_dir + "/generation_config.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(gen_path, ec)) return c;
+  auto gen_text = read_text_file(gen_path);
+  if (!gen_text) return make_error(errc::io_error, "cannot read " + gen_path);  // it exists
+  LLMESH_TRY(merge_generation_config(*c, *gen_text, gen_path));
   return c;
 }
 

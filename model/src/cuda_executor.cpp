@@ -1,8 +1,9 @@
 // The CUDA executor (cuda_executor.hpp). A step: host metadata (token ids, positions, cache
 // slots, query tiles, logit rows, block tables) goes to the device in one copy; then the layer
-// loop of shard_executor.cpp runs as kernels on one stream; then argmax ids (greedy) or logits
-// come back. Pure decode steps pad the batch to a power-of-two bucket (padding rows have slot
-// -1 and touch nothing) and replay a CUDA graph captured once per (bucket, partitions).
+// loop of shard_executor.cpp runs as kernels on one stream; then token ids (argmax, or the
+// device sampler, which draws the CPU's tokens) or logits come back. Pure decode steps pad the
+// batch to a power-of-two bucket (padding rows have slot -1 and touch nothing) and replay a
+// CUDA graph captured once per (bucket, partitions).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -78,10 +79,28 @@ class cuda_executor final : public step_executor {
     return finish();
   }
 
-  status forward_greedy(std::span<const step_sequence> batch, std::vector<int32_t>& tokens) override {
+  status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
+                        std::vector<int32_t>& tokens) override {
+    LLMESH_TRY(check_sample_rows(batch, rows.size()));
     step_plan p;
     LLMESH_TRY(run(batch, p));
-    LLMESH_TRY(timed("argmax", [&] { return cuda::argmax(logits_full(), p.real_rows, cfg_.vocab, ids_.as<int32_t>(), stream_.get()); }));
+    tokens.clear();
+    if (layout_.rank != 0 || p.real_rows == 0) return finish();
+    const bool greedy = std::all_of(rows.begin(), rows.end(), [](const auto& r) { return kernels::is_greedy(r.params); });
+    if (greedy) {
+      LLMESH_TRY(timed("argmax", [&] { return cuda::argmax(logits_full(), p.real_rows, cfg_.vocab, ids_.as<int32_t>(), stream_.get()); }));
+    } else {
+      auto* args = sample_args_host_.as<cuda::device_sample_row>();
+      for (size_t r = 0; r < rows.size(); ++r) {
+        const auto& q = rows[r].params;
+        args[r] = {q.temperature, q.top_k, q.top_p, 0, q.seed, rows[r].position};
+      }
+      LLMESH_TRY(cuda::copy_to_device(sample_args_.get(), args, rows.size() * sizeof(cuda::device_sample_row), stream_.get()));
+      LLMESH_TRY(timed("sample", [&] {
+        return cuda::sample(logits_full(), p.real_rows, cfg_.vocab, sample_args_.as<cuda::device_sample_row>(), ids_.as<int32_t>(),
+                            stream_.get());
+      }));
+    }
     LLMESH_TRY(cuda::copy_to_host(ids_host_.get(), ids_.get(), p.real_rows * sizeof(int32_t), stream_.get()));
     LLMESH_TRY(finish());
     tokens.assign(ids_host_.as<int32_t>(), ids_host_.as<int32_t>() + p.real_rows);
@@ -196,6 +215,10 @@ class cuda_executor final : public step_executor {
       auto pinned = cuda::buffer::pinned(cap_ * sizeof(int32_t));
       if (!pinned) return pinned.take_error();
       ids_host_ = std::move(*pinned);
+      LLMESH_TRY(alloc(sample_args_, cap_ * sizeof(cuda::device_sample_row)));
+      auto pinned_args = cuda::buffer::pinned(cap_ * sizeof(cuda::device_sample_row));
+      if (!pinned_args) return pinned_args.take_error();
+      sample_args_host_ = std::move(*pinned_args);
       // Padding rows read these buffers: start from zeros, never from stale NaN patterns.
       for (auto* b : {&h_, &xn_, &proj_, &xl_, &q_, &attn_, &k_, &v_, &gate_, &up_}) {
         LLMESH_TRY(cuda::fill_bytes(b->get(), 0, b->size(), stream_.get()));
@@ -431,7 +454,7 @@ class cuda_executor final : public step_executor {
   std::vector<cuda::buffer> k_cache_, v_cache_;
   cuda::buffer cos_, sin_;
   size_t cap_ = 0, cap_tables_ = 0, cap_parts_ = 1, cap_singles_ = 0;
-  cuda::buffer meta_, meta_host_, ids_, ids_host_;
+  cuda::buffer meta_, meta_host_, ids_, ids_host_, sample_args_, sample_args_host_;
   cuda::buffer h_, xn_, proj_, xl_, q_, attn_, k_, v_, gate_, up_, scratch16_, logits_, gathered_raw_, gathered_,
       partials_;
   std::map<std::pair<size_t, size_t>, cuda::graph> graphs_;

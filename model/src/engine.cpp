@@ -193,11 +193,25 @@ status engine::step(std::span<const step_item> items, std::vector<float>& logits
   });
 }
 
-status engine::step_greedy(std::span<const step_item> items, std::vector<int32_t>& tokens) {
+status engine::step_sample(std::span<const step_item> items, std::span<const kernels::sample_row> rows,
+                           std::vector<int32_t>& tokens) {
+  size_t want = 0;
+  for (const auto& it : items) want += it.want_logits ? 1 : 0;
+  if (want != rows.size()) {
+    return make_error(errc::invalid_request, "step: " + std::to_string(rows.size()) + " sampling rows for " +
+                                                 std::to_string(want) + " items that want a token");
+  }
   std::vector<std::vector<int32_t>> rank_tokens(opt_.tp);
   return run_step(items, [&](int r, std::span<const step_sequence> batch, std::vector<float>&) {
-    return shards_[r]->forward_greedy(batch, r == 0 ? tokens : rank_tokens[r]);
+    return shards_[r]->forward_sample(batch, rows, r == 0 ? tokens : rank_tokens[r]);
   });
+}
+
+status engine::step_greedy(std::span<const step_item> items, std::vector<int32_t>& tokens) {
+  size_t want = 0;
+  for (const auto& it : items) want += it.want_logits ? 1 : 0;
+  const std::vector<kernels::sample_row> rows(want);  // default parameters: greedy
+  return step_sample(items, rows, tokens);
 }
 
 template <class Fn>
@@ -314,12 +328,24 @@ status engine::forward(std::span<const step_sequence> batch, std::vector<float>&
   });
 }
 
-status engine::forward_rank(int rank, std::span<const step_sequence> batch, std::vector<float>& logits) {
+status engine::forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
+                              std::vector<int32_t>& tokens) {
+  LLMESH_TRY(all_local("forward"));
+  LLMESH_TRY(check_batch(batch));
+  LLMESH_TRY(check_sample_rows(batch, rows.size()));
+  std::vector<std::vector<int32_t>> rank_tokens(opt_.tp);
+  return run_ranks(batch, [&](int r, std::span<const step_sequence> b, std::vector<float>&) {
+    return shards_[r]->forward_sample(b, rows, r == 0 ? tokens : rank_tokens[r]);
+  });
+}
+
+template <class Fn>
+status engine::guarded_rank(int rank, Fn fn) {
   const int i = index_of(rank);
   if (i < 0) return make_error(errc::invalid_request, "forward_rank: rank " + std::to_string(rank) + " does not run here");
   status s = ok_status();
   try {
-    s = shards_[static_cast<size_t>(i)]->forward(batch, logits);
+    s = fn(*shards_[static_cast<size_t>(i)]);
   } catch (const std::exception& e) {  // e.g. out of memory: still abort, or the peers wait forever
     s = make_error(errc::shard_failed, std::string("rank ") + std::to_string(rank) + ": " + e.what());
   }
@@ -331,6 +357,15 @@ status engine::forward_rank(int rank, std::span<const step_sequence> batch, std:
     failed_ = true;
   }
   return s;
+}
+
+status engine::forward_rank(int rank, std::span<const step_sequence> batch, std::vector<float>& logits) {
+  return guarded_rank(rank, [&](step_executor& ex) { return ex.forward(batch, logits); });
+}
+
+status engine::forward_rank_sample(int rank, std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
+                                   std::vector<int32_t>& tokens) {
+  return guarded_rank(rank, [&](step_executor& ex) { return ex.forward_sample(batch, rows, tokens); });
 }
 
 }  // namespace llmesh::model

@@ -107,13 +107,20 @@ status shard_executor::forward(std::span<const step_sequence> batch, std::vector
   return lm_head(batch, logits);
 }
 
-status shard_executor::forward_greedy(std::span<const step_sequence> batch, std::vector<int32_t>& tokens) {
-  LLMESH_TRY(forward(batch, greedy_logits_));
-  const size_t vocab = model_->config().vocab;
-  tokens.resize(vocab ? greedy_logits_.size() / vocab : 0);
-  for (size_t r = 0; r < tokens.size(); ++r) {
-    tokens[r] = kernels::argmax(std::span<const float>(greedy_logits_.data() + r * vocab, vocab));
-  }
+status check_sample_rows(std::span<const step_sequence> batch, size_t rows) {
+  size_t want = 0;
+  for (const auto& s : batch) want += s.want_logits ? 1 : 0;
+  if (want == rows) return ok_status();
+  return make_error(errc::invalid_request, "sampling: " + std::to_string(rows) + " rows for " + std::to_string(want) +
+                                               " sequences that want a token");
+}
+
+status shard_executor::forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
+                                      std::vector<int32_t>& tokens) {
+  LLMESH_TRY(check_sample_rows(batch, rows.size()));
+  LLMESH_TRY(forward(batch, sample_logits_));
+  tokens.clear();
+  if (layout_.rank == 0) tokens = kernels::sample_rows(sample_logits_, model_->config().vocab, rows);
   return ok_status();
 }
 

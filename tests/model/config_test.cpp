@@ -1,7 +1,8 @@
 // Tests of config.json parsing: defaults and explicit values for Llama, Mistral and Qwen2,
 // rope_scaling, biases and sliding windows; and that every malformed or unsupported config is
 // an error value naming the field (never an exception), classified invalid_request or
-// unsupported.
+// unsupported. load_config: reading a model directory, with generation_config.json's bos/eos
+// ids merged in.
 #include "llmesh/model/config.hpp"
 
 #include <gtest/gtest.h>
@@ -545,6 +546,118 @@ TEST(LoadConfig, ParseErrorNamesDirectoryAndField) {
   EXPECT_EQ(c.err().code, errc::invalid_request);
   EXPECT_NE(c.err().message.find(dir.path()), std::string::npos) << c.err().message;
   EXPECT_NE(c.err().message.find("vocab_size"), std::string::npos) << c.err().message;
+}
+
+/// Writes DIR/config.json (minimal Llama with `eos` as eos_token_id unless null) and, unless
+/// `gen` is empty, DIR/generation_config.json with text `gen`; then loads the directory.
+result<model_config> load_with(const temp_dir& dir, const json& eos, const std::string& gen) {
+  json j = minimal_llama();
+  if (!eos.is_null()) j["eos_token_id"] = eos;
+  testing::write_text(dir / "config.json", j.dump(2));
+  if (!gen.empty()) testing::write_text(dir / "generation_config.json", gen);
+  return load_config(dir.path());
+}
+
+TEST(LoadConfig, GenerationConfigIntEosIsAppended) {
+  temp_dir dir;
+  auto c = load_with(dir, 128001, R"({"bos_token_id": 128000, "eos_token_id": 128009, "do_sample": true})");
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_EQ(c->eos_ids, (std::vector<int32_t>{128001, 128009}));
+}
+
+TEST(LoadConfig, GenerationConfigListEosIsAppendedInOrder) {
+  temp_dir dir;
+  auto c = load_with(dir, nullptr, R"({"eos_token_id": [128001, 128008, 128009]})");
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_EQ(c->eos_ids, (std::vector<int32_t>{128001, 128008, 128009}));
+}
+
+TEST(LoadConfig, GenerationConfigEosUnionKeepsConfigFirstWithoutDuplicates) {
+  temp_dir dir;
+  // generation_config repeats config.json's ids (reordered, one twice) and adds two new ones.
+  auto c = load_with(dir, json::array({128001, 128008}), R"({"eos_token_id": [128009, 128001, 128009, 128008, 7]})");
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_EQ(c->eos_ids, (std::vector<int32_t>{128001, 128008, 128009, 7}));
+  // The same single id in both files stays single.
+  temp_dir same;
+  auto d = load_with(same, 2, R"({"eos_token_id": 2})");
+  ASSERT_TRUE(d.ok()) << d.err().message;
+  EXPECT_EQ(d->eos_ids, std::vector<int32_t>{2});
+}
+
+TEST(LoadConfig, GenerationConfigWithoutEosOrNullEosLeavesConfigIds) {
+  for (const char* gen : {R"({"do_sample": false})", R"({"eos_token_id": null})", R"({"eos_token_id": []})"}) {
+    temp_dir dir;
+    auto c = load_with(dir, 5, gen);
+    ASSERT_TRUE(c.ok()) << gen << ": " << c.err().message;
+    EXPECT_EQ(c->eos_ids, std::vector<int32_t>{5}) << gen;
+  }
+}
+
+TEST(LoadConfig, MissingGenerationConfigIsFine) {
+  temp_dir dir;
+  json j = minimal_llama();
+  j["bos_token_id"] = 1;
+  j["eos_token_id"] = json::array({2, 3});
+  testing::write_text(dir / "config.json", j.dump(2));
+  auto c = load_config(dir.path());
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_EQ(c->bos_ids, std::vector<int32_t>{1});
+  EXPECT_EQ(c->eos_ids, (std::vector<int32_t>{2, 3}));
+}
+
+TEST(LoadConfig, GenerationConfigBosOnlyWhereConfigHasNone) {
+  temp_dir dir;
+  auto c = load_with(dir, nullptr, R"({"bos_token_id": 128000})");
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_EQ(c->bos_ids, std::vector<int32_t>{128000});
+  // config.json's bos wins.
+  temp_dir both;
+  json j = minimal_llama();
+  j["bos_token_id"] = 1;
+  testing::write_text(both / "config.json", j.dump(2));
+  testing::write_text(both / "generation_config.json", R"({"bos_token_id": 128000})");
+  auto d = load_config(both.path());
+  ASSERT_TRUE(d.ok()) << d.err().message;
+  EXPECT_EQ(d->bos_ids, std::vector<int32_t>{1});
+}
+
+TEST(LoadConfig, MalformedGenerationConfigIsRefusedNamingTheFile) {
+  for (const char* gen : {"{", "not json", "{\"eos_token_id\": 1,}", "[1, 2]", "42", "null"}) {
+    temp_dir dir;
+    auto c = load_with(dir, 2, gen);
+    ASSERT_FALSE(c.ok()) << "accepted: " << gen;
+    EXPECT_EQ(c.err().code, errc::invalid_request) << gen;
+    EXPECT_NE(c.err().message.find(dir / "generation_config.json"), std::string::npos) << c.err().message;
+    EXPECT_EQ(c.err().message.find('\n'), std::string::npos) << c.err().message;
+  }
+}
+
+TEST(LoadConfig, GenerationConfigIdsOfWrongTypeAreRefusedNamingFileAndField) {
+  const std::vector<std::pair<const char*, json>> cases = {
+      {"eos_token_id", "128009"},
+      {"eos_token_id", 128009.5},
+      {"eos_token_id", true},
+      {"eos_token_id", json::object()},
+      {"eos_token_id", json::array({128001, "128009"})},
+      {"eos_token_id", json::array({128001, nullptr})},
+      {"eos_token_id", json::array({json::array({1})})},
+      {"eos_token_id", -1},
+      {"eos_token_id", std::numeric_limits<uint64_t>::max()},
+      {"eos_token_id", int64_t{1} << 40},
+      {"bos_token_id", "<s>"},
+  };
+  for (const auto& [field, value] : cases) {
+    temp_dir dir;
+    json gen = {{"do_sample", false}};
+    gen[field] = value;
+    result<model_config> c = model_config{};
+    ASSERT_NO_THROW(c = load_with(dir, 2, gen.dump())) << gen.dump();
+    ASSERT_FALSE(c.ok()) << "accepted " << gen.dump();
+    EXPECT_EQ(c.err().code, errc::invalid_request) << gen.dump();
+    EXPECT_NE(c.err().message.find(dir / "generation_config.json"), std::string::npos) << c.err().message;
+    EXPECT_NE(c.err().message.find(field), std::string::npos) << c.err().message;
+  }
 }
 
 }  // namespace

@@ -71,7 +71,7 @@ struct model_spec {
   int tp = 1;        ///< tensor-parallel shards per replica, 1..64
   int replicas = 1;  ///< replicas to keep running, 0..1024 (0: declared, scaled up later)
   std::string policy = "least-load";  ///< router policy: round-robin|least-load|power-of-two|prefix-aware
-  size_t kv_cache_mb = 1024;          ///< KV-cache budget per replica, MiB
+  size_t kv_cache_mb = 1024;          ///< KV-cache budget per tensor-parallel shard, MiB
   placement place = placement::packed;
 };
 

@@ -26,15 +26,8 @@ struct replica_request {
   std::vector<int32_t> eos_ids;       ///< generation ends after any of these
 };
 
-/// How to draw the token of one row of a step's logits: the request's parameters, keyed by the
-/// position the token will take (model::generate's (seed, position) key).
-struct sample_row {
-  kernels::sampling_params params;
-  size_t position = 0;
-};
-
-/// One token per row of `logits` ([rows][vocab]).
-std::vector<int32_t> sample_rows(std::span<const float> logits, size_t vocab, std::span<const sample_row> rows);
+using kernels::sample_row;
+using kernels::sample_rows;
 
 /// Thread affinity: one thread (the replica actor's). Ownership: borrows the engine, which it
 /// drives through engine::forward with its own block tables.
@@ -76,7 +69,6 @@ class replica_core {
   step_plan plan_;
   std::vector<model::step_sequence> batch_;
   std::vector<sample_row> rows_;
-  std::vector<float> logits_;
   bool in_step_ = false;
 };
 

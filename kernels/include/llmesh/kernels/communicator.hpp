@@ -1,5 +1,7 @@
 // The collective operations tensor-parallel shards meet in, behind one interface: shared memory
-// between threads here; UCX between processes and NCCL on GPUs come later behind the same one.
+// between threads here; between processes, actors::tensor_communicator implements it over the
+// transport (UCX in `llmesh node`). NCCL on GPUs sits behind kernels::device_communicator
+// (device_communicator.hpp), on device memory and a stream.
 #pragma once
 
 #include <memory>

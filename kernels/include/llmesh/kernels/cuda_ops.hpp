@@ -138,6 +138,21 @@ class blas {
 /// out[r] = index of the largest of logits[r][0..vocab) (lowest index on ties, as kernels::argmax).
 [[nodiscard]] status argmax(const float* logits, size_t rows, size_t vocab, int32_t* out, stream_t s);
 
+/// One row's draw on the device: kernels::sample_row, flattened.
+struct device_sample_row {
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  uint32_t reserved = 0;
+  uint64_t seed = 0;
+  uint64_t position = 0;
+};
+
+/// out[r] = kernels::sample(logits[r][0..vocab), args[r]): the CPU's token, bit for bit (the
+/// same integer masses). args: `rows` entries in device memory.
+[[nodiscard]] status sample(const float* logits, size_t rows, size_t vocab, const device_sample_row* args, int32_t* out,
+                            stream_t s);
+
 /// Fills n elements of type `type` with uniform values in [-scale, scale) from (seed, index)
 /// (for benchmarks: random weights straight on the device).
 [[nodiscard]] status fill_random(void* dst, dtype type, size_t n, float scale, uint64_t seed, stream_t s);

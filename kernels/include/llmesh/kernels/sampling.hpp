@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace llmesh::kernels {
 
@@ -17,14 +18,35 @@ struct sampling_params {
   uint64_t seed = 0;
 };
 
-/// A uniform double in [0, 1) that depends only on (seed, position).
+/// How to draw the token of one row of a step's logits: the request's parameters, keyed by the
+/// position the token will take (the (seed, position) key of model::generate).
+struct sample_row {
+  sampling_params params;
+  uint64_t position = 0;
+};
+
+/// A uniform double in [0, 1) that depends only on (seed, position) (the draw's 53 high bits).
 double sampling_uniform(uint64_t seed, uint64_t position);
+
+/// True when params pick the most likely token (temperature <= 0 or NaN, or top_k == 1).
+bool is_greedy(const sampling_params& params);
 
 /// Index of the largest logit; the lowest index wins ties.
 int32_t argmax(std::span<const float> logits);
 
 /// Picks a token from logits for the token at absolute `position` of the sequence.
 /// Order of filters as in HF: temperature, then top-k, then top-p over the renormalised rest.
+/// Exactly (the device kernel, cuda::sample, gives the same token):
+///  1. greedy params, a non-finite largest logit or 1/temperature: argmax;
+///  2. each token's probability relative to the most likely, exp_det((l - max) / T), becomes an
+///     integer mass (sampling_fixed.hpp: p · 2^40, truncated);
+///  3. order by mass, ties the lower id first; top-k keeps the first k; top-p keeps the
+///     shortest prefix of those whose mass reaches floor(their mass · top_p) (at least 1);
+///  4. u = high 64 bits of (64 bits keyed by (seed, position)) · (kept mass); the token is the
+///     first kept one, in id order, whose running mass exceeds u.
 int32_t sample(std::span<const float> logits, const sampling_params& params, uint64_t position);
+
+/// One token per row of `logits` ([rows][vocab]).
+std::vector<int32_t> sample_rows(std::span<const float> logits, size_t vocab, std::span<const sample_row> rows);
 
 }  // namespace llmesh::kernels

@@ -27,13 +27,17 @@ struct model_config {
   bool qkv_bias = false;       ///< Qwen2, or Llama with attention_bias
   bool o_bias = false;         ///< Llama with attention_bias
   size_t sliding_window = 0;   ///< 0: none (Mistral sliding_window, Qwen2 with use_sliding_window)
-  std::vector<int32_t> bos_ids, eos_ids;
+  std::vector<int32_t> bos_ids, eos_ids;  ///< load_config merges generation_config.json's in
 };
 
 /// Parses config.json text. Errors name the missing or invalid field.
 [[nodiscard]] result<model_config> parse_config(const std::string& json_text);
 
-/// Reads and parses DIR/config.json.
+/// Reads and parses DIR/config.json, then merges DIR/generation_config.json when present:
+/// its eos_token_id (an int or a list) is appended to config.json's eos ids without
+/// duplicates, and its bos_token_id is used only where config.json has none. A malformed
+/// generation_config.json (bad JSON, or ids that are not non-negative ints) is an invalid_request error
+/// naming that file; a missing one is fine.
 [[nodiscard]] result<model_config> load_config(const std::string& model_dir);
 
 }  // namespace llmesh::model

@@ -70,14 +70,21 @@ class engine {
   /// is changed.
   [[nodiscard]] status step(std::span<const step_item> items, std::vector<float>& logits);
 
-  /// As step(), but returns the greedy token of each wanted row instead of its logits (on a
-  /// GPU, only the ids leave the device).
+  /// As step(), but draws the token of each wanted row instead of returning its logits: rows
+  /// holds one kernels::sample_row per item with want_logits, in order (on a GPU, only the ids
+  /// leave the device).
+  [[nodiscard]] status step_sample(std::span<const step_item> items, std::span<const kernels::sample_row> rows,
+                                   std::vector<int32_t>& tokens);
+  /// step_sample() with greedy rows.
   [[nodiscard]] status step_greedy(std::span<const step_item> items, std::vector<int32_t>& tokens);
 
   /// Runs one step over sequences whose KV blocks the caller manages (a replica's block
   /// manager, ids in [0, kv_blocks())): checks ids, lengths and tables, then runs every rank.
   /// An engine is driven either this way or through open_sequence/step, never both.
   [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits);
+  /// As forward(), drawing one token per wanted row (rows as in step_sample).
+  [[nodiscard]] status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
+                                      std::vector<int32_t>& tokens);
   /// The checks forward() makes before running the ranks (ids, lengths, block tables, a failed group).
   [[nodiscard]] status check_batch(std::span<const step_sequence> batch) const;
   /// Rank `rank`'s part of forward(), for callers that run the ranks themselves (the shard
@@ -86,6 +93,10 @@ class engine {
   /// caller checks the batch first (check_batch) and merges the statuses. A failing rank
   /// aborts its communicator (its peers fail instead of waiting) and marks the group failed.
   [[nodiscard]] status forward_rank(int rank, std::span<const step_sequence> batch, std::vector<float>& logits);
+  /// As forward_rank(), drawing the rows' tokens: rank 0's `tokens` receive one per row (the
+  /// other ranks' stay empty). Every rank must get the same rows.
+  [[nodiscard]] status forward_rank_sample(int rank, std::span<const step_sequence> batch,
+                                           std::span<const kernels::sample_row> rows, std::vector<int32_t>& tokens);
   /// Marks the group failed and aborts this engine's collectives (a peer rank must not wait
   /// for a step this engine will not run).
   void abort();
@@ -118,6 +129,10 @@ class engine {
   /// Runs `fn(rank, batch, scratch)` on every rank (the map) and merges their statuses.
   template <class Fn>
   [[nodiscard]] status run_ranks(std::span<const step_sequence> batch, Fn fn);
+
+  /// Runs `fn(executor)` as rank `rank`; a failure (or exception) aborts the rank's collectives.
+  template <class Fn>
+  [[nodiscard]] status guarded_rank(int rank, Fn fn);
 
   /// Index into shards_, comms_ and pools_ of `rank`, or -1 when it runs elsewhere.
   int index_of(int rank) const;

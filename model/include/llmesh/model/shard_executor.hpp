@@ -12,6 +12,7 @@
 #include "llmesh/common/error.hpp"
 #include "llmesh/kernels/attention.hpp"
 #include "llmesh/kernels/communicator.hpp"
+#include "llmesh/kernels/sampling.hpp"
 #include "llmesh/kernels/thread_pool.hpp"
 #include "llmesh/model/weights.hpp"
 
@@ -45,6 +46,9 @@ struct step_sequence {
   bool want_logits = true;
 };
 
+/// Refuses a step whose sampling rows do not match its sequences with want_logits, one to one.
+[[nodiscard]] status check_sample_rows(std::span<const step_sequence> batch, size_t rows);
+
 /// One rank's forward step on some device: the CPU (shard_executor below) or a GPU
 /// (cuda_executor.hpp). The engine and the shard actors see only this.
 class step_executor {
@@ -56,9 +60,11 @@ class step_executor {
   /// cover pos0 + tokens.size() (the engine checks both before calling).
   [[nodiscard]] virtual status forward(std::span<const step_sequence> batch, std::vector<float>& logits) = 0;
 
-  /// Runs one step and returns the greedy token (kernels::argmax) of each wanted row; on a
-  /// GPU only the ids cross back to the host.
-  [[nodiscard]] virtual status forward_greedy(std::span<const step_sequence> batch, std::vector<int32_t>& tokens) = 0;
+  /// Runs one step and draws the token of each wanted row (kernels::sample with rows[i], one
+  /// row per sequence with want_logits, in batch order): rank 0's `tokens` get one per row,
+  /// other ranks' are left empty. On a GPU only the ids cross back to the host.
+  [[nodiscard]] virtual status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
+                                              std::vector<int32_t>& tokens) = 0;
 
   virtual const shard_layout& layout() const = 0;
 
@@ -76,7 +82,8 @@ class shard_executor final : public step_executor {
                  kernels::communicator* comm, kernels::thread_pool* pool);
 
   [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits) override;
-  [[nodiscard]] status forward_greedy(std::span<const step_sequence> batch, std::vector<int32_t>& tokens) override;
+  [[nodiscard]] status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
+                                      std::vector<int32_t>& tokens) override;
   const shard_layout& layout() const override { return layout_; }
 
  private:
@@ -95,7 +102,7 @@ class shard_executor final : public step_executor {
   std::vector<std::vector<float>> keys_, values_;  ///< per layer
 
   // Step buffers, [n_tokens][...], grown on demand and reused.
-  std::vector<float> greedy_logits_;
+  std::vector<float> sample_logits_;
   std::vector<float> h_, xn_, q_, k_, v_, attn_, proj_, gate_, up_, cos_, sin_;
 };
 

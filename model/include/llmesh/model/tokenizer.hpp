@@ -1,11 +1,15 @@
-// Text -> token ids from an HF tokenizer.json, for byte-level BPE tokenizers (GPT-2, Llama 3,
-// Qwen2 and models trained like them): added/special tokens matched first (lstrip / rstrip /
-// single_word honoured), NFC/NFKC normalizers, Split-regex and ByteLevel pre-tokenizers
-// (PCRE2 with Unicode properties), BPE merges by rank (O(n log n) per word, cached), and the
-// TemplateProcessing / ByteLevel post-processors. Decoding is `detokenizer`'s.
+// Text -> token ids from an HF tokenizer.json, for BPE tokenizers: byte-level (GPT-2, Llama 3,
+// Qwen2 and models trained like them) and SentencePiece-style (Llama 2, Mistral). Added/special
+// tokens matched first (lstrip / rstrip / single_word honoured); NFC, NFKC, Prepend and
+// Replace (String pattern) normalizers; Split-regex (Isolated), ByteLevel and Metaspace
+// pre-tokenizers (PCRE2 with Unicode properties); BPE merges by rank (O(n log n) per word,
+// cached), with byte_fallback, unk_token, fuse_unk and ignore_merges; the TemplateProcessing /
+// ByteLevel post-processors. Decoding is `detokenizer`'s.
 //
-// Not yet: SentencePiece-style BPE (Metaspace, byte_fallback: Llama 2, Mistral) — load()
-// refuses such files with an `unsupported` error naming the component.
+// load() refuses, with an `unsupported` error naming the component: models other than BPE
+// (Unigram, WordPiece, ...), BPE continuing_subword_prefix / end_of_word_suffix, any other
+// normalizer (Replace with a Regex pattern too), pre-tokenizer, post-processor or decoder, and
+// Split without a Regex pattern or with a behaviour other than Isolated.
 #pragma once
 
 #include <cstdint>
