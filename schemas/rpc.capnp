@@ -24,7 +24,7 @@ struct GenerateRequest {
     text @2 :Text;              # tokenized with the model's tokenizer (BOS added as /v1/completions does)
     ids @3 :List(Int32);
   }
-  maxTokens @4 :UInt32;         # 0: up to the model's context
+  maxTokens @4 :UInt32;         # 0: until EOS or the context, at most the server's max-tokens limit (above it: 400)
   temperature @5 :Float32;      # 0: greedy
   topP @6 :Float32 = 1.0;
   topK @7 :Int32;

@@ -21,7 +21,7 @@ std::shared_ptr<const step_data> step_data::copy(std::span<const model::step_seq
   return d;
 }
 
-caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, model::engine* eng, int rank) {
+caf::behavior shard_actor(caf::stateful_actor<shard_state>* /*self*/, model::engine* eng, int rank) {
   return {
       [=](shard_step_atom, const shard_step& s) -> shard_result {
         const auto& d = *s.data;

@@ -169,10 +169,10 @@ void add_serve(CLI::App& app, command_set& commands) {
       ->check(CLI::Range(1, 1 << 24))->capture_default_str();
   sub->add_option("--max-body-kb", f->max_body_kb, "Largest request body, KiB; beyond: 413")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  sub->add_option("--max-connections", f->max_connections, "Open HTTP connections; beyond: closed at once")
+  sub->add_option("--max-connections", f->max_connections, "Open HTTP connections; beyond: 429 and closed at once")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_option("--max-connections-per-client", f->max_connections_per_client,
-                  "Open HTTP connections one client address may hold")
+                  "Open HTTP connections one client address may hold; beyond: 429")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_option("--idle-timeout", f->idle_timeout_s, "Seconds an idle connection stays open")
       ->check(CLI::Range(1, 86400))->capture_default_str();

@@ -127,10 +127,15 @@ api_outcome api_service::start(bool chat, const std::string& model, std::vector<
 
 result<generation_job> api_service::native_generate(std::string_view api_key, const std::string& model,
                                                     const std::optional<std::string>& prompt_text,
-                                                    std::vector<int32_t> prompt_ids, const generation_fields& g) {
+                                                    std::vector<int32_t> prompt_ids,
+                                                    const sampling_input& sampling, generation_fields rest) {
   if (!authorized("Bearer " + std::string(api_key))) {
     return make_error(errc::unauthorized, "missing or wrong API key");
   }
+  generation_fields g = std::move(rest);
+  g.max_tokens = opt_.limits.max_tokens;  // unless given: until EOS or the context, bounded by the server
+  g.max_tokens_given = false;
+  LLMESH_TRY(apply_sampling(sampling, opt_.limits, g));
   if (mesh_.ready_replicas() == 0) return make_error(errc::replica_unavailable, "no replica is ready");
   if (prompt_text) prompt_ids = tok_->encode(*prompt_text, true);
   return prepare(false, model, std::move(prompt_ids), g);

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <deque>
 #include <map>
+#include <sstream>
 
 namespace llmesh::gateway {
 
@@ -42,6 +43,9 @@ struct http_server::impl {
   std::map<net::ip::address, size_t> per_client;  ///< open connections by client address
   bool stopping = false;
   uint16_t port = 0;
+  /// The whole 429 replies to a connection over max_connections / over its client's share,
+  /// serialized once (the limits are fixed): a refusal costs one non-blocking send.
+  std::string full_reply, client_full_reply;
   net::io_context ioc{1};
   tcp::acceptor acceptor{ioc};
 };
@@ -238,6 +242,39 @@ awaitable<void> session(http_server::impl* s, tcp::socket sock, net::ip::address
   stream.close();
 }
 
+/// A reply as the bytes on the wire ("Connection: close").
+std::string wire_bytes(const http_reply& r) {
+  http::response<http::string_body> res{static_cast<http::status>(r.status), 11};
+  res.set(http::field::server, "llmesh");
+  res.set(http::field::content_type, r.content_type);
+  for (const auto& [k, v] : r.headers) res.set(k, v);
+  res.keep_alive(false);
+  res.body() = r.body;
+  res.prepare_payload();
+  std::ostringstream out;
+  out << res;
+  return out.str();
+}
+
+/// Refuses a connection over a limit with a 429 (DESIGN.md §6: overload answers fast) on the
+/// accept loop itself: one non-blocking send of the prepared reply and a close, without
+/// reading the request (a client sending the request first still finds the reply already in
+/// its receive buffer). Should a brand-new connection's send buffer not take these few hundred
+/// bytes (not seen in practice), the connection closes with what went out.
+void refuse(http_server::impl* s, tcp::socket& sock, const std::string& reply) {
+  const int fd = sock.native_handle();
+  (void)::send(fd, reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  count_request(s, 429);
+  // FIN after the reply; then what the client already sent is dropped, so that the close does
+  // not turn into a reset for that reason (at most a few reads, never a wait).
+  ::shutdown(fd, SHUT_WR);
+  char sink[4096];
+  for (int i = 0; i < 4 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+  }
+  error_code ec;
+  sock.close(ec);
+}
+
 awaitable<void> accept_loop(http_server::impl* s) {
   net::steady_timer backoff(s->ioc);
   for (;;) {
@@ -250,14 +287,18 @@ awaitable<void> accept_loop(http_server::impl* s) {
       continue;
     }
     const auto peer = sock.remote_endpoint(ec);
-    if (ec || s->connections >= s->opt.max_connections) {
+    if (ec) {  // already gone
       sock.close(ec);
       continue;
     }
-    // One client (address) cannot take every slot: beyond its share, its new connections close.
+    if (s->connections >= s->opt.max_connections) {
+      refuse(s, sock, s->full_reply);
+      continue;
+    }
+    // One client (address) cannot take every slot: beyond its share, its new connections get 429.
     if (auto it = s->per_client.find(peer.address());
         it != s->per_client.end() && it->second >= s->opt.max_connections_per_client) {
-      sock.close(ec);
+      refuse(s, sock, s->client_full_reply);
       continue;
     }
     net::co_spawn(s->ioc, session(s, std::move(sock), peer.address()), net::detached);
@@ -281,6 +322,12 @@ http_server::~http_server() = default;
 
 result<std::unique_ptr<http_server>> http_server::listen(api_service& api, http_options opt) {
   auto p = std::make_unique<impl>(api, opt);
+  p->full_reply = wire_bytes(error_reply(make_error(
+      errc::overloaded, "the server is at its limit of " + std::to_string(opt.max_connections) +
+                            " open connections; retry shortly")));
+  p->client_full_reply = wire_bytes(error_reply(make_error(
+      errc::overloaded, "this client address holds its limit of " + std::to_string(opt.max_connections_per_client) +
+                            " open connections; close one or retry shortly")));
   const std::string where = opt.host + ":" + std::to_string(opt.port);
   error_code ec;
   tcp::endpoint ep;

@@ -28,18 +28,38 @@ result<json> parse_object(std::string_view body) {
   return j;
 }
 
-/// A number field within [lo, hi]; absent or null keeps the default.
-status number_field(const json& j, const char* name, double lo, double hi, float& out) {
+/// An integer as int64_t, saturating (a huge unsigned value must not wrap into range).
+int64_t wide_integer(const json& v) {
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return v.get<int64_t>();
+}
+
+/// An optional number field's value, type-checked only (apply_sampling checks its range);
+/// absent or null leaves `out` empty.
+status number_field(const json& j, const char* name, std::optional<double>& out) {
   auto it = j.find(name);
   if (it == j.end() || it->is_null()) return ok_status();
   if (!it->is_number()) return bad(std::string("'") + name + "' must be a number");
-  const double v = it->get<double>();
-  if (!std::isfinite(v) || v < lo || v > hi) {
-    return bad(std::string("'") + name + "' must be between " + std::to_string(lo).substr(0, 4) + " and " +
-               std::to_string(hi).substr(0, 4));
-  }
-  out = static_cast<float>(v);
+  out = it->get<double>();
   return ok_status();
+}
+
+/// An optional integer field's value, type-checked only; absent or null leaves `out` empty.
+status integer_field(const json& j, const char* name, std::optional<int64_t>& out) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (!it->is_number_integer()) return bad(std::string("'") + name + "' must be an integer");
+  out = wide_integer(*it);
+  return ok_status();
+}
+
+/// A real field within [lo, hi] (NaN and infinities are outside).
+status check_range(const char* name, double v, double lo, double hi) {
+  if (std::isfinite(v) && v >= lo && v <= hi) return ok_status();
+  return bad(std::string("'") + name + "' must be between " + std::to_string(lo).substr(0, 4) + " and " +
+             std::to_string(hi).substr(0, 4));
 }
 
 status bool_field(const json& j, const char* name, bool& out) {
@@ -51,27 +71,20 @@ status bool_field(const json& j, const char* name, bool& out) {
 }
 
 status parse_generation(const json& j, const request_limits& lim, bool chat, generation_fields& g) {
+  sampling_input in;
+  // Chat's newer name wins when both are sent (OpenAI deprecated max_tokens for chat).
   for (const char* name : {chat ? "max_completion_tokens" : "", "max_tokens"}) {
     if (!*name) continue;
-    auto it = j.find(name);
-    if (it == j.end() || it->is_null()) continue;
-    if (!it->is_number_integer()) return bad(std::string("'") + name + "' must be an integer");
-    const auto v = it->get<int64_t>();
-    if (v < 1 || static_cast<uint64_t>(v) > lim.max_tokens) {
-      return bad(std::string("'") + name + "' must be between 1 and " + std::to_string(lim.max_tokens));
+    LLMESH_TRY(integer_field(j, name, in.max_tokens));
+    if (in.max_tokens) {
+      in.max_tokens_name = name;
+      break;
     }
-    g.max_tokens = static_cast<size_t>(v);
-    g.max_tokens_given = true;
-    break;
   }
-  LLMESH_TRY(number_field(j, "temperature", 0.0, 2.0, g.temperature));
-  LLMESH_TRY(number_field(j, "top_p", 0.0, 1.0, g.top_p));
-  if (auto it = j.find("top_k"); it != j.end() && !it->is_null()) {
-    if (!it->is_number_integer()) return bad("'top_k' must be an integer");
-    const auto v = it->get<int64_t>();
-    if (v < -1 || v > std::numeric_limits<int>::max()) return bad("'top_k' must be -1, 0 or positive");
-    g.top_k = v < 0 ? 0 : static_cast<int>(v);
-  }
+  LLMESH_TRY(number_field(j, "temperature", in.temperature));
+  LLMESH_TRY(number_field(j, "top_p", in.top_p));
+  LLMESH_TRY(integer_field(j, "top_k", in.top_k));
+  LLMESH_TRY(apply_sampling(in, lim, g));
   if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
     if (!it->is_number_integer()) return bad("'seed' must be an integer");
     g.seed = it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
@@ -145,6 +158,29 @@ json envelope(std::string_view kind, std::string_view id, int64_t created, std::
   return {{"id", id}, {"object", kind}, {"created", created}, {"model", model}};
 }
 
+/// A message's content given as parts ([{"type":"text","text":"..."}, ...]) as one string.
+/// The text parts are joined with "\n", as vLLM does for text-only content
+/// (vllm/entrypoints/chat_utils.py, _parse_chat_message_content_parts: "\n".join(texts));
+/// other parts (image_url, input_audio, ...) are refused: this server serves text models only.
+result<std::string> join_text_parts(const json& parts) {
+  std::string text;
+  bool first = true;
+  for (const auto& part : parts) {
+    if (!part.is_object()) return bad("each content part must be an object with a 'type'");
+    auto type = part.find("type");
+    if (type == part.end() || !type->is_string()) return bad("each content part needs a string 'type'");
+    if (type->get_ref<const std::string&>() != "text") {
+      return bad("content parts of type '" + type->get<std::string>() + "' are not supported (only 'text')");
+    }
+    auto t = part.find("text");
+    if (t == part.end() || !t->is_string()) return bad("each 'text' content part needs a string 'text'");
+    if (!first) text += '\n';
+    text += t->get_ref<const std::string&>();
+    first = false;
+  }
+  return text;
+}
+
 result<completion_request> parse_completion(std::string_view body, const request_limits& lim) {
   auto j = parse_object(body);
   if (!j) return j.take_error();
@@ -167,7 +203,9 @@ result<completion_request> parse_completion(std::string_view body, const request
   } else {
     return bad("'prompt' must be a string, or an array of token ids (one prompt per request)");
   }
-  if (auto e = j->find("echo"); e != j->end() && e->is_boolean() && e->get<bool>()) return bad("'echo' is not supported");
+  bool echo = false;
+  LLMESH_TRY(bool_field(*j, "echo", echo));
+  if (echo) return bad("'echo' is not supported");
   LLMESH_TRY(parse_generation(*j, lim, false, r.gen));
   return r;
 }
@@ -180,22 +218,53 @@ result<chat_request> parse_chat(std::string_view body, const request_limits& lim
   auto m = j->find("messages");
   if (m == j->end() || !m->is_array() || m->empty()) return bad("'messages' must be a non-empty array");
   if (m->size() > lim.max_messages) return bad("'messages' holds at most " + std::to_string(lim.max_messages) + " entries");
-  for (const auto& msg : *m) {
+  for (auto& msg : *m) {
     if (!msg.is_object()) return bad("each message must be an object");
     auto role = msg.find("role");
     if (role == msg.end() || !role->is_string()) return bad("each message needs a string 'role'");
     auto content = msg.find("content");
-    if (content == msg.end() || !(content->is_string() || content->is_null())) {
-      return bad("each message needs a string 'content'");
+    if (content == msg.end()) return bad("each message needs a 'content' (a string or an array of text parts)");
+    if (content->is_array()) {
+      auto text = join_text_parts(*content);
+      if (!text) return text.take_error();
+      *content = std::move(*text);  // the chat template sees a plain string, as with vLLM
+    } else if (!(content->is_string() || content->is_null())) {
+      return bad("each message's 'content' must be a string or an array of text parts");
     }
   }
-  r.messages = *m;
+  r.messages = std::move(*m);
   LLMESH_TRY(parse_generation(*j, lim, true, r.gen));
   if (!r.gen.max_tokens_given) r.gen.max_tokens = lim.max_tokens;  // chat: until EOS, bounded by the server
   return r;
 }
 
 }  // namespace
+
+status apply_sampling(const sampling_input& in, const request_limits& lim, generation_fields& g) {
+  if (in.max_tokens) {
+    const int64_t v = *in.max_tokens;
+    if (v < 1 || static_cast<uint64_t>(v) > lim.max_tokens) {
+      return bad(std::string("'") + in.max_tokens_name + "' must be between 1 and " + std::to_string(lim.max_tokens));
+    }
+    g.max_tokens = static_cast<size_t>(v);
+    g.max_tokens_given = true;
+  }
+  // OpenAI's ranges: temperature 0 (greedy) to 2, top_p a probability mass.
+  if (in.temperature) {
+    LLMESH_TRY(check_range("temperature", *in.temperature, 0.0, 2.0));
+    g.temperature = static_cast<float>(*in.temperature);
+  }
+  if (in.top_p) {
+    LLMESH_TRY(check_range("top_p", *in.top_p, 0.0, 1.0));
+    g.top_p = static_cast<float>(*in.top_p);
+  }
+  if (in.top_k) {
+    const int64_t v = *in.top_k;
+    if (v < -1 || v > std::numeric_limits<int>::max()) return bad("'top_k' must be -1, 0 or positive");
+    g.top_k = v < 0 ? 0 : static_cast<int>(v);  // vLLM's -1 and 0 both mean off
+  }
+  return ok_status();
+}
 
 // nlohmann::json throws on some inputs (deep nesting, type errors we did not foresee): any such
 // exception becomes a 400 naming the JSON problem, never a crash.

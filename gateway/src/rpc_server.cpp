@@ -109,13 +109,13 @@ class llmesh_service final : public rpc::Llmesh::Server {
     ctx.allowCancellation();
     auto params = ctx.getParams();
     auto in = params.getRequest();
+    // The sampling fields go through the HTTP API's checks (apply_sampling, in native_generate).
+    sampling_input sampling;
+    if (in.getMaxTokens() > 0) sampling.max_tokens = in.getMaxTokens();  // 0: not given
+    sampling.temperature = in.getTemperature();
+    sampling.top_p = in.getTopP();
+    sampling.top_k = in.getTopK();
     generation_fields g;
-    g.max_tokens = in.getMaxTokens();
-    g.max_tokens_given = in.getMaxTokens() > 0;
-    if (!g.max_tokens_given) g.max_tokens = SIZE_MAX;
-    g.temperature = in.getTemperature();
-    g.top_p = in.getTopP();
-    g.top_k = in.getTopK();
     if (in.getHasSeed()) g.seed = in.getSeed();
     g.ignore_eos = in.getIgnoreEos();
     std::optional<std::string> text;
@@ -128,7 +128,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
     }
     std::string key(in.getApiKey().cStr(), in.getApiKey().size());
     std::string model(in.getModel().cStr(), in.getModel().size());
-    auto job = p_->api.native_generate(key, model, text, std::move(ids), g);
+    auto job = p_->api.native_generate(key, model, text, std::move(ids), sampling, std::move(g));
     if (!job) {
       auto r = ctx.getResults().initResult();
       r.setOk(false);

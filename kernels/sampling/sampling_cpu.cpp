@@ -98,13 +98,19 @@ int32_t sample(std::span<const float> logits, const sampling_params& params, uin
     if (m != 0) c.push_back({m, static_cast<int32_t>(i)});  // massless tokens can never be drawn
   }
   size_t keep = c.size();  // >= 1: the most likely token has mass 2^bits
+  bool reordered = false;
   if (params.top_k > 0 && static_cast<size_t>(params.top_k) < keep) {
     keep = static_cast<size_t>(params.top_k);
     std::partial_sort(c.begin(), c.begin() + static_cast<ptrdiff_t>(keep), c.end(), before);
+    reordered = true;
   }
-  if (params.top_p < 1.0f) keep = nucleus(c, keep, fx::nucleus_target(mass_of(c.data(), keep), params.top_p));
-  // Draw: walk the kept tokens in id order (c was built in id order; filters reorder it).
-  if (keep < c.size()) {
+  if (params.top_p < 1.0f) {
+    keep = nucleus(c, keep, fx::nucleus_target(mass_of(c.data(), keep), params.top_p));
+    reordered = true;
+  }
+  // Draw: walk the kept tokens in id order (c was built in id order; the filters reorder it,
+  // even when they keep every token).
+  if (reordered) {
     std::sort(c.begin(), c.begin() + static_cast<ptrdiff_t>(keep),
               [](const candidate& a, const candidate& b) { return a.id < b.id; });
   }

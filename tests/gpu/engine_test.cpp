@@ -162,6 +162,37 @@ TEST(CudaEngine, StepGreedyEqualsArgmaxOfLogits) {
   }
 }
 
+/// Sampled decoding on the GPU: step_sample's device draw equals kernels::sample (the CPU) on
+/// the logits the same engine returns, step after step.
+TEST(CudaEngine, StepSampleDrawsTheCpuSamplersTokenFromItsLogits) {
+  LLMESH_REQUIRE_GPU();
+  loaded_model m(golden_shapes()[2].spec);
+  const kernels::sampling_params settings[] = {{0.8f, 0, 1.0f, 11}, {1.0f, 40, 0.9f, 12}, {1.3f, 0, 0.5f, 13}};
+  for (bool det : {true, false}) {
+    auto a = make_engine(m.get(), model::backend::cuda, det);
+    auto b = make_engine(m.get(), model::backend::cuda, det);
+    ASSERT_TRUE(a && b);
+    for (const auto& prm : settings) {
+      auto prompt = prompt_of(12, 600, 61);
+      int sa = a->open_sequence(), sb = b->open_sequence();
+      std::vector<int32_t> next = prompt;
+      for (int i = 0; i < 12; ++i) {
+        const std::vector<kernels::sample_row> rows = {{prm, prompt.size() + static_cast<size_t>(i)}};
+        std::vector<float> logits;
+        std::vector<int32_t> ids;
+        const model::step_item ia{sa, next, true}, ib{sb, next, true};
+        ASSERT_TRUE(a->step(std::span(&ia, 1), logits).ok());
+        ASSERT_TRUE(b->step_sample(std::span(&ib, 1), rows, ids).ok());
+        ASSERT_EQ(ids.size(), 1u);
+        ASSERT_EQ(ids[0], kernels::sample(logits, prm, rows[0].position)) << "det " << det << " T " << prm.temperature << " step " << i;
+        next = {ids[0]};
+      }
+      a->close_sequence(sa);
+      b->close_sequence(sb);
+    }
+  }
+}
+
 /// Decodes `target` alone, then again beside two other sequences (graphs on or off):
 /// its logits must keep their bits.
 TEST(CudaEngine, DecodeIsBatchInvariantAndGraphsChangeNothing) {

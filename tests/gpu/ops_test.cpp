@@ -6,6 +6,7 @@
 // cuBLASLt (activations rounded to 16 bits). Batch invariance is checked bit for bit.
 // Skipped without a device (label gpu).
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "gpu_test_util.hpp"
@@ -225,6 +226,74 @@ TEST(CudaArgmax, MatchesCpuIncludingTies) {
   auto got = to_host<int32_t>(out, rows);
   for (size_t r = 0; r < rows; ++r) {
     EXPECT_EQ(got[r], kernels::argmax(std::span<const float>(logits.data() + r * vocab, vocab))) << "row " << r;
+  }
+}
+
+TEST(CudaArgmax, ANaNAtIndexZeroWinsAsOnTheCpu) {
+  LLMESH_REQUIRE_GPU();
+  const size_t vocab = 3000;
+  std::vector<float> logits = random_floats(2 * vocab, 801, -5, 5);
+  logits[0] = std::numeric_limits<float>::quiet_NaN();           // row 0: the CPU keeps index 0
+  logits[vocab + 10] = std::numeric_limits<float>::quiet_NaN();  // row 1: other NaNs never win
+  auto dl = to_device(logits);
+  auto out = poisoned(2 * 4);
+  ASSERT_TRUE(cuda::argmax(dl.as<float>(), 2, vocab, out.as<int32_t>(), nullptr).ok());
+  auto got = to_host<int32_t>(out, 2);
+  for (size_t r = 0; r < 2; ++r) EXPECT_EQ(got[r], kernels::argmax(std::span<const float>(logits.data() + r * vocab, vocab))) << r;
+}
+
+/// Every row's device draw equals kernels::sample on the same logits and parameters, token
+/// for token: random, flat, peaked and tied rows under many (temperature, top-k, top-p).
+TEST(CudaSample, DrawsTheCpuTokenForEveryRowAndParameterSet) {
+  LLMESH_REQUIRE_GPU();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (size_t vocab : {7ul, 1000ul, 4097ul, 32000ul, 128256ul}) {
+    std::vector<kernels::sampling_params> ps;
+    for (float t : {0.0f, 0.3f, 1.0f, 2.5f}) {
+      for (int k : {0, 1, 2, 40, 5000}) {
+        for (float p : {1.0f, 0.95f, 0.5f, 0.0f}) ps.push_back({t, k, p, 0});
+      }
+    }
+    const size_t rows = ps.size();
+    std::vector<float> logits = random_floats(rows * vocab, 810 + static_cast<uint32_t>(vocab), -8, 8);
+    for (size_t r = 0; r < rows; ++r) {
+      float* row = logits.data() + r * vocab;
+      switch (r % 5) {
+        case 1:  // flat: top-p's threshold falls among thousands of near-equal masses
+          for (size_t i = 0; i < vocab; ++i) row[i] *= 0.01f;
+          break;
+        case 2:  // few distinct values: wide ties at every threshold
+          for (size_t i = 0; i < vocab; ++i) row[i] = std::round(row[i] / 4.0f);
+          break;
+        case 3:  // masked tokens
+          for (size_t i = 0; i < vocab; i += 3) row[i] = -inf;
+          break;
+        default:
+          break;
+      }
+    }
+    std::vector<cuda::device_sample_row> args(rows);
+    for (size_t r = 0; r < rows; ++r) {
+      args[r] = {ps[r].temperature, ps[r].top_k, ps[r].top_p, 0, 1000 + r, 17 + 3 * r};
+    }
+    auto dl = to_device(logits);
+    auto da = to_device(args);
+    for (int draw = 0; draw < 3; ++draw) {  // new positions: new draws
+      if (draw > 0) {
+        for (auto& a : args) a.position += 101;
+        da = to_device(args);
+      }
+      auto out = poisoned(rows * 4);
+      ASSERT_TRUE(cuda::sample(dl.as<float>(), rows, vocab, da.as<cuda::device_sample_row>(), out.as<int32_t>(), nullptr).ok());
+      auto got = to_host<int32_t>(out, rows);
+      for (size_t r = 0; r < rows; ++r) {
+        kernels::sampling_params q = ps[r];
+        q.seed = args[r].seed;
+        const int32_t want = kernels::sample(std::span<const float>(logits.data() + r * vocab, vocab), q, args[r].position);
+        ASSERT_EQ(got[r], want) << "vocab " << vocab << " row " << r << " (kind " << r % 5 << ") T " << q.temperature << " k "
+                                << q.top_k << " p " << q.top_p << " position " << args[r].position;
+      }
+    }
   }
 }
 

@@ -2,6 +2,8 @@
 // support, and empirical frequencies against softmax probabilities.
 #include "llmesh/kernels/sampling.hpp"
 
+#include "llmesh/kernels/elementwise.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -217,6 +219,145 @@ TEST(Sample, FrequenciesMatchSoftmaxProbabilities) {
           << "temperature " << temperature << " token " << i;
     }
   }
+}
+
+/// kernels::sample's definition written the plain way: every mass, one full sort, the prefix,
+/// the draw in id order with 128-bit arithmetic. The kernel's partial sorts, bisection and
+/// early exits must give exactly this token.
+int32_t reference_sample(const std::vector<float>& logits, const sampling_params& p, uint64_t position) {
+  const int32_t best = argmax(logits);
+  if (!(p.temperature > 0.0f) || p.top_k == 1) return best;
+  const float max = logits[best], inv_t = 1.0f / p.temperature;
+  if (!std::isfinite(max) || !std::isfinite(inv_t)) return best;
+  const size_t n = logits.size();
+  int need = 0;
+  while ((uint64_t{1} << need) < n + 1) ++need;
+  const int bits = std::min(40, 62 - need);
+  std::vector<std::pair<uint64_t, int32_t>> order;  // (mass, id)
+  for (size_t i = 0; i < n; ++i) {
+    const float scaled = exp_det((logits[i] - max) * inv_t) * static_cast<float>(uint64_t{1} << bits);
+    order.push_back({static_cast<uint64_t>(scaled), static_cast<int32_t>(i)});
+  }
+  std::sort(order.begin(), order.end(), [](auto a, auto b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  size_t keep = n;
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n) keep = static_cast<size_t>(p.top_k);
+  if (p.top_p < 1.0f) {
+    unsigned __int128 mass = 0;
+    for (size_t i = 0; i < keep; ++i) mass += order[i].first;
+    const float tp = p.top_p > 0.0f ? p.top_p : 0.0f;
+    uint64_t target = static_cast<uint64_t>((mass * static_cast<uint64_t>(tp * 4294967296.0f)) >> 32);
+    target = std::max<uint64_t>(target, 1);
+    uint64_t acc = 0;
+    size_t m = 0;
+    while (m < keep && acc < target) acc += order[m++].first;
+    keep = m;
+  }
+  std::vector<std::pair<uint64_t, int32_t>> kept(order.begin(), order.begin() + static_cast<ptrdiff_t>(keep));
+  std::sort(kept.begin(), kept.end(), [](auto a, auto b) { return a.second < b.second; });
+  unsigned __int128 total = 0;
+  for (auto& k : kept) total += k.first;
+  // The same 64 bits the kernel draws: the 53 high ones are sampling_uniform's.
+  const double u01 = sampling_uniform(p.seed, position);
+  (void)u01;
+  uint64_t x = position ^ 0x5851f42d4c957f2dull;
+  auto mix = [](uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const uint64_t h = mix(p.seed ^ mix(x));
+  EXPECT_EQ(static_cast<double>(h >> 11) * 0x1.0p-53, u01);
+  const uint64_t u = static_cast<uint64_t>((static_cast<unsigned __int128>(h) * total) >> 64);
+  uint64_t acc = 0;
+  for (auto& k : kept) {
+    acc += k.first;
+    if (u < acc) return k.second;
+  }
+  ADD_FAILURE() << "the draw ran past the kept mass";
+  return -1;
+}
+
+TEST(Sample, EqualsThePlainDefinitionOnRandomCases) {
+  std::mt19937 rng(2026);
+  struct shape {
+    size_t vocab;
+    float spread;
+  };
+  // Small and large vocabularies; flat ones (top-p's bisection path) and peaked ones; few
+  // distinct values (ties at every threshold).
+  const shape shapes[] = {{7, 3.0f}, {60, 2.0f}, {1000, 0.5f}, {5000, 0.05f}, {20000, 0.2f}, {20000, 8.0f}, {128256, 4.0f}};
+  const float temps[] = {0.3f, 1.0f, 1.7f};
+  const int ks[] = {0, 2, 50, 4999};
+  const float ps[] = {1.0f, 0.95f, 0.5f, 0.0f, 0.999f};
+  size_t cases = 0;
+  for (const auto& sh : shapes) {
+    std::vector<float> logits = random_logits(sh.vocab, sh.spread, rng);
+    if (sh.vocab == 20000 && sh.spread < 1.0f) {
+      for (float& x : logits) x = std::round(x * 10.0f) / 10.0f;  // 5 distinct values: wide ties
+    }
+    for (float t : temps) {
+      for (int k : ks) {
+        for (float p : ps) {
+          if (sh.vocab > 10000 && (t != 1.0f || (k != 0 && k != 50))) continue;  // keep the plain sorts cheap
+          for (uint64_t pos = 0; pos < (sh.vocab > 10000 ? 2u : 12u); ++pos) {
+            const sampling_params prm = params(t, k, p, 7 + cases);
+            ASSERT_EQ(sample(logits, prm, pos), reference_sample(logits, prm, pos))
+                << "vocab " << sh.vocab << " spread " << sh.spread << " T " << t << " k " << k << " p " << p << " pos " << pos;
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 1500u);
+}
+
+TEST(Sample, TiesAtTheNucleusEdgeKeepTheLowerIdsExactly) {
+  // 10000 equal logits: every mass is 2^40, so top-p 0.5 keeps exactly ids 0..4999 and top-k
+  // 300 exactly ids 0..299, and the draws spread over all of them.
+  const std::vector<float> flat(10000, 1.5f);
+  int32_t lowest = 10000, highest = -1;
+  for (uint64_t pos = 0; pos < 2000; ++pos) {
+    const int32_t t = sample(flat, params(1.0f, 0, 0.5f, 3), pos);
+    ASSERT_LT(t, 5000) << "position " << pos;
+    lowest = std::min(lowest, t);
+    highest = std::max(highest, t);
+    ASSERT_LT(sample(flat, params(1.0f, 300, 1.0f, 3), pos), 300) << "position " << pos;
+  }
+  // P(all 2000 uniform draws below 4900) = 0.98^2000 < 1e-17.
+  EXPECT_GT(highest, 4900);
+  EXPECT_LT(lowest, 100);
+}
+
+TEST(Sample, NonFiniteInputsFallBackToGreedyAndMinusInfinityIsNeverDrawn) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> with_inf = {0.0f, inf, 1.0f};
+  const std::vector<float> with_nan_first = {nan, 3.0f, 1.0f};
+  const std::vector<float> masked = {-inf, 0.0f, -inf, 0.1f, -inf};
+  for (uint64_t pos = 0; pos < 200; ++pos) {
+    EXPECT_EQ(sample(with_inf, params(1.0f, 0, 1.0f, 1), pos), 1);           // +inf: argmax
+    EXPECT_EQ(sample(with_nan_first, params(1.0f, 0, 1.0f, 1), pos), 0);     // argmax's rule
+    EXPECT_EQ(sample(masked, params(1.0f, 0, 1.0f, 1), pos) % 2, 1) << pos;  // only ids 1 and 3
+    EXPECT_EQ(sample(masked, params(nan, 0, 1.0f, 1), pos), 3);              // NaN temperature: greedy
+    EXPECT_EQ(sample(masked, params(1e-45f, 0, 1.0f, 1), pos), 3);           // 1/T overflows: greedy
+    EXPECT_EQ(sample(masked, params(1.0f, 0, nan, 1), pos) % 2, 1) << pos;  // NaN top-p: no filter
+  }
+}
+
+TEST(SampleRows, DrawsEachRowWithItsOwnParametersAndPosition) {
+  std::mt19937 rng(8);
+  const size_t vocab = 300;
+  std::vector<float> logits = random_logits(3 * vocab, 2.0f, rng);
+  const std::vector<sample_row> rows = {{params(0.0f, 0, 1.0f, 1), 5}, {params(1.0f, 10, 0.9f, 2), 6}, {params(0.7f, 0, 1.0f, 3), 9}};
+  const auto got = sample_rows(logits, vocab, rows);
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(got[r], sample(std::span<const float>(logits).subspan(r * vocab, vocab), rows[r].params, rows[r].position)) << r;
+  }
+  EXPECT_TRUE(is_greedy(rows[0].params));
+  EXPECT_FALSE(is_greedy(rows[1].params));
+  EXPECT_TRUE(is_greedy(params(0.5f, 1, 1.0f, 0)));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "llmesh/kernels/sampling.hpp"
 #include "llmesh/model/engine.hpp"
 #include "llmesh/model/generate.hpp"
 #include "llmesh/model/random_model.hpp"
@@ -246,6 +247,66 @@ TEST(Engine, BadStepsAreRefusedWithoutChangingState) {
   EXPECT_TRUE(same_bits(logits.data(), ref.data(), ref.size()));
   e->close_sequence(seq);
   EXPECT_EQ(e->free_blocks(), 8u);
+}
+
+TEST(Engine, StepSampleDrawsWhatSampleDrawsFromTheLogitsAtEveryTp) {
+  temp_model tm(small_spec());
+  const kernels::sampling_params greedy{}, warm{0.9f, 0, 0.95f, 5}, narrow{1.2f, 8, 1.0f, 6};
+  for (int tp : {1, 2}) {
+    auto a = make_engine(tm.get(), tp, tp), b = make_engine(tm.get(), tp, tp);
+    // Three sequences in one batch, each with its own parameters; the middle one only prefills.
+    std::vector<int> sa, sb;
+    std::vector<std::vector<int32_t>> next;
+    for (int i = 0; i < 3; ++i) {
+      sa.push_back(a->open_sequence());
+      sb.push_back(b->open_sequence());
+      next.push_back(prompt_of(4 + 3 * static_cast<size_t>(i), 40 + static_cast<uint32_t>(i)));
+    }
+    const size_t vocab = a->config().vocab;
+    for (int step = 0; step < 6; ++step) {
+      std::vector<step_item> ia, ib;
+      std::vector<kernels::sample_row> rows;
+      for (int i = 0; i < 3; ++i) {
+        const bool want = i != 1 || step > 0;
+        ia.push_back({sa[static_cast<size_t>(i)], next[static_cast<size_t>(i)], want});
+        ib.push_back({sb[static_cast<size_t>(i)], next[static_cast<size_t>(i)], want});
+        if (want) rows.push_back({i == 0 ? greedy : i == 1 ? warm : narrow, a->sequence_length(sa[static_cast<size_t>(i)]) + next[static_cast<size_t>(i)].size()});
+      }
+      std::vector<float> logits;
+      std::vector<int32_t> drawn;
+      ASSERT_TRUE(a->step(ia, logits).ok());
+      ASSERT_TRUE(b->step_sample(ib, rows, drawn).ok());
+      ASSERT_EQ(drawn, kernels::sample_rows(logits, vocab, rows)) << "tp " << tp << " step " << step;
+      size_t r = 0;
+      for (int i = 0; i < 3; ++i) {
+        if (ia[static_cast<size_t>(i)].want_logits) next[static_cast<size_t>(i)] = {drawn[r++]};
+        else next[static_cast<size_t>(i)] = prompt_of(1, 99);
+      }
+    }
+  }
+}
+
+TEST(Engine, StepSampleRefusesRowsThatDoNotMatchTheItems) {
+  temp_model tm(small_spec());
+  auto e = make_engine(tm.get(), 1);
+  int seq = e->open_sequence();
+  auto prompt = prompt_of(5, 3);
+  const step_item it{seq, prompt, true};
+  std::vector<int32_t> drawn;
+  const std::vector<kernels::sample_row> two(2), none;
+  for (const auto* rows : {&two, &none}) {
+    auto s = e->step_sample(std::span(&it, 1), *rows, drawn);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.err().code, errc::invalid_request) << s.err().message;
+    EXPECT_EQ(e->sequence_length(seq), 0u) << "nothing ran";
+  }
+  const std::vector<int32_t> table{0, 1};
+  const std::vector<step_sequence> batch{{prompt, 0, table, true}};
+  auto s = e->forward_sample(batch, two, drawn);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.err().code, errc::invalid_request) << s.err().message;
+  ASSERT_TRUE(e->step_sample(std::span(&it, 1), std::vector<kernels::sample_row>(1), drawn).ok()) << "the engine still runs";
+  EXPECT_EQ(drawn.size(), 1u);
 }
 
 TEST(Engine, ContextLongerThanTheModelIsRefused) {

@@ -52,12 +52,16 @@ class api_service {
                      std::string_view body);
 
   /// The native API's generation (gateway/rpc_server): the checks and policies of
-  /// /v1/completions — API key, model name, prompt (text is tokenized with BOS) and context
-  /// limits, the concurrency slot, a seed when none is given. The caller uses the job's request
-  /// and slot (its stream renders OpenAI chunks, which the RPC server does not need).
+  /// /v1/completions — API key, then `sampling` checked as the HTTP API checks it
+  /// (apply_sampling: ranges and the max-tokens limit), model name, prompt (text is tokenized
+  /// with BOS) and context limits, the concurrency slot, a seed when none is given. `rest`
+  /// carries the other fields (seed, ignore_eos). Without max_tokens a generation runs until EOS
+  /// or the context, bounded by the max-tokens limit (as chat does). The caller uses the job's
+  /// request and slot (its stream renders OpenAI chunks, which the RPC server does not need).
   [[nodiscard]] result<generation_job> native_generate(std::string_view api_key, const std::string& model,
                                                        const std::optional<std::string>& prompt_text,
-                                                       std::vector<int32_t> prompt_ids, const generation_fields& g);
+                                                       std::vector<int32_t> prompt_ids,
+                                                       const sampling_input& sampling, generation_fields rest);
 
   /// Generations in flight.
   size_t inflight() const { return inflight_->load(); }

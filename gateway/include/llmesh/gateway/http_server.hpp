@@ -25,8 +25,9 @@ struct http_options {
   /// keep-alive and slow senders alike: each open connection is a slot of max_connections).
   std::chrono::seconds idle_timeout{15};
   std::chrono::seconds write_timeout{60};  ///< a client that reads nothing for this long is dropped
-  size_t max_connections = 1024;           ///< beyond: new connections are closed at once
-  /// Open connections one client address may hold (beyond: its new ones are closed at once),
+  /// Beyond: a new connection is answered 429 (Retry-After) at once, unread, and closed.
+  size_t max_connections = 1024;
+  /// Open connections one client address may hold (beyond: its new ones get the same 429),
   /// so that one client cannot take every slot of max_connections.
   size_t max_connections_per_client = 256;
 };

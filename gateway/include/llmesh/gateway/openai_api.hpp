@@ -42,7 +42,9 @@ struct completion_request {
 
 struct chat_request {
   std::string model;
-  nlohmann::ordered_json messages;  ///< validated: objects with a string role and content
+  /// Validated: objects with a string role and a string (or null) content; content sent as an
+  /// array of text parts arrives here joined into one string.
+  nlohmann::ordered_json messages;
   generation_fields gen;
 };
 
@@ -53,6 +55,23 @@ struct request_limits {
   size_t max_stop_bytes = 256;
   size_t max_messages = 1024;
 };
+
+/// Sampling fields as a client sent them, before any check, in types wide enough for every
+/// out-of-range value a wire format can carry (nullopt: not sent, the default stays).
+struct sampling_input {
+  std::optional<int64_t> max_tokens;
+  const char* max_tokens_name = "max_tokens";  ///< the client's name for it (chat: max_completion_tokens)
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<int64_t> top_k;
+};
+
+/// The one check of sampling fields that both client APIs share — the HTTP API (in
+/// parse_*_request) and the native RPC API (api_service::native_generate): max_tokens within
+/// 1..lim.max_tokens, temperature within [0, 2], top_p within [0, 1] (NaN and infinities are
+/// refused), top_k -1 or 0 (off; stored as 0) or positive. Sets the given fields of `g`; an
+/// invalid_request error names the first bad field as the HTTP API spells it.
+[[nodiscard]] status apply_sampling(const sampling_input& in, const request_limits& lim, generation_fields& g);
 
 [[nodiscard]] result<completion_request> parse_completion_request(std::string_view body, const request_limits& lim);
 [[nodiscard]] result<chat_request> parse_chat_request(std::string_view body, const request_limits& lim);
