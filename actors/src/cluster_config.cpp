@@ -342,7 +342,7 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
 }
 
 /// Rules between entries: unique names and addresses, one coordinator at the seed, the roles a
-/// mesh needs, enough replica nodes for the models.
+/// mesh needs, enough replica nodes for the model, and one model.
 status check_mesh(reader& r, const cluster_config& c) {
   std::map<std::string, std::string> bound;  // address → "nodes[i] (name) 'field'"
   const node_spec* coordinator = nullptr;
@@ -381,6 +381,11 @@ status check_mesh(reader& r, const cluster_config& c) {
       return r.fail("'placement' spread puts each of tp=" + std::to_string(m.tp) + " shards on its own node, but only " +
                     std::to_string(replica_nodes) + " nodes have the replica role");
   }
+  r.at("");
+  // Gateways and routers serve one model: a second would get requests meant for the first.
+  if (c.models.size() > 1)
+    return r.fail("'models' lists " + std::to_string(c.models.size()) +
+                  " models; a mesh serves one model for now (gateways and routers do not route by model name yet)");
   return ok_status();
 }
 

@@ -279,6 +279,8 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
   expect_refused(with("tp: 2", "tp: 3", with("placement: packed", "placement: spread")),
                  {"models[0] (m): 'placement' spread", "tp=3", "only 2 nodes have the replica role"});
   expect_refused(with("path: models/m\n", "path: models/m\n  - name: m\n    path: other\n"), {"models[1] (m)", "name 'm' is already used by models[0]"});
+  // A second model is refused, not silently served by the first model's gateway and router.
+  expect_refused(with("path: models/m\n", "path: models/m\n  - name: n\n    path: other\n"), {"lists 2 models", "one model"});
   std::string no_replica_nodes = with("roles: [replica]", "roles: [router]", with("roles: [replica]", "roles: [router]"));
   expect_refused(no_replica_nodes, {"'replicas' is 2 but no node has the replica role"});
   EXPECT_EQ(error_of(with("replicas: 2", "replicas: 0", no_replica_nodes)), "(parsed)");
