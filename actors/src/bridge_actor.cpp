@@ -196,7 +196,8 @@ caf::behavior bridge_actor(bridge* self, std::shared_ptr<transport::transport> n
   };
 }
 
-caf::actor spawn_bridge(caf::actor_system& sys, std::shared_ptr<transport::transport> net, std::string node) {
+caf::actor spawn_bridge(caf::actor_system& sys, std::shared_ptr<transport::transport> net, std::string node,
+                        metrics_registry::counter* decode_errors) {
   transport::transport* t = net.get();
   auto bridge = sys.spawn(bridge_actor, std::move(net), std::move(node));
   // The handlers are set here, on the caller's thread, before the caller listens or connects:
@@ -206,11 +207,12 @@ caf::actor spawn_bridge(caf::actor_system& sys, std::shared_ptr<transport::trans
   // Transport callbacks run on its thread: they hand over to the actor by message. A weak
   // handle, so the transport (owned by the actor) does not keep its owner alive.
   transport::transport_handlers h;
-  h.on_frame = [me](transport::peer_id peer, std::span<const uint8_t> frame) {
+  h.on_frame = [me, decode_errors](transport::peer_id peer, std::span<const uint8_t> frame) {
     auto e = transport::decode(frame);
     auto a = caf::actor_cast<caf::actor>(me);
     if (!a) return;
     if (!e) {
+      if (decode_errors) decode_errors->add();
       std::fprintf(stderr, "llmesh: dropped a frame from peer %llu: %s\n", static_cast<unsigned long long>(peer),
                    e.err().message.c_str());
       return;

@@ -139,7 +139,16 @@ metrics_registry::histogram* metrics_registry::get_histogram(const std::string& 
   return series(name, kind::histogram, values, &family::histograms, [](const family& f) { return &f.bounds; });
 }
 
+void metrics_registry::add_collector(std::function<void()> fn) {
+  std::lock_guard lock(collectors_mu_);
+  collectors_.push_back(std::move(fn));
+}
+
 std::string metrics_registry::render() const {
+  {
+    std::lock_guard collecting(collectors_mu_);
+    for (const auto& fn : collectors_) fn();
+  }
   std::lock_guard lock(mu_);
   std::string out;
   for (const auto& [name, f] : families_) {

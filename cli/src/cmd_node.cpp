@@ -19,6 +19,7 @@
 #include "llmesh/actors/node_agent.hpp"
 #include "llmesh/actors/router_actor.hpp"
 #include "llmesh/actors/router_client.hpp"
+#include "llmesh/actors/transport_metrics.hpp"
 #include "llmesh/gateway/http_server.hpp"
 #include "llmesh/gateway/rpc_server.hpp"
 #include "llmesh/transport/fault_injector.hpp"
@@ -152,20 +153,23 @@ status run_node(const node_flags& f) {
   auto faults = std::make_shared<transport::fault_injector>(std::move(*ucx));
   if (auto s = stop_signal::install(); !s) return s;
 
+  // Before the actor system: the transport's thread counts into it until the system is gone.
+  actors::metrics_registry metrics;
+  auto* decode_errors = actors::export_transport_metrics(metrics, std::weak_ptr<const transport::transport>(faults), "mesh");
+
   caf::actor_system_config cfg;
   cfg.set("scheduler.max-threads", 2);
   cfg.set("scheduler.policy", caf::atom("sharing"));  // idle workers sleep
   auto sys = std::make_unique<caf::actor_system>(cfg);
   std::weak_ptr<transport::fault_injector> fault_hook = faults;
   transport::transport* net = faults.get();  // owned by the bridge from here on
-  auto bridge = actors::spawn_bridge(*sys, std::move(faults), p.name);  // handlers first, then listen
+  auto bridge = actors::spawn_bridge(*sys, std::move(faults), p.name, decode_errors);  // handlers first, then listen
   auto bound = net->listen(p.listen);
   if (!bound) {
     caf::anon_send_exit(bridge, caf::exit_reason::kill);
     return bound.take_error();
   }
 
-  actors::metrics_registry metrics;
   caf::actor router;
   auto ready = std::make_shared<std::atomic<size_t>>(0);
   if (p.has(actors::node_role::router)) {

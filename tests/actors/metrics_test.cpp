@@ -10,6 +10,8 @@
 #include "../model/temp_dir.hpp"
 
 #include "llmesh/actors/metrics.hpp"
+#include "llmesh/actors/transport_metrics.hpp"
+#include "llmesh/transport/loopback.hpp"
 
 namespace llmesh::actors {
 namespace {
@@ -100,6 +102,61 @@ TEST(Metrics, PromtoolAcceptsTheOutput) {
   while (fgets(buf, sizeof buf, p)) out += buf;
   const int rc = pclose(p);
   EXPECT_EQ(rc, 0) << out;
+}
+
+TEST(Metrics, CollectorsRunAtEveryRender) {
+  metrics_registry r;
+  r.declare_counter("llmesh_things_total", "Things.");
+  auto* c = r.get_counter("llmesh_things_total");
+  int calls = 0;
+  r.add_collector([&] { c->set_total(++calls * 10.0); });
+  const std::string first = r.render(), second = r.render();
+  EXPECT_NE(first.find("llmesh_things_total 10\n"), std::string::npos) << first;
+  EXPECT_NE(second.find("llmesh_things_total 20\n"), std::string::npos) << second;
+  EXPECT_EQ(calls, 2);
+}
+
+/// The value of one series in rendered text ("name{labels} value"), or -1 when absent.
+double series_value(const std::string& text, const std::string& series) {
+  const auto at = text.find(series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 1));
+}
+
+TEST(TransportMetrics, MirrorTheTransportsCountsAndCountDecodeErrors) {
+  auto net = std::make_shared<transport::loopback_network>();
+  auto a = std::make_shared<transport::loopback_transport>(net);
+  transport::loopback_transport b(net);
+  b.set_handlers({});
+  auto where = b.listen("127.0.0.1:1");
+  ASSERT_TRUE(where.ok()) << where.err().message;
+  metrics_registry r;
+  auto* decode = export_transport_metrics(r, a, "mesh");
+  ASSERT_NE(decode, nullptr);
+  auto peer = a->connect(*where);
+  ASSERT_TRUE(peer.ok());
+  net->drain();
+  for (size_t n : {10u, 20u, 30u}) ASSERT_TRUE(a->send(*peer, std::vector<uint8_t>(n, 7)).ok());
+  net->drain();
+  decode->add();
+  const std::string text = r.render();
+  EXPECT_EQ(series_value(text, "llmesh_transport_frames_total{plane=\"mesh\",direction=\"sent\"}"), 3) << text;
+  EXPECT_EQ(series_value(text, "llmesh_transport_bytes_total{plane=\"mesh\",direction=\"sent\"}"), 60) << text;
+  EXPECT_EQ(series_value(text, "llmesh_transport_frames_total{plane=\"mesh\",direction=\"received\"}"), 0) << text;
+  EXPECT_EQ(series_value(text, "llmesh_transport_errors_total{plane=\"mesh\",kind=\"decode\"}"), 1) << text;
+  EXPECT_EQ(series_value(text, "llmesh_transport_errors_total{plane=\"mesh\",kind=\"send\"}"), 0) << text;
+  // A send to a closed peer is an error the transport counts.
+  a->close(*peer);
+  net->drain();
+  EXPECT_FALSE(a->send(*peer, std::vector<uint8_t>(5, 1)).ok());
+  const std::string later = r.render();
+  EXPECT_GE(series_value(later, "llmesh_transport_errors_total{plane=\"mesh\",kind=\"send\"}") +
+                series_value(later, "llmesh_transport_errors_total{plane=\"mesh\",kind=\"peer_lost\"}"),
+            1)
+      << later;
+  // Once the transport is gone the series keep their last values.
+  a.reset();
+  EXPECT_EQ(series_value(r.render(), "llmesh_transport_bytes_total{plane=\"mesh\",direction=\"sent\"}"), 60);
 }
 
 }  // namespace

@@ -192,6 +192,11 @@ TEST(Mesh, ASecondGatewayWithItsOwnRouterServesTheSameReplicas) {
   EXPECT_TRUE(ready) << http_request(gw2_http, "GET", "/metrics").body;
   std::string why;
   EXPECT_EQ(complete(gw2_http, prompt, 24, &why), want) << why;
+  // Its streams came over the mesh: the transport's counts are on its /metrics.
+  const std::string text = http_request(gw2_http, "GET", "/metrics").body;
+  EXPECT_GT(metric_value(gw2_http, "llmesh_transport_bytes_total{plane=\"mesh\",direction=\"received\"}"), 1000.0) << text;
+  EXPECT_GT(metric_value(gw2_http, "llmesh_transport_frames_total{plane=\"mesh\",direction=\"sent\"}"), 5.0) << text;
+  EXPECT_EQ(metric_value(gw2_http, "llmesh_transport_errors_total{plane=\"mesh\",kind=\"decode\"}"), 0.0) << text;
   EXPECT_EQ(gw2.stop(), 0) << gw2.log();
 }
 

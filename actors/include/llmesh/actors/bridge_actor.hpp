@@ -13,6 +13,7 @@
 
 #include <caf/all.hpp>
 
+#include "llmesh/actors/metrics.hpp"
 #include "llmesh/actors/replica_actor.hpp"
 #include "llmesh/transport/transport.hpp"
 #include "llmesh/transport/wire.hpp"
@@ -62,8 +63,10 @@ caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, std::shared_
 
 /// Spawns a bridge over `net` and sets the transport's handlers at once, so that nothing that
 /// arrives is lost while the actor waits for its first run. Use this, not spawn(bridge_actor):
-/// listen and connect only after it returned.
-caf::actor spawn_bridge(caf::actor_system& sys, std::shared_ptr<transport::transport> net, std::string node);
+/// listen and connect only after it returned. A frame that does not decode is dropped with a
+/// log line and counted in `decode_errors` when given (it must outlive the transport).
+caf::actor spawn_bridge(caf::actor_system& sys, std::shared_ptr<transport::transport> net, std::string node,
+                        metrics_registry::counter* decode_errors = nullptr);
 
 }  // namespace llmesh::actors
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -22,6 +23,8 @@ class metrics_registry {
   class counter {
    public:
     void add(double v = 1.0);
+    /// For collectors mirroring a monotonic total kept elsewhere (a transport's counts).
+    void set_total(double v) { value_.store(v); }
     double value() const { return value_.load(); }
 
    private:
@@ -63,6 +66,10 @@ class metrics_registry {
   gauge* get_gauge(const std::string& name, const label_values& values = {});
   histogram* get_histogram(const std::string& name, const label_values& values = {});
 
+  /// Adds a function render() calls first, to copy values kept elsewhere into series (it must
+  /// not call render() or add_collector()). It may run on any thread rendering.
+  void add_collector(std::function<void()> fn);
+
   /// The whole registry in the Prometheus text format, families in name order.
   std::string render() const;
 
@@ -92,6 +99,8 @@ class metrics_registry {
 
   mutable std::mutex mu_;
   std::map<std::string, family> families_;
+  mutable std::mutex collectors_mu_;  ///< held while collectors run: one render collects at a time
+  std::vector<std::function<void()>> collectors_;
 };
 
 }  // namespace llmesh::actors
