@@ -2,6 +2,8 @@
 // mutation fuzz loop that must never throw or crash) and the response / SSE shapes read back.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <limits>
 #include <random>
 
 #include "llmesh/gateway/openai_api.hpp"
@@ -65,7 +67,11 @@ TEST(OpenaiApi, NamesTheBadField) {
       {R"({"model":"m","prompt":"x","stop":[""]})", "'stop'"},
       {R"({"model":"m","prompt":"x","stop":5})", "'stop'"},
       {R"({"model":"m","prompt":"x","stream":"yes"})", "'stream'"},
-      {R"({"model":"m","prompt":"x","echo":true})", "'echo'"},
+      {R"({"model":"m","prompt":"x","echo":true})", "'echo' is not supported"},
+      {R"({"model":"m","prompt":"x","echo":"yes"})", "'echo' must be true or false"},
+      {R"({"model":"m","prompt":"x","echo":1})", "'echo' must be true or false"},
+      {R"({"model":"m","prompt":"x","top_k":-2})", "'top_k'"},
+      {R"({"model":"m","prompt":"x","top_k":18446744073709551615})", "'top_k'"},  // must not wrap to -1
       {R"({"model":"m","prompt":"x","seed":1.5})", "'seed'"},
   };
   for (const auto& [body, needle] : cases) {
@@ -78,6 +84,112 @@ TEST(OpenaiApi, NamesTheBadField) {
   EXPECT_FALSE(parse_chat_request(R"({"model":"m","messages":[]})", lim).ok());
   EXPECT_FALSE(parse_chat_request(R"({"model":"m","messages":[{"role":"user"}]})", lim).ok());
   EXPECT_FALSE(parse_chat_request(R"({"model":"m","messages":[{"role":1,"content":"x"}]})", lim).ok());
+}
+
+TEST(OpenaiApi, FalseOrNullEchoIsAccepted) {
+  request_limits lim;
+  EXPECT_TRUE(parse_completion_request(R"({"model":"m","prompt":"x","echo":false})", lim).ok());
+  EXPECT_TRUE(parse_completion_request(R"({"model":"m","prompt":"x","echo":null})", lim).ok());
+}
+
+TEST(OpenaiApi, ChatContentTextPartsAreJoinedWithNewlinesAsVllmDoes) {
+  request_limits lim;
+  auto r = parse_chat_request(
+      R"({"model":"m","messages":[{"role":"system","content":"Be brief."},
+          {"role":"user","content":[{"type":"text","text":"Hello"},{"type":"text","text":"world"}]},
+          {"role":"assistant","content":null},
+          {"role":"user","content":[]}]})",
+      lim);
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  ASSERT_EQ(r->messages.size(), 4u);
+  EXPECT_EQ(r->messages[0]["content"], "Be brief.");
+  EXPECT_EQ(r->messages[1]["content"], "Hello\nworld");  // a plain string for the chat template
+  EXPECT_EQ(r->messages[1]["role"], "user");
+  EXPECT_TRUE(r->messages[2]["content"].is_null());
+  EXPECT_EQ(r->messages[3]["content"], "");
+}
+
+TEST(OpenaiApi, ChatContentRefusesNonTextPartsNamingTheirType) {
+  request_limits lim;
+  const std::pair<const char*, const char*> cases[] = {
+      {R"([{"type":"text","text":"What is this?"},{"type":"image_url","image_url":{"url":"http://x/y.png"}}])",
+       "'image_url'"},
+      {R"([{"type":"input_audio","input_audio":{"data":"","format":"wav"}}])", "'input_audio'"},
+      {R"([{"type":"text"}])", "'text'"},
+      {R"([{"type":"text","text":5}])", "'text'"},
+      {R"([{"text":"x"}])", "'type'"},
+      {R"(["x"])", "content part"},
+      {R"(5)", "'content'"},
+      {R"({"type":"text","text":"x"})", "'content'"},
+  };
+  for (const auto& [content, needle] : cases) {
+    const std::string body = std::string(R"({"model":"m","messages":[{"role":"user","content":)") + content + "}]}";
+    auto r = parse_chat_request(body, lim);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.err().code, errc::invalid_request);
+    EXPECT_NE(r.err().message.find(needle), std::string::npos) << body << " -> " << r.err().message;
+  }
+}
+
+TEST(OpenaiApi, ApplySamplingChecksRangesAndTheMaxTokensLimit) {
+  request_limits lim;
+  lim.max_tokens = 64;
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  auto refused = [&](const std::function<void(sampling_input&)>& set, const char* needle) {
+    sampling_input in;
+    set(in);
+    generation_fields g;
+    auto s = apply_sampling(in, lim, g);
+    if (s.ok()) return ::testing::AssertionFailure() << "accepted, wanted an error naming " << needle;
+    if (s.err().code != errc::invalid_request || s.err().message.find(needle) == std::string::npos) {
+      return ::testing::AssertionFailure() << s.err().message;
+    }
+    return ::testing::AssertionSuccess();
+  };
+  EXPECT_TRUE(refused([&](sampling_input& in) { in.temperature = nan; }, "'temperature'"));
+  EXPECT_TRUE(refused([&](sampling_input& in) { in.temperature = -0.1; }, "'temperature'"));
+  EXPECT_TRUE(refused([&](sampling_input& in) { in.temperature = 2.5; }, "'temperature'"));
+  EXPECT_TRUE(refused([&](sampling_input& in) { in.temperature = inf; }, "'temperature'"));
+  EXPECT_TRUE(refused([&](sampling_input& in) { in.top_p = nan; }, "'top_p'"));
+  EXPECT_TRUE(refused([&](sampling_input& in) { in.top_p = 1.5; }, "'top_p'"));
+  EXPECT_TRUE(refused([&](sampling_input& in) { in.top_p = -1; }, "'top_p'"));
+  EXPECT_TRUE(refused([&](sampling_input& in) { in.top_k = -2; }, "'top_k'"));
+  EXPECT_TRUE(refused([&](sampling_input& in) { in.top_k = int64_t{1} << 40; }, "'top_k'"));
+  EXPECT_TRUE(refused([&](sampling_input& in) { in.max_tokens = 65; }, "between 1 and 64"));
+  EXPECT_TRUE(refused([&](sampling_input& in) { in.max_tokens = 0; }, "'max_tokens'"));
+  EXPECT_TRUE(refused(
+      [&](sampling_input& in) {
+        in.max_tokens = 0;
+        in.max_tokens_name = "max_completion_tokens";
+      },
+      "'max_completion_tokens'"));
+
+  generation_fields g;
+  sampling_input edges;
+  edges.max_tokens = 64;
+  edges.temperature = 2.0;
+  edges.top_p = 0.0;
+  edges.top_k = -1;
+  ASSERT_TRUE(apply_sampling(edges, lim, g).ok());
+  EXPECT_EQ(g.max_tokens, 64u);
+  EXPECT_TRUE(g.max_tokens_given);
+  EXPECT_EQ(g.temperature, 2.0f);
+  EXPECT_EQ(g.top_p, 0.0f);
+  EXPECT_EQ(g.top_k, 0);  // -1: off, as 0
+  generation_fields defaults;
+  ASSERT_TRUE(apply_sampling({}, lim, defaults).ok());  // nothing sent: the defaults stay
+  EXPECT_EQ(defaults.max_tokens, generation_fields{}.max_tokens);
+  EXPECT_FALSE(defaults.max_tokens_given);
+  EXPECT_EQ(defaults.temperature, 1.0f);
+
+  // The HTTP parser goes through the same checks (and the same limit).
+  auto r = parse_completion_request(R"({"model":"m","prompt":"x","max_tokens":65})", lim);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("between 1 and 64"), std::string::npos) << r.err().message;
+  auto c = parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":65})", lim);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.err().message.find("'max_completion_tokens' must be between 1 and 64"), std::string::npos)
+      << c.err().message;
 }
 
 TEST(OpenaiApi, MutatedBodiesNeverThrow) {

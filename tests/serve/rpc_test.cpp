@@ -1,11 +1,12 @@
 // `llmesh serve`'s native API (schemas/rpc.capnp) over real TCP with Cap'n Proto's own client:
 // greedy tokens equal `llmesh generate`'s, streamed in order to the client's sink and adding up
 // to the result; text prompts are tokenized as /v1/completions does; the API key, the model
-// name, the context and the concurrency bound give HTTP-like codes; a client that drops its
-// call mid-stream frees its slot.
+// name, the context and the concurrency bound give HTTP-like codes; sampling fields and the
+// max-tokens limit are checked as over HTTP; a client that drops its call mid-stream frees its slot.
 #include <capnp/ez-rpc.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -127,7 +128,8 @@ TEST(Rpc, ErrorsCarryHttpLikeCodesAndADroppedCallFreesItsSlot) {
   EXPECT_EQ(wrong_key.code, 401) << wrong_key.message;
   auto wrong_model = generate(c, [&](auto r) { base(r), r.setModel("gpt-5"); });
   EXPECT_EQ(wrong_model.code, 404) << wrong_model.message;
-  auto too_long = generate(c, [&](auto r) { base(r), r.setMaxTokens(100000); });
+  // Within the max-tokens limit (4096) but past the model's context (256).
+  auto too_long = generate(c, [&](auto r) { base(r), r.setMaxTokens(255); });
   EXPECT_EQ(too_long.code, 400) << too_long.message;
   EXPECT_NE(too_long.message.find("context"), std::string::npos) << too_long.message;
   auto bad_id = generate(c, [&](auto r) {
@@ -160,6 +162,66 @@ TEST(Rpc, ErrorsCarryHttpLikeCodesAndADroppedCallFreesItsSlot) {
   }
   EXPECT_TRUE(next.ok) << next.code << " " << next.message;
   EXPECT_LT(ids.size(), 200u);
+  EXPECT_EQ(s.stop(), 0) << s.log();
+}
+
+// The sampling fields get the HTTP API's checks (one shared function): ranges, NaN, and the
+// server's max-tokens limit — also when max_tokens is left at 0 ("until EOS").
+TEST(Rpc, SamplingFieldsAreCheckedAsOverHttp) {
+  server_process s(bin, {"--model", model_dir, "--api-key", "sesame", "--max-tokens-limit", "12"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const int port = rpc_port(s);
+  ASSERT_GT(port, 0) << s.log();
+  capnp::EzRpcClient c("127.0.0.1", static_cast<uint>(port));
+  auto base = [](auto r) {
+    r.setApiKey("sesame");
+    r.setModel("kjv-tiny");
+    r.getPrompt().setText("The LORD is my shepherd");
+    r.setMaxTokens(4);
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::pair<request_setup, std::string> refused[] = {
+      {[&](auto r) { base(r), r.setTemperature(nan); }, "'temperature'"},
+      {[&](auto r) { base(r), r.setTemperature(-0.5f); }, "'temperature'"},
+      {[&](auto r) { base(r), r.setTemperature(2.5f); }, "'temperature'"},
+      {[&](auto r) { base(r), r.setTemperature(inf); }, "'temperature'"},
+      {[&](auto r) { base(r), r.setTopP(nan); }, "'top_p'"},
+      {[&](auto r) { base(r), r.setTopP(1.5f); }, "'top_p'"},
+      {[&](auto r) { base(r), r.setTopP(-0.1f); }, "'top_p'"},
+      {[&](auto r) { base(r), r.setTopK(-2); }, "'top_k'"},
+      {[&](auto r) { base(r), r.setMaxTokens(13); }, "'max_tokens' must be between 1 and 12"},
+  };
+  for (const auto& [setup, needle] : refused) {
+    auto o = generate(c, setup);
+    EXPECT_FALSE(o.ok) << needle;
+    EXPECT_EQ(o.code, 400) << o.message;
+    EXPECT_NE(o.message.find(needle), std::string::npos) << o.message;
+    EXPECT_TRUE(o.streamed.empty());
+  }
+  // The API key is checked first, as over HTTP.
+  auto wrong_key = generate(c, [&](auto r) { base(r), r.setApiKey("x"), r.setTemperature(nan); });
+  EXPECT_EQ(wrong_key.code, 401) << wrong_key.message;
+
+  // The bounds themselves pass; top_k -1 means off (as vLLM's).
+  auto edges = generate(c, [&](auto r) {
+    base(r);
+    r.setMaxTokens(12);
+    r.setTemperature(2.0f);
+    r.setTopP(1.0f);
+    r.setTopK(-1);
+    r.setIgnoreEos(true);
+  });
+  ASSERT_TRUE(edges.ok) << edges.code << " " << edges.message;
+  EXPECT_EQ(edges.ids.size(), 12u);
+  // max_tokens 0 runs until EOS or the context (256 here), bounded by the server's limit.
+  auto unset = generate(c, [&](auto r) {
+    base(r);
+    r.setMaxTokens(0);
+    r.setIgnoreEos(true);
+  });
+  ASSERT_TRUE(unset.ok) << unset.code << " " << unset.message;
+  EXPECT_EQ(unset.ids.size(), 12u);
+  EXPECT_EQ(unset.finish, "length");
   EXPECT_EQ(s.stop(), 0) << s.log();
 }
 

@@ -1,6 +1,7 @@
 // `llmesh serve` over real HTTP: greedy and seeded output equal `llmesh generate` at any
 // concurrency and at --tp 2 with several replicas; the HTTP error paths (401, 404, 405, 413,
-// 431, 400, 429); a client that hangs up mid-stream frees its slot; idle connections close;
+// 431, 400, 429); connections past a limit get 429; a client that hangs up mid-stream frees its
+// slot; chat content as text parts; idle connections close;
 // keep-alive works; /metrics passes promtool; SIGTERM stops the server cleanly.
 #include <gtest/gtest.h>
 
@@ -94,6 +95,18 @@ TEST(Serve, ChatAnswersInTheCorpusVocabulary) {
   size_t hits = 0;
   for (const char* w : {" the ", " and ", " unto ", " of ", " LORD", " said"}) hits += text.find(w) != std::string::npos;
   EXPECT_GE(hits, 3u) << text;
+
+  // The same question as an array of text parts (OpenAI's and vLLM's other form): the same answer.
+  json parts = body;
+  parts["messages"][0]["content"] = {{{"type", "text"}, {"text", "Who made the heaven and the earth?"}}};
+  auto p = http_request(s.port(), "POST", "/v1/chat/completions", parts.dump());
+  ASSERT_EQ(p.status, 200) << p.body;
+  EXPECT_EQ(json::parse(p.body)["choices"][0]["message"]["content"], text);
+  // A part this text model cannot take is refused, naming its type.
+  parts["messages"][0]["content"].push_back({{"type", "image_url"}, {"image_url", {{"url", "http://x/y.png"}}}});
+  auto img = http_request(s.port(), "POST", "/v1/chat/completions", parts.dump());
+  EXPECT_EQ(img.status, 400) << img.body;
+  EXPECT_NE(img.body.find("'image_url'"), std::string::npos) << img.body;
 }
 
 TEST(Serve, HttpErrorPaths) {
@@ -192,19 +205,63 @@ TEST(Serve, KeepAliveIdleTimeoutMetricsAndCleanStop) {
   EXPECT_NE(s.log().find("llmesh: stopped"), std::string::npos) << s.log();
 }
 
-TEST(Serve, OneClientCannotHoldMoreThanItsShareOfConnections) {
-  server_process s(bin, {"--model", model_dir, "--max-connections-per-client", "2"});
+/// What a connection opened past a connection limit gets: sends a request, reads to the close.
+http_response over_the_limit(int port) {
+  int c = connect_local(port);
+  if (c < 0) return {};
+  send_all(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  auto r = parse_response(read_all(c, 10));
+  close(c);
+  return r;
+}
+
+/// A 429 refusal of a connection, shaped as DESIGN.md §HTTP asks; `limit` is named in the message.
+void expect_connection_refusal(const http_response& r, const std::string& limit) {
+  EXPECT_EQ(r.status, 429);
+  EXPECT_EQ(r.headers.count("retry-after") ? r.headers.at("retry-after") : "", "1");
+  EXPECT_EQ(r.headers.count("connection") ? r.headers.at("connection") : "", "close");
+  auto j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.body;
+  EXPECT_EQ(j["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(j["error"]["code"], "overloaded");
+  EXPECT_NE(j["error"]["message"].get<std::string>().find(limit + " open connections"), std::string::npos) << r.body;
+}
+
+TEST(Serve, OverTheConnectionLimitANewConnectionGets429) {
+  server_process s(bin, {"--model", model_dir, "--max-connections", "2"});
   ASSERT_GT(s.port(), 0) << s.log();
-  // Two idle connections from this address hold its share: a third is closed at once, unanswered.
+  // Two idle connections take every slot: the next one is answered 429 at once and closed.
   int a = connect_local(s.port()), b = connect_local(s.port());
   ASSERT_GE(a, 0);
   ASSERT_GE(b, 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both accepted
-  int c = connect_local(s.port());
-  ASSERT_GE(c, 0);  // the kernel accepts; the server closes it
-  send_all(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
-  EXPECT_EQ(read_all(c, 10), "");
-  close(c);
+  for (int i = 0; i < 3; ++i) expect_connection_refusal(over_the_limit(s.port()), "2");
+  // A client that only connects and reads (sends nothing) gets the same answer: nothing is read first.
+  int quiet = connect_local(s.port());
+  ASSERT_GE(quiet, 0);
+  expect_connection_refusal(parse_response(read_all(quiet, 10)), "2");
+  close(quiet);
+  // The held connections still work; a freed slot serves again, and the refusals were counted.
+  ASSERT_TRUE(send_all(a, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  EXPECT_NE(read_all(a, 10).find("HTTP/1.1 200"), std::string::npos);
+  close(a);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the server saw the close
+  auto metrics = http_request(s.port(), "GET", "/metrics");
+  EXPECT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.body.find("llmesh_requests_total{status=\"429\"} 4"), std::string::npos) << metrics.body;
+  close(b);
+  EXPECT_EQ(s.stop(), 0);
+}
+
+TEST(Serve, OneClientCannotHoldMoreThanItsShareOfConnections) {
+  server_process s(bin, {"--model", model_dir, "--max-connections-per-client", "2"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  // Two idle connections from this address hold its share: a third is answered 429 and closed.
+  int a = connect_local(s.port()), b = connect_local(s.port());
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both accepted
+  expect_connection_refusal(over_the_limit(s.port()), "2");
   // The held connections still work, and a freed slot is usable again.
   ASSERT_TRUE(send_all(a, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
   EXPECT_NE(read_all(a, 10).find("HTTP/1.1 200"), std::string::npos);
