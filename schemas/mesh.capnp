@@ -202,6 +202,13 @@ struct ShardStep {
   tokens @1 :List(Int32);
   blockTable @2 :List(Int32);
   seqs @3 :List(StepSequence);
+  rows @4 :List(StepRow);   # how each sequence with wantLogits draws: every rank runs the same
+                            # LM-head collective (all greedy: each slice's argmax only)
+}
+
+struct StepRow {
+  sampling @0 :Sampling;
+  position @1 :UInt64;
 }
 
 struct StepSequence {

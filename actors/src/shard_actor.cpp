@@ -41,7 +41,7 @@ caf::behavior remote_shard_actor(caf::stateful_actor<shard_state>* self, model::
           eng->abort();
           return shard_result{s.step, rank, false, ok.err(), {}};
         }
-        auto st = eng->forward_rank(rank, s.data->batch, self->state.logits);
+        auto st = eng->forward_rank_sample(rank, s.data->batch, s.data->rows, self->state.tokens);
         return shard_result{s.step, rank, static_cast<bool>(st), st ? error{} : st.err(), {}};
       },
   };

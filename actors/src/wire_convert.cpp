@@ -45,6 +45,9 @@ transport::shard_step_msg to_wire(const shard_step& s) {
   for (const auto& q : s.data->batch) {
     m.seqs.push_back({static_cast<uint32_t>(q.tokens.size()), q.pos0, static_cast<uint32_t>(q.block_table.size()), q.want_logits});
   }
+  for (const auto& r : s.data->rows) {
+    m.rows.push_back({{r.params.temperature, r.params.top_p, r.params.top_k, r.params.seed}, r.position});
+  }
   return m;
 }
 
@@ -65,6 +68,13 @@ result<shard_step> from_wire(const transport::shard_step_msg& m) {
   if (t != d->tokens.size() || b != d->tables.size()) {
     return make_error(errc::protocol_violation, "shard step: tokens or blocks left over after its sequences");
   }
+  size_t want = 0;
+  for (const auto& q : m.seqs) want += q.want_logits ? 1 : 0;
+  if (m.rows.size() != want) {
+    return make_error(errc::protocol_violation, "shard step: " + std::to_string(m.rows.size()) + " sampling rows for " +
+                                                    std::to_string(want) + " sequences that want a token");
+  }
+  for (const auto& r : m.rows) d->rows.push_back({{r.params.temperature, r.params.top_k, r.params.top_p, r.params.seed}, r.position});
   return shard_step{m.step, std::move(d)};
 }
 

@@ -7,6 +7,7 @@
 // bisection instead (O(vocab · 41)).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "llmesh/kernels/elementwise.hpp"
@@ -78,6 +79,24 @@ int32_t argmax(std::span<const float> logits) {
     if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
   }
   return best;
+}
+
+argmax_candidate argmax_part(std::span<const float> slice, int32_t first_id) {
+  if (first_id == 0 && !slice.empty() && std::isnan(slice[0])) return {std::numeric_limits<float>::infinity(), 0};
+  argmax_candidate best;
+  for (size_t i = 0; i < slice.size(); ++i) {
+    if (std::isnan(slice[i])) continue;
+    if (best.id < 0 || slice[i] > best.value) best = {slice[i], first_id + static_cast<int32_t>(i)};
+  }
+  return best;
+}
+
+int32_t argmax_merge(std::span<const argmax_candidate> parts) {
+  argmax_candidate best;
+  for (const auto& p : parts) {
+    if (p.id >= 0 && (best.id < 0 || p.value > best.value)) best = p;  // ties: the earlier slice
+  }
+  return best.id < 0 ? 0 : best.id;  // all NaN: index 0, as argmax
 }
 
 bool is_greedy(const sampling_params& params) { return !(params.temperature > 0.0f) || params.top_k == 1; }

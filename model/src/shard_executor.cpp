@@ -5,6 +5,7 @@
 #include "llmesh/model/shard_executor.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 
 #include "llmesh/kernels/elementwise.hpp"
@@ -81,6 +82,10 @@ void shard_executor::ensure_buffers(size_t t) {
 }
 
 status shard_executor::forward(std::span<const step_sequence> batch, std::vector<float>& logits) {
+  return run(batch, logits, nullptr);
+}
+
+status shard_executor::run(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy) {
   const auto& c = model_->config();
   const auto& w = model_->weights();
   size_t n_tokens = 0;
@@ -104,7 +109,7 @@ status shard_executor::forward(std::span<const step_sequence> batch, std::vector
     LLMESH_TRY(attention_block(layer, batch, n_tokens));
     LLMESH_TRY(mlp_block(layer, n_tokens));
   }
-  return lm_head(batch, logits);
+  return lm_head(batch, logits, greedy);
 }
 
 status check_sample_rows(std::span<const step_sequence> batch, size_t rows) {
@@ -118,8 +123,11 @@ status check_sample_rows(std::span<const step_sequence> batch, size_t rows) {
 status shard_executor::forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
                                       std::vector<int32_t>& tokens) {
   LLMESH_TRY(check_sample_rows(batch, rows.size()));
-  LLMESH_TRY(forward(batch, sample_logits_));
   tokens.clear();
+  // Greedy steps of a split LM head gather each slice's argmax, not the slices' logits.
+  const bool greedy = layout_.tp > 1 && std::all_of(rows.begin(), rows.end(), [](const auto& r) { return kernels::is_greedy(r.params); });
+  if (greedy) return run(batch, sample_logits_, &tokens);
+  LLMESH_TRY(run(batch, sample_logits_, nullptr));
   if (layout_.rank == 0) tokens = kernels::sample_rows(sample_logits_, model_->config().vocab, rows);
   return ok_status();
 }
@@ -190,7 +198,7 @@ status shard_executor::mlp_block(size_t layer, size_t n_tokens) {
   return ok_status();
 }
 
-status shard_executor::lm_head(std::span<const step_sequence> batch, std::vector<float>& logits) {
+status shard_executor::lm_head(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy) {
   const auto& c = model_->config();
   const auto& w = model_->weights();
   size_t n_want = 0, t = 0;
@@ -200,9 +208,10 @@ status shard_executor::lm_head(std::span<const step_sequence> batch, std::vector
     kernels::rmsnorm(&h_[(t - 1) * c.hidden], w.final_norm.data(), &xn_[n_want * c.hidden], c.hidden, c.rms_norm_eps);
     ++n_want;
   }
+  const size_t nv = layout_.n_vocab;
+  if (greedy != nullptr && layout_.tp > 1) return greedy_head(n_want, *greedy);
   logits.resize(n_want * c.vocab);
   if (n_want == 0) return ok_status();
-  const size_t nv = layout_.n_vocab;
   if (layout_.tp == 1) {
     return kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, w.lm_head.data, logits.data(), c.vocab, n_want, c.vocab,
                                c.hidden, nullptr),
@@ -225,6 +234,38 @@ status shard_executor::lm_head(std::span<const step_sequence> batch, std::vector
       std::copy_n(&gathered[at + row * n], n, &logits[row * c.vocab + v0]);
     }
     at += n_want * n;
+  }
+  return ok_status();
+}
+
+status shard_executor::greedy_head(size_t n_want, std::vector<int32_t>& tokens) {
+  const auto& c = model_->config();
+  const auto& w = model_->weights();
+  const size_t nv = layout_.n_vocab;
+  std::vector<float> local(n_want * nv);
+  if (nv > 0 && n_want > 0) {
+    LLMESH_TRY(kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, rows_from(w.lm_head, layout_.vocab0), local.data(),
+                                   nv, n_want, nv, c.hidden, nullptr),
+                               *pool_));
+  }
+  // Each rank sends (value, id) per row: two floats, the id's bits in the second.
+  std::vector<float> mine(2 * n_want), all(2 * n_want * static_cast<size_t>(layout_.tp));
+  for (size_t row = 0; row < n_want; ++row) {
+    const auto cand = kernels::argmax_part(std::span<const float>(local).subspan(row * nv, nv), static_cast<int32_t>(layout_.vocab0));
+    mine[2 * row] = cand.value;
+    std::memcpy(&mine[2 * row + 1], &cand.id, sizeof(float));
+  }
+  LLMESH_TRY(comm_->all_gather(mine, all));
+  tokens.clear();
+  if (layout_.rank != 0) return ok_status();
+  std::vector<kernels::argmax_candidate> parts(static_cast<size_t>(layout_.tp));
+  for (size_t row = 0; row < n_want; ++row) {
+    for (size_t r = 0; r < parts.size(); ++r) {  // rank order is id order
+      const float* at = &all[(r * n_want + row) * 2];
+      parts[r].value = at[0];
+      std::memcpy(&parts[r].id, &at[1], sizeof(int32_t));
+    }
+    tokens.push_back(kernels::argmax_merge(parts));
   }
   return ok_status();
 }

@@ -330,6 +330,7 @@ TEST_F(SplitReplica, AStepWithBlockIdsOutOfRangeFailsTheRequestsInFlight) {
   bad.tokens = {1, 2};
   bad.tables = {1 << 20};  // far beyond the KV cache's 1024 blocks
   bad.seqs = {{2, 0, 1, true}};
+  bad.rows = {{}};  // well formed but for its block id
   bad_step_fails_the_requests_in_flight(bad);
 }
 
@@ -338,6 +339,15 @@ TEST_F(SplitReplica, AMalformedStepFailsTheRequestsInFlight) {
   bad.step = 1'000'001;
   bad.tokens = {1};
   bad.seqs = {{5, 0, 3, true}};
+  bad_step_fails_the_requests_in_flight(bad);
+}
+
+TEST_F(SplitReplica, AStepWithoutItsSamplingRowsFailsTheRequestsInFlight) {
+  transport::shard_step_msg bad;  // a sequence that wants a token, but no row saying how to draw it
+  bad.step = 1'000'002;
+  bad.tokens = {1, 2};
+  bad.tables = {0};
+  bad.seqs = {{2, 0, 1, true}};
   bad_step_fails_the_requests_in_flight(bad);
 }
 

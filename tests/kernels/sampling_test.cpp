@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 namespace llmesh::kernels {
@@ -358,6 +359,35 @@ TEST(SampleRows, DrawsEachRowWithItsOwnParametersAndPosition) {
   EXPECT_TRUE(is_greedy(rows[0].params));
   EXPECT_FALSE(is_greedy(rows[1].params));
   EXPECT_TRUE(is_greedy(params(0.5f, 1, 1.0f, 0)));
+}
+
+TEST(ArgmaxParts, MergedCandidatesOfAnySplitEqualTheWholeRowsArgmax) {
+  std::mt19937 rng(31);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::uniform_int_distribution<int> pick(0, 9);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const size_t n = 1 + rng() % 40;
+    std::vector<float> row(n);
+    for (float& x : row) {
+      const int k = pick(rng);
+      x = k == 0 ? nan : k == 1 ? inf : k == 2 ? -inf : static_cast<float>(rng() % 5);  // many ties
+    }
+    if (trial % 7 == 0) row[0] = nan;
+    if (trial % 11 == 0) std::fill(row.begin(), row.end(), nan);
+    // Random slice boundaries: 1 to 4 ranks, possibly empty slices.
+    const int ranks = 1 + static_cast<int>(rng() % 4);
+    std::vector<size_t> cut{0};
+    for (int r = 1; r < ranks; ++r) cut.push_back(rng() % (n + 1));
+    cut.push_back(n);
+    std::sort(cut.begin(), cut.end());
+    std::vector<argmax_candidate> parts;
+    for (size_t r = 0; r + 1 < cut.size(); ++r) {
+      parts.push_back(argmax_part(std::span<const float>(row).subspan(cut[r], cut[r + 1] - cut[r]), static_cast<int32_t>(cut[r])));
+    }
+    std::string shown;
+    for (float x : row) shown += std::to_string(x) + " ";
+    ASSERT_EQ(argmax_merge(parts), argmax(row)) << "row " << shown << "ranks " << ranks;
+  }
 }
 
 }  // namespace

@@ -38,7 +38,7 @@ std::vector<envelope> samples() {
       // Spread placement: this node runs ranks 1 and 2 of 3; the key is bytes (zeros too).
       assign_msg{15, "kjv-tiny", "models/kjv-tiny", 3, 128, assign_op::start, {1, 2},
                  {"127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7102"}, std::string("\x00key\xff\x01-of-the-group", 19)},
-      shard_step_msg{41, {5, 6, 7, -1, 299}, {3, 0, 9}, {{4, 0, 2, false}, {1, 17, 1, true}}},
+      shard_step_msg{41, {5, 6, 7, -1, 299}, {3, 0, 9}, {{4, 0, 2, false}, {1, 17, 1, true}}, {{{0.7f, 0.9f, 40, 1ull << 63}, 18}}},
       shard_step_msg{},
       shard_result_msg{41, 1, true, errc::internal, ""},
       shard_result_msg{42, 2, false, errc::shard_failed, "rank 2: out of memory"},

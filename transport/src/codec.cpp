@@ -132,6 +132,15 @@ struct writer {
       seqs[i].setNBlocks(m.seqs[i].n_blocks);
       seqs[i].setWantLogits(m.seqs[i].want_logits);
     }
+    auto rows = st.initRows(static_cast<unsigned>(m.rows.size()));
+    for (unsigned i = 0; i < m.rows.size(); ++i) {
+      auto sp = rows[i].initSampling();
+      sp.setTemperature(m.rows[i].params.temperature);
+      sp.setTopP(m.rows[i].params.top_p);
+      sp.setTopK(m.rows[i].params.top_k);
+      sp.setSeed(m.rows[i].params.seed);
+      rows[i].setPosition(m.rows[i].position);
+    }
   }
   void operator()(const shard_result_msg& m) {
     auto r = b.initShardResult();
@@ -330,6 +339,12 @@ struct reader {
         m.tables = ints(st.getBlockTable(), "blockTable");
         if (fits(st.getSeqs(), "seqs")) {
           for (auto x : st.getSeqs()) m.seqs.push_back({x.getNTokens(), x.getPos0(), x.getNBlocks(), x.getWantLogits()});
+        }
+        if (fits(st.getRows(), "rows")) {
+          for (auto x : st.getRows()) {
+            auto sp = x.getSampling();
+            m.rows.push_back({{sp.getTemperature(), sp.getTopP(), sp.getTopK(), sp.getSeed()}, x.getPosition()});
+          }
         }
         out = std::move(m);
         break;

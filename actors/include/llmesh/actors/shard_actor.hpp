@@ -21,7 +21,7 @@ using shard_step_atom = caf::atom_constant<caf::atom("shardstep")>;
 struct step_data {
   std::vector<int32_t> tokens, tables;          ///< the sequences' tokens and block tables, packed
   std::vector<model::step_sequence> batch;      ///< spans into tokens and tables
-  std::vector<sample_row> rows;                 ///< rank 0 samples these rows of its logits
+  std::vector<sample_row> rows;                 ///< one per sequence with want_logits; rank 0 draws them
   /// Copies a planned step.
   static std::shared_ptr<const step_data> copy(std::span<const model::step_sequence> batch,
                                                std::span<const sample_row> rows);
@@ -42,7 +42,7 @@ struct shard_result {
 };
 
 struct shard_state {
-  std::vector<float> logits;
+  std::vector<int32_t> tokens;
   static inline const char* name = "shard";
 };
 

@@ -34,6 +34,22 @@ bool is_greedy(const sampling_params& params);
 /// Index of the largest logit; the lowest index wins ties.
 int32_t argmax(std::span<const float> logits);
 
+/// One slice's part of the argmax of a row split over ranks (a vocabulary-parallel LM head):
+/// what the ranks gather instead of the whole row when every row is greedy.
+struct argmax_candidate {
+  float value = 0.0f;
+  int32_t id = -1;  ///< -1: the slice offers none (all NaN)
+};
+
+/// The candidate of the slice holding ids [first_id, first_id + slice.size()): its first
+/// largest non-NaN value; the first slice (first_id 0) offers id 0 as +inf when logit 0 is
+/// NaN (argmax's running maximum starts there and nothing beats a NaN).
+argmax_candidate argmax_part(std::span<const float> slice, int32_t first_id);
+
+/// argmax of the whole row from its slices' candidates, given in id order: equal to argmax()
+/// of the concatenated slices, NaNs and ties included.
+int32_t argmax_merge(std::span<const argmax_candidate> parts);
+
 /// Picks a token from logits for the token at absolute `position` of the sequence.
 /// Order of filters as in HF: temperature, then top-k, then top-p over the renormalised rest.
 /// Exactly (the device kernel, cuda::sample, gives the same token):

@@ -89,7 +89,11 @@ class shard_executor final : public step_executor {
  private:
   status attention_block(size_t layer, std::span<const step_sequence> batch, size_t n_tokens);
   status mlp_block(size_t layer, size_t n_tokens);
-  status lm_head(std::span<const step_sequence> batch, std::vector<float>& logits);
+  /// The step; with `greedy` (tp > 1 only), rank 0's greedy tokens instead of logits.
+  status run(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy);
+  status lm_head(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy);
+  /// Vocabulary-parallel argmax: each rank's slice candidate per row, gathered and merged.
+  status greedy_head(size_t n_want, std::vector<int32_t>& tokens);
   void ensure_buffers(size_t n_tokens);
 
   std::shared_ptr<const model> model_;

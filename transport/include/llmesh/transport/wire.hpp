@@ -145,10 +145,16 @@ struct step_seq {
 };
 /// One step for a shard in another process; sequence i's tokens and block table are the next
 /// n_tokens and n_blocks entries.
+struct step_row {
+  sampling params;
+  uint64_t position = 0;
+  bool operator==(const step_row&) const = default;
+};
 struct shard_step_msg {
   uint64_t step = 0;
   std::vector<int32_t> tokens, tables;
   std::vector<step_seq> seqs;
+  std::vector<step_row> rows;  ///< one per sequence with want_logits
   bool operator==(const shard_step_msg&) const = default;
 };
 struct shard_result_msg {
