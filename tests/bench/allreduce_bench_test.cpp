@@ -21,6 +21,9 @@ TEST(AllreduceBench, TimesBothCommunicatorsAndReportsAJsonLine) {
   for (const char* k : {"allreduce_ucx_us", "allreduce_shm_us", "gather_ucx_us", "gather_shm_us"}) EXPECT_GT(j[k].get<double>(), 0.0) << k;
   // A step is 2 all-reduces per layer and one all-gather (each printed to 3 decimals).
   EXPECT_NEAR(j["step_ucx_us"].get<double>(), 4 * j["allreduce_ucx_us"].get<double>() + j["gather_ucx_us"].get<double>(), 0.01);
+  // A greedy step gathers argmax pairs instead of the logits.
+  EXPECT_GT(j["argmax_gather_ucx_us"].get<double>(), 0.0);
+  EXPECT_NEAR(j["greedy_step_ucx_us"].get<double>(), 4 * j["allreduce_ucx_us"].get<double>() + j["argmax_gather_ucx_us"].get<double>(), 0.01);
 }
 
 TEST(AllreduceBench, BadInputFailsWithOneLine) {
