@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "commands.hpp"
+#include "gateway_flags.hpp"
 #include "llmesh/actors/bridge_actor.hpp"
 #include "llmesh/actors/cluster_config.hpp"
 #include "llmesh/actors/coordinator_actor.hpp"
@@ -30,9 +31,10 @@ namespace llmesh::cli {
 namespace {
 
 struct node_flags {
-  std::string config, name, join, listen, roles, token, model_dir, http, device = "cpu";
+  std::string config, name, join, listen, roles, token, model_dir, http, rpc, device = "cpu";
   int threads = 0, heartbeat_ms = 500, slots = 0;
-  size_t drain_s = 10, max_concurrent = 256;
+  size_t drain_s = 10, max_migrations = 3;
+  gateway_flags gw;
 };
 
 /// What this process is, from the config or the flags.
@@ -101,6 +103,11 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     auto h = actors::parse_endpoint(f.http);
     if (!h) return make_error(errc::invalid_request, "--http: " + h.err().message);
     p.http = *h;
+    if (!f.rpc.empty()) {
+      auto r = actors::parse_endpoint(f.rpc);
+      if (!r) return make_error(errc::invalid_request, "--rpc: " + r.err().message);
+      p.rpc = *r;
+    }
     p.gateway_model_dir = f.model_dir;
     p.gateway_model_name = std::filesystem::path(f.model_dir).lexically_normal().filename().string();
   }
@@ -234,14 +241,14 @@ status run_node(const node_flags& f) {
 
   const auto drain = std::chrono::seconds(f.drain_s);
   if (p.has(actors::node_role::gateway)) {
-    actors::router_client client(*sys, router, ready, 3, &metrics);
+    actors::router_client client(*sys, router, ready, f.max_migrations, &metrics);
     gateway::api_options api_opt;
     api_opt.model_name = p.gateway_model_name;
-    api_opt.max_concurrent = f.max_concurrent;
-    auto api = std::make_unique<gateway::api_service>(api_opt, tok, chat, *gw_cfg, client, metrics);
     gateway::http_options ho;
     ho.host = p.http->host;
     ho.port = p.http->port;
+    apply_gateway_flags(f.gw, api_opt, ho);
+    auto api = std::make_unique<gateway::api_service>(api_opt, tok, chat, *gw_cfg, client, metrics);
     auto server = gateway::http_server::listen(*api, ho);
     if (!server) {
       caf::anon_send_exit(agent, caf::exit_reason::kill);
@@ -305,12 +312,16 @@ void add_node(CLI::App& app, command_set& commands) {
   sub->add_option("--token", f->token, "--join: the cluster token (or LLMESH_TOKEN)");
   sub->add_option("--model", f->model_dir, "--join with the gateway role: the model directory (tokenizer)");
   sub->add_option("--http", f->http, "--join with the gateway role: HTTP address HOST:PORT");
+  sub->add_option("--rpc", f->rpc, "--join with the gateway role: native API (Cap'n Proto RPC) address HOST:PORT");
   sub->add_option("--heartbeat-ms", f->heartbeat_ms, "--join: heartbeat interval")->check(CLI::Range(10, 60000));
   sub->add_option("--slots", f->slots, "--join: tensor-parallel shards this replica node may host (default 2)")
       ->check(CLI::Range(1, 1024));
   sub->add_option("--device", f->device, "Replicas' device: cpu, cuda or auto")->capture_default_str();
   sub->add_option("--threads", f->threads, "Kernel threads per replica; 0 = one per core")->check(CLI::Range(0, 1024));
   sub->add_option("--drain-timeout", f->drain_s, "Seconds to let requests finish on SIGTERM")->check(CLI::Range(0, 3600));
+  sub->add_option("--max-migrations", f->max_migrations, "Gateway: replica failures a request survives")
+      ->check(CLI::Range(0, 100))->capture_default_str();
+  add_gateway_flags(sub, f->gw);  // a gateway node's API key and limits
   commands.emplace_back(sub, [f] {
     if (f->roles.empty()) f->roles = "replica";
     return run_node(*f);

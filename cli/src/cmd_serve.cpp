@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "commands.hpp"
+#include "gateway_flags.hpp"
 #include "llmesh/actors/node_agent.hpp"
 #include "stop_signal.hpp"
 #include "llmesh/actors/local_mesh.hpp"
@@ -18,12 +19,12 @@ namespace llmesh::cli {
 namespace {
 
 struct serve_flags {
-  std::string model_dir, http = "127.0.0.1:8080", rpc = "127.0.0.1:8081", api_key, served_name, device = "auto", policy = "least-load";
+  std::string model_dir, http = "127.0.0.1:8080", rpc = "127.0.0.1:8081", served_name, device = "auto", policy = "least-load";
   int replicas = 1, tp = 1, threads = 0;
-  size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256, max_concurrent = 256, max_tokens = 4096;
-  size_t max_body_kb = 4096, idle_timeout_s = 15, max_migrations = 3, drain_s = 10;
-  size_t max_connections = 1024, max_connections_per_client = 256;
+  size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256;
+  size_t max_migrations = 3, drain_s = 10;
   bool deterministic = false;
+  gateway_flags gw;
 };
 
 result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s, const char* flag) {
@@ -78,17 +79,11 @@ status run_serve(const serve_flags& f) {
   ao.model_name = f.served_name.empty() ? std::filesystem::path(f.model_dir).lexically_normal().filename().string()
                                         : f.served_name;
   if (ao.model_name.empty()) ao.model_name = std::filesystem::path(f.model_dir).parent_path().filename().string();
-  ao.api_key = f.api_key;
-  ao.limits.max_tokens = f.max_tokens;
-  ao.max_concurrent = f.max_concurrent;
-  auto api = std::make_unique<gateway::api_service>(ao, *tok, chat, cfg, **mesh, metrics);
   gateway::http_options ho;
   ho.host = where->first;
   ho.port = where->second;
-  ho.max_body_bytes = f.max_body_kb << 10;
-  ho.idle_timeout = std::chrono::seconds(f.idle_timeout_s);
-  ho.max_connections = f.max_connections;
-  ho.max_connections_per_client = f.max_connections_per_client;
+  apply_gateway_flags(f.gw, ao, ho);
+  auto api = std::make_unique<gateway::api_service>(ao, *tok, chat, cfg, **mesh, metrics);
   auto server = gateway::http_server::listen(*api, ho);
   if (!server) return server.take_error();
   std::unique_ptr<gateway::rpc_server> rpc;
@@ -113,7 +108,7 @@ status run_serve(const serve_flags& f) {
   std::fprintf(stderr,
                "llmesh: try: curl http://%s:%u/v1/completions -H 'Content-Type: application/json'%s -d "
                "'{\"model\":\"%s\",\"prompt\":\"In the beginning God created\",\"max_tokens\":32}'\n",
-               ho.host.c_str(), (*server)->port(), f.api_key.empty() ? "" : " -H 'Authorization: Bearer KEY'",
+               ho.host.c_str(), (*server)->port(), ao.api_key.empty() ? "" : " -H 'Authorization: Bearer KEY'",
                ao.model_name.c_str());
   std::fflush(stderr);
 
@@ -152,7 +147,6 @@ void add_serve(CLI::App& app, command_set& commands) {
   sub->add_option("--http", f->http, "HTTP listen address HOST:PORT (port 0: any free port)")->capture_default_str();
   sub->add_option("--rpc", f->rpc, "Native API (Cap'n Proto RPC) address HOST:PORT (port 0: any; 'none': off)")
       ->capture_default_str();
-  sub->add_option("--api-key", f->api_key, "Require 'Authorization: Bearer KEY' on /v1 routes");
   sub->add_option("--served-model-name", f->served_name, "Model id in the API (default: the directory's name)");
   sub->add_option("--device", f->device, "auto, cpu or cuda")->capture_default_str();
   sub->add_flag("--deterministic", f->deterministic, "CUDA: batch-invariant projections at every batch size");
@@ -163,19 +157,7 @@ void add_serve(CLI::App& app, command_set& commands) {
   sub->add_option("--max-batch-tokens", f->max_batch_tokens, "Tokens per engine step (prefill chunks + decodes)")
       ->check(CLI::Range(16, 1 << 20))->capture_default_str();
   sub->add_option("--max-seqs", f->max_seqs, "Sequences per engine step")->check(CLI::Range(1, 1 << 16))->capture_default_str();
-  sub->add_option("--max-concurrent", f->max_concurrent, "Generations in flight; beyond: 429")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  sub->add_option("--max-tokens-limit", f->max_tokens, "Largest max_tokens a request may ask for")
-      ->check(CLI::Range(1, 1 << 24))->capture_default_str();
-  sub->add_option("--max-body-kb", f->max_body_kb, "Largest request body, KiB; beyond: 413")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  sub->add_option("--max-connections", f->max_connections, "Open HTTP connections; beyond: 429 and closed at once")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  sub->add_option("--max-connections-per-client", f->max_connections_per_client,
-                  "Open HTTP connections one client address may hold; beyond: 429")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  sub->add_option("--idle-timeout", f->idle_timeout_s, "Seconds an idle connection stays open")
-      ->check(CLI::Range(1, 86400))->capture_default_str();
+  add_gateway_flags(sub, f->gw);
   sub->add_option("--policy", f->policy, "Router policy: round-robin, least-load, power-of-two, prefix-aware")
       ->capture_default_str();
   sub->add_option("--max-migrations", f->max_migrations, "Replica failures a request survives")

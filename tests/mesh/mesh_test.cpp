@@ -200,6 +200,39 @@ TEST(Mesh, ASecondGatewayWithItsOwnRouterServesTheSameReplicas) {
   EXPECT_EQ(gw2.stop(), 0) << gw2.log();
 }
 
+TEST(Mesh, AJoinedGatewayTakesTheApiKeyLimitAndRpcFlags) {
+  mesh_files m;
+  three_nodes n(m);
+  ASSERT_TRUE(n.ready(m));
+  const int http = free_local_port(), rpc = free_local_port();
+  node_process gw = joiner(m, "gw3", {"--role", "gateway,router", "--model", model_dir, "--http", "127.0.0.1:" + std::to_string(http),
+                                      "--rpc", "127.0.0.1:" + std::to_string(rpc), "--api-key", "sekret-key",
+                                      "--max-tokens-limit", "16"});
+  ASSERT_TRUE(gw.wait_for("serving 'kjv-tiny' on http://")) << gw.log();
+  EXPECT_TRUE(gw.wait_for("and RPC 127.0.0.1:" + std::to_string(rpc))) << gw.log();
+  const std::vector<int32_t> prompt{1142, 258, 2078};
+  auto body = [&](int max_tokens) {
+    return nlohmann::json{{"model", "kjv-tiny"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
+                          {"ignore_eos", true}, {"return_token_ids", true}}.dump();
+  };
+  const std::string key = "Authorization: Bearer sekret-key\r\n";
+  EXPECT_EQ(http_request(http, "POST", "/v1/completions", body(8)).status, 401);
+  EXPECT_EQ(http_request(http, "POST", "/v1/completions", body(8), "Authorization: Bearer wrong\r\n").status, 401);
+  auto over = http_request(http, "POST", "/v1/completions", body(24), key);
+  EXPECT_EQ(over.status, 400) << over.body;
+  EXPECT_NE(over.body.find("max_tokens"), std::string::npos) << over.body;
+  // Its router hears of the replicas through its agent; until then it answers 503.
+  http_response ok;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  do {
+    ok = http_request(http, "POST", "/v1/completions", body(8), key);
+    if (ok.status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } while (ok.status != 200 && std::chrono::steady_clock::now() < until);
+  ASSERT_EQ(ok.status, 200) << ok.body << gw.log();
+  EXPECT_EQ(nlohmann::json::parse(ok.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), generate_ids(prompt, 8));
+  EXPECT_EQ(gw.stop(), 0) << gw.log();
+}
+
 TEST(Mesh, CtlNeedsTheTokenAndNamesBadCommands) {
   mesh_files m;
   node_process seed(m.node("seed"));

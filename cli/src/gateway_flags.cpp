@@ -1,0 +1,38 @@
+#include "gateway_flags.hpp"
+
+#include <chrono>
+#include <cstdlib>
+
+namespace llmesh::cli {
+
+void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
+  sub->add_option("--api-key", f.api_key, "Require 'Authorization: Bearer KEY' on /v1 routes (or LLMESH_API_KEY)");
+  sub->add_option("--max-concurrent", f.max_concurrent, "Generations in flight; beyond: 429")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  sub->add_option("--max-tokens-limit", f.max_tokens, "Largest max_tokens a request may ask for")
+      ->check(CLI::Range(1, 1 << 24))->capture_default_str();
+  sub->add_option("--max-body-kb", f.max_body_kb, "Largest request body, KiB; beyond: 413")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  sub->add_option("--max-connections", f.max_connections, "Open HTTP connections; beyond: 429 and closed at once")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  sub->add_option("--max-connections-per-client", f.max_connections_per_client,
+                  "Open HTTP connections one client address may hold; beyond: 429")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  sub->add_option("--idle-timeout", f.idle_timeout_s, "Seconds an idle connection stays open")
+      ->check(CLI::Range(1, 86400))->capture_default_str();
+}
+
+void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gateway::http_options& http) {
+  api.api_key = f.api_key;
+  if (api.api_key.empty()) {
+    if (const char* k = std::getenv("LLMESH_API_KEY")) api.api_key = k;
+  }
+  api.limits.max_tokens = f.max_tokens;
+  api.max_concurrent = f.max_concurrent;
+  http.max_body_bytes = f.max_body_kb << 10;
+  http.idle_timeout = std::chrono::seconds(f.idle_timeout_s);
+  http.max_connections = f.max_connections;
+  http.max_connections_per_client = f.max_connections_per_client;
+}
+
+}  // namespace llmesh::cli
