@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -229,6 +230,25 @@ status merge_generation_config(model_config& c, const std::string& text, const s
   append_unique(merged, *eos);
   c.eos_ids = std::move(merged);
   if (c.bos_ids.empty()) append_unique(c.bos_ids, *bos);
+  auto number = [&](const char* key, double lo, double hi) -> result<std::optional<double>> {
+    if (!j.contains(key) || j[key].is_null()) return std::optional<double>{};
+    const auto& v = j[key];
+    if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi)) {
+      return make_error(errc::invalid_request, path + ": field '" + key + "' must be a number in [" + std::to_string(lo) + ", " +
+                                                   std::to_string(hi) + "]");
+    }
+    return std::optional<double>(v.get<double>());
+  };
+  auto t = number("temperature", 0.0, 1e6);
+  if (!t) return t.take_error();
+  auto p = number("top_p", 0.0, 1.0);
+  if (!p) return p.take_error();
+  auto k = number("top_k", 0.0, static_cast<double>(std::numeric_limits<int>::max()));
+  if (!k) return k.take_error();
+  if (*k && std::floor(**k) != **k) return make_error(errc::invalid_request, path + ": field 'top_k' must be an integer");
+  if (*t) c.sampling.temperature = static_cast<float>(**t);
+  if (*p) c.sampling.top_p = static_cast<float>(**p);
+  if (*k) c.sampling.top_k = static_cast<int>(**k);
   return ok_status();
 }
 

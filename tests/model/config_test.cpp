@@ -565,6 +565,27 @@ TEST(LoadConfig, GenerationConfigIntEosIsAppended) {
   EXPECT_EQ(c->eos_ids, (std::vector<int32_t>{128001, 128009}));
 }
 
+TEST(LoadConfig, GenerationConfigSamplingBecomesTheDefaults) {
+  temp_dir dir;
+  auto c = load_with(dir, 2, R"({"eos_token_id": 2, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "do_sample": true})");
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_EQ(c->sampling.temperature, 0.6f);
+  EXPECT_EQ(c->sampling.top_p, 0.9f);
+  EXPECT_EQ(c->sampling.top_k, 20);
+  temp_dir plain;
+  auto d = load_with(plain, 2, R"({"eos_token_id": 2, "top_k": null})");
+  ASSERT_TRUE(d.ok()) << d.err().message;
+  EXPECT_EQ(d->sampling, model_config::sampling_defaults{});
+  for (const char* bad : {R"({"top_p": 1.5})", R"({"temperature": -1})", R"({"top_k": 2.5})", R"({"top_k": -3})",
+                          R"({"temperature": "hot"})"}) {
+    temp_dir d2;
+    auto e = load_with(d2, 2, bad);
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_EQ(e.err().code, errc::invalid_request) << bad;
+    EXPECT_NE(e.err().message.find("generation_config.json"), std::string::npos) << e.err().message;
+  }
+}
+
 TEST(LoadConfig, GenerationConfigListEosIsAppendedInOrder) {
   temp_dir dir;
   auto c = load_with(dir, nullptr, R"({"eos_token_id": [128001, 128008, 128009]})");

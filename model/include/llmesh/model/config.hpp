@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,13 @@ struct model_config {
   bool o_bias = false;         ///< Llama with attention_bias
   size_t sliding_window = 0;   ///< 0: none (Mistral sliding_window, Qwen2 with use_sliding_window)
   std::vector<int32_t> bos_ids, eos_ids;  ///< load_config merges generation_config.json's in
+  /// The model's recommended sampling (generation_config.json's temperature, top_p, top_k):
+  /// the API's defaults for requests that do not set them, as vLLM applies them.
+  struct sampling_defaults {
+    std::optional<float> temperature, top_p;
+    std::optional<int> top_k;
+    bool operator==(const sampling_defaults&) const = default;
+  } sampling;
 };
 
 /// Parses config.json text. Errors name the missing or invalid field.
@@ -35,7 +43,9 @@ struct model_config {
 
 /// Reads and parses DIR/config.json, then merges DIR/generation_config.json when present:
 /// its eos_token_id (an int or a list) is appended to config.json's eos ids without
-/// duplicates, and its bos_token_id is used only where config.json has none. A malformed
+/// duplicates, its bos_token_id is used only where config.json has none, and its temperature,
+/// top_p and top_k become `sampling` (top_p outside [0, 1], temperature < 0 or a negative
+/// top_k are errors; top_k 0 means off; `do_sample: false` is ignored, as vLLM does). A malformed
 /// generation_config.json (bad JSON, or ids that are not non-negative ints) is an invalid_request error
 /// naming that file; a missing one is fine.
 [[nodiscard]] result<model_config> load_config(const std::string& model_dir);
