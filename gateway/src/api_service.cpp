@@ -1,6 +1,7 @@
 // The HTTP API's policies (api_service.hpp).
 #include "llmesh/gateway/api_service.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -154,6 +155,12 @@ result<generation_job> api_service::prepare(bool chat, const std::string& model,
                                                                " is outside the vocabulary of " + std::to_string(cfg_.vocab)));
     }
   }
+  for (int32_t t : g.stop_token_ids) {  // the parser checked type, sign and count
+    if (static_cast<size_t>(t) >= cfg_.vocab) {
+      return make_error(errc::invalid_request, "'stop_token_ids' holds " + std::to_string(t) +
+                                                   ", outside the vocabulary of " + std::to_string(cfg_.vocab));
+    }
+  }
   const size_t ctx = cfg_.max_positions;
   if (prompt.size() >= ctx) {
     return (make_error(errc::invalid_request, "the prompt has " + std::to_string(prompt.size()) +
@@ -188,7 +195,14 @@ result<generation_job> api_service::prepare(bool chat, const std::string& model,
   job.req.sampling.top_p = g.top_p;
   job.req.sampling.top_k = g.top_k;
   job.req.sampling.seed = g.seed ? *g.seed : mix(seed_base_ ^ id);
+  // The request's stop ids end it as an EOS id does (finish "stop"), and hold with ignore_eos
+  // too: vLLM's ignore_eos drops only the model's EOS, never the stop_token_ids asked for.
   if (!g.ignore_eos) job.req.eos_ids = cfg_.eos_ids;
+  for (int32_t t : g.stop_token_ids) {
+    if (std::find(job.req.eos_ids.begin(), job.req.eos_ids.end(), t) == job.req.eos_ids.end()) {
+      job.req.eos_ids.push_back(t);
+    }
+  }
 
   stream_setup s;
   s.chat = chat;
@@ -202,6 +216,7 @@ result<generation_job> api_service::prepare(bool chat, const std::string& model,
   s.model = opt_.model_name;
   s.prompt_ids = prompt;
   s.stop = g.stop;
+  s.stop_token_ids = g.stop_token_ids;
   job.req.prompt = std::move(prompt);
   job.stream = std::make_unique<completion_stream>(std::move(s), tok_->decoder(), &metrics_);
   return job;

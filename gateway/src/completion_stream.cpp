@@ -1,6 +1,8 @@
 // A generation's client-side output (completion_stream.hpp).
 #include "llmesh/gateway/completion_stream.hpp"
 
+#include <algorithm>
+
 #include "llmesh/actors/serving_metrics.hpp"
 #include "llmesh/gateway/openai_api.hpp"
 
@@ -89,7 +91,12 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
   }
   tokens_.push_back(t.token);
   observe_token();
-  auto out = matcher_.push(decoder_.push(t.token));
+  // A requested stop token ends the text before itself (vLLM's default); an EOS id's text is
+  // empty anyway, being a special token the decoder skips.
+  const bool stop_token = t.finish == actors::finish_reason::eos &&
+                          std::find(s_.stop_token_ids.begin(), s_.stop_token_ids.end(), t.token) !=
+                              s_.stop_token_ids.end();
+  auto out = matcher_.push(stop_token ? std::string() : decoder_.push(t.token));
   if (out.stopped) {
     stopped_by_string_ = true;
     return finish("stop", std::move(out.text));

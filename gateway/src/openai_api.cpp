@@ -70,6 +70,72 @@ status bool_field(const json& j, const char* name, bool& out) {
   return ok_status();
 }
 
+/// A request for something this server does not implement: refused, naming the field and
+/// the values it takes, rather than served without it.
+error unsupported(const char* name, const char* neutral) {
+  return bad(std::string("'") + name + "' is not supported by this server (send " + neutral + ", or leave it out)");
+}
+
+/// An optional integer field whose only supported value is 0 (null: absent).
+status zero_only_integer(const json& j, const char* name) {
+  std::optional<int64_t> v;
+  LLMESH_TRY(integer_field(j, name, v));
+  if (v && *v < 0) return bad(std::string("'") + name + "' must be a non-negative integer");
+  if (v && *v > 0) return unsupported(name, "0 or null");
+  return ok_status();
+}
+
+/// An optional number field whose only supported value is `neutral` (null: absent).
+status neutral_only_number(const json& j, const char* name, double neutral, const char* neutral_text) {
+  std::optional<double> v;
+  LLMESH_TRY(number_field(j, name, v));
+  if (v && *v != neutral) return unsupported(name, neutral_text);
+  return ok_status();
+}
+
+/// Fields OpenAI or vLLM define for behaviour this server does not implement. A client that
+/// asks for one must learn it will not get it (silently ignoring them returns results the
+/// client did not ask for); their neutral values — null, false, 0, and 1 for
+/// repetition_penalty — pass, since many clients send them on every request.
+status refuse_unsupported(const json& j) {
+  // logprobs: an integer (how many) for completions, a boolean for chat; false and 0 both mean
+  // none, whichever endpoint they reach.
+  if (auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
+    if (it->is_boolean()) {
+      if (it->get<bool>()) return unsupported("logprobs", "false, 0 or null");
+    } else if (it->is_number_integer()) {
+      if (wide_integer(*it) < 0) return bad("'logprobs' must be a non-negative integer or a boolean");
+      if (wide_integer(*it) > 0) return unsupported("logprobs", "false, 0 or null");
+    } else {
+      return bad("'logprobs' must be a non-negative integer or a boolean");
+    }
+  }
+  LLMESH_TRY(zero_only_integer(j, "top_logprobs"));
+  LLMESH_TRY(neutral_only_number(j, "presence_penalty", 0.0, "0 or null"));
+  LLMESH_TRY(neutral_only_number(j, "frequency_penalty", 0.0, "0 or null"));
+  LLMESH_TRY(neutral_only_number(j, "repetition_penalty", 1.0, "1 or null"));
+  LLMESH_TRY(zero_only_integer(j, "min_tokens"));  // vLLM's: EOS and stop ids masked until then
+  return ok_status();
+}
+
+/// stop_token_ids (vLLM's extension): an array of at most lim.max_stop_token_ids token ids;
+/// api_service checks them against the vocabulary, which the parser does not know.
+status parse_stop_token_ids(const json& j, const request_limits& lim, std::vector<int32_t>& out) {
+  auto it = j.find("stop_token_ids");
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (!it->is_array()) return bad("'stop_token_ids' must be an array of token ids");
+  if (it->size() > lim.max_stop_token_ids) {
+    return bad("'stop_token_ids' holds at most " + std::to_string(lim.max_stop_token_ids) + " ids");
+  }
+  for (const auto& t : *it) {
+    if (!t.is_number_integer() || wide_integer(t) < 0 || wide_integer(t) > std::numeric_limits<int32_t>::max()) {
+      return bad("'stop_token_ids' must hold non-negative integer token ids");
+    }
+    out.push_back(static_cast<int32_t>(wide_integer(t)));
+  }
+  return ok_status();
+}
+
 status parse_generation(const json& j, const request_limits& lim, bool chat, generation_fields& g) {
   sampling_input in;
   // Chat's newer name wins when both are sent (OpenAI deprecated max_tokens for chat).
@@ -117,7 +183,8 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
     if (!it->is_object()) return bad("'stream_options' must be an object");
     LLMESH_TRY(bool_field(*it, "include_usage", g.include_usage));
   }
-  return ok_status();
+  LLMESH_TRY(parse_stop_token_ids(j, lim, g.stop_token_ids));
+  return refuse_unsupported(j);
 }
 
 status parse_model(const json& j, std::string& model) {

@@ -2,6 +2,8 @@
 // concurrency bound (429 + Retry-After), seeds, ignore_eos and the chat template's prompt.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "llmesh/gateway/api_service.hpp"
@@ -126,6 +128,49 @@ TEST_F(ApiService, RequestsCarryTokensSeedsAndEos) {
   EXPECT_TRUE(job(b).req.eos_ids.empty());
   EXPECT_EQ(job(b).req.prompt, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(job(b).req.max_tokens, 16u);  // OpenAI's default for completions
+}
+
+TEST_F(ApiService, StopTokenIdsEndGenerationAsEosIdsDoEvenWithIgnoreEos) {
+  ASSERT_FALSE(cfg_.eos_ids.empty());
+  auto a = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"In the","stop_token_ids":[17,4095,5]})");
+  ASSERT_EQ(status(a), 0);
+  std::vector<int32_t> want = cfg_.eos_ids;
+  for (int32_t t : {17, 4095, 5}) {
+    if (std::find(want.begin(), want.end(), t) == want.end()) want.push_back(t);
+  }
+  EXPECT_EQ(job(a).req.eos_ids, want);  // the model's EOS ids, then the request's, once each
+  a = http_reply{};
+  // vLLM's ignore_eos drops the model's EOS, not the stop ids the client asked for.
+  auto b = call("POST", "/v1/chat/completions",
+                R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"ignore_eos":true,"stop_token_ids":[9]})");
+  ASSERT_EQ(status(b), 0);
+  EXPECT_EQ(job(b).req.eos_ids, (std::vector<int32_t>{9}));
+  b = http_reply{};
+  // Ids outside the vocabulary are refused, naming the field.
+  const std::string out = R"({"model":"kjv","prompt":"x","stop_token_ids":[1,)" + std::to_string(cfg_.vocab) + "]}";
+  auto c = call("POST", "/v1/completions", out);
+  ASSERT_EQ(status(c), 400);
+  EXPECT_NE(std::get<http_reply>(c).body.find("'stop_token_ids'"), std::string::npos) << std::get<http_reply>(c).body;
+  const std::string last = R"({"model":"kjv","prompt":"x","stop_token_ids":[)" + std::to_string(cfg_.vocab - 1) + "]}";
+  EXPECT_EQ(status(call("POST", "/v1/completions", last)), 0);
+}
+
+TEST_F(ApiService, UnsupportedFieldsAnswer400NamingThem) {
+  auto r = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","logprobs":2})");
+  ASSERT_EQ(status(r), 400);
+  auto j = json::parse(std::get<http_reply>(r).body);
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("'logprobs' is not supported"), std::string::npos) << j;
+  auto c = call("POST", "/v1/chat/completions",
+                R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"frequency_penalty":0.5})");
+  ASSERT_EQ(status(c), 400);
+  EXPECT_NE(std::get<http_reply>(c).body.find("'frequency_penalty' is not supported"), std::string::npos);
+  // The neutral values a client sends by default are served.
+  EXPECT_EQ(status(call("POST", "/v1/chat/completions",
+                        R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"logprobs":false,
+                            "presence_penalty":0,"frequency_penalty":0,"repetition_penalty":1,"min_tokens":0,
+                            "top_logprobs":0})")),
+            0);
 }
 
 TEST_F(ApiService, ChatPromptsComeFromTheTemplateWithoutExtraSpecialTokens) {

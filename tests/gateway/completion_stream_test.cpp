@@ -149,6 +149,50 @@ TEST_F(CompletionStream, StopStringsCutAcrossTokensAndAskForCancellation) {
   }
 }
 
+// A generation that ends on one of the request's stop_token_ids (the mesh reports it as an EOS
+// finish): finish_reason "stop", the id in token_ids, its text not in the output (vLLM's
+// default); an EOS-finished token that is not a requested stop id keeps its text.
+TEST_F(CompletionStream, AStopTokenIdEndsTheTextBeforeItselfButStaysInTokenIds) {
+  const auto ids = tok_->encode("one two three", false);
+  ASSERT_GE(ids.size(), 3u);
+  for (bool streaming : {false, true}) {
+    auto s = setup(false, streaming);
+    s.return_token_ids = true;
+    s.stop_token_ids = {ids.back()};
+    completion_stream c(s, tok_->decoder(), nullptr);
+    const std::string sse = feed(c, ids, finish_reason::eos);
+    ASSERT_TRUE(c.done());
+    EXPECT_FALSE(c.stopped_by_string());
+    std::string text;
+    std::vector<int32_t> token_ids;
+    std::string finish;
+    if (streaming) {
+      bool done = false;
+      for (const auto& e : events(sse, done)) {
+        text += e["choices"][0]["text"];
+        for (int32_t t : e["choices"][0]["token_ids"]) token_ids.push_back(t);
+        if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+      }
+      EXPECT_TRUE(done);
+    } else {
+      auto j = json::parse(c.reply().body);
+      text = j["choices"][0]["text"];
+      token_ids = j["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+      finish = j["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(text, "one two") << (streaming ? "streamed" : "whole");
+    EXPECT_EQ(token_ids, ids);
+    EXPECT_EQ(finish, "stop");
+    EXPECT_EQ(c.completion_tokens(), ids.size());
+  }
+  // The same last token ending on EOS without being a requested stop id: its text stays.
+  auto s = setup(false, false);
+  s.stop_token_ids = {ids.front()};  // seen earlier without a finish: no effect there
+  completion_stream c(s, tok_->decoder(), nullptr);
+  feed(c, ids, finish_reason::eos);
+  EXPECT_EQ(json::parse(c.reply().body)["choices"][0]["text"], "one two three");
+}
+
 TEST_F(CompletionStream, WholeResponseCarriesUsageAndTokenIds) {
   const auto ids = tricky_ids();
   auto s = setup(false, false);

@@ -92,6 +92,102 @@ TEST(OpenaiApi, FalseOrNullEchoIsAccepted) {
   EXPECT_TRUE(parse_completion_request(R"({"model":"m","prompt":"x","echo":null})", lim).ok());
 }
 
+TEST(OpenaiApi, StopTokenIdsAreParsedAndBounded) {
+  request_limits lim;
+  auto r = parse_completion_request(R"({"model":"m","prompt":"x","stop_token_ids":[7,0,2147483647]})", lim);
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_EQ(r->gen.stop_token_ids, (std::vector<int32_t>{7, 0, 2147483647}));
+  auto c = parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop_token_ids":[9]})", lim);
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_EQ(c->gen.stop_token_ids, (std::vector<int32_t>{9}));
+  for (const char* neutral : {"null", "[]"}) {
+    auto n = parse_completion_request(std::string(R"({"model":"m","prompt":"x","stop_token_ids":)") + neutral + "}", lim);
+    ASSERT_TRUE(n.ok()) << neutral << ": " << n.err().message;
+    EXPECT_TRUE(n->gen.stop_token_ids.empty());
+  }
+  json many = json::array();
+  for (int i = 0; i < 65; ++i) many.push_back(i);
+  const std::string too_many = json{{"model", "m"}, {"prompt", "x"}, {"stop_token_ids", many}}.dump();
+  many.erase(many.end() - 1);
+  EXPECT_TRUE(parse_completion_request(json{{"model", "m"}, {"prompt", "x"}, {"stop_token_ids", many}}.dump(), lim).ok());
+  for (const std::string& bad : {std::string("5"), std::string("\"7\""), std::string("[1,-1]"), std::string("[1.5]"),
+                                 std::string("[\"3\"]"), std::string("[2147483648]"), std::string("[18446744073709551615]"),
+                                 std::string("[[1]]")}) {
+    auto e = parse_completion_request(R"({"model":"m","prompt":"x","stop_token_ids":)" + bad + "}", lim);
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_EQ(e.err().code, errc::invalid_request);
+    EXPECT_NE(e.err().message.find("'stop_token_ids'"), std::string::npos) << bad << " -> " << e.err().message;
+  }
+  auto e = parse_completion_request(too_many, lim);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.err().message.find("'stop_token_ids' holds at most 64"), std::string::npos) << e.err().message;
+}
+
+// Fields asking for behaviour the server does not implement are refused, naming the field,
+// on both endpoints; their neutral values (what many clients send on every request) pass.
+TEST(OpenaiApi, UnsupportedFieldsAreRefusedAndTheirNeutralValuesAccepted) {
+  request_limits lim;
+  struct field_case {
+    const char* name;
+    std::vector<const char*> neutral, refused;
+  };
+  const field_case cases[] = {
+      {"logprobs", {"null", "false", "0"}, {"true", "1", "5"}},
+      {"top_logprobs", {"null", "0"}, {"1", "20"}},
+      {"presence_penalty", {"null", "0", "0.0", "-0.0"}, {"0.5", "-1", "2"}},
+      {"frequency_penalty", {"null", "0", "0.0"}, {"0.1", "-2"}},
+      {"repetition_penalty", {"null", "1", "1.0"}, {"1.1", "0.9", "0", "2"}},
+      {"min_tokens", {"null", "0"}, {"1", "100"}},
+  };
+  auto parse = [&](bool chat, const std::string& field, const char* value) -> status {
+    const std::string body =
+        (chat ? std::string(R"({"model":"m","messages":[{"role":"user","content":"x"}],")")
+              : std::string(R"({"model":"m","prompt":"x",")")) +
+        field + "\":" + value + "}";
+    if (chat) {
+      auto r = parse_chat_request(body, lim);
+      return r.ok() ? ok_status() : status(r.err());
+    }
+    auto r = parse_completion_request(body, lim);
+    return r.ok() ? ok_status() : status(r.err());
+  };
+  for (bool chat : {false, true}) {
+    for (const auto& f : cases) {
+      for (const char* v : f.neutral) {
+        auto s = parse(chat, f.name, v);
+        EXPECT_TRUE(s.ok()) << (chat ? "chat " : "completions ") << f.name << "=" << v << " -> " << s.err().message;
+      }
+      for (const char* v : f.refused) {
+        auto s = parse(chat, f.name, v);
+        ASSERT_FALSE(s.ok()) << (chat ? "chat " : "completions ") << f.name << "=" << v << " was accepted";
+        EXPECT_EQ(s.err().code, errc::invalid_request);
+        EXPECT_NE(s.err().message.find(std::string("'") + f.name + "' is not supported"), std::string::npos)
+            << f.name << "=" << v << " -> " << s.err().message;
+      }
+    }
+  }
+  // Values of the wrong type are type errors, still naming the field.
+  const std::pair<const char*, const char*> typed[] = {
+      {R"("logprobs":"yes")", "'logprobs'"},    {R"("logprobs":-1)", "'logprobs'"},
+      {R"("logprobs":1.5)", "'logprobs'"},      {R"("top_logprobs":-1)", "'top_logprobs'"},
+      {R"("top_logprobs":true)", "'top_logprobs'"}, {R"("presence_penalty":"0")", "'presence_penalty'"},
+      {R"("frequency_penalty":false)", "'frequency_penalty'"}, {R"("repetition_penalty":[1])", "'repetition_penalty'"},
+      {R"("min_tokens":-1)", "'min_tokens'"},   {R"("min_tokens":2.5)", "'min_tokens'"},
+  };
+  for (const auto& [field, needle] : typed) {
+    auto r = parse_completion_request(std::string(R"({"model":"m","prompt":"x",)") + field + "}", lim);
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_EQ(r.err().code, errc::invalid_request);
+    EXPECT_NE(r.err().message.find(needle), std::string::npos) << field << " -> " << r.err().message;
+  }
+  // All the neutral values at once, as a client that always sends them would.
+  auto all = parse_chat_request(
+      R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":false,"top_logprobs":null,
+          "presence_penalty":0,"frequency_penalty":0.0,"repetition_penalty":1.0,"min_tokens":0})",
+      lim);
+  EXPECT_TRUE(all.ok()) << all.err().message;
+}
+
 TEST(OpenaiApi, ChatContentTextPartsAreJoinedWithNewlinesAsVllmDoes) {
   request_limits lim;
   auto r = parse_chat_request(

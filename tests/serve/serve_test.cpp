@@ -1,10 +1,12 @@
 // `llmesh serve` over real HTTP: greedy and seeded output equal `llmesh generate` at any
 // concurrency and at --tp 2 with several replicas; the HTTP error paths (401, 404, 405, 413,
 // 431, 400, 429); connections past a limit get 429; a client that hangs up mid-stream frees its
-// slot; chat content as text parts; idle connections close;
-// keep-alive works; /metrics passes promtool; SIGTERM stops the server cleanly.
+// slot; chat content as text parts; stop_token_ids and the refusal of unsupported fields;
+// idle connections close; keep-alive works; /metrics passes promtool; SIGTERM stops the
+// server cleanly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -107,6 +109,103 @@ TEST(Serve, ChatAnswersInTheCorpusVocabulary) {
   auto img = http_request(s.port(), "POST", "/v1/chat/completions", parts.dump());
   EXPECT_EQ(img.status, 400) << img.body;
   EXPECT_NE(img.body.find("'image_url'"), std::string::npos) << img.body;
+}
+
+/// The choices[0] of each SSE event of a streamed body, merged: text, token ids, finish reason.
+json merged_stream_choice(const std::string& sse) {
+  json out = {{"text", ""}, {"token_ids", json::array()}, {"finish_reason", nullptr}};
+  for (size_t pos = 0; (pos = sse.find("data: ", pos)) != std::string::npos;) {
+    const size_t end = sse.find("\n\n", pos);
+    const auto e = json::parse(sse.substr(pos + 6, end - pos - 6), nullptr, false);
+    pos = end;
+    if (!e.is_object() || !e.contains("choices") || e["choices"].empty()) continue;
+    const auto& c = e["choices"][0];
+    out["text"] = out["text"].get<std::string>() + c.value("text", "");
+    for (const auto& t : c.value("token_ids", json::array())) out["token_ids"].push_back(t);
+    if (!c["finish_reason"].is_null()) out["finish_reason"] = c["finish_reason"];
+  }
+  return out;
+}
+
+// stop_token_ids (vLLM's extension) end a generation on one of its ids as EOS does: finish_reason
+// "stop", the id the last of token_ids, its text left out (vLLM's default). Fields asking for
+// what the server does not do are refused over HTTP, naming the field.
+TEST(Serve, StopTokenIdsEndTheGenerationAndUnsupportedFieldsAre400) {
+  server_process s(bin, {"--model", model_dir});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const json base = {{"model", "kjv-tiny"}, {"prompt", "In the beginning God created"}, {"temperature", 0},
+                     {"return_token_ids", true}};
+  json body = base;
+  body["max_tokens"] = 16;
+  auto free_run = completion(s.port(), body);
+  ASSERT_TRUE(free_run.contains("choices")) << free_run;
+  const auto ids = free_run["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), 16u) << free_run;  // no EOS this early in the bundled model's greedy text
+  // The stop id: the 3rd generated token, or the first one after it not generated before (a
+  // repeated id would stop the generation at its earlier place).
+  size_t k = 2;
+  while (k < ids.size() && std::find(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids[k]) !=
+                               ids.begin() + static_cast<std::ptrdiff_t>(k)) {
+    ++k;
+  }
+  ASSERT_LT(k, ids.size());
+  // The text before the stop token: the same greedy run cut after k tokens by max_tokens.
+  body["max_tokens"] = k;
+  auto prefix = completion(s.port(), body);
+  ASSERT_EQ(prefix["choices"][0]["finish_reason"], "length") << prefix;
+  const std::string want_text = prefix["choices"][0]["text"];
+  const std::vector<int32_t> want_ids(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k) + 1);
+
+  body["max_tokens"] = 16;
+  body["stop_token_ids"] = {ids[k]};
+  auto stopped = completion(s.port(), body);
+  ASSERT_TRUE(stopped.contains("choices")) << stopped;
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop") << stopped;
+  EXPECT_EQ(stopped["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want_ids) << stopped;
+  EXPECT_EQ(stopped["choices"][0]["text"], want_text) << stopped;
+  EXPECT_EQ(stopped["usage"]["completion_tokens"], k + 1);
+  // Streamed: the same text, ids and finish reason.
+  body["stream"] = true;
+  auto streamed = http_request(s.port(), "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  const json merged = merged_stream_choice(streamed.body);
+  EXPECT_EQ(merged["finish_reason"], "stop") << streamed.body;
+  EXPECT_EQ(merged["token_ids"].get<std::vector<int32_t>>(), want_ids) << streamed.body;
+  EXPECT_EQ(merged["text"], want_text) << streamed.body;
+  EXPECT_NE(streamed.body.find("data: [DONE]"), std::string::npos);
+  // ignore_eos keeps the stop ids the client asked for (as vLLM does).
+  body.erase("stream");
+  body["ignore_eos"] = true;
+  auto ignoring = completion(s.port(), body);
+  EXPECT_EQ(ignoring["choices"][0]["finish_reason"], "stop") << ignoring;
+  EXPECT_EQ(ignoring["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want_ids) << ignoring;
+
+  int status = 0;
+  json bad = base;
+  bad["stop_token_ids"] = {1, 1 << 20};  // outside the 4096-token vocabulary
+  auto j = completion(s.port(), bad, &status);
+  EXPECT_EQ(status, 400) << j;
+  EXPECT_NE(j.dump().find("'stop_token_ids'"), std::string::npos) << j;
+  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
+           {"logprobs", 1}, {"presence_penalty", 0.5}, {"repetition_penalty", 1.2}, {"min_tokens", 4}}) {
+    json u = base;
+    u[field] = value;
+    j = completion(s.port(), u, &status);
+    EXPECT_EQ(status, 400) << field << ": " << j;
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error") << j;
+    EXPECT_NE(j.dump().find("'" + field + "' is not supported"), std::string::npos) << j;
+  }
+  // The neutral values many clients always send are served.
+  json neutral = base;
+  neutral.update({{"max_tokens", 2}, {"logprobs", nullptr}, {"presence_penalty", 0}, {"frequency_penalty", 0},
+                  {"repetition_penalty", 1.0}, {"min_tokens", 0}, {"top_logprobs", 0}});
+  completion(s.port(), neutral, &status);
+  EXPECT_EQ(status, 200);
+  const json chat = {{"model", "kjv-tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 2},
+                     {"logprobs", true}};
+  auto c = http_request(s.port(), "POST", "/v1/chat/completions", chat.dump());
+  EXPECT_EQ(c.status, 400) << c.body;
+  EXPECT_NE(c.body.find("'logprobs' is not supported"), std::string::npos) << c.body;
 }
 
 TEST(Serve, HttpErrorPaths) {

@@ -37,6 +37,9 @@ struct stream_setup {
   std::string model;
   std::vector<int32_t> prompt_ids;
   std::vector<std::string> stop;
+  /// The request's stop_token_ids: a generation that ends on one (finish eos) keeps the id in
+  /// token_ids but not its text, as vLLM does (include_stop_str_in_output off).
+  std::vector<int32_t> stop_token_ids;
 };
 
 /// Thread affinity: the connection's.

@@ -31,6 +31,10 @@ struct generation_fields {
   bool include_usage = false;     ///< stream_options.include_usage
   bool return_token_ids = false;  ///< extension: prompt_token_ids and token_ids in each choice
   bool ignore_eos = false;        ///< extension (vLLM's): generate max_tokens whatever the EOS
+  /// Extension (vLLM's): generation also ends after any of these ids (finish_reason "stop"),
+  /// even with ignore_eos; the id is in token_ids, its text is not in the output. The parser
+  /// checks the type and count; api_service checks each against the vocabulary.
+  std::vector<int32_t> stop_token_ids;
 };
 
 struct completion_request {
@@ -54,6 +58,9 @@ struct request_limits {
   size_t max_stop = 4;         ///< stop strings (OpenAI's limit)
   size_t max_stop_bytes = 256;
   size_t max_messages = 1024;
+  /// stop_token_ids per request: each is one comparison per generated token in the
+  /// scheduler, and real uses (a model's end-of-turn ids) need a handful; 64 leaves room.
+  size_t max_stop_token_ids = 64;
 };
 
 /// Sampling fields as a client sent them, before any check, in types wide enough for every
@@ -73,6 +80,12 @@ struct sampling_input {
 /// invalid_request error names the first bad field as the HTTP API spells it.
 [[nodiscard]] status apply_sampling(const sampling_input& in, const request_limits& lim, generation_fields& g);
 
+/// A request body, every field checked (an invalid_request error names the first bad one).
+/// Fields asking for behaviour this server does not implement are refused rather than
+/// ignored — `logprobs` (true or > 0), `top_logprobs` > 0, non-zero `presence_penalty` or
+/// `frequency_penalty`, `repetition_penalty` other than 1, `min_tokens` > 0 — while their
+/// neutral values (null, false, 0; 1 for repetition_penalty), which many clients always send,
+/// are accepted. Other unknown fields are ignored.
 [[nodiscard]] result<completion_request> parse_completion_request(std::string_view body, const request_limits& lim);
 [[nodiscard]] result<chat_request> parse_chat_request(std::string_view body, const request_limits& lim);
 
