@@ -51,6 +51,10 @@ api_service::api_service(api_options opt, std::shared_ptr<const model::tokenizer
       seed_base_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()),
       created_(unix_now()) {
   actors::metric::declare_serving(metrics_);
+  // The model's generation_config.json sampling: the defaults of requests that leave it out.
+  if (!opt_.limits.default_temperature) opt_.limits.default_temperature = cfg_.sampling.temperature;
+  if (!opt_.limits.default_top_p) opt_.limits.default_top_p = cfg_.sampling.top_p;
+  if (!opt_.limits.default_top_k) opt_.limits.default_top_k = cfg_.sampling.top_k;
 }
 
 bool api_service::authorized(std::string_view authorization) const {

@@ -115,6 +115,26 @@ status refuse_unsupported(const json& j) {
   LLMESH_TRY(neutral_only_number(j, "frequency_penalty", 0.0, "0 or null"));
   LLMESH_TRY(neutral_only_number(j, "repetition_penalty", 1.0, "1 or null"));
   LLMESH_TRY(zero_only_integer(j, "min_tokens"));  // vLLM's: EOS and stop ids masked until then
+  LLMESH_TRY(neutral_only_number(j, "min_p", 0.0, "0 or null"));
+  if (auto it = j.find("best_of"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || wide_integer(*it) < 1) return bad("'best_of' must be a positive integer");
+    if (wide_integer(*it) > 1) return unsupported("best_of", "1 or null");
+  }
+  // Empty values ask for nothing: {} / [] / "" pass.
+  auto empty_only = [&](const char* name, const char* neutral) -> status {
+    auto it = j.find(name);
+    if (it == j.end() || it->is_null() || ((it->is_object() || it->is_array()) && it->empty()) ||
+        (it->is_string() && it->get_ref<const std::string&>().empty())) {
+      return ok_status();
+    }
+    return unsupported(name, neutral);
+  };
+  LLMESH_TRY(empty_only("logit_bias", "{} or null"));
+  LLMESH_TRY(empty_only("suffix", "\"\" or null"));
+  LLMESH_TRY(empty_only("tools", "[] or null"));
+  if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
+    if (!it->is_object() || it->value("type", json()) != "text") return unsupported("response_format", "{\"type\": \"text\"} or null");
+  }
   return ok_status();
 }
 
@@ -316,6 +336,10 @@ status apply_sampling(const sampling_input& in, const request_limits& lim, gener
     g.max_tokens = static_cast<size_t>(v);
     g.max_tokens_given = true;
   }
+  // Fields left out take the model's recommended values, where it has them.
+  if (!in.temperature && lim.default_temperature) g.temperature = *lim.default_temperature;
+  if (!in.top_p && lim.default_top_p) g.top_p = *lim.default_top_p;
+  if (!in.top_k && lim.default_top_k) g.top_k = *lim.default_top_k;
   // OpenAI's ranges: temperature 0 (greedy) to 2, top_p a probability mass.
   if (in.temperature) {
     LLMESH_TRY(check_range("temperature", *in.temperature, 0.0, 2.0));

@@ -130,6 +130,35 @@ TEST_F(ApiService, RequestsCarryTokensSeedsAndEos) {
   EXPECT_EQ(job(b).req.max_tokens, 16u);  // OpenAI's default for completions
 }
 
+TEST_F(ApiService, TheModelsGenerationConfigSamplingIsTheDefault) {
+  // Without generation_config sampling, OpenAI's defaults.
+  auto plain = call("POST", "/v1/completions", R"({"model":"kjv","prompt":[1,2]})");
+  ASSERT_EQ(status(plain), 0);
+  EXPECT_EQ(job(plain).req.sampling.temperature, 1.0f);
+  EXPECT_EQ(job(plain).req.sampling.top_p, 1.0f);
+  EXPECT_EQ(job(plain).req.sampling.top_k, 0);
+  // With it (Llama-3-Instruct's 0.6 / 0.9, and a top_k): fields left out take the model's values.
+  model::model_config c = cfg_;
+  c.sampling.temperature = 0.6f;
+  c.sampling.top_p = 0.9f;
+  c.sampling.top_k = 40;
+  api_options o;
+  o.model_name = "kjv";
+  auto t = model::tokenizer::load(LLMESH_SOURCE_DIR "/models/kjv-tiny");
+  api_service api(o, *t, std::nullopt, c, mesh_, metrics_);
+  auto d = api.handle("POST", "/v1/completions", "", R"({"model":"kjv","prompt":[1,2]})");
+  ASSERT_EQ(status(d), 0);
+  EXPECT_EQ(job(d).req.sampling.temperature, 0.6f);
+  EXPECT_EQ(job(d).req.sampling.top_p, 0.9f);
+  EXPECT_EQ(job(d).req.sampling.top_k, 40);
+  // A request's own values win, greedy included.
+  auto e = api.handle("POST", "/v1/completions", "", R"({"model":"kjv","prompt":[1,2],"temperature":0,"top_p":1,"top_k":0})");
+  ASSERT_EQ(status(e), 0);
+  EXPECT_EQ(job(e).req.sampling.temperature, 0.0f);
+  EXPECT_EQ(job(e).req.sampling.top_p, 1.0f);
+  EXPECT_EQ(job(e).req.sampling.top_k, 0);
+}
+
 TEST_F(ApiService, StopTokenIdsEndGenerationAsEosIdsDoEvenWithIgnoreEos) {
   ASSERT_FALSE(cfg_.eos_ids.empty());
   auto a = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"In the","stop_token_ids":[17,4095,5]})");

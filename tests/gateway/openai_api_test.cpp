@@ -138,6 +138,12 @@ TEST(OpenaiApi, UnsupportedFieldsAreRefusedAndTheirNeutralValuesAccepted) {
       {"frequency_penalty", {"null", "0", "0.0"}, {"0.1", "-2"}},
       {"repetition_penalty", {"null", "1", "1.0"}, {"1.1", "0.9", "0", "2"}},
       {"min_tokens", {"null", "0"}, {"1", "100"}},
+      {"min_p", {"null", "0", "0.0"}, {"0.05", "1"}},
+      {"best_of", {"null", "1"}, {"2", "5"}},
+      {"logit_bias", {"null", "{}"}, {R"({"50256": -100})"}},
+      {"suffix", {"null", R"("")"}, {R"("end")"}},
+      {"tools", {"null", "[]"}, {R"([{"type":"function","function":{"name":"f"}}])"}},
+      {"response_format", {"null", R"({"type":"text"})"}, {R"({"type":"json_object"})", R"("json")"}},
   };
   auto parse = [&](bool chat, const std::string& field, const char* value) -> status {
     const std::string body =

@@ -61,6 +61,10 @@ struct request_limits {
   /// stop_token_ids per request: each is one comparison per generated token in the
   /// scheduler, and real uses (a model's end-of-turn ids) need a handful; 64 leaves room.
   size_t max_stop_token_ids = 64;
+  /// The model's recommended sampling (generation_config.json, model_config::sampling): what a
+  /// request that leaves the field out gets, instead of OpenAI's defaults (vLLM's behaviour).
+  std::optional<float> default_temperature, default_top_p;
+  std::optional<int> default_top_k;
 };
 
 /// Sampling fields as a client sent them, before any check, in types wide enough for every
