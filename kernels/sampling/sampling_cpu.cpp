@@ -2,16 +2,17 @@
 // (sampling_fixed.hpp); the filters keep a prefix of the vocabulary ordered by mass (ties: the
 // lower id first); the draw walks the kept tokens in increasing id order. With integer masses
 // no sum depends on its order, so the device's parallel sums pick the same token.
-// Cost: O(vocab) without filters; top-k is a partial sort; top-p sorts a growing prefix and,
-// for flat distributions where the prefix would grow past 4096, finds the mass threshold by
-// bisection instead (O(vocab · 41)).
+// Cost: one exp per token, then each filter is a threshold found by radix selection (one
+// histogram pass over every token, then passes over ever fewer), and one walk: no sorting.
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <vector>
 
 #include "llmesh/kernels/elementwise.hpp"
 #include "llmesh/kernels/sampling.hpp"
+#include "llmesh/kernels/thread_pool.hpp"
 #include "sampling/sampling_fixed.hpp"
 
 namespace llmesh::kernels {
@@ -24,47 +25,49 @@ struct candidate {
   int32_t id;
 };
 
-bool before(const candidate& a, const candidate& b) { return a.m > b.m || (a.m == b.m && a.id < b.id); }
-
 uint64_t mass_of(const candidate* c, size_t n) {
   uint64_t m = 0;
   for (size_t i = 0; i < n; ++i) m += c[i].m;
   return m;
 }
 
-/// Reorders c so that its first n entries are the shortest prefix (in `before` order) whose
-/// mass reaches `target` (>= 1, <= the mass of all `size`); returns n. c[0..size) is unsorted.
-size_t nucleus(std::vector<candidate>& c, size_t size, uint64_t target) {
-  for (size_t prefix = std::min<size_t>(size, 256);; prefix = std::min(size, prefix * 4)) {
-    if (prefix > 4096 && prefix < size) break;  // flat distribution: bisection below
-    std::partial_sort(c.begin(), c.begin() + static_cast<ptrdiff_t>(prefix), c.begin() + static_cast<ptrdiff_t>(size), before);
-    uint64_t mass = 0;
-    for (size_t n = 0; n < prefix; ++n) {
-      mass += c[n].m;
-      if (mass >= target) return n + 1;
+/// The largest t with (count, or mass, of candidates whose mass is >= t) >= need, and the
+/// count and mass strictly above it. REQUIRES: the candidates' whole count or mass reaches
+/// need. Radix selection, 8 bits a level from bit 47 down (masses are at most 2^40): each
+/// level histograms only the candidates that match the digits chosen so far.
+struct threshold {
+  uint64_t t = 0, count_above = 0, mass_above = 0;
+};
+
+threshold find_threshold(const std::vector<candidate>& c, bool by_mass, uint64_t need, std::vector<uint64_t>& cur) {
+  cur.clear();
+  for (const auto& x : c) cur.push_back(x.m);
+  threshold r;
+  for (int level = 5; level >= 0; --level) {
+    const int shift = level * 8;
+    uint64_t count[256] = {}, mass[256] = {};
+    for (uint64_t m : cur) {
+      const size_t d = (m >> shift) & 255;
+      ++count[d];
+      mass[d] += m;
     }
-    if (prefix == size) return size;
+    size_t chosen = 0;
+    for (size_t d = 256; d-- > 0;) {
+      if ((by_mass ? r.mass_above + mass[d] : r.count_above + count[d]) >= need) {
+        chosen = d;
+        break;
+      }
+      r.count_above += count[d];
+      r.mass_above += mass[d];
+    }
+    r.t = (r.t << 8) | chosen;
+    size_t w = 0;
+    for (uint64_t m : cur) {
+      if (((m >> shift) & 255) == chosen) cur[w++] = m;
+    }
+    cur.resize(w);
   }
-  // The largest threshold t with mass(m >= t) >= target; then everything above t and, in id
-  // order, as many ties at t as the target needs.
-  auto mass_at_least = [&](uint64_t t) {
-    uint64_t m = 0;
-    for (size_t i = 0; i < size; ++i) m += c[i].m >= t ? c[i].m : 0;
-    return m;
-  };
-  uint64_t lo = 1, hi = 0;  // mass_at_least(lo) >= target > mass_at_least(hi)
-  for (size_t i = 0; i < size; ++i) hi = std::max(hi, c[i].m);
-  ++hi;
-  while (hi - lo > 1) {
-    uint64_t mid = lo + (hi - lo) / 2;
-    if (mass_at_least(mid) >= target) lo = mid; else hi = mid;
-  }
-  const uint64_t t = lo;
-  auto mid = std::partition(c.begin(), c.begin() + static_cast<ptrdiff_t>(size), [t](const candidate& x) { return x.m > t; });
-  auto eq_end = std::partition(mid, c.begin() + static_cast<ptrdiff_t>(size), [t](const candidate& x) { return x.m == t; });
-  std::sort(mid, eq_end, before);  // ties at the threshold: lower ids first
-  const size_t above = static_cast<size_t>(mid - c.begin());
-  return above + static_cast<size_t>(fx::ties_needed(target, mass_of(c.data(), above), t));
+  return r;
 }
 
 }  // namespace
@@ -116,37 +119,65 @@ int32_t sample(std::span<const float> logits, const sampling_params& params, uin
     const uint64_t m = fx::mass_of(exp_det((logits[i] - max_logit) * inv_t), bits);
     if (m != 0) c.push_back({m, static_cast<int32_t>(i)});  // massless tokens can never be drawn
   }
-  size_t keep = c.size();  // >= 1: the most likely token has mass 2^bits
-  bool reordered = false;
-  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < keep) {
-    keep = static_cast<size_t>(params.top_k);
-    std::partial_sort(c.begin(), c.begin() + static_cast<ptrdiff_t>(keep), c.end(), before);
-    reordered = true;
+  // The kept tokens: mass > t, and the first `ties` (in id order) whose mass is t. No filter:
+  // t = 0, every token with mass. (The most likely token has mass 2^bits: never empty.)
+  uint64_t t = 0, ties = 0, kept = 0;
+  std::vector<uint64_t> scratch;
+  scratch.reserve(c.size());
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < c.size()) {
+    const threshold k = find_threshold(c, false, static_cast<uint64_t>(params.top_k), scratch);
+    t = k.t;
+    ties = static_cast<uint64_t>(params.top_k) - k.count_above;
+    kept = k.mass_above + ties * t;
+  } else {
+    kept = mass_of(c.data(), c.size());
   }
   if (params.top_p < 1.0f) {
-    keep = nucleus(c, keep, fx::nucleus_target(mass_of(c.data(), keep), params.top_p));
-    reordered = true;
+    // The shortest prefix (by mass, then id) reaching the target lies within the top-k, so its
+    // threshold can be found over every token.
+    const uint64_t target = fx::nucleus_target(kept, params.top_p);
+    const threshold p = find_threshold(c, true, target, scratch);
+    t = p.t;
+    ties = fx::ties_needed(target, p.mass_above, p.t);
+    kept = p.mass_above + ties * t;
   }
-  // Draw: walk the kept tokens in id order (c was built in id order; the filters reorder it,
-  // even when they keep every token).
-  if (reordered) {
-    std::sort(c.begin(), c.begin() + static_cast<ptrdiff_t>(keep),
-              [](const candidate& a, const candidate& b) { return a.id < b.id; });
+  // Draw: walk the kept tokens in id order (c is in id order).
+  const uint64_t u = fx::mulhi(fx::draw_bits(params.seed, position), kept);
+  uint64_t acc = 0, seen = 0;
+  int32_t last = c.front().id;
+  for (const auto& x : c) {
+    if (!(x.m > t || (x.m == t && t > 0 && seen++ < ties))) continue;
+    acc += x.m;
+    last = x.id;
+    if (u < acc) return x.id;
   }
-  const uint64_t u = fx::mulhi(fx::draw_bits(params.seed, position), mass_of(c.data(), keep));
-  uint64_t acc = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    acc += c[i].m;
-    if (u < acc) return c[i].id;
-  }
-  return c[keep - 1].id;  // unreachable: u < total
+  return last;  // unreachable: u < kept
 }
 
-std::vector<int32_t> sample_rows(std::span<const float> logits, size_t vocab, std::span<const sample_row> rows) {
-  std::vector<int32_t> out;
-  out.reserve(rows.size());
-  for (size_t r = 0; r < rows.size(); ++r) {
-    out.push_back(sample(logits.subspan(r * vocab, vocab), rows[r].params, rows[r].position));
+std::vector<int32_t> sample_rows(std::span<const float> logits, size_t vocab, std::span<const sample_row> rows,
+                                 thread_pool* pool) {
+  std::vector<int32_t> out(rows.size());
+  auto draw = [&](size_t begin, size_t end) {
+    for (size_t r = begin; r < end; ++r) out[r] = sample(logits.subspan(r * vocab, vocab), rows[r].params, rows[r].position);
+  };
+  const bool greedy = std::all_of(rows.begin(), rows.end(), [](const sample_row& r) { return is_greedy(r.params); });
+  if (pool == nullptr || pool->size() < 2 || rows.size() < 2 || greedy) {
+    draw(0, rows.size());
+    return out;
+  }
+  // Rows are independent: split them over the pool. A worker's exception (out of memory) is
+  // rethrown here, on the caller's thread.
+  std::vector<std::exception_ptr> failed(static_cast<size_t>(pool->size()));
+  pool->run([&](int t, int n) {
+    try {
+      const auto [begin, end] = thread_pool::split(rows.size(), t, n);
+      draw(begin, end);
+    } catch (...) {
+      failed[static_cast<size_t>(t)] = std::current_exception();
+    }
+  });
+  for (auto& e : failed) {
+    if (e) std::rethrow_exception(e);
   }
   return out;
 }

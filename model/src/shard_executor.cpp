@@ -128,7 +128,7 @@ status shard_executor::forward_sample(std::span<const step_sequence> batch, std:
   const bool greedy = layout_.tp > 1 && std::all_of(rows.begin(), rows.end(), [](const auto& r) { return kernels::is_greedy(r.params); });
   if (greedy) return run(batch, sample_logits_, &tokens);
   LLMESH_TRY(run(batch, sample_logits_, nullptr));
-  if (layout_.rank == 0) tokens = kernels::sample_rows(sample_logits_, model_->config().vocab, rows);
+  if (layout_.rank == 0) tokens = kernels::sample_rows(sample_logits_, model_->config().vocab, rows, pool_);
   return ok_status();
 }
 

@@ -3,6 +3,7 @@
 #include "llmesh/kernels/sampling.hpp"
 
 #include "llmesh/kernels/elementwise.hpp"
+#include "llmesh/kernels/thread_pool.hpp"
 
 #include <gtest/gtest.h>
 
@@ -387,6 +388,21 @@ TEST(ArgmaxParts, MergedCandidatesOfAnySplitEqualTheWholeRowsArgmax) {
     std::string shown;
     for (float x : row) shown += std::to_string(x) + " ";
     ASSERT_EQ(argmax_merge(parts), argmax(row)) << "row " << shown << "ranks " << ranks;
+  }
+}
+
+TEST(SampleRows, APoolDrawsTheSameTokensAsOneThread) {
+  std::mt19937 rng(12);
+  const size_t vocab = 2000, n = 9;
+  std::vector<float> logits = random_logits(n * vocab, 3.0f, rng);
+  std::vector<sample_row> rows;
+  for (size_t r = 0; r < n; ++r) rows.push_back({params(r % 3 == 0 ? 0.0f : 0.9f, r % 2 ? 40 : 0, r % 4 ? 0.9f : 1.0f, r), 7 + r});
+  thread_pool pool(3);
+  EXPECT_EQ(sample_rows(logits, vocab, rows, &pool), sample_rows(logits, vocab, rows));
+  // Every row is checked, each against sample() itself.
+  const auto got = sample_rows(logits, vocab, rows, &pool);
+  for (size_t r = 0; r < n; ++r) {
+    EXPECT_EQ(got[r], sample(std::span<const float>(logits).subspan(r * vocab, vocab), rows[r].params, rows[r].position)) << r;
   }
 }
 

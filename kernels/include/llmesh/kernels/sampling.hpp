@@ -10,6 +10,8 @@
 
 namespace llmesh::kernels {
 
+class thread_pool;
+
 /// How to pick the next token. temperature <= 0 (or top_k == 1) means greedy.
 struct sampling_params {
   float temperature = 0.0f;
@@ -62,7 +64,9 @@ int32_t argmax_merge(std::span<const argmax_candidate> parts);
 ///     first kept one, in id order, whose running mass exceeds u.
 int32_t sample(std::span<const float> logits, const sampling_params& params, uint64_t position);
 
-/// One token per row of `logits` ([rows][vocab]).
-std::vector<int32_t> sample_rows(std::span<const float> logits, size_t vocab, std::span<const sample_row> rows);
+/// One token per row of `logits` ([rows][vocab]); with a pool, the rows are split over its
+/// threads (each row's token is the same either way).
+std::vector<int32_t> sample_rows(std::span<const float> logits, size_t vocab, std::span<const sample_row> rows,
+                                 thread_pool* pool = nullptr);
 
 }  // namespace llmesh::kernels
