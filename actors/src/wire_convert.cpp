@@ -2,10 +2,24 @@
 #include "llmesh/actors/wire_convert.hpp"
 
 namespace llmesh::actors {
+namespace {
+
+transport::sampling to_wire(const kernels::sampling_params& p) { return {p.temperature, p.top_p, p.top_k, p.seed}; }
+
+kernels::sampling_params from_wire(const transport::sampling& p) {
+  kernels::sampling_params out;
+  out.temperature = p.temperature;
+  out.top_p = p.top_p;
+  out.top_k = p.top_k;
+  out.seed = p.seed;
+  return out;
+}
+
+}  // namespace
 
 transport::generate_msg to_wire(const replica_request& r) {
   return {r.id, r.prompt, static_cast<uint32_t>(std::min<size_t>(r.max_tokens, UINT32_MAX)),
-          {r.sampling.temperature, r.sampling.top_p, r.sampling.top_k, r.sampling.seed}, r.eos_ids};
+          to_wire(r.sampling), r.eos_ids};
 }
 
 replica_request from_wire(const transport::generate_msg& m) {
@@ -13,10 +27,7 @@ replica_request from_wire(const transport::generate_msg& m) {
   r.id = m.id;
   r.prompt = m.prompt;
   r.max_tokens = m.max_tokens;
-  r.sampling.temperature = m.params.temperature;
-  r.sampling.top_p = m.params.top_p;
-  r.sampling.top_k = m.params.top_k;
-  r.sampling.seed = m.params.seed;
+  r.sampling = from_wire(m.params);
   r.eos_ids = m.eos_ids;
   return r;
 }
@@ -46,7 +57,7 @@ transport::shard_step_msg to_wire(const shard_step& s) {
     m.seqs.push_back({static_cast<uint32_t>(q.tokens.size()), q.pos0, static_cast<uint32_t>(q.block_table.size()), q.want_logits});
   }
   for (const auto& r : s.data->rows) {
-    m.rows.push_back({{r.params.temperature, r.params.top_p, r.params.top_k, r.params.seed}, r.position});
+    m.rows.push_back({to_wire(r.params), r.position});
   }
   return m;
 }
@@ -74,7 +85,7 @@ result<shard_step> from_wire(const transport::shard_step_msg& m) {
     return make_error(errc::protocol_violation, "shard step: " + std::to_string(m.rows.size()) + " sampling rows for " +
                                                     std::to_string(want) + " sequences that want a token");
   }
-  for (const auto& r : m.rows) d->rows.push_back({{r.params.temperature, r.params.top_k, r.params.top_p, r.params.seed}, r.position});
+  for (const auto& r : m.rows) d->rows.push_back({from_wire(r.params), r.position});
   return shard_step{m.step, std::move(d)};
 }
 

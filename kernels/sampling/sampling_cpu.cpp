@@ -104,6 +104,10 @@ int32_t argmax_merge(std::span<const argmax_candidate> parts) {
 
 bool is_greedy(const sampling_params& params) { return !(params.temperature > 0.0f) || params.top_k == 1; }
 
+bool all_greedy(std::span<const sample_row> rows) {
+  return std::all_of(rows.begin(), rows.end(), [](const sample_row& r) { return is_greedy(r.params); });
+}
+
 int32_t sample(std::span<const float> logits, const sampling_params& params, uint64_t position) {
   if (logits.empty()) return 0;
   const int32_t best = argmax(logits);
@@ -160,8 +164,7 @@ std::vector<int32_t> sample_rows(std::span<const float> logits, size_t vocab, st
   auto draw = [&](size_t begin, size_t end) {
     for (size_t r = begin; r < end; ++r) out[r] = sample(logits.subspan(r * vocab, vocab), rows[r].params, rows[r].position);
   };
-  const bool greedy = std::all_of(rows.begin(), rows.end(), [](const sample_row& r) { return is_greedy(r.params); });
-  if (pool == nullptr || pool->size() < 2 || rows.size() < 2 || greedy) {
+  if (pool == nullptr || pool->size() < 2 || rows.size() < 2 || all_greedy(rows)) {
     draw(0, rows.size());
     return out;
   }

@@ -86,8 +86,7 @@ class cuda_executor final : public step_executor {
     LLMESH_TRY(run(batch, p));
     tokens.clear();
     if (layout_.rank != 0 || p.real_rows == 0) return finish();
-    const bool greedy = std::all_of(rows.begin(), rows.end(), [](const auto& r) { return kernels::is_greedy(r.params); });
-    if (greedy) {
+    if (kernels::all_greedy(rows)) {
       LLMESH_TRY(timed("argmax", [&] { return cuda::argmax(logits_full(), p.real_rows, cfg_.vocab, ids_.as<int32_t>(), stream_.get()); }));
     } else {
       auto* args = sample_args_host_.as<cuda::device_sample_row>();

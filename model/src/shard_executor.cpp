@@ -125,7 +125,7 @@ status shard_executor::forward_sample(std::span<const step_sequence> batch, std:
   LLMESH_TRY(check_sample_rows(batch, rows.size()));
   tokens.clear();
   // Greedy steps of a split LM head gather each slice's argmax, not the slices' logits.
-  const bool greedy = layout_.tp > 1 && std::all_of(rows.begin(), rows.end(), [](const auto& r) { return kernels::is_greedy(r.params); });
+  const bool greedy = layout_.tp > 1 && kernels::all_greedy(rows);
   if (greedy) return run(batch, sample_logits_, &tokens);
   LLMESH_TRY(run(batch, sample_logits_, nullptr));
   if (layout_.rank == 0) tokens = kernels::sample_rows(sample_logits_, model_->config().vocab, rows, pool_);
@@ -208,7 +208,6 @@ status shard_executor::lm_head(std::span<const step_sequence> batch, std::vector
     kernels::rmsnorm(&h_[(t - 1) * c.hidden], w.final_norm.data(), &xn_[n_want * c.hidden], c.hidden, c.rms_norm_eps);
     ++n_want;
   }
-  const size_t nv = layout_.n_vocab;
   if (greedy != nullptr && layout_.tp > 1) return greedy_head(n_want, *greedy);
   logits.resize(n_want * c.vocab);
   if (n_want == 0) return ok_status();
@@ -219,12 +218,8 @@ status shard_executor::lm_head(std::span<const step_sequence> batch, std::vector
   }
   // Vocabulary-parallel: each rank computes its rows, the all-gather concatenates rank slices
   // ([rank][n_want][n_vocab_r]), then each rank reorders them into [n_want][vocab].
-  std::vector<float> local(n_want * nv), gathered(n_want * c.vocab);
-  if (nv > 0) {
-    LLMESH_TRY(kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, rows_from(w.lm_head, layout_.vocab0), local.data(),
-                                   nv, n_want, nv, c.hidden, nullptr),
-                               *pool_));
-  }
+  std::vector<float> local, gathered(n_want * c.vocab);
+  LLMESH_TRY(lm_head_slice(n_want, local));
   LLMESH_TRY(comm_->all_gather(local, gathered));
   size_t at = 0;
   for (int r = 0; r < layout_.tp; ++r) {
@@ -238,16 +233,21 @@ status shard_executor::lm_head(std::span<const step_sequence> batch, std::vector
   return ok_status();
 }
 
-status shard_executor::greedy_head(size_t n_want, std::vector<int32_t>& tokens) {
+status shard_executor::lm_head_slice(size_t n_want, std::vector<float>& local) {
   const auto& c = model_->config();
   const auto& w = model_->weights();
   const size_t nv = layout_.n_vocab;
-  std::vector<float> local(n_want * nv);
-  if (nv > 0 && n_want > 0) {
-    LLMESH_TRY(kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, rows_from(w.lm_head, layout_.vocab0), local.data(),
-                                   nv, n_want, nv, c.hidden, nullptr),
-                               *pool_));
-  }
+  local.assign(n_want * nv, 0.0f);
+  if (nv == 0 || n_want == 0) return ok_status();
+  return kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, rows_from(w.lm_head, layout_.vocab0), local.data(), nv, n_want,
+                             nv, c.hidden, nullptr),
+                         *pool_);
+}
+
+status shard_executor::greedy_head(size_t n_want, std::vector<int32_t>& tokens) {
+  const size_t nv = layout_.n_vocab;
+  std::vector<float> local;
+  LLMESH_TRY(lm_head_slice(n_want, local));
   // Each rank sends (value, id) per row: two floats, the id's bits in the second.
   std::vector<float> mine(2 * n_want), all(2 * n_want * static_cast<size_t>(layout_.tp));
   for (size_t row = 0; row < n_want; ++row) {

@@ -30,6 +30,15 @@ void put_roles(capnp::List<s::Role>::Builder list, const std::vector<role>& role
   for (unsigned i = 0; i < roles.size(); ++i) list.set(i, static_cast<s::Role>(roles[i]));
 }
 
+void write_sampling(s::Sampling::Builder sp, const sampling& p) {
+  sp.setTemperature(p.temperature);
+  sp.setTopP(p.top_p);
+  sp.setTopK(p.top_k);
+  sp.setSeed(p.seed);
+}
+
+sampling read_sampling(s::Sampling::Reader sp) { return {sp.getTemperature(), sp.getTopP(), sp.getTopK(), sp.getSeed()}; }
+
 struct writer {
   Body::Builder b;
   void operator()(const generate_msg& m) {
@@ -37,11 +46,7 @@ struct writer {
     g.setId(m.id);
     fill(g.initPrompt(static_cast<unsigned>(m.prompt.size())), m.prompt);
     g.setMaxTokens(m.max_tokens);
-    auto sp = g.initSampling();
-    sp.setTemperature(m.params.temperature);
-    sp.setTopP(m.params.top_p);
-    sp.setTopK(m.params.top_k);
-    sp.setSeed(m.params.seed);
+    write_sampling(g.initSampling(), m.params);
     fill(g.initEosIds(static_cast<unsigned>(m.eos_ids.size())), m.eos_ids);
   }
   void operator()(const token_body& m) {
@@ -134,11 +139,7 @@ struct writer {
     }
     auto rows = st.initRows(static_cast<unsigned>(m.rows.size()));
     for (unsigned i = 0; i < m.rows.size(); ++i) {
-      auto sp = rows[i].initSampling();
-      sp.setTemperature(m.rows[i].params.temperature);
-      sp.setTopP(m.rows[i].params.top_p);
-      sp.setTopK(m.rows[i].params.top_k);
-      sp.setSeed(m.rows[i].params.seed);
+      write_sampling(rows[i].initSampling(), m.rows[i].params);
       rows[i].setPosition(m.rows[i].position);
     }
   }
@@ -255,8 +256,7 @@ struct reader {
         m.id = g.getId();
         m.prompt = ints(g.getPrompt(), "prompt");
         m.max_tokens = g.getMaxTokens();
-        auto sp = g.getSampling();
-        m.params = {sp.getTemperature(), sp.getTopP(), sp.getTopK(), sp.getSeed()};
+        m.params = read_sampling(g.getSampling());
         m.eos_ids = ints(g.getEosIds(), "eosIds");
         out = std::move(m);
         break;
@@ -341,10 +341,7 @@ struct reader {
           for (auto x : st.getSeqs()) m.seqs.push_back({x.getNTokens(), x.getPos0(), x.getNBlocks(), x.getWantLogits()});
         }
         if (fits(st.getRows(), "rows")) {
-          for (auto x : st.getRows()) {
-            auto sp = x.getSampling();
-            m.rows.push_back({{sp.getTemperature(), sp.getTopP(), sp.getTopK(), sp.getSeed()}, x.getPosition()});
-          }
+          for (auto x : st.getRows()) m.rows.push_back({read_sampling(x.getSampling()), x.getPosition()});
         }
         out = std::move(m);
         break;

@@ -33,6 +33,9 @@ double sampling_uniform(uint64_t seed, uint64_t position);
 /// True when params pick the most likely token (temperature <= 0 or NaN, or top_k == 1).
 bool is_greedy(const sampling_params& params);
 
+/// True when every row is greedy (a step whose tokens are argmaxes only).
+bool all_greedy(std::span<const sample_row> rows);
+
 /// Index of the largest logit; the lowest index wins ties.
 int32_t argmax(std::span<const float> logits);
 

@@ -92,6 +92,8 @@ class shard_executor final : public step_executor {
   /// The step; with `greedy` (tp > 1 only), rank 0's greedy tokens instead of logits.
   status run(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy);
   status lm_head(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy);
+  /// This rank's LM-head rows for the n_want normed rows in xn_: local [n_want][n_vocab].
+  status lm_head_slice(size_t n_want, std::vector<float>& local);
   /// Vocabulary-parallel argmax: each rank's slice candidate per row, gathered and merged.
   status greedy_head(size_t n_want, std::vector<int32_t>& tokens);
   void ensure_buffers(size_t n_tokens);
