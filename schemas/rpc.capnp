@@ -13,8 +13,12 @@ interface Llmesh {
   # connection) cancels the generation in the mesh.
   generate @0 (request :GenerateRequest, sink :TokenSink) -> (result :GenerateResult);
 
-  # The served model's name (what GenerateRequest.model must be).
+  # The served model's name (what GenerateRequest.model must be); the first one when the
+  # gateway serves several.
   model @1 () -> (name :Text);
+
+  # Every served model's name, in the gateway's order (as GET /v1/models lists them).
+  models @2 () -> (names :List(Text));
 }
 
 struct GenerateRequest {

@@ -342,7 +342,7 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
 }
 
 /// Rules between entries: unique names and addresses, one coordinator at the seed, the roles a
-/// mesh needs, enough replica nodes for the model, and one model.
+/// mesh needs, unique model names and enough replica nodes for each model.
 status check_mesh(reader& r, const cluster_config& c) {
   std::map<std::string, std::string> bound;  // address → "nodes[i] (name) 'field'"
   const node_spec* coordinator = nullptr;
@@ -382,10 +382,6 @@ status check_mesh(reader& r, const cluster_config& c) {
                     std::to_string(replica_nodes) + " nodes have the replica role");
   }
   r.at("");
-  // Gateways and routers serve one model: a second would get requests meant for the first.
-  if (c.models.size() > 1)
-    return r.fail("'models' lists " + std::to_string(c.models.size()) +
-                  " models; a mesh serves one model for now (gateways and routers do not route by model name yet)");
   return ok_status();
 }
 

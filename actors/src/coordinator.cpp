@@ -34,7 +34,7 @@ bool has_role(const std::vector<transport::role>& roles, transport::role r) {
 }
 
 coordinator_action send_to(transport::peer_id peer, uint64_t remote, transport::body b) {
-  return {coordinator_action::send, peer, remote, std::move(b), 0, {}};
+  return {coordinator_action::send, peer, remote, std::move(b), 0, {}, {}};
 }
 
 }  // namespace
@@ -96,13 +96,13 @@ coordinator::actions coordinator::on_message(transport::peer_id peer, const tran
             r.phase = replica_phase::ready;
             r.actor = m.actor;
             out.push_back({coordinator_action::replica_ready, peer, m.actor, {}, m.replica,
-                           r.a.shards.front() + "/" + std::to_string(m.replica)});
+                           r.a.shards.front() + "/" + std::to_string(m.replica), r.a.model});
             settled(m.replica, out);
           } else if (m.phase == replica_phase::dead) {
             const replica_phase was = r.phase;
             stop_shards(r, r.a.shards.front(), false, out);  // its shards on other nodes go with it
             if (was == replica_phase::ready || was == replica_phase::draining) {
-              out.push_back({coordinator_action::replica_gone, peer, 0, {}, m.replica, {}});
+              out.push_back({coordinator_action::replica_gone, peer, 0, {}, m.replica, {}, {}});
             }
             if (was == replica_phase::draining) {
               replicas_.erase(it);  // a planned stop, done
@@ -198,7 +198,7 @@ void coordinator::node_lost(const std::string& name, actions& out) {
       ++it;
       continue;
     }
-    if (it->second.phase != replica_phase::dead) out.push_back({coordinator_action::replica_gone, 0, 0, {}, it->first, {}});
+    if (it->second.phase != replica_phase::dead) out.push_back({coordinator_action::replica_gone, 0, 0, {}, it->first, {}, {}});
     stop_shards(it->second, name, true, out);
     lost.push_back(it->first);
     it = replicas_.erase(it);
@@ -270,7 +270,7 @@ coordinator::actions coordinator::apply(const std::vector<change>& changes) {
         continue;
       }
       if (m == members_.members().end()) {
-        out.push_back({coordinator_action::replica_gone, 0, 0, {}, c.r.id, {}});
+        out.push_back({coordinator_action::replica_gone, 0, 0, {}, c.r.id, {}, {}});
         replicas_.erase(it);
         continue;
       }
@@ -293,7 +293,7 @@ void coordinator::stop_now(uint64_t id, actions& out) {
   if (m == members_.members().end()) return;
   it->second.stop_pending = false;
   it->second.stop_after.clear();
-  if (it->second.phase == replica_phase::ready) out.push_back({coordinator_action::replica_drain, 0, 0, {}, id, {}});
+  if (it->second.phase == replica_phase::ready) out.push_back({coordinator_action::replica_drain, 0, 0, {}, id, {}, {}});
   it->second.phase = replica_phase::draining;
   out.push_back(send_to(m->second.peer, agent_actor_id,
                         transport::assign_msg{id, it->second.a.model, "", 0, 0, transport::assign_op::stop, {}, {}, {}}));

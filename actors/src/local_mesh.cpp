@@ -14,7 +14,7 @@ struct local_mesh::impl {
   std::vector<std::unique_ptr<model::engine>> engines;
   mesh_options opt;
   metrics_registry* metrics = nullptr;
-  std::shared_ptr<std::atomic<size_t>> ready = std::make_shared<std::atomic<size_t>>(0);
+  std::shared_ptr<ready_counts> ready = std::make_shared<ready_counts>();
   std::unique_ptr<caf::actor_system_config> cfg;
   std::unique_ptr<caf::actor_system> sys;
   caf::actor router;
@@ -45,15 +45,15 @@ result<std::unique_ptr<local_mesh>> local_mesh::create(std::shared_ptr<const mod
   ro.policy = opt.policy;
   ro.block_size = p->engines[0]->kv_block_size();
   ro.metrics = metrics;
-  ro.ready_count = p->ready;
+  ro.ready = p->ready;
   p->router = p->sys->spawn(router_actor, ro);
   for (auto& e : p->engines) {
     // The replica never blocks; its shard actors (detached) run the kernels.
     auto r = p->sys->spawn(replica_actor, e.get(), opt.sched);
-    caf::anon_send(p->router, add_atom::value, r, std::to_string(p->replicas.size()));
+    caf::anon_send(p->router, add_atom::value, r, std::to_string(p->replicas.size()), opt.model_name);
     p->replicas.push_back(r);
   }
-  p->ready->store(p->replicas.size());  // the router confirms with its first poll
+  p->ready->set({{opt.model_name, p->replicas.size()}});  // the router confirms with its first poll
   p->client = std::make_unique<router_client>(*p->sys, p->router, p->ready, opt.max_migrations, metrics);
   return std::unique_ptr<local_mesh>(new local_mesh(std::move(p)));
 }
@@ -70,7 +70,8 @@ local_mesh::~local_mesh() {
 
 void local_mesh::submit(replica_request r, token_sink sink) { impl_->client->submit(std::move(r), std::move(sink)); }
 void local_mesh::cancel(uint64_t id) { impl_->client->cancel(id); }
-size_t local_mesh::ready_replicas() const { return impl_->ready->load(); }
+size_t local_mesh::ready_replicas() const { return impl_->ready->total(); }
+size_t local_mesh::ready_replicas(std::string_view model) const { return impl_->ready->of(model); }
 size_t local_mesh::replica_count() const { return impl_->replicas.size(); }
 const model::engine& local_mesh::engine(size_t i) const { return *impl_->engines.at(i); }
 

@@ -231,11 +231,11 @@ void replica_news(agent* self, const transport::replica_state_msg& m) {
   auto known = st.routed.find(id);
   if (m.phase == transport::replica_phase::ready) {
     if (known != st.routed.end()) return;
-    const std::string name = m.node + "/" + std::to_string(id);
+    const std::string name = m.node + "/" + std::to_string(id), model = m.model;
     auto add = [=](caf::actor r, bool proxy) {
       if (!r) return;
       self->state.routed[id] = {r, proxy};
-      self->send(self->state.router, add_atom::value, r, name);
+      self->send(self->state.router, add_atom::value, r, name, model);
     };
     if (m.node == st.opt.node) {  // hosted here
       self->request(st.bridge, 10s, lookup_atom::value, m.actor).await([=](caf::actor r) { add(r, false); });

@@ -28,7 +28,9 @@ void release(request* self) {
 
 void route(request* self, replica_request r) {
   auto prompt = r.prompt;
-  self->request(self->state.opt.router, self->state.opt.route_timeout, route_atom::value, std::move(prompt))
+  auto model = r.model;
+  self->request(self->state.opt.router, self->state.opt.route_timeout, route_atom::value, std::move(model),
+                std::move(prompt))
       .then(
           [=](const route_reply& reply) {
             auto& st = self->state;

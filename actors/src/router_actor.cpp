@@ -13,9 +13,10 @@ using router = caf::stateful_actor<router_state>;
 
 void publish(router* self) {
   auto& st = self->state;
+  model_counts by_model = st.routes->ready();
   size_t ready = 0;
-  for (const auto& [id, l] : st.loads) ready += l.ready ? 1 : 0;
-  if (st.opt.ready_count) st.opt.ready_count->store(ready);
+  for (const auto& [model, n] : by_model) ready += n;
+  if (st.opt.ready) st.opt.ready->set(std::move(by_model));
   auto* m = st.opt.metrics;
   if (m == nullptr) return;
   m->get_gauge(metric::replicas_ready)->set(static_cast<double>(ready));
@@ -31,7 +32,7 @@ void publish(router* self) {
 void forget(router* self, uint64_t id) {
   auto& st = self->state;
   if (st.replicas.erase(id) == 0) return;
-  st.bal->remove(id);
+  st.routes->remove(id);
   st.loads[id] = replica_load{id, false, 0, 0, 0, st.loads[id].kv_total};
   publish(self);
 }
@@ -39,7 +40,7 @@ void forget(router* self, uint64_t id) {
 }  // namespace
 
 caf::behavior router_actor(router* self, router_options opt) {
-  self->state.bal = std::make_unique<balancer>(opt.policy, 1, opt.block_size);
+  self->state.routes = std::make_unique<route_table>(opt.policy, opt.policies, opt.block_size);
   self->state.opt = opt;
   if (opt.metrics) metric::declare_serving(*opt.metrics);
   self->set_down_handler([=](const caf::down_msg& d) {
@@ -49,32 +50,31 @@ caf::behavior router_actor(router* self, router_options opt) {
   });
   self->send(self, tick_atom::value);
   return {
-      [=](add_atom, caf::actor replica, const std::string& name) {
+      [=](add_atom, caf::actor replica, const std::string& name, const std::string& model) {
         auto& st = self->state;
         st.names[replica.id()] = name;
         self->monitor(replica);
         const uint64_t id = replica.id();
         st.replicas[id] = replica;
         st.loads[id] = replica_load{id, true, 0, 0, 0, 0};
-        st.bal->update(st.loads[id]);
+        st.routes->add(id, model);
         publish(self);
       },
-      [=](route_atom, const std::vector<int32_t>& prompt) -> route_reply {
+      [=](route_atom, const std::string& model, const std::vector<int32_t>& prompt) -> route_reply {
         auto& st = self->state;
-        auto picked = st.bal->pick(prompt);
+        auto picked = st.routes->pick(model, prompt);
         if (!picked) return route_reply{caf::actor{}, picked.err()};
-        st.bal->assigned(*picked, prompt);
         if (st.opt.metrics) st.opt.metrics->get_counter(metric::routed, {st.names[*picked]})->add(1);
         return route_reply{st.replicas.at(*picked), {}};
       },
-      [=](done_atom, uint64_t replica) { self->state.bal->finished(replica); },
+      [=](done_atom, uint64_t replica) { self->state.routes->finished(replica); },
       [=](dead_atom, uint64_t replica) { forget(self, replica); },
       [=](drain_atom, uint64_t replica) {
         auto& st = self->state;
         if (st.replicas.count(replica) == 0) return;
         st.draining.insert(replica);
         st.loads[replica].ready = false;
-        st.bal->update(st.loads[replica]);
+        st.routes->update(st.loads[replica]);
         publish(self);
       },
       [=](replica_load l) {
@@ -82,7 +82,7 @@ caf::behavior router_actor(router* self, router_options opt) {
         if (st.replicas.count(l.replica) == 0) return;  // a report that crossed the replica's death
         if (st.draining.count(l.replica)) l.ready = false;
         st.loads[l.replica] = l;
-        st.bal->update(l);
+        st.routes->update(l);
         publish(self);
       },
       [=](tick_atom) {

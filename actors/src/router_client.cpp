@@ -11,11 +11,11 @@ struct router_client::live {
   std::unordered_map<uint64_t, caf::actor> requests;  ///< live request actors by request id
 };
 
-router_client::router_client(caf::actor_system& sys, caf::actor router, std::shared_ptr<std::atomic<size_t>> ready,
+router_client::router_client(caf::actor_system& sys, caf::actor router, std::shared_ptr<const ready_counts> ready,
                              size_t max_migrations, metrics_registry* metrics)
     : sys_(sys),
       router_(std::move(router)),
-      ready_(ready ? std::move(ready) : std::make_shared<std::atomic<size_t>>(0)),
+      ready_(ready ? std::move(ready) : std::make_shared<const ready_counts>()),
       max_migrations_(max_migrations),
       metrics_(metrics),
       live_(std::make_shared<live>()) {}

@@ -31,7 +31,8 @@ namespace llmesh::cli {
 namespace {
 
 struct node_flags {
-  std::string config, name, join, listen, roles, token, model_dir, http, rpc, device = "cpu";
+  std::string config, name, join, listen, roles, token, http, rpc, device = "cpu";
+  std::vector<std::string> model_dirs;  ///< --join gateway: one --model per served model
   int threads = 0, heartbeat_ms = 500, slots = 0;
   size_t drain_s = 10, max_migrations = 3;
   gateway_flags gw;
@@ -43,8 +44,9 @@ struct node_plan {
   int slots = 0;
   std::vector<actors::node_role> roles;
   std::chrono::milliseconds heartbeat{500}, failure_timeout{3000};
-  std::vector<actors::model_spec> models;  ///< the coordinator's (config mode)
-  std::string gateway_model_dir, gateway_model_name;
+  std::vector<actors::model_spec> models;  ///< the coordinator's and the routers' (config mode)
+  /// A gateway's models: name → directory (its tokenizer, chat template and config).
+  std::vector<std::pair<std::string, std::string>> gateway_models;
   std::optional<actors::endpoint> http, rpc;
   bool has(actors::node_role r) const { return std::find(roles.begin(), roles.end(), r) != roles.end(); }
 };
@@ -69,8 +71,7 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     p.slots = n->slots;
     if (p.has(actors::node_role::gateway)) {
       if (cfg->models.empty()) return make_error(errc::invalid_request, f.config + ": a gateway needs a model");
-      p.gateway_model_dir = cfg->models.front().path;
-      p.gateway_model_name = cfg->models.front().name;
+      for (const auto& m : cfg->models) p.gateway_models.emplace_back(m.name, m.path);
     }
     return p;
   }
@@ -99,7 +100,7 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     else return make_error(errc::invalid_request, "--role: unknown role '" + r + "' (replica, router, gateway)");
   }
   if (p.has(actors::node_role::gateway)) {
-    if (f.model_dir.empty() || f.http.empty()) return make_error(errc::invalid_request, "a gateway node needs --model DIR and --http HOST:PORT");
+    if (f.model_dirs.empty() || f.http.empty()) return make_error(errc::invalid_request, "a gateway node needs --model DIR and --http HOST:PORT");
     auto h = actors::parse_endpoint(f.http);
     if (!h) return make_error(errc::invalid_request, "--http: " + h.err().message);
     p.http = *h;
@@ -108,8 +109,16 @@ result<node_plan> plan_from_flags(const node_flags& f) {
       if (!r) return make_error(errc::invalid_request, "--rpc: " + r.err().message);
       p.rpc = *r;
     }
-    p.gateway_model_dir = f.model_dir;
-    p.gateway_model_name = std::filesystem::path(f.model_dir).lexically_normal().filename().string();
+    for (const auto& dir : f.model_dirs) {
+      // The directory's name is the model's: the name the coordinator's config gives it.
+      std::filesystem::path path = std::filesystem::path(dir).lexically_normal();
+      std::string name = path.filename().string();
+      if (name.empty()) name = path.parent_path().filename().string();
+      for (const auto& [known, d] : p.gateway_models) {
+        if (known == name) return make_error(errc::invalid_request, "--model: two models named '" + name + "'");
+      }
+      p.gateway_models.emplace_back(name, dir);
+    }
   }
   return p;
 }
@@ -142,17 +151,18 @@ status run_node(const node_flags& f) {
   }
 
   // The gateway's model files next: a typo fails before anything listens.
-  std::shared_ptr<const model::tokenizer> tok;
-  std::optional<model::chat_template> chat;
-  std::optional<model::model_config> gw_cfg;
-  if (p.has(actors::node_role::gateway)) {
-    auto t = model::tokenizer::load(p.gateway_model_dir);
+  std::vector<gateway::served_model> served;
+  for (const auto& [name, dir] : p.gateway_models) {
+    gateway::served_model m;
+    m.name = name;
+    auto t = model::tokenizer::load(dir);
     if (!t) return t.take_error();
-    tok = *t;
-    if (auto c = model::chat_template::load(p.gateway_model_dir); c) chat = std::move(*c);
-    auto c = model::load_config(p.gateway_model_dir);
+    m.tok = *t;
+    if (auto c = model::chat_template::load(dir); c) m.chat = std::move(*c);
+    auto c = model::load_config(dir);
     if (!c) return c.take_error();
-    gw_cfg = *c;
+    m.cfg = std::move(*c);
+    served.push_back(std::move(m));
   }
   auto ucx = transport::ucx_transport::create();
   if (!ucx) return ucx.take_error();
@@ -178,15 +188,14 @@ status run_node(const node_flags& f) {
   }
 
   caf::actor router;
-  auto ready = std::make_shared<std::atomic<size_t>>(0);
+  auto ready = std::make_shared<actors::ready_counts>();
   if (p.has(actors::node_role::router)) {
     actors::router_options ro;
-    if (!p.models.empty()) {
-      auto pol = actors::parse_balance_policy(p.models.front().policy);
-      if (pol) ro.policy = *pol;
+    for (const auto& m : p.models) {  // each model's policy (a joined router: the default)
+      if (auto pol = actors::parse_balance_policy(m.policy); pol) ro.policies[m.name] = *pol;
     }
     ro.metrics = &metrics;
-    ro.ready_count = ready;
+    ro.ready = ready;
     router = sys->spawn(actors::router_actor, ro);
   }
   caf::actor coordinator;
@@ -243,12 +252,13 @@ status run_node(const node_flags& f) {
   if (p.has(actors::node_role::gateway)) {
     actors::router_client client(*sys, router, ready, f.max_migrations, &metrics);
     gateway::api_options api_opt;
-    api_opt.model_name = p.gateway_model_name;
     gateway::http_options ho;
     ho.host = p.http->host;
     ho.port = p.http->port;
     apply_gateway_flags(f.gw, api_opt, ho);
-    auto api = std::make_unique<gateway::api_service>(api_opt, tok, chat, *gw_cfg, client, metrics);
+    std::string names;
+    for (const auto& m : served) names += (names.empty() ? "'" : ", '") + m.name + "'";
+    auto api = std::make_unique<gateway::api_service>(api_opt, std::move(served), client, metrics);
     auto server = gateway::http_server::listen(*api, ho);
     if (!server) {
       caf::anon_send_exit(agent, caf::exit_reason::kill);
@@ -263,7 +273,7 @@ status run_node(const node_flags& f) {
       }
       rpc = std::move(*r);
     }
-    std::fprintf(stderr, "llmesh: node %s serving '%s' on http://%s:%u%s\n", p.name.c_str(), api_opt.model_name.c_str(),
+    std::fprintf(stderr, "llmesh: node %s serving %s on http://%s:%u%s\n", p.name.c_str(), names.c_str(),
                  ho.host.c_str(), (*server)->port(),
                  rpc ? (" and RPC " + p.rpc->host + ":" + std::to_string(rpc->port())).c_str() : "");
     std::fflush(stderr);
@@ -310,7 +320,9 @@ void add_node(CLI::App& app, command_set& commands) {
   sub->add_option("--listen", f->listen, "--join: this node's mesh address HOST:PORT");
   sub->add_option("--role", f->roles, "--join: roles, comma separated (replica, router, gateway)")->default_str("replica");
   sub->add_option("--token", f->token, "--join: the cluster token (or LLMESH_TOKEN)");
-  sub->add_option("--model", f->model_dir, "--join with the gateway role: the model directory (tokenizer)");
+  sub->add_option("--model", f->model_dirs,
+                  "--join with the gateway role: a served model's directory (tokenizer); its name is the directory's, "
+                  "as in the cluster config; repeat for several models");
   sub->add_option("--http", f->http, "--join with the gateway role: HTTP address HOST:PORT");
   sub->add_option("--rpc", f->rpc, "--join with the gateway role: native API (Cap'n Proto RPC) address HOST:PORT");
   sub->add_option("--heartbeat-ms", f->heartbeat_ms, "--join: heartbeat interval")->check(CLI::Range(10, 60000));

@@ -71,14 +71,15 @@ status run_serve(const serve_flags& f) {
   mo.sched.max_seqs = f.max_seqs;
   mo.policy = *policy;
   mo.max_migrations = f.max_migrations;
-  actors::metrics_registry metrics;
-  auto mesh = actors::local_mesh::create(*m, mo, &metrics);
-  if (!mesh) return mesh.take_error();
-
   gateway::api_options ao;
   ao.model_name = f.served_name.empty() ? std::filesystem::path(f.model_dir).lexically_normal().filename().string()
                                         : f.served_name;
   if (ao.model_name.empty()) ao.model_name = std::filesystem::path(f.model_dir).parent_path().filename().string();
+  mo.model_name = ao.model_name;
+  actors::metrics_registry metrics;
+  auto mesh = actors::local_mesh::create(*m, mo, &metrics);
+  if (!mesh) return mesh.take_error();
+
   gateway::http_options ho;
   ho.host = where->first;
   ho.port = where->second;

@@ -39,22 +39,35 @@ uint64_t mix(uint64_t x) {
 
 }  // namespace
 
-api_service::api_service(api_options opt, std::shared_ptr<const model::tokenizer> tok,
-                         std::optional<model::chat_template> chat, model::model_config cfg, actors::mesh_client& mesh,
+api_service::api_service(api_options opt, std::vector<served_model> models, actors::mesh_client& mesh,
                          actors::metrics_registry& metrics)
     : opt_(std::move(opt)),
-      tok_(std::move(tok)),
-      chat_(std::move(chat)),
-      cfg_(std::move(cfg)),
+      models_(std::move(models)),
       mesh_(mesh),
       metrics_(metrics),
       seed_base_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()),
       created_(unix_now()) {
   actors::metric::declare_serving(metrics_);
-  // The model's generation_config.json sampling: the defaults of requests that leave it out.
-  if (!opt_.limits.default_temperature) opt_.limits.default_temperature = cfg_.sampling.temperature;
-  if (!opt_.limits.default_top_p) opt_.limits.default_top_p = cfg_.sampling.top_p;
-  if (!opt_.limits.default_top_k) opt_.limits.default_top_k = cfg_.sampling.top_k;
+}
+
+api_service::api_service(api_options opt, std::shared_ptr<const model::tokenizer> tok,
+                         std::optional<model::chat_template> chat, model::model_config cfg, actors::mesh_client& mesh,
+                         actors::metrics_registry& metrics)
+    : api_service(opt, {served_model{opt.model_name, std::move(tok), std::move(chat), std::move(cfg)}}, mesh, metrics) {}
+
+std::vector<std::string> api_service::model_names() const {
+  std::vector<std::string> out;
+  for (const auto& m : models_) out.push_back(m.name);
+  return out;
+}
+
+result<const served_model*> api_service::find(const std::string& name) const {
+  for (const auto& m : models_) {
+    if (m.name == name) return &m;
+  }
+  std::string served;
+  for (const auto& m : models_) served += (served.empty() ? "'" : ", '") + m.name + "'";
+  return make_error(errc::not_found, "the model '" + name + "' does not exist; this server serves " + served);
 }
 
 bool api_service::authorized(std::string_view authorization) const {
@@ -96,36 +109,43 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
 }
 
 http_reply api_service::models() const {
-  nlohmann::ordered_json m = {{"id", opt_.model_name},
-                              {"object", "model"},
-                              {"created", created_},
-                              {"owned_by", "llmesh"},
-                              {"max_model_len", cfg_.max_positions}};
-  nlohmann::ordered_json j = {{"object", "list"}, {"data", nlohmann::ordered_json::array({m})}};
+  auto data = nlohmann::ordered_json::array();
+  for (const auto& m : models_) {
+    data.push_back({{"id", m.name},
+                    {"object", "model"},
+                    {"created", created_},
+                    {"owned_by", "llmesh"},
+                    {"max_model_len", m.cfg.max_positions}});
+  }
+  nlohmann::ordered_json j = {{"object", "list"}, {"data", std::move(data)}};
   return json_reply(200, j.dump());
 }
 
 api_outcome api_service::completions(std::string_view body) {
   auto r = parse_completion_request(body, opt_.limits);
   if (!r) return error_reply(r.err());
+  auto m = find(r->model);
+  if (!m) return error_reply(m.err());
   std::vector<int32_t> prompt = std::move(r->prompt_ids);
-  if (r->prompt_text) prompt = tok_->encode(*r->prompt_text, true);
-  return start(false, r->model, std::move(prompt), r->gen);
+  if (r->prompt_text) prompt = (*m)->tok->encode(*r->prompt_text, true);
+  auto job = prepare(false, **m, std::move(prompt), r->gen);
+  if (!job) return error_reply(job.err());
+  return std::move(*job);
 }
 
 api_outcome api_service::chat_completions(std::string_view body) {
   auto r = parse_chat_request(body, opt_.limits);
   if (!r) return error_reply(r.err());
-  if (!chat_) return error_reply(make_error(errc::invalid_request, "this model has no chat template; use /v1/completions"));
-  auto text = chat_->render(r->messages, true);
+  auto m = find(r->model);
+  if (!m) return error_reply(m.err());
+  const served_model& sm = **m;
+  if (!sm.chat) {
+    return error_reply(make_error(errc::invalid_request, "the model '" + sm.name + "' has no chat template; use /v1/completions"));
+  }
+  auto text = sm.chat->render(r->messages, true);
   if (!text) return error_reply(make_error(errc::invalid_request, "chat template: " + text.err().message));
   // The template writes the special tokens itself (as HF's apply_chat_template does).
-  return start(true, r->model, tok_->encode(*text, false), r->gen);
-}
-
-api_outcome api_service::start(bool chat, const std::string& model, std::vector<int32_t> prompt,
-                               const generation_fields& g) {
-  auto job = prepare(chat, model, std::move(prompt), g);
+  auto job = prepare(true, sm, sm.tok->encode(*text, false), r->gen);
   if (!job) return error_reply(job.err());
   return std::move(*job);
 }
@@ -141,31 +161,37 @@ result<generation_job> api_service::native_generate(std::string_view api_key, co
   g.max_tokens = opt_.limits.max_tokens;  // unless given: until EOS or the context, bounded by the server
   g.max_tokens_given = false;
   LLMESH_TRY(apply_sampling(sampling, opt_.limits, g));
-  if (mesh_.ready_replicas() == 0) return make_error(errc::replica_unavailable, "no replica is ready");
-  if (prompt_text) prompt_ids = tok_->encode(*prompt_text, true);
-  return prepare(false, model, std::move(prompt_ids), g);
+  auto found = find(model);
+  if (!found) return found.take_error();
+  const served_model* m = *found;
+  if (mesh_.ready_replicas(model) == 0) {
+    return make_error(errc::replica_unavailable, "no replica of the model '" + model + "' is ready");
+  }
+  if (prompt_text) prompt_ids = m->tok->encode(*prompt_text, true);
+  return prepare(false, *m, std::move(prompt_ids), std::move(g));
 }
 
-result<generation_job> api_service::prepare(bool chat, const std::string& model, std::vector<int32_t> prompt,
-                                            const generation_fields& g) {
-  if (model != opt_.model_name) {
-    return (make_error(errc::not_found, "the model '" + model + "' does not exist; this server serves '" +
-                                                       opt_.model_name + "'"));
-  }
+result<generation_job> api_service::prepare(bool chat, const served_model& m, std::vector<int32_t> prompt,
+                                            generation_fields g) {
+  const model::model_config& cfg = m.cfg;
+  // Sampling fields left out take the model's recommended values (generation_config.json).
+  if (!g.temperature_given && cfg.sampling.temperature) g.temperature = *cfg.sampling.temperature;
+  if (!g.top_p_given && cfg.sampling.top_p) g.top_p = *cfg.sampling.top_p;
+  if (!g.top_k_given && cfg.sampling.top_k) g.top_k = *cfg.sampling.top_k;
   if (prompt.empty()) return (make_error(errc::invalid_request, "the prompt is empty"));
   for (int32_t t : prompt) {
-    if (t < 0 || static_cast<size_t>(t) >= cfg_.vocab) {
+    if (t < 0 || static_cast<size_t>(t) >= cfg.vocab) {
       return (make_error(errc::invalid_request, "prompt token id " + std::to_string(t) +
-                                                               " is outside the vocabulary of " + std::to_string(cfg_.vocab)));
+                                                               " is outside the vocabulary of " + std::to_string(cfg.vocab)));
     }
   }
   for (int32_t t : g.stop_token_ids) {  // the parser checked type, sign and count
-    if (static_cast<size_t>(t) >= cfg_.vocab) {
+    if (static_cast<size_t>(t) >= cfg.vocab) {
       return make_error(errc::invalid_request, "'stop_token_ids' holds " + std::to_string(t) +
-                                                   ", outside the vocabulary of " + std::to_string(cfg_.vocab));
+                                                   ", outside the vocabulary of " + std::to_string(cfg.vocab));
     }
   }
-  const size_t ctx = cfg_.max_positions;
+  const size_t ctx = cfg.max_positions;
   if (prompt.size() >= ctx) {
     return (make_error(errc::invalid_request, "the prompt has " + std::to_string(prompt.size()) +
                                                              " tokens; this model's context is " + std::to_string(ctx)));
@@ -201,7 +227,7 @@ result<generation_job> api_service::prepare(bool chat, const std::string& model,
   job.req.sampling.seed = g.seed ? *g.seed : mix(seed_base_ ^ id);
   // The request's stop ids end it as an EOS id does (finish "stop"), and hold with ignore_eos
   // too: vLLM's ignore_eos drops only the model's EOS, never the stop_token_ids asked for.
-  if (!g.ignore_eos) job.req.eos_ids = cfg_.eos_ids;
+  if (!g.ignore_eos) job.req.eos_ids = cfg.eos_ids;
   for (int32_t t : g.stop_token_ids) {
     if (std::find(job.req.eos_ids.begin(), job.req.eos_ids.end(), t) == job.req.eos_ids.end()) {
       job.req.eos_ids.push_back(t);
@@ -217,12 +243,14 @@ result<generation_job> api_service::prepare(bool chat, const std::string& model,
   std::snprintf(idbuf, sizeof idbuf, "%016llx", static_cast<unsigned long long>(mix(seed_base_ + id)));
   s.id = std::string(chat ? "chatcmpl-" : "cmpl-") + idbuf;
   s.created = unix_now();
-  s.model = opt_.model_name;
+  s.model = m.name;
   s.prompt_ids = prompt;
   s.stop = g.stop;
   s.stop_token_ids = g.stop_token_ids;
   job.req.prompt = std::move(prompt);
-  job.stream = std::make_unique<completion_stream>(std::move(s), tok_->decoder(), &metrics_);
+  job.req.model = m.name;
+  job.tok = m.tok;
+  job.stream = std::make_unique<completion_stream>(std::move(s), m.tok->decoder(), &metrics_);
   return job;
 }
 

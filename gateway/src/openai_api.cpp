@@ -336,23 +336,22 @@ status apply_sampling(const sampling_input& in, const request_limits& lim, gener
     g.max_tokens = static_cast<size_t>(v);
     g.max_tokens_given = true;
   }
-  // Fields left out take the model's recommended values, where it has them.
-  if (!in.temperature && lim.default_temperature) g.temperature = *lim.default_temperature;
-  if (!in.top_p && lim.default_top_p) g.top_p = *lim.default_top_p;
-  if (!in.top_k && lim.default_top_k) g.top_k = *lim.default_top_k;
   // OpenAI's ranges: temperature 0 (greedy) to 2, top_p a probability mass.
   if (in.temperature) {
     LLMESH_TRY(check_range("temperature", *in.temperature, 0.0, 2.0));
     g.temperature = static_cast<float>(*in.temperature);
+    g.temperature_given = true;
   }
   if (in.top_p) {
     LLMESH_TRY(check_range("top_p", *in.top_p, 0.0, 1.0));
     g.top_p = static_cast<float>(*in.top_p);
+    g.top_p_given = true;
   }
   if (in.top_k) {
     const int64_t v = *in.top_k;
     if (v < -1 || v > std::numeric_limits<int>::max()) return bad("'top_k' must be -1, 0 or positive");
     g.top_k = v < 0 ? 0 : static_cast<int>(v);  // vLLM's -1 and 0 both mean off
+    g.top_k_given = true;
   }
   return ok_status();
 }

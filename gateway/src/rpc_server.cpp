@@ -99,7 +99,15 @@ class llmesh_service final : public rpc::Llmesh::Server {
   explicit llmesh_service(rpc_server::impl* p) : p_(p) {}
 
   kj::Promise<void> model(ModelContext ctx) override {
-    ctx.getResults().setName(p_->api.model_name());
+    const auto names = p_->api.model_names();
+    ctx.getResults().setName(names.empty() ? std::string() : names.front());
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> models(ModelsContext ctx) override {
+    const auto names = p_->api.model_names();
+    auto out = ctx.getResults().initNames(static_cast<unsigned>(names.size()));
+    for (unsigned i = 0; i < names.size(); ++i) out.set(i, names[i]);
     return kj::READY_NOW;
   }
 
@@ -137,7 +145,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
       return kj::READY_NOW;
     }
     const uint64_t id = job->req.id;
-    auto st = kj::heap<call_state>(p_, id, params.getSink(), p_->api.tokenizer().decoder());
+    auto st = kj::heap<call_state>(p_, id, params.getSink(), job->tok->decoder());
     st->slot = std::move(job->slot);
     st->prompt_tokens = job->req.prompt.size();
     auto paf = kj::newPromiseAndFulfiller<void>();

@@ -62,7 +62,7 @@ TEST_F(Bridge, RequestsRunOnARemoteReplicaAndSurviveItsNodesDeath) {
     router_options ro;
     ro.block_size = eng_a->kv_block_size();
     auto router = reap_a(sys_a.spawn(router_actor, ro));
-    caf::anon_send(router, add_atom::value, remote, std::string("b0"));
+    caf::anon_send(router, add_atom::value, remote, std::string("b0"), std::string());
 
     metrics_registry metrics;
     request_options qo;
@@ -76,7 +76,7 @@ TEST_F(Bridge, RequestsRunOnARemoteReplicaAndSurviveItsNodesDeath) {
       return going == reqs.size();
     })) << "before node B's death:\n" << c.describe();
     auto replica_a = reap_a(sys_a.spawn(replica_actor, eng_a.get(), scheduler_config{}));
-    caf::anon_send(router, add_atom::value, replica_a, std::string("a0"));
+    caf::anon_send(router, add_atom::value, replica_a, std::string("a0"), std::string());
     // Node B's process dies: its transport with it. anon_send_exit, not self->send_exit: an
     // exit sent from sys_a's scoped actor may run B's actors on sys_a's workers, still in
     // their cleanup while sys_b is destroyed (the segfault seen at teardown in session 4).

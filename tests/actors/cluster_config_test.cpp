@@ -279,8 +279,19 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
   expect_refused(with("tp: 2", "tp: 3", with("placement: packed", "placement: spread")),
                  {"models[0] (m): 'placement' spread", "tp=3", "only 2 nodes have the replica role"});
   expect_refused(with("path: models/m\n", "path: models/m\n  - name: m\n    path: other\n"), {"models[1] (m)", "name 'm' is already used by models[0]"});
-  // A second model is refused, not silently served by the first model's gateway and router.
-  expect_refused(with("path: models/m\n", "path: models/m\n  - name: n\n    path: other\n"), {"lists 2 models", "one model"});
+  // Several models: each keeps its own fields; routers route by the name.
+  auto two = parse_cluster_config(with("placement: packed\n", "placement: packed\n  - name: n\n    path: other\n    policy: round-robin\n"), "t.yaml");
+  ASSERT_TRUE(two.ok()) << two.err().message;
+  ASSERT_EQ(two->models.size(), 2u);
+  EXPECT_EQ(two->models[1].name, "n");
+  EXPECT_EQ(two->models[1].path, "other");
+  EXPECT_EQ(two->models[1].policy, "round-robin");
+  EXPECT_EQ(two->models[1].tp, 1);
+  EXPECT_EQ(two->models[1].replicas, 1);
+  EXPECT_EQ(two->models[0].tp, 2);
+  EXPECT_EQ(two->models[0].replicas, 2);
+  expect_refused(with("placement: packed\n", "placement: packed\n  - name: n\n    path: other\n    tp: 3\n    placement: spread\n"),
+                 {"models[1] (n): 'placement' spread", "only 2 nodes"});
   std::string no_replica_nodes = with("roles: [replica]", "roles: [router]", with("roles: [replica]", "roles: [router]"));
   expect_refused(no_replica_nodes, {"'replicas' is 2 but no node has the replica role"});
   EXPECT_EQ(error_of(with("replicas: 2", "replicas: 0", no_replica_nodes)), "(parsed)");

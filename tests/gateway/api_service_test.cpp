@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -17,7 +18,12 @@ struct fake_mesh : actors::mesh_client {
   void submit(actors::replica_request, actors::token_sink) override {}
   void cancel(uint64_t) override {}
   size_t ready_replicas() const override { return ready; }
+  size_t ready_replicas(std::string_view model) const override {
+    auto it = ready_of.find(std::string(model));
+    return it == ready_of.end() ? ready : it->second;
+  }
   size_t ready = 1;
+  std::map<std::string, size_t> ready_of;  ///< per model, where set
 };
 
 class ApiService : public ::testing::Test {
@@ -208,6 +214,118 @@ TEST_F(ApiService, ChatPromptsComeFromTheTemplateWithoutExtraSpecialTokens) {
   ASSERT_EQ(status(a), 0);
   auto t = model::tokenizer::load(LLMESH_SOURCE_DIR "/models/kjv-tiny");
   EXPECT_EQ(job(a).req.prompt, (*t)->encode("user: Hi\nassistant:", false));
+}
+
+}  // namespace
+}  // namespace llmesh::gateway
+
+namespace llmesh::gateway {
+namespace {
+
+// Two models behind one gateway: "kjv" (the tiny model, with its chat template) and "short"
+// (the same tokenizer, a 64-token context, generation_config sampling, no chat template).
+class TwoModels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = LLMESH_SOURCE_DIR "/models/kjv-tiny";
+    auto t = model::tokenizer::load(dir);
+    ASSERT_TRUE(t.ok());
+    auto c = model::load_config(dir);
+    ASSERT_TRUE(c.ok());
+    auto chat = model::chat_template::load(dir);
+    ASSERT_TRUE(chat.ok());
+    std::vector<served_model> models;
+    models.push_back({"kjv", *t, *chat, *c});
+    model::model_config short_cfg = *c;
+    short_cfg.max_positions = 64;
+    short_cfg.sampling.temperature = 0.5f;
+    short_cfg.eos_ids = {7};
+    models.push_back({"short", *t, std::nullopt, short_cfg});
+    kjv_cfg_ = *c;
+    api_ = std::make_unique<api_service>(api_options{}, std::move(models), mesh_, metrics_);
+  }
+  api_outcome post(const std::string& path, const std::string& body) { return api_->handle("POST", path, "", body); }
+  static int status(const api_outcome& o) {
+    return std::holds_alternative<http_reply>(o) ? std::get<http_reply>(o).status : 0;
+  }
+  static std::string body(const api_outcome& o) { return std::get<http_reply>(o).body; }
+  static generation_job& job(api_outcome& o) { return std::get<generation_job>(o); }
+
+  fake_mesh mesh_;
+  actors::metrics_registry metrics_;
+  model::model_config kjv_cfg_;
+  std::unique_ptr<api_service> api_;
+};
+
+TEST_F(TwoModels, ModelsListsBothInOrderWithTheirContexts) {
+  auto r = api_->handle("GET", "/v1/models", "", "");
+  ASSERT_EQ(status(r), 200);
+  auto j = json::parse(body(r));
+  ASSERT_EQ(j["data"].size(), 2u);
+  EXPECT_EQ(j["data"][0]["id"], "kjv");
+  EXPECT_EQ(j["data"][0]["max_model_len"], kjv_cfg_.max_positions);
+  EXPECT_EQ(j["data"][1]["id"], "short");
+  EXPECT_EQ(j["data"][1]["max_model_len"], 64);
+  EXPECT_EQ(api_->model_names(), (std::vector<std::string>{"kjv", "short"}));
+}
+
+TEST_F(TwoModels, EachRequestCarriesItsModelAndThatModelsRules) {
+  auto a = post("/v1/completions", R"({"model":"kjv","prompt":"In the beginning"})");
+  ASSERT_EQ(status(a), 0);
+  EXPECT_EQ(job(a).req.model, "kjv");
+  EXPECT_EQ(job(a).req.eos_ids, kjv_cfg_.eos_ids);
+  EXPECT_EQ(job(a).req.sampling.temperature, 1.0f);
+  a = http_reply{};
+  auto b = post("/v1/completions", R"({"model":"short","prompt":"In the beginning"})");
+  ASSERT_EQ(status(b), 0);
+  EXPECT_EQ(job(b).req.model, "short");
+  EXPECT_EQ(job(b).req.eos_ids, (std::vector<int32_t>{7}));
+  EXPECT_EQ(job(b).req.sampling.temperature, 0.5f);  // its generation_config, not the other's
+  ASSERT_NE(job(b).tok, nullptr);
+  b = http_reply{};
+  // The streamed chunks name the model the client asked for.
+  auto s = post("/v1/completions", R"({"model":"short","prompt":[1,2],"stream":true})");
+  ASSERT_EQ(status(s), 0);
+  const std::string sse = job(s).stream->on_message(actors::token_msg{job(s).req.id, 5, actors::finish_reason::length, false, {}});
+  EXPECT_NE(sse.find(R"("model":"short")"), std::string::npos) << sse;
+  s = http_reply{};
+  // Context limits are per model: 70 tokens fit kjv's context, not short's 64.
+  std::string ids = "[1";
+  for (int i = 1; i < 70; ++i) ids += ",1";
+  ids += "]";
+  EXPECT_EQ(status(post("/v1/completions", R"({"model":"kjv","max_tokens":4,"prompt":)" + ids + "}")), 0);
+  auto over = post("/v1/completions", R"({"model":"short","max_tokens":4,"prompt":)" + ids + "}");
+  ASSERT_EQ(status(over), 400);
+  EXPECT_NE(body(over).find("context is 64"), std::string::npos) << body(over);
+}
+
+TEST_F(TwoModels, UnknownModelsAndMissingTemplatesAreNamed) {
+  auto r = post("/v1/completions", R"({"model":"llama","prompt":"x"})");
+  ASSERT_EQ(status(r), 404);
+  EXPECT_NE(body(r).find("'llama' does not exist; this server serves 'kjv', 'short'"), std::string::npos) << body(r);
+  const std::string chat = R"("messages":[{"role":"user","content":"Hi"}]})";
+  auto c = post("/v1/chat/completions", R"({"model":"kjv",)" + chat);
+  ASSERT_EQ(status(c), 0);
+  EXPECT_EQ(job(c).req.model, "kjv");
+  c = http_reply{};
+  auto n = post("/v1/chat/completions", R"({"model":"short",)" + chat);
+  ASSERT_EQ(status(n), 400);
+  EXPECT_NE(body(n).find("'short' has no chat template"), std::string::npos) << body(n);
+}
+
+TEST_F(TwoModels, TheNativeApiChecksTheModelsOwnReplicas) {
+  mesh_.ready_of["short"] = 0;
+  sampling_input none;
+  auto a = api_->native_generate("", "short", std::nullopt, {1, 2}, none, {});
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.err().code, errc::replica_unavailable);
+  EXPECT_NE(a.err().message.find("'short'"), std::string::npos) << a.err().message;
+  auto b = api_->native_generate("", "kjv", std::string("In the"), {}, none, {});
+  ASSERT_TRUE(b.ok()) << b.err().message;
+  EXPECT_EQ(b->req.model, "kjv");
+  auto c = api_->native_generate("", "nope", std::nullopt, {1}, none, {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.err().code, errc::not_found);
 }
 
 }  // namespace

@@ -52,6 +52,7 @@ struct coordinator_action {
   transport::body msg;
   uint64_t replica = 0;
   std::string name;
+  std::string model;  ///< replica_ready: the model it serves (routers route by it)
 };
 
 /// A replica as the coordinator tracks it.

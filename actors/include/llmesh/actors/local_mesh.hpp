@@ -5,6 +5,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "llmesh/actors/balancer.hpp"
 #include "llmesh/actors/batch_scheduler.hpp"
@@ -24,8 +26,13 @@ class mesh_client {
   /// The client went away: the request's sequence is freed at the replica's next step and the
   /// sink gets nothing more. Unknown ids are ignored.
   virtual void cancel(uint64_t id) = 0;
-  /// Replicas ready to take requests now.
+  /// Replicas ready to take requests now, of every model.
   virtual size_t ready_replicas() const = 0;
+  /// Replicas of one model ready now (a client of one model's replicas: all of them).
+  virtual size_t ready_replicas(std::string_view model) const {
+    (void)model;
+    return ready_replicas();
+  }
 };
 
 struct mesh_options {
@@ -35,6 +42,7 @@ struct mesh_options {
   balance_policy policy = balance_policy::least_load;
   size_t max_migrations = 3;
   int actor_threads = 2;  ///< CAF scheduler threads (replicas run detached, on their own)
+  std::string model_name;  ///< the model the replicas serve: requests must name it (replica_request::model)
 };
 
 /// Thread affinity: any thread. Destruction stops every actor (in-flight requests end without
@@ -49,6 +57,7 @@ class local_mesh final : public mesh_client {
   void submit(replica_request r, token_sink sink) override;
   void cancel(uint64_t id) override;
   size_t ready_replicas() const override;
+  size_t ready_replicas(std::string_view model) const override;
 
   size_t replica_count() const;
   const model::engine& engine(size_t i) const;

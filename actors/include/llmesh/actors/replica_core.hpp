@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct replica_request {
   size_t max_tokens = 16;
   kernels::sampling_params sampling;  ///< seed included (the gateway picks one if absent)
   std::vector<int32_t> eos_ids;       ///< generation ends after any of these
+  /// The model it is for: routers pick among that model's replicas. Stays in the gateway's
+  /// process (not on the wire): the replica it reaches serves that model.
+  std::string model;
 };
 
 using kernels::sample_row;

@@ -1,6 +1,7 @@
-// The router actor (CAF): a thin shell over `balancer`. It knows its replicas (added by
-// message, monitored, dropped when they die), asks each for its load every `poll` interval,
-// and answers a route request with the replica the policy picks. Requesters report when a
+// The router actor (CAF): a thin shell over `route_table` (a balancer per model). It knows its
+// replicas and the model each serves (added by message, monitored, dropped when they die),
+// asks each for its load every `poll` interval, and answers a route request for a model with
+// the replica of that model its policy picks. Requesters report when a
 // request they were routed ends, so load estimates between polls stay honest.
 #pragma once
 
@@ -15,6 +16,7 @@
 #include "llmesh/actors/balancer.hpp"
 #include "llmesh/actors/metrics.hpp"
 #include "llmesh/actors/replica_actor.hpp"
+#include "llmesh/actors/route_table.hpp"
 
 namespace llmesh::actors {
 
@@ -31,15 +33,16 @@ struct route_reply {
 };
 
 struct router_options {
-  balance_policy policy = balance_policy::least_load;
+  balance_policy policy = balance_policy::least_load;  ///< models without an entry in `policies`
+  std::map<std::string, balance_policy, std::less<>> policies;  ///< by model name
   size_t block_size = 16;                   ///< the replicas' KV block size (prefix-aware policy)
   std::chrono::milliseconds poll{50};       ///< how often replicas are asked for their load
   metrics_registry* metrics = nullptr;      ///< optional: per-replica gauges (see serving_metrics)
-  std::shared_ptr<std::atomic<size_t>> ready_count;  ///< optional: ready replicas, for /ready
+  std::shared_ptr<ready_counts> ready;  ///< optional: ready replicas per model, for /ready
 };
 
 struct router_state {
-  std::unique_ptr<balancer> bal;
+  std::unique_ptr<route_table> routes;
   std::map<uint64_t, caf::actor> replicas;
   std::map<uint64_t, replica_load> loads;
   std::map<uint64_t, std::string> names;  ///< the replica label in metrics
@@ -48,8 +51,9 @@ struct router_state {
   static inline const char* name = "router";
 };
 
-/// `(add_atom, caf::actor replica, std::string name)` adds a replica (name: its metrics label); `(route_atom, std::vector<int32_t> prompt)`
-/// replies a route_reply and counts the request against the chosen replica; `(done_atom,
+/// `(add_atom, caf::actor replica, std::string name, std::string model)` adds a replica of
+/// `model` (name: its metrics label); `(route_atom, std::string model, std::vector<int32_t>
+/// prompt)` replies a route_reply (a replica of that model) and counts the request against it; `(done_atom,
 /// uint64_t replica_id)` uncounts it. A replica that stops is forgotten (its down message, or
 /// `(dead_atom, uint64_t replica_id)` from a requester that saw it die first: that requester's
 /// next route request must not get the dead replica back). `(drain_atom, uint64_t replica_id)`:

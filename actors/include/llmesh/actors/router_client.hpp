@@ -12,6 +12,7 @@
 #include <caf/all.hpp>
 
 #include "llmesh/actors/local_mesh.hpp"
+#include "llmesh/actors/route_table.hpp"
 
 namespace llmesh::actors {
 
@@ -19,8 +20,9 @@ namespace llmesh::actors {
 /// the request actors still running (their sinks get nothing more).
 class router_client final : public mesh_client {
  public:
-  /// `ready`: the router's count of ready replicas (router_options::ready_count).
-  router_client(caf::actor_system& sys, caf::actor router, std::shared_ptr<std::atomic<size_t>> ready,
+  /// `ready`: what the router publishes (router_options::ready). Requests go to the replicas of
+  /// their `model`.
+  router_client(caf::actor_system& sys, caf::actor router, std::shared_ptr<const ready_counts> ready,
                 size_t max_migrations, metrics_registry* metrics);
   ~router_client() override;
   router_client(const router_client&) = delete;
@@ -28,7 +30,8 @@ class router_client final : public mesh_client {
 
   void submit(replica_request r, token_sink sink) override;
   void cancel(uint64_t id) override;
-  size_t ready_replicas() const override { return ready_->load(); }
+  size_t ready_replicas() const override { return ready_->total(); }
+  size_t ready_replicas(std::string_view model) const override { return ready_->of(model); }
   /// Requests in flight (submitted, not yet finished or cancelled).
   size_t inflight() const;
 
@@ -36,7 +39,7 @@ class router_client final : public mesh_client {
   struct live;  ///< shared with the sinks, which may run after this object is gone
   caf::actor_system& sys_;
   caf::actor router_;
-  std::shared_ptr<std::atomic<size_t>> ready_;
+  std::shared_ptr<const ready_counts> ready_;
   size_t max_migrations_;
   metrics_registry* metrics_;
   std::shared_ptr<live> live_;

@@ -25,6 +25,10 @@ struct generation_fields {
   float temperature = 1.0f;
   float top_p = 1.0f;
   int top_k = 0;
+  /// Which of the three the client sent: the others take the model's recommended values
+  /// (generation_config.json) where it has them, as vLLM does (api_service applies them once
+  /// the request's model is known).
+  bool temperature_given = false, top_p_given = false, top_k_given = false;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool stream = false;
@@ -61,10 +65,6 @@ struct request_limits {
   /// stop_token_ids per request: each is one comparison per generated token in the
   /// scheduler, and real uses (a model's end-of-turn ids) need a handful; 64 leaves room.
   size_t max_stop_token_ids = 64;
-  /// The model's recommended sampling (generation_config.json, model_config::sampling): what a
-  /// request that leaves the field out gets, instead of OpenAI's defaults (vLLM's behaviour).
-  std::optional<float> default_temperature, default_top_p;
-  std::optional<int> default_top_k;
 };
 
 /// Sampling fields as a client sent them, before any check, in types wide enough for every

@@ -1,0 +1,72 @@
+// The router's replicas grouped by model, a plain class: each model has its own balancer (and
+// policy), so a request for one model is only ever routed to a replica of that model. Also
+// `ready_counts`, the ready replicas per model that a router publishes for gateways (/ready,
+// the native API's early 503) to read from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "llmesh/actors/balancer.hpp"
+#include "llmesh/common/error.hpp"
+
+namespace llmesh::actors {
+
+using model_counts = std::map<std::string, size_t, std::less<>>;
+
+/// Thread affinity: the router's. Deterministic for a given sequence of calls.
+class route_table {
+ public:
+  /// `policies`: a model's policy by name; models not listed get `fallback`.
+  route_table(balance_policy fallback, std::map<std::string, balance_policy, std::less<>> policies,
+              size_t block_size);
+
+  /// Adds a replica of `model`, ready with no load. A known id moves to `model` (a replica
+  /// never changes model; an id reused by the caller is a new replica).
+  void add(uint64_t replica, std::string model);
+  /// Forgets a replica; unknown ids are ignored.
+  void remove(uint64_t replica);
+  /// A replica's report; reports of unknown replicas are ignored (false).
+  bool update(const replica_load& load);
+  bool has(uint64_t replica) const { return model_of_.count(replica) != 0; }
+
+  /// A ready replica of `model` by its policy, counted against it until finished();
+  /// replica_unavailable naming the model when it has none ready.
+  [[nodiscard]] result<uint64_t> pick(std::string_view model, std::span<const int32_t> prompt);
+  /// One request routed to `replica` ended.
+  void finished(uint64_t replica);
+
+  /// Ready replicas per model, every model that has a replica listed (0 included).
+  model_counts ready() const;
+
+ private:
+  balancer& of(const std::string& model);
+
+  balance_policy fallback_;
+  std::map<std::string, balance_policy, std::less<>> policies_;
+  size_t block_size_;
+  std::map<std::string, std::unique_ptr<balancer>, std::less<>> balancers_;
+  std::map<uint64_t, std::string> model_of_;
+  std::map<uint64_t, bool> ready_;
+};
+
+/// Ready replicas per model as a router last published them. Thread affinity: any thread.
+class ready_counts {
+ public:
+  void set(model_counts counts);
+  /// All models together.
+  size_t total() const;
+  /// One model (0 for a model without replicas).
+  size_t of(std::string_view model) const;
+
+ private:
+  mutable std::mutex mu_;
+  model_counts counts_;
+};
+
+}  // namespace llmesh::actors

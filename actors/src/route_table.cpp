@@ -1,0 +1,85 @@
+// Replicas by model (route_table.hpp).
+#include "llmesh/actors/route_table.hpp"
+
+namespace llmesh::actors {
+
+route_table::route_table(balance_policy fallback, std::map<std::string, balance_policy, std::less<>> policies,
+                         size_t block_size)
+    : fallback_(fallback), policies_(std::move(policies)), block_size_(block_size) {}
+
+balancer& route_table::of(const std::string& model) {
+  auto it = balancers_.find(model);
+  if (it == balancers_.end()) {
+    auto p = policies_.find(model);
+    it = balancers_.emplace(model, std::make_unique<balancer>(p == policies_.end() ? fallback_ : p->second, 1, block_size_))
+             .first;
+  }
+  return *it->second;
+}
+
+void route_table::add(uint64_t replica, std::string model) {
+  remove(replica);
+  of(model).update(replica_load{replica, true, 0, 0, 0, 0});
+  ready_[replica] = true;
+  model_of_[replica] = std::move(model);
+}
+
+void route_table::remove(uint64_t replica) {
+  auto it = model_of_.find(replica);
+  if (it == model_of_.end()) return;
+  of(it->second).remove(replica);
+  ready_.erase(replica);
+  model_of_.erase(it);
+}
+
+bool route_table::update(const replica_load& load) {
+  auto it = model_of_.find(load.replica);
+  if (it == model_of_.end()) return false;
+  of(it->second).update(load);
+  ready_[load.replica] = load.ready;
+  return true;
+}
+
+result<uint64_t> route_table::pick(std::string_view model, std::span<const int32_t> prompt) {
+  auto none = [&] {
+    return make_error(errc::replica_unavailable,
+                      model.empty() ? std::string("no ready replica") : "no ready replica of model '" + std::string(model) + "'");
+  };
+  auto it = balancers_.find(model);
+  if (it == balancers_.end()) return none();
+  auto picked = it->second->pick(prompt);
+  if (!picked) return none();
+  it->second->assigned(*picked, prompt);
+  return picked;
+}
+
+void route_table::finished(uint64_t replica) {
+  auto it = model_of_.find(replica);
+  if (it != model_of_.end()) of(it->second).finished(replica);
+}
+
+model_counts route_table::ready() const {
+  model_counts out;
+  for (const auto& [id, model] : model_of_) out[model] += ready_.at(id) ? 1 : 0;
+  return out;
+}
+
+void ready_counts::set(model_counts counts) {
+  std::lock_guard lock(mu_);
+  counts_ = std::move(counts);
+}
+
+size_t ready_counts::total() const {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (const auto& [m, c] : counts_) n += c;
+  return n;
+}
+
+size_t ready_counts::of(std::string_view model) const {
+  std::lock_guard lock(mu_);
+  auto it = counts_.find(model);
+  return it == counts_.end() ? 0 : it->second;
+}
+
+}  // namespace llmesh::actors
