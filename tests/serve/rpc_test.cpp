@@ -80,6 +80,9 @@ TEST(Rpc, GreedyTokensEqualGenerateAndStreamInOrder) {
   ASSERT_GT(port, 0) << s.log();
   capnp::EzRpcClient c("127.0.0.1", static_cast<uint>(port));
   EXPECT_EQ(std::string(c.getMain<rpc::Llmesh>().modelRequest().send().wait(c.getWaitScope()).getName().cStr()), "kjv-tiny");
+  auto names = c.getMain<rpc::Llmesh>().modelsRequest().send().wait(c.getWaitScope()).getNames();
+  ASSERT_EQ(names.size(), 1u);
+  EXPECT_EQ(std::string(names[0].cStr()), "kjv-tiny");
 
   const std::vector<int32_t> prompt{1142, 258, 2078, 386, 3345};
   const auto want = generate_ids(bin, model_dir, "--prompt-ids " + id_list(prompt), 24);
