@@ -80,7 +80,8 @@ TEST(Rpc, GreedyTokensEqualGenerateAndStreamInOrder) {
   ASSERT_GT(port, 0) << s.log();
   capnp::EzRpcClient c("127.0.0.1", static_cast<uint>(port));
   EXPECT_EQ(std::string(c.getMain<rpc::Llmesh>().modelRequest().send().wait(c.getWaitScope()).getName().cStr()), "kjv-tiny");
-  auto names = c.getMain<rpc::Llmesh>().modelsRequest().send().wait(c.getWaitScope()).getNames();
+  auto listed = c.getMain<rpc::Llmesh>().modelsRequest().send().wait(c.getWaitScope());  // owns the message
+  auto names = listed.getNames();
   ASSERT_EQ(names.size(), 1u);
   EXPECT_EQ(std::string(names[0].cStr()), "kjv-tiny");
 
