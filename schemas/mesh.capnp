@@ -50,6 +50,7 @@ struct Sampling {
   topP @1 :Float32 = 1.0;
   topK @2 :Int32;
   seed @3 :UInt64;
+  logprobs @4 :Int32 = -1;  # -1: none; n in 0..20: each token's logprob and the n most likely
 }
 
 struct GenerateRequest {
@@ -78,6 +79,14 @@ struct Token {
   finish @2 :Finish;
   failed @3 :Bool;
   error @4 :Error;   # when failed
+  logprobs @5 :TokenLogprobs;  # when the request asked for them (unset otherwise)
+}
+
+# A token's log-probability and the most likely tokens' at its position (raw log-softmax).
+struct TokenLogprobs {
+  logprob @0 :Float32;
+  topIds @1 :List(Int32);        # most likely first; as many as topLogprobs
+  topLogprobs @2 :List(Float32);
 }
 
 struct Cancel {

@@ -136,7 +136,7 @@ std::vector<token_event> batch_scheduler::complete(const step_plan& plan, std::s
     const int32_t tok = sampled[next++];
     r.tokens.push_back(tok);
     ++r.n_generated;
-    token_event e{s.id, tok, finish_reason::none};
+    token_event e{s.id, tok, finish_reason::none, std::nullopt};
     if (std::find(r.spec.eos_ids.begin(), r.spec.eos_ids.end(), tok) != r.spec.eos_ids.end()) {
       e.finish = finish_reason::eos;
     } else if (r.n_generated >= r.spec.max_tokens) {

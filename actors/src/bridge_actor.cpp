@@ -90,7 +90,7 @@ void serve_shard_step(bridge* self, transport::peer_id peer, uint64_t reply_to, 
               if (!r.ok) send_out(self, peer, reply_to, to_wire(r), shard);
             },
             [=](caf::error& err) {
-              shard_result r{step, -1, false, make_error(errc::shard_failed, "shard gone: " + self->system().render(err)), {}};
+              shard_result r{step, -1, false, make_error(errc::shard_failed, "shard gone: " + self->system().render(err)), {}, {}};
               send_out(self, peer, reply_to, to_wire(r), shard);
             });
 }

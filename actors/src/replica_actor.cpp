@@ -22,7 +22,7 @@ void die(replica* self, const error& cause) {
   auto& st = self->state;
   const error e = make_error(errc::shard_failed, "replica failed: " + cause.message);
   st.dead = true;
-  for (auto& [id, owner] : st.owners) self->send(owner, token_msg{id, -1, finish_reason::none, true, e});
+  for (auto& [id, owner] : st.owners) self->send(owner, token_msg{id, -1, finish_reason::none, true, e, std::nullopt});
   st.owners.clear();
   for (auto& s : st.shards) {
     if (s) self->send_exit(s, caf::exit_reason::user_shutdown);
@@ -35,11 +35,11 @@ void submit(replica* self, replica_request r, const caf::actor& reply_to) {
   const uint64_t id = r.id;
   // A draining replica still takes what routers sent before they knew (routers stop at once).
   if (st.dead) {
-    self->send(reply_to, token_msg{id, -1, finish_reason::none, true, make_error(errc::replica_unavailable, "replica is dead")});
+    self->send(reply_to, token_msg{id, -1, finish_reason::none, true, make_error(errc::replica_unavailable, "replica is dead"), std::nullopt});
     return;
   }
   if (auto s = st.core->submit(std::move(r)); !s) {
-    self->send(reply_to, token_msg{id, -1, finish_reason::none, true, s.err()});
+    self->send(reply_to, token_msg{id, -1, finish_reason::none, true, s.err(), std::nullopt});
     return;
   }
   st.owners[id] = reply_to;
@@ -59,11 +59,11 @@ void step_done(replica* self) {
     st.core->finish_step({});  // leaves the core consistent; the replica is dead anyway
     return die(self, *st.step_error);
   }
-  auto events = st.core->finish_step(st.sampled);
-  for (const auto& e : events) {
+  auto events = st.core->finish_step(st.sampled, st.logprobs);
+  for (auto& e : events) {
     auto it = st.owners.find(e.id);
     if (it == st.owners.end()) continue;
-    self->send(it->second, token_msg{e.id, e.token, e.finish, false, {}});
+    self->send(it->second, token_msg{e.id, e.token, e.finish, false, {}, std::move(e.logprobs)});
     if (e.finish != finish_reason::none) st.owners.erase(it);
   }
   if (st.crash_after > 0 && --st.crash_after == 0) return self->quit(caf::exit_reason::kill);
@@ -76,7 +76,10 @@ void step_done(replica* self) {
 void on_shard_result(replica* self, shard_result r) {
   auto& st = self->state;
   if (!r.ok && (!st.step_error || st.step_error->code == errc::shard_failed)) st.step_error = r.err;
-  if (r.ok && r.rank == 0) st.sampled = std::move(r.sampled);
+  if (r.ok && r.rank == 0) {
+    st.sampled = std::move(r.sampled);
+    st.logprobs = std::move(r.logprobs);
+  }
   if (--st.pending == 0) step_done(self);
 }
 
@@ -91,6 +94,7 @@ void step(replica* self, model::engine* eng) {
   st.pending = eng->local_ranks().size();
   st.step_error.reset();
   st.sampled.clear();
+  st.logprobs.clear();
   const shard_step msg{++st.step_no, step_data::copy(st.core->batch(), st.core->rows())};
   for (size_t r = 0; r < st.shards.size(); ++r) {
     if (st.remote.count(static_cast<int>(r))) {
@@ -106,7 +110,7 @@ void step(replica* self, model::engine* eng) {
                 on_shard_result(self, shard_result{msg.step, static_cast<int>(r), false,
                                                    make_error(errc::shard_failed, "shard " + std::to_string(r) +
                                                                                       " is gone: " + self->system().render(e)),
-                                                   {}});
+                                                   {}, {}});
               });
   }
 }

@@ -53,10 +53,19 @@ bool replica_core::begin_step() {
   return true;
 }
 
-std::vector<token_event> replica_core::finish_step(std::span<const int32_t> sampled) {
+std::vector<token_event> replica_core::finish_step(std::span<const int32_t> sampled, const kernels::row_logprobs& logprobs) {
   in_step_ = false;
+  // Each request's row, before complete() forgets the requests that finish.
+  std::unordered_map<uint64_t, size_t> row_of;
+  if (!logprobs.empty()) {
+    size_t row = 0;
+    for (const auto& s : plan_.seqs) {
+      if (s.want_logits) row_of[s.id] = row++;
+    }
+  }
   auto events = sched_.complete(plan_, sampled);
-  for (const auto& e : events) {
+  for (auto& e : events) {
+    if (auto it = row_of.find(e.id); it != row_of.end() && it->second < logprobs.size()) e.logprobs = logprobs[it->second];
     if (e.finish != finish_reason::none) sampling_.erase(e.id);
   }
   return events;
@@ -65,11 +74,12 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
 result<std::vector<token_event>> replica_core::step() {
   if (!begin_step()) return std::vector<token_event>{};
   std::vector<int32_t> sampled;
-  if (auto s = eng_.forward_sample(batch_, rows_, sampled); !s) {
+  kernels::row_logprobs logprobs;
+  if (auto s = eng_.forward_sample(batch_, rows_, sampled, &logprobs); !s) {
     in_step_ = false;
     return s.take_error();
   }
-  return finish_step(sampled);
+  return finish_step(sampled, logprobs);
 }
 
 }  // namespace llmesh::actors

@@ -26,10 +26,11 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* /*self*/, model::eng
       [=](shard_step_atom, const shard_step& s) -> shard_result {
         const auto& d = *s.data;
         std::vector<int32_t> tokens;
-        if (auto st = eng->forward_rank_sample(rank, d.batch, d.rows, tokens); !st) {
-          return shard_result{s.step, rank, false, st.err(), {}};
+        kernels::row_logprobs logprobs;
+        if (auto st = eng->forward_rank_sample(rank, d.batch, d.rows, tokens, &logprobs); !st) {
+          return shard_result{s.step, rank, false, st.err(), {}, {}};
         }
-        return shard_result{s.step, rank, true, {}, std::move(tokens)};  // rank 0's tokens; others' empty
+        return shard_result{s.step, rank, true, {}, std::move(tokens), std::move(logprobs)};  // rank 0's; others' empty
       },
   };
 }
@@ -39,10 +40,10 @@ caf::behavior remote_shard_actor(caf::stateful_actor<shard_state>* self, model::
       [=](shard_step_atom, const shard_step& s) -> shard_result {
         if (auto ok = eng->check_batch(s.data->batch); !ok) {
           eng->abort();
-          return shard_result{s.step, rank, false, ok.err(), {}};
+          return shard_result{s.step, rank, false, ok.err(), {}, {}};
         }
         auto st = eng->forward_rank_sample(rank, s.data->batch, s.data->rows, self->state.tokens);
-        return shard_result{s.step, rank, static_cast<bool>(st), st ? error{} : st.err(), {}};
+        return shard_result{s.step, rank, static_cast<bool>(st), st ? error{} : st.err(), {}, {}};
       },
   };
 }

@@ -4,7 +4,11 @@
 namespace llmesh::actors {
 namespace {
 
-transport::sampling to_wire(const kernels::sampling_params& p) { return {p.temperature, p.top_p, p.top_k, p.seed}; }
+static_assert(transport::max_logprobs == kernels::max_logprobs);
+
+transport::sampling to_wire(const kernels::sampling_params& p) {
+  return {p.temperature, p.top_p, p.top_k, p.seed, p.logprobs};
+}
 
 kernels::sampling_params from_wire(const transport::sampling& p) {
   kernels::sampling_params out;
@@ -12,6 +16,7 @@ kernels::sampling_params from_wire(const transport::sampling& p) {
   out.top_p = p.top_p;
   out.top_k = p.top_k;
   out.seed = p.seed;
+  out.logprobs = p.logprobs;
   return out;
 }
 
@@ -33,11 +38,30 @@ replica_request from_wire(const transport::generate_msg& m) {
 }
 
 transport::token_body to_wire(const token_msg& t) {
-  return {t.id, t.token, static_cast<transport::finish_kind>(t.finish), t.failed, t.err.code, t.failed ? t.err.message : ""};
+  transport::token_body out{t.id, t.token, static_cast<transport::finish_kind>(t.finish), t.failed, t.err.code,
+                            t.failed ? t.err.message : "", std::nullopt};
+  if (t.logprobs) {
+    transport::token_body::logprobs_t l;
+    l.logprob = t.logprobs->logprob;
+    for (const auto& x : t.logprobs->top) {
+      l.top_ids.push_back(x.id);
+      l.top_logprobs.push_back(x.logprob);
+    }
+    out.logprobs = std::move(l);
+  }
+  return out;
 }
 
 token_msg from_wire(const transport::token_body& t) {
-  return {t.id, t.token, static_cast<finish_reason>(t.finish), t.failed, t.failed ? make_error(t.code, t.message) : error{}};
+  token_msg out{t.id, t.token, static_cast<finish_reason>(t.finish), t.failed,
+                t.failed ? make_error(t.code, t.message) : error{}, std::nullopt};
+  if (t.logprobs) {  // the codec checked that ids and values pair up
+    kernels::token_logprobs l;
+    l.logprob = t.logprobs->logprob;
+    for (size_t i = 0; i < t.logprobs->top_ids.size(); ++i) l.top.push_back({t.logprobs->top_ids[i], t.logprobs->top_logprobs[i]});
+    out.logprobs = std::move(l);
+  }
+  return out;
 }
 
 transport::load_msg to_wire(const replica_load& l) {
@@ -94,7 +118,7 @@ transport::shard_result_msg to_wire(const shard_result& r) {
 }
 
 shard_result from_wire(const transport::shard_result_msg& m) {
-  return {m.step, static_cast<int>(m.rank), m.ok, m.ok ? error{} : make_error(m.code, m.message), {}};
+  return {m.step, static_cast<int>(m.rank), m.ok, m.ok ? error{} : make_error(m.code, m.message), {}, {}};
 }
 
 }  // namespace llmesh::actors

@@ -225,6 +225,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   job.req.sampling.top_p = g.top_p;
   job.req.sampling.top_k = g.top_k;
   job.req.sampling.seed = g.seed ? *g.seed : mix(seed_base_ ^ id);
+  job.req.sampling.logprobs = g.logprobs;  // the parser bounded it by kernels::max_logprobs
   // The request's stop ids end it as an EOS id does (finish "stop"), and hold with ignore_eos
   // too: vLLM's ignore_eos drops only the model's EOS, never the stop_token_ids asked for.
   if (!g.ignore_eos) job.req.eos_ids = cfg.eos_ids;
@@ -247,6 +248,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   s.prompt_ids = prompt;
   s.stop = g.stop;
   s.stop_token_ids = g.stop_token_ids;
+  s.logprobs = g.logprobs;
   job.req.prompt = std::move(prompt);
   job.req.model = m.name;
   job.tok = m.tok;

@@ -2,6 +2,7 @@
 #include "llmesh/gateway/completion_stream.hpp"
 
 #include <algorithm>
+#include <limits>
 
 #include "llmesh/actors/serving_metrics.hpp"
 #include "llmesh/gateway/openai_api.hpp"
@@ -19,7 +20,12 @@ http_reply error_reply(const error& e) {
 }
 
 completion_stream::completion_stream(stream_setup s, const model::detokenizer& d, actors::metrics_registry* metrics)
-    : s_(std::move(s)), decoder_(d), matcher_(s_.stop), metrics_(metrics), start_(std::chrono::steady_clock::now()) {
+    : s_(std::move(s)),
+      detok_(d),
+      decoder_(d),
+      matcher_(s_.stop),
+      metrics_(metrics),
+      start_(std::chrono::steady_clock::now()) {
   if (metrics_) {
     metric::declare_serving(*metrics_);
     metrics_->get_counter(metric::prompt_tokens)->add(static_cast<double>(s_.prompt_ids.size()));
@@ -36,6 +42,38 @@ void completion_stream::observe_token() {
   last_ = now;
 }
 
+logprob_entry completion_stream::make_entry(const actors::token_msg& t, size_t text_offset) const {
+  auto token = [this](int32_t id, float logprob) {
+    logprob_token out;
+    out.bytes = detok_.token_bytes(id);
+    out.text = model::sanitize_utf8(out.bytes);  // U+FFFD for a piece of a character (see logprob_token)
+    out.logprob = logprob;
+    return out;
+  };
+  logprob_entry e;
+  e.text_offset = text_offset;
+  if (!t.logprobs) {  // the mesh owes them on every token; should one lack them, its values are null
+    e.chosen = token(t.token, std::numeric_limits<float>::quiet_NaN());
+    return e;
+  }
+  e.chosen = token(t.token, t.logprobs->logprob);
+  const size_t n = std::min(t.logprobs->top.size(), static_cast<size_t>(s_.logprobs));
+  for (size_t i = 0; i < n; ++i) e.top.push_back(token(t.logprobs->top[i].id, t.logprobs->top[i].logprob));
+  return e;
+}
+
+bool completion_stream::ready(const pending_entry& p) const {
+  // Some of its text is out, or none of it is left to come. Offsets only grow along the
+  // stream, so the ready entries are always a prefix of pending_.
+  return p.entry.text_offset < released_bytes_ || p.text_end <= released_bytes_;
+}
+
+void completion_stream::take_ready(std::vector<logprob_entry>& out) {
+  size_t n = 0;
+  for (; n < pending_.size() && ready(pending_[n]); ++n) out.push_back(std::move(pending_[n].entry));
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
 std::string completion_stream::chunk(const std::string& text, const std::optional<std::string>& finish,
                                      bool with_usage) {
   choice_delta c;
@@ -48,6 +86,7 @@ std::string completion_stream::chunk(const std::string& text, const std::optiona
     ids_sent_ = tokens_.size();
     if (!started_) c.prompt_token_ids = s_.prompt_ids;
   }
+  if (s_.logprobs >= 0) take_ready(c.logprobs.emplace());
   std::optional<usage_counts> usage;
   if (with_usage) usage = usage_counts{s_.prompt_ids.size(), tokens_.size()};
   started_ = true;
@@ -64,9 +103,15 @@ std::string completion_stream::finish(const std::string& reason, std::string tex
   }
   std::string rest = std::move(text);  // the last token's text rides on the final chunk (as vLLM sends it)
   if (!stopped_by_string_) {
-    auto out = matcher_.push(decoder_.flush());
-    rest += out.text + (out.stopped ? "" : matcher_.flush());
+    const std::string tail = decoder_.flush();
+    decoded_bytes_ += tail.size();
+    auto out = matcher_.push(tail);
+    const std::string released = out.text + (out.stopped ? "" : matcher_.flush());
+    released_bytes_ += released.size();
+    rest += released;
   }
+  // From here on released_bytes_ is the whole text: pending entries still not ready had all
+  // their text cut by a stop string, and are never reported.
   if (!s_.streaming) {
     text_ += rest;
     return "";
@@ -96,7 +141,12 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
   const bool stop_token = t.finish == actors::finish_reason::eos &&
                           std::find(s_.stop_token_ids.begin(), s_.stop_token_ids.end(), t.token) !=
                               s_.stop_token_ids.end();
-  auto out = matcher_.push(stop_token ? std::string() : decoder_.push(t.token));
+  const size_t text_start = decoded_bytes_;
+  const std::string piece = stop_token ? std::string() : decoder_.push(t.token);
+  decoded_bytes_ += piece.size();
+  if (s_.logprobs >= 0) pending_.push_back({make_entry(t, text_start), decoded_bytes_});
+  auto out = matcher_.push(piece);
+  released_bytes_ += out.text.size();
   if (out.stopped) {
     stopped_by_string_ = true;
     return finish("stop", std::move(out.text));
@@ -122,6 +172,12 @@ http_reply completion_stream::reply() const {
     c.with_token_ids = true;
     c.token_ids = tokens_;
     c.prompt_token_ids = s_.prompt_ids;
+  }
+  if (s_.logprobs >= 0) {
+    auto& entries = c.logprobs.emplace();
+    for (const auto& p : pending_) {
+      if (ready(p)) entries.push_back(p.entry);
+    }
   }
   http_reply r;
   r.body = response_json(s_.chat ? "chat.completion" : "text_completion", s_.id, s_.created, s_.model, c,

@@ -2,8 +2,11 @@
 // invalid_request error naming the field.
 #include "llmesh/gateway/openai_api.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <limits>
+
+#include "llmesh/kernels/sampling.hpp"
 
 namespace llmesh::gateway {
 namespace {
@@ -98,19 +101,6 @@ status neutral_only_number(const json& j, const char* name, double neutral, cons
 /// client did not ask for); their neutral values — null, false, 0, and 1 for
 /// repetition_penalty — pass, since many clients send them on every request.
 status refuse_unsupported(const json& j) {
-  // logprobs: an integer (how many) for completions, a boolean for chat; false and 0 both mean
-  // none, whichever endpoint they reach.
-  if (auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
-    if (it->is_boolean()) {
-      if (it->get<bool>()) return unsupported("logprobs", "false, 0 or null");
-    } else if (it->is_number_integer()) {
-      if (wide_integer(*it) < 0) return bad("'logprobs' must be a non-negative integer or a boolean");
-      if (wide_integer(*it) > 0) return unsupported("logprobs", "false, 0 or null");
-    } else {
-      return bad("'logprobs' must be a non-negative integer or a boolean");
-    }
-  }
-  LLMESH_TRY(zero_only_integer(j, "top_logprobs"));
   LLMESH_TRY(neutral_only_number(j, "presence_penalty", 0.0, "0 or null"));
   LLMESH_TRY(neutral_only_number(j, "frequency_penalty", 0.0, "0 or null"));
   LLMESH_TRY(neutral_only_number(j, "repetition_penalty", 1.0, "1 or null"));
@@ -135,6 +125,45 @@ status refuse_unsupported(const json& j) {
   if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
     if (!it->is_object() || it->value("type", json()) != "text") return unsupported("response_format", "{\"type\": \"text\"} or null");
   }
+  return ok_status();
+}
+
+/// Log-probabilities: completions' `logprobs` is how many alternatives (an integer); chat's is
+/// a boolean, with `top_logprobs` for how many. The bound is the engine's (kernels::max_logprobs,
+/// OpenAI's 20).
+status parse_logprobs(const json& j, bool chat, generation_fields& g) {
+  const std::string bound = std::to_string(kernels::max_logprobs);
+  std::optional<int64_t> top;
+  LLMESH_TRY(integer_field(j, "top_logprobs", top));
+  if (top && (*top < 0 || *top > kernels::max_logprobs)) return bad("'top_logprobs' must be between 0 and " + bound);
+  auto it = j.find("logprobs");
+  const bool sent = it != j.end() && !it->is_null();
+  if (!chat) {
+    // false is accepted as none (clients written for chat send it); true is not a count.
+    if (sent && !(it->is_boolean() && !it->get<bool>())) {
+      if (!it->is_number_integer() || wide_integer(*it) < 0 || wide_integer(*it) > kernels::max_logprobs) {
+        return bad("'logprobs' must be an integer between 0 and " + bound + " (how many alternatives), or null");
+      }
+      g.logprobs = static_cast<int>(wide_integer(*it));
+    }
+    // top_logprobs is chat's; its neutral 0 passes, as before this endpoint knew logprobs.
+    if (top && *top > 0) return bad("'top_logprobs' is a chat field; /v1/completions takes 'logprobs': n");
+    return ok_status();
+  }
+  bool on = false;
+  if (sent) {
+    // 0 and 1 pass as false and true: vLLM's pydantic model coerces them, and clients send 0.
+    if (it->is_boolean()) {
+      on = it->get<bool>();
+    } else if (it->is_number_integer() && (wide_integer(*it) == 0 || wide_integer(*it) == 1)) {
+      on = wide_integer(*it) == 1;
+    } else {
+      return bad("'logprobs' must be true or false");
+    }
+  }
+  // top_logprobs 0 without logprobs passes (a neutral value clients send; vLLM accepts it too).
+  if (top && *top > 0 && !on) return bad("'top_logprobs' needs 'logprobs': true");
+  if (on) g.logprobs = top ? static_cast<int>(*top) : 0;
   return ok_status();
 }
 
@@ -204,6 +233,7 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
     LLMESH_TRY(bool_field(*it, "include_usage", g.include_usage));
   }
   LLMESH_TRY(parse_stop_token_ids(j, lim, g.stop_token_ids));
+  LLMESH_TRY(parse_logprobs(j, chat, g));
   return refuse_unsupported(j);
 }
 
@@ -212,6 +242,59 @@ status parse_model(const json& j, std::string& model) {
   if (it == j.end() || !it->is_string() || it->get<std::string>().empty()) return bad("'model' must be a non-empty string");
   model = it->get<std::string>();
   return ok_status();
+}
+
+/// A log-probability as vLLM renders it: below -9999 (-inf: a masked token) -9999.0, NaN (none
+/// known) null. Written with the float's shortest decimal form ("-0.1", not the double
+/// -0.10000000149011612 a widening gives): the same float when read back as one.
+json logprob_json(float v) {
+  if (std::isnan(v)) return nullptr;
+  if (v < -9999.0f) return -9999.0;
+  char buf[32];
+  auto written = std::to_chars(buf, buf + sizeof buf, v);
+  double d = v;
+  if (written.ec == std::errc()) std::from_chars(buf, written.ptr, d);  // locale-free both ways
+  return d;
+}
+
+json byte_list(const std::string& bytes) {
+  json out = json::array();
+  for (char b : bytes) out.push_back(static_cast<unsigned char>(b));
+  return out;
+}
+
+/// The legacy completions shape. Each top_logprobs dict holds the chosen token and then the
+/// alternatives, keyed by text (vLLM's: tokens of equal text share one key, the later value).
+json completion_logprobs_json(const std::vector<logprob_entry>& entries) {
+  json offsets = json::array(), values = json::array(), tokens = json::array(), tops = json::array();
+  for (const auto& e : entries) {
+    offsets.push_back(e.text_offset);
+    values.push_back(logprob_json(e.chosen.logprob));
+    tokens.push_back(e.chosen.text);
+    json top = json::object();
+    top[e.chosen.text] = logprob_json(e.chosen.logprob);
+    for (const auto& t : e.top) top[t.text] = logprob_json(t.logprob);
+    tops.push_back(std::move(top));
+  }
+  return {{"text_offset", std::move(offsets)},
+          {"token_logprobs", std::move(values)},
+          {"tokens", std::move(tokens)},
+          {"top_logprobs", std::move(tops)}};
+}
+
+json chat_logprobs_json(const std::vector<logprob_entry>& entries) {
+  auto token_json = [](const logprob_token& t) {
+    return json{{"token", t.text}, {"logprob", logprob_json(t.logprob)}, {"bytes", byte_list(t.bytes)}};
+  };
+  json content = json::array();
+  for (const auto& e : entries) {
+    json c = token_json(e.chosen);
+    json top = json::array();
+    for (const auto& t : e.top) top.push_back(token_json(t));
+    c["top_logprobs"] = std::move(top);
+    content.push_back(std::move(c));
+  }
+  return {{"content", std::move(content)}};
 }
 
 json choice_json(std::string_view kind, const choice_delta& c, bool stream) {
@@ -226,7 +309,9 @@ json choice_json(std::string_view kind, const choice_delta& c, bool stream) {
   } else {
     ch["text"] = c.text;
   }
-  ch["logprobs"] = nullptr;
+  ch["logprobs"] = !c.logprobs ? json(nullptr)
+                   : chat      ? chat_logprobs_json(*c.logprobs)
+                               : completion_logprobs_json(*c.logprobs);
   ch["finish_reason"] = c.finish ? json(*c.finish) : json(nullptr);
   if (c.with_token_ids) {
     ch["token_ids"] = c.token_ids;

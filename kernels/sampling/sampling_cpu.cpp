@@ -108,6 +108,57 @@ bool all_greedy(std::span<const sample_row> rows) {
   return std::all_of(rows.begin(), rows.end(), [](const sample_row& r) { return is_greedy(r.params); });
 }
 
+bool any_logprobs(std::span<const sample_row> rows) {
+  return std::any_of(rows.begin(), rows.end(), [](const sample_row& r) { return r.params.logprobs >= 0; });
+}
+
+bool argmax_only(std::span<const sample_row> rows) { return all_greedy(rows) && !any_logprobs(rows); }
+
+token_logprobs compute_logprobs(std::span<const float> logits, int32_t chosen, int n) {
+  token_logprobs out;
+  if (logits.empty()) return out;
+  // log-softmax: l - (max + log(sum exp(l - max))), the sum in id order in double.
+  float mx = -std::numeric_limits<float>::infinity();
+  for (float l : logits) mx = std::max(mx, l);  // NaN never wins: a NaN row gives NaN below
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - static_cast<double>(mx));
+  const double lse = static_cast<double>(mx) + std::log(sum);
+  auto lp = [&](size_t i) { return static_cast<float>(static_cast<double>(logits[i]) - lse); };
+  if (chosen >= 0 && static_cast<size_t>(chosen) < logits.size()) out.logprob = lp(static_cast<size_t>(chosen));
+  const size_t k = std::min(static_cast<size_t>(std::max(n, 0)), logits.size());
+  if (k == 0) return out;
+  // The k largest by (logit descending, id ascending): a bounded insertion list (k <= 20 in
+  // practice), NaN logits last.
+  auto before = [&](size_t a, size_t b) {
+    const float x = logits[a], y = logits[b];
+    if (std::isnan(x) != std::isnan(y)) return !std::isnan(x);
+    if (x != y) return x > y;
+    return a < b;
+  };
+  std::vector<size_t> best;
+  best.reserve(k + 1);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (best.size() == k && !before(i, best.back())) continue;
+    auto at = std::upper_bound(best.begin(), best.end(), i, [&](size_t a, size_t b) { return before(a, b); });
+    best.insert(at, i);
+    if (best.size() > k) best.pop_back();
+  }
+  for (size_t i : best) out.top.push_back({static_cast<int32_t>(i), lp(i)});
+  return out;
+}
+
+row_logprobs logprobs_rows(std::span<const float> logits, size_t vocab, std::span<const sample_row> rows,
+                           std::span<const int32_t> tokens) {
+  row_logprobs out;
+  if (!any_logprobs(rows)) return out;
+  out.resize(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (rows[r].params.logprobs < 0) continue;
+    out[r] = compute_logprobs(logits.subspan(r * vocab, vocab), tokens[r], rows[r].params.logprobs);
+  }
+  return out;
+}
+
 int32_t sample(std::span<const float> logits, const sampling_params& params, uint64_t position) {
   if (logits.empty()) return 0;
   const int32_t best = argmax(logits);

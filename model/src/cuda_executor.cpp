@@ -79,13 +79,27 @@ class cuda_executor final : public step_executor {
     return finish();
   }
 
+  using step_executor::forward_sample;
   status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
-                        std::vector<int32_t>& tokens) override {
+                        std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs) override {
     LLMESH_TRY(check_sample_rows(batch, rows.size()));
     step_plan p;
     LLMESH_TRY(run(batch, p));
     tokens.clear();
+    if (logprobs) logprobs->clear();
     if (layout_.rank != 0 || p.real_rows == 0) return finish();
+    // Rows that ask for logprobs bring their logits back too (computed on the host, exactly as
+    // the CPU executor does); the others only their ids.
+    const bool want_logprobs = logprobs && kernels::any_logprobs(rows);
+    std::vector<float> lp_logits;
+    if (want_logprobs) {
+      lp_logits.assign(rows.size() * cfg_.vocab, 0.0f);
+      for (size_t r = 0; r < rows.size(); ++r) {
+        if (rows[r].params.logprobs < 0) continue;
+        LLMESH_TRY(cuda::copy_to_host(lp_logits.data() + r * cfg_.vocab, logits_full() + r * cfg_.vocab,
+                                      cfg_.vocab * sizeof(float), stream_.get()));
+      }
+    }
     if (kernels::all_greedy(rows)) {
       LLMESH_TRY(timed("argmax", [&] { return cuda::argmax(logits_full(), p.real_rows, cfg_.vocab, ids_.as<int32_t>(), stream_.get()); }));
     } else {
@@ -103,6 +117,7 @@ class cuda_executor final : public step_executor {
     LLMESH_TRY(cuda::copy_to_host(ids_host_.get(), ids_.get(), p.real_rows * sizeof(int32_t), stream_.get()));
     LLMESH_TRY(finish());
     tokens.assign(ids_host_.as<int32_t>(), ids_host_.as<int32_t>() + p.real_rows);
+    if (want_logprobs) *logprobs = kernels::logprobs_rows(lp_logits, cfg_.vocab, rows, tokens);
     return ok_status();
   }
 

@@ -194,7 +194,7 @@ status engine::step(std::span<const step_item> items, std::vector<float>& logits
 }
 
 status engine::step_sample(std::span<const step_item> items, std::span<const kernels::sample_row> rows,
-                           std::vector<int32_t>& tokens) {
+                           std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs) {
   size_t want = 0;
   for (const auto& it : items) want += it.want_logits ? 1 : 0;
   if (want != rows.size()) {
@@ -203,7 +203,8 @@ status engine::step_sample(std::span<const step_item> items, std::span<const ker
   }
   std::vector<std::vector<int32_t>> rank_tokens(opt_.tp);
   return run_step(items, [&](int r, std::span<const step_sequence> batch, std::vector<float>&) {
-    return shards_[r]->forward_sample(batch, rows, r == 0 ? tokens : rank_tokens[r]);
+    return r == 0 ? shards_[r]->forward_sample(batch, rows, tokens, logprobs)
+                  : shards_[r]->forward_sample(batch, rows, rank_tokens[r]);
   });
 }
 
@@ -329,13 +330,13 @@ status engine::forward(std::span<const step_sequence> batch, std::vector<float>&
 }
 
 status engine::forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
-                              std::vector<int32_t>& tokens) {
+                              std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs) {
   LLMESH_TRY(all_local("forward"));
   LLMESH_TRY(check_batch(batch));
   LLMESH_TRY(check_sample_rows(batch, rows.size()));
   std::vector<std::vector<int32_t>> rank_tokens(opt_.tp);
   return run_ranks(batch, [&](int r, std::span<const step_sequence> b, std::vector<float>&) {
-    return shards_[r]->forward_sample(b, rows, r == 0 ? tokens : rank_tokens[r]);
+    return r == 0 ? shards_[r]->forward_sample(b, rows, tokens, logprobs) : shards_[r]->forward_sample(b, rows, rank_tokens[r]);
   });
 }
 
@@ -364,8 +365,8 @@ status engine::forward_rank(int rank, std::span<const step_sequence> batch, std:
 }
 
 status engine::forward_rank_sample(int rank, std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
-                                   std::vector<int32_t>& tokens) {
-  return guarded_rank(rank, [&](step_executor& ex) { return ex.forward_sample(batch, rows, tokens); });
+                                   std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs) {
+  return guarded_rank(rank, [&](step_executor& ex) { return ex.forward_sample(batch, rows, tokens, logprobs); });
 }
 
 }  // namespace llmesh::model

@@ -121,14 +121,19 @@ status check_sample_rows(std::span<const step_sequence> batch, size_t rows) {
 }
 
 status shard_executor::forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
-                                      std::vector<int32_t>& tokens) {
+                                      std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs) {
   LLMESH_TRY(check_sample_rows(batch, rows.size()));
   tokens.clear();
-  // Greedy steps of a split LM head gather each slice's argmax, not the slices' logits.
-  const bool greedy = layout_.tp > 1 && kernels::all_greedy(rows);
+  if (logprobs) logprobs->clear();
+  // Greedy steps of a split LM head gather each slice's argmax, not the slices' logits (every
+  // rank decides alike from the rows: a row that wants logprobs needs its whole row).
+  const bool greedy = layout_.tp > 1 && kernels::argmax_only(rows);
   if (greedy) return run(batch, sample_logits_, &tokens);
   LLMESH_TRY(run(batch, sample_logits_, nullptr));
-  if (layout_.rank == 0) tokens = kernels::sample_rows(sample_logits_, model_->config().vocab, rows, pool_);
+  if (layout_.rank != 0) return ok_status();
+  const size_t vocab = model_->config().vocab;
+  tokens = kernels::sample_rows(sample_logits_, vocab, rows, pool_);
+  if (logprobs) *logprobs = kernels::logprobs_rows(sample_logits_, vocab, rows, tokens);
   return ok_status();
 }
 

@@ -191,11 +191,11 @@ TEST_F(ApiService, StopTokenIdsEndGenerationAsEosIdsDoEvenWithIgnoreEos) {
 }
 
 TEST_F(ApiService, UnsupportedFieldsAnswer400NamingThem) {
-  auto r = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","logprobs":2})");
+  auto r = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","min_p":0.1})");
   ASSERT_EQ(status(r), 400);
   auto j = json::parse(std::get<http_reply>(r).body);
   EXPECT_EQ(j["error"]["type"], "invalid_request_error");
-  EXPECT_NE(j["error"]["message"].get<std::string>().find("'logprobs' is not supported"), std::string::npos) << j;
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("'min_p' is not supported"), std::string::npos) << j;
   auto c = call("POST", "/v1/chat/completions",
                 R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"frequency_penalty":0.5})");
   ASSERT_EQ(status(c), 400);
@@ -206,6 +206,35 @@ TEST_F(ApiService, UnsupportedFieldsAnswer400NamingThem) {
                             "presence_penalty":0,"frequency_penalty":0,"repetition_penalty":1,"min_tokens":0,
                             "top_logprobs":0})")),
             0);
+}
+
+// logprobs reach the mesh request (sampling.logprobs) and the job's stream, which renders them;
+// out of range they are a 400 naming the field.
+TEST_F(ApiService, LogprobsGoIntoTheRequestAndItsStream) {
+  auto a = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","logprobs":3})");
+  ASSERT_EQ(status(a), 0);
+  EXPECT_EQ(job(a).req.sampling.logprobs, 3);
+  auto b = call("POST", "/v1/chat/completions",
+                R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"logprobs":true,"top_logprobs":2})");
+  ASSERT_EQ(status(b), 0);
+  EXPECT_EQ(job(b).req.sampling.logprobs, 2);
+  b = http_reply{};  // free the concurrency slot
+  auto none = call("POST", "/v1/chat/completions", R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}]})");
+  ASSERT_EQ(status(none), 0);
+  EXPECT_EQ(job(none).req.sampling.logprobs, -1);
+  none = http_reply{};
+  // The stream renders what the mesh sends, the 3 alternatives asked for (not a 4th).
+  actors::token_msg t{job(a).req.id, 5, actors::finish_reason::length, false, {}, {}};
+  t.logprobs = kernels::token_logprobs{-1.5f, {{7, -0.5f}, {9, -1.0f}, {5, -1.5f}, {11, -2.0f}}};
+  job(a).stream->on_message(t);
+  ASSERT_TRUE(job(a).stream->done());
+  auto lp = json::parse(job(a).stream->reply().body)["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["token_logprobs"], json::parse("[-1.5]"));
+  EXPECT_EQ(lp["top_logprobs"][0].size(), 3u);  // ids 5 (chosen, also among the 3), 7 and 9
+  auto c = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","logprobs":21})");
+  ASSERT_EQ(status(c), 400);
+  EXPECT_NE(std::get<http_reply>(c).body.find("'logprobs' must be an integer between 0 and 20"), std::string::npos)
+      << std::get<http_reply>(c).body;
 }
 
 TEST_F(ApiService, ChatPromptsComeFromTheTemplateWithoutExtraSpecialTokens) {
@@ -286,7 +315,7 @@ TEST_F(TwoModels, EachRequestCarriesItsModelAndThatModelsRules) {
   // The streamed chunks name the model the client asked for.
   auto s = post("/v1/completions", R"({"model":"short","prompt":[1,2],"stream":true})");
   ASSERT_EQ(status(s), 0);
-  const std::string sse = job(s).stream->on_message(actors::token_msg{job(s).req.id, 5, actors::finish_reason::length, false, {}});
+  const std::string sse = job(s).stream->on_message(actors::token_msg{job(s).req.id, 5, actors::finish_reason::length, false, {}, {}});
   EXPECT_NE(sse.find(R"("model":"short")"), std::string::npos) << sse;
   s = http_reply{};
   // Context limits are per model: 70 tokens fit kjv's context, not short's 64.

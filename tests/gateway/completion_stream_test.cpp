@@ -52,7 +52,7 @@ class CompletionStream : public ::testing::Test {
   static std::string feed(completion_stream& c, const std::vector<int32_t>& ids, finish_reason last) {
     std::string out;
     for (size_t i = 0; i < ids.size(); ++i) {
-      out += c.on_message(token_msg{1, ids[i], i + 1 == ids.size() ? last : finish_reason::none, false, {}});
+      out += c.on_message(token_msg{1, ids[i], i + 1 == ids.size() ? last : finish_reason::none, false, {}, {}});
     }
     return out;
   }
@@ -73,6 +73,27 @@ class CompletionStream : public ::testing::Test {
     return out;
   }
   static bool valid_utf8(const std::string& s) { return model::sanitize_utf8(s) == s; }
+  /// A message carrying hand-made logprobs: the i-th token's is -0.25 * (i + 1), its
+  /// alternatives `alt` at -0.5 and the token itself at its own value.
+  static token_msg with_logprobs(int32_t id, size_t i, int32_t alt, finish_reason f = finish_reason::none) {
+    token_msg t{1, id, f, false, {}, {}};
+    const float lp = -0.25f * static_cast<float>(i + 1);
+    t.logprobs = kernels::token_logprobs{lp, {{alt, -0.5f}, {id, lp}}};
+    return t;
+  }
+  std::string text_of(int32_t id) const { return tok_->decoder().token_bytes(id); }
+  /// The logprobs of every chunk of a stream, concatenated per field (completions' shape).
+  static json joined_completion_logprobs(const std::vector<json>& ev) {
+    json all = {{"text_offset", json::array()}, {"token_logprobs", json::array()}, {"tokens", json::array()},
+                {"top_logprobs", json::array()}};
+    for (const auto& e : ev) {
+      if (e["choices"].empty()) continue;  // the usage chunk
+      for (const char* f : {"text_offset", "token_logprobs", "tokens", "top_logprobs"}) {
+        for (const auto& v : e["choices"][0]["logprobs"][f]) all[f].push_back(v);
+      }
+    }
+    return all;
+  }
 
   static inline std::shared_ptr<const model::tokenizer> tok_;
 };
@@ -128,7 +149,7 @@ TEST_F(CompletionStream, StopStringsCutAcrossTokensAndAskForCancellation) {
     completion_stream c(s, tok_->decoder(), nullptr);
     std::string sse;
     for (int32_t t : ids) {
-      sse += c.on_message(token_msg{1, t, finish_reason::none, false, {}});
+      sse += c.on_message(token_msg{1, t, finish_reason::none, false, {}, {}});
       if (c.done()) break;
     }
     ASSERT_TRUE(c.done());
@@ -207,13 +228,162 @@ TEST_F(CompletionStream, WholeResponseCarriesUsageAndTokenIds) {
   EXPECT_EQ(j["choices"][0]["token_ids"], ids);
   EXPECT_EQ(j["choices"][0]["prompt_token_ids"], (std::vector<int>{1, 2, 3}));
   EXPECT_EQ(j["usage"]["total_tokens"], 3 + ids.size());
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());  // not asked for
+}
+
+// Completions, whole response: one logprobs object, each token's text, its value, a dict of
+// the chosen token and its alternatives, and byte offsets into the text. A stop token id's
+// entry stays (vLLM reports every generated token), though its text is left out.
+TEST_F(CompletionStream, CompletionLogprobsInAWholeResponse) {
+  const auto ids = tok_->encode("one two three", false);
+  ASSERT_EQ(ids.size(), 3u);
+  ASSERT_EQ(text_of(ids[1]), " two");
+  const int32_t alt = tok_->encode(" four", false).at(0);
+  auto s = setup(false, false);
+  s.logprobs = 1;
+  s.stop_token_ids = {ids[2]};
+  completion_stream c(s, tok_->decoder(), nullptr);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(c.on_message(with_logprobs(ids[i], i, alt, i == 2 ? finish_reason::eos : finish_reason::none)), "");
+  }
+  auto j = json::parse(c.reply().body);
+  EXPECT_EQ(j["choices"][0]["text"], "one two");
+  EXPECT_EQ(j["choices"][0]["logprobs"], json::parse(R"({
+      "text_offset": [0, 3, 7],
+      "token_logprobs": [-0.25, -0.5, -0.75],
+      "tokens": ["one", " two", " three"],
+      "top_logprobs": [{"one": -0.25, " four": -0.5}, {" two": -0.5, " four": -0.5},
+                       {" three": -0.75, " four": -0.5}]})"));
+}
+
+// Chat, streamed: each chunk carries the entries of the tokens it reports. The four one-byte
+// tokens of an emoji release no text until the last: their entries (text U+FFFD, the raw byte
+// in "bytes") ride on the chunk that carries the character. Alternatives: the n asked for.
+TEST_F(CompletionStream, ChatLogprobsRideOnTheChunkThatCarriesTheirText) {
+  const auto ids = tricky_ids();  // "Hi", " ", F0 9F 8E 89, " ", C3 A9, " ok"
+  ASSERT_EQ(ids.size(), 10u);
+  const int32_t alt = tok_->encode("Hello", false).at(0);
+  auto s = setup(true, true);
+  s.logprobs = 1;  // the token itself, second in each hand-made top list, is left out
+  completion_stream c(s, tok_->decoder(), nullptr);
+  std::vector<std::vector<json>> per_message;  // the chunks each message produced
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const finish_reason f = i + 1 == ids.size() ? finish_reason::length : finish_reason::none;
+    bool done = false;
+    per_message.push_back(events(c.on_message(with_logprobs(ids[i], i, alt, f)), done));
+  }
+  // No chunk for 0xF0, 0x9F, 0x8E: their entries wait for 0x89's.
+  for (size_t i : {2u, 3u, 4u, 7u}) EXPECT_TRUE(per_message[i].empty()) << i;
+  ASSERT_EQ(per_message[5].size(), 1u);
+  const json& emoji = per_message[5][0]["choices"][0];
+  EXPECT_EQ(emoji["delta"]["content"], "\xF0\x9F\x8E\x89");
+  ASSERT_EQ(emoji["logprobs"]["content"].size(), 4u);
+  const unsigned char bytes[] = {0xF0, 0x9F, 0x8E, 0x89};
+  for (size_t k = 0; k < 4; ++k) {
+    const json& e = emoji["logprobs"]["content"][k];
+    EXPECT_EQ(e["token"], "\xEF\xBF\xBD") << k;  // U+FFFD: a piece of a character
+    EXPECT_EQ(e["bytes"], json::array({bytes[k]})) << k;
+    EXPECT_EQ(e["logprob"], -0.25 * static_cast<double>(k + 3)) << k;
+    EXPECT_EQ(e["top_logprobs"], json::parse(R"([{"token":"Hello","logprob":-0.5,"bytes":[72,101,108,108,111]}])"));
+  }
+  // The first chunk: the role, "Hi" and its entry; "é" likewise waits for its second byte.
+  EXPECT_EQ(per_message[0][0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(per_message[0][0]["choices"][0]["logprobs"], json::parse(R"({"content":[{"token":"Hi","logprob":-0.25,
+      "bytes":[72,105],"top_logprobs":[{"token":"Hello","logprob":-0.5,"bytes":[72,101,108,108,111]}]}]})"));
+  EXPECT_EQ(per_message[8][0]["choices"][0]["logprobs"]["content"].size(), 2u);  // 0xC3 and 0xA9
+  // Every token's entry exactly once, in order, the last on the final chunk.
+  std::vector<double> values;
+  for (const auto& chunks : per_message) {
+    for (const auto& e : chunks) {
+      if (e["choices"].empty()) continue;
+      for (const auto& entry : e["choices"][0]["logprobs"]["content"]) values.push_back(entry["logprob"]);
+    }
+  }
+  ASSERT_EQ(values.size(), ids.size());
+  for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(values[i], -0.25 * static_cast<double>(i + 1)) << i;
+  EXPECT_EQ(per_message[9][0]["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(per_message[9][0]["choices"][0]["logprobs"]["content"][0]["token"], " ok");
+}
+
+// A token whose text the stop matcher holds back (it could begin a stop string) reports its
+// entry with the chunk that releases the text; tokens a stop string cut away are dropped.
+TEST_F(CompletionStream, HeldBackTextDelaysItsLogprobsAndAStopStringDropsThem) {
+  const auto ids = tok_->encode("one two three four five", false);
+  ASSERT_EQ(ids.size(), 5u);
+  const int32_t alt = tok_->encode("Hello", false).at(0);
+  {  // " two" is all held (" two!" may follow), then released with " three".
+    auto s = setup(false, true);
+    s.logprobs = 0;
+    s.stop = {" two!"};
+    completion_stream c(s, tok_->decoder(), nullptr);
+    std::vector<std::vector<json>> per_message;
+    for (size_t i = 0; i < 3; ++i) {
+      const finish_reason f = i == 2 ? finish_reason::length : finish_reason::none;
+      bool done = false;
+      per_message.push_back(events(c.on_message(with_logprobs(ids[i], i, alt, f)), done));
+    }
+    ASSERT_EQ(per_message[0].size(), 1u);
+    EXPECT_EQ(per_message[0][0]["choices"][0]["logprobs"], json::parse(R"({"text_offset":[0],"token_logprobs":[-0.25],
+        "tokens":["one"],"top_logprobs":[{"one":-0.25}]})"));
+    EXPECT_TRUE(per_message[1].empty());
+    ASSERT_EQ(per_message[2].size(), 1u);
+    EXPECT_EQ(per_message[2][0]["choices"][0]["text"], " two three");
+    EXPECT_EQ(per_message[2][0]["choices"][0]["logprobs"], json::parse(R"({"text_offset":[3,7],
+        "token_logprobs":[-0.5,-0.75],"tokens":[" two"," three"],"top_logprobs":[{" two":-0.5},{" three":-0.75}]})"));
+  }
+  // The stream ends while " two" is held: the end releases its text, and its entry with it.
+  for (bool streaming : {false, true}) {
+    auto s = setup(false, streaming);
+    s.logprobs = 0;
+    s.stop = {" two!"};
+    completion_stream c(s, tok_->decoder(), nullptr);
+    std::string sse = c.on_message(with_logprobs(ids[0], 0, alt));
+    sse += c.on_message(with_logprobs(ids[1], 1, alt, finish_reason::length));
+    json lp;
+    if (streaming) {
+      bool done = false;
+      auto ev = events(sse, done);
+      ASSERT_EQ(ev.size(), 2u);
+      EXPECT_EQ(ev[1]["choices"][0]["text"], " two");
+      EXPECT_EQ(ev[1]["choices"][0]["logprobs"]["tokens"], json::parse(R"([" two"])"));
+      lp = joined_completion_logprobs(ev);
+    } else {
+      lp = json::parse(c.reply().body)["choices"][0]["logprobs"];
+    }
+    EXPECT_EQ(lp, json::parse(R"({"text_offset":[0,3],"token_logprobs":[-0.25,-0.5],"tokens":["one"," two"],
+        "top_logprobs":[{"one":-0.25},{" two":-0.5}]})"))
+        << (streaming ? "streamed" : "whole");
+  }
+  // "e fo" straddles " three" and " four": " four" had none of its text sent and is dropped;
+  // " three", partly sent, stays. Streamed and whole alike.
+  for (bool streaming : {false, true}) {
+    auto s = setup(false, streaming);
+    s.logprobs = 0;
+    s.stop = {"e fo"};
+    completion_stream c(s, tok_->decoder(), nullptr);
+    std::string sse;
+    for (size_t i = 0; i < ids.size() && !c.done(); ++i) sse += c.on_message(with_logprobs(ids[i], i, alt));
+    ASSERT_TRUE(c.stopped_by_string());
+    json lp;
+    if (streaming) {
+      bool done = false;
+      auto ev = events(sse, done);
+      EXPECT_TRUE(done);
+      lp = joined_completion_logprobs(ev);
+    } else {
+      lp = json::parse(c.reply().body)["choices"][0]["logprobs"];
+    }
+    EXPECT_EQ(lp, json::parse(R"({"text_offset":[0,3,7],"token_logprobs":[-0.25,-0.5,-0.75],
+        "tokens":["one"," two"," three"],"top_logprobs":[{"one":-0.25},{" two":-0.5},{" three":-0.75}]})"))
+        << (streaming ? "streamed" : "whole");
+  }
 }
 
 TEST_F(CompletionStream, FailuresBecomeHttpErrorsOrAnErrorEvent) {
   {  // before anything was sent: an HTTP error
     completion_stream c(setup(false, true), tok_->decoder(), nullptr);
     EXPECT_EQ(c.on_message(token_msg{1, -1, finish_reason::none, true,
-                                     make_error(errc::replica_unavailable, "no replica")}),
+                                     make_error(errc::replica_unavailable, "no replica"), {}}),
               "");
     EXPECT_TRUE(c.done());
     EXPECT_FALSE(c.started());
@@ -221,8 +391,8 @@ TEST_F(CompletionStream, FailuresBecomeHttpErrorsOrAnErrorEvent) {
   }
   {  // mid-stream: the status is committed, the error is an event, then [DONE]
     completion_stream c(setup(false, true), tok_->decoder(), nullptr);
-    EXPECT_NE(c.on_message(token_msg{1, tok_->encode("Hi", false)[0], finish_reason::none, false, {}}), "");
-    const std::string tail = c.on_message(token_msg{1, -1, finish_reason::none, true, make_error(errc::internal, "boom")});
+    EXPECT_NE(c.on_message(token_msg{1, tok_->encode("Hi", false)[0], finish_reason::none, false, {}, {}}), "");
+    const std::string tail = c.on_message(token_msg{1, -1, finish_reason::none, true, make_error(errc::internal, "boom"), {}});
     bool done = false;
     auto ev = events(tail, done);
     EXPECT_TRUE(done);

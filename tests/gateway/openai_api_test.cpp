@@ -125,6 +125,7 @@ TEST(OpenaiApi, StopTokenIdsAreParsedAndBounded) {
 
 // Fields asking for behaviour the server does not implement are refused, naming the field,
 // on both endpoints; their neutral values (what many clients send on every request) pass.
+// (logprobs and top_logprobs are served: LogprobsAreParsedPerEndpointWithinTheEngineBound.)
 TEST(OpenaiApi, UnsupportedFieldsAreRefusedAndTheirNeutralValuesAccepted) {
   request_limits lim;
   struct field_case {
@@ -132,8 +133,6 @@ TEST(OpenaiApi, UnsupportedFieldsAreRefusedAndTheirNeutralValuesAccepted) {
     std::vector<const char*> neutral, refused;
   };
   const field_case cases[] = {
-      {"logprobs", {"null", "false", "0"}, {"true", "1", "5"}},
-      {"top_logprobs", {"null", "0"}, {"1", "20"}},
       {"presence_penalty", {"null", "0", "0.0", "-0.0"}, {"0.5", "-1", "2"}},
       {"frequency_penalty", {"null", "0", "0.0"}, {"0.1", "-2"}},
       {"repetition_penalty", {"null", "1", "1.0"}, {"1.1", "0.9", "0", "2"}},
@@ -192,6 +191,73 @@ TEST(OpenaiApi, UnsupportedFieldsAreRefusedAndTheirNeutralValuesAccepted) {
           "presence_penalty":0,"frequency_penalty":0.0,"repetition_penalty":1.0,"min_tokens":0})",
       lim);
   EXPECT_TRUE(all.ok()) << all.err().message;
+}
+
+// Completions: `logprobs` is a count 0..20 (false / null: none). Chat: `logprobs` a boolean and
+// `top_logprobs` a count 0..20 that above 0 needs logprobs true. Both land in gen.logprobs.
+TEST(OpenaiApi, LogprobsAreParsedPerEndpointWithinTheEngineBound) {
+  request_limits lim;
+  auto completion = [&](const std::string& fields) {
+    return parse_completion_request(R"({"model":"m","prompt":"x")" + (fields.empty() ? "" : "," + fields) + "}", lim);
+  };
+  auto chat = [&](const std::string& fields) {
+    return parse_chat_request(
+        R"({"model":"m","messages":[{"role":"user","content":"x"}])" + (fields.empty() ? "" : "," + fields) + "}", lim);
+  };
+  const std::pair<std::string, int> completion_ok[] = {
+      {"", -1}, {R"("logprobs":null)", -1}, {R"("logprobs":false)", -1}, {R"("logprobs":0)", 0},
+      {R"("logprobs":5)", 5}, {R"("logprobs":20)", 20}, {R"("logprobs":3,"top_logprobs":0)", 3},
+      {R"("logprobs":2,"echo":false)", 2},
+  };
+  for (const auto& [fields, want] : completion_ok) {
+    auto r = completion(fields);
+    ASSERT_TRUE(r.ok()) << fields << " -> " << r.err().message;
+    EXPECT_EQ(r->gen.logprobs, want) << fields;
+  }
+  const std::pair<std::string, std::string> completion_bad[] = {
+      {R"("logprobs":21)", "'logprobs' must be an integer between 0 and 20"},
+      {R"("logprobs":-1)", "'logprobs' must be an integer between 0 and 20"},
+      {R"("logprobs":true)", "'logprobs' must be an integer between 0 and 20"},
+      {R"("logprobs":"5")", "'logprobs'"},
+      {R"("logprobs":1.5)", "'logprobs'"},
+      {R"("logprobs":18446744073709551615)", "'logprobs'"},  // must not wrap into range
+      {R"("top_logprobs":3)", "'top_logprobs' is a chat field"},
+      {R"("logprobs":2,"top_logprobs":21)", "'top_logprobs' must be between 0 and 20"},
+      {R"("logprobs":2,"echo":true)", "'echo' is not supported"},  // echo stays refused
+  };
+  for (const auto& [fields, needle] : completion_bad) {
+    auto r = completion(fields);
+    ASSERT_FALSE(r.ok()) << fields << " was accepted";
+    EXPECT_EQ(r.err().code, errc::invalid_request);
+    EXPECT_NE(r.err().message.find(needle), std::string::npos) << fields << " -> " << r.err().message;
+  }
+  const std::pair<std::string, int> chat_ok[] = {
+      {"", -1}, {R"("logprobs":false)", -1}, {R"("logprobs":null,"top_logprobs":null)", -1},
+      {R"("logprobs":true)", 0}, {R"("logprobs":true,"top_logprobs":null)", 0},
+      {R"("logprobs":true,"top_logprobs":0)", 0}, {R"("logprobs":true,"top_logprobs":5)", 5},
+      {R"("logprobs":true,"top_logprobs":20)", 20}, {R"("top_logprobs":0)", -1},
+      {R"("logprobs":false,"top_logprobs":0)", -1}, {R"("logprobs":0)", -1}, {R"("logprobs":1,"top_logprobs":2)", 2},
+  };
+  for (const auto& [fields, want] : chat_ok) {
+    auto r = chat(fields);
+    ASSERT_TRUE(r.ok()) << fields << " -> " << r.err().message;
+    EXPECT_EQ(r->gen.logprobs, want) << fields;
+  }
+  const std::pair<std::string, std::string> chat_bad[] = {
+      {R"("top_logprobs":3)", "'top_logprobs' needs 'logprobs': true"},
+      {R"("logprobs":false,"top_logprobs":1)", "'top_logprobs' needs 'logprobs': true"},
+      {R"("logprobs":true,"top_logprobs":21)", "'top_logprobs' must be between 0 and 20"},
+      {R"("logprobs":true,"top_logprobs":-1)", "'top_logprobs' must be between 0 and 20"},
+      {R"("logprobs":true,"top_logprobs":2.5)", "'top_logprobs' must be an integer"},
+      {R"("logprobs":5)", "'logprobs' must be true or false"},
+      {R"("logprobs":"true")", "'logprobs' must be true or false"},
+  };
+  for (const auto& [fields, needle] : chat_bad) {
+    auto r = chat(fields);
+    ASSERT_FALSE(r.ok()) << fields << " was accepted";
+    EXPECT_EQ(r.err().code, errc::invalid_request);
+    EXPECT_NE(r.err().message.find(needle), std::string::npos) << fields << " -> " << r.err().message;
+  }
 }
 
 TEST(OpenaiApi, ChatContentTextPartsAreJoinedWithNewlinesAsVllmDoes) {
@@ -370,6 +436,50 @@ TEST(OpenaiApi, ResponsesAndChunksHaveOpenaisShape) {
   EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(chat["choices"][0]["message"]["content"], "Hi there");
   EXPECT_EQ(sse_event("{}"), "data: {}\n\n");
+  // Without logprobs asked for: null, as before.
+  EXPECT_TRUE(r["choices"][0]["logprobs"].is_null());
+  EXPECT_TRUE(ch["choices"][0]["logprobs"].is_null());
+}
+
+// The two logprobs shapes, value for value: completions' legacy lists (top_logprobs dicts hold
+// the chosen token first, then the alternatives), chat's content entries with raw bytes; -inf
+// as -9999.0, NaN as null, floats in their shortest form.
+TEST(OpenaiApi, LogprobsRenderInTheShapeOfEachEndpoint) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  choice_delta c;
+  c.text = "Hi \xF0\x9F";
+  c.finish = "stop";
+  c.logprobs = std::vector<logprob_entry>{
+      {{"Hi", "Hi", -0.1f}, {{"Hi", "Hi", -0.1f}, {"Hello", "Hello", -2.5f}}, 0},
+      {{" ", " ", -inf}, {{"!", "!", -0.25f}, {"\xEF\xBF\xBD", "\xF0", -12000.0f}}, 2},
+      {{"x", "x", nan}, {}, 3},
+  };
+  auto r = json::parse(response_json("text_completion", "cmpl-1", 1, "m", c, {1, 3}));
+  EXPECT_EQ(r["choices"][0]["logprobs"], json::parse(R"({
+      "text_offset": [0, 2, 3],
+      "token_logprobs": [-0.1, -9999.0, null],
+      "tokens": ["Hi", " ", "x"],
+      "top_logprobs": [{"Hi": -0.1, "Hello": -2.5}, {" ": -9999.0, "!": -0.25, "\ufffd": -9999.0}, {"x": null}]})"));
+  // The text as sent: the key order (chosen first) and the shortest float forms.
+  const std::string body = response_json("text_completion", "cmpl-1", 1, "m", c, {1, 3});
+  EXPECT_NE(body.find(R"("top_logprobs":[{"Hi":-0.1,"Hello":-2.5},{" ":-9999.0,"!":-0.25,)"), std::string::npos)
+      << body;
+  auto chat = json::parse(chunk_json("chat.completion.chunk", "chatcmpl-1", 1, "m", c));
+  EXPECT_EQ(chat["choices"][0]["logprobs"], json::parse(R"({"content": [
+      {"token": "Hi", "logprob": -0.1, "bytes": [72, 105],
+       "top_logprobs": [{"token": "Hi", "logprob": -0.1, "bytes": [72, 105]},
+                        {"token": "Hello", "logprob": -2.5, "bytes": [72, 101, 108, 108, 111]}]},
+      {"token": " ", "logprob": -9999.0, "bytes": [32],
+       "top_logprobs": [{"token": "!", "logprob": -0.25, "bytes": [33]},
+                        {"token": "\ufffd", "logprob": -9999.0, "bytes": [240]}]},
+      {"token": "x", "logprob": null, "bytes": [120], "top_logprobs": []}]})"));
+  // Asked for, none ready in this chunk: the empty shape, not null.
+  choice_delta empty;
+  empty.logprobs.emplace();
+  EXPECT_EQ(json::parse(chunk_json("text_completion", "cmpl-1", 1, "m", empty))["choices"][0]["logprobs"],
+            json::parse(R"({"text_offset":[],"token_logprobs":[],"tokens":[],"top_logprobs":[]})"));
+  EXPECT_EQ(json::parse(chunk_json("chat.completion.chunk", "c", 1, "m", empty))["choices"][0]["logprobs"],
+            json::parse(R"({"content":[]})"));
 }
 
 }  // namespace

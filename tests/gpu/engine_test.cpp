@@ -193,6 +193,48 @@ TEST(CudaEngine, StepSampleDrawsTheCpuSamplersTokenFromItsLogits) {
   }
 }
 
+/// Logprobs on the GPU: rows that ask bring their logits back, and the numbers are
+/// kernels::compute_logprobs of the logits the same engine returns, greedy rows included.
+TEST(CudaEngine, StepSampleLogprobsAreThoseOfItsLogits) {
+  LLMESH_REQUIRE_GPU();
+  loaded_model m(golden_shapes()[2].spec);
+  kernels::sampling_params greedy{}, warm{0.8f, 0, 1.0f, 11}, silent{0.8f, 0, 1.0f, 12};
+  greedy.logprobs = 5;
+  warm.logprobs = 0;
+  auto a = make_engine(m.get(), model::backend::cuda, true);
+  auto b = make_engine(m.get(), model::backend::cuda, true);
+  ASSERT_TRUE(a && b);
+  const kernels::sampling_params params[3] = {greedy, warm, silent};
+  std::vector<int> sa, sb;
+  std::vector<std::vector<int32_t>> next;
+  for (int i = 0; i < 3; ++i) {
+    sa.push_back(a->open_sequence());
+    sb.push_back(b->open_sequence());
+    next.push_back(prompt_of(10 + static_cast<size_t>(i), 600, 80 + static_cast<uint32_t>(i)));
+  }
+  const size_t vocab = a->config().vocab;
+  for (int step = 0; step < 6; ++step) {
+    std::vector<model::step_item> ia, ib;
+    std::vector<kernels::sample_row> rows;
+    for (size_t i = 0; i < 3; ++i) {
+      ia.push_back({sa[i], next[i], true});
+      ib.push_back({sb[i], next[i], true});
+      rows.push_back({params[i], a->sequence_length(sa[i]) + next[i].size()});
+    }
+    std::vector<float> logits;
+    std::vector<int32_t> ids;
+    kernels::row_logprobs lps;
+    ASSERT_TRUE(a->step(ia, logits).ok());
+    ASSERT_TRUE(b->step_sample(ib, rows, ids, &lps).ok());
+    ASSERT_EQ(ids, kernels::sample_rows(logits, vocab, rows)) << "step " << step;
+    ASSERT_EQ(lps.size(), 3u);
+    EXPECT_EQ(lps[0], kernels::compute_logprobs(std::span(logits).first(vocab), ids[0], 5)) << "step " << step;
+    EXPECT_EQ(lps[1], kernels::compute_logprobs(std::span(logits).subspan(vocab, vocab), ids[1], 0)) << "step " << step;
+    EXPECT_FALSE(lps[2].has_value());
+    for (size_t i = 0; i < 3; ++i) next[i] = {ids[i]};
+  }
+}
+
 /// Decodes `target` alone, then again beside two other sequences (graphs on or off):
 /// its logits must keep their bits.
 TEST(CudaEngine, DecodeIsBatchInvariantAndGraphsChangeNothing) {

@@ -408,3 +408,70 @@ TEST(SampleRows, APoolDrawsTheSameTokensAsOneThread) {
 
 }  // namespace
 }  // namespace llmesh::kernels
+
+namespace llmesh::kernels {
+namespace {
+
+TEST(Logprobs, AreTheLogSoftmaxWithTheTopInOrderAndTiesByLowerId) {
+  const std::vector<float> logits{1.0f, 3.0f, -2.0f, 3.0f, 0.5f, -std::numeric_limits<float>::infinity()};
+  long double z = 0;
+  for (float l : logits) z += std::exp(static_cast<long double>(l));
+  auto ref = [&](size_t i) { return static_cast<double>(static_cast<long double>(logits[i]) - std::log(z)); };
+  auto lp = compute_logprobs(logits, 4, 3);
+  EXPECT_NEAR(lp.logprob, ref(4), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].id, 1);  // 3.0 twice: the lower id first
+  EXPECT_EQ(lp.top[1].id, 3);
+  EXPECT_EQ(lp.top[2].id, 0);
+  for (const auto& t : lp.top) EXPECT_NEAR(t.logprob, ref(static_cast<size_t>(t.id)), 1e-6);
+  // Probabilities sum to one; a masked token has -inf.
+  double total = 0;
+  for (size_t i = 0; i < logits.size(); ++i) total += std::exp(compute_logprobs(logits, static_cast<int32_t>(i), 0).logprob);
+  EXPECT_NEAR(total, 1.0, 1e-6);
+  EXPECT_EQ(compute_logprobs(logits, 5, 0).logprob, -std::numeric_limits<float>::infinity());
+  // n beyond the vocabulary: every token, the masked one last.
+  auto all = compute_logprobs(logits, 0, 50);
+  ASSERT_EQ(all.top.size(), logits.size());
+  EXPECT_EQ(all.top.back().id, 5);
+  EXPECT_TRUE(compute_logprobs(logits, 0, 0).top.empty());
+}
+
+TEST(Logprobs, TopEqualsAFullSortOnRandomRows) {
+  std::mt19937 rng(11);
+  for (int c = 0; c < 200; ++c) {
+    const size_t vocab = 1 + rng() % 3000;
+    std::vector<float> row(vocab);
+    std::uniform_int_distribution<int> coarse(-8, 8);  // many ties
+    for (auto& x : row) x = static_cast<float>(coarse(rng)) * 0.5f;
+    const int n = static_cast<int>(rng() % 25);
+    std::vector<int32_t> ids(vocab);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    auto lp = compute_logprobs(row, 0, n);
+    ASSERT_EQ(lp.top.size(), std::min<size_t>(static_cast<size_t>(n), vocab));
+    for (size_t i = 0; i < lp.top.size(); ++i) ASSERT_EQ(lp.top[i].id, ids[i]) << "case " << c << " rank " << i;
+  }
+}
+
+TEST(Logprobs, RowsAskOneByOneAndDoNotChangeTheDraw) {
+  const size_t vocab = 40;
+  std::vector<float> logits(3 * vocab);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d;
+  for (auto& x : logits) x = d(rng);
+  sample_row asks{{0.8f, 0, 1.0f, 7, 2}, 5}, silent{{0.8f, 0, 1.0f, 7, -1}, 5};
+  EXPECT_TRUE(argmax_only(std::vector<sample_row>{sample_row{}}));
+  EXPECT_FALSE(argmax_only(std::vector<sample_row>{sample_row{{0.0f, 0, 1.0f, 0, 0}, 0}}));  // greedy but asks
+  const std::vector<sample_row> rows{asks, silent, asks};
+  auto tokens = sample_rows(logits, vocab, rows);
+  EXPECT_EQ(tokens[0], sample(std::span(logits).first(vocab), silent.params, 5));
+  auto lps = logprobs_rows(logits, vocab, rows, tokens);
+  ASSERT_EQ(lps.size(), 3u);
+  EXPECT_EQ(lps[0], compute_logprobs(std::span(logits).first(vocab), tokens[0], 2));
+  EXPECT_FALSE(lps[1].has_value());
+  EXPECT_EQ(lps[2], compute_logprobs(std::span(logits).subspan(2 * vocab, vocab), tokens[2], 2));
+  EXPECT_TRUE(logprobs_rows(logits, vocab, std::vector<sample_row>(3, silent), tokens).empty());
+}
+
+}  // namespace
+}  // namespace llmesh::kernels

@@ -1,7 +1,7 @@
 // Two models in one mesh across processes: cluster-configs/local-two-models.yaml (ports moved to
 // free ones) serves kjv-tiny (one tp-2 replica) and a random Qwen2 model (one tp-1 replica).
 // Each request is answered by a replica of the model it names — exactly `llmesh generate`'s
-// tokens for that model — /v1/models lists both, an unknown model is a 404, and scaling one
+// tokens for that model, logprobs included — /v1/models lists both, an unknown model is a 404, and scaling one
 // model to zero makes only its requests 503 while the other model goes on serving.
 #include "mesh_fixture.hpp"
 
@@ -75,6 +75,19 @@ TEST(Mesh, TwoModelsAreEachServedByTheirOwnReplicas) {
   // Every tiny-qwen request went to tiny-qwen's replica.
   EXPECT_EQ(metric_value(m.http_port, "llmesh_replica_requests_total{replica=\"" + qwen_replica + "\"}"),
             static_cast<double>(prompts.size()));
+
+  // Logprobs cross the process boundary with each token (the replica's node to the gateway's).
+  {
+    nlohmann::json body{{"model", "tiny-qwen"}, {"prompt", prompts[0]}, {"max_tokens", 4}, {"temperature", 0}, {"logprobs", 2}};
+    auto r = http_request(m.http_port, "POST", "/v1/completions", body.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    auto lp = nlohmann::json::parse(r.body)["choices"][0]["logprobs"];
+    ASSERT_EQ(lp["token_logprobs"].size(), 4u) << r.body;
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0) << r.body;
+      EXPECT_EQ(lp["top_logprobs"][i].size(), 2u) << r.body;  // greedy: the chosen token is among the 2
+    }
+  }
 
   auto unknown = complete_model(m.http_port, "llama", {1, 2}, 4);
   EXPECT_EQ(unknown["status"], 404) << unknown.dump();

@@ -4,6 +4,8 @@
 // part refuses what it cannot run.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -283,6 +285,63 @@ TEST(Engine, StepSampleDrawsWhatSampleDrawsFromTheLogitsAtEveryTp) {
         else next[static_cast<size_t>(i)] = prompt_of(1, 99);
       }
     }
+  }
+}
+
+TEST(Engine, StepSampleLogprobsAreThoseOfTheStepsLogitsAtEveryTp) {
+  // Greedy rows that ask for logprobs included: at tp 2 they must not take the argmax-pair
+  // shortcut (which never gathers the whole row).
+  temp_model tm(small_spec());
+  kernels::sampling_params greedy_lp{}, warm_lp{0.9f, 0, 0.95f, 5}, plain{0.7f, 0, 1.0f, 9};
+  greedy_lp.logprobs = 3;
+  warm_lp.logprobs = 0;
+  for (int tp : {1, 2}) {
+    auto a = make_engine(tm.get(), tp, tp), b = make_engine(tm.get(), tp, tp);
+    std::vector<int> sa, sb;
+    for (int i = 0; i < 3; ++i) sa.push_back(a->open_sequence()), sb.push_back(b->open_sequence());
+    std::vector<std::vector<int32_t>> next{prompt_of(4, 11), prompt_of(7, 12), prompt_of(10, 13)};
+    const size_t vocab = a->config().vocab;
+    for (int step = 0; step < 4; ++step) {
+      std::vector<step_item> ia, ib;
+      std::vector<kernels::sample_row> rows;
+      // Steps 2 and 3: every row greedy, so only asking for logprobs keeps the whole rows.
+      const std::array<kernels::sampling_params, 3> params =
+          step < 2 ? std::array{greedy_lp, warm_lp, plain} : std::array{greedy_lp, greedy_lp, greedy_lp};
+      for (size_t i = 0; i < 3; ++i) {
+        ia.push_back({sa[i], next[i], true});
+        ib.push_back({sb[i], next[i], true});
+        rows.push_back({params[i], a->sequence_length(sa[i]) + next[i].size()});
+      }
+      std::vector<float> logits;
+      std::vector<int32_t> drawn;
+      kernels::row_logprobs lps;
+      ASSERT_TRUE(a->step(ia, logits).ok());
+      ASSERT_TRUE(b->step_sample(ib, rows, drawn, &lps).ok());
+      ASSERT_EQ(drawn, kernels::sample_rows(logits, vocab, rows)) << "tp " << tp << " step " << step;
+      ASSERT_EQ(lps.size(), 3u);
+      for (size_t i = 0; i < 3; ++i) {
+        if (params[i].logprobs < 0) {
+          EXPECT_FALSE(lps[i].has_value());
+          continue;
+        }
+        ASSERT_TRUE(lps[i].has_value());
+        EXPECT_EQ(*lps[i], kernels::compute_logprobs(std::span(logits).subspan(i * vocab, vocab), drawn[i], params[i].logprobs))
+            << "tp " << tp << " step " << step << " row " << i;
+        EXPECT_EQ(lps[i]->top.size(), static_cast<size_t>(params[i].logprobs));
+        EXPECT_LT(lps[i]->logprob, 0.0f);
+      }
+      if (tp == 2 && step == 0) {  // the greedy row's top entry is its token
+        EXPECT_EQ(lps[0]->top[0].id, drawn[0]);
+        EXPECT_EQ(lps[0]->top[0].logprob, lps[0]->logprob);
+      }
+      for (size_t i = 0; i < 3; ++i) next[i] = {drawn[i]};
+    }
+    // No row asking: nothing computed.
+    std::vector<step_item> one{{sb[2], next[2], true}};
+    std::vector<int32_t> drawn;
+    kernels::row_logprobs lps(1);
+    ASSERT_TRUE(b->step_sample(one, std::vector<kernels::sample_row>{{plain, b->sequence_length(sb[2]) + 1}}, drawn, &lps).ok());
+    EXPECT_TRUE(lps.empty());
   }
 }
 

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -187,7 +189,7 @@ TEST(Serve, StopTokenIdsEndTheGenerationAndUnsupportedFieldsAre400) {
   EXPECT_EQ(status, 400) << j;
   EXPECT_NE(j.dump().find("'stop_token_ids'"), std::string::npos) << j;
   for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
-           {"logprobs", 1}, {"presence_penalty", 0.5}, {"repetition_penalty", 1.2}, {"min_tokens", 4}}) {
+           {"presence_penalty", 0.5}, {"repetition_penalty", 1.2}, {"min_tokens", 4}}) {
     json u = base;
     u[field] = value;
     j = completion(s.port(), u, &status);
@@ -201,11 +203,76 @@ TEST(Serve, StopTokenIdsEndTheGenerationAndUnsupportedFieldsAre400) {
                   {"repetition_penalty", 1.0}, {"min_tokens", 0}, {"top_logprobs", 0}});
   completion(s.port(), neutral, &status);
   EXPECT_EQ(status, 200);
+}
+
+TEST(Serve, LogprobsAreTheModelsLogSoftmaxForEveryToken) {
+  server_process s(bin, {"--model", model_dir, "--replicas", "1", "--tp", "2"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const std::vector<int32_t> prompt{1142, 258, 2078, 386, 3345};
+  // The reference: the engine's logits at the first generated position, log-softmaxed here.
+  temp_dir dir;
+  const std::string dump = dir.path() + "/first.f32";
+  auto r = run_command(bin + " generate --device cpu --model " + model_dir + " --prompt-ids " + id_list(prompt) +
+                       " --max-tokens 1 --temperature 0 --print-ids --dump-logits " + dump);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(dump, std::ios::binary);
+  std::vector<float> logits(4096);
+  in.read(reinterpret_cast<char*>(logits.data()), static_cast<std::streamsize>(logits.size() * sizeof(float)));
+  ASSERT_TRUE(in.good());
+  double mx = *std::max_element(logits.begin(), logits.end()), z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l) - mx);
+  const size_t best = static_cast<size_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const double want_lp = static_cast<double>(logits[best]) - mx - std::log(z);
+
+  const json body = {{"model", "kjv-tiny"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 3},
+                     {"return_token_ids", true}};
+  int status = 0;
+  auto j = completion(s.port(), body, &status);
+  ASSERT_EQ(status, 200) << j;
+  const auto& lp = j["choices"][0]["logprobs"];
+  const auto ids = j["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), 6u) << j;
+  ASSERT_EQ(lp["tokens"].size(), 6u) << j;
+  ASSERT_EQ(lp["token_logprobs"].size(), 6u) << j;
+  ASSERT_EQ(lp["top_logprobs"].size(), 6u) << j;
+  ASSERT_EQ(ids[0], static_cast<int32_t>(best));
+  EXPECT_NEAR(lp["token_logprobs"][0].get<double>(), want_lp, 1e-5) << j;
+  for (size_t i = 0; i < 6; ++i) {
+    const double chosen = lp["token_logprobs"][i].get<double>();
+    EXPECT_LE(chosen, 0.0);
+    // Greedy: the chosen token is the most likely, so no alternative beats it; the dict holds
+    // the chosen token and its 3 alternatives (the chosen one among them: 3 keys).
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 3u) << lp["top_logprobs"][i];
+    for (const auto& [tok, v] : lp["top_logprobs"][i].items()) EXPECT_LE(v.get<double>(), chosen + 1e-9) << tok;
+  }
+  EXPECT_EQ(lp["text_offset"][0], 0);
+
+  // Streamed, the same numbers arrive over the chunks; chat's shape carries them too.
+  json streamed = body;
+  streamed["stream"] = true;
+  auto sse = http_request(s.port(), "POST", "/v1/completions", streamed.dump());
+  ASSERT_EQ(sse.status, 200);
+  std::vector<double> got;
+  std::istringstream lines(sse.body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    auto c = json::parse(line.substr(6));
+    const auto& l = c["choices"][0]["logprobs"];
+    if (l.is_object()) for (const auto& v : l["token_logprobs"]) got.push_back(v.get<double>());
+  }
+  EXPECT_EQ(got, lp["token_logprobs"].get<std::vector<double>>()) << sse.body;
   const json chat = {{"model", "kjv-tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 2},
-                     {"logprobs", true}};
+                     {"logprobs", true}, {"top_logprobs", 2}};
   auto c = http_request(s.port(), "POST", "/v1/chat/completions", chat.dump());
-  EXPECT_EQ(c.status, 400) << c.body;
-  EXPECT_NE(c.body.find("'logprobs' is not supported"), std::string::npos) << c.body;
+  ASSERT_EQ(c.status, 200) << c.body;
+  auto cj = json::parse(c.body);
+  const auto& content = cj["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u) << c.body;
+  for (const auto& e : content) {
+    EXPECT_TRUE(e["token"].is_string());
+    EXPECT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_LE(e["logprob"].get<double>(), 0.0);
+  }
 }
 
 TEST(Serve, HttpErrorPaths) {

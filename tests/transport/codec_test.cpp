@@ -18,9 +18,12 @@ namespace {
 
 std::vector<envelope> samples() {
   std::vector<body> bodies = {
-      generate_msg{7, {1, 2, 3, 40000}, 64, {0.8f, 0.95f, 40, 1234567890123ull}, {2, 3}},
-      token_body{7, 42, finish_kind::length, false, errc::internal, ""},
-      token_body{7, -1, finish_kind::none, true, errc::shard_failed, "shard 1 is gone"},
+      generate_msg{7, {1, 2, 3, 40000}, 64, {0.8f, 0.95f, 40, 1234567890123ull, -1}, {2, 3}},
+      generate_msg{8, {5}, 4, {0.0f, 1.0f, 0, 3, 20}, {}},  // logprobs with 20 alternatives
+      token_body{7, 42, finish_kind::length, false, errc::internal, "", std::nullopt},
+      token_body{7, -1, finish_kind::none, true, errc::shard_failed, "shard 1 is gone", std::nullopt},
+      token_body{8, 9, finish_kind::none, false, errc::internal, "", token_body::logprobs_t{-0.25f, {9, 3}, {-0.25f, -2.5f}}},
+      token_body{8, 3, finish_kind::eos, false, errc::internal, "", token_body::logprobs_t{-1.5f, {}, {}}},
       cancel_msg{9},
       status_request{},
       load_msg{5, true, 3, 4, 100, 4096},
@@ -170,6 +173,46 @@ TEST(Codec, AShardResultWithAnUnknownErrorCodeIsRefused) {
   r = decode(std::span<const uint8_t>(bytes.begin(), bytes.size()));
   ASSERT_TRUE(r.ok()) << r.err().message;
   EXPECT_TRUE(std::get<shard_result_msg>(r->msg).ok);
+}
+
+TEST(Codec, LogprobsOutOfBoundsAreRefused) {
+  auto decoded = [](capnp::MallocMessageBuilder& mb) {
+    auto words = capnp::messageToFlatArray(mb);
+    auto bytes = words.asBytes();
+    return decode(std::span<const uint8_t>(bytes.begin(), bytes.size()));
+  };
+  {  // a request asking for more alternatives than any token may carry
+    capnp::MallocMessageBuilder mb;
+    auto g = mb.initRoot<schemas_v2::Envelope>().getBody().initGenerate();
+    g.initPrompt(1).set(0, 5);
+    g.initSampling().setLogprobs(max_logprobs + 1);
+    auto r = decoded(mb);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.err().message.find("sampling.logprobs is 21"), std::string::npos) << r.err().message;
+    g.getSampling().setLogprobs(-2);
+    EXPECT_FALSE(decoded(mb).ok());
+    g.getSampling().setLogprobs(max_logprobs);
+    EXPECT_TRUE(decoded(mb).ok());
+  }
+  {  // a token whose alternatives and values do not pair up, or are too many
+    capnp::MallocMessageBuilder mb;
+    auto t = mb.initRoot<schemas_v2::Envelope>().getBody().initToken();
+    t.setToken(4);
+    auto l = t.initLogprobs();
+    l.initTopIds(2);
+    l.initTopLogprobs(1);
+    auto r = decoded(mb);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.err().message.find("token logprobs hold 2 ids and 1 values"), std::string::npos) << r.err().message;
+    l.initTopIds(max_logprobs + 1);
+    l.initTopLogprobs(max_logprobs + 1);
+    EXPECT_FALSE(decoded(mb).ok());
+    l.initTopIds(1);
+    l.initTopLogprobs(1);
+    auto ok = decoded(mb);
+    ASSERT_TRUE(ok.ok()) << ok.err().message;
+    EXPECT_TRUE(std::get<token_body>(ok->msg).logprobs.has_value());
+  }
 }
 
 TEST(Codec, ANewerPeersKindIsRefusedByName) {

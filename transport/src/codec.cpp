@@ -35,9 +35,12 @@ void write_sampling(s::Sampling::Builder sp, const sampling& p) {
   sp.setTopP(p.top_p);
   sp.setTopK(p.top_k);
   sp.setSeed(p.seed);
+  sp.setLogprobs(p.logprobs);
 }
 
-sampling read_sampling(s::Sampling::Reader sp) { return {sp.getTemperature(), sp.getTopP(), sp.getTopK(), sp.getSeed()}; }
+sampling read_sampling(s::Sampling::Reader sp) {
+  return {sp.getTemperature(), sp.getTopP(), sp.getTopK(), sp.getSeed(), sp.getLogprobs()};
+}
 
 struct writer {
   Body::Builder b;
@@ -59,6 +62,12 @@ struct writer {
       auto e = t.initError();
       e.setCode(static_cast<uint16_t>(m.code));
       e.setMessage(text(m.message));
+    }
+    if (m.logprobs) {
+      auto l = t.initLogprobs();
+      l.setLogprob(m.logprobs->logprob);
+      fill(l.initTopIds(static_cast<unsigned>(m.logprobs->top_ids.size())), m.logprobs->top_ids);
+      fill(l.initTopLogprobs(static_cast<unsigned>(m.logprobs->top_logprobs.size())), m.logprobs->top_logprobs);
     }
   }
   void operator()(const cancel_msg& m) { b.initCancel().setId(m.id); }
@@ -241,6 +250,13 @@ struct reader {
     }
     return out;
   }
+  sampling sampling_of(s::Sampling::Reader sp) {
+    sampling p = read_sampling(sp);
+    if (p.logprobs < -1 || p.logprobs > max_logprobs) {
+      err = bad("sampling.logprobs is " + std::to_string(p.logprobs) + " (-1..." + std::to_string(max_logprobs) + ")");
+    }
+    return p;
+  }
   template <class E>
   E enum_value(E v, unsigned last, const char* field) {
     if (static_cast<unsigned>(v) > last) err = bad(std::string("unknown ") + field + " " + std::to_string(static_cast<unsigned>(v)));
@@ -256,7 +272,7 @@ struct reader {
         m.id = g.getId();
         m.prompt = ints(g.getPrompt(), "prompt");
         m.max_tokens = g.getMaxTokens();
-        m.params = read_sampling(g.getSampling());
+        m.params = sampling_of(g.getSampling());
         m.eos_ids = ints(g.getEosIds(), "eosIds");
         out = std::move(m);
         break;
@@ -273,6 +289,21 @@ struct reader {
           if (code > static_cast<uint16_t>(errc::internal)) err = bad("unknown error code " + std::to_string(code));
           m.code = static_cast<errc>(code);
           m.message = str(t.getError().getMessage(), "error.message");
+        }
+        if (t.hasLogprobs()) {
+          auto l = t.getLogprobs();
+          auto ids = l.getTopIds();
+          auto lps = l.getTopLogprobs();
+          if (ids.size() > static_cast<unsigned>(max_logprobs) || lps.size() != ids.size()) {
+            err = bad("token logprobs hold " + std::to_string(ids.size()) + " ids and " + std::to_string(lps.size()) +
+                      " values (equal, at most " + std::to_string(max_logprobs) + ")");
+          } else {
+            token_body::logprobs_t x;
+            x.logprob = l.getLogprob();
+            for (int32_t id : ids) x.top_ids.push_back(id);
+            for (float v : lps) x.top_logprobs.push_back(v);
+            m.logprobs = std::move(x);
+          }
         }
         out = std::move(m);
         break;
@@ -341,7 +372,7 @@ struct reader {
           for (auto x : st.getSeqs()) m.seqs.push_back({x.getNTokens(), x.getPos0(), x.getNBlocks(), x.getWantLogits()});
         }
         if (fits(st.getRows(), "rows")) {
-          for (auto x : st.getRows()) m.rows.push_back({read_sampling(x.getSampling()), x.getPosition()});
+          for (auto x : st.getRows()) m.rows.push_back({sampling_of(x.getSampling()), x.getPosition()});
         }
         out = std::move(m);
         break;

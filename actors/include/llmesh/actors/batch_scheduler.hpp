@@ -11,10 +11,12 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "llmesh/actors/block_manager.hpp"
+#include "llmesh/kernels/sampling.hpp"
 
 namespace llmesh::actors {
 
@@ -53,6 +55,7 @@ struct token_event {
   uint64_t id = 0;
   int32_t token = -1;                        ///< the new token (-1 for a cancellation)
   finish_reason finish = finish_reason::none;
+  std::optional<kernels::token_logprobs> logprobs;  ///< when the request asked (replica_core sets it)
 };
 
 /// Thread affinity: the replica's thread. Ownership: owns request state; borrows the block

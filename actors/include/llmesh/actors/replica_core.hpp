@@ -51,12 +51,13 @@ class replica_core {
 
   /// The same step in two halves, for a caller that runs the engine's ranks itself (the
   /// replica actor and its shard actors): begin_step() plans it (false: nothing to run), then
-  /// batch() and rows() describe it, then finish_step() takes one sampled token per row. No
-  /// submit or cancel may come between the halves (the batch points into request state).
+  /// batch() and rows() describe it, then finish_step() takes one sampled token per row (and
+  /// the rows' logprobs, if any row asked: kernels::logprobs_rows). No submit or cancel may
+  /// come between the halves (the batch points into request state).
   bool begin_step();
   std::span<const model::step_sequence> batch() const { return batch_; }
   std::span<const sample_row> rows() const { return rows_; }
-  std::vector<token_event> finish_step(std::span<const int32_t> sampled);
+  std::vector<token_event> finish_step(std::span<const int32_t> sampled, const kernels::row_logprobs& logprobs = {});
   bool in_step() const { return in_step_; }
 
   bool idle() const { return sched_.waiting() + sched_.running() == 0; }

@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include "llmesh/actors/batch_scheduler.hpp"
 #include "llmesh/common/error.hpp"
+#include "llmesh/kernels/sampling.hpp"
 
 namespace llmesh::actors {
 
@@ -18,6 +20,8 @@ struct token_msg {
   finish_reason finish = finish_reason::none;
   bool failed = false;
   error err;  ///< when failed
+  /// The token's log-probabilities, when the request asked for them (sampling.logprobs >= 0).
+  std::optional<kernels::token_logprobs> logprobs;
 };
 
 /// Receives a request's stream. Called on an actor's thread, one call at a time per request,

@@ -11,6 +11,7 @@
 
 #include "llmesh/actors/metrics.hpp"
 #include "llmesh/actors/token_stream.hpp"
+#include "llmesh/gateway/openai_api.hpp"
 #include "llmesh/gateway/stop_matcher.hpp"
 #include "llmesh/model/detokenizer.hpp"
 
@@ -40,9 +41,20 @@ struct stream_setup {
   /// The request's stop_token_ids: a generation that ends on one (finish eos) keeps the id in
   /// token_ids but not its text, as vLLM does (include_stop_str_in_output off).
   std::vector<int32_t> stop_token_ids;
+  /// -1: no logprobs. n >= 0: each token's message carries its logprobs (token_msg::logprobs)
+  /// and the choice reports them with the n most likely alternatives.
+  int logprobs = -1;
 };
 
 /// Thread affinity: the connection's.
+///
+/// Logprobs (stream_setup::logprobs >= 0): a token's entry is reported once some of its text
+/// has been released to the client, or once it has none left to release (a stop token id, a
+/// special token, a piece of a character the decoder holds): a streamed chunk carries the
+/// entries that became ready since the previous chunk, so an entry whose text is held back (a
+/// partial UTF-8 character, a possible stop string's start) rides on a later chunk, and the
+/// final chunk carries all that are left. Tokens whose whole text a stop string cut away are
+/// dropped with it. text_offset is the byte offset of the token's text in the choice's text.
 class completion_stream {
  public:
   completion_stream(stream_setup s, const model::detokenizer& d, actors::metrics_registry* metrics);
@@ -65,12 +77,25 @@ class completion_stream {
   size_t completion_tokens() const { return tokens_.size(); }
 
  private:
+  /// An entry not yet reported, with the end of its token's text in the decoded text.
+  struct pending_entry {
+    logprob_entry entry;
+    size_t text_end = 0;
+  };
+
   std::string chunk(const std::string& text, const std::optional<std::string>& finish, bool with_usage);
   /// Ends the stream; `text` is what the last token released.
   std::string finish(const std::string& reason, std::string text);
   void observe_token();
+  /// The token's entry (its text and its alternatives' from the detokenizer).
+  logprob_entry make_entry(const actors::token_msg& t, size_t text_offset) const;
+  /// Whether an entry can be reported (see the class comment).
+  bool ready(const pending_entry& p) const;
+  /// Moves the entries whose text is out (see the class comment) from pending_ to `out`.
+  void take_ready(std::vector<logprob_entry>& out);
 
   stream_setup s_;
+  const model::detokenizer& detok_;
   model::stream_decoder decoder_;
   stop_matcher matcher_;
   actors::metrics_registry* metrics_;
@@ -78,6 +103,9 @@ class completion_stream {
   std::vector<int32_t> tokens_;
   size_t ids_sent_ = 0;  ///< token ids already carried by a chunk (return_token_ids)
   std::string text_;     ///< non-streaming: the text so far
+  size_t decoded_bytes_ = 0;   ///< text the decoder gave the stop matcher (logprobs' offsets)
+  size_t released_bytes_ = 0;  ///< text the stop matcher released to the client
+  std::vector<pending_entry> pending_;  ///< logprobs not reported yet (non-streaming: until reply)
   std::string finish_reason_;
   std::optional<error> failure_;
   bool done_ = false, stopped_by_string_ = false, started_ = false;

@@ -39,6 +39,11 @@ struct generation_fields {
   /// even with ignore_eos; the id is in token_ids, its text is not in the output. The parser
   /// checks the type and count; api_service checks each against the vocabulary.
   std::vector<int32_t> stop_token_ids;
+  /// -1: none. n in 0..kernels::max_logprobs: each generated token comes with its
+  /// log-probability and its n most likely alternatives' (completions: `logprobs: n`; chat:
+  /// `logprobs: true` with `top_logprobs: n`, 0 when left out). api_service copies it into
+  /// the request's sampling.logprobs.
+  int logprobs = -1;
 };
 
 struct completion_request {
@@ -85,11 +90,17 @@ struct sampling_input {
 [[nodiscard]] status apply_sampling(const sampling_input& in, const request_limits& lim, generation_fields& g);
 
 /// A request body, every field checked (an invalid_request error names the first bad one).
-/// Fields asking for behaviour this server does not implement are refused rather than
-/// ignored — `logprobs` (true or > 0), `top_logprobs` > 0, non-zero `presence_penalty` or
-/// `frequency_penalty`, `repetition_penalty` other than 1, `min_tokens` > 0 — while their
-/// neutral values (null, false, 0; 1 for repetition_penalty), which many clients always send,
-/// are accepted. Other unknown fields are ignored.
+/// Log-probabilities: /v1/completions takes `logprobs` as an integer 0..kernels::max_logprobs
+/// (false and null: none; true is refused, as the endpoint wants a count) and refuses
+/// `top_logprobs` > 0 (a chat field); /v1/chat/completions takes `logprobs` as a boolean (0 and
+/// 1 too, as vLLM's coercion does) and `top_logprobs` 0..max_logprobs, which above 0 needs
+/// `logprobs: true` (OpenAI's rule). Fields asking for behaviour this server does not
+/// implement are refused rather than ignored — non-zero `presence_penalty` or
+/// `frequency_penalty`, `repetition_penalty` other than 1, `min_tokens` > 0, `min_p` > 0,
+/// `best_of` > 1, a non-empty `logit_bias`, `suffix` or `tools`, a `response_format` other
+/// than text, `echo` true — while their neutral values (null, false, 0, empty; 1 for
+/// repetition_penalty and best_of), which many clients always send, are accepted. Other
+/// unknown fields are ignored.
 [[nodiscard]] result<completion_request> parse_completion_request(std::string_view body, const request_limits& lim);
 [[nodiscard]] result<chat_request> parse_chat_request(std::string_view body, const request_limits& lim);
 
@@ -107,6 +118,24 @@ struct usage_counts {
   size_t prompt_tokens = 0, completion_tokens = 0;
 };
 
+/// A token as a logprobs report shows it.
+struct logprob_token {
+  /// Its text: its bytes as UTF-8, where a piece that is not whole UTF-8 (a byte-level token
+  /// holding part of a character) shows U+FFFD per bad sequence, as a decode of the one id
+  /// does in HF (vLLM's token strings); special tokens show their content.
+  std::string text;
+  std::string bytes;  ///< its raw bytes (chat's "bytes": joined, they give the exact text)
+  /// NaN: unknown (rendered null); below -9999 (-inf: a masked token) rendered -9999.0, as vLLM does.
+  float logprob = 0.0f;
+};
+
+/// One generated token's log-probabilities.
+struct logprob_entry {
+  logprob_token chosen;
+  std::vector<logprob_token> top;  ///< the n most likely, most likely first
+  size_t text_offset = 0;          ///< byte offset of its text in the choice's whole text (completions)
+};
+
 /// One choice of a response or chunk.
 struct choice_delta {
   std::string text;                   ///< completion text, or the chat delta's content
@@ -115,6 +144,11 @@ struct choice_delta {
   std::vector<int32_t> prompt_token_ids;
   bool with_token_ids = false;
   bool role = false;                  ///< chat: the first chunk carries role "assistant"
+  /// nullopt: "logprobs": null (not asked for). Otherwise these tokens' entries: completions
+  /// {"text_offset", "token_logprobs", "tokens", "top_logprobs": [{text: logprob} with the
+  /// chosen token first, then the alternatives]}; chat {"content": [{"token", "logprob",
+  /// "bytes", "top_logprobs": [{"token", "logprob", "bytes"}...]}]}.
+  std::optional<std::vector<logprob_entry>> logprobs;
 };
 
 /// A whole (non-streamed) response. kind: "text_completion" or "chat.completion".

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -18,7 +19,32 @@ struct sampling_params {
   int top_k = 0;         ///< 0: off
   float top_p = 1.0f;    ///< 1: off; keep the smallest most-likely set whose mass reaches top_p (>= 1 token; 0 = greedy)
   uint64_t seed = 0;
+  /// -1: none. n >= 0 (at most max_logprobs): each drawn token comes with its log-probability
+  /// and the n most likely tokens' (token_logprobs). Does not change which token is drawn.
+  int logprobs = -1;
 };
+
+/// The most alternatives a request may ask for (OpenAI's top_logprobs bound, vLLM's default).
+inline constexpr int max_logprobs = 20;
+
+struct token_logprob {
+  int32_t id = 0;
+  float logprob = 0.0f;
+  bool operator==(const token_logprob&) const = default;
+};
+
+/// A drawn token's log-probability and its row's most likely tokens', from the model's raw
+/// logits (log-softmax before temperature or filters, as vLLM reports them by default).
+struct token_logprobs {
+  float logprob = 0.0f;            ///< the drawn token's
+  std::vector<token_logprob> top;  ///< the n most likely, by log-probability then the lower id
+  bool operator==(const token_logprobs&) const = default;
+};
+
+/// log-softmax of `logits` at `chosen`, and its `n` largest entries (n clamped to [0, vocab]).
+/// The normaliser is summed in id order in double precision: the same numbers on every
+/// machine. A masked logit (-inf) has log-probability -inf.
+token_logprobs compute_logprobs(std::span<const float> logits, int32_t chosen, int n);
 
 /// How to draw the token of one row of a step's logits: the request's parameters, keyed by the
 /// position the token will take (the (seed, position) key of model::generate).
@@ -35,6 +61,10 @@ bool is_greedy(const sampling_params& params);
 
 /// True when every row is greedy (a step whose tokens are argmaxes only).
 bool all_greedy(std::span<const sample_row> rows);
+
+/// True when every row is greedy and none asks for logprobs: a step whose tokens need only
+/// each row's argmax, never the whole row (a split LM head may gather argmax pairs instead).
+bool argmax_only(std::span<const sample_row> rows);
 
 /// Index of the largest logit; the lowest index wins ties.
 int32_t argmax(std::span<const float> logits);
@@ -71,5 +101,16 @@ int32_t sample(std::span<const float> logits, const sampling_params& params, uin
 /// threads (each row's token is the same either way).
 std::vector<int32_t> sample_rows(std::span<const float> logits, size_t vocab, std::span<const sample_row> rows,
                                  thread_pool* pool = nullptr);
+
+/// Per row of a step: its token's logprobs, for the rows that ask (params.logprobs >= 0).
+using row_logprobs = std::vector<std::optional<token_logprobs>>;
+
+/// compute_logprobs for each row of `logits` ([rows][vocab]) that asks, at its drawn token
+/// (`tokens[r]`); nullopt for the others. Empty when no row asks.
+row_logprobs logprobs_rows(std::span<const float> logits, size_t vocab, std::span<const sample_row> rows,
+                           std::span<const int32_t> tokens);
+
+/// Whether any row asks for logprobs.
+bool any_logprobs(std::span<const sample_row> rows);
 
 }  // namespace llmesh::kernels

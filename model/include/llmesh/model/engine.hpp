@@ -72,9 +72,10 @@ class engine {
 
   /// As step(), but draws the token of each wanted row instead of returning its logits: rows
   /// holds one kernels::sample_row per item with want_logits, in order (on a GPU, only the ids
-  /// leave the device).
+  /// leave the device). With `logprobs`: the rows' logprobs as kernels::logprobs_rows gives
+  /// them (empty when no row asks).
   [[nodiscard]] status step_sample(std::span<const step_item> items, std::span<const kernels::sample_row> rows,
-                                   std::vector<int32_t>& tokens);
+                                   std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs = nullptr);
   /// step_sample() with greedy rows.
   [[nodiscard]] status step_greedy(std::span<const step_item> items, std::vector<int32_t>& tokens);
 
@@ -84,7 +85,7 @@ class engine {
   [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits);
   /// As forward(), drawing one token per wanted row (rows as in step_sample).
   [[nodiscard]] status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
-                                      std::vector<int32_t>& tokens);
+                                      std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs = nullptr);
   /// The checks forward() makes before running the ranks (ids, lengths, block tables, a failed group).
   [[nodiscard]] status check_batch(std::span<const step_sequence> batch) const;
   /// Rank `rank`'s part of forward(), for callers that run the ranks themselves (the shard
@@ -94,9 +95,11 @@ class engine {
   /// aborts its communicator (its peers fail instead of waiting) and marks the group failed.
   [[nodiscard]] status forward_rank(int rank, std::span<const step_sequence> batch, std::vector<float>& logits);
   /// As forward_rank(), drawing the rows' tokens: rank 0's `tokens` receive one per row (the
-  /// other ranks' stay empty). Every rank must get the same rows.
+  /// other ranks' stay empty), and its `logprobs` (if given) the rows' logprobs. Every rank
+  /// must get the same rows.
   [[nodiscard]] status forward_rank_sample(int rank, std::span<const step_sequence> batch,
-                                           std::span<const kernels::sample_row> rows, std::vector<int32_t>& tokens);
+                                           std::span<const kernels::sample_row> rows, std::vector<int32_t>& tokens,
+                                           kernels::row_logprobs* logprobs = nullptr);
   /// Marks the group failed and aborts this engine's collectives (a peer rank must not wait
   /// for a step this engine will not run).
   void abort();

@@ -62,9 +62,15 @@ class step_executor {
 
   /// Runs one step and draws the token of each wanted row (kernels::sample with rows[i], one
   /// row per sequence with want_logits, in batch order): rank 0's `tokens` get one per row,
-  /// other ranks' are left empty. On a GPU only the ids cross back to the host.
+  /// other ranks' are left empty. On a GPU only the ids cross back to the host (and the rows
+  /// of those that ask for logprobs). With `logprobs`, rank 0 also fills it as
+  /// kernels::logprobs_rows does (empty when no row asks).
   [[nodiscard]] virtual status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
-                                              std::vector<int32_t>& tokens) = 0;
+                                              std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs) = 0;
+  [[nodiscard]] status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
+                                      std::vector<int32_t>& tokens) {
+    return forward_sample(batch, rows, tokens, nullptr);
+  }
 
   virtual const shard_layout& layout() const = 0;
 
@@ -82,8 +88,9 @@ class shard_executor final : public step_executor {
                  kernels::communicator* comm, kernels::thread_pool* pool);
 
   [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits) override;
+  using step_executor::forward_sample;
   [[nodiscard]] status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
-                                      std::vector<int32_t>& tokens) override;
+                                      std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs) override;
   const shard_layout& layout() const override { return layout_; }
 
  private:

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -20,10 +21,13 @@ struct actor_address {
 };
 
 // --- inference ---
+/// The most alternatives a token's logprobs may carry (kernels::max_logprobs).
+inline constexpr int32_t max_logprobs = 20;
 struct sampling {
   float temperature = 0.0f, top_p = 1.0f;
   int32_t top_k = 0;
   uint64_t seed = 0;
+  int32_t logprobs = -1;  ///< -1 or 0..max_logprobs (checked on decode)
   bool operator==(const sampling&) const = default;
 };
 struct generate_msg {
@@ -42,6 +46,13 @@ struct token_body {
   bool failed = false;
   errc code = errc::internal;  ///< when failed
   std::string message;         ///< when failed
+  struct logprobs_t {
+    float logprob = 0.0f;
+    std::vector<int32_t> top_ids;      ///< at most max_logprobs (checked on decode)
+    std::vector<float> top_logprobs;   ///< one per top id
+    bool operator==(const logprobs_t&) const = default;
+  };
+  std::optional<logprobs_t> logprobs;
   bool operator==(const token_body&) const = default;
 };
 struct cancel_msg {
