@@ -51,6 +51,10 @@ struct Sampling {
   topK @2 :Int32;
   seed @3 :UInt64;
   logprobs @4 :Int32 = -1;  # -1: none; n in 0..20: each token's logprob and the n most likely
+  presencePenalty @5 :Float32;
+  frequencyPenalty @6 :Float32;
+  repetitionPenalty @7 :Float32 = 1.0;
+  minTokens @8 :UInt32;     # end ids cannot be drawn before this many output tokens
 }
 
 struct GenerateRequest {
@@ -59,6 +63,7 @@ struct GenerateRequest {
   maxTokens @2 :UInt32;
   sampling @3 :Sampling;
   eosIds @4 :List(Int32);
+  generated @5 :UInt32;     # the prompt's last tokens that are output already (after failover)
 }
 
 enum Finish {

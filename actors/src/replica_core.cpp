@@ -1,6 +1,8 @@
 // The replica's work loop (replica_core.hpp): schedule → engine::forward → sample → complete.
 #include "llmesh/actors/replica_core.hpp"
 
+#include <algorithm>
+#include <optional>
 #include <string>
 
 namespace llmesh::actors {
@@ -24,6 +26,18 @@ status replica_core::submit(replica_request r) {
       return make_error(errc::invalid_request, "token id " + std::to_string(t) + " is outside the vocabulary");
     }
   }
+  if (r.generated > r.prompt.size()) {
+    return make_error(errc::invalid_request, "request says " + std::to_string(r.generated) + " of its " +
+                                                 std::to_string(r.prompt.size()) + " prompt tokens are output");
+  }
+  std::optional<adjust_state> adjust;
+  if (kernels::has_adjustments(r.sampling)) {
+    adjust.emplace();
+    const size_t output_from = r.prompt.size() - r.generated;
+    for (size_t i = 0; i < r.prompt.size(); ++i) adjust->see(r.prompt[i], i >= output_from);
+    adjust->end_ids = r.eos_ids;
+    adjust->generated = r.generated;
+  }
   request_spec spec;
   spec.id = r.id;
   spec.prompt = std::move(r.prompt);
@@ -31,11 +45,19 @@ status replica_core::submit(replica_request r) {
   spec.eos_ids = std::move(r.eos_ids);
   LLMESH_TRY(sched_.add(std::move(spec)));
   sampling_[r.id] = r.sampling;
+  if (adjust) adjust_[r.id] = std::move(*adjust);
   return ok_status();
+}
+
+void replica_core::adjust_state::see(int32_t id, bool output) {
+  auto [it, fresh] = index.emplace(id, seen.size());
+  if (fresh) seen.push_back({id, 0});
+  if (output) ++seen[it->second].count;
 }
 
 bool replica_core::cancel(uint64_t id) {
   sampling_.erase(id);
+  adjust_.erase(id);
   return sched_.cancel(id);
 }
 
@@ -47,7 +69,17 @@ bool replica_core::begin_step() {
   for (const auto& s : plan_.seqs) {
     batch_.push_back({s.tokens, s.pos0, s.block_table, s.want_logits});
     // The token being drawn sits at position pos0 + n: the (seed, position) key generate uses.
-    if (s.want_logits) rows_.push_back({sampling_.at(s.id), s.pos0 + s.tokens.size()});
+    if (!s.want_logits) continue;
+    const kernels::sampling_params& p = sampling_.at(s.id);
+    const kernels::logits_adjust* adjust = nullptr;
+    if (auto a = adjust_.find(s.id); a != adjust_.end()) {
+      auto& st = a->second;
+      st.view.seen = st.seen;
+      st.view.banned = st.generated < static_cast<size_t>(std::max(p.min_tokens, 0)) ? std::span<const int32_t>(st.end_ids)
+                                                                                       : std::span<const int32_t>();
+      adjust = &st.view;
+    }
+    rows_.push_back({p, s.pos0 + s.tokens.size(), adjust});
   }
   in_step_ = true;
   return true;
@@ -66,7 +98,13 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
   auto events = sched_.complete(plan_, sampled);
   for (auto& e : events) {
     if (auto it = row_of.find(e.id); it != row_of.end() && it->second < logprobs.size()) e.logprobs = logprobs[it->second];
-    if (e.finish != finish_reason::none) sampling_.erase(e.id);
+    if (e.finish != finish_reason::none) {
+      sampling_.erase(e.id);
+      adjust_.erase(e.id);
+    } else if (auto a = adjust_.find(e.id); a != adjust_.end()) {
+      a->second.see(e.token, true);
+      ++a->second.generated;
+    }
   }
   return events;
 }

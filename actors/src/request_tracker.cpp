@@ -22,6 +22,7 @@ result<replica_request> request_tracker::failover() {
   replica_request next = original_;
   next.prompt.insert(next.prompt.end(), generated_.begin(), generated_.end());
   next.max_tokens = original_.max_tokens - generated_.size();
+  next.generated = original_.generated + generated_.size();  // output, for penalties and min_tokens
   return next;  // same id, seed and EOS ids: positions continue where the stream stopped
 }
 

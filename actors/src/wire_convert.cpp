@@ -1,13 +1,18 @@
 // Actor messages <-> wire structs (wire_convert.hpp).
 #include "llmesh/actors/wire_convert.hpp"
 
+#include <algorithm>
+#include <climits>
+
 namespace llmesh::actors {
 namespace {
 
 static_assert(transport::max_logprobs == kernels::max_logprobs);
 
 transport::sampling to_wire(const kernels::sampling_params& p) {
-  return {p.temperature, p.top_p, p.top_k, p.seed, p.logprobs};
+  return {p.temperature,      p.top_p,           p.top_k,
+          p.seed,             p.logprobs,        p.presence_penalty,
+          p.frequency_penalty, p.repetition_penalty, static_cast<uint32_t>(std::max(p.min_tokens, 0))};
 }
 
 kernels::sampling_params from_wire(const transport::sampling& p) {
@@ -17,6 +22,10 @@ kernels::sampling_params from_wire(const transport::sampling& p) {
   out.top_k = p.top_k;
   out.seed = p.seed;
   out.logprobs = p.logprobs;
+  out.presence_penalty = p.presence_penalty;
+  out.frequency_penalty = p.frequency_penalty;
+  out.repetition_penalty = p.repetition_penalty;
+  out.min_tokens = static_cast<int>(std::min<uint32_t>(p.min_tokens, INT32_MAX));
   return out;
 }
 
@@ -24,7 +33,7 @@ kernels::sampling_params from_wire(const transport::sampling& p) {
 
 transport::generate_msg to_wire(const replica_request& r) {
   return {r.id, r.prompt, static_cast<uint32_t>(std::min<size_t>(r.max_tokens, UINT32_MAX)),
-          to_wire(r.sampling), r.eos_ids};
+          to_wire(r.sampling), r.eos_ids, static_cast<uint32_t>(std::min<size_t>(r.generated, UINT32_MAX))};
 }
 
 replica_request from_wire(const transport::generate_msg& m) {
@@ -34,6 +43,7 @@ replica_request from_wire(const transport::generate_msg& m) {
   r.max_tokens = m.max_tokens;
   r.sampling = from_wire(m.params);
   r.eos_ids = m.eos_ids;
+  r.generated = m.generated;
   return r;
 }
 

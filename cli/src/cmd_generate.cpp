@@ -18,7 +18,8 @@ struct generate_flags {
   std::string model_dir, prompt, prompt_ids, dump_logits;
   size_t max_tokens = 16, prefill_chunk = 0;
   float temperature = 0.0f, top_p = 1.0f;
-  int top_k = 0, tp = 1, threads = 0;
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f, repetition_penalty = 1.0f;
+  int top_k = 0, tp = 1, threads = 0, min_tokens = 0;
   uint64_t seed = 0;
   bool print_ids = false, deterministic = false;
   std::string device = "auto";
@@ -62,6 +63,10 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
   req.sampling.temperature = f.temperature;
   req.sampling.top_k = f.top_k;
   req.sampling.top_p = f.top_p;
+  req.sampling.presence_penalty = f.presence_penalty;
+  req.sampling.frequency_penalty = f.frequency_penalty;
+  req.sampling.repetition_penalty = f.repetition_penalty;
+  req.sampling.min_tokens = f.min_tokens;
   // A request without a seed gets a random one here, where it enters the system.
   req.sampling.seed = seed_given ? f.seed : std::random_device{}();
   // Text output streams token by token (complete UTF-8 characters only); models whose
@@ -145,6 +150,15 @@ void add_generate(CLI::App& app, command_set& commands) {
   sub->add_option("--temperature", f->temperature, "Sampling temperature; 0 = greedy")->check(CLI::Range(0.0f, 100.0f));
   sub->add_option("--top-p", f->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f));
   sub->add_option("--top-k", f->top_k, "Keep the k most likely tokens; 0 = off")->check(CLI::Range(0, 1 << 30));
+  sub->add_option("--presence-penalty", f->presence_penalty, "Subtracted once from a token already in the output")
+      ->check(CLI::Range(-2.0f, 2.0f));
+  sub->add_option("--frequency-penalty", f->frequency_penalty, "Subtracted per occurrence of a token in the output")
+      ->check(CLI::Range(-2.0f, 2.0f));
+  sub->add_option("--repetition-penalty", f->repetition_penalty,
+                  "Divides positive (multiplies negative) logits of tokens in the prompt or output; 1 = off")
+      ->check(CLI::Range(0.01f, 10.0f));
+  sub->add_option("--min-tokens", f->min_tokens, "No end-of-sequence token before this many tokens")
+      ->check(CLI::Range(0, 1 << 30));
   auto* seed = sub->add_option("--seed", f->seed, "Sampling seed (random when absent)");
   sub->add_option("--tp", f->tp, "Tensor-parallel ranks")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_option("--threads", f->threads, "Kernel threads in all; 0 = one per core")->check(CLI::Range(0, 1024));

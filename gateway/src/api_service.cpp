@@ -204,6 +204,14 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
                                   "the prompt (" + std::to_string(prompt.size()) + " tokens) plus max_tokens (" +
                                       std::to_string(max_tokens) + ") exceeds this model's context of " + std::to_string(ctx)));
   }
+  // vLLM's rule against the effective max_tokens: the parser checked the one it knew; without
+  // one given, the context may leave fewer tokens than that.
+  if (static_cast<size_t>(g.min_tokens) > max_tokens) {
+    return make_error(errc::invalid_request,
+                      "'min_tokens' (" + std::to_string(g.min_tokens) + ") must be at most the " +
+                          std::to_string(max_tokens) + " tokens this model's context of " + std::to_string(ctx) +
+                          " leaves after the prompt (" + std::to_string(prompt.size()) + " tokens)");
+  }
   // The concurrency slot: taken here, released when the job (and its connection's use of it) ends.
   if (inflight_->fetch_add(1) >= opt_.max_concurrent) {
     inflight_->fetch_sub(1);
@@ -226,6 +234,10 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   job.req.sampling.top_k = g.top_k;
   job.req.sampling.seed = g.seed ? *g.seed : mix(seed_base_ ^ id);
   job.req.sampling.logprobs = g.logprobs;  // the parser bounded it by kernels::max_logprobs
+  job.req.sampling.presence_penalty = g.presence_penalty;  // the parser checked their ranges
+  job.req.sampling.frequency_penalty = g.frequency_penalty;
+  job.req.sampling.repetition_penalty = g.repetition_penalty;
+  job.req.sampling.min_tokens = g.min_tokens;
   // The request's stop ids end it as an EOS id does (finish "stop"), and hold with ignore_eos
   // too: vLLM's ignore_eos drops only the model's EOS, never the stop_token_ids asked for.
   if (!g.ignore_eos) job.req.eos_ids = cfg.eos_ids;
@@ -249,6 +261,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   s.stop = g.stop;
   s.stop_token_ids = g.stop_token_ids;
   s.logprobs = g.logprobs;
+  s.min_tokens = g.min_tokens;
   job.req.prompt = std::move(prompt);
   job.req.model = m.name;
   job.tok = m.tok;

@@ -105,7 +105,7 @@ std::string completion_stream::finish(const std::string& reason, std::string tex
   if (!stopped_by_string_) {
     const std::string tail = decoder_.flush();
     decoded_bytes_ += tail.size();
-    auto out = matcher_.push(tail);
+    auto out = matcher_.push(tail, past_min_tokens());
     const std::string released = out.text + (out.stopped ? "" : matcher_.flush());
     released_bytes_ += released.size();
     rest += released;
@@ -145,7 +145,7 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
   const std::string piece = stop_token ? std::string() : decoder_.push(t.token);
   decoded_bytes_ += piece.size();
   if (s_.logprobs >= 0) pending_.push_back({make_entry(t, text_start), decoded_bytes_});
-  auto out = matcher_.push(piece);
+  auto out = matcher_.push(piece, past_min_tokens());
   released_bytes_ += out.text.size();
   if (out.stopped) {
     stopped_by_string_ = true;

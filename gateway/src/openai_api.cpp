@@ -79,15 +79,6 @@ error unsupported(const char* name, const char* neutral) {
   return bad(std::string("'") + name + "' is not supported by this server (send " + neutral + ", or leave it out)");
 }
 
-/// An optional integer field whose only supported value is 0 (null: absent).
-status zero_only_integer(const json& j, const char* name) {
-  std::optional<int64_t> v;
-  LLMESH_TRY(integer_field(j, name, v));
-  if (v && *v < 0) return bad(std::string("'") + name + "' must be a non-negative integer");
-  if (v && *v > 0) return unsupported(name, "0 or null");
-  return ok_status();
-}
-
 /// An optional number field whose only supported value is `neutral` (null: absent).
 status neutral_only_number(const json& j, const char* name, double neutral, const char* neutral_text) {
   std::optional<double> v;
@@ -98,13 +89,9 @@ status neutral_only_number(const json& j, const char* name, double neutral, cons
 
 /// Fields OpenAI or vLLM define for behaviour this server does not implement. A client that
 /// asks for one must learn it will not get it (silently ignoring them returns results the
-/// client did not ask for); their neutral values — null, false, 0, and 1 for
-/// repetition_penalty — pass, since many clients send them on every request.
+/// client did not ask for); their neutral values — null, false, 0, and 1 for best_of — pass,
+/// since many clients send them on every request.
 status refuse_unsupported(const json& j) {
-  LLMESH_TRY(neutral_only_number(j, "presence_penalty", 0.0, "0 or null"));
-  LLMESH_TRY(neutral_only_number(j, "frequency_penalty", 0.0, "0 or null"));
-  LLMESH_TRY(neutral_only_number(j, "repetition_penalty", 1.0, "1 or null"));
-  LLMESH_TRY(zero_only_integer(j, "min_tokens"));  // vLLM's: EOS and stop ids masked until then
   LLMESH_TRY(neutral_only_number(j, "min_p", 0.0, "0 or null"));
   if (auto it = j.find("best_of"); it != j.end() && !it->is_null()) {
     if (!it->is_number_integer() || wide_integer(*it) < 1) return bad("'best_of' must be a positive integer");
@@ -124,6 +111,59 @@ status refuse_unsupported(const json& j) {
   LLMESH_TRY(empty_only("tools", "[] or null"));
   if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
     if (!it->is_object() || it->value("type", json()) != "text") return unsupported("response_format", "{\"type\": \"text\"} or null");
+  }
+  return ok_status();
+}
+
+/// A bound as the error messages show it: its shortest decimal form ("2", "-2", "10").
+std::string bound_text(double v) {
+  char buf[32];
+  auto written = std::to_chars(buf, buf + sizeof buf, v);
+  return written.ec == std::errc() ? std::string(buf, written.ptr) : std::to_string(v);
+}
+
+/// The penalties (OpenAI's presence and frequency, vLLM's repetition) and vLLM's min_tokens;
+/// null or absent leaves the neutral value. min_tokens is checked against max_tokens here
+/// (g.max_tokens is final: the client's, or the endpoint's default); api_service checks it
+/// again against what the context leaves when max_tokens was left out.
+status parse_penalties(const json& j, const sampling_input& in, bool chat, generation_fields& g) {
+  for (auto [name, out] : {std::pair{"presence_penalty", &g.presence_penalty},
+                           std::pair{"frequency_penalty", &g.frequency_penalty}}) {
+    std::optional<double> v;
+    LLMESH_TRY(number_field(j, name, v));
+    if (!v) continue;
+    if (!std::isfinite(*v) || *v < -penalty_bound || *v > penalty_bound) {
+      return bad(std::string("'") + name + "' must be a number between " + bound_text(-penalty_bound) + " and " +
+                 bound_text(penalty_bound));
+    }
+    *out = static_cast<float>(*v);
+  }
+  std::optional<double> rep;
+  LLMESH_TRY(number_field(j, "repetition_penalty", rep));
+  if (rep) {
+    // vLLM's rule (> 0: it divides and multiplies logits), and this server's upper bound.
+    if (!std::isfinite(*rep) || *rep <= 0.0 || *rep > max_repetition_penalty) {
+      return bad("'repetition_penalty' must be a number greater than 0 and at most " +
+                 bound_text(max_repetition_penalty));
+    }
+    g.repetition_penalty = static_cast<float>(*rep);
+  }
+  std::optional<int64_t> min_tokens;
+  LLMESH_TRY(integer_field(j, "min_tokens", min_tokens));
+  if (min_tokens) {
+    if (*min_tokens < 0) return bad("'min_tokens' must be a non-negative integer");
+    // vLLM's rule: min_tokens <= max_tokens (a request cannot be made to outlive its limit).
+    if (static_cast<uint64_t>(*min_tokens) > g.max_tokens) {
+      const std::string head = "'min_tokens' (" + std::to_string(*min_tokens) + ") must be at most ";
+      const std::string max = std::to_string(g.max_tokens);
+      if (g.max_tokens_given) return bad(head + "'" + in.max_tokens_name + "' (" + max + ")");
+      if (chat) return bad(head + "the server's max_tokens limit (" + max + ")");
+      return bad(head + "'max_tokens' (" + max + ", its default when left out)");
+    }
+    if (*min_tokens > std::numeric_limits<int>::max()) {  // only with a max_tokens limit past 2^31
+      return bad("'min_tokens' must be at most " + std::to_string(std::numeric_limits<int>::max()));
+    }
+    g.min_tokens = static_cast<int>(*min_tokens);
   }
   return ok_status();
 }
@@ -200,6 +240,8 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
   LLMESH_TRY(number_field(j, "top_p", in.top_p));
   LLMESH_TRY(integer_field(j, "top_k", in.top_k));
   LLMESH_TRY(apply_sampling(in, lim, g));
+  if (chat && !g.max_tokens_given) g.max_tokens = lim.max_tokens;  // chat: until EOS, bounded by the server
+  LLMESH_TRY(parse_penalties(j, in, chat, g));
   if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
     if (!it->is_number_integer()) return bad("'seed' must be an integer");
     g.seed = it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
@@ -406,7 +448,6 @@ result<chat_request> parse_chat(std::string_view body, const request_limits& lim
   }
   r.messages = std::move(*m);
   LLMESH_TRY(parse_generation(*j, lim, true, r.gen));
-  if (!r.gen.max_tokens_given) r.gen.max_tokens = lim.max_tokens;  // chat: until EOS, bounded by the server
   return r;
 }
 

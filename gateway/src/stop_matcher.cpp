@@ -12,13 +12,20 @@ stop_matcher::stop_matcher(std::vector<std::string> stops) {
   }
 }
 
-stop_matcher::output stop_matcher::push(std::string_view piece) {
+stop_matcher::output stop_matcher::push(std::string_view piece, bool match) {
   output out;
   if (stopped_) return out;
   held_.append(piece);
-  // The earliest complete stop string wins.
+  // The earliest complete stop string wins; it must end in the new piece. (With every push
+  // matched, held_ before the piece holds no whole stop string anyway: it would have been
+  // found then.)
   size_t first = std::string::npos;
-  for (const auto& s : stops_) first = std::min(first, held_.find(s));
+  if (match) {
+    for (const auto& s : stops_) {
+      const size_t from = searched_ >= s.size() ? searched_ - s.size() + 1 : 0;
+      first = std::min(first, held_.find(s, from));
+    }
+  }
   if (first != std::string::npos) {
     out.text = held_.substr(0, first);
     out.stopped = stopped_ = true;
@@ -37,6 +44,7 @@ stop_matcher::output stop_matcher::push(std::string_view piece) {
   }
   out.text = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
+  searched_ = held_.size();
   return out;
 }
 

@@ -112,7 +112,49 @@ bool any_logprobs(std::span<const sample_row> rows) {
   return std::any_of(rows.begin(), rows.end(), [](const sample_row& r) { return r.params.logprobs >= 0; });
 }
 
-bool argmax_only(std::span<const sample_row> rows) { return all_greedy(rows) && !any_logprobs(rows); }
+bool has_adjustments(const sampling_params& p) {
+  return p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f || p.min_tokens > 0;
+}
+
+bool argmax_only(std::span<const sample_row> rows) {
+  return std::all_of(rows.begin(), rows.end(), [](const sample_row& r) {
+    return is_greedy(r.params) && r.params.logprobs < 0 && !has_adjustments(r.params);
+  });
+}
+
+void apply_adjust(std::span<float> logits, const sampling_params& p, const logits_adjust& a) {
+  const size_t vocab = logits.size();
+  const bool repeat = p.repetition_penalty != 1.0f;
+  for (const auto& s : a.seen) {
+    if (s.id < 0 || static_cast<size_t>(s.id) >= vocab) continue;
+    float l = logits[static_cast<size_t>(s.id)];
+    if (repeat) l = l > 0.0f ? l / p.repetition_penalty : l * p.repetition_penalty;
+    if (s.count > 0) {  // two roundings, no fused multiply-add: the device kernel does the same
+      const float by_count = p.frequency_penalty * static_cast<float>(s.count);
+      l -= by_count + p.presence_penalty;
+    }
+    logits[static_cast<size_t>(s.id)] = l;
+  }
+  for (int32_t id : a.banned) {
+    if (id >= 0 && static_cast<size_t>(id) < vocab) logits[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+  }
+}
+
+bool row_adjusts(const sample_row& r) {
+  if (r.adjust == nullptr) return false;
+  const auto& p = r.params;
+  const bool penalties = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f;
+  return (penalties && !r.adjust->seen.empty()) || !r.adjust->banned.empty();
+}
+
+namespace {
+int32_t draw_row(std::span<const float> row, const sample_row& r, std::vector<float>& scratch) {
+  if (!row_adjusts(r)) return sample(row, r.params, r.position);
+  scratch.assign(row.begin(), row.end());
+  apply_adjust(scratch, r.params, *r.adjust);
+  return sample(scratch, r.params, r.position);
+}
+}  // namespace
 
 token_logprobs compute_logprobs(std::span<const float> logits, int32_t chosen, int n) {
   token_logprobs out;
@@ -213,9 +255,10 @@ std::vector<int32_t> sample_rows(std::span<const float> logits, size_t vocab, st
                                  thread_pool* pool) {
   std::vector<int32_t> out(rows.size());
   auto draw = [&](size_t begin, size_t end) {
-    for (size_t r = begin; r < end; ++r) out[r] = sample(logits.subspan(r * vocab, vocab), rows[r].params, rows[r].position);
+    std::vector<float> scratch;
+    for (size_t r = begin; r < end; ++r) out[r] = draw_row(logits.subspan(r * vocab, vocab), rows[r], scratch);
   };
-  if (pool == nullptr || pool->size() < 2 || rows.size() < 2 || all_greedy(rows)) {
+  if (pool == nullptr || pool->size() < 2 || rows.size() < 2 || argmax_only(rows)) {
     draw(0, rows.size());
     return out;
   }

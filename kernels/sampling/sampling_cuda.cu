@@ -246,7 +246,33 @@ __global__ void sample_kernel(const float* logits, size_t vocab, const device_sa
   }
 }
 
+__global__ void adjust_kernel(float* logits, size_t vocab, const device_adjust* entries, size_t n) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const device_adjust e = entries[i];
+  if (e.id < 0 || static_cast<size_t>(e.id) >= vocab) return;
+  float* x = logits + static_cast<size_t>(e.row) * vocab + static_cast<size_t>(e.id);
+  if (e.banned) {
+    *x = -INFINITY;
+    return;
+  }
+  float l = *x;
+  if (e.repetition != 1.0f) l = l > 0.0f ? l / e.repetition : l * e.repetition;  // IEEE division, as on the CPU
+  if (e.count > 0) {
+    const float by_count = e.frequency * static_cast<float>(e.count);
+    l -= by_count + e.presence;
+  }
+  *x = l;
+}
+
 }  // namespace
+
+status adjust_logits(float* logits, size_t vocab, const device_adjust* entries, size_t n, stream_t s) {
+  if (n == 0) return ok_status();
+  constexpr unsigned block = 256;
+  adjust_kernel<<<static_cast<unsigned>((n + block - 1) / block), block, 0, s>>>(logits, vocab, entries, n);
+  return detail::launched("adjust_logits");
+}
 
 status argmax(const float* logits, size_t rows, size_t vocab, int32_t* out, stream_t s) {
   if (rows == 0 || vocab == 0) return ok_status();

@@ -100,6 +100,8 @@ class cuda_executor final : public step_executor {
                                       cfg_.vocab * sizeof(float), stream_.get()));
       }
     }
+    // Penalties and bans change the logits in place, after the logprobs' copies (stream order).
+    LLMESH_TRY(adjust(rows));
     if (kernels::all_greedy(rows)) {
       LLMESH_TRY(timed("argmax", [&] { return cuda::argmax(logits_full(), p.real_rows, cfg_.vocab, ids_.as<int32_t>(), stream_.get()); }));
     } else {
@@ -122,6 +124,39 @@ class cuda_executor final : public step_executor {
   }
 
   const shard_layout& layout() const override { return layout_; }
+
+  /// kernels::apply_adjust for every row that needs it, on the device: its seen tokens'
+  /// penalties in one launch, then its bans in another (an id may be in both).
+  status adjust(std::span<const kernels::sample_row> rows) {
+    std::vector<cuda::device_adjust> penalties, bans;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      if (!kernels::row_adjusts(rows[r])) continue;
+      const auto& p = rows[r].params;
+      const bool penalize = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f;
+      const auto row = static_cast<uint32_t>(r);
+      if (penalize) {
+        for (const auto& s : rows[r].adjust->seen) {
+          penalties.push_back({row, s.id, s.count, 0, p.presence_penalty, p.frequency_penalty, p.repetition_penalty, 0});
+        }
+      }
+      for (int32_t id : rows[r].adjust->banned) bans.push_back({row, id, 0, 1, 0.0f, 0.0f, 1.0f, 0});
+    }
+    const size_t n = penalties.size() + bans.size();
+    if (n == 0) return ok_status();
+    penalties.insert(penalties.end(), bans.begin(), bans.end());
+    const size_t bytes = n * sizeof(cuda::device_adjust);
+    if (adjust_bytes_ < bytes) {
+      auto b = cuda::buffer::device(bytes);
+      if (!b) return b.take_error();
+      adjust_ = std::move(*b);
+      adjust_bytes_ = bytes;
+    }
+    auto* entries = adjust_.as<cuda::device_adjust>();
+    LLMESH_TRY(cuda::copy_to_device(entries, penalties.data(), bytes, stream_.get()));
+    const size_t n_pen = n - bans.size();
+    LLMESH_TRY(timed("adjust", [&] { return cuda::adjust_logits(logits_full(), cfg_.vocab, entries, n_pen, stream_.get()); }));
+    return cuda::adjust_logits(logits_full(), cfg_.vocab, entries + n_pen, bans.size(), stream_.get());
+  }
 
   std::string profile_report() const override {
     std::string out;
@@ -469,6 +504,8 @@ class cuda_executor final : public step_executor {
   cuda::buffer cos_, sin_;
   size_t cap_ = 0, cap_tables_ = 0, cap_parts_ = 1, cap_singles_ = 0;
   cuda::buffer meta_, meta_host_, ids_, ids_host_, sample_args_, sample_args_host_;
+  cuda::buffer adjust_;  ///< the step's logits adjustments (penalties, bans)
+  size_t adjust_bytes_ = 0;
   cuda::buffer h_, xn_, proj_, xl_, q_, attn_, k_, v_, gate_, up_, scratch16_, logits_, gathered_raw_, gathered_,
       partials_;
   std::map<std::pair<size_t, size_t>, cuda::graph> graphs_;

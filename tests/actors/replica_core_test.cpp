@@ -3,6 +3,7 @@
 // a small token budget (chunked prefill beside decodes), a KV pool small enough to force
 // preemption, prefix-cache hits, and at --tp 2. Exact equality: the kernels are batch- and
 // chunk-invariant and sampling is keyed by (seed, position).
+#include "llmesh/actors/request_tracker.hpp"
 #include "replica_fixture.hpp"
 
 namespace llmesh::actors {
@@ -77,6 +78,92 @@ TEST_F(ReplicaCore, CancelAndBadRequests) {
   EXPECT_FALSE(rc.submit(r).ok());
   r.max_tokens = 300;  // fits the context, not this replica's 256-token cache
   EXPECT_FALSE(rc.submit(r).ok());
+}
+
+/// Requests with penalties and min_tokens (greedy and sampled, tp 1 and 2), beside plain ones.
+std::vector<replica_request> penalized(std::vector<replica_request> reqs) {
+  for (auto& r : reqs) {
+    switch (r.id % 4) {
+      case 0: r.sampling.repetition_penalty = 1.3f; break;
+      case 1: r.sampling.presence_penalty = 0.8f, r.sampling.frequency_penalty = 0.4f; break;
+      case 2: r.sampling.frequency_penalty = -0.5f, r.sampling.repetition_penalty = 0.8f; break;
+      default: break;  // none: the plain path beside the others
+    }
+    if (r.id % 3 == 1) {
+      r.sampling.min_tokens = static_cast<int>(r.max_tokens);  // no end before max_tokens
+      r.eos_ids = {7, 8, 9, 10, 11, 12, 13, 14};
+    }
+  }
+  return reqs;
+}
+
+TEST_F(ReplicaCore, PenaltiesAndMinTokensMatchGenerateAlone) {
+  for (int tp : {1, 2}) {
+    auto reqs = penalized(requests(12));
+    auto want = alone(reqs, tp);
+    auto plain = alone(requests(12), tp);
+    size_t changed = 0;
+    for (const auto& r : reqs) changed += want[r.id] != plain[r.id];
+    EXPECT_GT(changed, 4u) << "the penalties should change most outputs";
+    auto e = engine(tp, 1024);
+    scheduler_config cfg;
+    cfg.max_batch_tokens = 48;
+    replica_core rc(*e, cfg);
+    auto got = serve(rc, reqs);
+    for (const auto& r : reqs) {
+      EXPECT_EQ(got[r.id], want[r.id]) << "tp " << tp << " request " << r.id;
+      if (r.sampling.min_tokens > 0) EXPECT_EQ(got[r.id].size(), r.max_tokens) << "request " << r.id;
+    }
+  }
+}
+
+TEST_F(ReplicaCore, MinTokensHoldsBackAnEndThatGreedyWouldPickAtOnce) {
+  // The greedy first token made an end id: without min_tokens the request ends after one token.
+  replica_request r;
+  r.id = 1;
+  r.prompt = {5, 6, 7};
+  r.max_tokens = 6;
+  auto first = alone({r}, 1)[1];
+  ASSERT_FALSE(first.empty());
+  r.eos_ids = {first[0]};
+  auto e = engine(1, 256);
+  replica_core rc(*e, scheduler_config{});
+  EXPECT_EQ(serve(rc, {r})[1], (std::vector<int32_t>{first[0]}));
+  r.id = 2;
+  r.sampling.min_tokens = 4;
+  auto got = serve(rc, {r})[2];
+  ASSERT_GE(got.size(), 5u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NE(got[i], first[0]) << "position " << i;
+  replica_request g = r;
+  EXPECT_EQ(got, alone({g}, 1)[2]);
+}
+
+TEST_F(ReplicaCore, APenalizedRequestContinuedAfterFailoverGivesTheSameTokens) {
+  // The request tracker's continuation (prompt + output so far, `generated` of them output)
+  // on a fresh replica gives exactly the rest of the uninterrupted stream.
+  auto reqs = penalized(requests(8));
+  for (auto& r : reqs) r.max_tokens = std::max<size_t>(r.max_tokens, 10);
+  auto want = alone(reqs, 1);
+  for (const auto& r : reqs) {
+    request_tracker t(r, 3);
+    const size_t cut = want[r.id].size() / 2;
+    for (size_t i = 0; i < cut; ++i) t.on_token(want[r.id][i], false);
+    auto next = t.failover();
+    ASSERT_TRUE(next.ok()) << next.err().message;
+    EXPECT_EQ(next->generated, cut);
+    auto e = engine(1, 512);
+    replica_core rc(*e, scheduler_config{});
+    auto rest = serve(rc, {*next})[r.id];
+    std::vector<int32_t> joined(want[r.id].begin(), want[r.id].begin() + static_cast<std::ptrdiff_t>(cut));
+    joined.insert(joined.end(), rest.begin(), rest.end());
+    EXPECT_EQ(joined, want[r.id]) << "request " << r.id << " cut at " << cut;
+  }
+  // A continuation that claims more output than prompt is refused.
+  auto e = engine(1, 256);
+  replica_core rc(*e, scheduler_config{});
+  replica_request bad = reqs[0];
+  bad.generated = bad.prompt.size() + 1;
+  EXPECT_FALSE(rc.submit(bad).ok());
 }
 
 }  // namespace

@@ -197,15 +197,113 @@ TEST_F(ApiService, UnsupportedFieldsAnswer400NamingThem) {
   EXPECT_EQ(j["error"]["type"], "invalid_request_error");
   EXPECT_NE(j["error"]["message"].get<std::string>().find("'min_p' is not supported"), std::string::npos) << j;
   auto c = call("POST", "/v1/chat/completions",
-                R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"frequency_penalty":0.5})");
+                R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"logit_bias":{"5":-100}})");
   ASSERT_EQ(status(c), 400);
-  EXPECT_NE(std::get<http_reply>(c).body.find("'frequency_penalty' is not supported"), std::string::npos);
+  EXPECT_NE(std::get<http_reply>(c).body.find("'logit_bias' is not supported"), std::string::npos);
   // The neutral values a client sends by default are served.
   EXPECT_EQ(status(call("POST", "/v1/chat/completions",
                         R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"logprobs":false,
                             "presence_penalty":0,"frequency_penalty":0,"repetition_penalty":1,"min_tokens":0,
-                            "top_logprobs":0})")),
+                            "top_logprobs":0,"min_p":0,"logit_bias":{}})")),
             0);
+}
+
+// The penalties and min_tokens reach the mesh request's sampling on both endpoints (neutral
+// when left out); out of range they are a 400 naming the field; min_tokens is checked against
+// the max_tokens the context leaves, and the job's stream looks for stop strings only after it.
+TEST_F(ApiService, PenaltiesAndMinTokensGoIntoTheRequest) {
+  auto a = call("POST", "/v1/completions",
+                R"({"model":"kjv","prompt":"x","max_tokens":8,"presence_penalty":0.5,"frequency_penalty":-1.5,
+                    "repetition_penalty":1.3,"min_tokens":6})");
+  ASSERT_EQ(status(a), 0);
+  EXPECT_EQ(job(a).req.sampling.presence_penalty, 0.5f);
+  EXPECT_EQ(job(a).req.sampling.frequency_penalty, -1.5f);
+  EXPECT_EQ(job(a).req.sampling.repetition_penalty, 1.3f);
+  EXPECT_EQ(job(a).req.sampling.min_tokens, 6);
+  EXPECT_EQ(job(a).req.max_tokens, 8u);
+  a = http_reply{};  // free the concurrency slot
+  auto b = call("POST", "/v1/chat/completions",
+                R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"presence_penalty":-2,
+                    "frequency_penalty":2,"repetition_penalty":0.8,"min_tokens":3,"max_completion_tokens":3})");
+  ASSERT_EQ(status(b), 0);
+  EXPECT_EQ(job(b).req.sampling.presence_penalty, -2.0f);
+  EXPECT_EQ(job(b).req.sampling.frequency_penalty, 2.0f);
+  EXPECT_EQ(job(b).req.sampling.repetition_penalty, 0.8f);
+  EXPECT_EQ(job(b).req.sampling.min_tokens, 3);
+  b = http_reply{};
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    const std::string body = std::string(path) == "/v1/completions"
+                                 ? R"({"model":"kjv","prompt":"x"})"
+                                 : R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}]})";
+    auto n = call("POST", path, body);
+    ASSERT_EQ(status(n), 0) << path;
+    EXPECT_EQ(job(n).req.sampling.presence_penalty, 0.0f) << path;
+    EXPECT_EQ(job(n).req.sampling.frequency_penalty, 0.0f) << path;
+    EXPECT_EQ(job(n).req.sampling.repetition_penalty, 1.0f) << path;
+    EXPECT_EQ(job(n).req.sampling.min_tokens, 0) << path;
+  }
+  const std::pair<std::string, std::string> bad[] = {
+      {R"({"model":"kjv","prompt":"x","presence_penalty":2.5})", "'presence_penalty' must be a number between -2 and 2"},
+      {R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"frequency_penalty":-3})",
+       "'frequency_penalty' must be a number between -2 and 2"},
+      {R"({"model":"kjv","prompt":"x","repetition_penalty":0})",
+       "'repetition_penalty' must be a number greater than 0 and at most 10"},
+      {R"({"model":"kjv","prompt":"x","max_tokens":4,"min_tokens":5})",
+       "'min_tokens' (5) must be at most 'max_tokens' (4)"},
+  };
+  for (const auto& [body, needle] : bad) {
+    auto e = call("POST", body.find("messages") != std::string::npos ? "/v1/chat/completions" : "/v1/completions", body);
+    ASSERT_EQ(status(e), 400) << body;
+    auto ej = json::parse(std::get<http_reply>(e).body);
+    EXPECT_EQ(ej["error"]["type"], "invalid_request_error");
+    EXPECT_NE(ej["error"]["message"].get<std::string>().find(needle), std::string::npos) << body << " -> " << ej;
+  }
+  // Without max_tokens, the context may leave fewer tokens than min_tokens (vLLM's rule
+  // against the effective max_tokens): 3 left after a prompt of ctx - 3 ids.
+  const size_t ctx = cfg_.max_positions;
+  json ids = json::array();
+  for (size_t i = 0; i + 3 < ctx; ++i) ids.push_back(5);
+  auto fits = call("POST", "/v1/completions", json{{"model", "kjv"}, {"prompt", ids}, {"min_tokens", 3}}.dump());
+  ASSERT_EQ(status(fits), 0);
+  EXPECT_EQ(job(fits).req.max_tokens, 3u);
+  EXPECT_EQ(job(fits).req.sampling.min_tokens, 3);
+  fits = http_reply{};
+  auto over = call("POST", "/v1/completions", json{{"model", "kjv"}, {"prompt", ids}, {"min_tokens", 4}}.dump());
+  ASSERT_EQ(status(over), 400);
+  EXPECT_EQ(json::parse(std::get<http_reply>(over).body)["error"]["message"],
+            "'min_tokens' (4) must be at most the 3 tokens this model's context of " + std::to_string(ctx) +
+                " leaves after the prompt (" + std::to_string(ctx - 3) + " tokens)");
+  auto chat_over = call("POST", "/v1/chat/completions",
+                        json{{"model", "kjv"},
+                             {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                             {"min_tokens", ctx}}
+                            .dump());
+  ASSERT_EQ(status(chat_over), 400);
+  EXPECT_NE(std::get<http_reply>(chat_over).body.find("leaves after the prompt"), std::string::npos)
+      << std::get<http_reply>(chat_over).body;
+
+  // The job's stream: a stop string in the first min_tokens tokens' text does not end it (vLLM's
+  // detokenizer); the same one after them does.
+  auto t = model::tokenizer::load(LLMESH_SOURCE_DIR "/models/kjv-tiny");
+  ASSERT_TRUE(t.ok());
+  const std::vector<int32_t> first = (*t)->encode("the end", false);
+  std::vector<int32_t> out = first;
+  for (int32_t id : (*t)->encode(" the end", false)) out.push_back(id);
+  const std::string whole = (*t)->decoder().decode(out);
+  ASSERT_EQ(whole, "the end the end");
+  for (size_t min_tokens : {size_t{0}, first.size()}) {
+    auto s = call("POST", "/v1/completions",
+                  json{{"model", "kjv"}, {"prompt", "x"}, {"max_tokens", 16}, {"stop", "the"},
+                       {"min_tokens", min_tokens}}.dump());
+    ASSERT_EQ(status(s), 0);
+    for (size_t i = 0; i < out.size() && !job(s).stream->done(); ++i) {
+      job(s).stream->on_message(actors::token_msg{job(s).req.id, out[i], actors::finish_reason::none, false, {}, {}});
+    }
+    ASSERT_TRUE(job(s).stream->done()) << "min_tokens " << min_tokens;
+    auto r = json::parse(job(s).stream->reply().body)["choices"][0];
+    EXPECT_EQ(r["finish_reason"], "stop");
+    EXPECT_EQ(r["text"], min_tokens == 0 ? "" : "the end ") << "min_tokens " << min_tokens;
+  }
 }
 
 // logprobs reach the mesh request (sampling.logprobs) and the job's stream, which renders them;

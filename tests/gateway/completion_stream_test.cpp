@@ -170,6 +170,64 @@ TEST_F(CompletionStream, StopStringsCutAcrossTokensAndAskForCancellation) {
   }
 }
 
+// min_tokens (vLLM's): stop strings are not looked for in the text of the first min_tokens
+// tokens, only from token min_tokens + 1 on (a match may begin in the earlier text); vLLM's own
+// test of its detokenizer: " is Lee, and I'm a student..." with stop "e" gives " is L" without
+// min_tokens, " is Lee, and I'm a stud" with 5.
+TEST_F(CompletionStream, StopStringsWaitForMinTokens) {
+  const std::string text = " is Lee, and I'm a student in the college of engineering";
+  const auto ids = tok_->encode(text, false);
+  ASSERT_GT(ids.size(), 8u);
+  // Where the first 5 tokens' text ends: a match must end after it.
+  const std::string first5 = tok_->decoder().decode(std::vector<int32_t>(ids.begin(), ids.begin() + 5));
+  ASSERT_EQ(first5.find("e"), 5u) << first5;  // an "e" the stop would match without min_tokens
+  const std::string want5 = text.substr(0, text.find('e', first5.size()));
+  ASSERT_EQ(want5, " is Lee, and I'm a stud");
+  struct expect_case {
+    int min_tokens;
+    std::vector<std::string> stop;
+    std::string text, finish;
+  };
+  const expect_case cases[] = {
+      {0, {"e"}, " is L", "stop"},
+      {5, {"e"}, want5, "stop"},
+      // A stop string that begins in the first min_tokens tokens' text and ends after it.
+      {2, {"Lee, and"}, " is ", "stop"},
+      // Longer than the whole text in tokens: never looked for, the generation runs to its length.
+      {static_cast<int>(ids.size()), {"e"}, text, "length"},
+  };
+  for (bool streaming : {false, true}) {
+    for (const auto& c : cases) {
+      auto s = setup(false, streaming);
+      s.stop = c.stop;
+      s.min_tokens = c.min_tokens;
+      completion_stream cs(s, tok_->decoder(), nullptr);
+      std::string sse;
+      for (size_t i = 0; i < ids.size() && !cs.done(); ++i) {
+        sse += cs.on_message(
+            token_msg{1, ids[i], i + 1 == ids.size() ? finish_reason::length : finish_reason::none, false, {}, {}});
+      }
+      ASSERT_TRUE(cs.done()) << c.min_tokens;
+      EXPECT_EQ(cs.stopped_by_string(), c.finish == "stop") << c.min_tokens;
+      std::string got, finish;
+      if (streaming) {
+        bool done = false;
+        for (const auto& e : events(sse, done)) {
+          got += e["choices"][0]["text"];
+          if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+        }
+        EXPECT_TRUE(done);
+      } else {
+        auto j = json::parse(cs.reply().body);
+        got = j["choices"][0]["text"];
+        finish = j["choices"][0]["finish_reason"];
+      }
+      EXPECT_EQ(got, c.text) << "min_tokens " << c.min_tokens << (streaming ? " streamed" : "");
+      EXPECT_EQ(finish, c.finish) << "min_tokens " << c.min_tokens;
+    }
+  }
+}
+
 // A generation that ends on one of the request's stop_token_ids (the mesh reports it as an EOS
 // finish): finish_reason "stop", the id in token_ids, its text not in the output (vLLM's
 // default); an EOS-finished token that is not a requested stop id keeps its text.

@@ -67,5 +67,90 @@ TEST(StopMatcher, AnySplitGivesTheSameResult) {
   }
 }
 
+// vLLM's min_tokens: pushes with match false are not searched; a later matched push finds only
+// stop strings that end in its own piece, one that begins in the unmatched text included.
+TEST(StopMatcher, UnmatchedPiecesAreNotSearchedButStillHeldBack) {
+  {
+    stop_matcher m({"END"});
+    EXPECT_EQ(m.push("xEN", false).text, "x");  // "EN" may begin a stop that ends later
+    auto o = m.push("D tail");
+    EXPECT_TRUE(o.stopped);
+    EXPECT_EQ(o.text, "");
+  }
+  {
+    stop_matcher m({"END"});
+    EXPECT_EQ(m.push("xEND", false).text, "xEND");  // whole in unmatched text: never a match
+    auto o = m.push("more");
+    EXPECT_FALSE(o.stopped);
+    EXPECT_EQ(o.text, "more");
+    o = m.push(" END!");
+    EXPECT_TRUE(o.stopped);
+    EXPECT_EQ(o.text, " ");
+  }
+  {
+    // "ab" lies whole in held-back text ("xab" may begin "xabc"): still not a match later.
+    stop_matcher m({"ab", "xabc"});
+    EXPECT_EQ(m.push("xab", false).text, "");
+    auto o = m.push("z");
+    EXPECT_FALSE(o.stopped);
+    EXPECT_EQ(o.text, "xabz");
+  }
+  {
+    stop_matcher m({"ab", "xabc"});
+    EXPECT_EQ(m.push("xab", false).text, "");
+    auto o = m.push("c");  // the longer one ends in the new piece
+    EXPECT_TRUE(o.stopped);
+    EXPECT_EQ(o.text, "");
+  }
+}
+
+/// What vLLM's detokenizer gives for `pieces` when the first `unmatched` are not searched: at
+/// each later piece, the earliest stop string that ends in it (brute force over the text).
+std::pair<std::string, bool> reference(const std::vector<std::string>& stops, const std::vector<std::string>& pieces,
+                                       size_t unmatched) {
+  std::string text;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const size_t before = text.size();
+    text += pieces[i];
+    if (i < unmatched) continue;
+    size_t first = std::string::npos;
+    for (const auto& s : stops) {
+      for (size_t p = 0; p + s.size() <= text.size(); ++p) {
+        if (p + s.size() > before && text.compare(p, s.size(), s) == 0) first = std::min(first, p);
+      }
+    }
+    if (first != std::string::npos) return {text.substr(0, first), true};
+  }
+  return {text, false};
+}
+
+TEST(StopMatcher, UnmatchedPrefixesAgreeWithABruteForceReference) {
+  std::mt19937 rng(11);
+  const std::vector<std::string> stops = {"ab", "bab", "cc", "abcab"};
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<std::string> pieces;
+    const size_t n = 1 + rng() % 8;
+    for (size_t i = 0; i < n; ++i) {
+      std::string p;
+      for (size_t k = rng() % 4; k > 0; --k) p += static_cast<char>('a' + rng() % 3);
+      pieces.push_back(p);
+    }
+    const size_t unmatched = rng() % (n + 1);
+    stop_matcher m(stops);
+    std::string sent;
+    bool stopped = false;
+    for (size_t i = 0; i < n && !stopped; ++i) {
+      auto o = m.push(pieces[i], i >= unmatched);
+      sent += o.text;
+      stopped = o.stopped;
+    }
+    if (!stopped) sent += m.flush();
+    std::string joined;
+    for (const auto& p : pieces) joined += p + "|";
+    EXPECT_EQ(std::make_pair(sent, stopped), reference(stops, pieces, unmatched))
+        << "trial " << trial << ": " << joined << " unmatched " << unmatched;
+  }
+}
+
 }  // namespace
 }  // namespace llmesh::gateway

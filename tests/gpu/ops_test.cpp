@@ -242,6 +242,42 @@ TEST(CudaArgmax, ANaNAtIndexZeroWinsAsOnTheCpu) {
   for (size_t r = 0; r < 2; ++r) EXPECT_EQ(got[r], kernels::argmax(std::span<const float>(logits.data() + r * vocab, vocab))) << r;
 }
 
+/// The device's penalties and bans equal kernels::apply_adjust bit for bit, row by row.
+TEST(CudaAdjust, PenaltiesAndBansEqualTheCpus) {
+  LLMESH_REQUIRE_GPU();
+  const size_t vocab = 5000, rows = 4;
+  std::vector<float> logits = random_floats(rows * vocab, 820, -6, 6);
+  std::mt19937 rng(821);
+  std::vector<float> want = logits;
+  std::vector<cuda::device_adjust> pen, ban;
+  const float params[rows][3] = {{0.0f, 0.0f, 1.3f}, {0.7f, 0.3f, 1.0f}, {-0.5f, 1.1f, 0.9f}, {0.0f, 0.0f, 1.0f}};
+  for (uint32_t r = 0; r < rows; ++r) {
+    kernels::sampling_params p;
+    p.presence_penalty = params[r][0];
+    p.frequency_penalty = params[r][1];
+    p.repetition_penalty = params[r][2];
+    std::vector<kernels::seen_token> seen;
+    std::set<int32_t> ids;
+    while (ids.size() < 300) ids.insert(static_cast<int32_t>(rng() % vocab));
+    for (int32_t id : ids) seen.push_back({id, static_cast<int32_t>(rng() % 4)});
+    std::vector<int32_t> banned{seen[0].id, seen[1].id, static_cast<int32_t>(vocab - 1)};
+    kernels::apply_adjust(std::span(want).subspan(r * vocab, vocab), p, {seen, banned});
+    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f) {
+      for (const auto& x : seen) pen.push_back({r, x.id, x.count, 0, p.presence_penalty, p.frequency_penalty, p.repetition_penalty, 0});
+    }
+    for (int32_t id : banned) ban.push_back({r, id, 0, 1, 0.0f, 0.0f, 1.0f, 0});
+  }
+  auto dl = to_device(logits);
+  auto dp = to_device(pen);
+  auto db = to_device(ban);
+  ASSERT_TRUE(cuda::adjust_logits(dl.as<float>(), vocab, dp.as<cuda::device_adjust>(), pen.size(), nullptr).ok());
+  ASSERT_TRUE(cuda::adjust_logits(dl.as<float>(), vocab, db.as<cuda::device_adjust>(), ban.size(), nullptr).ok());
+  auto got = to_host<float>(dl, rows * vocab);
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
+  EXPECT_EQ(differ, 0u);
+}
+
 /// Every row's device draw equals kernels::sample on the same logits and parameters, token
 /// for token: random, flat, peaked and tied rows under many (temperature, top-k, top-p).
 TEST(CudaSample, DrawsTheCpuTokenForEveryRowAndParameterSet) {

@@ -475,3 +475,61 @@ TEST(Logprobs, RowsAskOneByOneAndDoNotChangeTheDraw) {
 
 }  // namespace
 }  // namespace llmesh::kernels
+
+namespace llmesh::kernels {
+namespace {
+
+TEST(Adjust, PenaltiesFollowVllmsFormulaAndBansWinLast) {
+  sampling_params p;
+  p.repetition_penalty = 2.0f;
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = 0.25f;
+  std::vector<float> l{4.0f, -3.0f, 1.0f, 2.0f, 6.0f};
+  const std::vector<seen_token> seen{{0, 0}, {1, 2}, {3, 1}, {4, 1}};
+  const std::vector<int32_t> banned{4, 99};  // out of range: ignored
+  apply_adjust(l, p, logits_adjust{seen, banned});
+  EXPECT_EQ(l[0], 2.0f);                       // prompt only: repetition alone (4 / 2)
+  EXPECT_EQ(l[1], -6.0f - 1.0f - 0.25f);       // negative: times 2, then 2 · 0.5 + 0.25
+  EXPECT_EQ(l[2], 1.0f);                       // never seen
+  EXPECT_EQ(l[3], 1.0f - 0.5f - 0.25f);
+  EXPECT_EQ(l[4], -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(has_adjustments(p));
+  EXPECT_FALSE(has_adjustments(sampling_params{}));
+  sampling_params m;
+  m.min_tokens = 2;
+  EXPECT_TRUE(has_adjustments(m));
+}
+
+TEST(Adjust, SampleRowsDrawsFromTheAdjustedCopyAndLeavesTheLogits) {
+  const size_t vocab = 64;
+  std::vector<float> logits(2 * vocab);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 2.0f);
+  for (auto& x : logits) x = d(rng);
+  const auto original = logits;
+  sampling_params greedy;
+  greedy.repetition_penalty = 5.0f;
+  const int32_t top = argmax(std::span(logits).first(vocab));
+  const std::vector<seen_token> seen{{top, 3}};
+  const std::vector<int32_t> none;
+  const logits_adjust a{seen, none};
+  sampling_params warm{0.9f, 0, 1.0f, 4};
+  warm.frequency_penalty = 1.5f;
+  const std::vector<sample_row> rows{{greedy, 3, &a}, {warm, 4, &a}};
+  EXPECT_FALSE(argmax_only(rows));
+  EXPECT_TRUE(row_adjusts(rows[0]));
+  auto tokens = sample_rows(logits, vocab, rows);
+  EXPECT_EQ(logits, original);
+  std::vector<float> r0(logits.begin(), logits.begin() + vocab), r1(logits.begin() + vocab, logits.end());
+  apply_adjust(r0, greedy, a);
+  apply_adjust(r1, warm, a);
+  EXPECT_EQ(tokens[0], argmax(r0));
+  EXPECT_EQ(tokens[1], sample(r1, warm, 4));
+  // A penalty on nothing seen, or no adjust at all: the plain draw.
+  const logits_adjust empty{};
+  EXPECT_FALSE(row_adjusts(sample_row{greedy, 3, &empty}));
+  EXPECT_FALSE(row_adjusts(sample_row{greedy, 3, nullptr}));
+}
+
+}  // namespace
+}  // namespace llmesh::kernels

@@ -10,6 +10,8 @@
 
 #include <random>
 
+#include <limits>
+
 #include "llmesh/transport/codec.hpp"
 #include "mesh_v2.capnp.h"
 
@@ -18,8 +20,10 @@ namespace {
 
 std::vector<envelope> samples() {
   std::vector<body> bodies = {
-      generate_msg{7, {1, 2, 3, 40000}, 64, {0.8f, 0.95f, 40, 1234567890123ull, -1}, {2, 3}},
-      generate_msg{8, {5}, 4, {0.0f, 1.0f, 0, 3, 20}, {}},  // logprobs with 20 alternatives
+      generate_msg{7, {1, 2, 3, 40000}, 64, {0.8f, 0.95f, 40, 1234567890123ull, -1, 0.0f, 0.0f, 1.0f, 0}, {2, 3}, 0},
+      generate_msg{8, {5}, 4, {0.0f, 1.0f, 0, 3, 20, 0.0f, 0.0f, 1.0f, 0}, {}, 0},  // logprobs with 20 alternatives
+      // Penalties and min_tokens; a continued request whose last 2 prompt tokens are output.
+      generate_msg{9, {5, 6, 7}, 4, {0.7f, 1.0f, 0, 3, -1, 0.5f, -1.25f, 1.2f, 3}, {2}, 2},
       token_body{7, 42, finish_kind::length, false, errc::internal, "", std::nullopt},
       token_body{7, -1, finish_kind::none, true, errc::shard_failed, "shard 1 is gone", std::nullopt},
       token_body{8, 9, finish_kind::none, false, errc::internal, "", token_body::logprobs_t{-0.25f, {9, 3}, {-0.25f, -2.5f}}},
@@ -193,6 +197,23 @@ TEST(Codec, LogprobsOutOfBoundsAreRefused) {
     EXPECT_FALSE(decoded(mb).ok());
     g.getSampling().setLogprobs(max_logprobs);
     EXPECT_TRUE(decoded(mb).ok());
+  }
+  {  // penalties that are not numbers, a repetition penalty of 0, more output than prompt
+    capnp::MallocMessageBuilder mb;
+    auto g = mb.initRoot<schemas_v2::Envelope>().getBody().initGenerate();
+    g.initPrompt(2);
+    auto sp = g.initSampling();
+    sp.setPresencePenalty(std::numeric_limits<float>::quiet_NaN());
+    EXPECT_FALSE(decoded(mb).ok());
+    sp.setPresencePenalty(0.5f);
+    sp.setRepetitionPenalty(0.0f);
+    EXPECT_FALSE(decoded(mb).ok());
+    sp.setRepetitionPenalty(1.5f);
+    ASSERT_TRUE(decoded(mb).ok());
+    g.setGenerated(3);
+    auto r = decoded(mb);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.err().message.find("generated (3) exceeds the prompt"), std::string::npos) << r.err().message;
   }
   {  // a token whose alternatives and values do not pair up, or are too many
     capnp::MallocMessageBuilder mb;

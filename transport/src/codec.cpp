@@ -4,6 +4,7 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -36,10 +37,16 @@ void write_sampling(s::Sampling::Builder sp, const sampling& p) {
   sp.setTopK(p.top_k);
   sp.setSeed(p.seed);
   sp.setLogprobs(p.logprobs);
+  sp.setPresencePenalty(p.presence_penalty);
+  sp.setFrequencyPenalty(p.frequency_penalty);
+  sp.setRepetitionPenalty(p.repetition_penalty);
+  sp.setMinTokens(p.min_tokens);
 }
 
 sampling read_sampling(s::Sampling::Reader sp) {
-  return {sp.getTemperature(), sp.getTopP(), sp.getTopK(), sp.getSeed(), sp.getLogprobs()};
+  return {sp.getTemperature(), sp.getTopP(),          sp.getTopK(),
+          sp.getSeed(),        sp.getLogprobs(),      sp.getPresencePenalty(),
+          sp.getFrequencyPenalty(), sp.getRepetitionPenalty(), sp.getMinTokens()};
 }
 
 struct writer {
@@ -51,6 +58,7 @@ struct writer {
     g.setMaxTokens(m.max_tokens);
     write_sampling(g.initSampling(), m.params);
     fill(g.initEosIds(static_cast<unsigned>(m.eos_ids.size())), m.eos_ids);
+    g.setGenerated(m.generated);
   }
   void operator()(const token_body& m) {
     auto t = b.initToken();
@@ -255,6 +263,10 @@ struct reader {
     if (p.logprobs < -1 || p.logprobs > max_logprobs) {
       err = bad("sampling.logprobs is " + std::to_string(p.logprobs) + " (-1..." + std::to_string(max_logprobs) + ")");
     }
+    if (!std::isfinite(p.presence_penalty) || !std::isfinite(p.frequency_penalty) || !std::isfinite(p.repetition_penalty) ||
+        !(p.repetition_penalty > 0.0f)) {
+      err = bad("sampling penalties must be finite, and repetitionPenalty above 0");
+    }
     return p;
   }
   template <class E>
@@ -274,6 +286,8 @@ struct reader {
         m.max_tokens = g.getMaxTokens();
         m.params = sampling_of(g.getSampling());
         m.eos_ids = ints(g.getEosIds(), "eosIds");
+        m.generated = g.getGenerated();
+        if (m.generated > m.prompt.size()) err = bad("generated (" + std::to_string(m.generated) + ") exceeds the prompt");
         out = std::move(m);
         break;
       }

@@ -28,6 +28,9 @@ struct replica_request {
   /// The model it is for: routers pick among that model's replicas. Stays in the gateway's
   /// process (not on the wire): the replica it reaches serves that model.
   std::string model;
+  /// How many of the prompt's last tokens are output already generated (a request continued
+  /// after failover): they count for the penalties and min_tokens as the output they were.
+  size_t generated = 0;
 };
 
 using kernels::sample_row;
@@ -71,6 +74,16 @@ class replica_core {
   block_manager blocks_;
   batch_scheduler sched_;
   std::unordered_map<uint64_t, kernels::sampling_params> sampling_;
+  /// Per request with penalties or min_tokens: its tokens seen so far and its output count.
+  struct adjust_state {
+    std::vector<kernels::seen_token> seen;
+    std::unordered_map<int32_t, size_t> index;  ///< id → its entry in seen
+    std::vector<int32_t> end_ids;               ///< banned while generated < min_tokens
+    size_t generated = 0;
+    kernels::logits_adjust view;                ///< the step's, pointed to by its row
+    void see(int32_t id, bool output);
+  };
+  std::unordered_map<uint64_t, adjust_state> adjust_;  ///< node-based: rows point into it
   step_plan plan_;
   std::vector<model::step_sequence> batch_;
   std::vector<sample_row> rows_;

@@ -4,6 +4,7 @@
 // boundaries (stop_matcher), finish reasons, usage, and the serving latency metrics.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -44,6 +45,9 @@ struct stream_setup {
   /// -1: no logprobs. n >= 0: each token's message carries its logprobs (token_msg::logprobs)
   /// and the choice reports them with the n most likely alternatives.
   int logprobs = -1;
+  /// vLLM's min_tokens: no stop string is looked for until the text of token min_tokens + 1
+  /// (one may still begin in the earlier text and end there), as vLLM's detokenizer does.
+  int min_tokens = 0;
 };
 
 /// Thread affinity: the connection's.
@@ -87,6 +91,8 @@ class completion_stream {
   /// Ends the stream; `text` is what the last token released.
   std::string finish(const std::string& reason, std::string text);
   void observe_token();
+  /// Stop strings are matched (more tokens than min_tokens have come).
+  bool past_min_tokens() const { return tokens_.size() > static_cast<size_t>(std::max(s_.min_tokens, 0)); }
   /// The token's entry (its text and its alternatives' from the detokenizer).
   logprob_entry make_entry(const actors::token_msg& t, size_t text_offset) const;
   /// Whether an entry can be reported (see the class comment).

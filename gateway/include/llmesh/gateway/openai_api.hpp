@@ -44,7 +44,22 @@ struct generation_fields {
   /// `logprobs: true` with `top_logprobs: n`, 0 when left out). api_service copies it into
   /// the request's sampling.logprobs.
   int logprobs = -1;
+  /// Penalties on the logits (OpenAI's / vLLM's; api_service copies them into the request's
+  /// sampling): presence and frequency within [-penalty_bound, penalty_bound] (0: off),
+  /// repetition within (0, max_repetition_penalty] (1: off).
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f, repetition_penalty = 1.0f;
+  /// vLLM's: the request's end ids (EOS, stop_token_ids) cannot be drawn, and no stop string
+  /// ends the text, before this many tokens. 0..max_tokens (the parser checks it against the
+  /// max_tokens it knows, api_service against the one the context leaves).
+  int min_tokens = 0;
 };
+
+/// presence_penalty and frequency_penalty lie within [-2, 2] (OpenAI's range).
+inline constexpr double penalty_bound = 2.0;
+/// repetition_penalty's upper bound. vLLM asks only for a finite value > 0; this server also
+/// bounds it (at 10, far past the 1.0-1.5 real uses) so a typo (120 for 1.20) is a 400 rather
+/// than a degenerate generation.
+inline constexpr double max_repetition_penalty = 10.0;
 
 struct completion_request {
   std::string model;
@@ -94,13 +109,15 @@ struct sampling_input {
 /// (false and null: none; true is refused, as the endpoint wants a count) and refuses
 /// `top_logprobs` > 0 (a chat field); /v1/chat/completions takes `logprobs` as a boolean (0 and
 /// 1 too, as vLLM's coercion does) and `top_logprobs` 0..max_logprobs, which above 0 needs
-/// `logprobs: true` (OpenAI's rule). Fields asking for behaviour this server does not
-/// implement are refused rather than ignored — non-zero `presence_penalty` or
-/// `frequency_penalty`, `repetition_penalty` other than 1, `min_tokens` > 0, `min_p` > 0,
+/// `logprobs: true` (OpenAI's rule). Penalties and min_tokens (vLLM's rules, null: the
+/// neutral value): `presence_penalty` and `frequency_penalty` numbers within [-2, 2],
+/// `repetition_penalty` a number > 0 and <= 10, `min_tokens` an integer from 0 to the
+/// request's max_tokens (completions: 16 when left out; chat: the server's limit, and
+/// api_service checks it again against what the context leaves). Fields asking for behaviour
+/// this server does not implement are refused rather than ignored — `min_p` > 0,
 /// `best_of` > 1, a non-empty `logit_bias`, `suffix` or `tools`, a `response_format` other
 /// than text, `echo` true — while their neutral values (null, false, 0, empty; 1 for
-/// repetition_penalty and best_of), which many clients always send, are accepted. Other
-/// unknown fields are ignored.
+/// best_of), which many clients always send, are accepted. Other unknown fields are ignored.
 [[nodiscard]] result<completion_request> parse_completion_request(std::string_view body, const request_limits& lim);
 [[nodiscard]] result<chat_request> parse_chat_request(std::string_view body, const request_limits& lim);
 

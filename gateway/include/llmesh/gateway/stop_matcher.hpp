@@ -20,14 +20,20 @@ class stop_matcher {
     bool stopped = false;  ///< a stop string was found: `text` ends just before it
   };
 
-  /// Appends a piece of generated text.
-  output push(std::string_view piece);
+  /// Appends a piece of generated text. With `match` false (vLLM's min_tokens, before the
+  /// request's minimum), no stop string is looked for: a later push finds only stop strings
+  /// that end in its own piece (one may begin in earlier text), as vLLM's detokenizer searches
+  /// only the new text and the stop strings' length before it.
+  output push(std::string_view piece, bool match = true);
   /// The stream ended without a stop string: everything held back.
   std::string flush();
 
  private:
   std::vector<std::string> stops_;
   std::string held_;
+  /// held_'s first bytes that were searched already (or, before min_tokens, must not be): a
+  /// match must end after them.
+  size_t searched_ = 0;
   bool stopped_ = false;
 };
 

@@ -153,6 +153,20 @@ struct device_sample_row {
 [[nodiscard]] status sample(const float* logits, size_t rows, size_t vocab, const device_sample_row* args, int32_t* out,
                             stream_t s);
 
+/// One change to a row's logits before its draw (kernels::apply_adjust, flattened).
+struct device_adjust {
+  uint32_t row = 0;
+  int32_t id = 0;
+  int32_t count = 0;      ///< a seen token's count in the output
+  uint32_t banned = 0;    ///< 1: the id becomes -inf (the penalties are ignored)
+  float presence = 0.0f, frequency = 0.0f, repetition = 1.0f;
+  uint32_t reserved = 0;
+};
+
+/// logits[e.row][e.id] changed as kernels::apply_adjust changes it, for each of the n entries
+/// (device memory; each (row, id) at most once per call: launch the penalties, then the bans).
+[[nodiscard]] status adjust_logits(float* logits, size_t vocab, const device_adjust* entries, size_t n, stream_t s);
+
 /// Fills n elements of type `type` with uniform values in [-scale, scale) from (seed, index)
 /// (for benchmarks: random weights straight on the device).
 [[nodiscard]] status fill_random(void* dst, dtype type, size_t n, float scale, uint64_t seed, stream_t s);

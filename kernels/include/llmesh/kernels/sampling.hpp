@@ -22,6 +22,13 @@ struct sampling_params {
   /// -1: none. n >= 0 (at most max_logprobs): each drawn token comes with its log-probability
   /// and the n most likely tokens' (token_logprobs). Does not change which token is drawn.
   int logprobs = -1;
+  /// Penalties on the logits before the draw (vLLM's / OpenAI's): repetition (1: off) divides a
+  /// positive logit of a token seen in the prompt or the output and multiplies a negative one;
+  /// then frequency subtracts (its count in the output) times itself, presence subtracts itself
+  /// once for a token in the output. See logits_adjust.
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f, repetition_penalty = 1.0f;
+  /// The request's end ids cannot be drawn before this many output tokens (vLLM's min_tokens).
+  int min_tokens = 0;
 };
 
 /// The most alternatives a request may ask for (OpenAI's top_logprobs bound, vLLM's default).
@@ -46,12 +53,41 @@ struct token_logprobs {
 /// machine. A masked logit (-inf) has log-probability -inf.
 token_logprobs compute_logprobs(std::span<const float> logits, int32_t chosen, int n);
 
+/// A token a request has seen: `count` times in its output (0: only in its prompt).
+struct seen_token {
+  int32_t id = 0;
+  int32_t count = 0;
+  bool operator==(const seen_token&) const = default;
+};
+
+/// What one row's logits need before its draw, besides its parameters: the request's tokens
+/// seen so far (each id once; for the penalties) and the ids it may not draw now (its end ids
+/// while min_tokens is not reached). Borrowed: the caller keeps them alive during the step.
+struct logits_adjust {
+  std::span<const seen_token> seen;
+  std::span<const int32_t> banned;
+};
+
 /// How to draw the token of one row of a step's logits: the request's parameters, keyed by the
-/// position the token will take (the (seed, position) key of model::generate).
+/// position the token will take (the (seed, position) key of model::generate), and what its
+/// logits need first (null: nothing; the rank that draws the tokens needs it, others do not).
 struct sample_row {
   sampling_params params;
   uint64_t position = 0;
+  const logits_adjust* adjust = nullptr;
 };
+
+/// Whether params change the logits before the draw (a penalty, or min_tokens).
+bool has_adjustments(const sampling_params& params);
+
+/// Whether this row's logits change before its draw now: an adjust with penalties that apply
+/// to some seen token, or with banned ids.
+bool row_adjusts(const sample_row& row);
+
+/// The penalties and bans of one row, in place, as vLLM applies them: for each seen token,
+/// repetition (l > 0 ? l / r : l * r), then l -= frequency · count + presence · (count > 0);
+/// then each banned id becomes -inf.
+void apply_adjust(std::span<float> logits, const sampling_params& params, const logits_adjust& adjust);
 
 /// A uniform double in [0, 1) that depends only on (seed, position) (the draw's 53 high bits).
 double sampling_uniform(uint64_t seed, uint64_t position);
@@ -62,8 +98,9 @@ bool is_greedy(const sampling_params& params);
 /// True when every row is greedy (a step whose tokens are argmaxes only).
 bool all_greedy(std::span<const sample_row> rows);
 
-/// True when every row is greedy and none asks for logprobs: a step whose tokens need only
-/// each row's argmax, never the whole row (a split LM head may gather argmax pairs instead).
+/// True when every row is greedy and none asks for logprobs or adjustments: a step whose
+/// tokens need only each row's argmax, never the whole row (a split LM head may gather argmax
+/// pairs instead). Decided from the parameters alone, so every rank decides alike.
 bool argmax_only(std::span<const sample_row> rows);
 
 /// Index of the largest logit; the lowest index wins ties.
@@ -85,7 +122,8 @@ argmax_candidate argmax_part(std::span<const float> slice, int32_t first_id);
 /// of the concatenated slices, NaNs and ties included.
 int32_t argmax_merge(std::span<const argmax_candidate> parts);
 
-/// Picks a token from logits for the token at absolute `position` of the sequence.
+/// Picks a token from logits for the token at absolute `position` of the sequence (logits
+/// already adjusted: see sample_rows).
 /// Order of filters as in HF: temperature, then top-k, then top-p over the renormalised rest.
 /// Exactly (the device kernel, cuda::sample, gives the same token):
 ///  1. greedy params, a non-finite largest logit or 1/temperature: argmax;
@@ -97,8 +135,9 @@ int32_t argmax_merge(std::span<const argmax_candidate> parts);
 ///     first kept one, in id order, whose running mass exceeds u.
 int32_t sample(std::span<const float> logits, const sampling_params& params, uint64_t position);
 
-/// One token per row of `logits` ([rows][vocab]); with a pool, the rows are split over its
-/// threads (each row's token is the same either way).
+/// One token per row of `logits` ([rows][vocab]): sample() on the row, after apply_adjust on
+/// a copy of it when the row has an adjust with something to do (`logits` is not changed);
+/// with a pool, the rows are split over its threads (each row's token is the same either way).
 std::vector<int32_t> sample_rows(std::span<const float> logits, size_t vocab, std::span<const sample_row> rows,
                                  thread_pool* pool = nullptr);
 

@@ -15,8 +15,10 @@ namespace llmesh::model {
 struct generate_request {
   std::vector<int32_t> prompt;
   size_t max_tokens = 16;
-  kernels::sampling_params sampling;   ///< seed included: the caller picks one if the user did not
-  std::vector<int32_t> stop_ids;       ///< generation ends after emitting one of these
+  kernels::sampling_params sampling;   ///< seed included: the caller picks one if the user did not;
+                                       ///< penalties count the prompt and output tokens
+  std::vector<int32_t> stop_ids;       ///< generation ends after emitting one of these (never
+                                       ///< before sampling.min_tokens tokens: they are banned)
   size_t prefill_chunk = 0;            ///< 0: the whole prompt in one step
 };
 

@@ -28,6 +28,9 @@ struct sampling {
   int32_t top_k = 0;
   uint64_t seed = 0;
   int32_t logprobs = -1;  ///< -1 or 0..max_logprobs (checked on decode)
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;  ///< finite (checked on decode)
+  float repetition_penalty = 1.0f;                          ///< finite and > 0 (checked on decode)
+  uint32_t min_tokens = 0;
   bool operator==(const sampling&) const = default;
 };
 struct generate_msg {
@@ -36,6 +39,7 @@ struct generate_msg {
   uint32_t max_tokens = 0;
   sampling params;
   std::vector<int32_t> eos_ids;
+  uint32_t generated = 0;  ///< at most the prompt's length (checked on decode)
   bool operator==(const generate_msg&) const = default;
 };
 enum class finish_kind : uint8_t { none, length, eos, cancelled };
