@@ -55,6 +55,12 @@ struct Sampling {
   frequencyPenalty @6 :Float32;
   repetitionPenalty @7 :Float32 = 1.0;
   minTokens @8 :UInt32;     # end ids cannot be drawn before this many output tokens
+  logitBias @9 :Bool;       # the request's GenerateRequest.logitBias apply (a step row: some do)
+}
+
+struct TokenBias {
+  id @0 :Int32;
+  bias @1 :Float32;
 }
 
 struct GenerateRequest {
@@ -64,6 +70,7 @@ struct GenerateRequest {
   sampling @3 :Sampling;
   eosIds @4 :List(Int32);
   generated @5 :UInt32;     # the prompt's last tokens that are output already (after failover)
+  logitBias @6 :List(TokenBias);  # added to these tokens' logits before every draw
 }
 
 enum Finish {

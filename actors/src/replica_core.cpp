@@ -2,8 +2,10 @@
 #include "llmesh/actors/replica_core.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
+#include <unordered_set>
 
 namespace llmesh::actors {
 
@@ -30,6 +32,15 @@ status replica_core::submit(replica_request r) {
     return make_error(errc::invalid_request, "request says " + std::to_string(r.generated) + " of its " +
                                                  std::to_string(r.prompt.size()) + " prompt tokens are output");
   }
+  std::unordered_set<int32_t> biased;
+  for (const auto& b : r.logit_bias) {
+    if (b.id < 0 || static_cast<size_t>(b.id) >= c.vocab || !std::isfinite(b.bias)) {
+      return make_error(errc::invalid_request, "logit_bias: token " + std::to_string(b.id) +
+                                                   " is outside the vocabulary, or its bias is not finite");
+    }
+    if (!biased.insert(b.id).second) return make_error(errc::invalid_request, "logit_bias: token " + std::to_string(b.id) + " twice");
+  }
+  r.sampling.logit_bias = !r.logit_bias.empty();
   std::optional<adjust_state> adjust;
   if (kernels::has_adjustments(r.sampling)) {
     adjust.emplace();
@@ -37,6 +48,7 @@ status replica_core::submit(replica_request r) {
     for (size_t i = 0; i < r.prompt.size(); ++i) adjust->see(r.prompt[i], i >= output_from);
     adjust->end_ids = r.eos_ids;
     adjust->generated = r.generated;
+    adjust->bias = std::move(r.logit_bias);
   }
   request_spec spec;
   spec.id = r.id;
@@ -75,6 +87,7 @@ bool replica_core::begin_step() {
     if (auto a = adjust_.find(s.id); a != adjust_.end()) {
       auto& st = a->second;
       st.view.seen = st.seen;
+      st.view.bias = st.bias;
       st.view.banned = st.generated < static_cast<size_t>(std::max(p.min_tokens, 0)) ? std::span<const int32_t>(st.end_ids)
                                                                                        : std::span<const int32_t>();
       adjust = &st.view;

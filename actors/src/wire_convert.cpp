@@ -12,7 +12,7 @@ static_assert(transport::max_logprobs == kernels::max_logprobs);
 transport::sampling to_wire(const kernels::sampling_params& p) {
   return {p.temperature,      p.top_p,           p.top_k,
           p.seed,             p.logprobs,        p.presence_penalty,
-          p.frequency_penalty, p.repetition_penalty, static_cast<uint32_t>(std::max(p.min_tokens, 0))};
+          p.frequency_penalty, p.repetition_penalty, static_cast<uint32_t>(std::max(p.min_tokens, 0)), p.logit_bias};
 }
 
 kernels::sampling_params from_wire(const transport::sampling& p) {
@@ -26,14 +26,18 @@ kernels::sampling_params from_wire(const transport::sampling& p) {
   out.frequency_penalty = p.frequency_penalty;
   out.repetition_penalty = p.repetition_penalty;
   out.min_tokens = static_cast<int>(std::min<uint32_t>(p.min_tokens, INT32_MAX));
+  out.logit_bias = p.logit_bias;
   return out;
 }
 
 }  // namespace
 
 transport::generate_msg to_wire(const replica_request& r) {
-  return {r.id, r.prompt, static_cast<uint32_t>(std::min<size_t>(r.max_tokens, UINT32_MAX)),
-          to_wire(r.sampling), r.eos_ids, static_cast<uint32_t>(std::min<size_t>(r.generated, UINT32_MAX))};
+  transport::generate_msg m{r.id, r.prompt, static_cast<uint32_t>(std::min<size_t>(r.max_tokens, UINT32_MAX)),
+                            to_wire(r.sampling), r.eos_ids, static_cast<uint32_t>(std::min<size_t>(r.generated, UINT32_MAX)),
+                            {}};
+  for (const auto& b : r.logit_bias) m.logit_bias.push_back({b.id, b.bias});
+  return m;
 }
 
 replica_request from_wire(const transport::generate_msg& m) {
@@ -44,6 +48,7 @@ replica_request from_wire(const transport::generate_msg& m) {
   r.sampling = from_wire(m.params);
   r.eos_ids = m.eos_ids;
   r.generated = m.generated;
+  for (const auto& b : m.logit_bias) r.logit_bias.push_back({b.id, b.bias});  // the replica checks them
   return r;
 }
 

@@ -185,6 +185,12 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
                                                                " is outside the vocabulary of " + std::to_string(cfg.vocab)));
     }
   }
+  for (const auto& [t, bias] : g.logit_bias) {  // the parser checked the form and the range
+    if (static_cast<size_t>(t) >= cfg.vocab) {
+      return make_error(errc::invalid_request, "'logit_bias' holds token " + std::to_string(t) +
+                                                   ", outside the vocabulary of " + std::to_string(cfg.vocab));
+    }
+  }
   for (int32_t t : g.stop_token_ids) {  // the parser checked type, sign and count
     if (static_cast<size_t>(t) >= cfg.vocab) {
       return make_error(errc::invalid_request, "'stop_token_ids' holds " + std::to_string(t) +
@@ -264,6 +270,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   s.min_tokens = g.min_tokens;
   job.req.prompt = std::move(prompt);
   job.req.model = m.name;
+  for (const auto& [t, bias] : g.logit_bias) job.req.logit_bias.push_back({t, bias});
   job.tok = m.tok;
   job.stream = std::make_unique<completion_stream>(std::move(s), m.tok->decoder(), &metrics_);
   return job;

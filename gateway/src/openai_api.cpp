@@ -2,6 +2,7 @@
 // invalid_request error naming the field.
 #include "llmesh/gateway/openai_api.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -106,7 +107,6 @@ status refuse_unsupported(const json& j) {
     }
     return unsupported(name, neutral);
   };
-  LLMESH_TRY(empty_only("logit_bias", "{} or null"));
   LLMESH_TRY(empty_only("suffix", "\"\" or null"));
   LLMESH_TRY(empty_only("tools", "[] or null"));
   if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
@@ -225,6 +225,34 @@ status parse_stop_token_ids(const json& j, const request_limits& lim, std::vecto
   return ok_status();
 }
 
+/// OpenAI's logit_bias: {"token id": bias}, ids as decimal strings, biases within [-100, 100].
+status parse_logit_bias(const json& j, generation_fields& g) {
+  auto it = j.find("logit_bias");
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (!it->is_object()) return bad("'logit_bias' must be an object of token ids to numbers");
+  if (it->size() > max_logit_bias_entries) {
+    return bad("'logit_bias' holds at most " + std::to_string(max_logit_bias_entries) + " entries");
+  }
+  for (const auto& [key, value] : it->items()) {
+    int64_t id = -1;
+    const bool digits = !key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits) id = std::stoll(key);
+    if (!digits || id > std::numeric_limits<int32_t>::max()) {
+      return bad("'logit_bias' keys must be token ids (non-negative integers as strings), got '" + key.substr(0, 32) + "'");
+    }
+    if (!value.is_number()) return bad("'logit_bias' values must be numbers");
+    const double v = value.get<double>();
+    if (!std::isfinite(v) || v < -max_logit_bias || v > max_logit_bias) {
+      return bad("'logit_bias' values must be between -100 and 100");
+    }
+    for (const auto& [known, b] : g.logit_bias) {  // "7" and "007" are one token
+      if (known == id) return bad("'logit_bias' names token " + std::to_string(id) + " twice");
+    }
+    g.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(v));
+  }
+  return ok_status();
+}
+
 status parse_generation(const json& j, const request_limits& lim, bool chat, generation_fields& g) {
   sampling_input in;
   // Chat's newer name wins when both are sent (OpenAI deprecated max_tokens for chat).
@@ -242,6 +270,7 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
   LLMESH_TRY(apply_sampling(in, lim, g));
   if (chat && !g.max_tokens_given) g.max_tokens = lim.max_tokens;  // chat: until EOS, bounded by the server
   LLMESH_TRY(parse_penalties(j, in, chat, g));
+  LLMESH_TRY(parse_logit_bias(j, g));
   if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
     if (!it->is_number_integer()) return bad("'seed' must be an integer");
     g.seed = it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());

@@ -113,7 +113,8 @@ bool any_logprobs(std::span<const sample_row> rows) {
 }
 
 bool has_adjustments(const sampling_params& p) {
-  return p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f || p.min_tokens > 0;
+  return p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f || p.min_tokens > 0 ||
+         p.logit_bias;
 }
 
 bool argmax_only(std::span<const sample_row> rows) {
@@ -124,8 +125,12 @@ bool argmax_only(std::span<const sample_row> rows) {
 
 void apply_adjust(std::span<float> logits, const sampling_params& p, const logits_adjust& a) {
   const size_t vocab = logits.size();
+  for (const auto& b : a.bias) {
+    if (b.id >= 0 && static_cast<size_t>(b.id) < vocab) logits[static_cast<size_t>(b.id)] += b.bias;
+  }
   const bool repeat = p.repetition_penalty != 1.0f;
-  for (const auto& s : a.seen) {
+  const bool penalize = repeat || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  for (const auto& s : penalize ? a.seen : std::span<const seen_token>()) {
     if (s.id < 0 || static_cast<size_t>(s.id) >= vocab) continue;
     float l = logits[static_cast<size_t>(s.id)];
     if (repeat) l = l > 0.0f ? l / p.repetition_penalty : l * p.repetition_penalty;
@@ -144,7 +149,7 @@ bool row_adjusts(const sample_row& r) {
   if (r.adjust == nullptr) return false;
   const auto& p = r.params;
   const bool penalties = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f;
-  return (penalties && !r.adjust->seen.empty()) || !r.adjust->banned.empty();
+  return (penalties && !r.adjust->seen.empty()) || !r.adjust->banned.empty() || !r.adjust->bias.empty();
 }
 
 namespace {

@@ -252,8 +252,12 @@ __global__ void adjust_kernel(float* logits, size_t vocab, const device_adjust* 
   const device_adjust e = entries[i];
   if (e.id < 0 || static_cast<size_t>(e.id) >= vocab) return;
   float* x = logits + static_cast<size_t>(e.row) * vocab + static_cast<size_t>(e.id);
-  if (e.banned) {
+  if (e.kind == 1) {
     *x = -INFINITY;
+    return;
+  }
+  if (e.kind == 2) {
+    *x += e.presence;
     return;
   }
   float l = *x;

@@ -125,10 +125,10 @@ class cuda_executor final : public step_executor {
 
   const shard_layout& layout() const override { return layout_; }
 
-  /// kernels::apply_adjust for every row that needs it, on the device: its seen tokens'
-  /// penalties in one launch, then its bans in another (an id may be in both).
+  /// kernels::apply_adjust for every row that needs it, on the device: its biases, its seen
+  /// tokens' penalties, then its bans, one launch each (an id may be in several).
   status adjust(std::span<const kernels::sample_row> rows) {
-    std::vector<cuda::device_adjust> penalties, bans;
+    std::vector<cuda::device_adjust> biases, penalties, bans;
     for (size_t r = 0; r < rows.size(); ++r) {
       if (!kernels::row_adjusts(rows[r])) continue;
       const auto& p = rows[r].params;
@@ -140,10 +140,12 @@ class cuda_executor final : public step_executor {
         }
       }
       for (int32_t id : rows[r].adjust->banned) bans.push_back({row, id, 0, 1, 0.0f, 0.0f, 1.0f, 0});
+      for (const auto& b : rows[r].adjust->bias) biases.push_back({row, b.id, 0, 2, b.bias, 0.0f, 1.0f, 0});
     }
-    const size_t n = penalties.size() + bans.size();
+    const size_t n_bias = biases.size(), n_pen = penalties.size(), n = n_bias + n_pen + bans.size();
     if (n == 0) return ok_status();
-    penalties.insert(penalties.end(), bans.begin(), bans.end());
+    biases.insert(biases.end(), penalties.begin(), penalties.end());
+    biases.insert(biases.end(), bans.begin(), bans.end());
     const size_t bytes = n * sizeof(cuda::device_adjust);
     if (adjust_bytes_ < bytes) {
       auto b = cuda::buffer::device(bytes);
@@ -152,10 +154,10 @@ class cuda_executor final : public step_executor {
       adjust_bytes_ = bytes;
     }
     auto* entries = adjust_.as<cuda::device_adjust>();
-    LLMESH_TRY(cuda::copy_to_device(entries, penalties.data(), bytes, stream_.get()));
-    const size_t n_pen = n - bans.size();
-    LLMESH_TRY(timed("adjust", [&] { return cuda::adjust_logits(logits_full(), cfg_.vocab, entries, n_pen, stream_.get()); }));
-    return cuda::adjust_logits(logits_full(), cfg_.vocab, entries + n_pen, bans.size(), stream_.get());
+    LLMESH_TRY(cuda::copy_to_device(entries, biases.data(), bytes, stream_.get()));
+    LLMESH_TRY(cuda::adjust_logits(logits_full(), cfg_.vocab, entries, n_bias, stream_.get()));
+    LLMESH_TRY(timed("adjust", [&] { return cuda::adjust_logits(logits_full(), cfg_.vocab, entries + n_bias, n_pen, stream_.get()); }));
+    return cuda::adjust_logits(logits_full(), cfg_.vocab, entries + n_bias + n_pen, bans.size(), stream_.get());
   }
 
   std::string profile_report() const override {

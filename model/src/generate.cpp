@@ -16,13 +16,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 /// the replica's incremental bookkeeping is tested against), then sample().
 int32_t next_token(std::span<const float> logits, const generate_request& req, const std::vector<int32_t>& output,
                    size_t position) {
-  if (!kernels::has_adjustments(req.sampling)) return kernels::sample(logits, req.sampling, position);
+  if (!kernels::has_adjustments(req.sampling) && req.logit_bias.empty()) {
+    return kernels::sample(logits, req.sampling, position);
+  }
   std::map<int32_t, int32_t> counts;
   for (int32_t t : req.prompt) counts.emplace(t, 0);
   for (int32_t t : output) ++counts[t];
   std::vector<kernels::seen_token> seen;
   for (const auto& [id, n] : counts) seen.push_back({id, n});
-  kernels::logits_adjust a{seen, {}};
+  kernels::logits_adjust a{seen, {}, req.logit_bias};
   if (output.size() < static_cast<size_t>(std::max(req.sampling.min_tokens, 0))) a.banned = req.stop_ids;
   std::vector<float> row(logits.begin(), logits.end());
   kernels::apply_adjust(row, req.sampling, a);

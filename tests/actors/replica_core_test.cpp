@@ -117,6 +117,36 @@ TEST_F(ReplicaCore, PenaltiesAndMinTokensMatchGenerateAlone) {
   }
 }
 
+TEST_F(ReplicaCore, LogitBiasSteersEveryDrawAsInGenerate) {
+  for (int tp : {1, 2}) {
+    auto reqs = requests(6);
+    auto plain = alone(reqs, tp);
+    for (auto& r : reqs) {
+      // Forbid the token the plain stream starts with, and push another one up.
+      r.logit_bias = {{plain[r.id].front(), -100.0f}, {static_cast<int32_t>(17 + r.id), 4.0f}};
+    }
+    auto want = alone(reqs, tp);
+    auto e = engine(tp, 1024);
+    replica_core rc(*e, scheduler_config{});
+    auto got = serve(rc, reqs);
+    for (const auto& r : reqs) {
+      EXPECT_EQ(got[r.id], want[r.id]) << "tp " << tp << " request " << r.id;
+      EXPECT_NE(got[r.id].front(), plain[r.id].front()) << "request " << r.id;
+    }
+  }
+  auto e = engine(1, 256);
+  replica_core rc(*e, scheduler_config{});
+  replica_request bad;
+  bad.id = 9;
+  bad.prompt = {1, 2};
+  bad.logit_bias = {{300, 1.0f}};  // outside the 300-token vocabulary
+  EXPECT_FALSE(rc.submit(bad).ok());
+  bad.logit_bias = {{3, 1.0f}, {3, 2.0f}};
+  EXPECT_FALSE(rc.submit(bad).ok());
+  bad.logit_bias = {{3, std::numeric_limits<float>::infinity()}};
+  EXPECT_FALSE(rc.submit(bad).ok());
+}
+
 TEST_F(ReplicaCore, MinTokensHoldsBackAnEndThatGreedyWouldPickAtOnce) {
   // The greedy first token made an end id: without min_tokens the request ends after one token.
   replica_request r;

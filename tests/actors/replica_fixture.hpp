@@ -86,6 +86,7 @@ class replica_test_base : public ::testing::Test {
       g.max_tokens = r.max_tokens;
       g.sampling = r.sampling;
       g.stop_ids = r.eos_ids;
+      g.logit_bias = r.logit_bias;
       auto res = model::generate(*e, g);
       EXPECT_TRUE(res.ok());
       out[r.id] = res->tokens;

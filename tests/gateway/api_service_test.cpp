@@ -190,6 +190,31 @@ TEST_F(ApiService, StopTokenIdsEndGenerationAsEosIdsDoEvenWithIgnoreEos) {
   EXPECT_EQ(status(call("POST", "/v1/completions", last)), 0);
 }
 
+TEST_F(ApiService, LogitBiasGoesIntoTheRequestWithinTheVocabulary) {
+  auto a = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","logit_bias":{"5":-100,"0017":2.5}})");
+  ASSERT_EQ(status(a), 0);
+  const std::vector<kernels::token_bias> want{{5, -100.0f}, {17, 2.5f}};
+  auto got = job(a).req.logit_bias;
+  std::sort(got.begin(), got.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
+  EXPECT_EQ(got, want);
+  a = http_reply{};
+  auto c = call("POST", "/v1/chat/completions",
+                R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"logit_bias":{"9":1}})");
+  ASSERT_EQ(status(c), 0);
+  EXPECT_EQ(job(c).req.logit_bias, (std::vector<kernels::token_bias>{{9, 1.0f}}));
+  c = http_reply{};
+  const std::string outside = R"({"model":"kjv","prompt":"x","logit_bias":{")" + std::to_string(cfg_.vocab) + R"(":1}})";
+  auto o = call("POST", "/v1/completions", outside);
+  ASSERT_EQ(status(o), 400);
+  EXPECT_NE(std::get<http_reply>(o).body.find("outside the vocabulary"), std::string::npos) << std::get<http_reply>(o).body;
+  for (const char* bad : {R"({"x":1})", R"({"-1":1})", R"({"5":101})", R"({"5":"1"})", R"([5])", R"({"5":1,"05":2})",
+                          R"({"99999999999":1})"}) {
+    auto r = call("POST", "/v1/completions", std::string(R"({"model":"kjv","prompt":"x","logit_bias":)") + bad + "}");
+    ASSERT_EQ(status(r), 400) << bad;
+    EXPECT_NE(std::get<http_reply>(r).body.find("'logit_bias'"), std::string::npos) << std::get<http_reply>(r).body;
+  }
+}
+
 TEST_F(ApiService, UnsupportedFieldsAnswer400NamingThem) {
   auto r = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","min_p":0.1})");
   ASSERT_EQ(status(r), 400);
@@ -197,9 +222,9 @@ TEST_F(ApiService, UnsupportedFieldsAnswer400NamingThem) {
   EXPECT_EQ(j["error"]["type"], "invalid_request_error");
   EXPECT_NE(j["error"]["message"].get<std::string>().find("'min_p' is not supported"), std::string::npos) << j;
   auto c = call("POST", "/v1/chat/completions",
-                R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"logit_bias":{"5":-100}})");
+                R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function"}]})");
   ASSERT_EQ(status(c), 400);
-  EXPECT_NE(std::get<http_reply>(c).body.find("'logit_bias' is not supported"), std::string::npos);
+  EXPECT_NE(std::get<http_reply>(c).body.find("'tools' is not supported"), std::string::npos);
   // The neutral values a client sends by default are served.
   EXPECT_EQ(status(call("POST", "/v1/chat/completions",
                         R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"logprobs":false,

@@ -249,7 +249,7 @@ TEST(CudaAdjust, PenaltiesAndBansEqualTheCpus) {
   std::vector<float> logits = random_floats(rows * vocab, 820, -6, 6);
   std::mt19937 rng(821);
   std::vector<float> want = logits;
-  std::vector<cuda::device_adjust> pen, ban;
+  std::vector<cuda::device_adjust> pen, ban, bias_entries;
   const float params[rows][3] = {{0.0f, 0.0f, 1.3f}, {0.7f, 0.3f, 1.0f}, {-0.5f, 1.1f, 0.9f}, {0.0f, 0.0f, 1.0f}};
   for (uint32_t r = 0; r < rows; ++r) {
     kernels::sampling_params p;
@@ -261,7 +261,9 @@ TEST(CudaAdjust, PenaltiesAndBansEqualTheCpus) {
     while (ids.size() < 300) ids.insert(static_cast<int32_t>(rng() % vocab));
     for (int32_t id : ids) seen.push_back({id, static_cast<int32_t>(rng() % 4)});
     std::vector<int32_t> banned{seen[0].id, seen[1].id, static_cast<int32_t>(vocab - 1)};
-    kernels::apply_adjust(std::span(want).subspan(r * vocab, vocab), p, {seen, banned});
+    std::vector<kernels::token_bias> bias{{seen[2].id, 3.5f}, {static_cast<int32_t>(vocab - 2), -100.0f}};
+    kernels::apply_adjust(std::span(want).subspan(r * vocab, vocab), p, {seen, banned, bias});
+    for (const auto& b : bias) bias_entries.push_back({r, b.id, 0, 2, b.bias, 0.0f, 1.0f, 0});
     if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f) {
       for (const auto& x : seen) pen.push_back({r, x.id, x.count, 0, p.presence_penalty, p.frequency_penalty, p.repetition_penalty, 0});
     }
@@ -270,6 +272,8 @@ TEST(CudaAdjust, PenaltiesAndBansEqualTheCpus) {
   auto dl = to_device(logits);
   auto dp = to_device(pen);
   auto db = to_device(ban);
+  auto dbias = to_device(bias_entries);
+  ASSERT_TRUE(cuda::adjust_logits(dl.as<float>(), vocab, dbias.as<cuda::device_adjust>(), bias_entries.size(), nullptr).ok());
   ASSERT_TRUE(cuda::adjust_logits(dl.as<float>(), vocab, dp.as<cuda::device_adjust>(), pen.size(), nullptr).ok());
   ASSERT_TRUE(cuda::adjust_logits(dl.as<float>(), vocab, db.as<cuda::device_adjust>(), ban.size(), nullptr).ok());
   auto got = to_host<float>(dl, rows * vocab);

@@ -41,12 +41,13 @@ void write_sampling(s::Sampling::Builder sp, const sampling& p) {
   sp.setFrequencyPenalty(p.frequency_penalty);
   sp.setRepetitionPenalty(p.repetition_penalty);
   sp.setMinTokens(p.min_tokens);
+  sp.setLogitBias(p.logit_bias);
 }
 
 sampling read_sampling(s::Sampling::Reader sp) {
   return {sp.getTemperature(), sp.getTopP(),          sp.getTopK(),
           sp.getSeed(),        sp.getLogprobs(),      sp.getPresencePenalty(),
-          sp.getFrequencyPenalty(), sp.getRepetitionPenalty(), sp.getMinTokens()};
+          sp.getFrequencyPenalty(), sp.getRepetitionPenalty(), sp.getMinTokens(), sp.getLogitBias()};
 }
 
 struct writer {
@@ -59,6 +60,11 @@ struct writer {
     write_sampling(g.initSampling(), m.params);
     fill(g.initEosIds(static_cast<unsigned>(m.eos_ids.size())), m.eos_ids);
     g.setGenerated(m.generated);
+    auto lb = g.initLogitBias(static_cast<unsigned>(m.logit_bias.size()));
+    for (unsigned i = 0; i < m.logit_bias.size(); ++i) {
+      lb[i].setId(m.logit_bias[i].id);
+      lb[i].setBias(m.logit_bias[i].bias);
+    }
   }
   void operator()(const token_body& m) {
     auto t = b.initToken();
@@ -288,6 +294,9 @@ struct reader {
         m.eos_ids = ints(g.getEosIds(), "eosIds");
         m.generated = g.getGenerated();
         if (m.generated > m.prompt.size()) err = bad("generated (" + std::to_string(m.generated) + ") exceeds the prompt");
+        if (auto lb = g.getLogitBias(); fits(lb, "logitBias")) {
+          for (auto b : lb) m.logit_bias.push_back({b.getId(), b.getBias()});
+        }
         out = std::move(m);
         break;
       }

@@ -31,6 +31,9 @@ struct replica_request {
   /// How many of the prompt's last tokens are output already generated (a request continued
   /// after failover): they count for the penalties and min_tokens as the output they were.
   size_t generated = 0;
+  /// Biases added to these tokens' logits before every draw (OpenAI's logit_bias; each id
+  /// once, within the vocabulary, finite). submit() sets sampling.logit_bias to match.
+  std::vector<kernels::token_bias> logit_bias;
 };
 
 using kernels::sample_row;
@@ -79,6 +82,7 @@ class replica_core {
     std::vector<kernels::seen_token> seen;
     std::unordered_map<int32_t, size_t> index;  ///< id → its entry in seen
     std::vector<int32_t> end_ids;               ///< banned while generated < min_tokens
+    std::vector<kernels::token_bias> bias;
     size_t generated = 0;
     kernels::logits_adjust view;                ///< the step's, pointed to by its row
     void see(int32_t id, bool output);

@@ -52,7 +52,14 @@ struct generation_fields {
   /// ends the text, before this many tokens. 0..max_tokens (the parser checks it against the
   /// max_tokens it knows, api_service against the one the context leaves).
   int min_tokens = 0;
+  /// OpenAI's logit_bias: (token id, bias within [-max_logit_bias, max_logit_bias]) pairs, each
+  /// id once, in the order sent; api_service checks the ids against the vocabulary.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
+
+/// logit_bias values lie within [-100, 100] (OpenAI's range), at most this many entries.
+inline constexpr double max_logit_bias = 100.0;
+inline constexpr size_t max_logit_bias_entries = 1024;
 
 /// presence_penalty and frequency_penalty lie within [-2, 2] (OpenAI's range).
 inline constexpr double penalty_bound = 2.0;
@@ -114,8 +121,10 @@ struct sampling_input {
 /// `repetition_penalty` a number > 0 and <= 10, `min_tokens` an integer from 0 to the
 /// request's max_tokens (completions: 16 when left out; chat: the server's limit, and
 /// api_service checks it again against what the context leaves). Fields asking for behaviour
+/// `logit_bias` is an object of token-id strings ("50256") to numbers within [-100, 100], at
+/// most 1024 entries. Fields asking for behaviour
 /// this server does not implement are refused rather than ignored — `min_p` > 0,
-/// `best_of` > 1, a non-empty `logit_bias`, `suffix` or `tools`, a `response_format` other
+/// `best_of` > 1, a non-empty `suffix` or `tools`, a `response_format` other
 /// than text, `echo` true — while their neutral values (null, false, 0, empty; 1 for
 /// best_of), which many clients always send, are accepted. Other unknown fields are ignored.
 [[nodiscard]] result<completion_request> parse_completion_request(std::string_view body, const request_limits& lim);

@@ -158,13 +158,14 @@ struct device_adjust {
   uint32_t row = 0;
   int32_t id = 0;
   int32_t count = 0;      ///< a seen token's count in the output
-  uint32_t banned = 0;    ///< 1: the id becomes -inf (the penalties are ignored)
+  uint32_t kind = 0;      ///< 0: a seen token's penalties; 1: a ban (-inf); 2: add `presence` (a bias)
   float presence = 0.0f, frequency = 0.0f, repetition = 1.0f;
   uint32_t reserved = 0;
 };
 
 /// logits[e.row][e.id] changed as kernels::apply_adjust changes it, for each of the n entries
-/// (device memory; each (row, id) at most once per call: launch the penalties, then the bans).
+/// (device memory; each (row, id) at most once per call: launch the biases, then the
+/// penalties, then the bans).
 [[nodiscard]] status adjust_logits(float* logits, size_t vocab, const device_adjust* entries, size_t n, stream_t s);
 
 /// Fills n elements of type `type` with uniform values in [-scale, scale) from (seed, index)

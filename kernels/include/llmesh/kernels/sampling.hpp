@@ -29,6 +29,9 @@ struct sampling_params {
   float presence_penalty = 0.0f, frequency_penalty = 0.0f, repetition_penalty = 1.0f;
   /// The request's end ids cannot be drawn before this many output tokens (vLLM's min_tokens).
   int min_tokens = 0;
+  /// The request adds biases to some tokens' logits (OpenAI's logit_bias; the biases
+  /// themselves come with the row's logits_adjust).
+  bool logit_bias = false;
 };
 
 /// The most alternatives a request may ask for (OpenAI's top_logprobs bound, vLLM's default).
@@ -53,6 +56,13 @@ struct token_logprobs {
 /// machine. A masked logit (-inf) has log-probability -inf.
 token_logprobs compute_logprobs(std::span<const float> logits, int32_t chosen, int n);
 
+/// A request's bias on one token's logit (OpenAI's logit_bias).
+struct token_bias {
+  int32_t id = 0;
+  float bias = 0.0f;
+  bool operator==(const token_bias&) const = default;
+};
+
 /// A token a request has seen: `count` times in its output (0: only in its prompt).
 struct seen_token {
   int32_t id = 0;
@@ -66,6 +76,7 @@ struct seen_token {
 struct logits_adjust {
   std::span<const seen_token> seen;
   std::span<const int32_t> banned;
+  std::span<const token_bias> bias;  ///< each id once
 };
 
 /// How to draw the token of one row of a step's logits: the request's parameters, keyed by the
@@ -77,16 +88,16 @@ struct sample_row {
   const logits_adjust* adjust = nullptr;
 };
 
-/// Whether params change the logits before the draw (a penalty, or min_tokens).
+/// Whether params change the logits before the draw (a penalty, min_tokens, or a logit bias).
 bool has_adjustments(const sampling_params& params);
 
-/// Whether this row's logits change before its draw now: an adjust with penalties that apply
-/// to some seen token, or with banned ids.
+/// Whether this row's logits change before its draw now: an adjust with biases, with
+/// penalties that apply to some seen token, or with banned ids.
 bool row_adjusts(const sample_row& row);
 
-/// The penalties and bans of one row, in place, as vLLM applies them: for each seen token,
-/// repetition (l > 0 ? l / r : l * r), then l -= frequency · count + presence · (count > 0);
-/// then each banned id becomes -inf.
+/// The biases, penalties and bans of one row, in place, in vLLM's order: each bias is added;
+/// then for each seen token, repetition (l > 0 ? l / r : l * r), then
+/// l -= frequency · count + presence · (count > 0); then each banned id becomes -inf.
 void apply_adjust(std::span<float> logits, const sampling_params& params, const logits_adjust& adjust);
 
 /// A uniform double in [0, 1) that depends only on (seed, position) (the draw's 53 high bits).

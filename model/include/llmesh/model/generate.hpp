@@ -20,6 +20,7 @@ struct generate_request {
   std::vector<int32_t> stop_ids;       ///< generation ends after emitting one of these (never
                                        ///< before sampling.min_tokens tokens: they are banned)
   size_t prefill_chunk = 0;            ///< 0: the whole prompt in one step
+  std::vector<kernels::token_bias> logit_bias;  ///< added to these logits before every draw
 };
 
 struct generate_result {

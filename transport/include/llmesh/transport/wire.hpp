@@ -31,7 +31,13 @@ struct sampling {
   float presence_penalty = 0.0f, frequency_penalty = 0.0f;  ///< finite (checked on decode)
   float repetition_penalty = 1.0f;                          ///< finite and > 0 (checked on decode)
   uint32_t min_tokens = 0;
+  bool logit_bias = false;
   bool operator==(const sampling&) const = default;
+};
+struct token_bias {
+  int32_t id = 0;
+  float bias = 0.0f;
+  bool operator==(const token_bias&) const = default;
 };
 struct generate_msg {
   uint64_t id = 0;
@@ -40,6 +46,7 @@ struct generate_msg {
   sampling params;
   std::vector<int32_t> eos_ids;
   uint32_t generated = 0;  ///< at most the prompt's length (checked on decode)
+  std::vector<token_bias> logit_bias;  ///< at most frame_limits::max_list entries
   bool operator==(const generate_msg&) const = default;
 };
 enum class finish_kind : uint8_t { none, length, eos, cancelled };
