@@ -77,6 +77,31 @@ TEST_F(LocalMesh, AKilledReplicaIsInvisibleInTheStream) {
   EXPECT_EQ(m->ready_replicas(), 1u);
 }
 
+TEST_F(LocalMesh, PenalizedRequestsContinueExactlyAfterTheirReplicaDies) {
+  // The continuation knows which prompt tokens are output (penalties count them, min_tokens
+  // has seen them): the stream is the uninterrupted one.
+  auto reqs = requests(8);
+  for (auto& r : reqs) {
+    r.max_tokens = 40;
+    r.sampling.repetition_penalty = 1.4f;
+    r.sampling.frequency_penalty = 0.3f;
+    r.sampling.min_tokens = 30;
+    r.eos_ids = {7, 8, 9};
+    r.logit_bias = {{11, 3.0f}};
+  }
+  auto want = alone(reqs, 1);
+  auto m = mesh(2, 1);
+  collector c;
+  m->kill_replica(0, 6);
+  for (const auto& r : reqs) m->submit(r, c.sink());
+  ASSERT_TRUE(c.wait_ends(reqs.size()));
+  for (const auto& r : reqs) {
+    EXPECT_FALSE(c.ends[r.id].failed) << c.ends[r.id].err.message;
+    EXPECT_EQ(c.tokens[r.id], want[r.id]) << "request " << r.id;
+  }
+  EXPECT_GE(metrics_.get_counter(metric::migrations)->value(), 1.0);
+}
+
 TEST_F(LocalMesh, LosingEveryReplicaFailsTheRequestClearly) {
   auto reqs = requests(2);
   for (auto& r : reqs) r.max_tokens = 200, r.eos_ids.clear();

@@ -1,0 +1,74 @@
+// Actor messages survive the trip through the wire structs and a Cap'n Proto frame: every field
+// of a request (sampling with logprobs, penalties, min_tokens and logit bias; output already in
+// the prompt) and of a token (its logprobs), exactly.
+#include <gtest/gtest.h>
+
+#include <variant>
+
+#include "llmesh/actors/wire_convert.hpp"
+#include "llmesh/transport/codec.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+template <class Msg>
+Msg through_a_frame(const Msg& m) {
+  transport::envelope e;
+  e.msg = to_wire(m);
+  auto frame = transport::encode(e);
+  auto back = transport::decode(frame);
+  EXPECT_TRUE(back.ok()) << back.err().message;
+  using wire_t = decltype(to_wire(m));
+  return from_wire(std::get<wire_t>(back->msg));
+}
+
+TEST(WireConvert, ARequestKeepsEveryField) {
+  replica_request r;
+  r.id = 42;
+  r.prompt = {1, 2, 3, 4, 5};
+  r.max_tokens = 17;
+  r.sampling = {0.7f, 40, 0.9f, 123456789ull, 5, 0.5f, -0.25f, 1.3f, 4, true};
+  r.eos_ids = {2, 9};
+  r.generated = 2;
+  r.logit_bias = {{3, -100.0f}, {4, 2.5f}};
+  r.model = "not on the wire";
+  replica_request back = through_a_frame(r);
+  EXPECT_EQ(back.id, r.id);
+  EXPECT_EQ(back.prompt, r.prompt);
+  EXPECT_EQ(back.max_tokens, r.max_tokens);
+  EXPECT_EQ(back.sampling.temperature, r.sampling.temperature);
+  EXPECT_EQ(back.sampling.top_k, r.sampling.top_k);
+  EXPECT_EQ(back.sampling.top_p, r.sampling.top_p);
+  EXPECT_EQ(back.sampling.seed, r.sampling.seed);
+  EXPECT_EQ(back.sampling.logprobs, 5);
+  EXPECT_EQ(back.sampling.presence_penalty, 0.5f);
+  EXPECT_EQ(back.sampling.frequency_penalty, -0.25f);
+  EXPECT_EQ(back.sampling.repetition_penalty, 1.3f);
+  EXPECT_EQ(back.sampling.min_tokens, 4);
+  EXPECT_TRUE(back.sampling.logit_bias);
+  EXPECT_EQ(back.eos_ids, r.eos_ids);
+  EXPECT_EQ(back.generated, 2u);
+  EXPECT_EQ(back.logit_bias, r.logit_bias);
+  EXPECT_EQ(back.model, "");  // routing happened in the gateway's process
+}
+
+TEST(WireConvert, ATokenKeepsItsLogprobs) {
+  token_msg t;
+  t.id = 7;
+  t.token = 11;
+  t.finish = finish_reason::eos;
+  t.logprobs = kernels::token_logprobs{-0.5f, {{11, -0.5f}, {3, -1.75f}}};
+  token_msg back = through_a_frame(t);
+  EXPECT_EQ(back.id, 7u);
+  EXPECT_EQ(back.token, 11);
+  EXPECT_EQ(back.finish, finish_reason::eos);
+  ASSERT_TRUE(back.logprobs.has_value());
+  EXPECT_EQ(*back.logprobs, *t.logprobs);
+  token_msg plain;
+  plain.id = 8;
+  plain.token = 1;
+  EXPECT_FALSE(through_a_frame(plain).logprobs.has_value());
+}
+
+}  // namespace
+}  // namespace llmesh::actors
