@@ -222,7 +222,7 @@ TEST(Serve, StopTokenIdsEndTheGenerationPenaltiesAreServedAndUnsupportedFieldsAr
     EXPECT_NE(j.dump().find(needle), std::string::npos) << j;
   }
   json refused = base;
-  refused["min_p"] = 0.1;  // still not implemented: refused, not ignored
+  refused["min_p"] = 0.1;  // a filter this server does not have: a 400, never ignored
   j = completion(s.port(), refused, &status);
   EXPECT_EQ(status, 400) << j;
   EXPECT_NE(j.dump().find("'min_p' is not supported"), std::string::npos) << j;
