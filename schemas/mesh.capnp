@@ -56,6 +56,7 @@ struct Sampling {
   repetitionPenalty @7 :Float32 = 1.0;
   minTokens @8 :UInt32;     # end ids cannot be drawn before this many output tokens
   logitBias @9 :Bool;       # the request's GenerateRequest.logitBias apply (a step row: some do)
+  minP @10 :Float32;        # 0: off; in [0, 1]
 }
 
 struct TokenBias {

@@ -12,7 +12,8 @@ static_assert(transport::max_logprobs == kernels::max_logprobs);
 transport::sampling to_wire(const kernels::sampling_params& p) {
   return {p.temperature,      p.top_p,           p.top_k,
           p.seed,             p.logprobs,        p.presence_penalty,
-          p.frequency_penalty, p.repetition_penalty, static_cast<uint32_t>(std::max(p.min_tokens, 0)), p.logit_bias};
+          p.frequency_penalty, p.repetition_penalty, static_cast<uint32_t>(std::max(p.min_tokens, 0)), p.logit_bias,
+          p.min_p};
 }
 
 kernels::sampling_params from_wire(const transport::sampling& p) {
@@ -27,6 +28,7 @@ kernels::sampling_params from_wire(const transport::sampling& p) {
   out.repetition_penalty = p.repetition_penalty;
   out.min_tokens = static_cast<int>(std::min<uint32_t>(p.min_tokens, INT32_MAX));
   out.logit_bias = p.logit_bias;
+  out.min_p = p.min_p;
   return out;
 }
 

@@ -17,7 +17,7 @@ namespace {
 struct generate_flags {
   std::string model_dir, prompt, prompt_ids, dump_logits;
   size_t max_tokens = 16, prefill_chunk = 0;
-  float temperature = 0.0f, top_p = 1.0f;
+  float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
   float presence_penalty = 0.0f, frequency_penalty = 0.0f, repetition_penalty = 1.0f;
   int top_k = 0, tp = 1, threads = 0, min_tokens = 0;
   uint64_t seed = 0;
@@ -63,6 +63,7 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
   req.sampling.temperature = f.temperature;
   req.sampling.top_k = f.top_k;
   req.sampling.top_p = f.top_p;
+  req.sampling.min_p = f.min_p;
   req.sampling.presence_penalty = f.presence_penalty;
   req.sampling.frequency_penalty = f.frequency_penalty;
   req.sampling.repetition_penalty = f.repetition_penalty;
@@ -150,6 +151,8 @@ void add_generate(CLI::App& app, command_set& commands) {
   sub->add_option("--temperature", f->temperature, "Sampling temperature; 0 = greedy")->check(CLI::Range(0.0f, 100.0f));
   sub->add_option("--top-p", f->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f));
   sub->add_option("--top-k", f->top_k, "Keep the k most likely tokens; 0 = off")->check(CLI::Range(0, 1 << 30));
+  sub->add_option("--min-p", f->min_p, "Keep tokens at least this fraction as likely as the most likely; 0 = off")
+      ->check(CLI::Range(0.0f, 1.0f));
   sub->add_option("--presence-penalty", f->presence_penalty, "Subtracted once from a token already in the output")
       ->check(CLI::Range(-2.0f, 2.0f));
   sub->add_option("--frequency-penalty", f->frequency_penalty, "Subtracted per occurrence of a token in the output")

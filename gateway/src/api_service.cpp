@@ -238,6 +238,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   job.req.sampling.temperature = g.temperature;
   job.req.sampling.top_p = g.top_p;
   job.req.sampling.top_k = g.top_k;
+  job.req.sampling.min_p = g.min_p;
   job.req.sampling.seed = g.seed ? *g.seed : mix(seed_base_ ^ id);
   job.req.sampling.logprobs = g.logprobs;  // the parser bounded it by kernels::max_logprobs
   job.req.sampling.presence_penalty = g.presence_penalty;  // the parser checked their ranges

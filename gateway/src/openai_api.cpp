@@ -80,20 +80,11 @@ error unsupported(const char* name, const char* neutral) {
   return bad(std::string("'") + name + "' is not supported by this server (send " + neutral + ", or leave it out)");
 }
 
-/// An optional number field whose only supported value is `neutral` (null: absent).
-status neutral_only_number(const json& j, const char* name, double neutral, const char* neutral_text) {
-  std::optional<double> v;
-  LLMESH_TRY(number_field(j, name, v));
-  if (v && *v != neutral) return unsupported(name, neutral_text);
-  return ok_status();
-}
-
 /// Fields OpenAI or vLLM define for behaviour this server does not implement. A client that
 /// asks for one must learn it will not get it (silently ignoring them returns results the
 /// client did not ask for); their neutral values — null, false, 0, and 1 for best_of — pass,
 /// since many clients send them on every request.
 status refuse_unsupported(const json& j) {
-  LLMESH_TRY(neutral_only_number(j, "min_p", 0.0, "0 or null"));
   if (auto it = j.find("best_of"); it != j.end() && !it->is_null()) {
     if (!it->is_number_integer() || wide_integer(*it) < 1) return bad("'best_of' must be a positive integer");
     if (wide_integer(*it) > 1) return unsupported("best_of", "1 or null");
@@ -271,6 +262,12 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
   if (chat && !g.max_tokens_given) g.max_tokens = lim.max_tokens;  // chat: until EOS, bounded by the server
   LLMESH_TRY(parse_penalties(j, in, chat, g));
   LLMESH_TRY(parse_logit_bias(j, g));
+  std::optional<double> min_p;
+  LLMESH_TRY(number_field(j, "min_p", min_p));
+  if (min_p) {
+    LLMESH_TRY(check_range("min_p", *min_p, 0.0, 1.0));
+    g.min_p = static_cast<float>(*min_p);
+  }
   if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
     if (!it->is_number_integer()) return bad("'seed' must be an integer");
     g.seed = it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());

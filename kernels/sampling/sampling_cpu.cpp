@@ -215,11 +215,12 @@ int32_t sample(std::span<const float> logits, const sampling_params& params, uin
   if (!std::isfinite(max_logit) || !std::isfinite(inv_t)) return best;
   const size_t vocab = logits.size();
   const int bits = fx::mass_bits(vocab);
+  const uint64_t floor_mass = std::max<uint64_t>(fx::min_mass(params.min_p, bits), 1);
   std::vector<candidate> c;
   c.reserve(vocab);
   for (size_t i = 0; i < vocab; ++i) {
     const uint64_t m = fx::mass_of(exp_det((logits[i] - max_logit) * inv_t), bits);
-    if (m != 0) c.push_back({m, static_cast<int32_t>(i)});  // massless tokens can never be drawn
+    if (m >= floor_mass) c.push_back({m, static_cast<int32_t>(i)});  // massless (or below min_p): never drawn
   }
   // The kept tokens: mass > t, and the first `ties` (in id order) whose mass is t. No filter:
   // t = 0, every token with mass. (The most likely token has mass 2^bits: never empty.)

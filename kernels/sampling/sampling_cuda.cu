@@ -117,13 +117,16 @@ __device__ uint64_t block_exclusive_scan(uint64_t v, block_shared& sh, uint64_t*
   return before + x - v;
 }
 
-/// One row's masses: exp_det((l - max) · inv_t) as sampling_fixed.hpp integers.
+/// One row's masses: exp_det((l - max) · inv_t) as sampling_fixed.hpp integers; below
+/// min_mass (min_p's threshold), 0.
 struct row_masses {
   const float* row;
   float max_logit, inv_t;
   int bits;
+  uint64_t min_mass;
   __device__ __forceinline__ uint64_t operator()(size_t i) const {
-    return fx::mass_of(detail::exp_det((row[i] - max_logit) * inv_t), bits);
+    const uint64_t m = fx::mass_of(detail::exp_det((row[i] - max_logit) * inv_t), bits);
+    return m >= min_mass ? m : 0;
   }
 };
 
@@ -187,7 +190,8 @@ __global__ void sample_kernel(const float* logits, size_t vocab, const device_sa
     if (threadIdx.x == 0) out[blockIdx.x] = best;
     return;
   }
-  const row_masses mass{row, row[best], inv_t, fx::mass_bits(vocab)};
+  const int bits = fx::mass_bits(vocab);
+  const row_masses mass{row, row[best], inv_t, bits, fx::min_mass(a.min_p, bits)};
 
   // The kept tokens: mass > t, and the first `ties` ids (in id order) whose mass is t.
   uint64_t t = 0, ties = 0;

@@ -51,6 +51,15 @@ LLMESH_HD uint64_t mass_of(float p, int bits) {
   return static_cast<uint64_t>(scaled);
 }
 
+/// min_p's mass threshold: floor(floor(min_p · 2^32) · 2^bits / 2^32) (0 for min_p <= 0 or
+/// NaN; 2^bits, the most likely token's mass, for min_p >= 1). A token with less is dropped.
+LLMESH_HD uint64_t min_mass(float min_p, int bits) {
+  if (!(min_p > 0.0f)) return 0;
+  if (min_p >= 1.0f) return uint64_t{1} << bits;
+  const uint64_t p32 = static_cast<uint64_t>(min_p * 4294967296.0f);  // exact scaling, truncated
+  return bits >= 32 ? p32 << (bits - 32) : p32 >> (32 - bits);  // floor(p32 · 2^bits / 2^32)
+}
+
 /// The nucleus target: floor(mass · top_p), at least 1 (the most likely token always stays).
 /// REQUIRES: top_p < 1 (then top_p * 2^32 is exact and below 2^32); below 0 or NaN counts as 0.
 LLMESH_HD uint64_t nucleus_target(uint64_t mass, float top_p) {

@@ -108,7 +108,7 @@ class cuda_executor final : public step_executor {
       auto* args = sample_args_host_.as<cuda::device_sample_row>();
       for (size_t r = 0; r < rows.size(); ++r) {
         const auto& q = rows[r].params;
-        args[r] = {q.temperature, q.top_k, q.top_p, 0, q.seed, rows[r].position};
+        args[r] = {q.temperature, q.top_k, q.top_p, q.min_p, q.seed, rows[r].position};
       }
       LLMESH_TRY(cuda::copy_to_device(sample_args_.get(), args, rows.size() * sizeof(cuda::device_sample_row), stream_.get()));
       LLMESH_TRY(timed("sample", [&] {

@@ -27,7 +27,7 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   r.id = 42;
   r.prompt = {1, 2, 3, 4, 5};
   r.max_tokens = 17;
-  r.sampling = {0.7f, 40, 0.9f, 123456789ull, 5, 0.5f, -0.25f, 1.3f, 4, true};
+  r.sampling = {0.7f, 40, 0.9f, 123456789ull, 5, 0.5f, -0.25f, 1.3f, 4, true, 0.05f};
   r.eos_ids = {2, 9};
   r.generated = 2;
   r.logit_bias = {{3, -100.0f}, {4, 2.5f}};
@@ -46,6 +46,7 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   EXPECT_EQ(back.sampling.repetition_penalty, 1.3f);
   EXPECT_EQ(back.sampling.min_tokens, 4);
   EXPECT_TRUE(back.sampling.logit_bias);
+  EXPECT_EQ(back.sampling.min_p, 0.05f);
   EXPECT_EQ(back.eos_ids, r.eos_ids);
   EXPECT_EQ(back.generated, 2u);
   EXPECT_EQ(back.logit_bias, r.logit_bias);

@@ -190,6 +190,18 @@ TEST_F(ApiService, StopTokenIdsEndGenerationAsEosIdsDoEvenWithIgnoreEos) {
   EXPECT_EQ(status(call("POST", "/v1/completions", last)), 0);
 }
 
+TEST_F(ApiService, MinPGoesIntoTheRequest) {
+  auto a = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","min_p":0.05})");
+  ASSERT_EQ(status(a), 0);
+  EXPECT_EQ(job(a).req.sampling.min_p, 0.05f);
+  a = http_reply{};
+  auto b = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x"})");
+  ASSERT_EQ(status(b), 0);
+  EXPECT_EQ(job(b).req.sampling.min_p, 0.0f);
+  b = http_reply{};
+  EXPECT_EQ(status(call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","min_p":2})")), 400);
+}
+
 TEST_F(ApiService, LogitBiasGoesIntoTheRequestWithinTheVocabulary) {
   auto a = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","logit_bias":{"5":-100,"0017":2.5}})");
   ASSERT_EQ(status(a), 0);
@@ -216,11 +228,11 @@ TEST_F(ApiService, LogitBiasGoesIntoTheRequestWithinTheVocabulary) {
 }
 
 TEST_F(ApiService, UnsupportedFieldsAnswer400NamingThem) {
-  auto r = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","min_p":0.1})");
+  auto r = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","best_of":3})");
   ASSERT_EQ(status(r), 400);
   auto j = json::parse(std::get<http_reply>(r).body);
   EXPECT_EQ(j["error"]["type"], "invalid_request_error");
-  EXPECT_NE(j["error"]["message"].get<std::string>().find("'min_p' is not supported"), std::string::npos) << j;
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("'best_of' is not supported"), std::string::npos) << j;
   auto c = call("POST", "/v1/chat/completions",
                 R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function"}]})");
   ASSERT_EQ(status(c), 400);

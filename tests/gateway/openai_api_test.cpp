@@ -134,7 +134,6 @@ TEST(OpenaiApi, UnsupportedFieldsAreRefusedAndTheirNeutralValuesAccepted) {
     std::vector<const char*> neutral, refused;
   };
   const field_case cases[] = {
-      {"min_p", {"null", "0", "0.0"}, {"0.05", "1"}},
       {"best_of", {"null", "1"}, {"2", "5"}},
       {"suffix", {"null", R"("")"}, {R"("end")"}},
       {"tools", {"null", "[]"}, {R"([{"type":"function","function":{"name":"f"}}])"}},
@@ -302,9 +301,17 @@ TEST(OpenaiApi, PenaltiesAndMinTokensAreParsedWithinVllmsRanges) {
   EXPECT_EQ(legacy.err().message, "'min_tokens' (5) must be at most 'max_tokens' (4)");
   EXPECT_TRUE(parse(true, R"("max_completion_tokens":5,"min_tokens":5)").ok());
   // The fields the server still does not implement stay refused next to the accepted ones.
-  auto min_p = parse(false, R"("presence_penalty":0.5,"min_p":0.1)");
-  ASSERT_FALSE(min_p.ok());
-  EXPECT_NE(min_p.err().message.find("'min_p' is not supported"), std::string::npos) << min_p.err().message;
+  auto best_of = parse(false, R"("presence_penalty":0.5,"best_of":2)");
+  ASSERT_FALSE(best_of.ok());
+  EXPECT_NE(best_of.err().message.find("'best_of' is not supported"), std::string::npos) << best_of.err().message;
+  // min_p: a number within [0, 1].
+  auto mp = parse(false, R"("min_p":0.05)");
+  ASSERT_TRUE(mp.ok()) << mp.err().message;
+  for (const char* bad : {R"("min_p":1.5)", R"("min_p":-0.1)", R"("min_p":"0.1")"}) {
+    auto r = parse(true, bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.err().message.find("'min_p'"), std::string::npos) << r.err().message;
+  }
 }
 
 // Completions: `logprobs` is a count 0..20 (false / null: none). Chat: `logprobs` a boolean and

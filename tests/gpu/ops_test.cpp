@@ -294,6 +294,13 @@ TEST(CudaSample, DrawsTheCpuTokenForEveryRowAndParameterSet) {
         for (float p : {1.0f, 0.95f, 0.5f, 0.0f}) ps.push_back({t, k, p, 0});
       }
     }
+    for (float mp : {0.02f, 0.3f, 1.0f}) {  // min_p, alone and before top-k / top-p
+      for (auto [k, p] : {std::pair{0, 1.0f}, std::pair{40, 0.9f}}) {
+        kernels::sampling_params q{1.0f, k, p, 0};
+        q.min_p = mp;
+        ps.push_back(q);
+      }
+    }
     const size_t rows = ps.size();
     std::vector<float> logits = random_floats(rows * vocab, 810 + static_cast<uint32_t>(vocab), -8, 8);
     for (size_t r = 0; r < rows; ++r) {

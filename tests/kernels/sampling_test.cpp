@@ -236,9 +236,14 @@ int32_t reference_sample(const std::vector<float>& logits, const sampling_params
   while ((uint64_t{1} << need) < n + 1) ++need;
   const int bits = std::min(40, 62 - need);
   std::vector<std::pair<uint64_t, int32_t>> order;  // (mass, id)
+  // min_p: masses below floor(min_p · 2^32) · 2^bits / 2^32 count as none.
+  const uint64_t min_mass =
+      p.min_p > 0.0f ? static_cast<uint64_t>((static_cast<unsigned __int128>(static_cast<uint64_t>(std::min(p.min_p, 1.0f) * 4294967296.0f)) << bits) >> 32)
+                     : 0;
   for (size_t i = 0; i < n; ++i) {
     const float scaled = exp_det((logits[i] - max) * inv_t) * static_cast<float>(uint64_t{1} << bits);
-    order.push_back({static_cast<uint64_t>(scaled), static_cast<int32_t>(i)});
+    const auto m = static_cast<uint64_t>(scaled);
+    order.push_back({m >= min_mass ? m : 0, static_cast<int32_t>(i)});
   }
   std::sort(order.begin(), order.end(), [](auto a, auto b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
   size_t keep = n;
@@ -313,6 +318,38 @@ TEST(Sample, EqualsThePlainDefinitionOnRandomCases) {
     }
   }
   EXPECT_GT(cases, 1500u);
+  // min_p, alone and before top-k / top-p.
+  for (const auto& sh : shapes) {
+    if (sh.vocab > 20000) continue;
+    std::vector<float> logits = random_logits(sh.vocab, sh.spread, rng);
+    for (float mp : {0.01f, 0.1f, 0.5f, 0.999f, 1.0f}) {
+      for (auto [k, p] : {std::pair{0, 1.0f}, std::pair{50, 0.9f}, std::pair{2, 0.5f}}) {
+        for (uint64_t pos = 0; pos < 6; ++pos) {
+          sampling_params prm = params(1.0f, k, p, 11 + cases++);
+          prm.min_p = mp;
+          ASSERT_EQ(sample(logits, prm, pos), reference_sample(logits, prm, pos))
+              << "vocab " << sh.vocab << " min_p " << mp << " k " << k << " p " << p << " pos " << pos;
+        }
+      }
+    }
+  }
+}
+
+TEST(Sample, MinPDrawsOnlyTokensAtLeastThatLikely) {
+  // Logits 0, -1, -2, ...: p_i / p_max = e^-i. min_p 0.2 keeps i <= 1 (e^-1 = 0.37, e^-2 = 0.14).
+  std::vector<float> logits(50);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = -static_cast<float>(i);
+  sampling_params p{1.0f, 0, 1.0f, 3};
+  p.min_p = 0.2f;
+  std::set<int32_t> drawn;
+  for (uint64_t pos = 0; pos < 2000; ++pos) drawn.insert(sample(logits, p, pos));
+  EXPECT_EQ(drawn, (std::set<int32_t>{0, 1}));
+  p.min_p = 1.0f;  // only the most likely
+  for (uint64_t pos = 0; pos < 50; ++pos) EXPECT_EQ(sample(logits, p, pos), 0);
+  p.min_p = 0.0f;
+  drawn.clear();
+  for (uint64_t pos = 0; pos < 2000; ++pos) drawn.insert(sample(logits, p, pos));
+  EXPECT_GT(drawn.size(), 4u);
 }
 
 TEST(Sample, TiesAtTheNucleusEdgeKeepTheLowerIdsExactly) {

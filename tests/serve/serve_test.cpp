@@ -222,10 +222,10 @@ TEST(Serve, StopTokenIdsEndTheGenerationPenaltiesAreServedAndUnsupportedFieldsAr
     EXPECT_NE(j.dump().find(needle), std::string::npos) << j;
   }
   json refused = base;
-  refused["min_p"] = 0.1;  // a filter this server does not have: a 400, never ignored
+  refused["best_of"] = 2;  // several candidates per choice: this server does not, so a 400, never ignored
   j = completion(s.port(), refused, &status);
   EXPECT_EQ(status, 400) << j;
-  EXPECT_NE(j.dump().find("'min_p' is not supported"), std::string::npos) << j;
+  EXPECT_NE(j.dump().find("'best_of' is not supported"), std::string::npos) << j;
   // The neutral values many clients always send are served.
   json neutral = base;
   neutral.update({{"max_tokens", 2}, {"logprobs", nullptr}, {"presence_penalty", 0}, {"frequency_penalty", 0},
@@ -253,7 +253,7 @@ TEST(Serve, StopTokenIdsEndTheGenerationPenaltiesAreServedAndUnsupportedFieldsAr
   }
 }
 
-TEST(Serve, PenaltiesAndMinTokensGiveGeneratesTokens) {
+TEST(Serve, PenaltiesMinTokensAndMinPGiveGeneratesTokens) {
   server_process s(bin, {"--model", model_dir, "--replicas", "2", "--tp", "2"});
   ASSERT_GT(s.port(), 0) << s.log();
   const std::vector<int32_t> prompt{1142, 258, 2078, 386, 3345};
@@ -266,6 +266,7 @@ TEST(Serve, PenaltiesAndMinTokensGiveGeneratesTokens) {
       {{{"temperature", 0.8}, {"seed", 7}, {"presence_penalty", 0.6}, {"frequency_penalty", 0.9}},
        "--temperature 0.8 --seed 7 --presence-penalty 0.6 --frequency-penalty 0.9"},
       {{{"temperature", 0}, {"min_tokens", 20}, {"frequency_penalty", -0.3}}, "--temperature 0 --min-tokens 20 --frequency-penalty -0.3"},
+      {{{"temperature", 1.0}, {"seed", 9}, {"min_p", 0.1}, {"top_k", 40}}, "--temperature 1 --seed 9 --min-p 0.1 --top-k 40"},
   };
   for (const auto& v : variants) {
     const auto want = testing::generate_ids(bin, model_dir, "--prompt-ids " + id_list(prompt), 20, v.flags);

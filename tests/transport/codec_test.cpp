@@ -20,10 +20,10 @@ namespace {
 
 std::vector<envelope> samples() {
   std::vector<body> bodies = {
-      generate_msg{7, {1, 2, 3, 40000}, 64, {0.8f, 0.95f, 40, 1234567890123ull, -1, 0.0f, 0.0f, 1.0f, 0, false}, {2, 3}, 0, {}},
-      generate_msg{8, {5}, 4, {0.0f, 1.0f, 0, 3, 20, 0.0f, 0.0f, 1.0f, 0, false}, {}, 0, {}},  // logprobs: 20 alternatives
+      generate_msg{7, {1, 2, 3, 40000}, 64, {0.8f, 0.95f, 40, 1234567890123ull, -1, 0.0f, 0.0f, 1.0f, 0, false, 0.0f}, {2, 3}, 0, {}},
+      generate_msg{8, {5}, 4, {0.0f, 1.0f, 0, 3, 20, 0.0f, 0.0f, 1.0f, 0, false, 0.0f}, {}, 0, {}},  // logprobs: 20 alternatives
       // Penalties, min_tokens and biases; a continued request whose last 2 prompt tokens are output.
-      generate_msg{9, {5, 6, 7}, 4, {0.7f, 1.0f, 0, 3, -1, 0.5f, -1.25f, 1.2f, 3, true}, {2}, 2, {{4, -100.0f}, {9, 2.5f}}},
+      generate_msg{9, {5, 6, 7}, 4, {0.7f, 1.0f, 0, 3, -1, 0.5f, -1.25f, 1.2f, 3, true, 0.05f}, {2}, 2, {{4, -100.0f}, {9, 2.5f}}},
       token_body{7, 42, finish_kind::length, false, errc::internal, "", std::nullopt},
       token_body{7, -1, finish_kind::none, true, errc::shard_failed, "shard 1 is gone", std::nullopt},
       token_body{8, 9, finish_kind::none, false, errc::internal, "", token_body::logprobs_t{-0.25f, {9, 3}, {-0.25f, -2.5f}}},
@@ -209,6 +209,10 @@ TEST(Codec, LogprobsOutOfBoundsAreRefused) {
     sp.setRepetitionPenalty(0.0f);
     EXPECT_FALSE(decoded(mb).ok());
     sp.setRepetitionPenalty(1.5f);
+    ASSERT_TRUE(decoded(mb).ok());
+    sp.setMinP(1.5f);
+    EXPECT_FALSE(decoded(mb).ok());
+    sp.setMinP(0.1f);
     ASSERT_TRUE(decoded(mb).ok());
     g.setGenerated(3);
     auto r = decoded(mb);

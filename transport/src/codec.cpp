@@ -42,12 +42,13 @@ void write_sampling(s::Sampling::Builder sp, const sampling& p) {
   sp.setRepetitionPenalty(p.repetition_penalty);
   sp.setMinTokens(p.min_tokens);
   sp.setLogitBias(p.logit_bias);
+  sp.setMinP(p.min_p);
 }
 
 sampling read_sampling(s::Sampling::Reader sp) {
   return {sp.getTemperature(), sp.getTopP(),          sp.getTopK(),
           sp.getSeed(),        sp.getLogprobs(),      sp.getPresencePenalty(),
-          sp.getFrequencyPenalty(), sp.getRepetitionPenalty(), sp.getMinTokens(), sp.getLogitBias()};
+          sp.getFrequencyPenalty(), sp.getRepetitionPenalty(), sp.getMinTokens(), sp.getLogitBias(), sp.getMinP()};
 }
 
 struct writer {
@@ -273,6 +274,7 @@ struct reader {
         !(p.repetition_penalty > 0.0f)) {
       err = bad("sampling penalties must be finite, and repetitionPenalty above 0");
     }
+    if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) err = bad("sampling.minP must be within [0, 1]");
     return p;
   }
   template <class E>

@@ -25,6 +25,7 @@ struct generation_fields {
   float temperature = 1.0f;
   float top_p = 1.0f;
   int top_k = 0;
+  float min_p = 0.0f;  ///< vLLM's min_p within [0, 1] (0: off)
   /// Which of the three the client sent: the others take the model's recommended values
   /// (generation_config.json) where it has them, as vLLM does (api_service applies them once
   /// the request's model is known).
@@ -122,9 +123,8 @@ struct sampling_input {
 /// request's max_tokens (completions: 16 when left out; chat: the server's limit, and
 /// api_service checks it again against what the context leaves). Fields asking for behaviour
 /// `logit_bias` is an object of token-id strings ("50256") to numbers within [-100, 100], at
-/// most 1024 entries. Fields asking for behaviour
-/// this server does not implement are refused rather than ignored — `min_p` > 0,
-/// `best_of` > 1, a non-empty `suffix` or `tools`, a `response_format` other
+/// most 1024 entries; `min_p` a number within [0, 1]. Fields asking for behaviour
+/// this server does not implement are refused rather than ignored — `best_of` > 1, a non-empty `suffix` or `tools`, a `response_format` other
 /// than text, `echo` true — while their neutral values (null, false, 0, empty; 1 for
 /// best_of), which many clients always send, are accepted. Other unknown fields are ignored.
 [[nodiscard]] result<completion_request> parse_completion_request(std::string_view body, const request_limits& lim);

@@ -143,7 +143,7 @@ struct device_sample_row {
   float temperature = 0.0f;
   int32_t top_k = 0;
   float top_p = 1.0f;
-  uint32_t reserved = 0;
+  float min_p = 0.0f;
   uint64_t seed = 0;
   uint64_t position = 0;
 };

@@ -32,6 +32,9 @@ struct sampling_params {
   /// The request adds biases to some tokens' logits (OpenAI's logit_bias; the biases
   /// themselves come with the row's logits_adjust).
   bool logit_bias = false;
+  /// vLLM's / llama.cpp's min_p (0: off): only tokens at least min_p times as likely as the
+  /// most likely one may be drawn (before top-k and top-p, as vLLM orders them).
+  float min_p = 0.0f;
 };
 
 /// The most alternatives a request may ask for (OpenAI's top_logprobs bound, vLLM's default).
@@ -139,7 +142,8 @@ int32_t argmax_merge(std::span<const argmax_candidate> parts);
 /// Exactly (the device kernel, cuda::sample, gives the same token):
 ///  1. greedy params, a non-finite largest logit or 1/temperature: argmax;
 ///  2. each token's probability relative to the most likely, exp_det((l - max) / T), becomes an
-///     integer mass (sampling_fixed.hpp: p · 2^40, truncated);
+///     integer mass (sampling_fixed.hpp: p · 2^40, truncated); with min_p, a mass below
+///     min_mass(min_p) (floor(min_p · 2^32) · 2^40 / 2^32) becomes 0: never drawn;
 ///  3. order by mass, ties the lower id first; top-k keeps the first k; top-p keeps the
 ///     shortest prefix of those whose mass reaches floor(their mass · top_p) (at least 1);
 ///  4. u = high 64 bits of (64 bits keyed by (seed, position)) · (kept mass); the token is the

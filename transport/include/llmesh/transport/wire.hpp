@@ -32,6 +32,7 @@ struct sampling {
   float repetition_penalty = 1.0f;                          ///< finite and > 0 (checked on decode)
   uint32_t min_tokens = 0;
   bool logit_bias = false;
+  float min_p = 0.0f;  ///< within [0, 1] (checked on decode)
   bool operator==(const sampling&) const = default;
 };
 struct token_bias {
