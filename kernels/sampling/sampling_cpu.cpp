@@ -112,9 +112,12 @@ bool any_logprobs(std::span<const sample_row> rows) {
   return std::any_of(rows.begin(), rows.end(), [](const sample_row& r) { return r.params.logprobs >= 0; });
 }
 
+bool has_penalties(const sampling_params& p) {
+  return p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f;
+}
+
 bool has_adjustments(const sampling_params& p) {
-  return p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f || p.min_tokens > 0 ||
-         p.logit_bias;
+  return has_penalties(p) || p.min_tokens > 0 || p.logit_bias;
 }
 
 bool argmax_only(std::span<const sample_row> rows) {
@@ -129,8 +132,7 @@ void apply_adjust(std::span<float> logits, const sampling_params& p, const logit
     if (b.id >= 0 && static_cast<size_t>(b.id) < vocab) logits[static_cast<size_t>(b.id)] += b.bias;
   }
   const bool repeat = p.repetition_penalty != 1.0f;
-  const bool penalize = repeat || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-  for (const auto& s : penalize ? a.seen : std::span<const seen_token>()) {
+  for (const auto& s : has_penalties(p) ? a.seen : std::span<const seen_token>()) {
     if (s.id < 0 || static_cast<size_t>(s.id) >= vocab) continue;
     float l = logits[static_cast<size_t>(s.id)];
     if (repeat) l = l > 0.0f ? l / p.repetition_penalty : l * p.repetition_penalty;
@@ -147,9 +149,7 @@ void apply_adjust(std::span<float> logits, const sampling_params& p, const logit
 
 bool row_adjusts(const sample_row& r) {
   if (r.adjust == nullptr) return false;
-  const auto& p = r.params;
-  const bool penalties = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f;
-  return (penalties && !r.adjust->seen.empty()) || !r.adjust->banned.empty() || !r.adjust->bias.empty();
+  return (has_penalties(r.params) && !r.adjust->seen.empty()) || !r.adjust->banned.empty() || !r.adjust->bias.empty();
 }
 
 namespace {

@@ -132,9 +132,8 @@ class cuda_executor final : public step_executor {
     for (size_t r = 0; r < rows.size(); ++r) {
       if (!kernels::row_adjusts(rows[r])) continue;
       const auto& p = rows[r].params;
-      const bool penalize = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f;
       const auto row = static_cast<uint32_t>(r);
-      if (penalize) {
+      if (kernels::has_penalties(p)) {
         for (const auto& s : rows[r].adjust->seen) {
           penalties.push_back({row, s.id, s.count, 0, p.presence_penalty, p.frequency_penalty, p.repetition_penalty, 0});
         }

@@ -112,7 +112,9 @@ TEST_F(ReplicaCore, PenaltiesAndMinTokensMatchGenerateAlone) {
     auto got = serve(rc, reqs);
     for (const auto& r : reqs) {
       EXPECT_EQ(got[r.id], want[r.id]) << "tp " << tp << " request " << r.id;
-      if (r.sampling.min_tokens > 0) EXPECT_EQ(got[r.id].size(), r.max_tokens) << "request " << r.id;
+      if (r.sampling.min_tokens > 0) {
+        EXPECT_EQ(got[r.id].size(), r.max_tokens) << "request " << r.id;
+      }
     }
   }
 }

@@ -26,22 +26,30 @@ struct fake_mesh : actors::mesh_client {
   std::map<std::string, size_t> ready_of;  ///< per model, where set
 };
 
+/// The bundled tiny model as a gateway serves it, named `name`.
+served_model kjv_tiny(const std::string& name) {
+  const std::string dir = LLMESH_SOURCE_DIR "/models/kjv-tiny";
+  auto t = model::tokenizer::load(dir);
+  auto c = model::load_config(dir);
+  auto chat = model::chat_template::load(dir);
+  if (!(t.ok() && c.ok() && chat.ok())) {
+    ADD_FAILURE() << "models/kjv-tiny did not load";
+    return {name, nullptr, std::nullopt, {}};
+  }
+  return {name, *t, *chat, *c};
+}
+
 class ApiService : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string dir = LLMESH_SOURCE_DIR "/models/kjv-tiny";
-    auto t = model::tokenizer::load(dir);
-    ASSERT_TRUE(t.ok());
-    auto c = model::load_config(dir);
-    ASSERT_TRUE(c.ok());
-    auto chat = model::chat_template::load(dir);
-    ASSERT_TRUE(chat.ok());
-    cfg_ = *c;
+    served_model m = kjv_tiny("kjv");
+    ASSERT_TRUE(m.tok);
+    cfg_ = m.cfg;
     api_options o;
     o.model_name = "kjv";
     o.api_key = "sekret";
     o.max_concurrent = 2;
-    api_ = std::make_unique<api_service>(o, *t, *chat, cfg_, mesh_, metrics_);
+    api_ = std::make_unique<api_service>(o, m.tok, m.chat, cfg_, mesh_, metrics_);
   }
   api_outcome call(const std::string& method, const std::string& path, const std::string& body = "",
                    const std::string& auth = "Bearer sekret") {
@@ -391,21 +399,15 @@ namespace {
 class TwoModels : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string dir = LLMESH_SOURCE_DIR "/models/kjv-tiny";
-    auto t = model::tokenizer::load(dir);
-    ASSERT_TRUE(t.ok());
-    auto c = model::load_config(dir);
-    ASSERT_TRUE(c.ok());
-    auto chat = model::chat_template::load(dir);
-    ASSERT_TRUE(chat.ok());
-    std::vector<served_model> models;
-    models.push_back({"kjv", *t, *chat, *c});
-    model::model_config short_cfg = *c;
+    served_model kjv = kjv_tiny("kjv");
+    ASSERT_TRUE(kjv.tok);
+    kjv_cfg_ = kjv.cfg;
+    std::vector<served_model> models{kjv};
+    model::model_config short_cfg = kjv.cfg;
     short_cfg.max_positions = 64;
     short_cfg.sampling.temperature = 0.5f;
     short_cfg.eos_ids = {7};
-    models.push_back({"short", *t, std::nullopt, short_cfg});
-    kjv_cfg_ = *c;
+    models.push_back({"short", kjv.tok, std::nullopt, short_cfg});
     api_ = std::make_unique<api_service>(api_options{}, std::move(models), mesh_, metrics_);
   }
   api_outcome post(const std::string& path, const std::string& body) { return api_->handle("POST", path, "", body); }

@@ -524,7 +524,7 @@ TEST(Adjust, PenaltiesFollowVllmsFormulaAndBansWinLast) {
   std::vector<float> l{4.0f, -3.0f, 1.0f, 2.0f, 6.0f};
   const std::vector<seen_token> seen{{0, 0}, {1, 2}, {3, 1}, {4, 1}};
   const std::vector<int32_t> banned{4, 99};  // out of range: ignored
-  apply_adjust(l, p, logits_adjust{seen, banned});
+  apply_adjust(l, p, logits_adjust{seen, banned, {}});
   EXPECT_EQ(l[0], 2.0f);                       // prompt only: repetition alone (4 / 2)
   EXPECT_EQ(l[1], -6.0f - 1.0f - 0.25f);       // negative: times 2, then 2 · 0.5 + 0.25
   EXPECT_EQ(l[2], 1.0f);                       // never seen
@@ -549,7 +549,7 @@ TEST(Adjust, SampleRowsDrawsFromTheAdjustedCopyAndLeavesTheLogits) {
   const int32_t top = argmax(std::span(logits).first(vocab));
   const std::vector<seen_token> seen{{top, 3}};
   const std::vector<int32_t> none;
-  const logits_adjust a{seen, none};
+  const logits_adjust a{seen, none, {}};
   sampling_params warm{0.9f, 0, 1.0f, 4};
   warm.frequency_penalty = 1.5f;
   const std::vector<sample_row> rows{{greedy, 3, &a}, {warm, 4, &a}};

@@ -91,6 +91,9 @@ struct sample_row {
   const logits_adjust* adjust = nullptr;
 };
 
+/// Whether params set a repetition, frequency or presence penalty.
+bool has_penalties(const sampling_params& params);
+
 /// Whether params change the logits before the draw (a penalty, min_tokens, or a logit bias).
 bool has_adjustments(const sampling_params& params);
 
