@@ -57,6 +57,8 @@ struct Sampling {
   minTokens @8 :UInt32;     # end ids cannot be drawn before this many output tokens
   logitBias @9 :Bool;       # the request's GenerateRequest.logitBias apply (a step row: some do)
   minP @10 :Float32;        # 0: off; in [0, 1]
+  promptLogprobs @11 :Int32 = -1;  # -1: none; n in 0..20: every prompt token after the first
+                                   # with its logprob and the n most likely (vLLM's prompt_logprobs)
 }
 
 struct TokenBias {
@@ -93,6 +95,8 @@ struct Token {
   failed @3 :Bool;
   error @4 :Error;   # when failed
   logprobs @5 :TokenLogprobs;  # when the request asked for them (unset otherwise)
+  promptLogprobs @6 :List(TokenLogprobs);  # with a request's first token, when it asked
+                                           # (Sampling.promptLogprobs): entry i is prompt token i + 1's
 }
 
 # A token's log-probability and the most likely tokens' at its position (raw log-softmax).
@@ -238,6 +242,8 @@ struct StepSequence {
   pos0 @1 :UInt64;
   nBlocks @2 :UInt32;
   wantLogits @3 :Bool;
+  promptLogprobs @4 :Int32 = -1;  # score each token's successor (model::step_sequence)
+  next @5 :Int32 = -1;            # the successor of the sequence's last token (-1: not scored)
 }
 
 # A shard in another process answers a step only when it failed (its replica's rank 0 fails the

@@ -51,7 +51,9 @@ void batch_scheduler::preempt(uint64_t id) {
 
 /// Starts a waiting request: prefix-cache hit, then blocks for its first chunk.
 bool batch_scheduler::admit(request& r, size_t& budget) {
-  const size_t hit = blocks_.match_prefix(r.tokens, r.blocks);
+  // A prompt to score is computed whole (vLLM does the same): cached positions have no logits.
+  const bool scoring = r.spec.prompt_logprobs >= 0 && r.n_generated == 0;
+  const size_t hit = scoring ? 0 : blocks_.match_prefix(r.tokens, r.blocks);
   const size_t chunk = std::min(r.tokens.size() - hit, budget);
   if (!blocks_.reserve(r.blocks, hit + chunk).ok()) {
     blocks_.release(r.blocks);
@@ -113,6 +115,10 @@ step_plan batch_scheduler::schedule() {
     s.tokens = std::span<const int32_t>(r.tokens).subspan(r.n_computed, n);
     s.block_table = r.blocks.ids;
     s.want_logits = r.n_computed + n == r.tokens.size();
+    if (r.spec.prompt_logprobs >= 0 && r.n_generated == 0) {  // before the first token, tokens are the prompt
+      s.prompt_logprobs = r.spec.prompt_logprobs;
+      s.next = s.want_logits ? -1 : r.tokens[r.n_computed + n];
+    }
     plan.seqs.push_back(s);
     plan.n_tokens += n;
   }
@@ -136,7 +142,7 @@ std::vector<token_event> batch_scheduler::complete(const step_plan& plan, std::s
     const int32_t tok = sampled[next++];
     r.tokens.push_back(tok);
     ++r.n_generated;
-    token_event e{s.id, tok, finish_reason::none, std::nullopt};
+    token_event e{s.id, tok, finish_reason::none, std::nullopt, {}};
     if (std::find(r.spec.eos_ids.begin(), r.spec.eos_ids.end(), tok) != r.spec.eos_ids.end()) {
       e.finish = finish_reason::eos;
     } else if (r.n_generated >= r.spec.max_tokens) {

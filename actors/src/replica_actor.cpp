@@ -22,7 +22,7 @@ void die(replica* self, const error& cause) {
   auto& st = self->state;
   const error e = make_error(errc::shard_failed, "replica failed: " + cause.message);
   st.dead = true;
-  for (auto& [id, owner] : st.owners) self->send(owner, token_msg{id, -1, finish_reason::none, true, e, std::nullopt});
+  for (auto& [id, owner] : st.owners) self->send(owner, token_msg{id, -1, finish_reason::none, true, e, std::nullopt, {}});
   st.owners.clear();
   for (auto& s : st.shards) {
     if (s) self->send_exit(s, caf::exit_reason::user_shutdown);
@@ -35,11 +35,11 @@ void submit(replica* self, replica_request r, const caf::actor& reply_to) {
   const uint64_t id = r.id;
   // A draining replica still takes what routers sent before they knew (routers stop at once).
   if (st.dead) {
-    self->send(reply_to, token_msg{id, -1, finish_reason::none, true, make_error(errc::replica_unavailable, "replica is dead"), std::nullopt});
+    self->send(reply_to, token_msg{id, -1, finish_reason::none, true, make_error(errc::replica_unavailable, "replica is dead"), std::nullopt, {}});
     return;
   }
   if (auto s = st.core->submit(std::move(r)); !s) {
-    self->send(reply_to, token_msg{id, -1, finish_reason::none, true, s.err(), std::nullopt});
+    self->send(reply_to, token_msg{id, -1, finish_reason::none, true, s.err(), std::nullopt, {}});
     return;
   }
   st.owners[id] = reply_to;
@@ -63,7 +63,7 @@ void step_done(replica* self) {
   for (auto& e : events) {
     auto it = st.owners.find(e.id);
     if (it == st.owners.end()) continue;
-    self->send(it->second, token_msg{e.id, e.token, e.finish, false, {}, std::move(e.logprobs)});
+    self->send(it->second, token_msg{e.id, e.token, e.finish, false, {}, std::move(e.logprobs), std::move(e.prompt_logprobs)});
     if (e.finish != finish_reason::none) st.owners.erase(it);
   }
   if (st.crash_after > 0 && --st.crash_after == 0) return self->quit(caf::exit_reason::kill);

@@ -41,6 +41,11 @@ status replica_core::submit(replica_request r) {
     if (!biased.insert(b.id).second) return make_error(errc::invalid_request, "logit_bias: token " + std::to_string(b.id) + " twice");
   }
   r.sampling.logit_bias = !r.logit_bias.empty();
+  if (r.sampling.prompt_logprobs > kernels::max_logprobs || r.sampling.logprobs > kernels::max_logprobs) {
+    return make_error(errc::invalid_request, "logprobs: at most " + std::to_string(kernels::max_logprobs) + " alternatives");
+  }
+  // A continued request (failover) had its prompt scored before its first token went out.
+  if (r.generated > 0) r.sampling.prompt_logprobs = -1;
   std::optional<adjust_state> adjust;
   if (kernels::has_adjustments(r.sampling)) {
     adjust.emplace();
@@ -55,8 +60,11 @@ status replica_core::submit(replica_request r) {
   spec.prompt = std::move(r.prompt);
   spec.max_tokens = r.max_tokens;
   spec.eos_ids = std::move(r.eos_ids);
+  spec.prompt_logprobs = r.sampling.prompt_logprobs;
+  const size_t prompt_len = spec.prompt.size();
   LLMESH_TRY(sched_.add(std::move(spec)));
   sampling_[r.id] = r.sampling;
+  if (r.sampling.prompt_logprobs >= 0) scored_[r.id].resize(prompt_len - 1);
   if (adjust) adjust_[r.id] = std::move(*adjust);
   return ok_status();
 }
@@ -70,6 +78,7 @@ void replica_core::adjust_state::see(int32_t id, bool output) {
 bool replica_core::cancel(uint64_t id) {
   sampling_.erase(id);
   adjust_.erase(id);
+  scored_.erase(id);
   return sched_.cancel(id);
 }
 
@@ -79,7 +88,7 @@ bool replica_core::begin_step() {
   rows_.clear();
   if (plan_.seqs.empty()) return false;
   for (const auto& s : plan_.seqs) {
-    batch_.push_back({s.tokens, s.pos0, s.block_table, s.want_logits});
+    batch_.push_back({s.tokens, s.pos0, s.block_table, s.want_logits, s.prompt_logprobs, s.next});
     // The token being drawn sits at position pos0 + n: the (seed, position) key generate uses.
     if (!s.want_logits) continue;
     const kernels::sampling_params& p = sampling_.at(s.id);
@@ -98,19 +107,33 @@ bool replica_core::begin_step() {
   return true;
 }
 
-std::vector<token_event> replica_core::finish_step(std::span<const int32_t> sampled, const kernels::row_logprobs& logprobs) {
+std::vector<token_event> replica_core::finish_step(std::span<const int32_t> sampled, const model::step_logprobs& logprobs) {
   in_step_ = false;
   // Each request's row, before complete() forgets the requests that finish.
   std::unordered_map<uint64_t, size_t> row_of;
-  if (!logprobs.empty()) {
+  if (!logprobs.rows.empty()) {
     size_t row = 0;
     for (const auto& s : plan_.seqs) {
       if (s.want_logits) row_of[s.id] = row++;
     }
   }
+  // The scored positions, in batch order (model::step_logprobs::prompt).
+  size_t at = 0;
+  for (size_t i = 0; i < plan_.seqs.size() && !logprobs.prompt.empty(); ++i) {
+    const size_t k = model::scored_positions(batch_[i]);
+    auto it = scored_.find(plan_.seqs[i].id);  // gone: cancelled while the step ran
+    for (size_t j = 0; j < k && at < logprobs.prompt.size(); ++j, ++at) {
+      const size_t pos = plan_.seqs[i].pos0 + j;
+      if (it != scored_.end() && pos < it->second.size()) it->second[pos] = logprobs.prompt[at];
+    }
+  }
   auto events = sched_.complete(plan_, sampled);
   for (auto& e : events) {
-    if (auto it = row_of.find(e.id); it != row_of.end() && it->second < logprobs.size()) e.logprobs = logprobs[it->second];
+    if (auto it = row_of.find(e.id); it != row_of.end() && it->second < logprobs.rows.size()) e.logprobs = logprobs.rows[it->second];
+    if (auto it = scored_.find(e.id); it != scored_.end()) {  // its first token
+      e.prompt_logprobs = std::move(it->second);
+      scored_.erase(it);
+    }
     if (e.finish != finish_reason::none) {
       sampling_.erase(e.id);
       adjust_.erase(e.id);
@@ -125,7 +148,7 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
 result<std::vector<token_event>> replica_core::step() {
   if (!begin_step()) return std::vector<token_event>{};
   std::vector<int32_t> sampled;
-  kernels::row_logprobs logprobs;
+  model::step_logprobs logprobs;
   if (auto s = eng_.forward_sample(batch_, rows_, sampled, &logprobs); !s) {
     in_step_ = false;
     return s.take_error();

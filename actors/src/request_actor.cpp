@@ -13,7 +13,7 @@ using request = caf::stateful_actor<request_state>;
 /// Ends the request with a failure the client sees.
 void fail(request* self, error e) {
   auto& st = self->state;
-  st.sink(token_msg{st.tracker->original().id, -1, finish_reason::none, true, std::move(e), std::nullopt});
+  st.sink(token_msg{st.tracker->original().id, -1, finish_reason::none, true, std::move(e), std::nullopt, {}});
   self->quit();
 }
 

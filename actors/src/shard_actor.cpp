@@ -15,7 +15,8 @@ std::shared_ptr<const step_data> step_data::copy(std::span<const model::step_seq
     d->tokens.insert(d->tokens.end(), s.tokens.begin(), s.tokens.end());
     d->tables.insert(d->tables.end(), s.block_table.begin(), s.block_table.end());
     d->batch.push_back({std::span<const int32_t>(d->tokens.data() + t0, s.tokens.size()), s.pos0,
-                        std::span<const int32_t>(d->tables.data() + b0, s.block_table.size()), s.want_logits});
+                        std::span<const int32_t>(d->tables.data() + b0, s.block_table.size()), s.want_logits,
+                        s.prompt_logprobs, s.next});
   }
   d->rows.assign(rows.begin(), rows.end());
   return d;
@@ -26,7 +27,7 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* /*self*/, model::eng
       [=](shard_step_atom, const shard_step& s) -> shard_result {
         const auto& d = *s.data;
         std::vector<int32_t> tokens;
-        kernels::row_logprobs logprobs;
+        model::step_logprobs logprobs;
         if (auto st = eng->forward_rank_sample(rank, d.batch, d.rows, tokens, &logprobs); !st) {
           return shard_result{s.step, rank, false, st.err(), {}, {}};
         }

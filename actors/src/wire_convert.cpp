@@ -13,7 +13,7 @@ transport::sampling to_wire(const kernels::sampling_params& p) {
   return {p.temperature,      p.top_p,           p.top_k,
           p.seed,             p.logprobs,        p.presence_penalty,
           p.frequency_penalty, p.repetition_penalty, static_cast<uint32_t>(std::max(p.min_tokens, 0)), p.logit_bias,
-          p.min_p};
+          p.min_p,            p.prompt_logprobs};
 }
 
 kernels::sampling_params from_wire(const transport::sampling& p) {
@@ -29,6 +29,7 @@ kernels::sampling_params from_wire(const transport::sampling& p) {
   out.min_tokens = static_cast<int>(std::min<uint32_t>(p.min_tokens, INT32_MAX));
   out.logit_bias = p.logit_bias;
   out.min_p = p.min_p;
+  out.prompt_logprobs = p.prompt_logprobs;
   return out;
 }
 
@@ -54,30 +55,42 @@ replica_request from_wire(const transport::generate_msg& m) {
   return r;
 }
 
+namespace {
+
+transport::token_body::logprobs_t to_wire(const kernels::token_logprobs& x) {
+  transport::token_body::logprobs_t l;
+  l.logprob = x.logprob;
+  for (const auto& t : x.top) {
+    l.top_ids.push_back(t.id);
+    l.top_logprobs.push_back(t.logprob);
+  }
+  return l;
+}
+
+kernels::token_logprobs from_wire(const transport::token_body::logprobs_t& x) {
+  kernels::token_logprobs l;  // the codec checked that ids and values pair up
+  l.logprob = x.logprob;
+  for (size_t i = 0; i < x.top_ids.size(); ++i) l.top.push_back({x.top_ids[i], x.top_logprobs[i]});
+  return l;
+}
+
+}  // namespace
+
 transport::token_body to_wire(const token_msg& t) {
   transport::token_body out{t.id, t.token, static_cast<transport::finish_kind>(t.finish), t.failed, t.err.code,
-                            t.failed ? t.err.message : "", std::nullopt};
-  if (t.logprobs) {
-    transport::token_body::logprobs_t l;
-    l.logprob = t.logprobs->logprob;
-    for (const auto& x : t.logprobs->top) {
-      l.top_ids.push_back(x.id);
-      l.top_logprobs.push_back(x.logprob);
-    }
-    out.logprobs = std::move(l);
-  }
+                            t.failed ? t.err.message : "", std::nullopt, {}};
+  if (t.logprobs) out.logprobs = to_wire(*t.logprobs);
+  out.prompt_logprobs.reserve(t.prompt_logprobs.size());
+  for (const auto& x : t.prompt_logprobs) out.prompt_logprobs.push_back(to_wire(x));
   return out;
 }
 
 token_msg from_wire(const transport::token_body& t) {
   token_msg out{t.id, t.token, static_cast<finish_reason>(t.finish), t.failed,
-                t.failed ? make_error(t.code, t.message) : error{}, std::nullopt};
-  if (t.logprobs) {  // the codec checked that ids and values pair up
-    kernels::token_logprobs l;
-    l.logprob = t.logprobs->logprob;
-    for (size_t i = 0; i < t.logprobs->top_ids.size(); ++i) l.top.push_back({t.logprobs->top_ids[i], t.logprobs->top_logprobs[i]});
-    out.logprobs = std::move(l);
-  }
+                t.failed ? make_error(t.code, t.message) : error{}, std::nullopt, {}};
+  if (t.logprobs) out.logprobs = from_wire(*t.logprobs);
+  out.prompt_logprobs.reserve(t.prompt_logprobs.size());
+  for (const auto& x : t.prompt_logprobs) out.prompt_logprobs.push_back(from_wire(x));
   return out;
 }
 
@@ -95,7 +108,8 @@ transport::shard_step_msg to_wire(const shard_step& s) {
   m.tokens = s.data->tokens;
   m.tables = s.data->tables;
   for (const auto& q : s.data->batch) {
-    m.seqs.push_back({static_cast<uint32_t>(q.tokens.size()), q.pos0, static_cast<uint32_t>(q.block_table.size()), q.want_logits});
+    m.seqs.push_back({static_cast<uint32_t>(q.tokens.size()), q.pos0, static_cast<uint32_t>(q.block_table.size()), q.want_logits,
+                      q.prompt_logprobs, q.next});
   }
   for (const auto& r : s.data->rows) {
     m.rows.push_back({to_wire(r.params), r.position});
@@ -113,7 +127,8 @@ result<shard_step> from_wire(const transport::shard_step_msg& m) {
       return make_error(errc::protocol_violation, "shard step: its sequences need more tokens or blocks than it carries");
     }
     d->batch.push_back({std::span<const int32_t>(d->tokens.data() + t, q.n_tokens), static_cast<size_t>(q.pos0),
-                        std::span<const int32_t>(d->tables.data() + b, q.n_blocks), q.want_logits});
+                        std::span<const int32_t>(d->tables.data() + b, q.n_blocks), q.want_logits, q.prompt_logprobs,
+                        q.next});
     t += q.n_tokens;
     b += q.n_blocks;
   }

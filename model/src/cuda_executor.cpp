@@ -81,13 +81,17 @@ class cuda_executor final : public step_executor {
 
   using step_executor::forward_sample;
   status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
-                        std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs) override {
+                        std::vector<int32_t>& tokens, step_logprobs* logprobs) override {
     LLMESH_TRY(check_sample_rows(batch, rows.size()));
     step_plan p;
     LLMESH_TRY(run(batch, p));
     tokens.clear();
     if (logprobs) logprobs->clear();
-    if (layout_.rank != 0 || p.real_rows == 0) return finish();
+    if (layout_.rank != 0) return finish();
+    if (p.real_rows == 0) {
+      LLMESH_TRY(finish());
+      return logprobs ? score(batch, p, logprobs->prompt) : ok_status();
+    }
     // Rows that ask for logprobs bring their logits back too (computed on the host, exactly as
     // the CPU executor does); the others only their ids.
     const bool want_logprobs = logprobs && kernels::any_logprobs(rows);
@@ -119,7 +123,33 @@ class cuda_executor final : public step_executor {
     LLMESH_TRY(cuda::copy_to_host(ids_host_.get(), ids_.get(), p.real_rows * sizeof(int32_t), stream_.get()));
     LLMESH_TRY(finish());
     tokens.assign(ids_host_.as<int32_t>(), ids_host_.as<int32_t>() + p.real_rows);
-    if (want_logprobs) *logprobs = kernels::logprobs_rows(lp_logits, cfg_.vocab, rows, tokens);
+    if (want_logprobs) logprobs->rows = kernels::logprobs_rows(lp_logits, cfg_.vocab, rows, tokens);
+    return logprobs ? score(batch, p, logprobs->prompt) : ok_status();
+  }
+
+  /// The scored positions' log-probabilities (step_sequence::prompt_logprobs): their logits
+  /// rows follow the drawn rows (run() put them there); they come back in blocks and are
+  /// computed on the host, as the CPU executor computes them. REQUIRES: the step finished.
+  status score(std::span<const step_sequence> batch, const step_plan& p, std::vector<kernels::token_logprobs>& out) {
+    out.clear();
+    if (p.rows <= p.real_rows) return ok_status();
+    std::vector<std::pair<int32_t, int>> todo;  // (target, alternatives) per scored row
+    for (const auto& s : batch) {
+      const size_t k = scored_positions(s);
+      for (size_t i = 0; i < k; ++i) todo.emplace_back(i + 1 < s.tokens.size() ? s.tokens[i + 1] : s.next, s.prompt_logprobs);
+    }
+    constexpr size_t block = 32;
+    std::vector<float> host(block * cfg_.vocab);
+    for (size_t b = 0; b < todo.size(); b += block) {
+      const size_t n = std::min(block, todo.size() - b);
+      LLMESH_TRY(cuda::copy_to_host(host.data(), logits_full() + (p.real_rows + b) * cfg_.vocab, n * cfg_.vocab * sizeof(float),
+                                    stream_.get()));
+      LLMESH_TRY(stream_.synchronize());
+      for (size_t r = 0; r < n; ++r) {
+        out.push_back(kernels::compute_logprobs(std::span<const float>(host).subspan(r * cfg_.vocab, cfg_.vocab),
+                                                todo[b + r].first, todo[b + r].second));
+      }
+    }
     return ok_status();
   }
 
@@ -284,14 +314,15 @@ class cuda_executor final : public step_executor {
   /// Builds the step's metadata on the host, copies it to the device and runs the step.
   status run(std::span<const step_sequence> batch, step_plan& p) {
     LLMESH_TRY(cuda::use_device(opt_.device));  // ranks may be driven from any thread
-    size_t n_tokens = 0, table_ints = 0, max_pos = 0;
+    size_t n_tokens = 0, table_ints = 0, max_pos = 0, scored = 0;
     bool decode = opt_.graphs && !opt_.profile;  // profiling times each op: no graphs
     for (const auto& s : batch) {
       n_tokens += s.tokens.size();
       table_ints += s.block_table.size();
       max_pos = std::max(max_pos, s.pos0 + s.tokens.size() - 1);
-      decode = decode && s.tokens.size() == 1 && s.want_logits;
+      decode = decode && s.tokens.size() == 1 && s.want_logits && scored_positions(s) == 0;
       if (s.want_logits) ++p.real_rows;
+      scored += scored_positions(s);
     }
     if (n_tokens == 0) return make_error(errc::invalid_request, "forward: empty batch");
     if (max_pos >= std::min(kv_.n_blocks * kv_.block_size, cfg_.max_positions)) {
@@ -313,7 +344,7 @@ class cuda_executor final : public step_executor {
       p.partitions = pow2_at_least(p.partitions);
     } else {
       p.tokens = n_tokens;
-      p.rows = p.real_rows;
+      p.rows = p.real_rows + scored;  // the scored positions' rows follow the drawn rows
       for (const auto& s : batch) p.tiles += (s.tokens.size() + cuda::attention_tile_rows - 1) / cuda::attention_tile_rows;
     }
     LLMESH_TRY(reserve(p.tokens, table_ints, p.partitions, singles));
@@ -341,6 +372,13 @@ class cuda_executor final : public step_executor {
       if (s.want_logits) m[off_rows() + row++] = static_cast<int32_t>(t - 1);
       table += s.block_table.size();
     }
+    t = 0;
+    for (const auto& s : batch) {  // after every drawn row
+      const size_t k = scored_positions(s);
+      for (size_t i = 0; i < k; ++i) m[off_rows() + row++] = static_cast<int32_t>(t + i);
+      t += s.tokens.size();
+    }
+    t = n_tokens;
     for (; t < p.tokens; ++t) {  // decode padding: no cache slot, no tile
       m[off_pos() + t] = -1;
       m[off_slot() + t] = -1;

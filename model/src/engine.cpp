@@ -202,10 +202,13 @@ status engine::step_sample(std::span<const step_item> items, std::span<const ker
                                                  std::to_string(want) + " items that want a token");
   }
   std::vector<std::vector<int32_t>> rank_tokens(opt_.tp);
-  return run_step(items, [&](int r, std::span<const step_sequence> batch, std::vector<float>&) {
-    return r == 0 ? shards_[r]->forward_sample(batch, rows, tokens, logprobs)
+  step_logprobs out;
+  LLMESH_TRY(run_step(items, [&](int r, std::span<const step_sequence> batch, std::vector<float>&) {
+    return r == 0 ? shards_[r]->forward_sample(batch, rows, tokens, logprobs ? &out : nullptr)
                   : shards_[r]->forward_sample(batch, rows, rank_tokens[r]);
-  });
+  }));
+  if (logprobs) *logprobs = std::move(out.rows);
+  return ok_status();
 }
 
 status engine::step_greedy(std::span<const step_item> items, std::vector<int32_t>& tokens) {
@@ -312,6 +315,12 @@ status engine::check_batch(std::span<const step_sequence> batch) const {
                                                    " tokens exceeds the model's context of " + std::to_string(c.max_positions));
     }
     if (s.block_table.size() * kv_.block_size < end) return make_error(errc::invalid_request, "forward: block table too short");
+    if (s.prompt_logprobs > kernels::max_logprobs || s.next >= static_cast<int32_t>(c.vocab) ||
+        (s.prompt_logprobs >= 0 && s.next < -1)) {
+      return make_error(errc::invalid_request, "forward: prompt scoring asks for " + std::to_string(s.prompt_logprobs) +
+                                                   " alternatives (at most " + std::to_string(kernels::max_logprobs) +
+                                                   ") or its next token " + std::to_string(s.next) + " is outside the vocabulary");
+    }
     for (size_t b = 0; b < (end + kv_.block_size - 1) / kv_.block_size; ++b) {
       if (s.block_table[b] < 0 || static_cast<size_t>(s.block_table[b]) >= kv_.n_blocks) {
         return make_error(errc::invalid_request, "forward: block id " + std::to_string(s.block_table[b]) + " out of range");
@@ -330,7 +339,7 @@ status engine::forward(std::span<const step_sequence> batch, std::vector<float>&
 }
 
 status engine::forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
-                              std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs) {
+                              std::vector<int32_t>& tokens, step_logprobs* logprobs) {
   LLMESH_TRY(all_local("forward"));
   LLMESH_TRY(check_batch(batch));
   LLMESH_TRY(check_sample_rows(batch, rows.size()));
@@ -365,7 +374,7 @@ status engine::forward_rank(int rank, std::span<const step_sequence> batch, std:
 }
 
 status engine::forward_rank_sample(int rank, std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
-                                   std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs) {
+                                   std::vector<int32_t>& tokens, step_logprobs* logprobs) {
   return guarded_rank(rank, [&](step_executor& ex) { return ex.forward_sample(batch, rows, tokens, logprobs); });
 }
 

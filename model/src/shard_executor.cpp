@@ -82,10 +82,11 @@ void shard_executor::ensure_buffers(size_t t) {
 }
 
 status shard_executor::forward(std::span<const step_sequence> batch, std::vector<float>& logits) {
-  return run(batch, logits, nullptr);
+  return run(batch, logits, nullptr, nullptr);
 }
 
-status shard_executor::run(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy) {
+status shard_executor::run(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy,
+                           std::vector<kernels::token_logprobs>* scored) {
   const auto& c = model_->config();
   const auto& w = model_->weights();
   size_t n_tokens = 0;
@@ -109,7 +110,13 @@ status shard_executor::run(std::span<const step_sequence> batch, std::vector<flo
     LLMESH_TRY(attention_block(layer, batch, n_tokens));
     LLMESH_TRY(mlp_block(layer, n_tokens));
   }
-  return lm_head(batch, logits, greedy);
+  LLMESH_TRY(lm_head(batch, logits, greedy));
+  return score_prompts(batch, scored);
+}
+
+size_t scored_positions(const step_sequence& s) {
+  if (s.prompt_logprobs < 0 || s.tokens.empty()) return 0;
+  return s.next >= 0 ? s.tokens.size() : s.tokens.size() - 1;
 }
 
 status check_sample_rows(std::span<const step_sequence> batch, size_t rows) {
@@ -121,19 +128,20 @@ status check_sample_rows(std::span<const step_sequence> batch, size_t rows) {
 }
 
 status shard_executor::forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
-                                      std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs) {
+                                      std::vector<int32_t>& tokens, step_logprobs* logprobs) {
   LLMESH_TRY(check_sample_rows(batch, rows.size()));
   tokens.clear();
   if (logprobs) logprobs->clear();
   // Greedy steps of a split LM head gather each slice's argmax, not the slices' logits (every
   // rank decides alike from the rows: a row that wants logprobs needs its whole row).
+  auto* scored = logprobs ? &logprobs->prompt : nullptr;
   const bool greedy = layout_.tp > 1 && kernels::argmax_only(rows);
-  if (greedy) return run(batch, sample_logits_, &tokens);
-  LLMESH_TRY(run(batch, sample_logits_, nullptr));
+  if (greedy) return run(batch, sample_logits_, &tokens, scored);
+  LLMESH_TRY(run(batch, sample_logits_, nullptr, scored));
   if (layout_.rank != 0) return ok_status();
   const size_t vocab = model_->config().vocab;
   tokens = kernels::sample_rows(sample_logits_, vocab, rows, pool_);
-  if (logprobs) *logprobs = kernels::logprobs_rows(sample_logits_, vocab, rows, tokens);
+  if (logprobs) logprobs->rows = kernels::logprobs_rows(sample_logits_, vocab, rows, tokens);
   return ok_status();
 }
 
@@ -214,26 +222,76 @@ status shard_executor::lm_head(std::span<const step_sequence> batch, std::vector
     ++n_want;
   }
   if (greedy != nullptr && layout_.tp > 1) return greedy_head(n_want, *greedy);
-  logits.resize(n_want * c.vocab);
-  if (n_want == 0) return ok_status();
+  return head_rows(n_want, logits);
+}
+
+status shard_executor::head_rows(size_t n, std::vector<float>& logits) {
+  const auto& c = model_->config();
+  const auto& w = model_->weights();
+  logits.resize(n * c.vocab);
+  if (n == 0) return ok_status();
   if (layout_.tp == 1) {
-    return kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, w.lm_head.data, logits.data(), c.vocab, n_want, c.vocab,
+    return kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, w.lm_head.data, logits.data(), c.vocab, n, c.vocab,
                                c.hidden, nullptr),
                            *pool_);
   }
   // Vocabulary-parallel: each rank computes its rows, the all-gather concatenates rank slices
-  // ([rank][n_want][n_vocab_r]), then each rank reorders them into [n_want][vocab].
-  std::vector<float> local, gathered(n_want * c.vocab);
-  LLMESH_TRY(lm_head_slice(n_want, local));
+  // ([rank][n][n_vocab_r]), then each rank reorders them into [n][vocab].
+  std::vector<float> local, gathered(n * c.vocab);
+  LLMESH_TRY(lm_head_slice(n, local));
   LLMESH_TRY(comm_->all_gather(local, gathered));
   size_t at = 0;
   for (int r = 0; r < layout_.tp; ++r) {
     auto peer = make_shard_layout(c, r, layout_.tp);  // cannot fail: our own layout did not
-    const size_t v0 = peer->vocab0, n = peer->n_vocab;
-    for (size_t row = 0; row < n_want; ++row) {
-      std::copy_n(&gathered[at + row * n], n, &logits[row * c.vocab + v0]);
+    const size_t v0 = peer->vocab0, nv = peer->n_vocab;
+    for (size_t row = 0; row < n; ++row) {
+      std::copy_n(&gathered[at + row * nv], nv, &logits[row * c.vocab + v0]);
     }
-    at += n_want * n;
+    at += n * nv;
+  }
+  return ok_status();
+}
+
+status shard_executor::score_prompts(std::span<const step_sequence> batch, std::vector<kernels::token_logprobs>* out) {
+  if (out) out->clear();
+  struct position {
+    size_t t;        ///< its row in h_
+    int32_t target;  ///< the token that follows it
+    int n;           ///< alternatives asked for
+  };
+  std::vector<position> todo;
+  size_t t0 = 0;
+  for (const auto& s : batch) {
+    const size_t k = scored_positions(s);
+    for (size_t i = 0; i < k; ++i) {
+      todo.push_back({t0 + i, i + 1 < s.tokens.size() ? s.tokens[i + 1] : s.next, s.prompt_logprobs});
+    }
+    t0 += s.tokens.size();
+  }
+  if (todo.empty()) return ok_status();
+  // Blocks of rows bound the logits held at once ([block][vocab]); every rank runs the same
+  // blocks (each is one LM-head collective at tp > 1). The matmul's rows are independent of
+  // one another, so a position's logits are those a step ending there would give.
+  constexpr size_t score_block = 32;
+  const auto& c = model_->config();
+  const auto& w = model_->weights();
+  const bool keep = out != nullptr && layout_.rank == 0;
+  if (keep) out->resize(todo.size());
+  for (size_t b = 0; b < todo.size(); b += score_block) {
+    const size_t n = std::min(score_block, todo.size() - b);
+    for (size_t r = 0; r < n; ++r) {
+      kernels::rmsnorm(&h_[todo[b + r].t * c.hidden], w.final_norm.data(), &xn_[r * c.hidden], c.hidden, c.rms_norm_eps);
+    }
+    LLMESH_TRY(head_rows(n, score_logits_));
+    if (!keep) continue;
+    pool_->run([&](int th, int n_threads) {
+      auto [r0, r1] = kernels::thread_pool::split(n, th, n_threads);
+      for (size_t r = r0; r < r1; ++r) {
+        const auto& p = todo[b + r];
+        (*out)[b + r] = kernels::compute_logprobs(std::span<const float>(score_logits_).subspan(r * c.vocab, c.vocab),
+                                                  p.target, p.n);
+      }
+    });
   }
   return ok_status();
 }

@@ -198,5 +198,96 @@ TEST_F(ReplicaCore, APenalizedRequestContinuedAfterFailoverGivesTheSameTokens) {
   EXPECT_FALSE(rc.submit(bad).ok());
 }
 
+/// What each prompt's scoring should give: prompt token i + 1's log-probability under the
+/// logits a step ending at token i returns (the prompt fed one token per step, so each
+/// position's logits come from a one-row LM head).
+std::vector<kernels::token_logprobs> scored_alone(model::engine& e, const std::vector<int32_t>& prompt, int n) {
+  const int seq = e.open_sequence();
+  std::vector<kernels::token_logprobs> out;
+  const size_t vocab = e.config().vocab;
+  for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+    const model::step_item it{seq, std::span(&prompt[i], 1), true};
+    std::vector<float> logits;
+    EXPECT_TRUE(e.step(std::span(&it, 1), logits).ok());
+    out.push_back(kernels::compute_logprobs(std::span<const float>(logits).first(vocab), prompt[i + 1], n));
+  }
+  e.close_sequence(seq);
+  return out;
+}
+
+/// Prompt scoring (vLLM's prompt_logprobs) beside plain requests, with prompts in chunks of a
+/// small token budget, a shared prefix in the cache (a scored prompt must not take it: cached
+/// positions have no logits), and at tp 2: every scored entry equals the one-token-per-step
+/// reference, it comes with the request's first token only, and no token changes.
+TEST_F(ReplicaCore, PromptLogprobsAreThoseOfTheLogitsBeforeEachPromptToken) {
+  auto reqs = requests(12);
+  for (auto& r : reqs) {
+    if (r.id % 2 == 0) r.sampling.prompt_logprobs = static_cast<int>(r.id % 6);  // 0, 2, 4 alternatives
+  }
+  for (int tp : {1, 2}) {
+    auto want = alone(reqs, tp);
+    auto ref = engine(tp, 512);
+    std::map<uint64_t, std::vector<kernels::token_logprobs>> want_scored;
+    for (const auto& r : reqs) {
+      if (r.sampling.prompt_logprobs >= 0) want_scored[r.id] = scored_alone(*ref, r.prompt, r.sampling.prompt_logprobs);
+    }
+    auto e = engine(tp, 1024);
+    scheduler_config cfg;
+    cfg.max_batch_tokens = 20;  // prompts of up to 64 tokens arrive in chunks
+    replica_core rc(*e, cfg);
+    // A plain request with the shared prefix first, so that the cache holds it.
+    replica_request warm = reqs[3];
+    warm.id = 100;
+    for (const auto& r : std::vector{warm}) ASSERT_TRUE(rc.submit(r).ok());
+    while (!rc.idle()) ASSERT_TRUE(rc.step().ok());
+    std::map<uint64_t, std::vector<int32_t>> got;
+    std::map<uint64_t, std::vector<kernels::token_logprobs>> got_scored;
+    for (const auto& r : reqs) ASSERT_TRUE(rc.submit(r).ok());
+    for (int guard = 0; !rc.idle() && guard < 10000; ++guard) {
+      auto ev = rc.step();
+      ASSERT_TRUE(ev.ok()) << ev.err().message;
+      for (auto& x : *ev) {
+        if (!got[x.id].empty() || want_scored.count(x.id) == 0) {
+          EXPECT_TRUE(x.prompt_logprobs.empty()) << "request " << x.id << " token " << got[x.id].size();
+        } else {
+          got_scored[x.id] = x.prompt_logprobs;
+        }
+        got[x.id].push_back(x.token);
+      }
+    }
+    for (const auto& r : reqs) {
+      EXPECT_EQ(got[r.id], want[r.id]) << "tp " << tp << " request " << r.id;
+      if (r.sampling.prompt_logprobs < 0) continue;
+      const auto& g = got_scored[r.id];
+      const auto& w = want_scored[r.id];
+      ASSERT_EQ(g.size(), r.prompt.size() - 1) << "tp " << tp << " request " << r.id;
+      for (size_t i = 0; i < w.size(); ++i) {
+        EXPECT_EQ(g[i], w[i]) << "tp " << tp << " request " << r.id << " position " << i;
+        EXPECT_EQ(g[i].top.size(), static_cast<size_t>(r.sampling.prompt_logprobs));
+      }
+    }
+  }
+}
+
+TEST_F(ReplicaCore, AContinuedRequestDoesNotScoreItsPromptAgain) {
+  auto e = engine(1, 256);
+  replica_core rc(*e, scheduler_config{});
+  replica_request r;
+  r.id = 1;
+  r.prompt = {5, 6, 7, 8};
+  r.max_tokens = 2;
+  r.generated = 2;  // failover: the prompt was scored on the replica that died
+  r.sampling.prompt_logprobs = 3;
+  ASSERT_TRUE(rc.submit(r).ok());
+  auto ev = rc.step();
+  ASSERT_TRUE(ev.ok());
+  ASSERT_EQ(ev->size(), 1u);
+  EXPECT_TRUE((*ev)[0].prompt_logprobs.empty());
+  r.id = 2;
+  r.generated = 0;
+  r.sampling.prompt_logprobs = kernels::max_logprobs + 1;
+  EXPECT_FALSE(rc.submit(r).ok());
+}
+
 }  // namespace
 }  // namespace llmesh::actors

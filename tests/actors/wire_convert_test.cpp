@@ -5,6 +5,7 @@
 
 #include <variant>
 
+#include "llmesh/actors/shard_actor.hpp"
 #include "llmesh/actors/wire_convert.hpp"
 #include "llmesh/transport/codec.hpp"
 
@@ -27,7 +28,7 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   r.id = 42;
   r.prompt = {1, 2, 3, 4, 5};
   r.max_tokens = 17;
-  r.sampling = {0.7f, 40, 0.9f, 123456789ull, 5, 0.5f, -0.25f, 1.3f, 4, true, 0.05f};
+  r.sampling = {0.7f, 40, 0.9f, 123456789ull, 5, 0.5f, -0.25f, 1.3f, 4, true, 0.05f, 7};
   r.eos_ids = {2, 9};
   r.generated = 2;
   r.logit_bias = {{3, -100.0f}, {4, 2.5f}};
@@ -47,6 +48,7 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   EXPECT_EQ(back.sampling.min_tokens, 4);
   EXPECT_TRUE(back.sampling.logit_bias);
   EXPECT_EQ(back.sampling.min_p, 0.05f);
+  EXPECT_EQ(back.sampling.prompt_logprobs, 7);
   EXPECT_EQ(back.eos_ids, r.eos_ids);
   EXPECT_EQ(back.generated, 2u);
   EXPECT_EQ(back.logit_bias, r.logit_bias);
@@ -65,10 +67,38 @@ TEST(WireConvert, ATokenKeepsItsLogprobs) {
   EXPECT_EQ(back.finish, finish_reason::eos);
   ASSERT_TRUE(back.logprobs.has_value());
   EXPECT_EQ(*back.logprobs, *t.logprobs);
+  EXPECT_TRUE(back.prompt_logprobs.empty());
+  t.prompt_logprobs = {{-3.0f, {{4, -0.25f}}}, {-0.5f, {}}};
+  EXPECT_EQ(through_a_frame(t).prompt_logprobs, t.prompt_logprobs);
   token_msg plain;
   plain.id = 8;
   plain.token = 1;
   EXPECT_FALSE(through_a_frame(plain).logprobs.has_value());
+}
+
+TEST(WireConvert, AShardStepKeepsWhatItScores) {
+  const std::vector<int32_t> tokens{5, 6, 7, 8, 9}, table{3, 4};
+  std::vector<model::step_sequence> batch{{std::span(tokens).first(3), 0, std::span(table).first(1), false, 4, 8},
+                                          {std::span(tokens).last(2), 16, std::span(table).last(1), true, -1, -1}};
+  std::vector<sample_row> rows(1);
+  rows[0].position = 18;
+  rows[0].params.prompt_logprobs = 2;
+  const shard_step s{9, step_data::copy(batch, rows)};
+  transport::envelope e;
+  e.msg = to_wire(s);
+  auto back = transport::decode(transport::encode(e));
+  ASSERT_TRUE(back.ok()) << back.err().message;
+  auto step = from_wire(std::get<transport::shard_step_msg>(back->msg));
+  ASSERT_TRUE(step.ok()) << step.err().message;
+  const auto& got = step->data->batch;
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].prompt_logprobs, 4);
+  EXPECT_EQ(got[0].next, 8);
+  EXPECT_EQ(got[1].prompt_logprobs, -1);
+  EXPECT_EQ(got[1].next, -1);
+  EXPECT_EQ(std::vector<int32_t>(got[0].tokens.begin(), got[0].tokens.end()), (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(model::scored_positions(got[0]), 3u);
+  EXPECT_EQ(step->data->rows[0].params.prompt_logprobs, 2);
 }
 
 }  // namespace

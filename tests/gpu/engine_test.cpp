@@ -300,6 +300,60 @@ TEST(CudaEngine, ChunkedPrefillGivesIdenticalBits) {
   EXPECT_TRUE(same_bits(whole, chunked));
 }
 
+/// Prompt scoring (step_sequence::prompt_logprobs) on the device: a 40-token prompt in two
+/// chunks (the first scoring its successor in the second) gives, for every prompt token after
+/// the first, what compute_logprobs gives on the logits of a step ending just before it, and
+/// the same entries as the CPU engine within 1e-4.
+TEST(CudaEngine, PromptScoringIsThatOfTheLogitsBeforeEachToken) {
+  LLMESH_REQUIRE_GPU();
+  loaded_model m(golden_shapes()[2].spec);
+  const auto prompt = prompt_of(40, 600, 90);
+  auto scored_by = [&](model::backend b) {
+    auto e = make_engine(m.get(), b, true);
+    EXPECT_TRUE(e);
+    std::vector<int32_t> table(e->kv_blocks());
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+    std::vector<kernels::token_logprobs> out;
+    const size_t cut = 25;
+    for (int part = 0; part < 2; ++part) {
+      model::step_sequence s;
+      s.tokens = part == 0 ? std::span(prompt).first(cut) : std::span(prompt).subspan(cut);
+      s.pos0 = part == 0 ? 0 : cut;
+      s.block_table = table;
+      s.want_logits = part == 1;
+      s.prompt_logprobs = 3;
+      s.next = part == 0 ? prompt[cut] : -1;
+      std::vector<kernels::sample_row> rows(part == 1 ? 1 : 0);
+      std::vector<int32_t> drawn;
+      model::step_logprobs lps;
+      auto st = e->forward_sample(std::span(&s, 1), rows, drawn, &lps);
+      EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.err().message);
+      EXPECT_EQ(lps.prompt.size(), part == 0 ? cut : prompt.size() - cut - 1);
+      out.insert(out.end(), lps.prompt.begin(), lps.prompt.end());
+    }
+    return out;
+  };
+  const auto gpu = scored_by(model::backend::cuda), cpu = scored_by(model::backend::cpu);
+  ASSERT_EQ(gpu.size(), prompt.size() - 1);
+  ASSERT_EQ(cpu.size(), gpu.size());
+  auto ref = make_engine(m.get(), model::backend::cuda, true);
+  ASSERT_TRUE(ref);
+  const int seq = ref->open_sequence();
+  for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+    const model::step_item it{seq, std::span(&prompt[i], 1), true};
+    std::vector<float> logits;
+    ASSERT_TRUE(ref->step(std::span(&it, 1), logits).ok());
+    const auto want = kernels::compute_logprobs(logits, prompt[i + 1], 3);
+    EXPECT_NEAR(gpu[i].logprob, want.logprob, 1e-5) << "position " << i;
+    ASSERT_EQ(gpu[i].top.size(), 3u);
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(gpu[i].top[k].id, want.top[k].id) << "position " << i;
+      EXPECT_NEAR(gpu[i].top[k].logprob, want.top[k].logprob, 1e-5) << "position " << i;
+    }
+    EXPECT_NEAR(gpu[i].logprob, cpu[i].logprob, 1e-4) << "position " << i;
+  }
+}
+
 /// Needs two GPUs (NCCL refuses two ranks on one device): --tp 2 over NCCL gives the greedy
 /// tokens of --tp 1 and logits within 1e-4.
 TEST(CudaEngine, TensorParallelOverNcclMatchesOneGpu) {

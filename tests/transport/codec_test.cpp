@@ -24,10 +24,15 @@ std::vector<envelope> samples() {
       generate_msg{8, {5}, 4, {0.0f, 1.0f, 0, 3, 20, 0.0f, 0.0f, 1.0f, 0, false, 0.0f}, {}, 0, {}},  // logprobs: 20 alternatives
       // Penalties, min_tokens and biases; a continued request whose last 2 prompt tokens are output.
       generate_msg{9, {5, 6, 7}, 4, {0.7f, 1.0f, 0, 3, -1, 0.5f, -1.25f, 1.2f, 3, true, 0.05f}, {2}, 2, {{4, -100.0f}, {9, 2.5f}}},
+      // Prompt scoring with 3 alternatives.
+      generate_msg{10, {5, 6, 7}, 1, {0.0f, 1.0f, 0, 3, 0, 0.0f, 0.0f, 1.0f, 0, false, 0.0f, 3}, {}, 0, {}},
       token_body{7, 42, finish_kind::length, false, errc::internal, "", std::nullopt},
       token_body{7, -1, finish_kind::none, true, errc::shard_failed, "shard 1 is gone", std::nullopt},
       token_body{8, 9, finish_kind::none, false, errc::internal, "", token_body::logprobs_t{-0.25f, {9, 3}, {-0.25f, -2.5f}}},
       token_body{8, 3, finish_kind::eos, false, errc::internal, "", token_body::logprobs_t{-1.5f, {}, {}}},
+      // A first token with its prompt's scores.
+      token_body{10, 3, finish_kind::length, false, errc::internal, "", token_body::logprobs_t{-0.5f, {}, {}},
+                 {{-2.0f, {6, 1}, {-0.125f, -3.0f}}, {-7.5f, {2, 0}, {-1.0f, -1.5f}}}},
       cancel_msg{9},
       status_request{},
       load_msg{5, true, 3, 4, 100, 4096},
@@ -46,6 +51,8 @@ std::vector<envelope> samples() {
       assign_msg{15, "kjv-tiny", "models/kjv-tiny", 3, 128, assign_op::start, {1, 2},
                  {"127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7102"}, std::string("\x00key\xff\x01-of-the-group", 19)},
       shard_step_msg{41, {5, 6, 7, -1, 299}, {3, 0, 9}, {{4, 0, 2, false}, {1, 17, 1, true}}, {{{0.7f, 0.9f, 40, 1ull << 63}, 18}}},
+      // A prompt chunk scored, its successor known; the last chunk of another scored.
+      shard_step_msg{42, {5, 6, 7, 8}, {3, 4}, {{2, 0, 1, false, 5, 7}, {2, 16, 1, true, 0, -1}}, {{{}, 18}}},
       shard_step_msg{},
       shard_result_msg{41, 1, true, errc::internal, ""},
       shard_result_msg{42, 2, false, errc::shard_failed, "rank 2: out of memory"},
@@ -197,6 +204,25 @@ TEST(Codec, LogprobsOutOfBoundsAreRefused) {
     EXPECT_FALSE(decoded(mb).ok());
     g.getSampling().setLogprobs(max_logprobs);
     EXPECT_TRUE(decoded(mb).ok());
+    g.getSampling().setPromptLogprobs(max_logprobs + 1);
+    r = decoded(mb);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.err().message.find("sampling.promptLogprobs is 21"), std::string::npos) << r.err().message;
+    g.getSampling().setPromptLogprobs(max_logprobs);
+    EXPECT_TRUE(decoded(mb).ok());
+  }
+  {  // a step asking to score with too many alternatives
+    capnp::MallocMessageBuilder mb;
+    auto st = mb.initRoot<schemas_v2::Envelope>().getBody().initShardStep();
+    st.initTokens(1);
+    auto seq = st.initSeqs(1)[0];
+    seq.setNTokens(1);
+    seq.setPromptLogprobs(-2);
+    auto r = decoded(mb);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.err().message.find("seqs.promptLogprobs is -2"), std::string::npos) << r.err().message;
+    seq.setPromptLogprobs(2);
+    EXPECT_TRUE(decoded(mb).ok());
   }
   {  // penalties that are not numbers, a repetition penalty of 0, more output than prompt
     capnp::MallocMessageBuilder mb;
@@ -237,6 +263,15 @@ TEST(Codec, LogprobsOutOfBoundsAreRefused) {
     auto ok = decoded(mb);
     ASSERT_TRUE(ok.ok()) << ok.err().message;
     EXPECT_TRUE(std::get<token_body>(ok->msg).logprobs.has_value());
+    auto prompt = t.initPromptLogprobs(2);  // the prompt's entries are held to the same bounds
+    prompt[1].initTopIds(max_logprobs + 1);
+    prompt[1].initTopLogprobs(max_logprobs + 1);
+    EXPECT_FALSE(decoded(mb).ok());
+    prompt[1].initTopIds(2);
+    prompt[1].initTopLogprobs(2);
+    ok = decoded(mb);
+    ASSERT_TRUE(ok.ok()) << ok.err().message;
+    EXPECT_EQ(std::get<token_body>(ok->msg).prompt_logprobs.size(), 2u);
   }
 }
 

@@ -43,12 +43,14 @@ void write_sampling(s::Sampling::Builder sp, const sampling& p) {
   sp.setMinTokens(p.min_tokens);
   sp.setLogitBias(p.logit_bias);
   sp.setMinP(p.min_p);
+  sp.setPromptLogprobs(p.prompt_logprobs);
 }
 
 sampling read_sampling(s::Sampling::Reader sp) {
   return {sp.getTemperature(), sp.getTopP(),          sp.getTopK(),
           sp.getSeed(),        sp.getLogprobs(),      sp.getPresencePenalty(),
-          sp.getFrequencyPenalty(), sp.getRepetitionPenalty(), sp.getMinTokens(), sp.getLogitBias(), sp.getMinP()};
+          sp.getFrequencyPenalty(), sp.getRepetitionPenalty(), sp.getMinTokens(), sp.getLogitBias(), sp.getMinP(),
+          sp.getPromptLogprobs()};
 }
 
 struct writer {
@@ -78,12 +80,16 @@ struct writer {
       e.setCode(static_cast<uint16_t>(m.code));
       e.setMessage(text(m.message));
     }
-    if (m.logprobs) {
-      auto l = t.initLogprobs();
-      l.setLogprob(m.logprobs->logprob);
-      fill(l.initTopIds(static_cast<unsigned>(m.logprobs->top_ids.size())), m.logprobs->top_ids);
-      fill(l.initTopLogprobs(static_cast<unsigned>(m.logprobs->top_logprobs.size())), m.logprobs->top_logprobs);
+    if (m.logprobs) write_logprobs(t.initLogprobs(), *m.logprobs);
+    if (!m.prompt_logprobs.empty()) {
+      auto list = t.initPromptLogprobs(static_cast<unsigned>(m.prompt_logprobs.size()));
+      for (unsigned i = 0; i < m.prompt_logprobs.size(); ++i) write_logprobs(list[i], m.prompt_logprobs[i]);
     }
+  }
+  static void write_logprobs(s::TokenLogprobs::Builder l, const token_body::logprobs_t& x) {
+    l.setLogprob(x.logprob);
+    fill(l.initTopIds(static_cast<unsigned>(x.top_ids.size())), x.top_ids);
+    fill(l.initTopLogprobs(static_cast<unsigned>(x.top_logprobs.size())), x.top_logprobs);
   }
   void operator()(const cancel_msg& m) { b.initCancel().setId(m.id); }
   void operator()(const status_request&) { b.setStatusRequest(); }
@@ -160,6 +166,8 @@ struct writer {
       seqs[i].setPos0(m.seqs[i].pos0);
       seqs[i].setNBlocks(m.seqs[i].n_blocks);
       seqs[i].setWantLogits(m.seqs[i].want_logits);
+      seqs[i].setPromptLogprobs(m.seqs[i].prompt_logprobs);
+      seqs[i].setNext(m.seqs[i].next);
     }
     auto rows = st.initRows(static_cast<unsigned>(m.rows.size()));
     for (unsigned i = 0; i < m.rows.size(); ++i) {
@@ -265,10 +273,28 @@ struct reader {
     }
     return out;
   }
+  token_body::logprobs_t logprobs_of(s::TokenLogprobs::Reader l) {
+    token_body::logprobs_t x;
+    auto ids = l.getTopIds();
+    auto lps = l.getTopLogprobs();
+    if (ids.size() > static_cast<unsigned>(max_logprobs) || lps.size() != ids.size()) {
+      err = bad("token logprobs hold " + std::to_string(ids.size()) + " ids and " + std::to_string(lps.size()) +
+                " values (equal, at most " + std::to_string(max_logprobs) + ")");
+      return x;
+    }
+    x.logprob = l.getLogprob();
+    for (int32_t id : ids) x.top_ids.push_back(id);
+    for (float v : lps) x.top_logprobs.push_back(v);
+    return x;
+  }
   sampling sampling_of(s::Sampling::Reader sp) {
     sampling p = read_sampling(sp);
     if (p.logprobs < -1 || p.logprobs > max_logprobs) {
       err = bad("sampling.logprobs is " + std::to_string(p.logprobs) + " (-1..." + std::to_string(max_logprobs) + ")");
+    }
+    if (p.prompt_logprobs < -1 || p.prompt_logprobs > max_logprobs) {
+      err = bad("sampling.promptLogprobs is " + std::to_string(p.prompt_logprobs) + " (-1..." +
+                std::to_string(max_logprobs) + ")");
     }
     if (!std::isfinite(p.presence_penalty) || !std::isfinite(p.frequency_penalty) || !std::isfinite(p.repetition_penalty) ||
         !(p.repetition_penalty > 0.0f)) {
@@ -315,20 +341,9 @@ struct reader {
           m.code = static_cast<errc>(code);
           m.message = str(t.getError().getMessage(), "error.message");
         }
-        if (t.hasLogprobs()) {
-          auto l = t.getLogprobs();
-          auto ids = l.getTopIds();
-          auto lps = l.getTopLogprobs();
-          if (ids.size() > static_cast<unsigned>(max_logprobs) || lps.size() != ids.size()) {
-            err = bad("token logprobs hold " + std::to_string(ids.size()) + " ids and " + std::to_string(lps.size()) +
-                      " values (equal, at most " + std::to_string(max_logprobs) + ")");
-          } else {
-            token_body::logprobs_t x;
-            x.logprob = l.getLogprob();
-            for (int32_t id : ids) x.top_ids.push_back(id);
-            for (float v : lps) x.top_logprobs.push_back(v);
-            m.logprobs = std::move(x);
-          }
+        if (t.hasLogprobs()) m.logprobs = logprobs_of(t.getLogprobs());
+        if (auto pl = t.getPromptLogprobs(); fits(pl, "promptLogprobs")) {
+          for (auto l : pl) m.prompt_logprobs.push_back(logprobs_of(l));
         }
         out = std::move(m);
         break;
@@ -394,7 +409,13 @@ struct reader {
         m.tokens = ints(st.getTokens(), "tokens");
         m.tables = ints(st.getBlockTable(), "blockTable");
         if (fits(st.getSeqs(), "seqs")) {
-          for (auto x : st.getSeqs()) m.seqs.push_back({x.getNTokens(), x.getPos0(), x.getNBlocks(), x.getWantLogits()});
+          for (auto x : st.getSeqs()) {
+            m.seqs.push_back({x.getNTokens(), x.getPos0(), x.getNBlocks(), x.getWantLogits(), x.getPromptLogprobs(), x.getNext()});
+            if (x.getPromptLogprobs() < -1 || x.getPromptLogprobs() > max_logprobs) {
+              err = bad("seqs.promptLogprobs is " + std::to_string(x.getPromptLogprobs()) + " (-1..." +
+                        std::to_string(max_logprobs) + ")");
+            }
+          }
         }
         if (fits(st.getRows(), "rows")) {
           for (auto x : st.getRows()) m.rows.push_back({sampling_of(x.getSampling()), x.getPosition()});

@@ -30,6 +30,10 @@ struct request_spec {
   std::vector<int32_t> prompt;  ///< at least one token
   size_t max_tokens = 16;       ///< tokens to generate at most (≥ 1)
   std::vector<int32_t> eos_ids; ///< generation ends after any of these (empty: never)
+  /// Score the prompt (kernels::sampling_params::prompt_logprobs; -1: no): every prompt
+  /// position is computed (no prefix-cache hit until the first token is out) and each chunk
+  /// asks for its positions' successors to be scored.
+  int prompt_logprobs = -1;
 };
 
 /// One sequence's part of a planned step. Spans point into the scheduler's request state and
@@ -40,6 +44,8 @@ struct scheduled_seq {
   size_t pos0 = 0;
   std::span<const int32_t> block_table;  ///< covers pos0 + tokens.size()
   bool want_logits = false;              ///< the chunk ends the known tokens: sample after it
+  int prompt_logprobs = -1;              ///< score the chunk's prompt positions (model::step_sequence)
+  int32_t next = -1;                     ///< the token after the chunk, when it is a prompt token
 };
 
 struct step_plan {
@@ -56,6 +62,8 @@ struct token_event {
   int32_t token = -1;                        ///< the new token (-1 for a cancellation)
   finish_reason finish = finish_reason::none;
   std::optional<kernels::token_logprobs> logprobs;  ///< when the request asked (replica_core sets it)
+  /// With a request's first token, when it asked: prompt token i + 1's at i (replica_core sets it).
+  std::vector<kernels::token_logprobs> prompt_logprobs;
 };
 
 /// Thread affinity: the replica's thread. Ownership: owns request state; borrows the block

@@ -39,7 +39,7 @@ struct replica_state {
   size_t pending = 0;
   std::optional<error> step_error;
   std::vector<int32_t> sampled;
-  kernels::row_logprobs logprobs;  ///< rank 0's, for the step in flight
+  model::step_logprobs logprobs;  ///< rank 0's, for the step in flight
   std::vector<std::function<void()>> deferred;
   int64_t crash_after = -1;  ///< fault injection: steps left before the replica crashes
   static inline const char* name = "replica";

@@ -58,12 +58,13 @@ class replica_core {
   /// The same step in two halves, for a caller that runs the engine's ranks itself (the
   /// replica actor and its shard actors): begin_step() plans it (false: nothing to run), then
   /// batch() and rows() describe it, then finish_step() takes one sampled token per row (and
-  /// the rows' logprobs, if any row asked: kernels::logprobs_rows). No submit or cancel may
-  /// come between the halves (the batch points into request state).
+  /// the step's logprobs: the rows' if any asked, as kernels::logprobs_rows gives them, and the
+  /// scored prompt positions'). No submit or cancel may come between the halves (the batch
+  /// points into request state).
   bool begin_step();
   std::span<const model::step_sequence> batch() const { return batch_; }
   std::span<const sample_row> rows() const { return rows_; }
-  std::vector<token_event> finish_step(std::span<const int32_t> sampled, const kernels::row_logprobs& logprobs = {});
+  std::vector<token_event> finish_step(std::span<const int32_t> sampled, const model::step_logprobs& logprobs = {});
   bool in_step() const { return in_step_; }
 
   bool idle() const { return sched_.waiting() + sched_.running() == 0; }
@@ -88,6 +89,10 @@ class replica_core {
     void see(int32_t id, bool output);
   };
   std::unordered_map<uint64_t, adjust_state> adjust_;  ///< node-based: rows point into it
+  /// Per request that scores its prompt (sampling.prompt_logprobs): prompt token i + 1's entry
+  /// at i, filled as its chunks run (a recomputed chunk writes the same values again), handed
+  /// out with its first token.
+  std::unordered_map<uint64_t, std::vector<kernels::token_logprobs>> scored_;
   step_plan plan_;
   std::vector<model::step_sequence> batch_;
   std::vector<sample_row> rows_;

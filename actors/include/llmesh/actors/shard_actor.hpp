@@ -39,7 +39,7 @@ struct shard_result {
   bool ok = true;
   error err;                     ///< when !ok
   std::vector<int32_t> sampled;  ///< rank 0: one token per row
-  kernels::row_logprobs logprobs;  ///< rank 0: the rows' logprobs (empty when no row asks)
+  model::step_logprobs logprobs;  ///< rank 0: the rows' and the scored positions' logprobs
 };
 
 struct shard_state {

@@ -22,6 +22,9 @@ struct token_msg {
   error err;  ///< when failed
   /// The token's log-probabilities, when the request asked for them (sampling.logprobs >= 0).
   std::optional<kernels::token_logprobs> logprobs;
+  /// With the request's first token, when it asked (sampling.prompt_logprobs >= 0): entry i is
+  /// prompt token i + 1's log-probability and alternatives.
+  std::vector<kernels::token_logprobs> prompt_logprobs;
 };
 
 /// Receives a request's stream. Called on an actor's thread, one call at a time per request,

@@ -35,6 +35,10 @@ struct sampling_params {
   /// vLLM's / llama.cpp's min_p (0: off): only tokens at least min_p times as likely as the
   /// most likely one may be drawn (before top-k and top-p, as vLLM orders them).
   float min_p = 0.0f;
+  /// vLLM's prompt_logprobs (-1: none; n in 0..max_logprobs): every prompt token after the
+  /// first comes with its log-probability under the logits before it and the n most likely
+  /// tokens' (model::step_sequence::prompt_logprobs scores them). Does not change the draw.
+  int prompt_logprobs = -1;
 };
 
 /// The most alternatives a request may ask for (OpenAI's top_logprobs bound, vLLM's default).

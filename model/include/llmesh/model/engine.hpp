@@ -83,9 +83,10 @@ class engine {
   /// manager, ids in [0, kv_blocks())): checks ids, lengths and tables, then runs every rank.
   /// An engine is driven either this way or through open_sequence/step, never both.
   [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits);
-  /// As forward(), drawing one token per wanted row (rows as in step_sample).
+  /// As forward(), drawing one token per wanted row (rows as in step_sample); with `logprobs`,
+  /// the rows' and the scored positions' log-probabilities (step_sequence::prompt_logprobs).
   [[nodiscard]] status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
-                                      std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs = nullptr);
+                                      std::vector<int32_t>& tokens, step_logprobs* logprobs = nullptr);
   /// The checks forward() makes before running the ranks (ids, lengths, block tables, a failed group).
   [[nodiscard]] status check_batch(std::span<const step_sequence> batch) const;
   /// Rank `rank`'s part of forward(), for callers that run the ranks themselves (the shard
@@ -95,11 +96,11 @@ class engine {
   /// aborts its communicator (its peers fail instead of waiting) and marks the group failed.
   [[nodiscard]] status forward_rank(int rank, std::span<const step_sequence> batch, std::vector<float>& logits);
   /// As forward_rank(), drawing the rows' tokens: rank 0's `tokens` receive one per row (the
-  /// other ranks' stay empty), and its `logprobs` (if given) the rows' logprobs. Every rank
-  /// must get the same rows.
+  /// other ranks' stay empty), and its `logprobs` (if given) the rows' logprobs and the scored
+  /// positions' (step_sequence::prompt_logprobs). Every rank must get the same rows.
   [[nodiscard]] status forward_rank_sample(int rank, std::span<const step_sequence> batch,
                                            std::span<const kernels::sample_row> rows, std::vector<int32_t>& tokens,
-                                           kernels::row_logprobs* logprobs = nullptr);
+                                           step_logprobs* logprobs = nullptr);
   /// Marks the group failed and aborts this engine's collectives (a peer rank must not wait
   /// for a step this engine will not run).
   void abort();

@@ -44,6 +44,28 @@ struct step_sequence {
   size_t pos0 = 0;
   std::span<const int32_t> block_table;
   bool want_logits = true;
+  /// Prompt log-probabilities (vLLM's prompt_logprobs, OpenAI's echo with logprobs): n >= 0
+  /// (at most kernels::max_logprobs) scores every token of `tokens` whose successor is known:
+  /// the successor's log-probability under the logits at that position, with the n most
+  /// likely tokens' (kernels::compute_logprobs on the raw logits). The successor of tokens[i]
+  /// is tokens[i + 1], and of the last one `next` (-1: not scored; the chunk ends the prompt
+  /// and its last position is drawn from instead).
+  int prompt_logprobs = -1;
+  int32_t next = -1;
+};
+
+/// How many positions of `s` a step scores (step_sequence::prompt_logprobs).
+size_t scored_positions(const step_sequence& s);
+
+/// A step's log-probabilities, rank 0's.
+struct step_logprobs {
+  kernels::row_logprobs rows;  ///< the drawn rows' (kernels::logprobs_rows; empty when none asks)
+  /// Every scored position's, sequences in batch order, positions in order.
+  std::vector<kernels::token_logprobs> prompt;
+  void clear() {
+    rows.clear();
+    prompt.clear();
+  }
 };
 
 /// Refuses a step whose sampling rows do not match its sequences with want_logits, one to one.
@@ -63,10 +85,12 @@ class step_executor {
   /// Runs one step and draws the token of each wanted row (kernels::sample with rows[i], one
   /// row per sequence with want_logits, in batch order): rank 0's `tokens` get one per row,
   /// other ranks' are left empty. On a GPU only the ids cross back to the host (and the rows
-  /// of those that ask for logprobs). With `logprobs`, rank 0 also fills it as
-  /// kernels::logprobs_rows does (empty when no row asks).
+  /// of those that ask for logprobs, and the scored positions'). With `logprobs`, rank 0 also
+  /// fills its rows as kernels::logprobs_rows does (empty when no row asks) and its prompt
+  /// entries (step_sequence::prompt_logprobs). Scoring runs whatever `logprobs` is (every
+  /// rank takes part in its LM-head collectives): its results are dropped without it.
   [[nodiscard]] virtual status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
-                                              std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs) = 0;
+                                              std::vector<int32_t>& tokens, step_logprobs* logprobs) = 0;
   [[nodiscard]] status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
                                       std::vector<int32_t>& tokens) {
     return forward_sample(batch, rows, tokens, nullptr);
@@ -90,19 +114,26 @@ class shard_executor final : public step_executor {
   [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits) override;
   using step_executor::forward_sample;
   [[nodiscard]] status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
-                                      std::vector<int32_t>& tokens, kernels::row_logprobs* logprobs) override;
+                                      std::vector<int32_t>& tokens, step_logprobs* logprobs) override;
   const shard_layout& layout() const override { return layout_; }
 
  private:
   status attention_block(size_t layer, std::span<const step_sequence> batch, size_t n_tokens);
   status mlp_block(size_t layer, size_t n_tokens);
-  /// The step; with `greedy` (tp > 1 only), rank 0's greedy tokens instead of logits.
-  status run(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy);
+  /// The step; with `greedy` (tp > 1 only), rank 0's greedy tokens instead of logits; rank 0's
+  /// scored positions into `scored` (if given).
+  status run(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy,
+             std::vector<kernels::token_logprobs>* scored);
   status lm_head(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy);
   /// This rank's LM-head rows for the n_want normed rows in xn_: local [n_want][n_vocab].
   status lm_head_slice(size_t n_want, std::vector<float>& local);
+  /// The LM head over the first n rows of xn_: [n][vocab] (vocabulary-parallel at tp > 1).
+  status head_rows(size_t n, std::vector<float>& logits);
   /// Vocabulary-parallel argmax: each rank's slice candidate per row, gathered and merged.
   status greedy_head(size_t n_want, std::vector<int32_t>& tokens);
+  /// The scored positions of the batch (step_sequence::prompt_logprobs), in blocks of
+  /// score_block rows (so the logits held stay small); rank 0 fills `out` (if given).
+  status score_prompts(std::span<const step_sequence> batch, std::vector<kernels::token_logprobs>* out);
   void ensure_buffers(size_t n_tokens);
 
   std::shared_ptr<const model> model_;
@@ -115,7 +146,7 @@ class shard_executor final : public step_executor {
   std::vector<std::vector<float>> keys_, values_;  ///< per layer
 
   // Step buffers, [n_tokens][...], grown on demand and reused.
-  std::vector<float> sample_logits_;
+  std::vector<float> sample_logits_, score_logits_;
   std::vector<float> h_, xn_, q_, k_, v_, attn_, proj_, gate_, up_, cos_, sin_;
 };
 

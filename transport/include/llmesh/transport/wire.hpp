@@ -33,6 +33,7 @@ struct sampling {
   uint32_t min_tokens = 0;
   bool logit_bias = false;
   float min_p = 0.0f;  ///< within [0, 1] (checked on decode)
+  int32_t prompt_logprobs = -1;  ///< -1 or 0..max_logprobs (checked on decode)
   bool operator==(const sampling&) const = default;
 };
 struct token_bias {
@@ -65,6 +66,9 @@ struct token_body {
     bool operator==(const logprobs_t&) const = default;
   };
   std::optional<logprobs_t> logprobs;
+  /// With a request's first token, when it asked: entry i is prompt token i + 1's (each
+  /// checked as `logprobs` is on decode).
+  std::vector<logprobs_t> prompt_logprobs;
   bool operator==(const token_body&) const = default;
 };
 struct cancel_msg {
@@ -164,6 +168,8 @@ struct step_seq {
   uint64_t pos0 = 0;
   uint32_t n_blocks = 0;
   bool want_logits = true;
+  int32_t prompt_logprobs = -1;  ///< -1..max_logprobs (checked on decode)
+  int32_t next = -1;             ///< -1 or a token id (the engine checks it against the vocabulary)
   bool operator==(const step_seq&) const = default;
 };
 /// One step for a shard in another process; sequence i's tokens and block table are the next
