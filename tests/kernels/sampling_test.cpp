@@ -480,14 +480,39 @@ TEST(Logprobs, TopEqualsAFullSortOnRandomRows) {
     std::vector<float> row(vocab);
     std::uniform_int_distribution<int> coarse(-8, 8);  // many ties
     for (auto& x : row) x = static_cast<float>(coarse(rng)) * 0.5f;
+    if (c % 4 == 0) {  // NaN entries (a broken row): after every number, by id
+      for (size_t i = 0; i < vocab; i += 1 + rng() % 7) row[i] = std::numeric_limits<float>::quiet_NaN();
+    }
     const int n = static_cast<int>(rng() % 25);
     std::vector<int32_t> ids(vocab);
     std::iota(ids.begin(), ids.end(), 0);
-    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+      if (std::isnan(row[a]) != std::isnan(row[b])) return !std::isnan(row[a]);
+      return row[a] > row[b];
+    });
     auto lp = compute_logprobs(row, 0, n);
     ASSERT_EQ(lp.top.size(), std::min<size_t>(static_cast<size_t>(n), vocab));
     for (size_t i = 0; i < lp.top.size(); ++i) ASSERT_EQ(lp.top[i].id, ids[i]) << "case " << c << " rank " << i;
   }
+}
+
+TEST(Logprobs, AVocabularySizedRowIsWithinAFloatOfTheExactLogSoftmax) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 4.0f);
+  std::vector<float> row(128256);
+  for (auto& x : row) x = d(rng);
+  row[77] = -std::numeric_limits<float>::infinity();  // masked
+  long double mx = -1e30L, z = 0;
+  for (float l : row) mx = std::max<long double>(mx, l);
+  for (float l : row) z += std::exp(static_cast<long double>(l) - mx);
+  const long double lse = mx + std::log(z);
+  for (int32_t id : {0, 5, 9999, 128255}) {
+    const auto lp = compute_logprobs(row, id, 20);
+    EXPECT_NEAR(lp.logprob, static_cast<double>(row[static_cast<size_t>(id)] - lse), 2e-6) << id;
+    ASSERT_EQ(lp.top.size(), 20u);
+    for (const auto& t : lp.top) EXPECT_NEAR(t.logprob, static_cast<double>(row[static_cast<size_t>(t.id)] - lse), 2e-6);
+  }
+  EXPECT_EQ(compute_logprobs(row, 77, 0).logprob, -std::numeric_limits<float>::infinity());
 }
 
 TEST(Logprobs, RowsAskOneByOneAndDoNotChangeTheDraw) {
