@@ -63,6 +63,21 @@ bool batch_scheduler::admit(request& r, size_t& budget) {
   return true;
 }
 
+bool batch_scheduler::awaits_shared_prefix(const request& r) const {
+  if (!blocks_.prefix_caching() || (r.spec.prompt_logprobs >= 0 && r.n_generated == 0)) return false;
+  const size_t bs = blocks_.block_size();
+  const size_t usable = r.tokens.empty() ? 0 : r.tokens.size() - 1;  // as match_prefix: never the last token
+  for (uint64_t pid : running_) {
+    const auto& p = requests_.at(pid);
+    const size_t limit = std::min(p.tokens.size(), usable);
+    size_t n = 0;
+    while (n < limit && p.tokens[n] == r.tokens[n]) ++n;
+    const size_t shared = n / bs * bs;
+    if (shared > p.n_computed && 2 * shared >= r.tokens.size()) return true;
+  }
+  return false;
+}
+
 step_plan batch_scheduler::schedule() {
   step_plan plan;
   size_t budget = cfg_.max_batch_tokens;
@@ -97,11 +112,18 @@ step_plan batch_scheduler::schedule() {
   }
   // New requests, first come first served, while tokens, sequences and blocks allow (none in
   // a step that had to preempt: the pool is short, admitting would thrash).
-  while (plan.preempted.empty() && !waiting_.empty() && budget > 0 && picks.size() < cfg_.max_seqs) {
-    const uint64_t id = waiting_.front();
+  // A request that waits for a shared prefix lets the ones behind it pass.
+  for (auto w = waiting_.begin();
+       plan.preempted.empty() && w != waiting_.end() && budget > 0 && picks.size() < cfg_.max_seqs;) {
+    const uint64_t id = *w;
     auto& r = requests_.at(id);
+    if (awaits_shared_prefix(r)) {
+      ++deferrals_;
+      ++w;
+      continue;
+    }
     if (!admit(r, budget)) break;  // head-of-line: keep arrival order
-    waiting_.pop_front();
+    w = waiting_.erase(w);
     running_.push_back(id);
     const size_t n = std::min(r.tokens.size() - r.n_computed, budget);
     picks.emplace_back(id, n);

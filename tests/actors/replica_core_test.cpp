@@ -289,5 +289,39 @@ TEST_F(ReplicaCore, AContinuedRequestDoesNotScoreItsPromptAgain) {
   EXPECT_FALSE(rc.submit(r).ok());
 }
 
+/// n choices of one prompt (as the gateway submits them) arrive together: one computes the
+/// prompt, the others wait for its blocks and take them from the prefix cache, and every
+/// choice still gets exactly its own tokens. A prompt asking to be scored computes its own.
+TEST_F(ReplicaCore, ChoicesOfOnePromptComputeItOnce) {
+  std::vector<replica_request> reqs;
+  std::mt19937 rng(3);
+  std::vector<int32_t> prompt(61);
+  for (auto& t : prompt) t = static_cast<int32_t>(rng() % 300);
+  for (uint64_t id = 0; id < 6; ++id) {
+    replica_request r;
+    r.id = id;
+    r.prompt = prompt;
+    r.max_tokens = 5;
+    r.sampling.temperature = 0.9f;
+    r.sampling.seed = 50 + id;
+    reqs.push_back(r);
+  }
+  auto want = alone(reqs, 1);
+  auto e = engine(1, 1024);
+  replica_core rc(*e, scheduler_config{});
+  auto got = serve(rc, reqs);
+  for (const auto& r : reqs) EXPECT_EQ(got[r.id], want[r.id]) << "request " << r.id;
+  EXPECT_GT(rc.scheduler().deferrals(), 0u);
+  EXPECT_EQ(rc.blocks().hit_tokens(), 5u * 56u);  // 7 whole blocks of 8 (never the last token's), 5 times
+
+  auto e2 = engine(1, 1024);
+  replica_core scored(*e2, scheduler_config{});
+  for (auto& r : reqs) r.sampling.prompt_logprobs = 0;
+  auto again = serve(scored, reqs);
+  for (const auto& r : reqs) EXPECT_EQ(again[r.id], want[r.id]) << "request " << r.id;
+  EXPECT_EQ(scored.scheduler().deferrals(), 0u);
+  EXPECT_EQ(scored.blocks().hit_tokens(), 0u);
+}
+
 }  // namespace
 }  // namespace llmesh::actors

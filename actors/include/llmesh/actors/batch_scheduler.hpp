@@ -5,7 +5,11 @@
 // tokens, finishing requests on max_tokens or an end-of-sequence id. When a running request
 // cannot get a block, the most recently admitted request is preempted: its blocks are freed
 // and it waits at the head of the queue to be recomputed (prompt + output so far; the prefix
-// cache often still holds most of it). Stop strings are the caller's (they need text).
+// cache often still holds most of it). A waiting request whose prompt is mostly a prefix a
+// running request is still computing (n choices of one prompt, a burst of requests behind one
+// long system prompt) waits for those blocks to reach the prefix cache instead of computing
+// them again beside it; requests behind it are admitted meanwhile. Stop strings are the
+// caller's (they need text).
 #pragma once
 
 #include <cstdint>
@@ -88,6 +92,8 @@ class batch_scheduler {
   size_t waiting() const { return waiting_.size(); }
   size_t running() const { return running_.size(); }
   size_t preemptions() const { return preemptions_; }
+  /// Admissions put off to share a prefix a running request was computing.
+  size_t deferrals() const { return deferrals_; }
   /// Generated tokens so far of a live request (empty for unknown ids).
   std::span<const int32_t> output(uint64_t id) const;
 
@@ -101,6 +107,9 @@ class batch_scheduler {
   };
   void preempt(uint64_t id);
   bool admit(request& r, size_t& budget);
+  /// Whether `r` should wait for a running request to finish computing the prefix they share:
+  /// whole blocks covering at least half of r's tokens that the prefix cache does not hold yet.
+  bool awaits_shared_prefix(const request& r) const;
 
   scheduler_config cfg_;
   block_manager& blocks_;
@@ -108,6 +117,7 @@ class batch_scheduler {
   std::deque<uint64_t> waiting_;
   std::vector<uint64_t> running_;  ///< admission order
   size_t preemptions_ = 0;
+  size_t deferrals_ = 0;
 };
 
 }  // namespace llmesh::actors

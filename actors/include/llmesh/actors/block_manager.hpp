@@ -36,6 +36,7 @@ class block_manager {
   block_manager(size_t n_blocks, size_t block_size, bool prefix_caching = true);
 
   size_t block_size() const { return block_size_; }
+  bool prefix_caching() const { return prefix_caching_; }
   size_t total_blocks() const { return ref_.size(); }
   /// Blocks an allocation may take now: never-used or freed ones plus evictable cached ones.
   size_t free_blocks() const { return free_.size() + lru_.size(); }
