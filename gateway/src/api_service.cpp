@@ -29,15 +29,28 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+/// SplitMix64's increment (2^64 / the golden ratio) and output mix (see choice_seed).
+constexpr uint64_t golden_gamma = 0x9e3779b97f4a7c15ull;
+uint64_t splitmix_finalize(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 /// splitmix64: a seedless request's seed from a per-process random base and its id.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+uint64_t mix(uint64_t x) { return splitmix_finalize(x + golden_gamma); }
+
+/// "prompt[i]: " ahead of a prompt's error in a batch (a single prompt's error stands alone).
+error about_prompt(error e, size_t i, size_t prompts) {
+  if (prompts > 1) e.message = "prompt[" + std::to_string(i) + "]: " + e.message;
+  return e;
 }
 
 }  // namespace
+
+uint64_t choice_seed(uint64_t request_seed, size_t j) {
+  return j == 0 ? request_seed : splitmix_finalize(request_seed + static_cast<uint64_t>(j) * golden_gamma);
+}
 
 api_service::api_service(api_options opt, std::vector<served_model> models, actors::mesh_client& mesh,
                          actors::metrics_registry& metrics)
@@ -126,9 +139,22 @@ api_outcome api_service::completions(std::string_view body) {
   if (!r) return error_reply(r.err());
   auto m = find(r->model);
   if (!m) return error_reply(m.err());
-  std::vector<int32_t> prompt = std::move(r->prompt_ids);
-  if (r->prompt_text) prompt = (*m)->tok->encode(*r->prompt_text, true);
-  auto job = prepare(false, **m, std::move(prompt), r->gen);
+  const model::tokenizer& tok = *(*m)->tok;
+  std::vector<prepared_prompt> prompts;
+  for (auto& p : r->prompts) {
+    prepared_prompt q;
+    if (p.text) {
+      q.ids = tok.encode(*p.text, true);
+      if (r->echo) q.echo = *p.text;  // the string as sent (vLLM's echo)
+    } else {
+      q.ids = std::move(p.ids);
+      // vLLM decodes an id prompt for echo with HF's tokenizer.decode defaults: special tokens
+      // keep their text (a client sending BOS gets it back), unlike the output's decode.
+      if (r->echo) q.echo = tok.decoder().decode(q.ids, /*skip_special=*/false);
+    }
+    prompts.push_back(std::move(q));
+  }
+  auto job = prepare(false, **m, std::move(prompts), r->gen);
   if (!job) return error_reply(job.err());
   return std::move(*job);
 }
@@ -145,7 +171,7 @@ api_outcome api_service::chat_completions(std::string_view body) {
   auto text = sm.chat->render(r->messages, true);
   if (!text) return error_reply(make_error(errc::invalid_request, "chat template: " + text.err().message));
   // The template writes the special tokens itself (as HF's apply_chat_template does).
-  auto job = prepare(true, sm, sm.tok->encode(*text, false), r->gen);
+  auto job = prepare(true, sm, {prepared_prompt{sm.tok->encode(*text, false), {}}}, r->gen);
   if (!job) return error_reply(job.err());
   return std::move(*job);
 }
@@ -158,6 +184,8 @@ result<generation_job> api_service::native_generate(std::string_view api_key, co
     return make_error(errc::unauthorized, "missing or wrong API key");
   }
   generation_fields g = std::move(rest);
+  g.n = 1;  // the native API's call is one generation
+  g.best_of = 1;
   g.max_tokens = opt_.limits.max_tokens;  // unless given: until EOS or the context, bounded by the server
   g.max_tokens_given = false;
   LLMESH_TRY(apply_sampling(sampling, opt_.limits, g));
@@ -168,22 +196,76 @@ result<generation_job> api_service::native_generate(std::string_view api_key, co
     return make_error(errc::replica_unavailable, "no replica of the model '" + model + "' is ready");
   }
   if (prompt_text) prompt_ids = m->tok->encode(*prompt_text, true);
-  return prepare(false, *m, std::move(prompt_ids), std::move(g));
+  return prepare(false, *m, {prepared_prompt{std::move(prompt_ids), {}}}, std::move(g));
 }
 
-result<generation_job> api_service::prepare(bool chat, const served_model& m, std::vector<int32_t> prompt,
+result<size_t> api_service::check_prompt(const model::model_config& cfg, const std::vector<int32_t>& prompt,
+                                         const generation_fields& g) {
+  if (prompt.empty()) return make_error(errc::invalid_request, "the prompt is empty");
+  for (int32_t t : prompt) {
+    if (t < 0 || static_cast<size_t>(t) >= cfg.vocab) {
+      return make_error(errc::invalid_request, "prompt token id " + std::to_string(t) +
+                                                   " is outside the vocabulary of " + std::to_string(cfg.vocab));
+    }
+  }
+  const size_t ctx = cfg.max_positions;
+  if (prompt.size() >= ctx) {
+    return make_error(errc::invalid_request, "the prompt has " + std::to_string(prompt.size()) +
+                                                 " tokens; this model's context is " + std::to_string(ctx));
+  }
+  size_t max_tokens = g.max_tokens;
+  if (!g.max_tokens_given) {
+    max_tokens = std::min(max_tokens, ctx - prompt.size());
+  } else if (prompt.size() + max_tokens > ctx) {
+    return make_error(errc::invalid_request,
+                      "the prompt (" + std::to_string(prompt.size()) + " tokens) plus max_tokens (" +
+                          std::to_string(max_tokens) + ") exceeds this model's context of " + std::to_string(ctx));
+  }
+  // vLLM's rule against the effective max_tokens: the parser checked the one it knew; without
+  // one given, the context may leave fewer tokens than that.
+  if (static_cast<size_t>(g.min_tokens) > max_tokens) {
+    return make_error(errc::invalid_request,
+                      "'min_tokens' (" + std::to_string(g.min_tokens) + ") must be at most the " +
+                          std::to_string(max_tokens) + " tokens this model's context of " + std::to_string(ctx) +
+                          " leaves after the prompt (" + std::to_string(prompt.size()) + " tokens)");
+  }
+  return max_tokens;
+}
+
+result<std::shared_ptr<void>> api_service::take_slots(size_t k) {
+  // A request that could never fit is not told to retry.
+  if (k > opt_.max_concurrent) {
+    return make_error(errc::invalid_request, "the request asks for " + std::to_string(k) +
+                                                 " choices; this server runs at most " +
+                                                 std::to_string(opt_.max_concurrent) + " generations at once");
+  }
+  // All of the request's slots or none: a request never runs some of its choices.
+  if (inflight_->fetch_add(k) + k > opt_.max_concurrent) {
+    inflight_->fetch_sub(k);
+    std::string msg = "the server is at its limit of " + std::to_string(opt_.max_concurrent) + " concurrent requests";
+    if (k > 1) msg += " (this request's " + std::to_string(k) + " choices need as many)";
+    return make_error(errc::overloaded, msg + "; retry shortly");
+  }
+  auto* gauge = metrics_.get_gauge(actors::metric::gateway_inflight);
+  gauge->set(static_cast<double>(inflight_->load()));
+  auto counter = inflight_;
+  return std::shared_ptr<void>(nullptr, [counter, gauge, k](void*) {
+    gauge->set(static_cast<double>(counter->fetch_sub(k) - k));
+  });
+}
+
+result<generation_job> api_service::prepare(bool chat, const served_model& m, std::vector<prepared_prompt> prompts,
                                             generation_fields g) {
   const model::model_config& cfg = m.cfg;
   // Sampling fields left out take the model's recommended values (generation_config.json).
   if (!g.temperature_given && cfg.sampling.temperature) g.temperature = *cfg.sampling.temperature;
   if (!g.top_p_given && cfg.sampling.top_p) g.top_p = *cfg.sampling.top_p;
   if (!g.top_k_given && cfg.sampling.top_k) g.top_k = *cfg.sampling.top_k;
-  if (prompt.empty()) return (make_error(errc::invalid_request, "the prompt is empty"));
-  for (int32_t t : prompt) {
-    if (t < 0 || static_cast<size_t>(t) >= cfg.vocab) {
-      return (make_error(errc::invalid_request, "prompt token id " + std::to_string(t) +
-                                                               " is outside the vocabulary of " + std::to_string(cfg.vocab)));
-    }
+  std::vector<size_t> max_tokens;  // per prompt: without max_tokens given, what its context leaves
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto mt = check_prompt(cfg, prompts[i].ids, g);
+    if (!mt) return about_prompt(mt.take_error(), i, prompts.size());
+    max_tokens.push_back(*mt);
   }
   for (const auto& [t, bias] : g.logit_bias) {  // the parser checked the form and the range
     if (static_cast<size_t>(t) >= cfg.vocab) {
@@ -197,83 +279,78 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
                                                    ", outside the vocabulary of " + std::to_string(cfg.vocab));
     }
   }
-  const size_t ctx = cfg.max_positions;
-  if (prompt.size() >= ctx) {
-    return (make_error(errc::invalid_request, "the prompt has " + std::to_string(prompt.size()) +
-                                                             " tokens; this model's context is " + std::to_string(ctx)));
-  }
-  size_t max_tokens = g.max_tokens;
-  if (!g.max_tokens_given) {
-    max_tokens = std::min(max_tokens, ctx - prompt.size());
-  } else if (prompt.size() + max_tokens > ctx) {
-    return (make_error(errc::invalid_request,
-                                  "the prompt (" + std::to_string(prompt.size()) + " tokens) plus max_tokens (" +
-                                      std::to_string(max_tokens) + ") exceeds this model's context of " + std::to_string(ctx)));
-  }
-  // vLLM's rule against the effective max_tokens: the parser checked the one it knew; without
-  // one given, the context may leave fewer tokens than that.
-  if (static_cast<size_t>(g.min_tokens) > max_tokens) {
-    return make_error(errc::invalid_request,
-                      "'min_tokens' (" + std::to_string(g.min_tokens) + ") must be at most the " +
-                          std::to_string(max_tokens) + " tokens this model's context of " + std::to_string(ctx) +
-                          " leaves after the prompt (" + std::to_string(prompt.size()) + " tokens)");
-  }
-  // The concurrency slot: taken here, released when the job (and its connection's use of it) ends.
-  if (inflight_->fetch_add(1) >= opt_.max_concurrent) {
-    inflight_->fetch_sub(1);
-    return (make_error(errc::overloaded, "the server is at its limit of " +
-                                                        std::to_string(opt_.max_concurrent) + " concurrent requests; retry shortly"));
-  }
-  metrics_.get_gauge(actors::metric::gateway_inflight)->set(static_cast<double>(inflight_->load()));
-  auto counter = inflight_;
-  auto* gauge = metrics_.get_gauge(actors::metric::gateway_inflight);
-  std::shared_ptr<void> slot(nullptr, [counter, gauge](void*) { gauge->set(static_cast<double>(counter->fetch_sub(1) - 1)); });
+  const size_t n = std::max<size_t>(g.n, 1), per_prompt = g.candidates();  // best_of's candidates, or n
+  const size_t n_choices = prompts.size() * per_prompt;  // the parser bounded it by max_choices
+  // The concurrency slots: taken here, released when the job (and its connection's use of it) ends.
+  auto slot = take_slots(n_choices);
+  if (!slot) return slot.take_error();
 
-  const uint64_t id = next_id_.fetch_add(1);
+  // Contiguous ids, choice k's the first + k; the first names the response and seeds a
+  // seedless request exactly as a single-choice request's id did.
+  const uint64_t first = next_id_.fetch_add(n_choices);
+  const uint64_t request_seed = g.seed ? *g.seed : mix(seed_base_ ^ first);
   generation_job job;
   job.streaming = g.stream;
-  job.slot = std::move(slot);
-  job.req.id = id;
-  job.req.max_tokens = max_tokens;
-  job.req.sampling.temperature = g.temperature;
-  job.req.sampling.top_p = g.top_p;
-  job.req.sampling.top_k = g.top_k;
-  job.req.sampling.min_p = g.min_p;
-  job.req.sampling.seed = g.seed ? *g.seed : mix(seed_base_ ^ id);
-  job.req.sampling.logprobs = g.logprobs;  // the parser bounded it by kernels::max_logprobs
-  job.req.sampling.presence_penalty = g.presence_penalty;  // the parser checked their ranges
-  job.req.sampling.frequency_penalty = g.frequency_penalty;
-  job.req.sampling.repetition_penalty = g.repetition_penalty;
-  job.req.sampling.min_tokens = g.min_tokens;
+  job.slot = std::move(*slot);
+  job.tok = m.tok;
+
+  // What every choice's mesh request and stream share.
+  actors::replica_request base;
+  base.model = m.name;
+  base.sampling.temperature = g.temperature;
+  base.sampling.top_p = g.top_p;
+  base.sampling.top_k = g.top_k;
+  base.sampling.min_p = g.min_p;
+  base.sampling.logprobs = g.logprobs;  // the parser bounded it by kernels::max_logprobs
+  // best_of ranks candidates by their tokens' log-probabilities: computed whether or not the
+  // client asked to see them (the streams render them only if it did).
+  if (per_prompt > n) base.sampling.logprobs = std::max(g.logprobs, 0);
+  base.sampling.presence_penalty = g.presence_penalty;  // the parser checked their ranges
+  base.sampling.frequency_penalty = g.frequency_penalty;
+  base.sampling.repetition_penalty = g.repetition_penalty;
+  base.sampling.min_tokens = g.min_tokens;
   // The request's stop ids end it as an EOS id does (finish "stop"), and hold with ignore_eos
   // too: vLLM's ignore_eos drops only the model's EOS, never the stop_token_ids asked for.
-  if (!g.ignore_eos) job.req.eos_ids = cfg.eos_ids;
+  if (!g.ignore_eos) base.eos_ids = cfg.eos_ids;
   for (int32_t t : g.stop_token_ids) {
-    if (std::find(job.req.eos_ids.begin(), job.req.eos_ids.end(), t) == job.req.eos_ids.end()) {
-      job.req.eos_ids.push_back(t);
+    if (std::find(base.eos_ids.begin(), base.eos_ids.end(), t) == base.eos_ids.end()) base.eos_ids.push_back(t);
+  }
+  for (const auto& [t, bias] : g.logit_bias) base.logit_bias.push_back({t, bias});
+  stream_setup choice;
+  choice.return_token_ids = g.return_token_ids;
+  choice.stop = g.stop;
+  choice.stop_token_ids = g.stop_token_ids;
+  choice.logprobs = g.logprobs;
+  choice.min_tokens = g.min_tokens;
+
+  group_setup gs;
+  gs.chat = chat;
+  gs.streaming = g.stream;
+  gs.include_usage = g.include_usage;
+  char idbuf[32];
+  std::snprintf(idbuf, sizeof idbuf, "%016llx", static_cast<unsigned long long>(mix(seed_base_ + first)));
+  gs.id = std::string(chat ? "chatcmpl-" : "cmpl-") + idbuf;
+  gs.created = unix_now();
+  gs.model = m.name;
+  gs.n = n;
+  gs.best_of = g.best_of;
+  job.output = std::make_unique<completion_group>(std::move(gs), m.tok->decoder(), &metrics_);
+  // Choice index prompt * n + j (vLLM's order); choice j of every prompt samples with seed S_j
+  // (with best_of, candidate j: the group picks among them).
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    for (size_t j = 0; j < per_prompt; ++j) {
+      actors::replica_request req = base;
+      req.id = first + job.requests.size();
+      req.prompt = prompts[p].ids;
+      req.max_tokens = max_tokens[p];
+      req.sampling.seed = choice_seed(request_seed, j);
+      stream_setup s = choice;
+      s.prompt_ids = prompts[p].ids;
+      s.echo_prefix = prompts[p].echo;
+      job.output->add_choice(req.id, std::move(s));
+      job.requests.push_back(std::move(req));
     }
   }
-
-  stream_setup s;
-  s.chat = chat;
-  s.streaming = g.stream;
-  s.include_usage = g.include_usage;
-  s.return_token_ids = g.return_token_ids;
-  char idbuf[32];
-  std::snprintf(idbuf, sizeof idbuf, "%016llx", static_cast<unsigned long long>(mix(seed_base_ + id)));
-  s.id = std::string(chat ? "chatcmpl-" : "cmpl-") + idbuf;
-  s.created = unix_now();
-  s.model = m.name;
-  s.prompt_ids = prompt;
-  s.stop = g.stop;
-  s.stop_token_ids = g.stop_token_ids;
-  s.logprobs = g.logprobs;
-  s.min_tokens = g.min_tokens;
-  job.req.prompt = std::move(prompt);
-  job.req.model = m.name;
-  for (const auto& [t, bias] : g.logit_bias) job.req.logit_bias.push_back({t, bias});
-  job.tok = m.tok;
-  job.stream = std::make_unique<completion_stream>(std::move(s), m.tok->decoder(), &metrics_);
   return job;
 }
 

@@ -25,7 +25,8 @@ completion_stream::completion_stream(stream_setup s, const model::detokenizer& d
       decoder_(d),
       matcher_(s_.stop),
       metrics_(metrics),
-      start_(std::chrono::steady_clock::now()) {
+      start_(std::chrono::steady_clock::now()),
+      text_(s_.streaming ? std::string() : s_.echo_prefix) {
   if (metrics_) {
     metric::declare_serving(*metrics_);
     metrics_->get_counter(metric::prompt_tokens)->add(static_cast<double>(s_.prompt_ids.size()));
@@ -74,10 +75,10 @@ void completion_stream::take_ready(std::vector<logprob_entry>& out) {
   pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
 }
 
-std::string completion_stream::chunk(const std::string& text, const std::optional<std::string>& finish,
-                                     bool with_usage) {
+std::string completion_stream::chunk(const std::string& text, const std::optional<std::string>& finish) {
   choice_delta c;
-  c.text = text;
+  c.index = s_.index;
+  c.text = started_ ? text : s_.echo_prefix + text;
   c.finish = finish;
   c.role = s_.chat && !started_;
   if (s_.return_token_ids) {
@@ -87,11 +88,8 @@ std::string completion_stream::chunk(const std::string& text, const std::optiona
     if (!started_) c.prompt_token_ids = s_.prompt_ids;
   }
   if (s_.logprobs >= 0) take_ready(c.logprobs.emplace());
-  std::optional<usage_counts> usage;
-  if (with_usage) usage = usage_counts{s_.prompt_ids.size(), tokens_.size()};
   started_ = true;
-  return sse_event(chunk_json(s_.chat ? "chat.completion.chunk" : "text_completion", s_.id, s_.created, s_.model, c,
-                              usage));
+  return sse_event(chunk_json(s_.chat ? "chat.completion.chunk" : "text_completion", s_.id, s_.created, s_.model, c));
 }
 
 std::string completion_stream::finish(const std::string& reason, std::string text) {
@@ -116,13 +114,7 @@ std::string completion_stream::finish(const std::string& reason, std::string tex
     text_ += rest;
     return "";
   }
-  std::string bytes = chunk(rest, reason, false);
-  if (s_.include_usage) {
-    bytes += sse_event(usage_chunk_json(s_.chat ? "chat.completion.chunk" : "text_completion", s_.id, s_.created,
-                                        s_.model, usage_counts{s_.prompt_ids.size(), tokens_.size()}));
-  }
-  bytes += sse_done;
-  return bytes;
+  return chunk(rest, reason);
 }
 
 std::string completion_stream::on_message(const actors::token_msg& t) {
@@ -130,11 +122,10 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
   if (t.failed) {
     done_ = true;
     failure_ = t.err;
-    if (!s_.streaming || !started_) return "";
-    // Mid-stream: the status is already 200; the error travels as an event, then [DONE].
-    return sse_event(error_json(t.err)) + std::string(sse_done);
+    return "";  // completion_group answers: an error reply, or an error event mid-stream
   }
   tokens_.push_back(t.token);
+  if (t.logprobs) cumulative_logprob_ += t.logprobs->logprob;
   observe_token();
   // A requested stop token ends the text before itself (vLLM's default); an EOS id's text is
   // empty anyway, being a special token the decoder skips.
@@ -160,12 +151,12 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
   }
   // The first chunk goes out at once (it carries the role); later ones when there is text.
   if (out.text.empty() && started_) return "";
-  return chunk(out.text, std::nullopt, false);
+  return chunk(out.text, std::nullopt);
 }
 
-http_reply completion_stream::reply() const {
-  if (failure_) return error_reply(*failure_);
+choice_delta completion_stream::result() const {
   choice_delta c;
+  c.index = s_.index;
   c.text = text_;
   c.finish = finish_reason_;
   if (s_.return_token_ids) {
@@ -179,10 +170,7 @@ http_reply completion_stream::reply() const {
       if (ready(p)) entries.push_back(p.entry);
     }
   }
-  http_reply r;
-  r.body = response_json(s_.chat ? "chat.completion" : "text_completion", s_.id, s_.created, s_.model, c,
-                         usage_counts{s_.prompt_ids.size(), tokens_.size()});
-  return r;
+  return c;
 }
 
 }  // namespace llmesh::gateway

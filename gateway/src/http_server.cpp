@@ -103,18 +103,23 @@ awaitable<bool> write_reply(http_server::impl* s, beast::tcp_stream& stream, con
   co_return !ec;
 }
 
-/// Runs one generation on this connection. Returns false when the connection must close.
+/// Runs one generation job (every choice of a response) on this connection. Returns false when
+/// the connection must close.
 awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generation_job& job, unsigned version,
                         bool keep) {
   auto ex = stream.get_executor();
   auto st = std::make_shared<job_state>(ex);
-  const uint64_t id = job.req.id;
-  s->api.mesh().submit(std::move(job.req), [st, ex](const actors::token_msg& t) {
-    net::post(ex, [st, t] {
-      st->queue.push_back(t);
-      st->timer.cancel();
+  std::vector<uint64_t> ids;
+  // Every choice's messages join one queue (each carries its request id; the group routes them).
+  for (auto& req : job.requests) {
+    ids.push_back(req.id);
+    s->api.mesh().submit(std::move(req), [st, ex](const actors::token_msg& t) {
+      net::post(ex, [st, t] {
+        st->queue.push_back(t);
+        st->timer.cancel();
+      });
     });
-  });
+  }
   net::co_spawn(ex, watch(st, stream.socket()), net::detached);
 
   // HTTP/1.1 streams in chunks; HTTP/1.0 has no chunked encoding: the raw stream, then close.
@@ -129,7 +134,7 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
   http::response_serializer<http::empty_body> head_writer{head};
   bool head_sent = false;
   error_code ec;
-  auto& out = *job.stream;
+  auto& out = *job.output;
   while (!out.done() && !st->gone) {
     while (st->queue.empty() && !st->gone) {
       st->timer.expires_at(net::steady_timer::time_point::max());
@@ -141,6 +146,8 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
       bytes += out.on_message(st->queue.front());
       st->queue.pop_front();
     }
+    // A choice ended by a stop string, or every other choice after a failure: free them now.
+    for (uint64_t id : out.take_cancellations()) s->api.mesh().cancel(id);
     if (st->gone || bytes.empty()) continue;
     stream.expires_after(s->opt.write_timeout);
     if (!head_sent) {
@@ -158,9 +165,9 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
   st->finished = true;
   error_code ignored;
   stream.socket().cancel(ignored);  // ends the watch
-  // Unfinished (client gone, write failed) or ended by a stop string: free it in the mesh.
-  // For a request that ended on its own this is a no-op.
-  s->api.mesh().cancel(id);
+  // Unfinished (client gone, write failed, another choice failed) or ended by a stop string:
+  // free them in the mesh. For a generation that ended on its own this is a no-op.
+  for (uint64_t id : ids) s->api.mesh().cancel(id);
   if (st->gone || ec) {
     count_request(s, 499);  // nginx's "client closed request"
     co_return false;

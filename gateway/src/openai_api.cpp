@@ -83,11 +83,13 @@ error unsupported(const char* name, const char* neutral) {
 /// Fields OpenAI or vLLM define for behaviour this server does not implement. A client that
 /// asks for one must learn it will not get it (silently ignoring them returns results the
 /// client did not ask for); their neutral values — null, false, 0, and 1 for best_of — pass,
-/// since many clients send them on every request.
-status refuse_unsupported(const json& j) {
+/// since many clients send them on every request. best_of (OpenAI's completions field) is
+/// served on /v1/completions and refused above 1 on chat.
+status refuse_unsupported(const json& j, bool chat, generation_fields& g) {
   if (auto it = j.find("best_of"); it != j.end() && !it->is_null()) {
     if (!it->is_number_integer() || wide_integer(*it) < 1) return bad("'best_of' must be a positive integer");
-    if (wide_integer(*it) > 1) return unsupported("best_of", "1 or null");
+    if (chat && wide_integer(*it) > 1) return unsupported("best_of", "1 or null");
+    g.best_of = static_cast<size_t>(std::min<int64_t>(wide_integer(*it), std::numeric_limits<int32_t>::max()));
   }
   // Empty values ask for nothing: {} / [] / "" pass.
   auto empty_only = [&](const char* name, const char* neutral) -> status {
@@ -244,6 +246,18 @@ status parse_logit_bias(const json& j, generation_fields& g) {
   return ok_status();
 }
 
+/// A request's generations (prompts × n, or × best_of when larger) within lim.max_choices;
+/// each factor is checked first, so the product cannot overflow. `field` names the per-prompt
+/// count ("'n'", "'best_of'").
+status check_choices(const request_limits& lim, uint64_t per_prompt, uint64_t prompts, const char* field = "'n'") {
+  if (per_prompt <= lim.max_choices && prompts <= lim.max_choices && per_prompt * prompts <= lim.max_choices) {
+    return ok_status();
+  }
+  const std::string asked = prompts > 1 ? std::string("prompts × ") + field : std::string(field);
+  return bad("the request asks for more choices (" + asked + ") than this server's limit of " +
+             std::to_string(lim.max_choices) + " per request");
+}
+
 status parse_generation(const json& j, const request_limits& lim, bool chat, generation_fields& g) {
   sampling_input in;
   // Chat's newer name wins when both are sent (OpenAI deprecated max_tokens for chat).
@@ -273,7 +287,9 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
     g.seed = it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
   }
   if (auto it = j.find("n"); it != j.end() && !it->is_null()) {
-    if (!it->is_number_integer() || it->get<int64_t>() != 1) return bad("'n' must be 1 (one choice per request)");
+    if (!it->is_number_integer() || wide_integer(*it) < 1) return bad("'n' must be a positive integer");
+    LLMESH_TRY(check_choices(lim, static_cast<uint64_t>(wide_integer(*it)), 1));
+    g.n = static_cast<size_t>(wide_integer(*it));
   }
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     if (it->is_string()) {
@@ -302,7 +318,17 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
   }
   LLMESH_TRY(parse_stop_token_ids(j, lim, g.stop_token_ids));
   LLMESH_TRY(parse_logprobs(j, chat, g));
-  return refuse_unsupported(j);
+  LLMESH_TRY(refuse_unsupported(j, chat, g));
+  // best_of (completions): more candidates than choices, the best returned (api_service); 1
+  // (or null) is the neutral value, whatever n. vLLM's rules: at least n, not streamed.
+  if (g.best_of > 1) {
+    if (g.best_of < g.n) {
+      return bad("'best_of' (" + std::to_string(g.best_of) + ") must be at least 'n' (" + std::to_string(g.n) + ")");
+    }
+    if (g.stream) return bad("'best_of' above 1 cannot be streamed (send 'stream': false)");
+    LLMESH_TRY(check_choices(lim, g.best_of, 1, "'best_of'"));
+  }
+  return ok_status();
 }
 
 status parse_model(const json& j, std::string& model) {
@@ -367,7 +393,7 @@ json chat_logprobs_json(const std::vector<logprob_entry>& entries) {
 
 json choice_json(std::string_view kind, const choice_delta& c, bool stream) {
   json ch;
-  ch["index"] = 0;
+  ch["index"] = c.index;
   const bool chat = kind.starts_with("chat");
   if (chat) {
     json msg = json::object();
@@ -421,32 +447,62 @@ result<std::string> join_text_parts(const json& parts) {
   return text;
 }
 
+/// One prompt given as token ids; `name` says which in errors ("'prompt'", "'prompt[2]'").
+status parse_prompt_ids(const json& p, const std::string& name, prompt_input& out) {
+  if (p.empty()) return bad(name + " is empty");
+  for (const auto& t : p) {
+    if (!t.is_number_integer() || wide_integer(t) < 0 || wide_integer(t) > std::numeric_limits<int32_t>::max()) {
+      return bad(name + " token ids must be non-negative integers");
+    }
+    out.ids.push_back(static_cast<int32_t>(wide_integer(t)));
+  }
+  return ok_status();
+}
+
+/// `prompt`: a string, an array of token ids, or a batch — an array of strings or an array of
+/// token-id arrays, one kind throughout (vLLM's four forms). A batch of one is one prompt.
+status parse_prompts(const json& j, const request_limits& lim, std::vector<prompt_input>& out) {
+  auto p = j.find("prompt");
+  if (p == j.end()) return bad("'prompt' is required");
+  const char* forms = "'prompt' must be a string, an array of token ids, or an array of strings or of token-id arrays";
+  if (p->is_string()) {
+    if (p->get_ref<const std::string&>().empty()) return bad("'prompt' is empty");
+    out.push_back({p->get<std::string>(), {}});
+    return ok_status();
+  }
+  if (!p->is_array()) return bad(forms);
+  if (p->empty()) return bad("'prompt' is an empty array");
+  if ((*p)[0].is_number()) return parse_prompt_ids(*p, "'prompt'", out.emplace_back());
+  // A batch: bounded before it is read (each prompt is at least one choice).
+  LLMESH_TRY(check_choices(lim, 1, p->size()));
+  const bool strings = (*p)[0].is_string();
+  for (size_t i = 0; i < p->size(); ++i) {
+    const json& e = (*p)[i];
+    const std::string name = p->size() > 1 ? "'prompt[" + std::to_string(i) + "]'" : "'prompt'";
+    if (strings && e.is_string()) {
+      // As before batches: a batch of one string takes it as given, "" included.
+      if (p->size() > 1 && e.get_ref<const std::string&>().empty()) return bad(name + " is empty");
+      out.push_back({e.get<std::string>(), {}});
+    } else if (!strings && e.is_array()) {
+      LLMESH_TRY(parse_prompt_ids(e, name, out.emplace_back()));
+    } else {
+      return bad(std::string(forms) + " (one kind throughout)");
+    }
+  }
+  return ok_status();
+}
+
 result<completion_request> parse_completion(std::string_view body, const request_limits& lim) {
   auto j = parse_object(body);
   if (!j) return j.take_error();
   completion_request r;
   LLMESH_TRY(parse_model(*j, r.model));
-  auto p = j->find("prompt");
-  if (p == j->end()) return bad("'prompt' is required");
-  if (p->is_string()) {
-    r.prompt_text = p->get<std::string>();
-    if (r.prompt_text->empty()) return bad("'prompt' is empty");
-  } else if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
-    for (const auto& t : *p) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-        return bad("'prompt' token ids must be non-negative integers");
-      }
-      r.prompt_ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
-    }
-  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-    r.prompt_text = (*p)[0].get<std::string>();  // a batch of one prompt
-  } else {
-    return bad("'prompt' must be a string, or an array of token ids (one prompt per request)");
-  }
-  bool echo = false;
-  LLMESH_TRY(bool_field(*j, "echo", echo));
-  if (echo) return bad("'echo' is not supported");
+  LLMESH_TRY(parse_prompts(*j, lim, r.prompts));
+  LLMESH_TRY(bool_field(*j, "echo", r.echo));
   LLMESH_TRY(parse_generation(*j, lim, false, r.gen));
+  LLMESH_TRY(check_choices(lim, r.gen.candidates(), r.prompts.size(), r.gen.best_of > r.gen.n ? "'best_of'" : "'n'"));
+  // The prompt's own log-probabilities (what echo with logprobs reports) are not computed yet.
+  if (r.echo && r.gen.logprobs >= 0) return bad("'echo' with 'logprobs' is not supported yet (send one of them)");
   return r;
 }
 
@@ -546,9 +602,10 @@ std::string error_json(const error& e) {
 }
 
 std::string response_json(std::string_view kind, std::string_view id, int64_t created, std::string_view model,
-                           const choice_delta& c, const usage_counts& u) {
+                           const std::vector<choice_delta>& choices, const usage_counts& u) {
   json j = envelope(kind, id, created, model);
-  j["choices"] = json::array({choice_json(kind, c, false)});
+  j["choices"] = json::array();
+  for (const auto& c : choices) j["choices"].push_back(choice_json(kind, c, false));
   j["usage"] = usage_json(u);
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }

@@ -144,10 +144,11 @@ class llmesh_service final : public rpc::Llmesh::Server {
       r.setErrorMessage(job.err().message);
       return kj::READY_NOW;
     }
-    const uint64_t id = job->req.id;
+    actors::replica_request& req = job->requests.front();  // the native API's call: one choice
+    const uint64_t id = req.id;
     auto st = kj::heap<call_state>(p_, id, params.getSink(), job->tok->decoder());
     st->slot = std::move(job->slot);
-    st->prompt_tokens = job->req.prompt.size();
+    st->prompt_tokens = req.prompt.size();
     auto paf = kj::newPromiseAndFulfiller<void>();
     st->done = kj::mv(paf.fulfiller);
     call_state* raw = st.get();
@@ -156,7 +157,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
     // microseconds; after the server stopped, the executor refuses and the token is dropped).
     auto exec = std::shared_ptr<kj::Own<const kj::Executor>>(new kj::Own<const kj::Executor>(p_->executor->addRef()));
     rpc_server::impl* owner = p_;
-    p_->api.mesh().submit(std::move(job->req), [exec, owner, id](const actors::token_msg& t) {
+    p_->api.mesh().submit(std::move(req), [exec, owner, id](const actors::token_msg& t) {
       try {
         (*exec)->executeSync([&] { owner->on_token(id, t); });
       } catch (const kj::Exception&) {

@@ -59,6 +59,8 @@ class ApiService : public ::testing::Test {
     return std::holds_alternative<http_reply>(o) ? std::get<http_reply>(o).status : 0;
   }
   static generation_job& job(api_outcome& o) { return std::get<generation_job>(o); }
+  /// The mesh request of a job's first (for n = 1: only) choice.
+  static actors::replica_request& req(api_outcome& o) { return job(o).requests.at(0); }
 
   fake_mesh mesh_;
   actors::metrics_registry metrics_;
@@ -106,7 +108,7 @@ TEST_F(ApiService, PromptsAreBoundedByTheContext) {
   // Chat without max_tokens: up to the context's end.
   auto chat = call("POST", "/v1/chat/completions", R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}]})");
   ASSERT_EQ(status(chat), 0);
-  EXPECT_EQ(job(chat).req.prompt.size() + job(chat).req.max_tokens, ctx);
+  EXPECT_EQ(req(chat).prompt.size() + req(chat).max_tokens, ctx);
 }
 
 TEST_F(ApiService, ConcurrencyIsBoundedWith429) {
@@ -124,33 +126,222 @@ TEST_F(ApiService, ConcurrencyIsBoundedWith429) {
   EXPECT_EQ(status(call("POST", "/v1/completions", body)), 0);
 }
 
+// Each choice (prompts × n) is a generation and takes a slot: a request whose choices the
+// free slots cannot all hold gets the 429 and takes none; one that could never fit is a 400.
+TEST_F(ApiService, EachChoiceTakesASlotAllOrNone) {
+  auto two = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"In the","n":2})");
+  ASSERT_EQ(status(two), 0);
+  EXPECT_EQ(job(two).requests.size(), 2u);
+  EXPECT_EQ(api_->inflight(), 2u);
+  EXPECT_EQ(status(call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x"})")), 429);
+  two = http_reply{};
+  EXPECT_EQ(api_->inflight(), 0u);
+  // One slot taken: 2 choices (n = 2, or a batch of 2 prompts, or chat's n = 2) do not fit.
+  auto one = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x"})");
+  ASSERT_EQ(status(one), 0);
+  for (const auto& [path, body] : std::vector<std::pair<std::string, std::string>>{
+           {"/v1/completions", R"({"model":"kjv","prompt":"In the","n":2})"},
+           {"/v1/completions", R"({"model":"kjv","prompt":["In the","And"]})"},
+           {"/v1/chat/completions", R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"n":2})"}}) {
+    auto full = call("POST", path, body);
+    ASSERT_EQ(status(full), 429) << body;
+    EXPECT_EQ(std::get<http_reply>(full).headers.at(0), (std::pair<std::string, std::string>{"Retry-After", "1"}));
+    EXPECT_EQ(json::parse(std::get<http_reply>(full).body)["error"]["message"],
+              "the server is at its limit of 2 concurrent requests (this request's 2 choices need as many); retry shortly");
+    EXPECT_EQ(api_->inflight(), 1u) << "a refused request took a slot: " << body;
+  }
+  one = http_reply{};
+  // More choices than the bound: never servable, so a 400 rather than a 429 to retry.
+  auto three = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","n":3})");
+  ASSERT_EQ(status(three), 400);
+  EXPECT_EQ(json::parse(std::get<http_reply>(three).body)["error"]["message"],
+            "the request asks for 3 choices; this server runs at most 2 generations at once");
+  EXPECT_EQ(api_->inflight(), 0u);
+}
+
+// Choice j of every prompt samples with seed S_j: S_0 the request's seed (the client's, or
+// the one drawn for a seedless request), S_j (j >= 1) SplitMix64's j-th output from S_0.
+// Choices have their own consecutive ids, in index order (prompt index * n + j).
+TEST_F(ApiService, ChoicesHaveTheirOwnIdsAndSeedsDerivedFromTheRequestsSeed) {
+  // SplitMix64's reference outputs from state 0, and from 42.
+  EXPECT_EQ(choice_seed(0, 1), 0xe220a8397b1dcdafull);
+  EXPECT_EQ(choice_seed(0, 2), 0x6e789e6aa1b965f4ull);
+  EXPECT_EQ(choice_seed(42, 0), 42u);
+  EXPECT_EQ(choice_seed(42, 1), 13679457532755275413ull);
+  EXPECT_EQ(choice_seed(42, 2), 2949826092126892291ull);
+
+  api_options o;
+  o.model_name = "kjv";
+  o.max_concurrent = 16;
+  served_model m = kjv_tiny("kjv");
+  api_service api(o, m.tok, m.chat, cfg_, mesh_, metrics_);
+  auto post = [&](const std::string& body) { return api.handle("POST", "/v1/completions", "", body); };
+  auto t = model::tokenizer::load(LLMESH_SOURCE_DIR "/models/kjv-tiny");
+  const auto in_the = (*t)->encode("In the", true), and_god = (*t)->encode("And God", true);
+  uint64_t first_round_id = 0;
+  for (int round = 0; round < 2; ++round) {  // the same request twice: the same seeds
+    auto a = post(R"({"model":"kjv","prompt":["In the","And God"],"n":3,"seed":42,"max_tokens":5})");
+    ASSERT_EQ(status(a), 0);
+    const auto& reqs = job(a).requests;
+    ASSERT_EQ(reqs.size(), 6u);
+    std::vector<uint64_t> seeds;
+    for (size_t k = 0; k < reqs.size(); ++k) {
+      EXPECT_EQ(reqs[k].id, reqs[0].id + k);
+      EXPECT_EQ(reqs[k].prompt, k < 3 ? in_the : and_god) << k;
+      EXPECT_EQ(reqs[k].max_tokens, 5u);
+      seeds.push_back(reqs[k].sampling.seed);
+    }
+    EXPECT_EQ(seeds, (std::vector<uint64_t>{42u, 13679457532755275413ull, 2949826092126892291ull, 42u,
+                                            13679457532755275413ull, 2949826092126892291ull}));
+    if (round == 0) {
+      first_round_id = reqs[0].id;
+    } else {
+      EXPECT_EQ(reqs[0].id, first_round_id + 6);  // new ids, the same seeds
+    }
+  }
+  // A prompt's first choice is the request an n = 1 request with that prompt and seed makes.
+  auto single = post(R"({"model":"kjv","prompt":"And God","seed":42,"max_tokens":5})");
+  auto batched = post(R"({"model":"kjv","prompt":["In the","And God"],"n":2,"seed":42,"max_tokens":5})");
+  ASSERT_EQ(status(single), 0);
+  ASSERT_EQ(status(batched), 0);
+  const auto& one = job(single).requests.at(0);
+  const auto& third = job(batched).requests.at(2);  // prompt 1, j = 0
+  EXPECT_EQ(third.prompt, one.prompt);
+  EXPECT_EQ(third.sampling.seed, one.sampling.seed);
+  EXPECT_EQ(third.max_tokens, one.max_tokens);
+  // Seedless: S_0 is drawn (as for any request), the others follow from it; chat alike.
+  auto drawn = post(R"({"model":"kjv","prompt":[1,2],"n":2})");
+  ASSERT_EQ(status(drawn), 0);
+  const uint64_t s0 = job(drawn).requests.at(0).sampling.seed;
+  EXPECT_EQ(job(drawn).requests.at(1).sampling.seed, choice_seed(s0, 1));
+  EXPECT_NE(choice_seed(s0, 1), s0);
+  auto chat = api.handle("POST", "/v1/chat/completions", "",
+                         R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"n":2,"seed":7})");
+  ASSERT_EQ(status(chat), 0);
+  ASSERT_EQ(job(chat).requests.size(), 2u);
+  EXPECT_EQ(job(chat).requests[0].prompt, job(chat).requests[1].prompt);
+  EXPECT_EQ(job(chat).requests[0].sampling.seed, 7u);
+  EXPECT_EQ(job(chat).requests[1].sampling.seed, choice_seed(7, 1));
+}
+
+// best_of: best_of candidates per prompt, each a generation with its seed S_j and a slot,
+// their log-probabilities computed (the group ranks by them) whether or not the client asked.
+TEST_F(ApiService, BestOfRunsItsCandidatesWithLogprobs) {
+  auto b = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","best_of":2,"seed":42})");
+  ASSERT_EQ(status(b), 0);
+  ASSERT_EQ(job(b).requests.size(), 2u);
+  EXPECT_EQ(api_->inflight(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(job(b).requests[k].sampling.logprobs, 0) << k;
+    EXPECT_EQ(job(b).requests[k].sampling.seed, choice_seed(42, k)) << k;
+  }
+  b = http_reply{};
+  auto shown = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","best_of":2,"logprobs":3})");
+  ASSERT_EQ(status(shown), 0);
+  EXPECT_EQ(job(shown).requests.at(1).sampling.logprobs, 3);
+  shown = http_reply{};
+  auto plain = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","n":2,"best_of":2})");
+  ASSERT_EQ(status(plain), 0);
+  EXPECT_EQ(job(plain).requests.at(1).sampling.logprobs, -1);  // best_of = n: nothing to rank
+  plain = http_reply{};
+  EXPECT_EQ(status(call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","best_of":3})")), 400);
+  auto streamed = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","best_of":2,"stream":true})");
+  ASSERT_EQ(status(streamed), 400);
+  EXPECT_NE(std::get<http_reply>(streamed).body.find("cannot be streamed"), std::string::npos);
+}
+
+// Each prompt of a batch is checked against the context on its own, and its error names it;
+// without max_tokens, each gets what its own context leaves.
+TEST_F(ApiService, EachPromptOfABatchIsCheckedAgainstTheContext) {
+  const size_t ctx = cfg_.max_positions;
+  std::string long_ids = "[5";
+  for (size_t i = 1; i < ctx - 10; ++i) long_ids += ",5";
+  long_ids += "]";
+  const std::string batch = R"({"model":"kjv","prompt":[[1,2],)" + long_ids + "]";
+  auto fit = call("POST", "/v1/completions", batch + "}");
+  ASSERT_EQ(status(fit), 0);
+  EXPECT_EQ(job(fit).requests.at(0).max_tokens, 16u);
+  EXPECT_EQ(job(fit).requests.at(1).max_tokens, 10u);  // what the context leaves it
+  fit = http_reply{};
+  auto over = call("POST", "/v1/completions", batch + R"(,"max_tokens":11})");
+  ASSERT_EQ(status(over), 400);
+  EXPECT_EQ(json::parse(std::get<http_reply>(over).body)["error"]["message"],
+            "prompt[1]: the prompt (" + std::to_string(ctx - 10) + " tokens) plus max_tokens (11) exceeds this model's context of " +
+                std::to_string(ctx));
+  auto vocab = call("POST", "/v1/completions", R"({"model":"kjv","prompt":[[1,99999],[2]]})");
+  ASSERT_EQ(status(vocab), 400);
+  EXPECT_EQ(json::parse(std::get<http_reply>(vocab).body)["error"]["message"],
+            "prompt[0]: prompt token id 99999 is outside the vocabulary of 4096");
+  auto empty = call("POST", "/v1/completions", R"({"model":"kjv","prompt":["a",""]})");
+  ASSERT_EQ(status(empty), 400);
+  EXPECT_EQ(json::parse(std::get<http_reply>(empty).body)["error"]["message"], "'prompt[1]' is empty");
+  EXPECT_EQ(api_->inflight(), 0u);
+}
+
+// echo: each choice's text begins with its prompt's text — a string as sent, token ids decoded
+// with their special tokens' text (HF's decode defaults, as vLLM echoes them).
+TEST_F(ApiService, EchoPrependsEachChoicesPromptText) {
+  auto t = model::tokenizer::load(LLMESH_SOURCE_DIR "/models/kjv-tiny");
+  std::vector<int32_t> with_bos{4094};  // <|begin_of_text|>, this model's BOS
+  for (int32_t id : (*t)->encode("And God", false)) with_bos.push_back(id);
+  const auto gen = (*t)->encode(" said", false);
+  ASSERT_EQ(gen.size(), 1u);
+  auto run = [&](const json& prompt, bool streaming) {
+    auto o = call("POST", "/v1/completions",
+                  json{{"model", "kjv"}, {"prompt", prompt}, {"echo", true}, {"stream", streaming}}.dump());
+    std::string out;
+    if (status(o) != 0) return std::get<http_reply>(o).body;
+    for (const auto& r : job(o).requests) {
+      actors::token_msg last;
+      last.id = r.id;
+      last.token = gen[0];
+      last.finish = actors::finish_reason::length;
+      out += job(o).output->on_message(last);
+    }
+    return streaming ? out : job(o).output->reply().body;
+  };
+  auto texts = json::parse(run(json::array({"In the beginning", "And"}), false));
+  ASSERT_EQ(texts["choices"].size(), 2u) << texts;
+  EXPECT_EQ(texts["choices"][0]["text"], "In the beginning said");
+  EXPECT_EQ(texts["choices"][1]["text"], "And said");
+  EXPECT_EQ(texts["usage"]["completion_tokens"], 2);  // the echoed prompt is not output
+  auto ids = json::parse(run(with_bos, false));
+  ASSERT_EQ(ids["choices"].size(), 1u) << ids;
+  EXPECT_EQ(ids["choices"][0]["text"], "<|begin_of_text|>And God said");
+  // Streamed: the prompt's text rides on the choice's first chunk.
+  const std::string sse = run("In the", true);
+  ASSERT_EQ(sse.rfind("data: {", 0), 0u) << sse;
+  const auto first = json::parse(sse.substr(6, sse.find("\n\n") - 6));
+  EXPECT_EQ(first["choices"][0]["text"], "In the said") << sse;
+}
+
 TEST_F(ApiService, RequestsCarryTokensSeedsAndEos) {
   auto a = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"In the beginning","max_tokens":4,"seed":42})");
   ASSERT_EQ(status(a), 0);
   auto t = model::tokenizer::load(LLMESH_SOURCE_DIR "/models/kjv-tiny");
-  EXPECT_EQ(job(a).req.prompt, (*t)->encode("In the beginning", true));
-  EXPECT_EQ(job(a).req.sampling.seed, 42u);
-  EXPECT_EQ(job(a).req.max_tokens, 4u);
-  EXPECT_EQ(job(a).req.eos_ids, cfg_.eos_ids);
+  EXPECT_EQ(req(a).prompt, (*t)->encode("In the beginning", true));
+  EXPECT_EQ(req(a).sampling.seed, 42u);
+  EXPECT_EQ(req(a).max_tokens, 4u);
+  EXPECT_EQ(req(a).eos_ids, cfg_.eos_ids);
   a = http_reply{};
   // Seedless requests get different seeds; ignore_eos drops the EOS ids.
   auto b = call("POST", "/v1/completions", R"({"model":"kjv","prompt":[1,2,3],"ignore_eos":true})");
   auto c = call("POST", "/v1/completions", R"({"model":"kjv","prompt":[1,2,3]})");
   ASSERT_EQ(status(b), 0);
   ASSERT_EQ(status(c), 0);
-  EXPECT_NE(job(b).req.sampling.seed, job(c).req.sampling.seed);
-  EXPECT_TRUE(job(b).req.eos_ids.empty());
-  EXPECT_EQ(job(b).req.prompt, (std::vector<int32_t>{1, 2, 3}));
-  EXPECT_EQ(job(b).req.max_tokens, 16u);  // OpenAI's default for completions
+  EXPECT_NE(req(b).sampling.seed, req(c).sampling.seed);
+  EXPECT_TRUE(req(b).eos_ids.empty());
+  EXPECT_EQ(req(b).prompt, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(req(b).max_tokens, 16u);  // OpenAI's default for completions
 }
 
 TEST_F(ApiService, TheModelsGenerationConfigSamplingIsTheDefault) {
   // Without generation_config sampling, OpenAI's defaults.
   auto plain = call("POST", "/v1/completions", R"({"model":"kjv","prompt":[1,2]})");
   ASSERT_EQ(status(plain), 0);
-  EXPECT_EQ(job(plain).req.sampling.temperature, 1.0f);
-  EXPECT_EQ(job(plain).req.sampling.top_p, 1.0f);
-  EXPECT_EQ(job(plain).req.sampling.top_k, 0);
+  EXPECT_EQ(req(plain).sampling.temperature, 1.0f);
+  EXPECT_EQ(req(plain).sampling.top_p, 1.0f);
+  EXPECT_EQ(req(plain).sampling.top_k, 0);
   // With it (Llama-3-Instruct's 0.6 / 0.9, and a top_k): fields left out take the model's values.
   model::model_config c = cfg_;
   c.sampling.temperature = 0.6f;
@@ -162,15 +353,15 @@ TEST_F(ApiService, TheModelsGenerationConfigSamplingIsTheDefault) {
   api_service api(o, *t, std::nullopt, c, mesh_, metrics_);
   auto d = api.handle("POST", "/v1/completions", "", R"({"model":"kjv","prompt":[1,2]})");
   ASSERT_EQ(status(d), 0);
-  EXPECT_EQ(job(d).req.sampling.temperature, 0.6f);
-  EXPECT_EQ(job(d).req.sampling.top_p, 0.9f);
-  EXPECT_EQ(job(d).req.sampling.top_k, 40);
+  EXPECT_EQ(req(d).sampling.temperature, 0.6f);
+  EXPECT_EQ(req(d).sampling.top_p, 0.9f);
+  EXPECT_EQ(req(d).sampling.top_k, 40);
   // A request's own values win, greedy included.
   auto e = api.handle("POST", "/v1/completions", "", R"({"model":"kjv","prompt":[1,2],"temperature":0,"top_p":1,"top_k":0})");
   ASSERT_EQ(status(e), 0);
-  EXPECT_EQ(job(e).req.sampling.temperature, 0.0f);
-  EXPECT_EQ(job(e).req.sampling.top_p, 1.0f);
-  EXPECT_EQ(job(e).req.sampling.top_k, 0);
+  EXPECT_EQ(req(e).sampling.temperature, 0.0f);
+  EXPECT_EQ(req(e).sampling.top_p, 1.0f);
+  EXPECT_EQ(req(e).sampling.top_k, 0);
 }
 
 TEST_F(ApiService, StopTokenIdsEndGenerationAsEosIdsDoEvenWithIgnoreEos) {
@@ -181,13 +372,13 @@ TEST_F(ApiService, StopTokenIdsEndGenerationAsEosIdsDoEvenWithIgnoreEos) {
   for (int32_t t : {17, 4095, 5}) {
     if (std::find(want.begin(), want.end(), t) == want.end()) want.push_back(t);
   }
-  EXPECT_EQ(job(a).req.eos_ids, want);  // the model's EOS ids, then the request's, once each
+  EXPECT_EQ(req(a).eos_ids, want);  // the model's EOS ids, then the request's, once each
   a = http_reply{};
   // vLLM's ignore_eos drops the model's EOS, not the stop ids the client asked for.
   auto b = call("POST", "/v1/chat/completions",
                 R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"ignore_eos":true,"stop_token_ids":[9]})");
   ASSERT_EQ(status(b), 0);
-  EXPECT_EQ(job(b).req.eos_ids, (std::vector<int32_t>{9}));
+  EXPECT_EQ(req(b).eos_ids, (std::vector<int32_t>{9}));
   b = http_reply{};
   // Ids outside the vocabulary are refused, naming the field.
   const std::string out = R"({"model":"kjv","prompt":"x","stop_token_ids":[1,)" + std::to_string(cfg_.vocab) + "]}";
@@ -201,11 +392,11 @@ TEST_F(ApiService, StopTokenIdsEndGenerationAsEosIdsDoEvenWithIgnoreEos) {
 TEST_F(ApiService, MinPGoesIntoTheRequest) {
   auto a = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","min_p":0.05})");
   ASSERT_EQ(status(a), 0);
-  EXPECT_EQ(job(a).req.sampling.min_p, 0.05f);
+  EXPECT_EQ(req(a).sampling.min_p, 0.05f);
   a = http_reply{};
   auto b = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x"})");
   ASSERT_EQ(status(b), 0);
-  EXPECT_EQ(job(b).req.sampling.min_p, 0.0f);
+  EXPECT_EQ(req(b).sampling.min_p, 0.0f);
   b = http_reply{};
   EXPECT_EQ(status(call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","min_p":2})")), 400);
 }
@@ -214,14 +405,14 @@ TEST_F(ApiService, LogitBiasGoesIntoTheRequestWithinTheVocabulary) {
   auto a = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","logit_bias":{"5":-100,"0017":2.5}})");
   ASSERT_EQ(status(a), 0);
   const std::vector<kernels::token_bias> want{{5, -100.0f}, {17, 2.5f}};
-  auto got = job(a).req.logit_bias;
+  auto got = req(a).logit_bias;
   std::sort(got.begin(), got.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
   EXPECT_EQ(got, want);
   a = http_reply{};
   auto c = call("POST", "/v1/chat/completions",
                 R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"logit_bias":{"9":1}})");
   ASSERT_EQ(status(c), 0);
-  EXPECT_EQ(job(c).req.logit_bias, (std::vector<kernels::token_bias>{{9, 1.0f}}));
+  EXPECT_EQ(req(c).logit_bias, (std::vector<kernels::token_bias>{{9, 1.0f}}));
   c = http_reply{};
   const std::string outside = R"({"model":"kjv","prompt":"x","logit_bias":{")" + std::to_string(cfg_.vocab) + R"(":1}})";
   auto o = call("POST", "/v1/completions", outside);
@@ -236,7 +427,8 @@ TEST_F(ApiService, LogitBiasGoesIntoTheRequestWithinTheVocabulary) {
 }
 
 TEST_F(ApiService, UnsupportedFieldsAnswer400NamingThem) {
-  auto r = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","best_of":3})");
+  auto r = call("POST", "/v1/chat/completions",
+                R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"best_of":3})");  // completions' field
   ASSERT_EQ(status(r), 400);
   auto j = json::parse(std::get<http_reply>(r).body);
   EXPECT_EQ(j["error"]["type"], "invalid_request_error");
@@ -261,20 +453,20 @@ TEST_F(ApiService, PenaltiesAndMinTokensGoIntoTheRequest) {
                 R"({"model":"kjv","prompt":"x","max_tokens":8,"presence_penalty":0.5,"frequency_penalty":-1.5,
                     "repetition_penalty":1.3,"min_tokens":6})");
   ASSERT_EQ(status(a), 0);
-  EXPECT_EQ(job(a).req.sampling.presence_penalty, 0.5f);
-  EXPECT_EQ(job(a).req.sampling.frequency_penalty, -1.5f);
-  EXPECT_EQ(job(a).req.sampling.repetition_penalty, 1.3f);
-  EXPECT_EQ(job(a).req.sampling.min_tokens, 6);
-  EXPECT_EQ(job(a).req.max_tokens, 8u);
+  EXPECT_EQ(req(a).sampling.presence_penalty, 0.5f);
+  EXPECT_EQ(req(a).sampling.frequency_penalty, -1.5f);
+  EXPECT_EQ(req(a).sampling.repetition_penalty, 1.3f);
+  EXPECT_EQ(req(a).sampling.min_tokens, 6);
+  EXPECT_EQ(req(a).max_tokens, 8u);
   a = http_reply{};  // free the concurrency slot
   auto b = call("POST", "/v1/chat/completions",
                 R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"presence_penalty":-2,
                     "frequency_penalty":2,"repetition_penalty":0.8,"min_tokens":3,"max_completion_tokens":3})");
   ASSERT_EQ(status(b), 0);
-  EXPECT_EQ(job(b).req.sampling.presence_penalty, -2.0f);
-  EXPECT_EQ(job(b).req.sampling.frequency_penalty, 2.0f);
-  EXPECT_EQ(job(b).req.sampling.repetition_penalty, 0.8f);
-  EXPECT_EQ(job(b).req.sampling.min_tokens, 3);
+  EXPECT_EQ(req(b).sampling.presence_penalty, -2.0f);
+  EXPECT_EQ(req(b).sampling.frequency_penalty, 2.0f);
+  EXPECT_EQ(req(b).sampling.repetition_penalty, 0.8f);
+  EXPECT_EQ(req(b).sampling.min_tokens, 3);
   b = http_reply{};
   for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
     const std::string body = std::string(path) == "/v1/completions"
@@ -282,10 +474,10 @@ TEST_F(ApiService, PenaltiesAndMinTokensGoIntoTheRequest) {
                                  : R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}]})";
     auto n = call("POST", path, body);
     ASSERT_EQ(status(n), 0) << path;
-    EXPECT_EQ(job(n).req.sampling.presence_penalty, 0.0f) << path;
-    EXPECT_EQ(job(n).req.sampling.frequency_penalty, 0.0f) << path;
-    EXPECT_EQ(job(n).req.sampling.repetition_penalty, 1.0f) << path;
-    EXPECT_EQ(job(n).req.sampling.min_tokens, 0) << path;
+    EXPECT_EQ(req(n).sampling.presence_penalty, 0.0f) << path;
+    EXPECT_EQ(req(n).sampling.frequency_penalty, 0.0f) << path;
+    EXPECT_EQ(req(n).sampling.repetition_penalty, 1.0f) << path;
+    EXPECT_EQ(req(n).sampling.min_tokens, 0) << path;
   }
   const std::pair<std::string, std::string> bad[] = {
       {R"({"model":"kjv","prompt":"x","presence_penalty":2.5})", "'presence_penalty' must be a number between -2 and 2"},
@@ -310,8 +502,8 @@ TEST_F(ApiService, PenaltiesAndMinTokensGoIntoTheRequest) {
   for (size_t i = 0; i + 3 < ctx; ++i) ids.push_back(5);
   auto fits = call("POST", "/v1/completions", json{{"model", "kjv"}, {"prompt", ids}, {"min_tokens", 3}}.dump());
   ASSERT_EQ(status(fits), 0);
-  EXPECT_EQ(job(fits).req.max_tokens, 3u);
-  EXPECT_EQ(job(fits).req.sampling.min_tokens, 3);
+  EXPECT_EQ(req(fits).max_tokens, 3u);
+  EXPECT_EQ(req(fits).sampling.min_tokens, 3);
   fits = http_reply{};
   auto over = call("POST", "/v1/completions", json{{"model", "kjv"}, {"prompt", ids}, {"min_tokens", 4}}.dump());
   ASSERT_EQ(status(over), 400);
@@ -341,11 +533,11 @@ TEST_F(ApiService, PenaltiesAndMinTokensGoIntoTheRequest) {
                   json{{"model", "kjv"}, {"prompt", "x"}, {"max_tokens", 16}, {"stop", "the"},
                        {"min_tokens", min_tokens}}.dump());
     ASSERT_EQ(status(s), 0);
-    for (size_t i = 0; i < out.size() && !job(s).stream->done(); ++i) {
-      job(s).stream->on_message(actors::token_msg{job(s).req.id, out[i], actors::finish_reason::none, false, {}, {}});
+    for (size_t i = 0; i < out.size() && !job(s).output->done(); ++i) {
+      job(s).output->on_message(actors::token_msg{req(s).id, out[i], actors::finish_reason::none, false, {}, {}, {}});
     }
-    ASSERT_TRUE(job(s).stream->done()) << "min_tokens " << min_tokens;
-    auto r = json::parse(job(s).stream->reply().body)["choices"][0];
+    ASSERT_TRUE(job(s).output->done()) << "min_tokens " << min_tokens;
+    auto r = json::parse(job(s).output->reply().body)["choices"][0];
     EXPECT_EQ(r["finish_reason"], "stop");
     EXPECT_EQ(r["text"], min_tokens == 0 ? "" : "the end ") << "min_tokens " << min_tokens;
   }
@@ -356,22 +548,22 @@ TEST_F(ApiService, PenaltiesAndMinTokensGoIntoTheRequest) {
 TEST_F(ApiService, LogprobsGoIntoTheRequestAndItsStream) {
   auto a = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","logprobs":3})");
   ASSERT_EQ(status(a), 0);
-  EXPECT_EQ(job(a).req.sampling.logprobs, 3);
+  EXPECT_EQ(req(a).sampling.logprobs, 3);
   auto b = call("POST", "/v1/chat/completions",
                 R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"logprobs":true,"top_logprobs":2})");
   ASSERT_EQ(status(b), 0);
-  EXPECT_EQ(job(b).req.sampling.logprobs, 2);
+  EXPECT_EQ(req(b).sampling.logprobs, 2);
   b = http_reply{};  // free the concurrency slot
   auto none = call("POST", "/v1/chat/completions", R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}]})");
   ASSERT_EQ(status(none), 0);
-  EXPECT_EQ(job(none).req.sampling.logprobs, -1);
+  EXPECT_EQ(req(none).sampling.logprobs, -1);
   none = http_reply{};
   // The stream renders what the mesh sends, the 3 alternatives asked for (not a 4th).
-  actors::token_msg t{job(a).req.id, 5, actors::finish_reason::length, false, {}, {}};
+  actors::token_msg t{req(a).id, 5, actors::finish_reason::length, false, {}, {}, {}};
   t.logprobs = kernels::token_logprobs{-1.5f, {{7, -0.5f}, {9, -1.0f}, {5, -1.5f}, {11, -2.0f}}};
-  job(a).stream->on_message(t);
-  ASSERT_TRUE(job(a).stream->done());
-  auto lp = json::parse(job(a).stream->reply().body)["choices"][0]["logprobs"];
+  job(a).output->on_message(t);
+  ASSERT_TRUE(job(a).output->done());
+  auto lp = json::parse(job(a).output->reply().body)["choices"][0]["logprobs"];
   EXPECT_EQ(lp["token_logprobs"], json::parse("[-1.5]"));
   EXPECT_EQ(lp["top_logprobs"][0].size(), 3u);  // ids 5 (chosen, also among the 3), 7 and 9
   auto c = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","logprobs":21})");
@@ -385,7 +577,7 @@ TEST_F(ApiService, ChatPromptsComeFromTheTemplateWithoutExtraSpecialTokens) {
                 R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"max_tokens":3})");
   ASSERT_EQ(status(a), 0);
   auto t = model::tokenizer::load(LLMESH_SOURCE_DIR "/models/kjv-tiny");
-  EXPECT_EQ(job(a).req.prompt, (*t)->encode("user: Hi\nassistant:", false));
+  EXPECT_EQ(req(a).prompt, (*t)->encode("user: Hi\nassistant:", false));
 }
 
 }  // namespace
@@ -416,6 +608,8 @@ class TwoModels : public ::testing::Test {
   }
   static std::string body(const api_outcome& o) { return std::get<http_reply>(o).body; }
   static generation_job& job(api_outcome& o) { return std::get<generation_job>(o); }
+  /// The mesh request of a job's first (for n = 1: only) choice.
+  static actors::replica_request& req(api_outcome& o) { return job(o).requests.at(0); }
 
   fake_mesh mesh_;
   actors::metrics_registry metrics_;
@@ -438,21 +632,21 @@ TEST_F(TwoModels, ModelsListsBothInOrderWithTheirContexts) {
 TEST_F(TwoModels, EachRequestCarriesItsModelAndThatModelsRules) {
   auto a = post("/v1/completions", R"({"model":"kjv","prompt":"In the beginning"})");
   ASSERT_EQ(status(a), 0);
-  EXPECT_EQ(job(a).req.model, "kjv");
-  EXPECT_EQ(job(a).req.eos_ids, kjv_cfg_.eos_ids);
-  EXPECT_EQ(job(a).req.sampling.temperature, 1.0f);
+  EXPECT_EQ(req(a).model, "kjv");
+  EXPECT_EQ(req(a).eos_ids, kjv_cfg_.eos_ids);
+  EXPECT_EQ(req(a).sampling.temperature, 1.0f);
   a = http_reply{};
   auto b = post("/v1/completions", R"({"model":"short","prompt":"In the beginning"})");
   ASSERT_EQ(status(b), 0);
-  EXPECT_EQ(job(b).req.model, "short");
-  EXPECT_EQ(job(b).req.eos_ids, (std::vector<int32_t>{7}));
-  EXPECT_EQ(job(b).req.sampling.temperature, 0.5f);  // its generation_config, not the other's
+  EXPECT_EQ(req(b).model, "short");
+  EXPECT_EQ(req(b).eos_ids, (std::vector<int32_t>{7}));
+  EXPECT_EQ(req(b).sampling.temperature, 0.5f);  // its generation_config, not the other's
   ASSERT_NE(job(b).tok, nullptr);
   b = http_reply{};
   // The streamed chunks name the model the client asked for.
   auto s = post("/v1/completions", R"({"model":"short","prompt":[1,2],"stream":true})");
   ASSERT_EQ(status(s), 0);
-  const std::string sse = job(s).stream->on_message(actors::token_msg{job(s).req.id, 5, actors::finish_reason::length, false, {}, {}});
+  const std::string sse = job(s).output->on_message(actors::token_msg{req(s).id, 5, actors::finish_reason::length, false, {}, {}, {}});
   EXPECT_NE(sse.find(R"("model":"short")"), std::string::npos) << sse;
   s = http_reply{};
   // Context limits are per model: 70 tokens fit kjv's context, not short's 64.
@@ -472,7 +666,7 @@ TEST_F(TwoModels, UnknownModelsAndMissingTemplatesAreNamed) {
   const std::string chat = R"("messages":[{"role":"user","content":"Hi"}]})";
   auto c = post("/v1/chat/completions", R"({"model":"kjv",)" + chat);
   ASSERT_EQ(status(c), 0);
-  EXPECT_EQ(job(c).req.model, "kjv");
+  EXPECT_EQ(req(c).model, "kjv");
   c = http_reply{};
   auto n = post("/v1/chat/completions", R"({"model":"short",)" + chat);
   ASSERT_EQ(status(n), 400);
@@ -488,7 +682,7 @@ TEST_F(TwoModels, TheNativeApiChecksTheModelsOwnReplicas) {
   EXPECT_NE(a.err().message.find("'short'"), std::string::npos) << a.err().message;
   auto b = api_->native_generate("", "kjv", std::string("In the"), {}, none, {});
   ASSERT_TRUE(b.ok()) << b.err().message;
-  EXPECT_EQ(b->req.model, "kjv");
+  EXPECT_EQ(b->requests.at(0).model, "kjv");
   auto c = api_->native_generate("", "nope", std::nullopt, {1}, none, {});
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.err().code, errc::not_found);

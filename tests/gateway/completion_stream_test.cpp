@@ -1,11 +1,13 @@
 // completion_stream: token messages in, OpenAI-shaped SSE chunks or one response out. UTF-8
 // characters split over several tokens are never split in a chunk; stop strings cut the text
 // across token boundaries; finish reasons, usage and token ids land where OpenAI puts them.
+// Each stream runs as the one choice of a completion_group, as api_service builds an n = 1
+// request: what these tests read is what a single-choice request's client receives.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
-#include "llmesh/gateway/completion_stream.hpp"
+#include "llmesh/gateway/completion_group.hpp"
 #include "llmesh/model/tokenizer.hpp"
 
 namespace llmesh::gateway {
@@ -14,6 +16,24 @@ namespace {
 using json = nlohmann::json;
 using actors::finish_reason;
 using actors::token_msg;
+
+/// One generation as the response of one choice (request id 1).
+class one_choice {
+ public:
+  one_choice(const stream_setup& s, const model::detokenizer& d, bool include_usage = false)
+      : group_(group_setup{s.chat, s.streaming, include_usage, s.id, s.created, s.model, 1}, d, nullptr) {
+    group_.add_choice(1, s);
+  }
+  std::string on_message(const token_msg& t) { return group_.on_message(t); }
+  bool done() const { return group_.done(); }
+  bool started() const { return group_.started(); }
+  bool stopped_by_string() const { return group_.choice(0).stopped_by_string(); }
+  size_t completion_tokens() const { return group_.choice(0).completion_tokens(); }
+  http_reply reply() const { return group_.reply(); }
+
+ private:
+  completion_group group_;
+};
 
 class CompletionStream : public ::testing::Test {
  protected:
@@ -49,10 +69,10 @@ class CompletionStream : public ::testing::Test {
     return s;
   }
   /// Feeds ids, the last one with `last`; returns the concatenated SSE bytes.
-  static std::string feed(completion_stream& c, const std::vector<int32_t>& ids, finish_reason last) {
+  static std::string feed(one_choice& c, const std::vector<int32_t>& ids, finish_reason last) {
     std::string out;
     for (size_t i = 0; i < ids.size(); ++i) {
-      out += c.on_message(token_msg{1, ids[i], i + 1 == ids.size() ? last : finish_reason::none, false, {}, {}});
+      out += c.on_message(token_msg{1, ids[i], i + 1 == ids.size() ? last : finish_reason::none, false, {}, {}, {}});
     }
     return out;
   }
@@ -76,7 +96,7 @@ class CompletionStream : public ::testing::Test {
   /// A message carrying hand-made logprobs: the i-th token's is -0.25 * (i + 1), its
   /// alternatives `alt` at -0.5 and the token itself at its own value.
   static token_msg with_logprobs(int32_t id, size_t i, int32_t alt, finish_reason f = finish_reason::none) {
-    token_msg t{1, id, f, false, {}, {}};
+    token_msg t{1, id, f, false, {}, {}, {}};
     const float lp = -0.25f * static_cast<float>(i + 1);
     t.logprobs = kernels::token_logprobs{lp, {{alt, -0.5f}, {id, lp}}};
     return t;
@@ -103,8 +123,7 @@ TEST_F(CompletionStream, StreamedChunksKeepCharactersWholeAndAddUpToTheText) {
   const std::string want = tok_->decoder().decode(ids);
   ASSERT_EQ(want, "Hi \xF0\x9F\x8E\x89 \xC3\xA9 ok");
   auto s = setup(false, true);
-  s.include_usage = true;
-  completion_stream c(s, tok_->decoder(), nullptr);
+  one_choice c(s, tok_->decoder(), /*include_usage=*/true);
   bool done = false;
   auto ev = events(feed(c, ids, finish_reason::length), done);
   EXPECT_TRUE(done);
@@ -128,7 +147,7 @@ TEST_F(CompletionStream, StreamedChunksKeepCharactersWholeAndAddUpToTheText) {
 
 TEST_F(CompletionStream, ChatChunksStartWithTheRoleAndEndOnEos) {
   const auto ids = tok_->encode("Fine, thanks.", false);
-  completion_stream c(setup(true, true), tok_->decoder(), nullptr);
+  one_choice c(setup(true, true), tok_->decoder());
   bool done = false;
   auto ev = events(feed(c, ids, finish_reason::eos), done);
   ASSERT_TRUE(done);
@@ -146,10 +165,10 @@ TEST_F(CompletionStream, StopStringsCutAcrossTokensAndAskForCancellation) {
   for (bool streaming : {false, true}) {
     auto s = setup(false, streaming);
     s.stop = {"e fo"};  // straddles "three" and " four"
-    completion_stream c(s, tok_->decoder(), nullptr);
+    one_choice c(s, tok_->decoder());
     std::string sse;
     for (int32_t t : ids) {
-      sse += c.on_message(token_msg{1, t, finish_reason::none, false, {}, {}});
+      sse += c.on_message(token_msg{1, t, finish_reason::none, false, {}, {}, {}});
       if (c.done()) break;
     }
     ASSERT_TRUE(c.done());
@@ -201,11 +220,11 @@ TEST_F(CompletionStream, StopStringsWaitForMinTokens) {
       auto s = setup(false, streaming);
       s.stop = c.stop;
       s.min_tokens = c.min_tokens;
-      completion_stream cs(s, tok_->decoder(), nullptr);
+      one_choice cs(s, tok_->decoder());
       std::string sse;
       for (size_t i = 0; i < ids.size() && !cs.done(); ++i) {
         sse += cs.on_message(
-            token_msg{1, ids[i], i + 1 == ids.size() ? finish_reason::length : finish_reason::none, false, {}, {}});
+            token_msg{1, ids[i], i + 1 == ids.size() ? finish_reason::length : finish_reason::none, false, {}, {}, {}});
       }
       ASSERT_TRUE(cs.done()) << c.min_tokens;
       EXPECT_EQ(cs.stopped_by_string(), c.finish == "stop") << c.min_tokens;
@@ -238,7 +257,7 @@ TEST_F(CompletionStream, AStopTokenIdEndsTheTextBeforeItselfButStaysInTokenIds) 
     auto s = setup(false, streaming);
     s.return_token_ids = true;
     s.stop_token_ids = {ids.back()};
-    completion_stream c(s, tok_->decoder(), nullptr);
+    one_choice c(s, tok_->decoder());
     const std::string sse = feed(c, ids, finish_reason::eos);
     ASSERT_TRUE(c.done());
     EXPECT_FALSE(c.stopped_by_string());
@@ -267,7 +286,7 @@ TEST_F(CompletionStream, AStopTokenIdEndsTheTextBeforeItselfButStaysInTokenIds) 
   // The same last token ending on EOS without being a requested stop id: its text stays.
   auto s = setup(false, false);
   s.stop_token_ids = {ids.front()};  // seen earlier without a finish: no effect there
-  completion_stream c(s, tok_->decoder(), nullptr);
+  one_choice c(s, tok_->decoder());
   feed(c, ids, finish_reason::eos);
   EXPECT_EQ(json::parse(c.reply().body)["choices"][0]["text"], "one two three");
 }
@@ -276,7 +295,7 @@ TEST_F(CompletionStream, WholeResponseCarriesUsageAndTokenIds) {
   const auto ids = tricky_ids();
   auto s = setup(false, false);
   s.return_token_ids = true;
-  completion_stream c(s, tok_->decoder(), nullptr);
+  one_choice c(s, tok_->decoder());
   EXPECT_EQ(feed(c, ids, finish_reason::length), "");
   auto r = c.reply();
   EXPECT_EQ(r.status, 200);
@@ -300,7 +319,7 @@ TEST_F(CompletionStream, CompletionLogprobsInAWholeResponse) {
   auto s = setup(false, false);
   s.logprobs = 1;
   s.stop_token_ids = {ids[2]};
-  completion_stream c(s, tok_->decoder(), nullptr);
+  one_choice c(s, tok_->decoder());
   for (size_t i = 0; i < ids.size(); ++i) {
     EXPECT_EQ(c.on_message(with_logprobs(ids[i], i, alt, i == 2 ? finish_reason::eos : finish_reason::none)), "");
   }
@@ -323,7 +342,7 @@ TEST_F(CompletionStream, ChatLogprobsRideOnTheChunkThatCarriesTheirText) {
   const int32_t alt = tok_->encode("Hello", false).at(0);
   auto s = setup(true, true);
   s.logprobs = 1;  // the token itself, second in each hand-made top list, is left out
-  completion_stream c(s, tok_->decoder(), nullptr);
+  one_choice c(s, tok_->decoder());
   std::vector<std::vector<json>> per_message;  // the chunks each message produced
   for (size_t i = 0; i < ids.size(); ++i) {
     const finish_reason f = i + 1 == ids.size() ? finish_reason::length : finish_reason::none;
@@ -373,7 +392,7 @@ TEST_F(CompletionStream, HeldBackTextDelaysItsLogprobsAndAStopStringDropsThem) {
     auto s = setup(false, true);
     s.logprobs = 0;
     s.stop = {" two!"};
-    completion_stream c(s, tok_->decoder(), nullptr);
+    one_choice c(s, tok_->decoder());
     std::vector<std::vector<json>> per_message;
     for (size_t i = 0; i < 3; ++i) {
       const finish_reason f = i == 2 ? finish_reason::length : finish_reason::none;
@@ -394,7 +413,7 @@ TEST_F(CompletionStream, HeldBackTextDelaysItsLogprobsAndAStopStringDropsThem) {
     auto s = setup(false, streaming);
     s.logprobs = 0;
     s.stop = {" two!"};
-    completion_stream c(s, tok_->decoder(), nullptr);
+    one_choice c(s, tok_->decoder());
     std::string sse = c.on_message(with_logprobs(ids[0], 0, alt));
     sse += c.on_message(with_logprobs(ids[1], 1, alt, finish_reason::length));
     json lp;
@@ -418,7 +437,7 @@ TEST_F(CompletionStream, HeldBackTextDelaysItsLogprobsAndAStopStringDropsThem) {
     auto s = setup(false, streaming);
     s.logprobs = 0;
     s.stop = {"e fo"};
-    completion_stream c(s, tok_->decoder(), nullptr);
+    one_choice c(s, tok_->decoder());
     std::string sse;
     for (size_t i = 0; i < ids.size() && !c.done(); ++i) sse += c.on_message(with_logprobs(ids[i], i, alt));
     ASSERT_TRUE(c.stopped_by_string());
@@ -437,20 +456,59 @@ TEST_F(CompletionStream, HeldBackTextDelaysItsLogprobsAndAStopStringDropsThem) {
   }
 }
 
+// OpenAI's echo (stream_setup::echo_prefix): the choice's text begins with the prompt's text,
+// streamed on the first chunk (the final one when it is also the first); stop strings are not
+// looked for in it, only in the generated text.
+TEST_F(CompletionStream, TheEchoPrefixLeadsTheTextOnTheFirstChunkAndHoldsNoStopString) {
+  const auto ids = tok_->encode(" one two", false);
+  ASSERT_EQ(ids.size(), 2u);
+  for (bool streaming : {false, true}) {
+    auto s = setup(false, streaming);
+    s.echo_prefix = "Count: two,";
+    s.stop = {"two"};
+    one_choice c(s, tok_->decoder());
+    const std::string sse = feed(c, ids, finish_reason::length);
+    ASSERT_TRUE(c.done());
+    EXPECT_TRUE(c.stopped_by_string());
+    if (streaming) {
+      bool done = false;
+      auto ev = events(sse, done);
+      ASSERT_EQ(ev.size(), 2u) << sse;
+      EXPECT_EQ(ev[0]["choices"][0]["text"], "Count: two, one");
+      EXPECT_EQ(ev[1]["choices"][0]["text"], " ");
+      EXPECT_EQ(ev[1]["choices"][0]["finish_reason"], "stop");
+    } else {
+      auto j = json::parse(c.reply().body);
+      EXPECT_EQ(j["choices"][0]["text"], "Count: two, one ");
+      EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+      EXPECT_EQ(j["usage"]["completion_tokens"], 2);
+    }
+  }
+  // One token, first and last: the prefix rides on the final chunk.
+  auto s = setup(false, true);
+  s.echo_prefix = "Count:";
+  one_choice c(s, tok_->decoder());
+  bool done = false;
+  auto ev = events(feed(c, {ids[0]}, finish_reason::length), done);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0]["choices"][0]["text"], "Count: one");
+  EXPECT_EQ(ev[0]["choices"][0]["finish_reason"], "length");
+}
+
 TEST_F(CompletionStream, FailuresBecomeHttpErrorsOrAnErrorEvent) {
   {  // before anything was sent: an HTTP error
-    completion_stream c(setup(false, true), tok_->decoder(), nullptr);
+    one_choice c(setup(false, true), tok_->decoder());
     EXPECT_EQ(c.on_message(token_msg{1, -1, finish_reason::none, true,
-                                     make_error(errc::replica_unavailable, "no replica"), {}}),
+                                     make_error(errc::replica_unavailable, "no replica"), {}, {}}),
               "");
     EXPECT_TRUE(c.done());
     EXPECT_FALSE(c.started());
     EXPECT_EQ(c.reply().status, 503);
   }
   {  // mid-stream: the status is committed, the error is an event, then [DONE]
-    completion_stream c(setup(false, true), tok_->decoder(), nullptr);
-    EXPECT_NE(c.on_message(token_msg{1, tok_->encode("Hi", false)[0], finish_reason::none, false, {}, {}}), "");
-    const std::string tail = c.on_message(token_msg{1, -1, finish_reason::none, true, make_error(errc::internal, "boom"), {}});
+    one_choice c(setup(false, true), tok_->decoder());
+    EXPECT_NE(c.on_message(token_msg{1, tok_->encode("Hi", false)[0], finish_reason::none, false, {}, {}, {}}), "");
+    const std::string tail = c.on_message(token_msg{1, -1, finish_reason::none, true, make_error(errc::internal, "boom"), {}, {}});
     bool done = false;
     auto ev = events(tail, done);
     EXPECT_TRUE(done);

@@ -22,7 +22,10 @@ TEST(OpenaiApi, ParsesCompletionRequests) {
       lim);
   ASSERT_TRUE(r.ok()) << r.err().message;
   EXPECT_EQ(r->model, "m");
-  EXPECT_EQ(*r->prompt_text, "Hello");
+  ASSERT_EQ(r->prompts.size(), 1u);
+  EXPECT_EQ(*r->prompts[0].text, "Hello");
+  EXPECT_EQ(r->gen.n, 1u);
+  EXPECT_FALSE(r->echo);
   EXPECT_EQ(r->gen.max_tokens, 5u);
   EXPECT_EQ(r->gen.temperature, 0.0f);
   EXPECT_EQ(r->gen.top_k, 40);
@@ -31,7 +34,9 @@ TEST(OpenaiApi, ParsesCompletionRequests) {
   EXPECT_TRUE(r->gen.stream && r->gen.include_usage && r->gen.return_token_ids);
   auto ids = parse_completion_request(R"({"model":"m","prompt":[1,2,3]})", lim);
   ASSERT_TRUE(ids.ok());
-  EXPECT_EQ(ids->prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_EQ(ids->prompts.size(), 1u);
+  EXPECT_FALSE(ids->prompts[0].text);
+  EXPECT_EQ(ids->prompts[0].ids, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(ids->gen.max_tokens, 16u);  // OpenAI's default
 }
 
@@ -56,18 +61,18 @@ TEST(OpenaiApi, NamesTheBadField) {
       {R"({"model":"m"})", "'prompt' is required"},
       {R"({"model":"m","prompt":""})", "'prompt' is empty"},
       {R"({"model":"m","prompt":[1,-2]})", "token ids"},
-      {R"({"model":"m","prompt":["a","b"]})", "one prompt per request"},
+      {R"({"model":"m","prompt":["a",["b"]]})", "one kind throughout"},
       {R"({"model":"m","prompt":"x","max_tokens":0})", "'max_tokens'"},
       {R"({"model":"m","prompt":"x","max_tokens":100000})", "'max_tokens'"},
       {R"({"model":"m","prompt":"x","max_tokens":"5"})", "'max_tokens' must be an integer"},
       {R"({"model":"m","prompt":"x","temperature":3})", "'temperature'"},
       {R"({"model":"m","prompt":"x","top_p":-0.1})", "'top_p'"},
-      {R"({"model":"m","prompt":"x","n":2})", "'n'"},
+      {R"({"model":"m","prompt":"x","n":0})", "'n' must be a positive integer"},
       {R"({"model":"m","prompt":"x","stop":["a","b","c","d","e"]})", "at most 4"},
       {R"({"model":"m","prompt":"x","stop":[""]})", "'stop'"},
       {R"({"model":"m","prompt":"x","stop":5})", "'stop'"},
       {R"({"model":"m","prompt":"x","stream":"yes"})", "'stream'"},
-      {R"({"model":"m","prompt":"x","echo":true})", "'echo' is not supported"},
+      {R"({"model":"m","prompt":"x","echo":true,"logprobs":0})", "'echo' with 'logprobs' is not supported yet"},
       {R"({"model":"m","prompt":"x","echo":"yes"})", "'echo' must be true or false"},
       {R"({"model":"m","prompt":"x","echo":1})", "'echo' must be true or false"},
       {R"({"model":"m","prompt":"x","top_k":-2})", "'top_k'"},
@@ -86,10 +91,171 @@ TEST(OpenaiApi, NamesTheBadField) {
   EXPECT_FALSE(parse_chat_request(R"({"model":"m","messages":[{"role":1,"content":"x"}]})", lim).ok());
 }
 
-TEST(OpenaiApi, FalseOrNullEchoIsAccepted) {
+// echo (completions): true or false (null: false); with logprobs asked for it is refused
+// until the engine reports the prompt's log-probabilities; logprobs null or false pass.
+TEST(OpenaiApi, EchoIsParsedAndRefusedWithLogprobs) {
   request_limits lim;
-  EXPECT_TRUE(parse_completion_request(R"({"model":"m","prompt":"x","echo":false})", lim).ok());
-  EXPECT_TRUE(parse_completion_request(R"({"model":"m","prompt":"x","echo":null})", lim).ok());
+  for (const auto& [fields, want] : std::vector<std::pair<std::string, bool>>{
+           {R"("echo":false)", false}, {R"("echo":null)", false}, {R"("echo":true)", true},
+           {R"("echo":true,"logprobs":null)", true}, {R"("echo":true,"logprobs":false)", true},
+           {R"("echo":true,"n":2,"prompt":["a","b"])", true}}) {
+    auto r = parse_completion_request(R"({"model":"m","prompt":"x",)" + fields + "}", lim);
+    ASSERT_TRUE(r.ok()) << fields << " -> " << r.err().message;
+    EXPECT_EQ(r->echo, want) << fields;
+  }
+  for (const char* lp : {"0", "5"}) {
+    auto r = parse_completion_request(std::string(R"({"model":"m","prompt":"x","echo":true,"logprobs":)") + lp + "}", lim);
+    ASSERT_FALSE(r.ok()) << lp;
+    EXPECT_EQ(r.err().message, "'echo' with 'logprobs' is not supported yet (send one of them)");
+  }
+  auto e = parse_completion_request(R"({"model":"m","prompt":"x","echo":"yes"})", lim);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.err().message, "'echo' must be true or false");
+}
+
+// n on both endpoints: an integer >= 1 (null: 1); prompts × n at most max_choices.
+TEST(OpenaiApi, NIsParsedOnBothEndpointsWithinMaxChoices) {
+  request_limits lim;
+  lim.max_choices = 6;
+  const std::string chat_head = R"({"model":"m","messages":[{"role":"user","content":"x"}])";
+  for (const auto& [field, want] : std::vector<std::pair<std::string, size_t>>{
+           {"", 1}, {R"(,"n":null)", 1}, {R"(,"n":1)", 1}, {R"(,"n":3)", 3}, {R"(,"n":6)", 6}}) {
+    auto c = parse_completion_request(R"({"model":"m","prompt":"x")" + field + "}", lim);
+    ASSERT_TRUE(c.ok()) << field << " -> " << c.err().message;
+    EXPECT_EQ(c->gen.n, want) << field;
+    auto h = parse_chat_request(chat_head + field + "}", lim);
+    ASSERT_TRUE(h.ok()) << field << " -> " << h.err().message;
+    EXPECT_EQ(h->gen.n, want) << field;
+  }
+  const std::string over_n = "the request asks for more choices ('n') than this server's limit of 6 per request";
+  const std::string over_batch =
+      "the request asks for more choices (prompts × 'n') than this server's limit of 6 per request";
+  for (const auto& [field, msg] : std::vector<std::pair<std::string, std::string>>{
+           {R"("n":0)", "'n' must be a positive integer"},
+           {R"("n":-1)", "'n' must be a positive integer"},
+           {R"("n":2.0)", "'n' must be a positive integer"},
+           {R"("n":"2")", "'n' must be a positive integer"},
+           {R"("n":7)", over_n},
+           {R"("n":18446744073709551615)", over_n}}) {  // must not wrap
+    auto c = parse_completion_request(R"({"model":"m","prompt":"x",)" + field + "}", lim);
+    ASSERT_FALSE(c.ok()) << field;
+    EXPECT_EQ(c.err().message, msg) << field;
+    auto h = parse_chat_request(chat_head + "," + field + "}", lim);
+    ASSERT_FALSE(h.ok()) << field;
+    EXPECT_EQ(h.err().message, msg) << field;
+  }
+  // A batch counts: 3 prompts × n = 2 fit 6; × 3 do not; 7 prompts do not even at n = 1.
+  EXPECT_TRUE(parse_completion_request(R"({"model":"m","prompt":["a","b","c"],"n":2})", lim).ok());
+  auto b = parse_completion_request(R"({"model":"m","prompt":["a","b","c"],"n":3})", lim);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.err().message, over_batch);
+  auto seven = parse_completion_request(R"({"model":"m","prompt":[[1],[2],[3],[4],[5],[6],[7]]})", lim);
+  ASSERT_FALSE(seven.ok());
+  EXPECT_EQ(seven.err().message, over_batch);
+  EXPECT_EQ(request_limits{}.max_choices, 64u);  // the default bound
+}
+
+// best_of (completions): an integer >= 1 (null and 1: off); above 1 at least n, not streamed,
+// and prompts × best_of within max_choices (vLLM's rules, this server's bound).
+TEST(OpenaiApi, BestOfIsParsedForCompletionsWithVllmsRules) {
+  request_limits lim;
+  lim.max_choices = 8;
+  auto parse = [&](const std::string& fields) {
+    return parse_completion_request(R"({"model":"m","prompt":"x",)" + fields + "}", lim);
+  };
+  struct ok_case {
+    std::string fields;
+    size_t best_of, candidates;
+  };
+  for (const auto& c : std::vector<ok_case>{{R"("best_of":null)", 1, 1}, {R"("best_of":1,"n":3)", 1, 3},
+                                            {R"("best_of":3)", 3, 3}, {R"("best_of":3,"n":3)", 3, 3},
+                                            {R"("best_of":5,"n":2)", 5, 5}, {R"("best_of":8)", 8, 8},
+                                            {R"("best_of":4,"prompt":["a","b"])", 4, 4},
+                                            {R"("best_of":1,"stream":true)", 1, 1}}) {
+    auto r = parse(c.fields);
+    ASSERT_TRUE(r.ok()) << c.fields << " -> " << r.err().message;
+    EXPECT_EQ(r->gen.best_of, c.best_of) << c.fields;
+    EXPECT_EQ(r->gen.candidates(), c.candidates) << c.fields;
+  }
+  for (const auto& [fields, msg] : std::vector<std::pair<std::string, std::string>>{
+           {R"("best_of":0)", "'best_of' must be a positive integer"},
+           {R"("best_of":1.5)", "'best_of' must be a positive integer"},
+           {R"("best_of":2,"n":3)", "'best_of' (2) must be at least 'n' (3)"},
+           {R"("best_of":2,"stream":true)", "'best_of' above 1 cannot be streamed (send 'stream': false)"},
+           {R"("best_of":9)", "the request asks for more choices ('best_of') than this server's limit of 8 per request"},
+           {R"("best_of":18446744073709551615)",
+            "the request asks for more choices ('best_of') than this server's limit of 8 per request"},
+           {R"("best_of":5,"prompt":["a","b"])",
+            "the request asks for more choices (prompts × 'best_of') than this server's limit of 8 per request"}}) {
+    auto r = parse(fields);
+    ASSERT_FALSE(r.ok()) << fields;
+    EXPECT_EQ(r.err().message, msg) << fields;
+  }
+}
+
+// prompt: a string, an array of token ids, or a batch (an array of strings, or an array of
+// token-id arrays), in the order sent; a batch of one is one prompt. Empty arrays, empty
+// prompts, mixed kinds and bad ids are a 400 naming the prompt.
+TEST(OpenaiApi, PromptsComeAloneOrInBatchesOfOneKind) {
+  request_limits lim;
+  auto prompts = [&](const std::string& p) { return parse_completion_request(R"({"model":"m","prompt":)" + p + "}", lim); };
+  using texts = std::vector<std::string>;
+  using id_lists = std::vector<std::vector<int32_t>>;
+  struct ok_case {
+    std::string prompt;
+    texts want_text;    // one per prompt when text prompts
+    id_lists want_ids;  // one per prompt when id prompts
+  };
+  const ok_case ok[] = {
+      {R"("Hello")", {"Hello"}, {}},
+      {R"(["Hello"])", {"Hello"}, {}},
+      {R"([""])", {""}, {}},  // a batch of one string, as before batches were served
+      {R"(["In the", "And God", "x"])", {"In the", "And God", "x"}, {}},
+      {R"([1, 2, 3])", {}, {{1, 2, 3}}},
+      {R"([[7]])", {}, {{7}}},
+      {R"([[1, 2], [3], [2147483647, 0]])", {}, {{1, 2}, {3}, {2147483647, 0}}},
+  };
+  for (const auto& c : ok) {
+    auto r = prompts(c.prompt);
+    ASSERT_TRUE(r.ok()) << c.prompt << " -> " << r.err().message;
+    texts got_text;
+    id_lists got_ids;
+    for (const auto& p : r->prompts) {
+      if (p.text) {
+        got_text.push_back(*p.text);
+        EXPECT_TRUE(p.ids.empty());
+      } else {
+        got_ids.push_back(p.ids);
+      }
+    }
+    EXPECT_EQ(got_text, c.want_text) << c.prompt;
+    EXPECT_EQ(got_ids, c.want_ids) << c.prompt;
+  }
+  const std::string forms =
+      "'prompt' must be a string, an array of token ids, or an array of strings or of token-id arrays";
+  const std::pair<std::string, std::string> bad[] = {
+      {R"("")", "'prompt' is empty"},
+      {R"([])", "'prompt' is an empty array"},
+      {R"([[]])", "'prompt' is empty"},
+      {R"([[1], []])", "'prompt[1]' is empty"},
+      {R"(["a", ""])", "'prompt[1]' is empty"},
+      {R"(["a", 5])", forms + " (one kind throughout)"},
+      {R"([[1], "a"])", forms + " (one kind throughout)"},
+      {R"([1, "a"])", "'prompt' token ids must be non-negative integers"},
+      {R"([1, [2]])", "'prompt' token ids must be non-negative integers"},
+      {R"([[1], [2, -3]])", "'prompt[1]' token ids must be non-negative integers"},
+      {R"([[1], [2147483648]])", "'prompt[1]' token ids must be non-negative integers"},
+      {R"([["a"]])", "'prompt' token ids must be non-negative integers"},
+      {R"([null])", forms + " (one kind throughout)"},
+      {R"(5)", forms},
+      {R"({"text":"a"})", forms},
+  };
+  for (const auto& [p, msg] : bad) {
+    auto r = prompts(p);
+    ASSERT_FALSE(r.ok()) << p << " was accepted";
+    EXPECT_EQ(r.err().code, errc::invalid_request);
+    EXPECT_EQ(r.err().message, msg) << p;
+  }
 }
 
 TEST(OpenaiApi, StopTokenIdsAreParsedAndBounded) {
@@ -134,7 +300,6 @@ TEST(OpenaiApi, UnsupportedFieldsAreRefusedAndTheirNeutralValuesAccepted) {
     std::vector<const char*> neutral, refused;
   };
   const field_case cases[] = {
-      {"best_of", {"null", "1"}, {"2", "5"}},
       {"suffix", {"null", R"("")"}, {R"("end")"}},
       {"tools", {"null", "[]"}, {R"([{"type":"function","function":{"name":"f"}}])"}},
       {"response_format", {"null", R"({"type":"text"})"}, {R"({"type":"json_object"})", R"("json")"}},
@@ -165,6 +330,17 @@ TEST(OpenaiApi, UnsupportedFieldsAreRefusedAndTheirNeutralValuesAccepted) {
             << f.name << "=" << v << " -> " << s.err().message;
       }
     }
+  }
+  // best_of is a completions field (BestOfIsParsedForCompletionsWithVllmsRules): chat refuses it
+  // above 1, and both take its neutral values.
+  for (const char* v : {"null", "1"}) {
+    EXPECT_TRUE(parse(true, "best_of", v).ok()) << v;
+    EXPECT_TRUE(parse(false, "best_of", v).ok()) << v;
+  }
+  for (const char* v : {"2", "5"}) {
+    auto s = parse(true, "best_of", v);
+    ASSERT_FALSE(s.ok()) << v;
+    EXPECT_EQ(s.err().message, "'best_of' is not supported by this server (send 1 or null, or leave it out)");
   }
   // Values of the wrong type are type errors, still naming the field.
   const std::pair<const char*, const char*> typed[] = {
@@ -301,7 +477,7 @@ TEST(OpenaiApi, PenaltiesAndMinTokensAreParsedWithinVllmsRanges) {
   EXPECT_EQ(legacy.err().message, "'min_tokens' (5) must be at most 'max_tokens' (4)");
   EXPECT_TRUE(parse(true, R"("max_completion_tokens":5,"min_tokens":5)").ok());
   // The fields the server still does not implement stay refused next to the accepted ones.
-  auto best_of = parse(false, R"("presence_penalty":0.5,"best_of":2)");
+  auto best_of = parse(true, R"("presence_penalty":0.5,"best_of":2)");  // best_of: completions only
   ASSERT_FALSE(best_of.ok());
   EXPECT_NE(best_of.err().message.find("'best_of' is not supported"), std::string::npos) << best_of.err().message;
   // min_p: a number within [0, 1].
@@ -344,7 +520,7 @@ TEST(OpenaiApi, LogprobsAreParsedPerEndpointWithinTheEngineBound) {
       {R"("logprobs":18446744073709551615)", "'logprobs'"},  // must not wrap into range
       {R"("top_logprobs":3)", "'top_logprobs' is a chat field"},
       {R"("logprobs":2,"top_logprobs":21)", "'top_logprobs' must be between 0 and 20"},
-      {R"("logprobs":2,"echo":true)", "'echo' is not supported"},  // echo stays refused
+      {R"("logprobs":2,"echo":true)", "'echo' with 'logprobs' is not supported yet"},
   };
   for (const auto& [fields, needle] : completion_bad) {
     auto r = completion(fields);
@@ -537,7 +713,7 @@ TEST(OpenaiApi, ResponsesAndChunksHaveOpenaisShape) {
   c.with_token_ids = true;
   c.token_ids = {5, 6};
   c.prompt_token_ids = {1, 2};
-  auto r = json::parse(response_json("text_completion", "cmpl-1", 123, "m", c, {3, 2}));
+  auto r = json::parse(response_json("text_completion", "cmpl-1", 123, "m", {c}, {3, 2}));
   EXPECT_EQ(r["object"], "text_completion");
   EXPECT_EQ(r["choices"][0]["text"], "Hi there");
   EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
@@ -553,7 +729,7 @@ TEST(OpenaiApi, ResponsesAndChunksHaveOpenaisShape) {
   auto u = json::parse(usage_chunk_json("chat.completion.chunk", "chatcmpl-1", 123, "m", {4, 1}));
   EXPECT_TRUE(u["choices"].empty());
   EXPECT_EQ(u["usage"]["completion_tokens"], 1);
-  auto chat = json::parse(response_json("chat.completion", "chatcmpl-2", 1, "m", c, {1, 1}));
+  auto chat = json::parse(response_json("chat.completion", "chatcmpl-2", 1, "m", {c}, {1, 1}));
   EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(chat["choices"][0]["message"]["content"], "Hi there");
   EXPECT_EQ(sse_event("{}"), "data: {}\n\n");
@@ -575,14 +751,14 @@ TEST(OpenaiApi, LogprobsRenderInTheShapeOfEachEndpoint) {
       {{" ", " ", -inf}, {{"!", "!", -0.25f}, {"\xEF\xBF\xBD", "\xF0", -12000.0f}}, 2},
       {{"x", "x", nan}, {}, 3},
   };
-  auto r = json::parse(response_json("text_completion", "cmpl-1", 1, "m", c, {1, 3}));
+  auto r = json::parse(response_json("text_completion", "cmpl-1", 1, "m", {c}, {1, 3}));
   EXPECT_EQ(r["choices"][0]["logprobs"], json::parse(R"({
       "text_offset": [0, 2, 3],
       "token_logprobs": [-0.1, -9999.0, null],
       "tokens": ["Hi", " ", "x"],
       "top_logprobs": [{"Hi": -0.1, "Hello": -2.5}, {" ": -9999.0, "!": -0.25, "\ufffd": -9999.0}, {"x": null}]})"));
   // The text as sent: the key order (chosen first) and the shortest float forms.
-  const std::string body = response_json("text_completion", "cmpl-1", 1, "m", c, {1, 3});
+  const std::string body = response_json("text_completion", "cmpl-1", 1, "m", {c}, {1, 3});
   EXPECT_NE(body.find(R"("top_logprobs":[{"Hi":-0.1,"Hello":-2.5},{" ":-9999.0,"!":-0.25,)"), std::string::npos)
       << body;
   auto chat = json::parse(chunk_json("chat.completion.chunk", "chatcmpl-1", 1, "m", c));

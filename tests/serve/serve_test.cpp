@@ -2,13 +2,14 @@
 // concurrency and at --tp 2 with several replicas; the HTTP error paths (401, 404, 405, 413,
 // 431, 400, 429); connections past a limit get 429; a client that hangs up mid-stream frees its
 // slot; chat content as text parts; stop_token_ids, penalties and min_tokens, and the refusal
-// of unsupported fields; idle connections close; keep-alive works; /metrics passes promtool;
-// SIGTERM stops the server cleanly.
+// of unsupported fields; n, batched prompts, echo and best_of; idle connections close; keep-alive
+// works; /metrics passes promtool; SIGTERM stops the server cleanly.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -222,10 +223,10 @@ TEST(Serve, StopTokenIdsEndTheGenerationPenaltiesAreServedAndUnsupportedFieldsAr
     EXPECT_NE(j.dump().find(needle), std::string::npos) << j;
   }
   json refused = base;
-  refused["best_of"] = 2;  // several candidates per choice: this server does not, so a 400, never ignored
+  refused["suffix"] = " amen";  // text after the insertion point: this server does not, so a 400, never ignored
   j = completion(s.port(), refused, &status);
   EXPECT_EQ(status, 400) << j;
-  EXPECT_NE(j.dump().find("'best_of' is not supported"), std::string::npos) << j;
+  EXPECT_NE(j.dump().find("'suffix' is not supported"), std::string::npos) << j;
   // The neutral values many clients always send are served.
   json neutral = base;
   neutral.update({{"max_tokens", 2}, {"logprobs", nullptr}, {"presence_penalty", 0}, {"frequency_penalty", 0},
@@ -251,6 +252,179 @@ TEST(Serve, StopTokenIdsEndTheGenerationPenaltiesAreServedAndUnsupportedFieldsAr
     EXPECT_EQ(j["choices"][0]["text"], whole.substr(0, whole.find(' ', min_tokens == 0 ? 0 : head.size())))
         << "min_tokens " << min_tokens << ": " << j;
   }
+}
+
+/// The choices of a streamed body reassembled per index (text, token ids, finish reason), the
+/// usage chunk (null if none), and how many [DONE] events came (checked to be last).
+struct reassembled {
+  std::map<size_t, json> choices;
+  json usage;
+  int done = 0;
+  std::vector<std::string> first_texts;  ///< each choice's first chunk text, by index order of arrival
+};
+reassembled reassemble(const std::string& sse) {
+  reassembled out;
+  for (size_t pos = 0; (pos = sse.find("data: ", pos)) != std::string::npos;) {
+    const size_t end = sse.find("\n\n", pos);
+    const std::string payload = sse.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (payload == "[DONE]") {
+      ++out.done;
+      EXPECT_EQ(end + 2, sse.size()) << "[DONE] is not the last event";
+      continue;
+    }
+    const auto e = json::parse(payload);
+    if (e.contains("usage")) out.usage = e["usage"];
+    for (const auto& c : e["choices"]) {
+      const size_t index = c["index"];
+      auto [it, first] = out.choices.try_emplace(index, json{{"text", ""}, {"token_ids", json::array()},
+                                                             {"finish_reason", nullptr}});
+      if (first) out.first_texts.push_back(c["text"]);
+      EXPECT_TRUE(it->second["finish_reason"].is_null()) << "a chunk of choice " << index << " after its finish";
+      it->second["text"] = it->second["text"].get<std::string>() + c["text"].get<std::string>();
+      for (const auto& t : c.value("token_ids", json::array())) it->second["token_ids"].push_back(t);
+      it->second["finish_reason"] = c["finish_reason"];
+    }
+  }
+  return out;
+}
+
+// OpenAI's n, batched prompts, echo and best_of, as vLLM serves them: each choice is its own
+// generation; a prompt's first choice samples with the request's seed, exactly as a single
+// request does; a seeded n > 1 request is reproducible with distinct choices; streamed, the
+// choices' chunks reassemble per index into the non-streamed response, with one usage chunk
+// and one [DONE]; echo puts the prompt's text ahead of each choice's; best_of returns the
+// candidates with the highest summed log-probabilities.
+TEST(Serve, NBatchedPromptsEchoAndBestOfAsVllmServesThem) {
+  server_process s(bin, {"--model", model_dir});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const json base = {{"model", "kjv-tiny"}, {"temperature", 0.9}, {"top_k", 40}, {"seed", 11}, {"max_tokens", 12},
+                     {"return_token_ids", true}, {"ignore_eos", true}};
+  const std::vector<std::string> two = {prompts[0], prompts[3]};
+  std::vector<json> singles;
+  size_t prompt_tokens = 0;
+  for (const auto& p : two) {
+    json body = base;
+    body["prompt"] = p;
+    auto j = completion(s.port(), body);
+    ASSERT_TRUE(j.contains("choices")) << j;
+    singles.push_back(j["choices"][0]);
+    prompt_tokens += j["usage"]["prompt_tokens"].get<size_t>();
+  }
+  // Two prompts × n = 2: choice 2p is prompt p's first, the single request's output.
+  json batch = base;
+  batch["prompt"] = two;
+  batch["n"] = 2;
+  int status = 0;
+  auto b = completion(s.port(), batch, &status);
+  ASSERT_EQ(status, 200) << b;
+  ASSERT_EQ(b["choices"].size(), 4u) << b;
+  size_t completion_tokens = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    const json& c = b["choices"][i];
+    EXPECT_EQ(c["index"], i);
+    EXPECT_EQ(c["prompt_token_ids"], singles[i / 2]["prompt_token_ids"]) << i;
+    EXPECT_EQ(c["token_ids"].size(), 12u) << i;
+    completion_tokens += c["token_ids"].size();
+  }
+  for (size_t p = 0; p < 2; ++p) {
+    EXPECT_EQ(b["choices"][2 * p]["text"], singles[p]["text"]) << "prompt " << p;
+    EXPECT_EQ(b["choices"][2 * p]["token_ids"], singles[p]["token_ids"]) << "prompt " << p;
+    EXPECT_NE(b["choices"][2 * p + 1]["token_ids"], singles[p]["token_ids"]) << "prompt " << p;
+  }
+  EXPECT_EQ(b["usage"]["prompt_tokens"], prompt_tokens);  // each prompt once, not n times
+  EXPECT_EQ(b["usage"]["completion_tokens"], completion_tokens);
+
+  // n = 3 with a seed: three distinct choices, the same on a second identical request.
+  json three = base;
+  three["prompt"] = prompts[4];
+  three["n"] = 3;
+  auto first = completion(s.port(), three), again = completion(s.port(), three);
+  ASSERT_EQ(first["choices"].size(), 3u) << first;
+  EXPECT_EQ(again["choices"], first["choices"]);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(first["choices"][i]["index"], i);
+    for (size_t k = i + 1; k < 3; ++k) EXPECT_NE(first["choices"][i]["token_ids"], first["choices"][k]["token_ids"]);
+  }
+
+  // Streamed n = 2: reassembled per index, the non-streamed response; usage and [DONE] once.
+  json streamed = three;
+  streamed["n"] = 2;
+  auto whole = completion(s.port(), streamed);
+  ASSERT_EQ(whole["choices"].size(), 2u) << whole;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  auto sse = http_request(s.port(), "POST", "/v1/completions", streamed.dump());
+  ASSERT_EQ(sse.status, 200) << sse.body;
+  const reassembled r = reassemble(sse.body);
+  EXPECT_EQ(r.done, 1);
+  ASSERT_EQ(r.choices.size(), 2u) << sse.body;
+  for (size_t i = 0; i < 2; ++i) {
+    for (const char* f : {"text", "token_ids", "finish_reason"}) {
+      EXPECT_EQ(r.choices.at(i)[f], whole["choices"][i][f]) << "choice " << i << " " << f;
+    }
+  }
+  EXPECT_EQ(r.usage, whole["usage"]);
+  EXPECT_EQ(sse.body.find("\"usage\""), sse.body.rfind("\"usage\""));  // the usage chunk alone carries usage
+
+  // echo: the prompt's text ahead of each choice's (a string as sent; ids decoded), streamed
+  // on the first chunk; with logprobs it is refused for now.
+  json echo = base;
+  echo["echo"] = true;
+  echo["prompt"] = prompts[0];
+  auto e = completion(s.port(), echo, &status);
+  ASSERT_EQ(status, 200) << e;
+  EXPECT_EQ(e["choices"][0]["text"], prompts[0] + singles[0]["text"].get<std::string>());
+  EXPECT_EQ(e["choices"][0]["token_ids"], singles[0]["token_ids"]);
+  echo["prompt"] = json::array({singles[0]["prompt_token_ids"]});
+  e = completion(s.port(), echo, &status);
+  ASSERT_EQ(status, 200) << e;
+  EXPECT_EQ(e["choices"][0]["text"], prompts[0] + singles[0]["text"].get<std::string>());
+  echo["stream"] = true;
+  auto es = http_request(s.port(), "POST", "/v1/completions", echo.dump());
+  const reassembled er = reassemble(es.body);
+  ASSERT_EQ(er.choices.size(), 1u) << es.body;
+  EXPECT_EQ(er.choices.at(0)["text"], prompts[0] + singles[0]["text"].get<std::string>());
+  ASSERT_EQ(er.first_texts.size(), 1u);
+  EXPECT_EQ(er.first_texts[0].rfind(prompts[0], 0), 0u) << er.first_texts[0];
+  echo.erase("stream");
+  echo["logprobs"] = 1;
+  e = completion(s.port(), echo, &status);
+  EXPECT_EQ(status, 400) << e;
+  EXPECT_EQ(e["error"]["message"], "'echo' with 'logprobs' is not supported yet (send one of them)");
+  json many = base;
+  many["prompt"] = prompts[0];
+  many["n"] = 65;
+  e = completion(s.port(), many, &status);
+  EXPECT_EQ(status, 400) << e;
+  EXPECT_NE(e.dump().find("limit of 64 per request"), std::string::npos) << e;
+
+  // best_of = 3, n = 2: the two of the three candidates (the choices of n = 3, same seed) whose
+  // tokens' log-probabilities sum highest, best first; usage counts all three; no logprobs
+  // shown unless asked for.
+  json all3 = three;
+  all3["logprobs"] = 0;
+  auto candidates = completion(s.port(), all3);
+  ASSERT_EQ(candidates["choices"].size(), 3u) << candidates;
+  std::vector<std::pair<double, size_t>> ranked;
+  for (size_t i = 0; i < 3; ++i) {
+    double sum = 0;
+    for (const auto& v : candidates["choices"][i]["logprobs"]["token_logprobs"]) sum += v.get<double>();
+    ranked.emplace_back(-sum, i);  // best first, ties the lower index
+  }
+  std::sort(ranked.begin(), ranked.end());
+  json best = three;
+  best["n"] = 2;
+  best["best_of"] = 3;
+  auto bo = completion(s.port(), best, &status);
+  ASSERT_EQ(status, 200) << bo;
+  ASSERT_EQ(bo["choices"].size(), 2u) << bo;
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(bo["choices"][r]["index"], r);
+    EXPECT_EQ(bo["choices"][r]["token_ids"], candidates["choices"][ranked[r].second]["token_ids"]) << r;
+    EXPECT_TRUE(bo["choices"][r]["logprobs"].is_null());
+  }
+  EXPECT_EQ(bo["usage"], candidates["usage"]);
 }
 
 TEST(Serve, PenaltiesMinTokensAndMinPGiveGeneratesTokens) {
@@ -382,11 +556,11 @@ TEST(Serve, HttpErrorPaths) {
   EXPECT_EQ(http_request(s.port(), "GET", "/health").status, 200);
 }
 
-/// Opens a streaming request and reads until its first chunk arrived; returns the socket.
-int start_stream(int port, int max_tokens) {
+/// Opens a streaming request (n choices) and reads until its first chunk arrived; returns the socket.
+int start_stream(int port, int max_tokens, int n = 1) {
   int fd = connect_local(port);
   const std::string body = json{{"model", "kjv-tiny"}, {"prompt", "And God said"}, {"max_tokens", max_tokens},
-                                {"ignore_eos", true}, {"stream", true}}.dump();
+                                {"ignore_eos", true}, {"stream", true}, {"n", n}}.dump();
   send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                    std::to_string(body.size()) + "\r\n\r\n" + body);
   std::string got;
@@ -416,6 +590,24 @@ TEST(Serve, OverloadAnswers429AndAHangUpFreesTheSlot) {
   EXPECT_EQ(status, 200);
   auto metrics = http_request(s.port(), "GET", "/metrics").body;
   EXPECT_NE(metrics.find("llmesh_requests_total{status=\"429\"}"), std::string::npos);
+}
+
+// A request's choices take a slot each, and a client that hangs up frees them all.
+TEST(Serve, ChoicesTakeASlotEachAndAHangUpFreesThemAll) {
+  server_process s(bin, {"--model", model_dir, "--max-concurrent", "3"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  int fd = start_stream(s.port(), 250, 2);
+  const json two = {{"model", "kjv-tiny"}, {"prompt", "x"}, {"max_tokens", 1}, {"n", 2}};
+  int status = 0;
+  auto j = completion(s.port(), two, &status);  // 2 choices, 1 slot free: refused whole
+  EXPECT_EQ(status, 429) << j;
+  close(fd);
+  for (int i = 0; i < 100 && status != 200; ++i) {
+    j = completion(s.port(), {{"model", "kjv-tiny"}, {"prompt", "x"}, {"max_tokens", 1}, {"n", 3}}, &status);
+    if (status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(status, 200) << j;
+  EXPECT_EQ(j["choices"].size(), 3u) << j;
 }
 
 TEST(Serve, KeepAliveIdleTimeoutMetricsAndCleanStop) {

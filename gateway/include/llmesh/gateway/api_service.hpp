@@ -1,10 +1,11 @@
 // The HTTP API of DESIGN.md §Contracts without the HTTP transport, a plain class: a request
 // (method, target, Authorization header, body) in; either a complete reply or a generation
-// job (the request for the mesh plus the completion_stream that renders its tokens) out.
-// It owns the gateway's policies: API key, the served models (a request's "model" picks one:
-// its tokenizer, chat template, context and sampling defaults, and the replicas it is routed
-// to), prompt and max_tokens limits against the context, seeds for seedless requests, and the
-// bound on concurrent generations (429 with Retry-After when full).
+// job (the requests for the mesh, one per choice, plus the completion_group that renders their
+// tokens) out. It owns the gateway's policies: API key, the served models (a request's
+// "model" picks one: its tokenizer, chat template, context and sampling defaults, and the
+// replicas it is routed to), prompt and max_tokens limits against the context, seeds (for
+// seedless requests, and per choice), and the bound on concurrent generations (429 with
+// Retry-After when full; a request takes one slot per choice).
 #pragma once
 
 #include <atomic>
@@ -17,7 +18,7 @@
 
 #include "llmesh/actors/local_mesh.hpp"
 #include "llmesh/actors/metrics.hpp"
-#include "llmesh/gateway/completion_stream.hpp"
+#include "llmesh/gateway/completion_group.hpp"
 #include "llmesh/gateway/openai_api.hpp"
 #include "llmesh/model/chat_template.hpp"
 #include "llmesh/model/config.hpp"
@@ -40,14 +41,25 @@ struct served_model {
   model::model_config cfg;                   ///< context, vocabulary, EOS ids, sampling defaults
 };
 
-/// A generation to run: submit `req` to the mesh, feed its messages to `stream`.
+/// A response to run: submit every request to the mesh, feed their messages to `output`.
 struct generation_job {
-  actors::replica_request req;  ///< req.model names the served model
-  std::shared_ptr<const model::tokenizer> tok;  ///< that model's (the native API decodes with it)
-  std::unique_ptr<completion_stream> stream;
+  /// One generation per choice, in choice index order (prompt index * n + j; with best_of,
+  /// each prompt's candidates), each with its own id and seed; `output` renders each by its id.
+  std::vector<actors::replica_request> requests;
+  std::shared_ptr<const model::tokenizer> tok;  ///< the served model's (the native API decodes with it)
+  std::unique_ptr<completion_group> output;
   bool streaming = false;
-  std::shared_ptr<void> slot;  ///< holds one of max_concurrent; released when dropped
+  std::shared_ptr<void> slot;  ///< holds requests.size() of max_concurrent; released when dropped
 };
+
+/// The seed of choice j of a prompt, from the request's seed S_0 (the client's, or the one
+/// drawn for a seedless request): S_0 itself for j = 0, so that a prompt's first choice
+/// samples exactly as an n = 1 request with that seed; for j >= 1 the j-th output of a
+/// SplitMix64 generator whose state starts at S_0 (Steele, Lea and Flood 2014; Java's
+/// SplittableRandom): S_j = f(S_0 + j * 0x9e3779b97f4a7c15) mod 2^64, f its output mix
+/// (z ^= z >> 30; z *= 0xbf58476d1ce4e5b9; z ^= z >> 27; z *= 0x94d049bb133111eb; z ^= z >> 31).
+/// Deterministic, so a seeded request's choices are reproducible, and distinct from each other.
+uint64_t choice_seed(uint64_t request_seed, size_t j);
 
 using api_outcome = std::variant<http_reply, generation_job>;
 
@@ -67,19 +79,20 @@ class api_service {
   api_outcome handle(std::string_view method, std::string_view target, std::string_view authorization,
                      std::string_view body);
 
-  /// The native API's generation (gateway/rpc_server): the checks and policies of
+  /// The native API's generation (gateway/rpc_server), one choice: the checks and policies of
   /// /v1/completions — API key, then `sampling` checked as the HTTP API checks it
   /// (apply_sampling: ranges and the max-tokens limit), model name, prompt (text is tokenized
   /// with BOS) and context limits, the concurrency slot, a seed when none is given. `rest`
-  /// carries the other fields (seed, ignore_eos). Without max_tokens a generation runs until EOS
-  /// or the context, bounded by the max-tokens limit (as chat does). The caller uses the job's
-  /// request and slot (its stream renders OpenAI chunks, which the RPC server does not need).
+  /// carries the other fields (seed, ignore_eos; its n is ignored). Without max_tokens a
+  /// generation runs until EOS or the context, bounded by the max-tokens limit (as chat does).
+  /// The caller uses the job's one request and slot (its output renders OpenAI chunks, which
+  /// the RPC server does not need).
   [[nodiscard]] result<generation_job> native_generate(std::string_view api_key, const std::string& model,
                                                        const std::optional<std::string>& prompt_text,
                                                        std::vector<int32_t> prompt_ids,
                                                        const sampling_input& sampling, generation_fields rest);
 
-  /// Generations in flight.
+  /// Generations (choices) in flight.
   size_t inflight() const { return inflight_->load(); }
   actors::mesh_client& mesh() { return mesh_; }
   actors::metrics_registry& metrics() { return metrics_; }
@@ -91,7 +104,21 @@ class api_service {
   api_outcome chat_completions(std::string_view body);
   /// The served model of that name; not_found naming the served ones otherwise.
   result<const served_model*> find(const std::string& name) const;
-  result<generation_job> prepare(bool chat, const served_model& m, std::vector<int32_t> prompt, generation_fields g);
+  /// A prompt as prepare() takes it: its tokens, and the text its choices begin with (echo).
+  struct prepared_prompt {
+    std::vector<int32_t> ids;
+    std::string echo;
+  };
+  /// The job of a request: prompts × g.candidates() generations (n choices, or best_of
+  /// candidates), each prompt checked against the context.
+  result<generation_job> prepare(bool chat, const served_model& m, std::vector<prepared_prompt> prompts,
+                                 generation_fields g);
+  /// A prompt's effective max_tokens, once it is checked (ids within the vocabulary, it and
+  /// max_tokens and min_tokens within the context).
+  static result<size_t> check_prompt(const model::model_config& cfg, const std::vector<int32_t>& prompt,
+                                     const generation_fields& g);
+  /// `k` slots of max_concurrent, all or none (429 when they are not free).
+  result<std::shared_ptr<void>> take_slots(size_t k);
   http_reply models() const;
   bool authorized(std::string_view authorization) const;
 

@@ -1,7 +1,9 @@
-// One generation's output as the client sees it, a plain class: tokens from the mesh in,
-// text out — streamed as SSE chunks shaped like OpenAI's, or gathered into one response —
-// with UTF-8 kept whole across tokens (stream_decoder), stop strings matched across token
-// boundaries (stop_matcher), finish reasons, usage, and the serving latency metrics.
+// One generation's output as the client sees it — one choice of a response — a plain class:
+// tokens from the mesh in, text out — streamed as SSE chunks shaped like OpenAI's, or gathered
+// into the choice of a whole response — with UTF-8 kept whole across tokens (stream_decoder),
+// stop strings matched across token boundaries (stop_matcher), finish reasons, usage, and the
+// serving latency metrics. The response around the choices (the usage chunk, [DONE], errors,
+// the whole response) is completion_group's.
 #pragma once
 
 #include <algorithm>
@@ -32,12 +34,17 @@ http_reply error_reply(const error& e);
 struct stream_setup {
   bool chat = false;
   bool streaming = false;
-  bool include_usage = false;
   bool return_token_ids = false;
+  size_t index = 0;  ///< the choice's index in its response (prompt index * n + j)
   std::string id;  ///< "cmpl-…" / "chatcmpl-…"
   int64_t created = 0;
   std::string model;
-  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> prompt_ids;  ///< this choice's prompt
+  /// Text the choice's output begins with, ahead of the generated text: the prompt's text for
+  /// OpenAI's echo. Streamed, it rides on the first chunk. It is not searched for stop strings,
+  /// and the logprobs' text_offset does not count it (echo with logprobs is refused for now:
+  /// reporting it needs the prompt's own log-probabilities, whose entries would come first).
+  std::string echo_prefix;
   std::vector<std::string> stop;
   /// The request's stop_token_ids: a generation that ends on one (finish eos) keeps the id in
   /// token_ids but not its text, as vLLM does (include_stop_str_in_output off).
@@ -63,22 +70,27 @@ class completion_stream {
  public:
   completion_stream(stream_setup s, const model::detokenizer& d, actors::metrics_registry* metrics);
 
-  /// Takes one message of the request's stream. Returns the SSE bytes to send now (streaming
-  /// only; may be empty). After a failure with nothing sent yet it returns "": answer with
-  /// error_reply(*failure()) instead of a stream.
+  /// Takes one message of the request's stream. Returns the SSE chunks to send now (streaming
+  /// only; may be empty): this choice's, never [DONE] or a usage chunk. A failure ends the
+  /// stream and returns "" (completion_group answers it).
   std::string on_message(const actors::token_msg& t);
 
   /// The stream has ended (last token, stop string, or failure).
   bool done() const { return done_; }
   /// It ended on a stop string: the request must be cancelled in the mesh.
   bool stopped_by_string() const { return stopped_by_string_; }
-  /// Something has been sent (streaming): the HTTP status is committed.
+  /// A chunk has been produced (streaming).
   bool started() const { return started_; }
   const std::optional<error>& failure() const { return failure_; }
-  /// Non-streaming: the whole response (or the error); REQUIRES: done().
-  http_reply reply() const;
+  /// Non-streaming: the whole choice. REQUIRES: done() without failure().
+  choice_delta result() const;
+  /// This choice's prompt and generated tokens.
+  usage_counts usage() const { return {s_.prompt_ids.size(), tokens_.size()}; }
 
   size_t completion_tokens() const { return tokens_.size(); }
+  /// The sum of the generated tokens' log-probabilities, as their messages carried them
+  /// (token_msg::logprobs; the request asked for them): best_of's ranking. 0 without them.
+  double cumulative_logprob() const { return cumulative_logprob_; }
 
  private:
   /// An entry not yet reported, with the end of its token's text in the decoded text.
@@ -87,7 +99,8 @@ class completion_stream {
     size_t text_end = 0;
   };
 
-  std::string chunk(const std::string& text, const std::optional<std::string>& finish, bool with_usage);
+  /// This choice's chunk carrying `text` (the echo prefix ahead of it in the first chunk).
+  std::string chunk(const std::string& text, const std::optional<std::string>& finish);
   /// Ends the stream; `text` is what the last token released.
   std::string finish(const std::string& reason, std::string text);
   void observe_token();
@@ -111,7 +124,8 @@ class completion_stream {
   std::string text_;     ///< non-streaming: the text so far
   size_t decoded_bytes_ = 0;   ///< text the decoder gave the stop matcher (logprobs' offsets)
   size_t released_bytes_ = 0;  ///< text the stop matcher released to the client
-  std::vector<pending_entry> pending_;  ///< logprobs not reported yet (non-streaming: until reply)
+  double cumulative_logprob_ = 0.0;
+  std::vector<pending_entry> pending_;  ///< logprobs not reported yet (non-streaming: until result)
   std::string finish_reason_;
   std::optional<error> failure_;
   bool done_ = false, stopped_by_string_ = false, started_ = false;

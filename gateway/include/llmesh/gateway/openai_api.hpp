@@ -56,6 +56,14 @@ struct generation_fields {
   /// OpenAI's logit_bias: (token id, bias within [-max_logit_bias, max_logit_bias]) pairs, each
   /// id once, in the order sent; api_service checks the ids against the vocabulary.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  /// OpenAI's n: choices per prompt, each its own generation (1..request_limits::max_choices,
+  /// with the prompts of a batch counted in).
+  size_t n = 1;
+  /// OpenAI's best_of (completions; 1: off): generations per prompt when more than n, not
+  /// streamed; the n with the highest cumulative log-probability are returned.
+  size_t best_of = 1;
+  /// Generations per prompt: n, or best_of when above it.
+  size_t candidates() const { return best_of > n ? best_of : n; }
 };
 
 /// logit_bias values lie within [-100, 100] (OpenAI's range), at most this many entries.
@@ -69,10 +77,19 @@ inline constexpr double penalty_bound = 2.0;
 /// than a degenerate generation.
 inline constexpr double max_repetition_penalty = 10.0;
 
+/// One prompt of a /v1/completions request.
+struct prompt_input {
+  std::optional<std::string> text;  ///< a string prompt, or
+  std::vector<int32_t> ids;         ///< an array of token ids
+};
+
 struct completion_request {
   std::string model;
-  std::optional<std::string> prompt_text;  ///< a string prompt, or
-  std::vector<int32_t> prompt_ids;         ///< an array of token ids
+  /// The prompts, in the order sent (one, or a batch): choice index = prompt index * n + j,
+  /// as vLLM numbers them.
+  std::vector<prompt_input> prompts;
+  /// OpenAI's echo: each choice's text begins with its prompt's text (not with logprobs yet).
+  bool echo = false;
   generation_fields gen;
 };
 
@@ -93,6 +110,10 @@ struct request_limits {
   /// stop_token_ids per request: each is one comparison per generated token in the
   /// scheduler, and real uses (a model's end-of-turn ids) need a handful; 64 leaves room.
   size_t max_stop_token_ids = 64;
+  /// Choices per request (prompts × n, or × best_of when larger): each is a generation in
+  /// the mesh and a slot of the concurrency bound; 64 covers real uses (a few prompts at
+  /// n = 16) while one request cannot fill the mesh alone.
+  size_t max_choices = 64;
 };
 
 /// Sampling fields as a client sent them, before any check, in types wide enough for every
@@ -121,12 +142,19 @@ struct sampling_input {
 /// neutral value): `presence_penalty` and `frequency_penalty` numbers within [-2, 2],
 /// `repetition_penalty` a number > 0 and <= 10, `min_tokens` an integer from 0 to the
 /// request's max_tokens (completions: 16 when left out; chat: the server's limit, and
-/// api_service checks it again against what the context leaves). Fields asking for behaviour
-/// `logit_bias` is an object of token-id strings ("50256") to numbers within [-100, 100], at
-/// most 1024 entries; `min_p` a number within [0, 1]. Fields asking for behaviour
-/// this server does not implement are refused rather than ignored — `best_of` > 1, a non-empty `suffix` or `tools`, a `response_format` other
-/// than text, `echo` true — while their neutral values (null, false, 0, empty; 1 for
-/// best_of), which many clients always send, are accepted. Other unknown fields are ignored.
+/// api_service checks it again against what the context leaves). `logit_bias` is an object of
+/// token-id strings ("50256") to numbers within [-100, 100], at most 1024 entries; `min_p` a
+/// number within [0, 1]. `n` an integer >= 1 (null: 1) on both endpoints; /v1/completions'
+/// `prompt` a string, an array of token ids, or a batch: an array of strings or an array of
+/// token-id arrays (each non-empty, one kind); prompts × n (× best_of when larger) at most
+/// lim.max_choices. `echo` (completions) true or false; with `logprobs` asked for (not null
+/// or false) it is refused until the engine reports the prompt's log-probabilities.
+/// `best_of` (completions) an integer >= 1 (null and 1: off); above 1 it must be at least n and
+/// the request not streamed (vLLM's rules). Fields asking for behaviour this server does not
+/// implement are refused rather than ignored — chat's `best_of` > 1, a non-empty `suffix` or
+/// `tools`, a `response_format` other than text — while their neutral values (null, false, 0,
+/// empty; 1 for best_of), which many clients always send, are accepted. Other unknown fields
+/// are ignored.
 [[nodiscard]] result<completion_request> parse_completion_request(std::string_view body, const request_limits& lim);
 [[nodiscard]] result<chat_request> parse_chat_request(std::string_view body, const request_limits& lim);
 
@@ -164,6 +192,7 @@ struct logprob_entry {
 
 /// One choice of a response or chunk.
 struct choice_delta {
+  size_t index = 0;                   ///< the choice's index (prompt index * n + j)
   std::string text;                   ///< completion text, or the chat delta's content
   std::optional<std::string> finish;  ///< "stop", "length", or none (mid-stream)
   std::vector<int32_t> token_ids;     ///< with return_token_ids
@@ -177,9 +206,10 @@ struct choice_delta {
   std::optional<std::vector<logprob_entry>> logprobs;
 };
 
-/// A whole (non-streamed) response. kind: "text_completion" or "chat.completion".
+/// A whole (non-streamed) response with these choices, in the order given. kind:
+/// "text_completion" or "chat.completion".
 std::string response_json(std::string_view kind, std::string_view id, int64_t created, std::string_view model,
-                          const choice_delta& c, const usage_counts& u);
+                          const std::vector<choice_delta>& choices, const usage_counts& u);
 /// One streamed chunk ("text_completion" or "chat.completion.chunk"); usage only on the last
 /// chunk when stream_options.include_usage is set.
 std::string chunk_json(std::string_view kind, std::string_view id, int64_t created, std::string_view model,

@@ -1,0 +1,100 @@
+// One response's choices, a plain class: a request with several prompts or n > 1 runs one
+// generation per choice in the mesh, each rendered by its own completion_stream; the group
+// routes the mesh's messages to them by request id and writes what belongs to the response as
+// a whole — the usage chunk and [DONE] once, after every choice finished; an error (a reply
+// before anything was sent, an event mid-stream); the whole non-streamed response with every
+// choice in index order and the usage summed — and says which generations to cancel.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "llmesh/gateway/completion_stream.hpp"
+
+namespace llmesh::gateway {
+
+/// What the choices of one response share.
+struct group_setup {
+  bool chat = false;
+  bool streaming = false;
+  bool include_usage = false;  ///< stream_options.include_usage
+  std::string id;              ///< "cmpl-…" / "chatcmpl-…"
+  int64_t created = 0;
+  std::string model;
+  /// Choices per prompt (OpenAI's n): choice i is choice i % n of prompt i / n, and usage
+  /// counts each prompt's tokens once (as vLLM does), not once per choice.
+  size_t n = 1;
+  /// OpenAI's best_of, when above n (not streamed): each prompt has this many candidates,
+  /// added in order (candidate i is candidate i % best_of of prompt i / best_of); the response
+  /// holds each prompt's n with the highest cumulative log-probability (ties: the lower
+  /// candidate), best first as vLLM orders them, numbered prompt * n + rank; usage counts every
+  /// candidate's tokens. Their requests must carry logprobs (the stream's own setup says
+  /// whether to render them).
+  size_t best_of = 1;
+  /// Generations per prompt.
+  size_t candidates() const { return best_of > n ? best_of : n; }
+};
+
+/// Thread affinity: the connection's. Owns its streams; borrows the detokenizer and metrics.
+///
+/// Streamed, the choices' chunks interleave as their tokens arrive, each carrying its index;
+/// every choice ends with its own finish_reason chunk; then the usage chunk (include_usage)
+/// and [DONE]. A failure of any choice ends the response: before anything was produced,
+/// reply() is that error (non-streamed: any failure); after, an error event and [DONE] follow
+/// what was sent (the single stream's rule). Either way the other choices are to be cancelled.
+class completion_group {
+ public:
+  completion_group(group_setup g, const model::detokenizer& d, actors::metrics_registry* metrics);
+
+  /// Adds the next choice (its index: the choices added before it; with best_of, the next
+  /// candidate), rendering the tokens of the mesh request `request_id`. The fields `s` shares
+  /// with the group (chat, streaming, id, created, model) and its index are set here.
+  void add_choice(uint64_t request_id, stream_setup s);
+
+  /// Takes one message of any choice's request (t.id picks it; unknown ids and messages after
+  /// the end are ignored). Returns the SSE bytes to send now (streaming only; may be empty).
+  std::string on_message(const actors::token_msg& t);
+
+  /// Every choice has ended, or one failed.
+  bool done() const { return done_; }
+  /// Something has been produced (streaming): the HTTP status is committed.
+  bool started() const { return started_; }
+  const std::optional<error>& failure() const { return failure_; }
+  /// Requests to cancel in the mesh now (a choice ended by a stop string; after a failure, the
+  /// choices still running); each id is handed out once.
+  std::vector<uint64_t> take_cancellations();
+  /// Non-streaming (or a failure before anything was produced): the whole response, or the
+  /// error. REQUIRES: done().
+  http_reply reply() const;
+
+  size_t size() const { return choices_.size(); }
+  const completion_stream& choice(size_t i) const { return *choices_[i].stream; }
+  /// Summed over the choices (every best_of candidate); prompt tokens once per prompt.
+  usage_counts usage() const;
+  /// The choices of the whole response, in index order (with best_of, each prompt's best).
+  std::vector<choice_delta> results() const;
+
+ private:
+  struct member {
+    uint64_t request_id = 0;
+    std::unique_ptr<completion_stream> stream;
+  };
+
+  /// Ends the response on `e` (see the class comment); returns what to send.
+  std::string fail(const error& e);
+  std::string_view chunk_kind() const { return g_.chat ? "chat.completion.chunk" : "text_completion"; }
+
+  group_setup g_;
+  const model::detokenizer& detok_;
+  actors::metrics_registry* metrics_;
+  std::vector<member> choices_;  ///< in index order
+  std::vector<uint64_t> cancels_;
+  size_t finished_ = 0;
+  std::optional<error> failure_;
+  bool done_ = false, started_ = false;
+};
+
+}  // namespace llmesh::gateway
