@@ -69,9 +69,44 @@ bool completion_stream::ready(const pending_entry& p) const {
   return p.entry.text_offset < released_bytes_ || p.text_end <= released_bytes_;
 }
 
+void completion_stream::take_prompt_entries(const actors::token_msg& t) {
+  size_t offset = 0;
+  for (size_t i = 0; i < s_.prompt_ids.size(); ++i) {
+    logprob_entry e;
+    e.text_offset = offset;
+    e.chosen.bytes = detok_.token_bytes(s_.prompt_ids[i]);
+    e.chosen.text = model::sanitize_utf8(e.chosen.bytes);
+    e.chosen.logprob = std::numeric_limits<float>::quiet_NaN();  // unknown: null
+    e.top_null = i == 0;  // the first token has no context to be scored in
+    if (i > 0 && i - 1 < t.prompt_logprobs.size()) {
+      const auto& lp = t.prompt_logprobs[i - 1];
+      e.chosen.logprob = lp.logprob;
+      const size_t n = std::min(lp.top.size(), static_cast<size_t>(std::max(s_.logprobs, 0)));
+      for (size_t k = 0; k < n; ++k) {
+        logprob_token a;
+        a.bytes = detok_.token_bytes(lp.top[k].id);
+        a.text = model::sanitize_utf8(a.bytes);
+        a.logprob = lp.top[k].logprob;
+        e.top.push_back(std::move(a));
+      }
+    }
+    offset += e.chosen.text.size();
+    prompt_entries_.push_back(std::move(e));
+  }
+}
+
+logprob_entry completion_stream::reported(logprob_entry e) const {
+  if (s_.echo_logprobs) e.text_offset += s_.echo_prefix.size();
+  return e;
+}
+
 void completion_stream::take_ready(std::vector<logprob_entry>& out) {
+  if (!started_) {  // the echoed prompt's entries ride with its text on the first chunk
+    for (auto& e : prompt_entries_) out.push_back(std::move(e));
+    prompt_entries_.clear();
+  }
   size_t n = 0;
-  for (; n < pending_.size() && ready(pending_[n]); ++n) out.push_back(std::move(pending_[n].entry));
+  for (; n < pending_.size() && ready(pending_[n]); ++n) out.push_back(reported(std::move(pending_[n].entry)));
   pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
 }
 
@@ -124,6 +159,7 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
     failure_ = t.err;
     return "";  // completion_group answers: an error reply, or an error event mid-stream
   }
+  if (s_.echo_logprobs && tokens_.empty()) take_prompt_entries(t);
   tokens_.push_back(t.token);
   if (t.logprobs) cumulative_logprob_ += t.logprobs->logprob;
   observe_token();
@@ -166,8 +202,9 @@ choice_delta completion_stream::result() const {
   }
   if (s_.logprobs >= 0) {
     auto& entries = c.logprobs.emplace();
+    entries = prompt_entries_;
     for (const auto& p : pending_) {
-      if (ready(p)) entries.push_back(p.entry);
+      if (ready(p)) entries.push_back(reported(p.entry));
     }
   }
   return c;

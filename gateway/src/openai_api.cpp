@@ -365,6 +365,10 @@ json completion_logprobs_json(const std::vector<logprob_entry>& entries) {
     offsets.push_back(e.text_offset);
     values.push_back(logprob_json(e.chosen.logprob));
     tokens.push_back(e.chosen.text);
+    if (e.top_null) {
+      tops.push_back(nullptr);
+      continue;
+    }
     json top = json::object();
     top[e.chosen.text] = logprob_json(e.chosen.logprob);
     for (const auto& t : e.top) top[t.text] = logprob_json(t.logprob);
@@ -501,8 +505,9 @@ result<completion_request> parse_completion(std::string_view body, const request
   LLMESH_TRY(bool_field(*j, "echo", r.echo));
   LLMESH_TRY(parse_generation(*j, lim, false, r.gen));
   LLMESH_TRY(check_choices(lim, r.gen.candidates(), r.prompts.size(), r.gen.best_of > r.gen.n ? "'best_of'" : "'n'"));
-  // The prompt's own log-probabilities (what echo with logprobs reports) are not computed yet.
-  if (r.echo && r.gen.logprobs >= 0) return bad("'echo' with 'logprobs' is not supported yet (send one of them)");
+  // Echo with logprobs reports the prompt's tokens too, as OpenAI's legacy endpoint does: the
+  // engine scores them (the first has no context: null).
+  if (r.echo && r.gen.logprobs >= 0) r.gen.prompt_logprobs = r.gen.logprobs;
   return r;
 }
 

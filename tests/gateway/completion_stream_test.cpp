@@ -64,7 +64,7 @@ class CompletionStream : public ::testing::Test {
     s.streaming = streaming;
     s.id = "cmpl-1";
     s.created = 7;
-    s.model = "m";
+    s.model = std::string("m");  // not a literal: GCC 12 warns falsely (-Wrestrict) on that assignment here
     s.prompt_ids = {1, 2, 3};
     return s;
   }
@@ -493,6 +493,58 @@ TEST_F(CompletionStream, TheEchoPrefixLeadsTheTextOnTheFirstChunkAndHoldsNoStopS
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_EQ(ev[0]["choices"][0]["text"], "Count: one");
   EXPECT_EQ(ev[0]["choices"][0]["finish_reason"], "length");
+}
+
+// Echo with logprobs: the prompt's tokens lead the entries (the first null, with null
+// alternatives; offsets summing the prompt tokens' texts from 0), then the generated ones with
+// offsets after the echoed text; streamed, the prompt's entries ride on the first chunk.
+TEST_F(CompletionStream, EchoWithLogprobsLeadsWithThePromptsScoredTokens) {
+  const auto prompt = tok_->encode("Count: one", false);
+  const auto out = tok_->encode(" two", false);
+  ASSERT_GE(prompt.size(), 2u);
+  ASSERT_EQ(out.size(), 1u);
+  for (bool streaming : {false, true}) {
+    auto s = setup(false, streaming);
+    s.prompt_ids = prompt;
+    s.echo_prefix = "Count: one";
+    s.echo_logprobs = true;
+    s.logprobs = 1;
+    one_choice c(s, tok_->decoder());
+    token_msg t;
+    t.id = 1;
+    t.token = out[0];
+    t.finish = finish_reason::length;
+    t.logprobs = kernels::token_logprobs{-0.5f, {{out[0], -0.5f}}};
+    for (size_t i = 1; i < prompt.size(); ++i) {
+      t.prompt_logprobs.push_back({-1.0f - static_cast<float>(i), {{prompt[i], -1.0f - static_cast<float>(i)}}});
+    }
+    const std::string sse = c.on_message(t);
+    json lp;
+    if (streaming) {
+      bool done = false;
+      auto ev = events(sse, done);
+      ASSERT_EQ(ev.size(), 1u) << sse;
+      lp = ev[0]["choices"][0]["logprobs"];
+    } else {
+      lp = json::parse(c.reply().body)["choices"][0]["logprobs"];
+    }
+    ASSERT_EQ(lp["tokens"].size(), prompt.size() + 1) << lp;
+    EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+    EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+    size_t offset = 0;
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      EXPECT_EQ(lp["text_offset"][i], offset) << i;
+      const std::string piece = lp["tokens"][i];
+      EXPECT_EQ(piece, tok_->decoder().token_bytes(prompt[i]));
+      offset += piece.size();
+      if (i == 0) continue;
+      EXPECT_EQ(lp["token_logprobs"][i], -1.0 - static_cast<double>(i));
+      EXPECT_EQ(lp["top_logprobs"][i], (json{{piece, -1.0 - static_cast<double>(i)}}));
+    }
+    EXPECT_EQ(lp["text_offset"][prompt.size()], s.echo_prefix.size());
+    EXPECT_EQ(lp["tokens"][prompt.size()], " two");
+    EXPECT_EQ(lp["token_logprobs"][prompt.size()], -0.5);
+  }
 }
 
 TEST_F(CompletionStream, FailuresBecomeHttpErrorsOrAnErrorEvent) {

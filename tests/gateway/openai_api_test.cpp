@@ -72,7 +72,6 @@ TEST(OpenaiApi, NamesTheBadField) {
       {R"({"model":"m","prompt":"x","stop":[""]})", "'stop'"},
       {R"({"model":"m","prompt":"x","stop":5})", "'stop'"},
       {R"({"model":"m","prompt":"x","stream":"yes"})", "'stream'"},
-      {R"({"model":"m","prompt":"x","echo":true,"logprobs":0})", "'echo' with 'logprobs' is not supported yet"},
       {R"({"model":"m","prompt":"x","echo":"yes"})", "'echo' must be true or false"},
       {R"({"model":"m","prompt":"x","echo":1})", "'echo' must be true or false"},
       {R"({"model":"m","prompt":"x","top_k":-2})", "'top_k'"},
@@ -91,9 +90,9 @@ TEST(OpenaiApi, NamesTheBadField) {
   EXPECT_FALSE(parse_chat_request(R"({"model":"m","messages":[{"role":1,"content":"x"}]})", lim).ok());
 }
 
-// echo (completions): true or false (null: false); with logprobs asked for it is refused
-// until the engine reports the prompt's log-probabilities; logprobs null or false pass.
-TEST(OpenaiApi, EchoIsParsedAndRefusedWithLogprobs) {
+// echo (completions): true or false (null: false); with logprobs n the prompt is scored too
+// (prompt_logprobs n); logprobs null or false ask for nothing.
+TEST(OpenaiApi, EchoIsParsedAndScoresThePromptWithLogprobs) {
   request_limits lim;
   for (const auto& [fields, want] : std::vector<std::pair<std::string, bool>>{
            {R"("echo":false)", false}, {R"("echo":null)", false}, {R"("echo":true)", true},
@@ -102,11 +101,13 @@ TEST(OpenaiApi, EchoIsParsedAndRefusedWithLogprobs) {
     auto r = parse_completion_request(R"({"model":"m","prompt":"x",)" + fields + "}", lim);
     ASSERT_TRUE(r.ok()) << fields << " -> " << r.err().message;
     EXPECT_EQ(r->echo, want) << fields;
+    EXPECT_EQ(r->gen.prompt_logprobs, -1) << fields;
   }
-  for (const char* lp : {"0", "5"}) {
-    auto r = parse_completion_request(std::string(R"({"model":"m","prompt":"x","echo":true,"logprobs":)") + lp + "}", lim);
-    ASSERT_FALSE(r.ok()) << lp;
-    EXPECT_EQ(r.err().message, "'echo' with 'logprobs' is not supported yet (send one of them)");
+  for (int lp : {0, 5}) {
+    auto r = parse_completion_request(R"({"model":"m","prompt":"x","echo":true,"logprobs":)" + std::to_string(lp) + "}", lim);
+    ASSERT_TRUE(r.ok()) << lp << " -> " << r.err().message;
+    EXPECT_EQ(r->gen.prompt_logprobs, lp);
+    EXPECT_EQ(r->gen.logprobs, lp);
   }
   auto e = parse_completion_request(R"({"model":"m","prompt":"x","echo":"yes"})", lim);
   ASSERT_FALSE(e.ok());
@@ -504,7 +505,7 @@ TEST(OpenaiApi, LogprobsAreParsedPerEndpointWithinTheEngineBound) {
   const std::pair<std::string, int> completion_ok[] = {
       {"", -1}, {R"("logprobs":null)", -1}, {R"("logprobs":false)", -1}, {R"("logprobs":0)", 0},
       {R"("logprobs":5)", 5}, {R"("logprobs":20)", 20}, {R"("logprobs":3,"top_logprobs":0)", 3},
-      {R"("logprobs":2,"echo":false)", 2},
+      {R"("logprobs":2,"echo":false)", 2}, {R"("logprobs":2,"echo":true)", 2},
   };
   for (const auto& [fields, want] : completion_ok) {
     auto r = completion(fields);
@@ -520,7 +521,6 @@ TEST(OpenaiApi, LogprobsAreParsedPerEndpointWithinTheEngineBound) {
       {R"("logprobs":18446744073709551615)", "'logprobs'"},  // must not wrap into range
       {R"("top_logprobs":3)", "'top_logprobs' is a chat field"},
       {R"("logprobs":2,"top_logprobs":21)", "'top_logprobs' must be between 0 and 20"},
-      {R"("logprobs":2,"echo":true)", "'echo' with 'logprobs' is not supported yet"},
   };
   for (const auto& [fields, needle] : completion_bad) {
     auto r = completion(fields);

@@ -387,11 +387,6 @@ TEST(Serve, NBatchedPromptsEchoAndBestOfAsVllmServesThem) {
   EXPECT_EQ(er.choices.at(0)["text"], prompts[0] + singles[0]["text"].get<std::string>());
   ASSERT_EQ(er.first_texts.size(), 1u);
   EXPECT_EQ(er.first_texts[0].rfind(prompts[0], 0), 0u) << er.first_texts[0];
-  echo.erase("stream");
-  echo["logprobs"] = 1;
-  e = completion(s.port(), echo, &status);
-  EXPECT_EQ(status, 400) << e;
-  EXPECT_EQ(e["error"]["message"], "'echo' with 'logprobs' is not supported yet (send one of them)");
   json many = base;
   many["prompt"] = prompts[0];
   many["n"] = 65;
@@ -455,6 +450,79 @@ TEST(Serve, PenaltiesMinTokensAndMinPGiveGeneratesTokens) {
   // The penalties do something: the greedy stream changes under a repetition penalty.
   EXPECT_NE(testing::generate_ids(bin, model_dir, "--prompt-ids " + id_list(prompt), 20, "--temperature 0"),
             testing::generate_ids(bin, model_dir, "--prompt-ids " + id_list(prompt), 20, "--temperature 0 --repetition-penalty 1.5"));
+}
+
+// Echo with logprobs (how evaluation harnesses score text): the prompt's tokens come back
+// scored. The reference is the model's own logprobs for tokens it generated: prompt P's
+// greedy continuation G, then P + G echoed — G's prompt entries must be exactly G's generated
+// entries (same logits: chunk- and batch-invariant kernels), at tp 2. The first prompt token
+// has null value and alternatives; streamed, the same entries arrive; a batch of prompts
+// scores each (P's entries are a prefix of P + G's).
+TEST(Serve, EchoWithLogprobsScoresThePromptAsTheModelScoresItsOwnTokens) {
+  server_process s(bin, {"--model", model_dir, "--replicas", "1", "--tp", "2"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const std::vector<int32_t> prompt{1142, 258, 2078, 386, 3345};
+  int status = 0;
+  auto gen = completion(s.port(), {{"model", "kjv-tiny"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0},
+                                   {"logprobs", 2}, {"return_token_ids", true}}, &status);
+  ASSERT_EQ(status, 200) << gen;
+  const auto g_ids = gen["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(g_ids.size(), 6u) << gen;
+  const auto& glp = gen["choices"][0]["logprobs"];
+
+  std::vector<int32_t> whole = prompt;
+  whole.insert(whole.end(), g_ids.begin(), g_ids.end());
+  const json body = {{"model", "kjv-tiny"}, {"prompt", whole}, {"max_tokens", 1}, {"temperature", 0},
+                     {"logprobs", 2}, {"echo", true}};
+  auto e = completion(s.port(), body, &status);
+  ASSERT_EQ(status, 200) << e;
+  const auto& lp = e["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), whole.size() + 1) << lp;
+  ASSERT_EQ(lp["token_logprobs"].size(), whole.size() + 1);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null()) << lp;
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null()) << lp;
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  for (size_t i = 0; i < g_ids.size(); ++i) {
+    const size_t at = prompt.size() + i;
+    EXPECT_EQ(lp["tokens"][at], glp["tokens"][i]) << "token " << i;
+    EXPECT_EQ(lp["token_logprobs"][at], glp["token_logprobs"][i]) << "token " << i;
+    EXPECT_EQ(lp["top_logprobs"][at], glp["top_logprobs"][i]) << "token " << i;
+  }
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+    EXPECT_GE(lp["top_logprobs"][i].size(), 2u) << lp["top_logprobs"][i];  // the token, then 2 (keys may merge)
+    EXPECT_GE(lp["text_offset"][i].get<size_t>(), lp["text_offset"][i - 1].get<size_t>());
+  }
+  const std::string text = e["choices"][0]["text"];
+  EXPECT_EQ(lp["text_offset"][whole.size()].get<size_t>(), text.size() - lp["tokens"][whole.size()].get<std::string>().size())
+      << e;  // the generated token's text ends the choice's text
+
+  // Streamed: the same entries over the chunks.
+  json streamed = body;
+  streamed["stream"] = true;
+  auto sse = http_request(s.port(), "POST", "/v1/completions", streamed.dump());
+  ASSERT_EQ(sse.status, 200);
+  json got = json::array();
+  std::istringstream lines(sse.body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    auto c = json::parse(line.substr(6));
+    const auto& l = c["choices"][0]["logprobs"];
+    if (l.is_object()) for (const auto& v : l["token_logprobs"]) got.push_back(v);
+  }
+  EXPECT_EQ(got, lp["token_logprobs"]) << sse.body;
+
+  // A batch (as lm-evaluation-harness sends it): each prompt scored on its own.
+  json batch = body;
+  batch["prompt"] = json::array({whole, prompt});
+  auto b = completion(s.port(), batch, &status);
+  ASSERT_EQ(status, 200) << b;
+  ASSERT_EQ(b["choices"].size(), 2u) << b;
+  const auto& l0 = b["choices"][0]["logprobs"]["token_logprobs"];
+  const auto& l1 = b["choices"][1]["logprobs"]["token_logprobs"];
+  EXPECT_EQ(l0, lp["token_logprobs"]);
+  ASSERT_EQ(l1.size(), prompt.size() + 1);
+  for (size_t i = 0; i < prompt.size(); ++i) EXPECT_EQ(l1[i], l0[i]) << "position " << i;
 }
 
 TEST(Serve, LogprobsAreTheModelsLogSoftmaxForEveryToken) {

@@ -41,10 +41,13 @@ struct stream_setup {
   std::string model;
   std::vector<int32_t> prompt_ids;  ///< this choice's prompt
   /// Text the choice's output begins with, ahead of the generated text: the prompt's text for
-  /// OpenAI's echo. Streamed, it rides on the first chunk. It is not searched for stop strings,
-  /// and the logprobs' text_offset does not count it (echo with logprobs is refused for now:
-  /// reporting it needs the prompt's own log-probabilities, whose entries would come first).
+  /// OpenAI's echo. Streamed, it rides on the first chunk. It is not searched for stop strings.
   std::string echo_prefix;
+  /// Echo with logprobs: the first token's message carries the prompt's scores
+  /// (token_msg::prompt_logprobs), and the choice's logprobs begin with one entry per prompt
+  /// token (the first: null value, null alternatives; text offsets summing the prompt tokens'
+  /// texts from 0), then the generated tokens' (their offsets after echo_prefix).
+  bool echo_logprobs = false;
   std::vector<std::string> stop;
   /// The request's stop_token_ids: a generation that ends on one (finish eos) keeps the id in
   /// token_ids but not its text, as vLLM does (include_stop_str_in_output off).
@@ -126,6 +129,11 @@ class completion_stream {
   size_t released_bytes_ = 0;  ///< text the stop matcher released to the client
   double cumulative_logprob_ = 0.0;
   std::vector<pending_entry> pending_;  ///< logprobs not reported yet (non-streaming: until result)
+  std::vector<logprob_entry> prompt_entries_;  ///< echo with logprobs: reported first, at once
+  /// The prompt's entries (echo_logprobs), from the first token's message.
+  void take_prompt_entries(const actors::token_msg& t);
+  /// A generated token's entry as reported: its offset counted in the whole choice text.
+  logprob_entry reported(logprob_entry e) const;
   std::string finish_reason_;
   std::optional<error> failure_;
   bool done_ = false, stopped_by_string_ = false, started_ = false;

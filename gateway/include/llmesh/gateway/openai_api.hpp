@@ -45,6 +45,10 @@ struct generation_fields {
   /// `logprobs: true` with `top_logprobs: n`, 0 when left out). api_service copies it into
   /// the request's sampling.logprobs.
   int logprobs = -1;
+  /// -1: none. n >= 0: the prompt's own tokens are scored too (completions' echo with
+  /// logprobs n): every prompt token after the first with its log-probability and its n most
+  /// likely alternatives' (kernels::sampling_params::prompt_logprobs).
+  int prompt_logprobs = -1;
   /// Penalties on the logits (OpenAI's / vLLM's; api_service copies them into the request's
   /// sampling): presence and frequency within [-penalty_bound, penalty_bound] (0: off),
   /// repetition within (0, max_repetition_penalty] (1: off).
@@ -188,6 +192,7 @@ struct logprob_entry {
   logprob_token chosen;
   std::vector<logprob_token> top;  ///< the n most likely, most likely first
   size_t text_offset = 0;          ///< byte offset of its text in the choice's whole text (completions)
+  bool top_null = false;           ///< no alternatives known (an echoed prompt's first token): null
 };
 
 /// One choice of a response or chunk.
