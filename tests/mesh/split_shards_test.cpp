@@ -49,6 +49,30 @@ TEST(SplitShards, TwoProcessesServeExactlyAndReformAfterAShardsDeath) {
     std::string why;
     EXPECT_EQ(complete(m.http_port, prompts[i], max_tokens, &why), want[i]) << why;
   }
+  {  // Echo with logprobs: the prompt is scored across both processes (each scored block of
+     // rows is one LM-head gather over the tensor plane); a greedy continuation G of P, echoed
+     // as P + G, scores G exactly as it was generated.
+    const nlohmann::json gen_body = {{"model", "kjv-tiny"}, {"prompt", prompts[0]}, {"max_tokens", 4},
+                                     {"temperature", 0}, {"logprobs", 1}};
+    auto g = http_request(m.http_port, "POST", "/v1/completions", gen_body.dump());
+    ASSERT_EQ(g.status, 200) << g.body;
+    const auto gen = nlohmann::json::parse(g.body)["choices"][0]["logprobs"];
+    std::vector<int32_t> whole = prompts[0];
+    whole.insert(whole.end(), want[0].begin(), want[0].begin() + 4);
+    nlohmann::json echo_body = gen_body;
+    echo_body["prompt"] = whole;
+    echo_body["max_tokens"] = 1;
+    echo_body["echo"] = true;
+    auto e = http_request(m.http_port, "POST", "/v1/completions", echo_body.dump());
+    ASSERT_EQ(e.status, 200) << e.body;
+    const auto lp = nlohmann::json::parse(e.body)["choices"][0]["logprobs"];
+    ASSERT_EQ(lp["token_logprobs"].size(), whole.size() + 1) << lp;
+    EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(lp["token_logprobs"][prompts[0].size() + i], gen["token_logprobs"][i]) << i;
+      EXPECT_EQ(lp["top_logprobs"][prompts[0].size() + i], gen["top_logprobs"][i]) << i;
+    }
+  }
   {  // Concurrent requests batch together in the split replica: still exact.
     load l{m.http_port, prompts, want, max_tokens};
     l.start(3);
