@@ -658,13 +658,23 @@ TEST(OpenaiApi, ApplySamplingChecksRangesAndTheMaxTokensLimit) {
 }
 
 TEST(OpenaiApi, MutatedBodiesNeverThrow) {
-  const std::string seed_body =
-      R"({"model":"m","prompt":[1,2,3],"max_tokens":5,"stop":["a"],"stream":true,"messages":[{"role":"user","content":"x"}]})";
+  // Every field family: the basics; n, batched prompts, echo with logprobs and best_of; the
+  // penalties, logit_bias and min_p; chat's logprobs.
+  const std::string seed_bodies[] = {
+      R"({"model":"m","prompt":[1,2,3],"max_tokens":5,"stop":["a"],"stream":true,"messages":[{"role":"user","content":"x"}]})",
+      R"({"model":"m","prompt":[[1,2],[3]],"n":2,"best_of":3,"echo":true,"logprobs":2,"max_tokens":4,"seed":7})",
+      R"({"model":"m","prompt":["a","bc"],"presence_penalty":0.5,"frequency_penalty":-1,"repetition_penalty":1.2,)"
+      R"("min_tokens":2,"logit_bias":{"5":-100,"07":2.5},"min_p":0.1,"stream_options":{"include_usage":true}})",
+      R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"logprobs":true,)"
+      R"("top_logprobs":3,"n":2,"max_completion_tokens":8,"stop_token_ids":[1,2]})",
+  };
+  request_limits lim;
+  for (size_t k = 0; k < 3; ++k) EXPECT_TRUE(parse_completion_request(seed_bodies[k], lim).ok()) << seed_bodies[k];
+  EXPECT_TRUE(parse_chat_request(seed_bodies[3], lim).ok());  // the mutations start from valid bodies
   std::mt19937 rng(11);
   const std::string alphabet = "{}[]\",:0123456789.-+eE truefalsnul\\\x80\xff";
-  request_limits lim;
-  for (int i = 0; i < 20000; ++i) {
-    std::string body = seed_body;
+  for (int i = 0; i < 24000; ++i) {
+    std::string body = seed_bodies[static_cast<size_t>(i) % std::size(seed_bodies)];
     const int edits = 1 + static_cast<int>(rng() % 6);
     for (int e = 0; e < edits && !body.empty(); ++e) {
       const size_t at = rng() % body.size();
