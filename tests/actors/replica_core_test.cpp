@@ -224,14 +224,16 @@ TEST_F(ReplicaCore, PromptLogprobsAreThoseOfTheLogitsBeforeEachPromptToken) {
   for (auto& r : reqs) {
     if (r.id % 2 == 0) r.sampling.prompt_logprobs = static_cast<int>(r.id % 6);  // 0, 2, 4 alternatives
   }
-  for (int tp : {1, 2}) {
+  // tp 1 and 2 with room; then a cache so tight that scored prompts are preempted and
+  // recomputed (their entries written again, the same).
+  for (const auto& [tp, kv] : std::vector<std::pair<int, size_t>>{{1, 1024}, {2, 1024}, {1, 160}}) {
     auto want = alone(reqs, tp);
     auto ref = engine(tp, 512);
     std::map<uint64_t, std::vector<kernels::token_logprobs>> want_scored;
     for (const auto& r : reqs) {
       if (r.sampling.prompt_logprobs >= 0) want_scored[r.id] = scored_alone(*ref, r.prompt, r.sampling.prompt_logprobs);
     }
-    auto e = engine(tp, 1024);
+    auto e = engine(tp, kv);
     scheduler_config cfg;
     cfg.max_batch_tokens = 20;  // prompts of up to 64 tokens arrive in chunks
     replica_core rc(*e, cfg);
@@ -266,6 +268,7 @@ TEST_F(ReplicaCore, PromptLogprobsAreThoseOfTheLogitsBeforeEachPromptToken) {
         EXPECT_EQ(g[i].top.size(), static_cast<size_t>(r.sampling.prompt_logprobs));
       }
     }
+    if (kv == 160) EXPECT_GT(rc.scheduler().preemptions(), 0u);
   }
 }
 
