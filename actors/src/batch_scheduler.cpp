@@ -52,8 +52,7 @@ void batch_scheduler::preempt(uint64_t id) {
 /// Starts a waiting request: prefix-cache hit, then blocks for its first chunk.
 bool batch_scheduler::admit(request& r, size_t& budget) {
   // A prompt to score is computed whole (vLLM does the same): cached positions have no logits.
-  const bool scoring = r.spec.prompt_logprobs >= 0 && r.n_generated == 0;
-  const size_t hit = scoring ? 0 : blocks_.match_prefix(r.tokens, r.blocks);
+  const size_t hit = scoring(r) ? 0 : blocks_.match_prefix(r.tokens, r.blocks);
   const size_t chunk = std::min(r.tokens.size() - hit, budget);
   if (!blocks_.reserve(r.blocks, hit + chunk).ok()) {
     blocks_.release(r.blocks);
@@ -64,11 +63,14 @@ bool batch_scheduler::admit(request& r, size_t& budget) {
 }
 
 bool batch_scheduler::awaits_shared_prefix(const request& r) const {
-  if (!blocks_.prefix_caching() || (r.spec.prompt_logprobs >= 0 && r.n_generated == 0)) return false;
+  if (!blocks_.prefix_caching() || scoring(r)) return false;
   const size_t bs = blocks_.block_size();
   const size_t usable = r.tokens.empty() ? 0 : r.tokens.size() - 1;  // as match_prefix: never the last token
   for (uint64_t pid : running_) {
     const auto& p = requests_.at(pid);
+    // Only a prefill can be waited for; and a scored prompt recomputes what the cache may
+    // already hold (its n_computed says nothing about the cache).
+    if (p.n_computed + 1 >= p.tokens.size() || scoring(p)) continue;  // decoding, or scoring
     const size_t limit = std::min(p.tokens.size(), usable);
     size_t n = 0;
     while (n < limit && p.tokens[n] == r.tokens[n]) ++n;
@@ -111,18 +113,22 @@ step_plan batch_scheduler::schedule() {
     ++i;
   }
   // New requests, first come first served, while tokens, sequences and blocks allow (none in
-  // a step that had to preempt: the pool is short, admitting would thrash).
-  // A request that waits for a shared prefix lets the ones behind it pass.
-  for (auto w = waiting_.begin();
-       plan.preempted.empty() && w != waiting_.end() && budget > 0 && picks.size() < cfg_.max_seqs;) {
+  // a step that had to preempt: the pool is short, admitting would thrash). A request that
+  // waits for a shared prefix lets the ones behind it pass; at most max_deferred_scan of those
+  // are looked past per step (each look compares its prompt with the running prefills).
+  constexpr size_t max_deferred_scan = 64;
+  size_t deferred = 0;
+  for (auto w = waiting_.begin(); plan.preempted.empty() && w != waiting_.end() && budget > 0 &&
+                                  picks.size() < cfg_.max_seqs && deferred < max_deferred_scan;) {
     const uint64_t id = *w;
     auto& r = requests_.at(id);
     if (awaits_shared_prefix(r)) {
       ++deferrals_;
+      ++deferred;
       ++w;
       continue;
     }
-    if (!admit(r, budget)) break;  // head-of-line: keep arrival order
+    if (!admit(r, budget)) break;  // blocks are short: keep arrival order among the rest
     w = waiting_.erase(w);
     running_.push_back(id);
     const size_t n = std::min(r.tokens.size() - r.n_computed, budget);
@@ -137,7 +143,7 @@ step_plan batch_scheduler::schedule() {
     s.tokens = std::span<const int32_t>(r.tokens).subspan(r.n_computed, n);
     s.block_table = r.blocks.ids;
     s.want_logits = r.n_computed + n == r.tokens.size();
-    if (r.spec.prompt_logprobs >= 0 && r.n_generated == 0) {  // before the first token, tokens are the prompt
+    if (scoring(r)) {  // before the first token, tokens are the prompt
       s.prompt_logprobs = r.spec.prompt_logprobs;
       s.next = s.want_logits ? -1 : r.tokens[r.n_computed + n];
     }

@@ -93,10 +93,11 @@ void completion_stream::take_prompt_entries(const actors::token_msg& t) {
     offset += e.chosen.text.size();
     prompt_entries_.push_back(std::move(e));
   }
+  prompt_text_bytes_ = offset;
 }
 
 logprob_entry completion_stream::reported(logprob_entry e) const {
-  if (s_.echo_logprobs) e.text_offset += s_.echo_prefix.size();
+  e.text_offset += prompt_text_bytes_;  // 0 without echo's entries
   return e;
 }
 

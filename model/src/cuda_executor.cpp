@@ -132,12 +132,13 @@ class cuda_executor final : public step_executor {
   /// computed on the host, as the CPU executor computes them. REQUIRES: the step finished.
   status score(std::span<const step_sequence> batch, const step_plan& p, std::vector<kernels::token_logprobs>& out) {
     out.clear();
-    if (p.rows <= p.real_rows) return ok_status();
     std::vector<std::pair<int32_t, int>> todo;  // (target, alternatives) per scored row
     for (const auto& s : batch) {
       const size_t k = scored_positions(s);
-      for (size_t i = 0; i < k; ++i) todo.emplace_back(i + 1 < s.tokens.size() ? s.tokens[i + 1] : s.next, s.prompt_logprobs);
+      for (size_t i = 0; i < k; ++i) todo.emplace_back(scored_target(s, i), s.prompt_logprobs);
     }
+    // Most steps score nothing (decode rows are padded, so the row counts cannot tell).
+    if (todo.empty()) return ok_status();
     constexpr size_t block = 32;
     std::vector<float> host(block * cfg_.vocab);
     for (size_t b = 0; b < todo.size(); b += block) {

@@ -315,11 +315,14 @@ status engine::check_batch(std::span<const step_sequence> batch) const {
                                                    " tokens exceeds the model's context of " + std::to_string(c.max_positions));
     }
     if (s.block_table.size() * kv_.block_size < end) return make_error(errc::invalid_request, "forward: block table too short");
-    if (s.prompt_logprobs > kernels::max_logprobs || s.next >= static_cast<int32_t>(c.vocab) ||
-        (s.prompt_logprobs >= 0 && s.next < -1)) {
+    // A chunk that is drawn from ends the prompt: nothing follows it to score (and its rows
+    // would outnumber its tokens).
+    if (s.prompt_logprobs > kernels::max_logprobs || s.next >= static_cast<int32_t>(c.vocab) || s.next < -1 ||
+        (s.want_logits && s.next >= 0)) {
       return make_error(errc::invalid_request, "forward: prompt scoring asks for " + std::to_string(s.prompt_logprobs) +
                                                    " alternatives (at most " + std::to_string(kernels::max_logprobs) +
-                                                   ") or its next token " + std::to_string(s.next) + " is outside the vocabulary");
+                                                   "), or its next token " + std::to_string(s.next) +
+                                                   " is outside the vocabulary or follows a chunk that is drawn from");
     }
     for (size_t b = 0; b < (end + kv_.block_size - 1) / kv_.block_size; ++b) {
       if (s.block_table[b] < 0 || static_cast<size_t>(s.block_table[b]) >= kv_.n_blocks) {

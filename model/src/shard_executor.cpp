@@ -264,7 +264,7 @@ status shard_executor::score_prompts(std::span<const step_sequence> batch, std::
   for (const auto& s : batch) {
     const size_t k = scored_positions(s);
     for (size_t i = 0; i < k; ++i) {
-      todo.push_back({t0 + i, i + 1 < s.tokens.size() ? s.tokens[i + 1] : s.next, s.prompt_logprobs});
+      todo.push_back({t0 + i, scored_target(s, i), s.prompt_logprobs});
     }
     t0 += s.tokens.size();
   }

@@ -268,7 +268,9 @@ TEST_F(ReplicaCore, PromptLogprobsAreThoseOfTheLogitsBeforeEachPromptToken) {
         EXPECT_EQ(g[i].top.size(), static_cast<size_t>(r.sampling.prompt_logprobs));
       }
     }
-    if (kv == 160) EXPECT_GT(rc.scheduler().preemptions(), 0u);
+    if (kv == 160) {
+      EXPECT_GT(rc.scheduler().preemptions(), 0u);
+    }
   }
 }
 
@@ -324,6 +326,22 @@ TEST_F(ReplicaCore, ChoicesOfOnePromptComputeItOnce) {
   for (const auto& r : reqs) EXPECT_EQ(again[r.id], want[r.id]) << "request " << r.id;
   EXPECT_EQ(scored.scheduler().deferrals(), 0u);
   EXPECT_EQ(scored.blocks().hit_tokens(), 0u);
+
+  // A prompt already in the cache: a plain request beside a scored one with the same prompt
+  // takes the cache at once, rather than waiting for the scored one to recompute it.
+  auto e3 = engine(1, 1024);
+  replica_core mixed(*e3, scheduler_config{});
+  replica_request warm = reqs[5];
+  warm.id = 99;
+  warm.sampling.prompt_logprobs = -1;
+  serve(mixed, {warm});
+  const size_t hits_before = mixed.blocks().hit_tokens();
+  reqs[1].sampling.prompt_logprobs = -1;  // reqs[0] scores, reqs[1] does not
+  auto both = serve(mixed, {reqs[0], reqs[1]});
+  EXPECT_EQ(both[0], want[0]);
+  EXPECT_EQ(both[1], want[1]);
+  EXPECT_EQ(mixed.scheduler().deferrals(), 0u);
+  EXPECT_EQ(mixed.blocks().hit_tokens() - hits_before, 56u);
 }
 
 }  // namespace

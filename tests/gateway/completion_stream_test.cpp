@@ -506,7 +506,8 @@ TEST_F(CompletionStream, EchoWithLogprobsLeadsWithThePromptsScoredTokens) {
   for (bool streaming : {false, true}) {
     auto s = setup(false, streaming);
     s.prompt_ids = prompt;
-    s.echo_prefix = "Count: one";
+    // Not the prompt tokens' texts (as with a BOS token's): offsets still run on from them.
+    s.echo_prefix = "Count:one";
     s.echo_logprobs = true;
     s.logprobs = 1;
     one_choice c(s, tok_->decoder());
@@ -541,7 +542,7 @@ TEST_F(CompletionStream, EchoWithLogprobsLeadsWithThePromptsScoredTokens) {
       EXPECT_EQ(lp["token_logprobs"][i], -1.0 - static_cast<double>(i));
       EXPECT_EQ(lp["top_logprobs"][i], (json{{piece, -1.0 - static_cast<double>(i)}}));
     }
-    EXPECT_EQ(lp["text_offset"][prompt.size()], s.echo_prefix.size());
+    EXPECT_EQ(lp["text_offset"][prompt.size()], offset);  // the prompt tokens' texts, then its own
     EXPECT_EQ(lp["tokens"][prompt.size()], " two");
     EXPECT_EQ(lp["token_logprobs"][prompt.size()], -0.5);
   }

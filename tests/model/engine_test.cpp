@@ -364,6 +364,20 @@ TEST(Engine, StepSampleRefusesRowsThatDoNotMatchTheItems) {
   auto s = e->forward_sample(batch, two, drawn);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.err().code, errc::invalid_request) << s.err().message;
+  // Prompt scoring that makes no sense: a successor after a chunk that is drawn from, one
+  // outside the vocabulary, too many alternatives.
+  {
+    std::vector<step_sequence> scored{{prompt, 0, table, true, 0, 5}};
+    auto bad = e->forward_sample(scored, std::vector<kernels::sample_row>(1), drawn);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.err().message.find("follows a chunk that is drawn from"), std::string::npos) << bad.err().message;
+  }
+  for (const auto& [n, next] : std::vector<std::pair<int, int32_t>>{{0, 1 << 20}, {kernels::max_logprobs + 1, -1}}) {
+    std::vector<step_sequence> scored{{prompt, 0, table, false, n, next}};
+    auto bad = e->forward_sample(scored, {}, drawn);
+    ASSERT_FALSE(bad.ok()) << n << " " << next;
+    EXPECT_EQ(bad.err().code, errc::invalid_request);
+  }
   ASSERT_TRUE(e->step_sample(std::span(&it, 1), std::vector<kernels::sample_row>(1), drawn).ok()) << "the engine still runs";
   EXPECT_EQ(drawn.size(), 1u);
 }

@@ -92,7 +92,7 @@ class batch_scheduler {
   size_t waiting() const { return waiting_.size(); }
   size_t running() const { return running_.size(); }
   size_t preemptions() const { return preemptions_; }
-  /// Admissions put off to share a prefix a running request was computing.
+  /// Steps × waiting requests put off to share a prefix a running request was computing.
   size_t deferrals() const { return deferrals_; }
   /// Generated tokens so far of a live request (empty for unknown ids).
   std::span<const int32_t> output(uint64_t id) const;
@@ -110,6 +110,9 @@ class batch_scheduler {
   /// Whether `r` should wait for a running request to finish computing the prefix they share:
   /// whole blocks covering at least half of r's tokens that the prefix cache does not hold yet.
   bool awaits_shared_prefix(const request& r) const;
+  /// It scores its prompt and has not drawn its first token yet: its tokens are the prompt,
+  /// computed whole (no prefix-cache hit).
+  static bool scoring(const request& r) { return r.spec.prompt_logprobs >= 0 && r.n_generated == 0; }
 
   scheduler_config cfg_;
   block_manager& blocks_;

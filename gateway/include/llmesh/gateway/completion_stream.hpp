@@ -46,7 +46,8 @@ struct stream_setup {
   /// Echo with logprobs: the first token's message carries the prompt's scores
   /// (token_msg::prompt_logprobs), and the choice's logprobs begin with one entry per prompt
   /// token (the first: null value, null alternatives; text offsets summing the prompt tokens'
-  /// texts from 0), then the generated tokens' (their offsets after echo_prefix).
+  /// texts from 0), then the generated tokens', their offsets continuing that sum (vLLM's
+  /// count: monotonic, though a BOS token's text, say, is not in echo_prefix).
   bool echo_logprobs = false;
   std::vector<std::string> stop;
   /// The request's stop_token_ids: a generation that ends on one (finish eos) keeps the id in
@@ -130,6 +131,7 @@ class completion_stream {
   double cumulative_logprob_ = 0.0;
   std::vector<pending_entry> pending_;  ///< logprobs not reported yet (non-streaming: until result)
   std::vector<logprob_entry> prompt_entries_;  ///< echo with logprobs: reported first, at once
+  size_t prompt_text_bytes_ = 0;               ///< their texts' sum: where the generated offsets start
   /// The prompt's entries (echo_logprobs), from the first token's message.
   void take_prompt_entries(const actors::token_msg& t);
   /// A generated token's entry as reported: its offset counted in the whole choice text.

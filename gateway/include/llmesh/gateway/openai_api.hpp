@@ -92,7 +92,8 @@ struct completion_request {
   /// The prompts, in the order sent (one, or a batch): choice index = prompt index * n + j,
   /// as vLLM numbers them.
   std::vector<prompt_input> prompts;
-  /// OpenAI's echo: each choice's text begins with its prompt's text (not with logprobs yet).
+  /// OpenAI's echo: each choice's text begins with its prompt's text; with logprobs, its
+  /// logprobs begin with the prompt's tokens (gen.prompt_logprobs).
   bool echo = false;
   generation_fields gen;
 };
@@ -151,8 +152,8 @@ struct sampling_input {
 /// number within [0, 1]. `n` an integer >= 1 (null: 1) on both endpoints; /v1/completions'
 /// `prompt` a string, an array of token ids, or a batch: an array of strings or an array of
 /// token-id arrays (each non-empty, one kind); prompts × n (× best_of when larger) at most
-/// lim.max_choices. `echo` (completions) true or false; with `logprobs` asked for (not null
-/// or false) it is refused until the engine reports the prompt's log-probabilities.
+/// lim.max_choices. `echo` (completions) true or false; with `logprobs` n (not null or false)
+/// the prompt is scored too (gen.prompt_logprobs = n).
 /// `best_of` (completions) an integer >= 1 (null and 1: off); above 1 it must be at least n and
 /// the request not streamed (vLLM's rules). Fields asking for behaviour this server does not
 /// implement are refused rather than ignored — chat's `best_of` > 1, a non-empty `suffix` or

@@ -37,7 +37,9 @@ struct sampling_params {
   float min_p = 0.0f;
   /// vLLM's prompt_logprobs (-1: none; n in 0..max_logprobs): every prompt token after the
   /// first comes with its log-probability under the logits before it and the n most likely
-  /// tokens' (model::step_sequence::prompt_logprobs scores them). Does not change the draw.
+  /// tokens' (the engine's steps score them). Does not change the draw on the CPU or in
+  /// CUDA's deterministic mode; CUDA's fast mode, whose LM-head GEMM depends on its row count
+  /// as at any batch size, may.
   int prompt_logprobs = -1;
 };
 
@@ -59,8 +61,9 @@ struct token_logprobs {
 };
 
 /// log-softmax of `logits` at `chosen`, and its `n` largest entries (n clamped to [0, vocab]).
-/// The normaliser is summed in id order in double precision: the same numbers on every
-/// machine. A masked logit (-inf) has log-probability -inf.
+/// The normaliser's terms are exp_det's (floats, relative error near 1e-7), summed in eight
+/// double lanes (lane j: the ids ≡ j mod 8, in id order) added in a fixed order: the same
+/// numbers on every machine. A masked logit (-inf) has log-probability -inf.
 token_logprobs compute_logprobs(std::span<const float> logits, int32_t chosen, int n);
 
 /// A request's bias on one token's logit (OpenAI's logit_bias).

@@ -56,6 +56,8 @@ struct step_sequence {
 
 /// How many positions of `s` a step scores (step_sequence::prompt_logprobs).
 size_t scored_positions(const step_sequence& s);
+/// The token scored at position i of `s` (i < scored_positions(s)): its successor.
+inline int32_t scored_target(const step_sequence& s, size_t i) { return i + 1 < s.tokens.size() ? s.tokens[i + 1] : s.next; }
 
 /// A step's log-probabilities, rank 0's.
 struct step_logprobs {
