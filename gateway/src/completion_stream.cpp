@@ -43,23 +43,23 @@ void completion_stream::observe_token() {
   last_ = now;
 }
 
-logprob_entry completion_stream::make_entry(const actors::token_msg& t, size_t text_offset) const {
-  auto token = [this](int32_t id, float logprob) {
+logprob_entry completion_stream::entry_of(int32_t id, const kernels::token_logprobs* lp, size_t text_offset) const {
+  auto token = [this](int32_t tid, float logprob) {
     logprob_token out;
-    out.bytes = detok_.token_bytes(id);
+    out.bytes = detok_.token_bytes(tid);
     out.text = model::sanitize_utf8(out.bytes);  // U+FFFD for a piece of a character (see logprob_token)
     out.logprob = logprob;
     return out;
   };
   logprob_entry e;
   e.text_offset = text_offset;
-  if (!t.logprobs) {  // the mesh owes them on every token; should one lack them, its values are null
-    e.chosen = token(t.token, std::numeric_limits<float>::quiet_NaN());
+  if (!lp) {  // unknown (the mesh owes them on every token that asked): null
+    e.chosen = token(id, std::numeric_limits<float>::quiet_NaN());
     return e;
   }
-  e.chosen = token(t.token, t.logprobs->logprob);
-  const size_t n = std::min(t.logprobs->top.size(), static_cast<size_t>(s_.logprobs));
-  for (size_t i = 0; i < n; ++i) e.top.push_back(token(t.logprobs->top[i].id, t.logprobs->top[i].logprob));
+  e.chosen = token(id, lp->logprob);
+  const size_t n = std::min(lp->top.size(), static_cast<size_t>(std::max(s_.logprobs, 0)));
+  for (size_t i = 0; i < n; ++i) e.top.push_back(token(lp->top[i].id, lp->top[i].logprob));
   return e;
 }
 
@@ -72,24 +72,10 @@ bool completion_stream::ready(const pending_entry& p) const {
 void completion_stream::take_prompt_entries(const actors::token_msg& t) {
   size_t offset = 0;
   for (size_t i = 0; i < s_.prompt_ids.size(); ++i) {
-    logprob_entry e;
-    e.text_offset = offset;
-    e.chosen.bytes = detok_.token_bytes(s_.prompt_ids[i]);
-    e.chosen.text = model::sanitize_utf8(e.chosen.bytes);
-    e.chosen.logprob = std::numeric_limits<float>::quiet_NaN();  // unknown: null
-    e.top_null = i == 0;  // the first token has no context to be scored in
-    if (i > 0 && i - 1 < t.prompt_logprobs.size()) {
-      const auto& lp = t.prompt_logprobs[i - 1];
-      e.chosen.logprob = lp.logprob;
-      const size_t n = std::min(lp.top.size(), static_cast<size_t>(std::max(s_.logprobs, 0)));
-      for (size_t k = 0; k < n; ++k) {
-        logprob_token a;
-        a.bytes = detok_.token_bytes(lp.top[k].id);
-        a.text = model::sanitize_utf8(a.bytes);
-        a.logprob = lp.top[k].logprob;
-        e.top.push_back(std::move(a));
-      }
-    }
+    // Prompt token i's scores are entry i - 1; the first token has no context to be scored in.
+    const bool scored = i > 0 && i - 1 < t.prompt_logprobs.size();
+    logprob_entry e = entry_of(s_.prompt_ids[i], scored ? &t.prompt_logprobs[i - 1] : nullptr, offset);
+    e.top_null = i == 0;
     offset += e.chosen.text.size();
     prompt_entries_.push_back(std::move(e));
   }
@@ -172,7 +158,7 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
   const size_t text_start = decoded_bytes_;
   const std::string piece = stop_token ? std::string() : decoder_.push(t.token);
   decoded_bytes_ += piece.size();
-  if (s_.logprobs >= 0) pending_.push_back({make_entry(t, text_start), decoded_bytes_});
+  if (s_.logprobs >= 0) pending_.push_back({entry_of(t.token, t.logprobs ? &*t.logprobs : nullptr, text_start), decoded_bytes_});
   auto out = matcher_.push(piece, past_min_tokens());
   released_bytes_ += out.text.size();
   if (out.stopped) {

@@ -132,23 +132,23 @@ class cuda_executor final : public step_executor {
   /// computed on the host, as the CPU executor computes them. REQUIRES: the step finished.
   status score(std::span<const step_sequence> batch, const step_plan& p, std::vector<kernels::token_logprobs>& out) {
     out.clear();
-    std::vector<std::pair<int32_t, int>> todo;  // (target, alternatives) per scored row
+    std::vector<std::pair<int32_t, int>> rows_to_score;  // (target, alternatives) per scored row
     for (const auto& s : batch) {
       const size_t k = scored_positions(s);
-      for (size_t i = 0; i < k; ++i) todo.emplace_back(scored_target(s, i), s.prompt_logprobs);
+      for (size_t i = 0; i < k; ++i) rows_to_score.emplace_back(scored_target(s, i), s.prompt_logprobs);
     }
     // Most steps score nothing (decode rows are padded, so the row counts cannot tell).
-    if (todo.empty()) return ok_status();
+    if (rows_to_score.empty()) return ok_status();
     constexpr size_t block = 32;
     std::vector<float> host(block * cfg_.vocab);
-    for (size_t b = 0; b < todo.size(); b += block) {
-      const size_t n = std::min(block, todo.size() - b);
+    for (size_t b = 0; b < rows_to_score.size(); b += block) {
+      const size_t n = std::min(block, rows_to_score.size() - b);
       LLMESH_TRY(cuda::copy_to_host(host.data(), logits_full() + (p.real_rows + b) * cfg_.vocab, n * cfg_.vocab * sizeof(float),
                                     stream_.get()));
       LLMESH_TRY(stream_.synchronize());
       for (size_t r = 0; r < n; ++r) {
         out.push_back(kernels::compute_logprobs(std::span<const float>(host).subspan(r * cfg_.vocab, cfg_.vocab),
-                                                todo[b + r].first, todo[b + r].second));
+                                                rows_to_score[b + r].first, rows_to_score[b + r].second));
       }
     }
     return ok_status();

@@ -259,16 +259,16 @@ status shard_executor::score_prompts(std::span<const step_sequence> batch, std::
     int32_t target;  ///< the token that follows it
     int n;           ///< alternatives asked for
   };
-  std::vector<position> todo;
+  std::vector<position> rows_to_score;
   size_t t0 = 0;
   for (const auto& s : batch) {
     const size_t k = scored_positions(s);
     for (size_t i = 0; i < k; ++i) {
-      todo.push_back({t0 + i, scored_target(s, i), s.prompt_logprobs});
+      rows_to_score.push_back({t0 + i, scored_target(s, i), s.prompt_logprobs});
     }
     t0 += s.tokens.size();
   }
-  if (todo.empty()) return ok_status();
+  if (rows_to_score.empty()) return ok_status();
   // Blocks of rows bound the logits held at once ([block][vocab]); every rank runs the same
   // blocks (each is one LM-head collective at tp > 1). The matmul's rows are independent of
   // one another, so a position's logits are those a step ending there would give.
@@ -276,18 +276,18 @@ status shard_executor::score_prompts(std::span<const step_sequence> batch, std::
   const auto& c = model_->config();
   const auto& w = model_->weights();
   const bool keep = out != nullptr && layout_.rank == 0;
-  if (keep) out->resize(todo.size());
-  for (size_t b = 0; b < todo.size(); b += score_block) {
-    const size_t n = std::min(score_block, todo.size() - b);
+  if (keep) out->resize(rows_to_score.size());
+  for (size_t b = 0; b < rows_to_score.size(); b += score_block) {
+    const size_t n = std::min(score_block, rows_to_score.size() - b);
     for (size_t r = 0; r < n; ++r) {
-      kernels::rmsnorm(&h_[todo[b + r].t * c.hidden], w.final_norm.data(), &xn_[r * c.hidden], c.hidden, c.rms_norm_eps);
+      kernels::rmsnorm(&h_[rows_to_score[b + r].t * c.hidden], w.final_norm.data(), &xn_[r * c.hidden], c.hidden, c.rms_norm_eps);
     }
     LLMESH_TRY(head_rows(n, score_logits_));
     if (!keep) continue;
     pool_->run([&](int th, int n_threads) {
       auto [r0, r1] = kernels::thread_pool::split(n, th, n_threads);
       for (size_t r = r0; r < r1; ++r) {
-        const auto& p = todo[b + r];
+        const auto& p = rows_to_score[b + r];
         (*out)[b + r] = kernels::compute_logprobs(std::span<const float>(score_logits_).subspan(r * c.vocab, c.vocab),
                                                   p.target, p.n);
       }

@@ -110,8 +110,9 @@ class completion_stream {
   void observe_token();
   /// Stop strings are matched (more tokens than min_tokens have come).
   bool past_min_tokens() const { return tokens_.size() > static_cast<size_t>(std::max(s_.min_tokens, 0)); }
-  /// The token's entry (its text and its alternatives' from the detokenizer).
-  logprob_entry make_entry(const actors::token_msg& t, size_t text_offset) const;
+  /// Token `id`'s entry with its scores `lp` (null values when none): its text and its
+  /// alternatives' from the detokenizer, at most s_.logprobs of them.
+  logprob_entry entry_of(int32_t id, const kernels::token_logprobs* lp, size_t text_offset) const;
   /// Whether an entry can be reported (see the class comment).
   bool ready(const pending_entry& p) const;
   /// Moves the entries whose text is out (see the class comment) from pending_ to `out`.
