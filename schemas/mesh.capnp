@@ -59,6 +59,21 @@ struct Sampling {
   minP @10 :Float32;        # 0: off; in [0, 1]
   promptLogprobs @11 :Int32 = -1;  # -1: none; n in 0..20: every prompt token after the first
                                    # with its logprob and the n most likely (vLLM's prompt_logprobs)
+  constrained @12 :Bool;    # the request's GenerateRequest.constraint masks its draws (a step row: some do)
+}
+
+enum ConstraintKind {
+  none @0;
+  jsonSchema @1;
+  jsonObject @2;
+  regex @3;
+  choice @4;
+  grammar @5;
+}
+
+struct Constraint {          # structured outputs: what the output must match (model::constraint_spec)
+  kind @0 :ConstraintKind;
+  text @1 :Text;             # the schema, pattern, choices (a JSON array) or GBNF grammar
 }
 
 struct TokenBias {
@@ -74,6 +89,7 @@ struct GenerateRequest {
   eosIds @4 :List(Int32);
   generated @5 :UInt32;     # the prompt's last tokens that are output already (after failover)
   logitBias @6 :List(TokenBias);  # added to these tokens' logits before every draw
+  constraint @7 :Constraint;      # none: unconstrained
 }
 
 enum Finish {

@@ -125,6 +125,7 @@ caf::behavior split_replica_actor(replica* self, model::engine* eng, scheduler_c
                                   std::map<int, caf::actor> remote_shards) {
   auto& st = self->state;
   st.core = std::make_unique<replica_core>(*eng, cfg);
+  st.core->set_vocabulary(eng->loaded_model().vocabulary());
   st.shards.resize(static_cast<size_t>(eng->tp()));
   for (int r : eng->local_ranks()) st.shards[static_cast<size_t>(r)] = self->spawn<caf::detached + caf::linked>(shard_actor, eng, r);
   for (auto& [r, a] : remote_shards) {

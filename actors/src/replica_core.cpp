@@ -41,6 +41,16 @@ status replica_core::submit(replica_request r) {
     if (!biased.insert(b.id).second) return make_error(errc::invalid_request, "logit_bias: token " + std::to_string(b.id) + " twice");
   }
   r.sampling.logit_bias = !r.logit_bias.empty();
+  std::shared_ptr<const model::grammar> grammar;
+  if (r.constraint.type != model::constraint_spec::kind::none) {
+    if (!vocab_) {
+      return make_error(errc::invalid_request, "structured outputs need the model's tokenizer, which this replica has not loaded");
+    }
+    auto g = grammar_of(r.constraint);
+    if (!g) return g.take_error();
+    grammar = std::move(*g);
+  }
+  r.sampling.constrained = grammar != nullptr;
   if (r.sampling.prompt_logprobs > kernels::max_logprobs || r.sampling.logprobs > kernels::max_logprobs) {
     return make_error(errc::invalid_request, "logprobs: at most " + std::to_string(kernels::max_logprobs) + " alternatives");
   }
@@ -54,6 +64,17 @@ status replica_core::submit(replica_request r) {
     adjust->end_ids = r.eos_ids;
     adjust->generated = r.generated;
     adjust->bias = std::move(r.logit_bias);
+    if (grammar) {
+      // A continued request's output so far is where its grammar stands.
+      adjust->matcher.emplace(grammar);
+      for (size_t i = output_from; i < r.prompt.size(); ++i) {
+        const int32_t t = r.prompt[i];
+        if (vocab_->excluded(t) || !adjust->matcher->accept(vocab_->bytes(t))) {
+          return make_error(errc::invalid_request, "output token " + std::to_string(i - output_from) + " (id " +
+                                                       std::to_string(t) + ") does not follow the request's constraint");
+        }
+      }
+    }
   }
   request_spec spec;
   spec.id = r.id;
@@ -67,6 +88,24 @@ status replica_core::submit(replica_request r) {
   if (r.sampling.prompt_logprobs >= 0) scored_[r.id].resize(prompt_len - 1);
   if (adjust) adjust_[r.id] = std::move(*adjust);
   return ok_status();
+}
+
+result<std::shared_ptr<const model::grammar>> replica_core::grammar_of(const model::constraint_spec& spec) {
+  std::string key(1, static_cast<char>(spec.type));
+  key += spec.text;
+  if (auto it = grammars_.find(key); it != grammars_.end()) return it->second;
+  auto g = model::compile_constraint(spec);
+  if (!g) return g.take_error();
+  if (grammars_.size() >= 64) grammars_.clear();  // distinct specs are few; a flood only recompiles
+  grammars_.emplace(std::move(key), *g);
+  return *g;
+}
+
+bool replica_core::follow(adjust_state& st, int32_t token) const {
+  if (!st.matcher) return true;
+  if (std::find(st.end_ids.begin(), st.end_ids.end(), token) != st.end_ids.end()) return true;  // it ends here anyway
+  if (vocab_->excluded(token) || !st.matcher->accept(vocab_->bytes(token))) return false;
+  return !(st.matcher->done() && st.end_ids.empty());
 }
 
 void replica_core::adjust_state::see(int32_t id, bool output) {
@@ -97,8 +136,13 @@ bool replica_core::begin_step() {
       auto& st = a->second;
       st.view.seen = st.seen;
       st.view.bias = st.bias;
-      st.view.banned = st.generated < static_cast<size_t>(std::max(p.min_tokens, 0)) ? std::span<const int32_t>(st.end_ids)
-                                                                                       : std::span<const int32_t>();
+      if (st.matcher) {
+        st.mask = masks_.get(*vocab_, *st.matcher, st.end_ids);
+        st.view.allowed = *st.mask;
+      }
+      // min_tokens yields to a grammar that is complete: only an end id may follow it.
+      const bool too_early = st.generated < static_cast<size_t>(std::max(p.min_tokens, 0)) && !(st.matcher && st.matcher->done());
+      st.view.banned = too_early ? std::span<const int32_t>(st.end_ids) : std::span<const int32_t>();
       adjust = &st.view;
     }
     rows_.push_back({p, s.pos0 + s.tokens.size(), adjust});
@@ -140,6 +184,14 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
     } else if (auto a = adjust_.find(e.id); a != adjust_.end()) {
       a->second.see(e.token, true);
       ++a->second.generated;
+      if (!follow(a->second, e.token)) {
+        // Its grammar is complete and it has no end id to draw (or, never expected, the token
+        // left the grammar): it ends here, as at an end id.
+        sched_.cancel(e.id);
+        e.finish = finish_reason::eos;
+        sampling_.erase(e.id);
+        adjust_.erase(a);
+      }
     }
   }
   return events;

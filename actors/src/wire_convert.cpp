@@ -8,12 +8,14 @@ namespace llmesh::actors {
 namespace {
 
 static_assert(transport::max_logprobs == kernels::max_logprobs);
+static_assert(transport::max_constraint_text == model::max_constraint_bytes);
+static_assert(static_cast<int>(model::constraint_spec::kind::grammar) == 5);
 
 transport::sampling to_wire(const kernels::sampling_params& p) {
   return {p.temperature,      p.top_p,           p.top_k,
           p.seed,             p.logprobs,        p.presence_penalty,
           p.frequency_penalty, p.repetition_penalty, static_cast<uint32_t>(std::max(p.min_tokens, 0)), p.logit_bias,
-          p.min_p,            p.prompt_logprobs};
+          p.min_p,            p.prompt_logprobs,    p.constrained};
 }
 
 kernels::sampling_params from_wire(const transport::sampling& p) {
@@ -30,6 +32,7 @@ kernels::sampling_params from_wire(const transport::sampling& p) {
   out.logit_bias = p.logit_bias;
   out.min_p = p.min_p;
   out.prompt_logprobs = p.prompt_logprobs;
+  out.constrained = p.constrained;
   return out;
 }
 
@@ -40,6 +43,8 @@ transport::generate_msg to_wire(const replica_request& r) {
                             to_wire(r.sampling), r.eos_ids, static_cast<uint32_t>(std::min<size_t>(r.generated, UINT32_MAX)),
                             {}};
   for (const auto& b : r.logit_bias) m.logit_bias.push_back({b.id, b.bias});
+  m.constraint_kind = static_cast<uint8_t>(r.constraint.type);
+  m.constraint_text = r.constraint.text;
   return m;
 }
 
@@ -52,6 +57,8 @@ replica_request from_wire(const transport::generate_msg& m) {
   r.eos_ids = m.eos_ids;
   r.generated = m.generated;
   for (const auto& b : m.logit_bias) r.logit_bias.push_back({b.id, b.bias});  // the replica checks them
+  r.constraint.type = static_cast<model::constraint_spec::kind>(m.constraint_kind);  // 0..5: the codec checked
+  r.constraint.text = m.constraint_text;
   return r;
 }
 

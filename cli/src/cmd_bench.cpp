@@ -8,6 +8,7 @@
 #include "commands.hpp"
 #include "llmesh/bench/engine_bench.hpp"
 #include "llmesh/bench/gpu_bench.hpp"
+#include "llmesh/bench/grammar_bench.hpp"
 #include "llmesh/bench/serve_bench.hpp"
 #include "llmesh/bench/tokenizer_bench.hpp"
 #include "llmesh/bench/allreduce_bench.hpp"
@@ -59,6 +60,14 @@ void add_bench(CLI::App& app, command_set& commands) {
   tsub->add_option("--file", t->file, "Text to encode (default: ~1 MB of built-in prose)");
   tsub->add_option("--reps", t->reps, "Repetitions; the best is reported")->capture_default_str();
   commands.emplace_back(tsub, [t] { return bench::run_tokenizer_bench(*t); });
+
+  auto gr = std::make_shared<bench::grammar_bench_options>();
+  auto* gsub = bench_cmd->add_subcommand("grammar", "Structured outputs: token-mask cost per step against a sampling draw");
+  gsub->add_option("--model", gr->model_dir, "Model directory (tokenizer.json)")->required();
+  gsub->add_option("--schema", gr->schema_file, "A JSON Schema file; default: a built-in one")->check(CLI::ExistingFile);
+  gsub->add_option("--documents", gr->documents, "Documents to generate by random walks")->capture_default_str();
+  gsub->add_option("--max-tokens", gr->max_tokens, "Tokens per document at most")->capture_default_str();
+  commands.emplace_back(gsub, [gr] { return bench::run_grammar_bench(*gr); });
 
   auto x = std::make_shared<bench::transport_bench_options>();
   auto* xsub = bench_cmd->add_subcommand("transport", "UCX transport between two processes vs ucx_perftest");

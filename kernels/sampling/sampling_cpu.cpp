@@ -117,7 +117,7 @@ bool has_penalties(const sampling_params& p) {
 }
 
 bool has_adjustments(const sampling_params& p) {
-  return has_penalties(p) || p.min_tokens > 0 || p.logit_bias;
+  return has_penalties(p) || p.min_tokens > 0 || p.logit_bias || p.constrained;
 }
 
 bool argmax_only(std::span<const sample_row> rows) {
@@ -145,11 +145,18 @@ void apply_adjust(std::span<float> logits, const sampling_params& p, const logit
   for (int32_t id : a.banned) {
     if (id >= 0 && static_cast<size_t>(id) < vocab) logits[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
   }
+  if (!a.allowed.empty()) {  // ids past the mask's words are not allowed either
+    for (size_t id = 0; id < vocab; ++id) {
+      const size_t w = id >> 5;
+      if (w >= a.allowed.size() || !((a.allowed[w] >> (id & 31)) & 1u)) logits[id] = -std::numeric_limits<float>::infinity();
+    }
+  }
 }
 
 bool row_adjusts(const sample_row& r) {
   if (r.adjust == nullptr) return false;
-  return (has_penalties(r.params) && !r.adjust->seen.empty()) || !r.adjust->banned.empty() || !r.adjust->bias.empty();
+  return (has_penalties(r.params) && !r.adjust->seen.empty()) || !r.adjust->banned.empty() || !r.adjust->bias.empty() ||
+         !r.adjust->allowed.empty();
 }
 
 namespace {

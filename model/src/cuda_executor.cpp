@@ -170,6 +170,17 @@ class cuda_executor final : public step_executor {
         }
       }
       for (int32_t id : rows[r].adjust->banned) bans.push_back({row, id, 0, 1, 0.0f, 0.0f, 1.0f, 0});
+      // A grammar's mask as bans of the ids outside it: the bans' kernel, already checked
+      // against the CPU, gives apply_adjust's -inf exactly (one entry per masked id; a device
+      // bitmask kernel would move less).
+      if (const auto allowed = rows[r].adjust->allowed; !allowed.empty()) {
+        for (size_t id = 0; id < cfg_.vocab; ++id) {
+          const size_t w = id >> 5;
+          if (w >= allowed.size() || !((allowed[w] >> (id & 31)) & 1u)) {
+            bans.push_back({row, static_cast<int32_t>(id), 0, 1, 0.0f, 0.0f, 1.0f, 0});
+          }
+        }
+      }
       for (const auto& b : rows[r].adjust->bias) biases.push_back({row, b.id, 0, 2, b.bias, 0.0f, 1.0f, 0});
     }
     const size_t n_bias = biases.size(), n_pen = penalties.size(), n = n_bias + n_pen + bans.size();

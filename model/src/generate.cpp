@@ -24,7 +24,7 @@ int32_t next_token(std::span<const float> logits, const generate_request& req, c
   for (int32_t t : output) ++counts[t];
   std::vector<kernels::seen_token> seen;
   for (const auto& [id, n] : counts) seen.push_back({id, n});
-  kernels::logits_adjust a{seen, {}, req.logit_bias};
+  kernels::logits_adjust a{seen, {}, req.logit_bias, {}};
   if (output.size() < static_cast<size_t>(std::max(req.sampling.min_tokens, 0))) a.banned = req.stop_ids;
   std::vector<float> row(logits.begin(), logits.end());
   kernels::apply_adjust(row, req.sampling, a);

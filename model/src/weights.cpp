@@ -1,6 +1,11 @@
 // Binds HF tensor names to the weight views and checks every shape against the config.
 #include "llmesh/model/weights.hpp"
 
+#include <filesystem>
+
+#include "llmesh/model/detokenizer.hpp"
+#include "llmesh/model/token_mask.hpp"
+
 namespace llmesh::model {
 namespace {
 
@@ -45,6 +50,9 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir) {
     error e = s.take_error();
     e.message = dir + ": " + e.message;
     return e;
+  }
+  if (std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) {
+    if (auto d = detokenizer::load(dir)) m->vocabulary_ = token_vocabulary::build(*d);
   }
   return std::shared_ptr<const model>(std::move(m));
 }

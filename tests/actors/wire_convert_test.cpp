@@ -32,6 +32,8 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   r.eos_ids = {2, 9};
   r.generated = 2;
   r.logit_bias = {{3, -100.0f}, {4, 2.5f}};
+  r.constraint = {model::constraint_spec::kind::json_schema, R"({"type": "object"})"};
+  r.sampling.constrained = true;
   r.model = "not on the wire";
   replica_request back = through_a_frame(r);
   EXPECT_EQ(back.id, r.id);
@@ -52,6 +54,8 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   EXPECT_EQ(back.eos_ids, r.eos_ids);
   EXPECT_EQ(back.generated, 2u);
   EXPECT_EQ(back.logit_bias, r.logit_bias);
+  EXPECT_EQ(back.constraint, r.constraint);
+  EXPECT_TRUE(back.sampling.constrained);
   EXPECT_EQ(back.model, "");  // routing happened in the gateway's process
 }
 

@@ -4,6 +4,7 @@
 // change with its batch neighbours, with prefill chunking, or with CUDA graph replay.
 // Skipped without a device (label gpu).
 #include <cstring>
+#include <random>
 
 #include "../model/temp_dir.hpp"
 #include "gpu_test_util.hpp"
@@ -232,6 +233,50 @@ TEST(CudaEngine, StepSampleLogprobsAreThoseOfItsLogits) {
     EXPECT_EQ(lps[1], kernels::compute_logprobs(std::span(logits).subspan(vocab, vocab), ids[1], 0)) << "step " << step;
     EXPECT_FALSE(lps[2].has_value());
     for (size_t i = 0; i < 3; ++i) next[i] = {ids[i]};
+  }
+}
+
+/// Structured outputs on the GPU: a row's grammar mask (logits_adjust::allowed) becomes bans
+/// of the ids outside it; the draw equals the CPU sampler's on the same logits and mask, and
+/// only allowed ids come out.
+TEST(CudaEngine, StepSampleFollowsAGrammarMaskAsTheCpuDoes) {
+  LLMESH_REQUIRE_GPU();
+  loaded_model m(golden_shapes()[2].spec);
+  kernels::sampling_params greedy{}, warm{1.0f, 0, 1.0f, 21};
+  greedy.constrained = warm.constrained = true;
+  auto a = make_engine(m.get(), model::backend::cuda, true);
+  auto b = make_engine(m.get(), model::backend::cuda, true);
+  ASSERT_TRUE(a && b);
+  const size_t vocab = a->config().vocab;
+  std::mt19937 rng(4);
+  std::vector<int> sa{a->open_sequence(), a->open_sequence()}, sb{b->open_sequence(), b->open_sequence()};
+  std::vector<std::vector<int32_t>> next{prompt_of(8, 600, 90), prompt_of(11, 600, 91)};
+  for (int step = 0; step < 8; ++step) {
+    std::vector<std::vector<uint32_t>> masks(2, std::vector<uint32_t>((vocab + 31) / 32, 0u));
+    std::vector<kernels::logits_adjust> adjusts(2);
+    for (size_t i = 0; i < 2; ++i) {
+      for (int k = 0; k < 1 + step * 3; ++k) {
+        const size_t id = rng() % vocab;
+        masks[i][id >> 5] |= 1u << (id & 31);
+      }
+      adjusts[i].allowed = masks[i];
+    }
+    std::vector<model::step_item> ia, ib;
+    std::vector<kernels::sample_row> rows;
+    for (size_t i = 0; i < 2; ++i) {
+      ia.push_back({sa[i], next[i], true});
+      ib.push_back({sb[i], next[i], true});
+      rows.push_back({i == 0 ? greedy : warm, a->sequence_length(sa[i]) + next[i].size(), &adjusts[i]});
+    }
+    std::vector<float> logits;
+    std::vector<int32_t> ids;
+    ASSERT_TRUE(a->step(ia, logits).ok());
+    ASSERT_TRUE(b->step_sample(ib, rows, ids).ok());
+    ASSERT_EQ(ids, kernels::sample_rows(logits, vocab, rows)) << "step " << step;
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE((masks[i][static_cast<size_t>(ids[i]) >> 5] >> (ids[i] & 31)) & 1u) << "step " << step << " row " << i;
+      next[i] = {ids[i]};
+    }
   }
 }
 

@@ -574,7 +574,7 @@ TEST(Adjust, SampleRowsDrawsFromTheAdjustedCopyAndLeavesTheLogits) {
   const int32_t top = argmax(std::span(logits).first(vocab));
   const std::vector<seen_token> seen{{top, 3}};
   const std::vector<int32_t> none;
-  const logits_adjust a{seen, none, {}};
+  const logits_adjust a{seen, none, {}, {}};
   sampling_params warm{0.9f, 0, 1.0f, 4};
   warm.frequency_penalty = 1.5f;
   const std::vector<sample_row> rows{{greedy, 3, &a}, {warm, 4, &a}};
@@ -591,6 +591,44 @@ TEST(Adjust, SampleRowsDrawsFromTheAdjustedCopyAndLeavesTheLogits) {
   const logits_adjust empty{};
   EXPECT_FALSE(row_adjusts(sample_row{greedy, 3, &empty}));
   EXPECT_FALSE(row_adjusts(sample_row{greedy, 3, nullptr}));
+}
+
+TEST(Adjust, AMaskLeavesOnlyItsTokensDrawableAfterTheBans) {
+  const size_t vocab = 70;  // three mask words, the last one partly past the vocabulary
+  std::vector<float> logits(vocab);
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0.0f, 2.0f);
+  for (auto& x : logits) x = d(rng);
+  std::vector<uint32_t> mask(3, 0u);
+  const std::vector<int32_t> allowed{3, 31, 32, 40, 69};
+  for (int32_t id : allowed) mask[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+  mask[2] |= 0xffffffc0u;  // bits past the vocabulary change nothing
+  const std::vector<int32_t> banned{40};
+  const logits_adjust a{{}, banned, {}, mask};
+  sampling_params p{1.0f, 0, 1.0f, 7};
+  p.constrained = true;
+  EXPECT_TRUE(has_adjustments(p));
+  EXPECT_TRUE(row_adjusts(sample_row{p, 0, &a}));
+  const std::vector<sample_row> one{{p, 0, &a}};
+  EXPECT_FALSE(argmax_only(one));
+  auto adjusted = logits;
+  apply_adjust(adjusted, p, a);
+  for (size_t id = 0; id < vocab; ++id) {
+    const bool keep = id != 40 && std::count(allowed.begin(), allowed.end(), static_cast<int32_t>(id)) > 0;
+    if (keep) EXPECT_EQ(adjusted[id], logits[id]) << id;
+    else EXPECT_EQ(adjusted[id], -std::numeric_limits<float>::infinity()) << id;
+  }
+  std::set<int32_t> drawn;
+  for (uint64_t pos = 0; pos < 400; ++pos) {
+    const std::vector<sample_row> rows{{p, pos, &a}};
+    drawn.insert(sample_rows(logits, vocab, rows)[0]);
+  }
+  EXPECT_EQ(drawn, (std::set<int32_t>{3, 31, 32, 69}));
+  // A mask shorter than the vocabulary allows nothing past its words.
+  const std::vector<uint32_t> short_mask{1u << 5};
+  auto cut = logits;
+  apply_adjust(cut, p, logits_adjust{{}, {}, {}, short_mask});
+  for (size_t id = 0; id < vocab; ++id) EXPECT_EQ(std::isfinite(cut[id]), id == 5) << id;
 }
 
 }  // namespace

@@ -26,6 +26,8 @@ std::vector<envelope> samples() {
       generate_msg{9, {5, 6, 7}, 4, {0.7f, 1.0f, 0, 3, -1, 0.5f, -1.25f, 1.2f, 3, true, 0.05f}, {2}, 2, {{4, -100.0f}, {9, 2.5f}}},
       // Prompt scoring with 3 alternatives.
       generate_msg{10, {5, 6, 7}, 1, {0.0f, 1.0f, 0, 3, 0, 0.0f, 0.0f, 1.0f, 0, false, 0.0f, 3}, {}, 0, {}},
+      // structured outputs: a regex the output must match
+      generate_msg{11, {5, 6}, 8, {0.0f, 1.0f, 0, 3, -1, 0.0f, 0.0f, 1.0f, 0, false, 0.0f, -1, true}, {2}, 0, {}, 3, "[a-z]+"},
       token_body{7, 42, finish_kind::length, false, errc::internal, "", std::nullopt},
       token_body{7, -1, finish_kind::none, true, errc::shard_failed, "shard 1 is gone", std::nullopt},
       token_body{8, 9, finish_kind::none, false, errc::internal, "", token_body::logprobs_t{-0.25f, {9, 3}, {-0.25f, -2.5f}}},
@@ -209,6 +211,23 @@ TEST(Codec, LogprobsOutOfBoundsAreRefused) {
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.err().message.find("sampling.promptLogprobs is 21"), std::string::npos) << r.err().message;
     g.getSampling().setPromptLogprobs(max_logprobs);
+    EXPECT_TRUE(decoded(mb).ok());
+  }
+  {  // a constraint of an unknown kind, or longer than any spec may be
+    capnp::MallocMessageBuilder mb;
+    auto g = mb.initRoot<schemas_v2::Envelope>().getBody().initGenerate();
+    g.initPrompt(1).set(0, 5);
+    auto c = g.initConstraint();
+    c.setKind(static_cast<schemas_v2::ConstraintKind>(6));
+    auto r = decoded(mb);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.err().message.find("unknown constraint kind 6"), std::string::npos) << r.err().message;
+    c.setKind(schemas_v2::ConstraintKind::REGEX);
+    c.setText(std::string(max_constraint_text + 1, 'a'));
+    r = decoded(mb);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.err().message.find("constraint.text holds"), std::string::npos) << r.err().message;
+    c.setText(std::string(max_constraint_text, 'a'));
     EXPECT_TRUE(decoded(mb).ok());
   }
   {  // a step asking to score with too many alternatives

@@ -44,13 +44,14 @@ void write_sampling(s::Sampling::Builder sp, const sampling& p) {
   sp.setLogitBias(p.logit_bias);
   sp.setMinP(p.min_p);
   sp.setPromptLogprobs(p.prompt_logprobs);
+  sp.setConstrained(p.constrained);
 }
 
 sampling read_sampling(s::Sampling::Reader sp) {
   return {sp.getTemperature(), sp.getTopP(),          sp.getTopK(),
           sp.getSeed(),        sp.getLogprobs(),      sp.getPresencePenalty(),
           sp.getFrequencyPenalty(), sp.getRepetitionPenalty(), sp.getMinTokens(), sp.getLogitBias(), sp.getMinP(),
-          sp.getPromptLogprobs()};
+          sp.getPromptLogprobs(), sp.getConstrained()};
 }
 
 struct writer {
@@ -67,6 +68,11 @@ struct writer {
     for (unsigned i = 0; i < m.logit_bias.size(); ++i) {
       lb[i].setId(m.logit_bias[i].id);
       lb[i].setBias(m.logit_bias[i].bias);
+    }
+    if (m.constraint_kind != 0) {
+      auto c = g.initConstraint();
+      c.setKind(static_cast<s::ConstraintKind>(m.constraint_kind));
+      c.setText(m.constraint_text);
     }
   }
   void operator()(const token_body& m) {
@@ -324,6 +330,16 @@ struct reader {
         if (m.generated > m.prompt.size()) err = bad("generated (" + std::to_string(m.generated) + ") exceeds the prompt");
         if (auto lb = g.getLogitBias(); fits(lb, "logitBias")) {
           for (auto b : lb) m.logit_bias.push_back({b.getId(), b.getBias()});
+        }
+        if (g.hasConstraint()) {
+          auto c = g.getConstraint();
+          m.constraint_kind = static_cast<uint8_t>(enum_value(c.getKind(), 5, "constraint kind"));
+          if (c.getText().size() > max_constraint_text) {
+            err = bad("constraint.text holds " + std::to_string(c.getText().size()) + " bytes (at most " +
+                      std::to_string(max_constraint_text) + ")");
+          } else {
+            m.constraint_text = std::string(c.getText().begin(), c.getText().size());
+          }
         }
         out = std::move(m);
         break;

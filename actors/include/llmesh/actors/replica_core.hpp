@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -15,7 +16,9 @@
 #include "llmesh/actors/batch_scheduler.hpp"
 #include "llmesh/actors/block_manager.hpp"
 #include "llmesh/kernels/sampling.hpp"
+#include "llmesh/model/constraint.hpp"
 #include "llmesh/model/engine.hpp"
+#include "llmesh/model/token_mask.hpp"
 
 namespace llmesh::actors {
 
@@ -34,6 +37,10 @@ struct replica_request {
   /// Biases added to these tokens' logits before every draw (OpenAI's logit_bias; each id
   /// once, within the vocabulary, finite). submit() sets sampling.logit_bias to match.
   std::vector<kernels::token_bias> logit_bias;
+  /// What the output must match (structured outputs; kind none: anything). submit() compiles
+  /// it (refusing a bad one, or any when the replica has no tokenizer) and sets
+  /// sampling.constrained to match.
+  model::constraint_spec constraint;
 };
 
 using kernels::sample_row;
@@ -48,6 +55,11 @@ class replica_core {
   /// Queues a request. Refuses empty prompts, max_tokens 0, duplicate ids, and prompts that
   /// cannot fit the model's context or the KV cache even alone.
   [[nodiscard]] status submit(replica_request r);
+  /// The vocabulary's token bytes, for requests with a constraint (structured outputs): without
+  /// one, submit() refuses them.
+  void set_vocabulary(std::shared_ptr<const model::token_vocabulary> v) { vocab_ = std::move(v); }
+  const model::token_mask_cache& mask_cache() const { return masks_; }
+
   /// Drops a request (a client went away); its blocks are free for the next step.
   bool cancel(uint64_t id);
 
@@ -86,13 +98,25 @@ class replica_core {
     std::vector<kernels::token_bias> bias;
     size_t generated = 0;
     kernels::logits_adjust view;                ///< the step's, pointed to by its row
+    /// Structured outputs: where the output is in its grammar, and the step's mask (held
+    /// while the step runs: view.allowed points into it).
+    std::optional<model::grammar_matcher> matcher;
+    std::shared_ptr<const std::vector<uint32_t>> mask;
     void see(int32_t id, bool output);
   };
+  /// The grammar of a request's constraint, compiled once per distinct spec.
+  result<std::shared_ptr<const model::grammar>> grammar_of(const model::constraint_spec& spec);
+  /// Follows a constrained request's new token; false when it must end here (its grammar is
+  /// complete and it has no end id to draw, or the token left the grammar).
+  bool follow(adjust_state& st, int32_t token) const;
   std::unordered_map<uint64_t, adjust_state> adjust_;  ///< node-based: rows point into it
   /// Per request that scores its prompt (sampling.prompt_logprobs): prompt token i + 1's entry
   /// at i, filled as its chunks run (a recomputed chunk writes the same values again), handed
   /// out with its first token.
   std::unordered_map<uint64_t, std::vector<kernels::token_logprobs>> scored_;
+  std::shared_ptr<const model::token_vocabulary> vocab_;
+  model::token_mask_cache masks_;
+  std::unordered_map<std::string, std::shared_ptr<const model::grammar>> grammars_;  ///< by kind + spec text
   step_plan plan_;
   std::vector<model::step_sequence> batch_;
   std::vector<sample_row> rows_;

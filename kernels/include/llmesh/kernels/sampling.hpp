@@ -41,6 +41,9 @@ struct sampling_params {
   /// CUDA's deterministic mode; CUDA's fast mode, whose LM-head GEMM depends on its row count
   /// as at any batch size, may.
   int prompt_logprobs = -1;
+  /// The request's output follows a grammar (structured outputs): each draw may only pick the
+  /// tokens its row's logits_adjust::allowed holds. Decided per request, so every rank knows.
+  bool constrained = false;
 };
 
 /// The most alternatives a request may ask for (OpenAI's top_logprobs bound, vLLM's default).
@@ -87,6 +90,9 @@ struct logits_adjust {
   std::span<const seen_token> seen;
   std::span<const int32_t> banned;
   std::span<const token_bias> bias;  ///< each id once
+  /// Structured outputs: a bitmask over the vocabulary (bit id % 32 of word id / 32) of the
+  /// tokens the grammar allows now; the others become -inf after the bans. Empty: no mask.
+  std::span<const uint32_t> allowed;
 };
 
 /// How to draw the token of one row of a step's logits: the request's parameters, keyed by the
@@ -110,7 +116,8 @@ bool row_adjusts(const sample_row& row);
 
 /// The biases, penalties and bans of one row, in place, in vLLM's order: each bias is added;
 /// then for each seen token, repetition (l > 0 ? l / r : l * r), then
-/// l -= frequency · count + presence · (count > 0); then each banned id becomes -inf.
+/// l -= frequency · count + presence · (count > 0); then each banned id becomes -inf, and
+/// with a mask (allowed) each id outside it.
 void apply_adjust(std::span<float> logits, const sampling_params& params, const logits_adjust& adjust);
 
 /// A uniform double in [0, 1) that depends only on (seed, position) (the draw's 53 high bits).

@@ -35,6 +35,8 @@ struct model_weights {
 };
 
 /// An immutable loaded model, shared by every shard executor that runs it.
+class token_vocabulary;
+
 class model {
  public:
   /// Loads DIR/config.json and the safetensors, checking every tensor's presence and shape.
@@ -43,6 +45,9 @@ class model {
   const model_config& config() const { return config_; }
   const model_weights& weights() const { return weights_; }
   const std::string& dir() const { return dir_; }
+  /// The token bytes of DIR/tokenizer.json, for structured outputs (token_mask.hpp); null when
+  /// the directory has no tokenizer the detokenizer reads.
+  const std::shared_ptr<const token_vocabulary>& vocabulary() const { return vocabulary_; }
 
   /// Weight bytes a decode step reads per token at batch 1: every layer matrix and the LM
   /// head (the embedding row is negligible).
@@ -57,6 +62,7 @@ class model {
   model_config config_;
   tensor_store store_;
   model_weights weights_;
+  std::shared_ptr<const token_vocabulary> vocabulary_;
 };
 
 }  // namespace llmesh::model

@@ -23,6 +23,8 @@ struct actor_address {
 // --- inference ---
 /// The most alternatives a token's logprobs may carry (kernels::max_logprobs).
 inline constexpr int32_t max_logprobs = 20;
+/// The longest structured-output spec a request may carry (model::max_constraint_bytes).
+inline constexpr size_t max_constraint_text = 256 * 1024;
 struct sampling {
   float temperature = 0.0f, top_p = 1.0f;
   int32_t top_k = 0;
@@ -34,6 +36,7 @@ struct sampling {
   bool logit_bias = false;
   float min_p = 0.0f;  ///< within [0, 1] (checked on decode)
   int32_t prompt_logprobs = -1;  ///< -1 or 0..max_logprobs (checked on decode)
+  bool constrained = false;
   bool operator==(const sampling&) const = default;
 };
 struct token_bias {
@@ -49,6 +52,8 @@ struct generate_msg {
   std::vector<int32_t> eos_ids;
   uint32_t generated = 0;  ///< at most the prompt's length (checked on decode)
   std::vector<token_bias> logit_bias;  ///< at most frame_limits::max_list entries
+  uint8_t constraint_kind = 0;         ///< model::constraint_spec::kind (0..5, checked on decode)
+  std::string constraint_text;         ///< at most max_constraint_text bytes (checked on decode)
   bool operator==(const generate_msg&) const = default;
 };
 enum class finish_kind : uint8_t { none, length, eos, cancelled };

@@ -1,0 +1,239 @@
+// Structured outputs in the replica: every constrained output follows its grammar to the end
+// (a JSON Schema's documents, a choice), whatever its batch neighbours, tensor parallelism or
+// a failover in the middle; the vocabulary is a synthetic one over the random model's 300 ids.
+#include <nlohmann/json.hpp>
+
+#include "replica_fixture.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+class StructuredOutput : public testing::replica_test_base {
+ protected:
+  /// 300 tokens: JSON's pieces, every printable ASCII byte alone (a real vocabulary has every
+  /// byte: without them, a grammar could reach a prefix no token continues), words; ids 7..14
+  /// are end tokens.
+  static std::shared_ptr<const model::token_vocabulary> vocabulary() {
+    std::vector<std::string> t;
+    std::vector<bool> special;
+    const std::vector<std::string> pieces = {
+        "{", "}", "[", "]", ",", ":", "\"", " ", "\n", "  ", "\t", "-", ".", "e", "0", "1", "2", "3", "4", "5", "6",
+        "7", "8", "9", "10", "15", "99", "150", "151", "true", "false", "null", "{\"", "\"}", "\":", "\": ", ", \"",
+        "\",", "\"name\"", "\"age\"", "\"tags\"", "name", "age", "tags", "\"a\"", "\"b\"", "a", "b", "ab", "\\", "\\n",
+        "\\\"", "\\u00e9", "é", "\xc3", "\xa9", "yes", "no", "maybe", "ye", "s", "n", "o", "[\"", "\"]", "\", \"", "x"};
+    std::mt19937 rng(11);
+    for (size_t id = 0; id < 300; ++id) {
+      if (id >= 7 && id <= 14) {
+        t.push_back("</s>");
+        special.push_back(true);
+      } else if (id < pieces.size() + 8) {  // ids 0..6 and 15..: the pieces in order
+        t.push_back(pieces[id < 7 ? id : id - 8]);
+        special.push_back(false);
+      } else if (id < pieces.size() + 8 + 95) {  // every printable ASCII byte alone, as real vocabularies have
+        t.push_back(std::string(1, static_cast<char>(' ' + (id - pieces.size() - 8))));
+        special.push_back(false);
+      } else {
+        std::string w;
+        for (size_t k = 0, n = 1 + rng() % 4; k < n; ++k) w += "abcdefgh \"{}:,0123456789"[rng() % 25];
+        t.push_back(w);
+        special.push_back(false);
+      }
+    }
+    return model::token_vocabulary::from_bytes(t, special);
+  }
+
+  static model::constraint_spec person_schema() {
+    return {model::constraint_spec::kind::json_schema, R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 12},
+      "age": {"type": "integer", "minimum": 0, "maximum": 150},
+      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+      "required": ["name", "age"]})"};
+  }
+
+  std::vector<replica_request> constrained(size_t n) {
+    auto reqs = requests(n);
+    for (auto& r : reqs) {
+      r.max_tokens = 300;
+      r.prompt.resize(std::min<size_t>(r.prompt.size(), 20));
+      r.eos_ids = {7, 8};
+      r.constraint = person_schema();
+      if (r.id % 2 == 1) r.sampling.temperature = 1.0f, r.sampling.top_k = 0, r.sampling.top_p = 1.0f;
+    }
+    return reqs;
+  }
+
+  struct outcome {
+    std::vector<int32_t> tokens;
+    finish_reason finish = finish_reason::none;
+  };
+  static std::map<uint64_t, outcome> serve(replica_core& rc, const std::vector<replica_request>& reqs) {
+    std::map<uint64_t, outcome> out;
+    for (const auto& r : reqs) {
+      auto s = rc.submit(r);
+      EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.err().message);
+    }
+    for (int guard = 0; !rc.idle() && guard < 20000; ++guard) {
+      auto ev = rc.step();
+      EXPECT_TRUE(ev.ok()) << (ev.ok() ? "" : ev.err().message);
+      if (!ev.ok()) break;
+      for (const auto& e : *ev) {
+        out[e.id].tokens.push_back(e.token);
+        out[e.id].finish = e.finish;
+      }
+    }
+    EXPECT_TRUE(rc.idle());
+    return out;
+  }
+
+  std::string text(const std::vector<int32_t>& tokens, std::span<const int32_t> end_ids) const {
+    std::string s;
+    for (int32_t t : tokens) {
+      if (std::find(end_ids.begin(), end_ids.end(), t) == end_ids.end()) s += vocab_->bytes(t);
+    }
+    return s;
+  }
+
+  std::shared_ptr<const model::token_vocabulary> vocab_ = vocabulary();
+};
+
+/// The schema's own checks, on a parsed document.
+void expect_person(const nlohmann::json& j, const std::string& raw) {
+  ASSERT_TRUE(j.is_object()) << raw;
+  ASSERT_TRUE(j.contains("name") && j["name"].is_string()) << raw;
+  EXPECT_LE(nlohmann::json(j["name"]).get<std::string>().size(), 12u * 4) << raw;
+  ASSERT_TRUE(j.contains("age") && j["age"].is_number_integer()) << raw;
+  EXPECT_GE(j["age"].get<int64_t>(), 0) << raw;
+  EXPECT_LE(j["age"].get<int64_t>(), 150) << raw;
+  for (const auto& [k, v] : j.items()) EXPECT_TRUE(k == "name" || k == "age" || k == "tags") << raw;
+  if (j.contains("tags")) {
+    ASSERT_TRUE(j["tags"].is_array()) << raw;
+    EXPECT_LE(j["tags"].size(), 3u) << raw;
+    for (const auto& t : j["tags"]) EXPECT_TRUE(t == "a" || t == "b") << raw;
+  }
+}
+
+TEST_F(StructuredOutput, EveryOutputIsADocumentOfItsSchemaWhateverItsNeighbours) {
+  auto reqs = constrained(12);
+  auto plain = requests(6);  // unconstrained neighbours in the same steps
+  for (auto& r : plain) r.id += 100;
+  auto e = engine(1, 4096);
+  scheduler_config cfg;
+  cfg.max_batch_tokens = 48;
+  replica_core rc(*e, cfg);
+  rc.set_vocabulary(vocab_);
+  auto all = reqs;
+  all.insert(all.end(), plain.begin(), plain.end());
+  auto got = serve(rc, all);
+  size_t ended = 0;
+  for (const auto& r : reqs) {
+    const auto& o = got[r.id];
+    ASSERT_FALSE(o.tokens.empty());
+    if (o.finish != finish_reason::eos) continue;
+    ++ended;
+    EXPECT_TRUE(o.tokens.back() == 7 || o.tokens.back() == 8);
+    const std::string raw = text(o.tokens, r.eos_ids);
+    auto j = nlohmann::json::parse(raw, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << "request " << r.id << ": " << raw;
+    expect_person(j, raw);
+  }
+  EXPECT_GE(ended, 10u);
+  EXPECT_GT(rc.mask_cache().hits(), 0u);
+  // Alone, on a fresh replica, each gives the same tokens: masks do not depend on the batch.
+  for (const auto& r : {reqs[0], reqs[1], reqs[5]}) {
+    auto e1 = engine(1, 1024);
+    replica_core one(*e1, scheduler_config{});
+    one.set_vocabulary(vocab_);
+    auto solo = serve(one, {r});
+    EXPECT_EQ(solo[r.id].tokens, got[r.id].tokens) << "request " << r.id;
+  }
+}
+
+TEST_F(StructuredOutput, TensorParallelAndContinuedRequestsDrawTheSameTokens) {
+  auto reqs = constrained(6);
+  auto e1 = engine(1, 4096);
+  replica_core one(*e1, scheduler_config{});
+  one.set_vocabulary(vocab_);
+  auto want = serve(one, reqs);
+  auto e2 = engine(2, 4096);
+  replica_core two(*e2, scheduler_config{});
+  two.set_vocabulary(vocab_);
+  auto got = serve(two, reqs);
+  for (const auto& r : reqs) EXPECT_EQ(got[r.id].tokens, want[r.id].tokens) << "request " << r.id;
+  // Failover: the output so far rides in the prompt; the new replica replays it through the
+  // grammar and continues exactly.
+  size_t continued = 0;
+  for (const auto& r : reqs) {
+    const auto& full = want[r.id].tokens;
+    if (full.size() < 4) continue;
+    const size_t k = full.size() / 2;
+    replica_request c = r;
+    c.prompt.insert(c.prompt.end(), full.begin(), full.begin() + static_cast<std::ptrdiff_t>(k));
+    c.generated = k;
+    c.max_tokens = r.max_tokens - k;
+    auto e = engine(1, 4096);
+    replica_core rc(*e, scheduler_config{});
+    rc.set_vocabulary(vocab_);
+    auto rest = serve(rc, {c});
+    EXPECT_EQ(rest[r.id].tokens, std::vector<int32_t>(full.begin() + static_cast<std::ptrdiff_t>(k), full.end()))
+        << "request " << r.id;
+    ++continued;
+  }
+  EXPECT_GE(continued, 4u);
+}
+
+TEST_F(StructuredOutput, AChoiceEndsWhenCompleteWithOrWithoutAnEndId) {
+  auto e = engine(1, 1024);
+  replica_core rc(*e, scheduler_config{});
+  rc.set_vocabulary(vocab_);
+  std::vector<replica_request> reqs;
+  for (uint64_t id = 0; id < 8; ++id) {
+    replica_request r;
+    r.id = id;
+    r.prompt = {20, 21, static_cast<int32_t>(22 + id)};
+    r.max_tokens = 50;
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = id;
+    r.constraint = {model::constraint_spec::kind::choice, R"(["yes", "no", "maybe"])"};
+    if (id % 2 == 0) r.eos_ids = {7};
+    if (id % 4 == 0) r.sampling.min_tokens = 40;  // yields to a complete grammar
+    reqs.push_back(r);
+  }
+  auto got = serve(rc, reqs);
+  for (const auto& r : reqs) {
+    const auto& o = got[r.id];
+    EXPECT_EQ(o.finish, finish_reason::eos) << "request " << r.id;
+    const std::string t = text(o.tokens, r.eos_ids);
+    EXPECT_TRUE(t == "yes" || t == "no" || t == "maybe") << "request " << r.id << ": " << t;
+    if (!r.eos_ids.empty()) EXPECT_EQ(o.tokens.back(), 7) << "request " << r.id;
+  }
+}
+
+TEST_F(StructuredOutput, RefusalsAreClear) {
+  auto e = engine(1, 1024);
+  replica_core rc(*e, scheduler_config{});
+  replica_request r;
+  r.id = 1;
+  r.prompt = {1, 2, 3};
+  r.constraint = person_schema();
+  auto s = rc.submit(r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.err().message.find("tokenizer"), std::string::npos) << s.err().message;
+  rc.set_vocabulary(vocab_);
+  r.constraint = {model::constraint_spec::kind::json_schema, R"({"type": "strin"})"};
+  EXPECT_FALSE(rc.submit(r).ok());
+  r.constraint = {model::constraint_spec::kind::choice, R"(["yes"])"};
+  int32_t maybe = 0;
+  while (vocab_->bytes(maybe) != "maybe") ++maybe;
+  r.prompt = {1, 2, 3, maybe};  // one output token ("maybe" is not "yes")
+  r.generated = 1;
+  s = rc.submit(r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.err().message.find("does not follow"), std::string::npos) << s.err().message;
+  r.constraint = person_schema();
+  r.prompt = {1, 2, 3};
+  r.generated = 0;
+  EXPECT_TRUE(rc.submit(r).ok());
+}
+
+}  // namespace
+}  // namespace llmesh::actors

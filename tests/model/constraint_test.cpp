@@ -1,0 +1,184 @@
+// compile_constraint's dispatch and choice lists, and a fuzz test: random bytes and random
+// mutations of valid schemas, patterns and GBNF texts always give a grammar or an
+// invalid_request error (never a crash or a hang), and a grammar they give can be followed.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "grammar_match.hpp"
+#include "llmesh/model/constraint.hpp"
+
+namespace llmesh::model {
+namespace {
+
+using kind = constraint_spec::kind;
+using testing::matches;
+
+TEST(Constraint, ChoiceIsExactlyOneOfTheStrings) {
+  auto g = testing::compile_ok(kind::choice, R"(["yes","no","maybe","no way","caf\u00e9"])");
+  ASSERT_TRUE(g);
+  for (const char* ok : {"yes", "no", "maybe", "no way", "caf\xC3\xA9"}) EXPECT_TRUE(matches(g, ok)) << ok;
+  for (const char* bad : {"ye", "yesno", "\"yes\"", "", "No", "no ", "caf\\u00e9"}) EXPECT_FALSE(matches(g, bad)) << bad;
+  grammar_matcher m(g);
+  ASSERT_TRUE(m.accept("no"));
+  EXPECT_TRUE(m.accepting());
+  EXPECT_TRUE(m.can_continue());  // "no way"
+  ASSERT_TRUE(m.accept(" way"));
+  EXPECT_TRUE(m.done());
+  testing::compile_error(kind::choice, "[]");
+  testing::compile_error(kind::choice, R"(["a",""])");
+  testing::compile_error(kind::choice, R"(["a",1])");
+  testing::compile_error(kind::choice, R"({"a":"b"})");
+  testing::compile_error(kind::choice, "not json");
+  EXPECT_FALSE(choice_grammar(std::vector<std::string>{}).ok());
+}
+
+TEST(Constraint, DispatchesOnTheKindAndBoundsTheText) {
+  testing::compile_error(kind::none, "");
+  for (kind k : {kind::json_schema, kind::regex, kind::choice, kind::grammar}) {
+    auto msg = testing::compile_error(k, std::string(max_constraint_bytes + 1, 'a'));
+    EXPECT_NE(msg.find("bytes"), std::string::npos) << msg;
+  }
+  auto regex = testing::compile_ok(kind::regex, "[0-9]{3}");
+  ASSERT_TRUE(regex);
+  EXPECT_TRUE(matches(regex, "123"));
+  auto gbnf = testing::compile_ok(kind::grammar, "root ::= \"x\"");
+  ASSERT_TRUE(gbnf);
+  EXPECT_TRUE(matches(gbnf, "x"));
+  EXPECT_TRUE(testing::compile_ok(kind::json_object, "ignored"));
+}
+
+/// A spec compiles or fails with invalid_request; a grammar it gives is followed on a few inputs.
+void expect_sane(kind k, const std::string& text, std::mt19937& rng) {
+  auto g = compile_constraint({k, text});
+  if (!g.ok()) {
+    ASSERT_EQ(g.err().code, errc::invalid_request) << g.err().message;
+    ASSERT_FALSE(g.err().message.empty());
+    return;
+  }
+  for (int i = 0; i < 3; ++i) {
+    grammar_matcher m(g.value());
+    for (int j = 0; j < 64 && m.can_continue(); ++j) {
+      // Mostly printable bytes, so matches get somewhere.
+      const auto b = static_cast<uint8_t>(rng() % 4 == 0 ? rng() % 256 : 0x20 + rng() % 95);
+      m.accept(b);
+    }
+    (void)m.accepting();
+  }
+}
+
+std::string mutate(std::string s, std::mt19937& rng) {
+  static const std::string pieces[] = {"{", "}", "[", "]", "(", ")", "\"", "\\", ",", ":", "*", "+", "?", "|", "{2,3}",
+                                       "-1", "1e400", "null", "\"type\"", "\"$ref\":\"#\"", "::=", "\n", "\xC3", "^", "$"};
+  const int edits = 1 + static_cast<int>(rng() % 4);
+  for (int e = 0; e < edits && !s.empty(); ++e) {
+    const size_t at = rng() % (s.size() + 1);
+    switch (rng() % 4) {
+      case 0: s.insert(at, pieces[rng() % std::size(pieces)]); break;
+      case 1: if (at < s.size()) s.erase(at, 1 + rng() % 3); break;
+      case 2: if (at < s.size()) s[at] = static_cast<char>(rng() % 256); break;
+      default: s.insert(at, s.substr(rng() % s.size(), rng() % 8)); break;  // duplicate a piece
+    }
+  }
+  return s;
+}
+
+TEST(Constraint, FuzzedSpecsGiveAGrammarOrAnError) {
+  std::mt19937 rng(2024);
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<std::string> schemas = {
+      R"({"type":"object","properties":{"a":{"type":"integer","minimum":-5,"maximum":300},"b":{"type":"array","items":{"type":"string","maxLength":4},"maxItems":3},"c":{"anyOf":[{"type":"null"},{"$ref":"#"}]}},"required":["a"]})",
+      R"({"$defs":{"n":{"type":"object","properties":{"v":{"enum":[1,"x",null]},"k":{"$ref":"#/$defs/n"}}}},"allOf":[{"$ref":"#/$defs/n"},{"required":["v"]}]})",
+      R"({"type":"array","prefixItems":[{"type":"string","pattern":"^a+b?$"},{"type":"string","format":"date"}],"items":{"type":"number","minimum":0},"minItems":1})",
+      R"({"type":["string","integer","null"],"minLength":1,"exclusiveMaximum":10,"nullable":true})"};
+  const std::vector<std::string> patterns = {"^(a|b)*c{2,4}[^x-z]\\d+$", "(?:\\w+@)?[A-F0-9]{2,}(\\.\\s)*.?",
+                                             "[\\u00e9-\\u00ff]+|\\x41{3}|(a*b*)*"};
+  const std::vector<std::string> grammars = {
+      "root ::= (item \",\")* item\nitem ::= [a-z]+ | \"(\" root \")\" # nested\n",
+      "root ::= \"a\"{2,5} [^\\n\\x00-\\x1F]* (\"b\" | \"c\")?\n"};
+  for (int i = 0; i < 600; ++i) {
+    SCOPED_TRACE(i);
+    expect_sane(kind::json_schema, mutate(schemas[i % schemas.size()], rng), rng);
+    expect_sane(kind::regex, mutate(patterns[i % patterns.size()], rng), rng);
+    expect_sane(kind::grammar, mutate(grammars[i % grammars.size()], rng), rng);
+    std::string bytes(rng() % 40, '\0');
+    for (auto& c : bytes) c = static_cast<char>(rng() % 256);
+    expect_sane(static_cast<kind>(1 + rng() % 5), bytes, rng);
+    if (HasFatalFailure()) return;
+  }
+  // Structural mutations: swap a random subschema value for another JSON value.
+  const std::vector<nlohmann::ordered_json> replacements = {
+      nullptr, true, false, -1, 1e308, "string", nlohmann::ordered_json::array(), nlohmann::ordered_json::object(),
+      {{"type", "integer"}, {"minimum", 3}}, {{"$ref", "#/$defs/n"}}, {{"not", {}}}, {{"enum", {}}}};
+  for (int i = 0; i < 400; ++i) {
+    auto doc = nlohmann::ordered_json::parse(schemas[i % schemas.size()]);
+    std::vector<nlohmann::ordered_json*> nodes;
+    std::vector<nlohmann::ordered_json*> todo{&doc};
+    while (!todo.empty()) {
+      auto* n = todo.back();
+      todo.pop_back();
+      nodes.push_back(n);
+      if (n->is_structured()) {
+        for (auto& c : *n) todo.push_back(&c);
+      }
+    }
+    *nodes[rng() % nodes.size()] = replacements[rng() % replacements.size()];
+    expect_sane(kind::json_schema, doc.dump(), rng);
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+}
+
+
+TEST(Constraint, HostileSpecsFinishQuickly) {
+  struct spec {
+    kind k;
+    std::string text;
+  };
+  std::string many_repeats = "root ::=";
+  for (int i = 0; i < 30; ++i) many_repeats += " \"a\"{10000}";
+  nlohmann::ordered_json wide = {{"type", "object"}, {"properties", nlohmann::ordered_json::object()}};
+  for (int i = 0; i < 60; ++i) {
+    const std::string name = std::to_string(i);  // ("p" + to_string: GCC 12's false -Wrestrict)
+    wide["properties"][name] = {{"type", "string"}, {"maxLength", 10000 - i}};
+  }
+  nlohmann::ordered_json nested = {{"type", "integer"}};
+  for (int i = 0; i < 60; ++i) nested = {{"anyOf", {nested, {{"type", "string"}, {"pattern", "^[a-z]{1,50}$"}}}}};
+  nlohmann::ordered_json many_choices = nlohmann::ordered_json::array();
+  for (int i = 0; i < 15000; ++i) many_choices.push_back("choice " + std::to_string(i));
+  const std::vector<spec> specs = {
+      {kind::regex, "(a|b)*a(a|b){20}"},
+      {kind::regex, "((a{100}){100}){100}"},
+      {kind::regex, "(.*){1000}"},
+      {kind::regex, "[^a]{0,2000}"},
+      {kind::regex, "(a?){5000}a{5000}"},
+      {kind::regex, std::string(200000, 'a')},
+      {kind::regex, "(a|aa)*(b|a{1,30})*c(\\w+\\s?)*$"},
+      {kind::grammar, "root ::= (\"a\"{10000}){10000}\n"},
+      {kind::grammar, many_repeats},
+      {kind::json_schema, wide.dump()},
+      {kind::json_schema, nested.dump()},
+      {kind::json_schema, R"({"type":"string","pattern":"(a|b)*a(a|b){20}"})"},
+      {kind::choice, many_choices.dump()},
+  };
+  for (const auto& s : specs) {
+    const auto start = std::chrono::steady_clock::now();
+    auto g = compile_constraint({s.k, s.text});
+    const auto took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // Why 5 s: each takes well under a second on one idle core; the margin is for slow CI.
+    EXPECT_LT(took, 5.0) << s.text.substr(0, 80);
+    if (!g.ok()) {
+      EXPECT_EQ(g.err().code, errc::invalid_request);
+    }
+    std::printf("%-60s %s %.3fs\n", s.text.substr(0, 60).c_str(), g.ok() ? "ok   " : "error", took);
+  }
+}
+
+}  // namespace
+}  // namespace llmesh::model
