@@ -41,10 +41,8 @@ kernels::sampling_params from_wire(const transport::sampling& p) {
 transport::generate_msg to_wire(const replica_request& r) {
   transport::generate_msg m{r.id, r.prompt, static_cast<uint32_t>(std::min<size_t>(r.max_tokens, UINT32_MAX)),
                             to_wire(r.sampling), r.eos_ids, static_cast<uint32_t>(std::min<size_t>(r.generated, UINT32_MAX)),
-                            {}};
+                            {}, static_cast<uint8_t>(r.constraint.type), r.constraint.text};
   for (const auto& b : r.logit_bias) m.logit_bias.push_back({b.id, b.bias});
-  m.constraint_kind = static_cast<uint8_t>(r.constraint.type);
-  m.constraint_text = r.constraint.text;
   return m;
 }
 

@@ -168,10 +168,15 @@ api_outcome api_service::chat_completions(std::string_view body) {
   if (!sm.chat) {
     return error_reply(make_error(errc::invalid_request, "the model '" + sm.name + "' has no chat template; use /v1/completions"));
   }
-  auto text = sm.chat->render(r->messages, true);
+  // The tools go to the template as HF's apply_chat_template passes them: `tools`, the list as
+  // sent (left undefined without tools, as before them).
+  auto extra = nlohmann::ordered_json::object();
+  if (!r->tools.tools.empty()) extra["tools"] = r->tools.tools;
+  auto text = sm.chat->render(r->messages, true, extra);
   if (!text) return error_reply(make_error(errc::invalid_request, "chat template: " + text.err().message));
   // The template writes the special tokens itself (as HF's apply_chat_template does).
-  auto job = prepare(true, sm, {prepared_prompt{sm.tok->encode(*text, false), {}}}, r->gen);
+  const tool_output shape{r->tools.mode, r->tools.name};
+  auto job = prepare(true, sm, {prepared_prompt{sm.tok->encode(*text, false), {}}}, r->gen, shape);
   if (!job) return error_reply(job.err());
   return std::move(*job);
 }
@@ -255,7 +260,7 @@ result<std::shared_ptr<void>> api_service::take_slots(size_t k) {
 }
 
 result<generation_job> api_service::prepare(bool chat, const served_model& m, std::vector<prepared_prompt> prompts,
-                                            generation_fields g) {
+                                            generation_fields g, const tool_output& tools) {
   const model::model_config& cfg = m.cfg;
   // Sampling fields left out take the model's recommended values (generation_config.json).
   if (!g.temperature_given && cfg.sampling.temperature) g.temperature = *cfg.sampling.temperature;
@@ -317,6 +322,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
     if (std::find(base.eos_ids.begin(), base.eos_ids.end(), t) == base.eos_ids.end()) base.eos_ids.push_back(t);
   }
   for (const auto& [t, bias] : g.logit_bias) base.logit_bias.push_back({t, bias});
+  base.constraint = g.constraint;  // the parser compiled it; every choice follows it
   stream_setup choice;
   choice.return_token_ids = g.return_token_ids;
   choice.stop = g.stop;
@@ -324,6 +330,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   choice.logprobs = g.logprobs;
   choice.echo_logprobs = g.prompt_logprobs >= 0;
   choice.min_tokens = g.min_tokens;
+  if (chat) choice.tools = tools;
 
   group_setup gs;
   gs.chat = chat;

@@ -32,6 +32,7 @@ completion_stream::completion_stream(stream_setup s, const model::detokenizer& d
     metrics_->get_counter(metric::prompt_tokens)->add(static_cast<double>(s_.prompt_ids.size()));
   }
   last_ = start_;
+  if (s_.chat && s_.streaming && s_.tools.shapes()) tool_stream_.emplace(s_.tools);
 }
 
 void completion_stream::observe_token() {
@@ -111,7 +112,11 @@ std::string completion_stream::chunk(const std::string& text, const std::optiona
   }
   if (s_.logprobs >= 0) take_ready(c.logprobs.emplace());
   started_ = true;
-  return sse_event(chunk_json(s_.chat ? "chat.completion.chunk" : "text_completion", s_.id, s_.created, s_.model, c));
+  const std::string_view kind = s_.chat ? "chat.completion.chunk" : "text_completion";
+  if (!tool_stream_) return sse_event(chunk_json(kind, s_.id, s_.created, s_.model, c));
+  std::string out;  // chat with tools: the text becomes tool_calls deltas (or is held)
+  for (const auto& d : tool_stream_->shape(std::move(c))) out += sse_event(chunk_json(kind, s_.id, s_.created, s_.model, d));
+  return out;
 }
 
 std::string completion_stream::finish(const std::string& reason, std::string text) {
@@ -194,6 +199,7 @@ choice_delta completion_stream::result() const {
       if (ready(p)) entries.push_back(reported(p.entry));
     }
   }
+  if (s_.chat) shape_tool_calls(s_.tools, c);
   return c;
 }
 

@@ -101,9 +101,9 @@ status refuse_unsupported(const json& j, bool chat, generation_fields& g) {
     return unsupported(name, neutral);
   };
   LLMESH_TRY(empty_only("suffix", "\"\" or null"));
-  LLMESH_TRY(empty_only("tools", "[] or null"));
-  if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
-    if (!it->is_object() || it->value("type", json()) != "text") return unsupported("response_format", "{\"type\": \"text\"} or null");
+  // Tools are chat's (parse_tools); the legacy endpoint has no message to carry their calls.
+  if (!chat && !empty_only("tools", "").ok()) {
+    return bad("'tools' is not supported on /v1/completions (a /v1/chat/completions field; send [] or null, or leave it out)");
   }
   return ok_status();
 }
@@ -395,6 +395,26 @@ json chat_logprobs_json(const std::vector<logprob_entry>& entries) {
   return {{"content", std::move(content)}};
 }
 
+/// A message's tool calls (whole), or a delta's pieces of them (streamed: each with its index;
+/// id, type and name only where the piece starts a call).
+json tool_calls_json(const std::vector<tool_call_delta>& calls, bool stream) {
+  json out = json::array();
+  for (const auto& t : calls) {
+    json call = json::object();
+    if (stream) call["index"] = t.index;
+    if (!stream || !t.id.empty()) {
+      call["id"] = t.id;
+      call["type"] = "function";
+    }
+    json f = json::object();
+    if (!stream || !t.name.empty()) f["name"] = t.name;
+    f["arguments"] = t.arguments;
+    call["function"] = std::move(f);
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
 json choice_json(std::string_view kind, const choice_delta& c, bool stream) {
   json ch;
   ch["index"] = c.index;
@@ -403,6 +423,7 @@ json choice_json(std::string_view kind, const choice_delta& c, bool stream) {
     json msg = json::object();
     if (c.role || !stream) msg["role"] = "assistant";
     if (!c.text.empty() || !stream) msg["content"] = c.text;
+    if (!c.tool_calls.empty()) msg["tool_calls"] = tool_calls_json(c.tool_calls, stream);
     ch[stream ? "delta" : "message"] = msg;
   } else {
     ch["text"] = c.text;
@@ -505,6 +526,7 @@ result<completion_request> parse_completion(std::string_view body, const request
   LLMESH_TRY(bool_field(*j, "echo", r.echo));
   LLMESH_TRY(parse_generation(*j, lim, false, r.gen));
   LLMESH_TRY(check_choices(lim, r.gen.candidates(), r.prompts.size(), r.gen.best_of > r.gen.n ? "'best_of'" : "'n'"));
+  LLMESH_TRY(parse_output_constraint(*j, nullptr, r.gen.constraint));  // last: it compiles
   // Echo with logprobs reports the prompt's tokens too, as OpenAI's legacy endpoint does: the
   // engine scores them (the first has no context: null).
   if (r.echo && r.gen.logprobs >= 0) r.gen.prompt_logprobs = r.gen.logprobs;
@@ -519,10 +541,12 @@ result<chat_request> parse_chat(std::string_view body, const request_limits& lim
   auto m = j->find("messages");
   if (m == j->end() || !m->is_array() || m->empty()) return bad("'messages' must be a non-empty array");
   if (m->size() > lim.max_messages) return bad("'messages' holds at most " + std::to_string(lim.max_messages) + " entries");
-  for (auto& msg : *m) {
+  for (size_t i = 0; i < m->size(); ++i) {
+    json& msg = (*m)[i];
     if (!msg.is_object()) return bad("each message must be an object");
     auto role = msg.find("role");
     if (role == msg.end() || !role->is_string()) return bad("each message needs a string 'role'");
+    LLMESH_TRY(normalize_tool_calls(msg, i));  // an assistant's tool calls: content may be left out
     auto content = msg.find("content");
     if (content == msg.end()) return bad("each message needs a 'content' (a string or an array of text parts)");
     if (content->is_array()) {
@@ -535,6 +559,8 @@ result<chat_request> parse_chat(std::string_view body, const request_limits& lim
   }
   r.messages = std::move(*m);
   LLMESH_TRY(parse_generation(*j, lim, true, r.gen));
+  LLMESH_TRY(parse_tools(*j, r.tools));
+  LLMESH_TRY(parse_output_constraint(*j, &r.tools, r.gen.constraint));  // last: it compiles
   return r;
 }
 

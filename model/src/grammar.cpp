@@ -162,7 +162,14 @@ result<std::shared_ptr<const grammar>> grammar_builder::build(rule_id root) && {
   }
   g->root_ = root;
   rules_.clear();
-  return std::shared_ptr<const grammar>(std::move(g));
+  std::shared_ptr<const grammar> out = std::move(g);
+  // A grammar whose start alone holds more parse stacks than a matcher follows could never be
+  // followed: refuse it here rather than truncate it there.
+  if (grammar_matcher start(out); start.stacks_.size() > grammar_matcher::max_stacks) {
+    return bad("more than " + std::to_string(grammar_matcher::max_stacks) +
+               " ways to begin (the alternatives share prefixes: write them as a tree)");
+  }
+  return out;
 }
 
 // ---- matcher ----------------------------------------------------------------------------

@@ -433,10 +433,15 @@ TEST_F(ApiService, UnsupportedFieldsAnswer400NamingThem) {
   auto j = json::parse(std::get<http_reply>(r).body);
   EXPECT_EQ(j["error"]["type"], "invalid_request_error");
   EXPECT_NE(j["error"]["message"].get<std::string>().find("'best_of' is not supported"), std::string::npos) << j;
-  auto c = call("POST", "/v1/chat/completions",
-                R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function"}]})");
+  // Tools are served on chat (structured_output_test.cpp), refused on the legacy endpoint.
+  auto c = call("POST", "/v1/completions",
+                R"({"model":"kjv","prompt":"Hi","tools":[{"type":"function","function":{"name":"f"}}]})");
   ASSERT_EQ(status(c), 400);
-  EXPECT_NE(std::get<http_reply>(c).body.find("'tools' is not supported"), std::string::npos);
+  EXPECT_NE(std::get<http_reply>(c).body.find("'tools' is not supported on /v1/completions"), std::string::npos);
+  auto t = call("POST", "/v1/chat/completions",
+                R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function"}]})");
+  ASSERT_EQ(status(t), 400);
+  EXPECT_NE(std::get<http_reply>(t).body.find("'tools[0].function' must be an object"), std::string::npos);
   // The neutral values a client sends by default are served.
   EXPECT_EQ(status(call("POST", "/v1/chat/completions",
                         R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"logprobs":false,

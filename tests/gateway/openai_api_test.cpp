@@ -302,8 +302,7 @@ TEST(OpenaiApi, UnsupportedFieldsAreRefusedAndTheirNeutralValuesAccepted) {
   };
   const field_case cases[] = {
       {"suffix", {"null", R"("")"}, {R"("end")"}},
-      {"tools", {"null", "[]"}, {R"([{"type":"function","function":{"name":"f"}}])"}},
-      {"response_format", {"null", R"({"type":"text"})"}, {R"({"type":"json_object"})", R"("json")"}},
+      // tools and response_format are served now (structured_output_test.cpp).
   };
   auto parse = [&](bool chat, const std::string& field, const char* value) -> status {
     const std::string body =
@@ -667,10 +666,17 @@ TEST(OpenaiApi, MutatedBodiesNeverThrow) {
       R"("min_tokens":2,"logit_bias":{"5":-100,"07":2.5},"min_p":0.1,"stream_options":{"include_usage":true}})",
       R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"logprobs":true,)"
       R"("top_logprobs":3,"n":2,"max_completion_tokens":8,"stop_token_ids":[1,2]})",
+      // Tools, a forced call and the conversation's calls; structured outputs.
+      R"({"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function",)"
+      R"("function":{"name":"f","arguments":"{\"a\":[1,2]}"}}]},{"role":"tool","tool_call_id":"c","content":"1"}],)"
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":)"
+      R"({"type":"array","items":{"type":"integer"}}}}}}],"tool_choice":{"type":"function","function":{"name":"f"}}})",
+      R"({"model":"m","prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n","schema":)"
+      R"({"type":"object","properties":{"b":{"type":"boolean"}},"required":["b"]}}},"guided_regex":null})",
   };
   request_limits lim;
-  for (size_t k = 0; k < 3; ++k) EXPECT_TRUE(parse_completion_request(seed_bodies[k], lim).ok()) << seed_bodies[k];
-  EXPECT_TRUE(parse_chat_request(seed_bodies[3], lim).ok());  // the mutations start from valid bodies
+  for (size_t k : {0, 1, 2, 5}) EXPECT_TRUE(parse_completion_request(seed_bodies[k], lim).ok()) << seed_bodies[k];
+  for (size_t k : {3, 4}) EXPECT_TRUE(parse_chat_request(seed_bodies[k], lim).ok()) << seed_bodies[k];  // the mutations start from valid bodies
   std::mt19937 rng(11);
   const std::string alphabet = "{}[]\",:0123456789.-+eE truefalsnul\\\x80\xff";
   for (int i = 0; i < 24000; ++i) {

@@ -73,6 +73,20 @@ TEST(SplitShards, TwoProcessesServeExactlyAndReformAfterAShardsDeath) {
       EXPECT_EQ(lp["top_logprobs"][prompts[0].size() + i], gen["top_logprobs"][i]) << i;
     }
   }
+  {  // Structured outputs across two processes: the constrained rows' flag crosses the tensor
+     // plane with each step (both ranks must agree the rows need their whole logits), and rank
+     // 0 masks each draw. Sampled, at several seeds: every answer is one of the choices.
+    const std::vector<std::string> names{"Moses", "Aaron", "Pharaoh", "the LORD"};
+    for (int seed : {1, 2, 3}) {
+      const nlohmann::json body = {{"model", "kjv-tiny"}, {"prompt", "And the LORD spake unto"}, {"max_tokens", 12},
+                                   {"temperature", 1.0}, {"seed", seed}, {"guided_choice", names}};
+      auto r = http_request(m.http_port, "POST", "/v1/completions", body.dump());
+      ASSERT_EQ(r.status, 200) << r.body;
+      const auto choice = nlohmann::json::parse(r.body)["choices"][0];
+      EXPECT_NE(std::find(names.begin(), names.end(), choice["text"].get<std::string>()), names.end()) << r.body;
+      EXPECT_EQ(choice["finish_reason"], "stop") << r.body;
+    }
+  }
   {  // Concurrent requests batch together in the split replica: still exact.
     load l{m.http_port, prompts, want, max_tokens};
     l.start(3);

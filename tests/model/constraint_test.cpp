@@ -19,6 +19,7 @@ namespace {
 
 using kind = constraint_spec::kind;
 using testing::matches;
+using testing::compile_ok;
 
 TEST(Constraint, ChoiceIsExactlyOneOfTheStrings) {
   auto g = testing::compile_ok(kind::choice, R"(["yes","no","maybe","no way","caf\u00e9"])");
@@ -37,6 +38,34 @@ TEST(Constraint, ChoiceIsExactlyOneOfTheStrings) {
   testing::compile_error(kind::choice, R"({"a":"b"})");
   testing::compile_error(kind::choice, "not json");
   EXPECT_FALSE(choice_grammar(std::vector<std::string>{}).ok());
+}
+
+TEST(Constraint, ThousandsOfChoicesOrEnumValuesStayOneParseStack) {
+  // 6000 choices sharing prefixes ("item 1", "item 10", "item 100", ...): as a trie, one stack
+  // follows them (alternatives of whole strings would need one per choice and be refused).
+  nlohmann::json choices = nlohmann::json::array();
+  for (int i = 0; i < 6000; ++i) choices.push_back("item " + std::to_string(i));
+  auto g = compile_ok(kind::choice, choices.dump());
+  ASSERT_TRUE(g);
+  for (const char* ok : {"item 0", "item 1", "item 10", "item 599", "item 5999"}) EXPECT_TRUE(matches(g, ok)) << ok;
+  for (const char* bad : {"item ", "item 6000", "item 01", "item 59999"}) EXPECT_FALSE(matches(g, bad)) << bad;
+  grammar_matcher m(g);
+  ASSERT_TRUE(m.accept("item 5"));
+  EXPECT_TRUE(m.accepting());
+  EXPECT_TRUE(m.can_continue());
+  nlohmann::json schema = {{"enum", choices}};
+  auto e = compile_ok(kind::json_schema, schema.dump());
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(matches(e, "\"item 42\""));
+  EXPECT_FALSE(matches(e, "\"item 42"));
+  // A hand-built grammar whose start holds more stacks than a matcher follows is refused.
+  grammar_builder b;
+  std::vector<grammar_builder::sequence> alts;
+  for (int i = 0; i < 5000; ++i) alts.push_back(grammar_builder::literal("x" + std::to_string(i)));
+  const auto root = b.add("root", std::move(alts));
+  auto refused = std::move(b).build(root);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.err().message.find("ways to begin"), std::string::npos) << refused.err().message;
 }
 
 TEST(Constraint, DispatchesOnTheKindAndBoundsTheText) {

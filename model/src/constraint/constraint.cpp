@@ -1,6 +1,7 @@
 // compile_constraint and choice_grammar (constraint.hpp), and the helpers the other compilers
 // share (constraint_internal.hpp): UTF-8 byte sequences of code-point sets, and the JSON
 // building blocks.
+#include <algorithm>
 #include <array>
 
 #include "constraint_internal.hpp"
@@ -343,15 +344,41 @@ rule_id json_rules::array() {
 
 // ---- entry points ----------------------------------------------------------------------------
 
+namespace constraint_detail {
+
+rule_id literals_rule(grammar_builder& b, const std::string& name, std::vector<std::string> literals) {
+  std::sort(literals.begin(), literals.end());
+  literals.erase(std::unique(literals.begin(), literals.end()), literals.end());
+  // The literals in [lo, hi) share their first `depth` bytes: one rule for what may follow.
+  auto node = [&](auto&& self, size_t lo, size_t hi, size_t depth) -> rule_id {
+    std::vector<sequence> alts;
+    if (literals[lo].size() == depth) alts.push_back({}), ++lo;  // sorted: the one that ends here comes first
+    while (lo < hi) {
+      const char c = literals[lo][depth];
+      size_t end = lo;
+      while (end < hi && literals[end][depth] == c) ++end;
+      // Follow the run of bytes all of [lo, end) share, then branch (or end) in a new rule.
+      size_t d = depth + 1;
+      while (literals[lo].size() > d && literals[end - 1].size() > d && literals[lo][d] == literals[end - 1][d]) ++d;
+      sequence seq = grammar_builder::literal(std::string_view(literals[lo]).substr(depth, d - depth));
+      if (!(end - lo == 1 && literals[lo].size() == d)) seq.push_back(grammar_builder::ref(self(self, lo, end, d)));
+      alts.push_back(std::move(seq));
+      lo = end;
+    }
+    return b.add(name, std::move(alts));
+  };
+  return node(node, 0, literals.size(), 0);
+}
+
+}  // namespace constraint_detail
+
 result<std::shared_ptr<const grammar>> choice_grammar(std::span<const std::string> choices) {
   if (choices.empty()) return invalid("choice: the list of choices is empty");
-  std::vector<sequence> alts;
   for (size_t i = 0; i < choices.size(); ++i) {
     if (choices[i].empty()) return invalid("choice: choice " + std::to_string(i) + " is empty");
-    alts.push_back(grammar_builder::literal(choices[i]));
   }
   grammar_builder b;
-  const rule_id root = b.add("root", std::move(alts));
+  const rule_id root = literals_rule(b, "choice", std::vector<std::string>(choices.begin(), choices.end()));
   return std::move(b).build(root);
 }
 

@@ -124,6 +124,10 @@ void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<std::vector<byte_range
 /// The same for a set, as grammar alternatives; all one-byte code points share one alternative.
 /// Empty when the set holds no encodable code point.
 std::vector<sequence> utf8_alternatives(const code_point_set& s);
+/// A rule matching exactly one of `literals` (non-empty strings), built as their trie: at every
+/// byte one parse stack survives, however many literals there are (alternatives of whole
+/// literals would keep one stack per literal sharing the prefix so far).
+rule_id literals_rule(grammar_builder& b, const std::string& name, std::vector<std::string> literals);
 /// The UTF-8 bytes of one code point (REQUIRES: cp <= 0x10FFFF).
 std::string utf8_encode(uint32_t cp);
 /// Decodes one well-formed UTF-8 code point at s[pos]; advances pos. nullopt when malformed.

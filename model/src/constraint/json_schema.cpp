@@ -271,7 +271,7 @@ result<rule_id> schema_compiler::compile_enum(const json& s, const std::string& 
     types = std::move(t.value());
   }
   std::set<std::string> seen;
-  std::vector<sequence> alts;
+  std::vector<std::string> alts;
   for (const auto& v : values) {
     if (!types.empty() &&
         std::none_of(types.begin(), types.end(), [&](const std::string& t) { return type_matches(v, t); })) {
@@ -279,11 +279,11 @@ result<rule_id> schema_compiler::compile_enum(const json& s, const std::string& 
     }
     auto text = json_text(v);
     if (!text.ok()) return fail(ptr, text.err().message);
-    if (seen.insert(text.value()).second) alts.push_back(gb::literal(text.value()));
+    if (seen.insert(text.value()).second) alts.push_back(text.value());
   }
-  if (nullable && seen.insert("null").second) alts.push_back(gb::literal("null"));
+  if (nullable && seen.insert("null").second) alts.push_back("null");
   if (alts.empty()) return fail(ptr, "no 'enum' value has the schema's 'type'");
-  return b_.add("enum", std::move(alts));
+  return literals_rule(b_, "enum", std::move(alts));
 }
 
 result<json> schema_compiler::merge_all_of(const json& s, const std::string& ptr) {

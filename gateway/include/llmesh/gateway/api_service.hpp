@@ -110,9 +110,10 @@ class api_service {
     std::string echo;
   };
   /// The job of a request: prompts × g.candidates() generations (n choices, or best_of
-  /// candidates), each prompt checked against the context.
+  /// candidates), each prompt checked against the context, each carrying g.constraint; `tools`
+  /// (chat: the request's tool_choice) shapes each choice's output into tool calls.
   result<generation_job> prepare(bool chat, const served_model& m, std::vector<prepared_prompt> prompts,
-                                 generation_fields g);
+                                 generation_fields g, const tool_output& tools = {});
   /// A prompt's effective max_tokens, once it is checked (ids within the vocabulary, it and
   /// max_tokens and min_tokens within the context).
   static result<size_t> check_prompt(const model::model_config& cfg, const std::vector<int32_t>& prompt,

@@ -16,6 +16,7 @@
 #include "llmesh/actors/token_stream.hpp"
 #include "llmesh/gateway/openai_api.hpp"
 #include "llmesh/gateway/stop_matcher.hpp"
+#include "llmesh/gateway/tool_calls.hpp"
 #include "llmesh/model/detokenizer.hpp"
 
 namespace llmesh::gateway {
@@ -59,6 +60,9 @@ struct stream_setup {
   /// vLLM's min_tokens: no stop string is looked for until the text of token min_tokens + 1
   /// (one may still begin in the earlier text and end there), as vLLM's detokenizer does.
   int min_tokens = 0;
+  /// Chat with tools (tool_choice named, "required", or "auto"): the output is shaped into
+  /// tool_calls (tool_calls.hpp), streamed or whole.
+  tool_output tools;
 };
 
 /// Thread affinity: the connection's.
@@ -138,6 +142,7 @@ class completion_stream {
   /// A generated token's entry as reported: its offset counted in the whole choice text.
   logprob_entry reported(logprob_entry e) const;
   std::string finish_reason_;
+  std::optional<tool_call_stream> tool_stream_;  ///< streamed chat with s_.tools.shapes()
   std::optional<error> failure_;
   bool done_ = false, stopped_by_string_ = false, started_ = false;
 };

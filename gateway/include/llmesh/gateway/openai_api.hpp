@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "llmesh/common/error.hpp"
+#include "llmesh/gateway/structured_output.hpp"
+#include "llmesh/model/constraint.hpp"
 
 namespace llmesh::gateway {
 
@@ -66,6 +68,10 @@ struct generation_fields {
   /// OpenAI's best_of (completions; 1: off): generations per prompt when more than n, not
   /// streamed; the n with the highest cumulative log-probability are returned.
   size_t best_of = 1;
+  /// What the output must match (structured_output.hpp: response_format, guided_*,
+  /// structured_outputs, a forced tool call); kind none: anything. Compiled once by the parser
+  /// (a bad one is a 400); api_service sets it on every generation of the request.
+  model::constraint_spec constraint;
   /// Generations per prompt: n, or best_of when above it.
   size_t candidates() const { return best_of > n ? best_of : n; }
 };
@@ -104,6 +110,8 @@ struct chat_request {
   /// array of text parts arrives here joined into one string.
   nlohmann::ordered_json messages;
   generation_fields gen;
+  /// tools (for the chat template), tool_choice and parallel_tool_calls (structured_output.hpp).
+  tool_request tools;
 };
 
 /// Bounds a request must respect (the server's flags).
@@ -155,11 +163,13 @@ struct sampling_input {
 /// lim.max_choices. `echo` (completions) true or false; with `logprobs` n (not null or false)
 /// the prompt is scored too (gen.prompt_logprobs = n).
 /// `best_of` (completions) an integer >= 1 (null and 1: off); above 1 it must be at least n and
-/// the request not streamed (vLLM's rules). Fields asking for behaviour this server does not
-/// implement are refused rather than ignored — chat's `best_of` > 1, a non-empty `suffix` or
-/// `tools`, a `response_format` other than text — while their neutral values (null, false, 0,
-/// empty; 1 for best_of), which many clients always send, are accepted. Other unknown fields
-/// are ignored.
+/// the request not streamed (vLLM's rules). Structured outputs (both endpoints) and tools
+/// (chat; on /v1/completions a non-empty `tools` is refused) as parse_output_constraint and
+/// parse_tools take them; chat messages' tool calls as normalize_tool_calls does
+/// (structured_output.hpp). Fields asking for behaviour this server does not implement are
+/// refused rather than ignored — chat's `best_of` > 1, a non-empty `suffix` — while their
+/// neutral values (null, false, 0, empty; 1 for best_of), which many clients always send, are
+/// accepted. Other unknown fields are ignored.
 [[nodiscard]] result<completion_request> parse_completion_request(std::string_view body, const request_limits& lim);
 [[nodiscard]] result<chat_request> parse_chat_request(std::string_view body, const request_limits& lim);
 
@@ -196,6 +206,14 @@ struct logprob_entry {
   bool top_null = false;           ///< no alternatives known (an echoed prompt's first token): null
 };
 
+/// One tool call of a chat choice, or a piece of one in a streamed delta.
+struct tool_call_delta {
+  size_t index = 0;       ///< streamed: which call of the choice this piece belongs to
+  std::string id;         ///< "chatcmpl-tool-…"; streamed: only on a call's first piece
+  std::string name;       ///< the function; streamed: only on a call's first piece
+  std::string arguments;  ///< JSON text (streamed: the next piece of it)
+};
+
 /// One choice of a response or chunk.
 struct choice_delta {
   size_t index = 0;                   ///< the choice's index (prompt index * n + j)
@@ -210,6 +228,11 @@ struct choice_delta {
   /// chosen token first, then the alternatives]}; chat {"content": [{"token", "logprob",
   /// "bytes", "top_logprobs": [{"token", "logprob", "bytes"}...]}]}.
   std::optional<std::vector<logprob_entry>> logprobs;
+  /// Chat: the message's (or delta's) tool_calls. A whole message renders each as {"id",
+  /// "type": "function", "function": {"name", "arguments"}}; a delta as {"index", "id" and
+  /// "type" (where id is set), "function": {"name" (where set), "arguments"}}. Empty: no
+  /// "tool_calls" key.
+  std::vector<tool_call_delta> tool_calls;
 };
 
 /// A whole (non-streamed) response with these choices, in the order given. kind:

@@ -160,6 +160,7 @@ class grammar_matcher {
  private:
   friend class token_vocabulary;
   friend class grammar_states;
+  friend class grammar_builder;
   grammar_matcher(std::shared_ptr<const grammar> g, std::vector<stack> stacks) : g_(std::move(g)), stacks_(std::move(stacks)) {}
   /// The stacks after consuming b from `from` (sorted, unique; empty: rejected).
   std::vector<stack> advance(const std::vector<stack>& from, uint8_t b) const;

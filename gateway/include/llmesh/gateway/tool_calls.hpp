@@ -1,0 +1,79 @@
+// A chat choice's output as tool calls (structured_output.hpp's tool_choice): a named tool's
+// output is its arguments, one call; "required"'s output is a JSON array of {"name",
+// "parameters"}, one call each; with "auto" (and tools), calls the model wrote in the Hermes
+// style that Qwen2.5/3 and Hermes 2 Pro templates ask for — <tool_call>{"name": ...,
+// "arguments": {...}}</tool_call> — are taken out of the text (vLLM's hermes parser; other
+// formats stay content). Whole messages and streamed deltas shaped as OpenAI's (and vLLM's)
+// tool_calls. With "none" nothing is shaped.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "llmesh/common/error.hpp"
+#include "llmesh/gateway/openai_api.hpp"
+#include "llmesh/gateway/structured_output.hpp"
+
+namespace llmesh::gateway {
+
+/// How a choice's output is shaped (api_service sets it from the request's tool_choice).
+struct tool_output {
+  tool_choice_mode mode = tool_choice_mode::none;  ///< none shapes nothing (automatic: only with tools)
+  std::string name;                                ///< named: the function
+  bool shapes() const { return mode != tool_choice_mode::none; }
+};
+
+/// A new call id, "chatcmpl-tool-" and 32 random hex digits (vLLM's form).
+std::string new_tool_call_id();
+
+/// The calls of a "required" output (a JSON array of {"name": string, "parameters": any}),
+/// each with a new id and its parameters as compact JSON text for arguments. An
+/// invalid_request error when the text is not that (a generation cut short by max_tokens).
+[[nodiscard]] result<std::vector<tool_call_delta>> parse_required_calls(std::string_view text);
+
+/// The Hermes-style calls in `text` (from its first "<tool_call>" on): each <tool_call> block's
+/// JSON object {"name": string, "arguments": any (left out: {})} is a call with a new id and
+/// its arguments as compact JSON text; the last block may be unclosed, and text between or
+/// after blocks is ignored (vLLM's hermes parser). An invalid_request error when there is no
+/// block or one is not such an object.
+[[nodiscard]] result<std::vector<tool_call_delta>> parse_hermes_calls(std::string_view text);
+
+/// A whole (non-streamed) choice: named — one call whose arguments are the text, finish kept
+/// (vLLM's "stop"); required — the parsed calls, finish "tool_calls" where it was "stop"; the
+/// content becomes "" (vLLM's). A required output that does not parse (cut by max_tokens)
+/// stays the content, with its finish reason ("length"). automatic — where the text holds
+/// Hermes-style calls that all parse, they become the calls, the content is the text before
+/// the first, finish "tool_calls" where it was "stop"; otherwise nothing changes. Nothing
+/// changes when !t.shapes().
+void shape_tool_calls(const tool_output& t, choice_delta& c);
+
+/// Thread affinity: its stream's. Shapes one streamed choice's deltas.
+///
+/// named: the first delta carries the role and the call's start {index 0, id, type, name,
+/// arguments ""}; each later text piece becomes {index 0, arguments: piece}; when the first
+/// delta has text it follows as a second delta. required: the text is held until the choice
+/// ends (not parsed incrementally), then one delta carries every call whole (index, id, type,
+/// name, arguments) with finish "tool_calls"; if it does not parse, the held text goes out as
+/// content with the engine's finish reason. automatic: content streams as it comes, except
+/// that text which may begin a "<tool_call>" tag is held back until the next piece tells; from
+/// a tag on, the text is held until the choice ends, then goes out as one delta of calls
+/// (finish "tool_calls") if they all parse, else as content. Logprobs and token ids ride on
+/// the deltas as before (while text is held, on the deltas that still go out: the first,
+/// those that carry them, the last).
+class tool_call_stream {
+ public:
+  explicit tool_call_stream(tool_output t) : t_(std::move(t)) {}
+  /// The deltas to send instead of `c` (none, one or two), in order.
+  std::vector<choice_delta> shape(choice_delta c);
+
+ private:
+  std::vector<choice_delta> shape_automatic(choice_delta c);
+
+  tool_output t_;
+  std::string held_;     ///< required: the text so far; automatic: the text from the first tag on
+  std::string pending_;  ///< automatic: the text's end that may begin a tag
+  bool in_calls_ = false;  ///< automatic: a tag was seen
+};
+
+}  // namespace llmesh::gateway
