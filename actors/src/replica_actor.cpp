@@ -63,7 +63,11 @@ void step_done(replica* self) {
   for (auto& e : events) {
     auto it = st.owners.find(e.id);
     if (it == st.owners.end()) continue;
-    self->send(it->second, token_msg{e.id, e.token, e.finish, false, {}, std::move(e.logprobs), std::move(e.prompt_logprobs)});
+    if (e.failure) {
+      self->send(it->second, token_msg{e.id, -1, finish_reason::none, true, *e.failure, {}, {}});
+    } else {
+      self->send(it->second, token_msg{e.id, e.token, e.finish, false, {}, std::move(e.logprobs), std::move(e.prompt_logprobs)});
+    }
     if (e.finish != finish_reason::none) st.owners.erase(it);
   }
   if (st.crash_after > 0 && --st.crash_after == 0) return self->quit(caf::exit_reason::kill);

@@ -12,6 +12,8 @@ namespace llmesh::actors {
 replica_core::replica_core(model::engine& eng, scheduler_config cfg, bool prefix_caching)
     : eng_(eng), blocks_(eng.kv_blocks(), eng.kv_block_size(), prefix_caching), sched_(cfg, blocks_) {}
 
+replica_core::~replica_core() = default;
+
 status replica_core::submit(replica_request r) {
   const auto& c = eng_.config();
   const size_t longest = r.prompt.size() + r.max_tokens;
@@ -101,11 +103,11 @@ result<std::shared_ptr<const model::grammar>> replica_core::grammar_of(const mod
   return *g;
 }
 
-bool replica_core::follow(adjust_state& st, int32_t token) const {
-  if (!st.matcher) return true;
-  if (std::find(st.end_ids.begin(), st.end_ids.end(), token) != st.end_ids.end()) return true;  // it ends here anyway
-  if (vocab_->excluded(token) || !st.matcher->accept(vocab_->bytes(token))) return false;
-  return !(st.matcher->done() && st.end_ids.empty());
+replica_core::followed replica_core::follow(adjust_state& st, int32_t token) const {
+  if (!st.matcher) return followed::on;
+  if (std::find(st.end_ids.begin(), st.end_ids.end(), token) != st.end_ids.end()) return followed::on;  // it ends here anyway
+  if (vocab_->excluded(token) || !st.matcher->accept(vocab_->bytes(token))) return followed::outside;
+  return st.matcher->done() && st.end_ids.empty() ? followed::done : followed::on;
 }
 
 void replica_core::adjust_state::see(int32_t id, bool output) {
@@ -184,11 +186,18 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
     } else if (auto a = adjust_.find(e.id); a != adjust_.end()) {
       a->second.see(e.token, true);
       ++a->second.generated;
-      if (!follow(a->second, e.token)) {
-        // Its grammar is complete and it has no end id to draw (or, never expected, the token
-        // left the grammar): it ends here, as at an end id.
+      if (const auto f = follow(a->second, e.token); f != followed::on) {
+        // Its grammar is complete and it has no end id to draw: it ends here, as at an end id.
+        // Or the token is outside it (a vocabulary without some byte's token can leave a
+        // grammar where nothing continues it): the request fails rather than end unfinished.
         sched_.cancel(e.id);
-        e.finish = finish_reason::eos;
+        e.finish = f == followed::done ? finish_reason::eos : finish_reason::cancelled;
+        if (f == followed::outside) {
+          e.failure = make_error(errc::internal, "structured output: no token of the vocabulary continues the "
+                                                 "request's grammar after " + std::to_string(a->second.generated - 1) +
+                                                 " tokens");
+          e.token = -1;
+        }
         sampling_.erase(e.id);
         adjust_.erase(a);
       }

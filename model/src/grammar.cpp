@@ -22,6 +22,14 @@ void grammar_builder::define(rule_id r, std::vector<sequence> alternatives) {
     if (error_.empty()) error_ = "rule '" + rules_[r].name + "' is defined twice";
     return;
   }
+  size_t n = alternatives.size();
+  for (const auto& alt : alternatives) n += alt.size();
+  if (elements_ + n > max_elements) {
+    if (error_.empty()) error_ = "more than " + std::to_string(max_elements) + " elements: the grammar is too large";
+    rules_[r].defined = true;  // no "never defined" error on top
+    return;
+  }
+  elements_ += n;
   rules_[r].alternatives = std::move(alternatives);
   rules_[r].defined = true;
 }
@@ -58,6 +66,10 @@ grammar_builder::rule_id grammar_builder::plus(std::string name, sequence x) {
 
 grammar_builder::rule_id grammar_builder::repeat(std::string name, sequence x, int min, int max) {
   constexpr int limit = 100000;
+  if (min >= 0 && elements_ + static_cast<size_t>(min) > max_elements) {
+    if (error_.empty()) error_ = "more than " + std::to_string(max_elements) + " elements: the grammar is too large";
+    return add(std::move(name), {});
+  }
   if (min < 0 || (max >= 0 && max < min) || min > limit || max > limit) {
     if (error_.empty()) {
       error_ = "rule '" + name + "': repetition bounds {" + std::to_string(min) + "," + std::to_string(max) +
@@ -93,17 +105,33 @@ result<std::shared_ptr<const grammar>> grammar_builder::build(rule_id root) && {
       }
     }
   }
-  // Nullable rules (derive the empty string), to a fixed point.
+  // Nullable rules (derive the empty string), by a worklist (linear in the elements): an
+  // alternative of rule references only waits for each to become nullable.
   std::vector<bool> nullable(n, false);
-  for (bool changed = true; changed;) {
-    changed = false;
+  {
+    struct alt_ref {
+      size_t rule;
+      size_t* waiting;
+    };
+    std::vector<size_t> waiting;  // per such alternative: its references not yet nullable
+    size_t count = 0;
+    for (const auto& r : rules_) count += r.alternatives.size();
+    waiting.reserve(count);
+    std::vector<std::vector<alt_ref>> users(n);  // rule -> the alternatives waiting on it
+    std::vector<size_t> work;
     for (size_t i = 0; i < n; ++i) {
-      if (nullable[i]) continue;
       for (const auto& alt : rules_[i].alternatives) {
-        if (std::all_of(alt.begin(), alt.end(), [&](const element& e) { return e.is_rule && nullable[e.rule]; })) {
-          nullable[i] = changed = true;
-          break;
-        }
+        if (!std::all_of(alt.begin(), alt.end(), [](const element& e) { return e.is_rule; })) continue;
+        waiting.push_back(alt.size());
+        for (const auto& e : alt) users[e.rule].push_back({i, &waiting.back()});
+        if (alt.empty() && !nullable[i]) nullable[i] = true, work.push_back(i);
+      }
+    }
+    while (!work.empty()) {
+      const size_t r = work.back();
+      work.pop_back();
+      for (const auto& u : users[r]) {
+        if (--*u.waiting == 0 && !nullable[u.rule]) nullable[u.rule] = true, work.push_back(u.rule);
       }
     }
   }
@@ -120,6 +148,7 @@ result<std::shared_ptr<const grammar>> grammar_builder::build(rule_id root) && {
     }
   }
   std::vector<uint8_t> color(n, 0);  // 0 new, 1 on the path, 2 done
+  std::vector<size_t> finished;       // post-order: a rule after every rule it may start with
   for (size_t s = 0; s < n; ++s) {
     if (color[s] != 0) continue;
     std::vector<std::pair<size_t, size_t>> path{{s, 0}};
@@ -128,6 +157,7 @@ result<std::shared_ptr<const grammar>> grammar_builder::build(rule_id root) && {
       auto& [v, next] = path.back();
       if (next == starts[v].size()) {
         color[v] = 2;
+        finished.push_back(v);
         path.pop_back();
         continue;
       }
@@ -136,6 +166,17 @@ result<std::shared_ptr<const grammar>> grammar_builder::build(rule_id root) && {
       if (color[w] == 0) {
         color[w] = 1;
         path.push_back({w, 0});
+      }
+    }
+  }
+  // The longest chain of leading references: how deep a matcher's expansion may recurse.
+  {
+    std::vector<size_t> depth(n, 1);
+    for (size_t v : finished) {
+      for (rule_id w : starts[v]) depth[v] = std::max(depth[v], depth[w] + 1);
+      if (depth[v] > max_leading_depth) {
+        return bad("rule '" + rules_[v].name + "' opens more than " + std::to_string(max_leading_depth) +
+                   " rules before its first byte");
       }
     }
   }

@@ -96,6 +96,10 @@ std::vector<uint32_t> token_vocabulary::mask(const grammar_matcher& m, std::span
 
 int32_t grammar_states::intern(const std::vector<grammar_matcher::stack>& stacks) {
   std::string key = grammar_matcher(g_, stacks).key();
+  if (sets_.size() >= max_states_) {
+    auto it = ids_.find(key);
+    return it == ids_.end() ? full : it->second;
+  }
   auto [it, fresh] = ids_.emplace(std::move(key), static_cast<int32_t>(sets_.size()));
   if (fresh) {
     sets_.push_back(stacks);
@@ -109,7 +113,7 @@ int32_t grammar_states::next(int32_t state, uint8_t b) {
   if (to != unknown) return to;
   auto after = proto_.advance(sets_[static_cast<size_t>(state)], b);
   const int32_t id = after.empty() ? dead : intern(after);
-  next_[static_cast<size_t>(state)][b] = id;  // `to` may dangle: intern() grows next_
+  if (id != full) next_[static_cast<size_t>(state)][b] = id;  // `to` may dangle: intern() grows next_
   return id;
 }
 
@@ -125,9 +129,11 @@ std::vector<uint32_t> token_vocabulary::mask(const grammar_matcher& m, std::span
   if (!m.can_continue()) return out;
   std::vector<int32_t> level(max_depth_ + 1);
   level[0] = states.intern(m);
+  if (level[0] == grammar_states::full) return mask(m, end_ids);
   for (size_t i = 1; i < nodes_.size();) {
     const node& n = nodes_[i];
     const int32_t s = states.next(level[n.depth - 1], n.byte);
+    if (s == grammar_states::full) return mask(m, end_ids);  // the same mask, without the table
     if (s == grammar_states::dead) {
       i = n.skip;
       continue;

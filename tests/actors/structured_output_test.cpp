@@ -208,6 +208,38 @@ TEST_F(StructuredOutput, AChoiceEndsWhenCompleteWithOrWithoutAnEndId) {
   }
 }
 
+TEST_F(StructuredOutput, AGrammarNoTokenContinuesFailsTheRequestInsteadOfEndingIt) {
+  // "a" and "abc" exist, "b" does not: after "a" the choice "ab" cannot go on.
+  std::vector<std::string> t(300, "q");
+  t[20] = "a";
+  t[21] = "abc";
+  auto e = engine(1, 1024);
+  replica_core rc(*e, scheduler_config{});
+  rc.set_vocabulary(model::token_vocabulary::from_bytes(t));
+  replica_request r;
+  r.id = 5;
+  r.prompt = {1, 2, 3};
+  r.max_tokens = 10;
+  r.eos_ids = {7};
+  r.constraint = {model::constraint_spec::kind::choice, R"(["ab"])"};
+  ASSERT_TRUE(rc.submit(r).ok());
+  std::vector<token_event> events;
+  for (int guard = 0; !rc.idle() && guard < 100; ++guard) {
+    auto ev = rc.step();
+    ASSERT_TRUE(ev.ok());
+    for (auto& x : *ev) events.push_back(std::move(x));
+  }
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].token, 20);  // "a": the only token the grammar allows first
+  EXPECT_FALSE(events[0].failure);
+  EXPECT_EQ(events[1].token, -1);
+  EXPECT_EQ(events[1].finish, finish_reason::cancelled);
+  ASSERT_TRUE(events[1].failure);
+  EXPECT_NE(events[1].failure->message.find("no token of the vocabulary continues"), std::string::npos)
+      << events[1].failure->message;
+  EXPECT_EQ(rc.blocks().free_blocks(), rc.blocks().total_blocks());
+}
+
 TEST_F(StructuredOutput, RefusalsAreClear) {
   auto e = engine(1, 1024);
   replica_core rc(*e, scheduler_config{});

@@ -68,6 +68,26 @@ TEST(Constraint, ThousandsOfChoicesOrEnumValuesStayOneParseStack) {
   EXPECT_NE(refused.err().message.find("ways to begin"), std::string::npos) << refused.err().message;
 }
 
+TEST(Constraint, ASpecsPatternsShareOneWorkBound) {
+  // The costliest (a?){n}a{n} that compiles alone, then a schema holding it in 64 properties:
+  // refused as too complex as a whole, instead of costing 64 times the bound of one pattern.
+  std::string costly;
+  for (int n : {50, 100, 200, 400, 800, 1600}) {
+    const std::string p = "^(a?){" + std::to_string(n) + "}a{" + std::to_string(n) + "}$";
+    if (!regex_grammar(p).ok()) break;
+    costly = p;
+  }
+  ASSERT_FALSE(costly.empty());
+  nlohmann::ordered_json props = nlohmann::ordered_json::object();
+  for (int i = 0; i < 64; ++i) props["p" + std::to_string(i)] = {{"type", "string"}, {"pattern", costly}};
+  const nlohmann::ordered_json schema = {{"type", "object"}, {"properties", props}};
+  auto g = compile_constraint({kind::json_schema, schema.dump()});
+  ASSERT_FALSE(g.ok()) << costly;
+  EXPECT_NE(g.err().message.find("too complex"), std::string::npos) << g.err().message;
+  // Alone again afterwards: the budget was the spec's, not the thread's.
+  EXPECT_TRUE(compile_constraint({kind::regex, costly}).ok());
+}
+
 TEST(Constraint, DispatchesOnTheKindAndBoundsTheText) {
   testing::compile_error(kind::none, "");
   for (kind k : {kind::json_schema, kind::regex, kind::choice, kind::grammar}) {

@@ -130,6 +130,39 @@ TEST(Grammar, BuildRefusesBrokenGrammars) {
   }
 }
 
+TEST(Grammar, SizeAndDepthBoundsRefuseHostileGrammars) {
+  {  // x{100000} many times: refused once the elements pass the bound, not after gigabytes
+    B b;
+    B::sequence seq;
+    for (int i = 0; i < 40; ++i) seq.push_back(B::ref(b.repeat("r" + std::to_string(i), B::literal("x"), 100000, 100000)));
+    const auto root = b.add("root", {seq});
+    EXPECT_LE(b.element_count(), grammar_builder::max_elements);
+    auto g = std::move(b).build(root);
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.err().message.find("too large"), std::string::npos) << g.err().message;
+  }
+  {  // a chain of 3000 leading references: refused (a matcher would recurse that deep)
+    B b;
+    std::vector<grammar_builder::rule_id> chain(3000);
+    for (auto& r : chain) r = b.declare("c");
+    for (size_t i = 0; i + 1 < chain.size(); ++i) b.define(chain[i], {{B::ref(chain[i + 1]), B::byte('y')}});
+    b.define(chain.back(), {B::literal("x")});
+    auto g = std::move(b).build(chain.front());
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.err().message.find("before its first byte"), std::string::npos) << g.err().message;
+  }
+  {  // the same chain 1000 long is fine, and matches
+    B b;
+    std::vector<grammar_builder::rule_id> chain(1000);
+    for (auto& r : chain) r = b.declare("c");
+    for (size_t i = 0; i + 1 < chain.size(); ++i) b.define(chain[i], {{B::ref(chain[i + 1]), B::byte('y')}});
+    b.define(chain.back(), {B::literal("x")});
+    auto g = must(std::move(b).build(chain.front()));
+    EXPECT_TRUE(matches(g, "x" + std::string(999, 'y')));
+    EXPECT_FALSE(matches(g, "x" + std::string(998, 'y')));
+  }
+}
+
 TEST(Grammar, AmbiguityBeyondTheStackBoundIsRefusedNotFollowed) {
   // x ::= ("a" | "a" | ...)*  with many equivalent paths multiplies stacks only up to a bound.
   B b;

@@ -71,12 +71,14 @@ TEST(TokenMask, EqualsTheDefinitionAlongRandomWalks) {
   auto g = small_json();
   size_t steps = 0, ends = 0;
   grammar_states table(g);  // shared by every walk, as a replica's cache shares it
+  grammar_states tiny(g, 3);  // full at once: every walk falls back to the untabled one
   for (int walk = 0; walk < 30; ++walk) {
     grammar_matcher m(g);
     for (int step = 0; step < 40; ++step) {
       const auto mask = v->mask(m, end_ids);
       ASSERT_EQ(mask, brute(*v, m, end_ids)) << "walk " << walk << " step " << step;
       ASSERT_EQ(v->mask(m, end_ids, table), mask) << "walk " << walk << " step " << step;
+      ASSERT_EQ(v->mask(m, end_ids, tiny), mask) << "walk " << walk << " step " << step;
       ++steps;
       EXPECT_FALSE(bit(mask, 5));
       std::vector<int32_t> allowed;
@@ -94,6 +96,8 @@ TEST(TokenMask, EqualsTheDefinitionAlongRandomWalks) {
   }
   EXPECT_GT(steps, 200u);
   EXPECT_GT(ends, 0u);
+  EXPECT_EQ(tiny.size(), 3u);
+  EXPECT_GT(table.size(), 3u);
 }
 
 TEST(TokenMask, EndIdsOnlyWhereTheGrammarIsComplete) {

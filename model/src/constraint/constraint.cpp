@@ -346,6 +346,17 @@ rule_id json_rules::array() {
 
 namespace constraint_detail {
 
+namespace {
+thread_local size_t budget_work = 0;
+thread_local int budget_depth = 0;
+}  // namespace
+
+spec_budget::spec_budget() {
+  if (budget_depth++ == 0) budget_work = 0;
+}
+spec_budget::~spec_budget() { --budget_depth; }
+size_t* spec_budget::spent() { return budget_depth > 0 ? &budget_work : nullptr; }
+
 rule_id literals_rule(grammar_builder& b, const std::string& name, std::vector<std::string> literals) {
   std::sort(literals.begin(), literals.end());
   literals.erase(std::unique(literals.begin(), literals.end()), literals.end());
@@ -385,6 +396,7 @@ result<std::shared_ptr<const grammar>> choice_grammar(std::span<const std::strin
 result<std::shared_ptr<const grammar>> compile_constraint(const constraint_spec& spec) {
   using kind = constraint_spec::kind;
   if (spec.type == kind::none) return invalid("constraint: no constraint to compile");
+  spec_budget budget;
   if (spec.text.size() > max_constraint_bytes) {
     return invalid("constraint: the spec is " + std::to_string(spec.text.size()) + " bytes, more than the " +
                    std::to_string(max_constraint_bytes) + " accepted");

@@ -124,6 +124,19 @@ void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<std::vector<byte_range
 /// The same for a set, as grammar alternatives; all one-byte code points share one alternative.
 /// Empty when the set holds no encodable code point.
 std::vector<sequence> utf8_alternatives(const code_point_set& s);
+/// One spec's compile, on this thread: its regexes (a schema may hold many patterns) share one
+/// subset-construction work bound instead of one each, so a spec's cost is bounded whatever it
+/// holds. compile_constraint opens one; outside one each regex has its own bound.
+class spec_budget {
+ public:
+  spec_budget();
+  ~spec_budget();
+  spec_budget(const spec_budget&) = delete;
+  spec_budget& operator=(const spec_budget&) = delete;
+  /// The work spent so far by the innermost open budget; null when none is open.
+  static size_t* spent();
+};
+
 /// A rule matching exactly one of `literals` (non-empty strings), built as their trie: at every
 /// byte one parse stack survives, however many literals there are (alternatives of whole
 /// literals would keep one stack per literal sharing the prefix so far).

@@ -185,7 +185,9 @@ struct dfa {
 
 class subset_builder {
  public:
-  subset_builder(const nfa& n, uint32_t accept) : n_(n), accept_(accept), mark_(n.size(), 0), count_(n.size(), 0) {}
+  subset_builder(const nfa& n, uint32_t accept, size_t spent)
+      : n_(n), accept_(accept), work_(spent), mark_(n.size(), 0), count_(n.size(), 0) {}
+  size_t work() const { return work_; }
 
   result<dfa> run(uint32_t start) {
     intern(closure({start}));
@@ -289,9 +291,9 @@ class subset_builder {
 
   const nfa& n_;
   uint32_t accept_;
+  size_t work_ = 0;  ///< from the spec's work so far (spec_budget)
   std::vector<uint32_t> mark_;
   uint32_t stamp_ = 0;
-  size_t work_ = 0;
   std::vector<int> count_;
   std::unordered_map<std::vector<uint32_t>, uint32_t, set_hash> ids_;
   std::vector<std::vector<uint32_t>> sets_;
@@ -356,7 +358,10 @@ result<rule_id> automaton_rules(grammar_builder& b, const regex_node& top, regex
     return invalid("regex: the pattern is too complex (its automaton passes " + std::to_string(max_nfa_states) +
                    " NFA states)");
   }
-  auto d = subset_builder(n, accept).run(start);
+  size_t* spent = spec_budget::spent();
+  subset_builder sb(n, accept, spent ? *spent : 0);
+  auto d = sb.run(start);
+  if (spent) *spent = sb.work();
   if (!d.ok()) return d.take_error();
   if (b.rule_count() + d.value().out.size() > max_rules) return invalid("regex: the grammar would be too large");
   return emit_rules(b, d.value(), name);

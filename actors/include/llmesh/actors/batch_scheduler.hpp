@@ -68,6 +68,9 @@ struct token_event {
   std::optional<kernels::token_logprobs> logprobs;  ///< when the request asked (replica_core sets it)
   /// With a request's first token, when it asked: prompt token i + 1's at i (replica_core sets it).
   std::vector<kernels::token_logprobs> prompt_logprobs;
+  /// The request failed here (token -1, finish cancelled; replica_core sets it): its grammar
+  /// reached a point no vocabulary token continues.
+  std::optional<error> failure;
 };
 
 /// Thread affinity: the replica's thread. Ownership: owns request state; borrows the block

@@ -51,6 +51,9 @@ using kernels::sample_rows;
 class replica_core {
  public:
   replica_core(model::engine& eng, scheduler_config cfg, bool prefix_caching = true);
+  ~replica_core();
+  replica_core(const replica_core&) = delete;
+  replica_core& operator=(const replica_core&) = delete;
 
   /// Queues a request. Refuses empty prompts, max_tokens 0, duplicate ids, and prompts that
   /// cannot fit the model's context or the KV cache even alone.
@@ -106,9 +109,11 @@ class replica_core {
   };
   /// The grammar of a request's constraint, compiled once per distinct spec.
   result<std::shared_ptr<const model::grammar>> grammar_of(const model::constraint_spec& spec);
-  /// Follows a constrained request's new token; false when it must end here (its grammar is
-  /// complete and it has no end id to draw, or the token left the grammar).
-  bool follow(adjust_state& st, int32_t token) const;
+  /// Follows a constrained request's new token: go on, end here (its grammar is complete and
+  /// it has no end id to draw), or fail (the token is outside its grammar: drawn from a row the
+  /// mask left empty, where no token of the vocabulary continues the grammar).
+  enum class followed { on, done, outside };
+  followed follow(adjust_state& st, int32_t token) const;
   std::unordered_map<uint64_t, adjust_state> adjust_;  ///< node-based: rows point into it
   /// Per request that scores its prompt (sampling.prompt_logprobs): prompt token i + 1's entry
   /// at i, filled as its chunks run (a recomputed chunk writes the same values again), handed

@@ -119,6 +119,15 @@ class grammar_builder {
   [[nodiscard]] result<std::shared_ptr<const grammar>> build(rule_id root) &&;
 
   size_t rule_count() const { return rules_.size(); }
+  size_t element_count() const { return elements_; }
+
+  /// Elements in all (each about 48 bytes while building): past this, define() stores nothing
+  /// more and build() refuses the grammar — a short spec such as x{10000} repeated cannot make
+  /// gigabytes.
+  static constexpr size_t max_elements = 2'000'000;
+  /// Rule references a matcher may have to open before reaching a byte (a chain of leading
+  /// references): past this, build() refuses the grammar, whose expansion would recurse as deep.
+  static constexpr size_t max_leading_depth = 2000;
 
  private:
   struct rule {
@@ -127,6 +136,7 @@ class grammar_builder {
     bool defined = false;
   };
   std::vector<rule> rules_;
+  size_t elements_ = 0;
   std::string error_;  ///< the first misuse (define twice, bad repeat bounds), reported by build
 };
 

@@ -27,11 +27,17 @@ class detokenizer;
 /// JSON string the walk's states are a handful). Single-threaded.
 class grammar_states {
  public:
-  explicit grammar_states(std::shared_ptr<const grammar> g) : g_(std::move(g)), proto_(g_) {}
+  explicit grammar_states(std::shared_ptr<const grammar> g, size_t max_states = default_max_states)
+      : g_(std::move(g)), proto_(g_), max_states_(max_states) {}
   static constexpr int32_t dead = -1;
-  /// The id of m's state (m must follow this grammar).
+  /// next() would have to intern a state past the table's bound: the walk starts again without it.
+  static constexpr int32_t full = -3;
+  /// States one table holds at most (each is a 1 KiB row of transitions plus its stacks): a
+  /// grammar whose walks meet ever new states (deep nesting) cannot grow it without bound.
+  static constexpr size_t default_max_states = 65536;
+  /// The id of m's state (m must follow this grammar), or full.
   int32_t intern(const grammar_matcher& m) { return intern(m.stacks_); }
-  /// The state after byte b (dead: b cannot come next).
+  /// The state after byte b (dead: b cannot come next; full: see above).
   int32_t next(int32_t state, uint8_t b);
   size_t size() const { return sets_.size(); }
 
@@ -40,6 +46,7 @@ class grammar_states {
   static constexpr int32_t unknown = -2;
   std::shared_ptr<const grammar> g_;
   grammar_matcher proto_;  ///< advance() over this grammar
+  size_t max_states_;
   std::unordered_map<std::string, int32_t> ids_;
   std::vector<std::vector<grammar_matcher::stack>> sets_;
   std::vector<std::array<int32_t, 256>> next_;
@@ -49,8 +56,10 @@ class grammar_states {
 class token_vocabulary {
  public:
   /// Every id's bytes as the detokenizer gives them. Special (added, special) tokens and tokens
-  /// without bytes are never allowed by a grammar; a request's end ids are allowed only where
-  /// the grammar is complete.
+  /// without bytes are never allowed by a grammar; a request's end ids are allowed where the
+  /// grammar is complete (an end id that is an ordinary token, such as a stop_token_ids entry
+  /// "\n", is also allowed wherever the grammar takes its bytes — and ends the request there,
+  /// as in vLLM).
   static std::shared_ptr<const token_vocabulary> build(const detokenizer& d);
   /// The same from explicit bytes (`excluded[i]`: never allowed); for tests.
   static std::shared_ptr<const token_vocabulary> from_bytes(const std::vector<std::string>& tokens,
