@@ -13,22 +13,6 @@ error bad(const std::string& msg) { return make_error(errc::invalid_request, msg
 
 std::string field_name(const std::string& field) { return "'" + field + "'"; }
 
-/// Deepest nesting of JSON text inside a string field (guided_json as a string, a tool call's
-/// arguments): the request body's own bound (openai_api.cpp), so a string cannot smuggle in
-/// what the body may not hold.
-constexpr int max_embedded_depth = 32;
-
-/// JSON text held in a string field; nullopt when it is not JSON or nests too deep.
-std::optional<json> parse_embedded(const std::string& text) {
-  bool too_deep = false;
-  json::parser_callback_t guard = [&too_deep](int depth, json::parse_event_t, json&) {
-    if (depth > max_embedded_depth) too_deep = true;
-    return !too_deep;
-  };
-  json j = json::parse(text, guard, /*allow_exceptions=*/false);
-  if (too_deep || j.is_discarded()) return std::nullopt;
-  return j;
-}
 
 /// Absent or null: not sent.
 const json* sent(const json& j, const char* name) {
@@ -46,7 +30,7 @@ struct asked {
 status schema_spec(const json& v, const std::string& field, bool string_allowed, asked& out) {
   json schema = v;
   if (v.is_string() && string_allowed) {
-    auto parsed = parse_embedded(v.get_ref<const std::string&>());
+    auto parsed = parse_embedded_json(v.get_ref<const std::string&>());
     if (!parsed) return bad(field_name(field) + " is not valid JSON (a JSON schema as a string)");
     schema = std::move(*parsed);
   }
@@ -196,6 +180,17 @@ constexpr size_t max_tool_name_bytes = 256;
 
 }  // namespace
 
+std::optional<json> parse_embedded_json(std::string_view text) {
+  bool too_deep = false;
+  json::parser_callback_t guard = [&too_deep](int depth, json::parse_event_t, json&) {
+    if (depth > max_embedded_json_depth) too_deep = true;
+    return !too_deep;
+  };
+  json j = json::parse(text, guard, /*allow_exceptions=*/false);
+  if (too_deep || j.is_discarded()) return std::nullopt;
+  return j;
+}
+
 status parse_tools(const json& body, tool_request& out) {
   out = tool_request{};
   if (const json* p = sent(body, "parallel_tool_calls")) {
@@ -320,7 +315,7 @@ status normalize_tool_calls(json& message, size_t index) {
     }
     if (args->is_string()) {
       // vLLM hands templates the arguments as a mapping; text that is not a JSON object stays as sent.
-      auto parsed = parse_embedded(args->get_ref<const std::string&>());
+      auto parsed = parse_embedded_json(args->get_ref<const std::string&>());
       if (parsed && parsed->is_object()) *args = std::move(*parsed);
     }
   }

@@ -12,24 +12,9 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-/// Deepest nesting read back from a required output: the request body's bound
-/// (openai_api.cpp); the schema the output followed came from that body.
-constexpr int max_output_depth = 32;
-
 /// Hermes-style calls (Qwen2.5/3, Hermes 2 Pro templates): <tool_call>{"name", "arguments"}</tool_call>.
 constexpr std::string_view hermes_open = "<tool_call>", hermes_close = "</tool_call>";
 
-/// JSON text read back from an output, nesting bounded; nullopt when it is not JSON.
-std::optional<json> parse_output(std::string_view text) {
-  bool too_deep = false;
-  json::parser_callback_t guard = [&too_deep](int depth, json::parse_event_t, json&) {
-    if (depth > max_output_depth) too_deep = true;
-    return !too_deep;
-  };
-  json j = json::parse(text, guard, /*allow_exceptions=*/false);
-  if (too_deep || j.is_discarded()) return std::nullopt;
-  return j;
-}
 
 /// How many of text's last bytes could begin a "<tool_call>" tag (held back while streaming).
 size_t partial_tag(std::string_view text) {
@@ -60,7 +45,7 @@ std::string new_tool_call_id() {
 }
 
 result<std::vector<tool_call_delta>> parse_required_calls(std::string_view text) {
-  const auto j = parse_output(text);
+  const auto j = parse_embedded_json(text);
   const error not_calls = make_error(errc::invalid_request, "the output is not a JSON array of {\"name\", \"parameters\"}");
   if (!j || !j->is_array() || j->empty()) return not_calls;
   std::vector<tool_call_delta> calls;
@@ -81,7 +66,7 @@ result<std::vector<tool_call_delta>> parse_hermes_calls(std::string_view text) {
   std::vector<tool_call_delta> calls;
   for (size_t pos = 0; (pos = text.find(hermes_open, pos)) != std::string_view::npos;) {
     const size_t start = pos + hermes_open.size(), end = text.find(hermes_close, start);
-    const auto j = parse_output(text.substr(start, end == std::string_view::npos ? text.npos : end - start));
+    const auto j = parse_embedded_json(text.substr(start, end == std::string_view::npos ? text.npos : end - start));
     if (!j || !j->is_object() || !j->contains("name") || !(*j)["name"].is_string()) return not_calls;
     tool_call_delta c;
     c.index = calls.size();

@@ -69,14 +69,18 @@ const std::string& token_vocabulary::bytes(int32_t id) const {
   return id < 0 || static_cast<size_t>(id) >= size_ ? none : bytes_[static_cast<size_t>(id)];
 }
 
-std::vector<uint32_t> token_vocabulary::mask(const grammar_matcher& m, std::span<const int32_t> end_ids) const {
+std::vector<uint32_t> token_vocabulary::end_mask(const grammar_matcher& m, std::span<const int32_t> end_ids) const {
   std::vector<uint32_t> out(words(), 0u);
-  auto set = [&](int32_t id) { out[static_cast<size_t>(id) >> 5] |= 1u << (static_cast<uint32_t>(id) & 31); };
-  if (m.accepting()) {
-    for (int32_t id : end_ids) {
-      if (id >= 0 && static_cast<size_t>(id) < size_) set(id);
-    }
+  if (!m.accepting()) return out;
+  for (int32_t id : end_ids) {
+    if (id >= 0 && static_cast<size_t>(id) < size_) out[static_cast<size_t>(id) >> 5] |= 1u << (static_cast<uint32_t>(id) & 31);
   }
+  return out;
+}
+
+std::vector<uint32_t> token_vocabulary::mask(const grammar_matcher& m, std::span<const int32_t> end_ids) const {
+  std::vector<uint32_t> out = end_mask(m, end_ids);
+  auto set = [&](int32_t id) { out[static_cast<size_t>(id) >> 5] |= 1u << (static_cast<uint32_t>(id) & 31); };
   if (!m.can_continue()) return out;
   std::vector<std::vector<grammar_matcher::stack>> level(max_depth_ + 1);
   level[0] = m.stacks_;
@@ -119,13 +123,8 @@ int32_t grammar_states::next(int32_t state, uint8_t b) {
 
 std::vector<uint32_t> token_vocabulary::mask(const grammar_matcher& m, std::span<const int32_t> end_ids,
                                              grammar_states& states) const {
-  std::vector<uint32_t> out(words(), 0u);
+  std::vector<uint32_t> out = end_mask(m, end_ids);
   auto set = [&](int32_t id) { out[static_cast<size_t>(id) >> 5] |= 1u << (static_cast<uint32_t>(id) & 31); };
-  if (m.accepting()) {
-    for (int32_t id : end_ids) {
-      if (id >= 0 && static_cast<size_t>(id) < size_) set(id);
-    }
-  }
   if (!m.can_continue()) return out;
   std::vector<int32_t> level(max_depth_ + 1);
   level[0] = states.intern(m);

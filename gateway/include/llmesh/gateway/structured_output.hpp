@@ -12,7 +12,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +22,13 @@
 #include "llmesh/model/constraint.hpp"
 
 namespace llmesh::gateway {
+
+/// JSON text held in a string (guided_json as a string, a tool call's arguments) or read back
+/// from an output (tool calls), nesting at most as deep as a request body may
+/// (max_embedded_json_depth, openai_api.cpp's bound), so a string cannot smuggle in what the
+/// body may not hold; nullopt when it is not JSON or nests deeper.
+inline constexpr int max_embedded_json_depth = 32;
+std::optional<nlohmann::ordered_json> parse_embedded_json(std::string_view text);
 
 /// What a chat request's tools do to its answer (OpenAI's tool_choice).
 enum class tool_choice_mode : uint8_t {

@@ -85,6 +85,8 @@ class token_vocabulary {
     uint32_t first = 0;     ///< its tokens: ids_[first, last)
     uint32_t last = 0;
   };
+  /// A mask holding only end_ids, when the matcher is accepting (else none): where both walks start.
+  std::vector<uint32_t> end_mask(const grammar_matcher& m, std::span<const int32_t> end_ids) const;
   size_t size_ = 0;
   std::vector<std::string> bytes_;
   std::vector<bool> excluded_;
