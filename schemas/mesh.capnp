@@ -133,6 +133,8 @@ struct ReplicaLoad {
   waiting @3 :UInt32;
   kvUsed @4 :UInt64;
   kvTotal @5 :UInt64;
+  specDrafted @6 :UInt64;   # speculative decoding: drafts run since the replica started
+  specAccepted @7 :UInt64;  # and drafts kept
 }
 
 # --- membership --------------------------------------------------------------------------
@@ -244,7 +246,7 @@ struct ShardStep {
   tokens @1 :List(Int32);
   blockTable @2 :List(Int32);
   seqs @3 :List(StepSequence);
-  rows @4 :List(StepRow);   # how each sequence with wantLogits draws: every rank runs the same
+  rows @4 :List(StepRow);   # how each drawn row (draws per sequence with wantLogits) draws: every rank runs the same
                             # LM-head collective (all greedy: each slice's argmax only)
 }
 
@@ -260,6 +262,7 @@ struct StepSequence {
   wantLogits @3 :Bool;
   promptLogprobs @4 :Int32 = -1;  # score each token's successor (model::step_sequence)
   next @5 :Int32 = -1;            # the successor of the sequence's last token (-1: not scored)
+  draws @6 :UInt32 = 1;           # with wantLogits: rows drawn from its last positions (speculation)
 }
 
 # A shard in another process answers a step only when it failed (its replica's rank 0 fails the

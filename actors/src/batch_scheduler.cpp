@@ -44,6 +44,7 @@ void batch_scheduler::preempt(uint64_t id) {
   auto& r = requests_.at(id);
   blocks_.release(r.blocks);
   r.n_computed = 0;
+  r.step_tokens.clear();
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
   waiting_.push_front(id);  // first to come back
   ++preemptions_;
@@ -80,6 +81,21 @@ bool batch_scheduler::awaits_shared_prefix(const request& r) const {
   return false;
 }
 
+size_t batch_scheduler::speculate(request& r, size_t budget) {
+  const auto& cfg = cfg_.speculation;
+  if (!r.spec.speculate || cfg.tokens == 0 || scoring(r) || budget < 2) return 1;
+  // Drafts past max_tokens would be drawn for nothing.
+  const size_t k = std::min({cfg.tokens, max_speculative_tokens, r.spec.max_tokens - r.n_generated - 1, budget - 1});
+  if (k == 0 || propose_ngram(r.tokens, cfg, k, draft_) == 0) return 1;
+  // Only blocks that are free, leaving one for each running request: drafts never preempt.
+  const size_t more = blocks_.blocks_needed(r.blocks, r.n_computed + 1 + draft_.size());
+  if (more > 0 && blocks_.free_blocks() < more + running_.size()) return 1;
+  if (!blocks_.reserve(r.blocks, r.n_computed + 1 + draft_.size()).ok()) return 1;
+  r.step_tokens.push_back(r.tokens.back());
+  r.step_tokens.insert(r.step_tokens.end(), draft_.begin(), draft_.end());
+  return r.step_tokens.size();
+}
+
 step_plan batch_scheduler::schedule() {
   step_plan plan;
   size_t budget = cfg_.max_batch_tokens;
@@ -89,7 +105,9 @@ step_plan batch_scheduler::schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0 && picks.size() < cfg_.max_seqs;) {
     const uint64_t id = running_[i];
     auto& r = requests_.at(id);
-    const size_t n = std::min(r.tokens.size() - r.n_computed, budget);
+    size_t n = std::min(r.tokens.size() - r.n_computed, budget);
+    r.step_tokens.clear();
+    if (n == 1 && r.n_computed + 1 == r.tokens.size()) n = speculate(r, budget);
     bool ok = blocks_.reserve(r.blocks, r.n_computed + n).ok();
     while (!ok && running_.back() != id) {  // free blocks by preempting the newest request
       const uint64_t victim = running_.back();
@@ -143,6 +161,12 @@ step_plan batch_scheduler::schedule() {
     s.tokens = std::span<const int32_t>(r.tokens).subspan(r.n_computed, n);
     s.block_table = r.blocks.ids;
     s.want_logits = r.n_computed + n == r.tokens.size();
+    if (!r.step_tokens.empty()) {  // the last token, then its drafts
+      s.tokens = r.step_tokens;
+      s.want_logits = true;
+      s.draws = static_cast<uint32_t>(r.step_tokens.size());
+      drafted_ += r.step_tokens.size() - 1;
+    }
     if (scoring(r)) {  // before the first token, tokens are the prompt
       s.prompt_logprobs = r.spec.prompt_logprobs;
       s.next = s.want_logits ? -1 : r.tokens[r.n_computed + n];
@@ -159,25 +183,43 @@ std::vector<token_event> batch_scheduler::complete(const step_plan& plan, std::s
   for (const auto& s : plan.seqs) {
     auto it = requests_.find(s.id);
     if (it == requests_.end()) {  // cancelled while the step ran
-      if (s.want_logits) ++next;
+      if (s.want_logits) next += s.draws;
       continue;
     }
     auto& r = it->second;
-    r.n_computed = s.pos0 + s.tokens.size();
-    blocks_.commit(r.blocks, std::span<const int32_t>(r.tokens).first(r.n_computed));
-    if (!s.want_logits) continue;
-    if (next >= sampled.size()) break;  // a short result: the caller's bug; keep state sane
-    const int32_t tok = sampled[next++];
-    r.tokens.push_back(tok);
-    ++r.n_generated;
-    token_event e{s.id, tok, finish_reason::none, std::nullopt, {}};
-    if (std::find(r.spec.eos_ids.begin(), r.spec.eos_ids.end(), tok) != r.spec.eos_ids.end()) {
-      e.finish = finish_reason::eos;
-    } else if (r.n_generated >= r.spec.max_tokens) {
-      e.finish = finish_reason::length;
+    const auto drafts = s.tokens.last(s.draws - 1);  // empty unless it speculated
+    r.n_computed = s.pos0 + s.tokens.size() - drafts.size();
+    if (s.want_logits && next + s.draws > sampled.size()) {  // a short result: the caller's bug; keep state sane
+      r.step_tokens.clear();
+      blocks_.commit(r.blocks, std::span<const int32_t>(r.tokens).first(r.n_computed));
+      break;
     }
-    events.push_back(e);
-    if (e.finish != finish_reason::none) cancel(s.id);
+    bool finished = false;
+    size_t kept = 0;
+    for (size_t i = 0; s.want_logits && i < s.draws; ++i) {
+      const int32_t tok = sampled[next + i];
+      r.tokens.push_back(tok);
+      ++r.n_generated;
+      token_event e{s.id, tok, finish_reason::none, std::nullopt, {}};
+      e.row = next + i;
+      if (std::find(r.spec.eos_ids.begin(), r.spec.eos_ids.end(), tok) != r.spec.eos_ids.end()) {
+        e.finish = finish_reason::eos;
+      } else if (r.n_generated >= r.spec.max_tokens) {
+        e.finish = finish_reason::length;
+      }
+      events.push_back(e);
+      finished = e.finish != finish_reason::none;
+      // A draft drawn as proposed is kept: its KV is in place, and the row after it was drawn
+      // from the logits a plain decode would have had there.
+      if (finished || i >= drafts.size() || tok != drafts[i]) break;
+      ++kept;
+    }
+    if (s.want_logits) next += s.draws;
+    accepted_ += kept;
+    r.n_computed += kept;
+    r.step_tokens.clear();
+    blocks_.commit(r.blocks, std::span<const int32_t>(r.tokens).first(r.n_computed));
+    if (finished) cancel(s.id);
   }
   return events;
 }

@@ -174,8 +174,9 @@ caf::behavior split_replica_actor(replica* self, model::engine* eng, scheduler_c
       [=](status_atom, caf::actor reply_to) {
         const auto& st = self->state;
         const auto& b = st.core->blocks();
+        const auto& sc = st.core->scheduler();
         self->send(reply_to, replica_load{self->id(), !st.dead && !st.draining, st.core->running(), st.core->waiting(),
-                                          b.total_blocks() - b.free_blocks(), b.total_blocks()});
+                                          b.total_blocks() - b.free_blocks(), b.total_blocks(), sc.drafted(), sc.accepted()});
       },
       [=](fault_atom, int64_t steps) { self->state.crash_after = steps; },
       [=](drain_atom) { self->state.draining = true; },

@@ -84,6 +84,9 @@ status replica_core::submit(replica_request r) {
   spec.max_tokens = r.max_tokens;
   spec.eos_ids = std::move(r.eos_ids);
   spec.prompt_logprobs = r.sampling.prompt_logprobs;
+  // A draw that depends on the output drawn so far (penalties, bias, grammar, min_tokens)
+  // cannot be made for several positions at once; nor can logits that shift with the batch.
+  spec.speculate = !adjust && eng_.batch_invariant();
   const size_t prompt_len = spec.prompt.size();
   LLMESH_TRY(sched_.add(std::move(spec)));
   sampling_[r.id] = r.sampling;
@@ -129,10 +132,14 @@ bool replica_core::begin_step() {
   rows_.clear();
   if (plan_.seqs.empty()) return false;
   for (const auto& s : plan_.seqs) {
-    batch_.push_back({s.tokens, s.pos0, s.block_table, s.want_logits, s.prompt_logprobs, s.next});
+    batch_.push_back({s.tokens, s.pos0, s.block_table, s.want_logits, s.prompt_logprobs, s.next, s.draws});
     // The token being drawn sits at position pos0 + n: the (seed, position) key generate uses.
     if (!s.want_logits) continue;
     const kernels::sampling_params& p = sampling_.at(s.id);
+    if (s.draws > 1) {  // speculating (never with adjustments): a row per drawn position
+      for (size_t i = 0; i < s.draws; ++i) rows_.push_back({p, s.pos0 + s.tokens.size() - s.draws + 1 + i, nullptr});
+      continue;
+    }
     const kernels::logits_adjust* adjust = nullptr;
     if (auto a = adjust_.find(s.id); a != adjust_.end()) {
       auto& st = a->second;
@@ -155,14 +162,6 @@ bool replica_core::begin_step() {
 
 std::vector<token_event> replica_core::finish_step(std::span<const int32_t> sampled, const model::step_logprobs& logprobs) {
   in_step_ = false;
-  // Each request's row, before complete() forgets the requests that finish.
-  std::unordered_map<uint64_t, size_t> row_of;
-  if (!logprobs.rows.empty()) {
-    size_t row = 0;
-    for (const auto& s : plan_.seqs) {
-      if (s.want_logits) row_of[s.id] = row++;
-    }
-  }
   // The scored positions, in batch order (model::step_logprobs::prompt).
   size_t at = 0;
   for (size_t i = 0; i < plan_.seqs.size() && !logprobs.prompt.empty(); ++i) {
@@ -175,7 +174,7 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
   }
   auto events = sched_.complete(plan_, sampled);
   for (auto& e : events) {
-    if (auto it = row_of.find(e.id); it != row_of.end() && it->second < logprobs.rows.size()) e.logprobs = logprobs.rows[it->second];
+    if (e.row < logprobs.rows.size()) e.logprobs = logprobs.rows[e.row];
     if (auto it = scored_.find(e.id); it != scored_.end()) {  // its first token
       e.prompt_logprobs = std::move(it->second);
       scored_.erase(it);

@@ -26,6 +26,8 @@ void publish(router* self) {
     m->get_gauge(metric::waiting, replica)->set(static_cast<double>(l.waiting));
     m->get_gauge(metric::kv_usage, replica)
         ->set(l.kv_total ? static_cast<double>(l.kv_used) / static_cast<double>(l.kv_total) : 0.0);
+    m->get_counter(metric::spec_drafted, replica)->set_total(static_cast<double>(l.drafted));
+    m->get_counter(metric::spec_accepted, replica)->set_total(static_cast<double>(l.accepted));
   }
 }
 
@@ -33,7 +35,8 @@ void forget(router* self, uint64_t id) {
   auto& st = self->state;
   if (st.replicas.erase(id) == 0) return;
   st.routes->remove(id);
-  st.loads[id] = replica_load{id, false, 0, 0, 0, st.loads[id].kv_total};
+  const auto& was = st.loads[id];  // its counters stay where they were
+  st.loads[id] = replica_load{id, false, 0, 0, 0, was.kv_total, was.drafted, was.accepted};
   publish(self);
 }
 

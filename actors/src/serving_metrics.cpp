@@ -17,6 +17,8 @@ void declare_serving(metrics_registry& r) {
   r.declare_counter(migrations, "Requests moved to another replica after theirs failed.");
   r.declare_counter(routed, "Requests (and migrated continuations) the router sent to the replica.", {"replica"});
   r.declare_gauge(replicas_ready, "Replicas ready to take requests.");
+  r.declare_counter(spec_drafted, "Speculative decoding: draft tokens the replica ran.", {"replica"});
+  r.declare_counter(spec_accepted, "Speculative decoding: draft tokens the model drew as proposed (kept).", {"replica"});
   r.declare_gauge(gateway_inflight, "Generation requests the gateway is serving.");
   // Unlabelled series exist from the start (a scrape before the first request sees zeros).
   for (const char* name : {prompt_tokens, generation_tokens, migrations}) r.get_counter(name)->add(0);

@@ -100,11 +100,12 @@ token_msg from_wire(const transport::token_body& t) {
 }
 
 transport::load_msg to_wire(const replica_load& l) {
-  return {l.replica, l.ready, static_cast<uint32_t>(l.running), static_cast<uint32_t>(l.waiting), l.kv_used, l.kv_total};
+  return {l.replica, l.ready, static_cast<uint32_t>(l.running), static_cast<uint32_t>(l.waiting), l.kv_used, l.kv_total,
+          l.drafted, l.accepted};
 }
 
 replica_load from_wire(const transport::load_msg& l) {
-  return {l.replica, l.ready, l.running, l.waiting, l.kv_used, l.kv_total};
+  return {l.replica, l.ready, l.running, l.waiting, l.kv_used, l.kv_total, l.drafted, l.accepted};
 }
 
 transport::shard_step_msg to_wire(const shard_step& s) {
@@ -114,7 +115,7 @@ transport::shard_step_msg to_wire(const shard_step& s) {
   m.tables = s.data->tables;
   for (const auto& q : s.data->batch) {
     m.seqs.push_back({static_cast<uint32_t>(q.tokens.size()), q.pos0, static_cast<uint32_t>(q.block_table.size()), q.want_logits,
-                      q.prompt_logprobs, q.next});
+                      q.prompt_logprobs, q.next, q.draws});
   }
   for (const auto& r : s.data->rows) {
     m.rows.push_back({to_wire(r.params), r.position});
@@ -133,7 +134,7 @@ result<shard_step> from_wire(const transport::shard_step_msg& m) {
     }
     d->batch.push_back({std::span<const int32_t>(d->tokens.data() + t, q.n_tokens), static_cast<size_t>(q.pos0),
                         std::span<const int32_t>(d->tables.data() + b, q.n_blocks), q.want_logits, q.prompt_logprobs,
-                        q.next});
+                        q.next, q.draws});
     t += q.n_tokens;
     b += q.n_blocks;
   }
@@ -141,10 +142,10 @@ result<shard_step> from_wire(const transport::shard_step_msg& m) {
     return make_error(errc::protocol_violation, "shard step: tokens or blocks left over after its sequences");
   }
   size_t want = 0;
-  for (const auto& q : m.seqs) want += q.want_logits ? 1 : 0;
+  for (const auto& s : d->batch) want += model::drawn_rows(s);
   if (m.rows.size() != want) {
     return make_error(errc::protocol_violation, "shard step: " + std::to_string(m.rows.size()) + " sampling rows for " +
-                                                    std::to_string(want) + " sequences that want a token");
+                                                    std::to_string(want) + " drawn positions");
   }
   for (const auto& r : m.rows) d->rows.push_back({from_wire(r.params), r.position});
   return shard_step{m.step, std::move(d)};

@@ -9,6 +9,7 @@
 #include "llmesh/bench/engine_bench.hpp"
 #include "llmesh/bench/gpu_bench.hpp"
 #include "llmesh/bench/grammar_bench.hpp"
+#include "llmesh/bench/speculation_bench.hpp"
 #include "llmesh/bench/serve_bench.hpp"
 #include "llmesh/bench/tokenizer_bench.hpp"
 #include "llmesh/bench/allreduce_bench.hpp"
@@ -68,6 +69,20 @@ void add_bench(CLI::App& app, command_set& commands) {
   gsub->add_option("--documents", gr->documents, "Documents to generate by random walks")->capture_default_str();
   gsub->add_option("--max-tokens", gr->max_tokens, "Tokens per document at most")->capture_default_str();
   commands.emplace_back(gsub, [gr] { return bench::run_grammar_bench(*gr); });
+
+  auto sp = std::make_shared<bench::speculation_bench_options>();
+  auto* spsub = bench_cmd->add_subcommand("speculate", "Speculative decoding by prompt lookup against plain decoding");
+  spsub->add_option("--model", sp->model_dir, "Model directory")->required();
+  spsub->add_option("--prompts", sp->prompt_file, "Prompts, one a line (needs tokenizer.json); default: built in")
+      ->check(CLI::ExistingFile);
+  spsub->add_option("--speculative-tokens", sp->tokens, "Drafts per step")->capture_default_str();
+  spsub->add_option("--prompt-lookup-max", sp->max_n, "Longest n-gram looked up")->check(CLI::Range(1, 64))->capture_default_str();
+  spsub->add_option("--prompt-lookup-min", sp->min_n, "Shortest n-gram that matches")->check(CLI::Range(1, 64))->capture_default_str();
+  spsub->add_option("--max-tokens", sp->max_tokens, "Tokens per request")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  spsub->add_option("--concurrency", sp->concurrency, "Requests in flight")->check(CLI::Range(1, 4096))->capture_default_str();
+  spsub->add_option("--temperature", sp->temperature, "0: greedy")->check(CLI::Range(0.0, 2.0))->capture_default_str();
+  spsub->add_option("--threads", sp->threads, "Kernel threads; 0 = one per core")->check(CLI::Range(0, 1024));
+  commands.emplace_back(spsub, [sp] { return bench::run_speculation_bench(*sp); });
 
   auto x = std::make_shared<bench::transport_bench_options>();
   auto* xsub = bench_cmd->add_subcommand("transport", "UCX transport between two processes vs ucx_perftest");

@@ -14,6 +14,7 @@
 
 #include "commands.hpp"
 #include "gateway_flags.hpp"
+#include "replica_flags.hpp"
 #include "llmesh/actors/bridge_actor.hpp"
 #include "llmesh/actors/cluster_config.hpp"
 #include "llmesh/actors/coordinator_actor.hpp"
@@ -36,6 +37,7 @@ struct node_flags {
   int threads = 0, heartbeat_ms = 500, slots = 0;
   size_t drain_s = 10, max_migrations = 3;
   gateway_flags gw;
+  actors::speculation_config speculation;
 };
 
 /// What this process is, from the config or the flags.
@@ -130,6 +132,7 @@ std::vector<transport::role> wire_roles(const std::vector<actors::node_role>& ro
 }
 
 status run_node(const node_flags& f) {
+  LLMESH_TRY(check_speculation_flags(f.speculation));
   auto plan = plan_from_flags(f);
   if (!plan) return plan.take_error();
   const node_plan& p = *plan;
@@ -215,6 +218,7 @@ status run_node(const node_flags& f) {
   ao.heartbeat = p.heartbeat;
   ao.engine.device = *device;
   ao.engine.threads = f.threads > 0 ? f.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ao.sched.speculation = f.speculation;
   ao.set_fault = [fault_hook](const std::string& spec) {
     auto rule = transport::parse_fault_rule(spec);
     auto f = fault_hook.lock();
@@ -334,6 +338,7 @@ void add_node(CLI::App& app, command_set& commands) {
   sub->add_option("--max-migrations", f->max_migrations, "Gateway: replica failures a request survives")
       ->check(CLI::Range(0, 100))->capture_default_str();
   add_gateway_flags(sub, f->gw);  // a gateway node's API key and limits
+  add_speculation_flags(sub, f->speculation);  // a replica node's
   commands.emplace_back(sub, [f] {
     if (f->roles.empty()) f->roles = "replica";
     return run_node(*f);

@@ -9,6 +9,7 @@
 
 #include "commands.hpp"
 #include "gateway_flags.hpp"
+#include "replica_flags.hpp"
 #include "llmesh/actors/node_agent.hpp"
 #include "stop_signal.hpp"
 #include "llmesh/actors/local_mesh.hpp"
@@ -25,6 +26,7 @@ struct serve_flags {
   size_t max_migrations = 3, drain_s = 10;
   bool deterministic = false;
   gateway_flags gw;
+  actors::speculation_config speculation;
 };
 
 result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s, const char* flag) {
@@ -43,6 +45,7 @@ result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s, c
 }
 
 status run_serve(const serve_flags& f) {
+  LLMESH_TRY(check_speculation_flags(f.speculation));
   auto where = parse_host_port(f.http, "--http");
   if (!where) return where.take_error();
   auto policy = actors::parse_balance_policy(f.policy);
@@ -69,6 +72,7 @@ status run_serve(const serve_flags& f) {
   mo.engine.deterministic = f.deterministic;
   mo.sched.max_batch_tokens = f.max_batch_tokens;
   mo.sched.max_seqs = f.max_seqs;
+  mo.sched.speculation = f.speculation;
   mo.policy = *policy;
   mo.max_migrations = f.max_migrations;
   gateway::api_options ao;
@@ -159,6 +163,7 @@ void add_serve(CLI::App& app, command_set& commands) {
       ->check(CLI::Range(16, 1 << 20))->capture_default_str();
   sub->add_option("--max-seqs", f->max_seqs, "Sequences per engine step")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   add_gateway_flags(sub, f->gw);
+  add_speculation_flags(sub, f->speculation);
   sub->add_option("--policy", f->policy, "Router policy: round-robin, least-load, power-of-two, prefix-aware")
       ->capture_default_str();
   sub->add_option("--max-migrations", f->max_migrations, "Replica failures a request survives")

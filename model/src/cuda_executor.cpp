@@ -333,7 +333,7 @@ class cuda_executor final : public step_executor {
       table_ints += s.block_table.size();
       max_pos = std::max(max_pos, s.pos0 + s.tokens.size() - 1);
       decode = decode && s.tokens.size() == 1 && s.want_logits && scored_positions(s) == 0;
-      if (s.want_logits) ++p.real_rows;
+      p.real_rows += drawn_rows(s);
       scored += scored_positions(s);
     }
     if (n_tokens == 0) return make_error(errc::invalid_request, "forward: empty batch");
@@ -381,7 +381,7 @@ class cuda_executor final : public step_executor {
           ++tile;
         }
       }
-      if (s.want_logits) m[off_rows() + row++] = static_cast<int32_t>(t - 1);
+      for (size_t r = drawn_rows(s); r > 0; --r) m[off_rows() + row++] = static_cast<int32_t>(t - r);  // the last drawn_rows
       table += s.block_table.size();
     }
     t = 0;

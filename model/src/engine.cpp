@@ -324,6 +324,12 @@ status engine::check_batch(std::span<const step_sequence> batch) const {
                                                    "), or its next token " + std::to_string(s.next) +
                                                    " is outside the vocabulary or follows a chunk that is drawn from");
     }
+    if (s.draws < 1 || s.draws > s.tokens.size() || s.draws > max_draws || (s.draws > 1 && s.prompt_logprobs >= 0)) {
+      return make_error(errc::invalid_request, "forward: a sequence of " + std::to_string(s.tokens.size()) +
+                                                   " tokens draws from its last " + std::to_string(s.draws) +
+                                                   " positions (1 to its tokens, at most " + std::to_string(max_draws) +
+                                                   ", and 1 when it scores its prompt)");
+    }
     for (size_t b = 0; b < (end + kv_.block_size - 1) / kv_.block_size; ++b) {
       if (s.block_table[b] < 0 || static_cast<size_t>(s.block_table[b]) >= kv_.n_blocks) {
         return make_error(errc::invalid_request, "forward: block id " + std::to_string(s.block_table[b]) + " out of range");

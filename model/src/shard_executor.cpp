@@ -121,10 +121,10 @@ size_t scored_positions(const step_sequence& s) {
 
 status check_sample_rows(std::span<const step_sequence> batch, size_t rows) {
   size_t want = 0;
-  for (const auto& s : batch) want += s.want_logits ? 1 : 0;
+  for (const auto& s : batch) want += drawn_rows(s);
   if (want == rows) return ok_status();
   return make_error(errc::invalid_request, "sampling: " + std::to_string(rows) + " rows for " + std::to_string(want) +
-                                               " sequences that want a token");
+                                               " drawn positions");
 }
 
 status shard_executor::forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
@@ -217,9 +217,9 @@ status shard_executor::lm_head(std::span<const step_sequence> batch, std::vector
   size_t n_want = 0, t = 0;
   for (const auto& s : batch) {
     t += s.tokens.size();
-    if (!s.want_logits) continue;
-    kernels::rmsnorm(&h_[(t - 1) * c.hidden], w.final_norm.data(), &xn_[n_want * c.hidden], c.hidden, c.rms_norm_eps);
-    ++n_want;
+    for (size_t r = drawn_rows(s); r > 0; --r, ++n_want) {  // the last drawn_rows positions, in order
+      kernels::rmsnorm(&h_[(t - r) * c.hidden], w.final_norm.data(), &xn_[n_want * c.hidden], c.hidden, c.rms_norm_eps);
+    }
   }
   if (greedy != nullptr && layout_.tp > 1) return greedy_head(n_want, *greedy);
   return head_rows(n_want, logits);

@@ -22,11 +22,21 @@ int32_t fake_next(std::span<const int32_t> context) {
   return static_cast<int32_t>(h % 1000);
 }
 
+/// A fake model that mostly copies (the token 7 back), with a fresh token wherever the hash
+/// says so (one context in 4): prompt lookup guesses it right often, never always.
+int32_t copying_next(std::span<const int32_t> context) {
+  const int32_t h = fake_next(context);
+  if (context.size() < 7 || h % 4 == 0) return h;
+  return context[context.size() - 7];
+}
+
+using next_fn = int32_t (*)(std::span<const int32_t>);
+
 /// What one request alone would generate.
-std::vector<int32_t> reference(const request_spec& r) {
+std::vector<int32_t> reference(const request_spec& r, next_fn next = fake_next) {
   std::vector<int32_t> ctx = r.prompt, out;
   while (out.size() < r.max_tokens) {
-    const int32_t t = fake_next(ctx);
+    const int32_t t = next(ctx);
     ctx.push_back(t);
     out.push_back(t);
     if (std::find(r.eos_ids.begin(), r.eos_ids.end(), t) != r.eos_ids.end()) break;
@@ -41,17 +51,24 @@ struct fake_cache {
   fake_cache(const block_manager& m) : bs(m.block_size()), slots(m.total_blocks() * m.block_size(), -1) {}
   /// Writes the step's tokens, then returns the sampled token if the sequence wants one.
   int32_t run(const scheduled_seq& q) {
+    auto t = run_rows(q, fake_next);
+    return t.empty() ? -1 : t.back();
+  }
+  /// Writes the step's tokens, then returns the token drawn from each of its drawn rows (the
+  /// last q.draws positions, when it wants logits), each from the context up to its position.
+  std::vector<int32_t> run_rows(const scheduled_seq& q, next_fn next) {
     auto slot = [&](size_t p) { return static_cast<size_t>(q.block_table[p / bs]) * bs + p % bs; };
     for (size_t i = 0; i < q.tokens.size(); ++i) slots[slot(q.pos0 + i)] = q.tokens[i];
-    std::vector<int32_t> ctx;
+    std::vector<int32_t> ctx, drawn;
     for (size_t p = 0; p < q.pos0 + q.tokens.size(); ++p) ctx.push_back(slots[slot(p)]);
-    return fake_next(ctx);
+    for (size_t r = q.want_logits ? q.draws : 0; r > 0; --r) drawn.push_back(next(std::span<const int32_t>(ctx).first(ctx.size() - r + 1)));
+    return drawn;
   }
 };
 
 /// Runs the scheduler to completion; checks every plan; returns each request's output.
 std::map<uint64_t, std::vector<int32_t>> run_all(batch_scheduler& s, block_manager& m, const scheduler_config& cfg,
-                                                 size_t* steps = nullptr) {
+                                                 size_t* steps = nullptr, next_fn next = fake_next) {
   std::map<uint64_t, std::vector<int32_t>> out;
   fake_cache cache(m);
   size_t n_steps = 0;
@@ -64,8 +81,8 @@ std::map<uint64_t, std::vector<int32_t>> run_all(batch_scheduler& s, block_manag
     std::vector<int32_t> sampled;
     for (const auto& q : plan.seqs) {
       EXPECT_GE(q.block_table.size() * m.block_size(), q.pos0 + q.tokens.size());
-      const int32_t t = cache.run(q);
-      if (q.want_logits) sampled.push_back(t);
+      EXPECT_TRUE(q.draws == 1 || (q.want_logits && q.draws <= q.tokens.size()));
+      for (int32_t t : cache.run_rows(q, next)) sampled.push_back(t);
     }
     for (const auto& e : s.complete(plan, sampled)) out[e.id].push_back(e.token);
     EXPECT_TRUE(m.check_invariants().ok());
@@ -204,6 +221,138 @@ TEST(BatchScheduler, CancelFreesBlocksAndRefusesBadRequests) {
   EXPECT_EQ(m.free_blocks(), 8u);
   EXPECT_TRUE(s.complete(plan, std::vector<int32_t>{5}).empty());  // results of a cancelled step are dropped
   EXPECT_EQ(s.running() + s.waiting(), 0u);
+}
+
+// --- speculative decoding (scheduler_config::speculation) ---
+
+TEST(BatchScheduler, SpeculationKeepsTheDraftsTheModelDrawsAndChangesNoToken) {
+  std::mt19937 rng(11);
+  std::vector<request_spec> reqs;
+  for (uint64_t id = 1; id <= 16; ++id) {
+    auto r = make_request(id, 1 + rng() % 50, 1 + rng() % 60, static_cast<int32_t>(id));
+    r.speculate = id % 4 != 0;  // some may not
+    if (id % 5 == 0) r.eos_ids = {reference(r, copying_next)[r.max_tokens / 2]};
+    reqs.push_back(r);
+  }
+  size_t plain_steps = 0;
+  {
+    block_manager m(512, 8);
+    scheduler_config cfg;
+    cfg.max_batch_tokens = 40;
+    cfg.max_seqs = 6;
+    batch_scheduler s(cfg, m);
+    for (const auto& r : reqs) ASSERT_TRUE(s.add(r).ok());
+    auto out = run_all(s, m, cfg, &plain_steps, copying_next);
+    for (const auto& r : reqs) ASSERT_EQ(out[r.id], reference(r, copying_next)) << "request " << r.id;
+    EXPECT_EQ(s.drafted(), 0u);
+  }
+  for (size_t blocks : {512, 16}) {  // roomy, and tight (preemption; drafts must not cause it)
+    block_manager m(blocks, 8);
+    scheduler_config cfg;
+    cfg.max_batch_tokens = 40;
+    cfg.max_seqs = 6;
+    cfg.speculation = {4, 3, 1};
+    batch_scheduler s(cfg, m);
+    for (const auto& r : reqs) ASSERT_TRUE(s.add(r).ok());
+    size_t steps = 0;
+    auto out = run_all(s, m, cfg, &steps, copying_next);
+    for (const auto& r : reqs) EXPECT_EQ(out[r.id], reference(r, copying_next)) << "request " << r.id << " blocks " << blocks;
+    EXPECT_GT(s.drafted(), 0u);
+    EXPECT_GT(s.accepted(), 0u);
+    EXPECT_LT(s.accepted(), s.drafted());  // a fresh token now and then refuses a draft
+    if (blocks == 512) EXPECT_LT(steps, plain_steps);
+    EXPECT_EQ(m.free_blocks(), blocks);
+  }
+}
+
+/// A model that repeats the prompt's period (3) forever: every draft is drawn as proposed.
+int32_t period3_next(std::span<const int32_t> context) { return context[context.size() - 3]; }
+
+TEST(BatchScheduler, SpeculationEndsAtMaxTokensAndAtAnEndIdAmongTheDrafts) {
+  block_manager m(64, 4);
+  scheduler_config cfg;
+  cfg.speculation = {4, 3, 1};
+  batch_scheduler s(cfg, m);
+  request_spec r;
+  r.id = 1;
+  r.prompt = {10, 11, 12, 10, 11, 12};
+  r.max_tokens = 7;
+  r.speculate = true;
+  ASSERT_TRUE(s.add(r).ok());
+  fake_cache cache(m);
+  auto step = [&](std::vector<token_event>& events) {
+    auto plan = s.schedule();
+    std::vector<int32_t> sampled;
+    for (const auto& q : plan.seqs) {
+      for (int32_t t : cache.run_rows(q, period3_next)) sampled.push_back(t);
+    }
+    auto ev = s.complete(plan, sampled);
+    events.insert(events.end(), ev.begin(), ev.end());
+    return plan;
+  };
+  std::vector<token_event> ev;
+  step(ev);  // the prompt, and its first token
+  ASSERT_EQ(ev.size(), 1u);
+  auto plan = step(ev);  // the last token and 4 drafts: all kept, and the token after them
+  ASSERT_EQ(plan.seqs.size(), 1u);
+  EXPECT_EQ(plan.seqs[0].draws, 5u);
+  EXPECT_EQ(plan.seqs[0].pos0, 6u);
+  ASSERT_EQ(ev.size(), 6u);
+  for (size_t i = 1; i < ev.size(); ++i) EXPECT_EQ(ev[i].row, i - 1);
+  EXPECT_EQ(ev.back().finish, finish_reason::none);
+  plan = step(ev);  // one token left: nothing to draft
+  EXPECT_EQ(plan.seqs[0].draws, 1u);
+  ASSERT_EQ(ev.size(), 7u);
+  EXPECT_EQ(ev.back().finish, finish_reason::length);
+  std::vector<int32_t> got;
+  for (const auto& e : ev) got.push_back(e.token);
+  EXPECT_EQ(got, reference(r, period3_next));
+  EXPECT_EQ(s.accepted(), 4u);
+  EXPECT_EQ(m.free_blocks(), 64u);
+
+  // An end id among the kept drafts ends the request there.
+  r.id = 2;
+  r.max_tokens = 20;
+  r.eos_ids = {12};
+  ASSERT_TRUE(s.add(r).ok());
+  ev.clear();
+  step(ev);  // 10
+  step(ev);  // 11, 12 (drafts 10 11 12 10 proposed; 12 ends it)
+  ASSERT_EQ(ev.size(), 3u);
+  EXPECT_EQ(ev[2].token, 12);
+  EXPECT_EQ(ev[2].finish, finish_reason::eos);
+  EXPECT_EQ(s.running() + s.waiting(), 0u);
+  EXPECT_EQ(m.free_blocks(), 64u);
+  EXPECT_TRUE(m.check_invariants().ok());
+}
+
+TEST(BatchScheduler, OnlyRequestsThatMaySpeculateGetDrafts) {
+  block_manager m(64, 4);
+  scheduler_config cfg;
+  cfg.speculation = {4, 3, 1};
+  batch_scheduler s(cfg, m);
+  request_spec a;
+  a.id = 1;
+  a.prompt = {10, 11, 12, 10, 11, 12};
+  a.max_tokens = 8;
+  auto b = a;
+  b.id = 2;
+  b.speculate = true;
+  b.prompt_logprobs = 0;  // scoring its prompt: its first step draws one row
+  ASSERT_TRUE(s.add(a).ok());
+  ASSERT_TRUE(s.add(b).ok());
+  fake_cache cache(m);
+  for (int i = 0; i < 3; ++i) {
+    auto plan = s.schedule();
+    std::vector<int32_t> sampled;
+    for (const auto& q : plan.seqs) {
+      if (q.id == 1) EXPECT_EQ(q.draws, 1u);
+      if (q.id == 2 && i == 0) EXPECT_EQ(q.draws, 1u);
+      if (q.id == 2 && i > 0) EXPECT_GT(q.draws, 1u);  // after its first token, it may
+      for (int32_t t : cache.run_rows(q, period3_next)) sampled.push_back(t);
+    }
+    s.complete(plan, sampled);
+  }
 }
 
 }  // namespace

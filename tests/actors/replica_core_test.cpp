@@ -344,5 +344,89 @@ TEST_F(ReplicaCore, ChoicesOfOnePromptComputeItOnce) {
   EXPECT_EQ(mixed.blocks().hit_tokens() - hits_before, 56u);
 }
 
+// --- speculative decoding: drafts by prompt lookup, each kept only where the model draws it ---
+
+/// Requests whose prompts repeat a stretch (text to copy), greedy and sampled, long enough for
+/// the tiny model's output to fall into loops a lookup can follow.
+std::vector<replica_request> copying_requests(std::vector<replica_request> reqs) {
+  for (auto& r : reqs) {
+    const auto stretch = r.prompt;
+    if (r.id % 2 == 0) r.prompt.insert(r.prompt.end(), stretch.begin(), stretch.end());
+    r.max_tokens = 24 + r.id * 3;
+  }
+  return reqs;
+}
+
+TEST_F(ReplicaCore, SpeculationGivesTheTokensOfAPlainDecode) {
+  auto reqs = copying_requests(requests(12));
+  reqs[3].sampling.logprobs = 3;  // logprobs ride along with speculation
+  for (int tp : {1, 2}) {
+    auto want = alone(reqs, tp);
+    for (size_t kv : {1024, 200}) {  // roomy, and tight enough to preempt
+      auto e = engine(tp, kv);
+      scheduler_config cfg;
+      cfg.max_batch_tokens = 48;
+      cfg.speculation = {4, 3, 1};
+      replica_core rc(*e, cfg);
+      auto got = serve(rc, reqs);
+      for (const auto& r : reqs) EXPECT_EQ(got[r.id], want[r.id]) << "request " << r.id << " tp " << tp << " kv " << kv;
+      EXPECT_GT(rc.scheduler().drafted(), 0u);
+      EXPECT_GT(rc.scheduler().accepted(), 0u) << "no draft kept: the test no longer exercises speculation";
+      EXPECT_EQ(rc.blocks().free_blocks(), rc.blocks().total_blocks());
+    }
+  }
+}
+
+/// Every event of a run, by request.
+std::map<uint64_t, std::vector<token_event>> events_of(replica_core& rc, const std::vector<replica_request>& reqs) {
+  std::map<uint64_t, std::vector<token_event>> out;
+  for (const auto& r : reqs) EXPECT_TRUE(rc.submit(r).ok());
+  for (int guard = 0; !rc.idle() && guard < 10000; ++guard) {
+    auto ev = rc.step();
+    EXPECT_TRUE(ev.ok());
+    if (!ev.ok()) break;
+    for (auto& e : *ev) out[e.id].push_back(std::move(e));
+  }
+  return out;
+}
+
+TEST_F(ReplicaCore, SpeculatedTokensCarryTheLogprobsOfAPlainDecode) {
+  auto reqs = copying_requests(requests(6));
+  for (auto& r : reqs) r.sampling.logprobs = 2;
+  auto e = engine(1, 1024);
+  replica_core plain(*e, scheduler_config{});
+  auto want = events_of(plain, reqs);
+  scheduler_config cfg;
+  cfg.speculation = {4, 3, 1};
+  replica_core rc(*e, cfg);
+  auto got = events_of(rc, reqs);
+  ASSERT_GT(rc.scheduler().accepted(), 0u);
+  for (const auto& r : reqs) {
+    ASSERT_EQ(got[r.id].size(), want[r.id].size()) << "request " << r.id;
+    for (size_t i = 0; i < want[r.id].size(); ++i) {
+      const auto& a = got[r.id][i];
+      const auto& b = want[r.id][i];
+      EXPECT_EQ(a.token, b.token);
+      ASSERT_TRUE(a.logprobs && b.logprobs) << "request " << r.id << " token " << i;
+      EXPECT_EQ(a.logprobs->logprob, b.logprobs->logprob) << "request " << r.id << " token " << i;
+      EXPECT_EQ(a.logprobs->top.size(), 2u);
+      EXPECT_TRUE(*a.logprobs == *b.logprobs) << "request " << r.id << " token " << i;
+    }
+  }
+}
+
+TEST_F(ReplicaCore, RequestsWithPenaltiesOrBiasDoNotSpeculate) {
+  auto reqs = copying_requests(requests(4));
+  for (auto& r : reqs) r.sampling.repetition_penalty = 1.2f;
+  auto want = alone(reqs, 1);
+  auto e = engine(1, 1024);
+  scheduler_config cfg;
+  cfg.speculation = {4, 3, 1};
+  replica_core rc(*e, cfg);
+  auto got = serve(rc, reqs);
+  for (const auto& r : reqs) EXPECT_EQ(got[r.id], want[r.id]) << "request " << r.id;
+  EXPECT_EQ(rc.scheduler().drafted(), 0u);
+}
+
 }  // namespace
 }  // namespace llmesh::actors

@@ -103,7 +103,7 @@ struct node_a {
 
   /// Connects to node B, gets the stand-in for B's shard and starts the replica over it.
   /// False on failure (reported).
-  bool start() {
+  bool start(scheduler_config cfg = {}) {
     caf::scoped_actor self{sys};
     transport::peer_id peer = 0;
     self->request(bridge, patience, connect_atom::value, std::string("node-b:7101"))
@@ -113,7 +113,7 @@ struct node_a {
     self->request(bridge, patience, proxy_atom::value, peer, shard_id)
         .receive([&](caf::actor p) { remote = p; }, [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
     if (!remote) return false;
-    replica = reap(sys.spawn(split_replica_actor, part.get(), scheduler_config{}, std::map<int, caf::actor>{{1, remote}}));
+    replica = reap(sys.spawn(split_replica_actor, part.get(), cfg, std::map<int, caf::actor>{{1, remote}}));
     return true;
   }
 
@@ -318,6 +318,37 @@ TEST_F(SplitReplica, StreamsTheTokensOfOneProcessWithRankOneOnAnotherNode) {
     }
   }
   caf::scoped_actor self{a.sys};
+  downs d{self, {}};
+  self->monitor(a.replica);
+  self->send_exit(a.replica, caf::exit_reason::user_shutdown);
+  EXPECT_TRUE(d.wait(a.replica));
+}
+
+TEST_F(SplitReplica, SpeculatingStepsCrossToRankOneAndChangeNoToken) {
+  // Steps whose sequences draw from several positions (speculation's drafts) travel to node B
+  // with their draws and rows: the tokens are still one process's.
+  const auto reqs = greedy(3, 40);
+  const auto want = reference(reqs);
+  auto ps = parts();
+  ASSERT_EQ(ps.size(), 2u);
+  node_a a(mesh_net_, std::move(ps[0]));
+  node_b b(mesh_net_, std::move(ps[1]));
+  scheduler_config cfg;
+  cfg.speculation = {4, 3, 1};
+  ASSERT_TRUE(a.start(cfg));
+  a.submit(reqs);
+  ASSERT_TRUE(a.ended(reqs)) << a.c.describe();
+  {
+    std::lock_guard lock(a.c.mu);
+    for (const auto& r : reqs) {
+      EXPECT_FALSE(a.c.ends[r.id].failed) << "request " << r.id << ": " << a.c.ends[r.id].err.message;
+      EXPECT_EQ(a.c.tokens[r.id], want.at(r.id)) << "request " << r.id;
+    }
+  }
+  caf::scoped_actor self{a.sys};
+  self->send(a.replica, status_atom::value, caf::actor{self});
+  self->receive([&](const replica_load& l) { EXPECT_GT(l.accepted, 0u) << "no draft kept: speculation did not run"; },
+                caf::after(std::chrono::seconds(10)) >> [&] { ADD_FAILURE() << "no status"; });
   downs d{self, {}};
   self->monitor(a.replica);
   self->send_exit(a.replica, caf::exit_reason::user_shutdown);

@@ -105,5 +105,27 @@ TEST(WireConvert, AShardStepKeepsWhatItScores) {
   EXPECT_EQ(step->data->rows[0].params.prompt_logprobs, 2);
 }
 
+TEST(WireConvert, AShardStepKeepsItsDrawsAndRefusesRowsThatDoNotMatchThem) {
+  const std::vector<int32_t> tokens{5, 6, 7, 8}, table{3};
+  std::vector<model::step_sequence> batch{{std::span(tokens), 4, std::span(table), true}};
+  batch[0].draws = 3;  // the last token's position and two drafts'
+  std::vector<sample_row> rows(3);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i].position = 6 + i;
+  const shard_step s{9, step_data::copy(batch, rows)};
+  transport::envelope e;
+  e.msg = to_wire(s);
+  auto back = transport::decode(transport::encode(e));
+  ASSERT_TRUE(back.ok()) << back.err().message;
+  auto& msg = std::get<transport::shard_step_msg>(back->msg);
+  auto step = from_wire(msg);
+  ASSERT_TRUE(step.ok()) << step.err().message;
+  EXPECT_EQ(step->data->batch[0].draws, 3u);
+  EXPECT_EQ(step->data->rows.size(), 3u);
+  msg.rows.pop_back();  // a row short of the drawn positions
+  auto bad = from_wire(msg);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.err().code, errc::protocol_violation);
+}
+
 }  // namespace
 }  // namespace llmesh::actors

@@ -94,6 +94,14 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   expect_one_line_error(r, "--dtype");
   r = run_command(llmesh_bin + " model random --out " + tmp_.path() + "/x --vocab 10");
   expect_one_line_error(r, "--vocab");
+  // Speculation settings: out of range, and a lookup whose shortest n-gram is above its longest
+  // (refused before anything is loaded or listens).
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --speculative-tokens 33");
+  expect_one_line_error(r, "--speculative-tokens");
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --http 127.0.0.1:0 --rpc none --prompt-lookup-min 5 --prompt-lookup-max 2");
+  expect_one_line_error(r, "--prompt-lookup-min");
+  r = run_command(llmesh_bin + " node --name x --join 127.0.0.1:1 --prompt-lookup-min 3 --prompt-lookup-max 1");
+  expect_one_line_error(r, "--prompt-lookup-min");
 }
 
 TEST_F(CliErrors, DumpLogitsToUnwritablePath) {

@@ -345,6 +345,41 @@ TEST(CudaEngine, ChunkedPrefillGivesIdenticalBits) {
   EXPECT_TRUE(same_bits(whole, chunked));
 }
 
+/// Speculative decoding's verification step on the device: a sequence that draws from its last
+/// 4 positions (step_sequence::draws) gets, bit for bit, the rows of the steps ending at each
+/// of them (deterministic mode: batch- and chunk-invariant), and draws their argmax.
+TEST(CudaEngine, DrawsFromSeveralPositionsAreTheRowsOfStepsEndingThere) {
+  LLMESH_REQUIRE_GPU();
+  loaded_model m(golden_shapes()[5].spec);  // the wide one
+  const size_t v = m.get()->config().vocab;
+  auto prompt = prompt_of(21, v, 81);
+  const std::vector<int32_t> table{4, 9};  // block size 16: positions 0..31
+  std::vector<float> want, logits;
+  {
+    auto e = make_engine(m.get(), model::backend::cuda);
+    ASSERT_TRUE(e->forward(std::vector<model::step_sequence>{{std::span(prompt).first(18), 0, table, true}}, logits).ok());
+    want = logits;
+    for (size_t p = 18; p < prompt.size(); ++p) {
+      ASSERT_TRUE(e->forward(std::vector<model::step_sequence>{{std::span(prompt).subspan(p, 1), p, table, true}}, logits).ok());
+      want.insert(want.end(), logits.begin(), logits.end());
+    }
+  }
+  ASSERT_EQ(want.size(), 4 * v);
+  auto e = make_engine(m.get(), model::backend::cuda);
+  ASSERT_TRUE(e->forward(std::vector<model::step_sequence>{{std::span(prompt).first(17), 0, table, false}}, logits).ok());
+  model::step_sequence spec{std::span(prompt).subspan(17), 17, table, true};
+  spec.draws = 4;
+  ASSERT_TRUE(e->forward(std::vector<model::step_sequence>{spec}, logits).ok());
+  EXPECT_TRUE(same_bits(logits, want));
+  std::vector<kernels::sample_row> rows(4);
+  std::vector<int32_t> drawn;
+  auto e2 = make_engine(m.get(), model::backend::cuda);
+  ASSERT_TRUE(e2->forward(std::vector<model::step_sequence>{{std::span(prompt).first(17), 0, table, false}}, logits).ok());
+  ASSERT_TRUE(e2->forward_sample(std::vector<model::step_sequence>{spec}, rows, drawn).ok());
+  ASSERT_EQ(drawn.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(drawn[i], kernels::argmax(std::span<const float>(want).subspan(i * v, v)));
+}
+
 /// Prompt scoring (step_sequence::prompt_logprobs) on the device: a 40-token prompt in two
 /// chunks (the first scoring its successor in the second) gives, for every prompt token after
 /// the first, what compute_logprobs gives on the logits of a step ending just before it, and

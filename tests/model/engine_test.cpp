@@ -382,6 +382,72 @@ TEST(Engine, StepSampleRefusesRowsThatDoNotMatchTheItems) {
   EXPECT_EQ(drawn.size(), 1u);
 }
 
+TEST(Engine, DrawsFromSeveralPositionsGiveTheLogitsOfStepsEndingThere) {
+  // A decode step that verifies speculated tokens draws from its last `draws` positions: each
+  // row's logits are, bit for bit, those of a step ending at that position, at every tp and
+  // beside a neighbour.
+  temp_model tm(small_spec());
+  const size_t v = tm.get()->config().vocab;
+  auto prompt = prompt_of(10, 4), other = prompt_of(6, 8);
+  const std::vector<int32_t> table{7, 3, 11}, other_table{20, 21};
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    auto ref = make_engine(tm.get(), tp);
+    std::vector<float> want, logits;  // prompt[0..6], then one token a step: rows at 6, 7, 8, 9
+    ASSERT_TRUE(ref->forward(std::vector<step_sequence>{{std::span(prompt).first(7), 0, table, true}}, logits).ok());
+    want = logits;
+    for (size_t p = 7; p < prompt.size(); ++p) {
+      ASSERT_TRUE(ref->forward(std::vector<step_sequence>{{std::span(prompt).subspan(p, 1), p, table, true}}, logits).ok());
+      want.insert(want.end(), logits.begin(), logits.end());
+    }
+    auto e = make_engine(tm.get(), tp);
+    ASSERT_TRUE(e->forward(std::vector<step_sequence>{{std::span(prompt).first(6), 0, table, false}}, logits).ok());
+    step_sequence spec{std::span(prompt).subspan(6), 6, table, true};
+    spec.draws = 4;
+    ASSERT_TRUE(e->forward(std::vector<step_sequence>{{other, 0, other_table, true}, spec}, logits).ok());
+    ASSERT_EQ(logits.size(), 5 * v);  // the neighbour's row, then the four drawn rows
+    EXPECT_TRUE(same_bits(logits.data() + v, want.data(), 4 * v));
+
+    // forward_sample draws a row per drawn position, with rows of their own.
+    std::vector<kernels::sample_row> rows(4);
+    for (size_t i = 0; i < 4; ++i) rows[i].position = 7 + i;
+    std::vector<int32_t> drawn;
+    auto s2 = make_engine(tm.get(), tp);
+    ASSERT_TRUE(s2->forward(std::vector<step_sequence>{{std::span(prompt).first(6), 0, table, false}}, logits).ok());
+    ASSERT_TRUE(s2->forward_sample(std::vector<step_sequence>{spec}, rows, drawn).ok());
+    ASSERT_EQ(drawn.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(drawn[i], kernels::argmax(std::span<const float>(want).subspan(i * v, v))) << "row " << i;
+    }
+  }
+}
+
+TEST(Engine, DrawsOutsideTheirSequenceAreRefused) {
+  temp_model tm(small_spec());
+  auto e = make_engine(tm.get(), 1);
+  auto prompt = prompt_of(5, 3);
+  const std::vector<int32_t> table{0, 1};
+  std::vector<float> logits;
+  for (uint32_t draws : {0u, 6u, max_draws + 1}) {
+    step_sequence s{prompt, 0, table, true};
+    s.draws = draws;
+    auto st = e->forward(std::vector<step_sequence>{s}, logits);
+    ASSERT_FALSE(st.ok()) << draws;
+    EXPECT_EQ(st.err().code, errc::invalid_request);
+  }
+  step_sequence scored{prompt, 0, table, true, 2};  // scoring its prompt while drawing several
+  scored.draws = 2;
+  EXPECT_FALSE(e->forward(std::vector<step_sequence>{scored}, logits).ok());
+  std::vector<int32_t> drawn;
+  step_sequence two{prompt, 0, table, true};
+  two.draws = 2;
+  auto st = e->forward_sample(std::vector<step_sequence>{two}, std::vector<kernels::sample_row>(1), drawn);
+  ASSERT_FALSE(st.ok());  // two drawn rows, one sampling row
+  EXPECT_EQ(st.err().code, errc::invalid_request);
+  ASSERT_TRUE(e->forward_sample(std::vector<step_sequence>{two}, std::vector<kernels::sample_row>(2), drawn).ok());
+  EXPECT_EQ(drawn.size(), 2u);
+}
+
 TEST(Engine, ContextLongerThanTheModelIsRefused) {
   auto spec = small_spec();
   spec.max_positions = 16;

@@ -84,6 +84,36 @@ TEST(Serve, OutputEqualsGenerateAtAnyConcurrencyAndTp2) {
   EXPECT_EQ(served_ids(tp2.port(), 8, 24, sampled_params), sampled) << "sampled, tp 2, 2 replicas";
 }
 
+// Speculative decoding (--speculative-tokens): the served tokens are generate's, greedy and
+// sampled, beside other requests and at tp 2, and drafts were kept (the replica's counters in
+// /metrics), so the path ran.
+TEST(Serve, SpeculativeDecodingServesGeneratesTokens) {
+  std::vector<std::vector<int32_t>> greedy, sampled;
+  for (const auto& p : prompts) {
+    greedy.push_back(generate_ids(p, 40, "--temperature 0"));
+    sampled.push_back(generate_ids(p, 40, "--temperature 0.8 --top-k 40 --seed 7"));
+  }
+  server_process s(bin, {"--model", model_dir, "--tp", "2", "--speculative-tokens", "4", "--prompt-lookup-min", "1"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  EXPECT_EQ(served_ids(s.port(), 8, 40, {{"temperature", 0}}), greedy);
+  EXPECT_EQ(served_ids(s.port(), 8, 40, {{"temperature", 0.8}, {"top_k", 40}, {"seed", 7}}), sampled);
+  // The counters reach /metrics with the router's next load report (every few hundred ms).
+  double drafted = 0, accepted = 0;
+  for (int i = 0; i < 50 && accepted == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::string m = http_request(s.port(), "GET", "/metrics").body;
+    auto value = [&](const std::string& name) {
+      const size_t at = m.find("\n" + name + "{");
+      if (at == std::string::npos) return 0.0;
+      return std::stod(m.substr(m.find("} ", at) + 2));
+    };
+    drafted = value("llmesh_spec_decode_draft_tokens_total");
+    accepted = value("llmesh_spec_decode_accepted_tokens_total");
+  }
+  EXPECT_GT(accepted, 0.0) << "no draft kept: speculation did not run";
+  EXPECT_GE(drafted, accepted);
+}
+
 // The bundled model answers a chat in scripture's words (issue 7's check of the served path):
 // greedy, so the same bits on every machine.
 TEST(Serve, ChatAnswersInTheCorpusVocabulary) {

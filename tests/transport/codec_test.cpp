@@ -38,6 +38,7 @@ std::vector<envelope> samples() {
       cancel_msg{9},
       status_request{},
       load_msg{5, true, 3, 4, 100, 4096},
+      load_msg{6, true, 1, 0, 10, 64, 1ull << 40, 12345},
       hello_msg{"replica-a", {role::replica, role::router}, "127.0.0.1:7101", {2, 24ull << 30, 0, 6}, std::string("\x00\x01\xff", 3)},
       challenge_msg{std::string(32, '\x7f')},
       proof_msg{std::string(32, '\x01')},
@@ -55,6 +56,8 @@ std::vector<envelope> samples() {
       shard_step_msg{41, {5, 6, 7, -1, 299}, {3, 0, 9}, {{4, 0, 2, false}, {1, 17, 1, true}}, {{{0.7f, 0.9f, 40, 1ull << 63}, 18}}},
       // A prompt chunk scored, its successor known; the last chunk of another scored.
       shard_step_msg{42, {5, 6, 7, 8}, {3, 4}, {{2, 0, 1, false, 5, 7}, {2, 16, 1, true, 0, -1}}, {{{}, 18}}},
+      // A speculating decode: its last token and two drafts, drawn from all three positions.
+      shard_step_msg{43, {5, 6, 7}, {3, 4}, {{3, 16, 2, true, -1, -1, 3}}, {{{}, 17}, {{}, 18}, {{}, 19}}},
       shard_step_msg{},
       shard_result_msg{41, 1, true, errc::internal, ""},
       shard_result_msg{42, 2, false, errc::shard_failed, "rank 2: out of memory"},
@@ -378,6 +381,14 @@ TEST(Codec, MutatedFramesNeverCrash) {
   }
   EXPECT_GT(refused, 1000u);
   EXPECT_GT(decoded, 100u);  // flips in payload bytes are valid frames with other values
+}
+
+TEST(Codec, AStepSequenceDrawsFromOneToAllOfItsTokens) {
+  for (uint32_t draws : {0u, 4u}) {
+    auto r = decode(encode({{}, {}, 0, 0, shard_step_msg{1, {1, 2, 3}, {0}, {{3, 0, 1, true, -1, -1, draws}}, {}}}));
+    ASSERT_FALSE(r.ok()) << draws;
+    EXPECT_NE(r.err().message.find("draws is " + std::to_string(draws)), std::string::npos) << r.err().message;
+  }
 }
 
 }  // namespace

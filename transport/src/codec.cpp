@@ -107,6 +107,8 @@ struct writer {
     l.setWaiting(m.waiting);
     l.setKvUsed(m.kv_used);
     l.setKvTotal(m.kv_total);
+    l.setSpecDrafted(m.drafted);
+    l.setSpecAccepted(m.accepted);
   }
   void operator()(const hello_msg& m) {
     auto h = b.initHello();
@@ -174,6 +176,7 @@ struct writer {
       seqs[i].setWantLogits(m.seqs[i].want_logits);
       seqs[i].setPromptLogprobs(m.seqs[i].prompt_logprobs);
       seqs[i].setNext(m.seqs[i].next);
+      seqs[i].setDraws(m.seqs[i].draws);
     }
     auto rows = st.initRows(static_cast<unsigned>(m.rows.size()));
     for (unsigned i = 0; i < m.rows.size(); ++i) {
@@ -368,7 +371,8 @@ struct reader {
       case Body::STATUS_REQUEST: out = status_request{}; break;
       case Body::LOAD: {
         auto l = b.getLoad();
-        out = load_msg{l.getReplica(), l.getReady(), l.getRunning(), l.getWaiting(), l.getKvUsed(), l.getKvTotal()};
+        out = load_msg{l.getReplica(), l.getReady(), l.getRunning(), l.getWaiting(), l.getKvUsed(), l.getKvTotal(),
+                       l.getSpecDrafted(), l.getSpecAccepted()};
         break;
       }
       case Body::HELLO: {
@@ -426,7 +430,11 @@ struct reader {
         m.tables = ints(st.getBlockTable(), "blockTable");
         if (fits(st.getSeqs(), "seqs")) {
           for (auto x : st.getSeqs()) {
-            m.seqs.push_back({x.getNTokens(), x.getPos0(), x.getNBlocks(), x.getWantLogits(), x.getPromptLogprobs(), x.getNext()});
+            m.seqs.push_back({x.getNTokens(), x.getPos0(), x.getNBlocks(), x.getWantLogits(), x.getPromptLogprobs(), x.getNext(),
+                              x.getDraws()});
+            if (x.getDraws() < 1 || x.getDraws() > x.getNTokens()) {
+              err = bad("seqs.draws is " + std::to_string(x.getDraws()) + " (1..nTokens, " + std::to_string(x.getNTokens()) + ")");
+            }
             if (x.getPromptLogprobs() < -1 || x.getPromptLogprobs() > max_logprobs) {
               err = bad("seqs.promptLogprobs is " + std::to_string(x.getPromptLogprobs()) + " (-1..." +
                         std::to_string(max_logprobs) + ")");

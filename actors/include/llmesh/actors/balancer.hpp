@@ -28,6 +28,7 @@ struct replica_load {
   bool ready = true;  ///< false while loading, draining or dead: never picked
   size_t running = 0, waiting = 0;
   size_t kv_used = 0, kv_total = 0;  ///< KV blocks held by requests (cached-free ones excluded), of all
+  size_t drafted = 0, accepted = 0;  ///< speculative decoding: drafts run and kept since the replica started
 };
 
 /// Thread affinity: the router's. Deterministic for a given seed and sequence of calls.

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "llmesh/actors/block_manager.hpp"
+#include "llmesh/actors/ngram_proposer.hpp"
 #include "llmesh/kernels/sampling.hpp"
 
 namespace llmesh::actors {
@@ -27,6 +28,13 @@ namespace llmesh::actors {
 struct scheduler_config {
   size_t max_batch_tokens = 2048;  ///< tokens per step (prefill chunks + decodes)
   size_t max_seqs = 256;           ///< sequences per step
+  /// Speculative decoding by prompt lookup (off by default): a decoding request that may
+  /// speculate (request_spec::speculate) runs its next token with up to `tokens` drafts, and
+  /// keeps each draft the model itself draws at that position, plus the token drawn after the
+  /// last one kept. Each drawn token is the one a plain decode would draw (the caller's kernels
+  /// are batch- and chunk-invariant and its sampling keyed by position), so the output is the
+  /// same, in fewer steps when drafts are right.
+  speculation_config speculation;
 };
 
 struct request_spec {
@@ -38,6 +46,10 @@ struct request_spec {
   /// position is computed (no prefix-cache hit until the first token is out) and each chunk
   /// asks for its positions' successors to be scored.
   int prompt_logprobs = -1;
+  /// Its drafts may run (scheduler_config::speculation): the caller says so when each draw
+  /// depends on nothing but the position's logits (no penalties, bias, grammar or min_tokens,
+  /// which follow the output drawn so far).
+  bool speculate = false;
 };
 
 /// One sequence's part of a planned step. Spans point into the scheduler's request state and
@@ -50,6 +62,9 @@ struct scheduled_seq {
   bool want_logits = false;              ///< the chunk ends the known tokens: sample after it
   int prompt_logprobs = -1;              ///< score the chunk's prompt positions (model::step_sequence)
   int32_t next = -1;                     ///< the token after the chunk, when it is a prompt token
+  /// Rows drawn from its last positions: 1, or 1 + its drafts (tokens = the last token, then
+  /// the drafts) when it speculates.
+  uint32_t draws = 1;
 };
 
 struct step_plan {
@@ -71,6 +86,9 @@ struct token_event {
   /// The request failed here (token -1, finish cancelled; replica_core sets it): its grammar
   /// reached a point no vocabulary token continues.
   std::optional<error> failure;
+  /// The step's row this token was drawn from (rows of the want_logits sequences in plan order,
+  /// draws each): where its logprobs are.
+  size_t row = 0;
 };
 
 /// Thread affinity: the replica's thread. Ownership: owns request state; borrows the block
@@ -88,8 +106,10 @@ class batch_scheduler {
 
   /// Plans the next step (reserves its blocks). An empty plan means nothing can run now.
   step_plan schedule();
-  /// Applies a step's results: `sampled` holds one token per want_logits sequence of `plan`, in
-  /// plan order. Finished requests are removed and their blocks released.
+  /// Applies a step's results: `sampled` holds one token per drawn row of `plan` (draws per
+  /// want_logits sequence, in plan order). A speculating sequence keeps its drafts up to the
+  /// first one its drawn token differs from and gives an event per token kept, stopping at an
+  /// end id or max_tokens. Finished requests are removed and their blocks released.
   std::vector<token_event> complete(const step_plan& plan, std::span<const int32_t> sampled);
 
   size_t waiting() const { return waiting_.size(); }
@@ -97,6 +117,9 @@ class batch_scheduler {
   size_t preemptions() const { return preemptions_; }
   /// Steps × waiting requests put off to share a prefix a running request was computing.
   size_t deferrals() const { return deferrals_; }
+  /// Speculative decoding: drafts run, and drafts kept (drawn as proposed), since construction.
+  size_t drafted() const { return drafted_; }
+  size_t accepted() const { return accepted_; }
   /// Generated tokens so far of a live request (empty for unknown ids).
   std::span<const int32_t> output(uint64_t id) const;
 
@@ -107,8 +130,11 @@ class batch_scheduler {
     size_t n_generated = 0;
     size_t n_computed = 0;        ///< tokens whose KV is in `blocks`
     block_list blocks;
+    std::vector<int32_t> step_tokens;  ///< a speculating step's: the last token, then the drafts
   };
   void preempt(uint64_t id);
+  /// A decoding request's tokens for this step: 1, or 1 + the drafts it runs (in step_tokens).
+  size_t speculate(request& r, size_t budget);
   bool admit(request& r, size_t& budget);
   /// Whether `r` should wait for a running request to finish computing the prefix they share:
   /// whole blocks covering at least half of r's tokens that the prefix cache does not hold yet.
@@ -124,6 +150,8 @@ class batch_scheduler {
   std::vector<uint64_t> running_;  ///< admission order
   size_t preemptions_ = 0;
   size_t deferrals_ = 0;
+  size_t drafted_ = 0, accepted_ = 0;
+  std::vector<int32_t> draft_;  ///< scratch
 };
 
 }  // namespace llmesh::actors

@@ -18,6 +18,9 @@ inline constexpr const char* kv_usage = "llmesh_kv_cache_usage_ratio";   ///< la
 inline constexpr const char* migrations = "llmesh_request_migrations_total";
 inline constexpr const char* routed = "llmesh_replica_requests_total";  ///< label: replica
 inline constexpr const char* replicas_ready = "llmesh_replicas_ready";
+/// Speculative decoding (vLLM's spec_decode_num_draft_tokens / num_accepted_tokens); label: replica.
+inline constexpr const char* spec_drafted = "llmesh_spec_decode_draft_tokens_total";
+inline constexpr const char* spec_accepted = "llmesh_spec_decode_accepted_tokens_total";
 inline constexpr const char* gateway_inflight = "llmesh_gateway_requests_inflight";
 
 /// Declares every family above in `r` (idempotent).

@@ -109,6 +109,10 @@ class engine {
 
   /// The backend the shards run on ("cpu" or "cuda").
   const char* backend_name() const { return on_cuda_ ? "cuda" : "cpu"; }
+  /// Whether a position's logits are the same whatever shares its step and however its
+  /// sequence is chunked: always on the CPU, on CUDA with `deterministic`. Speculative
+  /// decoding relies on it to give exactly the tokens a plain decode would.
+  bool batch_invariant() const { return !on_cuda_ || opt_.deterministic; }
   /// Why `auto` chose the CPU on a CUDA build ("" otherwise): for the caller's log line.
   const std::string& device_note() const { return device_note_; }
 

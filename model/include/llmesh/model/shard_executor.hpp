@@ -52,7 +52,17 @@ struct step_sequence {
   /// and its last position is drawn from instead).
   int prompt_logprobs = -1;
   int32_t next = -1;
+  /// Rows drawn from (with want_logits): the last `draws` positions each give one, in order —
+  /// a decode step that verifies speculated tokens (the token after position pos0 + i is drawn
+  /// from that position's logits, which are those a step ending there would give). At least 1,
+  /// at most tokens.size() and max_draws; above 1 only without prompt scoring.
+  uint32_t draws = 1;
 };
+
+/// The most rows one sequence may draw from in a step (step_sequence::draws).
+inline constexpr uint32_t max_draws = 64;
+/// The rows `s` draws from: its draws when it wants logits, else none.
+inline size_t drawn_rows(const step_sequence& s) { return s.want_logits ? s.draws : 0; }
 
 /// How many positions of `s` a step scores (step_sequence::prompt_logprobs).
 size_t scored_positions(const step_sequence& s);
@@ -70,7 +80,7 @@ struct step_logprobs {
   }
 };
 
-/// Refuses a step whose sampling rows do not match its sequences with want_logits, one to one.
+/// Refuses a step whose sampling rows do not match its sequences' drawn rows (drawn_rows), one to one.
 [[nodiscard]] status check_sample_rows(std::span<const step_sequence> batch, size_t rows);
 
 /// One rank's forward step on some device: the CPU (shard_executor below) or a GPU
@@ -79,13 +89,13 @@ class step_executor {
  public:
   virtual ~step_executor() = default;
 
-  /// Runs one step. On success every rank's `logits` holds [n_want][vocab] (rows in batch
-  /// order of the sequences with want_logits). REQUIRES: token ids < vocab, block tables
+  /// Runs one step. On success every rank's `logits` holds [n_want][vocab] (the drawn rows,
+  /// drawn_rows of each sequence, in batch order). REQUIRES: token ids < vocab, block tables
   /// cover pos0 + tokens.size() (the engine checks both before calling).
   [[nodiscard]] virtual status forward(std::span<const step_sequence> batch, std::vector<float>& logits) = 0;
 
-  /// Runs one step and draws the token of each wanted row (kernels::sample with rows[i], one
-  /// row per sequence with want_logits, in batch order): rank 0's `tokens` get one per row,
+  /// Runs one step and draws the token of each wanted row (kernels::sample with rows[i]: the
+  /// drawn rows of each sequence, in batch order): rank 0's `tokens` get one per row,
   /// other ranks' are left empty. On a GPU only the ids cross back to the host (and the rows
   /// of those that ask for logprobs, and the scored positions'). With `logprobs`, rank 0 also
   /// fills its rows as kernels::logprobs_rows does (empty when no row asks) and its prompt

@@ -88,6 +88,7 @@ struct load_msg {
   bool ready = false;
   uint32_t running = 0, waiting = 0;
   uint64_t kv_used = 0, kv_total = 0;
+  uint64_t drafted = 0, accepted = 0;  ///< speculative decoding's drafts run and kept
   bool operator==(const load_msg&) const = default;
 };
 
@@ -175,6 +176,7 @@ struct step_seq {
   bool want_logits = true;
   int32_t prompt_logprobs = -1;  ///< -1..max_logprobs (checked on decode)
   int32_t next = -1;             ///< -1 or a token id (the engine checks it against the vocabulary)
+  uint32_t draws = 1;            ///< rows drawn from its last positions (1..n_tokens, checked on decode)
   bool operator==(const step_seq&) const = default;
 };
 /// One step for a shard in another process; sequence i's tokens and block table are the next
@@ -188,7 +190,7 @@ struct shard_step_msg {
   uint64_t step = 0;
   std::vector<int32_t> tokens, tables;
   std::vector<step_seq> seqs;
-  std::vector<step_row> rows;  ///< one per sequence with want_logits
+  std::vector<step_row> rows;  ///< one per drawn row (draws of each sequence with want_logits)
   bool operator==(const shard_step_msg&) const = default;
 };
 struct shard_result_msg {

@@ -1,0 +1,32 @@
+// A replica's speculative-decoding flags, shared by `llmesh serve` and `llmesh node` (a
+// replica node): one definition, the same names as vLLM's ngram speculation settings.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "llmesh/actors/ngram_proposer.hpp"
+#include "llmesh/common/error.hpp"
+
+namespace llmesh::cli {
+
+/// Adds --speculative-tokens, --prompt-lookup-max and --prompt-lookup-min to `sub`.
+inline void add_speculation_flags(CLI::App* sub, actors::speculation_config& c) {
+  sub->add_option("--speculative-tokens", c.tokens,
+                  "Speculative decoding by prompt lookup: drafts per step (0: off); the output is unchanged")
+      ->check(CLI::Range(size_t{0}, actors::max_speculative_tokens))
+      ->capture_default_str();
+  sub->add_option("--prompt-lookup-max", c.max_n, "Speculation: longest n-gram looked up in the context")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  sub->add_option("--prompt-lookup-min", c.min_n, "Speculation: shortest n-gram that counts as a match")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+}
+
+/// Refuses settings CLI11's ranges cannot see: a lookup whose shortest n-gram is above its longest.
+[[nodiscard]] inline status check_speculation_flags(const actors::speculation_config& c) {
+  if (c.min_n > c.max_n) return make_error(errc::invalid_request, "--prompt-lookup-min is above --prompt-lookup-max");
+  return ok_status();
+}
+
+}  // namespace llmesh::cli
