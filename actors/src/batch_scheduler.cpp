@@ -83,13 +83,20 @@ bool batch_scheduler::awaits_shared_prefix(const request& r) const {
 
 size_t batch_scheduler::speculate(request& r, size_t budget) {
   const auto& cfg = cfg_.speculation;
-  if (!r.spec.speculate || cfg.tokens == 0 || scoring(r) || budget < 2) return 1;
+  if (!r.spec.speculate || cfg.tokens == 0 || scoring(r) || r.n_generated == 0 || budget < 2) return 1;
   // Drafts past max_tokens would be drawn for nothing.
   const size_t k = std::min({cfg.tokens, max_speculative_tokens, r.spec.max_tokens - r.n_generated - 1, budget - 1});
   if (k == 0 || propose_ngram(r.tokens, cfg, k, draft_) == 0) return 1;
-  // Only blocks that are free, leaving one for each running request: drafts never preempt.
-  const size_t more = blocks_.blocks_needed(r.blocks, r.n_computed + 1 + draft_.size());
-  if (more > 0 && blocks_.free_blocks() < more + running_.size()) return 1;
+  // Past an end id nothing is drawn; and the caller may know drafts can never be drawn (a
+  // grammar that does not allow them).
+  for (size_t i = 0; i < draft_.size(); ++i) {
+    if (std::find(r.spec.eos_ids.begin(), r.spec.eos_ids.end(), draft_[i]) != r.spec.eos_ids.end()) draft_.resize(i + 1);
+  }
+  if (filter_) draft_.resize(std::min(draft_.size(), filter_(r.spec.id, draft_)));
+  if (draft_.empty()) return 1;
+  // Only blocks nobody uses, not even the prefix cache (every request of the step has its
+  // blocks already; complete() gives these back): drafts never preempt or evict.
+  if (blocks_.blocks_needed(r.blocks, r.n_computed + 1 + draft_.size()) > blocks_.unused_blocks()) return 1;
   if (!blocks_.reserve(r.blocks, r.n_computed + 1 + draft_.size()).ok()) return 1;
   r.step_tokens.push_back(r.tokens.back());
   r.step_tokens.insert(r.step_tokens.end(), draft_.begin(), draft_.end());
@@ -105,9 +112,8 @@ step_plan batch_scheduler::schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0 && picks.size() < cfg_.max_seqs;) {
     const uint64_t id = running_[i];
     auto& r = requests_.at(id);
-    size_t n = std::min(r.tokens.size() - r.n_computed, budget);
+    const size_t n = std::min(r.tokens.size() - r.n_computed, budget);
     r.step_tokens.clear();
-    if (n == 1 && r.n_computed + 1 == r.tokens.size()) n = speculate(r, budget);
     bool ok = blocks_.reserve(r.blocks, r.n_computed + n).ok();
     while (!ok && running_.back() != id) {  // free blocks by preempting the newest request
       const uint64_t victim = running_.back();
@@ -152,6 +158,15 @@ step_plan batch_scheduler::schedule() {
     const size_t n = std::min(r.tokens.size() - r.n_computed, budget);
     picks.emplace_back(id, n);
     budget -= n;
+  }
+  // Speculation last: drafts take only the budget and blocks every running request's token and
+  // every admission left over, decodes in admission order.
+  for (auto& [id, n] : picks) {
+    if (budget < 2) break;
+    auto& r = requests_.at(id);
+    if (n != 1 || r.n_computed + 1 != r.tokens.size()) continue;  // a prompt chunk
+    n = speculate(r, budget);
+    budget -= n - 1;
   }
   for (const auto& [id, n] : picks) {
     const auto& r = requests_.at(id);
@@ -200,7 +215,9 @@ std::vector<token_event> batch_scheduler::complete(const step_plan& plan, std::s
       const int32_t tok = sampled[next + i];
       r.tokens.push_back(tok);
       ++r.n_generated;
-      token_event e{s.id, tok, finish_reason::none, std::nullopt, {}};
+      token_event e;
+      e.id = s.id;
+      e.token = tok;
       e.row = next + i;
       if (std::find(r.spec.eos_ids.begin(), r.spec.eos_ids.end(), tok) != r.spec.eos_ids.end()) {
         e.finish = finish_reason::eos;
@@ -219,6 +236,7 @@ std::vector<token_event> batch_scheduler::complete(const step_plan& plan, std::s
     r.n_computed += kept;
     r.step_tokens.clear();
     blocks_.commit(r.blocks, std::span<const int32_t>(r.tokens).first(r.n_computed));
+    if (!drafts.empty()) blocks_.trim(r.blocks, r.n_computed);  // the blocks of drafts not kept, as a plain step leaves it
     if (finished) cancel(s.id);
   }
   return events;

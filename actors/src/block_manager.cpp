@@ -104,6 +104,21 @@ void block_manager::commit(block_list& b, std::span<const int32_t> tokens) {
   }
 }
 
+void block_manager::trim(block_list& b, size_t n_tokens) {
+  const size_t keep = std::max((n_tokens + block_size_ - 1) / block_size_, b.n_hashed);
+  while (b.ids.size() > keep) {
+    const int32_t id = b.ids.back();
+    b.ids.pop_back();
+    if (--ref_[id] > 0) continue;
+    if (cached_[id]) {  // not reachable (only hashed blocks are cached), kept for safety
+      lru_pos_[id] = lru_.insert(lru_.end(), id);
+      in_lru_[id] = true;
+    } else {
+      free_.push_back(id);
+    }
+  }
+}
+
 void block_manager::release(block_list& b) {
   for (int32_t id : b.ids) {
     if (--ref_[id] > 0) continue;

@@ -10,7 +10,9 @@
 namespace llmesh::actors {
 
 replica_core::replica_core(model::engine& eng, scheduler_config cfg, bool prefix_caching)
-    : eng_(eng), blocks_(eng.kv_blocks(), eng.kv_block_size(), prefix_caching), sched_(cfg, blocks_) {}
+    : eng_(eng), blocks_(eng.kv_blocks(), eng.kv_block_size(), prefix_caching), sched_(cfg, blocks_) {
+  sched_.set_draft_filter([this](uint64_t id, std::span<const int32_t> drafts) { return grammatical_drafts(id, drafts); });
+}
 
 replica_core::~replica_core() = default;
 
@@ -84,9 +86,9 @@ status replica_core::submit(replica_request r) {
   spec.max_tokens = r.max_tokens;
   spec.eos_ids = std::move(r.eos_ids);
   spec.prompt_logprobs = r.sampling.prompt_logprobs;
-  // A draw that depends on the output drawn so far (penalties, bias, grammar, min_tokens)
-  // cannot be made for several positions at once; nor can logits that shift with the batch.
-  spec.speculate = !adjust && eng_.batch_invariant();
+  // Drafts are checked by drawing after each as a plain decode would (each row's adjustments
+  // count the drafts before it): only logits that shift with the batch rule it out.
+  spec.speculate = eng_.batch_invariant();
   const size_t prompt_len = spec.prompt.size();
   LLMESH_TRY(sched_.add(std::move(spec)));
   sampling_[r.id] = r.sampling;
@@ -126,6 +128,66 @@ bool replica_core::cancel(uint64_t id) {
   return sched_.cancel(id);
 }
 
+size_t replica_core::grammatical_drafts(uint64_t id, std::span<const int32_t> drafts) const {
+  auto a = adjust_.find(id);
+  if (a == adjust_.end() || !a->second.matcher) return drafts.size();
+  const auto& st = a->second;
+  model::grammar_matcher m = *st.matcher;
+  for (size_t n = 0; n < drafts.size(); ++n) {
+    const int32_t t = drafts[n];
+    // An end id is drawable only where the grammar is complete; nothing follows it.
+    if (std::find(st.end_ids.begin(), st.end_ids.end(), t) != st.end_ids.end()) return m.accepting() ? n + 1 : n;
+    if (vocab_->excluded(t) || !m.accept(vocab_->bytes(t))) return n;
+  }
+  return drafts.size();
+}
+
+void replica_core::build_views(adjust_state& st, const kernels::sampling_params& p, std::span<const int32_t> drafts) {
+  const size_t rows = drafts.size() + 1;
+  const bool penalties = kernels::has_penalties(p);
+  st.views.assign(rows, {});
+  st.masks.assign(st.matcher ? rows : 0, nullptr);
+  st.seen_rows.resize(penalties ? rows - 1 : 0);
+  std::optional<model::grammar_matcher> m;  // the grammar after the drafts so far
+  if (st.matcher && !drafts.empty()) m = *st.matcher;
+  const model::grammar_matcher* at = st.matcher ? &*st.matcher : nullptr;
+  for (size_t j = 0; j < rows; ++j) {
+    auto& v = st.views[j];
+    if (j > 0) {
+      const int32_t d = drafts[j - 1];
+      if (m && !(std::find(st.end_ids.begin(), st.end_ids.end(), d) == st.end_ids.end() && !vocab_->excluded(d) &&
+                 m->accept(vocab_->bytes(d)))) {
+        // The filter kept only drafts the grammar accepts (an end id last): no row after this
+        // one can be kept, so its rows repeat the previous one.
+        for (; j < rows; ++j) st.views[j] = st.views[j - 1];
+        break;
+      }
+      if (m) at = &*m;
+      if (penalties) {  // d counts as output from this row on
+        auto& seen = st.seen_rows[j - 1];
+        seen = j == 1 ? st.seen : st.seen_rows[j - 2];
+        if (auto it = st.index.find(d); it != st.index.end()) {
+          ++seen[it->second].count;
+        } else {
+          auto t = std::find_if(seen.begin() + static_cast<std::ptrdiff_t>(st.seen.size()), seen.end(),
+                                [&](const kernels::seen_token& x) { return x.id == d; });
+          if (t != seen.end()) ++t->count;
+          else seen.push_back({d, 1});
+        }
+      }
+    }
+    v.seen = j > 0 && penalties ? std::span<const kernels::seen_token>(st.seen_rows[j - 1]) : std::span<const kernels::seen_token>(st.seen);
+    v.bias = st.bias;
+    if (at) {
+      st.masks[j] = masks_.get(*vocab_, *at, st.end_ids);
+      v.allowed = *st.masks[j];
+    }
+    // min_tokens yields to a grammar that is complete: only an end id may follow it.
+    const bool too_early = st.generated + j < static_cast<size_t>(std::max(p.min_tokens, 0)) && !(at && at->done());
+    v.banned = too_early ? std::span<const int32_t>(st.end_ids) : std::span<const int32_t>();
+  }
+}
+
 bool replica_core::begin_step() {
   plan_ = sched_.schedule();
   batch_.clear();
@@ -136,25 +198,11 @@ bool replica_core::begin_step() {
     // The token being drawn sits at position pos0 + n: the (seed, position) key generate uses.
     if (!s.want_logits) continue;
     const kernels::sampling_params& p = sampling_.at(s.id);
-    if (s.draws > 1) {  // speculating (never with adjustments): a row per drawn position
-      for (size_t i = 0; i < s.draws; ++i) rows_.push_back({p, s.pos0 + s.tokens.size() - s.draws + 1 + i, nullptr});
-      continue;
-    }
-    const kernels::logits_adjust* adjust = nullptr;
-    if (auto a = adjust_.find(s.id); a != adjust_.end()) {
-      auto& st = a->second;
-      st.view.seen = st.seen;
-      st.view.bias = st.bias;
-      if (st.matcher) {
-        st.mask = masks_.get(*vocab_, *st.matcher, st.end_ids);
-        st.view.allowed = *st.mask;
-      }
-      // min_tokens yields to a grammar that is complete: only an end id may follow it.
-      const bool too_early = st.generated < static_cast<size_t>(std::max(p.min_tokens, 0)) && !(st.matcher && st.matcher->done());
-      st.view.banned = too_early ? std::span<const int32_t>(st.end_ids) : std::span<const int32_t>();
-      adjust = &st.view;
-    }
-    rows_.push_back({p, s.pos0 + s.tokens.size(), adjust});
+    // A row per drawn position: after the last token, then after each draft (speculation).
+    const size_t first = s.pos0 + s.tokens.size() - s.draws + 1;
+    auto a = adjust_.find(s.id);
+    if (a != adjust_.end()) build_views(a->second, p, s.tokens.last(s.draws - 1));
+    for (size_t j = 0; j < s.draws; ++j) rows_.push_back({p, first + j, a != adjust_.end() ? &a->second.views[j] : nullptr});
   }
   in_step_ = true;
   return true;
@@ -173,7 +221,11 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
     }
   }
   auto events = sched_.complete(plan_, sampled);
+  std::vector<token_event> out;
+  out.reserve(events.size());
+  std::unordered_set<uint64_t> ended;  // by its grammar at a token kept earlier in this step
   for (auto& e : events) {
+    if (ended.contains(e.id)) continue;  // the tokens kept after it are not output
     if (e.row < logprobs.rows.size()) e.logprobs = logprobs.rows[e.row];
     if (auto it = scored_.find(e.id); it != scored_.end()) {  // its first token
       e.prompt_logprobs = std::move(it->second);
@@ -199,10 +251,12 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
         }
         sampling_.erase(e.id);
         adjust_.erase(a);
+        ended.insert(e.id);
       }
     }
+    out.push_back(std::move(e));
   }
-  return events;
+  return out;
 }
 
 result<std::vector<token_event>> replica_core::step() {

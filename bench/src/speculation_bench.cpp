@@ -84,6 +84,7 @@ status run_speculation_bench(const speculation_bench_options& opt) {
   if (opt.tokens == 0 || opt.tokens > actors::max_speculative_tokens) {
     return make_error(errc::invalid_request, "--speculative-tokens must be 1 to " + std::to_string(actors::max_speculative_tokens));
   }
+  if (opt.min_n > opt.max_n) return make_error(errc::invalid_request, "--prompt-lookup-min is above --prompt-lookup-max");
   auto m = model::model::load(opt.model_dir);
   if (!m) return m.take_error();
   const auto& c = (*m)->config();

@@ -415,17 +415,56 @@ TEST_F(ReplicaCore, SpeculatedTokensCarryTheLogprobsOfAPlainDecode) {
   }
 }
 
-TEST_F(ReplicaCore, RequestsWithPenaltiesOrBiasDoNotSpeculate) {
-  auto reqs = copying_requests(requests(4));
-  for (auto& r : reqs) r.sampling.repetition_penalty = 1.2f;
+TEST_F(ReplicaCore, SpeculationWithPenaltiesBiasAndMinTokensGivesGeneratesTokens) {
+  // Each drawn row's adjustments count the drafts before it as output: the penalties, the
+  // bias and min_tokens's ban see what a plain decode would have seen at that position.
+  auto reqs = copying_requests(requests(12));
+  for (auto& r : reqs) {
+    switch (r.id % 4) {
+      case 0: r.sampling.repetition_penalty = 1.3f; break;
+      case 1: r.sampling.frequency_penalty = 0.4f, r.sampling.presence_penalty = 0.3f; break;
+      case 2: r.sampling.min_tokens = 20, r.eos_ids = {7, 8, 9, 10, 11, 12, 13, 14}; break;
+      default: r.logit_bias = {{5, 4.0f}, {6, -3.0f}};
+    }
+    if (r.id % 3 == 0) r.sampling.frequency_penalty = -1.5f;  // rewards repeats: drafts get kept, and counts matter
+  }
+  auto want = alone(reqs, 1);
+  for (int tp : {1, 2}) {
+    auto e = engine(tp, 1024);
+    scheduler_config cfg;
+    cfg.max_batch_tokens = 48;
+    cfg.speculation = {4, 3, 1};
+    replica_core rc(*e, cfg);
+    auto got = serve(rc, reqs);
+    for (const auto& r : reqs) EXPECT_EQ(got[r.id], want[r.id]) << "request " << r.id << " tp " << tp;
+    EXPECT_GT(rc.scheduler().accepted(), 0u) << "no draft kept: the test no longer exercises speculation";
+  }
+}
+
+TEST_F(ReplicaCore, SpeculationHoldsBackAnEndUntilMinTokensAtEveryRow) {
+  // The end id is what greedy wants most (a large bias): each request ends exactly when
+  // min_tokens allows it, wherever that falls among a step's drafts.
+  auto reqs = copying_requests(requests(8));
+  for (auto& r : reqs) {
+    r.sampling = {};
+    r.sampling.seed = 1000 + r.id;
+    r.sampling.frequency_penalty = -1.5f;  // repeats: drafts get kept
+    r.sampling.min_tokens = static_cast<int>(9 + r.id * 2);
+    r.eos_ids = {7};
+    r.logit_bias = {{7, 60.0f}};
+    r.max_tokens = 60;
+  }
   auto want = alone(reqs, 1);
   auto e = engine(1, 1024);
   scheduler_config cfg;
-  cfg.speculation = {4, 3, 1};
+  cfg.speculation = {6, 3, 1};
   replica_core rc(*e, cfg);
   auto got = serve(rc, reqs);
-  for (const auto& r : reqs) EXPECT_EQ(got[r.id], want[r.id]) << "request " << r.id;
-  EXPECT_EQ(rc.scheduler().drafted(), 0u);
+  for (const auto& r : reqs) {
+    EXPECT_EQ(got[r.id], want[r.id]) << "request " << r.id;
+    EXPECT_EQ(got[r.id].size(), static_cast<size_t>(r.sampling.min_tokens) + 1) << "request " << r.id;
+  }
+  EXPECT_GT(rc.scheduler().accepted(), 0u);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -31,7 +32,8 @@ struct scheduler_config {
   /// Speculative decoding by prompt lookup (off by default): a decoding request that may
   /// speculate (request_spec::speculate) runs its next token with up to `tokens` drafts, and
   /// keeps each draft the model itself draws at that position, plus the token drawn after the
-  /// last one kept. Each drawn token is the one a plain decode would draw (the caller's kernels
+  /// last one kept. Drafts are planned after everything else, from the budget and unused
+  /// blocks left over. Each drawn token is the one a plain decode would draw (the caller's kernels
   /// are batch- and chunk-invariant and its sampling keyed by position), so the output is the
   /// same, in fewer steps when drafts are right.
   speculation_config speculation;
@@ -46,9 +48,9 @@ struct request_spec {
   /// position is computed (no prefix-cache hit until the first token is out) and each chunk
   /// asks for its positions' successors to be scored.
   int prompt_logprobs = -1;
-  /// Its drafts may run (scheduler_config::speculation): the caller says so when each draw
-  /// depends on nothing but the position's logits (no penalties, bias, grammar or min_tokens,
-  /// which follow the output drawn so far).
+  /// Its drafts may run (scheduler_config::speculation): the caller says so when it can draw
+  /// each row as a plain decode would (its logits do not depend on the batch, and each row's
+  /// adjustments count the drafts before it).
   bool speculate = false;
 };
 
@@ -104,6 +106,11 @@ class batch_scheduler {
   /// Returns false for unknown ids.
   bool cancel(uint64_t id);
 
+  /// Speculation: how many of a request's drafts (its leading ones) may run; the caller's
+  /// knowledge of what can be drawn (a grammar). Unset: all.
+  using draft_filter = std::function<size_t(uint64_t id, std::span<const int32_t> drafts)>;
+  void set_draft_filter(draft_filter f) { filter_ = std::move(f); }
+
   /// Plans the next step (reserves its blocks). An empty plan means nothing can run now.
   step_plan schedule();
   /// Applies a step's results: `sampled` holds one token per drawn row of `plan` (draws per
@@ -152,6 +159,7 @@ class batch_scheduler {
   size_t deferrals_ = 0;
   size_t drafted_ = 0, accepted_ = 0;
   std::vector<int32_t> draft_;  ///< scratch
+  draft_filter filter_;
 };
 
 }  // namespace llmesh::actors

@@ -40,6 +40,8 @@ class block_manager {
   size_t total_blocks() const { return ref_.size(); }
   /// Blocks an allocation may take now: never-used or freed ones plus evictable cached ones.
   size_t free_blocks() const { return free_.size() + lru_.size(); }
+  /// Blocks an allocation may take now without evicting a cached one.
+  size_t unused_blocks() const { return free_.size(); }
   /// Full blocks registered in the prefix cache (in use or evictable).
   size_t cached_blocks() const { return by_hash_.size(); }
   /// Prompt tokens served from the cache, and prompt tokens looked up, since construction.
@@ -62,6 +64,10 @@ class block_manager {
   /// Registers b's newly full blocks in the prefix cache; `tokens` are the sequence's tokens
   /// whose KV has been computed (the prefix of its prompt + output that its blocks now hold).
   void commit(block_list& b, std::span<const int32_t> tokens);
+
+  /// Gives back b's trailing blocks beyond those covering `n_tokens` positions (never one of its
+  /// hashed blocks): what a step reserved for speculative drafts that were not kept.
+  void trim(block_list& b, size_t n_tokens);
 
   /// Returns all of b's blocks (cached ones stay in the cache, evictable) and empties it.
   void release(block_list& b);

@@ -100,13 +100,21 @@ class replica_core {
     std::vector<int32_t> end_ids;               ///< banned while generated < min_tokens
     std::vector<kernels::token_bias> bias;
     size_t generated = 0;
-    kernels::logits_adjust view;                ///< the step's, pointed to by its row
-    /// Structured outputs: where the output is in its grammar, and the step's mask (held
-    /// while the step runs: view.allowed points into it).
+    /// Structured outputs: where the output is in its grammar.
     std::optional<model::grammar_matcher> matcher;
-    std::shared_ptr<const std::vector<uint32_t>> mask;
+    /// The step's, one per drawn row, pointed to by its rows (row j: after j of the step's
+    /// drafts): the seen counts with those drafts as output (penalties only; row 0 uses
+    /// `seen`), and the grammar's mask there (held while the step runs: allowed points into it).
+    std::vector<kernels::logits_adjust> views;
+    std::vector<std::vector<kernels::seen_token>> seen_rows;
+    std::vector<std::shared_ptr<const std::vector<uint32_t>>> masks;
     void see(int32_t id, bool output);
   };
+  /// Fills st.views for a step that draws after the last token and after each of `drafts`
+  /// (each a draft_filter kept: the grammar accepts it).
+  void build_views(adjust_state& st, const kernels::sampling_params& p, std::span<const int32_t> drafts);
+  /// How many of a constrained request's drafts its grammar accepts (the scheduler's filter).
+  size_t grammatical_drafts(uint64_t id, std::span<const int32_t> drafts) const;
   /// The grammar of a request's constraint, compiled once per distinct spec.
   result<std::shared_ptr<const model::grammar>> grammar_of(const model::constraint_spec& spec);
   /// Follows a constrained request's new token: go on, end here (its grammar is complete and
