@@ -84,8 +84,12 @@ bool batch_scheduler::awaits_shared_prefix(const request& r) const {
 size_t batch_scheduler::speculate(request& r, size_t budget) {
   const auto& cfg = cfg_.speculation;
   if (!r.spec.speculate || cfg.tokens == 0 || scoring(r) || r.n_generated == 0 || budget < 2) return 1;
+  if (r.sit_out > 0) {
+    --r.sit_out;
+    return 1;
+  }
   // Drafts past max_tokens would be drawn for nothing.
-  const size_t k = std::min({cfg.tokens, max_speculative_tokens, r.spec.max_tokens - r.n_generated - 1, budget - 1});
+  const size_t k = std::min({cfg.tokens, r.draft_cap, max_speculative_tokens, r.spec.max_tokens - r.n_generated - 1, budget - 1});
   if (k == 0 || propose_ngram(r.tokens, cfg, k, draft_) == 0) return 1;
   // Past an end id nothing is drawn; and the caller may know drafts can never be drawn (a
   // grammar that does not allow them).
@@ -234,6 +238,16 @@ std::vector<token_event> batch_scheduler::complete(const step_plan& plan, std::s
     if (s.want_logits) next += s.draws;
     accepted_ += kept;
     r.n_computed += kept;
+    if (!drafts.empty() && !finished) {  // how much to try next time
+      if (kept == 0) {
+        r.draft_cap = 1;
+        r.sit_out = (size_t{1} << std::min(r.misses, 5u)) - 1;  // 0, 1, 3, ... 31 steps
+        ++r.misses;
+      } else {
+        r.misses = 0;
+        r.draft_cap = kept == drafts.size() ? 2 * kept : kept + 1;
+      }
+    }
     r.step_tokens.clear();
     blocks_.commit(r.blocks, std::span<const int32_t>(r.tokens).first(r.n_computed));
     if (!drafts.empty()) blocks_.trim(r.blocks, r.n_computed);  // the blocks of drafts not kept, as a plain step leaves it

@@ -417,5 +417,38 @@ TEST(BatchScheduler, SpeculationLeavesEveryRunningRequestItsTokenAndGivesBackUnk
   EXPECT_EQ(m.free_blocks(), m.total_blocks());
 }
 
+/// A model whose continuations lookup cannot guess: a fresh token every time (prompts that
+/// repeat themselves, so lookups find matches to propose).
+int32_t unguessable_next(std::span<const int32_t> context) {
+  const uint32_t mixed = static_cast<uint32_t>(fake_next(context)) * 2654435761u;
+  return static_cast<int32_t>((mixed >> 8) % 20);  // few distinct tokens: lookups always find a match
+}
+
+TEST(BatchScheduler, SpeculationBacksOffWhenNoDraftIsKept) {
+  std::vector<request_spec> reqs;
+  for (uint64_t id = 1; id <= 8; ++id) {
+    request_spec r;
+    r.id = id;
+    for (int rep = 0; rep < 4; ++rep) {
+      for (int32_t t = 0; t < 5; ++t) r.prompt.push_back(static_cast<int32_t>(id * 10) + t);
+    }
+    r.max_tokens = 64;
+    r.speculate = true;
+    reqs.push_back(r);
+  }
+  block_manager m(512, 8);
+  scheduler_config cfg;
+  cfg.speculation = {8, 3, 1};
+  batch_scheduler s(cfg, m);
+  for (const auto& r : reqs) ASSERT_TRUE(s.add(r).ok());
+  size_t steps = 0;
+  auto out = run_all(s, m, cfg, &steps, unguessable_next);
+  for (const auto& r : reqs) EXPECT_EQ(out[r.id], reference(r, unguessable_next)) << "request " << r.id;
+  // Without backing off, every decode (8 requests × 63) would run 8 drafts, ~2500 here; the
+  // first miss cuts a request to 1 draft and sits it out for longer and longer (~110).
+  EXPECT_GT(s.drafted(), 0u);
+  EXPECT_LT(s.drafted(), 8u * 63 / 2) << "drafted " << s.drafted() << " over " << steps << " steps";
+}
+
 }  // namespace
 }  // namespace llmesh::actors

@@ -138,6 +138,12 @@ class batch_scheduler {
     size_t n_computed = 0;        ///< tokens whose KV is in `blocks`
     block_list blocks;
     std::vector<int32_t> step_tokens;  ///< a speculating step's: the last token, then the drafts
+    /// Adaptive speculation: drafts to propose at most (one more than it kept last time, twice
+    /// as many when it kept them all), and steps to sit out after drafts none of which was kept
+    /// (doubling with each such step in a row): text a lookup cannot guess costs little.
+    size_t draft_cap = max_speculative_tokens;
+    size_t sit_out = 0;
+    unsigned misses = 0;
   };
   void preempt(uint64_t id);
   /// A decoding request's tokens for this step: 1, or 1 + the drafts it runs (in step_tokens).
