@@ -105,19 +105,24 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
     r.body = metrics_.render();
     return r;
   }
-  const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions";
+  // vLLM's tokenizer routes sit outside /v1; the API key guards them too (they cost work).
+  const bool tokenizer_route = path == "/tokenize" || path == "/detokenize";
+  const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" || tokenizer_route;
   if (!known && !(path == "/health" || path == "/ready" || path == "/metrics")) {
     return error_reply(make_error(errc::not_found, "no route for " + std::string(method) + " " + std::string(path)));
   }
-  if (path.starts_with("/v1/") && !authorized(authorization)) {
+  if ((path.starts_with("/v1/") || tokenizer_route) && !authorized(authorization)) {
     return error_reply(make_error(errc::unauthorized, "missing or wrong API key (send 'Authorization: Bearer KEY')"));
   }
   if (path == "/v1/models" && get) return models();
   if (path == "/v1/completions" && post) return completions(body);
   if (path == "/v1/chat/completions" && post) return chat_completions(body);
+  if (path == "/tokenize" && post) return tokenize(body);
+  if (path == "/detokenize" && post) return detokenize(body);
   http_reply r = error_reply(make_error(errc::invalid_request, std::string(method) + " is not allowed on " + std::string(path)));
   r.status = 405;
-  r.headers.emplace_back("Allow", path == "/v1/models" || !path.starts_with("/v1/") ? "GET" : "POST");
+  const bool get_route = path == "/v1/models" || !(path.starts_with("/v1/") || tokenizer_route);
+  r.headers.emplace_back("Allow", get_route ? "GET" : "POST");
   return r;
 }
 

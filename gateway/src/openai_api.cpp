@@ -533,13 +533,11 @@ result<completion_request> parse_completion(std::string_view body, const request
   return r;
 }
 
-result<chat_request> parse_chat(std::string_view body, const request_limits& lim) {
-  auto j = parse_object(body);
-  if (!j) return j.take_error();
-  chat_request r;
-  LLMESH_TRY(parse_model(*j, r.model));
-  auto m = j->find("messages");
-  if (m == j->end() || !m->is_array() || m->empty()) return bad("'messages' must be a non-empty array");
+/// Chat messages, checked: objects with a string role and a string, null or text-parts content
+/// (joined into one string), their tool calls normalized.
+status parse_messages(json& j, const request_limits& lim, json& out) {
+  auto m = j.find("messages");
+  if (m == j.end() || !m->is_array() || m->empty()) return bad("'messages' must be a non-empty array");
   if (m->size() > lim.max_messages) return bad("'messages' holds at most " + std::to_string(lim.max_messages) + " entries");
   for (size_t i = 0; i < m->size(); ++i) {
     json& msg = (*m)[i];
@@ -557,10 +555,73 @@ result<chat_request> parse_chat(std::string_view body, const request_limits& lim
       return bad("each message's 'content' must be a string or an array of text parts");
     }
   }
-  r.messages = std::move(*m);
+  out = std::move(*m);
+  return ok_status();
+}
+
+result<chat_request> parse_chat(std::string_view body, const request_limits& lim) {
+  auto j = parse_object(body);
+  if (!j) return j.take_error();
+  chat_request r;
+  LLMESH_TRY(parse_model(*j, r.model));
+  LLMESH_TRY(parse_messages(*j, lim, r.messages));
   LLMESH_TRY(parse_generation(*j, lim, true, r.gen));
   LLMESH_TRY(parse_tools(*j, r.tools));
   LLMESH_TRY(parse_output_constraint(*j, &r.tools, r.gen.constraint));  // last: it compiles
+  return r;
+}
+
+/// An optional model: absent or null leaves it empty.
+status optional_model(const json& j, std::string& model) {
+  auto it = j.find("model");
+  if (it == j.end() || it->is_null()) return ok_status();
+  return parse_model(j, model);
+}
+
+result<tokenize_request> parse_tokenize(std::string_view body, const request_limits& lim) {
+  auto j = parse_object(body);
+  if (!j) return j.take_error();
+  tokenize_request r;
+  LLMESH_TRY(optional_model(*j, r.model));
+  const bool has_prompt = j->contains("prompt"), has_messages = j->contains("messages");
+  if (has_prompt == has_messages) return bad("send exactly one of 'prompt' (a string) and 'messages'");
+  if (has_prompt) {
+    const auto& p = (*j)["prompt"];
+    if (!p.is_string()) return bad("'prompt' must be a string");
+    r.prompt = p.get<std::string>();
+  } else {
+    json messages;
+    LLMESH_TRY(parse_messages(*j, lim, messages));
+    r.messages = std::move(messages);
+    r.add_special_tokens = false;  // the template writes them, as for chat completions
+    if (auto t = j->find("tools"); t != j->end() && !t->is_null()) {
+      if (!t->is_array()) return bad("'tools' must be an array");
+      if (!t->empty()) r.tools = *t;
+    }
+  }
+  LLMESH_TRY(bool_field(*j, "add_special_tokens", r.add_special_tokens));
+  LLMESH_TRY(bool_field(*j, "add_generation_prompt", r.add_generation_prompt));
+  LLMESH_TRY(bool_field(*j, "return_token_strs", r.return_token_strs));
+  bool continue_final = false;
+  LLMESH_TRY(bool_field(*j, "continue_final_message", continue_final));
+  if (continue_final) return bad("'continue_final_message' is not supported by this server");
+  return r;
+}
+
+result<detokenize_request> parse_detokenize(std::string_view body) {
+  auto j = parse_object(body);
+  if (!j) return j.take_error();
+  detokenize_request r;
+  LLMESH_TRY(optional_model(*j, r.model));
+  auto t = j->find("tokens");
+  if (t == j->end() || !t->is_array()) return bad("'tokens' must be an array of token ids");
+  r.tokens.reserve(t->size());
+  for (const auto& v : *t) {
+    if (!v.is_number_integer() || wide_integer(v) < 0 || wide_integer(v) > std::numeric_limits<int32_t>::max()) {
+      return bad("'tokens' must hold non-negative integer token ids");
+    }
+    r.tokens.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
   return r;
 }
 
@@ -608,6 +669,22 @@ result<completion_request> parse_completion_request(std::string_view body, const
 result<chat_request> parse_chat_request(std::string_view body, const request_limits& lim) {
   try {
     return parse_chat(body, lim);
+  } catch (const std::exception& e) {
+    return bad(std::string("malformed request: ") + e.what());
+  }
+}
+
+result<tokenize_request> parse_tokenize_request(std::string_view body, const request_limits& lim) {
+  try {
+    return parse_tokenize(body, lim);
+  } catch (const std::exception& e) {
+    return bad(std::string("malformed request: ") + e.what());
+  }
+}
+
+result<detokenize_request> parse_detokenize_request(std::string_view body) {
+  try {
+    return parse_detokenize(body);
   } catch (const std::exception& e) {
     return bad(std::string("malformed request: ") + e.what());
   }

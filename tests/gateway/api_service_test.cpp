@@ -693,5 +693,56 @@ TEST_F(TwoModels, TheNativeApiChecksTheModelsOwnReplicas) {
   EXPECT_EQ(c.err().code, errc::not_found);
 }
 
+// vLLM's tokenizer endpoints: /tokenize gives the ids a completion or chat request would run
+// (prompt_token_ids), /detokenize the text back; both behind the API key, bad input a 400.
+TEST_F(ApiService, TokenizeGivesTheIdsARequestWouldRunAndDetokenizeTheText) {
+  auto body_of = [&](const api_outcome& o) { return json::parse(std::get<http_reply>(o).body); };
+  auto t = call("POST", "/tokenize", R"({"model":"kjv","prompt":"In the beginning God created"})");
+  ASSERT_EQ(status(t), 200) << std::get<http_reply>(t).body;
+  auto j = body_of(t);
+  auto c = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"In the beginning God created"})");
+  ASSERT_EQ(c.index(), 1u);
+  EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), req(c).prompt);
+  EXPECT_EQ(j["count"], req(c).prompt.size());
+  EXPECT_EQ(j["max_model_len"], cfg_.max_positions);
+  EXPECT_FALSE(j.contains("token_strs"));
+
+  // Chat messages through the template, as /v1/chat/completions renders them; no model: the one served.
+  const std::string messages = R"([{"role":"user","content":"Who is the LORD?"}])";
+  auto tc = body_of(call("POST", "/tokenize", R"({"messages":)" + messages + "}"));
+  auto cc = call("POST", "/v1/chat/completions", R"({"model":"kjv","messages":)" + messages + "}");
+  ASSERT_EQ(cc.index(), 1u);
+  EXPECT_EQ(tc["tokens"].get<std::vector<int32_t>>(), req(cc).prompt);
+  auto no_gen = body_of(call("POST", "/tokenize", R"({"messages":)" + messages + R"(,"add_generation_prompt":false})"));
+  EXPECT_LT(no_gen["count"].get<size_t>(), tc["count"].get<size_t>());
+
+  // Token strings, then the ids back to the text.
+  auto ts = body_of(call("POST", "/tokenize", R"({"prompt":"The LORD is my shepherd","return_token_strs":true})"));
+  std::string joined;
+  for (const auto& s : ts["token_strs"]) joined += s.get<std::string>();
+  EXPECT_NE(joined.find("LORD is my shepherd"), std::string::npos) << joined;
+  auto d = call("POST", "/detokenize", json{{"model", "kjv"}, {"tokens", ts["tokens"]}}.dump());
+  ASSERT_EQ(status(d), 200);
+  EXPECT_NE(body_of(d)["prompt"].get<std::string>().find("The LORD is my shepherd"), std::string::npos);
+
+  // Refusals: the key, the shape, the vocabulary, an unknown model.
+  EXPECT_EQ(status(call("POST", "/tokenize", R"({"prompt":"a"})", "")), 401);
+  EXPECT_EQ(status(call("POST", "/detokenize", R"({"tokens":[1]})", "Bearer no")), 401);
+  EXPECT_EQ(status(call("GET", "/tokenize")), 405);
+  for (const char* bad : {R"({})", R"({"prompt":"a","messages":[{"role":"user","content":"b"}]})", R"({"prompt":[1,2]})",
+                          R"({"messages":[]})", R"({"prompt":"a","add_special_tokens":"yes"})",
+                          R"({"messages":[{"role":"user","content":"a"}],"continue_final_message":true})", "[1]"}) {
+    auto r = call("POST", "/tokenize", bad);
+    EXPECT_EQ(status(r), 400) << bad;
+  }
+  for (const char* bad : {R"({})", R"({"tokens":"1 2"})", R"({"tokens":[1,-2]})", R"({"tokens":[1,1e3]})",
+                          R"({"tokens":[99999999]})", R"({"tokens":[4294967296]})"}) {
+    auto r = call("POST", "/detokenize", bad);
+    EXPECT_EQ(status(r), 400) << bad;
+    EXPECT_NE(body_of(r)["error"]["message"].get<std::string>().find("tok"), std::string::npos) << bad;
+  }
+  EXPECT_EQ(status(call("POST", "/tokenize", R"({"model":"other","prompt":"a"})")), 404);
+}
+
 }  // namespace
 }  // namespace llmesh::gateway

@@ -673,10 +673,16 @@ TEST(OpenaiApi, MutatedBodiesNeverThrow) {
       R"({"type":"array","items":{"type":"integer"}}}}}}],"tool_choice":{"type":"function","function":{"name":"f"}}})",
       R"({"model":"m","prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n","schema":)"
       R"({"type":"object","properties":{"b":{"type":"boolean"}},"required":["b"]}}},"guided_regex":null})",
+      // /tokenize (a prompt; messages with tools) and /detokenize.
+      R"({"model":"m","prompt":"In the beginning","add_special_tokens":false,"return_token_strs":true})",
+      R"({"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false,"tools":[{"type":"function"}]})",
+      R"({"model":"m","tokens":[1,2,3,2147483647]})",
   };
   request_limits lim;
   for (size_t k : {0, 1, 2, 5}) EXPECT_TRUE(parse_completion_request(seed_bodies[k], lim).ok()) << seed_bodies[k];
   for (size_t k : {3, 4}) EXPECT_TRUE(parse_chat_request(seed_bodies[k], lim).ok()) << seed_bodies[k];  // the mutations start from valid bodies
+  for (size_t k : {6, 7}) EXPECT_TRUE(parse_tokenize_request(seed_bodies[k], lim).ok()) << seed_bodies[k];
+  EXPECT_TRUE(parse_detokenize_request(seed_bodies[8]).ok());
   std::mt19937 rng(11);
   const std::string alphabet = "{}[]\",:0123456789.-+eE truefalsnul\\\x80\xff";
   for (int i = 0; i < 24000; ++i) {
@@ -692,11 +698,19 @@ TEST(OpenaiApi, MutatedBodiesNeverThrow) {
     }
     auto a = parse_completion_request(body, lim);
     auto b = parse_chat_request(body, lim);
+    auto t = parse_tokenize_request(body, lim);
+    auto d = parse_detokenize_request(body);
     if (!a.ok()) {
       EXPECT_EQ(a.err().code, errc::invalid_request);
     }
     if (!b.ok()) {
       EXPECT_EQ(b.err().code, errc::invalid_request);
+    }
+    if (!t.ok()) {
+      EXPECT_EQ(t.err().code, errc::invalid_request);
+    }
+    if (!d.ok()) {
+      EXPECT_EQ(d.err().code, errc::invalid_request);
     }
   }
   // Deep nesting is refused or parsed, never a stack overflow.

@@ -143,6 +143,19 @@ TEST(Serve, ChatAnswersInTheCorpusVocabulary) {
   auto img = http_request(s.port(), "POST", "/v1/chat/completions", parts.dump());
   EXPECT_EQ(img.status, 400) << img.body;
   EXPECT_NE(img.body.find("'image_url'"), std::string::npos) << img.body;
+
+  // vLLM's tokenizer routes: /tokenize gives `llmesh tokenize`'s ids, /detokenize the text back.
+  auto cli = run_command(bin + " tokenize --model " + model_dir + " --text 'Who made the heaven and the earth?'");
+  std::vector<int32_t> want;
+  std::stringstream ss(cli.out);
+  for (int32_t id; ss >> id;) want.push_back(id);
+  ASSERT_FALSE(want.empty()) << cli.err;
+  auto t = http_request(s.port(), "POST", "/tokenize", R"({"model":"kjv-tiny","prompt":"Who made the heaven and the earth?"})");
+  ASSERT_EQ(t.status, 200) << t.body;
+  EXPECT_EQ(json::parse(t.body)["tokens"].get<std::vector<int32_t>>(), want);
+  auto d = http_request(s.port(), "POST", "/detokenize", json{{"tokens", want}}.dump());
+  ASSERT_EQ(d.status, 200) << d.body;
+  EXPECT_EQ(json::parse(d.body)["prompt"], "Who made the heaven and the earth?");
 }
 
 /// The choices[0] of each SSE event of a streamed body, merged: text, token ids, finish reason.

@@ -102,8 +102,13 @@ class api_service {
  private:
   api_outcome completions(std::string_view body);
   api_outcome chat_completions(std::string_view body);
+  /// vLLM's /tokenize and /detokenize (api_tokenize.cpp).
+  api_outcome tokenize(std::string_view body);
+  api_outcome detokenize(std::string_view body);
   /// The served model of that name; not_found naming the served ones otherwise.
   result<const served_model*> find(const std::string& name) const;
+  /// find(), or with no name the one model served (several: a 400 asking for one).
+  result<const served_model*> find_or_only(const std::string& name) const;
   /// A prompt as prepare() takes it: its tokens, and the text its choices begin with (echo).
   struct prepared_prompt {
     std::vector<int32_t> ids;

@@ -114,6 +114,25 @@ struct chat_request {
   tool_request tools;
 };
 
+/// vLLM's POST /tokenize: a prompt string (add_special_tokens true unless sent) or chat
+/// messages rendered by the model's chat template (add_special_tokens false unless sent,
+/// add_generation_prompt true unless sent, `tools` passed to the template).
+struct tokenize_request {
+  std::string model;  ///< empty: not sent
+  std::optional<std::string> prompt;
+  std::optional<nlohmann::ordered_json> messages;  ///< validated as chat's
+  nlohmann::ordered_json tools;                    ///< null or the tools array, for the template
+  bool add_special_tokens = true;
+  bool add_generation_prompt = true;
+  bool return_token_strs = false;
+};
+
+/// vLLM's POST /detokenize.
+struct detokenize_request {
+  std::string model;  ///< empty: not sent
+  std::vector<int32_t> tokens;
+};
+
 /// Bounds a request must respect (the server's flags).
 struct request_limits {
   size_t max_tokens = 4096;    ///< largest max_tokens accepted
@@ -172,6 +191,12 @@ struct sampling_input {
 /// accepted. Other unknown fields are ignored.
 [[nodiscard]] result<completion_request> parse_completion_request(std::string_view body, const request_limits& lim);
 [[nodiscard]] result<chat_request> parse_chat_request(std::string_view body, const request_limits& lim);
+/// /tokenize and /detokenize bodies: `model` optional (a non-empty string when sent); exactly
+/// one of `prompt` (a string) and `messages` (as chat's); `tokens` an array of non-negative
+/// 32-bit integers (the vocabulary is checked by the caller). `continue_final_message` true is
+/// refused (not implemented); unknown fields are ignored.
+[[nodiscard]] result<tokenize_request> parse_tokenize_request(std::string_view body, const request_limits& lim);
+[[nodiscard]] result<detokenize_request> parse_detokenize_request(std::string_view body);
 
 /// HTTP status and OpenAI error type of an error kind: the gateway's single mapping.
 struct http_error_kind {

@@ -1,0 +1,67 @@
+// vLLM's tokenizer endpoints on the HTTP API (api_service.hpp): POST /tokenize (a prompt, or
+// chat messages through the model's template) and POST /detokenize. Tokenizer work only: no
+// replica, no concurrency slot.
+#include <nlohmann/json.hpp>
+
+#include "llmesh/gateway/api_service.hpp"
+
+namespace llmesh::gateway {
+
+result<const served_model*> api_service::find_or_only(const std::string& name) const {
+  if (!name.empty()) return find(name);
+  if (models_.size() == 1) return &models_.front();
+  return make_error(errc::invalid_request, "this server serves several models: name one in 'model'");
+}
+
+api_outcome api_service::tokenize(std::string_view body) {
+  auto r = parse_tokenize_request(body, opt_.limits);
+  if (!r) return error_reply(r.err());
+  auto m = find_or_only(r->model);
+  if (!m) return error_reply(m.err());
+  const served_model& sm = **m;
+  std::string text;
+  if (r->prompt) {
+    text = std::move(*r->prompt);
+  } else {
+    if (!sm.chat) {
+      return error_reply(make_error(errc::invalid_request, "the model '" + sm.name + "' has no chat template; send a 'prompt'"));
+    }
+    auto extra = nlohmann::ordered_json::object();
+    if (!r->tools.is_null()) extra["tools"] = r->tools;
+    auto rendered = sm.chat->render(*r->messages, r->add_generation_prompt, extra);
+    if (!rendered) return error_reply(make_error(errc::invalid_request, "chat template: " + rendered.err().message));
+    text = std::move(*rendered);
+  }
+  const auto ids = sm.tok->encode(text, r->add_special_tokens);
+  nlohmann::ordered_json j = {{"count", ids.size()}, {"max_model_len", sm.cfg.max_positions}, {"tokens", ids}};
+  if (r->return_token_strs) {
+    // Each token's text (its bytes; a piece of a character shows as U+FFFD).
+    auto strs = nlohmann::ordered_json::array();
+    for (int32_t id : ids) strs.push_back(sm.tok->decoder().token_bytes(id));
+    j["token_strs"] = std::move(strs);
+  }
+  http_reply out;
+  out.body = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  return out;
+}
+
+api_outcome api_service::detokenize(std::string_view body) {
+  auto r = parse_detokenize_request(body);
+  if (!r) return error_reply(r.err());
+  auto m = find_or_only(r->model);
+  if (!m) return error_reply(m.err());
+  const served_model& sm = **m;
+  for (int32_t id : r->tokens) {
+    if (static_cast<size_t>(id) >= sm.cfg.vocab) {
+      return error_reply(make_error(errc::invalid_request, "token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                                                               std::to_string(sm.cfg.vocab) + ")"));
+    }
+  }
+  // As HF's tokenizer.decode by default (vLLM's): special tokens keep their text.
+  const nlohmann::ordered_json j = {{"prompt", sm.tok->decoder().decode(r->tokens, /*skip_special=*/false)}};
+  http_reply out;
+  out.body = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  return out;
+}
+
+}  // namespace llmesh::gateway
