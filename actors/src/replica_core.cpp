@@ -98,14 +98,8 @@ status replica_core::submit(replica_request r) {
 }
 
 result<std::shared_ptr<const model::grammar>> replica_core::grammar_of(const model::constraint_spec& spec) {
-  std::string key(1, static_cast<char>(spec.type));
-  key += spec.text;
-  if (auto it = grammars_.find(key); it != grammars_.end()) return it->second;
-  auto g = model::compile_constraint(spec);
-  if (!g) return g.take_error();
-  if (grammars_.size() >= 64) grammars_.clear();  // distinct specs are few; a flood only recompiles
-  grammars_.emplace(std::move(key), *g);
-  return *g;
+  // The process's cache: in `llmesh serve` the gateway compiled it already.
+  return model::constraint_cache::shared().get(spec);
 }
 
 replica_core::followed replica_core::follow(adjust_state& st, int32_t token) const {

@@ -1,4 +1,6 @@
-// The Beast HTTP front end (http_server.hpp). One io_context thread serves every connection.
+// The Beast HTTP front end (http_server.hpp). One io_context thread serves every connection;
+// a request's own work (parsing, tokenizing, the chat template, compiling a structured-output
+// spec) runs on a small worker pool, so a costly one never stalls the other connections' streams.
 #include <utility>  // before Asio: asio/awaitable.hpp needs std::exchange (g++ 12)
 
 #include "llmesh/gateway/http_server.hpp"
@@ -14,6 +16,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
@@ -48,6 +51,9 @@ struct http_server::impl {
   std::string full_reply, client_full_reply;
   net::io_context ioc{1};
   tcp::acceptor acceptor{ioc};
+  /// Runs api_service::handle for POSTs. After ioc: destroyed (joined) first, so a handle in
+  /// progress finishes while the session it reads from still exists.
+  net::thread_pool workers{2};
 };
 
 namespace {
@@ -231,8 +237,17 @@ awaitable<void> session(http_server::impl* s, tcp::socket sock, net::ip::address
       }
       auto& req = parser.get();
       const bool keep = req.keep_alive() && !s->stopping;
-      auto outcome = s->api.handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]),
-                                   req.body());
+      auto handle = [s, &req]() -> awaitable<api_outcome> {
+        co_return s->api.handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
+      };
+      // GETs are cheap (health, metrics, models); a POST's work goes to the pool. (No co_await
+      // inside a conditional expression: g++ 12 destroys such a temporary twice.)
+      api_outcome outcome;
+      if (req.method() == http::verb::post) {
+        outcome = co_await net::co_spawn(s->workers, handle, use_awaitable);
+      } else {
+        outcome = s->api.handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
+      }
       bool ok = false;
       if (auto* reply = std::get_if<http_reply>(&outcome)) {
         count_request(s, reply->status);

@@ -4,6 +4,8 @@
 #include <optional>
 #include <vector>
 
+#include "llmesh/model/constraint_cache.hpp"
+
 namespace llmesh::gateway {
 namespace {
 
@@ -288,7 +290,7 @@ status parse_output_constraint(const json& body, const tool_request* tools, mode
     return bad(field_name(a.field) + " is too long (" + std::to_string(a.spec.text.size()) + " bytes; at most " +
                std::to_string(model::max_constraint_bytes) + ")");
   }
-  auto compiled = model::compile_constraint(a.spec);
+  auto compiled = model::constraint_cache::shared().get(a.spec);  // the replica in this process finds it there
   if (!compiled) return bad(field_name(a.field) + ": " + compiled.err().message);
   out = std::move(a.spec);
   return ok_status();

@@ -218,6 +218,26 @@ TEST_F(StructuredOutput, SpeculationDraftsOnlyWhatTheGrammarAllowsAndChangesNoTo
   EXPECT_GT(rc.scheduler().accepted(), 0u) << "no draft kept: the test no longer exercises speculation";
 }
 
+TEST_F(StructuredOutput, TheReplicaUsesTheGrammarTheProcessCompiledAlready) {
+  // The gateway checks a spec by compiling it into the process's cache (structured_output.cpp);
+  // a replica in the same process takes that grammar instead of compiling it again.
+  auto& cache = model::constraint_cache::shared();
+  const model::constraint_spec spec{model::constraint_spec::kind::choice, R"(["shared", "once"])"};
+  ASSERT_TRUE(cache.get(spec).ok());
+  const size_t misses = cache.misses(), hits = cache.hits();
+  auto e = engine(1, 1024);
+  replica_core rc(*e, scheduler_config{});
+  rc.set_vocabulary(vocab_);
+  replica_request r;
+  r.id = 1;
+  r.prompt = {20, 21};
+  r.max_tokens = 20;
+  r.constraint = spec;
+  ASSERT_TRUE(rc.submit(r).ok());
+  EXPECT_EQ(cache.misses(), misses);
+  EXPECT_EQ(cache.hits(), hits + 1);
+}
+
 TEST_F(StructuredOutput, AChoiceEndsWhenCompleteWithOrWithoutAnEndId) {
   auto e = engine(1, 1024);
   replica_core rc(*e, scheduler_config{});

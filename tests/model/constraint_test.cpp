@@ -7,12 +7,14 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "grammar_match.hpp"
 #include "llmesh/model/constraint.hpp"
+#include "llmesh/model/constraint_cache.hpp"
 
 namespace llmesh::model {
 namespace {
@@ -227,6 +229,69 @@ TEST(Constraint, HostileSpecsFinishQuickly) {
     }
     std::printf("%-60s %s %.3fs\n", s.text.substr(0, 60).c_str(), g.ok() ? "ok   " : "error", took);
   }
+}
+
+// The process's compiled-grammar cache: a spec compiles once, a refusal is kept too, entries go
+// least recently used first within the element and entry bounds, and threads share it.
+TEST(ConstraintCache, CompilesASpecOnceAndKeepsRefusals) {
+  constraint_cache cache;
+  const constraint_spec choice{constraint_spec::kind::choice, R"(["yes", "no"])"};
+  auto a = cache.get(choice);
+  auto b = cache.get(choice);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->get(), b->get());  // the same grammar, not a second compile
+  EXPECT_EQ(cache.misses(), 1u);
+  EXPECT_EQ(cache.hits(), 1u);
+  const constraint_spec bad{constraint_spec::kind::regex, "[ab]*a[ab]{20}"};  // too complex: refused
+  auto r1 = cache.get(bad);
+  auto r2 = cache.get(bad);
+  ASSERT_FALSE(r1.ok());
+  ASSERT_FALSE(r2.ok());
+  EXPECT_EQ(r1.err().message, r2.err().message);
+  EXPECT_EQ(r2.err().code, errc::invalid_request);
+  EXPECT_EQ(cache.misses(), 2u);
+  // The kind is part of the key: the same text as a regex is another spec.
+  ASSERT_TRUE(cache.get({constraint_spec::kind::regex, "yes|no"}).ok());
+  ASSERT_TRUE(cache.get({constraint_spec::kind::choice, R"(["yes|no"])"}).ok());
+  EXPECT_EQ(cache.misses(), 4u);
+}
+
+TEST(ConstraintCache, EvictsTheLeastRecentlyUsedWithinItsBounds) {
+  constraint_cache cache(/*max_elements=*/1 << 20, /*max_entries=*/3);
+  auto spec = [](int i) { return constraint_spec{constraint_spec::kind::regex, "x{" + std::to_string(i) + "}"}; };
+  for (int i = 1; i <= 3; ++i) ASSERT_TRUE(cache.get(spec(i)).ok());
+  ASSERT_TRUE(cache.get(spec(1)).ok());  // 1 is now the most recent; 2 the least
+  ASSERT_TRUE(cache.get(spec(4)).ok());  // evicts 2
+  EXPECT_EQ(cache.entries(), 3u);
+  const size_t misses = cache.misses();
+  ASSERT_TRUE(cache.get(spec(1)).ok());
+  ASSERT_TRUE(cache.get(spec(3)).ok());
+  EXPECT_EQ(cache.misses(), misses);
+  ASSERT_TRUE(cache.get(spec(2)).ok());
+  EXPECT_EQ(cache.misses(), misses + 1);
+  // A grammar bigger than the element bound is compiled and returned, never kept.
+  constraint_cache tiny(/*max_elements=*/4, /*max_entries=*/8);
+  ASSERT_TRUE(tiny.get(spec(50)).ok());
+  EXPECT_EQ(tiny.entries(), 0u);
+}
+
+TEST(ConstraintCache, ThreadsShareIt) {
+  constraint_cache cache;
+  std::vector<std::thread> pool;
+  std::vector<int> ok(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    pool.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        auto g = cache.get({constraint_spec::kind::regex, "[0-9]{" + std::to_string(1 + (i + t) % 7) + "}"});
+        ok[t] += g.ok();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(ok[t], 200);
+  EXPECT_EQ(cache.entries(), 7u);
+  EXPECT_EQ(cache.hits() + cache.misses(), 800u);
+  EXPECT_LE(cache.misses(), 7u * 4);  // a spec missed by several threads at once compiles in each
 }
 
 }  // namespace

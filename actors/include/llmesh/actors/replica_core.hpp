@@ -17,6 +17,7 @@
 #include "llmesh/actors/block_manager.hpp"
 #include "llmesh/kernels/sampling.hpp"
 #include "llmesh/model/constraint.hpp"
+#include "llmesh/model/constraint_cache.hpp"
 #include "llmesh/model/engine.hpp"
 #include "llmesh/model/token_mask.hpp"
 
@@ -115,7 +116,8 @@ class replica_core {
   void build_views(adjust_state& st, const kernels::sampling_params& p, std::span<const int32_t> drafts);
   /// How many of a constrained request's drafts its grammar accepts (the scheduler's filter).
   size_t grammatical_drafts(uint64_t id, std::span<const int32_t> drafts) const;
-  /// The grammar of a request's constraint, compiled once per distinct spec.
+  /// The grammar of a request's constraint, compiled once per distinct spec in the process
+  /// (model::constraint_cache::shared()).
   result<std::shared_ptr<const model::grammar>> grammar_of(const model::constraint_spec& spec);
   /// Follows a constrained request's new token: go on, end here (its grammar is complete and
   /// it has no end id to draw), or fail (the token is outside its grammar: drawn from a row the
@@ -129,7 +131,6 @@ class replica_core {
   std::unordered_map<uint64_t, std::vector<kernels::token_logprobs>> scored_;
   std::shared_ptr<const model::token_vocabulary> vocab_;
   model::token_mask_cache masks_;
-  std::unordered_map<std::string, std::shared_ptr<const model::grammar>> grammars_;  ///< by kind + spec text
   step_plan plan_;
   std::vector<model::step_sequence> batch_;
   std::vector<sample_row> rows_;
