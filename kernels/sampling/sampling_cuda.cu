@@ -273,7 +273,24 @@ __global__ void adjust_kernel(float* logits, size_t vocab, const device_adjust* 
   *x = l;
 }
 
+__global__ void mask_kernel(float* logits, size_t vocab, const uint32_t* masks, const uint32_t* rows) {
+  const size_t id = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= vocab) return;
+  const size_t m = blockIdx.y;
+  const uint32_t word = masks[m * ((vocab + 31) / 32) + (id >> 5)];
+  if (!((word >> (id & 31)) & 1u)) logits[static_cast<size_t>(rows[m]) * vocab + id] = -INFINITY;
+}
+
 }  // namespace
+
+status mask_logits(float* logits, size_t vocab, const uint32_t* masks, const uint32_t* rows, size_t n_masks, stream_t s) {
+  if (n_masks == 0 || vocab == 0) return ok_status();
+  if (n_masks > 65535) return make_error(errc::invalid_request, "mask_logits: at most 65535 masked rows a launch");
+  constexpr unsigned block = 256;
+  const dim3 grid(static_cast<unsigned>((vocab + block - 1) / block), static_cast<unsigned>(n_masks));
+  mask_kernel<<<grid, block, 0, s>>>(logits, vocab, masks, rows);
+  return detail::launched("mask_logits");
+}
 
 status adjust_logits(float* logits, size_t vocab, const device_adjust* entries, size_t n, stream_t s) {
   if (n == 0) return ok_status();

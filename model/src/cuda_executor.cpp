@@ -157,9 +157,12 @@ class cuda_executor final : public step_executor {
   const shard_layout& layout() const override { return layout_; }
 
   /// kernels::apply_adjust for every row that needs it, on the device: its biases, its seen
-  /// tokens' penalties, then its bans, one launch each (an id may be in several).
+  /// tokens' penalties, then its bans, one launch each (an id may be in several), then the
+  /// grammar masks as bitmasks (one word per 32 ids a masked row).
   status adjust(std::span<const kernels::sample_row> rows) {
     std::vector<cuda::device_adjust> biases, penalties, bans;
+    std::vector<uint32_t> masks, mask_rows;  // [masked row][words], and each one's logits row
+    const size_t words = cuda::mask_words(cfg_.vocab);
     for (size_t r = 0; r < rows.size(); ++r) {
       if (!kernels::row_adjusts(rows[r])) continue;
       const auto& p = rows[r].params;
@@ -170,24 +173,22 @@ class cuda_executor final : public step_executor {
         }
       }
       for (int32_t id : rows[r].adjust->banned) bans.push_back({row, id, 0, 1, 0.0f, 0.0f, 1.0f, 0});
-      // A grammar's mask as bans of the ids outside it: the bans' kernel, already checked
-      // against the CPU, gives apply_adjust's -inf exactly (one entry per masked id; a device
-      // bitmask kernel would move less).
+      // A grammar's mask, as apply_adjust reads it: words past its end allow nothing.
       if (const auto allowed = rows[r].adjust->allowed; !allowed.empty()) {
-        for (size_t id = 0; id < cfg_.vocab; ++id) {
-          const size_t w = id >> 5;
-          if (w >= allowed.size() || !((allowed[w] >> (id & 31)) & 1u)) {
-            bans.push_back({row, static_cast<int32_t>(id), 0, 1, 0.0f, 0.0f, 1.0f, 0});
-          }
-        }
+        const size_t at = masks.size();
+        masks.resize(at + words, 0u);
+        std::copy_n(allowed.begin(), std::min(words, allowed.size()), masks.begin() + static_cast<std::ptrdiff_t>(at));
+        mask_rows.push_back(row);
       }
       for (const auto& b : rows[r].adjust->bias) biases.push_back({row, b.id, 0, 2, b.bias, 0.0f, 1.0f, 0});
     }
     const size_t n_bias = biases.size(), n_pen = penalties.size(), n = n_bias + n_pen + bans.size();
-    if (n == 0) return ok_status();
+    if (n == 0 && mask_rows.empty()) return ok_status();
     biases.insert(biases.end(), penalties.begin(), penalties.end());
     biases.insert(biases.end(), bans.begin(), bans.end());
-    const size_t bytes = n * sizeof(cuda::device_adjust);
+    // One upload: the entries, then the masks, then their rows (all 4-byte aligned).
+    const size_t entry_bytes = n * sizeof(cuda::device_adjust), mask_bytes = masks.size() * sizeof(uint32_t);
+    const size_t bytes = entry_bytes + mask_bytes + mask_rows.size() * sizeof(uint32_t);
     if (adjust_bytes_ < bytes) {
       auto b = cuda::buffer::device(bytes);
       if (!b) return b.take_error();
@@ -195,10 +196,17 @@ class cuda_executor final : public step_executor {
       adjust_bytes_ = bytes;
     }
     auto* entries = adjust_.as<cuda::device_adjust>();
-    LLMESH_TRY(cuda::copy_to_device(entries, biases.data(), bytes, stream_.get()));
+    auto* dev_masks = reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(adjust_.get()) + entry_bytes);
+    auto* dev_rows = dev_masks + masks.size();
+    if (n > 0) LLMESH_TRY(cuda::copy_to_device(entries, biases.data(), entry_bytes, stream_.get()));
+    if (!mask_rows.empty()) {
+      LLMESH_TRY(cuda::copy_to_device(dev_masks, masks.data(), mask_bytes, stream_.get()));
+      LLMESH_TRY(cuda::copy_to_device(dev_rows, mask_rows.data(), mask_rows.size() * sizeof(uint32_t), stream_.get()));
+    }
     LLMESH_TRY(cuda::adjust_logits(logits_full(), cfg_.vocab, entries, n_bias, stream_.get()));
     LLMESH_TRY(timed("adjust", [&] { return cuda::adjust_logits(logits_full(), cfg_.vocab, entries + n_bias, n_pen, stream_.get()); }));
-    return cuda::adjust_logits(logits_full(), cfg_.vocab, entries + n_bias + n_pen, bans.size(), stream_.get());
+    LLMESH_TRY(cuda::adjust_logits(logits_full(), cfg_.vocab, entries + n_bias + n_pen, bans.size(), stream_.get()));
+    return cuda::mask_logits(logits_full(), cfg_.vocab, dev_masks, dev_rows, mask_rows.size(), stream_.get());
   }
 
   std::string profile_report() const override {

@@ -282,6 +282,41 @@ TEST(CudaAdjust, PenaltiesAndBansEqualTheCpus) {
   EXPECT_EQ(differ, 0u);
 }
 
+/// Grammar masks on the device (cuda::mask_logits) leave exactly apply_adjust's -inf: random
+/// bits over a vocabulary that is not a multiple of 32, one mask shorter than the vocabulary
+/// (its missing words allow nothing), one row left unmasked, after bans on the same row.
+TEST(CudaAdjust, MasksEqualTheCpus) {
+  LLMESH_REQUIRE_GPU();
+  const size_t vocab = 5003, rows = 4, words = cuda::mask_words(vocab);
+  std::vector<float> logits = random_floats(rows * vocab, 830, -6, 6);
+  std::vector<float> want = logits;
+  std::mt19937 rng(831);
+  std::vector<uint32_t> masks, mask_rows;
+  std::vector<cuda::device_adjust> ban;
+  for (uint32_t r = 0; r < rows; ++r) {
+    if (r == 2) continue;  // unmasked
+    std::vector<uint32_t> allowed(r == 3 ? words / 2 : words);
+    for (auto& w : allowed) w = static_cast<uint32_t>(rng()) & static_cast<uint32_t>(rng());  // ~1 in 4 allowed
+    const std::vector<int32_t> banned{static_cast<int32_t>(r), 17};
+    kernels::apply_adjust(std::span(want).subspan(r * vocab, vocab), kernels::sampling_params{}, {{}, banned, {}, allowed});
+    for (int32_t id : banned) ban.push_back({r, id, 0, 1, 0.0f, 0.0f, 1.0f, 0});
+    const size_t at = masks.size();
+    masks.resize(at + words, 0u);
+    std::copy(allowed.begin(), allowed.end(), masks.begin() + static_cast<std::ptrdiff_t>(at));
+    mask_rows.push_back(r);
+  }
+  auto dl = to_device(logits);
+  auto db = to_device(ban);
+  auto dm = to_device(masks);
+  auto dr = to_device(mask_rows);
+  ASSERT_TRUE(cuda::adjust_logits(dl.as<float>(), vocab, db.as<cuda::device_adjust>(), ban.size(), nullptr).ok());
+  ASSERT_TRUE(cuda::mask_logits(dl.as<float>(), vocab, dm.as<uint32_t>(), dr.as<uint32_t>(), mask_rows.size(), nullptr).ok());
+  auto got = to_host<float>(dl, rows * vocab);
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
+  EXPECT_EQ(differ, 0u);
+}
+
 /// Every row's device draw equals kernels::sample on the same logits and parameters, token
 /// for token: random, flat, peaked and tied rows under many (temperature, top-k, top-p).
 TEST(CudaSample, DrawsTheCpuTokenForEveryRowAndParameterSet) {

@@ -168,6 +168,14 @@ struct device_adjust {
 /// penalties, then the bans).
 [[nodiscard]] status adjust_logits(float* logits, size_t vocab, const device_adjust* entries, size_t n, stream_t s);
 
+/// Structured outputs' masks: for each i < n_masks, logits[rows[i]][id] = -inf for every id
+/// whose bit (bit id % 32 of word id / 32) is clear in masks[i * words ..] (words =
+/// mask_words(vocab)), as kernels::apply_adjust's `allowed` does. Device memory; launch it after
+/// the bans (-inf stays -inf either way).
+[[nodiscard]] status mask_logits(float* logits, size_t vocab, const uint32_t* masks, const uint32_t* rows, size_t n_masks,
+                                 stream_t s);
+inline size_t mask_words(size_t vocab) { return (vocab + 31) / 32; }
+
 /// Fills n elements of type `type` with uniform values in [-scale, scale) from (seed, index)
 /// (for benchmarks: random weights straight on the device).
 [[nodiscard]] status fill_random(void* dst, dtype type, size_t n, float scale, uint64_t seed, stream_t s);
