@@ -49,6 +49,9 @@ struct http_server::impl {
   /// The whole 429 replies to a connection over max_connections / over its client's share,
   /// serialized once (the limits are fixed): a refusal costs one non-blocking send.
   std::string full_reply, client_full_reply;
+  /// POSTs being handled on the worker pool (io thread only): the drain waits for them too,
+  /// since a job's slots are taken only at the end of its handling.
+  size_t handling = 0;
   net::io_context ioc{1};
   tcp::acceptor acceptor{ioc};
   /// Runs api_service::handle for POSTs. After ioc: destroyed (joined) first, so a handle in
@@ -244,6 +247,11 @@ awaitable<void> session(http_server::impl* s, tcp::socket sock, net::ip::address
       // inside a conditional expression: g++ 12 destroys such a temporary twice.)
       api_outcome outcome;
       if (req.method() == http::verb::post) {
+        ++s->handling;
+        struct done_guard {
+          size_t& n;
+          ~done_guard() { --n; }
+        } done{s->handling};
         outcome = co_await net::co_spawn(s->workers, handle, use_awaitable);
       } else {
         outcome = s->api.handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
@@ -329,7 +337,7 @@ awaitable<void> accept_loop(http_server::impl* s) {
 
 awaitable<void> drain(http_server::impl* s, std::chrono::steady_clock::time_point deadline) {
   net::steady_timer t(s->ioc);
-  while (s->api.inflight() > 0 && std::chrono::steady_clock::now() < deadline) {
+  while ((s->api.inflight() > 0 || s->handling > 0) && std::chrono::steady_clock::now() < deadline) {
     t.expires_after(std::chrono::milliseconds(20));
     error_code ec;
     co_await t.async_wait(net::redirect_error(use_awaitable, ec));

@@ -594,10 +594,9 @@ result<tokenize_request> parse_tokenize(std::string_view body, const request_lim
     LLMESH_TRY(parse_messages(*j, lim, messages));
     r.messages = std::move(messages);
     r.add_special_tokens = false;  // the template writes them, as for chat completions
-    if (auto t = j->find("tools"); t != j->end() && !t->is_null()) {
-      if (!t->is_array()) return bad("'tools' must be an array");
-      if (!t->empty()) r.tools = *t;
-    }
+    tool_request tools;  // checked as chat's: the template sees what chat would render
+    LLMESH_TRY(parse_tools(*j, tools));
+    if (!tools.tools.empty()) r.tools = std::move(tools.tools);
   }
   LLMESH_TRY(bool_field(*j, "add_special_tokens", r.add_special_tokens));
   LLMESH_TRY(bool_field(*j, "add_generation_prompt", r.add_generation_prompt));

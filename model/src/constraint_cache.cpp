@@ -28,9 +28,11 @@ result<std::shared_ptr<const grammar>> constraint_cache::get(const constraint_sp
   auto g = compile_constraint(spec);  // outside the lock: it may take a while
   entry e;
   e.key = std::move(key);
+  // The key (the spec's text, up to 256 KiB) counts too, in elements' size.
+  e.cost = 1 + e.key.size() / sizeof(grammar::element);
   if (g) {
     e.g = *g;
-    e.cost = std::max<size_t>(1, e.g->elements().size());
+    e.cost += e.g->elements().size();
   } else {
     e.err = g.err();
   }

@@ -675,7 +675,7 @@ TEST(OpenaiApi, MutatedBodiesNeverThrow) {
       R"({"type":"object","properties":{"b":{"type":"boolean"}},"required":["b"]}}},"guided_regex":null})",
       // /tokenize (a prompt; messages with tools) and /detokenize.
       R"({"model":"m","prompt":"In the beginning","add_special_tokens":false,"return_token_strs":true})",
-      R"({"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false,"tools":[{"type":"function"}]})",
+      R"({"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false,"tools":[{"type":"function","function":{"name":"f"}}]})",
       R"({"model":"m","tokens":[1,2,3,2147483647]})",
   };
   request_limits lim;

@@ -2,7 +2,8 @@
 // compiled once however many requests use it, and in one process the gateway's check and the
 // replica's use are one compile. Refusals are kept too, so a bad or too costly spec sent again
 // is refused at once. Least recently used entries go first, within a bound on the grammars'
-// total elements (a grammar may hold up to grammar_builder's 2 M) and on the entry count.
+// total elements (a grammar may hold up to grammar_builder's 2 M) plus their spec texts (in
+// elements' size: 8 bytes) and on the entry count.
 #pragma once
 
 #include <cstddef>
