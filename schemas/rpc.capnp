@@ -35,6 +35,34 @@ struct GenerateRequest {
   seed @8 :UInt64;
   hasSeed @9 :Bool;             # false: the server picks one
   ignoreEos @10 :Bool;
+  # The HTTP API's other generation fields, checked by the same rules (errors name them as
+  # /v1/completions spells them: 'presence_penalty', 'guided_regex', ...).
+  presencePenalty @11 :Float32;     # -2..2
+  frequencyPenalty @12 :Float32;    # -2..2
+  repetitionPenalty @13 :Float32 = 1.0;  # > 0, at most 10
+  minTokens @14 :UInt32;            # no end id before this many tokens; at most maxTokens
+  minP @15 :Float32;                # 0..1
+  stopTokenIds @16 :List(Int32);    # generation also ends after any of these
+  logitBias @17 :List(TokenBias);   # OpenAI's logit_bias
+  constraint @18 :OutputConstraint; # structured output: every token drawn under its grammar
+}
+
+struct TokenBias {
+  id @0 :Int32;
+  bias @1 :Float32;                 # -100..100
+}
+
+struct OutputConstraint {
+  kind @0 :Kind;
+  text @1 :Text;                    # jsonSchema: the schema; regex; choice: a JSON array of strings; grammar: GBNF
+  enum Kind {
+    none @0;
+    jsonSchema @1;                  # as guided_json
+    jsonObject @2;                  # any JSON object (text unused)
+    regex @3;                       # as guided_regex
+    choice @4;                      # as guided_choice
+    grammar @5;                     # as guided_grammar
+  }
 }
 
 interface TokenSink {

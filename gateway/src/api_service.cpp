@@ -189,7 +189,8 @@ api_outcome api_service::chat_completions(std::string_view body) {
 result<generation_job> api_service::native_generate(std::string_view api_key, const std::string& model,
                                                     const std::optional<std::string>& prompt_text,
                                                     std::vector<int32_t> prompt_ids,
-                                                    const sampling_input& sampling, generation_fields rest) {
+                                                    const sampling_input& sampling, generation_fields rest,
+                                                    const result<nlohmann::ordered_json>& extra) {
   if (!authorized("Bearer " + std::string(api_key))) {
     return make_error(errc::unauthorized, "missing or wrong API key");
   }
@@ -199,6 +200,8 @@ result<generation_job> api_service::native_generate(std::string_view api_key, co
   g.max_tokens = opt_.limits.max_tokens;  // unless given: until EOS or the context, bounded by the server
   g.max_tokens_given = false;
   LLMESH_TRY(apply_sampling(sampling, opt_.limits, g));
+  if (!extra) return extra.err();
+  if (!extra->is_null()) LLMESH_TRY(apply_extra_fields(*extra, opt_.limits, g));
   auto found = find(model);
   if (!found) return found.take_error();
   const served_model* m = *found;

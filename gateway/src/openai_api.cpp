@@ -673,6 +673,26 @@ result<chat_request> parse_chat_request(std::string_view body, const request_lim
   }
 }
 
+status apply_extra_fields(const json& j, const request_limits& lim, generation_fields& g) {
+  try {
+    if (!j.is_object()) return bad("the extra fields must be an object");
+    sampling_input in;
+    in.max_tokens_name = "max_tokens";
+    LLMESH_TRY(parse_penalties(j, in, /*chat=*/false, g));
+    LLMESH_TRY(parse_logit_bias(j, g));
+    std::optional<double> min_p;
+    LLMESH_TRY(number_field(j, "min_p", min_p));
+    if (min_p) {
+      LLMESH_TRY(check_range("min_p", *min_p, 0.0, 1.0));
+      g.min_p = static_cast<float>(*min_p);
+    }
+    LLMESH_TRY(parse_stop_token_ids(j, lim, g.stop_token_ids));
+    return parse_output_constraint(j, nullptr, g.constraint);
+  } catch (const std::exception& e) {
+    return bad(std::string("malformed request: ") + e.what());
+  }
+}
+
 result<tokenize_request> parse_tokenize_request(std::string_view body, const request_limits& lim) {
   try {
     return parse_tokenize(body, lim);

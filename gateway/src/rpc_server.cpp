@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "llmesh/gateway/completion_stream.hpp"
+#include "llmesh/gateway/structured_output.hpp"
 #include "llmesh/schemas/rpc.capnp.h"
 
 namespace llmesh::gateway {
@@ -36,6 +37,51 @@ struct call_state {
       : owner(o), id(i), sink(kj::mv(s)), decoder(d) {}
   ~call_state();
 };
+
+/// A request's fields beyond sampling, in /v1/completions' names for apply_extra_fields (the
+/// HTTP API's checks and error messages); an error for what JSON cannot say (a bias's id twice).
+result<nlohmann::ordered_json> extra_fields(rpc::GenerateRequest::Reader in) {
+  nlohmann::ordered_json j = {{"presence_penalty", in.getPresencePenalty()},
+                              {"frequency_penalty", in.getFrequencyPenalty()},
+                              {"repetition_penalty", in.getRepetitionPenalty()},
+                              {"min_tokens", in.getMinTokens()},
+                              {"min_p", in.getMinP()}};
+  if (in.hasStopTokenIds()) {
+    auto ids = nlohmann::ordered_json::array();
+    for (auto id : in.getStopTokenIds()) ids.push_back(id);
+    j["stop_token_ids"] = std::move(ids);
+  }
+  if (in.hasLogitBias()) {
+    auto bias = nlohmann::ordered_json::object();
+    for (auto b : in.getLogitBias()) {
+      if (b.getId() < 0) return make_error(errc::invalid_request, "'logit_bias' keys must be token ids (non-negative)");
+      const std::string key = std::to_string(b.getId());
+      if (bias.contains(key)) return make_error(errc::invalid_request, "'logit_bias' names token " + key + " twice");
+      bias[key] = b.getBias();
+    }
+    j["logit_bias"] = std::move(bias);
+  }
+  if (in.hasConstraint()) {
+    auto c = in.getConstraint();
+    const std::string text(c.getText().cStr(), c.getText().size());
+    using kind = rpc::OutputConstraint::Kind;
+    switch (c.getKind()) {
+      case kind::NONE: break;
+      case kind::JSON_SCHEMA: j["guided_json"] = text; break;
+      case kind::JSON_OBJECT: j["response_format"] = {{"type", "json_object"}}; break;
+      case kind::REGEX: j["guided_regex"] = text; break;
+      case kind::CHOICE: {
+        auto choices = parse_embedded_json(text);  // depth-bounded
+        if (!choices) return make_error(errc::invalid_request, "'guided_choice': the text must be a JSON array of strings");
+        j["guided_choice"] = std::move(*choices);
+        break;
+      }
+      case kind::GRAMMAR: j["guided_grammar"] = text; break;
+      default: return make_error(errc::invalid_request, "constraint: unknown kind " + std::to_string(static_cast<int>(c.getKind())));
+    }
+  }
+  return j;
+}
 
 }  // namespace
 
@@ -126,6 +172,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
     generation_fields g;
     if (in.getHasSeed()) g.seed = in.getSeed();
     g.ignore_eos = in.getIgnoreEos();
+    const auto extra = extra_fields(in);  // its error, if any, comes after the API key's
     std::optional<std::string> text;
     std::vector<int32_t> ids;
     auto prompt = in.getPrompt();
@@ -136,7 +183,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
     }
     std::string key(in.getApiKey().cStr(), in.getApiKey().size());
     std::string model(in.getModel().cStr(), in.getModel().size());
-    auto job = p_->api.native_generate(key, model, text, std::move(ids), sampling, std::move(g));
+    auto job = p_->api.native_generate(key, model, text, std::move(ids), sampling, std::move(g), extra);
     if (!job) {
       auto r = ctx.getResults().initResult();
       r.setOk(false);

@@ -229,5 +229,102 @@ TEST(Rpc, SamplingFieldsAreCheckedAsOverHttp) {
   EXPECT_EQ(s.stop(), 0) << s.log();
 }
 
+// The HTTP API's other generation fields over the native API: penalties give generate's
+// tokens, stop_token_ids end the generation, logit_bias steers it, a constraint shapes the text;
+// bad values are refused with the HTTP API's messages, after the API key.
+TEST(Rpc, PenaltiesStopIdsBiasAndConstraintsAreServedAsOverHttp) {
+  server_process s(bin, {"--model", model_dir, "--api-key", "sesame"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const int port = rpc_port(s);
+  ASSERT_GT(port, 0) << s.log();
+  capnp::EzRpcClient c("127.0.0.1", static_cast<uint>(port));
+  const std::vector<int32_t> prompt{1, 2, 3, 4};
+  auto base = [&](auto r) {
+    r.setApiKey("sesame");
+    r.setModel("kjv-tiny");
+    auto ids = r.getPrompt().initIds(static_cast<unsigned>(prompt.size()));
+    for (unsigned i = 0; i < prompt.size(); ++i) ids.set(i, prompt[i]);
+    r.setMaxTokens(16);
+  };
+  const std::string prompt_flags = "--prompt-ids " + id_list(prompt);
+  // Penalties: generate's tokens.
+  auto pen = generate(c, [&](auto r) { base(r), r.setRepetitionPenalty(1.5f), r.setFrequencyPenalty(0.5f); });
+  ASSERT_TRUE(pen.ok) << pen.message;
+  EXPECT_EQ(pen.ids, generate_ids(bin, model_dir, prompt_flags, 16, "--temperature 0 --repetition-penalty 1.5 --frequency-penalty 0.5"));
+  // stop_token_ids: the greedy output's third token ends it there.
+  auto plain = generate(c, [&](auto r) { base(r); });
+  ASSERT_TRUE(plain.ok && plain.ids.size() == 16) << plain.message;
+  auto stopped = generate(c, [&](auto r) { base(r), r.initStopTokenIds(1).set(0, plain.ids[2]); });
+  ASSERT_TRUE(stopped.ok) << stopped.message;
+  const auto first = std::find(plain.ids.begin(), plain.ids.end(), plain.ids[2]) - plain.ids.begin();
+  EXPECT_EQ(stopped.ids, std::vector<int32_t>(plain.ids.begin(), plain.ids.begin() + first + 1));
+  EXPECT_EQ(stopped.finish, "stop");
+  // logit_bias: a large bias makes greedy draw that token.
+  auto biased = generate(c, [&](auto r) {
+    base(r);
+    auto b = r.initLogitBias(1);
+    b[0].setId(42);
+    b[0].setBias(100.0f);
+  });
+  ASSERT_TRUE(biased.ok) << biased.message;
+  EXPECT_EQ(biased.ids.front(), 42);
+  // A constraint: the text is one of the choices.
+  auto chosen = generate(c, [&](auto r) {
+    base(r);
+    r.setTemperature(1.0f);
+    r.getConstraint().setKind(rpc::OutputConstraint::Kind::CHOICE);
+    r.getConstraint().setText(R"(["alpha", "omega"])");
+  });
+  ASSERT_TRUE(chosen.ok) << chosen.message;
+  EXPECT_TRUE(chosen.text == "alpha" || chosen.text == "omega") << chosen.text;
+  EXPECT_EQ(chosen.finish, "stop");
+
+  const std::pair<request_setup, std::string> refused[] = {
+      {[&](auto r) { base(r), r.setPresencePenalty(3.0f); }, "'presence_penalty'"},
+      {[&](auto r) { base(r), r.setRepetitionPenalty(0.0f); }, "'repetition_penalty'"},
+      {[&](auto r) { base(r), r.setMinTokens(17); }, "'min_tokens'"},
+      {[&](auto r) { base(r), r.setMinP(1.5f); }, "'min_p'"},
+      {[&](auto r) {
+         base(r);
+         auto b = r.initLogitBias(2);
+         b[0].setId(5), b[0].setBias(1.0f), b[1].setId(5), b[1].setBias(2.0f);
+       },
+       "twice"},
+      {[&](auto r) {
+         base(r);
+         auto b = r.initLogitBias(1);
+         b[0].setId(5), b[0].setBias(200.0f);
+       },
+       "'logit_bias'"},
+      {[&](auto r) { base(r), r.initStopTokenIds(1).set(0, 1 << 30); }, "stop_token_ids"},
+      {[&](auto r) {
+         base(r);
+         r.getConstraint().setKind(rpc::OutputConstraint::Kind::REGEX);
+         r.getConstraint().setText("(unclosed");
+       },
+       "'guided_regex'"},
+      {[&](auto r) {
+         base(r);
+         r.getConstraint().setKind(rpc::OutputConstraint::Kind::CHOICE);
+         r.getConstraint().setText("not json");
+       },
+       "'guided_choice'"},
+  };
+  for (const auto& [setup, needle] : refused) {
+    auto o = generate(c, setup);
+    EXPECT_FALSE(o.ok) << needle;
+    EXPECT_EQ(o.code, 400) << o.message;
+    EXPECT_NE(o.message.find(needle), std::string::npos) << o.message;
+  }
+  auto wrong_key = generate(c, [&](auto r) {
+    base(r);
+    r.setApiKey("x");
+    auto b = r.initLogitBias(2);
+    b[0].setId(5), b[1].setId(5);
+  });
+  EXPECT_EQ(wrong_key.code, 401) << wrong_key.message;
+  EXPECT_EQ(s.stop(), 0) << s.log();
+}
+
 }  // namespace
 }  // namespace llmesh::testing

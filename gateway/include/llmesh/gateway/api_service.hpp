@@ -85,12 +85,15 @@ class api_service {
   /// with BOS) and context limits, the concurrency slot, a seed when none is given. `rest`
   /// carries the other fields (seed, ignore_eos; its n is ignored). Without max_tokens a
   /// generation runs until EOS or the context, bounded by the max-tokens limit (as chat does).
+  /// `extra`: the other fields as apply_extra_fields takes them (null: none), or the error the
+  /// caller met reading them (reported after the API key is checked).
   /// The caller uses the job's one request and slot (its output renders OpenAI chunks, which
   /// the RPC server does not need).
   [[nodiscard]] result<generation_job> native_generate(std::string_view api_key, const std::string& model,
                                                        const std::optional<std::string>& prompt_text,
                                                        std::vector<int32_t> prompt_ids,
-                                                       const sampling_input& sampling, generation_fields rest);
+                                                       const sampling_input& sampling, generation_fields rest,
+                                                       const result<nlohmann::ordered_json>& extra = nlohmann::ordered_json());
 
   /// Generations (choices) in flight.
   size_t inflight() const { return inflight_->load(); }

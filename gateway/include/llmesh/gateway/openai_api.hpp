@@ -165,6 +165,13 @@ struct sampling_input {
 /// invalid_request error names the first bad field as the HTTP API spells it.
 [[nodiscard]] status apply_sampling(const sampling_input& in, const request_limits& lim, generation_fields& g);
 
+/// The native API's fields beyond sampling, as a JSON object of /v1/completions' names
+/// (presence_penalty, frequency_penalty, repetition_penalty, min_tokens, min_p, stop_token_ids,
+/// logit_bias, and one of guided_json / guided_regex / guided_choice / guided_grammar /
+/// response_format), checked by the same rules into `g` (whose max_tokens is final).
+[[nodiscard]] status apply_extra_fields(const nlohmann::ordered_json& fields, const request_limits& lim,
+                                        generation_fields& g);
+
 /// A request body, every field checked (an invalid_request error names the first bad one).
 /// Log-probabilities: /v1/completions takes `logprobs` as an integer 0..kernels::max_logprobs
 /// (false and null: none; true is refused, as the endpoint wants a count) and refuses
