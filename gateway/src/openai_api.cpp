@@ -657,27 +657,27 @@ status apply_sampling(const sampling_input& in, const request_limits& lim, gener
 
 // nlohmann::json throws on some inputs (deep nesting, type errors we did not foresee): any such
 // exception becomes a 400 naming the JSON problem, never a crash.
-result<completion_request> parse_completion_request(std::string_view body, const request_limits& lim) {
+template <class F>
+auto guarded(F parse) -> decltype(parse()) {
   try {
-    return parse_completion(body, lim);
+    return parse();
   } catch (const std::exception& e) {
     return bad(std::string("malformed request: ") + e.what());
   }
+}
+
+result<completion_request> parse_completion_request(std::string_view body, const request_limits& lim) {
+  return guarded([&] { return parse_completion(body, lim); });
 }
 
 result<chat_request> parse_chat_request(std::string_view body, const request_limits& lim) {
-  try {
-    return parse_chat(body, lim);
-  } catch (const std::exception& e) {
-    return bad(std::string("malformed request: ") + e.what());
-  }
+  return guarded([&] { return parse_chat(body, lim); });
 }
 
 status apply_extra_fields(const json& j, const request_limits& lim, generation_fields& g) {
-  try {
+  return guarded([&]() -> status {
     if (!j.is_object()) return bad("the extra fields must be an object");
     sampling_input in;
-    in.max_tokens_name = "max_tokens";
     LLMESH_TRY(parse_penalties(j, in, /*chat=*/false, g));
     LLMESH_TRY(parse_logit_bias(j, g));
     std::optional<double> min_p;
@@ -688,25 +688,15 @@ status apply_extra_fields(const json& j, const request_limits& lim, generation_f
     }
     LLMESH_TRY(parse_stop_token_ids(j, lim, g.stop_token_ids));
     return parse_output_constraint(j, nullptr, g.constraint);
-  } catch (const std::exception& e) {
-    return bad(std::string("malformed request: ") + e.what());
-  }
+  });
 }
 
 result<tokenize_request> parse_tokenize_request(std::string_view body, const request_limits& lim) {
-  try {
-    return parse_tokenize(body, lim);
-  } catch (const std::exception& e) {
-    return bad(std::string("malformed request: ") + e.what());
-  }
+  return guarded([&] { return parse_tokenize(body, lim); });
 }
 
 result<detokenize_request> parse_detokenize_request(std::string_view body) {
-  try {
-    return parse_detokenize(body);
-  } catch (const std::exception& e) {
-    return bad(std::string("malformed request: ") + e.what());
-  }
+  return guarded([&] { return parse_detokenize(body); });
 }
 
 http_error_kind http_error_of(errc code) {

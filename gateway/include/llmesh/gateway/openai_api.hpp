@@ -201,7 +201,7 @@ struct sampling_input {
 /// /tokenize and /detokenize bodies: `model` optional (a non-empty string when sent); exactly
 /// one of `prompt` (a string) and `messages` (as chat's); `tokens` an array of non-negative
 /// 32-bit integers (the vocabulary is checked by the caller). `continue_final_message` true is
-/// refused (not implemented); unknown fields are ignored.
+/// refused (this server renders only whole conversations); unknown fields are ignored.
 [[nodiscard]] result<tokenize_request> parse_tokenize_request(std::string_view body, const request_limits& lim);
 [[nodiscard]] result<detokenize_request> parse_detokenize_request(std::string_view body);
 

@@ -1,0 +1,101 @@
+// The OpenAI response shapes the gateway writes, read back as JSON: errors and their statuses,
+// responses and SSE chunks, logprobs per endpoint. (openai_api_test.cpp: request parsing.)
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "llmesh/gateway/openai_api.hpp"
+
+namespace llmesh::gateway {
+namespace {
+
+using json = nlohmann::json;
+
+TEST(OpenaiApi, ErrorsMapToStatusesAndShapes) {
+  EXPECT_EQ(http_error_of(errc::invalid_request).status, 400);
+  EXPECT_EQ(http_error_of(errc::unauthorized).status, 401);
+  EXPECT_EQ(http_error_of(errc::not_found).status, 404);
+  EXPECT_EQ(http_error_of(errc::overloaded).status, 429);
+  EXPECT_EQ(http_error_of(errc::replica_unavailable).status, 503);
+  EXPECT_EQ(http_error_of(errc::internal).status, 500);
+  auto j = json::parse(error_json(make_error(errc::invalid_request, "bad \xff field")));
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["code"], "invalid_request");
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("bad"), std::string::npos);
+}
+
+TEST(OpenaiApi, ResponsesAndChunksHaveOpenaisShape) {
+  choice_delta c;
+  c.text = "Hi there";
+  c.finish = "length";
+  c.with_token_ids = true;
+  c.token_ids = {5, 6};
+  c.prompt_token_ids = {1, 2};
+  auto r = json::parse(response_json("text_completion", "cmpl-1", 123, "m", {c}, {3, 2}));
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["choices"][0]["text"], "Hi there");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["choices"][0]["token_ids"], json({5, 6}));
+  EXPECT_EQ(r["choices"][0]["prompt_token_ids"], json({1, 2}));
+  EXPECT_EQ(r["usage"]["total_tokens"], 5);
+  choice_delta first;
+  first.role = true;
+  auto ch = json::parse(chunk_json("chat.completion.chunk", "chatcmpl-1", 123, "m", first));
+  EXPECT_EQ(ch["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(ch["choices"][0]["finish_reason"].is_null());
+  EXPECT_FALSE(ch.contains("usage"));
+  auto u = json::parse(usage_chunk_json("chat.completion.chunk", "chatcmpl-1", 123, "m", {4, 1}));
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["completion_tokens"], 1);
+  auto chat = json::parse(response_json("chat.completion", "chatcmpl-2", 1, "m", {c}, {1, 1}));
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], "Hi there");
+  EXPECT_EQ(sse_event("{}"), "data: {}\n\n");
+  // Without logprobs asked for: null, as before.
+  EXPECT_TRUE(r["choices"][0]["logprobs"].is_null());
+  EXPECT_TRUE(ch["choices"][0]["logprobs"].is_null());
+}
+
+// The two logprobs shapes, value for value: completions' legacy lists (top_logprobs dicts hold
+// the chosen token first, then the alternatives), chat's content entries with raw bytes; -inf
+// as -9999.0, NaN as null, floats in their shortest form.
+TEST(OpenaiApi, LogprobsRenderInTheShapeOfEachEndpoint) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  choice_delta c;
+  c.text = "Hi \xF0\x9F";
+  c.finish = "stop";
+  c.logprobs = std::vector<logprob_entry>{
+      {{"Hi", "Hi", -0.1f}, {{"Hi", "Hi", -0.1f}, {"Hello", "Hello", -2.5f}}, 0},
+      {{" ", " ", -inf}, {{"!", "!", -0.25f}, {"\xEF\xBF\xBD", "\xF0", -12000.0f}}, 2},
+      {{"x", "x", nan}, {}, 3},
+  };
+  auto r = json::parse(response_json("text_completion", "cmpl-1", 1, "m", {c}, {1, 3}));
+  EXPECT_EQ(r["choices"][0]["logprobs"], json::parse(R"({
+      "text_offset": [0, 2, 3],
+      "token_logprobs": [-0.1, -9999.0, null],
+      "tokens": ["Hi", " ", "x"],
+      "top_logprobs": [{"Hi": -0.1, "Hello": -2.5}, {" ": -9999.0, "!": -0.25, "\ufffd": -9999.0}, {"x": null}]})"));
+  // The text as sent: the key order (chosen first) and the shortest float forms.
+  const std::string body = response_json("text_completion", "cmpl-1", 1, "m", {c}, {1, 3});
+  EXPECT_NE(body.find(R"("top_logprobs":[{"Hi":-0.1,"Hello":-2.5},{" ":-9999.0,"!":-0.25,)"), std::string::npos)
+      << body;
+  auto chat = json::parse(chunk_json("chat.completion.chunk", "chatcmpl-1", 1, "m", c));
+  EXPECT_EQ(chat["choices"][0]["logprobs"], json::parse(R"({"content": [
+      {"token": "Hi", "logprob": -0.1, "bytes": [72, 105],
+       "top_logprobs": [{"token": "Hi", "logprob": -0.1, "bytes": [72, 105]},
+                        {"token": "Hello", "logprob": -2.5, "bytes": [72, 101, 108, 108, 111]}]},
+      {"token": " ", "logprob": -9999.0, "bytes": [32],
+       "top_logprobs": [{"token": "!", "logprob": -0.25, "bytes": [33]},
+                        {"token": "\ufffd", "logprob": -9999.0, "bytes": [240]}]},
+      {"token": "x", "logprob": null, "bytes": [120], "top_logprobs": []}]})"));
+  // Asked for, none ready in this chunk: the empty shape, not null.
+  choice_delta empty;
+  empty.logprobs.emplace();
+  EXPECT_EQ(json::parse(chunk_json("text_completion", "cmpl-1", 1, "m", empty))["choices"][0]["logprobs"],
+            json::parse(R"({"text_offset":[],"token_logprobs":[],"tokens":[],"top_logprobs":[]})"));
+  EXPECT_EQ(json::parse(chunk_json("chat.completion.chunk", "c", 1, "m", empty))["choices"][0]["logprobs"],
+            json::parse(R"({"content":[]})"));
+}
+
+}  // namespace
+}  // namespace llmesh::gateway
