@@ -45,6 +45,8 @@ struct GenerateRequest {
   stopTokenIds @16 :List(Int32);    # generation also ends after any of these
   logitBias @17 :List(TokenBias);   # OpenAI's logit_bias
   constraint @18 :OutputConstraint; # structured output: every token drawn under its grammar
+  stop @19 :List(Text);             # stop strings (at most 4, 1..256 bytes): the text ends before
+                                    # the first one, finishReason "stop"; held-back text streams late
 }
 
 struct TokenBias {

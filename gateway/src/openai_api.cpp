@@ -258,6 +258,29 @@ status check_choices(const request_limits& lim, uint64_t per_prompt, uint64_t pr
              std::to_string(lim.max_choices) + " per request");
 }
 
+/// OpenAI's stop: a string or an array of at most lim.max_stop strings of 1..max_stop_bytes.
+status parse_stop(const json& j, const request_limits& lim, std::vector<std::string>& out) {
+  auto it = j.find("stop");
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (it->is_string()) {
+    out.push_back(it->get<std::string>());
+  } else if (it->is_array()) {
+    for (const auto& s : *it) {
+      if (!s.is_string()) return bad("'stop' must be a string or an array of strings");
+      out.push_back(s.get<std::string>());
+    }
+  } else {
+    return bad("'stop' must be a string or an array of strings");
+  }
+  if (out.size() > lim.max_stop) return bad("'stop' holds at most " + std::to_string(lim.max_stop) + " strings");
+  for (const auto& s : out) {
+    if (s.empty() || s.size() > lim.max_stop_bytes) {
+      return bad("each 'stop' string must be 1 to " + std::to_string(lim.max_stop_bytes) + " bytes");
+    }
+  }
+  return ok_status();
+}
+
 status parse_generation(const json& j, const request_limits& lim, bool chat, generation_fields& g) {
   sampling_input in;
   // Chat's newer name wins when both are sent (OpenAI deprecated max_tokens for chat).
@@ -291,24 +314,7 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
     LLMESH_TRY(check_choices(lim, static_cast<uint64_t>(wide_integer(*it)), 1));
     g.n = static_cast<size_t>(wide_integer(*it));
   }
-  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
-    if (it->is_string()) {
-      g.stop.push_back(it->get<std::string>());
-    } else if (it->is_array()) {
-      for (const auto& s : *it) {
-        if (!s.is_string()) return bad("'stop' must be a string or an array of strings");
-        g.stop.push_back(s.get<std::string>());
-      }
-    } else {
-      return bad("'stop' must be a string or an array of strings");
-    }
-    if (g.stop.size() > lim.max_stop) return bad("'stop' holds at most " + std::to_string(lim.max_stop) + " strings");
-    for (const auto& s : g.stop) {
-      if (s.empty() || s.size() > lim.max_stop_bytes) {
-        return bad("each 'stop' string must be 1 to " + std::to_string(lim.max_stop_bytes) + " bytes");
-      }
-    }
-  }
+  LLMESH_TRY(parse_stop(j, lim, g.stop));
   LLMESH_TRY(bool_field(j, "stream", g.stream));
   LLMESH_TRY(bool_field(j, "return_token_ids", g.return_token_ids));
   LLMESH_TRY(bool_field(j, "ignore_eos", g.ignore_eos));
@@ -687,6 +693,7 @@ status apply_extra_fields(const json& j, const request_limits& lim, generation_f
       g.min_p = static_cast<float>(*min_p);
     }
     LLMESH_TRY(parse_stop_token_ids(j, lim, g.stop_token_ids));
+    LLMESH_TRY(parse_stop(j, lim, g.stop));
     return parse_output_constraint(j, nullptr, g.constraint);
   });
 }

@@ -4,11 +4,13 @@
 #include <capnp/ez-rpc.h>
 #include <kj/async.h>
 
+#include <algorithm>
 #include <future>
 #include <thread>
 #include <unordered_map>
 
 #include "llmesh/gateway/completion_stream.hpp"
+#include "llmesh/gateway/stop_matcher.hpp"
 #include "llmesh/gateway/structured_output.hpp"
 #include "llmesh/schemas/rpc.capnp.h"
 
@@ -28,6 +30,9 @@ struct call_state {
   model::stream_decoder decoder;
   std::vector<int32_t> ids;
   std::string text;
+  std::optional<stop_matcher> stops;  ///< the request's stop strings, if any
+  std::vector<int32_t> stop_ids;      ///< its stop_token_ids: their text is left out, as over HTTP
+  size_t min_tokens = 0;              ///< no stop string ends it before this many tokens
   bool finished = false;        ///< the RPC call's outcome is decided
   bool mesh_done = false;       ///< the mesh sent the generation's last message
   std::optional<error> failure;
@@ -46,6 +51,11 @@ result<nlohmann::ordered_json> extra_fields(rpc::GenerateRequest::Reader in) {
                               {"repetition_penalty", in.getRepetitionPenalty()},
                               {"min_tokens", in.getMinTokens()},
                               {"min_p", in.getMinP()}};
+  if (in.hasStop()) {
+    auto stops = nlohmann::ordered_json::array();
+    for (auto s : in.getStop()) stops.push_back(std::string(s.cStr(), s.size()));
+    j["stop"] = std::move(stops);
+  }
   if (in.hasStopTokenIds()) {
     auto ids = nlohmann::ordered_json::array();
     for (auto id : in.getStopTokenIds()) ids.push_back(id);
@@ -104,22 +114,37 @@ struct rpc_server::impl {
     if (it == calls.end()) return;  // cancelled meanwhile
     call_state* st = it->second;
     if (st->finished) return;
+    bool stopped = false;  // by a stop string
     if (t.failed) {
       st->failure = t.err;
     } else {
       st->ids.push_back(t.token);
-      std::string piece = st->decoder.push(t.token);
-      if (t.finish != actors::finish_reason::none) piece += st->decoder.flush();
+      // As completion_stream does: a stop token id's text is left out; text that may begin a
+      // stop string is held back; a stop string ends the text before itself.
+      const bool past_min = st->ids.size() > st->min_tokens;
+      auto pass = [&](std::string s) {
+        if (!st->stops) return s;
+        auto out = st->stops->push(s, past_min);
+        stopped = stopped || out.stopped;
+        return std::move(out.text);
+      };
+      const bool stop_token = t.finish == actors::finish_reason::eos &&
+                              std::find(st->stop_ids.begin(), st->stop_ids.end(), t.token) != st->stop_ids.end();
+      std::string piece = stop_token ? std::string() : pass(st->decoder.push(t.token));
+      if (!stopped && t.finish != actors::finish_reason::none) {
+        piece += pass(st->decoder.flush());
+        if (!stopped && st->stops) piece += st->stops->flush();
+      }
       st->text += piece;
       auto req = st->sink.tokensRequest();
       req.initIds(1).set(0, t.token);
       req.setText(piece);
       st->chain = st->chain.then([r = kj::mv(req)]() mutable { return r.send(); });
-      st->finish = t.finish;
+      st->finish = stopped ? actors::finish_reason::eos : t.finish;
     }
-    if (t.failed || t.finish != actors::finish_reason::none) {
+    if (t.failed || t.finish != actors::finish_reason::none || stopped) {
       st->finished = true;
-      st->mesh_done = true;
+      st->mesh_done = t.failed || t.finish != actors::finish_reason::none;  // else the call's end cancels it
       st->chain = st->chain.then([st] { st->done->fulfill(); }, [st](kj::Exception&& e) { st->done->reject(kj::mv(e)); })
                       .eagerlyEvaluate(nullptr);
     } else {
@@ -196,6 +221,15 @@ class llmesh_service final : public rpc::Llmesh::Server {
     auto st = kj::heap<call_state>(p_, id, params.getSink(), job->tok->decoder());
     st->slot = std::move(job->slot);
     st->prompt_tokens = req.prompt.size();
+    if (in.hasStop() && in.getStop().size() > 0) {
+      std::vector<std::string> stops;
+      for (auto s : in.getStop()) stops.emplace_back(s.cStr(), s.size());
+      st->stops.emplace(std::move(stops));
+    }
+    if (in.hasStopTokenIds()) {
+      for (auto t : in.getStopTokenIds()) st->stop_ids.push_back(t);
+    }
+    st->min_tokens = static_cast<size_t>(std::max(req.sampling.min_tokens, 0));
     auto paf = kj::newPromiseAndFulfiller<void>();
     st->done = kj::mv(paf.fulfiller);
     call_state* raw = st.get();

@@ -259,6 +259,15 @@ TEST(Rpc, PenaltiesStopIdsBiasAndConstraintsAreServedAsOverHttp) {
   const auto first = std::find(plain.ids.begin(), plain.ids.end(), plain.ids[2]) - plain.ids.begin();
   EXPECT_EQ(stopped.ids, std::vector<int32_t>(plain.ids.begin(), plain.ids.begin() + first + 1));
   EXPECT_EQ(stopped.finish, "stop");
+  // A stop string: the text ends before it; what streamed adds up to the result.
+  ASSERT_GT(plain.text.size(), 12u) << plain.text;
+  const std::string stop_at = plain.text.substr(plain.text.size() / 2, 3);
+  auto cut = generate(c, [&](auto r) { base(r), r.initStop(1).set(0, stop_at); });
+  ASSERT_TRUE(cut.ok) << cut.message;
+  EXPECT_EQ(cut.text, plain.text.substr(0, plain.text.find(stop_at)));
+  EXPECT_EQ(cut.streamed_text, cut.text);
+  EXPECT_EQ(cut.finish, "stop");
+  EXPECT_LE(cut.ids.size(), plain.ids.size());
   // logit_bias: a large bias makes greedy draw that token.
   auto biased = generate(c, [&](auto r) {
     base(r);
@@ -297,6 +306,13 @@ TEST(Rpc, PenaltiesStopIdsBiasAndConstraintsAreServedAsOverHttp) {
        },
        "'logit_bias'"},
       {[&](auto r) { base(r), r.initStopTokenIds(1).set(0, 1 << 30); }, "stop_token_ids"},
+      {[&](auto r) {
+         base(r);
+         auto st = r.initStop(5);
+         for (unsigned i = 0; i < 5; ++i) st.set(i, "x");
+       },
+       "'stop' holds at most 4"},
+      {[&](auto r) { base(r), r.initStop(1).set(0, ""); }, "'stop'"},
       {[&](auto r) {
          base(r);
          r.getConstraint().setKind(rpc::OutputConstraint::Kind::REGEX);
