@@ -165,8 +165,10 @@ step_plan batch_scheduler::schedule() {
   }
   // Speculation last: drafts take only the budget and blocks every running request's token and
   // every admission left over, decodes in admission order.
+  const size_t busy = cfg_.speculation.disable_by_batch_size;
   for (auto& [id, n] : picks) {
     if (budget < 2 || !plan.preempted.empty()) break;  // a step that had to preempt is short of blocks
+    if (busy > 0 && running_.size() > busy) break;
     auto& r = requests_.at(id);
     if (n != 1 || r.n_computed + 1 != r.tokens.size()) continue;  // a prompt chunk
     n = speculate(r, budget);

@@ -43,7 +43,7 @@ struct run_result {
 result<run_result> run(model::engine& eng, const std::vector<std::vector<int32_t>>& prompts,
                        const speculation_bench_options& opt, const std::vector<int32_t>& eos, size_t drafts) {
   actors::scheduler_config cfg;
-  cfg.speculation = {drafts, opt.max_n, opt.min_n};
+  cfg.speculation = {drafts, opt.max_n, opt.min_n, opt.disable_by_batch_size};
   actors::replica_core rc(eng, cfg, /*prefix_caching=*/false);  // each run computes its prompts
   run_result r;
   size_t next = 0;

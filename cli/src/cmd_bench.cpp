@@ -78,6 +78,8 @@ void add_bench(CLI::App& app, command_set& commands) {
   spsub->add_option("--speculative-tokens", sp->tokens, "Drafts per step")->capture_default_str();
   spsub->add_option("--prompt-lookup-max", sp->max_n, "Longest n-gram looked up")->check(CLI::Range(1, 64))->capture_default_str();
   spsub->add_option("--prompt-lookup-min", sp->min_n, "Shortest n-gram that matches")->check(CLI::Range(1, 64))->capture_default_str();
+  spsub->add_option("--speculative-disable-by-batch-size", sp->disable_by_batch_size,
+                    "No drafts while more requests run (0: no limit)")->capture_default_str();
   spsub->add_option("--max-tokens", sp->max_tokens, "Tokens per request")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   spsub->add_option("--concurrency", sp->concurrency, "Requests in flight")->check(CLI::Range(1, 4096))->capture_default_str();
   spsub->add_option("--temperature", sp->temperature, "0: greedy")->check(CLI::Range(0.0, 2.0))->capture_default_str();

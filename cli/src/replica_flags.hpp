@@ -9,7 +9,8 @@
 
 namespace llmesh::cli {
 
-/// Adds --speculative-tokens, --prompt-lookup-max and --prompt-lookup-min to `sub`.
+/// Adds --speculative-tokens, --prompt-lookup-max, --prompt-lookup-min and
+/// --speculative-disable-by-batch-size to `sub`.
 inline void add_speculation_flags(CLI::App* sub, actors::speculation_config& c) {
   sub->add_option("--speculative-tokens", c.tokens,
                   "Speculative decoding by prompt lookup: drafts per step (0: off); the output is unchanged")
@@ -20,6 +21,10 @@ inline void add_speculation_flags(CLI::App* sub, actors::speculation_config& c) 
       ->capture_default_str();
   sub->add_option("--prompt-lookup-min", c.min_n, "Speculation: shortest n-gram that counts as a match")
       ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  sub->add_option("--speculative-disable-by-batch-size", c.disable_by_batch_size,
+                  "Speculation: no drafts while more requests than this run (0: no limit)")
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
 }
 

@@ -450,5 +450,43 @@ TEST(BatchScheduler, SpeculationBacksOffWhenNoDraftIsKept) {
   EXPECT_LT(s.drafted(), 8u * 63 / 2) << "drafted " << s.drafted() << " over " << steps << " steps";
 }
 
+TEST(BatchScheduler, NoDraftsWhileMoreRequestsRunThanTheLimit) {
+  // Three requests over a model that repeats its period: with the limit at 2, no step drafts
+  // while all three run; once one has ended, the other two draft again.
+  block_manager m(64, 4);
+  scheduler_config cfg;
+  cfg.speculation = {4, 3, 1, 2};
+  batch_scheduler s(cfg, m);
+  for (uint64_t id = 1; id <= 3; ++id) {
+    request_spec r;
+    r.id = id;
+    const auto a = static_cast<int32_t>(10 * id);  // distinct prompts: none waits for another's prefix
+    r.prompt = {a, a + 1, a + 2, a, a + 1, a + 2};
+    r.max_tokens = id == 1 ? 12 : 40;
+    r.speculate = true;
+    ASSERT_TRUE(s.add(r).ok());
+  }
+  fake_cache cache(m);
+  size_t drafting_steps = 0, steps_with_three = 0;
+  while (s.running() + s.waiting() > 0) {
+    const size_t running = s.running();
+    auto plan = s.schedule();
+    std::vector<int32_t> sampled;
+    size_t drafts = 0;
+    for (const auto& q : plan.seqs) {
+      drafts += q.draws - 1;
+      for (int32_t t : cache.run_rows(q, period3_next)) sampled.push_back(t);
+    }
+    if (running == 3) {
+      ++steps_with_three;
+      EXPECT_EQ(drafts, 0u) << "drafts while 3 requests run";
+    }
+    drafting_steps += drafts > 0;
+    s.complete(plan, sampled);
+  }
+  EXPECT_GT(steps_with_three, 2u);
+  EXPECT_GT(drafting_steps, 0u);
+}
+
 }  // namespace
 }  // namespace llmesh::actors

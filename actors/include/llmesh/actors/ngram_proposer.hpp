@@ -19,6 +19,10 @@ struct speculation_config {
   size_t tokens = 0;  ///< drafts per step at most (vLLM's num_speculative_tokens; 0: off, at most max_speculative_tokens)
   size_t max_n = 4;   ///< longest suffix looked up (prompt_lookup_max)
   size_t min_n = 2;   ///< shortest suffix that counts as a match (prompt_lookup_min), at least 1
+  /// No drafts in a step while more requests than this run (vLLM's
+  /// speculative_disable_by_batch_size): a large batch is compute-bound, where draft rows cost
+  /// what they save. 0: no such limit.
+  size_t disable_by_batch_size = 0;
 };
 
 /// Proposes up to `k` drafts after `history` into `out` (cleared first) and returns how many.

@@ -16,6 +16,7 @@ struct speculation_bench_options {
   std::string prompt_file;   ///< one prompt a line (text: needs the model's tokenizer); empty: built in
   size_t tokens = 4;         ///< drafts per step (--speculative-tokens)
   size_t max_n = 4, min_n = 2;  ///< prompt-lookup n-gram lengths
+  size_t disable_by_batch_size = 0;  ///< no drafts while more requests run (0: no limit)
   size_t max_tokens = 128;   ///< per request
   size_t concurrency = 1;    ///< requests in flight at once
   float temperature = 0.0f;  ///< 0: greedy; else sampled with a seed per request
