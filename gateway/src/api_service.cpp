@@ -177,7 +177,8 @@ api_outcome api_service::chat_completions(std::string_view body) {
   // sent (left undefined without tools, as before them).
   auto extra = nlohmann::ordered_json::object();
   if (!r->tools.tools.empty()) extra["tools"] = r->tools.tools;
-  auto text = sm.chat->render(r->messages, true, extra);
+  auto text = r->continue_final_message ? sm.chat->render_continuing(r->messages, extra)
+                                        : sm.chat->render(r->messages, r->add_generation_prompt, extra);
   if (!text) return error_reply(make_error(errc::invalid_request, "chat template: " + text.err().message));
   // The template writes the special tokens itself (as HF's apply_chat_template does).
   const tool_output shape{r->tools.mode, r->tools.name};

@@ -28,7 +28,8 @@ api_outcome api_service::tokenize(std::string_view body) {
     }
     auto extra = nlohmann::ordered_json::object();
     if (!r->tools.is_null()) extra["tools"] = r->tools;
-    auto rendered = sm.chat->render(*r->messages, r->add_generation_prompt, extra);
+    auto rendered = r->continue_final_message ? sm.chat->render_continuing(*r->messages, extra)
+                                              : sm.chat->render(*r->messages, r->add_generation_prompt, extra);
     if (!rendered) return error_reply(make_error(errc::invalid_request, "chat template: " + rendered.err().message));
     text = std::move(*rendered);
   }

@@ -539,6 +539,19 @@ result<completion_request> parse_completion(std::string_view body, const request
   return r;
 }
 
+/// add_generation_prompt (default true) and continue_final_message (default false), not both
+/// true (vLLM's rule: the final message is either closed with a new turn opened, or continued).
+status parse_turn_fields(const json& j, bool& add_generation_prompt, bool& continue_final_message) {
+  LLMESH_TRY(bool_field(j, "add_generation_prompt", add_generation_prompt));
+  LLMESH_TRY(bool_field(j, "continue_final_message", continue_final_message));
+  if (add_generation_prompt && continue_final_message && j.contains("add_generation_prompt") &&
+      j["add_generation_prompt"].is_boolean()) {
+    return bad("'continue_final_message' and 'add_generation_prompt' cannot both be true");
+  }
+  if (continue_final_message) add_generation_prompt = false;  // left out: continuing implies it
+  return ok_status();
+}
+
 /// Chat messages, checked: objects with a string role and a string, null or text-parts content
 /// (joined into one string), their tool calls normalized.
 status parse_messages(json& j, const request_limits& lim, json& out) {
@@ -571,6 +584,7 @@ result<chat_request> parse_chat(std::string_view body, const request_limits& lim
   chat_request r;
   LLMESH_TRY(parse_model(*j, r.model));
   LLMESH_TRY(parse_messages(*j, lim, r.messages));
+  LLMESH_TRY(parse_turn_fields(*j, r.add_generation_prompt, r.continue_final_message));
   LLMESH_TRY(parse_generation(*j, lim, true, r.gen));
   LLMESH_TRY(parse_tools(*j, r.tools));
   LLMESH_TRY(parse_output_constraint(*j, &r.tools, r.gen.constraint));  // last: it compiles
@@ -605,11 +619,8 @@ result<tokenize_request> parse_tokenize(std::string_view body, const request_lim
     if (!tools.tools.empty()) r.tools = std::move(tools.tools);
   }
   LLMESH_TRY(bool_field(*j, "add_special_tokens", r.add_special_tokens));
-  LLMESH_TRY(bool_field(*j, "add_generation_prompt", r.add_generation_prompt));
+  LLMESH_TRY(parse_turn_fields(*j, r.add_generation_prompt, r.continue_final_message));
   LLMESH_TRY(bool_field(*j, "return_token_strs", r.return_token_strs));
-  bool continue_final = false;
-  LLMESH_TRY(bool_field(*j, "continue_final_message", continue_final));
-  if (continue_final) return bad("'continue_final_message' is not supported by this server");
   return r;
 }
 

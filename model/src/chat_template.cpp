@@ -66,4 +66,28 @@ result<std::string> chat_template::render(const json& messages, bool add_generat
   return jinja::render(*nodes_, ctx);
 }
 
+result<std::string> chat_template::render_continuing(const json& messages, const json& extra) const {
+  if (!messages.is_array() || messages.empty() || !messages.back().is_object() ||
+      !messages.back().contains("content") || !messages.back()["content"].is_string()) {
+    return make_error(errc::invalid_request, "continue_final_message: the final message needs a string 'content' to continue");
+  }
+  const std::string final = messages.back()["content"].get<std::string>();
+  auto rendered = render(messages, /*add_generation_prompt=*/false, extra);
+  if (!rendered) return rendered;
+  std::string& text = *rendered;
+  constexpr const char* space = " \t\n\r\f\v";
+  const size_t b = final.find_first_not_of(space);
+  const std::string stripped = b == std::string::npos ? std::string() : final.substr(b, final.find_last_not_of(space) - b + 1);
+  const std::string lstripped = b == std::string::npos ? std::string() : final.substr(b);
+  const size_t at = text.rfind(stripped);
+  if (at == std::string::npos) {
+    return make_error(errc::invalid_request, "continue_final_message: the chat template's rendering does not contain the final message");
+  }
+  // As transformers: the template kept the message's own spacing (or it has none): cut after
+  // it whole; else after its stripped text.
+  const bool kept = text.compare(at, lstripped.size(), final) == 0;
+  text.resize(at + (kept ? lstripped.size() : stripped.size()));
+  return rendered;
+}
+
 }  // namespace llmesh::model

@@ -731,7 +731,8 @@ TEST_F(ApiService, TokenizeGivesTheIdsARequestWouldRunAndDetokenizeTheText) {
   EXPECT_EQ(status(call("GET", "/tokenize")), 405);
   for (const char* bad : {R"({})", R"({"prompt":"a","messages":[{"role":"user","content":"b"}]})", R"({"prompt":[1,2]})",
                           R"({"messages":[]})", R"({"prompt":"a","add_special_tokens":"yes"})",
-                          R"({"messages":[{"role":"user","content":"a"}],"continue_final_message":true})", "[1]"}) {
+                          R"({"messages":[{"role":"user","content":"a"}],"continue_final_message":true,"add_generation_prompt":true})",
+                          "[1]"}) {
     auto r = call("POST", "/tokenize", bad);
     EXPECT_EQ(status(r), 400) << bad;
   }
@@ -742,6 +743,32 @@ TEST_F(ApiService, TokenizeGivesTheIdsARequestWouldRunAndDetokenizeTheText) {
     EXPECT_NE(body_of(r)["error"]["message"].get<std::string>().find("tok"), std::string::npos) << bad;
   }
   EXPECT_EQ(status(call("POST", "/tokenize", R"({"model":"other","prompt":"a"})")), 404);
+}
+
+// An assistant prefill (continue_final_message): the prompt ends inside the final message, as
+// the template renders it, so the model continues that text; /tokenize renders it the same way.
+TEST_F(ApiService, ContinueFinalMessagePrefillsTheAnswer) {
+  const std::string msgs = R"([{"role":"user","content":"Who is the LORD?"},{"role":"assistant","content":"The LORD is"}])";
+  // Each job's prompt, the job dropped at once (this server allows 2 in flight).
+  auto prompt_of = [&](const std::string& fields) {
+    auto o = call("POST", "/v1/chat/completions", R"({"model":"kjv",)" + fields + R"("messages":)" + msgs + "}");
+    EXPECT_EQ(o.index(), 1u) << (o.index() == 0 ? std::get<http_reply>(o).body : "");
+    return o.index() == 1 ? req(o).prompt : std::vector<int32_t>{};
+  };
+  const auto prompt = prompt_of(R"("continue_final_message":true,)");
+  const std::string text = kjv_tiny("kjv").tok->decoder().decode(prompt, /*skip_special=*/false);
+  ASSERT_GE(text.size(), 11u);
+  EXPECT_EQ(text.substr(text.size() - 11), "The LORD is") << text;
+  auto t = json::parse(std::get<http_reply>(call("POST", "/tokenize", R"({"continue_final_message":true,"messages":)" + msgs + "}")).body);
+  EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), prompt);
+  // Without it the assistant's turn is closed and (by default) a new one opened: other prompts.
+  const auto closed = prompt_of("");
+  const auto no_turn = prompt_of(R"("add_generation_prompt":false,)");
+  EXPECT_GT(closed.size(), no_turn.size());
+  EXPECT_GT(no_turn.size(), prompt.size());
+  EXPECT_EQ(status(call("POST", "/v1/chat/completions",
+                        R"({"model":"kjv","continue_final_message":true,"add_generation_prompt":true,"messages":)" + msgs + "}")),
+            400);
 }
 
 }  // namespace

@@ -76,6 +76,29 @@ TEST(ChatTemplate, ExpressionsBehaveLikePython) {
   EXPECT_EQ(render("{{ 'yes' if 0 else 'no' }} {{ '  pad ' | trim | upper }}"), "no PAD");
 }
 
+TEST(ChatTemplate, ContinuingTheFinalMessageCutsAfterItsContentAsTransformersDoes) {
+  // A template that keeps the content's spacing, and one that trims it.
+  const std::string keep = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
+                           "{% if add_generation_prompt %}<|assistant|>{% endif %}";
+  const std::string trim = "{% for m in messages %}<|{{ m.role }}|>{{ m.content | trim }}<|end|>{% endfor %}";
+  auto k = chat_template::parse(keep);
+  auto t = chat_template::parse(trim);
+  ASSERT_TRUE(k.ok() && t.ok());
+  auto msgs = nlohmann::ordered_json::parse(R"([{"role":"user","content":"Hi"},{"role":"assistant","content":"The answer is "}])");
+  auto a = k->render_continuing(msgs);
+  ASSERT_TRUE(a.ok()) << a.err().message;
+  EXPECT_EQ(*a, "<|user|>Hi<|end|><|assistant|>The answer is ");  // no end, no new turn; its space kept
+  auto b = t->render_continuing(msgs);
+  ASSERT_TRUE(b.ok()) << b.err().message;
+  EXPECT_EQ(*b, "<|user|>Hi<|end|><|assistant|>The answer is");  // the template trimmed it
+  // Nothing to continue: no string content, or a rendering without it.
+  auto none = nlohmann::ordered_json::parse(R"([{"role":"user","content":null}])");
+  EXPECT_FALSE(k->render_continuing(none).ok());
+  auto hidden = chat_template::parse("{% for m in messages %}[{{ m.role }}]{% endfor %}");
+  ASSERT_TRUE(hidden.ok());
+  EXPECT_FALSE(hidden->render_continuing(msgs).ok());
+}
+
 TEST(ChatTemplate, LoadsFromTokenizerConfig) {
   auto t = chat_template::load(data_dir + "/tokenizers/llama3_1");
   ASSERT_TRUE(t.ok()) << t.err().message;

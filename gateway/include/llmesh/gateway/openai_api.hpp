@@ -112,6 +112,10 @@ struct chat_request {
   generation_fields gen;
   /// tools (for the chat template), tool_choice and parallel_tool_calls (structured_output.hpp).
   tool_request tools;
+  /// vLLM's / HF's: end the prompt with the assistant's turn opened (default), or continue the
+  /// final message (a prefilled answer; chat_template::render_continuing). Not both.
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
 };
 
 /// vLLM's POST /tokenize: a prompt string (add_special_tokens true unless sent) or chat
@@ -124,6 +128,7 @@ struct tokenize_request {
   nlohmann::ordered_json tools;                    ///< null or the tools array, for the template
   bool add_special_tokens = true;
   bool add_generation_prompt = true;
+  bool continue_final_message = false;
   bool return_token_strs = false;
 };
 
@@ -200,8 +205,8 @@ struct sampling_input {
 [[nodiscard]] result<chat_request> parse_chat_request(std::string_view body, const request_limits& lim);
 /// /tokenize and /detokenize bodies: `model` optional (a non-empty string when sent); exactly
 /// one of `prompt` (a string) and `messages` (as chat's); `tokens` an array of non-negative
-/// 32-bit integers (the vocabulary is checked by the caller). `continue_final_message` true is
-/// refused (this server renders only whole conversations); unknown fields are ignored.
+/// 32-bit integers (the vocabulary is checked by the caller). `add_generation_prompt` and
+/// `continue_final_message` as chat's (not both true); unknown fields are ignored.
 [[nodiscard]] result<tokenize_request> parse_tokenize_request(std::string_view body, const request_limits& lim);
 [[nodiscard]] result<detokenize_request> parse_detokenize_request(std::string_view body);
 

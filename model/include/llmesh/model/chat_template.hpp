@@ -34,6 +34,14 @@ class chat_template {
   [[nodiscard]] result<std::string> render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                                            const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
 
+  /// render() for continuing the conversation's final message (HF's continue_final_message:
+  /// a prefilled assistant answer the model goes on with): rendered without a generation
+  /// prompt, then cut right after the final message's content, as transformers'
+  /// apply_chat_template cuts it (its trailing whitespace kept only where the template kept it).
+  /// Refused when the final message has no string content or the rendering does not contain it.
+  [[nodiscard]] result<std::string> render_continuing(const nlohmann::ordered_json& messages,
+                                                      const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+
   std::string bos_token, eos_token;
 
  private:
