@@ -8,6 +8,7 @@
 #include <future>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "llmesh/gateway/completion_stream.hpp"
 #include "llmesh/gateway/stop_matcher.hpp"
@@ -51,9 +52,11 @@ result<nlohmann::ordered_json> extra_fields(rpc::GenerateRequest::Reader in) {
                               {"repetition_penalty", in.getRepetitionPenalty()},
                               {"min_tokens", in.getMinTokens()},
                               {"min_p", in.getMinP()}};
+  // Sizes first (this runs before the API key is checked): a message may be tens of MiB.
   if (in.hasStop()) {
+    if (in.getStop().size() > request_limits{}.max_stop) return make_error(errc::invalid_request, "'stop' holds at most 4 strings");
     auto stops = nlohmann::ordered_json::array();
-    for (auto s : in.getStop()) stops.push_back(std::string(s.cStr(), s.size()));
+    for (auto s : in.getStop()) stops.push_back(std::string(s.cStr(), std::min<size_t>(s.size(), 4096)));
     j["stop"] = std::move(stops);
   }
   if (in.hasStopTokenIds()) {
@@ -62,19 +65,30 @@ result<nlohmann::ordered_json> extra_fields(rpc::GenerateRequest::Reader in) {
     j["stop_token_ids"] = std::move(ids);
   }
   if (in.hasLogitBias()) {
+    if (in.getLogitBias().size() > max_logit_bias_entries) {
+      return make_error(errc::invalid_request, "'logit_bias' holds at most " + std::to_string(max_logit_bias_entries) + " entries");
+    }
     auto bias = nlohmann::ordered_json::object();
+    std::unordered_set<int32_t> seen;
     for (auto b : in.getLogitBias()) {
       if (b.getId() < 0) return make_error(errc::invalid_request, "'logit_bias' keys must be token ids (non-negative)");
-      const std::string key = std::to_string(b.getId());
-      if (bias.contains(key)) return make_error(errc::invalid_request, "'logit_bias' names token " + key + " twice");
-      bias[key] = b.getBias();
+      if (!seen.insert(b.getId()).second) {
+        return make_error(errc::invalid_request, "'logit_bias' names token " + std::to_string(b.getId()) + " twice");
+      }
+      bias[std::to_string(b.getId())] = b.getBias();
     }
     j["logit_bias"] = std::move(bias);
   }
   if (in.hasConstraint()) {
     auto c = in.getConstraint();
+    if (c.getText().size() > model::max_constraint_bytes) {
+      return make_error(errc::invalid_request, "constraint: the text is longer than " + std::to_string(model::max_constraint_bytes) + " bytes");
+    }
     const std::string text(c.getText().cStr(), c.getText().size());
     using kind = rpc::OutputConstraint::Kind;
+    if ((c.getKind() == kind::NONE || c.getKind() == kind::JSON_OBJECT) && !text.empty()) {
+      return make_error(errc::invalid_request, "constraint: this kind takes no text");
+    }
     switch (c.getKind()) {
       case kind::NONE: break;
       case kind::JSON_SCHEMA: j["guided_json"] = text; break;
@@ -135,6 +149,10 @@ struct rpc_server::impl {
         piece += pass(st->decoder.flush());
         if (!stopped && st->stops) piece += st->stops->flush();
       }
+      if (stopped && t.finish == actors::finish_reason::none) {
+        api.mesh().cancel(id);  // at once, as HTTP does: not after the sink has taken the backlog
+        st->mesh_done = true;
+      }
       st->text += piece;
       auto req = st->sink.tokensRequest();
       req.initIds(1).set(0, t.token);
@@ -144,7 +162,7 @@ struct rpc_server::impl {
     }
     if (t.failed || t.finish != actors::finish_reason::none || stopped) {
       st->finished = true;
-      st->mesh_done = t.failed || t.finish != actors::finish_reason::none;  // else the call's end cancels it
+      if (t.failed || t.finish != actors::finish_reason::none) st->mesh_done = true;
       st->chain = st->chain.then([st] { st->done->fulfill(); }, [st](kj::Exception&& e) { st->done->reject(kj::mv(e)); })
                       .eagerlyEvaluate(nullptr);
     } else {

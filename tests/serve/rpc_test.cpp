@@ -268,6 +268,26 @@ TEST(Rpc, PenaltiesStopIdsBiasAndConstraintsAreServedAsOverHttp) {
   EXPECT_EQ(cut.streamed_text, cut.text);
   EXPECT_EQ(cut.finish, "stop");
   EXPECT_LE(cut.ids.size(), plain.ids.size());
+  // With min_tokens, and a stop token id beside the stop string: the text and ids HTTP gives.
+  for (uint32_t min_tokens : {0u, 6u}) {
+    auto rpc = generate(c, [&](auto r) {
+      base(r);
+      r.initStop(1).set(0, stop_at);
+      r.setMinTokens(min_tokens);
+      r.initStopTokenIds(1).set(0, plain.ids[10]);
+    });
+    ASSERT_TRUE(rpc.ok) << rpc.message;
+    const nlohmann::json body = {{"model", "kjv-tiny"}, {"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0},
+                                 {"stop", {stop_at}}, {"min_tokens", min_tokens}, {"stop_token_ids", {plain.ids[10]}},
+                                 {"return_token_ids", true}};
+    auto http = http_request(s.port(), "POST", "/v1/completions", body.dump(), "Authorization: Bearer sesame\r\n");
+    ASSERT_EQ(http.status, 200) << http.body;
+    const auto choice = nlohmann::json::parse(http.body)["choices"][0];
+    EXPECT_EQ(rpc.text, choice["text"].get<std::string>()) << "min_tokens " << min_tokens;
+    EXPECT_EQ(rpc.ids, choice["token_ids"].get<std::vector<int32_t>>()) << "min_tokens " << min_tokens;
+    EXPECT_EQ(rpc.finish, choice["finish_reason"].get<std::string>()) << "min_tokens " << min_tokens;
+    EXPECT_EQ(rpc.streamed_text, rpc.text);
+  }
   // logit_bias: a large bias makes greedy draw that token.
   auto biased = generate(c, [&](auto r) {
     base(r);
