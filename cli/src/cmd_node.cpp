@@ -36,6 +36,7 @@ struct node_flags {
   std::vector<std::string> model_dirs;  ///< --join gateway: one --model per served model
   int threads = 0, heartbeat_ms = 500, slots = 0;
   size_t drain_s = 10, max_migrations = 3;
+  bool deterministic = false;
   gateway_flags gw;
   actors::speculation_config speculation;
 };
@@ -217,6 +218,7 @@ status run_node(const node_flags& f) {
   ao.token = p.token;
   ao.heartbeat = p.heartbeat;
   ao.engine.device = *device;
+  ao.engine.deterministic = f.deterministic;
   ao.engine.threads = f.threads > 0 ? f.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ao.sched.speculation = f.speculation;
   ao.set_fault = [fault_hook](const std::string& spec) {
@@ -333,6 +335,8 @@ void add_node(CLI::App& app, command_set& commands) {
   sub->add_option("--slots", f->slots, "--join: tensor-parallel shards this replica node may host (default 2)")
       ->check(CLI::Range(1, 1024));
   sub->add_option("--device", f->device, "Replicas' device: cpu, cuda or auto")->capture_default_str();
+  sub->add_flag("--deterministic", f->deterministic,
+                "CUDA: batch-invariant projections at every batch size (needed for speculative decoding on CUDA)");
   sub->add_option("--threads", f->threads, "Kernel threads per replica; 0 = one per core")->check(CLI::Range(0, 1024));
   sub->add_option("--drain-timeout", f->drain_s, "Seconds to let requests finish on SIGTERM")->check(CLI::Range(0, 3600));
   sub->add_option("--max-migrations", f->max_migrations, "Gateway: replica failures a request survives")
