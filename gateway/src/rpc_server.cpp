@@ -1,6 +1,8 @@
 // The native client API over Cap'n Proto RPC (rpc_server.hpp).
 #include "llmesh/gateway/rpc_server.hpp"
 
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <capnp/ez-rpc.h>
 #include <kj/async.h>
 
@@ -118,6 +120,9 @@ struct rpc_server::impl {
   kj::Own<const kj::Executor> executor;
   kj::Own<kj::PromiseFulfiller<void>> stop;
   std::unordered_map<uint64_t, call_state*> calls;
+  /// Runs native_generate (the checks, tokenizing, a structured-output compile) off the loop,
+  /// which streams every other call's tokens. Joined before the loop stops.
+  boost::asio::thread_pool workers{2};
 
   impl(api_service& a, rpc_options o) : api(a), opt(std::move(o)) {}
 
@@ -204,29 +209,54 @@ class llmesh_service final : public rpc::Llmesh::Server {
     // Cap'n Proto 0.9 runs a call to completion unless the server opts in: a client that drops
     // its call must stop its generation.
     ctx.allowCancellation();
-    auto params = ctx.getParams();
-    auto in = params.getRequest();
+    auto in = ctx.getParams().getRequest();
+    // Everything the checks need, copied out of the message: they run on a worker.
+    auto work = std::make_shared<pending>();
     // The sampling fields go through the HTTP API's checks (apply_sampling, in native_generate).
-    sampling_input sampling;
-    if (in.getMaxTokens() > 0) sampling.max_tokens = in.getMaxTokens();  // 0: not given
-    sampling.temperature = in.getTemperature();
-    sampling.top_p = in.getTopP();
-    sampling.top_k = in.getTopK();
-    generation_fields g;
-    if (in.getHasSeed()) g.seed = in.getSeed();
-    g.ignore_eos = in.getIgnoreEos();
-    const auto extra = extra_fields(in);  // its error, if any, comes after the API key's
-    std::optional<std::string> text;
-    std::vector<int32_t> ids;
+    if (in.getMaxTokens() > 0) work->sampling.max_tokens = in.getMaxTokens();  // 0: not given
+    work->sampling.temperature = in.getTemperature();
+    work->sampling.top_p = in.getTopP();
+    work->sampling.top_k = in.getTopK();
+    if (in.getHasSeed()) work->g.seed = in.getSeed();
+    work->g.ignore_eos = in.getIgnoreEos();
+    work->extra = extra_fields(in);  // its error, if any, comes after the API key's
     auto prompt = in.getPrompt();
     if (prompt.isText()) {
-      text = std::string(prompt.getText().cStr(), prompt.getText().size());
+      work->text = std::string(prompt.getText().cStr(), prompt.getText().size());
     } else {
-      for (auto id : prompt.getIds()) ids.push_back(id);
+      for (auto id : prompt.getIds()) work->ids.push_back(id);
     }
-    std::string key(in.getApiKey().cStr(), in.getApiKey().size());
-    std::string model(in.getModel().cStr(), in.getModel().size());
-    auto job = p_->api.native_generate(key, model, text, std::move(ids), sampling, std::move(g), extra);
+    work->key.assign(in.getApiKey().cStr(), in.getApiKey().size());
+    work->model.assign(in.getModel().cStr(), in.getModel().size());
+    // The call goes on here, on the loop, once the worker is done. A call dropped meanwhile
+    // drops the promise; the worker's result (and its concurrency slot) goes with `work`.
+    auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
+    auto done = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<void>>>(kj::mv(paf.fulfiller));
+    api_service* api = &p_->api;
+    boost::asio::post(p_->workers, [api, work, done] {
+      work->job.emplace(api->native_generate(work->key, work->model, work->text, std::move(work->ids), work->sampling,
+                                             std::move(work->g), work->extra));
+      (*done)->fulfill();
+    });
+    return paf.promise.then([this, ctx, work]() mutable { return start(ctx, *work->job); });
+  }
+
+ private:
+  /// A generate call's input, and the job native_generate made of it.
+  struct pending {
+    sampling_input sampling;
+    generation_fields g;
+    result<nlohmann::ordered_json> extra = nlohmann::ordered_json();
+    std::optional<std::string> text;
+    std::vector<int32_t> ids;
+    std::string key, model;
+    std::optional<result<generation_job>> job;
+  };
+
+  /// The call's generation in the mesh (on the loop): its state, the submit, the result.
+  kj::Promise<void> start(GenerateContext ctx, result<generation_job>& job) {
+    auto params = ctx.getParams();
+    auto in = params.getRequest();
     if (!job) {
       auto r = ctx.getResults().initResult();
       r.setOk(false);
@@ -282,7 +312,6 @@ class llmesh_service final : public rpc::Llmesh::Server {
         .attach(kj::mv(st));
   }
 
- private:
   rpc_server::impl* p_;
 };
 
@@ -326,6 +355,7 @@ result<std::unique_ptr<rpc_server>> rpc_server::start(api_service& api, rpc_opti
 }
 
 rpc_server::~rpc_server() {
+  impl_->workers.join();  // every generate's checks done (their results reach the loop below)
   if (impl_->executor) {
     try {
       impl_->executor->executeSync([p = impl_.get()] { p->stop->fulfill(); });
