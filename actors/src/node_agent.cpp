@@ -106,13 +106,13 @@ void load_replica(agent* self, const transport::assign_msg& a) {
   const size_t kv_mb = a.kv_cache_mb;
   const size_t max_seqs = st.opt.sched.max_seqs;
   st.loading[a.replica] = {a.model, false};
-  self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, kv_mb,
-                              max_seqs](caf::event_based_actor* helper) mutable {
+  self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, kv_mb, max_seqs,
+                              load = st.opt.load](caf::event_based_actor* helper) mutable {
     std::shared_ptr<const model::model> m = cached;
     std::string err;
     std::shared_ptr<model::engine> eng;
     if (!m) {
-      auto loaded = model::model::load(a.path);
+      auto loaded = model::model::load(a.path, load);
       if (loaded) m = *loaded;
       else err = loaded.err().message;
     }

@@ -115,14 +115,14 @@ void load_part(agent* self, const transport::assign_msg& a) {
   go.timeout = st.opt.tensor_timeout;
   self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, max_seqs, go, err,
                               make = st.opt.make_tensor_transport,
-                              host = st.opt.tensor_host](caf::event_based_actor* helper) mutable {
+                              host = st.opt.tensor_host, load = st.opt.load](caf::event_based_actor* helper) mutable {
     auto p = std::make_shared<loaded_part>();
     p->id = a.replica;
     p->path = a.path;
     p->err = err;
     p->m = cached;
     if (p->err.empty() && !p->m) {
-      auto loaded = model::model::load(a.path);
+      auto loaded = model::model::load(a.path, load);
       if (loaded) p->m = *loaded;
       else p->err = loaded.err().message;
     }

@@ -38,7 +38,7 @@ gemm_result bench_gemm(const model::model& m, size_t rows, int threads, int reps
   const size_t M = rows, N = w.rows, K = w.cols;
   std::vector<float> x(M * K), wf(N * K), y(M * N);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
-  for (size_t i = 0; i < wf.size(); ++i) wf[i] = kernels::load_as_f32(w.data, w.type, i);
+  for (size_t i = 0; i < wf.size(); ++i) wf[i] = kernels::load_as_f32(w.data, w.type, (i / K) * w.ld() + i % K);
   kernels::thread_pool pool(threads);
   const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   auto seconds = [](auto&& fn) {
@@ -46,7 +46,7 @@ gemm_result bench_gemm(const model::model& m, size_t rows, int threads, int reps
     fn();
     return since(t0);
   };
-  kernels::matmul_args a{x.data(), K, w.data, K, w.type, nullptr, y.data(), N, M, N, K};
+  kernels::matmul_args a{x.data(), K, w.data, w.ld(), w.type, nullptr, y.data(), N, M, N, K};
   kernels::matmul_args af = a;
   af.w = wf.data();
   af.w_type = kernels::dtype::f32;
@@ -71,7 +71,9 @@ gemm_result bench_gemm(const model::model& m, size_t rows, int threads, int reps
 }  // namespace
 
 status run_engine_bench(const engine_bench_options& opt) {
-  auto m = model::model::load(opt.model_dir);
+  auto quant = model::parse_quantization(opt.quantization);
+  if (!quant) return quant.take_error();
+  auto m = model::model::load(opt.model_dir, {.quant = *quant});
   if (!m) return m.take_error();
   model::engine_options eo;
   eo.tp = opt.tp;
@@ -163,9 +165,10 @@ status run_engine_bench(const engine_bench_options& opt) {
   std::printf("llmesh bench engine: %s\n", opt.model_dir.c_str());
   std::printf("  model        %s, hidden %zu, layers %zu, heads %zu/%zu, vocab %zu, %.2f B decode params\n",
               c.arch_name.c_str(), c.hidden, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab,
-              weight_bytes / kernels::dtype_size(m.value()->weights().layers[0].q.type) / 1e9);
-  std::printf("  setup        tp %d, threads %d, isa %s\n", eng.tp(), threads,
-              std::string(kernels::isa_name(kernels::active_isa())).c_str());
+              static_cast<double>(m.value()->decode_params()) / 1e9);
+  std::printf("  setup        tp %d, threads %d, isa %s, weights %s\n", eng.tp(), threads,
+              std::string(kernels::isa_name(kernels::active_isa())).c_str(),
+              std::string(kernels::dtype_name(m.value()->weights().layers[0].q.type)).c_str());
   std::printf("  bandwidth    %.1f GB/s (read, %d threads, 1 GiB, best of 3 x 3 around the runs)\n", bw / 1e9, threads);
   std::printf("  bytes/token  %.3f GB (weights %.3f + KV %.4f)\n", bytes_per_token / 1e9, weight_bytes / 1e9, kv_bytes / 1e9);
   std::printf("  pp%-8zu  %.2f tok/s\n", opt.prompt_tokens, pp);

@@ -85,7 +85,9 @@ status run_speculation_bench(const speculation_bench_options& opt) {
     return make_error(errc::invalid_request, "--speculative-tokens must be 1 to " + std::to_string(actors::max_speculative_tokens));
   }
   if (opt.min_n > opt.max_n) return make_error(errc::invalid_request, "--prompt-lookup-min is above --prompt-lookup-max");
-  auto m = model::model::load(opt.model_dir);
+  auto quant = model::parse_quantization(opt.quantization);
+  if (!quant) return quant.take_error();
+  auto m = model::model::load(opt.model_dir, {.quant = *quant});
   if (!m) return m.take_error();
   const auto& c = (*m)->config();
   std::vector<std::vector<int32_t>> prompts;

@@ -40,6 +40,7 @@ void add_bench(CLI::App& app, command_set& commands) {
   sub->add_option("--pp", o->prompt_tokens, "Prompt tokens (prefill test)")->capture_default_str();
   sub->add_option("--tg", o->gen_tokens, "Generated tokens (decode test)")->capture_default_str();
   sub->add_option("--reps", o->reps, "Repetitions; the best is reported")->capture_default_str();
+  sub->add_option("--quantization", o->quantization, "cpu: none or int8 (weight-only, blocks of 32)")->capture_default_str();
   commands.emplace_back(sub, [o, g, device, batches]() -> status {
     if (*device == "cuda") {
       if (o->model_dir.empty() == g->shape.empty()) return make_error(errc::invalid_request, "give exactly one of --model, --shape");
@@ -84,6 +85,7 @@ void add_bench(CLI::App& app, command_set& commands) {
   spsub->add_option("--concurrency", sp->concurrency, "Requests in flight")->check(CLI::Range(1, 4096))->capture_default_str();
   spsub->add_option("--temperature", sp->temperature, "0: greedy")->check(CLI::Range(0.0, 2.0))->capture_default_str();
   spsub->add_option("--threads", sp->threads, "Kernel threads; 0 = one per core")->check(CLI::Range(0, 1024));
+  spsub->add_option("--quantization", sp->quantization, "none or int8 (weight-only, blocks of 32)")->capture_default_str();
   commands.emplace_back(spsub, [sp] { return bench::run_speculation_bench(*sp); });
 
   auto x = std::make_shared<bench::transport_bench_options>();

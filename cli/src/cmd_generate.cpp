@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "replica_flags.hpp"
 #include "llmesh/model/detokenizer.hpp"
 #include "llmesh/model/generate.hpp"
 #include "llmesh/model/tokenizer.hpp"
@@ -22,6 +23,7 @@ struct generate_flags {
   int top_k = 0, tp = 1, threads = 0, min_tokens = 0;
   uint64_t seed = 0;
   bool print_ids = false, deterministic = false;
+  std::string quantization = "none";
   std::string device = "auto";
 };
 
@@ -44,7 +46,9 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
   std::shared_ptr<const model::tokenizer> tok;
   auto ids = prompt_ids(f, has_prompt, tok);
   if (!ids) return ids.take_error();
-  auto m = model::model::load(f.model_dir);
+  auto quant = model::parse_quantization(f.quantization);
+  if (!quant) return quant.take_error();
+  auto m = model::model::load(f.model_dir, {.quant = *quant});
   if (!m) return m.take_error();
   model::engine_options opt;
   opt.tp = f.tp;
@@ -167,6 +171,7 @@ void add_generate(CLI::App& app, command_set& commands) {
   sub->add_option("--threads", f->threads, "Kernel threads in all; 0 = one per core")->check(CLI::Range(0, 1024));
   sub->add_option("--device", f->device, "cpu, cuda, or auto (CUDA when a GPU is present)")->capture_default_str();
   sub->add_flag("--deterministic", f->deterministic, "CUDA: batch-invariant kernels at every batch size");
+  add_quantization_flag(sub, f->quantization);
   sub->add_option("--prefill-chunk", f->prefill_chunk, "Prefill the prompt in chunks of N tokens; 0 = whole");
   sub->add_flag("--print-ids", f->print_ids, "Print the generated token ids on one line");
   sub->add_option("--dump-logits", f->dump_logits, "Write the first generated position's logits (raw float32 LE)");

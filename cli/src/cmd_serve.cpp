@@ -21,6 +21,7 @@ namespace {
 
 struct serve_flags {
   std::string model_dir, http = "127.0.0.1:8080", rpc = "127.0.0.1:8081", served_name, device = "auto", policy = "least-load";
+  std::string quantization = "none";
   int replicas = 1, tp = 1, threads = 0;
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256;
   size_t max_migrations = 3, drain_s = 10;
@@ -56,7 +57,9 @@ status run_serve(const serve_flags& f) {
   if (!tok) return tok.take_error();
   std::optional<model::chat_template> chat;
   if (auto t = model::chat_template::load(f.model_dir); t) chat = std::move(*t);
-  auto m = model::model::load(f.model_dir);
+  auto quant = model::parse_quantization(f.quantization);
+  if (!quant) return quant.take_error();
+  auto m = model::model::load(f.model_dir, {.quant = *quant});
   if (!m) return m.take_error();
   const auto& cfg = (*m)->config();
 
@@ -164,6 +167,7 @@ void add_serve(CLI::App& app, command_set& commands) {
   sub->add_option("--max-seqs", f->max_seqs, "Sequences per engine step")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   add_gateway_flags(sub, f->gw);
   add_speculation_flags(sub, f->speculation);
+  add_quantization_flag(sub, f->quantization);
   sub->add_option("--policy", f->policy, "Router policy: round-robin, least-load, power-of-two, prefix-aware")
       ->capture_default_str();
   sub->add_option("--max-migrations", f->max_migrations, "Replica failures a request survives")

@@ -1,8 +1,10 @@
-// A replica's speculative-decoding flags, shared by `llmesh serve` and `llmesh node` (a
-// replica node): one definition, the same names as vLLM's ngram speculation settings.
+// A replica's flags shared by `llmesh serve` and `llmesh node` (a replica node): speculative
+// decoding (the same names as vLLM's ngram speculation settings) and weight quantization.
 #pragma once
 
 #include <CLI/CLI.hpp>
+
+#include <string>
 
 #include "llmesh/actors/ngram_proposer.hpp"
 #include "llmesh/common/error.hpp"
@@ -25,6 +27,15 @@ inline void add_speculation_flags(CLI::App* sub, actors::speculation_config& c) 
   sub->add_option("--speculative-disable-by-batch-size", c.disable_by_batch_size,
                   "Speculation: no drafts while more requests than this run (0: no limit)")
       ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+}
+
+/// Adds --quantization (how the replica holds the model's weights) to `sub`.
+inline void add_quantization_flag(CLI::App* sub, std::string& q) {
+  sub->add_option("--quantization", q,
+                  "Weights in memory: none (as stored) or int8 (weight-only, blocks of 32 with a float32 scale; "
+                  "CPU backend; about half the bytes per decode step of BF16)")
+      ->check(CLI::IsMember({"none", "int8"}))
       ->capture_default_str();
 }
 

@@ -34,6 +34,11 @@ status validate(const matmul_args& a) {
                       "matmul: leading dimension smaller than the row (ldx " + std::to_string(a.ldx) +
                           ", ldw " + std::to_string(a.ldw) + ", ldy " + std::to_string(a.ldy) + ")");
   }
+  if (a.w_type == dtype::q8 && a.ldw % q8_block != 0) {
+    return make_error(errc::invalid_request,
+                      "matmul: int8 weights need rows of whole blocks (ldw " + std::to_string(a.ldw) + " is not a multiple of " +
+                          std::to_string(q8_block) + ")");
+  }
   return ok_status();
 }
 

@@ -30,7 +30,7 @@ isa_kernels avx512_kernels();
 inline size_t n_block_rows(size_t k_block, dtype w_type, size_t n_tile) {
   const size_t k = k_block;
   constexpr size_t budget = 192 * 1024;
-  size_t rows = budget / (k * dtype_size(w_type));
+  size_t rows = budget / dtype_bytes(w_type, k);
   rows = rows < n_tile ? n_tile : rows - rows % n_tile;
   return rows;
 }

@@ -54,6 +54,11 @@ void gemm_block_portable(const matmul_args& a, size_t m0, size_t m1, size_t n0, 
           v = dot_lanes(x, a.k, [w](size_t q) { return f16_to_f32(w[q]); });
           break;
         }
+        case dtype::q8: {
+          const auto* w = static_cast<const uint8_t*>(a.w) + dtype_offset(dtype::q8, j * a.ldw);
+          v = dot_lanes(x, a.k, [w](size_t q) { return load_as_f32(w, dtype::q8, q); });
+          break;
+        }
         default: {
           const uint16_t* w = static_cast<const uint16_t*>(a.w) + j * a.ldw;
           v = dot_lanes(x, a.k, [w](size_t q) { return bf16_to_f32(w[q]); });

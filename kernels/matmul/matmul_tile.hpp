@@ -14,7 +14,8 @@
 // MR·NR·P accumulators + NR weights + 1 x, which sizes the tiles (4×6 on AVX-512, 3×2 on AVX2).
 //
 // V must provide: using reg; width; zero(); load_x(const float*); store(float*, reg);
-// load_w<dtype>(const void* w, size_t chunk_start, int part); fma(reg a, reg b, reg c) =
+// load_w<dtype>(const void* w, size_t chunk_start, int part) (for q8: the values dequantized
+// as float(q) * scale, so the products are those of the dequantized weights); fma(reg a, reg b, reg c) =
 // a*b+c; pos(q): where element q of a 16-chunk sits in V's register layout (q for the
 // natural layout); fold(const reg* parts) -> float in the canonical fold order.
 // A V with a permuted layout expects x already permuted the same way (matmul_cpu.cpp packs it).
@@ -54,9 +55,9 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
       // Decode streams weights from memory with no reuse, one page-sized row after another,
       // which the hardware prefetcher restarts at every page: prefetch the next tile's rows
       // (the next NR rows) at the pace this tile consumes its own.
-      const char* next = static_cast<const char*>(a.w) + (w_row0 + NR * a.ldw) * dtype_size(WT);
+      const char* w = static_cast<const char*>(a.w);
 #pragma GCC unroll 8
-      for (int n = 0; n < NR; ++n) __builtin_prefetch(next + (n * a.ldw + kk) * dtype_size(WT), 0, 0);
+      for (int n = 0; n < NR; ++n) __builtin_prefetch(w + dtype_offset(WT, w_row0 + (NR + n) * a.ldw + kk), 0, 0);
     }
 #pragma GCC unroll 2
     for (int p = 0; p < P; ++p) {
@@ -133,7 +134,11 @@ void gemm_block(const matmul_args& a, size_t m0, size_t m1, size_t n0, size_t n1
   static const auto t32 = make_table<V, dtype::f32, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto t16 = make_table<V, dtype::f16, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto tb16 = make_table<VB16, dtype::bf16, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
-  const auto& table = a.w_type == dtype::f32 ? t32 : (a.w_type == dtype::f16 ? t16 : tb16);
+  static const auto tq8 = make_table<V, dtype::q8, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
+  const auto& table = a.w_type == dtype::f32  ? t32
+                      : a.w_type == dtype::f16 ? t16
+                      : a.w_type == dtype::q8  ? tq8
+                                               : tb16;
   const size_t kb = k_block_len(a.k, m1 - m0, MRMax);
   const size_t nb = n_block_rows(kb, a.w_type, NRMax);
   constexpr size_t part_floats = static_cast<size_t>(MRMax) * NRMax * 16;

@@ -65,6 +65,24 @@ status engine::create_cuda_shards(const std::vector<shard_layout>& layouts) {
   return ok_status();
 }
 
+namespace {
+
+/// int8 weights are read in blocks of 32 along each row, so a rank's column slice of o_proj and
+/// down_proj (a row-parallel split) must start at a block boundary.
+status check_quantized_layout(const model& m, const shard_layout& l) {
+  if (m.quant() == quantization::none) return ok_status();
+  const size_t head_dim = m.config().head_dim;
+  if ((l.q_head0 * head_dim) % kernels::q8_block != 0 || l.inter0 % kernels::q8_block != 0) {
+    return make_error(errc::invalid_request,
+                      "--quantization int8 with --tp " + std::to_string(l.tp) +
+                          " needs each rank's share of the attention width and of intermediate_size to be a multiple of " +
+                          std::to_string(kernels::q8_block));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, engine_options opt) {
   if (opt.tp < 1) return make_error(errc::invalid_request, "--tp must be at least 1");
   if (opt.threads <= 0) opt.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -75,20 +93,26 @@ result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, e
   for (int r = 0; r < opt.tp; ++r) {
     auto l = make_shard_layout(c, r, opt.tp);
     if (!l) return l.take_error();
+    LLMESH_TRY(check_quantized_layout(*m, *l));
     layouts.push_back(*l);
   }
   std::unique_ptr<engine> e(new engine(m, opt));
   e->kv_.block_size = opt.block_size;
   e->kv_.n_blocks = (opt.kv_tokens + opt.block_size - 1) / opt.block_size;
+  const bool quantized = m->quant() != quantization::none;
+  if (opt.device == backend::cuda && quantized) {
+    return make_error(errc::unsupported, "--quantization int8 runs on the CPU backend only (use --device cpu)");
+  }
   if (opt.device == backend::automatic) {
     const int gpus = kernels::cuda_device_count();
-    if (gpus >= opt.tp) {
+    if (gpus >= opt.tp && !quantized) {
       opt.device = backend::cuda;
     } else {
       opt.device = backend::cpu;
       if (kernels::cuda_compiled()) {
-        e->device_note_ = gpus == 0 ? "no CUDA device found; running on the CPU"
-                                    : "--tp " + std::to_string(opt.tp) + " needs as many GPUs; running on the CPU";
+        e->device_note_ = quantized   ? "int8 weights run on the CPU"
+                          : gpus == 0 ? "no CUDA device found; running on the CPU"
+                                      : "--tp " + std::to_string(opt.tp) + " needs as many GPUs; running on the CPU";
       }
     }
     e->opt_.device = opt.device;
@@ -138,6 +162,7 @@ result<std::unique_ptr<engine>> engine::create_part(std::shared_ptr<const model>
     }
     auto l = make_shard_layout(c, r, opt.tp);
     if (!l) return l.take_error();
+    LLMESH_TRY(check_quantized_layout(*m, *l));
     e->local_.push_back(r);
     e->comms_.push_back(std::move(comm));
     e->pools_.push_back(std::make_unique<kernels::thread_pool>(per_rank));

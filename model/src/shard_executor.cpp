@@ -20,12 +20,13 @@ using kernels::matmul_args;
 
 /// Rows [row0, row0 + rows) of a [out, in] weight: a column-parallel slice, used in place.
 const void* rows_from(const weight_matrix& w, size_t row0) {
-  return static_cast<const uint8_t*>(w.data) + row0 * w.cols * kernels::dtype_size(w.type);
+  return static_cast<const uint8_t*>(w.data) + kernels::dtype_offset(w.type, row0 * w.ld());
 }
 
-/// Columns [col0, ...) of a [out, in] weight: a row-parallel slice, used in place with ldw = cols.
+/// Columns [col0, ...) of a [out, in] weight: a row-parallel slice, used in place with ldw = ld().
+/// For q8, col0 is a multiple of the block (engine::create checks the layout).
 const void* cols_from(const weight_matrix& w, size_t col0) {
-  return static_cast<const uint8_t*>(w.data) + col0 * kernels::dtype_size(w.type);
+  return static_cast<const uint8_t*>(w.data) + kernels::dtype_offset(w.type, col0);
 }
 
 matmul_args job(const float* x, size_t ldx, const weight_matrix& w, const void* wdata, float* y, size_t ldy,
@@ -34,7 +35,7 @@ matmul_args job(const float* x, size_t ldx, const weight_matrix& w, const void* 
   a.x = x;
   a.ldx = ldx;
   a.w = wdata;
-  a.ldw = w.cols;
+  a.ldw = w.ld();
   a.w_type = w.type;
   a.bias = bias;
   a.y = y;

@@ -1,7 +1,14 @@
 // Binds HF tensor names to the weight views and checks every shape against the config.
 #include "llmesh/model/weights.hpp"
 
+#include <sys/mman.h>
+
+#include <atomic>
 #include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "llmesh/kernels/quantize.hpp"
 
 #include "llmesh/model/detokenizer.hpp"
 #include "llmesh/model/token_mask.hpp"
@@ -40,13 +47,26 @@ result<std::vector<float>> vector_f32(const tensor_store& store, const std::stri
 
 }  // namespace
 
-result<std::shared_ptr<const model>> model::load(const std::string& dir) {
+std::string_view quantization_name(quantization q) { return q == quantization::int8 ? "int8" : "none"; }
+
+result<quantization> parse_quantization(std::string_view s) {
+  if (s == "none") return quantization::none;
+  if (s == "int8") return quantization::int8;
+  return make_error(errc::invalid_request, "--quantization must be none or int8, not '" + std::string(s) + "'");
+}
+
+result<std::shared_ptr<const model>> model::load(const std::string& dir, load_options opt) {
   auto cfg = load_config(dir);
   if (!cfg) return cfg.take_error();
   auto store = tensor_store::open(dir);
   if (!store) return store.take_error();
   std::shared_ptr<model> m(new model(dir, std::move(cfg.value()), std::move(store.value())));
   if (auto s = m->bind_weights(); !s) {
+    error e = s.take_error();
+    e.message = dir + ": " + e.message;
+    return e;
+  }
+  if (auto s = m->quantize(opt.quant); !s) {
     error e = s.take_error();
     e.message = dir + ": " + e.message;
     return e;
@@ -97,11 +117,91 @@ status model::bind_weights() {
   return ok_status();
 }
 
+status model::quantize(quantization q) {
+  if (q == quantization::none) return ok_status();
+  struct target {
+    weight_matrix* w;
+    std::string name;
+    size_t offset = 0;
+  };
+  std::vector<target> targets;
+  for (size_t i = 0; i < weights_.layers.size(); ++i) {
+    auto& l = weights_.layers[i];
+    const std::string p = "layer " + std::to_string(i) + " ";
+    for (auto [w, n] : {std::pair{&l.q, "q_proj"}, {&l.k, "k_proj"}, {&l.v, "v_proj"}, {&l.o, "o_proj"},
+                        {&l.gate, "gate_proj"}, {&l.up, "up_proj"}, {&l.down, "down_proj"}}) {
+      targets.push_back({w, p + n});
+    }
+  }
+  targets.push_back({&weights_.lm_head, "lm_head"});  // when tied, the embedding keeps its rows
+  size_t total = 0;
+  for (auto& t : targets) {
+    t.offset = total;
+    const size_t bytes = kernels::dtype_bytes(kernels::dtype::q8, t.w->rows * kernels::q8_row_elements(t.w->cols));
+    total += (bytes + 63) / 64 * 64;
+  }
+  void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    return make_error(errc::io_error, "cannot allocate " + std::to_string(total >> 20) + " MiB for the int8 weights");
+  }
+  ::madvise(mem, total, MADV_HUGEPAGE);  // fewer TLB misses while decode streams the weights; optional
+  quantized_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(mem), [total](uint8_t* p) { ::munmap(p, total); });
+  // Work items of up to 256 rows over every hardware thread; each writes its own bytes.
+  struct item {
+    size_t target, row0, rows;
+  };
+  std::vector<item> items;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    for (size_t r = 0; r < targets[i].w->rows; r += 256) items.push_back({i, r, std::min<size_t>(256, targets[i].w->rows - r)});
+  }
+  std::atomic<size_t> next{0};
+  std::mutex failed_mu;
+  status failed = ok_status();
+  auto work = [&] {
+    for (size_t k = next.fetch_add(1); k < items.size(); k = next.fetch_add(1)) {
+      const auto& it = items[k];
+      const auto& t = targets[it.target];
+      const weight_matrix& w = *t.w;
+      const auto* src = static_cast<const uint8_t*>(w.data) + kernels::dtype_offset(w.type, it.row0 * w.cols);
+      uint8_t* dst = quantized_.get() + t.offset +
+                     kernels::dtype_bytes(kernels::dtype::q8, it.row0 * kernels::q8_row_elements(w.cols));
+      if (auto s = kernels::quantize_q8(src, w.type, it.rows, w.cols, dst); !s) {
+        std::lock_guard lock(failed_mu);
+        failed = make_error(errc::invalid_request, t.name + " (from row " + std::to_string(it.row0) + "): " + s.err().message);
+      }
+    }
+  };
+  const unsigned n_threads = std::max(1u, std::min(std::thread::hardware_concurrency(), 64u));
+  {
+    std::vector<std::jthread> pool;
+    for (unsigned i = 1; i < n_threads; ++i) pool.emplace_back(work);
+    work();
+  }
+  if (!failed) return failed;
+  for (auto& t : targets) {
+    t.w->data = quantized_.get() + t.offset;
+    t.w->type = kernels::dtype::q8;
+  }
+  quant_ = q;
+  return ok_status();
+}
+
 size_t model::decode_weight_bytes() const {
   size_t total = weights_.lm_head.bytes();
   for (const auto& l : weights_.layers) {
     total += l.q.bytes() + l.k.bytes() + l.v.bytes() + l.o.bytes() + l.gate.bytes() + l.up.bytes() + l.down.bytes();
   }
+  return total;
+}
+
+}  // namespace llmesh::model
+
+namespace llmesh::model {
+
+size_t model::decode_params() const {
+  auto n = [](const weight_matrix& w) { return w.rows * w.cols; };
+  size_t total = n(weights_.lm_head);
+  for (const auto& l : weights_.layers) total += n(l.q) + n(l.k) + n(l.v) + n(l.o) + n(l.gate) + n(l.up) + n(l.down);
   return total;
 }
 

@@ -1,6 +1,7 @@
 // `llmesh generate` against golden files from the independent PyTorch reference
 // (tools/reference/, tests/data/golden/): greedy ids identical and first-step logits within
 // 1e-4 (max-abs-diff / max-abs), at --tp 1 and --tp 2; chunked prefill gives identical bits.
+// Cases with --quantization int8 check the quantized weights against the reference's own int8.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,7 +17,7 @@ const std::string llmesh_bin = LLMESH_BINARY;
 const std::string golden_dir = std::string(LLMESH_TEST_DATA) + "/golden";
 
 struct golden_case {
-  std::string name, prompt, flags;
+  std::string name, prompt, flags, run_flags;  ///< run_flags: extra `llmesh generate` flags (may be empty)
 };
 
 std::string trim(const std::string& s) {
@@ -30,8 +31,10 @@ std::vector<golden_case> load_cases() {
   std::string line;
   while (std::getline(in, line)) {
     if (trim(line).empty() || trim(line)[0] == '#') continue;
-    size_t a = line.find('|'), b = line.find('|', a + 1);
-    cases.push_back({trim(line.substr(0, a)), trim(line.substr(a + 1, b - a - 1)), trim(line.substr(b + 1))});
+    size_t a = line.find('|'), b = line.find('|', a + 1), c = line.find('|', b + 1);
+    cases.push_back({trim(line.substr(0, a)), trim(line.substr(a + 1, b - a - 1)),
+                     trim(line.substr(b + 1, c == std::string::npos ? std::string::npos : c - b - 1)),
+                     c == std::string::npos ? "" : trim(line.substr(c + 1))});
   }
   return cases;
 }
@@ -66,7 +69,8 @@ TEST_P(GoldenTest, GenerateMatchesReference) {
     SCOPED_TRACE("tp " + std::to_string(tp));
     const std::string dump = tmp.path() + "/logits" + std::to_string(tp);
     auto r = run_command(llmesh_bin + " generate --device cpu --model " + model + " --prompt-ids " + c.prompt +
-                         " --max-tokens 32 --print-ids --threads 2 --tp " + std::to_string(tp) + " --dump-logits " + dump);
+                         " --max-tokens 32 --print-ids --threads 2 --tp " + std::to_string(tp) + " --dump-logits " + dump +
+                         " " + c.run_flags);
     if (tp == 2 && !splits_in_two) {
       EXPECT_NE(r.exit_code, 0);
       EXPECT_NE(r.err.find("cannot split num_attention_heads"), std::string::npos) << r.err;
@@ -85,7 +89,7 @@ TEST_P(GoldenTest, GenerateMatchesReference) {
   // Prefill in chunks of 3: the same bits as prefilling the whole prompt.
   const std::string dump = tmp.path() + "/logits_chunked";
   auto r = run_command(llmesh_bin + " generate --device cpu --model " + model + " --prompt-ids " + c.prompt +
-                       " --max-tokens 32 --print-ids --prefill-chunk 3 --dump-logits " + dump);
+                       " --max-tokens 32 --print-ids --prefill-chunk 3 --dump-logits " + dump + " " + c.run_flags);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(trim(r.out), want_ids);
   auto chunked = read_floats(dump);

@@ -31,7 +31,7 @@ constexpr float poison = std::numeric_limits<float>::quiet_NaN();
 constexpr uint16_t f16_nan = 0x7e00;
 constexpr uint16_t bf16_nan = 0x7fc0;
 
-constexpr dtype all_dtypes[] = {dtype::f32, dtype::f16, dtype::bf16};
+constexpr dtype all_dtypes[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::q8};
 constexpr size_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 constexpr size_t ns[] = {1, 5, 7, 13, 37};
 constexpr size_t ks[] = {1, 15, 16, 17, 40, 200};
@@ -57,25 +57,44 @@ std::vector<float> make_activations(size_t m, size_t k, size_t ldx, std::mt19937
   return x;
 }
 
-/// Weights [n][ldw] of one dtype; columns >= k are poisoned with that dtype's NaN.
+/// Weights [n][ldw] of one dtype; columns >= k are poisoned with that dtype's NaN (q8: with
+/// the value 127, which changes any sum that reads it, since a block's scale is shared).
 struct weight_matrix {
   dtype type = dtype::f32;
   size_t n = 0, k = 0, ldw = 0;
   std::vector<float> f32;
   std::vector<uint16_t> half;
+  std::vector<uint8_t> q8;
 
   const void* data() const {
+    if (type == dtype::q8) return q8.data();
     return type == dtype::f32 ? static_cast<const void*>(f32.data()) : static_cast<const void*>(half.data());
   }
-  const void* row(size_t j) const {
-    return type == dtype::f32 ? static_cast<const void*>(f32.data() + j * ldw)
-                              : static_cast<const void*>(half.data() + j * ldw);
-  }
+  const void* row(size_t j) const { return static_cast<const uint8_t*>(data()) + dtype_offset(type, j * ldw); }
   float at(size_t j, size_t q) const { return load_as_f32(data(), type, j * ldw + q); }
 };
 
+/// q8 rows are whole blocks: the tight ldw is k rounded up to a block, the padded one a block more.
+size_t weight_ld(dtype t, size_t k, bool padded) {
+  if (t == dtype::q8) return (k + q8_block - 1) / q8_block * q8_block + (padded ? q8_block : 0);
+  return padded ? k + 5 : k;
+}
+
 weight_matrix make_weights(dtype t, size_t n, size_t k, size_t ldw, std::mt19937& rng) {
-  weight_matrix w{t, n, k, ldw, {}, {}};
+  weight_matrix w{t, n, k, ldw, {}, {}, {}};
+  if (t == dtype::q8) {  // every int8 value (-128 too, which quantize_q8 never makes) and random scales
+    w.q8.assign(dtype_bytes(t, n * ldw), 127);
+    std::uniform_int_distribution<int> value(-128, 127);
+    for (size_t j = 0; j < n; ++j) {
+      for (size_t b = 0; b < ldw / q8_block; ++b) {
+        uint8_t* block = w.q8.data() + dtype_offset(t, j * ldw + b * q8_block);
+        const float scale = random_value(rng) / 64.0f;
+        std::memcpy(block, &scale, 4);
+        for (size_t q = 0; q < q8_block && b * q8_block + q < k; ++q) block[4 + q] = static_cast<uint8_t>(value(rng));
+      }
+    }
+    return w;
+  }
   if (t == dtype::f32) {
     w.f32.assign(n * ldw, poison);
   } else {
@@ -118,7 +137,7 @@ struct problem {
 };
 
 problem make_problem(dtype t, size_t m, size_t n, size_t k, bool padded, bool with_bias, std::mt19937& rng) {
-  problem p{m, n, k, padded ? k + 3 : k, padded ? k + 5 : k, padded ? n + 2 : n, {}, {}, {}, {}};
+  problem p{m, n, k, padded ? k + 3 : k, weight_ld(t, k, padded), padded ? n + 2 : n, {}, {}, {}, {}};
   p.x = make_activations(m, k, p.ldx, rng);
   p.w = make_weights(t, n, k, p.ldw, rng);
   if (with_bias)
@@ -329,9 +348,11 @@ TEST(Matmul, RunsSeveralJobsInOneRegionLikeSeparateCalls) {
   problem q = make_problem(dtype::bf16, 6, 37, 40, true, false, rng);
   problem k = make_problem(dtype::f16, 6, 13, 40, true, true, rng);
   problem v = make_problem(dtype::f32, 6, 5, 40, true, false, rng);
+  problem i8 = make_problem(dtype::q8, 6, 11, 40, true, true, rng);
   k.x = q.x;
   v.x = q.x;
-  std::vector<problem*> all = {&q, &k, &v};
+  i8.x = q.x;
+  std::vector<problem*> all = {&q, &k, &v, &i8};
   std::vector<matmul_args> jobs;
   for (problem* p : all) jobs.push_back(p->args());
   ASSERT_TRUE(matmul(std::span<const matmul_args>(jobs), pool).ok());
@@ -377,11 +398,45 @@ TEST(Matmul, RejectsInvalidArguments) {
   a = p.args();
   a.k = 0;
   expect_invalid(a, "k == 0");
+  // q8 rows must be whole blocks.
+  problem q = make_problem(dtype::q8, 3, 5, 40, false, false, rng);
+  ASSERT_TRUE(matmul(q.args(), pool).ok());
+  a = q.args();
+  a.ldw = 48;
+  expect_invalid(a, "q8 ldw not a multiple of the block");
   // One bad job among good ones fails the whole call.
   std::vector<matmul_args> jobs = {p.args(), p.args()};
   jobs[1].ldx = 2;
   expect_invalid(jobs[1], "second job");
   EXPECT_FALSE(matmul(std::span<const matmul_args>(jobs), pool).ok());
+}
+
+TEST(Matmul, Q8ColumnSliceFromABlockBoundaryIsUsedInPlace) {
+  // A row-parallel tensor-parallel shard multiplies by columns [c0, c0 + k) of every row: the
+  // weight pointer moves to c0's block and ldw stays the full row.
+  thread_pool pool(2);
+  std::mt19937 rng(testing::test_seed(8));
+  problem full = make_problem(dtype::q8, 5, 13, 200, false, false, rng);
+  for (size_t c0 : {0, 32, 64, 96}) {
+    for (size_t k : {17, 32, 64, 96}) {
+      if (c0 + k > full.k) continue;
+      std::vector<float> y(full.m * full.n, poison);
+      matmul_args a = full.args();
+      a.x = full.x.data() + c0;
+      a.w = static_cast<const uint8_t*>(full.w.data()) + dtype_offset(dtype::q8, c0);
+      a.k = k;
+      a.y = y.data();
+      a.ldy = full.n;
+      ASSERT_TRUE(matmul(a, pool).ok());
+      for (size_t i = 0; i < full.m; ++i) {
+        for (size_t j = 0; j < full.n; ++j) {
+          const auto* row = static_cast<const uint8_t*>(full.w.row(j)) + dtype_offset(dtype::q8, c0);
+          float want = dot_reference(full.x.data() + i * full.ldx + c0, row, dtype::q8, k);
+          ASSERT_EQ(bits_of(y[i * full.n + j]), bits_of(want)) << "c0 " << c0 << " k " << k << " y[" << i << "][" << j << "]";
+        }
+      }
+    }
+  }
 }
 
 TEST(Matmul, EmptyOutputSucceedsWithoutWriting) {

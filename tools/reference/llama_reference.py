@@ -15,7 +15,11 @@ Needs only python3 with numpy and torch (Debian: python3-numpy python3-torch).
 
 Usage:
   python3 llama_reference.py --model DIR --prompt-ids 1,2,3 --max-tokens 32 \
-      --out-ids ids.txt --out-logits logits.f32
+      --out-ids ids.txt --out-logits logits.f32 [--quantize int8]
+
+--quantize int8 applies llmesh's `--quantization int8` to the projection weights
+and the LM head first (re-implemented here from its definition, in float32
+torch arithmetic), then runs the same float64 forward pass.
 
 --out-ids gets the generated ids, space-separated on one line. --out-logits
 gets the logits after the last prompt token (the first generated position) as
@@ -108,6 +112,21 @@ class Weights:
         return torch.from_numpy(arr.reshape(shape).copy())
 
 
+# ---------------------------------------------------------------- int8
+
+def quantize_int8(w):
+    """llmesh's weight-only int8 (kernels/include/llmesh/kernels/dtype.hpp, quantize.hpp):
+    blocks of 32 along each row; scale = max|w| / 127 in float32; q = w / scale in float32,
+    rounded half to even and clamped to +-127 (0 where the scale is 0); value = q * scale in
+    float32. Returns the dequantized weights as float64."""
+    rows, cols = w.shape
+    pad = (-cols) % 32
+    w32 = torch.nn.functional.pad(w.to(torch.float32), (0, pad)).view(rows, -1, 32)
+    scale = w32.abs().amax(dim=-1, keepdim=True) / torch.tensor(127.0, dtype=torch.float32)
+    q = torch.where(scale == 0, torch.zeros_like(w32), torch.round(w32 / scale)).clamp(-127.0, 127.0)
+    return (q * scale).view(rows, -1)[:, :cols].to(torch.float64)
+
+
 # ---------------------------------------------------------------- config
 
 def load_config(model_dir):
@@ -185,7 +204,7 @@ def rms_norm(x, w, eps):
 
 
 class Model:
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, quantize="none"):
         self.cfg = cfg = load_config(model_dir)
         W = Weights(model_dir)
         H, I, V = cfg["hidden"], cfg["inter"], cfg["vocab"]
@@ -211,6 +230,11 @@ class Model:
             self.layers.append(L)
         self.norm = W.get("model.norm.weight", [H])
         self.lm_head = self.embed if cfg["tied"] else W.get("lm_head.weight", [V, H])
+        if quantize == "int8":   # the embedding gather keeps the checkpoint's rows
+            for L in self.layers:
+                for n in ("q", "k", "v", "o", "gate", "up", "down"):
+                    L[n] = quantize_int8(L[n])
+            self.lm_head = quantize_int8(self.lm_head)
         self.inv_freq = rope_inv_freq(cfg)
 
     @staticmethod
@@ -271,13 +295,15 @@ def main():
     ap.add_argument("--out-ids", required=True)
     ap.add_argument("--out-logits", required=True)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--quantize", choices=("none", "int8"), default="none",
+                    help="llmesh --quantization applied to the weights first")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
     if not prompt:
         sys.exit("error: empty prompt")
-    model = Model(args.model)
+    model = Model(args.model, args.quantize)
     vocab = model.cfg["vocab"]
     if any(t < 0 or t >= vocab for t in prompt):
         sys.exit(f"error: prompt id out of range [0, {vocab})")

@@ -9,14 +9,16 @@ llmesh=${1:-$root/build}/cli/llmesh
 golden=$root/tests/data/golden
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-while IFS='|' read -r name prompt flags; do
+while IFS='|' read -r name prompt flags run_flags; do
   name=$(echo "$name" | xargs); prompt=$(echo "$prompt" | xargs)
+  quantize=none
+  [[ "${run_flags:-}" == *"--quantization int8"* ]] && quantize=int8
   [[ -z "$name" || "$name" == \#* ]] && continue
   echo "== $name"
   # shellcheck disable=SC2086
   "$llmesh" model random --out "$work/$name" $flags
   mkdir -p "$golden/$name"
   /usr/bin/python3 "$root/tools/reference/llama_reference.py" --model "$work/$name" --prompt-ids "$prompt" \
-    --max-tokens 32 --out-ids "$golden/$name/ids.txt" --out-logits "$golden/$name/logits.f32"
+    --max-tokens 32 --out-ids "$golden/$name/ids.txt" --out-logits "$golden/$name/logits.f32" --quantize "$quantize"
   (cd "$work/$name" && sha256sum model*.safetensors config.json) > "$golden/$name/model.sha256"
 done < "$golden/cases.txt"

@@ -42,6 +42,7 @@ struct node_agent_options {
   std::chrono::milliseconds heartbeat{500};
   std::chrono::milliseconds drain_timeout{60000};  ///< a stopping replica's in-flight requests get this long
   model::engine_options engine;                    ///< threads and device; tp and KV come with each assignment
+  model::load_options load;                        ///< how this node holds a model's weights (--quantization)
   scheduler_config sched;
   /// Sets a fault rule on this node's transport (`llmesh ctl fault`; fault_injector.hpp syntax).
   std::function<void(const std::string&)> set_fault;

@@ -18,6 +18,7 @@ struct engine_bench_options {
   size_t prompt_tokens = 512;
   size_t gen_tokens = 64;
   int reps = 3;
+  std::string quantization = "none";  ///< --quantization: none or int8
   std::vector<size_t> batches;  ///< also decode this many sequences at once (aggregate tok/s vs batch 1)
 };
 

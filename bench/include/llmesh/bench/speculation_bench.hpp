@@ -21,6 +21,7 @@ struct speculation_bench_options {
   size_t concurrency = 1;    ///< requests in flight at once
   float temperature = 0.0f;  ///< 0: greedy; else sampled with a seed per request
   int threads = 0;
+  std::string quantization = "none";  ///< --quantization: none or int8
 };
 
 /// Prints, for the plain and the speculative run: tokens, steps, tokens/s, drafts kept, tokens

@@ -9,14 +9,34 @@
 namespace llmesh::kernels {
 
 /// Storage type of a weight tensor. Activations are always float32.
-enum class dtype : uint8_t { f32, f16, bf16 };
+/// q8 is weight-only int8 made at load time (`--quantization int8`), never read from a file:
+/// each row is cut into blocks of q8_block consecutive elements, each stored as a float32
+/// scale followed by q8_block int8 values (llama.cpp's Q8_0 layout with a float32 scale);
+/// element value = float(q) * scale, one IEEE multiply. Rows are padded to whole blocks.
+enum class dtype : uint8_t { f32, f16, bf16, q8 };
 
-/// Bytes per element.
-constexpr size_t dtype_size(dtype t) { return t == dtype::f32 ? 4 : 2; }
+inline constexpr size_t q8_block = 32;                      ///< elements per q8 block
+inline constexpr size_t q8_block_bytes = 4 + q8_block;      ///< scale + values
 
-/// Safetensors spelling ("F32", "F16", "BF16").
+/// Bytes per element of the plain types; for q8, the int8 value only (its block's scale is
+/// extra): sizes and offsets of q8 data go through dtype_bytes.
+constexpr size_t dtype_size(dtype t) { return t == dtype::f32 ? 4 : (t == dtype::q8 ? 1 : 2); }
+
+/// Bytes from the start of a buffer (a row or block boundary) to element n: for q8, whole
+/// blocks plus the scale and n % q8_block values of the block n falls in.
+constexpr size_t dtype_offset(dtype t, size_t n) {
+  if (t != dtype::q8) return n * dtype_size(t);
+  return (n / q8_block) * q8_block_bytes + (n % q8_block == 0 ? 0 : 4 + n % q8_block);
+}
+
+/// Bytes that hold n elements (for q8, n rounded up to whole blocks).
+constexpr size_t dtype_bytes(dtype t, size_t n) {
+  return t == dtype::q8 ? (n + q8_block - 1) / q8_block * q8_block_bytes : n * dtype_size(t);
+}
+
+/// Safetensors spelling ("F32", "F16", "BF16"); "Q8_0" for q8, which no file holds.
 constexpr std::string_view dtype_name(dtype t) {
-  return t == dtype::f32 ? "F32" : (t == dtype::f16 ? "F16" : "BF16");
+  return t == dtype::f32 ? "F32" : (t == dtype::f16 ? "F16" : (t == dtype::bf16 ? "BF16" : "Q8_0"));
 }
 
 /// bfloat16 bits -> float32 (exact).
@@ -89,6 +109,12 @@ inline float load_as_f32(const void* data, dtype t, size_t i) {
     case dtype::f32: return static_cast<const float*>(data)[i];
     case dtype::f16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
     case dtype::bf16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case dtype::q8: {
+      const auto* block = static_cast<const uint8_t*>(data) + (i / q8_block) * q8_block_bytes;
+      float scale;
+      std::memcpy(&scale, block, 4);
+      return static_cast<float>(static_cast<int8_t>(block[4 + i % q8_block])) * scale;
+    }
   }
   return 0.0f;
 }

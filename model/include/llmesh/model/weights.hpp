@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "llmesh/common/error.hpp"
@@ -11,13 +12,34 @@
 
 namespace llmesh::model {
 
-/// A 2-D weight in HF [out, in] layout, pointing into the mapping (no copy).
+/// A 2-D weight in HF [out, in] layout, pointing into the mapping (no copy), or, quantized,
+/// into the model's own int8 copy.
 struct weight_matrix {
   const void* data = nullptr;
   kernels::dtype type = kernels::dtype::f32;
   size_t rows = 0;  ///< out features
   size_t cols = 0;  ///< in features
-  size_t bytes() const { return rows * cols * kernels::dtype_size(type); }
+  /// Elements from one row to the next: cols, or for q8 cols rounded up to whole blocks.
+  size_t ld() const { return type == kernels::dtype::q8 ? (cols + kernels::q8_block - 1) / kernels::q8_block * kernels::q8_block : cols; }
+  size_t bytes() const { return kernels::dtype_bytes(type, rows * ld()); }
+};
+
+/// How the projection weights are held in memory (`--quantization`).
+enum class quantization : uint8_t {
+  none,  ///< as the checkpoint stores them (F32, F16 or BF16)
+  int8,  ///< weight-only int8 in blocks of 32 with a float32 scale (kernels::dtype::q8)
+};
+
+/// "none" / "int8".
+std::string_view quantization_name(quantization q);
+/// Parses a --quantization value; invalid_request names the choices.
+[[nodiscard]] result<quantization> parse_quantization(std::string_view s);
+
+struct load_options {
+  /// int8: q, k, v, o, gate, up, down and the LM head are quantized at load (the embedding
+  /// gather keeps the checkpoint's rows). About 1.1 bytes per weight instead of 2 (BF16): a
+  /// memory-bound decode step reads half as much.
+  quantization quant = quantization::none;
 };
 
 /// One decoder layer. Norm weights and biases are small and converted to float32 at load.
@@ -39,12 +61,14 @@ class token_vocabulary;
 
 class model {
  public:
-  /// Loads DIR/config.json and the safetensors, checking every tensor's presence and shape.
-  [[nodiscard]] static result<std::shared_ptr<const model>> load(const std::string& dir);
+  /// Loads DIR/config.json and the safetensors, checking every tensor's presence and shape,
+  /// then applies `opt` (quantization runs on every hardware thread).
+  [[nodiscard]] static result<std::shared_ptr<const model>> load(const std::string& dir, load_options opt = {});
 
   const model_config& config() const { return config_; }
   const model_weights& weights() const { return weights_; }
   const std::string& dir() const { return dir_; }
+  quantization quant() const { return quant_; }
   /// The token bytes of DIR/tokenizer.json, for structured outputs (token_mask.hpp); null when
   /// the directory has no tokenizer the detokenizer reads.
   const std::shared_ptr<const token_vocabulary>& vocabulary() const { return vocabulary_; }
@@ -52,17 +76,23 @@ class model {
   /// Weight bytes a decode step reads per token at batch 1: every layer matrix and the LM
   /// head (the embedding row is negligible).
   size_t decode_weight_bytes() const;
+  /// Weights (elements) a decode step multiplies by per token: the layer matrices and the LM head.
+  size_t decode_params() const;
 
  private:
   model(std::string dir, model_config cfg, tensor_store store)
       : dir_(std::move(dir)), config_(std::move(cfg)), store_(std::move(store)) {}
   status bind_weights();
+  status quantize(quantization q);
 
   std::string dir_;
   model_config config_;
   tensor_store store_;
   model_weights weights_;
   std::shared_ptr<const token_vocabulary> vocabulary_;
+  quantization quant_ = quantization::none;
+  /// The quantized copy the q8 weight views point into (huge-page backed where the kernel allows).
+  std::shared_ptr<uint8_t> quantized_;
 };
 
 }  // namespace llmesh::model

@@ -1,0 +1,26 @@
+// Weight-only int8 quantization (dtype::q8, see dtype.hpp): made once at load time from the
+// checkpoint's F32/F16/BF16 weights. Activations stay float32 and every output keeps the
+// canonical reduction order of matmul.hpp over the dequantized weights, so a quantized model
+// is as batch- and chunk-invariant as an unquantized one, on every instruction set.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "llmesh/common/error.hpp"
+#include "llmesh/kernels/dtype.hpp"
+
+namespace llmesh::kernels {
+
+/// Elements per q8 row of `cols` weights (whole blocks): the ldw a q8 matmul takes.
+constexpr size_t q8_row_elements(size_t cols) { return (cols + q8_block - 1) / q8_block * q8_block; }
+
+/// Quantizes `rows` rows of `cols` weights (row-major, src_type F32/F16/BF16) into dst, which
+/// holds dtype_bytes(q8, rows * q8_row_elements(cols)) bytes. Per block of 32: scale =
+/// max|w| / 127 (float32), q = w / scale rounded to nearest (ties to even) and clamped to
+/// [-127, 127]; an all-zero block has scale 0. The padding of a row's last block is 0.
+/// Deterministic: the same weights give the same bytes in every process.
+/// Fails with invalid_request on a non-finite weight (the row is named), or a q8 source.
+[[nodiscard]] status quantize_q8(const void* src, dtype src_type, size_t rows, size_t cols, uint8_t* dst);
+
+}  // namespace llmesh::kernels

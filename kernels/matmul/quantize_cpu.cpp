@@ -1,0 +1,64 @@
+// quantize_q8: float32 weights -> int8 blocks with a float32 scale (see quantize.hpp).
+#include "llmesh/kernels/quantize.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+namespace llmesh::kernels {
+namespace {
+
+template <class Load>
+status quantize_rows(size_t rows, size_t cols, uint8_t* dst, Load load) {
+  const size_t per_row = q8_row_elements(cols) / q8_block;
+  float w[q8_block];
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t b = 0; b < per_row; ++b) {
+      const size_t c0 = b * q8_block, n = std::min(q8_block, cols - c0);
+      float amax = 0.0f;
+      bool finite = true;
+      for (size_t i = 0; i < n; ++i) {
+        w[i] = load(r * cols + c0 + i);
+        finite = finite && std::isfinite(w[i]);  // std::max would skip a NaN
+        amax = std::max(amax, std::fabs(w[i]));
+      }
+      if (!finite) {
+        return make_error(errc::invalid_request, "weight row " + std::to_string(r) + " holds a non-finite value; it cannot be quantized");
+      }
+      for (size_t i = n; i < q8_block; ++i) w[i] = 0.0f;
+      uint8_t* block = dst + (r * per_row + b) * q8_block_bytes;
+      const float scale = amax / 127.0f;
+      std::memcpy(block, &scale, 4);
+      for (size_t i = 0; i < q8_block; ++i) {
+        float q = scale == 0.0f ? 0.0f : std::nearbyint(w[i] / scale);
+        q = std::clamp(q, -127.0f, 127.0f);
+        block[4 + i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+      }
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+status quantize_q8(const void* src, dtype src_type, size_t rows, size_t cols, uint8_t* dst) {
+  switch (src_type) {
+    case dtype::f32: {
+      const auto* s = static_cast<const float*>(src);
+      return quantize_rows(rows, cols, dst, [s](size_t i) { return s[i]; });
+    }
+    case dtype::f16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      return quantize_rows(rows, cols, dst, [s](size_t i) { return f16_to_f32(s[i]); });
+    }
+    case dtype::bf16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      return quantize_rows(rows, cols, dst, [s](size_t i) { return bf16_to_f32(s[i]); });
+    }
+    case dtype::q8: break;
+  }
+  return make_error(errc::invalid_request, "quantize_q8: the weights are quantized already");
+}
+
+}  // namespace llmesh::kernels

@@ -1,0 +1,140 @@
+// Tests of quantize_q8: the block format, rounding (nearest, ties to even), the error bound of
+// every dequantized weight, padding, sources of every type giving the same bytes, and refusals.
+#include "llmesh/kernels/quantize.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "test_seed.hpp"
+
+namespace llmesh::kernels {
+namespace {
+
+float scale_of(const std::vector<uint8_t>& q, size_t block) {
+  float s;
+  std::memcpy(&s, q.data() + block * q8_block_bytes, 4);
+  return s;
+}
+
+int8_t value_of(const std::vector<uint8_t>& q, size_t block, size_t i) {
+  return static_cast<int8_t>(q[block * q8_block_bytes + 4 + i]);
+}
+
+std::vector<uint8_t> quantize(const std::vector<float>& w, size_t rows, size_t cols) {
+  std::vector<uint8_t> out(dtype_bytes(dtype::q8, rows * q8_row_elements(cols)), 0xAA);
+  auto s = quantize_q8(w.data(), dtype::f32, rows, cols, out.data());
+  EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.err().message);
+  return out;
+}
+
+TEST(Quantize, BlockFormatAndRoundingToNearestEven) {
+  // max |w| = 127: scale 1, so each value is w rounded; .5 goes to the even neighbour.
+  std::vector<float> w(32, 0.0f);
+  const float in[] = {127.0f, -63.5f, 0.5f, 1.5f, 2.5f, -2.5f, 3.49f, -126.6f};
+  const int8_t want[] = {127, -64, 0, 2, 2, -2, 3, -127};
+  for (size_t i = 0; i < std::size(in); ++i) w[i] = in[i];
+  auto q = quantize(w, 1, 32);
+  ASSERT_EQ(q.size(), q8_block_bytes);
+  EXPECT_EQ(scale_of(q, 0), 1.0f);
+  for (size_t i = 0; i < std::size(in); ++i) EXPECT_EQ(value_of(q, 0, i), want[i]) << "w = " << in[i];
+  for (size_t i = std::size(in); i < 32; ++i) EXPECT_EQ(value_of(q, 0, i), 0);
+  EXPECT_EQ(load_as_f32(q.data(), dtype::q8, 1), -64.0f);
+}
+
+TEST(Quantize, EveryWeightIsWithinHalfAStepAndTheLargestIsExact) {
+  std::mt19937 rng(testing::test_seed(17));
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exp2(-12, 4);
+  for (size_t cols : {1, 31, 32, 33, 100, 4096}) {
+    const size_t rows = 3;
+    std::vector<float> w(rows * cols);
+    for (auto& v : w) v = std::ldexp(mant(rng), exp2(rng));
+    auto q = quantize(w, rows, cols);
+    const size_t ld = q8_row_elements(cols);
+    ASSERT_EQ(q.size(), rows * ld / q8_block * q8_block_bytes);
+    for (size_t r = 0; r < rows; ++r) {
+      for (size_t b = 0; b < ld / q8_block; ++b) {
+        const size_t block = (r * ld) / q8_block + b;
+        float amax = 0.0f;
+        for (size_t i = b * q8_block; i < std::min(cols, (b + 1) * q8_block); ++i) amax = std::max(amax, std::fabs(w[r * cols + i]));
+        const float scale = scale_of(q, block);
+        EXPECT_EQ(scale, amax / 127.0f);
+        bool has_max = false;
+        for (size_t i = 0; i < q8_block; ++i) {
+          const size_t c = b * q8_block + i;
+          const float got = load_as_f32(q.data(), dtype::q8, r * ld + c);
+          if (c >= cols) {
+            EXPECT_EQ(value_of(q, block, i), 0) << "padding of row " << r;
+            continue;
+          }
+          const float orig = w[r * cols + c];
+          // Half a step, plus the rounding of w / scale and of q * scale.
+          EXPECT_LE(std::fabs(got - orig), scale * (0.5f + 1e-4f) + 1e-30f) << "row " << r << " col " << c;
+          has_max = has_max || std::abs(value_of(q, block, i)) == 127;
+        }
+        EXPECT_TRUE(has_max) << "block " << block << ": its largest weight must map to ±127";
+      }
+    }
+  }
+}
+
+TEST(Quantize, AZeroBlockHasScaleZero) {
+  std::vector<float> w(64, 0.0f);
+  w[40] = -2.0f;
+  auto q = quantize(w, 1, 64);
+  EXPECT_EQ(scale_of(q, 0), 0.0f);
+  for (size_t i = 0; i < 32; ++i) EXPECT_EQ(value_of(q, 0, i), 0);
+  EXPECT_EQ(value_of(q, 1, 8), -127);
+  EXPECT_EQ(load_as_f32(q.data(), dtype::q8, 40), -2.0f);
+}
+
+TEST(Quantize, F16AndBf16SourcesGiveTheBytesOfTheirFloat32Values) {
+  std::mt19937 rng(testing::test_seed(5));
+  std::uniform_real_distribution<float> d(-3.0f, 3.0f);
+  const size_t rows = 2, cols = 70;
+  std::vector<uint16_t> h(rows * cols), b(rows * cols);
+  std::vector<float> hf(rows * cols), bf(rows * cols);
+  for (size_t i = 0; i < h.size(); ++i) {
+    h[i] = f32_to_f16(d(rng));
+    hf[i] = f16_to_f32(h[i]);
+    b[i] = f32_to_bf16(d(rng));
+    bf[i] = bf16_to_f32(b[i]);
+  }
+  const size_t bytes = dtype_bytes(dtype::q8, rows * q8_row_elements(cols));
+  std::vector<uint8_t> qh(bytes), qb(bytes);
+  ASSERT_TRUE(quantize_q8(h.data(), dtype::f16, rows, cols, qh.data()).ok());
+  ASSERT_TRUE(quantize_q8(b.data(), dtype::bf16, rows, cols, qb.data()).ok());
+  EXPECT_EQ(qh, quantize(hf, rows, cols));
+  EXPECT_EQ(qb, quantize(bf, rows, cols));
+}
+
+TEST(Quantize, RefusesNonFiniteWeightsAndQuantizedSources) {
+  std::vector<float> w(2 * 40, 1.0f);
+  w[40 + 7] = std::numeric_limits<float>::infinity();
+  std::vector<uint8_t> out(dtype_bytes(dtype::q8, 2 * q8_row_elements(40)));
+  auto s = quantize_q8(w.data(), dtype::f32, 2, 40, out.data());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.err().code, errc::invalid_request);
+  EXPECT_NE(s.err().message.find("row 1"), std::string::npos) << s.err().message;
+  w[40 + 7] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(quantize_q8(w.data(), dtype::f32, 2, 40, out.data()).ok());
+  EXPECT_FALSE(quantize_q8(out.data(), dtype::q8, 1, 32, out.data()).ok());
+}
+
+TEST(Quantize, OffsetsAndSizesOfQ8Data) {
+  EXPECT_EQ(dtype_bytes(dtype::q8, 32), 36u);
+  EXPECT_EQ(dtype_bytes(dtype::q8, 33), 72u);
+  EXPECT_EQ(dtype_offset(dtype::q8, 64), 72u);  // a block boundary: the block's scale
+  EXPECT_EQ(dtype_offset(dtype::q8, 65), 72u + 4u + 1u);
+  EXPECT_EQ(q8_row_elements(1), 32u);
+  EXPECT_EQ(q8_row_elements(64), 64u);
+  EXPECT_EQ(dtype_name(dtype::q8), "Q8_0");
+}
+
+}  // namespace
+}  // namespace llmesh::kernels
