@@ -108,9 +108,10 @@ status run_serve(const serve_flags& f) {
   if (rpc) std::fprintf(stderr, "llmesh: native API (Cap'n Proto RPC, schemas/rpc.capnp) on %s:%u\n", rpc_host.c_str(), rpc->port());
   const auto& e0 = (*mesh)->engine(0);
   std::fprintf(stderr,
-               "llmesh: serving '%s' on http://%s:%u (%d replica(s), tp %d, %s, %d kernel threads each, KV %zu "
+               "llmesh: serving '%s' on http://%s:%u (%d replica(s), tp %d, %s%s, %d kernel threads each, KV %zu "
                "positions per replica%s%s)\n",
                ao.model_name.c_str(), ho.host.c_str(), (*server)->port(), f.replicas, f.tp, e0.backend_name(),
+               (*m)->quant() == model::quantization::int8 ? ", int8 weights" : "",
                mo.engine.threads, e0.kv_blocks() * e0.kv_block_size(), e0.device_note().empty() ? "" : "; ",
                e0.device_note().c_str());
   std::fprintf(stderr,

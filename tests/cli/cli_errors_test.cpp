@@ -102,6 +102,15 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   expect_one_line_error(r, "--prompt-lookup-min");
   r = run_command(llmesh_bin + " node --name x --join 127.0.0.1:1 --prompt-lookup-min 3 --prompt-lookup-max 1");
   expect_one_line_error(r, "--prompt-lookup-min");
+  // --quantization: a name it does not know, and int8 where the tensor-parallel split would cut
+  // a block (hidden 64, 4 heads of 16: rank 1 starts at column 32, but the intermediate size
+  // 160 / 2 = 80 does not).
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --quantization fp4");
+  expect_one_line_error(r, "--quantization");
+  r = run_command(llmesh_bin + " generate --device cpu --model " + model_ + " --prompt-ids 1 --quantization int8 --tp 2");
+  expect_one_line_error(r, "multiple of 32");
+  r = run_command(llmesh_bin + " generate --device cuda --model " + model_ + " --prompt-ids 1 --quantization int8");
+  expect_one_line_error(r, "CPU backend only");
 }
 
 TEST_F(CliErrors, DumpLogitsToUnwritablePath) {

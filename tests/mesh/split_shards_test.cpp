@@ -5,7 +5,8 @@
 // layer's all-reduce the tensor plane, yet greedy tokens equal `llmesh generate --tp 2`'s, alone
 // and under concurrent load. When shard-1's process dies, the replica is gone (the group fails
 // as a unit): the requests it held end with an error instead of hanging, and when the node
-// comes back the replica is formed again and serves the same tokens.
+// comes back the replica is formed again and serves the same tokens. With --quantization int8
+// on both nodes, each quantizes its own copy and the tokens are generate --quantization int8's.
 #include <algorithm>
 
 #include "mesh_fixture.hpp"
@@ -160,6 +161,47 @@ TEST(SplitShards, ADrainMovesASplitReplicaOntoAJoinedNodeWithoutAFailedRequest) 
   EXPECT_EQ(l.wrong.load(), 0u);
   EXPECT_EQ(metric_value(m.http_port, "llmesh_request_migrations_total"), 0.0);  // a drain moves nothing mid-stream
   EXPECT_EQ(s2.stop(), 0) << s2.log();
+  EXPECT_EQ(s1.stop(), 0) << s1.log();
+  EXPECT_EQ(s0.stop(), 0) << s0.log();
+  EXPECT_EQ(seed.stop(), 0) << seed.log();
+}
+
+}  // namespace
+}  // namespace llmesh::testing
+
+namespace llmesh::testing {
+namespace {
+
+// --quantization int8 on the nodes of a split replica: each process quantizes its own copy of
+// the weights (the same bytes: quantization is deterministic), so the two ranks' partial sums
+// fit together and the served tokens are `llmesh generate --tp 2 --quantization int8`'s.
+// Sampled at a seed where the int8 tokens differ from the checkpoint's, so a node that ignored
+// the flag would be caught.
+TEST(SplitShards, Int8NodesServeGeneratesInt8Tokens) {
+  auto m = split_files();
+  auto int8_node = [&](const std::string& name) {
+    auto args = m.node(name);
+    args.insert(args.end(), {"--quantization", "int8"});
+    return args;
+  };
+  node_process seed(m.node("seed"));
+  ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny' on http://")) << seed.log();
+  node_process s0(int8_node("shard-0"));
+  node_process s1(int8_node("shard-1"));
+  ASSERT_TRUE(replica_ready(m, seed, s0, s1));
+  const std::vector<std::vector<int32_t>> prompts{{1142, 258, 2078, 386, 3345}, {295, 258, 400}};
+  const std::string sampling = "--tp 2 --temperature 1 --seed 3";
+  for (const auto& p : prompts) {
+    const std::string prompt = "--prompt-ids " + id_list(p);
+    const auto want = testing::generate_ids(bin, model_dir, prompt, 24, sampling + " --quantization int8");
+    ASSERT_EQ(want.size(), 24u);
+    ASSERT_NE(want, testing::generate_ids(bin, model_dir, prompt, 24, sampling)) << "this seed must tell int8 from the checkpoint's weights";
+    const nlohmann::json body{{"model", "kjv-tiny"}, {"prompt", p},      {"max_tokens", 24},
+                              {"temperature", 1},    {"seed", 3},        {"return_token_ids", true}};
+    auto r = http_request(m.http_port, "POST", "/v1/completions", body.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want) << r.body;
+  }
   EXPECT_EQ(s1.stop(), 0) << s1.log();
   EXPECT_EQ(s0.stop(), 0) << s0.log();
   EXPECT_EQ(seed.stop(), 0) << seed.log();

@@ -1,5 +1,6 @@
 // `llmesh serve` over real HTTP: greedy and seeded output equal `llmesh generate` at any
-// concurrency and at --tp 2 with several replicas, and with speculative decoding; chat content
+// concurrency and at --tp 2 with several replicas, with speculative decoding and with int8
+// weights; chat content
 // as text parts; /tokenize and /detokenize; stop_token_ids, penalties and min_tokens, and the
 // refusal of unsupported fields; n, batched prompts, echo and best_of; logprobs.
 // (limits_test.cpp: error paths, connection limits, hang-ups, keep-alive, metrics, SIGTERM.)
@@ -111,6 +112,21 @@ TEST(Serve, SpeculativeDecodingServesGeneratesTokens) {
   }
   EXPECT_GT(accepted, 0.0) << "no draft kept: speculation did not run";
   EXPECT_GE(drafted, accepted);
+}
+
+// --quantization int8: the served tokens are `llmesh generate --quantization int8`'s, greedy and
+// sampled, at tp 2 with speculative decoding (int8 keeps the kernels batch- and chunk-invariant).
+TEST(Serve, Int8WeightsServeGeneratesInt8Tokens) {
+  std::vector<std::vector<int32_t>> greedy, sampled;
+  for (const auto& p : prompts) {
+    greedy.push_back(generate_ids(p, 32, "--temperature 0 --quantization int8"));
+    sampled.push_back(generate_ids(p, 32, "--temperature 0.8 --top-k 40 --seed 7 --quantization int8"));
+  }
+  server_process s(bin, {"--model", model_dir, "--tp", "2", "--quantization", "int8", "--speculative-tokens", "3"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  EXPECT_NE(s.log().find("int8 weights"), std::string::npos) << s.log();
+  EXPECT_EQ(served_ids(s.port(), 8, 32, {{"temperature", 0}}), greedy);
+  EXPECT_EQ(served_ids(s.port(), 8, 32, {{"temperature", 0.8}, {"top_k", 40}, {"seed", 7}}), sampled);
 }
 
 // The bundled model answers a chat in scripture's words (issue 7's check of the served path):
