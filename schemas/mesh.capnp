@@ -237,6 +237,9 @@ struct Assign {
   ranks @6 :List(UInt32);
   shardNodes @7 :List(Text);
   groupKey @8 :Data;
+  # How the node holds the weights: "" or "none" as the checkpoint stores them, "int8" as
+  # `--quantization int8` (every node of a model uses the model's one setting).
+  quantization @9 :Text;
 }
 
 # A replica's step for a shard in another process (its replica's rank 0 samples, so no rows).

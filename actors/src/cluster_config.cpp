@@ -314,7 +314,7 @@ result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, boo
 
 result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   r.at(entry_label("models", index, node));
-  LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement"}));
+  LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -338,6 +338,11 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   LLMESH_READ(place, r.string(f, "placement", false));
   if (place && *place == "spread") out.place = placement::spread;
   else if (place && *place != "packed") return r.fail("'placement' must be packed or spread, got " + shown(*place));
+  LLMESH_READ(quant, r.string(f, "quantization", false));
+  if (quant) {
+    if (*quant != "none" && *quant != "int8") return r.fail("'quantization' must be none or int8, got " + shown(*quant));
+    out.quantization = *quant;
+  }
   return out;
 }
 

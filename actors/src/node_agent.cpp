@@ -100,19 +100,23 @@ void start_join(agent* self) {
 void load_replica(agent* self, const transport::assign_msg& a) {
   auto& st = self->state;
   std::shared_ptr<const model::model> cached;
-  if (auto it = st.models.find(a.path); it != st.models.end()) cached = it->second;
+  const std::string key = model_key(a);
+  if (auto it = st.models.find(key); it != st.models.end()) cached = it->second;
   model::engine_options eo = st.opt.engine;
   eo.tp = static_cast<int>(std::max<uint32_t>(a.tp, 1));
   const size_t kv_mb = a.kv_cache_mb;
   const size_t max_seqs = st.opt.sched.max_seqs;
   st.loading[a.replica] = {a.model, false};
-  self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, kv_mb, max_seqs,
-                              load = st.opt.load](caf::event_based_actor* helper) mutable {
+  auto load = load_options_of(a, eo.device);
+  self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, kv_mb, max_seqs, key,
+                              load](caf::event_based_actor* helper) mutable {
     std::shared_ptr<const model::model> m = cached;
     std::string err;
     std::shared_ptr<model::engine> eng;
-    if (!m) {
-      auto loaded = model::model::load(a.path, load);
+    if (!load) {
+      err = load.err().message;
+    } else if (!m) {
+      auto loaded = model::model::load(a.path, *load);
       if (loaded) m = *loaded;
       else err = loaded.err().message;
     }
@@ -122,11 +126,11 @@ void load_replica(agent* self, const transport::assign_msg& a) {
       if (e) eng = std::move(*e);
       else err = e.err().message;
     }
-    helper->send(agent_handle, loaded_atom::value, a.replica, a.path, m, eng, err);
+    helper->send(agent_handle, loaded_atom::value, a.replica, key, m, eng, err);
   });
 }
 
-void loaded(agent* self, uint64_t id, const std::string& path, std::shared_ptr<const model::model> m,
+void loaded(agent* self, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
             std::shared_ptr<model::engine> eng, const std::string& err) {
   auto& st = self->state;
   auto pending = st.loading.find(id);
@@ -134,7 +138,7 @@ void loaded(agent* self, uint64_t id, const std::string& path, std::shared_ptr<c
   const std::string model = pending->second.first;
   const bool cancelled = pending->second.second || st.quitting;
   st.loading.erase(pending);
-  if (m) st.models[path] = m;
+  if (m) st.models[key] = m;
   if (cancelled) return report(self, id, model, transport::replica_phase::dead, 0, "stopped while loading");
   if (!eng) {
     std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' failed to load: %s\n", st.opt.node.c_str(),

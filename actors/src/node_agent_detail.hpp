@@ -16,12 +16,28 @@ using form_timeout_atom = caf::atom_constant<caf::atom("formtime")>;
 /// A spread replica's part, loaded on a helper: the engine (or why not) and its communicators.
 struct loaded_part {
   uint64_t id = 0;
-  std::string path;
+  std::string path;  ///< model_key() of the assignment
   std::shared_ptr<const model::model> m;
   std::shared_ptr<model::engine> engine;
   std::vector<tensor_communicator*> comms;  ///< inside engine, by ascending rank
   std::string err;
 };
+
+/// The node's model cache key: a model directory held one way (its path and quantization).
+inline std::string model_key(const transport::assign_msg& a) {
+  return a.path + '\n' + (a.quantization.empty() ? std::string("none") : a.quantization);
+}
+
+/// How an assignment asks this node to load the model: invalid_request for a quantization
+/// this build does not know, unsupported for int8 on a CUDA node (refused before loading).
+inline result<model::load_options> load_options_of(const transport::assign_msg& a, model::backend device) {
+  auto q = model::parse_quantization(a.quantization.empty() ? "none" : a.quantization);
+  if (!q) return q.take_error();
+  if (*q != model::quantization::none && device == model::backend::cuda) {
+    return make_error(errc::unsupported, "quantization " + a.quantization + " runs on the CPU backend only, and this node's device is cuda");
+  }
+  return model::load_options{.quant = *q};
+}
 
 /// The id under which a shard of a spread replica is exported on its node.
 inline uint64_t shard_actor_id(uint64_t replica, uint32_t rank) {

@@ -105,7 +105,7 @@ void load_part(agent* self, const transport::assign_msg& a) {
     st.forming[a.replica] = std::move(f);
   }
   std::shared_ptr<const model::model> cached;
-  if (auto it = st.models.find(a.path); it != st.models.end()) cached = it->second;
+  if (auto it = st.models.find(model_key(a)); it != st.models.end()) cached = it->second;
   model::engine_options eo = st.opt.engine;
   eo.tp = static_cast<int>(tp);
   const size_t max_seqs = st.opt.sched.max_seqs;
@@ -115,14 +115,16 @@ void load_part(agent* self, const transport::assign_msg& a) {
   go.timeout = st.opt.tensor_timeout;
   self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, max_seqs, go, err,
                               make = st.opt.make_tensor_transport,
-                              host = st.opt.tensor_host, load = st.opt.load](caf::event_based_actor* helper) mutable {
+                              host = st.opt.tensor_host,
+                              load = load_options_of(a, eo.device)](caf::event_based_actor* helper) mutable {
     auto p = std::make_shared<loaded_part>();
     p->id = a.replica;
-    p->path = a.path;
+    p->path = model_key(a);
     p->err = err;
     p->m = cached;
+    if (p->err.empty() && !load) p->err = load.err().message;
     if (p->err.empty() && !p->m) {
-      auto loaded = model::model::load(a.path, load);
+      auto loaded = model::model::load(a.path, *load);
       if (loaded) p->m = *loaded;
       else p->err = loaded.err().message;
     }

@@ -44,6 +44,7 @@ void add_bench(CLI::App& app, command_set& commands) {
   commands.emplace_back(sub, [o, g, device, batches]() -> status {
     if (*device == "cuda") {
       if (o->model_dir.empty() == g->shape.empty()) return make_error(errc::invalid_request, "give exactly one of --model, --shape");
+      if (o->quantization != "none") return make_error(errc::unsupported, "--quantization runs on the CPU backend only");
       g->model_dir = o->model_dir;
       g->batches = *batches;
       g->prompt_tokens = o->prompt_tokens;

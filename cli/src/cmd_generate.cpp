@@ -46,15 +46,15 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
   std::shared_ptr<const model::tokenizer> tok;
   auto ids = prompt_ids(f, has_prompt, tok);
   if (!ids) return ids.take_error();
-  auto quant = model::parse_quantization(f.quantization);
+  auto device = model::parse_backend(f.device);
+  if (!device) return device.take_error();
+  auto quant = quantization_for(f.quantization, *device);
   if (!quant) return quant.take_error();
   auto m = model::model::load(f.model_dir, {.quant = *quant});
   if (!m) return m.take_error();
   model::engine_options opt;
   opt.tp = f.tp;
   opt.threads = f.threads;
-  auto device = model::parse_backend(f.device);
-  if (!device) return device.take_error();
   opt.device = *device;
   opt.deterministic = f.deterministic;
   auto eng = model::engine::create(m.value(), opt);

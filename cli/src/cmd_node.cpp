@@ -39,7 +39,6 @@ struct node_flags {
   bool deterministic = false;
   gateway_flags gw;
   actors::speculation_config speculation;
-  std::string quantization = "none";
 };
 
 /// What this process is, from the config or the flags.
@@ -135,8 +134,6 @@ std::vector<transport::role> wire_roles(const std::vector<actors::node_role>& ro
 
 status run_node(const node_flags& f) {
   LLMESH_TRY(check_speculation_flags(f.speculation));
-  auto quant = model::parse_quantization(f.quantization);
-  if (!quant) return quant.take_error();
   auto plan = plan_from_flags(f);
   if (!plan) return plan.take_error();
   const node_plan& p = *plan;
@@ -224,7 +221,6 @@ status run_node(const node_flags& f) {
   ao.engine.deterministic = f.deterministic;
   ao.engine.threads = f.threads > 0 ? f.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ao.sched.speculation = f.speculation;
-  ao.load.quant = *quant;
   ao.set_fault = [fault_hook](const std::string& spec) {
     auto rule = transport::parse_fault_rule(spec);
     auto f = fault_hook.lock();
@@ -346,8 +342,7 @@ void add_node(CLI::App& app, command_set& commands) {
   sub->add_option("--max-migrations", f->max_migrations, "Gateway: replica failures a request survives")
       ->check(CLI::Range(0, 100))->capture_default_str();
   add_gateway_flags(sub, f->gw);  // a gateway node's API key and limits
-  add_speculation_flags(sub, f->speculation);  // a replica node's
-  add_quantization_flag(sub, f->quantization);
+  add_speculation_flags(sub, f->speculation);  // a replica node's (quantization is the model's: the cluster config)
   commands.emplace_back(sub, [f] {
     if (f->roles.empty()) f->roles = "replica";
     return run_node(*f);

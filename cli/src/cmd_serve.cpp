@@ -57,7 +57,7 @@ status run_serve(const serve_flags& f) {
   if (!tok) return tok.take_error();
   std::optional<model::chat_template> chat;
   if (auto t = model::chat_template::load(f.model_dir); t) chat = std::move(*t);
-  auto quant = model::parse_quantization(f.quantization);
+  auto quant = quantization_for(f.quantization, *device);
   if (!quant) return quant.take_error();
   auto m = model::model::load(f.model_dir, {.quant = *quant});
   if (!m) return m.take_error();

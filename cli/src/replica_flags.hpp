@@ -8,6 +8,7 @@
 
 #include "llmesh/actors/ngram_proposer.hpp"
 #include "llmesh/common/error.hpp"
+#include "llmesh/model/engine.hpp"
 
 namespace llmesh::cli {
 
@@ -37,6 +38,16 @@ inline void add_quantization_flag(CLI::App* sub, std::string& q) {
                   "CPU backend; about half the bytes per decode step of BF16)")
       ->check(CLI::IsMember({"none", "int8"}))
       ->capture_default_str();
+}
+
+/// Parses --quantization against --device before anything loads: int8 runs on the CPU only.
+[[nodiscard]] inline result<model::quantization> quantization_for(const std::string& flag, model::backend device) {
+  auto q = model::parse_quantization(flag);
+  if (!q) return q.take_error();
+  if (*q != model::quantization::none && device == model::backend::cuda) {
+    return make_error(errc::unsupported, "--quantization " + flag + " runs on the CPU backend only (use --device cpu or auto)");
+  }
+  return q;
 }
 
 /// Refuses settings CLI11's ranges cannot see: a lookup whose shortest n-gram is above its longest.

@@ -211,6 +211,9 @@ status dense(std::span<const dense_job> jobs, size_t m, stream_t s) {
   size_t blocks = 0;
   bool vec = true;
   const dtype type = jobs[0].w_type;
+  for (const auto& j : jobs) {
+    if (j.w_type == dtype::q8) return make_error(errc::internal, "cuda dense: int8 weights run on the CPU backend only");
+  }
   for (size_t i = 0; i < jobs.size(); ++i) {
     const auto& j = jobs[i];
     if (!j.x || !j.w || !j.y || j.ldx < j.k || j.ldw < j.k || j.ldy < j.n) {

@@ -10,7 +10,7 @@ namespace llmesh::kernels {
 namespace {
 
 template <class Load>
-status quantize_rows(size_t rows, size_t cols, uint8_t* dst, Load load) {
+status quantize_rows(size_t rows, size_t cols, uint8_t* dst, size_t first_row, Load load) {
   const size_t per_row = q8_row_elements(cols) / q8_block;
   float w[q8_block];
   for (size_t r = 0; r < rows; ++r) {
@@ -24,7 +24,7 @@ status quantize_rows(size_t rows, size_t cols, uint8_t* dst, Load load) {
         amax = std::max(amax, std::fabs(w[i]));
       }
       if (!finite) {
-        return make_error(errc::invalid_request, "weight row " + std::to_string(r) + " holds a non-finite value; it cannot be quantized");
+        return make_error(errc::invalid_request, "weight row " + std::to_string(first_row + r) + " holds a non-finite value; it cannot be quantized");
       }
       for (size_t i = n; i < q8_block; ++i) w[i] = 0.0f;
       uint8_t* block = dst + (r * per_row + b) * q8_block_bytes;
@@ -42,19 +42,19 @@ status quantize_rows(size_t rows, size_t cols, uint8_t* dst, Load load) {
 
 }  // namespace
 
-status quantize_q8(const void* src, dtype src_type, size_t rows, size_t cols, uint8_t* dst) {
+status quantize_q8(const void* src, dtype src_type, size_t rows, size_t cols, uint8_t* dst, size_t first_row) {
   switch (src_type) {
     case dtype::f32: {
       const auto* s = static_cast<const float*>(src);
-      return quantize_rows(rows, cols, dst, [s](size_t i) { return s[i]; });
+      return quantize_rows(rows, cols, dst, first_row, [s](size_t i) { return s[i]; });
     }
     case dtype::f16: {
       const auto* s = static_cast<const uint16_t*>(src);
-      return quantize_rows(rows, cols, dst, [s](size_t i) { return f16_to_f32(s[i]); });
+      return quantize_rows(rows, cols, dst, first_row, [s](size_t i) { return f16_to_f32(s[i]); });
     }
     case dtype::bf16: {
       const auto* s = static_cast<const uint16_t*>(src);
-      return quantize_rows(rows, cols, dst, [s](size_t i) { return bf16_to_f32(s[i]); });
+      return quantize_rows(rows, cols, dst, first_row, [s](size_t i) { return bf16_to_f32(s[i]); });
     }
     case dtype::q8: break;
   }

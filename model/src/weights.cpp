@@ -2,10 +2,12 @@
 #include "llmesh/model/weights.hpp"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "llmesh/kernels/quantize.hpp"
@@ -123,6 +125,7 @@ status model::quantize(quantization q) {
     weight_matrix* w;
     std::string name;
     size_t offset = 0;
+    bool shared = false;  ///< its source rows are read elsewhere too (a tied LM head: the embedding)
   };
   std::vector<target> targets;
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
@@ -133,7 +136,7 @@ status model::quantize(quantization q) {
       targets.push_back({w, p + n});
     }
   }
-  targets.push_back({&weights_.lm_head, "lm_head"});  // when tied, the embedding keeps its rows
+  targets.push_back({&weights_.lm_head, "lm_head", 0, config_.tie_embeddings});  // tied: the embedding keeps its rows
   size_t total = 0;
   for (auto& t : targets) {
     t.offset = total;
@@ -165,20 +168,32 @@ status model::quantize(quantization q) {
       const auto* src = static_cast<const uint8_t*>(w.data) + kernels::dtype_offset(w.type, it.row0 * w.cols);
       uint8_t* dst = quantized_.get() + t.offset +
                      kernels::dtype_bytes(kernels::dtype::q8, it.row0 * kernels::q8_row_elements(w.cols));
-      if (auto s = kernels::quantize_q8(src, w.type, it.rows, w.cols, dst); !s) {
+      if (auto s = kernels::quantize_q8(src, w.type, it.rows, w.cols, dst, it.row0); !s) {
         std::lock_guard lock(failed_mu);
-        failed = make_error(errc::invalid_request, t.name + " (from row " + std::to_string(it.row0) + "): " + s.err().message);
+        failed = make_error(errc::invalid_request, t.name + ": " + s.err().message);
       }
     }
   };
   const unsigned n_threads = std::max(1u, std::min(std::thread::hardware_concurrency(), 64u));
   {
     std::vector<std::jthread> pool;
-    for (unsigned i = 1; i < n_threads; ++i) pool.emplace_back(work);
+    try {
+      for (unsigned i = 1; i < n_threads; ++i) pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      // No more threads now: the ones started and this one share the items all the same.
+    }
     work();
   }
   if (!failed) return failed;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   for (auto& t : targets) {
+    // The checkpoint's copy is read no more: drop its pages from this process (they stay in
+    // the page cache, clean), so resident memory is the int8 copy, not both.
+    if (!t.shared) {
+      const auto begin = reinterpret_cast<uintptr_t>(t.w->data), end = begin + t.w->bytes();
+      const uintptr_t from = (begin + page - 1) / page * page, to = end / page * page;
+      if (to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
+    }
     t.w->data = quantized_.get() + t.offset;
     t.w->type = kernels::dtype::q8;
   }

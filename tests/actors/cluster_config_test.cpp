@@ -149,6 +149,7 @@ TEST(ClusterConfig, DefaultsApplyToOptionalFields) {
   EXPECT_EQ(m.policy, "least-load");
   EXPECT_EQ(m.kv_cache_mb, 1024u);
   EXPECT_EQ(m.place, placement::packed);
+  EXPECT_EQ(m.quantization, "none");
   EXPECT_TRUE(parse_cluster_config(with("models:\n", "models: []\n", with("  - name: m\n    path: models/m\n", "", text)), "t.yaml").ok());
 }
 
@@ -276,6 +277,12 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
   expect_refused(with("kv_cache_mb: 256", "kv_cache_mb: 0"), {"'kv_cache_mb' must be an integer"});
   expect_refused(with("placement: packed", "placement: scattered"), {"'placement' must be packed or spread, got 'scattered'"});
   EXPECT_EQ(error_of(with("placement: packed", "placement: spread")), "(parsed)");  // 2 replica nodes for tp 2
+  expect_refused(with("placement: packed", "placement: packed\n    quantization: fp8"), {"'quantization' must be none or int8, got 'fp8'"});
+  {
+    auto q = parse_cluster_config(with("placement: packed", "placement: packed\n    quantization: int8"), "t.yaml");
+    ASSERT_TRUE(q.ok()) << q.err().message;
+    EXPECT_EQ(q->models[0].quantization, "int8");
+  }
   expect_refused(with("tp: 2", "tp: 3", with("placement: packed", "placement: spread")),
                  {"models[0] (m): 'placement' spread", "tp=3", "only 2 nodes have the replica role"});
   expect_refused(with("path: models/m\n", "path: models/m\n  - name: m\n    path: other\n"), {"models[1] (m)", "name 'm' is already used by models[0]"});

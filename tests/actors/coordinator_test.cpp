@@ -295,7 +295,9 @@ TEST(Coordinator, RemoveStopsANodesReplicasAndPlacesThemElsewhere) {
 }
 
 TEST(Coordinator, ScaleUpAndDownThroughCtl) {
-  auto c = make();
+  auto spec = tiny();
+  spec.quantization = "int8";  // the model's settings travel with each assignment
+  auto c = make({spec});
   join(c, 1, "a");
   join(c, 2, "b");
   ready(c, 1, 1);
@@ -306,6 +308,7 @@ TEST(Coordinator, ScaleUpAndDownThroughCtl) {
   EXPECT_EQ(json::parse(up.reply.json), (json{{"ok", true}, {"changes", 1}}));
   ASSERT_EQ(describe(up.effects), (strings{"start r2 -> 2:1"}));
   EXPECT_EQ(assigns(up.effects)[0].kv_cache_mb, 256u);
+  EXPECT_EQ(assigns(up.effects)[0].quantization, "int8");
 
   // Past capacity: the rest is pending.
   auto more = ctl(c, "scale", {"tiny", "3"});

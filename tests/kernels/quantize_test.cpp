@@ -121,6 +121,9 @@ TEST(Quantize, RefusesNonFiniteWeightsAndQuantizedSources) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.err().code, errc::invalid_request);
   EXPECT_NE(s.err().message.find("row 1"), std::string::npos) << s.err().message;
+  s = quantize_q8(w.data(), dtype::f32, 2, 40, out.data(), 300);  // rows counted from the caller's first
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.err().message.find("row 301"), std::string::npos) << s.err().message;
   w[40 + 7] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_FALSE(quantize_q8(w.data(), dtype::f32, 2, 40, out.data()).ok());
   EXPECT_FALSE(quantize_q8(out.data(), dtype::q8, 1, 32, out.data()).ok());
@@ -133,7 +136,7 @@ TEST(Quantize, OffsetsAndSizesOfQ8Data) {
   EXPECT_EQ(dtype_offset(dtype::q8, 65), 72u + 4u + 1u);
   EXPECT_EQ(q8_row_elements(1), 32u);
   EXPECT_EQ(q8_row_elements(64), 64u);
-  EXPECT_EQ(dtype_name(dtype::q8), "Q8_0");
+  EXPECT_EQ(dtype_name(dtype::q8), "Q8");
 }
 
 }  // namespace

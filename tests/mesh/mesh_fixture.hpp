@@ -78,6 +78,17 @@ struct mesh_files {
     std::ofstream(config) << yaml;
     return http;
   }
+  /// Replaces the first `from` in the config with `to` (the text must be there).
+  void rewrite(const std::string& from, const std::string& to) {
+    std::ifstream in(config);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string yaml = ss.str();
+    const size_t at = yaml.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    yaml.replace(at, from.size(), to);
+    std::ofstream(config) << yaml;
+  }
   std::vector<std::string> node(const std::string& name) const { return {"--config", config, "--name", name}; }
   std::string token() const { return token_; }
 };

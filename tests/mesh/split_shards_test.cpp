@@ -5,8 +5,8 @@
 // layer's all-reduce the tensor plane, yet greedy tokens equal `llmesh generate --tp 2`'s, alone
 // and under concurrent load. When shard-1's process dies, the replica is gone (the group fails
 // as a unit): the requests it held end with an error instead of hanging, and when the node
-// comes back the replica is formed again and serves the same tokens. With --quantization int8
-// on both nodes, each quantizes its own copy and the tokens are generate --quantization int8's.
+// comes back the replica is formed again and serves the same tokens. A model with
+// `quantization: int8` is quantized by each node alike: the tokens are generate --quantization int8's.
 #include <algorithm>
 
 #include "mesh_fixture.hpp"
@@ -172,22 +172,18 @@ TEST(SplitShards, ADrainMovesASplitReplicaOntoAJoinedNodeWithoutAFailedRequest) 
 namespace llmesh::testing {
 namespace {
 
-// --quantization int8 on the nodes of a split replica: each process quantizes its own copy of
-// the weights (the same bytes: quantization is deterministic), so the two ranks' partial sums
-// fit together and the served tokens are `llmesh generate --tp 2 --quantization int8`'s.
-// Sampled at a seed where the int8 tokens differ from the checkpoint's, so a node that ignored
-// the flag would be caught.
-TEST(SplitShards, Int8NodesServeGeneratesInt8Tokens) {
+// `quantization: int8` on a model split over two nodes: the assignment carries it, each process
+// quantizes its own copy of the weights (the same bytes: quantization is deterministic), so the
+// two ranks' partial sums fit together and the served tokens are `llmesh generate --tp 2
+// --quantization int8`'s. Sampled at a seed where the int8 tokens differ from the
+// checkpoint's, so a node that loaded the weights as stored would be caught.
+TEST(SplitShards, AnInt8ModelServesGeneratesInt8Tokens) {
   auto m = split_files();
-  auto int8_node = [&](const std::string& name) {
-    auto args = m.node(name);
-    args.insert(args.end(), {"--quantization", "int8"});
-    return args;
-  };
+  m.rewrite("    placement: spread\n", "    placement: spread\n    quantization: int8\n");
   node_process seed(m.node("seed"));
   ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny' on http://")) << seed.log();
-  node_process s0(int8_node("shard-0"));
-  node_process s1(int8_node("shard-1"));
+  node_process s0(m.node("shard-0"));
+  node_process s1(m.node("shard-1"));
   ASSERT_TRUE(replica_ready(m, seed, s0, s1));
   const std::vector<std::vector<int32_t>> prompts{{1142, 258, 2078, 386, 3345}, {295, 258, 400}};
   const std::string sampling = "--tp 2 --temperature 1 --seed 3";

@@ -50,6 +50,7 @@ std::vector<envelope> samples() {
       collective_id_msg{11, 2, std::string(128, '\x05')},
       assign_msg{14, "kjv-tiny", "models/kjv-tiny", 2, 256, assign_op::start, {}, {}, {}},
       assign_msg{14, "kjv-tiny", "models/kjv-tiny", 2, 256, assign_op::stop, {}, {}, {}},
+      assign_msg{16, "kjv-tiny", "models/kjv-tiny", 1, 64, assign_op::start, {}, {}, {}, "int8"},
       // Spread placement: this node runs ranks 1 and 2 of 3; the key is bytes (zeros too).
       assign_msg{15, "kjv-tiny", "models/kjv-tiny", 3, 128, assign_op::start, {1, 2},
                  {"127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7102"}, std::string("\x00key\xff\x01-of-the-group", 19)},

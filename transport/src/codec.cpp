@@ -162,6 +162,7 @@ struct writer {
     auto nodes = a.initShardNodes(static_cast<unsigned>(m.shard_nodes.size()));
     for (unsigned i = 0; i < m.shard_nodes.size(); ++i) nodes.set(i, text(m.shard_nodes[i]));
     a.setGroupKey(data(m.group_key));
+    a.setQuantization(text(m.quantization));
   }
   void operator()(const shard_step_msg& m) {
     auto st = b.initShardStep();
@@ -411,7 +412,8 @@ struct reader {
       case Body::ASSIGN: {
         auto a = b.getAssign();
         assign_msg m{a.getReplica(), str(a.getModel(), "model"), str(a.getPath(), "path"), a.getTp(),
-                     a.getKvCacheMb(), static_cast<assign_op>(enum_value(a.getOp(), 1, "op")), {}, {}, {}};
+                     a.getKvCacheMb(), static_cast<assign_op>(enum_value(a.getOp(), 1, "op")), {}, {}, {},
+                     str(a.getQuantization(), "quantization")};
         if (fits(a.getRanks(), "ranks")) {
           for (auto x : a.getRanks()) m.ranks.push_back(x);
         }

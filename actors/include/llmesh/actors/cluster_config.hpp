@@ -73,6 +73,7 @@ struct model_spec {
   std::string policy = "least-load";  ///< router policy: round-robin|least-load|power-of-two|prefix-aware
   size_t kv_cache_mb = 1024;          ///< KV-cache budget per tensor-parallel shard, MiB
   placement place = placement::packed;
+  std::string quantization = "none";  ///< how replica nodes hold the weights: none | int8 (--quantization)
 };
 
 /// A whole cluster config, validated. Immutable after parsing; safe to share between threads.

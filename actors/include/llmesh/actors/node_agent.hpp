@@ -42,7 +42,6 @@ struct node_agent_options {
   std::chrono::milliseconds heartbeat{500};
   std::chrono::milliseconds drain_timeout{60000};  ///< a stopping replica's in-flight requests get this long
   model::engine_options engine;                    ///< threads and device; tp and KV come with each assignment
-  model::load_options load;                        ///< how this node holds a model's weights (--quantization)
   scheduler_config sched;
   /// Sets a fault rule on this node's transport (`llmesh ctl fault`; fault_injector.hpp syntax).
   std::function<void(const std::string&)> set_fault;
@@ -103,7 +102,7 @@ struct node_agent_state {
   std::map<uint64_t, forming_replica> forming;
   std::map<uint64_t, transport::assign_msg> assigned;  ///< a follower's assignments while loading
   std::map<caf::actor_addr, uint64_t> by_actor;  ///< replica and shard actors → replica id
-  std::map<std::string, std::shared_ptr<const model::model>> models;  ///< loaded, by path
+  std::map<std::string, std::shared_ptr<const model::model>> models;  ///< loaded, by model_key()
   static inline const char* name = "node-agent";
 };
 

@@ -11,7 +11,7 @@ namespace llmesh::kernels {
 /// Storage type of a weight tensor. Activations are always float32.
 /// q8 is weight-only int8 made at load time (`--quantization int8`), never read from a file:
 /// each row is cut into blocks of q8_block consecutive elements, each stored as a float32
-/// scale followed by q8_block int8 values (llama.cpp's Q8_0 layout with a float32 scale);
+/// scale followed by q8_block int8 values (like llama.cpp's Q8_0, whose scale is float16);
 /// element value = float(q) * scale, one IEEE multiply. Rows are padded to whole blocks.
 enum class dtype : uint8_t { f32, f16, bf16, q8 };
 
@@ -34,9 +34,9 @@ constexpr size_t dtype_bytes(dtype t, size_t n) {
   return t == dtype::q8 ? (n + q8_block - 1) / q8_block * q8_block_bytes : n * dtype_size(t);
 }
 
-/// Safetensors spelling ("F32", "F16", "BF16"); "Q8_0" for q8, which no file holds.
+/// Safetensors spelling ("F32", "F16", "BF16"); "Q8" for q8, which no file holds.
 constexpr std::string_view dtype_name(dtype t) {
-  return t == dtype::f32 ? "F32" : (t == dtype::f16 ? "F16" : (t == dtype::bf16 ? "BF16" : "Q8_0"));
+  return t == dtype::f32 ? "F32" : (t == dtype::f16 ? "F16" : (t == dtype::bf16 ? "BF16" : "Q8"));
 }
 
 /// bfloat16 bits -> float32 (exact).

@@ -18,9 +18,12 @@ constexpr size_t q8_row_elements(size_t cols) { return (cols + q8_block - 1) / q
 /// Quantizes `rows` rows of `cols` weights (row-major, src_type F32/F16/BF16) into dst, which
 /// holds dtype_bytes(q8, rows * q8_row_elements(cols)) bytes. Per block of 32: scale =
 /// max|w| / 127 (float32), q = w / scale rounded to nearest (ties to even) and clamped to
-/// [-127, 127]; an all-zero block has scale 0. The padding of a row's last block is 0.
+/// [-127, 127]; a block whose scale is 0 (all zero, or max|w| below ~1.8e-43, where the
+/// division underflows) is all zero. The padding of a row's last block is 0.
 /// Deterministic: the same weights give the same bytes in every process.
-/// Fails with invalid_request on a non-finite weight (the row is named), or a q8 source.
-[[nodiscard]] status quantize_q8(const void* src, dtype src_type, size_t rows, size_t cols, uint8_t* dst);
+/// Fails with invalid_request on a non-finite weight (the row is named, counted from
+/// `first_row`: the caller's index of src's first row), or a q8 source.
+[[nodiscard]] status quantize_q8(const void* src, dtype src_type, size_t rows, size_t cols, uint8_t* dst,
+                                 size_t first_row = 0);
 
 }  // namespace llmesh::kernels

@@ -62,7 +62,8 @@ class token_vocabulary;
 class model {
  public:
   /// Loads DIR/config.json and the safetensors, checking every tensor's presence and shape,
-  /// then applies `opt` (quantization runs on every hardware thread).
+  /// then applies `opt` (quantization runs on the hardware threads, up to 64; afterwards the
+  /// checkpoint's pages of the quantized tensors leave this process's resident memory).
   [[nodiscard]] static result<std::shared_ptr<const model>> load(const std::string& dir, load_options opt = {});
 
   const model_config& config() const { return config_; }

@@ -165,6 +165,7 @@ struct assign_msg {
   std::vector<uint32_t> ranks;
   std::vector<std::string> shard_nodes;
   std::string group_key;
+  std::string quantization;  ///< the model's --quantization ("" = none); the node parses it
   bool operator==(const assign_msg&) const = default;
 };
 
