@@ -23,17 +23,17 @@ struct v256 {
     const size_t i = chunk + static_cast<size_t>(part) * 8;
     if constexpr (T == dtype::f32) {
       return _mm256_loadu_ps(static_cast<const float*>(base) + i);
-    } else if constexpr (T == dtype::q8) {  // i is a multiple of 8: a quarter of a block
-      const auto* block = static_cast<const uint8_t*>(base) + (i / q8_block) * q8_block_bytes;
-      float scale;
-      std::memcpy(&scale, block, 4);
-      __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 4 + i % q8_block)));
-      return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(scale));
     } else {
       __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
       if constexpr (T == dtype::f16) return _mm256_cvtph_ps(h);
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     }
+  }
+  static reg load_q8(const uint8_t* block, size_t at) {
+    float scale;
+    std::memcpy(&scale, block, 4);
+    __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + at)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(scale));
   }
   static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
   static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }

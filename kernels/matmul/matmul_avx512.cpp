@@ -25,17 +25,17 @@ struct v512 {
   static reg load_w(const void* base, size_t i, int /*part: one per 16 lanes*/) {
     if constexpr (T == dtype::f32) {
       return _mm512_loadu_ps(static_cast<const float*>(base) + i);
-    } else if constexpr (T == dtype::q8) {  // i is a multiple of 16: one half of a block
-      const auto* block = static_cast<const uint8_t*>(base) + (i / q8_block) * q8_block_bytes;
-      float scale;
-      std::memcpy(&scale, block, 4);
-      __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 4 + i % q8_block)));
-      return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scale));
     } else {
       __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
       if constexpr (T == dtype::f16) return _mm512_cvtph_ps(h);
       return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
+  }
+  static reg load_q8(const uint8_t* block, size_t at) {
+    float scale;
+    std::memcpy(&scale, block, 4);
+    __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + at)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scale));
   }
   static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
   static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
