@@ -120,6 +120,7 @@ struct TokenLogprobs {
   logprob @0 :Float32;
   topIds @1 :List(Int32);        # most likely first; as many as topLogprobs
   topLogprobs @2 :List(Float32);
+  rank @3 :Int32;                # the token's rank in its row (1: the most likely; 0: unknown)
 }
 
 struct Cancel {

@@ -65,6 +65,7 @@ namespace {
 transport::token_body::logprobs_t to_wire(const kernels::token_logprobs& x) {
   transport::token_body::logprobs_t l;
   l.logprob = x.logprob;
+  l.rank = x.rank;
   for (const auto& t : x.top) {
     l.top_ids.push_back(t.id);
     l.top_logprobs.push_back(t.logprob);
@@ -75,6 +76,7 @@ transport::token_body::logprobs_t to_wire(const kernels::token_logprobs& x) {
 kernels::token_logprobs from_wire(const transport::token_body::logprobs_t& x) {
   kernels::token_logprobs l;  // the codec checked that ids and values pair up
   l.logprob = x.logprob;
+  l.rank = x.rank;
   for (size_t i = 0; i < x.top_ids.size(); ++i) l.top.push_back({x.top_ids[i], x.top_logprobs[i]});
   return l;
 }

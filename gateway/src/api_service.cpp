@@ -319,7 +319,8 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   // best_of ranks candidates by their tokens' log-probabilities: computed whether or not the
   // client asked to see them (the streams render them only if it did).
   if (per_prompt > n) base.sampling.logprobs = std::max(g.logprobs, 0);
-  base.sampling.prompt_logprobs = g.prompt_logprobs;  // echo with logprobs: the engine scores the prompt
+  // Echo with logprobs or vLLM's prompt_logprobs: the engine scores the prompt, as deep as either asks.
+  base.sampling.prompt_logprobs = std::max(g.prompt_logprobs, g.prompt_logprobs_shown);
   base.sampling.presence_penalty = g.presence_penalty;  // the parser checked their ranges
   base.sampling.frequency_penalty = g.frequency_penalty;
   base.sampling.repetition_penalty = g.repetition_penalty;
@@ -338,6 +339,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   choice.stop_token_ids = g.stop_token_ids;
   choice.logprobs = g.logprobs;
   choice.echo_logprobs = g.prompt_logprobs >= 0;
+  choice.prompt_logprobs = g.prompt_logprobs_shown;
   choice.min_tokens = g.min_tokens;
   if (chat) choice.tools = tools;
 

@@ -83,6 +83,28 @@ void completion_stream::take_prompt_entries(const actors::token_msg& t) {
   prompt_text_bytes_ = offset;
 }
 
+void completion_stream::take_prompt_scores(const actors::token_msg& t) {
+  auto& out = prompt_scores_.emplace();
+  auto item = [this](int32_t id, float logprob, int32_t rank) {
+    return prompt_logprob_item{id, logprob, rank, model::sanitize_utf8(detok_.token_bytes(id))};
+  };
+  for (size_t i = 0; i < s_.prompt_ids.size(); ++i) {
+    // Prompt token i's scores are entry i - 1; the first token has no context to be scored in.
+    if (i == 0 || i - 1 >= t.prompt_logprobs.size()) {
+      out.emplace_back(std::nullopt);
+      continue;
+    }
+    const auto& lp = t.prompt_logprobs[i - 1];
+    const int32_t id = s_.prompt_ids[i];
+    std::vector<prompt_logprob_item> items{item(id, lp.logprob, lp.rank)};
+    const size_t n = std::min(lp.top.size(), static_cast<size_t>(s_.prompt_logprobs));
+    for (size_t k = 0; k < n; ++k) {
+      if (lp.top[k].id != id) items.push_back(item(lp.top[k].id, lp.top[k].logprob, static_cast<int32_t>(k + 1)));
+    }
+    out.emplace_back(std::move(items));
+  }
+}
+
 logprob_entry completion_stream::reported(logprob_entry e) const {
   e.text_offset += prompt_text_bytes_;  // 0 without echo's entries
   return e;
@@ -152,6 +174,7 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
     return "";  // completion_group answers: an error reply, or an error event mid-stream
   }
   if (s_.echo_logprobs && tokens_.empty()) take_prompt_entries(t);
+  if (s_.prompt_logprobs >= 0 && tokens_.empty()) take_prompt_scores(t);
   tokens_.push_back(t.token);
   if (t.logprobs) cumulative_logprob_ += t.logprobs->logprob;
   observe_token();
@@ -198,6 +221,9 @@ choice_delta completion_stream::result() const {
     for (const auto& p : pending_) {
       if (ready(p)) entries.push_back(reported(p.entry));
     }
+  }
+  if (s_.prompt_logprobs >= 0) {
+    c.prompt_logprobs = prompt_scores_ ? *prompt_scores_ : std::vector<prompt_logprob_entry>(s_.prompt_ids.size());
   }
   if (s_.chat) shape_tool_calls(s_.tools, c);
   return c;

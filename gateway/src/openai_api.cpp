@@ -281,6 +281,23 @@ status parse_stop(const json& j, const request_limits& lim, std::vector<std::str
   return ok_status();
 }
 
+/// vLLM's prompt_logprobs: an integer 0..max_logprobs (true and false pass as 1 and none, as
+/// vLLM's pydantic model coerces them), never with stream (vLLM's rule).
+status parse_prompt_logprobs(const json& j, generation_fields& g) {
+  auto it = j.find("prompt_logprobs");
+  if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) return ok_status();
+  const std::string bound = std::to_string(kernels::max_logprobs);
+  if (it->is_boolean()) {
+    g.prompt_logprobs_shown = 1;
+  } else if (it->is_number_integer() && wide_integer(*it) >= 0 && wide_integer(*it) <= kernels::max_logprobs) {
+    g.prompt_logprobs_shown = static_cast<int>(wide_integer(*it));
+  } else {
+    return bad("'prompt_logprobs' must be an integer between 0 and " + bound + " (how many alternatives), or null");
+  }
+  if (g.stream) return bad("'prompt_logprobs' cannot be streamed (send 'stream': false)");
+  return ok_status();
+}
+
 status parse_generation(const json& j, const request_limits& lim, bool chat, generation_fields& g) {
   sampling_input in;
   // Chat's newer name wins when both are sent (OpenAI deprecated max_tokens for chat).
@@ -324,6 +341,7 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
   }
   LLMESH_TRY(parse_stop_token_ids(j, lim, g.stop_token_ids));
   LLMESH_TRY(parse_logprobs(j, chat, g));
+  LLMESH_TRY(parse_prompt_logprobs(j, g));
   LLMESH_TRY(refuse_unsupported(j, chat, g));
   // best_of (completions): more candidates than choices, the best returned (api_service); 1
   // (or null) is the neutral value, whatever n. vLLM's rules: at least n, not streamed.
@@ -386,6 +404,22 @@ json completion_logprobs_json(const std::vector<logprob_entry>& entries) {
           {"top_logprobs", std::move(tops)}};
 }
 
+json prompt_logprobs_json(const std::vector<prompt_logprob_entry>& entries) {
+  json out = json::array();
+  for (const auto& e : entries) {
+    if (!e) {
+      out.push_back(nullptr);
+      continue;
+    }
+    json m = json::object();
+    for (const auto& t : *e) {
+      m[std::to_string(t.id)] = {{"logprob", logprob_json(t.logprob)}, {"rank", t.rank}, {"decoded_token", t.text}};
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
 json chat_logprobs_json(const std::vector<logprob_entry>& entries) {
   auto token_json = [](const logprob_token& t) {
     return json{{"token", t.text}, {"logprob", logprob_json(t.logprob)}, {"bytes", byte_list(t.bytes)}};
@@ -442,6 +476,7 @@ json choice_json(std::string_view kind, const choice_delta& c, bool stream) {
     ch["token_ids"] = c.token_ids;
     if (!c.prompt_token_ids.empty()) ch["prompt_token_ids"] = c.prompt_token_ids;
   }
+  if (!chat && c.prompt_logprobs) ch["prompt_logprobs"] = prompt_logprobs_json(*c.prompt_logprobs);
   return ch;
 }
 
@@ -741,6 +776,9 @@ std::string response_json(std::string_view kind, std::string_view id, int64_t cr
   json j = envelope(kind, id, created, model);
   j["choices"] = json::array();
   for (const auto& c : choices) j["choices"].push_back(choice_json(kind, c, false));
+  if (kind.starts_with("chat") && !choices.empty() && choices.front().prompt_logprobs) {
+    j["prompt_logprobs"] = prompt_logprobs_json(*choices.front().prompt_logprobs);
+  }
   j["usage"] = usage_json(u);
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }

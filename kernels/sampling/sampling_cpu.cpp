@@ -191,7 +191,13 @@ token_logprobs compute_logprobs(std::span<const float> logits, int32_t chosen, i
   const double sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
   const double lse = static_cast<double>(mx) + std::log(sum);
   auto lp = [&](size_t i) { return static_cast<float>(static_cast<double>(logits[i]) - lse); };
-  if (chosen >= 0 && static_cast<size_t>(chosen) < logits.size()) out.logprob = lp(static_cast<size_t>(chosen));
+  if (chosen >= 0 && static_cast<size_t>(chosen) < logits.size()) {
+    out.logprob = lp(static_cast<size_t>(chosen));
+    const float c = logits[static_cast<size_t>(chosen)];
+    int32_t above = 0;  // a NaN logit is above nothing and nothing is above it
+    for (float l : logits) above += l > c ? 1 : 0;
+    out.rank = above + 1;
+  }
   const size_t k = std::min(static_cast<size_t>(std::max(n, 0)), logits.size());
   if (k == 0) return out;
   // The k largest by (logit descending, id ascending): a bounded insertion list (k <= 20 in

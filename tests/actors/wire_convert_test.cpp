@@ -64,7 +64,7 @@ TEST(WireConvert, ATokenKeepsItsLogprobs) {
   t.id = 7;
   t.token = 11;
   t.finish = finish_reason::eos;
-  t.logprobs = kernels::token_logprobs{-0.5f, {{11, -0.5f}, {3, -1.75f}}};
+  t.logprobs = kernels::token_logprobs{-0.5f, {{11, -0.5f}, {3, -1.75f}}, 1};
   token_msg back = through_a_frame(t);
   EXPECT_EQ(back.id, 7u);
   EXPECT_EQ(back.token, 11);

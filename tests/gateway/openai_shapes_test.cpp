@@ -99,3 +99,51 @@ TEST(OpenaiApi, LogprobsRenderInTheShapeOfEachEndpoint) {
 
 }  // namespace
 }  // namespace llmesh::gateway
+
+namespace llmesh::gateway {
+namespace {
+
+// vLLM's prompt_logprobs: parsed on both endpoints (0..20; true and false as 1 and none), never
+// streamed; rendered per choice on completions and once on a chat response, each entry
+// {id: {logprob, rank, decoded_token}} after a null first entry.
+TEST(OpenaiApi, PromptLogprobsAreParsedAndRenderedAsVllmDoes) {
+  request_limits lim;
+  for (const auto& [field, want] : std::vector<std::pair<std::string, int>>{
+           {"null", -1}, {"false", -1}, {"true", 1}, {"0", 0}, {"5", 5}, {"20", 20}}) {
+    auto r = parse_completion_request(R"({"model":"m","prompt":"x","prompt_logprobs":)" + field + "}", lim);
+    ASSERT_TRUE(r.ok()) << field << " -> " << r.err().message;
+    EXPECT_EQ(r->gen.prompt_logprobs_shown, want) << field;
+    EXPECT_EQ(r->gen.prompt_logprobs, -1) << "echo's scoring is separate";
+    auto c = parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"Hi"}],"prompt_logprobs":)" + field + "}", lim);
+    ASSERT_TRUE(c.ok()) << field << " -> " << c.err().message;
+    EXPECT_EQ(c->gen.prompt_logprobs_shown, want) << field;
+  }
+  for (const std::string field : {"-1", "21", "\"2\"", "1.5"}) {
+    auto r = parse_completion_request(R"({"model":"m","prompt":"x","prompt_logprobs":)" + field + "}", lim);
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_NE(r.err().message.find("'prompt_logprobs' must be an integer between 0 and 20"), std::string::npos) << r.err().message;
+  }
+  auto s = parse_completion_request(R"({"model":"m","prompt":"x","prompt_logprobs":1,"stream":true})", lim);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.err().message.find("cannot be streamed"), std::string::npos) << s.err().message;
+
+  choice_delta c;
+  c.text = "ok";
+  c.finish = "length";
+  c.prompt_logprobs = std::vector<prompt_logprob_entry>{
+      std::nullopt, std::vector<prompt_logprob_item>{{7, -0.25f, 1, "a"}, {9, -2.5f, 2, "b"}}};
+  auto r = json::parse(response_json("text_completion", "cmpl-1", 1, "m", {c}, {2, 1}));
+  const json want = json::array({nullptr,
+                                 {{"7", {{"logprob", -0.25}, {"rank", 1}, {"decoded_token", "a"}}},
+                                  {"9", {{"logprob", -2.5}, {"rank", 2}, {"decoded_token", "b"}}}}});
+  EXPECT_EQ(r["choices"][0]["prompt_logprobs"], want) << r;
+  EXPECT_FALSE(r.contains("prompt_logprobs"));
+  auto chat = json::parse(response_json("chat.completion", "chatcmpl-1", 1, "m", {c, c}, {2, 1}));
+  EXPECT_EQ(chat["prompt_logprobs"], want) << chat;
+  EXPECT_FALSE(chat["choices"][0].contains("prompt_logprobs")) << chat;
+  c.prompt_logprobs.reset();
+  EXPECT_FALSE(json::parse(response_json("text_completion", "cmpl-1", 1, "m", {c}, {2, 1}))["choices"][0].contains("prompt_logprobs"));
+}
+
+}  // namespace
+}  // namespace llmesh::gateway

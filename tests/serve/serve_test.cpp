@@ -10,6 +10,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -515,7 +516,8 @@ TEST(Serve, PenaltiesMinTokensAndMinPGiveGeneratesTokens) {
 // greedy continuation G, then P + G echoed — G's prompt entries must be exactly G's generated
 // entries (same logits: chunk- and batch-invariant kernels), at tp 2. The first prompt token
 // has null value and alternatives; streamed, the same entries arrive; a batch of prompts
-// scores each (P's entries are a prefix of P + G's).
+// scores each (P's entries are a prefix of P + G's). vLLM's prompt_logprobs report the same
+// scores with each token's rank.
 TEST(Serve, EchoWithLogprobsScoresThePromptAsTheModelScoresItsOwnTokens) {
   server_process s(bin, {"--model", model_dir, "--replicas", "1", "--tp", "2"});
   ASSERT_GT(s.port(), 0) << s.log();
@@ -581,6 +583,42 @@ TEST(Serve, EchoWithLogprobsScoresThePromptAsTheModelScoresItsOwnTokens) {
   EXPECT_EQ(l0, lp["token_logprobs"]);
   ASSERT_EQ(l1.size(), prompt.size() + 1);
   for (size_t i = 0; i < prompt.size(); ++i) EXPECT_EQ(l1[i], l0[i]) << "position " << i;
+
+  // vLLM's prompt_logprobs: P + G's entries are echo's scores; after P they are G's own (rank
+  // 1: greedy drew each), with G's text and alternatives; chat puts them on the response.
+  const json pl = {{"model", "kjv-tiny"}, {"prompt", whole}, {"max_tokens", 1}, {"temperature", 0}, {"prompt_logprobs", 2}};
+  auto p = completion(s.port(), pl, &status);
+  ASSERT_EQ(status, 200) << p;
+  const auto& entries = p["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(entries.size(), whole.size()) << p;
+  EXPECT_TRUE(entries[0].is_null()) << entries;
+  EXPECT_TRUE(p["choices"][0]["logprobs"].is_null()) << "prompt_logprobs asks for no generated logprobs";
+  for (size_t i = 1; i < whole.size(); ++i) {
+    const auto& mine = entries[i][std::to_string(whole[i])];
+    ASSERT_TRUE(mine.is_object()) << i << ": " << entries[i];
+    EXPECT_EQ(mine["logprob"], lp["token_logprobs"][i]) << "position " << i;
+    EXPECT_EQ(mine["decoded_token"], lp["tokens"][i]) << "position " << i;
+    EXPECT_GE(mine["rank"].get<int>(), 1);
+    std::set<double> values, want;
+    for (const auto& [k, v] : entries[i].items()) values.insert(v["logprob"].get<double>());
+    for (const auto& [k, v] : lp["top_logprobs"][i].items()) want.insert(v.get<double>());
+    EXPECT_EQ(values, want) << "position " << i << ": " << entries[i] << " vs " << lp["top_logprobs"][i];
+    if (i >= prompt.size()) EXPECT_EQ(mine["rank"], 1) << "generated greedily at " << i;
+  }
+  const json chat_body = {{"model", "kjv-tiny"}, {"messages", {{{"role", "user"}, {"content", "Who begat Enos?"}}}},
+                          {"max_tokens", 2}, {"prompt_logprobs", 0}, {"n", 2}};
+  auto chat = http_request(s.port(), "POST", "/v1/chat/completions", chat_body.dump());
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const auto cj = json::parse(chat.body);
+  ASSERT_EQ(cj["prompt_logprobs"].size(), cj["usage"]["prompt_tokens"].get<size_t>()) << cj;
+  EXPECT_TRUE(cj["prompt_logprobs"][0].is_null());
+  EXPECT_EQ(cj["prompt_logprobs"][1].size(), 1u) << "0 alternatives: the token alone";
+  EXPECT_FALSE(cj["choices"][0].contains("prompt_logprobs"));
+  json streamed_pl = pl;
+  streamed_pl["stream"] = true;
+  auto refused = http_request(s.port(), "POST", "/v1/completions", streamed_pl.dump());
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("prompt_logprobs"), std::string::npos) << refused.body;
 }
 
 TEST(Serve, LogprobsAreTheModelsLogSoftmaxForEveryToken) {

@@ -30,7 +30,7 @@ std::vector<envelope> samples() {
       generate_msg{11, {5, 6}, 8, {0.0f, 1.0f, 0, 3, -1, 0.0f, 0.0f, 1.0f, 0, false, 0.0f, -1, true}, {2}, 0, {}, 3, "[a-z]+"},
       token_body{7, 42, finish_kind::length, false, errc::internal, "", std::nullopt},
       token_body{7, -1, finish_kind::none, true, errc::shard_failed, "shard 1 is gone", std::nullopt},
-      token_body{8, 9, finish_kind::none, false, errc::internal, "", token_body::logprobs_t{-0.25f, {9, 3}, {-0.25f, -2.5f}}},
+      token_body{8, 9, finish_kind::none, false, errc::internal, "", token_body::logprobs_t{-0.25f, {9, 3}, {-0.25f, -2.5f}, 2}},
       token_body{8, 3, finish_kind::eos, false, errc::internal, "", token_body::logprobs_t{-1.5f, {}, {}}},
       // A first token with its prompt's scores.
       token_body{10, 3, finish_kind::length, false, errc::internal, "", token_body::logprobs_t{-0.5f, {}, {}},

@@ -94,6 +94,7 @@ struct writer {
   }
   static void write_logprobs(s::TokenLogprobs::Builder l, const token_body::logprobs_t& x) {
     l.setLogprob(x.logprob);
+    l.setRank(x.rank);
     fill(l.initTopIds(static_cast<unsigned>(x.top_ids.size())), x.top_ids);
     fill(l.initTopLogprobs(static_cast<unsigned>(x.top_logprobs.size())), x.top_logprobs);
   }
@@ -293,6 +294,11 @@ struct reader {
       return x;
     }
     x.logprob = l.getLogprob();
+    if (l.getRank() < 0) {
+      err = bad("token logprobs rank " + std::to_string(l.getRank()) + " is negative");
+      return x;
+    }
+    x.rank = l.getRank();
     for (int32_t id : ids) x.top_ids.push_back(id);
     for (float v : lps) x.top_logprobs.push_back(v);
     return x;

@@ -50,6 +50,9 @@ struct stream_setup {
   /// texts from 0), then the generated tokens', their offsets continuing that sum (vLLM's
   /// count: monotonic, though a BOS token's text, say, is not in echo_prefix).
   bool echo_logprobs = false;
+  /// -1: none. n >= 0: vLLM's prompt_logprobs (the first token's message carries the scores):
+  /// the result's prompt_logprobs, each scored token with its rank and n alternatives.
+  int prompt_logprobs = -1;
   std::vector<std::string> stop;
   /// The request's stop_token_ids: a generation that ends on one (finish eos) keeps the id in
   /// token_ids but not its text, as vLLM does (include_stop_str_in_output off).
@@ -139,6 +142,9 @@ class completion_stream {
   size_t prompt_text_bytes_ = 0;               ///< their texts' sum: where the generated offsets start
   /// The prompt's entries (echo_logprobs), from the first token's message.
   void take_prompt_entries(const actors::token_msg& t);
+  /// vLLM's prompt_logprobs (s_.prompt_logprobs), from the first token's message.
+  void take_prompt_scores(const actors::token_msg& t);
+  std::optional<std::vector<prompt_logprob_entry>> prompt_scores_;
   /// A generated token's entry as reported: its offset counted in the whole choice text.
   logprob_entry reported(logprob_entry e) const;
   std::string finish_reason_;

@@ -51,6 +51,11 @@ struct generation_fields {
   /// logprobs n): every prompt token after the first with its log-probability and its n most
   /// likely alternatives' (kernels::sampling_params::prompt_logprobs).
   int prompt_logprobs = -1;
+  /// -1: none. n in 0..kernels::max_logprobs: vLLM's `prompt_logprobs` field (both endpoints,
+  /// not streamed): the response's prompt_logprobs holds, per prompt token, null for the first
+  /// and then {id: {logprob, rank, decoded_token}} for the token and the n most likely at its
+  /// position. api_service scores the prompt to max(prompt_logprobs, this).
+  int prompt_logprobs_shown = -1;
   /// Penalties on the logits (OpenAI's / vLLM's; api_service copies them into the request's
   /// sampling): presence and frequency within [-penalty_bound, penalty_bound] (0: off),
   /// repetition within (0, max_repetition_penalty] (1: off).
@@ -243,6 +248,17 @@ struct logprob_entry {
   bool top_null = false;           ///< no alternatives known (an echoed prompt's first token): null
 };
 
+/// One token of a vLLM prompt_logprobs entry: {id: {"logprob", "rank", "decoded_token"}}.
+struct prompt_logprob_item {
+  int32_t id = 0;
+  float logprob = 0.0f;
+  int32_t rank = 0;  ///< in its row (1: the most likely)
+  std::string text;  ///< the token's text
+};
+/// A prompt token's entry: null (the first token, or no scores), or the token itself then the
+/// n most likely at its position (the token once if it is among them).
+using prompt_logprob_entry = std::optional<std::vector<prompt_logprob_item>>;
+
 /// One tool call of a chat choice, or a piece of one in a streamed delta.
 struct tool_call_delta {
   size_t index = 0;       ///< streamed: which call of the choice this piece belongs to
@@ -270,6 +286,10 @@ struct choice_delta {
   /// "type" (where id is set), "function": {"name" (where set), "arguments"}}. Empty: no
   /// "tool_calls" key.
   std::vector<tool_call_delta> tool_calls;
+  /// vLLM's prompt_logprobs (generation_fields::prompt_logprobs_shown; never streamed): one
+  /// entry per prompt token. Completions: on each choice; chat: once, on the response (its
+  /// first choice's: every choice shares the prompt).
+  std::optional<std::vector<prompt_logprob_entry>> prompt_logprobs;
 };
 
 /// A whole (non-streamed) response with these choices, in the order given. kind:

@@ -60,10 +60,14 @@ struct token_logprob {
 struct token_logprobs {
   float logprob = 0.0f;            ///< the drawn token's
   std::vector<token_logprob> top;  ///< the n most likely, by log-probability then the lower id
+  /// The drawn token's rank in its row: 1 + the tokens with a strictly larger logit (vLLM's
+  /// Logprob.rank); 0 when the token is outside the row.
+  int32_t rank = 0;
   bool operator==(const token_logprobs&) const = default;
 };
 
-/// log-softmax of `logits` at `chosen`, and its `n` largest entries (n clamped to [0, vocab]).
+/// log-softmax of `logits` at `chosen`, its rank, and its `n` largest entries (n clamped to
+/// [0, vocab]).
 /// The normaliser's terms are exp_det's (floats, relative error near 1e-7), summed in eight
 /// double lanes (lane j: the ids ≡ j mod 8, in id order) added in a fixed order: the same
 /// numbers on every machine. A masked logit (-inf) has log-probability -inf.

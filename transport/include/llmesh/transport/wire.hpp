@@ -68,6 +68,7 @@ struct token_body {
     float logprob = 0.0f;
     std::vector<int32_t> top_ids;      ///< at most max_logprobs (checked on decode)
     std::vector<float> top_logprobs;   ///< one per top id
+    int32_t rank = 0;                  ///< 0 (unknown) or 1..vocabulary size
     bool operator==(const logprobs_t&) const = default;
   };
   std::optional<logprobs_t> logprobs;
