@@ -289,6 +289,8 @@ struct ShardReady {
   ok @5 :Bool;
   reason @6 :Text;          # when not ok
   kvBlocks @7 :UInt64;      # its KV cache's blocks: every rank's must equal rank 0's
+  quantization @8 :Text;    # how its node holds the weights ("none", "int8"; "" from older
+                            # nodes, which hold them as stored): every rank's must equal rank 0's
 }
 
 # The replica's node tells every shard's node that the group forms: connect to the ranks above.

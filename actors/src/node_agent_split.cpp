@@ -46,6 +46,15 @@ void maybe_form(agent* self, uint64_t id) {
                                         ": the nodes must run with the same scheduler settings");
     }
   }
+  // Every rank must hold the weights as rank 0 does (the assignment's quantization), or their
+  // partial sums would not add up: a node of an older build ignores the model's setting.
+  const std::string want = f.a.quantization.empty() ? "none" : f.a.quantization;
+  for (const auto& [rank, q] : f.quantization) {
+    if (q != want) {
+      return fail_forming(self, id, "rank " + std::to_string(rank) + "'s node holds the weights as " + q + ", rank 0's as " +
+                                        want + ": every node of the replica must run a build that knows the model's quantization");
+    }
+  }
   f.joining = true;
   std::set<transport::peer_id> told;
   for (const auto& [rank, where] : f.remote) {
@@ -201,7 +210,7 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
       const auto ranks = a->second.ranks;
       st.assigned.erase(a);
       return with_peer(self, *leader_listen, [=](transport::peer_id peer) {
-        for (uint32_t r : ranks) to_agent(self, peer, transport::shard_ready_msg{p->id, r, "", 0, *key, false, p->err, 0});
+        for (uint32_t r : ranks) to_agent(self, peer, transport::shard_ready_msg{p->id, r, "", 0, *key, false, p->err, 0, {}});
       });
     }
     st.assigned.erase(a);
@@ -222,7 +231,8 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
     ++h.alive;
     const uint64_t sid = shard_actor_id(p->id, static_cast<uint32_t>(rank));
     self->send(st.bridge, export_atom::value, s, sid);
-    ready.push_back({p->id, static_cast<uint32_t>(rank), c->address(), sid, *key, true, "", p->engine->kv_blocks()});
+    ready.push_back({p->id, static_cast<uint32_t>(rank), c->address(), sid, *key, true, "", p->engine->kv_blocks(),
+                     std::string(model::quantization_name(p->m->quant()))});
     // The group failing (rank 0's node lost, a peer's abort) ends these shards.
     c->set_on_failed([me = caf::actor_cast<caf::actor>(self), id = p->id](const error&) {
       caf::anon_send(me, group_lost_atom::value, id);
@@ -245,6 +255,7 @@ void on_shard_ready(agent* self, transport::peer_id peer, const transport::shard
   f.tensors[m.rank] = m.tensor;
   f.remote[static_cast<int>(m.rank)] = {peer, m.actor};
   f.kv_blocks[static_cast<int>(m.rank)] = m.kv_blocks;
+  f.quantization[static_cast<int>(m.rank)] = m.quantization.empty() ? "none" : m.quantization;
   maybe_form(self, m.replica);
 }
 

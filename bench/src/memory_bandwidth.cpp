@@ -1,6 +1,7 @@
 // A stream-like read kernel: threads sum disjoint slices of a large buffer as 64-bit integers
 // (integer sums may be reordered, so the compiler vectorises them; nothing is written back),
 // every other round with software prefetch too: the best of both is the machine's read rate.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <vector>
@@ -23,7 +24,7 @@ double measure_read_bandwidth(int threads, size_t bytes, int reps) {
       size_t i = b;
       if (r % 2 == 1) {  // odd rounds also prefetch 4 KiB ahead, as the decode kernels do
         for (; i + 8 <= e; i += 8) {
-          __builtin_prefetch(&buf[i] + 512, 0, 3);
+          __builtin_prefetch(&buf[std::min(i + 512, e - 1)], 0, 3);
           s0 += buf[i] + buf[i + 4];
           s1 += buf[i + 1] + buf[i + 5];
           s2 += buf[i + 2] + buf[i + 6];

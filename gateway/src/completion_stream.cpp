@@ -99,7 +99,9 @@ void completion_stream::take_prompt_scores(const actors::token_msg& t) {
     std::vector<prompt_logprob_item> items{item(id, lp.logprob, lp.rank)};
     const size_t n = std::min(lp.top.size(), static_cast<size_t>(s_.prompt_logprobs));
     for (size_t k = 0; k < n; ++k) {
-      if (lp.top[k].id != id) items.push_back(item(lp.top[k].id, lp.top[k].logprob, static_cast<int32_t>(k + 1)));
+      // Among the top, the token keeps one entry with its place there (vLLM's dict update).
+      if (lp.top[k].id == id) items.front().rank = static_cast<int32_t>(k + 1);
+      else items.push_back(item(lp.top[k].id, lp.top[k].logprob, static_cast<int32_t>(k + 1)));
     }
     out.emplace_back(std::move(items));
   }

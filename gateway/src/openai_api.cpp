@@ -776,10 +776,10 @@ std::string response_json(std::string_view kind, std::string_view id, int64_t cr
   json j = envelope(kind, id, created, model);
   j["choices"] = json::array();
   for (const auto& c : choices) j["choices"].push_back(choice_json(kind, c, false));
+  j["usage"] = usage_json(u);
   if (kind.starts_with("chat") && !choices.empty() && choices.front().prompt_logprobs) {
     j["prompt_logprobs"] = prompt_logprobs_json(*choices.front().prompt_logprobs);
   }
-  j["usage"] = usage_json(u);
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

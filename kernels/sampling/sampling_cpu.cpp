@@ -194,9 +194,9 @@ token_logprobs compute_logprobs(std::span<const float> logits, int32_t chosen, i
   if (chosen >= 0 && static_cast<size_t>(chosen) < logits.size()) {
     out.logprob = lp(static_cast<size_t>(chosen));
     const float c = logits[static_cast<size_t>(chosen)];
-    int32_t above = 0;  // a NaN logit is above nothing and nothing is above it
-    for (float l : logits) above += l > c ? 1 : 0;
-    out.rank = above + 1;
+    int32_t at_least = 0;  // vLLM's (x >= chosen).sum(): NaN compares false either way
+    for (float l : logits) at_least += l >= c ? 1 : 0;
+    out.rank = at_least;
   }
   const size_t k = std::min(static_cast<size_t>(std::max(n, 0)), logits.size());
   if (k == 0) return out;

@@ -160,6 +160,7 @@ status model::quantize(quantization q) {
   std::atomic<size_t> next{0};
   std::mutex failed_mu;
   status failed = ok_status();
+  size_t failed_item = items.size();  // the earliest failing item's error is reported: the same every run
   auto work = [&] {
     for (size_t k = next.fetch_add(1); k < items.size(); k = next.fetch_add(1)) {
       const auto& it = items[k];
@@ -170,7 +171,10 @@ status model::quantize(quantization q) {
                      kernels::dtype_bytes(kernels::dtype::q8, it.row0 * kernels::q8_row_elements(w.cols));
       if (auto s = kernels::quantize_q8(src, w.type, it.rows, w.cols, dst, it.row0); !s) {
         std::lock_guard lock(failed_mu);
-        failed = make_error(errc::invalid_request, t.name + ": " + s.err().message);
+        if (k < failed_item) {
+          failed_item = k;
+          failed = make_error(errc::invalid_request, t.name + ": " + s.err().message);
+        }
       }
     }
   };

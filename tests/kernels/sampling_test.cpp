@@ -471,14 +471,18 @@ TEST(Logprobs, AreTheLogSoftmaxWithTheTopInOrderAndTiesByLowerId) {
   ASSERT_EQ(all.top.size(), logits.size());
   EXPECT_EQ(all.top.back().id, 5);
   EXPECT_TRUE(compute_logprobs(logits, 0, 0).top.empty());
-  // Ranks (vLLM's): 1 + the tokens strictly above; tied tokens share a rank; outside the row 0.
+  // Ranks (vLLM's): the tokens at least as likely, itself included (a tie takes the worse
+  // rank); outside the row 0.
   EXPECT_EQ(lp.rank, 4);  // 0.5: below 3.0, 3.0 and 1.0
-  EXPECT_EQ(compute_logprobs(logits, 1, 0).rank, 1);
-  EXPECT_EQ(compute_logprobs(logits, 3, 0).rank, 1);
+  EXPECT_EQ(compute_logprobs(logits, 1, 0).rank, 2);
+  EXPECT_EQ(compute_logprobs(logits, 3, 0).rank, 2);
   EXPECT_EQ(compute_logprobs(logits, 0, 0).rank, 3);
   EXPECT_EQ(compute_logprobs(logits, 5, 0).rank, 6);  // masked: last
   EXPECT_EQ(compute_logprobs(logits, 6, 0).rank, 0);
   EXPECT_EQ(compute_logprobs(logits, -1, 0).rank, 0);
+  const std::vector<float> with_nan{1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f};
+  EXPECT_EQ(compute_logprobs(with_nan, 1, 0).rank, 0);
+  EXPECT_EQ(compute_logprobs(with_nan, 0, 0).rank, 2);
 }
 
 TEST(Logprobs, TopEqualsAFullSortOnRandomRows) {

@@ -614,6 +614,20 @@ TEST(Serve, EchoWithLogprobsScoresThePromptAsTheModelScoresItsOwnTokens) {
   EXPECT_TRUE(cj["prompt_logprobs"][0].is_null());
   EXPECT_EQ(cj["prompt_logprobs"][1].size(), 1u) << "0 alternatives: the token alone";
   EXPECT_FALSE(cj["choices"][0].contains("prompt_logprobs"));
+  // Both at once, each with its own count: echo's 1 alternative, prompt_logprobs' 5.
+  json both = pl;
+  both["echo"] = true;
+  both["logprobs"] = 1;
+  both["prompt_logprobs"] = 5;
+  auto bj = completion(s.port(), both, &status);
+  ASSERT_EQ(status, 200) << bj;
+  for (size_t i = 1; i < whole.size(); ++i) {
+    EXPECT_LE(bj["choices"][0]["logprobs"]["top_logprobs"][i].size(), 2u) << i;  // the token, 1 alternative
+    EXPECT_GE(bj["choices"][0]["prompt_logprobs"][i].size(), 5u) << i;           // 5 alternatives (and the token)
+    EXPECT_LE(bj["choices"][0]["prompt_logprobs"][i].size(), 6u) << i;
+    EXPECT_EQ(bj["choices"][0]["prompt_logprobs"][i][std::to_string(whole[i])]["logprob"],
+              bj["choices"][0]["logprobs"]["token_logprobs"][i]) << i;
+  }
   json streamed_pl = pl;
   streamed_pl["stream"] = true;
   auto refused = http_request(s.port(), "POST", "/v1/completions", streamed_pl.dump());

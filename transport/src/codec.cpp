@@ -207,6 +207,7 @@ struct writer {
     r.setOk(m.ok);
     r.setReason(text(m.reason));
     r.setKvBlocks(m.kv_blocks);
+    r.setQuantization(text(m.quantization));
   }
   void operator()(const shard_group_msg& m) {
     auto g = b.initShardGroup();
@@ -470,7 +471,8 @@ struct reader {
       case Body::SHARD_READY: {
         auto r = b.getShardReady();
         out = shard_ready_msg{r.getReplica(), r.getRank(), str(r.getTensor(), "tensor"), r.getActor(),
-                              bytes(r.getKey(), "key"), r.getOk(), str(r.getReason(), "reason"), r.getKvBlocks()};
+                              bytes(r.getKey(), "key"), r.getOk(), str(r.getReason(), "reason"), r.getKvBlocks(),
+                              str(r.getQuantization(), "quantization")};
         break;
       }
       case Body::SHARD_GROUP: {

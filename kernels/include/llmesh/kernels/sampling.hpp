@@ -60,8 +60,9 @@ struct token_logprob {
 struct token_logprobs {
   float logprob = 0.0f;            ///< the drawn token's
   std::vector<token_logprob> top;  ///< the n most likely, by log-probability then the lower id
-  /// The drawn token's rank in its row: 1 + the tokens with a strictly larger logit (vLLM's
-  /// Logprob.rank); 0 when the token is outside the row.
+  /// The drawn token's rank in its row: the tokens whose logit is at least its own, itself
+  /// included (vLLM's Logprob.rank: ties take the worse rank); 0 when the token is outside
+  /// the row or its logit is NaN.
   int32_t rank = 0;
   bool operator==(const token_logprobs&) const = default;
 };
