@@ -139,6 +139,20 @@ http_reply api_service::models() const {
   return json_reply(200, j.dump());
 }
 
+namespace {
+
+/// vLLM's truncate_prompt_tokens: keeps the prompt's last k tokens (-1: the model's context).
+/// Whether it cut any.
+bool truncate_prompt(std::vector<int32_t>& ids, int64_t k, size_t context) {
+  if (k == 0) return false;
+  const size_t keep = k < 0 ? context : static_cast<size_t>(k);
+  if (ids.size() <= keep) return false;
+  ids.erase(ids.begin(), ids.end() - static_cast<std::ptrdiff_t>(keep));
+  return true;
+}
+
+}  // namespace
+
 api_outcome api_service::completions(std::string_view body) {
   auto r = parse_completion_request(body, opt_.limits);
   if (!r) return error_reply(r.err());
@@ -156,6 +170,10 @@ api_outcome api_service::completions(std::string_view body) {
       // vLLM decodes an id prompt for echo with HF's tokenizer.decode defaults: special tokens
       // keep their text (a client sending BOS gets it back), unlike the output's decode.
       if (r->echo) q.echo = tok.decoder().decode(q.ids, /*skip_special=*/false);
+    }
+    // A truncated prompt echoes what the model saw: its kept tokens' text.
+    if (truncate_prompt(q.ids, r->gen.truncate_prompt_tokens, (*m)->cfg.max_positions) && r->echo) {
+      q.echo = tok.decoder().decode(q.ids, /*skip_special=*/false);
     }
     prompts.push_back(std::move(q));
   }
@@ -182,7 +200,9 @@ api_outcome api_service::chat_completions(std::string_view body) {
   if (!text) return error_reply(make_error(errc::invalid_request, "chat template: " + text.err().message));
   // The template writes the special tokens itself (as HF's apply_chat_template does).
   const tool_output shape{r->tools.mode, r->tools.name};
-  auto job = prepare(true, sm, {prepared_prompt{sm.tok->encode(*text, false), {}}}, r->gen, shape);
+  auto ids = sm.tok->encode(*text, false);
+  truncate_prompt(ids, r->gen.truncate_prompt_tokens, sm.cfg.max_positions);
+  auto job = prepare(true, sm, {prepared_prompt{std::move(ids), {}}}, r->gen, shape);
   if (!job) return error_reply(job.err());
   return std::move(*job);
 }
@@ -336,6 +356,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   stream_setup choice;
   choice.return_token_ids = g.return_token_ids;
   choice.stop = g.stop;
+  choice.include_stop_str = g.include_stop_str;
   choice.stop_token_ids = g.stop_token_ids;
   choice.logprobs = g.logprobs;
   choice.echo_logprobs = g.prompt_logprobs >= 0;

@@ -23,7 +23,7 @@ completion_stream::completion_stream(stream_setup s, const model::detokenizer& d
     : s_(std::move(s)),
       detok_(d),
       decoder_(d),
-      matcher_(s_.stop),
+      matcher_(s_.stop, s_.include_stop_str),
       metrics_(metrics),
       start_(std::chrono::steady_clock::now()),
       text_(s_.streaming ? std::string() : s_.echo_prefix) {
@@ -186,7 +186,7 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
                           std::find(s_.stop_token_ids.begin(), s_.stop_token_ids.end(), t.token) !=
                               s_.stop_token_ids.end();
   const size_t text_start = decoded_bytes_;
-  const std::string piece = stop_token ? std::string() : decoder_.push(t.token);
+  const std::string piece = stop_token && !s_.include_stop_str ? std::string() : decoder_.push(t.token);
   decoded_bytes_ += piece.size();
   if (s_.logprobs >= 0) pending_.push_back({entry_of(t.token, t.logprobs ? &*t.logprobs : nullptr, text_start), decoded_bytes_});
   auto out = matcher_.push(piece, past_min_tokens());

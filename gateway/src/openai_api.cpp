@@ -101,6 +101,15 @@ status refuse_unsupported(const json& j, bool chat, generation_fields& g) {
     return unsupported(name, neutral);
   };
   LLMESH_TRY(empty_only("suffix", "\"\" or null"));
+  // vLLM's sampling extras this server does not implement: their neutral values pass.
+  LLMESH_TRY(empty_only("allowed_token_ids", "[] or null"));
+  LLMESH_TRY(empty_only("bad_words", "[] or null"));
+  for (const auto& [name, neutral] : {std::pair{"use_beam_search", false}, {"skip_special_tokens", true}}) {
+    auto it = j.find(name);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_boolean()) return bad(std::string("'") + name + "' must be true or false");
+    if (it->get<bool>() != neutral) return unsupported(name, neutral ? "true or null" : "false or null");
+  }
   // Tools are chat's (parse_tools); the legacy endpoint has no message to carry their calls.
   if (!chat && !empty_only("tools", "").ok()) {
     return bad("'tools' is not supported on /v1/completions (a /v1/chat/completions field; send [] or null, or leave it out)");
@@ -335,6 +344,13 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
   LLMESH_TRY(bool_field(j, "stream", g.stream));
   LLMESH_TRY(bool_field(j, "return_token_ids", g.return_token_ids));
   LLMESH_TRY(bool_field(j, "ignore_eos", g.ignore_eos));
+  LLMESH_TRY(bool_field(j, "include_stop_str_in_output", g.include_stop_str));
+  {
+    std::optional<int64_t> t;
+    LLMESH_TRY(integer_field(j, "truncate_prompt_tokens", t));
+    if (t && (*t == 0 || *t < -1)) return bad("'truncate_prompt_tokens' must be -1 (the model's context) or at least 1");
+    if (t) g.truncate_prompt_tokens = *t;
+  }
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return bad("'stream_options' must be an object");
     LLMESH_TRY(bool_field(*it, "include_usage", g.include_usage));

@@ -6,7 +6,7 @@
 
 namespace llmesh::gateway {
 
-stop_matcher::stop_matcher(std::vector<std::string> stops) {
+stop_matcher::stop_matcher(std::vector<std::string> stops, bool include) : include_(include) {
   for (auto& s : stops) {
     if (!s.empty()) stops_.push_back(std::move(s));
   }
@@ -19,15 +19,19 @@ stop_matcher::output stop_matcher::push(std::string_view piece, bool match) {
   // The earliest complete stop string wins; it must end in the new piece. (With every push
   // matched, held_ before the piece holds no whole stop string anyway: it would have been
   // found then.)
-  size_t first = std::string::npos;
+  size_t first = std::string::npos, length = 0;  // at the earliest position, the first stop listed
   if (match) {
     for (const auto& s : stops_) {
       const size_t from = searched_ >= s.size() ? searched_ - s.size() + 1 : 0;
-      first = std::min(first, held_.find(s, from));
+      const size_t at = held_.find(s, from);
+      if (at < first) {
+        first = at;
+        length = s.size();
+      }
     }
   }
   if (first != std::string::npos) {
-    out.text = held_.substr(0, first);
+    out.text = held_.substr(0, include_ ? first + length : first);
     out.stopped = stopped_ = true;
     held_.clear();
     return out;

@@ -147,3 +147,47 @@ TEST(OpenaiApi, PromptLogprobsAreParsedAndRenderedAsVllmDoes) {
 
 }  // namespace
 }  // namespace llmesh::gateway
+
+namespace llmesh::gateway {
+namespace {
+
+// vLLM's sampling extras: include_stop_str_in_output and truncate_prompt_tokens are served;
+// the ones this server does not implement pass only with their neutral values.
+TEST(OpenaiApi, VllmSamplingExtrasAreParsedOrRefusedByName) {
+  request_limits lim;
+  auto parse = [&](const std::string& fields) {
+    return parse_completion_request(R"({"model":"m","prompt":"x",)" + fields + "}", lim);
+  };
+  auto ok = parse(R"("include_stop_str_in_output":true,"truncate_prompt_tokens":7)");
+  ASSERT_TRUE(ok.ok()) << ok.err().message;
+  EXPECT_TRUE(ok->gen.include_stop_str);
+  EXPECT_EQ(ok->gen.truncate_prompt_tokens, 7);
+  auto whole = parse(R"("truncate_prompt_tokens":-1)");
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(whole->gen.truncate_prompt_tokens, -1);
+  auto none = parse(R"("include_stop_str_in_output":null,"truncate_prompt_tokens":null)");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->gen.include_stop_str);
+  EXPECT_EQ(none->gen.truncate_prompt_tokens, 0);
+  for (const std::string bad : {"0", "-2", "\"5\""}) {
+    auto r = parse(R"("truncate_prompt_tokens":)" + bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.err().message.find("'truncate_prompt_tokens'"), std::string::npos) << r.err().message;
+  }
+  for (const std::string neutral : {R"("use_beam_search":false)", R"("skip_special_tokens":true)", R"("allowed_token_ids":[])",
+                                    R"("bad_words":null)", R"("use_beam_search":null)"}) {
+    EXPECT_TRUE(parse(neutral).ok()) << neutral;
+  }
+  for (const auto& [field, name] : std::vector<std::pair<std::string, std::string>>{
+           {R"("use_beam_search":true)", "use_beam_search"},
+           {R"("skip_special_tokens":false)", "skip_special_tokens"},
+           {R"("allowed_token_ids":[1,2])", "allowed_token_ids"},
+           {R"("bad_words":["x"])", "bad_words"}}) {
+    auto r = parse(field);
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_NE(r.err().message.find("'" + name + "' is not supported"), std::string::npos) << r.err().message;
+  }
+}
+
+}  // namespace
+}  // namespace llmesh::gateway

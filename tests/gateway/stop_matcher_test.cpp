@@ -154,3 +154,36 @@ TEST(StopMatcher, UnmatchedPrefixesAgreeWithABruteForceReference) {
 
 }  // namespace
 }  // namespace llmesh::gateway
+
+namespace llmesh::gateway {
+namespace {
+
+// include_stop_str_in_output: the text ends with the stop string, whatever the pieces; of
+// stops found at the same place, the first listed; nothing after it.
+TEST(StopMatcher, IncludingTheStopStringEndsTheTextWithIt) {
+  for (const std::vector<size_t>& sizes : {std::vector<size_t>{1}, {2, 3}, {50}}) {
+    stop_matcher m({"END", "\n\n"}, true);
+    const std::string text = "Hello\n\nworld END more";
+    std::string sent;
+    bool stopped = false;
+    for (size_t at = 0, i = 0; at < text.size() && !stopped; ++i) {
+      const size_t n = std::min(sizes[i % sizes.size()], text.size() - at);
+      auto o = m.push(std::string_view(text).substr(at, n));
+      sent += o.text;
+      stopped = o.stopped;
+      at += n;
+    }
+    EXPECT_TRUE(stopped);
+    EXPECT_EQ(sent, "Hello\n\n") << "pieces of " << sizes[0];
+    EXPECT_EQ(m.flush(), "");
+  }
+  stop_matcher same_place({"ab", "abc"}, true);
+  auto o = same_place.push("xxabcd");
+  EXPECT_TRUE(o.stopped);
+  EXPECT_EQ(o.text, "xxab");
+  stop_matcher cut({"ab", "abc"});
+  EXPECT_EQ(cut.push("xxabcd").text, "xx");
+}
+
+}  // namespace
+}  // namespace llmesh::gateway

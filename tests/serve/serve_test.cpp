@@ -193,8 +193,9 @@ json merged_stream_choice(const std::string& sse) {
 // stop_token_ids (vLLM's extension) end a generation on one of its ids as EOS does: finish_reason
 // "stop", the id the last of token_ids, its text left out (vLLM's default). The penalties and
 // min_tokens are served within vLLM's ranges (400 naming the field outside them; min_tokens
-// holds stop strings back); fields asking for what the server does not do are refused over
-// HTTP, naming the field.
+// holds stop strings back); include_stop_str_in_output keeps the stop's text and
+// truncate_prompt_tokens cuts the prompt; fields asking for what the server does not do are
+// refused over HTTP, naming the field.
 TEST(Serve, StopTokenIdsEndTheGenerationPenaltiesAreServedAndUnsupportedFieldsAre400) {
   server_process s(bin, {"--model", model_dir});
   ASSERT_GT(s.port(), 0) << s.log();
@@ -244,6 +245,38 @@ TEST(Serve, StopTokenIdsEndTheGenerationPenaltiesAreServedAndUnsupportedFieldsAr
   auto ignoring = completion(s.port(), body);
   EXPECT_EQ(ignoring["choices"][0]["finish_reason"], "stop") << ignoring;
   EXPECT_EQ(ignoring["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want_ids) << ignoring;
+  // include_stop_str_in_output: the stop token's text stays (the text of k + 1 tokens), and so
+  // does a stop string.
+  body.erase("ignore_eos");
+  body.erase("stop_token_ids");
+  body["max_tokens"] = k + 1;
+  const std::string through_stop = completion(s.port(), body)["choices"][0]["text"];
+  ASSERT_GT(through_stop.size(), want_text.size()) << through_stop;
+  body["stop_token_ids"] = {ids[k]};
+  body["max_tokens"] = 16;
+  body["include_stop_str_in_output"] = true;
+  auto kept = completion(s.port(), body);
+  EXPECT_EQ(kept["choices"][0]["text"], through_stop) << kept;
+  EXPECT_EQ(kept["choices"][0]["finish_reason"], "stop") << kept;
+  const std::string full = free_run["choices"][0]["text"];
+  ASSERT_GT(full.size(), want_text.size() + 3) << full;
+  const std::string stop = full.substr(want_text.size(), 3);
+  json by_string = base;
+  by_string["max_tokens"] = 16;
+  by_string["stop"] = {stop};
+  EXPECT_EQ(completion(s.port(), by_string)["choices"][0]["text"], full.substr(0, full.find(stop)));
+  by_string["include_stop_str_in_output"] = true;
+  EXPECT_EQ(completion(s.port(), by_string)["choices"][0]["text"], full.substr(0, full.find(stop) + stop.size()));
+  // truncate_prompt_tokens: the model sees the prompt's last 3 tokens only.
+  const std::vector<int32_t> long_prompt{1142, 258, 2078, 386, 3345, 295, 258, 400};
+  const std::vector<int32_t> tail(long_prompt.end() - 3, long_prompt.end());
+  json cut = {{"model", "kjv-tiny"}, {"prompt", long_prompt}, {"temperature", 0}, {"max_tokens", 8},
+              {"return_token_ids", true}, {"truncate_prompt_tokens", 3}};
+  auto truncated = completion(s.port(), cut);
+  EXPECT_EQ(truncated["choices"][0]["prompt_token_ids"].get<std::vector<int32_t>>(), tail) << truncated;
+  EXPECT_EQ(truncated["usage"]["prompt_tokens"], 3) << truncated;
+  EXPECT_EQ(truncated["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+            testing::generate_ids(bin, model_dir, "--prompt-ids " + id_list(tail), 8, "--temperature 0"));
 
   int status = 0;
   json bad = base;

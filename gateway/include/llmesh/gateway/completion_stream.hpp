@@ -54,6 +54,9 @@ struct stream_setup {
   /// the result's prompt_logprobs, each scored token with its rank and n alternatives.
   int prompt_logprobs = -1;
   std::vector<std::string> stop;
+  /// vLLM's include_stop_str_in_output: a stop string, or a stop_token_ids token's text, ends
+  /// the text instead of being cut from it.
+  bool include_stop_str = false;
   /// The request's stop_token_ids: a generation that ends on one (finish eos) keeps the id in
   /// token_ids but not its text, as vLLM does (include_stop_str_in_output off).
   std::vector<int32_t> stop_token_ids;

@@ -38,6 +38,12 @@ struct generation_fields {
   bool include_usage = false;     ///< stream_options.include_usage
   bool return_token_ids = false;  ///< extension: prompt_token_ids and token_ids in each choice
   bool ignore_eos = false;        ///< extension (vLLM's): generate max_tokens whatever the EOS
+  /// vLLM's include_stop_str_in_output: the stop string (or stop token's text) that ended the
+  /// output stays at its end.
+  bool include_stop_str = false;
+  /// vLLM's truncate_prompt_tokens: 0 none; k >= 1 keeps the prompt's last k tokens; -1 keeps
+  /// the last (model context) tokens. api_service truncates after tokenizing.
+  int64_t truncate_prompt_tokens = 0;
   /// Extension (vLLM's): generation also ends after any of these ids (finish_reason "stop"),
   /// even with ignore_eos; the id is in token_ids, its text is not in the output. The parser
   /// checks the type and count; api_service checks each against the vocabulary.

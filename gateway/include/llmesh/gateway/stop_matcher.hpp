@@ -13,11 +13,13 @@ namespace llmesh::gateway {
 /// Thread affinity: one request's stream.
 class stop_matcher {
  public:
-  explicit stop_matcher(std::vector<std::string> stops);
+  /// `include`: vLLM's include_stop_str_in_output: the text released at a stop ends with the
+  /// stop string instead of just before it.
+  explicit stop_matcher(std::vector<std::string> stops, bool include = false);
 
   struct output {
     std::string text;      ///< text safe to send now
-    bool stopped = false;  ///< a stop string was found: `text` ends just before it
+    bool stopped = false;  ///< a stop string was found: `text` ends just before it (or with it)
   };
 
   /// Appends a piece of generated text. With `match` false (vLLM's min_tokens, before the
@@ -30,6 +32,7 @@ class stop_matcher {
 
  private:
   std::vector<std::string> stops_;
+  bool include_ = false;
   std::string held_;
   /// held_'s first bytes that were searched already (or, before min_tokens, must not be): a
   /// match must end after them.
