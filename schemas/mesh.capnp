@@ -90,6 +90,7 @@ struct GenerateRequest {
   generated @5 :UInt32;     # the prompt's last tokens that are output already (after failover)
   logitBias @6 :List(TokenBias);  # added to these tokens' logits before every draw
   constraint @7 :Constraint;      # none: unconstrained
+  allowedIds @8 :List(Int32);     # non-empty: only these tokens may be drawn (vLLM's allowed_token_ids)
 }
 
 enum Finish {

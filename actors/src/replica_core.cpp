@@ -54,7 +54,18 @@ status replica_core::submit(replica_request r) {
     if (!g) return g.take_error();
     grammar = std::move(*g);
   }
-  r.sampling.constrained = grammar != nullptr;
+  std::vector<uint32_t> allowed_bits;
+  if (!r.allowed_ids.empty()) {
+    if (grammar) return make_error(errc::invalid_request, "allowed_token_ids cannot be combined with a structured output");
+    allowed_bits.assign((c.vocab + 31) / 32, 0);
+    for (int32_t t : r.allowed_ids) {
+      if (t < 0 || static_cast<size_t>(t) >= c.vocab) {
+        return make_error(errc::invalid_request, "allowed_token_ids: token " + std::to_string(t) + " is outside the vocabulary");
+      }
+      allowed_bits[static_cast<size_t>(t) / 32] |= 1u << (t % 32);
+    }
+  }
+  r.sampling.constrained = grammar != nullptr || !allowed_bits.empty();
   if (r.sampling.prompt_logprobs > kernels::max_logprobs || r.sampling.logprobs > kernels::max_logprobs) {
     return make_error(errc::invalid_request, "logprobs: at most " + std::to_string(kernels::max_logprobs) + " alternatives");
   }
@@ -68,6 +79,7 @@ status replica_core::submit(replica_request r) {
     adjust->end_ids = r.eos_ids;
     adjust->generated = r.generated;
     adjust->bias = std::move(r.logit_bias);
+    adjust->allowed_ids = std::move(allowed_bits);
     if (grammar) {
       // A continued request's output so far is where its grammar stands.
       adjust->matcher.emplace(grammar);
@@ -175,6 +187,8 @@ void replica_core::build_views(adjust_state& st, const kernels::sampling_params&
     if (at) {
       st.masks[j] = masks_.get(*vocab_, *at, st.end_ids);
       v.allowed = *st.masks[j];
+    } else if (!st.allowed_ids.empty()) {
+      v.allowed = st.allowed_ids;
     }
     // min_tokens yields to a grammar that is complete: only an end id may follow it.
     const bool too_early = st.generated + j < static_cast<size_t>(std::max(p.min_tokens, 0)) && !(at && at->done());

@@ -43,6 +43,7 @@ transport::generate_msg to_wire(const replica_request& r) {
                             to_wire(r.sampling), r.eos_ids, static_cast<uint32_t>(std::min<size_t>(r.generated, UINT32_MAX)),
                             {}, static_cast<uint8_t>(r.constraint.type), r.constraint.text};
   for (const auto& b : r.logit_bias) m.logit_bias.push_back({b.id, b.bias});
+  m.allowed_ids = r.allowed_ids;
   return m;
 }
 
@@ -57,6 +58,7 @@ replica_request from_wire(const transport::generate_msg& m) {
   for (const auto& b : m.logit_bias) r.logit_bias.push_back({b.id, b.bias});  // the replica checks them
   r.constraint.type = static_cast<model::constraint_spec::kind>(m.constraint_kind);  // 0..5: the codec checked
   r.constraint.text = m.constraint_text;
+  r.allowed_ids = m.allowed_ids;  // the replica checks them
   return r;
 }
 

@@ -141,6 +141,15 @@ http_reply api_service::models() const {
 
 namespace {
 
+/// vLLM's rule: truncate_prompt_tokens may not ask for more than the model's context.
+status check_truncation(int64_t k, size_t context) {
+  if (k > 0 && static_cast<size_t>(k) > context) {
+    return make_error(errc::invalid_request, "'truncate_prompt_tokens' (" + std::to_string(k) +
+                                                 ") is more than this model's context of " + std::to_string(context));
+  }
+  return ok_status();
+}
+
 /// vLLM's truncate_prompt_tokens: keeps the prompt's last k tokens (-1: the model's context).
 /// Whether it cut any.
 bool truncate_prompt(std::vector<int32_t>& ids, int64_t k, size_t context) {
@@ -159,11 +168,12 @@ api_outcome api_service::completions(std::string_view body) {
   auto m = find(r->model);
   if (!m) return error_reply(m.err());
   const model::tokenizer& tok = *(*m)->tok;
+  if (auto s = check_truncation(r->gen.truncate_prompt_tokens, (*m)->cfg.max_positions); !s) return error_reply(s.err());
   std::vector<prepared_prompt> prompts;
   for (auto& p : r->prompts) {
     prepared_prompt q;
     if (p.text) {
-      q.ids = tok.encode(*p.text, true);
+      q.ids = tok.encode(*p.text, r->add_special_tokens);
       if (r->echo) q.echo = *p.text;  // the string as sent (vLLM's echo)
     } else {
       q.ids = std::move(p.ids);
@@ -182,6 +192,7 @@ api_outcome api_service::completions(std::string_view body) {
   return std::move(*job);
 }
 
+
 api_outcome api_service::chat_completions(std::string_view body) {
   auto r = parse_chat_request(body, opt_.limits);
   if (!r) return error_reply(r.err());
@@ -193,14 +204,15 @@ api_outcome api_service::chat_completions(std::string_view body) {
   }
   // The tools go to the template as HF's apply_chat_template passes them: `tools`, the list as
   // sent (left undefined without tools, as before them).
-  auto extra = nlohmann::ordered_json::object();
+  if (auto s = check_truncation(r->gen.truncate_prompt_tokens, sm.cfg.max_positions); !s) return error_reply(s.err());
+  auto extra = r->template_kwargs;  // chat_template_kwargs, then the request's tools
   if (!r->tools.tools.empty()) extra["tools"] = r->tools.tools;
   auto text = r->continue_final_message ? sm.chat->render_continuing(r->messages, extra)
                                         : sm.chat->render(r->messages, r->add_generation_prompt, extra);
   if (!text) return error_reply(make_error(errc::invalid_request, "chat template: " + text.err().message));
   // The template writes the special tokens itself (as HF's apply_chat_template does).
   const tool_output shape{r->tools.mode, r->tools.name};
-  auto ids = sm.tok->encode(*text, false);
+  auto ids = sm.tok->encode(*text, r->add_special_tokens);
   truncate_prompt(ids, r->gen.truncate_prompt_tokens, sm.cfg.max_positions);
   auto job = prepare(true, sm, {prepared_prompt{std::move(ids), {}}}, r->gen, shape);
   if (!job) return error_reply(job.err());
@@ -307,6 +319,15 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
                                                    ", outside the vocabulary of " + std::to_string(cfg.vocab));
     }
   }
+  for (int32_t t : g.allowed_ids) {  // the parser checked type, sign and count
+    if (static_cast<size_t>(t) >= cfg.vocab) {
+      return make_error(errc::invalid_request, "'allowed_token_ids' holds " + std::to_string(t) +
+                                                   ", outside the vocabulary of " + std::to_string(cfg.vocab));
+    }
+  }
+  if (!g.allowed_ids.empty() && g.constraint.type != model::constraint_spec::kind::none) {
+    return make_error(errc::invalid_request, "'allowed_token_ids' cannot be combined with a structured output or a forced tool call");
+  }
   for (int32_t t : g.stop_token_ids) {  // the parser checked type, sign and count
     if (static_cast<size_t>(t) >= cfg.vocab) {
       return make_error(errc::invalid_request, "'stop_token_ids' holds " + std::to_string(t) +
@@ -353,6 +374,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   }
   for (const auto& [t, bias] : g.logit_bias) base.logit_bias.push_back({t, bias});
   base.constraint = g.constraint;  // the parser compiled it; every choice follows it
+  base.allowed_ids = g.allowed_ids;
   stream_setup choice;
   choice.return_token_ids = g.return_token_ids;
   choice.stop = g.stop;

@@ -102,9 +102,9 @@ status refuse_unsupported(const json& j, bool chat, generation_fields& g) {
   };
   LLMESH_TRY(empty_only("suffix", "\"\" or null"));
   // vLLM's sampling extras this server does not implement: their neutral values pass.
-  LLMESH_TRY(empty_only("allowed_token_ids", "[] or null"));
   LLMESH_TRY(empty_only("bad_words", "[] or null"));
-  for (const auto& [name, neutral] : {std::pair{"use_beam_search", false}, {"skip_special_tokens", true}}) {
+  for (const auto& [name, neutral] : {std::pair{"use_beam_search", false}, {"skip_special_tokens", true},
+                                      {"return_tokens_as_token_ids", false}}) {
     auto it = j.find(name);
     if (it == j.end() || it->is_null()) continue;
     if (!it->is_boolean()) return bad(std::string("'") + name + "' must be true or false");
@@ -221,6 +221,23 @@ status parse_stop_token_ids(const json& j, const request_limits& lim, std::vecto
   for (const auto& t : *it) {
     if (!t.is_number_integer() || wide_integer(t) < 0 || wide_integer(t) > std::numeric_limits<int32_t>::max()) {
       return bad("'stop_token_ids' must hold non-negative integer token ids");
+    }
+    out.push_back(static_cast<int32_t>(wide_integer(t)));
+  }
+  return ok_status();
+}
+
+/// vLLM's allowed_token_ids: an array of non-negative ids ([] or null: no restriction).
+status parse_allowed_token_ids(const json& j, const request_limits& lim, std::vector<int32_t>& out) {
+  auto it = j.find("allowed_token_ids");
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (!it->is_array()) return bad("'allowed_token_ids' must be an array of token ids");
+  if (it->size() > lim.max_allowed_token_ids) {
+    return bad("'allowed_token_ids' holds at most " + std::to_string(lim.max_allowed_token_ids) + " ids");
+  }
+  for (const auto& t : *it) {
+    if (!t.is_number_integer() || wide_integer(t) < 0 || wide_integer(t) > std::numeric_limits<int32_t>::max()) {
+      return bad("'allowed_token_ids' must hold non-negative integer token ids");
     }
     out.push_back(static_cast<int32_t>(wide_integer(t)));
   }
@@ -356,6 +373,7 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
     LLMESH_TRY(bool_field(*it, "include_usage", g.include_usage));
   }
   LLMESH_TRY(parse_stop_token_ids(j, lim, g.stop_token_ids));
+  LLMESH_TRY(parse_allowed_token_ids(j, lim, g.allowed_ids));
   LLMESH_TRY(parse_logprobs(j, chat, g));
   LLMESH_TRY(parse_prompt_logprobs(j, g));
   LLMESH_TRY(refuse_unsupported(j, chat, g));
@@ -581,6 +599,7 @@ result<completion_request> parse_completion(std::string_view body, const request
   LLMESH_TRY(parse_model(*j, r.model));
   LLMESH_TRY(parse_prompts(*j, lim, r.prompts));
   LLMESH_TRY(bool_field(*j, "echo", r.echo));
+  LLMESH_TRY(bool_field(*j, "add_special_tokens", r.add_special_tokens));
   LLMESH_TRY(parse_generation(*j, lim, false, r.gen));
   LLMESH_TRY(check_choices(lim, r.gen.candidates(), r.prompts.size(), r.gen.best_of > r.gen.n ? "'best_of'" : "'n'"));
   LLMESH_TRY(parse_output_constraint(*j, nullptr, r.gen.constraint));  // last: it compiles
@@ -636,6 +655,16 @@ result<chat_request> parse_chat(std::string_view body, const request_limits& lim
   LLMESH_TRY(parse_model(*j, r.model));
   LLMESH_TRY(parse_messages(*j, lim, r.messages));
   LLMESH_TRY(parse_turn_fields(*j, r.add_generation_prompt, r.continue_final_message));
+  LLMESH_TRY(bool_field(*j, "add_special_tokens", r.add_special_tokens));
+  if (auto it = j->find("chat_template_kwargs"); it != j->end() && !it->is_null()) {
+    if (!it->is_object()) return bad("'chat_template_kwargs' must be an object of template variables");
+    r.template_kwargs = nlohmann::ordered_json::parse(it->dump());
+    r.template_kwargs.erase("tools");  // the request's tools are the template's
+  }
+  // Chat has no echo (a completions field): true would ask for the prompt in the answer.
+  if (auto it = j->find("echo"); it != j->end() && it->is_boolean() && it->get<bool>()) {
+    return unsupported("echo", "false or null; /v1/completions echoes");
+  }
   LLMESH_TRY(parse_generation(*j, lim, true, r.gen));
   LLMESH_TRY(parse_tools(*j, r.tools));
   LLMESH_TRY(parse_output_constraint(*j, &r.tools, r.gen.constraint));  // last: it compiles

@@ -151,7 +151,8 @@ TEST(OpenaiApi, PromptLogprobsAreParsedAndRenderedAsVllmDoes) {
 namespace llmesh::gateway {
 namespace {
 
-// vLLM's sampling extras: include_stop_str_in_output and truncate_prompt_tokens are served;
+// vLLM's sampling extras: include_stop_str_in_output, truncate_prompt_tokens and
+// allowed_token_ids are served;
 // the ones this server does not implement pass only with their neutral values.
 TEST(OpenaiApi, VllmSamplingExtrasAreParsedOrRefusedByName) {
   request_limits lim;
@@ -162,6 +163,14 @@ TEST(OpenaiApi, VllmSamplingExtrasAreParsedOrRefusedByName) {
   ASSERT_TRUE(ok.ok()) << ok.err().message;
   EXPECT_TRUE(ok->gen.include_stop_str);
   EXPECT_EQ(ok->gen.truncate_prompt_tokens, 7);
+  auto allowed = parse(R"("allowed_token_ids":[5,9])");
+  ASSERT_TRUE(allowed.ok()) << allowed.err().message;
+  EXPECT_EQ(allowed->gen.allowed_ids, (std::vector<int32_t>{5, 9}));
+  for (const std::string bad : {"[-1]", "[\"5\"]", "5", "[1.5]"}) {
+    auto r = parse(R"("allowed_token_ids":)" + bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.err().message.find("'allowed_token_ids'"), std::string::npos) << r.err().message;
+  }
   auto whole = parse(R"("truncate_prompt_tokens":-1)");
   ASSERT_TRUE(whole.ok());
   EXPECT_EQ(whole->gen.truncate_prompt_tokens, -1);
@@ -181,8 +190,8 @@ TEST(OpenaiApi, VllmSamplingExtrasAreParsedOrRefusedByName) {
   for (const auto& [field, name] : std::vector<std::pair<std::string, std::string>>{
            {R"("use_beam_search":true)", "use_beam_search"},
            {R"("skip_special_tokens":false)", "skip_special_tokens"},
-           {R"("allowed_token_ids":[1,2])", "allowed_token_ids"},
-           {R"("bad_words":["x"])", "bad_words"}}) {
+           {R"("bad_words":["x"])", "bad_words"},
+           {R"("return_tokens_as_token_ids":true)", "return_tokens_as_token_ids"}}) {
     auto r = parse(field);
     ASSERT_FALSE(r.ok()) << field;
     EXPECT_NE(r.err().message.find("'" + name + "' is not supported"), std::string::npos) << r.err().message;

@@ -3,7 +3,8 @@
 // response_format json_schema (both endpoints), guided_choice (every choice of n), guided_regex
 // (streamed too), a named tool_choice (whole and streamed), tool_choice "required", and "auto"
 // with a Hermes-style call in the text — and a bad constraint is a 400 naming its field before
-// anything runs. Schemas use enums and booleans so that a 4096-token model trained on
+// anything runs; allowed_token_ids masks every draw the same way. Schemas use enums and
+// booleans so that a 4096-token model trained on
 // scripture ends its answer well within max_tokens.
 #include <gtest/gtest.h>
 
@@ -273,6 +274,50 @@ TEST_F(ServeStructured, BadConstraintsAre400sNamingTheField) {
     EXPECT_EQ(j["error"]["type"], "invalid_request_error") << r.body;
     EXPECT_NE(j["error"]["message"].get<std::string>().find(needle), std::string::npos) << r.body;
   }
+}
+
+}  // namespace
+}  // namespace llmesh::testing
+
+namespace llmesh::testing {
+namespace {
+
+// vLLM's allowed_token_ids: whatever the model would draw, every token is one of the set, sampled
+// (n 3) and greedy, alone or one id; beside a structured output it is a 400, as is an id
+// outside the vocabulary.
+TEST_F(ServeStructured, AllowedTokenIdsAreTheOnlyTokensDrawn) {
+  const std::set<int32_t> allowed{258, 340, 386, 2078};
+  json body = {{"model", "kjv-tiny"}, {"prompt", "And the LORD said unto Moses"}, {"max_tokens", 12},
+               {"temperature", 1.0}, {"seed", 5}, {"n", 3}, {"return_token_ids", true},
+               {"allowed_token_ids", std::vector<int32_t>(allowed.begin(), allowed.end())}};
+  const json r = ok("/v1/completions", body);
+  ASSERT_EQ(r["choices"].size(), 3u) << r;
+  std::set<int32_t> drawn;
+  for (const auto& c : r["choices"]) {
+    const auto ids = c["token_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(ids.size(), 12u) << c;  // no end id in the set: the output runs to max_tokens
+    for (int32_t t : ids) {
+      EXPECT_TRUE(allowed.count(t)) << t << " drawn: " << c;
+      drawn.insert(t);
+    }
+  }
+  EXPECT_GT(drawn.size(), 1u) << "sampling at temperature 1 should use more than one of the set";
+  body["temperature"] = 0;
+  body["n"] = 1;
+  body["allowed_token_ids"] = {340};
+  const json one = ok("/v1/completions", body);
+  EXPECT_EQ(one["choices"][0]["token_ids"].get<std::vector<int32_t>>(), std::vector<int32_t>(12, 340)) << one;
+
+  json bad = body;
+  bad["allowed_token_ids"] = {1 << 20};
+  auto outside = post("/v1/completions", bad);
+  EXPECT_EQ(outside.status, 400) << outside.body;
+  EXPECT_NE(outside.body.find("'allowed_token_ids'"), std::string::npos) << outside.body;
+  bad = body;
+  bad["guided_choice"] = {"Moses", "Aaron"};
+  auto both = post("/v1/completions", bad);
+  EXPECT_EQ(both.status, 400) << both.body;
+  EXPECT_NE(both.body.find("cannot be combined"), std::string::npos) << both.body;
 }
 
 }  // namespace

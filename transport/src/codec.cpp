@@ -69,6 +69,7 @@ struct writer {
       lb[i].setId(m.logit_bias[i].id);
       lb[i].setBias(m.logit_bias[i].bias);
     }
+    if (!m.allowed_ids.empty()) fill(g.initAllowedIds(static_cast<unsigned>(m.allowed_ids.size())), m.allowed_ids);
     if (m.constraint_kind != 0) {
       auto c = g.initConstraint();
       c.setKind(static_cast<s::ConstraintKind>(m.constraint_kind));
@@ -342,6 +343,7 @@ struct reader {
         if (auto lb = g.getLogitBias(); fits(lb, "logitBias")) {
           for (auto b : lb) m.logit_bias.push_back({b.getId(), b.getBias()});
         }
+        m.allowed_ids = ints(g.getAllowedIds(), "allowedIds");
         if (g.hasConstraint()) {
           auto c = g.getConstraint();
           m.constraint_kind = static_cast<uint8_t>(enum_value(c.getKind(), 5, "constraint kind"));

@@ -42,6 +42,9 @@ struct replica_request {
   /// it (refusing a bad one, or any when the replica has no tokenizer) and sets
   /// sampling.constrained to match.
   model::constraint_spec constraint;
+  /// vLLM's allowed_token_ids: non-empty, only these may be drawn (each within the vocabulary;
+  /// not with a constraint). submit() sets sampling.constrained, and every row gets the mask.
+  std::vector<int32_t> allowed_ids;
 };
 
 using kernels::sample_row;
@@ -109,6 +112,8 @@ class replica_core {
     std::vector<kernels::logits_adjust> views;
     std::vector<std::vector<kernels::seen_token>> seen_rows;
     std::vector<std::shared_ptr<const std::vector<uint32_t>>> masks;
+    /// allowed_ids as a bitmask over the vocabulary (empty: none), every row's mask.
+    std::vector<uint32_t> allowed_ids;
     void see(int32_t id, bool output);
   };
   /// Fills st.views for a step that draws after the last token and after each of `drafts`

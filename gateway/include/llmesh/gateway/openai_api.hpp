@@ -44,6 +44,10 @@ struct generation_fields {
   /// vLLM's truncate_prompt_tokens: 0 none; k >= 1 keeps the prompt's last k tokens; -1 keeps
   /// the last (model context) tokens. api_service truncates after tokenizing.
   int64_t truncate_prompt_tokens = 0;
+  /// vLLM's allowed_token_ids: non-empty, only these tokens may be drawn (at most
+  /// request_limits::max_allowed_token_ids; api_service checks them against the vocabulary
+  /// and refuses them beside a structured output).
+  std::vector<int32_t> allowed_ids;
   /// Extension (vLLM's): generation also ends after any of these ids (finish_reason "stop"),
   /// even with ignore_eos; the id is in token_ids, its text is not in the output. The parser
   /// checks the type and count; api_service checks each against the vocabulary.
@@ -112,6 +116,8 @@ struct completion_request {
   /// OpenAI's echo: each choice's text begins with its prompt's text; with logprobs, its
   /// logprobs begin with the prompt's tokens (gen.prompt_logprobs).
   bool echo = false;
+  /// vLLM's: a text prompt is tokenized with the model's special tokens (BOS), unless false.
+  bool add_special_tokens = true;
   generation_fields gen;
 };
 
@@ -127,6 +133,12 @@ struct chat_request {
   /// final message (a prefilled answer; chat_template::render_continuing). Not both.
   bool add_generation_prompt = true;
   bool continue_final_message = false;
+  /// vLLM's: the rendered text is tokenized without special tokens (the template writes
+  /// them), unless true.
+  bool add_special_tokens = false;
+  /// vLLM's chat_template_kwargs: more variables for the template (e.g. enable_thinking);
+  /// an object, or null. `tools` comes from the request's tools, not from here.
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
 };
 
 /// vLLM's POST /tokenize: a prompt string (add_special_tokens true unless sent) or chat
@@ -158,6 +170,7 @@ struct request_limits {
   /// stop_token_ids per request: each is one comparison per generated token in the
   /// scheduler, and real uses (a model's end-of-turn ids) need a handful; 64 leaves room.
   size_t max_stop_token_ids = 64;
+  size_t max_allowed_token_ids = 1 << 18;  ///< vLLM's allowed_token_ids (a whole 256k vocabulary)
   /// Choices per request (prompts × n, or × best_of when larger): each is a generation in
   /// the mesh and a slot of the concurrency bound; 64 covers real uses (a few prompts at
   /// n = 16) while one request cannot fill the mesh alone.

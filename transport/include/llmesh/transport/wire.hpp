@@ -54,6 +54,7 @@ struct generate_msg {
   std::vector<token_bias> logit_bias;  ///< at most frame_limits::max_list entries
   uint8_t constraint_kind = 0;         ///< model::constraint_spec::kind (0..5, checked on decode)
   std::string constraint_text;         ///< at most max_constraint_text bytes (checked on decode)
+  std::vector<int32_t> allowed_ids;    ///< non-empty: only these may be drawn (at most max_list)
   bool operator==(const generate_msg&) const = default;
 };
 enum class finish_kind : uint8_t { none, length, eos, cancelled };

@@ -1,0 +1,111 @@
+// How vLLM's prompt fields shape the tokens a request runs, through api_service against a fake
+// mesh: add_special_tokens (completions: BOS unless false; chat: none unless true),
+// chat_template_kwargs (variables the template reads), truncate_prompt_tokens (the last k) and
+// allowed_token_ids (into the request, checked against the vocabulary).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "llmesh/gateway/api_service.hpp"
+
+namespace llmesh::gateway {
+namespace {
+
+struct quiet_mesh : actors::mesh_client {
+  void submit(actors::replica_request, actors::token_sink) override {}
+  void cancel(uint64_t) override {}
+  size_t ready_replicas() const override { return 1; }
+  size_t ready_replicas(std::string_view) const override { return 1; }
+};
+
+/// Llama 3.1's tokenizer (BOS 128000 with special tokens) and a template that reads a kwarg.
+class PromptFields : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto t = model::tokenizer::load(LLMESH_TEST_DATA "/tokenizers/llama3_1");
+    ASSERT_TRUE(t.ok()) << t.err().message;
+    tok_ = *t;
+    auto chat = model::chat_template::parse(
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+        "{% if enable_thinking is defined and not enable_thinking %}/no_think{% endif %}");
+    ASSERT_TRUE(chat.ok()) << chat.err().message;
+    model::model_config cfg;
+    cfg.vocab = 128256;
+    cfg.max_positions = 4096;
+    api_options o;
+    o.model_name = "m";
+    api_ = std::make_unique<api_service>(o, tok_, *chat, cfg, mesh_, metrics_);
+  }
+  /// The prompt the request's first choice runs ({} when refused; `status` gets the reply's).
+  std::vector<int32_t> prompt_of(const std::string& path, const std::string& body, int* status = nullptr) {
+    auto o = api_->handle("POST", path, "", body);
+    if (auto* r = std::get_if<http_reply>(&o)) {
+      if (status) *status = r->status;
+      last_error_ = r->body;
+      return {};
+    }
+    if (status) *status = 200;
+    auto& job = std::get<generation_job>(o);
+    allowed_ = job.requests.at(0).allowed_ids;
+    return job.requests.at(0).prompt;
+  }
+  std::vector<int32_t> encode(const std::string& text, bool special) const { return tok_->encode(text, special); }
+
+  quiet_mesh mesh_;
+  actors::metrics_registry metrics_;
+  std::shared_ptr<const model::tokenizer> tok_;
+  std::unique_ptr<api_service> api_;
+  std::string last_error_;
+  std::vector<int32_t> allowed_;
+};
+
+TEST_F(PromptFields, AddSpecialTokensFollowsVllmsDefaultsPerEndpoint) {
+  ASSERT_NE(encode("Hello there", true), encode("Hello there", false)) << "the tokenizer adds BOS";
+  EXPECT_EQ(prompt_of("/v1/completions", R"({"model":"m","prompt":"Hello there","max_tokens":2})"), encode("Hello there", true));
+  EXPECT_EQ(prompt_of("/v1/completions", R"({"model":"m","prompt":"Hello there","max_tokens":2,"add_special_tokens":false})"),
+            encode("Hello there", false));
+  const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"Hi"}],"max_tokens":2)";
+  EXPECT_EQ(prompt_of("/v1/chat/completions", chat + "}"), encode("Hi", false));
+  EXPECT_EQ(prompt_of("/v1/chat/completions", chat + R"(,"add_special_tokens":true})"), encode("Hi", true));
+}
+
+TEST_F(PromptFields, ChatTemplateKwargsReachTheTemplate) {
+  const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"Hi"}],"max_tokens":2)";
+  EXPECT_EQ(prompt_of("/v1/chat/completions", chat + R"(,"chat_template_kwargs":{"enable_thinking":false}})"),
+            encode("Hi/no_think", false));
+  EXPECT_EQ(prompt_of("/v1/chat/completions", chat + R"(,"chat_template_kwargs":{"enable_thinking":true}})"), encode("Hi", false));
+  EXPECT_EQ(prompt_of("/v1/chat/completions", chat + R"(,"chat_template_kwargs":null})"), encode("Hi", false));
+  int status = 0;
+  EXPECT_TRUE(prompt_of("/v1/chat/completions", chat + R"(,"chat_template_kwargs":[1]})", &status).empty());
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(last_error_.find("'chat_template_kwargs'"), std::string::npos) << last_error_;
+  prompt_of("/v1/chat/completions", chat + R"(,"echo":true})", &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(last_error_.find("'echo' is not supported"), std::string::npos) << last_error_;
+}
+
+TEST_F(PromptFields, TruncationKeepsTheLastTokensAndAllowedIdsAreChecked) {
+  const auto whole = encode("one two three four five six seven", true);
+  ASSERT_GT(whole.size(), 4u);
+  EXPECT_EQ(prompt_of("/v1/completions", R"({"model":"m","prompt":"one two three four five six seven","max_tokens":2,"truncate_prompt_tokens":3})"),
+            std::vector<int32_t>(whole.end() - 3, whole.end()));
+  EXPECT_EQ(prompt_of("/v1/completions", R"({"model":"m","prompt":"one two three four five six seven","max_tokens":2,"truncate_prompt_tokens":-1})"),
+            whole);
+  int status = 0;
+  prompt_of("/v1/completions", R"({"model":"m","prompt":"x","max_tokens":2,"truncate_prompt_tokens":5000})", &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(last_error_.find("more than this model's context"), std::string::npos) << last_error_;
+
+  prompt_of("/v1/completions", R"({"model":"m","prompt":"x","max_tokens":2,"allowed_token_ids":[5,128255]})", &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(allowed_, (std::vector<int32_t>{5, 128255}));
+  prompt_of("/v1/completions", R"({"model":"m","prompt":"x","max_tokens":2,"allowed_token_ids":[128256]})", &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(last_error_.find("outside the vocabulary"), std::string::npos) << last_error_;
+  prompt_of("/v1/completions", R"({"model":"m","prompt":"x","max_tokens":2,"allowed_token_ids":[5],"guided_regex":"a+"})", &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(last_error_.find("cannot be combined"), std::string::npos) << last_error_;
+}
+
+}  // namespace
+}  // namespace llmesh::gateway
