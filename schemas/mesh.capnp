@@ -59,7 +59,7 @@ struct Sampling {
   minP @10 :Float32;        # 0: off; in [0, 1]
   promptLogprobs @11 :Int32 = -1;  # -1: none; n in 0..20: every prompt token after the first
                                    # with its logprob and the n most likely (vLLM's prompt_logprobs)
-  constrained @12 :Bool;    # the request's GenerateRequest.constraint masks its draws (a step row: some do)
+  constrained @12 :Bool;    # the request's constraint or allowedIds mask its draws (a step row: some do)
 }
 
 enum ConstraintKind {

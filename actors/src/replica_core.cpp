@@ -80,6 +80,10 @@ status replica_core::submit(replica_request r) {
     adjust->generated = r.generated;
     adjust->bias = std::move(r.logit_bias);
     adjust->allowed_ids = std::move(allowed_bits);
+    adjust->allowed_only_end_ids =
+        !r.allowed_ids.empty() && std::all_of(r.allowed_ids.begin(), r.allowed_ids.end(), [&](int32_t t) {
+          return std::find(r.eos_ids.begin(), r.eos_ids.end(), t) != r.eos_ids.end();
+        });
     if (grammar) {
       // A continued request's output so far is where its grammar stands.
       adjust->matcher.emplace(grammar);
@@ -136,8 +140,16 @@ bool replica_core::cancel(uint64_t id) {
 
 size_t replica_core::grammatical_drafts(uint64_t id, std::span<const int32_t> drafts) const {
   auto a = adjust_.find(id);
-  if (a == adjust_.end() || !a->second.matcher) return drafts.size();
+  if (a == adjust_.end()) return drafts.size();
   const auto& st = a->second;
+  if (!st.matcher) {  // allowed_token_ids: drafts up to the first the set does not hold
+    if (st.allowed_ids.empty()) return drafts.size();
+    for (size_t n = 0; n < drafts.size(); ++n) {
+      const auto t = static_cast<size_t>(drafts[n]);
+      if (!(st.allowed_ids[t / 32] >> (t % 32) & 1u)) return n;
+    }
+    return drafts.size();
+  }
   model::grammar_matcher m = *st.matcher;
   for (size_t n = 0; n < drafts.size(); ++n) {
     const int32_t t = drafts[n];
@@ -190,8 +202,10 @@ void replica_core::build_views(adjust_state& st, const kernels::sampling_params&
     } else if (!st.allowed_ids.empty()) {
       v.allowed = st.allowed_ids;
     }
-    // min_tokens yields to a grammar that is complete: only an end id may follow it.
-    const bool too_early = st.generated + j < static_cast<size_t>(std::max(p.min_tokens, 0)) && !(at && at->done());
+    // min_tokens yields to a grammar that is complete, or to an allowed set of end ids only:
+    // nothing but an end id may follow (banning them would leave no token to draw).
+    const bool too_early = st.generated + j < static_cast<size_t>(std::max(p.min_tokens, 0)) && !(at && at->done()) &&
+                           !st.allowed_only_end_ids;
     v.banned = too_early ? std::span<const int32_t>(st.end_ids) : std::span<const int32_t>();
   }
 }

@@ -26,7 +26,7 @@ api_outcome api_service::tokenize(std::string_view body) {
     if (!sm.chat) {
       return error_reply(make_error(errc::invalid_request, "the model '" + sm.name + "' has no chat template; send a 'prompt'"));
     }
-    auto extra = nlohmann::ordered_json::object();
+    auto extra = r->template_kwargs;  // chat_template_kwargs, then the tools, as chat renders them
     if (!r->tools.is_null()) extra["tools"] = r->tools;
     auto rendered = r->continue_final_message ? sm.chat->render_continuing(*r->messages, extra)
                                               : sm.chat->render(*r->messages, r->add_generation_prompt, extra);

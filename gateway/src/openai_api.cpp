@@ -241,6 +241,8 @@ status parse_allowed_token_ids(const json& j, const request_limits& lim, std::ve
     }
     out.push_back(static_cast<int32_t>(wide_integer(t)));
   }
+  std::sort(out.begin(), out.end());  // a set: each choice carries it once per id
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return ok_status();
 }
 
@@ -648,6 +650,17 @@ status parse_messages(json& j, const request_limits& lim, json& out) {
   return ok_status();
 }
 
+/// vLLM's chat_template_kwargs: an object of template variables (null: none); `tools` is the
+/// request's own, never these.
+status parse_template_kwargs(const json& j, json& out) {
+  auto it = j.find("chat_template_kwargs");
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (!it->is_object()) return bad("'chat_template_kwargs' must be an object of template variables");
+  out = *it;
+  out.erase("tools");
+  return ok_status();
+}
+
 result<chat_request> parse_chat(std::string_view body, const request_limits& lim) {
   auto j = parse_object(body);
   if (!j) return j.take_error();
@@ -656,15 +669,11 @@ result<chat_request> parse_chat(std::string_view body, const request_limits& lim
   LLMESH_TRY(parse_messages(*j, lim, r.messages));
   LLMESH_TRY(parse_turn_fields(*j, r.add_generation_prompt, r.continue_final_message));
   LLMESH_TRY(bool_field(*j, "add_special_tokens", r.add_special_tokens));
-  if (auto it = j->find("chat_template_kwargs"); it != j->end() && !it->is_null()) {
-    if (!it->is_object()) return bad("'chat_template_kwargs' must be an object of template variables");
-    r.template_kwargs = nlohmann::ordered_json::parse(it->dump());
-    r.template_kwargs.erase("tools");  // the request's tools are the template's
-  }
+  LLMESH_TRY(parse_template_kwargs(*j, r.template_kwargs));
   // Chat has no echo (a completions field): true would ask for the prompt in the answer.
-  if (auto it = j->find("echo"); it != j->end() && it->is_boolean() && it->get<bool>()) {
-    return unsupported("echo", "false or null; /v1/completions echoes");
-  }
+  bool echo = false;
+  LLMESH_TRY(bool_field(*j, "echo", echo));
+  if (echo) return unsupported("echo", "false or null; /v1/completions echoes");
   LLMESH_TRY(parse_generation(*j, lim, true, r.gen));
   LLMESH_TRY(parse_tools(*j, r.tools));
   LLMESH_TRY(parse_output_constraint(*j, &r.tools, r.gen.constraint));  // last: it compiles
@@ -701,6 +710,7 @@ result<tokenize_request> parse_tokenize(std::string_view body, const request_lim
   LLMESH_TRY(bool_field(*j, "add_special_tokens", r.add_special_tokens));
   LLMESH_TRY(parse_turn_fields(*j, r.add_generation_prompt, r.continue_final_message));
   LLMESH_TRY(bool_field(*j, "return_token_strs", r.return_token_strs));
+  LLMESH_TRY(parse_template_kwargs(*j, r.template_kwargs));
   return r;
 }
 

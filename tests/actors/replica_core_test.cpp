@@ -469,3 +469,52 @@ TEST_F(ReplicaCore, SpeculationHoldsBackAnEndUntilMinTokensAtEveryRow) {
 
 }  // namespace
 }  // namespace llmesh::actors
+
+namespace llmesh::actors {
+namespace {
+
+// vLLM's allowed_token_ids: every draw (sampled, at tp 1 and 2, with speculation) is one of the
+// set; an id outside the vocabulary or beside a constraint is refused; a set of end ids only
+// ends the request at once even under min_tokens (no row is left with nothing to draw).
+TEST_F(ReplicaCore, AllowedTokenIdsAreTheOnlyDraws) {
+  const std::vector<int32_t> allowed{3, 17, 40, 41, 299};
+  auto reqs = copying_requests(requests(6));
+  for (auto& r : reqs) {
+    r.allowed_ids = allowed;
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = 11 + r.id;
+  }
+  for (int tp : {1, 2}) {
+    auto e = engine(tp, 1024);
+    scheduler_config cfg;
+    cfg.speculation = {4, 3, 1};
+    replica_core rc(*e, cfg);
+    auto got = serve(rc, reqs);
+    for (const auto& r : reqs) {
+      ASSERT_FALSE(got[r.id].empty());
+      for (int32_t t : got[r.id]) {
+        EXPECT_TRUE(std::find(allowed.begin(), allowed.end(), t) != allowed.end()) << t << " tp " << tp << " request " << r.id;
+      }
+    }
+  }
+  auto e = engine(1, 256);
+  replica_core rc(*e, scheduler_config{});
+  replica_request one;
+  one.id = 50;
+  one.prompt = {5, 6, 7};
+  one.max_tokens = 6;
+  one.eos_ids = {9};
+  one.allowed_ids = {9};
+  one.sampling.min_tokens = 4;
+  EXPECT_EQ(serve(rc, {one})[50], (std::vector<int32_t>{9})) << "the only allowed token is an end id: drawn at once";
+  replica_request bad = one;
+  bad.id = 51;
+  bad.allowed_ids = {300};  // outside the 300-token vocabulary
+  EXPECT_FALSE(rc.submit(bad).ok());
+  bad.allowed_ids = {3};
+  bad.constraint = {model::constraint_spec::kind::regex, "[a-z]+"};
+  EXPECT_FALSE(rc.submit(bad).ok());
+}
+
+}  // namespace
+}  // namespace llmesh::actors

@@ -34,6 +34,7 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   r.logit_bias = {{3, -100.0f}, {4, 2.5f}};
   r.constraint = {model::constraint_spec::kind::json_schema, R"({"type": "object"})"};
   r.sampling.constrained = true;
+  r.allowed_ids = {3, 4, 250};
   r.model = "not on the wire";
   replica_request back = through_a_frame(r);
   EXPECT_EQ(back.id, r.id);
@@ -56,6 +57,7 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   EXPECT_EQ(back.logit_bias, r.logit_bias);
   EXPECT_EQ(back.constraint, r.constraint);
   EXPECT_TRUE(back.sampling.constrained);
+  EXPECT_EQ(back.allowed_ids, r.allowed_ids);
   EXPECT_EQ(back.model, "");  // routing happened in the gateway's process
 }
 

@@ -82,6 +82,14 @@ TEST_F(PromptFields, ChatTemplateKwargsReachTheTemplate) {
   prompt_of("/v1/chat/completions", chat + R"(,"echo":true})", &status);
   EXPECT_EQ(status, 400);
   EXPECT_NE(last_error_.find("'echo' is not supported"), std::string::npos) << last_error_;
+  prompt_of("/v1/chat/completions", chat + R"(,"echo":"yes"})", &status);
+  EXPECT_EQ(status, 400);
+  // /tokenize renders chat as chat completions do, kwargs included.
+  auto t = api_->handle("POST", "/tokenize", "",
+                        R"({"model":"m","messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"enable_thinking":false}})");
+  ASSERT_TRUE(std::holds_alternative<http_reply>(t));
+  const auto tj = nlohmann::json::parse(std::get<http_reply>(t).body);
+  EXPECT_EQ(tj["tokens"].get<std::vector<int32_t>>(), encode("Hi/no_think", false)) << tj;
 }
 
 TEST_F(PromptFields, TruncationKeepsTheLastTokensAndAllowedIdsAreChecked) {

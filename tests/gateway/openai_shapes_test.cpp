@@ -163,9 +163,9 @@ TEST(OpenaiApi, VllmSamplingExtrasAreParsedOrRefusedByName) {
   ASSERT_TRUE(ok.ok()) << ok.err().message;
   EXPECT_TRUE(ok->gen.include_stop_str);
   EXPECT_EQ(ok->gen.truncate_prompt_tokens, 7);
-  auto allowed = parse(R"("allowed_token_ids":[5,9])");
+  auto allowed = parse(R"("allowed_token_ids":[9,5,9])");
   ASSERT_TRUE(allowed.ok()) << allowed.err().message;
-  EXPECT_EQ(allowed->gen.allowed_ids, (std::vector<int32_t>{5, 9}));
+  EXPECT_EQ(allowed->gen.allowed_ids, (std::vector<int32_t>{5, 9})) << "a set: sorted, each id once";
   for (const std::string bad : {"[-1]", "[\"5\"]", "5", "[1.5]"}) {
     auto r = parse(R"("allowed_token_ids":)" + bad);
     ASSERT_FALSE(r.ok()) << bad;

@@ -114,6 +114,7 @@ class replica_core {
     std::vector<std::shared_ptr<const std::vector<uint32_t>>> masks;
     /// allowed_ids as a bitmask over the vocabulary (empty: none), every row's mask.
     std::vector<uint32_t> allowed_ids;
+    bool allowed_only_end_ids = false;  ///< the set holds end ids only: min_tokens yields
     void see(int32_t id, bool output);
   };
   /// Fills st.views for a step that draws after the last token and after each of `drafts`

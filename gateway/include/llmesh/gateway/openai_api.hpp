@@ -153,6 +153,7 @@ struct tokenize_request {
   bool add_generation_prompt = true;
   bool continue_final_message = false;
   bool return_token_strs = false;
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  ///< as chat's
 };
 
 /// vLLM's POST /detokenize.

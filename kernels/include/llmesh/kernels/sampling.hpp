@@ -41,8 +41,9 @@ struct sampling_params {
   /// CUDA's deterministic mode; CUDA's fast mode, whose LM-head GEMM depends on its row count
   /// as at any batch size, may.
   int prompt_logprobs = -1;
-  /// The request's output follows a grammar (structured outputs): each draw may only pick the
-  /// tokens its row's logits_adjust::allowed holds. Decided per request, so every rank knows.
+  /// The request's draws are masked (a structured output's grammar, or allowed_token_ids): each
+  /// draw may only pick the tokens its row's logits_adjust::allowed holds. Decided per
+  /// request, so every rank knows.
   bool constrained = false;
 };
 
@@ -112,7 +113,8 @@ struct sample_row {
 /// Whether params set a repetition, frequency or presence penalty.
 bool has_penalties(const sampling_params& params);
 
-/// Whether params change the logits before the draw (a penalty, min_tokens, or a logit bias).
+/// Whether params change the logits before the draw (a penalty, min_tokens, a logit bias, or
+/// a mask: constrained).
 bool has_adjustments(const sampling_params& params);
 
 /// Whether this row's logits change before its draw now: an adjust with biases, with
