@@ -47,6 +47,8 @@ struct GenerateRequest {
   constraint @18 :OutputConstraint; # structured output: every token drawn under its grammar
   stop @19 :List(Text);             # stop strings (at most 4, 1..256 bytes): the text ends before
                                     # the first one, finishReason "stop"; held-back text streams late
+  allowedTokenIds @20 :List(Int32); # vLLM's allowed_token_ids: non-empty, only these may be drawn
+                                    # (not with a constraint)
 }
 
 struct TokenBias {

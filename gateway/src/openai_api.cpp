@@ -660,6 +660,7 @@ status apply_extra_fields(const json& j, const request_limits& lim, generation_f
       g.min_p = static_cast<float>(*min_p);
     }
     LLMESH_TRY(parse_stop_token_ids(j, lim, g.stop_token_ids));
+    LLMESH_TRY(parse_allowed_token_ids(j, lim, g.allowed_ids));
     LLMESH_TRY(parse_stop(j, lim, g.stop));
     return parse_output_constraint(j, nullptr, g.constraint);
   });

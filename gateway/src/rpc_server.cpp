@@ -61,6 +61,15 @@ result<nlohmann::ordered_json> extra_fields(rpc::GenerateRequest::Reader in) {
     for (auto s : in.getStop()) stops.push_back(std::string(s.cStr(), std::min<size_t>(s.size(), 4096)));
     j["stop"] = std::move(stops);
   }
+  if (in.hasAllowedTokenIds()) {
+    if (in.getAllowedTokenIds().size() > request_limits{}.max_allowed_token_ids) {
+      return make_error(errc::invalid_request,
+                        "'allowed_token_ids' holds at most " + std::to_string(request_limits{}.max_allowed_token_ids) + " ids");
+    }
+    auto ids = nlohmann::ordered_json::array();
+    for (auto id : in.getAllowedTokenIds()) ids.push_back(id);
+    j["allowed_token_ids"] = std::move(ids);
+  }
   if (in.hasStopTokenIds()) {
     auto ids = nlohmann::ordered_json::array();
     for (auto id : in.getStopTokenIds()) ids.push_back(id);

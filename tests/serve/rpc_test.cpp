@@ -297,6 +297,13 @@ TEST(Rpc, PenaltiesStopIdsBiasAndConstraintsAreServedAsOverHttp) {
   });
   ASSERT_TRUE(biased.ok) << biased.message;
   EXPECT_EQ(biased.ids.front(), 42);
+  // allowed_token_ids: one allowed id is every draw; outside the vocabulary, the HTTP 400's words.
+  auto only = generate(c, [&](auto r) { base(r), r.initAllowedTokenIds(1).set(0, 340); });
+  ASSERT_TRUE(only.ok) << only.message;
+  EXPECT_EQ(only.ids, std::vector<int32_t>(16, 340));
+  auto outside = generate(c, [&](auto r) { base(r), r.initAllowedTokenIds(1).set(0, 1 << 20); });
+  EXPECT_FALSE(outside.ok);
+  EXPECT_NE(outside.message.find("'allowed_token_ids'"), std::string::npos) << outside.message;
   // A constraint: the text is one of the choices.
   auto chosen = generate(c, [&](auto r) {
     base(r);
