@@ -314,7 +314,8 @@ result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, boo
 
 result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   r.at(entry_label("models", index, node));
-  LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization"}));
+  LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization",
+                                 "reasoning_parser"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -342,6 +343,12 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   if (quant) {
     if (*quant != "none" && *quant != "int8") return r.fail("'quantization' must be none or int8, got " + shown(*quant));
     out.quantization = *quant;
+  }
+  LLMESH_READ(reasoning, r.string(f, "reasoning_parser", false));
+  if (reasoning) {
+    if (*reasoning != "none" && *reasoning != "deepseek_r1" && *reasoning != "qwen3")
+      return r.fail("'reasoning_parser' must be none, deepseek_r1 or qwen3, got " + shown(*reasoning));
+    out.reasoning_parser = *reasoning;
   }
   return out;
 }

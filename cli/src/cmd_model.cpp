@@ -46,7 +46,7 @@ void add_model(CLI::App& app, command_set& commands) {
   auto& s = f->spec;
   auto* sub = model_cmd->add_subcommand("random", "Write a deterministic random model (HF directory)");
   sub->add_option("--out", f->out, "Output directory")->required();
-  sub->add_option("--arch", s.arch, "llama | mistral | qwen2")->capture_default_str();
+  sub->add_option("--arch", s.arch, "llama | mistral | qwen2 | qwen3")->capture_default_str();
   sub->add_option("--hidden", s.hidden, "hidden_size")->capture_default_str();
   sub->add_option("--intermediate", s.intermediate, "intermediate_size")->capture_default_str();
   sub->add_option("--layers", s.n_layers, "num_hidden_layers")->capture_default_str();

@@ -48,8 +48,12 @@ struct node_plan {
   std::vector<actors::node_role> roles;
   std::chrono::milliseconds heartbeat{500}, failure_timeout{3000};
   std::vector<actors::model_spec> models;  ///< the coordinator's and the routers' (config mode)
-  /// A gateway's models: name → directory (its tokenizer, chat template and config).
-  std::vector<std::pair<std::string, std::string>> gateway_models;
+  /// A gateway's models: its name, directory (its tokenizer, chat template and config) and
+  /// reasoning parser.
+  struct gateway_model {
+    std::string name, dir, reasoning_parser;
+  };
+  std::vector<gateway_model> gateway_models;
   std::optional<actors::endpoint> http, rpc;
   bool has(actors::node_role r) const { return std::find(roles.begin(), roles.end(), r) != roles.end(); }
 };
@@ -74,7 +78,11 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     p.slots = n->slots;
     if (p.has(actors::node_role::gateway)) {
       if (cfg->models.empty()) return make_error(errc::invalid_request, f.config + ": a gateway needs a model");
-      for (const auto& m : cfg->models) p.gateway_models.emplace_back(m.name, m.path);
+      if (f.gw.reasoning_parser != "none") {
+        return make_error(errc::invalid_request,
+                          "--reasoning-parser: with --config, set each model's reasoning_parser in the config");
+      }
+      for (const auto& m : cfg->models) p.gateway_models.push_back({m.name, m.path, m.reasoning_parser});
     }
     return p;
   }
@@ -117,10 +125,10 @@ result<node_plan> plan_from_flags(const node_flags& f) {
       std::filesystem::path path = std::filesystem::path(dir).lexically_normal();
       std::string name = path.filename().string();
       if (name.empty()) name = path.parent_path().filename().string();
-      for (const auto& [known, d] : p.gateway_models) {
-        if (known == name) return make_error(errc::invalid_request, "--model: two models named '" + name + "'");
+      for (const auto& known : p.gateway_models) {
+        if (known.name == name) return make_error(errc::invalid_request, "--model: two models named '" + name + "'");
       }
-      p.gateway_models.emplace_back(name, dir);
+      p.gateway_models.push_back({name, dir, f.gw.reasoning_parser});
     }
   }
   return p;
@@ -156,9 +164,12 @@ status run_node(const node_flags& f) {
 
   // The gateway's model files next: a typo fails before anything listens.
   std::vector<gateway::served_model> served;
-  for (const auto& [name, dir] : p.gateway_models) {
+  for (const auto& [name, dir, reasoning_parser] : p.gateway_models) {
     gateway::served_model m;
     m.name = name;
+    auto reasoning = gateway::parse_reasoning_parser(reasoning_parser);
+    if (!reasoning) return reasoning.take_error();
+    m.reasoning = *reasoning;
     auto t = model::tokenizer::load(dir);
     if (!t) return t.take_error();
     m.tok = *t;

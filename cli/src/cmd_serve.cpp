@@ -91,7 +91,10 @@ status run_serve(const serve_flags& f) {
   ho.host = where->first;
   ho.port = where->second;
   apply_gateway_flags(f.gw, ao, ho);
-  auto api = std::make_unique<gateway::api_service>(ao, *tok, chat, cfg, **mesh, metrics);
+  auto reasoning = gateway::parse_reasoning_parser(f.gw.reasoning_parser);
+  if (!reasoning) return reasoning.take_error();
+  gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning};
+  auto api = std::make_unique<gateway::api_service>(ao, std::vector{std::move(served)}, **mesh, metrics);
   auto server = gateway::http_server::listen(*api, ho);
   if (!server) return server.take_error();
   std::unique_ptr<gateway::rpc_server> rpc;

@@ -20,6 +20,9 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_option("--idle-timeout", f.idle_timeout_s, "Seconds an idle connection stays open")
       ->check(CLI::Range(1, 86400))->capture_default_str();
+  sub->add_option("--reasoning-parser", f.reasoning_parser,
+                  "Split chat output's <think> block into reasoning_content: none | deepseek_r1 | qwen3")
+      ->check(CLI::IsMember({"none", "deepseek_r1", "qwen3"}))->capture_default_str();
 }
 
 void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gateway::http_options& http) {

@@ -15,10 +15,11 @@ struct gateway_flags {
   std::string api_key;
   size_t max_concurrent = 256, max_tokens = 4096, max_body_kb = 4096, idle_timeout_s = 15;
   size_t max_connections = 1024, max_connections_per_client = 256;
+  std::string reasoning_parser = "none";  ///< none | deepseek_r1 | qwen3 (reasoning.hpp)
 };
 
 /// Adds --api-key (or LLMESH_API_KEY), --max-concurrent, --max-tokens-limit, --max-body-kb,
-/// --max-connections, --max-connections-per-client and --idle-timeout to `sub`.
+/// --max-connections, --max-connections-per-client, --idle-timeout and --reasoning-parser to `sub`.
 void add_gateway_flags(CLI::App* sub, gateway_flags& f);
 
 /// Copies the flags into the API's and the HTTP server's options (API key from LLMESH_API_KEY

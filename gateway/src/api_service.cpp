@@ -214,7 +214,13 @@ api_outcome api_service::chat_completions(std::string_view body) {
   const tool_output shape{r->tools.mode, r->tools.name};
   auto ids = sm.tok->encode(*text, r->add_special_tokens);
   truncate_prompt(ids, r->gen.truncate_prompt_tokens, sm.cfg.max_positions);
-  auto job = prepare(true, sm, {prepared_prompt{std::move(ids), {}}}, r->gen, shape);
+  // The model's reasoning parser splits the thinking off, except where a structured output or
+  // a forced tool call constrains the whole output (it has no room to think).
+  reasoning_mode reasoning;
+  if (r->gen.constraint.type == model::constraint_spec::kind::none) {
+    reasoning = {sm.reasoning, prompt_opens_reasoning(*text), r->include_reasoning};
+  }
+  auto job = prepare(true, sm, {prepared_prompt{std::move(ids), {}}}, r->gen, shape, reasoning);
   if (!job) return error_reply(job.err());
   return std::move(*job);
 }
@@ -301,7 +307,8 @@ result<std::shared_ptr<void>> api_service::take_slots(size_t k) {
 }
 
 result<generation_job> api_service::prepare(bool chat, const served_model& m, std::vector<prepared_prompt> prompts,
-                                            generation_fields g, const tool_output& tools) {
+                                            generation_fields g, const tool_output& tools,
+                                            const reasoning_mode& reasoning) {
   const model::model_config& cfg = m.cfg;
   // Sampling fields left out take the model's recommended values (generation_config.json).
   if (!g.temperature_given && cfg.sampling.temperature) g.temperature = *cfg.sampling.temperature;
@@ -384,7 +391,10 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   choice.echo_logprobs = g.prompt_logprobs >= 0;
   choice.prompt_logprobs = g.prompt_logprobs_shown;
   choice.min_tokens = g.min_tokens;
-  if (chat) choice.tools = tools;
+  if (chat) {
+    choice.tools = tools;
+    choice.reasoning = reasoning;
+  }
 
   group_setup gs;
   gs.chat = chat;

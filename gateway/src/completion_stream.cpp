@@ -33,6 +33,7 @@ completion_stream::completion_stream(stream_setup s, const model::detokenizer& d
   }
   last_ = start_;
   if (s_.chat && s_.streaming && s_.tools.shapes()) tool_stream_.emplace(s_.tools);
+  if (s_.chat && s_.streaming && s_.reasoning.active()) reasoning_stream_.emplace(s_.reasoning);
 }
 
 void completion_stream::observe_token() {
@@ -137,6 +138,10 @@ std::string completion_stream::chunk(const std::string& text, const std::optiona
   if (s_.logprobs >= 0) take_ready(c.logprobs.emplace());
   started_ = true;
   const std::string_view kind = s_.chat ? "chat.completion.chunk" : "text_completion";
+  if (reasoning_stream_) {
+    reasoning_stream_->shape(c);  // the thinking leaves the text; a held tag piece sends nothing
+    if (empty_delta(c)) return "";
+  }
   if (!tool_stream_) return sse_event(chunk_json(kind, s_.id, s_.created, s_.model, c));
   std::string out;  // chat with tools: the text becomes tool_calls deltas (or is held)
   for (const auto& d : tool_stream_->shape(std::move(c))) out += sse_event(chunk_json(kind, s_.id, s_.created, s_.model, d));
@@ -227,7 +232,10 @@ choice_delta completion_stream::result() const {
   if (s_.prompt_logprobs >= 0) {
     c.prompt_logprobs = prompt_scores_ ? *prompt_scores_ : std::vector<prompt_logprob_entry>(s_.prompt_ids.size());
   }
-  if (s_.chat) shape_tool_calls(s_.tools, c);
+  if (s_.chat) {
+    split_reasoning(s_.reasoning, c);  // tool calls are looked for in the content only
+    shape_tool_calls(s_.tools, c);
+  }
   return c;
 }
 

@@ -536,6 +536,7 @@ result<chat_request> parse_chat(std::string_view body, const request_limits& lim
   LLMESH_TRY(parse_turn_fields(*j, r.add_generation_prompt, r.continue_final_message));
   LLMESH_TRY(bool_field(*j, "add_special_tokens", r.add_special_tokens));
   LLMESH_TRY(parse_template_kwargs(*j, r.template_kwargs));
+  LLMESH_TRY(bool_field(*j, "include_reasoning", r.include_reasoning));
   // Chat has no echo (a completions field): true would ask for the prompt in the answer.
   bool echo = false;
   LLMESH_TRY(bool_field(*j, "echo", echo));

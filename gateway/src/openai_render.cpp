@@ -111,7 +111,12 @@ json choice_json(std::string_view kind, const choice_delta& c, bool stream) {
   if (chat) {
     json msg = json::object();
     if (c.role || !stream) msg["role"] = "assistant";
-    if (!c.text.empty() || !stream) msg["content"] = c.text;
+    if (c.reasoning && (stream ? !c.reasoning->empty() : true)) msg["reasoning_content"] = *c.reasoning;
+    if (!stream && c.reasoning && c.text.empty() && c.tool_calls.empty()) {
+      msg["content"] = nullptr;  // all of it was reasoning
+    } else if (!c.text.empty() || !stream) {
+      msg["content"] = c.text;
+    }
     if (!c.tool_calls.empty()) msg["tool_calls"] = tool_calls_json(c.tool_calls, stream);
     ch[stream ? "delta" : "message"] = msg;
   } else {
@@ -139,6 +144,11 @@ json envelope(std::string_view kind, std::string_view id, int64_t created, std::
   return {{"id", id}, {"object", kind}, {"created", created}, {"model", model}};
 }
 }  // namespace
+
+bool empty_delta(const choice_delta& c) {
+  return c.text.empty() && (!c.reasoning || c.reasoning->empty()) && !c.finish && !c.role && c.tool_calls.empty() &&
+         c.token_ids.empty() && c.prompt_token_ids.empty() && (!c.logprobs || c.logprobs->empty());
+}
 
 http_error_kind http_error_of(errc code) {
   switch (code) {

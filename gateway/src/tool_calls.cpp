@@ -24,12 +24,6 @@ size_t partial_tag(std::string_view text) {
   return 0;
 }
 
-/// A delta that carries nothing a client needs (a held piece of a required output).
-bool empty_delta(const choice_delta& c) {
-  return c.text.empty() && !c.finish && !c.role && c.tool_calls.empty() && c.token_ids.empty() &&
-         c.prompt_token_ids.empty() && (!c.logprobs || c.logprobs->empty());
-}
-
 }  // namespace
 
 std::string new_tool_call_id() {

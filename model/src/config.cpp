@@ -113,9 +113,12 @@ result<model_config> parse_config_json(const std::string& text) {
     c.arch = architecture::mistral;
   } else if (c.arch_name == "Qwen2ForCausalLM") {
     c.arch = architecture::qwen2;
+  } else if (c.arch_name == "Qwen3ForCausalLM") {
+    c.arch = architecture::qwen3;
   } else {
     return make_error(errc::unsupported, "config.json: unknown architecture '" + c.arch_name +
-                                             "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+                                             "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                                             "Qwen3ForCausalLM)");
   }
 
 #define LLMESH_FIELD(dst, key, required, fallback)     \
@@ -161,12 +164,14 @@ result<model_config> parse_config_json(const std::string& text) {
 
   c.tie_embeddings = *tie;
   bool attention_bias = *attention_bias_r;
-  c.qkv_bias = c.arch == architecture::qwen2 || (c.arch == architecture::llama && attention_bias);
-  c.o_bias = c.arch == architecture::llama && attention_bias;
-  if (c.arch == architecture::qwen2 && *use_window) {
-    // HF applies Qwen2's window only from layer max_window_layers on; released checkpoints
+  const bool biased = attention_bias && (c.arch == architecture::llama || c.arch == architecture::qwen3);
+  c.qkv_bias = c.arch == architecture::qwen2 || biased;
+  c.o_bias = biased;
+  c.qk_norm = c.arch == architecture::qwen3;
+  if ((c.arch == architecture::qwen2 || c.arch == architecture::qwen3) && *use_window) {
+    // HF applies Qwen's window only from layer max_window_layers on; released checkpoints
     // ship with it off. Refuse rather than compute something subtly different.
-    return make_error(errc::unsupported, "config.json: Qwen2 use_sliding_window is not supported");
+    return make_error(errc::unsupported, "config.json: " + c.arch_name + " use_sliding_window is not supported");
   }
   if (c.arch == architecture::mistral) {
     auto w = get_size(j, "sliding_window", false, 0);

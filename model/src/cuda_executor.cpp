@@ -473,6 +473,12 @@ class cuda_executor final : public step_executor {
       const cuda::dense_job qkv[3] = {job(xn, H, lw.q, lw.q_bias, q, nq), job(xn, H, lw.k, lw.k_bias, k, nkv),
                                       job(xn, H, lw.v, lw.v_bias, v, nkv)};
       LLMESH_TRY(project("qkv", qkv, T));
+      if (lw.q_norm != nullptr) {  // Qwen3: each head of q and k normalised on its own (rows of head_dim)
+        LLMESH_TRY(timed("qk_norm", [&]() -> status {
+          LLMESH_TRY(cuda::rmsnorm(q, lw.q_norm, q, T * layout_.n_heads, hd, eps, s));
+          return cuda::rmsnorm(k, lw.k_norm, k, T * layout_.n_kv_heads, hd, eps, s);
+        }));
+      }
       cuda::rope_kv_args r;
       r.q = q;
       r.k = k;

@@ -1,6 +1,7 @@
 // Weight upload for the CUDA executor (see cuda_weights.hpp).
 #include "cuda_weights.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "llmesh/kernels/cuda_ops.hpp"
@@ -84,6 +85,8 @@ result<device_weights> upload_weights(const model& m, const shard_layout& l) {
     LLMESH_ASSIGN(dl.k_bias, up.floats(lw.k_bias, kv0, nkv));
     LLMESH_ASSIGN(dl.v_bias, up.floats(lw.v_bias, kv0, nkv));
     if (l.rank == 0) LLMESH_ASSIGN(dl.o_bias, up.floats(lw.o_bias, 0, c.hidden));  // added once, by rank 0
+    LLMESH_ASSIGN(dl.q_norm, up.floats(lw.q_norm, 0, hd));  // shared by every head: not sliced
+    LLMESH_ASSIGN(dl.k_norm, up.floats(lw.k_norm, 0, hd));
     LLMESH_ASSIGN(dl.q, up.matrix(lw.q, q0, nq, 0, c.hidden));
     LLMESH_ASSIGN(dl.k, up.matrix(lw.k, kv0, nkv, 0, c.hidden));
     LLMESH_ASSIGN(dl.v, up.matrix(lw.v, kv0, nkv, 0, c.hidden));
@@ -110,11 +113,11 @@ result<device_weights> random_weights(const model_config& c, kernels::dtype type
     d.owned.push_back(std::move(*b));
     return m;
   };
-  std::vector<float> ones(c.hidden, 1.0f);
+  std::vector<float> ones(std::max(c.hidden, c.head_dim), 1.0f);
   auto norm = [&]() -> result<const float*> {
-    auto b = cuda::buffer::device(c.hidden * sizeof(float));
+    auto b = cuda::buffer::device(ones.size() * sizeof(float));
     if (!b) return b.take_error();
-    LLMESH_TRY(cuda::copy_to_device(b->get(), ones.data(), c.hidden * sizeof(float), nullptr));
+    LLMESH_TRY(cuda::copy_to_device(b->get(), ones.data(), ones.size() * sizeof(float), nullptr));
     const float* p = b->as<float>();
     d.owned.push_back(std::move(*b));
     return p;
@@ -128,6 +131,10 @@ result<device_weights> random_weights(const model_config& c, kernels::dtype type
     device_layer dl;
     LLMESH_ASSIGN(dl.attn_norm, norm());
     LLMESH_ASSIGN(dl.mlp_norm, norm());
+    if (c.qk_norm) {  // unit weights: their first head_dim floats serve
+      LLMESH_ASSIGN(dl.q_norm, norm());
+      LLMESH_ASSIGN(dl.k_norm, norm());
+    }
     LLMESH_ASSIGN(dl.q, matrix(c.n_heads * hd, c.hidden));
     LLMESH_ASSIGN(dl.k, matrix(c.n_kv_heads * hd, c.hidden));
     LLMESH_ASSIGN(dl.v, matrix(c.n_kv_heads * hd, c.hidden));

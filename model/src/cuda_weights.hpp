@@ -20,6 +20,7 @@ struct device_matrix {
 struct device_layer {
   const float *attn_norm = nullptr, *mlp_norm = nullptr;
   const float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr, *o_bias = nullptr;
+  const float *q_norm = nullptr, *k_norm = nullptr;  ///< [head_dim]; null unless the model has qk_norm
   device_matrix q, k, v, o, gate, up, down;
 };
 

@@ -116,7 +116,8 @@ result<std::string> config_architecture_name(const std::string& arch) {
   if (arch == "llama") return std::string("LlamaForCausalLM");
   if (arch == "mistral") return std::string("MistralForCausalLM");
   if (arch == "qwen2") return std::string("Qwen2ForCausalLM");
-  return make_error(errc::invalid_request, "unknown --arch '" + arch + "' (llama, mistral, qwen2)");
+  if (arch == "qwen3") return std::string("Qwen3ForCausalLM");
+  return make_error(errc::invalid_request, "unknown --arch '" + arch + "' (llama, mistral, qwen2, qwen3)");
 }
 
 status write_random_model(const random_model_spec& s, const std::string& dir) {
@@ -148,9 +149,11 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     }
   }
 
-  const bool qwen = s.arch == "qwen2";
-  const bool qkv_bias = qwen || (s.arch == "llama" && s.attention_bias);
-  const bool o_bias = s.arch == "llama" && s.attention_bias;
+  const bool qwen = s.arch == "qwen2" || s.arch == "qwen3";
+  const bool biased = (s.arch == "llama" || s.arch == "qwen3") && s.attention_bias;
+  const bool qkv_bias = s.arch == "qwen2" || biased;
+  const bool o_bias = biased;
+  const bool qk_norm = s.arch == "qwen3";
   json cfg = {{"architectures", {*arch}},
               {"model_type", s.arch},
               {"hidden_size", s.hidden},
@@ -168,7 +171,7 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
               {"eos_token_id", 257},
               {"torch_dtype", s.dtype == kernels::dtype::f32 ? "float32" : (s.dtype == kernels::dtype::f16 ? "float16" : "bfloat16")}};
   if (s.head_dim) cfg["head_dim"] = s.head_dim;
-  if (s.arch == "llama") cfg["attention_bias"] = s.attention_bias;
+  if (s.arch == "llama" || s.arch == "qwen3") cfg["attention_bias"] = s.attention_bias;
   if (s.arch == "mistral") cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
   if (qwen) cfg["use_sliding_window"] = false;
   if (s.llama3_scaling) {
@@ -217,6 +220,10 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
       add(f, p + "self_attn.v_proj.bias", {kv_dim}, 0.0f, 0.1f);
     }
     if (o_bias) add(f, p + "self_attn.o_proj.bias", {s.hidden}, 0.0f, 0.1f);
+    if (qk_norm) {
+      add(f, p + "self_attn.q_norm.weight", {hd}, 1.0f, 0.2f);
+      add(f, p + "self_attn.k_norm.weight", {hd}, 1.0f, 0.2f);
+    }
   }
   if (s.shards == 1) return write_safetensors(dir + "/model.safetensors", files[0]);
   json weight_map = json::object();

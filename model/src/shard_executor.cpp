@@ -160,6 +160,14 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
       job(xn_.data(), c.hidden, lw.v, rows_from(lw.v, kv0), v_.data(), kv_dim, n_tokens, kv_dim, c.hidden, slice(lw.v_bias, kv0)),
   };
   LLMESH_TRY(kernels::matmul(qkv, *pool_));
+  if (c.qk_norm) {  // Qwen3: every head of q and k RMS-normalised on its own, before RoPE
+    for (size_t r = 0; r < n_tokens * layout_.n_heads; ++r) {
+      kernels::rmsnorm(&q_[r * hd], lw.q_norm.data(), &q_[r * hd], hd, c.rms_norm_eps);
+    }
+    for (size_t r = 0; r < n_tokens * layout_.n_kv_heads; ++r) {
+      kernels::rmsnorm(&k_[r * hd], lw.k_norm.data(), &k_[r * hd], hd, c.rms_norm_eps);
+    }
+  }
   const size_t half = hd / 2;
   for (size_t t = 0; t < n_tokens; ++t) {
     kernels::rope_apply(&q_[t * q_dim], layout_.n_heads, hd, &cos_[t * half], &sin_[t * half]);

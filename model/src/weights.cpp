@@ -114,6 +114,10 @@ status model::bind_weights() {
       LLMESH_BIND(l.v_bias, vector_f32(store_, p + "self_attn.v_proj.bias", kv_dim))
     }
     if (c.o_bias) LLMESH_BIND(l.o_bias, vector_f32(store_, p + "self_attn.o_proj.bias", c.hidden))
+    if (c.qk_norm) {
+      LLMESH_BIND(l.q_norm, vector_f32(store_, p + "self_attn.q_norm.weight", c.head_dim))
+      LLMESH_BIND(l.k_norm, vector_f32(store_, p + "self_attn.k_norm.weight", c.head_dim))
+    }
   }
 #undef LLMESH_BIND
   return ok_status();

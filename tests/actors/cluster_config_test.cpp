@@ -282,6 +282,14 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
     auto q = parse_cluster_config(with("placement: packed", "placement: packed\n    quantization: int8"), "t.yaml");
     ASSERT_TRUE(q.ok()) << q.err().message;
     EXPECT_EQ(q->models[0].quantization, "int8");
+    EXPECT_EQ(q->models[0].reasoning_parser, "none");
+  }
+  expect_refused(with("placement: packed", "placement: packed\n    reasoning_parser: granite"),
+                 {"'reasoning_parser' must be none, deepseek_r1 or qwen3, got 'granite'"});
+  for (const char* p : {"qwen3", "deepseek_r1", "none"}) {
+    auto q = parse_cluster_config(with("placement: packed", std::string("placement: packed\n    reasoning_parser: ") + p), "t.yaml");
+    ASSERT_TRUE(q.ok()) << q.err().message;
+    EXPECT_EQ(q->models[0].reasoning_parser, p);
   }
   expect_refused(with("tp: 2", "tp: 3", with("placement: packed", "placement: spread")),
                  {"models[0] (m): 'placement' spread", "tp=3", "only 2 nodes have the replica role"});

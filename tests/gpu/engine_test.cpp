@@ -24,7 +24,8 @@ struct named_spec {
 };
 
 /// The shapes of tests/data/golden/cases.txt (dtype, GQA/MHA/MQA, biases, llama3 rope with
-/// head_dim ≠ hidden/heads, sliding window, odd vocabulary), plus one wide enough for 16-byte loads.
+/// head_dim ≠ hidden/heads, sliding window, odd vocabulary, Qwen3's per-head q/k norms), plus one
+/// wide enough for 16-byte loads.
 std::vector<named_spec> golden_shapes() {
   std::vector<named_spec> v;
   auto add = [&](const char* name, auto edit) {
@@ -45,6 +46,9 @@ std::vector<named_spec> golden_shapes() {
   add("mistral_window_bf16", [](auto& s) {
     s.arch = "mistral"; s.hidden = 64; s.intermediate = 128; s.n_heads = 8; s.n_kv_heads = 4;
     s.dtype = kernels::dtype::bf16; s.sliding_window = 8; s.seed = 15; });
+  add("qwen3_qknorm_bf16", [](auto& s) {
+    s.arch = "qwen3"; s.hidden = 64; s.intermediate = 192; s.n_heads = 4; s.n_kv_heads = 2; s.head_dim = 32;
+    s.vocab = 600; s.dtype = kernels::dtype::bf16; s.tie_embeddings = true; s.rope_theta = 1e6; s.seed = 17; });
   add("llama_wide_bf16", [](auto& s) {
     s.hidden = 512; s.intermediate = 1376; s.n_layers = 3; s.n_heads = 8; s.n_kv_heads = 2; s.vocab = 4099;
     s.dtype = kernels::dtype::bf16; s.seed = 17; });

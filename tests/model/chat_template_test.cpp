@@ -40,6 +40,33 @@ TEST(ChatTemplate, MatchesTheReferenceOnRealTemplates) {
   EXPECT_GE(cases, 90);
 }
 
+// Qwen3's template on the paths that need more than messages: tools (tojson), tool calls with
+// object and string arguments, grouped tool results, reasoning_content, <think> blocks after the
+// last query, enable_thinking (Python jinja2 fixtures: make_qwen3_context_cases.py).
+TEST(ChatTemplate, Qwen3RendersToolsReasoningAndThinkingAsJinja2Does) {
+  auto t = chat_template::load(data_dir + "/tokenizers/qwen3");
+  ASSERT_TRUE(t.ok()) << t.err().message;
+  t->bos_token = "<s>";
+  t->eos_token = "</s>";
+  std::ifstream in(data_dir + "/chat_templates/qwen3_context_cases.jsonl");
+  std::string line;
+  int cases = 0;
+  while (std::getline(in, line)) {
+    json c = json::parse(line);
+    const bool gen = c["add_generation_prompt"].get<bool>();
+    SCOPED_TRACE(c["conversation"].get<std::string>() + (gen ? " / +gen" : ""));
+    json extra = json::object();
+    for (const char* key : {"tools", "enable_thinking"}) {
+      if (c["context"].contains(key)) extra[key] = c["context"][key];
+    }
+    auto r = t->render(c["context"]["messages"], gen, extra);
+    ASSERT_TRUE(r.ok()) << r.err().message;
+    EXPECT_EQ(r.value(), c["rendered"].get<std::string>());
+    ++cases;
+  }
+  EXPECT_EQ(cases, 14);
+}
+
 TEST(ChatTemplate, UnsupportedConstructsAreNamed) {
   for (const char* src : {"{% macro m() %}x{% endmacro %}", "{% include 'x' %}", "{{ x | wordwrap }}",
                           "{{ foo() }}", "{% for x in y recursive %}{% endfor %}"}) {

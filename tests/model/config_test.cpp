@@ -187,6 +187,45 @@ TEST(ParseConfig, Qwen2HasQkvBiasButNoOutputBias) {
   EXPECT_DOUBLE_EQ(c.rope.theta, 1000000.0);
 }
 
+TEST(ParseConfig, Qwen3NormalisesQAndKPerHead) {
+  // Shaped like Qwen3-0.6B: head_dim 128 while hidden / heads is 64.
+  json j = with_arch(minimal_llama(), "Qwen3ForCausalLM");
+  j["hidden_size"] = 1024;
+  j["num_attention_heads"] = 16;
+  j["num_key_value_heads"] = 8;
+  j["head_dim"] = 128;
+  j["attention_bias"] = false;
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
+  j["max_window_layers"] = 28;
+  j["rope_scaling"] = nullptr;
+  j["rope_theta"] = 1000000;
+  model_config c = parse_ok(j);
+  EXPECT_EQ(c.arch, architecture::qwen3);
+  EXPECT_EQ(c.arch_name, "Qwen3ForCausalLM");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_FALSE(c.o_bias);
+  EXPECT_EQ(c.head_dim, 128u);
+  EXPECT_EQ(c.sliding_window, 0u);
+  EXPECT_FALSE(c.rope.llama3);
+  j["attention_bias"] = true;  // Qwen3's attention_bias puts biases on q, k, v and o
+  c = parse_ok(j);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_TRUE(c.o_bias);
+  j["use_sliding_window"] = true;
+  auto r = parse_config(j.dump());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.err().code, errc::unsupported);
+  EXPECT_NE(r.err().message.find("Qwen3ForCausalLM use_sliding_window"), std::string::npos) << r.err().message;
+}
+
+TEST(ParseConfig, OnlyQwen3HasQkNorm) {
+  for (const char* arch : {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}) {
+    EXPECT_FALSE(parse_ok(with_arch(minimal_llama(), arch)).qk_norm) << arch;
+  }
+}
+
 TEST(ParseConfig, LlamaAttentionBiasGivesQkvAndOutputBias) {
   json j = minimal_llama();
   j["attention_bias"] = true;

@@ -429,6 +429,7 @@ TEST(ConfigArchitectureName, MapsShortNamesToHfClasses) {
   EXPECT_EQ(config_architecture_name("llama").value(), "LlamaForCausalLM");
   EXPECT_EQ(config_architecture_name("mistral").value(), "MistralForCausalLM");
   EXPECT_EQ(config_architecture_name("qwen2").value(), "Qwen2ForCausalLM");
+  EXPECT_EQ(config_architecture_name("qwen3").value(), "Qwen3ForCausalLM");
   for (const char* bad : {"", "qwen", "LLAMA", "LlamaForCausalLM"}) {
     auto r = config_architecture_name(bad);
     ASSERT_FALSE(r.ok()) << bad;

@@ -30,8 +30,9 @@ size_t head_dim_of(const random_model_spec& s) { return s.head_dim ? s.head_dim 
 std::vector<std::string> tensor_names(const random_model_spec& s) {
   std::vector<std::string> names = {"model.embed_tokens.weight", "model.norm.weight"};
   if (!s.tie_embeddings) names.push_back("lm_head.weight");
-  const bool qkv_bias = s.arch == "qwen2" || (s.arch == "llama" && s.attention_bias);
-  const bool o_bias = s.arch == "llama" && s.attention_bias;
+  const bool biased = (s.arch == "llama" || s.arch == "qwen3") && s.attention_bias;
+  const bool qkv_bias = s.arch == "qwen2" || biased;
+  const bool o_bias = biased;
   for (size_t i = 0; i < s.n_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
@@ -43,6 +44,9 @@ std::vector<std::string> tensor_names(const random_model_spec& s) {
       for (const char* n : {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}) names.push_back(p + n);
     }
     if (o_bias) names.push_back(p + "self_attn.o_proj.bias");
+    if (s.arch == "qwen3") {
+      for (const char* n : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"}) names.push_back(p + n);
+    }
   }
   return names;
 }
@@ -85,8 +89,9 @@ void expect_shapes(const model& m, const random_model_spec& s) {
   }
   EXPECT_EQ(w.final_norm.size(), s.hidden);
   ASSERT_EQ(w.layers.size(), s.n_layers);
-  const bool qkv_bias = s.arch == "qwen2" || (s.arch == "llama" && s.attention_bias);
-  const bool o_bias = s.arch == "llama" && s.attention_bias;
+  const bool biased = (s.arch == "llama" || s.arch == "qwen3") && s.attention_bias;
+  const bool qkv_bias = s.arch == "qwen2" || biased;
+  const bool o_bias = biased;
   for (const auto& l : w.layers) {
     EXPECT_EQ(l.attn_norm.size(), s.hidden);
     EXPECT_EQ(l.mlp_norm.size(), s.hidden);
@@ -101,6 +106,8 @@ void expect_shapes(const model& m, const random_model_spec& s) {
     EXPECT_EQ(l.k_bias.size(), qkv_bias ? kv_dim : 0u);
     EXPECT_EQ(l.v_bias.size(), qkv_bias ? kv_dim : 0u);
     EXPECT_EQ(l.o_bias.size(), o_bias ? s.hidden : 0u);
+    EXPECT_EQ(l.q_norm.size(), s.arch == "qwen3" ? hd : 0u);
+    EXPECT_EQ(l.k_norm.size(), s.arch == "qwen3" ? hd : 0u);
   }
 }
 
@@ -152,6 +159,16 @@ std::vector<named_spec> specs() {
   s.attention_bias = true;
   s.dtype = dtype::bf16;
   out.push_back({"llama mha sharded 4 bias", s});
+  s = {};
+  s.arch = "qwen3";
+  s.dtype = dtype::bf16;
+  s.head_dim = 32;  // Qwen3: q_dim 128 != hidden 64
+  s.tie_embeddings = true;
+  out.push_back({"qwen3 bf16 qk_norm", s});
+  s.attention_bias = true;
+  s.tie_embeddings = false;
+  s.shards = 2;
+  out.push_back({"qwen3 attention_bias sharded 2", s});
   return out;
 }
 

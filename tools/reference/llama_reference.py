@@ -6,7 +6,7 @@ correctness tests. It is run BY HAND, not in CI, and it deliberately shares no
 code (and no file-format parsing) with the C++ engine, so that a bug in one is
 not silently mirrored in the other.
 
-Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, with
+Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, with
 weights in model.safetensors or a sharded model.safetensors.index.json
 (F32, F16 or BF16). Everything is computed in float64; the full sequence is
 recomputed at every step (no KV cache), which is fine for tiny models.
@@ -41,7 +41,7 @@ except ImportError as e:
     sys.exit(f"error: {e}. Debian's python3-numpy/python3-torch are only visible to "
              "/usr/bin/python3 (not a pyenv or venv python).")
 
-SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
 # ---------------------------------------------------------------- safetensors
@@ -155,14 +155,17 @@ def load_config(model_dir):
         sys.exit("error: num_attention_heads not a multiple of num_key_value_heads")
     if arch == "Qwen2ForCausalLM":
         cfg["qkv_bias"], cfg["o_bias"] = True, False
-    elif arch == "LlamaForCausalLM":
+    elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
         cfg["qkv_bias"] = cfg["o_bias"] = bool(c.get("attention_bias", False))
     else:  # Mistral: no biases
         cfg["qkv_bias"] = cfg["o_bias"] = False
     window = None
     if arch == "MistralForCausalLM" or (arch == "Qwen2ForCausalLM" and c.get("use_sliding_window")):
         window = c.get("sliding_window")
+    if arch == "Qwen3ForCausalLM" and c.get("use_sliding_window"):
+        sys.exit("error: Qwen3 use_sliding_window is not supported")
     cfg["window"] = window
+    cfg["qk_norm"] = arch == "Qwen3ForCausalLM"   # per-head RMSNorm of q and k before RoPE
     return cfg
 
 
@@ -227,6 +230,8 @@ class Model:
             for n, size in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
                 L[n + "_b"] = W.get(p + f"self_attn.{n}_proj.bias", [size]) if cfg["qkv_bias"] else None
             L["o_b"] = W.get(p + "self_attn.o_proj.bias", [H]) if cfg["o_bias"] else None
+            L["q_norm"] = W.get(p + "self_attn.q_norm.weight", [hd]) if cfg["qk_norm"] else None
+            L["k_norm"] = W.get(p + "self_attn.k_norm.weight", [hd]) if cfg["qk_norm"] else None
             self.layers.append(L)
         self.norm = W.get("model.norm.weight", [H])
         self.lm_head = self.embed if cfg["tied"] else W.get("lm_head.weight", [V, H])
@@ -249,6 +254,9 @@ class Model:
         q = self.linear(x, L["q"], L["q_b"]).view(T, nh, hd).transpose(0, 1)    # [nh, T, hd]
         k = self.linear(x, L["k"], L["k_b"]).view(T, nkv, hd).transpose(0, 1)   # [nkv, T, hd]
         v = self.linear(x, L["v"], L["v_b"]).view(T, nkv, hd).transpose(0, 1)
+        if cfg["qk_norm"]:
+            q = rms_norm(q, L["q_norm"], cfg["eps"])
+            k = rms_norm(k, L["k_norm"], cfg["eps"])
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         group = nh // nkv

@@ -74,6 +74,8 @@ struct model_spec {
   size_t kv_cache_mb = 1024;          ///< KV-cache budget per tensor-parallel shard, MiB
   placement place = placement::packed;
   std::string quantization = "none";  ///< how replica nodes hold the weights: none | int8 (--quantization)
+  /// How gateways split chat output's thinking (--reasoning-parser): none | deepseek_r1 | qwen3
+  std::string reasoning_parser = "none";
 };
 
 /// A whole cluster config, validated. Immutable after parsing; safe to share between threads.

@@ -20,6 +20,7 @@
 #include "llmesh/actors/metrics.hpp"
 #include "llmesh/gateway/completion_group.hpp"
 #include "llmesh/gateway/openai_api.hpp"
+#include "llmesh/gateway/reasoning.hpp"
 #include "llmesh/model/chat_template.hpp"
 #include "llmesh/model/config.hpp"
 #include "llmesh/model/tokenizer.hpp"
@@ -39,6 +40,8 @@ struct served_model {
   std::shared_ptr<const model::tokenizer> tok;
   std::optional<model::chat_template> chat;  ///< nullopt: its chat endpoint answers 400
   model::model_config cfg;                   ///< context, vocabulary, EOS ids, sampling defaults
+  /// Splits chat output into reasoning_content and content (reasoning.hpp); none: no split.
+  reasoning_parser reasoning = reasoning_parser::none;
 };
 
 /// A response to run: submit every request to the mesh, feed their messages to `output`.
@@ -119,9 +122,11 @@ class api_service {
   };
   /// The job of a request: prompts × g.candidates() generations (n choices, or best_of
   /// candidates), each prompt checked against the context, each carrying g.constraint; `tools`
-  /// (chat: the request's tool_choice) shapes each choice's output into tool calls.
+  /// (chat: the request's tool_choice) shapes each choice's output into tool calls, after
+  /// `reasoning` splits off its thinking.
   result<generation_job> prepare(bool chat, const served_model& m, std::vector<prepared_prompt> prompts,
-                                 generation_fields g, const tool_output& tools = {});
+                                 generation_fields g, const tool_output& tools = {},
+                                 const reasoning_mode& reasoning = {});
   /// A prompt's effective max_tokens, once it is checked (ids within the vocabulary, it and
   /// max_tokens and min_tokens within the context).
   static result<size_t> check_prompt(const model::model_config& cfg, const std::vector<int32_t>& prompt,

@@ -15,6 +15,7 @@
 #include "llmesh/actors/metrics.hpp"
 #include "llmesh/actors/token_stream.hpp"
 #include "llmesh/gateway/openai_api.hpp"
+#include "llmesh/gateway/reasoning.hpp"
 #include "llmesh/gateway/stop_matcher.hpp"
 #include "llmesh/gateway/tool_calls.hpp"
 #include "llmesh/model/detokenizer.hpp"
@@ -69,6 +70,9 @@ struct stream_setup {
   /// Chat with tools (tool_choice named, "required", or "auto"): the output is shaped into
   /// tool_calls (tool_calls.hpp), streamed or whole.
   tool_output tools;
+  /// Chat with the model's reasoning parser: the thinking is split from the content
+  /// (reasoning.hpp) before tool calls are looked for in the content.
+  reasoning_mode reasoning;
 };
 
 /// Thread affinity: the connection's.
@@ -152,6 +156,7 @@ class completion_stream {
   logprob_entry reported(logprob_entry e) const;
   std::string finish_reason_;
   std::optional<tool_call_stream> tool_stream_;  ///< streamed chat with s_.tools.shapes()
+  std::optional<reasoning_stream> reasoning_stream_;  ///< streamed chat with s_.reasoning.active()
   std::optional<error> failure_;
   bool done_ = false, stopped_by_string_ = false, started_ = false;
 };

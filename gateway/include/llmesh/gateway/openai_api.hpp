@@ -139,6 +139,8 @@ struct chat_request {
   /// vLLM's chat_template_kwargs: more variables for the template (e.g. enable_thinking);
   /// an object, or null. `tools` comes from the request's tools, not from here.
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
+  /// vLLM's include_reasoning: with a reasoning parser, false leaves "reasoning_content" out.
+  bool include_reasoning = true;
 };
 
 /// vLLM's POST /tokenize: a prompt string (add_special_tokens true unless sent) or chat
@@ -310,7 +312,14 @@ struct choice_delta {
   /// entry per prompt token. Completions: on each choice; chat: once, on the response (its
   /// first choice's: every choice shares the prompt).
   std::optional<std::vector<prompt_logprob_entry>> prompt_logprobs;
+  /// Chat with a reasoning parser (reasoning.hpp): the message's or delta's "reasoning_content".
+  /// A whole message with it set and no content renders "content": null (vLLM's).
+  std::optional<std::string> reasoning;
 };
+
+/// Whether a streamed delta carries nothing a client needs (no text, reasoning, finish, role,
+/// tool call, token ids or logprob entries): such deltas are not sent.
+bool empty_delta(const choice_delta& c);
 
 /// A whole (non-streamed) response with these choices, in the order given. kind:
 /// "text_completion" or "chat.completion".

@@ -12,7 +12,7 @@
 namespace llmesh::model {
 
 /// Supported architectures (DESIGN.md §Models).
-enum class architecture { llama, mistral, qwen2 };
+enum class architecture { llama, mistral, qwen2, qwen3 };
 
 /// Everything the forward pass needs to know about a model's shape.
 struct model_config {
@@ -25,8 +25,11 @@ struct model_config {
   float rms_norm_eps = 1e-6f;
   kernels::rope_config rope;   ///< head_dim, theta and llama3 scaling
   bool tie_embeddings = false;
-  bool qkv_bias = false;       ///< Qwen2, or Llama with attention_bias
-  bool o_bias = false;         ///< Llama with attention_bias
+  bool qkv_bias = false;       ///< Qwen2, or Llama / Qwen3 with attention_bias
+  bool o_bias = false;         ///< Llama / Qwen3 with attention_bias
+  /// Qwen3: q and k are RMS-normalised per head (weights of head_dim, shared by the heads) after
+  /// their projections, before RoPE.
+  bool qk_norm = false;
   size_t sliding_window = 0;   ///< 0: none (Mistral sliding_window, Qwen2 with use_sliding_window)
   std::vector<int32_t> bos_ids, eos_ids;  ///< load_config merges generation_config.json's in
   /// The model's recommended sampling (generation_config.json's temperature, top_p, top_k):

@@ -15,14 +15,14 @@
 namespace llmesh::model {
 
 struct random_model_spec {
-  std::string arch = "llama";  ///< llama | mistral | qwen2
+  std::string arch = "llama";  ///< llama | mistral | qwen2 | qwen3
   size_t hidden = 64, intermediate = 160, n_layers = 2;
   size_t n_heads = 4, n_kv_heads = 2, head_dim = 0;  ///< head_dim 0: hidden / n_heads (omitted from config)
   size_t vocab = 517;                                ///< at least 258: 256 byte tokens + BOS + EOS
   size_t max_positions = 2048;
   kernels::dtype dtype = kernels::dtype::f32;
   bool tie_embeddings = false;
-  bool attention_bias = false;  ///< Llama only (Qwen2 always has q/k/v biases)
+  bool attention_bias = false;  ///< Llama and Qwen3 (Qwen2 always has q/k/v biases)
   double rope_theta = 10000.0;
   bool llama3_scaling = false;  ///< rope_scaling {rope_type: llama3, factor 8, low 1, high 4, original 8192 / 64}
   size_t sliding_window = 0;    ///< Mistral only; 0 writes null
@@ -46,7 +46,7 @@ struct tensor_spec {
 /// Writes one safetensors file (header padded to 8 bytes, tensors in the given order).
 [[nodiscard]] status write_safetensors(const std::string& path, const std::vector<tensor_spec>& tensors);
 
-/// Parses an architecture name for `model random` ("llama", "mistral", "qwen2").
+/// Parses an architecture name for `model random` ("llama", "mistral", "qwen2", "qwen3").
 [[nodiscard]] result<std::string> config_architecture_name(const std::string& arch);
 
 }  // namespace llmesh::model

@@ -47,6 +47,7 @@ struct layer_weights {
   std::vector<float> attn_norm, mlp_norm;
   weight_matrix q, k, v, o, gate, up, down;
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  ///< empty when the model has none
+  std::vector<float> q_norm, k_norm;                  ///< [head_dim] (Qwen3's qk_norm); else empty
 };
 
 struct model_weights {

@@ -1,0 +1,69 @@
+// Reasoning outputs (vLLM's --reasoning-parser): models such as DeepSeek-R1 and Qwen3 think
+// before they answer, writing "<think>…</think>" and then the answer. With a parser set for
+// the served model, a chat choice's text is split: the thinking goes to the message's (or
+// delta's) "reasoning_content", the rest to "content" (and to tool-call parsing).
+//
+// The split, streamed or whole (the same rule both ways, so a streamed choice concatenates to
+// the whole one):
+// - The output begins in the reasoning when the parser is deepseek_r1 (R1 models always think;
+//   their templates open the block in the prompt) or the rendered prompt left a "<think>" open
+//   (its last "<think>" has no "</think>" after it: Qwen3 thinking templates, a continued
+//   message). A "<think>" at the very start of the output opens it too (and is dropped).
+// - Otherwise (qwen3: enable_thinking false, whose template closes an empty block in the
+//   prompt, or a model that answers at once) all of the output is content.
+// - The reasoning ends at the first "</think>" (dropped); everything after it is content.
+//   An output that never closes it (cut by max_tokens) is all reasoning.
+// vLLM's qwen3 parser differs in one corner: non-streamed, an unclosed block is content there.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "llmesh/common/error.hpp"
+#include "llmesh/gateway/openai_api.hpp"
+
+namespace llmesh::gateway {
+
+enum class reasoning_parser { none, deepseek_r1, qwen3 };
+
+/// "none", "deepseek_r1", "qwen3".
+std::string_view reasoning_parser_name(reasoning_parser p);
+/// Parses a --reasoning-parser value (or a cluster config's reasoning_parser); invalid_request
+/// names the choices.
+[[nodiscard]] result<reasoning_parser> parse_reasoning_parser(std::string_view s);
+
+/// Whether a rendered chat prompt leaves a "<think>" block open for the output.
+bool prompt_opens_reasoning(std::string_view prompt);
+
+/// How one chat choice's output is split.
+struct reasoning_mode {
+  reasoning_parser parser = reasoning_parser::none;
+  bool opened = false;   ///< the prompt left a block open (prompt_opens_reasoning)
+  bool include = true;   ///< vLLM's include_reasoning: false drops the reasoning from the response
+  bool active() const { return parser != reasoning_parser::none; }
+};
+
+/// Thread affinity: its stream's. Splits a choice's text pieces as they come: each delta's
+/// text becomes its content piece and `reasoning` its reasoning piece (unset when empty).
+/// Text that may begin a "<think>" at the start, or a "</think>" inside the reasoning, is held
+/// until the next piece tells (the final delta, with its finish, releases everything).
+class reasoning_stream {
+ public:
+  explicit reasoning_stream(reasoning_mode m);
+  void shape(choice_delta& c);
+  /// Whether any reasoning was seen (the block was entered).
+  bool reasoned() const { return reasoned_; }
+
+ private:
+  enum class state { start, reasoning, content };
+  reasoning_mode m_;
+  state state_ = state::start;
+  std::string pending_;
+  bool reasoned_ = false;
+};
+
+/// A whole (non-streamed) choice: its text split as a stream would split it; `reasoning` is
+/// set ("" possible) when the output had a reasoning block, and dropped without include.
+void split_reasoning(const reasoning_mode& m, choice_delta& c);
+
+}  // namespace llmesh::gateway

@@ -1,0 +1,101 @@
+// Reasoning outputs split from the content (reasoning.hpp).
+#include "llmesh/gateway/reasoning.hpp"
+
+#include <algorithm>
+
+namespace llmesh::gateway {
+namespace {
+
+constexpr std::string_view think_open = "<think>", think_close = "</think>";
+
+/// How many of text's last bytes could begin `tag` (held back while streaming).
+size_t partial_suffix(std::string_view text, std::string_view tag) {
+  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
+    if (tag.starts_with(text.substr(text.size() - n))) return n;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string_view reasoning_parser_name(reasoning_parser p) {
+  switch (p) {
+    case reasoning_parser::deepseek_r1: return "deepseek_r1";
+    case reasoning_parser::qwen3: return "qwen3";
+    default: return "none";
+  }
+}
+
+result<reasoning_parser> parse_reasoning_parser(std::string_view s) {
+  if (s == "none" || s.empty()) return reasoning_parser::none;
+  if (s == "deepseek_r1") return reasoning_parser::deepseek_r1;
+  if (s == "qwen3") return reasoning_parser::qwen3;
+  return make_error(errc::invalid_request,
+                    "unknown reasoning parser '" + std::string(s) + "' (none, deepseek_r1, qwen3)");
+}
+
+bool prompt_opens_reasoning(std::string_view prompt) {
+  const size_t open = prompt.rfind(think_open);
+  return open != std::string_view::npos && prompt.find(think_close, open) == std::string_view::npos;
+}
+
+reasoning_stream::reasoning_stream(reasoning_mode m) : m_(m) {}
+
+void reasoning_stream::shape(choice_delta& c) {
+  if (!m_.active()) return;
+  const bool last = c.finish.has_value();
+  std::string in = std::move(pending_) + c.text;
+  pending_.clear();
+  std::string reasoning, content;
+  for (bool more = true; more;) {
+    switch (state_) {
+      case state::start: {
+        if (in.starts_with(think_open)) {
+          in.erase(0, think_open.size());
+          state_ = state::reasoning;
+        } else if (!last && think_open.starts_with(in)) {  // too little to tell (nothing yet included)
+          pending_ = std::move(in);
+          in.clear();
+          more = false;
+        } else {
+          state_ = m_.parser == reasoning_parser::deepseek_r1 || m_.opened ? state::reasoning : state::content;
+        }
+        break;
+      }
+      case state::reasoning: {
+        reasoned_ = true;
+        if (const size_t at = in.find(think_close); at != std::string::npos) {
+          reasoning.append(in, 0, at);
+          in.erase(0, at + think_close.size());
+          state_ = state::content;
+          break;
+        }
+        const size_t keep = last ? 0 : partial_suffix(in, think_close);
+        reasoning.append(in, 0, in.size() - keep);
+        pending_ = in.substr(in.size() - keep);
+        in.clear();
+        more = false;
+        break;
+      }
+      case state::content:
+        content += in;
+        in.clear();
+        more = false;
+        break;
+    }
+  }
+  c.text = std::move(content);
+  if (!reasoning.empty() && m_.include) c.reasoning = std::move(reasoning);
+}
+
+void split_reasoning(const reasoning_mode& m, choice_delta& c) {
+  if (!m.active()) return;
+  reasoning_stream s(m);
+  const bool had_finish = c.finish.has_value();
+  if (!had_finish) c.finish = "stop";  // a whole choice: everything is in, nothing to hold
+  s.shape(c);
+  if (!had_finish) c.finish.reset();
+  if (s.reasoned() && m.include && !c.reasoning) c.reasoning = std::string();
+}
+
+}  // namespace llmesh::gateway
