@@ -60,6 +60,7 @@ struct Sampling {
   promptLogprobs @11 :Int32 = -1;  # -1: none; n in 0..20: every prompt token after the first
                                    # with its logprob and the n most likely (vLLM's prompt_logprobs)
   constrained @12 :Bool;    # the request's constraint or allowedIds mask its draws (a step row: some do)
+  badWords @13 :Bool;       # the request's GenerateRequest.badWords ban tokens (a step row: some rows)
 }
 
 enum ConstraintKind {
@@ -91,6 +92,7 @@ struct GenerateRequest {
   logitBias @6 :List(TokenBias);  # added to these tokens' logits before every draw
   constraint @7 :Constraint;      # none: unconstrained
   allowedIds @8 :List(Int32);     # non-empty: only these tokens may be drawn (vLLM's allowed_token_ids)
+  badWords @9 :List(List(Int32)); # vLLM's bad_words: a word's last token is banned after the rest of it
 }
 
 enum Finish {

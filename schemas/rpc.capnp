@@ -49,6 +49,7 @@ struct GenerateRequest {
                                     # the first one, finishReason "stop"; held-back text streams late
   allowedTokenIds @20 :List(Int32); # vLLM's allowed_token_ids: non-empty, only these may be drawn
                                     # (not with a constraint)
+  badWords @21 :List(Text);         # vLLM's bad_words (at most 128, 1..256 bytes each): never generated
 }
 
 struct TokenBias {

@@ -66,6 +66,17 @@ status replica_core::submit(replica_request r) {
     }
   }
   r.sampling.constrained = grammar != nullptr || !allowed_bits.empty();
+  size_t longest_bad_word = 0;
+  for (const auto& w : r.bad_words) {
+    if (w.empty()) return make_error(errc::invalid_request, "bad_words: a word without tokens");
+    for (int32_t t : w) {
+      if (t < 0 || static_cast<size_t>(t) >= c.vocab) {
+        return make_error(errc::invalid_request, "bad_words: token " + std::to_string(t) + " is outside the vocabulary");
+      }
+    }
+    longest_bad_word = std::max(longest_bad_word, w.size());
+  }
+  r.sampling.bad_words = !r.bad_words.empty();
   if (r.sampling.prompt_logprobs > kernels::max_logprobs || r.sampling.logprobs > kernels::max_logprobs) {
     return make_error(errc::invalid_request, "logprobs: at most " + std::to_string(kernels::max_logprobs) + " alternatives");
   }
@@ -74,6 +85,8 @@ status replica_core::submit(replica_request r) {
   std::optional<adjust_state> adjust;
   if (kernels::has_adjustments(r.sampling)) {
     adjust.emplace();
+    adjust->bad_words = std::move(r.bad_words);
+    adjust->recent_keep = longest_bad_word > 0 ? longest_bad_word - 1 : 0;
     const size_t output_from = r.prompt.size() - r.generated;
     for (size_t i = 0; i < r.prompt.size(); ++i) adjust->see(r.prompt[i], i >= output_from);
     adjust->end_ids = r.eos_ids;
@@ -129,6 +142,20 @@ void replica_core::adjust_state::see(int32_t id, bool output) {
   auto [it, fresh] = index.emplace(id, seen.size());
   if (fresh) seen.push_back({id, 0});
   if (output) ++seen[it->second].count;
+  if (output && recent_keep > 0) {
+    recent.push_back(id);
+    if (recent.size() >= 2 * recent_keep + 64) recent.erase(recent.begin(), recent.end() - static_cast<std::ptrdiff_t>(recent_keep));
+  }
+}
+
+bool replica_core::adjust_state::output_ends_with(std::span<const int32_t> prefix, std::span<const int32_t> drafts) const {
+  const size_t have = recent.size() + drafts.size();
+  if (prefix.size() > have) return false;
+  for (size_t k = 0, at = have - prefix.size(); k < prefix.size(); ++k, ++at) {
+    const int32_t t = at < recent.size() ? recent[at] : drafts[at - recent.size()];
+    if (t != prefix[k]) return false;
+  }
+  return true;
 }
 
 bool replica_core::cancel(uint64_t id) {
@@ -166,6 +193,7 @@ void replica_core::build_views(adjust_state& st, const kernels::sampling_params&
   st.views.assign(rows, {});
   st.masks.assign(st.matcher ? rows : 0, nullptr);
   st.seen_rows.resize(penalties ? rows - 1 : 0);
+  st.bans.resize(rows);
   std::optional<model::grammar_matcher> m;  // the grammar after the drafts so far
   if (st.matcher && !drafts.empty()) m = *st.matcher;
   const model::grammar_matcher* at = st.matcher ? &*st.matcher : nullptr;
@@ -206,7 +234,15 @@ void replica_core::build_views(adjust_state& st, const kernels::sampling_params&
     // nothing but an end id may follow (banning them would leave no token to draw).
     const bool too_early = st.generated + j < static_cast<size_t>(std::max(p.min_tokens, 0)) && !(at && at->done()) &&
                            !st.allowed_only_end_ids;
-    v.banned = too_early ? std::span<const int32_t>(st.end_ids) : std::span<const int32_t>();
+    auto& bans = st.bans[j];
+    bans.clear();
+    if (too_early) bans = st.end_ids;
+    // vLLM's bad_words: a word's last token, where the output (with this row's drafts) ends
+    // with the word's other tokens.
+    for (const auto& w : st.bad_words) {
+      if (st.output_ends_with(std::span(w).first(w.size() - 1), drafts.first(j))) bans.push_back(w.back());
+    }
+    v.banned = bans;
   }
 }
 

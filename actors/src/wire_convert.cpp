@@ -15,7 +15,7 @@ transport::sampling to_wire(const kernels::sampling_params& p) {
   return {p.temperature,      p.top_p,           p.top_k,
           p.seed,             p.logprobs,        p.presence_penalty,
           p.frequency_penalty, p.repetition_penalty, static_cast<uint32_t>(std::max(p.min_tokens, 0)), p.logit_bias,
-          p.min_p,            p.prompt_logprobs,    p.constrained};
+          p.min_p,            p.prompt_logprobs,    p.constrained,        p.bad_words};
 }
 
 kernels::sampling_params from_wire(const transport::sampling& p) {
@@ -33,6 +33,7 @@ kernels::sampling_params from_wire(const transport::sampling& p) {
   out.min_p = p.min_p;
   out.prompt_logprobs = p.prompt_logprobs;
   out.constrained = p.constrained;
+  out.bad_words = p.bad_words;
   return out;
 }
 
@@ -44,6 +45,7 @@ transport::generate_msg to_wire(const replica_request& r) {
                             {}, static_cast<uint8_t>(r.constraint.type), r.constraint.text};
   for (const auto& b : r.logit_bias) m.logit_bias.push_back({b.id, b.bias});
   m.allowed_ids = r.allowed_ids;
+  m.bad_words = r.bad_words;
   return m;
 }
 
@@ -59,6 +61,7 @@ replica_request from_wire(const transport::generate_msg& m) {
   r.constraint.type = static_cast<model::constraint_spec::kind>(m.constraint_kind);  // 0..5: the codec checked
   r.constraint.text = m.constraint_text;
   r.allowed_ids = m.allowed_ids;  // the replica checks them
+  r.bad_words = m.bad_words;      // and these
   return r;
 }
 

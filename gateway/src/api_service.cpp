@@ -162,6 +162,24 @@ bool truncate_prompt(std::vector<int32_t>& ids, int64_t k, size_t context) {
 
 }  // namespace
 
+std::vector<std::vector<int32_t>> bad_word_ids(const model::tokenizer& tok, const std::vector<std::string>& words) {
+  std::vector<std::vector<int32_t>> out;
+  for (const auto& w : words) {
+    const size_t first = w.find_first_not_of(" \t\n\r\f\v");
+    if (first == std::string::npos) continue;  // only spaces: no word to ban
+    const std::string bare = w.substr(first);
+    auto plain = tok.encode(bare, false);
+    if (plain.empty()) continue;
+    // After a space the word may start with another token (a word in mid-text); vLLM bans that
+    // form too when it has as many tokens.
+    auto spaced = tok.encode(" " + bare, false);
+    const bool other = !spaced.empty() && spaced.front() != plain.front() && spaced.size() == plain.size();
+    out.push_back(std::move(plain));
+    if (other) out.push_back(std::move(spaced));
+  }
+  return out;
+}
+
 api_outcome api_service::completions(std::string_view body) {
   auto r = parse_completion_request(body, opt_.limits);
   if (!r) return error_reply(r.err());
@@ -382,6 +400,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   for (const auto& [t, bias] : g.logit_bias) base.logit_bias.push_back({t, bias});
   base.constraint = g.constraint;  // the parser compiled it; every choice follows it
   base.allowed_ids = g.allowed_ids;
+  base.bad_words = bad_word_ids(*m.tok, g.bad_words);
   stream_setup choice;
   choice.return_token_ids = g.return_token_ids;
   choice.stop = g.stop;

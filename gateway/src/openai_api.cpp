@@ -102,7 +102,6 @@ status refuse_unsupported(const json& j, bool chat, generation_fields& g) {
   };
   LLMESH_TRY(empty_only("suffix", "\"\" or null"));
   // vLLM's sampling extras this server does not implement: their neutral values pass.
-  LLMESH_TRY(empty_only("bad_words", "[] or null"));
   for (const auto& [name, neutral] : {std::pair{"use_beam_search", false}, {"skip_special_tokens", true},
                                       {"return_tokens_as_token_ids", false}}) {
     auto it = j.find(name);
@@ -239,6 +238,24 @@ status parse_allowed_token_ids(const json& j, const request_limits& lim, std::ve
   return ok_status();
 }
 
+/// vLLM's bad_words: a list of non-empty strings ([] or null: none).
+status parse_bad_words(const json& j, const request_limits& lim, std::vector<std::string>& out) {
+  auto it = j.find("bad_words");
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (!it->is_array()) return bad("'bad_words' must be a list of strings");
+  if (it->size() > lim.max_bad_words) return bad("'bad_words' holds at most " + std::to_string(lim.max_bad_words) + " words");
+  out.clear();
+  for (const auto& w : *it) {
+    if (!w.is_string()) return bad("'bad_words' must be a list of strings");
+    const auto& s = w.get_ref<const std::string&>();
+    if (s.empty() || s.size() > lim.max_stop_bytes) {
+      return bad("each of 'bad_words' must be 1 to " + std::to_string(lim.max_stop_bytes) + " bytes");
+    }
+    out.push_back(s);
+  }
+  return ok_status();
+}
+
 /// OpenAI's logit_bias: {"token id": bias}, ids as decimal strings, biases within [-100, 100].
 status parse_logit_bias(const json& j, generation_fields& g) {
   auto it = j.find("logit_bias");
@@ -369,6 +386,7 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
   }
   LLMESH_TRY(parse_stop_token_ids(j, lim, g.stop_token_ids));
   LLMESH_TRY(parse_allowed_token_ids(j, lim, g.allowed_ids));
+  LLMESH_TRY(parse_bad_words(j, lim, g.bad_words));
   LLMESH_TRY(parse_logprobs(j, chat, g));
   LLMESH_TRY(parse_prompt_logprobs(j, g));
   LLMESH_TRY(refuse_unsupported(j, chat, g));
@@ -662,6 +680,7 @@ status apply_extra_fields(const json& j, const request_limits& lim, generation_f
     }
     LLMESH_TRY(parse_stop_token_ids(j, lim, g.stop_token_ids));
     LLMESH_TRY(parse_allowed_token_ids(j, lim, g.allowed_ids));
+    LLMESH_TRY(parse_bad_words(j, lim, g.bad_words));
     LLMESH_TRY(parse_stop(j, lim, g.stop));
     return parse_output_constraint(j, nullptr, g.constraint);
   });

@@ -70,6 +70,15 @@ result<nlohmann::ordered_json> extra_fields(rpc::GenerateRequest::Reader in) {
     for (auto id : in.getAllowedTokenIds()) ids.push_back(id);
     j["allowed_token_ids"] = std::move(ids);
   }
+  if (in.hasBadWords()) {
+    if (in.getBadWords().size() > request_limits{}.max_bad_words) {
+      return make_error(errc::invalid_request,
+                        "'bad_words' holds at most " + std::to_string(request_limits{}.max_bad_words) + " words");
+    }
+    auto words = nlohmann::ordered_json::array();
+    for (auto w : in.getBadWords()) words.push_back(std::string(w.cStr(), std::min<size_t>(w.size(), 4096)));
+    j["bad_words"] = std::move(words);
+  }
   if (in.hasStopTokenIds()) {
     auto ids = nlohmann::ordered_json::array();
     for (auto id : in.getStopTokenIds()) ids.push_back(id);

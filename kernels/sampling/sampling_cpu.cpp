@@ -117,7 +117,7 @@ bool has_penalties(const sampling_params& p) {
 }
 
 bool has_adjustments(const sampling_params& p) {
-  return has_penalties(p) || p.min_tokens > 0 || p.logit_bias || p.constrained;
+  return has_penalties(p) || p.min_tokens > 0 || p.logit_bias || p.constrained || p.bad_words;
 }
 
 bool argmax_only(std::span<const sample_row> rows) {

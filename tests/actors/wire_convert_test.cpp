@@ -35,6 +35,8 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   r.constraint = {model::constraint_spec::kind::json_schema, R"({"type": "object"})"};
   r.sampling.constrained = true;
   r.allowed_ids = {3, 4, 250};
+  r.bad_words = {{5}, {6, 7, 8}};
+  r.sampling.bad_words = true;
   r.model = "not on the wire";
   replica_request back = through_a_frame(r);
   EXPECT_EQ(back.id, r.id);
@@ -58,6 +60,8 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   EXPECT_EQ(back.constraint, r.constraint);
   EXPECT_TRUE(back.sampling.constrained);
   EXPECT_EQ(back.allowed_ids, r.allowed_ids);
+  EXPECT_EQ(back.bad_words, r.bad_words);
+  EXPECT_TRUE(back.sampling.bad_words);
   EXPECT_EQ(back.model, "");  // routing happened in the gateway's process
 }
 

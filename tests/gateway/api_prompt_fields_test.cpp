@@ -1,7 +1,7 @@
 // How vLLM's prompt fields shape the tokens a request runs, through api_service against a fake
 // mesh: add_special_tokens (completions: BOS unless false; chat: none unless true),
-// chat_template_kwargs (variables the template reads), truncate_prompt_tokens (the last k) and
-// allowed_token_ids (into the request, checked against the vocabulary).
+// chat_template_kwargs (variables the template reads), truncate_prompt_tokens (the last k),
+// allowed_token_ids (into the request, checked against the vocabulary) and bad_words (their ids).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -47,6 +47,7 @@ class PromptFields : public ::testing::Test {
     if (status) *status = 200;
     auto& job = std::get<generation_job>(o);
     allowed_ = job.requests.at(0).allowed_ids;
+    bad_words_ = job.requests.at(0).bad_words;
     return job.requests.at(0).prompt;
   }
   std::vector<int32_t> encode(const std::string& text, bool special) const { return tok_->encode(text, special); }
@@ -57,6 +58,7 @@ class PromptFields : public ::testing::Test {
   std::unique_ptr<api_service> api_;
   std::string last_error_;
   std::vector<int32_t> allowed_;
+  std::vector<std::vector<int32_t>> bad_words_;
 };
 
 TEST_F(PromptFields, AddSpecialTokensFollowsVllmsDefaultsPerEndpoint) {
@@ -90,6 +92,32 @@ TEST_F(PromptFields, ChatTemplateKwargsReachTheTemplate) {
   ASSERT_TRUE(std::holds_alternative<http_reply>(t));
   const auto tj = nlohmann::json::parse(std::get<http_reply>(t).body);
   EXPECT_EQ(tj["tokens"].get<std::vector<int32_t>>(), encode("Hi/no_think", false)) << tj;
+}
+
+// vLLM's bad_words: each word tokenized as it starts a text and as it follows a space, where
+// that is another first token and as many tokens; leading spaces do not count.
+TEST_F(PromptFields, BadWordsBecomeTheIdsOfEachWordAtTheStartAndAfterASpace) {
+  prompt_of("/v1/completions", R"({"model":"m","prompt":"hi","bad_words":["  hello world", "\t", "Zebra"]})");
+  const auto hello = encode("hello world", false), spaced_hello = encode(" hello world", false);
+  const auto zebra = encode("Zebra", false), spaced_zebra = encode(" Zebra", false);
+  ASSERT_NE(hello.front(), spaced_hello.front());
+  std::vector<std::vector<int32_t>> want{hello};
+  if (spaced_hello.size() == hello.size()) want.push_back(spaced_hello);
+  want.push_back(zebra);  // "\t" alone bans nothing
+  if (spaced_zebra.size() == zebra.size() && spaced_zebra.front() != zebra.front()) want.push_back(spaced_zebra);
+  EXPECT_EQ(bad_words_, want);
+  EXPECT_EQ(bad_word_ids(*tok_, {"hello world"}), bad_word_ids(*tok_, {" \n hello world"}));
+  // Chat too; none: an empty list.
+  prompt_of("/v1/chat/completions", R"({"model":"m","messages":[{"role":"user","content":"hi"}],"bad_words":["Zebra"]})");
+  EXPECT_EQ(bad_words_.front(), zebra);
+  prompt_of("/v1/completions", R"({"model":"m","prompt":"hi"})");
+  EXPECT_TRUE(bad_words_.empty());
+  for (const std::string bad : std::vector<std::string>{R"("x")", R"([""])", R"([5])", "[\"" + std::string(300, 'a') + "\"]"}) {
+    int status = 0;
+    prompt_of("/v1/completions", R"({"model":"m","prompt":"hi","bad_words":)" + bad + "}", &status);
+    EXPECT_EQ(status, 400) << bad;
+    EXPECT_NE(last_error_.find("bad_words"), std::string::npos) << last_error_;
+  }
 }
 
 TEST_F(PromptFields, TruncationKeepsTheLastTokensAndAllowedIdsAreChecked) {

@@ -190,7 +190,6 @@ TEST(OpenaiApi, VllmSamplingExtrasAreParsedOrRefusedByName) {
   for (const auto& [field, name] : std::vector<std::pair<std::string, std::string>>{
            {R"("use_beam_search":true)", "use_beam_search"},
            {R"("skip_special_tokens":false)", "skip_special_tokens"},
-           {R"("bad_words":["x"])", "bad_words"},
            {R"("return_tokens_as_token_ids":true)", "return_tokens_as_token_ids"}}) {
     auto r = parse(field);
     ASSERT_FALSE(r.ok()) << field;

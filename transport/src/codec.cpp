@@ -45,13 +45,14 @@ void write_sampling(s::Sampling::Builder sp, const sampling& p) {
   sp.setMinP(p.min_p);
   sp.setPromptLogprobs(p.prompt_logprobs);
   sp.setConstrained(p.constrained);
+  sp.setBadWords(p.bad_words);
 }
 
 sampling read_sampling(s::Sampling::Reader sp) {
   return {sp.getTemperature(), sp.getTopP(),          sp.getTopK(),
           sp.getSeed(),        sp.getLogprobs(),      sp.getPresencePenalty(),
           sp.getFrequencyPenalty(), sp.getRepetitionPenalty(), sp.getMinTokens(), sp.getLogitBias(), sp.getMinP(),
-          sp.getPromptLogprobs(), sp.getConstrained()};
+          sp.getPromptLogprobs(), sp.getConstrained(), sp.getBadWords()};
 }
 
 struct writer {
@@ -70,6 +71,12 @@ struct writer {
       lb[i].setBias(m.logit_bias[i].bias);
     }
     if (!m.allowed_ids.empty()) fill(g.initAllowedIds(static_cast<unsigned>(m.allowed_ids.size())), m.allowed_ids);
+    if (!m.bad_words.empty()) {
+      auto words = g.initBadWords(static_cast<unsigned>(m.bad_words.size()));
+      for (unsigned i = 0; i < m.bad_words.size(); ++i) {
+        fill(words.init(i, static_cast<unsigned>(m.bad_words[i].size())), m.bad_words[i]);
+      }
+    }
     if (m.constraint_kind != 0) {
       auto c = g.initConstraint();
       c.setKind(static_cast<s::ConstraintKind>(m.constraint_kind));
@@ -344,6 +351,17 @@ struct reader {
           for (auto b : lb) m.logit_bias.push_back({b.getId(), b.getBias()});
         }
         m.allowed_ids = ints(g.getAllowedIds(), "allowedIds");
+        if (auto words = g.getBadWords(); fits(words, "badWords")) {
+          size_t total = 0;
+          for (auto w : words) {
+            total += w.size();
+            if (total > lim.max_list) {
+              err = bad("badWords hold more than " + std::to_string(lim.max_list) + " ids");
+              break;
+            }
+            m.bad_words.push_back(ints(w, "badWords"));
+          }
+        }
         if (g.hasConstraint()) {
           auto c = g.getConstraint();
           m.constraint_kind = static_cast<uint8_t>(enum_value(c.getKind(), 5, "constraint kind"));

@@ -45,6 +45,10 @@ struct replica_request {
   /// vLLM's allowed_token_ids: non-empty, only these may be drawn (each within the vocabulary;
   /// not with a constraint). submit() sets sampling.constrained, and every row gets the mask.
   std::vector<int32_t> allowed_ids;
+  /// vLLM's bad_words as token ids (each non-empty, within the vocabulary): a word's last token
+  /// is banned from every draw whose output so far ends with the word's other tokens (a
+  /// one-token word: always).
+  std::vector<std::vector<int32_t>> bad_words;
 };
 
 using kernels::sample_row;
@@ -115,7 +119,16 @@ class replica_core {
     /// allowed_ids as a bitmask over the vocabulary (empty: none), every row's mask.
     std::vector<uint32_t> allowed_ids;
     bool allowed_only_end_ids = false;  ///< the set holds end ids only: min_tokens yields
+    /// vLLM's bad_words (ids), the output's last tokens they are compared with (as many as the
+    /// longest word less one), and the step's bans per row (end ids before min_tokens, and
+    /// each word's last token where the output, with the row's drafts, ends with its rest).
+    std::vector<std::vector<int32_t>> bad_words;
+    std::vector<int32_t> recent;
+    size_t recent_keep = 0;
+    std::vector<std::vector<int32_t>> bans;
     void see(int32_t id, bool output);
+    /// Whether the output so far and then `drafts` end with `prefix`.
+    bool output_ends_with(std::span<const int32_t> prefix, std::span<const int32_t> drafts) const;
   };
   /// Fills st.views for a step that draws after the last token and after each of `drafts`
   /// (each a draft_filter kept: the grammar accepts it).

@@ -64,6 +64,12 @@ struct generation_job {
 /// Deterministic, so a seeded request's choices are reproducible, and distinct from each other.
 uint64_t choice_seed(uint64_t request_seed, size_t j);
 
+/// vLLM's bad_words as token ids: each word with its leading whitespace removed, tokenized
+/// without special tokens; and again after a space (" word", how it appears mid-text) where
+/// that gives the same number of tokens with another first one. A word of whitespace only
+/// bans nothing.
+std::vector<std::vector<int32_t>> bad_word_ids(const model::tokenizer& tok, const std::vector<std::string>& words);
+
 using api_outcome = std::variant<http_reply, generation_job>;
 
 /// Thread affinity: any thread (the counters are atomic; the rest is immutable).

@@ -48,6 +48,11 @@ struct generation_fields {
   /// request_limits::max_allowed_token_ids; api_service checks them against the vocabulary
   /// and refuses them beside a structured output).
   std::vector<int32_t> allowed_ids;
+  /// vLLM's bad_words: none of these words is generated (api_service tokenizes each, as vLLM
+  /// does, with and without a leading space; the replica bans a word's last token wherever the
+  /// output ends with the rest of it). At most request_limits::max_bad_words, each 1..
+  /// max_stop_bytes bytes.
+  std::vector<std::string> bad_words;
   /// Extension (vLLM's): generation also ends after any of these ids (finish_reason "stop"),
   /// even with ignore_eos; the id is in token_ids, its text is not in the output. The parser
   /// checks the type and count; api_service checks each against the vocabulary.
@@ -174,6 +179,8 @@ struct request_limits {
   /// scheduler, and real uses (a model's end-of-turn ids) need a handful; 64 leaves room.
   size_t max_stop_token_ids = 64;
   size_t max_allowed_token_ids = 1 << 18;  ///< vLLM's allowed_token_ids (a whole 256k vocabulary)
+  /// vLLM's bad_words: each word's tokens are compared with the output's end at every step.
+  size_t max_bad_words = 128;
   /// Choices per request (prompts × n, or × best_of when larger): each is a generation in
   /// the mesh and a slot of the concurrency bound; 64 covers real uses (a few prompts at
   /// n = 16) while one request cannot fill the mesh alone.

@@ -45,6 +45,9 @@ struct sampling_params {
   /// draw may only pick the tokens its row's logits_adjust::allowed holds. Decided per
   /// request, so every rank knows.
   bool constrained = false;
+  /// The request has vLLM's bad_words: its rows ban the tokens that would complete one
+  /// (logits_adjust::banned). Decided per request, so every rank knows.
+  bool bad_words = false;
 };
 
 /// The most alternatives a request may ask for (OpenAI's top_logprobs bound, vLLM's default).
@@ -113,8 +116,8 @@ struct sample_row {
 /// Whether params set a repetition, frequency or presence penalty.
 bool has_penalties(const sampling_params& params);
 
-/// Whether params change the logits before the draw (a penalty, min_tokens, a logit bias, or
-/// a mask: constrained).
+/// Whether params change the logits before the draw (a penalty, min_tokens, a logit bias, bad
+/// words, or a mask: constrained).
 bool has_adjustments(const sampling_params& params);
 
 /// Whether this row's logits change before its draw now: an adjust with biases, with

@@ -37,6 +37,7 @@ struct sampling {
   float min_p = 0.0f;  ///< within [0, 1] (checked on decode)
   int32_t prompt_logprobs = -1;  ///< -1 or 0..max_logprobs (checked on decode)
   bool constrained = false;
+  bool bad_words = false;
   bool operator==(const sampling&) const = default;
 };
 struct token_bias {
@@ -55,6 +56,7 @@ struct generate_msg {
   uint8_t constraint_kind = 0;         ///< model::constraint_spec::kind (0..5, checked on decode)
   std::string constraint_text;         ///< at most max_constraint_text bytes (checked on decode)
   std::vector<int32_t> allowed_ids;    ///< non-empty: only these may be drawn (at most max_list)
+  std::vector<std::vector<int32_t>> bad_words;  ///< vLLM's bad_words as ids (at most max_list ids in all)
   bool operator==(const generate_msg&) const = default;
 };
 enum class finish_kind : uint8_t { none, length, eos, cancelled };
