@@ -110,6 +110,9 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     else if (r == "coordinator") return make_error(errc::invalid_request, "--role: the coordinator is the seed node; it does not join");
     else return make_error(errc::invalid_request, "--role: unknown role '" + r + "' (replica, router, gateway)");
   }
+  if (!p.has(actors::node_role::gateway) && f.gw.reasoning_parser != "none") {
+    return make_error(errc::invalid_request, "--reasoning-parser is a gateway's flag (this node has no gateway role)");
+  }
   if (p.has(actors::node_role::gateway)) {
     if (f.model_dirs.empty() || f.http.empty()) return make_error(errc::invalid_request, "a gateway node needs --model DIR and --http HOST:PORT");
     auto h = actors::parse_endpoint(f.http);

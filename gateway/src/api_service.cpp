@@ -236,7 +236,14 @@ api_outcome api_service::chat_completions(std::string_view body) {
   // a forced tool call constrains the whole output (it has no room to think).
   reasoning_mode reasoning;
   if (r->gen.constraint.type == model::constraint_spec::kind::none) {
-    reasoning = {sm.reasoning, prompt_opens_reasoning(*text), r->include_reasoning};
+    // Opened by the template's generation prompt, or by the message being continued.
+    bool opened = prompt_opens_reasoning(*text);
+    if (r->continue_final_message) {
+      const auto& last = r->messages.back();
+      opened = last.contains("content") && last["content"].is_string() &&
+               leaves_reasoning_open(last["content"].get_ref<const std::string&>());
+    }
+    reasoning = {sm.reasoning, opened, r->include_reasoning};
   }
   auto job = prepare(true, sm, {prepared_prompt{std::move(ids), {}}}, r->gen, shape, reasoning);
   if (!job) return error_reply(job.err());

@@ -35,8 +35,13 @@ result<reasoning_parser> parse_reasoning_parser(std::string_view s) {
 }
 
 bool prompt_opens_reasoning(std::string_view prompt) {
-  const size_t open = prompt.rfind(think_open);
-  return open != std::string_view::npos && prompt.find(think_close, open) == std::string_view::npos;
+  const size_t end = prompt.find_last_not_of(" \t\n\r");
+  return end != std::string_view::npos && prompt.substr(0, end + 1).ends_with(think_open);
+}
+
+bool leaves_reasoning_open(std::string_view text) {
+  const size_t open = text.rfind(think_open);
+  return open != std::string_view::npos && text.find(think_close, open) == std::string_view::npos;
 }
 
 reasoning_stream::reasoning_stream(reasoning_mode m) : m_(m) {}

@@ -65,13 +65,24 @@ result<std::string> get_string(const json& j, const char* key, const std::string
 }
 
 status parse_rope(const json& j, model_config& c) {
-  auto theta = get_number(j, "rope_theta", 10000.0);
+  // transformers v5 writes rope_theta and the scaling together as rope_parameters.
+  const json* params = nullptr;
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    params = &j["rope_parameters"];
+    if (!params->is_object() || !(params->contains("rope_theta") || params->contains("rope_type"))) {
+      return make_error(errc::unsupported,
+                        "config.json: rope_parameters must be one object with rope_theta or rope_type (per-layer-type "
+                        "rope parameters are not supported)");
+    }
+  }
+  auto theta = get_number(j.contains("rope_theta") || !params ? j : *params, "rope_theta", 10000.0);
   if (!theta) return theta.take_error();
   if (!(*theta > 0.0)) return bad("rope_theta must be positive");
   c.rope.head_dim = c.head_dim;
   c.rope.theta = *theta;
-  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return ok_status();
-  const auto& s = j["rope_scaling"];
+  const json* scaling = j.contains("rope_scaling") && !j["rope_scaling"].is_null() ? &j["rope_scaling"] : params;
+  if (!scaling) return ok_status();
+  const auto& s = *scaling;
   if (!s.is_object()) return bad("rope_scaling must be an object or null");
   auto legacy = get_string(s, "type", "default");
   if (!legacy) return legacy.take_error();
@@ -137,7 +148,8 @@ result<model_config> parse_config_json(const std::string& text) {
   if (c.hidden == 0 || c.intermediate == 0 || c.n_layers == 0 || c.n_heads == 0 || c.vocab == 0) {
     return bad("hidden_size, intermediate_size, num_hidden_layers, num_attention_heads and vocab_size must be positive");
   }
-  LLMESH_FIELD(c.head_dim, "head_dim", false, c.hidden / c.n_heads)
+  // HF's Qwen3Config defaults head_dim to 128 (not hidden / heads, as the others do).
+  LLMESH_FIELD(c.head_dim, "head_dim", false, c.arch == architecture::qwen3 ? 128 : c.hidden / c.n_heads)
 #undef LLMESH_FIELD
   if (c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0) {
     return bad("num_attention_heads (" + std::to_string(c.n_heads) + ") must be a multiple of num_key_value_heads (" +

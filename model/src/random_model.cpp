@@ -170,7 +170,7 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
               {"bos_token_id", 256},
               {"eos_token_id", 257},
               {"torch_dtype", s.dtype == kernels::dtype::f32 ? "float32" : (s.dtype == kernels::dtype::f16 ? "float16" : "bfloat16")}};
-  if (s.head_dim) cfg["head_dim"] = s.head_dim;
+  if (s.head_dim || qk_norm) cfg["head_dim"] = hd;  // Qwen3's default (128) is not hidden / heads
   if (s.arch == "llama" || s.arch == "qwen3") cfg["attention_bias"] = s.attention_bias;
   if (s.arch == "mistral") cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
   if (qwen) cfg["use_sliding_window"] = false;

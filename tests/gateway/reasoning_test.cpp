@@ -69,13 +69,19 @@ TEST(Reasoning, ParserNames) {
   EXPECT_NE(bad.err().message.find("deepseek_r1, qwen3"), std::string::npos);
 }
 
-TEST(Reasoning, APromptOpensTheBlockWhenItsLastThinkIsUnclosed) {
+TEST(Reasoning, APromptOpensTheBlockOnlyAtItsEnd) {
   EXPECT_TRUE(prompt_opens_reasoning("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"));
-  EXPECT_TRUE(prompt_opens_reasoning("<think>old</think> then <think>half a thought"));
+  EXPECT_TRUE(prompt_opens_reasoning("<｜Assistant｜><think>"));
   // Qwen3 with enable_thinking false closes an empty block in the prompt.
   EXPECT_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
   EXPECT_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n"));
   EXPECT_FALSE(prompt_opens_reasoning(""));
+  // A user asking about the tag does not open a block.
+  EXPECT_FALSE(prompt_opens_reasoning("<|im_start|>user\nWhat does <think> do?<|im_end|>\n<|im_start|>assistant\n"));
+  // A continued message that stopped mid-thought does.
+  EXPECT_TRUE(leaves_reasoning_open("<think>old</think> then <think>half a thought"));
+  EXPECT_FALSE(leaves_reasoning_open("<think>a thought</think>The answer"));
+  EXPECT_FALSE(leaves_reasoning_open("The answer"));
 }
 
 TEST(Reasoning, Qwen3SplitsABlockAtTheStartAndLeavesOtherOutputAlone) {

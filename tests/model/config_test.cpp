@@ -220,6 +220,39 @@ TEST(ParseConfig, Qwen3NormalisesQAndKPerHead) {
   EXPECT_NE(r.err().message.find("Qwen3ForCausalLM use_sliding_window"), std::string::npos) << r.err().message;
 }
 
+TEST(ParseConfig, Qwen3HeadDimDefaultsTo128AsInTransformers) {
+  json j = with_arch(minimal_llama(), "Qwen3ForCausalLM");
+  j.erase("head_dim");
+  EXPECT_EQ(parse_ok(j).head_dim, 128u);
+  EXPECT_EQ(parse_ok(with_arch(j, "Qwen2ForCausalLM")).head_dim, parse_ok(j).hidden / parse_ok(j).n_heads);
+}
+
+// transformers v5 writes rope_theta and rope_scaling together as rope_parameters.
+TEST(ParseConfig, RopeParametersOfTransformersV5) {
+  json j = minimal_llama();
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  model_config c = parse_ok(j);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 1000000.0);
+  EXPECT_FALSE(c.rope.llama3);
+  j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  c = parse_ok(j);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 500000.0);
+  EXPECT_TRUE(c.rope.llama3);
+  EXPECT_DOUBLE_EQ(c.rope.factor, 32.0);
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
+  auto r = parse_config(j.dump());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("'yarn'"), std::string::npos) << r.err().message;
+  j["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e6}}}, {"sliding_attention", {{"rope_theta", 1e4}}}};
+  r = parse_config(j.dump());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.err().code, errc::unsupported);
+  EXPECT_NE(r.err().message.find("rope_parameters"), std::string::npos) << r.err().message;
+}
+
 TEST(ParseConfig, OnlyQwen3HasQkNorm) {
   for (const char* arch : {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}) {
     EXPECT_FALSE(parse_ok(with_arch(minimal_llama(), arch)).qk_norm) << arch;

@@ -150,7 +150,8 @@ def load_config(model_dir):
         "rope_scaling": c.get("rope_scaling"),
     }
     cfg["kv_heads"] = c.get("num_key_value_heads") or cfg["heads"]
-    cfg["head_dim"] = c.get("head_dim") or cfg["hidden"] // cfg["heads"]
+    # HF's Qwen3Config defaults head_dim to 128; the others derive it.
+    cfg["head_dim"] = c.get("head_dim") or (128 if arch == "Qwen3ForCausalLM" else cfg["hidden"] // cfg["heads"])
     if cfg["heads"] % cfg["kv_heads"] != 0:
         sys.exit("error: num_attention_heads not a multiple of num_key_value_heads")
     if arch == "Qwen2ForCausalLM":

@@ -6,9 +6,9 @@
 // The split, streamed or whole (the same rule both ways, so a streamed choice concatenates to
 // the whole one):
 // - The output begins in the reasoning when the parser is deepseek_r1 (R1 models always think;
-//   their templates open the block in the prompt) or the rendered prompt left a "<think>" open
-//   (its last "<think>" has no "</think>" after it: Qwen3 thinking templates, a continued
-//   message). A "<think>" at the very start of the output opens it too (and is dropped).
+//   their templates open the block in the prompt), when the rendered prompt ends by opening a
+//   "<think>" (Qwen3 thinking templates), or when a continued final message left one open. A
+//   "<think>" at the very start of the output opens it too (and is dropped).
 // - Otherwise (qwen3: enable_thinking false, whose template closes an empty block in the
 //   prompt, or a model that answers at once) all of the output is content.
 // - The reasoning ends at the first "</think>" (dropped); everything after it is content.
@@ -32,8 +32,14 @@ std::string_view reasoning_parser_name(reasoning_parser p);
 /// names the choices.
 [[nodiscard]] result<reasoning_parser> parse_reasoning_parser(std::string_view s);
 
-/// Whether a rendered chat prompt leaves a "<think>" block open for the output.
+/// Whether a rendered chat prompt opens a "<think>" block for the output: it ends with "<think>"
+/// and whitespace (Qwen3 thinking and DeepSeek-R1 templates). A "<think>" elsewhere in the
+/// prompt (a user asking about the tag, a tool schema) does not count.
 bool prompt_opens_reasoning(std::string_view prompt);
+
+/// Whether `text` (a continued final message's content) leaves a "<think>" open: its last
+/// "<think>" has no "</think>" after it.
+bool leaves_reasoning_open(std::string_view text);
 
 /// How one chat choice's output is split.
 struct reasoning_mode {
