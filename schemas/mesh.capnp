@@ -93,6 +93,8 @@ struct GenerateRequest {
   constraint @7 :Constraint;      # none: unconstrained
   allowedIds @8 :List(Int32);     # non-empty: only these tokens may be drawn (vLLM's allowed_token_ids)
   badWords @9 :List(List(Int32)); # vLLM's bad_words: a word's last token is banned after the rest of it
+  constraintAfter @10 :List(Int32);  # non-empty: the constraint holds only after the output shows these
+                                     # (a reasoning model's "</think>": it thinks freely first)
 }
 
 enum Finish {

@@ -315,7 +315,7 @@ result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, boo
 result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   r.at(entry_label("models", index, node));
   LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization",
-                                 "reasoning_parser"}));
+                                 "reasoning_parser", "tool_call_parser"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -349,6 +349,12 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
     if (*reasoning != "none" && *reasoning != "deepseek_r1" && *reasoning != "qwen3")
       return r.fail("'reasoning_parser' must be none, deepseek_r1 or qwen3, got " + shown(*reasoning));
     out.reasoning_parser = *reasoning;
+  }
+  LLMESH_READ(tools, r.string(f, "tool_call_parser", false));
+  if (tools) {
+    if (*tools != "hermes" && *tools != "llama3_json")
+      return r.fail("'tool_call_parser' must be hermes or llama3_json, got " + shown(*tools));
+    out.tool_call_parser = *tools;
   }
   return out;
 }

@@ -77,6 +77,14 @@ status replica_core::submit(replica_request r) {
     longest_bad_word = std::max(longest_bad_word, w.size());
   }
   r.sampling.bad_words = !r.bad_words.empty();
+  if (!r.constraint_after.empty()) {
+    if (!grammar) return make_error(errc::invalid_request, "constraint_after without a constraint");
+    for (int32_t t : r.constraint_after) {
+      if (t < 0 || static_cast<size_t>(t) >= c.vocab) {
+        return make_error(errc::invalid_request, "constraint_after: token " + std::to_string(t) + " is outside the vocabulary");
+      }
+    }
+  }
   if (r.sampling.prompt_logprobs > kernels::max_logprobs || r.sampling.logprobs > kernels::max_logprobs) {
     return make_error(errc::invalid_request, "logprobs: at most " + std::to_string(kernels::max_logprobs) + " alternatives");
   }
@@ -86,7 +94,8 @@ status replica_core::submit(replica_request r) {
   if (kernels::has_adjustments(r.sampling)) {
     adjust.emplace();
     adjust->bad_words = std::move(r.bad_words);
-    adjust->recent_keep = longest_bad_word > 0 ? longest_bad_word - 1 : 0;
+    adjust->recent_keep = std::max(longest_bad_word > 0 ? longest_bad_word - 1 : 0, r.constraint_after.size());
+    adjust->wait_for = r.constraint_after;
     const size_t output_from = r.prompt.size() - r.generated;
     for (size_t i = 0; i < r.prompt.size(); ++i) adjust->see(r.prompt[i], i >= output_from);
     adjust->end_ids = r.eos_ids;
@@ -98,9 +107,17 @@ status replica_core::submit(replica_request r) {
           return std::find(r.eos_ids.begin(), r.eos_ids.end(), t) != r.eos_ids.end();
         });
     if (grammar) {
-      // A continued request's output so far is where its grammar stands.
+      // A continued request's output so far is where its grammar stands (from the end of
+      // constraint_after in it on, or nowhere yet if it has not come).
       adjust->matcher.emplace(grammar);
-      for (size_t i = output_from; i < r.prompt.size(); ++i) {
+      size_t from = output_from;
+      if (const auto& wait = adjust->wait_for; !wait.empty()) {
+        const auto out = r.prompt.begin() + static_cast<std::ptrdiff_t>(output_from);
+        const auto at = std::search(out, r.prompt.end(), wait.begin(), wait.end());
+        from = at == r.prompt.end() ? r.prompt.size() : static_cast<size_t>(at - r.prompt.begin()) + wait.size();
+        if (at != r.prompt.end()) adjust->wait_for.clear();
+      }
+      for (size_t i = from; i < r.prompt.size(); ++i) {
         const int32_t t = r.prompt[i];
         if (vocab_->excluded(t) || !adjust->matcher->accept(vocab_->bytes(t))) {
           return make_error(errc::invalid_request, "output token " + std::to_string(i - output_from) + " (id " +
@@ -117,7 +134,9 @@ status replica_core::submit(replica_request r) {
   spec.prompt_logprobs = r.sampling.prompt_logprobs;
   // Drafts are checked by drawing after each as a plain decode would (each row's adjustments
   // count the drafts before it): only logits that shift with the batch rule it out.
-  spec.speculate = eng_.batch_invariant();
+  // A grammar that waits for constraint_after would mask some drafts' rows and not others:
+  // such a request decodes one token a step.
+  spec.speculate = eng_.batch_invariant() && r.constraint_after.empty();
   const size_t prompt_len = spec.prompt.size();
   LLMESH_TRY(sched_.add(std::move(spec)));
   sampling_[r.id] = r.sampling;
@@ -133,6 +152,10 @@ result<std::shared_ptr<const model::grammar>> replica_core::grammar_of(const mod
 
 replica_core::followed replica_core::follow(adjust_state& st, int32_t token) const {
   if (!st.matcher) return followed::on;
+  if (!st.wait_for.empty()) {  // thinking: the grammar holds from the token after constraint_after
+    if (st.output_ends_with(st.wait_for, {})) st.wait_for.clear();
+    return followed::on;
+  }
   if (std::find(st.end_ids.begin(), st.end_ids.end(), token) != st.end_ids.end()) return followed::on;  // it ends here anyway
   if (vocab_->excluded(token) || !st.matcher->accept(vocab_->bytes(token))) return followed::outside;
   return st.matcher->done() && st.end_ids.empty() ? followed::done : followed::on;
@@ -169,6 +192,7 @@ size_t replica_core::grammatical_drafts(uint64_t id, std::span<const int32_t> dr
   auto a = adjust_.find(id);
   if (a == adjust_.end()) return drafts.size();
   const auto& st = a->second;
+  if (!st.wait_for.empty()) return 0;  // not speculating (submit)
   if (!st.matcher) {  // allowed_token_ids: drafts up to the first the set does not hold
     if (st.allowed_ids.empty()) return drafts.size();
     for (size_t n = 0; n < drafts.size(); ++n) {
@@ -191,12 +215,13 @@ void replica_core::build_views(adjust_state& st, const kernels::sampling_params&
   const size_t rows = drafts.size() + 1;
   const bool penalties = kernels::has_penalties(p);
   st.views.assign(rows, {});
-  st.masks.assign(st.matcher ? rows : 0, nullptr);
+  const model::grammar_matcher* active = st.active();  // none while it waits for constraint_after
+  st.masks.assign(active ? rows : 0, nullptr);
   st.seen_rows.resize(penalties ? rows - 1 : 0);
   st.bans.resize(rows);
   std::optional<model::grammar_matcher> m;  // the grammar after the drafts so far
-  if (st.matcher && !drafts.empty()) m = *st.matcher;
-  const model::grammar_matcher* at = st.matcher ? &*st.matcher : nullptr;
+  if (active && !drafts.empty()) m = *active;
+  const model::grammar_matcher* at = active;
   for (size_t j = 0; j < rows; ++j) {
     auto& v = st.views[j];
     if (j > 0) {

@@ -93,7 +93,9 @@ status run_serve(const serve_flags& f) {
   apply_gateway_flags(f.gw, ao, ho);
   auto reasoning = gateway::parse_reasoning_parser(f.gw.reasoning_parser);
   if (!reasoning) return reasoning.take_error();
-  gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning};
+  auto tool_parser = gateway::parse_tool_call_parser(f.gw.tool_call_parser);
+  if (!tool_parser) return tool_parser.take_error();
+  gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser};
   auto api = std::make_unique<gateway::api_service>(ao, std::vector{std::move(served)}, **mesh, metrics);
   auto server = gateway::http_server::listen(*api, ho);
   if (!server) return server.take_error();

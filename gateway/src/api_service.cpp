@@ -229,13 +229,13 @@ api_outcome api_service::chat_completions(std::string_view body) {
                                         : sm.chat->render(r->messages, r->add_generation_prompt, extra);
   if (!text) return error_reply(make_error(errc::invalid_request, "chat template: " + text.err().message));
   // The template writes the special tokens itself (as HF's apply_chat_template does).
-  const tool_output shape{r->tools.mode, r->tools.name};
+  const tool_output shape{r->tools.mode, r->tools.name, sm.tool_parser};
   auto ids = sm.tok->encode(*text, r->add_special_tokens);
   truncate_prompt(ids, r->gen.truncate_prompt_tokens, sm.cfg.max_positions);
-  // The model's reasoning parser splits the thinking off, except where a structured output or
-  // a forced tool call constrains the whole output (it has no room to think).
+  // The model's reasoning parser splits the thinking off. A structured output or a forced tool
+  // call then holds for the answer, after "</think>" (unless the prompt closed the block).
   reasoning_mode reasoning;
-  if (r->gen.constraint.type == model::constraint_spec::kind::none) {
+  if (sm.reasoning != reasoning_parser::none) {
     // Opened by the template's generation prompt, or by the message being continued.
     bool opened = prompt_opens_reasoning(*text);
     if (r->continue_final_message) {
@@ -244,6 +244,10 @@ api_outcome api_service::chat_completions(std::string_view body) {
                leaves_reasoning_open(last["content"].get_ref<const std::string&>());
     }
     reasoning = {sm.reasoning, opened, r->include_reasoning};
+    if (r->gen.constraint.type != model::constraint_spec::kind::none &&
+        (sm.reasoning == reasoning_parser::deepseek_r1 || !prompt_closes_reasoning(*text))) {
+      r->gen.constraint_after = sm.tok->encode(std::string(reasoning_end_tag()), false);
+    }
   }
   auto job = prepare(true, sm, {prepared_prompt{std::move(ids), {}}}, r->gen, shape, reasoning);
   if (!job) return error_reply(job.err());
@@ -408,6 +412,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   base.constraint = g.constraint;  // the parser compiled it; every choice follows it
   base.allowed_ids = g.allowed_ids;
   base.bad_words = bad_word_ids(*m.tok, g.bad_words);
+  base.constraint_after = g.constraint_after;
   stream_setup choice;
   choice.return_token_ids = g.return_token_ids;
   choice.stop = g.stop;

@@ -39,6 +39,13 @@ bool prompt_opens_reasoning(std::string_view prompt) {
   return end != std::string_view::npos && prompt.substr(0, end + 1).ends_with(think_open);
 }
 
+bool prompt_closes_reasoning(std::string_view prompt) {
+  const size_t end = prompt.find_last_not_of(" \t\n\r");
+  return end != std::string_view::npos && prompt.substr(0, end + 1).ends_with(think_close);
+}
+
+std::string_view reasoning_end_tag() { return think_close; }
+
 bool leaves_reasoning_open(std::string_view text) {
   const size_t open = text.rfind(think_open);
   return open != std::string_view::npos && text.find(think_close, open) == std::string_view::npos;

@@ -14,6 +14,37 @@ using json = nlohmann::ordered_json;
 
 /// Hermes-style calls (Qwen2.5/3, Hermes 2 Pro templates): <tool_call>{"name", "arguments"}</tool_call>.
 constexpr std::string_view hermes_open = "<tool_call>", hermes_close = "</tool_call>";
+/// What Llama 3.1 may write before its calls (a special token: the decoder usually drops it).
+constexpr std::string_view python_tag = "<|python_tag|>";
+
+/// One past the end of the JSON object or array that begins at text[0], by bracket depth
+/// outside strings; npos when it does not close.
+size_t json_value_end(std::string_view text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (ch == '\\') escaped = true;
+      else if (ch == '"') in_string = false;
+      continue;
+    }
+    if (ch == '"') {
+      in_string = true;
+    } else if (ch == '{' || ch == '[') {
+      ++depth;
+    } else if (ch == '}' || ch == ']') {
+      if (--depth <= 0) return depth == 0 ? i + 1 : std::string_view::npos;
+    }
+  }
+  return std::string_view::npos;
+}
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/// Whether llama3_json takes this output for calls: it begins with "{" or the python tag.
+bool llama3_calls_start(std::string_view text) { return text.starts_with('{') || text.starts_with(python_tag); }
 
 
 /// How many of text's last bytes could begin a "<tool_call>" tag (held back while streaming).
@@ -25,6 +56,16 @@ size_t partial_tag(std::string_view text) {
 }
 
 }  // namespace
+
+std::string_view tool_call_parser_name(tool_call_parser p) {
+  return p == tool_call_parser::llama3_json ? "llama3_json" : "hermes";
+}
+
+result<tool_call_parser> parse_tool_call_parser(std::string_view s) {
+  if (s == "hermes") return tool_call_parser::hermes;
+  if (s == "llama3_json") return tool_call_parser::llama3_json;
+  return make_error(errc::invalid_request, "unknown tool-call parser '" + std::string(s) + "' (hermes, llama3_json)");
+}
 
 std::string new_tool_call_id() {
   // Ids need only be unique among a conversation's calls: 128 random bits, per thread.
@@ -75,7 +116,53 @@ result<std::vector<tool_call_delta>> parse_hermes_calls(std::string_view text) {
   return calls;
 }
 
+result<std::vector<tool_call_delta>> parse_llama3_json_calls(std::string_view text) {
+  const error not_calls =
+      make_error(errc::invalid_request, "the output is not JSON calls {\"name\", \"parameters\"} separated by \";\"");
+  if (text.starts_with(python_tag)) text.remove_prefix(python_tag.size());
+  std::vector<tool_call_delta> calls;
+  size_t pos = 0;
+  auto skip_spaces = [&] {
+    while (pos < text.size() && is_space(text[pos])) ++pos;
+  };
+  skip_spaces();
+  while (pos < text.size()) {
+    if (text[pos] != '{') return not_calls;
+    const size_t len = json_value_end(text.substr(pos));
+    if (len == std::string_view::npos) return not_calls;
+    const auto j = parse_embedded_json(text.substr(pos, len));
+    if (!j || !j->is_object() || !j->contains("name") || !(*j)["name"].is_string()) return not_calls;
+    auto args = j->find("arguments");  // vLLM's order: arguments, else parameters
+    if (args == j->end()) args = j->find("parameters");
+    if (args == j->end()) return not_calls;
+    tool_call_delta c;
+    c.index = calls.size();
+    c.id = new_tool_call_id();
+    c.name = (*j)["name"].get<std::string>();
+    c.arguments = args->dump(-1, ' ', false, json::error_handler_t::replace);
+    calls.push_back(std::move(c));
+    pos += len;
+    skip_spaces();
+    if (pos < text.size()) {
+      if (text[pos] != ';') return not_calls;
+      ++pos;
+      skip_spaces();
+    }
+  }
+  if (calls.empty()) return not_calls;
+  return calls;
+}
+
 void shape_tool_calls(const tool_output& t, choice_delta& c) {
+  if (t.mode == tool_choice_mode::automatic && t.parser == tool_call_parser::llama3_json) {
+    if (!llama3_calls_start(c.text)) return;
+    auto calls = parse_llama3_json_calls(c.text);
+    if (!calls) return;  // not calls after all: all of it is content
+    c.tool_calls = std::move(*calls);
+    c.text.clear();
+    if (c.finish == "stop") c.finish = "tool_calls";
+    return;
+  }
   if (t.mode == tool_choice_mode::automatic) {
     const size_t at = c.text.find(hermes_open);
     if (at == std::string::npos) return;
@@ -128,7 +215,9 @@ std::vector<choice_delta> tool_call_stream::shape(choice_delta c) {
     out.push_back(std::move(c));
     return out;
   }
-  if (t_.mode == tool_choice_mode::automatic) return shape_automatic(std::move(c));
+  if (t_.mode == tool_choice_mode::automatic) {
+    return t_.parser == tool_call_parser::llama3_json ? shape_llama3_json(std::move(c)) : shape_automatic(std::move(c));
+  }
   if (t_.mode == tool_choice_mode::required) {
     held_ += c.text;
     c.text.clear();
@@ -146,6 +235,43 @@ std::vector<choice_delta> tool_call_stream::shape(choice_delta c) {
     return out;
   }
   out.push_back(std::move(c));
+  return out;
+}
+
+std::vector<choice_delta> tool_call_stream::shape_llama3_json(choice_delta c) {
+  if (!decided_) {
+    held_ += c.text;
+    c.text.clear();
+    // The first text tells: calls begin with "{" or the python tag; a piece of the tag waits.
+    const bool tag_piece = !held_.empty() && held_.size() < python_tag.size() && python_tag.starts_with(held_);
+    if (!held_.empty() && (!tag_piece || c.finish)) {
+      decided_ = true;
+      in_calls_ = llama3_calls_start(held_);
+      if (!in_calls_) {  // content: it streams from here on
+        c.text = std::move(held_);
+        held_.clear();
+      }
+    }
+  } else if (in_calls_) {
+    held_ += c.text;
+    c.text.clear();
+  }
+  if (c.finish) {
+    if (in_calls_) {
+      auto calls = parse_llama3_json_calls(held_);
+      if (calls) {
+        c.tool_calls = std::move(*calls);
+        if (*c.finish == "stop") c.finish = "tool_calls";
+      } else {
+        c.text += held_;  // not calls after all: content
+      }
+    } else {
+      c.text += held_;  // nothing decided (no text, or a piece of the tag)
+    }
+    held_.clear();
+  }
+  std::vector<choice_delta> out;
+  if (!empty_delta(c)) out.push_back(std::move(c));
   return out;
 }
 

@@ -126,10 +126,12 @@ result<model_config> parse_config_json(const std::string& text) {
     c.arch = architecture::qwen2;
   } else if (c.arch_name == "Qwen3ForCausalLM") {
     c.arch = architecture::qwen3;
+  } else if (c.arch_name == "Phi3ForCausalLM") {
+    c.arch = architecture::phi3;
   } else {
     return make_error(errc::unsupported, "config.json: unknown architecture '" + c.arch_name +
                                              "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                             "Qwen3ForCausalLM)");
+                                             "Qwen3ForCausalLM, Phi3ForCausalLM)");
   }
 
 #define LLMESH_FIELD(dst, key, required, fallback)     \
@@ -180,12 +182,19 @@ result<model_config> parse_config_json(const std::string& text) {
   c.qkv_bias = c.arch == architecture::qwen2 || biased;
   c.o_bias = biased;
   c.qk_norm = c.arch == architecture::qwen3;
+  c.fused_projections = c.arch == architecture::phi3;
+  if (c.arch == architecture::phi3) {
+    // Phi-4-mini rotates only part of each head; refuse rather than rotate all of it.
+    auto partial = get_number(j, "partial_rotary_factor", 1.0);
+    if (!partial) return partial.take_error();
+    if (*partial != 1.0) return make_error(errc::unsupported, "config.json: partial_rotary_factor other than 1 is not supported");
+  }
   if ((c.arch == architecture::qwen2 || c.arch == architecture::qwen3) && *use_window) {
     // HF applies Qwen's window only from layer max_window_layers on; released checkpoints
     // ship with it off. Refuse rather than compute something subtly different.
     return make_error(errc::unsupported, "config.json: " + c.arch_name + " use_sliding_window is not supported");
   }
-  if (c.arch == architecture::mistral) {
+  if (c.arch == architecture::mistral || c.arch == architecture::phi3) {
     auto w = get_size(j, "sliding_window", false, 0);
     if (!w) return w.take_error();
     c.sliding_window = *w;

@@ -117,7 +117,8 @@ result<std::string> config_architecture_name(const std::string& arch) {
   if (arch == "mistral") return std::string("MistralForCausalLM");
   if (arch == "qwen2") return std::string("Qwen2ForCausalLM");
   if (arch == "qwen3") return std::string("Qwen3ForCausalLM");
-  return make_error(errc::invalid_request, "unknown --arch '" + arch + "' (llama, mistral, qwen2, qwen3)");
+  if (arch == "phi3") return std::string("Phi3ForCausalLM");
+  return make_error(errc::invalid_request, "unknown --arch '" + arch + "' (llama, mistral, qwen2, qwen3, phi3)");
 }
 
 status write_random_model(const random_model_spec& s, const std::string& dir) {
@@ -154,6 +155,7 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   const bool qkv_bias = s.arch == "qwen2" || biased;
   const bool o_bias = biased;
   const bool qk_norm = s.arch == "qwen3";
+  const bool fused = s.arch == "phi3";
   json cfg = {{"architectures", {*arch}},
               {"model_type", s.arch},
               {"hidden_size", s.hidden},
@@ -172,7 +174,7 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
               {"torch_dtype", s.dtype == kernels::dtype::f32 ? "float32" : (s.dtype == kernels::dtype::f16 ? "float16" : "bfloat16")}};
   if (s.head_dim || qk_norm) cfg["head_dim"] = hd;  // Qwen3's default (128) is not hidden / heads
   if (s.arch == "llama" || s.arch == "qwen3") cfg["attention_bias"] = s.attention_bias;
-  if (s.arch == "mistral") cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
+  if (s.arch == "mistral" || fused) cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
   if (qwen) cfg["use_sliding_window"] = false;
   if (s.llama3_scaling) {
     // Why 64: with tiny test contexts an original context of 8192 would leave every
@@ -206,12 +208,20 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     std::string p = "model.layers." + std::to_string(i) + ".";
     add(f, p + "input_layernorm.weight", {s.hidden}, 1.0f, 0.2f);
     add(f, p + "post_attention_layernorm.weight", {s.hidden}, 1.0f, 0.2f);
-    add(f, p + "self_attn.q_proj.weight", {q_dim, s.hidden}, 0.0f, in_h);
-    add(f, p + "self_attn.k_proj.weight", {kv_dim, s.hidden}, 0.0f, in_h);
-    add(f, p + "self_attn.v_proj.weight", {kv_dim, s.hidden}, 0.0f, in_h);
+    if (fused) {  // Phi-3: q, k, v in one tensor; gate and up in another
+      add(f, p + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, s.hidden}, 0.0f, in_h);
+    } else {
+      add(f, p + "self_attn.q_proj.weight", {q_dim, s.hidden}, 0.0f, in_h);
+      add(f, p + "self_attn.k_proj.weight", {kv_dim, s.hidden}, 0.0f, in_h);
+      add(f, p + "self_attn.v_proj.weight", {kv_dim, s.hidden}, 0.0f, in_h);
+    }
     add(f, p + "self_attn.o_proj.weight", {s.hidden, q_dim}, 0.0f, std::sqrt(3.0f / static_cast<float>(q_dim)));
-    add(f, p + "mlp.gate_proj.weight", {s.intermediate, s.hidden}, 0.0f, in_h);
-    add(f, p + "mlp.up_proj.weight", {s.intermediate, s.hidden}, 0.0f, in_h);
+    if (fused) {
+      add(f, p + "mlp.gate_up_proj.weight", {2 * s.intermediate, s.hidden}, 0.0f, in_h);
+    } else {
+      add(f, p + "mlp.gate_proj.weight", {s.intermediate, s.hidden}, 0.0f, in_h);
+      add(f, p + "mlp.up_proj.weight", {s.intermediate, s.hidden}, 0.0f, in_h);
+    }
     add(f, p + "mlp.down_proj.weight", {s.hidden, s.intermediate}, 0.0f,
         std::sqrt(3.0f / static_cast<float>(s.intermediate)));
     if (qkv_bias) {

@@ -35,6 +35,12 @@ result<weight_matrix> matrix(const tensor_store& store, const std::string& name,
   return weight_matrix{t->data, t->type, rows, cols};
 }
 
+/// Rows [row0, row0 + n) of a checkpoint matrix, as a matrix of their own (a fused tensor's part).
+weight_matrix row_part(const weight_matrix& w, size_t row0, size_t n) {
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  return weight_matrix{base + kernels::dtype_bytes(w.type, row0 * w.ld()), w.type, n, w.cols};
+}
+
 result<std::vector<float>> vector_f32(const tensor_store& store, const std::string& name, size_t n) {
   auto t = store.get(name);
   if (!t) return t.take_error();
@@ -101,12 +107,23 @@ status model::bind_weights() {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     LLMESH_BIND(l.attn_norm, vector_f32(store_, p + "input_layernorm.weight", c.hidden))
     LLMESH_BIND(l.mlp_norm, vector_f32(store_, p + "post_attention_layernorm.weight", c.hidden))
-    LLMESH_BIND(l.q, matrix(store_, p + "self_attn.q_proj.weight", q_dim, c.hidden))
-    LLMESH_BIND(l.k, matrix(store_, p + "self_attn.k_proj.weight", kv_dim, c.hidden))
-    LLMESH_BIND(l.v, matrix(store_, p + "self_attn.v_proj.weight", kv_dim, c.hidden))
+    if (c.fused_projections) {  // Phi-3: views of the fused tensors' parts
+      weight_matrix qkv, gate_up;
+      LLMESH_BIND(qkv, matrix(store_, p + "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, c.hidden))
+      LLMESH_BIND(gate_up, matrix(store_, p + "mlp.gate_up_proj.weight", 2 * c.intermediate, c.hidden))
+      l.q = row_part(qkv, 0, q_dim);
+      l.k = row_part(qkv, q_dim, kv_dim);
+      l.v = row_part(qkv, q_dim + kv_dim, kv_dim);
+      l.gate = row_part(gate_up, 0, c.intermediate);
+      l.up = row_part(gate_up, c.intermediate, c.intermediate);
+    } else {
+      LLMESH_BIND(l.q, matrix(store_, p + "self_attn.q_proj.weight", q_dim, c.hidden))
+      LLMESH_BIND(l.k, matrix(store_, p + "self_attn.k_proj.weight", kv_dim, c.hidden))
+      LLMESH_BIND(l.v, matrix(store_, p + "self_attn.v_proj.weight", kv_dim, c.hidden))
+      LLMESH_BIND(l.gate, matrix(store_, p + "mlp.gate_proj.weight", c.intermediate, c.hidden))
+      LLMESH_BIND(l.up, matrix(store_, p + "mlp.up_proj.weight", c.intermediate, c.hidden))
+    }
     LLMESH_BIND(l.o, matrix(store_, p + "self_attn.o_proj.weight", c.hidden, q_dim))
-    LLMESH_BIND(l.gate, matrix(store_, p + "mlp.gate_proj.weight", c.intermediate, c.hidden))
-    LLMESH_BIND(l.up, matrix(store_, p + "mlp.up_proj.weight", c.intermediate, c.hidden))
     LLMESH_BIND(l.down, matrix(store_, p + "mlp.down_proj.weight", c.hidden, c.intermediate))
     if (c.qkv_bias) {
       LLMESH_BIND(l.q_bias, vector_f32(store_, p + "self_attn.q_proj.bias", q_dim))

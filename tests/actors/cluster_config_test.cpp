@@ -286,6 +286,14 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
   }
   expect_refused(with("placement: packed", "placement: packed\n    reasoning_parser: granite"),
                  {"'reasoning_parser' must be none, deepseek_r1 or qwen3, got 'granite'"});
+  expect_refused(with("placement: packed", "placement: packed\n    tool_call_parser: mistral"),
+                 {"'tool_call_parser' must be hermes or llama3_json, got 'mistral'"});
+  {
+    auto q = parse_cluster_config(with("placement: packed", "placement: packed\n    tool_call_parser: llama3_json"), "t.yaml");
+    ASSERT_TRUE(q.ok()) << q.err().message;
+    EXPECT_EQ(q->models[0].tool_call_parser, "llama3_json");
+    EXPECT_EQ(parse_cluster_config(base, "t.yaml")->models[0].tool_call_parser, "hermes");
+  }
   for (const char* p : {"qwen3", "deepseek_r1", "none"}) {
     auto q = parse_cluster_config(with("placement: packed", std::string("placement: packed\n    reasoning_parser: ") + p), "t.yaml");
     ASSERT_TRUE(q.ok()) << q.err().message;

@@ -1,6 +1,6 @@
 // Structured outputs in the replica: every constrained output follows its grammar to the end
 // (a JSON Schema's documents, a choice), whatever its batch neighbours, tensor parallelism or
-// a failover in the middle; the vocabulary is a synthetic one over the random model's 300 ids.
+// a failover in the middle, also when it holds only after a reasoning model's thinking; the vocabulary is a synthetic one over the random model's 300 ids.
 #include <nlohmann/json.hpp>
 
 #include "replica_fixture.hpp"
@@ -299,6 +299,77 @@ TEST_F(StructuredOutput, AGrammarNoTokenContinuesFailsTheRequestInsteadOfEndingI
   EXPECT_EQ(rc.blocks().free_blocks(), rc.blocks().total_blocks());
 }
 
+// A reasoning model's structured output (constraint_after): the grammar masks nothing until the
+// output shows constraint_after, then holds for the rest; a continued request finds where it
+// stands from its output so far; one whose end of thinking never comes is a plain decode.
+TEST_F(StructuredOutput, AGrammarThatWaitsForTheEndOfThinking) {
+  int32_t think_end = 170;  // a word no JSON object starts with: the grammar masks it at the start
+  while (vocab_->bytes(think_end).empty() || vocab_->bytes(think_end)[0] < 'a' || vocab_->bytes(think_end)[0] > 'h') ++think_end;
+  ASSERT_LT(think_end, 300);
+  auto reqs = constrained(4);
+  for (auto& r : reqs) {
+    r.constraint_after = {think_end};
+    r.logit_bias = {{think_end, 50.0f}};  // drawn at once while it may be
+  }
+  auto e = engine(1, 4096);
+  replica_core rc(*e, scheduler_config{});
+  rc.set_vocabulary(vocab_);
+  auto got = serve(rc, reqs);
+  for (const auto& r : reqs) {
+    const auto& o = got[r.id];
+    ASSERT_GE(o.tokens.size(), 2u);
+    EXPECT_EQ(o.tokens[0], think_end) << "request " << r.id << ": unconstrained before the end of thinking";
+    EXPECT_NE(o.tokens[1], think_end) << "request " << r.id << ": masked once the grammar holds (no document starts so)";
+    if (o.finish != finish_reason::eos) continue;
+    const std::string raw = text(std::vector<int32_t>(o.tokens.begin() + 1, o.tokens.end()), r.eos_ids);
+    auto j = nlohmann::json::parse(raw, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << "request " << r.id << ": " << raw;
+    expect_person(j, raw);
+  }
+  // Without constraint_after the grammar masks the word from the first token on.
+  auto now = reqs;
+  for (auto& r : now) r.constraint_after.clear();
+  auto e2 = engine(1, 4096);
+  replica_core rc2(*e2, scheduler_config{});
+  rc2.set_vocabulary(vocab_);
+  for (const auto& [id, o] : serve(rc2, now)) EXPECT_NE(o.tokens.at(0), think_end) << "request " << id;
+  // Failover before and after the end of thinking: the rest is the same.
+  for (const size_t k : {size_t{1}, size_t{3}}) {
+    replica_request c = reqs[0];
+    const auto& full = got[c.id].tokens;
+    ASSERT_GT(full.size(), k);
+    c.prompt.insert(c.prompt.end(), full.begin(), full.begin() + static_cast<std::ptrdiff_t>(k));
+    c.generated = k;
+    c.max_tokens -= k;
+    auto e3 = engine(1, 4096);
+    replica_core one(*e3, scheduler_config{});
+    one.set_vocabulary(vocab_);
+    EXPECT_EQ(serve(one, {c})[c.id].tokens, std::vector<int32_t>(full.begin() + static_cast<std::ptrdiff_t>(k), full.end()))
+        << "continued after " << k;
+  }
+  // An end of thinking that never comes: the same tokens as without any constraint.
+  auto never = constrained(4);
+  auto plain = never;
+  for (auto& r : never) {
+    r.constraint_after = {think_end, think_end};
+    r.logit_bias = {{think_end, -100.0f}};
+    r.max_tokens = 40;
+  }
+  for (auto& r : plain) {
+    r.constraint = {};
+    r.logit_bias = {{think_end, -100.0f}};
+    r.max_tokens = 40;
+  }
+  auto e4 = engine(1, 4096);
+  replica_core a(*e4, scheduler_config{});
+  a.set_vocabulary(vocab_);
+  auto waiting = serve(a, never);
+  auto e5 = engine(1, 4096);
+  replica_core b(*e5, scheduler_config{});
+  auto unconstrained = serve(b, plain);
+  for (const auto& r : never) EXPECT_EQ(waiting[r.id].tokens, unconstrained[r.id].tokens) << "request " << r.id;
+}
+
 TEST_F(StructuredOutput, RefusalsAreClear) {
   auto e = engine(1, 1024);
   replica_core rc(*e, scheduler_config{});
@@ -323,6 +394,17 @@ TEST_F(StructuredOutput, RefusalsAreClear) {
   r.constraint = person_schema();
   r.prompt = {1, 2, 3};
   r.generated = 0;
+  r.constraint_after = {300};
+  s = rc.submit(r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.err().message.find("constraint_after: token 300 is outside the vocabulary"), std::string::npos) << s.err().message;
+  r.constraint_after = {5};
+  r.constraint = {};
+  s = rc.submit(r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.err().message.find("constraint_after without a constraint"), std::string::npos) << s.err().message;
+  r.constraint = person_schema();
+  r.constraint_after.clear();
   EXPECT_TRUE(rc.submit(r).ok());
 }
 

@@ -36,6 +36,7 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   r.sampling.constrained = true;
   r.allowed_ids = {3, 4, 250};
   r.bad_words = {{5}, {6, 7, 8}};
+  r.constraint_after = {151668};
   r.sampling.bad_words = true;
   r.model = "not on the wire";
   replica_request back = through_a_frame(r);
@@ -61,6 +62,7 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   EXPECT_TRUE(back.sampling.constrained);
   EXPECT_EQ(back.allowed_ids, r.allowed_ids);
   EXPECT_EQ(back.bad_words, r.bad_words);
+  EXPECT_EQ(back.constraint_after, r.constraint_after);
   EXPECT_TRUE(back.sampling.bad_words);
   EXPECT_EQ(back.model, "");  // routing happened in the gateway's process
 }

@@ -48,6 +48,7 @@ class PromptFields : public ::testing::Test {
     auto& job = std::get<generation_job>(o);
     allowed_ = job.requests.at(0).allowed_ids;
     bad_words_ = job.requests.at(0).bad_words;
+    constraint_after_ = job.requests.at(0).constraint_after;
     return job.requests.at(0).prompt;
   }
   std::vector<int32_t> encode(const std::string& text, bool special) const { return tok_->encode(text, special); }
@@ -59,6 +60,7 @@ class PromptFields : public ::testing::Test {
   std::string last_error_;
   std::vector<int32_t> allowed_;
   std::vector<std::vector<int32_t>> bad_words_;
+  std::vector<int32_t> constraint_after_;
 };
 
 TEST_F(PromptFields, AddSpecialTokensFollowsVllmsDefaultsPerEndpoint) {
@@ -117,6 +119,34 @@ TEST_F(PromptFields, BadWordsBecomeTheIdsOfEachWordAtTheStartAndAfterASpace) {
     prompt_of("/v1/completions", R"({"model":"m","prompt":"hi","bad_words":)" + bad + "}", &status);
     EXPECT_EQ(status, 400) << bad;
     EXPECT_NE(last_error_.find("bad_words"), std::string::npos) << last_error_;
+  }
+}
+
+// A reasoning model's structured output holds after its thinking: the request carries the
+// tokens of "</think>", unless the prompt closed the block already (enable_thinking false).
+TEST_F(PromptFields, AReasoningModelsConstraintWaitsForTheEndOfThinking) {
+  auto chat = model::chat_template::parse(
+      "{% for m in messages %}{{ m.content }}{% endfor %}"
+      "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}");
+  ASSERT_TRUE(chat.ok()) << chat.err().message;
+  model::model_config cfg;
+  cfg.vocab = 128256;
+  cfg.max_positions = 4096;
+  api_options o;
+  for (auto parser : {reasoning_parser::qwen3, reasoning_parser::deepseek_r1, reasoning_parser::none}) {
+    SCOPED_TRACE(std::string(reasoning_parser_name(parser)));
+    api_ = std::make_unique<api_service>(o, std::vector{served_model{"m", tok_, *chat, cfg, parser}}, mesh_, metrics_);
+    const std::string json_out = R"("response_format":{"type":"json_object"})";
+    const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+    const auto think_end = parser == reasoning_parser::none ? std::vector<int32_t>{} : encode("</think>", false);
+    prompt_of("/v1/chat/completions", R"({"model":"m",)" + msgs + "," + json_out + "}");
+    EXPECT_EQ(constraint_after_, think_end);
+    prompt_of("/v1/chat/completions", R"({"model":"m",)" + msgs + "}");
+    EXPECT_TRUE(constraint_after_.empty()) << "nothing to wait for without a constraint";
+    // The prompt closed the block: a qwen3 model answers (in the grammar) at once; R1 always thinks.
+    prompt_of("/v1/chat/completions",
+              R"({"model":"m",)" + msgs + "," + json_out + R"(,"chat_template_kwargs":{"enable_thinking":false}})");
+    EXPECT_EQ(constraint_after_, parser == reasoning_parser::deepseek_r1 ? think_end : std::vector<int32_t>{});
   }
 }
 

@@ -3,7 +3,8 @@
 // finish "tool_calls"; cut short: left as content; auto: Hermes-style <tool_call> blocks
 // taken out of the content) and streamed deltas (named: the call's start, then argument
 // pieces; required: held, then every call in one delta; auto: content until a tag, no piece
-// of a tag leaking, then the calls at the end), both directly and through a
+// of a tag leaking, then the calls at the end; llama3_json: an output of JSON calls held
+// whole, anything else content), both directly and through a
 // completion_group fed with a tokenizer's tokens.
 #include <gtest/gtest.h>
 
@@ -215,6 +216,94 @@ TEST(ToolCalls, HermesBlocksParseIntoCalls) {
                           "<tool_call>{\"name\": \"f\", \"argu"}) {
     EXPECT_FALSE(parse_hermes_calls(bad).ok()) << bad;
   }
+}
+
+TEST(ToolCalls, ParserNames) {
+  EXPECT_EQ(parse_tool_call_parser("hermes").value(), tool_call_parser::hermes);
+  EXPECT_EQ(parse_tool_call_parser("llama3_json").value(), tool_call_parser::llama3_json);
+  for (auto p : {tool_call_parser::hermes, tool_call_parser::llama3_json}) {
+    EXPECT_EQ(parse_tool_call_parser(tool_call_parser_name(p)).value(), p);
+  }
+  auto bad = parse_tool_call_parser("mistral");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("'mistral' (hermes, llama3_json)"), std::string::npos) << bad.err().message;
+}
+
+TEST(ToolCalls, Llama3JsonCallsParseIntoCalls) {
+  auto calls = parse_llama3_json_calls(
+      R"({"name": "get_weather", "parameters": {"city": "Paris", "note": "a } in \"text\""}}; {"name": "now", "arguments": {}} )");
+  ASSERT_TRUE(calls.ok()) << calls.err().message;
+  ASSERT_EQ(calls->size(), 2u);
+  EXPECT_EQ((*calls)[0].name, "get_weather");
+  EXPECT_EQ((*calls)[0].arguments, R"({"city":"Paris","note":"a } in \"text\""})");
+  EXPECT_TRUE(is_call_id((*calls)[0].id));
+  EXPECT_EQ((*calls)[1].index, 1u);
+  EXPECT_EQ((*calls)[1].arguments, "{}");
+  auto tagged = parse_llama3_json_calls(R"(<|python_tag|>{"name": "f", "parameters": {"a": [1, {"b": 2}]}})");
+  ASSERT_TRUE(tagged.ok()) << tagged.err().message;
+  EXPECT_EQ((*tagged)[0].arguments, R"({"a":[1,{"b":2}]})");
+  for (const char* bad : {"", "Hello", R"({"name": "f"})", R"({"parameters": {}})", R"({"name": 1, "parameters": {}})",
+                          R"({"name": "f", "parameters": {}} and more)", R"({"name": "f", "parameters": {})",
+                          R"([{"name": "f", "parameters": {}}])", R"({"name": "f", "parameters": {}};; {"name": "g"})"}) {
+    EXPECT_FALSE(parse_llama3_json_calls(bad).ok()) << bad;
+  }
+}
+
+TEST(ToolCalls, Llama3JsonTakesCallsOnlyFromAnOutputThatIsCalls) {
+  const tool_output llama{tool_choice_mode::automatic, "", tool_call_parser::llama3_json};
+  choice_delta c;
+  c.text = R"({"name": "get_weather", "parameters": {"city": "Zion"}})";
+  c.finish = "stop";
+  shape_tool_calls(llama, c);
+  EXPECT_EQ(c.text, "");
+  ASSERT_EQ(c.tool_calls.size(), 1u);
+  EXPECT_EQ(c.tool_calls[0].arguments, R"({"city":"Zion"})");
+  EXPECT_EQ(*c.finish, "tool_calls");
+  // Prose, Hermes blocks (another parser's format) and broken JSON stay content.
+  for (const char* text : {"The weather is fair.", "<tool_call>{\"name\": \"f\"}</tool_call>", "{\"name\": \"f\", \"par"}) {
+    choice_delta p;
+    p.text = text;
+    p.finish = "length";
+    shape_tool_calls(llama, p);
+    EXPECT_EQ(p.text, text);
+    EXPECT_TRUE(p.tool_calls.empty()) << text;
+    EXPECT_EQ(*p.finish, "length");
+  }
+  // Streamed: calls are held whole to the end; prose streams at once; a piece of the python tag waits.
+  auto run = [&](const std::vector<std::string>& pieces) {
+    tool_call_stream s(llama);
+    std::vector<json> out;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      choice_delta d;
+      d.role = i == 0;
+      d.text = pieces[i];
+      if (i + 1 == pieces.size()) d.finish = "stop";
+      for (const auto& x : s.shape(d)) out.push_back(delta_json(x)["choices"][0]);
+    }
+    return out;
+  };
+  auto ev = run({"", "{\"name\": \"now\", ", "\"parameters\": {}}", ""});
+  ASSERT_EQ(ev.size(), 2u);  // the role; then the call with the finish
+  EXPECT_EQ(ev[0]["delta"], json({{"role", "assistant"}}));
+  EXPECT_EQ(ev[1]["delta"]["tool_calls"][0]["function"], json({{"name", "now"}, {"arguments", "{}"}}));
+  EXPECT_EQ(ev[1]["finish_reason"], "tool_calls");
+  auto prose = run({"It is", " fair {\"x\": 1}", "."});
+  ASSERT_EQ(prose.size(), 3u);
+  EXPECT_EQ(prose[0]["delta"]["content"], "It is");
+  EXPECT_EQ(prose[1]["delta"]["content"], " fair {\"x\": 1}");
+  EXPECT_EQ(prose[2]["finish_reason"], "stop");
+  auto tag = run({"<|py", "thon_tag|>{\"name\": \"f\", \"parameters\": {\"n\": 1}}"});
+  ASSERT_EQ(tag.size(), 2u);
+  EXPECT_EQ(tag[1]["delta"]["tool_calls"][0]["function"], json({{"name", "f"}, {"arguments", R"({"n":1})"}}));
+  auto lt = run({"<", "3 you"});  // looked like the tag's start, was not
+  std::string text;
+  for (const auto& e : lt) text += e["delta"].value("content", "");
+  EXPECT_EQ(text, "<3 you");
+  auto broken = run({"{\"name\": ", "5}"});
+  text.clear();
+  for (const auto& e : broken) text += e["delta"].value("content", "");
+  EXPECT_EQ(text, "{\"name\": 5}");
+  EXPECT_EQ(broken.back()["finish_reason"], "stop");
 }
 
 TEST(ToolCalls, AutoTakesHermesCallsOutOfAWholeMessage) {

@@ -24,8 +24,8 @@ struct named_spec {
 };
 
 /// The shapes of tests/data/golden/cases.txt (dtype, GQA/MHA/MQA, biases, llama3 rope with
-/// head_dim ≠ hidden/heads, sliding window, odd vocabulary, Qwen3's per-head q/k norms), plus one
-/// wide enough for 16-byte loads.
+/// head_dim ≠ hidden/heads, sliding window, odd vocabulary, Qwen3's per-head q/k norms, Phi-3's
+/// fused projections), plus one wide enough for 16-byte loads.
 std::vector<named_spec> golden_shapes() {
   std::vector<named_spec> v;
   auto add = [&](const char* name, auto edit) {
@@ -49,6 +49,9 @@ std::vector<named_spec> golden_shapes() {
   add("qwen3_qknorm_bf16", [](auto& s) {
     s.arch = "qwen3"; s.hidden = 64; s.intermediate = 192; s.n_heads = 4; s.n_kv_heads = 2; s.head_dim = 32;
     s.vocab = 600; s.dtype = kernels::dtype::bf16; s.tie_embeddings = true; s.rope_theta = 1e6; s.seed = 17; });
+  add("phi3_fused_window_bf16", [](auto& s) {
+    s.arch = "phi3"; s.hidden = 96; s.intermediate = 160; s.n_heads = 6; s.n_kv_heads = 2; s.vocab = 600;
+    s.dtype = kernels::dtype::bf16; s.sliding_window = 6; s.seed = 19; });
   add("llama_wide_bf16", [](auto& s) {
     s.hidden = 512; s.intermediate = 1376; s.n_layers = 3; s.n_heads = 8; s.n_kv_heads = 2; s.vocab = 4099;
     s.dtype = kernels::dtype::bf16; s.seed = 17; });

@@ -253,6 +253,36 @@ TEST(ParseConfig, RopeParametersOfTransformersV5) {
   EXPECT_NE(r.err().message.find("rope_parameters"), std::string::npos) << r.err().message;
 }
 
+TEST(ParseConfig, Phi3HasFusedProjectionsAndASlidingWindow) {
+  // Shaped like Phi-3-mini-4k-instruct.
+  json j = with_arch(minimal_llama(), "Phi3ForCausalLM");
+  j["sliding_window"] = 2047;
+  j["original_max_position_embeddings"] = 4096;
+  j["rope_scaling"] = nullptr;
+  model_config c = parse_ok(j);
+  EXPECT_EQ(c.arch, architecture::phi3);
+  EXPECT_TRUE(c.fused_projections);
+  EXPECT_EQ(c.sliding_window, 2047u);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_FALSE(c.o_bias);
+  EXPECT_FALSE(c.qk_norm);
+  j["sliding_window"] = nullptr;
+  EXPECT_EQ(parse_ok(j).sliding_window, 0u);
+  j["partial_rotary_factor"] = 1.0;
+  EXPECT_TRUE(parse_config(j.dump()).ok());
+  j["partial_rotary_factor"] = 0.75;  // Phi-4-mini
+  auto r = parse_config(j.dump());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.err().code, errc::unsupported);
+  EXPECT_NE(r.err().message.find("partial_rotary_factor"), std::string::npos) << r.err().message;
+  j.erase("partial_rotary_factor");
+  j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}};  // Phi-3-128k
+  r = parse_config(j.dump());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("'longrope'"), std::string::npos) << r.err().message;
+  EXPECT_FALSE(parse_ok(minimal_llama()).fused_projections);
+}
+
 TEST(ParseConfig, OnlyQwen3HasQkNorm) {
   for (const char* arch : {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}) {
     EXPECT_FALSE(parse_ok(with_arch(minimal_llama(), arch)).qk_norm) << arch;

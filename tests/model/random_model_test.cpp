@@ -430,6 +430,7 @@ TEST(ConfigArchitectureName, MapsShortNamesToHfClasses) {
   EXPECT_EQ(config_architecture_name("mistral").value(), "MistralForCausalLM");
   EXPECT_EQ(config_architecture_name("qwen2").value(), "Qwen2ForCausalLM");
   EXPECT_EQ(config_architecture_name("qwen3").value(), "Qwen3ForCausalLM");
+  EXPECT_EQ(config_architecture_name("phi3").value(), "Phi3ForCausalLM");
   for (const char* bad : {"", "qwen", "LLAMA", "LlamaForCausalLM"}) {
     auto r = config_architecture_name(bad);
     ASSERT_FALSE(r.ok()) << bad;

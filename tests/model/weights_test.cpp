@@ -35,10 +35,17 @@ std::vector<std::string> tensor_names(const random_model_spec& s) {
   const bool o_bias = biased;
   for (size_t i = 0; i < s.n_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-                          "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                          "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"}) {
-      names.push_back(p + n);
+    if (s.arch == "phi3") {  // fused: q, k, v in one tensor; gate and up in another
+      for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.qkv_proj.weight",
+                            "self_attn.o_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight"}) {
+        names.push_back(p + n);
+      }
+    } else {
+      for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+                            "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                            "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"}) {
+        names.push_back(p + n);
+      }
     }
     if (qkv_bias) {
       for (const char* n : {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}) names.push_back(p + n);
@@ -169,6 +176,12 @@ std::vector<named_spec> specs() {
   s.tie_embeddings = false;
   s.shards = 2;
   out.push_back({"qwen3 attention_bias sharded 2", s});
+  s = {};
+  s.arch = "phi3";
+  s.dtype = dtype::bf16;
+  s.n_kv_heads = 1;
+  s.sliding_window = 16;
+  out.push_back({"phi3 fused bf16 mqa", s});
   return out;
 }
 

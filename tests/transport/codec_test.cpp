@@ -32,6 +32,9 @@ std::vector<envelope> samples() {
       // vLLM's bad_words: lists of ids, and the flag every rank reads.
       generate_msg{13, {5, 6}, 8, {0.0f, 1.0f, 0, 3, -1, 0.0f, 0.0f, 1.0f, 0, false, 0.0f, -1, false, true}, {}, 0, {}, 0, "", {},
                    {{4}, {7, 3, 9}}},
+      // A constraint that holds after the model's "</think>".
+      generate_msg{14, {5, 6}, 8, {0.0f, 1.0f, 0, 3, -1, 0.0f, 0.0f, 1.0f, 0, false, 0.0f, -1, true}, {}, 0, {}, 3, "[a-z]+", {},
+                   {}, {151668}},
       token_body{7, 42, finish_kind::length, false, errc::internal, "", std::nullopt},
       token_body{7, -1, finish_kind::none, true, errc::shard_failed, "shard 1 is gone", std::nullopt},
       token_body{8, 9, finish_kind::none, false, errc::internal, "", token_body::logprobs_t{-0.25f, {9, 3}, {-0.25f, -2.5f}, 2}},

@@ -6,7 +6,8 @@ correctness tests. It is run BY HAND, not in CI, and it deliberately shares no
 code (and no file-format parsing) with the C++ engine, so that a bug in one is
 not silently mirrored in the other.
 
-Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, with
+Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+Phi3ForCausalLM (fused qkv_proj and gate_up_proj, split here), with
 weights in model.safetensors or a sharded model.safetensors.index.json
 (F32, F16 or BF16). Everything is computed in float64; the full sequence is
 recomputed at every step (no KV cache), which is fine for tiny models.
@@ -41,7 +42,8 @@ except ImportError as e:
     sys.exit(f"error: {e}. Debian's python3-numpy/python3-torch are only visible to "
              "/usr/bin/python3 (not a pyenv or venv python).")
 
-SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                   "Phi3ForCausalLM")
 
 
 # ---------------------------------------------------------------- safetensors
@@ -158,10 +160,13 @@ def load_config(model_dir):
         cfg["qkv_bias"], cfg["o_bias"] = True, False
     elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
         cfg["qkv_bias"] = cfg["o_bias"] = bool(c.get("attention_bias", False))
-    else:  # Mistral: no biases
+    else:  # Mistral, Phi-3: no biases
         cfg["qkv_bias"] = cfg["o_bias"] = False
+    if arch == "Phi3ForCausalLM" and c.get("partial_rotary_factor", 1.0) != 1.0:
+        sys.exit("error: partial_rotary_factor other than 1 is not supported")
+    cfg["fused"] = arch == "Phi3ForCausalLM"
     window = None
-    if arch == "MistralForCausalLM" or (arch == "Qwen2ForCausalLM" and c.get("use_sliding_window")):
+    if arch in ("MistralForCausalLM", "Phi3ForCausalLM") or (arch == "Qwen2ForCausalLM" and c.get("use_sliding_window")):
         window = c.get("sliding_window")
     if arch == "Qwen3ForCausalLM" and c.get("use_sliding_window"):
         sys.exit("error: Qwen3 use_sliding_window is not supported")
@@ -220,14 +225,19 @@ class Model:
             L = {
                 "ln1": W.get(p + "input_layernorm.weight", [H]),
                 "ln2": W.get(p + "post_attention_layernorm.weight", [H]),
-                "q": W.get(p + "self_attn.q_proj.weight", [nh * hd, H]),
-                "k": W.get(p + "self_attn.k_proj.weight", [nkv * hd, H]),
-                "v": W.get(p + "self_attn.v_proj.weight", [nkv * hd, H]),
                 "o": W.get(p + "self_attn.o_proj.weight", [H, nh * hd]),
-                "gate": W.get(p + "mlp.gate_proj.weight", [I, H]),
-                "up": W.get(p + "mlp.up_proj.weight", [I, H]),
                 "down": W.get(p + "mlp.down_proj.weight", [H, I]),
             }
+            if cfg["fused"]:  # Phi-3: rows q | k | v, and gate | up (HF's split and chunk(2))
+                qkv = W.get(p + "self_attn.qkv_proj.weight", [(nh + 2 * nkv) * hd, H])
+                L["q"], L["k"], L["v"] = torch.split(qkv, [nh * hd, nkv * hd, nkv * hd], dim=0)
+                L["gate"], L["up"] = W.get(p + "mlp.gate_up_proj.weight", [2 * I, H]).chunk(2, dim=0)
+            else:
+                L["q"] = W.get(p + "self_attn.q_proj.weight", [nh * hd, H])
+                L["k"] = W.get(p + "self_attn.k_proj.weight", [nkv * hd, H])
+                L["v"] = W.get(p + "self_attn.v_proj.weight", [nkv * hd, H])
+                L["gate"] = W.get(p + "mlp.gate_proj.weight", [I, H])
+                L["up"] = W.get(p + "mlp.up_proj.weight", [I, H])
             for n, size in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
                 L[n + "_b"] = W.get(p + f"self_attn.{n}_proj.bias", [size]) if cfg["qkv_bias"] else None
             L["o_b"] = W.get(p + "self_attn.o_proj.bias", [H]) if cfg["o_bias"] else None

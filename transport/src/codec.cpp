@@ -71,6 +71,9 @@ struct writer {
       lb[i].setBias(m.logit_bias[i].bias);
     }
     if (!m.allowed_ids.empty()) fill(g.initAllowedIds(static_cast<unsigned>(m.allowed_ids.size())), m.allowed_ids);
+    if (!m.constraint_after.empty()) {
+      fill(g.initConstraintAfter(static_cast<unsigned>(m.constraint_after.size())), m.constraint_after);
+    }
     if (!m.bad_words.empty()) {
       auto words = g.initBadWords(static_cast<unsigned>(m.bad_words.size()));
       for (unsigned i = 0; i < m.bad_words.size(); ++i) {
@@ -351,6 +354,7 @@ struct reader {
           for (auto b : lb) m.logit_bias.push_back({b.getId(), b.getBias()});
         }
         m.allowed_ids = ints(g.getAllowedIds(), "allowedIds");
+        m.constraint_after = ints(g.getConstraintAfter(), "constraintAfter");
         if (auto words = g.getBadWords(); fits(words, "badWords")) {
           size_t total = 0;
           for (auto w : words) {

@@ -76,6 +76,8 @@ struct model_spec {
   std::string quantization = "none";  ///< how replica nodes hold the weights: none | int8 (--quantization)
   /// How gateways split chat output's thinking (--reasoning-parser): none | deepseek_r1 | qwen3
   std::string reasoning_parser = "none";
+  /// The format gateways take tool_choice "auto"'s calls from (--tool-call-parser): hermes | llama3_json
+  std::string tool_call_parser = "hermes";
 };
 
 /// A whole cluster config, validated. Immutable after parsing; safe to share between threads.

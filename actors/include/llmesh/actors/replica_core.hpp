@@ -49,6 +49,10 @@ struct replica_request {
   /// is banned from every draw whose output so far ends with the word's other tokens (a
   /// one-token word: always).
   std::vector<std::vector<int32_t>> bad_words;
+  /// Non-empty (with a constraint): the constraint holds only for the output after these
+  /// tokens first appear in it (a reasoning model's "</think>": it thinks unconstrained, then
+  /// answers in the grammar). Such a request does not speculate.
+  std::vector<int32_t> constraint_after;
 };
 
 using kernels::sample_row;
@@ -123,10 +127,14 @@ class replica_core {
     /// longest word less one), and the step's bans per row (end ids before min_tokens, and
     /// each word's last token where the output, with the row's drafts, ends with its rest).
     std::vector<std::vector<int32_t>> bad_words;
+    /// constraint_after until the output shows it (empty: the grammar, if any, holds now).
+    std::vector<int32_t> wait_for;
     std::vector<int32_t> recent;
     size_t recent_keep = 0;
     std::vector<std::vector<int32_t>> bans;
     void see(int32_t id, bool output);
+    /// The grammar that masks the draws now: none while it waits for constraint_after.
+    const model::grammar_matcher* active() const { return matcher && wait_for.empty() ? &*matcher : nullptr; }
     /// Whether the output so far and then `drafts` end with `prefix`.
     bool output_ends_with(std::span<const int32_t> prefix, std::span<const int32_t> drafts) const;
   };

@@ -21,6 +21,7 @@
 #include "llmesh/gateway/completion_group.hpp"
 #include "llmesh/gateway/openai_api.hpp"
 #include "llmesh/gateway/reasoning.hpp"
+#include "llmesh/gateway/tool_calls.hpp"
 #include "llmesh/model/chat_template.hpp"
 #include "llmesh/model/config.hpp"
 #include "llmesh/model/tokenizer.hpp"
@@ -42,6 +43,8 @@ struct served_model {
   model::model_config cfg;                   ///< context, vocabulary, EOS ids, sampling defaults
   /// Splits chat output into reasoning_content and content (reasoning.hpp); none: no split.
   reasoning_parser reasoning = reasoning_parser::none;
+  /// The format tool_choice "auto" finds calls in (tool_calls.hpp).
+  tool_call_parser tool_parser = tool_call_parser::hermes;
 };
 
 /// A response to run: submit every request to the mesh, feed their messages to `output`.

@@ -53,6 +53,9 @@ struct generation_fields {
   /// output ends with the rest of it). At most request_limits::max_bad_words, each 1..
   /// max_stop_bytes bytes.
   std::vector<std::string> bad_words;
+  /// Set by api_service (chat with a reasoning parser and a constraint): the constraint holds
+  /// only after the output shows these tokens ("</think>"'s), so the model thinks freely first.
+  std::vector<int32_t> constraint_after;
   /// Extension (vLLM's): generation also ends after any of these ids (finish_reason "stop"),
   /// even with ignore_eos; the id is in token_ids, its text is not in the output. The parser
   /// checks the type and count; api_service checks each against the vocabulary.

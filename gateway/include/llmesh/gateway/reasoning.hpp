@@ -14,6 +14,11 @@
 // - The reasoning ends at the first "</think>" (dropped); everything after it is content.
 //   An output that never closes it (cut by max_tokens) is all reasoning.
 // vLLM's qwen3 parser differs in one corner: non-streamed, an unclosed block is content there.
+//
+// With a structured output or a forced tool call, the constraint holds for the answer only:
+// api_service sets generation_fields::constraint_after to the tokens of "</think>" (unless the
+// prompt closed the block already), so the model thinks unconstrained first, as vLLM does.
+// A model that never writes "</think>" is then never constrained.
 #pragma once
 
 #include <string>
@@ -36,6 +41,13 @@ std::string_view reasoning_parser_name(reasoning_parser p);
 /// and whitespace (Qwen3 thinking and DeepSeek-R1 templates). A "<think>" elsewhere in the
 /// prompt (a user asking about the tag, a tool schema) does not count.
 bool prompt_opens_reasoning(std::string_view prompt);
+
+/// Whether a rendered chat prompt ends by closing a "<think>" block (and whitespace): Qwen3's
+/// template with enable_thinking false writes an empty one, so the model answers at once.
+bool prompt_closes_reasoning(std::string_view prompt);
+
+/// The tag that ends the reasoning, "</think>".
+std::string_view reasoning_end_tag();
 
 /// Whether `text` (a continued final message's content) leaves a "<think>" open: its last
 /// "<think>" has no "</think>" after it.

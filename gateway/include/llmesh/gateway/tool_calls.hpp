@@ -1,10 +1,13 @@
 // A chat choice's output as tool calls (structured_output.hpp's tool_choice): a named tool's
 // output is its arguments, one call; "required"'s output is a JSON array of {"name",
-// "parameters"}, one call each; with "auto" (and tools), calls the model wrote in the Hermes
-// style that Qwen2.5/3 and Hermes 2 Pro templates ask for — <tool_call>{"name": ...,
-// "arguments": {...}}</tool_call> — are taken out of the text (vLLM's hermes parser; other
-// formats stay content). Whole messages and streamed deltas shaped as OpenAI's (and vLLM's)
-// tool_calls. With "none" nothing is shaped.
+// "parameters"}, one call each; with "auto" (and tools), calls the model wrote in its format
+// are taken out of the text, by the served model's tool-call parser (vLLM's
+// --tool-call-parser): hermes — <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+// blocks, as Qwen2.5/3 and Hermes 2 Pro templates ask for — or llama3_json — an output that
+// is JSON objects {"name": ..., "parameters": {...}} separated by ";" (after Llama 3.1's
+// <|python_tag|>, if kept), as Llama 3.1-3.3 templates ask for. Other formats stay content.
+// Whole messages and streamed deltas shaped as OpenAI's (and vLLM's) tool_calls. With "none"
+// nothing is shaped.
 #pragma once
 
 #include <string>
@@ -17,10 +20,20 @@
 
 namespace llmesh::gateway {
 
+/// The format "auto" looks for calls in (vLLM's --tool-call-parser names).
+enum class tool_call_parser { hermes, llama3_json };
+
+/// "hermes", "llama3_json".
+std::string_view tool_call_parser_name(tool_call_parser p);
+/// Parses a --tool-call-parser value (or a cluster config's tool_call_parser); invalid_request
+/// names the choices.
+[[nodiscard]] result<tool_call_parser> parse_tool_call_parser(std::string_view s);
+
 /// How a choice's output is shaped (api_service sets it from the request's tool_choice).
 struct tool_output {
   tool_choice_mode mode = tool_choice_mode::none;  ///< none shapes nothing (automatic: only with tools)
   std::string name;                                ///< named: the function
+  tool_call_parser parser = tool_call_parser::hermes;  ///< automatic: the served model's format
   bool shapes() const { return mode != tool_choice_mode::none; }
 };
 
@@ -39,13 +52,20 @@ std::string new_tool_call_id();
 /// block or one is not such an object.
 [[nodiscard]] result<std::vector<tool_call_delta>> parse_hermes_calls(std::string_view text);
 
+/// Llama 3.1-3.3's JSON calls (vLLM's llama3_json parser): `text`, after an optional leading
+/// "<|python_tag|>", is one or more JSON objects {"name": string, "parameters" (or
+/// "arguments"): any} separated by ";" and whitespace; each is a call with a new id and its
+/// parameters as compact JSON text. An invalid_request error when the text is anything else.
+[[nodiscard]] result<std::vector<tool_call_delta>> parse_llama3_json_calls(std::string_view text);
+
 /// A whole (non-streamed) choice: named — one call whose arguments are the text, finish kept
 /// (vLLM's "stop"); required — the parsed calls, finish "tool_calls" where it was "stop"; the
 /// content becomes "" (vLLM's). A required output that does not parse (cut by max_tokens)
-/// stays the content, with its finish reason ("length"). automatic — where the text holds
-/// Hermes-style calls that all parse, they become the calls, the content is the text before
-/// the first, finish "tool_calls" where it was "stop"; otherwise nothing changes. Nothing
-/// changes when !t.shapes().
+/// stays the content, with its finish reason ("length"). automatic, hermes — where the text
+/// holds Hermes-style calls that all parse, they become the calls, the content is the text
+/// before the first, finish "tool_calls" where it was "stop"; llama3_json — where the text
+/// begins with "{" (or "<|python_tag|>") and is all calls, they become the calls and the
+/// content is ""; otherwise nothing changes. Nothing changes when !t.shapes().
 void shape_tool_calls(const tool_output& t, choice_delta& c);
 
 /// Thread affinity: its stream's. Shapes one streamed choice's deltas.
@@ -55,10 +75,12 @@ void shape_tool_calls(const tool_output& t, choice_delta& c);
 /// delta has text it follows as a second delta. required: the text is held until the choice
 /// ends (not parsed incrementally), then one delta carries every call whole (index, id, type,
 /// name, arguments) with finish "tool_calls"; if it does not parse, the held text goes out as
-/// content with the engine's finish reason. automatic: content streams as it comes, except
-/// that text which may begin a "<tool_call>" tag is held back until the next piece tells; from
-/// a tag on, the text is held until the choice ends, then goes out as one delta of calls
-/// (finish "tool_calls") if they all parse, else as content. Logprobs and token ids ride on
+/// content with the engine's finish reason. automatic, hermes: content streams as it comes,
+/// except that text which may begin a "<tool_call>" tag is held back until the next piece
+/// tells; from a tag on, the text is held until the choice ends, then goes out as one delta of
+/// calls (finish "tool_calls") if they all parse, else as content. automatic, llama3_json: an
+/// output whose text begins with "{" (or "<|python_tag|>") is held until the choice ends, then
+/// goes out as calls or, if it is not all calls, as content; any other output streams as content. Logprobs and token ids ride on
 /// the deltas as before (while text is held, on the deltas that still go out: the first,
 /// those that carry them, the last).
 class tool_call_stream {
@@ -69,11 +91,13 @@ class tool_call_stream {
 
  private:
   std::vector<choice_delta> shape_automatic(choice_delta c);
+  std::vector<choice_delta> shape_llama3_json(choice_delta c);
 
   tool_output t_;
   std::string held_;     ///< required: the text so far; automatic: the text from the first tag on
   std::string pending_;  ///< automatic: the text's end that may begin a tag
-  bool in_calls_ = false;  ///< automatic: a tag was seen
+  bool in_calls_ = false;  ///< automatic: a tag was seen (llama3_json: the output begins as calls)
+  bool decided_ = false;   ///< llama3_json: the output's first text told whether it is calls
 };
 
 }  // namespace llmesh::gateway

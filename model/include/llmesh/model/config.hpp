@@ -12,7 +12,7 @@
 namespace llmesh::model {
 
 /// Supported architectures (DESIGN.md §Models).
-enum class architecture { llama, mistral, qwen2, qwen3 };
+enum class architecture { llama, mistral, qwen2, qwen3, phi3 };
 
 /// Everything the forward pass needs to know about a model's shape.
 struct model_config {
@@ -30,7 +30,10 @@ struct model_config {
   /// Qwen3: q and k are RMS-normalised per head (weights of head_dim, shared by the heads) after
   /// their projections, before RoPE.
   bool qk_norm = false;
-  size_t sliding_window = 0;   ///< 0: none (Mistral sliding_window, Qwen2 with use_sliding_window)
+  /// Phi-3: q, k and v are one tensor (self_attn.qkv_proj, their rows in that order), gate and
+  /// up another (mlp.gate_up_proj, gate's rows first); the loader views each part.
+  bool fused_projections = false;
+  size_t sliding_window = 0;   ///< 0: none (Mistral's and Phi-3's sliding_window)
   std::vector<int32_t> bos_ids, eos_ids;  ///< load_config merges generation_config.json's in
   /// The model's recommended sampling (generation_config.json's temperature, top_p, top_k):
   /// the API's defaults for requests that do not set them, as vLLM applies them.

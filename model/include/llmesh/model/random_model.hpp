@@ -15,7 +15,7 @@
 namespace llmesh::model {
 
 struct random_model_spec {
-  std::string arch = "llama";  ///< llama | mistral | qwen2 | qwen3
+  std::string arch = "llama";  ///< llama | mistral | qwen2 | qwen3 | phi3
   size_t hidden = 64, intermediate = 160, n_layers = 2;
   size_t n_heads = 4, n_kv_heads = 2, head_dim = 0;  ///< head_dim 0: hidden / n_heads (omitted from config)
   size_t vocab = 517;                                ///< at least 258: 256 byte tokens + BOS + EOS
@@ -25,7 +25,7 @@ struct random_model_spec {
   bool attention_bias = false;  ///< Llama and Qwen3 (Qwen2 always has q/k/v biases)
   double rope_theta = 10000.0;
   bool llama3_scaling = false;  ///< rope_scaling {rope_type: llama3, factor 8, low 1, high 4, original 8192 / 64}
-  size_t sliding_window = 0;    ///< Mistral only; 0 writes null
+  size_t sliding_window = 0;    ///< Mistral and Phi-3 only; 0 writes null
   float rms_norm_eps = 1e-5f;
   uint64_t seed = 1;
   size_t shards = 1;            ///< >1 writes model-0000i-of-0000n.safetensors + index
@@ -46,7 +46,7 @@ struct tensor_spec {
 /// Writes one safetensors file (header padded to 8 bytes, tensors in the given order).
 [[nodiscard]] status write_safetensors(const std::string& path, const std::vector<tensor_spec>& tensors);
 
-/// Parses an architecture name for `model random` ("llama", "mistral", "qwen2", "qwen3").
+/// Parses an architecture name for `model random` ("llama", "mistral", "qwen2", "qwen3", "phi3").
 [[nodiscard]] result<std::string> config_architecture_name(const std::string& arch);
 
 }  // namespace llmesh::model

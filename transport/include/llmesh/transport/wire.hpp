@@ -57,6 +57,7 @@ struct generate_msg {
   std::string constraint_text;         ///< at most max_constraint_text bytes (checked on decode)
   std::vector<int32_t> allowed_ids;    ///< non-empty: only these may be drawn (at most max_list)
   std::vector<std::vector<int32_t>> bad_words;  ///< vLLM's bad_words as ids (at most max_list ids in all)
+  std::vector<int32_t> constraint_after;        ///< the constraint holds after these (at most max_list)
   bool operator==(const generate_msg&) const = default;
 };
 enum class finish_kind : uint8_t { none, length, eos, cancelled };
