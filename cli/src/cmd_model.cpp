@@ -46,7 +46,7 @@ void add_model(CLI::App& app, command_set& commands) {
   auto& s = f->spec;
   auto* sub = model_cmd->add_subcommand("random", "Write a deterministic random model (HF directory)");
   sub->add_option("--out", f->out, "Output directory")->required();
-  sub->add_option("--arch", s.arch, "llama | mistral | qwen2 | qwen3 | phi3")->capture_default_str();
+  sub->add_option("--arch", s.arch, "llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral")->capture_default_str();
   sub->add_option("--hidden", s.hidden, "hidden_size")->capture_default_str();
   sub->add_option("--intermediate", s.intermediate, "intermediate_size")->capture_default_str();
   sub->add_option("--layers", s.n_layers, "num_hidden_layers")->capture_default_str();
@@ -60,7 +60,9 @@ void add_model(CLI::App& app, command_set& commands) {
   sub->add_flag("--attention-bias", s.attention_bias, "Llama attention_bias (q/k/v/o biases)");
   sub->add_option("--rope-theta", s.rope_theta, "rope_theta")->capture_default_str();
   sub->add_option("--rope-scaling", f->rope_scaling, "llama3 to write a llama3 rope_scaling block");
-  sub->add_option("--sliding-window", s.sliding_window, "Mistral or Phi-3 sliding_window; 0 = none");
+  sub->add_option("--sliding-window", s.sliding_window, "Mistral, Phi-3 or Mixtral sliding_window; 0 = none");
+  sub->add_option("--experts", s.n_experts, "qwen3_moe, mixtral: experts per layer (0: 8)");
+  sub->add_option("--experts-per-token", s.experts_per_token, "qwen3_moe, mixtral: experts each token runs (0: 2)");
   sub->add_option("--rms-norm-eps", s.rms_norm_eps, "rms_norm_eps")->capture_default_str();
   sub->add_option("--seed", s.seed, "Seed of the weights")->capture_default_str();
   sub->add_option("--shards", s.shards, "Number of safetensors files")->capture_default_str();

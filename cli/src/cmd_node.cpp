@@ -182,6 +182,7 @@ status run_node(const node_flags& f) {
     auto t = model::tokenizer::load(dir);
     if (!t) return t.take_error();
     m.tok = *t;
+    if (m.reasoning != gateway::reasoning_parser::none) LLMESH_TRY(gateway::check_reasoning_tokens(*m.tok, name));
     if (auto c = model::chat_template::load(dir); c) m.chat = std::move(*c);
     auto c = model::load_config(dir);
     if (!c) return c.take_error();

@@ -55,6 +55,11 @@ status run_serve(const serve_flags& f) {
   if (!device) return device.take_error();
   auto tok = model::tokenizer::load(f.model_dir);
   if (!tok) return tok.take_error();
+  auto reasoning = gateway::parse_reasoning_parser(f.gw.reasoning_parser);
+  if (!reasoning) return reasoning.take_error();
+  if (*reasoning != gateway::reasoning_parser::none) LLMESH_TRY(gateway::check_reasoning_tokens(**tok, f.model_dir));
+  auto tool_parser = gateway::parse_tool_call_parser(f.gw.tool_call_parser);
+  if (!tool_parser) return tool_parser.take_error();
   std::optional<model::chat_template> chat;
   if (auto t = model::chat_template::load(f.model_dir); t) chat = std::move(*t);
   auto quant = quantization_for(f.quantization, *device);
@@ -91,10 +96,6 @@ status run_serve(const serve_flags& f) {
   ho.host = where->first;
   ho.port = where->second;
   apply_gateway_flags(f.gw, ao, ho);
-  auto reasoning = gateway::parse_reasoning_parser(f.gw.reasoning_parser);
-  if (!reasoning) return reasoning.take_error();
-  auto tool_parser = gateway::parse_tool_call_parser(f.gw.tool_call_parser);
-  if (!tool_parser) return tool_parser.take_error();
   gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser};
   auto api = std::make_unique<gateway::api_service>(ao, std::vector{std::move(served)}, **mesh, metrics);
   auto server = gateway::http_server::listen(*api, ho);

@@ -236,16 +236,18 @@ api_outcome api_service::chat_completions(std::string_view body) {
   // call then holds for the answer, after "</think>" (unless the prompt closed the block).
   reasoning_mode reasoning;
   if (sm.reasoning != reasoning_parser::none) {
-    // Opened by the template's generation prompt, or by the message being continued.
-    bool opened = prompt_opens_reasoning(*text);
+    // Opened by the template's generation prompt, or by the message being continued; closed
+    // by the prompt (thinking turned off), or by a continued message outside a block.
+    bool opened = prompt_opens_reasoning(*text), closed = prompt_closes_reasoning(*text);
     if (r->continue_final_message) {
       const auto& last = r->messages.back();
       opened = last.contains("content") && last["content"].is_string() &&
                leaves_reasoning_open(last["content"].get_ref<const std::string&>());
+      closed = !opened;
     }
-    reasoning = {sm.reasoning, opened, r->include_reasoning};
-    if (r->gen.constraint.type != model::constraint_spec::kind::none &&
-        (sm.reasoning == reasoning_parser::deepseek_r1 || !prompt_closes_reasoning(*text))) {
+    reasoning = {sm.reasoning, opened, r->include_reasoning, closed};
+    // An output that may think first is constrained after it; one that answers at once, at once.
+    if (r->gen.constraint.type != model::constraint_spec::kind::none && !closed) {
       r->gen.constraint_after = sm.tok->encode(std::string(reasoning_end_tag()), false);
     }
   }

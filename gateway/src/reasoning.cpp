@@ -34,6 +34,17 @@ result<reasoning_parser> parse_reasoning_parser(std::string_view s) {
                     "unknown reasoning parser '" + std::string(s) + "' (none, deepseek_r1, qwen3)");
 }
 
+status check_reasoning_tokens(const model::tokenizer& tok, const std::string& model_name) {
+  for (std::string_view tag : {think_open, think_close}) {
+    const auto ids = tok.encode(std::string(tag), false);
+    if (ids.size() != 1 || tok.decoder().token_bytes(ids[0]) != tag) {
+      return make_error(errc::invalid_request, "--reasoning-parser: the model '" + model_name + "' has no token \"" +
+                                                   std::string(tag) + "\" of its own (it is not a reasoning model)");
+    }
+  }
+  return ok_status();
+}
+
 bool prompt_opens_reasoning(std::string_view prompt) {
   const size_t end = prompt.find_last_not_of(" \t\n\r");
   return end != std::string_view::npos && prompt.substr(0, end + 1).ends_with(think_open);
@@ -70,7 +81,8 @@ void reasoning_stream::shape(choice_delta& c) {
           in.clear();
           more = false;
         } else {
-          state_ = m_.parser == reasoning_parser::deepseek_r1 || m_.opened ? state::reasoning : state::content;
+          const bool thinks = m_.opened || (m_.parser == reasoning_parser::deepseek_r1 && !m_.closed);
+          state_ = thinks ? state::reasoning : state::content;
         }
         break;
       }

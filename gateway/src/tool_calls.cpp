@@ -143,9 +143,8 @@ result<std::vector<tool_call_delta>> parse_llama3_json_calls(std::string_view te
     calls.push_back(std::move(c));
     pos += len;
     skip_spaces();
-    if (pos < text.size()) {
-      if (text[pos] != ';') return not_calls;
-      ++pos;
+    if (pos < text.size() && (text[pos] == ';' || text[pos] == ',')) {  // "; " as Llama writes; "," or
+      ++pos;                                                            // whitespace alone pass too
       skip_spaces();
     }
   }

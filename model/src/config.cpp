@@ -109,6 +109,35 @@ status parse_rope(const json& j, model_config& c) {
   return ok_status();
 }
 
+/// The experts of Qwen3-MoE (num_experts, num_experts_per_tok, norm_topk_prob; every layer
+/// sparse) and Mixtral (num_local_experts, num_experts_per_tok; always renormalised).
+status parse_moe(const json& j, model_config& c) {
+  if (c.arch != architecture::qwen3_moe && c.arch != architecture::mixtral) return ok_status();
+  const bool qwen = c.arch == architecture::qwen3_moe;
+  auto experts = get_size(j, qwen ? "num_experts" : "num_local_experts", true);
+  if (!experts) return experts.take_error();
+  auto per_token = get_size(j, "num_experts_per_tok", true);
+  if (!per_token) return per_token.take_error();
+  if (*experts == 0 || *per_token == 0 || *per_token > *experts || *experts > 1024) {
+    return bad("need 1 <= num_experts_per_tok <= the number of experts <= 1024");
+  }
+  c.moe.n_experts = *experts;
+  c.moe.experts_per_token = *per_token;
+  if (qwen) {
+    auto norm = get_bool(j, "norm_topk_prob", false);
+    if (!norm) return norm.take_error();
+    c.moe.norm_topk_prob = *norm;
+    auto step = get_size(j, "decoder_sparse_step", false, 1);
+    if (!step) return step.take_error();
+    const bool dense_layers = j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array() && !j["mlp_only_layers"].empty();
+    if (*step != 1 || dense_layers) {
+      return make_error(errc::unsupported, "config.json: dense layers among MoE ones (decoder_sparse_step other than 1, "
+                                           "or mlp_only_layers) are not supported");
+    }
+  }
+  return ok_status();
+}
+
 result<model_config> parse_config_json(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
@@ -128,10 +157,14 @@ result<model_config> parse_config_json(const std::string& text) {
     c.arch = architecture::qwen3;
   } else if (c.arch_name == "Phi3ForCausalLM") {
     c.arch = architecture::phi3;
+  } else if (c.arch_name == "Qwen3MoeForCausalLM") {
+    c.arch = architecture::qwen3_moe;
+  } else if (c.arch_name == "MixtralForCausalLM") {
+    c.arch = architecture::mixtral;
   } else {
     return make_error(errc::unsupported, "config.json: unknown architecture '" + c.arch_name +
                                              "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                             "Qwen3ForCausalLM, Phi3ForCausalLM)");
+                                             "Qwen3ForCausalLM, Phi3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)");
   }
 
 #define LLMESH_FIELD(dst, key, required, fallback)     \
@@ -141,7 +174,8 @@ result<model_config> parse_config_json(const std::string& text) {
     dst = *v;                                          \
   }
   LLMESH_FIELD(c.hidden, "hidden_size", true, 0)
-  LLMESH_FIELD(c.intermediate, "intermediate_size", true, 0)
+  // Qwen3-MoE's experts have moe_intermediate_size; every layer is MoE (checked below).
+  LLMESH_FIELD(c.intermediate, c.arch == architecture::qwen3_moe ? "moe_intermediate_size" : "intermediate_size", true, 0)
   LLMESH_FIELD(c.n_layers, "num_hidden_layers", true, 0)
   LLMESH_FIELD(c.n_heads, "num_attention_heads", true, 0)
   LLMESH_FIELD(c.n_kv_heads, "num_key_value_heads", false, c.n_heads)
@@ -151,7 +185,8 @@ result<model_config> parse_config_json(const std::string& text) {
     return bad("hidden_size, intermediate_size, num_hidden_layers, num_attention_heads and vocab_size must be positive");
   }
   // HF's Qwen3Config defaults head_dim to 128 (not hidden / heads, as the others do).
-  LLMESH_FIELD(c.head_dim, "head_dim", false, c.arch == architecture::qwen3 ? 128 : c.hidden / c.n_heads)
+  const bool qwen3_like = c.arch == architecture::qwen3 || c.arch == architecture::qwen3_moe;
+  LLMESH_FIELD(c.head_dim, "head_dim", false, qwen3_like ? 128 : c.hidden / c.n_heads)
 #undef LLMESH_FIELD
   if (c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0) {
     return bad("num_attention_heads (" + std::to_string(c.n_heads) + ") must be a multiple of num_key_value_heads (" +
@@ -178,23 +213,27 @@ result<model_config> parse_config_json(const std::string& text) {
 
   c.tie_embeddings = *tie;
   bool attention_bias = *attention_bias_r;
-  const bool biased = attention_bias && (c.arch == architecture::llama || c.arch == architecture::qwen3);
+  const bool qwen3_family = c.arch == architecture::qwen3 || c.arch == architecture::qwen3_moe;
+  const bool biased = attention_bias && (c.arch == architecture::llama || qwen3_family);
   c.qkv_bias = c.arch == architecture::qwen2 || biased;
   c.o_bias = biased;
-  c.qk_norm = c.arch == architecture::qwen3;
+  c.qk_norm = qwen3_family;
+  LLMESH_TRY(parse_moe(j, c));
   c.fused_projections = c.arch == architecture::phi3;
   if (c.arch == architecture::phi3) {
     // Phi-4-mini rotates only part of each head; refuse rather than rotate all of it.
-    auto partial = get_number(j, "partial_rotary_factor", 1.0);
+    const bool nested = j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+                        j["rope_parameters"].contains("partial_rotary_factor");  // transformers v5
+    auto partial = get_number(nested ? j["rope_parameters"] : j, "partial_rotary_factor", 1.0);
     if (!partial) return partial.take_error();
     if (*partial != 1.0) return make_error(errc::unsupported, "config.json: partial_rotary_factor other than 1 is not supported");
   }
-  if ((c.arch == architecture::qwen2 || c.arch == architecture::qwen3) && *use_window) {
+  if ((c.arch == architecture::qwen2 || qwen3_family) && *use_window) {
     // HF applies Qwen's window only from layer max_window_layers on; released checkpoints
     // ship with it off. Refuse rather than compute something subtly different.
     return make_error(errc::unsupported, "config.json: " + c.arch_name + " use_sliding_window is not supported");
   }
-  if (c.arch == architecture::mistral || c.arch == architecture::phi3) {
+  if (c.arch == architecture::mistral || c.arch == architecture::phi3 || c.arch == architecture::mixtral) {
     auto w = get_size(j, "sliding_window", false, 0);
     if (!w) return w.take_error();
     c.sliding_window = *w;

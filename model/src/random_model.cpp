@@ -118,7 +118,10 @@ result<std::string> config_architecture_name(const std::string& arch) {
   if (arch == "qwen2") return std::string("Qwen2ForCausalLM");
   if (arch == "qwen3") return std::string("Qwen3ForCausalLM");
   if (arch == "phi3") return std::string("Phi3ForCausalLM");
-  return make_error(errc::invalid_request, "unknown --arch '" + arch + "' (llama, mistral, qwen2, qwen3, phi3)");
+  if (arch == "qwen3_moe") return std::string("Qwen3MoeForCausalLM");
+  if (arch == "mixtral") return std::string("MixtralForCausalLM");
+  return make_error(errc::invalid_request,
+                    "unknown --arch '" + arch + "' (llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral)");
 }
 
 status write_random_model(const random_model_spec& s, const std::string& dir) {
@@ -150,11 +153,16 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     }
   }
 
-  const bool qwen = s.arch == "qwen2" || s.arch == "qwen3";
-  const bool biased = (s.arch == "llama" || s.arch == "qwen3") && s.attention_bias;
+  const bool qwen = s.arch == "qwen2" || s.arch == "qwen3" || s.arch == "qwen3_moe";
+  const bool biased = (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe") && s.attention_bias;
   const bool qkv_bias = s.arch == "qwen2" || biased;
   const bool o_bias = biased;
-  const bool qk_norm = s.arch == "qwen3";
+  const bool qk_norm = s.arch == "qwen3" || s.arch == "qwen3_moe";
+  const bool moe = s.arch == "qwen3_moe" || s.arch == "mixtral";
+  const size_t n_experts = s.n_experts ? s.n_experts : 8, per_token = s.experts_per_token ? s.experts_per_token : 2;
+  if (moe && (per_token > n_experts || n_experts > 1024)) {
+    return make_error(errc::invalid_request, "--experts-per-token must be at most --experts (at most 1024)");
+  }
   const bool fused = s.arch == "phi3";
   json cfg = {{"architectures", {*arch}},
               {"model_type", s.arch},
@@ -176,6 +184,19 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   if (s.arch == "llama" || s.arch == "qwen3") cfg["attention_bias"] = s.attention_bias;
   if (s.arch == "mistral" || fused) cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
   if (qwen) cfg["use_sliding_window"] = false;
+  if (s.arch == "qwen3_moe") {  // every layer sparse; intermediate_size is a dense MLP's, unused
+    cfg["num_experts"] = n_experts;
+    cfg["num_experts_per_tok"] = per_token;
+    cfg["moe_intermediate_size"] = s.intermediate;
+    cfg["intermediate_size"] = 3 * s.intermediate;
+    cfg["norm_topk_prob"] = true;
+    cfg["decoder_sparse_step"] = 1;
+    cfg["mlp_only_layers"] = json::array();
+  } else if (s.arch == "mixtral") {
+    cfg["num_local_experts"] = n_experts;
+    cfg["num_experts_per_tok"] = per_token;
+    cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
+  }
   if (s.llama3_scaling) {
     // Why 64: with tiny test contexts an original context of 8192 would leave every
     // frequency in the unscaled band; 64 puts frequencies in all three llama3 bands.
@@ -216,14 +237,27 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
       add(f, p + "self_attn.v_proj.weight", {kv_dim, s.hidden}, 0.0f, in_h);
     }
     add(f, p + "self_attn.o_proj.weight", {s.hidden, q_dim}, 0.0f, std::sqrt(3.0f / static_cast<float>(q_dim)));
-    if (fused) {
+    if (moe) {
+      const std::string m = p + (s.arch == "mixtral" ? "block_sparse_moe." : "mlp.");
+      const bool mixtral = s.arch == "mixtral";
+      add(f, m + "gate.weight", {n_experts, s.hidden}, 0.0f, 4.0f * in_h);  // a router with clear favourites
+      for (size_t e = 0; e < n_experts; ++e) {
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        add(f, x + (mixtral ? "w1.weight" : "gate_proj.weight"), {s.intermediate, s.hidden}, 0.0f, in_h);
+        add(f, x + (mixtral ? "w3.weight" : "up_proj.weight"), {s.intermediate, s.hidden}, 0.0f, in_h);
+        add(f, x + (mixtral ? "w2.weight" : "down_proj.weight"), {s.hidden, s.intermediate}, 0.0f,
+            std::sqrt(3.0f / static_cast<float>(s.intermediate)));
+      }
+    } else if (fused) {
       add(f, p + "mlp.gate_up_proj.weight", {2 * s.intermediate, s.hidden}, 0.0f, in_h);
     } else {
       add(f, p + "mlp.gate_proj.weight", {s.intermediate, s.hidden}, 0.0f, in_h);
       add(f, p + "mlp.up_proj.weight", {s.intermediate, s.hidden}, 0.0f, in_h);
     }
-    add(f, p + "mlp.down_proj.weight", {s.hidden, s.intermediate}, 0.0f,
-        std::sqrt(3.0f / static_cast<float>(s.intermediate)));
+    if (!moe) {
+      add(f, p + "mlp.down_proj.weight", {s.hidden, s.intermediate}, 0.0f,
+          std::sqrt(3.0f / static_cast<float>(s.intermediate)));
+    }
     if (qkv_bias) {
       add(f, p + "self_attn.q_proj.bias", {q_dim}, 0.0f, 0.1f);
       add(f, p + "self_attn.k_proj.bias", {kv_dim}, 0.0f, 0.1f);

@@ -1,6 +1,7 @@
 // The forward step of one tensor-parallel rank. Per layer: RMSNorm → q/k/v (one parallel
 // region) → RoPE → KV write → attention → o (partial) → all-reduce → residual; RMSNorm →
-// gate/up (one region) → SwiGLU → down (partial) → all-reduce → residual. Then the final norm
+// gate/up (one region) → SwiGLU → down (partial) → all-reduce → residual (an MoE layer's
+// experts instead: moe_block.cpp). Then the final norm
 // and this rank's vocabulary slice of the LM head, all-gathered into full logits.
 #include "llmesh/model/shard_executor.hpp"
 
@@ -12,41 +13,16 @@
 #include "llmesh/kernels/matmul.hpp"
 #include "llmesh/kernels/rope.hpp"
 #include "llmesh/kernels/sampling.hpp"
+#include "matmul_jobs.hpp"
 
 namespace llmesh::model {
 namespace {
 
+using detail::cols_from;
+using detail::job;
+using detail::rows_from;
+using detail::slice;
 using kernels::matmul_args;
-
-/// Rows [row0, row0 + rows) of a [out, in] weight: a column-parallel slice, used in place.
-const void* rows_from(const weight_matrix& w, size_t row0) {
-  return static_cast<const uint8_t*>(w.data) + kernels::dtype_offset(w.type, row0 * w.ld());
-}
-
-/// Columns [col0, ...) of a [out, in] weight: a row-parallel slice, used in place with ldw = ld().
-/// For q8, col0 is a multiple of the block (engine::create checks the layout).
-const void* cols_from(const weight_matrix& w, size_t col0) {
-  return static_cast<const uint8_t*>(w.data) + kernels::dtype_offset(w.type, col0);
-}
-
-matmul_args job(const float* x, size_t ldx, const weight_matrix& w, const void* wdata, float* y, size_t ldy,
-                size_t m, size_t n, size_t k, const float* bias) {
-  matmul_args a;
-  a.x = x;
-  a.ldx = ldx;
-  a.w = wdata;
-  a.ldw = w.ld();
-  a.w_type = w.type;
-  a.bias = bias;
-  a.y = y;
-  a.ldy = ldy;
-  a.m = m;
-  a.n = n;
-  a.k = k;
-  return a;
-}
-
-const float* slice(const std::vector<float>& v, size_t from) { return v.empty() ? nullptr : v.data() + from; }
 
 }  // namespace
 
@@ -203,6 +179,7 @@ status shard_executor::mlp_block(size_t layer, size_t n_tokens) {
   for (size_t t = 0; t < n_tokens; ++t) {
     kernels::rmsnorm(&h_[t * c.hidden], lw.mlp_norm.data(), &xn_[t * c.hidden], c.hidden, c.rms_norm_eps);
   }
+  if (c.moe.n_experts > 0) return moe_block(layer, n_tokens);
   const matmul_args gate_up[2] = {
       job(xn_.data(), c.hidden, lw.gate, rows_from(lw.gate, i0), gate_.data(), ni, n_tokens, ni, c.hidden, nullptr),
       job(xn_.data(), c.hidden, lw.up, rows_from(lw.up, i0), up_.data(), ni, n_tokens, ni, c.hidden, nullptr),

@@ -120,11 +120,17 @@ status model::bind_weights() {
       LLMESH_BIND(l.q, matrix(store_, p + "self_attn.q_proj.weight", q_dim, c.hidden))
       LLMESH_BIND(l.k, matrix(store_, p + "self_attn.k_proj.weight", kv_dim, c.hidden))
       LLMESH_BIND(l.v, matrix(store_, p + "self_attn.v_proj.weight", kv_dim, c.hidden))
-      LLMESH_BIND(l.gate, matrix(store_, p + "mlp.gate_proj.weight", c.intermediate, c.hidden))
-      LLMESH_BIND(l.up, matrix(store_, p + "mlp.up_proj.weight", c.intermediate, c.hidden))
+      if (c.moe.n_experts == 0) {
+        LLMESH_BIND(l.gate, matrix(store_, p + "mlp.gate_proj.weight", c.intermediate, c.hidden))
+        LLMESH_BIND(l.up, matrix(store_, p + "mlp.up_proj.weight", c.intermediate, c.hidden))
+      }
     }
     LLMESH_BIND(l.o, matrix(store_, p + "self_attn.o_proj.weight", c.hidden, q_dim))
-    LLMESH_BIND(l.down, matrix(store_, p + "mlp.down_proj.weight", c.hidden, c.intermediate))
+    if (c.moe.n_experts > 0) {
+      LLMESH_TRY(bind_experts(i));
+    } else {
+      LLMESH_BIND(l.down, matrix(store_, p + "mlp.down_proj.weight", c.hidden, c.intermediate))
+    }
     if (c.qkv_bias) {
       LLMESH_BIND(l.q_bias, vector_f32(store_, p + "self_attn.q_proj.bias", q_dim))
       LLMESH_BIND(l.k_bias, vector_f32(store_, p + "self_attn.k_proj.bias", kv_dim))
@@ -137,6 +143,28 @@ status model::bind_weights() {
     }
   }
 #undef LLMESH_BIND
+  return ok_status();
+}
+
+status model::bind_experts(size_t layer) {
+  const auto& c = config_;
+  auto& l = weights_.layers[layer];
+  const bool qwen = c.arch == architecture::qwen3_moe;
+  const std::string p = "model.layers." + std::to_string(layer) + (qwen ? ".mlp." : ".block_sparse_moe.");
+  auto r = matrix(store_, p + "gate.weight", c.moe.n_experts, c.hidden);
+  if (!r) return r.take_error();
+  l.router = *r;
+  l.experts.resize(c.moe.n_experts);
+  for (size_t e = 0; e < c.moe.n_experts; ++e) {
+    const std::string x = p + "experts." + std::to_string(e) + ".";
+    auto gate = matrix(store_, x + (qwen ? "gate_proj.weight" : "w1.weight"), c.intermediate, c.hidden);
+    if (!gate) return gate.take_error();
+    auto up = matrix(store_, x + (qwen ? "up_proj.weight" : "w3.weight"), c.intermediate, c.hidden);
+    if (!up) return up.take_error();
+    auto down = matrix(store_, x + (qwen ? "down_proj.weight" : "w2.weight"), c.hidden, c.intermediate);
+    if (!down) return down.take_error();
+    l.experts[e] = {*gate, *up, *down};
+  }
   return ok_status();
 }
 
@@ -154,7 +182,12 @@ status model::quantize(quantization q) {
     const std::string p = "layer " + std::to_string(i) + " ";
     for (auto [w, n] : {std::pair{&l.q, "q_proj"}, {&l.k, "k_proj"}, {&l.v, "v_proj"}, {&l.o, "o_proj"},
                         {&l.gate, "gate_proj"}, {&l.up, "up_proj"}, {&l.down, "down_proj"}}) {
-      targets.push_back({w, p + n});
+      if (w->rows > 0) targets.push_back({w, p + n});  // an MoE layer has no dense MLP
+    }
+    for (size_t e = 0; e < l.experts.size(); ++e) {  // the router stays as loaded (small)
+      auto& x = l.experts[e];
+      const std::string ep = p + "expert " + std::to_string(e) + " ";
+      for (auto [w, n] : {std::pair{&x.gate, "gate"}, {&x.up, "up"}, {&x.down, "down"}}) targets.push_back({w, ep + n});
     }
   }
   targets.push_back({&weights_.lm_head, "lm_head", 0, config_.tie_embeddings});  // tied: the embedding keeps its rows
@@ -230,6 +263,10 @@ size_t model::decode_weight_bytes() const {
   size_t total = weights_.lm_head.bytes();
   for (const auto& l : weights_.layers) {
     total += l.q.bytes() + l.k.bytes() + l.v.bytes() + l.o.bytes() + l.gate.bytes() + l.up.bytes() + l.down.bytes();
+    if (!l.experts.empty()) {  // a token reads the router and its experts_per_token experts
+      const auto& x = l.experts.front();
+      total += l.router.bytes() + config_.moe.experts_per_token * (x.gate.bytes() + x.up.bytes() + x.down.bytes());
+    }
   }
   return total;
 }
@@ -241,7 +278,13 @@ namespace llmesh::model {
 size_t model::decode_params() const {
   auto n = [](const weight_matrix& w) { return w.rows * w.cols; };
   size_t total = n(weights_.lm_head);
-  for (const auto& l : weights_.layers) total += n(l.q) + n(l.k) + n(l.v) + n(l.o) + n(l.gate) + n(l.up) + n(l.down);
+  for (const auto& l : weights_.layers) {
+    total += n(l.q) + n(l.k) + n(l.v) + n(l.o) + n(l.gate) + n(l.up) + n(l.down);
+    if (!l.experts.empty()) {
+      const auto& x = l.experts.front();
+      total += n(l.router) + config_.moe.experts_per_token * (n(x.gate) + n(x.up) + n(x.down));
+    }
+  }
   return total;
 }
 

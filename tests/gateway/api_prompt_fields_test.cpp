@@ -143,10 +143,18 @@ TEST_F(PromptFields, AReasoningModelsConstraintWaitsForTheEndOfThinking) {
     EXPECT_EQ(constraint_after_, think_end);
     prompt_of("/v1/chat/completions", R"({"model":"m",)" + msgs + "}");
     EXPECT_TRUE(constraint_after_.empty()) << "nothing to wait for without a constraint";
-    // The prompt closed the block: a qwen3 model answers (in the grammar) at once; R1 always thinks.
+    // The prompt closed the block: the model answers (in the grammar) at once.
     prompt_of("/v1/chat/completions",
               R"({"model":"m",)" + msgs + "," + json_out + R"(,"chat_template_kwargs":{"enable_thinking":false}})");
-    EXPECT_EQ(constraint_after_, parser == reasoning_parser::deepseek_r1 ? think_end : std::vector<int32_t>{});
+    EXPECT_TRUE(constraint_after_.empty());
+    // A continued message: only one that left a block open waits for its end.
+    const std::string cont = R"(,"add_generation_prompt":false,"continue_final_message":true})";
+    prompt_of("/v1/chat/completions", R"({"model":"m","messages":[{"role":"user","content":"hi"},)"
+                                      R"({"role":"assistant","content":"<think>hmm"}],)" + json_out + cont);
+    EXPECT_EQ(constraint_after_, think_end);
+    prompt_of("/v1/chat/completions", R"({"model":"m","messages":[{"role":"user","content":"hi"},)"
+                                      R"({"role":"assistant","content":"<think>hmm</think>{\"a\":"}],)" + json_out + cont);
+    EXPECT_TRUE(constraint_after_.empty());
   }
 }
 

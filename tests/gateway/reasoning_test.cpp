@@ -117,6 +117,30 @@ TEST(Reasoning, DeepSeekR1OutputBeginsInTheReasoning) {
   EXPECT_EQ(s.content, "");
 }
 
+TEST(Reasoning, APromptThatClosedTheBlockLeavesTheAnswer) {
+  const reasoning_mode r1_closed{reasoning_parser::deepseek_r1, false, true, /*closed=*/true};
+  auto s = whole(r1_closed, "Four.");
+  EXPECT_FALSE(s.reasoning);
+  EXPECT_EQ(s.content, "Four.");
+  s = whole(r1_closed, "<think>again</think>Four.");  // a block it opens itself still counts
+  EXPECT_EQ(s.reasoning, "again");
+  EXPECT_EQ(s.content, "Four.");
+  EXPECT_TRUE(prompt_closes_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  EXPECT_FALSE(prompt_closes_reasoning("<|im_start|>assistant\n<think>\n"));
+  EXPECT_FALSE(prompt_closes_reasoning("</think> then a question<|im_end|>\n<|im_start|>assistant\n"));
+}
+
+TEST(Reasoning, AParserNeedsTheTagsAsTokensOfTheirOwn) {
+  auto qwen = model::tokenizer::load(LLMESH_TEST_DATA "/tokenizers/qwen3");
+  ASSERT_TRUE(qwen.ok()) << qwen.err().message;
+  EXPECT_TRUE(check_reasoning_tokens(**qwen, "q").ok());
+  auto llama = model::tokenizer::load(LLMESH_TEST_DATA "/tokenizers/llama3");
+  ASSERT_TRUE(llama.ok()) << llama.err().message;
+  auto s = check_reasoning_tokens(**llama, "l");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.err().message.find("the model 'l' has no token \"<think>\""), std::string::npos) << s.err().message;
+}
+
 TEST(Reasoning, NoParserAndIncludeFalse) {
   auto s = whole({}, "<think>x</think>y");
   EXPECT_FALSE(s.reasoning);

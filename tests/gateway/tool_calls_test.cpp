@@ -242,9 +242,15 @@ TEST(ToolCalls, Llama3JsonCallsParseIntoCalls) {
   auto tagged = parse_llama3_json_calls(R"(<|python_tag|>{"name": "f", "parameters": {"a": [1, {"b": 2}]}})");
   ASSERT_TRUE(tagged.ok()) << tagged.err().message;
   EXPECT_EQ((*tagged)[0].arguments, R"({"a":[1,{"b":2}]})");
+  for (const char* sep : {", ", "\n\n", ";"}) {  // other separators models write
+    auto two = parse_llama3_json_calls(std::string(R"({"name": "f", "parameters": {}})") + sep + R"({"name": "g", "parameters": {}})");
+    ASSERT_TRUE(two.ok()) << sep;
+    EXPECT_EQ(two->size(), 2u) << sep;
+  }
   for (const char* bad : {"", "Hello", R"({"name": "f"})", R"({"parameters": {}})", R"({"name": 1, "parameters": {}})",
                           R"({"name": "f", "parameters": {}} and more)", R"({"name": "f", "parameters": {})",
-                          R"([{"name": "f", "parameters": {}}])", R"({"name": "f", "parameters": {}};; {"name": "g"})"}) {
+                          R"([{"name": "f", "parameters": {}}])", R"({"name": "f", "parameters": {}};; {"name": "g"})",
+                          R"({"name": "f", "parameters": {}} x)"}) {
     EXPECT_FALSE(parse_llama3_json_calls(bad).ok()) << bad;
   }
 }

@@ -276,11 +276,55 @@ TEST(ParseConfig, Phi3HasFusedProjectionsAndASlidingWindow) {
   EXPECT_EQ(r.err().code, errc::unsupported);
   EXPECT_NE(r.err().message.find("partial_rotary_factor"), std::string::npos) << r.err().message;
   j.erase("partial_rotary_factor");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};  // v5
+  EXPECT_FALSE(parse_config(j.dump()).ok());
+  j.erase("rope_parameters");
   j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}};  // Phi-3-128k
   r = parse_config(j.dump());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.err().message.find("'longrope'"), std::string::npos) << r.err().message;
   EXPECT_FALSE(parse_ok(minimal_llama()).fused_projections);
+}
+
+TEST(ParseConfig, MixturesOfExperts) {
+  // Qwen3-30B-A3B's shape (the experts' size is moe_intermediate_size).
+  json q = with_arch(minimal_llama(), "Qwen3MoeForCausalLM");
+  q["moe_intermediate_size"] = 768;
+  q["num_experts"] = 128;
+  q["num_experts_per_tok"] = 8;
+  q["norm_topk_prob"] = true;
+  q["decoder_sparse_step"] = 1;
+  q["mlp_only_layers"] = json::array();
+  model_config c = parse_ok(q);
+  EXPECT_EQ(c.arch, architecture::qwen3_moe);
+  EXPECT_EQ(c.intermediate, 768u);
+  EXPECT_EQ(c.moe.n_experts, 128u);
+  EXPECT_EQ(c.moe.experts_per_token, 8u);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.head_dim, 128u);
+  q["mlp_only_layers"] = {0};
+  EXPECT_EQ(parse_err(q).code, errc::unsupported);
+  q["mlp_only_layers"] = json::array();
+  q["decoder_sparse_step"] = 2;
+  EXPECT_EQ(parse_err(q).code, errc::unsupported);
+  q["decoder_sparse_step"] = 1;
+  q["num_experts_per_tok"] = 129;
+  EXPECT_NE(parse_err(q).message.find("num_experts_per_tok"), std::string::npos);
+  q.erase("num_experts");
+  EXPECT_NE(parse_err(q).message.find("num_experts"), std::string::npos);
+  // Mixtral-8x7B's: experts of intermediate_size, always renormalised, Mistral's window.
+  json m = with_arch(minimal_llama(), "MixtralForCausalLM");
+  m["num_local_experts"] = 8;
+  m["num_experts_per_tok"] = 2;
+  m["sliding_window"] = nullptr;
+  c = parse_ok(m);
+  EXPECT_EQ(c.arch, architecture::mixtral);
+  EXPECT_EQ(c.intermediate, 160u);
+  EXPECT_EQ(c.moe.n_experts, 8u);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(parse_ok(minimal_llama()).moe.n_experts, 0u);
 }
 
 TEST(ParseConfig, OnlyQwen3HasQkNorm) {
@@ -358,7 +402,7 @@ TEST(ParseConfig, RejectsEmptyArchitecturesList) {
 }
 
 TEST(ParseConfig, UnknownArchitectureIsUnsupportedAndNamed) {
-  for (const char* arch : {"GPT2LMHeadModel", "MixtralForCausalLM", "llama", ""}) {
+  for (const char* arch : {"GPT2LMHeadModel", "Qwen2MoeForCausalLM", "llama", ""}) {
     error e = parse_err(with_arch(minimal_llama(), arch));
     EXPECT_EQ(e.code, errc::unsupported) << arch;
     EXPECT_NE(e.message.find(std::string("'") + arch + "'"), std::string::npos) << e.message;

@@ -1,4 +1,5 @@
-// The engine's contracts: batch invariance, chunk invariance (identical bits), tensor
+// The engine's contracts: batch invariance, chunk invariance (identical bits; a dense model
+// and a mixture of experts), tensor
 // parallelism (same greedy tokens, logits within 1e-4), refusing bad steps without changing
 // state, and engine parts (create_part): one rank per engine gives one engine's bits, and a
 // part refuses what it cannot run.
@@ -50,6 +51,17 @@ random_model_spec small_spec() {
   return s;
 }
 
+/// A mixture of experts (Qwen3-MoE): each token's experts differ, so a batch's rows run
+/// different experts' matmuls in groups of different sizes.
+random_model_spec moe_spec() {
+  random_model_spec s = small_spec();
+  s.arch = "qwen3_moe";
+  s.intermediate = 64;
+  s.n_experts = 6;
+  s.experts_per_token = 2;
+  return s;
+}
+
 std::unique_ptr<engine> make_engine(std::shared_ptr<const model> m, int tp, int threads = 2, size_t kv_tokens = 4096) {
   engine_options o;
   o.tp = tp;
@@ -91,7 +103,9 @@ std::vector<std::vector<float>> run_alone(engine& e, const std::vector<int32_t>&
 }
 
 TEST(Engine, ChunkedPrefillAndTokenByTokenGiveIdenticalBits) {
-  temp_model tm(small_spec());
+  for (const auto& spec : {small_spec(), moe_spec()}) {
+  SCOPED_TRACE(spec.arch);
+  temp_model tm(spec);
   auto e = make_engine(tm.get(), 1);
   auto prompt = prompt_of(23, 1);
   auto whole = run_alone(*e, prompt, prompt.size());
@@ -103,12 +117,14 @@ TEST(Engine, ChunkedPrefillAndTokenByTokenGiveIdenticalBits) {
     EXPECT_TRUE(same_bits(whole[s].data(), chunks5[s].data(), v)) << "chunks of 5 differ at step " << s;
     EXPECT_TRUE(same_bits(whole[s].data(), by_token[s].data(), v)) << "token by token differs at step " << s;
   }
+  }
 }
 
 TEST(Engine, SequenceLogitsDoNotDependOnBatchNeighbours) {
-  temp_model tm(small_spec());
+  for (const auto& spec : {small_spec(), moe_spec()}) {
+  temp_model tm(spec);
   for (int tp : {1, 2}) {
-    SCOPED_TRACE("tp " + std::to_string(tp));
+    SCOPED_TRACE(spec.arch + " tp " + std::to_string(tp));
     auto e = make_engine(tm.get(), tp);
     auto prompt = prompt_of(17, 2);
     auto alone = run_alone(*e, prompt, prompt.size());
@@ -156,6 +172,7 @@ TEST(Engine, SequenceLogitsDoNotDependOnBatchNeighbours) {
       EXPECT_TRUE(same_bits(&logits[row * v], alone[step].data(), v)) << "step " << step;
       target_tok.push_back(kernels::argmax(std::span(&logits[row * v], v)));
     }
+  }
   }
 }
 

@@ -25,17 +25,35 @@ using kernels::dtype;
 using testing::temp_dir;
 
 size_t head_dim_of(const random_model_spec& s) { return s.head_dim ? s.head_dim : s.hidden / s.n_heads; }
+bool is_moe(const random_model_spec& s) { return s.arch == "qwen3_moe" || s.arch == "mixtral"; }
+size_t experts_of(const random_model_spec& s) { return s.n_experts ? s.n_experts : 8; }
+size_t per_token_of(const random_model_spec& s) { return s.experts_per_token ? s.experts_per_token : 2; }
 
 /// Every tensor name write_random_model writes for `s`, in its order.
 std::vector<std::string> tensor_names(const random_model_spec& s) {
   std::vector<std::string> names = {"model.embed_tokens.weight", "model.norm.weight"};
   if (!s.tie_embeddings) names.push_back("lm_head.weight");
-  const bool biased = (s.arch == "llama" || s.arch == "qwen3") && s.attention_bias;
+  const bool biased = (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe") && s.attention_bias;
   const bool qkv_bias = s.arch == "qwen2" || biased;
   const bool o_bias = biased;
   for (size_t i = 0; i < s.n_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    if (s.arch == "phi3") {  // fused: q, k, v in one tensor; gate and up in another
+    if (is_moe(s)) {  // attention as Llama's; the router and each expert instead of the MLP
+      for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+                            "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight"}) {
+        names.push_back(p + n);
+      }
+      const bool mixtral = s.arch == "mixtral";
+      const std::string m = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      names.push_back(m + "gate.weight");
+      for (size_t e = 0; e < experts_of(s); ++e) {
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        for (const char* n : {mixtral ? "w1.weight" : "gate_proj.weight", mixtral ? "w3.weight" : "up_proj.weight",
+                              mixtral ? "w2.weight" : "down_proj.weight"}) {
+          names.push_back(x + n);
+        }
+      }
+    } else if (s.arch == "phi3") {  // fused: q, k, v in one tensor; gate and up in another
       for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.qkv_proj.weight",
                             "self_attn.o_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight"}) {
         names.push_back(p + n);
@@ -51,7 +69,7 @@ std::vector<std::string> tensor_names(const random_model_spec& s) {
       for (const char* n : {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}) names.push_back(p + n);
     }
     if (o_bias) names.push_back(p + "self_attn.o_proj.bias");
-    if (s.arch == "qwen3") {
+    if (s.arch == "qwen3" || s.arch == "qwen3_moe") {
       for (const char* n : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"}) names.push_back(p + n);
     }
   }
@@ -96,9 +114,11 @@ void expect_shapes(const model& m, const random_model_spec& s) {
   }
   EXPECT_EQ(w.final_norm.size(), s.hidden);
   ASSERT_EQ(w.layers.size(), s.n_layers);
-  const bool biased = (s.arch == "llama" || s.arch == "qwen3") && s.attention_bias;
+  const bool biased = (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe") && s.attention_bias;
   const bool qkv_bias = s.arch == "qwen2" || biased;
   const bool o_bias = biased;
+  const bool qk_norm = s.arch == "qwen3" || s.arch == "qwen3_moe";
+  EXPECT_EQ(c.moe.n_experts, is_moe(s) ? experts_of(s) : 0u);
   for (const auto& l : w.layers) {
     EXPECT_EQ(l.attn_norm.size(), s.hidden);
     EXPECT_EQ(l.mlp_norm.size(), s.hidden);
@@ -106,15 +126,27 @@ void expect_shapes(const model& m, const random_model_spec& s) {
     expect_matrix(l.k, s.dtype, kv_dim, s.hidden, "k");
     expect_matrix(l.v, s.dtype, kv_dim, s.hidden, "v");
     expect_matrix(l.o, s.dtype, s.hidden, q_dim, "o");
-    expect_matrix(l.gate, s.dtype, s.intermediate, s.hidden, "gate");
-    expect_matrix(l.up, s.dtype, s.intermediate, s.hidden, "up");
-    expect_matrix(l.down, s.dtype, s.hidden, s.intermediate, "down");
+    if (is_moe(s)) {
+      EXPECT_EQ(l.gate.rows + l.up.rows + l.down.rows, 0u) << "no dense MLP";
+      expect_matrix(l.router, s.dtype, experts_of(s), s.hidden, "router");
+      ASSERT_EQ(l.experts.size(), experts_of(s));
+      for (const auto& x : l.experts) {
+        expect_matrix(x.gate, s.dtype, s.intermediate, s.hidden, "expert gate");
+        expect_matrix(x.up, s.dtype, s.intermediate, s.hidden, "expert up");
+        expect_matrix(x.down, s.dtype, s.hidden, s.intermediate, "expert down");
+      }
+    } else {
+      expect_matrix(l.gate, s.dtype, s.intermediate, s.hidden, "gate");
+      expect_matrix(l.up, s.dtype, s.intermediate, s.hidden, "up");
+      expect_matrix(l.down, s.dtype, s.hidden, s.intermediate, "down");
+      EXPECT_TRUE(l.experts.empty());
+    }
     EXPECT_EQ(l.q_bias.size(), qkv_bias ? q_dim : 0u);
     EXPECT_EQ(l.k_bias.size(), qkv_bias ? kv_dim : 0u);
     EXPECT_EQ(l.v_bias.size(), qkv_bias ? kv_dim : 0u);
     EXPECT_EQ(l.o_bias.size(), o_bias ? s.hidden : 0u);
-    EXPECT_EQ(l.q_norm.size(), s.arch == "qwen3" ? hd : 0u);
-    EXPECT_EQ(l.k_norm.size(), s.arch == "qwen3" ? hd : 0u);
+    EXPECT_EQ(l.q_norm.size(), qk_norm ? hd : 0u);
+    EXPECT_EQ(l.k_norm.size(), qk_norm ? hd : 0u);
   }
 }
 
@@ -122,6 +154,8 @@ void expect_shapes(const model& m, const random_model_spec& s) {
 size_t expected_decode_bytes(const random_model_spec& s) {
   const size_t hd = head_dim_of(s), q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd;
   size_t per_layer = q_dim * s.hidden + 2 * kv_dim * s.hidden + s.hidden * q_dim + 3 * s.intermediate * s.hidden;
+  if (is_moe(s)) per_layer = per_layer - 3 * s.intermediate * s.hidden + experts_of(s) * s.hidden +
+                             per_token_of(s) * 3 * s.intermediate * s.hidden;  // the router and a token's experts
   return (s.vocab * s.hidden + s.n_layers * per_layer) * kernels::dtype_size(s.dtype);
 }
 
@@ -182,6 +216,17 @@ std::vector<named_spec> specs() {
   s.n_kv_heads = 1;
   s.sliding_window = 16;
   out.push_back({"phi3 fused bf16 mqa", s});
+  s = {};
+  s.arch = "qwen3_moe";
+  s.dtype = dtype::bf16;
+  s.n_experts = 4;
+  s.experts_per_token = 2;
+  s.intermediate = 32;
+  s.shards = 2;
+  out.push_back({"qwen3_moe 4 experts sharded", s});
+  s = {};
+  s.arch = "mixtral";
+  out.push_back({"mixtral default experts f32", s});
   return out;
 }
 
@@ -207,6 +252,10 @@ TEST(ModelLoad, DecodeWeightBytesIsTheSumOfMatrixSizes) {
     size_t sum = w.lm_head.bytes();
     for (const auto& l : w.layers) {
       for (const weight_matrix* x : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) sum += x->bytes();
+      if (!l.experts.empty()) {  // a token reads the router and experts_per_token experts
+        const auto& x = l.experts.front();
+        sum += l.router.bytes() + per_token_of(spec) * (x.gate.bytes() + x.up.bytes() + x.down.bytes());
+      }
     }
     EXPECT_EQ(m->decode_weight_bytes(), sum);
   }

@@ -7,7 +7,9 @@ code (and no file-format parsing) with the C++ engine, so that a bug in one is
 not silently mirrored in the other.
 
 Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-Phi3ForCausalLM (fused qkv_proj and gate_up_proj, split here), with
+Phi3ForCausalLM (fused qkv_proj and gate_up_proj, split here), Qwen3MoeForCausalLM and
+MixtralForCausalLM (every layer's MLP a mixture of experts: softmax router, top-k,
+renormalised), with
 weights in model.safetensors or a sharded model.safetensors.index.json
 (F32, F16 or BF16). Everything is computed in float64; the full sequence is
 recomputed at every step (no KV cache), which is fine for tiny models.
@@ -43,7 +45,7 @@ except ImportError as e:
              "/usr/bin/python3 (not a pyenv or venv python).")
 
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                   "Phi3ForCausalLM")
+                   "Phi3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 
 
 # ---------------------------------------------------------------- safetensors
@@ -139,10 +141,11 @@ def load_config(model_dir):
         sys.exit(f"error: unsupported architecture {arch}")
     if c.get("hidden_act", "silu") != "silu":
         sys.exit(f"error: hidden_act {c.get('hidden_act')} is not silu")
+    moe_qwen = arch == "Qwen3MoeForCausalLM"
     cfg = {
         "arch": arch,
         "hidden": c["hidden_size"],
-        "inter": c["intermediate_size"],
+        "inter": c["moe_intermediate_size"] if moe_qwen else c["intermediate_size"],
         "layers": c["num_hidden_layers"],
         "heads": c["num_attention_heads"],
         "eps": c["rms_norm_eps"],
@@ -153,12 +156,13 @@ def load_config(model_dir):
     }
     cfg["kv_heads"] = c.get("num_key_value_heads") or cfg["heads"]
     # HF's Qwen3Config defaults head_dim to 128; the others derive it.
-    cfg["head_dim"] = c.get("head_dim") or (128 if arch == "Qwen3ForCausalLM" else cfg["hidden"] // cfg["heads"])
+    qwen3 = arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+    cfg["head_dim"] = c.get("head_dim") or (128 if qwen3 else cfg["hidden"] // cfg["heads"])
     if cfg["heads"] % cfg["kv_heads"] != 0:
         sys.exit("error: num_attention_heads not a multiple of num_key_value_heads")
     if arch == "Qwen2ForCausalLM":
         cfg["qkv_bias"], cfg["o_bias"] = True, False
-    elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
+    elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
         cfg["qkv_bias"] = cfg["o_bias"] = bool(c.get("attention_bias", False))
     else:  # Mistral, Phi-3: no biases
         cfg["qkv_bias"] = cfg["o_bias"] = False
@@ -166,12 +170,21 @@ def load_config(model_dir):
         sys.exit("error: partial_rotary_factor other than 1 is not supported")
     cfg["fused"] = arch == "Phi3ForCausalLM"
     window = None
-    if arch in ("MistralForCausalLM", "Phi3ForCausalLM") or (arch == "Qwen2ForCausalLM" and c.get("use_sliding_window")):
+    if arch in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM") or (
+            arch == "Qwen2ForCausalLM" and c.get("use_sliding_window")):
         window = c.get("sliding_window")
-    if arch == "Qwen3ForCausalLM" and c.get("use_sliding_window"):
+    if qwen3 and c.get("use_sliding_window"):
         sys.exit("error: Qwen3 use_sliding_window is not supported")
     cfg["window"] = window
-    cfg["qk_norm"] = arch == "Qwen3ForCausalLM"   # per-head RMSNorm of q and k before RoPE
+    cfg["qk_norm"] = qwen3   # per-head RMSNorm of q and k before RoPE
+    cfg["experts"] = 0
+    if moe_qwen:
+        if c.get("decoder_sparse_step", 1) != 1 or c.get("mlp_only_layers"):
+            sys.exit("error: dense layers among MoE ones are not supported")
+        cfg["experts"], cfg["top_k"] = c["num_experts"], c["num_experts_per_tok"]
+        cfg["norm_topk"] = bool(c.get("norm_topk_prob", False))
+    elif arch == "MixtralForCausalLM":
+        cfg["experts"], cfg["top_k"], cfg["norm_topk"] = c["num_local_experts"], c["num_experts_per_tok"], True
     return cfg
 
 
@@ -226,8 +239,19 @@ class Model:
                 "ln1": W.get(p + "input_layernorm.weight", [H]),
                 "ln2": W.get(p + "post_attention_layernorm.weight", [H]),
                 "o": W.get(p + "self_attn.o_proj.weight", [H, nh * hd]),
-                "down": W.get(p + "mlp.down_proj.weight", [H, I]),
             }
+            if cfg["experts"]:
+                mixtral = cfg["arch"] == "MixtralForCausalLM"
+                m = p + ("block_sparse_moe." if mixtral else "mlp.")
+                names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+                L["router"] = W.get(m + "gate.weight", [cfg["experts"], H])
+                L["experts"] = [
+                    (W.get(m + f"experts.{e}.{names[0]}.weight", [I, H]),
+                     W.get(m + f"experts.{e}.{names[1]}.weight", [I, H]),
+                     W.get(m + f"experts.{e}.{names[2]}.weight", [H, I]))
+                    for e in range(cfg["experts"])]
+            else:
+                L["down"] = W.get(p + "mlp.down_proj.weight", [H, I])
             if cfg["fused"]:  # Phi-3: rows q | k | v, and gate | up (HF's split and chunk(2))
                 qkv = W.get(p + "self_attn.qkv_proj.weight", [(nh + 2 * nkv) * hd, H])
                 L["q"], L["k"], L["v"] = torch.split(qkv, [nh * hd, nkv * hd, nkv * hd], dim=0)
@@ -236,8 +260,9 @@ class Model:
                 L["q"] = W.get(p + "self_attn.q_proj.weight", [nh * hd, H])
                 L["k"] = W.get(p + "self_attn.k_proj.weight", [nkv * hd, H])
                 L["v"] = W.get(p + "self_attn.v_proj.weight", [nkv * hd, H])
-                L["gate"] = W.get(p + "mlp.gate_proj.weight", [I, H])
-                L["up"] = W.get(p + "mlp.up_proj.weight", [I, H])
+                if not cfg["experts"]:
+                    L["gate"] = W.get(p + "mlp.gate_proj.weight", [I, H])
+                    L["up"] = W.get(p + "mlp.up_proj.weight", [I, H])
             for n, size in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
                 L[n + "_b"] = W.get(p + f"self_attn.{n}_proj.bias", [size]) if cfg["qkv_bias"] else None
             L["o_b"] = W.get(p + "self_attn.o_proj.bias", [H]) if cfg["o_bias"] else None
@@ -249,9 +274,28 @@ class Model:
         if quantize == "int8":   # the embedding gather keeps the checkpoint's rows
             for L in self.layers:
                 for n in ("q", "k", "v", "o", "gate", "up", "down"):
-                    L[n] = quantize_int8(L[n])
+                    if n in L:
+                        L[n] = quantize_int8(L[n])
+                if "experts" in L:   # the router stays as loaded
+                    L["experts"] = [tuple(quantize_int8(w) for w in x) for x in L["experts"]]
             self.lm_head = quantize_int8(self.lm_head)
         self.inv_freq = rope_inv_freq(cfg)
+
+    def moe(self, x, L):
+        """HF's sparse MoE block: softmax over the router's logits, the top-k experts per token
+        (renormalised over them when norm_topk), their SwiGLU outputs weighted and summed."""
+        cfg = self.cfg
+        probs = torch.softmax(x @ L["router"].T, dim=-1)            # [T, E]
+        weights, chosen = torch.topk(probs, cfg["top_k"], dim=-1)   # [T, k]
+        if cfg["norm_topk"]:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for w, e in zip(weights[t].tolist(), chosen[t].tolist()):
+                gate, up, down = L["experts"][e]
+                y = (torch.nn.functional.silu(x[t] @ gate.T) * (x[t] @ up.T)) @ down.T
+                out[t] += w * y
+        return out
 
     @staticmethod
     def linear(x, w, b):
@@ -297,6 +341,9 @@ class Model:
             x = rms_norm(h, L["ln1"], cfg["eps"])
             h = h + self.attention(x, L, cos, sin)
             x = rms_norm(h, L["ln2"], cfg["eps"])
+            if cfg["experts"]:
+                h = h + self.moe(x, L)
+                continue
             gate = self.linear(x, L["gate"], None)
             h = h + self.linear(torch.nn.functional.silu(gate) * self.linear(x, L["up"], None),
                                 L["down"], None)

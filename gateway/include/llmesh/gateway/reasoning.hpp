@@ -6,9 +6,10 @@
 // The split, streamed or whole (the same rule both ways, so a streamed choice concatenates to
 // the whole one):
 // - The output begins in the reasoning when the parser is deepseek_r1 (R1 models always think;
-//   their templates open the block in the prompt), when the rendered prompt ends by opening a
-//   "<think>" (Qwen3 thinking templates), or when a continued final message left one open. A
-//   "<think>" at the very start of the output opens it too (and is dropped).
+//   their templates open the block in the prompt) unless the prompt closed a block, when the
+//   rendered prompt ends by opening a "<think>" (Qwen3 thinking templates), or when a continued
+//   final message left one open. A "<think>" at the very start of the output opens it too
+//   (and is dropped).
 // - Otherwise (qwen3: enable_thinking false, whose template closes an empty block in the
 //   prompt, or a model that answers at once) all of the output is content.
 // - The reasoning ends at the first "</think>" (dropped); everything after it is content.
@@ -26,6 +27,7 @@
 
 #include "llmesh/common/error.hpp"
 #include "llmesh/gateway/openai_api.hpp"
+#include "llmesh/model/tokenizer.hpp"
 
 namespace llmesh::gateway {
 
@@ -36,6 +38,12 @@ std::string_view reasoning_parser_name(reasoning_parser p);
 /// Parses a --reasoning-parser value (or a cluster config's reasoning_parser); invalid_request
 /// names the choices.
 [[nodiscard]] result<reasoning_parser> parse_reasoning_parser(std::string_view s);
+
+/// Whether the served model's tokenizer spells `reasoning_end_tag()` as one token of its own,
+/// which a reasoning parser needs (the replica waits for that token before a constraint
+/// holds; a tag split differently in context would never be seen). An error naming the model
+/// otherwise, as vLLM refuses such parsers.
+[[nodiscard]] status check_reasoning_tokens(const model::tokenizer& tok, const std::string& model_name);
 
 /// Whether a rendered chat prompt opens a "<think>" block for the output: it ends with "<think>"
 /// and whitespace (Qwen3 thinking and DeepSeek-R1 templates). A "<think>" elsewhere in the
@@ -58,6 +66,9 @@ struct reasoning_mode {
   reasoning_parser parser = reasoning_parser::none;
   bool opened = false;   ///< the prompt left a block open (prompt_opens_reasoning)
   bool include = true;   ///< vLLM's include_reasoning: false drops the reasoning from the response
+  /// The prompt closed a block (thinking turned off), or a continued message is answer text:
+  /// the output is the answer (deepseek_r1 too), unless it opens a block with "<think>".
+  bool closed = false;
   bool active() const { return parser != reasoning_parser::none; }
 };
 

@@ -54,7 +54,7 @@ std::string new_tool_call_id();
 
 /// Llama 3.1-3.3's JSON calls (vLLM's llama3_json parser): `text`, after an optional leading
 /// "<|python_tag|>", is one or more JSON objects {"name": string, "parameters" (or
-/// "arguments"): any} separated by ";" and whitespace; each is a call with a new id and its
+/// "arguments"): any} separated by ";" (or "," or whitespace alone); each is a call with a new id and its
 /// parameters as compact JSON text. An invalid_request error when the text is anything else.
 [[nodiscard]] result<std::vector<tool_call_delta>> parse_llama3_json_calls(std::string_view text);
 

@@ -12,13 +12,13 @@
 namespace llmesh::model {
 
 /// Supported architectures (DESIGN.md §Models).
-enum class architecture { llama, mistral, qwen2, qwen3, phi3 };
+enum class architecture { llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral };
 
 /// Everything the forward pass needs to know about a model's shape.
 struct model_config {
   architecture arch = architecture::llama;
   std::string arch_name;  ///< as spelled in config.json, e.g. "LlamaForCausalLM"
-  size_t hidden = 0, intermediate = 0, n_layers = 0;
+  size_t hidden = 0, intermediate = 0, n_layers = 0;  ///< intermediate: each expert's, in an MoE model
   size_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
   size_t vocab = 0;
   size_t max_positions = 0;
@@ -33,6 +33,14 @@ struct model_config {
   /// Phi-3: q, k and v are one tensor (self_attn.qkv_proj, their rows in that order), gate and
   /// up another (mlp.gate_up_proj, gate's rows first); the loader views each part.
   bool fused_projections = false;
+  /// Mixture of experts (Qwen3-MoE, Mixtral): every layer's MLP is n_experts SwiGLU experts of
+  /// `intermediate` each; a router (a linear layer) scores them per token, softmax, the
+  /// experts_per_token best run, their outputs weighted by those probabilities (renormalised
+  /// over the chosen when norm_topk_prob) and summed. n_experts 0: a dense MLP.
+  struct moe_config {
+    size_t n_experts = 0, experts_per_token = 0;
+    bool norm_topk_prob = true;
+  } moe;
   size_t sliding_window = 0;   ///< 0: none (Mistral's and Phi-3's sliding_window)
   std::vector<int32_t> bos_ids, eos_ids;  ///< load_config merges generation_config.json's in
   /// The model's recommended sampling (generation_config.json's temperature, top_p, top_k):

@@ -15,10 +15,12 @@
 namespace llmesh::model {
 
 struct random_model_spec {
-  std::string arch = "llama";  ///< llama | mistral | qwen2 | qwen3 | phi3
+  std::string arch = "llama";  ///< llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral
   size_t hidden = 64, intermediate = 160, n_layers = 2;
   size_t n_heads = 4, n_kv_heads = 2, head_dim = 0;  ///< head_dim 0: hidden / n_heads (omitted from config)
   size_t vocab = 517;                                ///< at least 258: 256 byte tokens + BOS + EOS
+  /// qwen3_moe, mixtral: experts per layer and per token (0: 8 and 2); intermediate is each expert's.
+  size_t n_experts = 0, experts_per_token = 0;
   size_t max_positions = 2048;
   kernels::dtype dtype = kernels::dtype::f32;
   bool tie_embeddings = false;
@@ -46,7 +48,8 @@ struct tensor_spec {
 /// Writes one safetensors file (header padded to 8 bytes, tensors in the given order).
 [[nodiscard]] status write_safetensors(const std::string& path, const std::vector<tensor_spec>& tensors);
 
-/// Parses an architecture name for `model random` ("llama", "mistral", "qwen2", "qwen3", "phi3").
+/// Parses an architecture name for `model random` ("llama", "mistral", "qwen2", "qwen3", "phi3",
+/// "qwen3_moe", "mixtral").
 [[nodiscard]] result<std::string> config_architecture_name(const std::string& arch);
 
 }  // namespace llmesh::model

@@ -132,6 +132,10 @@ class shard_executor final : public step_executor {
  private:
   status attention_block(size_t layer, std::span<const step_sequence> batch, size_t n_tokens);
   status mlp_block(size_t layer, size_t n_tokens);
+  /// An MoE layer's MLP on the normed rows in xn_ (moe_block.cpp): the router, each token's
+  /// experts, this rank's slice of each expert run on the rows routed to it, the weighted sum
+  /// per token in its experts' order, the all-reduce and the residual.
+  status moe_block(size_t layer, size_t n_tokens);
   /// The step; with `greedy` (tp > 1 only), rank 0's greedy tokens instead of logits; rank 0's
   /// scored positions into `scored` (if given).
   status run(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy,
@@ -160,6 +164,7 @@ class shard_executor final : public step_executor {
   // Step buffers, [n_tokens][...], grown on demand and reused.
   std::vector<float> sample_logits_, score_logits_;
   std::vector<float> h_, xn_, q_, k_, v_, attn_, proj_, gate_, up_, cos_, sin_;
+  std::vector<float> router_, expert_x_, expert_gate_, expert_up_, expert_y_;  ///< MoE layers' (moe_block.cpp)
 };
 
 }  // namespace llmesh::model

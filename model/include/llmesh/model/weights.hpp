@@ -48,6 +48,13 @@ struct layer_weights {
   weight_matrix q, k, v, o, gate, up, down;
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  ///< empty when the model has none
   std::vector<float> q_norm, k_norm;                  ///< [head_dim] (Qwen3's qk_norm); else empty
+  /// MoE (model_config::moe): the router [n_experts, hidden] and each expert's SwiGLU MLP;
+  /// gate, up and down above are then empty.
+  struct expert {
+    weight_matrix gate, up, down;
+  };
+  weight_matrix router;
+  std::vector<expert> experts;
 };
 
 struct model_weights {
@@ -85,6 +92,9 @@ class model {
   model(std::string dir, model_config cfg, tensor_store store)
       : dir_(std::move(dir)), config_(std::move(cfg)), store_(std::move(store)) {}
   status bind_weights();
+  /// Layer `layer`'s router and experts (Qwen3-MoE's mlp.gate / mlp.experts.E.{gate,up,down}_proj,
+  /// Mixtral's block_sparse_moe.gate / block_sparse_moe.experts.E.{w1,w3,w2}).
+  status bind_experts(size_t layer);
   status quantize(quantization q);
 
   std::string dir_;
