@@ -32,9 +32,11 @@ struct gemm_result {
 };
 
 /// Prefill's largest GEMM shape (M prompt tokens × N intermediate × K hidden), ours on the
-/// model's own gate weights and on an f32 copy, against OpenBLAS sgemm on the f32 copy.
+/// model's own gate weights (an MoE model's first expert's) and on an f32 copy, against
+/// OpenBLAS sgemm on the f32 copy.
 gemm_result bench_gemm(const model::model& m, size_t rows, int threads, int reps) {
-  const auto& w = m.weights().layers[0].gate;
+  const auto& l0 = m.weights().layers[0];
+  const auto& w = l0.experts.empty() ? l0.gate : l0.experts.front().gate;
   const size_t M = rows, N = w.rows, K = w.cols;
   std::vector<float> x(M * K), wf(N * K), y(M * N);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;

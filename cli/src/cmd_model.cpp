@@ -33,7 +33,7 @@ status run_random(model_flags& f) {
   if (!check) return check.take_error();
   std::fprintf(stderr, "wrote %s: %zu layers, hidden %zu, vocab %zu, %s, %.1f MB of weights\n", f.out.c_str(),
                f.spec.n_layers, f.spec.hidden, f.spec.vocab, f.dtype.c_str(),
-               static_cast<double>((*check)->decode_weight_bytes()) / 1e6);
+               static_cast<double>((*check)->weight_bytes()) / 1e6);
   return ok_status();
 }
 

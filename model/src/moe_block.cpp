@@ -4,10 +4,12 @@
 // renormalised over the chosen (norm_topk_prob) → every expert runs this rank's slice of its
 // SwiGLU on the rows routed to it (gate/up of all experts in one parallel region, down in
 // another) → each token's rows weighted and summed in its experts' order → all-reduce →
-// residual. Batch-invariant: a row's matmul does not depend on the rows beside it, and a
-// token's sum runs in an order of its own.
+// residual, in chunks of tokens (bounded scratch). Batch-invariant: a row's matmul does not
+// depend on the rows beside it, and a token's sum runs in an order of its own. The router's
+// logits are float32 (HF's are the model dtype's), its softmax double.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "llmesh/kernels/elementwise.hpp"
@@ -16,7 +18,26 @@
 
 namespace llmesh::model {
 
+namespace {
+
+/// Tokens routed at once: the scratch rows (tokens × experts_per_token × (2 hidden + 2 of the
+/// rank's intermediate) floats) stay bounded whatever the prompt; each token's work is its own,
+/// so the chunking changes no bit.
+constexpr size_t chunk_tokens = 512;
+
+}  // namespace
+
 status shard_executor::moe_block(size_t layer, size_t n_tokens) {
+  const size_t hidden = model_->config().hidden;
+  for (size_t t0 = 0; t0 < n_tokens; t0 += chunk_tokens) {
+    LLMESH_TRY(moe_chunk(layer, t0, std::min(chunk_tokens, n_tokens - t0)));
+  }
+  if (layout_.tp > 1) LLMESH_TRY(comm_->all_reduce_sum(std::span(proj_.data(), n_tokens * hidden)));
+  kernels::add_inplace(h_.data(), proj_.data(), n_tokens * hidden);
+  return ok_status();
+}
+
+status shard_executor::moe_chunk(size_t layer, size_t t0, size_t n_tokens) {
   using detail::cols_from;
   using detail::job;
   using detail::rows_from;
@@ -24,52 +45,60 @@ status shard_executor::moe_block(size_t layer, size_t n_tokens) {
   const auto& lw = model_->weights().layers[layer];
   const size_t n_experts = c.moe.n_experts, k = c.moe.experts_per_token, hidden = c.hidden;
   const size_t ni = layout_.n_inter, i0 = layout_.inter0;
+  const float* xn = &xn_[t0 * hidden];
 
   // The router is whole on every rank: each decides the same experts.
   router_.resize(n_tokens * n_experts);
-  LLMESH_TRY(kernels::matmul(job(xn_.data(), hidden, lw.router, lw.router.data, router_.data(), n_experts, n_tokens,
-                                 n_experts, hidden, nullptr),
+  LLMESH_TRY(kernels::matmul(job(xn, hidden, lw.router, lw.router.data, router_.data(), n_experts, n_tokens, n_experts,
+                                 hidden, nullptr),
                              *pool_));
-  std::vector<uint32_t> chosen(n_tokens * k);
-  std::vector<float> weight(n_tokens * k);
+  chosen_.resize(n_tokens * k);
+  weight_.resize(n_tokens * k);
   std::vector<uint32_t> order(n_experts);
   std::vector<double> p(n_experts);
   for (size_t t = 0; t < n_tokens; ++t) {
     const float* logits = &router_[t * n_experts];
-    const float top = *std::max_element(logits, logits + n_experts);
+    // A NaN logit counts as -inf (a strict weak order for the sort; no expert chosen for it).
+    float top = -std::numeric_limits<float>::infinity();
+    for (size_t e = 0; e < n_experts; ++e) {
+      if (!std::isnan(logits[e])) top = std::max(top, logits[e]);
+    }
     double sum = 0.0;
-    for (size_t e = 0; e < n_experts; ++e) sum += p[e] = std::exp(static_cast<double>(logits[e]) - top);
+    for (size_t e = 0; e < n_experts; ++e) {
+      const bool finite_top = std::isfinite(top);
+      p[e] = std::isnan(logits[e]) || !finite_top ? (finite_top ? 0.0 : 1.0) : std::exp(static_cast<double>(logits[e]) - top);
+      sum += p[e];
+    }
     std::iota(order.begin(), order.end(), 0u);
     std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
                       [&](uint32_t a, uint32_t b) { return p[a] != p[b] ? p[a] > p[b] : a < b; });
     double kept = 0.0;
     for (size_t s = 0; s < k; ++s) kept += p[order[s]];
     for (size_t s = 0; s < k; ++s) {
-      chosen[t * k + s] = order[s];
-      weight[t * k + s] = static_cast<float>(p[order[s]] / (c.moe.norm_topk_prob ? kept : sum));
+      chosen_[t * k + s] = order[s];
+      weight_[t * k + s] = static_cast<float>(p[order[s]] / (c.moe.norm_topk_prob ? kept : sum));
     }
   }
 
   // The (token, slot) rows grouped by expert, tokens in order within each.
-  std::vector<size_t> count(n_experts + 1, 0), row_of(n_tokens * k);
-  for (uint32_t e : chosen) ++count[e + 1];
-  std::partial_sum(count.begin(), count.end(), count.begin());  // count[e]: expert e's first row
-  std::vector<size_t> next(count.begin(), count.end() - 1);
+  std::vector<size_t> first(n_experts + 1, 0);
+  for (uint32_t e : chosen_) ++first[e + 1];
+  std::partial_sum(first.begin(), first.end(), first.begin());  // first[e]: expert e's first row
+  std::vector<size_t> next(first.begin(), first.end() - 1);
   const size_t rows = n_tokens * k;
+  row_of_.resize(rows);
+  for (size_t i = 0; i < rows; ++i) row_of_[i] = next[chosen_[i]]++;
   expert_x_.resize(rows * hidden);
   expert_gate_.resize(rows * ni);
   expert_up_.resize(rows * ni);
   expert_y_.resize(rows * hidden);
-  for (size_t t = 0; t < n_tokens; ++t) {
-    for (size_t s = 0; s < k; ++s) {
-      const size_t r = next[chosen[t * k + s]]++;
-      row_of[t * k + s] = r;
-      std::copy_n(&xn_[t * hidden], hidden, &expert_x_[r * hidden]);
-    }
-  }
+  pool_->run([&](int th, int n_threads) {
+    auto [b, e] = kernels::thread_pool::split(rows, th, n_threads);
+    for (size_t i = b; i < e; ++i) std::copy_n(&xn[(i / k) * hidden], hidden, &expert_x_[row_of_[i] * hidden]);
+  });
   std::vector<kernels::matmul_args> gate_up, down;
   for (size_t e = 0; e < n_experts; ++e) {
-    const size_t r0 = count[e], m = count[e + 1] - count[e];
+    const size_t r0 = first[e], m = first[e + 1] - first[e];
     if (m == 0) continue;
     const auto& x = lw.experts[e];
     gate_up.push_back(job(&expert_x_[r0 * hidden], hidden, x.gate, rows_from(x.gate, i0), &expert_gate_[r0 * ni], ni, m,
@@ -87,17 +116,18 @@ status shard_executor::moe_block(size_t layer, size_t n_tokens) {
   LLMESH_TRY(kernels::matmul(down, *pool_));
 
   // Each token: its experts' rows, weighted, summed in its own order.
-  std::fill_n(proj_.begin(), n_tokens * hidden, 0.0f);
-  for (size_t t = 0; t < n_tokens; ++t) {
-    float* out = &proj_[t * hidden];
-    for (size_t s = 0; s < k; ++s) {
-      const float w = weight[t * k + s];
-      const float* y = &expert_y_[row_of[t * k + s] * hidden];
-      for (size_t h = 0; h < hidden; ++h) out[h] += w * y[h];
+  pool_->run([&](int th, int n_threads) {
+    auto [b, e] = kernels::thread_pool::split(n_tokens, th, n_threads);
+    for (size_t t = b; t < e; ++t) {
+      float* out = &proj_[(t0 + t) * hidden];
+      std::fill_n(out, hidden, 0.0f);
+      for (size_t s = 0; s < k; ++s) {
+        const float w = weight_[t * k + s];
+        const float* y = &expert_y_[row_of_[t * k + s] * hidden];
+        for (size_t h = 0; h < hidden; ++h) out[h] += w * y[h];
+      }
     }
-  }
-  if (layout_.tp > 1) LLMESH_TRY(comm_->all_reduce_sum(std::span(proj_.data(), n_tokens * hidden)));
-  kernels::add_inplace(h_.data(), proj_.data(), n_tokens * hidden);
+  });
   return ok_status();
 }
 

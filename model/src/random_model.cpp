@@ -181,7 +181,7 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
               {"eos_token_id", 257},
               {"torch_dtype", s.dtype == kernels::dtype::f32 ? "float32" : (s.dtype == kernels::dtype::f16 ? "float16" : "bfloat16")}};
   if (s.head_dim || qk_norm) cfg["head_dim"] = hd;  // Qwen3's default (128) is not hidden / heads
-  if (s.arch == "llama" || s.arch == "qwen3") cfg["attention_bias"] = s.attention_bias;
+  if (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe") cfg["attention_bias"] = s.attention_bias;
   if (s.arch == "mistral" || fused) cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
   if (qwen) cfg["use_sliding_window"] = false;
   if (s.arch == "qwen3_moe") {  // every layer sparse; intermediate_size is a dense MLP's, unused

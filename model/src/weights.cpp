@@ -259,11 +259,23 @@ status model::quantize(quantization q) {
   return ok_status();
 }
 
+size_t model::weight_bytes() const {
+  size_t total = weights_.embed.bytes() + (config_.tie_embeddings ? 0 : weights_.lm_head.bytes());
+  for (const auto& l : weights_.layers) {
+    total += l.q.bytes() + l.k.bytes() + l.v.bytes() + l.o.bytes() + l.gate.bytes() + l.up.bytes() + l.down.bytes();
+    total += l.router.bytes();
+    for (const auto& x : l.experts) total += x.gate.bytes() + x.up.bytes() + x.down.bytes();
+  }
+  return total;
+}
+
 size_t model::decode_weight_bytes() const {
   size_t total = weights_.lm_head.bytes();
   for (const auto& l : weights_.layers) {
     total += l.q.bytes() + l.k.bytes() + l.v.bytes() + l.o.bytes() + l.gate.bytes() + l.up.bytes() + l.down.bytes();
-    if (!l.experts.empty()) {  // a token reads the router and its experts_per_token experts
+    // A token reads the router and its experts_per_token experts (a step of b tokens reads up
+    // to min(n_experts, b * experts_per_token) of them: this is batch 1's figure).
+    if (!l.experts.empty()) {
       const auto& x = l.experts.front();
       total += l.router.bytes() + config_.moe.experts_per_token * (x.gate.bytes() + x.up.bytes() + x.down.bytes());
     }

@@ -224,6 +224,9 @@ std::vector<named_spec> specs() {
   s.intermediate = 32;
   s.shards = 2;
   out.push_back({"qwen3_moe 4 experts sharded", s});
+  s.attention_bias = true;
+  s.shards = 1;
+  out.push_back({"qwen3_moe attention_bias", s});
   s = {};
   s.arch = "mixtral";
   out.push_back({"mixtral default experts f32", s});

@@ -136,6 +136,8 @@ class shard_executor final : public step_executor {
   /// experts, this rank's slice of each expert run on the rows routed to it, the weighted sum
   /// per token in its experts' order, the all-reduce and the residual.
   status moe_block(size_t layer, size_t n_tokens);
+  /// Tokens [t0, t0 + n_tokens) of it, into their rows of proj_ (before the all-reduce).
+  status moe_chunk(size_t layer, size_t t0, size_t n_tokens);
   /// The step; with `greedy` (tp > 1 only), rank 0's greedy tokens instead of logits; rank 0's
   /// scored positions into `scored` (if given).
   status run(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy,
@@ -165,6 +167,9 @@ class shard_executor final : public step_executor {
   std::vector<float> sample_logits_, score_logits_;
   std::vector<float> h_, xn_, q_, k_, v_, attn_, proj_, gate_, up_, cos_, sin_;
   std::vector<float> router_, expert_x_, expert_gate_, expert_up_, expert_y_;  ///< MoE layers' (moe_block.cpp)
+  std::vector<uint32_t> chosen_;  ///< per (token, slot): its expert
+  std::vector<float> weight_;     ///< per (token, slot): its expert's weight
+  std::vector<size_t> row_of_;    ///< per (token, slot): its row among the chunk's expert rows
 };
 
 }  // namespace llmesh::model

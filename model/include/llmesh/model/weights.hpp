@@ -85,6 +85,9 @@ class model {
   /// Weight bytes a decode step reads per token at batch 1: every layer matrix and the LM
   /// head (the embedding row is negligible).
   size_t decode_weight_bytes() const;
+  /// Bytes of every weight matrix as held (every expert of an MoE model; embedding and LM head
+  /// once when tied).
+  size_t weight_bytes() const;
   /// Weights (elements) a decode step multiplies by per token: the layer matrices and the LM head.
   size_t decode_params() const;
 
