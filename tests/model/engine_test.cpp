@@ -120,6 +120,19 @@ TEST(Engine, ChunkedPrefillAndTokenByTokenGiveIdenticalBits) {
   }
 }
 
+TEST(Engine, AnMoEPromptLongerThanOneRoutingChunkGivesTheSameBits) {
+  // moe_block routes 512 tokens at a time: a 700-token prompt whole crosses that boundary.
+  temp_model tm(moe_spec());
+  auto e = make_engine(tm.get(), 1);
+  auto prompt = prompt_of(700, 3);
+  auto whole = run_alone(*e, prompt, prompt.size());
+  auto chunks = run_alone(*e, prompt, 97);
+  const size_t v = e->config().vocab;
+  for (size_t s = 0; s < whole.size(); ++s) {
+    EXPECT_TRUE(same_bits(whole[s].data(), chunks[s].data(), v)) << "step " << s;
+  }
+}
+
 TEST(Engine, SequenceLogitsDoNotDependOnBatchNeighbours) {
   for (const auto& spec : {small_spec(), moe_spec()}) {
   temp_model tm(spec);
