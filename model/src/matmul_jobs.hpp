@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "llmesh/kernels/matmul.hpp"
+#include "llmesh/kernels/thread_pool.hpp"
 #include "llmesh/model/weights.hpp"
 
 namespace llmesh::model::detail {
@@ -38,5 +39,20 @@ inline kernels::matmul_args job(const float* x, size_t ldx, const weight_matrix&
 }
 
 inline const float* slice(const std::vector<float>& v, size_t from) { return v.empty() ? nullptr : v.data() + from; }
+
+/// fn(r) for every row r < n_rows of `row_floats` floats each: on the pool when the rows hold
+/// enough work to pay for waking it (a prefill), else here (a decode step's few rows). Each
+/// row's result is the same either way.
+template <class F>
+void for_rows(kernels::thread_pool& pool, size_t n_rows, size_t row_floats, F&& fn) {
+  if (n_rows * row_floats < (size_t{1} << 16)) {
+    for (size_t r = 0; r < n_rows; ++r) fn(r);
+    return;
+  }
+  pool.run([&](int th, int n_threads) {
+    auto [b, e] = kernels::thread_pool::split(n_rows, th, n_threads);
+    for (size_t r = b; r < e; ++r) fn(r);
+  });
+}
 
 }  // namespace llmesh::model::detail

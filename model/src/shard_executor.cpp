@@ -19,6 +19,7 @@ namespace llmesh::model {
 namespace {
 
 using detail::cols_from;
+using detail::for_rows;
 using detail::job;
 using detail::rows_from;
 using detail::slice;
@@ -126,9 +127,9 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
   const auto& c = model_->config();
   const auto& lw = model_->weights().layers[layer];
   const size_t hd = c.head_dim, q_dim = layout_.n_heads * hd, kv_dim = layout_.n_kv_heads * hd;
-  for (size_t t = 0; t < n_tokens; ++t) {
+  for_rows(*pool_, n_tokens, c.hidden, [&](size_t t) {
     kernels::rmsnorm(&h_[t * c.hidden], lw.attn_norm.data(), &xn_[t * c.hidden], c.hidden, c.rms_norm_eps);
-  }
+  });
   const size_t q0 = layout_.q_head0 * hd, kv0 = layout_.kv_head0 * hd;
   const matmul_args qkv[3] = {
       job(xn_.data(), c.hidden, lw.q, rows_from(lw.q, q0), q_.data(), q_dim, n_tokens, q_dim, c.hidden, slice(lw.q_bias, q0)),
@@ -137,18 +138,18 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
   };
   LLMESH_TRY(kernels::matmul(qkv, *pool_));
   if (c.qk_norm) {  // Qwen3: every head of q and k RMS-normalised on its own, before RoPE
-    for (size_t r = 0; r < n_tokens * layout_.n_heads; ++r) {
+    for_rows(*pool_, n_tokens * layout_.n_heads, hd, [&](size_t r) {
       kernels::rmsnorm(&q_[r * hd], lw.q_norm.data(), &q_[r * hd], hd, c.rms_norm_eps);
-    }
-    for (size_t r = 0; r < n_tokens * layout_.n_kv_heads; ++r) {
+    });
+    for_rows(*pool_, n_tokens * layout_.n_kv_heads, hd, [&](size_t r) {
       kernels::rmsnorm(&k_[r * hd], lw.k_norm.data(), &k_[r * hd], hd, c.rms_norm_eps);
-    }
+    });
   }
   const size_t half = hd / 2;
-  for (size_t t = 0; t < n_tokens; ++t) {
+  for_rows(*pool_, n_tokens, q_dim + kv_dim, [&](size_t t) {
     kernels::rope_apply(&q_[t * q_dim], layout_.n_heads, hd, &cos_[t * half], &sin_[t * half]);
     kernels::rope_apply(&k_[t * kv_dim], layout_.n_kv_heads, hd, &cos_[t * half], &sin_[t * half]);
-  }
+  });
 
   kernels::kv_layer_view cache{keys_[layer].data(), values_[layer].data(), kv_.n_blocks};
   std::vector<kernels::attention_seq> seqs;
@@ -176,9 +177,9 @@ status shard_executor::mlp_block(size_t layer, size_t n_tokens) {
   const auto& c = model_->config();
   const auto& lw = model_->weights().layers[layer];
   const size_t ni = layout_.n_inter, i0 = layout_.inter0;
-  for (size_t t = 0; t < n_tokens; ++t) {
+  for_rows(*pool_, n_tokens, c.hidden, [&](size_t t) {
     kernels::rmsnorm(&h_[t * c.hidden], lw.mlp_norm.data(), &xn_[t * c.hidden], c.hidden, c.rms_norm_eps);
-  }
+  });
   if (c.moe.n_experts > 0) return moe_block(layer, n_tokens);
   const matmul_args gate_up[2] = {
       job(xn_.data(), c.hidden, lw.gate, rows_from(lw.gate, i0), gate_.data(), ni, n_tokens, ni, c.hidden, nullptr),

@@ -111,6 +111,23 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   expect_one_line_error(r, "multiple of 32");
   r = run_command(llmesh_bin + " generate --device cuda --model " + model_ + " --prompt-ids 1 --quantization int8");
   expect_one_line_error(r, "CPU backend only");
+  // Reasoning and tool-call parsers: names it does not know, a model without <think> tokens,
+  // a node without the gateway role, and a mixture of experts on CUDA.
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --reasoning-parser granite");
+  expect_one_line_error(r, "--reasoning-parser");
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --tool-call-parser mistral");
+  expect_one_line_error(r, "--tool-call-parser");
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --http 127.0.0.1:0 --rpc none --reasoning-parser qwen3");
+  expect_one_line_error(r, "has no token \"<think>\"");
+  r = run_command(llmesh_bin + " node --name x --join 127.0.0.1:1 --token 0123456789abcdef0123 --listen 127.0.0.1:1 "
+                                "--role replica --reasoning-parser qwen3");
+  expect_one_line_error(r, "gateway");
+  r = run_command(llmesh_bin + " model random --out " + tmp_.path() + "/moe --arch mixtral --experts 2 --experts-per-token 3");
+  expect_one_line_error(r, "--experts-per-token");
+  r = run_command(llmesh_bin + " model random --out " + tmp_.path() + "/moe --arch mixtral --experts 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_command(llmesh_bin + " generate --device cuda --model " + tmp_.path() + "/moe --prompt-ids 1");
+  expect_one_line_error(r, "mixture-of-experts models run on the CPU backend only");
 }
 
 TEST_F(CliErrors, DumpLogitsToUnwritablePath) {
