@@ -183,6 +183,9 @@ status run_node(const node_flags& f) {
     if (!t) return t.take_error();
     m.tok = *t;
     if (m.reasoning != gateway::reasoning_parser::none) LLMESH_TRY(gateway::check_reasoning_tokens(*m.tok, name));
+    auto kept = gateway::tool_parser_kept_tokens(*m.tok, m.tool_parser, name);
+    if (!kept) return kept.take_error();
+    m.tool_tokens = std::move(*kept);
     if (auto c = model::chat_template::load(dir); c) m.chat = std::move(*c);
     auto c = model::load_config(dir);
     if (!c) return c.take_error();

@@ -16,7 +16,7 @@ struct gateway_flags {
   size_t max_concurrent = 256, max_tokens = 4096, max_body_kb = 4096, idle_timeout_s = 15;
   size_t max_connections = 1024, max_connections_per_client = 256;
   std::string reasoning_parser = "none";  ///< none | deepseek_r1 | qwen3 (reasoning.hpp)
-  std::string tool_call_parser = "hermes";  ///< hermes | llama3_json (tool_calls.hpp)
+  std::string tool_call_parser = "hermes";  ///< hermes | llama3_json | mistral (tool_calls.hpp)
 };
 
 /// Adds --api-key (or LLMESH_API_KEY), --max-concurrent, --max-tokens-limit, --max-body-kb,

@@ -427,6 +427,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   if (chat) {
     choice.tools = tools;
     choice.reasoning = reasoning;
+    if (tools.mode == tool_choice_mode::automatic) choice.keep_special = m.tool_tokens;
   }
 
   group_setup gs;

@@ -32,6 +32,7 @@ completion_stream::completion_stream(stream_setup s, const model::detokenizer& d
     metrics_->get_counter(metric::prompt_tokens)->add(static_cast<double>(s_.prompt_ids.size()));
   }
   last_ = start_;
+  decoder_.keep_special(s_.keep_special);
   if (s_.chat && s_.streaming && s_.tools.shapes()) tool_stream_.emplace(s_.tools);
   if (s_.chat && s_.streaming && s_.reasoning.active()) reasoning_stream_.emplace(s_.reasoning);
 }

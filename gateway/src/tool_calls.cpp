@@ -14,6 +14,17 @@ using json = nlohmann::ordered_json;
 
 /// Hermes-style calls (Qwen2.5/3, Hermes 2 Pro templates): <tool_call>{"name", "arguments"}</tool_call>.
 constexpr std::string_view hermes_open = "<tool_call>", hermes_close = "</tool_call>";
+/// Mistral's: [TOOL_CALLS] (a special token the decoder keeps for this parser), then a JSON
+/// array of {"name", "arguments"} (tokenizer v3) or name[ARGS]{...} per call (v11 and later).
+constexpr std::string_view mistral_open = "[TOOL_CALLS]", mistral_args = "[ARGS]";
+
+/// The tag the automatic parser's calls start with.
+std::string_view open_tag(tool_call_parser p) { return p == tool_call_parser::mistral ? mistral_open : hermes_open; }
+
+/// The calls in `text`, which begins with the parser's tag.
+result<std::vector<tool_call_delta>> parse_tagged(tool_call_parser p, std::string_view text) {
+  return p == tool_call_parser::mistral ? parse_mistral_calls(text.substr(mistral_open.size())) : parse_hermes_calls(text);
+}
 /// What Llama 3.1 may write before its calls (a special token: the decoder usually drops it).
 constexpr std::string_view python_tag = "<|python_tag|>";
 
@@ -48,9 +59,9 @@ bool llama3_calls_start(std::string_view text) { return text.starts_with('{') ||
 
 
 /// How many of text's last bytes could begin a "<tool_call>" tag (held back while streaming).
-size_t partial_tag(std::string_view text) {
-  for (size_t n = std::min(text.size(), hermes_open.size() - 1); n > 0; --n) {
-    if (hermes_open.starts_with(text.substr(text.size() - n))) return n;
+size_t partial_tag(std::string_view text, std::string_view tag) {
+  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
+    if (tag.starts_with(text.substr(text.size() - n))) return n;
   }
   return 0;
 }
@@ -58,13 +69,83 @@ size_t partial_tag(std::string_view text) {
 }  // namespace
 
 std::string_view tool_call_parser_name(tool_call_parser p) {
-  return p == tool_call_parser::llama3_json ? "llama3_json" : "hermes";
+  switch (p) {
+    case tool_call_parser::llama3_json: return "llama3_json";
+    case tool_call_parser::mistral: return "mistral";
+    default: return "hermes";
+  }
 }
 
 result<tool_call_parser> parse_tool_call_parser(std::string_view s) {
   if (s == "hermes") return tool_call_parser::hermes;
   if (s == "llama3_json") return tool_call_parser::llama3_json;
-  return make_error(errc::invalid_request, "unknown tool-call parser '" + std::string(s) + "' (hermes, llama3_json)");
+  if (s == "mistral") return tool_call_parser::mistral;
+  return make_error(errc::invalid_request, "unknown tool-call parser '" + std::string(s) + "' (hermes, llama3_json, mistral)");
+}
+
+result<std::vector<int32_t>> tool_parser_kept_tokens(const model::tokenizer& tok, tool_call_parser p,
+                                                     const std::string& model_name) {
+  std::vector<int32_t> keep;
+  if (p != tool_call_parser::mistral) return keep;
+  for (std::string_view tag : {mistral_open, mistral_args}) {
+    const auto ids = tok.encode(std::string(tag), false);
+    const bool own = ids.size() == 1 && tok.decoder().token_bytes(ids[0]) == tag;
+    if (own) keep.push_back(ids[0]);
+    if (!own && tag == mistral_open) {
+      return make_error(errc::invalid_request, "--tool-call-parser mistral: the model '" + model_name +
+                                                   "' has no [TOOL_CALLS] token (it is not a Mistral tool model)");
+    }
+  }
+  return keep;
+}
+
+std::string new_mistral_tool_call_id() {
+  // Mistral's templates refuse ids that are not 9 alphanumerics (vLLM generates these too).
+  thread_local std::mt19937_64 rng{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()};
+  static constexpr char alnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::string id;
+  for (int i = 0; i < 9; ++i) id += alnum[rng() % 62];
+  return id;
+}
+
+result<std::vector<tool_call_delta>> parse_mistral_calls(std::string_view text) {
+  const error not_calls = make_error(errc::invalid_request, "the output after [TOOL_CALLS] is not Mistral's calls");
+  std::vector<tool_call_delta> calls;
+  auto add = [&](std::string name, const json& args) {
+    tool_call_delta c;
+    c.index = calls.size();
+    c.id = new_mistral_tool_call_id();
+    c.name = std::move(name);
+    c.arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
+    calls.push_back(std::move(c));
+  };
+  if (text.find(mistral_args) != std::string_view::npos) {
+    // v11: name[ARGS]{...}, the next call after another [TOOL_CALLS].
+    for (size_t pos = 0; pos < text.size();) {
+      const size_t args = text.find(mistral_args, pos);
+      if (args == std::string_view::npos) return not_calls;
+      std::string name(text.substr(pos, args - pos));
+      name.erase(0, name.find_first_not_of(" \n"));
+      name.erase(name.find_last_not_of(" \n") + 1);
+      if (name.empty()) return not_calls;
+      const size_t body = args + mistral_args.size(), next = text.find(mistral_open, body);
+      const auto j = parse_embedded_json(text.substr(body, next == std::string_view::npos ? text.npos : next - body));
+      if (!j || !j->is_object()) return not_calls;
+      add(std::move(name), *j);
+      pos = next == std::string_view::npos ? text.size() : next + mistral_open.size();
+    }
+  } else {
+    // v3: a JSON array of {"name", "arguments"} (a single object too).
+    const auto j = parse_embedded_json(text);
+    if (!j || !(j->is_array() || j->is_object())) return not_calls;
+    for (const auto& e : j->is_array() ? *j : json::array({*j})) {
+      if (!e.is_object() || !e.contains("name") || !e["name"].is_string()) return not_calls;
+      auto args = e.find("arguments");
+      add(e["name"].get<std::string>(), args == e.end() ? json::object() : *args);
+    }
+  }
+  if (calls.empty()) return not_calls;
+  return calls;
 }
 
 std::string new_tool_call_id() {
@@ -163,9 +244,9 @@ void shape_tool_calls(const tool_output& t, choice_delta& c) {
     return;
   }
   if (t.mode == tool_choice_mode::automatic) {
-    const size_t at = c.text.find(hermes_open);
+    const size_t at = c.text.find(open_tag(t.parser));
     if (at == std::string::npos) return;
-    auto calls = parse_hermes_calls(std::string_view(c.text).substr(at));
+    auto calls = parse_tagged(t.parser, std::string_view(c.text).substr(at));
     if (!calls) return;  // not calls after all: all of it is content
     c.tool_calls = std::move(*calls);
     c.text.resize(at);  // the content is what came before the first call (vLLM's)
@@ -278,12 +359,12 @@ std::vector<choice_delta> tool_call_stream::shape_automatic(choice_delta c) {
   if (!in_calls_) {
     std::string text = std::move(pending_) + c.text;
     pending_.clear();
-    if (const size_t at = text.find(hermes_open); at != std::string::npos) {
+    if (const size_t at = text.find(open_tag(t_.parser)); at != std::string::npos) {
       in_calls_ = true;  // from here on everything is held until the choice ends
       held_ = text.substr(at);
       text.resize(at);
     } else {
-      const size_t keep = partial_tag(text);  // it may begin a tag: wait for the next piece
+      const size_t keep = partial_tag(text, open_tag(t_.parser));  // it may begin a tag: wait for the next piece
       pending_ = text.substr(text.size() - keep);
       text.resize(text.size() - keep);
     }
@@ -294,7 +375,7 @@ std::vector<choice_delta> tool_call_stream::shape_automatic(choice_delta c) {
   }
   if (c.finish) {
     if (in_calls_) {
-      auto calls = parse_hermes_calls(held_);
+      auto calls = parse_tagged(t_.parser, held_);
       if (calls) {
         c.tool_calls = std::move(*calls);
         if (*c.finish == "stop") c.finish = "tool_calls";

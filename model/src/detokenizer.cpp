@@ -5,6 +5,7 @@
 #include "llmesh/model/detokenizer.hpp"
 #include "read_file.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <nlohmann/json.hpp>
@@ -233,7 +234,7 @@ std::string detokenizer::decode(std::span<const int32_t> ids, bool skip_special)
 }
 
 std::string stream_decoder::push(int32_t id) {
-  if (skip_special_ && d_.is_special(id)) return {};
+  if (skip_special_ && d_.is_special(id) && std::find(keep_.begin(), keep_.end(), id) == keep_.end()) return {};
   std::string bytes = d_.token_bytes(id);
   while (stripped_ < d_.strip_leading() && !bytes.empty()) {  // the decoder's Strip: leading spaces only
     if (bytes[0] != ' ') {

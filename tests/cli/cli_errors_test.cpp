@@ -115,8 +115,10 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   // a node without the gateway role, and a mixture of experts on CUDA.
   r = run_command(llmesh_bin + " serve --model " + model_ + " --reasoning-parser granite");
   expect_one_line_error(r, "--reasoning-parser");
-  r = run_command(llmesh_bin + " serve --model " + model_ + " --tool-call-parser mistral");
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --tool-call-parser pythonic");
   expect_one_line_error(r, "--tool-call-parser");
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --http 127.0.0.1:0 --rpc none --tool-call-parser mistral");
+  expect_one_line_error(r, "has no [TOOL_CALLS] token");
   r = run_command(llmesh_bin + " serve --model " + model_ + " --http 127.0.0.1:0 --rpc none --reasoning-parser qwen3");
   expect_one_line_error(r, "has no token \"<think>\"");
   r = run_command(llmesh_bin + " node --name x --join 127.0.0.1:1 --token 0123456789abcdef0123 --listen 127.0.0.1:1 "

@@ -222,12 +222,13 @@ TEST(ToolCalls, HermesBlocksParseIntoCalls) {
 TEST(ToolCalls, ParserNames) {
   EXPECT_EQ(parse_tool_call_parser("hermes").value(), tool_call_parser::hermes);
   EXPECT_EQ(parse_tool_call_parser("llama3_json").value(), tool_call_parser::llama3_json);
-  for (auto p : {tool_call_parser::hermes, tool_call_parser::llama3_json}) {
+  for (auto p : {tool_call_parser::hermes, tool_call_parser::llama3_json, tool_call_parser::mistral}) {
     EXPECT_EQ(parse_tool_call_parser(tool_call_parser_name(p)).value(), p);
   }
-  auto bad = parse_tool_call_parser("mistral");
+  EXPECT_EQ(parse_tool_call_parser("mistral").value(), tool_call_parser::mistral);
+  auto bad = parse_tool_call_parser("pythonic");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.err().message.find("'mistral' (hermes, llama3_json)"), std::string::npos) << bad.err().message;
+  EXPECT_NE(bad.err().message.find("'pythonic' (hermes, llama3_json, mistral)"), std::string::npos) << bad.err().message;
 }
 
 TEST(ToolCalls, Llama3JsonCallsParseIntoCalls) {
@@ -346,6 +347,66 @@ TEST(ToolCalls, Llama3JsonTakesCallsOnlyFromAnOutputThatIsCalls) {
   for (const auto& e : broken) text += e["delta"].value("content", "");
   EXPECT_EQ(text, "{\"name\": 5}");
   EXPECT_EQ(broken.back()["finish_reason"], "stop");
+}
+
+TEST(ToolCalls, MistralCallsParseInBothFormats) {
+  auto is_mistral_id = [](const std::string& id) { return std::regex_match(id, std::regex("[A-Za-z0-9]{9}")); };
+  auto v3 = parse_mistral_calls(R"([{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "now", "arguments": {}}])");
+  ASSERT_TRUE(v3.ok()) << v3.err().message;
+  ASSERT_EQ(v3->size(), 2u);
+  EXPECT_EQ((*v3)[0].name, "get_weather");
+  EXPECT_EQ((*v3)[0].arguments, R"({"city":"Paris"})");
+  EXPECT_TRUE(is_mistral_id((*v3)[0].id)) << (*v3)[0].id;
+  EXPECT_EQ((*v3)[1].index, 1u);
+  auto v11 = parse_mistral_calls(R"(get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]now[ARGS]{})");
+  ASSERT_TRUE(v11.ok()) << v11.err().message;
+  ASSERT_EQ(v11->size(), 2u);
+  EXPECT_EQ((*v11)[0].arguments, R"({"city":"Paris"})");
+  EXPECT_EQ((*v11)[1].name, "now");
+  EXPECT_TRUE(is_mistral_id((*v11)[1].id));
+  for (const char* bad : {"", "[", R"([{"arguments": {}}])", "f[ARGS]nope", "[ARGS]{}", R"([1])", "Paris"}) {
+    EXPECT_FALSE(parse_mistral_calls(bad).ok()) << bad;
+  }
+  std::set<std::string> ids;
+  for (int i = 0; i < 100; ++i) ids.insert(new_mistral_tool_call_id());
+  EXPECT_EQ(ids.size(), 100u);
+}
+
+TEST(ToolCalls, MistralTakesTheCallsAfterItsMarkerWholeOrStreamed) {
+  const tool_output mistral{tool_choice_mode::automatic, "", tool_call_parser::mistral};
+  choice_delta c;
+  c.text = R"(Let me check.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Zion"}}])";
+  c.finish = "stop";
+  shape_tool_calls(mistral, c);
+  EXPECT_EQ(c.text, "Let me check.");
+  ASSERT_EQ(c.tool_calls.size(), 1u);
+  EXPECT_EQ(c.tool_calls[0].arguments, R"({"city":"Zion"})");
+  EXPECT_EQ(*c.finish, "tool_calls");
+  choice_delta hermes_text;  // another parser's format stays content
+  hermes_text.text = R"(<tool_call>{"name": "f"}</tool_call>)";
+  shape_tool_calls(mistral, hermes_text);
+  EXPECT_TRUE(hermes_text.tool_calls.empty());
+  tool_call_stream s(mistral);
+  std::string content;
+  json calls = json::array();
+  std::optional<std::string> finish;
+  const std::vector<std::string> pieces = {"Let me", " check.", "[TOOL_CALLS]", R"([{"name": "now", )", R"("arguments": {}}])"};
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    choice_delta d;
+    d.role = i == 0;
+    d.text = pieces[i];
+    if (i + 1 == pieces.size()) d.finish = "stop";
+    for (const auto& x : s.shape(d)) {
+      const json ch = delta_json(x)["choices"][0];
+      content += ch["delta"].value("content", "");
+      for (const auto& t : ch["delta"].value("tool_calls", json::array())) calls.push_back(t);
+      if (ch["finish_reason"].is_string()) finish = ch["finish_reason"].get<std::string>();
+    }
+  }
+  EXPECT_EQ(content, "Let me check.");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"], json({{"name", "now"}, {"arguments", "{}"}}));
+  EXPECT_EQ(finish, "tool_calls");
 }
 
 TEST(ToolCalls, AutoTakesHermesCallsOutOfAWholeMessage) {

@@ -46,6 +46,19 @@ TEST_F(Detokenizer, SpecialTokensAreSkippedUnlessAsked) {
   EXPECT_EQ(d_->decode(std::vector<int32_t>{-1, 5000}), "");
 }
 
+TEST_F(Detokenizer, AStreamKeepsTheSpecialTokensItIsAskedTo) {
+  // A tool-call parser's marker (Mistral's [TOOL_CALLS]) is special: kept only where asked.
+  stream_decoder plain(*d_), keeping(*d_);
+  keeping.keep_special({257});
+  std::string a, b;
+  for (int32_t id : {72, 257, 105, 256}) {
+    a += plain.push(id);
+    b += keeping.push(id);
+  }
+  EXPECT_EQ(a, "Hi");
+  EXPECT_EQ(b, "H<|end_of_text|>i") << "256 is special and not kept";
+}
+
 TEST_F(Detokenizer, StreamingHoldsPartialCharacters) {
   stream_decoder s(*d_);
   EXPECT_EQ(s.push(0xE2), "");

@@ -45,6 +45,9 @@ struct served_model {
   reasoning_parser reasoning = reasoning_parser::none;
   /// The format tool_choice "auto" finds calls in (tool_calls.hpp).
   tool_call_parser tool_parser = tool_call_parser::hermes;
+  /// Special tokens the parser needs to see (tool_parser_kept_tokens: mistral's [TOOL_CALLS]);
+  /// a chat choice with tools keeps their text.
+  std::vector<int32_t> tool_tokens;
 };
 
 /// A response to run: submit every request to the mesh, feed their messages to `output`.

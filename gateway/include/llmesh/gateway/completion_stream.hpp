@@ -73,6 +73,8 @@ struct stream_setup {
   /// Chat with the model's reasoning parser: the thinking is split from the content
   /// (reasoning.hpp) before tool calls are looked for in the content.
   reasoning_mode reasoning;
+  /// Special tokens whose text is kept (a tool-call parser's markers); others are skipped.
+  std::vector<int32_t> keep_special;
 };
 
 /// Thread affinity: the connection's.

@@ -5,7 +5,8 @@
 // --tool-call-parser): hermes — <tool_call>{"name": ..., "arguments": {...}}</tool_call>
 // blocks, as Qwen2.5/3 and Hermes 2 Pro templates ask for — or llama3_json — an output that
 // is JSON objects {"name": ..., "parameters": {...}} separated by ";" (after Llama 3.1's
-// <|python_tag|>, if kept), as Llama 3.1-3.3 templates ask for. Other formats stay content.
+// <|python_tag|>, if kept), as Llama 3.1-3.3 templates ask for — or mistral — [TOOL_CALLS]
+// and the calls after it, as Mistral's templates ask for. Other formats stay content.
 // Whole messages and streamed deltas shaped as OpenAI's (and vLLM's) tool_calls. With "none"
 // nothing is shaped.
 #pragma once
@@ -17,17 +18,24 @@
 #include "llmesh/common/error.hpp"
 #include "llmesh/gateway/openai_api.hpp"
 #include "llmesh/gateway/structured_output.hpp"
+#include "llmesh/model/tokenizer.hpp"
 
 namespace llmesh::gateway {
 
 /// The format "auto" looks for calls in (vLLM's --tool-call-parser names).
-enum class tool_call_parser { hermes, llama3_json };
+enum class tool_call_parser { hermes, llama3_json, mistral };
 
-/// "hermes", "llama3_json".
+/// "hermes", "llama3_json", "mistral".
 std::string_view tool_call_parser_name(tool_call_parser p);
 /// Parses a --tool-call-parser value (or a cluster config's tool_call_parser); invalid_request
 /// names the choices.
 [[nodiscard]] result<tool_call_parser> parse_tool_call_parser(std::string_view s);
+
+/// The special tokens whose text a parser needs to see (the decoder drops special tokens):
+/// mistral's [TOOL_CALLS] (and [ARGS], where the vocabulary has it). An error naming the model
+/// when it has no [TOOL_CALLS] token; none for the other parsers.
+[[nodiscard]] result<std::vector<int32_t>> tool_parser_kept_tokens(const model::tokenizer& tok, tool_call_parser p,
+                                                                   const std::string& model_name);
 
 /// How a choice's output is shaped (api_service sets it from the request's tool_choice).
 struct tool_output {
@@ -39,6 +47,15 @@ struct tool_output {
 
 /// A new call id, "chatcmpl-tool-" and 32 random hex digits (vLLM's form).
 std::string new_tool_call_id();
+
+/// A new call id for Mistral models: 9 random alphanumerics (their templates refuse others).
+std::string new_mistral_tool_call_id();
+
+/// Mistral's calls, `text` being what follows [TOOL_CALLS]: a JSON array of {"name",
+/// "arguments"} (tokenizer v3; one object alone too), or name[ARGS]{...} with further calls
+/// after further [TOOL_CALLS] (v11 and later). Ids are Mistral's; arguments compact JSON. An
+/// invalid_request error when the text is anything else.
+[[nodiscard]] result<std::vector<tool_call_delta>> parse_mistral_calls(std::string_view text);
 
 /// The calls of a "required" output (a JSON array of {"name": string, "parameters": any}),
 /// each with a new id and its parameters as compact JSON text for arguments. An
@@ -61,9 +78,10 @@ std::string new_tool_call_id();
 /// A whole (non-streamed) choice: named — one call whose arguments are the text, finish kept
 /// (vLLM's "stop"); required — the parsed calls, finish "tool_calls" where it was "stop"; the
 /// content becomes "" (vLLM's). A required output that does not parse (cut by max_tokens)
-/// stays the content, with its finish reason ("length"). automatic, hermes — where the text
-/// holds Hermes-style calls that all parse, they become the calls, the content is the text
-/// before the first, finish "tool_calls" where it was "stop"; llama3_json — where the text
+/// stays the content, with its finish reason ("length"). automatic, hermes (mistral) — where
+/// the text holds Hermes-style calls (a [TOOL_CALLS] and Mistral's calls) that all parse, they
+/// become the calls, the content is the text before the first, finish "tool_calls" where it
+/// was "stop"; llama3_json — where the text
 /// begins with "{" (or "<|python_tag|>") and is all calls, they become the calls and the
 /// content is ""; otherwise nothing changes. Nothing changes when !t.shapes().
 void shape_tool_calls(const tool_output& t, choice_delta& c);
@@ -75,9 +93,9 @@ void shape_tool_calls(const tool_output& t, choice_delta& c);
 /// delta has text it follows as a second delta. required: the text is held until the choice
 /// ends (not parsed incrementally), then one delta carries every call whole (index, id, type,
 /// name, arguments) with finish "tool_calls"; if it does not parse, the held text goes out as
-/// content with the engine's finish reason. automatic, hermes: content streams as it comes,
-/// except that text which may begin a "<tool_call>" tag is held back until the next piece
-/// tells; from a tag on, the text is held until the choice ends, then goes out as one delta of
+/// content with the engine's finish reason. automatic, hermes (mistral): content streams as it
+/// comes, except that text which may begin a "<tool_call>" ("[TOOL_CALLS]") tag is held back
+/// until the next piece tells; from a tag on, the text is held until the choice ends, then goes out as one delta of
 /// calls (finish "tool_calls") if they all parse, else as content. automatic, llama3_json: an
 /// output whose text begins with "{" (or "<|python_tag|>") is held until the choice ends, then
 /// goes out as calls or, if it is not all calls, as content; any other output streams as content. Logprobs and token ids ride on

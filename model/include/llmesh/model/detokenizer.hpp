@@ -55,6 +55,9 @@ class detokenizer {
 class stream_decoder {
  public:
   explicit stream_decoder(const detokenizer& d, bool skip_special = true) : d_(d), skip_special_(skip_special) {}
+  /// Special tokens whose text is kept while the others are skipped (a tool-call parser's
+  /// markers, e.g. Mistral's [TOOL_CALLS]).
+  void keep_special(std::vector<int32_t> ids) { keep_ = std::move(ids); }
   std::string push(int32_t id);
   /// Emits what is left (an incomplete trailing character becomes U+FFFD).
   std::string flush();
@@ -62,6 +65,7 @@ class stream_decoder {
  private:
   const detokenizer& d_;
   bool skip_special_;
+  std::vector<int32_t> keep_;
   std::string pending_;  ///< bytes of an unfinished UTF-8 character
   size_t stripped_ = 0;  ///< leading spaces already stripped (or strip_leading() once text began)
 };
