@@ -21,6 +21,16 @@ constexpr std::string_view mistral_open = "[TOOL_CALLS]", mistral_args = "[ARGS]
 /// The tag the automatic parser's calls start with.
 std::string_view open_tag(tool_call_parser p) { return p == tool_call_parser::mistral ? mistral_open : hermes_open; }
 
+/// What a failed parse leaves as content: the text, without Mistral's markers (special
+/// tokens kept only to find the calls; vLLM drops them too).
+std::string unparsed_content(tool_call_parser p, std::string text) {
+  if (p != tool_call_parser::mistral) return text;
+  for (std::string_view tag : {mistral_open, mistral_args}) {
+    for (size_t at; (at = text.find(tag)) != std::string::npos;) text.erase(at, tag.size());
+  }
+  return text;
+}
+
 /// The calls in `text`, which begins with the parser's tag.
 result<std::vector<tool_call_delta>> parse_tagged(tool_call_parser p, std::string_view text) {
   return p == tool_call_parser::mistral ? parse_mistral_calls(text.substr(mistral_open.size())) : parse_hermes_calls(text);
@@ -119,7 +129,9 @@ result<std::vector<tool_call_delta>> parse_mistral_calls(std::string_view text) 
     c.arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
     calls.push_back(std::move(c));
   };
-  if (text.find(mistral_args) != std::string_view::npos) {
+  const size_t first = text.find_first_not_of(" \n");
+  const bool json_form = first != std::string_view::npos && (text[first] == '[' || text[first] == '{');
+  if (!json_form) {
     // v11: name[ARGS]{...}, the next call after another [TOOL_CALLS].
     for (size_t pos = 0; pos < text.size();) {
       const size_t args = text.find(mistral_args, pos);
@@ -247,7 +259,10 @@ void shape_tool_calls(const tool_output& t, choice_delta& c) {
     const size_t at = c.text.find(open_tag(t.parser));
     if (at == std::string::npos) return;
     auto calls = parse_tagged(t.parser, std::string_view(c.text).substr(at));
-    if (!calls) return;  // not calls after all: all of it is content
+    if (!calls) {  // not calls after all: all of it is content
+      c.text = unparsed_content(t.parser, std::move(c.text));
+      return;
+    }
     c.tool_calls = std::move(*calls);
     c.text.resize(at);  // the content is what came before the first call (vLLM's)
     if (c.finish == "stop") c.finish = "tool_calls";
@@ -380,7 +395,7 @@ std::vector<choice_delta> tool_call_stream::shape_automatic(choice_delta c) {
         c.tool_calls = std::move(*calls);
         if (*c.finish == "stop") c.finish = "tool_calls";
       } else {
-        c.text += held_;  // not calls after all: content
+        c.text += unparsed_content(t_.parser, std::move(held_));  // not calls after all: content
       }
     } else {
       c.text += pending_;

@@ -382,6 +382,27 @@ TEST(ToolCalls, MistralTakesTheCallsAfterItsMarkerWholeOrStreamed) {
   ASSERT_EQ(c.tool_calls.size(), 1u);
   EXPECT_EQ(c.tool_calls[0].arguments, R"({"city":"Zion"})");
   EXPECT_EQ(*c.finish, "tool_calls");
+  choice_delta cut;  // cut short by max_tokens: content, without the marker (as vLLM)
+  cut.text = R"(Let me check.[TOOL_CALLS][{"name": "get_wea)";
+  cut.finish = "length";
+  shape_tool_calls(mistral, cut);
+  EXPECT_EQ(cut.text, R"(Let me check.[{"name": "get_wea)");
+  EXPECT_TRUE(cut.tool_calls.empty());
+  EXPECT_EQ(*cut.finish, "length");
+  auto v3_with_args = parse_mistral_calls(R"([{"name": "f", "arguments": {"s": "[ARGS]"}}])");  // v3 by its "["
+  ASSERT_TRUE(v3_with_args.ok());
+  EXPECT_EQ((*v3_with_args)[0].arguments, R"({"s":"[ARGS]"})");
+  {
+    tool_call_stream cs(mistral);
+    std::string text;
+    for (const std::string piece : {"ok", "[TOOL_CALLS]", "[{\"na"}) {
+      choice_delta d;
+      d.text = piece;
+      if (piece == "[{\"na") d.finish = "length";
+      for (const auto& x : cs.shape(d)) text += x.text;
+    }
+    EXPECT_EQ(text, "ok[{\"na") << "streamed, the marker does not leak either";
+  }
   choice_delta hermes_text;  // another parser's format stays content
   hermes_text.text = R"(<tool_call>{"name": "f"}</tool_call>)";
   shape_tool_calls(mistral, hermes_text);

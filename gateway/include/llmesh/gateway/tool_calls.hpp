@@ -52,8 +52,9 @@ std::string new_tool_call_id();
 std::string new_mistral_tool_call_id();
 
 /// Mistral's calls, `text` being what follows [TOOL_CALLS]: a JSON array of {"name",
-/// "arguments"} (tokenizer v3; one object alone too), or name[ARGS]{...} with further calls
-/// after further [TOOL_CALLS] (v11 and later). Ids are Mistral's; arguments compact JSON. An
+/// "arguments"} (tokenizer v3; one object alone too: text that starts with "[" or "{"), or
+/// name[ARGS]{...} with further calls after further [TOOL_CALLS] (v11 and later). An output
+/// that does not parse is content without the markers. Ids are Mistral's; arguments compact JSON. An
 /// invalid_request error when the text is anything else.
 [[nodiscard]] result<std::vector<tool_call_delta>> parse_mistral_calls(std::string_view text);
 
