@@ -1,0 +1,167 @@
+// config.json parsing of the architectures after Llama, Mistral and Qwen2: Qwen3 (per-head q/k
+// norms, head_dim 128 by default), Phi-3 (fused projections, sliding window, refused rope
+// variants), mixtures of experts (Qwen3-MoE, Mixtral), and transformers v5's rope_parameters.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "config_fixture.hpp"
+#include "llmesh/model/config.hpp"
+
+namespace llmesh::model {
+namespace {
+
+using json = nlohmann::json;
+using testing::minimal_llama;
+using testing::parse_err;
+using testing::parse_ok;
+using testing::with_arch;
+
+TEST(ParseConfig, Qwen3NormalisesQAndKPerHead) {
+  // Shaped like Qwen3-0.6B: head_dim 128 while hidden / heads is 64.
+  json j = with_arch(minimal_llama(), "Qwen3ForCausalLM");
+  j["hidden_size"] = 1024;
+  j["num_attention_heads"] = 16;
+  j["num_key_value_heads"] = 8;
+  j["head_dim"] = 128;
+  j["attention_bias"] = false;
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
+  j["max_window_layers"] = 28;
+  j["rope_scaling"] = nullptr;
+  j["rope_theta"] = 1000000;
+  model_config c = parse_ok(j);
+  EXPECT_EQ(c.arch, architecture::qwen3);
+  EXPECT_EQ(c.arch_name, "Qwen3ForCausalLM");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_FALSE(c.o_bias);
+  EXPECT_EQ(c.head_dim, 128u);
+  EXPECT_EQ(c.sliding_window, 0u);
+  EXPECT_FALSE(c.rope.llama3);
+  j["attention_bias"] = true;  // Qwen3's attention_bias puts biases on q, k, v and o
+  c = parse_ok(j);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_TRUE(c.o_bias);
+  j["use_sliding_window"] = true;
+  auto r = parse_config(j.dump());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.err().code, errc::unsupported);
+  EXPECT_NE(r.err().message.find("Qwen3ForCausalLM use_sliding_window"), std::string::npos) << r.err().message;
+}
+
+TEST(ParseConfig, Qwen3HeadDimDefaultsTo128AsInTransformers) {
+  json j = with_arch(minimal_llama(), "Qwen3ForCausalLM");
+  j.erase("head_dim");
+  EXPECT_EQ(parse_ok(j).head_dim, 128u);
+  EXPECT_EQ(parse_ok(with_arch(j, "Qwen2ForCausalLM")).head_dim, parse_ok(j).hidden / parse_ok(j).n_heads);
+}
+
+// transformers v5 writes rope_theta and rope_scaling together as rope_parameters.
+TEST(ParseConfig, RopeParametersOfTransformersV5) {
+  json j = minimal_llama();
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  model_config c = parse_ok(j);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 1000000.0);
+  EXPECT_FALSE(c.rope.llama3);
+  j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  c = parse_ok(j);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 500000.0);
+  EXPECT_TRUE(c.rope.llama3);
+  EXPECT_DOUBLE_EQ(c.rope.factor, 32.0);
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
+  auto r = parse_config(j.dump());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("'yarn'"), std::string::npos) << r.err().message;
+  j["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e6}}}, {"sliding_attention", {{"rope_theta", 1e4}}}};
+  r = parse_config(j.dump());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.err().code, errc::unsupported);
+  EXPECT_NE(r.err().message.find("rope_parameters"), std::string::npos) << r.err().message;
+}
+
+TEST(ParseConfig, Phi3HasFusedProjectionsAndASlidingWindow) {
+  // Shaped like Phi-3-mini-4k-instruct.
+  json j = with_arch(minimal_llama(), "Phi3ForCausalLM");
+  j["sliding_window"] = 2047;
+  j["original_max_position_embeddings"] = 4096;
+  j["rope_scaling"] = nullptr;
+  model_config c = parse_ok(j);
+  EXPECT_EQ(c.arch, architecture::phi3);
+  EXPECT_TRUE(c.fused_projections);
+  EXPECT_EQ(c.sliding_window, 2047u);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_FALSE(c.o_bias);
+  EXPECT_FALSE(c.qk_norm);
+  j["sliding_window"] = nullptr;
+  EXPECT_EQ(parse_ok(j).sliding_window, 0u);
+  j["partial_rotary_factor"] = 1.0;
+  EXPECT_TRUE(parse_config(j.dump()).ok());
+  j["partial_rotary_factor"] = 0.75;  // Phi-4-mini
+  auto r = parse_config(j.dump());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.err().code, errc::unsupported);
+  EXPECT_NE(r.err().message.find("partial_rotary_factor"), std::string::npos) << r.err().message;
+  j.erase("partial_rotary_factor");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};  // v5
+  EXPECT_FALSE(parse_config(j.dump()).ok());
+  j.erase("rope_parameters");
+  j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}};  // Phi-3-128k
+  r = parse_config(j.dump());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("'longrope'"), std::string::npos) << r.err().message;
+  EXPECT_FALSE(parse_ok(minimal_llama()).fused_projections);
+}
+
+TEST(ParseConfig, MixturesOfExperts) {
+  // Qwen3-30B-A3B's shape (the experts' size is moe_intermediate_size).
+  json q = with_arch(minimal_llama(), "Qwen3MoeForCausalLM");
+  q["moe_intermediate_size"] = 768;
+  q["num_experts"] = 128;
+  q["num_experts_per_tok"] = 8;
+  q["norm_topk_prob"] = true;
+  q["decoder_sparse_step"] = 1;
+  q["mlp_only_layers"] = json::array();
+  model_config c = parse_ok(q);
+  EXPECT_EQ(c.arch, architecture::qwen3_moe);
+  EXPECT_EQ(c.intermediate, 768u);
+  EXPECT_EQ(c.moe.n_experts, 128u);
+  EXPECT_EQ(c.moe.experts_per_token, 8u);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.head_dim, 128u);
+  q["mlp_only_layers"] = {0};
+  EXPECT_EQ(parse_err(q).code, errc::unsupported);
+  q["mlp_only_layers"] = json::array();
+  q["decoder_sparse_step"] = 2;
+  EXPECT_EQ(parse_err(q).code, errc::unsupported);
+  q["decoder_sparse_step"] = 1;
+  q["num_experts_per_tok"] = 129;
+  EXPECT_NE(parse_err(q).message.find("num_experts_per_tok"), std::string::npos);
+  q.erase("num_experts");
+  EXPECT_NE(parse_err(q).message.find("num_experts"), std::string::npos);
+  // Mixtral-8x7B's: experts of intermediate_size, always renormalised, Mistral's window.
+  json m = with_arch(minimal_llama(), "MixtralForCausalLM");
+  m["num_local_experts"] = 8;
+  m["num_experts_per_tok"] = 2;
+  m["sliding_window"] = nullptr;
+  c = parse_ok(m);
+  EXPECT_EQ(c.arch, architecture::mixtral);
+  EXPECT_EQ(c.intermediate, 160u);
+  EXPECT_EQ(c.moe.n_experts, 8u);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(parse_ok(minimal_llama()).moe.n_experts, 0u);
+}
+
+TEST(ParseConfig, OnlyQwen3HasQkNorm) {
+  for (const char* arch : {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}) {
+    EXPECT_FALSE(parse_ok(with_arch(minimal_llama(), arch)).qk_norm) << arch;
+  }
+}
+
+}  // namespace
+}  // namespace llmesh::model
