@@ -63,10 +63,16 @@ status shard_executor::moe_chunk(size_t layer, size_t t0, size_t n_tokens) {
     for (size_t e = 0; e < n_experts; ++e) {
       if (!std::isnan(logits[e])) top = std::max(top, logits[e]);
     }
+    const bool finite_top = std::isfinite(top);
     double sum = 0.0;
     for (size_t e = 0; e < n_experts; ++e) {
-      const bool finite_top = std::isfinite(top);
-      p[e] = std::isnan(logits[e]) || !finite_top ? (finite_top ? 0.0 : 1.0) : std::exp(static_cast<double>(logits[e]) - top);
+      if (!finite_top) {
+        p[e] = 1.0;  // no finite logit: the experts tie (the lowest ids win)
+      } else if (std::isnan(logits[e])) {
+        p[e] = 0.0;
+      } else {
+        p[e] = std::exp(static_cast<double>(logits[e]) - top);
+      }
       sum += p[e];
     }
     std::iota(order.begin(), order.end(), 0u);
