@@ -3,18 +3,12 @@
 
 #include <algorithm>
 
+#include "partial_tag.hpp"
+
 namespace llmesh::gateway {
 namespace {
 
 constexpr std::string_view think_open = "<think>", think_close = "</think>";
-
-/// How many of text's last bytes could begin `tag` (held back while streaming).
-size_t partial_suffix(std::string_view text, std::string_view tag) {
-  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
-    if (tag.starts_with(text.substr(text.size() - n))) return n;
-  }
-  return 0;
-}
 
 }  // namespace
 
@@ -94,7 +88,7 @@ void reasoning_stream::shape(choice_delta& c) {
           state_ = state::content;
           break;
         }
-        const size_t keep = last ? 0 : partial_suffix(in, think_close);
+        const size_t keep = last ? 0 : detail::partial_tag(in, think_close);
         reasoning.append(in, 0, in.size() - keep);
         pending_ = in.substr(in.size() - keep);
         in.clear();

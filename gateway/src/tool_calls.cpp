@@ -1,6 +1,8 @@
 // A chat choice's output as tool calls (tool_calls.hpp).
 #include "llmesh/gateway/tool_calls.hpp"
 
+#include "partial_tag.hpp"
+
 #include <algorithm>
 #include <optional>
 #include <random>
@@ -10,6 +12,7 @@
 namespace llmesh::gateway {
 namespace {
 
+using detail::partial_tag;
 using json = nlohmann::ordered_json;
 
 /// Hermes-style calls (Qwen2.5/3, Hermes 2 Pro templates): <tool_call>{"name", "arguments"}</tool_call>.
@@ -67,14 +70,6 @@ bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; 
 /// Whether llama3_json takes this output for calls: it begins with "{" or the python tag.
 bool llama3_calls_start(std::string_view text) { return text.starts_with('{') || text.starts_with(python_tag); }
 
-
-/// How many of text's last bytes could begin a "<tool_call>" tag (held back while streaming).
-size_t partial_tag(std::string_view text, std::string_view tag) {
-  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
-    if (tag.starts_with(text.substr(text.size() - n))) return n;
-  }
-  return 0;
-}
 
 }  // namespace
 

@@ -14,16 +14,7 @@ class BadWords : public testing::replica_test_base {
     scheduler_config cfg;
     if (speculate) cfg.speculation = {4, 3, 1};
     replica_core rc(*e, cfg);
-    std::map<uint64_t, std::vector<int32_t>> out;
-    for (const auto& r : reqs) EXPECT_TRUE(rc.submit(r).ok());
-    for (int guard = 0; !rc.idle() && guard < 10000; ++guard) {
-      auto ev = rc.step();
-      EXPECT_TRUE(ev.ok()) << (ev.ok() ? "" : ev.err().message);
-      if (!ev.ok()) break;
-      for (const auto& ev1 : *ev) out[ev1.id].push_back(ev1.token);
-    }
-    EXPECT_TRUE(rc.idle());
-    return out;
+    return testing::serve_tokens(rc, reqs);
   }
   /// Requests long enough for a word to matter, their prompts repeated (speculation has text to copy).
   std::vector<replica_request> long_requests() {

@@ -12,16 +12,7 @@ namespace {
 class ReplicaCore : public testing::replica_test_base {};
 
 std::map<uint64_t, std::vector<int32_t>> serve(replica_core& rc, const std::vector<replica_request>& reqs) {
-  std::map<uint64_t, std::vector<int32_t>> out;
-  for (const auto& r : reqs) EXPECT_TRUE(rc.submit(r).ok());
-  for (int guard = 0; !rc.idle() && guard < 10000; ++guard) {
-    auto ev = rc.step();
-    EXPECT_TRUE(ev.ok()) << (ev.ok() ? "" : ev.err().message);
-    if (!ev.ok()) break;
-    for (const auto& e : *ev) out[e.id].push_back(e.token);
-  }
-  EXPECT_TRUE(rc.idle());
-  return out;
+  return testing::serve_tokens(rc, reqs);
 }
 
 TEST_F(ReplicaCore, ConcurrentRequestsMatchGenerateAlone) {
