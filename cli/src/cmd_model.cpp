@@ -24,10 +24,11 @@ status run_random(model_flags& f) {
   } else {
     return make_error(errc::invalid_request, "--dtype must be f32, f16 or bf16, not '" + f.dtype + "'");
   }
-  if (!f.rope_scaling.empty() && f.rope_scaling != "llama3") {
-    return make_error(errc::invalid_request, "--rope-scaling must be llama3");
+  if (!f.rope_scaling.empty() && f.rope_scaling != "llama3" && f.rope_scaling != "linear") {
+    return make_error(errc::invalid_request, "--rope-scaling must be llama3 or linear");
   }
   f.spec.llama3_scaling = f.rope_scaling == "llama3";
+  f.spec.linear_scaling = f.rope_scaling == "linear";
   LLMESH_TRY(model::write_random_model(f.spec, f.out));
   auto check = model::model::load(f.out);  // what we write must load
   if (!check) return check.take_error();
@@ -46,7 +47,8 @@ void add_model(CLI::App& app, command_set& commands) {
   auto& s = f->spec;
   auto* sub = model_cmd->add_subcommand("random", "Write a deterministic random model (HF directory)");
   sub->add_option("--out", f->out, "Output directory")->required();
-  sub->add_option("--arch", s.arch, "llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral")->capture_default_str();
+  sub->add_option("--arch", s.arch, "llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | gemma | gemma2 | gemma3")
+      ->capture_default_str();
   sub->add_option("--hidden", s.hidden, "hidden_size")->capture_default_str();
   sub->add_option("--intermediate", s.intermediate, "intermediate_size")->capture_default_str();
   sub->add_option("--layers", s.n_layers, "num_hidden_layers")->capture_default_str();
@@ -59,8 +61,12 @@ void add_model(CLI::App& app, command_set& commands) {
   sub->add_flag("--tie", s.tie_embeddings, "tie_word_embeddings");
   sub->add_flag("--attention-bias", s.attention_bias, "Llama attention_bias (q/k/v/o biases)");
   sub->add_option("--rope-theta", s.rope_theta, "rope_theta")->capture_default_str();
-  sub->add_option("--rope-scaling", f->rope_scaling, "llama3 to write a llama3 rope_scaling block");
-  sub->add_option("--sliding-window", s.sliding_window, "Mistral, Phi-3 or Mixtral sliding_window; 0 = none");
+  sub->add_option("--rope-scaling", f->rope_scaling, "llama3 or linear (factor 8) to write that rope_scaling block");
+  sub->add_option("--sliding-window", s.sliding_window, "Mistral, Phi-3, Mixtral or Gemma 2/3 sliding_window; 0 = none");
+  sub->add_option("--attn-softcap", s.attn_softcap, "gemma2/gemma3 attn_logit_softcapping (0 = none; default 50 / none)");
+  sub->add_option("--final-softcap", s.final_softcap, "gemma2/gemma3 final_logit_softcapping (0 = none; default 30 / none)");
+  sub->add_option("--query-pre-attn-scalar", s.query_pre_attn_scalar, "gemma2/gemma3 query_pre_attn_scalar (0: head dim)");
+  sub->add_option("--sliding-pattern", s.sliding_pattern, "gemma3 sliding_window_pattern (0: 6)");
   sub->add_option("--experts", s.n_experts, "qwen3_moe, mixtral: experts per layer (0: 8)");
   sub->add_option("--experts-per-token", s.experts_per_token, "qwen3_moe, mixtral: experts each token runs (0: 2)");
   sub->add_option("--rms-norm-eps", s.rms_norm_eps, "rms_norm_eps")->capture_default_str();

@@ -1,4 +1,4 @@
-// SwiGLU and the residual add on one row. Plain loops: the compiler vectorises them, and since
+// SwiGLU, GeGLU and the residual add on one row. Plain loops: the compiler vectorises them, and since
 // they are elementwise the vector width never changes the bits.
 #include "llmesh/kernels/elementwise.hpp"
 
@@ -12,6 +12,14 @@ void swiglu(const float* gate, const float* up, float* out, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     float g = gate[i];
     out[i] = (g / (1.0f + exp_det(-g))) * up[i];
+  }
+}
+
+void geglu_tanh(const float* gate, const float* up, float* out, size_t n) {
+  constexpr float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  for (size_t i = 0; i < n; ++i) {
+    float g = gate[i];
+    out[i] = (0.5f * g * (1.0f + tanh_det(k * (g + 0.044715f * g * g * g)))) * up[i];
   }
 }
 

@@ -48,6 +48,7 @@ void attend_one(const kv_layer_view& cache, const attention_shape& s, const atte
   float max_score = -3.4e38f;
   for (size_t p = begin; p <= pos; ++p) {
     float sc = dot(q, cache.keys + offset(p), s.head_dim) * s.scale;
+    if (s.softcap > 0.0f) sc = s.softcap * tanh_det(sc / s.softcap);
     scores[p - begin] = sc;
     max_score = std::max(max_score, sc);
   }

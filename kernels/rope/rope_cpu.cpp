@@ -11,6 +11,7 @@ std::vector<double> rope_inv_freq(const rope_config& cfg) {
   std::vector<double> inv(half);
   for (size_t i = 0; i < half; ++i) {
     inv[i] = 1.0 / std::pow(cfg.theta, static_cast<double>(2 * i) / static_cast<double>(cfg.head_dim));
+    if (cfg.linear_factor != 1.0) inv[i] = inv[i] / cfg.linear_factor;
   }
   if (!cfg.llama3) return inv;
   double low_wavelen = cfg.original_max_position / cfg.low_freq_factor;

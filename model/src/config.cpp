@@ -90,8 +90,16 @@ status parse_rope(const json& j, model_config& c) {
   if (!type_r) return type_r.take_error();
   const std::string& type = *type_r;
   if (type == "default") return ok_status();
+  if (type == "linear") {  // HF's linear interpolation: every frequency divided by the factor
+    auto factor = get_number(s, "factor", 0.0);
+    if (!factor) return bad("rope_scaling: " + factor.err().message.substr(std::string("config.json: ").size()));
+    if (!(*factor > 0.0)) return bad("rope_scaling: a linear rope_scaling needs factor > 0");
+    c.rope.linear_factor = *factor;
+    return ok_status();
+  }
   if (type != "llama3") {
-    return make_error(errc::unsupported, "config.json: unsupported rope_scaling type '" + type + "' (supported: llama3)");
+    return make_error(errc::unsupported,
+                      "config.json: unsupported rope_scaling type '" + type + "' (supported: linear, llama3)");
   }
   c.rope.llama3 = true;
   auto factor = get_number(s, "factor", 8.0);
@@ -138,6 +146,86 @@ status parse_moe(const json& j, model_config& c) {
   return ok_status();
 }
 
+/// Gemma's per-layer choices (gemma_config, sliding_layers, rope_local, attn_scale); the rotary
+/// of the full layers is parse_rope's.
+status parse_gemma(const json& j, model_config& c) {
+  c.gemma.on = true;
+  // HF's GemmaMLP takes hidden_activation (a missing one means gelu_pytorch_tanh: the first
+  // Gemma configs said "gelu" in hidden_act by mistake); exact-erf "gelu" is not supported.
+  auto act = get_string(j, "hidden_activation", "gelu_pytorch_tanh");
+  if (!act) return act.take_error();
+  if (*act != "gelu_pytorch_tanh") {
+    return make_error(errc::unsupported, "config.json: unsupported hidden_activation '" + *act + "' (supported: gelu_pytorch_tanh)");
+  }
+  auto bidirectional = get_bool(j, "use_bidirectional_attention", false);
+  if (!bidirectional) return bidirectional.take_error();
+  if (*bidirectional) return make_error(errc::unsupported, "config.json: use_bidirectional_attention (an embedding model) is not supported");
+  if (c.arch == architecture::gemma) return ok_status();
+  c.gemma.sandwich_norms = true;
+  auto attn_cap = get_number(j, "attn_logit_softcapping", c.arch == architecture::gemma2 ? 50.0 : 0.0);
+  auto final_cap = get_number(j, "final_logit_softcapping", c.arch == architecture::gemma2 ? 30.0 : 0.0);
+  auto scalar = get_number(j, "query_pre_attn_scalar", 256.0);
+  for (auto* r : {&attn_cap, &final_cap, &scalar}) {
+    if (!*r) return r->take_error();
+  }
+  if (!(*attn_cap >= 0.0) || !(*final_cap >= 0.0)) return bad("the logit soft-capping values must not be negative");
+  if (!(*scalar > 0.0)) return bad("query_pre_attn_scalar must be positive");
+  c.gemma.attn_softcap = static_cast<float>(*attn_cap);
+  c.gemma.final_softcap = static_cast<float>(*final_cap);
+  c.attn_scale = 1.0 / std::sqrt(*scalar);
+  auto w = get_size(j, "sliding_window", false, 0);
+  if (!w) return w.take_error();
+  c.sliding_window = *w;
+  c.sliding_layers.assign(c.n_layers, false);
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {  // transformers 4.53 on
+    const auto& types = j["layer_types"];
+    if (!types.is_array() || types.size() != c.n_layers) return bad("layer_types must list every layer");
+    for (size_t i = 0; i < c.n_layers; ++i) {
+      if (types[i] != "sliding_attention" && types[i] != "full_attention") {
+        return bad("layer_types entries must be sliding_attention or full_attention");
+      }
+      c.sliding_layers[i] = types[i] == "sliding_attention";
+    }
+  } else if (c.arch == architecture::gemma2) {  // layers 0, 2, 4, ... slide
+    for (size_t i = 0; i < c.n_layers; i += 2) c.sliding_layers[i] = true;
+  } else {  // Gemma 3: every sliding_window_pattern-th layer (the last of each group) is global
+    auto pattern = get_size(j, "sliding_window_pattern", false, 6);
+    if (!pattern) return pattern.take_error();
+    if (*pattern == 0) return bad("sliding_window_pattern must be positive");
+    for (size_t i = 0; i < c.n_layers; ++i) c.sliding_layers[i] = (i + 1) % *pattern != 0;
+  }
+  if (c.sliding_window == 0) c.sliding_layers.assign(c.n_layers, false);
+  if (c.arch == architecture::gemma3) {  // the sliding layers' own unscaled rotary
+    auto local = get_number(j, "rope_local_base_freq", 10000.0);
+    if (!local) return local.take_error();
+    if (!(*local > 0.0)) return bad("rope_local_base_freq must be positive");
+    kernels::rope_config r;
+    r.head_dim = c.head_dim;
+    r.theta = *local;
+    c.rope_local = r;
+  }
+  return ok_status();
+}
+
+/// transformers v5 writes Gemma 3's rotary per layer type: rope_parameters {full_attention: {...},
+/// sliding_attention: {...}}. Rewrites such a config into the flat form (rope_parameters the
+/// full layers', rope_local_base_freq the sliding layers' theta), refusing a scaled local rotary.
+result<json> flatten_gemma3_rope(json j) {
+  if (!j.contains("rope_parameters") || !j["rope_parameters"].is_object() || !j["rope_parameters"].contains("full_attention")) {
+    return j;
+  }
+  json params = j["rope_parameters"];
+  j["rope_parameters"] = params["full_attention"];
+  if (params.contains("sliding_attention") && params["sliding_attention"].is_object()) {
+    const auto& local = params["sliding_attention"];
+    if (local.value("rope_type", std::string("default")) != "default") {
+      return make_error(errc::unsupported, "config.json: a scaled rotary on the sliding layers is not supported");
+    }
+    if (local.contains("rope_theta")) j["rope_local_base_freq"] = local["rope_theta"];
+  }
+  return j;
+}
+
 result<model_config> parse_config_json(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
@@ -161,10 +249,26 @@ result<model_config> parse_config_json(const std::string& text) {
     c.arch = architecture::qwen3_moe;
   } else if (c.arch_name == "MixtralForCausalLM") {
     c.arch = architecture::mixtral;
+  } else if (c.arch_name == "GemmaForCausalLM") {
+    c.arch = architecture::gemma;
+  } else if (c.arch_name == "Gemma2ForCausalLM") {
+    c.arch = architecture::gemma2;
+  } else if (c.arch_name == "Gemma3ForCausalLM") {
+    c.arch = architecture::gemma3;
+  } else if (c.arch_name == "Gemma3ForConditionalGeneration") {
+    return make_error(errc::unsupported, "config.json: multimodal Gemma 3 (Gemma3ForConditionalGeneration) is not supported; "
+                                         "the text-only Gemma3ForCausalLM is");
   } else {
     return make_error(errc::unsupported, "config.json: unknown architecture '" + c.arch_name +
                                              "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                             "Qwen3ForCausalLM, Phi3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)");
+                                             "Qwen3ForCausalLM, Phi3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, "
+                                             "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)");
+  }
+  const bool gemma = c.arch == architecture::gemma || c.arch == architecture::gemma2 || c.arch == architecture::gemma3;
+  if (c.arch == architecture::gemma3) {
+    auto flat = flatten_gemma3_rope(j);
+    if (!flat) return flat.take_error();
+    j = std::move(*flat);
   }
 
 #define LLMESH_FIELD(dst, key, required, fallback)     \
@@ -184,9 +288,9 @@ result<model_config> parse_config_json(const std::string& text) {
   if (c.hidden == 0 || c.intermediate == 0 || c.n_layers == 0 || c.n_heads == 0 || c.vocab == 0) {
     return bad("hidden_size, intermediate_size, num_hidden_layers, num_attention_heads and vocab_size must be positive");
   }
-  // HF's Qwen3Config defaults head_dim to 128 (not hidden / heads, as the others do).
   const bool qwen3_like = c.arch == architecture::qwen3 || c.arch == architecture::qwen3_moe;
-  LLMESH_FIELD(c.head_dim, "head_dim", false, qwen3_like ? 128 : c.hidden / c.n_heads)
+  // HF's Qwen3Config defaults head_dim to 128, the Gemma configs to 256 (not hidden / heads).
+  LLMESH_FIELD(c.head_dim, "head_dim", false, qwen3_like ? 128 : gemma ? 256 : c.hidden / c.n_heads)
 #undef LLMESH_FIELD
   if (c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0) {
     return bad("num_attention_heads (" + std::to_string(c.n_heads) + ") must be a multiple of num_key_value_heads (" +
@@ -198,11 +302,13 @@ result<model_config> parse_config_json(const std::string& text) {
   if (!eps) return eps.take_error();
   if (!(*eps >= 0.0)) return bad("rms_norm_eps must not be negative");
   c.rms_norm_eps = static_cast<float>(*eps);
-  auto act = get_string(j, "hidden_act", "silu");
-  if (!act) return act.take_error();
-  if (*act != "silu") return make_error(errc::unsupported, "config.json: unsupported hidden_act '" + *act + "' (supported: silu)");
+  if (!gemma) {  // Gemma's activation is hidden_activation (parse_gemma)
+    auto act = get_string(j, "hidden_act", "silu");
+    if (!act) return act.take_error();
+    if (*act != "silu") return make_error(errc::unsupported, "config.json: unsupported hidden_act '" + *act + "' (supported: silu)");
+  }
   auto mlp_bias = get_bool(j, "mlp_bias", false);
-  auto tie = get_bool(j, "tie_word_embeddings", false);
+  auto tie = get_bool(j, "tie_word_embeddings", gemma);  // the Gemma configs default to tied
   auto attention_bias_r = get_bool(j, "attention_bias", false);
   auto use_window = get_bool(j, "use_sliding_window", false);
   for (auto* r : {&mlp_bias, &tie, &attention_bias_r, &use_window}) {
@@ -214,11 +320,12 @@ result<model_config> parse_config_json(const std::string& text) {
   c.tie_embeddings = *tie;
   bool attention_bias = *attention_bias_r;
   const bool qwen3_family = c.arch == architecture::qwen3 || c.arch == architecture::qwen3_moe;
-  const bool biased = attention_bias && (c.arch == architecture::llama || qwen3_family);
+  const bool biased = attention_bias && (c.arch == architecture::llama || qwen3_family || gemma);
   c.qkv_bias = c.arch == architecture::qwen2 || biased;
   c.o_bias = biased;
-  c.qk_norm = qwen3_family;
+  c.qk_norm = qwen3_family || c.arch == architecture::gemma3;
   LLMESH_TRY(parse_moe(j, c));
+  if (gemma) LLMESH_TRY(parse_gemma(j, c));
   c.fused_projections = c.arch == architecture::phi3;
   if (c.arch == architecture::phi3) {
     // Phi-4-mini rotates only part of each head; refuse rather than rotate all of it.

@@ -64,8 +64,8 @@ class uploader {
 
 result<device_weights> upload_weights(const model& m, const shard_layout& l) {
   const auto& c = m.config();
-  if (c.moe.n_experts > 0) {  // every CUDA caller comes here (engine::create refuses earlier)
-    return make_error(errc::unsupported, "mixture-of-experts models run on the CPU backend only (use --device cpu)");
+  if (const char* family = cpu_only_family(c)) {  // every CUDA caller comes here (engine::create refuses earlier)
+    return make_error(errc::unsupported, std::string(family) + " run on the CPU backend only (use --device cpu)");
   }
   const auto& w = m.weights();
   device_weights d;

@@ -99,22 +99,23 @@ result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, e
   std::unique_ptr<engine> e(new engine(m, opt));
   e->kv_.block_size = opt.block_size;
   e->kv_.n_blocks = (opt.kv_tokens + opt.block_size - 1) / opt.block_size;
-  const bool quantized = m->quant() != quantization::none, moe = c.moe.n_experts > 0;
+  const bool quantized = m->quant() != quantization::none;
+  const char* cpu_only = cpu_only_family(c);
   if (opt.device == backend::cuda && quantized) {
     return make_error(errc::unsupported, "--quantization int8 runs on the CPU backend only (use --device cpu)");
   }
-  if (opt.device == backend::cuda && moe) {
-    return make_error(errc::unsupported, "mixture-of-experts models run on the CPU backend only (use --device cpu)");
+  if (opt.device == backend::cuda && cpu_only) {
+    return make_error(errc::unsupported, std::string(cpu_only) + " run on the CPU backend only (use --device cpu)");
   }
   if (opt.device == backend::automatic) {
     const int gpus = kernels::cuda_device_count();
-    if (gpus >= opt.tp && !quantized && !moe) {
+    if (gpus >= opt.tp && !quantized && !cpu_only) {
       opt.device = backend::cuda;
     } else {
       opt.device = backend::cpu;
       if (kernels::cuda_compiled()) {
         e->device_note_ = quantized   ? "int8 weights run on the CPU"
-                          : moe       ? "mixture-of-experts models run on the CPU"
+                          : cpu_only  ? std::string(cpu_only) + " run on the CPU"
                           : gpus == 0 ? "no CUDA device found; running on the CPU"
                                       : "--tp " + std::to_string(opt.tp) + " needs as many GPUs; running on the CPU";
       }

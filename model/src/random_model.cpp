@@ -120,8 +120,11 @@ result<std::string> config_architecture_name(const std::string& arch) {
   if (arch == "phi3") return std::string("Phi3ForCausalLM");
   if (arch == "qwen3_moe") return std::string("Qwen3MoeForCausalLM");
   if (arch == "mixtral") return std::string("MixtralForCausalLM");
-  return make_error(errc::invalid_request,
-                    "unknown --arch '" + arch + "' (llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral)");
+  if (arch == "gemma") return std::string("GemmaForCausalLM");
+  if (arch == "gemma2") return std::string("Gemma2ForCausalLM");
+  if (arch == "gemma3") return std::string("Gemma3ForCausalLM");
+  return make_error(errc::invalid_request, "unknown --arch '" + arch +
+                                               "' (llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, gemma, gemma2, gemma3)");
 }
 
 status write_random_model(const random_model_spec& s, const std::string& dir) {
@@ -154,10 +157,12 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   }
 
   const bool qwen = s.arch == "qwen2" || s.arch == "qwen3" || s.arch == "qwen3_moe";
-  const bool biased = (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe") && s.attention_bias;
+  const bool gemma = s.arch == "gemma" || s.arch == "gemma2" || s.arch == "gemma3";
+  const bool sandwich = s.arch == "gemma2" || s.arch == "gemma3";  // Gemma 2/3's four norms per layer
+  const bool biased = (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma) && s.attention_bias;
   const bool qkv_bias = s.arch == "qwen2" || biased;
   const bool o_bias = biased;
-  const bool qk_norm = s.arch == "qwen3" || s.arch == "qwen3_moe";
+  const bool qk_norm = s.arch == "qwen3" || s.arch == "qwen3_moe" || s.arch == "gemma3";
   const bool moe = s.arch == "qwen3_moe" || s.arch == "mixtral";
   const size_t n_experts = s.n_experts ? s.n_experts : 8, per_token = s.experts_per_token ? s.experts_per_token : 2;
   if (moe && (per_token > n_experts || n_experts > 1024)) {
@@ -165,7 +170,7 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   }
   const bool fused = s.arch == "phi3";
   json cfg = {{"architectures", {*arch}},
-              {"model_type", s.arch},
+              {"model_type", s.arch == "gemma3" ? "gemma3_text" : s.arch},
               {"hidden_size", s.hidden},
               {"intermediate_size", s.intermediate},
               {"num_hidden_layers", s.n_layers},
@@ -180,8 +185,24 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
               {"bos_token_id", 256},
               {"eos_token_id", 257},
               {"torch_dtype", s.dtype == kernels::dtype::f32 ? "float32" : (s.dtype == kernels::dtype::f16 ? "float16" : "bfloat16")}};
-  if (s.head_dim || qk_norm) cfg["head_dim"] = hd;  // Qwen3's default (128) is not hidden / heads
-  if (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe") cfg["attention_bias"] = s.attention_bias;
+  if (s.head_dim || qk_norm || gemma) cfg["head_dim"] = hd;  // Qwen3's default (128), Gemma's (256)
+  if (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma) cfg["attention_bias"] = s.attention_bias;
+  if (gemma) {
+    cfg["hidden_act"] = "gelu_pytorch_tanh";
+    cfg["hidden_activation"] = "gelu_pytorch_tanh";
+  }
+  if (sandwich) {
+    const bool g2 = s.arch == "gemma2";
+    auto cap = [](float v, float fallback) { return v < 0.0f ? (fallback > 0.0f ? json(fallback) : json(nullptr)) : v == 0.0f ? json(nullptr) : json(v); };
+    cfg["attn_logit_softcapping"] = cap(s.attn_softcap, g2 ? 50.0f : 0.0f);
+    cfg["final_logit_softcapping"] = cap(s.final_softcap, g2 ? 30.0f : 0.0f);
+    cfg["query_pre_attn_scalar"] = s.query_pre_attn_scalar > 0.0 ? s.query_pre_attn_scalar : static_cast<double>(hd);
+    cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
+    if (!g2) {
+      cfg["sliding_window_pattern"] = s.sliding_pattern ? s.sliding_pattern : 6;
+      cfg["rope_local_base_freq"] = 10000.0;
+    }
+  }
   if (s.arch == "mistral" || fused) cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
   if (qwen) cfg["use_sliding_window"] = false;
   if (s.arch == "qwen3_moe") {  // every layer sparse; intermediate_size is a dense MLP's, unused
@@ -197,6 +218,7 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     cfg["num_experts_per_tok"] = per_token;
     cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
   }
+  if (s.linear_scaling) cfg["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
   if (s.llama3_scaling) {
     // Why 64: with tiny test contexts an original context of 8192 would leave every
     // frequency in the unscaled band; 64 puts frequencies in all three llama3 bands.
@@ -221,14 +243,20 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   auto add = [&](size_t file, const std::string& name, std::vector<size_t> shape, float center, float scale) {
     files[file].push_back({name, t, std::move(shape), uniform(s.seed, name, t, center, scale)});
   };
-  add(0, "model.embed_tokens.weight", {s.vocab, s.hidden}, 0.0f, 1.0f);
-  add(0, "model.norm.weight", {s.hidden}, 1.0f, 0.2f);
+  // Gemma multiplies the rows by sqrt(hidden): smaller rows keep its residual stream O(1).
+  add(0, "model.embed_tokens.weight", {s.vocab, s.hidden}, 0.0f, gemma ? 2.0f * in_h : 1.0f);
+  const float norm_center = gemma ? 0.0f : 1.0f;  // Gemma stores a norm's weight as an offset from 1
+  add(0, "model.norm.weight", {s.hidden}, norm_center, 0.2f);
   if (!s.tie_embeddings) add(0, "lm_head.weight", {s.vocab, s.hidden}, 0.0f, 2.0f * in_h);
   for (size_t i = 0; i < s.n_layers; ++i) {
     size_t f = s.shards == 1 ? 0 : 1 + i * (s.shards - 1) / s.n_layers;
     std::string p = "model.layers." + std::to_string(i) + ".";
-    add(f, p + "input_layernorm.weight", {s.hidden}, 1.0f, 0.2f);
-    add(f, p + "post_attention_layernorm.weight", {s.hidden}, 1.0f, 0.2f);
+    add(f, p + "input_layernorm.weight", {s.hidden}, norm_center, 0.2f);
+    add(f, p + "post_attention_layernorm.weight", {s.hidden}, norm_center, 0.2f);
+    if (sandwich) {
+      add(f, p + "pre_feedforward_layernorm.weight", {s.hidden}, norm_center, 0.2f);
+      add(f, p + "post_feedforward_layernorm.weight", {s.hidden}, norm_center, 0.2f);
+    }
     if (fused) {  // Phi-3: q, k, v in one tensor; gate and up in another
       add(f, p + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, s.hidden}, 0.0f, in_h);
     } else {
@@ -265,8 +293,8 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     }
     if (o_bias) add(f, p + "self_attn.o_proj.bias", {s.hidden}, 0.0f, 0.1f);
     if (qk_norm) {
-      add(f, p + "self_attn.q_norm.weight", {hd}, 1.0f, 0.2f);
-      add(f, p + "self_attn.k_norm.weight", {hd}, 1.0f, 0.2f);
+      add(f, p + "self_attn.q_norm.weight", {hd}, norm_center, 0.2f);
+      add(f, p + "self_attn.k_norm.weight", {hd}, norm_center, 0.2f);
     }
   }
   if (s.shards == 1) return write_safetensors(dir + "/model.safetensors", files[0]);

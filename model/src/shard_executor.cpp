@@ -3,6 +3,8 @@
 // gate/up (one region) → SwiGLU → down (partial) → all-reduce → residual (an MoE layer's
 // experts instead: moe_block.cpp). Then the final norm
 // and this rank's vocabulary slice of the LM head, all-gathered into full logits.
+// Gemma adds: the embedding scaled, GeGLU for SwiGLU, Gemma 2/3's norms of the attention's and
+// the MLP's outputs before their residual adds, per-layer windows and rotary, soft-capping.
 #include "llmesh/model/shard_executor.hpp"
 
 #include <algorithm>
@@ -35,9 +37,18 @@ shard_executor::shard_executor(std::shared_ptr<const model> m, shard_layout layo
   attn_shape_.n_kv_heads = layout_.n_kv_heads;
   attn_shape_.head_dim = c.head_dim;
   attn_shape_.block_size = kv_.block_size;
-  attn_shape_.sliding_window = c.sliding_window;
-  attn_shape_.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  attn_shape_.sliding_window = c.sliding_window;  // per layer: attention_block
+  attn_shape_.scale = static_cast<float>(c.attn_scale > 0.0 ? c.attn_scale : 1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  attn_shape_.softcap = c.gemma.attn_softcap;
   inv_freq_ = kernels::rope_inv_freq(c.rope);
+  if (c.rope_local) inv_freq_local_ = kernels::rope_inv_freq(*c.rope_local);
+  if (c.gemma.on) {  // HF: the normalizer is a tensor of the embedding's dtype
+    const auto type = model_->weights().embed.type;
+    const float root = static_cast<float>(std::sqrt(static_cast<double>(c.hidden)));
+    embed_scale_ = type == kernels::dtype::bf16  ? kernels::bf16_to_f32(kernels::f32_to_bf16(root))
+                   : type == kernels::dtype::f16 ? kernels::f16_to_f32(kernels::f32_to_f16(root))
+                                                 : root;
+  }
   size_t floats = kv_.n_blocks * kv_.block_size * layout_.n_kv_heads * c.head_dim;
   keys_.assign(c.n_layers, std::vector<float>(floats));
   values_.assign(c.n_layers, std::vector<float>(floats));
@@ -57,6 +68,10 @@ void shard_executor::ensure_buffers(size_t t) {
   up_.resize(t * layout_.n_inter);
   cos_.resize(t * hd / 2);
   sin_.resize(t * hd / 2);
+  if (!inv_freq_local_.empty()) {
+    cos_local_.resize(t * hd / 2);
+    sin_local_.resize(t * hd / 2);
+  }
 }
 
 status shard_executor::forward(std::span<const step_sequence> batch, std::vector<float>& logits) {
@@ -79,9 +94,12 @@ status shard_executor::run(std::span<const step_sequence> batch, std::vector<flo
     for (size_t i = 0; i < s.tokens.size(); ++i, ++t) {
       size_t id = static_cast<size_t>(s.tokens[i]);
       for (size_t d = 0; d < c.hidden; ++d) {
-        h_[t * c.hidden + d] = kernels::load_as_f32(w.embed.data, w.embed.type, id * c.hidden + d);
+        h_[t * c.hidden + d] = kernels::load_as_f32(w.embed.data, w.embed.type, id * c.hidden + d) * embed_scale_;
       }
       kernels::rope_angles(inv_freq_, s.pos0 + i, cos_.data() + t * half, sin_.data() + t * half);
+      if (!inv_freq_local_.empty()) {
+        kernels::rope_angles(inv_freq_local_, s.pos0 + i, cos_local_.data() + t * half, sin_local_.data() + t * half);
+      }
     }
   }
   for (size_t layer = 0; layer < c.n_layers; ++layer) {
@@ -146,21 +164,26 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
     });
   }
   const size_t half = hd / 2;
+  const bool local = !inv_freq_local_.empty() && layer_sliding(c, layer);  // Gemma 3's sliding layers
+  const float* cos = local ? cos_local_.data() : cos_.data();
+  const float* sin = local ? sin_local_.data() : sin_.data();
   for_rows(*pool_, n_tokens, q_dim + kv_dim, [&](size_t t) {
-    kernels::rope_apply(&q_[t * q_dim], layout_.n_heads, hd, &cos_[t * half], &sin_[t * half]);
-    kernels::rope_apply(&k_[t * kv_dim], layout_.n_kv_heads, hd, &cos_[t * half], &sin_[t * half]);
+    kernels::rope_apply(&q_[t * q_dim], layout_.n_heads, hd, cos + t * half, sin + t * half);
+    kernels::rope_apply(&k_[t * kv_dim], layout_.n_kv_heads, hd, cos + t * half, sin + t * half);
   });
 
   kernels::kv_layer_view cache{keys_[layer].data(), values_[layer].data(), kv_.n_blocks};
+  kernels::attention_shape shape = attn_shape_;
+  shape.sliding_window = layer_window(c, layer);
   std::vector<kernels::attention_seq> seqs;
   seqs.reserve(batch.size());
   size_t t = 0;
   for (const auto& s : batch) {
-    LLMESH_TRY(kernels::kv_write(cache, attn_shape_, s.block_table, s.pos0, s.tokens.size(), &k_[t * kv_dim], &v_[t * kv_dim]));
+    LLMESH_TRY(kernels::kv_write(cache, shape, s.block_table, s.pos0, s.tokens.size(), &k_[t * kv_dim], &v_[t * kv_dim]));
     seqs.push_back({&q_[t * q_dim], &attn_[t * q_dim], s.pos0, s.tokens.size(), s.block_table});
     t += s.tokens.size();
   }
-  LLMESH_TRY(kernels::attention(cache, attn_shape_, seqs, *pool_));
+  LLMESH_TRY(kernels::attention(cache, shape, seqs, *pool_));
 
   // Row-parallel output projection: each rank multiplies its heads' columns; rank 0 adds the
   // bias, so the all-reduce (summing in rank order) yields it exactly once.
@@ -169,6 +192,16 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
                                  c.hidden, q_dim, o_bias),
                              *pool_));
   if (layout_.tp > 1) LLMESH_TRY(comm_->all_reduce_sum(std::span(proj_.data(), n_tokens * c.hidden)));
+  return add_residual(lw.post_attn_norm, n_tokens);
+}
+
+status shard_executor::add_residual(const std::vector<float>& post_norm, size_t n_tokens) {
+  const auto& c = model_->config();
+  if (!post_norm.empty()) {  // Gemma 2/3: the block's output is normalised before the add
+    for_rows(*pool_, n_tokens, c.hidden, [&](size_t t) {
+      kernels::rmsnorm(&proj_[t * c.hidden], post_norm.data(), &proj_[t * c.hidden], c.hidden, c.rms_norm_eps);
+    });
+  }
   kernels::add_inplace(h_.data(), proj_.data(), n_tokens * c.hidden);
   return ok_status();
 }
@@ -188,14 +221,17 @@ status shard_executor::mlp_block(size_t layer, size_t n_tokens) {
   LLMESH_TRY(kernels::matmul(gate_up, *pool_));
   pool_->run([&](int th, int n_threads) {
     auto [b, e] = kernels::thread_pool::split(n_tokens * ni, th, n_threads);
-    kernels::swiglu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
+    if (c.gemma.on) {
+      kernels::geglu_tanh(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
+    } else {
+      kernels::swiglu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
+    }
   });
   LLMESH_TRY(kernels::matmul(job(gate_.data(), ni, lw.down, cols_from(lw.down, i0), proj_.data(), c.hidden, n_tokens,
                                  c.hidden, ni, nullptr),
                              *pool_));
   if (layout_.tp > 1) LLMESH_TRY(comm_->all_reduce_sum(std::span(proj_.data(), n_tokens * c.hidden)));
-  kernels::add_inplace(h_.data(), proj_.data(), n_tokens * c.hidden);
-  return ok_status();
+  return add_residual(lw.post_mlp_norm, n_tokens);
 }
 
 status shard_executor::lm_head(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy) {
@@ -218,9 +254,11 @@ status shard_executor::head_rows(size_t n, std::vector<float>& logits) {
   logits.resize(n * c.vocab);
   if (n == 0) return ok_status();
   if (layout_.tp == 1) {
-    return kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, w.lm_head.data, logits.data(), c.vocab, n, c.vocab,
-                               c.hidden, nullptr),
-                           *pool_);
+    LLMESH_TRY(kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, w.lm_head.data, logits.data(), c.vocab, n, c.vocab,
+                                   c.hidden, nullptr),
+                               *pool_));
+    softcap_logits(logits.data(), n * c.vocab);
+    return ok_status();
   }
   // Vocabulary-parallel: each rank computes its rows, the all-gather concatenates rank slices
   // ([rank][n][n_vocab_r]), then each rank reorders them into [n][vocab].
@@ -289,9 +327,20 @@ status shard_executor::lm_head_slice(size_t n_want, std::vector<float>& local) {
   const size_t nv = layout_.n_vocab;
   local.assign(n_want * nv, 0.0f);
   if (nv == 0 || n_want == 0) return ok_status();
-  return kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, rows_from(w.lm_head, layout_.vocab0), local.data(), nv, n_want,
-                             nv, c.hidden, nullptr),
-                         *pool_);
+  LLMESH_TRY(kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, rows_from(w.lm_head, layout_.vocab0), local.data(), nv,
+                                 n_want, nv, c.hidden, nullptr),
+                             *pool_));
+  softcap_logits(local.data(), local.size());
+  return ok_status();
+}
+
+void shard_executor::softcap_logits(float* logits, size_t n) {
+  const float cap = model_->config().gemma.final_softcap;
+  if (cap <= 0.0f) return;
+  pool_->run([&](int th, int n_threads) {  // elementwise: the split never changes the bits
+    auto [b, e] = kernels::thread_pool::split(n, th, n_threads);
+    kernels::softcap_inplace(logits + b, e - b, cap);
+  });
 }
 
 status shard_executor::greedy_head(size_t n_want, std::vector<int32_t>& tokens) {

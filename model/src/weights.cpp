@@ -94,8 +94,16 @@ status model::bind_weights() {
     if (!r) return r.take_error();     \
     dst = std::move(r.value());        \
   }
+  // Gemma's RMSNorm multiplies by (1 + weight): the 1 is added here, in float32 as HF does.
+  auto norm = [&](const std::string& name, size_t n) -> result<std::vector<float>> {
+    auto v = vector_f32(store_, name, n);
+    if (v && c.gemma.on) {
+      for (float& x : *v) x = 1.0f + x;
+    }
+    return v;
+  };
   LLMESH_BIND(weights_.embed, matrix(store_, "model.embed_tokens.weight", c.vocab, c.hidden))
-  LLMESH_BIND(weights_.final_norm, vector_f32(store_, "model.norm.weight", c.hidden))
+  LLMESH_BIND(weights_.final_norm, norm("model.norm.weight", c.hidden))
   if (c.tie_embeddings) {
     weights_.lm_head = weights_.embed;
   } else {
@@ -105,8 +113,14 @@ status model::bind_weights() {
   for (size_t i = 0; i < c.n_layers; ++i) {
     auto& l = weights_.layers[i];
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    LLMESH_BIND(l.attn_norm, vector_f32(store_, p + "input_layernorm.weight", c.hidden))
-    LLMESH_BIND(l.mlp_norm, vector_f32(store_, p + "post_attention_layernorm.weight", c.hidden))
+    LLMESH_BIND(l.attn_norm, norm(p + "input_layernorm.weight", c.hidden))
+    if (c.gemma.sandwich_norms) {
+      LLMESH_BIND(l.post_attn_norm, norm(p + "post_attention_layernorm.weight", c.hidden))
+      LLMESH_BIND(l.mlp_norm, norm(p + "pre_feedforward_layernorm.weight", c.hidden))
+      LLMESH_BIND(l.post_mlp_norm, norm(p + "post_feedforward_layernorm.weight", c.hidden))
+    } else {
+      LLMESH_BIND(l.mlp_norm, norm(p + "post_attention_layernorm.weight", c.hidden))
+    }
     if (c.fused_projections) {  // Phi-3: views of the fused tensors' parts
       weight_matrix qkv, gate_up;
       LLMESH_BIND(qkv, matrix(store_, p + "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, c.hidden))
@@ -138,8 +152,8 @@ status model::bind_weights() {
     }
     if (c.o_bias) LLMESH_BIND(l.o_bias, vector_f32(store_, p + "self_attn.o_proj.bias", c.hidden))
     if (c.qk_norm) {
-      LLMESH_BIND(l.q_norm, vector_f32(store_, p + "self_attn.q_norm.weight", c.head_dim))
-      LLMESH_BIND(l.k_norm, vector_f32(store_, p + "self_attn.k_norm.weight", c.head_dim))
+      LLMESH_BIND(l.q_norm, norm(p + "self_attn.q_norm.weight", c.head_dim))
+      LLMESH_BIND(l.k_norm, norm(p + "self_attn.k_norm.weight", c.head_dim))
     }
   }
 #undef LLMESH_BIND

@@ -9,7 +9,10 @@ not silently mirrored in the other.
 Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
 Phi3ForCausalLM (fused qkv_proj and gate_up_proj, split here), Qwen3MoeForCausalLM and
 MixtralForCausalLM (every layer's MLP a mixture of experts: softmax router, top-k,
-renormalised), with
+renormalised), GemmaForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM (norms times
+1 + weight, the embedding times sqrt(hidden) in the weights' dtype, tanh-GELU GeGLU; Gemma 2/3
+also normalise each block's output, soft-cap scores and logits, alternate sliding and global
+layers, and Gemma 3 gives its sliding layers their own rotary base), with
 weights in model.safetensors or a sharded model.safetensors.index.json
 (F32, F16 or BF16). Everything is computed in float64; the full sequence is
 recomputed at every step (no KV cache), which is fine for tiny models.
@@ -44,8 +47,9 @@ except ImportError as e:
     sys.exit(f"error: {e}. Debian's python3-numpy/python3-torch are only visible to "
              "/usr/bin/python3 (not a pyenv or venv python).")
 
+GEMMAS = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                   "Phi3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
+                   "Phi3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM") + GEMMAS
 
 
 # ---------------------------------------------------------------- safetensors
@@ -90,6 +94,9 @@ class Weights:
 
     def has(self, name):
         return name in self.entries
+
+    def dtype(self, name):
+        return self.entries[name][2]["dtype"]
 
     def get(self, name, shape):
         if name not in self.entries:
@@ -139,7 +146,11 @@ def load_config(model_dir):
     arch = (c.get("architectures") or ["<none>"])[0]
     if arch not in SUPPORTED_ARCHS:
         sys.exit(f"error: unsupported architecture {arch}")
-    if c.get("hidden_act", "silu") != "silu":
+    gemma = arch in GEMMAS
+    if gemma:   # HF's Gemma MLPs take hidden_activation (missing: the tanh GELU)
+        if (c.get("hidden_activation") or "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+            sys.exit(f"error: hidden_activation {c.get('hidden_activation')} is not gelu_pytorch_tanh")
+    elif c.get("hidden_act", "silu") != "silu":
         sys.exit(f"error: hidden_act {c.get('hidden_act')} is not silu")
     moe_qwen = arch == "Qwen3MoeForCausalLM"
     cfg = {
@@ -151,18 +162,18 @@ def load_config(model_dir):
         "eps": c["rms_norm_eps"],
         "theta": c.get("rope_theta") or 10000.0,
         "vocab": c["vocab_size"],
-        "tied": bool(c.get("tie_word_embeddings", False)),
+        "tied": bool(c.get("tie_word_embeddings", gemma)),   # Gemma's configs default to tied
         "rope_scaling": c.get("rope_scaling"),
     }
     cfg["kv_heads"] = c.get("num_key_value_heads") or cfg["heads"]
     # HF's Qwen3Config defaults head_dim to 128; the others derive it.
     qwen3 = arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-    cfg["head_dim"] = c.get("head_dim") or (128 if qwen3 else cfg["hidden"] // cfg["heads"])
+    cfg["head_dim"] = c.get("head_dim") or (128 if qwen3 else 256 if gemma else cfg["hidden"] // cfg["heads"])
     if cfg["heads"] % cfg["kv_heads"] != 0:
         sys.exit("error: num_attention_heads not a multiple of num_key_value_heads")
     if arch == "Qwen2ForCausalLM":
         cfg["qkv_bias"], cfg["o_bias"] = True, False
-    elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
+    elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM") + GEMMAS:
         cfg["qkv_bias"] = cfg["o_bias"] = bool(c.get("attention_bias", False))
     else:  # Mistral, Phi-3: no biases
         cfg["qkv_bias"] = cfg["o_bias"] = False
@@ -176,7 +187,29 @@ def load_config(model_dir):
     if qwen3 and c.get("use_sliding_window"):
         sys.exit("error: Qwen3 use_sliding_window is not supported")
     cfg["window"] = window
-    cfg["qk_norm"] = qwen3   # per-head RMSNorm of q and k before RoPE
+    cfg["layer_windows"] = [window] * cfg["layers"]
+    cfg["qk_norm"] = qwen3 or arch == "Gemma3ForCausalLM"   # per-head RMSNorm of q and k before RoPE
+    cfg["gemma"], cfg["sandwich"] = gemma, arch in GEMMAS[1:]
+    cfg["scale"] = 1.0 / math.sqrt(cfg["head_dim"])
+    cfg["attn_cap"] = cfg["final_cap"] = None
+    cfg["local_theta"] = None
+    if cfg["sandwich"]:   # Gemma 2 and 3
+        g2 = arch == "Gemma2ForCausalLM"
+        cfg["attn_cap"] = c.get("attn_logit_softcapping", 50.0 if g2 else None)
+        cfg["final_cap"] = c.get("final_logit_softcapping", 30.0 if g2 else None)
+        cfg["scale"] = c.get("query_pre_attn_scalar", 256) ** -0.5
+        n = cfg["layers"]
+        if c.get("layer_types"):
+            sliding = [t == "sliding_attention" for t in c["layer_types"]]
+        elif g2:   # HF Gemma2: is_sliding = not bool(layer_idx % 2)
+            sliding = [i % 2 == 0 for i in range(n)]
+        else:      # HF Gemma3: is_sliding = bool((layer_idx + 1) % sliding_window_pattern)
+            pattern = c.get("sliding_window_pattern", 6)
+            sliding = [(i + 1) % pattern != 0 for i in range(n)]
+        w = c.get("sliding_window")
+        cfg["layer_windows"] = [w if (s_ and w) else None for s_ in sliding]
+        if not g2:
+            cfg["local_theta"] = c.get("rope_local_base_freq", 10000.0)
     cfg["experts"] = 0
     if moe_qwen:
         if c.get("decoder_sparse_step", 1) != 1 or c.get("mlp_only_layers"):
@@ -190,15 +223,17 @@ def load_config(model_dir):
 
 # ---------------------------------------------------------------- model
 
-def rope_inv_freq(cfg):
+def rope_inv_freq(cfg, theta=None, rs=None):
     d = cfg["head_dim"]
-    inv_freq = 1.0 / (cfg["theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    rs = cfg["rope_scaling"]
+    inv_freq = 1.0 / ((theta or cfg["theta"]) ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = cfg["rope_scaling"] if theta is None else rs
     if not rs:
         return inv_freq
     kind = rs.get("rope_type", rs.get("type"))
     if kind == "default":
         return inv_freq
+    if kind == "linear":   # HF's linear interpolation
+        return inv_freq / rs["factor"]
     if kind != "llama3":
         sys.exit(f"error: unsupported rope_scaling type {kind}")
     factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
@@ -221,8 +256,12 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rms_norm(x, w, eps):
-    return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + eps) * w
+def rms_norm(x, w, eps, gemma=False):
+    return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + eps) * ((1.0 + w) if gemma else w)
+
+
+def soft_cap(x, cap):
+    return x if not cap else torch.tanh(x / cap) * cap
 
 
 class Model:
@@ -232,12 +271,19 @@ class Model:
         H, I, V = cfg["hidden"], cfg["inter"], cfg["vocab"]
         nh, nkv, hd = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
         self.embed = W.get("model.embed_tokens.weight", [V, H])
+        self.normalizer = 1.0
+        if cfg["gemma"]:   # HF: torch.tensor(hidden_size ** 0.5, dtype=<the embedding's dtype>)
+            kind = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+            self.normalizer = float(torch.tensor(H ** 0.5, dtype=kind[W.dtype("model.embed_tokens.weight")]))
         self.layers = []
         for i in range(cfg["layers"]):
             p = f"model.layers.{i}."
+            sandwich = cfg["sandwich"]   # Gemma 2/3: post-attention norm, then pre/post-MLP norms
             L = {
                 "ln1": W.get(p + "input_layernorm.weight", [H]),
-                "ln2": W.get(p + "post_attention_layernorm.weight", [H]),
+                "ln2": W.get(p + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight"), [H]),
+                "post_attn": W.get(p + "post_attention_layernorm.weight", [H]) if sandwich else None,
+                "post_mlp": W.get(p + "post_feedforward_layernorm.weight", [H]) if sandwich else None,
                 "o": W.get(p + "self_attn.o_proj.weight", [H, nh * hd]),
             }
             if cfg["experts"]:
@@ -280,6 +326,9 @@ class Model:
                     L["experts"] = [tuple(quantize_int8(w) for w in x) for x in L["experts"]]
             self.lm_head = quantize_int8(self.lm_head)
         self.inv_freq = rope_inv_freq(cfg)
+        self.inv_freq_local = None
+        if cfg["local_theta"]:   # Gemma 3's sliding layers: their own base, never scaled
+            self.inv_freq_local = rope_inv_freq(cfg, cfg["local_theta"], None)
 
     def moe(self, x, L):
         """HF's sparse MoE block: softmax over the router's logits, the top-k experts per token
@@ -302,7 +351,7 @@ class Model:
         y = x @ w.T
         return y if b is None else y + b
 
-    def attention(self, x, L, cos, sin):
+    def attention(self, x, L, cos, sin, window):
         cfg = self.cfg
         T = x.shape[0]
         nh, nkv, hd = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
@@ -310,8 +359,8 @@ class Model:
         k = self.linear(x, L["k"], L["k_b"]).view(T, nkv, hd).transpose(0, 1)   # [nkv, T, hd]
         v = self.linear(x, L["v"], L["v_b"]).view(T, nkv, hd).transpose(0, 1)
         if cfg["qk_norm"]:
-            q = rms_norm(q, L["q_norm"], cfg["eps"])
-            k = rms_norm(k, L["k_norm"], cfg["eps"])
+            q = rms_norm(q, L["q_norm"], cfg["eps"], cfg["gemma"])
+            k = rms_norm(k, L["k_norm"], cfg["eps"], cfg["gemma"])
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         group = nh // nkv
@@ -319,11 +368,11 @@ class Model:
         i = torch.arange(T).view(T, 1)
         j = torch.arange(T).view(1, T)
         allowed = j <= i
-        if cfg["window"] is not None:
-            allowed = allowed & (j > i - cfg["window"])
+        if window is not None:
+            allowed = allowed & (j > i - window)
         for h in range(nh):
             kh, vh = k[h // group], v[h // group]
-            scores = (q[h] @ kh.T) / math.sqrt(hd)
+            scores = soft_cap((q[h] @ kh.T) * cfg["scale"], cfg["attn_cap"])
             scores = scores.masked_fill(~allowed, float("-inf"))
             out[h] = torch.softmax(scores, dim=-1) @ vh
         out = out.transpose(0, 1).reshape(T, nh * hd)
@@ -332,23 +381,31 @@ class Model:
     def forward(self, ids):
         """Returns logits [len(ids), vocab] in float64."""
         cfg = self.cfg
-        h = self.embed[torch.tensor(ids, dtype=torch.long)]
+        g = cfg["gemma"]
+        h = self.embed[torch.tensor(ids, dtype=torch.long)] * self.normalizer
         pos = torch.arange(len(ids), dtype=torch.float64)
-        angle = pos.view(-1, 1) * self.inv_freq.view(1, -1)
-        emb = torch.cat((angle, angle), dim=-1)   # [T, hd]
-        cos, sin = emb.cos(), emb.sin()
-        for L in self.layers:
-            x = rms_norm(h, L["ln1"], cfg["eps"])
-            h = h + self.attention(x, L, cos, sin)
-            x = rms_norm(h, L["ln2"], cfg["eps"])
+
+        def angles(inv_freq):
+            angle = pos.view(-1, 1) * inv_freq.view(1, -1)
+            emb = torch.cat((angle, angle), dim=-1)   # [T, hd]
+            return emb.cos(), emb.sin()
+        cos, sin = angles(self.inv_freq)
+        local = angles(self.inv_freq_local) if self.inv_freq_local is not None else None
+        for L, window in zip(self.layers, cfg["layer_windows"]):
+            x = rms_norm(h, L["ln1"], cfg["eps"], g)
+            c_, s_ = local if (local is not None and window is not None) else (cos, sin)
+            a = self.attention(x, L, c_, s_, window)
+            h = h + (rms_norm(a, L["post_attn"], cfg["eps"], g) if L["post_attn"] is not None else a)
+            x = rms_norm(h, L["ln2"], cfg["eps"], g)
             if cfg["experts"]:
                 h = h + self.moe(x, L)
                 continue
             gate = self.linear(x, L["gate"], None)
-            h = h + self.linear(torch.nn.functional.silu(gate) * self.linear(x, L["up"], None),
-                                L["down"], None)
-        x = rms_norm(h, self.norm, cfg["eps"])
-        return x @ self.lm_head.T
+            act = torch.nn.functional.gelu(gate, approximate="tanh") if g else torch.nn.functional.silu(gate)
+            y = self.linear(act * self.linear(x, L["up"], None), L["down"], None)
+            h = h + (rms_norm(y, L["post_mlp"], cfg["eps"], g) if L["post_mlp"] is not None else y)
+        x = rms_norm(h, self.norm, cfg["eps"], g)
+        return soft_cap(x @ self.lm_head.T, cfg["final_cap"])
 
 
 # ---------------------------------------------------------------- main

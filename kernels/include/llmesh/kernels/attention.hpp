@@ -22,6 +22,7 @@ struct attention_shape {
   size_t block_size = 16;
   size_t sliding_window = 0;  ///< 0: none; else position i sees keys j with i - window < j <= i
   float scale = 1.0f;         ///< usually 1/sqrt(head_dim)
+  float softcap = 0.0f;       ///< > 0: each scaled score s becomes softcap · tanh(s / softcap) (Gemma 2)
 };
 
 /// One layer's cache of one shard: keys and values, each [n_blocks][block_size][n_kv_heads][head_dim].
@@ -46,7 +47,7 @@ struct attention_seq {
                               std::span<const int32_t> block_table, size_t pos0, size_t n_tokens,
                               const float* k, const float* v);
 
-/// For every query row: softmax(scale · q·K) · V over its visible positions, keys in
+/// For every query row: softmax(scale · q·K, soft-capped when configured) · V over its visible positions, keys in
 /// increasing position order (fixed order: results never depend on batch neighbours or on how
 /// the prompt was chunked). Work is split over (row, head) pairs across the pool.
 [[nodiscard]] status attention(const kv_layer_view& cache, const attention_shape& shape,

@@ -1,4 +1,5 @@
-// Row-wise ops of the Llama block: RMSNorm, residual add, SwiGLU, and the deterministic exp.
+// Row-wise ops of the decoder block: RMSNorm, residual add, SwiGLU / GeGLU, soft-capping, and the
+// deterministic exp and tanh.
 // None of these reduce across a batch; RMSNorm reduces within a row with the canonical dot().
 #pragma once
 
@@ -31,6 +32,23 @@ inline float exp_det(float x) {
   return y * scale;
 }
 
+/// tanh(x) from exp_det (same bits on every CPU): an odd Taylor polynomial below |x| < 0.125,
+/// else sign(x) · (1 − 2 / (exp(2|x|) + 1)). Relative error below 1e-6.
+inline float tanh_det(float x) {
+  const float a = x < 0.0f ? -x : x;
+  if (a < 0.125f) {
+    const float x2 = x * x;  // x − x³/3 + 2x⁵/15 − 17x⁷/315 (next term < 2e-10 here)
+    return x * (1.0f + x2 * (-0.333333343f + x2 * (0.133333340f + x2 * -0.0539682545f)));
+  }
+  const float t = 1.0f - 2.0f / (exp_det(2.0f * a) + 1.0f);
+  return x < 0.0f ? -t : t;
+}
+
+/// Gemma 2's soft-capping: cap · tanh(x / cap) on each of n values, in place (cap > 0).
+inline void softcap_inplace(float* x, size_t n, float cap) {
+  for (size_t i = 0; i < n; ++i) x[i] = cap * tanh_det(x[i] / cap);
+}
+
 /// out[i] = x[i] / sqrt(mean(x²) + eps) * weight[i] for one row of n (HF LlamaRMSNorm order).
 /// out may alias x.
 void rmsnorm(const float* x, const float* weight, float* out, size_t n, float eps);
@@ -40,5 +58,9 @@ void add_inplace(float* x, const float* delta, size_t n);
 
 /// out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may alias gate.
 void swiglu(const float* gate, const float* up, float* out, size_t n);
+
+/// out[i] = gelu_tanh(gate[i]) * up[i] (Gemma's GeGLU; PyTorch's gelu(approximate="tanh"):
+/// 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))). out may alias gate.
+void geglu_tanh(const float* gate, const float* up, float* out, size_t n);
 
 }  // namespace llmesh::kernels

@@ -12,7 +12,7 @@
 namespace llmesh::model {
 
 /// Supported architectures (DESIGN.md §Models).
-enum class architecture { llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral };
+enum class architecture { llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, gemma, gemma2, gemma3 };
 
 /// Everything the forward pass needs to know about a model's shape.
 struct model_config {
@@ -42,6 +42,26 @@ struct model_config {
     bool norm_topk_prob = true;
   } moe;
   size_t sliding_window = 0;   ///< 0: none (Mistral's and Phi-3's sliding_window)
+  /// Gemma 2 and 3: which layers use sliding_window (config.json's layer_types, else Gemma 2's
+  /// even layers, Gemma 3's all but every sliding_window_pattern-th). Empty: every layer does.
+  std::vector<bool> sliding_layers;
+  /// Gemma 3: the sliding layers' rotary (rope_local_base_freq, unscaled); `rope` is the others'.
+  std::optional<kernels::rope_config> rope_local;
+  /// The Gemma family (GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, text only).
+  struct gemma_config {
+    bool on = false;
+    /// Every RMSNorm multiplies by (1 + weight); the loader adds the 1 (in float32, as HF does).
+    /// The embedding rows are scaled by sqrt(hidden) rounded to the embedding's dtype. The MLP is
+    /// GeGLU with the tanh GELU (hidden_activation gelu_pytorch_tanh).
+    /// Gemma 2 and 3 ("sandwich" norms): post_attention_layernorm normalises the attention's
+    /// output before the residual add, pre_feedforward_layernorm the MLP's input and
+    /// post_feedforward_layernorm its output.
+    bool sandwich_norms = false;
+    float attn_softcap = 0.0f;   ///< attn_logit_softcapping (0: none)
+    float final_softcap = 0.0f;  ///< final_logit_softcapping, on the logits (0: none)
+  } gemma;
+  /// Attention's score scale: 1/sqrt(head_dim), or Gemma 2/3's query_pre_attn_scalar^-1/2.
+  double attn_scale = 0.0;
   std::vector<int32_t> bos_ids, eos_ids;  ///< load_config merges generation_config.json's in
   /// The model's recommended sampling (generation_config.json's temperature, top_p, top_k):
   /// the API's defaults for requests that do not set them, as vLLM applies them.
@@ -51,6 +71,27 @@ struct model_config {
     bool operator==(const sampling_defaults&) const = default;
   } sampling;
 };
+
+/// Whether layer `layer` is a sliding-window layer.
+inline bool layer_sliding(const model_config& c, size_t layer) {
+  return c.sliding_layers.empty() ? c.sliding_window > 0 : static_cast<bool>(c.sliding_layers[layer]);
+}
+
+/// Layer `layer`'s sliding window (0: it attends to every earlier position).
+inline size_t layer_window(const model_config& c, size_t layer) { return layer_sliding(c, layer) ? c.sliding_window : 0; }
+
+/// Layer `layer`'s rotary configuration.
+inline const kernels::rope_config& layer_rope(const model_config& c, size_t layer) {
+  return c.rope_local && layer_sliding(c, layer) ? *c.rope_local : c.rope;
+}
+
+/// The model families the CUDA backend does not run yet ("mixture-of-experts models", "Gemma
+/// models"), or null.
+inline const char* cpu_only_family(const model_config& c) {
+  if (c.moe.n_experts > 0) return "mixture-of-experts models";
+  if (c.gemma.on) return "Gemma models";
+  return nullptr;
+}
 
 /// Parses config.json text. Errors name the missing or invalid field.
 [[nodiscard]] result<model_config> parse_config(const std::string& json_text);

@@ -15,7 +15,7 @@
 namespace llmesh::model {
 
 struct random_model_spec {
-  std::string arch = "llama";  ///< llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral
+  std::string arch = "llama";  ///< llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | gemma | gemma2 | gemma3
   size_t hidden = 64, intermediate = 160, n_layers = 2;
   size_t n_heads = 4, n_kv_heads = 2, head_dim = 0;  ///< head_dim 0: hidden / n_heads (omitted from config)
   size_t vocab = 517;                                ///< at least 258: 256 byte tokens + BOS + EOS
@@ -27,7 +27,14 @@ struct random_model_spec {
   bool attention_bias = false;  ///< Llama and Qwen3 (Qwen2 always has q/k/v biases)
   double rope_theta = 10000.0;
   bool llama3_scaling = false;  ///< rope_scaling {rope_type: llama3, factor 8, low 1, high 4, original 8192 / 64}
-  size_t sliding_window = 0;    ///< Mistral and Phi-3 only; 0 writes null
+  bool linear_scaling = false;  ///< rope_scaling {rope_type: linear, factor 8} (Gemma 3: its global layers')
+  size_t sliding_window = 0;    ///< Mistral, Phi-3, Mixtral, Gemma 2/3; 0 writes null
+  /// Gemma 2/3: attn_logit_softcapping and final_logit_softcapping (negative: Gemma 2's 50 and 30,
+  /// Gemma 3's none; 0 writes null), query_pre_attn_scalar (0: head_dim), and Gemma 3's
+  /// sliding_window_pattern (0: 6).
+  float attn_softcap = -1.0f, final_softcap = -1.0f;
+  double query_pre_attn_scalar = 0.0;
+  size_t sliding_pattern = 0;
   float rms_norm_eps = 1e-5f;
   uint64_t seed = 1;
   size_t shards = 1;            ///< >1 writes model-0000i-of-0000n.safetensors + index
@@ -49,7 +56,7 @@ struct tensor_spec {
 [[nodiscard]] status write_safetensors(const std::string& path, const std::vector<tensor_spec>& tensors);
 
 /// Parses an architecture name for `model random` ("llama", "mistral", "qwen2", "qwen3", "phi3",
-/// "qwen3_moe", "mixtral").
+/// "qwen3_moe", "mixtral", "gemma", "gemma2", "gemma3").
 [[nodiscard]] result<std::string> config_architecture_name(const std::string& arch);
 
 }  // namespace llmesh::model

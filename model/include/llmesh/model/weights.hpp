@@ -47,7 +47,10 @@ struct layer_weights {
   std::vector<float> attn_norm, mlp_norm;
   weight_matrix q, k, v, o, gate, up, down;
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  ///< empty when the model has none
-  std::vector<float> q_norm, k_norm;                  ///< [head_dim] (Qwen3's qk_norm); else empty
+  std::vector<float> q_norm, k_norm;                  ///< [head_dim] (Qwen3's and Gemma 3's qk_norm); else empty
+  /// Gemma 2/3's sandwich norms: of the attention's output and of the MLP's (mlp_norm is then
+  /// pre_feedforward_layernorm). Empty otherwise. Gemma's norms hold 1 + the checkpoint's weight.
+  std::vector<float> post_attn_norm, post_mlp_norm;
   /// MoE (model_config::moe): the router [n_experts, hidden] and each expert's SwiGLU MLP;
   /// gate, up and down above are then empty.
   struct expert {
