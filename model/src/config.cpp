@@ -162,8 +162,12 @@ status parse_gemma(const json& j, model_config& c) {
   if (*bidirectional) return make_error(errc::unsupported, "config.json: use_bidirectional_attention (an embedding model) is not supported");
   if (c.arch == architecture::gemma) return ok_status();
   c.gemma.sandwich_norms = true;
-  auto attn_cap = get_number(j, "attn_logit_softcapping", c.arch == architecture::gemma2 ? 50.0 : 0.0);
-  auto final_cap = get_number(j, "final_logit_softcapping", c.arch == architecture::gemma2 ? 30.0 : 0.0);
+  // A missing cap is the config class's default (Gemma 2's 50 and 30, Gemma 3's none); null is none.
+  auto cap = [&](const char* key, double gemma2_default) {
+    return get_number(j, key, j.contains(key) || c.arch != architecture::gemma2 ? 0.0 : gemma2_default);
+  };
+  auto attn_cap = cap("attn_logit_softcapping", 50.0);
+  auto final_cap = cap("final_logit_softcapping", 30.0);
   auto scalar = get_number(j, "query_pre_attn_scalar", 256.0);
   for (auto* r : {&attn_cap, &final_cap, &scalar}) {
     if (!*r) return r->take_error();

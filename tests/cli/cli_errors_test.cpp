@@ -130,6 +130,13 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = run_command(llmesh_bin + " generate --device cuda --model " + tmp_.path() + "/moe --prompt-ids 1");
   expect_one_line_error(r, "mixture-of-experts models run on the CPU backend only");
+  // Gemma on CUDA; a --rope-scaling the writer does not know.
+  r = run_command(llmesh_bin + " model random --out " + tmp_.path() + "/gemma --arch gemma2 --head-dim 16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_command(llmesh_bin + " generate --device cuda --model " + tmp_.path() + "/gemma --prompt-ids 1");
+  expect_one_line_error(r, "Gemma models run on the CPU backend only");
+  r = run_command(llmesh_bin + " model random --out " + tmp_.path() + "/gemma --arch gemma3 --rope-scaling yarn");
+  expect_one_line_error(r, "--rope-scaling must be llama3 or linear");
 }
 
 TEST_F(CliErrors, DumpLogitsToUnwritablePath) {

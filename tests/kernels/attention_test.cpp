@@ -56,7 +56,7 @@ struct cache_storage {
 std::string describe(const attention_shape& s) {
   return "block_size " + std::to_string(s.block_size) + " heads " + std::to_string(s.n_heads) + "/" +
          std::to_string(s.n_kv_heads) + " head_dim " + std::to_string(s.head_dim) + " window " +
-         std::to_string(s.sliding_window);
+         std::to_string(s.sliding_window) + " softcap " + std::to_string(s.softcap);
 }
 
 /// Builds the sequences of one batch and hands out block ids from one shuffled pool, so every
@@ -102,7 +102,9 @@ std::vector<double> reference(const attention_shape& s, const sequence& seq, siz
     const float* kv = seq.k.data() + (p * s.n_kv_heads + kvh) * d;
     double sc = 0.0;
     for (size_t i = 0; i < d; ++i) sc += static_cast<double>(qv[i]) * kv[i];
-    scores.push_back(sc * s.scale);
+    sc *= s.scale;
+    if (s.softcap > 0.0f) sc = s.softcap * std::tanh(sc / s.softcap);
+    scores.push_back(sc);
     max_score = std::max(max_score, scores.back());
   }
   double sum = 0.0;
@@ -137,6 +139,7 @@ std::vector<attention_shape> all_shapes() {
       for (size_t head_dim : {8, 40})
         for (size_t window : {0, 5, 19}) {
           attention_shape s;
+          s.softcap = window == 5 ? 2.0f : 0.0f;  // Gemma 2's soft-capping, strong enough to matter
           s.n_heads = 6;
           s.n_kv_heads = n_kv;
           s.head_dim = head_dim;

@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numbers>
 #include <random>
 #include <vector>
 
@@ -168,6 +170,60 @@ TEST(Swiglu, GivesTheSameBitsInPlace) {
   swiglu(gate.data(), up.data(), out.data(), n);
   swiglu(gate.data(), up.data(), gate.data(), n);
   EXPECT_EQ(std::memcmp(out.data(), gate.data(), n * sizeof(float)), 0);
+}
+
+TEST(TanhDet, StaysWithinRelativeErrorOfStdTanh) {
+  // Dense over the branch point (0.125), the polynomial's range and the saturated ends.
+  double worst = 0.0;
+  for (float x = -12.0f; x <= 12.0f; x += 0.000731f) {
+    const double want = std::tanh(static_cast<double>(x));
+    const double got = tanh_det(x);
+    if (want != 0.0) worst = std::max(worst, std::fabs(got - want) / std::fabs(want));
+  }
+  EXPECT_LT(worst, 1e-6);
+  for (float x : {1e-30f, 1e-8f, 0.1249999f, 0.125f, 40.0f, 100.0f, 1e30f}) {
+    EXPECT_NEAR(tanh_det(x), std::tanh(static_cast<double>(x)), 1e-6 * std::tanh(static_cast<double>(x))) << x;
+    EXPECT_EQ(bits_of(tanh_det(-x)), bits_of(-tanh_det(x))) << "odd at " << x;
+  }
+  EXPECT_EQ(tanh_det(0.0f), 0.0f);
+  EXPECT_EQ(tanh_det(1e30f), 1.0f);
+}
+
+TEST(Softcap, IsCapTimesTanhOfTheQuotient) {
+  std::vector<float> x = {0.0f, 1.0f, -3.0f, 29.0f, 30.0f, 1000.0f, -1e6f};
+  const std::vector<float> in = x;
+  softcap_inplace(x.data(), x.size(), 30.0f);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = 30.0 * std::tanh(static_cast<double>(in[i]) / 30.0);
+    EXPECT_NEAR(x[i], want, 2e-6 * std::fabs(want) + 1e-30) << in[i];
+    EXPECT_LE(std::fabs(x[i]), 30.0f);
+  }
+}
+
+TEST(GegluTanh, MatchesDoublePrecisionReference) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> gate_val(-12.0f, 12.0f), up_val(-4.0f, 4.0f);
+  const size_t n = 5000;
+  std::vector<float> gate(n), up(n);
+  for (size_t i = 0; i < n; ++i) {
+    gate[i] = gate_val(rng);
+    up[i] = up_val(rng);
+  }
+  const float special[] = {0.0f, 1.0f, -1.0f, 0.01f, -0.01f, 50.0f, -50.0f, 1e4f, -1e4f};
+  for (size_t i = 0; i < std::size(special); ++i) gate[i] = special[i];
+  std::vector<float> out(n + 1, std::numeric_limits<float>::quiet_NaN());
+  geglu_tanh(gate.data(), up.data(), out.data(), n);
+  for (size_t i = 0; i < n; ++i) {  // PyTorch's gelu(approximate="tanh") times up, in double
+    const double g = gate[i];
+    const double ref = 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (g + 0.044715 * g * g * g))) * up[i];
+    // Where tanh nears -1 (g << 0), 1 + tanh cancels: a float tanh's absolute error (~6e-8),
+    // times |g·up| / 2, bounds the error there (as in PyTorch's float32 kernel).
+    ASSERT_NEAR(out[i], ref, 4e-6 * std::fabs(ref) + 2e-7 * std::fabs(g * up[i])) << "gate " << gate[i];
+  }
+  EXPECT_TRUE(std::isnan(out[n]));
+  std::vector<float> in_place = gate;
+  geglu_tanh(in_place.data(), up.data(), in_place.data(), n);
+  EXPECT_EQ(std::memcmp(out.data(), in_place.data(), n * sizeof(float)), 0);
 }
 
 TEST(AddInplace, AddsElementwiseInFloat) {

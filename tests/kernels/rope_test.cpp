@@ -44,6 +44,17 @@ TEST(RopeInvFreq, DefaultMatchesTheFormula) {
   }
 }
 
+TEST(RopeInvFreq, LinearScalingDividesEveryFrequency) {
+  rope_config plain;
+  plain.head_dim = 64;
+  plain.theta = 1e6;
+  rope_config linear = plain;
+  linear.linear_factor = 8.0;
+  const auto a = rope_inv_freq(plain), b = rope_inv_freq(linear);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_DOUBLE_EQ(b[i], a[i] / 8.0) << i;
+}
+
 TEST(RopeInvFreq, Llama3ScalesEachBandByItsRule) {
   rope_config plain = llama31_config();
   plain.llama3 = false;

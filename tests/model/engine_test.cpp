@@ -62,6 +62,19 @@ random_model_spec moe_spec() {
   return s;
 }
 
+/// Gemma 3 with everything Gemma adds: sliding and global layers (window 5, every second layer
+/// global) with their own rotary, q/k norms, the sandwich norms, both soft-caps.
+random_model_spec gemma_spec() {
+  random_model_spec s = small_spec();
+  s.arch = "gemma3";
+  s.n_layers = 3;
+  s.sliding_window = 5;
+  s.sliding_pattern = 2;
+  s.attn_softcap = 3.0f;
+  s.final_softcap = 8.0f;
+  return s;
+}
+
 std::unique_ptr<engine> make_engine(std::shared_ptr<const model> m, int tp, int threads = 2, size_t kv_tokens = 4096) {
   engine_options o;
   o.tp = tp;
@@ -103,7 +116,7 @@ std::vector<std::vector<float>> run_alone(engine& e, const std::vector<int32_t>&
 }
 
 TEST(Engine, ChunkedPrefillAndTokenByTokenGiveIdenticalBits) {
-  for (const auto& spec : {small_spec(), moe_spec()}) {
+  for (const auto& spec : {small_spec(), moe_spec(), gemma_spec()}) {
   SCOPED_TRACE(spec.arch);
   temp_model tm(spec);
   auto e = make_engine(tm.get(), 1);
@@ -134,7 +147,7 @@ TEST(Engine, AnMoEPromptLongerThanOneRoutingChunkGivesTheSameBits) {
 }
 
 TEST(Engine, SequenceLogitsDoNotDependOnBatchNeighbours) {
-  for (const auto& spec : {small_spec(), moe_spec()}) {
+  for (const auto& spec : {small_spec(), moe_spec(), gemma_spec()}) {
   temp_model tm(spec);
   for (int tp : {1, 2}) {
     SCOPED_TRACE(spec.arch + " tp " + std::to_string(tp));
