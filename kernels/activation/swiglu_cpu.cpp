@@ -1,4 +1,4 @@
-// SwiGLU, GeGLU and the residual add on one row. Plain loops: the compiler vectorises them, and since
+// SwiGLU, GeGLU, soft-capping and the residual add on one row. Plain loops: the compiler vectorises them, and since
 // they are elementwise the vector width never changes the bits.
 #include "llmesh/kernels/elementwise.hpp"
 
@@ -13,6 +13,10 @@ void swiglu(const float* gate, const float* up, float* out, size_t n) {
     float g = gate[i];
     out[i] = (g / (1.0f + exp_det(-g))) * up[i];
   }
+}
+
+void softcap_inplace(float* x, size_t n, float cap) {
+  for (size_t i = 0; i < n; ++i) x[i] = cap * tanh_det(x[i] / cap);
 }
 
 void geglu_tanh(const float* gate, const float* up, float* out, size_t n) {

@@ -177,9 +177,9 @@ status parse_gemma(const json& j, model_config& c) {
   c.gemma.attn_softcap = static_cast<float>(*attn_cap);
   c.gemma.final_softcap = static_cast<float>(*final_cap);
   c.attn_scale = 1.0 / std::sqrt(*scalar);
-  auto w = get_size(j, "sliding_window", false, 0);
+  auto w = get_size(j, "sliding_window", false, j.contains("sliding_window") ? 0 : 4096);  // the configs' default
   if (!w) return w.take_error();
-  c.sliding_window = *w;
+  c.sliding_window = *w;  // 0 (null): no layer has a window; Gemma 3's sliding layers keep their rotary
   c.sliding_layers.assign(c.n_layers, false);
   if (j.contains("layer_types") && !j["layer_types"].is_null()) {  // transformers 4.53 on
     const auto& types = j["layer_types"];
@@ -198,7 +198,6 @@ status parse_gemma(const json& j, model_config& c) {
     if (*pattern == 0) return bad("sliding_window_pattern must be positive");
     for (size_t i = 0; i < c.n_layers; ++i) c.sliding_layers[i] = (i + 1) % *pattern != 0;
   }
-  if (c.sliding_window == 0) c.sliding_layers.assign(c.n_layers, false);
   if (c.arch == architecture::gemma3) {  // the sliding layers' own unscaled rotary
     auto local = get_number(j, "rope_local_base_freq", 10000.0);
     if (!local) return local.take_error();
@@ -214,15 +213,27 @@ status parse_gemma(const json& j, model_config& c) {
 /// transformers v5 writes Gemma 3's rotary per layer type: rope_parameters {full_attention: {...},
 /// sliding_attention: {...}}. Rewrites such a config into the flat form (rope_parameters the
 /// full layers', rope_local_base_freq the sliding layers' theta), refusing a scaled local rotary.
+/// A missing rope_theta is Gemma3TextConfig's default, 1e6.
 result<json> flatten_gemma3_rope(json j) {
-  if (!j.contains("rope_parameters") || !j["rope_parameters"].is_object() || !j["rope_parameters"].contains("full_attention")) {
+  const bool per_type = j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+                        j["rope_parameters"].contains("full_attention");
+  if (!per_type) {
+    const bool v5 = j.contains("rope_parameters") && j["rope_parameters"].is_object();
+    if (!j.contains("rope_theta") && !(v5 && j["rope_parameters"].contains("rope_theta"))) j["rope_theta"] = 1e6;
     return j;
   }
   json params = j["rope_parameters"];
   j["rope_parameters"] = params["full_attention"];
-  if (params.contains("sliding_attention") && params["sliding_attention"].is_object()) {
+  if (!j["rope_parameters"].is_object()) return bad("rope_parameters.full_attention must be an object");
+  if (!j["rope_parameters"].contains("rope_theta")) j["rope_parameters"]["rope_theta"] = 1e6;
+  if (params.contains("sliding_attention") && !params["sliding_attention"].is_null()) {
     const auto& local = params["sliding_attention"];
-    if (local.value("rope_type", std::string("default")) != "default") {
+    if (!local.is_object()) return bad("rope_parameters.sliding_attention must be an object");
+    auto legacy = get_string(local, "type", "default");
+    if (!legacy) return legacy.take_error();
+    auto type = get_string(local, "rope_type", *legacy);
+    if (!type) return type.take_error();
+    if (*type != "default") {
       return make_error(errc::unsupported, "config.json: a scaled rotary on the sliding layers is not supported");
     }
     if (local.contains("rope_theta")) j["rope_local_base_freq"] = local["rope_theta"];
@@ -288,7 +299,9 @@ result<model_config> parse_config_json(const std::string& text) {
   LLMESH_FIELD(c.n_heads, "num_attention_heads", true, 0)
   LLMESH_FIELD(c.n_kv_heads, "num_key_value_heads", false, c.n_heads)
   LLMESH_FIELD(c.vocab, "vocab_size", true, 0)
-  LLMESH_FIELD(c.max_positions, "max_position_embeddings", false, 2048)
+  // The config classes' defaults: Gemma 1/2 8192, Gemma 3 131072, the others 2048 (HF writes the key anyway).
+  LLMESH_FIELD(c.max_positions, "max_position_embeddings", false,
+               c.arch == architecture::gemma3 ? 131072 : (c.arch == architecture::gemma || c.arch == architecture::gemma2) ? 8192 : 2048)
   if (c.hidden == 0 || c.intermediate == 0 || c.n_layers == 0 || c.n_heads == 0 || c.vocab == 0) {
     return bad("hidden_size, intermediate_size, num_hidden_layers, num_attention_heads and vocab_size must be positive");
   }

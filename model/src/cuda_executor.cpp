@@ -605,6 +605,9 @@ result<std::unique_ptr<step_executor>> make_cuda_executor(std::shared_ptr<const 
 result<std::unique_ptr<step_executor>> make_cuda_executor_random(const model_config& cfg, kernels::dtype type,
                                                                  uint64_t seed, kv_cache_config kv, cuda_options opt) {
   if (!cuda_available()) return make_error(errc::invalid_request, "no CUDA device");
+  if (const char* family = cpu_only_family(cfg)) {
+    return make_error(errc::unsupported, std::string(family) + " run on the CPU backend only (use --device cpu)");
+  }
   LLMESH_TRY(cuda::use_device(opt.device));
   auto layout = make_shard_layout(cfg, 0, 1);
   if (!layout) return layout.take_error();

@@ -124,6 +124,33 @@ TEST(ParseGemmaConfig, Gemma3HasLocalRotaryAndQkNorm) {
   EXPECT_DOUBLE_EQ(c.rope_local->linear_factor, 1.0);
 }
 
+TEST(ParseGemmaConfig, MissingKeysTakeTheConfigClassesDefaults) {
+  auto j = gemma3_1b();
+  j.erase("rope_theta");
+  j.erase("sliding_window");
+  j.erase("max_position_embeddings");
+  auto c = parse_ok(j);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 1e6);
+  EXPECT_EQ(c.sliding_window, 4096u);
+  EXPECT_EQ(c.max_positions, 131072u);
+  j = gemma2_2b();
+  j.erase("sliding_window");
+  j.erase("max_position_embeddings");
+  c = parse_ok(j);
+  EXPECT_EQ(layer_window(c, 0), 4096u);
+  EXPECT_EQ(c.max_positions, 8192u);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 1e4);
+}
+
+TEST(ParseGemmaConfig, Gemma3SlidingLayersKeepTheirRotaryWithoutAWindow) {
+  auto j = gemma3_1b();  // HF picks the rotary by the layer's type, whatever the window
+  j["sliding_window"] = nullptr;
+  auto c = parse_ok(j);
+  EXPECT_EQ(layer_window(c, 0), 0u);
+  EXPECT_DOUBLE_EQ(layer_rope(c, 0).theta, 1e4);
+  EXPECT_DOUBLE_EQ(layer_rope(c, 5).theta, 1e6);
+}
+
 TEST(ParseGemmaConfig, LayerTypesOverrideThePattern) {
   auto j = gemma3_1b();
   j["num_hidden_layers"] = 3;
@@ -151,6 +178,12 @@ TEST(ParseGemmaConfig, TransformersV5RotaryPerLayerType) {
   EXPECT_DOUBLE_EQ(c.rope_local->theta, 1e4);
   j["rope_parameters"]["sliding_attention"]["rope_type"] = "linear";
   EXPECT_EQ(parse_err(j).code, errc::unsupported);
+  j["rope_parameters"]["sliding_attention"] = {{"type", "linear"}, {"factor", 2.0}};  // the legacy key
+  EXPECT_EQ(parse_err(j).code, errc::unsupported);
+  j["rope_parameters"]["sliding_attention"] = {{"rope_type", nullptr}, {"rope_theta", 5000.0}};
+  EXPECT_DOUBLE_EQ(parse_ok(j).rope_local->theta, 5000.0);
+  j["rope_parameters"]["sliding_attention"] = 3;
+  EXPECT_EQ(parse_err(j).code, errc::invalid_request);
 }
 
 TEST(ParseGemmaConfig, Refusals) {

@@ -188,6 +188,7 @@ def load_config(model_dir):
         sys.exit("error: Qwen3 use_sliding_window is not supported")
     cfg["window"] = window
     cfg["layer_windows"] = [window] * cfg["layers"]
+    cfg["layer_sliding"] = [False] * cfg["layers"]
     cfg["qk_norm"] = qwen3 or arch == "Gemma3ForCausalLM"   # per-head RMSNorm of q and k before RoPE
     cfg["gemma"], cfg["sandwich"] = gemma, arch in GEMMAS[1:]
     cfg["scale"] = 1.0 / math.sqrt(cfg["head_dim"])
@@ -206,10 +207,12 @@ def load_config(model_dir):
         else:      # HF Gemma3: is_sliding = bool((layer_idx + 1) % sliding_window_pattern)
             pattern = c.get("sliding_window_pattern", 6)
             sliding = [(i + 1) % pattern != 0 for i in range(n)]
-        w = c.get("sliding_window")
+        w = c.get("sliding_window", 4096)   # the config classes' default; null: none
         cfg["layer_windows"] = [w if (s_ and w) else None for s_ in sliding]
+        cfg["layer_sliding"] = sliding
         if not g2:
             cfg["local_theta"] = c.get("rope_local_base_freq", 10000.0)
+            cfg["theta"] = c.get("rope_theta") or 1000000.0   # Gemma3TextConfig's default
     cfg["experts"] = 0
     if moe_qwen:
         if c.get("decoder_sparse_step", 1) != 1 or c.get("mlp_only_layers"):
@@ -391,9 +394,9 @@ class Model:
             return emb.cos(), emb.sin()
         cos, sin = angles(self.inv_freq)
         local = angles(self.inv_freq_local) if self.inv_freq_local is not None else None
-        for L, window in zip(self.layers, cfg["layer_windows"]):
+        for L, window, sliding in zip(self.layers, cfg["layer_windows"], cfg["layer_sliding"]):
             x = rms_norm(h, L["ln1"], cfg["eps"], g)
-            c_, s_ = local if (local is not None and window is not None) else (cos, sin)
+            c_, s_ = local if (local is not None and sliding) else (cos, sin)   # HF: by the layer's type
             a = self.attention(x, L, c_, s_, window)
             h = h + (rms_norm(a, L["post_attn"], cfg["eps"], g) if L["post_attn"] is not None else a)
             x = rms_norm(h, L["ln2"], cfg["eps"], g)

@@ -45,9 +45,7 @@ inline float tanh_det(float x) {
 }
 
 /// Gemma 2's soft-capping: cap · tanh(x / cap) on each of n values, in place (cap > 0).
-inline void softcap_inplace(float* x, size_t n, float cap) {
-  for (size_t i = 0; i < n; ++i) x[i] = cap * tanh_det(x[i] / cap);
-}
+void softcap_inplace(float* x, size_t n, float cap);
 
 /// out[i] = x[i] / sqrt(mean(x²) + eps) * weight[i] for one row of n (HF LlamaRMSNorm order).
 /// out may alias x.
