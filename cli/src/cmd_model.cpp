@@ -47,7 +47,7 @@ void add_model(CLI::App& app, command_set& commands) {
   auto& s = f->spec;
   auto* sub = model_cmd->add_subcommand("random", "Write a deterministic random model (HF directory)");
   sub->add_option("--out", f->out, "Output directory")->required();
-  sub->add_option("--arch", s.arch, "llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | gemma | gemma2 | gemma3")
+  sub->add_option("--arch", s.arch, "llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | qwen2_moe | gemma | gemma2 | gemma3")
       ->capture_default_str();
   sub->add_option("--hidden", s.hidden, "hidden_size")->capture_default_str();
   sub->add_option("--intermediate", s.intermediate, "intermediate_size")->capture_default_str();
@@ -67,8 +67,9 @@ void add_model(CLI::App& app, command_set& commands) {
   sub->add_option("--final-softcap", s.final_softcap, "gemma2/gemma3 final_logit_softcapping (0 = none; default 30 / none)");
   sub->add_option("--query-pre-attn-scalar", s.query_pre_attn_scalar, "gemma2/gemma3 query_pre_attn_scalar (0: head dim)");
   sub->add_option("--sliding-pattern", s.sliding_pattern, "gemma3 sliding_window_pattern (0: 6)");
-  sub->add_option("--experts", s.n_experts, "qwen3_moe, mixtral: experts per layer (0: 8)");
-  sub->add_option("--experts-per-token", s.experts_per_token, "qwen3_moe, mixtral: experts each token runs (0: 2)");
+  sub->add_option("--experts", s.n_experts, "qwen3_moe, mixtral, qwen2_moe: experts per layer (0: 8)");
+  sub->add_option("--experts-per-token", s.experts_per_token, "qwen3_moe, mixtral, qwen2_moe: experts each token runs (0: 2)");
+  sub->add_option("--shared-intermediate", s.shared_intermediate, "qwen2_moe: the shared expert's size (0: 2 x intermediate)");
   sub->add_option("--rms-norm-eps", s.rms_norm_eps, "rms_norm_eps")->capture_default_str();
   sub->add_option("--seed", s.seed, "Seed of the weights")->capture_default_str();
   sub->add_option("--shards", s.shards, "Number of safetensors files")->capture_default_str();

@@ -117,11 +117,19 @@ status parse_rope(const json& j, model_config& c) {
   return ok_status();
 }
 
-/// The experts of Qwen3-MoE (num_experts, num_experts_per_tok, norm_topk_prob; every layer
-/// sparse) and Mixtral (num_local_experts, num_experts_per_tok; always renormalised).
+/// The experts of Qwen3-MoE and Qwen2-MoE (num_experts, num_experts_per_tok, norm_topk_prob;
+/// every layer sparse; Qwen2-MoE's shared expert, shared_expert_intermediate_size) and Mixtral
+/// (num_local_experts, num_experts_per_tok; always renormalised).
 status parse_moe(const json& j, model_config& c) {
-  if (c.arch != architecture::qwen3_moe && c.arch != architecture::mixtral) return ok_status();
-  const bool qwen = c.arch == architecture::qwen3_moe;
+  if (c.arch != architecture::qwen3_moe && c.arch != architecture::mixtral && c.arch != architecture::qwen2_moe) {
+    return ok_status();
+  }
+  const bool qwen = c.arch != architecture::mixtral;
+  if (c.arch == architecture::qwen2_moe) {  // Qwen2MoeConfig's default: 5632
+    auto shared = get_size(j, "shared_expert_intermediate_size", false, 5632);
+    if (!shared) return shared.take_error();
+    c.moe.shared_intermediate = *shared;
+  }
   auto experts = get_size(j, qwen ? "num_experts" : "num_local_experts", true);
   if (!experts) return experts.take_error();
   auto per_token = get_size(j, "num_experts_per_tok", true);
@@ -264,6 +272,8 @@ result<model_config> parse_config_json(const std::string& text) {
     c.arch = architecture::qwen3_moe;
   } else if (c.arch_name == "MixtralForCausalLM") {
     c.arch = architecture::mixtral;
+  } else if (c.arch_name == "Qwen2MoeForCausalLM") {
+    c.arch = architecture::qwen2_moe;
   } else if (c.arch_name == "GemmaForCausalLM") {
     c.arch = architecture::gemma;
   } else if (c.arch_name == "Gemma2ForCausalLM") {
@@ -276,7 +286,7 @@ result<model_config> parse_config_json(const std::string& text) {
   } else {
     return make_error(errc::unsupported, "config.json: unknown architecture '" + c.arch_name +
                                              "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                             "Qwen3ForCausalLM, Phi3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, "
+                                             "Qwen3ForCausalLM, Phi3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
                                              "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)");
   }
   const bool gemma = c.arch == architecture::gemma || c.arch == architecture::gemma2 || c.arch == architecture::gemma3;
@@ -293,8 +303,9 @@ result<model_config> parse_config_json(const std::string& text) {
     dst = *v;                                          \
   }
   LLMESH_FIELD(c.hidden, "hidden_size", true, 0)
-  // Qwen3-MoE's experts have moe_intermediate_size; every layer is MoE (checked below).
-  LLMESH_FIELD(c.intermediate, c.arch == architecture::qwen3_moe ? "moe_intermediate_size" : "intermediate_size", true, 0)
+  // Qwen3-MoE's and Qwen2-MoE's experts have moe_intermediate_size; every layer is MoE (checked below).
+  const bool qwen_moe = c.arch == architecture::qwen3_moe || c.arch == architecture::qwen2_moe;
+  LLMESH_FIELD(c.intermediate, qwen_moe ? "moe_intermediate_size" : "intermediate_size", true, 0)
   LLMESH_FIELD(c.n_layers, "num_hidden_layers", true, 0)
   LLMESH_FIELD(c.n_heads, "num_attention_heads", true, 0)
   LLMESH_FIELD(c.n_kv_heads, "num_key_value_heads", false, c.n_heads)
@@ -338,7 +349,7 @@ result<model_config> parse_config_json(const std::string& text) {
   bool attention_bias = *attention_bias_r;
   const bool qwen3_family = c.arch == architecture::qwen3 || c.arch == architecture::qwen3_moe;
   const bool biased = attention_bias && (c.arch == architecture::llama || qwen3_family || gemma);
-  c.qkv_bias = c.arch == architecture::qwen2 || biased;
+  c.qkv_bias = c.arch == architecture::qwen2 || c.arch == architecture::qwen2_moe || biased;
   c.o_bias = biased;
   c.qk_norm = qwen3_family || c.arch == architecture::gemma3;
   LLMESH_TRY(parse_moe(j, c));
@@ -352,7 +363,7 @@ result<model_config> parse_config_json(const std::string& text) {
     if (!partial) return partial.take_error();
     if (*partial != 1.0) return make_error(errc::unsupported, "config.json: partial_rotary_factor other than 1 is not supported");
   }
-  if ((c.arch == architecture::qwen2 || qwen3_family) && *use_window) {
+  if ((c.arch == architecture::qwen2 || c.arch == architecture::qwen2_moe || qwen3_family) && *use_window) {
     // HF applies Qwen's window only from layer max_window_layers on; released checkpoints
     // ship with it off. Refuse rather than compute something subtly different.
     return make_error(errc::unsupported, "config.json: " + c.arch_name + " use_sliding_window is not supported");

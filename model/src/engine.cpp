@@ -72,10 +72,12 @@ namespace {
 status check_quantized_layout(const model& m, const shard_layout& l) {
   if (m.quant() == quantization::none) return ok_status();
   const size_t head_dim = m.config().head_dim;
-  if ((l.q_head0 * head_dim) % kernels::q8_block != 0 || l.inter0 % kernels::q8_block != 0) {
+  if ((l.q_head0 * head_dim) % kernels::q8_block != 0 || l.inter0 % kernels::q8_block != 0 ||
+      l.shared0 % kernels::q8_block != 0) {
     return make_error(errc::invalid_request,
                       "--quantization int8 with --tp " + std::to_string(l.tp) +
-                          " needs each rank's share of the attention width and of intermediate_size to be a multiple of " +
+                          " needs each rank's share of the attention width and of intermediate_size (and of "
+                          "shared_expert_intermediate_size) to be a multiple of " +
                           std::to_string(kernels::q8_block));
   }
   return ok_status();

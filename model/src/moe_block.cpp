@@ -6,7 +6,9 @@
 // another) → each token's rows weighted and summed in its experts' order → all-reduce →
 // residual, in chunks of tokens (bounded scratch). Batch-invariant: a row's matmul does not
 // depend on the rows beside it, and a token's sum runs in an order of its own. The router's
-// logits are float32 (HF's are the model dtype's), its softmax double.
+// logits are float32 (HF's are the model dtype's), its softmax double. Qwen2-MoE's shared
+// expert (Qwen2MoeSparseMoeBlock) runs this rank's slice on every token in the same parallel
+// regions; sigmoid(shared_expert_gate · x) scales it, added after the routed experts' sum.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -114,10 +116,27 @@ status shard_executor::moe_chunk(size_t layer, size_t t0, size_t n_tokens) {
     down.push_back(job(&expert_gate_[r0 * ni], ni, x.down, cols_from(x.down, i0), &expert_y_[r0 * hidden], hidden, m,
                        hidden, ni, nullptr));
   }
+  const size_t ns = layout_.n_shared, s0 = layout_.shared0;
+  const bool shared = ns > 0;
+  if (shared) {  // every token, this rank's slice; the gate's logit whole on every rank
+    const auto& x = lw.shared;
+    shared_gate_.resize(n_tokens * ns);
+    shared_up_.resize(n_tokens * ns);
+    shared_y_.resize(n_tokens * hidden);
+    shared_scale_.resize(n_tokens);
+    gate_up.push_back(job(xn, hidden, x.gate, rows_from(x.gate, s0), shared_gate_.data(), ns, n_tokens, ns, hidden, nullptr));
+    gate_up.push_back(job(xn, hidden, x.up, rows_from(x.up, s0), shared_up_.data(), ns, n_tokens, ns, hidden, nullptr));
+    gate_up.push_back(job(xn, hidden, lw.shared_gate, lw.shared_gate.data, shared_scale_.data(), 1, n_tokens, 1, hidden, nullptr));
+    down.push_back(job(shared_gate_.data(), ns, x.down, cols_from(x.down, s0), shared_y_.data(), hidden, n_tokens, hidden, ns,
+                       nullptr));
+  }
   LLMESH_TRY(kernels::matmul(gate_up, *pool_));
   pool_->run([&](int th, int n_threads) {
     auto [b, e] = kernels::thread_pool::split(rows * ni, th, n_threads);
     kernels::swiglu(expert_gate_.data() + b, expert_up_.data() + b, expert_gate_.data() + b, e - b);
+    if (!shared) return;
+    auto [sb, se] = kernels::thread_pool::split(n_tokens * ns, th, n_threads);
+    kernels::swiglu(shared_gate_.data() + sb, shared_up_.data() + sb, shared_gate_.data() + sb, se - sb);
   });
   LLMESH_TRY(kernels::matmul(down, *pool_));
 
@@ -130,6 +149,11 @@ status shard_executor::moe_chunk(size_t layer, size_t t0, size_t n_tokens) {
       for (size_t s = 0; s < k; ++s) {
         const float w = weight_[t * k + s];
         const float* y = &expert_y_[row_of_[t * k + s] * hidden];
+        for (size_t h = 0; h < hidden; ++h) out[h] += w * y[h];
+      }
+      if (shared) {  // + sigmoid(gate · x) · shared(x); linear in the rank's partial output
+        const float w = 1.0f / (1.0f + kernels::exp_det(-shared_scale_[t]));
+        const float* y = &shared_y_[t * hidden];
         for (size_t h = 0; h < hidden; ++h) out[h] += w * y[h];
       }
     }

@@ -120,11 +120,12 @@ result<std::string> config_architecture_name(const std::string& arch) {
   if (arch == "phi3") return std::string("Phi3ForCausalLM");
   if (arch == "qwen3_moe") return std::string("Qwen3MoeForCausalLM");
   if (arch == "mixtral") return std::string("MixtralForCausalLM");
+  if (arch == "qwen2_moe") return std::string("Qwen2MoeForCausalLM");
   if (arch == "gemma") return std::string("GemmaForCausalLM");
   if (arch == "gemma2") return std::string("Gemma2ForCausalLM");
   if (arch == "gemma3") return std::string("Gemma3ForCausalLM");
   return make_error(errc::invalid_request, "unknown --arch '" + arch +
-                                               "' (llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, gemma, gemma2, gemma3)");
+                                               "' (llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, qwen2_moe, gemma, gemma2, gemma3)");
 }
 
 status write_random_model(const random_model_spec& s, const std::string& dir) {
@@ -156,14 +157,15 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     }
   }
 
-  const bool qwen = s.arch == "qwen2" || s.arch == "qwen3" || s.arch == "qwen3_moe";
+  const bool qwen = s.arch == "qwen2" || s.arch == "qwen3" || s.arch == "qwen3_moe" || s.arch == "qwen2_moe";
   const bool gemma = s.arch == "gemma" || s.arch == "gemma2" || s.arch == "gemma3";
   const bool sandwich = s.arch == "gemma2" || s.arch == "gemma3";  // Gemma 2/3's four norms per layer
   const bool biased = (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma) && s.attention_bias;
-  const bool qkv_bias = s.arch == "qwen2" || biased;
+  const bool qkv_bias = s.arch == "qwen2" || s.arch == "qwen2_moe" || biased;
   const bool o_bias = biased;
   const bool qk_norm = s.arch == "qwen3" || s.arch == "qwen3_moe" || s.arch == "gemma3";
-  const bool moe = s.arch == "qwen3_moe" || s.arch == "mixtral";
+  const bool moe = s.arch == "qwen3_moe" || s.arch == "mixtral" || s.arch == "qwen2_moe";
+  const size_t shared_inter = s.arch != "qwen2_moe" ? 0 : s.shared_intermediate ? s.shared_intermediate : 2 * s.intermediate;
   const size_t n_experts = s.n_experts ? s.n_experts : 8, per_token = s.experts_per_token ? s.experts_per_token : 2;
   if (moe && (per_token > n_experts || n_experts > 1024)) {
     return make_error(errc::invalid_request, "--experts-per-token must be at most --experts (at most 1024)");
@@ -205,12 +207,13 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   }
   if (s.arch == "mistral" || fused) cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
   if (qwen) cfg["use_sliding_window"] = false;
-  if (s.arch == "qwen3_moe") {  // every layer sparse; intermediate_size is a dense MLP's, unused
+  if (s.arch == "qwen3_moe" || s.arch == "qwen2_moe") {  // every layer sparse; intermediate_size is a dense MLP's, unused
     cfg["num_experts"] = n_experts;
     cfg["num_experts_per_tok"] = per_token;
     cfg["moe_intermediate_size"] = s.intermediate;
     cfg["intermediate_size"] = 3 * s.intermediate;
-    cfg["norm_topk_prob"] = true;
+    cfg["norm_topk_prob"] = s.arch == "qwen3_moe";  // Qwen1.5-MoE's and Qwen2-57B-A14B's: false
+    if (shared_inter) cfg["shared_expert_intermediate_size"] = shared_inter;
     cfg["decoder_sparse_step"] = 1;
     cfg["mlp_only_layers"] = json::array();
   } else if (s.arch == "mixtral") {
@@ -269,6 +272,13 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
       const std::string m = p + (s.arch == "mixtral" ? "block_sparse_moe." : "mlp.");
       const bool mixtral = s.arch == "mixtral";
       add(f, m + "gate.weight", {n_experts, s.hidden}, 0.0f, 4.0f * in_h);  // a router with clear favourites
+      if (shared_inter) {
+        add(f, m + "shared_expert.gate_proj.weight", {shared_inter, s.hidden}, 0.0f, in_h);
+        add(f, m + "shared_expert.up_proj.weight", {shared_inter, s.hidden}, 0.0f, in_h);
+        add(f, m + "shared_expert.down_proj.weight", {s.hidden, shared_inter}, 0.0f,
+            std::sqrt(3.0f / static_cast<float>(shared_inter)));
+        add(f, m + "shared_expert_gate.weight", {1, s.hidden}, 0.0f, 2.0f * in_h);
+      }
       for (size_t e = 0; e < n_experts; ++e) {
         const std::string x = m + "experts." + std::to_string(e) + ".";
         add(f, x + (mixtral ? "w1.weight" : "gate_proj.weight"), {s.intermediate, s.hidden}, 0.0f, in_h);

@@ -13,6 +13,7 @@ result<shard_layout> make_shard_layout(const model_config& c, int rank, int tp) 
   };
   if (c.n_heads % n != 0) return cannot("num_attention_heads", c.n_heads);
   if (c.intermediate % n != 0) return cannot("intermediate_size", c.intermediate);
+  if (c.moe.shared_intermediate % n != 0) return cannot("shared_expert_intermediate_size", c.moe.shared_intermediate);
   if (c.n_kv_heads >= n ? c.n_kv_heads % n != 0 : n % c.n_kv_heads != 0) {
     return cannot("num_key_value_heads", c.n_kv_heads);
   }
@@ -30,6 +31,8 @@ result<shard_layout> make_shard_layout(const model_config& c, int rank, int tp) 
   }
   l.n_inter = c.intermediate / n;
   l.inter0 = r * l.n_inter;
+  l.n_shared = c.moe.shared_intermediate / n;
+  l.shared0 = r * l.n_shared;
   size_t per = (c.vocab + n - 1) / n;
   l.vocab0 = std::min(c.vocab, r * per);
   l.n_vocab = std::min(c.vocab, l.vocab0 + per) - l.vocab0;

@@ -163,7 +163,7 @@ status model::bind_weights() {
 status model::bind_experts(size_t layer) {
   const auto& c = config_;
   auto& l = weights_.layers[layer];
-  const bool qwen = c.arch == architecture::qwen3_moe;
+  const bool qwen = c.arch != architecture::mixtral;
   const std::string p = "model.layers." + std::to_string(layer) + (qwen ? ".mlp." : ".block_sparse_moe.");
   auto r = matrix(store_, p + "gate.weight", c.moe.n_experts, c.hidden);
   if (!r) return r.take_error();
@@ -178,6 +178,19 @@ status model::bind_experts(size_t layer) {
     auto down = matrix(store_, x + (qwen ? "down_proj.weight" : "w2.weight"), c.hidden, c.intermediate);
     if (!down) return down.take_error();
     l.experts[e] = {*gate, *up, *down};
+  }
+  if (c.moe.shared_intermediate > 0) {  // Qwen2-MoE
+    const size_t si = c.moe.shared_intermediate;
+    auto gate = matrix(store_, p + "shared_expert.gate_proj.weight", si, c.hidden);
+    if (!gate) return gate.take_error();
+    auto up = matrix(store_, p + "shared_expert.up_proj.weight", si, c.hidden);
+    if (!up) return up.take_error();
+    auto down = matrix(store_, p + "shared_expert.down_proj.weight", c.hidden, si);
+    if (!down) return down.take_error();
+    auto scale = matrix(store_, p + "shared_expert_gate.weight", 1, c.hidden);
+    if (!scale) return scale.take_error();
+    l.shared = {*gate, *up, *down};
+    l.shared_gate = *scale;
   }
   return ok_status();
 }
@@ -198,9 +211,10 @@ status model::quantize(quantization q) {
                         {&l.gate, "gate_proj"}, {&l.up, "up_proj"}, {&l.down, "down_proj"}}) {
       if (w->rows > 0) targets.push_back({w, p + n});  // an MoE layer has no dense MLP
     }
-    for (size_t e = 0; e < l.experts.size(); ++e) {  // the router stays as loaded (small)
-      auto& x = l.experts[e];
-      const std::string ep = p + "expert " + std::to_string(e) + " ";
+    for (size_t e = 0; e <= l.experts.size(); ++e) {  // the router and the shared gate stay as loaded (small)
+      auto& x = e < l.experts.size() ? l.experts[e] : l.shared;
+      if (x.gate.rows == 0) continue;  // no shared expert
+      const std::string ep = p + (e < l.experts.size() ? "expert " + std::to_string(e) : std::string("shared expert")) + " ";
       for (auto [w, n] : {std::pair{&x.gate, "gate"}, {&x.up, "up"}, {&x.down, "down"}}) targets.push_back({w, ep + n});
     }
   }
@@ -277,7 +291,7 @@ size_t model::weight_bytes() const {
   size_t total = weights_.embed.bytes() + (config_.tie_embeddings ? 0 : weights_.lm_head.bytes());
   for (const auto& l : weights_.layers) {
     total += l.q.bytes() + l.k.bytes() + l.v.bytes() + l.o.bytes() + l.gate.bytes() + l.up.bytes() + l.down.bytes();
-    total += l.router.bytes();
+    total += l.router.bytes() + l.shared_gate.bytes() + l.shared.gate.bytes() + l.shared.up.bytes() + l.shared.down.bytes();
     for (const auto& x : l.experts) total += x.gate.bytes() + x.up.bytes() + x.down.bytes();
   }
   return total;
@@ -292,6 +306,7 @@ size_t model::decode_weight_bytes() const {
     if (!l.experts.empty()) {
       const auto& x = l.experts.front();
       total += l.router.bytes() + config_.moe.experts_per_token * (x.gate.bytes() + x.up.bytes() + x.down.bytes());
+      total += l.shared_gate.bytes() + l.shared.gate.bytes() + l.shared.up.bytes() + l.shared.down.bytes();
     }
   }
   return total;
@@ -309,6 +324,7 @@ size_t model::decode_params() const {
     if (!l.experts.empty()) {
       const auto& x = l.experts.front();
       total += n(l.router) + config_.moe.experts_per_token * (n(x.gate) + n(x.up) + n(x.down));
+      total += n(l.shared_gate) + n(l.shared.gate) + n(l.shared.up) + n(l.shared.down);
     }
   }
   return total;

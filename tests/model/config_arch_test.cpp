@@ -1,12 +1,14 @@
 // config.json parsing of the architectures after Llama, Mistral and Qwen2: Qwen3 (per-head q/k
 // norms, head_dim 128 by default), Phi-3 (fused projections, sliding window, refused rope
-// variants), mixtures of experts (Qwen3-MoE, Mixtral), and transformers v5's rope_parameters.
+// variants), mixtures of experts (Qwen3-MoE, Mixtral, Qwen2-MoE's shared expert), and
+// transformers v5's rope_parameters.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "config_fixture.hpp"
 #include "llmesh/model/config.hpp"
+#include "llmesh/model/shard_executor.hpp"
 
 namespace llmesh::model {
 namespace {
@@ -155,6 +157,47 @@ TEST(ParseConfig, MixturesOfExperts) {
   EXPECT_TRUE(c.moe.norm_topk_prob);
   EXPECT_FALSE(c.qk_norm);
   EXPECT_EQ(parse_ok(minimal_llama()).moe.n_experts, 0u);
+}
+
+TEST(ParseConfig, Qwen2MoeHasASharedExpert) {
+  // Qwen/Qwen1.5-MoE-A2.7B's config.json (abridged).
+  auto j = json::parse(R"({"architectures": ["Qwen2MoeForCausalLM"], "decoder_sparse_step": 1, "hidden_act": "silu",
+    "hidden_size": 2048, "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21,
+    "model_type": "qwen2_moe", "moe_intermediate_size": 1408, "norm_topk_prob": false, "num_attention_heads": 16,
+    "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 16,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "shared_expert_intermediate_size": 5632, "sliding_window": 32768,
+    "tie_word_embeddings": false, "use_sliding_window": false, "vocab_size": 151936})");
+  auto c = parse_ok(j);
+  EXPECT_EQ(c.arch, architecture::qwen2_moe);
+  EXPECT_EQ(c.intermediate, 1408u);  // each expert's
+  EXPECT_EQ(c.moe.n_experts, 60u);
+  EXPECT_EQ(c.moe.experts_per_token, 4u);
+  EXPECT_FALSE(c.moe.norm_topk_prob);
+  EXPECT_EQ(c.moe.shared_intermediate, 5632u);
+  EXPECT_TRUE(c.qkv_bias);  // Qwen2's attention
+  EXPECT_FALSE(c.o_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.sliding_window, 0u);
+  EXPECT_NE(cpu_only_family(c), nullptr);
+  j.erase("shared_expert_intermediate_size");  // Qwen2MoeConfig's default
+  EXPECT_EQ(parse_ok(j).moe.shared_intermediate, 5632u);
+  j["mlp_only_layers"] = {0};
+  EXPECT_EQ(parse_err(j).code, errc::unsupported);
+  j.erase("mlp_only_layers");
+  j["use_sliding_window"] = true;
+  EXPECT_EQ(parse_err(j).code, errc::unsupported);
+  // Shards: the shared expert splits like the experts, and must split evenly.
+  j["use_sliding_window"] = false;
+  j["shared_expert_intermediate_size"] = 5633;
+  c = parse_ok(j);
+  auto l = make_shard_layout(c, 1, 2);
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.err().message.find("shared_expert_intermediate_size"), std::string::npos);
+  c.moe.shared_intermediate = 5632;
+  l = make_shard_layout(c, 1, 2);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->shared0, 2816u);
+  EXPECT_EQ(l->n_shared, 2816u);
 }
 
 TEST(ParseConfig, OnlyQwen3HasQkNorm) {

@@ -62,6 +62,14 @@ random_model_spec moe_spec() {
   return s;
 }
 
+/// Qwen2-MoE: routed experts without renormalisation, plus the shared expert every token runs.
+random_model_spec shared_moe_spec() {
+  random_model_spec s = moe_spec();
+  s.arch = "qwen2_moe";
+  s.shared_intermediate = 96;
+  return s;
+}
+
 /// Gemma 3 with everything Gemma adds: sliding and global layers (window 5, every second layer
 /// global) with their own rotary, q/k norms, the sandwich norms, both soft-caps.
 random_model_spec gemma_spec() {
@@ -116,7 +124,7 @@ std::vector<std::vector<float>> run_alone(engine& e, const std::vector<int32_t>&
 }
 
 TEST(Engine, ChunkedPrefillAndTokenByTokenGiveIdenticalBits) {
-  for (const auto& spec : {small_spec(), moe_spec(), gemma_spec()}) {
+  for (const auto& spec : {small_spec(), moe_spec(), shared_moe_spec(), gemma_spec()}) {
   SCOPED_TRACE(spec.arch);
   temp_model tm(spec);
   auto e = make_engine(tm.get(), 1);
@@ -147,7 +155,7 @@ TEST(Engine, AnMoEPromptLongerThanOneRoutingChunkGivesTheSameBits) {
 }
 
 TEST(Engine, SequenceLogitsDoNotDependOnBatchNeighbours) {
-  for (const auto& spec : {small_spec(), moe_spec(), gemma_spec()}) {
+  for (const auto& spec : {small_spec(), moe_spec(), shared_moe_spec(), gemma_spec()}) {
   temp_model tm(spec);
   for (int tp : {1, 2}) {
     SCOPED_TRACE(spec.arch + " tp " + std::to_string(tp));

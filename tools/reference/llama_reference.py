@@ -9,7 +9,7 @@ not silently mirrored in the other.
 Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
 Phi3ForCausalLM (fused qkv_proj and gate_up_proj, split here), Qwen3MoeForCausalLM and
 MixtralForCausalLM (every layer's MLP a mixture of experts: softmax router, top-k,
-renormalised), GemmaForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM (norms times
+renormalised; Qwen2MoeForCausalLM adds a shared expert scaled by a sigmoid gate), GemmaForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM (norms times
 1 + weight, the embedding times sqrt(hidden) in the weights' dtype, tanh-GELU GeGLU; Gemma 2/3
 also normalise each block's output, soft-cap scores and logits, alternate sliding and global
 layers, and Gemma 3 gives its sliding layers their own rotary base), with
@@ -49,7 +49,7 @@ except ImportError as e:
 
 GEMMAS = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                   "Phi3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM") + GEMMAS
+                   "Phi3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM") + GEMMAS
 
 
 # ---------------------------------------------------------------- safetensors
@@ -152,7 +152,7 @@ def load_config(model_dir):
             sys.exit(f"error: hidden_activation {c.get('hidden_activation')} is not gelu_pytorch_tanh")
     elif c.get("hidden_act", "silu") != "silu":
         sys.exit(f"error: hidden_act {c.get('hidden_act')} is not silu")
-    moe_qwen = arch == "Qwen3MoeForCausalLM"
+    moe_qwen = arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
     cfg = {
         "arch": arch,
         "hidden": c["hidden_size"],
@@ -171,7 +171,7 @@ def load_config(model_dir):
     cfg["head_dim"] = c.get("head_dim") or (128 if qwen3 else 256 if gemma else cfg["hidden"] // cfg["heads"])
     if cfg["heads"] % cfg["kv_heads"] != 0:
         sys.exit("error: num_attention_heads not a multiple of num_key_value_heads")
-    if arch == "Qwen2ForCausalLM":
+    if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
         cfg["qkv_bias"], cfg["o_bias"] = True, False
     elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM") + GEMMAS:
         cfg["qkv_bias"] = cfg["o_bias"] = bool(c.get("attention_bias", False))
@@ -219,6 +219,8 @@ def load_config(model_dir):
             sys.exit("error: dense layers among MoE ones are not supported")
         cfg["experts"], cfg["top_k"] = c["num_experts"], c["num_experts_per_tok"]
         cfg["norm_topk"] = bool(c.get("norm_topk_prob", False))
+        if arch == "Qwen2MoeForCausalLM":   # HF: shared_expert, shared_expert_gate
+            cfg["shared_inter"] = c.get("shared_expert_intermediate_size", 5632)
     elif arch == "MixtralForCausalLM":
         cfg["experts"], cfg["top_k"], cfg["norm_topk"] = c["num_local_experts"], c["num_experts_per_tok"], True
     return cfg
@@ -299,6 +301,12 @@ class Model:
                      W.get(m + f"experts.{e}.{names[1]}.weight", [I, H]),
                      W.get(m + f"experts.{e}.{names[2]}.weight", [H, I]))
                     for e in range(cfg["experts"])]
+                if cfg.get("shared_inter"):
+                    si = cfg["shared_inter"]
+                    L["shared"] = (W.get(m + "shared_expert.gate_proj.weight", [si, H]),
+                                   W.get(m + "shared_expert.up_proj.weight", [si, H]),
+                                   W.get(m + "shared_expert.down_proj.weight", [H, si]))
+                    L["shared_gate"] = W.get(m + "shared_expert_gate.weight", [1, H])
             else:
                 L["down"] = W.get(p + "mlp.down_proj.weight", [H, I])
             if cfg["fused"]:  # Phi-3: rows q | k | v, and gate | up (HF's split and chunk(2))
@@ -325,8 +333,10 @@ class Model:
                 for n in ("q", "k", "v", "o", "gate", "up", "down"):
                     if n in L:
                         L[n] = quantize_int8(L[n])
-                if "experts" in L:   # the router stays as loaded
+                if "experts" in L:   # the router (and a shared expert's gate) stays as loaded
                     L["experts"] = [tuple(quantize_int8(w) for w in x) for x in L["experts"]]
+                if "shared" in L:
+                    L["shared"] = tuple(quantize_int8(w) for w in L["shared"])
             self.lm_head = quantize_int8(self.lm_head)
         self.inv_freq = rope_inv_freq(cfg)
         self.inv_freq_local = None
@@ -347,6 +357,10 @@ class Model:
                 gate, up, down = L["experts"][e]
                 y = (torch.nn.functional.silu(x[t] @ gate.T) * (x[t] @ up.T)) @ down.T
                 out[t] += w * y
+        if "shared" in L:   # Qwen2-MoE: + sigmoid(shared_expert_gate(x)) * shared_expert(x)
+            gate, up, down = L["shared"]
+            y = (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
+            out = out + torch.sigmoid(x @ L["shared_gate"].T) * y
         return out
 
     @staticmethod

@@ -12,7 +12,7 @@
 namespace llmesh::model {
 
 /// Supported architectures (DESIGN.md §Models).
-enum class architecture { llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, gemma, gemma2, gemma3 };
+enum class architecture { llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, gemma, gemma2, gemma3, qwen2_moe };
 
 /// Everything the forward pass needs to know about a model's shape.
 struct model_config {
@@ -33,13 +33,16 @@ struct model_config {
   /// Phi-3: q, k and v are one tensor (self_attn.qkv_proj, their rows in that order), gate and
   /// up another (mlp.gate_up_proj, gate's rows first); the loader views each part.
   bool fused_projections = false;
-  /// Mixture of experts (Qwen3-MoE, Mixtral): every layer's MLP is n_experts SwiGLU experts of
-  /// `intermediate` each; a router (a linear layer) scores them per token, softmax, the
-  /// experts_per_token best run, their outputs weighted by those probabilities (renormalised
-  /// over the chosen when norm_topk_prob) and summed. n_experts 0: a dense MLP.
+  /// Mixture of experts (Qwen3-MoE, Mixtral, Qwen2-MoE): every layer's MLP is n_experts SwiGLU
+  /// experts of `intermediate` each; a router (a linear layer) scores them per token, softmax,
+  /// the experts_per_token best run, their outputs weighted by those probabilities
+  /// (renormalised over the chosen when norm_topk_prob) and summed. n_experts 0: a dense MLP.
+  /// Qwen2-MoE adds a shared expert every token runs (SwiGLU of shared_intermediate), its output
+  /// scaled by sigmoid(shared_expert_gate · x); shared_intermediate 0: none.
   struct moe_config {
     size_t n_experts = 0, experts_per_token = 0;
     bool norm_topk_prob = true;
+    size_t shared_intermediate = 0;
   } moe;
   size_t sliding_window = 0;   ///< 0: none (Mistral's and Phi-3's sliding_window)
   /// Gemma 2 and 3: which layers use sliding_window (config.json's layer_types, else Gemma 2's

@@ -15,12 +15,13 @@
 namespace llmesh::model {
 
 struct random_model_spec {
-  std::string arch = "llama";  ///< llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | gemma | gemma2 | gemma3
+  std::string arch = "llama";  ///< llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | qwen2_moe | gemma | gemma2 | gemma3
   size_t hidden = 64, intermediate = 160, n_layers = 2;
   size_t n_heads = 4, n_kv_heads = 2, head_dim = 0;  ///< head_dim 0: hidden / n_heads (omitted from config)
   size_t vocab = 517;                                ///< at least 258: 256 byte tokens + BOS + EOS
-  /// qwen3_moe, mixtral: experts per layer and per token (0: 8 and 2); intermediate is each expert's.
-  size_t n_experts = 0, experts_per_token = 0;
+  /// qwen3_moe, mixtral, qwen2_moe: experts per layer and per token (0: 8 and 2); intermediate is
+  /// each expert's. qwen2_moe: the shared expert's intermediate size (0: 2 × intermediate).
+  size_t n_experts = 0, experts_per_token = 0, shared_intermediate = 0;
   size_t max_positions = 2048;
   kernels::dtype dtype = kernels::dtype::f32;
   bool tie_embeddings = false;
@@ -56,7 +57,7 @@ struct tensor_spec {
 [[nodiscard]] status write_safetensors(const std::string& path, const std::vector<tensor_spec>& tensors);
 
 /// Parses an architecture name for `model random` ("llama", "mistral", "qwen2", "qwen3", "phi3",
-/// "qwen3_moe", "mixtral", "gemma", "gemma2", "gemma3").
+/// "qwen3_moe", "mixtral", "qwen2_moe", "gemma", "gemma2", "gemma3").
 [[nodiscard]] result<std::string> config_architecture_name(const std::string& arch);
 
 }  // namespace llmesh::model

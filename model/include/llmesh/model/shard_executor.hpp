@@ -25,6 +25,7 @@ struct shard_layout {
   size_t q_head0 = 0, n_heads = 0;
   size_t kv_head0 = 0, n_kv_heads = 0;
   size_t inter0 = 0, n_inter = 0;
+  size_t shared0 = 0, n_shared = 0;  ///< Qwen2-MoE's shared expert's intermediate slice
   size_t vocab0 = 0, n_vocab = 0;  ///< LM head rows; the last rank takes the remainder
 };
 
@@ -172,6 +173,7 @@ class shard_executor final : public step_executor {
   std::vector<float> sample_logits_, score_logits_;
   std::vector<float> h_, xn_, q_, k_, v_, attn_, proj_, gate_, up_, cos_, sin_, cos_local_, sin_local_;
   std::vector<float> router_, expert_x_, expert_gate_, expert_up_, expert_y_;  ///< MoE layers' (moe_block.cpp)
+  std::vector<float> shared_gate_, shared_up_, shared_y_, shared_scale_;         ///< Qwen2-MoE's shared expert's
   std::vector<uint32_t> chosen_;  ///< per (token, slot): its expert
   std::vector<float> weight_;     ///< per (token, slot): its expert's weight
   std::vector<size_t> row_of_;    ///< per (token, slot): its row among the chunk's expert rows

@@ -58,6 +58,9 @@ struct layer_weights {
   };
   weight_matrix router;
   std::vector<expert> experts;
+  /// Qwen2-MoE: the shared expert every token runs, and its gate [1, hidden] (a sigmoid scale).
+  expert shared;
+  weight_matrix shared_gate;
 };
 
 struct model_weights {
