@@ -352,8 +352,8 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   }
   LLMESH_READ(tools, r.string(f, "tool_call_parser", false));
   if (tools) {
-    if (*tools != "hermes" && *tools != "llama3_json" && *tools != "mistral")
-      return r.fail("'tool_call_parser' must be hermes, llama3_json or mistral, got " + shown(*tools));
+    if (*tools != "hermes" && *tools != "llama3_json" && *tools != "mistral" && *tools != "pythonic")
+      return r.fail("'tool_call_parser' must be hermes, llama3_json, mistral or pythonic, got " + shown(*tools));
     out.tool_call_parser = *tools;
   }
   return out;

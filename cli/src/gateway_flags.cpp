@@ -24,8 +24,8 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
                   "Split chat output's <think> block into reasoning_content: none | deepseek_r1 | qwen3")
       ->check(CLI::IsMember({"none", "deepseek_r1", "qwen3"}))->capture_default_str();
   sub->add_option("--tool-call-parser", f.tool_call_parser,
-                  "The format tool_choice \"auto\" takes calls from: hermes (<tool_call> blocks) | llama3_json | mistral")
-      ->check(CLI::IsMember({"hermes", "llama3_json", "mistral"}))->capture_default_str();
+                  "The format tool_choice \"auto\" takes calls from: hermes (<tool_call> blocks) | llama3_json | mistral | pythonic")
+      ->check(CLI::IsMember({"hermes", "llama3_json", "mistral", "pythonic"}))->capture_default_str();
 }
 
 void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gateway::http_options& http) {

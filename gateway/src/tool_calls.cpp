@@ -70,6 +70,30 @@ bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; 
 /// Whether llama3_json takes this output for calls: it begins with "{" or the python tag.
 bool llama3_calls_start(std::string_view text) { return text.starts_with('{') || text.starts_with(python_tag); }
 
+/// The parsers that take the output whole as calls, or not at all.
+bool whole_output(tool_call_parser p) { return p == tool_call_parser::llama3_json || p == tool_call_parser::pythonic; }
+
+bool whole_calls_start(tool_call_parser p, std::string_view text) {
+  return p == tool_call_parser::pythonic ? pythonic_calls_start(text) : llama3_calls_start(text);
+}
+
+result<std::vector<tool_call_delta>> parse_whole(tool_call_parser p, std::string_view text) {
+  return p == tool_call_parser::pythonic ? parse_pythonic_calls(text) : parse_llama3_json_calls(text);
+}
+
+/// Whether the output's text so far cannot tell yet: llama3_json — a piece of the python tag;
+/// pythonic — only whitespace, or whitespace and a piece of <|python_start|>.
+bool undecided(tool_call_parser p, std::string_view held) {
+  if (p == tool_call_parser::pythonic) {
+    const size_t first = held.find_first_not_of(" \t\n\r");
+    if (first == std::string_view::npos) return true;
+    held.remove_prefix(first);
+    constexpr std::string_view start = "<|python_start|>";
+    return held.size() < start.size() && start.starts_with(held);
+  }
+  return !held.empty() && held.size() < python_tag.size() && python_tag.starts_with(held);
+}
+
 
 }  // namespace
 
@@ -77,6 +101,7 @@ std::string_view tool_call_parser_name(tool_call_parser p) {
   switch (p) {
     case tool_call_parser::llama3_json: return "llama3_json";
     case tool_call_parser::mistral: return "mistral";
+    case tool_call_parser::pythonic: return "pythonic";
     default: return "hermes";
   }
 }
@@ -85,7 +110,9 @@ result<tool_call_parser> parse_tool_call_parser(std::string_view s) {
   if (s == "hermes") return tool_call_parser::hermes;
   if (s == "llama3_json") return tool_call_parser::llama3_json;
   if (s == "mistral") return tool_call_parser::mistral;
-  return make_error(errc::invalid_request, "unknown tool-call parser '" + std::string(s) + "' (hermes, llama3_json, mistral)");
+  if (s == "pythonic") return tool_call_parser::pythonic;
+  return make_error(errc::invalid_request,
+                    "unknown tool-call parser '" + std::string(s) + "' (hermes, llama3_json, mistral, pythonic)");
 }
 
 result<std::vector<int32_t>> tool_parser_kept_tokens(const model::tokenizer& tok, tool_call_parser p,
@@ -241,9 +268,9 @@ result<std::vector<tool_call_delta>> parse_llama3_json_calls(std::string_view te
 }
 
 void shape_tool_calls(const tool_output& t, choice_delta& c) {
-  if (t.mode == tool_choice_mode::automatic && t.parser == tool_call_parser::llama3_json) {
-    if (!llama3_calls_start(c.text)) return;
-    auto calls = parse_llama3_json_calls(c.text);
+  if (t.mode == tool_choice_mode::automatic && whole_output(t.parser)) {
+    if (!whole_calls_start(t.parser, c.text)) return;
+    auto calls = parse_whole(t.parser, c.text);
     if (!calls) return;  // not calls after all: all of it is content
     c.tool_calls = std::move(*calls);
     c.text.clear();
@@ -306,7 +333,7 @@ std::vector<choice_delta> tool_call_stream::shape(choice_delta c) {
     return out;
   }
   if (t_.mode == tool_choice_mode::automatic) {
-    return t_.parser == tool_call_parser::llama3_json ? shape_llama3_json(std::move(c)) : shape_automatic(std::move(c));
+    return whole_output(t_.parser) ? shape_whole_output(std::move(c)) : shape_automatic(std::move(c));
   }
   if (t_.mode == tool_choice_mode::required) {
     held_ += c.text;
@@ -328,15 +355,15 @@ std::vector<choice_delta> tool_call_stream::shape(choice_delta c) {
   return out;
 }
 
-std::vector<choice_delta> tool_call_stream::shape_llama3_json(choice_delta c) {
+std::vector<choice_delta> tool_call_stream::shape_whole_output(choice_delta c) {
   if (!decided_) {
     held_ += c.text;
     c.text.clear();
-    // The first text tells: calls begin with "{" or the python tag; a piece of the tag waits.
-    const bool tag_piece = !held_.empty() && held_.size() < python_tag.size() && python_tag.starts_with(held_);
-    if (!held_.empty() && (!tag_piece || c.finish)) {
+    // The first text tells: calls begin with "{" or the python tag (pythonic: "[" after any
+    // whitespace); a piece of the tag (pythonic: whitespace) waits.
+    if (!held_.empty() && (!undecided(t_.parser, held_) || c.finish)) {
       decided_ = true;
-      in_calls_ = llama3_calls_start(held_);
+      in_calls_ = whole_calls_start(t_.parser, held_);
       if (!in_calls_) {  // content: it streams from here on
         c.text = std::move(held_);
         held_.clear();
@@ -348,7 +375,7 @@ std::vector<choice_delta> tool_call_stream::shape_llama3_json(choice_delta c) {
   }
   if (c.finish) {
     if (in_calls_) {
-      auto calls = parse_llama3_json_calls(held_);
+      auto calls = parse_whole(t_.parser, held_);
       if (calls) {
         c.tool_calls = std::move(*calls);
         if (*c.finish == "stop") c.finish = "tool_calls";

@@ -286,8 +286,8 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
   }
   expect_refused(with("placement: packed", "placement: packed\n    reasoning_parser: granite"),
                  {"'reasoning_parser' must be none, deepseek_r1 or qwen3, got 'granite'"});
-  expect_refused(with("placement: packed", "placement: packed\n    tool_call_parser: pythonic"),
-                 {"'tool_call_parser' must be hermes, llama3_json or mistral, got 'pythonic'"});
+  expect_refused(with("placement: packed", "placement: packed\n    tool_call_parser: granite"),
+                 {"'tool_call_parser' must be hermes, llama3_json, mistral or pythonic, got 'granite'"});
   {
     auto q = parse_cluster_config(with("placement: packed", "placement: packed\n    tool_call_parser: llama3_json"), "t.yaml");
     ASSERT_TRUE(q.ok()) << q.err().message;

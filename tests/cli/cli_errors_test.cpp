@@ -115,7 +115,7 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   // a node without the gateway role, and a mixture of experts on CUDA.
   r = run_command(llmesh_bin + " serve --model " + model_ + " --reasoning-parser granite");
   expect_one_line_error(r, "--reasoning-parser");
-  r = run_command(llmesh_bin + " serve --model " + model_ + " --tool-call-parser pythonic");
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --tool-call-parser granite");
   expect_one_line_error(r, "--tool-call-parser");
   r = run_command(llmesh_bin + " serve --model " + model_ + " --http 127.0.0.1:0 --rpc none --tool-call-parser mistral");
   expect_one_line_error(r, "has no [TOOL_CALLS] token");

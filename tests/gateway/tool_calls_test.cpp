@@ -222,13 +222,14 @@ TEST(ToolCalls, HermesBlocksParseIntoCalls) {
 TEST(ToolCalls, ParserNames) {
   EXPECT_EQ(parse_tool_call_parser("hermes").value(), tool_call_parser::hermes);
   EXPECT_EQ(parse_tool_call_parser("llama3_json").value(), tool_call_parser::llama3_json);
-  for (auto p : {tool_call_parser::hermes, tool_call_parser::llama3_json, tool_call_parser::mistral}) {
+  for (auto p : {tool_call_parser::hermes, tool_call_parser::llama3_json, tool_call_parser::mistral, tool_call_parser::pythonic}) {
     EXPECT_EQ(parse_tool_call_parser(tool_call_parser_name(p)).value(), p);
   }
   EXPECT_EQ(parse_tool_call_parser("mistral").value(), tool_call_parser::mistral);
-  auto bad = parse_tool_call_parser("pythonic");
+  EXPECT_EQ(parse_tool_call_parser("pythonic").value(), tool_call_parser::pythonic);
+  auto bad = parse_tool_call_parser("granite");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.err().message.find("'pythonic' (hermes, llama3_json, mistral)"), std::string::npos) << bad.err().message;
+  EXPECT_NE(bad.err().message.find("'granite' (hermes, llama3_json, mistral, pythonic)"), std::string::npos) << bad.err().message;
 }
 
 TEST(ToolCalls, Llama3JsonCallsParseIntoCalls) {

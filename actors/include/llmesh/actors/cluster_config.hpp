@@ -76,7 +76,7 @@ struct model_spec {
   std::string quantization = "none";  ///< how replica nodes hold the weights: none | int8 (--quantization)
   /// How gateways split chat output's thinking (--reasoning-parser): none | deepseek_r1 | qwen3
   std::string reasoning_parser = "none";
-  /// The format gateways take tool_choice "auto"'s calls from (--tool-call-parser): hermes | llama3_json | mistral
+  /// The format gateways take tool_choice "auto"'s calls from (--tool-call-parser): hermes | llama3_json | mistral | pythonic
   std::string tool_call_parser = "hermes";
 };
 

@@ -6,7 +6,9 @@
 // blocks, as Qwen2.5/3 and Hermes 2 Pro templates ask for — or llama3_json — an output that
 // is JSON objects {"name": ..., "parameters": {...}} separated by ";" (after Llama 3.1's
 // <|python_tag|>, if kept), as Llama 3.1-3.3 templates ask for — or mistral — [TOOL_CALLS]
-// and the calls after it, as Mistral's templates ask for. Other formats stay content.
+// and the calls after it, as Mistral's templates ask for — or pythonic — a Python list of
+// calls with keyword arguments, as Llama 3.2 and Llama 4 templates ask for. Other formats stay
+// content.
 // Whole messages and streamed deltas shaped as OpenAI's (and vLLM's) tool_calls. With "none"
 // nothing is shaped.
 #pragma once
@@ -23,9 +25,9 @@
 namespace llmesh::gateway {
 
 /// The format "auto" looks for calls in (vLLM's --tool-call-parser names).
-enum class tool_call_parser { hermes, llama3_json, mistral };
+enum class tool_call_parser { hermes, llama3_json, mistral, pythonic };
 
-/// "hermes", "llama3_json", "mistral".
+/// "hermes", "llama3_json", "mistral", "pythonic".
 std::string_view tool_call_parser_name(tool_call_parser p);
 /// Parses a --tool-call-parser value (or a cluster config's tool_call_parser); invalid_request
 /// names the choices.
@@ -76,14 +78,25 @@ std::string new_mistral_tool_call_id();
 /// parameters as compact JSON text. An invalid_request error when the text is anything else.
 [[nodiscard]] result<std::vector<tool_call_delta>> parse_llama3_json_calls(std::string_view text);
 
+/// Pythonic calls (vLLM's pythonic and llama4_pythonic parsers): `text`, stripped (and without a
+/// Llama 4 <|python_start|> ... <|python_end|> around it), is a Python list of calls
+/// [f(a=1, b="x"), g.h(c=[1, 2], d={"k": None})] whose arguments are keywords with literal values
+/// (strings with Python's quotes and escapes, ints, floats, True / False / None, lists, tuples,
+/// dicts with string keys; negative numbers too). Each is a call with a new id and its
+/// arguments as compact JSON text. An invalid_request error when the text is anything else.
+[[nodiscard]] result<std::vector<tool_call_delta>> parse_pythonic_calls(std::string_view text);
+
+/// Whether pythonic takes this output for calls: after leading whitespace, "[" or <|python_start|>.
+bool pythonic_calls_start(std::string_view text);
+
 /// A whole (non-streamed) choice: named — one call whose arguments are the text, finish kept
 /// (vLLM's "stop"); required — the parsed calls, finish "tool_calls" where it was "stop"; the
 /// content becomes "" (vLLM's). A required output that does not parse (cut by max_tokens)
 /// stays the content, with its finish reason ("length"). automatic, hermes (mistral) — where
 /// the text holds Hermes-style calls (a [TOOL_CALLS] and Mistral's calls) that all parse, they
 /// become the calls, the content is the text before the first, finish "tool_calls" where it
-/// was "stop"; llama3_json — where the text
-/// begins with "{" (or "<|python_tag|>") and is all calls, they become the calls and the
+/// was "stop"; llama3_json (pythonic) — where the text
+/// begins with "{" (or "<|python_tag|>"; pythonic: "[") and is all calls, they become the calls and the
 /// content is ""; otherwise nothing changes. Nothing changes when !t.shapes().
 void shape_tool_calls(const tool_output& t, choice_delta& c);
 
@@ -97,8 +110,9 @@ void shape_tool_calls(const tool_output& t, choice_delta& c);
 /// content with the engine's finish reason. automatic, hermes (mistral): content streams as it
 /// comes, except that text which may begin a "<tool_call>" ("[TOOL_CALLS]") tag is held back
 /// until the next piece tells; from a tag on, the text is held until the choice ends, then goes out as one delta of
-/// calls (finish "tool_calls") if they all parse, else as content. automatic, llama3_json: an
-/// output whose text begins with "{" (or "<|python_tag|>") is held until the choice ends, then
+/// calls (finish "tool_calls") if they all parse, else as content. automatic, llama3_json
+/// (pythonic): an output whose text begins with "{" (or "<|python_tag|>"; pythonic: "[" after
+/// any whitespace) is held until the choice ends, then
 /// goes out as calls or, if it is not all calls, as content; any other output streams as content. Logprobs and token ids ride on
 /// the deltas as before (while text is held, on the deltas that still go out: the first,
 /// those that carry them, the last).
@@ -110,13 +124,14 @@ class tool_call_stream {
 
  private:
   std::vector<choice_delta> shape_automatic(choice_delta c);
-  std::vector<choice_delta> shape_llama3_json(choice_delta c);
+  /// llama3_json and pythonic: the output is calls whole or content.
+  std::vector<choice_delta> shape_whole_output(choice_delta c);
 
   tool_output t_;
   std::string held_;     ///< required: the text so far; automatic: the text from the first tag on
   std::string pending_;  ///< automatic: the text's end that may begin a tag
-  bool in_calls_ = false;  ///< automatic: a tag was seen (llama3_json: the output begins as calls)
-  bool decided_ = false;   ///< llama3_json: the output's first text told whether it is calls
+  bool in_calls_ = false;  ///< automatic: a tag was seen (llama3_json, pythonic: the output begins as calls)
+  bool decided_ = false;   ///< llama3_json, pythonic: the output's first text told whether it is calls
 };
 
 }  // namespace llmesh::gateway

@@ -1,0 +1,279 @@
+// Pythonic tool calls (vLLM's pythonic parser; Llama 3.2 and Llama 4 templates ask for them):
+// the output is a Python list of calls with keyword arguments whose values are literals,
+// [get_weather(city="Paris", days=3), get_time(tz='UTC')]. A small recursive-descent reader of
+// exactly that subset of Python (strings with Python's escapes, ints, floats, True / False /
+// None, lists, tuples, dicts with string keys); anything else is not calls.
+#include "llmesh/gateway/tool_calls.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+namespace llmesh::gateway {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+/// Llama 4 wraps its calls in these (special tokens: the decoder usually drops them).
+constexpr std::string_view python_start = "<|python_start|>", python_end = "<|python_end|>";
+
+class reader {
+ public:
+  explicit reader(std::string_view s) : s_(s) {}
+
+  std::optional<std::vector<tool_call_delta>> calls() {
+    std::vector<tool_call_delta> out;
+    skip();
+    if (!eat('[')) return std::nullopt;
+    for (skip(); !eat(']'); skip()) {
+      if (!out.empty() && !eat(',')) return std::nullopt;
+      skip();
+      if (eat(']')) break;  // a trailing comma
+      auto c = call();
+      if (!c) return std::nullopt;
+      c->index = out.size();
+      out.push_back(std::move(*c));
+    }
+    skip();
+    if (at_ != s_.size() || out.empty()) return std::nullopt;
+    return out;
+  }
+
+ private:
+  void skip() {
+    while (at_ < s_.size() && (s_[at_] == ' ' || s_[at_] == '\t' || s_[at_] == '\n' || s_[at_] == '\r')) ++at_;
+  }
+  bool eat(char ch) {
+    if (at_ < s_.size() && s_[at_] == ch) {
+      ++at_;
+      return true;
+    }
+    return false;
+  }
+  static bool ident_start(char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_'; }
+  static bool ident_char(char ch) { return ident_start(ch) || (ch >= '0' && ch <= '9'); }
+
+  /// A name; dotted (a module's function, as vLLM's llama4 parser allows) joins with '.'.
+  std::optional<std::string> name() {
+    if (at_ >= s_.size() || !ident_start(s_[at_])) return std::nullopt;
+    const size_t b = at_;
+    while (at_ < s_.size() && (ident_char(s_[at_]) || (s_[at_] == '.' && at_ + 1 < s_.size() && ident_start(s_[at_ + 1])))) ++at_;
+    return std::string(s_.substr(b, at_ - b));
+  }
+
+  std::optional<tool_call_delta> call() {
+    auto fn = name();
+    if (!fn) return std::nullopt;
+    skip();
+    if (!eat('(')) return std::nullopt;
+    json args = json::object();
+    for (skip(); !eat(')'); skip()) {
+      if (!args.empty() && !eat(',')) return std::nullopt;
+      skip();
+      if (eat(')')) break;
+      auto key = name();
+      if (!key || key->find('.') != std::string::npos) return std::nullopt;  // keyword arguments only
+      skip();
+      if (!eat('=')) return std::nullopt;
+      skip();
+      auto v = value(0);
+      if (!v || args.contains(*key)) return std::nullopt;
+      args[*key] = std::move(*v);
+    }
+    tool_call_delta c;
+    c.id = new_tool_call_id();
+    c.name = std::move(*fn);
+    c.arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
+    return c;
+  }
+
+  std::optional<json> value(int depth) {
+    if (depth > 64 || at_ >= s_.size()) return std::nullopt;
+    const char ch = s_[at_];
+    if (ch == '"' || ch == '\'') {
+      auto str = string();
+      if (!str) return std::nullopt;
+      return json(std::move(*str));
+    }
+    if (ch == '[' || ch == '(') return sequence(ch == '[' ? ']' : ')', depth);
+    if (ch == '{') return dict(depth);
+    if (ch == '-' || ch == '+' || ch == '.' || (ch >= '0' && ch <= '9')) return number();
+    auto word = name();
+    if (word == "True") return json(true);
+    if (word == "False") return json(false);
+    if (word == "None") return json(nullptr);
+    return std::nullopt;
+  }
+
+  std::optional<json> sequence(char close, int depth) {
+    ++at_;
+    json out = json::array();
+    for (skip(); !eat(close); skip()) {
+      if (!out.empty() && !eat(',')) return std::nullopt;
+      skip();
+      if (eat(close)) break;
+      auto v = value(depth + 1);
+      if (!v) return std::nullopt;
+      out.push_back(std::move(*v));
+    }
+    return out;
+  }
+
+  std::optional<json> dict(int depth) {
+    ++at_;
+    json out = json::object();
+    bool first = true;
+    for (skip(); !eat('}'); skip(), first = false) {
+      if (!first && !eat(',')) return std::nullopt;
+      skip();
+      if (eat('}')) break;
+      auto key = string();  // JSON objects: string keys only
+      if (!key) return std::nullopt;
+      skip();
+      if (!eat(':')) return std::nullopt;
+      skip();
+      auto v = value(depth + 1);
+      if (!v) return std::nullopt;
+      out[*key] = std::move(*v);
+    }
+    return out;
+  }
+
+  std::optional<json> number() {
+    const size_t b = at_;
+    if (s_[at_] == '-' || s_[at_] == '+') ++at_;
+    bool is_float = false;
+    while (at_ < s_.size()) {
+      const char ch = s_[at_];
+      if (ch >= '0' && ch <= '9') {
+      } else if (ch == '.' || ch == 'e' || ch == 'E') {
+        is_float = true;
+      } else if ((ch == '-' || ch == '+') && (s_[at_ - 1] == 'e' || s_[at_ - 1] == 'E')) {
+      } else if (ch == '_') {  // Python's digit separator
+      } else {
+        break;
+      }
+      ++at_;
+    }
+    std::string text;
+    for (char ch : s_.substr(b, at_ - b)) {
+      if (ch != '_') text += ch;
+    }
+    if (text.empty() || text == "-" || text == "+") return std::nullopt;
+    char* end = nullptr;
+    if (!is_float) {
+      errno = 0;
+      const long long v = std::strtoll(text.c_str(), &end, 10);
+      if (*end == '\0' && errno == 0) return json(v);
+    }
+    const double d = std::strtod(text.c_str(), &end);
+    if (*end != '\0' || !std::isfinite(d)) return std::nullopt;
+    return json(d);
+  }
+
+  static void append_utf8(std::string& out, uint32_t cp) {
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xc0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3f));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xe0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+      out += static_cast<char>(0x80 | (cp & 0x3f));
+    } else {
+      out += static_cast<char>(0xf0 | (cp >> 18));
+      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+      out += static_cast<char>(0x80 | (cp & 0x3f));
+    }
+  }
+
+  std::optional<uint32_t> hex(size_t digits) {
+    if (at_ + digits > s_.size()) return std::nullopt;
+    uint32_t v = 0;
+    for (size_t i = 0; i < digits; ++i) {
+      const char ch = s_[at_++];
+      const int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+      if (d < 0) return std::nullopt;
+      v = v * 16 + static_cast<uint32_t>(d);
+    }
+    return v;
+  }
+
+  /// A Python string literal, quoted with ' or " (triple quotes too), with its escapes.
+  std::optional<std::string> string() {
+    if (at_ >= s_.size() || (s_[at_] != '"' && s_[at_] != '\'')) return std::nullopt;
+    const char q = s_[at_];
+    const bool triple = s_.substr(at_, 3) == std::string(3, q);
+    at_ += triple ? 3 : 1;
+    std::string out;
+    while (at_ < s_.size()) {
+      const char ch = s_[at_];
+      if (ch == q && (!triple || s_.substr(at_, 3) == std::string(3, q))) {
+        at_ += triple ? 3 : 1;
+        return out;
+      }
+      if (ch == '\n' && !triple) return std::nullopt;
+      ++at_;
+      if (ch != '\\') {
+        out += ch;
+        continue;
+      }
+      if (at_ >= s_.size()) return std::nullopt;
+      const char e = s_[at_++];
+      switch (e) {
+        case 'n': out += '\n'; break;
+        case 't': out += '\t'; break;
+        case 'r': out += '\r'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'v': out += '\v'; break;
+        case 'a': out += '\a'; break;
+        case '0': out += '\0'; break;
+        case '\\': case '\'': case '"': out += e; break;
+        case '\n': break;  // a line continuation
+        case 'x': case 'u': case 'U': {
+          auto cp = hex(e == 'x' ? 2 : e == 'u' ? 4 : 8);
+          if (!cp || *cp > 0x10ffff || (*cp >= 0xd800 && *cp <= 0xdfff)) return std::nullopt;
+          append_utf8(out, *cp);
+          break;
+        }
+        default: out += '\\'; out += e;  // Python keeps unknown escapes as written
+      }
+    }
+    return std::nullopt;
+  }
+
+  std::string_view s_;
+  size_t at_ = 0;
+};
+
+}  // namespace
+
+bool pythonic_calls_start(std::string_view text) {
+  const size_t first = text.find_first_not_of(" \t\n\r");
+  if (first == std::string_view::npos) return false;
+  text.remove_prefix(first);
+  return text.starts_with('[') || text.starts_with(python_start);
+}
+
+result<std::vector<tool_call_delta>> parse_pythonic_calls(std::string_view text) {
+  const size_t first = text.find_first_not_of(" \t\n\r");
+  if (first != std::string_view::npos) text.remove_prefix(first);
+  if (text.starts_with(python_start)) {
+    text.remove_prefix(python_start.size());
+    const size_t last = text.find_last_not_of(" \t\n\r");
+    text = text.substr(0, last == std::string_view::npos ? 0 : last + 1);
+    if (text.ends_with(python_end)) text.remove_suffix(python_end.size());
+  }
+  auto calls = reader(text).calls();
+  if (!calls) {
+    return make_error(errc::invalid_request, "the output is not a Python list of calls with keyword arguments");
+  }
+  return std::move(*calls);
+}
+
+}  // namespace llmesh::gateway
