@@ -221,6 +221,25 @@ status parse_gemma(const json& j, model_config& c) {
 /// transformers v5 writes Gemma 3's rotary per layer type: rope_parameters {full_attention: {...},
 /// sliding_attention: {...}}. Rewrites such a config into the flat form (rope_parameters the
 /// full layers', rope_local_base_freq the sliding layers' theta), refusing a scaled local rotary.
+/// Granite's multipliers (GraniteConfig's defaults: 1, 1, 1 and 1).
+status parse_granite(const json& j, model_config& c) {
+  auto embedding = get_number(j, "embedding_multiplier", 1.0);
+  auto attention = get_number(j, "attention_multiplier", 1.0);
+  auto residual = get_number(j, "residual_multiplier", 1.0);
+  auto logits = get_number(j, "logits_scaling", 1.0);
+  for (auto* r : {&embedding, &attention, &residual, &logits}) {
+    if (!*r) return r->take_error();
+    if (!(**r > 0.0) || !std::isfinite(**r)) {
+      return bad("embedding_multiplier, attention_multiplier, residual_multiplier and logits_scaling must be positive");
+    }
+  }
+  c.scaling.embedding = static_cast<float>(*embedding);
+  c.attn_scale = *attention;
+  c.scaling.residual = static_cast<float>(*residual);
+  c.scaling.logits_divisor = static_cast<float>(*logits);
+  return ok_status();
+}
+
 /// A missing rope_theta is Gemma3TextConfig's default, 1e6.
 result<json> flatten_gemma3_rope(json j) {
   const bool per_type = j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
@@ -274,6 +293,8 @@ result<model_config> parse_config_json(const std::string& text) {
     c.arch = architecture::mixtral;
   } else if (c.arch_name == "Qwen2MoeForCausalLM") {
     c.arch = architecture::qwen2_moe;
+  } else if (c.arch_name == "GraniteForCausalLM") {
+    c.arch = architecture::granite;
   } else if (c.arch_name == "GemmaForCausalLM") {
     c.arch = architecture::gemma;
   } else if (c.arch_name == "Gemma2ForCausalLM") {
@@ -287,6 +308,7 @@ result<model_config> parse_config_json(const std::string& text) {
     return make_error(errc::unsupported, "config.json: unknown architecture '" + c.arch_name +
                                              "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
                                              "Qwen3ForCausalLM, Phi3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
+                                             "GraniteForCausalLM, "
                                              "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)");
   }
   const bool gemma = c.arch == architecture::gemma || c.arch == architecture::gemma2 || c.arch == architecture::gemma3;
@@ -348,12 +370,13 @@ result<model_config> parse_config_json(const std::string& text) {
   c.tie_embeddings = *tie;
   bool attention_bias = *attention_bias_r;
   const bool qwen3_family = c.arch == architecture::qwen3 || c.arch == architecture::qwen3_moe;
-  const bool biased = attention_bias && (c.arch == architecture::llama || qwen3_family || gemma);
+  const bool biased = attention_bias && (c.arch == architecture::llama || qwen3_family || gemma || c.arch == architecture::granite);
   c.qkv_bias = c.arch == architecture::qwen2 || c.arch == architecture::qwen2_moe || biased;
   c.o_bias = biased;
   c.qk_norm = qwen3_family || c.arch == architecture::gemma3;
   LLMESH_TRY(parse_moe(j, c));
   if (gemma) LLMESH_TRY(parse_gemma(j, c));
+  if (c.arch == architecture::granite) LLMESH_TRY(parse_granite(j, c));
   c.fused_projections = c.arch == architecture::phi3;
   if (c.arch == architecture::phi3) {
     // Phi-4-mini rotates only part of each head; refuse rather than rotate all of it.

@@ -121,11 +121,12 @@ result<std::string> config_architecture_name(const std::string& arch) {
   if (arch == "qwen3_moe") return std::string("Qwen3MoeForCausalLM");
   if (arch == "mixtral") return std::string("MixtralForCausalLM");
   if (arch == "qwen2_moe") return std::string("Qwen2MoeForCausalLM");
+  if (arch == "granite") return std::string("GraniteForCausalLM");
   if (arch == "gemma") return std::string("GemmaForCausalLM");
   if (arch == "gemma2") return std::string("Gemma2ForCausalLM");
   if (arch == "gemma3") return std::string("Gemma3ForCausalLM");
   return make_error(errc::invalid_request, "unknown --arch '" + arch +
-                                               "' (llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, qwen2_moe, gemma, gemma2, gemma3)");
+                                               "' (llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, qwen2_moe, gemma, gemma2, gemma3, granite)");
 }
 
 status write_random_model(const random_model_spec& s, const std::string& dir) {
@@ -160,7 +161,8 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   const bool qwen = s.arch == "qwen2" || s.arch == "qwen3" || s.arch == "qwen3_moe" || s.arch == "qwen2_moe";
   const bool gemma = s.arch == "gemma" || s.arch == "gemma2" || s.arch == "gemma3";
   const bool sandwich = s.arch == "gemma2" || s.arch == "gemma3";  // Gemma 2/3's four norms per layer
-  const bool biased = (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma) && s.attention_bias;
+  const bool granite = s.arch == "granite";
+  const bool biased = (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma || granite) && s.attention_bias;
   const bool qkv_bias = s.arch == "qwen2" || s.arch == "qwen2_moe" || biased;
   const bool o_bias = biased;
   const bool qk_norm = s.arch == "qwen3" || s.arch == "qwen3_moe" || s.arch == "gemma3";
@@ -188,7 +190,14 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
               {"eos_token_id", 257},
               {"torch_dtype", s.dtype == kernels::dtype::f32 ? "float32" : (s.dtype == kernels::dtype::f16 ? "float16" : "bfloat16")}};
   if (s.head_dim || qk_norm || gemma) cfg["head_dim"] = hd;  // Qwen3's default (128), Gemma's (256)
-  if (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma) cfg["attention_bias"] = s.attention_bias;
+  if (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma || granite) cfg["attention_bias"] = s.attention_bias;
+  if (granite) {  // shaped like granite-3.x's (which has 12, 1/64, 0.22 and 8): scales unlike the defaults
+    cfg["embedding_multiplier"] = 12.0;
+    cfg["attention_multiplier"] = 1.0 / static_cast<double>(hd);
+    cfg["residual_multiplier"] = 0.5;
+    cfg["logits_scaling"] = 2.0;
+    cfg["mlp_bias"] = false;
+  }
   if (gemma) {
     cfg["hidden_act"] = "gelu_pytorch_tanh";
     cfg["hidden_activation"] = "gelu_pytorch_tanh";
@@ -246,8 +255,8 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   auto add = [&](size_t file, const std::string& name, std::vector<size_t> shape, float center, float scale) {
     files[file].push_back({name, t, std::move(shape), uniform(s.seed, name, t, center, scale)});
   };
-  // Gemma multiplies the rows by sqrt(hidden): smaller rows keep its residual stream O(1).
-  add(0, "model.embed_tokens.weight", {s.vocab, s.hidden}, 0.0f, gemma ? 2.0f * in_h : 1.0f);
+  // Gemma multiplies the rows by sqrt(hidden), Granite by 12: smaller rows keep the residual stream O(1).
+  add(0, "model.embed_tokens.weight", {s.vocab, s.hidden}, 0.0f, gemma ? 2.0f * in_h : granite ? 0.25f : 1.0f);
   const float norm_center = gemma ? 0.0f : 1.0f;  // Gemma stores a norm's weight as an offset from 1
   add(0, "model.norm.weight", {s.hidden}, norm_center, 0.2f);
   if (!s.tie_embeddings) add(0, "lm_head.weight", {s.vocab, s.hidden}, 0.0f, 2.0f * in_h);

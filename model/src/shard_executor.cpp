@@ -5,6 +5,7 @@
 // and this rank's vocabulary slice of the LM head, all-gathered into full logits.
 // Gemma adds: the embedding scaled, GeGLU for SwiGLU, Gemma 2/3's norms of the attention's and
 // the MLP's outputs before their residual adds, per-layer windows and rotary, soft-capping.
+// Granite: the embedding, the blocks' outputs and the logits scaled by its multipliers.
 #include "llmesh/model/shard_executor.hpp"
 
 #include <algorithm>
@@ -42,6 +43,7 @@ shard_executor::shard_executor(std::shared_ptr<const model> m, shard_layout layo
   attn_shape_.softcap = c.gemma.attn_softcap;
   inv_freq_ = kernels::rope_inv_freq(c.rope);
   if (c.rope_local) inv_freq_local_ = kernels::rope_inv_freq(*c.rope_local);
+  embed_scale_ = c.scaling.embedding;  // Granite's embedding_multiplier, else 1
   if (c.gemma.on) {  // HF: the normalizer is a tensor of the embedding's dtype
     const auto type = model_->weights().embed.type;
     const float root = static_cast<float>(std::sqrt(static_cast<double>(c.hidden)));
@@ -202,6 +204,10 @@ status shard_executor::add_residual(const std::vector<float>& post_norm, size_t 
       kernels::rmsnorm(&proj_[t * c.hidden], post_norm.data(), &proj_[t * c.hidden], c.hidden, c.rms_norm_eps);
     });
   }
+  if (c.scaling.residual != 1.0f) {  // Granite's residual_multiplier
+    const float m = c.scaling.residual;
+    for (size_t i = 0; i < n_tokens * c.hidden; ++i) proj_[i] = proj_[i] * m;
+  }
   kernels::add_inplace(h_.data(), proj_.data(), n_tokens * c.hidden);
   return ok_status();
 }
@@ -257,7 +263,7 @@ status shard_executor::head_rows(size_t n, std::vector<float>& logits) {
     LLMESH_TRY(kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, w.lm_head.data, logits.data(), c.vocab, n, c.vocab,
                                    c.hidden, nullptr),
                                *pool_));
-    softcap_logits(logits.data(), n * c.vocab);
+    finish_logits(logits.data(), n * c.vocab);
     return ok_status();
   }
   // Vocabulary-parallel: each rank computes its rows, the all-gather concatenates rank slices
@@ -330,16 +336,19 @@ status shard_executor::lm_head_slice(size_t n_want, std::vector<float>& local) {
   LLMESH_TRY(kernels::matmul(job(xn_.data(), c.hidden, w.lm_head, rows_from(w.lm_head, layout_.vocab0), local.data(), nv,
                                  n_want, nv, c.hidden, nullptr),
                              *pool_));
-  softcap_logits(local.data(), local.size());
+  finish_logits(local.data(), local.size());
   return ok_status();
 }
 
-void shard_executor::softcap_logits(float* logits, size_t n) {
-  const float cap = model_->config().gemma.final_softcap;
-  if (cap <= 0.0f) return;
+void shard_executor::finish_logits(float* logits, size_t n) {
+  const float cap = model_->config().gemma.final_softcap, divisor = model_->config().scaling.logits_divisor;
+  if (cap <= 0.0f && divisor == 1.0f) return;
   pool_->run([&](int th, int n_threads) {  // elementwise: the split never changes the bits
     auto [b, e] = kernels::thread_pool::split(n, th, n_threads);
-    kernels::softcap_inplace(logits + b, e - b, cap);
+    if (divisor != 1.0f) {  // Granite's logits_scaling
+      for (size_t i = b; i < e; ++i) logits[i] = logits[i] / divisor;
+    }
+    if (cap > 0.0f) kernels::softcap_inplace(logits + b, e - b, cap);
   });
 }
 

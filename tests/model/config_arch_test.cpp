@@ -1,7 +1,7 @@
 // config.json parsing of the architectures after Llama, Mistral and Qwen2: Qwen3 (per-head q/k
 // norms, head_dim 128 by default), Phi-3 (fused projections, sliding window, refused rope
-// variants), mixtures of experts (Qwen3-MoE, Mixtral, Qwen2-MoE's shared expert), and
-// transformers v5's rope_parameters.
+// variants), mixtures of experts (Qwen3-MoE, Mixtral, Qwen2-MoE's shared expert), Granite's
+// multipliers, and transformers v5's rope_parameters.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -198,6 +198,39 @@ TEST(ParseConfig, Qwen2MoeHasASharedExpert) {
   ASSERT_TRUE(l.ok());
   EXPECT_EQ(l->shared0, 2816u);
   EXPECT_EQ(l->n_shared, 2816u);
+}
+
+TEST(ParseConfig, GraniteHasItsMultipliers) {
+  // ibm-granite/granite-3.0-2b-instruct's config.json (abridged).
+  auto j = json::parse(R"({"architectures": ["GraniteForCausalLM"], "attention_bias": false, "attention_multiplier": 0.015625,
+    "bos_token_id": 0, "embedding_multiplier": 12.0, "eos_token_id": 0, "hidden_act": "silu", "hidden_size": 2048,
+    "intermediate_size": 8192, "logits_scaling": 8.0, "max_position_embeddings": 4096, "mlp_bias": false,
+    "model_type": "granite", "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8,
+    "residual_multiplier": 0.22, "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0,
+    "tie_word_embeddings": true, "vocab_size": 49155})");
+  auto c = parse_ok(j);
+  EXPECT_EQ(c.arch, architecture::granite);
+  EXPECT_FLOAT_EQ(c.scaling.embedding, 12.0f);
+  EXPECT_DOUBLE_EQ(c.attn_scale, 0.015625);
+  EXPECT_FLOAT_EQ(c.scaling.residual, 0.22f);
+  EXPECT_FLOAT_EQ(c.scaling.logits_divisor, 8.0f);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.head_dim, 64u);
+  EXPECT_EQ(std::string(cpu_only_family(c)), "Granite models");
+  for (const char* key : {"embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"}) {
+    auto bad = j;
+    bad[key] = 0.0;
+    EXPECT_EQ(parse_err(bad).code, errc::invalid_request) << key;
+    auto absent = j;
+    absent.erase(key);  // GraniteConfig's defaults are 1
+    EXPECT_TRUE(parse_config(absent.dump()).ok()) << key;
+  }
+  // The other architectures keep scale 1 and 1/sqrt(head_dim).
+  c = parse_ok(minimal_llama());
+  EXPECT_EQ(c.scaling.embedding, 1.0f);
+  EXPECT_EQ(c.scaling.residual, 1.0f);
+  EXPECT_EQ(c.scaling.logits_divisor, 1.0f);
+  EXPECT_EQ(c.attn_scale, 0.0);
 }
 
 TEST(ParseConfig, OnlyQwen3HasQkNorm) {

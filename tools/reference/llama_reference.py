@@ -9,7 +9,8 @@ not silently mirrored in the other.
 Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
 Phi3ForCausalLM (fused qkv_proj and gate_up_proj, split here), Qwen3MoeForCausalLM and
 MixtralForCausalLM (every layer's MLP a mixture of experts: softmax router, top-k,
-renormalised; Qwen2MoeForCausalLM adds a shared expert scaled by a sigmoid gate), GemmaForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM (norms times
+renormalised; Qwen2MoeForCausalLM adds a shared expert scaled by a sigmoid gate),
+GraniteForCausalLM (embedding, attention, residual and logit multipliers), GemmaForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM (norms times
 1 + weight, the embedding times sqrt(hidden) in the weights' dtype, tanh-GELU GeGLU; Gemma 2/3
 also normalise each block's output, soft-cap scores and logits, alternate sliding and global
 layers, and Gemma 3 gives its sliding layers their own rotary base), with
@@ -49,7 +50,8 @@ except ImportError as e:
 
 GEMMAS = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                   "Phi3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM") + GEMMAS
+                   "Phi3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+                   "GraniteForCausalLM") + GEMMAS
 
 
 # ---------------------------------------------------------------- safetensors
@@ -173,7 +175,7 @@ def load_config(model_dir):
         sys.exit("error: num_attention_heads not a multiple of num_key_value_heads")
     if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
         cfg["qkv_bias"], cfg["o_bias"] = True, False
-    elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM") + GEMMAS:
+    elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GraniteForCausalLM") + GEMMAS:
         cfg["qkv_bias"] = cfg["o_bias"] = bool(c.get("attention_bias", False))
     else:  # Mistral, Phi-3: no biases
         cfg["qkv_bias"] = cfg["o_bias"] = False
@@ -194,6 +196,14 @@ def load_config(model_dir):
     cfg["scale"] = 1.0 / math.sqrt(cfg["head_dim"])
     cfg["attn_cap"] = cfg["final_cap"] = None
     cfg["local_theta"] = None
+    # HF GraniteModel: embeddings * embedding_multiplier, scaling = attention_multiplier,
+    # residual + out * residual_multiplier, logits / logits_scaling.
+    granite = arch == "GraniteForCausalLM"
+    cfg["embed_mult"] = c.get("embedding_multiplier", 1.0) if granite else 1.0
+    cfg["resid_mult"] = c.get("residual_multiplier", 1.0) if granite else 1.0
+    cfg["logits_div"] = c.get("logits_scaling", 1.0) if granite else 1.0
+    if granite:
+        cfg["scale"] = c.get("attention_multiplier", 1.0)
     if cfg["sandwich"]:   # Gemma 2 and 3
         g2 = arch == "Gemma2ForCausalLM"
         cfg["attn_cap"] = c.get("attn_logit_softcapping", 50.0 if g2 else None)
@@ -276,7 +286,7 @@ class Model:
         H, I, V = cfg["hidden"], cfg["inter"], cfg["vocab"]
         nh, nkv, hd = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
         self.embed = W.get("model.embed_tokens.weight", [V, H])
-        self.normalizer = 1.0
+        self.normalizer = cfg["embed_mult"]
         if cfg["gemma"]:   # HF: torch.tensor(hidden_size ** 0.5, dtype=<the embedding's dtype>)
             kind = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
             self.normalizer = float(torch.tensor(H ** 0.5, dtype=kind[W.dtype("model.embed_tokens.weight")]))
@@ -412,7 +422,7 @@ class Model:
             x = rms_norm(h, L["ln1"], cfg["eps"], g)
             c_, s_ = local if (local is not None and sliding) else (cos, sin)   # HF: by the layer's type
             a = self.attention(x, L, c_, s_, window)
-            h = h + (rms_norm(a, L["post_attn"], cfg["eps"], g) if L["post_attn"] is not None else a)
+            h = h + (rms_norm(a, L["post_attn"], cfg["eps"], g) if L["post_attn"] is not None else a) * cfg["resid_mult"]
             x = rms_norm(h, L["ln2"], cfg["eps"], g)
             if cfg["experts"]:
                 h = h + self.moe(x, L)
@@ -420,9 +430,9 @@ class Model:
             gate = self.linear(x, L["gate"], None)
             act = torch.nn.functional.gelu(gate, approximate="tanh") if g else torch.nn.functional.silu(gate)
             y = self.linear(act * self.linear(x, L["up"], None), L["down"], None)
-            h = h + (rms_norm(y, L["post_mlp"], cfg["eps"], g) if L["post_mlp"] is not None else y)
+            h = h + (rms_norm(y, L["post_mlp"], cfg["eps"], g) if L["post_mlp"] is not None else y) * cfg["resid_mult"]
         x = rms_norm(h, self.norm, cfg["eps"], g)
-        return soft_cap(x @ self.lm_head.T, cfg["final_cap"])
+        return soft_cap((x @ self.lm_head.T) / cfg["logits_div"], cfg["final_cap"])
 
 
 # ---------------------------------------------------------------- main

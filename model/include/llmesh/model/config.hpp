@@ -12,7 +12,7 @@
 namespace llmesh::model {
 
 /// Supported architectures (DESIGN.md §Models).
-enum class architecture { llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, gemma, gemma2, gemma3, qwen2_moe };
+enum class architecture { llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, gemma, gemma2, gemma3, qwen2_moe, granite };
 
 /// Everything the forward pass needs to know about a model's shape.
 struct model_config {
@@ -63,8 +63,14 @@ struct model_config {
     float attn_softcap = 0.0f;   ///< attn_logit_softcapping (0: none)
     float final_softcap = 0.0f;  ///< final_logit_softcapping, on the logits (0: none)
   } gemma;
-  /// Attention's score scale: 1/sqrt(head_dim), or Gemma 2/3's query_pre_attn_scalar^-1/2.
+  /// Attention's score scale: 1/sqrt(head_dim), or Gemma 2/3's query_pre_attn_scalar^-1/2, or
+  /// Granite's attention_multiplier. 0: 1/sqrt(head_dim).
   double attn_scale = 0.0;
+  /// Granite's multipliers: the embedding rows times embedding_multiplier, each block's output
+  /// times residual_multiplier before its residual add, the logits divided by logits_scaling.
+  struct scaling_config {
+    float embedding = 1.0f, residual = 1.0f, logits_divisor = 1.0f;
+  } scaling;
   std::vector<int32_t> bos_ids, eos_ids;  ///< load_config merges generation_config.json's in
   /// The model's recommended sampling (generation_config.json's temperature, top_p, top_k):
   /// the API's defaults for requests that do not set them, as vLLM applies them.
@@ -89,10 +95,11 @@ inline const kernels::rope_config& layer_rope(const model_config& c, size_t laye
 }
 
 /// The model families the CUDA backend does not run yet ("mixture-of-experts models", "Gemma
-/// models"), or null.
+/// models", "Granite models"), or null.
 inline const char* cpu_only_family(const model_config& c) {
   if (c.moe.n_experts > 0) return "mixture-of-experts models";
   if (c.gemma.on) return "Gemma models";
+  if (c.arch == architecture::granite) return "Granite models";
   return nullptr;
 }
 

@@ -154,10 +154,12 @@ class shard_executor final : public step_executor {
   /// score_block rows (so the logits held stay small); rank 0 fills `out` (if given).
   status score_prompts(std::span<const step_sequence> batch, std::vector<kernels::token_logprobs>* out);
   void ensure_buffers(size_t n_tokens);
-  /// h += proj, proj first RMS-normalised by `post_norm` when it is not empty (Gemma 2/3).
+  /// h += proj, proj first RMS-normalised by `post_norm` when it is not empty (Gemma 2/3) and
+  /// scaled by Granite's residual_multiplier.
   status add_residual(const std::vector<float>& post_norm, size_t n_tokens);
-  /// Gemma 2's final_logit_softcapping on n logits, in place (nothing without it).
-  void softcap_logits(float* logits, size_t n);
+  /// Granite's logits_scaling (a division) and Gemma 2's final_logit_softcapping on n logits,
+  /// in place (nothing for the other models).
+  void finish_logits(float* logits, size_t n);
 
   std::shared_ptr<const model> model_;
   shard_layout layout_;
@@ -166,7 +168,7 @@ class shard_executor final : public step_executor {
   kernels::thread_pool* pool_;
   kernels::attention_shape attn_shape_;
   std::vector<double> inv_freq_, inv_freq_local_;  ///< the second: Gemma 3's sliding layers'
-  float embed_scale_ = 1.0f;  ///< Gemma: sqrt(hidden) in the embedding's dtype; else 1
+  float embed_scale_ = 1.0f;  ///< Gemma: sqrt(hidden) in the embedding's dtype; Granite: embedding_multiplier; else 1
   std::vector<std::vector<float>> keys_, values_;  ///< per layer
 
   // Step buffers, [n_tokens][...], grown on demand and reused.
