@@ -7,6 +7,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cctype>
 #include <nlohmann/json.hpp>
 
 #include "bpe.hpp"
@@ -42,9 +43,13 @@ result<regex_ptr> compile(const std::string& pattern, const std::string& path) {
   return regex_ptr(code, regex_deleter{});
 }
 
+/// HF's SplitDelimiterBehavior: what a Split pre-tokenizer does with each match.
+enum class split_behavior { isolated, removed, merged_with_previous, merged_with_next, contiguous };
+
 struct pre_step {
   enum class kind { split, byte_level, metaspace } type = kind::split;
   regex_ptr re;               ///< split pattern, or GPT-2's for byte_level with use_regex
+  split_behavior behavior = split_behavior::isolated;
   bool add_prefix_space = false;
   bool first_only = false;    ///< metaspace prepend_scheme "first": only the text's first section
   std::string replacement;    ///< metaspace: the space symbol
@@ -68,10 +73,14 @@ struct piece {
   bool mapped = false;
 };
 
-/// Splits s by the regex, keeping matches and the gaps between them ("Isolated").
-void split_isolated(const pcre2_code* re, const std::string& s, std::vector<piece>& out) {
+/// Splits s by the regex's (non-empty) matches, as HF's Split does with `behavior`: Isolated
+/// keeps matches and the gaps between them as pieces, Removed only the gaps, MergedWithPrevious
+/// appends each match to the gap before it, MergedWithNext prepends it to the gap after it,
+/// Contiguous isolates runs of adjacent matches as one piece.
+void split_by(const pcre2_code* re, split_behavior behavior, const std::string& s, std::vector<piece>& out) {
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(re, nullptr);
-  size_t at = 0, last = 0;
+  std::vector<std::pair<size_t, size_t>> matches;
+  size_t at = 0;
   while (at <= s.size()) {
     int rc = pcre2_match(re, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc < 0) break;
@@ -83,12 +92,38 @@ void split_isolated(const pcre2_code* re, const std::string& s, std::vector<piec
       while (at < s.size() && (static_cast<unsigned char>(s[at]) & 0xC0) == 0x80) ++at;
       continue;
     }
-    if (b > last) out.push_back({s.substr(last, b - last), false});
-    out.push_back({s.substr(b, e - b), false});
-    last = at = e;
+    if (behavior == split_behavior::contiguous && !matches.empty() && matches.back().second == b) {
+      matches.back().second = e;  // adjacent to the last: one run
+    } else {
+      matches.emplace_back(b, e);
+    }
+    at = e;
   }
-  if (last < s.size()) out.push_back({s.substr(last), false});
   pcre2_match_data_free(md);
+  auto emit = [&](size_t b, size_t e) {
+    if (e > b) out.push_back({s.substr(b, e - b), false});
+  };
+  size_t last = 0;  // the end of what has been emitted
+  for (size_t i = 0; i < matches.size(); ++i) {
+    const auto [b, e] = matches[i];
+    switch (behavior) {
+      case split_behavior::removed: emit(last, b); last = e; break;
+      case split_behavior::merged_with_previous: emit(last, e); last = e; break;
+      case split_behavior::merged_with_next: emit(last, b); last = b; break;  // the match opens the next piece
+      default: emit(last, b); emit(b, e); last = e; break;  // isolated, contiguous
+    }
+  }
+  emit(last, s.size());
+}
+
+/// A literal for PCRE2: every character that is not alphanumeric escaped.
+std::string regex_literal(const std::string& s) {
+  std::string out;
+  for (unsigned char ch : s) {
+    if (!std::isalnum(ch) && ch < 0x80) out += '\\';
+    out += static_cast<char>(ch);
+  }
+  return out;
 }
 
 bool is_word_byte(unsigned char c) { return std::isalnum(c) || c == '_' || c >= 0x80; }
@@ -148,14 +183,28 @@ status tokenizer::impl::load_pre_tokenizer(const json& p) {
   pre_step step;
   if (type == "Split") {
     const json& pat = p.contains("pattern") ? p["pattern"] : json();
-    if (p.value("behavior", "") != "Isolated" || p.value("invert", false)) {
-      return unsupported(path, "Split pre-tokenizer behaviour other than Isolated");
+    const std::string behavior = p.contains("behavior") && p["behavior"].is_string() ? p["behavior"].get<std::string>() : "";
+    if (behavior == "Isolated") {
+      step.behavior = split_behavior::isolated;
+    } else if (behavior == "Removed") {
+      step.behavior = split_behavior::removed;
+    } else if (behavior == "MergedWithPrevious") {
+      step.behavior = split_behavior::merged_with_previous;
+    } else if (behavior == "MergedWithNext") {
+      step.behavior = split_behavior::merged_with_next;
+    } else if (behavior == "Contiguous") {
+      step.behavior = split_behavior::contiguous;
+    } else {
+      return unsupported(path, "Split pre-tokenizer behaviour '" + behavior + "'");
     }
+    if (p.value("invert", false)) return unsupported(path, "an inverted Split pre-tokenizer");
     std::string regex;
     if (pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string()) {
       regex = pat["Regex"].get<std::string>();
+    } else if (pat.is_object() && pat.contains("String") && pat["String"].is_string() && !pat["String"].get<std::string>().empty()) {
+      regex = regex_literal(pat["String"].get<std::string>());  // Gemma's: Split(" ", MergedWithPrevious)
     } else {
-      return unsupported(path, "Split pre-tokenizer without a Regex pattern");
+      return unsupported(path, "Split pre-tokenizer without a Regex or String pattern");
     }
     auto re = compile(regex, path);
     if (!re) return re.take_error();
@@ -275,7 +324,7 @@ void tokenizer::impl::encode_segment(const std::string& text, bool first_section
         pc.text.insert(pc.text.begin(), ' ');
       }
       if (step.re && !pc.mapped) {
-        split_isolated(step.re.get(), pc.text, next);
+        split_by(step.re.get(), step.behavior, pc.text, next);
       } else {
         next.push_back(std::move(pc));
       }

@@ -88,6 +88,64 @@ TEST(Tokenizer, LargeInputIsLinearNotQuadratic) {
   EXPECT_EQ(tok->decoder().decode(ids, false), prose);
 }
 
+// Split's delimiter behaviours (HF's SplitDelimiterBehavior), seen through a vocabulary whose
+// merges would join pieces across the split: "x-x--x" split on "-".
+TEST(Tokenizer, SplitPreTokenizerBehaviours) {
+  const std::vector<std::pair<std::string, std::vector<int32_t>>> cases = {
+      {"Isolated", {0, 1, 0, 1, 1, 0}},            // x - x - - x
+      {"Removed", {0, 0, 0}},                       // x x x
+      {"MergedWithPrevious", {2, 2, 1, 0}},         // x- x- - x
+      {"MergedWithNext", {0, 3, 1, 3}},             // x -x - -x
+      {"Contiguous", {0, 1, 0, 4, 0}},              // x - x -- x
+  };
+  for (const auto& [behavior, want] : cases) {
+    for (const char* pattern : {R"({"String": "-"})", R"({"Regex": "-"})"}) {
+      SCOPED_TRACE(behavior + " " + pattern);
+      testing::temp_dir dir;
+      testing::write_text(dir / "tokenizer.json",
+                          std::string(R"({"model":{"type":"BPE","vocab":{"x":0,"-":1,"x-":2,"-x":3,"--":4},)"
+                                      R"("merges":["x -","- x","- -"]},"pre_tokenizer":{"type":"Split","pattern":)") +
+                              pattern + R"(,"behavior":")" + behavior + R"(","invert":false},"decoder":{"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"▁"},)"
+                                      R"("content":" "},{"type":"Fuse"}]}})");
+      auto t = tokenizer::load(dir.path());
+      ASSERT_TRUE(t.ok()) << t.err().message;
+      EXPECT_EQ((*t)->encode("x-x--x", false), want);
+    }
+  }
+}
+
+// Gemma's tokenizer.json: the Llama 2 SentencePiece layout without the Prepend normalizer, a
+// Split(" ", MergedWithPrevious) pre-tokenizer (a no-op: the normalizer has turned every space
+// into "▁") and no Strip in the decoder. Built from the llama2 fixture, " " + text must give the
+// reference's ids for text, and decode to " " + the reference's decoded text.
+TEST(Tokenizer, GemmaLayoutMatchesTheSentencePieceReference) {
+  std::ifstream in(data_dir + "/llama2/tokenizer.json");
+  auto j = nlohmann::json::parse(in);
+  j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\xE2\x96\x81"}};
+  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "MergedWithPrevious"}, {"invert", false}};
+  auto& decoders = j["decoder"]["decoders"];
+  ASSERT_EQ(decoders.back()["type"], "Strip");
+  decoders.erase(decoders.size() - 1);
+  testing::temp_dir dir;
+  testing::write_text(dir / "tokenizer.json", j.dump());
+  auto t = tokenizer::load(dir.path());
+  ASSERT_TRUE(t.ok()) << t.err().message;
+  std::ifstream cases(data_dir + "/llama2/cases.jsonl");
+  std::string line;
+  int n = 0;
+  while (std::getline(cases, line)) {
+    auto c = nlohmann::json::parse(line);
+    const std::string text = c["text"].get<std::string>();
+    if (text.empty()) continue;  // Llama 2's Prepend leaves an empty text empty
+    SCOPED_TRACE("text: " + text.substr(0, 80));
+    const auto ids = c["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ((*t)->encode(" " + text, false), ids);
+    EXPECT_EQ((*t)->decoder().decode(ids, false), " " + c["decoded"].get<std::string>());
+    ++n;
+  }
+  EXPECT_GE(n, 25);
+}
+
 TEST(TokenizerLoad, RefusesWhatItCannotReproduce) {
   testing::temp_dir dir;
   testing::write_text(dir / "tokenizer.json",
