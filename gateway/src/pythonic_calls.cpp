@@ -10,6 +10,7 @@
 #include <optional>
 
 #include <nlohmann/json.hpp>
+#include <utf8proc.h>
 
 namespace llmesh::gateway {
 namespace {
@@ -27,21 +28,36 @@ class reader {
     std::vector<tool_call_delta> out;
     skip();
     if (!eat('[')) return std::nullopt;
-    for (skip(); !eat(']'); skip()) {
-      if (!out.empty() && !eat(',')) return std::nullopt;
-      skip();
-      if (eat(']')) break;  // a trailing comma
+    const bool listed = items(']', [&] {
       auto c = call();
-      if (!c) return std::nullopt;
+      if (!c) return false;
       c->index = out.size();
       out.push_back(std::move(*c));
-    }
+      return true;
+    });
+    if (!listed) return std::nullopt;
     skip();
     if (at_ != s_.size() || out.empty()) return std::nullopt;
     return out;
   }
 
  private:
+  /// A comma-separated list up to `close` (its opening bracket already read), a trailing comma
+  /// allowed; `item` reads one element. False when an element or a comma is missing.
+  template <class F>
+  bool items(char close, F&& item) {
+    for (size_t n = 0;; ++n) {
+      skip();
+      if (eat(close)) return true;
+      if (n > 0) {
+        if (!eat(',')) return false;
+        skip();
+        if (eat(close)) return true;  // a trailing comma
+      }
+      if (!item()) return false;
+    }
+  }
+
   void skip() {
     while (at_ < s_.size() && (s_[at_] == ' ' || s_[at_] == '\t' || s_[at_] == '\n' || s_[at_] == '\r')) ++at_;
   }
@@ -69,19 +85,18 @@ class reader {
     skip();
     if (!eat('(')) return std::nullopt;
     json args = json::object();
-    for (skip(); !eat(')'); skip()) {
-      if (!args.empty() && !eat(',')) return std::nullopt;
-      skip();
-      if (eat(')')) break;
+    const bool listed = items(')', [&] {
       auto key = name();
-      if (!key || key->find('.') != std::string::npos) return std::nullopt;  // keyword arguments only
+      if (!key || key->find('.') != std::string::npos) return false;  // keyword arguments only
       skip();
-      if (!eat('=')) return std::nullopt;
+      if (!eat('=')) return false;
       skip();
       auto v = value(0);
-      if (!v || args.contains(*key)) return std::nullopt;
+      if (!v || args.contains(*key)) return false;
       args[*key] = std::move(*v);
-    }
+      return true;
+    });
+    if (!listed) return std::nullopt;
     tool_call_delta c;
     c.id = new_tool_call_id();
     c.name = std::move(*fn);
@@ -110,34 +125,29 @@ class reader {
   std::optional<json> sequence(char close, int depth) {
     ++at_;
     json out = json::array();
-    for (skip(); !eat(close); skip()) {
-      if (!out.empty() && !eat(',')) return std::nullopt;
-      skip();
-      if (eat(close)) break;
+    const bool listed = items(close, [&] {
       auto v = value(depth + 1);
-      if (!v) return std::nullopt;
-      out.push_back(std::move(*v));
-    }
+      if (v) out.push_back(std::move(*v));
+      return v.has_value();
+    });
+    if (!listed) return std::nullopt;
     return out;
   }
 
   std::optional<json> dict(int depth) {
     ++at_;
     json out = json::object();
-    bool first = true;
-    for (skip(); !eat('}'); skip(), first = false) {
-      if (!first && !eat(',')) return std::nullopt;
-      skip();
-      if (eat('}')) break;
+    const bool listed = items('}', [&] {
       auto key = string();  // JSON objects: string keys only
-      if (!key) return std::nullopt;
+      if (!key) return false;
       skip();
-      if (!eat(':')) return std::nullopt;
+      if (!eat(':')) return false;
       skip();
       auto v = value(depth + 1);
-      if (!v) return std::nullopt;
-      out[*key] = std::move(*v);
-    }
+      if (v) out[*key] = std::move(*v);
+      return v.has_value();
+    });
+    if (!listed) return std::nullopt;
     return out;
   }
 
@@ -171,24 +181,6 @@ class reader {
     const double d = std::strtod(text.c_str(), &end);
     if (*end != '\0' || !std::isfinite(d)) return std::nullopt;
     return json(d);
-  }
-
-  static void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xc0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xe0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else {
-      out += static_cast<char>(0xf0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    }
   }
 
   std::optional<uint32_t> hex(size_t digits) {
@@ -238,7 +230,9 @@ class reader {
         case 'x': case 'u': case 'U': {
           auto cp = hex(e == 'x' ? 2 : e == 'u' ? 4 : 8);
           if (!cp || *cp > 0x10ffff || (*cp >= 0xd800 && *cp <= 0xdfff)) return std::nullopt;
-          append_utf8(out, *cp);
+          utf8proc_uint8_t bytes[4];
+          const auto n = utf8proc_encode_char(static_cast<utf8proc_int32_t>(*cp), bytes);
+          out.append(reinterpret_cast<const char*>(bytes), static_cast<size_t>(n));
           break;
         }
         default: out += '\\'; out += e;  // Python keeps unknown escapes as written

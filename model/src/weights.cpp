@@ -211,12 +211,12 @@ status model::quantize(quantization q) {
                         {&l.gate, "gate_proj"}, {&l.up, "up_proj"}, {&l.down, "down_proj"}}) {
       if (w->rows > 0) targets.push_back({w, p + n});  // an MoE layer has no dense MLP
     }
-    for (size_t e = 0; e <= l.experts.size(); ++e) {  // the router and the shared gate stay as loaded (small)
-      auto& x = e < l.experts.size() ? l.experts[e] : l.shared;
-      if (x.gate.rows == 0) continue;  // no shared expert
-      const std::string ep = p + (e < l.experts.size() ? "expert " + std::to_string(e) : std::string("shared expert")) + " ";
+    // The router and the shared expert's gate stay as loaded (small).
+    auto add_expert = [&](layer_weights::expert& x, const std::string& ep) {
       for (auto [w, n] : {std::pair{&x.gate, "gate"}, {&x.up, "up"}, {&x.down, "down"}}) targets.push_back({w, ep + n});
-    }
+    };
+    for (size_t e = 0; e < l.experts.size(); ++e) add_expert(l.experts[e], p + "expert " + std::to_string(e) + " ");
+    if (l.shared.gate.rows > 0) add_expert(l.shared, p + "shared expert ");
   }
   targets.push_back({&weights_.lm_head, "lm_head", 0, config_.tie_embeddings});  // tied: the embedding keeps its rows
   size_t total = 0;
