@@ -2,11 +2,16 @@
 // the output is a Python list of calls with keyword arguments whose values are literals,
 // [get_weather(city="Paris", days=3), get_time(tz='UTC')]. A small recursive-descent reader of
 // exactly that subset of Python (strings with Python's escapes, ints, floats, True / False /
-// None, lists, tuples, dicts with string keys); anything else is not calls.
+// None, lists, tuples, dicts); anything else is not calls. Where Python and JSON differ it does
+// what vLLM's json.dumps of the evaluated literal does: a dict's number, True / False / None keys
+// become strings ("1", "true", "null"), tuples become arrays. JSON's true / false / null are taken
+// for Python's (a model's slip into JSON is still a call). Ints must fit 64 bits and \N{name}
+// escapes are not read (no name table): such an output is content, not a wrong call.
 #include "llmesh/gateway/tool_calls.hpp"
 
+#include <cctype>
+#include <charconv>
 #include <cmath>
-#include <cstdlib>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -116,21 +121,27 @@ class reader {
     if (ch == '{') return dict(depth);
     if (ch == '-' || ch == '+' || ch == '.' || (ch >= '0' && ch <= '9')) return number();
     auto word = name();
-    if (word == "True") return json(true);
-    if (word == "False") return json(false);
-    if (word == "None") return json(nullptr);
+    if (word == "True" || word == "true") return json(true);
+    if (word == "False" || word == "false") return json(false);
+    if (word == "None" || word == "null") return json(nullptr);
     return std::nullopt;
   }
 
+  /// A list, or a parenthesised tuple; `(x)` without a comma is x itself, as in Python.
   std::optional<json> sequence(char close, int depth) {
     ++at_;
     json out = json::array();
+    size_t after_item = at_;
     const bool listed = items(close, [&] {
       auto v = value(depth + 1);
       if (v) out.push_back(std::move(*v));
+      after_item = at_;
       return v.has_value();
     });
     if (!listed) return std::nullopt;
+    if (close == ')' && out.size() == 1 && s_.substr(after_item, at_ - after_item).find(',') == std::string_view::npos) {
+      return std::move(out[0]);
+    }
     return out;
   }
 
@@ -138,13 +149,13 @@ class reader {
     ++at_;
     json out = json::object();
     const bool listed = items('}', [&] {
-      auto key = string();  // JSON objects: string keys only
-      if (!key) return false;
+      auto key = value(depth + 1);
+      if (!key || key->is_array() || key->is_object()) return false;  // Python: unhashable, or not JSON
       skip();
       if (!eat(':')) return false;
       skip();
       auto v = value(depth + 1);
-      if (v) out[*key] = std::move(*v);
+      if (v) out[key->is_string() ? key->get<std::string>() : key->dump()] = std::move(*v);
       return v.has_value();
     });
     if (!listed) return std::nullopt;
@@ -171,16 +182,30 @@ class reader {
     for (char ch : s_.substr(b, at_ - b)) {
       if (ch != '_') text += ch;
     }
-    if (text.empty() || text == "-" || text == "+") return std::nullopt;
-    char* end = nullptr;
-    if (!is_float) {
-      errno = 0;
-      const long long v = std::strtoll(text.c_str(), &end, 10);
-      if (*end == '\0' && errno == 0) return json(v);
+    if (text.starts_with('+')) text.erase(0, 1);
+    if (text.empty() || text == "-") return std::nullopt;
+    const char* first = text.data();
+    const char* last = first + text.size();
+    if (!is_float) {  // locale-free; beyond 64 bits Python's exact int has no JSON number here: refused
+      int64_t v = 0;
+      if (auto [end, ec] = std::from_chars(first, last, v); ec == std::errc() && end == last) return json(v);
+      uint64_t u = 0;
+      if (auto [end, ec] = std::from_chars(first, last, u); ec == std::errc() && end == last) return json(u);
+      return std::nullopt;
     }
-    const double d = std::strtod(text.c_str(), &end);
-    if (*end != '\0' || !std::isfinite(d)) return std::nullopt;
+    double d = 0;
+    auto [end, ec] = std::from_chars(first, last, d);
+    if (ec != std::errc() || end != last || !std::isfinite(d)) return std::nullopt;
     return json(d);
+  }
+
+  /// Encodes a code point as UTF-8; false for a surrogate or one beyond Unicode.
+  static bool append_utf8(std::string& out, uint32_t cp) {
+    if (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    utf8proc_uint8_t bytes[4];
+    const auto n = utf8proc_encode_char(static_cast<utf8proc_int32_t>(cp), bytes);
+    out.append(reinterpret_cast<const char*>(bytes), static_cast<size_t>(n));
+    return true;
   }
 
   std::optional<uint32_t> hex(size_t digits) {
@@ -224,15 +249,20 @@ class reader {
         case 'f': out += '\f'; break;
         case 'v': out += '\v'; break;
         case 'a': out += '\a'; break;
-        case '0': out += '\0'; break;
+        case '0': case '1': case '2': case '3': case '4': case '5': case '6': case '7': {
+          uint32_t cp = static_cast<uint32_t>(e - '0');  // \ooo: up to three octal digits
+          for (int i = 0; i < 2 && at_ < s_.size() && s_[at_] >= '0' && s_[at_] <= '7'; ++i) {
+            cp = cp * 8 + static_cast<uint32_t>(s_[at_++] - '0');
+          }
+          append_utf8(out, cp);
+          break;
+        }
+        case 'N': return std::nullopt;  // \N{name}: no name table here
         case '\\': case '\'': case '"': out += e; break;
         case '\n': break;  // a line continuation
         case 'x': case 'u': case 'U': {
           auto cp = hex(e == 'x' ? 2 : e == 'u' ? 4 : 8);
-          if (!cp || *cp > 0x10ffff || (*cp >= 0xd800 && *cp <= 0xdfff)) return std::nullopt;
-          utf8proc_uint8_t bytes[4];
-          const auto n = utf8proc_encode_char(static_cast<utf8proc_int32_t>(*cp), bytes);
-          out.append(reinterpret_cast<const char*>(bytes), static_cast<size_t>(n));
+          if (!cp || !append_utf8(out, *cp)) return std::nullopt;
           break;
         }
         default: out += '\\'; out += e;  // Python keeps unknown escapes as written
@@ -252,6 +282,26 @@ bool pythonic_calls_start(std::string_view text) {
   if (first == std::string_view::npos) return false;
   text.remove_prefix(first);
   return text.starts_with('[') || text.starts_with(python_start);
+}
+
+bool pythonic_calls_may_follow(std::string_view text) {
+  const size_t first = text.find_first_not_of(" \t\n\r");
+  if (first == std::string_view::npos) return true;
+  text.remove_prefix(first);
+  if (text.starts_with(python_start)) return true;  // the model said so
+  if (text.size() < python_start.size() && python_start.starts_with(text)) return true;
+  // "[" name "(": the name may be dotted, spaces may come between.
+  size_t at = 0;
+  auto spaces = [&] {
+    while (at < text.size() && (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' || text[at] == '\r')) ++at;
+  };
+  if (text[at++] != '[') return false;
+  spaces();
+  if (at == text.size()) return true;
+  if (!std::isalpha(static_cast<unsigned char>(text[at])) && text[at] != '_') return false;
+  while (at < text.size() && (std::isalnum(static_cast<unsigned char>(text[at])) || text[at] == '_' || text[at] == '.')) ++at;
+  spaces();
+  return at == text.size() || text[at] == '(';
 }
 
 result<std::vector<tool_call_delta>> parse_pythonic_calls(std::string_view text) {

@@ -373,6 +373,11 @@ std::vector<choice_delta> tool_call_stream::shape_whole_output(choice_delta c) {
     held_ += c.text;
     c.text.clear();
   }
+  if (in_calls_ && t_.parser == tool_call_parser::pythonic && !pythonic_calls_may_follow(held_)) {
+    in_calls_ = false;  // "[1] ...", "[note] ...": prose after all, it streams from here on
+    c.text = std::move(held_);
+    held_.clear();
+  }
   if (c.finish) {
     if (in_calls_) {
       auto calls = parse_whole(t_.parser, held_);

@@ -56,6 +56,33 @@ TEST(PythonicCalls, StringsHavePythonsQuotesAndEscapes) {
   EXPECT_EQ(args["h"], "keep \\d");  // Python keeps an unknown escape as written
 }
 
+TEST(PythonicCalls, OctalEscapesGroupingDictKeysAndWideIntsAreReadAsPythonAndJsonDumpsDoThem) {
+  auto calls = parse_pythonic_calls(
+      "[f(a='\\101\\1010\\7z', b=(1), c=(1,), d=(), e=((1, 2)), g={2: 'a', True: 'b', None: 'c', 1.5: 'd', 'k': 'e'}, "
+      "h=18446744073709551615, i=-9223372036854775808, j=+7, k=.5, l=1., m=1_0.2_5e1_0)]");
+  ASSERT_TRUE(calls.ok()) << calls.err().message;
+  const json args = json::parse((*calls)[0].arguments);
+  EXPECT_EQ(args["a"], "AA0\az");  // \101 is A, \1010 is A then 0, \7 is BEL
+  EXPECT_EQ(args["b"], 1);
+  EXPECT_EQ(args["c"], json::array({1}));
+  EXPECT_EQ(args["d"], json::array());
+  EXPECT_EQ(args["e"], json::array({1, 2}));
+  EXPECT_EQ(args["g"], json::parse(R"({"2": "a", "true": "b", "null": "c", "1.5": "d", "k": "e"})"));
+  EXPECT_EQ(args["h"].get<uint64_t>(), 18446744073709551615ull);
+  EXPECT_EQ(args["i"].get<int64_t>(), INT64_MIN);
+  EXPECT_EQ(args["j"], 7);
+  EXPECT_EQ(args["k"], 0.5);
+  EXPECT_EQ(args["l"], 1.0);
+  EXPECT_EQ(args["m"], 10.25e10);
+  EXPECT_NE((*calls)[0].arguments.find("18446744073709551615"), std::string::npos);  // exact, not a float
+}
+
+TEST(PythonicCalls, JsonsTrueFalseAndNullAreTakenForPythons) {
+  auto calls = parse_pythonic_calls("[f(a=true, b=false, c=null, d=[True, None])]");
+  ASSERT_TRUE(calls.ok()) << calls.err().message;
+  EXPECT_EQ((*calls)[0].arguments, R"({"a":true,"b":false,"c":null,"d":[true,null]})");
+}
+
 TEST(PythonicCalls, Llama4WrapperAndWhitespace) {
   for (const char* text : {"<|python_start|>[f(x=1)]<|python_end|>", "  \n[f(x=1)]\n", "<|python_start|>[f(x=1)]",
                            "[ f ( x = 1 , ) , ]"}) {
@@ -71,7 +98,9 @@ TEST(PythonicCalls, Llama4WrapperAndWhitespace) {
 
 TEST(PythonicCalls, WhatIsNotCalls) {
   for (const char* text : {"The weather is fair.", "[]", "[f(1)]", "[f(x=y)]", "[f(x=1 + 2)]", "[f(x=1), g(x=2)",
-                           "[f(x=1)] and more", "f(x=1)", "[f(x=1, x=2)]", "[f(x='unclosed)]", "[f(x={1: 2})]",
+                           "[f(x=1)] and more", "f(x=1)", "[f(x=1, x=2)]", "[f(x='unclosed)]", "[f(x={[1]: 2})]",
+                           "[f(x={(1, 2): 2})]", "[f(x=18446744073709551616)]", "[f(x=-9223372036854775809)]",
+                           "[f(x='\\N{BULLET}')]", "[f(x=(1 2))]", "[f(x=0x10)]",
                            "[f(x=nan)]", "[f(x='a\nb')]", "[1, 2]", "[f(**kw)]", "[f(x=1)(y=2)]", "[f(x=1) g(y=2)]",
                            "[.f(x=1)]", "[f(x=\"\\u12\")]", "[f(x='\\ud800')]", ""}) {
     EXPECT_FALSE(parse_pythonic_calls(text).ok()) << text;
@@ -168,6 +197,22 @@ TEST(PythonicCalls, AutoTakesCallsOnlyFromAnOutputThatIsCallsWholeOrStreamed) {
   for (const auto& e : broken) text += e["delta"].value("content", "");
   EXPECT_EQ(text, "[f(x)]");
   EXPECT_EQ(broken.back()["finish_reason"], "stop");
+  auto note = run({"[", "1", "] is a ", "note"});  // prose that opens with "[" streams once it is plainly prose
+  ASSERT_EQ(note.size(), 4u);
+  EXPECT_EQ(note[0]["delta"], json({{"role", "assistant"}}));
+  EXPECT_EQ(note[1]["delta"]["content"], "[1");
+  EXPECT_EQ(note[2]["delta"]["content"], "] is a ");
+  EXPECT_EQ(note[3]["delta"]["content"], "note");
+  auto link = run({" [see", " here", "](x) ok"});
+  ASSERT_EQ(link.size(), 3u);
+  EXPECT_EQ(link[1]["delta"]["content"], " [see here");
+  EXPECT_EQ(link[2]["delta"]["content"], "](x) ok");
+  for (const char* held : {"[", " [get", "[get_weather ", "[m.get (", "<|python_st", "<|python_start|>[1"}) {
+    EXPECT_TRUE(pythonic_calls_may_follow(held)) << held;
+  }
+  for (const char* prose : {"[1", "[]", "[.f(", "[f)", "[f x", "[\"a\"", "Hello"}) {
+    EXPECT_FALSE(pythonic_calls_may_follow(prose)) << prose;
+  }
   auto spaces = run({"  ", "\n"});  // only whitespace: content at the end
   text.clear();
   for (const auto& e : spaces) text += e["delta"].value("content", "");

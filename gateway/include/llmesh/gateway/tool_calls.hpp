@@ -89,6 +89,10 @@ std::string new_mistral_tool_call_id();
 /// Whether pythonic takes this output for calls: after leading whitespace, "[" or <|python_start|>.
 bool pythonic_calls_start(std::string_view text);
 
+/// Whether `text`, an output's beginning, may still begin pythonic calls: false once it is plainly
+/// not "[name(" (a "[1]" or a "[note]" of prose), so a stream need not hold it to the end.
+bool pythonic_calls_may_follow(std::string_view text);
+
 /// A whole (non-streamed) choice: named — one call whose arguments are the text, finish kept
 /// (vLLM's "stop"); required — the parsed calls, finish "tool_calls" where it was "stop"; the
 /// content becomes "" (vLLM's). A required output that does not parse (cut by max_tokens)
