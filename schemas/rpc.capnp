@@ -50,6 +50,21 @@ struct GenerateRequest {
   allowedTokenIds @20 :List(Int32); # vLLM's allowed_token_ids: non-empty, only these may be drawn
                                     # (not with a constraint)
   badWords @21 :List(Text);         # vLLM's bad_words (at most 128, 1..256 bytes each): never generated
+  logprobs @22 :Int32 = -1;         # -1: none. 0..20: each drawn token's log-probability and rank, with
+                                    # this many most likely alternatives (OpenAI's logprobs), streamed
+                                    # with the token and in the result
+  promptLogprobs @23 :Int32 = -1;   # -1: none. 0..20: vLLM's prompt_logprobs: every prompt token after
+                                    # the first scored, with this many alternatives, in the result
+}
+
+struct TokenLogprob {
+  id @0 :Int32;
+  logprob @1 :Float32;              # natural log; -inf for a token the request's constraints masked
+  rank @2 :Int32;                   # among the row's tokens, 1 the most likely (ties take the worse
+                                    # rank, as vLLM's); 0 where unknown
+  bytes @3 :Data;                   # the token's bytes (may be part of a UTF-8 character)
+  top @4 :List(TokenLogprob);       # the most likely tokens, best first (equal ones: the lower id
+                                    # first), each with its rank; their own `top` is empty
 }
 
 struct TokenBias {
@@ -72,7 +87,8 @@ struct OutputConstraint {
 
 interface TokenSink {
   # New tokens and the text they complete (whole UTF-8 characters only).
-  tokens @0 (ids :List(Int32), text :Text) -> stream;
+  # With the request's logprobs, `logprobs` holds one entry per id.
+  tokens @0 (ids :List(Int32), text :Text, logprobs :List(TokenLogprob)) -> stream;
 }
 
 struct GenerateResult {
@@ -84,4 +100,6 @@ struct GenerateResult {
   completionTokens @5 :UInt32;
   text @6 :Text;                # the whole completion
   tokenIds @7 :List(Int32);
+  logprobs @8 :List(TokenLogprob);       # with the request's logprobs: one per tokenIds entry
+  promptLogprobs @9 :List(TokenLogprob); # with its promptLogprobs: entry i for prompt token i + 1
 }

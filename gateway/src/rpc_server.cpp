@@ -33,6 +33,10 @@ struct call_state {
   model::stream_decoder decoder;
   std::vector<int32_t> ids;
   std::string text;
+  std::shared_ptr<const model::tokenizer> tok;  ///< the served model's: token bytes for logprobs
+  std::vector<kernels::token_logprobs> logprobs;         ///< one per id, when the request asked
+  std::vector<int32_t> scored_prompt;                    ///< the prompt, when it asked for prompt logprobs
+  std::vector<kernels::token_logprobs> prompt_logprobs;  ///< prompt token i + 1's at i
   std::optional<stop_matcher> stops;  ///< the request's stop strings, if any
   std::vector<int32_t> stop_ids;      ///< its stop_token_ids: their text is left out, as over HTTP
   size_t min_tokens = 0;              ///< no stop string ends it before this many tokens
@@ -46,9 +50,35 @@ struct call_state {
   ~call_state();
 };
 
+/// One token's log-probability entry (rpc.capnp's TokenLogprob).
+void set_logprob(rpc::TokenLogprob::Builder out, int32_t id, const kernels::token_logprobs& lp, const model::detokenizer& d) {
+  auto bytes_of = [&](int32_t t) {
+    const std::string& b = d.token_bytes(t);
+    return kj::arrayPtr(reinterpret_cast<const kj::byte*>(b.data()), b.size());
+  };
+  out.setId(id);
+  out.setLogprob(lp.logprob);
+  out.setRank(lp.rank);
+  out.setBytes(bytes_of(id));
+  auto top = out.initTop(static_cast<unsigned>(lp.top.size()));
+  for (unsigned i = 0; i < lp.top.size(); ++i) {
+    top[i].setId(lp.top[i].id);
+    top[i].setLogprob(lp.top[i].logprob);
+    top[i].setRank(static_cast<int32_t>(i + 1));
+    top[i].setBytes(bytes_of(lp.top[i].id));
+  }
+}
+
 /// A request's fields beyond sampling, in /v1/completions' names for apply_extra_fields (the
 /// HTTP API's checks and error messages); an error for what JSON cannot say (a bias's id twice).
 result<nlohmann::ordered_json> extra_fields(rpc::GenerateRequest::Reader in) {
+  for (auto [name, n] : {std::pair{"logprobs", in.getLogprobs()}, std::pair{"prompt_logprobs", in.getPromptLogprobs()}}) {
+    if (n < -1 || n > kernels::max_logprobs) {
+      return make_error(errc::invalid_request, "'" + std::string(name) + "' must be between 0 and " +
+                                                   std::to_string(kernels::max_logprobs) +
+                                                   " (how many alternatives), or -1 for none");
+    }
+  }
   nlohmann::ordered_json j = {{"presence_penalty", in.getPresencePenalty()},
                               {"frequency_penalty", in.getFrequencyPenalty()},
                               {"repetition_penalty", in.getRepetitionPenalty()},
@@ -156,6 +186,8 @@ struct rpc_server::impl {
       st->failure = t.err;
     } else {
       st->ids.push_back(t.token);
+      if (t.logprobs) st->logprobs.push_back(*t.logprobs);
+      if (!t.prompt_logprobs.empty()) st->prompt_logprobs = t.prompt_logprobs;
       // As completion_stream does: a stop token id's text is left out; text that may begin a
       // stop string is held back; a stop string ends the text before itself.
       const bool past_min = st->ids.size() > st->min_tokens;
@@ -180,6 +212,7 @@ struct rpc_server::impl {
       auto req = st->sink.tokensRequest();
       req.initIds(1).set(0, t.token);
       req.setText(piece);
+      if (t.logprobs) set_logprob(req.initLogprobs(1)[0], t.token, *t.logprobs, st->tok->decoder());
       st->chain = st->chain.then([r = kj::mv(req)]() mutable { return r.send(); });
       st->finish = stopped ? actors::finish_reason::eos : t.finish;
     }
@@ -237,6 +270,8 @@ class llmesh_service final : public rpc::Llmesh::Server {
     work->sampling.top_k = in.getTopK();
     if (in.getHasSeed()) work->g.seed = in.getSeed();
     work->g.ignore_eos = in.getIgnoreEos();
+    work->g.logprobs = std::clamp(in.getLogprobs(), -1, kernels::max_logprobs);  // extra_fields refuses beyond
+    work->g.prompt_logprobs_shown = std::clamp(in.getPromptLogprobs(), -1, kernels::max_logprobs);
     work->extra = extra_fields(in);  // its error, if any, comes after the API key's
     auto prompt = in.getPrompt();
     if (prompt.isText()) {
@@ -287,6 +322,8 @@ class llmesh_service final : public rpc::Llmesh::Server {
     auto st = kj::heap<call_state>(p_, id, params.getSink(), job->tok->decoder());
     st->slot = std::move(job->slot);
     st->prompt_tokens = req.prompt.size();
+    st->tok = job->tok;
+    if (req.sampling.prompt_logprobs >= 0) st->scored_prompt = req.prompt;
     if (in.hasStop() && in.getStop().size() > 0) {
       std::vector<std::string> stops;
       for (auto s : in.getStop()) stops.emplace_back(s.cStr(), s.size());
@@ -326,6 +363,16 @@ class llmesh_service final : public rpc::Llmesh::Server {
           r.setText(raw->text);
           auto out = r.initTokenIds(static_cast<unsigned>(raw->ids.size()));
           for (unsigned i = 0; i < raw->ids.size(); ++i) out.set(i, raw->ids[i]);
+          const auto& d = raw->tok->decoder();
+          if (!raw->logprobs.empty()) {
+            auto lp = r.initLogprobs(static_cast<unsigned>(raw->logprobs.size()));
+            for (unsigned i = 0; i < raw->logprobs.size(); ++i) set_logprob(lp[i], raw->ids[i], raw->logprobs[i], d);
+          }
+          const size_t scored = std::min(raw->prompt_logprobs.size(), raw->scored_prompt.size() - std::min<size_t>(raw->scored_prompt.size(), 1));
+          if (scored > 0) {
+            auto lp = r.initPromptLogprobs(static_cast<unsigned>(scored));
+            for (unsigned i = 0; i < scored; ++i) set_logprob(lp[i], raw->scored_prompt[i + 1], raw->prompt_logprobs[i], d);
+          }
         })
         .attach(kj::mv(st));
   }

@@ -2,7 +2,8 @@
 // greedy tokens equal `llmesh generate`'s, streamed in order to the client's sink and adding up
 // to the result; text prompts are tokenized as /v1/completions does; the API key, the model
 // name, the context and the concurrency bound give HTTP-like codes; sampling fields and the
-// max-tokens limit are checked as over HTTP; a client that drops its call mid-stream frees its slot.
+// max-tokens limit are checked as over HTTP; a client that drops its call mid-stream frees its slot;
+// logprobs stream with their tokens and are /v1/completions' numbers.
 #include <capnp/ez-rpc.h>
 #include <gtest/gtest.h>
 
@@ -366,6 +367,135 @@ TEST(Rpc, PenaltiesStopIdsBiasAndConstraintsAreServedAsOverHttp) {
     b[0].setId(5), b[1].setId(5);
   });
   EXPECT_EQ(wrong_key.code, 401) << wrong_key.message;
+  EXPECT_EQ(s.stop(), 0) << s.log();
+}
+
+struct logprob_entry {
+  int32_t id = 0, rank = 0;
+  float logprob = 0;
+  std::string bytes;
+  std::vector<logprob_entry> top;
+  bool operator==(const logprob_entry&) const = default;
+};
+
+logprob_entry read_logprob(rpc::TokenLogprob::Reader r) {
+  logprob_entry e{r.getId(), r.getRank(), r.getLogprob(), std::string(r.getBytes().asChars().begin(), r.getBytes().size()), {}};
+  for (auto t : r.getTop()) e.top.push_back(read_logprob(t));
+  return e;
+}
+
+/// Collects the streamed logprobs; a call that carries any carries one per id.
+class logprob_sink final : public rpc::TokenSink::Server {
+ public:
+  explicit logprob_sink(std::vector<logprob_entry>& out) : out_(out) {}
+  kj::Promise<void> tokens(TokensContext ctx) override {
+    auto p = ctx.getParams();
+    if (p.getLogprobs().size() > 0) EXPECT_EQ(p.getLogprobs().size(), p.getIds().size());
+    for (auto lp : p.getLogprobs()) out_.push_back(read_logprob(lp));
+    return kj::READY_NOW;
+  }
+
+ private:
+  std::vector<logprob_entry>& out_;
+};
+
+TEST(Rpc, LogprobsStreamWithTheirTokensAndAreHttpsNumbers) {
+  server_process s(bin, {"--model", model_dir});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const int port = rpc_port(s);
+  ASSERT_GT(port, 0) << s.log();
+  capnp::EzRpcClient c("127.0.0.1", static_cast<uint>(port));
+  const std::vector<int32_t> prompt{1142, 258, 2078, 386, 3345};
+  auto setup = [&](rpc::GenerateRequest::Builder r, int logprobs, int prompt_logprobs) {
+    r.setModel("kjv-tiny");
+    auto ids = r.getPrompt().initIds(static_cast<unsigned>(prompt.size()));
+    for (unsigned i = 0; i < prompt.size(); ++i) ids.set(i, prompt[i]);
+    r.setMaxTokens(8);
+    r.setIgnoreEos(true);
+    r.setLogprobs(logprobs);
+    r.setPromptLogprobs(prompt_logprobs);
+  };
+  auto req = c.getMain<rpc::Llmesh>().generateRequest();
+  setup(req.initRequest(), 3, 2);
+  std::vector<logprob_entry> streamed;
+  req.setSink(kj::heap<logprob_sink>(streamed));
+  auto resp = req.send().wait(c.getWaitScope());
+  auto r = resp.getResult();
+  ASSERT_TRUE(r.getOk()) << r.getErrorMessage().cStr();
+  ASSERT_EQ(r.getTokenIds().size(), 8u);
+  ASSERT_EQ(r.getLogprobs().size(), 8u);
+  std::vector<logprob_entry> result;
+  for (auto lp : r.getLogprobs()) result.push_back(read_logprob(lp));
+  EXPECT_EQ(streamed, result);  // the same entries, streamed with their tokens
+  std::string bytes;
+  for (unsigned i = 0; i < 8; ++i) {
+    const auto& e = result[i];
+    EXPECT_EQ(e.id, r.getTokenIds()[i]);
+    ASSERT_EQ(e.top.size(), 3u);
+    EXPECT_EQ(e.top[0].id, e.id);  // greedy: the most likely
+    EXPECT_EQ(e.top[0].logprob, e.logprob);
+    EXPECT_EQ(e.rank, 1);
+    EXPECT_LT(e.logprob, 0.0f);
+    EXPECT_GE(e.top[0].logprob, e.top[1].logprob);
+    EXPECT_GE(e.top[1].logprob, e.top[2].logprob);
+    EXPECT_EQ(e.top[2].rank, 3);
+    EXPECT_FALSE(e.bytes.empty());
+    bytes += e.bytes;
+  }
+  EXPECT_EQ(bytes, std::string(r.getText().cStr()));
+  ASSERT_EQ(r.getPromptLogprobs().size(), prompt.size() - 1);
+  std::vector<logprob_entry> scored;
+  for (auto lp : r.getPromptLogprobs()) scored.push_back(read_logprob(lp));
+  for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+    EXPECT_EQ(scored[i].id, prompt[i + 1]);
+    EXPECT_EQ(scored[i].top.size(), 2u);
+    EXPECT_GE(scored[i].rank, 1);
+  }
+
+  // The numbers /v1/completions gives for the same request.
+  const nlohmann::json body = {{"model", "kjv-tiny"}, {"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0},
+                               {"ignore_eos", true}, {"logprobs", 3}, {"prompt_logprobs", 2}, {"return_token_ids", true}};
+  auto http = http_request(s.port(), "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(http.status, 200) << http.body;
+  const auto choice = nlohmann::json::parse(http.body)["choices"][0];
+  std::vector<int32_t> ids;
+  for (auto id : r.getTokenIds()) ids.push_back(id);
+  ASSERT_EQ(choice["token_ids"].get<std::vector<int32_t>>(), ids);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_FLOAT_EQ(choice["logprobs"]["token_logprobs"][i].get<float>(), result[i].logprob) << i;
+    float best = -std::numeric_limits<float>::infinity();
+    for (const auto& [text, lp] : choice["logprobs"]["top_logprobs"][i].items()) best = std::max(best, lp.get<float>());
+    EXPECT_FLOAT_EQ(best, result[i].top[0].logprob) << i;
+  }
+  for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+    const auto& at = choice["prompt_logprobs"][i + 1];
+    const auto& own = at[std::to_string(prompt[i + 1])];
+    EXPECT_FLOAT_EQ(own["logprob"].get<float>(), scored[i].logprob) << i;
+    EXPECT_EQ(own["rank"].get<int>(), scored[i].rank) << i;
+    for (const auto& t : scored[i].top) EXPECT_FLOAT_EQ(at[std::to_string(t.id)]["logprob"].get<float>(), t.logprob) << i;
+  }
+
+  // Without logprobs nothing is sent; out of range is a 400 that names the field.
+  std::vector<logprob_entry> none;
+  auto plain = c.getMain<rpc::Llmesh>().generateRequest();
+  setup(plain.initRequest(), -1, -1);
+  plain.setSink(kj::heap<logprob_sink>(none));
+  auto plain_resp = plain.send().wait(c.getWaitScope());
+  EXPECT_TRUE(plain_resp.getResult().getOk());
+  EXPECT_EQ(plain_resp.getResult().getLogprobs().size(), 0u);
+  EXPECT_EQ(plain_resp.getResult().getPromptLogprobs().size(), 0u);
+  EXPECT_TRUE(none.empty());
+  for (auto [lp, plp, needle] : {std::tuple{21, -1, "'logprobs'"}, std::tuple{-1, -2, "'prompt_logprobs'"}}) {
+    std::vector<logprob_entry> ignored;
+    auto bad = c.getMain<rpc::Llmesh>().generateRequest();
+    setup(bad.initRequest(), lp, plp);
+    bad.setSink(kj::heap<logprob_sink>(ignored));
+    auto bad_resp = bad.send().wait(c.getWaitScope());
+    EXPECT_FALSE(bad_resp.getResult().getOk());
+    EXPECT_EQ(bad_resp.getResult().getErrorCode(), 400);
+    EXPECT_NE(std::string(bad_resp.getResult().getErrorMessage().cStr()).find(needle), std::string::npos)
+        << bad_resp.getResult().getErrorMessage().cStr();
+  }
   EXPECT_EQ(s.stop(), 0) << s.log();
 }
 
