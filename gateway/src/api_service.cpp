@@ -419,6 +419,8 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   choice.return_token_ids = g.return_token_ids;
   choice.stop = g.stop;
   choice.include_stop_str = g.include_stop_str;
+  choice.skip_special = g.skip_special_tokens;
+  choice.tokens_as_ids = g.tokens_as_ids;
   choice.stop_token_ids = g.stop_token_ids;
   choice.logprobs = g.logprobs;
   choice.echo_logprobs = g.prompt_logprobs >= 0;
@@ -442,6 +444,31 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   gs.n = n;
   gs.best_of = g.best_of;
   job.output = std::make_unique<completion_group>(std::move(gs), m.tok->decoder(), &metrics_);
+  if (g.beam_search) {
+    // One search per prompt, its n beams rendered as the prompt's choices (their ids name
+    // the choices only: the searches' step requests take fresh ids as they go).
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      beam_setup bs;
+      bs.base = base;
+      bs.base.prompt = prompts[p].ids;
+      bs.base.max_tokens = max_tokens[p];
+      bs.base.sampling.seed = request_seed;
+      bs.width = n;
+      bs.length_penalty = g.length_penalty;
+      bs.logprobs = g.logprobs;
+      std::vector<uint64_t> choice_ids;
+      for (size_t j = 0; j < n; ++j) {
+        stream_setup s = choice;
+        s.prompt_ids = prompts[p].ids;
+        s.echo_prefix = prompts[p].echo;
+        choice_ids.push_back(first + p * n + j);
+        job.output->add_choice(choice_ids.back(), std::move(s));
+      }
+      auto search = std::make_unique<beam_search>(std::move(bs), [this] { return next_id_.fetch_add(1); });
+      job.output->add_beam_search(std::move(search), std::move(choice_ids));
+    }
+    return job;
+  }
   // Choice index prompt * n + j (vLLM's order); choice j of every prompt samples with seed S_j
   // (with best_of, candidate j: the group picks among them).
   for (size_t p = 0; p < prompts.size(); ++p) {

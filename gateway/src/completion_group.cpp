@@ -23,6 +23,54 @@ void completion_group::add_choice(uint64_t request_id, stream_setup s) {
   choices_.push_back({request_id, std::make_unique<completion_stream>(std::move(s), detok_, metrics_)});
 }
 
+void completion_group::add_beam_search(std::unique_ptr<beam_search> b, std::vector<uint64_t> choice_ids) {
+  for (auto& r : b->take_requests()) submissions_.push_back(std::move(r));
+  beams_.push_back({std::move(b), std::move(choice_ids)});
+}
+
+std::vector<actors::replica_request> completion_group::take_submissions() {
+  std::vector<actors::replica_request> out;
+  out.swap(submissions_);
+  return out;
+}
+
+std::vector<uint64_t> completion_group::running_searches() const {
+  std::vector<uint64_t> out;
+  for (const auto& b : beams_) {
+    if (b.search->done() && !b.search->failure()) continue;  // a failed one's other requests may still run
+    for (uint64_t id : b.search->running()) out.push_back(id);
+  }
+  return out;
+}
+
+std::string completion_group::replay(const beam_member& b) {
+  std::string bytes;
+  const auto& beams = b.search->results();
+  for (size_t r = 0; r < b.choice_ids.size(); ++r) {
+    if (r >= beams.size()) {
+      // Fewer beams than choices: this choice is not in the response.
+      auto it = std::find_if(choices_.begin(), choices_.end(), [&](const member& m) { return m.request_id == b.choice_ids[r]; });
+      if (it != choices_.end() && !it->absent) {
+        it->absent = true;
+        if (++finished_ == choices_.size()) done_ = true;
+      }
+      continue;
+    }
+    const beam_hypothesis& h = beams[r];
+    for (size_t i = 0; i < h.tokens.size() && !done_; ++i) {
+      actors::token_msg t;
+      t.id = b.choice_ids[r];
+      t.token = h.tokens[i];
+      const bool last = i + 1 == h.tokens.size();
+      t.finish = !last ? actors::finish_reason::none : h.ended ? actors::finish_reason::eos : actors::finish_reason::length;
+      t.logprobs = h.logprobs[i];
+      if (i == 0) t.prompt_logprobs = b.search->prompt_logprobs();
+      bytes += on_message(t);
+    }
+  }
+  return bytes;
+}
+
 usage_counts completion_group::usage() const {
   usage_counts u;
   for (size_t i = 0; i < choices_.size(); ++i) {
@@ -38,6 +86,7 @@ std::string completion_group::fail(const error& e) {
   for (const auto& m : choices_) {
     if (!m.stream->done()) cancels_.push_back(m.request_id);
   }
+  for (uint64_t id : running_searches()) cancels_.push_back(id);
   if (!started_) {
     failure_ = e;  // nothing went out: the answer is this error (the status is still free)
     return "";
@@ -48,6 +97,13 @@ std::string completion_group::fail(const error& e) {
 
 std::string completion_group::on_message(const actors::token_msg& t) {
   if (done_) return "";
+  for (auto& b : beams_) {
+    if (b.search->done() || !b.search->owns(t.id)) continue;
+    b.search->on_message(t);
+    if (b.search->failure()) return fail(*b.search->failure());
+    for (auto& r : b.search->take_requests()) submissions_.push_back(std::move(r));
+    return b.search->done() ? replay(b) : std::string();
+  }
   auto it = std::find_if(choices_.begin(), choices_.end(), [&](const member& m) { return m.request_id == t.id; });
   if (it == choices_.end() || it->stream->done()) return "";
   std::string bytes = it->stream->on_message(t);
@@ -76,7 +132,9 @@ std::vector<choice_delta> completion_group::results() const {
   const size_t per_prompt = g_.candidates();
   for (size_t first = 0; first < choices_.size(); first += per_prompt) {
     std::vector<size_t> order;  // this prompt's candidates, best first
-    for (size_t i = first; i < std::min(first + per_prompt, choices_.size()); ++i) order.push_back(i);
+    for (size_t i = first; i < std::min(first + per_prompt, choices_.size()); ++i) {
+      if (!choices_[i].absent) order.push_back(i);
+    }
     if (per_prompt > g_.n) {
       // best_of: the highest cumulative log-probability first; stable, so ties keep the lower
       // index. NaN (an engine fault) ranks last, keeping the order strict.

@@ -22,7 +22,7 @@ http_reply error_reply(const error& e) {
 completion_stream::completion_stream(stream_setup s, const model::detokenizer& d, actors::metrics_registry* metrics)
     : s_(std::move(s)),
       detok_(d),
-      decoder_(d),
+      decoder_(d, s_.skip_special),
       matcher_(s_.stop, s_.include_stop_str),
       metrics_(metrics),
       start_(std::chrono::steady_clock::now()),
@@ -49,7 +49,7 @@ void completion_stream::observe_token() {
 logprob_entry completion_stream::entry_of(int32_t id, const kernels::token_logprobs* lp, size_t text_offset) const {
   auto token = [this](int32_t tid, float logprob) {
     logprob_token out;
-    out.bytes = detok_.token_bytes(tid);
+    out.bytes = s_.tokens_as_ids ? "token_id:" + std::to_string(tid) : detok_.token_bytes(tid);
     out.text = model::sanitize_utf8(out.bytes);  // U+FFFD for a piece of a character (see logprob_token)
     out.logprob = logprob;
     return out;
@@ -79,7 +79,7 @@ void completion_stream::take_prompt_entries(const actors::token_msg& t) {
     const bool scored = i > 0 && i - 1 < t.prompt_logprobs.size();
     logprob_entry e = entry_of(s_.prompt_ids[i], scored ? &t.prompt_logprobs[i - 1] : nullptr, offset);
     e.top_null = i == 0;
-    offset += e.chosen.text.size();
+    offset += model::sanitize_utf8(detok_.token_bytes(s_.prompt_ids[i])).size();  // the text's, named by id or not
     prompt_entries_.push_back(std::move(e));
   }
   prompt_text_bytes_ = offset;
@@ -187,10 +187,11 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
   if (t.logprobs) cumulative_logprob_ += t.logprobs->logprob;
   observe_token();
   // A requested stop token ends the text before itself (vLLM's default); an EOS id's text is
-  // empty anyway, being a special token the decoder skips.
+  // empty anyway, being a special token the decoder skips — or, with skip_special_tokens false,
+  // left out as vLLM leaves out the token that stopped it.
   const bool stop_token = t.finish == actors::finish_reason::eos &&
-                          std::find(s_.stop_token_ids.begin(), s_.stop_token_ids.end(), t.token) !=
-                              s_.stop_token_ids.end();
+                          (std::find(s_.stop_token_ids.begin(), s_.stop_token_ids.end(), t.token) != s_.stop_token_ids.end() ||
+                           (!s_.skip_special && detok_.is_special(t.token)));
   const size_t text_start = decoded_bytes_;
   const std::string piece = stop_token && !s_.include_stop_str ? std::string() : decoder_.push(t.token);
   decoded_bytes_ += piece.size();

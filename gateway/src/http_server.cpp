@@ -120,15 +120,18 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
   auto st = std::make_shared<job_state>(ex);
   std::vector<uint64_t> ids;
   // Every choice's messages join one queue (each carries its request id; the group routes them).
-  for (auto& req : job.requests) {
-    ids.push_back(req.id);
+  // A beam search's step requests are many (width × steps): the group names its running ones.
+  auto submit = [&](actors::replica_request req, bool beam_step = false) {
+    if (!beam_step) ids.push_back(req.id);
     s->api.mesh().submit(std::move(req), [st, ex](const actors::token_msg& t) {
       net::post(ex, [st, t] {
         st->queue.push_back(t);
         st->timer.cancel();
       });
     });
-  }
+  };
+  for (auto& req : job.requests) submit(std::move(req));
+  for (auto& req : job.output->take_submissions()) submit(std::move(req), true);  // a beam search's first step
   net::co_spawn(ex, watch(st, stream.socket()), net::detached);
 
   // HTTP/1.1 streams in chunks; HTTP/1.0 has no chunked encoding: the raw stream, then close.
@@ -157,6 +160,7 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
     }
     // A choice ended by a stop string, or every other choice after a failure: free them now.
     for (uint64_t id : out.take_cancellations()) s->api.mesh().cancel(id);
+    for (auto& req : out.take_submissions()) submit(std::move(req), true);  // a beam search's next step
     if (st->gone || bytes.empty()) continue;
     stream.expires_after(s->opt.write_timeout);
     if (!head_sent) {
@@ -177,6 +181,7 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
   // Unfinished (client gone, write failed, another choice failed) or ended by a stop string:
   // free them in the mesh. For a generation that ended on its own this is a no-op.
   for (uint64_t id : ids) s->api.mesh().cancel(id);
+  for (uint64_t id : out.running_searches()) s->api.mesh().cancel(id);
   if (st->gone || ec) {
     count_request(s, 499);  // nginx's "client closed request"
     co_return false;

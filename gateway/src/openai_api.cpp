@@ -1,6 +1,7 @@
 // OpenAI API bodies (openai_api.hpp). Every JSON exception is caught here and becomes an
 // invalid_request error naming the field.
 #include "llmesh/gateway/openai_api.hpp"
+#include "llmesh/gateway/beam_search.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -101,18 +102,32 @@ status refuse_unsupported(const json& j, bool chat, generation_fields& g) {
     return unsupported(name, neutral);
   };
   LLMESH_TRY(empty_only("suffix", "\"\" or null"));
-  // vLLM's sampling extras this server does not implement: their neutral values pass.
-  for (const auto& [name, neutral] : {std::pair{"use_beam_search", false}, {"skip_special_tokens", true},
-                                      {"return_tokens_as_token_ids", false}}) {
-    auto it = j.find(name);
-    if (it == j.end() || it->is_null()) continue;
-    if (!it->is_boolean()) return bad(std::string("'") + name + "' must be true or false");
-    if (it->get<bool>() != neutral) return unsupported(name, neutral ? "true or null" : "false or null");
-  }
   // Tools are chat's (parse_tools); the legacy endpoint has no message to carry their calls.
   if (!chat && !empty_only("tools", "").ok()) {
     return bad("'tools' is not supported on /v1/completions (a /v1/chat/completions field; send [] or null, or leave it out)");
   }
+  return ok_status();
+}
+
+/// vLLM's use_beam_search and length_penalty. A search of width n returns n beams; each step
+/// asks 2n alternatives, so n is at most max_beam_width. The result comes whole (vLLM does not
+/// stream it either: here a stream request is a 400 rather than a silent plain reply).
+status parse_beam_search(const json& j, generation_fields& g) {
+  LLMESH_TRY(bool_field(j, "use_beam_search", g.beam_search));
+  std::optional<double> lp;
+  LLMESH_TRY(number_field(j, "length_penalty", lp));
+  if (lp) {
+    if (!std::isfinite(*lp)) return bad("'length_penalty' must be a finite number");
+    g.length_penalty = *lp;
+  }
+  if (!g.beam_search) return ok_status();
+  if (g.n > max_beam_width) {
+    return bad("'n' must be at most " + std::to_string(max_beam_width) +
+               " with 'use_beam_search' (the beam width; each step asks twice as many alternatives, at most " +
+               std::to_string(kernels::max_logprobs) + ")");
+  }
+  if (g.stream) return bad("'use_beam_search' cannot be streamed (send 'stream': false)");
+  if (g.best_of > 1) return bad("'use_beam_search' cannot be combined with 'best_of' above 1");
   return ok_status();
 }
 
@@ -374,6 +389,8 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
   LLMESH_TRY(bool_field(j, "return_token_ids", g.return_token_ids));
   LLMESH_TRY(bool_field(j, "ignore_eos", g.ignore_eos));
   LLMESH_TRY(bool_field(j, "include_stop_str_in_output", g.include_stop_str));
+  LLMESH_TRY(bool_field(j, "skip_special_tokens", g.skip_special_tokens));
+  LLMESH_TRY(bool_field(j, "return_tokens_as_token_ids", g.tokens_as_ids));
   {
     std::optional<int64_t> t;
     LLMESH_TRY(integer_field(j, "truncate_prompt_tokens", t));
@@ -399,7 +416,7 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
     if (g.stream) return bad("'best_of' above 1 cannot be streamed (send 'stream': false)");
     LLMESH_TRY(check_choices(lim, g.best_of, 1, "'best_of'"));
   }
-  return ok_status();
+  return parse_beam_search(j, g);
 }
 
 status parse_model(const json& j, std::string& model) {

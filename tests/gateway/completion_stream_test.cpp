@@ -291,6 +291,62 @@ TEST_F(CompletionStream, AStopTokenIdEndsTheTextBeforeItselfButStaysInTokenIds) 
   EXPECT_EQ(json::parse(c.reply().body)["choices"][0]["text"], "one two three");
 }
 
+// vLLM's skip_special_tokens false: special tokens' text stays in the output, but the end token
+// that stopped it is left out unless include_stop_str_in_output; return_tokens_as_token_ids
+// names logprobs' tokens by id, their text offsets still the text's.
+TEST_F(CompletionStream, SkipSpecialTokensFalseKeepsThemButNotTheEndAndTokensAsIdsNamesThem) {
+  auto id_of = [&](const std::string& text) {
+    const auto& d = tok_->decoder();
+    for (size_t id = 0; id < d.vocab_size(); ++id) {
+      if (d.token_bytes(static_cast<int32_t>(id)) == text) return static_cast<int32_t>(id);
+    }
+    return -1;
+  };
+  const int32_t header = id_of("<|start_header_id|>"), eot = id_of("<|eot_id|>");
+  ASSERT_GE(header, 0);
+  ASSERT_GE(eot, 0);
+  ASSERT_TRUE(tok_->decoder().is_special(header) && tok_->decoder().is_special(eot));
+  std::vector<int32_t> ids = tok_->encode("one two", false);
+  ids.push_back(header);
+  for (int32_t t : tok_->encode(" three", false)) ids.push_back(t);
+  ids.push_back(eot);
+  auto text_with = [&](bool skip, bool include_stop, bool streaming) {
+    auto s = setup(false, streaming);
+    s.skip_special = skip;
+    s.include_stop_str = include_stop;
+    one_choice c(s, tok_->decoder());
+    const std::string sse = feed(c, ids, finish_reason::eos);
+    if (!streaming) return json::parse(c.reply().body)["choices"][0]["text"].get<std::string>();
+    bool done = false;
+    std::string text;
+    for (const auto& e : events(sse, done)) text += e["choices"][0]["text"];
+    return text;
+  };
+  for (bool streaming : {false, true}) {
+    EXPECT_EQ(text_with(true, false, streaming), "one two three");
+    EXPECT_EQ(text_with(false, false, streaming), "one two<|start_header_id|> three");
+    EXPECT_EQ(text_with(false, true, streaming), "one two<|start_header_id|> three<|eot_id|>");
+    EXPECT_EQ(text_with(true, true, streaming), "one two three");  // skipped: no text to include
+  }
+  auto s = setup(false, false);
+  s.logprobs = 1;
+  s.tokens_as_ids = true;
+  s.echo_logprobs = true;
+  s.prompt_ids = tok_->encode("a b", false);
+  one_choice c(s, tok_->decoder());
+  const int32_t alt = tok_->encode(" four", false).at(0);
+  const auto words = tok_->encode("one two", false);
+  token_msg first = with_logprobs(words[0], 0, alt);
+  first.prompt_logprobs = {kernels::token_logprobs{-1.0f, {{alt, -0.5f}}}};
+  c.on_message(first);
+  c.on_message(with_logprobs(words[1], 1, alt, finish_reason::length));
+  auto j = json::parse(c.reply().body)["choices"][0]["logprobs"];
+  const auto name = [](int32_t id) { return "token_id:" + std::to_string(id); };
+  EXPECT_EQ(j["tokens"], json({name(s.prompt_ids[0]), name(s.prompt_ids[1]), name(words[0]), name(words[1])}));
+  EXPECT_EQ(j["text_offset"], json({0, 1, 3, 6}));  // "a", " b", "one", " two"
+  EXPECT_EQ(j["top_logprobs"][2], json({{name(words[0]), -0.25}, {name(alt), -0.5}}));
+}
+
 TEST_F(CompletionStream, WholeResponseCarriesUsageAndTokenIds) {
   const auto ids = tricky_ids();
   auto s = setup(false, false);

@@ -187,13 +187,35 @@ TEST(OpenaiApi, VllmSamplingExtrasAreParsedOrRefusedByName) {
                                     R"("bad_words":null)", R"("use_beam_search":null)"}) {
     EXPECT_TRUE(parse(neutral).ok()) << neutral;
   }
-  for (const auto& [field, name] : std::vector<std::pair<std::string, std::string>>{
-           {R"("use_beam_search":true)", "use_beam_search"},
-           {R"("skip_special_tokens":false)", "skip_special_tokens"},
-           {R"("return_tokens_as_token_ids":true)", "return_tokens_as_token_ids"}}) {
+  auto use_beam = parse(R"("use_beam_search":true,"n":3,"length_penalty":0.5)");
+  ASSERT_TRUE(use_beam.ok()) << use_beam.err().message;
+  EXPECT_TRUE(use_beam->gen.beam_search);
+  EXPECT_EQ(use_beam->gen.n, 3u);
+  EXPECT_DOUBLE_EQ(use_beam->gen.length_penalty, 0.5);
+  EXPECT_FALSE(parse(R"("n":2)")->gen.beam_search);
+  EXPECT_DOUBLE_EQ(parse(R"("n":2)")->gen.length_penalty, 1.0);
+  for (const auto& [field, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"("use_beam_search":true,"n":11)", "'n' must be at most 10 with 'use_beam_search'"},
+           {R"("use_beam_search":true,"stream":true)", "'use_beam_search' cannot be streamed"},
+           {R"("use_beam_search":true,"best_of":2)", "'use_beam_search' cannot be combined with 'best_of'"},
+           {R"("use_beam_search":"yes")", "'use_beam_search' must be true or false"},
+           {R"("length_penalty":"x")", "'length_penalty'"}}) {
     auto r = parse(field);
     ASSERT_FALSE(r.ok()) << field;
-    EXPECT_NE(r.err().message.find("'" + name + "' is not supported"), std::string::npos) << r.err().message;
+    EXPECT_NE(r.err().message.find(needle), std::string::npos) << r.err().message;
+  }
+  auto kept = parse(R"("skip_special_tokens":false,"return_tokens_as_token_ids":true)");
+  ASSERT_TRUE(kept.ok()) << kept.err().message;
+  EXPECT_FALSE(kept->gen.skip_special_tokens);
+  EXPECT_TRUE(kept->gen.tokens_as_ids);
+  auto plain = parse(R"("n":1)");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->gen.skip_special_tokens);
+  EXPECT_FALSE(plain->gen.tokens_as_ids);
+  for (const std::string bad : {R"("skip_special_tokens":"no")", R"("return_tokens_as_token_ids":1)"}) {
+    auto r = parse(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.err().message.find("true or false"), std::string::npos) << r.err().message;
   }
 }
 

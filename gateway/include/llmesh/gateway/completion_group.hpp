@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "llmesh/gateway/beam_search.hpp"
 #include "llmesh/gateway/completion_stream.hpp"
 
 namespace llmesh::gateway {
@@ -54,6 +55,17 @@ class completion_group {
   /// with the group (chat, streaming, id, created, model) and its index are set here.
   void add_choice(uint64_t request_id, stream_setup s);
 
+  /// use_beam_search: one prompt's search, its choices already added with `choice_ids` (best
+  /// beam first). The group feeds the search its steps' messages and hands out its requests
+  /// (take_submissions); once it ends, its beams are replayed into those choices as their
+  /// tokens (the ones beyond the beams found, when a grammar allowed fewer, are left out of
+  /// the response).
+  void add_beam_search(std::unique_ptr<beam_search> b, std::vector<uint64_t> choice_ids);
+  /// Requests to submit to the mesh now (beam searches' next steps), each handed out once.
+  std::vector<actors::replica_request> take_submissions();
+  /// The beam searches' step requests still running (to cancel when the response ends early).
+  std::vector<uint64_t> running_searches() const;
+
   /// Takes one message of any choice's request (t.id picks it; unknown ids and messages after
   /// the end are ignored). Returns the SSE bytes to send now (streaming only; may be empty).
   std::string on_message(const actors::token_msg& t);
@@ -81,7 +93,15 @@ class completion_group {
   struct member {
     uint64_t request_id = 0;
     std::unique_ptr<completion_stream> stream;
+    bool absent = false;  ///< a beam search's choice with no beam: not in the response
   };
+  struct beam_member {
+    std::unique_ptr<beam_search> search;
+    std::vector<uint64_t> choice_ids;
+  };
+
+  /// The ended search's beams as its choices' token messages; returns what to send.
+  std::string replay(const beam_member& b);
 
   /// Ends the response on `e` (see the class comment); returns what to send.
   std::string fail(const error& e);
@@ -92,6 +112,8 @@ class completion_group {
   actors::metrics_registry* metrics_;
   std::vector<member> choices_;  ///< in index order
   std::vector<uint64_t> cancels_;
+  std::vector<beam_member> beams_;
+  std::vector<actors::replica_request> submissions_;
   size_t finished_ = 0;
   std::optional<error> failure_;
   bool done_ = false, started_ = false;

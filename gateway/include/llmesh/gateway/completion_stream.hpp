@@ -58,6 +58,11 @@ struct stream_setup {
   /// vLLM's include_stop_str_in_output: a stop string, or a stop_token_ids token's text, ends
   /// the text instead of being cut from it.
   bool include_stop_str = false;
+  /// vLLM's skip_special_tokens: false keeps special tokens' text; an end token's (a special
+  /// token that ends the generation) is still left out unless include_stop_str.
+  bool skip_special = true;
+  /// vLLM's return_tokens_as_token_ids: logprob entries name tokens "token_id:<id>".
+  bool tokens_as_ids = false;
   /// The request's stop_token_ids: a generation that ends on one (finish eos) keeps the id in
   /// token_ids but not its text, as vLLM does (include_stop_str_in_output off).
   std::vector<int32_t> stop_token_ids;

@@ -41,6 +41,12 @@ struct generation_fields {
   /// vLLM's include_stop_str_in_output: the stop string (or stop token's text) that ended the
   /// output stays at its end.
   bool include_stop_str = false;
+  /// vLLM's skip_special_tokens (default true): false keeps special tokens' text in the output
+  /// (an end token's is left out all the same, unless include_stop_str).
+  bool skip_special_tokens = true;
+  /// vLLM's return_tokens_as_token_ids: logprobs name each token "token_id:<id>" (text and
+  /// bytes), so a token whose bytes are not whole UTF-8 stays identifiable.
+  bool tokens_as_ids = false;
   /// vLLM's truncate_prompt_tokens: 0 none; k >= 1 keeps the prompt's last k tokens; -1 keeps
   /// the last (model context) tokens. api_service truncates after tokenizing.
   int64_t truncate_prompt_tokens = 0;
@@ -95,6 +101,12 @@ struct generation_fields {
   /// structured_outputs, a forced tool call); kind none: anything. Compiled once by the parser
   /// (a bad one is a 400); api_service sets it on every generation of the request.
   model::constraint_spec constraint;
+  /// vLLM's use_beam_search: each prompt's n choices are the n best beams of a beam search
+  /// of width n (beam_search.hpp; n at most max_beam_width; not streamed; not with best_of).
+  bool beam_search = false;
+  /// vLLM's length_penalty (beam search): a beam's score is its cumulative log-probability /
+  /// len^length_penalty. Finite; 1: vLLM's default.
+  double length_penalty = 1.0;
   /// Generations per prompt: n, or best_of when above it.
   size_t candidates() const { return best_of > n ? best_of : n; }
 };

@@ -1,0 +1,140 @@
+// Beam search over the mesh (beam_search.hpp).
+#include "llmesh/gateway/beam_search.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace llmesh::gateway {
+
+beam_search::beam_search(beam_setup s, std::function<uint64_t()> next_id) : s_(std::move(s)), next_id_(std::move(next_id)) {
+  s_.width = std::clamp<size_t>(s_.width, 1, max_beam_width);
+  if (s_.base.max_tokens == 0) {
+    done_ = true;  // nothing to generate (api_service never asks this)
+    return;
+  }
+  begin_step();
+}
+
+std::vector<actors::replica_request> beam_search::take_requests() {
+  std::vector<actors::replica_request> out;
+  out.swap(ready_);
+  return out;
+}
+
+bool beam_search::owns(uint64_t id) const {
+  return std::any_of(step_.begin(), step_.end(), [&](const pending& p) { return p.id == id; });
+}
+
+std::vector<uint64_t> beam_search::running() const {
+  std::vector<uint64_t> out;
+  for (const auto& p : step_) {
+    if (!p.result) out.push_back(p.id);
+  }
+  return out;
+}
+
+bool beam_search::is_end(int32_t token) const {
+  return std::find(s_.base.eos_ids.begin(), s_.base.eos_ids.end(), token) != s_.base.eos_ids.end();
+}
+
+double beam_search::score_of(const beam_hypothesis& h) const {
+  // vLLM's get_beam_search_score: the length counts the prompt, not an end id.
+  const double len = static_cast<double>(s_.base.prompt.size() + h.tokens.size() - (h.ended ? 1 : 0));
+  return h.cumulative_logprob / std::pow(std::max(len, 1.0), s_.length_penalty);
+}
+
+void beam_search::begin_step() {
+  step_.clear();
+  // Every step asks for the row's 2 × width most likely tokens, or the client's deeper count.
+  const int alternatives = std::max(static_cast<int>(2 * s_.width), s_.logprobs);
+  for (size_t b = 0; b < live_.size(); ++b) {
+    actors::replica_request r = s_.base;
+    r.id = next_id_();
+    r.prompt.insert(r.prompt.end(), live_[b].tokens.begin(), live_[b].tokens.end());
+    r.generated = s_.base.generated + live_[b].tokens.size();
+    r.max_tokens = 1;
+    r.sampling.logprobs = alternatives;
+    if (steps_done_ > 0) r.sampling.prompt_logprobs = -1;  // the prompt is scored once, by the first step
+    step_.push_back({r.id, b, std::nullopt});
+    ready_.push_back(std::move(r));
+  }
+}
+
+void beam_search::on_message(const actors::token_msg& t) {
+  if (done_) return;
+  auto it = std::find_if(step_.begin(), step_.end(), [&](const pending& p) { return p.id == t.id; });
+  if (it == step_.end() || it->result) return;
+  if (t.failed) {
+    failure_ = t.err;
+    done_ = true;
+    return;
+  }
+  if (t.finish == actors::finish_reason::none) return;  // a one-token request ends with its token
+  if (!t.logprobs) {
+    failure_ = make_error(errc::internal, "beam search: a step's token came without its log-probabilities");
+    done_ = true;
+    return;
+  }
+  it->result = t;
+  if (std::all_of(step_.begin(), step_.end(), [](const pending& p) { return p.result.has_value(); })) end_step();
+}
+
+void beam_search::end_step() {
+  if (steps_done_ == 0 && !step_.empty()) prompt_logprobs_ = step_.front().result->prompt_logprobs;
+  std::vector<beam_hypothesis> extended;
+  for (const pending& p : step_) {
+    const beam_hypothesis& beam = live_[p.beam];
+    const kernels::token_logprobs& row = *p.result->logprobs;
+    // The candidates: the drawn token (with a temperature it may lie outside the row's most
+    // likely), then the most likely in order.
+    struct candidate {
+      int32_t id;
+      float logprob;
+      int32_t rank;
+    };
+    std::vector<candidate> candidates;
+    const bool drawn_in_top = std::any_of(row.top.begin(), row.top.end(), [&](const auto& e) { return e.id == p.result->token; });
+    if (!drawn_in_top) candidates.push_back({p.result->token, row.logprob, row.rank});
+    for (size_t j = 0; j < row.top.size(); ++j) {
+      candidates.push_back({row.top[j].id, row.top[j].logprob, static_cast<int32_t>(j + 1)});
+    }
+    for (const candidate& c : candidates) {
+      if (!std::isfinite(c.logprob)) continue;  // masked (a grammar, a ban): never drawn
+      beam_hypothesis h = beam;
+      h.tokens.push_back(c.id);
+      kernels::token_logprobs entry;
+      entry.logprob = c.logprob;
+      entry.rank = c.rank;
+      if (s_.logprobs > 0) {
+        entry.top.assign(row.top.begin(), row.top.begin() + std::min<size_t>(row.top.size(), static_cast<size_t>(s_.logprobs)));
+      }
+      h.logprobs.push_back(std::move(entry));
+      h.cumulative_logprob += c.logprob;
+      h.ended = is_end(c.id);
+      h.score = score_of(h);
+      if (h.ended) {
+        completed_.push_back(std::move(h));
+      } else {
+        extended.push_back(std::move(h));
+      }
+    }
+  }
+  auto by_score = [](const beam_hypothesis& a, const beam_hypothesis& b) { return a.score > b.score; };
+  std::stable_sort(extended.begin(), extended.end(), by_score);
+  if (extended.size() > s_.width) extended.resize(s_.width);
+  live_ = std::move(extended);
+  step_.clear();
+  ++steps_done_;
+  if (steps_done_ < s_.base.max_tokens && !live_.empty()) {
+    begin_step();
+    return;
+  }
+  // The end: the live beams (out of steps) join the complete ones; the best `width` remain.
+  for (auto& h : live_) completed_.push_back(std::move(h));
+  live_.clear();
+  std::stable_sort(completed_.begin(), completed_.end(), by_score);
+  if (completed_.size() > s_.width) completed_.resize(s_.width);
+  done_ = true;
+}
+
+}  // namespace llmesh::gateway

@@ -1,0 +1,116 @@
+// vLLM's use_beam_search over real HTTP, with two replicas (a search's steps spread over
+// both): width 1 is greedy decoding; a wider search's choices are distinct, each token's
+// log-probability is the one the model gives that token after the prompt and the choice's
+// earlier tokens (re-scored by echo), and the choices are ordered by vLLM's score; chat;
+// the fields' errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "server_process.hpp"
+
+namespace llmesh::testing {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string bin = LLMESH_BINARY;
+const std::string model_dir = std::string(LLMESH_SOURCE_DIR) + "/models/kjv-tiny";
+
+json post(int port, const std::string& path, const json& body, int& status) {
+  auto r = http_request(port, "POST", path, body.dump());
+  status = r.status;
+  auto j = json::parse(r.body, nullptr, false);
+  return j.is_discarded() ? json{{"raw", r.body}} : j;
+}
+
+TEST(ServeBeamSearch, WidthOneIsGreedyAndWiderBeamsCarryTheModelsLogprobsInScoreOrder) {
+  server_process s(bin, {"--model", model_dir, "--replicas", "2"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const std::vector<int32_t> prompt{1142, 258, 2078, 386, 3345};
+  int status = 0;
+  const json base = {{"model", "kjv-tiny"}, {"prompt", prompt}, {"max_tokens", 7}, {"temperature", 0},
+                     {"return_token_ids", true}};
+  auto greedy = post(s.port(), "/v1/completions", base, status);
+  ASSERT_EQ(status, 200) << greedy;
+  json one = base;
+  one["use_beam_search"] = true;
+  auto b1 = post(s.port(), "/v1/completions", one, status);
+  ASSERT_EQ(status, 200) << b1;
+  ASSERT_EQ(b1["choices"].size(), 1u) << b1;
+  EXPECT_EQ(b1["choices"][0]["token_ids"], greedy["choices"][0]["token_ids"]) << b1;
+  EXPECT_EQ(b1["choices"][0]["text"], greedy["choices"][0]["text"]);
+  EXPECT_EQ(b1["choices"][0]["finish_reason"], greedy["choices"][0]["finish_reason"]);
+
+  json wide = base;
+  wide["use_beam_search"] = true;
+  wide["n"] = 4;
+  wide["logprobs"] = 1;
+  wide["length_penalty"] = 0.5;
+  auto b4 = post(s.port(), "/v1/completions", wide, status);
+  ASSERT_EQ(status, 200) << b4;
+  ASSERT_EQ(b4["choices"].size(), 4u) << b4;
+  std::set<std::vector<int32_t>> distinct;
+  double last_score = 0;
+  size_t completion_tokens = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    const json& c = b4["choices"][i];
+    EXPECT_EQ(c["index"], i);
+    const auto ids = c["token_ids"].get<std::vector<int32_t>>();
+    ASSERT_FALSE(ids.empty()) << c;
+    completion_tokens += ids.size();
+    distinct.insert(ids);
+    const auto& lp = c["logprobs"]["token_logprobs"];
+    ASSERT_EQ(lp.size(), ids.size()) << c;
+    // The same tokens re-scored as a prompt: the engine is batch- and chunk-invariant, so each
+    // log-probability is the very number the search saw.
+    std::vector<int32_t> whole = prompt;
+    whole.insert(whole.end(), ids.begin(), ids.end());
+    auto e = post(s.port(), "/v1/completions",
+                  {{"model", "kjv-tiny"}, {"prompt", whole}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 1},
+                   {"echo", true}},
+                  status);
+    ASSERT_EQ(status, 200) << e;
+    double cum = 0;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      EXPECT_EQ(lp[k], e["choices"][0]["logprobs"]["token_logprobs"][prompt.size() + k]) << "choice " << i << " token " << k;
+      cum += lp[k].get<double>();
+    }
+    const bool ended = c["finish_reason"] == "stop";
+    const double len = static_cast<double>(prompt.size() + ids.size() - (ended ? 1 : 0));
+    const double score = cum / std::pow(len, 0.5);
+    if (i > 0) EXPECT_LE(score, last_score + 1e-6) << "choice " << i << " ranks above the one before it";
+    last_score = score;
+  }
+  EXPECT_EQ(distinct.size(), 4u) << b4;
+  EXPECT_EQ(b4["usage"]["completion_tokens"], completion_tokens);
+  EXPECT_EQ(b4["usage"]["prompt_tokens"], prompt.size());
+
+  // Chat: the beams are the messages.
+  auto chat = post(s.port(), "/v1/chat/completions",
+                   {{"model", "kjv-tiny"}, {"messages", {{{"role", "user"}, {"content", "Who is the LORD?"}}}},
+                    {"max_tokens", 6}, {"use_beam_search", true}, {"n", 2}},
+                   status);
+  ASSERT_EQ(status, 200) << chat;
+  ASSERT_EQ(chat["choices"].size(), 2u) << chat;
+  EXPECT_NE(chat["choices"][0]["message"]["content"], chat["choices"][1]["message"]["content"]) << chat;
+
+  for (const auto& [field, needle] : std::vector<std::pair<json, std::string>>{
+           {{{"n", 11}}, "'n' must be at most 10"},
+           {{{"stream", true}}, "cannot be streamed"},
+           {{{"best_of", 2}}, "'best_of'"},
+           {{{"length_penalty", "long"}}, "'length_penalty'"},
+           {{{"use_beam_search", 1}}, "'use_beam_search' must be true or false"}}) {
+    json bad = one;
+    bad.update(field);
+    auto r = post(s.port(), "/v1/completions", bad, status);
+    EXPECT_EQ(status, 400) << field << r;
+    EXPECT_NE(r.dump().find(needle), std::string::npos) << field << r;
+  }
+}
+
+}  // namespace
+}  // namespace llmesh::testing
