@@ -55,6 +55,13 @@ struct GenerateRequest {
                                     # with the token and in the result
   promptLogprobs @23 :Int32 = -1;   # -1: none. 0..20: vLLM's prompt_logprobs: every prompt token after
                                     # the first scored, with this many alternatives, in the result
+  includeStopStr @24 :Bool;         # vLLM's include_stop_str_in_output: the stop string (or stop
+                                    # token's text) that ended the output stays at its end
+  skipSpecialTokens @25 :Bool = true;  # vLLM's skip_special_tokens: false keeps special tokens'
+                                    # text (the end token that stopped it is left out all the same)
+  truncatePromptTokens @26 :Int64;  # vLLM's truncate_prompt_tokens: 0 none; k >= 1 keeps the
+                                    # prompt's last k tokens; -1 the model's context's worth
+  addSpecialTokens @27 :Bool = true;   # a text prompt is tokenized with BOS (add_special_tokens)
 }
 
 struct TokenLogprob {

@@ -260,7 +260,8 @@ result<generation_job> api_service::native_generate(std::string_view api_key, co
                                                     const std::optional<std::string>& prompt_text,
                                                     std::vector<int32_t> prompt_ids,
                                                     const sampling_input& sampling, generation_fields rest,
-                                                    const result<nlohmann::ordered_json>& extra) {
+                                                    const result<nlohmann::ordered_json>& extra,
+                                                    bool add_special_tokens) {
   if (!authorized("Bearer " + std::string(api_key))) {
     return make_error(errc::unauthorized, "missing or wrong API key");
   }
@@ -278,7 +279,9 @@ result<generation_job> api_service::native_generate(std::string_view api_key, co
   if (mesh_.ready_replicas(model) == 0) {
     return make_error(errc::replica_unavailable, "no replica of the model '" + model + "' is ready");
   }
-  if (prompt_text) prompt_ids = m->tok->encode(*prompt_text, true);
+  LLMESH_TRY(check_truncation(g.truncate_prompt_tokens, m->cfg.max_positions));
+  if (prompt_text) prompt_ids = m->tok->encode(*prompt_text, add_special_tokens);
+  truncate_prompt(prompt_ids, g.truncate_prompt_tokens, m->cfg.max_positions);
   return prepare(false, *m, {prepared_prompt{std::move(prompt_ids), {}}}, std::move(g));
 }
 

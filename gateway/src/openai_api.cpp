@@ -109,6 +109,20 @@ status refuse_unsupported(const json& j, bool chat, generation_fields& g) {
   return ok_status();
 }
 
+/// vLLM's fields on the output's text and the prompt's length, shared with the native API
+/// (apply_extra_fields): include_stop_str_in_output, skip_special_tokens,
+/// return_tokens_as_token_ids, truncate_prompt_tokens.
+status parse_output_fields(const json& j, generation_fields& g) {
+  LLMESH_TRY(bool_field(j, "include_stop_str_in_output", g.include_stop_str));
+  LLMESH_TRY(bool_field(j, "skip_special_tokens", g.skip_special_tokens));
+  LLMESH_TRY(bool_field(j, "return_tokens_as_token_ids", g.tokens_as_ids));
+  std::optional<int64_t> t;
+  LLMESH_TRY(integer_field(j, "truncate_prompt_tokens", t));
+  if (t && (*t == 0 || *t < -1)) return bad("'truncate_prompt_tokens' must be -1 (the model's context) or at least 1");
+  if (t) g.truncate_prompt_tokens = *t;
+  return ok_status();
+}
+
 /// vLLM's use_beam_search and length_penalty. A search of width n returns n beams; each step
 /// asks 2n alternatives, so n is at most max_beam_width. The result comes whole (vLLM does not
 /// stream it either: here a stream request is a 400 rather than a silent plain reply).
@@ -388,15 +402,7 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
   LLMESH_TRY(bool_field(j, "stream", g.stream));
   LLMESH_TRY(bool_field(j, "return_token_ids", g.return_token_ids));
   LLMESH_TRY(bool_field(j, "ignore_eos", g.ignore_eos));
-  LLMESH_TRY(bool_field(j, "include_stop_str_in_output", g.include_stop_str));
-  LLMESH_TRY(bool_field(j, "skip_special_tokens", g.skip_special_tokens));
-  LLMESH_TRY(bool_field(j, "return_tokens_as_token_ids", g.tokens_as_ids));
-  {
-    std::optional<int64_t> t;
-    LLMESH_TRY(integer_field(j, "truncate_prompt_tokens", t));
-    if (t && (*t == 0 || *t < -1)) return bad("'truncate_prompt_tokens' must be -1 (the model's context) or at least 1");
-    if (t) g.truncate_prompt_tokens = *t;
-  }
+  LLMESH_TRY(parse_output_fields(j, g));
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return bad("'stream_options' must be an object");
     LLMESH_TRY(bool_field(*it, "include_usage", g.include_usage));
@@ -699,6 +705,7 @@ status apply_extra_fields(const json& j, const request_limits& lim, generation_f
     LLMESH_TRY(parse_allowed_token_ids(j, lim, g.allowed_ids));
     LLMESH_TRY(parse_bad_words(j, lim, g.bad_words));
     LLMESH_TRY(parse_stop(j, lim, g.stop));
+    LLMESH_TRY(parse_output_fields(j, g));
     return parse_output_constraint(j, nullptr, g.constraint);
   });
 }

@@ -39,14 +39,16 @@ struct call_state {
   std::vector<kernels::token_logprobs> prompt_logprobs;  ///< prompt token i + 1's at i
   std::optional<stop_matcher> stops;  ///< the request's stop strings, if any
   std::vector<int32_t> stop_ids;      ///< its stop_token_ids: their text is left out, as over HTTP
+  bool include_stop_str = false;      ///< include_stop_str_in_output: ... unless this
+  bool skip_special = true;           ///< skip_special_tokens (false: an end token's text is left out all the same)
   size_t min_tokens = 0;              ///< no stop string ends it before this many tokens
   bool finished = false;        ///< the RPC call's outcome is decided
   bool mesh_done = false;       ///< the mesh sent the generation's last message
   std::optional<error> failure;
   actors::finish_reason finish = actors::finish_reason::none;
 
-  call_state(rpc_server::impl* o, uint64_t i, rpc::TokenSink::Client s, const model::detokenizer& d)
-      : owner(o), id(i), sink(kj::mv(s)), decoder(d) {}
+  call_state(rpc_server::impl* o, uint64_t i, rpc::TokenSink::Client s, const model::detokenizer& d, bool skip)
+      : owner(o), id(i), sink(kj::mv(s)), decoder(d, skip), skip_special(skip) {}
   ~call_state();
 };
 
@@ -83,7 +85,10 @@ result<nlohmann::ordered_json> extra_fields(rpc::GenerateRequest::Reader in) {
                               {"frequency_penalty", in.getFrequencyPenalty()},
                               {"repetition_penalty", in.getRepetitionPenalty()},
                               {"min_tokens", in.getMinTokens()},
-                              {"min_p", in.getMinP()}};
+                              {"min_p", in.getMinP()},
+                              {"include_stop_str_in_output", in.getIncludeStopStr()},
+                              {"skip_special_tokens", in.getSkipSpecialTokens()}};
+  if (in.getTruncatePromptTokens() != 0) j["truncate_prompt_tokens"] = in.getTruncatePromptTokens();
   // Sizes first (this runs before the API key is checked): a message may be tens of MiB.
   if (in.hasStop()) {
     if (in.getStop().size() > request_limits{}.max_stop) return make_error(errc::invalid_request, "'stop' holds at most 4 strings");
@@ -197,9 +202,11 @@ struct rpc_server::impl {
         stopped = stopped || out.stopped;
         return std::move(out.text);
       };
-      const bool stop_token = t.finish == actors::finish_reason::eos &&
-                              std::find(st->stop_ids.begin(), st->stop_ids.end(), t.token) != st->stop_ids.end();
-      std::string piece = stop_token ? std::string() : pass(st->decoder.push(t.token));
+      const bool stop_token =
+          t.finish == actors::finish_reason::eos &&
+          (std::find(st->stop_ids.begin(), st->stop_ids.end(), t.token) != st->stop_ids.end() ||
+           (!st->skip_special && st->tok->decoder().is_special(t.token)));
+      std::string piece = stop_token && !st->include_stop_str ? std::string() : pass(st->decoder.push(t.token));
       if (!stopped && t.finish != actors::finish_reason::none) {
         piece += pass(st->decoder.flush());
         if (!stopped && st->stops) piece += st->stops->flush();
@@ -279,6 +286,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
     } else {
       for (auto id : prompt.getIds()) work->ids.push_back(id);
     }
+    work->add_special_tokens = in.getAddSpecialTokens();
     work->key.assign(in.getApiKey().cStr(), in.getApiKey().size());
     work->model.assign(in.getModel().cStr(), in.getModel().size());
     // The call goes on here, on the loop, once the worker is done. A call dropped meanwhile
@@ -288,7 +296,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
     api_service* api = &p_->api;
     boost::asio::post(p_->workers, [api, work, done] {
       work->job.emplace(api->native_generate(work->key, work->model, work->text, std::move(work->ids), work->sampling,
-                                             std::move(work->g), work->extra));
+                                             std::move(work->g), work->extra, work->add_special_tokens));
       (*done)->fulfill();
     });
     return paf.promise.then([this, ctx, work]() mutable { return start(ctx, *work->job); });
@@ -302,6 +310,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
     result<nlohmann::ordered_json> extra = nlohmann::ordered_json();
     std::optional<std::string> text;
     std::vector<int32_t> ids;
+    bool add_special_tokens = true;
     std::string key, model;
     std::optional<result<generation_job>> job;
   };
@@ -319,7 +328,8 @@ class llmesh_service final : public rpc::Llmesh::Server {
     }
     actors::replica_request& req = job->requests.front();  // the native API's call: one choice
     const uint64_t id = req.id;
-    auto st = kj::heap<call_state>(p_, id, params.getSink(), job->tok->decoder());
+    auto st = kj::heap<call_state>(p_, id, params.getSink(), job->tok->decoder(), in.getSkipSpecialTokens());
+    st->include_stop_str = in.getIncludeStopStr();
     st->slot = std::move(job->slot);
     st->prompt_tokens = req.prompt.size();
     st->tok = job->tok;
@@ -327,7 +337,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
     if (in.hasStop() && in.getStop().size() > 0) {
       std::vector<std::string> stops;
       for (auto s : in.getStop()) stops.emplace_back(s.cStr(), s.size());
-      st->stops.emplace(std::move(stops));
+      st->stops.emplace(std::move(stops), st->include_stop_str);
     }
     if (in.hasStopTokenIds()) {
       for (auto t : in.getStopTokenIds()) st->stop_ids.push_back(t);

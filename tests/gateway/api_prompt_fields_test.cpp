@@ -73,6 +73,30 @@ TEST_F(PromptFields, AddSpecialTokensFollowsVllmsDefaultsPerEndpoint) {
   EXPECT_EQ(prompt_of("/v1/chat/completions", chat + R"(,"add_special_tokens":true})"), encode("Hi", true));
 }
 
+// The native API (rpc_server): a text prompt with BOS unless add_special_tokens is false, and
+// truncate_prompt_tokens among its other fields, as over HTTP.
+TEST_F(PromptFields, TheNativeApiTokenizesWithOrWithoutBosAndTruncates) {
+  auto native = [&](const nlohmann::ordered_json& extra, bool special) -> std::vector<int32_t> {
+    auto job = api_->native_generate("", "m", std::string("Hello there, friend"), {}, sampling_input{}, generation_fields{},
+                                     extra, special);
+    if (!job) {
+      last_error_ = job.err().message;
+      return {};
+    }
+    return job->requests.at(0).prompt;
+  };
+  const auto with_bos = encode("Hello there, friend", true), without = encode("Hello there, friend", false);
+  ASSERT_GE(without.size(), 3u);
+  EXPECT_EQ(native(nlohmann::ordered_json(), true), with_bos);
+  EXPECT_EQ(native(nlohmann::ordered_json(), false), without);
+  EXPECT_EQ(native({{"truncate_prompt_tokens", 2}}, true), std::vector<int32_t>(with_bos.end() - 2, with_bos.end()));
+  EXPECT_EQ(native({{"truncate_prompt_tokens", -1}}, false), without);
+  EXPECT_TRUE(native({{"truncate_prompt_tokens", 5000}}, true).empty());
+  EXPECT_NE(last_error_.find("more than this model's context"), std::string::npos) << last_error_;
+  EXPECT_TRUE(native({{"truncate_prompt_tokens", 0}}, true).empty());
+  EXPECT_NE(last_error_.find("'truncate_prompt_tokens' must be -1"), std::string::npos) << last_error_;
+}
+
 TEST_F(PromptFields, ChatTemplateKwargsReachTheTemplate) {
   const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"Hi"}],"max_tokens":2)";
   EXPECT_EQ(prompt_of("/v1/chat/completions", chat + R"(,"chat_template_kwargs":{"enable_thinking":false}})"),

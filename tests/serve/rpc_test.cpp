@@ -53,6 +53,7 @@ struct outcome {
   int code = 0;
   std::string message, finish, text, streamed_text;
   std::vector<int32_t> ids, streamed;
+  size_t prompt_tokens = 0;
 };
 
 using request_setup = std::function<void(rpc::GenerateRequest::Builder)>;
@@ -70,6 +71,7 @@ outcome generate(capnp::EzRpcClient& c, const request_setup& setup) {
   o.message = r.getErrorMessage().cStr();
   o.finish = r.getFinishReason().cStr();
   o.text = r.getText().cStr();
+  o.prompt_tokens = r.getPromptTokens();
   for (auto id : r.getTokenIds()) o.ids.push_back(id);
   return o;
 }
@@ -496,6 +498,87 @@ TEST(Rpc, LogprobsStreamWithTheirTokensAndAreHttpsNumbers) {
     EXPECT_NE(std::string(bad_resp.getResult().getErrorMessage().cStr()).find(needle), std::string::npos)
         << bad_resp.getResult().getErrorMessage().cStr();
   }
+  EXPECT_EQ(s.stop(), 0) << s.log();
+}
+
+// vLLM's skip_special_tokens, include_stop_str_in_output, truncate_prompt_tokens and
+// add_special_tokens over the native API, as /v1/completions serves them: special tokens'
+// text kept or skipped, the end token's left out unless asked; a stop string kept at the
+// text's end; the prompt cut to its last k tokens (its tokens then those of the cut prompt).
+TEST(Rpc, TextFieldsAndPromptTruncationAreServedAsOverHttp) {
+  server_process s(bin, {"--model", model_dir});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const int port = rpc_port(s);
+  ASSERT_GT(port, 0) << s.log();
+  capnp::EzRpcClient c("127.0.0.1", static_cast<uint>(port));
+  const std::vector<int32_t> prompt{1142, 258, 2078, 386, 3345, 17};
+  auto with_prompt = [](auto r, const std::vector<int32_t>& ids) {
+    r.setModel("kjv-tiny");
+    auto out = r.getPrompt().initIds(static_cast<unsigned>(ids.size()));
+    for (unsigned i = 0; i < ids.size(); ++i) out.set(i, ids[i]);
+  };
+  constexpr int32_t bos = 4094, eos = 4095;  // kjv-tiny's special tokens
+  auto forced = [&](int32_t id, bool skip, bool include) {
+    return generate(c, [&](auto r) {
+      with_prompt(r, prompt);
+      r.setMaxTokens(2);
+      r.setIgnoreEos(id == bos);
+      auto b = r.initLogitBias(1);
+      b[0].setId(id);
+      b[0].setBias(100.0f);
+      r.setSkipSpecialTokens(skip);
+      r.setIncludeStopStr(include);
+    });
+  };
+  auto kept = forced(bos, false, false);
+  ASSERT_TRUE(kept.ok) << kept.message;
+  EXPECT_EQ(kept.ids, (std::vector<int32_t>{bos, bos}));
+  EXPECT_EQ(kept.text, "<|begin_of_text|><|begin_of_text|>");
+  EXPECT_EQ(kept.streamed_text, kept.text);
+  EXPECT_EQ(forced(bos, true, false).text, "");
+  for (auto [skip, include, want] : {std::tuple{false, false, ""}, std::tuple{false, true, "<|end_of_text|>"},
+                                     std::tuple{true, true, ""}}) {
+    auto o = forced(eos, skip, include);
+    ASSERT_TRUE(o.ok) << o.message;
+    EXPECT_EQ(o.ids, (std::vector<int32_t>{eos}));
+    EXPECT_EQ(o.finish, "stop");
+    EXPECT_EQ(o.text, want) << skip << include;
+  }
+
+  // A stop string: cut before it, or kept with include_stop_str_in_output.
+  auto plain = generate(c, [&](auto r) { with_prompt(r, prompt), r.setMaxTokens(12); });
+  ASSERT_TRUE(plain.ok && plain.text.size() > 8) << plain.message << plain.text;
+  const std::string stop = plain.text.substr(4, 3);
+  const std::string before = plain.text.substr(0, plain.text.find(stop));
+  for (bool include : {false, true}) {
+    auto o = generate(c, [&](auto r) {
+      with_prompt(r, prompt), r.setMaxTokens(12), r.setIncludeStopStr(include);
+      r.initStop(1).set(0, stop);
+    });
+    ASSERT_TRUE(o.ok) << o.message;
+    EXPECT_EQ(o.text, include ? before + stop : before);
+    EXPECT_EQ(o.streamed_text, o.text);
+    EXPECT_EQ(o.finish, "stop");
+  }
+
+  // truncate_prompt_tokens: the last 3 tokens, whose own output it is; -1 keeps a short prompt.
+  const std::vector<int32_t> tail(prompt.end() - 3, prompt.end());
+  auto cut = generate(c, [&](auto r) { with_prompt(r, prompt), r.setMaxTokens(6), r.setTruncatePromptTokens(3); });
+  auto short_one = generate(c, [&](auto r) { with_prompt(r, tail), r.setMaxTokens(6); });
+  ASSERT_TRUE(cut.ok && short_one.ok) << cut.message << short_one.message;
+  EXPECT_EQ(cut.prompt_tokens, 3u);
+  EXPECT_EQ(cut.ids, short_one.ids);
+  auto whole = generate(c, [&](auto r) { with_prompt(r, prompt), r.setMaxTokens(2), r.setTruncatePromptTokens(-1); });
+  EXPECT_EQ(whole.prompt_tokens, prompt.size()) << whole.message;
+  for (int64_t bad : {int64_t{-2}, int64_t{1} << 40}) {
+    auto o = generate(c, [&](auto r) { with_prompt(r, prompt), r.setTruncatePromptTokens(bad); });
+    EXPECT_FALSE(o.ok) << bad;
+    EXPECT_EQ(o.code, 400);
+    EXPECT_NE(o.message.find("'truncate_prompt_tokens'"), std::string::npos) << o.message;
+  }
+
+  // add_special_tokens: kjv-tiny's tokenizer adds no BOS, so PromptFields (tests/gateway)
+  // checks it on Llama 3.1's.
   EXPECT_EQ(s.stop(), 0) << s.log();
 }
 

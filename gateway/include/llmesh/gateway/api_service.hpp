@@ -102,13 +102,17 @@ class api_service {
   /// generation runs until EOS or the context, bounded by the max-tokens limit (as chat does).
   /// `extra`: the other fields as apply_extra_fields takes them (null: none), or the error the
   /// caller met reading them (reported after the API key is checked).
+  /// `add_special_tokens`: a text prompt is tokenized with the tokenizer's special tokens (BOS;
+  /// /v1/completions' add_special_tokens). The prompt is then cut to rest's (or extra's)
+  /// truncate_prompt_tokens, as over HTTP.
   /// The caller uses the job's one request and slot (its output renders OpenAI chunks, which
   /// the RPC server does not need).
   [[nodiscard]] result<generation_job> native_generate(std::string_view api_key, const std::string& model,
                                                        const std::optional<std::string>& prompt_text,
                                                        std::vector<int32_t> prompt_ids,
                                                        const sampling_input& sampling, generation_fields rest,
-                                                       const result<nlohmann::ordered_json>& extra = nlohmann::ordered_json());
+                                                       const result<nlohmann::ordered_json>& extra = nlohmann::ordered_json(),
+                                                       bool add_special_tokens = true);
 
   /// Generations (choices) in flight.
   size_t inflight() const { return inflight_->load(); }
