@@ -107,7 +107,8 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   }
   // vLLM's tokenizer routes sit outside /v1; the API key guards them too (they cost work).
   const bool tokenizer_route = path == "/tokenize" || path == "/detokenize";
-  const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" || tokenizer_route;
+  const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
+                     path == "/v1/responses" || tokenizer_route;
   if (!known && !(path == "/health" || path == "/ready" || path == "/metrics")) {
     return error_reply(make_error(errc::not_found, "no route for " + std::string(method) + " " + std::string(path)));
   }
@@ -117,6 +118,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   if (path == "/v1/models" && get) return models();
   if (path == "/v1/completions" && post) return completions(body);
   if (path == "/v1/chat/completions" && post) return chat_completions(body);
+  if (path == "/v1/responses" && post) return responses(body);
   if (path == "/tokenize" && post) return tokenize(body);
   if (path == "/detokenize" && post) return detokenize(body);
   http_reply r = error_reply(make_error(errc::invalid_request, std::string(method) + " is not allowed on " + std::string(path)));
@@ -211,8 +213,32 @@ api_outcome api_service::completions(std::string_view body) {
 }
 
 
-api_outcome api_service::chat_completions(std::string_view body) {
+api_outcome api_service::responses(std::string_view body) {
+  auto j = parse_request_object(body);
+  if (!j) return error_reply(j.err());
+  responses_echo echo;
+  result<nlohmann::ordered_json> chat = nlohmann::ordered_json();
+  try {
+    chat = responses_to_chat(*j, echo);
+  } catch (const nlohmann::json::exception& e) {  // a field of an unexpected type
+    chat = make_error(errc::invalid_request, std::string("the request does not have the Responses API's shape: ") + e.what());
+  }
+  if (!chat) return error_reply(chat.err());
+  return chat_completions(chat->dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace), &echo);
+}
+
+api_outcome api_service::chat_completions(std::string_view body, const responses_echo* responses) {
   auto r = parse_chat_request(body, opt_.limits);
+  if (!r && responses) {
+    // The chat fields' names in the message are the Responses API's.
+    std::string msg = r.err().message;
+    for (auto [from, to] : {std::pair<std::string_view, std::string_view>{"'max_completion_tokens'", "'max_output_tokens'"},
+                            {"'messages'", "'input'"},
+                            {"'response_format'", "'text.format'"}}) {
+      for (size_t at; (at = msg.find(from)) != std::string::npos;) msg.replace(at, from.size(), to);
+    }
+    return error_reply(make_error(r.err().code, msg));
+  }
   if (!r) return error_reply(r.err());
   auto m = find(r->model);
   if (!m) return error_reply(m.err());
@@ -253,6 +279,9 @@ api_outcome api_service::chat_completions(std::string_view body) {
   }
   auto job = prepare(true, sm, {prepared_prompt{std::move(ids), {}}}, r->gen, shape, reasoning);
   if (!job) return error_reply(job.err());
+  if (responses) {
+    job->output->render_as_responses(std::make_unique<responses_renderer>(*responses, job->output->id(), job->output->created(), sm.name));
+  }
   return std::move(*job);
 }
 
@@ -374,6 +403,12 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
       return make_error(errc::invalid_request, "'stop_token_ids' holds " + std::to_string(t) +
                                                    ", outside the vocabulary of " + std::to_string(cfg.vocab));
     }
+  }
+  if (g.beam_search && g.constraint.type != model::constraint_spec::kind::none) {
+    // As the parser's other refusals (parse_beam_search): the search ranks unmasked log-probabilities.
+    return make_error(errc::invalid_request,
+                      "'use_beam_search' cannot be combined with a structured output or a forced tool call (the search "
+                      "ranks the model's own log-probabilities)");
   }
   const size_t n = std::max<size_t>(g.n, 1), per_prompt = g.candidates();  // best_of's candidates, or n
   const size_t n_choices = prompts.size() * per_prompt;  // the parser bounded it by max_choices

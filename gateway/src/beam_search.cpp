@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace llmesh::gateway {
 
@@ -93,9 +94,12 @@ void beam_search::end_step() {
       int32_t rank;
     };
     std::vector<candidate> candidates;
-    const bool drawn_in_top = std::any_of(row.top.begin(), row.top.end(), [&](const auto& e) { return e.id == p.result->token; });
+    // The candidates are vLLM's 2 × width, whatever deeper row the client asked to see.
+    const size_t considered = std::min(row.top.size(), 2 * s_.width);
+    const bool drawn_in_top = std::any_of(row.top.begin(), row.top.begin() + static_cast<std::ptrdiff_t>(considered),
+                                          [&](const auto& e) { return e.id == p.result->token; });
     if (!drawn_in_top) candidates.push_back({p.result->token, row.logprob, row.rank});
-    for (size_t j = 0; j < row.top.size(); ++j) {
+    for (size_t j = 0; j < considered; ++j) {
       candidates.push_back({row.top[j].id, row.top[j].logprob, static_cast<int32_t>(j + 1)});
     }
     for (const candidate& c : candidates) {
@@ -119,7 +123,9 @@ void beam_search::end_step() {
       }
     }
   }
-  auto by_score = [](const beam_hypothesis& a, const beam_hypothesis& b) { return a.score > b.score; };
+  // A NaN score (0/0 with an extreme length_penalty) ranks last, keeping the order strict.
+  auto key = [](const beam_hypothesis& h) { return std::isnan(h.score) ? -std::numeric_limits<double>::infinity() : h.score; };
+  auto by_score = [&](const beam_hypothesis& a, const beam_hypothesis& b) { return key(a) > key(b); };
   std::stable_sort(extended.begin(), extended.end(), by_score);
   if (extended.size() > s_.width) extended.resize(s_.width);
   live_ = std::move(extended);

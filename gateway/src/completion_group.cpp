@@ -26,6 +26,7 @@ void completion_group::add_choice(uint64_t request_id, stream_setup s) {
 void completion_group::add_beam_search(std::unique_ptr<beam_search> b, std::vector<uint64_t> choice_ids) {
   for (auto& r : b->take_requests()) submissions_.push_back(std::move(r));
   beams_.push_back({std::move(b), std::move(choice_ids)});
+  if (beams_.back().search->done()) replay(beams_.back());  // nothing to search (never streamed)
 }
 
 std::vector<actors::replica_request> completion_group::take_submissions() {
@@ -65,7 +66,7 @@ std::string completion_group::replay(const beam_member& b) {
       t.finish = !last ? actors::finish_reason::none : h.ended ? actors::finish_reason::eos : actors::finish_reason::length;
       t.logprobs = h.logprobs[i];
       if (i == 0) t.prompt_logprobs = b.search->prompt_logprobs();
-      bytes += on_message(t);
+      bytes += on_chat_message(t);
     }
   }
   return bytes;
@@ -87,6 +88,7 @@ std::string completion_group::fail(const error& e) {
     if (!m.stream->done()) cancels_.push_back(m.request_id);
   }
   for (uint64_t id : running_searches()) cancels_.push_back(id);
+  submissions_.clear();  // another search's next step: not to be run now
   if (!started_) {
     failure_ = e;  // nothing went out: the answer is this error (the status is still free)
     return "";
@@ -96,6 +98,11 @@ std::string completion_group::fail(const error& e) {
 }
 
 std::string completion_group::on_message(const actors::token_msg& t) {
+  std::string bytes = on_chat_message(t);
+  return responses_ && !bytes.empty() ? responses_->stream(bytes) : bytes;
+}
+
+std::string completion_group::on_chat_message(const actors::token_msg& t) {
   if (done_) return "";
   for (auto& b : beams_) {
     if (b.search->done() || !b.search->owns(t.id)) continue;
@@ -158,6 +165,7 @@ http_reply completion_group::reply() const {
   http_reply r;
   r.body = response_json(g_.chat ? "chat.completion" : "text_completion", g_.id, g_.created, g_.model, results(),
                          usage());
+  if (responses_) r.body = responses_->whole(r.body);
   return r;
 }
 

@@ -142,6 +142,24 @@ status parse_beam_search(const json& j, generation_fields& g) {
   }
   if (g.stream) return bad("'use_beam_search' cannot be streamed (send 'stream': false)");
   if (g.best_of > 1) return bad("'use_beam_search' cannot be combined with 'best_of' above 1");
+  // The search ranks the engine's log-probabilities, which are the model's own (before biases,
+  // bans, penalties and masks: kernels::token_logprobs), so fields that change which tokens
+  // may be drawn would not hold inside it. vLLM's beam search ignores them; here they are
+  // refused by name. (A structured output or forced tool call is refused once known, in
+  // api_service.)
+  const char* conflict = !g.stop.empty()                    ? "stop"
+                         : !g.logit_bias.empty()            ? "logit_bias"
+                         : !g.allowed_ids.empty()           ? "allowed_token_ids"
+                         : !g.bad_words.empty()             ? "bad_words"
+                         : g.min_tokens > 0                 ? "min_tokens"
+                         : g.presence_penalty != 0.0f       ? "presence_penalty"
+                         : g.frequency_penalty != 0.0f      ? "frequency_penalty"
+                         : g.repetition_penalty != 1.0f     ? "repetition_penalty"
+                                                            : nullptr;
+  if (conflict) {
+    return bad(std::string("'use_beam_search' cannot be combined with '") + conflict +
+               "' (the search ranks the model's own log-probabilities)");
+  }
   return ok_status();
 }
 
@@ -708,6 +726,10 @@ status apply_extra_fields(const json& j, const request_limits& lim, generation_f
     LLMESH_TRY(parse_output_fields(j, g));
     return parse_output_constraint(j, nullptr, g.constraint);
   });
+}
+
+result<nlohmann::ordered_json> parse_request_object(std::string_view body) {
+  return guarded([&] { return parse_object(body); });
 }
 
 result<tokenize_request> parse_tokenize_request(std::string_view body, const request_limits& lim) {

@@ -29,10 +29,10 @@ using actors::token_msg;
 using json = nlohmann::json;
 
 /// A deterministic next-token distribution over `vocab` ids for any sequence; ids in `masked`
-/// have log-probability -inf.
+/// have log-probability -inf (a model's -inf logit), ids in `boosted` +10 on their logits.
 struct fake_model {
   size_t vocab = 3;
-  std::vector<int32_t> masked;
+  std::vector<int32_t> masked, boosted;
   /// With a value: the token "drawn" at every step (a temperature's pick), whatever its rank.
   std::optional<int32_t> drawn;
 
@@ -44,6 +44,7 @@ struct fake_model {
       h = (h ^ (i + 1)) * 1099511628211ull;
       logits[i] = static_cast<double>((h >> 11) % 1000) / 250.0;
     }
+    for (int32_t b : boosted) logits[static_cast<size_t>(b)] += 10.0;
     for (int32_t m : masked) logits[static_cast<size_t>(m)] = -std::numeric_limits<double>::infinity();
     double mx = -std::numeric_limits<double>::infinity();
     for (double l : logits) mx = std::max(mx, l);
@@ -234,8 +235,8 @@ TEST(BeamSearch, StepsExtendEachBeamAsOutputWithTwiceTheWidthOfAlternatives) {
 }
 
 // An end id completes its beam (it is not extended further, and ranks among the results with
-// its length counted without the end id); a masked token (-inf) never enters a beam; a drawn
-// token outside the alternatives is a candidate too.
+// its length counted without the end id); a token of log-probability -inf never enters a
+// beam; a drawn token outside the alternatives is a candidate too.
 TEST(BeamSearch, EndIdsCompleteBeamsMaskedTokensNeverEnterAndTheDrawnTokenCounts) {
   fake_model m;
   m.vocab = 8;
@@ -269,8 +270,30 @@ TEST(BeamSearch, EndIdsCompleteBeamsMaskedTokensNeverEnterAndTheDrawnTokenCounts
   EXPECT_EQ(d.results()[0].tokens, (std::vector<int32_t>{7, 7, 7}));
 }
 
-// A grammar that allows fewer tokens than the width leaves fewer beams; a failed step fails
-// the search, which names its other running requests.
+// The candidates are the 2 × width most likely (and the drawn token) however deep a row the
+// client asks to see: with the two end ids the most likely at every step, width 1 ends at once
+// either way (a deeper row would let other tokens live on).
+TEST(BeamSearch, TheClientsLogprobsDoNotWidenTheCandidates) {
+  fake_model m;
+  m.vocab = 30;
+  m.boosted = {4, 5};
+  auto s = setup({1, 2}, 1, 6, {4, 5});
+  beam_search plain(s, ids_from(1));
+  drive(plain, m);
+  s.logprobs = 8;
+  beam_search deep(s, ids_from(1));
+  const auto run = drive(deep, m);
+  ASSERT_TRUE(plain.done() && deep.done());
+  ASSERT_EQ(plain.results().size(), 1u);
+  ASSERT_EQ(deep.results().size(), 1u);
+  EXPECT_EQ(run.steps.size(), 1u);
+  EXPECT_EQ(deep.results()[0].tokens, plain.results()[0].tokens);
+  EXPECT_TRUE(deep.results()[0].ended);
+  EXPECT_EQ(deep.results()[0].logprobs[0].top.size(), 8u);  // shown, not searched
+}
+
+// Fewer possible tokens than the width leave fewer beams; a failed step fails the search,
+// which names its other running requests.
 TEST(BeamSearch, FewerPossibleTokensGiveFewerBeamsAndAFailureEndsTheSearch) {
   fake_model m;
   m.vocab = 6;

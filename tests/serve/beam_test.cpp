@@ -2,7 +2,7 @@
 // both): width 1 is greedy decoding; a wider search's choices are distinct, each token's
 // log-probability is the one the model gives that token after the prompt and the choice's
 // earlier tokens (re-scored by echo), and the choices are ordered by vLLM's score; chat;
-// the fields' errors.
+// the fields' errors (among them those the search could not honour: a grammar, stop strings).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -103,7 +103,9 @@ TEST(ServeBeamSearch, WidthOneIsGreedyAndWiderBeamsCarryTheModelsLogprobsInScore
            {{{"stream", true}}, "cannot be streamed"},
            {{{"best_of", 2}}, "'best_of'"},
            {{{"length_penalty", "long"}}, "'length_penalty'"},
-           {{{"use_beam_search", 1}}, "'use_beam_search' must be true or false"}}) {
+           {{{"use_beam_search", 1}}, "'use_beam_search' must be true or false"},
+           {{{"response_format", {{"type", "json_object"}}}}, "cannot be combined with a structured output"},
+           {{{"stop", {"x"}}}, "cannot be combined with 'stop'"}}) {
     json bad = one;
     bad.update(field);
     auto r = post(s.port(), "/v1/completions", bad, status);

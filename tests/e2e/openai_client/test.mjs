@@ -209,6 +209,45 @@ test('chat completion: streaming and non-streaming agree at temperature 0', asyn
   assert.equal(last.usage.prompt_tokens, plain.usage.prompt_tokens);
 });
 
+test('responses: create and stream agree with chat at temperature 0; the stream helper assembles them', async () => {
+  const chat = await client.chat.completions.create({ model: MODEL,
+    messages: [{ role: 'system', content: 'Speak plainly.' }, ...CHAT], max_tokens: MAX_TOKENS, temperature: 0 });
+  const r = await client.responses.create({ model: MODEL, instructions: 'Speak plainly.', input: CHAT[0].content,
+    max_output_tokens: MAX_TOKENS, temperature: 0 });
+  assert.equal(r.object, 'response');
+  assert.match(r.id, /^resp_/);
+  assert.equal(r.output_text, chat.choices[0].message.content);  // the SDK's own join of the output
+  assert.equal(r.status, chat.choices[0].finish_reason === 'length' ? 'incomplete' : 'completed');
+  assert.equal(r.usage.input_tokens, chat.usage.prompt_tokens);
+  assert.equal(r.usage.output_tokens, chat.usage.completion_tokens);
+  assert.equal(r.instructions, 'Speak plainly.');
+
+  const stream = client.responses.stream({ model: MODEL, instructions: 'Speak plainly.',
+    input: [{ role: 'user', content: [{ type: 'input_text', text: CHAT[0].content }] }],
+    max_output_tokens: MAX_TOKENS, temperature: 0 });
+  let deltas = '';
+  const types = [];
+  for await (const event of stream) {
+    types.push(event.type);
+    if (event.type === 'response.output_text.delta') deltas += event.delta;
+  }
+  const final = await stream.finalResponse();
+  assert.equal(deltas, r.output_text);
+  assert.equal(final.output_text, r.output_text);
+  assert.equal(final.usage.output_tokens, r.usage.output_tokens);
+  assert.equal(types[0], 'response.created');
+  assert.ok(['response.completed', 'response.incomplete'].includes(types[types.length - 1]), types.join(','));
+
+  // A conversation that called a tool: the call and its output reach the template.
+  const followed = await client.responses.create({ model: MODEL, max_output_tokens: 4, temperature: 0, input: [
+    { role: 'user', content: 'What is the weather?' },
+    { type: 'function_call', call_id: 'call_1', name: 'weather', arguments: '{}' },
+    { type: 'function_call_output', call_id: 'call_1', output: 'fair' }] });
+  assert.equal(followed.output[0].type, 'message');
+  await assert.rejects(client.responses.create({ model: MODEL, input: 'x', previous_response_id: 'resp_1' }),
+    (err) => err instanceof OpenAI.BadRequestError && /previous_response_id/.test(err.message));
+});
+
 test('models.list() returns kjv-tiny', async () => {
   const ids = [];
   for await (const m of client.models.list()) ids.push(m.id);

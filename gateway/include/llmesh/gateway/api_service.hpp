@@ -21,6 +21,7 @@
 #include "llmesh/gateway/completion_group.hpp"
 #include "llmesh/gateway/openai_api.hpp"
 #include "llmesh/gateway/reasoning.hpp"
+#include "llmesh/gateway/responses_api.hpp"
 #include "llmesh/gateway/tool_calls.hpp"
 #include "llmesh/model/chat_template.hpp"
 #include "llmesh/model/config.hpp"
@@ -123,7 +124,11 @@ class api_service {
 
  private:
   api_outcome completions(std::string_view body);
-  api_outcome chat_completions(std::string_view body);
+  /// `responses`: the request came to /v1/responses as this chat request; its output is
+  /// rendered as the Responses API's (responses_api.hpp).
+  api_outcome chat_completions(std::string_view body, const responses_echo* responses = nullptr);
+  /// OpenAI's Responses API: the request as the chat request it means, run as one.
+  api_outcome responses(std::string_view body);
   /// vLLM's /tokenize and /detokenize (api_tokenize.cpp).
   api_outcome tokenize(std::string_view body);
   api_outcome detokenize(std::string_view body);

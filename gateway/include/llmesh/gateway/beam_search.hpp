@@ -1,10 +1,11 @@
 // Beam search over the mesh (vLLM's use_beam_search), a plain class: no CAF, no I/O. Each
 // step asks the mesh for one token after every live beam — a request whose prompt is the
-// prompt plus the beam's tokens, those tokens counted as output already generated (so the
-// penalties, min_tokens, bad words and a structured output's grammar apply to them as to any
-// output) — with 2 × width alternatives; every alternative with a finite log-probability
-// extends its beam; a beam extended by an end id is complete; the `width` best of the rest
-// live on. After max_tokens steps (or when no beam lives) the `width` best of the complete and
+// prompt plus the beam's tokens, those tokens counted as output already generated (as a
+// continued request's are) — with 2 × width alternatives; every alternative with a finite
+// log-probability extends its beam; a beam extended by an end id is complete; the `width`
+// best of the rest live on. The log-probabilities are the model's own (kernels::token_logprobs:
+// before biases, bans, penalties and grammar masks), so the gateway refuses beam search beside
+// the fields that change which tokens may be drawn (openai_api's parse_beam_search). After max_tokens steps (or when no beam lives) the `width` best of the complete and
 // the live beams are the result, best first.
 //
 // The order is vLLM's (vllm/beam_search.py, EngineClient.beam_search): a beam's score is its
@@ -71,8 +72,9 @@ class beam_search {
   const std::optional<error>& failure() const { return failure_; }
   /// The running step's requests that have not ended (to cancel when the response fails).
   std::vector<uint64_t> running() const;
-  /// The best hypotheses, best first: `width` of them, or fewer when fewer tokens were
-  /// possible (a grammar that allows fewer). REQUIRES: done() and no failure().
+  /// The best hypotheses, best first: `width` of them, or fewer when fewer outputs were
+  /// possible (a vocabulary smaller than 2 × width, -inf logits). REQUIRES: done() and no
+  /// failure().
   const std::vector<beam_hypothesis>& results() const { return completed_; }
   /// The prompt's log-probabilities, when the base request asked (sampling.prompt_logprobs):
   /// from the first step, as its token message carried them.

@@ -14,6 +14,7 @@
 
 #include "llmesh/gateway/beam_search.hpp"
 #include "llmesh/gateway/completion_stream.hpp"
+#include "llmesh/gateway/responses_api.hpp"
 
 namespace llmesh::gateway {
 
@@ -61,6 +62,9 @@ class completion_group {
   /// tokens (the ones beyond the beams found, when a grammar allowed fewer, are left out of
   /// the response).
   void add_beam_search(std::unique_ptr<beam_search> b, std::vector<uint64_t> choice_ids);
+  /// /v1/responses: the chat output this group renders (one choice) goes out as the Responses
+  /// API's response object or stream events instead (responses_api.hpp).
+  void render_as_responses(std::unique_ptr<responses_renderer> r) { responses_ = std::move(r); }
   /// Requests to submit to the mesh now (beam searches' next steps), each handed out once.
   std::vector<actors::replica_request> take_submissions();
   /// The beam searches' step requests still running (to cancel when the response ends early).
@@ -83,6 +87,9 @@ class completion_group {
   http_reply reply() const;
 
   size_t size() const { return choices_.size(); }
+  /// The response's id ("cmpl-…" / "chatcmpl-…") and creation time.
+  const std::string& id() const { return g_.id; }
+  int64_t created() const { return g_.created; }
   const completion_stream& choice(size_t i) const { return *choices_[i].stream; }
   /// Summed over the choices (every best_of candidate); prompt tokens once per prompt.
   usage_counts usage() const;
@@ -100,6 +107,8 @@ class completion_group {
     std::vector<uint64_t> choice_ids;
   };
 
+  /// on_message's chat rendering (what on_message sends, unless responses_ translates it).
+  std::string on_chat_message(const actors::token_msg& t);
   /// The ended search's beams as its choices' token messages; returns what to send.
   std::string replay(const beam_member& b);
 
@@ -114,6 +123,7 @@ class completion_group {
   std::vector<uint64_t> cancels_;
   std::vector<beam_member> beams_;
   std::vector<actors::replica_request> submissions_;
+  std::unique_ptr<responses_renderer> responses_;
   size_t finished_ = 0;
   std::optional<error> failure_;
   bool done_ = false, started_ = false;

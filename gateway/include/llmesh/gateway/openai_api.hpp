@@ -254,6 +254,9 @@ struct sampling_input {
 /// accepted. Other unknown fields are ignored.
 [[nodiscard]] result<completion_request> parse_completion_request(std::string_view body, const request_limits& lim);
 [[nodiscard]] result<chat_request> parse_chat_request(std::string_view body, const request_limits& lim);
+/// A request body as a JSON object, its nesting bounded as every endpoint's is (a 400 naming
+/// the problem otherwise).
+[[nodiscard]] result<nlohmann::ordered_json> parse_request_object(std::string_view body);
 /// /tokenize and /detokenize bodies: `model` optional (a non-empty string when sent); exactly
 /// one of `prompt` (a string) and `messages` (as chat's); `tokens` an array of non-negative
 /// 32-bit integers (the vocabulary is checked by the caller). `add_generation_prompt` and

@@ -1,0 +1,319 @@
+// The Responses API over the chat endpoint: requests become the chat requests they mean
+// (instructions and input items as messages, flat tools as chat tools, text.format as a
+// response_format), what the server cannot do is refused by name, and the chat output — whole
+// or as SSE chunks — becomes the response object or the typed event stream, the stream's last
+// event holding the same response the whole path builds.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "llmesh/gateway/api_service.hpp"
+#include "llmesh/gateway/responses_api.hpp"
+
+namespace llmesh::gateway {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+json chat_of(const json& body) {
+  responses_echo echo;
+  auto c = responses_to_chat(body, echo);
+  EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.err().message);
+  return c.ok() ? *c : json();
+}
+
+std::string refusal(const json& body) {
+  responses_echo echo;
+  auto c = responses_to_chat(body, echo);
+  return c.ok() ? std::string() : c.err().message;
+}
+
+TEST(ResponsesApi, InputItemsBecomeTheChatMessagesTheyMean) {
+  auto c = chat_of({{"model", "m"}, {"instructions", "Be brief."}, {"input", "Hi"}, {"max_output_tokens", 5}});
+  EXPECT_EQ(c["model"], "m");
+  EXPECT_EQ(c["messages"], json::parse(R"([{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}])"));
+  EXPECT_EQ(c["max_completion_tokens"], 5);
+  EXPECT_FALSE(c.contains("stream"));
+
+  const json input = json::parse(R"([
+    {"role":"developer","content":"Rules."},
+    {"type":"message","role":"user","content":[{"type":"input_text","text":"Weather?"}]},
+    {"type":"reasoning","id":"rs_1","summary":[]},
+    {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Checking."}]},
+    {"type":"function_call","call_id":"c1","name":"weather","arguments":"{\"city\":\"Ur\"}"},
+    {"type":"function_call","call_id":"c2","name":"time","arguments":"{}"},
+    {"type":"function_call_output","call_id":"c1","output":"fair"},
+    {"type":"function_call_output","call_id":"c2","output":[{"type":"input_text","text":"noon"}]},
+    {"type":"function_call","call_id":"c3","name":"again","arguments":"{}"}])");
+  auto items = chat_of({{"input", input}});
+  const json want = json::parse(R"([
+    {"role":"system","content":"Rules."},
+    {"role":"user","content":[{"type":"text","text":"Weather?"}]},
+    {"role":"assistant","content":[{"type":"text","text":"Checking."}],"tool_calls":[
+      {"id":"c1","type":"function","function":{"name":"weather","arguments":"{\"city\":\"Ur\"}"}},
+      {"id":"c2","type":"function","function":{"name":"time","arguments":"{}"}}]},
+    {"role":"tool","tool_call_id":"c1","content":"fair"},
+    {"role":"tool","tool_call_id":"c2","content":[{"type":"text","text":"noon"}]},
+    {"role":"assistant","content":null,"tool_calls":[
+      {"id":"c3","type":"function","function":{"name":"again","arguments":"{}"}}]}])");
+  EXPECT_EQ(items["messages"], want) << items["messages"].dump(1);
+}
+
+TEST(ResponsesApi, ToolsFormatsReasoningAndStreamMapToChatFields) {
+  auto c = chat_of(json::parse(R"({"input":"x","stream":true,"temperature":0.5,"top_p":0.9,"seed":7,
+    "tools":[{"type":"function","name":"f","description":"d","parameters":{"type":"object"},"strict":true}],
+    "tool_choice":{"type":"function","name":"f"},"parallel_tool_calls":false,
+    "text":{"format":{"type":"json_schema","name":"out","schema":{"type":"object"},"strict":true}},
+    "reasoning":{"effort":"low"},"chat_template_kwargs":{"enable_thinking":true},"metadata":{"k":"v"}})"));
+  EXPECT_EQ(c["tools"], json::parse(R"([{"type":"function","function":{"name":"f","description":"d",
+    "parameters":{"type":"object"},"strict":true}}])"));
+  EXPECT_EQ(c["tool_choice"], json::parse(R"({"type":"function","function":{"name":"f"}})"));
+  EXPECT_EQ(c["parallel_tool_calls"], false);
+  EXPECT_EQ(c["response_format"], json::parse(R"({"type":"json_schema","json_schema":{"name":"out",
+    "schema":{"type":"object"},"strict":true}})"));
+  EXPECT_EQ(c["chat_template_kwargs"], json::parse(R"({"enable_thinking":true,"reasoning_effort":"low"})"));
+  EXPECT_EQ(c["stream"], true);
+  EXPECT_EQ(c["stream_options"], json::parse(R"({"include_usage":true})"));
+  EXPECT_EQ(c["temperature"], 0.5);
+  EXPECT_EQ(c["seed"], 7);
+  EXPECT_FALSE(c.contains("metadata"));
+  EXPECT_EQ(chat_of({{"input", "x"}, {"text", {{"format", {{"type", "json_object"}}}}}})["response_format"],
+            json::parse(R"({"type":"json_object"})"));
+  EXPECT_FALSE(chat_of({{"input", "x"}, {"text", {{"format", {{"type", "text"}}}}}}).contains("response_format"));
+}
+
+TEST(ResponsesApi, WhatTheServerCannotDoIsRefusedByName) {
+  for (const auto& [body, needle] : std::vector<std::pair<json, std::string>>{
+           {{{"input", "x"}, {"previous_response_id", "resp_1"}}, "'previous_response_id' is not supported"},
+           {{{"input", "x"}, {"conversation", "c"}}, "'conversation' is not supported"},
+           {{{"input", "x"}, {"background", true}}, "'background' is not supported"},
+           {{{"input", "x"}, {"prompt", {{"id", "p"}}}}, "'prompt'"},
+           {{{"model", "m"}}, "'input' is required"},
+           {{{"input", json::array()}}, "non-empty array"},
+           {{{"input", 5}}, "'input' must be a string"},
+           {{{"input", {{{"type", "image_generation_call"}}}}}, "'input[0]': input items of type 'image_generation_call'"},
+           {{{"input", {{{"role", "user"}, {"content", {{{"type", "input_image"}, {"image_url", "u"}}}}}}}},
+            "parts of type 'input_image' are not supported"},
+           {{{"input", {{{"role", "robot"}, {"content", "x"}}}}}, "'input[0].role'"},
+           {{{"input", {{{"type", "function_call"}, {"name", "f"}, {"arguments", "{}"}}}}}, "'input[0].call_id'"},
+           {{{"input", "x"}, {"tools", {{{"type", "web_search"}}}}}, "tools of type 'web_search' are not supported"},
+           {{{"input", "x"}, {"tool_choice", {{"type", "file_search"}}}}, "'tool_choice' must be"},
+           {{{"input", "x"}, {"text", {{"format", {{"type", "yaml"}}}}}}, "'text.format.type'"},
+           {{{"input", "x"}, {"store", "yes"}}, "'store' must be true or false"}}) {
+    const std::string got = refusal(body);
+    EXPECT_NE(got.find(needle), std::string::npos) << body.dump() << " -> " << got;
+  }
+  EXPECT_EQ(refusal({{"input", "x"}, {"store", true}, {"background", false}}), "");
+}
+
+const char* chat_whole = R"({"id":"chatcmpl-00ff","object":"chat.completion","created":9,"model":"m","choices":[
+  {"index":0,"message":{"role":"assistant","reasoning_content":"Think.","content":"Answer.","tool_calls":[
+    {"id":"call_a","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]},
+   "logprobs":null,"finish_reason":"tool_calls"}],
+  "usage":{"prompt_tokens":7,"completion_tokens":5,"total_tokens":12}})";
+
+TEST(ResponsesApi, TheWholeChatAnswerBecomesAResponseObject) {
+  responses_echo echo;
+  echo.instructions = "Be brief.";
+  echo.max_output_tokens = 5;
+  responses_renderer r(echo, "chatcmpl-00ff", 9, "m");
+  const json j = json::parse(r.whole(chat_whole));
+  EXPECT_EQ(j["id"], "resp_00ff");
+  EXPECT_EQ(j["object"], "response");
+  EXPECT_EQ(j["created_at"], 9);
+  EXPECT_EQ(j["status"], "completed");
+  EXPECT_EQ(j["instructions"], "Be brief.");
+  EXPECT_EQ(j["store"], false);
+  const json want_output = json::parse(R"([
+    {"id":"rs_00ff0","type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"Think."}]},
+    {"id":"msg_00ff1","type":"message","status":"completed","role":"assistant",
+     "content":[{"type":"output_text","text":"Answer.","annotations":[]}]},
+    {"id":"fc_00ff2","type":"function_call","status":"completed","call_id":"call_a","name":"f","arguments":"{\"x\":1}"}])");
+  EXPECT_EQ(j["output"], want_output) << j["output"].dump(1);
+  EXPECT_EQ(j["usage"], json::parse(R"({"input_tokens":7,"input_tokens_details":{"cached_tokens":0},
+    "output_tokens":5,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":12})"));
+
+  // Out of tokens: incomplete, and so is the last item.
+  const std::string cut = R"({"choices":[{"index":0,"message":{"role":"assistant","content":"Ans"},"finish_reason":"length"}],
+    "usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}})";
+  const json c = json::parse(r.whole(cut));
+  EXPECT_EQ(c["status"], "incomplete");
+  EXPECT_EQ(c["incomplete_details"], json::parse(R"({"reason":"max_output_tokens"})"));
+  EXPECT_EQ(c["output"][0]["status"], "incomplete");
+  const std::string err = R"({"error":{"message":"no","type":"invalid_request_error","code":"invalid_request"}})";
+  EXPECT_EQ(r.whole(err), err);  // errors keep their shape
+}
+
+/// The events of a Responses stream: (type, data).
+std::vector<json> events_of(const std::string& sse) {
+  std::vector<json> out;
+  size_t at = 0;
+  while (at < sse.size()) {
+    const size_t end = sse.find("\n\n", at);
+    const std::string ev = sse.substr(at, end - at);
+    at = end + 2;
+    const size_t type_end = ev.find('\n');
+    EXPECT_EQ(ev.substr(0, 7), "event: ");
+    const json data = json::parse(ev.substr(ev.find("data: ") + 6));
+    EXPECT_EQ(data["type"], ev.substr(7, type_end - 7));
+    out.push_back(data);
+  }
+  return out;
+}
+
+std::string data(const std::string& chunk) { return "data: " + chunk + "\n\n"; }
+
+TEST(ResponsesApi, ChatChunksBecomeTypedEventsEndingInTheWholeResponse) {
+  const std::string env = R"("id":"chatcmpl-00ff","object":"chat.completion.chunk","created":9,"model":"m")";
+  const std::vector<std::string> chunks = {
+      data("{" + env + R"(,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]})"),
+      data("{" + env + R"(,"choices":[{"index":0,"delta":{"reasoning_content":"Thi"},"finish_reason":null}]})"),
+      data("{" + env + R"(,"choices":[{"index":0,"delta":{"reasoning_content":"nk."},"finish_reason":null}]})"),
+      data("{" + env + R"(,"choices":[{"index":0,"delta":{"content":"Ans"},"finish_reason":null}]})"),
+      data("{" + env + R"(,"choices":[{"index":0,"delta":{"content":"wer."},"finish_reason":null}]})"),
+      data("{" + env + R"(,"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":"{\"x\""}}]},"finish_reason":null}]})"),
+      data("{" + env + R"(,"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]},"finish_reason":null}]})"),
+      data("{" + env + R"(,"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})"),
+      data("{" + env + R"(,"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":5,"total_tokens":12}})"),
+      "data: [DONE]\n\n"};
+  responses_renderer r(responses_echo{}, "chatcmpl-00ff", 9, "m");
+  std::string sse;
+  for (size_t i = 0; i < chunks.size(); ++i) sse += r.stream(i == 3 ? chunks[3] + chunks[4] : (i == 4 ? "" : chunks[i]));
+  const auto events = events_of(sse);
+  std::vector<std::string> types;
+  for (size_t i = 0; i < events.size(); ++i) {
+    types.push_back(events[i]["type"]);
+    EXPECT_EQ(events[i]["sequence_number"], i);
+  }
+  const std::vector<std::string> want = {
+      "response.created", "response.in_progress",
+      "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+      "response.reasoning_text.delta", "response.reasoning_text.done", "response.content_part.done",
+      "response.output_item.done",
+      "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+      "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+      "response.output_item.done",
+      "response.output_item.added", "response.function_call_arguments.delta",
+      "response.function_call_arguments.delta", "response.function_call_arguments.done", "response.output_item.done",
+      "response.completed"};
+  EXPECT_EQ(types, want);
+  // The last event's response is the whole path's, but for their creation stamps.
+  const json whole = json::parse(r.whole(chat_whole));
+  EXPECT_EQ(events.back()["response"]["output"], whole["output"]) << events.back().dump(1);
+  EXPECT_EQ(events.back()["response"]["usage"], whole["usage"]);
+  EXPECT_EQ(events[0]["response"]["status"], "in_progress");
+  EXPECT_EQ(events[11]["delta"], "Ans");
+  EXPECT_EQ(events[11]["item_id"], "msg_00ff1");
+  EXPECT_EQ(events[13]["text"], "Answer.");
+  EXPECT_EQ(events[19]["arguments"], "{\"x\":1}");
+  EXPECT_EQ(r.stream("data: [DONE]\n\n"), "");  // nothing after the end
+}
+
+TEST(ResponsesApi, AnErrorMidStreamFailsTheResponseAndAnEmptyAnswerIsAnEmptyMessage) {
+  const std::string env = R"("id":"chatcmpl-01","object":"chat.completion.chunk","created":9,"model":"m")";
+  responses_renderer r(responses_echo{}, "chatcmpl-01", 9, "m");
+  std::string sse = r.stream(data("{" + env + R"(,"choices":[{"index":0,"delta":{"content":"Par"},"finish_reason":null}]})"));
+  sse += r.stream(data(R"({"error":{"message":"replica lost","type":"server_error","code":"replica_unavailable"}})") +
+                  "data: [DONE]\n\n");
+  auto events = events_of(sse);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back()["type"], "response.failed");
+  EXPECT_EQ(events.back()["response"]["status"], "failed");
+  EXPECT_EQ(events.back()["response"]["error"]["message"], "replica lost");
+  EXPECT_EQ(events.back()["response"]["output"][0]["content"][0]["text"], "Par");
+  EXPECT_EQ(events.back()["response"]["output"][0]["status"], "incomplete");
+
+  responses_renderer empty(responses_echo{}, "chatcmpl-02", 9, "m");
+  sse = empty.stream(data("{" + env + R"(,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":"stop"}]})") +
+                     data("{" + env + R"(,"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":0,"total_tokens":1}})"));
+  events = events_of(sse);
+  EXPECT_EQ(events.back()["type"], "response.completed");
+  EXPECT_EQ(events.back()["response"]["output"], json::parse(R"([{"id":"msg_020","type":"message","status":"completed",
+    "role":"assistant","content":[{"type":"output_text","text":"","annotations":[]}]}])"));
+}
+
+struct quiet_mesh : actors::mesh_client {
+  void submit(actors::replica_request, actors::token_sink) override {}
+  void cancel(uint64_t) override {}
+  size_t ready_replicas() const override { return 1; }
+};
+
+std::string mutate(std::string body, std::mt19937& rng) {
+  static const std::string alphabet = "{}[]\",:0123456789.-+eE truefalsnul\\\x80\xff";
+  const int edits = 1 + static_cast<int>(rng() % 6);
+  for (int e = 0; e < edits && !body.empty(); ++e) {
+    const size_t at = rng() % body.size();
+    switch (rng() % 3) {
+      case 0: body[at] = alphabet[rng() % alphabet.size()]; break;
+      case 1: body.erase(at, 1 + rng() % 3); break;
+      default: body.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
+    }
+  }
+  return body;
+}
+
+// Mutated requests through the whole endpoint (api_service: parse, translate, the chat
+// checks, the template) never throw and answer a 4xx or a job; mutated chat streams through
+// the renderer never throw and each event it writes is JSON of its announced type.
+TEST(ResponsesApi, MutatedRequestsAndStreamsNeverThrow) {
+  const std::string dir = LLMESH_SOURCE_DIR "/models/kjv-tiny";
+  auto tok = model::tokenizer::load(dir);
+  auto cfg = model::load_config(dir);
+  auto chat = model::chat_template::load(dir);
+  ASSERT_TRUE(tok.ok() && cfg.ok() && chat.ok());
+  quiet_mesh mesh;
+  actors::metrics_registry metrics;
+  api_options o;
+  o.model_name = "m";
+  o.max_concurrent = 1 << 20;
+  api_service api(o, *tok, *chat, *cfg, mesh, metrics);
+  const std::string seeds[] = {
+      R"({"model":"m","instructions":"i","input":"x","max_output_tokens":3,"temperature":0.5,"stream":true})",
+      R"({"model":"m","input":[{"role":"developer","content":"r"},{"type":"message","role":"user","content":[{"type":"input_text","text":"w"}]},)"
+      R"({"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"o"}],)"
+      R"("tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"}})",
+      R"({"model":"m","input":"x","text":{"format":{"type":"json_schema","name":"n","schema":{"type":"object"}}},"reasoning":{"effort":"low"},"metadata":{"a":"b"}})",
+  };
+  for (const auto& b : seeds) {
+    auto out = api.handle("POST", "/v1/responses", "", b);
+    EXPECT_TRUE(std::holds_alternative<generation_job>(out)) << b << " " << (std::holds_alternative<http_reply>(out) ? std::get<http_reply>(out).body : "");
+  }
+  std::mt19937 rng(5);
+  for (int i = 0; i < 6000; ++i) {
+    const std::string body = mutate(seeds[static_cast<size_t>(i) % std::size(seeds)], rng);
+    api_outcome out;
+    ASSERT_NO_THROW(out = api.handle("POST", "/v1/responses", "", body)) << body;
+    if (auto* r = std::get_if<http_reply>(&out)) {
+      EXPECT_GE(r->status, 400) << body;
+      EXPECT_LT(r->status, 500) << body << " " << r->body;
+    }
+  }
+  const std::string env = R"("id":"chatcmpl-0a","object":"chat.completion.chunk","created":1,"model":"m")";
+  const std::string stream_seed =
+      "data: {" + env + R"(,"choices":[{"index":0,"delta":{"reasoning_content":"a","content":"b","tool_calls":[{"index":0,"id":"c","function":{"name":"f","arguments":"{"}}]},"finish_reason":null}]})" "\n\n"
+      "data: {" + env + R"(,"choices":[{"index":0,"delta":{},"finish_reason":"length"}]})" "\n\n"
+      "data: {" + env + R"(,"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}})" "\n\n"
+      "data: [DONE]\n\n";
+  for (int i = 0; i < 3000; ++i) {
+    responses_renderer r(responses_echo{}, "chatcmpl-0a", 1, "m");
+    std::string out;
+    ASSERT_NO_THROW(out = r.stream(mutate(stream_seed, rng)));
+    ASSERT_NO_THROW(r.whole(mutate(chat_whole, rng)));
+    for (size_t at = 0; at < out.size();) {
+      const size_t end = out.find("\n\n", at);
+      ASSERT_NE(end, std::string::npos);
+      const std::string ev = out.substr(at, end - at);
+      at = end + 2;
+      const size_t data_at = ev.find("\ndata: ");
+      ASSERT_NE(data_at, std::string::npos) << ev;
+      const json d = json::parse(ev.substr(data_at + 7), nullptr, false);
+      ASSERT_FALSE(d.is_discarded()) << ev;
+      EXPECT_EQ("event: " + d["type"].get<std::string>(), ev.substr(0, data_at));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace llmesh::gateway
