@@ -107,6 +107,19 @@ status add_item(const json& item, size_t i, json& messages) {
   return bad("'" + at + "': input items of type '" + type + "' are not supported (message, function_call, function_call_output, reasoning)");
 }
 
+/// A chat answer's token entries as the answer text's: those after the last "</think>" token
+/// when the model thought first (the reasoning's own tokens are not the text's).
+json answer_logprobs(const json& entries) {
+  if (!entries.is_array()) return json::array();
+  size_t first = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].is_object() && entries[i].value("token", std::string()) == "</think>") first = i + 1;
+  }
+  json out = json::array();
+  for (size_t i = first; i < entries.size(); ++i) out.push_back(entries[i]);
+  return out;
+}
+
 json usage_of(const json& chat_usage) {
   if (!chat_usage.is_object()) return nullptr;
   const auto in = chat_usage.value("prompt_tokens", 0), out = chat_usage.value("completion_tokens", 0);
@@ -150,6 +163,21 @@ result<json> responses_to_chat(const json& body, responses_echo& echo) {
   }
   if (messages.empty()) return bad("'input' holds no message");
   chat["messages"] = std::move(messages);
+  // Token log-probabilities on the output text: top_logprobs n (OpenAI's), or `include` naming
+  // them (with no alternatives).
+  bool want_logprobs = false;
+  if (sent(body, "include")) {
+    if (!body["include"].is_array()) return bad("'include' must be an array of strings");
+    for (const json& v : body["include"]) {
+      if (!v.is_string()) return bad("'include' must be an array of strings");
+      if (v == "message.output_text.logprobs") want_logprobs = true;  // other inclusions name hosted tools' data
+    }
+  }
+  if (sent(body, "top_logprobs")) {
+    chat["top_logprobs"] = body["top_logprobs"];  // the chat endpoint checks it (0..20)
+    want_logprobs = true;
+  }
+  if (want_logprobs) chat["logprobs"] = true;
   if (sent(body, "max_output_tokens")) {
     chat["max_completion_tokens"] = body["max_output_tokens"];
     echo.max_output_tokens = body["max_output_tokens"];
@@ -306,11 +334,13 @@ std::string responses_renderer::whole_of(std::string_view chat_body) const {
   const bool calls = msg.contains("tool_calls") && msg["tool_calls"].is_array() && !msg["tool_calls"].empty();
   const bool text = msg.contains("content") && msg["content"].is_string();
   if ((text && (!msg["content"].get_ref<const std::string&>().empty() || !calls)) || (!calls && output.empty())) {
+    json part = {{"type", "output_text"}, {"text", text ? msg["content"] : json("")}, {"annotations", json::array()}};
+    if (c.contains("logprobs") && c["logprobs"].is_object()) part["logprobs"] = answer_logprobs(c["logprobs"].value("content", json::array()));
     output.push_back({{"id", item_id("msg", output.size())},
                       {"type", "message"},
                       {"status", "completed"},
                       {"role", "assistant"},
-                      {"content", {{{"type", "output_text"}, {"text", text ? msg["content"] : json("")}, {"annotations", json::array()}}}}});
+                      {"content", json::array({std::move(part)})}});
   }
   if (calls) {
     for (const json& t : msg["tool_calls"]) {
@@ -388,8 +418,10 @@ std::string responses_renderer::close_open() {
     json part = {{"type", message ? "output_text" : "reasoning_text"}, {"text", text_}};
     if (message) {
       part["annotations"] = json::array();
+      if (logprobs_wanted_) part["logprobs"] = logprobs_;
       out += event("response.output_text.done",
-                   {{"item_id", id}, {"output_index", index}, {"content_index", 0}, {"text", text_}, {"logprobs", json::array()}});
+                   {{"item_id", id}, {"output_index", index}, {"content_index", 0}, {"text", text_}, {"logprobs", logprobs_}});
+      logprobs_ = json::array();
       item_["status"] = item_status();
     } else {
       out += event("response.reasoning_text.done", {{"item_id", id}, {"output_index", index}, {"content_index", 0}, {"text", text_}});
@@ -439,6 +471,7 @@ std::string responses_renderer::on_chunk(const json& chunk) {
   }
   const json& c = chunk["choices"][0];
   const json d = c.value("delta", json::object());
+  if (c.contains("logprobs") && c["logprobs"].is_object()) logprobs_wanted_ = true;
   auto piece = [&](const char* key) -> std::string {
     return d.contains(key) && d[key].is_string() ? d[key].get<std::string>() : std::string();
   };
@@ -457,11 +490,18 @@ std::string responses_renderer::on_chunk(const json& chunk) {
       out += open(open_kind::message);
     }
     text_ += t;
+    // The chunk's token entries, unless it also carried reasoning (then they are the thinking's
+    // too, and the text's cannot be told apart).
+    json lp = json::array();
+    if (piece("reasoning_content").empty() && c.contains("logprobs") && c["logprobs"].is_object()) {
+      lp = answer_logprobs(c["logprobs"].value("content", json::array()));
+    }
+    for (const auto& e : lp) logprobs_.push_back(e);
     out += event("response.output_text.delta", {{"item_id", item_["id"]},
                                                 {"output_index", output_.size()},
                                                 {"content_index", 0},
                                                 {"delta", t},
-                                                {"logprobs", json::array()}});
+                                                {"logprobs", std::move(lp)}});
   }
   if (d.contains("tool_calls") && d["tool_calls"].is_array()) {
     for (const json& tc : d["tool_calls"]) {

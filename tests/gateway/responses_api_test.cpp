@@ -84,6 +84,51 @@ TEST(ResponsesApi, ToolsFormatsReasoningAndStreamMapToChatFields) {
   EXPECT_FALSE(chat_of({{"input", "x"}, {"text", {{"format", {{"type", "text"}}}}}}).contains("response_format"));
 }
 
+// top_logprobs (or include's "message.output_text.logprobs") asks the chat endpoint for them;
+// they come back on the output text, without the thinking's tokens, whole and streamed.
+TEST(ResponsesApi, LogprobsRideOnTheOutputTextWithoutTheThinking) {
+  auto c = chat_of({{"input", "x"}, {"top_logprobs", 2}});
+  EXPECT_EQ(c["logprobs"], true);
+  EXPECT_EQ(c["top_logprobs"], 2);
+  auto i = chat_of({{"input", "x"}, {"include", {"reasoning.encrypted_content", "message.output_text.logprobs"}}});
+  EXPECT_EQ(i["logprobs"], true);
+  EXPECT_FALSE(i.contains("top_logprobs"));
+  EXPECT_FALSE(chat_of({{"input", "x"}, {"include", {"file_search_call.results"}}}).contains("logprobs"));
+
+  const json e1 = {{"token", "<think>"}, {"logprob", -0.1}, {"bytes", json::array()}, {"top_logprobs", json::array()}};
+  const json e2 = {{"token", "</think>"}, {"logprob", -0.2}, {"bytes", json::array()}, {"top_logprobs", json::array()}};
+  const json e3 = {{"token", "Yes"}, {"logprob", -0.3}, {"bytes", {89, 101, 115}}, {"top_logprobs", json::array()}};
+  json chat_body = {{"choices", {{{"index", 0},
+                                  {"message", {{"role", "assistant"}, {"reasoning_content", "hm"}, {"content", "Yes"}}},
+                                  {"logprobs", {{"content", {e1, e2, e3}}}},
+                                  {"finish_reason", "stop"}}}},
+                    {"usage", {{"prompt_tokens", 1}, {"completion_tokens", 3}, {"total_tokens", 4}}}};
+  responses_renderer r(responses_echo{}, "chatcmpl-0b", 1, "m");
+  const json whole = json::parse(r.whole(chat_body.dump()));
+  EXPECT_EQ(whole["output"][1]["content"][0]["logprobs"], json::array({e3})) << whole.dump(1);
+
+  const std::string env = R"("id":"chatcmpl-0b","object":"chat.completion.chunk","created":1,"model":"m")";
+  auto chunk = [&](const json& delta, const json& entries) {
+    json j = json::parse("{" + env + "}");
+    j["choices"] = {{{"index", 0}, {"delta", delta}, {"logprobs", {{"content", entries}}}, {"finish_reason", nullptr}}};
+    return "data: " + j.dump() + "\n\n";
+  };
+  responses_renderer s(responses_echo{}, "chatcmpl-0b", 1, "m");
+  std::string sse = s.stream(chunk({{"reasoning_content", "hm"}}, json::array({e1})));
+  sse += s.stream(chunk({{"content", "Yes"}}, json::array({e3})));
+  sse += s.stream("data: {" + env + R"(,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]})" "\n\n" +
+                  "data: {" + env + R"(,"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":3,"total_tokens":4}})" "\n\n");
+  json done;
+  for (size_t at = 0; at < sse.size();) {
+    const size_t end = sse.find("\n\n", at);
+    const json d = json::parse(sse.substr(sse.find("data: ", at) + 6, end - sse.find("data: ", at) - 6));
+    at = end + 2;
+    if (d["type"] == "response.output_text.delta") EXPECT_EQ(d["logprobs"], json::array({e3}));
+    if (d["type"] == "response.completed") done = d;
+  }
+  EXPECT_EQ(done["response"]["output"][1]["content"][0]["logprobs"], json::array({e3})) << done.dump(1);
+}
+
 TEST(ResponsesApi, WhatTheServerCannotDoIsRefusedByName) {
   for (const auto& [body, needle] : std::vector<std::pair<json, std::string>>{
            {{{"input", "x"}, {"previous_response_id", "resp_1"}}, "'previous_response_id' is not supported"},
@@ -101,7 +146,8 @@ TEST(ResponsesApi, WhatTheServerCannotDoIsRefusedByName) {
            {{{"input", "x"}, {"tools", {{{"type", "web_search"}}}}}, "tools of type 'web_search' are not supported"},
            {{{"input", "x"}, {"tool_choice", {{"type", "file_search"}}}}, "'tool_choice' must be"},
            {{{"input", "x"}, {"text", {{"format", {{"type", "yaml"}}}}}}, "'text.format.type'"},
-           {{{"input", "x"}, {"store", "yes"}}, "'store' must be true or false"}}) {
+           {{{"input", "x"}, {"store", "yes"}}, "'store' must be true or false"},
+           {{{"input", "x"}, {"include", "all"}}, "'include' must be an array of strings"}}) {
     const std::string got = refusal(body);
     EXPECT_NE(got.find(needle), std::string::npos) << body.dump() << " -> " << got;
   }

@@ -238,6 +238,13 @@ test('responses: create and stream agree with chat at temperature 0; the stream 
   assert.equal(types[0], 'response.created');
   assert.ok(['response.completed', 'response.incomplete'].includes(types[types.length - 1]), types.join(','));
 
+  // Token log-probabilities on the output text: those the chat endpoint reports.
+  const scored = await client.responses.create({ model: MODEL, input: CHAT[0].content, max_output_tokens: 6,
+    temperature: 0, top_logprobs: 2 });
+  const chatScored = await client.chat.completions.create({ model: MODEL, messages: CHAT, max_tokens: 6,
+    temperature: 0, logprobs: true, top_logprobs: 2 });
+  assert.deepEqual(scored.output[0].content[0].logprobs, chatScored.choices[0].logprobs.content);
+
   // A conversation that called a tool: the call and its output reach the template.
   const followed = await client.responses.create({ model: MODEL, max_output_tokens: 4, temperature: 0, input: [
     { role: 'user', content: 'What is the weather?' },

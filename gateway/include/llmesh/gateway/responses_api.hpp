@@ -78,6 +78,8 @@ class responses_renderer {
   nlohmann::ordered_json item_;  ///< the open item
   std::string text_;             ///< the open item's text (message, reasoning) or arguments (call)
   std::string finish_reason_;
+  nlohmann::ordered_json logprobs_ = nlohmann::ordered_json::array();  ///< the open message's token entries
+  bool logprobs_wanted_ = false;  ///< the chunks carry logprobs: output_text parts hold theirs
   nlohmann::ordered_json usage_;
   bool saw_call_ = false;
 };
