@@ -61,6 +61,7 @@ struct Sampling {
                                    # with its logprob and the n most likely (vLLM's prompt_logprobs)
   constrained @12 :Bool;    # the request's constraint or allowedIds mask its draws (a step row: some do)
   badWords @13 :Bool;       # the request's GenerateRequest.badWords ban tokens (a step row: some rows)
+  processedLogprobs @14 :Bool;  # logprobs of the adjusted logits (masked: -inf), not the raw ones
 }
 
 enum ConstraintKind {

@@ -15,7 +15,8 @@ transport::sampling to_wire(const kernels::sampling_params& p) {
   return {p.temperature,      p.top_p,           p.top_k,
           p.seed,             p.logprobs,        p.presence_penalty,
           p.frequency_penalty, p.repetition_penalty, static_cast<uint32_t>(std::max(p.min_tokens, 0)), p.logit_bias,
-          p.min_p,            p.prompt_logprobs,    p.constrained,        p.bad_words};
+          p.min_p,            p.prompt_logprobs,    p.constrained,        p.bad_words,
+          p.processed_logprobs};
 }
 
 kernels::sampling_params from_wire(const transport::sampling& p) {
@@ -34,6 +35,7 @@ kernels::sampling_params from_wire(const transport::sampling& p) {
   out.prompt_logprobs = p.prompt_logprobs;
   out.constrained = p.constrained;
   out.bad_words = p.bad_words;
+  out.processed_logprobs = p.processed_logprobs;
   return out;
 }
 

@@ -404,12 +404,6 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
                                                    ", outside the vocabulary of " + std::to_string(cfg.vocab));
     }
   }
-  if (g.beam_search && g.constraint.type != model::constraint_spec::kind::none) {
-    // As the parser's other refusals (parse_beam_search): the search ranks unmasked log-probabilities.
-    return make_error(errc::invalid_request,
-                      "'use_beam_search' cannot be combined with a structured output or a forced tool call (the search "
-                      "ranks the model's own log-probabilities)");
-  }
   const size_t n = std::max<size_t>(g.n, 1), per_prompt = g.candidates();  // best_of's candidates, or n
   const size_t n_choices = prompts.size() * per_prompt;  // the parser bounded it by max_choices
   // The concurrency slots: taken here, released when the job (and its connection's use of it) ends.

@@ -55,6 +55,7 @@ void beam_search::begin_step() {
     r.generated = s_.base.generated + live_[b].tokens.size();
     r.max_tokens = 1;
     r.sampling.logprobs = alternatives;
+    r.sampling.processed_logprobs = true;  // masked tokens -inf: the beams honour what the request allows
     if (steps_done_ > 0) r.sampling.prompt_logprobs = -1;  // the prompt is scored once, by the first step
     step_.push_back({r.id, b, std::nullopt});
     ready_.push_back(std::move(r));

@@ -142,23 +142,13 @@ status parse_beam_search(const json& j, generation_fields& g) {
   }
   if (g.stream) return bad("'use_beam_search' cannot be streamed (send 'stream': false)");
   if (g.best_of > 1) return bad("'use_beam_search' cannot be combined with 'best_of' above 1");
-  // The search ranks the engine's log-probabilities, which are the model's own (before biases,
-  // bans, penalties and masks: kernels::token_logprobs), so fields that change which tokens
-  // may be drawn would not hold inside it. vLLM's beam search ignores them; here they are
-  // refused by name. (A structured output or forced tool call is refused once known, in
-  // api_service.)
-  const char* conflict = !g.stop.empty()                    ? "stop"
-                         : !g.logit_bias.empty()            ? "logit_bias"
-                         : !g.allowed_ids.empty()           ? "allowed_token_ids"
-                         : !g.bad_words.empty()             ? "bad_words"
-                         : g.min_tokens > 0                 ? "min_tokens"
-                         : g.presence_penalty != 0.0f       ? "presence_penalty"
-                         : g.frequency_penalty != 0.0f      ? "frequency_penalty"
-                         : g.repetition_penalty != 1.0f     ? "repetition_penalty"
-                                                            : nullptr;
-  if (conflict) {
-    return bad(std::string("'use_beam_search' cannot be combined with '") + conflict +
-               "' (the search ranks the model's own log-probabilities)");
+  // The search ranks the log-probabilities of the adjusted logits (biases, bans, penalties,
+  // min_tokens and grammar masks hold inside it), but it does not see text: a stop string
+  // would cut a beam after it was ranked. vLLM ignores stop strings in beam search; here they
+  // are refused.
+  if (!g.stop.empty()) {
+    return bad("'use_beam_search' cannot be combined with 'stop' (the search ranks tokens, not text; stop_token_ids "
+               "end beams)");
   }
   return ok_status();
 }

@@ -245,7 +245,15 @@ row_logprobs logprobs_rows(std::span<const float> logits, size_t vocab, std::spa
   out.resize(rows.size());
   for (size_t r = 0; r < rows.size(); ++r) {
     if (rows[r].params.logprobs < 0) continue;
-    out[r] = compute_logprobs(logits.subspan(r * vocab, vocab), tokens[r], rows[r].params.logprobs);
+    const auto row = logits.subspan(r * vocab, vocab);
+    if (rows[r].params.processed_logprobs && row_adjusts(rows[r])) {
+      thread_local std::vector<float> adjusted;  // the logits the draw saw (draw_row's copy)
+      adjusted.assign(row.begin(), row.end());
+      apply_adjust(adjusted, rows[r].params, *rows[r].adjust);
+      out[r] = compute_logprobs(adjusted, tokens[r], rows[r].params.logprobs);
+      continue;
+    }
+    out[r] = compute_logprobs(row, tokens[r], rows[r].params.logprobs);
   }
   return out;
 }

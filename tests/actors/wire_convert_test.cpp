@@ -38,6 +38,7 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   r.bad_words = {{5}, {6, 7, 8}};
   r.constraint_after = {151668};
   r.sampling.bad_words = true;
+  r.sampling.processed_logprobs = true;
   r.model = "not on the wire";
   replica_request back = through_a_frame(r);
   EXPECT_EQ(back.id, r.id);
@@ -64,6 +65,7 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   EXPECT_EQ(back.bad_words, r.bad_words);
   EXPECT_EQ(back.constraint_after, r.constraint_after);
   EXPECT_TRUE(back.sampling.bad_words);
+  EXPECT_TRUE(back.sampling.processed_logprobs);
   EXPECT_EQ(back.model, "");  // routing happened in the gateway's process
 }
 

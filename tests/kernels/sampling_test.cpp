@@ -643,5 +643,41 @@ TEST(Adjust, AMaskLeavesOnlyItsTokensDrawableAfterTheBans) {
   for (size_t id = 0; id < vocab; ++id) EXPECT_EQ(std::isfinite(cut[id]), id == 5) << id;
 }
 
+// processed_logprobs: the row's log-probabilities are those of its adjusted logits (a bias
+// moves them, a mask makes them -inf), exactly compute_logprobs of what apply_adjust gives;
+// without the flag they stay the raw logits' whatever the adjustments.
+TEST(Logprobs, ProcessedLogprobsAreThoseOfTheAdjustedLogits) {
+  const size_t vocab = 64;
+  std::vector<float> logits(vocab);
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d;
+  for (auto& x : logits) x = d(rng);
+  const std::vector<token_bias> bias{{3, 2.5f}, {10, -100.0f}};
+  std::vector<uint32_t> allowed(2, 0u);
+  for (int id : {1, 3, 10, 20, 40}) allowed[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+  logits_adjust adj{{}, {}, bias, allowed};
+  sampling_params p;
+  p.logprobs = 4;
+  p.logit_bias = true;
+  p.constrained = true;
+  p.processed_logprobs = true;
+  const sample_row processed{p, 0, &adj};
+  sampling_params raw_p = p;
+  raw_p.processed_logprobs = false;
+  const sample_row raw{raw_p, 0, &adj};
+  const std::vector<int32_t> tokens{3};
+  auto got = logprobs_rows(logits, vocab, std::vector<sample_row>{processed}, tokens);
+  std::vector<float> adjusted = logits;
+  apply_adjust(adjusted, p, adj);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], compute_logprobs(adjusted, 3, 4));
+  ASSERT_EQ(got[0]->top.size(), 4u);
+  for (const auto& t : got[0]->top) {
+    EXPECT_TRUE(t.id == 1 || t.id == 3 || t.id == 10 || t.id == 20 || t.id == 40) << t.id;
+  }
+  EXPECT_EQ(compute_logprobs(adjusted, 0, 0).logprob, -std::numeric_limits<float>::infinity());  // masked
+  EXPECT_EQ(logprobs_rows(logits, vocab, std::vector<sample_row>{raw}, tokens)[0], compute_logprobs(logits, 3, 4));
+}
+
 }  // namespace
 }  // namespace llmesh::kernels

@@ -1,8 +1,9 @@
 // vLLM's use_beam_search over real HTTP, with two replicas (a search's steps spread over
 // both): width 1 is greedy decoding; a wider search's choices are distinct, each token's
 // log-probability is the one the model gives that token after the prompt and the choice's
-// earlier tokens (re-scored by echo), and the choices are ordered by vLLM's score; chat;
-// the fields' errors (among them those the search could not honour: a grammar, stop strings).
+// earlier tokens (re-scored by echo), and the choices are ordered by vLLM's score; a
+// structured output's beams all match it and a banned token enters none; chat; the fields'
+// errors (stop strings, which the search cannot honour, among them).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -89,6 +90,35 @@ TEST(ServeBeamSearch, WidthOneIsGreedyAndWiderBeamsCarryTheModelsLogprobsInScore
   EXPECT_EQ(b4["usage"]["completion_tokens"], completion_tokens);
   EXPECT_EQ(b4["usage"]["prompt_tokens"], prompt.size());
 
+  // The steps rank processed log-probabilities: a grammar's beams all match it (guided_choice:
+  // each beam one of the choices, distinct), and a token biased to -100 enters no beam.
+  const std::vector<std::string> options = {" Moses", " Aaron", " Pharaoh", " Joshua"};
+  json guided = base;
+  guided["use_beam_search"] = true;
+  guided["n"] = 3;
+  guided["max_tokens"] = 12;
+  guided["guided_choice"] = options;
+  auto g3 = post(s.port(), "/v1/completions", guided, status);
+  ASSERT_EQ(status, 200) << g3;
+  ASSERT_EQ(g3["choices"].size(), 3u) << g3;
+  std::set<std::string> seen;
+  for (const auto& c : g3["choices"]) {
+    const std::string text = c["text"];
+    EXPECT_NE(std::find(options.begin(), options.end(), text), options.end()) << text;
+    seen.insert(text);
+    EXPECT_EQ(c["finish_reason"], "stop") << c;  // the grammar ends: only an end id may follow
+  }
+  EXPECT_EQ(seen.size(), 3u) << g3;
+  const int32_t first = b4["choices"][0]["token_ids"][0];
+  json banned = wide;
+  banned["logit_bias"] = {{std::to_string(first), -100}};
+  auto b4b = post(s.port(), "/v1/completions", banned, status);
+  ASSERT_EQ(status, 200) << b4b;
+  for (const auto& c : b4b["choices"]) {
+    const auto ids = c["token_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), first), 0) << c;
+  }
+
   // Chat: the beams are the messages.
   auto chat = post(s.port(), "/v1/chat/completions",
                    {{"model", "kjv-tiny"}, {"messages", {{{"role", "user"}, {"content", "Who is the LORD?"}}}},
@@ -104,7 +134,6 @@ TEST(ServeBeamSearch, WidthOneIsGreedyAndWiderBeamsCarryTheModelsLogprobsInScore
            {{{"best_of", 2}}, "'best_of'"},
            {{{"length_penalty", "long"}}, "'length_penalty'"},
            {{{"use_beam_search", 1}}, "'use_beam_search' must be true or false"},
-           {{{"response_format", {{"type", "json_object"}}}}, "cannot be combined with a structured output"},
            {{{"stop", {"x"}}}, "cannot be combined with 'stop'"}}) {
     json bad = one;
     bad.update(field);

@@ -46,13 +46,14 @@ void write_sampling(s::Sampling::Builder sp, const sampling& p) {
   sp.setPromptLogprobs(p.prompt_logprobs);
   sp.setConstrained(p.constrained);
   sp.setBadWords(p.bad_words);
+  sp.setProcessedLogprobs(p.processed_logprobs);
 }
 
 sampling read_sampling(s::Sampling::Reader sp) {
   return {sp.getTemperature(), sp.getTopP(),          sp.getTopK(),
           sp.getSeed(),        sp.getLogprobs(),      sp.getPresencePenalty(),
           sp.getFrequencyPenalty(), sp.getRepetitionPenalty(), sp.getMinTokens(), sp.getLogitBias(), sp.getMinP(),
-          sp.getPromptLogprobs(), sp.getConstrained(), sp.getBadWords()};
+          sp.getPromptLogprobs(), sp.getConstrained(), sp.getBadWords(), sp.getProcessedLogprobs()};
 }
 
 struct writer {

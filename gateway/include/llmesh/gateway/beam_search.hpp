@@ -3,9 +3,11 @@
 // prompt plus the beam's tokens, those tokens counted as output already generated (as a
 // continued request's are) — with 2 × width alternatives; every alternative with a finite
 // log-probability extends its beam; a beam extended by an end id is complete; the `width`
-// best of the rest live on. The log-probabilities are the model's own (kernels::token_logprobs:
-// before biases, bans, penalties and grammar masks), so the gateway refuses beam search beside
-// the fields that change which tokens may be drawn (openai_api's parse_beam_search). After max_tokens steps (or when no beam lives) the `width` best of the complete and
+// best of the rest live on. The steps ask for processed log-probabilities
+// (sampling_params::processed_logprobs: after the request's biases, penalties, bans,
+// min_tokens and grammar mask; a masked token is -inf), so the beams honour all of them — a
+// structured output's beams all match it. Stop strings do not apply (the search ranks tokens,
+// not text): the gateway refuses them beside beam search. After max_tokens steps (or when no beam lives) the `width` best of the complete and
 // the live beams are the result, best first.
 //
 // The order is vLLM's (vllm/beam_search.py, EngineClient.beam_search): a beam's score is its

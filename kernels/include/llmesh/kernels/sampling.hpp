@@ -48,6 +48,11 @@ struct sampling_params {
   /// The request has vLLM's bad_words: its rows ban the tokens that would complete one
   /// (logits_adjust::banned). Decided per request, so every rank knows.
   bool bad_words = false;
+  /// The logprobs (not prompt_logprobs) are of the logits after the row's adjustments —
+  /// biases, penalties, bans, grammar masks, before temperature — rather than the model's raw
+  /// ones (vLLM's logprobs_mode "processed_logits"): a masked token is -inf. The gateway's beam
+  /// search ranks these, so its beams honour what the request allows.
+  bool processed_logprobs = false;
 };
 
 /// The most alternatives a request may ask for (OpenAI's top_logprobs bound, vLLM's default).

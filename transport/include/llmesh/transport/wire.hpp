@@ -38,6 +38,7 @@ struct sampling {
   int32_t prompt_logprobs = -1;  ///< -1 or 0..max_logprobs (checked on decode)
   bool constrained = false;
   bool bad_words = false;
+  bool processed_logprobs = false;
   bool operator==(const sampling&) const = default;
 };
 struct token_bias {
