@@ -453,6 +453,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   choice.include_stop_str = g.include_stop_str;
   choice.skip_special = g.skip_special_tokens;
   choice.tokens_as_ids = g.tokens_as_ids;
+  choice.continuous_usage = g.continuous_usage;
   choice.stop_token_ids = g.stop_token_ids;
   choice.logprobs = g.logprobs;
   choice.echo_logprobs = g.prompt_logprobs >= 0;

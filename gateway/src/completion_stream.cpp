@@ -143,9 +143,10 @@ std::string completion_stream::chunk(const std::string& text, const std::optiona
     reasoning_stream_->shape(c);  // the thinking leaves the text; a held tag piece sends nothing
     if (empty_delta(c)) return "";
   }
-  if (!tool_stream_) return sse_event(chunk_json(kind, s_.id, s_.created, s_.model, c));
+  const auto u = s_.continuous_usage ? std::optional<usage_counts>(usage()) : std::nullopt;
+  if (!tool_stream_) return sse_event(chunk_json(kind, s_.id, s_.created, s_.model, c, u));
   std::string out;  // chat with tools: the text becomes tool_calls deltas (or is held)
-  for (const auto& d : tool_stream_->shape(std::move(c))) out += sse_event(chunk_json(kind, s_.id, s_.created, s_.model, d));
+  for (const auto& d : tool_stream_->shape(std::move(c))) out += sse_event(chunk_json(kind, s_.id, s_.created, s_.model, d, u));
   return out;
 }
 

@@ -414,6 +414,8 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return bad("'stream_options' must be an object");
     LLMESH_TRY(bool_field(*it, "include_usage", g.include_usage));
+    LLMESH_TRY(bool_field(*it, "continuous_usage_stats", g.continuous_usage));
+    g.continuous_usage = g.continuous_usage && g.include_usage;  // vLLM's rule: only with include_usage
   }
   LLMESH_TRY(parse_stop_token_ids(j, lim, g.stop_token_ids));
   LLMESH_TRY(parse_allowed_token_ids(j, lim, g.allowed_ids));

@@ -347,6 +347,31 @@ TEST_F(CompletionStream, SkipSpecialTokensFalseKeepsThemButNotTheEndAndTokensAsI
   EXPECT_EQ(j["top_logprobs"][2], json({{name(words[0]), -0.25}, {name(alt), -0.5}}));
 }
 
+// vLLM's continuous_usage_stats: every chunk carries its choice's usage so far.
+TEST_F(CompletionStream, ContinuousUsageStatsPutTheUsageSoFarOnEveryChunk) {
+  auto s = setup(false, true);
+  s.prompt_ids = tok_->encode("a b c", false);
+  s.continuous_usage = true;
+  one_choice c(s, tok_->decoder());
+  const auto ids = tok_->encode(" one two three four", false);
+  bool done = false;
+  auto ev = events(feed(c, ids, finish_reason::length), done);
+  ASSERT_FALSE(ev.empty());
+  size_t last = 0;
+  for (const auto& e : ev) {
+    ASSERT_TRUE(e.contains("usage")) << e;
+    EXPECT_EQ(e["usage"]["prompt_tokens"], s.prompt_ids.size());
+    const size_t n = e["usage"]["completion_tokens"];
+    EXPECT_GE(n, last);
+    EXPECT_EQ(e["usage"]["total_tokens"], s.prompt_ids.size() + n);
+    last = n;
+  }
+  EXPECT_EQ(last, ids.size());
+  auto plain = setup(false, true);
+  one_choice p(plain, tok_->decoder());
+  for (const auto& e : events(feed(p, ids, finish_reason::length), done)) EXPECT_FALSE(e.contains("usage")) << e;
+}
+
 TEST_F(CompletionStream, WholeResponseCarriesUsageAndTokenIds) {
   const auto ids = tricky_ids();
   auto s = setup(false, false);

@@ -187,6 +187,13 @@ TEST(OpenaiApi, VllmSamplingExtrasAreParsedOrRefusedByName) {
                                     R"("bad_words":null)", R"("use_beam_search":null)"}) {
     EXPECT_TRUE(parse(neutral).ok()) << neutral;
   }
+  auto continuous = parse(R"("stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true})");
+  ASSERT_TRUE(continuous.ok());
+  EXPECT_TRUE(continuous->gen.continuous_usage);
+  auto without = parse(R"("stream":true,"stream_options":{"continuous_usage_stats":true})");
+  ASSERT_TRUE(without.ok());
+  EXPECT_FALSE(without->gen.continuous_usage);  // vLLM's rule: only with include_usage
+  EXPECT_FALSE(parse(R"("stream_options":{"continuous_usage_stats":1})").ok());
   auto use_beam = parse(R"("use_beam_search":true,"n":3,"length_penalty":0.5)");
   ASSERT_TRUE(use_beam.ok()) << use_beam.err().message;
   EXPECT_TRUE(use_beam->gen.beam_search);

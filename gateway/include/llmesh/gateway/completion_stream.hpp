@@ -63,6 +63,8 @@ struct stream_setup {
   bool skip_special = true;
   /// vLLM's return_tokens_as_token_ids: logprob entries name tokens "token_id:<id>".
   bool tokens_as_ids = false;
+  /// vLLM's continuous_usage_stats: every chunk carries this choice's usage so far.
+  bool continuous_usage = false;
   /// The request's stop_token_ids: a generation that ends on one (finish eos) keeps the id in
   /// token_ids but not its text, as vLLM does (include_stop_str_in_output off).
   std::vector<int32_t> stop_token_ids;

@@ -36,6 +36,9 @@ struct generation_fields {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;     ///< stream_options.include_usage
+  /// vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries
+  /// its choice's usage so far.
+  bool continuous_usage = false;
   bool return_token_ids = false;  ///< extension: prompt_token_ids and token_ids in each choice
   bool ignore_eos = false;        ///< extension (vLLM's): generate max_tokens whatever the EOS
   /// vLLM's include_stop_str_in_output: the stop string (or stop token's text) that ended the
@@ -352,8 +355,8 @@ bool empty_delta(const choice_delta& c);
 /// "text_completion" or "chat.completion".
 std::string response_json(std::string_view kind, std::string_view id, int64_t created, std::string_view model,
                           const std::vector<choice_delta>& choices, const usage_counts& u);
-/// One streamed chunk ("text_completion" or "chat.completion.chunk"); usage only on the last
-/// chunk when stream_options.include_usage is set.
+/// One streamed chunk ("text_completion" or "chat.completion.chunk"); with `u`, its usage so
+/// far (vLLM's continuous_usage_stats); OpenAI's include_usage adds a usage_chunk_json last.
 std::string chunk_json(std::string_view kind, std::string_view id, int64_t created, std::string_view model,
                        const choice_delta& c, const std::optional<usage_counts>& u = std::nullopt);
 /// The usage-only final chunk OpenAI sends with include_usage (empty choices).
