@@ -62,6 +62,8 @@ struct GenerateRequest {
   truncatePromptTokens @26 :Int64;  # vLLM's truncate_prompt_tokens: 0 none; k >= 1 keeps the
                                     # prompt's last k tokens; -1 the model's context's worth
   addSpecialTokens @27 :Bool = true;   # a text prompt is tokenized with BOS (add_special_tokens)
+  n @28 :UInt32 = 1;                # OpenAI's n: this many generations of the prompt (1..64), choice
+                                    # j seeded from the request's seed as over HTTP (choice 0: the seed)
 }
 
 struct TokenLogprob {
@@ -95,7 +97,9 @@ struct OutputConstraint {
 interface TokenSink {
   # New tokens and the text they complete (whole UTF-8 characters only).
   # With the request's logprobs, `logprobs` holds one entry per id.
-  tokens @0 (ids :List(Int32), text :Text, logprobs :List(TokenLogprob)) -> stream;
+  # With the request's n > 1, `choice` names the generation (0..n-1); each choice's tokens come
+  # in its own order, the choices' interleaved as they are produced.
+  tokens @0 (ids :List(Int32), text :Text, logprobs :List(TokenLogprob), choice :UInt32) -> stream;
 }
 
 struct GenerateResult {
@@ -109,4 +113,14 @@ struct GenerateResult {
   tokenIds @7 :List(Int32);
   logprobs @8 :List(TokenLogprob);       # with the request's logprobs: one per tokenIds entry
   promptLogprobs @9 :List(TokenLogprob); # with its promptLogprobs: entry i for prompt token i + 1
+  choices @10 :List(Choice);    # every choice, in index order (the fields above are choice 0's;
+                                # promptTokens counts the prompt once)
+}
+
+struct Choice {
+  finishReason @0 :Text;
+  completionTokens @1 :UInt32;
+  text @2 :Text;
+  tokenIds @3 :List(Int32);
+  logprobs @4 :List(TokenLogprob);
 }

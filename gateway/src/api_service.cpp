@@ -295,7 +295,9 @@ result<generation_job> api_service::native_generate(std::string_view api_key, co
     return make_error(errc::unauthorized, "missing or wrong API key");
   }
   generation_fields g = std::move(rest);
-  g.n = 1;  // the native API's call is one generation
+  if (g.n < 1 || g.n > opt_.limits.max_choices) {
+    return make_error(errc::invalid_request, "'n' must be between 1 and " + std::to_string(opt_.limits.max_choices));
+  }
   g.best_of = 1;
   g.max_tokens = opt_.limits.max_tokens;  // unless given: until EOS or the context, bounded by the server
   g.max_tokens_given = false;

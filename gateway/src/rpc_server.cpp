@@ -20,35 +20,44 @@
 namespace llmesh::gateway {
 namespace {
 
-/// One generation, owned by its RPC call's promise: destroyed on the loop thread when the call
-/// ends or is cancelled (then the generation is cancelled in the mesh).
+/// One choice of a call (its request's n): its generation in the mesh and what it produced.
+struct choice_state {
+  uint64_t id = 0;  ///< its generation's id in the mesh
+  model::stream_decoder decoder;
+  std::vector<int32_t> ids;
+  std::string text;
+  std::vector<kernels::token_logprobs> logprobs;  ///< one per id, when the request asked
+  std::optional<stop_matcher> stops;              ///< the request's stop strings, if any
+  actors::finish_reason finish = actors::finish_reason::none;
+  bool ended = false;      ///< its last token came, or a stop string ended it
+  bool mesh_done = false;  ///< the mesh sent its last message, or it was cancelled there
+
+  choice_state(uint64_t i, const model::detokenizer& d, bool skip) : id(i), decoder(d, skip) {}
+};
+
+/// One generate call (n choices), owned by its RPC call's promise: destroyed on the loop thread
+/// when the call ends or is cancelled (then its generations still running are cancelled in the
+/// mesh).
 struct call_state {
   rpc_server::impl* owner = nullptr;
-  uint64_t id = 0;
-  std::shared_ptr<void> slot;  ///< the api_service concurrency slot
+  std::shared_ptr<void> slot;  ///< the api_service concurrency slots (one per choice)
   size_t prompt_tokens = 0;
   rpc::TokenSink::Client sink;
   kj::Own<kj::PromiseFulfiller<void>> done;
   kj::Promise<void> chain = kj::READY_NOW;  ///< the streaming calls to the sink, in order
-  model::stream_decoder decoder;
-  std::vector<int32_t> ids;
-  std::string text;
   std::shared_ptr<const model::tokenizer> tok;  ///< the served model's: token bytes for logprobs
-  std::vector<kernels::token_logprobs> logprobs;         ///< one per id, when the request asked
   std::vector<int32_t> scored_prompt;                    ///< the prompt, when it asked for prompt logprobs
-  std::vector<kernels::token_logprobs> prompt_logprobs;  ///< prompt token i + 1's at i
-  std::optional<stop_matcher> stops;  ///< the request's stop strings, if any
+  std::vector<kernels::token_logprobs> prompt_logprobs;  ///< prompt token i + 1's at i (choice 0's)
   std::vector<int32_t> stop_ids;      ///< its stop_token_ids: their text is left out, as over HTTP
   bool include_stop_str = false;      ///< include_stop_str_in_output: ... unless this
   bool skip_special = true;           ///< skip_special_tokens (false: an end token's text is left out all the same)
   size_t min_tokens = 0;              ///< no stop string ends it before this many tokens
-  bool finished = false;        ///< the RPC call's outcome is decided
-  bool mesh_done = false;       ///< the mesh sent the generation's last message
+  std::vector<choice_state> choices;  ///< in index order; not resized once the call runs
+  size_t ended = 0;                   ///< choices ended
+  bool finished = false;              ///< the RPC call's outcome is decided
   std::optional<error> failure;
-  actors::finish_reason finish = actors::finish_reason::none;
 
-  call_state(rpc_server::impl* o, uint64_t i, rpc::TokenSink::Client s, const model::detokenizer& d, bool skip)
-      : owner(o), id(i), sink(kj::mv(s)), decoder(d, skip), skip_special(skip) {}
+  call_state(rpc_server::impl* o, rpc::TokenSink::Client s) : owner(o), sink(kj::mv(s)) {}
   ~call_state();
 };
 
@@ -172,33 +181,37 @@ struct rpc_server::impl {
   // Set and used on the loop thread only (the executor reference is safe from any thread).
   kj::Own<const kj::Executor> executor;
   kj::Own<kj::PromiseFulfiller<void>> stop;
-  std::unordered_map<uint64_t, call_state*> calls;
+  /// Each running generation's call and choice index.
+  std::unordered_map<uint64_t, std::pair<call_state*, size_t>> calls;
   /// Runs native_generate (the checks, tokenizing, a structured-output compile) off the loop,
   /// which streams every other call's tokens. Joined before the loop stops.
   boost::asio::thread_pool workers{2};
 
   impl(api_service& a, rpc_options o) : api(a), opt(std::move(o)) {}
 
-  /// A token for call `id` (on the loop thread): decoded, streamed to the client's sink; the
-  /// last one completes the call once every streaming call before it was delivered.
+  /// A token of generation `id` (on the loop thread): decoded, streamed to the client's sink
+  /// with its choice's index; the last one of the last choice completes the call once every
+  /// streaming call before it was delivered. A failed choice fails the call.
   void on_token(uint64_t id, const actors::token_msg& t) {
     auto it = calls.find(id);
     if (it == calls.end()) return;  // cancelled meanwhile
-    call_state* st = it->second;
-    if (st->finished) return;
+    auto [st, k] = it->second;
+    choice_state& c = st->choices[k];
+    if (st->finished || c.ended) return;
     bool stopped = false;  // by a stop string
     if (t.failed) {
       st->failure = t.err;
+      c.mesh_done = true;
     } else {
-      st->ids.push_back(t.token);
-      if (t.logprobs) st->logprobs.push_back(*t.logprobs);
-      if (!t.prompt_logprobs.empty()) st->prompt_logprobs = t.prompt_logprobs;
+      c.ids.push_back(t.token);
+      if (t.logprobs) c.logprobs.push_back(*t.logprobs);
+      if (k == 0 && !t.prompt_logprobs.empty()) st->prompt_logprobs = t.prompt_logprobs;
       // As completion_stream does: a stop token id's text is left out; text that may begin a
       // stop string is held back; a stop string ends the text before itself.
-      const bool past_min = st->ids.size() > st->min_tokens;
+      const bool past_min = c.ids.size() > st->min_tokens;
       auto pass = [&](std::string s) {
-        if (!st->stops) return s;
-        auto out = st->stops->push(s, past_min);
+        if (!c.stops) return s;
+        auto out = c.stops->push(s, past_min);
         stopped = stopped || out.stopped;
         return std::move(out.text);
       };
@@ -206,26 +219,37 @@ struct rpc_server::impl {
           t.finish == actors::finish_reason::eos &&
           (std::find(st->stop_ids.begin(), st->stop_ids.end(), t.token) != st->stop_ids.end() ||
            (!st->skip_special && st->tok->decoder().is_special(t.token)));
-      std::string piece = stop_token && !st->include_stop_str ? std::string() : pass(st->decoder.push(t.token));
+      std::string piece = stop_token && !st->include_stop_str ? std::string() : pass(c.decoder.push(t.token));
       if (!stopped && t.finish != actors::finish_reason::none) {
-        piece += pass(st->decoder.flush());
-        if (!stopped && st->stops) piece += st->stops->flush();
+        piece += pass(c.decoder.flush());
+        if (!stopped && c.stops) piece += c.stops->flush();
       }
-      if (stopped && t.finish == actors::finish_reason::none) {
-        api.mesh().cancel(id);  // at once, as HTTP does: not after the sink has taken the backlog
-        st->mesh_done = true;
+      if (t.finish != actors::finish_reason::none) c.mesh_done = true;
+      if (stopped && !c.mesh_done) {
+        api.mesh().cancel(c.id);  // at once, as HTTP does: not after the sink has taken the backlog
+        c.mesh_done = true;
       }
-      st->text += piece;
+      c.text += piece;
       auto req = st->sink.tokensRequest();
       req.initIds(1).set(0, t.token);
       req.setText(piece);
+      req.setChoice(static_cast<uint32_t>(k));
       if (t.logprobs) set_logprob(req.initLogprobs(1)[0], t.token, *t.logprobs, st->tok->decoder());
       st->chain = st->chain.then([r = kj::mv(req)]() mutable { return r.send(); });
-      st->finish = stopped ? actors::finish_reason::eos : t.finish;
+      c.finish = stopped ? actors::finish_reason::eos : t.finish;
+      if (stopped || t.finish != actors::finish_reason::none) {
+        c.ended = true;
+        ++st->ended;
+      }
     }
-    if (t.failed || t.finish != actors::finish_reason::none || stopped) {
+    if (t.failed || st->ended == st->choices.size()) {
       st->finished = true;
-      if (t.failed || t.finish != actors::finish_reason::none) st->mesh_done = true;
+      for (auto& other : st->choices) {  // a failure: the other choices are not wanted
+        if (!other.mesh_done) {
+          api.mesh().cancel(other.id);
+          other.mesh_done = true;
+        }
+      }
       st->chain = st->chain.then([st] { st->done->fulfill(); }, [st](kj::Exception&& e) { st->done->reject(kj::mv(e)); })
                       .eagerlyEvaluate(nullptr);
     } else {
@@ -240,8 +264,10 @@ struct rpc_server::impl {
 namespace {
 
 call_state::~call_state() {
-  if (!mesh_done) owner->api.mesh().cancel(id);
-  owner->calls.erase(id);
+  for (const auto& c : choices) {
+    if (!c.mesh_done) owner->api.mesh().cancel(c.id);
+    owner->calls.erase(c.id);
+  }
 }
 
 uint16_t status_of(const error& e) { return static_cast<uint16_t>(http_error_of(e.code).status); }
@@ -276,6 +302,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
     work->sampling.top_p = in.getTopP();
     work->sampling.top_k = in.getTopK();
     if (in.getHasSeed()) work->g.seed = in.getSeed();
+    work->g.n = in.getN();  // native_generate checks it
     work->g.ignore_eos = in.getIgnoreEos();
     work->g.logprobs = std::clamp(in.getLogprobs(), -1, kernels::max_logprobs);  // extra_fields refuses beyond
     work->g.prompt_logprobs_shown = std::clamp(in.getPromptLogprobs(), -1, kernels::max_logprobs);
@@ -326,37 +353,44 @@ class llmesh_service final : public rpc::Llmesh::Server {
       r.setErrorMessage(job.err().message);
       return kj::READY_NOW;
     }
-    actors::replica_request& req = job->requests.front();  // the native API's call: one choice
-    const uint64_t id = req.id;
-    auto st = kj::heap<call_state>(p_, id, params.getSink(), job->tok->decoder(), in.getSkipSpecialTokens());
+    const actors::replica_request& first = job->requests.front();  // choice 0 (n choices in index order)
+    auto st = kj::heap<call_state>(p_, params.getSink());
     st->include_stop_str = in.getIncludeStopStr();
+    st->skip_special = in.getSkipSpecialTokens();
     st->slot = std::move(job->slot);
-    st->prompt_tokens = req.prompt.size();
+    st->prompt_tokens = first.prompt.size();
     st->tok = job->tok;
-    if (req.sampling.prompt_logprobs >= 0) st->scored_prompt = req.prompt;
-    if (in.hasStop() && in.getStop().size() > 0) {
-      std::vector<std::string> stops;
+    if (first.sampling.prompt_logprobs >= 0) st->scored_prompt = first.prompt;
+    std::vector<std::string> stops;
+    if (in.hasStop()) {
       for (auto s : in.getStop()) stops.emplace_back(s.cStr(), s.size());
-      st->stops.emplace(std::move(stops), st->include_stop_str);
     }
     if (in.hasStopTokenIds()) {
       for (auto t : in.getStopTokenIds()) st->stop_ids.push_back(t);
     }
-    st->min_tokens = static_cast<size_t>(std::max(req.sampling.min_tokens, 0));
+    st->min_tokens = static_cast<size_t>(std::max(first.sampling.min_tokens, 0));
+    st->choices.reserve(job->requests.size());
+    for (const auto& req : job->requests) {
+      st->choices.emplace_back(req.id, job->tok->decoder(), st->skip_special);
+      if (!stops.empty()) st->choices.back().stops.emplace(stops, st->include_stop_str);
+    }
     auto paf = kj::newPromiseAndFulfiller<void>();
     st->done = kj::mv(paf.fulfiller);
     call_state* raw = st.get();
-    p_->calls[id] = raw;
+    for (size_t k = 0; k < st->choices.size(); ++k) p_->calls[st->choices[k].id] = {raw, k};
     // Tokens arrive on actor threads: each is handed to the loop (a blocking hand-over of
     // microseconds; after the server stopped, the executor refuses and the token is dropped).
     auto exec = std::shared_ptr<kj::Own<const kj::Executor>>(new kj::Own<const kj::Executor>(p_->executor->addRef()));
     rpc_server::impl* owner = p_;
-    p_->api.mesh().submit(std::move(req), [exec, owner, id](const actors::token_msg& t) {
-      try {
-        (*exec)->executeSync([&] { owner->on_token(id, t); });
-      } catch (const kj::Exception&) {
-      }
-    });
+    for (auto& req : job->requests) {
+      const uint64_t id = req.id;
+      p_->api.mesh().submit(std::move(req), [exec, owner, id](const actors::token_msg& t) {
+        try {
+          (*exec)->executeSync([&] { owner->on_token(id, t); });
+        } catch (const kj::Exception&) {
+        }
+      });
+    }
     return paf.promise
         .then([ctx, raw]() mutable {
           auto r = ctx.getResults().initResult();
@@ -366,17 +400,34 @@ class llmesh_service final : public rpc::Llmesh::Server {
             r.setErrorMessage(raw->failure->message);
             return;
           }
-          r.setOk(true);
-          r.setFinishReason(raw->finish == actors::finish_reason::eos ? "stop" : "length");
-          r.setPromptTokens(static_cast<uint32_t>(raw->prompt_tokens));
-          r.setCompletionTokens(static_cast<uint32_t>(raw->ids.size()));
-          r.setText(raw->text);
-          auto out = r.initTokenIds(static_cast<unsigned>(raw->ids.size()));
-          for (unsigned i = 0; i < raw->ids.size(); ++i) out.set(i, raw->ids[i]);
           const auto& d = raw->tok->decoder();
-          if (!raw->logprobs.empty()) {
-            auto lp = r.initLogprobs(static_cast<unsigned>(raw->logprobs.size()));
-            for (unsigned i = 0; i < raw->logprobs.size(); ++i) set_logprob(lp[i], raw->ids[i], raw->logprobs[i], d);
+          auto finish_of = [](const choice_state& c) { return c.finish == actors::finish_reason::eos ? "stop" : "length"; };
+          auto ids_to = [](capnp::List<int32_t>::Builder out, const std::vector<int32_t>& ids) {
+            for (unsigned i = 0; i < ids.size(); ++i) out.set(i, ids[i]);
+          };
+          auto logprobs_to = [&](auto init, const choice_state& c) {
+            if (c.logprobs.empty()) return;
+            auto lp = init(static_cast<unsigned>(c.logprobs.size()));
+            for (unsigned i = 0; i < c.logprobs.size(); ++i) set_logprob(lp[i], c.ids[i], c.logprobs[i], d);
+          };
+          // The top-level fields are choice 0's (a one-choice call's, as before choices existed).
+          const choice_state& c0 = raw->choices.front();
+          r.setOk(true);
+          r.setFinishReason(finish_of(c0));
+          r.setPromptTokens(static_cast<uint32_t>(raw->prompt_tokens));
+          r.setCompletionTokens(static_cast<uint32_t>(c0.ids.size()));
+          r.setText(c0.text);
+          ids_to(r.initTokenIds(static_cast<unsigned>(c0.ids.size())), c0.ids);
+          logprobs_to([&](unsigned n) { return r.initLogprobs(n); }, c0);
+          auto choices = r.initChoices(static_cast<unsigned>(raw->choices.size()));
+          for (unsigned k = 0; k < raw->choices.size(); ++k) {
+            const choice_state& c = raw->choices[k];
+            auto out = choices[k];
+            out.setFinishReason(finish_of(c));
+            out.setCompletionTokens(static_cast<uint32_t>(c.ids.size()));
+            out.setText(c.text);
+            ids_to(out.initTokenIds(static_cast<unsigned>(c.ids.size())), c.ids);
+            logprobs_to([&](unsigned n) { return out.initLogprobs(n); }, c);
           }
           const size_t scored = std::min(raw->prompt_logprobs.size(), raw->scored_prompt.size() - std::min<size_t>(raw->scored_prompt.size(), 1));
           if (scored > 0) {

@@ -3,11 +3,14 @@
 // to the result; text prompts are tokenized as /v1/completions does; the API key, the model
 // name, the context and the concurrency bound give HTTP-like codes; sampling fields and the
 // max-tokens limit are checked as over HTTP; a client that drops its call mid-stream frees its slot;
-// logprobs stream with their tokens and are /v1/completions' numbers.
+// logprobs stream with their tokens and are /v1/completions' numbers; n generations are HTTP's
+// choices.
 #include <capnp/ez-rpc.h>
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -579,6 +582,84 @@ TEST(Rpc, TextFieldsAndPromptTruncationAreServedAsOverHttp) {
 
   // add_special_tokens: kjv-tiny's tokenizer adds no BOS, so PromptFields (tests/gateway)
   // checks it on Llama 3.1's.
+  EXPECT_EQ(s.stop(), 0) << s.log();
+}
+
+/// Collects each choice's streamed ids.
+class choice_sink final : public rpc::TokenSink::Server {
+ public:
+  explicit choice_sink(std::map<uint32_t, std::vector<int32_t>>& ids) : ids_(ids) {}
+  kj::Promise<void> tokens(TokensContext ctx) override {
+    for (auto id : ctx.getParams().getIds()) ids_[ctx.getParams().getChoice()].push_back(id);
+    return kj::READY_NOW;
+  }
+
+ private:
+  std::map<uint32_t, std::vector<int32_t>>& ids_;
+};
+
+// OpenAI's n over the native API: n generations of the prompt, choice j seeded as over HTTP
+// (so each equals /v1/completions' choice j of the same request, and choice 0 the n = 1 call),
+// each streamed with its index and returned in `choices` (the top-level fields choice 0's);
+// n outside 1..64 is a 400 naming it.
+TEST(Rpc, NGenerationsAreHttpsChoicesStreamedWithTheirIndex) {
+  server_process s(bin, {"--model", model_dir});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const int port = rpc_port(s);
+  ASSERT_GT(port, 0) << s.log();
+  capnp::EzRpcClient c("127.0.0.1", static_cast<uint>(port));
+  const std::vector<int32_t> prompt{1142, 258, 2078, 386, 3345};
+  auto setup = [&](rpc::GenerateRequest::Builder r, uint32_t n) {
+    r.setModel("kjv-tiny");
+    auto ids = r.getPrompt().initIds(static_cast<unsigned>(prompt.size()));
+    for (unsigned i = 0; i < prompt.size(); ++i) ids.set(i, prompt[i]);
+    r.setMaxTokens(10);
+    r.setTemperature(0.9f);
+    r.setTopK(40);
+    r.setSeed(21);
+    r.setHasSeed(true);
+    r.setIgnoreEos(true);
+    r.setN(n);
+  };
+  std::map<uint32_t, std::vector<int32_t>> streamed;
+  auto req = c.getMain<rpc::Llmesh>().generateRequest();
+  setup(req.initRequest(), 3);
+  req.setSink(kj::heap<choice_sink>(streamed));
+  auto resp = req.send().wait(c.getWaitScope());
+  auto r = resp.getResult();
+  ASSERT_TRUE(r.getOk()) << r.getErrorMessage().cStr();
+  ASSERT_EQ(r.getChoices().size(), 3u);
+  nlohmann::json body = {{"model", "kjv-tiny"}, {"prompt", prompt}, {"max_tokens", 10}, {"temperature", 0.9},
+                         {"top_k", 40}, {"seed", 21}, {"ignore_eos", true}, {"n", 3}, {"return_token_ids", true}};
+  auto http = http_request(s.port(), "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(http.status, 200) << http.body;
+  const auto hj = nlohmann::json::parse(http.body);
+  std::set<std::vector<int32_t>> distinct;
+  for (unsigned k = 0; k < 3; ++k) {
+    std::vector<int32_t> ids;
+    for (auto id : r.getChoices()[k].getTokenIds()) ids.push_back(id);
+    EXPECT_EQ(ids.size(), 10u);
+    EXPECT_EQ(ids, hj["choices"][k]["token_ids"].get<std::vector<int32_t>>()) << "choice " << k;
+    EXPECT_EQ(std::string(r.getChoices()[k].getText().cStr()), hj["choices"][k]["text"].get<std::string>());
+    EXPECT_EQ(std::string(r.getChoices()[k].getFinishReason().cStr()), "length");
+    EXPECT_EQ(streamed[k], ids) << "choice " << k;
+    distinct.insert(ids);
+  }
+  EXPECT_EQ(distinct.size(), 3u);
+  std::vector<int32_t> top;
+  for (auto id : r.getTokenIds()) top.push_back(id);
+  EXPECT_EQ(top, streamed[0]);
+  EXPECT_EQ(r.getPromptTokens(), prompt.size());
+  auto one = generate(c, [&](auto q) { setup(q, 1); });
+  ASSERT_TRUE(one.ok) << one.message;
+  EXPECT_EQ(one.ids, streamed[0]);  // choice 0 samples as the n = 1 call
+
+  for (uint32_t bad : {0u, 65u}) {
+    auto o = generate(c, [&](auto q) { setup(q, bad); });
+    EXPECT_FALSE(o.ok) << bad;
+    EXPECT_EQ(o.code, 400);
+    EXPECT_NE(o.message.find("'n' must be between 1 and 64"), std::string::npos) << o.message;
+  }
   EXPECT_EQ(s.stop(), 0) << s.log();
 }
 

@@ -99,15 +99,16 @@ class api_service {
   /// /v1/completions — API key, then `sampling` checked as the HTTP API checks it
   /// (apply_sampling: ranges and the max-tokens limit), model name, prompt (text is tokenized
   /// with BOS) and context limits, the concurrency slot, a seed when none is given. `rest`
-  /// carries the other fields (seed, ignore_eos; its n is ignored). Without max_tokens a
+  /// carries the other fields (seed, ignore_eos, n: 1..max_choices generations, choice j seeded
+  /// as over HTTP). Without max_tokens a
   /// generation runs until EOS or the context, bounded by the max-tokens limit (as chat does).
   /// `extra`: the other fields as apply_extra_fields takes them (null: none), or the error the
   /// caller met reading them (reported after the API key is checked).
   /// `add_special_tokens`: a text prompt is tokenized with the tokenizer's special tokens (BOS;
   /// /v1/completions' add_special_tokens). The prompt is then cut to rest's (or extra's)
   /// truncate_prompt_tokens, as over HTTP.
-  /// The caller uses the job's one request and slot (its output renders OpenAI chunks, which
-  /// the RPC server does not need).
+  /// The caller uses the job's requests (n, in choice order) and slots (its output renders
+  /// OpenAI chunks, which the RPC server does not need).
   [[nodiscard]] result<generation_job> native_generate(std::string_view api_key, const std::string& model,
                                                        const std::optional<std::string>& prompt_text,
                                                        std::vector<int32_t> prompt_ids,
