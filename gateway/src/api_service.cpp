@@ -491,6 +491,10 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
       bs.width = n;
       bs.length_penalty = g.length_penalty;
       bs.logprobs = g.logprobs;
+      bs.stop = g.stop;  // a beam whose text shows one is complete (as the choice's stream cuts it)
+      bs.detok = &m.tok->decoder();
+      bs.skip_special = choice.skip_special;
+      bs.keep_special = choice.keep_special;
       std::vector<uint64_t> choice_ids;
       for (size_t j = 0; j < n; ++j) {
         stream_setup s = choice;

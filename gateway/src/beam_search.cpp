@@ -9,6 +9,11 @@ namespace llmesh::gateway {
 
 beam_search::beam_search(beam_setup s, std::function<uint64_t()> next_id) : s_(std::move(s)), next_id_(std::move(next_id)) {
   s_.width = std::clamp<size_t>(s_.width, 1, max_beam_width);
+  if (!s_.stop.empty() && s_.detok) {
+    auto first = std::make_shared<text_state>(text_state{model::stream_decoder(*s_.detok, s_.skip_special), stop_matcher(s_.stop)});
+    first->decoder.keep_special(s_.keep_special);
+    live_text_.push_back(std::move(first));
+  }
   if (s_.base.max_tokens == 0) {
     done_ = true;  // nothing to generate (api_service never asks this)
     return;
@@ -40,7 +45,7 @@ bool beam_search::is_end(int32_t token) const {
 
 double beam_search::score_of(const beam_hypothesis& h) const {
   // vLLM's get_beam_search_score: the length counts the prompt, not an end id.
-  const double len = static_cast<double>(s_.base.prompt.size() + h.tokens.size() - (h.ended ? 1 : 0));
+  const double len = static_cast<double>(s_.base.prompt.size() + h.tokens.size() - (h.ended && !h.by_stop ? 1 : 0));
   return h.cumulative_logprob / std::pow(std::max(len, 1.0), s_.length_penalty);
 }
 
@@ -84,6 +89,8 @@ void beam_search::on_message(const actors::token_msg& t) {
 void beam_search::end_step() {
   if (steps_done_ == 0 && !step_.empty()) prompt_logprobs_ = step_.front().result->prompt_logprobs;
   std::vector<beam_hypothesis> extended;
+  std::vector<std::shared_ptr<const text_state>> extended_text;
+  const size_t min_tokens = static_cast<size_t>(std::max(s_.base.sampling.min_tokens, 0));
   for (const pending& p : step_) {
     const beam_hypothesis& beam = live_[p.beam];
     const kernels::token_logprobs& row = *p.result->logprobs;
@@ -116,20 +123,39 @@ void beam_search::end_step() {
       h.logprobs.push_back(std::move(entry));
       h.cumulative_logprob += c.logprob;
       h.ended = is_end(c.id);
+      std::shared_ptr<const text_state> text;
+      if (!h.ended && !live_text_.empty()) {
+        // The choice's stream pushes the same pieces through the same matcher: it will cut the
+        // text where this sees the stop.
+        auto next = std::make_shared<text_state>(*live_text_[p.beam]);
+        const auto out = next->matcher.push(next->decoder.push(c.id), h.tokens.size() > min_tokens);
+        h.ended = h.by_stop = out.stopped;
+        text = std::move(next);
+      }
       h.score = score_of(h);
       if (h.ended) {
         completed_.push_back(std::move(h));
       } else {
         extended.push_back(std::move(h));
+        extended_text.push_back(std::move(text));
       }
     }
   }
   // A NaN score (0/0 with an extreme length_penalty) ranks last, keeping the order strict.
   auto key = [](const beam_hypothesis& h) { return std::isnan(h.score) ? -std::numeric_limits<double>::infinity() : h.score; };
   auto by_score = [&](const beam_hypothesis& a, const beam_hypothesis& b) { return key(a) > key(b); };
-  std::stable_sort(extended.begin(), extended.end(), by_score);
-  if (extended.size() > s_.width) extended.resize(s_.width);
-  live_ = std::move(extended);
+  // Sort indices, so each beam's text state moves with it.
+  std::vector<size_t> order(extended.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return by_score(extended[a], extended[b]); });
+  if (order.size() > s_.width) order.resize(s_.width);
+  live_.clear();
+  std::vector<std::shared_ptr<const text_state>> kept_text;
+  for (size_t i : order) {
+    live_.push_back(std::move(extended[i]));
+    if (!live_text_.empty()) kept_text.push_back(std::move(extended_text[i]));
+  }
+  if (!live_text_.empty()) live_text_ = std::move(kept_text);
   step_.clear();
   ++steps_done_;
   if (steps_done_ < s_.base.max_tokens && !live_.empty()) {

@@ -142,14 +142,6 @@ status parse_beam_search(const json& j, generation_fields& g) {
   }
   if (g.stream) return bad("'use_beam_search' cannot be streamed (send 'stream': false)");
   if (g.best_of > 1) return bad("'use_beam_search' cannot be combined with 'best_of' above 1");
-  // The search ranks the log-probabilities of the adjusted logits (biases, bans, penalties,
-  // min_tokens and grammar masks hold inside it), but it does not see text: a stop string
-  // would cut a beam after it was ranked. vLLM ignores stop strings in beam search; here they
-  // are refused.
-  if (!g.stop.empty()) {
-    return bad("'use_beam_search' cannot be combined with 'stop' (the search ranks tokens, not text; stop_token_ids "
-               "end beams)");
-  }
   return ok_status();
 }
 

@@ -327,6 +327,54 @@ TEST(BeamSearch, FewerPossibleTokensGiveFewerBeamsAndAFailureEndsTheSearch) {
   EXPECT_TRUE(b.done());
 }
 
+// Stop strings: a beam whose text shows one is complete there (by_stop; its length counts
+// every token), none is extended past one, and min_tokens holds them off.
+TEST(BeamSearch, AStopStringCompletesTheBeamsThatShowIt) {
+  auto tok = model::tokenizer::load(LLMESH_SOURCE_DIR "/models/kjv-tiny");
+  ASSERT_TRUE(tok.ok());
+  const auto& d = (*tok)->decoder();
+  fake_model m;
+  m.vocab = 64;
+  for (int32_t t = 0; t < 40; ++t) m.masked.push_back(t);  // ids 40..63: ordinary pieces
+  auto s = setup({40, 41}, 3, 6, {});
+  s.detok = &d;
+  // A stop string: the text of a token the search is sure to meet (the most likely first one).
+  const auto first = m.logprobs({40, 41});
+  const int32_t top = static_cast<int32_t>(std::max_element(first.begin(), first.end()) - first.begin());
+  const std::string stop = d.token_bytes(top);
+  ASSERT_FALSE(stop.empty());
+  s.stop = {stop};
+  beam_search b(s, ids_from(1));
+  const auto run = drive(b, m);
+  ASSERT_TRUE(b.done());
+  bool any = false;
+  for (const auto& h : b.results()) {
+    const std::string text = d.decode(h.tokens);
+    const size_t at = text.find(stop);
+    if (h.by_stop) {
+      any = true;
+      EXPECT_TRUE(h.ended);
+      ASSERT_NE(at, std::string::npos) << text;
+      EXPECT_EQ(at + stop.size(), text.size()) << "the stop ends the beam's text";
+      EXPECT_NEAR(h.score, h.cumulative_logprob / static_cast<double>(2 + h.tokens.size()), 1e-12);
+    } else {
+      EXPECT_EQ(at, std::string::npos) << text;
+    }
+  }
+  EXPECT_TRUE(any);
+  for (const auto& step : run.steps) {
+    for (const auto& r : step) {
+      EXPECT_EQ(d.decode(std::vector<int32_t>(r.prompt.begin() + 2, r.prompt.end())).find(stop), std::string::npos)
+          << "a stopped beam was extended";
+    }
+  }
+  // Before min_tokens no stop string counts.
+  s.base.sampling.min_tokens = 6;
+  beam_search held(s, ids_from(1));
+  drive(held, m);
+  for (const auto& h : held.results()) EXPECT_FALSE(h.by_stop);
+}
+
 // completion_group replays a finished search's beams as the prompt's choices, best first,
 // with their token ids, texts and finish reasons; choices beyond the beams found are left out.
 TEST(BeamSearch, TheGroupRendersTheBeamsAsChoicesAndHandsOutEachStep) {

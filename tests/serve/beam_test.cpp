@@ -2,8 +2,8 @@
 // both): width 1 is greedy decoding; a wider search's choices are distinct, each token's
 // log-probability is the one the model gives that token after the prompt and the choice's
 // earlier tokens (re-scored by echo), and the choices are ordered by vLLM's score; a
-// structured output's beams all match it and a banned token enters none; chat; the fields'
-// errors (stop strings, which the search cannot honour, among them).
+// structured output's beams all match it and a banned token enters none; a stop string ends
+// the beams that show it, their text cut before it; chat; the fields' errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -119,6 +119,23 @@ TEST(ServeBeamSearch, WidthOneIsGreedyAndWiderBeamsCarryTheModelsLogprobsInScore
     EXPECT_EQ(std::count(ids.begin(), ids.end(), first), 0) << c;
   }
 
+  // A stop string taken from a beam's text: the beams that show it end there (finish "stop",
+  // the text cut before it, as a plain request's), and no beam's text holds it.
+  const std::string beam_text = b4["choices"][0]["text"];
+  ASSERT_GT(beam_text.size(), 6u);
+  const std::string stop = beam_text.substr(3, 3);
+  json stopped = wide;
+  stopped["stop"] = {stop};
+  auto bs = post(s.port(), "/v1/completions", stopped, status);
+  ASSERT_EQ(status, 200) << bs;
+  bool some_stopped = false;
+  for (const auto& c : bs["choices"]) {
+    const std::string text = c["text"];
+    EXPECT_EQ(text.find(stop), std::string::npos) << text;
+    if (c["finish_reason"] == "stop") some_stopped = true;
+  }
+  EXPECT_TRUE(some_stopped) << bs;
+
   // Chat: the beams are the messages.
   auto chat = post(s.port(), "/v1/chat/completions",
                    {{"model", "kjv-tiny"}, {"messages", {{{"role", "user"}, {"content", "Who is the LORD?"}}}},
@@ -133,8 +150,7 @@ TEST(ServeBeamSearch, WidthOneIsGreedyAndWiderBeamsCarryTheModelsLogprobsInScore
            {{{"stream", true}}, "cannot be streamed"},
            {{{"best_of", 2}}, "'best_of'"},
            {{{"length_penalty", "long"}}, "'length_penalty'"},
-           {{{"use_beam_search", 1}}, "'use_beam_search' must be true or false"},
-           {{{"stop", {"x"}}}, "cannot be combined with 'stop'"}}) {
+           {{{"use_beam_search", 1}}, "'use_beam_search' must be true or false"}}) {
     json bad = one;
     bad.update(field);
     auto r = post(s.port(), "/v1/completions", bad, status);

@@ -6,8 +6,9 @@
 // best of the rest live on. The steps ask for processed log-probabilities
 // (sampling_params::processed_logprobs: after the request's biases, penalties, bans,
 // min_tokens and grammar mask; a masked token is -inf), so the beams honour all of them — a
-// structured output's beams all match it. Stop strings do not apply (the search ranks tokens,
-// not text): the gateway refuses them beside beam search. After max_tokens steps (or when no beam lives) the `width` best of the complete and
+// structured output's beams all match it. With stop strings, each beam carries its text's
+// decoder and stop matcher (completion_stream's, so the replay cuts the text where the search
+// saw the stop): a beam whose text shows one is complete, as at an end id. After max_tokens steps (or when no beam lives) the `width` best of the complete and
 // the live beams are the result, best first.
 //
 // The order is vLLM's (vllm/beam_search.py, EngineClient.beam_search): a beam's score is its
@@ -28,6 +29,8 @@
 #include "llmesh/actors/replica_core.hpp"
 #include "llmesh/actors/token_stream.hpp"
 #include "llmesh/common/error.hpp"
+#include "llmesh/gateway/stop_matcher.hpp"
+#include "llmesh/model/detokenizer.hpp"
 
 namespace llmesh::gateway {
 
@@ -44,6 +47,13 @@ struct beam_setup {
   /// Alternatives each returned token's log-probability entry keeps (the client's logprobs);
   /// -1: none kept.
   int logprobs = -1;
+  /// The request's stop strings: a beam whose text (decoded by `detok` as the choice's stream
+  /// decodes it: skip_special, keep_special) shows one past base.sampling.min_tokens is
+  /// complete. Empty: none (detok may be null).
+  std::vector<std::string> stop;
+  const model::detokenizer* detok = nullptr;
+  bool skip_special = true;
+  std::vector<int32_t> keep_special;
 };
 
 /// One beam: the tokens after the prompt and each one's log-probability entry.
@@ -52,7 +62,8 @@ struct beam_hypothesis {
   /// One per token: its log-probability, rank and (setup.logprobs of) the row's alternatives.
   std::vector<kernels::token_logprobs> logprobs;
   double cumulative_logprob = 0.0;
-  bool ended = false;  ///< its last token is an end id (finish "stop"); else it ran out of steps
+  bool ended = false;    ///< its last token is an end id or completes a stop string (finish "stop")
+  bool by_stop = false;  ///< ended by a stop string (its length then counts every token)
   double score = 0.0;  ///< what it is ranked by (see the file comment)
 };
 
@@ -83,6 +94,12 @@ class beam_search {
   const std::vector<kernels::token_logprobs>& prompt_logprobs() const { return prompt_logprobs_; }
 
  private:
+  /// A beam's text so far, for its stop strings (shared by the beams it forks into until one
+  /// extends it).
+  struct text_state {
+    model::stream_decoder decoder;
+    stop_matcher matcher;
+  };
   struct pending {
     uint64_t id = 0;
     size_t beam = 0;  ///< index into live_
@@ -96,6 +113,8 @@ class beam_search {
   beam_setup s_;
   std::function<uint64_t()> next_id_;
   std::vector<beam_hypothesis> live_{1};  ///< the first step's one empty beam
+  /// Each live beam's text state (index-aligned with live_; empty without stop strings).
+  std::vector<std::shared_ptr<const text_state>> live_text_;
   std::vector<beam_hypothesis> completed_;
   std::vector<pending> step_;
   std::vector<actors::replica_request> ready_;
