@@ -6,6 +6,7 @@
 #include <limits>
 #include <random>
 
+#include "json_mutation.hpp"
 #include "llmesh/gateway/openai_api.hpp"
 
 namespace llmesh::gateway {
@@ -684,18 +685,8 @@ TEST(OpenaiApi, MutatedBodiesNeverThrow) {
   for (size_t k : {6, 7}) EXPECT_TRUE(parse_tokenize_request(seed_bodies[k], lim).ok()) << seed_bodies[k];
   EXPECT_TRUE(parse_detokenize_request(seed_bodies[8]).ok());
   std::mt19937 rng(11);
-  const std::string alphabet = "{}[]\",:0123456789.-+eE truefalsnul\\\x80\xff";
   for (int i = 0; i < 24000; ++i) {
-    std::string body = seed_bodies[static_cast<size_t>(i) % std::size(seed_bodies)];
-    const int edits = 1 + static_cast<int>(rng() % 6);
-    for (int e = 0; e < edits && !body.empty(); ++e) {
-      const size_t at = rng() % body.size();
-      switch (rng() % 3) {
-        case 0: body[at] = alphabet[rng() % alphabet.size()]; break;
-        case 1: body.erase(at, 1 + rng() % 3); break;
-        default: body.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
-      }
-    }
+    const std::string body = testing::mutate_json(seed_bodies[static_cast<size_t>(i) % std::size(seed_bodies)], rng);
     auto a = parse_completion_request(body, lim);
     auto b = parse_chat_request(body, lim);
     auto t = parse_tokenize_request(body, lim);

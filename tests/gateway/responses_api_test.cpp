@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_mutation.hpp"
 #include "llmesh/gateway/api_service.hpp"
 #include "llmesh/gateway/responses_api.hpp"
 
@@ -286,20 +287,6 @@ struct quiet_mesh : actors::mesh_client {
   size_t ready_replicas() const override { return 1; }
 };
 
-std::string mutate(std::string body, std::mt19937& rng) {
-  static const std::string alphabet = "{}[]\",:0123456789.-+eE truefalsnul\\\x80\xff";
-  const int edits = 1 + static_cast<int>(rng() % 6);
-  for (int e = 0; e < edits && !body.empty(); ++e) {
-    const size_t at = rng() % body.size();
-    switch (rng() % 3) {
-      case 0: body[at] = alphabet[rng() % alphabet.size()]; break;
-      case 1: body.erase(at, 1 + rng() % 3); break;
-      default: body.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
-    }
-  }
-  return body;
-}
-
 // Mutated requests through the whole endpoint (api_service: parse, translate, the chat
 // checks, the template) never throw and answer a 4xx or a job; mutated chat streams through
 // the renderer never throw and each event it writes is JSON of its announced type.
@@ -328,7 +315,7 @@ TEST(ResponsesApi, MutatedRequestsAndStreamsNeverThrow) {
   }
   std::mt19937 rng(5);
   for (int i = 0; i < 6000; ++i) {
-    const std::string body = mutate(seeds[static_cast<size_t>(i) % std::size(seeds)], rng);
+    const std::string body = testing::mutate_json(seeds[static_cast<size_t>(i) % std::size(seeds)], rng);
     api_outcome out;
     ASSERT_NO_THROW(out = api.handle("POST", "/v1/responses", "", body)) << body;
     if (auto* r = std::get_if<http_reply>(&out)) {
@@ -345,8 +332,8 @@ TEST(ResponsesApi, MutatedRequestsAndStreamsNeverThrow) {
   for (int i = 0; i < 3000; ++i) {
     responses_renderer r(responses_echo{}, "chatcmpl-0a", 1, "m");
     std::string out;
-    ASSERT_NO_THROW(out = r.stream(mutate(stream_seed, rng)));
-    ASSERT_NO_THROW(r.whole(mutate(chat_whole, rng)));
+    ASSERT_NO_THROW(out = r.stream(testing::mutate_json(stream_seed, rng)));
+    ASSERT_NO_THROW(r.whole(testing::mutate_json(chat_whole, rng)));
     for (size_t at = 0; at < out.size();) {
       const size_t end = out.find("\n\n", at);
       ASSERT_NE(end, std::string::npos);
