@@ -66,6 +66,12 @@ status add_item(const json& item, size_t i, json& messages) {
     } else {
       return bad("'" + at + ".content' must be a string or an array of content parts");
     }
+    // An assistant message after its turn's reasoning item is that turn's content.
+    if (msg["role"] == "assistant" && !messages.empty() && messages.back()["role"] == "assistant" &&
+        messages.back()["content"].is_null() && !messages.back().contains("tool_calls")) {
+      messages.back()["content"] = std::move(msg["content"]);
+      return ok_status();
+    }
     messages.push_back(std::move(msg));
     return ok_status();
   }
@@ -103,7 +109,22 @@ status add_item(const json& item, size_t i, json& messages) {
     messages.push_back({{"role", "tool"}, {"tool_call_id", *call_id}, {"content", std::move(content)}});
     return ok_status();
   }
-  if (type == "reasoning") return ok_status();  // earlier thinking: chat templates drop it too
+  if (type == "reasoning") {
+    // The model's earlier thinking (agents send it back between tool calls): an assistant turn
+    // with reasoning_content, which the turn's message and calls then join (vLLM does the
+    // same). Its text is the reasoning_text parts', else the summary's; none (encrypted only):
+    // nothing to show the template.
+    std::string text;
+    for (const char* key : {"content", "summary"}) {
+      if (!item.contains(key) || !item[key].is_array()) continue;
+      for (const json& p : item[key]) {
+        if (p.is_object() && p.contains("text") && p["text"].is_string()) text += (text.empty() ? "" : "\n\n") + p["text"].get<std::string>();
+      }
+      if (!text.empty()) break;
+    }
+    if (!text.empty()) messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"reasoning_content", text}});
+    return ok_status();
+  }
   return bad("'" + at + "': input items of type '" + type + "' are not supported (message, function_call, function_call_output, reasoning)");
 }
 
@@ -162,6 +183,13 @@ result<json> responses_to_chat(const json& body, responses_echo& echo) {
     return bad("'input' must be a string or a non-empty array of input items");
   }
   if (messages.empty()) return bad("'input' holds no message");
+  // instructions and leading system / developer messages as one system message: templates
+  // that want strict turns refuse two.
+  while (messages.size() > 1 && messages[0]["role"] == "system" && messages[1]["role"] == "system" &&
+         messages[0]["content"].is_string() && messages[1]["content"].is_string()) {
+    messages[0]["content"] = messages[0]["content"].get<std::string>() + "\n\n" + messages[1]["content"].get<std::string>();
+    messages.erase(messages.begin() + 1);
+  }
   chat["messages"] = std::move(messages);
   // Token log-probabilities on the output text: top_logprobs n (OpenAI's), or `include` naming
   // them (with no alternatives).
@@ -173,11 +201,12 @@ result<json> responses_to_chat(const json& body, responses_echo& echo) {
       if (v == "message.output_text.logprobs") want_logprobs = true;  // other inclusions name hosted tools' data
     }
   }
-  if (sent(body, "top_logprobs")) {
-    chat["top_logprobs"] = body["top_logprobs"];  // the chat endpoint checks it (0..20)
-    want_logprobs = true;
+  // As vLLM: the entries come only with `include` naming them; top_logprobs sets how many
+  // alternatives each has (the chat endpoint checks it, 0..20).
+  if (want_logprobs) {
+    chat["logprobs"] = true;
+    if (sent(body, "top_logprobs")) chat["top_logprobs"] = body["top_logprobs"];
   }
-  if (want_logprobs) chat["logprobs"] = true;
   if (sent(body, "max_output_tokens")) {
     chat["max_completion_tokens"] = body["max_output_tokens"];
     echo.max_output_tokens = body["max_output_tokens"];
@@ -410,7 +439,8 @@ std::string responses_renderer::close_open() {
   std::string out;
   const json id = item_["id"];
   if (open_ == open_kind::call) {
-    out += event("response.function_call_arguments.done", {{"item_id", id}, {"output_index", index}, {"arguments", text_}});
+    out += event("response.function_call_arguments.done",
+                 {{"item_id", id}, {"output_index", index}, {"name", item_["name"]}, {"arguments", text_}});
     item_["arguments"] = text_;
     item_["status"] = item_status();
   } else {
@@ -459,7 +489,10 @@ std::string responses_renderer::on_chunk(const json& chunk) {
     failed_ = true;
     out += close_open();
     json r = response_object("failed", output_, usage_, "");
-    r["error"] = {{"code", e.value("code", json("server_error"))}, {"message", e.value("message", std::string())}};
+    // ResponseError.code is an enum of OpenAI's: overload is rate_limit_exceeded, the rest a
+    // server_error (the detail stays in the message).
+    const bool overloaded = e.contains("code") && e["code"] == "overloaded";
+    r["error"] = {{"code", overloaded ? "rate_limit_exceeded" : "server_error"}, {"message", e.value("message", std::string())}};
     out += event("response.failed", {{"response", std::move(r)}});
     ended_ = true;
     return out;

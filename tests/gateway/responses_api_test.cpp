@@ -32,6 +32,8 @@ std::string refusal(const json& body) {
 }
 
 TEST(ResponsesApi, InputItemsBecomeTheChatMessagesTheyMean) {
+  auto merged = chat_of({{"instructions", "Be brief."}, {"input", {{{"role", "developer"}, {"content", "No lists."}}, {{"role", "user"}, {"content", "Hi"}}}}});
+  EXPECT_EQ(merged["messages"], json::parse(R"([{"role":"system","content":"Be brief.\n\nNo lists."},{"role":"user","content":"Hi"}])"));
   auto c = chat_of({{"model", "m"}, {"instructions", "Be brief."}, {"input", "Hi"}, {"max_output_tokens", 5}});
   EXPECT_EQ(c["model"], "m");
   EXPECT_EQ(c["messages"], json::parse(R"([{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}])"));
@@ -41,7 +43,8 @@ TEST(ResponsesApi, InputItemsBecomeTheChatMessagesTheyMean) {
   const json input = json::parse(R"([
     {"role":"developer","content":"Rules."},
     {"type":"message","role":"user","content":[{"type":"input_text","text":"Weather?"}]},
-    {"type":"reasoning","id":"rs_1","summary":[]},
+    {"type":"reasoning","id":"rs_0","summary":[],"encrypted_content":"opaque"},
+    {"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"Look it up."}]},
     {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Checking."}]},
     {"type":"function_call","call_id":"c1","name":"weather","arguments":"{\"city\":\"Ur\"}"},
     {"type":"function_call","call_id":"c2","name":"time","arguments":"{}"},
@@ -52,7 +55,7 @@ TEST(ResponsesApi, InputItemsBecomeTheChatMessagesTheyMean) {
   const json want = json::parse(R"([
     {"role":"system","content":"Rules."},
     {"role":"user","content":[{"type":"text","text":"Weather?"}]},
-    {"role":"assistant","content":[{"type":"text","text":"Checking."}],"tool_calls":[
+    {"role":"assistant","content":[{"type":"text","text":"Checking."}],"reasoning_content":"Look it up.","tool_calls":[
       {"id":"c1","type":"function","function":{"name":"weather","arguments":"{\"city\":\"Ur\"}"}},
       {"id":"c2","type":"function","function":{"name":"time","arguments":"{}"}}]},
     {"role":"tool","tool_call_id":"c1","content":"fair"},
@@ -85,10 +88,11 @@ TEST(ResponsesApi, ToolsFormatsReasoningAndStreamMapToChatFields) {
   EXPECT_FALSE(chat_of({{"input", "x"}, {"text", {{"format", {{"type", "text"}}}}}}).contains("response_format"));
 }
 
-// top_logprobs (or include's "message.output_text.logprobs") asks the chat endpoint for them;
+// include's "message.output_text.logprobs" (with top_logprobs alternatives) asks the chat endpoint for them;
 // they come back on the output text, without the thinking's tokens, whole and streamed.
 TEST(ResponsesApi, LogprobsRideOnTheOutputTextWithoutTheThinking) {
-  auto c = chat_of({{"input", "x"}, {"top_logprobs", 2}});
+  EXPECT_FALSE(chat_of({{"input", "x"}, {"top_logprobs", 2}}).contains("logprobs"));  // vLLM's rule: with include
+  auto c = chat_of({{"input", "x"}, {"top_logprobs", 2}, {"include", {"message.output_text.logprobs"}}});
   EXPECT_EQ(c["logprobs"], true);
   EXPECT_EQ(c["top_logprobs"], 2);
   auto i = chat_of({{"input", "x"}, {"include", {"reasoning.encrypted_content", "message.output_text.logprobs"}}});
@@ -255,6 +259,7 @@ TEST(ResponsesApi, ChatChunksBecomeTypedEventsEndingInTheWholeResponse) {
   EXPECT_EQ(events[11]["item_id"], "msg_00ff1");
   EXPECT_EQ(events[13]["text"], "Answer.");
   EXPECT_EQ(events[19]["arguments"], "{\"x\":1}");
+  EXPECT_EQ(events[19]["name"], "f");
   EXPECT_EQ(r.stream("data: [DONE]\n\n"), "");  // nothing after the end
 }
 
@@ -269,6 +274,7 @@ TEST(ResponsesApi, AnErrorMidStreamFailsTheResponseAndAnEmptyAnswerIsAnEmptyMess
   EXPECT_EQ(events.back()["type"], "response.failed");
   EXPECT_EQ(events.back()["response"]["status"], "failed");
   EXPECT_EQ(events.back()["response"]["error"]["message"], "replica lost");
+  EXPECT_EQ(events.back()["response"]["error"]["code"], "server_error");
   EXPECT_EQ(events.back()["response"]["output"][0]["content"][0]["text"], "Par");
   EXPECT_EQ(events.back()["response"]["output"][0]["status"], "incomplete");
 

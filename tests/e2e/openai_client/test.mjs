@@ -240,7 +240,7 @@ test('responses: create and stream agree with chat at temperature 0; the stream 
 
   // Token log-probabilities on the output text: those the chat endpoint reports.
   const scored = await client.responses.create({ model: MODEL, input: CHAT[0].content, max_output_tokens: 6,
-    temperature: 0, top_logprobs: 2 });
+    temperature: 0, top_logprobs: 2, include: ['message.output_text.logprobs'] });
   const chatScored = await client.chat.completions.create({ model: MODEL, messages: CHAT, max_tokens: 6,
     temperature: 0, logprobs: true, top_logprobs: 2 });
   assert.deepEqual(scored.output[0].content[0].logprobs, chatScored.choices[0].logprobs.content);

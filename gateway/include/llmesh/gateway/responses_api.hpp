@@ -44,7 +44,7 @@ struct responses_echo {
 class responses_renderer {
  public:
   /// `id` is the chat response's ("chatcmpl-<hex>"): the response is "resp_<hex>", its items
-  /// "msg_/rs_/fc_<hex>_<output index>".
+  /// "msg_/rs_/fc_<hex><output index>" (the hex part has a fixed length).
   responses_renderer(responses_echo echo, std::string_view id, int64_t created, std::string model);
 
   /// The whole chat.completion body → the response object's body (an error body passes as is).
