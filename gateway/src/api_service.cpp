@@ -479,6 +479,13 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   gs.n = n;
   gs.best_of = g.best_of;
   job.output = std::make_unique<completion_group>(std::move(gs), m.tok->decoder(), &metrics_);
+  // Choice `id` of prompt p: the shared setup with that prompt's ids and echo.
+  auto add_choice = [&](size_t p, uint64_t id) {
+    stream_setup s = choice;
+    s.prompt_ids = prompts[p].ids;
+    s.echo_prefix = prompts[p].echo;
+    job.output->add_choice(id, std::move(s));
+  };
   if (g.beam_search) {
     // One search per prompt, its n beams rendered as the prompt's choices (their ids name
     // the choices only: the searches' step requests take fresh ids as they go).
@@ -497,11 +504,8 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
       bs.keep_special = choice.keep_special;
       std::vector<uint64_t> choice_ids;
       for (size_t j = 0; j < n; ++j) {
-        stream_setup s = choice;
-        s.prompt_ids = prompts[p].ids;
-        s.echo_prefix = prompts[p].echo;
         choice_ids.push_back(first + p * n + j);
-        job.output->add_choice(choice_ids.back(), std::move(s));
+        add_choice(p, choice_ids.back());
       }
       auto search = std::make_unique<beam_search>(std::move(bs), [this] { return next_id_.fetch_add(1); });
       job.output->add_beam_search(std::move(search), std::move(choice_ids));
@@ -517,10 +521,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
       req.prompt = prompts[p].ids;
       req.max_tokens = max_tokens[p];
       req.sampling.seed = choice_seed(request_seed, j);
-      stream_setup s = choice;
-      s.prompt_ids = prompts[p].ids;
-      s.echo_prefix = prompts[p].echo;
-      job.output->add_choice(req.id, std::move(s));
+      add_choice(p, req.id);
       job.requests.push_back(std::move(req));
     }
   }

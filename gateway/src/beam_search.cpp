@@ -12,7 +12,7 @@ beam_search::beam_search(beam_setup s, std::function<uint64_t()> next_id) : s_(s
   if (!s_.stop.empty() && s_.detok) {
     auto first = std::make_shared<text_state>(text_state{model::stream_decoder(*s_.detok, s_.skip_special), stop_matcher(s_.stop)});
     first->decoder.keep_special(s_.keep_special);
-    live_text_.push_back(std::move(first));
+    live_.front().text = std::move(first);
   }
   if (s_.base.max_tokens == 0) {
     done_ = true;  // nothing to generate (api_service never asks this)
@@ -56,8 +56,9 @@ void beam_search::begin_step() {
   for (size_t b = 0; b < live_.size(); ++b) {
     actors::replica_request r = s_.base;
     r.id = next_id_();
-    r.prompt.insert(r.prompt.end(), live_[b].tokens.begin(), live_[b].tokens.end());
-    r.generated = s_.base.generated + live_[b].tokens.size();
+    const auto& tokens = live_[b].h.tokens;
+    r.prompt.insert(r.prompt.end(), tokens.begin(), tokens.end());
+    r.generated = s_.base.generated + tokens.size();
     r.max_tokens = 1;
     r.sampling.logprobs = alternatives;
     r.sampling.processed_logprobs = true;  // masked tokens -inf: the beams honour what the request allows
@@ -88,11 +89,10 @@ void beam_search::on_message(const actors::token_msg& t) {
 
 void beam_search::end_step() {
   if (steps_done_ == 0 && !step_.empty()) prompt_logprobs_ = step_.front().result->prompt_logprobs;
-  std::vector<beam_hypothesis> extended;
-  std::vector<std::shared_ptr<const text_state>> extended_text;
+  std::vector<live_beam> extended;
   const size_t min_tokens = static_cast<size_t>(std::max(s_.base.sampling.min_tokens, 0));
   for (const pending& p : step_) {
-    const beam_hypothesis& beam = live_[p.beam];
+    const live_beam& beam = live_[p.beam];
     const kernels::token_logprobs& row = *p.result->logprobs;
     // The candidates: the drawn token (with a temperature it may lie outside the row's most
     // likely), then the most likely in order.
@@ -112,7 +112,7 @@ void beam_search::end_step() {
     }
     for (const candidate& c : candidates) {
       if (!std::isfinite(c.logprob)) continue;  // masked (a grammar, a ban): never drawn
-      beam_hypothesis h = beam;
+      beam_hypothesis h = beam.h;
       h.tokens.push_back(c.id);
       kernels::token_logprobs entry;
       entry.logprob = c.logprob;
@@ -124,10 +124,10 @@ void beam_search::end_step() {
       h.cumulative_logprob += c.logprob;
       h.ended = is_end(c.id);
       std::shared_ptr<const text_state> text;
-      if (!h.ended && !live_text_.empty()) {
+      if (!h.ended && beam.text) {
         // The choice's stream pushes the same pieces through the same matcher: it will cut the
         // text where this sees the stop.
-        auto next = std::make_shared<text_state>(*live_text_[p.beam]);
+        auto next = std::make_shared<text_state>(*beam.text);
         const auto out = next->matcher.push(next->decoder.push(c.id), h.tokens.size() > min_tokens);
         h.ended = h.by_stop = out.stopped;
         text = std::move(next);
@@ -136,26 +136,16 @@ void beam_search::end_step() {
       if (h.ended) {
         completed_.push_back(std::move(h));
       } else {
-        extended.push_back(std::move(h));
-        extended_text.push_back(std::move(text));
+        extended.push_back({std::move(h), std::move(text)});
       }
     }
   }
   // A NaN score (0/0 with an extreme length_penalty) ranks last, keeping the order strict.
   auto key = [](const beam_hypothesis& h) { return std::isnan(h.score) ? -std::numeric_limits<double>::infinity() : h.score; };
   auto by_score = [&](const beam_hypothesis& a, const beam_hypothesis& b) { return key(a) > key(b); };
-  // Sort indices, so each beam's text state moves with it.
-  std::vector<size_t> order(extended.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return by_score(extended[a], extended[b]); });
-  if (order.size() > s_.width) order.resize(s_.width);
-  live_.clear();
-  std::vector<std::shared_ptr<const text_state>> kept_text;
-  for (size_t i : order) {
-    live_.push_back(std::move(extended[i]));
-    if (!live_text_.empty()) kept_text.push_back(std::move(extended_text[i]));
-  }
-  if (!live_text_.empty()) live_text_ = std::move(kept_text);
+  std::stable_sort(extended.begin(), extended.end(), [&](const live_beam& a, const live_beam& b) { return by_score(a.h, b.h); });
+  if (extended.size() > s_.width) extended.resize(s_.width);
+  live_ = std::move(extended);
   step_.clear();
   ++steps_done_;
   if (steps_done_ < s_.base.max_tokens && !live_.empty()) {
@@ -163,7 +153,7 @@ void beam_search::end_step() {
     return;
   }
   // The end: the live beams (out of steps) join the complete ones; the best `width` remain.
-  for (auto& h : live_) completed_.push_back(std::move(h));
+  for (auto& b : live_) completed_.push_back(std::move(b.h));
   live_.clear();
   std::stable_sort(completed_.begin(), completed_.end(), by_score);
   if (completed_.size() > s_.width) completed_.resize(s_.width);

@@ -190,9 +190,7 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
   // A requested stop token ends the text before itself (vLLM's default); an EOS id's text is
   // empty anyway, being a special token the decoder skips — or, with skip_special_tokens false,
   // left out as vLLM leaves out the token that stopped it.
-  const bool stop_token = t.finish == actors::finish_reason::eos &&
-                          (std::find(s_.stop_token_ids.begin(), s_.stop_token_ids.end(), t.token) != s_.stop_token_ids.end() ||
-                           (!s_.skip_special && detok_.is_special(t.token)));
+  const bool stop_token = ending_token_unshown(t, s_.stop_token_ids, s_.skip_special, detok_);
   const size_t text_start = decoded_bytes_;
   const std::string piece = stop_token && !s_.include_stop_str ? std::string() : decoder_.push(t.token);
   decoded_bytes_ += piece.size();

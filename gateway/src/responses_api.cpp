@@ -141,6 +141,24 @@ json answer_logprobs(const json& entries) {
   return out;
 }
 
+/// The output items and content parts, as both the whole and the streamed path build them.
+json reasoning_item(std::string id) {
+  return {{"id", std::move(id)}, {"type", "reasoning"}, {"summary", json::array()}, {"content", json::array()}};
+}
+json message_item(std::string id, std::string_view status) {
+  return {{"id", std::move(id)}, {"type", "message"}, {"status", status}, {"role", "assistant"}, {"content", json::array()}};
+}
+json call_item(std::string id, std::string_view status, std::string call_id, std::string name, std::string arguments) {
+  return {{"id", std::move(id)}, {"type", "function_call"}, {"status", status}, {"call_id", std::move(call_id)},
+          {"name", std::move(name)}, {"arguments", std::move(arguments)}};
+}
+/// A message's output_text part (with its annotations), or a reasoning item's reasoning_text.
+json text_part(bool message, json text) {
+  json part = {{"type", message ? "output_text" : "reasoning_text"}, {"text", std::move(text)}};
+  if (message) part["annotations"] = json::array();
+  return part;
+}
+
 json usage_of(const json& chat_usage) {
   if (!chat_usage.is_object()) return nullptr;
   const auto in = chat_usage.value("prompt_tokens", 0), out = chat_usage.value("completion_tokens", 0);
@@ -355,30 +373,23 @@ std::string responses_renderer::whole_of(std::string_view chat_body) const {
   json output = json::array();
   if (msg.contains("reasoning_content") && msg["reasoning_content"].is_string() &&
       !msg["reasoning_content"].get_ref<const std::string&>().empty()) {
-    output.push_back({{"id", item_id("rs", output.size())},
-                      {"type", "reasoning"},
-                      {"summary", json::array()},
-                      {"content", {{{"type", "reasoning_text"}, {"text", msg["reasoning_content"]}}}}});
+    json item = reasoning_item(item_id("rs", output.size()));
+    item["content"].push_back(text_part(false, msg["reasoning_content"]));
+    output.push_back(std::move(item));
   }
   const bool calls = msg.contains("tool_calls") && msg["tool_calls"].is_array() && !msg["tool_calls"].empty();
   const bool text = msg.contains("content") && msg["content"].is_string();
   if ((text && (!msg["content"].get_ref<const std::string&>().empty() || !calls)) || (!calls && output.empty())) {
-    json part = {{"type", "output_text"}, {"text", text ? msg["content"] : json("")}, {"annotations", json::array()}};
+    json part = text_part(true, text ? msg["content"] : json(""));
     if (c.contains("logprobs") && c["logprobs"].is_object()) part["logprobs"] = answer_logprobs(c["logprobs"].value("content", json::array()));
-    output.push_back({{"id", item_id("msg", output.size())},
-                      {"type", "message"},
-                      {"status", "completed"},
-                      {"role", "assistant"},
-                      {"content", json::array({std::move(part)})}});
+    json item = message_item(item_id("msg", output.size()), "completed");
+    item["content"].push_back(std::move(part));
+    output.push_back(std::move(item));
   }
   if (calls) {
     for (const json& t : msg["tool_calls"]) {
-      output.push_back({{"id", item_id("fc", output.size())},
-                        {"type", "function_call"},
-                        {"status", "completed"},
-                        {"call_id", t.value("id", std::string())},
-                        {"name", t["function"].value("name", std::string())},
-                        {"arguments", t["function"].value("arguments", std::string())}});
+      output.push_back(call_item(item_id("fc", output.size()), "completed", t.value("id", std::string()),
+                                 t["function"].value("name", std::string()), t["function"].value("arguments", std::string())));
     }
   }
   const std::string finish = c.value("finish_reason", std::string());
@@ -400,30 +411,20 @@ std::string responses_renderer::open(open_kind kind, const json& call) {
   open_ = kind;
   std::string out;
   switch (kind) {
-    case open_kind::reasoning:
-      item_ = {{"id", item_id("rs", index)}, {"type", "reasoning"}, {"summary", json::array()}, {"content", json::array()}};
-      break;
-    case open_kind::message:
-      item_ = {{"id", item_id("msg", index)}, {"type", "message"}, {"status", "in_progress"}, {"role", "assistant"}, {"content", json::array()}};
-      break;
+    case open_kind::reasoning: item_ = reasoning_item(item_id("rs", index)); break;
+    case open_kind::message: item_ = message_item(item_id("msg", index), "in_progress"); break;
     case open_kind::call:
-      item_ = {{"id", item_id("fc", index)},
-               {"type", "function_call"},
-               {"status", "in_progress"},
-               {"call_id", call.value("id", std::string())},
-               {"name", call.contains("function") ? call["function"].value("name", std::string()) : std::string()},
-               {"arguments", ""}};
-      saw_call_ = true;
+      item_ = call_item(item_id("fc", index), "in_progress", call.value("id", std::string()),
+                        call.contains("function") ? call["function"].value("name", std::string()) : std::string(), "");
       break;
     case open_kind::none: return out;
   }
   out += event("response.output_item.added", {{"output_index", index}, {"item", item_}});
   if (kind != open_kind::call) {
-    const char* part_type = kind == open_kind::message ? "output_text" : "reasoning_text";
-    json part = {{"type", part_type}, {"text", ""}};
-    if (kind == open_kind::message) part["annotations"] = json::array();
-    out += event("response.content_part.added",
-                 {{"item_id", item_["id"]}, {"output_index", index}, {"content_index", 0}, {"part", std::move(part)}});
+    out += event("response.content_part.added", {{"item_id", item_["id"]},
+                                                {"output_index", index},
+                                                {"content_index", 0},
+                                                {"part", text_part(kind == open_kind::message, "")}});
   }
   return out;
 }
@@ -445,9 +446,8 @@ std::string responses_renderer::close_open() {
     item_["status"] = item_status();
   } else {
     const bool message = open_ == open_kind::message;
-    json part = {{"type", message ? "output_text" : "reasoning_text"}, {"text", text_}};
+    json part = text_part(message, text_);
     if (message) {
-      part["annotations"] = json::array();
       if (logprobs_wanted_) part["logprobs"] = logprobs_;
       out += event("response.output_text.done",
                    {{"item_id", id}, {"output_index", index}, {"content_index", 0}, {"text", text_}, {"logprobs", logprobs_}});

@@ -1,6 +1,8 @@
 // The native client API over Cap'n Proto RPC (rpc_server.hpp).
 #include "llmesh/gateway/rpc_server.hpp"
 
+#include "llmesh/gateway/completion_stream.hpp"
+
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <capnp/ez-rpc.h>
@@ -215,10 +217,7 @@ struct rpc_server::impl {
         stopped = stopped || out.stopped;
         return std::move(out.text);
       };
-      const bool stop_token =
-          t.finish == actors::finish_reason::eos &&
-          (std::find(st->stop_ids.begin(), st->stop_ids.end(), t.token) != st->stop_ids.end() ||
-           (!st->skip_special && st->tok->decoder().is_special(t.token)));
+      const bool stop_token = ending_token_unshown(t, st->stop_ids, st->skip_special, st->tok->decoder());
       std::string piece = stop_token && !st->include_stop_str ? std::string() : pass(c.decoder.push(t.token));
       if (!stopped && t.finish != actors::finish_reason::none) {
         piece += pass(c.decoder.flush());

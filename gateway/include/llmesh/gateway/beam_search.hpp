@@ -100,6 +100,11 @@ class beam_search {
     model::stream_decoder decoder;
     stop_matcher matcher;
   };
+  /// A live beam and its text state (null without stop strings).
+  struct live_beam {
+    beam_hypothesis h;
+    std::shared_ptr<const text_state> text;
+  };
   struct pending {
     uint64_t id = 0;
     size_t beam = 0;  ///< index into live_
@@ -112,9 +117,7 @@ class beam_search {
 
   beam_setup s_;
   std::function<uint64_t()> next_id_;
-  std::vector<beam_hypothesis> live_{1};  ///< the first step's one empty beam
-  /// Each live beam's text state (index-aligned with live_; empty without stop strings).
-  std::vector<std::shared_ptr<const text_state>> live_text_;
+  std::vector<live_beam> live_{1};  ///< the first step's one empty beam
   std::vector<beam_hypothesis> completed_;
   std::vector<pending> step_;
   std::vector<actors::replica_request> ready_;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,17 @@
 #include "llmesh/model/detokenizer.hpp"
 
 namespace llmesh::gateway {
+
+/// Whether the token that ended a generation (finish eos) is left out of its text, as vLLM
+/// leaves it out unless include_stop_str_in_output: one of the request's stop_token_ids, or
+/// with skip_special_tokens false a special token (an end id; with skipping on, its text is
+/// empty anyway). The HTTP stream and the native API decide alike.
+inline bool ending_token_unshown(const actors::token_msg& t, std::span<const int32_t> stop_token_ids, bool skip_special,
+                                 const model::detokenizer& d) {
+  return t.finish == actors::finish_reason::eos &&
+         (std::find(stop_token_ids.begin(), stop_token_ids.end(), t.token) != stop_token_ids.end() ||
+          (!skip_special && d.is_special(t.token)));
+}
 
 /// A complete HTTP answer (status, content type, body, extra headers).
 struct http_reply {

@@ -81,7 +81,6 @@ class responses_renderer {
   nlohmann::ordered_json logprobs_ = nlohmann::ordered_json::array();  ///< the open message's token entries
   bool logprobs_wanted_ = false;  ///< the chunks carry logprobs: output_text parts hold theirs
   nlohmann::ordered_json usage_;
-  bool saw_call_ = false;
 };
 
 }  // namespace llmesh::gateway
