@@ -279,7 +279,7 @@ std::optional<node_role> parse_role(const YAML::Node& node) {
 
 result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, bool allow_public) {
   r.at(entry_label("nodes", index, node));
-  LLMESH_READ(f, r.map(node, {"name", "roles", "listen", "http", "rpc", "slots"}));
+  LLMESH_READ(f, r.map(node, {"name", "roles", "listen", "http", "rpc", "metrics", "slots"}));
   LLMESH_READ(name, r.string(f, "name", true));
   if (!is_name(*name)) return r.fail("'name' must be 1..64 letters, digits, '-', '_' or '.', got " + shown(*name));
   node_spec out;
@@ -303,6 +303,8 @@ result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, boo
   LLMESH_READ(rpc, r.address(f, "rpc", false, allow_public));
   out.http = http;
   out.rpc = rpc;
+  LLMESH_READ(metrics, r.address(f, "metrics", false, allow_public));
+  out.metrics = metrics;
   if (!out.has(node_role::gateway) && (http || rpc))
     return r.fail(std::string(http ? "'http'" : "'rpc'") + " is only for gateway nodes");
   if (out.has(node_role::gateway) && !http) return r.fail("'http' is required on a gateway node");
@@ -371,7 +373,8 @@ status check_mesh(reader& r, const cluster_config& c) {
     r.at(where);
     for (size_t j = 0; j < i; ++j)
       if (c.nodes[j].name == n.name) return r.fail("name " + shown(n.name) + " is already used by nodes[" + std::to_string(j) + "]");
-    for (auto [field, e] : {std::pair{"listen", std::optional(n.listen)}, std::pair{"http", n.http}, std::pair{"rpc", n.rpc}}) {
+    for (auto [field, e] : {std::pair{"listen", std::optional(n.listen)}, std::pair{"http", n.http}, std::pair{"rpc", n.rpc},
+                            std::pair{"metrics", n.metrics}}) {
       if (!e) continue;
       auto [it, fresh] = bound.emplace(e->str(), where + " '" + field + "'");
       if (!fresh) return r.fail(std::string("'") + field + "' " + shown(e->str()) + " is already used by " + it->second);

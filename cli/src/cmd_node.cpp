@@ -25,6 +25,7 @@
 #include "llmesh/gateway/http_server.hpp"
 #include "llmesh/gateway/rpc_server.hpp"
 #include "llmesh/transport/fault_injector.hpp"
+#include "llmesh/transport/transport_tally.hpp"
 #include "llmesh/transport/ucx_transport.hpp"
 #include "stop_signal.hpp"
 
@@ -32,7 +33,7 @@ namespace llmesh::cli {
 namespace {
 
 struct node_flags {
-  std::string config, name, join, listen, roles, token, http, rpc, device = "cpu";
+  std::string config, name, join, listen, roles, token, http, rpc, metrics, device = "cpu";
   std::vector<std::string> model_dirs;  ///< --join gateway: one --model per served model
   int threads = 0, heartbeat_ms = 500, slots = 0;
   size_t drain_s = 10, max_migrations = 3;
@@ -55,6 +56,7 @@ struct node_plan {
   };
   std::vector<gateway_model> gateway_models;
   std::optional<actors::endpoint> http, rpc;
+  std::optional<actors::endpoint> metrics;  ///< this process's own metrics endpoint, if any
   bool has(actors::node_role r) const { return std::find(roles.begin(), roles.end(), r) != roles.end(); }
 };
 
@@ -75,7 +77,11 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     p.models = cfg->models;
     p.http = n->http;
     p.rpc = n->rpc;
+    p.metrics = n->metrics;
     p.slots = n->slots;
+    if (!f.metrics.empty()) {
+      return make_error(errc::invalid_request, "--metrics: with --config, set the node's 'metrics' address in the config");
+    }
     if (p.has(actors::node_role::gateway)) {
       if (cfg->models.empty()) return make_error(errc::invalid_request, f.config + ": a gateway needs a model");
       if (f.gw.reasoning_parser != "none" || f.gw.tool_call_parser != "hermes") {
@@ -95,6 +101,11 @@ result<node_plan> plan_from_flags(const node_flags& f) {
   if (!listen) return make_error(errc::invalid_request, "--listen: " + listen.err().message);
   p.seed = seed->str();
   p.listen = listen->str();
+  if (!f.metrics.empty()) {
+    auto m = actors::parse_endpoint(f.metrics);
+    if (!m) return make_error(errc::invalid_request, "--metrics: " + m.err().message);
+    p.metrics = *m;
+  }
   p.heartbeat = std::chrono::milliseconds(f.heartbeat_ms);
   p.slots = f.slots;
   p.token = f.token;
@@ -201,6 +212,34 @@ status run_node(const node_flags& f) {
   // Before the actor system: the transport's thread counts into it until the system is gone.
   actors::metrics_registry metrics;
   auto* decode_errors = actors::export_transport_metrics(metrics, std::weak_ptr<const transport::transport>(faults), "mesh");
+  auto tensor_plane = transport::transport_tally::create();
+  if (p.has(actors::node_role::replica)) actors::export_transport_metrics(metrics, tensor_plane, "tensor");
+  // This process's own endpoint (a replica node's only way to be scraped): before the mesh,
+  // so that a taken port fails first; served on its own thread until the node stops.
+  std::unique_ptr<gateway::http_server> metrics_server;
+  std::thread metrics_thread;
+  if (p.metrics) {
+    gateway::http_options mo;
+    mo.host = p.metrics->host;
+    mo.port = p.metrics->port;
+    mo.max_connections = 64;
+    mo.max_connections_per_client = 16;
+    auto s = gateway::http_server::listen_metrics(metrics, mo);
+    if (!s) return s.take_error();
+    metrics_server = std::move(*s);
+    std::fprintf(stderr, "llmesh: node %s metrics on http://%s:%u/metrics\n", p.name.c_str(), mo.host.c_str(),
+                 metrics_server->port());
+    std::fflush(stderr);
+    metrics_thread = std::thread([srv = metrics_server.get()] { srv->run(); });
+  }
+  struct metrics_stop {  // every return from here on stops and joins it
+    std::unique_ptr<gateway::http_server>& server;
+    std::thread& thread;
+    ~metrics_stop() {
+      if (server) server->stop(std::chrono::milliseconds(0));
+      if (thread.joinable()) thread.join();
+    }
+  } stop_metrics{metrics_server, metrics_thread};
 
   caf::actor_system_config cfg;
   cfg.set("scheduler.max-threads", 2);
@@ -251,10 +290,10 @@ status run_node(const node_flags& f) {
     if (rule && f) f->set_rule(std::nullopt, *rule);
   };
   // The tensor plane (spread replicas): one UCX transport per rank, on this node's mesh host.
-  ao.make_tensor_transport = []() -> result<std::shared_ptr<transport::transport>> {
+  ao.make_tensor_transport = [tensor_plane]() -> result<std::shared_ptr<transport::transport>> {
     auto t = transport::ucx_transport::create();
     if (!t) return t.take_error();
-    return std::shared_ptr<transport::transport>(std::move(*t));
+    return tensor_plane->track(std::move(*t));  // counted on this node's metrics as plane "tensor"
   };
   ao.tensor_host = p.listen.substr(0, p.listen.rfind(':'));
   ao.on_fatal = [&fatal](const std::string&) {
@@ -355,6 +394,9 @@ void add_node(CLI::App& app, command_set& commands) {
                   "as in the cluster config; repeat for several models");
   sub->add_option("--http", f->http, "--join with the gateway role: HTTP address HOST:PORT");
   sub->add_option("--rpc", f->rpc, "--join with the gateway role: native API (Cap'n Proto RPC) address HOST:PORT");
+  sub->add_option("--metrics", f->metrics,
+                  "--join: this process's own Prometheus endpoint HOST:PORT (GET /metrics, /health), for a node "
+                  "without a gateway; with --config: the node's 'metrics' address");
   sub->add_option("--heartbeat-ms", f->heartbeat_ms, "--join: heartbeat interval")->check(CLI::Range(10, 60000));
   sub->add_option("--slots", f->slots, "--join: tensor-parallel shards this replica node may host (default 2)")
       ->check(CLI::Range(1, 1024));

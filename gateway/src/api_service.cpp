@@ -7,6 +7,7 @@
 #include <random>
 
 #include "llmesh/actors/serving_metrics.hpp"
+#include "llmesh/gateway/metrics_endpoint.hpp"
 
 namespace llmesh::gateway {
 namespace {
@@ -99,12 +100,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
     if (mesh_.ready_replicas() > 0) return json_reply(200, R"({"status":"ready"})");
     return error_reply(make_error(errc::replica_unavailable, "no replica is ready"));
   }
-  if (path == "/metrics" && get) {
-    http_reply r;
-    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    r.body = metrics_.render();
-    return r;
-  }
+  if (path == "/metrics" && get) return metrics_reply(metrics_);
   // vLLM's tokenizer routes sit outside /v1; the API key guards them too (they cost work).
   const bool tokenizer_route = path == "/tokenize" || path == "/detokenize";
   const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include "llmesh/actors/serving_metrics.hpp"
+#include "llmesh/gateway/metrics_endpoint.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -38,8 +39,10 @@ using net::use_awaitable;
 using error_code = boost::system::error_code;
 
 struct http_server::impl {
-  impl(api_service& a, http_options o) : api(a), opt(std::move(o)) {}
-  api_service& api;
+  impl(api_service& a, http_options o) : api(&a), metrics(a.metrics()), opt(std::move(o)) {}
+  impl(actors::metrics_registry& m, http_options o) : metrics(m), opt(std::move(o)) {}
+  api_service* api = nullptr;  ///< null: a metrics endpoint (metrics_endpoint.hpp), no API
+  actors::metrics_registry& metrics;
   http_options opt;
   // Before ioc: ~io_context destroys suspended sessions, whose guards still count here.
   size_t connections = 0;
@@ -64,7 +67,8 @@ namespace {
 std::string_view sv(beast::string_view s) { return {s.data(), s.size()}; }
 
 void count_request(http_server::impl* s, int status) {
-  s->api.metrics().get_counter(actors::metric::requests, {std::to_string(status)})->add();
+  if (!s->api) return;  // a metrics endpoint's scrapes are not API requests
+  s->metrics.get_counter(actors::metric::requests, {std::to_string(status)})->add();
 }
 
 /// What a generation's connection waits on: the mesh's messages (posted here from actor
@@ -123,7 +127,7 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
   // A beam search's step requests are many (width × steps): the group names its running ones.
   auto submit = [&](actors::replica_request req, bool beam_step = false) {
     if (!beam_step) ids.push_back(req.id);
-    s->api.mesh().submit(std::move(req), [st, ex](const actors::token_msg& t) {
+    s->api->mesh().submit(std::move(req), [st, ex](const actors::token_msg& t) {
       net::post(ex, [st, t] {
         st->queue.push_back(t);
         st->timer.cancel();
@@ -159,7 +163,7 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
       st->queue.pop_front();
     }
     // A choice ended by a stop string, or every other choice after a failure: free them now.
-    for (uint64_t id : out.take_cancellations()) s->api.mesh().cancel(id);
+    for (uint64_t id : out.take_cancellations()) s->api->mesh().cancel(id);
     for (auto& req : out.take_submissions()) submit(std::move(req), true);  // a beam search's next step
     if (st->gone || bytes.empty()) continue;
     stream.expires_after(s->opt.write_timeout);
@@ -180,8 +184,8 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
   stream.socket().cancel(ignored);  // ends the watch
   // Unfinished (client gone, write failed, another choice failed) or ended by a stop string:
   // free them in the mesh. For a generation that ended on its own this is a no-op.
-  for (uint64_t id : ids) s->api.mesh().cancel(id);
-  for (uint64_t id : out.running_searches()) s->api.mesh().cancel(id);
+  for (uint64_t id : ids) s->api->mesh().cancel(id);
+  for (uint64_t id : out.running_searches()) s->api->mesh().cancel(id);
   if (st->gone || ec) {
     count_request(s, 499);  // nginx's "client closed request"
     co_return false;
@@ -246,12 +250,14 @@ awaitable<void> session(http_server::impl* s, tcp::socket sock, net::ip::address
       auto& req = parser.get();
       const bool keep = req.keep_alive() && !s->stopping;
       auto handle = [s, &req]() -> awaitable<api_outcome> {
-        co_return s->api.handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
+        co_return s->api->handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
       };
       // GETs are cheap (health, metrics, models); a POST's work goes to the pool. (No co_await
       // inside a conditional expression: g++ 12 destroys such a temporary twice.)
       api_outcome outcome;
-      if (req.method() == http::verb::post) {
+      if (!s->api) {
+        outcome = metrics_endpoint(s->metrics, sv(req.method_string()), sv(req.target()));
+      } else if (req.method() == http::verb::post) {
         ++s->handling;
         struct done_guard {
           size_t& n;
@@ -259,7 +265,7 @@ awaitable<void> session(http_server::impl* s, tcp::socket sock, net::ip::address
         } done{s->handling};
         outcome = co_await net::co_spawn(s->workers, handle, use_awaitable);
       } else {
-        outcome = s->api.handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
+        outcome = s->api->handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
       }
       bool ok = false;
       if (auto* reply = std::get_if<http_reply>(&outcome)) {
@@ -342,7 +348,7 @@ awaitable<void> accept_loop(http_server::impl* s) {
 
 awaitable<void> drain(http_server::impl* s, std::chrono::steady_clock::time_point deadline) {
   net::steady_timer t(s->ioc);
-  while ((s->api.inflight() > 0 || s->handling > 0) && std::chrono::steady_clock::now() < deadline) {
+  while (((s->api && s->api->inflight() > 0) || s->handling > 0) && std::chrono::steady_clock::now() < deadline) {
     t.expires_after(std::chrono::milliseconds(20));
     error_code ec;
     co_await t.async_wait(net::redirect_error(use_awaitable, ec));
@@ -356,7 +362,15 @@ http_server::http_server(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 http_server::~http_server() = default;
 
 result<std::unique_ptr<http_server>> http_server::listen(api_service& api, http_options opt) {
-  auto p = std::make_unique<impl>(api, opt);
+  return start(std::make_unique<impl>(api, opt));
+}
+
+result<std::unique_ptr<http_server>> http_server::listen_metrics(actors::metrics_registry& metrics, http_options opt) {
+  return start(std::make_unique<impl>(metrics, opt));
+}
+
+result<std::unique_ptr<http_server>> http_server::start(std::unique_ptr<impl> p) {
+  const http_options& opt = p->opt;
   p->full_reply = wire_bytes(error_reply(make_error(
       errc::overloaded, "the server is at its limit of " + std::to_string(opt.max_connections) +
                             " open connections; retry shortly")));

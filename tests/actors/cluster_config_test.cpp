@@ -251,6 +251,21 @@ TEST(ClusterConfig, NodeRulesAreChecked) {
   EXPECT_EQ(error_of(with("    rpc: 127.0.0.1:8081\n", "")), "(parsed)");  // rpc is optional
 }
 
+TEST(ClusterConfig, AnyNodeMayHaveAMetricsAddressOfItsOwn) {
+  auto c = parse_cluster_config(with("    listen: 127.0.0.1:7101", "    listen: 127.0.0.1:7101\n    metrics: 127.0.0.1:9101"), "t.yaml");
+  ASSERT_TRUE(c) << c.err().message;
+  ASSERT_TRUE(c->node("replica-a")->metrics.has_value());
+  EXPECT_EQ(c->node("replica-a")->metrics->str(), "127.0.0.1:9101");
+  EXPECT_FALSE(c->node("replica-b")->metrics.has_value());
+  EXPECT_FALSE(c->node("seed")->metrics.has_value());
+  expect_refused(with("    listen: 127.0.0.1:7101", "    listen: 127.0.0.1:7101\n    metrics: 127.0.0.1:8080"),
+                 {"nodes[1] (replica-a)", "'metrics' '127.0.0.1:8080' is already used by nodes[0] (seed) 'http'"});
+  expect_refused(with("    listen: 127.0.0.1:7101", "    listen: 127.0.0.1:7101\n    metrics: 9101"),
+                 {"nodes[1] (replica-a): 'metrics' must be HOST:PORT, got '9101'"});
+  expect_refused(with("    listen: 127.0.0.1:7101", "    listen: 127.0.0.1:7101\n    metrics: 0.0.0.0:9101"),
+                 {"'metrics' '0.0.0.0:9101' listens on every interface", "allow_public"});
+}
+
 TEST(ClusterConfig, MeshRulesAreChecked) {
   expect_refused(with("[coordinator, gateway, router]", "[gateway, router]"), {"no node has the coordinator role"});
   expect_refused(with("roles: [replica]", "roles: [replica, coordinator]"), {"nodes[1] (replica-a)", "a second coordinator"});

@@ -159,5 +159,33 @@ TEST(TransportMetrics, MirrorTheTransportsCountsAndCountDecodeErrors) {
   EXPECT_EQ(series_value(r.render(), "llmesh_transport_bytes_total{plane=\"mesh\",direction=\"sent\"}"), 60);
 }
 
+TEST(TransportMetrics, APlaneOfSeveralTransportsCountsTheirSumAndKeepsTheGoneOnes) {
+  auto net = std::make_shared<transport::loopback_network>();
+  transport::loopback_transport listener(net);
+  listener.set_handlers({});
+  auto where = listener.listen("127.0.0.1:1");
+  ASSERT_TRUE(where.ok()) << where.err().message;
+  auto tally = transport::transport_tally::create();
+  metrics_registry r;
+  export_transport_metrics(r, tally, "tensor");
+  const std::string sent = "llmesh_transport_bytes_total{plane=\"tensor\",direction=\"sent\"}";
+  EXPECT_EQ(series_value(r.render(), sent), 0);
+  auto rank0 = tally->track(std::make_unique<transport::loopback_transport>(net));
+  auto rank1 = tally->track(std::make_unique<transport::loopback_transport>(net));
+  for (auto* t : {rank0.get(), rank1.get()}) {
+    t->set_handlers({});
+    auto peer = t->connect(*where);
+    ASSERT_TRUE(peer.ok());
+    net->drain();
+    ASSERT_TRUE(t->send(*peer, std::vector<uint8_t>(t == rank0.get() ? 40 : 2, 1)).ok());
+  }
+  net->drain();
+  EXPECT_EQ(series_value(r.render(), sent), 42);
+  EXPECT_EQ(series_value(r.render(), "llmesh_transport_frames_total{plane=\"tensor\",direction=\"sent\"}"), 2);
+  rank0.reset();  // a replica stopped: its rank's transport is gone, its bytes stay counted
+  EXPECT_EQ(series_value(r.render(), sent), 42);
+  EXPECT_EQ(series_value(r.render(), "llmesh_transport_errors_total{plane=\"tensor\",kind=\"decode\"}"), 0);
+}
+
 }  // namespace
 }  // namespace llmesh::actors

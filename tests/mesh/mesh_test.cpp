@@ -37,8 +37,11 @@ TEST(Mesh, LocalYamlServesExactlyAndSurvivesAJoinAndADrainUnderLoad) {
   load l{m.http_port, prompts, want, max_tokens};
   l.start(3);
   // A node added at run time joins and is placed nothing yet (the model has its 2 replicas).
-  node_process c = joiner(m, "replica-c", {"--heartbeat-ms", "200"});
+  // It serves its own metrics (it has no gateway): --metrics.
+  const int c_metrics = free_local_port();
+  node_process c = joiner(m, "replica-c", {"--heartbeat-ms", "200", "--metrics", "127.0.0.1:" + std::to_string(c_metrics)});
   ASSERT_TRUE(c.wait_for("joined the mesh")) << c.log();
+  EXPECT_TRUE(c.wait_for("metrics on http://127.0.0.1:" + std::to_string(c_metrics) + "/metrics")) << c.log();
   // Draining replica-a moves its replica to replica-c; a's in-flight requests finish there.
   auto drain = run_command(bin + " ctl --config " + m.config + " drain replica-a");
   ASSERT_EQ(drain.exit_code, 0) << drain.err;
@@ -64,6 +67,10 @@ TEST(Mesh, LocalYamlServesExactlyAndSurvivesAJoinAndADrainUnderLoad) {
     if (r["node"] == "replica-c") c_replica = r["id"].get<uint64_t>();
   }
   EXPECT_GT(metric_value(m.http_port, "llmesh_replica_requests_total{replica=\"replica-c/" + std::to_string(c_replica) + "\"}"), 0.0);
+  // replica-c's own endpoint: the mesh plane carried its requests' steps and tokens both ways.
+  EXPECT_GT(metric_value(c_metrics, "llmesh_transport_frames_total{plane=\"mesh\",direction=\"received\"}"), 30.0);
+  EXPECT_GT(metric_value(c_metrics, "llmesh_transport_bytes_total{plane=\"mesh\",direction=\"sent\"}"), 0.0);
+  EXPECT_EQ(http_request(c_metrics, "GET", "/health").status, 200);
 
   EXPECT_EQ(c.stop(), 0) << c.log();
   EXPECT_EQ(a.stop(), 0) << a.log();
@@ -277,6 +284,24 @@ TEST(Mesh, NodeAndCtlRefuseBadFlagsAndConfigsWithOneLine) {
   auto no_token = run_command("env -u LLMESH_TOKEN " + bin + " node --join 127.0.0.1:1 --name x --listen 127.0.0.1:2");
   EXPECT_NE(no_token.exit_code, 0);
   EXPECT_NE(no_token.err.find("token"), std::string::npos) << no_token.err;
+  auto metrics_in_config = run_command(bin + " node --config " + m.config + " --name replica-a --metrics 127.0.0.1:9");
+  EXPECT_NE(metrics_in_config.exit_code, 0);
+  EXPECT_NE(metrics_in_config.err.find("--metrics: with --config, set the node's 'metrics' address"), std::string::npos)
+      << metrics_in_config.err;
+  auto bad_metrics = run_command(bin + " node --join 127.0.0.1:1 --name x --listen 127.0.0.1:2 --token abcdefghijklmnopq "
+                                       "--metrics 9100");
+  EXPECT_NE(bad_metrics.exit_code, 0);
+  EXPECT_NE(bad_metrics.err.find("--metrics: "), std::string::npos) << bad_metrics.err;
+  {  // a taken metrics port fails before the node joins anything
+    const int port = free_local_port();
+    node_process holder = joiner(m, "holder", {"--metrics", "127.0.0.1:" + std::to_string(port)});
+    ASSERT_TRUE(holder.wait_for("metrics on http://")) << holder.log();
+    auto taken = run_command(bin + " node --join 127.0.0.1:" + std::to_string(m.seed_port) +
+                             " --name y --listen 127.0.0.1:" + std::to_string(free_local_port()) +
+                             " --token " + m.token() + " --metrics 127.0.0.1:" + std::to_string(port));
+    EXPECT_NE(taken.exit_code, 0);
+    EXPECT_NE(taken.err.find("cannot listen on 127.0.0.1:" + std::to_string(port)), std::string::npos) << taken.err;
+  }
   auto unreachable = run_command(bin + " ctl --control 127.0.0.1:1 --token abcdefghijklmnopq --timeout 3 status");
   EXPECT_NE(unreachable.exit_code, 0);
   EXPECT_NE(unreachable.err.find("coordinator"), std::string::npos) << unreachable.err;

@@ -28,6 +28,10 @@ mesh_files split_files() {
 
 TEST(SplitShards, TwoProcessesServeExactlyAndReformAfterAShardsDeath) {
   auto m = split_files();
+  // shard-1 serves its own metrics (its node's `metrics` key): the tensor plane's traffic is there.
+  const int s1_metrics = free_local_port();
+  m.rewrite("  - name: shard-1\n    roles: [replica]\n",
+            "  - name: shard-1\n    roles: [replica]\n    metrics: 127.0.0.1:" + std::to_string(s1_metrics) + "\n");
   node_process seed(m.node("seed"));
   ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny' on http://")) << seed.log();
   node_process s0(m.node("shard-0"));
@@ -96,6 +100,17 @@ TEST(SplitShards, TwoProcessesServeExactlyAndReformAfterAShardsDeath) {
     EXPECT_GE(l.done.load(), 12u);
     EXPECT_EQ(l.failed.load(), 0u) << l.first_failure;
     EXPECT_EQ(l.wrong.load(), 0u);
+  }
+  {  // shard-1's metrics endpoint: every layer's all-reduce went over its tensor plane, both
+     // ways (several MB for these requests); its mesh plane carried the joins and heartbeats.
+    const std::string tensor = "llmesh_transport_bytes_total{plane=\"tensor\",direction=";
+    EXPECT_GT(metric_value(s1_metrics, tensor + "\"sent\"}"), 100000.0) << http_request(s1_metrics, "GET", "/metrics").body;
+    EXPECT_GT(metric_value(s1_metrics, tensor + "\"received\"}"), 100000.0);
+    EXPECT_GT(metric_value(s1_metrics, "llmesh_transport_frames_total{plane=\"mesh\",direction=\"sent\"}"), 0.0);
+    EXPECT_EQ(metric_value(s1_metrics, "llmesh_transport_errors_total{plane=\"tensor\",kind=\"send\"}"), 0.0);
+    EXPECT_EQ(http_request(s1_metrics, "GET", "/health").body, R"({"status":"ok"})");
+    EXPECT_EQ(http_request(s1_metrics, "POST", "/metrics", "{}").status, 405);
+    EXPECT_EQ(http_request(s1_metrics, "GET", "/v1/models").status, 404);  // no API here
   }
 
   // shard-1 dies while streams run: the replica fails as a unit; no request hangs.

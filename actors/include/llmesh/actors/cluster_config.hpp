@@ -59,6 +59,9 @@ struct node_spec {
   endpoint listen;               ///< the mesh (actor message) address; unique in the file
   std::optional<endpoint> http;  ///< gateway only, and required there: the OpenAI-compatible API
   std::optional<endpoint> rpc;   ///< gateway only, optional: the native Cap'n Proto RPC API
+  /// Optional, any node: HOST:PORT of a Prometheus endpoint (GET /metrics, GET /health) of this
+  /// process alone, for nodes without a gateway's HTTP API.
+  std::optional<endpoint> metrics;
   int slots = 0;                 ///< replica only, optional: tensor-parallel shards it may host (0: 2)
 
   bool has(node_role role) const;

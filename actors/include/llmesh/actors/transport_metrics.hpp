@@ -1,5 +1,5 @@
 // The transport's counts on GET /metrics: frames and bytes each way, and errors by kind, per
-// plane (`mesh`: the node's actor messages). A collector copies a transport's own totals into
+// plane (`mesh`: the node's actor messages; `tensor`: its shards' all-reduce traffic). A collector copies a transport's own totals into
 // the registry when it renders, so sending costs nothing more.
 #pragma once
 
@@ -8,6 +8,7 @@
 
 #include "llmesh/actors/metrics.hpp"
 #include "llmesh/transport/transport.hpp"
+#include "llmesh/transport/transport_tally.hpp"
 
 namespace llmesh::actors {
 
@@ -18,5 +19,11 @@ namespace llmesh::actors {
 /// decoder (the bridge) adds to.
 metrics_registry::counter* export_transport_metrics(metrics_registry& m, std::weak_ptr<const transport::transport> net,
                                                     const std::string& plane);
+
+/// The same families for a plane of several transports (a node's tensor plane: one transport
+/// per hosted rank), mirroring the tally's sums, which never go down. Its `decode` series is
+/// declared and stays 0 (a malformed tensor frame fails its tensor group instead).
+void export_transport_metrics(metrics_registry& m, std::shared_ptr<const transport::transport_tally> tally,
+                              const std::string& plane);
 
 }  // namespace llmesh::actors

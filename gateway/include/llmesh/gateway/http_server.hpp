@@ -37,6 +37,10 @@ class http_server {
  public:
   /// Binds and listens (errors name the address). Serving starts with run().
   [[nodiscard]] static result<std::unique_ptr<http_server>> listen(api_service& api, http_options opt);
+  /// A process's metrics endpoint alone (metrics_endpoint.hpp: GET /metrics and /health), with
+  /// the same connection limits and timeouts; for nodes that have no API. Borrows `metrics`.
+  [[nodiscard]] static result<std::unique_ptr<http_server>> listen_metrics(actors::metrics_registry& metrics,
+                                                                           http_options opt);
   ~http_server();
 
   /// Serves until stop() and the drain have finished.
@@ -49,6 +53,7 @@ class http_server {
 
  private:
   explicit http_server(std::unique_ptr<impl> p);
+  static result<std::unique_ptr<http_server>> start(std::unique_ptr<impl> p);
   std::unique_ptr<impl> impl_;
 };
 
