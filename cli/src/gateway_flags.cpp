@@ -20,6 +20,12 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_option("--idle-timeout", f.idle_timeout_s, "Seconds an idle connection stays open")
       ->check(CLI::Range(1, 86400))->capture_default_str();
+  sub->add_option("--max-stored-responses", f.max_stored_responses,
+                  "Responses API: responses kept for previous_response_id and GET /v1/responses/{id}, oldest dropped "
+                  "first; 0: none")
+      ->check(CLI::Range(0, 1 << 24))->capture_default_str();
+  sub->add_option("--max-stored-responses-mb", f.max_stored_responses_mb, "Responses API: MiB of JSON those may take")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_option("--reasoning-parser", f.reasoning_parser,
                   "Split chat output's <think> block into reasoning_content: none | deepseek_r1 | qwen3")
       ->check(CLI::IsMember({"none", "deepseek_r1", "qwen3"}))->capture_default_str();
@@ -35,6 +41,8 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
   }
   api.limits.max_tokens = f.max_tokens;
   api.max_concurrent = f.max_concurrent;
+  api.max_stored_responses = f.max_stored_responses;
+  api.max_stored_response_bytes = f.max_stored_responses_mb << 20;
   http.max_body_bytes = f.max_body_kb << 10;
   http.idle_timeout = std::chrono::seconds(f.idle_timeout_s);
   http.max_connections = f.max_connections;

@@ -57,6 +57,7 @@ api_service::api_service(api_options opt, std::vector<served_model> models, acto
                          actors::metrics_registry& metrics)
     : opt_(std::move(opt)),
       models_(std::move(models)),
+      store_(std::make_shared<response_store>(opt_.max_stored_responses, opt_.max_stored_response_bytes)),
       mesh_(mesh),
       metrics_(metrics),
       seed_base_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()),
@@ -103,8 +104,9 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   if (path == "/metrics" && get) return metrics_reply(metrics_);
   // vLLM's tokenizer routes sit outside /v1; the API key guards them too (they cost work).
   const bool tokenizer_route = path == "/tokenize" || path == "/detokenize";
+  const bool stored_route = path.starts_with("/v1/responses/");  // a stored response's routes
   const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
-                     path == "/v1/responses" || tokenizer_route;
+                     path == "/v1/responses" || stored_route || tokenizer_route;
   if (!known && !(path == "/health" || path == "/ready" || path == "/metrics")) {
     return error_reply(make_error(errc::not_found, "no route for " + std::string(method) + " " + std::string(path)));
   }
@@ -115,6 +117,8 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   if (path == "/v1/completions" && post) return completions(body);
   if (path == "/v1/chat/completions" && post) return chat_completions(body);
   if (path == "/v1/responses" && post) return responses(body);
+  if (stored_route) return stored_responses(method, path.substr(std::string_view("/v1/responses/").size()),
+                                            target.size() > path.size() ? target.substr(path.size() + 1) : std::string_view());
   if (path == "/tokenize" && post) return tokenize(body);
   if (path == "/detokenize" && post) return detokenize(body);
   http_reply r = error_reply(make_error(errc::invalid_request, std::string(method) + " is not allowed on " + std::string(path)));
@@ -209,21 +213,7 @@ api_outcome api_service::completions(std::string_view body) {
 }
 
 
-api_outcome api_service::responses(std::string_view body) {
-  auto j = parse_request_object(body);
-  if (!j) return error_reply(j.err());
-  responses_echo echo;
-  result<nlohmann::ordered_json> chat = nlohmann::ordered_json();
-  try {
-    chat = responses_to_chat(*j, echo);
-  } catch (const nlohmann::json::exception& e) {  // a field of an unexpected type
-    chat = make_error(errc::invalid_request, std::string("the request does not have the Responses API's shape: ") + e.what());
-  }
-  if (!chat) return error_reply(chat.err());
-  return chat_completions(chat->dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace), &echo);
-}
-
-api_outcome api_service::chat_completions(std::string_view body, const responses_echo* responses) {
+api_outcome api_service::chat_completions(std::string_view body, const responses_job* responses) {
   auto r = parse_chat_request(body, opt_.limits);
   if (!r && responses) {
     // The chat fields' names in the message are the Responses API's.
@@ -275,9 +265,7 @@ api_outcome api_service::chat_completions(std::string_view body, const responses
   }
   auto job = prepare(true, sm, {prepared_prompt{std::move(ids), {}}}, r->gen, shape, reasoning);
   if (!job) return error_reply(job.err());
-  if (responses) {
-    job->output->render_as_responses(std::make_unique<responses_renderer>(*responses, job->output->id(), job->output->created(), sm.name));
-  }
+  if (responses) job->output->render_as_responses(responses_output(*responses, job->output->id(), job->output->created(), sm.name));
   return std::move(*job);
 }
 

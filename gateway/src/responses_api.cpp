@@ -32,9 +32,8 @@ result<json> text_parts(const json& parts, const std::string& where) {
   return out;
 }
 
-/// One input item → chat messages appended to `messages`.
-status add_item(const json& item, size_t i, json& messages) {
-  const std::string at = "input[" + std::to_string(i) + "]";
+/// One input item (`at` names it in errors) → chat messages appended to `messages`.
+status add_item(const json& item, const std::string& at, json& messages) {
   if (!item.is_object()) return bad("'" + at + "' must be an object");
   std::string type = "message";
   if (item.contains("type")) {
@@ -171,12 +170,11 @@ json usage_of(const json& chat_usage) {
 
 }  // namespace
 
-result<json> responses_to_chat(const json& body, responses_echo& echo) {
+result<json> responses_to_chat(const json& body, responses_echo& echo, const json& earlier) {
   if (!body.is_object()) return bad("the request body must be a JSON object");
-  for (const char* name : {"previous_response_id", "conversation"}) {
-    if (sent(body, name)) {
-      return bad(std::string("'") + name + "' is not supported: this server keeps no responses (send the whole conversation as 'input')");
-    }
+  if (sent(body, "conversation")) {
+    return bad("'conversation' is not supported by this server (chain responses with 'previous_response_id', or send "
+               "the whole conversation as 'input')");
   }
   if (sent(body, "prompt")) return bad("'prompt' (a stored prompt template) is not supported by this server");
   if (sent(body, "background") && !(body["background"].is_boolean() && !body["background"].get<bool>())) {
@@ -191,12 +189,18 @@ result<json> responses_to_chat(const json& body, responses_echo& echo) {
     messages.push_back({{"role", "system"}, {"content", body["instructions"]}});
     echo.instructions = body["instructions"];
   }
+  // A previous response's conversation first (its instructions do not carry over).
+  if (earlier.is_array()) {
+    for (size_t i = 0; i < earlier.size(); ++i) {
+      LLMESH_TRY(add_item(earlier[i], "previous_response_id's item " + std::to_string(i), messages));
+    }
+  }
   if (!sent(body, "input")) return bad("'input' is required: a string, or an array of input items");
   const json& input = body["input"];
   if (input.is_string()) {
     messages.push_back({{"role", "user"}, {"content", input}});
   } else if (input.is_array() && !input.empty()) {
-    for (size_t i = 0; i < input.size(); ++i) LLMESH_TRY(add_item(input[i], i, messages));
+    for (size_t i = 0; i < input.size(); ++i) LLMESH_TRY(add_item(input[i], "input[" + std::to_string(i) + "]", messages));
   } else {
     return bad("'input' must be a string or a non-empty array of input items");
   }
@@ -316,6 +320,27 @@ result<json> responses_to_chat(const json& body, responses_echo& echo) {
   return chat;
 }
 
+json responses_input_items(const json& body, std::string_view hex) {
+  json items = json::array();
+  const json& input = body["input"];
+  if (input.is_string()) {
+    items.push_back({{"type", "message"}, {"role", "user"}, {"content", json::array({{{"type", "input_text"}, {"text", input}}})}});
+  } else {
+    items = input;
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    json& item = items[i];
+    if (item.contains("id")) continue;
+    const std::string type = item.contains("type") ? item["type"].get<std::string>() : "message";
+    const char* prefix = type == "function_call" ? "fc" : type == "function_call_output" ? "fco" : type == "reasoning" ? "rs" : "msg";
+    json with_id = {{"id", std::string(prefix) + "_" + std::string(hex) + "in" + std::to_string(i)}};
+    if (!item.contains("type")) with_id["type"] = "message";
+    for (auto& [k, v] : item.items()) with_id[k] = std::move(v);
+    item = std::move(with_id);
+  }
+  return items;
+}
+
 responses_renderer::responses_renderer(responses_echo echo, std::string_view id, int64_t created, std::string model)
     : echo_(std::move(echo)), created_(created), model_(std::move(model)) {
   const size_t dash = id.rfind('-');
@@ -340,9 +365,9 @@ json responses_renderer::response_object(std::string_view status, const json& ou
             {"model", model_},
             {"output", output},
             {"parallel_tool_calls", echo_.parallel_tool_calls},
-            {"previous_response_id", nullptr},
+            {"previous_response_id", echo_.previous_response_id},
             {"reasoning", echo_.reasoning},
-            {"store", false},
+            {"store", echo_.store},
             {"temperature", echo_.temperature},
             {"text", echo_.text},
             {"tool_choice", echo_.tool_choice},
@@ -394,8 +419,9 @@ std::string responses_renderer::whole_of(std::string_view chat_body) const {
   }
   const std::string finish = c.value("finish_reason", std::string());
   if (finish == "length" && !output.empty() && output.back().contains("status")) output.back()["status"] = "incomplete";
-  return response_object(finish == "length" ? "incomplete" : "completed", output, usage_of(j.value("usage", json())), finish)
-      .dump(-1, ' ', false, json::error_handler_t::replace);
+  const json r = response_object(finish == "length" ? "incomplete" : "completed", output, usage_of(j.value("usage", json())), finish);
+  if (on_final_) on_final_(r);
+  return r.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string responses_renderer::event(std::string_view type, json body) {
@@ -472,6 +498,7 @@ std::string responses_renderer::finish() {
   std::string out = close_open();
   const bool incomplete = finish_reason_ == "length";
   json r = response_object(incomplete ? "incomplete" : "completed", output_, usage_, finish_reason_);
+  if (on_final_) on_final_(r);
   out += event(incomplete ? "response.incomplete" : "response.completed", {{"response", std::move(r)}});
   return out;
 }
@@ -493,6 +520,7 @@ std::string responses_renderer::on_chunk(const json& chunk) {
     // server_error (the detail stays in the message).
     const bool overloaded = e.contains("code") && e["code"] == "overloaded";
     r["error"] = {{"code", overloaded ? "rate_limit_exceeded" : "server_error"}, {"message", e.value("message", std::string())}};
+    if (on_final_) on_final_(r);
     out += event("response.failed", {{"response", std::move(r)}});
     ended_ = true;
     return out;

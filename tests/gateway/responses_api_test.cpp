@@ -136,7 +136,6 @@ TEST(ResponsesApi, LogprobsRideOnTheOutputTextWithoutTheThinking) {
 
 TEST(ResponsesApi, WhatTheServerCannotDoIsRefusedByName) {
   for (const auto& [body, needle] : std::vector<std::pair<json, std::string>>{
-           {{{"input", "x"}, {"previous_response_id", "resp_1"}}, "'previous_response_id' is not supported"},
            {{{"input", "x"}, {"conversation", "c"}}, "'conversation' is not supported"},
            {{{"input", "x"}, {"background", true}}, "'background' is not supported"},
            {{{"input", "x"}, {"prompt", {{"id", "p"}}}}, "'prompt'"},

@@ -66,9 +66,11 @@ TEST(Mesh, LocalYamlServesExactlyAndSurvivesAJoinAndADrainUnderLoad) {
   for (const auto& r : reps) {
     if (r["node"] == "replica-c") c_replica = r["id"].get<uint64_t>();
   }
-  EXPECT_GT(metric_value(m.http_port, "llmesh_replica_requests_total{replica=\"replica-c/" + std::to_string(c_replica) + "\"}"), 0.0);
-  // replica-c's own endpoint: the mesh plane carried its requests' steps and tokens both ways.
-  EXPECT_GT(metric_value(c_metrics, "llmesh_transport_frames_total{plane=\"mesh\",direction=\"received\"}"), 30.0);
+  const double c_routed = metric_value(m.http_port, "llmesh_replica_requests_total{replica=\"replica-c/" + std::to_string(c_replica) + "\"}");
+  EXPECT_GT(c_routed, 0.0);
+  // replica-c's own endpoint: each request routed there came to it over its mesh plane (at
+  // least a frame each), and its tokens went back.
+  EXPECT_GE(metric_value(c_metrics, "llmesh_transport_frames_total{plane=\"mesh\",direction=\"received\"}"), c_routed);
   EXPECT_GT(metric_value(c_metrics, "llmesh_transport_bytes_total{plane=\"mesh\",direction=\"sent\"}"), 0.0);
   EXPECT_EQ(http_request(c_metrics, "GET", "/health").status, 200);
 

@@ -251,8 +251,34 @@ test('responses: create and stream agree with chat at temperature 0; the stream 
     { type: 'function_call', call_id: 'call_1', name: 'weather', arguments: '{}' },
     { type: 'function_call_output', call_id: 'call_1', output: 'fair' }] });
   assert.equal(followed.output[0].type, 'message');
-  await assert.rejects(client.responses.create({ model: MODEL, input: 'x', previous_response_id: 'resp_1' }),
-    (err) => err instanceof OpenAI.BadRequestError && /previous_response_id/.test(err.message));
+});
+
+test('responses: stored, retrieved, listed, continued with previous_response_id, deleted', async () => {
+  const first = await client.responses.create({ model: MODEL, input: CHAT[0].content, max_output_tokens: 4, temperature: 0 });
+  assert.equal(first.store, true);
+  const back = await client.responses.retrieve(first.id);
+  assert.equal(back.id, first.id);
+  assert.equal(back.output_text, first.output_text);
+  const items = [];
+  for await (const item of client.responses.inputItems.list(first.id)) items.push(item);
+  assert.equal(items.length, 1);
+  assert.equal(items[0].content[0].text, CHAT[0].content);
+
+  // Continuing it answers as the whole conversation sent at once does.
+  const next = await client.responses.create({ model: MODEL, previous_response_id: first.id, input: 'And then?',
+    max_output_tokens: 4, temperature: 0 });
+  const whole = await client.responses.create({ model: MODEL, store: false, max_output_tokens: 4, temperature: 0, input: [
+    { role: 'user', content: CHAT[0].content }, { role: 'assistant', content: first.output_text },
+    { role: 'user', content: 'And then?' }] });
+  assert.equal(next.previous_response_id, first.id);
+  assert.equal(next.output_text, whole.output_text);
+  assert.equal(next.usage.input_tokens, whole.usage.input_tokens);
+  await assert.rejects(client.responses.retrieve(whole.id), (err) => err instanceof OpenAI.NotFoundError);
+
+  await client.responses.delete(first.id);
+  await assert.rejects(client.responses.retrieve(first.id), (err) => err instanceof OpenAI.NotFoundError);
+  await assert.rejects(client.responses.create({ model: MODEL, input: 'x', previous_response_id: first.id }),
+    (err) => err instanceof OpenAI.NotFoundError && /previous_response_id|no stored response/.test(err.message));
 });
 
 test('models.list() returns kjv-tiny', async () => {

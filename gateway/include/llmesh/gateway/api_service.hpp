@@ -21,6 +21,7 @@
 #include "llmesh/gateway/completion_group.hpp"
 #include "llmesh/gateway/openai_api.hpp"
 #include "llmesh/gateway/reasoning.hpp"
+#include "llmesh/gateway/response_store.hpp"
 #include "llmesh/gateway/responses_api.hpp"
 #include "llmesh/gateway/tool_calls.hpp"
 #include "llmesh/model/chat_template.hpp"
@@ -34,6 +35,10 @@ struct api_options {
   std::string api_key;           ///< empty: /v1 routes are open
   request_limits limits;         ///< max_tokens bound, stop strings, messages
   size_t max_concurrent = 256;   ///< generations in flight; beyond: 429
+  /// The Responses API's stored responses (response_store.hpp): at most this many (0: none
+  /// stored; `previous_response_id` is then a 400) and this many bytes of JSON.
+  size_t max_stored_responses = 1024;
+  size_t max_stored_response_bytes = size_t{64} << 20;
 };
 
 /// One model a gateway serves.
@@ -127,9 +132,22 @@ class api_service {
   api_outcome completions(std::string_view body);
   /// `responses`: the request came to /v1/responses as this chat request; its output is
   /// rendered as the Responses API's (responses_api.hpp).
-  api_outcome chat_completions(std::string_view body, const responses_echo* responses = nullptr);
-  /// OpenAI's Responses API: the request as the chat request it means, run as one.
+  /// A Responses request as chat_completions runs it: what its response repeats, its body (its
+  /// input items are stored with the response) and the conversation it continues.
+  struct responses_job {
+    responses_echo echo;
+    nlohmann::ordered_json request;
+    nlohmann::ordered_json earlier = nlohmann::ordered_json::array();
+  };
+  api_outcome chat_completions(std::string_view body, const responses_job* responses = nullptr);
+  /// OpenAI's Responses API (api_responses.cpp): the request as the chat request it means, run
+  /// as one, continuing a stored response's conversation with previous_response_id.
   api_outcome responses(std::string_view body);
+  /// The renderer of a Responses request's output; with store, it keeps the final response.
+  std::unique_ptr<responses_renderer> responses_output(const responses_job& r, std::string_view chat_id, int64_t created,
+                                                       const std::string& model) const;
+  /// /v1/responses/{id}[/input_items|/cancel] (`rest`: the path after "/v1/responses/").
+  http_reply stored_responses(std::string_view method, std::string_view rest, std::string_view query) const;
   /// vLLM's /tokenize and /detokenize (api_tokenize.cpp).
   api_outcome tokenize(std::string_view body);
   api_outcome detokenize(std::string_view body);
@@ -162,6 +180,7 @@ class api_service {
   std::vector<served_model> models_;
   actors::mesh_client& mesh_;
   actors::metrics_registry& metrics_;
+  std::shared_ptr<response_store> store_;  ///< shared with the renderers that store into it
   std::shared_ptr<std::atomic<size_t>> inflight_ = std::make_shared<std::atomic<size_t>>(0);
   std::atomic<uint64_t> next_id_{1};
   uint64_t seed_base_;

@@ -7,11 +7,14 @@
 // or its SSE chunks) is translated back into a `response` object, or into the Responses API's
 // typed stream events (response.created ... response.output_text.delta ... response.completed).
 //
-// The server keeps no responses: `previous_response_id`, `conversation`, `background` and
-// stored prompts are refused with a 400 naming them; the response says `"store": false`.
+// Responses are stored (response_store.hpp; `store`, true by default, as OpenAI's) so that a
+// request may continue one with `previous_response_id`: that response's conversation (its
+// input items and output, after its own predecessors') comes before the new input.
+// `conversation` objects, `background` and stored prompts are refused with a 400 naming them.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -34,11 +37,21 @@ struct responses_echo {
   nlohmann::ordered_json reasoning = {{"effort", nullptr}, {"summary", nullptr}};
   nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
   nlohmann::ordered_json user;  ///< null or the string sent
+  nlohmann::ordered_json previous_response_id;  ///< null or the id continued
+  bool store = false;  ///< whether the response is kept (the request's `store` and the server's store)
 };
 
 /// A Responses request as the chat request it means, or an invalid_request naming the field.
-/// Fills `echo`. The chat body asks for usage on a stream (the final event carries it).
-[[nodiscard]] result<nlohmann::ordered_json> responses_to_chat(const nlohmann::ordered_json& body, responses_echo& echo);
+/// Fills `echo` (but previous_response_id and store, which the caller sets). `earlier`: the
+/// items of a previous response's conversation (stored_response::conversation), before the
+/// input. The chat body asks for usage on a stream (the final event carries it).
+[[nodiscard]] result<nlohmann::ordered_json> responses_to_chat(const nlohmann::ordered_json& body, responses_echo& echo,
+                                                               const nlohmann::ordered_json& earlier = nlohmann::ordered_json::array());
+
+/// The request's `input` as input items, for storing (REQUIRES: responses_to_chat accepted
+/// it): a string is one user message with an input_text part. Items without an `id` get
+/// "<msg|fc|fco|rs>_<hex>in<index>" (hex: the response id's unique part).
+nlohmann::ordered_json responses_input_items(const nlohmann::ordered_json& body, std::string_view hex);
 
 /// Thread affinity: the connection's. Renders one response from its chat output.
 class responses_renderer {
@@ -46,6 +59,11 @@ class responses_renderer {
   /// `id` is the chat response's ("chatcmpl-<hex>"): the response is "resp_<hex>", its items
   /// "msg_/rs_/fc_<hex><output index>" (the hex part has a fixed length).
   responses_renderer(responses_echo echo, std::string_view id, int64_t created, std::string model);
+  /// Called once with the final response object (completed, incomplete or failed) as it is
+  /// rendered, whole or streamed; not for an error reply or a stream cut short.
+  void on_final(std::function<void(const nlohmann::ordered_json&)> f) { on_final_ = std::move(f); }
+  /// The id's unique part ("resp_" + hex() is the response's id).
+  const std::string& hex() const { return hex_; }
 
   /// The whole chat.completion body → the response object's body (an error body passes as is).
   std::string whole(std::string_view chat_body) const;
@@ -67,6 +85,7 @@ class responses_renderer {
   std::string finish();
 
   responses_echo echo_;
+  std::function<void(const nlohmann::ordered_json&)> on_final_;
   std::string hex_;  ///< the id's unique part
   int64_t created_;
   std::string model_;

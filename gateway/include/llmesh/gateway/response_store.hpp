@@ -1,0 +1,65 @@
+// The Responses API's stored responses (OpenAI's `store`, on by default): what
+// `previous_response_id`, GET /v1/responses/{id}, its input_items and DELETE read. A plain
+// class, bounded in entries and bytes: past either bound the oldest stored go first (DESIGN.md
+// §6: no memory without bound), and a response larger than the whole byte budget is not kept.
+// Process memory only: a restarted gateway has forgotten them (a 404 then, as for an unknown id).
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace llmesh::gateway {
+
+struct stored_response {
+  nlohmann::ordered_json response;     ///< the response object, as it was returned
+  nlohmann::ordered_json input_items;  ///< this request's input items, each with its id
+  /// The items the model saw before this request's input: the previous response's
+  /// conversation, then its output (empty without previous_response_id). Instructions are not
+  /// items: they do not carry over (as OpenAI's).
+  nlohmann::ordered_json earlier = nlohmann::ordered_json::array();
+
+  /// What a request naming this response as its previous_response_id continues from: earlier,
+  /// input_items, then the response's output.
+  nlohmann::ordered_json conversation() const;
+  /// The bytes it is counted as (its JSON's length).
+  size_t bytes() const;
+};
+
+/// Thread affinity: any thread.
+class response_store {
+ public:
+  /// `max_entries` 0: nothing is stored (enabled() is false).
+  response_store(size_t max_entries, size_t max_bytes) : max_entries_(max_entries), max_bytes_(max_bytes) {}
+
+  bool enabled() const { return max_entries_ > 0; }
+  /// Keeps `r` under `id` (replacing one of that id), then drops the oldest past the bounds.
+  void put(const std::string& id, stored_response r);
+  std::shared_ptr<const stored_response> get(const std::string& id) const;
+  /// Whether one was there.
+  bool erase(const std::string& id);
+  size_t size() const;
+  size_t bytes() const;
+
+ private:
+  struct entry {
+    std::shared_ptr<const stored_response> r;
+    size_t bytes = 0;
+    uint64_t order = 0;
+  };
+  void drop_locked(std::map<std::string, entry>::iterator it);
+
+  const size_t max_entries_, max_bytes_;
+  mutable std::mutex mu_;
+  std::map<std::string, entry> by_id_;
+  std::map<uint64_t, std::string> age_;  ///< order stored → id, oldest first
+  uint64_t next_order_ = 0;
+  size_t bytes_ = 0;
+};
+
+}  // namespace llmesh::gateway

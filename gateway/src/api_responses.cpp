@@ -1,0 +1,157 @@
+// OpenAI's Responses API on the HTTP API (api_service.hpp): POST /v1/responses as the chat
+// request it means (responses_api.hpp), continuing a stored response with
+// previous_response_id; and a stored response's routes — GET /v1/responses/{id}, its
+// GET .../input_items, DELETE, and POST .../cancel (only background responses can be
+// cancelled, and this server runs none).
+#include <charconv>
+
+#include "llmesh/gateway/api_service.hpp"
+
+namespace llmesh::gateway {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+std::string dumped(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+http_reply json_body(json j) {
+  http_reply r;
+  r.body = dumped(j);
+  return r;
+}
+
+error response_not_found(std::string_view id) {
+  return make_error(errc::not_found, "no stored response with id '" + std::string(id) +
+                                         "' (it was never stored, was deleted, or was dropped to keep the store within its bounds)");
+}
+
+/// One `name=value` of a query string (no percent-decoding: the values here are ids, numbers
+/// and words); nullopt when absent.
+std::optional<std::string_view> query_value(std::string_view query, std::string_view name) {
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    const size_t eq = pair.find('=');
+    if (pair.substr(0, eq) == name) return eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1);
+  }
+  return std::nullopt;
+}
+
+/// GET .../input_items: OpenAI's list (`limit` 1..100, default 20; `order` asc | desc, default
+/// desc; `after`: the items past that id in that order).
+result<json> input_items_page(const json& items, std::string_view query) {
+  size_t limit = 20;
+  if (auto v = query_value(query, "limit")) {
+    int n = 0;
+    auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
+    if (ec != std::errc() || end != v->data() + v->size() || n < 1 || n > 100) {
+      return make_error(errc::invalid_request, "'limit' must be an integer from 1 to 100, got '" + std::string(*v) + "'");
+    }
+    limit = static_cast<size_t>(n);
+  }
+  bool desc = true;
+  if (auto v = query_value(query, "order")) {
+    if (*v != "asc" && *v != "desc") return make_error(errc::invalid_request, "'order' must be asc or desc, got '" + std::string(*v) + "'");
+    desc = *v == "desc";
+  }
+  std::vector<const json*> ordered;
+  for (const json& item : items) ordered.push_back(&item);
+  if (desc) std::reverse(ordered.begin(), ordered.end());
+  size_t from = 0;
+  if (auto v = query_value(query, "after")) {
+    auto it = std::find_if(ordered.begin(), ordered.end(), [&](const json* i) { return i->value("id", std::string()) == *v; });
+    if (it == ordered.end()) return make_error(errc::invalid_request, "'after': the response has no input item '" + std::string(*v) + "'");
+    from = static_cast<size_t>(it - ordered.begin()) + 1;
+  }
+  json data = json::array();
+  for (size_t i = from; i < ordered.size() && data.size() < limit; ++i) data.push_back(*ordered[i]);
+  json page = {{"object", "list"}, {"data", data}};
+  page["first_id"] = data.empty() ? json(nullptr) : data.front()["id"];
+  page["last_id"] = data.empty() ? json(nullptr) : data.back()["id"];
+  page["has_more"] = from + data.size() < ordered.size();
+  return page;
+}
+
+}  // namespace
+
+api_outcome api_service::responses(std::string_view body) {
+  auto j = parse_request_object(body);
+  if (!j) return error_reply(j.err());
+  responses_job job;
+  result<json> chat = json();
+  try {
+    if (j->contains("previous_response_id") && !(*j)["previous_response_id"].is_null()) {
+      const json& prev_id = (*j)["previous_response_id"];
+      if (!prev_id.is_string()) return error_reply(make_error(errc::invalid_request, "'previous_response_id' must be a string"));
+      if (!store_->enabled()) {
+        return error_reply(make_error(errc::invalid_request, "'previous_response_id' needs stored responses, and this server "
+                                                             "stores none (--max-stored-responses 0): send the whole conversation as 'input'"));
+      }
+      auto prev = store_->get(prev_id.get<std::string>());
+      if (!prev) return error_reply(response_not_found(prev_id.get<std::string>()));
+      job.earlier = prev->conversation();
+      job.echo.previous_response_id = prev_id;
+    }
+    chat = responses_to_chat(*j, job.echo, job.earlier);
+  } catch (const nlohmann::json::exception& e) {  // a field of an unexpected type
+    chat = make_error(errc::invalid_request, std::string("the request does not have the Responses API's shape: ") + e.what());
+  }
+  if (!chat) return error_reply(chat.err());
+  // OpenAI stores unless told not to; a server without a store says so in the response.
+  job.echo.store = store_->enabled() && (!j->contains("store") || (*j)["store"].is_null() || (*j)["store"].get<bool>());
+  if (job.echo.store) job.request = std::move(*j);
+  return chat_completions(dumped(*chat), &job);
+}
+
+std::unique_ptr<responses_renderer> api_service::responses_output(const responses_job& r, std::string_view chat_id,
+                                                                  int64_t created, const std::string& model) const {
+  auto out = std::make_unique<responses_renderer>(r.echo, chat_id, created, model);
+  if (r.echo.store) {
+    stored_response kept;
+    kept.input_items = responses_input_items(r.request, out->hex());
+    kept.earlier = r.earlier;
+    out->on_final([store = store_, kept = std::move(kept)](const json& response) mutable {
+      kept.response = response;
+      store->put(response["id"].get<std::string>(), std::move(kept));
+    });
+  }
+  return out;
+}
+
+http_reply api_service::stored_responses(std::string_view method, std::string_view rest, std::string_view query) const {
+  const size_t slash = rest.find('/');
+  const std::string id(rest.substr(0, slash));
+  const std::string_view sub = slash == std::string_view::npos ? std::string_view() : rest.substr(slash + 1);
+  const std::string path = "/v1/responses/" + std::string(rest);
+  if (id.empty() || (!sub.empty() && sub != "input_items" && sub != "cancel")) {
+    return error_reply(make_error(errc::not_found, "no route for " + std::string(method) + " " + path));
+  }
+  const bool get = method == "GET";
+  const bool allowed = sub.empty() ? get || method == "DELETE" : sub == "input_items" ? get : method == "POST";
+  if (!allowed) {
+    http_reply r = error_reply(make_error(errc::invalid_request, std::string(method) + " is not allowed on " + path));
+    r.status = 405;
+    r.headers.emplace_back("Allow", sub.empty() ? "GET, DELETE" : sub == "input_items" ? "GET" : "POST");
+    return r;
+  }
+  if (method == "DELETE") {
+    if (!store_->erase(id)) return error_reply(response_not_found(id));
+    return json_body({{"id", id}, {"object", "response"}, {"deleted", true}});
+  }
+  auto stored = store_->get(id);
+  if (!stored) return error_reply(response_not_found(id));
+  if (sub == "cancel") {
+    return error_reply(make_error(errc::invalid_request, "only a background response can be cancelled, and '" + id +
+                                                             "' is not one (it has already " +
+                                                             (stored->response.value("status", std::string()) == "failed" ? "failed" : "finished") + ")"));
+  }
+  if (sub == "input_items") {
+    auto page = input_items_page(stored->input_items, query);
+    if (!page) return error_reply(page.err());
+    return json_body(std::move(*page));
+  }
+  return json_body(stored->response);
+}
+
+}  // namespace llmesh::gateway
