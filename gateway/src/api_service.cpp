@@ -105,8 +105,9 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   // vLLM's tokenizer routes sit outside /v1; the API key guards them too (they cost work).
   const bool tokenizer_route = path == "/tokenize" || path == "/detokenize";
   const bool stored_route = path.starts_with("/v1/responses/");  // a stored response's routes
+  const bool model_route = path.starts_with("/v1/models/") && path.size() > std::string_view("/v1/models/").size();
   const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
-                     path == "/v1/responses" || stored_route || tokenizer_route;
+                     path == "/v1/responses" || stored_route || model_route || tokenizer_route;
   if (!known && !(path == "/health" || path == "/ready" || path == "/metrics")) {
     return error_reply(make_error(errc::not_found, "no route for " + std::string(method) + " " + std::string(path)));
   }
@@ -114,6 +115,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
     return error_reply(make_error(errc::unauthorized, "missing or wrong API key (send 'Authorization: Bearer KEY')"));
   }
   if (path == "/v1/models" && get) return models();
+  if (model_route && get) return model(path.substr(std::string_view("/v1/models/").size()));
   if (path == "/v1/completions" && post) return completions(body);
   if (path == "/v1/chat/completions" && post) return chat_completions(body);
   if (path == "/v1/responses" && post) return responses(body);
@@ -123,22 +125,26 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   if (path == "/detokenize" && post) return detokenize(body);
   http_reply r = error_reply(make_error(errc::invalid_request, std::string(method) + " is not allowed on " + std::string(path)));
   r.status = 405;
-  const bool get_route = path == "/v1/models" || !(path.starts_with("/v1/") || tokenizer_route);
+  const bool get_route = path == "/v1/models" || model_route || !(path.starts_with("/v1/") || tokenizer_route);
   r.headers.emplace_back("Allow", get_route ? "GET" : "POST");
   return r;
 }
 
+nlohmann::ordered_json api_service::model_card(const served_model& m) const {
+  return {{"id", m.name}, {"object", "model"}, {"created", created_}, {"owned_by", "llmesh"}, {"max_model_len", m.cfg.max_positions}};
+}
+
 http_reply api_service::models() const {
   auto data = nlohmann::ordered_json::array();
-  for (const auto& m : models_) {
-    data.push_back({{"id", m.name},
-                    {"object", "model"},
-                    {"created", created_},
-                    {"owned_by", "llmesh"},
-                    {"max_model_len", m.cfg.max_positions}});
-  }
+  for (const auto& m : models_) data.push_back(model_card(m));
   nlohmann::ordered_json j = {{"object", "list"}, {"data", std::move(data)}};
   return json_reply(200, j.dump());
+}
+
+http_reply api_service::model(std::string_view name) const {
+  auto m = find(std::string(name));
+  if (!m) return error_reply(m.err());
+  return json_reply(200, model_card(**m).dump());
 }
 
 namespace {

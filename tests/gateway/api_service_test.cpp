@@ -96,6 +96,20 @@ TEST_F(ApiService, UnknownRoutesMethodsAndModels) {
   EXPECT_EQ(status(call("POST", "/v1/completions", "not json")), 400);
 }
 
+TEST_F(ApiService, OneModelIsRetrievedByItsId) {
+  auto one = call("GET", "/v1/models/kjv");
+  ASSERT_EQ(status(one), 200);
+  const json card = json::parse(std::get<http_reply>(one).body);
+  const json list = json::parse(std::get<http_reply>(call("GET", "/v1/models")).body);
+  EXPECT_EQ(card, list["data"][0]);
+  EXPECT_EQ(card["id"], "kjv");
+  auto other = call("GET", "/v1/models/other");
+  EXPECT_EQ(status(other), 404);
+  EXPECT_NE(std::get<http_reply>(other).body.find("serves 'kjv'"), std::string::npos) << std::get<http_reply>(other).body;
+  EXPECT_EQ(status(call("POST", "/v1/models/kjv", "{}")), 405);
+  EXPECT_EQ(status(call("GET", "/v1/models/kjv", "", "")), 401);
+}
+
 TEST_F(ApiService, PromptsAreBoundedByTheContext) {
   const size_t ctx = cfg_.max_positions;
   json ids = json::array();

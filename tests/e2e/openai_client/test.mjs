@@ -287,6 +287,8 @@ test('models.list() returns kjv-tiny', async () => {
   assert.deepEqual(ids, [MODEL]);
   const one = (await client.models.list()).data[0];
   assert.equal(one.object, 'model');
+  assert.deepEqual(await client.models.retrieve(MODEL), one);
+  await assert.rejects(client.models.retrieve('no-such-model'), (err) => err instanceof OpenAI.NotFoundError);
 });
 
 test('a wrong API key is an AuthenticationError (401)', async () => {

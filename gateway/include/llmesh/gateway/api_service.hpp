@@ -174,6 +174,9 @@ class api_service {
   /// `k` slots of max_concurrent, all or none (429 when they are not free).
   result<std::shared_ptr<void>> take_slots(size_t k);
   http_reply models() const;
+  /// GET /v1/models/{id}: one model's card (OpenAI's models.retrieve), 404 naming the served ones.
+  http_reply model(std::string_view name) const;
+  nlohmann::ordered_json model_card(const served_model& m) const;
   bool authorized(std::string_view authorization) const;
 
   api_options opt_;
