@@ -264,6 +264,12 @@ api_outcome api_service::chat_completions(std::string_view body, const responses
       closed = !opened;
     }
     reasoning = {sm.reasoning, opened, r->include_reasoning, closed};
+    const auto open_ids = sm.tok->encode(std::string(reasoning_start_tag()), false);
+    const auto close_ids = sm.tok->encode(std::string(reasoning_end_tag()), false);
+    if (open_ids.size() == 1 && close_ids.size() == 1) {  // (check_reasoning_tokens made sure at startup)
+      reasoning.open_id = open_ids[0];
+      reasoning.close_id = close_ids[0];
+    }
     // An output that may think first is constrained after it; one that answers at once, at once.
     if (r->gen.constraint.type != model::constraint_spec::kind::none && !closed) {
       r->gen.constraint_after = sm.tok->encode(std::string(reasoning_end_tag()), false);

@@ -78,6 +78,7 @@ usage_counts completion_group::usage() const {
     const usage_counts c = choices_[i].stream->usage();
     if (i % g_.candidates() == 0) u.prompt_tokens += c.prompt_tokens;  // a prompt's first choice counts it
     u.completion_tokens += c.completion_tokens;
+    if (c.reasoning_tokens) u.reasoning_tokens = u.reasoning_tokens.value_or(0) + *c.reasoning_tokens;
   }
   return u;
 }

@@ -135,9 +135,11 @@ json choice_json(std::string_view kind, const choice_delta& c, bool stream) {
 }
 
 json usage_json(const usage_counts& u) {
-  return {{"prompt_tokens", u.prompt_tokens},
-          {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+  json j = {{"prompt_tokens", u.prompt_tokens},
+            {"completion_tokens", u.completion_tokens},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+  if (u.reasoning_tokens) j["completion_tokens_details"] = {{"reasoning_tokens", *u.reasoning_tokens}};
+  return j;
 }
 
 json envelope(std::string_view kind, std::string_view id, int64_t created, std::string_view model) {

@@ -50,10 +50,24 @@ bool prompt_closes_reasoning(std::string_view prompt) {
 }
 
 std::string_view reasoning_end_tag() { return think_close; }
+std::string_view reasoning_start_tag() { return think_open; }
 
 bool leaves_reasoning_open(std::string_view text) {
   const size_t open = text.rfind(think_open);
   return open != std::string_view::npos && text.find(think_close, open) == std::string_view::npos;
+}
+
+size_t count_reasoning_tokens(const reasoning_mode& m, const std::vector<int32_t>& output) {
+  if (!m.active() || m.open_id < 0 || m.close_id < 0 || output.empty()) return 0;
+  size_t from = 0;
+  if (output[0] == m.open_id) {
+    from = 1;
+  } else if (!(m.opened || (m.parser == reasoning_parser::deepseek_r1 && !m.closed))) {
+    return 0;  // an answer from the start
+  }
+  size_t n = 0;
+  for (size_t i = from; i < output.size() && output[i] != m.close_id; ++i) ++n;
+  return n;
 }
 
 reasoning_stream::reasoning_stream(reasoning_mode m) : m_(m) {}

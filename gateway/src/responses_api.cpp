@@ -161,10 +161,14 @@ json text_part(bool message, json text) {
 json usage_of(const json& chat_usage) {
   if (!chat_usage.is_object()) return nullptr;
   const auto in = chat_usage.value("prompt_tokens", 0), out = chat_usage.value("completion_tokens", 0);
+  int64_t reasoning = 0;
+  if (chat_usage.contains("completion_tokens_details") && chat_usage["completion_tokens_details"].is_object()) {
+    reasoning = chat_usage["completion_tokens_details"].value("reasoning_tokens", int64_t{0});
+  }
   return {{"input_tokens", in},
           {"input_tokens_details", {{"cached_tokens", 0}}},
           {"output_tokens", out},
-          {"output_tokens_details", {{"reasoning_tokens", 0}}},
+          {"output_tokens_details", {{"reasoning_tokens", reasoning}}},
           {"total_tokens", in + out}};
 }
 

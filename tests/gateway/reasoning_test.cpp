@@ -143,6 +143,42 @@ TEST(Reasoning, AParserNeedsTheTagsAsTokensOfTheirOwn) {
   EXPECT_NE(s.err().message.find("the model 'l' has no token \"<think>\""), std::string::npos) << s.err().message;
 }
 
+// The thinking's token count agrees with the text split: for random outputs of the qwen3
+// tokenizer's tokens (the tags, and plain tokens that cannot form one), the tokens counted are
+// exactly those whose text is the reasoning.
+TEST(Reasoning, TheReasoningTokensCountedAreThoseOfTheReasoningText) {
+  auto loaded = model::tokenizer::load(LLMESH_TEST_DATA "/tokenizers/qwen3");
+  ASSERT_TRUE(loaded.ok()) << loaded.err().message;
+  const auto& tok = **loaded;
+  auto one = [&](const std::string& t) {
+    const auto ids = tok.encode(t, false);
+    EXPECT_EQ(ids.size(), 1u) << t;
+    return ids.at(0);
+  };
+  const int32_t open = one("<think>"), close = one("</think>");
+  const std::vector<int32_t> atoms = {open, close, one("x"), one(" a"), one("\n"), one("Four")};
+  std::mt19937 rng(11);
+  for (int round = 0; round < 2000; ++round) {
+    std::vector<int32_t> out;
+    for (size_t n = rng() % 10; n > 0; --n) out.push_back(atoms[rng() % atoms.size()]);
+    reasoning_mode modes[] = {qwen3, qwen3_opened, r1, {reasoning_parser::deepseek_r1, false, true, true}};
+    reasoning_mode mode = modes[rng() % 4];
+    mode.open_id = open;
+    mode.close_id = close;
+    const std::string text = tok.decoder().decode(out, /*skip_special=*/false);
+    const split want = whole(mode, text);
+    const size_t n = count_reasoning_tokens(mode, out);
+    const size_t from = !out.empty() && out[0] == open ? 1 : 0;
+    ASSERT_LE(from + n, out.size() + (n == 0 ? 1 : 0)) << text;
+    const std::vector<int32_t> counted(out.begin() + static_cast<std::ptrdiff_t>(std::min(from, out.size())),
+                                       out.begin() + static_cast<std::ptrdiff_t>(std::min(from + n, out.size())));
+    EXPECT_EQ(tok.decoder().decode(counted, false), want.reasoning.value_or("")) << text;
+  }
+  reasoning_mode unknown = qwen3_opened;  // ids not known: nothing is counted
+  EXPECT_EQ(count_reasoning_tokens(unknown, {open, 5, close}), 0u);
+  EXPECT_EQ(count_reasoning_tokens({}, {open, 5, close}), 0u);
+}
+
 TEST(Reasoning, NoParserAndIncludeFalse) {
   auto s = whole({}, "<think>x</think>y");
   EXPECT_FALSE(s.reasoning);
@@ -296,6 +332,38 @@ TEST_P(ReasoningChoice, ThinkingStreamsAsReasoningContentThenTheAnswer) {
   msg = json::parse(run({}, {}, false, text))["choices"][0]["message"];
   EXPECT_EQ(msg["content"], text);
   EXPECT_FALSE(msg.contains("reasoning_content"));
+}
+
+TEST_P(ReasoningChoice, UsageCountsTheThinkingsTokensWhereTheTagsAreTokens) {
+  if (std::string(GetParam()) != "qwen3") GTEST_SKIP() << "kjv-tiny spells the tags in pieces: a parser refuses it";
+  const auto t = tok();
+  reasoning_mode m = qwen3;
+  m.open_id = t->encode("<think>", false).at(0);
+  m.close_id = t->encode("</think>", false).at(0);
+  const std::string text = "<think>\nThe LORD is one.\n</think>\n\nAmen.";
+  const size_t thinking = t->encode("\nThe LORD is one.\n", false).size();
+  const size_t all = t->encode(text, false).size();
+  ASSERT_GT(all, thinking + 2);
+  const json u = json::parse(run(m, {}, false, text))["usage"];
+  EXPECT_EQ(u["completion_tokens"], all);
+  EXPECT_EQ(u["completion_tokens_details"], json({{"reasoning_tokens", thinking}})) << u;
+  // Streamed, with usage: the same count on the usage chunk.
+  completion_group g(group_setup{true, true, true, "chatcmpl-1", 1, "m", 1}, t->decoder(), nullptr);
+  stream_setup s;
+  s.prompt_ids = {1, 2};
+  s.reasoning = m;
+  g.add_choice(7, s);
+  std::string out;
+  const auto ids = t->encode(text, false);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    out += g.on_message(token_msg{7, ids[i], i + 1 == ids.size() ? finish_reason::eos : finish_reason::none, false, {}, {}, {}});
+  }
+  const size_t at = out.rfind("\"usage\":");
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_NE(out.find("\"completion_tokens_details\":{\"reasoning_tokens\":" + std::to_string(thinking) + "}", at), std::string::npos)
+      << out.substr(at);
+  // A model without a parser reports no details (as before).
+  EXPECT_FALSE(json::parse(run({}, {}, false, text))["usage"].contains("completion_tokens_details"));
 }
 
 TEST_P(ReasoningChoice, ToolCallsAreFoundInTheAnswerOnly) {

@@ -196,6 +196,16 @@ TEST(ResponsesApi, TheWholeChatAnswerBecomesAResponseObject) {
   EXPECT_EQ(r.whole(err), err);  // errors keep their shape
 }
 
+TEST(ResponsesApi, TheThinkingsTokenCountIsTheUsagesReasoningTokens) {
+  responses_renderer r(responses_echo{}, "chatcmpl-00ff", 9, "m");
+  const std::string chat = R"({"choices":[{"index":0,"message":{"role":"assistant","reasoning_content":"Hm.","content":"A."},
+    "finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":6,"total_tokens":10,
+    "completion_tokens_details":{"reasoning_tokens":3}}})";
+  const json j = json::parse(r.whole(chat));
+  EXPECT_EQ(j["usage"]["output_tokens_details"], json::parse(R"({"reasoning_tokens":3})"));
+  EXPECT_EQ(j["usage"]["output_tokens"], 6);
+}
+
 /// The events of a Responses stream: (type, data).
 std::vector<json> events_of(const std::string& sse) {
   std::vector<json> out;

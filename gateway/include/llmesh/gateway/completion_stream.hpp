@@ -124,7 +124,11 @@ class completion_stream {
   /// Non-streaming: the whole choice. REQUIRES: done() without failure().
   choice_delta result() const;
   /// This choice's prompt and generated tokens.
-  usage_counts usage() const { return {s_.prompt_ids.size(), tokens_.size()}; }
+  usage_counts usage() const {
+    usage_counts u{s_.prompt_ids.size(), tokens_.size(), std::nullopt};
+    if (s_.chat && s_.reasoning.active()) u.reasoning_tokens = count_reasoning_tokens(s_.reasoning, tokens_);
+    return u;
+  }
 
   size_t completion_tokens() const { return tokens_.size(); }
   /// The sum of the generated tokens' log-probabilities, as their messages carried them

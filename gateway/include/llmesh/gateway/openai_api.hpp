@@ -279,6 +279,9 @@ std::string error_json(const error& e);
 
 struct usage_counts {
   size_t prompt_tokens = 0, completion_tokens = 0;
+  /// Of the completion tokens, those of the thinking (count_reasoning_tokens); set only where a
+  /// reasoning parser applies, and shown then as completion_tokens_details.reasoning_tokens.
+  std::optional<size_t> reasoning_tokens;
 };
 
 /// A token as a logprobs report shows it.

@@ -56,6 +56,8 @@ bool prompt_closes_reasoning(std::string_view prompt);
 
 /// The tag that ends the reasoning, "</think>".
 std::string_view reasoning_end_tag();
+/// "<think>".
+std::string_view reasoning_start_tag();
 
 /// Whether `text` (a continued final message's content) leaves a "<think>" open: its last
 /// "<think>" has no "</think>" after it.
@@ -69,8 +71,17 @@ struct reasoning_mode {
   /// The prompt closed a block (thinking turned off), or a continued message is answer text:
   /// the output is the answer (deepseek_r1 too), unless it opens a block with "<think>".
   bool closed = false;
+  /// The "<think>" and "</think>" token ids (check_reasoning_tokens: each is one token), for
+  /// count_reasoning_tokens; -1: unknown (nothing is counted).
+  int32_t open_id = -1, close_id = -1;
   bool active() const { return parser != reasoning_parser::none; }
 };
+
+/// How many of an output's tokens are its thinking, as reasoning_stream splits the text: those
+/// inside the block (not its "<think>" or "</think>"), the block opened by a first "<think>"
+/// token, or at the start where the mode thinks first (opened; deepseek_r1 unless closed),
+/// and ended by the first "</think>" token (an unclosed block: every token after its start).
+size_t count_reasoning_tokens(const reasoning_mode& m, const std::vector<int32_t>& output);
 
 /// Thread affinity: its stream's. Splits a choice's text pieces as they come: each delta's
 /// text becomes its content piece and `reasoning` its reasoning piece (unset when empty).
