@@ -64,6 +64,9 @@ struct GenerateRequest {
   addSpecialTokens @27 :Bool = true;   # a text prompt is tokenized with BOS (add_special_tokens)
   n @28 :UInt32 = 1;                # OpenAI's n: this many generations of the prompt (1..64), choice
                                     # j seeded from the request's seed as over HTTP (choice 0: the seed)
+  useBeamSearch @29 :Bool;          # vLLM's use_beam_search: the n best beams (n at most 10) as the
+                                    # choices, best first; their tokens reach the sink when the search ends
+  lengthPenalty @30 :Float32 = 1.0; # vLLM's length_penalty: a beam scores cum_logprob / len^this
 }
 
 struct TokenLogprob {

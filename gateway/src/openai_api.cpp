@@ -708,6 +708,7 @@ status apply_extra_fields(const json& j, const request_limits& lim, generation_f
     LLMESH_TRY(parse_bad_words(j, lim, g.bad_words));
     LLMESH_TRY(parse_stop(j, lim, g.stop));
     LLMESH_TRY(parse_output_fields(j, g));
+    LLMESH_TRY(parse_beam_search(j, g));
     return parse_output_constraint(j, nullptr, g.constraint);
   });
 }

@@ -6,7 +6,9 @@ using json = nlohmann::ordered_json;
 
 json stored_response::conversation() const {
   json out = earlier.is_array() ? earlier : json::array();
-  for (const auto& items : {std::cref(input_items), std::cref(response["output"])}) {
+  static const json none = json::array();
+  const json& output = response.is_object() && response.contains("output") ? response["output"] : none;
+  for (const auto& items : {std::cref(input_items), std::cref(output)}) {
     if (!items.get().is_array()) continue;
     for (const auto& item : items.get()) out.push_back(item);
   }

@@ -393,12 +393,14 @@ std::string responses_renderer::whole(std::string_view chat_body) const {
 }
 
 std::string responses_renderer::whole_of(std::string_view chat_body) const {
-  const json j = json::parse(chat_body, nullptr, false);
+  // Not const: a member another shape lacks reads as null (a const json's operator[] on a
+  // missing key is undefined behaviour), a member of the wrong type throws (whole() catches).
+  json j = json::parse(chat_body, nullptr, false);
   if (j.is_discarded() || !j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) {
     return std::string(chat_body);  // an error's body, as the chat endpoint wrote it
   }
-  const json& c = j["choices"][0];
-  const json& msg = c["message"];
+  json& c = j["choices"][0];
+  json& msg = c["message"];
   json output = json::array();
   if (msg.contains("reasoning_content") && msg["reasoning_content"].is_string() &&
       !msg["reasoning_content"].get_ref<const std::string&>().empty()) {
@@ -416,7 +418,7 @@ std::string responses_renderer::whole_of(std::string_view chat_body) const {
     output.push_back(std::move(item));
   }
   if (calls) {
-    for (const json& t : msg["tool_calls"]) {
+    for (json& t : msg["tool_calls"]) {
       output.push_back(call_item(item_id("fc", output.size()), "completed", t.value("id", std::string()),
                                  t["function"].value("name", std::string()), t["function"].value("arguments", std::string())));
     }

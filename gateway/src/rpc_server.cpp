@@ -33,6 +33,7 @@ struct choice_state {
   actors::finish_reason finish = actors::finish_reason::none;
   bool ended = false;      ///< its last token came, or a stop string ended it
   bool mesh_done = false;  ///< the mesh sent its last message, or it was cancelled there
+  bool absent = false;     ///< a beam search found fewer beams than choices: not in the result
 
   choice_state(uint64_t i, const model::detokenizer& d, bool skip) : id(i), decoder(d, skip) {}
 };
@@ -55,6 +56,11 @@ struct call_state {
   bool skip_special = true;           ///< skip_special_tokens (false: an end token's text is left out all the same)
   size_t min_tokens = 0;              ///< no stop string ends it before this many tokens
   std::vector<choice_state> choices;  ///< in index order; not resized once the call runs
+  /// A beam search's call: the group that runs it (its steps go to the mesh as they come; the
+  /// finished beams are replayed into `choices`), and every step request's id.
+  std::unique_ptr<completion_group> beams;
+  std::vector<uint64_t> step_ids;
+  bool want_logprobs = false;  ///< the request's logprobs >= 0 (a beam's entries are shown then)
   size_t ended = 0;                   ///< choices ended
   bool finished = false;              ///< the RPC call's outcome is decided
   std::optional<error> failure;
@@ -100,6 +106,8 @@ result<nlohmann::ordered_json> extra_fields(rpc::GenerateRequest::Reader in) {
                               {"include_stop_str_in_output", in.getIncludeStopStr()},
                               {"skip_special_tokens", in.getSkipSpecialTokens()}};
   if (in.getTruncatePromptTokens() != 0) j["truncate_prompt_tokens"] = in.getTruncatePromptTokens();
+  if (in.getUseBeamSearch()) j["use_beam_search"] = true;
+  if (in.getLengthPenalty() != 1.0f) j["length_penalty"] = in.getLengthPenalty();
   // Sizes first (this runs before the API key is checked): a message may be tens of MiB.
   if (in.hasStop()) {
     if (in.getStop().size() > request_limits{}.max_stop) return make_error(errc::invalid_request, "'stop' holds at most 4 strings");
@@ -183,8 +191,9 @@ struct rpc_server::impl {
   // Set and used on the loop thread only (the executor reference is safe from any thread).
   kj::Own<const kj::Executor> executor;
   kj::Own<kj::PromiseFulfiller<void>> stop;
-  /// Each running generation's call and choice index.
+  /// Each running generation's call and choice index (beam_step: a step of the call's search).
   std::unordered_map<uint64_t, std::pair<call_state*, size_t>> calls;
+  static constexpr size_t beam_step = static_cast<size_t>(-1);
   /// Runs native_generate (the checks, tokenizing, a structured-output compile) off the loop,
   /// which streams every other call's tokens. Joined before the loop stops.
   boost::asio::thread_pool workers{2};
@@ -194,10 +203,86 @@ struct rpc_server::impl {
   /// A token of generation `id` (on the loop thread): decoded, streamed to the client's sink
   /// with its choice's index; the last one of the last choice completes the call once every
   /// streaming call before it was delivered. A failed choice fails the call.
+  /// Submits `req`: its messages reach on_token on the loop thread.
+  void submit(actors::replica_request req) {
+    // Tokens arrive on actor threads: each is handed to the loop (a blocking hand-over of
+    // microseconds; after the server stopped, the executor refuses and the token is dropped).
+    auto exec = std::shared_ptr<kj::Own<const kj::Executor>>(new kj::Own<const kj::Executor>(executor->addRef()));
+    const uint64_t id = req.id;
+    api.mesh().submit(std::move(req), [exec, owner = this, id](const actors::token_msg& t) {
+      try {
+        (*exec)->executeSync([&] { owner->on_token(id, t); });
+      } catch (const kj::Exception&) {
+      }
+    });
+  }
+
+  /// The beam search's next step requests, each registered as a step of `st`, submitted.
+  void submit_steps(call_state* st) {
+    for (auto& req : st->beams->take_submissions()) {
+      calls[req.id] = {st, beam_step};
+      st->step_ids.push_back(req.id);
+      submit(std::move(req));
+    }
+  }
+
+  /// A step message of `st`'s search: on to the search; a finished search's beams become the
+  /// choices' tokens (as completion_group replays them for HTTP), a failed one fails the call.
+  void on_step(call_state* st, uint64_t id, const actors::token_msg& t) {
+    if (st->finished) return;
+    if (t.failed || t.finish != actors::finish_reason::none) calls.erase(id);
+    (void)st->beams->on_message(t);  // (the group's own rendering of the beams is not used)
+    const beam_search& b = st->beams->search(0);
+    if (b.failure()) {
+      fail_call(st, *b.failure());
+      return;
+    }
+    if (!b.done()) {
+      submit_steps(st);
+      return;
+    }
+    replay_beams(st);
+  }
+
+  /// A finished search's beams, best first, as choices' tokens; choices past the beams found
+  /// are absent.
+  void replay_beams(call_state* st) {
+    const beam_search& b = st->beams->search(0);
+    const auto& beams = b.results();
+    if (beams.empty()) {
+      fail_call(st, make_error(errc::internal, "the beam search found no output"));
+      return;
+    }
+    for (size_t r = 0; r < st->choices.size() && !st->finished; ++r) {
+      choice_state& c = st->choices[r];
+      if (r >= beams.size()) {
+        c.absent = c.ended = true;
+        ++st->ended;
+        continue;
+      }
+      const beam_hypothesis& h = beams[r];
+      for (size_t i = 0; i < h.tokens.size() && !c.ended; ++i) {
+        actors::token_msg m;
+        m.id = c.id;
+        m.token = h.tokens[i];
+        const bool last = i + 1 == h.tokens.size();
+        m.finish = !last ? actors::finish_reason::none : h.ended ? actors::finish_reason::eos : actors::finish_reason::length;
+        if (st->want_logprobs) m.logprobs = h.logprobs[i];
+        if (i == 0) m.prompt_logprobs = b.prompt_logprobs();
+        on_token(c.id, m);
+      }
+    }
+    if (!st->finished && st->ended == st->choices.size()) finish_call(st);  // the last choices were absent
+  }
+
   void on_token(uint64_t id, const actors::token_msg& t) {
     auto it = calls.find(id);
     if (it == calls.end()) return;  // cancelled meanwhile
     auto [st, k] = it->second;
+    if (k == beam_step) {
+      on_step(st, id, t);
+      return;
+    }
     choice_state& c = st->choices[k];
     if (st->finished || c.ended) return;
     bool stopped = false;  // by a stop string
@@ -242,21 +327,37 @@ struct rpc_server::impl {
       }
     }
     if (t.failed || st->ended == st->choices.size()) {
-      st->finished = true;
-      for (auto& other : st->choices) {  // a failure: the other choices are not wanted
-        if (!other.mesh_done) {
-          api.mesh().cancel(other.id);
-          other.mesh_done = true;
-        }
-      }
-      st->chain = st->chain.then([st] { st->done->fulfill(); }, [st](kj::Exception&& e) { st->done->reject(kj::mv(e)); })
-                      .eagerlyEvaluate(nullptr);
+      finish_call(st);
     } else {
       st->chain = st->chain.eagerlyEvaluate([st](kj::Exception&& e) {
         if (!st->finished) st->done->reject(kj::mv(e));  // the client's sink failed: the call ends
         st->finished = true;
       });
     }
+  }
+
+  void fail_call(call_state* st, error e) {
+    actors::token_msg f;
+    f.failed = true;
+    f.err = std::move(e);
+    on_token(st->choices.front().id, f);
+  }
+
+  /// The call's outcome is decided (every choice ended, or a failure): what still runs in the
+  /// mesh is not wanted; the result goes once the sink has taken every token sent before.
+  void finish_call(call_state* st) {
+    st->finished = true;
+    for (auto& other : st->choices) {
+      if (!other.mesh_done) {
+        api.mesh().cancel(other.id);
+        other.mesh_done = true;
+      }
+    }
+    if (st->beams) {
+      for (uint64_t step : st->beams->running_searches()) api.mesh().cancel(step);
+    }
+    st->chain = st->chain.then([st] { st->done->fulfill(); }, [st](kj::Exception&& e) { st->done->reject(kj::mv(e)); })
+                    .eagerlyEvaluate(nullptr);
   }
 };
 
@@ -267,6 +368,10 @@ call_state::~call_state() {
     if (!c.mesh_done) owner->api.mesh().cancel(c.id);
     owner->calls.erase(c.id);
   }
+  if (beams && !finished) {
+    for (uint64_t step : beams->running_searches()) owner->api.mesh().cancel(step);
+  }
+  for (uint64_t step : step_ids) owner->calls.erase(step);
 }
 
 uint16_t status_of(const error& e) { return static_cast<uint16_t>(http_error_of(e.code).status); }
@@ -352,8 +457,11 @@ class llmesh_service final : public rpc::Llmesh::Server {
       r.setErrorMessage(job.err().message);
       return kj::READY_NOW;
     }
-    const actors::replica_request& first = job->requests.front();  // choice 0 (n choices in index order)
+    // Choice 0's request (n choices in index order), or a beam search's base request.
+    const bool beams = job->output && job->output->searches() > 0;
+    const actors::replica_request& first = beams ? job->output->search(0).setup().base : job->requests.front();
     auto st = kj::heap<call_state>(p_, params.getSink());
+    st->want_logprobs = in.getLogprobs() >= 0;
     st->include_stop_str = in.getIncludeStopStr();
     st->skip_special = in.getSkipSpecialTokens();
     st->slot = std::move(job->slot);
@@ -368,28 +476,25 @@ class llmesh_service final : public rpc::Llmesh::Server {
       for (auto t : in.getStopTokenIds()) st->stop_ids.push_back(t);
     }
     st->min_tokens = static_cast<size_t>(std::max(first.sampling.min_tokens, 0));
-    st->choices.reserve(job->requests.size());
-    for (const auto& req : job->requests) {
-      st->choices.emplace_back(req.id, job->tok->decoder(), st->skip_special);
+    std::vector<uint64_t> choice_ids;
+    for (const auto& req : job->requests) choice_ids.push_back(req.id);
+    if (beams) choice_ids = job->output->search_choices(0);
+    st->choices.reserve(choice_ids.size());
+    for (uint64_t id : choice_ids) {
+      st->choices.emplace_back(id, job->tok->decoder(), st->skip_special);
       if (!stops.empty()) st->choices.back().stops.emplace(stops, st->include_stop_str);
+      st->choices.back().mesh_done = beams;  // a beam's choice runs nothing in the mesh: its steps do
     }
     auto paf = kj::newPromiseAndFulfiller<void>();
     st->done = kj::mv(paf.fulfiller);
     call_state* raw = st.get();
     for (size_t k = 0; k < st->choices.size(); ++k) p_->calls[st->choices[k].id] = {raw, k};
-    // Tokens arrive on actor threads: each is handed to the loop (a blocking hand-over of
-    // microseconds; after the server stopped, the executor refuses and the token is dropped).
-    auto exec = std::shared_ptr<kj::Own<const kj::Executor>>(new kj::Own<const kj::Executor>(p_->executor->addRef()));
-    rpc_server::impl* owner = p_;
-    for (auto& req : job->requests) {
-      const uint64_t id = req.id;
-      p_->api.mesh().submit(std::move(req), [exec, owner, id](const actors::token_msg& t) {
-        try {
-          (*exec)->executeSync([&] { owner->on_token(id, t); });
-        } catch (const kj::Exception&) {
-        }
-      });
+    if (beams) {
+      raw->beams = std::move(job->output);
+      p_->submit_steps(raw);
+      if (raw->beams->search(0).done()) p_->replay_beams(raw);  // nothing to search
     }
+    for (auto& req : job->requests) p_->submit(std::move(req));
     return paf.promise
         .then([ctx, raw]() mutable {
           auto r = ctx.getResults().initResult();
@@ -418,9 +523,14 @@ class llmesh_service final : public rpc::Llmesh::Server {
           r.setText(c0.text);
           ids_to(r.initTokenIds(static_cast<unsigned>(c0.ids.size())), c0.ids);
           logprobs_to([&](unsigned n) { return r.initLogprobs(n); }, c0);
-          auto choices = r.initChoices(static_cast<unsigned>(raw->choices.size()));
-          for (unsigned k = 0; k < raw->choices.size(); ++k) {
-            const choice_state& c = raw->choices[k];
+          // Every choice but a beam search's absent ones (fewer beams than n were possible).
+          std::vector<const choice_state*> present;
+          for (const auto& c : raw->choices) {
+            if (!c.absent) present.push_back(&c);
+          }
+          auto choices = r.initChoices(static_cast<unsigned>(present.size()));
+          for (unsigned k = 0; k < present.size(); ++k) {
+            const choice_state& c = *present[k];
             auto out = choices[k];
             out.setFinishReason(finish_of(c));
             out.setCompletionTokens(static_cast<uint32_t>(c.ids.size()));

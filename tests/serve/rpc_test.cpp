@@ -663,5 +663,100 @@ TEST(Rpc, NGenerationsAreHttpsChoicesStreamedWithTheirIndex) {
   EXPECT_EQ(s.stop(), 0) << s.log();
 }
 
+// vLLM's beam search over the native API: the same beams as /v1/completions' (ids, text, finish,
+// log-probabilities), best first, a stop string cutting them as over HTTP; each choice's tokens
+// reach the sink (when the search ends) with its index; n above 10 is a 400 naming it.
+TEST(Rpc, BeamSearchReturnsHttpsBeams) {
+  server_process s(bin, {"--model", model_dir, "--replicas", "2"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const int port = rpc_port(s);
+  ASSERT_GT(port, 0) << s.log();
+  capnp::EzRpcClient c("127.0.0.1", static_cast<uint>(port));
+  const std::vector<int32_t> prompt{1142, 258, 2078, 386, 3345};
+  for (const bool with_stop : {false, true}) {
+    SCOPED_TRACE(with_stop ? "with a stop string" : "plain");
+    auto setup = [&](rpc::GenerateRequest::Builder r, uint32_t n) {
+      r.setModel("kjv-tiny");
+      auto ids = r.getPrompt().initIds(static_cast<unsigned>(prompt.size()));
+      for (unsigned i = 0; i < prompt.size(); ++i) ids.set(i, prompt[i]);
+      r.setMaxTokens(8);
+      r.setN(n);
+      r.setUseBeamSearch(true);
+      r.setLengthPenalty(0.5f);
+      r.setLogprobs(1);
+      if (with_stop) r.initStop(1).set(0, "the");
+    };
+    std::map<uint32_t, std::vector<int32_t>> streamed;
+    auto req = c.getMain<rpc::Llmesh>().generateRequest();
+    setup(req.initRequest(), 4);
+    req.setSink(kj::heap<choice_sink>(streamed));
+    auto resp = req.send().wait(c.getWaitScope());
+    auto r = resp.getResult();
+    ASSERT_TRUE(r.getOk()) << r.getErrorMessage().cStr();
+    nlohmann::json body = {{"model", "kjv-tiny"}, {"prompt", prompt}, {"max_tokens", 8}, {"n", 4}, {"use_beam_search", true},
+                           {"length_penalty", 0.5}, {"logprobs", 1}, {"return_token_ids", true}};
+    if (with_stop) body["stop"] = {"the"};
+    auto http = http_request(s.port(), "POST", "/v1/completions", body.dump());
+    ASSERT_EQ(http.status, 200) << http.body;
+    const auto hj = nlohmann::json::parse(http.body);
+    ASSERT_EQ(r.getChoices().size(), hj["choices"].size());
+    ASSERT_EQ(r.getChoices().size(), 4u);
+    std::set<std::vector<int32_t>> distinct;
+    for (unsigned k = 0; k < 4; ++k) {
+      const auto ch = r.getChoices()[k];
+      const auto& want = hj["choices"][k];
+      std::vector<int32_t> ids;
+      for (auto id : ch.getTokenIds()) ids.push_back(id);
+      EXPECT_EQ(ids, want["token_ids"].get<std::vector<int32_t>>()) << "beam " << k;
+      EXPECT_EQ(std::string(ch.getText().cStr()), want["text"].get<std::string>()) << "beam " << k;
+      EXPECT_EQ(std::string(ch.getFinishReason().cStr()), want["finish_reason"].get<std::string>()) << "beam " << k;
+      ASSERT_EQ(ch.getLogprobs().size(), ids.size());
+      for (unsigned i = 0; i < ids.size(); ++i) {
+        EXPECT_FLOAT_EQ(ch.getLogprobs()[i].getLogprob(), want["logprobs"]["token_logprobs"][i].get<float>()) << k << "," << i;
+        EXPECT_EQ(ch.getLogprobs()[i].getTop().size(), 1u);
+      }
+      EXPECT_EQ(streamed[k], ids) << "beam " << k;
+      distinct.insert(ids);
+    }
+    EXPECT_EQ(distinct.size(), 4u);
+    if (with_stop) {
+      bool cut = false;
+      for (const auto& ch : hj["choices"]) cut = cut || ch["finish_reason"] == "stop";
+      EXPECT_TRUE(cut) << "no beam met the stop string: " << http.body;
+    }
+    // Width 1 is greedy decoding.
+    auto one = generate(c, [&](auto q) {
+      setup(q, 1);
+      q.setLogprobs(-1);
+    });
+    auto greedy = generate(c, [&](auto q) {
+      setup(q, 1);
+      q.setUseBeamSearch(false);
+      q.setLogprobs(-1);
+      q.setTemperature(0);
+    });
+    ASSERT_TRUE(one.ok && greedy.ok) << one.message << greedy.message;
+    EXPECT_EQ(one.ids, greedy.ids);
+    EXPECT_EQ(one.streamed, one.ids);
+  }
+  auto wide = generate(c, [&](auto q) {
+    q.setModel("kjv-tiny");
+    q.getPrompt().setText("In the beginning");
+    q.setN(11);
+    q.setUseBeamSearch(true);
+  });
+  EXPECT_FALSE(wide.ok);
+  EXPECT_EQ(wide.code, 400);
+  EXPECT_NE(wide.message.find("'n' must be at most 10 with 'use_beam_search'"), std::string::npos) << wide.message;
+  auto nan_penalty = generate(c, [&](auto q) {
+    q.setModel("kjv-tiny");
+    q.getPrompt().setText("In the beginning");
+    q.setUseBeamSearch(true);
+    q.setLengthPenalty(std::numeric_limits<float>::infinity());
+  });
+  EXPECT_EQ(nan_penalty.code, 400) << nan_penalty.message;
+  EXPECT_EQ(s.stop(), 0) << s.log();
+}
+
 }  // namespace
 }  // namespace llmesh::testing

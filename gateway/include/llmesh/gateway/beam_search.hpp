@@ -81,6 +81,7 @@ class beam_search {
   /// step's last request ends the step: the next step's requests are then ready, or done().
   void on_message(const actors::token_msg& t);
 
+  const beam_setup& setup() const { return s_; }
   bool done() const { return done_; }
   const std::optional<error>& failure() const { return failure_; }
   /// The running step's requests that have not ended (to cancel when the response fails).

@@ -69,6 +69,11 @@ class completion_group {
   std::vector<actors::replica_request> take_submissions();
   /// The beam searches' step requests still running (to cancel when the response ends early).
   std::vector<uint64_t> running_searches() const;
+  /// The beam searches added, in order, and the choice ids each one's beams become (the native
+  /// API replays a finished search into its own choices).
+  size_t searches() const { return beams_.size(); }
+  const beam_search& search(size_t i) const { return *beams_.at(i).search; }
+  const std::vector<uint64_t>& search_choices(size_t i) const { return beams_.at(i).choice_ids; }
 
   /// Takes one message of any choice's request (t.id picks it; unknown ids and messages after
   /// the end are ignored). Returns the SSE bytes to send now (streaming only; may be empty).

@@ -225,9 +225,9 @@ struct sampling_input {
 /// The native API's fields beyond sampling, as a JSON object of /v1/completions' names
 /// (presence_penalty, frequency_penalty, repetition_penalty, min_tokens, min_p, stop_token_ids,
 /// allowed_token_ids, stop, logit_bias, include_stop_str_in_output, skip_special_tokens,
-/// return_tokens_as_token_ids, truncate_prompt_tokens, and one of guided_json / guided_regex /
-/// guided_choice / guided_grammar / response_format), checked by the same rules into `g`
-/// (whose max_tokens is final).
+/// return_tokens_as_token_ids, truncate_prompt_tokens, use_beam_search, length_penalty, and one
+/// of guided_json / guided_regex / guided_choice / guided_grammar / response_format), checked
+/// by the same rules into `g` (whose max_tokens and n are final).
 [[nodiscard]] status apply_extra_fields(const nlohmann::ordered_json& fields, const request_limits& lim,
                                         generation_fields& g);
 
