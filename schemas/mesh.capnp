@@ -119,6 +119,8 @@ struct Token {
   logprobs @5 :TokenLogprobs;  # when the request asked for them (unset otherwise)
   promptLogprobs @6 :List(TokenLogprobs);  # with a request's first token, when it asked
                                            # (Sampling.promptLogprobs): entry i is prompt token i + 1's
+  cachedTokens @7 :Int32 = -1;  # with a request's first token: how many of its tokens the replica's
+                                # prefix cache held when it was admitted; -1 on the others
 }
 
 # A token's log-probability and the most likely tokens' at its position (raw log-softmax).

@@ -118,6 +118,8 @@ struct GenerateResult {
   promptLogprobs @9 :List(TokenLogprob); # with its promptLogprobs: entry i for prompt token i + 1
   choices @10 :List(Choice);    # every choice, in index order (the fields above are choice 0's;
                                 # promptTokens counts the prompt once)
+  cachedPromptTokens @11 :UInt32;  # of promptTokens, those the replica's prefix cache held (choice 0's;
+                                   # OpenAI's usage.prompt_tokens_details.cached_tokens)
 }
 
 struct Choice {

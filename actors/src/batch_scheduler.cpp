@@ -60,6 +60,7 @@ bool batch_scheduler::admit(request& r, size_t& budget) {
     return false;
   }
   r.n_computed = hit;
+  if (!r.cached) r.cached = hit;  // the first admission's (a preempted request's later ones are not the client's)
   return true;
 }
 
@@ -229,6 +230,10 @@ std::vector<token_event> batch_scheduler::complete(const step_plan& plan, std::s
         e.finish = finish_reason::eos;
       } else if (r.n_generated >= r.spec.max_tokens) {
         e.finish = finish_reason::length;
+      }
+      if (!r.cached_reported) {
+        e.cached_tokens = static_cast<int32_t>(r.cached.value_or(0));
+        r.cached_reported = true;
       }
       events.push_back(e);
       finished = e.finish != finish_reason::none;

@@ -66,7 +66,8 @@ void step_done(replica* self) {
     if (e.failure) {
       self->send(it->second, token_msg{e.id, -1, finish_reason::none, true, *e.failure, {}, {}});
     } else {
-      self->send(it->second, token_msg{e.id, e.token, e.finish, false, {}, std::move(e.logprobs), std::move(e.prompt_logprobs)});
+      self->send(it->second, token_msg{e.id, e.token, e.finish, false, {}, std::move(e.logprobs), std::move(e.prompt_logprobs),
+                                       e.cached_tokens});
     }
     if (e.finish != finish_reason::none) st.owners.erase(it);
   }

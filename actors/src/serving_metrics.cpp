@@ -9,6 +9,7 @@ void declare_serving(metrics_registry& r) {
   r.declare_histogram(itl, "Time between consecutive tokens of a stream.", lat);
   r.declare_histogram(e2e, "Time from request arrival to its last token.", lat);
   r.declare_counter(prompt_tokens, "Prompt tokens of admitted requests.");
+  r.declare_counter(prompt_tokens_cached, "Prompt tokens a replica's prefix cache held (not computed again).");
   r.declare_counter(generation_tokens, "Tokens generated.");
   r.declare_counter(requests, "Finished HTTP requests by status code.", {"status"});
   r.declare_gauge(running, "Requests in the replica's running batch.", {"replica"});
@@ -21,7 +22,7 @@ void declare_serving(metrics_registry& r) {
   r.declare_counter(spec_accepted, "Speculative decoding: draft tokens the model drew as proposed (kept).", {"replica"});
   r.declare_gauge(gateway_inflight, "Generation requests the gateway is serving.");
   // Unlabelled series exist from the start (a scrape before the first request sees zeros).
-  for (const char* name : {prompt_tokens, generation_tokens, migrations}) r.get_counter(name)->add(0);
+  for (const char* name : {prompt_tokens, prompt_tokens_cached, generation_tokens, migrations}) r.get_counter(name)->add(0);
   for (const char* name : {ttft, itl, e2e}) r.get_histogram(name);
   r.get_gauge(gateway_inflight)->add(0);
 }

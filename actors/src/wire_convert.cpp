@@ -94,6 +94,7 @@ transport::token_body to_wire(const token_msg& t) {
   transport::token_body out{t.id, t.token, static_cast<transport::finish_kind>(t.finish), t.failed, t.err.code,
                             t.failed ? t.err.message : "", std::nullopt, {}};
   if (t.logprobs) out.logprobs = to_wire(*t.logprobs);
+  out.cached_tokens = t.cached_tokens;
   out.prompt_logprobs.reserve(t.prompt_logprobs.size());
   for (const auto& x : t.prompt_logprobs) out.prompt_logprobs.push_back(to_wire(x));
   return out;
@@ -103,6 +104,7 @@ token_msg from_wire(const transport::token_body& t) {
   token_msg out{t.id, t.token, static_cast<finish_reason>(t.finish), t.failed,
                 t.failed ? make_error(t.code, t.message) : error{}, std::nullopt, {}};
   if (t.logprobs) out.logprobs = from_wire(*t.logprobs);
+  out.cached_tokens = t.cached_tokens;
   out.prompt_logprobs.reserve(t.prompt_logprobs.size());
   for (const auto& x : t.prompt_logprobs) out.prompt_logprobs.push_back(from_wire(x));
   return out;

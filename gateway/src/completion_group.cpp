@@ -76,7 +76,10 @@ usage_counts completion_group::usage() const {
   usage_counts u;
   for (size_t i = 0; i < choices_.size(); ++i) {
     const usage_counts c = choices_[i].stream->usage();
-    if (i % g_.candidates() == 0) u.prompt_tokens += c.prompt_tokens;  // a prompt's first choice counts it
+    if (i % g_.candidates() == 0) {  // a prompt's first choice counts it
+      u.prompt_tokens += c.prompt_tokens;
+      if (c.cached_tokens) u.cached_tokens = u.cached_tokens.value_or(0) + *c.cached_tokens;
+    }
     u.completion_tokens += c.completion_tokens;
     if (c.reasoning_tokens) u.reasoning_tokens = u.reasoning_tokens.value_or(0) + *c.reasoning_tokens;
   }

@@ -184,6 +184,12 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
   }
   if (s_.echo_logprobs && tokens_.empty()) take_prompt_entries(t);
   if (s_.prompt_logprobs >= 0 && tokens_.empty()) take_prompt_scores(t);
+  if (tokens_.empty() && t.cached_tokens >= 0) {
+    // Of the prompt (a continued request's count also covers its earlier output; and the
+    // first replica's word stands after a migration).
+    cached_ = std::min(static_cast<size_t>(t.cached_tokens), s_.prompt_ids.size());
+    if (metrics_) metrics_->get_counter(metric::prompt_tokens_cached)->add(static_cast<double>(*cached_));
+  }
   tokens_.push_back(t.token);
   if (t.logprobs) cumulative_logprob_ += t.logprobs->logprob;
   observe_token();

@@ -165,8 +165,12 @@ json usage_of(const json& chat_usage) {
   if (chat_usage.contains("completion_tokens_details") && chat_usage["completion_tokens_details"].is_object()) {
     reasoning = chat_usage["completion_tokens_details"].value("reasoning_tokens", int64_t{0});
   }
+  int64_t cached = 0;
+  if (chat_usage.contains("prompt_tokens_details") && chat_usage["prompt_tokens_details"].is_object()) {
+    cached = chat_usage["prompt_tokens_details"].value("cached_tokens", int64_t{0});
+  }
   return {{"input_tokens", in},
-          {"input_tokens_details", {{"cached_tokens", 0}}},
+          {"input_tokens_details", {{"cached_tokens", cached}}},
           {"output_tokens", out},
           {"output_tokens_details", {{"reasoning_tokens", reasoning}}},
           {"total_tokens", in + out}};

@@ -45,6 +45,7 @@ struct call_state {
   rpc_server::impl* owner = nullptr;
   std::shared_ptr<void> slot;  ///< the api_service concurrency slots (one per choice)
   size_t prompt_tokens = 0;
+  size_t cached_prompt_tokens = 0;  ///< choice 0's first token's word (the prefix-cache hit)
   rpc::TokenSink::Client sink;
   kj::Own<kj::PromiseFulfiller<void>> done;
   kj::Promise<void> chain = kj::READY_NOW;  ///< the streaming calls to the sink, in order
@@ -293,6 +294,9 @@ struct rpc_server::impl {
       c.ids.push_back(t.token);
       if (t.logprobs) c.logprobs.push_back(*t.logprobs);
       if (k == 0 && !t.prompt_logprobs.empty()) st->prompt_logprobs = t.prompt_logprobs;
+      if (k == 0 && c.ids.size() == 1 && t.cached_tokens >= 0) {
+        st->cached_prompt_tokens = std::min(static_cast<size_t>(t.cached_tokens), st->prompt_tokens);
+      }
       // As completion_stream does: a stop token id's text is left out; text that may begin a
       // stop string is held back; a stop string ends the text before itself.
       const bool past_min = c.ids.size() > st->min_tokens;
@@ -519,6 +523,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
           r.setOk(true);
           r.setFinishReason(finish_of(c0));
           r.setPromptTokens(static_cast<uint32_t>(raw->prompt_tokens));
+          r.setCachedPromptTokens(static_cast<uint32_t>(raw->cached_prompt_tokens));
           r.setCompletionTokens(static_cast<uint32_t>(c0.ids.size()));
           r.setText(c0.text);
           ids_to(r.initTokenIds(static_cast<unsigned>(c0.ids.size())), c0.ids);

@@ -196,6 +196,39 @@ TEST(BatchScheduler, PrefixCacheSkipsComputedPromptBlocks) {
   EXPECT_EQ(plan.seqs[0].tokens.size(), 8u);
 }
 
+// The client's cached_tokens: a request's first token says how many of its tokens the prefix
+// cache held when it was first admitted; its other tokens say nothing (-1).
+TEST(BatchScheduler, TheFirstTokenCarriesThePrefixCacheHit) {
+  block_manager m(64, 16);
+  scheduler_config cfg;
+  batch_scheduler s(cfg, m);
+  auto a = make_request(1, 40, 3);
+  ASSERT_TRUE(s.add(a).ok());
+  auto b = make_request(3, 20, 2, /*salt=*/7);  // a prompt nothing else shares
+  ASSERT_TRUE(s.add(b).ok());
+  std::map<uint64_t, std::vector<int32_t>> reported;
+  fake_cache cache(m);
+  auto drive = [&] {
+    while (s.waiting() + s.running() > 0) {
+      auto plan = s.schedule();
+      ASSERT_FALSE(plan.seqs.empty());
+      std::vector<int32_t> sampled;
+      for (const auto& q : plan.seqs) {
+        for (int32_t t : cache.run_rows(q, fake_next)) sampled.push_back(t);
+      }
+      for (const auto& e : s.complete(plan, sampled)) reported[e.id].push_back(e.cached_tokens);
+    }
+  };
+  drive();
+  EXPECT_EQ(reported[1], (std::vector<int32_t>{0, -1, -1}));  // nothing was cached yet
+  EXPECT_EQ(reported[3], (std::vector<int32_t>{0, -1}));
+  auto again = a;
+  again.id = 2;
+  ASSERT_TRUE(s.add(again).ok());
+  drive();
+  EXPECT_EQ(reported[2], (std::vector<int32_t>{32, -1, -1}));  // two whole blocks of its 40
+}
+
 TEST(BatchScheduler, AdmitsOnlyWhatTheBlocksHold) {
   block_manager m(4, 16);  // 64 positions
   scheduler_config cfg;

@@ -653,6 +653,27 @@ TEST(Rpc, NGenerationsAreHttpsChoicesStreamedWithTheirIndex) {
   auto one = generate(c, [&](auto q) { setup(q, 1); });
   ASSERT_TRUE(one.ok) << one.message;
   EXPECT_EQ(one.ids, streamed[0]);  // choice 0 samples as the n = 1 call
+  {  // The prefix cache: a long prompt's second call finds the first's blocks (choice 0's word).
+    std::vector<int32_t> long_prompt;
+    for (int i = 0; i < 50; ++i) long_prompt.push_back(200 + i * 7);
+    auto ask = [&] {
+      auto q = c.getMain<rpc::Llmesh>().generateRequest();
+      auto in = q.initRequest();
+      in.setModel("kjv-tiny");
+      auto ids = in.getPrompt().initIds(static_cast<unsigned>(long_prompt.size()));
+      for (unsigned i = 0; i < long_prompt.size(); ++i) ids.set(i, long_prompt[i]);
+      in.setMaxTokens(2);
+      std::map<uint32_t, std::vector<int32_t>> ignored;
+      q.setSink(kj::heap<choice_sink>(ignored));
+      auto got = q.send().wait(c.getWaitScope());
+      EXPECT_TRUE(got.getResult().getOk());
+      return got.getResult().getCachedPromptTokens();
+    };
+    EXPECT_EQ(ask(), 0u);
+    const uint32_t cached = ask();
+    EXPECT_GT(cached, 0u);
+    EXPECT_LT(cached, long_prompt.size());
+  }
 
   for (uint32_t bad : {0u, 65u}) {
     auto o = generate(c, [&](auto q) { setup(q, bad); });

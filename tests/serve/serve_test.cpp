@@ -130,6 +130,44 @@ TEST(Serve, Int8WeightsServeGeneratesInt8Tokens) {
   EXPECT_EQ(served_ids(s.port(), 8, 32, {{"temperature", 0.8}, {"top_k", 40}, {"seed", 7}}), sampled);
 }
 
+// OpenAI's cached_tokens: a prompt the prefix cache already holds says how much of it was not
+// computed again (whole KV blocks, never its last token), in completions', chat's and the
+// Responses API's usage and in /metrics; the tokens are the same as without the cache.
+TEST(Serve, UsageSaysHowManyPromptTokensThePrefixCacheHeld) {
+  server_process s(bin, {"--model", model_dir});
+  ASSERT_GT(s.port(), 0) << s.log();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 70; ++i) prompt.push_back(100 + (i * 37) % 900);
+  const json body = {{"model", "kjv-tiny"}, {"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}, {"return_token_ids", true}};
+  int status = 0;
+  const json first = completion(s.port(), body, &status);
+  ASSERT_EQ(status, 200) << first;
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"], json({{"cached_tokens", 0}})) << first["usage"];
+  const json second = completion(s.port(), body, &status);
+  ASSERT_EQ(status, 200) << second;
+  const size_t cached = second["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GT(cached, 0u) << second["usage"];
+  EXPECT_LT(cached, prompt.size());
+  EXPECT_EQ(second["choices"][0]["token_ids"], first["choices"][0]["token_ids"]);
+  auto metrics = http_request(s.port(), "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("\nllmesh_prompt_tokens_cached_total " + std::to_string(cached) + "\n"), std::string::npos) << metrics;
+  // Chat and the Responses API: the second of two equal requests finds the first's blocks.
+  const std::string words = "And God said, Let there be light: and there was light. And God saw the light, that it was good.";
+  for (int round = 0; round < 2; ++round) {
+    auto c = http_request(s.port(), "POST", "/v1/chat/completions",
+                          json{{"model", "kjv-tiny"}, {"messages", {{{"role", "user"}, {"content", words}}}}, {"max_tokens", 2}}.dump());
+    ASSERT_EQ(c.status, 200) << c.body;
+    const size_t chat_cached = json::parse(c.body)["usage"]["prompt_tokens_details"]["cached_tokens"];
+    if (round == 0) EXPECT_EQ(chat_cached, 0u);
+    if (round == 1) EXPECT_GT(chat_cached, 0u) << c.body;
+    auto r = http_request(s.port(), "POST", "/v1/responses",
+                          json{{"model", "kjv-tiny"}, {"input", words}, {"max_output_tokens", 2}, {"store", false}}.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    // The same prompt as the chat request's: cached from the first round's chat on.
+    EXPECT_GT(json::parse(r.body)["usage"]["input_tokens_details"]["cached_tokens"].get<size_t>(), 0u) << r.body;
+  }
+}
+
 // The bundled model answers a chat in scripture's words (issue 7's check of the served path):
 // greedy, so the same bits on every machine.
 TEST(Serve, ChatAnswersInTheCorpusVocabulary) {

@@ -42,6 +42,8 @@ std::vector<envelope> samples() {
       // A first token with its prompt's scores.
       token_body{10, 3, finish_kind::length, false, errc::internal, "", token_body::logprobs_t{-0.5f, {}, {}},
                  {{-2.0f, {6, 1}, {-0.125f, -3.0f}}, {-7.5f, {2, 0}, {-1.0f, -1.5f}}}},
+      // A first token with its prefix-cache hit.
+      token_body{11, 4, finish_kind::none, false, errc::internal, "", std::nullopt, {}, 48},
       cancel_msg{9},
       status_request{},
       load_msg{5, true, 3, 4, 100, 4096},
@@ -222,6 +224,16 @@ TEST(Codec, LogprobsOutOfBoundsAreRefused) {
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.err().message.find("sampling.promptLogprobs is 21"), std::string::npos) << r.err().message;
     g.getSampling().setPromptLogprobs(max_logprobs);
+    EXPECT_TRUE(decoded(mb).ok());
+  }
+  {  // a first token's cache hit below -1 (its "none")
+    capnp::MallocMessageBuilder mb;
+    auto t = mb.initRoot<schemas_v2::Envelope>().getBody().initToken();
+    t.setCachedTokens(-2);
+    auto r = decoded(mb);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.err().message.find("cachedTokens -2 is below -1"), std::string::npos) << r.err().message;
+    t.setCachedTokens(-1);
     EXPECT_TRUE(decoded(mb).ok());
   }
   {  // a constraint of an unknown kind, or longer than any spec may be

@@ -99,6 +99,7 @@ struct writer {
       e.setMessage(text(m.message));
     }
     if (m.logprobs) write_logprobs(t.initLogprobs(), *m.logprobs);
+    t.setCachedTokens(m.cached_tokens);
     if (!m.prompt_logprobs.empty()) {
       auto list = t.initPromptLogprobs(static_cast<unsigned>(m.prompt_logprobs.size()));
       for (unsigned i = 0; i < m.prompt_logprobs.size(); ++i) write_logprobs(list[i], m.prompt_logprobs[i]);
@@ -394,6 +395,8 @@ struct reader {
           m.message = str(t.getError().getMessage(), "error.message");
         }
         if (t.hasLogprobs()) m.logprobs = logprobs_of(t.getLogprobs());
+        m.cached_tokens = t.getCachedTokens();
+        if (m.cached_tokens < -1) err = bad("cachedTokens " + std::to_string(m.cached_tokens) + " is below -1");
         if (auto pl = t.getPromptLogprobs(); fits(pl, "promptLogprobs")) {
           for (auto l : pl) m.prompt_logprobs.push_back(logprobs_of(l));
         }

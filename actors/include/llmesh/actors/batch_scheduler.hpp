@@ -91,6 +91,9 @@ struct token_event {
   /// The step's row this token was drawn from (rows of the want_logits sequences in plan order,
   /// draws each): where its logprobs are.
   size_t row = 0;
+  /// With a request's first token: how many of its tokens the prefix cache held when it was
+  /// first admitted (OpenAI's cached_tokens); -1 on its other tokens.
+  int32_t cached_tokens = -1;
 };
 
 /// Thread affinity: the replica's thread. Ownership: owns request state; borrows the block
@@ -144,6 +147,8 @@ class batch_scheduler {
     size_t draft_cap = max_speculative_tokens;
     size_t sit_out = 0;
     unsigned misses = 0;
+    std::optional<size_t> cached;  ///< the prefix-cache hit at its first admission
+    bool cached_reported = false;  ///< its first token (which carries `cached`) is out
   };
   void preempt(uint64_t id);
   /// A decoding request's tokens for this step: 1, or 1 + the drafts it runs (in step_tokens).

@@ -10,6 +10,8 @@ inline constexpr const char* ttft = "llmesh_time_to_first_token_seconds";
 inline constexpr const char* itl = "llmesh_inter_token_latency_seconds";
 inline constexpr const char* e2e = "llmesh_e2e_request_latency_seconds";
 inline constexpr const char* prompt_tokens = "llmesh_prompt_tokens_total";
+/// Of those, the ones a replica's prefix cache held (the hit rate: this over prompt_tokens).
+inline constexpr const char* prompt_tokens_cached = "llmesh_prompt_tokens_cached_total";
 inline constexpr const char* generation_tokens = "llmesh_generation_tokens_total";
 inline constexpr const char* requests = "llmesh_requests_total";  ///< label: status (HTTP code)
 inline constexpr const char* running = "llmesh_requests_running";        ///< label: replica

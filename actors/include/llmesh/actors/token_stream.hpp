@@ -25,6 +25,9 @@ struct token_msg {
   /// With the request's first token, when it asked (sampling.prompt_logprobs >= 0): entry i is
   /// prompt token i + 1's log-probability and alternatives.
   std::vector<kernels::token_logprobs> prompt_logprobs;
+  /// With the request's first token: how many of the request's tokens the replica's prefix cache
+  /// held (OpenAI's usage.prompt_tokens_details.cached_tokens); -1 otherwise.
+  int32_t cached_tokens = -1;
 };
 
 /// Receives a request's stream. Called on an actor's thread, one call at a time per request,

@@ -125,7 +125,7 @@ class completion_stream {
   choice_delta result() const;
   /// This choice's prompt and generated tokens.
   usage_counts usage() const {
-    usage_counts u{s_.prompt_ids.size(), tokens_.size(), std::nullopt};
+    usage_counts u{s_.prompt_ids.size(), tokens_.size(), std::nullopt, cached_};
     if (s_.chat && s_.reasoning.active()) u.reasoning_tokens = count_reasoning_tokens(s_.reasoning, tokens_);
     return u;
   }
@@ -169,6 +169,7 @@ class completion_stream {
   size_t decoded_bytes_ = 0;   ///< text the decoder gave the stop matcher (logprobs' offsets)
   size_t released_bytes_ = 0;  ///< text the stop matcher released to the client
   double cumulative_logprob_ = 0.0;
+  std::optional<size_t> cached_;  ///< the prompt tokens the prefix cache held (its first token's word)
   std::vector<pending_entry> pending_;  ///< logprobs not reported yet (non-streaming: until result)
   std::vector<logprob_entry> prompt_entries_;  ///< echo with logprobs: reported first, at once
   size_t prompt_text_bytes_ = 0;               ///< their texts' sum: where the generated offsets start

@@ -282,6 +282,9 @@ struct usage_counts {
   /// Of the completion tokens, those of the thinking (count_reasoning_tokens); set only where a
   /// reasoning parser applies, and shown then as completion_tokens_details.reasoning_tokens.
   std::optional<size_t> reasoning_tokens;
+  /// Of the prompt tokens, those the replica's prefix cache held (its first token said so),
+  /// shown as prompt_tokens_details.cached_tokens; unset when no replica reported it.
+  std::optional<size_t> cached_tokens;
 };
 
 /// A token as a logprobs report shows it.

@@ -80,6 +80,7 @@ struct token_body {
   /// With a request's first token, when it asked: entry i is prompt token i + 1's (each
   /// checked as `logprobs` is on decode).
   std::vector<logprobs_t> prompt_logprobs;
+  int32_t cached_tokens = -1;  ///< with a request's first token: the prefix-cache hit (token_msg's)
   bool operator==(const token_body&) const = default;
 };
 struct cancel_msg {
