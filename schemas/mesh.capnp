@@ -96,6 +96,7 @@ struct GenerateRequest {
   badWords @9 :List(List(Int32)); # vLLM's bad_words: a word's last token is banned after the rest of it
   constraintAfter @10 :List(Int32);  # non-empty: the constraint holds only after the output shows these
                                      # (a reasoning model's "</think>": it thinks freely first)
+  priority @11 :Int32;               # vLLM's priority: the replica admits and preempts lower values first
 }
 
 enum Finish {

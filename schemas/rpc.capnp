@@ -67,6 +67,8 @@ struct GenerateRequest {
   useBeamSearch @29 :Bool;          # vLLM's use_beam_search: the n best beams (n at most 10) as the
                                     # choices, best first; their tokens reach the sink when the search ends
   lengthPenalty @30 :Float32 = 1.0; # vLLM's length_penalty: a beam scores cum_logprob / len^this
+  priority @31 :Int32;              # vLLM's priority (lower first); non-zero needs the server's
+                                    # --scheduling-policy priority (else a 400, as over HTTP)
 }
 
 struct TokenLogprob {

@@ -19,8 +19,25 @@ status batch_scheduler::add(request_spec r) {
   q.tokens = r.prompt;
   q.spec = std::move(r);
   requests_.emplace(id, std::move(q));
-  waiting_.push_back(id);
+  enqueue(id, false);
   return ok_status();
+}
+
+void batch_scheduler::enqueue(uint64_t id, bool front) {
+  const int32_t p = requests_.at(id).spec.priority;
+  auto prio = [&](uint64_t w) { return requests_.at(w).spec.priority; };
+  // The waiting queue stays sorted by priority; within one, a preempted request goes first.
+  auto at = front ? std::find_if(waiting_.begin(), waiting_.end(), [&](uint64_t w) { return prio(w) >= p; })
+                  : std::find_if(waiting_.begin(), waiting_.end(), [&](uint64_t w) { return prio(w) > p; });
+  waiting_.insert(at, id);
+}
+
+uint64_t batch_scheduler::victim() const {
+  uint64_t v = running_.back();
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    if (requests_.at(*it).spec.priority > requests_.at(v).spec.priority) v = *it;
+  }
+  return v;
 }
 
 bool batch_scheduler::cancel(uint64_t id) {
@@ -46,7 +63,7 @@ void batch_scheduler::preempt(uint64_t id) {
   r.n_computed = 0;
   r.step_tokens.clear();
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
-  waiting_.push_front(id);  // first to come back
+  enqueue(id, true);  // first of its priority to come back
   ++preemptions_;
 }
 
@@ -120,19 +137,25 @@ step_plan batch_scheduler::schedule() {
     const size_t n = std::min(r.tokens.size() - r.n_computed, budget);
     r.step_tokens.clear();
     bool ok = blocks_.reserve(r.blocks, r.n_computed + n).ok();
-    while (!ok && running_.back() != id) {  // free blocks by preempting the newest request
-      const uint64_t victim = running_.back();
+    // Free blocks by preempting the newest request of the lowest priority (the highest value).
+    while (!ok && victim() != id) {
+      const uint64_t victim = this->victim();
       for (auto p = picks.begin(); p != picks.end(); ++p) {
         if (p->first != victim) continue;
         budget += p->second;  // its tokens go back to the budget
         picks.erase(p);
         break;
       }
+      // One admitted before this one (a lower priority) leaves from before index i.
+      if (std::find(running_.begin(), running_.begin() + static_cast<std::ptrdiff_t>(i), victim) !=
+          running_.begin() + static_cast<std::ptrdiff_t>(i)) {
+        --i;
+      }
       preempt(victim);
       plan.preempted.push_back(victim);
       ok = blocks_.reserve(r.blocks, r.n_computed + n).ok();
     }
-    if (!ok) {  // this request is the newest: it waits instead
+    if (!ok) {  // this request is the one to preempt: it waits instead
       preempt(id);
       plan.preempted.push_back(id);
       continue;
@@ -141,7 +164,8 @@ step_plan batch_scheduler::schedule() {
     budget -= n;
     ++i;
   }
-  // New requests, first come first served, while tokens, sequences and blocks allow (none in
+  // New requests, in priority order and first come first served within one, while tokens,
+  // sequences and blocks allow (none in
   // a step that had to preempt: the pool is short, admitting would thrash). A request that
   // waits for a shared prefix lets the ones behind it pass; at most max_deferred_scan of those
   // are looked past per step (each look compares its prompt with the running prefills).

@@ -26,6 +26,10 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
       ->check(CLI::Range(0, 1 << 24))->capture_default_str();
   sub->add_option("--max-stored-responses-mb", f.max_stored_responses_mb, "Responses API: MiB of JSON those may take")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  sub->add_option("--scheduling-policy", f.scheduling_policy,
+                  "fcfs: first come, first served (a request's non-zero 'priority' is a 400); priority: requests' "
+                  "'priority' orders admission and preemption in the replicas, lower first (vLLM's)")
+      ->check(CLI::IsMember({"fcfs", "priority"}))->capture_default_str();
   sub->add_option("--reasoning-parser", f.reasoning_parser,
                   "Split chat output's <think> block into reasoning_content: none | deepseek_r1 | qwen3")
       ->check(CLI::IsMember({"none", "deepseek_r1", "qwen3"}))->capture_default_str();
@@ -42,6 +46,7 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
   api.limits.max_tokens = f.max_tokens;
   api.max_concurrent = f.max_concurrent;
   api.max_stored_responses = f.max_stored_responses;
+  api.priority_scheduling = f.scheduling_policy == "priority";
   api.max_stored_response_bytes = f.max_stored_responses_mb << 20;
   http.max_body_bytes = f.max_body_kb << 10;
   http.idle_timeout = std::chrono::seconds(f.idle_timeout_s);

@@ -16,13 +16,15 @@ struct gateway_flags {
   size_t max_concurrent = 256, max_tokens = 4096, max_body_kb = 4096, idle_timeout_s = 15;
   size_t max_connections = 1024, max_connections_per_client = 256;
   size_t max_stored_responses = 1024, max_stored_responses_mb = 64;
+  std::string scheduling_policy = "fcfs";  ///< fcfs | priority (vLLM's --scheduling-policy)
   std::string reasoning_parser = "none";  ///< none | deepseek_r1 | qwen3 (reasoning.hpp)
   std::string tool_call_parser = "hermes";  ///< hermes | llama3_json | mistral (tool_calls.hpp)
 };
 
 /// Adds --api-key (or LLMESH_API_KEY), --max-concurrent, --max-tokens-limit, --max-body-kb,
 /// --max-connections, --max-connections-per-client, --idle-timeout, --max-stored-responses,
-/// --max-stored-responses-mb, --reasoning-parser and --tool-call-parser to `sub`.
+/// --max-stored-responses-mb, --scheduling-policy, --reasoning-parser and --tool-call-parser
+/// to `sub`.
 void add_gateway_flags(CLI::App* sub, gateway_flags& f);
 
 /// Copies the flags into the API's and the HTTP server's options (API key from LLMESH_API_KEY

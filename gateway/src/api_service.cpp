@@ -370,6 +370,10 @@ result<std::shared_ptr<void>> api_service::take_slots(size_t k) {
 result<generation_job> api_service::prepare(bool chat, const served_model& m, std::vector<prepared_prompt> prompts,
                                             generation_fields g, const tool_output& tools,
                                             const reasoning_mode& reasoning) {
+  if (g.priority != 0 && !opt_.priority_scheduling) {
+    return make_error(errc::invalid_request, "'priority' needs the priority scheduling policy (--scheduling-policy "
+                                             "priority); this server serves requests first come, first served");
+  }
   const model::model_config& cfg = m.cfg;
   // Sampling fields left out take the model's recommended values (generation_config.json).
   if (!g.temperature_given && cfg.sampling.temperature) g.temperature = *cfg.sampling.temperature;
@@ -445,6 +449,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   base.allowed_ids = g.allowed_ids;
   base.bad_words = bad_word_ids(*m.tok, g.bad_words);
   base.constraint_after = g.constraint_after;
+  base.priority = g.priority;
   stream_setup choice;
   choice.return_token_ids = g.return_token_ids;
   choice.stop = g.stop;

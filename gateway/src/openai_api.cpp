@@ -145,6 +145,16 @@ status parse_beam_search(const json& j, generation_fields& g) {
   return ok_status();
 }
 
+/// vLLM's priority: an integer within int32 (lower first).
+status parse_priority(const json& j, generation_fields& g) {
+  std::optional<int64_t> p;
+  LLMESH_TRY(integer_field(j, "priority", p));
+  if (!p) return ok_status();
+  if (*p < INT32_MIN || *p > INT32_MAX) return bad("'priority' must be an integer within 32 bits (lower is served first)");
+  g.priority = static_cast<int32_t>(*p);
+  return ok_status();
+}
+
 /// A bound as the error messages show it: its shortest decimal form ("2", "-2", "10").
 std::string bound_text(double v) {
   char buf[32];
@@ -424,7 +434,8 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
     if (g.stream) return bad("'best_of' above 1 cannot be streamed (send 'stream': false)");
     LLMESH_TRY(check_choices(lim, g.best_of, 1, "'best_of'"));
   }
-  return parse_beam_search(j, g);
+  LLMESH_TRY(parse_beam_search(j, g));
+  return parse_priority(j, g);
 }
 
 status parse_model(const json& j, std::string& model) {
@@ -709,6 +720,7 @@ status apply_extra_fields(const json& j, const request_limits& lim, generation_f
     LLMESH_TRY(parse_stop(j, lim, g.stop));
     LLMESH_TRY(parse_output_fields(j, g));
     LLMESH_TRY(parse_beam_search(j, g));
+    LLMESH_TRY(parse_priority(j, g));
     return parse_output_constraint(j, nullptr, g.constraint);
   });
 }

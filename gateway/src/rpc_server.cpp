@@ -109,6 +109,7 @@ result<nlohmann::ordered_json> extra_fields(rpc::GenerateRequest::Reader in) {
   if (in.getTruncatePromptTokens() != 0) j["truncate_prompt_tokens"] = in.getTruncatePromptTokens();
   if (in.getUseBeamSearch()) j["use_beam_search"] = true;
   if (in.getLengthPenalty() != 1.0f) j["length_penalty"] = in.getLengthPenalty();
+  if (in.getPriority() != 0) j["priority"] = in.getPriority();
   // Sizes first (this runs before the API key is checked): a message may be tens of MiB.
   if (in.hasStop()) {
     if (in.getStop().size() > request_limits{}.max_stop) return make_error(errc::invalid_request, "'stop' holds at most 4 strings");

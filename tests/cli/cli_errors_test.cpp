@@ -117,6 +117,8 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   expect_one_line_error(r, "--reasoning-parser");
   r = run_command(llmesh_bin + " serve --model " + model_ + " --tool-call-parser granite");
   expect_one_line_error(r, "--tool-call-parser");
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --scheduling-policy lottery");
+  expect_one_line_error(r, "--scheduling-policy");
   r = run_command(llmesh_bin + " serve --model " + model_ + " --http 127.0.0.1:0 --rpc none --tool-call-parser mistral");
   expect_one_line_error(r, "has no [TOOL_CALLS] token");
   r = run_command(llmesh_bin + " serve --model " + model_ + " --http 127.0.0.1:0 --rpc none --reasoning-parser qwen3");

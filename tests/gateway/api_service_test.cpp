@@ -440,6 +440,39 @@ TEST_F(ApiService, LogitBiasGoesIntoTheRequestWithinTheVocabulary) {
   }
 }
 
+// vLLM's priority: refused (by name) unless the server schedules by priority; then it rides
+// on every generation of the request, completions, chat and the Responses API alike.
+TEST_F(ApiService, PriorityNeedsThePrioritySchedulingPolicy) {
+  auto r = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","priority":-3})");
+  ASSERT_EQ(status(r), 400);
+  EXPECT_NE(std::get<http_reply>(r).body.find("'priority' needs the priority scheduling policy"), std::string::npos)
+      << std::get<http_reply>(r).body;
+  auto zero = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","priority":0})");
+  ASSERT_EQ(status(zero), 0);
+  EXPECT_EQ(req(zero).priority, 0);
+  zero = http_reply{};
+  api_options o;
+  o.model_name = "kjv";
+  o.priority_scheduling = true;
+  o.max_concurrent = 8;
+  served_model m = kjv_tiny("kjv");
+  api_ = std::make_unique<api_service>(o, m.tok, m.chat, cfg_, mesh_, metrics_);
+  auto c = api_->handle("POST", "/v1/completions", "", R"({"model":"kjv","prompt":"x","priority":-3,"n":2})");
+  ASSERT_EQ(status(c), 0);
+  for (const auto& q : job(c).requests) EXPECT_EQ(q.priority, -3);
+  auto chat = api_->handle("POST", "/v1/chat/completions", "", R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"priority":7})");
+  ASSERT_EQ(status(chat), 0);
+  EXPECT_EQ(req(chat).priority, 7);
+  auto resp = api_->handle("POST", "/v1/responses", "", R"({"model":"kjv","input":"Hi","priority":2})");
+  ASSERT_EQ(status(resp), 0);
+  EXPECT_EQ(req(resp).priority, 2);
+  for (const char* bad : {R"("high")", "1.5", "4294967296"}) {
+    auto b = api_->handle("POST", "/v1/completions", "", std::string(R"({"model":"kjv","prompt":"x","priority":)") + bad + "}");
+    EXPECT_EQ(status(b), 400) << bad;
+    EXPECT_NE(std::get<http_reply>(b).body.find("'priority'"), std::string::npos) << std::get<http_reply>(b).body;
+  }
+}
+
 TEST_F(ApiService, UnsupportedFieldsAnswer400NamingThem) {
   auto r = call("POST", "/v1/chat/completions",
                 R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"best_of":3})");  // completions' field

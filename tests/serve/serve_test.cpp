@@ -158,14 +158,38 @@ TEST(Serve, UsageSaysHowManyPromptTokensThePrefixCacheHeld) {
                           json{{"model", "kjv-tiny"}, {"messages", {{{"role", "user"}, {"content", words}}}}, {"max_tokens", 2}}.dump());
     ASSERT_EQ(c.status, 200) << c.body;
     const size_t chat_cached = json::parse(c.body)["usage"]["prompt_tokens_details"]["cached_tokens"];
-    if (round == 0) EXPECT_EQ(chat_cached, 0u);
-    if (round == 1) EXPECT_GT(chat_cached, 0u) << c.body;
+    if (round == 0) {
+      EXPECT_EQ(chat_cached, 0u);
+    } else {
+      EXPECT_GT(chat_cached, 0u) << c.body;
+    }
     auto r = http_request(s.port(), "POST", "/v1/responses",
                           json{{"model", "kjv-tiny"}, {"input", words}, {"max_output_tokens", 2}, {"store", false}}.dump());
     ASSERT_EQ(r.status, 200) << r.body;
     // The same prompt as the chat request's: cached from the first round's chat on.
     EXPECT_GT(json::parse(r.body)["usage"]["input_tokens_details"]["cached_tokens"].get<size_t>(), 0u) << r.body;
   }
+}
+
+// vLLM's priority scheduling: with --scheduling-policy priority, requests of any priority are
+// served their own tokens (priority orders the queue, never the numbers); without it a
+// non-zero priority is a 400.
+TEST(Serve, PrioritiesAreServedUnderThePriorityPolicyOnly) {
+  const auto want = generate_ids(prompts[0], 12, "--temperature 0");
+  server_process s(bin, {"--model", model_dir, "--scheduling-policy", "priority"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  for (int prio : {-5, 0, 9}) {
+    int status = 0;
+    const json r = completion(s.port(), {{"model", "kjv-tiny"}, {"prompt", prompts[0]}, {"max_tokens", 12}, {"temperature", 0},
+                                         {"return_token_ids", true}, {"priority", prio}}, &status);
+    ASSERT_EQ(status, 200) << r;
+    EXPECT_EQ(r["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want) << prio;
+  }
+  server_process plain(bin, {"--model", model_dir});
+  ASSERT_GT(plain.port(), 0) << plain.log();
+  int status = 0;
+  const json r = completion(plain.port(), {{"model", "kjv-tiny"}, {"prompt", prompts[0]}, {"priority", 1}}, &status);
+  EXPECT_EQ(status, 400) << r;
 }
 
 // The bundled model answers a chat in scripture's words (issue 7's check of the served path):

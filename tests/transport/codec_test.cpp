@@ -35,6 +35,8 @@ std::vector<envelope> samples() {
       // A constraint that holds after the model's "</think>".
       generate_msg{14, {5, 6}, 8, {0.0f, 1.0f, 0, 3, -1, 0.0f, 0.0f, 1.0f, 0, false, 0.0f, -1, true}, {}, 0, {}, 3, "[a-z]+", {},
                    {}, {151668}},
+      // vLLM's priority (lower first), negative too.
+      generate_msg{15, {5, 6}, 8, {0.0f, 1.0f, 0, 3}, {}, 0, {}, 0, "", {}, {}, {}, -7},
       token_body{7, 42, finish_kind::length, false, errc::internal, "", std::nullopt},
       token_body{7, -1, finish_kind::none, true, errc::shard_failed, "shard 1 is gone", std::nullopt},
       token_body{8, 9, finish_kind::none, false, errc::internal, "", token_body::logprobs_t{-0.25f, {9, 3}, {-0.25f, -2.5f}, 2}},

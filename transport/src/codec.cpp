@@ -72,6 +72,7 @@ struct writer {
       lb[i].setBias(m.logit_bias[i].bias);
     }
     if (!m.allowed_ids.empty()) fill(g.initAllowedIds(static_cast<unsigned>(m.allowed_ids.size())), m.allowed_ids);
+    g.setPriority(m.priority);
     if (!m.constraint_after.empty()) {
       fill(g.initConstraintAfter(static_cast<unsigned>(m.constraint_after.size())), m.constraint_after);
     }
@@ -357,6 +358,7 @@ struct reader {
         }
         m.allowed_ids = ints(g.getAllowedIds(), "allowedIds");
         m.constraint_after = ints(g.getConstraintAfter(), "constraintAfter");
+        m.priority = g.getPriority();
         if (auto words = g.getBadWords(); fits(words, "badWords")) {
           size_t total = 0;
           for (auto w : words) {

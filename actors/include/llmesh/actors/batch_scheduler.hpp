@@ -1,11 +1,12 @@
 // The replica's continuous-batching scheduler (iteration-level, vLLM/Orca style), a plain
 // class: each call plans one forward step over the running requests under a token budget —
 // every decoding request's next token first, then prompt chunks (chunked prefill), then new
-// requests admitted in arrival order while KV blocks allow — and then applies the sampled
-// tokens, finishing requests on max_tokens or an end-of-sequence id. When a running request
-// cannot get a block, the most recently admitted request is preempted: its blocks are freed
-// and it waits at the head of the queue to be recomputed (prompt + output so far; the prefix
-// cache often still holds most of it). A waiting request whose prompt is mostly a prefix a
+// requests admitted in arrival order (within vLLM's priorities, lower first) while KV blocks
+// allow — and then applies the sampled tokens, finishing requests on max_tokens or an
+// end-of-sequence id. When a running request cannot get a block, the most recently admitted
+// request of the lowest priority is preempted: its blocks are freed and it waits at the head
+// of its priority's queue to be recomputed (prompt + output so far; the prefix cache often
+// still holds most of it). A waiting request whose prompt is mostly a prefix a
 // running request is still computing (n choices of one prompt, a burst of requests behind one
 // long system prompt) waits for those blocks to reach the prefix cache instead of computing
 // them again beside it; requests behind it are admitted meanwhile. Stop strings are the
@@ -52,6 +53,10 @@ struct request_spec {
   /// each row as a plain decode would (its logits do not depend on the batch, and each row's
   /// adjustments count the drafts before it).
   bool speculate = false;
+  /// vLLM's priority: lower is served first. Waiting requests are admitted in (priority,
+  /// arrival) order, and a running request short of blocks preempts the one of the highest
+  /// value admitted last (itself, when that is it). All 0: first come, first served.
+  int32_t priority = 0;
 };
 
 /// One sequence's part of a planned step. Spans point into the scheduler's request state and
@@ -151,6 +156,11 @@ class batch_scheduler {
     bool cached_reported = false;  ///< its first token (which carries `cached`) is out
   };
   void preempt(uint64_t id);
+  /// Queues a waiting request: at the end of its priority's requests, or (`front`: a preempted
+  /// one, which came before them) at their head.
+  void enqueue(uint64_t id, bool front);
+  /// The running request to preempt for blocks: the highest priority value, the newest of those.
+  uint64_t victim() const;
   /// A decoding request's tokens for this step: 1, or 1 + the drafts it runs (in step_tokens).
   size_t speculate(request& r, size_t budget);
   bool admit(request& r, size_t& budget);

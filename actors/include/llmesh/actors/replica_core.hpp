@@ -53,6 +53,9 @@ struct replica_request {
   /// tokens first appear in it (a reasoning model's "</think>": it thinks unconstrained, then
   /// answers in the grammar). Such a request does not speculate.
   std::vector<int32_t> constraint_after;
+  /// vLLM's priority (lower first; request_spec::priority): the replica's scheduler admits and
+  /// preempts by it. 0 unless the gateway's scheduling policy is priority.
+  int32_t priority = 0;
 };
 
 using kernels::sample_row;

@@ -35,6 +35,9 @@ struct api_options {
   std::string api_key;           ///< empty: /v1 routes are open
   request_limits limits;         ///< max_tokens bound, stop strings, messages
   size_t max_concurrent = 256;   ///< generations in flight; beyond: 429
+  /// vLLM's --scheduling-policy priority: requests' `priority` reaches the replicas (lower
+  /// first); false (fcfs): a non-zero priority is a 400, as vLLM answers it.
+  bool priority_scheduling = false;
   /// The Responses API's stored responses (response_store.hpp): at most this many (0: none
   /// stored; `previous_response_id` is then a 400) and this many bytes of JSON.
   size_t max_stored_responses = 1024;

@@ -110,6 +110,9 @@ struct generation_fields {
   /// vLLM's length_penalty (beam search): a beam's score is its cumulative log-probability /
   /// len^length_penalty. Finite; 1: vLLM's default.
   double length_penalty = 1.0;
+  /// vLLM's priority (lower is served first; request_spec::priority), within int32. Non-zero
+  /// only where the server's scheduling policy is priority (api_service refuses it otherwise).
+  int32_t priority = 0;
   /// Generations per prompt: n, or best_of when above it.
   size_t candidates() const { return best_of > n ? best_of : n; }
 };
