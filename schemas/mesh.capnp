@@ -97,6 +97,8 @@ struct GenerateRequest {
   constraintAfter @10 :List(Int32);  # non-empty: the constraint holds only after the output shows these
                                      # (a reasoning model's "</think>": it thinks freely first)
   priority @11 :Int32;               # vLLM's priority: the replica admits and preempts lower values first
+  cacheSalt @12 :UInt64;             # vLLM's cache_salt as a key (0: none): prefix-cache hits only
+                                     # among requests of the same salt
 }
 
 enum Finish {

@@ -69,6 +69,8 @@ struct GenerateRequest {
   lengthPenalty @30 :Float32 = 1.0; # vLLM's length_penalty: a beam scores cum_logprob / len^this
   priority @31 :Int32;              # vLLM's priority (lower first); non-zero needs the server's
                                     # --scheduling-policy priority (else a 400, as over HTTP)
+  cacheSalt @32 :Text;              # vLLM's cache_salt (empty: none): prefix-cache hits only among
+                                    # requests of the same salt
 }
 
 struct TokenLogprob {

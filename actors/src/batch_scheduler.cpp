@@ -69,6 +69,8 @@ void batch_scheduler::preempt(uint64_t id) {
 
 /// Starts a waiting request: prefix-cache hit, then blocks for its first chunk.
 bool batch_scheduler::admit(request& r, size_t& budget) {
+  // The salt starts its blocks' hash chain: what it finds and what it commits are its salt's.
+  r.blocks.last_hash = r.spec.cache_salt;
   // A prompt to score is computed whole (vLLM does the same): cached positions have no logits.
   const size_t hit = scoring(r) ? 0 : blocks_.match_prefix(r.tokens, r.blocks);
   const size_t chunk = std::min(r.tokens.size() - hit, budget);
@@ -90,6 +92,7 @@ bool batch_scheduler::awaits_shared_prefix(const request& r) const {
     // Only a prefill can be waited for; and a scored prompt recomputes what the cache may
     // already hold (its n_computed says nothing about the cache).
     if (p.n_computed + 1 >= p.tokens.size() || scoring(p)) continue;  // decoding, or scoring
+    if (p.spec.cache_salt != r.spec.cache_salt) continue;  // its blocks are not r's to share
     const size_t limit = std::min(p.tokens.size(), usable);
     size_t n = 0;
     while (n < limit && p.tokens[n] == r.tokens[n]) ++n;

@@ -133,6 +133,7 @@ status replica_core::submit(replica_request r) {
   spec.eos_ids = std::move(r.eos_ids);
   spec.prompt_logprobs = r.sampling.prompt_logprobs;
   spec.priority = r.priority;
+  spec.cache_salt = r.cache_salt;
   // Drafts are checked by drawing after each as a plain decode would (each row's adjustments
   // count the drafts before it): only logits that shift with the batch rule it out.
   // A grammar that waits for constraint_after would mask some drafts' rows and not others:

@@ -45,7 +45,8 @@ transport::generate_msg to_wire(const replica_request& r) {
   transport::generate_msg m{r.id, r.prompt, static_cast<uint32_t>(std::min<size_t>(r.max_tokens, UINT32_MAX)),
                             to_wire(r.sampling), r.eos_ids, static_cast<uint32_t>(std::min<size_t>(r.generated, UINT32_MAX)),
                             {}, static_cast<uint8_t>(r.constraint.type), r.constraint.text,
-                            r.allowed_ids, r.bad_words, r.constraint_after, r.priority};
+                            r.allowed_ids, r.bad_words, r.constraint_after, r.priority,
+                            r.cache_salt};
   for (const auto& b : r.logit_bias) m.logit_bias.push_back({b.id, b.bias});
   return m;
 }
@@ -65,6 +66,7 @@ replica_request from_wire(const transport::generate_msg& m) {
   r.bad_words = m.bad_words;      // and these
   r.constraint_after = m.constraint_after;
   r.priority = m.priority;
+  r.cache_salt = m.cache_salt;
   return r;
 }
 

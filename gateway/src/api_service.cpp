@@ -450,6 +450,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   base.bad_words = bad_word_ids(*m.tok, g.bad_words);
   base.constraint_after = g.constraint_after;
   base.priority = g.priority;
+  base.cache_salt = g.cache_salt;
   stream_setup choice;
   choice.return_token_ids = g.return_token_ids;
   choice.stop = g.stop;

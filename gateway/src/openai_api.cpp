@@ -145,6 +145,26 @@ status parse_beam_search(const json& j, generation_fields& g) {
   return ok_status();
 }
 
+uint64_t cache_salt_key(std::string_view salt) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : salt) h = (h ^ c) * 1099511628211ull;
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  h ^= h >> 31;
+  return h == 0 ? 1 : h;
+}
+
+/// vLLM's cache_salt: a non-empty string.
+status parse_cache_salt(const json& j, generation_fields& g) {
+  auto it = j.find("cache_salt");
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (!it->is_string() || it->get_ref<const std::string&>().empty()) return bad("'cache_salt' must be a non-empty string");
+  const std::string& s = it->get_ref<const std::string&>();
+  if (s.size() > max_cache_salt) return bad("'cache_salt' is longer than " + std::to_string(max_cache_salt) + " bytes");
+  g.cache_salt = cache_salt_key(s);
+  return ok_status();
+}
+
 /// vLLM's priority: an integer within int32 (lower first).
 status parse_priority(const json& j, generation_fields& g) {
   std::optional<int64_t> p;
@@ -435,6 +455,7 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
     LLMESH_TRY(check_choices(lim, g.best_of, 1, "'best_of'"));
   }
   LLMESH_TRY(parse_beam_search(j, g));
+  LLMESH_TRY(parse_cache_salt(j, g));
   return parse_priority(j, g);
 }
 
@@ -721,6 +742,7 @@ status apply_extra_fields(const json& j, const request_limits& lim, generation_f
     LLMESH_TRY(parse_output_fields(j, g));
     LLMESH_TRY(parse_beam_search(j, g));
     LLMESH_TRY(parse_priority(j, g));
+    LLMESH_TRY(parse_cache_salt(j, g));
     return parse_output_constraint(j, nullptr, g.constraint);
   });
 }

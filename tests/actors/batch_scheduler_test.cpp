@@ -289,6 +289,43 @@ TEST(BatchScheduler, PriorityOrdersAdmissionAndChoosesWhomToPreempt) {
   }
 }
 
+// vLLM's cache_salt: cached blocks are shared only among requests of one salt; unsalted ones
+// share among themselves as before. The outputs are the same either way.
+TEST(BatchScheduler, ASaltedRequestHitsOnlyItsSaltsBlocks) {
+  block_manager m(64, 16);
+  scheduler_config cfg;
+  batch_scheduler s(cfg, m);
+  auto first_pos0 = [&](request_spec r) {
+    EXPECT_TRUE(s.add(r).ok());
+    auto plan = s.schedule();
+    EXPECT_EQ(plan.seqs.size(), 1u);
+    const size_t pos0 = plan.seqs.empty() ? 99 : plan.seqs[0].pos0;
+    fake_cache cache(m);  // (the fake's slots need not persist: only the plan is looked at)
+    std::vector<int32_t> sampled;
+    for (const auto& q : plan.seqs) sampled.push_back(cache.run(q));
+    s.complete(plan, sampled);
+    while (s.waiting() + s.running() > 0) {
+      auto next = s.schedule();
+      std::vector<int32_t> more;
+      for (const auto& q : next.seqs) more.push_back(cache.run(q));
+      s.complete(next, more);
+    }
+    return pos0;
+  };
+  auto req = [](uint64_t id, uint64_t salt) {
+    auto r = make_request(1, 40, 1);  // one prompt for all
+    r.id = id;
+    r.cache_salt = salt;
+    return r;
+  };
+  EXPECT_EQ(first_pos0(req(1, 0xa)), 0u);   // nothing cached
+  EXPECT_EQ(first_pos0(req(2, 0xa)), 32u);  // its salt's two blocks
+  EXPECT_EQ(first_pos0(req(3, 0xb)), 0u);   // another salt finds none
+  EXPECT_EQ(first_pos0(req(4, 0)), 0u);     // nor does no salt
+  EXPECT_EQ(first_pos0(req(5, 0)), 32u);    // unsalted requests share among themselves
+  EXPECT_EQ(first_pos0(req(6, 0xb)), 32u);
+}
+
 TEST(BatchScheduler, AdmitsOnlyWhatTheBlocksHold) {
   block_manager m(4, 16);  // 64 positions
   scheduler_config cfg;

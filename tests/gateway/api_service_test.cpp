@@ -473,6 +473,28 @@ TEST_F(ApiService, PriorityNeedsThePrioritySchedulingPolicy) {
   }
 }
 
+TEST_F(ApiService, ACacheSaltBecomesTheRequestsKey) {
+  auto salt_of = [&](const std::string& fields) -> uint64_t {
+    auto o = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x")" + fields + "}");
+    EXPECT_EQ(status(o), 0) << fields << (status(o) ? std::get<http_reply>(o).body : "");
+    return status(o) ? 0 : req(o).cache_salt;
+  };
+  EXPECT_EQ(salt_of(""), 0u);
+  const uint64_t a = salt_of(R"(,"cache_salt":"tenant-a")");
+  EXPECT_NE(a, 0u);
+  EXPECT_EQ(salt_of(R"(,"cache_salt":"tenant-a")"), a);
+  EXPECT_NE(salt_of(R"(,"cache_salt":"tenant-b")"), a);
+  auto chat = call("POST", "/v1/chat/completions", R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"cache_salt":"tenant-a"})");
+  ASSERT_EQ(status(chat), 0);
+  EXPECT_EQ(req(chat).cache_salt, a);
+  chat = http_reply{};
+  for (const std::string& bad : std::vector<std::string>{R"("")", "5", "\"" + std::string(1025, 's') + "\""}) {
+    auto b = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","cache_salt":)" + bad + "}");
+    EXPECT_EQ(status(b), 400) << bad;
+    EXPECT_NE(std::get<http_reply>(b).body.find("'cache_salt'"), std::string::npos);
+  }
+}
+
 TEST_F(ApiService, UnsupportedFieldsAnswer400NamingThem) {
   auto r = call("POST", "/v1/chat/completions",
                 R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"best_of":3})");  // completions' field

@@ -151,6 +151,18 @@ TEST(Serve, UsageSaysHowManyPromptTokensThePrefixCacheHeld) {
   EXPECT_EQ(second["choices"][0]["token_ids"], first["choices"][0]["token_ids"]);
   auto metrics = http_request(s.port(), "GET", "/metrics").body;
   EXPECT_NE(metrics.find("\nllmesh_prompt_tokens_cached_total " + std::to_string(cached) + "\n"), std::string::npos) << metrics;
+  // vLLM's cache_salt: a salted request finds only its salt's blocks, with the same tokens.
+  auto salted_cached = [&](const std::string& salt) {
+    json b = body;
+    b["cache_salt"] = salt;
+    const json r = completion(s.port(), b, &status);
+    EXPECT_EQ(status, 200) << r;
+    EXPECT_EQ(r["choices"][0]["token_ids"], first["choices"][0]["token_ids"]);
+    return r["usage"]["prompt_tokens_details"]["cached_tokens"].get<size_t>();
+  };
+  EXPECT_EQ(salted_cached("tenant-a"), 0u);  // the unsalted requests' blocks are not its
+  EXPECT_EQ(salted_cached("tenant-a"), cached);
+  EXPECT_EQ(salted_cached("tenant-b"), 0u);
   // Chat and the Responses API: the second of two equal requests finds the first's blocks.
   const std::string words = "And God said, Let there be light: and there was light. And God saw the light, that it was good.";
   for (int round = 0; round < 2; ++round) {

@@ -73,6 +73,7 @@ struct writer {
     }
     if (!m.allowed_ids.empty()) fill(g.initAllowedIds(static_cast<unsigned>(m.allowed_ids.size())), m.allowed_ids);
     g.setPriority(m.priority);
+    g.setCacheSalt(m.cache_salt);
     if (!m.constraint_after.empty()) {
       fill(g.initConstraintAfter(static_cast<unsigned>(m.constraint_after.size())), m.constraint_after);
     }
@@ -359,6 +360,7 @@ struct reader {
         m.allowed_ids = ints(g.getAllowedIds(), "allowedIds");
         m.constraint_after = ints(g.getConstraintAfter(), "constraintAfter");
         m.priority = g.getPriority();
+        m.cache_salt = g.getCacheSalt();
         if (auto words = g.getBadWords(); fits(words, "badWords")) {
           size_t total = 0;
           for (auto w : words) {

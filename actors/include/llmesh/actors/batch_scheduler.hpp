@@ -57,6 +57,10 @@ struct request_spec {
   /// arrival) order, and a running request short of blocks preempts the one of the highest
   /// value admitted last (itself, when that is it). All 0: first come, first served.
   int32_t priority = 0;
+  /// vLLM's cache_salt, as a 64-bit key (0: none): the prefix-cache chain of its blocks starts
+  /// from it, so it shares cached blocks only with requests of the same salt (a tenant cannot
+  /// learn from hits what another's prompts were).
+  uint64_t cache_salt = 0;
 };
 
 /// One sequence's part of a planned step. Spans point into the scheduler's request state and

@@ -56,6 +56,8 @@ struct replica_request {
   /// vLLM's priority (lower first; request_spec::priority): the replica's scheduler admits and
   /// preempts by it. 0 unless the gateway's scheduling policy is priority.
   int32_t priority = 0;
+  /// vLLM's cache_salt as a 64-bit key (request_spec::cache_salt; 0: none).
+  uint64_t cache_salt = 0;
 };
 
 using kernels::sample_row;

@@ -113,9 +113,16 @@ struct generation_fields {
   /// vLLM's priority (lower is served first; request_spec::priority), within int32. Non-zero
   /// only where the server's scheduling policy is priority (api_service refuses it otherwise).
   int32_t priority = 0;
+  /// vLLM's cache_salt (non-empty, at most max_cache_salt bytes), as cache_salt_key() makes it
+  /// a 64-bit key for the replicas; 0: none.
+  uint64_t cache_salt = 0;
   /// Generations per prompt: n, or best_of when above it.
   size_t candidates() const { return best_of > n ? best_of : n; }
 };
+
+inline constexpr size_t max_cache_salt = 1024;
+/// A cache_salt's key: a 64-bit hash (FNV-1a, then SplitMix64's mix), never 0.
+uint64_t cache_salt_key(std::string_view salt);
 
 /// logit_bias values lie within [-100, 100] (OpenAI's range), at most this many entries.
 inline constexpr double max_logit_bias = 100.0;

@@ -60,6 +60,7 @@ struct generate_msg {
   std::vector<std::vector<int32_t>> bad_words;  ///< vLLM's bad_words as ids (at most max_list ids in all)
   std::vector<int32_t> constraint_after;        ///< the constraint holds after these (at most max_list)
   int32_t priority = 0;                         ///< vLLM's priority: lower is served first
+  uint64_t cache_salt = 0;                      ///< vLLM's cache_salt as a key (0: none)
   bool operator==(const generate_msg&) const = default;
 };
 enum class finish_kind : uint8_t { none, length, eos, cancelled };
