@@ -60,7 +60,9 @@ result<json> input_items_page(const json& items, std::string_view query) {
   if (desc) std::reverse(ordered.begin(), ordered.end());
   size_t from = 0;
   if (auto v = query_value(query, "after")) {
-    auto it = std::find_if(ordered.begin(), ordered.end(), [&](const json* i) { return i->value("id", std::string()) == *v; });
+    auto it = std::find_if(ordered.begin(), ordered.end(), [&](const json* i) {
+      return i->is_object() && i->contains("id") && (*i)["id"].is_string() && (*i)["id"].get_ref<const std::string&>() == *v;
+    });
     if (it == ordered.end()) return make_error(errc::invalid_request, "'after': the response has no input item '" + std::string(*v) + "'");
     from = static_cast<size_t>(it - ordered.begin()) + 1;
   }

@@ -88,7 +88,10 @@ void beam_search::on_message(const actors::token_msg& t) {
 }
 
 void beam_search::end_step() {
-  if (steps_done_ == 0 && !step_.empty()) prompt_logprobs_ = step_.front().result->prompt_logprobs;
+  if (steps_done_ == 0 && !step_.empty()) {
+    prompt_logprobs_ = step_.front().result->prompt_logprobs;
+    cached_tokens_ = step_.front().result->cached_tokens;
+  }
   std::vector<live_beam> extended;
   const size_t min_tokens = static_cast<size_t>(std::max(s_.base.sampling.min_tokens, 0));
   for (const pending& p : step_) {

@@ -65,7 +65,10 @@ std::string completion_group::replay(const beam_member& b) {
       const bool last = i + 1 == h.tokens.size();
       t.finish = !last ? actors::finish_reason::none : h.ended ? actors::finish_reason::eos : actors::finish_reason::length;
       t.logprobs = h.logprobs[i];
-      if (i == 0) t.prompt_logprobs = b.search->prompt_logprobs();
+      if (i == 0) {
+        t.prompt_logprobs = b.search->prompt_logprobs();
+        t.cached_tokens = b.search->cached_tokens();
+      }
       bytes += on_chat_message(t);
     }
   }

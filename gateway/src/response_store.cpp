@@ -15,34 +15,41 @@ json stored_response::conversation() const {
   return out;
 }
 
-size_t stored_response::bytes() const {
-  const auto size = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace).size(); };
-  return size(response) + size(input_items) + size(earlier);
-}
-
-void response_store::put(const std::string& id, stored_response r) {
+void response_store::put(const std::string& id, const stored_response& r) {
   if (!enabled()) return;
-  const size_t b = r.bytes();
+  const json whole = {{"response", r.response}, {"input_items", r.input_items}, {"earlier", r.earlier}};
+  auto text = std::make_shared<const std::string>(whole.dump(-1, ' ', false, json::error_handler_t::replace));
   std::lock_guard lock(mu_);
   if (auto it = by_id_.find(id); it != by_id_.end()) drop_locked(it);
-  if (b > max_bytes_) return;  // larger than the whole budget: never kept
+  if (text->size() > max_bytes_) return;  // larger than the whole budget: never kept
   const uint64_t order = next_order_++;
-  by_id_[id] = entry{std::make_shared<const stored_response>(std::move(r)), b, order};
+  bytes_ += text->size();
+  by_id_[id] = entry{std::move(text), order};
   age_.emplace(order, id);
-  bytes_ += b;
   while (by_id_.size() > max_entries_ || bytes_ > max_bytes_) drop_locked(by_id_.find(age_.begin()->second));
 }
 
 void response_store::drop_locked(std::map<std::string, entry>::iterator it) {
-  bytes_ -= it->second.bytes;
+  bytes_ -= it->second.text->size();
   age_.erase(it->second.order);
   by_id_.erase(it);
 }
 
 std::shared_ptr<const stored_response> response_store::get(const std::string& id) const {
-  std::lock_guard lock(mu_);
-  auto it = by_id_.find(id);
-  return it == by_id_.end() ? nullptr : it->second.r;
+  std::shared_ptr<const std::string> text;
+  {
+    std::lock_guard lock(mu_);
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) return nullptr;
+    text = it->second.text;
+  }
+  json whole = json::parse(*text, nullptr, false);  // outside the lock: its own text, shared
+  if (whole.is_discarded()) return nullptr;          // (never: the store wrote it)
+  auto r = std::make_shared<stored_response>();
+  r->response = std::move(whole["response"]);
+  r->input_items = std::move(whole["input_items"]);
+  r->earlier = std::move(whole["earlier"]);
+  return r;
 }
 
 bool response_store::erase(const std::string& id) {

@@ -35,6 +35,7 @@ result<json> text_parts(const json& parts, const std::string& where) {
 /// One input item (`at` names it in errors) → chat messages appended to `messages`.
 status add_item(const json& item, const std::string& at, json& messages) {
   if (!item.is_object()) return bad("'" + at + "' must be an object");
+  if (item.contains("id") && !item["id"].is_string()) return bad("'" + at + ".id' must be a string");
   std::string type = "message";
   if (item.contains("type")) {
     if (!item["type"].is_string()) return bad("'" + at + ".type' must be a string");

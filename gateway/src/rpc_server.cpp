@@ -273,7 +273,10 @@ struct rpc_server::impl {
         const bool last = i + 1 == h.tokens.size();
         m.finish = !last ? actors::finish_reason::none : h.ended ? actors::finish_reason::eos : actors::finish_reason::length;
         if (st->want_logprobs) m.logprobs = h.logprobs[i];
-        if (i == 0) m.prompt_logprobs = b.prompt_logprobs();
+        if (i == 0) {
+          m.prompt_logprobs = b.prompt_logprobs();
+          m.cached_tokens = b.cached_tokens();
+        }
         on_token(c.id, m);
       }
     }
@@ -376,7 +379,7 @@ call_state::~call_state() {
     if (!c.mesh_done) owner->api.mesh().cancel(c.id);
     owner->calls.erase(c.id);
   }
-  if (beams && !finished) {
+  if (beams) {
     for (uint64_t step : beams->running_searches()) owner->api.mesh().cancel(step);
   }
   for (uint64_t step : step_ids) owner->calls.erase(step);

@@ -151,6 +151,7 @@ TEST(ResponsesApi, WhatTheServerCannotDoIsRefusedByName) {
            {{{"input", "x"}, {"tool_choice", {{"type", "file_search"}}}}, "'tool_choice' must be"},
            {{{"input", "x"}, {"text", {{"format", {{"type", "yaml"}}}}}}, "'text.format.type'"},
            {{{"input", "x"}, {"store", "yes"}}, "'store' must be true or false"},
+           {{{"input", {{{"role", "user"}, {"content", "x"}, {"id", 5}}}}}, "'input[0].id' must be a string"},
            {{{"input", "x"}, {"include", "all"}}, "'include' must be an array of strings"}}) {
     const std::string got = refusal(body);
     EXPECT_NE(got.find(needle), std::string::npos) << body.dump() << " -> " << got;

@@ -31,10 +31,13 @@ TEST(ResponseStore, KeepsTheNewestWithinItsEntryAndByteBounds) {
   EXPECT_TRUE(s.erase("c"));
   EXPECT_FALSE(s.erase("c"));
   EXPECT_EQ(s.size(), 2u);
-  // Bytes: one large response pushes out older ones until the total fits again.
-  const size_t before = s.bytes();
-  EXPECT_EQ(before, sized(10).bytes() * 2);
-  const size_t small = sized(10).bytes(), overhead = small - 10;
+  // Bytes (each kept as its JSON text): one large response pushes out older ones until the
+  // total fits again.
+  const size_t small = s.bytes() / 2;  // b and d, alike
+  response_store probe(1, 1 << 20);
+  probe.put("x", sized(0));
+  const size_t overhead = probe.bytes();  // a response's bytes beyond its text's
+  EXPECT_EQ(small, overhead + 10);
   s.put("big", sized(10000 - small - overhead));  // exactly fills the budget beside one small one
   EXPECT_EQ(s.get("b"), nullptr);                 // so the oldest went
   EXPECT_NE(s.get("d"), nullptr);
@@ -47,7 +50,8 @@ TEST(ResponseStore, KeepsTheNewestWithinItsEntryAndByteBounds) {
   EXPECT_NE(s.get("d"), nullptr);
   // The same id again replaces it (counted once).
   s.put("big", sized(5));
-  EXPECT_EQ(s.bytes(), sized(5).bytes() + small);
+  EXPECT_EQ(s.bytes(), overhead + 5 + small);
+  EXPECT_EQ(s.get("big")->response["output"][0]["text"], "aaaaa");
   // Erasing out of order and storing on keeps the bounds exact.
   response_store t(2, 1 << 20);
   for (int i = 0; i < 1000; ++i) {

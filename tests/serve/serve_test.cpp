@@ -163,6 +163,14 @@ TEST(Serve, UsageSaysHowManyPromptTokensThePrefixCacheHeld) {
   EXPECT_EQ(salted_cached("tenant-a"), 0u);  // the unsalted requests' blocks are not its
   EXPECT_EQ(salted_cached("tenant-a"), cached);
   EXPECT_EQ(salted_cached("tenant-b"), 0u);
+  {  // A beam search's usage: its first step's word.
+    json b = body;
+    b["use_beam_search"] = true;
+    b["n"] = 2;
+    const json r = completion(s.port(), b, &status);
+    ASSERT_EQ(status, 200) << r;
+    EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<size_t>(), cached) << r["usage"];
+  }
   // Chat and the Responses API: the second of two equal requests finds the first's blocks.
   const std::string words = "And God said, Let there be light: and there was light. And God saw the light, that it was good.";
   for (int round = 0; round < 2; ++round) {

@@ -93,6 +93,9 @@ class beam_search {
   /// The prompt's log-probabilities, when the base request asked (sampling.prompt_logprobs):
   /// from the first step, as its token message carried them.
   const std::vector<kernels::token_logprobs>& prompt_logprobs() const { return prompt_logprobs_; }
+  /// The prompt tokens the prefix cache held for the first step (its token message's word;
+  /// -1 before it, or when the replica did not say).
+  int32_t cached_tokens() const { return cached_tokens_; }
 
  private:
   /// A beam's text so far, for its stop strings (shared by the beams it forks into until one
@@ -124,6 +127,7 @@ class beam_search {
   std::vector<actors::replica_request> ready_;
   std::vector<kernels::token_logprobs> prompt_logprobs_;
   size_t steps_done_ = 0;
+  int32_t cached_tokens_ = -1;
   bool done_ = false;
   std::optional<error> failure_;
 };

@@ -2,6 +2,8 @@
 // `previous_response_id`, GET /v1/responses/{id}, its input_items and DELETE read. A plain
 // class, bounded in entries and bytes: past either bound the oldest stored go first (DESIGN.md
 // §6: no memory without bound), and a response larger than the whole byte budget is not kept.
+// Each is kept as its compact JSON text (so the bytes counted are the bytes held) and parsed
+// again when read.
 // Process memory only: a restarted gateway has forgotten them (a 404 then, as for an unknown id).
 #pragma once
 
@@ -27,8 +29,6 @@ struct stored_response {
   /// What a request naming this response as its previous_response_id continues from: earlier,
   /// input_items, then the response's output.
   nlohmann::ordered_json conversation() const;
-  /// The bytes it is counted as (its JSON's length).
-  size_t bytes() const;
 };
 
 /// Thread affinity: any thread.
@@ -39,7 +39,7 @@ class response_store {
 
   bool enabled() const { return max_entries_ > 0; }
   /// Keeps `r` under `id` (replacing one of that id), then drops the oldest past the bounds.
-  void put(const std::string& id, stored_response r);
+  void put(const std::string& id, const stored_response& r);
   std::shared_ptr<const stored_response> get(const std::string& id) const;
   /// Whether one was there.
   bool erase(const std::string& id);
@@ -48,8 +48,7 @@ class response_store {
 
  private:
   struct entry {
-    std::shared_ptr<const stored_response> r;
-    size_t bytes = 0;
+    std::shared_ptr<const std::string> text;  ///< {"response", "input_items", "earlier"} as JSON
     uint64_t order = 0;
   };
   void drop_locked(std::map<std::string, entry>::iterator it);
