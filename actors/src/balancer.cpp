@@ -11,11 +11,11 @@
 namespace llmesh::actors {
 namespace {
 
-/// The prompt's full leading blocks hashed as the replicas' prefix caches hash them (at most
-/// 64 blocks: enough to tell prompts apart).
-std::vector<uint64_t> block_hashes(std::span<const int32_t> prompt, size_t bs) {
+/// The prompt's full leading blocks hashed as the replicas' prefix caches hash them, from its
+/// cache_salt (at most 64 blocks: enough to tell prompts apart).
+std::vector<uint64_t> block_hashes(std::span<const int32_t> prompt, size_t bs, uint64_t salt) {
   std::vector<uint64_t> out;
-  uint64_t h = 0;
+  uint64_t h = salt;
   for (size_t b = 0; (b + 1) * bs <= prompt.size() && b < 64; ++b) {
     h = detail::chain_block_hash(h, prompt.subspan(b * bs, bs));
     out.push_back(h);
@@ -64,7 +64,7 @@ result<uint64_t> balancer::least_loaded() const {
   return best_id;
 }
 
-result<uint64_t> balancer::pick(std::span<const int32_t> prompt) {
+result<uint64_t> balancer::pick(std::span<const int32_t> prompt, uint64_t salt) {
   std::vector<uint64_t> ready;
   for (const auto& [id, e] : replicas_) {
     if (e.report.ready) ready.push_back(id);
@@ -92,7 +92,7 @@ result<uint64_t> balancer::pick(std::span<const int32_t> prompt) {
       auto least = least_loaded();
       if (!least) return least;
       const size_t floor = load(replicas_.at(*least));
-      const auto hashes = block_hashes(prompt, block_size_);
+      const auto hashes = block_hashes(prompt, block_size_, salt);
       for (size_t i = hashes.size(); i-- > 0;) {  // the longest remembered prefix first
         auto it = prefixes_.find(hashes[i]);
         if (it == prefixes_.end()) continue;
@@ -107,12 +107,12 @@ result<uint64_t> balancer::pick(std::span<const int32_t> prompt) {
   return make_error(errc::internal, "balancer: unknown policy");
 }
 
-void balancer::assigned(uint64_t replica, std::span<const int32_t> prompt) {
+void balancer::assigned(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt) {
   auto it = replicas_.find(replica);
   if (it == replicas_.end()) return;
   ++it->second.extra;
   if (policy_ != balance_policy::prefix_aware) return;
-  for (uint64_t h : block_hashes(prompt, block_size_)) {
+  for (uint64_t h : block_hashes(prompt, block_size_, salt)) {
     auto p = prefixes_.find(h);
     if (p != prefixes_.end()) {
       lru_.erase(p->second.second);

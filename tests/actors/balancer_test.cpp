@@ -80,6 +80,16 @@ TEST(Balancer, PrefixAwareKeepsAPrefixOnOneReplicaWithinTheLoadBound) {
   }
   auto other = prompt_of(9, 40);  // a new prefix goes to the least loaded
   EXPECT_NE(*b.pick(other), home);
+  {  // Affinity is per cache_salt, as the replicas' caches are: another salt's (or no salt's)
+     // request of the same prompt goes to the least loaded, the same salt's to its home.
+    balancer c(balance_policy::prefix_aware, 1, 16);
+    for (uint64_t id : {1, 2, 3}) c.update({id, true, 0, 0});
+    const uint64_t salted_home = *c.pick(system, 0x5a17);
+    c.assigned(salted_home, system, 0x5a17);
+    EXPECT_EQ(*c.pick(system, 0x5a17), salted_home);
+    EXPECT_NE(*c.pick(system, 0xb0b), salted_home);
+    EXPECT_NE(*c.pick(system), salted_home);
+  }
   // The home replica becomes far busier than the others: affinity yields.
   b.update({home, true, 50, 0});
   EXPECT_NE(*b.pick(system), home);

@@ -42,9 +42,11 @@ class balancer {
   void remove(uint64_t replica);
 
   /// A ready replica for this prompt; replica_unavailable when there is none.
-  [[nodiscard]] result<uint64_t> pick(std::span<const int32_t> prompt);
+  /// `salt`: the request's cache_salt key (0: none); prefix-aware affinity is per salt, as the
+  /// replicas' caches are.
+  [[nodiscard]] result<uint64_t> pick(std::span<const int32_t> prompt, uint64_t salt = 0);
   /// Records that a request with this prompt went to `replica`.
-  void assigned(uint64_t replica, std::span<const int32_t> prompt);
+  void assigned(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt = 0);
   /// Records that one of its requests ended.
   void finished(uint64_t replica);
 
