@@ -17,6 +17,7 @@
 #include "llmesh/gateway/completion_stream.hpp"
 #include "llmesh/gateway/stop_matcher.hpp"
 #include "llmesh/gateway/structured_output.hpp"
+#include "llmesh/actors/serving_metrics.hpp"
 #include "llmesh/schemas/rpc.capnp.h"
 
 namespace llmesh::gateway {
@@ -303,6 +304,10 @@ struct rpc_server::impl {
       if (k == 0 && !t.prompt_logprobs.empty()) st->prompt_logprobs = t.prompt_logprobs;
       if (k == 0 && c.ids.size() == 1 && t.cached_tokens >= 0) {
         st->cached_prompt_tokens = std::min(static_cast<size_t>(t.cached_tokens), st->prompt_tokens);
+        // As completion_stream counts an HTTP choice's (a beam call's group counted it already).
+        if (!st->beams) {
+          api.metrics().get_counter(actors::metric::prompt_tokens_cached)->add(static_cast<double>(st->cached_prompt_tokens));
+        }
       }
       // As completion_stream does: a stop token id's text is left out; text that may begin a
       // stop string is held back; a stop string ends the text before itself.

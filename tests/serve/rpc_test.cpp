@@ -669,10 +669,18 @@ TEST(Rpc, NGenerationsAreHttpsChoicesStreamedWithTheirIndex) {
       EXPECT_TRUE(got.getResult().getOk());
       return got.getResult().getCachedPromptTokens();
     };
+    auto cached_metric = [&] {
+      const std::string body = http_request(s.port(), "GET", "/metrics").body;
+      const std::string series = "\nllmesh_prompt_tokens_cached_total ";
+      const auto at = body.find(series);
+      return at == std::string::npos ? -1.0 : std::atof(body.c_str() + at + series.size());
+    };
+    const double before = cached_metric();
     EXPECT_EQ(ask(), 0u);
     const uint32_t cached = ask();
     EXPECT_GT(cached, 0u);
     EXPECT_LT(cached, long_prompt.size());
+    EXPECT_EQ(cached_metric() - before, static_cast<double>(cached));
   }
 
   for (uint32_t bad : {0u, 65u}) {
