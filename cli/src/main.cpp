@@ -5,10 +5,12 @@
 #include <exception>
 
 #include "commands.hpp"
+#include "llmesh/gateway/version.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"llmesh: an actor-based serving mesh for large language models"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string(llmesh::gateway::version()));
   llmesh::cli::command_set commands;
   llmesh::cli::add_generate(app, commands);
   llmesh::cli::add_model(app, commands);
@@ -31,6 +33,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {  // bad flags: one line naming the problem (DESIGN.md §4)
     std::fprintf(stderr, "llmesh: error: %s (see --help)\n", e.what());

@@ -8,6 +8,7 @@
 
 #include "llmesh/actors/serving_metrics.hpp"
 #include "llmesh/gateway/metrics_endpoint.hpp"
+#include "llmesh/gateway/version.hpp"
 
 namespace llmesh::gateway {
 namespace {
@@ -97,6 +98,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   const std::string_view path = target.substr(0, target.find('?'));
   const bool get = method == "GET", post = method == "POST";
   if (path == "/health" && get) return json_reply(200, R"({"status":"ok"})");
+  if (path == "/version" && get) return json_reply(200, nlohmann::json{{"version", version()}}.dump());  // vLLM's
   if (path == "/ready" && get) {
     if (mesh_.ready_replicas() > 0) return json_reply(200, R"({"status":"ready"})");
     return error_reply(make_error(errc::replica_unavailable, "no replica is ready"));
@@ -108,7 +110,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   const bool model_route = path.starts_with("/v1/models/") && path.size() > std::string_view("/v1/models/").size();
   const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
                      path == "/v1/responses" || stored_route || model_route || tokenizer_route;
-  if (!known && !(path == "/health" || path == "/ready" || path == "/metrics")) {
+  if (!known && !(path == "/health" || path == "/ready" || path == "/metrics" || path == "/version")) {
     return error_reply(make_error(errc::not_found, "no route for " + std::string(method) + " " + std::string(path)));
   }
   if ((path.starts_with("/v1/") || tokenizer_route) && !authorized(authorization)) {

@@ -46,6 +46,12 @@ class CliErrors : public ::testing::Test {
   std::string model_;
 };
 
+TEST_F(CliErrors, VersionPrintsTheProjectsVersion) {
+  auto r = run_command(llmesh_bin + " --version");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, std::string(LLMESH_VERSION_EXPECTED) + "\n");
+}
+
 TEST_F(CliErrors, MissingModelDirectory) { expect_one_line_error(generate(tmp_.path() + "/nope"), "nope/config.json"); }
 
 TEST_F(CliErrors, UnknownArchitecture) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmesh/gateway/api_service.hpp"
+#include "llmesh/gateway/version.hpp"
 
 namespace llmesh::gateway {
 namespace {
@@ -74,6 +75,10 @@ TEST_F(ApiService, PublicRoutesAndTheApiKey) {
   mesh_.ready = 0;
   EXPECT_EQ(status(call("GET", "/ready", "", "")), 503);
   EXPECT_EQ(status(call("GET", "/metrics", "", "")), 200);
+  auto v = call("GET", "/version", "", "");  // vLLM's: the build's version, open as /health is
+  ASSERT_EQ(status(v), 200);
+  EXPECT_EQ(json::parse(std::get<http_reply>(v).body), json({{"version", std::string(version())}}));
+  EXPECT_FALSE(version().empty());
   EXPECT_EQ(status(call("GET", "/v1/models", "", "")), 401);
   EXPECT_EQ(status(call("GET", "/v1/models", "", "Bearer wrong!")), 401);
   EXPECT_EQ(status(call("GET", "/v1/models", "", "Basic sekret")), 401);
