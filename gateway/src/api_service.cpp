@@ -58,9 +58,9 @@ api_service::api_service(api_options opt, std::vector<served_model> models, acto
                          actors::metrics_registry& metrics)
     : opt_(std::move(opt)),
       models_(std::move(models)),
-      store_(std::make_shared<response_store>(opt_.max_stored_responses, opt_.max_stored_response_bytes)),
       mesh_(mesh),
       metrics_(metrics),
+      store_(std::make_shared<response_store>(opt_.max_stored_responses, opt_.max_stored_response_bytes)),
       seed_base_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()),
       created_(unix_now()) {
   actors::metric::declare_serving(metrics_);

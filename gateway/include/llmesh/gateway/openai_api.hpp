@@ -291,10 +291,10 @@ struct usage_counts {
   size_t prompt_tokens = 0, completion_tokens = 0;
   /// Of the completion tokens, those of the thinking (count_reasoning_tokens); set only where a
   /// reasoning parser applies, and shown then as completion_tokens_details.reasoning_tokens.
-  std::optional<size_t> reasoning_tokens;
+  std::optional<size_t> reasoning_tokens = std::nullopt;
   /// Of the prompt tokens, those the replica's prefix cache held (its first token said so),
   /// shown as prompt_tokens_details.cached_tokens; unset when no replica reported it.
-  std::optional<size_t> cached_tokens;
+  std::optional<size_t> cached_tokens = std::nullopt;
 };
 
 /// A token as a logprobs report shows it.
