@@ -1,5 +1,6 @@
 // api_service against a fake mesh: routes, API key, model name, context limits, the
-// concurrency bound (429 + Retry-After), seeds, ignore_eos and the chat template's prompt.
+// concurrency bound (429 + Retry-After), seeds, ignore_eos and the chat template's prompt
+// (api_fields_test.cpp: one model's card, priority and cache_salt).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,67 +8,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "llmesh/gateway/api_service.hpp"
+#include "api_fixture.hpp"
 #include "llmesh/gateway/version.hpp"
 
 namespace llmesh::gateway {
 namespace {
 
 using json = nlohmann::json;
-
-struct fake_mesh : actors::mesh_client {
-  void submit(actors::replica_request, actors::token_sink) override {}
-  void cancel(uint64_t) override {}
-  size_t ready_replicas() const override { return ready; }
-  size_t ready_replicas(std::string_view model) const override {
-    auto it = ready_of.find(std::string(model));
-    return it == ready_of.end() ? ready : it->second;
-  }
-  size_t ready = 1;
-  std::map<std::string, size_t> ready_of;  ///< per model, where set
-};
-
-/// The bundled tiny model as a gateway serves it, named `name`.
-served_model kjv_tiny(const std::string& name) {
-  const std::string dir = LLMESH_SOURCE_DIR "/models/kjv-tiny";
-  auto t = model::tokenizer::load(dir);
-  auto c = model::load_config(dir);
-  auto chat = model::chat_template::load(dir);
-  if (!(t.ok() && c.ok() && chat.ok())) {
-    ADD_FAILURE() << "models/kjv-tiny did not load";
-    return {name, nullptr, std::nullopt, {}};
-  }
-  return {name, *t, *chat, *c};
-}
-
-class ApiService : public ::testing::Test {
- protected:
-  void SetUp() override {
-    served_model m = kjv_tiny("kjv");
-    ASSERT_TRUE(m.tok);
-    cfg_ = m.cfg;
-    api_options o;
-    o.model_name = "kjv";
-    o.api_key = "sekret";
-    o.max_concurrent = 2;
-    api_ = std::make_unique<api_service>(o, m.tok, m.chat, cfg_, mesh_, metrics_);
-  }
-  api_outcome call(const std::string& method, const std::string& path, const std::string& body = "",
-                   const std::string& auth = "Bearer sekret") {
-    return api_->handle(method, path, auth, body);
-  }
-  static int status(const api_outcome& o) {
-    return std::holds_alternative<http_reply>(o) ? std::get<http_reply>(o).status : 0;
-  }
-  static generation_job& job(api_outcome& o) { return std::get<generation_job>(o); }
-  /// The mesh request of a job's first (for n = 1: only) choice.
-  static actors::replica_request& req(api_outcome& o) { return job(o).requests.at(0); }
-
-  fake_mesh mesh_;
-  actors::metrics_registry metrics_;
-  model::model_config cfg_;
-  std::unique_ptr<api_service> api_;
-};
 
 TEST_F(ApiService, PublicRoutesAndTheApiKey) {
   EXPECT_EQ(status(call("GET", "/health", "", "")), 200);
@@ -99,20 +46,6 @@ TEST_F(ApiService, UnknownRoutesMethodsAndModels) {
   EXPECT_EQ(status(call("POST", "/v1/completions", R"({"model":"other","prompt":"a"})")), 404);
   EXPECT_EQ(status(call("POST", "/v1/completions", R"({"model":"kjv","prompt":"a","max_tokens":0})")), 400);
   EXPECT_EQ(status(call("POST", "/v1/completions", "not json")), 400);
-}
-
-TEST_F(ApiService, OneModelIsRetrievedByItsId) {
-  auto one = call("GET", "/v1/models/kjv");
-  ASSERT_EQ(status(one), 200);
-  const json card = json::parse(std::get<http_reply>(one).body);
-  const json list = json::parse(std::get<http_reply>(call("GET", "/v1/models")).body);
-  EXPECT_EQ(card, list["data"][0]);
-  EXPECT_EQ(card["id"], "kjv");
-  auto other = call("GET", "/v1/models/other");
-  EXPECT_EQ(status(other), 404);
-  EXPECT_NE(std::get<http_reply>(other).body.find("serves 'kjv'"), std::string::npos) << std::get<http_reply>(other).body;
-  EXPECT_EQ(status(call("POST", "/v1/models/kjv", "{}")), 405);
-  EXPECT_EQ(status(call("GET", "/v1/models/kjv", "", "")), 401);
 }
 
 TEST_F(ApiService, PromptsAreBoundedByTheContext) {
@@ -442,61 +375,6 @@ TEST_F(ApiService, LogitBiasGoesIntoTheRequestWithinTheVocabulary) {
     auto r = call("POST", "/v1/completions", std::string(R"({"model":"kjv","prompt":"x","logit_bias":)") + bad + "}");
     ASSERT_EQ(status(r), 400) << bad;
     EXPECT_NE(std::get<http_reply>(r).body.find("'logit_bias'"), std::string::npos) << std::get<http_reply>(r).body;
-  }
-}
-
-// vLLM's priority: refused (by name) unless the server schedules by priority; then it rides
-// on every generation of the request, completions, chat and the Responses API alike.
-TEST_F(ApiService, PriorityNeedsThePrioritySchedulingPolicy) {
-  auto r = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","priority":-3})");
-  ASSERT_EQ(status(r), 400);
-  EXPECT_NE(std::get<http_reply>(r).body.find("'priority' needs the priority scheduling policy"), std::string::npos)
-      << std::get<http_reply>(r).body;
-  auto zero = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","priority":0})");
-  ASSERT_EQ(status(zero), 0);
-  EXPECT_EQ(req(zero).priority, 0);
-  zero = http_reply{};
-  api_options o;
-  o.model_name = "kjv";
-  o.priority_scheduling = true;
-  o.max_concurrent = 8;
-  served_model m = kjv_tiny("kjv");
-  api_ = std::make_unique<api_service>(o, m.tok, m.chat, cfg_, mesh_, metrics_);
-  auto c = api_->handle("POST", "/v1/completions", "", R"({"model":"kjv","prompt":"x","priority":-3,"n":2})");
-  ASSERT_EQ(status(c), 0);
-  for (const auto& q : job(c).requests) EXPECT_EQ(q.priority, -3);
-  auto chat = api_->handle("POST", "/v1/chat/completions", "", R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"priority":7})");
-  ASSERT_EQ(status(chat), 0);
-  EXPECT_EQ(req(chat).priority, 7);
-  auto resp = api_->handle("POST", "/v1/responses", "", R"({"model":"kjv","input":"Hi","priority":2})");
-  ASSERT_EQ(status(resp), 0);
-  EXPECT_EQ(req(resp).priority, 2);
-  for (const char* bad : {R"("high")", "1.5", "4294967296"}) {
-    auto b = api_->handle("POST", "/v1/completions", "", std::string(R"({"model":"kjv","prompt":"x","priority":)") + bad + "}");
-    EXPECT_EQ(status(b), 400) << bad;
-    EXPECT_NE(std::get<http_reply>(b).body.find("'priority'"), std::string::npos) << std::get<http_reply>(b).body;
-  }
-}
-
-TEST_F(ApiService, ACacheSaltBecomesTheRequestsKey) {
-  auto salt_of = [&](const std::string& fields) -> uint64_t {
-    auto o = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x")" + fields + "}");
-    EXPECT_EQ(status(o), 0) << fields << (status(o) ? std::get<http_reply>(o).body : "");
-    return status(o) ? 0 : req(o).cache_salt;
-  };
-  EXPECT_EQ(salt_of(""), 0u);
-  const uint64_t a = salt_of(R"(,"cache_salt":"tenant-a")");
-  EXPECT_NE(a, 0u);
-  EXPECT_EQ(salt_of(R"(,"cache_salt":"tenant-a")"), a);
-  EXPECT_NE(salt_of(R"(,"cache_salt":"tenant-b")"), a);
-  auto chat = call("POST", "/v1/chat/completions", R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"cache_salt":"tenant-a"})");
-  ASSERT_EQ(status(chat), 0);
-  EXPECT_EQ(req(chat).cache_salt, a);
-  chat = http_reply{};
-  for (const std::string& bad : std::vector<std::string>{R"("")", "5", "\"" + std::string(1025, 's') + "\""}) {
-    auto b = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","cache_salt":)" + bad + "}");
-    EXPECT_EQ(status(b), 400) << bad;
-    EXPECT_NE(std::get<http_reply>(b).body.find("'cache_salt'"), std::string::npos);
   }
 }
 

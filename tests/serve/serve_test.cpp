@@ -3,7 +3,8 @@
 // weights; chat content
 // as text parts; /tokenize and /detokenize; stop_token_ids, penalties and min_tokens, and the
 // refusal of unsupported fields; n, batched prompts, echo and best_of; logprobs.
-// (limits_test.cpp: error paths, connection limits, hang-ups, keep-alive, metrics, SIGTERM.)
+// (limits_test.cpp: error paths, connection limits, hang-ups, keep-alive, metrics, SIGTERM;
+// scheduling_test.cpp: cached_tokens, cache_salt, priority.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -130,87 +131,6 @@ TEST(Serve, Int8WeightsServeGeneratesInt8Tokens) {
   EXPECT_EQ(served_ids(s.port(), 8, 32, {{"temperature", 0.8}, {"top_k", 40}, {"seed", 7}}), sampled);
 }
 
-// OpenAI's cached_tokens: a prompt the prefix cache already holds says how much of it was not
-// computed again (whole KV blocks, never its last token), in completions', chat's and the
-// Responses API's usage and in /metrics; the tokens are the same as without the cache.
-TEST(Serve, UsageSaysHowManyPromptTokensThePrefixCacheHeld) {
-  server_process s(bin, {"--model", model_dir});
-  ASSERT_GT(s.port(), 0) << s.log();
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 70; ++i) prompt.push_back(100 + (i * 37) % 900);
-  const json body = {{"model", "kjv-tiny"}, {"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}, {"return_token_ids", true}};
-  int status = 0;
-  const json first = completion(s.port(), body, &status);
-  ASSERT_EQ(status, 200) << first;
-  EXPECT_EQ(first["usage"]["prompt_tokens_details"], json({{"cached_tokens", 0}})) << first["usage"];
-  const json second = completion(s.port(), body, &status);
-  ASSERT_EQ(status, 200) << second;
-  const size_t cached = second["usage"]["prompt_tokens_details"]["cached_tokens"];
-  EXPECT_GT(cached, 0u) << second["usage"];
-  EXPECT_LT(cached, prompt.size());
-  EXPECT_EQ(second["choices"][0]["token_ids"], first["choices"][0]["token_ids"]);
-  auto metrics = http_request(s.port(), "GET", "/metrics").body;
-  EXPECT_NE(metrics.find("\nllmesh_prompt_tokens_cached_total " + std::to_string(cached) + "\n"), std::string::npos) << metrics;
-  // vLLM's cache_salt: a salted request finds only its salt's blocks, with the same tokens.
-  auto salted_cached = [&](const std::string& salt) {
-    json b = body;
-    b["cache_salt"] = salt;
-    const json r = completion(s.port(), b, &status);
-    EXPECT_EQ(status, 200) << r;
-    EXPECT_EQ(r["choices"][0]["token_ids"], first["choices"][0]["token_ids"]);
-    return r["usage"]["prompt_tokens_details"]["cached_tokens"].get<size_t>();
-  };
-  EXPECT_EQ(salted_cached("tenant-a"), 0u);  // the unsalted requests' blocks are not its
-  EXPECT_EQ(salted_cached("tenant-a"), cached);
-  EXPECT_EQ(salted_cached("tenant-b"), 0u);
-  {  // A beam search's usage: its first step's word.
-    json b = body;
-    b["use_beam_search"] = true;
-    b["n"] = 2;
-    const json r = completion(s.port(), b, &status);
-    ASSERT_EQ(status, 200) << r;
-    EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<size_t>(), cached) << r["usage"];
-  }
-  // Chat and the Responses API: the second of two equal requests finds the first's blocks.
-  const std::string words = "And God said, Let there be light: and there was light. And God saw the light, that it was good.";
-  for (int round = 0; round < 2; ++round) {
-    auto c = http_request(s.port(), "POST", "/v1/chat/completions",
-                          json{{"model", "kjv-tiny"}, {"messages", {{{"role", "user"}, {"content", words}}}}, {"max_tokens", 2}}.dump());
-    ASSERT_EQ(c.status, 200) << c.body;
-    const size_t chat_cached = json::parse(c.body)["usage"]["prompt_tokens_details"]["cached_tokens"];
-    if (round == 0) {
-      EXPECT_EQ(chat_cached, 0u);
-    } else {
-      EXPECT_GT(chat_cached, 0u) << c.body;
-    }
-    auto r = http_request(s.port(), "POST", "/v1/responses",
-                          json{{"model", "kjv-tiny"}, {"input", words}, {"max_output_tokens", 2}, {"store", false}}.dump());
-    ASSERT_EQ(r.status, 200) << r.body;
-    // The same prompt as the chat request's: cached from the first round's chat on.
-    EXPECT_GT(json::parse(r.body)["usage"]["input_tokens_details"]["cached_tokens"].get<size_t>(), 0u) << r.body;
-  }
-}
-
-// vLLM's priority scheduling: with --scheduling-policy priority, requests of any priority are
-// served their own tokens (priority orders the queue, never the numbers); without it a
-// non-zero priority is a 400.
-TEST(Serve, PrioritiesAreServedUnderThePriorityPolicyOnly) {
-  const auto want = generate_ids(prompts[0], 12, "--temperature 0");
-  server_process s(bin, {"--model", model_dir, "--scheduling-policy", "priority"});
-  ASSERT_GT(s.port(), 0) << s.log();
-  for (int prio : {-5, 0, 9}) {
-    int status = 0;
-    const json r = completion(s.port(), {{"model", "kjv-tiny"}, {"prompt", prompts[0]}, {"max_tokens", 12}, {"temperature", 0},
-                                         {"return_token_ids", true}, {"priority", prio}}, &status);
-    ASSERT_EQ(status, 200) << r;
-    EXPECT_EQ(r["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want) << prio;
-  }
-  server_process plain(bin, {"--model", model_dir});
-  ASSERT_GT(plain.port(), 0) << plain.log();
-  int status = 0;
-  const json r = completion(plain.port(), {{"model", "kjv-tiny"}, {"prompt", prompts[0]}, {"priority", 1}}, &status);
-  EXPECT_EQ(status, 400) << r;
-}
 
 // The bundled model answers a chat in scripture's words (issue 7's check of the served path):
 // greedy, so the same bits on every machine.

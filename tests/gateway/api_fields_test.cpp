@@ -1,0 +1,83 @@
+// api_service's smaller routes and fields (api_fixture.hpp's gateway): one model's card
+// (GET /v1/models/{id}), vLLM's priority (refused unless the policy is priority) and
+// cache_salt (a 64-bit key per salt).
+#include "api_fixture.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace llmesh::gateway {
+namespace {
+
+using json = nlohmann::json;
+
+TEST_F(ApiService, OneModelIsRetrievedByItsId) {
+  auto one = call("GET", "/v1/models/kjv");
+  ASSERT_EQ(status(one), 200);
+  const json card = json::parse(std::get<http_reply>(one).body);
+  const json list = json::parse(std::get<http_reply>(call("GET", "/v1/models")).body);
+  EXPECT_EQ(card, list["data"][0]);
+  EXPECT_EQ(card["id"], "kjv");
+  auto other = call("GET", "/v1/models/other");
+  EXPECT_EQ(status(other), 404);
+  EXPECT_NE(std::get<http_reply>(other).body.find("serves 'kjv'"), std::string::npos) << std::get<http_reply>(other).body;
+  EXPECT_EQ(status(call("POST", "/v1/models/kjv", "{}")), 405);
+  EXPECT_EQ(status(call("GET", "/v1/models/kjv", "", "")), 401);
+}
+
+// vLLM's priority: refused (by name) unless the server schedules by priority; then it rides
+// on every generation of the request, completions, chat and the Responses API alike.
+TEST_F(ApiService, PriorityNeedsThePrioritySchedulingPolicy) {
+  auto r = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","priority":-3})");
+  ASSERT_EQ(status(r), 400);
+  EXPECT_NE(std::get<http_reply>(r).body.find("'priority' needs the priority scheduling policy"), std::string::npos)
+      << std::get<http_reply>(r).body;
+  auto zero = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","priority":0})");
+  ASSERT_EQ(status(zero), 0);
+  EXPECT_EQ(req(zero).priority, 0);
+  zero = http_reply{};
+  api_options o;
+  o.model_name = "kjv";
+  o.priority_scheduling = true;
+  o.max_concurrent = 8;
+  served_model m = kjv_tiny("kjv");
+  api_ = std::make_unique<api_service>(o, m.tok, m.chat, cfg_, mesh_, metrics_);
+  auto c = api_->handle("POST", "/v1/completions", "", R"({"model":"kjv","prompt":"x","priority":-3,"n":2})");
+  ASSERT_EQ(status(c), 0);
+  for (const auto& q : job(c).requests) EXPECT_EQ(q.priority, -3);
+  auto chat = api_->handle("POST", "/v1/chat/completions", "", R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"priority":7})");
+  ASSERT_EQ(status(chat), 0);
+  EXPECT_EQ(req(chat).priority, 7);
+  auto resp = api_->handle("POST", "/v1/responses", "", R"({"model":"kjv","input":"Hi","priority":2})");
+  ASSERT_EQ(status(resp), 0);
+  EXPECT_EQ(req(resp).priority, 2);
+  for (const char* bad : {R"("high")", "1.5", "4294967296"}) {
+    auto b = api_->handle("POST", "/v1/completions", "", std::string(R"({"model":"kjv","prompt":"x","priority":)") + bad + "}");
+    EXPECT_EQ(status(b), 400) << bad;
+    EXPECT_NE(std::get<http_reply>(b).body.find("'priority'"), std::string::npos) << std::get<http_reply>(b).body;
+  }
+}
+
+TEST_F(ApiService, ACacheSaltBecomesTheRequestsKey) {
+  auto salt_of = [&](const std::string& fields) -> uint64_t {
+    auto o = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x")" + fields + "}");
+    EXPECT_EQ(status(o), 0) << fields << (status(o) ? std::get<http_reply>(o).body : "");
+    return status(o) ? 0 : req(o).cache_salt;
+  };
+  EXPECT_EQ(salt_of(""), 0u);
+  const uint64_t a = salt_of(R"(,"cache_salt":"tenant-a")");
+  EXPECT_NE(a, 0u);
+  EXPECT_EQ(salt_of(R"(,"cache_salt":"tenant-a")"), a);
+  EXPECT_NE(salt_of(R"(,"cache_salt":"tenant-b")"), a);
+  auto chat = call("POST", "/v1/chat/completions", R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"cache_salt":"tenant-a"})");
+  ASSERT_EQ(status(chat), 0);
+  EXPECT_EQ(req(chat).cache_salt, a);
+  chat = http_reply{};
+  for (const std::string& bad : std::vector<std::string>{R"("")", "5", "\"" + std::string(1025, 's') + "\""}) {
+    auto b = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","cache_salt":)" + bad + "}");
+    EXPECT_EQ(status(b), 400) << bad;
+    EXPECT_NE(std::get<http_reply>(b).body.find("'cache_salt'"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace llmesh::gateway

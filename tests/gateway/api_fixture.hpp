@@ -1,0 +1,70 @@
+// What the api_service tests share: a mesh that only records (ready replicas as told), the
+// bundled tiny model as a gateway serves it, and a gateway with an API key and 2 slots.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "llmesh/gateway/api_service.hpp"
+
+// Not in an anonymous namespace: the fixture is one class in both files (gtest wants one per suite).
+namespace llmesh::gateway {
+
+struct fake_mesh : actors::mesh_client {
+  void submit(actors::replica_request, actors::token_sink) override {}
+  void cancel(uint64_t) override {}
+  size_t ready_replicas() const override { return ready; }
+  size_t ready_replicas(std::string_view model) const override {
+    auto it = ready_of.find(std::string(model));
+    return it == ready_of.end() ? ready : it->second;
+  }
+  size_t ready = 1;
+  std::map<std::string, size_t> ready_of;  ///< per model, where set
+};
+
+/// The bundled tiny model as a gateway serves it, named `name`.
+inline served_model kjv_tiny(const std::string& name) {
+  const std::string dir = LLMESH_SOURCE_DIR "/models/kjv-tiny";
+  auto t = model::tokenizer::load(dir);
+  auto c = model::load_config(dir);
+  auto chat = model::chat_template::load(dir);
+  if (!(t.ok() && c.ok() && chat.ok())) {
+    ADD_FAILURE() << "models/kjv-tiny did not load";
+    return {name, nullptr, std::nullopt, {}};
+  }
+  return {name, *t, *chat, *c};
+}
+
+class ApiService : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    served_model m = kjv_tiny("kjv");
+    ASSERT_TRUE(m.tok);
+    cfg_ = m.cfg;
+    api_options o;
+    o.model_name = "kjv";
+    o.api_key = "sekret";
+    o.max_concurrent = 2;
+    api_ = std::make_unique<api_service>(o, m.tok, m.chat, cfg_, mesh_, metrics_);
+  }
+  api_outcome call(const std::string& method, const std::string& path, const std::string& body = "",
+                   const std::string& auth = "Bearer sekret") {
+    return api_->handle(method, path, auth, body);
+  }
+  static int status(const api_outcome& o) {
+    return std::holds_alternative<http_reply>(o) ? std::get<http_reply>(o).status : 0;
+  }
+  static generation_job& job(api_outcome& o) { return std::get<generation_job>(o); }
+  /// The mesh request of a job's first (for n = 1: only) choice.
+  static actors::replica_request& req(api_outcome& o) { return job(o).requests.at(0); }
+
+  fake_mesh mesh_;
+  actors::metrics_registry metrics_;
+  model::model_config cfg_;
+  std::unique_ptr<api_service> api_;
+};
+
+}  // namespace llmesh::gateway
