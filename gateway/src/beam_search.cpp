@@ -87,6 +87,21 @@ void beam_search::on_message(const actors::token_msg& t) {
   if (std::all_of(step_.begin(), step_.end(), [](const pending& p) { return p.result.has_value(); })) end_step();
 }
 
+actors::token_msg beam_search::replayed(size_t r, size_t i, uint64_t id) const {
+  const beam_hypothesis& h = completed_.at(r);
+  actors::token_msg t;
+  t.id = id;
+  t.token = h.tokens.at(i);
+  const bool last = i + 1 == h.tokens.size();
+  t.finish = !last ? actors::finish_reason::none : h.ended ? actors::finish_reason::eos : actors::finish_reason::length;
+  t.logprobs = h.logprobs.at(i);
+  if (i == 0) {
+    t.prompt_logprobs = prompt_logprobs_;
+    t.cached_tokens = cached_tokens_;
+  }
+  return t;
+}
+
 void beam_search::end_step() {
   if (steps_done_ == 0 && !step_.empty()) {
     prompt_logprobs_ = step_.front().result->prompt_logprobs;

@@ -57,20 +57,7 @@ std::string completion_group::replay(const beam_member& b) {
       }
       continue;
     }
-    const beam_hypothesis& h = beams[r];
-    for (size_t i = 0; i < h.tokens.size() && !done_; ++i) {
-      actors::token_msg t;
-      t.id = b.choice_ids[r];
-      t.token = h.tokens[i];
-      const bool last = i + 1 == h.tokens.size();
-      t.finish = !last ? actors::finish_reason::none : h.ended ? actors::finish_reason::eos : actors::finish_reason::length;
-      t.logprobs = h.logprobs[i];
-      if (i == 0) {
-        t.prompt_logprobs = b.search->prompt_logprobs();
-        t.cached_tokens = b.search->cached_tokens();
-      }
-      bytes += on_chat_message(t);
-    }
+    for (size_t i = 0; i < beams[r].tokens.size() && !done_; ++i) bytes += on_chat_message(b.search->replayed(r, i, b.choice_ids[r]));
   }
   return bytes;
 }

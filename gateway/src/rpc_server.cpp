@@ -266,18 +266,9 @@ struct rpc_server::impl {
         ++st->ended;
         continue;
       }
-      const beam_hypothesis& h = beams[r];
-      for (size_t i = 0; i < h.tokens.size() && !c.ended; ++i) {
-        actors::token_msg m;
-        m.id = c.id;
-        m.token = h.tokens[i];
-        const bool last = i + 1 == h.tokens.size();
-        m.finish = !last ? actors::finish_reason::none : h.ended ? actors::finish_reason::eos : actors::finish_reason::length;
-        if (st->want_logprobs) m.logprobs = h.logprobs[i];
-        if (i == 0) {
-          m.prompt_logprobs = b.prompt_logprobs();
-          m.cached_tokens = b.cached_tokens();
-        }
+      for (size_t i = 0; i < beams[r].tokens.size() && !c.ended; ++i) {
+        actors::token_msg m = b.replayed(r, i, c.id);
+        if (!st->want_logprobs) m.logprobs.reset();  // shown only when asked (HTTP's streams decide alike)
         on_token(c.id, m);
       }
     }

@@ -96,6 +96,10 @@ class beam_search {
   /// The prompt tokens the prefix cache held for the first step (its token message's word;
   /// -1 before it, or when the replica did not say).
   int32_t cached_tokens() const { return cached_tokens_; }
+  /// Token i of result r as a generation's message to choice `id` would carry it (the last one
+  /// ending it, eos for a complete beam; the first with the prompt's logprobs and the cache hit):
+  /// how a finished search is replayed into its choices. REQUIRES: i < results()[r].tokens.size().
+  actors::token_msg replayed(size_t r, size_t i, uint64_t id) const;
 
  private:
   /// A beam's text so far, for its stop strings (shared by the beams it forks into until one
