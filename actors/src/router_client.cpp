@@ -4,6 +4,8 @@
 #include "llmesh/actors/replica_actor.hpp"
 #include "llmesh/actors/request_actor.hpp"
 
+#include <caf/logger.hpp>
+
 namespace llmesh::actors {
 
 struct router_client::live {
@@ -40,8 +42,16 @@ void router_client::submit(replica_request r, token_sink sink) {
   ro.router = router_;
   ro.max_migrations = max_migrations_;
   ro.metrics = metrics_;
-  std::lock_guard lock(live_->mu);
-  live_->requests[id] = sys_.spawn(request_actor, std::move(r), std::move(wrapped), ro);
+  // CAF's spawn leaves the calling thread holding the system's logger (a thread-local strong
+  // reference), and ~actor_system waits for it: a thread that is not CAF's and outlives the
+  // system (an HTTP worker, where a background response is submitted) would hang its shutdown.
+  // Such a thread (it had no logger before) lets go of it again.
+  const bool foreign_thread = caf::logger::current_logger() == nullptr;
+  {
+    std::lock_guard lock(live_->mu);
+    live_->requests[id] = sys_.spawn(request_actor, std::move(r), std::move(wrapped), ro);
+  }
+  if (foreign_thread) caf::logger::set_current_actor_system(nullptr);
 }
 
 void router_client::cancel(uint64_t id) {

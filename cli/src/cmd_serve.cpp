@@ -143,6 +143,7 @@ status run_serve(const serve_flags& f) {
   // Stop order: the RPC server (its calls cancel their generations), the mesh (its sinks post
   // into the server's io_context, still alive), then the HTTP server, then the API they borrowed.
   rpc.reset();
+  api->close_background();
   mesh->reset();
   server->reset();
   api.reset();

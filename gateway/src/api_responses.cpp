@@ -1,11 +1,13 @@
 // OpenAI's Responses API on the HTTP API (api_service.hpp): POST /v1/responses as the chat
 // request it means (responses_api.hpp), continuing a stored response with
-// previous_response_id; and a stored response's routes — GET /v1/responses/{id}, its
-// GET .../input_items, DELETE, and POST .../cancel (only background responses can be
-// cancelled, and this server runs none).
+// previous_response_id, in the background with `background` (background_runs.hpp); and a
+// stored response's routes — GET /v1/responses/{id} (a background one as it stands, or its
+// events with ?stream=true&starting_after=N), its GET .../input_items, DELETE, and
+// POST .../cancel (background responses only).
 #include <charconv>
 
 #include "llmesh/gateway/api_service.hpp"
+#include "llmesh/gateway/background_runs.hpp"
 
 namespace llmesh::gateway {
 namespace {
@@ -102,8 +104,44 @@ api_outcome api_service::responses(std::string_view body) {
   if (!chat) return error_reply(chat.err());
   // OpenAI stores unless told not to; a server without a store says so in the response.
   job.echo.store = store_->enabled() && (!j->contains("store") || (*j)["store"].is_null() || (*j)["store"].get<bool>());
+  if (job.echo.background && !job.echo.store) {
+    return error_reply(make_error(errc::invalid_request,
+                                  store_->enabled() ? "'background' needs 'store': a background response is read back from the store"
+                                                    : "'background' needs stored responses, and this server stores none "
+                                                      "(--max-stored-responses 0)"));
+  }
+  const bool background = job.echo.background;
+  if (background && runs_->closed()) return error_reply(make_error(errc::replica_unavailable, "the server is stopping"));
+  const bool streamed = j->contains("stream") && (*j)["stream"].is_boolean() && (*j)["stream"].get<bool>();
   if (job.echo.store) job.request = std::move(*j);
-  return chat_completions(dumped(*chat), &job);
+  api_outcome out = chat_completions(dumped(*chat), &job);
+  if (!background || !std::holds_alternative<generation_job>(out)) return out;
+  // Runs without the connection: a stream reads its events as they come (and the client may
+  // go away); otherwise the answer is the response as queued.
+  auto& started = std::get<generation_job>(out);
+  json items = responses_input_items(job.request, started.output->responses()->hex());
+  auto run = runs_->start(std::move(started), std::move(items));
+  if (streamed) return event_tail{run, -1};
+  return json_body(run->snapshot());
+}
+
+http_reply api_service::cancel_response(const std::string& id) const {
+  if (auto run = runs_->find(id)) {
+    auto [was_live, response] = run->cancel();
+    const std::string status = response.is_object() ? response.value("status", std::string()) : std::string();
+    if (was_live || status == "cancelled") return json_body(std::move(response));  // cancelling twice: the same response
+    return error_reply(make_error(errc::invalid_request, "the background response '" + id + "' cannot be cancelled: it has already ended (" + status + ")"));
+  }
+  auto stored = store_->get(id);
+  if (!stored) return error_reply(response_not_found(id));
+  const json& r = stored->response;
+  const std::string status = r.value("status", std::string());
+  if (r.value("background", false)) {
+    if (status == "cancelled") return json_body(r);
+    return error_reply(make_error(errc::invalid_request, "the background response '" + id + "' cannot be cancelled: it has already ended (" + status + ")"));
+  }
+  return error_reply(make_error(errc::invalid_request, "only a background response can be cancelled, and '" + id +
+                                                           "' is not one (it has already " + (status == "failed" ? "failed" : "finished") + ")"));
 }
 
 std::unique_ptr<responses_renderer> api_service::responses_output(const responses_job& r, std::string_view chat_id,
@@ -121,7 +159,7 @@ std::unique_ptr<responses_renderer> api_service::responses_output(const response
   return out;
 }
 
-http_reply api_service::stored_responses(std::string_view method, std::string_view rest, std::string_view query) const {
+api_outcome api_service::stored_responses(std::string_view method, std::string_view rest, std::string_view query) const {
   const size_t slash = rest.find('/');
   const std::string id(rest.substr(0, slash));
   const std::string_view sub = slash == std::string_view::npos ? std::string_view() : rest.substr(slash + 1);
@@ -138,18 +176,37 @@ http_reply api_service::stored_responses(std::string_view method, std::string_vi
     return r;
   }
   if (method == "DELETE") {
-    if (!store_->erase(id)) return error_reply(response_not_found(id));
+    const bool was_run = runs_->forget(id);  // a live one is cancelled first (and stored so)
+    if (!store_->erase(id) && !was_run) return error_reply(response_not_found(id));
     return json_body({{"id", id}, {"object", "response"}, {"deleted", true}});
   }
-  auto stored = store_->get(id);
-  if (!stored) return error_reply(response_not_found(id));
-  if (sub == "cancel") {
-    return error_reply(make_error(errc::invalid_request, "only a background response can be cancelled, and '" + id +
-                                                             "' is not one (it has already " +
-                                                             (stored->response.value("status", std::string()) == "failed" ? "failed" : "finished") + ")"));
+  if (sub == "cancel") return cancel_response(id);
+  auto run = runs_->find(id);
+  if (sub.empty()) {
+    auto stream = query_value(query, "stream");
+    if (stream && *stream != "true" && *stream != "false") {
+      return error_reply(make_error(errc::invalid_request, "'stream' must be true or false, got '" + std::string(*stream) + "'"));
+    }
+    if (stream && *stream == "true") {
+      int64_t after = -1;
+      if (auto v = query_value(query, "starting_after")) {
+        auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), after);
+        if (ec != std::errc() || end != v->data() + v->size() || after < 0) {
+          return error_reply(make_error(errc::invalid_request, "'starting_after' must be a sequence number (an integer >= 0), got '" + std::string(*v) + "'"));
+        }
+      }
+      if (run) return event_tail{run, after};
+      if (!store_->get(id)) return error_reply(response_not_found(id));
+      return error_reply(make_error(errc::invalid_request, "the events of '" + id + "' are not kept: only a background "
+                                                           "response's stream can be read again, while this server keeps its events "
+                                                           "(GET it without 'stream' for the response)"));
+    }
+    if (run) return json_body(run->snapshot());  // as it stands, or as it ended
   }
+  auto stored = store_->get(id);
+  if (!stored && !(run && sub == "input_items")) return error_reply(response_not_found(id));
   if (sub == "input_items") {
-    auto page = input_items_page(stored->input_items, query);
+    auto page = input_items_page(stored ? stored->input_items : run->input_items(), query);
     if (!page) return error_reply(page.err());
     return json_body(std::move(*page));
   }

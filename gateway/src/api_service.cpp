@@ -8,6 +8,7 @@
 
 #include "llmesh/actors/serving_metrics.hpp"
 #include "llmesh/gateway/metrics_endpoint.hpp"
+#include "llmesh/gateway/background_runs.hpp"
 #include "llmesh/gateway/version.hpp"
 
 namespace llmesh::gateway {
@@ -62,9 +63,14 @@ api_service::api_service(api_options opt, std::vector<served_model> models, acto
       metrics_(metrics),
       store_(std::make_shared<response_store>(opt_.max_stored_responses, opt_.max_stored_response_bytes)),
       seed_base_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()),
-      created_(unix_now()) {
+      created_(unix_now()),
+      runs_(std::make_unique<background_runs>(mesh)) {
   actors::metric::declare_serving(metrics_);
 }
+
+api_service::~api_service() = default;
+
+void api_service::close_background() { runs_->close(); }
 
 api_service::api_service(api_options opt, std::shared_ptr<const model::tokenizer> tok,
                          std::optional<model::chat_template> chat, model::model_config cfg, actors::mesh_client& mesh,

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include "llmesh/actors/serving_metrics.hpp"
+#include "llmesh/gateway/background_runs.hpp"
 #include "llmesh/gateway/metrics_endpoint.hpp"
 
 #include <boost/asio/co_spawn.hpp>
@@ -79,6 +80,7 @@ struct job_state {
   std::deque<actors::token_msg> queue;
   bool gone = false;      ///< the client disconnected
   bool finished = false;  ///< the job is over: the watch must not touch the socket any more
+  bool woken = false;     ///< a background run has more (run_tail)
 };
 
 /// Watches a connection while its request runs: readable with nothing to read means the
@@ -202,6 +204,62 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
   co_return !ec;
 }
 
+/// Streams a background response's events (event_tail) until its run ends or the client goes
+/// away — which leaves the run running. Returns false when the connection must close.
+awaitable<bool> run_tail(http_server::impl* s, beast::tcp_stream& stream, event_tail& tail, unsigned version, bool keep) {
+  auto ex = stream.get_executor();
+  auto st = std::make_shared<job_state>(ex);
+  net::co_spawn(ex, watch(st, stream.socket()), net::detached);
+  const bool chunked = version >= 11;
+  if (!chunked) keep = false;
+  http::response<http::empty_body> head{http::status::ok, version};
+  head.set(http::field::server, "llmesh");
+  head.set(http::field::content_type, "text/event-stream");
+  head.set(http::field::cache_control, "no-cache");
+  head.keep_alive(keep);
+  head.chunked(chunked);
+  http::response_serializer<http::empty_body> head_writer{head};
+  stream.expires_after(s->opt.write_timeout);
+  error_code ec;
+  co_await http::async_write_header(stream, head_writer, net::redirect_error(use_awaitable, ec));
+  int64_t after = tail.after;
+  // The run wakes this connection (from an actor thread) when it has more; st->woken is set
+  // on this connection's executor, so a wake before the wait is not lost.
+  auto wake = [st, ex] { net::post(ex, [st] { st->woken = true; st->timer.cancel(); }); };
+  while (!ec && !st->gone) {
+    st->woken = false;
+    auto page = tail.run->read(after, wake);
+    if (!page.bytes.empty()) {
+      after = page.last;
+      stream.expires_after(s->opt.write_timeout);
+      if (chunked) {
+        co_await net::async_write(stream, http::make_chunk(net::buffer(page.bytes)), net::redirect_error(use_awaitable, ec));
+      } else {
+        co_await net::async_write(stream, net::buffer(page.bytes), net::redirect_error(use_awaitable, ec));
+      }
+      continue;  // more may have come meanwhile
+    }
+    if (page.ended) break;
+    while (!st->woken && !st->gone) {
+      st->timer.expires_at(net::steady_timer::time_point::max());
+      error_code ignored;
+      co_await st->timer.async_wait(net::redirect_error(use_awaitable, ignored));
+    }
+  }
+  st->finished = true;
+  error_code ignored;
+  stream.socket().cancel(ignored);  // ends the watch
+  if (st->gone || ec) {
+    count_request(s, 499);
+    co_return false;
+  }
+  count_request(s, 200);
+  if (!chunked) co_return false;
+  stream.expires_after(s->opt.write_timeout);
+  co_await net::async_write(stream, http::make_chunk_last(), net::redirect_error(use_awaitable, ec));
+  co_return !ec;
+}
+
 bool quiet_close(const error_code& ec) {
   return ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::eof ||
          ec == net::error::connection_reset || ec == net::error::operation_aborted || ec == net::error::broken_pipe;
@@ -271,8 +329,10 @@ awaitable<void> session(http_server::impl* s, tcp::socket sock, net::ip::address
       if (auto* reply = std::get_if<http_reply>(&outcome)) {
         count_request(s, reply->status);
         ok = co_await write_reply(s, stream, *reply, req.version(), keep);
+      } else if (auto* job = std::get_if<generation_job>(&outcome)) {
+        ok = co_await run_job(s, stream, *job, req.version(), keep);
       } else {
-        ok = co_await run_job(s, stream, std::get<generation_job>(outcome), req.version(), keep);
+        ok = co_await run_tail(s, stream, std::get<event_tail>(outcome), req.version(), keep);
       }
       if (!ok || !keep) break;
     }

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <array>
 
+#include "llmesh/gateway/openai_api.hpp"
+
 namespace llmesh::gateway {
 namespace {
 
@@ -186,8 +188,9 @@ result<json> responses_to_chat(const json& body, responses_echo& echo, const jso
                "the whole conversation as 'input')");
   }
   if (sent(body, "prompt")) return bad("'prompt' (a stored prompt template) is not supported by this server");
-  if (sent(body, "background") && !(body["background"].is_boolean() && !body["background"].get<bool>())) {
-    return bad("'background' is not supported by this server (send false, or leave it out)");
+  if (sent(body, "background")) {
+    if (!body["background"].is_boolean()) return bad("'background' must be true or false");
+    echo.background = body["background"].get<bool>();
   }
   if (sent(body, "store") && !body["store"].is_boolean()) return bad("'store' must be true or false");
   json chat = json::object();
@@ -322,7 +325,11 @@ result<json> responses_to_chat(const json& body, responses_echo& echo, const jso
     echo.metadata = body["metadata"];
   }
   if (sent(body, "user")) echo.user = body["user"];
-  if (sent(body, "stream")) {
+  if (echo.background) {  // rendered as events whether or not the client reads them
+    if (sent(body, "stream") && !body["stream"].is_boolean()) return bad("'stream' must be true or false");
+    chat["stream"] = true;
+    chat["stream_options"] = {{"include_usage", true}};
+  } else if (sent(body, "stream")) {
     chat["stream"] = body["stream"];
     if (body["stream"].is_boolean() && body["stream"].get<bool>()) chat["stream_options"] = {{"include_usage", true}};
   }
@@ -366,7 +373,7 @@ json responses_renderer::response_object(std::string_view status, const json& ou
             {"object", "response"},
             {"created_at", created_},
             {"status", status},
-            {"background", false},
+            {"background", echo_.background},
             {"error", nullptr},
             {"incomplete_details", finish == "length" ? json{{"reason", "max_output_tokens"}} : json(nullptr)},
             {"instructions", echo_.instructions},
@@ -509,6 +516,7 @@ std::string responses_renderer::finish() {
   std::string out = close_open();
   const bool incomplete = finish_reason_ == "length";
   json r = response_object(incomplete ? "incomplete" : "completed", output_, usage_, finish_reason_);
+  final_ = r;
   if (on_final_) on_final_(r);
   out += event(incomplete ? "response.incomplete" : "response.completed", {{"response", std::move(r)}});
   return out;
@@ -521,6 +529,9 @@ std::string responses_renderer::on_chunk(const json& chunk) {
     const json r = response_object("in_progress", json::array(), nullptr, "");
     out += event("response.created", {{"response", r}});
     out += event("response.in_progress", {{"response", r}});
+  } else if (queued_ && !chunk.contains("error")) {
+    queued_ = false;
+    out += event("response.in_progress", {{"response", response_object("in_progress", json::array(), nullptr, "")}});
   }
   if (chunk.contains("error")) {
     const json& e = chunk["error"];
@@ -531,6 +542,7 @@ std::string responses_renderer::on_chunk(const json& chunk) {
     // server_error (the detail stays in the message).
     const bool overloaded = e.contains("code") && e["code"] == "overloaded";
     r["error"] = {{"code", overloaded ? "rate_limit_exceeded" : "server_error"}, {"message", e.value("message", std::string())}};
+    final_ = r;
     if (on_final_) on_final_(r);
     out += event("response.failed", {{"response", std::move(r)}});
     ended_ = true;
@@ -624,6 +636,49 @@ std::string responses_renderer::stream(std::string_view chat_sse) {
     }
   }
   return out;
+}
+
+std::string responses_renderer::queued() {
+  if (started_) return "";
+  started_ = queued_ = true;
+  const json r = response_object("queued", json::array(), nullptr, "");
+  std::string out = event("response.created", {{"response", r}});
+  out += event("response.queued", {{"response", r}});
+  return out;
+}
+
+json responses_renderer::snapshot() const {
+  if (ended_) return final_;
+  json output = output_;
+  if (open_ != open_kind::none) {
+    json item = item_;
+    if (open_ == open_kind::call) {
+      item["arguments"] = text_;
+    } else {
+      json part = text_part(open_ == open_kind::message, text_);
+      if (open_ == open_kind::message && logprobs_wanted_) part["logprobs"] = logprobs_;
+      item["content"] = json::array({part});
+      if (open_ == open_kind::message) item["status"] = "in_progress";
+    }
+    output.push_back(std::move(item));
+  }
+  return response_object(queued_ || !started_ ? "queued" : "in_progress", output, nullptr, "");
+}
+
+json responses_renderer::cancel(const usage_counts& so_far) {
+  failed_ = true;  // the open item is cut short: "incomplete"
+  (void)close_open();  // (its events are not sent: the stream just ends)
+  ended_ = true;
+  usage_ = usage_of(json::parse(usage_chunk_json("chat.completion.chunk", "", 0, "", so_far))["usage"]);
+  json r = response_object("cancelled", output_, usage_, "");
+  final_ = r;
+  if (on_final_) on_final_(r);
+  return r;
+}
+
+std::string responses_renderer::fail(const error& e) {
+  if (ended_) return "";
+  return stream(sse_event(error_json(e)));
 }
 
 }  // namespace llmesh::gateway

@@ -2,6 +2,9 @@
 // equal generate() alone, whatever the concurrency and the replica count; a replica killed
 // mid-stream is invisible in the tokens; cancellation ends a stream and frees its replica.
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
 #include <mutex>
 #include <set>
 
@@ -175,6 +178,37 @@ TEST_F(LocalMesh, RefusedRequestsFailWithTheReplicasReason) {
   ASSERT_TRUE(c.wait_ends(1));
   EXPECT_TRUE(c.ends[5].failed);
   EXPECT_EQ(c.ends[5].err.code, errc::invalid_request);
+}
+
+// A request submitted from a thread that is not CAF's and outlives the mesh (an HTTP worker
+// thread submits background responses) does not hold up the mesh's shutdown: CAF's spawn
+// pins its logger to the spawning thread, which ~actor_system would wait for forever.
+TEST_F(LocalMesh, ARequestFromALongLivedThreadDoesNotHoldUpShutdown) {
+  auto reqs = requests(1);
+  collector c;
+  std::promise<void> release;
+  std::shared_future<void> gone = release.get_future().share();
+  std::thread worker;
+  // The mesh is made and stopped on one thread (CAF lets the thread that stops a system go of
+  // its logger), the request submitted from another that lives on.
+  auto run = std::async(std::launch::async, [&] {
+    auto m = mesh(1, 1);
+    worker = std::thread([&] {
+      m->submit(reqs[0], c.sink());
+      gone.wait();
+    });
+    const bool ended = c.wait_ends(1);
+    m.reset();
+    return ended;
+  });
+  if (run.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    std::fprintf(stderr, "the mesh did not stop within 60 s while the submitting thread lived\n");
+    std::_Exit(1);  // the hung destructor cannot be joined
+  }
+  EXPECT_TRUE(run.get());
+  EXPECT_FALSE(c.ends[reqs[0].id].failed);
+  release.set_value();
+  worker.join();
 }
 
 }  // namespace

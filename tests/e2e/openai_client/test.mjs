@@ -281,6 +281,47 @@ test('responses: stored, retrieved, listed, continued with previous_response_id,
     (err) => err instanceof OpenAI.NotFoundError && /previous_response_id|no stored response/.test(err.message));
 });
 
+test('responses: background, polled, streamed and resumed with starting_after, cancelled', async () => {
+  const fg = await client.responses.create({ model: MODEL, input: CHAT[0].content, max_output_tokens: 8, temperature: 0 });
+  const queued = await client.responses.create({ model: MODEL, input: CHAT[0].content, max_output_tokens: 8, temperature: 0,
+    background: true });
+  assert.equal(queued.background, true);
+  assert.ok(['queued', 'in_progress'].includes(queued.status), queued.status);
+  let r = queued;
+  for (let i = 0; i < 600 && (r.status === 'queued' || r.status === 'in_progress'); ++i) {
+    await new Promise((done) => setTimeout(done, 10));
+    r = await client.responses.retrieve(queued.id);
+  }
+  assert.equal(r.status, fg.status);
+  assert.equal(r.output_text, fg.output_text);
+
+  // Streamed in the background, then read again after event 2 with the client's own stream.
+  const events = [];
+  const stream = await client.responses.create({ model: MODEL, input: CHAT[0].content, max_output_tokens: 8, temperature: 0,
+    background: true, stream: true });
+  for await (const e of stream) events.push(e);
+  assert.equal(events[1].type, 'response.queued');
+  const last = events.at(-1);
+  assert.equal(last.response.output[0].content[0].text, fg.output_text);
+  const again = [];
+  for await (const e of await client.responses.retrieve(last.response.id, { stream: true, starting_after: 2 })) again.push(e);
+  assert.deepEqual(again, events.slice(3));
+
+  // Cancelled as soon as it is made (it may have ended already on an idle server: then the
+  // cancel is refused, naming the status); cancelled twice answers the same response.
+  const long = await client.responses.create({ model: MODEL, input: 'Who', max_output_tokens: 200, ignore_eos: true,
+    background: true });
+  try {
+    const cancelled = await client.responses.cancel(long.id);
+    assert.equal(cancelled.status, 'cancelled');
+    assert.deepEqual(await client.responses.cancel(long.id), cancelled);
+    assert.equal((await client.responses.retrieve(long.id)).status, 'cancelled');
+  } catch (err) {
+    assert.ok(err instanceof OpenAI.BadRequestError && /already ended/.test(err.message), `${err}`);
+  }
+  await assert.rejects(client.responses.cancel(fg.id), (err) => err instanceof OpenAI.BadRequestError);
+});
+
 test('models.list() returns kjv-tiny', async () => {
   const ids = [];
   for await (const m of client.models.list()) ids.push(m.id);

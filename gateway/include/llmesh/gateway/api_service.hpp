@@ -56,7 +56,7 @@ struct served_model {
   tool_call_parser tool_parser = tool_call_parser::hermes;
   /// Special tokens the parser needs to see (tool_parser_kept_tokens: mistral's [TOOL_CALLS]);
   /// a chat choice with tools keeps their text.
-  std::vector<int32_t> tool_tokens;
+  std::vector<int32_t> tool_tokens = {};
 };
 
 /// A response to run: submit every request to the mesh, feed their messages to `output`.
@@ -85,7 +85,18 @@ uint64_t choice_seed(uint64_t request_seed, size_t j);
 /// bans nothing.
 std::vector<std::vector<int32_t>> bad_word_ids(const model::tokenizer& tok, const std::vector<std::string>& words);
 
-using api_outcome = std::variant<http_reply, generation_job>;
+class background_run;
+class background_runs;
+
+/// A background response's stream events to send (background_runs.hpp): the ones after
+/// sequence number `after` (-1: all), then each as it comes, until the run ends. The client
+/// going away does not stop the run.
+struct event_tail {
+  std::shared_ptr<background_run> run;
+  int64_t after = -1;
+};
+
+using api_outcome = std::variant<http_reply, generation_job, event_tail>;
 
 /// Thread affinity: any thread (the counters are atomic; the rest is immutable).
 class api_service {
@@ -99,6 +110,10 @@ class api_service {
   /// model's template (nullopt: the chat endpoint answers 400).
   api_service(api_options opt, std::shared_ptr<const model::tokenizer> tok, std::optional<model::chat_template> chat,
               model::model_config cfg, actors::mesh_client& mesh, actors::metrics_registry& metrics);
+
+  ~api_service();
+  api_service(const api_service&) = delete;
+  api_service& operator=(const api_service&) = delete;
 
   api_outcome handle(std::string_view method, std::string_view target, std::string_view authorization,
                      std::string_view body);
@@ -123,6 +138,10 @@ class api_service {
                                                        const sampling_input& sampling, generation_fields rest,
                                                        const result<nlohmann::ordered_json>& extra = nlohmann::ordered_json(),
                                                        bool add_special_tokens = true);
+
+  /// Ends the background responses (cancelling the running ones in the mesh): before the mesh
+  /// stops, since their requests are its. Later background requests are refused (503).
+  void close_background();
 
   /// Generations (choices) in flight.
   size_t inflight() const { return inflight_->load(); }
@@ -149,8 +168,12 @@ class api_service {
   /// The renderer of a Responses request's output; with store, it keeps the final response.
   std::unique_ptr<responses_renderer> responses_output(const responses_job& r, std::string_view chat_id, int64_t created,
                                                        const std::string& model) const;
-  /// /v1/responses/{id}[/input_items|/cancel] (`rest`: the path after "/v1/responses/").
-  http_reply stored_responses(std::string_view method, std::string_view rest, std::string_view query) const;
+  /// /v1/responses/{id}[/input_items|/cancel] (`rest`: the path after "/v1/responses/"): a
+  /// stored or background response; `?stream=true[&starting_after=N]` on a background one
+  /// is its events.
+  api_outcome stored_responses(std::string_view method, std::string_view rest, std::string_view query) const;
+  /// POST .../cancel (api_responses.cpp).
+  http_reply cancel_response(const std::string& id) const;
   /// vLLM's /tokenize and /detokenize (api_tokenize.cpp).
   api_outcome tokenize(std::string_view body);
   api_outcome detokenize(std::string_view body);
@@ -191,6 +214,8 @@ class api_service {
   std::atomic<uint64_t> next_id_{1};
   uint64_t seed_base_;
   int64_t created_;
+  /// Background responses (last: destroyed first, so no run outlives what it borrows).
+  std::unique_ptr<background_runs> runs_;
 };
 
 }  // namespace llmesh::gateway

@@ -65,6 +65,8 @@ class completion_group {
   /// /v1/responses: the chat output this group renders (one choice) goes out as the Responses
   /// API's response object or stream events instead (responses_api.hpp).
   void render_as_responses(std::unique_ptr<responses_renderer> r) { responses_ = std::move(r); }
+  /// That renderer (nullptr: a chat or completions response).
+  responses_renderer* responses() const { return responses_.get(); }
   /// Requests to submit to the mesh now (beam searches' next steps), each handed out once.
   std::vector<actors::replica_request> take_submissions();
   /// The beam searches' step requests still running (to cancel when the response ends early).

@@ -10,7 +10,8 @@
 // Responses are stored (response_store.hpp; `store`, true by default, as OpenAI's) so that a
 // request may continue one with `previous_response_id`: that response's conversation (its
 // input items and output, after its own predecessors') comes before the new input.
-// `conversation` objects, `background` and stored prompts are refused with a 400 naming them.
+// `background` runs a response without its connection (background_runs.hpp).
+// `conversation` objects and stored prompts are refused with a 400 naming them.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,8 @@
 #include "llmesh/common/error.hpp"
 
 namespace llmesh::gateway {
+
+struct usage_counts;
 
 /// What a response repeats of its request (OpenAI's response object echoes these).
 struct responses_echo {
@@ -39,12 +42,15 @@ struct responses_echo {
   nlohmann::ordered_json user;  ///< null or the string sent
   nlohmann::ordered_json previous_response_id;  ///< null or the id continued
   bool store = false;  ///< whether the response is kept (the request's `store` and the server's store)
+  bool background = false;  ///< the request's `background` (the caller checks it against store)
 };
 
 /// A Responses request as the chat request it means, or an invalid_request naming the field.
 /// Fills `echo` (but previous_response_id and store, which the caller sets). `earlier`: the
 /// items of a previous response's conversation (stored_response::conversation), before the
-/// input. The chat body asks for usage on a stream (the final event carries it).
+/// input. The chat body asks for usage on a stream (the final event carries it). With
+/// `background` the chat request is always streamed (a background run renders events, whether
+/// or not its client reads them).
 [[nodiscard]] result<nlohmann::ordered_json> responses_to_chat(const nlohmann::ordered_json& body, responses_echo& echo,
                                                                const nlohmann::ordered_json& earlier = nlohmann::ordered_json::array());
 
@@ -71,6 +77,24 @@ class responses_renderer {
   /// (`event: TYPE\ndata: {...}\n\n`, each with its sequence_number).
   std::string stream(std::string_view chat_sse);
 
+  // Background mode (background_runs.hpp), on the streamed rendering.
+  /// The first events, before any output: response.created and response.queued (status
+  /// "queued"); the first chunk then sends response.in_progress.
+  std::string queued();
+  /// The response as it stands: status "queued" until the first chunk, then "in_progress",
+  /// with the items so far (the open one as written so far, "in_progress"); once ended, the
+  /// final response.
+  nlohmann::ordered_json snapshot() const;
+  /// Ends the response as cancelled: the open item closes "incomplete", on_final gets the
+  /// response with status "cancelled" and `so_far` as its usage, which is returned. It sends
+  /// no event (OpenAI's stream has none for it: the stream just ends). REQUIRES: !ended().
+  nlohmann::ordered_json cancel(const usage_counts& so_far);
+  /// The failure of a run that produced nothing (no replica, refused): the response.failed
+  /// event, after on_final got the failed response.
+  std::string fail(const error& e);
+  /// A final response has been rendered (completed, incomplete, failed or cancelled).
+  bool ended() const { return ended_; }
+
  private:
   enum class open_kind { none, reasoning, message, call };
   nlohmann::ordered_json response_object(std::string_view status, const nlohmann::ordered_json& output,
@@ -92,6 +116,8 @@ class responses_renderer {
   // The stream's state.
   uint64_t seq_ = 0;
   bool started_ = false, ended_ = false, failed_ = false;
+  bool queued_ = false;  ///< queued() sent; the first chunk sends response.in_progress
+  nlohmann::ordered_json final_;  ///< the final response, once ended
   nlohmann::ordered_json output_ = nlohmann::ordered_json::array();  ///< items closed so far
   open_kind open_ = open_kind::none;
   nlohmann::ordered_json item_;  ///< the open item
