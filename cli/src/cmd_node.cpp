@@ -356,6 +356,7 @@ status run_node(const node_flags& f) {
     stop_signal::wake();
     waiter.join();
     rpc.reset();
+    api->close_background();  // before the server: background streams' readers post into it
     server->reset();
     api.reset();
   } else {

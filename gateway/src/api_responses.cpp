@@ -121,8 +121,9 @@ api_outcome api_service::responses(std::string_view body) {
   auto& started = std::get<generation_job>(out);
   json items = responses_input_items(job.request, started.output->responses()->hex());
   auto run = runs_->start(std::move(started), std::move(items));
+  if (!run) return error_reply(make_error(errc::replica_unavailable, "the server is stopping"));
   if (streamed) return event_tail{run, -1};
-  return json_body(run->snapshot());
+  return json_body(run->queued());
 }
 
 http_reply api_service::cancel_response(const std::string& id) const {
@@ -130,6 +131,9 @@ http_reply api_service::cancel_response(const std::string& id) const {
     auto [was_live, response] = run->cancel();
     const std::string status = response.is_object() ? response.value("status", std::string()) : std::string();
     if (was_live || status == "cancelled") return json_body(std::move(response));  // cancelling twice: the same response
+    if (status == "queued" || status == "in_progress") {  // closed as it ran: the server is stopping
+      return error_reply(make_error(errc::replica_unavailable, "the server is stopping"));
+    }
     return error_reply(make_error(errc::invalid_request, "the background response '" + id + "' cannot be cancelled: it has already ended (" + status + ")"));
   }
   auto stored = store_->get(id);

@@ -2,6 +2,7 @@
 #include "llmesh/gateway/background_runs.hpp"
 
 #include <algorithm>
+#include <charconv>
 
 namespace llmesh::gateway {
 
@@ -20,6 +21,7 @@ std::shared_ptr<background_run> background_run::start(actors::mesh_client& mesh,
   auto run = std::make_shared<background_run>(mesh, std::move(job), std::move(input_items));
   std::lock_guard lock(run->mu_);
   run->append_locked(run->job_.output->responses()->queued());
+  run->queued_ = run->job_.output->responses()->snapshot();
   // Under the lock: a message that comes back at once waits until every request is out.
   auto requests = std::move(run->job_.requests);
   run->job_.requests.clear();
@@ -37,14 +39,20 @@ void background_run::submit_locked(actors::replica_request r, bool beam_step) {
 }
 
 void background_run::append_locked(const std::string& events) {
-  // Each event is "event: TYPE\ndata: JSON\n\n" (compact JSON: no blank line inside), and
-  // their sequence numbers count from 0, one per event.
+  // Each event is "event: TYPE\ndata: JSON\n\n" (compact JSON: no blank line inside), its
+  // sequence number the JSON's last member (responses_renderer::event).
+  constexpr std::string_view key = "\"sequence_number\":";
   size_t at = 0;
   while (at < events.size()) {
     size_t end = events.find("\n\n", at);
     end = end == std::string::npos ? events.size() : end + 2;
-    events_.push_back(events.substr(at, end - at));
-    event_bytes_ += end - at;
+    const std::string_view ev(events.data() + at, end - at);
+    int64_t seq = events_.empty() ? 0 : events_.back().first + 1;
+    if (const size_t k = ev.rfind(key); k != std::string_view::npos) {
+      std::from_chars(ev.data() + k + key.size(), ev.data() + ev.size(), seq);
+    }
+    events_.emplace_back(seq, std::string(ev));
+    event_bytes_ += ev.size();
     at = end;
   }
 }
@@ -91,10 +99,11 @@ background_run::page background_run::read(int64_t after, std::function<void()> w
   std::lock_guard lock(mu_);
   page p;
   p.last = after;
-  const size_t from = after < 0 ? 0 : static_cast<size_t>(after) + 1;
-  for (size_t i = from; i < events_.size(); ++i) {
-    p.bytes += events_[i];
-    p.last = static_cast<int64_t>(i);
+  auto it = std::upper_bound(events_.begin(), events_.end(), after,
+                             [](int64_t a, const std::pair<int64_t, std::string>& e) { return a < e.first; });
+  for (; it != events_.end(); ++it) {
+    p.bytes += it->second;
+    p.last = it->first;
   }
   p.ended = ended_ || closed_;
   if (p.bytes.empty() && !p.ended && wake) wakers_.push_back(std::move(wake));
@@ -103,12 +112,12 @@ background_run::page background_run::read(int64_t after, std::function<void()> w
 
 nlohmann::ordered_json background_run::snapshot() const {
   std::lock_guard lock(mu_);
-  return ended_ ? final_ : job_.output->responses()->snapshot();
+  return ended_ || closed_ ? final_ : job_.output->responses()->snapshot();
 }
 
-std::string background_run::status() const {
-  const auto s = snapshot();
-  return s.is_object() ? s.value("status", std::string()) : std::string();
+bool background_run::closed() const {
+  std::lock_guard lock(mu_);
+  return closed_;
 }
 
 bool background_run::live() const {
@@ -170,9 +179,10 @@ bool background_runs::closed() const {
 }
 
 std::shared_ptr<background_run> background_runs::start(generation_job job, nlohmann::ordered_json input_items) {
-  auto run = background_run::start(mesh_, std::move(job), std::move(input_items));
+  // Under the lock: close() cannot come between the check and the requests going out.
   std::lock_guard lock(mu_);
-  if (closed_) run->close();
+  if (closed_) return nullptr;
+  auto run = background_run::start(mesh_, std::move(job), std::move(input_items));
   by_id_[run->id()] = run;
   order_.push_back(run->id());
   prune_locked();
@@ -180,26 +190,25 @@ std::shared_ptr<background_run> background_runs::start(generation_job job, nlohm
 }
 
 void background_runs::prune_locked() {
-  size_t ended = 0, bytes = 0;
+  // One look at each run (one may end on an actor thread meanwhile: it counts next time).
+  std::map<std::string, size_t> ended;  // id → its events' bytes
+  size_t bytes = 0;
   for (const auto& [id, run] : by_id_) {
     if (run->live()) continue;
-    ++ended;
-    bytes += run->event_bytes();
+    const size_t b = run->event_bytes();
+    ended.emplace(id, b);
+    bytes += b;
   }
   // Oldest first; live runs stay (the concurrency slots bound them).
-  for (auto it = order_.begin(); it != order_.end() && (ended > lim_.max_ended || bytes > lim_.max_ended_bytes);) {
-    auto found = by_id_.find(*it);
-    if (found == by_id_.end()) {
-      it = order_.erase(it);
+  for (auto it = order_.begin(); it != order_.end() && (ended.size() > lim_.max_ended || bytes > lim_.max_ended_bytes);) {
+    auto e = ended.find(*it);
+    if (e == ended.end()) {
+      it = by_id_.count(*it) ? std::next(it) : order_.erase(it);
       continue;
     }
-    if (found->second->live()) {
-      ++it;
-      continue;
-    }
-    --ended;
-    bytes -= found->second->event_bytes();
-    by_id_.erase(found);
+    bytes -= e->second;
+    ended.erase(e);
+    by_id_.erase(*it);
     it = order_.erase(it);
   }
 }

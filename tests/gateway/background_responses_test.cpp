@@ -306,10 +306,13 @@ TEST_F(BackgroundResponses, NeedsTheStoreAndItsConcurrencySlots) {
 }
 
 TEST_F(BackgroundResponses, AClosingServiceCancelsItsRunsAndTheirSinksTouchNothing) {
-  reply("POST", "/v1/responses", json{{"model", "m"}, {"input", "x"}, {"background", true}}.dump());
+  const std::string first_id = json::parse(reply("POST", "/v1/responses", json{{"model", "m"}, {"input", "x"}, {"background", true}}.dump()).body)["id"];
   const uint64_t request = mesh_.requests.at(0).id;
   api_->close_background();  // as the server stops, before its mesh
   EXPECT_TRUE(mesh_.was_cancelled(request));
+  // It reads as it stood; cancelling it now is the server stopping, not a finished response.
+  EXPECT_EQ(get("/v1/responses/" + first_id)["status"], "queued");
+  EXPECT_EQ(reply("POST", "/v1/responses/" + first_id + "/cancel").status, 503);
   const http_reply late = reply("POST", "/v1/responses", json{{"model", "m"}, {"input", "x"}, {"background", true}}.dump());
   EXPECT_EQ(late.status, 503) << late.body;
   EXPECT_EQ(mesh_.requests.size(), 1u);
@@ -335,6 +338,7 @@ TEST_F(BackgroundResponses, MessagesFromAnotherThreadWhileClientsPollAndRead) {
     after = page.last;
     ended = page.ended;
     EXPECT_TRUE(get("/v1/responses/" + run->id()).is_object());
+    std::this_thread::yield();
   }
   replica.join();
   EXPECT_EQ(read_live, run->read(-1).bytes);

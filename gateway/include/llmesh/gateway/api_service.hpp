@@ -140,7 +140,8 @@ class api_service {
                                                        bool add_special_tokens = true);
 
   /// Ends the background responses (cancelling the running ones in the mesh): before the mesh
-  /// stops, since their requests are its. Later background requests are refused (503).
+  /// stops, since their requests are its, and before the http_server goes, since readers of
+  /// their streams wake through its io_context. Later background requests are refused (503).
   void close_background();
 
   /// Generations (choices) in flight.

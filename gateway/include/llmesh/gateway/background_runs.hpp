@@ -36,6 +36,8 @@ class background_run : public std::enable_shared_from_this<background_run> {
   /// `input_items`: the request's, as they will be stored (GET .../input_items while it runs).
   static std::shared_ptr<background_run> start(actors::mesh_client& mesh, generation_job job,
                                                nlohmann::ordered_json input_items);
+  /// The response as it was queued, before any request went out (what the POST answers).
+  const nlohmann::ordered_json& queued() const { return queued_; }
 
   /// The stream's events after sequence number `after` (-1: from the first) as SSE bytes.
   struct page {
@@ -46,11 +48,12 @@ class background_run : public std::enable_shared_from_this<background_run> {
   /// When nothing follows `after` yet and the run is live, `wake` is kept and called once
   /// (from another thread, without the run's lock) when something does or the run ends.
   page read(int64_t after, std::function<void()> wake = {});
-  /// The response as it stands (queued, in_progress with the output so far, or final).
+  /// The response as it stands (queued, in_progress with the output so far, or final; after
+  /// close(), as it stood then).
   nlohmann::ordered_json snapshot() const;
-  /// "queued", "in_progress", or the final response's status.
-  std::string status() const;
   bool live() const;
+  /// close() was called (the server is stopping).
+  bool closed() const;
   /// Cancels a live run (its requests in the mesh too): the response ends "cancelled" and is
   /// stored so. Returns whether it was live, and the response (final either way).
   std::pair<bool, nlohmann::ordered_json> cancel();
@@ -77,7 +80,9 @@ class background_run : public std::enable_shared_from_this<background_run> {
   mutable std::mutex mu_;
   generation_job job_;  ///< its output (the group) and slot, until the run ends
   std::vector<uint64_t> ids_;  ///< the choices' requests (beam steps are the group's)
-  std::vector<std::string> events_;  ///< by sequence number
+  /// The events with their sequence numbers (read from each; ascending).
+  std::vector<std::pair<int64_t, std::string>> events_;
+  nlohmann::ordered_json queued_;
   size_t event_bytes_ = 0;
   nlohmann::ordered_json final_;  ///< once ended
   std::vector<std::function<void()>> wakers_;
@@ -98,13 +103,15 @@ class background_runs {
   background_runs& operator=(const background_runs&) = delete;
 
   /// Starts `job` as a background run (background_run::start), keyed by its response id, and
-  /// drops the oldest ended runs past the bounds.
+  /// drops the oldest ended runs past the bounds. nullptr once closed (nothing is submitted).
   std::shared_ptr<background_run> start(generation_job job, nlohmann::ordered_json input_items);
   /// nullptr when unknown (never background, dropped, or forgotten).
   std::shared_ptr<background_run> find(const std::string& id) const;
   /// Forgets a run (DELETE), cancelling it when live. Whether there was one.
   bool forget(const std::string& id);
-  /// Closes every run (background_run::close); a run started later is closed at once.
+  /// Closes every run (background_run::close); start() refuses from then on. Before the
+  /// mesh stops and before the HTTP server that reads the runs' streams goes (their readers'
+  /// wakers post into its io_context).
   void close();
   bool closed() const;
   size_t size() const;
