@@ -26,6 +26,12 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
       ->check(CLI::Range(0, 1 << 24))->capture_default_str();
   sub->add_option("--max-stored-responses-mb", f.max_stored_responses_mb, "Responses API: MiB of JSON those may take")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  sub->add_option("--max-conversations", f.max_conversations,
+                  "Conversations API: conversations kept (POST /v1/conversations; a response's 'conversation'), "
+                  "least recently written dropped first; 0: none")
+      ->check(CLI::Range(0, 1 << 24))->capture_default_str();
+  sub->add_option("--max-conversations-mb", f.max_conversations_mb, "Conversations API: MiB of JSON those may take")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_option("--scheduling-policy", f.scheduling_policy,
                   "fcfs: first come, first served (a request's non-zero 'priority' is a 400); priority: requests' "
                   "'priority' orders admission and preemption in the replicas, lower first (vLLM's)")
@@ -48,6 +54,8 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
   api.max_stored_responses = f.max_stored_responses;
   api.priority_scheduling = f.scheduling_policy == "priority";
   api.max_stored_response_bytes = f.max_stored_responses_mb << 20;
+  api.max_conversations = f.max_conversations;
+  api.max_conversation_bytes = f.max_conversations_mb << 20;
   http.max_body_bytes = f.max_body_kb << 10;
   http.idle_timeout = std::chrono::seconds(f.idle_timeout_s);
   http.max_connections = f.max_connections;

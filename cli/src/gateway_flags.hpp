@@ -16,6 +16,7 @@ struct gateway_flags {
   size_t max_concurrent = 256, max_tokens = 4096, max_body_kb = 4096, idle_timeout_s = 15;
   size_t max_connections = 1024, max_connections_per_client = 256;
   size_t max_stored_responses = 1024, max_stored_responses_mb = 64;
+  size_t max_conversations = 1024, max_conversations_mb = 64;
   std::string scheduling_policy = "fcfs";  ///< fcfs | priority (vLLM's --scheduling-policy)
   std::string reasoning_parser = "none";  ///< none | deepseek_r1 | qwen3 (reasoning.hpp)
   std::string tool_call_parser = "hermes";  ///< hermes | llama3_json | mistral (tool_calls.hpp)

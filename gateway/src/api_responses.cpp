@@ -40,9 +40,9 @@ std::optional<std::string_view> query_value(std::string_view query, std::string_
   return std::nullopt;
 }
 
-/// GET .../input_items: OpenAI's list (`limit` 1..100, default 20; `order` asc | desc, default
-/// desc; `after`: the items past that id in that order).
-result<json> input_items_page(const json& items, std::string_view query) {
+}  // namespace
+
+result<json> items_page(const json& items, std::string_view query) {
   size_t limit = 20;
   if (auto v = query_value(query, "limit")) {
     int n = 0;
@@ -77,8 +77,6 @@ result<json> input_items_page(const json& items, std::string_view query) {
   return page;
 }
 
-}  // namespace
-
 api_outcome api_service::responses(std::string_view body) {
   auto j = parse_request_object(body);
   if (!j) return error_reply(j.err());
@@ -97,6 +95,26 @@ api_outcome api_service::responses(std::string_view body) {
       job.earlier = prev->conversation();
       job.echo.previous_response_id = prev_id;
     }
+    if (j->contains("conversation") && !(*j)["conversation"].is_null()) {
+      const json& conv = (*j)["conversation"];
+      const json* cid = conv.is_string() ? &conv : conv.is_object() && conv.contains("id") ? &conv["id"] : nullptr;
+      if (!cid || !cid->is_string()) {
+        return error_reply(make_error(errc::invalid_request, "'conversation' must be a conversation's id, or an object with its 'id'"));
+      }
+      if (!job.echo.previous_response_id.is_null()) {
+        return error_reply(make_error(errc::invalid_request, "'conversation' and 'previous_response_id' cannot both be given"));
+      }
+      if (!conversations_->enabled()) {
+        return error_reply(make_error(errc::invalid_request, "'conversation': this server keeps no conversations (--max-conversations 0)"));
+      }
+      job.conversation = cid->get<std::string>();
+      auto c = conversations_->get(job.conversation);
+      if (!c) {
+        return error_reply(make_error(errc::not_found, "no conversation with id '" + job.conversation + "'"));
+      }
+      job.earlier = (*c)["items"];
+      job.echo.conversation = {{"id", job.conversation}};
+    }
     chat = responses_to_chat(*j, job.echo, job.earlier);
   } catch (const nlohmann::json::exception& e) {  // a field of an unexpected type
     chat = make_error(errc::invalid_request, std::string("the request does not have the Responses API's shape: ") + e.what());
@@ -113,7 +131,7 @@ api_outcome api_service::responses(std::string_view body) {
   const bool background = job.echo.background;
   if (background && runs_->closed()) return error_reply(make_error(errc::replica_unavailable, "the server is stopping"));
   const bool streamed = j->contains("stream") && (*j)["stream"].is_boolean() && (*j)["stream"].get<bool>();
-  if (job.echo.store) job.request = std::move(*j);
+  if (job.echo.store || !job.conversation.empty()) job.request = std::move(*j);
   api_outcome out = chat_completions(dumped(*chat), &job);
   if (!background || !std::holds_alternative<generation_job>(out)) return out;
   // Runs without the connection: a stream reads its events as they come (and the client may
@@ -151,11 +169,18 @@ http_reply api_service::cancel_response(const std::string& id) const {
 std::unique_ptr<responses_renderer> api_service::responses_output(const responses_job& r, std::string_view chat_id,
                                                                   int64_t created, const std::string& model) const {
   auto out = std::make_unique<responses_renderer>(r.echo, chat_id, created, model);
-  if (r.echo.store) {
+  if (r.echo.store || !r.conversation.empty()) {
     stored_response kept;
     kept.input_items = responses_input_items(r.request, out->hex());
     kept.earlier = r.earlier;
-    out->on_final([store = store_, kept = std::move(kept)](const json& response) mutable {
+    out->on_final([store = r.echo.store ? store_ : nullptr, conversations = conversations_, conversation = r.conversation,
+                   kept = std::move(kept)](const json& response) mutable {
+      // A conversation takes the turn when the response finished (not failed or cancelled).
+      const std::string status = response.value("status", std::string());
+      if (!conversation.empty() && (status == "completed" || status == "incomplete")) {
+        (void)extend_conversation(*conversations, conversation, kept.input_items, response);  // gone meanwhile: nothing to extend
+      }
+      if (!store) return;
       kept.response = response;
       store->put(response["id"].get<std::string>(), std::move(kept));
     });
@@ -210,7 +235,7 @@ api_outcome api_service::stored_responses(std::string_view method, std::string_v
   auto stored = store_->get(id);
   if (!stored && !(run && sub == "input_items")) return error_reply(response_not_found(id));
   if (sub == "input_items") {
-    auto page = input_items_page(stored ? stored->input_items : run->input_items(), query);
+    auto page = items_page(stored ? stored->input_items : run->input_items(), query);
     if (!page) return error_reply(page.err());
     return json_body(std::move(*page));
   }

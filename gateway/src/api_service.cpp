@@ -62,6 +62,7 @@ api_service::api_service(api_options opt, std::vector<served_model> models, acto
       mesh_(mesh),
       metrics_(metrics),
       store_(std::make_shared<response_store>(opt_.max_stored_responses, opt_.max_stored_response_bytes)),
+      conversations_(std::make_shared<json_store>(opt_.max_conversations, opt_.max_conversation_bytes)),
       seed_base_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()),
       created_(unix_now()),
       runs_(std::make_unique<background_runs>(mesh)) {
@@ -71,6 +72,8 @@ api_service::api_service(api_options opt, std::vector<served_model> models, acto
 api_service::~api_service() = default;
 
 void api_service::close_background() { runs_->close(); }
+
+uint64_t api_service::mix_id(uint64_t n) const { return mix(seed_base_ + n); }
 
 api_service::api_service(api_options opt, std::shared_ptr<const model::tokenizer> tok,
                          std::optional<model::chat_template> chat, model::model_config cfg, actors::mesh_client& mesh,
@@ -113,9 +116,10 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   // vLLM's tokenizer routes sit outside /v1; the API key guards them too (they cost work).
   const bool tokenizer_route = path == "/tokenize" || path == "/detokenize";
   const bool stored_route = path.starts_with("/v1/responses/");  // a stored response's routes
+  const bool conversation_route = path == "/v1/conversations" || path.starts_with("/v1/conversations/");
   const bool model_route = path.starts_with("/v1/models/") && path.size() > std::string_view("/v1/models/").size();
   const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
-                     path == "/v1/responses" || stored_route || model_route || tokenizer_route;
+                     path == "/v1/responses" || stored_route || conversation_route || model_route || tokenizer_route;
   if (!known && !(path == "/health" || path == "/ready" || path == "/metrics" || path == "/version")) {
     return error_reply(make_error(errc::not_found, "no route for " + std::string(method) + " " + std::string(path)));
   }
@@ -129,6 +133,10 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   if (path == "/v1/responses" && post) return responses(body);
   if (stored_route) return stored_responses(method, path.substr(std::string_view("/v1/responses/").size()),
                                             target.size() > path.size() ? target.substr(path.size() + 1) : std::string_view());
+  if (conversation_route) {
+    return conversations(method, path.substr(std::string_view("/v1/conversations").size()),
+                         target.size() > path.size() ? target.substr(path.size() + 1) : std::string_view(), body);
+  }
   if (path == "/tokenize" && post) return tokenize(body);
   if (path == "/detokenize" && post) return detokenize(body);
   http_reply r = error_reply(make_error(errc::invalid_request, std::string(method) + " is not allowed on " + std::string(path)));

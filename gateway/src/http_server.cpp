@@ -118,6 +118,28 @@ awaitable<bool> write_reply(http_server::impl* s, beast::tcp_stream& stream, con
   co_return !ec;
 }
 
+/// The head of an SSE response: HTTP/1.1 streams in chunks; HTTP/1.0 has no chunked encoding
+/// (the raw stream, then close).
+http::response<http::empty_body> sse_head(unsigned version, bool keep) {
+  http::response<http::empty_body> head{http::status::ok, version};
+  head.set(http::field::server, "llmesh");
+  head.set(http::field::content_type, "text/event-stream");
+  head.set(http::field::cache_control, "no-cache");
+  head.keep_alive(keep && version >= 11);
+  head.chunked(version >= 11);
+  return head;
+}
+
+/// Writes SSE bytes after the head: one chunk, or raw on HTTP/1.0.
+awaitable<void> write_sse(http_server::impl* s, beast::tcp_stream& stream, const std::string& bytes, bool chunked, error_code& ec) {
+  stream.expires_after(s->opt.write_timeout);
+  if (chunked) {
+    co_await net::async_write(stream, http::make_chunk(net::buffer(bytes)), net::redirect_error(use_awaitable, ec));
+  } else {
+    co_await net::async_write(stream, net::buffer(bytes), net::redirect_error(use_awaitable, ec));
+  }
+}
+
 /// Runs one generation job (every choice of a response) on this connection. Returns false when
 /// the connection must close.
 awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generation_job& job, unsigned version,
@@ -140,15 +162,9 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
   for (auto& req : job.output->take_submissions()) submit(std::move(req), true);  // a beam search's first step
   net::co_spawn(ex, watch(st, stream.socket()), net::detached);
 
-  // HTTP/1.1 streams in chunks; HTTP/1.0 has no chunked encoding: the raw stream, then close.
   const bool chunked = version >= 11;
   if (!chunked) keep = false;
-  http::response<http::empty_body> head{http::status::ok, version};
-  head.set(http::field::server, "llmesh");
-  head.set(http::field::content_type, "text/event-stream");
-  head.set(http::field::cache_control, "no-cache");
-  head.keep_alive(keep);
-  head.chunked(chunked);
+  auto head = sse_head(version, keep);
   http::response_serializer<http::empty_body> head_writer{head};
   bool head_sent = false;
   error_code ec;
@@ -174,11 +190,7 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
       head_sent = true;
       if (ec) break;
     }
-    if (chunked) {
-      co_await net::async_write(stream, http::make_chunk(net::buffer(bytes)), net::redirect_error(use_awaitable, ec));
-    } else {
-      co_await net::async_write(stream, net::buffer(bytes), net::redirect_error(use_awaitable, ec));
-    }
+    co_await write_sse(s, stream, bytes, chunked, ec);
     if (ec) break;
   }
   st->finished = true;
@@ -212,12 +224,7 @@ awaitable<bool> run_tail(http_server::impl* s, beast::tcp_stream& stream, event_
   net::co_spawn(ex, watch(st, stream.socket()), net::detached);
   const bool chunked = version >= 11;
   if (!chunked) keep = false;
-  http::response<http::empty_body> head{http::status::ok, version};
-  head.set(http::field::server, "llmesh");
-  head.set(http::field::content_type, "text/event-stream");
-  head.set(http::field::cache_control, "no-cache");
-  head.keep_alive(keep);
-  head.chunked(chunked);
+  auto head = sse_head(version, keep);
   http::response_serializer<http::empty_body> head_writer{head};
   stream.expires_after(s->opt.write_timeout);
   error_code ec;
@@ -231,12 +238,7 @@ awaitable<bool> run_tail(http_server::impl* s, beast::tcp_stream& stream, event_
     auto page = tail.run->read(after, wake);
     if (!page.bytes.empty()) {
       after = page.last;
-      stream.expires_after(s->opt.write_timeout);
-      if (chunked) {
-        co_await net::async_write(stream, http::make_chunk(net::buffer(page.bytes)), net::redirect_error(use_awaitable, ec));
-      } else {
-        co_await net::async_write(stream, net::buffer(page.bytes), net::redirect_error(use_awaitable, ec));
-      }
+      co_await write_sse(s, stream, page.bytes, chunked, ec);
       continue;  // more may have come meanwhile
     }
     if (page.ended) break;

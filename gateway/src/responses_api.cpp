@@ -183,10 +183,6 @@ json usage_of(const json& chat_usage) {
 
 result<json> responses_to_chat(const json& body, responses_echo& echo, const json& earlier) {
   if (!body.is_object()) return bad("the request body must be a JSON object");
-  if (sent(body, "conversation")) {
-    return bad("'conversation' is not supported by this server (chain responses with 'previous_response_id', or send "
-               "the whole conversation as 'input')");
-  }
   if (sent(body, "prompt")) return bad("'prompt' (a stored prompt template) is not supported by this server");
   if (sent(body, "background")) {
     if (!body["background"].is_boolean()) return bad("'background' must be true or false");
@@ -393,6 +389,7 @@ json responses_renderer::response_object(std::string_view status, const json& ou
             {"usage", usage},
             {"user", echo_.user},
             {"metadata", echo_.metadata}};
+  if (!echo_.conversation.is_null()) r["conversation"] = echo_.conversation;
   return r;
 }
 

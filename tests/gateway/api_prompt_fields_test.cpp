@@ -138,7 +138,7 @@ TEST_F(PromptFields, BadWordsBecomeTheIdsOfEachWordAtTheStartAndAfterASpace) {
   EXPECT_EQ(bad_words_.front(), zebra);
   prompt_of("/v1/completions", R"({"model":"m","prompt":"hi"})");
   EXPECT_TRUE(bad_words_.empty());
-  for (const std::string bad : std::vector<std::string>{R"("x")", R"([""])", R"([5])", "[\"" + std::string(300, 'a') + "\"]"}) {
+  for (const std::string& bad : std::vector<std::string>{R"("x")", R"([""])", R"([5])", "[\"" + std::string(300, 'a') + "\"]"}) {
     int status = 0;
     prompt_of("/v1/completions", R"({"model":"m","prompt":"hi","bad_words":)" + bad + "}", &status);
     EXPECT_EQ(status, 400) << bad;

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api_fixture.hpp"
 #include "llmesh/gateway/api_service.hpp"
 #include "llmesh/gateway/background_runs.hpp"
 
@@ -68,15 +69,12 @@ class BackgroundResponses : public ::testing::Test {
   void SetUp() override { start(api_options{}); }
   void start(api_options o) {
     api_.reset();
-    const std::string dir = LLMESH_SOURCE_DIR "/models/kjv-tiny";
-    auto t = model::tokenizer::load(dir);
-    auto c = model::load_config(dir);
-    auto chat = model::chat_template::load(dir);
-    ASSERT_TRUE(t.ok() && c.ok() && chat.ok());
-    tok_ = *t;
+    served_model m = kjv_tiny("m");
+    ASSERT_TRUE(m.tok);
+    tok_ = m.tok;
     o.model_name = "m";
     o.max_concurrent = 8;
-    api_ = std::make_unique<api_service>(o, *t, *chat, *c, mesh_, metrics_);
+    api_ = std::make_unique<api_service>(o, std::vector{std::move(m)}, mesh_, metrics_);
   }
   api_outcome call(const std::string& method, const std::string& path, const std::string& body = "") {
     return api_->handle(method, path, "", body);

@@ -205,7 +205,9 @@ TEST(BeamSearch, StepsExtendEachBeamAsOutputWithTwiceTheWidthOfAlternatives) {
   ASSERT_EQ(run.steps[0].size(), 1u);
   std::set<uint64_t> ids;
   for (size_t k = 0; k < run.steps.size(); ++k) {
-    if (k > 0) EXPECT_EQ(run.steps[k].size(), 3u);
+    if (k > 0) {
+      EXPECT_EQ(run.steps[k].size(), 3u);
+    }
     for (const auto& r : run.steps[k]) {
       EXPECT_TRUE(ids.insert(r.id).second) << "id " << r.id << " twice";
       EXPECT_EQ(r.max_tokens, 1u);

@@ -138,7 +138,6 @@ TEST(ResponsesApi, LogprobsRideOnTheOutputTextWithoutTheThinking) {
 
 TEST(ResponsesApi, WhatTheServerCannotDoIsRefusedByName) {
   for (const auto& [body, needle] : std::vector<std::pair<json, std::string>>{
-           {{{"input", "x"}, {"conversation", "c"}}, "'conversation' is not supported"},
            {{{"input", "x"}, {"background", "yes"}}, "'background' must be true or false"},
            {{{"input", "x"}, {"background", true}, {"stream", 1}}, "'stream' must be true or false"},
            {{{"input", "x"}, {"prompt", {{"id", "p"}}}}, "'prompt'"},

@@ -41,6 +41,29 @@ json wait_for_end(int port, const std::string& id) {
   return json();
 }
 
+/// POSTs `body` to `path` on a connection of its own and reads until `until` has come; the
+/// open socket (the caller closes it; -1 on failure) and what came.
+std::pair<int, std::string> open_stream(int port, const std::string& path, const std::string& body, const std::string& until) {
+  int fd = connect_local(port);
+  if (fd < 0) return {-1, ""};
+  if (!send_all(fd, "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+                        std::to_string(body.size()) + "\r\n\r\n" + body)) {
+    close(fd);
+    return {-1, ""};
+  }
+  std::string got;
+  char buf[4096];
+  while (got.find(until) == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) {
+      close(fd);
+      return {-1, got};
+    }
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return {fd, got};
+}
+
 std::vector<json> events(const std::string& body) {
   std::vector<json> out;
   for (const auto& p : sse_payloads(body)) out.push_back(json::parse(p));
@@ -91,19 +114,9 @@ TEST(ServeBackground, AClientThatLeavesMidStreamLeavesItRunning) {
   ASSERT_GT(s.port(), 0) << s.log();
   const json req = {{"model", "kjv-tiny"}, {"input", "Who"}, {"max_output_tokens", 200}, {"ignore_eos", true},
                     {"background", true}, {"stream", true}};
-  const std::string body = req.dump();
-  int fd = connect_local(s.port());
-  ASSERT_GE(fd, 0);
-  ASSERT_TRUE(send_all(fd, "POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
-                               std::to_string(body.size()) + "\r\n\r\n" + body));
   // Read until the response's id has come, then hang up.
-  std::string got;
-  char buf[4096];
-  while (got.find("\"id\":\"resp_") == std::string::npos) {
-    const ssize_t n = recv(fd, buf, sizeof buf, 0);
-    ASSERT_GT(n, 0);
-    got.append(buf, static_cast<size_t>(n));
-  }
+  auto [fd, got] = open_stream(s.port(), "/v1/responses", req.dump(), "\"id\":\"resp_");
+  ASSERT_GE(fd, 0) << got;
   close(fd);
   const size_t at = got.find("\"id\":\"resp_") + 6;
   const std::string id = got.substr(at, got.find('"', at) - at);
@@ -123,18 +136,8 @@ TEST(ServeBackground, OneCancelledWhileItWaitsEndsCancelledAndTheReplicaServesOn
   const json long_one = {{"model", "kjv-tiny"}, {"prompt", "Who"}, {"max_tokens", 240}, {"ignore_eos", true}};
   json streamed_one = long_one;
   streamed_one["stream"] = true;
-  const std::string body = streamed_one.dump();
-  int fd = connect_local(s.port());  // running once its first chunk has come
-  ASSERT_GE(fd, 0);
-  ASSERT_TRUE(send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
-                               std::to_string(body.size()) + "\r\n\r\n" + body));
-  std::string got;
-  char buf[4096];
-  while (got.find("data: ") == std::string::npos) {
-    const ssize_t n = recv(fd, buf, sizeof buf, 0);
-    ASSERT_GT(n, 0);
-    got.append(buf, static_cast<size_t>(n));
-  }
+  auto [fd, got] = open_stream(s.port(), "/v1/completions", streamed_one.dump(), "data: ");  // running once a chunk came
+  ASSERT_GE(fd, 0) << got;
   std::vector<std::thread> ahead;
   std::vector<int> statuses(2, 0);
   for (size_t i = 0; i < 2; ++i) {

@@ -322,6 +322,38 @@ test('responses: background, polled, streamed and resumed with starting_after, c
   await assert.rejects(client.responses.cancel(fg.id), (err) => err instanceof OpenAI.BadRequestError);
 });
 
+test('conversations: made, continued by responses, items listed, added, read and deleted', async () => {
+  const conv = await client.conversations.create({ metadata: { topic: 'genesis' },
+    items: [{ type: 'message', role: 'user', content: CHAT[0].content }] });
+  assert.equal(conv.object, 'conversation');
+  assert.deepEqual((await client.conversations.retrieve(conv.id)).metadata, { topic: 'genesis' });
+  const answered = await client.responses.create({ model: MODEL, conversation: conv.id, input: 'And then?',
+    max_output_tokens: 4, temperature: 0 });
+  assert.deepEqual(answered.conversation, { id: conv.id });
+  // As the whole conversation sent at once.
+  const whole = await client.responses.create({ model: MODEL, store: false, max_output_tokens: 4, temperature: 0, input: [
+    { role: 'user', content: CHAT[0].content }, { role: 'user', content: 'And then?' }] });
+  assert.equal(answered.output_text, whole.output_text);
+  assert.equal(answered.usage.input_tokens, whole.usage.input_tokens);
+  const items = [];
+  for await (const item of client.conversations.items.list(conv.id, { order: 'asc' })) items.push(item);
+  assert.equal(items.length, 3);
+  assert.equal(items[1].content[0].text, 'And then?');
+  assert.equal(items[2].id, answered.output[0].id);
+  const added = await client.conversations.items.create(conv.id, { items: [{ type: 'message', role: 'user', content: 'More.' }] });
+  assert.equal(added.data.length, 1);
+  const one = await client.conversations.items.retrieve(added.data[0].id, { conversation_id: conv.id });
+  assert.equal(one.content[0].text, 'More.');
+  await client.conversations.items.delete(added.data[0].id, { conversation_id: conv.id });
+  await assert.rejects(client.conversations.items.retrieve(added.data[0].id, { conversation_id: conv.id }),
+    (err) => err instanceof OpenAI.NotFoundError);
+  const updated = await client.conversations.update(conv.id, { metadata: { topic: 'exodus' } });
+  assert.deepEqual(updated.metadata, { topic: 'exodus' });
+  const deleted = await client.conversations.delete(conv.id);
+  assert.equal(deleted.deleted, true);
+  await assert.rejects(client.conversations.retrieve(conv.id), (err) => err instanceof OpenAI.NotFoundError);
+});
+
 test('models.list() returns kjv-tiny', async () => {
   const ids = [];
   for await (const m of client.models.list()) ids.push(m.id);

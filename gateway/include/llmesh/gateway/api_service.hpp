@@ -42,6 +42,10 @@ struct api_options {
   /// stored; `previous_response_id` is then a 400) and this many bytes of JSON.
   size_t max_stored_responses = 1024;
   size_t max_stored_response_bytes = size_t{64} << 20;
+  /// The Conversations API's conversations (api_conversations.cpp): at most this many (0: the
+  /// routes and the Responses API's `conversation` answer 400) and this many bytes of JSON.
+  size_t max_conversations = 1024;
+  size_t max_conversation_bytes = size_t{64} << 20;
 };
 
 /// One model a gateway serves.
@@ -161,6 +165,7 @@ class api_service {
     responses_echo echo;
     nlohmann::ordered_json request;
     nlohmann::ordered_json earlier = nlohmann::ordered_json::array();
+    std::string conversation;  ///< the conversation it continues and extends (empty: none)
   };
   api_outcome chat_completions(std::string_view body, const responses_job* responses = nullptr);
   /// OpenAI's Responses API (api_responses.cpp): the request as the chat request it means, run
@@ -175,6 +180,18 @@ class api_service {
   api_outcome stored_responses(std::string_view method, std::string_view rest, std::string_view query) const;
   /// POST .../cancel (api_responses.cpp).
   http_reply cancel_response(const std::string& id) const;
+  /// /v1/conversations[/{id}[/items[/{item}]]] (api_conversations.cpp; `rest`: the path after
+  /// "/v1/conversations").
+  http_reply conversations(std::string_view method, std::string_view rest, std::string_view query, std::string_view body);
+  /// Items a client gives a conversation (at most 20 a call, each one a Responses input item),
+  /// with ids where they had none; a 400 naming `field` otherwise.
+  result<nlohmann::ordered_json> conversation_items(const nlohmann::ordered_json& items, const std::string& field);
+  /// A finished response's input items and output appended to conversation `id` of `store`.
+  static status extend_conversation(json_store& store, const std::string& id, const nlohmann::ordered_json& input_items,
+                                    const nlohmann::ordered_json& response);
+  /// 16 hex digits, unique in this process (ids of conversations and their items).
+  std::string fresh_hex();
+  uint64_t mix_id(uint64_t n) const;
   /// vLLM's /tokenize and /detokenize (api_tokenize.cpp).
   api_outcome tokenize(std::string_view body);
   api_outcome detokenize(std::string_view body);
@@ -211,6 +228,7 @@ class api_service {
   actors::mesh_client& mesh_;
   actors::metrics_registry& metrics_;
   std::shared_ptr<response_store> store_;  ///< shared with the renderers that store into it
+  std::shared_ptr<json_store> conversations_;
   std::shared_ptr<std::atomic<size_t>> inflight_ = std::make_shared<std::atomic<size_t>>(0);
   std::atomic<uint64_t> next_id_{1};
   uint64_t seed_base_;

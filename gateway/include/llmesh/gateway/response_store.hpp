@@ -8,13 +8,12 @@
 #pragma once
 
 #include <cstddef>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "llmesh/gateway/json_store.hpp"
 
 namespace llmesh::gateway {
 
@@ -35,30 +34,19 @@ struct stored_response {
 class response_store {
  public:
   /// `max_entries` 0: nothing is stored (enabled() is false).
-  response_store(size_t max_entries, size_t max_bytes) : max_entries_(max_entries), max_bytes_(max_bytes) {}
+  response_store(size_t max_entries, size_t max_bytes) : store_(max_entries, max_bytes) {}
 
-  bool enabled() const { return max_entries_ > 0; }
+  bool enabled() const { return store_.enabled(); }
   /// Keeps `r` under `id` (replacing one of that id), then drops the oldest past the bounds.
   void put(const std::string& id, const stored_response& r);
   std::shared_ptr<const stored_response> get(const std::string& id) const;
   /// Whether one was there.
-  bool erase(const std::string& id);
-  size_t size() const;
-  size_t bytes() const;
+  bool erase(const std::string& id) { return store_.erase(id); }
+  size_t size() const { return store_.size(); }
+  size_t bytes() const { return store_.bytes(); }
 
  private:
-  struct entry {
-    std::shared_ptr<const std::string> text;  ///< {"response", "input_items", "earlier"} as JSON
-    uint64_t order = 0;
-  };
-  void drop_locked(std::map<std::string, entry>::iterator it);
-
-  const size_t max_entries_, max_bytes_;
-  mutable std::mutex mu_;
-  std::map<std::string, entry> by_id_;
-  std::map<uint64_t, std::string> age_;  ///< order stored → id, oldest first
-  uint64_t next_order_ = 0;
-  size_t bytes_ = 0;
+  json_store store_;  ///< {"response", "input_items", "earlier"} by id
 };
 
 }  // namespace llmesh::gateway

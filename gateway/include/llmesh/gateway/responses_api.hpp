@@ -10,8 +10,9 @@
 // Responses are stored (response_store.hpp; `store`, true by default, as OpenAI's) so that a
 // request may continue one with `previous_response_id`: that response's conversation (its
 // input items and output, after its own predecessors') comes before the new input.
-// `background` runs a response without its connection (background_runs.hpp).
-// `conversation` objects and stored prompts are refused with a 400 naming them.
+// `background` runs a response without its connection (background_runs.hpp); `conversation`
+// continues and extends a conversation (api_conversations.cpp). Stored prompts are refused with
+// a 400 naming them.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,7 @@ struct responses_echo {
   nlohmann::ordered_json previous_response_id;  ///< null or the id continued
   bool store = false;  ///< whether the response is kept (the request's `store` and the server's store)
   bool background = false;  ///< the request's `background` (the caller checks it against store)
+  nlohmann::ordered_json conversation;  ///< null, or {"id": ...}: the conversation it continues
 };
 
 /// A Responses request as the chat request it means, or an invalid_request naming the field.
@@ -58,6 +60,11 @@ struct responses_echo {
 /// it): a string is one user message with an input_text part. Items without an `id` get
 /// "<msg|fc|fco|rs>_<hex>in<index>" (hex: the response id's unique part).
 nlohmann::ordered_json responses_input_items(const nlohmann::ordered_json& body, std::string_view hex);
+
+/// OpenAI's list of items (a stored response's input_items, a conversation's items):
+/// `limit` 1..100 (default 20), `order` asc | desc (default desc), `after` an item id (the items
+/// past it in that order); a 400 naming the parameter otherwise.
+[[nodiscard]] result<nlohmann::ordered_json> items_page(const nlohmann::ordered_json& items, std::string_view query);
 
 /// Thread affinity: the connection's. Renders one response from its chat output.
 class responses_renderer {
