@@ -116,6 +116,14 @@ api_outcome api_service::responses(std::string_view body) {
       job.echo.conversation = {{"id", job.conversation}};
     }
     chat = responses_to_chat(*j, job.echo, job.earlier);
+    // truncation "auto": the oldest items give way until the prompt fits (the stored
+    // conversation keeps them all).
+    if (chat && job.echo.truncation == "auto") {
+      if (const size_t k = items_to_drop(*j, job); k > 0) {
+        auto [cut_body, cut_earlier] = without_first_items(*j, job.earlier, k);
+        chat = responses_to_chat(cut_body, job.echo, cut_earlier);
+      }
+    }
   } catch (const nlohmann::json::exception& e) {  // a field of an unexpected type
     chat = make_error(errc::invalid_request, std::string("the request does not have the Responses API's shape: ") + e.what());
   }
@@ -142,6 +150,40 @@ api_outcome api_service::responses(std::string_view body) {
   if (!run) return error_reply(make_error(errc::replica_unavailable, "the server is stopping"));
   if (streamed) return event_tail{run, -1};
   return json_body(run->queued());
+}
+
+size_t api_service::items_to_drop(const json& body, const responses_job& job) {
+  const size_t input_items = body["input"].is_array() ? body["input"].size() : 1;
+  const size_t most = job.earlier.size() + input_items - 1;  // the input's last item stays
+  auto m = find_or_only(body.value("model", std::string()));
+  if (!m || !(*m)->chat) return 0;
+  const size_t ctx = (*m)->cfg.max_positions;
+  const size_t wanted = body.contains("max_output_tokens") && body["max_output_tokens"].is_number_unsigned()
+                            ? std::max<size_t>(body["max_output_tokens"].get<size_t>(), 1)
+                            : 1;
+  auto fits = [&](size_t k) {
+    auto [cut_body, cut_earlier] = without_first_items(body, job.earlier, k);
+    responses_echo echo;
+    auto chat = responses_to_chat(cut_body, echo, cut_earlier);
+    if (!chat) return true;  // the chat path will say what is wrong
+    auto r = parse_chat_request(dumped(*chat), opt_.limits);
+    if (!r) return true;
+    auto prompt = chat_prompt(*r, **m);
+    return !prompt || prompt->second.size() + wanted <= ctx;
+  };
+  if (fits(0)) return 0;
+  // The fewest items left out that fit (more left out, a shorter prompt): a binary search.
+  size_t lo = 1, hi = most;
+  if (hi < lo || !fits(hi)) return most;  // even the last item alone does not fit: the chat path says so
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (fits(mid)) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
 }
 
 http_reply api_service::cancel_response(const std::string& id) const {

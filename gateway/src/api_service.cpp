@@ -235,6 +235,18 @@ api_outcome api_service::completions(std::string_view body) {
 }
 
 
+result<std::pair<std::string, std::vector<int32_t>>> api_service::chat_prompt(const chat_request& r, const served_model& sm) const {
+  auto extra = r.template_kwargs;  // chat_template_kwargs, then the request's tools
+  if (!r.tools.tools.empty()) extra["tools"] = r.tools.tools;
+  auto text = r.continue_final_message ? sm.chat->render_continuing(r.messages, extra)
+                                       : sm.chat->render(r.messages, r.add_generation_prompt, extra);
+  if (!text) return make_error(errc::invalid_request, "chat template: " + text.err().message);
+  // The template writes the special tokens itself (as HF's apply_chat_template does).
+  auto ids = sm.tok->encode(*text, r.add_special_tokens);
+  truncate_prompt(ids, r.gen.truncate_prompt_tokens, sm.cfg.max_positions);
+  return std::pair{std::move(*text), std::move(ids)};
+}
+
 api_outcome api_service::chat_completions(std::string_view body, const responses_job* responses) {
   auto r = parse_chat_request(body, opt_.limits);
   if (!r && responses) {
@@ -257,22 +269,17 @@ api_outcome api_service::chat_completions(std::string_view body, const responses
   // The tools go to the template as HF's apply_chat_template passes them: `tools`, the list as
   // sent (left undefined without tools, as before them).
   if (auto s = check_truncation(r->gen.truncate_prompt_tokens, sm.cfg.max_positions); !s) return error_reply(s.err());
-  auto extra = r->template_kwargs;  // chat_template_kwargs, then the request's tools
-  if (!r->tools.tools.empty()) extra["tools"] = r->tools.tools;
-  auto text = r->continue_final_message ? sm.chat->render_continuing(r->messages, extra)
-                                        : sm.chat->render(r->messages, r->add_generation_prompt, extra);
-  if (!text) return error_reply(make_error(errc::invalid_request, "chat template: " + text.err().message));
-  // The template writes the special tokens itself (as HF's apply_chat_template does).
+  auto prompt = chat_prompt(*r, sm);
+  if (!prompt) return error_reply(prompt.err());
+  auto& [text, ids] = *prompt;
   const tool_output shape{r->tools.mode, r->tools.name, sm.tool_parser};
-  auto ids = sm.tok->encode(*text, r->add_special_tokens);
-  truncate_prompt(ids, r->gen.truncate_prompt_tokens, sm.cfg.max_positions);
   // The model's reasoning parser splits the thinking off. A structured output or a forced tool
   // call then holds for the answer, after "</think>" (unless the prompt closed the block).
   reasoning_mode reasoning;
   if (sm.reasoning != reasoning_parser::none) {
     // Opened by the template's generation prompt, or by the message being continued; closed
     // by the prompt (thinking turned off), or by a continued message outside a block.
-    bool opened = prompt_opens_reasoning(*text), closed = prompt_closes_reasoning(*text);
+    bool opened = prompt_opens_reasoning(text), closed = prompt_closes_reasoning(text);
     if (r->continue_final_message) {
       const auto& last = r->messages.back();
       opened = last.contains("content") && last["content"].is_string() &&

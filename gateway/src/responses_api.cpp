@@ -189,6 +189,10 @@ result<json> responses_to_chat(const json& body, responses_echo& echo, const jso
     echo.background = body["background"].get<bool>();
   }
   if (sent(body, "store") && !body["store"].is_boolean()) return bad("'store' must be true or false");
+  if (sent(body, "truncation")) {
+    if (body["truncation"] != "auto" && body["truncation"] != "disabled") return bad("'truncation' must be \"auto\" or \"disabled\"");
+    echo.truncation = body["truncation"].get<std::string>();
+  }
   json chat = json::object();
   if (body.contains("model")) chat["model"] = body["model"];
   json messages = json::array();
@@ -332,6 +336,19 @@ result<json> responses_to_chat(const json& body, responses_echo& echo, const jso
   return chat;
 }
 
+std::pair<json, json> without_first_items(const json& body, const json& earlier, size_t k) {
+  json cut_body = body, cut_earlier = json::array();
+  const size_t from_earlier = std::min(k, earlier.size());
+  for (size_t i = from_earlier; i < earlier.size(); ++i) cut_earlier.push_back(earlier[i]);
+  const size_t from_input = k - from_earlier;
+  if (from_input > 0 && body["input"].is_array()) {
+    json input = json::array();
+    for (size_t i = from_input; i < body["input"].size(); ++i) input.push_back(body["input"][i]);
+    cut_body["input"] = std::move(input);
+  }
+  return {std::move(cut_body), std::move(cut_earlier)};
+}
+
 json responses_input_items(const json& body, std::string_view hex) {
   json items = json::array();
   const json& input = body["input"];
@@ -385,7 +402,7 @@ json responses_renderer::response_object(std::string_view status, const json& ou
             {"tool_choice", echo_.tool_choice},
             {"tools", echo_.tools},
             {"top_p", echo_.top_p},
-            {"truncation", "disabled"},
+            {"truncation", echo_.truncation},
             {"usage", usage},
             {"user", echo_.user},
             {"metadata", echo_.metadata}};

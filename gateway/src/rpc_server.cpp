@@ -9,6 +9,7 @@
 #include <kj/async.h>
 
 #include <algorithm>
+#include <chrono>
 #include <future>
 #include <thread>
 #include <unordered_map>
@@ -35,6 +36,8 @@ struct choice_state {
   bool ended = false;      ///< its last token came, or a stop string ended it
   bool mesh_done = false;  ///< the mesh sent its last message, or it was cancelled there
   bool absent = false;     ///< a beam search found fewer beams than choices: not in the result
+  /// When its call began and its last token came (the serving metrics, as completion_stream's).
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), last = start;
 
   choice_state(uint64_t i, const model::detokenizer& d, bool skip) : id(i), decoder(d, skip) {}
 };
@@ -275,6 +278,17 @@ struct rpc_server::impl {
     if (!st->finished && st->ended == st->choices.size()) finish_call(st);  // the last choices were absent
   }
 
+  /// A generated token of a choice, in the serving metrics as an HTTP choice's
+  /// (completion_stream::observe_token): time to the first, between the others, and the count.
+  void observe_token(choice_state& c) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool first = c.ids.size() == 1;
+    api.metrics().get_histogram(first ? actors::metric::ttft : actors::metric::itl)
+        ->observe(std::chrono::duration<double>(now - (first ? c.start : c.last)).count());
+    api.metrics().get_counter(actors::metric::generation_tokens)->add();
+    c.last = now;
+  }
+
   void on_token(uint64_t id, const actors::token_msg& t) {
     auto it = calls.find(id);
     if (it == calls.end()) return;  // cancelled meanwhile
@@ -291,6 +305,7 @@ struct rpc_server::impl {
       c.mesh_done = true;
     } else {
       c.ids.push_back(t.token);
+      if (!st->beams) observe_token(c);  // (a beam call's group counts its own choices)
       if (t.logprobs) c.logprobs.push_back(*t.logprobs);
       if (k == 0 && !t.prompt_logprobs.empty()) st->prompt_logprobs = t.prompt_logprobs;
       if (k == 0 && c.ids.size() == 1 && t.cached_tokens >= 0) {
@@ -331,6 +346,10 @@ struct rpc_server::impl {
       if (stopped || t.finish != actors::finish_reason::none) {
         c.ended = true;
         ++st->ended;
+        if (!st->beams) {
+          api.metrics().get_histogram(actors::metric::e2e)
+              ->observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - c.start).count());
+        }
       }
     }
     if (t.failed || st->ended == st->choices.size()) {

@@ -4,6 +4,7 @@
 #include "partial_tag.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <optional>
 #include <random>
 
@@ -18,8 +19,9 @@ using json = nlohmann::ordered_json;
 /// Hermes-style calls (Qwen2.5/3, Hermes 2 Pro templates): <tool_call>{"name", "arguments"}</tool_call>.
 constexpr std::string_view hermes_open = "<tool_call>", hermes_close = "</tool_call>";
 /// Mistral's: [TOOL_CALLS] (a special token the decoder keeps for this parser), then a JSON
-/// array of {"name", "arguments"} (tokenizer v3) or name[ARGS]{...} per call (v11 and later).
-constexpr std::string_view mistral_open = "[TOOL_CALLS]", mistral_args = "[ARGS]";
+/// array of {"name", "arguments"} (tokenizer v3) or name[ARGS]{...} per call (v11 and later;
+/// name[CALL_ID]id[ARGS]{...} where the model writes its call's id, as later tokenizers do).
+constexpr std::string_view mistral_open = "[TOOL_CALLS]", mistral_args = "[ARGS]", mistral_call_id = "[CALL_ID]";
 
 /// The tag the automatic parser's calls start with.
 std::string_view open_tag(tool_call_parser p) { return p == tool_call_parser::mistral ? mistral_open : hermes_open; }
@@ -28,7 +30,7 @@ std::string_view open_tag(tool_call_parser p) { return p == tool_call_parser::mi
 /// tokens kept only to find the calls; vLLM drops them too).
 std::string unparsed_content(tool_call_parser p, std::string text) {
   if (p != tool_call_parser::mistral) return text;
-  for (std::string_view tag : {mistral_open, mistral_args}) {
+  for (std::string_view tag : {mistral_open, mistral_args, mistral_call_id}) {
     for (size_t at; (at = text.find(tag)) != std::string::npos;) text.erase(at, tag.size());
   }
   return text;
@@ -119,7 +121,7 @@ result<std::vector<int32_t>> tool_parser_kept_tokens(const model::tokenizer& tok
                                                      const std::string& model_name) {
   std::vector<int32_t> keep;
   if (p != tool_call_parser::mistral) return keep;
-  for (std::string_view tag : {mistral_open, mistral_args}) {
+  for (std::string_view tag : {mistral_open, mistral_args, mistral_call_id}) {
     const auto ids = tok.encode(std::string(tag), false);
     const bool own = ids.size() == 1 && tok.decoder().token_bytes(ids[0]) == tag;
     if (own) keep.push_back(ids[0]);
@@ -143,10 +145,10 @@ std::string new_mistral_tool_call_id() {
 result<std::vector<tool_call_delta>> parse_mistral_calls(std::string_view text) {
   const error not_calls = make_error(errc::invalid_request, "the output after [TOOL_CALLS] is not Mistral's calls");
   std::vector<tool_call_delta> calls;
-  auto add = [&](std::string name, const json& args) {
+  auto add = [&](std::string name, const json& args, std::string id = {}) {
     tool_call_delta c;
     c.index = calls.size();
-    c.id = new_mistral_tool_call_id();
+    c.id = id.empty() ? new_mistral_tool_call_id() : std::move(id);
     c.name = std::move(name);
     c.arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
     calls.push_back(std::move(c));
@@ -158,14 +160,23 @@ result<std::vector<tool_call_delta>> parse_mistral_calls(std::string_view text) 
     for (size_t pos = 0; pos < text.size();) {
       const size_t args = text.find(mistral_args, pos);
       if (args == std::string_view::npos) return not_calls;
-      std::string name(text.substr(pos, args - pos));
-      name.erase(0, name.find_first_not_of(" \n"));
-      name.erase(name.find_last_not_of(" \n") + 1);
-      if (name.empty()) return not_calls;
+      auto trimmed = [](std::string_view v) {
+        std::string t(v);
+        t.erase(0, t.find_first_not_of(" \n"));
+        t.erase(t.find_last_not_of(" \n") + 1);
+        return t;
+      };
+      const std::string_view head = text.substr(pos, args - pos);
+      const size_t id_at = head.find(mistral_call_id);
+      std::string name = trimmed(head.substr(0, id_at));
+      std::string id = id_at == std::string_view::npos ? std::string() : trimmed(head.substr(id_at + mistral_call_id.size()));
+      if (name.empty() || (id_at != std::string_view::npos && id.empty())) return not_calls;
+      // The model's own id when it is the kind Mistral's templates take back (alphanumerics).
+      if (!std::all_of(id.begin(), id.end(), [](unsigned char ch) { return std::isalnum(ch) != 0; })) id.clear();
       const size_t body = args + mistral_args.size(), next = text.find(mistral_open, body);
       const auto j = parse_embedded_json(text.substr(body, next == std::string_view::npos ? text.npos : next - body));
       if (!j || !j->is_object()) return not_calls;
-      add(std::move(name), *j);
+      add(std::move(name), *j, std::move(id));
       pos = next == std::string_view::npos ? text.size() : next + mistral_open.size();
     }
   } else {

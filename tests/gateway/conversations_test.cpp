@@ -198,6 +198,46 @@ TEST_F(Conversations, AResponseContinuesItsConversationAndExtendsIt) {
   }
 }
 
+TEST_F(Conversations, TruncationAutoLeavesOutTheOldestItemsUntilThePromptFits) {
+  // Twelve turns of ~30 tokens each: more than kjv-tiny's context of 256 positions.
+  json items = json::array();
+  for (int i = 0; i < 12; ++i) {
+    items.push_back({{"role", i % 2 ? "assistant" : "user"},
+                     {"content", "Turn " + std::to_string(i) + ": and the LORD spake unto Moses, saying, speak unto the children of Israel"}});
+  }
+  json first_half = json::array(), second_half = json::array();
+  for (size_t i = 0; i < items.size(); ++i) (i < 6 ? first_half : second_half).push_back(items[i]);
+  const std::string id = ok("POST", "/v1/conversations", {{"items", first_half}})["id"];
+  ok("POST", "/v1/conversations/" + id + "/items", {{"items", second_half}});
+  const json body = {{"model", "m"}, {"conversation", id}, {"input", "Last question?"}, {"max_output_tokens", 8}};
+  const http_reply too_long = reply("POST", "/v1/responses", body);
+  EXPECT_EQ(too_long.status, 400);
+  EXPECT_NE(too_long.body.find("context"), std::string::npos) << too_long.body;
+
+  json trunc = body;
+  trunc["truncation"] = "auto";
+  std::vector<int32_t> prompt;
+  const json r = run(trunc, " yea", &prompt);
+  ASSERT_TRUE(r.is_object());
+  EXPECT_EQ(r["truncation"], "auto");
+  EXPECT_LE(prompt.size() + 8, 256u);
+  EXPECT_GT(prompt.size() + 8, 200u);  // the fewest items left out: it nearly fills the context
+  const std::string text = tok_->decoder().decode(prompt, false);
+  EXPECT_NE(text.find("Last question?"), std::string::npos) << text;
+  EXPECT_NE(text.find("Turn 11:"), std::string::npos) << text;
+  EXPECT_EQ(text.find("Turn 0:"), std::string::npos) << text;
+  // The conversation keeps every item, and takes the turn.
+  EXPECT_EQ(ok("GET", "/v1/conversations/" + id + "/items?limit=100")["data"].size(), 14u);
+  // Within the input alone too: its oldest items give way, its last stays.
+  json input = items;
+  input.push_back({{"role", "user"}, {"content", "Last question?"}});
+  const json alone = run({{"model", "m"}, {"input", input}, {"truncation", "auto"}, {"max_output_tokens", 8}}, " yea", &prompt);
+  EXPECT_EQ(alone["truncation"], "auto");
+  EXPECT_LE(prompt.size() + 8, 256u);
+  EXPECT_NE(tok_->decoder().decode(prompt, false).find("Last question?"), std::string::npos);
+  EXPECT_EQ(reply("POST", "/v1/responses", {{"model", "m"}, {"input", "x"}, {"truncation", "yes"}}).status, 400);
+}
+
 TEST(JsonStore, KeepsTheLeastRecentlyWrittenLastAndUpdatesWithinItsBudget) {
   json_store s(2, 1000);
   EXPECT_TRUE(s.put("a", {{"n", 1}}));

@@ -365,7 +365,17 @@ TEST(ToolCalls, MistralCallsParseInBothFormats) {
   EXPECT_EQ((*v11)[0].arguments, R"({"city":"Paris"})");
   EXPECT_EQ((*v11)[1].name, "now");
   EXPECT_TRUE(is_mistral_id((*v11)[1].id));
-  for (const char* bad : {"", "[", R"([{"arguments": {}}])", "f[ARGS]nope", "[ARGS]{}", R"([1])", "Paris"}) {
+  // With the model's own ids ([CALL_ID], later tokenizers): kept when alphanumeric.
+  auto with_ids = parse_mistral_calls(R"(get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris"}[TOOL_CALLS]now[CALL_ID]no-good![ARGS]{})");
+  ASSERT_TRUE(with_ids.ok()) << with_ids.err().message;
+  ASSERT_EQ(with_ids->size(), 2u);
+  EXPECT_EQ((*with_ids)[0].name, "get_weather");
+  EXPECT_EQ((*with_ids)[0].id, "a1B2c3D4e");
+  EXPECT_EQ((*with_ids)[0].arguments, R"({"city":"Paris"})");
+  EXPECT_EQ((*with_ids)[1].name, "now");
+  EXPECT_TRUE(is_mistral_id((*with_ids)[1].id)) << (*with_ids)[1].id;  // not alphanumeric: a fresh one
+  for (const char* bad : {"", "[", R"([{"arguments": {}}])", "f[ARGS]nope", "[ARGS]{}", R"([1])", "Paris", "f[CALL_ID][ARGS]{}",
+                          "[CALL_ID]x[ARGS]{}"}) {
     EXPECT_FALSE(parse_mistral_calls(bad).ok()) << bad;
   }
   std::set<std::string> ids;

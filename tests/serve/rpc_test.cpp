@@ -395,7 +395,9 @@ class logprob_sink final : public rpc::TokenSink::Server {
   explicit logprob_sink(std::vector<logprob_entry>& out) : out_(out) {}
   kj::Promise<void> tokens(TokensContext ctx) override {
     auto p = ctx.getParams();
-    if (p.getLogprobs().size() > 0) EXPECT_EQ(p.getLogprobs().size(), p.getIds().size());
+    if (p.getLogprobs().size() > 0) {
+      EXPECT_EQ(p.getLogprobs().size(), p.getIds().size());
+    }
     for (auto lp : p.getLogprobs()) out_.push_back(read_logprob(lp));
     return kj::READY_NOW;
   }
@@ -656,6 +658,7 @@ TEST(Rpc, NGenerationsAreHttpsChoicesStreamedWithTheirIndex) {
   {  // The prefix cache: a long prompt's second call finds the first's blocks (choice 0's word).
     std::vector<int32_t> long_prompt;
     for (int i = 0; i < 50; ++i) long_prompt.push_back(200 + i * 7);
+    size_t generated = 0;
     auto ask = [&] {
       auto q = c.getMain<rpc::Llmesh>().generateRequest();
       auto in = q.initRequest();
@@ -667,20 +670,31 @@ TEST(Rpc, NGenerationsAreHttpsChoicesStreamedWithTheirIndex) {
       q.setSink(kj::heap<choice_sink>(ignored));
       auto got = q.send().wait(c.getWaitScope());
       EXPECT_TRUE(got.getResult().getOk());
+      for (const auto& [choice, ids] : ignored) generated += ids.size();
       return got.getResult().getCachedPromptTokens();
     };
-    auto cached_metric = [&] {
+    auto metric = [&](const std::string& name) {
       const std::string body = http_request(s.port(), "GET", "/metrics").body;
-      const std::string series = "\nllmesh_prompt_tokens_cached_total ";
+      const std::string series = "\n" + name + " ";
       const auto at = body.find(series);
       return at == std::string::npos ? -1.0 : std::atof(body.c_str() + at + series.size());
     };
-    const double before = cached_metric();
+    auto cached_metric = [&] { return metric("llmesh_prompt_tokens_cached_total"); };
+    const double before = cached_metric(), prompt_before = metric("llmesh_prompt_tokens_total"),
+                 generated_before = metric("llmesh_generation_tokens_total"),
+                 ttft_before = metric("llmesh_time_to_first_token_seconds_count"),
+                 e2e_before = metric("llmesh_e2e_request_latency_seconds_count");
     EXPECT_EQ(ask(), 0u);
     const uint32_t cached = ask();
     EXPECT_GT(cached, 0u);
     EXPECT_LT(cached, long_prompt.size());
     EXPECT_EQ(cached_metric() - before, static_cast<double>(cached));
+    // Native calls are in the serving metrics as HTTP requests are (the hit rate's denominator too).
+    EXPECT_EQ(metric("llmesh_prompt_tokens_total") - prompt_before, 2.0 * static_cast<double>(long_prompt.size()));
+    EXPECT_GT(generated, 0u);
+    EXPECT_EQ(metric("llmesh_generation_tokens_total") - generated_before, static_cast<double>(generated));
+    EXPECT_EQ(metric("llmesh_time_to_first_token_seconds_count") - ttft_before, 2.0);
+    EXPECT_EQ(metric("llmesh_e2e_request_latency_seconds_count") - e2e_before, 2.0);
   }
 
   for (uint32_t bad : {0u, 65u}) {

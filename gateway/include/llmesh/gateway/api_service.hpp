@@ -168,6 +168,14 @@ class api_service {
     std::string conversation;  ///< the conversation it continues and extends (empty: none)
   };
   api_outcome chat_completions(std::string_view body, const responses_job* responses = nullptr);
+  /// A checked chat request's prompt: the model's template rendered (tools, chat_template_kwargs,
+  /// continue_final_message), and its tokens (truncate_prompt_tokens applied). REQUIRES: sm.chat.
+  result<std::pair<std::string, std::vector<int32_t>>> chat_prompt(const chat_request& r, const served_model& sm) const;
+  /// truncation "auto": how many of the conversation's first items (`earlier`, then the
+  /// request's input) to leave out so that the prompt and its max_output_tokens (1 when not
+  /// given) fit the context; 0 when it fits as it is or cannot be measured (the chat path
+  /// then answers as without truncation). At most all but the input's last item.
+  size_t items_to_drop(const nlohmann::ordered_json& body, const responses_job& job);
   /// OpenAI's Responses API (api_responses.cpp): the request as the chat request it means, run
   /// as one, continuing a stored response's conversation with previous_response_id.
   api_outcome responses(std::string_view body);

@@ -45,7 +45,14 @@ struct responses_echo {
   bool store = false;  ///< whether the response is kept (the request's `store` and the server's store)
   bool background = false;  ///< the request's `background` (the caller checks it against store)
   nlohmann::ordered_json conversation;  ///< null, or {"id": ...}: the conversation it continues
+  std::string truncation = "disabled";  ///< or "auto": the oldest items give way to fit the context
 };
+
+/// The conversation `earlier` and the request's input with their first `k` items left out
+/// (earlier's first, then the input's): what truncation "auto" sends. REQUIRES: the input is
+/// a string or an array, and k leaves at least one input item.
+std::pair<nlohmann::ordered_json, nlohmann::ordered_json> without_first_items(const nlohmann::ordered_json& body,
+                                                                              const nlohmann::ordered_json& earlier, size_t k);
 
 /// A Responses request as the chat request it means, or an invalid_request naming the field.
 /// Fills `echo` (but previous_response_id and store, which the caller sets). `earlier`: the
