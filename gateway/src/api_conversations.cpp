@@ -13,6 +13,7 @@
 // --max-conversations and --max-conversations-mb; process memory only.
 #include <chrono>
 #include <cstdio>
+#include <set>
 
 #include "llmesh/gateway/api_service.hpp"
 #include "llmesh/gateway/responses_api.hpp"
@@ -64,11 +65,32 @@ status check_metadata(const json& m) {
 /// A message item as a conversation keeps it: string content as one text part (input_text,
 /// or output_text for the assistant's), as OpenAI lists conversation items.
 json normalized(json item) {
-  if (item.is_object() && item.value("type", std::string()) == "message" && item.contains("content") && item["content"].is_string()) {
-    const bool assistant = item.value("role", std::string()) == "assistant";
-    item["content"] = json::array({{{"type", assistant ? "output_text" : "input_text"}, {"text", item["content"]}}});
+  if (item.is_object() && item.value("type", std::string()) == "message") {
+    if (item.contains("content") && item["content"].is_string()) {
+      const bool assistant = item.value("role", std::string()) == "assistant";
+      item["content"] = json::array({{{"type", assistant ? "output_text" : "input_text"}, {"text", item["content"]}}});
+    }
+    if (!item.contains("status")) item["status"] = "completed";
   }
   return item;
+}
+
+/// The ids of a conversation's items.
+std::set<std::string> ids_of(const json& items) {
+  std::set<std::string> out;
+  for (const auto& i : items) {
+    if (i.is_object() && i.contains("id") && i["id"].is_string()) out.insert(i["id"].get<std::string>());
+  }
+  return out;
+}
+
+/// A 400 when an item's id is among `taken` (or twice in `items`): ids name one item each.
+status check_new_ids(const json& items, std::set<std::string> taken) {
+  for (const auto& i : items) {
+    const std::string id = i.value("id", std::string());
+    if (!taken.insert(id).second) return bad("an item with id '" + id + "' is already in the conversation");
+  }
+  return ok_status();
 }
 
 /// A request body as a JSON object, or a 400.
@@ -140,6 +162,7 @@ http_reply api_service::conversations(std::string_view method, std::string_view 
       if (j->contains("items") && !(*j)["items"].is_null()) {
         auto items = conversation_items((*j)["items"], "items");
         if (!items) return error_reply(items.err());
+        if (auto s = check_new_ids(*items, {}); !s) return error_reply(s.err());
         c["items"] = std::move(*items);
       }
       if (!conversations_->put(c["id"], c)) return error_reply(bad("the conversation is larger than this server keeps"));
@@ -193,7 +216,8 @@ http_reply api_service::conversations(std::string_view method, std::string_view 
       if (!j->contains("items")) return error_reply(bad("'items' is required"));
       auto items = conversation_items((*j)["items"], "items");
       if (!items) return error_reply(items.err());
-      auto c = conversations_->update(id, [&](json& v) {
+      auto c = conversations_->update(id, [&](json& v) -> status {
+        LLMESH_TRY(check_new_ids(*items, ids_of(v["items"])));
         for (const auto& i : *items) v["items"].push_back(i);
         return ok_status();
       });
@@ -239,9 +263,15 @@ http_reply api_service::conversations(std::string_view method, std::string_view 
 
 status api_service::extend_conversation(json_store& store, const std::string& id, const json& input_items, const json& response) {
   auto c = store.update(id, [&](json& v) {
-    for (const auto& i : input_items) v["items"].push_back(normalized(i));
+    // An item already there (an earlier output sent back as input, with its id) is not added again.
+    auto taken = ids_of(v["items"]);
+    auto add = [&](const json& i) {
+      if (i.is_object() && i.contains("id") && i["id"].is_string() && !taken.insert(i["id"].get<std::string>()).second) return;
+      v["items"].push_back(normalized(i));
+    };
+    for (const auto& i : input_items) add(i);
     if (response.contains("output") && response["output"].is_array()) {
-      for (const auto& i : response["output"]) v["items"].push_back(i);
+      for (const auto& i : response["output"]) add(i);
     }
     return ok_status();
   });

@@ -5,6 +5,7 @@
 // events with ?stream=true&starting_after=N), its GET .../input_items, DELETE, and
 // POST .../cancel (background responses only).
 #include <charconv>
+#include <cstdio>
 
 #include "llmesh/gateway/api_service.hpp"
 #include "llmesh/gateway/background_runs.hpp"
@@ -65,7 +66,7 @@ result<json> items_page(const json& items, std::string_view query) {
     auto it = std::find_if(ordered.begin(), ordered.end(), [&](const json* i) {
       return i->is_object() && i->contains("id") && (*i)["id"].is_string() && (*i)["id"].get_ref<const std::string&>() == *v;
     });
-    if (it == ordered.end()) return make_error(errc::invalid_request, "'after': the response has no input item '" + std::string(*v) + "'");
+    if (it == ordered.end()) return make_error(errc::invalid_request, "'after': there is no item '" + std::string(*v) + "' in this list");
     from = static_cast<size_t>(it - ordered.begin()) + 1;
   }
   json data = json::array();
@@ -153,37 +154,49 @@ api_outcome api_service::responses(std::string_view body) {
 }
 
 size_t api_service::items_to_drop(const json& body, const responses_job& job) {
-  const size_t input_items = body["input"].is_array() ? body["input"].size() : 1;
-  const size_t most = job.earlier.size() + input_items - 1;  // the input's last item stays
-  auto m = find_or_only(body.value("model", std::string()));
+  if (!body.contains("model") || !body["model"].is_string()) return 0;  // the chat path says what is wrong
+  auto m = find(body["model"].get<std::string>());
   if (!m || !(*m)->chat) return 0;
   const size_t ctx = (*m)->cfg.max_positions;
+  // Room for the answer: max_output_tokens, or (not given) a quarter of the context within the
+  // server's max_tokens limit, so that a truncated conversation is not answered in a token.
   const size_t wanted = body.contains("max_output_tokens") && body["max_output_tokens"].is_number_unsigned()
                             ? std::max<size_t>(body["max_output_tokens"].get<size_t>(), 1)
-                            : 1;
+                            : std::max<size_t>(std::min(opt_.limits.max_tokens, ctx / 4), 1);
+  // Cuts only before a user message (the kept part begins a turn, as strict templates want);
+  // never the input's last item.
+  const json input = body["input"].is_array() ? body["input"] : json::array({{{"role", "user"}}});
+  std::vector<size_t> cuts;
+  for (size_t k = 1; k < job.earlier.size() + input.size(); ++k) {
+    const json& item = k < job.earlier.size() ? job.earlier[k] : input[k - job.earlier.size()];
+    if (item.is_object() && item.value("type", std::string("message")) == "message" && item.value("role", std::string()) == "user") {
+      cuts.push_back(k);
+    }
+  }
   auto fits = [&](size_t k) {
     auto [cut_body, cut_earlier] = without_first_items(body, job.earlier, k);
     responses_echo echo;
     auto chat = responses_to_chat(cut_body, echo, cut_earlier);
-    if (!chat) return true;  // the chat path will say what is wrong
+    if (!chat) return false;
     auto r = parse_chat_request(dumped(*chat), opt_.limits);
-    if (!r) return true;
+    if (!r) return false;
     auto prompt = chat_prompt(*r, **m);
-    return !prompt || prompt->second.size() + wanted <= ctx;
+    return prompt && prompt->second.size() + wanted <= ctx;
   };
-  if (fits(0)) return 0;
-  // The fewest items left out that fit (more left out, a shorter prompt): a binary search.
-  size_t lo = 1, hi = most;
-  if (hi < lo || !fits(hi)) return most;  // even the last item alone does not fit: the chat path says so
+  if (cuts.empty() || fits(0)) return 0;
+  // The fewest items left out that fit (more left out, a shorter prompt): a binary search over
+  // the cuts. When even the last cut does not fit, that one: the chat path then says why.
+  size_t lo = 0, hi = cuts.size() - 1;
+  if (!fits(cuts[hi])) return cuts[hi];
   while (lo < hi) {
     const size_t mid = lo + (hi - lo) / 2;
-    if (fits(mid)) {
+    if (fits(cuts[mid])) {
       hi = mid;
     } else {
       lo = mid + 1;
     }
   }
-  return lo;
+  return cuts[lo];
 }
 
 http_reply api_service::cancel_response(const std::string& id) const {
@@ -220,7 +233,10 @@ std::unique_ptr<responses_renderer> api_service::responses_output(const response
       // A conversation takes the turn when the response finished (not failed or cancelled).
       const std::string status = response.value("status", std::string());
       if (!conversation.empty() && (status == "completed" || status == "incomplete")) {
-        (void)extend_conversation(*conversations, conversation, kept.input_items, response);  // gone meanwhile: nothing to extend
+        if (auto s = extend_conversation(*conversations, conversation, kept.input_items, response); !s && s.err().code != errc::not_found) {
+          // (deleted meanwhile: nothing to extend) It would outgrow what the server keeps.
+          std::fprintf(stderr, "llmesh: conversation %s not extended: %s\n", conversation.c_str(), s.err().message.c_str());
+        }
       }
       if (!store) return;
       kept.response = response;

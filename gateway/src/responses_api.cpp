@@ -204,7 +204,7 @@ result<json> responses_to_chat(const json& body, responses_echo& echo, const jso
   // A previous response's conversation first (its instructions do not carry over).
   if (earlier.is_array()) {
     for (size_t i = 0; i < earlier.size(); ++i) {
-      LLMESH_TRY(add_item(earlier[i], "previous_response_id's item " + std::to_string(i), messages));
+      LLMESH_TRY(add_item(earlier[i], "the earlier conversation's item " + std::to_string(i), messages));
     }
   }
   if (!sent(body, "input")) return bad("'input' is required: a string, or an array of input items");
@@ -337,13 +337,21 @@ result<json> responses_to_chat(const json& body, responses_echo& echo, const jso
 }
 
 std::pair<json, json> without_first_items(const json& body, const json& earlier, size_t k) {
+  // A system or developer message among those left out stays (it frames the whole conversation).
+  auto frames = [](const json& item) {
+    return item.is_object() && (item.value("role", std::string()) == "system" || item.value("role", std::string()) == "developer");
+  };
   json cut_body = body, cut_earlier = json::array();
   const size_t from_earlier = std::min(k, earlier.size());
-  for (size_t i = from_earlier; i < earlier.size(); ++i) cut_earlier.push_back(earlier[i]);
+  for (size_t i = 0; i < earlier.size(); ++i) {
+    if (i >= from_earlier || frames(earlier[i])) cut_earlier.push_back(earlier[i]);
+  }
   const size_t from_input = k - from_earlier;
   if (from_input > 0 && body["input"].is_array()) {
     json input = json::array();
-    for (size_t i = from_input; i < body["input"].size(); ++i) input.push_back(body["input"][i]);
+    for (size_t i = 0; i < body["input"].size(); ++i) {
+      if (i >= from_input || frames(body["input"][i])) input.push_back(body["input"][i]);
+    }
     cut_body["input"] = std::move(input);
   }
   return {std::move(cut_body), std::move(cut_earlier)};

@@ -170,9 +170,10 @@ result<std::vector<tool_call_delta>> parse_mistral_calls(std::string_view text) 
       const size_t id_at = head.find(mistral_call_id);
       std::string name = trimmed(head.substr(0, id_at));
       std::string id = id_at == std::string_view::npos ? std::string() : trimmed(head.substr(id_at + mistral_call_id.size()));
-      if (name.empty() || (id_at != std::string_view::npos && id.empty())) return not_calls;
-      // The model's own id when it is the kind Mistral's templates take back (alphanumerics).
-      if (!std::all_of(id.begin(), id.end(), [](unsigned char ch) { return std::isalnum(ch) != 0; })) id.clear();
+      if (name.empty()) return not_calls;
+      // The model's own id when it is the kind Mistral's templates take back (9 alphanumerics);
+      // otherwise a new one.
+      if (id.size() != 9 || !std::all_of(id.begin(), id.end(), [](unsigned char ch) { return std::isalnum(ch) != 0; })) id.clear();
       const size_t body = args + mistral_args.size(), next = text.find(mistral_open, body);
       const auto j = parse_embedded_json(text.substr(body, next == std::string_view::npos ? text.npos : next - body));
       if (!j || !j->is_object()) return not_calls;

@@ -374,8 +374,11 @@ TEST(ToolCalls, MistralCallsParseInBothFormats) {
   EXPECT_EQ((*with_ids)[0].arguments, R"({"city":"Paris"})");
   EXPECT_EQ((*with_ids)[1].name, "now");
   EXPECT_TRUE(is_mistral_id((*with_ids)[1].id)) << (*with_ids)[1].id;  // not alphanumeric: a fresh one
-  for (const char* bad : {"", "[", R"([{"arguments": {}}])", "f[ARGS]nope", "[ARGS]{}", R"([1])", "Paris", "f[CALL_ID][ARGS]{}",
-                          "[CALL_ID]x[ARGS]{}"}) {
+  auto short_id = parse_mistral_calls(R"(f[CALL_ID]abc[ARGS]{}[TOOL_CALLS]g[CALL_ID][ARGS]{})");  // not 9 / none: new ones
+  ASSERT_TRUE(short_id.ok()) << short_id.err().message;
+  EXPECT_TRUE(is_mistral_id((*short_id)[0].id)) << (*short_id)[0].id;
+  EXPECT_TRUE(is_mistral_id((*short_id)[1].id)) << (*short_id)[1].id;
+  for (const char* bad : {"", "[", R"([{"arguments": {}}])", "f[ARGS]nope", "[ARGS]{}", R"([1])", "Paris", "[CALL_ID]x[ARGS]{}"}) {
     EXPECT_FALSE(parse_mistral_calls(bad).ok()) << bad;
   }
   std::set<std::string> ids;
