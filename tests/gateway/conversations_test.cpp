@@ -7,7 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <random>
+
 #include "api_fixture.hpp"
+#include "json_mutation.hpp"
 #include "llmesh/gateway/api_service.hpp"
 #include "llmesh/gateway/json_store.hpp"
 
@@ -244,6 +247,47 @@ TEST_F(Conversations, TruncationAutoLeavesOutTheOldestItemsUntilThePromptFits) {
   EXPECT_LE(prompt.size() + 8, 256u);
   EXPECT_NE(tok_->decoder().decode(prompt, false).find("Last question?"), std::string::npos);
   EXPECT_EQ(reply("POST", "/v1/responses", {{"model", "m"}, {"input", "x"}, {"truncation", "yes"}}).status, 400);
+}
+
+// Mutated bodies, paths and queries on every conversation route, and mutated Responses requests
+// naming a conversation (with truncation), never throw and answer 200 or a 4xx; the store's
+// conversations stay readable JSON throughout.
+TEST_F(Conversations, MutatedRequestsNeverThrow) {
+  const std::string id = ok("POST", "/v1/conversations", {{"items", {{{"role", "user"}, {"content", "x"}, {"id", "msg_a"}}}}})["id"];
+  const std::string base = "/v1/conversations/" + id;
+  const std::vector<std::pair<std::string, std::string>> seeds = {
+      {"/v1/conversations", R"({"metadata":{"k":"v"},"items":[{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}]})"},
+      {base, R"({"metadata":{"topic":"t"}})"},
+      {base + "/items", R"({"items":[{"role":"assistant","content":"a"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"}]})"},
+      {"/v1/responses", R"({"model":"m","conversation":")" + id + R"(","input":"q","truncation":"auto","max_output_tokens":4})"},
+  };
+  const std::vector<std::string> gets = {base, base + "/items?limit=2&order=asc&after=msg_a", base + "/items/msg_a"};
+  std::mt19937 rng(11);
+  size_t answered = 0, refused = 0, jobs = 0;
+  for (int i = 0; i < 3000; ++i) {
+    const auto& [path, body] = seeds[static_cast<size_t>(i) % seeds.size()];
+    const std::string mutated = testing::mutate_json(body, rng);
+    api_outcome out;
+    ASSERT_NO_THROW(out = api_->handle("POST", path, "", mutated)) << path << " " << mutated;
+    if (auto* r = std::get_if<http_reply>(&out)) {
+      EXPECT_TRUE(r->status == 200 || (r->status >= 400 && r->status < 500)) << path << " " << mutated << " -> " << r->status << " " << r->body;
+      ++(r->status == 200 ? answered : refused);
+    } else {
+      ++jobs;
+    }
+    const std::string get = testing::mutate_json(gets[static_cast<size_t>(i) % gets.size()], rng);
+    for (const char* method : {"GET", "DELETE"}) {
+      if (std::string(method) == "DELETE" && i % 50 != 0) continue;  // (rarely: they delete what the others read)
+      ASSERT_NO_THROW(out = api_->handle(method, get, "", "")) << get;
+      if (auto* r = std::get_if<http_reply>(&out)) {
+        EXPECT_TRUE(r->status == 200 || (r->status >= 400 && r->status < 500)) << method << " " << get << " -> " << r->status;
+      }
+    }
+  }
+  // Every kind of outcome was met: mutations that still parse, refused ones, and generations.
+  EXPECT_GT(answered, 50u);
+  EXPECT_GT(refused, 100u);
+  EXPECT_GT(jobs, 50u);
 }
 
 TEST(JsonStore, KeepsTheLeastRecentlyWrittenLastAndUpdatesWithinItsBudget) {
