@@ -107,6 +107,16 @@ TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
     if (!caught) b.resume(), l.more(2);
   }
   ASSERT_TRUE(caught) << "no stream was ever on replica-b";
+  // Background responses made now (replica-b still frozen: those routed there wait on it) run
+  // without a connection; they too continue elsewhere.
+  std::vector<std::string> background;
+  const nlohmann::json bg_body = {{"model", "kjv-tiny"}, {"input", "Who is the LORD?"}, {"max_output_tokens", 60},
+                                  {"temperature", 0}, {"ignore_eos", true}, {"background", true}};
+  for (int i = 0; i < 4; ++i) {
+    auto r = nlohmann::json::parse(http_request(m.http_port, "POST", "/v1/responses", bg_body.dump()).body, nullptr, false);
+    ASSERT_TRUE(r.is_object() && r.contains("id")) << r;
+    background.push_back(r["id"]);
+  }
   b.crash();  // replica-b's process dies mid-stream: its streams continue on replica-a
   ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) {
     return count_ready(j, "spare") == 1 && count_ready(j, "replica-a") == 1 && j.size() == 2;
@@ -115,6 +125,22 @@ TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
   l.finish();
   EXPECT_EQ(l.failed.load(), 0u) << l.first_failure;
   EXPECT_EQ(l.wrong.load(), 0u) << "a migrated stream changed its tokens";
+  // Each background response ended as the same request answers in the foreground.
+  nlohmann::json fg_body = bg_body;
+  fg_body.erase("background");
+  const auto fg = nlohmann::json::parse(http_request(m.http_port, "POST", "/v1/responses", fg_body.dump()).body, nullptr, false);
+  ASSERT_TRUE(fg.is_object() && fg.contains("output")) << fg;
+  for (const auto& id : background) {
+    nlohmann::json r;
+    for (int i = 0; i < 3000; ++i) {
+      r = nlohmann::json::parse(http_request(m.http_port, "GET", "/v1/responses/" + id).body, nullptr, false);
+      if (!r.is_object() || (r["status"] != "queued" && r["status"] != "in_progress")) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(r.is_object()) << id;
+    EXPECT_EQ(r["status"], "incomplete") << r;
+    EXPECT_EQ(r["output"][0]["content"][0]["text"], fg["output"][0]["content"][0]["text"]) << id;
+  }
   EXPECT_GT(metric_value(m.http_port, "llmesh_request_migrations_total"), 0.0)
       << "the kill hit no stream; " << http_request(m.http_port, "GET", "/metrics").body << "\n" << seed.log() << a.log() << spare.log();
   EXPECT_EQ(spare.stop(), 0) << spare.log();
