@@ -21,10 +21,18 @@ void declare_serving(metrics_registry& r) {
   r.declare_counter(spec_drafted, "Speculative decoding: draft tokens the replica ran.", {"replica"});
   r.declare_counter(spec_accepted, "Speculative decoding: draft tokens the model drew as proposed (kept).", {"replica"});
   r.declare_gauge(gateway_inflight, "Generation requests the gateway is serving.");
+  r.declare_gauge(background_running, "Background responses running (the Responses API's background mode).");
+  r.declare_gauge(stored_responses, "Responses the gateway keeps for previous_response_id and GET.");
+  r.declare_gauge(stored_response_bytes, "Bytes of JSON the stored responses take.");
+  r.declare_gauge(conversations, "Conversations the gateway keeps (the Conversations API).");
+  r.declare_gauge(conversation_bytes, "Bytes of JSON the conversations take.");
   // Unlabelled series exist from the start (a scrape before the first request sees zeros).
   for (const char* name : {prompt_tokens, prompt_tokens_cached, generation_tokens, migrations}) r.get_counter(name)->add(0);
   for (const char* name : {ttft, itl, e2e}) r.get_histogram(name);
-  r.get_gauge(gateway_inflight)->add(0);
+  for (const char* name : {gateway_inflight, background_running, stored_responses, stored_response_bytes, conversations,
+                           conversation_bytes}) {
+    r.get_gauge(name)->add(0);
+  }
 }
 
 }  // namespace llmesh::actors::metric

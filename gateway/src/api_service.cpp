@@ -43,6 +43,12 @@ uint64_t splitmix_finalize(uint64_t z) {
 /// splitmix64: a seedless request's seed from a per-process random base and its id.
 uint64_t mix(uint64_t x) { return splitmix_finalize(x + golden_gamma); }
 
+/// A serving gauge of `r` (the serving families declared first).
+actors::metrics_registry::gauge* serving_gauge(actors::metrics_registry& r, const char* name) {
+  actors::metric::declare_serving(r);
+  return r.get_gauge(name);
+}
+
 /// "prompt[i]: " ahead of a prompt's error in a batch (a single prompt's error stands alone).
 error about_prompt(error e, size_t i, size_t prompts) {
   if (prompts > 1) e.message = "prompt[" + std::to_string(i) + "]: " + e.message;
@@ -65,8 +71,20 @@ api_service::api_service(api_options opt, std::vector<served_model> models, acto
       conversations_(std::make_shared<json_store>(opt_.max_conversations, opt_.max_conversation_bytes)),
       seed_base_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()),
       created_(unix_now()),
-      runs_(std::make_unique<background_runs>(mesh)) {
+      runs_(std::make_unique<background_runs>(mesh, background_limits{}, serving_gauge(metrics, actors::metric::background_running))) {
   actors::metric::declare_serving(metrics_);
+  // The stores' sizes, read at each scrape (weak: a scrape after the service is gone reads none).
+  metrics_.add_collector([&m = metrics_, store = std::weak_ptr<response_store>(store_),
+                          convs = std::weak_ptr<json_store>(conversations_)] {
+    if (auto s = store.lock()) {
+      m.get_gauge(actors::metric::stored_responses)->set(static_cast<double>(s->size()));
+      m.get_gauge(actors::metric::stored_response_bytes)->set(static_cast<double>(s->bytes()));
+    }
+    if (auto c = convs.lock()) {
+      m.get_gauge(actors::metric::conversations)->set(static_cast<double>(c->size()));
+      m.get_gauge(actors::metric::conversation_bytes)->set(static_cast<double>(c->bytes()));
+    }
+  });
 }
 
 api_service::~api_service() = default;

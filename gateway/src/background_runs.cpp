@@ -13,12 +13,20 @@ std::string response_id(const generation_job& job) { return "resp_" + job.output
 
 }  // namespace
 
-background_run::background_run(actors::mesh_client& mesh, generation_job job, nlohmann::ordered_json input_items)
-    : mesh_(mesh), id_(response_id(job)), input_items_(std::move(input_items)), job_(std::move(job)) {}
+background_run::background_run(actors::mesh_client& mesh, generation_job job, nlohmann::ordered_json input_items,
+                               actors::metrics_registry::gauge* running)
+    : mesh_(mesh), id_(response_id(job)), input_items_(std::move(input_items)), job_(std::move(job)), running_(running) {
+  if (running_) running_->add(1);
+}
+
+void background_run::stopped_locked() {
+  if (running_) running_->add(-1);
+  running_ = nullptr;
+}
 
 std::shared_ptr<background_run> background_run::start(actors::mesh_client& mesh, generation_job job,
-                                                      nlohmann::ordered_json input_items) {
-  auto run = std::make_shared<background_run>(mesh, std::move(job), std::move(input_items));
+                                                      nlohmann::ordered_json input_items, actors::metrics_registry::gauge* running) {
+  auto run = std::make_shared<background_run>(mesh, std::move(job), std::move(input_items), running);
   std::lock_guard lock(run->mu_);
   run->append_locked(run->job_.output->responses()->queued());
   run->queued_ = run->job_.output->responses()->snapshot();
@@ -89,6 +97,7 @@ void background_run::end_locked() {
   }
   final_ = r.snapshot();
   ended_ = true;
+  stopped_locked();
   // Unfinished requests (a stop string ended the choice, a failure): free them in the mesh.
   for (uint64_t id : ids_) mesh_.cancel(id);
   for (uint64_t id : out.running_searches()) mesh_.cancel(id);
@@ -138,6 +147,7 @@ std::pair<bool, nlohmann::ordered_json> background_run::cancel() {
     if (ended_ || closed_) return {false, final_};
     final_ = job_.output->responses()->cancel(job_.output->usage());
     ended_ = true;
+    stopped_locked();
     for (uint64_t id : ids_) mesh_.cancel(id);
     for (uint64_t id : job_.output->running_searches()) mesh_.cancel(id);
     job_ = generation_job{};
@@ -154,6 +164,7 @@ void background_run::close() {
     std::lock_guard lock(mu_);
     if (closed_) return;
     closed_ = true;
+    stopped_locked();
     if (!ended_) {
       for (uint64_t id : ids_) mesh_.cancel(id);
       for (uint64_t id : job_.output->running_searches()) mesh_.cancel(id);
@@ -182,7 +193,7 @@ std::shared_ptr<background_run> background_runs::start(generation_job job, nlohm
   // Under the lock: close() cannot come between the check and the requests going out.
   std::lock_guard lock(mu_);
   if (closed_) return nullptr;
-  auto run = background_run::start(mesh_, std::move(job), std::move(input_items));
+  auto run = background_run::start(mesh_, std::move(job), std::move(input_items), running_);
   by_id_[run->id()] = run;
   order_.push_back(run->id());
   prune_locked();

@@ -125,6 +125,12 @@ TEST_F(BackgroundResponses, AnswersQueuedThenReadsAsItRunsAndAsStoredOnceItEnds)
   const std::string id = q["id"];
   ASSERT_EQ(mesh_.requests.size(), 1u);  // already running in the mesh
   EXPECT_EQ(api_->inflight(), 1u);       // and holding its slot
+  auto gauge = [&](const char* name) {
+    const std::string m = metrics_.render(), series = "\n" + std::string(name) + " ";
+    const size_t at = m.find(series);
+    return at == std::string::npos ? -1.0 : std::atof(m.c_str() + at + series.size());
+  };
+  EXPECT_EQ(gauge("llmesh_background_responses_running"), 1.0);
   EXPECT_EQ(get("/v1/responses/" + id)["status"], "queued");
   // Its input items are there while it runs.
   EXPECT_EQ(get("/v1/responses/" + id + "/input_items")["data"][0]["content"][0]["text"], "Who is the LORD?");
@@ -144,6 +150,9 @@ TEST_F(BackgroundResponses, AnswersQueuedThenReadsAsItRunsAndAsStoredOnceItEnds)
   EXPECT_EQ(done["output"][0]["content"][0]["text"], so_far + tok_->decoder().decode(tok_->encode(" of", false), false));
   EXPECT_EQ(done["usage"]["output_tokens"], 3);
   EXPECT_EQ(api_->inflight(), 0u);  // the slot went with the run's end
+  EXPECT_EQ(gauge("llmesh_background_responses_running"), 0.0);
+  EXPECT_EQ(gauge("llmesh_stored_responses"), 1.0);
+  EXPECT_GT(gauge("llmesh_stored_responses_bytes"), 100.0);
   // The same as the stored response, which a later request continues.
   EXPECT_EQ(get("/v1/responses/" + id + "/input_items")["data"].size(), 1u);
   auto next = call("POST", "/v1/responses", json{{"model", "m"}, {"previous_response_id", id}, {"input", "And?"}}.dump());
@@ -245,6 +254,7 @@ TEST_F(BackgroundResponses, CancellingEndsItCancelledInTheMeshTooAndTwiceIsTheSa
   EXPECT_TRUE(run->read(before.last).ended);
   EXPECT_TRUE(run->read(before.last).bytes.empty());
   EXPECT_EQ(api_->inflight(), 0u);
+  EXPECT_NE(metrics_.render().find("\nllmesh_background_responses_running 0\n"), std::string::npos);
   // Later messages change nothing; cancelling again answers the same response.
   answer(" of", true);
   EXPECT_EQ(get("/v1/responses/" + run->id()), cancelled);

@@ -111,7 +111,10 @@ TEST_F(Conversations, MadeReadUpdatedItsItemsListedAddedReadDeletedThenDeleted) 
   EXPECT_EQ(reply("DELETE", items + "/msg_mine").status, 404);
   EXPECT_EQ(texts(ok("GET", items)), (std::vector<std::string>{"And the earth?", "In the beginning"}));
 
+  EXPECT_NE(metrics_.render().find("\nllmesh_conversations 1\n"), std::string::npos);
   EXPECT_EQ(ok("DELETE", "/v1/conversations/" + id), json::parse(R"({"id":")" + id + R"(","object":"conversation.deleted","deleted":true})"));
+  EXPECT_NE(metrics_.render().find("\nllmesh_conversations 0\n"), std::string::npos);
+  EXPECT_NE(metrics_.render().find("\nllmesh_conversations_bytes 0\n"), std::string::npos);
   for (const auto& [method, path] : std::vector<std::pair<std::string, std::string>>{
            {"GET", "/v1/conversations/" + id}, {"DELETE", "/v1/conversations/" + id}, {"GET", items}, {"GET", items + "/" + added_id}}) {
     EXPECT_EQ(reply(method, path).status, 404) << method << " " << path;

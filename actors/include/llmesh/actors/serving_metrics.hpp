@@ -24,6 +24,13 @@ inline constexpr const char* replicas_ready = "llmesh_replicas_ready";
 inline constexpr const char* spec_drafted = "llmesh_spec_decode_draft_tokens_total";
 inline constexpr const char* spec_accepted = "llmesh_spec_decode_accepted_tokens_total";
 inline constexpr const char* gateway_inflight = "llmesh_gateway_requests_inflight";
+/// The Responses API's state in the gateway: background runs live, stored responses and
+/// conversations (with the bytes of JSON they hold).
+inline constexpr const char* background_running = "llmesh_background_responses_running";
+inline constexpr const char* stored_responses = "llmesh_stored_responses";
+inline constexpr const char* stored_response_bytes = "llmesh_stored_responses_bytes";
+inline constexpr const char* conversations = "llmesh_conversations";
+inline constexpr const char* conversation_bytes = "llmesh_conversations_bytes";
 
 /// Declares every family above in `r` (idempotent).
 void declare_serving(metrics_registry& r);

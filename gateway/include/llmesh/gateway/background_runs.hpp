@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmesh/actors/local_mesh.hpp"
+#include "llmesh/actors/metrics.hpp"
 #include "llmesh/gateway/api_service.hpp"
 
 namespace llmesh::gateway {
@@ -35,7 +36,7 @@ class background_run : public std::enable_shared_from_this<background_run> {
   /// REQUIRES: job.output renders as responses (completion_group::responses()).
   /// `input_items`: the request's, as they will be stored (GET .../input_items while it runs).
   static std::shared_ptr<background_run> start(actors::mesh_client& mesh, generation_job job,
-                                               nlohmann::ordered_json input_items);
+                                               nlohmann::ordered_json input_items, actors::metrics_registry::gauge* running = nullptr);
   /// The response as it was queued, before any request went out (what the POST answers).
   const nlohmann::ordered_json& queued() const { return queued_; }
 
@@ -65,13 +66,16 @@ class background_run : public std::enable_shared_from_this<background_run> {
   const nlohmann::ordered_json& input_items() const { return input_items_; }
 
   /// Use start(). (Public for make_shared.)
-  background_run(actors::mesh_client& mesh, generation_job job, nlohmann::ordered_json input_items);
+  background_run(actors::mesh_client& mesh, generation_job job, nlohmann::ordered_json input_items,
+                 actors::metrics_registry::gauge* running = nullptr);
 
  private:
   void on_message(const actors::token_msg& t);
   void submit_locked(actors::replica_request r, bool beam_step);
   void append_locked(const std::string& events);
   void end_locked();
+  /// The run is no longer live (once): the running gauge goes down.
+  void stopped_locked();
   std::vector<std::function<void()>> take_wakers_locked();
 
   actors::mesh_client& mesh_;
@@ -87,6 +91,7 @@ class background_run : public std::enable_shared_from_this<background_run> {
   nlohmann::ordered_json final_;  ///< once ended
   std::vector<std::function<void()>> wakers_;
   bool ended_ = false, closed_ = false;
+  actors::metrics_registry::gauge* running_;  ///< live runs (null: not counted); borrowed
 };
 
 struct background_limits {
@@ -97,7 +102,9 @@ struct background_limits {
 /// Thread affinity: any thread. Destruction closes every run.
 class background_runs {
  public:
-  background_runs(actors::mesh_client& mesh, background_limits lim = {}) : mesh_(mesh), lim_(lim) {}
+  /// `running`: the gauge of live runs (borrowed; null: not counted).
+  background_runs(actors::mesh_client& mesh, background_limits lim = {}, actors::metrics_registry::gauge* running = nullptr)
+      : mesh_(mesh), lim_(lim), running_(running) {}
   ~background_runs();
   background_runs(const background_runs&) = delete;
   background_runs& operator=(const background_runs&) = delete;
@@ -121,6 +128,7 @@ class background_runs {
 
   actors::mesh_client& mesh_;
   const background_limits lim_;
+  actors::metrics_registry::gauge* running_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<background_run>> by_id_;
   std::deque<std::string> order_;  ///< started, oldest first
