@@ -51,20 +51,39 @@ std::optional<json> json_store::get(const std::string& id) const {
 }
 
 result<json> json_store::update(const std::string& id, const std::function<status(json&)>& change) {
-  std::lock_guard lock(mu_);
-  auto it = by_id_.find(id);
-  if (it == by_id_.end()) return make_error(errc::not_found, "no entry '" + id + "'");
-  json value = json::parse(*it->second.text, nullptr, false);
-  if (value.is_discarded()) return make_error(errc::internal, "a stored value of '" + id + "' does not parse");
-  LLMESH_TRY(change(value));
-  auto text = text_of(value);
-  if (text->size() > max_bytes_) {
-    return make_error(errc::invalid_request, "'" + id + "' would take " + std::to_string(text->size()) +
-                                                 " bytes, more than this server keeps (" + std::to_string(max_bytes_) + ")");
+  // Optimistic: parse and change outside the lock, and write back only if no other write came
+  // meanwhile (the entry's write order is the same); after a few collisions, under the lock.
+  constexpr int optimistic_tries = 3;
+  for (int attempt = 0;; ++attempt) {
+    const bool locked = attempt >= optimistic_tries;
+    std::unique_lock lock(mu_, std::defer_lock);
+    if (locked) lock.lock();
+    std::shared_ptr<const std::string> text;
+    uint64_t order = 0;
+    {
+      std::unique_lock peek(mu_, std::defer_lock);
+      if (!locked) peek.lock();
+      auto it = by_id_.find(id);
+      if (it == by_id_.end()) return make_error(errc::not_found, "no entry '" + id + "'");
+      text = it->second.text;
+      order = it->second.order;
+    }
+    json value = json::parse(*text, nullptr, false);
+    if (value.is_discarded()) return make_error(errc::internal, "a stored value of '" + id + "' does not parse");
+    LLMESH_TRY(change(value));
+    auto new_text = text_of(value);
+    if (new_text->size() > max_bytes_) {
+      return make_error(errc::invalid_request, "'" + id + "' would take " + std::to_string(new_text->size()) +
+                                                   " bytes, more than this server keeps (" + std::to_string(max_bytes_) + ")");
+    }
+    if (!locked) lock.lock();
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) return make_error(errc::not_found, "no entry '" + id + "'");  // erased meanwhile
+    if (it->second.order != order) continue;  // written meanwhile: change what it is now
+    drop_locked(it);
+    keep_locked(id, std::move(new_text));
+    return value;
   }
-  drop_locked(it);
-  keep_locked(id, std::move(text));
-  return value;
 }
 
 bool json_store::erase(const std::string& id) {

@@ -35,7 +35,10 @@ class json_store {
   std::optional<nlohmann::ordered_json> get(const std::string& id) const;
   /// Read, change and write back atomically: `change` edits the value (an error leaves it as
   /// it was and is returned). The new value, or not_found, or invalid_request when it would be
-  /// larger than the whole byte budget (it is then left as it was).
+  /// larger than the whole byte budget (it is then left as it was). The parse, the change and
+  /// the new text happen outside the lock, so `change` may run more than once (when another
+  /// write came meanwhile, on the value as it is then): it must depend only on its argument
+  /// and on what it captures unchanged.
   result<nlohmann::ordered_json> update(const std::string& id, const std::function<status(nlohmann::ordered_json&)>& change);
   /// Whether one was there.
   bool erase(const std::string& id);
