@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <set>
 
+#include "json_reply.hpp"
 #include "llmesh/gateway/api_service.hpp"
 #include "llmesh/gateway/responses_api.hpp"
 
@@ -26,13 +27,8 @@ using json = nlohmann::ordered_json;
 /// OpenAI's bounds: items per create or add call, metadata pairs and their lengths.
 constexpr size_t max_items_per_call = 20, max_metadata_pairs = 16, max_metadata_key = 64, max_metadata_value = 512;
 
-std::string dumped(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-http_reply json_body(const json& j) {
-  http_reply r;
-  r.body = dumped(j);
-  return r;
-}
+using detail::dumped;
+using detail::json_body;
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();

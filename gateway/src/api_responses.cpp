@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cstdio>
 
+#include "json_reply.hpp"
 #include "llmesh/gateway/api_service.hpp"
 #include "llmesh/gateway/background_runs.hpp"
 
@@ -15,13 +16,8 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-std::string dumped(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-http_reply json_body(json j) {
-  http_reply r;
-  r.body = dumped(j);
-  return r;
-}
+using detail::dumped;
+using detail::json_body;
 
 error response_not_found(std::string_view id) {
   return make_error(errc::not_found, "no stored response with id '" + std::string(id) +
@@ -138,7 +134,6 @@ api_outcome api_service::responses(std::string_view body) {
                                                       "(--max-stored-responses 0)"));
   }
   const bool background = job.echo.background;
-  if (background && runs_->closed()) return error_reply(make_error(errc::replica_unavailable, "the server is stopping"));
   const bool streamed = j->contains("stream") && (*j)["stream"].is_boolean() && (*j)["stream"].get<bool>();
   if (job.echo.store || !job.conversation.empty()) job.request = std::move(*j);
   api_outcome out = chat_completions(dumped(*chat), &job);
@@ -200,14 +195,18 @@ size_t api_service::items_to_drop(const json& body, const responses_job& job) {
 }
 
 http_reply api_service::cancel_response(const std::string& id) const {
+  auto ended = [&](const std::string& status) {
+    return error_reply(make_error(errc::invalid_request, "the background response '" + id +
+                                                             "' cannot be cancelled: it has already ended (" + status + ")"));
+  };
   if (auto run = runs_->find(id)) {
     auto [was_live, response] = run->cancel();
     const std::string status = response.is_object() ? response.value("status", std::string()) : std::string();
-    if (was_live || status == "cancelled") return json_body(std::move(response));  // cancelling twice: the same response
+    if (was_live || status == "cancelled") return json_body(response);  // cancelling twice: the same response
     if (status == "queued" || status == "in_progress") {  // closed as it ran: the server is stopping
       return error_reply(make_error(errc::replica_unavailable, "the server is stopping"));
     }
-    return error_reply(make_error(errc::invalid_request, "the background response '" + id + "' cannot be cancelled: it has already ended (" + status + ")"));
+    return ended(status);
   }
   auto stored = store_->get(id);
   if (!stored) return error_reply(response_not_found(id));
@@ -215,7 +214,7 @@ http_reply api_service::cancel_response(const std::string& id) const {
   const std::string status = r.value("status", std::string());
   if (r.value("background", false)) {
     if (status == "cancelled") return json_body(r);
-    return error_reply(make_error(errc::invalid_request, "the background response '" + id + "' cannot be cancelled: it has already ended (" + status + ")"));
+    return ended(status);
   }
   return error_reply(make_error(errc::invalid_request, "only a background response can be cancelled, and '" + id +
                                                            "' is not one (it has already " + (status == "failed" ? "failed" : "finished") + ")"));
@@ -295,7 +294,7 @@ api_outcome api_service::stored_responses(std::string_view method, std::string_v
   if (sub == "input_items") {
     auto page = items_page(stored ? stored->input_items : run->input_items(), query);
     if (!page) return error_reply(page.err());
-    return json_body(std::move(*page));
+    return json_body(*page);
   }
   return json_body(stored->response);
 }

@@ -19,9 +19,14 @@ background_run::background_run(actors::mesh_client& mesh, generation_job job, nl
   if (running_) running_->add(1);
 }
 
-void background_run::stopped_locked() {
+void background_run::release_locked() {
   if (running_) running_->add(-1);
   running_ = nullptr;
+  if (job_.output) {  // still running: its requests (a stop string, a failure, cancel, close) go
+    for (uint64_t id : ids_) mesh_.cancel(id);
+    for (uint64_t id : job_.output->running_searches()) mesh_.cancel(id);
+  }
+  job_ = generation_job{};  // the group and the concurrency slot go now
 }
 
 std::shared_ptr<background_run> background_run::start(actors::mesh_client& mesh, generation_job job,
@@ -97,11 +102,7 @@ void background_run::end_locked() {
   }
   final_ = r.snapshot();
   ended_ = true;
-  stopped_locked();
-  // Unfinished requests (a stop string ended the choice, a failure): free them in the mesh.
-  for (uint64_t id : ids_) mesh_.cancel(id);
-  for (uint64_t id : out.running_searches()) mesh_.cancel(id);
-  job_ = generation_job{};  // the group and the concurrency slot go now
+  release_locked();
 }
 
 background_run::page background_run::read(int64_t after, std::function<void()> wake) {
@@ -124,11 +125,6 @@ nlohmann::ordered_json background_run::snapshot() const {
   return ended_ || closed_ ? final_ : job_.output->responses()->snapshot();
 }
 
-bool background_run::closed() const {
-  std::lock_guard lock(mu_);
-  return closed_;
-}
-
 bool background_run::live() const {
   std::lock_guard lock(mu_);
   return !ended_ && !closed_;
@@ -147,10 +143,7 @@ std::pair<bool, nlohmann::ordered_json> background_run::cancel() {
     if (ended_ || closed_) return {false, final_};
     final_ = job_.output->responses()->cancel(job_.output->usage());
     ended_ = true;
-    stopped_locked();
-    for (uint64_t id : ids_) mesh_.cancel(id);
-    for (uint64_t id : job_.output->running_searches()) mesh_.cancel(id);
-    job_ = generation_job{};
+    release_locked();
     wake = take_wakers_locked();
     result = {true, final_};
   }
@@ -164,13 +157,8 @@ void background_run::close() {
     std::lock_guard lock(mu_);
     if (closed_) return;
     closed_ = true;
-    stopped_locked();
-    if (!ended_) {
-      for (uint64_t id : ids_) mesh_.cancel(id);
-      for (uint64_t id : job_.output->running_searches()) mesh_.cancel(id);
-      final_ = job_.output->responses()->snapshot();
-    }
-    job_ = generation_job{};
+    if (!ended_) final_ = job_.output->responses()->snapshot();
+    release_locked();
     wake = take_wakers_locked();
   }
   for (auto& w : wake) w();
@@ -182,11 +170,6 @@ void background_runs::close() {
   std::lock_guard lock(mu_);
   closed_ = true;
   for (auto& [id, run] : by_id_) run->close();
-}
-
-bool background_runs::closed() const {
-  std::lock_guard lock(mu_);
-  return closed_;
 }
 
 std::shared_ptr<background_run> background_runs::start(generation_job job, nlohmann::ordered_json input_items) {

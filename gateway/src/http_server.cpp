@@ -140,6 +140,17 @@ awaitable<void> write_sse(http_server::impl* s, beast::tcp_stream& stream, const
   }
 }
 
+/// Ends a streamed reply that went out whole (counted 200): the last chunk, or on HTTP/1.0 the
+/// connection's end. Returns false when the connection must close.
+awaitable<bool> end_sse(http_server::impl* s, beast::tcp_stream& stream, bool chunked) {
+  count_request(s, 200);
+  if (!chunked) co_return false;  // the end of an HTTP/1.0 stream is the connection's end
+  stream.expires_after(s->opt.write_timeout);
+  error_code ec;
+  co_await net::async_write(stream, http::make_chunk_last(), net::redirect_error(use_awaitable, ec));
+  co_return !ec;
+}
+
 /// Runs one generation job (every choice of a response) on this connection. Returns false when
 /// the connection must close.
 awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generation_job& job, unsigned version,
@@ -209,11 +220,7 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
     count_request(s, r.status);
     co_return co_await write_reply(s, stream, r, version, keep);
   }
-  count_request(s, 200);
-  if (!chunked) co_return false;  // the end of an HTTP/1.0 stream is the connection's end
-  stream.expires_after(s->opt.write_timeout);
-  co_await net::async_write(stream, http::make_chunk_last(), net::redirect_error(use_awaitable, ec));
-  co_return !ec;
+  co_return co_await end_sse(s, stream, chunked);
 }
 
 /// Streams a background response's events (event_tail) until its run ends or the client goes
@@ -255,11 +262,7 @@ awaitable<bool> run_tail(http_server::impl* s, beast::tcp_stream& stream, event_
     count_request(s, 499);
     co_return false;
   }
-  count_request(s, 200);
-  if (!chunked) co_return false;
-  stream.expires_after(s->opt.write_timeout);
-  co_await net::async_write(stream, http::make_chunk_last(), net::redirect_error(use_awaitable, ec));
-  co_return !ec;
+  co_return co_await end_sse(s, stream, chunked);
 }
 
 bool quiet_close(const error_code& ec) {

@@ -38,6 +38,17 @@ inline served_model kjv_tiny(const std::string& name) {
   return {name, *t, *chat, *c};
 }
 
+/// An api_service over `mesh` serving the bundled tiny model as "m" with `o`'s other options;
+/// `tok` gets its tokenizer. nullptr when the model did not load.
+inline std::unique_ptr<api_service> kjv_service(api_options o, actors::mesh_client& mesh, actors::metrics_registry& metrics,
+                                                std::shared_ptr<const model::tokenizer>& tok) {
+  served_model m = kjv_tiny("m");
+  tok = m.tok;
+  if (!m.tok) return nullptr;
+  o.model_name = "m";
+  return std::make_unique<api_service>(o, std::vector{std::move(m)}, mesh, metrics);
+}
+
 class ApiService : public ::testing::Test {
  protected:
   void SetUp() override {

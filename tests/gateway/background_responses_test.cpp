@@ -69,12 +69,9 @@ class BackgroundResponses : public ::testing::Test {
   void SetUp() override { start(api_options{}); }
   void start(api_options o) {
     api_.reset();
-    served_model m = kjv_tiny("m");
-    ASSERT_TRUE(m.tok);
-    tok_ = m.tok;
-    o.model_name = "m";
     o.max_concurrent = 8;
-    api_ = std::make_unique<api_service>(o, std::vector{std::move(m)}, mesh_, metrics_);
+    api_ = kjv_service(o, mesh_, metrics_, tok_);
+    ASSERT_TRUE(api_);
   }
   api_outcome call(const std::string& method, const std::string& path, const std::string& body = "") {
     return api_->handle(method, path, "", body);

@@ -26,12 +26,9 @@ class Conversations : public ::testing::Test {
   void SetUp() override { start(api_options{}); }
   void start(api_options o) {
     api_.reset();
-    served_model m = kjv_tiny("m");
-    ASSERT_TRUE(m.tok);
-    tok_ = m.tok;
-    o.model_name = "m";
     o.max_concurrent = 64;
-    api_ = std::make_unique<api_service>(o, std::vector{std::move(m)}, mesh_, metrics_);
+    api_ = kjv_service(o, mesh_, metrics_, tok_);
+    ASSERT_TRUE(api_);
   }
   http_reply reply(const std::string& method, const std::string& path, const json& body = nullptr) {
     auto o = api_->handle(method, path, "", body.is_null() ? "" : body.dump());

@@ -53,8 +53,6 @@ class background_run : public std::enable_shared_from_this<background_run> {
   /// close(), as it stood then).
   nlohmann::ordered_json snapshot() const;
   bool live() const;
-  /// close() was called (the server is stopping).
-  bool closed() const;
   /// Cancels a live run (its requests in the mesh too): the response ends "cancelled" and is
   /// stored so. Returns whether it was live, and the response (final either way).
   std::pair<bool, nlohmann::ordered_json> cancel();
@@ -74,8 +72,9 @@ class background_run : public std::enable_shared_from_this<background_run> {
   void submit_locked(actors::replica_request r, bool beam_step);
   void append_locked(const std::string& events);
   void end_locked();
-  /// The run is no longer live (once): the running gauge goes down.
-  void stopped_locked();
+  /// The run is no longer live (ended, cancelled or closed; once): the running gauge goes down,
+  /// requests still running are cancelled in the mesh, the group and its slots go.
+  void release_locked();
   std::vector<std::function<void()>> take_wakers_locked();
 
   actors::mesh_client& mesh_;
@@ -120,7 +119,6 @@ class background_runs {
   /// mesh stops and before the HTTP server that reads the runs' streams goes (their readers'
   /// wakers post into its io_context).
   void close();
-  bool closed() const;
   size_t size() const;
 
  private:
