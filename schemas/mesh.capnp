@@ -99,6 +99,8 @@ struct GenerateRequest {
   priority @11 :Int32;               # vLLM's priority: the replica admits and preempts lower values first
   cacheSalt @12 :UInt64;             # vLLM's cache_salt as a key (0: none): prefix-cache hits only
                                      # among requests of the same salt
+  pooling @13 :UInt8;                # an embedding request's pooling (0: a generation; 1 last, 2 mean,
+                                     # 3 cls): its one Token is the end, with the pooled hidden state
 }
 
 enum Finish {
@@ -124,6 +126,7 @@ struct Token {
                                            # (Sampling.promptLogprobs): entry i is prompt token i + 1's
   cachedTokens @7 :Int32 = -1;  # with a request's first token: how many of its tokens the replica's
                                 # prefix cache held when it was admitted; -1 on the others
+  embedding @8 :List(Float32);  # an embedding request's end: its pooled final hidden state
 }
 
 # A token's log-probability and the most likely tokens' at its position (raw log-softmax).

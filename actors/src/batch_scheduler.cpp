@@ -12,7 +12,7 @@ batch_scheduler::~batch_scheduler() {
 
 status batch_scheduler::add(request_spec r) {
   if (r.prompt.empty()) return make_error(errc::invalid_request, "request " + std::to_string(r.id) + ": empty prompt");
-  if (r.max_tokens == 0) return make_error(errc::invalid_request, "request " + std::to_string(r.id) + ": max_tokens is 0");
+  if (r.max_tokens == 0 && r.pool == pooling::none) return make_error(errc::invalid_request, "request " + std::to_string(r.id) + ": max_tokens is 0");
   if (requests_.contains(r.id)) return make_error(errc::invalid_request, "request " + std::to_string(r.id) + " exists");
   const uint64_t id = r.id;
   request q;
@@ -71,8 +71,9 @@ void batch_scheduler::preempt(uint64_t id) {
 bool batch_scheduler::admit(request& r, size_t& budget) {
   // The salt starts its blocks' hash chain: what it finds and what it commits are its salt's.
   r.blocks.last_hash = r.spec.cache_salt;
-  // A prompt to score is computed whole (vLLM does the same): cached positions have no logits.
-  const size_t hit = scoring(r) ? 0 : blocks_.match_prefix(r.tokens, r.blocks);
+  // A prompt to score is computed whole (vLLM does the same): cached positions have no logits
+  // (nor hidden rows, for a pooling over them).
+  const size_t hit = whole(r) ? 0 : blocks_.match_prefix(r.tokens, r.blocks);
   const size_t chunk = std::min(r.tokens.size() - hit, budget);
   if (!blocks_.reserve(r.blocks, hit + chunk).ok()) {
     blocks_.release(r.blocks);
@@ -84,14 +85,14 @@ bool batch_scheduler::admit(request& r, size_t& budget) {
 }
 
 bool batch_scheduler::awaits_shared_prefix(const request& r) const {
-  if (!blocks_.prefix_caching() || scoring(r)) return false;
+  if (!blocks_.prefix_caching() || whole(r)) return false;
   const size_t bs = blocks_.block_size();
   const size_t usable = r.tokens.empty() ? 0 : r.tokens.size() - 1;  // as match_prefix: never the last token
   for (uint64_t pid : running_) {
     const auto& p = requests_.at(pid);
     // Only a prefill can be waited for; and a scored prompt recomputes what the cache may
     // already hold (its n_computed says nothing about the cache).
-    if (p.n_computed + 1 >= p.tokens.size() || scoring(p)) continue;  // decoding, or scoring
+    if (p.n_computed + 1 >= p.tokens.size() || whole(p)) continue;  // decoding, or scoring
     if (p.spec.cache_salt != r.spec.cache_salt) continue;  // its blocks are not r's to share
     const size_t limit = std::min(p.tokens.size(), usable);
     size_t n = 0;
@@ -210,6 +211,13 @@ step_plan batch_scheduler::schedule() {
     s.tokens = std::span<const int32_t>(r.tokens).subspan(r.n_computed, n);
     s.block_table = r.blocks.ids;
     s.want_logits = r.n_computed + n == r.tokens.size();
+    if (r.spec.pool != pooling::none) {  // an embedding: no draw, the hidden rows its pooling needs
+      s.hidden = r.spec.pool == pooling::mean                     ? model::hidden_rows::all
+                 : r.spec.pool == pooling::cls                    ? (s.pos0 == 0 ? model::hidden_rows::all : model::hidden_rows::none)
+                 : s.want_logits                                  ? model::hidden_rows::last
+                                                                  : model::hidden_rows::none;
+      s.want_logits = false;
+    }
     if (!r.step_tokens.empty()) {  // the last token, then its drafts
       s.tokens = r.step_tokens;
       s.want_logits = true;
@@ -242,6 +250,17 @@ std::vector<token_event> batch_scheduler::complete(const step_plan& plan, std::s
       r.step_tokens.clear();
       blocks_.commit(r.blocks, std::span<const int32_t>(r.tokens).first(r.n_computed));
       break;
+    }
+    if (r.spec.pool != pooling::none) {  // an embedding ends once its prompt is computed
+      blocks_.commit(r.blocks, std::span<const int32_t>(r.tokens).first(r.n_computed));
+      if (r.n_computed < r.tokens.size()) continue;
+      token_event e;
+      e.id = s.id;
+      e.finish = finish_reason::length;
+      e.cached_tokens = static_cast<int32_t>(r.cached.value_or(0));
+      events.push_back(std::move(e));
+      cancel(s.id);
+      continue;
     }
     bool finished = false;
     size_t kept = 0;

@@ -18,7 +18,15 @@ replica_core::~replica_core() = default;
 
 status replica_core::submit(replica_request r) {
   const auto& c = eng_.config();
-  const size_t longest = r.prompt.size() + r.max_tokens;
+  if (r.pool != pooling::none) {
+    const auto& p = r.sampling;
+    if (r.max_tokens != 1 || r.generated != 0 || p.logprobs >= 0 || p.prompt_logprobs >= 0 || !r.logit_bias.empty() ||
+        r.constraint.type != model::constraint_spec::kind::none || !r.allowed_ids.empty() || !r.bad_words.empty()) {
+      return make_error(errc::invalid_request, "an embedding request takes max_tokens 1 and no generation fields");
+    }
+  }
+  // An embedding's prompt is all it needs room for.
+  const size_t longest = r.prompt.size() + (r.pool == pooling::none ? r.max_tokens : 0);
   if (longest > c.max_positions) {
     return make_error(errc::invalid_request, "prompt of " + std::to_string(r.prompt.size()) + " tokens plus max_tokens " +
                                                  std::to_string(r.max_tokens) + " exceeds the model's context of " +
@@ -134,6 +142,7 @@ status replica_core::submit(replica_request r) {
   spec.prompt_logprobs = r.sampling.prompt_logprobs;
   spec.priority = r.priority;
   spec.cache_salt = r.cache_salt;
+  spec.pool = r.pool;
   // Drafts are checked by drawing after each as a plain decode would (each row's adjustments
   // count the drafts before it): only logits that shift with the batch rule it out.
   // A grammar that waits for constraint_after would mask some drafts' rows and not others:
@@ -144,7 +153,36 @@ status replica_core::submit(replica_request r) {
   sampling_[r.id] = r.sampling;
   if (r.sampling.prompt_logprobs >= 0) scored_[r.id].resize(prompt_len - 1);
   if (adjust) adjust_[r.id] = std::move(*adjust);
+  if (r.pool != pooling::none) {
+    auto& st = pooled_[r.id];
+    st.pool = r.pool;
+    if (r.pool == pooling::mean) st.sum.assign(c.hidden, 0.0);
+  }
   return ok_status();
+}
+
+void replica_core::pool_rows(pool_state& st, const model::step_sequence& s, std::span<const float> rows) const {
+  const size_t hidden = eng_.config().hidden;
+  const size_t k = rows.size() / hidden;
+  const size_t first = s.pos0 + s.tokens.size() - k;  // the position of rows' first
+  switch (st.pool) {
+    case pooling::last:
+      st.row.assign(rows.end() - static_cast<std::ptrdiff_t>(hidden), rows.end());
+      break;
+    case pooling::cls:
+      if (first == 0 && k > 0) st.row.assign(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(hidden));
+      break;
+    case pooling::mean:
+      // Each position once, in order: a chunk recomputed after a preemption adds nothing again.
+      for (size_t i = 0; i < k; ++i) {
+        if (first + i != st.next) continue;
+        for (size_t d = 0; d < hidden; ++d) st.sum[d] += rows[i * hidden + d];
+        ++st.next;
+      }
+      break;
+    case pooling::none:
+      break;
+  }
 }
 
 result<std::shared_ptr<const model::grammar>> replica_core::grammar_of(const model::constraint_spec& spec) {
@@ -187,6 +225,7 @@ bool replica_core::cancel(uint64_t id) {
   sampling_.erase(id);
   adjust_.erase(id);
   scored_.erase(id);
+  pooled_.erase(id);
   return sched_.cancel(id);
 }
 
@@ -279,7 +318,7 @@ bool replica_core::begin_step() {
   rows_.clear();
   if (plan_.seqs.empty()) return false;
   for (const auto& s : plan_.seqs) {
-    batch_.push_back({s.tokens, s.pos0, s.block_table, s.want_logits, s.prompt_logprobs, s.next, s.draws});
+    batch_.push_back({s.tokens, s.pos0, s.block_table, s.want_logits, s.prompt_logprobs, s.next, s.draws, s.hidden});
     // The token being drawn sits at position pos0 + n: the (seed, position) key generate uses.
     if (!s.want_logits) continue;
     const kernels::sampling_params& p = sampling_.at(s.id);
@@ -305,12 +344,38 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
       if (it != scored_.end() && pos < it->second.size()) it->second[pos] = logprobs.prompt[at];
     }
   }
+  // The hidden rows of embedding requests, in batch order (model::step_logprobs::hidden).
+  const size_t hidden = eng_.config().hidden;
+  size_t hrow = 0;
+  for (size_t i = 0; i < plan_.seqs.size(); ++i) {
+    const size_t k = model::hidden_row_count(batch_[i]);
+    if (k == 0) continue;
+    auto it = pooled_.find(plan_.seqs[i].id);  // gone: cancelled while the step ran
+    if (it != pooled_.end() && (hrow + k) * hidden <= logprobs.hidden.size()) {
+      pool_rows(it->second, batch_[i], std::span<const float>(logprobs.hidden).subspan(hrow * hidden, k * hidden));
+    }
+    hrow += k;
+  }
   auto events = sched_.complete(plan_, sampled);
   std::vector<token_event> out;
   out.reserve(events.size());
   std::unordered_set<uint64_t> ended;  // by its grammar at a token kept earlier in this step
   for (auto& e : events) {
     if (ended.contains(e.id)) continue;  // the tokens kept after it are not output
+    if (auto p = pooled_.find(e.id); p != pooled_.end()) {  // an embedding's end
+      auto& st = p->second;
+      if (st.pool == pooling::mean) {
+        e.embedding.resize(st.sum.size());
+        const double n = static_cast<double>(std::max<size_t>(st.next, 1));
+        for (size_t d = 0; d < st.sum.size(); ++d) e.embedding[d] = static_cast<float>(st.sum[d] / n);
+      } else {
+        e.embedding = std::move(st.row);
+      }
+      pooled_.erase(p);
+      sampling_.erase(e.id);
+      out.push_back(std::move(e));
+      continue;
+    }
     if (e.row < logprobs.rows.size()) e.logprobs = logprobs.rows[e.row];
     if (auto it = scored_.find(e.id); it != scored_.end()) {  // its first token
       e.prompt_logprobs = std::move(it->second);

@@ -46,7 +46,7 @@ transport::generate_msg to_wire(const replica_request& r) {
                             to_wire(r.sampling), r.eos_ids, static_cast<uint32_t>(std::min<size_t>(r.generated, UINT32_MAX)),
                             {}, static_cast<uint8_t>(r.constraint.type), r.constraint.text,
                             r.allowed_ids, r.bad_words, r.constraint_after, r.priority,
-                            r.cache_salt};
+                            r.cache_salt, static_cast<uint8_t>(r.pool)};
   for (const auto& b : r.logit_bias) m.logit_bias.push_back({b.id, b.bias});
   return m;
 }
@@ -67,6 +67,7 @@ replica_request from_wire(const transport::generate_msg& m) {
   r.constraint_after = m.constraint_after;
   r.priority = m.priority;
   r.cache_salt = m.cache_salt;
+  r.pool = static_cast<pooling>(m.pooling);  // 0..3: the codec checked
   return r;
 }
 
@@ -100,6 +101,7 @@ transport::token_body to_wire(const token_msg& t) {
   out.cached_tokens = t.cached_tokens;
   out.prompt_logprobs.reserve(t.prompt_logprobs.size());
   for (const auto& x : t.prompt_logprobs) out.prompt_logprobs.push_back(to_wire(x));
+  out.embedding = t.embedding;
   return out;
 }
 
@@ -110,6 +112,7 @@ token_msg from_wire(const transport::token_body& t) {
   out.cached_tokens = t.cached_tokens;
   out.prompt_logprobs.reserve(t.prompt_logprobs.size());
   for (const auto& x : t.prompt_logprobs) out.prompt_logprobs.push_back(from_wire(x));
+  out.embedding = t.embedding;
   return out;
 }
 

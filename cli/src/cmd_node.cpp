@@ -201,6 +201,9 @@ status run_node(const node_flags& f) {
     auto c = model::load_config(dir);
     if (!c) return c.take_error();
     m.cfg = std::move(*c);
+    auto pooling = gateway::load_embedding_defaults(dir);
+    if (!pooling) return pooling.take_error();
+    m.embedding = *pooling;
     served.push_back(std::move(m));
   }
   auto ucx = transport::ucx_transport::create();

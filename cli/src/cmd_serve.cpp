@@ -62,6 +62,8 @@ status run_serve(const serve_flags& f) {
   if (!tool_parser) return tool_parser.take_error();
   auto tool_tokens = gateway::tool_parser_kept_tokens(**tok, *tool_parser, f.model_dir);
   if (!tool_tokens) return tool_tokens.take_error();
+  auto pooling = gateway::load_embedding_defaults(f.model_dir);
+  if (!pooling) return pooling.take_error();
   std::optional<model::chat_template> chat;
   if (auto t = model::chat_template::load(f.model_dir); t) chat = std::move(*t);
   auto quant = quantization_for(f.quantization, *device);
@@ -98,7 +100,7 @@ status run_serve(const serve_flags& f) {
   ho.host = where->first;
   ho.port = where->second;
   apply_gateway_flags(f.gw, ao, ho);
-  gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser, *tool_tokens};
+  gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser, *tool_tokens, *pooling};
   auto api = std::make_unique<gateway::api_service>(ao, std::vector{std::move(served)}, **mesh, metrics);
   auto server = gateway::http_server::listen(*api, ho);
   if (!server) return server.take_error();

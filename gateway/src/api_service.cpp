@@ -10,6 +10,7 @@
 #include "llmesh/gateway/metrics_endpoint.hpp"
 #include "llmesh/gateway/background_runs.hpp"
 #include "llmesh/gateway/version.hpp"
+#include "prompt_truncation.hpp"
 
 namespace llmesh::gateway {
 namespace {
@@ -137,7 +138,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   const bool conversation_route = path == "/v1/conversations" || path.starts_with("/v1/conversations/");
   const bool model_route = path.starts_with("/v1/models/") && path.size() > std::string_view("/v1/models/").size();
   const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
-                     path == "/v1/responses" || stored_route || conversation_route || model_route || tokenizer_route;
+                     path == "/v1/responses" || path == "/v1/embeddings" || stored_route || conversation_route || model_route || tokenizer_route;
   if (!known && !(path == "/health" || path == "/ready" || path == "/metrics" || path == "/version")) {
     return error_reply(make_error(errc::not_found, "no route for " + std::string(method) + " " + std::string(path)));
   }
@@ -149,6 +150,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   if (path == "/v1/completions" && post) return completions(body);
   if (path == "/v1/chat/completions" && post) return chat_completions(body);
   if (path == "/v1/responses" && post) return responses(body);
+  if (path == "/v1/embeddings" && post) return embeddings(body);
   if (stored_route) return stored_responses(method, path.substr(std::string_view("/v1/responses/").size()),
                                             target.size() > path.size() ? target.substr(path.size() + 1) : std::string_view());
   if (conversation_route) {
@@ -181,9 +183,8 @@ http_reply api_service::model(std::string_view name) const {
   return json_reply(200, model_card(**m).dump());
 }
 
-namespace {
+namespace detail {
 
-/// vLLM's rule: truncate_prompt_tokens may not ask for more than the model's context.
 status check_truncation(int64_t k, size_t context) {
   if (k > 0 && static_cast<size_t>(k) > context) {
     return make_error(errc::invalid_request, "'truncate_prompt_tokens' (" + std::to_string(k) +
@@ -192,8 +193,6 @@ status check_truncation(int64_t k, size_t context) {
   return ok_status();
 }
 
-/// vLLM's truncate_prompt_tokens: keeps the prompt's last k tokens (-1: the model's context).
-/// Whether it cut any.
 bool truncate_prompt(std::vector<int32_t>& ids, int64_t k, size_t context) {
   if (k == 0) return false;
   const size_t keep = k < 0 ? context : static_cast<size_t>(k);
@@ -202,7 +201,10 @@ bool truncate_prompt(std::vector<int32_t>& ids, int64_t k, size_t context) {
   return true;
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::check_truncation;
+using detail::truncate_prompt;
 
 std::vector<std::vector<int32_t>> bad_word_ids(const model::tokenizer& tok, const std::vector<std::string>& words) {
   std::vector<std::vector<int32_t>> out;

@@ -29,9 +29,17 @@ void completion_group::add_beam_search(std::unique_ptr<beam_search> b, std::vect
   if (beams_.back().search->done()) replay(beams_.back());  // nothing to search (never streamed)
 }
 
+void completion_group::render_as_embeddings(std::unique_ptr<embeddings_output> e) {
+  embeddings_ = std::move(e);
+  done_ = embeddings_->done();
+}
+
 std::vector<actors::replica_request> completion_group::take_submissions() {
   std::vector<actors::replica_request> out;
   out.swap(submissions_);
+  if (embeddings_ && !done_) {
+    for (auto& r : embeddings_->take_submissions()) out.push_back(std::move(r));
+  }
   return out;
 }
 
@@ -40,6 +48,9 @@ std::vector<uint64_t> completion_group::running_searches() const {
   for (const auto& b : beams_) {
     if (b.search->done() && !b.search->failure()) continue;  // a failed one's other requests may still run
     for (uint64_t id : b.search->running()) out.push_back(id);
+  }
+  if (embeddings_) {
+    for (uint64_t id : embeddings_->running()) out.push_back(id);
   }
   return out;
 }
@@ -98,6 +109,12 @@ std::string completion_group::on_message(const actors::token_msg& t) {
 
 std::string completion_group::on_chat_message(const actors::token_msg& t) {
   if (done_) return "";
+  if (embeddings_) {
+    embeddings_->on_message(t);
+    if (embeddings_->failure()) return fail(*embeddings_->failure());
+    done_ = embeddings_->done();
+    return "";
+  }
   for (auto& b : beams_) {
     if (b.search->done() || !b.search->owns(t.id)) continue;
     b.search->on_message(t);
@@ -156,6 +173,7 @@ std::vector<choice_delta> completion_group::results() const {
 
 http_reply completion_group::reply() const {
   if (failure_) return error_reply(*failure_);
+  if (embeddings_) return embeddings_->reply();
   http_reply r;
   r.body = response_json(g_.chat ? "chat.completion" : "text_completion", g_.id, g_.created, g_.model, results(),
                          usage());

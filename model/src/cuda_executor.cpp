@@ -90,7 +90,9 @@ class cuda_executor final : public step_executor {
     if (layout_.rank != 0) return finish();
     if (p.real_rows == 0) {
       LLMESH_TRY(finish());
-      return logprobs ? score(batch, p, logprobs->prompt) : ok_status();
+      if (!logprobs) return ok_status();
+      LLMESH_TRY(hidden_out(batch, logprobs->hidden));
+      return score(batch, p, logprobs->prompt);
     }
     // Rows that ask for logprobs bring their logits back too (computed on the host, exactly as
     // the CPU executor does); the others only their ids.
@@ -124,7 +126,30 @@ class cuda_executor final : public step_executor {
     LLMESH_TRY(finish());
     tokens.assign(ids_host_.as<int32_t>(), ids_host_.as<int32_t>() + p.real_rows);
     if (want_logprobs) logprobs->rows = kernels::logprobs_rows(lp_logits, cfg_.vocab, rows, tokens);
-    return logprobs ? score(batch, p, logprobs->prompt) : ok_status();
+    if (!logprobs) return ok_status();
+    LLMESH_TRY(hidden_out(batch, logprobs->hidden));
+    return score(batch, p, logprobs->prompt);
+  }
+
+  /// The hidden rows the batch wants (step_sequence::hidden): the final norm's rows in xn_,
+  /// [tokens][hidden] (a step with such a sequence is never a padded decode graph's).
+  /// REQUIRES: the step finished.
+  status hidden_out(std::span<const step_sequence> batch, std::vector<float>& out) {
+    size_t n = 0;
+    for (const auto& s : batch) n += hidden_row_count(s);
+    out.resize(n * cfg_.hidden);
+    if (n == 0) return ok_status();
+    size_t t = 0, row = 0;
+    for (const auto& s : batch) {
+      const size_t k = hidden_row_count(s);
+      if (k > 0) {
+        const float* from = xn_.as<float>() + (t + s.tokens.size() - k) * cfg_.hidden;
+        LLMESH_TRY(cuda::copy_to_host(out.data() + row * cfg_.hidden, from, k * cfg_.hidden * sizeof(float), stream_.get()));
+      }
+      row += k;
+      t += s.tokens.size();
+    }
+    return stream_.synchronize();
   }
 
   /// The scored positions' log-probabilities (step_sequence::prompt_logprobs): their logits
@@ -340,7 +365,7 @@ class cuda_executor final : public step_executor {
       n_tokens += s.tokens.size();
       table_ints += s.block_table.size();
       max_pos = std::max(max_pos, s.pos0 + s.tokens.size() - 1);
-      decode = decode && s.tokens.size() == 1 && s.want_logits && scored_positions(s) == 0;
+      decode = decode && s.tokens.size() == 1 && s.want_logits && scored_positions(s) == 0 && s.hidden == hidden_rows::none;
       p.real_rows += drawn_rows(s);
       scored += scored_positions(s);
     }

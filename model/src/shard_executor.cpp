@@ -81,7 +81,7 @@ status shard_executor::forward(std::span<const step_sequence> batch, std::vector
 }
 
 status shard_executor::run(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy,
-                           std::vector<kernels::token_logprobs>* scored) {
+                           std::vector<kernels::token_logprobs>* scored, std::vector<float>* hidden) {
   const auto& c = model_->config();
   const auto& w = model_->weights();
   size_t n_tokens = 0;
@@ -108,8 +108,25 @@ status shard_executor::run(std::span<const step_sequence> batch, std::vector<flo
     LLMESH_TRY(attention_block(layer, batch, n_tokens));
     LLMESH_TRY(mlp_block(layer, n_tokens));
   }
+  if (hidden) hidden_out(batch, *hidden);
   LLMESH_TRY(lm_head(batch, logits, greedy));
   return score_prompts(batch, scored);
+}
+
+void shard_executor::hidden_out(std::span<const step_sequence> batch, std::vector<float>& out) {
+  const auto& c = model_->config();
+  const auto& w = model_->weights();
+  size_t n = 0;
+  for (const auto& s : batch) n += hidden_row_count(s);
+  out.resize(n * c.hidden);
+  size_t t = 0, row = 0;
+  for (const auto& s : batch) {
+    const size_t k = hidden_row_count(s);
+    for (size_t i = s.tokens.size() - k; i < s.tokens.size(); ++i, ++row) {  // its last k positions
+      kernels::rmsnorm(&h_[(t + i) * c.hidden], w.final_norm.data(), &out[row * c.hidden], c.hidden, c.rms_norm_eps);
+    }
+    t += s.tokens.size();
+  }
 }
 
 size_t scored_positions(const step_sequence& s) {
@@ -133,9 +150,10 @@ status shard_executor::forward_sample(std::span<const step_sequence> batch, std:
   // Greedy steps of a split LM head gather each slice's argmax, not the slices' logits (every
   // rank decides alike from the rows: a row that wants logprobs needs its whole row).
   auto* scored = logprobs ? &logprobs->prompt : nullptr;
+  auto* hidden = logprobs && layout_.rank == 0 ? &logprobs->hidden : nullptr;
   const bool greedy = layout_.tp > 1 && kernels::argmax_only(rows);
-  if (greedy) return run(batch, sample_logits_, &tokens, scored);
-  LLMESH_TRY(run(batch, sample_logits_, nullptr, scored));
+  if (greedy) return run(batch, sample_logits_, &tokens, scored, hidden);
+  LLMESH_TRY(run(batch, sample_logits_, nullptr, scored, hidden));
   if (layout_.rank != 0) return ok_status();
   const size_t vocab = model_->config().vocab;
   tokens = kernels::sample_rows(sample_logits_, vocab, rows, pool_);

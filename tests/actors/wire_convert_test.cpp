@@ -3,6 +3,8 @@
 // the prompt) and of a token (its logprobs), exactly.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <variant>
 
 #include "llmesh/actors/shard_actor.hpp"
@@ -67,6 +69,26 @@ TEST(WireConvert, ARequestKeepsEveryField) {
   EXPECT_TRUE(back.sampling.bad_words);
   EXPECT_TRUE(back.sampling.processed_logprobs);
   EXPECT_EQ(back.model, "");  // routing happened in the gateway's process
+  EXPECT_EQ(back.pool, pooling::none);
+}
+
+TEST(WireConvert, AnEmbeddingRequestAndItsVectorCross) {
+  replica_request r;
+  r.id = 43;
+  r.prompt = {1, 2, 3};
+  r.max_tokens = 1;
+  for (pooling p : {pooling::last, pooling::mean, pooling::cls}) {
+    r.pool = p;
+    EXPECT_EQ(through_a_frame(r).pool, p);
+  }
+  token_msg t;
+  t.id = 43;
+  t.finish = finish_reason::length;
+  t.embedding = {0.5f, -0.125f, 1e-30f, -0.0f};
+  token_msg back = through_a_frame(t);
+  ASSERT_EQ(back.embedding.size(), 4u);
+  EXPECT_EQ(0, std::memcmp(back.embedding.data(), t.embedding.data(), 16));
+  EXPECT_EQ(back.token, -1);
 }
 
 TEST(WireConvert, ATokenKeepsItsLogprobs) {

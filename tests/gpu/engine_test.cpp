@@ -441,6 +441,56 @@ TEST(CudaEngine, PromptScoringIsThatOfTheLogitsBeforeEachToken) {
   }
 }
 
+/// /v1/embeddings' source on the GPU: the final hidden rows (step_sequence::hidden) of a
+/// prompt in two chunks beside a decoding neighbour equal the CPU's within 1e-4 relative, and
+/// the GPU's own bits do not depend on the chunking (the rows of one whole step).
+TEST(CudaEngine, HiddenRowsEqualTheCpusAndDoNotDependOnChunks) {
+  LLMESH_REQUIRE_GPU();
+  loaded_model m(golden_shapes()[2].spec);
+  const auto prompt = prompt_of(40, 600, 91);
+  const size_t H = m.get()->config().hidden;
+  auto rows_by = [&](model::backend b, size_t cut) {
+    auto e = make_engine(m.get(), b, true);
+    EXPECT_TRUE(e);
+    std::vector<int32_t> table(64), other_table(4);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+    for (size_t i = 0; i < other_table.size(); ++i) other_table[i] = static_cast<int32_t>(100 + i);
+    const std::vector<int32_t> other = {5, 6, 7};
+    std::vector<float> out;
+    for (size_t at = 0; at < prompt.size(); at += cut) {
+      model::step_sequence n;  // a neighbour drawing a token
+      n.tokens = other;
+      n.block_table = other_table;
+      model::step_sequence s;
+      s.tokens = std::span(prompt).subspan(at, std::min(cut, prompt.size() - at));
+      s.pos0 = at;
+      s.block_table = table;
+      s.want_logits = false;
+      s.hidden = model::hidden_rows::all;
+      const model::step_sequence batch[2] = {n, s};
+      std::vector<kernels::sample_row> rows(1);
+      std::vector<int32_t> drawn;
+      model::step_logprobs lps;
+      auto st = e->forward_sample(batch, rows, drawn, &lps);
+      EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.err().message);
+      EXPECT_EQ(lps.hidden.size(), s.tokens.size() * H);
+      out.insert(out.end(), lps.hidden.begin(), lps.hidden.end());
+    }
+    return out;
+  };
+  const auto gpu = rows_by(model::backend::cuda, 25), cpu = rows_by(model::backend::cpu, 25);
+  const auto whole = rows_by(model::backend::cuda, prompt.size());
+  ASSERT_EQ(gpu.size(), prompt.size() * H);
+  ASSERT_EQ(cpu.size(), gpu.size());
+  EXPECT_EQ(0, std::memcmp(gpu.data(), whole.data(), gpu.size() * sizeof(float)));
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    diff = std::max(diff, double(std::abs(gpu[i] - cpu[i])));
+    scale = std::max(scale, double(std::abs(cpu[i])));
+  }
+  EXPECT_LT(diff / scale, 1e-4);
+}
+
 /// Needs two GPUs (NCCL refuses two ranks on one device): --tp 2 over NCCL gives the greedy
 /// tokens of --tp 1 and logits within 1e-4.
 TEST(CudaEngine, TensorParallelOverNcclMatchesOneGpu) {

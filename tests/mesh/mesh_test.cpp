@@ -8,6 +8,8 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 
+#include <future>
+
 #include "mesh_fixture.hpp"
 
 namespace llmesh::testing {
@@ -93,6 +95,13 @@ TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
   constexpr int max_tokens = 200;  // long streams: the kill lands in the middle of some
   std::vector<std::vector<int32_t>> want;
   for (const auto& p : prompts) want.push_back(generate_ids(p, max_tokens));
+  // Embeddings cross the mesh too (their requests and vectors on the wire): a batch's vectors
+  // before the failure are the reference.
+  nlohmann::json texts = nlohmann::json::array();
+  for (int i = 0; i < 12; ++i) texts.push_back("The LORD said unto Moses, " + std::to_string(i));
+  const std::string embed_body = nlohmann::json{{"model", "kjv-tiny"}, {"input", texts}}.dump();
+  const auto embed_ref = nlohmann::json::parse(http_request(m.http_port, "POST", "/v1/embeddings", embed_body).body, nullptr, false);
+  ASSERT_TRUE(embed_ref.is_object() && embed_ref.contains("data")) << embed_ref;
   load l{m.http_port, prompts, want, max_tokens};
   l.start(4);
   l.more(8);
@@ -117,6 +126,9 @@ TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
     ASSERT_TRUE(r.is_object() && r.contains("id")) << r;
     background.push_back(r["id"]);
   }
+  // An embedding request now: inputs routed to the frozen replica wait, then run elsewhere.
+  auto embedded = std::async(std::launch::async, [&] { return http_request(m.http_port, "POST", "/v1/embeddings", embed_body); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   b.crash();  // replica-b's process dies mid-stream: its streams continue on replica-a
   ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) {
     return count_ready(j, "spare") == 1 && count_ready(j, "replica-a") == 1 && j.size() == 2;
@@ -125,6 +137,11 @@ TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
   l.finish();
   EXPECT_EQ(l.failed.load(), 0u) << l.first_failure;
   EXPECT_EQ(l.wrong.load(), 0u) << "a migrated stream changed its tokens";
+  const auto embed_reply = embedded.get();
+  EXPECT_EQ(embed_reply.status, 200) << embed_reply.body;
+  const auto embed_after = nlohmann::json::parse(embed_reply.body, nullptr, false);
+  ASSERT_TRUE(embed_after.is_object() && embed_after.contains("data")) << embed_reply.body;
+  EXPECT_EQ(embed_after["data"], embed_ref["data"]) << "an embedding changed across the failure";
   // Each background response ended as the same request answers in the foreground.
   nlohmann::json fg_body = bg_body;
   fg_body.erase("background");

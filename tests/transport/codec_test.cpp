@@ -37,6 +37,8 @@ std::vector<envelope> samples() {
                    {}, {151668}},
       // vLLM's priority (lower first), negative too.
       generate_msg{15, {5, 6}, 8, {0.0f, 1.0f, 0, 3}, {}, 0, {}, 0, "", {}, {}, {}, -7},
+      // An embedding request (mean pooling).
+      generate_msg{16, {5, 6}, 1, {0.0f, 1.0f, 0, 3}, {}, 0, {}, 0, "", {}, {}, {}, 0, 0, 2},
       token_body{7, 42, finish_kind::length, false, errc::internal, "", std::nullopt},
       token_body{7, -1, finish_kind::none, true, errc::shard_failed, "shard 1 is gone", std::nullopt},
       token_body{8, 9, finish_kind::none, false, errc::internal, "", token_body::logprobs_t{-0.25f, {9, 3}, {-0.25f, -2.5f}, 2}},
@@ -46,6 +48,8 @@ std::vector<envelope> samples() {
                  {{-2.0f, {6, 1}, {-0.125f, -3.0f}}, {-7.5f, {2, 0}, {-1.0f, -1.5f}}}},
       // A first token with its prefix-cache hit.
       token_body{11, 4, finish_kind::none, false, errc::internal, "", std::nullopt, {}, 48},
+      // An embedding's end.
+      token_body{16, -1, finish_kind::length, false, errc::internal, "", std::nullopt, {}, 0, {0.25f, -1.5f, 3e-8f, 0.0f}},
       cancel_msg{9},
       status_request{},
       load_msg{5, true, 3, 4, 100, 4096},
@@ -227,6 +231,25 @@ TEST(Codec, LogprobsOutOfBoundsAreRefused) {
     EXPECT_NE(r.err().message.find("sampling.promptLogprobs is 21"), std::string::npos) << r.err().message;
     g.getSampling().setPromptLogprobs(max_logprobs);
     EXPECT_TRUE(decoded(mb).ok());
+  }
+  {  // an unknown pooling; an embedding longer than any model's hidden size
+    capnp::MallocMessageBuilder mb;
+    auto g = mb.initRoot<schemas_v2::Envelope>().getBody().initGenerate();
+    g.initPrompt(1).set(0, 5);
+    g.setPooling(4);
+    auto r = decoded(mb);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.err().message.find("unknown pooling 4"), std::string::npos) << r.err().message;
+    g.setPooling(3);
+    EXPECT_TRUE(decoded(mb).ok());
+    capnp::MallocMessageBuilder tb;
+    auto t = tb.initRoot<schemas_v2::Envelope>().getBody().initToken();
+    t.initEmbedding(static_cast<unsigned>(max_embedding + 1));
+    r = decoded(tb);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.err().message.find("embedding holds 65537 values"), std::string::npos) << r.err().message;
+    t.initEmbedding(static_cast<unsigned>(max_embedding));
+    EXPECT_TRUE(decoded(tb).ok());
   }
   {  // a first token's cache hit below -1 (its "none")
     capnp::MallocMessageBuilder mb;

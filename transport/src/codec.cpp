@@ -74,6 +74,7 @@ struct writer {
     if (!m.allowed_ids.empty()) fill(g.initAllowedIds(static_cast<unsigned>(m.allowed_ids.size())), m.allowed_ids);
     g.setPriority(m.priority);
     g.setCacheSalt(m.cache_salt);
+    g.setPooling(m.pooling);
     if (!m.constraint_after.empty()) {
       fill(g.initConstraintAfter(static_cast<unsigned>(m.constraint_after.size())), m.constraint_after);
     }
@@ -106,6 +107,7 @@ struct writer {
       auto list = t.initPromptLogprobs(static_cast<unsigned>(m.prompt_logprobs.size()));
       for (unsigned i = 0; i < m.prompt_logprobs.size(); ++i) write_logprobs(list[i], m.prompt_logprobs[i]);
     }
+    if (!m.embedding.empty()) fill(t.initEmbedding(static_cast<unsigned>(m.embedding.size())), m.embedding);
   }
   static void write_logprobs(s::TokenLogprobs::Builder l, const token_body::logprobs_t& x) {
     l.setLogprob(x.logprob);
@@ -361,6 +363,8 @@ struct reader {
         m.constraint_after = ints(g.getConstraintAfter(), "constraintAfter");
         m.priority = g.getPriority();
         m.cache_salt = g.getCacheSalt();
+        m.pooling = g.getPooling();
+        if (m.pooling > 3) err = bad("unknown pooling " + std::to_string(m.pooling));
         if (auto words = g.getBadWords(); fits(words, "badWords")) {
           size_t total = 0;
           for (auto w : words) {
@@ -403,6 +407,12 @@ struct reader {
         if (m.cached_tokens < -1) err = bad("cachedTokens " + std::to_string(m.cached_tokens) + " is below -1");
         if (auto pl = t.getPromptLogprobs(); fits(pl, "promptLogprobs")) {
           for (auto l : pl) m.prompt_logprobs.push_back(logprobs_of(l));
+        }
+        if (auto e = t.getEmbedding(); e.size() > max_embedding) {
+          err = bad("embedding holds " + std::to_string(e.size()) + " values (at most " + std::to_string(max_embedding) + ")");
+        } else {
+          m.embedding.reserve(e.size());
+          for (float v : e) m.embedding.push_back(v);
         }
         out = std::move(m);
         break;

@@ -354,6 +354,27 @@ test('conversations: made, continued by responses, items listed, added, read and
   await assert.rejects(client.conversations.retrieve(conv.id), (err) => err instanceof OpenAI.NotFoundError);
 });
 
+test('embeddings: base64 (the default of the client) and float agree; unit vectors; dimensions; usage', async () => {
+  const input = ['In the beginning God created the heaven and the earth.', 'Jesus wept.'];
+  const decoded = await client.embeddings.create({ model: MODEL, input });  // base64, decoded by the client
+  const floats = await client.embeddings.create({ model: MODEL, input, encoding_format: 'float' });
+  assert.equal(decoded.object, 'list');
+  assert.equal(decoded.data.length, 2);
+  for (let i = 0; i < 2; ++i) {
+    const a = Array.from(decoded.data[i].embedding);
+    const b = floats.data[i].embedding;
+    assert.equal(decoded.data[i].index, i);
+    assert.deepEqual(a.map((x) => Math.fround(x)), b.map((x) => Math.fround(x)));
+    const norm = Math.sqrt(b.reduce((s, x) => s + x * x, 0));
+    assert.ok(Math.abs(norm - 1) < 1e-5, `norm ${norm}`);
+  }
+  assert.ok(decoded.usage.prompt_tokens > 0);
+  assert.equal(decoded.usage.total_tokens, decoded.usage.prompt_tokens);
+  const one = await client.embeddings.create({ model: MODEL, input: input[1], encoding_format: 'float', dimensions: 16 });
+  assert.equal(one.data[0].embedding.length, 16);
+  await assert.rejects(client.embeddings.create({ model: MODEL, input: '' }), OpenAI.BadRequestError);
+});
+
 test('models.list() returns kjv-tiny', async () => {
   const ids = [];
   for await (const m of client.models.list()) ids.push(m.id);

@@ -24,6 +24,7 @@
 #include "llmesh/actors/block_manager.hpp"
 #include "llmesh/actors/ngram_proposer.hpp"
 #include "llmesh/kernels/sampling.hpp"
+#include "llmesh/model/shard_executor.hpp"
 
 namespace llmesh::actors {
 
@@ -39,6 +40,11 @@ struct scheduler_config {
   /// same, in fewer steps when drafts are right.
   speculation_config speculation;
 };
+
+/// An embedding request's pooling (vLLM's pooling types; none: a generation): the model's
+/// final hidden state at the last prompt token, their mean over the prompt, or the first
+/// token's (BERT's CLS).
+enum class pooling : uint8_t { none, last, mean, cls };
 
 struct request_spec {
   uint64_t id = 0;
@@ -61,6 +67,11 @@ struct request_spec {
   /// from it, so it shares cached blocks only with requests of the same salt (a tenant cannot
   /// learn from hits what another's prompts were).
   uint64_t cache_salt = 0;
+  /// Not none: an embedding request. Its prompt runs (its chunks want the final hidden rows
+  /// its pooling needs: the last position's, or every position's for mean and cls, computed
+  /// whole like a scored prompt) and nothing is drawn: one event (token -1, finish length)
+  /// ends it once the prompt is computed. max_tokens is not used.
+  pooling pool = pooling::none;
 };
 
 /// One sequence's part of a planned step. Spans point into the scheduler's request state and
@@ -76,6 +87,7 @@ struct scheduled_seq {
   /// Rows drawn from its last positions: 1, or 1 + its drafts (tokens = the last token, then
   /// the drafts) when it speculates.
   uint32_t draws = 1;
+  model::hidden_rows hidden = model::hidden_rows::none;  ///< an embedding request's (request_spec::pool)
 };
 
 struct step_plan {
@@ -103,6 +115,8 @@ struct token_event {
   /// With a request's first token: how many of its tokens the prefix cache held when it was
   /// first admitted (OpenAI's cached_tokens); -1 on its other tokens.
   int32_t cached_tokens = -1;
+  /// An embedding request's end: its pooled hidden state (replica_core sets it).
+  std::vector<float> embedding = {};
 };
 
 /// Thread affinity: the replica's thread. Ownership: owns request state; borrows the block
@@ -112,7 +126,8 @@ class batch_scheduler {
   batch_scheduler(scheduler_config cfg, block_manager& blocks) : cfg_(cfg), blocks_(blocks) {}
   ~batch_scheduler();
 
-  /// Queues a request (FCFS). Refuses an empty prompt, max_tokens 0 or a duplicate id.
+  /// Queues a request (FCFS). Refuses an empty prompt, max_tokens 0 (unless it pools) or a
+  /// duplicate id.
   [[nodiscard]] status add(request_spec r);
   /// Drops a request (queued or running) and frees its blocks at once.
   /// Returns false for unknown ids.
@@ -174,6 +189,11 @@ class batch_scheduler {
   /// It scores its prompt and has not drawn its first token yet: its tokens are the prompt,
   /// computed whole (no prefix-cache hit).
   static bool scoring(const request& r) { return r.spec.prompt_logprobs >= 0 && r.n_generated == 0; }
+  /// Its prompt is computed whole, every position (no prefix-cache hit): it scores it, or it
+  /// pools over its positions (mean, cls).
+  static bool whole(const request& r) {
+    return scoring(r) || r.spec.pool == pooling::mean || r.spec.pool == pooling::cls;
+  }
 
   scheduler_config cfg_;
   block_manager& blocks_;

@@ -58,6 +58,13 @@ struct replica_request {
   int32_t priority = 0;
   /// vLLM's cache_salt as a 64-bit key (request_spec::cache_salt; 0: none).
   uint64_t cache_salt = 0;
+  /// Not none: an embedding request (request_spec::pool). Its one message is the end (token
+  /// -1, finish length) with the pooled final hidden state: the last prompt token's, the mean
+  /// over the prompt (summed in position order in double: the same bits however the prompt is
+  /// chunked), or the first token's; not normalised. Nothing is sampled: max_tokens must be 1
+  /// (a failover then continues it as a generation of one token would), and the fields of
+  /// generation (sampling's logprobs, bias, constraints, bad words) must be unset.
+  pooling pool = pooling::none;
 };
 
 using kernels::sample_row;
@@ -161,6 +168,18 @@ class replica_core {
   /// at i, filled as its chunks run (a recomputed chunk writes the same values again), handed
   /// out with its first token.
   std::unordered_map<uint64_t, std::vector<kernels::token_logprobs>> scored_;
+  /// Per embedding request: its pooling, the positions it has pooled (a recomputed chunk's
+  /// rows are not added again) and the pooled state ([hidden] sums in double for mean; the
+  /// row itself for last and cls).
+  struct pool_state {
+    pooling pool = pooling::none;
+    size_t next = 0;
+    std::vector<double> sum;
+    std::vector<float> row;
+  };
+  std::unordered_map<uint64_t, pool_state> pooled_;
+  /// Adds a step's hidden rows of a pooling sequence (`rows`: [k][hidden], its last k positions).
+  void pool_rows(pool_state& st, const model::step_sequence& s, std::span<const float> rows) const;
   std::shared_ptr<const model::token_vocabulary> vocab_;
   model::token_mask_cache masks_;
   step_plan plan_;

@@ -28,6 +28,8 @@ struct token_msg {
   /// With the request's first token: how many of the request's tokens the replica's prefix cache
   /// held (OpenAI's usage.prompt_tokens_details.cached_tokens); -1 otherwise.
   int32_t cached_tokens = -1;
+  /// An embedding request's end (replica_request::pool): its pooled hidden state.
+  std::vector<float> embedding = {};
 };
 
 /// Receives a request's stream. Called on an actor's thread, one call at a time per request,

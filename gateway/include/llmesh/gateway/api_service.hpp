@@ -19,6 +19,7 @@
 #include "llmesh/actors/local_mesh.hpp"
 #include "llmesh/actors/metrics.hpp"
 #include "llmesh/gateway/completion_group.hpp"
+#include "llmesh/gateway/embeddings_api.hpp"
 #include "llmesh/gateway/openai_api.hpp"
 #include "llmesh/gateway/reasoning.hpp"
 #include "llmesh/gateway/response_store.hpp"
@@ -61,6 +62,8 @@ struct served_model {
   /// Special tokens the parser needs to see (tool_parser_kept_tokens: mistral's [TOOL_CALLS]);
   /// a chat choice with tools keeps their text.
   std::vector<int32_t> tool_tokens = {};
+  /// /v1/embeddings' pooling and normalization (load_embedding_defaults).
+  embedding_defaults embedding = {};
 };
 
 /// A response to run: submit every request to the mesh, feed their messages to `output`.
@@ -200,6 +203,9 @@ class api_service {
   /// 16 hex digits, unique in this process (ids of conversations and their items).
   std::string fresh_hex();
   uint64_t mix_id(uint64_t n) const;
+  /// OpenAI's /v1/embeddings (api_embeddings.cpp): each input an embedding request in the
+  /// mesh, a window of them in flight; the job's output renders the list.
+  api_outcome embeddings(std::string_view body);
   /// vLLM's /tokenize and /detokenize (api_tokenize.cpp).
   api_outcome tokenize(std::string_view body);
   api_outcome detokenize(std::string_view body);

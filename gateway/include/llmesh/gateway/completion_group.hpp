@@ -14,6 +14,7 @@
 
 #include "llmesh/gateway/beam_search.hpp"
 #include "llmesh/gateway/completion_stream.hpp"
+#include "llmesh/gateway/embeddings_api.hpp"
 #include "llmesh/gateway/responses_api.hpp"
 
 namespace llmesh::gateway {
@@ -67,9 +68,14 @@ class completion_group {
   void render_as_responses(std::unique_ptr<responses_renderer> r) { responses_ = std::move(r); }
   /// That renderer (nullptr: a chat or completions response).
   responses_renderer* responses() const { return responses_.get(); }
-  /// Requests to submit to the mesh now (beam searches' next steps), each handed out once.
+  /// /v1/embeddings: the group has no choices; `e` runs the inputs (its requests come out of
+  /// take_submissions, a window at a time) and its list is the reply. Not streamed.
+  void render_as_embeddings(std::unique_ptr<embeddings_output> e);
+  /// Requests to submit to the mesh now (beam searches' next steps, embedding inputs), each
+  /// handed out once.
   std::vector<actors::replica_request> take_submissions();
-  /// The beam searches' step requests still running (to cancel when the response ends early).
+  /// The requests handed out by take_submissions still running (to cancel when the response
+  /// ends early).
   std::vector<uint64_t> running_searches() const;
   /// The beam searches added, in order, and the choice ids each one's beams become (the native
   /// API replays a finished search into its own choices).
@@ -131,6 +137,7 @@ class completion_group {
   std::vector<beam_member> beams_;
   std::vector<actors::replica_request> submissions_;
   std::unique_ptr<responses_renderer> responses_;
+  std::unique_ptr<embeddings_output> embeddings_;
   size_t finished_ = 0;
   std::optional<error> failure_;
   bool done_ = false, started_ = false;

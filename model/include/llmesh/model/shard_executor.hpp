@@ -38,6 +38,11 @@ struct kv_cache_config {
   size_t n_blocks = 0;
 };
 
+/// The final hidden states a sequence wants from a step (embeddings: a pooling model's
+/// /v1/embeddings): none, its last position's, or every position's, each normalised by the
+/// model's final norm (the rows its LM head would take).
+enum class hidden_rows : uint8_t { none, last, all };
+
 /// One sequence's part of a step: new tokens at positions pos0.., the block table covering
 /// them, and whether the caller wants the logits of its last token.
 struct step_sequence {
@@ -58,7 +63,15 @@ struct step_sequence {
   /// from that position's logits, which are those a step ending there would give). At least 1,
   /// at most tokens.size() and max_draws; above 1 only without prompt scoring.
   uint32_t draws = 1;
+  /// Its final hidden rows come back (rank 0's step_logprobs::hidden). They are the rows the
+  /// LM head would take at those positions, whatever else the step holds.
+  hidden_rows hidden = hidden_rows::none;
 };
+
+/// How many hidden rows `s` wants from a step.
+inline size_t hidden_row_count(const step_sequence& s) {
+  return s.hidden == hidden_rows::none ? 0 : s.hidden == hidden_rows::last ? 1 : s.tokens.size();
+}
 
 /// The most rows one sequence may draw from in a step (step_sequence::draws).
 inline constexpr uint32_t max_draws = 64;
@@ -70,14 +83,18 @@ size_t scored_positions(const step_sequence& s);
 /// The token scored at position i of `s` (i < scored_positions(s)): its successor.
 inline int32_t scored_target(const step_sequence& s, size_t i) { return i + 1 < s.tokens.size() ? s.tokens[i + 1] : s.next; }
 
-/// A step's log-probabilities, rank 0's.
+/// What a step gives back besides its tokens, rank 0's: log-probabilities and hidden rows.
 struct step_logprobs {
   kernels::row_logprobs rows;  ///< the drawn rows' (kernels::logprobs_rows; empty when none asks)
   /// Every scored position's, sequences in batch order, positions in order.
   std::vector<kernels::token_logprobs> prompt;
+  /// [n][hidden]: the hidden rows the sequences want (step_sequence::hidden), in batch order,
+  /// each sequence's in position order.
+  std::vector<float> hidden;
   void clear() {
     rows.clear();
     prompt.clear();
+    hidden.clear();
   }
 };
 
@@ -98,9 +115,10 @@ class step_executor {
   /// Runs one step and draws the token of each wanted row (kernels::sample with rows[i]: the
   /// drawn rows of each sequence, in batch order): rank 0's `tokens` get one per row,
   /// other ranks' are left empty. On a GPU only the ids cross back to the host (and the rows
-  /// of those that ask for logprobs, and the scored positions'). With `logprobs`, rank 0 also
-  /// fills its rows as kernels::logprobs_rows does (empty when no row asks) and its prompt
-  /// entries (step_sequence::prompt_logprobs). Scoring runs whatever `logprobs` is (every
+  /// of those that ask for logprobs, the scored positions' and the hidden rows). With
+  /// `logprobs`, rank 0 also fills its rows as kernels::logprobs_rows does (empty when no row
+  /// asks), its prompt entries (step_sequence::prompt_logprobs) and its hidden rows
+  /// (step_sequence::hidden; every rank holds them after the last all-reduce). Scoring runs whatever `logprobs` is (every
   /// rank takes part in its LM-head collectives): its results are dropped without it.
   [[nodiscard]] virtual status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
                                               std::vector<int32_t>& tokens, step_logprobs* logprobs) = 0;
@@ -142,7 +160,9 @@ class shard_executor final : public step_executor {
   /// The step; with `greedy` (tp > 1 only), rank 0's greedy tokens instead of logits; rank 0's
   /// scored positions into `scored` (if given).
   status run(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy,
-             std::vector<kernels::token_logprobs>* scored);
+             std::vector<kernels::token_logprobs>* scored, std::vector<float>* hidden = nullptr);
+  /// The final-normed hidden rows the batch wants (step_sequence::hidden), from h_.
+  void hidden_out(std::span<const step_sequence> batch, std::vector<float>& out);
   status lm_head(std::span<const step_sequence> batch, std::vector<float>& logits, std::vector<int32_t>* greedy);
   /// This rank's LM-head rows for the n_want normed rows in xn_: local [n_want][n_vocab].
   status lm_head_slice(size_t n_want, std::vector<float>& local);

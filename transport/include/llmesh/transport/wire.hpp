@@ -23,6 +23,8 @@ struct actor_address {
 // --- inference ---
 /// The most alternatives a token's logprobs may carry (kernels::max_logprobs).
 inline constexpr int32_t max_logprobs = 20;
+/// The longest embedding a token message may carry (a model's hidden size).
+inline constexpr size_t max_embedding = 65536;
 /// The longest structured-output spec a request may carry (model::max_constraint_bytes).
 inline constexpr size_t max_constraint_text = 256 * 1024;
 struct sampling {
@@ -61,6 +63,7 @@ struct generate_msg {
   std::vector<int32_t> constraint_after;        ///< the constraint holds after these (at most max_list)
   int32_t priority = 0;                         ///< vLLM's priority: lower is served first
   uint64_t cache_salt = 0;                      ///< vLLM's cache_salt as a key (0: none)
+  uint8_t pooling = 0;                          ///< actors::pooling (0..3, checked on decode; 0: a generation)
   bool operator==(const generate_msg&) const = default;
 };
 enum class finish_kind : uint8_t { none, length, eos, cancelled };
@@ -83,6 +86,7 @@ struct token_body {
   /// checked as `logprobs` is on decode).
   std::vector<logprobs_t> prompt_logprobs;
   int32_t cached_tokens = -1;  ///< with a request's first token: the prefix-cache hit (token_msg's)
+  std::vector<float> embedding = {};  ///< an embedding request's end (at most max_embedding values, checked on decode)
   bool operator==(const token_body&) const = default;
 };
 struct cancel_msg {

@@ -1,0 +1,110 @@
+// OpenAI's POST /v1/embeddings (as vLLM serves it for pooling models), plain parts: the request
+// body parsed and bounded; a model directory's pooling defaults (sentence-transformers'
+// modules.json); and embeddings_output, which runs one request's inputs through the mesh —
+// each input is an embedding request (actors::replica_request::pool), at most `window` of
+// them in flight — and renders the response once every one has its vector.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "llmesh/actors/metrics.hpp"
+#include "llmesh/actors/replica_core.hpp"
+#include "llmesh/actors/token_stream.hpp"
+#include "llmesh/gateway/completion_stream.hpp"
+#include "llmesh/gateway/openai_api.hpp"
+
+namespace llmesh::gateway {
+
+/// How a served model turns its final hidden states into an embedding, unless a request says
+/// otherwise (normalize).
+struct embedding_defaults {
+  actors::pooling pool = actors::pooling::last;
+  bool normalize = true;
+};
+
+/// A model directory's: sentence-transformers' `modules.json`, when present, names a Pooling
+/// module (its `config.json`: pooling_mode_lasttoken, _mean_tokens or _cls_token) and maybe a
+/// Normalize one (normalize is then true, else false). Without modules.json: last-token pooling,
+/// normalized (vLLM's default for decoder models). A modules.json that is unreadable, or whose
+/// pooling is one this server does not compute (max, weighted mean), is an error naming it.
+[[nodiscard]] result<embedding_defaults> load_embedding_defaults(const std::string& dir);
+
+/// The most inputs one request may hold (OpenAI's limit).
+inline constexpr size_t max_embedding_inputs = 2048;
+
+struct embeddings_request {
+  std::string model;                  ///< empty: not sent
+  std::vector<prompt_input> inputs;   ///< in order; each a string or token ids
+  bool base64 = false;                ///< encoding_format "base64": little-endian float32 bytes
+  std::optional<int64_t> dimensions;  ///< keep the first k values (then normalize)
+  std::optional<bool> normalize;      ///< vLLM's; unset: the model's default
+  bool add_special_tokens = true;     ///< vLLM's: text inputs are tokenized with BOS etc.
+  int64_t truncate_prompt_tokens = 0; ///< vLLM's: 0 none; k keeps each input's last k tokens; -1 the context
+  int32_t priority = 0;               ///< vLLM's
+};
+
+/// `input` (a string, an array of strings, an array of token ids or an array of token-id
+/// arrays; at most max_embedding_inputs, none empty), `model`, `encoding_format` ("float" or
+/// "base64"; null: float), `dimensions` (>= 1), `user` (a string, unused), vLLM's `normalize`,
+/// `add_special_tokens`, `truncate_prompt_tokens` (-1 or >= 1) and `priority`; each checked
+/// (a 400 naming it). Other fields are ignored, as the other endpoints ignore them.
+[[nodiscard]] result<embeddings_request> parse_embeddings_request(std::string_view body);
+
+/// One embedding as the response carries it: a JSON array of floats (shortest round-trip
+/// text), or base64 of its little-endian float32 bytes, as a JSON string. REQUIRES: finite values.
+std::string embedding_json(std::span<const float> v, bool base64);
+
+/// Thread affinity: the connection's. One request's inputs: hands out their mesh requests
+/// `window` at a time (the next as each ends), takes the mesh's messages, and renders the list.
+class embeddings_output {
+ public:
+  struct setup {
+    std::string id;  ///< "embd-…"
+    int64_t created = 0;
+    std::string model;
+    bool base64 = false;
+    size_t dimensions = 0;  ///< values kept of each vector (0: all)
+    bool normalize = true;
+    size_t window = 32;     ///< inputs in flight at most (>= 1)
+    /// Counts each input's prompt tokens (llmesh_prompt_tokens_total) as its vector comes (may be null).
+    actors::metrics_registry* metrics = nullptr;
+  };
+  /// `requests`: one per input, in input order, each an embedding request of one input.
+  embeddings_output(setup s, std::vector<actors::replica_request> requests);
+
+  /// The mesh requests to submit now, each handed out once.
+  std::vector<actors::replica_request> take_submissions();
+  /// Takes one message of any input's request (unknown ids and messages after the end are ignored).
+  void on_message(const actors::token_msg& t);
+  /// Every input has its vector, or one failed.
+  bool done() const { return done_; }
+  const std::optional<error>& failure() const { return failure_; }
+  /// Requests submitted that have not ended (to cancel when the response ends early).
+  std::vector<uint64_t> running() const;
+  /// The response (object "list"), or the failure. REQUIRES: done().
+  http_reply reply() const;
+  size_t prompt_tokens() const { return prompt_tokens_; }
+
+ private:
+  struct input {
+    actors::replica_request request;
+    bool submitted = false, ended = false;
+    std::vector<float> vector;  ///< as it goes out: cut to dimensions, normalized
+  };
+  /// The replica's pooled state as the response carries it.
+  std::vector<float> finish_vector(std::vector<float> v) const;
+  void fail(error e);
+
+  setup s_;
+  std::vector<input> inputs_;
+  size_t next_ = 0, in_flight_ = 0, ended_ = 0, prompt_tokens_ = 0;
+  std::optional<error> failure_;
+  bool done_ = false;
+};
+
+}  // namespace llmesh::gateway

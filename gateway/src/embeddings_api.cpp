@@ -1,0 +1,294 @@
+// /v1/embeddings' parts (embeddings_api.hpp).
+#include "llmesh/gateway/embeddings_api.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "llmesh/actors/serving_metrics.hpp"
+
+namespace llmesh::gateway {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+error bad(const std::string& msg) { return make_error(errc::invalid_request, msg); }
+
+result<json> read_json(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return make_error(errc::io_error, "cannot read " + p.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || (!j.is_object() && !j.is_array())) return make_error(errc::invalid_request, p.string() + " is not valid JSON");
+  return j;
+}
+
+bool flag(const json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_boolean() && it->get<bool>();
+}
+
+/// One input given as token ids; `name` says which in errors.
+status token_ids(const json& a, const std::string& name, prompt_input& out) {
+  if (a.empty()) return bad(name + " is empty");
+  for (const auto& t : a) {
+    if (!t.is_number_integer() || (t.is_number_unsigned() ? t.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
+                                                          : t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)) {
+      return bad(name + " token ids must be non-negative integers");
+    }
+    out.ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return ok_status();
+}
+
+status parse_inputs(const json& j, std::vector<prompt_input>& out) {
+  auto p = j.find("input");
+  if (p == j.end() || p->is_null()) return bad("'input' is required");
+  const char* forms = "'input' must be a string, an array of strings, an array of token ids or an array of token-id arrays";
+  if (p->is_string()) {
+    if (p->get_ref<const std::string&>().empty()) return bad("'input' is an empty string");
+    out.push_back({p->get<std::string>(), {}});
+    return ok_status();
+  }
+  if (!p->is_array()) return bad(forms);
+  if (p->empty()) return bad("'input' is an empty array");
+  if ((*p)[0].is_number()) return token_ids(*p, "'input'", out.emplace_back());
+  if (p->size() > max_embedding_inputs) {
+    return bad("'input' holds " + std::to_string(p->size()) + " inputs (at most " + std::to_string(max_embedding_inputs) + ")");
+  }
+  const bool strings = (*p)[0].is_string();
+  for (size_t i = 0; i < p->size(); ++i) {
+    const json& e = (*p)[i];
+    const std::string name = "'input[" + std::to_string(i) + "]'";
+    if (strings && e.is_string()) {
+      if (e.get_ref<const std::string&>().empty()) return bad(name + " is an empty string");
+      out.push_back({e.get<std::string>(), {}});
+    } else if (!strings && e.is_array()) {
+      LLMESH_TRY(token_ids(e, name, out.emplace_back()));
+    } else {
+      return bad(std::string(forms) + " (one kind throughout)");
+    }
+  }
+  return ok_status();
+}
+
+/// An optional integer field within [lo, hi]; absent or null leaves `out` as it is.
+status integer_in(const json& j, const char* name, int64_t lo, int64_t hi, std::optional<int64_t>& out) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return ok_status();
+  const bool fits = it->is_number_integer() && !(it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi));
+  if (!fits || it->get<int64_t>() < lo || it->get<int64_t>() > hi) {
+    return bad(std::string("'") + name + "' must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi));
+  }
+  out = it->get<int64_t>();
+  return ok_status();
+}
+
+status boolean(const json& j, const char* name, std::optional<bool>& out) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (!it->is_boolean()) return bad(std::string("'") + name + "' must be a boolean");
+  out = it->get<bool>();
+  return ok_status();
+}
+
+result<embeddings_request> parse(std::string_view body) {
+  auto parsed = parse_request_object(body);
+  if (!parsed) return parsed.take_error();
+  const json& j = *parsed;
+  embeddings_request r;
+  if (auto m = j.find("model"); m != j.end() && !m->is_null()) {
+    if (!m->is_string()) return bad("'model' must be a string");
+    r.model = m->get<std::string>();
+  }
+  LLMESH_TRY(parse_inputs(j, r.inputs));
+  if (auto f = j.find("encoding_format"); f != j.end() && !f->is_null()) {
+    if (!f->is_string() || (*f != "float" && *f != "base64")) return bad("'encoding_format' must be \"float\" or \"base64\"");
+    r.base64 = *f == "base64";
+  }
+  LLMESH_TRY(integer_in(j, "dimensions", 1, std::numeric_limits<int32_t>::max(), r.dimensions));
+  if (auto u = j.find("user"); u != j.end() && !u->is_null() && !u->is_string()) return bad("'user' must be a string");
+  LLMESH_TRY(boolean(j, "normalize", r.normalize));
+  std::optional<bool> special;
+  LLMESH_TRY(boolean(j, "add_special_tokens", special));
+  r.add_special_tokens = special.value_or(true);
+  std::optional<int64_t> truncate;
+  LLMESH_TRY(integer_in(j, "truncate_prompt_tokens", -1, std::numeric_limits<int32_t>::max(), truncate));
+  if (truncate == 0) return bad("'truncate_prompt_tokens' must be -1 (the model's context) or at least 1");
+  r.truncate_prompt_tokens = truncate.value_or(0);
+  std::optional<int64_t> priority;
+  LLMESH_TRY(integer_in(j, "priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(), priority));
+  r.priority = static_cast<int32_t>(priority.value_or(0));
+  return r;
+}
+
+constexpr char base64_digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// RFC 4648 base64, padded.
+std::string base64(std::span<const unsigned char> in) {
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 3 <= in.size(); i += 3) {
+    const uint32_t v = uint32_t{in[i]} << 16 | uint32_t{in[i + 1]} << 8 | in[i + 2];
+    for (int k = 3; k >= 0; --k) out += base64_digits[(v >> (6 * k)) & 63];
+  }
+  if (const size_t rest = in.size() - i; rest > 0) {
+    const uint32_t v = uint32_t{in[i]} << 16 | (rest == 2 ? uint32_t{in[i + 1]} << 8 : 0u);
+    out += base64_digits[(v >> 18) & 63];
+    out += base64_digits[(v >> 12) & 63];
+    out += rest == 2 ? base64_digits[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+}  // namespace
+
+result<embedding_defaults> load_embedding_defaults(const std::string& dir) {
+  embedding_defaults d;
+  const std::filesystem::path root(dir);
+  std::error_code ec;
+  if (!std::filesystem::exists(root / "modules.json", ec)) return d;
+  auto modules = read_json(root / "modules.json");
+  if (!modules) return modules.take_error();
+  if (!modules->is_array()) return make_error(errc::invalid_request, (root / "modules.json").string() + " must be an array");
+  d.normalize = false;
+  for (const auto& m : *modules) {
+    const std::string type = m.is_object() && m.contains("type") && m["type"].is_string() ? m["type"].get<std::string>() : "";
+    const std::string path = m.is_object() && m.contains("path") && m["path"].is_string() ? m["path"].get<std::string>() : "";
+    if (type.ends_with(".Normalize")) d.normalize = true;
+    if (!type.ends_with(".Pooling")) continue;
+    auto cfg = read_json(root / path / "config.json");
+    if (!cfg) return cfg.take_error();
+    if (flag(*cfg, "pooling_mode_lasttoken")) d.pool = actors::pooling::last;
+    else if (flag(*cfg, "pooling_mode_mean_tokens")) d.pool = actors::pooling::mean;
+    else if (flag(*cfg, "pooling_mode_cls_token")) d.pool = actors::pooling::cls;
+    else return make_error(errc::invalid_request, (root / path / "config.json").string() +
+                                                      ": a pooling this server does not compute (it computes lasttoken, mean_tokens and cls_token)");
+  }
+  return d;
+}
+
+result<embeddings_request> parse_embeddings_request(std::string_view body) {
+  try {
+    return parse(body);
+  } catch (const std::exception& e) {
+    return bad(std::string("malformed request: ") + e.what());
+  }
+}
+
+std::string embedding_json(std::span<const float> v, bool as_base64) {
+  if (as_base64) {
+    std::vector<unsigned char> bytes(v.size() * 4);
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, &v[i], 4);
+      for (int b = 0; b < 4; ++b) bytes[i * 4 + b] = static_cast<unsigned char>(u >> (8 * b));  // little-endian
+    }
+    std::string out = "\"";
+    out += base64(bytes);
+    out += '"';
+    return out;
+  }
+  std::string out = "[";
+  char buf[32];
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) out += ',';
+    auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v[i]);  // the shortest text that reads back as v[i]
+    out.append(buf, ec == std::errc() ? end : buf);
+  }
+  out += ']';
+  return out;
+}
+
+embeddings_output::embeddings_output(setup s, std::vector<actors::replica_request> requests) : s_(std::move(s)) {
+  s_.window = std::max<size_t>(s_.window, 1);
+  inputs_.reserve(requests.size());
+  for (auto& r : requests) {
+    prompt_tokens_ += r.prompt.size();
+    inputs_.push_back({std::move(r), false, false, {}});
+  }
+  done_ = inputs_.empty();
+}
+
+std::vector<actors::replica_request> embeddings_output::take_submissions() {
+  std::vector<actors::replica_request> out;
+  while (!done_ && next_ < inputs_.size() && in_flight_ < s_.window) {
+    out.push_back(inputs_[next_].request);
+    inputs_[next_++].submitted = true;
+    ++in_flight_;
+  }
+  return out;
+}
+
+std::vector<uint64_t> embeddings_output::running() const {
+  std::vector<uint64_t> out;
+  for (const auto& in : inputs_) {
+    if (in.submitted && !in.ended) out.push_back(in.request.id);
+  }
+  return out;
+}
+
+void embeddings_output::fail(error e) {
+  failure_ = std::move(e);
+  done_ = true;
+}
+
+std::vector<float> embeddings_output::finish_vector(std::vector<float> v) const {
+  if (s_.dimensions > 0 && s_.dimensions < v.size()) v.resize(s_.dimensions);
+  if (!s_.normalize) return v;
+  double sum = 0.0;
+  for (float x : v) sum += static_cast<double>(x) * x;
+  // torch.nn.functional.normalize's: x / max(‖x‖, 1e-12).
+  const double norm = std::max(std::sqrt(sum), 1e-12);
+  for (float& x : v) x = static_cast<float>(x / norm);
+  return v;
+}
+
+void embeddings_output::on_message(const actors::token_msg& t) {
+  if (done_) return;
+  auto it = std::find_if(inputs_.begin(), inputs_.end(), [&](const input& in) { return in.request.id == t.id; });
+  if (it == inputs_.end() || !it->submitted || it->ended) return;
+  if (t.finish == actors::finish_reason::none && !t.failed) return;  // not an embedding's message: nothing ends here
+  it->ended = true;
+  if (t.failed) return fail(t.err);
+  --in_flight_;
+  if (t.embedding.empty()) {
+    return fail(make_error(errc::internal, "the replica sent no embedding for input " + std::to_string(it - inputs_.begin())));
+  }
+  for (float x : t.embedding) {
+    if (!std::isfinite(x)) return fail(make_error(errc::internal, "the model's embedding is not finite"));
+  }
+  it->vector = finish_vector(t.embedding);
+  if (s_.metrics) s_.metrics->get_counter(actors::metric::prompt_tokens)->add(static_cast<double>(it->request.prompt.size()));
+  if (++ended_ == inputs_.size()) done_ = true;
+}
+
+http_reply embeddings_output::reply() const {
+  if (failure_) return error_reply(*failure_);
+  std::string body = "{\"id\":" + json(s_.id).dump() + ",\"object\":\"list\",\"created\":" + std::to_string(s_.created) +
+                     ",\"model\":" + json(s_.model).dump(-1, ' ', false, json::error_handler_t::replace) + ",\"data\":[";
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    if (i > 0) body += ',';
+    body += "{\"object\":\"embedding\",\"index\":";
+    body += std::to_string(i);
+    body += ",\"embedding\":";
+    body += embedding_json(inputs_[i].vector, s_.base64);
+    body += '}';
+  }
+  body += "],\"usage\":{\"prompt_tokens\":" + std::to_string(prompt_tokens_) + ",\"total_tokens\":" +
+          std::to_string(prompt_tokens_) + "}}";
+  http_reply r;
+  r.body = std::move(body);
+  return r;
+}
+
+}  // namespace llmesh::gateway

@@ -1,0 +1,210 @@
+// Embedding requests in the replica's work loop (replica_request::pool): each one's vector is
+// exactly what its prompt's final hidden rows give alone (the last row; the mean over the rows
+// summed in order in double; the first row) — beside generations, in chunks of a small token
+// budget, under a KV pool that forces preemption, with prefix-cache hits, and at --tp 2 within
+// 1e-5 — and the generations beside them keep their tokens. Bad embedding requests are refused;
+// a cancelled one says nothing more.
+#include <cstring>
+#include <numeric>
+
+#include "replica_fixture.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+class Embeddings : public testing::replica_test_base {
+ protected:
+  /// The prompt's final hidden rows, [n][hidden], from one step of it alone on a fresh engine.
+  std::vector<float> rows_alone(const std::vector<int32_t>& prompt, int tp = 1) {
+    auto e = engine(tp, 512);
+    std::vector<int32_t> table((prompt.size() + e->kv_block_size() - 1) / e->kv_block_size());
+    std::iota(table.begin(), table.end(), 0);
+    model::step_sequence s;
+    s.tokens = prompt;
+    s.block_table = table;
+    s.want_logits = false;
+    s.hidden = model::hidden_rows::all;
+    std::vector<int32_t> tokens;
+    model::step_logprobs out;
+    EXPECT_TRUE(e->forward_sample(std::span(&s, 1), {}, tokens, &out).ok());
+    return out.hidden;
+  }
+
+  /// What a replica should answer for `r`.
+  std::vector<float> expected(const replica_request& r, int tp = 1) {
+    const auto rows = rows_alone(r.prompt, tp);
+    const size_t H = model_->config().hidden, n = r.prompt.size();
+    if (r.pool == pooling::last) return {rows.end() - static_cast<std::ptrdiff_t>(H), rows.end()};
+    if (r.pool == pooling::cls) return {rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(H)};
+    std::vector<double> sum(H, 0.0);
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t d = 0; d < H; ++d) sum[d] += rows[i * H + d];
+    }
+    std::vector<float> out(H);
+    for (size_t d = 0; d < H; ++d) out[d] = static_cast<float>(sum[d] / static_cast<double>(n));
+    return out;
+  }
+
+  /// Embedding requests 100.., the three poolings in turn; prompts of 1 to 60 tokens, every
+  /// fourth starting with the fixture's shared system prompt (a prefix-cache hit for last).
+  std::vector<replica_request> embedding_requests(size_t n) {
+    auto shared = requests(1).front().prompt;
+    std::vector<replica_request> out;
+    for (size_t i = 0; i < n; ++i) {
+      replica_request r;
+      r.id = 100 + i;
+      r.max_tokens = 1;
+      r.pool = i % 3 == 0 ? pooling::last : i % 3 == 1 ? pooling::mean : pooling::cls;
+      if (i % 4 == 0) r.prompt = shared;
+      const size_t extra = 1 + (i * 17) % 60;
+      for (size_t k = 0; k < extra; ++k) r.prompt.push_back(static_cast<int32_t>((i * 31 + k * 7) % 297 + 2));
+      out.push_back(r);
+    }
+    return out;
+  }
+
+  struct served {
+    std::map<uint64_t, std::vector<int32_t>> tokens;
+    std::map<uint64_t, std::vector<float>> vectors;
+    std::map<uint64_t, int32_t> cached;
+  };
+  static served serve(replica_core& rc, const std::vector<replica_request>& reqs) {
+    served out;
+    for (const auto& r : reqs) EXPECT_TRUE(rc.submit(r).ok());
+    for (int guard = 0; !rc.idle() && guard < 10000; ++guard) {
+      auto ev = rc.step();
+      EXPECT_TRUE(ev.ok()) << (ev.ok() ? "" : ev.err().message);
+      if (!ev.ok()) break;
+      for (auto& e : *ev) {
+        if (!e.embedding.empty()) {
+          EXPECT_EQ(e.token, -1);
+          EXPECT_EQ(e.finish, finish_reason::length);
+          EXPECT_FALSE(out.vectors.contains(e.id)) << "two ends for " << e.id;
+          out.vectors[e.id] = std::move(e.embedding);
+          out.cached[e.id] = e.cached_tokens;
+        } else {
+          out.tokens[e.id].push_back(e.token);
+        }
+      }
+    }
+    EXPECT_TRUE(rc.idle());
+    return out;
+  }
+
+  static bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  }
+};
+
+TEST_F(Embeddings, EachVectorIsItsPromptsAloneBesideGenerationsInChunks) {
+  auto gen = requests(8);
+  auto want_tokens = alone(gen, 1);
+  auto emb = embedding_requests(12);
+  auto e = engine(1, 1024);
+  scheduler_config cfg;
+  cfg.max_batch_tokens = 40;  // long prompts arrive in chunks, beside decodes
+  replica_core rc(*e, cfg);
+  auto all = gen;
+  all.insert(all.end(), emb.begin(), emb.end());
+  auto got = serve(rc, all);
+  for (const auto& r : gen) EXPECT_EQ(got.tokens[r.id], want_tokens[r.id]) << "request " << r.id;
+  for (const auto& r : emb) {
+    ASSERT_TRUE(got.vectors.contains(r.id)) << "request " << r.id;
+    EXPECT_TRUE(same_bits(got.vectors[r.id], expected(r))) << "request " << r.id << " pooling " << static_cast<int>(r.pool);
+    EXPECT_FALSE(got.tokens.contains(r.id));
+  }
+  // Last-token pooling found the shared prompt in the cache; mean and cls compute every position.
+  EXPECT_GT(got.cached[100], 0);
+  EXPECT_EQ(got.cached[104], 0);  // i = 4: mean
+  EXPECT_EQ(rc.blocks().free_blocks(), rc.blocks().total_blocks());
+}
+
+TEST_F(Embeddings, PreemptionChangesNoVector) {
+  auto gen = requests(10);
+  auto want_tokens = alone(gen, 1);
+  auto emb = embedding_requests(9);
+  auto e = engine(1, 160);  // 20 blocks of 8
+  scheduler_config cfg;
+  cfg.max_batch_tokens = 64;
+  replica_core rc(*e, cfg);
+  auto all = gen;
+  all.insert(all.end(), emb.begin(), emb.end());
+  auto got = serve(rc, all);
+  EXPECT_GT(rc.scheduler().preemptions(), 0u);
+  for (const auto& r : gen) EXPECT_EQ(got.tokens[r.id], want_tokens[r.id]) << "request " << r.id;
+  for (const auto& r : emb) EXPECT_TRUE(same_bits(got.vectors[r.id], expected(r))) << "request " << r.id;
+}
+
+TEST_F(Embeddings, TensorParallelVectorsAgreeWithinTolerance) {
+  auto emb = embedding_requests(6);
+  auto e = engine(2, 1024);
+  replica_core rc(*e, scheduler_config{});
+  auto got = serve(rc, emb);
+  for (const auto& r : emb) {
+    const auto want = expected(r, 1);
+    const auto& v = got.vectors[r.id];
+    ASSERT_EQ(v.size(), want.size());
+    double diff = 0, scale = 0;
+    for (size_t d = 0; d < v.size(); ++d) {
+      diff = std::max(diff, double(std::abs(v[d] - want[d])));
+      scale = std::max(scale, double(std::abs(want[d])));
+    }
+    EXPECT_LT(diff / scale, 1e-5) << "request " << r.id;
+    EXPECT_TRUE(same_bits(v, expected(r, 2))) << "request " << r.id;  // and tp 2's own bits
+  }
+}
+
+TEST_F(Embeddings, BadEmbeddingRequestsAreRefused) {
+  auto e = engine(1, 256);
+  replica_core rc(*e, scheduler_config{});
+  replica_request r;
+  r.id = 1;
+  r.prompt = {5, 6, 7};
+  r.max_tokens = 1;
+  r.pool = pooling::mean;
+  auto two = r;
+  two.max_tokens = 2;
+  EXPECT_FALSE(rc.submit(two).ok());
+  auto logprobs = r;
+  logprobs.sampling.logprobs = 1;
+  EXPECT_FALSE(rc.submit(logprobs).ok());
+  auto bias = r;
+  bias.logit_bias = {{5, 1.0f}};
+  EXPECT_FALSE(rc.submit(bias).ok());
+  auto long_prompt = r;
+  long_prompt.prompt.assign(model_->config().max_positions + 1, 3);
+  EXPECT_FALSE(rc.submit(long_prompt).ok());
+  // A prompt of the whole context fits: nothing is generated after it.
+  auto full = r;
+  full.id = 2;
+  full.prompt.assign(model_->config().max_positions, 3);
+  auto e2 = engine(1, model_->config().max_positions);
+  replica_core big(*e2, scheduler_config{});
+  auto got = serve(big, {full});
+  EXPECT_EQ(got.vectors[2].size(), model_->config().hidden);
+  EXPECT_TRUE(rc.idle());
+}
+
+TEST_F(Embeddings, ACancelledOneEndsSilently) {
+  auto e = engine(1, 512);
+  scheduler_config cfg;
+  cfg.max_batch_tokens = 8;
+  replica_core rc(*e, cfg);
+  auto emb = embedding_requests(3);
+  for (auto& r : emb) ASSERT_TRUE(rc.submit(r).ok());
+  auto ev = rc.step();
+  ASSERT_TRUE(ev.ok());
+  EXPECT_TRUE(rc.cancel(101));
+  std::set<uint64_t> ended;
+  for (int guard = 0; !rc.idle() && guard < 1000; ++guard) {
+    auto s = rc.step();
+    ASSERT_TRUE(s.ok());
+    for (const auto& x : *s) ended.insert(x.id);
+  }
+  for (const auto& x : *ev) ended.insert(x.id);
+  EXPECT_EQ(ended, (std::set<uint64_t>{100, 102}));
+  EXPECT_EQ(rc.blocks().free_blocks(), rc.blocks().total_blocks());
+}
+
+}  // namespace
+}  // namespace llmesh::actors

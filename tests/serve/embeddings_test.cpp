@@ -1,0 +1,155 @@
+// `llmesh serve` over real HTTP, /v1/embeddings: vectors of the model's hidden size, unit
+// length, and the same bits whether an input comes alone or in a batch, on either of two
+// replicas, as floats or base64; normalize and dimensions as vLLM applies them; the prompt
+// tokens counted; bad inputs are 400s that leave the server serving.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "server_process.hpp"
+
+namespace llmesh::testing {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string bin = LLMESH_BINARY;
+const std::string model_dir = std::string(LLMESH_SOURCE_DIR) + "/models/kjv-tiny";
+
+json embed(int port, const json& body, int* status) {
+  auto r = http_request(port, "POST", "/v1/embeddings", body.dump());
+  *status = r.status;
+  auto j = json::parse(r.body, nullptr, false);
+  return j.is_discarded() ? json{{"raw", r.body}} : j;
+}
+
+std::vector<float> floats(const json& v) {
+  std::vector<float> out;
+  for (const auto& x : v) out.push_back(x.get<float>());
+  return out;
+}
+
+std::vector<float> from_base64(const std::string& s) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+  };
+  std::vector<uint8_t> bytes;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : s) {
+    const int v = value(c);
+    if (v < 0) break;  // '='
+    acc = acc << 6 | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      bytes.push_back(static_cast<uint8_t>(acc >> bits));
+    }
+  }
+  std::vector<float> out(bytes.size() / 4);
+  std::memcpy(out.data(), bytes.data(), out.size() * 4);  // little-endian, as this machine
+  return out;
+}
+
+double norm(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += double(x) * x;
+  return std::sqrt(s);
+}
+
+TEST(ServeEmbeddings, VectorsAreTheSameAloneInABatchOnEitherReplicaAndInBothEncodings) {
+  server_process s(bin, {"--model", model_dir, "--replicas", "2"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const std::vector<std::string> texts = {"In the beginning God created the heaven and the earth.", "And God said",
+                                          "The LORD is my shepherd; I shall not want.", "Jesus wept.", "Amen"};
+  int status = 0;
+  const json batch = embed(s.port(), {{"model", "kjv-tiny"}, {"input", texts}}, &status);
+  ASSERT_EQ(status, 200) << batch;
+  EXPECT_EQ(batch["object"], "list");
+  EXPECT_EQ(batch["model"], "kjv-tiny");
+  ASSERT_EQ(batch["data"].size(), texts.size());
+  size_t hidden = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto& d = batch["data"][i];
+    EXPECT_EQ(d["index"], i);
+    EXPECT_EQ(d["object"], "embedding");
+    const auto v = floats(d["embedding"]);
+    if (i == 0) hidden = v.size();
+    EXPECT_EQ(v.size(), hidden);
+    EXPECT_NEAR(norm(v), 1.0, 1e-5);  // normalized by default (no modules.json: vLLM's default)
+  }
+  EXPECT_GE(hidden, 64u);
+  EXPECT_NE(batch["data"][0]["embedding"], batch["data"][1]["embedding"]);
+  // Alone, several times (the router alternates the replicas): the same bits.
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const json one = embed(s.port(), {{"input", texts[i]}}, &status);
+      ASSERT_EQ(status, 200) << one;
+      EXPECT_EQ(one["data"][0]["embedding"], batch["data"][i]["embedding"]) << texts[i];
+      EXPECT_EQ(one["usage"]["prompt_tokens"], one["usage"]["total_tokens"]);
+    }
+  }
+  // base64: the same floats.
+  const json b64 = embed(s.port(), {{"input", texts}, {"encoding_format", "base64"}}, &status);
+  ASSERT_EQ(status, 200) << b64;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    EXPECT_EQ(from_base64(b64["data"][i]["embedding"].get<std::string>()), floats(batch["data"][i]["embedding"])) << i;
+  }
+  // normalize false: the raw pooled state, whose direction is the normalized one.
+  const json raw = embed(s.port(), {{"input", texts[0]}, {"normalize", false}}, &status);
+  ASSERT_EQ(status, 200) << raw;
+  const auto r = floats(raw["data"][0]["embedding"]);
+  const auto n = floats(batch["data"][0]["embedding"]);
+  const double rn = norm(r);
+  EXPECT_GT(std::abs(rn - 1.0), 1e-3);
+  for (size_t d = 0; d < r.size(); ++d) EXPECT_NEAR(r[d] / rn, n[d], 1e-6);
+  // dimensions: the first k values, normalized again (Matryoshka).
+  const json cut = embed(s.port(), {{"input", texts[0]}, {"dimensions", 8}}, &status);
+  ASSERT_EQ(status, 200) << cut;
+  const auto c = floats(cut["data"][0]["embedding"]);
+  ASSERT_EQ(c.size(), 8u);
+  EXPECT_NEAR(norm(c), 1.0, 1e-5);
+  const std::vector<float> head(r.begin(), r.begin() + 8);
+  for (size_t d = 0; d < 8; ++d) EXPECT_NEAR(c[d], head[d] / norm(head), 1e-6);
+  // Token ids embed as their text does.
+  const json ids = embed(s.port(), {{"input", json::array({json::array({1, 40, 41, 42})})}}, &status);
+  ASSERT_EQ(status, 200) << ids;
+  EXPECT_EQ(ids["usage"]["prompt_tokens"], 4);
+  // The prompt tokens are counted.
+  const auto metrics = http_request(s.port(), "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("llmesh_prompt_tokens_total"), std::string::npos);
+}
+
+TEST(ServeEmbeddings, BadInputsAre400sAndTheServerServesOn) {
+  server_process s(bin, {"--model", model_dir});
+  ASSERT_GT(s.port(), 0) << s.log();
+  int status = 0;
+  std::vector<int> too_long(300, 5);  // beyond kjv-tiny's 256 positions
+  const json cases[] = {
+      {{"input", ""}},
+      {{"input", json::array()}},
+      {{"input", json::array({too_long})}},
+      {{"input", "a"}, {"dimensions", 100000}},
+      {{"input", "a"}, {"encoding_format", "binary"}},
+      {{"input", "a"}, {"model", "no-such-model"}},
+  };
+  for (const auto& body : cases) {
+    const json r = embed(s.port(), body, &status);
+    EXPECT_TRUE(status == 400 || status == 404) << body << " -> " << status << " " << r;
+    EXPECT_TRUE(r.contains("error")) << r;
+  }
+  auto get = http_request(s.port(), "GET", "/v1/embeddings");
+  EXPECT_EQ(get.status, 405);
+  const json ok = embed(s.port(), {{"input", json::array({too_long})}, {"truncate_prompt_tokens", -1}}, &status);
+  ASSERT_EQ(status, 200) << ok;
+  EXPECT_EQ(ok["usage"]["prompt_tokens"], 256);
+}
+
+}  // namespace
+}  // namespace llmesh::testing
