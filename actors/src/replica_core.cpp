@@ -25,6 +25,9 @@ status replica_core::submit(replica_request r) {
       return make_error(errc::invalid_request, "an embedding request takes max_tokens 1 and no generation fields");
     }
   }
+  if (r.pool == pooling::none && !c.has_lm_head) {
+    return make_error(errc::invalid_request, "this model has no LM head (a bare transformer's checkpoint): it serves embeddings only");
+  }
   // An embedding's prompt is all it needs room for.
   const size_t longest = r.prompt.size() + (r.pool == pooling::none ? r.max_tokens : 0);
   if (longest > c.max_positions) {

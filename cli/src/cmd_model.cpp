@@ -73,6 +73,8 @@ void add_model(CLI::App& app, command_set& commands) {
   sub->add_option("--rms-norm-eps", s.rms_norm_eps, "rms_norm_eps")->capture_default_str();
   sub->add_option("--seed", s.seed, "Seed of the weights")->capture_default_str();
   sub->add_option("--shards", s.shards, "Number of safetensors files")->capture_default_str();
+  sub->add_flag("--base", s.base_model,
+                "A bare transformer as embedding models ship (<Arch>Model, no model. prefix, no lm_head)");
   commands.emplace_back(sub, [f] { return run_random(*f); });
 }
 

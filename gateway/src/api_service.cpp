@@ -417,6 +417,10 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
     return make_error(errc::invalid_request, "'priority' needs the priority scheduling policy (--scheduling-policy "
                                              "priority); this server serves requests first come, first served");
   }
+  if (!m.cfg.has_lm_head) {
+    return make_error(errc::invalid_request, "the model '" + m.name + "' has no LM head (a bare transformer's checkpoint, "
+                                             "as embedding models ship): it serves /v1/embeddings only");
+  }
   const model::model_config& cfg = m.cfg;
   // Sampling fields left out take the model's recommended values (generation_config.json).
   if (!g.temperature_given && cfg.sampling.temperature) g.temperature = *cfg.sampling.temperature;

@@ -277,31 +277,45 @@ result<model_config> parse_config_json(const std::string& text) {
     return bad("missing field 'architectures'");
   }
   c.arch_name = j["architectures"][0].get<std::string>();
-  if (c.arch_name == "LlamaForCausalLM") {
+  // A bare transformer (an embedding model's checkpoint): the same layers, no LM head.
+  static const std::pair<const char*, const char*> bare[] = {{"LlamaModel", "LlamaForCausalLM"},
+                                                             {"MistralModel", "MistralForCausalLM"},
+                                                             {"Qwen2Model", "Qwen2ForCausalLM"},
+                                                             {"Qwen3Model", "Qwen3ForCausalLM"},
+                                                             {"GemmaModel", "GemmaForCausalLM"},
+                                                             {"Gemma2Model", "Gemma2ForCausalLM"}};
+  std::string arch_name = c.arch_name;
+  for (const auto& [base, causal] : bare) {
+    if (arch_name == base) {
+      arch_name = causal;
+      c.has_lm_head = false;
+    }
+  }
+  if (arch_name == "LlamaForCausalLM") {
     c.arch = architecture::llama;
-  } else if (c.arch_name == "MistralForCausalLM") {
+  } else if (arch_name == "MistralForCausalLM") {
     c.arch = architecture::mistral;
-  } else if (c.arch_name == "Qwen2ForCausalLM") {
+  } else if (arch_name == "Qwen2ForCausalLM") {
     c.arch = architecture::qwen2;
-  } else if (c.arch_name == "Qwen3ForCausalLM") {
+  } else if (arch_name == "Qwen3ForCausalLM") {
     c.arch = architecture::qwen3;
-  } else if (c.arch_name == "Phi3ForCausalLM") {
+  } else if (arch_name == "Phi3ForCausalLM") {
     c.arch = architecture::phi3;
-  } else if (c.arch_name == "Qwen3MoeForCausalLM") {
+  } else if (arch_name == "Qwen3MoeForCausalLM") {
     c.arch = architecture::qwen3_moe;
-  } else if (c.arch_name == "MixtralForCausalLM") {
+  } else if (arch_name == "MixtralForCausalLM") {
     c.arch = architecture::mixtral;
-  } else if (c.arch_name == "Qwen2MoeForCausalLM") {
+  } else if (arch_name == "Qwen2MoeForCausalLM") {
     c.arch = architecture::qwen2_moe;
-  } else if (c.arch_name == "GraniteForCausalLM") {
+  } else if (arch_name == "GraniteForCausalLM") {
     c.arch = architecture::granite;
-  } else if (c.arch_name == "GemmaForCausalLM") {
+  } else if (arch_name == "GemmaForCausalLM") {
     c.arch = architecture::gemma;
-  } else if (c.arch_name == "Gemma2ForCausalLM") {
+  } else if (arch_name == "Gemma2ForCausalLM") {
     c.arch = architecture::gemma2;
-  } else if (c.arch_name == "Gemma3ForCausalLM") {
+  } else if (arch_name == "Gemma3ForCausalLM") {
     c.arch = architecture::gemma3;
-  } else if (c.arch_name == "Gemma3ForConditionalGeneration") {
+  } else if (arch_name == "Gemma3ForConditionalGeneration") {
     return make_error(errc::unsupported, "config.json: multimodal Gemma 3 (Gemma3ForConditionalGeneration) is not supported; "
                                          "the text-only Gemma3ForCausalLM is");
   } else {
@@ -309,7 +323,8 @@ result<model_config> parse_config_json(const std::string& text) {
                                              "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
                                              "Qwen3ForCausalLM, Phi3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
                                              "GraniteForCausalLM, "
-                                             "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)");
+                                             "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, and the bare LlamaModel, "
+                                             "MistralModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model for embeddings)");
   }
   const bool gemma = c.arch == architecture::gemma || c.arch == architecture::gemma2 || c.arch == architecture::gemma3;
   if (c.arch == architecture::gemma3) {

@@ -4,6 +4,7 @@
 // decoding has clear winners and golden comparisons are not decided by rounding.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -132,6 +133,13 @@ result<std::string> config_architecture_name(const std::string& arch) {
 status write_random_model(const random_model_spec& s, const std::string& dir) {
   auto arch = config_architecture_name(s.arch);
   if (!arch) return arch.take_error();
+  if (s.base_model) {
+    static const char* bare[] = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"};
+    if (std::find(std::begin(bare), std::end(bare), s.arch) == std::end(bare)) {
+      return make_error(errc::invalid_request, "--base: llama, mistral, qwen2, qwen3, gemma or gemma2 only");
+    }
+    arch = arch->substr(0, arch->size() - std::string_view("ForCausalLM").size()) + "Model";
+  }
   if (s.vocab < 258) return make_error(errc::invalid_request, "--vocab must be at least 258 (byte tokens + BOS + EOS)");
   if (s.hidden == 0 || s.intermediate == 0 || s.n_layers == 0 || s.n_heads == 0 || s.n_kv_heads == 0 ||
       s.n_heads % s.n_kv_heads != 0) {
@@ -253,7 +261,10 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   const float in_h = std::sqrt(3.0f / static_cast<float>(s.hidden));
   std::vector<std::vector<tensor_spec>> files(s.shards);
   auto add = [&](size_t file, const std::string& name, std::vector<size_t> shape, float center, float scale) {
-    files[file].push_back({name, t, std::move(shape), uniform(s.seed, name, t, center, scale)});
+    if (s.base_model && name == "lm_head.weight") return;  // a bare transformer has none
+    // Values keyed by the full checkpoint's name: a bare one holds the same tensors.
+    const std::string stored = s.base_model && name.starts_with("model.") ? name.substr(6) : name;
+    files[file].push_back({stored, t, std::move(shape), uniform(s.seed, name, t, center, scale)});
   };
   // Gemma multiplies the rows by sqrt(hidden), Granite by 12: smaller rows keep the residual stream O(1).
   add(0, "model.embed_tokens.weight", {s.vocab, s.hidden}, 0.0f, gemma ? 2.0f * in_h : granite ? 0.25f : 1.0f);

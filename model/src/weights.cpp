@@ -102,17 +102,23 @@ status model::bind_weights() {
     }
     return v;
   };
-  LLMESH_BIND(weights_.embed, matrix(store_, "model.embed_tokens.weight", c.vocab, c.hidden))
-  LLMESH_BIND(weights_.final_norm, norm("model.norm.weight", c.hidden))
-  if (c.tie_embeddings) {
-    weights_.lm_head = weights_.embed;
+  // A bare transformer's tensors (an embedding model saved from ...Model) have no "model." prefix.
+  const std::string root = !store_.contains("model.embed_tokens.weight") && store_.contains("embed_tokens.weight") ? "" : "model.";
+  root_ = root;
+  LLMESH_BIND(weights_.embed, matrix(store_, root + "embed_tokens.weight", c.vocab, c.hidden))
+  LLMESH_BIND(weights_.final_norm, norm(root + "norm.weight", c.hidden))
+  if (!c.tie_embeddings && c.has_lm_head && !store_.contains("lm_head.weight") && root.empty()) {
+    config_.has_lm_head = false;  // a ...ForCausalLM config over a bare checkpoint (Qwen3-Embedding-8B)
+  }
+  if (c.tie_embeddings || !c.has_lm_head) {
+    weights_.lm_head = weights_.embed;  // tied; or a stand-in for a head never used (embeddings only)
   } else {
     LLMESH_BIND(weights_.lm_head, matrix(store_, "lm_head.weight", c.vocab, c.hidden))
   }
   weights_.layers.resize(c.n_layers);
   for (size_t i = 0; i < c.n_layers; ++i) {
     auto& l = weights_.layers[i];
-    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const std::string p = root + "layers." + std::to_string(i) + ".";
     LLMESH_BIND(l.attn_norm, norm(p + "input_layernorm.weight", c.hidden))
     if (c.gemma.sandwich_norms) {
       LLMESH_BIND(l.post_attn_norm, norm(p + "post_attention_layernorm.weight", c.hidden))
@@ -164,7 +170,7 @@ status model::bind_experts(size_t layer) {
   const auto& c = config_;
   auto& l = weights_.layers[layer];
   const bool qwen = c.arch != architecture::mixtral;
-  const std::string p = "model.layers." + std::to_string(layer) + (qwen ? ".mlp." : ".block_sparse_moe.");
+  const std::string p = root_ + "layers." + std::to_string(layer) + (qwen ? ".mlp." : ".block_sparse_moe.");
   auto r = matrix(store_, p + "gate.weight", c.moe.n_experts, c.hidden);
   if (!r) return r.take_error();
   l.router = *r;
@@ -218,7 +224,8 @@ status model::quantize(quantization q) {
     for (size_t e = 0; e < l.experts.size(); ++e) add_expert(l.experts[e], p + "expert " + std::to_string(e) + " ");
     if (l.shared.gate.rows > 0) add_expert(l.shared, p + "shared expert ");
   }
-  targets.push_back({&weights_.lm_head, "lm_head", 0, config_.tie_embeddings});  // tied: the embedding keeps its rows
+  // Tied (or standing in for a missing head): the embedding keeps its rows.
+  targets.push_back({&weights_.lm_head, "lm_head", 0, config_.tie_embeddings || !config_.has_lm_head});
   size_t total = 0;
   for (auto& t : targets) {
     t.offset = total;

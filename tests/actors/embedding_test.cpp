@@ -6,6 +6,7 @@
 // a cancelled one says nothing more.
 #include <cstring>
 #include <numeric>
+#include <set>
 
 #include "replica_fixture.hpp"
 
@@ -204,6 +205,40 @@ TEST_F(Embeddings, ACancelledOneEndsSilently) {
   for (const auto& x : *ev) ended.insert(x.id);
   EXPECT_EQ(ended, (std::set<uint64_t>{100, 102}));
   EXPECT_EQ(rc.blocks().free_blocks(), rc.blocks().total_blocks());
+}
+
+TEST(EmbeddingsOnly, ABareCheckpointEmbedsAndRefusesGenerations) {
+  model::testing::temp_dir dir;
+  model::random_model_spec spec;
+  spec.base_model = true;
+  spec.vocab = 300;
+  ASSERT_TRUE(model::write_random_model(spec, dir.path()).ok());
+  auto m = model::model::load(dir.path());
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  model::engine_options o;
+  o.threads = 2;
+  o.kv_tokens = 256;
+  auto e = model::engine::create(*m, o);
+  ASSERT_TRUE(e.ok());
+  replica_core rc(**e, scheduler_config{});
+  replica_request gen;
+  gen.id = 1;
+  gen.prompt = {5, 6, 7};
+  gen.max_tokens = 4;
+  auto refused = rc.submit(gen);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.err().message.find("no LM head"), std::string::npos) << refused.err().message;
+  replica_request emb = gen;
+  emb.max_tokens = 1;
+  emb.pool = pooling::last;
+  ASSERT_TRUE(rc.submit(emb).ok());
+  std::vector<float> v;
+  for (int guard = 0; !rc.idle() && guard < 100; ++guard) {
+    auto ev = rc.step();
+    ASSERT_TRUE(ev.ok());
+    for (auto& x : *ev) v = x.embedding;
+  }
+  EXPECT_EQ(v.size(), spec.hidden);
 }
 
 }  // namespace

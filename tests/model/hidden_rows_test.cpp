@@ -237,5 +237,42 @@ TEST(HiddenRows, TensorParallelAgreesWithOneRank) {
   EXPECT_LT(max_diff / max_abs, 1e-5);
 }
 
+// How embedding models ship: a bare transformer ("LlamaModel", tensors without "model.", no
+// lm_head), or a ...ForCausalLM config over such tensors (Qwen3-Embedding-8B). Both load, say
+// they have no LM head, and give the full checkpoint's hidden rows bit for bit.
+TEST(HiddenRows, ABareTransformersCheckpointGivesTheFullCheckpointsRows) {
+  testing::temp_dir full_dir, bare_dir;
+  auto full = small_model(full_dir);
+  random_model_spec b = small_spec();
+  b.base_model = true;
+  auto bare = small_model(bare_dir, b);
+  ASSERT_TRUE(full && bare);
+  EXPECT_TRUE(full->config().has_lm_head);
+  EXPECT_FALSE(bare->config().has_lm_head);
+  EXPECT_EQ(bare->config().arch_name, "LlamaModel");
+  const auto p = prompt_of(17, 5);
+  auto a = run_step(*make_engine(full), {{p, 0, 0}});
+  auto c = run_step(*make_engine(bare), {{p, 0, 0}});
+  ASSERT_TRUE(a.ok() && c.ok());
+  ASSERT_EQ(a->hidden.size(), c->hidden.size());
+  EXPECT_EQ(0, std::memcmp(a->hidden.data(), c->hidden.data(), a->hidden.size() * sizeof(float)));
+  {  // the same tensors under a ...ForCausalLM config
+    std::ifstream in(bare_dir.path() + "/config.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string cfg = ss.str();
+    const auto at = cfg.find("\"LlamaModel\"");
+    ASSERT_NE(at, std::string::npos);
+    cfg.replace(at, 12, "\"LlamaForCausalLM\"");
+    std::ofstream(bare_dir.path() + "/config.json") << cfg;
+  }
+  auto causal = model::load(bare_dir.path());
+  ASSERT_TRUE(causal.ok()) << causal.err().message;
+  EXPECT_FALSE((*causal)->config().has_lm_head);
+  auto d = run_step(*make_engine(*causal), {{p, 0, 0}});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(0, std::memcmp(a->hidden.data(), d->hidden.data(), a->hidden.size() * sizeof(float)));
+}
+
 }  // namespace
 }  // namespace llmesh::model

@@ -1,14 +1,17 @@
 // `llmesh serve` over real HTTP, /v1/embeddings: vectors of the model's hidden size, unit
 // length, and the same bits whether an input comes alone or in a batch, on either of two
 // replicas, as floats or base64; normalize and dimensions as vLLM applies them; the prompt
-// tokens counted; bad inputs are 400s that leave the server serving.
+// tokens counted; bad inputs are 400s that leave the server serving; a bare transformer's
+// checkpoint serves embeddings only.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
 
+#include "../model/temp_dir.hpp"
 #include "server_process.hpp"
 
 namespace llmesh::testing {
@@ -149,6 +152,32 @@ TEST(ServeEmbeddings, BadInputsAre400sAndTheServerServesOn) {
   const json ok = embed(s.port(), {{"input", json::array({too_long})}, {"truncate_prompt_tokens", -1}}, &status);
   ASSERT_EQ(status, 200) << ok;
   EXPECT_EQ(ok["usage"]["prompt_tokens"], 256);
+}
+
+// A bare transformer's checkpoint (how embedding models ship: `llmesh model random --base`)
+// serves embeddings equal to the full checkpoint's, and refuses generations with a 400.
+TEST(ServeEmbeddings, ABareCheckpointServesEmbeddingsOnly) {
+  model::testing::temp_dir dir;
+  const std::string shape = " --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 300 --seed 9";
+  ASSERT_EQ(std::system((bin + " model random --out " + dir.path() + "/full" + shape + " 2>/dev/null").c_str()), 0);
+  ASSERT_EQ(std::system((bin + " model random --base --out " + dir.path() + "/bare" + shape + " 2>/dev/null").c_str()), 0);
+  const json body = {{"input", json::array({json::array({5, 17, 42, 99}), json::array({7})})}};
+  int status = 0;
+  json want;
+  {
+    server_process full(bin, {"--model", dir.path() + "/full"});
+    ASSERT_GT(full.port(), 0) << full.log();
+    want = embed(full.port(), body, &status);
+    ASSERT_EQ(status, 200) << want;
+  }
+  server_process bare(bin, {"--model", dir.path() + "/bare"});
+  ASSERT_GT(bare.port(), 0) << bare.log();
+  const json got = embed(bare.port(), body, &status);
+  ASSERT_EQ(status, 200) << got;
+  EXPECT_EQ(got["data"], want["data"]);
+  auto gen = http_request(bare.port(), "POST", "/v1/completions", R"({"model":"bare","prompt":[5,6],"max_tokens":2})");
+  EXPECT_EQ(gen.status, 400) << gen.body;
+  EXPECT_NE(gen.body.find("no LM head"), std::string::npos) << gen.body;
 }
 
 }  // namespace

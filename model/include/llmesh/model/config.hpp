@@ -25,6 +25,11 @@ struct model_config {
   float rms_norm_eps = 1e-6f;
   kernels::rope_config rope;   ///< head_dim, theta and llama3 scaling
   bool tie_embeddings = false;
+  /// The checkpoint has an LM head (its own, or tied to the embedding). False for a bare
+  /// transformer ("LlamaModel", "Qwen3Model", ...: how embedding models such as e5-mistral ship,
+  /// and a ...ForCausalLM checkpoint whose lm_head.weight is missing and not tied): it serves
+  /// embeddings only; the loader then lets the embedding stand in for the head it never uses.
+  bool has_lm_head = true;
   bool qkv_bias = false;       ///< Qwen2, or Llama / Qwen3 with attention_bias
   bool o_bias = false;         ///< Llama / Qwen3 with attention_bias
   /// Qwen3: q and k are RMS-normalised per head (weights of head_dim, shared by the heads) after

@@ -39,6 +39,10 @@ struct random_model_spec {
   float rms_norm_eps = 1e-5f;
   uint64_t seed = 1;
   size_t shards = 1;            ///< >1 writes model-0000i-of-0000n.safetensors + index
+  /// A bare transformer as embedding models ship (llama, mistral, qwen2, qwen3, gemma, gemma2):
+  /// architectures "<Arch>Model", tensors without the "model." prefix and no lm_head (with
+  /// tie_embeddings false). Every tensor holds the values it has in the full checkpoint.
+  bool base_model = false;
 };
 
 /// Writes the model into `dir` (created if missing). Same spec, same bytes, on every machine.

@@ -109,6 +109,7 @@ class model {
   std::string dir_;
   model_config config_;
   tensor_store store_;
+  std::string root_ = "model.";  ///< the tensors' name prefix: "" in a bare transformer's checkpoint
   model_weights weights_;
   std::shared_ptr<const token_vocabulary> vocabulary_;
   quantization quant_ = quantization::none;
