@@ -1,8 +1,10 @@
-// OpenAI's POST /v1/embeddings on the HTTP API (api_service.hpp): the inputs tokenized and
-// checked against the model's context, each one an embedding request in the mesh (the served
-// model's pooling), at most embedding_window of them in flight (fewer when the server's
-// concurrency bound is lower) and as many concurrency slots held; the list rendered by
-// embeddings_output once every vector is in.
+// The pooling endpoints on the HTTP API (api_service.hpp): OpenAI's POST /v1/embeddings and
+// vLLM's /score and /rerank over embeddings. The inputs are tokenized and checked against the
+// model's context, each one an embedding request in the mesh (the served model's pooling), at
+// most embedding_window of them in flight (fewer when the server's concurrency bound is lower)
+// and as many concurrency slots held; embeddings_output renders the reply once every vector is
+// in: the vectors, or the cosine similarities of normalized vectors (as vLLM scores with an
+// embedding model).
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
@@ -23,46 +25,51 @@ error about_input(error e, size_t i, size_t inputs) {
   return e;
 }
 
+std::vector<prompt_input> as_inputs(const std::vector<std::string>& texts) {
+  std::vector<prompt_input> out;
+  out.reserve(texts.size());
+  for (const auto& t : texts) out.push_back({t, {}});
+  return out;
+}
+
 }  // namespace
 
-api_outcome api_service::embeddings(std::string_view body) {
-  auto r = parse_embeddings_request(body);
-  if (!r) return error_reply(r.err());
-  auto m = find_or_only(r->model);
-  if (!m) return error_reply(m.err());
+result<generation_job> api_service::pooling_job(const std::string& model, std::vector<prompt_input> inputs,
+                                                const pooling_options& o, embeddings_output::setup es) {
+  auto m = find_or_only(model);
+  if (!m) return m.take_error();
   const served_model& sm = **m;
   const auto& cfg = sm.cfg;
-  if (r->priority != 0 && !opt_.priority_scheduling) {
-    return error_reply(make_error(errc::invalid_request, "'priority' needs the priority scheduling policy (--scheduling-policy "
-                                                         "priority); this server serves requests first come, first served"));
+  if (o.priority != 0 && !opt_.priority_scheduling) {
+    return make_error(errc::invalid_request, "'priority' needs the priority scheduling policy (--scheduling-policy "
+                                             "priority); this server serves requests first come, first served");
   }
-  if (r->dimensions && static_cast<size_t>(*r->dimensions) > cfg.hidden) {
-    return error_reply(make_error(errc::invalid_request, "'dimensions' is " + std::to_string(*r->dimensions) + "; the model '" +
-                                                             sm.name + "' gives " + std::to_string(cfg.hidden) + " at most"));
+  if (es.dimensions > cfg.hidden) {
+    return make_error(errc::invalid_request, "'dimensions' is " + std::to_string(es.dimensions) + "; the model '" + sm.name +
+                                                 "' gives " + std::to_string(cfg.hidden) + " at most");
   }
-  if (auto s = detail::check_truncation(r->truncate_prompt_tokens, cfg.max_positions); !s) return error_reply(s.err());
+  LLMESH_TRY(detail::check_truncation(o.truncate_prompt_tokens, cfg.max_positions));
   std::vector<actors::replica_request> requests;
-  requests.reserve(r->inputs.size());
-  const uint64_t first = next_id_.fetch_add(r->inputs.size());
-  for (size_t i = 0; i < r->inputs.size(); ++i) {
-    auto& in = r->inputs[i];
-    std::vector<int32_t> ids = in.text ? sm.tok->encode(*in.text, r->add_special_tokens) : std::move(in.ids);
-    detail::truncate_prompt(ids, r->truncate_prompt_tokens, cfg.max_positions);
-    if (ids.empty()) return error_reply(about_input(make_error(errc::invalid_request, "it has no tokens"), i, r->inputs.size()));
+  requests.reserve(inputs.size());
+  const uint64_t first = next_id_.fetch_add(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto& in = inputs[i];
+    std::vector<int32_t> ids = in.text ? sm.tok->encode(*in.text, o.add_special_tokens) : std::move(in.ids);
+    detail::truncate_prompt(ids, o.truncate_prompt_tokens, cfg.max_positions);
+    if (ids.empty()) return about_input(make_error(errc::invalid_request, "it has no tokens"), i, inputs.size());
     for (int32_t t : ids) {
       if (static_cast<size_t>(t) >= cfg.vocab) {
-        return error_reply(about_input(make_error(errc::invalid_request, "token id " + std::to_string(t) +
-                                                                             " is outside the vocabulary of " +
-                                                                             std::to_string(cfg.vocab)),
-                                       i, r->inputs.size()));
+        return about_input(make_error(errc::invalid_request, "token id " + std::to_string(t) +
+                                                                 " is outside the vocabulary of " + std::to_string(cfg.vocab)),
+                           i, inputs.size());
       }
     }
     if (ids.size() > cfg.max_positions) {  // vLLM's message
-      return error_reply(about_input(
+      return about_input(
           make_error(errc::invalid_request, "this model's maximum context length is " + std::to_string(cfg.max_positions) +
                                                 " tokens; the input has " + std::to_string(ids.size()) +
                                                 " (send truncate_prompt_tokens, or shorten it)"),
-          i, r->inputs.size()));
+          i, inputs.size());
     }
     actors::replica_request q;
     q.id = first + i;
@@ -70,24 +77,22 @@ api_outcome api_service::embeddings(std::string_view body) {
     q.max_tokens = 1;  // nothing is generated (replica_request::pool)
     q.model = sm.name;
     q.pool = sm.embedding.pool;
-    q.priority = r->priority;
+    q.priority = o.priority;
     q.sampling.seed = mix_id(first + i);
     requests.push_back(std::move(q));
   }
   // The window: as many slots as the server has to give, up to embedding_window.
   const size_t window = std::max<size_t>(1, std::min({requests.size(), embedding_window, opt_.max_concurrent}));
   auto slot = take_slots(window);
-  if (!slot) return error_reply(slot.err());
+  if (!slot) return slot.take_error();
 
-  embeddings_output::setup es;
   char idbuf[32];
   std::snprintf(idbuf, sizeof idbuf, "%016llx", static_cast<unsigned long long>(mix_id(first)));
-  es.id = std::string("embd-") + idbuf;
+  es.id += idbuf;
   es.created = static_cast<int64_t>(std::time(nullptr));
   es.model = sm.name;
-  es.base64 = r->base64;
-  es.dimensions = r->dimensions ? static_cast<size_t>(*r->dimensions) : 0;
-  es.normalize = r->normalize.value_or(sm.embedding.normalize);
+  if (!o.normalize) es.normalize = sm.embedding.normalize;
+  else es.normalize = *o.normalize;
   es.window = window;
   es.metrics = &metrics_;
   generation_job job;
@@ -100,6 +105,51 @@ api_outcome api_service::embeddings(std::string_view body) {
   job.output = std::make_unique<completion_group>(gs, sm.tok->decoder(), &metrics_);
   job.output->render_as_embeddings(std::make_unique<embeddings_output>(std::move(es), std::move(requests)));
   return job;
+}
+
+api_outcome api_service::embeddings(std::string_view body) {
+  auto r = parse_embeddings_request(body);
+  if (!r) return error_reply(r.err());
+  embeddings_output::setup es;
+  es.id = "embd-";
+  es.base64 = r->base64;
+  es.dimensions = r->dimensions ? static_cast<size_t>(*r->dimensions) : 0;
+  auto job = pooling_job(r->model, std::move(r->inputs), {r->add_special_tokens, r->truncate_prompt_tokens, r->priority, r->normalize},
+                         std::move(es));
+  if (!job) return error_reply(job.err());
+  return std::move(*job);
+}
+
+api_outcome api_service::score(std::string_view body) {
+  auto r = parse_score_request(body);
+  if (!r) return error_reply(r.err());
+  // text_1's texts, then text_2's: pair (i, j) compares inputs i and text_1.size() + j.
+  embeddings_output::setup es;
+  es.kind = embeddings_output::shape::score;
+  es.id = "score-";
+  for (const auto& [a, b] : r->pairs) es.pairs.emplace_back(a, r->text_1.size() + b);
+  auto inputs = as_inputs(r->text_1);
+  for (auto& t : as_inputs(r->text_2)) inputs.push_back(std::move(t));
+  auto job = pooling_job(r->model, std::move(inputs), {r->add_special_tokens, r->truncate_prompt_tokens, r->priority, true},
+                         std::move(es));
+  if (!job) return error_reply(job.err());
+  return std::move(*job);
+}
+
+api_outcome api_service::rerank(std::string_view body) {
+  auto r = parse_rerank_request(body);
+  if (!r) return error_reply(r.err());
+  embeddings_output::setup es;
+  es.kind = embeddings_output::shape::rerank;
+  es.id = "rerank-";
+  es.top_n = r->top_n;
+  if (r->return_documents) es.documents = r->documents;
+  std::vector<prompt_input> inputs{{r->query, {}}};
+  for (auto& t : as_inputs(r->documents)) inputs.push_back(std::move(t));
+  auto job = pooling_job(r->model, std::move(inputs), {r->add_special_tokens, r->truncate_prompt_tokens, r->priority, true},
+                         std::move(es));
+  if (!job) return error_reply(job.err());
+  return std::move(*job);
 }
 
 }  // namespace llmesh::gateway

@@ -132,17 +132,22 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
     return error_reply(make_error(errc::replica_unavailable, "no replica is ready"));
   }
   if (path == "/metrics" && get) return metrics_reply(metrics_);
-  // vLLM's tokenizer routes sit outside /v1; the API key guards them too (they cost work).
+  // vLLM's tokenizer and pooling routes sit outside /v1 too; the API key guards them (they cost work).
   const bool tokenizer_route = path == "/tokenize" || path == "/detokenize";
+  // vLLM's pooling routes, with and without /v1 (and Cohere's /v2/rerank).
+  const bool score_route = path == "/score" || path == "/v1/score";
+  const bool rerank_route = path == "/rerank" || path == "/v1/rerank" || path == "/v2/rerank";
+  const bool guarded_route = path.starts_with("/v1/") || tokenizer_route || score_route || rerank_route;  // the API key's
   const bool stored_route = path.starts_with("/v1/responses/");  // a stored response's routes
   const bool conversation_route = path == "/v1/conversations" || path.starts_with("/v1/conversations/");
   const bool model_route = path.starts_with("/v1/models/") && path.size() > std::string_view("/v1/models/").size();
   const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
-                     path == "/v1/responses" || path == "/v1/embeddings" || stored_route || conversation_route || model_route || tokenizer_route;
+                     path == "/v1/responses" || path == "/v1/embeddings" || score_route || rerank_route || stored_route ||
+                     conversation_route || model_route || tokenizer_route;
   if (!known && !(path == "/health" || path == "/ready" || path == "/metrics" || path == "/version")) {
     return error_reply(make_error(errc::not_found, "no route for " + std::string(method) + " " + std::string(path)));
   }
-  if ((path.starts_with("/v1/") || tokenizer_route) && !authorized(authorization)) {
+  if (guarded_route && !authorized(authorization)) {
     return error_reply(make_error(errc::unauthorized, "missing or wrong API key (send 'Authorization: Bearer KEY')"));
   }
   if (path == "/v1/models" && get) return models();
@@ -151,6 +156,8 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   if (path == "/v1/chat/completions" && post) return chat_completions(body);
   if (path == "/v1/responses" && post) return responses(body);
   if (path == "/v1/embeddings" && post) return embeddings(body);
+  if (score_route && post) return score(body);
+  if (rerank_route && post) return rerank(body);
   if (stored_route) return stored_responses(method, path.substr(std::string_view("/v1/responses/").size()),
                                             target.size() > path.size() ? target.substr(path.size() + 1) : std::string_view());
   if (conversation_route) {
@@ -161,7 +168,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   if (path == "/detokenize" && post) return detokenize(body);
   http_reply r = error_reply(make_error(errc::invalid_request, std::string(method) + " is not allowed on " + std::string(path)));
   r.status = 405;
-  const bool get_route = path == "/v1/models" || model_route || !(path.starts_with("/v1/") || tokenizer_route);
+  const bool get_route = path == "/v1/models" || model_route || !guarded_route;
   r.headers.emplace_back("Allow", get_route ? "GET" : "POST");
   return r;
 }

@@ -1,6 +1,7 @@
 // /v1/embeddings' parts (embeddings_api.hpp).
 #include "llmesh/gateway/embeddings_api.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -99,23 +100,13 @@ status boolean(const json& j, const char* name, std::optional<bool>& out) {
   return ok_status();
 }
 
-result<embeddings_request> parse(std::string_view body) {
-  auto parsed = parse_request_object(body);
-  if (!parsed) return parsed.take_error();
-  const json& j = *parsed;
-  embeddings_request r;
+/// The fields every pooling endpoint shares (vLLM's): add_special_tokens, truncate_prompt_tokens, priority.
+template <class R>
+status common_fields(const json& j, R& r) {
   if (auto m = j.find("model"); m != j.end() && !m->is_null()) {
     if (!m->is_string()) return bad("'model' must be a string");
     r.model = m->get<std::string>();
   }
-  LLMESH_TRY(parse_inputs(j, r.inputs));
-  if (auto f = j.find("encoding_format"); f != j.end() && !f->is_null()) {
-    if (!f->is_string() || (*f != "float" && *f != "base64")) return bad("'encoding_format' must be \"float\" or \"base64\"");
-    r.base64 = *f == "base64";
-  }
-  LLMESH_TRY(integer_in(j, "dimensions", 1, std::numeric_limits<int32_t>::max(), r.dimensions));
-  if (auto u = j.find("user"); u != j.end() && !u->is_null() && !u->is_string()) return bad("'user' must be a string");
-  LLMESH_TRY(boolean(j, "normalize", r.normalize));
   std::optional<bool> special;
   LLMESH_TRY(boolean(j, "add_special_tokens", special));
   r.add_special_tokens = special.value_or(true);
@@ -126,6 +117,96 @@ result<embeddings_request> parse(std::string_view body) {
   std::optional<int64_t> priority;
   LLMESH_TRY(integer_in(j, "priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(), priority));
   r.priority = static_cast<int32_t>(priority.value_or(0));
+  return ok_status();
+}
+
+/// A string or a non-empty array of non-empty strings (at most max_embedding_inputs).
+status texts(const json& j, const char* name, std::vector<std::string>& out) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return bad(std::string("'") + name + "' is required");
+  if (it->is_string()) {
+    out.push_back(it->get<std::string>());
+  } else if (it->is_array() && !it->empty() && it->size() <= max_embedding_inputs) {
+    for (const auto& t : *it) {
+      if (!t.is_string()) return bad(std::string("'") + name + "' must hold strings only");
+      out.push_back(t.get<std::string>());
+    }
+  } else {
+    return bad(std::string("'") + name + "' must be a string or an array of 1 to " + std::to_string(max_embedding_inputs) +
+               " strings");
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].empty()) return bad(std::string("'") + name + "' holds an empty string (at " + std::to_string(i) + ")");
+  }
+  return ok_status();
+}
+
+result<score_request> parse_score(std::string_view body) {
+  auto parsed = parse_request_object(body);
+  if (!parsed) return parsed.take_error();
+  const json& j = *parsed;
+  score_request r;
+  LLMESH_TRY(common_fields(j, r));
+  LLMESH_TRY(texts(j, "text_1", r.text_1));
+  LLMESH_TRY(texts(j, "text_2", r.text_2));
+  const size_t a = r.text_1.size(), b = r.text_2.size();
+  if (a == 1) {
+    for (size_t i = 0; i < b; ++i) r.pairs.emplace_back(0, i);
+  } else if (b == 1) {
+    for (size_t i = 0; i < a; ++i) r.pairs.emplace_back(i, 0);
+  } else if (a == b) {
+    for (size_t i = 0; i < a; ++i) r.pairs.emplace_back(i, i);
+  } else {
+    return bad("'text_1' holds " + std::to_string(a) + " texts and 'text_2' " + std::to_string(b) +
+               ": one side must hold one text, or both as many");
+  }
+  return r;
+}
+
+result<rerank_request> parse_rerank(std::string_view body) {
+  auto parsed = parse_request_object(body);
+  if (!parsed) return parsed.take_error();
+  const json& j = *parsed;
+  rerank_request r;
+  LLMESH_TRY(common_fields(j, r));
+  auto q = j.find("query");
+  if (q == j.end() || !q->is_string() || q->get_ref<const std::string&>().empty()) return bad("'query' must be a non-empty string");
+  r.query = q->get<std::string>();
+  auto d = j.find("documents");
+  if (d == j.end() || !d->is_array() || d->empty() || d->size() > max_embedding_inputs) {
+    return bad("'documents' must be an array of 1 to " + std::to_string(max_embedding_inputs) + " documents");
+  }
+  for (size_t i = 0; i < d->size(); ++i) {
+    const json& e = (*d)[i];
+    const json* text = e.is_string() ? &e : e.is_object() && e.contains("text") ? &e["text"] : nullptr;
+    if (text == nullptr || !text->is_string() || text->get_ref<const std::string&>().empty()) {
+      return bad("'documents[" + std::to_string(i) + "]' must be a non-empty string or an object with a non-empty 'text'");
+    }
+    r.documents.push_back(text->get<std::string>());
+  }
+  std::optional<int64_t> top_n;
+  LLMESH_TRY(integer_in(j, "top_n", 0, std::numeric_limits<int32_t>::max(), top_n));
+  r.top_n = static_cast<size_t>(top_n.value_or(0));
+  std::optional<bool> docs;
+  LLMESH_TRY(boolean(j, "return_documents", docs));
+  r.return_documents = docs.value_or(true);
+  return r;
+}
+
+result<embeddings_request> parse(std::string_view body) {
+  auto parsed = parse_request_object(body);
+  if (!parsed) return parsed.take_error();
+  const json& j = *parsed;
+  embeddings_request r;
+  LLMESH_TRY(common_fields(j, r));
+  LLMESH_TRY(parse_inputs(j, r.inputs));
+  if (auto f = j.find("encoding_format"); f != j.end() && !f->is_null()) {
+    if (!f->is_string() || (*f != "float" && *f != "base64")) return bad("'encoding_format' must be \"float\" or \"base64\"");
+    r.base64 = *f == "base64";
+  }
+  LLMESH_TRY(integer_in(j, "dimensions", 1, std::numeric_limits<int32_t>::max(), r.dimensions));
+  if (auto u = j.find("user"); u != j.end() && !u->is_null() && !u->is_string()) return bad("'user' must be a string");
+  LLMESH_TRY(boolean(j, "normalize", r.normalize));
   return r;
 }
 
@@ -177,12 +258,29 @@ result<embedding_defaults> load_embedding_defaults(const std::string& dir) {
   return d;
 }
 
-result<embeddings_request> parse_embeddings_request(std::string_view body) {
+namespace {
+
+template <class F>
+auto guarded(F parse) -> decltype(parse()) {
   try {
-    return parse(body);
+    return parse();
   } catch (const std::exception& e) {
     return bad(std::string("malformed request: ") + e.what());
   }
+}
+
+}  // namespace
+
+result<embeddings_request> parse_embeddings_request(std::string_view body) {
+  return guarded([&] { return parse(body); });
+}
+
+result<score_request> parse_score_request(std::string_view body) {
+  return guarded([&] { return parse_score(body); });
+}
+
+result<rerank_request> parse_rerank_request(std::string_view body) {
+  return guarded([&] { return parse_rerank(body); });
 }
 
 std::string embedding_json(std::span<const float> v, bool as_base64) {
@@ -272,8 +370,44 @@ void embeddings_output::on_message(const actors::token_msg& t) {
   if (++ended_ == inputs_.size()) done_ = true;
 }
 
+double embeddings_output::similarity(size_t a, size_t b) const {
+  const auto& x = inputs_.at(a).vector;
+  const auto& y = inputs_.at(b).vector;
+  double dot = 0.0;
+  for (size_t d = 0; d < std::min(x.size(), y.size()); ++d) dot += static_cast<double>(x[d]) * y[d];
+  return dot;
+}
+
 http_reply embeddings_output::reply() const {
   if (failure_) return error_reply(*failure_);
+  if (s_.kind == shape::score) {
+    json data = json::array();
+    for (size_t i = 0; i < s_.pairs.size(); ++i) {
+      data.push_back({{"index", i}, {"object", "score"}, {"score", similarity(s_.pairs[i].first, s_.pairs[i].second)}});
+    }
+    const json out = {{"id", s_.id}, {"object", "list"}, {"created", s_.created}, {"model", s_.model}, {"data", std::move(data)},
+                      {"usage", {{"prompt_tokens", prompt_tokens_}, {"total_tokens", prompt_tokens_}}}};
+    http_reply r;
+    r.body = out.dump(-1, ' ', false, json::error_handler_t::replace);
+    return r;
+  }
+  if (s_.kind == shape::rerank) {
+    std::vector<std::pair<double, size_t>> ranked;  // (similarity to the query, document)
+    for (size_t d = 0; d + 1 < inputs_.size(); ++d) ranked.emplace_back(similarity(0, d + 1), d);
+    std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    if (s_.top_n > 0 && s_.top_n < ranked.size()) ranked.resize(s_.top_n);
+    json results = json::array();
+    for (const auto& [score, d] : ranked) {
+      json one = {{"index", d}};
+      if (d < s_.documents.size()) one["document"] = {{"text", s_.documents[d]}};
+      one["relevance_score"] = score;
+      results.push_back(std::move(one));
+    }
+    const json out = {{"id", s_.id}, {"model", s_.model}, {"usage", {{"total_tokens", prompt_tokens_}}}, {"results", std::move(results)}};
+    http_reply r;
+    r.body = out.dump(-1, ' ', false, json::error_handler_t::replace);
+    return r;
+  }
   std::string body = "{\"id\":" + json(s_.id).dump() + ",\"object\":\"list\",\"created\":" + std::to_string(s_.created) +
                      ",\"model\":" + json(s_.model).dump(-1, ' ', false, json::error_handler_t::replace) + ",\"data\":[";
   for (size_t i = 0; i < inputs_.size(); ++i) {

@@ -1,4 +1,4 @@
-// /v1/embeddings without HTTP: the body's forms and refusals, a model directory's pooling
+// /v1/embeddings, /score and /rerank without HTTP: the bodies' forms and refusals, a model directory's pooling
 // defaults (sentence-transformers' modules.json), the vectors' two encodings, embeddings_output
 // (a window of inputs in flight, vectors cut and normalized, in input order whatever order they
 // end in, a failure ends it), and api_service's route over the bundled model (its mesh
@@ -246,6 +246,93 @@ TEST(EmbeddingsOutput, AFailureOrABrokenVectorEndsIt) {
   }
 }
 
+TEST(ScoreRequest, PairsOneWithManyOrInOrder) {
+  auto one_many = parse_score_request(R"({"text_1":"q","text_2":["a","b","c"]})");
+  ASSERT_TRUE(one_many.ok()) << one_many.err().message;
+  EXPECT_EQ(one_many->pairs, (std::vector<std::pair<size_t, size_t>>{{0, 0}, {0, 1}, {0, 2}}));
+  auto many_one = parse_score_request(R"({"text_1":["a","b"],"text_2":"q"})");
+  ASSERT_TRUE(many_one.ok());
+  EXPECT_EQ(many_one->pairs, (std::vector<std::pair<size_t, size_t>>{{0, 0}, {1, 0}}));
+  auto zip = parse_score_request(R"({"model":"m","text_1":["a","b"],"text_2":["c","d"],"truncate_prompt_tokens":4})");
+  ASSERT_TRUE(zip.ok());
+  EXPECT_EQ(zip->pairs, (std::vector<std::pair<size_t, size_t>>{{0, 0}, {1, 1}}));
+  EXPECT_EQ(zip->truncate_prompt_tokens, 4);
+  for (const char* body : {R"({"text_1":["a","b"],"text_2":["c","d","e"]})", R"({"text_1":"a"})", R"({"text_1":"","text_2":"b"})",
+                           R"({"text_1":[],"text_2":"b"})", R"({"text_1":[1],"text_2":"b"})", R"({"text_1":"a","text_2":"b","priority":"x"})"}) {
+    EXPECT_FALSE(parse_score_request(body).ok()) << body;
+  }
+}
+
+TEST(RerankRequest, TakesStringsOrTextObjects) {
+  auto r = parse_rerank_request(R"({"model":"m","query":"q","documents":["a",{"text":"b"}],"top_n":1,"return_documents":false})");
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_EQ(r->query, "q");
+  EXPECT_EQ(r->documents, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(r->top_n, 1u);
+  EXPECT_FALSE(r->return_documents);
+  auto d = parse_rerank_request(R"({"query":"q","documents":["a"]})");
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->return_documents);
+  EXPECT_EQ(d->top_n, 0u);
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"documents":["a"]})", "'query' must be a non-empty string"},
+      {R"({"query":"q","documents":[]})", "'documents' must be an array"},
+      {R"({"query":"q","documents":["a",{"txt":"b"}]})", "'documents[1]'"},
+      {R"({"query":"q","documents":["a"],"top_n":-1})", "'top_n'"},
+  };
+  for (const auto& [body, want] : bad) {
+    auto x = parse_rerank_request(body);
+    ASSERT_FALSE(x.ok()) << body;
+    EXPECT_NE(x.err().message.find(want), std::string::npos) << x.err().message;
+  }
+}
+
+TEST(EmbeddingsOutput, ScoresAndRanksByCosineSimilarity) {
+  auto run = [](embeddings_output::setup s, const std::vector<std::vector<float>>& vs) {
+    s.window = 8;
+    embeddings_output out(std::move(s), inputs(vs.size()));
+    for (auto& r : out.take_submissions()) out.on_message(end_of(r.id, vs[r.id - 500]));
+    EXPECT_TRUE(out.done());
+    return json::parse(out.reply().body);
+  };
+  // Unnormalized on the way in: (1, 0), (3, 4), (0, -2), (1, 1).
+  const std::vector<std::vector<float>> vs = {{1, 0}, {3, 4}, {0, -2}, {1, 1}};
+  embeddings_output::setup s;
+  s.kind = embeddings_output::shape::score;
+  s.pairs = {{0, 1}, {0, 2}, {1, 3}};
+  s.id = "score-1";
+  s.model = "m";
+  const json score = run(s, vs);
+  ASSERT_EQ(score["data"].size(), 3u);
+  EXPECT_NEAR(score["data"][0]["score"].get<double>(), 0.6, 1e-6);
+  EXPECT_NEAR(score["data"][1]["score"].get<double>(), 0.0, 1e-6);
+  EXPECT_NEAR(score["data"][2]["score"].get<double>(), 7.0 / (5.0 * std::sqrt(2.0)), 1e-6);
+  EXPECT_EQ(score["data"][2]["index"], 2);
+  EXPECT_EQ(score["data"][2]["object"], "score");
+  EXPECT_EQ(score["object"], "list");
+  EXPECT_EQ(score["usage"]["prompt_tokens"], 1 + 2 + 3 + 1);
+  embeddings_output::setup r;
+  r.kind = embeddings_output::shape::rerank;
+  r.documents = {"three-four", "down", "diagonal"};
+  r.top_n = 2;
+  r.id = "rerank-1";
+  r.model = "m";
+  const json ranked = run(r, vs);  // the query is (1, 0)
+  ASSERT_EQ(ranked["results"].size(), 2u);
+  EXPECT_EQ(ranked["results"][0]["index"], 2);  // (1, 1): 0.707
+  EXPECT_EQ(ranked["results"][0]["document"]["text"], "diagonal");
+  EXPECT_EQ(ranked["results"][1]["index"], 0);  // (3, 4): 0.6
+  EXPECT_NEAR(ranked["results"][1]["relevance_score"].get<double>(), 0.6, 1e-6);
+  EXPECT_EQ(ranked["usage"]["total_tokens"], 1 + 2 + 3 + 1);
+  EXPECT_EQ(ranked["id"], "rerank-1");
+  r.documents.clear();  // return_documents false
+  r.top_n = 0;
+  const json bare = run(r, vs);
+  ASSERT_EQ(bare["results"].size(), 3u);
+  EXPECT_FALSE(bare["results"][0].contains("document"));
+  EXPECT_EQ(bare["results"][2]["index"], 1);  // (0, -2): 0
+}
+
 class EmbeddingsApi : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -356,6 +443,41 @@ TEST_F(EmbeddingsApi, ABigBatchHoldsAWindowOfSlots) {
   EXPECT_EQ(api_->inflight(), 3u);  // a small request: a slot per input
 }
 
+TEST_F(EmbeddingsApi, ScoreAndRerankEmbedEveryTextNormalized) {
+  auto o = api_->handle("POST", "/score", "", R"({"text_1":"God","text_2":["In the beginning","Amen"]})");
+  ASSERT_TRUE(std::holds_alternative<generation_job>(o)) << message(o);
+  auto reqs = std::get<generation_job>(o).output->take_submissions();
+  ASSERT_EQ(reqs.size(), 3u);  // text_1's, then text_2's
+  EXPECT_EQ(reqs[0].prompt, tok_->encode("God", true));
+  EXPECT_EQ(reqs[2].prompt, tok_->encode("Amen", true));
+  for (const char* path : {"/rerank", "/v1/rerank", "/v2/rerank"}) {
+    auto r = api_->handle("POST", path, "", R"({"query":"God","documents":["In the beginning","Amen"],"top_n":1})");
+    ASSERT_TRUE(std::holds_alternative<generation_job>(r)) << path << ": " << message(r);
+    auto& out = *std::get<generation_job>(r).output;
+    auto rr = out.take_submissions();
+    ASSERT_EQ(rr.size(), 3u);  // the query, then the documents
+    EXPECT_EQ(rr[0].prompt, tok_->encode("God", true));
+    out.on_message(end_of(rr[0].id, {2.0f, 0.0f}));
+    out.on_message(end_of(rr[1].id, {0.0f, 5.0f}));
+    out.on_message(end_of(rr[2].id, {1.0f, 1.0f}));
+    ASSERT_TRUE(out.done());
+    const json j = json::parse(out.reply().body);
+    ASSERT_EQ(j["results"].size(), 1u);
+    EXPECT_EQ(j["results"][0]["index"], 1);
+    EXPECT_EQ(j["results"][0]["document"]["text"], "Amen");
+  }
+  EXPECT_EQ(status(api_->handle("POST", "/score", "", R"({"text_1":"a"})")), 400);
+  EXPECT_EQ(status(api_->handle("GET", "/rerank", "", "")), 405);
+  // The API key guards them as it guards /v1.
+  api_options keyed;
+  keyed.api_key = "k";
+  std::shared_ptr<const model::tokenizer> tok;
+  auto guarded = kjv_service(keyed, mesh_, metrics_, tok);
+  for (const char* path : {"/score", "/rerank", "/v2/rerank", "/v1/embeddings"}) {
+    EXPECT_EQ(status(guarded->handle("POST", path, "", R"({"query":"a","documents":["b"]})")), 401) << path;
+  }
+}
+
 TEST_F(EmbeddingsApi, MutatedBodiesNeverThrow) {
   std::mt19937 rng(17);
   const std::string seeds[] = {
@@ -363,10 +485,15 @@ TEST_F(EmbeddingsApi, MutatedBodiesNeverThrow) {
       R"({"input":[[5,6,7],[8]],"truncate_prompt_tokens":2,"normalize":false})",
       R"({"input":"God","add_special_tokens":false,"user":"x"})",
   };
-  for (int i = 0; i < 3000; ++i) {
-    const std::string body = testing::mutate_json(seeds[i % 3], rng);
+  const std::pair<const char*, std::string> routes[] = {
+      {"/score", R"({"text_1":"God","text_2":["In the beginning","Amen"],"truncate_prompt_tokens":3})"},
+      {"/rerank", R"({"query":"God","documents":["In the beginning",{"text":"Amen"}],"top_n":1,"return_documents":false})"},
+  };
+  for (int i = 0; i < 5000; ++i) {
+    const bool pooling_route = i % 5 >= 3;
+    const std::string body = testing::mutate_json(pooling_route ? routes[i % 5 - 3].second : seeds[i % 5], rng);
     api_outcome o;
-    ASSERT_NO_THROW(o = post(body)) << body;
+    ASSERT_NO_THROW(o = pooling_route ? api_->handle("POST", routes[i % 5 - 3].first, "", body) : post(body)) << body;
     if (std::holds_alternative<http_reply>(o)) {
       EXPECT_GE(status(o), 400) << body;
       EXPECT_LT(status(o), 500) << body;

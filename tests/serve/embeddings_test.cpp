@@ -154,6 +154,44 @@ TEST(ServeEmbeddings, BadInputsAre400sAndTheServerServesOn) {
   EXPECT_EQ(ok["usage"]["prompt_tokens"], 256);
 }
 
+// vLLM's /score and /rerank with an embedding model: the cosine similarity of the inputs'
+// normalized embeddings (as /v1/embeddings gives them), the documents ranked by it.
+TEST(ServeEmbeddings, ScoreAndRerankAreCosineSimilaritiesOfTheEmbeddings) {
+  server_process s(bin, {"--model", model_dir});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const std::string query = "Who created the heaven and the earth?";
+  const std::vector<std::string> docs = {"In the beginning God created the heaven and the earth.", "Jesus wept.",
+                                         "And the LORD spake unto Moses, saying", "Amen."};
+  int status = 0;
+  std::vector<std::string> all = {query};
+  all.insert(all.end(), docs.begin(), docs.end());
+  const json e = embed(s.port(), {{"input", all}}, &status);
+  ASSERT_EQ(status, 200) << e;
+  auto cos = [&](size_t a, size_t b) {
+    const auto x = floats(e["data"][a]["embedding"]), y = floats(e["data"][b]["embedding"]);
+    double d = 0;
+    for (size_t i = 0; i < x.size(); ++i) d += double(x[i]) * y[i];
+    return d;
+  };
+  auto sc = http_request(s.port(), "POST", "/v1/score", json{{"text_1", query}, {"text_2", docs}}.dump());
+  ASSERT_EQ(sc.status, 200) << sc.body;
+  const json score = json::parse(sc.body);
+  ASSERT_EQ(score["data"].size(), docs.size());
+  for (size_t d = 0; d < docs.size(); ++d) EXPECT_NEAR(score["data"][d]["score"].get<double>(), cos(0, d + 1), 1e-6) << d;
+  auto rr = http_request(s.port(), "POST", "/rerank", json{{"query", query}, {"documents", docs}, {"top_n", 3}}.dump());
+  ASSERT_EQ(rr.status, 200) << rr.body;
+  const json ranked = json::parse(rr.body);
+  ASSERT_EQ(ranked["results"].size(), 3u);
+  double last = 2.0;
+  for (const auto& r : ranked["results"]) {
+    const size_t d = r["index"];
+    EXPECT_EQ(r["document"]["text"], docs[d]);
+    EXPECT_NEAR(r["relevance_score"].get<double>(), cos(0, d + 1), 1e-6);
+    EXPECT_LE(r["relevance_score"].get<double>(), last);
+    last = r["relevance_score"];
+  }
+}
+
 // A bare transformer's checkpoint (how embedding models ship: `llmesh model random --base`)
 // serves embeddings equal to the full checkpoint's, and refuses generations with a 400.
 TEST(ServeEmbeddings, ABareCheckpointServesEmbeddingsOnly) {

@@ -203,9 +203,25 @@ class api_service {
   /// 16 hex digits, unique in this process (ids of conversations and their items).
   std::string fresh_hex();
   uint64_t mix_id(uint64_t n) const;
-  /// OpenAI's /v1/embeddings (api_embeddings.cpp): each input an embedding request in the
-  /// mesh, a window of them in flight; the job's output renders the list.
+  /// OpenAI's /v1/embeddings and vLLM's /score and /rerank (api_embeddings.cpp): each input an
+  /// embedding request in the mesh, a window of them in flight; the job's output renders the
+  /// vectors, or the similarities of normalized ones.
   api_outcome embeddings(std::string_view body);
+  api_outcome score(std::string_view body);
+  api_outcome rerank(std::string_view body);
+  /// What the pooling endpoints share: how inputs are tokenized and cut, their priority, and
+  /// normalize (unset: the model's default).
+  struct pooling_options {
+    bool add_special_tokens = true;
+    int64_t truncate_prompt_tokens = 0;
+    int32_t priority = 0;
+    std::optional<bool> normalize;
+  };
+  /// The job of a pooling request: its inputs checked against `model` (find_or_only) and its
+  /// context, one embedding request each, rendered by an embeddings_output of `es` (its id
+  /// prefix completed, the model, normalize, window and metrics set here).
+  result<generation_job> pooling_job(const std::string& model, std::vector<prompt_input> inputs, const pooling_options& o,
+                                     embeddings_output::setup es);
   /// vLLM's /tokenize and /detokenize (api_tokenize.cpp).
   api_outcome tokenize(std::string_view body);
   api_outcome detokenize(std::string_view body);

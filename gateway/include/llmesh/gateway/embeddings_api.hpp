@@ -1,8 +1,9 @@
-// OpenAI's POST /v1/embeddings (as vLLM serves it for pooling models), plain parts: the request
-// body parsed and bounded; a model directory's pooling defaults (sentence-transformers'
-// modules.json); and embeddings_output, which runs one request's inputs through the mesh —
-// each input is an embedding request (actors::replica_request::pool), at most `window` of
-// them in flight — and renders the response once every one has its vector.
+// OpenAI's POST /v1/embeddings (as vLLM serves it for pooling models), and vLLM's /score and
+// /rerank over embeddings (cosine similarity, as vLLM scores with an embedding model), plain
+// parts: the request bodies parsed and bounded; a model directory's pooling defaults
+// (sentence-transformers' modules.json); and embeddings_output, which runs one request's
+// inputs through the mesh — each input is an embedding request (actors::replica_request::pool),
+// at most `window` of them in flight — and renders the response once every one has its vector.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +56,35 @@ struct embeddings_request {
 /// (a 400 naming it). Other fields are ignored, as the other endpoints ignore them.
 [[nodiscard]] result<embeddings_request> parse_embeddings_request(std::string_view body);
 
+/// vLLM's POST /score (and /v1/score): text_1 and text_2 each a string or a non-empty array of
+/// strings; a string (or an array of one) is paired with every text of the other side, two
+/// arrays of one length pair up in order. At most max_embedding_inputs pairs.
+struct score_request {
+  std::string model;
+  std::vector<std::string> text_1, text_2;  ///< as sent (a string: an array of one)
+  std::vector<std::pair<size_t, size_t>> pairs;  ///< (index into text_1, index into text_2), in order
+  bool add_special_tokens = true;
+  int64_t truncate_prompt_tokens = 0;
+  int32_t priority = 0;
+};
+[[nodiscard]] result<score_request> parse_score_request(std::string_view body);
+
+/// vLLM's POST /rerank (and /v1/rerank, /v2/rerank; Jina's and Cohere's shape): `query` a
+/// non-empty string, `documents` a non-empty array (at most max_embedding_inputs) of strings
+/// or of objects with a string `text`, `top_n` (>= 0; 0 or absent: all), `return_documents`
+/// (default true), `model`, and truncate_prompt_tokens, add_special_tokens, priority as above.
+struct rerank_request {
+  std::string model;
+  std::string query;
+  std::vector<std::string> documents;
+  size_t top_n = 0;
+  bool return_documents = true;
+  bool add_special_tokens = true;
+  int64_t truncate_prompt_tokens = 0;
+  int32_t priority = 0;
+};
+[[nodiscard]] result<rerank_request> parse_rerank_request(std::string_view body);
+
 /// One embedding as the response carries it: a JSON array of floats (shortest round-trip
 /// text), or base64 of its little-endian float32 bytes, as a JSON string. REQUIRES: finite values.
 std::string embedding_json(std::span<const float> v, bool base64);
@@ -63,8 +93,16 @@ std::string embedding_json(std::span<const float> v, bool base64);
 /// `window` at a time (the next as each ends), takes the mesh's messages, and renders the list.
 class embeddings_output {
  public:
+  /// What the reply is: the vectors (/v1/embeddings), the cosine similarity of pairs of inputs
+  /// (/score), or the documents ranked by their similarity to the query (/rerank: input 0 is
+  /// the query, input d + 1 document d).
+  enum class shape { embeddings, score, rerank };
   struct setup {
-    std::string id;  ///< "embd-…"
+    shape kind = shape::embeddings;
+    std::vector<std::pair<size_t, size_t>> pairs;  ///< score: the inputs compared, in data order
+    std::vector<std::string> documents;            ///< rerank: returned with each result (empty: none)
+    size_t top_n = 0;                              ///< rerank: results at most (0: all)
+    std::string id;  ///< "embd-…", "score-…", "rerank-…"
     int64_t created = 0;
     std::string model;
     bool base64 = false;
@@ -86,8 +124,12 @@ class embeddings_output {
   const std::optional<error>& failure() const { return failure_; }
   /// Requests submitted that have not ended (to cancel when the response ends early).
   std::vector<uint64_t> running() const;
-  /// The response (object "list"), or the failure. REQUIRES: done().
+  /// The response (its shape), or the failure. REQUIRES: done().
   http_reply reply() const;
+  /// Input i's vector as it goes out. REQUIRES: done() without a failure.
+  const std::vector<float>& vector(size_t i) const { return inputs_.at(i).vector; }
+  /// The dot product of two inputs' vectors (their cosine similarity when normalized), in double.
+  double similarity(size_t a, size_t b) const;
   size_t prompt_tokens() const { return prompt_tokens_; }
 
  private:
