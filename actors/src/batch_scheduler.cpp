@@ -212,10 +212,10 @@ step_plan batch_scheduler::schedule() {
     s.block_table = r.blocks.ids;
     s.want_logits = r.n_computed + n == r.tokens.size();
     if (r.spec.pool != pooling::none) {  // an embedding: no draw, the hidden rows its pooling needs
-      s.hidden = r.spec.pool == pooling::mean                     ? model::hidden_rows::all
-                 : r.spec.pool == pooling::cls                    ? (s.pos0 == 0 ? model::hidden_rows::all : model::hidden_rows::none)
-                 : s.want_logits                                  ? model::hidden_rows::last
-                                                                  : model::hidden_rows::none;
+      s.hidden = r.spec.pool == pooling::mean  ? model::hidden_rows::all
+                 : r.spec.pool == pooling::cls ? (s.pos0 == 0 ? model::hidden_rows::first : model::hidden_rows::none)
+                 : s.want_logits               ? model::hidden_rows::last
+                                               : model::hidden_rows::none;
       s.want_logits = false;
     }
     if (!r.step_tokens.empty()) {  // the last token, then its drafts

@@ -20,8 +20,9 @@ status replica_core::submit(replica_request r) {
   const auto& c = eng_.config();
   if (r.pool != pooling::none) {
     const auto& p = r.sampling;
-    if (r.max_tokens != 1 || r.generated != 0 || p.logprobs >= 0 || p.prompt_logprobs >= 0 || !r.logit_bias.empty() ||
-        r.constraint.type != model::constraint_spec::kind::none || !r.allowed_ids.empty() || !r.bad_words.empty()) {
+    if (r.max_tokens != 1 || r.generated != 0 || p.logprobs >= 0 || p.prompt_logprobs >= 0 || kernels::has_adjustments(p) ||
+        !r.logit_bias.empty() || r.constraint.type != model::constraint_spec::kind::none || !r.allowed_ids.empty() ||
+        !r.bad_words.empty() || !r.constraint_after.empty()) {
       return make_error(errc::invalid_request, "an embedding request takes max_tokens 1 and no generation fields");
     }
   }
@@ -159,6 +160,7 @@ status replica_core::submit(replica_request r) {
   if (r.pool != pooling::none) {
     auto& st = pooled_[r.id];
     st.pool = r.pool;
+    st.positions = prompt_len;
     if (r.pool == pooling::mean) st.sum.assign(c.hidden, 0.0);
   }
   return ok_status();
@@ -167,7 +169,7 @@ status replica_core::submit(replica_request r) {
 void replica_core::pool_rows(pool_state& st, const model::step_sequence& s, std::span<const float> rows) const {
   const size_t hidden = eng_.config().hidden;
   const size_t k = rows.size() / hidden;
-  const size_t first = s.pos0 + s.tokens.size() - k;  // the position of rows' first
+  const size_t first = s.pos0 + model::hidden_row_first(s);  // the position of rows' first
   switch (st.pool) {
     case pooling::last:
       st.row.assign(rows.end() - static_cast<std::ptrdiff_t>(hidden), rows.end());
@@ -367,7 +369,12 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
     if (ended.contains(e.id)) continue;  // the tokens kept after it are not output
     if (auto p = pooled_.find(e.id); p != pooled_.end()) {  // an embedding's end
       auto& st = p->second;
-      if (st.pool == pooling::mean) {
+      if (st.pool == pooling::mean ? st.next != st.positions : st.row.empty()) {
+        // Rows the executor did not give (a bug there): an error, never a wrong vector.
+        e.failure = make_error(errc::internal, "embedding: the step gave " + std::to_string(st.pool == pooling::mean ? st.next : 0) +
+                                                   " of the prompt's hidden rows");
+        e.finish = finish_reason::cancelled;
+      } else if (st.pool == pooling::mean) {
         e.embedding.resize(st.sum.size());
         const double n = static_cast<double>(std::max<size_t>(st.next, 1));
         for (size_t d = 0; d < st.sum.size(); ++d) e.embedding[d] = static_cast<float>(st.sum[d] / n);
@@ -376,6 +383,7 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
       }
       pooled_.erase(p);
       sampling_.erase(e.id);
+      adjust_.erase(e.id);
       out.push_back(std::move(e));
       continue;
     }

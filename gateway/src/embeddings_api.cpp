@@ -245,15 +245,30 @@ result<embedding_defaults> load_embedding_defaults(const std::string& dir) {
   for (const auto& m : *modules) {
     const std::string type = m.is_object() && m.contains("type") && m["type"].is_string() ? m["type"].get<std::string>() : "";
     const std::string path = m.is_object() && m.contains("path") && m["path"].is_string() ? m["path"].get<std::string>() : "";
-    if (type.ends_with(".Normalize")) d.normalize = true;
-    if (!type.ends_with(".Pooling")) continue;
+    if (type.ends_with(".Normalize")) {
+      d.normalize = true;
+      continue;
+    }
+    if (type.ends_with(".Transformer")) continue;
+    // Another module (Dense, a projection...) would change the vectors: refused, not skipped.
+    if (!type.ends_with(".Pooling")) {
+      return make_error(errc::unsupported, (root / "modules.json").string() + ": module '" + type +
+                                               "' is not computed by this server (it computes Transformer, Pooling, Normalize)");
+    }
+    const std::string where = (root / path / "config.json").string();
     auto cfg = read_json(root / path / "config.json");
     if (!cfg) return cfg.take_error();
-    if (flag(*cfg, "pooling_mode_lasttoken")) d.pool = actors::pooling::last;
-    else if (flag(*cfg, "pooling_mode_mean_tokens")) d.pool = actors::pooling::mean;
-    else if (flag(*cfg, "pooling_mode_cls_token")) d.pool = actors::pooling::cls;
-    else return make_error(errc::invalid_request, (root / path / "config.json").string() +
-                                                      ": a pooling this server does not compute (it computes lasttoken, mean_tokens and cls_token)");
+    const int modes = flag(*cfg, "pooling_mode_lasttoken") + flag(*cfg, "pooling_mode_mean_tokens") +
+                      flag(*cfg, "pooling_mode_cls_token") + flag(*cfg, "pooling_mode_max_tokens") +
+                      flag(*cfg, "pooling_mode_mean_sqrt_len_tokens") + flag(*cfg, "pooling_mode_weightedmean_tokens");
+    if (auto ip = cfg->find("include_prompt"); ip != cfg->end() && ip->is_boolean() && !ip->get<bool>()) {
+      return make_error(errc::unsupported, where + ": include_prompt false (pooling without the instruction) is not computed");
+    }
+    if (modes == 1 && flag(*cfg, "pooling_mode_lasttoken")) d.pool = actors::pooling::last;
+    else if (modes == 1 && flag(*cfg, "pooling_mode_mean_tokens")) d.pool = actors::pooling::mean;
+    else if (modes == 1 && flag(*cfg, "pooling_mode_cls_token")) d.pool = actors::pooling::cls;
+    else return make_error(errc::unsupported, where + ": a pooling this server does not compute (it computes one of lasttoken, "
+                                                      "mean_tokens and cls_token)");
   }
   return d;
 }

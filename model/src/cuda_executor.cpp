@@ -143,7 +143,7 @@ class cuda_executor final : public step_executor {
     for (const auto& s : batch) {
       const size_t k = hidden_row_count(s);
       if (k > 0) {
-        const float* from = xn_.as<float>() + (t + s.tokens.size() - k) * cfg_.hidden;
+        const float* from = xn_.as<float>() + (t + hidden_row_first(s)) * cfg_.hidden;
         LLMESH_TRY(cuda::copy_to_host(out.data() + row * cfg_.hidden, from, k * cfg_.hidden * sizeof(float), stream_.get()));
       }
       row += k;

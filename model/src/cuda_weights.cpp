@@ -73,7 +73,7 @@ result<device_weights> upload_weights(const model& m, const shard_layout& l) {
   uploader up(d);
   const size_t hd = c.head_dim, q0 = l.q_head0 * hd, nq = l.n_heads * hd, kv0 = l.kv_head0 * hd, nkv = l.n_kv_heads * hd;
   LLMESH_ASSIGN(d.embed, up.matrix(w.embed, 0, c.vocab, 0, c.hidden));
-  if (c.tie_embeddings) {
+  if (c.tie_embeddings || !c.has_lm_head) {  // tied, or a stand-in for a head never used (weights.hpp)
     const auto* base = static_cast<const uint8_t*>(d.embed.data);
     d.lm_head = {base + l.vocab0 * c.hidden * kernels::dtype_size(d.type), l.n_vocab, c.hidden, c.hidden};
   } else if (l.n_vocab > 0) {

@@ -121,8 +121,8 @@ void shard_executor::hidden_out(std::span<const step_sequence> batch, std::vecto
   out.resize(n * c.hidden);
   size_t t = 0, row = 0;
   for (const auto& s : batch) {
-    const size_t k = hidden_row_count(s);
-    for (size_t i = s.tokens.size() - k; i < s.tokens.size(); ++i, ++row) {  // its last k positions
+    const size_t k = hidden_row_count(s), i0 = hidden_row_first(s);
+    for (size_t i = i0; i < i0 + k; ++i, ++row) {
       kernels::rmsnorm(&h_[(t + i) * c.hidden], w.final_norm.data(), &out[row * c.hidden], c.hidden, c.rms_norm_eps);
     }
     t += s.tokens.size();

@@ -295,7 +295,7 @@ status model::quantize(quantization q) {
 }
 
 size_t model::weight_bytes() const {
-  size_t total = weights_.embed.bytes() + (config_.tie_embeddings ? 0 : weights_.lm_head.bytes());
+  size_t total = weights_.embed.bytes() + (config_.tie_embeddings || !config_.has_lm_head ? 0 : weights_.lm_head.bytes());
   for (const auto& l : weights_.layers) {
     total += l.q.bytes() + l.k.bytes() + l.v.bytes() + l.o.bytes() + l.gate.bytes() + l.up.bytes() + l.down.bytes();
     total += l.router.bytes() + l.shared_gate.bytes() + l.shared.gate.bytes() + l.shared.up.bytes() + l.shared.down.bytes();

@@ -172,6 +172,12 @@ TEST_F(Embeddings, BadEmbeddingRequestsAreRefused) {
   auto bias = r;
   bias.logit_bias = {{5, 1.0f}};
   EXPECT_FALSE(rc.submit(bias).ok());
+  auto penalty = r;  // (from another node's frame: the gateway never sends it)
+  penalty.sampling.presence_penalty = 0.5f;
+  EXPECT_FALSE(rc.submit(penalty).ok());
+  auto min_tokens = r;
+  min_tokens.sampling.min_tokens = 2;
+  EXPECT_FALSE(rc.submit(min_tokens).ok());
   auto long_prompt = r;
   long_prompt.prompt.assign(model_->config().max_positions + 1, 3);
   EXPECT_FALSE(rc.submit(long_prompt).ok());

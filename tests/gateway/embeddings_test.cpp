@@ -131,6 +131,19 @@ TEST(EmbeddingDefaults, FollowSentenceTransformersModules) {
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.err().message.find("a pooling this server does not compute"), std::string::npos) << d.err().message;
 
+  model::testing::temp_dir dense;  // a projection after the pooling: not skipped silently
+  write(dense.path() + "/modules.json", R"([{"path":"p","type":"sentence_transformers.models.Pooling"},
+                                            {"path":"2_Dense","type":"sentence_transformers.models.Dense"}])");
+  write(dense.path() + "/p/config.json", R"({"pooling_mode_mean_tokens":true})");
+  d = load_embedding_defaults(dense.path());
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.err().message.find("sentence_transformers.models.Dense"), std::string::npos) << d.err().message;
+  write(dense.path() + "/modules.json", R"([{"path":"p","type":"sentence_transformers.models.Pooling"}])");
+  write(dense.path() + "/p/config.json", R"({"pooling_mode_mean_tokens":true,"pooling_mode_cls_token":true})");
+  EXPECT_FALSE(load_embedding_defaults(dense.path()).ok());  // two poolings concatenated
+  write(dense.path() + "/p/config.json", R"({"pooling_mode_mean_tokens":true,"include_prompt":false})");
+  EXPECT_FALSE(load_embedding_defaults(dense.path()).ok());
+
   model::testing::temp_dir broken;
   write(broken.path() + "/modules.json", "[{");
   EXPECT_FALSE(load_embedding_defaults(broken.path()).ok());

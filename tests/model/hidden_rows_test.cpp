@@ -210,13 +210,20 @@ TEST(HiddenRows, BitsDoNotDependOnChunksOrNeighbours) {
   EXPECT_EQ(0, std::memcmp(chunked.data(), whole->hidden.data(), chunked.size() * sizeof(float)));
 }
 
-TEST(HiddenRows, OnlyTheSequencesThatAskGetRows) {
+TEST(HiddenRows, OnlyTheSequencesThatAskGetRowsAndFirstIsTheChunksFirst) {
   testing::temp_dir dir;
   auto m = small_model(dir);
   auto e = make_engine(m);
   auto out = run_step(*e, {{prompt_of(4, 1), 0, 0, hidden_rows::none, true}, {prompt_of(6, 2), 0, 10, hidden_rows::none}});
   ASSERT_TRUE(out.ok());
   EXPECT_TRUE(out->hidden.empty());
+  const size_t H = m->config().hidden;
+  const auto p = prompt_of(9, 3);
+  auto all = run_step(*e, {{p, 0, 0, hidden_rows::all}});
+  auto first = run_step(*e, {{prompt_of(3, 4), 0, 10, hidden_rows::last}, {p, 0, 0, hidden_rows::first}});
+  ASSERT_TRUE(all.ok() && first.ok());
+  ASSERT_EQ(first->hidden.size(), 2 * H);
+  EXPECT_EQ(0, std::memcmp(first->hidden.data() + H, all->hidden.data(), H * sizeof(float)));
 }
 
 TEST(HiddenRows, TensorParallelAgreesWithOneRank) {

@@ -68,8 +68,8 @@ struct request_spec {
   /// learn from hits what another's prompts were).
   uint64_t cache_salt = 0;
   /// Not none: an embedding request. Its prompt runs (its chunks want the final hidden rows
-  /// its pooling needs: the last position's, or every position's for mean and cls, computed
-  /// whole like a scored prompt) and nothing is drawn: one event (token -1, finish length)
+  /// its pooling needs: the last position's; every position's for mean, the first's for cls,
+  /// both computed whole like a scored prompt) and nothing is drawn: one event (token -1, finish length)
   /// ends it once the prompt is computed. max_tokens is not used.
   pooling pool = pooling::none;
 };

@@ -173,6 +173,7 @@ class replica_core {
   /// row itself for last and cls).
   struct pool_state {
     pooling pool = pooling::none;
+    size_t positions = 0;  ///< the prompt's (mean: the rows it must have pooled at the end)
     size_t next = 0;
     std::vector<double> sum;
     std::vector<float> row;

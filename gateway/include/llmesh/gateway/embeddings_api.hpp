@@ -29,10 +29,11 @@ struct embedding_defaults {
 };
 
 /// A model directory's: sentence-transformers' `modules.json`, when present, names a Pooling
-/// module (its `config.json`: pooling_mode_lasttoken, _mean_tokens or _cls_token) and maybe a
-/// Normalize one (normalize is then true, else false). Without modules.json: last-token pooling,
-/// normalized (vLLM's default for decoder models). A modules.json that is unreadable, or whose
-/// pooling is one this server does not compute (max, weighted mean), is an error naming it.
+/// module (its `config.json`: one of pooling_mode_lasttoken, _mean_tokens or _cls_token) and
+/// maybe a Normalize one (normalize is then true, else false). Without modules.json: last-token
+/// pooling, normalized (vLLM's default for decoder models). An error names what this server
+/// does not compute: an unreadable file, another pooling (max, weighted mean, several at once,
+/// include_prompt false) or another module (Dense: it would change the vectors).
 [[nodiscard]] result<embedding_defaults> load_embedding_defaults(const std::string& dir);
 
 /// The most inputs one request may hold (OpenAI's limit).

@@ -39,9 +39,9 @@ struct kv_cache_config {
 };
 
 /// The final hidden states a sequence wants from a step (embeddings: a pooling model's
-/// /v1/embeddings): none, its last position's, or every position's, each normalised by the
-/// model's final norm (the rows its LM head would take).
-enum class hidden_rows : uint8_t { none, last, all };
+/// /v1/embeddings): none, its last position's, its first's (of this chunk), or every
+/// position's, each normalised by the model's final norm (the rows its LM head would take).
+enum class hidden_rows : uint8_t { none, last, first, all };
 
 /// One sequence's part of a step: new tokens at positions pos0.., the block table covering
 /// them, and whether the caller wants the logits of its last token.
@@ -68,9 +68,13 @@ struct step_sequence {
   hidden_rows hidden = hidden_rows::none;
 };
 
-/// How many hidden rows `s` wants from a step.
+/// How many hidden rows `s` wants from a step, and the chunk position of the first of them
+/// (they are consecutive).
 inline size_t hidden_row_count(const step_sequence& s) {
-  return s.hidden == hidden_rows::none ? 0 : s.hidden == hidden_rows::last ? 1 : s.tokens.size();
+  return s.hidden == hidden_rows::none ? 0 : s.hidden == hidden_rows::all ? s.tokens.size() : 1;
+}
+inline size_t hidden_row_first(const step_sequence& s) {
+  return s.hidden == hidden_rows::last ? s.tokens.size() - 1 : 0;
 }
 
 /// The most rows one sequence may draw from in a step (step_sequence::draws).
