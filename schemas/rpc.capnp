@@ -19,6 +19,36 @@ interface Llmesh {
 
   # Every served model's name, in the gateway's order (as GET /v1/models lists them).
   models @2 () -> (names :List(Text));
+
+  # Embeds inputs as POST /v1/embeddings does (the same checks, the model's pooling, a window
+  # of inputs in flight and as many concurrency slots); returns every vector, in input order.
+  # Cancelling the call cancels the inputs still running.
+  embed @3 (request :EmbedRequest) -> (result :EmbedResult);
+}
+
+struct EmbedRequest {
+  apiKey @0 :Text;
+  model @1 :Text;                   # empty: the one served model
+  texts @2 :List(Text);             # the inputs as text, or
+  ids @3 :List(List(Int32));        # as token ids (one of the two; 1..2048 inputs, none empty)
+  dimensions @4 :UInt32;            # keep the first k values (0: all), then normalize
+  normalize @5 :Normalize;
+  truncatePromptTokens @6 :Int64;   # as GenerateRequest's
+  addSpecialTokens @7 :Bool = true; # text inputs are tokenized with the tokenizer's special tokens
+  priority @8 :Int32;               # as GenerateRequest's
+  enum Normalize {
+    modelDefault @0;                # the model's (sentence-transformers' Normalize module; else yes)
+    yes @1;
+    no @2;
+  }
+}
+
+struct EmbedResult {
+  ok @0 :Bool;
+  errorCode @1 :UInt16;             # when not ok: the HTTP status the same error has
+  errorMessage @2 :Text;
+  embeddings @3 :List(List(Float32));
+  promptTokens @4 :UInt32;
 }
 
 struct GenerateRequest {

@@ -107,6 +107,24 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
   return job;
 }
 
+result<generation_job> api_service::native_embed(std::string_view api_key, const std::string& model,
+                                                 std::vector<prompt_input> inputs, const pooling_options& o, size_t dimensions) {
+  if (!authorized("Bearer " + std::string(api_key))) return make_error(errc::unauthorized, "missing or wrong API key");
+  if (inputs.empty() || inputs.size() > max_embedding_inputs) {
+    return make_error(errc::invalid_request, "an embed call takes 1 to " + std::to_string(max_embedding_inputs) + " inputs, not " +
+                                                 std::to_string(inputs.size()));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].text ? inputs[i].text->empty() : inputs[i].ids.empty()) {
+      return about_input(make_error(errc::invalid_request, "it is empty"), i, inputs.size());
+    }
+  }
+  embeddings_output::setup es;
+  es.id = "embd-";
+  es.dimensions = dimensions;
+  return pooling_job(model, std::move(inputs), o, std::move(es));
+}
+
 api_outcome api_service::embeddings(std::string_view body) {
   auto r = parse_embeddings_request(body);
   if (!r) return error_reply(r.err());

@@ -74,6 +74,18 @@ struct call_state {
   ~call_state();
 };
 
+/// One embed call, owned by its RPC call's promise as call_state is: its job's output runs the
+/// inputs (a window in the mesh at a time); destroyed on the loop thread, cancelling those still
+/// running.
+struct embed_call {
+  rpc_server::impl* owner = nullptr;
+  generation_job job;
+  kj::Own<kj::PromiseFulfiller<void>> done;
+  bool finished = false;
+  embed_call(rpc_server::impl* o, generation_job j) : owner(o), job(std::move(j)) {}
+  ~embed_call();
+};
+
 /// One token's log-probability entry (rpc.capnp's TokenLogprob).
 void set_logprob(rpc::TokenLogprob::Builder out, int32_t id, const kernels::token_logprobs& lp, const model::detokenizer& d) {
   auto bytes_of = [&](int32_t t) {
@@ -202,6 +214,8 @@ struct rpc_server::impl {
   kj::Own<kj::PromiseFulfiller<void>> stop;
   /// Each running generation's call and choice index (beam_step: a step of the call's search).
   std::unordered_map<uint64_t, std::pair<call_state*, size_t>> calls;
+  /// Each running embedding input's call.
+  std::unordered_map<uint64_t, embed_call*> embeds;
   static constexpr size_t beam_step = static_cast<size_t>(-1);
   /// Runs native_generate (the checks, tokenizing, a structured-output compile) off the loop,
   /// which streams every other call's tokens. Joined before the loop stops.
@@ -289,7 +303,37 @@ struct rpc_server::impl {
     c.last = now;
   }
 
+  /// The embed call's next inputs, each registered, submitted.
+  void submit_inputs(embed_call* c) {
+    for (auto& req : c->job.output->take_submissions()) {
+      embeds[req.id] = c;
+      submit(std::move(req));
+    }
+  }
+
+  /// An input's message: on to the call's output; the call completes once every vector is in
+  /// (or one input failed: the others are cancelled).
+  void on_embedding(embed_call* c, uint64_t id, const actors::token_msg& t) {
+    if (c->finished) return;
+    if (t.failed || t.finish != actors::finish_reason::none) embeds.erase(id);
+    auto& out = *c->job.output;
+    (void)out.on_message(t);
+    for (uint64_t x : out.take_cancellations()) {
+      api.mesh().cancel(x);
+      embeds.erase(x);
+    }
+    submit_inputs(c);
+    if (out.done()) {
+      c->finished = true;
+      c->done->fulfill();
+    }
+  }
+
   void on_token(uint64_t id, const actors::token_msg& t) {
+    if (auto e = embeds.find(id); e != embeds.end()) {
+      on_embedding(e->second, id, t);
+      return;
+    }
     auto it = calls.find(id);
     if (it == calls.end()) return;  // cancelled meanwhile
     auto [st, k] = it->second;
@@ -400,6 +444,13 @@ call_state::~call_state() {
   for (uint64_t step : step_ids) owner->calls.erase(step);
 }
 
+embed_call::~embed_call() {
+  for (uint64_t id : job.output->running_searches()) {  // the inputs still in the mesh
+    owner->api.mesh().cancel(id);
+    owner->embeds.erase(id);
+  }
+}
+
 uint16_t status_of(const error& e) { return static_cast<uint16_t>(http_error_of(e.code).status); }
 
 class llmesh_service final : public rpc::Llmesh::Server {
@@ -459,7 +510,100 @@ class llmesh_service final : public rpc::Llmesh::Server {
     return paf.promise.then([this, ctx, work]() mutable { return start(ctx, *work->job); });
   }
 
+  kj::Promise<void> embed(EmbedContext ctx) override {
+    ctx.allowCancellation();  // a dropped call cancels its inputs (embed_call's destructor)
+    auto in = ctx.getParams().getRequest();
+    auto work = std::make_shared<embed_pending>();
+    // Copied out of the message for the worker, bounded first (the count is checked again there).
+    const size_t n = in.hasTexts() ? in.getTexts().size() : in.getIds().size();
+    if (n > max_embedding_inputs) {
+      work->job.emplace(make_error(errc::invalid_request, "an embed call takes at most " + std::to_string(max_embedding_inputs) +
+                                                              " inputs, not " + std::to_string(n)));
+      return start_embed(ctx, *work->job);
+    }
+    if (in.hasTexts() && in.hasIds() && in.getIds().size() > 0 && in.getTexts().size() > 0) {
+      work->job.emplace(make_error(errc::invalid_request, "an embed call takes texts or ids, not both"));
+      return start_embed(ctx, *work->job);
+    }
+    for (auto t : in.getTexts()) work->inputs.push_back({std::string(t.cStr(), t.size()), {}});
+    for (auto ids : in.getIds()) {
+      prompt_input p;
+      for (auto id : ids) p.ids.push_back(id);
+      work->inputs.push_back(std::move(p));
+    }
+    for (const auto& p : work->inputs) {
+      for (int32_t id : p.ids) {
+        if (id < 0) {
+          work->job.emplace(make_error(errc::invalid_request, "token ids must be non-negative"));
+          return start_embed(ctx, *work->job);
+        }
+      }
+    }
+    work->key.assign(in.getApiKey().cStr(), in.getApiKey().size());
+    work->model.assign(in.getModel().cStr(), in.getModel().size());
+    work->options.add_special_tokens = in.getAddSpecialTokens();
+    work->options.truncate_prompt_tokens = in.getTruncatePromptTokens();
+    work->options.priority = in.getPriority();
+    using norm = rpc::EmbedRequest::Normalize;
+    if (in.getNormalize() != norm::MODEL_DEFAULT) work->options.normalize = in.getNormalize() == norm::YES;
+    work->dimensions = in.getDimensions();
+    auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
+    auto done = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<void>>>(kj::mv(paf.fulfiller));
+    api_service* api = &p_->api;
+    boost::asio::post(p_->workers, [api, work, done] {
+      work->job.emplace(api->native_embed(work->key, work->model, std::move(work->inputs), work->options, work->dimensions));
+      (*done)->fulfill();
+    });
+    return paf.promise.then([this, ctx, work]() mutable { return start_embed(ctx, *work->job); });
+  }
+
  private:
+  /// An embed call's input, and the job native_embed made of it.
+  struct embed_pending {
+    std::vector<prompt_input> inputs;
+    api_service::pooling_options options;
+    size_t dimensions = 0;
+    std::string key, model;
+    std::optional<result<generation_job>> job;
+  };
+
+  /// The call's inputs in the mesh (on the loop), then its result.
+  kj::Promise<void> start_embed(EmbedContext ctx, result<generation_job>& job) {
+    if (!job) {
+      auto r = ctx.getResults().initResult();
+      r.setOk(false);
+      r.setErrorCode(status_of(job.err()));
+      r.setErrorMessage(job.err().message);
+      return kj::READY_NOW;
+    }
+    auto c = kj::heap<embed_call>(p_, std::move(*job));
+    auto paf = kj::newPromiseAndFulfiller<void>();
+    c->done = kj::mv(paf.fulfiller);
+    embed_call* raw = c.get();
+    p_->submit_inputs(raw);
+    return paf.promise
+        .then([ctx, raw]() mutable {
+          auto r = ctx.getResults().initResult();
+          const auto& group = *raw->job.output;
+          if (group.failure()) {
+            r.setOk(false);
+            r.setErrorCode(status_of(*group.failure()));
+            r.setErrorMessage(group.failure()->message);
+            return;
+          }
+          const embeddings_output& out = *group.embeddings();
+          r.setOk(true);
+          r.setPromptTokens(static_cast<uint32_t>(out.prompt_tokens()));
+          auto list = r.initEmbeddings(static_cast<unsigned>(out.size()));
+          for (unsigned i = 0; i < out.size(); ++i) {
+            const auto& v = out.vector(i);
+            auto row = list.init(i, static_cast<unsigned>(v.size()));
+            for (unsigned d = 0; d < v.size(); ++d) row.set(d, v[d]);
+          }
+        })
+        .attach(kj::mv(c));
+  }
+
   /// A generate call's input, and the job native_generate made of it.
   struct pending {
     sampling_input sampling;

@@ -146,6 +146,21 @@ class api_service {
                                                        const result<nlohmann::ordered_json>& extra = nlohmann::ordered_json(),
                                                        bool add_special_tokens = true);
 
+  /// What the pooling endpoints share: how inputs are tokenized and cut, their priority, and
+  /// normalize (unset: the model's default).
+  struct pooling_options {
+    bool add_special_tokens = true;
+    int64_t truncate_prompt_tokens = 0;
+    int32_t priority = 0;
+    std::optional<bool> normalize;
+  };
+  /// The native API's embed: the API key, then as /v1/embeddings (1..max_embedding_inputs
+  /// inputs, none empty, `dimensions` 0 for all). The job's output holds the vectors
+  /// (completion_group::embeddings) once it is done.
+  [[nodiscard]] result<generation_job> native_embed(std::string_view api_key, const std::string& model,
+                                                    std::vector<prompt_input> inputs, const pooling_options& o,
+                                                    size_t dimensions);
+
   /// Ends the background responses (cancelling the running ones in the mesh): before the mesh
   /// stops, since their requests are its, and before the http_server goes, since readers of
   /// their streams wake through its io_context. Later background requests are refused (503).
@@ -209,14 +224,6 @@ class api_service {
   api_outcome embeddings(std::string_view body);
   api_outcome score(std::string_view body);
   api_outcome rerank(std::string_view body);
-  /// What the pooling endpoints share: how inputs are tokenized and cut, their priority, and
-  /// normalize (unset: the model's default).
-  struct pooling_options {
-    bool add_special_tokens = true;
-    int64_t truncate_prompt_tokens = 0;
-    int32_t priority = 0;
-    std::optional<bool> normalize;
-  };
   /// The job of a pooling request: its inputs checked against `model` (find_or_only) and its
   /// context, one embedding request each, rendered by an embeddings_output of `es` (its id
   /// prefix completed, the model, normalize, window and metrics set here).

@@ -71,6 +71,8 @@ class completion_group {
   /// /v1/embeddings: the group has no choices; `e` runs the inputs (its requests come out of
   /// take_submissions, a window at a time) and its list is the reply. Not streamed.
   void render_as_embeddings(std::unique_ptr<embeddings_output> e);
+  /// That output (nullptr: not a pooling request).
+  const embeddings_output* embeddings() const { return embeddings_.get(); }
   /// Requests to submit to the mesh now (beam searches' next steps, embedding inputs), each
   /// handed out once.
   std::vector<actors::replica_request> take_submissions();

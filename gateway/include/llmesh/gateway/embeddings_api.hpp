@@ -132,6 +132,7 @@ class embeddings_output {
   /// The dot product of two inputs' vectors (their cosine similarity when normalized), in double.
   double similarity(size_t a, size_t b) const;
   size_t prompt_tokens() const { return prompt_tokens_; }
+  size_t size() const { return inputs_.size(); }
 
  private:
   struct input {
