@@ -453,6 +453,14 @@ embed_call::~embed_call() {
 
 uint16_t status_of(const error& e) { return static_cast<uint16_t>(http_error_of(e.code).status); }
 
+/// A call's result as failed with `e` (GenerateResult's and EmbedResult's ok, errorCode, errorMessage).
+template <class Builder>
+void set_failure(Builder r, const error& e) {
+  r.setOk(false);
+  r.setErrorCode(status_of(e));
+  r.setErrorMessage(e.message);
+}
+
 class llmesh_service final : public rpc::Llmesh::Server {
  public:
   explicit llmesh_service(rpc_server::impl* p) : p_(p) {}
@@ -570,10 +578,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
   /// The call's inputs in the mesh (on the loop), then its result.
   kj::Promise<void> start_embed(EmbedContext ctx, result<generation_job>& job) {
     if (!job) {
-      auto r = ctx.getResults().initResult();
-      r.setOk(false);
-      r.setErrorCode(status_of(job.err()));
-      r.setErrorMessage(job.err().message);
+      set_failure(ctx.getResults().initResult(), job.err());
       return kj::READY_NOW;
     }
     auto c = kj::heap<embed_call>(p_, std::move(*job));
@@ -585,12 +590,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
         .then([ctx, raw]() mutable {
           auto r = ctx.getResults().initResult();
           const auto& group = *raw->job.output;
-          if (group.failure()) {
-            r.setOk(false);
-            r.setErrorCode(status_of(*group.failure()));
-            r.setErrorMessage(group.failure()->message);
-            return;
-          }
+          if (group.failure()) return set_failure(r, *group.failure());
           const embeddings_output& out = *group.embeddings();
           r.setOk(true);
           r.setPromptTokens(static_cast<uint32_t>(out.prompt_tokens()));
@@ -621,10 +621,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
     auto params = ctx.getParams();
     auto in = params.getRequest();
     if (!job) {
-      auto r = ctx.getResults().initResult();
-      r.setOk(false);
-      r.setErrorCode(status_of(job.err()));
-      r.setErrorMessage(job.err().message);
+      set_failure(ctx.getResults().initResult(), job.err());
       return kj::READY_NOW;
     }
     // Choice 0's request (n choices in index order), or a beam search's base request.
@@ -668,12 +665,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
     return paf.promise
         .then([ctx, raw]() mutable {
           auto r = ctx.getResults().initResult();
-          if (raw->failure) {
-            r.setOk(false);
-            r.setErrorCode(status_of(*raw->failure));
-            r.setErrorMessage(raw->failure->message);
-            return;
-          }
+          if (raw->failure) return set_failure(r, *raw->failure);
           const auto& d = raw->tok->decoder();
           auto finish_of = [](const choice_state& c) { return c.finish == actors::finish_reason::eos ? "stop" : "length"; };
           auto ids_to = [](capnp::List<int32_t>::Builder out, const std::vector<int32_t>& ids) {
