@@ -37,6 +37,24 @@ constexpr size_t max_indent_columns = 128;
 
 /// A value for an error message: quoted, at most 60 characters, control characters escaped, so
 /// that the message stays one line.
+/// `v` with its control characters as \xNN: a one-line message (yaml-cpp's may quote the input's,
+/// e.g. "unknown escape character: " and a newline).
+std::string one_line(std::string_view v) {
+  std::string out;
+  for (char ch : v) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7f) {
+      static constexpr char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 std::string shown(std::string_view v) {
   std::string out = "'";
   for (size_t i = 0; i < v.size() && i < 60; ++i) {
@@ -317,7 +335,7 @@ result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, boo
 result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   r.at(entry_label("models", index, node));
   LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization",
-                                 "reasoning_parser", "tool_call_parser"}));
+                                 "reasoning_parser", "tool_call_parser", "pooling"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -357,6 +375,12 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
     if (*tools != "hermes" && *tools != "llama3_json" && *tools != "mistral" && *tools != "pythonic")
       return r.fail("'tool_call_parser' must be hermes, llama3_json, mistral or pythonic, got " + shown(*tools));
     out.tool_call_parser = *tools;
+  }
+  LLMESH_READ(pooling, r.string(f, "pooling", false));
+  if (pooling) {
+    if (*pooling != "model" && *pooling != "last" && *pooling != "mean" && *pooling != "cls")
+      return r.fail("'pooling' must be model, last, mean or cls, got " + shown(*pooling));
+    out.pooling = *pooling;
   }
   return out;
 }
@@ -500,9 +524,9 @@ result<cluster_config> parse_cluster_config(std::string_view yaml_text, const st
     return read_config(r, docs[0]);
   } catch (const YAML::Exception& e) {
     std::string at = e.mark.is_null() ? "" : ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1);
-    return make_error(errc::invalid_request, source + at + ": malformed YAML: " + e.msg);
+    return make_error(errc::invalid_request, source + at + ": malformed YAML: " + one_line(e.msg));
   } catch (const std::exception& e) {  // bad_alloc and the like: still an answer, not a crash
-    return make_error(errc::invalid_request, source + ": cannot parse: " + e.what());
+    return make_error(errc::invalid_request, source + ": cannot parse: " + one_line(e.what()));
   }
 }
 

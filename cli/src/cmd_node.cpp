@@ -52,7 +52,7 @@ struct node_plan {
   /// A gateway's models: its name, directory (its tokenizer, chat template and config) and
   /// reasoning parser.
   struct gateway_model {
-    std::string name, dir, reasoning_parser, tool_call_parser;
+    std::string name, dir, reasoning_parser, tool_call_parser, pooling;
   };
   std::vector<gateway_model> gateway_models;
   std::optional<actors::endpoint> http, rpc;
@@ -84,12 +84,12 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     }
     if (p.has(actors::node_role::gateway)) {
       if (cfg->models.empty()) return make_error(errc::invalid_request, f.config + ": a gateway needs a model");
-      if (f.gw.reasoning_parser != "none" || f.gw.tool_call_parser != "hermes") {
-        return make_error(errc::invalid_request, "--reasoning-parser, --tool-call-parser: with --config, set each "
-                                                 "model's reasoning_parser and tool_call_parser in the config");
+      if (f.gw.reasoning_parser != "none" || f.gw.tool_call_parser != "hermes" || f.gw.pooling != "model") {
+        return make_error(errc::invalid_request, "--reasoning-parser, --tool-call-parser, --pooling: with --config, set each "
+                                                 "model's reasoning_parser, tool_call_parser and pooling in the config");
       }
       for (const auto& m : cfg->models) {
-        p.gateway_models.push_back({m.name, m.path, m.reasoning_parser, m.tool_call_parser});
+        p.gateway_models.push_back({m.name, m.path, m.reasoning_parser, m.tool_call_parser, m.pooling});
       }
     }
     return p;
@@ -123,9 +123,10 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     else if (r == "coordinator") return make_error(errc::invalid_request, "--role: the coordinator is the seed node; it does not join");
     else return make_error(errc::invalid_request, "--role: unknown role '" + r + "' (replica, router, gateway)");
   }
-  if (!p.has(actors::node_role::gateway) && (f.gw.reasoning_parser != "none" || f.gw.tool_call_parser != "hermes")) {
+  if (!p.has(actors::node_role::gateway) &&
+      (f.gw.reasoning_parser != "none" || f.gw.tool_call_parser != "hermes" || f.gw.pooling != "model")) {
     return make_error(errc::invalid_request,
-                      "--reasoning-parser and --tool-call-parser are a gateway's flags (this node has no gateway role)");
+                      "--reasoning-parser, --tool-call-parser and --pooling are a gateway's flags (this node has no gateway role)");
   }
   if (p.has(actors::node_role::gateway)) {
     if (f.model_dirs.empty() || f.http.empty()) return make_error(errc::invalid_request, "a gateway node needs --model DIR and --http HOST:PORT");
@@ -145,7 +146,7 @@ result<node_plan> plan_from_flags(const node_flags& f) {
       for (const auto& known : p.gateway_models) {
         if (known.name == name) return make_error(errc::invalid_request, "--model: two models named '" + name + "'");
       }
-      p.gateway_models.push_back({name, dir, f.gw.reasoning_parser, f.gw.tool_call_parser});
+      p.gateway_models.push_back({name, dir, f.gw.reasoning_parser, f.gw.tool_call_parser, f.gw.pooling});
     }
   }
   return p;
@@ -181,7 +182,7 @@ status run_node(const node_flags& f) {
 
   // The gateway's model files next: a typo fails before anything listens.
   std::vector<gateway::served_model> served;
-  for (const auto& [name, dir, reasoning_parser, tool_call_parser] : p.gateway_models) {
+  for (const auto& [name, dir, reasoning_parser, tool_call_parser, pooling_name] : p.gateway_models) {
     gateway::served_model m;
     m.name = name;
     auto reasoning = gateway::parse_reasoning_parser(reasoning_parser);
@@ -201,7 +202,7 @@ status run_node(const node_flags& f) {
     auto c = model::load_config(dir);
     if (!c) return c.take_error();
     m.cfg = std::move(*c);
-    auto pooling = gateway::load_embedding_defaults(dir);
+    auto pooling = gateway::load_embedding_defaults(dir, pooling_name);
     if (!pooling) return pooling.take_error();
     m.embedding = *pooling;
     served.push_back(std::move(m));

@@ -62,7 +62,7 @@ status run_serve(const serve_flags& f) {
   if (!tool_parser) return tool_parser.take_error();
   auto tool_tokens = gateway::tool_parser_kept_tokens(**tok, *tool_parser, f.model_dir);
   if (!tool_tokens) return tool_tokens.take_error();
-  auto pooling = gateway::load_embedding_defaults(f.model_dir);
+  auto pooling = gateway::load_embedding_defaults(f.model_dir, f.gw.pooling);
   if (!pooling) return pooling.take_error();
   std::optional<model::chat_template> chat;
   if (auto t = model::chat_template::load(f.model_dir); t) chat = std::move(*t);

@@ -42,6 +42,10 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
   sub->add_option("--tool-call-parser", f.tool_call_parser,
                   "The format tool_choice \"auto\" takes calls from: hermes (<tool_call> blocks) | llama3_json | mistral | pythonic")
       ->check(CLI::IsMember({"hermes", "llama3_json", "mistral", "pythonic"}))->capture_default_str();
+  sub->add_option("--pooling", f.pooling,
+                  "/v1/embeddings' pooling: model (sentence-transformers' modules.json in the model directory, else "
+                  "last) | last | mean | cls (vLLM's --override-pooler-config)")
+      ->check(CLI::IsMember({"model", "last", "mean", "cls"}))->capture_default_str();
 }
 
 void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gateway::http_options& http) {

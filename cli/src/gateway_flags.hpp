@@ -20,12 +20,13 @@ struct gateway_flags {
   std::string scheduling_policy = "fcfs";  ///< fcfs | priority (vLLM's --scheduling-policy)
   std::string reasoning_parser = "none";  ///< none | deepseek_r1 | qwen3 (reasoning.hpp)
   std::string tool_call_parser = "hermes";  ///< hermes | llama3_json | mistral (tool_calls.hpp)
+  std::string pooling = "model";  ///< /v1/embeddings' pooling: model (the directory's) | last | mean | cls
 };
 
 /// Adds --api-key (or LLMESH_API_KEY), --max-concurrent, --max-tokens-limit, --max-body-kb,
 /// --max-connections, --max-connections-per-client, --idle-timeout, --max-stored-responses,
-/// --max-stored-responses-mb, --scheduling-policy, --reasoning-parser and --tool-call-parser
-/// to `sub`.
+/// --max-stored-responses-mb, --scheduling-policy, --reasoning-parser, --tool-call-parser and
+/// --pooling to `sub`.
 void add_gateway_flags(CLI::App* sub, gateway_flags& f);
 
 /// Copies the flags into the API's and the HTTP server's options (API key from LLMESH_API_KEY

@@ -233,8 +233,14 @@ std::string base64(std::span<const unsigned char> in) {
 
 }  // namespace
 
-result<embedding_defaults> load_embedding_defaults(const std::string& dir) {
+result<embedding_defaults> load_embedding_defaults(const std::string& dir, const std::string& pooling) {
+  std::optional<actors::pooling> forced;
+  if (pooling == "last") forced = actors::pooling::last;
+  else if (pooling == "mean") forced = actors::pooling::mean;
+  else if (pooling == "cls") forced = actors::pooling::cls;
+  else if (pooling != "model") return make_error(errc::invalid_request, "pooling must be model, last, mean or cls, not '" + pooling + "'");
   embedding_defaults d;
+  if (forced) d.pool = *forced;
   const std::filesystem::path root(dir);
   std::error_code ec;
   if (!std::filesystem::exists(root / "modules.json", ec)) return d;
@@ -255,6 +261,7 @@ result<embedding_defaults> load_embedding_defaults(const std::string& dir) {
       return make_error(errc::unsupported, (root / "modules.json").string() + ": module '" + type +
                                                "' is not computed by this server (it computes Transformer, Pooling, Normalize)");
     }
+    if (forced) continue;  // its pooling is replaced: its config is not read
     const std::string where = (root / path / "config.json").string();
     auto cfg = read_json(root / path / "config.json");
     if (!cfg) return cfg.take_error();

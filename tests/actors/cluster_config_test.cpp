@@ -303,6 +303,14 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
                  {"'reasoning_parser' must be none, deepseek_r1 or qwen3, got 'granite'"});
   expect_refused(with("placement: packed", "placement: packed\n    tool_call_parser: granite"),
                  {"'tool_call_parser' must be hermes, llama3_json, mistral or pythonic, got 'granite'"});
+  expect_refused(with("placement: packed", "placement: packed\n    pooling: max"),
+                 {"'pooling' must be model, last, mean or cls, got 'max'"});
+  {
+    auto q = parse_cluster_config(with("placement: packed", "placement: packed\n    pooling: mean"), "t.yaml");
+    ASSERT_TRUE(q.ok()) << q.err().message;
+    EXPECT_EQ(q->models[0].pooling, "mean");
+    EXPECT_EQ(parse_cluster_config(base, "t.yaml")->models[0].pooling, "model");
+  }
   {
     auto q = parse_cluster_config(with("placement: packed", "placement: packed\n    tool_call_parser: llama3_json"), "t.yaml");
     ASSERT_TRUE(q.ok()) << q.err().message;
@@ -429,6 +437,16 @@ models:
     path: some/dir,with,commas
 )", "commas.yaml");
   EXPECT_TRUE(ok.ok()) << ok.err().message;
+}
+
+// yaml-cpp's message quotes the character it refused (here a carriage return after a
+// backslash): the error stays one line of printable text, the character shown as \x0d.
+TEST(ClusterConfig, AMalformedYamlMessageStaysOneLine) {
+  auto c = parse_cluster_config("mesh: \"a\\\rb\"\n", "bad.yaml");
+  ASSERT_FALSE(c.ok());
+  for (char ch : c.err().message) EXPECT_GE(static_cast<unsigned char>(ch), 0x20) << c.err().message;
+  EXPECT_NE(c.err().message.find("\\x0d"), std::string::npos) << c.err().message;
+  EXPECT_NE(c.err().message.find("malformed YAML"), std::string::npos) << c.err().message;
 }
 
 TEST(ClusterConfig, RandomMutationsParseOrFailCleanly) {

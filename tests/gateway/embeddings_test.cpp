@@ -124,12 +124,23 @@ TEST(EmbeddingDefaults, FollowSentenceTransformersModules) {
   EXPECT_EQ(d->pool, actors::pooling::cls);
   EXPECT_FALSE(d->normalize);  // no Normalize module
 
+  // --pooling in place of modules.json's pooling (its Normalize rule stands); a bad name is refused.
+  d = load_embedding_defaults(mean.path(), "cls");
+  ASSERT_TRUE(d.ok()) << d.err().message;
+  EXPECT_EQ(d->pool, actors::pooling::cls);
+  EXPECT_TRUE(d->normalize);
+  d = load_embedding_defaults(none.path(), "mean");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->pool, actors::pooling::mean);
+  EXPECT_FALSE(load_embedding_defaults(none.path(), "max").ok());
+
   model::testing::temp_dir max;
   write(max.path() + "/modules.json", R"([{"path":"p","type":"sentence_transformers.models.Pooling"}])");
   write(max.path() + "/p/config.json", R"({"pooling_mode_max_tokens":true})");
   d = load_embedding_defaults(max.path());
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.err().message.find("a pooling this server does not compute"), std::string::npos) << d.err().message;
+  EXPECT_TRUE(load_embedding_defaults(max.path(), "mean").ok());  // replaced: not read
 
   model::testing::temp_dir dense;  // a projection after the pooling: not skipped silently
   write(dense.path() + "/modules.json", R"([{"path":"p","type":"sentence_transformers.models.Pooling"},

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -190,6 +191,29 @@ TEST(ServeEmbeddings, ScoreAndRerankAreCosineSimilaritiesOfTheEmbeddings) {
     EXPECT_LE(r["relevance_score"].get<double>(), last);
     last = r["relevance_score"];
   }
+}
+
+// --pooling replaces the model's pooling: mean and cls give other vectors than last, each
+// normalized; an input of one token is the same vector under all three.
+TEST(ServeEmbeddings, PoolingFlagChoosesThePooling) {
+  const json body = {{"input", json::array({json::array({5, 17, 42, 99}), json::array({7})})}};
+  std::map<std::string, json> got;
+  for (const char* p : {"model", "last", "mean", "cls"}) {
+    server_process s(bin, {"--model", model_dir, "--pooling", p});
+    ASSERT_GT(s.port(), 0) << s.log();
+    int status = 0;
+    got[p] = embed(s.port(), body, &status);
+    ASSERT_EQ(status, 200) << p << ": " << got[p];
+  }
+  EXPECT_EQ(got["model"]["data"], got["last"]["data"]);  // kjv-tiny has no modules.json: last
+  EXPECT_NE(got["mean"]["data"][0], got["last"]["data"][0]);
+  EXPECT_NE(got["cls"]["data"][0], got["last"]["data"][0]);
+  EXPECT_NE(got["cls"]["data"][0], got["mean"]["data"][0]);
+  for (const char* p : {"mean", "cls"}) {
+    EXPECT_NEAR(norm(floats(got[p]["data"][0]["embedding"])), 1.0, 1e-5) << p;
+    EXPECT_EQ(got[p]["data"][1], got["last"]["data"][1]) << p;  // one token: one row
+  }
+  EXPECT_NE(std::system((bin + " serve --model " + model_dir + " --pooling max 2>/dev/null").c_str()), 0);
 }
 
 // A bare transformer's checkpoint (how embedding models ship: `llmesh model random --base`)

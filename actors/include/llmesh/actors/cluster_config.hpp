@@ -81,6 +81,8 @@ struct model_spec {
   std::string reasoning_parser = "none";
   /// The format gateways take tool_choice "auto"'s calls from (--tool-call-parser): hermes | llama3_json | mistral | pythonic
   std::string tool_call_parser = "hermes";
+  /// Gateways' /v1/embeddings pooling (--pooling): model (the directory's) | last | mean | cls
+  std::string pooling = "model";
 };
 
 /// A whole cluster config, validated. Immutable after parsing; safe to share between threads.

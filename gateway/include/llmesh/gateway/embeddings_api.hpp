@@ -34,7 +34,10 @@ struct embedding_defaults {
 /// pooling, normalized (vLLM's default for decoder models). An error names what this server
 /// does not compute: an unreadable file, another pooling (max, weighted mean, several at once,
 /// include_prompt false) or another module (Dense: it would change the vectors).
-[[nodiscard]] result<embedding_defaults> load_embedding_defaults(const std::string& dir);
+/// `pooling` (--pooling, a cluster config model's `pooling`): "model" as above, or last | mean |
+/// cls in place of whatever pooling modules.json names (vLLM's --override-pooler-config); its
+/// other rules (Normalize, the refused modules) stand. Another value is an error naming them.
+[[nodiscard]] result<embedding_defaults> load_embedding_defaults(const std::string& dir, const std::string& pooling = "model");
 
 /// The most inputs one request may hold (OpenAI's limit).
 inline constexpr size_t max_embedding_inputs = 2048;
