@@ -35,8 +35,6 @@ constexpr int max_flow_nesting = 64;
 // Block nesting costs at least one column per level; 128 columns is far past any real config.
 constexpr size_t max_indent_columns = 128;
 
-/// A value for an error message: quoted, at most 60 characters, control characters escaped, so
-/// that the message stays one line.
 /// `v` with its control characters as \xNN: a one-line message (yaml-cpp's may quote the input's,
 /// e.g. "unknown escape character: " and a newline).
 std::string one_line(std::string_view v) {
@@ -55,21 +53,10 @@ std::string one_line(std::string_view v) {
   return out;
 }
 
+/// A value for an error message: quoted, at most 60 characters, control characters escaped, so
+/// that the message stays one line.
 std::string shown(std::string_view v) {
-  std::string out = "'";
-  for (size_t i = 0; i < v.size() && i < 60; ++i) {
-    auto c = static_cast<unsigned char>(v[i]);
-    if (c < 0x20 || c == 0x7f) {
-      static constexpr char hex[] = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  if (v.size() > 60) out += "...";
-  return out + "'";
+  return "'" + one_line(v.substr(0, 60)) + (v.size() > 60 ? "...'" : "'");
 }
 
 /// What a YAML node holds, for "must be X, got Y": the quoted value of a scalar, else its kind.

@@ -91,8 +91,7 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
   es.id += idbuf;
   es.created = static_cast<int64_t>(std::time(nullptr));
   es.model = sm.name;
-  if (!o.normalize) es.normalize = sm.embedding.normalize;
-  else es.normalize = *o.normalize;
+  es.normalize = o.normalize.value_or(sm.embedding.normalize);
   es.window = window;
   es.metrics = &metrics_;
   generation_job job;

@@ -36,19 +36,6 @@ bool flag(const json& j, const char* name) {
   return it != j.end() && it->is_boolean() && it->get<bool>();
 }
 
-/// One input given as token ids; `name` says which in errors.
-status token_ids(const json& a, const std::string& name, prompt_input& out) {
-  if (a.empty()) return bad(name + " is empty");
-  for (const auto& t : a) {
-    if (!t.is_number_integer() || (t.is_number_unsigned() ? t.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
-                                                          : t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)) {
-      return bad(name + " token ids must be non-negative integers");
-    }
-    out.ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
-  }
-  return ok_status();
-}
-
 status parse_inputs(const json& j, std::vector<prompt_input>& out) {
   auto p = j.find("input");
   if (p == j.end() || p->is_null()) return bad("'input' is required");
@@ -60,7 +47,7 @@ status parse_inputs(const json& j, std::vector<prompt_input>& out) {
   }
   if (!p->is_array()) return bad(forms);
   if (p->empty()) return bad("'input' is an empty array");
-  if ((*p)[0].is_number()) return token_ids(*p, "'input'", out.emplace_back());
+  if ((*p)[0].is_number()) return parse_prompt_ids(*p, "'input'", out.emplace_back());
   if (p->size() > max_embedding_inputs) {
     return bad("'input' holds " + std::to_string(p->size()) + " inputs (at most " + std::to_string(max_embedding_inputs) + ")");
   }
@@ -72,7 +59,7 @@ status parse_inputs(const json& j, std::vector<prompt_input>& out) {
       if (e.get_ref<const std::string&>().empty()) return bad(name + " is an empty string");
       out.push_back({e.get<std::string>(), {}});
     } else if (!strings && e.is_array()) {
-      LLMESH_TRY(token_ids(e, name, out.emplace_back()));
+      LLMESH_TRY(parse_prompt_ids(e, name, out.emplace_back()));
     } else {
       return bad(std::string(forms) + " (one kind throughout)");
     }

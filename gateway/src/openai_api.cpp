@@ -490,7 +490,8 @@ result<std::string> join_text_parts(const json& parts) {
   return text;
 }
 
-/// One prompt given as token ids; `name` says which in errors ("'prompt'", "'prompt[2]'").
+}  // namespace
+
 status parse_prompt_ids(const json& p, const std::string& name, prompt_input& out) {
   if (p.empty()) return bad(name + " is empty");
   for (const auto& t : p) {
@@ -501,6 +502,8 @@ status parse_prompt_ids(const json& p, const std::string& name, prompt_input& ou
   }
   return ok_status();
 }
+
+namespace {
 
 /// `prompt`: a string, an array of token ids, or a batch — an array of strings or an array of
 /// token-id arrays, one kind throughout (vLLM's four forms). A batch of one is one prompt.

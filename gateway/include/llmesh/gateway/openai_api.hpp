@@ -141,6 +141,10 @@ struct prompt_input {
   std::vector<int32_t> ids;         ///< an array of token ids
 };
 
+/// One prompt given as token ids (each an integer within 0..INT32_MAX, at least one); `name`
+/// says which in errors ("'prompt'", "'input[2]'").
+[[nodiscard]] status parse_prompt_ids(const nlohmann::ordered_json& p, const std::string& name, prompt_input& out);
+
 struct completion_request {
   std::string model;
   /// The prompts, in the order sent (one, or a batch): choice index = prompt index * n + j,
