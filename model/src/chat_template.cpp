@@ -2,6 +2,7 @@
 
 
 #include "jinja/eval.hpp"
+#include "gguf_model.hpp"
 #include "read_file.hpp"
 #include "jinja/parser.hpp"
 
@@ -29,8 +30,8 @@ result<chat_template> chat_template::parse(const std::string& source) {
 }
 
 result<chat_template> chat_template::load(const std::string& dir) {
-  const std::string path = dir + "/tokenizer_config.json";
-  auto text = read_text_file(path);
+  const std::string path = model_file_label(dir, "tokenizer_config.json");
+  auto text = read_model_file(dir, "tokenizer_config.json");
   if (!text) return text.take_error();
   json cfg = json::parse(*text, nullptr, false);
   if (cfg.is_discarded() || !cfg.is_object()) return make_error(errc::invalid_request, path + ": not a JSON object");

@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "llmesh/model/config.hpp"
+#include "gguf_model.hpp"
 #include "read_file.hpp"
 
 namespace llmesh::model {
@@ -501,13 +502,12 @@ result<model_config> parse_config(const std::string& text) {
 }
 
 result<model_config> load_config(const std::string& model_dir) {
-  std::string path = model_dir + "/config.json";
-  auto text = read_text_file(path);
+  auto text = read_model_file(model_dir, "config.json");
   if (!text) return text.take_error();
   auto c = parse_config(*text);
   if (!c) {
     error e = c.take_error();
-    e.message = model_dir + "/" + e.message;
+    e.message = model_dir + (is_gguf_file(model_dir) ? ": " : "/") + e.message;
     return e;
   }
   // generation_config.json is optional: only a missing file is skipped; one that exists but

@@ -3,6 +3,7 @@
 // their content. Invalid UTF-8 becomes U+FFFD per maximal invalid subpart (Rust's
 // from_utf8_lossy, which HF tokenizers use).
 #include "llmesh/model/detokenizer.hpp"
+#include "gguf_model.hpp"
 #include "read_file.hpp"
 
 #include <algorithm>
@@ -169,8 +170,8 @@ std::string sanitize_utf8(const std::string& s, size_t* complete_prefix) {
 }
 
 result<detokenizer> detokenizer::load(const std::string& dir) {
-  const std::string path = dir + "/tokenizer.json";
-  auto text = read_text_file(path);
+  const std::string path = model_file_label(dir, "tokenizer.json");
+  auto text = read_model_file(dir, "tokenizer.json");
   if (!text) return text.take_error();
   json j = json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return bad(path, "not a JSON object");

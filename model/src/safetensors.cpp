@@ -4,6 +4,7 @@
 // file before a pointer is formed, so a truncated or lying file is an error, never a fault.
 #include "llmesh/model/safetensors.hpp"
 
+#include "gguf_model.hpp"
 #include "read_file.hpp"
 
 #include <fcntl.h>
@@ -121,11 +122,18 @@ status tensor_store::add_file(const std::string& path) {
     t.bytes = end - begin;
     if (!tensors_.emplace(name, std::move(t)).second) return file_error(path, "tensor '" + name + "' appears twice");
   }
-  files_.push_back(std::move(file));
+  keep_.push_back(std::move(file));
+  return ok_status();
+}
+
+status tensor_store::add(const std::string& name, tensor_view t, std::shared_ptr<const void> owner) {
+  if (!tensors_.emplace(name, std::move(t)).second) return make_error(errc::invalid_request, "tensor '" + name + "' appears twice");
+  if (keep_.empty() || keep_.back() != owner) keep_.push_back(std::move(owner));
   return ok_status();
 }
 
 result<tensor_store> tensor_store::open(const std::string& dir) {
+  if (is_gguf_file(dir)) return gguf_tensor_store(dir);
   tensor_store store;
   std::string index_path = dir + "/model.safetensors.index.json";
   auto index_text = read_text_file(index_path);

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bpe.hpp"
+#include "gguf_model.hpp"
 #include "read_file.hpp"
 #include "llmesh/model/tokenizer.hpp"
 
@@ -347,8 +348,8 @@ void tokenizer::impl::encode_segment(const std::string& text, bool first_section
 tokenizer::~tokenizer() = default;
 
 result<std::shared_ptr<const tokenizer>> tokenizer::load(const std::string& dir) {
-  const std::string path = dir + "/tokenizer.json";
-  auto text = read_text_file(path);
+  const std::string path = model_file_label(dir, "tokenizer.json");
+  auto text = read_model_file(dir, "tokenizer.json");
   if (!text) return text.take_error();
   json j = json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return bad(path, "not a JSON object");

@@ -13,6 +13,7 @@
 #include "llmesh/kernels/quantize.hpp"
 
 #include "llmesh/model/detokenizer.hpp"
+#include "llmesh/model/gguf.hpp"
 #include "llmesh/model/token_mask.hpp"
 
 namespace llmesh::model {
@@ -79,7 +80,7 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     e.message = dir + ": " + e.message;
     return e;
   }
-  if (std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) {
+  if (is_gguf_file(dir) || std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) {
     if (auto d = detokenizer::load(dir)) m->vocabulary_ = token_vocabulary::build(*d);
   }
   return std::shared_ptr<const model>(std::move(m));
@@ -226,6 +227,12 @@ status model::quantize(quantization q) {
   }
   // Tied (or standing in for a missing head): the embedding keeps its rows.
   targets.push_back({&weights_.lm_head, "lm_head", 0, config_.tie_embeddings || !config_.has_lm_head});
+  // A quantized GGUF's tensors arrive as q8 already (gguf_tensors.cpp).
+  std::erase_if(targets, [](const target& t) { return t.w->type == kernels::dtype::q8; });
+  if (targets.empty()) {
+    quant_ = q;
+    return ok_status();
+  }
   size_t total = 0;
   for (auto& t : targets) {
     t.offset = total;

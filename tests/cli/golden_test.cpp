@@ -2,6 +2,7 @@
 // (tools/reference/, tests/data/golden/): greedy ids identical and first-step logits within
 // 1e-4 (max-abs-diff / max-abs), at --tp 1 and --tp 2; chunked prefill gives identical bits.
 // Cases with --quantization int8 check the quantized weights against the reference's own int8.
+// The same for GGUF files (tests/data/gguf).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -98,6 +99,62 @@ TEST_P(GoldenTest, GenerateMatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, GoldenTest, ::testing::ValuesIn(load_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// GGUF files (tests/data/gguf: what llama.cpp's converter writes, from tools/reference/
+// hf_to_gguf.py) against the reference's run over the weights each file holds: the same
+// greedy ids and logits within 1e-4, at --tp 1 and 2, and chunked prefill bit for bit.
+const std::string gguf_dir = std::string(LLMESH_TEST_DATA) + "/gguf";
+
+std::vector<golden_case> load_gguf_cases() {
+  std::vector<golden_case> cases;
+  std::stringstream in(read_file(gguf_dir + "/cases.txt"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (trim(line).empty() || trim(line)[0] == '#') continue;
+    size_t a = line.find('|'), b = line.find('|', a + 1), c = line.find('|', b + 1);
+    cases.push_back({trim(line.substr(0, a)), trim(line.substr(a + 1, b - a - 1)), trim(line.substr(b + 1, c - b - 1)),
+                     trim(line.substr(c + 1))});
+  }
+  return cases;
+}
+
+class GgufGoldenTest : public ::testing::TestWithParam<golden_case> {};
+
+TEST_P(GgufGoldenTest, GenerateMatchesReference) {
+  const auto& c = GetParam();
+  temp_dir tmp;
+  const std::string model = gguf_dir + "/" + c.name + "/model.gguf";
+  const std::string want_ids = trim(read_file(gguf_dir + "/" + c.name + "/ids.txt"));
+  const auto want_logits = read_floats(gguf_dir + "/" + c.name + "/logits.f32");
+  float max_abs = 0;
+  for (float x : want_logits) max_abs = std::max(max_abs, std::fabs(x));
+  std::vector<float> tp1_logits;
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    const std::string dump = tmp.path() + "/logits" + std::to_string(tp);
+    auto r = run_command(llmesh_bin + " generate --device cpu --model " + model + " --prompt-ids " + c.prompt +
+                         " --max-tokens 32 --print-ids --threads 2 --tp " + std::to_string(tp) + " --dump-logits " + dump);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(trim(r.out), want_ids);
+    auto got = read_floats(dump);
+    ASSERT_EQ(got.size(), want_logits.size());
+    float max_diff = 0;
+    for (size_t i = 0; i < got.size(); ++i) max_diff = std::max(max_diff, std::fabs(got[i] - want_logits[i]));
+    EXPECT_LT(max_diff / max_abs, 1e-4f) << "max abs diff " << max_diff;
+    if (tp == 1) tp1_logits = got;
+  }
+  const std::string dump = tmp.path() + "/logits_chunked";
+  auto r = run_command(llmesh_bin + " generate --device cpu --model " + model + " --prompt-ids " + c.prompt +
+                       " --max-tokens 32 --print-ids --prefill-chunk 3 --dump-logits " + dump);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(trim(r.out), want_ids);
+  auto chunked = read_floats(dump);
+  ASSERT_EQ(chunked.size(), tp1_logits.size());
+  EXPECT_EQ(std::memcmp(chunked.data(), tp1_logits.data(), chunked.size() * 4), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gguf, GgufGoldenTest, ::testing::ValuesIn(load_gguf_cases()),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -49,12 +49,17 @@ struct tensor_view {
 /// All tensors of a model directory by name. Keeps its files mapped while it lives.
 class tensor_store {
  public:
-  /// Opens DIR/model.safetensors, or the shards named by DIR/model.safetensors.index.json.
+  /// Opens DIR/model.safetensors, or the shards named by DIR/model.safetensors.index.json, or,
+  /// when `model_dir` is a GGUF file, its tensors under their HF names (gguf_model.hpp).
   /// Errors name the file and the problem (missing, truncated, bad header, unknown dtype).
   static result<tensor_store> open(const std::string& model_dir);
 
   /// Parses one safetensors file's header and adds its tensors.
   status add_file(const std::string& path);
+
+  /// Adds a tensor whose bytes `owner` keeps alive (a GGUF file's mapping, or a converted
+  /// copy); a name already present is invalid_request.
+  status add(const std::string& name, tensor_view t, std::shared_ptr<const void> owner);
 
   /// The tensor, or not_found naming it.
   result<tensor_view> get(const std::string& name) const;
@@ -62,7 +67,7 @@ class tensor_store {
   size_t size() const { return tensors_.size(); }
 
  private:
-  std::vector<std::shared_ptr<mapped_file>> files_;
+  std::vector<std::shared_ptr<const void>> keep_;  ///< the mappings and copies the views point into
   std::map<std::string, tensor_view> tensors_;
 };
 

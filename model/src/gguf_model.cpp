@@ -1,0 +1,414 @@
+// A GGUF file's metadata as the config.json, tokenizer.json and tokenizer_config.json of the
+// HF directory it was converted from (llama.cpp's convert_hf_to_gguf.py, read backwards), and
+// read_model_file, through which every loader of those files reads a model directory or file.
+#include "gguf_model.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <unordered_map>
+
+#include "read_file.hpp"
+
+namespace llmesh::model {
+namespace {
+
+using json = nlohmann::json;
+
+error unsupported(const gguf_file& g, const std::string& msg) { return make_error(errc::unsupported, g.path() + ": " + msg); }
+error bad(const gguf_file& g, const std::string& msg) { return make_error(errc::invalid_request, g.path() + ": " + msg); }
+
+/// llama.cpp's token types (llama_token_type).
+enum token_type : uint64_t { normal = 1, unknown = 2, control = 3, user_defined = 4, unused = 5, byte = 6 };
+
+result<uint64_t> get_uint(const gguf_file& g, const std::string& key, std::optional<uint64_t> fallback) {
+  const gguf_value* v = g.find(key);
+  uint64_t out = 0;
+  if (v == nullptr) {
+    if (fallback) return *fallback;
+    return bad(g, "missing metadata '" + key + "'");
+  }
+  if (!v->as_uint(out)) return bad(g, "metadata '" + key + "' must be a non-negative integer");
+  return out;
+}
+
+result<double> get_double(const gguf_file& g, const std::string& key, double fallback) {
+  const gguf_value* v = g.find(key);
+  double out = 0;
+  if (v == nullptr) return fallback;
+  if (!v->as_double(out)) return bad(g, "metadata '" + key + "' must be a number");
+  return out;
+}
+
+std::string get_string(const gguf_file& g, const std::string& key) {
+  const gguf_value* v = g.find(key);
+  return v != nullptr && v->is_string() ? v->s : std::string();
+}
+
+bool get_bool(const gguf_file& g, const std::string& key, bool fallback) {
+  const gguf_value* v = g.find(key);
+  return v != nullptr && v->is_bool() ? v->u != 0 : fallback;
+}
+
+/// An array of strings (tokens, merges), or invalid_request.
+result<std::vector<std::string>> get_strings(const gguf_file& g, const std::string& key) {
+  const gguf_value* v = g.find(key);
+  if (v == nullptr || !v->is_array() || v->item_type != 8) return bad(g, "metadata '" + key + "' must be an array of strings");
+  std::vector<std::string> out;
+  out.reserve(v->items.size());
+  for (const auto& x : v->items) out.push_back(x.s);
+  return out;
+}
+
+// The pre-tokenizer regexes of the HF tokenizer.json files llama.cpp names them after.
+constexpr const char* llama3_regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* qwen2_regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* gpt2_regex = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+json template_processing(const std::vector<std::pair<std::string, int64_t>>& before,
+                         const std::vector<std::pair<std::string, int64_t>>& after) {
+  json single = json::array(), specials = json::object();
+  auto add = [&](const std::pair<std::string, int64_t>& t) {
+    single.push_back({{"SpecialToken", {{"id", t.first}, {"type_id", 0}}}});
+    specials[t.first] = {{"id", t.first}, {"ids", {t.second}}, {"tokens", {t.first}}};
+  };
+  for (const auto& t : before) add(t);
+  single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+  for (const auto& t : after) add(t);
+  return {{"type", "TemplateProcessing"}, {"single", single}, {"pair", single}, {"special_tokens", specials}};
+}
+
+/// transformers' SentencePieceExtractor: every split of a piece into two pieces of the vocabulary
+/// is a merge, ranked by the whole piece's score (highest first; a piece's own splits by the
+/// ids of their halves). Splits fall on UTF-8 character boundaries.
+std::vector<std::string> merges_from_scores(const std::vector<std::string>& tokens, const std::vector<double>& scores,
+                                            const std::vector<uint64_t>& types) {
+  std::unordered_map<std::string, size_t> id;
+  for (size_t i = 0; i < tokens.size(); ++i) id.emplace(tokens[i], i);
+  struct merge {
+    double score;
+    size_t left, right;
+  };
+  std::vector<merge> all;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (types[i] != normal) continue;
+    const std::string& t = tokens[i];
+    std::vector<merge> local;
+    for (size_t k = 1; k < t.size(); ++k) {
+      if ((static_cast<unsigned char>(t[k]) & 0xC0) == 0x80) continue;  // inside a character
+      auto l = id.find(t.substr(0, k)), r = id.find(t.substr(k));
+      if (l != id.end() && r != id.end()) local.push_back({scores[i], l->second, r->second});
+    }
+    std::sort(local.begin(), local.end(), [](const merge& a, const merge& b) { return std::pair(a.left, a.right) < std::pair(b.left, b.right); });
+    all.insert(all.end(), local.begin(), local.end());
+  }
+  std::stable_sort(all.begin(), all.end(), [](const merge& a, const merge& b) { return a.score > b.score; });
+  std::vector<std::string> out;
+  out.reserve(all.size());
+  for (const auto& m : all) out.push_back(tokens[m.left] + " " + tokens[m.right]);
+  return out;
+}
+
+struct vocab_facts {
+  std::vector<std::string> tokens;
+  std::vector<uint64_t> types;
+  std::optional<int64_t> bos, eos, unk;
+  bool add_bos = false, add_eos = false;
+};
+
+result<vocab_facts> read_vocab(const gguf_file& g, const std::string& model) {
+  vocab_facts v;
+  auto tokens = get_strings(g, "tokenizer.ggml.tokens");
+  if (!tokens) return tokens.take_error();
+  v.tokens = std::move(*tokens);
+  v.types.assign(v.tokens.size(), normal);
+  if (const gguf_value* t = g.find("tokenizer.ggml.token_type")) {
+    if (!t->is_array() || t->items.size() != v.tokens.size()) return bad(g, "tokenizer.ggml.token_type must have one entry per token");
+    for (size_t i = 0; i < v.types.size(); ++i) {
+      if (!t->items[i].as_uint(v.types[i])) return bad(g, "tokenizer.ggml.token_type must hold integers");
+    }
+  }
+  auto id = [&](const char* key) -> result<std::optional<int64_t>> {
+    const gguf_value* x = g.find(key);
+    uint64_t n = 0;
+    if (x == nullptr) return std::optional<int64_t>();
+    if (!x->as_uint(n) || n >= v.tokens.size()) return bad(g, std::string("metadata '") + key + "' is not a token id");
+    return std::optional<int64_t>(static_cast<int64_t>(n));
+  };
+  for (auto [dst, key] : {std::pair{&v.bos, "tokenizer.ggml.bos_token_id"}, {&v.eos, "tokenizer.ggml.eos_token_id"},
+                          {&v.unk, "tokenizer.ggml.unknown_token_id"}}) {
+    auto r = id(key);
+    if (!r) return r.take_error();
+    *dst = *r;
+  }
+  const std::string pre = get_string(g, "tokenizer.ggml.pre");
+  // llama.cpp's defaults where the file does not say: SentencePiece adds BOS, llama-bpe too.
+  v.add_bos = get_bool(g, "tokenizer.ggml.add_bos_token", model == "llama" || pre == "llama-bpe" || pre == "llama3");
+  v.add_eos = get_bool(g, "tokenizer.ggml.add_eos_token", false);
+  return v;
+}
+
+/// tokenizer.json for tokenizer.ggml.model "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE).
+result<json> tokenizer_json(const gguf_file& g, const std::string& model, const vocab_facts& v) {
+  json vocab = json::object(), added = json::array();
+  const bool spm = model == "llama";
+  for (size_t i = 0; i < v.tokens.size(); ++i) {
+    const uint64_t t = v.types[i];
+    if (t == control || t == user_defined) {
+      added.push_back({{"id", i}, {"content", v.tokens[i]}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                       {"normalized", t == user_defined}, {"special", t == control}});
+      if (!spm) continue;  // HF keeps a byte-level BPE's added tokens out of the model's vocabulary
+    }
+    if (t == unused && !spm) continue;
+    vocab[v.tokens[i]] = i;
+  }
+  json j = {{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added}};
+  std::vector<std::pair<std::string, int64_t>> before, after;
+  if (v.add_bos && v.bos) before.emplace_back(v.tokens[*v.bos], *v.bos);
+  if (v.add_eos && v.eos) after.emplace_back(v.tokens[*v.eos], *v.eos);
+  j["post_processor"] = before.empty() && after.empty() ? json(nullptr) : template_processing(before, after);
+  if (!spm) {
+    const std::string pre = get_string(g, "tokenizer.ggml.pre");
+    const char* regex = nullptr;
+    bool ignore_merges = false, nfc = false;
+    if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3" || pre == "smaug-bpe") {
+      regex = llama3_regex;
+      ignore_merges = true;
+    } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
+      regex = qwen2_regex;
+      nfc = true;
+    } else if (pre == "gpt-2" || pre == "gpt2") {
+      regex = gpt2_regex;
+    } else {
+      return unsupported(g, "tokenizer.ggml.pre '" + pre + "' (supported: llama-bpe, llama3, llama-v3, smaug-bpe, qwen2, "
+                             "deepseek-r1-qwen, gpt-2)");
+    }
+    auto merges = get_strings(g, "tokenizer.ggml.merges");
+    if (!merges) return merges.take_error();
+    j["normalizer"] = nfc ? json{{"type", "NFC"}} : json(nullptr);
+    j["pre_tokenizer"] = {{"type", "Sequence"},
+                          {"pretokenizers",
+                           {{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+                            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}}}};
+    j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+    j["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
+                  {"ignore_merges", ignore_merges}, {"vocab", std::move(vocab)}, {"merges", std::move(*merges)}};
+    return j;
+  }
+  const gguf_value* s = g.find("tokenizer.ggml.scores");
+  if (s == nullptr || !s->is_array() || s->items.size() != v.tokens.size()) {
+    return bad(g, "a SentencePiece vocabulary needs tokenizer.ggml.scores, one per token");
+  }
+  std::vector<double> scores(v.tokens.size());
+  for (size_t i = 0; i < scores.size(); ++i) {
+    if (!s->items[i].as_double(scores[i])) return bad(g, "tokenizer.ggml.scores must hold numbers");
+  }
+  const bool prefix = get_bool(g, "tokenizer.ggml.add_space_prefix", true);
+  json normalizers = json::array();
+  if (prefix) normalizers.push_back({{"type", "Prepend"}, {"prepend", "\u2581"}});
+  normalizers.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}});
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", normalizers}};
+  j["pre_tokenizer"] = nullptr;
+  json decoders = {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}}, {{"type", "ByteFallback"}},
+                   {{"type", "Fuse"}}};
+  if (prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  j["decoder"] = {{"type", "Sequence"}, {"decoders", decoders}};
+  std::optional<int64_t> unk = v.unk;
+  for (size_t i = 0; !unk && i < v.types.size(); ++i) {
+    if (v.types[i] == unknown) unk = static_cast<int64_t>(i);
+  }
+  j["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", unk ? json(v.tokens[*unk]) : json(nullptr)},
+                {"fuse_unk", true}, {"byte_fallback", true}, {"vocab", std::move(vocab)},
+                {"merges", merges_from_scores(v.tokens, scores, v.types)}};
+  return j;
+}
+
+/// config.json from the {arch}.* metadata; rope_freqs (llama.cpp's per-frequency divisors for
+/// Llama 3.1's rotary) must be the llama3 rule of some factor, which becomes rope_scaling.
+result<json> config_json(const gguf_file& g, const std::string& arch, const vocab_facts* v) {
+  if (arch.empty()) return bad(g, "missing metadata 'general.architecture'");
+  static const std::map<std::string, std::pair<const char*, const char*>> archs = {
+      {"llama", {"LlamaForCausalLM", "llama"}}, {"qwen2", {"Qwen2ForCausalLM", "qwen2"}}, {"qwen3", {"Qwen3ForCausalLM", "qwen3"}}};
+  auto it = archs.find(arch);
+  if (it == archs.end()) return unsupported(g, "general.architecture '" + arch + "' (supported: llama, qwen2, qwen3)");
+  const std::string p = arch + ".";
+  json c = {{"architectures", {it->second.first}}, {"model_type", it->second.second}};
+  if (auto experts = get_uint(g, p + "expert_count", 0); !experts || *experts > 0) return unsupported(g, "mixture-of-experts GGUF models");
+  for (auto [key, hf] : {std::pair{"embedding_length", "hidden_size"}, {"feed_forward_length", "intermediate_size"},
+                         {"block_count", "num_hidden_layers"}, {"attention.head_count", "num_attention_heads"}}) {
+    auto n = get_uint(g, p + key, std::nullopt);
+    if (!n) return n.take_error();
+    c[hf] = *n;
+  }
+  const uint64_t hidden = c["hidden_size"], heads = c["num_attention_heads"];
+  if (heads == 0) return bad(g, p + "attention.head_count must be positive");
+  auto kv = get_uint(g, p + "attention.head_count_kv", heads);
+  auto head_dim = get_uint(g, p + "attention.key_length", hidden / heads);
+  auto value_dim = get_uint(g, p + "attention.value_length", head_dim ? *head_dim : 0);
+  auto positions = get_uint(g, p + "context_length", 2048);
+  auto eps = get_double(g, p + "attention.layer_norm_rms_epsilon", 1e-6);
+  auto theta = get_double(g, p + "rope.freq_base", 10000.0);
+  for (auto* r : {&kv, &head_dim, &value_dim, &positions}) {
+    if (!*r) return r->take_error();
+  }
+  if (!eps) return eps.take_error();
+  if (!theta) return theta.take_error();
+  if (*value_dim != *head_dim) return unsupported(g, "attention.value_length other than key_length");
+  auto rope_dims = get_uint(g, p + "rope.dimension_count", *head_dim);
+  if (!rope_dims) return rope_dims.take_error();
+  if (*rope_dims != *head_dim) return unsupported(g, "a rotary over part of each head (rope.dimension_count < head dim)");
+  const gguf_tensor* embd = g.tensor("token_embd.weight");
+  if (embd == nullptr || embd->dims.size() != 2) return bad(g, "missing the 2-D tensor token_embd.weight");
+  c["num_key_value_heads"] = *kv;
+  c["head_dim"] = *head_dim;
+  c["max_position_embeddings"] = *positions;
+  c["rms_norm_eps"] = *eps;
+  c["rope_theta"] = *theta;
+  c["vocab_size"] = embd->dims[1];
+  c["tie_word_embeddings"] = g.tensor("output.weight") == nullptr;
+  c["hidden_act"] = "silu";
+  if (arch == "llama" && g.tensor("blk.0.attn_q.bias") != nullptr) c["attention_bias"] = true;
+  const std::string scaling = get_string(g, p + "rope.scaling.type");
+  if (scaling == "linear") {
+    auto factor = get_double(g, p + "rope.scaling.factor", 0.0);
+    if (!factor) return factor.take_error();
+    c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", *factor}};
+  } else if (!scaling.empty() && scaling != "none") {
+    return unsupported(g, "rope.scaling.type '" + scaling + "' (supported: none, linear)");
+  }
+  if (const gguf_tensor* f = g.tensor("rope_freqs.weight")) {
+    if (f->type != ggml::f32 || f->elements() != *head_dim / 2) return bad(g, "rope_freqs.weight must be F32 of head_dim / 2");
+    const auto* d = reinterpret_cast<const float*>(f->data);
+    std::vector<float> fac(d, d + *head_dim / 2);
+    const double factor = *std::max_element(fac.begin(), fac.end());
+    auto orig = get_uint(g, p + "rope.scaling.original_context_length", 8192);
+    if (!orig) return orig.take_error();
+    // Llama 3.1/3.2: low_freq_factor 1, high_freq_factor 4 (HF's _compute_llama3_parameters).
+    const double low = 1.0, high = 4.0, lo_wave = *orig / low, hi_wave = *orig / high;
+    for (size_t i = 0; i < fac.size(); ++i) {
+      const double freq = 1.0 / std::pow(*theta, 2.0 * i / *head_dim), wave = 2.0 * M_PI / freq;
+      double want = 1.0;
+      if (wave > lo_wave) {
+        want = factor;
+      } else if (wave >= hi_wave) {
+        const double smooth = (*orig / wave - low) / (high - low);
+        want = 1.0 / ((1.0 - smooth) / factor + smooth);
+      }
+      if (std::abs(fac[i] - want) > 1e-5 * want) {
+        return unsupported(g, "rope_freqs.weight that is not Llama 3's rotary scaling (factor " + std::to_string(factor) + ")");
+      }
+    }
+    if (factor != 1.0) {
+      c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", factor}, {"low_freq_factor", low},
+                           {"high_freq_factor", high}, {"original_max_position_embeddings", *orig}};
+    }
+  }
+  if (v != nullptr) {
+    if (v->bos) c["bos_token_id"] = *v->bos;
+    json eos = json::array();
+    if (v->eos) eos.push_back(*v->eos);
+    // llama.cpp also ends a generation at the end-of-turn and end-of-message tokens.
+    for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
+      auto id = get_uint(g, key, UINT64_MAX);
+      if (id && *id < v->tokens.size() && std::find(eos.begin(), eos.end(), json(*id)) == eos.end()) eos.push_back(*id);
+    }
+    if (!eos.empty()) c["eos_token_id"] = eos;
+  }
+  return c;
+}
+
+}  // namespace
+
+result<gguf_texts> gguf_model_texts(const gguf_file& g) {
+  gguf_texts out;
+  const std::string arch = get_string(g, "general.architecture");
+  const std::string model = get_string(g, "tokenizer.ggml.model");
+  std::optional<vocab_facts> vocab;
+  if (!model.empty()) {
+    if (model != "gpt2" && model != "llama") {
+      return unsupported(g, "tokenizer.ggml.model '" + model + "' (supported: gpt2, llama)");
+    }
+    auto v = read_vocab(g, model);
+    if (!v) return v.take_error();
+    vocab = std::move(*v);
+  }
+  // A file whose architecture llmesh does not run still has a tokenizer to read.
+  auto cfg = config_json(g, arch, vocab ? &*vocab : nullptr);
+  out.config_json = cfg ? result<std::string>(cfg->dump()) : result<std::string>(cfg.take_error());
+  if (vocab) {
+    try {
+      auto tok = tokenizer_json(g, model, *vocab);
+      if (!tok) return tok.take_error();
+      out.tokenizer_json = tok->dump(-1, ' ', false, json::error_handler_t::replace);
+    } catch (const json::exception& e) {
+      return bad(g, std::string("tokenizer: ") + e.what());
+    }
+    json tc = {{"add_bos_token", vocab->add_bos}, {"add_eos_token", vocab->add_eos}};
+    if (vocab->bos) tc["bos_token"] = vocab->tokens[*vocab->bos];
+    if (vocab->eos) tc["eos_token"] = vocab->tokens[*vocab->eos];
+    const std::string chat = get_string(g, "tokenizer.chat_template");
+    if (!chat.empty()) tc["chat_template"] = chat;
+    out.tokenizer_config_json = tc.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  return out;
+}
+
+namespace {
+
+struct cache_key {
+  std::string path;
+  dev_t dev;
+  ino_t ino;
+  off_t size;
+  int64_t mtime_ns;
+  bool operator<(const cache_key& o) const {
+    return std::tie(path, dev, ino, size, mtime_ns) < std::tie(o.path, o.dev, o.ino, o.size, o.mtime_ns);
+  }
+};
+
+/// The texts of a GGUF file, made once per file (the tokenizer of a 150k vocabulary is ~10 MB
+/// of JSON; config, tokenizer, detokenizer and chat template each read one).
+result<std::shared_ptr<const gguf_texts>> cached_texts(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return make_error(errc::not_found, "cannot read " + path);
+  const cache_key key{path, st.st_dev, st.st_ino, st.st_size, static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  static std::mutex mu;
+  static std::map<cache_key, std::shared_ptr<const gguf_texts>> cache;
+  std::lock_guard lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  auto g = gguf_file::open(path);
+  if (!g) return g.take_error();
+  auto texts = gguf_model_texts(**g);
+  if (!texts) return texts.take_error();
+  auto shared = std::make_shared<const gguf_texts>(std::move(*texts));
+  if (cache.size() >= 8) cache.erase(cache.begin());
+  cache.emplace(key, shared);
+  return shared;
+}
+
+}  // namespace
+
+result<std::string> read_model_file(const std::string& dir, const std::string& name) {
+  if (!is_gguf_file(dir)) return read_text_file(dir + "/" + name);
+  auto texts = cached_texts(dir);
+  if (!texts) return texts.take_error();
+  if (name == "config.json") return (*texts)->config_json;
+  const std::string* text = name == "tokenizer.json"        ? &(*texts)->tokenizer_json
+                            : name == "tokenizer_config.json" ? &(*texts)->tokenizer_config_json
+                                                              : nullptr;
+  if (text == nullptr || text->empty()) return make_error(errc::not_found, dir + " holds no " + name);
+  return *text;
+}
+
+std::string model_file_label(const std::string& dir, const std::string& name) {
+  return is_gguf_file(dir) ? dir + " (" + name + ")" : dir + "/" + name;
+}
+
+}  // namespace llmesh::model

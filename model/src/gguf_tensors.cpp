@@ -1,0 +1,337 @@
+// A GGUF file's tensors under their HF names. ggml's block formats (ggml-common.h) and their
+// dequantization (ggml-quants.c's dequantize_row_*), each block covering consecutive elements
+// of a row: Q4_0/Q4_1 (low nibbles the block's first half, high nibbles its second), Q5_0/Q5_1
+// (plus a fifth bit from qh), Q8_0, and the 256-element K-quants Q4_K, Q5_K (8 sub-blocks with
+// 6-bit scales and mins) and Q6_K (16 sub-blocks with int8 scales).
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <system_error>
+#include <thread>
+
+#include "gguf_model.hpp"
+#include "llmesh/kernels/quantize.hpp"
+
+namespace llmesh::model {
+namespace {
+
+namespace k = kernels;
+
+float half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return k::f16_to_f32(h);
+}
+
+/// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K block's 12 scale bytes.
+void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+/// One block of `type` at `b` into y (block(type).elements floats).
+void dequantize_block(uint32_t type, const uint8_t* b, float* y) {
+  switch (type) {
+    case ggml::q8_0: {
+      const float d = half(b);
+      for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(static_cast<int8_t>(b[2 + j])) * d;
+      return;
+    }
+    case ggml::q4_0: case ggml::q4_1: {
+      const bool has_min = type == ggml::q4_1;
+      const float d = half(b), m = has_min ? half(b + 2) : 0.0f;
+      const uint8_t* qs = b + (has_min ? 4 : 2);
+      for (int j = 0; j < 16; ++j) {
+        const int lo = qs[j] & 0xF, hi = qs[j] >> 4;
+        y[j] = has_min ? static_cast<float>(lo) * d + m : static_cast<float>(lo - 8) * d;
+        y[j + 16] = has_min ? static_cast<float>(hi) * d + m : static_cast<float>(hi - 8) * d;
+      }
+      return;
+    }
+    case ggml::q5_0: case ggml::q5_1: {
+      const bool has_min = type == ggml::q5_1;
+      const float d = half(b), m = has_min ? half(b + 2) : 0.0f;
+      uint32_t qh;
+      std::memcpy(&qh, b + (has_min ? 4 : 2), 4);
+      const uint8_t* qs = b + (has_min ? 8 : 6);
+      for (int j = 0; j < 16; ++j) {
+        const int h0 = static_cast<int>(((qh >> j) << 4) & 0x10), h1 = static_cast<int>((qh >> (j + 12)) & 0x10);
+        const int x0 = (qs[j] & 0xF) | h0, x1 = (qs[j] >> 4) | h1;
+        y[j] = has_min ? static_cast<float>(x0) * d + m : static_cast<float>(x0 - 16) * d;
+        y[j + 16] = has_min ? static_cast<float>(x1) * d + m : static_cast<float>(x1 - 16) * d;
+      }
+      return;
+    }
+    case ggml::q4_k: case ggml::q5_k: {
+      const bool five = type == ggml::q5_k;
+      const float d = half(b), dmin = half(b + 2);
+      const uint8_t* scales = b + 4;
+      const uint8_t* qh = b + 16;
+      const uint8_t* qs = b + (five ? 48 : 16);
+      for (int c = 0; c < 4; ++c) {
+        uint8_t s1, m1, s2, m2;
+        scale_min_k4(2 * c, scales, s1, m1);
+        scale_min_k4(2 * c + 1, scales, s2, m2);
+        const float d1 = d * s1, n1 = dmin * m1, d2 = d * s2, n2 = dmin * m2;
+        for (int l = 0; l < 32; ++l) {
+          int lo = qs[32 * c + l] & 0xF, hi = qs[32 * c + l] >> 4;
+          if (five) {
+            lo += (qh[l] >> (2 * c)) & 1 ? 16 : 0;
+            hi += (qh[l] >> (2 * c + 1)) & 1 ? 16 : 0;
+          }
+          y[64 * c + l] = d1 * static_cast<float>(lo) - n1;
+          y[64 * c + 32 + l] = d2 * static_cast<float>(hi) - n2;
+        }
+      }
+      return;
+    }
+    case ggml::q6_k: {
+      const float d = half(b + 208);
+      for (int n = 0; n < 2; ++n) {
+        const uint8_t* ql = b + 64 * n;
+        const uint8_t* qh = b + 128 + 32 * n;
+        const auto* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * n);
+        float* out = y + 128 * n;
+        for (int l = 0; l < 32; ++l) {
+          const int is = l / 16;
+          const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+          const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+          const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+          const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+          out[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
+          out[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+          out[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+          out[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+        }
+      }
+      return;
+    }
+    default: return;  // block() refused every other type when the file was opened
+  }
+}
+
+/// Row `r` of tensor `t` (dims[0] elements) in float32.
+void dequantize_row(const gguf_tensor& t, size_t r, float* y) {
+  const auto info = ggml::block(t.type);
+  const size_t cols = t.dims[0], row_bytes = cols / info.elements * info.bytes;
+  const uint8_t* row = t.data + r * row_bytes;
+  switch (t.type) {
+    case ggml::f32: std::memcpy(y, row, cols * 4); return;
+    case ggml::f16: for (size_t i = 0; i < cols; ++i) y[i] = half(row + 2 * i); return;
+    case ggml::bf16:
+      for (size_t i = 0; i < cols; ++i) {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * i, 2);
+        y[i] = k::bf16_to_f32(h);
+      }
+      return;
+    default:
+      for (size_t b = 0; b < cols / info.elements; ++b) dequantize_block(t.type, row + b * info.bytes, y + b * info.elements);
+  }
+}
+
+/// Q8_0 row -> q8 row, exactly (a float16 scale is a float32 one); false when a value is -128,
+/// which q8 does not hold (its values are within ±127), and the row must be requantized.
+bool repack_q8_0(const uint8_t* row, size_t cols, uint8_t* dst) {
+  for (size_t b = 0; b < cols / 32; ++b) {
+    const uint8_t* src = row + b * 34;
+    for (int j = 0; j < 32; ++j) {
+      if (static_cast<int8_t>(src[2 + j]) == -128) return false;
+    }
+    const float d = half(src);
+    uint8_t* out = dst + b * k::q8_block_bytes;
+    std::memcpy(out, &d, 4);
+    std::memcpy(out + 4, src + 2, 32);
+  }
+  return true;
+}
+
+struct hf_name {
+  std::string name;
+  bool permute = false;  ///< Llama's q/k: llama.cpp's converter interleaved each head's halves
+  size_t heads = 0;
+};
+
+/// The HF name of a GGUF tensor, or empty for rope_freqs (read into config.json) and unknown names.
+hf_name map_name(const std::string& g, bool llama, size_t heads, size_t kv_heads) {
+  static const std::pair<const char*, const char*> top[] = {
+      {"token_embd.weight", "model.embed_tokens.weight"}, {"output_norm.weight", "model.norm.weight"}, {"output.weight", "lm_head.weight"}};
+  for (auto [from, to] : top) {
+    if (g == from) return {to};
+  }
+  if (g.rfind("blk.", 0) != 0) return {};
+  const size_t dot = g.find('.', 4);
+  if (dot == std::string::npos || dot == 4) return {};
+  const std::string layer = g.substr(4, dot - 4), rest = g.substr(dot + 1);
+  if (!std::all_of(layer.begin(), layer.end(), [](char c) { return c >= '0' && c <= '9'; })) return {};
+  static const std::pair<const char*, const char*> per_layer[] = {
+      {"attn_norm.weight", "input_layernorm.weight"}, {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q.weight", "self_attn.q_proj.weight"},   {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},   {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"attn_q.bias", "self_attn.q_proj.bias"},       {"attn_k.bias", "self_attn.k_proj.bias"},
+      {"attn_v.bias", "self_attn.v_proj.bias"},       {"attn_output.bias", "self_attn.o_proj.bias"},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight"}, {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},    {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"}};
+  for (auto [from, to] : per_layer) {
+    if (rest != from) continue;
+    hf_name out{"model.layers." + layer + "." + to};
+    const bool q = rest.rfind("attn_q.", 0) == 0, kk = rest.rfind("attn_k.", 0) == 0;
+    if (llama && (q || kk)) {
+      out.permute = true;
+      out.heads = q ? heads : kv_heads;
+    }
+    return out;
+  }
+  return {};
+}
+
+/// A converted tensor: the work of filling it, row by row.
+struct job {
+  const gguf_tensor* src;
+  hf_name name;
+  k::dtype out_type;
+  size_t rows, cols;  ///< HF shape [rows, cols] (a vector: rows 1)
+  std::shared_ptr<uint8_t[]> buffer;
+  size_t bytes = 0;
+};
+
+/// The source row that HF row `r` of a permuted q/k comes from: within each head of `hd` rows,
+/// HF's row s*hd/2 + j is llama.cpp's row 2j + s.
+size_t source_row(const job& w, size_t r) {
+  if (!w.name.permute) return r;
+  const size_t hd = w.rows / w.name.heads, h = r / hd, i = r % hd, half_rows = hd / 2;
+  const size_t s = i / half_rows, j = i % half_rows;
+  return h * hd + 2 * j + s;
+}
+
+status fill_rows(const job& w, size_t row0, size_t n, std::vector<float>& scratch) {
+  const gguf_tensor& t = *w.src;
+  const auto info = ggml::block(t.type);
+  const size_t src_row_bytes = w.cols / info.elements * info.bytes;
+  if (w.rows == 1 && t.dims.size() == 1 && w.name.permute) {  // a q/k bias: permute its elements
+    scratch.resize(w.cols);
+    dequantize_row(t, 0, scratch.data());
+    auto* out = reinterpret_cast<float*>(w.buffer.get());
+    job as_rows = w;
+    as_rows.rows = w.cols;
+    for (size_t i = 0; i < w.cols; ++i) out[i] = scratch[source_row(as_rows, i)];
+    return ok_status();
+  }
+  for (size_t r = row0; r < row0 + n; ++r) {
+    const size_t from = source_row(w, r);
+    const uint8_t* src = t.data + from * src_row_bytes;
+    uint8_t* dst = w.buffer.get() + k::dtype_bytes(w.out_type, r * (w.out_type == k::dtype::q8 ? k::q8_row_elements(w.cols) : w.cols));
+    if (w.out_type != k::dtype::q8) {
+      if (w.out_type == k::dtype::f32 && t.type != ggml::f32) {
+        dequantize_row(t, from, reinterpret_cast<float*>(dst));
+      } else {
+        std::memcpy(dst, src, src_row_bytes);  // a permuted F32/F16/BF16 row as stored
+      }
+      continue;
+    }
+    if (t.type == ggml::q8_0 && repack_q8_0(src, w.cols, dst)) continue;
+    scratch.resize(w.cols);
+    dequantize_row(t, from, scratch.data());
+    LLMESH_TRY(k::quantize_q8(scratch.data(), k::dtype::f32, 1, w.cols, dst, r));
+  }
+  return ok_status();
+}
+
+/// Runs every job's rows on up to 64 hardware threads; the earliest failure is reported.
+status run_jobs(std::vector<job>& jobs) {
+  struct item {
+    size_t job, row0, rows;
+  };
+  std::vector<item> items;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const size_t step = jobs[i].src->dims.size() == 1 ? jobs[i].rows : 256;
+    for (size_t r = 0; r < jobs[i].rows; r += step) items.push_back({i, r, std::min(step, jobs[i].rows - r)});
+  }
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  size_t failed_item = items.size();
+  status failed = ok_status();
+  auto work = [&] {
+    std::vector<float> scratch;
+    for (size_t n = next.fetch_add(1); n < items.size(); n = next.fetch_add(1)) {
+      const auto& it = items[n];
+      if (auto s = fill_rows(jobs[it.job], it.row0, it.rows, scratch); !s) {
+        std::lock_guard lock(mu);
+        if (n < failed_item) {
+          failed_item = n;
+          failed = make_error(errc::invalid_request, jobs[it.job].src->name + ": " + s.err().message);
+        }
+      }
+    }
+  };
+  const unsigned n_threads = std::max(1u, std::min(std::thread::hardware_concurrency(), 64u));
+  std::vector<std::jthread> pool;
+  try {
+    for (unsigned i = 1; i < n_threads && items.size() > 1; ++i) pool.emplace_back(work);
+  } catch (const std::system_error&) {
+    // fewer threads: those started and this one share the items
+  }
+  work();
+  pool.clear();
+  return failed;
+}
+
+}  // namespace
+
+result<tensor_store> gguf_tensor_store(const std::string& path) {
+  auto opened = gguf_file::open(path);
+  if (!opened) return opened.take_error();
+  std::shared_ptr<const gguf_file> g = std::move(opened.value());
+  const gguf_value* arch = g->find("general.architecture");
+  const bool llama = arch != nullptr && arch->is_string() && arch->s == "llama";
+  uint64_t heads = 0, kv_heads = 0;
+  if (arch != nullptr && arch->is_string()) {
+    if (const gguf_value* v = g->find(arch->s + ".attention.head_count")) v->as_uint(heads);
+    kv_heads = heads;
+    if (const gguf_value* v = g->find(arch->s + ".attention.head_count_kv")) v->as_uint(kv_heads);
+  }
+  tensor_store store;
+  std::vector<job> jobs;
+  for (const gguf_tensor& t : g->tensors()) {
+    if (t.name == "rope_freqs.weight") continue;  // config.json's rope_scaling (gguf_model.cpp)
+    hf_name name = map_name(t.name, llama, heads, kv_heads);
+    if (name.name.empty()) return make_error(errc::unsupported, path + ": tensor '" + t.name + "' is not one llmesh knows");
+    if (t.dims.size() > 2) return make_error(errc::unsupported, path + ": tensor '" + t.name + "' has more than 2 dimensions");
+    const size_t rows = t.dims.size() == 2 ? t.dims[1] : 1, cols = t.dims[0];
+    std::vector<size_t> shape = t.dims.size() == 2 ? std::vector<size_t>{rows, cols} : std::vector<size_t>{cols};
+    if (name.permute && (name.heads == 0 || (t.dims.size() == 2 ? rows : cols) % (2 * name.heads) != 0)) {
+      return make_error(errc::invalid_request, path + ": tensor '" + t.name + "' does not split into " +
+                                                   std::to_string(name.heads) + " heads of even size");
+    }
+    const bool plain = t.type == ggml::f32 || t.type == ggml::f16 || t.type == ggml::bf16;
+    const k::dtype plain_type = t.type == ggml::f32 ? k::dtype::f32 : t.type == ggml::f16 ? k::dtype::f16 : k::dtype::bf16;
+    if (plain && !name.permute) {  // a view into the mapping
+      tensor_view v{plain_type, shape, t.data, t.bytes};
+      LLMESH_TRY(store.add(name.name, std::move(v), g));
+      continue;
+    }
+    job w{&t, name, plain ? plain_type : (t.dims.size() == 1 ? k::dtype::f32 : k::dtype::q8), rows, cols, nullptr};
+    if (w.src->dims.size() == 1 && !plain) w.out_type = k::dtype::f32;
+    if (w.src->dims.size() == 1 && name.permute) w.out_type = k::dtype::f32;  // biases are read as float32 anyway
+    w.bytes = w.out_type == k::dtype::q8 ? k::dtype_bytes(k::dtype::q8, rows * k::q8_row_elements(cols))
+                                         : k::dtype_bytes(w.out_type, rows * cols);
+    w.buffer = std::shared_ptr<uint8_t[]>(new uint8_t[std::max<size_t>(w.bytes, 1)]);
+    jobs.push_back(std::move(w));
+  }
+  LLMESH_TRY(run_jobs(jobs));
+  for (auto& w : jobs) {
+    std::vector<size_t> shape = w.src->dims.size() == 2 ? std::vector<size_t>{w.rows, w.cols} : std::vector<size_t>{w.cols};
+    tensor_view v{w.out_type, std::move(shape), w.buffer.get(), w.bytes};
+    LLMESH_TRY(store.add(w.name.name, std::move(v), w.buffer));
+  }
+  return store;
+}
+
+}  // namespace llmesh::model

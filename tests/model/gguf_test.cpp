@@ -1,0 +1,420 @@
+// GGUF files (gguf.hpp; gguf_model.cpp, gguf_tensors.cpp): the parser's bounds (every
+// truncation and thousands of mutations are errors, never faults), the config and tokenizer a
+// file's metadata becomes, the tensors and their block formats. The engine's outputs on real
+// converted files are checked against the PyTorch reference in tests/cli/golden_test.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "gguf_writer.hpp"
+#include "llmesh/kernels/dtype.hpp"
+#include "llmesh/model/chat_template.hpp"
+#include "llmesh/model/config.hpp"
+#include "llmesh/model/gguf.hpp"
+#include "llmesh/model/tokenizer.hpp"
+#include "llmesh/model/weights.hpp"
+#include "temp_dir.hpp"
+
+namespace llmesh::model {
+namespace {
+
+using json = nlohmann::json;
+using testing::gguf_writer;
+using testing::temp_dir;
+
+const std::string data_dir = LLMESH_TEST_DATA;
+
+result<std::shared_ptr<const gguf_file>> parse_bytes(const std::string& b) {
+  auto keep = std::make_shared<std::string>(b);
+  return gguf_file::parse("t.gguf", reinterpret_cast<const uint8_t*>(keep->data()), keep->size(), keep);
+}
+
+/// A small Llama: the metadata llama.cpp's converter writes and F32 tensors of the right shapes.
+gguf_writer small_llama(size_t vocab = 8, size_t hidden = 4, size_t heads = 2, size_t kv_heads = 1, float theta = 10000.0f) {
+  gguf_writer w;
+  w.str("general.architecture", "llama");
+  w.u32("llama.context_length", 128);
+  w.u32("llama.embedding_length", static_cast<uint32_t>(hidden));
+  w.u32("llama.block_count", 1);
+  w.u32("llama.feed_forward_length", 8);
+  w.u32("llama.attention.head_count", static_cast<uint32_t>(heads));
+  w.u32("llama.attention.head_count_kv", static_cast<uint32_t>(kv_heads));
+  w.f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.f32("llama.rope.freq_base", theta);
+  const size_t hd = hidden / heads;
+  auto t = [&](const std::string& name, std::vector<uint64_t> dims) {
+    size_t n = 1;
+    for (auto d : dims) n *= d;
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 7) * 0.125f - 0.25f;
+    w.tensor_f32(name, std::move(dims), v);
+  };
+  t("token_embd.weight", {hidden, vocab});
+  t("output_norm.weight", {hidden});
+  t("blk.0.attn_norm.weight", {hidden});
+  t("blk.0.ffn_norm.weight", {hidden});
+  t("blk.0.attn_q.weight", {hidden, heads * hd});
+  t("blk.0.attn_k.weight", {hidden, kv_heads * hd});
+  t("blk.0.attn_v.weight", {hidden, kv_heads * hd});
+  t("blk.0.attn_output.weight", {heads * hd, hidden});
+  t("blk.0.ffn_gate.weight", {hidden, 8});
+  t("blk.0.ffn_up.weight", {hidden, 8});
+  t("blk.0.ffn_down.weight", {8, hidden});
+  return w;
+}
+
+TEST(GgufParse, ReadsMetadataAndTensors) {
+  gguf_writer w = small_llama();
+  w.strings("names", {"a", "b c", ""});
+  w.i32s("ints", {-1, 2});
+  w.boolean("flag", true);
+  auto g = parse_bytes(w.bytes());
+  ASSERT_TRUE(g.ok()) << g.err().message;
+  EXPECT_EQ((*g)->version(), 3u);
+  ASSERT_NE((*g)->find("names"), nullptr);
+  ASSERT_EQ((*g)->find("names")->items.size(), 3u);
+  EXPECT_EQ((*g)->find("names")->items[1].s, "b c");
+  EXPECT_EQ((*g)->find("ints")->items[0].i, -1);
+  uint64_t u = 0;
+  EXPECT_FALSE((*g)->find("ints")->items[0].as_uint(u));  // negative
+  EXPECT_TRUE((*g)->find("flag")->as_uint(u));
+  EXPECT_EQ(u, 1u);
+  const gguf_tensor* q = (*g)->tensor("blk.0.attn_q.weight");
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->dims, (std::vector<uint64_t>{4, 4}));
+  EXPECT_EQ(q->bytes, 64u);
+  float first;
+  std::memcpy(&first, q->data, 4);
+  EXPECT_EQ(first, -0.25f);
+}
+
+TEST(GgufParse, EveryTruncationIsAnError) {
+  const std::string b = small_llama().bytes();
+  for (size_t n = 0; n < b.size(); n += (n < 600 ? 1 : 61)) {
+    auto g = parse_bytes(b.substr(0, n));
+    EXPECT_FALSE(g.ok()) << "prefix of " << n << " bytes";
+  }
+}
+
+TEST(GgufParse, MutatedFilesAreErrorsOrParsesNeverFaults) {
+  const std::string base = small_llama().bytes();
+  std::mt19937 rng(7);
+  size_t refused = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string b = base;
+    const int flips = 1 + static_cast<int>(rng() % 4);
+    for (int f = 0; f < flips; ++f) {
+      const size_t at = rng() % std::min<size_t>(b.size(), 700);  // the header, metadata and tensor infos
+      b[at] = static_cast<char>(rng() % 3 == 0 ? 0xff : rng());
+    }
+    auto g = parse_bytes(b);
+    if (!g.ok()) {
+      ++refused;
+      EXPECT_EQ(g.err().message.find('\n'), std::string::npos);
+      continue;
+    }
+    unsigned sum = 0;
+    for (const auto& t : (*g)->tensors()) {  // what parses stays inside the buffer: touch every byte
+      for (size_t k = 0; k < t.bytes; ++k) sum += t.data[k];
+    }
+    EXPECT_GE(sum, 0u);
+  }
+  EXPECT_GT(refused, 300u);
+}
+
+TEST(GgufParse, RefusesWhatItCannotRead) {
+  auto msg = [](const std::string& b) {
+    auto g = parse_bytes(b);
+    return g.ok() ? std::string("parsed") : g.err().message;
+  };
+  const std::string v1("GGUF\x01\0\0\0", 8), ggml("GGML\x03\0\0\0", 8);
+  EXPECT_NE(msg(v1).find("GGUF version 1 (supported: 2, 3)"), std::string::npos) << msg(v1);
+  EXPECT_NE(msg(ggml).find("not a GGUF file"), std::string::npos);
+  gguf_writer q;
+  q.tensor("w", 10, {256, 2}, std::string(2 * 84, '\0'));  // Q2_K
+  EXPECT_NE(msg(q.bytes()).find("type Q2_K"), std::string::npos) << msg(q.bytes());
+  gguf_writer rows;
+  rows.tensor("w", 8, {48, 1}, std::string(68, '\0'));  // Q8_0 rows of 48: not whole blocks
+  EXPECT_NE(msg(rows.bytes()).find("not whole blocks"), std::string::npos) << msg(rows.bytes());
+  gguf_writer twice;
+  twice.u32("k", 1);
+  twice.u32("k", 2);
+  EXPECT_NE(msg(twice.bytes()).find("appears twice"), std::string::npos);
+}
+
+/// Writes `w` to DIR/model.gguf and returns the path.
+std::string write(const gguf_writer& w, const temp_dir& dir, const std::string& name = "model.gguf") {
+  const std::string path = dir.path() + "/" + name;
+  w.write(path);
+  return path;
+}
+
+TEST(GgufModel, ConfigComesFromTheMetadata) {
+  temp_dir dir;
+  gguf_writer w = small_llama(8, 4, 2, 1);
+  w.tensor_f32("rope_freqs.weight", {1}, {1.0f});  // head_dim 2: one frequency, unscaled
+  const std::string path = write(w, dir);
+  ASSERT_TRUE(is_gguf_file(path));
+  EXPECT_FALSE(is_gguf_file(dir.path()));
+  auto c = load_config(path);
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_EQ(c->arch, architecture::llama);
+  EXPECT_EQ(c->hidden, 4u);
+  EXPECT_EQ(c->n_heads, 2u);
+  EXPECT_EQ(c->n_kv_heads, 1u);
+  EXPECT_EQ(c->head_dim, 2u);
+  EXPECT_EQ(c->vocab, 8u);
+  EXPECT_EQ(c->max_positions, 128u);
+  EXPECT_TRUE(c->tie_embeddings);  // no output.weight
+  EXPECT_FLOAT_EQ(c->rms_norm_eps, 1e-5f);
+  EXPECT_FALSE(c->rope.llama3);
+  auto m = model::load(path);
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  EXPECT_EQ((*m)->weights().layers.size(), 1u);
+}
+
+TEST(GgufModel, Llama3RopeFreqsBecomeItsScaling) {
+  // Llama 3.1's divisors for head_dim 128, theta 500000, factor 8, original context 8192, as
+  // llama.cpp's converter computes them; a pattern that is not the llama3 rule is refused.
+  const size_t hd = 128;
+  std::vector<float> fac;
+  for (size_t i = 0; i < hd; i += 2) {
+    const double freq = 1.0 / std::pow(500000.0, static_cast<double>(i) / hd), wl = 2 * M_PI / freq;
+    if (wl < 8192.0 / 4) {
+      fac.push_back(1.0f);
+    } else if (wl > 8192.0) {
+      fac.push_back(8.0f);
+    } else {
+      const double s = (8192.0 / wl - 1) / 3;
+      fac.push_back(static_cast<float>(1 / ((1 - s) / 8 + s)));
+    }
+  }
+  temp_dir dir;
+  gguf_writer w = small_llama(8, 256, 2, 2, 500000.0f);
+  w.tensor_f32("rope_freqs.weight", {hd / 2}, fac);
+  auto c = load_config(write(w, dir));
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_TRUE(c->rope.llama3);
+  EXPECT_EQ(c->rope.factor, 8.0);
+  EXPECT_EQ(c->rope.low_freq_factor, 1.0);
+  EXPECT_EQ(c->rope.high_freq_factor, 4.0);
+  EXPECT_EQ(c->rope.original_max_position, 8192.0);
+  fac[20] *= 1.5f;
+  gguf_writer odd = small_llama(8, 256, 2, 2, 500000.0f);
+  odd.tensor_f32("rope_freqs.weight", {hd / 2}, fac);
+  auto bad = load_config(write(odd, dir, "odd.gguf"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("not Llama 3's rotary scaling"), std::string::npos) << bad.err().message;
+}
+
+TEST(GgufModel, UnsupportedFilesAreRefusedByName) {
+  temp_dir dir;
+  auto refused = [&](gguf_writer w, const std::string& want) {
+    auto m = model::load(write(w, dir, "x.gguf"));
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.err().message.find(want), std::string::npos) << m.err().message;
+    EXPECT_EQ(m.err().message.find('\n'), std::string::npos);
+  };
+  gguf_writer arch;
+  arch.str("general.architecture", "mamba");
+  refused(arch, "general.architecture 'mamba' (supported: llama, qwen2, qwen3)");
+  gguf_writer moe = small_llama();
+  moe.u32("llama.expert_count", 8);
+  refused(moe, "mixture-of-experts");
+  gguf_writer extra = small_llama();
+  extra.tensor_f32("blk.0.ffn_gate_exps.weight", {4, 8}, std::vector<float>(32));
+  refused(extra, "tensor 'blk.0.ffn_gate_exps.weight' is not one llmesh knows");
+  gguf_writer missing;
+  missing.str("general.architecture", "qwen2");
+  refused(missing, "missing metadata 'qwen2.embedding_length'");
+}
+
+TEST(GgufModel, LlamaQAndKRowsAreUnpermutedOthersKeptAsViews) {
+  // llama.cpp stores row h*hd + 2j + s of HF's h*hd + s*hd/2 + j: the loader undoes it.
+  temp_dir dir;
+  gguf_writer w = small_llama(8, 8, 2, 1);  // head_dim 4
+  std::vector<float> q(8 * 8);
+  for (size_t r = 0; r < 8; ++r) {
+    for (size_t c = 0; c < 8; ++c) q[r * 8 + c] = static_cast<float>(r);  // each row holds its GGUF row index
+  }
+  w.tensor_f32("blk.0.attn_q.weight", {8, 8}, q);  // a second attn_q: refused
+  auto twice = parse_bytes(w.bytes());
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.err().message.find("'blk.0.attn_q.weight' appears twice"), std::string::npos);
+  gguf_writer m;
+  m.str("general.architecture", "llama");
+  m.u32("llama.embedding_length", 8);
+  m.u32("llama.block_count", 1);
+  m.u32("llama.feed_forward_length", 8);
+  m.u32("llama.attention.head_count", 2);
+  m.u32("llama.attention.head_count_kv", 1);
+  auto zeros = [](size_t n) { return std::vector<float>(n, 0.0f); };
+  m.tensor_f32("token_embd.weight", {8, 8}, zeros(64));
+  m.tensor_f32("output_norm.weight", {8}, zeros(8));
+  m.tensor_f32("blk.0.attn_norm.weight", {8}, zeros(8));
+  m.tensor_f32("blk.0.ffn_norm.weight", {8}, zeros(8));
+  m.tensor_f32("blk.0.attn_q.weight", {8, 8}, q);
+  m.tensor_f32("blk.0.attn_k.weight", {8, 4}, std::vector<float>(q.begin(), q.begin() + 32));
+  m.tensor_f32("blk.0.attn_v.weight", {8, 4}, std::vector<float>(q.begin(), q.begin() + 32));
+  m.tensor_f32("blk.0.attn_output.weight", {8, 8}, q);
+  m.tensor_f32("blk.0.ffn_gate.weight", {8, 8}, zeros(64));
+  m.tensor_f32("blk.0.ffn_up.weight", {8, 8}, zeros(64));
+  m.tensor_f32("blk.0.ffn_down.weight", {8, 8}, zeros(64));
+  auto loaded = model::load(write(m, dir, "perm.gguf"));
+  ASSERT_TRUE(loaded.ok()) << loaded.err().message;
+  const auto& l = (*loaded)->weights().layers[0];
+  auto row_of = [](const weight_matrix& w, size_t r) { return kernels::load_as_f32(w.data, w.type, r * w.cols); };
+  // head 0: HF rows 0,1 (first half) are GGUF rows 0,2; HF rows 2,3 are GGUF rows 1,3.
+  const float want_q[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  for (size_t r = 0; r < 8; ++r) EXPECT_EQ(row_of(l.q, r), want_q[r]) << "q row " << r;
+  for (size_t r = 0; r < 4; ++r) EXPECT_EQ(row_of(l.k, r), want_q[r]) << "k row " << r;
+  for (size_t r = 0; r < 4; ++r) EXPECT_EQ(row_of(l.v, r), static_cast<float>(r)) << "v row " << r;  // not permuted
+  for (size_t r = 0; r < 8; ++r) EXPECT_EQ(row_of(l.o, r), static_cast<float>(r));
+}
+
+TEST(GgufModel, Q8_0BlocksAreTakenExactlyAndInt8KeepsThem) {
+  // One Q8_0 matrix: its values are d * q with d the block's float16 scale, bit for bit.
+  temp_dir dir;
+  gguf_writer w;  // hidden 32: whole Q8_0 rows
+  w.str("general.architecture", "llama");
+  w.u32("llama.embedding_length", 32);
+  w.u32("llama.block_count", 1);
+  w.u32("llama.feed_forward_length", 32);
+  w.u32("llama.attention.head_count", 2);
+  w.u32("llama.attention.head_count_kv", 1);
+  const uint16_t d = kernels::f32_to_f16(0.0123f);
+  std::string blocks;
+  for (int r = 0; r < 32; ++r) {
+    blocks.append(reinterpret_cast<const char*>(&d), 2);
+    for (int j = 0; j < 32; ++j) blocks.push_back(static_cast<char>(static_cast<int8_t>((r * 7 + j * 13) % 255 - 127)));
+  }
+  auto zeros = [](size_t n) { return std::vector<float>(n, 0.5f); };
+  w.tensor_f32("token_embd.weight", {32, 8}, zeros(256));
+  w.tensor_f32("output_norm.weight", {32}, zeros(32));
+  w.tensor_f32("blk.0.attn_norm.weight", {32}, zeros(32));
+  w.tensor_f32("blk.0.ffn_norm.weight", {32}, zeros(32));
+  w.tensor_f32("blk.0.attn_q.weight", {32, 32}, zeros(1024));
+  w.tensor_f32("blk.0.attn_k.weight", {32, 16}, zeros(512));
+  w.tensor_f32("blk.0.attn_v.weight", {32, 16}, zeros(512));
+  w.tensor_f32("blk.0.attn_output.weight", {32, 32}, zeros(1024));
+  w.tensor("blk.0.ffn_gate.weight", ggml::q8_0, {32, 32}, blocks);
+  w.tensor_f32("blk.0.ffn_up.weight", {32, 32}, zeros(1024));
+  w.tensor_f32("blk.0.ffn_down.weight", {32, 32}, zeros(1024));
+  const std::string path = write(w, dir, "q8.gguf");
+  for (auto q : {quantization::none, quantization::int8}) {
+    auto loaded = model::load(path, {q});
+    ASSERT_TRUE(loaded.ok()) << loaded.err().message;
+    const weight_matrix& g = (*loaded)->weights().layers[0].gate;
+    ASSERT_EQ(g.type, kernels::dtype::q8);
+    for (size_t r = 0; r < 32; ++r) {
+      for (size_t j = 0; j < 32; ++j) {
+        const auto qv = static_cast<int8_t>((r * 7 + j * 13) % 255 - 127);
+        ASSERT_EQ(kernels::load_as_f32(g.data, g.type, r * 32 + j), static_cast<float>(qv) * kernels::f16_to_f32(d));
+      }
+    }
+    EXPECT_EQ((*loaded)->weights().layers[0].up.type, q == quantization::int8 ? kernels::dtype::q8 : kernels::dtype::f32);
+  }
+}
+
+/// The GGUF tokenizer metadata llama.cpp's converter writes for an HF tokenizer.json: tokens in
+/// id order (added ones too), special added tokens CONTROL (3), other added ones USER_DEFINED
+/// (4), merges as "a b".
+void add_tokenizer(gguf_writer& w, const std::string& fixture, const std::string& pre, bool add_bos) {
+  std::ifstream in(data_dir + "/tokenizers/" + fixture + "/tokenizer.json");
+  json j = json::parse(in);
+  std::map<int64_t, std::pair<std::string, int32_t>> by_id;
+  for (const auto& [t, id] : j["model"]["vocab"].items()) by_id[id.get<int64_t>()] = {t, 1};
+  for (const auto& a : j["added_tokens"]) by_id[a["id"].get<int64_t>()] = {a["content"], a.value("special", false) ? 3 : 4};
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  for (int64_t i = 0; i <= by_id.rbegin()->first; ++i) {
+    auto it = by_id.find(i);
+    tokens.push_back(it == by_id.end() ? "[PAD" + std::to_string(i) + "]" : it->second.first);
+    types.push_back(it == by_id.end() ? 5 : it->second.second);
+  }
+  std::vector<std::string> merges;
+  for (const auto& m : j["model"]["merges"]) {
+    merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
+  }
+  w.str("tokenizer.ggml.model", "gpt2");
+  w.str("tokenizer.ggml.pre", pre);
+  w.strings("tokenizer.ggml.tokens", tokens);
+  w.i32s("tokenizer.ggml.token_type", types);
+  w.strings("tokenizer.ggml.merges", merges);
+  w.boolean("tokenizer.ggml.add_bos_token", add_bos);
+  w.u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(add_bos ? 128000 : 151643));
+  w.u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(add_bos ? 128009 : 151645));
+}
+
+struct tokenizer_case {
+  std::string fixture, pre;
+  bool add_bos;
+};
+
+class GgufTokenizer : public ::testing::TestWithParam<tokenizer_case> {};
+
+TEST_P(GgufTokenizer, EncodesAndDecodesAsTheReference) {
+  const auto& c = GetParam();
+  temp_dir dir;
+  gguf_writer w;
+  w.str("general.architecture", "llama");  // no tensors: the tokenizer alone is read
+  add_tokenizer(w, c.fixture, c.pre, c.add_bos);
+  w.str("tokenizer.chat_template", "{% for m in messages %}[{{ m['content'] }}]{% endfor %}");
+  const std::string path = write(w, dir);
+  auto tok = tokenizer::load(path);
+  ASSERT_TRUE(tok.ok()) << tok.err().message;
+  std::ifstream in(data_dir + "/tokenizers/" + c.fixture + "/cases.jsonl");
+  std::string line;
+  int cases = 0;
+  while (std::getline(in, line)) {
+    auto k = json::parse(line);
+    const std::string text = k["text"].get<std::string>();
+    SCOPED_TRACE("text: " + text.substr(0, 80));
+    auto ids = k["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ((*tok)->encode(text, false), ids);
+    auto with_special = (*tok)->encode(text, true);
+    if (c.add_bos) {
+      ASSERT_FALSE(with_special.empty());
+      EXPECT_EQ(with_special[0], 128000);
+      with_special.erase(with_special.begin());
+    }
+    EXPECT_EQ(with_special, ids);
+    EXPECT_EQ((*tok)->decoder().decode(ids, false), k["decoded"].get<std::string>());
+    ++cases;
+  }
+  EXPECT_GE(cases, 25);
+  auto chat = chat_template::load(path);
+  ASSERT_TRUE(chat.ok()) << chat.err().message;
+  auto text = chat->render(json::array({{{"role", "user"}, {"content", "hi"}}}), false, json::object());
+  ASSERT_TRUE(text.ok()) << text.err().message;
+  EXPECT_EQ(*text, "[hi]");
+  // The config says what the architecture lacks; the tokenizer still loads.
+  auto cfg = load_config(path);
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_NE(cfg.err().message.find("missing metadata 'llama.embedding_length'"), std::string::npos) << cfg.err().message;
+}
+
+// llama3 (llama-bpe: ignore_merges, BOS added), qwen3 (qwen2: NFC, single digits, no BOS).
+INSTANTIATE_TEST_SUITE_P(Fixtures, GgufTokenizer,
+                         ::testing::Values(tokenizer_case{"llama3", "llama-bpe", true}, tokenizer_case{"qwen3", "qwen2", false}),
+                         [](const auto& info) { return info.param.fixture; });
+
+TEST(GgufTokenizer, AnUnknownPreTokenizerIsRefusedByName) {
+  temp_dir dir;
+  gguf_writer w;
+  w.str("general.architecture", "llama");
+  w.str("tokenizer.ggml.model", "gpt2");
+  w.str("tokenizer.ggml.pre", "tekken");
+  w.strings("tokenizer.ggml.tokens", {"a", "b"});
+  w.strings("tokenizer.ggml.merges", {});
+  auto tok = tokenizer::load(write(w, dir));
+  ASSERT_FALSE(tok.ok());
+  EXPECT_NE(tok.err().message.find("tokenizer.ggml.pre 'tekken'"), std::string::npos) << tok.err().message;
+}
+
+}  // namespace
+}  // namespace llmesh::model

@@ -1,0 +1,440 @@
+#!/usr/bin/env python3
+"""Writes an HF model directory (Llama/Mistral, Qwen2, Qwen3) as a GGUF file the way llama.cpp's
+converter (convert_hf_to_gguf.py) does, and the weights that file really holds back as an HF
+float32 directory for llama_reference.py. Shares no code with llmesh.
+
+Needs python3 with numpy and torch (Debian: python3-numpy python3-torch; llama_reference.py's
+safetensors reader is reused).
+
+Usage:
+  python3 hf_to_gguf.py --model DIR --out FILE.gguf --types f32|f16|bf16|q8_0|mixed [--decoded DIR2]
+
+What llama.cpp's converter does and this script repeats: GGUF v3; metadata {arch}.* as u32 and
+f32, tokenizer.ggml.* from tokenizer.json (tokens in id order, special added tokens of type 3,
+other added tokens 4, merges as "a b"); tensors renamed (token_embd, blk.N.attn_q, ...), each
+matrix's dims listed innermost first; Llama's q and k rows (weights and biases) permuted per
+head with reshape(n_head, 2, hd/2, ...).swapaxes(1, 2) for its interleaved rotary; Llama 3's
+rotary scaling as the F32 tensor rope_freqs.weight of per-frequency divisors.
+
+--types: every tensor of 2 dimensions in that type (norms and biases stay F32); "mixed" gives
+the matrices Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K in turn (the embedding Q8_0), so one
+file exercises every block format llmesh reads. The Q*_0/Q*_1 and Q8_0 blocks are made as
+ggml's reference quantizers make them; the K-quant blocks by a simpler search (any valid block
+decodes the same way). --decoded writes what the file's blocks decode to (ggml-quants.c's
+dequantize_row_*, re-implemented from the block layouts), un-permuted, as F32 safetensors.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import struct
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np  # noqa: E402
+from llama_reference import Weights  # noqa: E402
+
+GGML = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_k": 12, "q5_k": 13,
+        "q6_k": 14, "bf16": 30}
+BLOCK = {"q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}
+F32 = np.float32
+
+
+def f16(x):
+    return np.float32(np.float16(x))
+
+
+def round_away(v):  # C's roundf
+    return np.sign(v) * np.floor(np.abs(v) + F32(0.5))
+
+
+# ------------------------------------------------------------------ quantizers (one block)
+
+def q8_0(x):
+    amax = F32(np.max(np.abs(x)))
+    d = amax / F32(127)
+    i = F32(1) / d if d else F32(0)
+    q = round_away(x * i).astype(np.int8)
+    return struct.pack("<e", d) + q.tobytes()
+
+
+def q4_0(x, bits=4):
+    top = 1 << bits
+    m = x[np.argmax(np.abs(x))]
+    d = F32(m) / F32(-top // 2)
+    i = F32(1) / d if d else F32(0)
+    q = np.minimum(top - 1, (x * i + F32(top // 2 + 0.5)).astype(np.int8)).astype(np.uint8)
+    return struct.pack("<e", d), q
+
+
+def q4_1(x, bits=4):
+    top = (1 << bits) - 1
+    lo, hi = F32(np.min(x)), F32(np.max(x))
+    d = (hi - lo) / F32(top)
+    i = F32(1) / d if d else F32(0)
+    q = np.minimum(top, ((x - lo) * i + F32(0.5)).astype(np.int8)).astype(np.uint8)
+    return struct.pack("<e", d) + struct.pack("<e", lo), q
+
+
+def pack_nibbles(q):  # element j low nibble, j+16 high
+    return (q[:16] & 15 | (q[16:] & 15) << 4).astype(np.uint8).tobytes()
+
+
+def pack_high_bits(q):
+    qh = 0
+    for j in range(32):
+        qh |= int((q[j] >> 4) & 1) << j
+    return struct.pack("<I", qh)
+
+
+def encode_block(kind, x):
+    if kind == "q8_0":
+        return q8_0(x)
+    if kind == "q4_0":
+        head, q = q4_0(x)
+        return head + pack_nibbles(q)
+    if kind == "q4_1":
+        head, q = q4_1(x)
+        return head + pack_nibbles(q)
+    if kind == "q5_0":
+        head, q = q4_0(x, 5)
+        return head + pack_high_bits(q) + pack_nibbles(q)
+    if kind == "q5_1":
+        head, q = q4_1(x, 5)
+        return head + pack_high_bits(q) + pack_nibbles(q)
+    if kind in ("q4_k", "q5_k"):
+        top = 15 if kind == "q4_k" else 31
+        sub = x.reshape(8, 32)
+        mins = np.minimum(F32(0), sub.min(axis=1))
+        scales = (sub.max(axis=1) - mins) / F32(top)
+        d, dmin = f16(scales.max() / F32(63)), f16(-mins.min() / F32(63))
+        sc = np.clip(np.round(scales / d), 0, 63).astype(np.uint8) if d else np.zeros(8, np.uint8)
+        mn = np.clip(np.round(-mins / dmin), 0, 63).astype(np.uint8) if dmin else np.zeros(8, np.uint8)
+        q = np.zeros((8, 32), np.uint8)
+        for j in range(8):
+            step = d * F32(sc[j])
+            if step:
+                q[j] = np.clip(np.round((sub[j] + dmin * F32(mn[j])) / step), 0, top)
+        packed = np.zeros(12, np.uint8)
+        for j in range(4):
+            packed[j] = sc[j] | (sc[j + 4] >> 4) << 6
+            packed[j + 4] = mn[j] | (mn[j + 4] >> 4) << 6
+            packed[j + 8] = (sc[j + 4] & 15) | (mn[j + 4] & 15) << 4
+        q = q.reshape(256)
+        qs = np.zeros(128, np.uint8)
+        qh = np.zeros(32, np.uint8)
+        for c in range(4):
+            lo, hi = q[64 * c:64 * c + 32], q[64 * c + 32:64 * c + 64]
+            qs[32 * c:32 * c + 32] = (lo & 15) | (hi & 15) << 4
+            qh |= ((lo >> 4) & 1) << (2 * c) | ((hi >> 4) & 1) << (2 * c + 1)
+        body = struct.pack("<ee", d, dmin) + packed.tobytes()
+        return body + (qh.tobytes() if kind == "q5_k" else b"") + qs.tobytes()
+    if kind == "q6_k":
+        sub = x.reshape(16, 16)
+        scales = np.abs(sub).max(axis=1) / F32(31)
+        d = f16(scales.max() / F32(127))
+        sc = np.clip(np.round(scales / d), 0, 127).astype(np.int8) if d else np.zeros(16, np.int8)
+        q = np.zeros((16, 16), np.int32)
+        for j in range(16):
+            step = d * F32(sc[j])
+            if step:
+                q[j] = np.clip(np.round(sub[j] / step), -32, 31)
+        q = (q.reshape(256) + 32).astype(np.uint8)
+        ql = np.zeros(128, np.uint8)
+        qh = np.zeros(64, np.uint8)
+        for n in range(2):
+            b = q[128 * n:128 * n + 128]
+            q1, q2, q3, q4 = b[0:32], b[32:64], b[64:96], b[96:128]
+            ql[64 * n:64 * n + 32] = (q1 & 15) | (q3 & 15) << 4
+            ql[64 * n + 32:64 * n + 64] = (q2 & 15) | (q4 & 15) << 4
+            qh[32 * n:32 * n + 32] = (q1 >> 4) | (q2 >> 4) << 2 | (q3 >> 4) << 4 | (q4 >> 4) << 6
+        return ql.tobytes() + qh.tobytes() + sc.tobytes() + struct.pack("<e", d)
+    raise ValueError(kind)
+
+
+# ------------------------------------------------------------------ dequantizers (one block)
+
+def half(b, off):
+    return F32(struct.unpack_from("<e", b, off)[0])
+
+
+def scale_min_k4(j, s):
+    if j < 4:
+        return s[j] & 63, s[j + 4] & 63
+    return (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4)
+
+
+def decode_block(kind, b):
+    y = np.zeros(BLOCK[kind], F32)
+    if kind == "q8_0":
+        return np.frombuffer(b, np.int8, 32, 2).astype(F32) * half(b, 0)
+    if kind in ("q4_0", "q4_1", "q5_0", "q5_1"):
+        has_min = kind.endswith("_1")
+        five = kind.startswith("q5")
+        d = half(b, 0)
+        m = half(b, 2) if has_min else F32(0)
+        off = 4 if has_min else 2
+        qh = struct.unpack_from("<I", b, off)[0] if five else 0
+        qs = np.frombuffer(b, np.uint8, 16, off + (4 if five else 0))
+        for j in range(16):
+            lo, hi = int(qs[j] & 15), int(qs[j] >> 4)
+            if five:
+                lo |= ((qh >> j) & 1) << 4
+                hi |= ((qh >> (j + 16)) & 1) << 4
+            bias = 0 if has_min else (16 if five else 8)
+            y[j] = F32(lo - bias) * d + m
+            y[j + 16] = F32(hi - bias) * d + m
+        return y
+    if kind in ("q4_k", "q5_k"):
+        five = kind == "q5_k"
+        d, dmin = half(b, 0), half(b, 2)
+        s = np.frombuffer(b, np.uint8, 12, 4)
+        qh = np.frombuffer(b, np.uint8, 32, 16) if five else None
+        qs = np.frombuffer(b, np.uint8, 128, 48 if five else 16)
+        for c in range(4):
+            for half_index in range(2):
+                sc, mn = scale_min_k4(2 * c + half_index, s)
+                for l in range(32):
+                    v = int(qs[32 * c + l] >> 4) if half_index else int(qs[32 * c + l] & 15)
+                    if five and (qh[l] >> (2 * c + half_index)) & 1:
+                        v += 16
+                    y[64 * c + 32 * half_index + l] = d * F32(sc) * F32(v) - dmin * F32(mn)
+        return y
+    if kind == "q6_k":
+        ql = np.frombuffer(b, np.uint8, 128, 0)
+        qh = np.frombuffer(b, np.uint8, 64, 128)
+        sc = np.frombuffer(b, np.int8, 16, 192)
+        d = half(b, 208)
+        for e in range(256):
+            n, r = divmod(e, 128)
+            k, l = divmod(r, 32)
+            low = ql[64 * n + l + (32 if k in (1, 3) else 0)]
+            low = (low >> 4) if k >= 2 else (low & 15)
+            high = (qh[32 * n + l] >> (2 * k)) & 3
+            y[e] = d * F32(sc[e // 16]) * F32(int(low | high << 4) - 32)
+        return y
+    raise ValueError(kind)
+
+
+# ------------------------------------------------------------------ the model
+
+def permute(w, n_head):  # llama.cpp's LlamaModel.permute
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute(w, n_head):
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def encode_tensor(kind, w):
+    """Bytes of w (float32 ndarray) in `kind`, and what they decode to."""
+    if kind == "f32":
+        return w.astype("<f4").tobytes(), w.astype(F32)
+    if kind == "f16":
+        h = w.astype("<f2")
+        return h.tobytes(), h.astype(F32)
+    if kind == "bf16":
+        bits = w.astype(F32).view(np.uint32).astype(np.uint64)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        return bits.tobytes(), (bits.astype(np.uint32) << 16).view(F32)
+    blk = BLOCK[kind]
+    rows = w.reshape(-1, w.shape[-1])
+    out, back = bytearray(), np.zeros(rows.shape, F32)
+    for r in range(rows.shape[0]):
+        for c in range(0, rows.shape[1], blk):
+            b = encode_block(kind, rows[r, c:c + blk].astype(F32))
+            out += b
+            back[r, c:c + blk] = decode_block(kind, b)
+    return bytes(out), back.reshape(w.shape)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--types", choices=("f32", "f16", "bf16", "q8_0", "mixed"), required=True)
+    ap.add_argument("--decoded", help="write the decoded HF float32 model here")
+    args = ap.parse_args()
+
+    cfg = json.load(open(os.path.join(args.model, "config.json")))
+    tok = json.load(open(os.path.join(args.model, "tokenizer.json")))
+    archs = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+             "Qwen3ForCausalLM": "qwen3"}
+    arch = archs[cfg["architectures"][0]]
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads", heads)
+    hd = cfg.get("head_dim") or hidden // heads
+    layers, inter, vocab = cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
+    theta = cfg.get("rope_theta", 10000.0)
+    weights = Weights(args.model)
+
+    kv_items = []
+
+    def kv_add(key, t, v):
+        kv_items.append((key, t, v))
+
+    kv_add("general.architecture", 8, arch)
+    kv_add("general.alignment", 4, 32)
+    kv_add(f"{arch}.context_length", 4, cfg.get("max_position_embeddings", 2048))
+    kv_add(f"{arch}.embedding_length", 4, hidden)
+    kv_add(f"{arch}.block_count", 4, layers)
+    kv_add(f"{arch}.feed_forward_length", 4, inter)
+    kv_add(f"{arch}.attention.head_count", 4, heads)
+    kv_add(f"{arch}.attention.head_count_kv", 4, kv)
+    kv_add(f"{arch}.rope.freq_base", 6, theta)
+    kv_add(f"{arch}.attention.layer_norm_rms_epsilon", 6, cfg.get("rms_norm_eps", 1e-6))
+    kv_add(f"{arch}.rope.dimension_count", 4, hd)
+    if "head_dim" in cfg:
+        kv_add(f"{arch}.attention.key_length", 4, hd)
+        kv_add(f"{arch}.attention.value_length", 4, hd)
+    kv_add(f"{arch}.vocab_size", 4, vocab)
+    by_id = {i: t for t, i in tok["model"]["vocab"].items()}
+    types = {i: 1 for i in by_id}
+    for a in tok.get("added_tokens", []):
+        by_id[a["id"]] = a["content"]
+        types[a["id"]] = 3 if a.get("special") else 4
+    n_tokens = max(by_id) + 1
+    tokens = [by_id.get(i, f"[PAD{i}]") for i in range(n_tokens)]
+    kv_add("tokenizer.ggml.model", 8, "gpt2")
+    kv_add("tokenizer.ggml.pre", 8, "gpt-2")
+    kv_add("tokenizer.ggml.tokens", 9, (8, tokens))
+    kv_add("tokenizer.ggml.token_type", 9, (5, [types.get(i, 5) for i in range(n_tokens)]))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"].get("merges", [])]
+    kv_add("tokenizer.ggml.merges", 9, (8, merges))
+    for key in ("bos_token_id", "eos_token_id"):
+        if isinstance(cfg.get(key), int):
+            kv_add(f"tokenizer.ggml.{key}", 4, cfg[key])
+
+    tensors = []  # (gguf name, kind, hf name, decoded HF array)
+    matrices = ["q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]
+    counter = [0]
+
+    def kind_for(shape):
+        if len(shape) == 1:
+            return "f32"
+        if args.types != "mixed":
+            return args.types
+        k = matrices[counter[0] % len(matrices)]
+        counter[0] += 1
+        if shape[-1] % BLOCK[k]:
+            k = "q8_0"
+        return k
+
+    def add(gguf_name, hf_name, shape, perm_heads=None, kind=None):
+        w = weights.get(hf_name, shape).numpy().astype(F32)
+        if perm_heads:
+            w = permute(w, perm_heads)
+        kind = kind or kind_for(shape)
+        data, back = encode_tensor(kind, w)
+        if perm_heads:
+            back = unpermute(back, perm_heads)
+        tensors.append((gguf_name, kind, list(shape), data, hf_name, back))
+
+    llama = arch == "llama"
+    tied = cfg.get("tie_word_embeddings", False)
+    add("token_embd.weight", "model.embed_tokens.weight", [vocab, hidden], kind="q8_0" if args.types == "mixed" else None)
+    add("output_norm.weight", "model.norm.weight", [hidden])
+    if not tied:
+        add("output.weight", "lm_head.weight", [vocab, hidden])
+    rs = cfg.get("rope_scaling") or {}
+    rope_old = None
+    if rs.get("rope_type", rs.get("type")) == "llama3":
+        factor, low, high = rs.get("factor", 8.0), rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+        old = cfg.get("original_max_position_embeddings", 8192)  # the converter's lookup: top level only
+        rope_old = old
+        fac = []
+        for i in range(0, hd, 2):
+            freq = 1.0 / theta ** (i / hd)
+            wl = 2 * math.pi / freq
+            if wl < old / high:
+                fac.append(1.0)
+            elif wl > old / low:
+                fac.append(factor)
+            else:
+                s = (old / wl - low) / (high - low)
+                fac.append(1.0 / ((1 - s) / factor + s))
+        tensors.append(("rope_freqs.weight", "f32", [hd // 2], np.array(fac, F32).tobytes(), None, None))
+    q_dim, kv_dim = heads * hd, kv * hd
+    for i in range(layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        add(b + "attn_norm.weight", p + "input_layernorm.weight", [hidden])
+        add(b + "attn_q.weight", p + "self_attn.q_proj.weight", [q_dim, hidden], heads if llama else None)
+        add(b + "attn_k.weight", p + "self_attn.k_proj.weight", [kv_dim, hidden], kv if llama else None)
+        add(b + "attn_v.weight", p + "self_attn.v_proj.weight", [kv_dim, hidden])
+        add(b + "attn_output.weight", p + "self_attn.o_proj.weight", [hidden, q_dim])
+        for n, heads_n, dim in (("q", heads, q_dim), ("k", kv, kv_dim), ("v", None, kv_dim)):
+            if weights.has(p + f"self_attn.{n}_proj.bias"):
+                add(b + f"attn_{n}.bias", p + f"self_attn.{n}_proj.bias", [dim], heads_n if llama and heads_n else None)
+        if weights.has(p + "self_attn.o_proj.bias"):
+            add(b + "attn_output.bias", p + "self_attn.o_proj.bias", [hidden])
+        if weights.has(p + "self_attn.q_norm.weight"):
+            add(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", [hd])
+            add(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", [hd])
+        add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", [hidden])
+        add(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", [inter, hidden])
+        add(b + "ffn_up.weight", p + "mlp.up_proj.weight", [inter, hidden])
+        add(b + "ffn_down.weight", p + "mlp.down_proj.weight", [hidden, inter])
+
+    def s(x):
+        e = x.encode("utf-8")
+        return struct.pack("<Q", len(e)) + e
+
+    def value(t, v):
+        if t == 4:
+            return struct.pack("<I", v)
+        if t == 5:
+            return struct.pack("<i", v)
+        if t == 6:
+            return struct.pack("<f", v)
+        if t == 8:
+            return s(v)
+        item_type, items = v
+        return struct.pack("<IQ", item_type, len(items)) + b"".join(value(item_type, x) for x in items)
+
+    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kv_items)))
+    for key, t, v in kv_items:
+        out += s(key) + struct.pack("<I", t) + value(t, v)
+    offset = 0
+    for name, kind, shape, data, _, _ in tensors:
+        dims = list(reversed(shape))
+        out += s(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", GGML[kind], offset)
+        offset += (len(data) + 31) // 32 * 32
+    out += b"\0" * ((32 - len(out) % 32) % 32)
+    for _, _, _, data, _, _ in tensors:
+        out += data + b"\0" * ((32 - len(data) % 32) % 32)
+    with open(args.out, "wb") as f:
+        f.write(out)
+    print(f"{args.out}: {len(tensors)} tensors, {len(out)} bytes;", ", ".join(sorted({t[1] for t in tensors})))
+
+    if args.decoded:
+        os.makedirs(args.decoded, exist_ok=True)
+        header, blobs, pos = {}, [], 0
+        for _, _, shape, _, hf, back in tensors:
+            if hf is None:
+                continue
+            blob = np.ascontiguousarray(back, dtype="<f4").tobytes()
+            header[hf] = {"dtype": "F32", "shape": shape, "data_offsets": [pos, pos + len(blob)]}
+            blobs.append(blob)
+            pos += len(blob)
+        h = json.dumps(header).encode()
+        h += b" " * ((8 - len(h) % 8) % 8)
+        with open(os.path.join(args.decoded, "model.safetensors"), "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+        if rope_old is not None:
+            # The file holds the converter's divisors, made with its `old`: the reference must see those.
+            dcfg = dict(cfg)
+            dcfg["rope_scaling"] = dict(rs, original_max_position_embeddings=rope_old)
+            with open(os.path.join(args.decoded, "config.json"), "w") as f:
+                json.dump(dcfg, f)
+        for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+            if name == "config.json" and rope_old is not None:
+                continue
+            if os.path.exists(os.path.join(args.model, name)):
+                shutil.copy(os.path.join(args.model, name), os.path.join(args.decoded, name))
+
+
+if __name__ == "__main__":
+    main()
