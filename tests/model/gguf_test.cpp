@@ -350,6 +350,33 @@ void add_tokenizer(gguf_writer& w, const std::string& fixture, const std::string
   w.u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(add_bos ? 128009 : 151645));
 }
 
+/// The same for a SentencePiece vocabulary (tokenizer.ggml.model "llama"): scores instead of
+/// merges (Llama 2's pieces score by id, -id, but for the runs of spaces ▁▁ and ▁▁▁▁, which come
+/// last: tokenizer.json lists their merges at the end), <unk> UNKNOWN (2), <0xNN> BYTE (6).
+void add_spm_tokenizer(gguf_writer& w, const std::string& fixture) {
+  std::ifstream in(data_dir + "/tokenizers/" + fixture + "/tokenizer.json");
+  json j = json::parse(in);
+  std::map<int64_t, std::string> by_id;
+  for (const auto& [t, id] : j["model"]["vocab"].items()) by_id[id.get<int64_t>()] = t;
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  std::vector<float> scores;
+  for (const auto& [id, t] : by_id) {
+    tokens.push_back(t);
+    const bool byte = t.size() == 6 && t.rfind("<0x", 0) == 0;
+    types.push_back(t == "<unk>" ? 2 : (t == "<s>" || t == "</s>") ? 3 : byte ? 6 : 1);
+    const bool space_run = t == "\u2581\u2581" || t == "\u2581\u2581\u2581\u2581";  // scored last, as HF's merges show
+    scores.push_back(types.back() != 1 ? 0.0f : space_run ? -1e9f : -static_cast<float>(id));
+  }
+  w.str("tokenizer.ggml.model", "llama");
+  w.strings("tokenizer.ggml.tokens", tokens);
+  w.i32s("tokenizer.ggml.token_type", types);
+  w.f32s("tokenizer.ggml.scores", scores);
+  w.u32("tokenizer.ggml.bos_token_id", 1);
+  w.u32("tokenizer.ggml.eos_token_id", 2);
+  w.u32("tokenizer.ggml.unknown_token_id", 0);
+}
+
 struct tokenizer_case {
   std::string fixture, pre;
   bool add_bos;
@@ -362,7 +389,11 @@ TEST_P(GgufTokenizer, EncodesAndDecodesAsTheReference) {
   temp_dir dir;
   gguf_writer w;
   w.str("general.architecture", "llama");  // no tensors: the tokenizer alone is read
-  add_tokenizer(w, c.fixture, c.pre, c.add_bos);
+  if (c.pre.empty()) {
+    add_spm_tokenizer(w, c.fixture);
+  } else {
+    add_tokenizer(w, c.fixture, c.pre, c.add_bos);
+  }
   w.str("tokenizer.chat_template", "{% for m in messages %}[{{ m['content'] }}]{% endfor %}");
   const std::string path = write(w, dir);
   auto tok = tokenizer::load(path);
@@ -379,7 +410,7 @@ TEST_P(GgufTokenizer, EncodesAndDecodesAsTheReference) {
     auto with_special = (*tok)->encode(text, true);
     if (c.add_bos) {
       ASSERT_FALSE(with_special.empty());
-      EXPECT_EQ(with_special[0], 128000);
+      EXPECT_EQ(with_special[0], c.pre.empty() ? 1 : 128000);
       with_special.erase(with_special.begin());
     }
     EXPECT_EQ(with_special, ids);
@@ -398,9 +429,11 @@ TEST_P(GgufTokenizer, EncodesAndDecodesAsTheReference) {
   EXPECT_NE(cfg.err().message.find("missing metadata 'llama.embedding_length'"), std::string::npos) << cfg.err().message;
 }
 
-// llama3 (llama-bpe: ignore_merges, BOS added), qwen3 (qwen2: NFC, single digits, no BOS).
+// llama3 (llama-bpe: ignore_merges, BOS added), qwen3 (qwen2: NFC, single digits, no BOS),
+// llama2 (SentencePiece: merges from scores, byte fallback, BOS added).
 INSTANTIATE_TEST_SUITE_P(Fixtures, GgufTokenizer,
-                         ::testing::Values(tokenizer_case{"llama3", "llama-bpe", true}, tokenizer_case{"qwen3", "qwen2", false}),
+                         ::testing::Values(tokenizer_case{"llama3", "llama-bpe", true}, tokenizer_case{"qwen3", "qwen2", false},
+                                           tokenizer_case{"llama2", "", true}),
                          [](const auto& info) { return info.param.fixture; });
 
 TEST(GgufTokenizer, AnUnknownPreTokenizerIsRefusedByName) {

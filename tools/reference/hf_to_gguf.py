@@ -239,6 +239,15 @@ def encode_tensor(kind, w):
         bits = w.astype(F32).view(np.uint32).astype(np.uint64)
         bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
         return bits.tobytes(), (bits.astype(np.uint32) << 16).view(F32)
+    if kind == "q8_0":  # vectorized, for models of real size: the same arithmetic as q8_0()
+        blocks = w.astype(F32).reshape(-1, 32)
+        d = (np.abs(blocks).max(axis=1) / F32(127)).astype(F32)
+        inv = np.divide(F32(1), d, out=np.zeros_like(d), where=d != 0).astype(F32)
+        q = round_away(blocks * inv[:, None]).astype(np.int8)
+        packed = np.zeros(len(blocks), dtype=[("d", "<f2"), ("q", "i1", 32)])
+        packed["d"], packed["q"] = d.astype(np.float16), q
+        back = q.astype(F32) * packed["d"].astype(F32)[:, None]
+        return packed.tobytes(), back.reshape(w.shape)
     blk = BLOCK[kind]
     rows = w.reshape(-1, w.shape[-1])
     out, back = bytearray(), np.zeros(rows.shape, F32)
