@@ -101,6 +101,7 @@ struct GenerateRequest {
                                      # among requests of the same salt
   pooling @13 :UInt8;                # an embedding request's pooling (0: a generation; 1 last, 2 mean,
                                      # 3 cls): its one Token is the end, with the pooled hidden state
+  lora @14 :Text;                    # the LoRA adapter its projections add, by name ("": none)
 }
 
 enum Finish {
@@ -255,6 +256,14 @@ struct Assign {
   # How the node holds the weights: "" or "none" as the checkpoint stores them, "int8" as
   # `--quantization int8` (every node of a model uses the model's one setting).
   quantization @9 :Text;
+  # The LoRA adapters served beside the model (its cluster config entry's loras), in order: a
+  # step names one by its index in this list.
+  loras @10 :List(LoraModule);
+}
+
+struct LoraModule {
+  name @0 :Text;
+  path @1 :Text;
 }
 
 # A replica's step for a shard in another process (its replica's rank 0 samples, so no rows).
@@ -281,6 +290,7 @@ struct StepSequence {
   promptLogprobs @4 :Int32 = -1;  # score each token's successor (model::step_sequence)
   next @5 :Int32 = -1;            # the successor of the sequence's last token (-1: not scored)
   draws @6 :UInt32 = 1;           # with wantLogits: rows drawn from its last positions (speculation)
+  lora @7 :Int32 = -1;            # its LoRA adapter: an index into the Assign's loras (-1: none)
 }
 
 # A shard in another process answers a step only when it failed (its replica's rank 0 fails the

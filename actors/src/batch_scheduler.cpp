@@ -70,7 +70,7 @@ void batch_scheduler::preempt(uint64_t id) {
 /// Starts a waiting request: prefix-cache hit, then blocks for its first chunk.
 bool batch_scheduler::admit(request& r, size_t& budget) {
   // The salt starts its blocks' hash chain: what it finds and what it commits are its salt's.
-  r.blocks.last_hash = r.spec.cache_salt;
+  r.blocks.last_hash = prefix_key(r.spec);
   // A prompt to score is computed whole (vLLM does the same): cached positions have no logits
   // (nor hidden rows, for a pooling over them).
   const size_t hit = whole(r) ? 0 : blocks_.match_prefix(r.tokens, r.blocks);
@@ -93,7 +93,7 @@ bool batch_scheduler::awaits_shared_prefix(const request& r) const {
     // Only a prefill can be waited for; and a scored prompt recomputes what the cache may
     // already hold (its n_computed says nothing about the cache).
     if (p.n_computed + 1 >= p.tokens.size() || whole(p)) continue;  // decoding, or scoring
-    if (p.spec.cache_salt != r.spec.cache_salt) continue;  // its blocks are not r's to share
+    if (prefix_key(p.spec) != prefix_key(r.spec)) continue;  // its blocks are not r's to share
     const size_t limit = std::min(p.tokens.size(), usable);
     size_t n = 0;
     while (n < limit && p.tokens[n] == r.tokens[n]) ++n;
@@ -211,6 +211,7 @@ step_plan batch_scheduler::schedule() {
     s.tokens = std::span<const int32_t>(r.tokens).subspan(r.n_computed, n);
     s.block_table = r.blocks.ids;
     s.want_logits = r.n_computed + n == r.tokens.size();
+    s.lora = r.spec.lora;
     if (r.spec.pool != pooling::none) {  // an embedding: no draw, the hidden rows its pooling needs
       s.hidden = r.spec.pool == pooling::mean  ? model::hidden_rows::all
                  : r.spec.pool == pooling::cls ? (s.pos0 == 0 ? model::hidden_rows::first : model::hidden_rows::none)

@@ -322,7 +322,7 @@ result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, boo
 result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   r.at(entry_label("models", index, node));
   LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization",
-                                 "reasoning_parser", "tool_call_parser", "pooling"}));
+                                 "reasoning_parser", "tool_call_parser", "pooling", "loras"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -369,6 +369,20 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
       return r.fail("'pooling' must be model, last, mean or cls, got " + shown(*pooling));
     out.pooling = *pooling;
   }
+  if (auto loras = f.find("loras"); loras != f.end()) {
+    if (!loras->second.IsSequence()) return r.fail("'loras' must be a list of {name, path}, got " + kind_of(loras->second));
+    for (size_t i = 0; i < loras->second.size(); ++i) {
+      const std::string at = "loras[" + std::to_string(i) + "]";
+      auto lf = r.map(loras->second[i], {"name", "path"});
+      if (!lf) return r.fail(at + ": must be a mapping with keys name, path");
+      LLMESH_READ(lname, r.string(*lf, "name", true));
+      LLMESH_READ(lpath, r.string(*lf, "path", true));
+      auto src = model::parse_lora_source(*lname + "=" + *lpath);
+      if (!src) return r.fail(at + ": name " + shown(*lname) + " must be 1..128 letters, digits or -_.:/, and path non-empty");
+      out.loras.push_back(std::move(*src));
+    }
+    if (auto s = model::check_lora_names(out.loras, out.name); !s) return r.fail(s.err().message);
+  }
   return out;
 }
 
@@ -408,6 +422,17 @@ status check_mesh(reader& r, const cluster_config& c) {
     r.at("models[" + std::to_string(i) + "] (" + m.name + ")");
     for (size_t j = 0; j < i; ++j)
       if (c.models[j].name == m.name) return r.fail("name " + shown(m.name) + " is already used by models[" + std::to_string(j) + "]");
+    // Adapters answer as models of their own: their names are the API's model names too.
+    for (size_t j = 0; j < c.models.size(); ++j) {
+      for (const auto& l : c.models[j].loras) {
+        if (l.name == m.name) return r.fail("name " + shown(m.name) + " is already a LoRA adapter's of models[" + std::to_string(j) + "]");
+        if (j < i) {
+          for (const auto& mine : m.loras) {
+            if (mine.name == l.name) return r.fail("LoRA adapter " + shown(l.name) + " is already models[" + std::to_string(j) + "]'s");
+          }
+        }
+      }
+    }
     if (m.replicas > 0 && replica_nodes == 0) return r.fail("'replicas' is " + std::to_string(m.replicas) + " but no node has the replica role");
     if (m.place == placement::spread && replica_nodes < static_cast<size_t>(m.tp))
       return r.fail("'placement' spread puts each of tp=" + std::to_string(m.tp) + " shards on its own node, but only " +

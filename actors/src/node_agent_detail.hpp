@@ -23,9 +23,12 @@ struct loaded_part {
   std::string err;
 };
 
-/// The node's model cache key: a model directory held one way (its path and quantization).
+/// The node's model cache key: a model directory held one way (its path, quantization and
+/// LoRA adapters).
 inline std::string model_key(const transport::assign_msg& a) {
-  return a.path + '\n' + (a.quantization.empty() ? std::string("none") : a.quantization);
+  std::string key = a.path + '\n' + (a.quantization.empty() ? std::string("none") : a.quantization);
+  for (const auto& l : a.loras) key += '\n' + l.name + '=' + l.path;
+  return key;
 }
 
 /// How an assignment asks this node to load the model: invalid_request for a quantization
@@ -36,7 +39,12 @@ inline result<model::load_options> load_options_of(const transport::assign_msg& 
   if (*q != model::quantization::none && device == model::backend::cuda) {
     return make_error(errc::unsupported, "quantization " + a.quantization + " runs on the CPU backend only, and this node's device is cuda");
   }
-  return model::load_options{.quant = *q};
+  if (!a.loras.empty() && device == model::backend::cuda) {
+    return make_error(errc::unsupported, "LoRA adapters run on the CPU backend only, and this node's device is cuda");
+  }
+  model::load_options o{.quant = *q, .loras = {}};
+  for (const auto& l : a.loras) o.loras.push_back({l.name, l.path});
+  return o;
 }
 
 /// The id under which a shard of a spread replica is exported on its node.

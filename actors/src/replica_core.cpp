@@ -26,6 +26,11 @@ status replica_core::submit(replica_request r) {
       return make_error(errc::invalid_request, "an embedding request takes max_tokens 1 and no generation fields");
     }
   }
+  int32_t lora = -1;
+  if (!r.lora.empty()) {
+    lora = eng_.loaded_model().lora_index(r.lora);
+    if (lora < 0) return make_error(errc::not_found, "the LoRA adapter '" + r.lora + "' is not loaded on this replica");
+  }
   if (r.pool == pooling::none && !c.has_lm_head) {
     return make_error(errc::invalid_request, "this model has no LM head (a bare transformer's checkpoint): it serves embeddings only");
   }
@@ -147,6 +152,7 @@ status replica_core::submit(replica_request r) {
   spec.priority = r.priority;
   spec.cache_salt = r.cache_salt;
   spec.pool = r.pool;
+  spec.lora = lora;
   // Drafts are checked by drawing after each as a plain decode would (each row's adjustments
   // count the drafts before it): only logits that shift with the batch rule it out.
   // A grammar that waits for constraint_after would mask some drafts' rows and not others:
@@ -323,7 +329,7 @@ bool replica_core::begin_step() {
   rows_.clear();
   if (plan_.seqs.empty()) return false;
   for (const auto& s : plan_.seqs) {
-    batch_.push_back({s.tokens, s.pos0, s.block_table, s.want_logits, s.prompt_logprobs, s.next, s.draws, s.hidden});
+    batch_.push_back({s.tokens, s.pos0, s.block_table, s.want_logits, s.prompt_logprobs, s.next, s.draws, s.hidden, s.lora});
     // The token being drawn sits at position pos0 + n: the (seed, position) key generate uses.
     if (!s.want_logits) continue;
     const kernels::sampling_params& p = sampling_.at(s.id);

@@ -10,6 +10,16 @@ namespace {
 
 using request = caf::stateful_actor<request_state>;
 
+/// The salt the router's prefix-aware policy hashes with: the request's cache_salt, mixed with
+/// its LoRA adapter's name (its blocks hold that adapter's keys and values).
+uint64_t route_salt(const replica_request& r) {
+  if (r.lora.empty()) return r.cache_salt;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char ch : r.lora) h = (h ^ ch) * 1099511628211ull;
+  h ^= r.cache_salt + 0x9e3779b97f4a7c15ull;
+  return h == 0 ? 1 : h;
+}
+
 /// Ends the request with a failure the client sees.
 void fail(request* self, error e) {
   auto& st = self->state;
@@ -30,7 +40,7 @@ void route(request* self, replica_request r) {
   auto prompt = r.prompt;
   auto model = r.model;
   self->request(self->state.opt.router, self->state.opt.route_timeout, route_atom::value, std::move(model),
-                std::move(prompt), r.cache_salt)
+                std::move(prompt), route_salt(r))
       .then(
           [=](const route_reply& reply) {
             auto& st = self->state;

@@ -46,7 +46,7 @@ transport::generate_msg to_wire(const replica_request& r) {
                             to_wire(r.sampling), r.eos_ids, static_cast<uint32_t>(std::min<size_t>(r.generated, UINT32_MAX)),
                             {}, static_cast<uint8_t>(r.constraint.type), r.constraint.text,
                             r.allowed_ids, r.bad_words, r.constraint_after, r.priority,
-                            r.cache_salt, static_cast<uint8_t>(r.pool)};
+                            r.cache_salt, static_cast<uint8_t>(r.pool), r.lora};
   for (const auto& b : r.logit_bias) m.logit_bias.push_back({b.id, b.bias});
   return m;
 }
@@ -68,6 +68,7 @@ replica_request from_wire(const transport::generate_msg& m) {
   r.priority = m.priority;
   r.cache_salt = m.cache_salt;
   r.pool = static_cast<pooling>(m.pooling);  // 0..3: the codec checked
+  r.lora = m.lora;  // the replica looks it up
   return r;
 }
 
@@ -132,7 +133,7 @@ transport::shard_step_msg to_wire(const shard_step& s) {
   m.tables = s.data->tables;
   for (const auto& q : s.data->batch) {
     m.seqs.push_back({static_cast<uint32_t>(q.tokens.size()), q.pos0, static_cast<uint32_t>(q.block_table.size()), q.want_logits,
-                      q.prompt_logprobs, q.next, q.draws});
+                      q.prompt_logprobs, q.next, q.draws, q.lora});
   }
   for (const auto& r : s.data->rows) {
     m.rows.push_back({to_wire(r.params), r.position});
@@ -152,6 +153,7 @@ result<shard_step> from_wire(const transport::shard_step_msg& m) {
     d->batch.push_back({std::span<const int32_t>(d->tokens.data() + t, q.n_tokens), static_cast<size_t>(q.pos0),
                         std::span<const int32_t>(d->tables.data() + b, q.n_blocks), q.want_logits, q.prompt_logprobs,
                         q.next, q.draws});
+    d->batch.back().lora = q.lora;  // the engine checks it against its adapters
     t += q.n_tokens;
     b += q.n_blocks;
   }

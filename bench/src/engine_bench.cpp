@@ -75,7 +75,7 @@ gemm_result bench_gemm(const model::model& m, size_t rows, int threads, int reps
 status run_engine_bench(const engine_bench_options& opt) {
   auto quant = model::parse_quantization(opt.quantization);
   if (!quant) return quant.take_error();
-  auto m = model::model::load(opt.model_dir, {.quant = *quant});
+  auto m = model::model::load(opt.model_dir, {.quant = *quant, .loras = {}});
   if (!m) return m.take_error();
   model::engine_options eo;
   eo.tp = opt.tp;

@@ -25,6 +25,7 @@ struct generate_flags {
   bool print_ids = false, deterministic = false;
   std::string quantization = "none";
   std::string device = "auto";
+  std::string lora;  ///< a LoRA adapter's directory: generate with it
 };
 
 /// The prompt's ids: --prompt-ids as given, or --prompt through the model's tokenizer (with
@@ -50,7 +51,9 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
   if (!device) return device.take_error();
   auto quant = quantization_for(f.quantization, *device);
   if (!quant) return quant.take_error();
-  auto m = model::model::load(f.model_dir, {.quant = *quant});
+  model::load_options lo{.quant = *quant, .loras = {}};
+  if (!f.lora.empty()) lo.loras = {{"lora", f.lora}};
+  auto m = model::model::load(f.model_dir, lo);
   if (!m) return m.take_error();
   model::engine_options opt;
   opt.tp = f.tp;
@@ -64,6 +67,7 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
   req.prompt = std::move(ids.value());
   req.max_tokens = f.max_tokens;
   req.prefill_chunk = f.prefill_chunk;
+  req.lora = f.lora.empty() ? -1 : 0;
   req.sampling.temperature = f.temperature;
   req.sampling.top_k = f.top_k;
   req.sampling.top_p = f.top_p;
@@ -172,6 +176,7 @@ void add_generate(CLI::App& app, command_set& commands) {
   sub->add_option("--device", f->device, "cpu, cuda, or auto (CUDA when a GPU is present)")->capture_default_str();
   sub->add_flag("--deterministic", f->deterministic, "CUDA: batch-invariant kernels at every batch size");
   add_quantization_flag(sub, f->quantization);
+  sub->add_option("--lora", f->lora, "A LoRA adapter's directory (PEFT): generate with it (CPU backend)");
   sub->add_option("--prefill-chunk", f->prefill_chunk, "Prefill the prompt in chunks of N tokens; 0 = whole");
   sub->add_flag("--print-ids", f->print_ids, "Print the generated token ids on one line");
   sub->add_option("--dump-logits", f->dump_logits, "Write the first generated position's logits (raw float32 LE)");

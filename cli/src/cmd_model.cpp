@@ -1,9 +1,11 @@
-// `llmesh model random`: writes a deterministic random model in the HF layout.
+// `llmesh model random`: writes a deterministic random model in the HF layout;
+// `llmesh model random-lora`: a deterministic random LoRA adapter for one (PEFT's layout).
 #include <cstdio>
 #include <memory>
 
 #include "commands.hpp"
 #include "llmesh/model/random_model.hpp"
+#include "llmesh/model/lora.hpp"
 #include "llmesh/model/weights.hpp"
 
 namespace llmesh::cli {
@@ -35,6 +37,33 @@ status run_random(model_flags& f) {
   std::fprintf(stderr, "wrote %s: %zu layers, hidden %zu, vocab %zu, %s, %.1f MB of weights\n", f.out.c_str(),
                f.spec.n_layers, f.spec.hidden, f.spec.vocab, f.dtype.c_str(),
                static_cast<double>((*check)->weight_bytes()) / 1e6);
+  return ok_status();
+}
+
+struct lora_flags {
+  model::random_lora_spec spec;
+  std::string model_dir, out, dtype = "f32", targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
+};
+
+status run_random_lora(lora_flags& f) {
+  if (f.dtype == "f32" || f.dtype == "f16" || f.dtype == "bf16") {
+    f.spec.dtype = f.dtype == "f32" ? kernels::dtype::f32 : f.dtype == "f16" ? kernels::dtype::f16 : kernels::dtype::bf16;
+  } else {
+    return make_error(errc::invalid_request, "--dtype must be f32, f16 or bf16, not '" + f.dtype + "'");
+  }
+  f.spec.targets.clear();
+  for (size_t at = 0; at <= f.targets.size();) {
+    const size_t comma = std::min(f.targets.find(',', at), f.targets.size());
+    f.spec.targets.push_back(f.targets.substr(at, comma - at));
+    at = comma + 1;
+  }
+  LLMESH_TRY(model::write_random_lora(f.spec, f.model_dir, f.out));
+  auto cfg = model::load_config(f.model_dir);
+  if (!cfg) return cfg.take_error();
+  auto check = model::load_lora({"check", f.out}, *cfg);  // what we write must load
+  if (!check) return check.take_error();
+  std::fprintf(stderr, "wrote %s: rank %zu, %zu target(s), %.2f MB as float32\n", f.out.c_str(), f.spec.rank,
+               f.spec.targets.size(), static_cast<double>(check->bytes()) / 1e6);
   return ok_status();
 }
 
@@ -76,6 +105,20 @@ void add_model(CLI::App& app, command_set& commands) {
   sub->add_flag("--base", s.base_model,
                 "A bare transformer as embedding models ship (<Arch>Model, no model. prefix, no lm_head)");
   commands.emplace_back(sub, [f] { return run_random(*f); });
+
+  auto l = std::make_shared<lora_flags>();
+  auto* lsub = model_cmd->add_subcommand("random-lora", "Write a deterministic random LoRA adapter (PEFT directory) for a model");
+  lsub->add_option("--model", l->model_dir, "The base model's directory (its config.json gives the shapes)")->required();
+  lsub->add_option("--out", l->out, "Output directory")->required();
+  lsub->add_option("--rank", l->spec.rank, "r")->capture_default_str();
+  lsub->add_option("--alpha", l->spec.alpha, "lora_alpha")->capture_default_str();
+  lsub->add_flag("--rslora", l->spec.rslora, "use_rslora (scale alpha / sqrt(r))");
+  lsub->add_option("--targets", l->targets, "Comma-separated projections")->capture_default_str();
+  lsub->add_option("--dtype", l->dtype, "f32 | f16 | bf16")->capture_default_str();
+  lsub->add_option("--seed", l->spec.seed, "Seed of the weights")->capture_default_str();
+  lsub->add_option("--strength", l->spec.strength, "Size of the change relative to the base projections (1: large)")
+      ->capture_default_str();
+  commands.emplace_back(lsub, [l] { return run_random_lora(*l); });
 }
 
 }  // namespace llmesh::cli

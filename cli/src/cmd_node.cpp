@@ -53,6 +53,7 @@ struct node_plan {
   /// reasoning parser.
   struct gateway_model {
     std::string name, dir, reasoning_parser, tool_call_parser, pooling;
+    std::vector<model::lora_source> loras = {};  ///< the config's loras (each answers as a model)
   };
   std::vector<gateway_model> gateway_models;
   std::optional<actors::endpoint> http, rpc;
@@ -89,7 +90,7 @@ result<node_plan> plan_from_flags(const node_flags& f) {
                                                  "model's reasoning_parser, tool_call_parser and pooling in the config");
       }
       for (const auto& m : cfg->models) {
-        p.gateway_models.push_back({m.name, m.path, m.reasoning_parser, m.tool_call_parser, m.pooling});
+        p.gateway_models.push_back({m.name, m.path, m.reasoning_parser, m.tool_call_parser, m.pooling, m.loras});
       }
     }
     return p;
@@ -182,9 +183,10 @@ status run_node(const node_flags& f) {
 
   // The gateway's model files next: a typo fails before anything listens.
   std::vector<gateway::served_model> served;
-  for (const auto& [name, dir, reasoning_parser, tool_call_parser, pooling_name] : p.gateway_models) {
+  for (const auto& [name, dir, reasoning_parser, tool_call_parser, pooling_name, loras] : p.gateway_models) {
     gateway::served_model m;
     m.name = name;
+    m.loras = loras;
     auto reasoning = gateway::parse_reasoning_parser(reasoning_parser);
     if (!reasoning) return reasoning.take_error();
     m.reasoning = *reasoning;

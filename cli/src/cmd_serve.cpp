@@ -22,6 +22,7 @@ namespace {
 struct serve_flags {
   std::string model_dir, http = "127.0.0.1:8080", rpc = "127.0.0.1:8081", served_name, device = "auto", policy = "least-load";
   std::string quantization = "none";
+  std::vector<std::string> lora_modules;
   int replicas = 1, tp = 1, threads = 0;
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256;
   size_t max_migrations = 3, drain_s = 10;
@@ -68,7 +69,13 @@ status run_serve(const serve_flags& f) {
   if (auto t = model::chat_template::load(f.model_dir); t) chat = std::move(*t);
   auto quant = quantization_for(f.quantization, *device);
   if (!quant) return quant.take_error();
-  auto m = model::model::load(f.model_dir, {.quant = *quant});
+  gateway::api_options ao;
+  ao.model_name = f.served_name.empty() ? std::filesystem::path(f.model_dir).lexically_normal().filename().string()
+                                        : f.served_name;
+  if (ao.model_name.empty()) ao.model_name = std::filesystem::path(f.model_dir).parent_path().filename().string();
+  auto loras = lora_sources(f.lora_modules, ao.model_name);
+  if (!loras) return loras.take_error();
+  auto m = model::model::load(f.model_dir, {.quant = *quant, .loras = *loras});
   if (!m) return m.take_error();
   const auto& cfg = (*m)->config();
 
@@ -87,10 +94,6 @@ status run_serve(const serve_flags& f) {
   mo.sched.speculation = f.speculation;
   mo.policy = *policy;
   mo.max_migrations = f.max_migrations;
-  gateway::api_options ao;
-  ao.model_name = f.served_name.empty() ? std::filesystem::path(f.model_dir).lexically_normal().filename().string()
-                                        : f.served_name;
-  if (ao.model_name.empty()) ao.model_name = std::filesystem::path(f.model_dir).parent_path().filename().string();
   mo.model_name = ao.model_name;
   actors::metrics_registry metrics;
   auto mesh = actors::local_mesh::create(*m, mo, &metrics);
@@ -100,7 +103,7 @@ status run_serve(const serve_flags& f) {
   ho.host = where->first;
   ho.port = where->second;
   apply_gateway_flags(f.gw, ao, ho);
-  gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser, *tool_tokens, *pooling};
+  gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser, *tool_tokens, *pooling, *loras};
   auto api = std::make_unique<gateway::api_service>(ao, std::vector{std::move(served)}, **mesh, metrics);
   auto server = gateway::http_server::listen(*api, ho);
   if (!server) return server.take_error();
@@ -118,10 +121,11 @@ status run_serve(const serve_flags& f) {
   if (rpc) std::fprintf(stderr, "llmesh: native API (Cap'n Proto RPC, schemas/rpc.capnp) on %s:%u\n", rpc_host.c_str(), rpc->port());
   const auto& e0 = (*mesh)->engine(0);
   std::fprintf(stderr,
-               "llmesh: serving '%s' on http://%s:%u (%d replica(s), tp %d, %s%s, %d kernel threads each, KV %zu "
+               "llmesh: serving '%s' on http://%s:%u (%d replica(s), tp %d, %s%s%s, %d kernel threads each, KV %zu "
                "positions per replica%s%s)\n",
                ao.model_name.c_str(), ho.host.c_str(), (*server)->port(), f.replicas, f.tp, e0.backend_name(),
-               (*m)->quant() == model::quantization::int8 ? ", int8 weights" : "",
+               (*m)->int8_weights() ? ", int8 weights" : "",
+               loras->empty() ? "" : (", " + std::to_string(loras->size()) + " LoRA adapter(s)").c_str(),
                mo.engine.threads, e0.kv_blocks() * e0.kv_block_size(), e0.device_note().empty() ? "" : "; ",
                e0.device_note().c_str());
   std::fprintf(stderr,
@@ -180,6 +184,7 @@ void add_serve(CLI::App& app, command_set& commands) {
   add_gateway_flags(sub, f->gw);
   add_speculation_flags(sub, f->speculation);
   add_quantization_flag(sub, f->quantization);
+  add_lora_flags(sub, f->lora_modules);
   sub->add_option("--policy", f->policy, "Router policy: round-robin, least-load, power-of-two, prefix-aware")
       ->capture_default_str();
   sub->add_option("--max-migrations", f->max_migrations, "Replica failures a request survives")

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <vector>
 
 #include "llmesh/actors/ngram_proposer.hpp"
 #include "llmesh/common/error.hpp"
@@ -48,6 +49,28 @@ inline void add_quantization_flag(CLI::App* sub, std::string& q) {
     return make_error(errc::unsupported, "--quantization " + flag + " runs on the CPU backend only (use --device cpu or auto)");
   }
   return q;
+}
+
+/// Adds vLLM's --lora-modules (NAME=PATH or {"name": ..., "path": ...}, several after one flag
+/// or the flag repeated) and --enable-lora (vLLM needs it; here the adapters alone enable LoRA).
+inline void add_lora_flags(CLI::App* sub, std::vector<std::string>& modules) {
+  sub->add_option("--lora-modules", modules,
+                  "LoRA adapters (PEFT directories) served beside the model, each under its own model name: NAME=PATH ... "
+                  "(CPU backend)");
+  sub->add_flag_function("--enable-lora", [](int64_t) {}, "Accepted for vLLM's command lines; --lora-modules is what enables adapters");
+}
+
+/// The adapters of --lora-modules, their names checked against each other and `base_name`.
+[[nodiscard]] inline result<std::vector<model::lora_source>> lora_sources(const std::vector<std::string>& modules,
+                                                                         const std::string& base_name) {
+  std::vector<model::lora_source> out;
+  for (const auto& m : modules) {
+    auto s = model::parse_lora_source(m);
+    if (!s) return s.take_error();
+    out.push_back(std::move(*s));
+  }
+  LLMESH_TRY(model::check_lora_names(out, base_name));
+  return out;
 }
 
 /// Refuses settings CLI11's ranges cannot see: a lookup whose shortest n-gram is above its longest.

@@ -75,7 +75,8 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
     q.id = first + i;
     q.prompt = std::move(ids);
     q.max_tokens = 1;  // nothing is generated (replica_request::pool)
-    q.model = sm.name;
+    q.model = sm.route_name();
+    q.lora = sm.lora;
     q.pool = sm.embedding.pool;
     q.priority = o.priority;
     q.sampling.seed = mix_id(first + i);

@@ -74,6 +74,18 @@ api_service::api_service(api_options opt, std::vector<served_model> models, acto
       created_(unix_now()),
       runs_(std::make_unique<background_runs>(mesh, background_limits{}, serving_gauge(metrics, actors::metric::background_running))) {
   actors::metric::declare_serving(metrics_);
+  // Each LoRA adapter answers as a model of its own: the base model's entry under its name.
+  for (size_t i = 0, n = models_.size(); i < n; ++i) {
+    for (const auto& l : models_[i].loras) {
+      served_model a = models_[i];
+      a.loras.clear();
+      a.name = l.name;
+      a.parent = models_[i].name;
+      a.lora = l.name;
+      a.root = l.path;
+      models_.push_back(std::move(a));
+    }
+  }
   // The stores' sizes, read at each scrape (weak: a scrape after the service is gone reads none).
   metrics_.add_collector([&m = metrics_, store = std::weak_ptr<response_store>(store_),
                           convs = std::weak_ptr<json_store>(conversations_)] {
@@ -174,7 +186,13 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
 }
 
 nlohmann::ordered_json api_service::model_card(const served_model& m) const {
-  return {{"id", m.name}, {"object", "model"}, {"created", created_}, {"owned_by", "llmesh"}, {"max_model_len", m.cfg.max_positions}};
+  nlohmann::ordered_json card = {
+      {"id", m.name}, {"object", "model"}, {"created", created_}, {"owned_by", "llmesh"}, {"max_model_len", m.cfg.max_positions}};
+  if (!m.parent.empty()) {  // vLLM lists an adapter with its directory as root and the base model as parent
+    card["root"] = m.root;
+    card["parent"] = m.parent;
+  }
+  return card;
 }
 
 http_reply api_service::models() const {
@@ -353,7 +371,7 @@ result<generation_job> api_service::native_generate(std::string_view api_key, co
   auto found = find(model);
   if (!found) return found.take_error();
   const served_model* m = *found;
-  if (mesh_.ready_replicas(model) == 0) {
+  if (mesh_.ready_replicas(m->route_name()) == 0) {
     return make_error(errc::replica_unavailable, "no replica of the model '" + model + "' is ready");
   }
   LLMESH_TRY(check_truncation(g.truncate_prompt_tokens, m->cfg.max_positions));
@@ -477,7 +495,8 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
 
   // What every choice's mesh request and stream share.
   actors::replica_request base;
-  base.model = m.name;
+  base.model = m.route_name();
+  base.lora = m.lora;
   base.sampling.temperature = g.temperature;
   base.sampling.top_p = g.top_p;
   base.sampling.top_k = g.top_k;

@@ -70,12 +70,12 @@ namespace {
 /// int8 weights are read in blocks of 32 along each row, so a rank's column slice of o_proj and
 /// down_proj (a row-parallel split) must start at a block boundary.
 status check_quantized_layout(const model& m, const shard_layout& l) {
-  if (m.quant() == quantization::none) return ok_status();
+  if (!m.int8_weights()) return ok_status();
   const size_t head_dim = m.config().head_dim;
   if ((l.q_head0 * head_dim) % kernels::q8_block != 0 || l.inter0 % kernels::q8_block != 0 ||
       l.shared0 % kernels::q8_block != 0) {
     return make_error(errc::invalid_request,
-                      "--quantization int8 with --tp " + std::to_string(l.tp) +
+                      "int8 weights (--quantization int8, or a quantized GGUF) with --tp " + std::to_string(l.tp) +
                           " needs each rank's share of the attention width and of intermediate_size (and of "
                           "shared_expert_intermediate_size) to be a multiple of " +
                           std::to_string(kernels::q8_block));
@@ -101,10 +101,10 @@ result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, e
   std::unique_ptr<engine> e(new engine(m, opt));
   e->kv_.block_size = opt.block_size;
   e->kv_.n_blocks = (opt.kv_tokens + opt.block_size - 1) / opt.block_size;
-  const bool quantized = m->quant() != quantization::none;
-  const char* cpu_only = cpu_only_family(c);
+  const bool quantized = m->int8_weights();
+  const char* cpu_only = !m->loras().empty() ? "LoRA adapters" : cpu_only_family(c);
   if (opt.device == backend::cuda && quantized) {
-    return make_error(errc::unsupported, "--quantization int8 runs on the CPU backend only (use --device cpu)");
+    return make_error(errc::unsupported, "int8 weights (--quantization int8, or a quantized GGUF) run on the CPU backend only (use --device cpu)");
   }
   if (opt.device == backend::cuda && cpu_only) {
     return make_error(errc::unsupported, std::string(cpu_only) + " run on the CPU backend only (use --device cpu)");
@@ -261,6 +261,9 @@ status engine::run_step(std::span<const step_item> items, Fn fn) {
     auto s = seqs_.find(it.seq);
     if (s == seqs_.end()) return make_error(errc::invalid_request, "step: unknown sequence " + std::to_string(it.seq));
     if (it.tokens.empty()) return make_error(errc::invalid_request, "step: no tokens for sequence " + std::to_string(it.seq));
+    if (it.lora < -1 || it.lora >= static_cast<int32_t>(model_->loras().size())) {
+      return make_error(errc::invalid_request, "step: LoRA adapter " + std::to_string(it.lora) + " is not loaded");
+    }
     for (int32_t id : it.tokens) {
       if (id < 0 || static_cast<size_t>(id) >= c.vocab) {
         return make_error(errc::invalid_request, "token id " + std::to_string(id) + " is outside the vocabulary (size " +
@@ -295,6 +298,7 @@ status engine::run_step(std::span<const step_item> items, Fn fn) {
       free_blocks_.pop_back();
     }
     batch.push_back({it.tokens, s.length, s.blocks, it.want_logits});
+    batch.back().lora = it.lora;
   }
 
   LLMESH_TRY(run_ranks(batch, fn));
@@ -361,6 +365,10 @@ status engine::check_batch(std::span<const step_sequence> batch) const {
                                                    " tokens draws from its last " + std::to_string(s.draws) +
                                                    " positions (1 to its tokens, at most " + std::to_string(max_draws) +
                                                    ", and 1 when it scores its prompt)");
+    }
+    if (s.lora < -1 || s.lora >= static_cast<int32_t>(model_->loras().size())) {
+      return make_error(errc::invalid_request, "forward: LoRA adapter " + std::to_string(s.lora) + " is not loaded (" +
+                                                   std::to_string(model_->loras().size()) + " are)");
     }
     for (size_t b = 0; b < (end + kv_.block_size - 1) / kv_.block_size; ++b) {
       if (s.block_table[b] < 0 || static_cast<size_t>(s.block_table[b]) >= kv_.n_blocks) {

@@ -51,7 +51,7 @@ result<generate_result> generate(engine& eng, const generate_request& req,
   for (size_t at = 0; at < req.prompt.size(); at += chunk) {
     size_t n = std::min(chunk, req.prompt.size() - at);
     bool last = at + n == req.prompt.size();
-    step_item item{seq, std::span(req.prompt).subspan(at, n), last};
+    step_item item{seq, std::span(req.prompt).subspan(at, n), last, req.lora};
     LLMESH_TRY(eng.step(std::span(&item, 1), logits));
   }
   out.prefill_seconds = seconds_since(t0);
@@ -69,7 +69,7 @@ result<generate_result> generate(engine& eng, const generate_request& req,
       break;
     }
     if (out.tokens.size() == req.max_tokens) break;
-    step_item item{seq, std::span(&out.tokens.back(), 1), true};
+    step_item item{seq, std::span(&out.tokens.back(), 1), true, req.lora};
     LLMESH_TRY(eng.step(std::span(&item, 1), logits));
     ++position;
   }

@@ -16,6 +16,7 @@
 #include "llmesh/kernels/matmul.hpp"
 #include "llmesh/kernels/rope.hpp"
 #include "llmesh/kernels/sampling.hpp"
+#include "lora_runner.hpp"
 #include "matmul_jobs.hpp"
 
 namespace llmesh::model {
@@ -26,13 +27,16 @@ using detail::for_rows;
 using detail::job;
 using detail::rows_from;
 using detail::slice;
+using detail::lora_job;
 using kernels::matmul_args;
 
 }  // namespace
 
+shard_executor::~shard_executor() = default;
+
 shard_executor::shard_executor(std::shared_ptr<const model> m, shard_layout layout, kv_cache_config kv,
                                kernels::communicator* comm, kernels::thread_pool* pool)
-    : model_(std::move(m)), layout_(layout), kv_(kv), comm_(comm), pool_(pool) {
+    : model_(std::move(m)), layout_(layout), kv_(kv), comm_(comm), pool_(pool), lora_(std::make_unique<detail::lora_runner>()) {
   const auto& c = model_->config();
   attn_shape_.n_heads = layout_.n_heads;
   attn_shape_.n_kv_heads = layout_.n_kv_heads;
@@ -88,6 +92,7 @@ status shard_executor::run(std::span<const step_sequence> batch, std::vector<flo
   for (const auto& s : batch) n_tokens += s.tokens.size();
   if (n_tokens == 0) return make_error(errc::invalid_request, "forward: empty batch");
   ensure_buffers(n_tokens);
+  lora_->plan(batch);
 
   // Embedding rows and rotary angles for every token of the step.
   size_t t = 0;
@@ -175,6 +180,12 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
       job(xn_.data(), c.hidden, lw.v, rows_from(lw.v, kv0), v_.data(), kv_dim, n_tokens, kv_dim, c.hidden, slice(lw.v_bias, kv0)),
   };
   LLMESH_TRY(kernels::matmul(qkv, *pool_));
+  if (lora_->active()) {
+    const lora_job jobs[3] = {{lora_target::q, xn_.data(), c.hidden, 0, c.hidden, q_.data(), q_dim, q0, q_dim},
+                              {lora_target::k, xn_.data(), c.hidden, 0, c.hidden, k_.data(), kv_dim, kv0, kv_dim},
+                              {lora_target::v, xn_.data(), c.hidden, 0, c.hidden, v_.data(), kv_dim, kv0, kv_dim}};
+    LLMESH_TRY(lora_->add(*model_, layer, jobs, *pool_));
+  }
   if (c.qk_norm) {  // Qwen3: every head of q and k RMS-normalised on its own, before RoPE
     for_rows(*pool_, n_tokens * layout_.n_heads, hd, [&](size_t r) {
       kernels::rmsnorm(&q_[r * hd], lw.q_norm.data(), &q_[r * hd], hd, c.rms_norm_eps);
@@ -211,6 +222,10 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
   LLMESH_TRY(kernels::matmul(job(attn_.data(), q_dim, lw.o, cols_from(lw.o, q0), proj_.data(), c.hidden, n_tokens,
                                  c.hidden, q_dim, o_bias),
                              *pool_));
+  if (lora_->active()) {
+    const lora_job o{lora_target::o, attn_.data(), q_dim, q0, q_dim, proj_.data(), c.hidden, 0, c.hidden};
+    LLMESH_TRY(lora_->add(*model_, layer, std::span(&o, 1), *pool_));
+  }
   if (layout_.tp > 1) LLMESH_TRY(comm_->all_reduce_sum(std::span(proj_.data(), n_tokens * c.hidden)));
   return add_residual(lw.post_attn_norm, n_tokens);
 }
@@ -243,6 +258,11 @@ status shard_executor::mlp_block(size_t layer, size_t n_tokens) {
       job(xn_.data(), c.hidden, lw.up, rows_from(lw.up, i0), up_.data(), ni, n_tokens, ni, c.hidden, nullptr),
   };
   LLMESH_TRY(kernels::matmul(gate_up, *pool_));
+  if (lora_->active()) {
+    const lora_job jobs[2] = {{lora_target::gate, xn_.data(), c.hidden, 0, c.hidden, gate_.data(), ni, i0, ni},
+                              {lora_target::up, xn_.data(), c.hidden, 0, c.hidden, up_.data(), ni, i0, ni}};
+    LLMESH_TRY(lora_->add(*model_, layer, jobs, *pool_));
+  }
   pool_->run([&](int th, int n_threads) {
     auto [b, e] = kernels::thread_pool::split(n_tokens * ni, th, n_threads);
     if (c.gemma.on) {
@@ -254,6 +274,10 @@ status shard_executor::mlp_block(size_t layer, size_t n_tokens) {
   LLMESH_TRY(kernels::matmul(job(gate_.data(), ni, lw.down, cols_from(lw.down, i0), proj_.data(), c.hidden, n_tokens,
                                  c.hidden, ni, nullptr),
                              *pool_));
+  if (lora_->active()) {
+    const lora_job d{lora_target::down, gate_.data(), ni, i0, ni, proj_.data(), c.hidden, 0, c.hidden};
+    LLMESH_TRY(lora_->add(*model_, layer, std::span(&d, 1), *pool_));
+  }
   if (layout_.tp > 1) LLMESH_TRY(comm_->all_reduce_sum(std::span(proj_.data(), n_tokens * c.hidden)));
   return add_residual(lw.post_mlp_norm, n_tokens);
 }

@@ -80,10 +80,28 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     e.message = dir + ": " + e.message;
     return e;
   }
+  auto held_int8 = [](const weight_matrix& w) { return w.type == kernels::dtype::q8; };
+  m->int8_weights_ = held_int8(m->weights_.lm_head) || held_int8(m->weights_.embed);
+  for (const auto& l : m->weights_.layers) {
+    for (const weight_matrix* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) m->int8_weights_ |= held_int8(*w);
+    for (const auto& x : l.experts) m->int8_weights_ |= held_int8(x.gate) || held_int8(x.up) || held_int8(x.down);
+  }
+  for (const auto& src : opt.loras) {
+    auto a = load_lora(src, m->config_);
+    if (!a) return a.take_error();
+    m->loras_.push_back(std::move(a.value()));
+  }
   if (is_gguf_file(dir) || std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) {
     if (auto d = detokenizer::load(dir)) m->vocabulary_ = token_vocabulary::build(*d);
   }
   return std::shared_ptr<const model>(std::move(m));
+}
+
+int32_t model::lora_index(std::string_view name) const {
+  for (size_t i = 0; i < loras_.size(); ++i) {
+    if (loras_[i].name == name) return static_cast<int32_t>(i);
+  }
+  return -1;
 }
 
 status model::bind_weights() {

@@ -280,6 +280,29 @@ TEST(ClusterConfig, MeshRulesAreChecked) {
   expect_refused(with("failure_timeout_ms: 3000", "failure_timeout_ms: -3"), {"'failure_timeout_ms'"});
 }
 
+TEST(ClusterConfig, LoraAdaptersAreReadAndTheirNamesChecked) {
+  const std::string two = "placement: packed\n    loras:\n      - name: psalms\n        path: adapters/psalms\n"
+                          "      - {name: org/chat:v2, path: /abs/chat}";
+  auto q = parse_cluster_config(with("placement: packed", two), "t.yaml");
+  ASSERT_TRUE(q.ok()) << q.err().message;
+  ASSERT_EQ(q->models[0].loras.size(), 2u);
+  EXPECT_EQ(q->models[0].loras[0], (model::lora_source{"psalms", "adapters/psalms"}));
+  EXPECT_EQ(q->models[0].loras[1], (model::lora_source{"org/chat:v2", "/abs/chat"}));
+  EXPECT_TRUE(parse_cluster_config(base, "t.yaml")->models[0].loras.empty());
+  expect_refused(with("placement: packed", "placement: packed\n    loras: adapters"), {"'loras' must be a list of {name, path}"});
+  expect_refused(with("placement: packed", "placement: packed\n    loras: [{name: a}]"), {"'path' is required"});
+  expect_refused(with("placement: packed", "placement: packed\n    loras: [{name: 'a b', path: x}]"), {"loras[0]: name 'a b'"});
+  expect_refused(with("placement: packed", "placement: packed\n    loras: [{name: a, path: x}, {name: a, path: y}]"),
+                 {"LoRA adapter name 'a' given twice"});
+  expect_refused(with("placement: packed", "placement: packed\n    loras: [{name: m, path: x}]"), {"is the base model's name"});
+  // Adapters answer as models: a name is unique among all models and adapters of the file.
+  const std::string second = "placement: packed\n    loras: [{name: a, path: x}]\n  - name: n\n    path: models/n\n"
+                             "    replicas: 0\n    loras: [{name: a, path: y}]";
+  expect_refused(with("placement: packed", second), {"LoRA adapter 'a' is already models[0]'s"});
+  const std::string named = "placement: packed\n    loras: [{name: n, path: x}]\n  - name: n\n    path: models/n\n    replicas: 0";
+  expect_refused(with("placement: packed", named), {"name 'n' is already a LoRA adapter's of models[0]"});
+}
+
 TEST(ClusterConfig, ModelRulesAreChecked) {
   expect_refused(with("tp: 2", "tp: 0"), {"models[0] (m): 'tp' must be an integer in 1..64, got '0'"});
   expect_refused(with("tp: 2", "tp: 65"), {"'tp' must be an integer in 1..64, got '65'"});

@@ -1,6 +1,6 @@
 // api_service's smaller routes and fields (api_fixture.hpp's gateway): one model's card
 // (GET /v1/models/{id}), vLLM's priority (refused unless the policy is priority) and
-// cache_salt (a 64-bit key per salt).
+// cache_salt (a 64-bit key per salt); LoRA adapters answering as models of their own.
 #include "api_fixture.hpp"
 
 #include <nlohmann/json.hpp>
@@ -77,6 +77,62 @@ TEST_F(ApiService, ACacheSaltBecomesTheRequestsKey) {
     EXPECT_EQ(status(b), 400) << bad;
     EXPECT_NE(std::get<http_reply>(b).body.find("'cache_salt'"), std::string::npos);
   }
+}
+
+// vLLM's --lora-modules: each adapter is listed as a model whose parent is the base model, and
+// its requests go to the base model's replicas with the adapter's name.
+TEST(ApiLora, AdaptersAnswerAsModelsRoutedToTheirBase) {
+  fake_mesh mesh;
+  actors::metrics_registry metrics;
+  served_model m = kjv_tiny("kjv");
+  ASSERT_TRUE(m.tok);
+  m.loras = {{"psalms", "/adapters/psalms"}, {"org/proverbs:v2", "/adapters/proverbs"}};
+  api_options o;
+  o.model_name = "kjv";
+  api_service api(o, std::vector{std::move(m)}, mesh, metrics);
+  auto call = [&](const std::string& method, const std::string& path, const std::string& body) {
+    return api.handle(method, path, "", body);
+  };
+  auto list = call("GET", "/v1/models", "");
+  const json data = json::parse(std::get<http_reply>(list).body)["data"];
+  ASSERT_EQ(data.size(), 3u);
+  EXPECT_EQ(data[0]["id"], "kjv");
+  EXPECT_FALSE(data[0].contains("parent"));
+  EXPECT_EQ(data[1]["id"], "psalms");
+  EXPECT_EQ(data[1]["parent"], "kjv");
+  EXPECT_EQ(data[1]["root"], "/adapters/psalms");
+  EXPECT_EQ(data[2]["id"], "org/proverbs:v2");
+  auto one = call("GET", "/v1/models/psalms", "");
+  ASSERT_EQ(std::get<http_reply>(one).status, 200);
+  EXPECT_EQ(json::parse(std::get<http_reply>(one).body), data[1]);
+
+  auto base = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"In the beginning"})");
+  auto ad = call("POST", "/v1/completions", R"({"model":"psalms","prompt":"In the beginning"})");
+  auto chat = call("POST", "/v1/chat/completions", R"({"model":"org/proverbs:v2","messages":[{"role":"user","content":"Hi"}]})");
+  ASSERT_TRUE(std::holds_alternative<generation_job>(base) && std::holds_alternative<generation_job>(ad) &&
+              std::holds_alternative<generation_job>(chat));
+  const auto& rb = std::get<generation_job>(base).requests.at(0);
+  const auto& ra = std::get<generation_job>(ad).requests.at(0);
+  const auto& rc = std::get<generation_job>(chat).requests.at(0);
+  EXPECT_EQ(rb.model, "kjv");
+  EXPECT_EQ(rb.lora, "");
+  EXPECT_EQ(ra.model, "kjv");  // routed to the base model's replicas
+  EXPECT_EQ(ra.lora, "psalms");
+  EXPECT_EQ(ra.prompt, rb.prompt);  // the base model's tokenizer
+  EXPECT_EQ(rc.model, "kjv");
+  EXPECT_EQ(rc.lora, "org/proverbs:v2");
+  auto emb = call("POST", "/v1/embeddings", R"({"model":"psalms","input":"x"})");
+  ASSERT_TRUE(std::holds_alternative<generation_job>(emb));
+  auto sub = std::get<generation_job>(emb).output->take_submissions();  // an embedding's requests go out a window at a time
+  ASSERT_EQ(sub.size(), 1u);
+  EXPECT_EQ(sub[0].model, "kjv");
+  EXPECT_EQ(sub[0].lora, "psalms");
+  // Whether the base model has ready replicas decides for its adapters too (the native API asks).
+  mesh.ready_of["kjv"] = 0;
+  EXPECT_EQ(api.model_names(), (std::vector<std::string>{"kjv", "psalms", "org/proverbs:v2"}));
+  auto unknown = call("POST", "/v1/completions", R"({"model":"hymns","prompt":"x"})");
+  ASSERT_EQ(std::get<http_reply>(unknown).status, 404);
+  EXPECT_NE(std::get<http_reply>(unknown).body.find("'psalms'"), std::string::npos) << std::get<http_reply>(unknown).body;
 }
 
 }  // namespace

@@ -220,3 +220,51 @@ TEST(SplitShards, AnInt8ModelServesGeneratesInt8Tokens) {
 
 }  // namespace
 }  // namespace llmesh::testing
+
+namespace llmesh::testing {
+namespace {
+
+// A LoRA adapter on a model split over two nodes (a cluster config model's `loras`): the
+// assignment carries the adapters, each process loads them, the gateway lists the adapter as a
+// model, its requests cross to the replica's node by name and each step names it to rank 1 by
+// index: the served tokens are `llmesh generate --tp 2 --lora DIR`'s, and the base model's
+// requests beside them keep theirs.
+TEST(SplitShards, ALoraAdapterRunsAcrossBothProcesses) {
+  auto m = split_files();
+  const std::string adapter = m.dir.path() + "/psalms";
+  auto made = run_command(bin + " model random-lora --model " + model_dir + " --out " + adapter + " --rank 8 --strength 0.5");
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  m.rewrite("    placement: spread\n", "    placement: spread\n    loras:\n      - name: psalms\n        path: " + adapter + "\n");
+  node_process seed(m.node("seed"));
+  ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny'")) << seed.log();
+  node_process s0(m.node("shard-0"));
+  node_process s1(m.node("shard-1"));
+  ASSERT_TRUE(replica_ready(m, seed, s0, s1));
+  auto models = http_request(m.http_port, "GET", "/v1/models");
+  ASSERT_EQ(models.status, 200);
+  const auto listed = nlohmann::json::parse(models.body)["data"];
+  ASSERT_EQ(listed.size(), 2u) << models.body;
+  EXPECT_EQ(listed[1]["id"], "psalms");
+  EXPECT_EQ(listed[1]["parent"], "kjv-tiny");
+  const std::vector<std::vector<int32_t>> prompts{{1142, 258, 2078, 386, 3345}, {295, 258, 400}};
+  constexpr int max_tokens = 16;
+  for (const auto& p : prompts) {
+    const auto want = generate_ids(p, max_tokens, " --tp 2 --lora " + adapter);
+    const auto plain = generate_ids(p, max_tokens, " --tp 2");
+    ASSERT_EQ(want.size(), static_cast<size_t>(max_tokens));
+    EXPECT_NE(want, plain) << "the adapter must change the tokens for this test to mean anything";
+    for (const std::string model : {"psalms", "kjv-tiny"}) {
+      const nlohmann::json body{{"model", model}, {"prompt", p}, {"max_tokens", max_tokens}, {"temperature", 0}, {"return_token_ids", true}};
+      auto r = http_request(m.http_port, "POST", "/v1/completions", body.dump());
+      ASSERT_EQ(r.status, 200) << r.body;
+      EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), model == "psalms" ? want : plain)
+          << model;
+    }
+  }
+  EXPECT_EQ(s1.stop(), 0) << s1.log();
+  EXPECT_EQ(s0.stop(), 0) << s0.log();
+  EXPECT_EQ(seed.stop(), 0) << seed.log();
+}
+
+}  // namespace
+}  // namespace llmesh::testing

@@ -39,6 +39,8 @@ std::vector<envelope> samples() {
       generate_msg{15, {5, 6}, 8, {0.0f, 1.0f, 0, 3}, {}, 0, {}, 0, "", {}, {}, {}, -7},
       // An embedding request (mean pooling).
       generate_msg{16, {5, 6}, 1, {0.0f, 1.0f, 0, 3}, {}, 0, {}, 0, "", {}, {}, {}, 0, 0, 2},
+      // A request with a LoRA adapter (by name) and a cache salt.
+      generate_msg{17, {5, 6}, 8, {0.0f, 1.0f, 0, 3}, {}, 0, {}, 0, "", {}, {}, {}, 0, 99, 0, "sql-lora"},
       token_body{7, 42, finish_kind::length, false, errc::internal, "", std::nullopt},
       token_body{7, -1, finish_kind::none, true, errc::shard_failed, "shard 1 is gone", std::nullopt},
       token_body{8, 9, finish_kind::none, false, errc::internal, "", token_body::logprobs_t{-0.25f, {9, 3}, {-0.25f, -2.5f}, 2}},
@@ -66,6 +68,9 @@ std::vector<envelope> samples() {
       assign_msg{14, "kjv-tiny", "models/kjv-tiny", 2, 256, assign_op::start, {}, {}, {}},
       assign_msg{14, "kjv-tiny", "models/kjv-tiny", 2, 256, assign_op::stop, {}, {}, {}},
       assign_msg{16, "kjv-tiny", "models/kjv-tiny", 1, 64, assign_op::start, {}, {}, {}, "int8"},
+      // Two LoRA adapters served beside the model.
+      assign_msg{17, "kjv-tiny", "models/kjv-tiny", 1, 64, assign_op::start, {}, {}, {}, "",
+                 {{"psalms", "/adapters/psalms"}, {"org/chat:v2", "adapters/chat"}}},
       // Spread placement: this node runs ranks 1 and 2 of 3; the key is bytes (zeros too).
       assign_msg{15, "kjv-tiny", "models/kjv-tiny", 3, 128, assign_op::start, {1, 2},
                  {"127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7102"}, std::string("\x00key\xff\x01-of-the-group", 19)},
@@ -74,6 +79,9 @@ std::vector<envelope> samples() {
       shard_step_msg{42, {5, 6, 7, 8}, {3, 4}, {{2, 0, 1, false, 5, 7}, {2, 16, 1, true, 0, -1}}, {{{}, 18}}},
       // A speculating decode: its last token and two drafts, drawn from all three positions.
       shard_step_msg{43, {5, 6, 7}, {3, 4}, {{3, 16, 2, true, -1, -1, 3}}, {{{}, 17}, {{}, 18}, {{}, 19}}},
+      // Sequences with LoRA adapters 1 and 0 beside one without.
+      shard_step_msg{44, {5, 6, 7}, {3, 4, 5}, {{1, 16, 1, true, -1, -1, 1, 1}, {1, 4, 1, true, -1, -1, 1, -1}, {1, 9, 1, true, -1, -1, 1, 0}},
+                     {{{}, 17}, {{}, 5}, {{}, 10}}},
       shard_step_msg{},
       shard_result_msg{41, 1, true, errc::internal, ""},
       shard_result_msg{42, 2, false, errc::shard_failed, "rank 2: out of memory"},
@@ -429,6 +437,11 @@ TEST(Codec, MutatedFramesNeverCrash) {
 }
 
 TEST(Codec, AStepSequenceDrawsFromOneToAllOfItsTokens) {
+  {  // an adapter index below -1
+    auto r = decode(encode({{}, {}, 0, 0, shard_step_msg{1, {1}, {0}, {{1, 0, 1, true, -1, -1, 1, -2}}, {{{}, 1}}}}));
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.err().message.find("seqs.lora is -2"), std::string::npos) << r.err().message;
+  }
   for (uint32_t draws : {0u, 4u}) {
     auto r = decode(encode({{}, {}, 0, 0, shard_step_msg{1, {1, 2, 3}, {0}, {{3, 0, 1, true, -1, -1, draws}}, {}}}));
     ASSERT_FALSE(r.ok()) << draws;

@@ -75,6 +75,7 @@ struct writer {
     g.setPriority(m.priority);
     g.setCacheSalt(m.cache_salt);
     g.setPooling(m.pooling);
+    g.setLora(text(m.lora));
     if (!m.constraint_after.empty()) {
       fill(g.initConstraintAfter(static_cast<unsigned>(m.constraint_after.size())), m.constraint_after);
     }
@@ -181,6 +182,11 @@ struct writer {
     for (unsigned i = 0; i < m.shard_nodes.size(); ++i) nodes.set(i, text(m.shard_nodes[i]));
     a.setGroupKey(data(m.group_key));
     a.setQuantization(text(m.quantization));
+    auto loras = a.initLoras(static_cast<unsigned>(m.loras.size()));
+    for (unsigned i = 0; i < m.loras.size(); ++i) {
+      loras[i].setName(text(m.loras[i].name));
+      loras[i].setPath(text(m.loras[i].path));
+    }
   }
   void operator()(const shard_step_msg& m) {
     auto st = b.initShardStep();
@@ -196,6 +202,7 @@ struct writer {
       seqs[i].setPromptLogprobs(m.seqs[i].prompt_logprobs);
       seqs[i].setNext(m.seqs[i].next);
       seqs[i].setDraws(m.seqs[i].draws);
+      seqs[i].setLora(m.seqs[i].lora);
     }
     auto rows = st.initRows(static_cast<unsigned>(m.rows.size()));
     for (unsigned i = 0; i < m.rows.size(); ++i) {
@@ -365,6 +372,7 @@ struct reader {
         m.cache_salt = g.getCacheSalt();
         m.pooling = g.getPooling();
         if (m.pooling > 3) err = bad("unknown pooling " + std::to_string(m.pooling));
+        m.lora = str(g.getLora(), "lora");
         if (auto words = g.getBadWords(); fits(words, "badWords")) {
           size_t total = 0;
           for (auto w : words) {
@@ -470,6 +478,9 @@ struct reader {
           for (auto x : a.getShardNodes()) m.shard_nodes.push_back(str(x, "shardNodes"));
         }
         m.group_key = bytes(a.getGroupKey(), "groupKey");
+        if (fits(a.getLoras(), "loras")) {
+          for (auto x : a.getLoras()) m.loras.push_back({str(x.getName(), "loras.name"), str(x.getPath(), "loras.path")});
+        }
         out = std::move(m);
         break;
       }
@@ -482,7 +493,8 @@ struct reader {
         if (fits(st.getSeqs(), "seqs")) {
           for (auto x : st.getSeqs()) {
             m.seqs.push_back({x.getNTokens(), x.getPos0(), x.getNBlocks(), x.getWantLogits(), x.getPromptLogprobs(), x.getNext(),
-                              x.getDraws()});
+                              x.getDraws(), x.getLora()});
+            if (x.getLora() < -1) err = bad("seqs.lora is " + std::to_string(x.getLora()) + " (-1 or an adapter's index)");
             if (x.getDraws() < 1 || x.getDraws() > x.getNTokens()) {
               err = bad("seqs.draws is " + std::to_string(x.getDraws()) + " (1..nTokens, " + std::to_string(x.getNTokens()) + ")");
             }

@@ -72,7 +72,21 @@ struct request_spec {
   /// both computed whole like a scored prompt) and nothing is drawn: one event (token -1, finish length)
   /// ends it once the prompt is computed. max_tokens is not used.
   pooling pool = pooling::none;
+  /// The LoRA adapter its steps run with (an index into the model's loras(); -1: none). Its KV
+  /// blocks hold that adapter's keys and values: the prefix cache keys them apart (prefix_key).
+  int32_t lora = -1;
 };
+
+/// The key a request's prefix-cache chain starts from: its cache_salt, mixed with its adapter
+/// when it has one (blocks computed under different adapters differ). Never 0 with an adapter.
+inline uint64_t prefix_key(const request_spec& s) {
+  if (s.lora < 0) return s.cache_salt;
+  uint64_t z = s.cache_salt ^ (0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(s.lora) + 1));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return z == 0 ? 1 : z;
+}
 
 /// One sequence's part of a planned step. Spans point into the scheduler's request state and
 /// stay valid until complete() or the next schedule().
@@ -88,6 +102,7 @@ struct scheduled_seq {
   /// the drafts) when it speculates.
   uint32_t draws = 1;
   model::hidden_rows hidden = model::hidden_rows::none;  ///< an embedding request's (request_spec::pool)
+  int32_t lora = -1;                                     ///< request_spec::lora
 };
 
 struct step_plan {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "llmesh/common/error.hpp"
+#include "llmesh/model/lora.hpp"
 
 namespace llmesh::actors {
 
@@ -83,6 +84,9 @@ struct model_spec {
   std::string tool_call_parser = "hermes";
   /// Gateways' /v1/embeddings pooling (--pooling): model (the directory's) | last | mean | cls
   std::string pooling = "model";
+  /// LoRA adapters served beside the model (--lora-modules): `loras: [{name: N, path: DIR}, ...]`;
+  /// each name is unique among the file's models and adapters.
+  std::vector<model::lora_source> loras;
 };
 
 /// A whole cluster config, validated. Immutable after parsing; safe to share between threads.

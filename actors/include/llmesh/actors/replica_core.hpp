@@ -65,6 +65,9 @@ struct replica_request {
   /// (a failover then continues it as a generation of one token would), and the fields of
   /// generation (sampling's logprobs, bias, constraints, bad words) must be unset.
   pooling pool = pooling::none;
+  /// The LoRA adapter to run it with, by name (its model's --lora-modules; "": none). A name
+  /// the replica's model did not load is a not_found.
+  std::string lora;
 };
 
 using kernels::sample_row;

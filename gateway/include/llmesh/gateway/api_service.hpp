@@ -27,6 +27,7 @@
 #include "llmesh/gateway/tool_calls.hpp"
 #include "llmesh/model/chat_template.hpp"
 #include "llmesh/model/config.hpp"
+#include "llmesh/model/lora.hpp"
 #include "llmesh/model/tokenizer.hpp"
 
 namespace llmesh::gateway {
@@ -64,6 +65,14 @@ struct served_model {
   std::vector<int32_t> tool_tokens = {};
   /// /v1/embeddings' pooling and normalization (load_embedding_defaults).
   embedding_defaults embedding = {};
+  /// LoRA adapters served on this model (--lora-modules, a cluster config model's loras): the
+  /// service answers each as a model of its own name (vLLM's way), run on this model's replicas.
+  std::vector<model::lora_source> loras = {};
+  /// Set on the entries the service makes for those adapters: the base model's name (the
+  /// mesh's routing key), the adapter's name (replica_request::lora) and directory.
+  std::string parent = {}, lora = {}, root = {};
+  /// The model the mesh routes its requests to: the base model's name for an adapter.
+  const std::string& route_name() const { return parent.empty() ? name : parent; }
 };
 
 /// A response to run: submit every request to the mesh, feed their messages to `output`.

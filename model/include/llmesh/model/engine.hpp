@@ -40,6 +40,7 @@ struct step_item {
   int seq = 0;
   std::span<const int32_t> tokens;
   bool want_logits = true;
+  int32_t lora = -1;  ///< step_sequence::lora
 };
 
 /// Thread affinity: one caller at a time. The caller's thread is rank 0; ranks 1..tp-1 run on

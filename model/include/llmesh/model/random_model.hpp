@@ -60,6 +60,23 @@ struct tensor_spec {
 /// Writes one safetensors file (header padded to 8 bytes, tensors in the given order).
 [[nodiscard]] status write_safetensors(const std::string& path, const std::vector<tensor_spec>& tensors);
 
+/// `llmesh model random-lora`: a deterministic random PEFT LoRA adapter for the model in
+/// `model_dir` (its config.json gives the shapes), written into `dir` as PEFT's save_pretrained
+/// does: adapter_config.json and adapter_model.safetensors.
+struct random_lora_spec {
+  size_t rank = 8;
+  double alpha = 16.0;
+  bool rslora = false;
+  /// Any of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj.
+  std::vector<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  kernels::dtype dtype = kernels::dtype::f32;
+  uint64_t seed = 1;
+  /// The size of B's values relative to what keeps the delta about as large as the base
+  /// projection's output (1: a clearly different model; trained adapters are smaller).
+  float strength = 1.0f;
+};
+[[nodiscard]] status write_random_lora(const random_lora_spec& spec, const std::string& model_dir, const std::string& dir);
+
 /// Parses an architecture name for `model random` ("llama", "mistral", "qwen2", "qwen3", "phi3",
 /// "qwen3_moe", "mixtral", "qwen2_moe", "gemma", "gemma2", "gemma3", "granite").
 [[nodiscard]] result<std::string> config_architecture_name(const std::string& arch);

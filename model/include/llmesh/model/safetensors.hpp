@@ -64,6 +64,12 @@ class tensor_store {
   /// The tensor, or not_found naming it.
   result<tensor_view> get(const std::string& name) const;
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
+  /// Every tensor's name, in order.
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& [n, t] : tensors_) out.push_back(n);
+    return out;
+  }
   size_t size() const { return tensors_.size(); }
 
  private:

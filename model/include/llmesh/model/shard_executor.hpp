@@ -17,6 +17,9 @@
 #include "llmesh/model/weights.hpp"
 
 namespace llmesh::model {
+namespace detail {
+class lora_runner;
+}
 
 /// The slice of the model one rank owns. Heads and the MLP split evenly; when there are fewer
 /// KV heads than ranks, each rank holds a replica of the one KV head its query heads use.
@@ -66,6 +69,8 @@ struct step_sequence {
   /// Its final hidden rows come back (rank 0's step_logprobs::hidden). They are the rows the
   /// LM head would take at those positions, whatever else the step holds.
   hidden_rows hidden = hidden_rows::none;
+  /// The LoRA adapter its projections add (an index into model::loras()), or -1 for none.
+  int32_t lora = -1;
 };
 
 /// How many hidden rows `s` wants from a step, and the chunk position of the first of them
@@ -145,6 +150,7 @@ class shard_executor final : public step_executor {
  public:
   shard_executor(std::shared_ptr<const model> m, shard_layout layout, kv_cache_config kv,
                  kernels::communicator* comm, kernels::thread_pool* pool);
+  ~shard_executor() override;
 
   [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits) override;
   using step_executor::forward_sample;
@@ -203,6 +209,7 @@ class shard_executor final : public step_executor {
   std::vector<uint32_t> chosen_;  ///< per (token, slot): its expert
   std::vector<float> weight_;     ///< per (token, slot): its expert's weight
   std::vector<size_t> row_of_;    ///< per (token, slot): its row among the chunk's expert rows
+  std::unique_ptr<detail::lora_runner> lora_;  ///< this step's rows by LoRA adapter (lora_runner.hpp)
 };
 
 }  // namespace llmesh::model

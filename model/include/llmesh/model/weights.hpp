@@ -8,6 +8,7 @@
 
 #include "llmesh/common/error.hpp"
 #include "llmesh/model/config.hpp"
+#include "llmesh/model/lora.hpp"
 #include "llmesh/model/safetensors.hpp"
 
 namespace llmesh::model {
@@ -40,6 +41,9 @@ struct load_options {
   /// gather keeps the checkpoint's rows). About 1.1 bytes per weight instead of 2 (BF16): a
   /// memory-bound decode step reads half as much.
   quantization quant = quantization::none;
+  /// LoRA adapters served beside the model (--lora-modules), loaded at start; a step sequence
+  /// names one by its index here (step_sequence::lora).
+  std::vector<lora_source> loras;
 };
 
 /// One decoder layer. Norm weights and biases are small and converted to float32 at load.
@@ -84,6 +88,13 @@ class model {
   const model_weights& weights() const { return weights_; }
   const std::string& dir() const { return dir_; }
   quantization quant() const { return quant_; }
+  /// Whether any weight matrix is held as int8 blocks (kernels::dtype::q8): after
+  /// --quantization int8, or as loaded from a quantized GGUF file. Such weights run on the CPU.
+  bool int8_weights() const { return int8_weights_; }
+  /// The LoRA adapters loaded with the model (load_options::loras), in that order.
+  const std::vector<lora_adapter>& loras() const { return loras_; }
+  /// The index of the adapter named `name` in loras(), or -1.
+  int32_t lora_index(std::string_view name) const;
   /// The token bytes of DIR/tokenizer.json, for structured outputs (token_mask.hpp); null when
   /// the directory has no tokenizer the detokenizer reads.
   const std::shared_ptr<const token_vocabulary>& vocabulary() const { return vocabulary_; }
@@ -113,6 +124,8 @@ class model {
   model_weights weights_;
   std::shared_ptr<const token_vocabulary> vocabulary_;
   quantization quant_ = quantization::none;
+  bool int8_weights_ = false;
+  std::vector<lora_adapter> loras_;
   /// The quantized copy the q8 weight views point into (huge-page backed where the kernel allows).
   std::shared_ptr<uint8_t> quantized_;
 };

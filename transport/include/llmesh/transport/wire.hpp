@@ -64,6 +64,7 @@ struct generate_msg {
   int32_t priority = 0;                         ///< vLLM's priority: lower is served first
   uint64_t cache_salt = 0;                      ///< vLLM's cache_salt as a key (0: none)
   uint8_t pooling = 0;                          ///< actors::pooling (0..3, checked on decode; 0: a generation)
+  std::string lora;                             ///< its LoRA adapter's name ("": none; at most max_name bytes)
   bool operator==(const generate_msg&) const = default;
 };
 enum class finish_kind : uint8_t { none, length, eos, cancelled };
@@ -179,6 +180,11 @@ struct assign_msg {
   std::vector<std::string> shard_nodes;
   std::string group_key;
   std::string quantization;  ///< the model's --quantization ("" = none); the node parses it
+  struct lora_module {
+    std::string name, path;
+    bool operator==(const lora_module&) const = default;
+  };
+  std::vector<lora_module> loras;  ///< adapters served beside the model, in order (at most max_list)
   bool operator==(const assign_msg&) const = default;
 };
 
@@ -191,6 +197,7 @@ struct step_seq {
   int32_t prompt_logprobs = -1;  ///< -1..max_logprobs (checked on decode)
   int32_t next = -1;             ///< -1 or a token id (the engine checks it against the vocabulary)
   uint32_t draws = 1;            ///< rows drawn from its last positions (1..n_tokens, checked on decode)
+  int32_t lora = -1;             ///< its LoRA adapter's index (-1: none; >= -1 checked on decode, the engine checks the rest)
   bool operator==(const step_seq&) const = default;
 };
 /// One step for a shard in another process; sequence i's tokens and block table are the next

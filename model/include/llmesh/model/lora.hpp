@@ -1,0 +1,66 @@
+// LoRA adapters (PEFT's format) served beside their base model: vLLM's --lora-modules. A
+// request names an adapter; its sequences' projections then add scale · (x Aᵀ) Bᵀ to the base
+// model's output, row by row, so sequences with different adapters (or none) share a step.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "llmesh/common/error.hpp"
+#include "llmesh/model/config.hpp"
+
+namespace llmesh::model {
+
+/// An adapter to load: the name requests use and its directory (adapter_config.json and
+/// adapter_model.safetensors, as PEFT's save_pretrained writes them).
+struct lora_source {
+  std::string name, path;
+  bool operator==(const lora_source&) const = default;
+};
+
+/// Parses one --lora-modules value: NAME=PATH, or vLLM's JSON form
+/// {"name": NAME, "path": PATH[, "base_model_name": ...]}. Names are 1..128 characters of
+/// letters, digits and -_.:/ (they stand where a model name does).
+[[nodiscard]] result<lora_source> parse_lora_source(std::string_view spec);
+
+/// Refuses two adapters with the same name, or one named like the base model `base_name`.
+[[nodiscard]] status check_lora_names(const std::vector<lora_source>& loras, const std::string& base_name);
+
+/// The seven projections an adapter may target.
+enum class lora_target : uint8_t { q, k, v, o, gate, up, down };
+inline constexpr size_t lora_target_count = 7;
+
+/// One projection's low-rank pair, in float32: A [r][in], B [out][r]; delta = scale · B·A.
+/// r == 0: the adapter leaves this projection alone.
+struct lora_pair {
+  size_t r = 0, in = 0, out = 0;
+  float scale = 0.0f;
+  std::vector<float> a, b;
+};
+
+struct lora_layer {
+  lora_pair pairs[lora_target_count];
+  const lora_pair& operator[](lora_target t) const { return pairs[static_cast<size_t>(t)]; }
+  lora_pair& operator[](lora_target t) { return pairs[static_cast<size_t>(t)]; }
+};
+
+/// A loaded adapter (immutable once loaded).
+struct lora_adapter {
+  std::string name, path;
+  size_t max_rank = 0;
+  std::vector<lora_layer> layers;  ///< one per decoder layer of the base model
+  size_t bytes() const;
+};
+
+/// Loads DIR/adapter_config.json and DIR/adapter_model.safetensors for a base model of config
+/// `cfg`. Targets come from the tensors present (q/k/v/o_proj of self_attn, gate/up/down_proj
+/// of mlp); scale = lora_alpha / r (use_rslora: lora_alpha / sqrt(r)), r taken per projection
+/// from its tensors (so rank_pattern needs nothing more). Refused by name: DoRA, bias other
+/// than "none", modules_to_save, fan_in_fan_out, alpha_pattern, extra vocabulary, tensors of
+/// other modules (embeddings, LM head, MoE experts, fused projections), shapes that do not fit
+/// the base model, ranks above 512, non-finite values.
+[[nodiscard]] result<lora_adapter> load_lora(const lora_source& src, const model_config& cfg);
+
+}  // namespace llmesh::model

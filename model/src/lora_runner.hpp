@@ -1,0 +1,47 @@
+// How a rank's executor adds its sequences' LoRA deltas to a projection's output (private to
+// shard_executor.cpp). Rows are grouped by adapter, and each group runs as two small matmuls
+// (x·Aᵀ, then ·Bᵀ) in the canonical reduction order, so a row's delta does not depend on which
+// rows share the step, nor on how its sequence is chunked.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "llmesh/common/error.hpp"
+#include "llmesh/kernels/thread_pool.hpp"
+#include "llmesh/model/lora.hpp"
+#include "llmesh/model/shard_executor.hpp"
+#include "llmesh/model/weights.hpp"
+
+namespace llmesh::model::detail {
+
+/// One projection of a rank: y[row][0..n_out) += scale · (x[row][0..n_in) · A[:, in0..in0+n_in)ᵀ)
+/// · B[out0..out0+n_out, :]ᵀ. A column-parallel slice has in0 = 0 and its rows' out0; a
+/// row-parallel one its columns' in0 and out0 = 0 (the all-reduce then sums the ranks' parts).
+struct lora_job {
+  lora_target target;
+  const float* x;
+  size_t ldx, in0, n_in;
+  float* y;
+  size_t ldy, out0, n_out;
+};
+
+class lora_runner {
+ public:
+  /// Groups the batch's token rows by adapter (step_sequence::lora >= 0).
+  void plan(std::span<const step_sequence> batch);
+  bool active() const { return !groups_.empty(); }
+  /// Adds the planned rows' deltas of layer `layer` to every job's output (one parallel region
+  /// per stage for all jobs and adapters).
+  [[nodiscard]] status add(const model& m, size_t layer, std::span<const lora_job> jobs, kernels::thread_pool& pool);
+
+ private:
+  struct group {
+    int32_t adapter;
+    std::vector<size_t> rows;
+  };
+  std::vector<group> groups_;
+  std::vector<float> x_, t_, u_;  ///< gathered rows, x·Aᵀ, and ·Bᵀ
+};
+
+}  // namespace llmesh::model::detail
