@@ -315,6 +315,8 @@ struct ShardReady {
   kvBlocks @7 :UInt64;      # its KV cache's blocks: every rank's must equal rank 0's
   quantization @8 :Text;    # how its node holds the weights ("none", "int8"; "" from older
                             # nodes, which hold them as stored): every rank's must equal rank 0's
+  loras @9 :Text;           # the LoRA adapters its node loaded, their names in order, one per line
+                            # ("" from older nodes, which load none): every rank's must equal rank 0's
 }
 
 # The replica's node tells every shard's node that the group forms: connect to the ranks above.

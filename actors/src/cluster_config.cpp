@@ -377,9 +377,9 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
       if (!lf) return r.fail(at + ": must be a mapping with keys name, path");
       LLMESH_READ(lname, r.string(*lf, "name", true));
       LLMESH_READ(lpath, r.string(*lf, "path", true));
-      auto src = model::parse_lora_source(*lname + "=" + *lpath);
-      if (!src) return r.fail(at + ": name " + shown(*lname) + " must be 1..128 letters, digits or -_.:/, and path non-empty");
-      out.loras.push_back(std::move(*src));
+      if (!model::valid_lora_name(*lname)) return r.fail(at + ": name " + shown(*lname) + " must be 1..128 letters, digits or -_.:/");
+      if (lpath->empty()) return r.fail(at + ": 'path' must not be empty");
+      out.loras.push_back({*lname, *lpath});
     }
     if (auto s = model::check_lora_names(out.loras, out.name); !s) return r.fail(s.err().message);
   }

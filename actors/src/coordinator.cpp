@@ -216,7 +216,7 @@ void coordinator::stop_shards(const replica_record& r, const std::string& except
     auto m = members_.members().find(node);
     if (m == members_.members().end()) continue;
     out.push_back(send_to(m->second.peer, agent_actor_id,
-                          transport::assign_msg{r.a.id, r.a.model, "", 0, 0, transport::assign_op::stop, {}, {}, {}, {}}));
+                          transport::assign_msg{r.a.id, r.a.model, "", 0, 0, transport::assign_op::stop, {}, {}, {}, {}, {}}));
   }
 }
 
@@ -239,7 +239,7 @@ coordinator::actions coordinator::apply(const std::vector<change>& changes) {
       started[c.r.model].insert(c.r.id);
       transport::assign_msg a{c.r.id, spec->name, spec->path, static_cast<uint32_t>(spec->tp), spec->kv_cache_mb,
                               transport::assign_op::start, {}, {}, {},
-                              spec->quantization == "none" ? std::string() : spec->quantization};
+                              spec->quantization == "none" ? std::string() : spec->quantization, {}};
       for (const auto& l : spec->loras) a.loras.push_back({l.name, l.path});
       const bool spread = std::any_of(c.r.shards.begin(), c.r.shards.end(), [&](const auto& n) { return n != node; });
       if (!spread) {
@@ -298,7 +298,7 @@ void coordinator::stop_now(uint64_t id, actions& out) {
   if (it->second.phase == replica_phase::ready) out.push_back({coordinator_action::replica_drain, 0, 0, {}, id, {}, {}});
   it->second.phase = replica_phase::draining;
   out.push_back(send_to(m->second.peer, agent_actor_id,
-                        transport::assign_msg{id, it->second.a.model, "", 0, 0, transport::assign_op::stop, {}, {}, {}, {}}));
+                        transport::assign_msg{id, it->second.a.model, "", 0, 0, transport::assign_op::stop, {}, {}, {}, {}, {}}));
 }
 
 void coordinator::settled(uint64_t id, actions& out) {

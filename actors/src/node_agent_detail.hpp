@@ -31,6 +31,19 @@ inline std::string model_key(const transport::assign_msg& a) {
   return key;
 }
 
+/// LoRA adapters' names in order, one per line: what every rank of a spread replica must have
+/// loaded (ShardReady.loras), from the assignment or from a loaded model.
+inline std::string lora_names(const transport::assign_msg& a) {
+  std::string out;
+  for (const auto& l : a.loras) out += l.name + '\n';
+  return out;
+}
+inline std::string lora_names(const model::model& m) {
+  std::string out;
+  for (const auto& l : m.loras()) out += l.name + '\n';
+  return out;
+}
+
 /// How an assignment asks this node to load the model: invalid_request for a quantization
 /// this build does not know, unsupported for int8 on a CUDA node (refused before loading).
 inline result<model::load_options> load_options_of(const transport::assign_msg& a, model::backend device) {

@@ -55,6 +55,14 @@ void maybe_form(agent* self, uint64_t id) {
                                         want + ": every node of the replica must run a build that knows the model's quantization");
     }
   }
+  // And the same LoRA adapters in the same order (a step names them by index; a node of an
+  // older build loads none and would add no deltas).
+  for (const auto& [rank, names] : f.loras) {
+    if (names != lora_names(f.a)) {
+      return fail_forming(self, id, "rank " + std::to_string(rank) + "'s node loaded other LoRA adapters than the assignment's: "
+                                        "every node of the replica must run a build that serves them");
+    }
+  }
   f.joining = true;
   std::set<transport::peer_id> told;
   for (const auto& [rank, where] : f.remote) {
@@ -210,7 +218,7 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
       const auto ranks = a->second.ranks;
       st.assigned.erase(a);
       return with_peer(self, *leader_listen, [=](transport::peer_id peer) {
-        for (uint32_t r : ranks) to_agent(self, peer, transport::shard_ready_msg{p->id, r, "", 0, *key, false, p->err, 0, {}});
+        for (uint32_t r : ranks) to_agent(self, peer, transport::shard_ready_msg{p->id, r, "", 0, *key, false, p->err, 0, {}, {}});
       });
     }
     st.assigned.erase(a);
@@ -232,7 +240,7 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
     const uint64_t sid = shard_actor_id(p->id, static_cast<uint32_t>(rank));
     self->send(st.bridge, export_atom::value, s, sid);
     ready.push_back({p->id, static_cast<uint32_t>(rank), c->address(), sid, *key, true, "", p->engine->kv_blocks(),
-                     std::string(model::quantization_name(p->m->quant()))});
+                     std::string(model::quantization_name(p->m->quant())), lora_names(*p->m)});
     // The group failing (rank 0's node lost, a peer's abort) ends these shards.
     c->set_on_failed([me = caf::actor_cast<caf::actor>(self), id = p->id](const error&) {
       caf::anon_send(me, group_lost_atom::value, id);
@@ -256,6 +264,7 @@ void on_shard_ready(agent* self, transport::peer_id peer, const transport::shard
   f.remote[static_cast<int>(m.rank)] = {peer, m.actor};
   f.kv_blocks[static_cast<int>(m.rank)] = m.kv_blocks;
   f.quantization[static_cast<int>(m.rank)] = m.quantization.empty() ? "none" : m.quantization;
+  f.loras[static_cast<int>(m.rank)] = m.loras;
   maybe_form(self, m.replica);
 }
 

@@ -75,17 +75,19 @@ api_service::api_service(api_options opt, std::vector<served_model> models, acto
       runs_(std::make_unique<background_runs>(mesh, background_limits{}, serving_gauge(metrics, actors::metric::background_running))) {
   actors::metric::declare_serving(metrics_);
   // Each LoRA adapter answers as a model of its own: the base model's entry under its name.
-  for (size_t i = 0, n = models_.size(); i < n; ++i) {
-    for (const auto& l : models_[i].loras) {
-      served_model a = models_[i];
+  std::vector<served_model> adapters;
+  for (const auto& m : models_) {
+    for (const auto& l : m.loras) {
+      served_model a = m;
       a.loras.clear();
       a.name = l.name;
-      a.parent = models_[i].name;
+      a.parent = m.name;
       a.lora = l.name;
       a.root = l.path;
-      models_.push_back(std::move(a));
+      adapters.push_back(std::move(a));
     }
   }
+  for (auto& a : adapters) models_.push_back(std::move(a));
   // The stores' sizes, read at each scrape (weak: a scrape after the service is gone reads none).
   metrics_.add_collector([&m = metrics_, store = std::weak_ptr<response_store>(store_),
                           convs = std::weak_ptr<json_store>(conversations_)] {

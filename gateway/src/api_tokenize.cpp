@@ -9,7 +9,14 @@ namespace llmesh::gateway {
 
 result<const served_model*> api_service::find_or_only(const std::string& name) const {
   if (!name.empty()) return find(name);
-  if (models_.size() == 1) return &models_.front();
+  // One base model: its adapters (served as models too) do not make the name ambiguous.
+  const served_model* only = nullptr;
+  for (const auto& m : models_) {
+    if (!m.parent.empty()) continue;
+    if (only) return make_error(errc::invalid_request, "this server serves several models: name one in 'model'");
+    only = &m;
+  }
+  if (only) return only;
   return make_error(errc::invalid_request, "this server serves several models: name one in 'model'");
 }
 

@@ -23,15 +23,6 @@ error bad(const lora_source& src, const std::string& what) {
   return error{errc::invalid_request, "LoRA adapter '" + src.name + "' (" + src.path + "): " + what};
 }
 
-bool valid_name(std::string_view n) {
-  if (n.empty() || n.size() > 128) return false;
-  for (char ch : n) {
-    const bool ok = std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.' || ch == ':' || ch == '/';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 /// The adapter's settings that change what its tensors mean.
 struct lora_settings {
   double alpha = 8.0;  // PEFT's default lora_alpha
@@ -69,7 +60,7 @@ result<lora_settings> read_settings(const lora_source& src) {
 /// "layers.3.self_attn.q_proj.lora_A" and the like, after PEFT's prefixes.
 const std::regex& tensor_name_rule() {
   static const std::regex rule(
-      R"(^base_model\.model\.(?:model\.)?layers\.(\d+)\.(self_attn|mlp)\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.lora_([AB])(?:\.default)?\.weight$)");
+      R"(^base_model\.model\.(?:model\.)?layers\.(\d{1,6})\.(self_attn|mlp)\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.lora_([AB])(?:\.default)?\.weight$)");
   return rule;
 }
 
@@ -107,6 +98,15 @@ std::string shape_str(const std::vector<size_t>& s) {
 
 }  // namespace
 
+bool valid_lora_name(std::string_view n) {
+  if (n.empty() || n.size() > 128) return false;
+  for (char ch : n) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.' || ch == ':' || ch == '/';
+    if (!ok) return false;
+  }
+  return true;
+}
+
 result<lora_source> parse_lora_source(std::string_view spec) {
   lora_source s;
   const std::string text(spec);
@@ -126,7 +126,7 @@ result<lora_source> parse_lora_source(std::string_view spec) {
     s.name = text.substr(0, eq);
     s.path = text.substr(eq + 1);
   }
-  if (!valid_name(s.name)) {
+  if (!valid_lora_name(s.name)) {
     return make_error(errc::invalid_request, "--lora-modules: the name '" + s.name +
                                                  "' must be 1-128 letters, digits or -_.:/");
   }
@@ -157,8 +157,9 @@ result<lora_adapter> load_lora(const lora_source& src, const model_config& cfg) 
   auto settings = read_settings(src);
   if (!settings) return settings.take_error();
   const std::string file = (std::filesystem::path(src.path) / "adapter_model.safetensors").string();
-  if (!std::filesystem::exists(file)) {
-    const bool bin = std::filesystem::exists(std::filesystem::path(src.path) / "adapter_model.bin");
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) {
+    const bool bin = std::filesystem::exists(std::filesystem::path(src.path) / "adapter_model.bin", ec);
     return bad(src, bin ? "adapter_model.bin (a pickle) is not read; save the adapter with safe_serialization"
                         : "no adapter_model.safetensors");
   }
@@ -192,7 +193,9 @@ result<lora_adapter> load_lora(const lora_source& src, const model_config& cfg) 
     if (cfg.moe.n_experts > 0 && m[2].str() == "mlp") return bad(src, "tensor '" + name + "': an MoE model's MLP takes no adapter");
     if (cfg.fused_projections) return bad(src, "a model with fused projections (Phi-3) takes no adapter here");
     auto& f = pairs[{layer, *t}];
-    (m[4].str() == "A" ? f.a : f.b) = &view;
+    const tensor_view*& slot = m[4].str() == "A" ? f.a : f.b;
+    if (slot) return bad(src, "tensor '" + name + "': its projection's lora_" + m[4].str() + " is given twice");
+    slot = &view;
   }
   if (pairs.empty()) return bad(src, "adapter_model.safetensors holds no LoRA tensors");
   for (const auto& [key, f] : pairs) {

@@ -130,6 +130,9 @@ TEST(ApiLora, AdaptersAnswerAsModelsRoutedToTheirBase) {
   // Whether the base model has ready replicas decides for its adapters too (the native API asks).
   mesh.ready_of["kjv"] = 0;
   EXPECT_EQ(api.model_names(), (std::vector<std::string>{"kjv", "psalms", "org/proverbs:v2"}));
+  // Routes whose model is optional still take the one base model when none is named.
+  auto tok = call("POST", "/tokenize", R"({"prompt":"In the beginning"})");
+  ASSERT_EQ(std::get<http_reply>(tok).status, 200) << std::get<http_reply>(tok).body;
   auto unknown = call("POST", "/v1/completions", R"({"model":"hymns","prompt":"x"})");
   ASSERT_EQ(std::get<http_reply>(unknown).status, 404);
   EXPECT_NE(std::get<http_reply>(unknown).body.find("'psalms'"), std::string::npos) << std::get<http_reply>(unknown).body;

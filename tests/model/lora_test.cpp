@@ -339,6 +339,12 @@ TEST(Lora, BadAdaptersAreRefusedByName) {
       },
       "layer 2");
   expect_refused([](const std::string& ad) { write_tensors(ad, {}); }, "no LoRA tensors");
+  expect_refused([&](const std::string& ad) {
+    write_tensors(ad, {{p + "lora_A.weight", {8, 64}}, {p + "lora_A.default.weight", {8, 64}}, {p + "lora_B.weight", {64, 8}}});
+  }, "given twice");
+  expect_refused([](const std::string& ad) {
+    write_tensors(ad, {{"base_model.model.model.layers.99999999999999999999.self_attn.q_proj.lora_A.weight", {8, 64}}});
+  }, "is not a LoRA pair");
 }
 
 }  // namespace

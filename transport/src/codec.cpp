@@ -232,6 +232,7 @@ struct writer {
     r.setReason(text(m.reason));
     r.setKvBlocks(m.kv_blocks);
     r.setQuantization(text(m.quantization));
+    r.setLoras(text(m.loras));
   }
   void operator()(const shard_group_msg& m) {
     auto g = b.initShardGroup();
@@ -470,7 +471,7 @@ struct reader {
         auto a = b.getAssign();
         assign_msg m{a.getReplica(), str(a.getModel(), "model"), str(a.getPath(), "path"), a.getTp(),
                      a.getKvCacheMb(), static_cast<assign_op>(enum_value(a.getOp(), 1, "op")), {}, {}, {},
-                     str(a.getQuantization(), "quantization")};
+                     str(a.getQuantization(), "quantization"), {}};
         if (fits(a.getRanks(), "ranks")) {
           for (auto x : a.getRanks()) m.ranks.push_back(x);
         }
@@ -526,7 +527,7 @@ struct reader {
         auto r = b.getShardReady();
         out = shard_ready_msg{r.getReplica(), r.getRank(), str(r.getTensor(), "tensor"), r.getActor(),
                               bytes(r.getKey(), "key"), r.getOk(), str(r.getReason(), "reason"), r.getKvBlocks(),
-                              str(r.getQuantization(), "quantization")};
+                              str(r.getQuantization(), "quantization"), str(r.getLoras(), "loras")};
         break;
       }
       case Body::SHARD_GROUP: {

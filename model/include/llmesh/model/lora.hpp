@@ -25,6 +25,9 @@ struct lora_source {
 /// letters, digits and -_.:/ (they stand where a model name does).
 [[nodiscard]] result<lora_source> parse_lora_source(std::string_view spec);
 
+/// Whether `name` may name an adapter: 1..128 letters, digits and -_.:/.
+bool valid_lora_name(std::string_view name);
+
 /// Refuses two adapters with the same name, or one named like the base model `base_name`.
 [[nodiscard]] status check_lora_names(const std::vector<lora_source>& loras, const std::string& base_name);
 

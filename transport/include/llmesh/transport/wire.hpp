@@ -232,6 +232,7 @@ struct shard_ready_msg {
   std::string reason;
   uint64_t kv_blocks = 0;  ///< its KV cache's blocks (the block ids rank 0 hands out must fit)
   std::string quantization;  ///< how its node holds the weights ("" from older nodes: none)
+  std::string loras;         ///< the LoRA adapters its node loaded: names in order, one per line
   bool operator==(const shard_ready_msg&) const = default;
 };
 struct shard_group_msg {
