@@ -1,14 +1,17 @@
-// Causal GQA attention over the paged KV cache, one (query row, head) at a time:
-// scores with the canonical dot, max-subtracted deterministic exp, a sequential sum, then the
-// value rows accumulated in increasing position order. Work items are (row, head) pairs.
+// Causal GQA attention over the paged KV cache: per head, tiles of up to 16 query rows take
+// their scores against each block of keys as one small matmul (the canonical dot, so each score
+// has dot()'s bits), then per row a max-subtracted deterministic exp, a sequential sum, and the
+// value rows accumulated in increasing position order. Work items are (sequence, head, tile).
 // Benchmark: part of `llmesh bench engine` (prefill and decode).
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <vector>
 
 #include "llmesh/kernels/attention.hpp"
 #include "llmesh/kernels/elementwise.hpp"
 #include "llmesh/kernels/matmul.hpp"
+#include "matmul/matmul_isa.hpp"
 
 namespace llmesh::kernels {
 namespace {
@@ -32,38 +35,91 @@ status check_table(const kv_layer_view& cache, const attention_shape& shape,
   return ok_status();
 }
 
-void attend_one(const kv_layer_view& cache, const attention_shape& s, const attention_seq& seq,
-                size_t row, size_t head, float* scores) {
-  const size_t pos = seq.pos0 + row;
+// The two elementwise loops of a row, built for the CPU's widest vectors (GCC's target_clones
+// picks one at load time). -ffp-contract=off holds for every clone: no fused multiply-add, so
+// each clone gives the portable code's bits.
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(LLMESH_NO_X86_KERNELS)
+#define LLMESH_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define LLMESH_VECTOR_CLONES
+#endif
+
+/// x[i] = exp_det(x[i] - shift).
+LLMESH_VECTOR_CLONES void exp_shifted(float* x, size_t n, float shift) {
+  for (size_t i = 0; i < n; ++i) x[i] = exp_det(x[i] - shift);
+}
+
+/// For each of n value rows (stride apart), in order: out[d] = out[d] + (e[i] · inv) · v_i[d].
+LLMESH_VECTOR_CLONES void add_weighted_rows(float* out, const float* e, float inv, const float* v, size_t stride, size_t n,
+                                            size_t head_dim) {
+  for (size_t i = 0; i < n; ++i) {
+    const float w = e[i] * inv;
+    const float* row = v + i * stride;
+    for (size_t d = 0; d < head_dim; ++d) out[d] = out[d] + w * row[d];
+  }
+}
+
+/// Query rows per work item: their scores against a block of keys are one small matmul (the
+/// canonical dot per score, so the bits are dot()'s), the keys read once for the tile.
+constexpr size_t rows_per_tile = 16;
+
+size_t window_begin(const attention_shape& s, size_t pos) {
+  return (s.sliding_window > 0 && pos + 1 > s.sliding_window) ? pos + 1 - s.sliding_window : 0;
+}
+
+/// Rows [r0, r1) of one sequence for one head. `scores` holds (r1 - r0) × (span of the rows'
+/// visible positions) floats.
+void attend_tile(const kv_layer_view& cache, const attention_shape& s, const attention_seq& seq, size_t r0, size_t r1,
+                 size_t head, float* scores) {
   const size_t group = s.n_heads / s.n_kv_heads;
   const size_t kvh = head / group;
-  const size_t begin = (s.sliding_window > 0 && pos + 1 > s.sliding_window) ? pos + 1 - s.sliding_window : 0;
-  const float* q = seq.q + (row * s.n_heads + head) * s.head_dim;
-  float* out = seq.out + (row * s.n_heads + head) * s.head_dim;
+  const size_t lo = window_begin(s, seq.pos0 + r0), last = seq.pos0 + r1 - 1;
+  const size_t span = last + 1 - lo;
   auto offset = [&](size_t p) {
     return static_cast<size_t>(seq.block_table[p / s.block_size]) * block_stride(s) +
            (p % s.block_size) * row_stride(s) + kvh * s.head_dim;
   };
-
-  float max_score = -3.4e38f;
-  for (size_t p = begin; p <= pos; ++p) {
-    float sc = dot(q, cache.keys + offset(p), s.head_dim) * s.scale;
-    if (s.softcap > 0.0f) sc = s.softcap * tanh_det(sc / s.softcap);
-    scores[p - begin] = sc;
-    max_score = std::max(max_score, sc);
+  // Scores of every row of the tile against positions lo..last, a block of keys at a time
+  // (positions a row cannot see are computed and not used).
+  const auto& isa = detail::cpu_kernels();
+  for (size_t p = lo; p <= last;) {
+    const size_t end = std::min((p / s.block_size + 1) * s.block_size, last + 1);
+    matmul_args a;
+    a.x = seq.q + (r0 * s.n_heads + head) * s.head_dim;
+    a.ldx = s.n_heads * s.head_dim;
+    a.w = cache.keys + offset(p);
+    a.ldw = row_stride(s);
+    a.w_type = dtype::f32;
+    a.y = scores + (p - lo);
+    a.ldy = span;
+    a.m = r1 - r0;
+    a.n = end - p;
+    a.k = s.head_dim;
+    isa.gemm_block(a, 0, a.m, 0, a.n);
+    p = end;
   }
-  float sum = 0.0f;
-  for (size_t p = begin; p <= pos; ++p) {
-    float e = exp_det(scores[p - begin] - max_score);
-    scores[p - begin] = e;
-    sum = sum + e;
-  }
-  float inv = 1.0f / sum;
-  std::fill(out, out + s.head_dim, 0.0f);
-  for (size_t p = begin; p <= pos; ++p) {
-    float w = scores[p - begin] * inv;
-    const float* v = cache.values + offset(p);
-    for (size_t d = 0; d < s.head_dim; ++d) out[d] = out[d] + w * v[d];
+  for (size_t row = r0; row < r1; ++row) {
+    const size_t pos = seq.pos0 + row, begin = window_begin(s, pos);
+    float* sc_row = scores + (row - r0) * span + (begin - lo);
+    float* out = seq.out + (row * s.n_heads + head) * s.head_dim;
+    float max_score = -3.4e38f;
+    for (size_t p = begin; p <= pos; ++p) {
+      float sc = sc_row[p - begin] * s.scale;
+      if (s.softcap > 0.0f) sc = s.softcap * tanh_det(sc / s.softcap);
+      sc_row[p - begin] = sc;
+      max_score = std::max(max_score, sc);
+    }
+    const size_t count = pos + 1 - begin;
+    exp_shifted(sc_row, count, max_score);
+    float sum = 0.0f;
+    for (size_t i = 0; i < count; ++i) sum = sum + sc_row[i];  // in position order
+    float inv = 1.0f / sum;
+    std::fill(out, out + s.head_dim, 0.0f);
+    for (size_t p = begin; p <= pos;) {  // a block's value rows at a time, positions in order
+      const size_t end = std::min((p / s.block_size + 1) * s.block_size, pos + 1);
+      add_weighted_rows(out, sc_row + (p - begin), inv, cache.values + offset(p), row_stride(s), end - p, s.head_dim);
+      p = end;
+    }
   }
 }
 
@@ -89,25 +145,29 @@ status attention(const kv_layer_view& cache, const attention_shape& shape,
   if (shape.n_kv_heads == 0 || shape.n_heads % shape.n_kv_heads != 0 || shape.head_dim == 0) {
     return make_error(errc::internal, "attention: heads do not group evenly over kv heads");
   }
-  size_t items = 0, max_ctx = 0;
+  // Work items: (sequence, head, tile of rows), handed out dynamically (later tiles see more
+  // keys). Which thread runs an item never changes its numbers.
+  size_t items = 0, max_span = 0;
   std::vector<size_t> first_item;
   first_item.reserve(seqs.size() + 1);
   for (const auto& seq : seqs) {
     LLMESH_TRY(check_table(cache, shape, seq.block_table, seq.pos0 + seq.n_tokens));
     first_item.push_back(items);
-    items += seq.n_tokens * shape.n_heads;
-    max_ctx = std::max(max_ctx, seq.pos0 + seq.n_tokens);
+    items += (seq.n_tokens + rows_per_tile - 1) / rows_per_tile * shape.n_heads;
+    max_span = std::max(max_span, seq.pos0 + seq.n_tokens);
   }
   first_item.push_back(items);
-  pool.run([&](int t, int n_threads) {
-    auto [i0, i1] = thread_pool::split(items, t, n_threads);
-    if (i0 >= i1) return;
-    std::vector<float> scores(max_ctx);
-    size_t s = std::upper_bound(first_item.begin(), first_item.end(), i0) - first_item.begin() - 1;
-    for (size_t i = i0; i < i1; ++i) {
+  std::atomic<size_t> next{0};
+  pool.run([&](int, int) {
+    std::vector<float> scores;
+    size_t s = 0;
+    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < items; i = next.fetch_add(1, std::memory_order_relaxed)) {
       while (i >= first_item[s + 1]) ++s;
-      size_t local = i - first_item[s];
-      attend_one(cache, shape, seqs[s], local / shape.n_heads, local % shape.n_heads, scores.data());
+      const auto& seq = seqs[s];
+      const size_t local = i - first_item[s], tile = local / shape.n_heads, head = local % shape.n_heads;
+      const size_t r0 = tile * rows_per_tile, r1 = std::min(seq.n_tokens, r0 + rows_per_tile);
+      scores.resize((r1 - r0) * max_span);
+      attend_tile(cache, shape, seq, r0, r1, head, scores.data());
     }
   });
   return ok_status();

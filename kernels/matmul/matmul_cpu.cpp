@@ -79,6 +79,8 @@ std::span<const matmul_args> prepare_jobs(std::span<const matmul_args> jobs, con
 
 }  // namespace
 
+const detail::isa_kernels& detail::cpu_kernels() { return kernels_for_cpu(); }
+
 status matmul(std::span<const matmul_args> jobs_in, thread_pool& pool) {
   for (const auto& job : jobs_in) LLMESH_TRY(validate(job));
   const auto& isa = kernels_for_cpu();

@@ -21,6 +21,9 @@ struct isa_kernels {
 };
 
 isa_kernels portable_kernels();
+/// The kernels matmul() and dot() use on this CPU (for other kernels' inner products: any
+/// gemm_block result is bit-identical to dot() of the same operands).
+const isa_kernels& cpu_kernels();
 isa_kernels avx2_kernels();
 isa_kernels avx512_kernels();
 
