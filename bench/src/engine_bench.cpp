@@ -1,4 +1,5 @@
 // The engine benchmark. Prints one table; every number is measured in this run.
+#include <algorithm>
 #include <cblas.h>
 
 #include <chrono>
@@ -82,13 +83,13 @@ status run_engine_bench(const engine_bench_options& opt) {
   eo.threads = opt.threads;
   size_t widest = 1;
   for (size_t b : opt.batches) widest = std::max(widest, b);
-  eo.kv_tokens = std::max(opt.prompt_tokens, widest * (opt.gen_tokens + 1 + 16)) + 16;
+  eo.kv_tokens = std::max({opt.prompt_tokens, widest * (opt.gen_tokens + 1 + 16), opt.context + opt.gen_tokens + 16}) + 16;
   auto eng_r = model::engine::create(m.value(), eo);
   if (!eng_r) return eng_r.take_error();
   auto& eng = **eng_r;
   const auto& c = eng.config();
-  if (opt.prompt_tokens + opt.gen_tokens + 1 > c.max_positions) {
-    return make_error(errc::invalid_request, "--pp + --tg exceed the model's context");
+  if (opt.prompt_tokens + opt.gen_tokens + 1 > c.max_positions || opt.context + opt.gen_tokens > c.max_positions || opt.context == 0) {
+    return make_error(errc::invalid_request, "--pp + --tg or --ctx + --tg exceed the model's context (or --ctx is 0)");
   }
   const int threads = eng.threads();
   const int reps = std::max(1, opt.reps);
@@ -112,12 +113,13 @@ status run_engine_bench(const engine_bench_options& opt) {
 
   bw = std::max(bw, measure_read_bandwidth(threads, size_t{1} << 30, 3));
 
-  // tg: decode token by token from a one-token context.
+  // tg: decode token by token after a context of opt.context tokens (prefilled, not timed).
   auto gen = bench_tokens(opt.gen_tokens + 1, c.vocab);
+  const auto context = bench_tokens(opt.context, c.vocab);
   double tg_best = 1e30;
   for (int r = 0; r < reps; ++r) {
     int seq = eng.open_sequence();
-    model::step_item first{seq, std::span(gen.data(), 1), true};
+    model::step_item first{seq, opt.context == 1 ? std::span(gen.data(), 1) : std::span(context), true};
     LLMESH_TRY(eng.step(std::span(&first, 1), logits));
     auto t0 = clock_type::now();
     for (size_t i = 1; i <= opt.gen_tokens; ++i) {
@@ -157,7 +159,7 @@ status run_engine_bench(const engine_bench_options& opt) {
   const double weight_bytes = static_cast<double>(m.value()->decode_weight_bytes());
   // KV bytes read per decode token at the average context of the tg run (keys + values, f32).
   const double kv_bytes = 2.0 * 4.0 * static_cast<double>(c.n_layers * c.n_kv_heads * c.head_dim) *
-                          (1.0 + static_cast<double>(opt.gen_tokens) / 2.0);
+                          (static_cast<double>(opt.context) + static_cast<double>(opt.gen_tokens) / 2.0);
   const double bytes_per_token = weight_bytes + kv_bytes;
   const double roofline = bw / bytes_per_token;
   const double pp = static_cast<double>(opt.prompt_tokens) / pp_best;
@@ -174,8 +176,8 @@ status run_engine_bench(const engine_bench_options& opt) {
   std::printf("  bandwidth    %.1f GB/s (read, %d threads, 1 GiB, best of 3 x 3 around the runs)\n", bw / 1e9, threads);
   std::printf("  bytes/token  %.3f GB (weights %.3f + KV %.4f)\n", bytes_per_token / 1e9, weight_bytes / 1e9, kv_bytes / 1e9);
   std::printf("  pp%-8zu  %.2f tok/s\n", opt.prompt_tokens, pp);
-  std::printf("  tg%-8zu  %.2f tok/s = %.1f%% of the roofline %.2f tok/s\n", opt.gen_tokens, tg, 100.0 * tg / roofline,
-              roofline);
+  std::printf("  tg%-8zu  %.2f tok/s = %.1f%% of the roofline %.2f tok/s (after a context of %zu)\n", opt.gen_tokens, tg,
+              100.0 * tg / roofline, roofline, opt.context);
   for (const auto& [b, tps] : batched) {
     std::printf("  decode b%-5zu %.2f tok/s aggregate = %.2fx batch 1\n", b, tps, tps / tg);
   }

@@ -33,7 +33,10 @@ void add_bench(CLI::App& app, command_set& commands) {
   sub->add_option("--batches", *batches, "Decode batch sizes (cpu: aggregate tok/s against batch 1)")
       ->delimiter(',')
       ->capture_default_str();
-  sub->add_option("--ctx", g->context, "cuda: prompt tokens of each decode sequence")->capture_default_str();
+  auto* ctx = sub->add_option("--ctx", g->context,
+                              "Context before decoding: cuda, of each decode sequence (default 128); cpu, of the tg run "
+                              "(default 1)")
+                  ->check(CLI::Range(size_t{1}, size_t{1} << 20));
   sub->add_flag("--profile", g->profile, "cuda: also print per-op device time (prefill, decode)");
   sub->add_option("--tp", o->tp, "Tensor-parallel ranks")->capture_default_str();
   sub->add_option("--threads", o->threads, "Kernel threads in all; 0 = one per core")->capture_default_str();
@@ -41,7 +44,7 @@ void add_bench(CLI::App& app, command_set& commands) {
   sub->add_option("--tg", o->gen_tokens, "Generated tokens (decode test)")->capture_default_str();
   sub->add_option("--reps", o->reps, "Repetitions; the best is reported")->capture_default_str();
   sub->add_option("--quantization", o->quantization, "cpu: none or int8 (weight-only, blocks of 32)")->capture_default_str();
-  commands.emplace_back(sub, [o, g, device, batches]() -> status {
+  commands.emplace_back(sub, [o, g, device, batches, ctx]() -> status {
     if (*device == "cuda") {
       if (o->model_dir.empty() == g->shape.empty()) return make_error(errc::invalid_request, "give exactly one of --model, --shape");
       if (o->quantization != "none") return make_error(errc::unsupported, "--quantization runs on the CPU backend only");
@@ -54,6 +57,7 @@ void add_bench(CLI::App& app, command_set& commands) {
     }
     if (o->model_dir.empty()) return make_error(errc::invalid_request, "--model is required");
     o->batches = *batches;
+    if (ctx->count() > 0) o->context = g->context;
     return bench::run_engine_bench(*o);
   });
 

@@ -35,6 +35,7 @@ namespace {
 struct node_flags {
   std::string config, name, join, listen, roles, token, http, rpc, metrics, device = "cpu";
   std::vector<std::string> model_dirs;  ///< --join gateway: one --model per served model
+  std::vector<std::string> lora_modules;  ///< --join gateway with one --model: its adapters' names (the config's)
   int threads = 0, heartbeat_ms = 500, slots = 0;
   size_t drain_s = 10, max_migrations = 3;
   bool deterministic = false;
@@ -82,6 +83,9 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     p.slots = n->slots;
     if (!f.metrics.empty()) {
       return make_error(errc::invalid_request, "--metrics: with --config, set the node's 'metrics' address in the config");
+    }
+    if (!f.lora_modules.empty()) {
+      return make_error(errc::invalid_request, "--lora-modules: with --config, list a model's adapters as its 'loras' in the config");
     }
     if (p.has(actors::node_role::gateway)) {
       if (cfg->models.empty()) return make_error(errc::invalid_request, f.config + ": a gateway needs a model");
@@ -149,6 +153,14 @@ result<node_plan> plan_from_flags(const node_flags& f) {
       }
       p.gateway_models.push_back({name, dir, f.gw.reasoning_parser, f.gw.tool_call_parser, f.gw.pooling});
     }
+    if (!f.lora_modules.empty()) {
+      if (p.gateway_models.size() != 1) return make_error(errc::invalid_request, "--lora-modules: give exactly one --model");
+      auto loras = lora_sources(f.lora_modules, p.gateway_models[0].name);
+      if (!loras) return loras.take_error();
+      p.gateway_models[0].loras = std::move(*loras);
+    }
+  } else if (!f.lora_modules.empty()) {
+    return make_error(errc::invalid_request, "--lora-modules is a gateway's flag with --join (the config's models carry their loras)");
   }
   return p;
 }
@@ -399,6 +411,9 @@ void add_node(CLI::App& app, command_set& commands) {
   sub->add_option("--model", f->model_dirs,
                   "--join with the gateway role: a served model's directory (tokenizer); its name is the directory's, "
                   "as in the cluster config; repeat for several models");
+  sub->add_option("--lora-modules", f->lora_modules,
+                  "--join with the gateway role and one --model: the LoRA adapters the mesh serves on it (NAME=PATH, "
+                  "as the coordinator's config lists them; the gateway serves their names as models)");
   sub->add_option("--http", f->http, "--join with the gateway role: HTTP address HOST:PORT");
   sub->add_option("--rpc", f->rpc, "--join with the gateway role: native API (Cap'n Proto RPC) address HOST:PORT");
   sub->add_option("--metrics", f->metrics,

@@ -143,6 +143,21 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = run_command(llmesh_bin + " generate --device cuda --model " + tmp_.path() + "/gemma --prompt-ids 1");
   expect_one_line_error(r, "Gemma models run on the CPU backend only");
+  // LoRA: a bad --lora-modules value, an adapter on CUDA, and the node's --lora-modules rules.
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --lora-modules no-path");
+  expect_one_line_error(r, "NAME=PATH");
+  r = run_command(llmesh_bin + " model random-lora --model " + model_ + " --out " + tmp_.path() + "/lora --rank 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_command(llmesh_bin + " generate --device cuda --model " + model_ + " --prompt-ids 1 --lora " + tmp_.path() + "/lora");
+  expect_one_line_error(r, "LoRA adapters run on the CPU backend only");
+  r = run_command(llmesh_bin + " model random-lora --model " + model_ + " --out " + tmp_.path() + "/lora2 --targets q_proj,w_proj");
+  expect_one_line_error(r, "unknown projection 'w_proj'");
+  r = run_command(llmesh_bin + " node --name x --join 127.0.0.1:1 --token 0123456789abcdef0123 --listen 127.0.0.1:1 "
+                                "--role replica --lora-modules a=/x");
+  expect_one_line_error(r, "--lora-modules is a gateway's flag");
+  r = run_command(llmesh_bin + " node --name x --join 127.0.0.1:1 --token 0123456789abcdef0123 --listen 127.0.0.1:1 "
+                                "--role gateway,router --http 127.0.0.1:1 --model " + model_ + " --model /tmp/other --lora-modules a=/x");
+  expect_one_line_error(r, "give exactly one --model");
   r = run_command(llmesh_bin + " model random --out " + tmp_.path() + "/gemma --arch gemma3 --rope-scaling yarn");
   expect_one_line_error(r, "--rope-scaling must be llama3 or linear");
 }
