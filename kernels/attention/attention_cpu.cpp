@@ -50,12 +50,37 @@ LLMESH_VECTOR_CLONES void exp_shifted(float* x, size_t n, float shift) {
 }
 
 /// For each of n value rows (stride apart), in order: out[d] = out[d] + (e[i] · inv) · v_i[d].
-LLMESH_VECTOR_CLONES void add_weighted_rows(float* out, const float* e, float inv, const float* v, size_t stride, size_t n,
-                                            size_t head_dim) {
-  for (size_t i = 0; i < n; ++i) {
-    const float w = e[i] * inv;
-    const float* row = v + i * stride;
-    for (size_t d = 0; d < head_dim; ++d) out[d] = out[d] + w * row[d];
+/// HD > 0: the head dimension, known at compile time, so `out` lives in registers across the
+/// rows (the same operations in the same order as the general loop).
+template <size_t HD>
+LLMESH_VECTOR_CLONES void add_weighted_rows(float* __restrict out, const float* __restrict e, float inv,
+                                            const float* __restrict v, size_t stride, size_t n, size_t head_dim) {
+  if constexpr (HD > 0) {
+    float acc[HD];
+    for (size_t d = 0; d < HD; ++d) acc[d] = out[d];
+    for (size_t i = 0; i < n; ++i) {
+      const float w = e[i] * inv;
+      const float* row = v + i * stride;
+      for (size_t d = 0; d < HD; ++d) acc[d] = acc[d] + w * row[d];
+    }
+    for (size_t d = 0; d < HD; ++d) out[d] = acc[d];
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      const float w = e[i] * inv;
+      const float* row = v + i * stride;
+      for (size_t d = 0; d < head_dim; ++d) out[d] = out[d] + w * row[d];
+    }
+  }
+}
+
+using add_rows_fn = void (*)(float*, const float*, float, const float*, size_t, size_t, size_t);
+
+add_rows_fn add_rows_for(size_t head_dim) {
+  switch (head_dim) {
+    case 64: return add_weighted_rows<64>;
+    case 128: return add_weighted_rows<128>;
+    case 256: return add_weighted_rows<256>;
+    default: return add_weighted_rows<0>;
   }
 }
 
@@ -115,9 +140,10 @@ void attend_tile(const kv_layer_view& cache, const attention_shape& s, const att
     for (size_t i = 0; i < count; ++i) sum = sum + sc_row[i];  // in position order
     float inv = 1.0f / sum;
     std::fill(out, out + s.head_dim, 0.0f);
+    const add_rows_fn add_rows = add_rows_for(s.head_dim);
     for (size_t p = begin; p <= pos;) {  // a block's value rows at a time, positions in order
       const size_t end = std::min((p / s.block_size + 1) * s.block_size, pos + 1);
-      add_weighted_rows(out, sc_row + (p - begin), inv, cache.values + offset(p), row_stride(s), end - p, s.head_dim);
+      add_rows(out, sc_row + (p - begin), inv, cache.values + offset(p), row_stride(s), end - p, s.head_dim);
       p = end;
     }
   }
