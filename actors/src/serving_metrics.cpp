@@ -12,6 +12,7 @@ void declare_serving(metrics_registry& r) {
   r.declare_counter(prompt_tokens_cached, "Prompt tokens a replica's prefix cache held (not computed again).");
   r.declare_counter(generation_tokens, "Tokens generated.");
   r.declare_counter(requests, "Finished HTTP requests by status code.", {"status"});
+  r.declare_counter(model_requests, "Requests accepted, by the model (or LoRA adapter) they name.", {"model"});
   r.declare_gauge(running, "Requests in the replica's running batch.", {"replica"});
   r.declare_gauge(waiting, "Requests queued at the replica.", {"replica"});
   r.declare_gauge(kv_usage, "Fraction of the replica's KV-cache blocks held by requests.", {"replica"});

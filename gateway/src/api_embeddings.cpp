@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <ctime>
 
+#include "llmesh/actors/serving_metrics.hpp"
 #include "llmesh/gateway/api_service.hpp"
 #include "prompt_truncation.hpp"
 
@@ -98,6 +99,7 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
   generation_job job;
   job.tok = sm.tok;
   job.slot = std::move(*slot);
+  metrics_.get_counter(actors::metric::model_requests, {sm.name})->add();
   group_setup gs;
   gs.id = es.id;
   gs.created = es.created;

@@ -493,6 +493,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   generation_job job;
   job.streaming = g.stream;
   job.slot = std::move(*slot);
+  metrics_.get_counter(actors::metric::model_requests, {m.name})->add();
   job.tok = m.tok;
 
   // What every choice's mesh request and stream share.

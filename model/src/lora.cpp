@@ -180,6 +180,9 @@ result<lora_adapter> load_lora(const lora_source& src, const model_config& cfg) 
   for (const auto& name : store.names()) views.emplace_back(name, *store.get(name));
   for (const auto& [name, view] : views) {
     std::smatch m;
+    if (name.size() > 256) {  // std::regex recurses per character: bound it before matching
+      return bad(src, "a tensor name of " + std::to_string(name.size()) + " characters is not a LoRA pair's");
+    }
     if (!std::regex_match(name, m, tensor_name_rule())) {
       return bad(src, "tensor '" + name + "' is not a LoRA pair of a q/k/v/o, gate/up/down projection (embeddings, the LM "
                       "head, biases, MoE experts and fused projections are not supported)");

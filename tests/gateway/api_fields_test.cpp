@@ -130,6 +130,11 @@ TEST(ApiLora, AdaptersAnswerAsModelsRoutedToTheirBase) {
   // Whether the base model has ready replicas decides for its adapters too (the native API asks).
   mesh.ready_of["kjv"] = 0;
   EXPECT_EQ(api.model_names(), (std::vector<std::string>{"kjv", "psalms", "org/proverbs:v2"}));
+  // Each accepted request counts under the name it used (the adapter's own).
+  const std::string scrape = std::get<http_reply>(call("GET", "/metrics", "")).body;
+  EXPECT_NE(scrape.find("llmesh_model_requests_total{model=\"kjv\"} 1\n"), std::string::npos) << scrape;
+  EXPECT_NE(scrape.find("llmesh_model_requests_total{model=\"psalms\"} 2\n"), std::string::npos) << scrape;  // completion, embedding
+  EXPECT_NE(scrape.find("llmesh_model_requests_total{model=\"org/proverbs:v2\"} 1\n"), std::string::npos) << scrape;
   // Routes whose model is optional still take the one base model when none is named.
   auto tok = call("POST", "/tokenize", R"({"prompt":"In the beginning"})");
   ASSERT_EQ(std::get<http_reply>(tok).status, 200) << std::get<http_reply>(tok).body;

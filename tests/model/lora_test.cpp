@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <random>
 
 #include "llmesh/kernels/dtype.hpp"
 #include "llmesh/model/engine.hpp"
@@ -345,6 +346,70 @@ TEST(Lora, BadAdaptersAreRefusedByName) {
   expect_refused([](const std::string& ad) {
     write_tensors(ad, {{"base_model.model.model.layers.99999999999999999999.self_attn.q_proj.lora_A.weight", {8, 64}}});
   }, "is not a LoRA pair");
+}
+
+// A mutation fuzz of the adapter's two files: adapter_config.json edited at random, and
+// safetensors files of random tensor names (valid and mangled, some very long) and shapes. A
+// load either succeeds or fails with one line naming the adapter; it never throws or crashes.
+TEST(Lora, MutatedAdaptersLoadOrFailWithOneLine) {
+  testing::temp_dir dir;
+  const std::string base = dir.path() + "/base", ad = dir.path() + "/adapter";
+  ASSERT_TRUE(write_random_model(llama_spec(), base).ok());
+  random_lora_spec spec;
+  spec.targets = {"q_proj", "down_proj"};
+  ASSERT_TRUE(write_random_lora(spec, base, ad).ok());
+  auto cfg = load_config(base);
+  ASSERT_TRUE(cfg.ok());
+  std::string config_text;
+  {
+    std::ifstream in(ad + "/adapter_config.json");
+    config_text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string good_file = ad + "/good.safetensors";
+  fs::copy_file(ad + "/adapter_model.safetensors", good_file);
+  std::mt19937 rng(77);
+  static const std::string pieces[] = {"{", "}", "[", "]", "\"", ",", ":", "null", "true", "-1", "1e400", "\"r\"",
+                                       "\"use_dora\"", "\"bias\"", "\"lora_alpha\"", "\"modules_to_save\"", "\xC3"};
+  static const char* const projs[] = {"q_proj", "k_proj", "o_proj", "down_proj", "gate_proj", "qkv_proj", "lm_head", ""};
+  size_t loaded = 0, refused = 0;
+  for (int it = 0; it < 300; ++it) {
+    std::string text = config_text;
+    for (int e = 1 + static_cast<int>(rng() % 3); e > 0; --e) {
+      const size_t at = rng() % (text.size() + 1);
+      switch (rng() % 3) {
+        case 0: text.insert(at, pieces[rng() % std::size(pieces)]); break;
+        case 1: if (at < text.size()) text.erase(at, 1 + rng() % 4); break;
+        default: if (at < text.size()) text[at] = static_cast<char>(rng() % 256); break;
+      }
+    }
+    if (rng() % 3 == 0) text = config_text;  // the tensors alone
+    std::ofstream(ad + "/adapter_config.json", std::ios::trunc) << text;
+    if (rng() % 2 == 0) {
+      fs::copy_file(good_file, ad + "/adapter_model.safetensors", fs::copy_options::overwrite_existing);
+    } else {
+      std::vector<std::pair<std::string, std::vector<size_t>>> tensors;
+      for (int t = static_cast<int>(rng() % 4); t >= 0; --t) {
+        std::string name = "base_model.model.model.layers." + std::to_string(rng() % 4) + "." +
+                           (rng() % 2 ? "self_attn." : "mlp.") + projs[rng() % std::size(projs)] + ".lora_" +
+                           (rng() % 2 ? "A" : "B") + ".weight";
+        if (rng() % 8 == 0) name.insert(rng() % name.size(), std::string(rng() % 3 == 0 ? 100000 : 7, 'x'));
+        std::vector<size_t> shape = {rng() % 3 == 0 ? 0 : 1 + rng() % 70, 1 + rng() % 200};
+        if (rng() % 5 == 0) shape.push_back(2);
+        tensors.emplace_back(std::move(name), std::move(shape));
+      }
+      write_tensors(ad, tensors);
+    }
+    auto a = load_lora({"f", ad}, *cfg);
+    if (a.ok()) {
+      ++loaded;
+      continue;
+    }
+    ++refused;
+    EXPECT_EQ(a.err().message.rfind("LoRA adapter 'f'", 0), 0u) << a.err().message;
+    EXPECT_EQ(a.err().message.find('\n'), std::string::npos) << a.err().message;
+  }
+  EXPECT_GT(loaded, 20u);  // both outcomes are met
+  EXPECT_GT(refused, 100u);
 }
 
 }  // namespace

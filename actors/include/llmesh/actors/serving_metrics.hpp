@@ -14,6 +14,9 @@ inline constexpr const char* prompt_tokens = "llmesh_prompt_tokens_total";
 inline constexpr const char* prompt_tokens_cached = "llmesh_prompt_tokens_cached_total";
 inline constexpr const char* generation_tokens = "llmesh_generation_tokens_total";
 inline constexpr const char* requests = "llmesh_requests_total";  ///< label: status (HTTP code)
+/// Generation and embedding requests the gateway accepted, by the model they name (a LoRA
+/// adapter counts under its own name; vLLM's per-adapter view); label: model.
+inline constexpr const char* model_requests = "llmesh_model_requests_total";
 inline constexpr const char* running = "llmesh_requests_running";        ///< label: replica
 inline constexpr const char* waiting = "llmesh_requests_waiting";        ///< label: replica
 inline constexpr const char* kv_usage = "llmesh_kv_cache_usage_ratio";   ///< label: replica
