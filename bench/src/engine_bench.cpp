@@ -1,5 +1,6 @@
 // The engine benchmark. Prints one table; every number is measured in this run.
 #include <algorithm>
+#include <tuple>
 #include <cblas.h>
 
 #include <chrono>
@@ -76,7 +77,9 @@ gemm_result bench_gemm(const model::model& m, size_t rows, int threads, int reps
 status run_engine_bench(const engine_bench_options& opt) {
   auto quant = model::parse_quantization(opt.quantization);
   if (!quant) return quant.take_error();
-  auto m = model::model::load(opt.model_dir, {.quant = *quant, .loras = {}});
+  model::load_options lo{.quant = *quant, .loras = {}};
+  if (!opt.lora.empty()) lo.loras = {{"bench", opt.lora}};
+  auto m = model::model::load(opt.model_dir, lo);
   if (!m) return m.take_error();
   model::engine_options eo;
   eo.tp = opt.tp;
@@ -98,36 +101,58 @@ status run_engine_bench(const engine_bench_options& opt) {
   // timed runs and use the best, so the roofline is never understated.
   double bw = measure_read_bandwidth(threads, size_t{1} << 30, 3);
 
-  // pp: one step over the whole prompt on a fresh sequence.
+  // pp: one step over the whole prompt on a fresh sequence (with adapter `lora`, or none: -1).
   auto prompt = bench_tokens(opt.prompt_tokens, c.vocab);
   std::vector<float> logits;
-  double pp_best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    int seq = eng.open_sequence();
-    model::step_item item{seq, prompt, true};
-    auto t0 = clock_type::now();
-    LLMESH_TRY(eng.step(std::span(&item, 1), logits));
-    pp_best = std::min(pp_best, since(t0));
-    eng.close_sequence(seq);
-  }
+  auto time_pp = [&](int32_t lora) -> result<double> {
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      int seq = eng.open_sequence();
+      model::step_item item{seq, prompt, true, lora};
+      auto t0 = clock_type::now();
+      LLMESH_TRY(eng.step(std::span(&item, 1), logits));
+      best = std::min(best, since(t0));
+      eng.close_sequence(seq);
+    }
+    return best;
+  };
+  auto pp_r = time_pp(-1);
+  if (!pp_r) return pp_r.take_error();
+  const double pp_best = *pp_r;
 
   bw = std::max(bw, measure_read_bandwidth(threads, size_t{1} << 30, 3));
 
   // tg: decode token by token after a context of opt.context tokens (prefilled, not timed).
   auto gen = bench_tokens(opt.gen_tokens + 1, c.vocab);
   const auto context = bench_tokens(opt.context, c.vocab);
-  double tg_best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    int seq = eng.open_sequence();
-    model::step_item first{seq, opt.context == 1 ? std::span(gen.data(), 1) : std::span(context), true};
-    LLMESH_TRY(eng.step(std::span(&first, 1), logits));
-    auto t0 = clock_type::now();
-    for (size_t i = 1; i <= opt.gen_tokens; ++i) {
-      model::step_item item{seq, std::span(gen.data() + i, 1), true};
-      LLMESH_TRY(eng.step(std::span(&item, 1), logits));
+  auto time_tg = [&](int32_t lora) -> result<double> {
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      int seq = eng.open_sequence();
+      model::step_item first{seq, opt.context == 1 ? std::span(gen.data(), 1) : std::span(context), true, lora};
+      LLMESH_TRY(eng.step(std::span(&first, 1), logits));
+      auto t0 = clock_type::now();
+      for (size_t i = 1; i <= opt.gen_tokens; ++i) {
+        model::step_item item{seq, std::span(gen.data() + i, 1), true, lora};
+        LLMESH_TRY(eng.step(std::span(&item, 1), logits));
+      }
+      best = std::min(best, since(t0));
+      eng.close_sequence(seq);
     }
-    tg_best = std::min(tg_best, since(t0));
-    eng.close_sequence(seq);
+    return best;
+  };
+  auto tg_r = time_tg(-1);
+  if (!tg_r) return tg_r.take_error();
+  const double tg_best = *tg_r;
+  // The same with the adapter, interleaved with a second base run (the host drifts).
+  double pp_lora = 0, tg_lora = 0, pp_base2 = 0, tg_base2 = 0;
+  if (!opt.lora.empty()) {
+    for (auto [fn_pp, lora, out] : {std::tuple{true, 0, &pp_lora}, std::tuple{false, 0, &tg_lora},
+                                    std::tuple{true, -1, &pp_base2}, std::tuple{false, -1, &tg_base2}}) {
+      auto t = fn_pp ? time_pp(lora) : time_tg(lora);
+      if (!t) return t.take_error();
+      *out = *t;
+    }
   }
 
   // Batched decode: b sequences step together, as a replica's running batch does; one read of
@@ -178,6 +203,13 @@ status run_engine_bench(const engine_bench_options& opt) {
   std::printf("  pp%-8zu  %.2f tok/s\n", opt.prompt_tokens, pp);
   std::printf("  tg%-8zu  %.2f tok/s = %.1f%% of the roofline %.2f tok/s (after a context of %zu)\n", opt.gen_tokens, tg,
               100.0 * tg / roofline, roofline, opt.context);
+  if (!opt.lora.empty()) {
+    const auto& ad = m.value()->loras().front();
+    const double base_pp = std::min(pp_best, pp_base2), base_tg = std::min(tg_best, tg_base2);
+    std::printf("  lora         %s: rank %zu, %.1f MB (f32); pp %.2fx, tg %.2fx of the base model's (the bytes alone: tg %.3fx)\n",
+                opt.lora.c_str(), ad.max_rank, static_cast<double>(ad.bytes()) / 1e6, base_pp / pp_lora, base_tg / tg_lora,
+                bytes_per_token / (bytes_per_token + static_cast<double>(ad.bytes())));
+  }
   for (const auto& [b, tps] : batched) {
     std::printf("  decode b%-5zu %.2f tok/s aggregate = %.2fx batch 1\n", b, tps, tps / tg);
   }

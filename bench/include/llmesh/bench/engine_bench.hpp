@@ -18,6 +18,7 @@ struct engine_bench_options {
   size_t prompt_tokens = 512;
   size_t gen_tokens = 64;
   size_t context = 1;  ///< the tg run decodes after a context of this many tokens (its KV is read every step)
+  std::string lora;    ///< a LoRA adapter's directory: also time pp and tg with it, as ratios to the base model's
   int reps = 3;
   std::string quantization = "none";  ///< --quantization: none or int8
   std::vector<size_t> batches;  ///< also decode this many sequences at once (aggregate tok/s vs batch 1)
