@@ -32,15 +32,10 @@ void lora_runner::plan(std::span<const step_sequence> batch) {
   }
 }
 
-status lora_runner::add(const model& m, size_t layer, std::span<const lora_job> jobs, kernels::thread_pool& pool) {
-  struct part {
-    const lora_pair* p;
-    const lora_job* j;
-    const group* g;
-    size_t t0, u0;
-    const float* x = nullptr;  ///< the group's input rows, ldx apart
-    size_t ldx = 0;
-  };
+void lora_runner::begin(const model& m, size_t layer, std::span<const lora_job> jobs, std::vector<kernels::matmul_args>& first) {
+  parts_.clear();
+  jobs_.assign(jobs.begin(), jobs.end());
+  second_.clear();
   /// A group's input rows, once per (group, input): in place when they are consecutive (a
   /// sequence's prefill chunk, or a batch of one adapter), else gathered into x_.
   struct input {
@@ -48,17 +43,17 @@ status lora_runner::add(const model& m, size_t layer, std::span<const lora_job> 
     const float* src;
     size_t x0;  ///< in x_; SIZE_MAX: in place
   };
-  std::vector<part> parts;
   std::vector<input> inputs;
   size_t nx = 0, nt = 0, nu = 0;
   for (const auto& g : groups_) {
     const lora_adapter& a = m.loras()[static_cast<size_t>(g.adapter)];
     const bool consecutive = g.rows.back() - g.rows.front() + 1 == g.rows.size();
-    for (const auto& j : jobs) {
+    for (size_t ji = 0; ji < jobs_.size(); ++ji) {
+      const lora_job& j = jobs_[ji];
       const lora_pair& p = a.layers[layer][j.target];
       if (p.r == 0) continue;
       const size_t n = g.rows.size();
-      parts.push_back({&p, &j, &g, nt, nu});
+      parts_.push_back({&p, ji, &g, nt, nu});
       nt += n * p.r;
       nu += n * j.n_out;
       const bool seen = std::any_of(inputs.begin(), inputs.end(), [&](const input& in) { return in.g == &g && in.src == j.x; });
@@ -67,45 +62,54 @@ status lora_runner::add(const model& m, size_t layer, std::span<const lora_job> 
       if (!consecutive) nx += n * j.n_in;
     }
   }
-  if (parts.empty()) return ok_status();
+  if (parts_.empty()) return;
   x_.resize(nx);
   t_.resize(nt);
   u_.resize(nu);
-  std::vector<kernels::matmul_args> down, up;
-  for (auto& pt : parts) {
-    const size_t n = pt.g->rows.size(), n_in = pt.j->n_in;
-    auto in = std::find_if(inputs.begin(), inputs.end(), [&](const input& i) { return i.g == pt.g && i.src == pt.j->x; });
-    if (in->x0 == SIZE_MAX) {
-      pt.x = pt.j->x + pt.g->rows.front() * pt.j->ldx;
-      pt.ldx = pt.j->ldx;
-    } else {
-      pt.x = &x_[in->x0];
-      pt.ldx = n_in;
-    }
-    // t = x · A[:, in0..]ᵀ  [n][r], then u = t · B[out0..]ᵀ  [n][n_out]
-    down.push_back(f32_job(pt.x, pt.ldx, pt.p->a.data() + pt.j->in0, pt.p->in, &t_[pt.t0], n, pt.p->r, n_in));
-    up.push_back(f32_job(&t_[pt.t0], pt.p->r, pt.p->b.data() + pt.j->out0 * pt.p->r, pt.p->r, &u_[pt.u0], n, pt.j->n_out, pt.p->r));
-  }
   for (const auto& in : inputs) {  // the jobs that read one input read the same columns of it
     if (in.x0 == SIZE_MAX) continue;
     size_t width = 0, ld = 0;
-    for (const auto& pt : parts) {
-      if (pt.g == in.g && pt.j->x == in.src) width = pt.j->n_in, ld = pt.j->ldx;
+    for (const auto& pt : parts_) {
+      if (pt.g == in.g && jobs_[pt.job].x == in.src) width = jobs_[pt.job].n_in, ld = jobs_[pt.job].ldx;
     }
     for (size_t i = 0; i < in.g->rows.size(); ++i) std::copy_n(in.src + in.g->rows[i] * ld, width, &x_[in.x0 + i * width]);
   }
-  LLMESH_TRY(kernels::matmul(down, pool));
-  LLMESH_TRY(kernels::matmul(up, pool));
-  for (const auto& pt : parts) {  // y += scale · u, row by row (PEFT: result + lora_B(lora_A(x)) * scaling)
-    const size_t n = pt.g->rows.size(), no = pt.j->n_out;
+  for (const auto& pt : parts_) {
+    const lora_job& j = jobs_[pt.job];
+    const size_t n = pt.g->rows.size();
+    auto in = std::find_if(inputs.begin(), inputs.end(), [&](const input& i) { return i.g == pt.g && i.src == j.x; });
+    const float* x = in->x0 == SIZE_MAX ? j.x + pt.g->rows.front() * j.ldx : &x_[in->x0];
+    const size_t ldx = in->x0 == SIZE_MAX ? j.ldx : j.n_in;
+    // t = x · A[:, in0..]ᵀ  [n][r] (with the caller's projections), then u = t · B[out0..]ᵀ  [n][n_out]
+    first.push_back(f32_job(x, ldx, pt.p->a.data() + j.in0, pt.p->in, &t_[pt.t0], n, pt.p->r, j.n_in));
+    second_.push_back(f32_job(&t_[pt.t0], pt.p->r, pt.p->b.data() + j.out0 * pt.p->r, pt.p->r, &u_[pt.u0], n, j.n_out, pt.p->r));
+  }
+}
+
+status lora_runner::finish(kernels::thread_pool& pool) {
+  if (parts_.empty()) return ok_status();
+  LLMESH_TRY(kernels::matmul(second_, pool));
+  for (const auto& pt : parts_) {  // y += scale · u, row by row (PEFT: result + lora_B(lora_A(x)) * scaling)
+    const lora_job& j = jobs_[pt.job];
+    const size_t n = pt.g->rows.size(), no = j.n_out;
     const float s = pt.p->scale;
     for (size_t i = 0; i < n; ++i) {
-      float* y = pt.j->y + pt.g->rows[i] * pt.j->ldy;
+      float* y = j.y + pt.g->rows[i] * j.ldy;
       const float* u = &u_[pt.u0 + i * no];
       for (size_t c = 0; c < no; ++c) y[c] += u[c] * s;
     }
   }
+  parts_.clear();
   return ok_status();
+}
+
+status lora_runner::project(std::span<const kernels::matmul_args> base, const model& m, size_t layer,
+                            std::span<const lora_job> jobs, kernels::thread_pool& pool) {
+  if (!active()) return kernels::matmul(base, pool);
+  std::vector<kernels::matmul_args> all(base.begin(), base.end());
+  begin(m, layer, jobs, all);
+  LLMESH_TRY(kernels::matmul(all, pool));
+  return finish(pool);
 }
 
 }  // namespace llmesh::model::detail

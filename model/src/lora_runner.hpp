@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "llmesh/common/error.hpp"
+#include "llmesh/kernels/matmul.hpp"
 #include "llmesh/kernels/thread_pool.hpp"
 #include "llmesh/model/lora.hpp"
 #include "llmesh/model/shard_executor.hpp"
@@ -31,16 +32,34 @@ class lora_runner {
   /// Groups the batch's token rows by adapter (step_sequence::lora >= 0).
   void plan(std::span<const step_sequence> batch);
   bool active() const { return !groups_.empty(); }
-  /// Adds the planned rows' deltas of layer `layer` to every job's output (one parallel region
-  /// per stage for all jobs and adapters).
-  [[nodiscard]] status add(const model& m, size_t layer, std::span<const lora_job> jobs, kernels::thread_pool& pool);
+  /// Runs the base projections `base` and adds the planned rows' deltas of layer `layer` to
+  /// every job's output: the deltas' x·Aᵀ matmuls share the base projections' parallel region,
+  /// their ·Bᵀ and the adds follow (each output's operations and their order are the same
+  /// either way). Without adapters in the step: the base projections alone.
+  [[nodiscard]] status project(std::span<const kernels::matmul_args> base, const model& m, size_t layer,
+                               std::span<const lora_job> jobs, kernels::thread_pool& pool);
 
  private:
   struct group {
     int32_t adapter;
     std::vector<size_t> rows;
   };
+  /// One (group, job) pair with a pair for that projection: its rows' t and u offsets.
+  struct part {
+    const lora_pair* p;
+    size_t job;
+    const group* g;
+    size_t t0, u0;
+  };
+  /// Gathers the inputs and appends the deltas' x·Aᵀ matmuls to `first`.
+  void begin(const model& m, size_t layer, std::span<const lora_job> jobs, std::vector<kernels::matmul_args>& first);
+  /// After `first` ran: the ·Bᵀ matmuls and y += scale · u.
+  [[nodiscard]] status finish(kernels::thread_pool& pool);
+
   std::vector<group> groups_;
+  std::vector<lora_job> jobs_;
+  std::vector<part> parts_;
+  std::vector<kernels::matmul_args> second_;
   std::vector<float> x_, t_, u_;  ///< gathered rows, x·Aᵀ, and ·Bᵀ
 };
 

@@ -179,13 +179,10 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
       job(xn_.data(), c.hidden, lw.k, rows_from(lw.k, kv0), k_.data(), kv_dim, n_tokens, kv_dim, c.hidden, slice(lw.k_bias, kv0)),
       job(xn_.data(), c.hidden, lw.v, rows_from(lw.v, kv0), v_.data(), kv_dim, n_tokens, kv_dim, c.hidden, slice(lw.v_bias, kv0)),
   };
-  LLMESH_TRY(kernels::matmul(qkv, *pool_));
-  if (lora_->active()) {
-    const lora_job jobs[3] = {{lora_target::q, xn_.data(), c.hidden, 0, c.hidden, q_.data(), q_dim, q0, q_dim},
-                              {lora_target::k, xn_.data(), c.hidden, 0, c.hidden, k_.data(), kv_dim, kv0, kv_dim},
-                              {lora_target::v, xn_.data(), c.hidden, 0, c.hidden, v_.data(), kv_dim, kv0, kv_dim}};
-    LLMESH_TRY(lora_->add(*model_, layer, jobs, *pool_));
-  }
+  const lora_job qkv_lora[3] = {{lora_target::q, xn_.data(), c.hidden, 0, c.hidden, q_.data(), q_dim, q0, q_dim},
+                                {lora_target::k, xn_.data(), c.hidden, 0, c.hidden, k_.data(), kv_dim, kv0, kv_dim},
+                                {lora_target::v, xn_.data(), c.hidden, 0, c.hidden, v_.data(), kv_dim, kv0, kv_dim}};
+  LLMESH_TRY(lora_->project(qkv, *model_, layer, qkv_lora, *pool_));  // plus each sequence's LoRA deltas
   if (c.qk_norm) {  // Qwen3: every head of q and k RMS-normalised on its own, before RoPE
     for_rows(*pool_, n_tokens * layout_.n_heads, hd, [&](size_t r) {
       kernels::rmsnorm(&q_[r * hd], lw.q_norm.data(), &q_[r * hd], hd, c.rms_norm_eps);
@@ -219,13 +216,10 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
   // Row-parallel output projection: each rank multiplies its heads' columns; rank 0 adds the
   // bias, so the all-reduce (summing in rank order) yields it exactly once.
   const float* o_bias = layout_.rank == 0 ? slice(lw.o_bias, 0) : nullptr;
-  LLMESH_TRY(kernels::matmul(job(attn_.data(), q_dim, lw.o, cols_from(lw.o, q0), proj_.data(), c.hidden, n_tokens,
-                                 c.hidden, q_dim, o_bias),
-                             *pool_));
-  if (lora_->active()) {
-    const lora_job o{lora_target::o, attn_.data(), q_dim, q0, q_dim, proj_.data(), c.hidden, 0, c.hidden};
-    LLMESH_TRY(lora_->add(*model_, layer, std::span(&o, 1), *pool_));
-  }
+  const matmul_args o = job(attn_.data(), q_dim, lw.o, cols_from(lw.o, q0), proj_.data(), c.hidden, n_tokens, c.hidden,
+                             q_dim, o_bias);
+  const lora_job o_lora{lora_target::o, attn_.data(), q_dim, q0, q_dim, proj_.data(), c.hidden, 0, c.hidden};
+  LLMESH_TRY(lora_->project(std::span(&o, 1), *model_, layer, std::span(&o_lora, 1), *pool_));
   if (layout_.tp > 1) LLMESH_TRY(comm_->all_reduce_sum(std::span(proj_.data(), n_tokens * c.hidden)));
   return add_residual(lw.post_attn_norm, n_tokens);
 }
@@ -257,12 +251,9 @@ status shard_executor::mlp_block(size_t layer, size_t n_tokens) {
       job(xn_.data(), c.hidden, lw.gate, rows_from(lw.gate, i0), gate_.data(), ni, n_tokens, ni, c.hidden, nullptr),
       job(xn_.data(), c.hidden, lw.up, rows_from(lw.up, i0), up_.data(), ni, n_tokens, ni, c.hidden, nullptr),
   };
-  LLMESH_TRY(kernels::matmul(gate_up, *pool_));
-  if (lora_->active()) {
-    const lora_job jobs[2] = {{lora_target::gate, xn_.data(), c.hidden, 0, c.hidden, gate_.data(), ni, i0, ni},
-                              {lora_target::up, xn_.data(), c.hidden, 0, c.hidden, up_.data(), ni, i0, ni}};
-    LLMESH_TRY(lora_->add(*model_, layer, jobs, *pool_));
-  }
+  const lora_job gate_up_lora[2] = {{lora_target::gate, xn_.data(), c.hidden, 0, c.hidden, gate_.data(), ni, i0, ni},
+                                    {lora_target::up, xn_.data(), c.hidden, 0, c.hidden, up_.data(), ni, i0, ni}};
+  LLMESH_TRY(lora_->project(gate_up, *model_, layer, gate_up_lora, *pool_));
   pool_->run([&](int th, int n_threads) {
     auto [b, e] = kernels::thread_pool::split(n_tokens * ni, th, n_threads);
     if (c.gemma.on) {
@@ -271,13 +262,10 @@ status shard_executor::mlp_block(size_t layer, size_t n_tokens) {
       kernels::swiglu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
     }
   });
-  LLMESH_TRY(kernels::matmul(job(gate_.data(), ni, lw.down, cols_from(lw.down, i0), proj_.data(), c.hidden, n_tokens,
-                                 c.hidden, ni, nullptr),
-                             *pool_));
-  if (lora_->active()) {
-    const lora_job d{lora_target::down, gate_.data(), ni, i0, ni, proj_.data(), c.hidden, 0, c.hidden};
-    LLMESH_TRY(lora_->add(*model_, layer, std::span(&d, 1), *pool_));
-  }
+  const matmul_args down = job(gate_.data(), ni, lw.down, cols_from(lw.down, i0), proj_.data(), c.hidden, n_tokens, c.hidden,
+                                ni, nullptr);
+  const lora_job down_lora{lora_target::down, gate_.data(), ni, i0, ni, proj_.data(), c.hidden, 0, c.hidden};
+  LLMESH_TRY(lora_->project(std::span(&down, 1), *model_, layer, std::span(&down_lora, 1), *pool_));
   if (layout_.tp > 1) LLMESH_TRY(comm_->all_reduce_sum(std::span(proj_.data(), n_tokens * c.hidden)));
   return add_residual(lw.post_mlp_norm, n_tokens);
 }
