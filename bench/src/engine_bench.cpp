@@ -206,7 +206,7 @@ status run_engine_bench(const engine_bench_options& opt) {
   if (!opt.lora.empty()) {
     const auto& ad = m.value()->loras().front();
     const double base_pp = std::min(pp_best, pp_base2), base_tg = std::min(tg_best, tg_base2);
-    std::printf("  lora         %s: rank %zu, %.1f MB (f32); pp %.2fx, tg %.2fx of the base model's (the bytes alone: tg %.3fx)\n",
+    std::printf("  lora         %s: rank %zu, %.1f MB as held; pp %.2fx, tg %.2fx of the base model's (the bytes alone: tg %.3fx)\n",
                 opt.lora.c_str(), ad.max_rank, static_cast<double>(ad.bytes()) / 1e6, base_pp / pp_lora, base_tg / tg_lora,
                 bytes_per_token / (bytes_per_token + static_cast<double>(ad.bytes())));
   }

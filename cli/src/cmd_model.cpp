@@ -62,7 +62,7 @@ status run_random_lora(lora_flags& f) {
   if (!cfg) return cfg.take_error();
   auto check = model::load_lora({"check", f.out}, *cfg);  // what we write must load
   if (!check) return check.take_error();
-  std::fprintf(stderr, "wrote %s: rank %zu, %zu target(s), %.2f MB as float32\n", f.out.c_str(), f.spec.rank,
+  std::fprintf(stderr, "wrote %s: rank %zu, %zu target(s), %.2f MB as held in memory\n", f.out.c_str(), f.spec.rank,
                f.spec.targets.size(), static_cast<double>(check->bytes()) / 1e6);
   return ok_status();
 }

@@ -7,7 +7,9 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <cstring>
 #include <set>
+#include <tuple>
 
 #include "llmesh/model/safetensors.hpp"
 #include "read_file.hpp"
@@ -148,7 +150,7 @@ status check_lora_names(const std::vector<lora_source>& loras, const std::string
 size_t lora_adapter::bytes() const {
   size_t n = 0;
   for (const auto& l : layers) {
-    for (const auto& p : l.pairs) n += (p.a.size() + p.b.size()) * sizeof(float);
+    for (const auto& p : l.pairs) n += p.a.bytes.size() + p.b.bytes.size();
   }
   return n;
 }
@@ -222,15 +224,20 @@ result<lora_adapter> load_lora(const lora_source& src, const model_config& cfg) 
     p.out = out;
     const double rd = static_cast<double>(r);
     p.scale = static_cast<float>(settings->alpha / (settings->rslora ? std::sqrt(rd) : rd));
-    p.a.resize(r * in);
-    p.b.resize(out * r);
-    for (size_t i = 0; i < p.a.size(); ++i) p.a[i] = kernels::load_as_f32(f.a->data, f.a->type, i);
-    for (size_t i = 0; i < p.b.size(); ++i) p.b[i] = kernels::load_as_f32(f.b->data, f.b->type, i);
-    for (float x : p.a) {
-      if (!std::isfinite(x)) return bad(src, where + ": lora_A holds a non-finite value");
-    }
-    for (float x : p.b) {
-      if (!std::isfinite(x)) return bad(src, where + ": lora_B holds a non-finite value");
+    for (auto [view, m, n, label] : {std::tuple{f.a, &p.a, r * in, "lora_A"}, std::tuple{f.b, &p.b, out * r, "lora_B"}}) {
+      m->type = view->type == kernels::dtype::bf16 || view->type == kernels::dtype::f16 ? view->type : kernels::dtype::f32;
+      m->bytes.resize(kernels::dtype_bytes(m->type, n));
+      if (m->type == view->type) {
+        std::memcpy(m->bytes.data(), view->data, m->bytes.size());
+      } else {
+        for (size_t i = 0; i < n; ++i) {
+          const float x = kernels::load_as_f32(view->data, view->type, i);
+          std::memcpy(m->bytes.data() + 4 * i, &x, 4);
+        }
+      }
+      for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(m->value(i))) return bad(src, where + ": " + label + " holds a non-finite value");
+      }
     }
     a.max_rank = std::max(a.max_rank, r);
   }

@@ -10,9 +10,10 @@
 namespace llmesh::model::detail {
 namespace {
 
-/// y [m][n] = x [m][k] (rows ldx apart) · w[:, 0..k)ᵀ, w float32 rows of ldw, y packed.
-kernels::matmul_args f32_job(const float* x, size_t ldx, const float* w, size_t ldw, float* y, size_t m, size_t n, size_t k) {
-  return job(x, ldx, weight_matrix{w, kernels::dtype::f32, n, ldw}, w, y, n, m, n, k, nullptr);
+/// y [m][n] = x [m][k] (rows ldx apart) · w[:, 0..k)ᵀ, w of `type` with rows ldw apart, y packed.
+kernels::matmul_args lora_matmul(const float* x, size_t ldx, const void* w, kernels::dtype type, size_t ldw, float* y,
+                                 size_t m, size_t n, size_t k) {
+  return job(x, ldx, weight_matrix{w, type, n, ldw}, w, y, n, m, n, k, nullptr);
 }
 
 }  // namespace
@@ -81,8 +82,9 @@ void lora_runner::begin(const model& m, size_t layer, std::span<const lora_job> 
     const float* x = in->x0 == SIZE_MAX ? j.x + pt.g->rows.front() * j.ldx : &x_[in->x0];
     const size_t ldx = in->x0 == SIZE_MAX ? j.ldx : j.n_in;
     // t = x · A[:, in0..]ᵀ  [n][r] (with the caller's projections), then u = t · B[out0..]ᵀ  [n][n_out]
-    first.push_back(f32_job(x, ldx, pt.p->a.data() + j.in0, pt.p->in, &t_[pt.t0], n, pt.p->r, j.n_in));
-    second_.push_back(f32_job(&t_[pt.t0], pt.p->r, pt.p->b.data() + j.out0 * pt.p->r, pt.p->r, &u_[pt.u0], n, j.n_out, pt.p->r));
+    first.push_back(lora_matmul(x, ldx, pt.p->a.at(j.in0), pt.p->a.type, pt.p->in, &t_[pt.t0], n, pt.p->r, j.n_in));
+    second_.push_back(lora_matmul(&t_[pt.t0], pt.p->r, pt.p->b.at(j.out0 * pt.p->r), pt.p->b.type, pt.p->r, &u_[pt.u0], n,
+                                  j.n_out, pt.p->r));
   }
 }
 

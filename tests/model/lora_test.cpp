@@ -64,7 +64,7 @@ void write_merged(const std::string& base, const std::string& adapter_dir, const
                          for (size_t o = 0; o < p->out; ++o) {
                            for (size_t i = 0; i < p->in; ++i) {
                              double d = 0;
-                             for (size_t k = 0; k < p->r; ++k) d += double(p->b[o * p->r + k]) * p->a[k * p->in + i];
+                             for (size_t k = 0; k < p->r; ++k) d += double(p->b.value(o * p->r + k)) * p->a.value(k * p->in + i);
                              w[o * p->in + i] = static_cast<float>(w[o * p->in + i] + double(p->scale) * d);
                            }
                          }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "llmesh/common/error.hpp"
+#include "llmesh/kernels/dtype.hpp"
 #include "llmesh/model/config.hpp"
 
 namespace llmesh::model {
@@ -35,12 +36,24 @@ bool valid_lora_name(std::string_view name);
 enum class lora_target : uint8_t { q, k, v, o, gate, up, down };
 inline constexpr size_t lora_target_count = 7;
 
-/// One projection's low-rank pair, in float32: A [r][in], B [out][r]; delta = scale · B·A.
+/// A row-major matrix of an adapter, held in its file's dtype when that is F16 or BF16 (their
+/// values widen to float32 exactly, so the matmul's numbers are those of a float32 copy), else
+/// in float32.
+struct lora_matrix {
+  kernels::dtype type = kernels::dtype::f32;
+  std::vector<uint8_t> bytes;
+  /// Element i (row-major) as float32.
+  float value(size_t i) const { return kernels::load_as_f32(bytes.data(), type, i); }
+  /// The address of element i.
+  const void* at(size_t i) const { return bytes.data() + kernels::dtype_offset(type, i); }
+};
+
+/// One projection's low-rank pair: A [r][in], B [out][r]; delta = scale · B·A.
 /// r == 0: the adapter leaves this projection alone.
 struct lora_pair {
   size_t r = 0, in = 0, out = 0;
   float scale = 0.0f;
-  std::vector<float> a, b;
+  lora_matrix a, b;
 };
 
 struct lora_layer {
