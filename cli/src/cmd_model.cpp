@@ -42,7 +42,7 @@ status run_random(model_flags& f) {
 
 struct lora_flags {
   model::random_lora_spec spec;
-  std::string model_dir, out, dtype = "f32", targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
+  std::string model_dir, out, dtype = "f32";
 };
 
 status run_random_lora(lora_flags& f) {
@@ -50,12 +50,6 @@ status run_random_lora(lora_flags& f) {
     f.spec.dtype = f.dtype == "f32" ? kernels::dtype::f32 : f.dtype == "f16" ? kernels::dtype::f16 : kernels::dtype::bf16;
   } else {
     return make_error(errc::invalid_request, "--dtype must be f32, f16 or bf16, not '" + f.dtype + "'");
-  }
-  f.spec.targets.clear();
-  for (size_t at = 0; at <= f.targets.size();) {
-    const size_t comma = std::min(f.targets.find(',', at), f.targets.size());
-    f.spec.targets.push_back(f.targets.substr(at, comma - at));
-    at = comma + 1;
   }
   LLMESH_TRY(model::write_random_lora(f.spec, f.model_dir, f.out));
   auto cfg = model::load_config(f.model_dir);
@@ -113,7 +107,7 @@ void add_model(CLI::App& app, command_set& commands) {
   lsub->add_option("--rank", l->spec.rank, "r")->capture_default_str();
   lsub->add_option("--alpha", l->spec.alpha, "lora_alpha")->capture_default_str();
   lsub->add_flag("--rslora", l->spec.rslora, "use_rslora (scale alpha / sqrt(r))");
-  lsub->add_option("--targets", l->targets, "Comma-separated projections")->capture_default_str();
+  lsub->add_option("--targets", l->spec.targets, "Comma-separated projections")->delimiter(',')->capture_default_str();
   lsub->add_option("--dtype", l->dtype, "f32 | f16 | bf16")->capture_default_str();
   lsub->add_option("--seed", l->spec.seed, "Seed of the weights")->capture_default_str();
   lsub->add_option("--strength", l->spec.strength, "Size of the change relative to the base projections (1: large)")

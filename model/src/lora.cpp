@@ -1,4 +1,5 @@
-// PEFT LoRA adapters: adapter_config.json and adapter_model.safetensors, read into float32.
+// PEFT LoRA adapters: adapter_config.json and adapter_model.safetensors, read into memory
+// (16-bit tensors as they are, others as float32).
 #include "llmesh/model/lora.hpp"
 
 #include <cmath>
@@ -66,19 +67,27 @@ const std::regex& tensor_name_rule() {
   return rule;
 }
 
-std::optional<lora_target> target_of(const std::string& block, const std::string& proj) {
-  static const std::map<std::string, lora_target> attn = {
-      {"q_proj", lora_target::q}, {"k_proj", lora_target::k}, {"v_proj", lora_target::v}, {"o_proj", lora_target::o}};
-  static const std::map<std::string, lora_target> mlp = {
-      {"gate_proj", lora_target::gate}, {"up_proj", lora_target::up}, {"down_proj", lora_target::down}};
-  const auto& m = block == "self_attn" ? attn : mlp;
-  auto it = m.find(proj);
-  if (it == m.end()) return std::nullopt;
-  return it->second;
+std::string shape_str(const std::vector<size_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
 }
 
-/// [out, in] of a projection of the base model.
-std::pair<size_t, size_t> projection_shape(const model_config& c, lora_target t) {
+constexpr std::string_view target_names[lora_target_count] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                              "gate_proj", "up_proj", "down_proj"};
+
+}  // namespace
+
+std::string_view lora_target_name(lora_target t) { return target_names[static_cast<size_t>(t)]; }
+
+std::optional<lora_target> parse_lora_target(std::string_view name) {
+  for (size_t i = 0; i < lora_target_count; ++i) {
+    if (target_names[i] == name) return static_cast<lora_target>(i);
+  }
+  return std::nullopt;
+}
+
+std::pair<size_t, size_t> lora_projection_shape(const model_config& c, lora_target t) {
   const size_t q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
   switch (t) {
     case lora_target::q: return {q_dim, c.hidden};
@@ -91,14 +100,6 @@ std::pair<size_t, size_t> projection_shape(const model_config& c, lora_target t)
   }
   return {0, 0};
 }
-
-std::string shape_str(const std::vector<size_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
-}  // namespace
 
 bool valid_lora_name(std::string_view n) {
   if (n.empty() || n.size() > 128) return false;
@@ -193,8 +194,10 @@ result<lora_adapter> load_lora(const lora_source& src, const model_config& cfg) 
     if (layer >= cfg.n_layers) {
       return bad(src, "tensor '" + name + "' is for layer " + m[1].str() + "; the model has " + std::to_string(cfg.n_layers));
     }
-    const auto t = target_of(m[2].str(), m[3].str());
-    if (!t) return bad(src, "tensor '" + name + "' names a projection outside its block");
+    const auto t = parse_lora_target(m[3].str());
+    if (!t || lora_target_in_mlp(*t) != (m[2].str() == "mlp")) {
+      return bad(src, "tensor '" + name + "' names a projection outside its block");
+    }
     if (cfg.moe.n_experts > 0 && m[2].str() == "mlp") return bad(src, "tensor '" + name + "': an MoE model's MLP takes no adapter");
     if (cfg.fused_projections) return bad(src, "a model with fused projections (Phi-3) takes no adapter here");
     auto& f = pairs[{layer, *t}];
@@ -205,10 +208,9 @@ result<lora_adapter> load_lora(const lora_source& src, const model_config& cfg) 
   if (pairs.empty()) return bad(src, "adapter_model.safetensors holds no LoRA tensors");
   for (const auto& [key, f] : pairs) {
     const auto [layer, t] = key;
-    static const char* const names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    const std::string where = "layer " + std::to_string(layer) + " " + names[static_cast<size_t>(t)];
+    const std::string where = "layer " + std::to_string(layer) + " " + std::string(lora_target_name(t));
     if (!f.a || !f.b) return bad(src, where + ": lora_A and lora_B must both be present");
-    const auto [out, in] = projection_shape(cfg, t);
+    const auto [out, in] = lora_projection_shape(cfg, t);
     if (f.a->shape.size() != 2 || f.b->shape.size() != 2) return bad(src, where + ": lora_A and lora_B must be matrices");
     const size_t r = f.a->shape[0];
     if (r == 0 || r > max_lora_rank) {

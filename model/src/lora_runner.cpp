@@ -42,7 +42,8 @@ void lora_runner::begin(const model& m, size_t layer, std::span<const lora_job> 
   struct input {
     const group* g;
     const float* src;
-    size_t x0;  ///< in x_; SIZE_MAX: in place
+    size_t width, ld;  ///< the columns its jobs read, and its rows' stride
+    size_t x0;         ///< in x_; SIZE_MAX: in place
   };
   std::vector<input> inputs;
   size_t nx = 0, nt = 0, nu = 0;
@@ -59,7 +60,7 @@ void lora_runner::begin(const model& m, size_t layer, std::span<const lora_job> 
       nu += n * j.n_out;
       const bool seen = std::any_of(inputs.begin(), inputs.end(), [&](const input& in) { return in.g == &g && in.src == j.x; });
       if (seen) continue;
-      inputs.push_back({&g, j.x, consecutive ? SIZE_MAX : nx});
+      inputs.push_back({&g, j.x, j.n_in, j.ldx, consecutive ? SIZE_MAX : nx});
       if (!consecutive) nx += n * j.n_in;
     }
   }
@@ -69,11 +70,9 @@ void lora_runner::begin(const model& m, size_t layer, std::span<const lora_job> 
   u_.resize(nu);
   for (const auto& in : inputs) {  // the jobs that read one input read the same columns of it
     if (in.x0 == SIZE_MAX) continue;
-    size_t width = 0, ld = 0;
-    for (const auto& pt : parts_) {
-      if (pt.g == in.g && jobs_[pt.job].x == in.src) width = jobs_[pt.job].n_in, ld = jobs_[pt.job].ldx;
+    for (size_t i = 0; i < in.g->rows.size(); ++i) {
+      std::copy_n(in.src + in.g->rows[i] * in.ld, in.width, &x_[in.x0 + i * in.width]);
     }
-    for (size_t i = 0; i < in.g->rows.size(); ++i) std::copy_n(in.src + in.g->rows[i] * ld, width, &x_[in.x0 + i * width]);
   }
   for (const auto& pt : parts_) {
     const lora_job& j = jobs_[pt.job];

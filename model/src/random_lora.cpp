@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmesh/model/config.hpp"
+#include "llmesh/model/lora.hpp"
 #include "llmesh/model/random_model.hpp"
 #include "random_fill.hpp"
 
@@ -18,22 +19,14 @@ status write_random_lora(const random_lora_spec& s, const std::string& model_dir
   const auto& c = *cfg;
   if (s.rank == 0 || s.rank > 512) return make_error(errc::invalid_request, "--rank must be 1..512");
   if (s.targets.empty()) return make_error(errc::invalid_request, "--targets: at least one projection");
-  if (c.fused_projections || (c.moe.n_experts > 0 && std::any_of(s.targets.begin(), s.targets.end(), [](const std::string& t) {
-                                return t == "gate_proj" || t == "up_proj" || t == "down_proj";
-                              }))) {
-    return make_error(errc::invalid_request, "random-lora: fused projections and MoE MLPs take no adapter");
+  std::vector<lora_target> targets;
+  for (const auto& name : s.targets) {
+    auto t = parse_lora_target(name);
+    if (!t) return make_error(errc::invalid_request, "--targets: unknown projection '" + name + "'");
+    targets.push_back(*t);
   }
-  const size_t q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
-  auto shape = [&](const std::string& t) -> std::pair<size_t, size_t> {  // [out, in]
-    if (t == "q_proj") return {q_dim, c.hidden};
-    if (t == "k_proj" || t == "v_proj") return {kv_dim, c.hidden};
-    if (t == "o_proj") return {c.hidden, q_dim};
-    if (t == "gate_proj" || t == "up_proj") return {c.intermediate, c.hidden};
-    if (t == "down_proj") return {c.hidden, c.intermediate};
-    return {0, 0};
-  };
-  for (const auto& t : s.targets) {
-    if (shape(t).first == 0) return make_error(errc::invalid_request, "--targets: unknown projection '" + t + "'");
+  if (c.fused_projections || (c.moe.n_experts > 0 && std::any_of(targets.begin(), targets.end(), lora_target_in_mlp))) {
+    return make_error(errc::invalid_request, "random-lora: fused projections and MoE MLPs take no adapter");
   }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -43,10 +36,10 @@ status write_random_lora(const random_lora_spec& s, const std::string& model_dir
   const double scaling = s.alpha / (s.rslora ? std::sqrt(static_cast<double>(s.rank)) : static_cast<double>(s.rank));
   std::vector<tensor_spec> tensors;
   for (size_t l = 0; l < c.n_layers; ++l) {
-    for (const auto& t : s.targets) {
-      const auto [out, in] = shape(t);
-      const std::string block = (t == "gate_proj" || t == "up_proj" || t == "down_proj") ? "mlp" : "self_attn";
-      const std::string p = "base_model.model.model.layers." + std::to_string(l) + "." + block + "." + t + ".";
+    for (const lora_target t : targets) {
+      const auto [out, in] = lora_projection_shape(c, t);
+      const std::string p = "base_model.model.model.layers." + std::to_string(l) + (lora_target_in_mlp(t) ? ".mlp." : ".self_attn.") +
+                            std::string(lora_target_name(t)) + ".";
       const float a_scale = std::sqrt(3.0f / static_cast<float>(in));
       const float b_scale = s.strength * static_cast<float>(std::sqrt(3.0 / static_cast<double>(s.rank)) / scaling);
       tensors.push_back({p + "lora_A.weight", s.dtype, {s.rank, in}, detail::uniform(s.seed, p + "A", s.dtype, 0.0f, a_scale)});

@@ -45,8 +45,6 @@ void write_merged(const std::string& base, const std::string& adapter_dir, const
   ASSERT_TRUE(adapter.ok()) << adapter.err().message;
   auto store = tensor_store::open(base);
   ASSERT_TRUE(store.ok());
-  static const char* const names[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                                      "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
   std::vector<tensor_spec> tensors;
   for (const auto& name : store->names()) {
     const tensor_view v = *store->get(name);
@@ -54,7 +52,9 @@ void write_merged(const std::string& base, const std::string& adapter_dir, const
     const lora_pair* p = nullptr;
     for (size_t l = 0; l < cfg->n_layers; ++l) {
       for (size_t t = 0; t < lora_target_count; ++t) {
-        if (name == "model.layers." + std::to_string(l) + "." + names[t] + ".weight") p = &adapter->layers[l].pairs[t];
+        const auto target = static_cast<lora_target>(t);
+        const std::string module = (lora_target_in_mlp(target) ? "mlp." : "self_attn.") + std::string(lora_target_name(target));
+        if (name == "model.layers." + std::to_string(l) + "." + module + ".weight") p = &adapter->layers[l].pairs[t];
       }
     }
     tensors.push_back({name, v.type, v.shape, [v, p](std::span<uint8_t> bytes) {

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -35,6 +37,15 @@ bool valid_lora_name(std::string_view name);
 /// The seven projections an adapter may target.
 enum class lora_target : uint8_t { q, k, v, o, gate, up, down };
 inline constexpr size_t lora_target_count = 7;
+
+/// PEFT's module name of a target: "q_proj" .. "down_proj".
+std::string_view lora_target_name(lora_target t);
+/// The target a module name names, or nullopt.
+std::optional<lora_target> parse_lora_target(std::string_view name);
+/// Whether the target is an MLP projection (PEFT's "mlp." block) rather than attention's ("self_attn.").
+inline bool lora_target_in_mlp(lora_target t) { return t >= lora_target::gate; }
+/// [out, in] of the base model's projection `t`.
+std::pair<size_t, size_t> lora_projection_shape(const model_config& c, lora_target t);
 
 /// A row-major matrix of an adapter, held in its file's dtype when that is F16 or BF16 (their
 /// values widen to float32 exactly, so the matmul's numbers are those of a float32 copy), else
