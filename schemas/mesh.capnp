@@ -259,6 +259,9 @@ struct Assign {
   # The LoRA adapters served beside the model (its cluster config entry's loras), in order: a
   # step names one by its index in this list.
   loras @10 :List(LoraModule);
+  # The KV cache's elements: "" or "float32", "bfloat16" (`--kv-cache-dtype`; every rank of a
+  # replica holds the same).
+  kvCacheDtype @11 :Text;
 }
 
 struct LoraModule {
@@ -317,6 +320,8 @@ struct ShardReady {
                             # nodes, which hold them as stored): every rank's must equal rank 0's
   loras @9 :Text;           # the LoRA adapters its node loaded, their names in order, one per line
                             # ("" from older nodes, which load none): every rank's must equal rank 0's
+  kvCacheDtype @10 :Text;   # its KV cache's elements ("float32", "bfloat16"; "" from older nodes:
+                            # float32): every rank's must equal rank 0's
 }
 
 # The replica's node tells every shard's node that the group forms: connect to the ranks above.

@@ -10,6 +10,7 @@
 // - Its recursion guard allows ~2000 levels and reports "bad file": a pre-scan refuses deep
 //   nesting first, with a line number.
 #include "llmesh/actors/cluster_config.hpp"
+#include "llmesh/model/engine.hpp"
 
 #include <yaml-cpp/yaml.h>
 
@@ -322,7 +323,7 @@ result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, boo
 result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   r.at(entry_label("models", index, node));
   LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization",
-                                 "reasoning_parser", "tool_call_parser", "pooling", "loras"}));
+                                 "kv_cache_dtype", "reasoning_parser", "tool_call_parser", "pooling", "loras"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -350,6 +351,12 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   if (quant) {
     if (*quant != "none" && *quant != "int8") return r.fail("'quantization' must be none or int8, got " + shown(*quant));
     out.quantization = *quant;
+  }
+  LLMESH_READ(kv_dtype, r.string(f, "kv_cache_dtype", false));
+  if (kv_dtype) {
+    auto t = model::parse_kv_cache_dtype(*kv_dtype);
+    if (!t) return r.fail("'kv_cache_dtype' must be auto, float32 or bfloat16, got " + shown(*kv_dtype));
+    out.kv_cache_dtype = std::string(model::kv_cache_dtype_name(*t));
   }
   LLMESH_READ(reasoning, r.string(f, "reasoning_parser", false));
   if (reasoning) {

@@ -108,20 +108,24 @@ void load_replica(agent* self, const transport::assign_msg& a) {
   const size_t max_seqs = st.opt.sched.max_seqs;
   st.loading[a.replica] = {a.model, false};
   auto load = load_options_of(a, eo.device);
+  auto kv_type = kv_type_of(a, eo.device);
+  if (kv_type) eo.kv_type = *kv_type;
   self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, kv_mb, max_seqs, key,
-                              load](caf::event_based_actor* helper) mutable {
+                              load, kv_type](caf::event_based_actor* helper) mutable {
     std::shared_ptr<const model::model> m = cached;
     std::string err;
     std::shared_ptr<model::engine> eng;
     if (!load) {
       err = load.err().message;
+    } else if (!kv_type) {
+      err = kv_type.err().message;
     } else if (!m) {
       auto loaded = model::model::load(a.path, *load);
       if (loaded) m = *loaded;
       else err = loaded.err().message;
     }
     if (m) {
-      eo.kv_tokens = kv_tokens_for_budget(m->config(), eo.tp, kv_mb, max_seqs);
+      eo.kv_tokens = kv_tokens_for_budget(m->config(), eo.tp, kv_mb, max_seqs, eo.kv_type);
       auto e = model::engine::create(m, eo);
       if (e) eng = std::move(*e);
       else err = e.err().message;
@@ -323,9 +327,9 @@ void on_wire(agent* self, transport::peer_id peer, const transport::envelope& e)
 
 }  // namespace
 
-size_t kv_tokens_for_budget(const model::model_config& c, int tp, size_t budget_mb, size_t max_seqs) {
+size_t kv_tokens_for_budget(const model::model_config& c, int tp, size_t budget_mb, size_t max_seqs, kernels::dtype kv_type) {
   const size_t heads = std::max<size_t>(1, c.n_kv_heads / static_cast<size_t>(std::max(tp, 1)));
-  const size_t per_token = 2 * c.n_layers * heads * c.head_dim * sizeof(float);
+  const size_t per_token = 2 * c.n_layers * heads * c.head_dim * (kv_type == kernels::dtype::bf16 ? 2 : sizeof(float));
   const size_t tokens = budget_mb * (size_t{1} << 20) / std::max<size_t>(per_token, 1);
   return std::min(tokens, max_seqs * c.max_positions);  // more could never be used
 }

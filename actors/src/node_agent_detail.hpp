@@ -60,6 +60,17 @@ inline result<model::load_options> load_options_of(const transport::assign_msg& 
   return o;
 }
 
+/// The KV cache an assignment asks for: invalid_request for a dtype this build does not know,
+/// unsupported for bfloat16 on a CUDA node.
+inline result<kernels::dtype> kv_type_of(const transport::assign_msg& a, model::backend device) {
+  auto t = model::parse_kv_cache_dtype(a.kv_cache_dtype.empty() ? "float32" : a.kv_cache_dtype);
+  if (!t) return t.take_error();
+  if (*t != kernels::dtype::f32 && device == model::backend::cuda) {
+    return make_error(errc::unsupported, "a " + a.kv_cache_dtype + " KV cache runs on the CPU backend only, and this node's device is cuda");
+  }
+  return t;
+}
+
 /// The id under which a shard of a spread replica is exported on its node.
 inline uint64_t shard_actor_id(uint64_t replica, uint32_t rank) {
   return (uint64_t{1} << 30) + (replica % (uint64_t{1} << 20)) * 256 + rank % 256;

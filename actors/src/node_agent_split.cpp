@@ -63,6 +63,14 @@ void maybe_form(agent* self, uint64_t id) {
                                         "every node of the replica must run a build that serves them");
     }
   }
+  // And the same KV cache elements (a node of an older build holds float32 whatever the model says).
+  const std::string kv_want(model::kv_cache_dtype_name(f.engine->kv_type()));
+  for (const auto& [rank, t] : f.kv_types) {
+    if (t != kv_want) {
+      return fail_forming(self, id, "rank " + std::to_string(rank) + "'s KV cache holds " + t + ", rank 0's " + kv_want +
+                                        ": every node of the replica must run a build that knows the model's kv_cache_dtype");
+    }
+  }
   f.joining = true;
   std::set<transport::peer_id> told;
   for (const auto& [rank, where] : f.remote) {
@@ -133,13 +141,16 @@ void load_part(agent* self, const transport::assign_msg& a) {
   self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, max_seqs, go, err,
                               make = st.opt.make_tensor_transport,
                               host = st.opt.tensor_host,
-                              load = load_options_of(a, eo.device)](caf::event_based_actor* helper) mutable {
+                              load = load_options_of(a, eo.device),
+                              kv_type = kv_type_of(a, eo.device)](caf::event_based_actor* helper) mutable {
     auto p = std::make_shared<loaded_part>();
     p->id = a.replica;
     p->path = model_key(a);
     p->err = err;
     p->m = cached;
     if (p->err.empty() && !load) p->err = load.err().message;
+    if (p->err.empty() && !kv_type) p->err = kv_type.err().message;
+    if (kv_type) eo.kv_type = *kv_type;
     if (p->err.empty() && !p->m) {
       auto loaded = model::model::load(a.path, *load);
       if (loaded) p->m = *loaded;
@@ -163,7 +174,7 @@ void load_part(agent* self, const transport::assign_msg& a) {
       comms.push_back(std::move(*c));
     }
     if (p->err.empty()) {
-      eo.kv_tokens = kv_tokens_for_budget(p->m->config(), eo.tp, a.kv_cache_mb, max_seqs);
+      eo.kv_tokens = kv_tokens_for_budget(p->m->config(), eo.tp, a.kv_cache_mb, max_seqs, eo.kv_type);
       auto e = model::engine::create_part(p->m, eo, std::move(comms));
       if (e) p->engine = std::move(*e);
       else p->err = e.err().message;
@@ -240,7 +251,8 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
     const uint64_t sid = shard_actor_id(p->id, static_cast<uint32_t>(rank));
     self->send(st.bridge, export_atom::value, s, sid);
     ready.push_back({p->id, static_cast<uint32_t>(rank), c->address(), sid, *key, true, "", p->engine->kv_blocks(),
-                     std::string(model::quantization_name(p->m->quant())), lora_names(*p->m)});
+                     std::string(model::quantization_name(p->m->quant())), lora_names(*p->m),
+                     std::string(model::kv_cache_dtype_name(p->engine->kv_type()))});
     // The group failing (rank 0's node lost, a peer's abort) ends these shards.
     c->set_on_failed([me = caf::actor_cast<caf::actor>(self), id = p->id](const error&) {
       caf::anon_send(me, group_lost_atom::value, id);
@@ -265,6 +277,7 @@ void on_shard_ready(agent* self, transport::peer_id peer, const transport::shard
   f.kv_blocks[static_cast<int>(m.rank)] = m.kv_blocks;
   f.quantization[static_cast<int>(m.rank)] = m.quantization.empty() ? "none" : m.quantization;
   f.loras[static_cast<int>(m.rank)] = m.loras;
+  f.kv_types[static_cast<int>(m.rank)] = m.kv_cache_dtype.empty() ? "float32" : m.kv_cache_dtype;
   maybe_form(self, m.replica);
 }
 

@@ -77,6 +77,8 @@ gemm_result bench_gemm(const model::model& m, size_t rows, int threads, int reps
 status run_engine_bench(const engine_bench_options& opt) {
   auto quant = model::parse_quantization(opt.quantization);
   if (!quant) return quant.take_error();
+  auto kv_type = model::parse_kv_cache_dtype(opt.kv_cache_dtype);
+  if (!kv_type) return kv_type.take_error();
   model::load_options lo{.quant = *quant, .loras = {}};
   if (!opt.lora.empty()) lo.loras = {{"bench", opt.lora}};
   auto m = model::model::load(opt.model_dir, lo);
@@ -84,6 +86,7 @@ status run_engine_bench(const engine_bench_options& opt) {
   model::engine_options eo;
   eo.tp = opt.tp;
   eo.threads = opt.threads;
+  eo.kv_type = *kv_type;
   size_t widest = 1;
   for (size_t b : opt.batches) widest = std::max(widest, b);
   eo.kv_tokens = std::max({opt.prompt_tokens, widest * (opt.gen_tokens + 1 + 16), opt.context + opt.gen_tokens + 16}) + 16;
@@ -182,8 +185,8 @@ status run_engine_bench(const engine_bench_options& opt) {
 
   bw = std::max(bw, measure_read_bandwidth(threads, size_t{1} << 30, 3));
   const double weight_bytes = static_cast<double>(m.value()->decode_weight_bytes());
-  // KV bytes read per decode token at the average context of the tg run (keys + values, f32).
-  const double kv_bytes = 2.0 * 4.0 * static_cast<double>(c.n_layers * c.n_kv_heads * c.head_dim) *
+  // KV bytes read per decode token at the average context of the tg run (keys + values).
+  const double kv_bytes = 2.0 * (*kv_type == kernels::dtype::bf16 ? 2.0 : 4.0) * static_cast<double>(c.n_layers * c.n_kv_heads * c.head_dim) *
                           (static_cast<double>(opt.context) + static_cast<double>(opt.gen_tokens) / 2.0);
   const double bytes_per_token = weight_bytes + kv_bytes;
   const double roofline = bw / bytes_per_token;
@@ -195,9 +198,10 @@ status run_engine_bench(const engine_bench_options& opt) {
   std::printf("  model        %s, hidden %zu, layers %zu, heads %zu/%zu, vocab %zu, %.2f B decode params\n",
               c.arch_name.c_str(), c.hidden, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab,
               static_cast<double>(m.value()->decode_params()) / 1e9);
-  std::printf("  setup        tp %d, threads %d, isa %s, weights %s\n", eng.tp(), threads,
+  std::printf("  setup        tp %d, threads %d, isa %s, weights %s, KV cache %s\n", eng.tp(), threads,
               std::string(kernels::isa_name(kernels::active_isa())).c_str(),
-              std::string(kernels::dtype_name(m.value()->weights().layers[0].q.type)).c_str());
+              std::string(kernels::dtype_name(m.value()->weights().layers[0].q.type)).c_str(),
+              std::string(model::kv_cache_dtype_name(*kv_type)).c_str());
   std::printf("  bandwidth    %.1f GB/s (read, %d threads, 1 GiB, best of 3 x 3 around the runs)\n", bw / 1e9, threads);
   std::printf("  bytes/token  %.3f GB (weights %.3f + KV %.4f)\n", bytes_per_token / 1e9, weight_bytes / 1e9, kv_bytes / 1e9);
   std::printf("  pp%-8zu  %.2f tok/s\n", opt.prompt_tokens, pp);

@@ -7,6 +7,7 @@
 
 #include "commands.hpp"
 #include "llmesh/bench/engine_bench.hpp"
+#include "llmesh/model/engine.hpp"
 #include "llmesh/bench/gpu_bench.hpp"
 #include "llmesh/bench/grammar_bench.hpp"
 #include "llmesh/bench/speculation_bench.hpp"
@@ -44,12 +45,16 @@ void add_bench(CLI::App& app, command_set& commands) {
   sub->add_option("--tg", o->gen_tokens, "Generated tokens (decode test)")->capture_default_str();
   sub->add_option("--reps", o->reps, "Repetitions; the best is reported")->capture_default_str();
   sub->add_option("--quantization", o->quantization, "cpu: none or int8 (weight-only, blocks of 32)")->capture_default_str();
+  sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "cpu: auto/float32 or bfloat16")->capture_default_str();
   sub->add_option("--lora", o->lora, "cpu: a LoRA adapter's directory: pp and tg with it, as ratios to the base model's");
   commands.emplace_back(sub, [o, g, device, batches, ctx]() -> status {
     if (*device == "cuda") {
       if (o->model_dir.empty() == g->shape.empty()) return make_error(errc::invalid_request, "give exactly one of --model, --shape");
       if (o->quantization != "none") return make_error(errc::unsupported, "--quantization runs on the CPU backend only");
       if (!o->lora.empty()) return make_error(errc::unsupported, "--lora runs on the CPU backend only");
+      if (auto t = model::parse_kv_cache_dtype(o->kv_cache_dtype); !t || *t != kernels::dtype::f32) {
+        return make_error(errc::unsupported, "--kv-cache-dtype: the CUDA bench runs float32 KV caches only");
+      }
       g->model_dir = o->model_dir;
       g->batches = *batches;
       g->prompt_tokens = o->prompt_tokens;

@@ -21,7 +21,7 @@ namespace {
 
 struct serve_flags {
   std::string model_dir, http = "127.0.0.1:8080", rpc = "127.0.0.1:8081", served_name, device = "auto", policy = "least-load";
-  std::string quantization = "none";
+  std::string quantization = "none", kv_cache_dtype = "auto";
   std::vector<std::string> lora_modules;
   int replicas = 1, tp = 1, threads = 0;
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256;
@@ -69,6 +69,8 @@ status run_serve(const serve_flags& f) {
   if (auto t = model::chat_template::load(f.model_dir); t) chat = std::move(*t);
   auto quant = quantization_for(f.quantization, *device);
   if (!quant) return quant.take_error();
+  auto kv_type = kv_cache_dtype_for(f.kv_cache_dtype, *device);
+  if (!kv_type) return kv_type.take_error();
   gateway::api_options ao;
   ao.model_name = f.served_name.empty() ? std::filesystem::path(f.model_dir).lexically_normal().filename().string()
                                         : f.served_name;
@@ -86,7 +88,8 @@ status run_serve(const serve_flags& f) {
   mo.replicas = f.replicas;
   mo.engine.tp = f.tp;
   mo.engine.threads = f.threads > 0 ? f.threads : std::max(f.tp, cores / f.replicas);
-  mo.engine.kv_tokens = actors::kv_tokens_for_budget(cfg, f.tp, f.kv_cache_mb, f.max_seqs);
+  mo.engine.kv_tokens = actors::kv_tokens_for_budget(cfg, f.tp, f.kv_cache_mb, f.max_seqs, *kv_type);
+  mo.engine.kv_type = *kv_type;
   mo.engine.device = *device;
   mo.engine.deterministic = f.deterministic;
   mo.sched.max_batch_tokens = f.max_batch_tokens;
@@ -122,11 +125,12 @@ status run_serve(const serve_flags& f) {
   const auto& e0 = (*mesh)->engine(0);
   std::fprintf(stderr,
                "llmesh: serving '%s' on http://%s:%u (%d replica(s), tp %d, %s%s%s, %d kernel threads each, KV %zu "
-               "positions per replica%s%s)\n",
+               "positions per replica%s%s%s)\n",
                ao.model_name.c_str(), ho.host.c_str(), (*server)->port(), f.replicas, f.tp, e0.backend_name(),
                (*m)->int8_weights() ? ", int8 weights" : "",
                loras->empty() ? "" : (", " + std::to_string(loras->size()) + " LoRA adapter(s)").c_str(),
-               mo.engine.threads, e0.kv_blocks() * e0.kv_block_size(), e0.device_note().empty() ? "" : "; ",
+               mo.engine.threads, e0.kv_blocks() * e0.kv_block_size(), *kv_type == kernels::dtype::bf16 ? ", bfloat16" : "",
+               e0.device_note().empty() ? "" : "; ",
                e0.device_note().c_str());
   std::fprintf(stderr,
                "llmesh: try: curl http://%s:%u/v1/completions -H 'Content-Type: application/json'%s -d "
@@ -184,6 +188,7 @@ void add_serve(CLI::App& app, command_set& commands) {
   add_gateway_flags(sub, f->gw);
   add_speculation_flags(sub, f->speculation);
   add_quantization_flag(sub, f->quantization);
+  add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
   add_lora_flags(sub, f->lora_modules);
   sub->add_option("--policy", f->policy, "Router policy: round-robin, least-load, power-of-two, prefix-aware")
       ->capture_default_str();

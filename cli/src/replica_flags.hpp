@@ -51,6 +51,24 @@ inline void add_quantization_flag(CLI::App* sub, std::string& q) {
   return q;
 }
 
+/// Adds vLLM's --kv-cache-dtype (how the replica's KV cache holds keys and values) to `sub`.
+inline void add_kv_cache_dtype_flag(CLI::App* sub, std::string& t) {
+  sub->add_option("--kv-cache-dtype", t,
+                  "KV cache elements: auto or float32 (the reference precision), bfloat16 (half the memory per position, "
+                  "so twice the context in --kv-cache-mb; CPU backend)")
+      ->capture_default_str();
+}
+
+/// Parses --kv-cache-dtype against --device before anything loads: bfloat16 runs on the CPU only.
+[[nodiscard]] inline result<kernels::dtype> kv_cache_dtype_for(const std::string& flag, model::backend device) {
+  auto t = model::parse_kv_cache_dtype(flag);
+  if (!t) return t.take_error();
+  if (*t != kernels::dtype::f32 && device == model::backend::cuda) {
+    return make_error(errc::unsupported, "--kv-cache-dtype " + flag + " runs on the CPU backend only (use --device cpu or auto)");
+  }
+  return t;
+}
+
 /// Adds vLLM's --lora-modules (NAME=PATH or {"name": ..., "path": ...}, several after one flag
 /// or the flag repeated) and --enable-lora (vLLM needs it; here the adapters alone enable LoRA).
 inline void add_lora_flags(CLI::App* sub, std::vector<std::string>& modules) {

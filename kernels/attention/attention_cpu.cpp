@@ -1,10 +1,12 @@
 // Causal GQA attention over the paged KV cache: per head, tiles of up to 16 query rows take
 // their scores against each block of keys as one small matmul (the canonical dot, so each score
 // has dot()'s bits), then per row a max-subtracted deterministic exp, a sequential sum, and the
-// value rows accumulated in increasing position order. Work items are (sequence, head, tile).
+// value rows accumulated in increasing position order. Work items are (sequence, tile, the query
+// heads of one kv head), so a GQA group's keys and values are read once for all its heads.
 // Benchmark: part of `llmesh bench engine` (prefill and decode).
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,9 @@ size_t block_stride(const attention_shape& s) { return s.block_size * row_stride
 status check_table(const kv_layer_view& cache, const attention_shape& shape,
                    std::span<const int32_t> table, size_t end_pos) {
   if (shape.block_size == 0) return make_error(errc::internal, "attention: block_size is 0");
+  if (cache.type != dtype::f32 && cache.type != dtype::bf16) {
+    return make_error(errc::internal, "attention: a KV cache of " + std::string(dtype_name(cache.type)) + " (f32 or bf16)");
+  }
   size_t need = (end_pos + shape.block_size - 1) / shape.block_size;
   if (table.size() < need) {
     return make_error(errc::internal, "attention: block table has " + std::to_string(table.size()) +
@@ -84,68 +89,124 @@ add_rows_fn add_rows_for(size_t head_dim) {
   }
 }
 
+/// n bf16 rows of `width` (stride apart) widened (exactly) into n contiguous float rows.
+LLMESH_VECTOR_CLONES void widen_rows(const uint16_t* __restrict src, size_t stride, size_t n, size_t width,
+                                     float* __restrict dst) {
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t d = 0; d < width; ++d) {
+      dst[i * width + d] = std::bit_cast<float>(static_cast<uint32_t>(src[i * stride + d]) << 16);
+    }
+  }
+}
+
+/// Rows [p, end) of one kv head's keys or values as float32 rows: in place in a float32 cache
+/// (row_stride apart), or widened once into `scratch` from a bf16 cache (head_dim apart), so
+/// every (row, head) pair of a work item reads floats. Returns the first row and the stride.
+std::pair<const float*, size_t> float_rows(const void* base, dtype type, size_t offset, size_t n, const attention_shape& s,
+                                           std::vector<float>& scratch) {
+  const size_t stride = s.n_kv_heads * s.head_dim;
+  if (type == dtype::f32) return {static_cast<const float*>(base) + offset, stride};
+  scratch.resize(n * s.head_dim);
+  widen_rows(static_cast<const uint16_t*>(base) + offset, stride, n, s.head_dim, scratch.data());
+  return {scratch.data(), s.head_dim};
+}
+
 /// Query rows per work item: their scores against a block of keys are one small matmul (the
 /// canonical dot per score, so the bits are dot()'s), the keys read once for the tile.
 constexpr size_t rows_per_tile = 16;
+/// Query heads of one kv head per work item, at most (their keys and values are read once).
+constexpr size_t max_heads_per_item = 16;
 
 size_t window_begin(const attention_shape& s, size_t pos) {
   return (s.sliding_window > 0 && pos + 1 > s.sliding_window) ? pos + 1 - s.sliding_window : 0;
 }
 
-/// Rows [r0, r1) of one sequence for one head. `scores` holds (r1 - r0) × (span of the rows'
-/// visible positions) floats.
+/// Rows [r0, r1) of one sequence for query heads h0 .. h0 + nh - 1, which share one kv head:
+/// each block of keys and of values is read from memory once for all of them (GQA) and stays in
+/// L1 while every (row, head) pair takes its part. `scores` holds nh × (r1 - r0) × (span of the
+/// rows' visible positions) floats. A (row, head) pair's numbers are those of the one-pair
+/// definition: each score is dot()'s, the softmax and the value rows run in position order.
 void attend_tile(const kv_layer_view& cache, const attention_shape& s, const attention_seq& seq, size_t r0, size_t r1,
-                 size_t head, float* scores) {
+                 size_t h0, size_t nh, float* scores, std::vector<float>& scratch) {
   const size_t group = s.n_heads / s.n_kv_heads;
-  const size_t kvh = head / group;
+  const size_t kvh = h0 / group;
+  const size_t rows = r1 - r0;
   const size_t lo = window_begin(s, seq.pos0 + r0), last = seq.pos0 + r1 - 1;
   const size_t span = last + 1 - lo;
   auto offset = [&](size_t p) {
     return static_cast<size_t>(seq.block_table[p / s.block_size]) * block_stride(s) +
            (p % s.block_size) * row_stride(s) + kvh * s.head_dim;
   };
-  // Scores of every row of the tile against positions lo..last, a block of keys at a time
-  // (positions a row cannot see are computed and not used).
+  auto scores_of = [&](size_t j, size_t row) { return scores + (j * rows + (row - r0)) * span; };
+  // Scores of every (head, row) pair against positions lo..last, a block of keys at a time
+  // (positions a row cannot see are computed and not used). One row (decode): the heads' query
+  // vectors are consecutive, so one micro-kernel call takes them all.
   const auto& isa = detail::cpu_kernels();
   for (size_t p = lo; p <= last;) {
     const size_t end = std::min((p / s.block_size + 1) * s.block_size, last + 1);
+    const auto [keys, ldk] = float_rows(cache.keys, cache.type, offset(p), end - p, s, scratch);
     matmul_args a;
-    a.x = seq.q + (r0 * s.n_heads + head) * s.head_dim;
-    a.ldx = s.n_heads * s.head_dim;
-    a.w = cache.keys + offset(p);
-    a.ldw = row_stride(s);
+    a.w = keys;
+    a.ldw = ldk;
     a.w_type = dtype::f32;
-    a.y = scores + (p - lo);
-    a.ldy = span;
-    a.m = r1 - r0;
     a.n = end - p;
     a.k = s.head_dim;
-    isa.gemm_block(a, 0, a.m, 0, a.n);
+    a.ldy = span;
+    if (rows == 1) {
+      a.x = seq.q + (r0 * s.n_heads + h0) * s.head_dim;
+      a.ldx = s.head_dim;
+      a.y = scores + (p - lo);
+      a.m = nh;
+      isa.gemm_block(a, 0, a.m, 0, a.n);
+    } else {
+      a.ldx = s.n_heads * s.head_dim;
+      a.m = rows;
+      for (size_t j = 0; j < nh; ++j) {
+        a.x = seq.q + (r0 * s.n_heads + h0 + j) * s.head_dim;
+        a.y = scores_of(j, r0) + (p - lo);
+        isa.gemm_block(a, 0, a.m, 0, a.n);
+      }
+    }
     p = end;
   }
-  for (size_t row = r0; row < r1; ++row) {
-    const size_t pos = seq.pos0 + row, begin = window_begin(s, pos);
-    float* sc_row = scores + (row - r0) * span + (begin - lo);
-    float* out = seq.out + (row * s.n_heads + head) * s.head_dim;
-    float max_score = -3.4e38f;
-    for (size_t p = begin; p <= pos; ++p) {
-      float sc = sc_row[p - begin] * s.scale;
-      if (s.softcap > 0.0f) sc = s.softcap * tanh_det(sc / s.softcap);
-      sc_row[p - begin] = sc;
-      max_score = std::max(max_score, sc);
+  // Per (head, row): scale, soft-cap, max, exp and the sum in position order.
+  float inv[rows_per_tile * max_heads_per_item];
+  for (size_t j = 0; j < nh; ++j) {
+    for (size_t row = r0; row < r1; ++row) {
+      const size_t pos = seq.pos0 + row, begin = window_begin(s, pos);
+      float* sc_row = scores_of(j, row) + (begin - lo);
+      float max_score = -3.4e38f;
+      for (size_t p = begin; p <= pos; ++p) {
+        float sc = sc_row[p - begin] * s.scale;
+        if (s.softcap > 0.0f) sc = s.softcap * tanh_det(sc / s.softcap);
+        sc_row[p - begin] = sc;
+        max_score = std::max(max_score, sc);
+      }
+      const size_t count = pos + 1 - begin;
+      exp_shifted(sc_row, count, max_score);
+      float sum = 0.0f;
+      for (size_t i = 0; i < count; ++i) sum = sum + sc_row[i];  // in position order
+      inv[j * rows + (row - r0)] = 1.0f / sum;
+      float* out = seq.out + (row * s.n_heads + h0 + j) * s.head_dim;
+      std::fill(out, out + s.head_dim, 0.0f);
     }
-    const size_t count = pos + 1 - begin;
-    exp_shifted(sc_row, count, max_score);
-    float sum = 0.0f;
-    for (size_t i = 0; i < count; ++i) sum = sum + sc_row[i];  // in position order
-    float inv = 1.0f / sum;
-    std::fill(out, out + s.head_dim, 0.0f);
-    const add_rows_fn add_rows = add_rows_for(s.head_dim);
-    for (size_t p = begin; p <= pos;) {  // a block's value rows at a time, positions in order
-      const size_t end = std::min((p / s.block_size + 1) * s.block_size, pos + 1);
-      add_rows(out, sc_row + (p - begin), inv, cache.values + offset(p), row_stride(s), end - p, s.head_dim);
-      p = end;
+  }
+  // The value rows a block at a time, positions in order for every pair.
+  const add_rows_fn add_rows = add_rows_for(s.head_dim);
+  for (size_t p = lo; p <= last;) {
+    const size_t end = std::min((p / s.block_size + 1) * s.block_size, last + 1);
+    const auto [values, ldv] = float_rows(cache.values, cache.type, offset(p), end - p, s, scratch);
+    for (size_t j = 0; j < nh; ++j) {
+      for (size_t row = r0; row < r1; ++row) {
+        const size_t pos = seq.pos0 + row, begin = std::max(p, window_begin(s, pos)), stop = std::min(end, pos + 1);
+        if (begin >= stop) continue;
+        float* out = seq.out + (row * s.n_heads + h0 + j) * s.head_dim;
+        const float* e = scores_of(j, row) + (begin - lo);
+        add_rows(out, e, inv[j * rows + (row - r0)], values + (begin - p) * ldv, ldv, stop - begin,
+                 s.head_dim);
+      }
     }
+    p = end;
   }
 }
 
@@ -160,8 +221,15 @@ status kv_write(const kv_layer_view& cache, const attention_shape& shape,
     size_t p = pos0 + t;
     size_t off = static_cast<size_t>(block_table[p / shape.block_size]) * block_stride(shape) +
                  (p % shape.block_size) * row;
-    std::copy(k + t * row, k + (t + 1) * row, cache.keys + off);
-    std::copy(v + t * row, v + (t + 1) * row, cache.values + off);
+    if (cache.type == dtype::bf16) {
+      uint16_t* keys = static_cast<uint16_t*>(cache.keys) + off;
+      uint16_t* values = static_cast<uint16_t*>(cache.values) + off;
+      for (size_t i = 0; i < row; ++i) keys[i] = f32_to_bf16(k[t * row + i]);
+      for (size_t i = 0; i < row; ++i) values[i] = f32_to_bf16(v[t * row + i]);
+    } else {
+      std::copy(k + t * row, k + (t + 1) * row, static_cast<float*>(cache.keys) + off);
+      std::copy(v + t * row, v + (t + 1) * row, static_cast<float*>(cache.values) + off);
+    }
   }
   return ok_status();
 }
@@ -171,29 +239,43 @@ status attention(const kv_layer_view& cache, const attention_shape& shape,
   if (shape.n_kv_heads == 0 || shape.n_heads % shape.n_kv_heads != 0 || shape.head_dim == 0) {
     return make_error(errc::internal, "attention: heads do not group evenly over kv heads");
   }
-  // Work items: (sequence, head, tile of rows), handed out dynamically (later tiles see more
-  // keys). Which thread runs an item never changes its numbers.
-  size_t items = 0, max_span = 0;
-  std::vector<size_t> first_item;
-  first_item.reserve(seqs.size() + 1);
+  // Work items: (sequence, tile of rows, kv head, part of its query heads), handed out
+  // dynamically (later tiles see more keys). A kv head's query heads share one item unless that
+  // leaves fewer than two items per thread (decode of one sequence with few kv heads): then
+  // they split in halves while they can. Which thread runs an item, and which heads share it,
+  // never changes a (row, head) pair's numbers.
+  const size_t group = shape.n_heads / shape.n_kv_heads;
+  size_t tiles = 0, max_span = 0;
   for (const auto& seq : seqs) {
     LLMESH_TRY(check_table(cache, shape, seq.block_table, seq.pos0 + seq.n_tokens));
-    first_item.push_back(items);
-    items += (seq.n_tokens + rows_per_tile - 1) / rows_per_tile * shape.n_heads;
+    tiles += (seq.n_tokens + rows_per_tile - 1) / rows_per_tile;
     max_span = std::max(max_span, seq.pos0 + seq.n_tokens);
+  }
+  size_t heads_per_item = group;
+  while (heads_per_item > max_heads_per_item ||
+         (heads_per_item % 2 == 0 && tiles * shape.n_heads / heads_per_item < 2 * static_cast<size_t>(pool.size()))) {
+    heads_per_item = heads_per_item % 2 == 0 ? heads_per_item / 2 : 1;
+  }
+  const size_t parts = shape.n_heads / heads_per_item;  // items per tile
+  std::vector<size_t> first_item;
+  first_item.reserve(seqs.size() + 1);
+  size_t items = 0;
+  for (const auto& seq : seqs) {
+    first_item.push_back(items);
+    items += (seq.n_tokens + rows_per_tile - 1) / rows_per_tile * parts;
   }
   first_item.push_back(items);
   std::atomic<size_t> next{0};
   pool.run([&](int, int) {
-    std::vector<float> scores;
+    std::vector<float> scores, scratch;
     size_t s = 0;
     for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < items; i = next.fetch_add(1, std::memory_order_relaxed)) {
       while (i >= first_item[s + 1]) ++s;
       const auto& seq = seqs[s];
-      const size_t local = i - first_item[s], tile = local / shape.n_heads, head = local % shape.n_heads;
+      const size_t local = i - first_item[s], tile = local / parts, h0 = local % parts * heads_per_item;
       const size_t r0 = tile * rows_per_tile, r1 = std::min(seq.n_tokens, r0 + rows_per_tile);
-      scores.resize((r1 - r0) * max_span);
-      attend_tile(cache, shape, seq, r0, r1, head, scores.data());
+      scores.resize(heads_per_item * (r1 - r0) * max_span);
+      attend_tile(cache, shape, seq, r0, r1, h0, heads_per_item, scores.data(), scratch);
     }
   });
   return ok_status();

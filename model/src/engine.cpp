@@ -85,6 +85,29 @@ status check_quantized_layout(const model& m, const shard_layout& l) {
 
 }  // namespace
 
+result<kernels::dtype> parse_kv_cache_dtype(std::string_view s) {
+  if (s == "auto" || s == "float32" || s == "fp32") return kernels::dtype::f32;
+  if (s == "bfloat16" || s == "bf16") return kernels::dtype::bf16;
+  if (s.substr(0, 3) == "fp8") {
+    return make_error(errc::unsupported, "--kv-cache-dtype " + std::string(s) + ": fp8 KV caches are not supported (auto, float32 or bfloat16)");
+  }
+  return make_error(errc::invalid_request, "--kv-cache-dtype must be auto, float32 or bfloat16, not '" + std::string(s) + "'");
+}
+
+std::string_view kv_cache_dtype_name(kernels::dtype t) { return t == kernels::dtype::bf16 ? "bfloat16" : "float32"; }
+
+namespace {
+
+status set_kv_type(kv_cache_config& kv, kernels::dtype type) {
+  if (type != kernels::dtype::f32 && type != kernels::dtype::bf16) {
+    return make_error(errc::invalid_request, "a KV cache holds float32 or bfloat16");
+  }
+  kv.type = type;
+  return ok_status();
+}
+
+}  // namespace
+
 result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, engine_options opt) {
   if (opt.tp < 1) return make_error(errc::invalid_request, "--tp must be at least 1");
   if (opt.threads <= 0) opt.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -101,8 +124,11 @@ result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, e
   std::unique_ptr<engine> e(new engine(m, opt));
   e->kv_.block_size = opt.block_size;
   e->kv_.n_blocks = (opt.kv_tokens + opt.block_size - 1) / opt.block_size;
+  LLMESH_TRY(set_kv_type(e->kv_, opt.kv_type));
   const bool quantized = m->int8_weights();
-  const char* cpu_only = !m->loras().empty() ? "LoRA adapters" : cpu_only_family(c);
+  const char* cpu_only = !m->loras().empty()                 ? "LoRA adapters"
+                         : opt.kv_type != kernels::dtype::f32 ? "bfloat16 KV caches (--kv-cache-dtype bfloat16)"
+                                                              : cpu_only_family(c);
   if (opt.device == backend::cuda && quantized) {
     return make_error(errc::unsupported, "int8 weights (--quantization int8, or a quantized GGUF) run on the CPU backend only (use --device cpu)");
   }
@@ -160,6 +186,7 @@ result<std::unique_ptr<engine>> engine::create_part(std::shared_ptr<const model>
   e->opt_.device = backend::cpu;
   e->kv_.block_size = opt.block_size;
   e->kv_.n_blocks = (opt.kv_tokens + opt.block_size - 1) / opt.block_size;
+  LLMESH_TRY(set_kv_type(e->kv_, opt.kv_type));
   const int per_rank = std::max(1, opt.threads / static_cast<int>(comms.size()));
   for (auto& comm : comms) {
     const int r = comm->rank();

@@ -55,9 +55,14 @@ shard_executor::shard_executor(std::shared_ptr<const model> m, shard_layout layo
                    : type == kernels::dtype::f16 ? kernels::f16_to_f32(kernels::f32_to_f16(root))
                                                  : root;
   }
-  size_t floats = kv_.n_blocks * kv_.block_size * layout_.n_kv_heads * c.head_dim;
-  keys_.assign(c.n_layers, std::vector<float>(floats));
-  values_.assign(c.n_layers, std::vector<float>(floats));
+  const size_t elements = kv_.n_blocks * kv_.block_size * layout_.n_kv_heads * c.head_dim;
+  if (kv_.type == kernels::dtype::bf16) {
+    keys16_.assign(c.n_layers, std::vector<uint16_t>(elements));
+    values16_.assign(c.n_layers, std::vector<uint16_t>(elements));
+  } else {
+    keys_.assign(c.n_layers, std::vector<float>(elements));
+    values_.assign(c.n_layers, std::vector<float>(elements));
+  }
 }
 
 void shard_executor::ensure_buffers(size_t t) {
@@ -200,7 +205,9 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
     kernels::rope_apply(&k_[t * kv_dim], layout_.n_kv_heads, hd, cos + t * half, sin + t * half);
   });
 
-  kernels::kv_layer_view cache{keys_[layer].data(), values_[layer].data(), kv_.n_blocks};
+  kernels::kv_layer_view cache = kv_.type == kernels::dtype::bf16
+                                     ? kernels::kv_layer_view{keys16_[layer].data(), values16_[layer].data(), kv_.n_blocks, kv_.type}
+                                     : kernels::kv_layer_view{keys_[layer].data(), values_[layer].data(), kv_.n_blocks, kv_.type};
   kernels::attention_shape shape = attn_shape_;
   shape.sliding_window = layer_window(c, layer);
   std::vector<kernels::attention_seq> seqs;

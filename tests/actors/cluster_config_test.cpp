@@ -150,6 +150,7 @@ TEST(ClusterConfig, DefaultsApplyToOptionalFields) {
   EXPECT_EQ(m.kv_cache_mb, 1024u);
   EXPECT_EQ(m.place, placement::packed);
   EXPECT_EQ(m.quantization, "none");
+  EXPECT_EQ(m.kv_cache_dtype, "float32");
   EXPECT_TRUE(parse_cluster_config(with("models:\n", "models: []\n", with("  - name: m\n    path: models/m\n", "", text)), "t.yaml").ok());
 }
 
@@ -321,6 +322,13 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
     ASSERT_TRUE(q.ok()) << q.err().message;
     EXPECT_EQ(q->models[0].quantization, "int8");
     EXPECT_EQ(q->models[0].reasoning_parser, "none");
+  }
+  expect_refused(with("placement: packed", "placement: packed\n    kv_cache_dtype: fp8"),
+                 {"'kv_cache_dtype' must be auto, float32 or bfloat16, got 'fp8'"});
+  for (const auto& [given, kept] : {std::pair{"bfloat16", "bfloat16"}, {"bf16", "bfloat16"}, {"auto", "float32"}}) {
+    auto t = parse_cluster_config(with("placement: packed", std::string("placement: packed\n    kv_cache_dtype: ") + given), "t.yaml");
+    ASSERT_TRUE(t.ok()) << t.err().message;
+    EXPECT_EQ(t->models[0].kv_cache_dtype, kept);
   }
   expect_refused(with("placement: packed", "placement: packed\n    reasoning_parser: granite"),
                  {"'reasoning_parser' must be none, deepseek_r1 or qwen3, got 'granite'"});

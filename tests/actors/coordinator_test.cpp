@@ -297,6 +297,7 @@ TEST(Coordinator, RemoveStopsANodesReplicasAndPlacesThemElsewhere) {
 TEST(Coordinator, ScaleUpAndDownThroughCtl) {
   auto spec = tiny();
   spec.quantization = "int8";  // the model's settings travel with each assignment
+  spec.kv_cache_dtype = "bfloat16";
   auto c = make({spec});
   join(c, 1, "a");
   join(c, 2, "b");
@@ -309,6 +310,7 @@ TEST(Coordinator, ScaleUpAndDownThroughCtl) {
   ASSERT_EQ(describe(up.effects), (strings{"start r2 -> 2:1"}));
   EXPECT_EQ(assigns(up.effects)[0].kv_cache_mb, 256u);
   EXPECT_EQ(assigns(up.effects)[0].quantization, "int8");
+  EXPECT_EQ(assigns(up.effects)[0].kv_cache_dtype, "bfloat16");
 
   // Past capacity: the rest is pending.
   auto more = ctl(c, "scale", {"tiny", "3"});

@@ -117,6 +117,13 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   expect_one_line_error(r, "multiple of 32");
   r = run_command(llmesh_bin + " generate --device cuda --model " + model_ + " --prompt-ids 1 --quantization int8");
   expect_one_line_error(r, "CPU backend only");
+  // --kv-cache-dtype: fp8 (vLLM's, not served here), a name it does not know, bfloat16 on CUDA.
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --kv-cache-dtype fp8");
+  expect_one_line_error(r, "fp8 KV caches are not supported");
+  r = run_command(llmesh_bin + " generate --device cpu --model " + model_ + " --prompt-ids 1 --kv-cache-dtype half");
+  expect_one_line_error(r, "--kv-cache-dtype must be auto, float32 or bfloat16");
+  r = run_command(llmesh_bin + " generate --device cuda --model " + model_ + " --prompt-ids 1 --kv-cache-dtype bfloat16");
+  expect_one_line_error(r, "CPU backend only");
   // Reasoning and tool-call parsers: names it does not know, a model without <think> tokens,
   // a node without the gateway role, and a mixture of experts on CUDA.
   r = run_command(llmesh_bin + " serve --model " + model_ + " --reasoning-parser granite");

@@ -44,16 +44,38 @@ struct sequence {
   }
 };
 
-/// A poisoned cache: positions never written read as NaN, so reading one fails the test.
+/// A poisoned cache of float32 or bfloat16 elements: positions never written read as NaN, so
+/// reading one fails the test.
 struct cache_storage {
   std::vector<float> keys, values;
+  std::vector<uint16_t> keys16, values16;
   size_t n_blocks;
-  cache_storage(const attention_shape& s, size_t blocks)
-      : keys(blocks * s.block_size * s.n_kv_heads * s.head_dim, poison),
-        values(keys.size(), poison),
-        n_blocks(blocks) {}
-  kv_layer_view view() { return {keys.data(), values.data(), n_blocks}; }
+  dtype type;
+  cache_storage(const attention_shape& s, size_t blocks, dtype t = dtype::f32) : n_blocks(blocks), type(t) {
+    const size_t n = blocks * s.block_size * s.n_kv_heads * s.head_dim;
+    if (t == dtype::bf16) {
+      keys16.assign(n, 0x7fc0);
+      values16.assign(n, 0x7fc0);
+    } else {
+      keys.assign(n, poison);
+      values.assign(n, poison);
+    }
+  }
+  kv_layer_view view() {
+    if (type == dtype::bf16) return {keys16.data(), values16.data(), n_blocks, type};
+    return {keys.data(), values.data(), n_blocks, type};
+  }
 };
+
+/// A bf16 cache holds each key and value rounded: the sequences' logical values become those,
+/// so the references below describe what the kernel must compute from the cache.
+void round_to_cache(dtype t, std::vector<struct sequence>& seqs) {
+  if (t != dtype::bf16) return;
+  for (auto& seq : seqs) {
+    for (float& x : seq.k) x = bf16_to_f32(f32_to_bf16(x));
+    for (float& x : seq.v) x = bf16_to_f32(f32_to_bf16(x));
+  }
+}
 
 std::string describe(const attention_shape& s) {
   return "block_size " + std::to_string(s.block_size) + " heads " + std::to_string(s.n_heads) + "/" +
@@ -213,32 +235,44 @@ std::vector<float> scalar_definition(const attention_shape& s, const sequence& s
   return out;
 }
 
-// The tiled kernel (16-row tiles, a block of keys per micro-kernel call, head dims 64/128/256
-// specialised) against the scalar definition, bit for bit: tiles that cross block and window
-// edges, decode rows, soft-capping, every specialised head dim and two that are not.
+// The tiled kernel (16-row tiles, a block of keys per micro-kernel call, the query heads of a
+// kv head in one work item, head dims 64/128/256 specialised) against the scalar definition, bit
+// for bit: tiles that cross block and window edges, decode rows, soft-capping, every specialised
+// head dim and two that are not, GQA groups of 1, 2 and 4 heads (whole, and split in parts when a
+// lone decode row leaves too few items for the threads), float32 and bfloat16 caches (a bf16
+// cache: the same definition over the rounded keys and values).
 TEST(Attention, EqualsTheScalarDefinitionBitForBit) {
-  thread_pool pool(2);
+  thread_pool pool(3);
   std::mt19937 rng(testing::test_seed(23));
-  for (size_t head_dim : {8, 40, 64, 128, 256}) {
-    for (size_t window : {0, 7, 40}) {
-      attention_shape s;
-      s.n_heads = 4;
-      s.n_kv_heads = 2;
-      s.head_dim = head_dim;
-      s.block_size = 16;
-      s.sliding_window = window;
-      s.softcap = window == 7 ? 3.0f : 0.0f;
-      s.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-      std::vector<sequence> seqs;
-      cache_storage cache(s, make_batch(s, {{0, 45}, {70, 1}, {19, 33}}, rng, seqs));
-      for (const auto& seq : seqs) write_sequence(cache, s, seq);
-      ASSERT_TRUE(attend(cache, s, seqs, pool).ok()) << describe(s);
-      for (size_t si = 0; si < seqs.size(); ++si) {
-        for (size_t row = 0; row < seqs[si].n_tokens; ++row) {
-          for (size_t h = 0; h < s.n_heads; ++h) {
-            const auto want = scalar_definition(s, seqs[si], row, h);
-            ASSERT_EQ(std::memcmp(seqs[si].out.data() + (row * s.n_heads + h) * head_dim, want.data(), head_dim * sizeof(float)), 0)
-                << describe(s) << " seq " << si << " row " << row << " head " << h;
+  const std::vector<std::vector<std::pair<size_t, size_t>>> batches = {{{0, 45}, {70, 1}, {19, 33}}, {{70, 1}}};
+  for (dtype type : {dtype::f32, dtype::bf16})
+  for (auto [n_heads, n_kv] : {std::pair<size_t, size_t>{4, 2}, {8, 2}, {3, 3}}) {
+    for (size_t head_dim : {8, 40, 64, 128, 256}) {
+      for (size_t window : {0, 7, 40}) {
+        for (const auto& batch : batches) {
+          attention_shape s;
+          s.n_heads = n_heads;
+          s.n_kv_heads = n_kv;
+          s.head_dim = head_dim;
+          s.block_size = 16;
+          s.sliding_window = window;
+          s.softcap = window == 7 ? 3.0f : 0.0f;
+          s.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+          std::vector<sequence> seqs;
+          cache_storage cache(s, make_batch(s, batch, rng, seqs), type);
+          for (const auto& seq : seqs) write_sequence(cache, s, seq);
+          round_to_cache(type, seqs);
+          ASSERT_TRUE(attend(cache, s, seqs, pool).ok()) << describe(s);
+          for (size_t si = 0; si < seqs.size(); ++si) {
+            for (size_t row = 0; row < seqs[si].n_tokens; ++row) {
+              for (size_t h = 0; h < s.n_heads; ++h) {
+                const auto want = scalar_definition(s, seqs[si], row, h);
+                ASSERT_EQ(std::memcmp(seqs[si].out.data() + (row * s.n_heads + h) * head_dim, want.data(),
+                                      head_dim * sizeof(float)),
+                          0)
+                    << describe(s) << " " << dtype_name(type) << " seq " << si << " row " << row << " head " << h;
+              }
+            }
           }
         }
       }
@@ -249,9 +283,10 @@ TEST(Attention, EqualsTheScalarDefinitionBitForBit) {
 TEST(Attention, SequenceOutputIsBitwiseIndependentOfBatchAndThreads) {
   thread_pool pool1(1), pool2(2), pool3(3);
   std::mt19937 rng(testing::test_seed(22));
+  for (dtype type : {dtype::f32, dtype::bf16})
   for (const attention_shape& s : all_shapes()) {
     std::vector<sequence> seqs;
-    cache_storage cache(s, make_batch(s, batch_specs, rng, seqs));
+    cache_storage cache(s, make_batch(s, batch_specs, rng, seqs), type);
     for (const auto& seq : seqs) write_sequence(cache, s, seq);
     ASSERT_TRUE(attend(cache, s, seqs, pool2).ok()) << describe(s);
     for (thread_pool* pool : {&pool1, &pool3}) {
@@ -260,7 +295,7 @@ TEST(Attention, SequenceOutputIsBitwiseIndependentOfBatchAndThreads) {
       ASSERT_TRUE(attend(cache, s, again, *pool).ok());
       for (size_t si = 0; si < seqs.size(); ++si) {
         ASSERT_EQ(std::memcmp(again[si].out.data(), seqs[si].out.data(), seqs[si].q.size() * sizeof(float)), 0)
-            << describe(s) << " seq " << si << " batched with " << pool->size() << " threads";
+            << describe(s) << " " << dtype_name(type) << " seq " << si << " batched with " << pool->size() << " threads";
       }
     }
     for (size_t si = 0; si < seqs.size(); ++si) {
@@ -268,7 +303,7 @@ TEST(Attention, SequenceOutputIsBitwiseIndependentOfBatchAndThreads) {
       std::fill(alone[0].out.begin(), alone[0].out.end(), poison);
       ASSERT_TRUE(attend(cache, s, alone, pool1).ok());
       ASSERT_EQ(std::memcmp(alone[0].out.data(), seqs[si].out.data(), seqs[si].q.size() * sizeof(float)), 0)
-          << describe(s) << " seq " << si << " alone vs batched";
+          << describe(s) << " " << dtype_name(type) << " seq " << si << " alone vs batched";
     }
   }
 }
@@ -276,10 +311,11 @@ TEST(Attention, SequenceOutputIsBitwiseIndependentOfBatchAndThreads) {
 TEST(Attention, PrefillAndTokenByTokenDecodeGiveTheSameBits) {
   thread_pool pool(2);
   std::mt19937 rng(testing::test_seed(23));
+  for (dtype type : {dtype::f32, dtype::bf16})
   for (const attention_shape& s : all_shapes()) {
     std::vector<sequence> seqs;
     const size_t blocks = make_batch(s, batch_specs, rng, seqs);
-    cache_storage cache(s, blocks);
+    cache_storage cache(s, blocks, type);
     for (const auto& seq : seqs) write_sequence(cache, s, seq);
     ASSERT_TRUE(attend(cache, s, seqs, pool).ok()) << describe(s);
     const size_t row = s.n_kv_heads * s.head_dim, out_row = s.n_heads * s.head_dim;
@@ -287,7 +323,7 @@ TEST(Attention, PrefillAndTokenByTokenDecodeGiveTheSameBits) {
       const sequence& seq = seqs[si];
       // A fresh cache filled one position at a time, attending after each write: positions
       // not written yet are NaN, so any look ahead shows.
-      cache_storage fresh(s, blocks);
+      cache_storage fresh(s, blocks, type);
       std::vector<float> out(out_row + 1, poison);
       for (size_t p = 0; p < seq.end(); ++p) {
         ASSERT_TRUE(kv_write(fresh.view(), s, seq.table, p, 1, seq.k.data() + p * row, seq.v.data() + p * row).ok());
@@ -297,7 +333,7 @@ TEST(Attention, PrefillAndTokenByTokenDecodeGiveTheSameBits) {
         attention_seq one = seq.view(r, 1, out.data());
         ASSERT_TRUE(attention(fresh.view(), s, std::span(&one, 1), pool).ok());
         ASSERT_EQ(std::memcmp(out.data(), seq.out.data() + r * out_row, out_row * sizeof(float)), 0)
-            << describe(s) << " seq " << si << " position " << p;
+            << describe(s) << " " << dtype_name(type) << " seq " << si << " position " << p;
         EXPECT_TRUE(std::isnan(out.back()));
       }
     }

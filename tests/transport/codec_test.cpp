@@ -71,6 +71,8 @@ std::vector<envelope> samples() {
       // Two LoRA adapters served beside the model.
       assign_msg{17, "kjv-tiny", "models/kjv-tiny", 1, 64, assign_op::start, {}, {}, {}, "",
                  {{"psalms", "/adapters/psalms"}, {"org/chat:v2", "adapters/chat"}}},
+      // A bfloat16 KV cache.
+      assign_msg{18, "kjv-tiny", "models/kjv-tiny", 2, 64, assign_op::start, {}, {}, {}, "", {}, "bfloat16"},
       // Spread placement: this node runs ranks 1 and 2 of 3; the key is bytes (zeros too).
       assign_msg{15, "kjv-tiny", "models/kjv-tiny", 3, 128, assign_op::start, {1, 2},
                  {"127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7102"}, std::string("\x00key\xff\x01-of-the-group", 19)},
@@ -87,6 +89,7 @@ std::vector<envelope> samples() {
       shard_result_msg{42, 2, false, errc::shard_failed, "rank 2: out of memory"},
       shard_ready_msg{15, 1, "127.0.0.1:39001", 77, std::string(32, '\x09'), true, "", 4096, "int8"},
       shard_ready_msg{15, 1, "127.0.0.1:39001", 77, std::string(32, '\x09'), true, "", 4096, "none", "psalms\norg/chat:v2\n"},
+      shard_ready_msg{15, 1, "127.0.0.1:39001", 77, std::string(32, '\x09'), true, "", 8192, "none", "", "bfloat16"},
       shard_ready_msg{15, 2, "", 0, std::string(32, '\x09'), false, "config.json: not found"},
       shard_group_msg{15, std::string("\x00\x01group-key-bytes", 17), {"127.0.0.1:39000", "127.0.0.1:39001", "127.0.0.1:39002"}},
       control_msg{"drain", {"replica-a"}, std::string(16, '\x02'), 1764000000000ull, std::string(32, '\x03')},

@@ -187,6 +187,7 @@ struct writer {
       loras[i].setName(text(m.loras[i].name));
       loras[i].setPath(text(m.loras[i].path));
     }
+    a.setKvCacheDtype(text(m.kv_cache_dtype));
   }
   void operator()(const shard_step_msg& m) {
     auto st = b.initShardStep();
@@ -233,6 +234,7 @@ struct writer {
     r.setKvBlocks(m.kv_blocks);
     r.setQuantization(text(m.quantization));
     r.setLoras(text(m.loras));
+    r.setKvCacheDtype(text(m.kv_cache_dtype));
   }
   void operator()(const shard_group_msg& m) {
     auto g = b.initShardGroup();
@@ -471,7 +473,7 @@ struct reader {
         auto a = b.getAssign();
         assign_msg m{a.getReplica(), str(a.getModel(), "model"), str(a.getPath(), "path"), a.getTp(),
                      a.getKvCacheMb(), static_cast<assign_op>(enum_value(a.getOp(), 1, "op")), {}, {}, {},
-                     str(a.getQuantization(), "quantization"), {}};
+                     str(a.getQuantization(), "quantization"), {}, str(a.getKvCacheDtype(), "kvCacheDtype")};
         if (fits(a.getRanks(), "ranks")) {
           for (auto x : a.getRanks()) m.ranks.push_back(x);
         }
@@ -527,7 +529,8 @@ struct reader {
         auto r = b.getShardReady();
         out = shard_ready_msg{r.getReplica(), r.getRank(), str(r.getTensor(), "tensor"), r.getActor(),
                               bytes(r.getKey(), "key"), r.getOk(), str(r.getReason(), "reason"), r.getKvBlocks(),
-                              str(r.getQuantization(), "quantization"), str(r.getLoras(), "loras")};
+                              str(r.getQuantization(), "quantization"), str(r.getLoras(), "loras"),
+                              str(r.getKvCacheDtype(), "kvCacheDtype")};
         break;
       }
       case Body::SHARD_GROUP: {

@@ -76,6 +76,7 @@ struct model_spec {
   int replicas = 1;  ///< replicas to keep running, 0..1024 (0: declared, scaled up later)
   std::string policy = "least-load";  ///< router policy: round-robin|least-load|power-of-two|prefix-aware
   size_t kv_cache_mb = 1024;          ///< KV-cache budget per tensor-parallel shard, MiB
+  std::string kv_cache_dtype = "float32";  ///< the KV cache's elements: float32 | bfloat16 (--kv-cache-dtype)
   placement place = placement::packed;
   std::string quantization = "none";  ///< how replica nodes hold the weights: none | int8 (--quantization)
   /// How gateways split chat output's thinking (--reasoning-parser): none | deepseek_r1 | qwen3

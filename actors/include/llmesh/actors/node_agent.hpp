@@ -82,6 +82,7 @@ struct forming_replica {
   std::map<int, std::pair<transport::peer_id, uint64_t>> remote;  ///< rank → (connection, shard actor id)
   std::map<int, uint64_t> kv_blocks;                              ///< rank → its KV cache's blocks
   std::map<int, std::string> quantization;                        ///< rank → how its node holds the weights
+  std::map<int, std::string> kv_types;                            ///< rank → its KV cache's elements
   std::map<int, std::string> loras;                               ///< rank → the adapters its node loaded (lora_names)
   std::vector<tensor_communicator*> comms;  ///< inside engine: the ranks here
   bool joining = false;
@@ -108,9 +109,9 @@ struct node_agent_state {
   static inline const char* name = "node-agent";
 };
 
-/// KV positions per replica from a per-shard budget in MiB: K and V, f32, a shard's KV heads
-/// (no more than `max_seqs` full contexts, which could never be used).
-size_t kv_tokens_for_budget(const model::model_config& c, int tp, size_t budget_mb, size_t max_seqs);
+/// KV positions per replica from a per-shard budget in MiB: K and V of `kv_type` (f32 or bf16), a
+/// shard's KV heads (no more than `max_seqs` full contexts, which could never be used).
+size_t kv_tokens_for_budget(const model::model_config& c, int tp, size_t budget_mb, size_t max_seqs, kernels::dtype kv_type);
 
 /// `(join_atom)` starts (and after a lost coordinator, restarts) the join. `(stop_atom)`: stop
 /// every hosted replica now, then quit once their engines are free. The bridge delivers the

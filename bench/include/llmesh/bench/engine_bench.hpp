@@ -21,6 +21,7 @@ struct engine_bench_options {
   std::string lora;    ///< a LoRA adapter's directory: also time pp and tg with it, as ratios to the base model's
   int reps = 3;
   std::string quantization = "none";  ///< --quantization: none or int8
+  std::string kv_cache_dtype = "auto";  ///< --kv-cache-dtype: auto/float32 or bfloat16
   std::vector<size_t> batches;  ///< also decode this many sequences at once (aggregate tok/s vs batch 1)
 };
 

@@ -1,7 +1,10 @@
 // Causal grouped-query attention over a paged KV cache, and the cache writes it reads.
 //
 // KV layout (one layer of one shard): blocks of `block_size` positions; a block holds
-// [block_size][n_kv_heads][head_dim] float32 keys, and the same for values in a second array.
+// [block_size][n_kv_heads][head_dim] keys, and the same for values in a second array, as
+// float32 or bfloat16 (`--kv-cache-dtype`: half the bytes, so twice the positions in the same
+// memory; a bf16 cache holds each key and value rounded to nearest even, and attention reads
+// them widened exactly, so its numbers are those of float32 attention over the rounded values).
 // A sequence's block table maps its position p to block block_table[p / block_size].
 #pragma once
 
@@ -10,6 +13,7 @@
 #include <span>
 
 #include "llmesh/common/error.hpp"
+#include "llmesh/kernels/dtype.hpp"
 #include "llmesh/kernels/thread_pool.hpp"
 
 namespace llmesh::kernels {
@@ -25,11 +29,13 @@ struct attention_shape {
   float softcap = 0.0f;       ///< > 0: each scaled score s becomes softcap · tanh(s / softcap) (Gemma 2)
 };
 
-/// One layer's cache of one shard: keys and values, each [n_blocks][block_size][n_kv_heads][head_dim].
+/// One layer's cache of one shard: keys and values, each [n_blocks][block_size][n_kv_heads][head_dim]
+/// elements of `type`.
 struct kv_layer_view {
-  float* keys = nullptr;
-  float* values = nullptr;
+  void* keys = nullptr;
+  void* values = nullptr;
   size_t n_blocks = 0;
+  dtype type = dtype::f32;  ///< f32 or bf16
 };
 
 /// One sequence's slice of an attention call: `n_tokens` consecutive query rows at positions

@@ -12,6 +12,7 @@
 #include "llmesh/common/error.hpp"
 #include "llmesh/kernels/communicator.hpp"
 #include "llmesh/kernels/device_communicator.hpp"
+#include "llmesh/kernels/dtype.hpp"
 #include "llmesh/kernels/thread_pool.hpp"
 #include "llmesh/model/shard_executor.hpp"
 #include "llmesh/model/weights.hpp"
@@ -29,10 +30,17 @@ struct engine_options {
   int threads = 0;            ///< kernel threads in all; 0 = one per hardware thread
   size_t kv_tokens = 0;       ///< KV cache capacity in positions; 0 = min(max positions, 8192)
   size_t block_size = 16;
+  kernels::dtype kv_type = kernels::dtype::f32;  ///< the KV cache's elements: f32 or bf16 (CPU only)
   backend device = backend::cpu;
   bool deterministic = false;  ///< CUDA: batch-invariant projections at every batch size
   bool cuda_graphs = true;     ///< CUDA: replay decode steps from captured graphs
 };
+
+/// vLLM's --kv-cache-dtype: "auto" and "float32" (this server's reference precision), "bfloat16"
+/// (half the bytes per position; CPU backend). fp8 kinds are refused by name.
+[[nodiscard]] result<kernels::dtype> parse_kv_cache_dtype(std::string_view s);
+/// "float32" or "bfloat16".
+std::string_view kv_cache_dtype_name(kernels::dtype t);
 
 /// Part of a step for one sequence: tokens to append, and whether to return the logits of
 /// the last one.
@@ -106,6 +114,7 @@ class engine {
   /// for a step this engine will not run).
   void abort();
   size_t kv_blocks() const { return kv_.n_blocks; }
+  kernels::dtype kv_type() const { return kv_.type; }
   size_t kv_block_size() const { return kv_.block_size; }
 
   /// The backend the shards run on ("cpu" or "cuda").

@@ -185,6 +185,7 @@ struct assign_msg {
     bool operator==(const lora_module&) const = default;
   };
   std::vector<lora_module> loras;  ///< adapters served beside the model, in order (at most max_list)
+  std::string kv_cache_dtype;      ///< the model's --kv-cache-dtype ("" = float32); the node parses it
   bool operator==(const assign_msg&) const = default;
 };
 
@@ -233,6 +234,7 @@ struct shard_ready_msg {
   uint64_t kv_blocks = 0;  ///< its KV cache's blocks (the block ids rank 0 hands out must fit)
   std::string quantization;  ///< how its node holds the weights ("" from older nodes: none)
   std::string loras;         ///< the LoRA adapters its node loaded: names in order, one per line
+  std::string kv_cache_dtype;  ///< its KV cache's elements ("" from older nodes: float32)
   bool operator==(const shard_ready_msg&) const = default;
 };
 struct shard_group_msg {

@@ -1,0 +1,221 @@
+// A bfloat16 KV cache (`--kv-cache-dtype bfloat16`): the engine keeps its contracts with it —
+// identical bits whole, chunked and token by token, alone and beside batch neighbours, tp 2
+// within 1e-4 of tp 1 — and its logits are those of a float32 cache within bf16's rounding,
+// yet not equal (the cache really holds 16-bit values). The flag's values, and CUDA refusing it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "llmesh/kernels/sampling.hpp"
+#include "llmesh/model/engine.hpp"
+#include "llmesh/model/generate.hpp"
+#include "llmesh/model/random_model.hpp"
+#include "temp_dir.hpp"
+
+namespace llmesh::model {
+namespace {
+
+using kernels::dtype;
+
+struct loaded_model {
+  testing::temp_dir dir;
+  std::shared_ptr<const model> m;
+  explicit loaded_model(const random_model_spec& spec) {
+    EXPECT_TRUE(write_random_model(spec, dir.path()).ok());
+    auto r = model::load(dir.path());
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.err().message);
+    if (r.ok()) m = *r;
+  }
+};
+
+random_model_spec llama_spec() {
+  random_model_spec s;
+  s.hidden = 128;
+  s.intermediate = 200;
+  s.n_layers = 2;
+  s.n_heads = 8;
+  s.n_kv_heads = 2;  // groups of 4 query heads per kv head
+  s.vocab = 300;
+  s.dtype = dtype::bf16;
+  s.seed = 12;
+  return s;
+}
+
+/// Gemma 3: sliding and global layers and attention soft-capping read the cache too.
+random_model_spec gemma_spec() {
+  random_model_spec s = llama_spec();
+  s.arch = "gemma3";
+  s.n_layers = 3;
+  s.sliding_window = 5;
+  s.sliding_pattern = 2;
+  s.attn_softcap = 3.0f;
+  s.final_softcap = 8.0f;
+  return s;
+}
+
+std::unique_ptr<engine> engine_with(std::shared_ptr<const model> m, dtype kv, int tp = 1) {
+  engine_options o;
+  o.tp = tp;
+  o.threads = 2;
+  o.kv_tokens = 2048;
+  o.block_size = 4;
+  o.kv_type = kv;
+  auto e = engine::create(std::move(m), o);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.err().message);
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+std::vector<int32_t> prompt_of(size_t n, uint32_t salt) {
+  std::vector<int32_t> p(n);
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>((i * 37 + salt * 101 + 11) % 300);
+  return p;
+}
+
+/// The last prompt token's logits, then 5 greedy steps'; `neighbours` other sequences (prompts
+/// of their own, then decoding) share every step.
+std::vector<std::vector<float>> run(engine& e, const std::vector<int32_t>& prompt, size_t chunk, int neighbours = 0) {
+  std::vector<std::vector<float>> out;
+  std::vector<float> logits;
+  const size_t v = e.config().vocab;
+  std::vector<int> others;
+  std::vector<std::vector<int32_t>> other_prompts;
+  for (int i = 0; i < neighbours; ++i) {
+    others.push_back(e.open_sequence());
+    other_prompts.push_back(prompt_of(7 + 3 * i, 40 + i));
+  }
+  std::vector<int32_t> other_next(neighbours, 3);
+  const int seq = e.open_sequence();
+  auto step = [&](std::span<const int32_t> tokens, bool want) {
+    std::vector<step_item> items;
+    for (int i = 0; i < neighbours; ++i) {  // neighbours first: the target's row is the last
+      if (!other_prompts[i].empty()) {
+        items.push_back({others[i], other_prompts[i], true});
+      } else {
+        items.push_back({others[i], std::span(&other_next[i], 1), true});
+      }
+    }
+    items.push_back({seq, tokens, want});
+    EXPECT_TRUE(e.step(items, logits).ok());
+    for (auto& p : other_prompts) p.clear();
+    for (int i = 0; i < neighbours; ++i) other_next[i] = kernels::argmax(std::span(&logits[i * v], v));
+    if (!want) return std::vector<float>();
+    return std::vector<float>(logits.end() - static_cast<std::ptrdiff_t>(v), logits.end());
+  };
+  std::vector<float> last;
+  for (size_t at = 0; at < prompt.size(); at += chunk) {
+    const size_t n = std::min(chunk, prompt.size() - at);
+    last = step(std::span(prompt).subspan(at, n), at + n == prompt.size());
+  }
+  out.push_back(last);
+  for (int i = 0; i < 5; ++i) {
+    const int32_t next = kernels::argmax(out.back());
+    out.push_back(step(std::span(&next, 1), true));
+  }
+  e.close_sequence(seq);
+  for (int s : others) e.close_sequence(s);
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+float relative_gap(const std::vector<float>& a, const std::vector<float>& b) {
+  float max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_abs = std::max(max_abs, std::fabs(a[i]));
+    max_diff = std::max(max_diff, std::fabs(a[i] - b[i]));
+  }
+  return max_diff / max_abs;
+}
+
+TEST(KvCacheDtype, ABf16CacheKeepsChunkAndBatchInvariance) {
+  for (const auto& spec : {llama_spec(), gemma_spec()}) {
+    SCOPED_TRACE(spec.arch);
+    loaded_model lm(spec);
+    auto e = engine_with(lm.m, dtype::bf16);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->kv_type(), dtype::bf16);
+    const auto prompt = prompt_of(23, 1);
+    const auto whole = run(*e, prompt, prompt.size());
+    const auto chunks = run(*e, prompt, 5);
+    const auto by_token = run(*e, prompt, 1);
+    const auto batched = run(*e, prompt, prompt.size(), 3);
+    for (size_t s = 0; s < whole.size(); ++s) {
+      EXPECT_TRUE(same_bits(whole[s], chunks[s])) << "chunks of 5, step " << s;
+      EXPECT_TRUE(same_bits(whole[s], by_token[s])) << "token by token, step " << s;
+      EXPECT_TRUE(same_bits(whole[s], batched[s])) << "beside 3 neighbours, step " << s;
+    }
+  }
+}
+
+TEST(KvCacheDtype, Bf16LogitsAreFloat32sWithinRoundingButNotEqual) {
+  for (const auto& spec : {llama_spec(), gemma_spec()}) {
+    SCOPED_TRACE(spec.arch);
+    loaded_model lm(spec);
+    auto f32 = engine_with(lm.m, dtype::f32);
+    auto bf16 = engine_with(lm.m, dtype::bf16);
+    ASSERT_TRUE(f32 && bf16);
+    const auto prompt = prompt_of(40, 2);
+    const auto want = run(*f32, prompt, prompt.size());
+    const auto got = run(*bf16, prompt, prompt.size());
+    bool any_differs = false;
+    for (size_t s = 0; s < want.size(); ++s) {
+      // The first step's tokens are the same; later ones follow each cache's own greedy choice.
+      if (s == 0 || kernels::argmax(want[s - 1]) == kernels::argmax(got[s - 1])) {
+        EXPECT_LT(relative_gap(want[s], got[s]), 2e-2f) << "step " << s;
+      }
+      any_differs = any_differs || !same_bits(want[s], got[s]);
+    }
+    EXPECT_TRUE(any_differs) << "a bf16 cache gave float32's bits: it does not round";
+  }
+}
+
+TEST(KvCacheDtype, TensorParallelBf16MatchesOneRank) {
+  loaded_model lm(llama_spec());
+  auto e1 = engine_with(lm.m, dtype::bf16, 1);
+  auto e2 = engine_with(lm.m, dtype::bf16, 2);
+  ASSERT_TRUE(e1 && e2);
+  generate_request req;
+  req.prompt = prompt_of(11, 3);
+  req.max_tokens = 16;
+  auto r1 = generate(*e1, req);
+  auto r2 = generate(*e2, req);
+  ASSERT_TRUE(r1.ok() && r2.ok());
+  EXPECT_EQ(r1->tokens, r2->tokens);
+  EXPECT_LT(relative_gap(r1->first_logits, r2->first_logits), 1e-4f);
+}
+
+TEST(KvCacheDtype, FlagValuesAndRefusals) {
+  EXPECT_EQ(*parse_kv_cache_dtype("auto"), dtype::f32);
+  EXPECT_EQ(*parse_kv_cache_dtype("float32"), dtype::f32);
+  EXPECT_EQ(*parse_kv_cache_dtype("bfloat16"), dtype::bf16);
+  EXPECT_EQ(*parse_kv_cache_dtype("bf16"), dtype::bf16);
+  EXPECT_EQ(kv_cache_dtype_name(dtype::bf16), "bfloat16");
+  EXPECT_EQ(kv_cache_dtype_name(dtype::f32), "float32");
+  auto fp8 = parse_kv_cache_dtype("fp8_e4m3");
+  ASSERT_FALSE(fp8.ok());
+  EXPECT_EQ(fp8.err().code, errc::unsupported);
+  EXPECT_NE(fp8.err().message.find("fp8"), std::string::npos);
+  auto half = parse_kv_cache_dtype("half");
+  ASSERT_FALSE(half.ok());
+  EXPECT_NE(half.err().message.find("auto, float32 or bfloat16"), std::string::npos) << half.err().message;
+
+  loaded_model lm(llama_spec());
+  engine_options o;
+  o.kv_type = dtype::bf16;
+  o.device = backend::cuda;
+  auto cuda = engine::create(lm.m, o);
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_EQ(cuda.err().code, errc::unsupported);
+  EXPECT_NE(cuda.err().message.find("bfloat16 KV caches"), std::string::npos) << cuda.err().message;
+  o.kv_type = dtype::f16;
+  o.device = backend::cpu;
+  EXPECT_FALSE(engine::create(lm.m, o).ok());
+}
+
+}  // namespace
+}  // namespace llmesh::model
