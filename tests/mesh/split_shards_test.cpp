@@ -6,7 +6,8 @@
 // and under concurrent load. When shard-1's process dies, the replica is gone (the group fails
 // as a unit): the requests it held end with an error instead of hanging, and when the node
 // comes back the replica is formed again and serves the same tokens. A model with
-// `quantization: int8` is quantized by each node alike: the tokens are generate --quantization int8's.
+// `quantization: int8` is quantized by each node alike: the tokens are generate --quantization int8's;
+// one with `kv_cache_dtype: bfloat16` holds bf16 caches on both nodes: generate --kv-cache-dtype's.
 #include <algorithm>
 
 #include "mesh_fixture.hpp"
@@ -176,6 +177,33 @@ TEST(SplitShards, ADrainMovesASplitReplicaOntoAJoinedNodeWithoutAFailedRequest) 
   EXPECT_EQ(l.wrong.load(), 0u);
   EXPECT_EQ(metric_value(m.http_port, "llmesh_request_migrations_total"), 0.0);  // a drain moves nothing mid-stream
   EXPECT_EQ(s2.stop(), 0) << s2.log();
+  EXPECT_EQ(s1.stop(), 0) << s1.log();
+  EXPECT_EQ(s0.stop(), 0) << s0.log();
+  EXPECT_EQ(seed.stop(), 0) << seed.log();
+}
+
+// `kv_cache_dtype: bfloat16`: each node sizes and holds its ranks' caches as bf16 (ShardReady
+// says so, and rank 0's node checks it): the served tokens are `generate --kv-cache-dtype
+// bfloat16 --tp 2`'s.
+TEST(SplitShards, ABfloat16KvCacheServesGeneratesTokens) {
+  auto m = split_files();
+  m.rewrite("    placement: spread\n", "    placement: spread\n    kv_cache_dtype: bfloat16\n");
+  node_process seed(m.node("seed"));
+  ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny' on http://")) << seed.log();
+  node_process s0(m.node("shard-0"));
+  node_process s1(m.node("shard-1"));
+  ASSERT_TRUE(replica_ready(m, seed, s0, s1));
+  const std::vector<int32_t> p{1142, 258, 2078, 386, 3345};
+  const auto want = testing::generate_ids(bin, model_dir, "--prompt-ids " + id_list(p), 24,
+                                          "--tp 2 --temperature 1 --seed 3 --kv-cache-dtype bfloat16");
+  ASSERT_EQ(want.size(), 24u);
+  ASSERT_NE(want, testing::generate_ids(bin, model_dir, "--prompt-ids " + id_list(p), 24, "--tp 2 --temperature 1 --seed 3"))
+      << "this seed must tell a bf16 cache from a float32 one";
+  const nlohmann::json body{{"model", "kjv-tiny"}, {"prompt", p}, {"max_tokens", 24},
+                            {"temperature", 1},    {"seed", 3}, {"return_token_ids", true}};
+  auto r = http_request(m.http_port, "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want) << r.body;
   EXPECT_EQ(s1.stop(), 0) << s1.log();
   EXPECT_EQ(s0.stop(), 0) << s0.log();
   EXPECT_EQ(seed.stop(), 0) << seed.log();
