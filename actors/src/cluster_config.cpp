@@ -323,7 +323,7 @@ result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, boo
 result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   r.at(entry_label("models", index, node));
   LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization",
-                                 "kv_cache_dtype", "reasoning_parser", "tool_call_parser", "pooling", "loras"}));
+                                 "kv_cache_dtype", "chat_template", "max_model_len", "reasoning_parser", "tool_call_parser", "pooling", "loras"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -358,6 +358,13 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
     if (!t) return r.fail("'kv_cache_dtype' must be auto, float32 or bfloat16, got " + shown(*kv_dtype));
     out.kv_cache_dtype = std::string(model::kv_cache_dtype_name(*t));
   }
+  LLMESH_READ(chat, r.string(f, "chat_template", false));
+  if (chat) {
+    if (chat->empty()) return r.fail("'chat_template' must not be empty");
+    out.chat_template = *chat;
+  }
+  LLMESH_READ(max_len, r.integer(f, "max_model_len", 1, int64_t{1} << 30));
+  if (max_len) out.max_model_len = static_cast<size_t>(*max_len);
   LLMESH_READ(reasoning, r.string(f, "reasoning_parser", false));
   if (reasoning) {
     if (*reasoning != "none" && *reasoning != "deepseek_r1" && *reasoning != "qwen3")

@@ -55,6 +55,8 @@ struct node_plan {
   struct gateway_model {
     std::string name, dir, reasoning_parser, tool_call_parser, pooling;
     std::vector<model::lora_source> loras = {};  ///< the config's loras (each answers as a model)
+    std::string chat_template = {};  ///< replaces the directory's ("": keep it)
+    size_t max_model_len = 0;        ///< the context the API grants (0: the model's)
   };
   std::vector<gateway_model> gateway_models;
   std::optional<actors::endpoint> http, rpc;
@@ -89,12 +91,15 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     }
     if (p.has(actors::node_role::gateway)) {
       if (cfg->models.empty()) return make_error(errc::invalid_request, f.config + ": a gateway needs a model");
-      if (f.gw.reasoning_parser != "none" || f.gw.tool_call_parser != "hermes" || f.gw.pooling != "model") {
-        return make_error(errc::invalid_request, "--reasoning-parser, --tool-call-parser, --pooling: with --config, set each "
-                                                 "model's reasoning_parser, tool_call_parser and pooling in the config");
+      if (f.gw.reasoning_parser != "none" || f.gw.tool_call_parser != "hermes" || f.gw.pooling != "model" ||
+          !f.gw.chat_template.empty() || f.gw.max_model_len != 0) {
+        return make_error(errc::invalid_request,
+                          "--reasoning-parser, --tool-call-parser, --pooling, --chat-template, --max-model-len: with --config, set "
+                          "each model's reasoning_parser, tool_call_parser, pooling, chat_template and max_model_len in the config");
       }
       for (const auto& m : cfg->models) {
-        p.gateway_models.push_back({m.name, m.path, m.reasoning_parser, m.tool_call_parser, m.pooling, m.loras});
+        p.gateway_models.push_back({m.name, m.path, m.reasoning_parser, m.tool_call_parser, m.pooling, m.loras, m.chat_template,
+                                    m.max_model_len});
       }
     }
     return p;
@@ -129,9 +134,10 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     else return make_error(errc::invalid_request, "--role: unknown role '" + r + "' (replica, router, gateway)");
   }
   if (!p.has(actors::node_role::gateway) &&
-      (f.gw.reasoning_parser != "none" || f.gw.tool_call_parser != "hermes" || f.gw.pooling != "model")) {
-    return make_error(errc::invalid_request,
-                      "--reasoning-parser, --tool-call-parser and --pooling are a gateway's flags (this node has no gateway role)");
+      (f.gw.reasoning_parser != "none" || f.gw.tool_call_parser != "hermes" || f.gw.pooling != "model" ||
+       !f.gw.chat_template.empty() || f.gw.max_model_len != 0)) {
+    return make_error(errc::invalid_request, "--reasoning-parser, --tool-call-parser, --pooling, --chat-template and "
+                                             "--max-model-len are a gateway's flags (this node has no gateway role)");
   }
   if (p.has(actors::node_role::gateway)) {
     if (f.model_dirs.empty() || f.http.empty()) return make_error(errc::invalid_request, "a gateway node needs --model DIR and --http HOST:PORT");
@@ -151,7 +157,8 @@ result<node_plan> plan_from_flags(const node_flags& f) {
       for (const auto& known : p.gateway_models) {
         if (known.name == name) return make_error(errc::invalid_request, "--model: two models named '" + name + "'");
       }
-      p.gateway_models.push_back({name, dir, f.gw.reasoning_parser, f.gw.tool_call_parser, f.gw.pooling});
+      p.gateway_models.push_back(
+          {name, dir, f.gw.reasoning_parser, f.gw.tool_call_parser, f.gw.pooling, {}, f.gw.chat_template, f.gw.max_model_len});
     }
     if (!f.lora_modules.empty()) {
       if (p.gateway_models.size() != 1) return make_error(errc::invalid_request, "--lora-modules: give exactly one --model");
@@ -195,7 +202,8 @@ status run_node(const node_flags& f) {
 
   // The gateway's model files next: a typo fails before anything listens.
   std::vector<gateway::served_model> served;
-  for (const auto& [name, dir, reasoning_parser, tool_call_parser, pooling_name, loras] : p.gateway_models) {
+  for (const auto& [name, dir, reasoning_parser, tool_call_parser, pooling_name, loras, chat_template, max_model_len] :
+       p.gateway_models) {
     gateway::served_model m;
     m.name = name;
     m.loras = loras;
@@ -219,6 +227,7 @@ status run_node(const node_flags& f) {
     auto pooling = gateway::load_embedding_defaults(dir, pooling_name);
     if (!pooling) return pooling.take_error();
     m.embedding = *pooling;
+    LLMESH_TRY(apply_model_overrides(m, dir, chat_template, max_model_len));
     served.push_back(std::move(m));
   }
   auto ucx = transport::ucx_transport::create();

@@ -22,6 +22,8 @@ namespace {
 struct serve_flags {
   std::string model_dir, http = "127.0.0.1:8080", rpc = "127.0.0.1:8081", served_name, device = "auto", policy = "least-load";
   std::string quantization = "none", kv_cache_dtype = "auto";
+  std::string host;  ///< vLLM's --host: replaces --http's host
+  int port = -1;     ///< vLLM's --port: replaces --http's port (-1: not given)
   std::vector<std::string> lora_modules;
   int replicas = 1, tp = 1, threads = 0;
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256;
@@ -50,6 +52,8 @@ status run_serve(const serve_flags& f) {
   LLMESH_TRY(check_speculation_flags(f.speculation));
   auto where = parse_host_port(f.http, "--http");
   if (!where) return where.take_error();
+  if (!f.host.empty()) where->first = f.host.size() > 2 && f.host.front() == '[' && f.host.back() == ']' ? f.host.substr(1, f.host.size() - 2) : f.host;
+  if (f.port >= 0) where->second = static_cast<uint16_t>(f.port);
   auto policy = actors::parse_balance_policy(f.policy);
   if (!policy) return policy.take_error();
   auto device = model::parse_backend(f.device);
@@ -80,6 +84,8 @@ status run_serve(const serve_flags& f) {
   auto m = model::model::load(f.model_dir, {.quant = *quant, .loras = *loras});
   if (!m) return m.take_error();
   const auto& cfg = (*m)->config();
+  gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser, *tool_tokens, *pooling, *loras};
+  LLMESH_TRY(apply_model_overrides(served, f.model_dir, f.gw.chat_template, f.gw.max_model_len));
 
   // Thread budget: kernel threads are the cores, split over the replicas (a replica's own
   // actor thread is its rank 0); CAF gets 2 mostly idle threads; Asio is this thread.
@@ -88,7 +94,8 @@ status run_serve(const serve_flags& f) {
   mo.replicas = f.replicas;
   mo.engine.tp = f.tp;
   mo.engine.threads = f.threads > 0 ? f.threads : std::max(f.tp, cores / f.replicas);
-  mo.engine.kv_tokens = actors::kv_tokens_for_budget(cfg, f.tp, f.kv_cache_mb, f.max_seqs, *kv_type);
+  // No more than max_seqs contexts of the granted length (--max-model-len) could ever be used.
+  mo.engine.kv_tokens = actors::kv_tokens_for_budget(served.cfg, f.tp, f.kv_cache_mb, f.max_seqs, *kv_type);
   mo.engine.kv_type = *kv_type;
   mo.engine.device = *device;
   mo.engine.deterministic = f.deterministic;
@@ -106,7 +113,6 @@ status run_serve(const serve_flags& f) {
   ho.host = where->first;
   ho.port = where->second;
   apply_gateway_flags(f.gw, ao, ho);
-  gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser, *tool_tokens, *pooling, *loras};
   auto api = std::make_unique<gateway::api_service>(ao, std::vector{std::move(served)}, **mesh, metrics);
   auto server = gateway::http_server::listen(*api, ho);
   if (!server) return server.take_error();
@@ -171,8 +177,10 @@ void add_serve(CLI::App& app, command_set& commands) {
   auto* sub = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API (the mesh in one process)");
   sub->add_option("--model", f->model_dir, "HF model directory")->required();
   sub->add_option("--replicas", f->replicas, "Model replicas")->check(CLI::Range(1, 64))->capture_default_str();
-  sub->add_option("--tp", f->tp, "Tensor-parallel shards per replica")->check(CLI::Range(1, 64))->capture_default_str();
+  sub->add_option("--tp,--tensor-parallel-size", f->tp, "Tensor-parallel shards per replica")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_option("--http", f->http, "HTTP listen address HOST:PORT (port 0: any free port)")->capture_default_str();
+  sub->add_option("--host", f->host, "vLLM's: the HTTP host, with --http's port (or --port)");
+  sub->add_option("--port", f->port, "vLLM's: the HTTP port, with --http's host (or --host)")->check(CLI::Range(0, 65535));
   sub->add_option("--rpc", f->rpc, "Native API (Cap'n Proto RPC) address HOST:PORT (port 0: any; 'none': off)")
       ->capture_default_str();
   sub->add_option("--served-model-name", f->served_name, "Model id in the API (default: the directory's name)");
@@ -182,9 +190,9 @@ void add_serve(CLI::App& app, command_set& commands) {
       ->check(CLI::Range(0, 1024));
   sub->add_option("--kv-cache-mb", f->kv_cache_mb, "KV-cache budget per shard, MiB")->check(CLI::Range(1, 1 << 24))
       ->capture_default_str();
-  sub->add_option("--max-batch-tokens", f->max_batch_tokens, "Tokens per engine step (prefill chunks + decodes)")
+  sub->add_option("--max-batch-tokens,--max-num-batched-tokens", f->max_batch_tokens, "Tokens per engine step (prefill chunks + decodes)")
       ->check(CLI::Range(16, 1 << 20))->capture_default_str();
-  sub->add_option("--max-seqs", f->max_seqs, "Sequences per engine step")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  sub->add_option("--max-seqs,--max-num-seqs", f->max_seqs, "Sequences per engine step")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   add_gateway_flags(sub, f->gw);
   add_speculation_flags(sub, f->speculation);
   add_quantization_flag(sub, f->quantization);

@@ -42,6 +42,11 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
   sub->add_option("--tool-call-parser", f.tool_call_parser,
                   "The format tool_choice \"auto\" takes calls from: hermes (<tool_call> blocks) | llama3_json | mistral | pythonic")
       ->check(CLI::IsMember({"hermes", "llama3_json", "mistral", "pythonic"}))->capture_default_str();
+  sub->add_option("--chat-template", f.chat_template,
+                  "The chat template instead of the model's: a Jinja file, or the template itself in one line");
+  sub->add_option("--max-model-len", f.max_model_len,
+                  "Context length the API grants (prompt + max_tokens), at most the model's (default: the model's)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30));
   sub->add_option("--pooling", f.pooling,
                   "/v1/embeddings' pooling: model (sentence-transformers' modules.json in the model directory, else "
                   "last) | last | mean | cls (vLLM's --override-pooler-config)")
@@ -64,6 +69,21 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
   http.idle_timeout = std::chrono::seconds(f.idle_timeout_s);
   http.max_connections = f.max_connections;
   http.max_connections_per_client = f.max_connections_per_client;
+}
+
+status apply_model_overrides(gateway::served_model& m, const std::string& dir, const std::string& chat_template,
+                             size_t max_model_len) {
+  if (!chat_template.empty()) {
+    auto t = model::chat_template::load_override(dir, chat_template);
+    if (!t) return t.take_error();
+    m.chat = std::move(*t);
+  }
+  if (max_model_len > m.cfg.max_positions) {
+    return make_error(errc::invalid_request, "--max-model-len " + std::to_string(max_model_len) + " exceeds " + m.name +
+                                                 "'s context of " + std::to_string(m.cfg.max_positions) + " positions");
+  }
+  if (max_model_len > 0) m.cfg.max_positions = max_model_len;
+  return ok_status();
 }
 
 }  // namespace llmesh::cli

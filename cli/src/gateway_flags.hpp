@@ -21,6 +21,8 @@ struct gateway_flags {
   std::string reasoning_parser = "none";  ///< none | deepseek_r1 | qwen3 (reasoning.hpp)
   std::string tool_call_parser = "hermes";  ///< hermes | llama3_json | mistral (tool_calls.hpp)
   std::string pooling = "model";  ///< /v1/embeddings' pooling: model (the directory's) | last | mean | cls
+  std::string chat_template;      ///< vLLM's --chat-template: a file, or the template inline ("": the model's)
+  size_t max_model_len = 0;       ///< vLLM's --max-model-len: the context requests get (0: the model's)
 };
 
 /// Adds --api-key (or LLMESH_API_KEY), --max-concurrent, --max-tokens-limit, --max-body-kb,
@@ -28,6 +30,12 @@ struct gateway_flags {
 /// --max-stored-responses-mb, --scheduling-policy, --reasoning-parser, --tool-call-parser and
 /// --pooling to `sub`.
 void add_gateway_flags(CLI::App* sub, gateway_flags& f);
+
+/// A served model's --chat-template (replaces its own) and --max-model-len (at most the model's
+/// context: prompts and max_tokens are checked against it, /v1/models reports it); "" and 0
+/// leave the model's. Errors name the flag.
+[[nodiscard]] status apply_model_overrides(gateway::served_model& m, const std::string& dir, const std::string& chat_template,
+                                           size_t max_model_len);
 
 /// Copies the flags into the API's and the HTTP server's options (API key from LLMESH_API_KEY
 /// when the flag is not given).

@@ -1,5 +1,6 @@
 #include "llmesh/model/chat_template.hpp"
 
+#include <filesystem>
 
 #include "jinja/eval.hpp"
 #include "gguf_model.hpp"
@@ -54,6 +55,39 @@ result<chat_template> chat_template::load(const std::string& dir) {
   }
   t->bos_token = token_text(cfg, "bos_token");
   t->eos_token = token_text(cfg, "eos_token");
+  return t;
+}
+
+result<chat_template> chat_template::load_override(const std::string& dir, const std::string& given) {
+  std::error_code ec;
+  const bool is_file = std::filesystem::is_regular_file(given, ec);
+  std::string source, label = "--chat-template";
+  if (is_file) {
+    if (std::filesystem::file_size(given, ec) > (size_t{1} << 20)) {
+      return make_error(errc::invalid_request, "--chat-template " + given + ": over 1 MiB");
+    }
+    auto text = read_text_file(given);
+    if (!text) return text.take_error();
+    source = std::move(*text);
+    label += " " + given;
+  } else if (given.find("{{") != std::string::npos || given.find("{%") != std::string::npos) {
+    source = given;
+  } else {
+    return make_error(errc::not_found, "--chat-template " + given + ": no such file (a template given inline holds {{ or {%)");
+  }
+  auto t = parse(source);
+  if (!t) {
+    error e = t.take_error();
+    e.message = label + ": " + e.message;
+    return e;
+  }
+  if (auto text = read_model_file(dir, "tokenizer_config.json"); text) {
+    json cfg = json::parse(*text, nullptr, false);
+    if (cfg.is_object()) {
+      t->bos_token = token_text(cfg, "bos_token");
+      t->eos_token = token_text(cfg, "eos_token");
+    }
+  }
   return t;
 }
 

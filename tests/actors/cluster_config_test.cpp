@@ -330,6 +330,15 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
     ASSERT_TRUE(t.ok()) << t.err().message;
     EXPECT_EQ(t->models[0].kv_cache_dtype, kept);
   }
+  expect_refused(with("placement: packed", "placement: packed\n    max_model_len: 0"), {"'max_model_len' must be an integer"});
+  expect_refused(with("placement: packed", "placement: packed\n    chat_template: ''"), {"'chat_template' must not be empty"});
+  {
+    auto g = parse_cluster_config(
+        with("placement: packed", "placement: packed\n    max_model_len: 4096\n    chat_template: templates/chat.jinja"), "t.yaml");
+    ASSERT_TRUE(g.ok()) << g.err().message;
+    EXPECT_EQ(g->models[0].max_model_len, 4096u);
+    EXPECT_EQ(g->models[0].chat_template, "templates/chat.jinja");
+  }
   expect_refused(with("placement: packed", "placement: packed\n    reasoning_parser: granite"),
                  {"'reasoning_parser' must be none, deepseek_r1 or qwen3, got 'granite'"});
   expect_refused(with("placement: packed", "placement: packed\n    tool_call_parser: granite"),

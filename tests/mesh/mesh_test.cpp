@@ -333,6 +333,15 @@ TEST(Mesh, NodeAndCtlRefuseBadFlagsAndConfigsWithOneLine) {
   EXPECT_NE(metrics_in_config.exit_code, 0);
   EXPECT_NE(metrics_in_config.err.find("--metrics: with --config, set the node's 'metrics' address"), std::string::npos)
       << metrics_in_config.err;
+  // vLLM's gateway flags: a config node takes them from its models' entries; a node without the
+  // gateway role has no use for them.
+  auto len_in_config = run_command(bin + " node --config " + m.config + " --name seed --max-model-len 64");
+  EXPECT_NE(len_in_config.exit_code, 0);
+  EXPECT_NE(len_in_config.err.find("with --config, set each model's"), std::string::npos) << len_in_config.err;
+  auto template_without_gateway = run_command(bin + " node --join 127.0.0.1:1 --name x --listen 127.0.0.1:2 --token "
+                                                    "abcdefghijklmnopq --chat-template '{{ x }}'");
+  EXPECT_NE(template_without_gateway.exit_code, 0);
+  EXPECT_NE(template_without_gateway.err.find("are a gateway's flags"), std::string::npos) << template_without_gateway.err;
   auto bad_metrics = run_command(bin + " node --join 127.0.0.1:1 --name x --listen 127.0.0.1:2 --token abcdefghijklmnopq "
                                        "--metrics 9100");
   EXPECT_NE(bad_metrics.exit_code, 0);

@@ -157,6 +157,36 @@ TEST(ChatTemplate, LoadsFromTokenizerConfig) {
   EXPECT_NE(missing.err().message.find("no chat_template"), std::string::npos);
 }
 
+// vLLM's --chat-template: a file or the template inline replaces the model's, keeping its
+// bos/eos tokens; a path that is not a file and holds no template is refused, and so is a
+// template outside the subset, naming the flag.
+TEST(ChatTemplate, AnOverrideFromAFileOrInlineReplacesTheModelsOwn) {
+  const std::string model_dir = data_dir + "/tokenizers/llama3_1";
+  const auto messages = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  const std::string inline_source = "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}";
+  auto t = chat_template::load_override(model_dir, inline_source);
+  ASSERT_TRUE(t.ok()) << t.err().message;
+  EXPECT_EQ(*t->render(messages, true), "<|begin_of_text|>[user] Hi\n");
+  testing::temp_dir dir;
+  testing::write_text(dir / "t.jinja", "{% for m in messages %}<{{ m.content }}>{% endfor %}{{ eos_token }}");
+  auto f = chat_template::load_override(model_dir, (dir / "t.jinja"));
+  ASSERT_TRUE(f.ok()) << f.err().message;
+  EXPECT_EQ(*f->render(messages, true), "<Hi><|eot_id|>");
+  auto missing = chat_template::load_override(model_dir, (dir / "none.jinja"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.err().message.find("--chat-template " + (dir / "none.jinja") + ": no such file"), std::string::npos)
+      << missing.err().message;
+  testing::write_text(dir / "bad.jinja", "{% macro m() %}{% endmacro %}");
+  auto bad = chat_template::load_override(model_dir, (dir / "bad.jinja"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("--chat-template " + (dir / "bad.jinja") + ": "), std::string::npos)
+      << bad.err().message;
+  // A directory without tokenizer_config.json: the template alone, no bos/eos.
+  auto bare = chat_template::load_override(dir.path(), inline_source);
+  ASSERT_TRUE(bare.ok()) << bare.err().message;
+  EXPECT_EQ(*bare->render(messages, true), "[user] Hi\n");
+}
+
 }  // namespace
 }  // namespace llmesh::model
 

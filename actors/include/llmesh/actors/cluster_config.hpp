@@ -77,6 +77,9 @@ struct model_spec {
   std::string policy = "least-load";  ///< router policy: round-robin|least-load|power-of-two|prefix-aware
   size_t kv_cache_mb = 1024;          ///< KV-cache budget per tensor-parallel shard, MiB
   std::string kv_cache_dtype = "float32";  ///< the KV cache's elements: float32 | bfloat16 (--kv-cache-dtype)
+  /// Gateways' chat template for it (--chat-template: a file, or the template inline; "": the directory's)
+  std::string chat_template;
+  size_t max_model_len = 0;  ///< the context gateways grant (--max-model-len; 0: the model's)
   placement place = placement::packed;
   std::string quantization = "none";  ///< how replica nodes hold the weights: none | int8 (--quantization)
   /// How gateways split chat output's thinking (--reasoning-parser): none | deepseek_r1 | qwen3

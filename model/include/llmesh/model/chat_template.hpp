@@ -29,6 +29,11 @@ class chat_template {
   /// {name, template} of which "default" is used) and its bos/eos tokens.
   [[nodiscard]] static result<chat_template> load(const std::string& model_dir);
 
+  /// vLLM's --chat-template: `given` is a template file's path, or (holding "{{" or "{%") the
+  /// template itself in one line; it replaces the model's own, whose bos/eos tokens it keeps
+  /// (DIR/tokenizer_config.json's, when there is one). Errors name the flag or the file.
+  [[nodiscard]] static result<chat_template> load_override(const std::string& model_dir, const std::string& given);
+
   /// Renders `messages` (a JSON array of {role, content, ...}); `extra` adds context variables
   /// (tools, ...). bos_token, eos_token and add_generation_prompt are set as HF does.
   [[nodiscard]] result<std::string> render(const nlohmann::ordered_json& messages, bool add_generation_prompt,

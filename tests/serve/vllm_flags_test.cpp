@@ -1,0 +1,71 @@
+// vLLM's serve flags on `llmesh serve`: --chat-template (inline here; the file form is
+// chat_template_test's) gives a model without a template a chat endpoint rendering exactly that
+// template, --max-model-len is the context the API grants (/v1/models reports it; a request
+// past it is a 400; one within it runs), and --host/--port replace --http's parts, with
+// --tensor-parallel-size, --max-num-seqs and --max-num-batched-tokens taken for --tp,
+// --max-seqs and --max-batch-tokens. A --max-model-len above the model's stops the start.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "../cli/subprocess.hpp"
+#include "../model/temp_dir.hpp"
+#include "server_process.hpp"
+
+namespace llmesh::testing {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string bin = LLMESH_BINARY;
+
+TEST(ServeVllmFlags, ChatTemplateMaxModelLenHostPortAndAliases) {
+  model::testing::temp_dir dir;
+  const std::string m = dir.path() + "/m";
+  ASSERT_EQ(std::system((bin + " model random --out " + m +
+                         " --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 300 --max-positions 512 --seed 4"
+                         " 2>/dev/null")
+                            .c_str()),
+            0);
+  const std::string tmpl = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}";
+  // --http names an address this machine does not have: only --host and --port make it listen.
+  child_process s({bin, "serve", "--model", m, "--http", "203.0.113.7:1", "--host", "127.0.0.1", "--port", "0", "--rpc", "none",
+                   "--tensor-parallel-size", "1", "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--max-model-len", "48",
+                   "--chat-template", tmpl});
+  ASSERT_TRUE(s.wait_for("on http://127.0.0.1:")) << s.log();
+  const int port = std::atoi(s.log().c_str() + s.log().find("on http://127.0.0.1:") + std::strlen("on http://127.0.0.1:"));
+  ASSERT_GT(port, 0) << s.log();
+
+  auto models = http_request(port, "GET", "/v1/models", "");
+  ASSERT_EQ(models.status, 200);
+  EXPECT_EQ(json::parse(models.body)["data"][0]["max_model_len"], 48) << models.body;
+
+  // The chat prompt is the template's rendering: its tokens are those of the text it renders.
+  const json messages = json::array({{{"role", "user"}, {"content", "Hi there"}}});
+  auto chat_ids = http_request(port, "POST", "/tokenize", json({{"model", "m"}, {"messages", messages}}).dump());
+  auto text_ids = http_request(port, "POST", "/tokenize",
+                               json({{"model", "m"}, {"prompt", "<user>Hi there<a>"}, {"add_special_tokens", false}}).dump());
+  ASSERT_EQ(chat_ids.status, 200) << chat_ids.body;
+  ASSERT_EQ(text_ids.status, 200) << text_ids.body;
+  EXPECT_EQ(json::parse(chat_ids.body)["tokens"], json::parse(text_ids.body)["tokens"]);
+  EXPECT_EQ(json::parse(chat_ids.body)["max_model_len"], 48);
+  auto chat = http_request(port, "POST", "/v1/chat/completions",
+                           json({{"model", "m"}, {"messages", messages}, {"max_tokens", 4}, {"temperature", 0}}).dump());
+  EXPECT_EQ(chat.status, 200) << chat.body;
+
+  // 40 prompt tokens: 8 more fit in 48, 9 do not.
+  std::vector<int32_t> prompt(40);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(5 + i);
+  auto fits = http_request(port, "POST", "/v1/completions", json({{"model", "m"}, {"prompt", prompt}, {"max_tokens", 8}}).dump());
+  EXPECT_EQ(fits.status, 200) << fits.body;
+  auto over = http_request(port, "POST", "/v1/completions", json({{"model", "m"}, {"prompt", prompt}, {"max_tokens", 9}}).dump());
+  EXPECT_EQ(over.status, 400) << over.body;
+  EXPECT_NE(over.body.find("context of 48"), std::string::npos) << over.body;
+
+  auto too_long = run_command(bin + " serve --model " + m + " --http 127.0.0.1:0 --rpc none --max-model-len 513");
+  EXPECT_NE(too_long.exit_code, 0);
+  EXPECT_NE(too_long.err.find("--max-model-len 513 exceeds m's context of 512 positions"), std::string::npos) << too_long.err;
+}
+
+}  // namespace
+}  // namespace llmesh::testing
