@@ -24,6 +24,9 @@ struct serve_flags {
   std::string quantization = "none", kv_cache_dtype = "auto";
   std::string host;  ///< vLLM's --host: replaces --http's host
   int port = -1;     ///< vLLM's --port: replaces --http's port (-1: not given)
+  size_t block_size = 16;                   ///< vLLM's --block-size: positions per KV block
+  bool enforce_eager = false;               ///< vLLM's --enforce-eager: no CUDA graphs
+  std::string generation_config = "auto";   ///< vLLM's --generation-config: auto | vllm
   std::vector<std::string> lora_modules;
   int replicas = 1, tp = 1, threads = 0;
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256;
@@ -46,6 +49,27 @@ result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s, c
   std::string host = s.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   return std::make_pair(host, static_cast<uint16_t>(port));
+}
+
+/// vLLM's flags that map onto this server (--block-size, --enforce-eager, --generation-config),
+/// and those naming what it always does, accepted so that a vLLM command line runs unchanged.
+void add_vllm_flags(CLI::App* sub, serve_flags& f) {
+  sub->add_option("--block-size", f.block_size, "vLLM's: positions per KV-cache block")
+      ->check(CLI::Range(size_t{1}, size_t{1024}))
+      ->capture_default_str();
+  sub->add_flag("--enforce-eager", f.enforce_eager, "vLLM's: CUDA steps launch their kernels one by one (no CUDA graphs)");
+  sub->add_option("--generation-config", f.generation_config,
+                  "vLLM's: auto (sampling fields left out take the model's generation_config.json values) or vllm (they "
+                  "take the API's defaults)")
+      ->check(CLI::IsMember({"auto", "vllm"}))
+      ->capture_default_str();
+  const std::pair<const char*, const char*> always[] = {
+      {"--enable-prefix-caching", "vLLM's; accepted: replicas always cache prompt prefixes"},
+      {"--enable-chunked-prefill", "vLLM's; accepted: long prompts always run in chunks beside decodes"},
+      {"--enable-auto-tool-choice", "vLLM's; accepted: tool_choice \"auto\" is always served (--tool-call-parser)"},
+      {"--trust-remote-code", "vLLM's; accepted: this server runs no code from a model's directory"},
+      {"--disable-log-requests", "vLLM's; accepted: this server does not log requests"}};
+  for (const auto& [flag, text] : always) sub->add_flag_function(flag, [](int64_t) {}, text);
 }
 
 status run_serve(const serve_flags& f) {
@@ -86,6 +110,7 @@ status run_serve(const serve_flags& f) {
   const auto& cfg = (*m)->config();
   gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser, *tool_tokens, *pooling, *loras};
   LLMESH_TRY(apply_model_overrides(served, f.model_dir, f.gw.chat_template, f.gw.max_model_len));
+  if (f.generation_config == "vllm") served.cfg.sampling = {};  // no generation_config.json defaults
 
   // Thread budget: kernel threads are the cores, split over the replicas (a replica's own
   // actor thread is its rank 0); CAF gets 2 mostly idle threads; Asio is this thread.
@@ -97,6 +122,8 @@ status run_serve(const serve_flags& f) {
   // No more than max_seqs contexts of the granted length (--max-model-len) could ever be used.
   mo.engine.kv_tokens = actors::kv_tokens_for_budget(served.cfg, f.tp, f.kv_cache_mb, f.max_seqs, *kv_type);
   mo.engine.kv_type = *kv_type;
+  mo.engine.block_size = f.block_size;
+  mo.engine.cuda_graphs = !f.enforce_eager;
   mo.engine.device = *device;
   mo.engine.deterministic = f.deterministic;
   mo.sched.max_batch_tokens = f.max_batch_tokens;
@@ -175,7 +202,8 @@ status run_serve(const serve_flags& f) {
 void add_serve(CLI::App& app, command_set& commands) {
   auto f = std::make_shared<serve_flags>();
   auto* sub = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API (the mesh in one process)");
-  sub->add_option("--model", f->model_dir, "HF model directory")->required();
+  sub->add_option("model,--model", f->model_dir, "HF model directory (or GGUF file), as the first argument or --model")
+      ->required();
   sub->add_option("--replicas", f->replicas, "Model replicas")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_option("--tp,--tensor-parallel-size", f->tp, "Tensor-parallel shards per replica")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_option("--http", f->http, "HTTP listen address HOST:PORT (port 0: any free port)")->capture_default_str();
@@ -198,6 +226,7 @@ void add_serve(CLI::App& app, command_set& commands) {
   add_quantization_flag(sub, f->quantization);
   add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
   add_lora_flags(sub, f->lora_modules);
+  add_vllm_flags(sub, *f);
   sub->add_option("--policy", f->policy, "Router policy: round-robin, least-load, power-of-two, prefix-aware")
       ->capture_default_str();
   sub->add_option("--max-migrations", f->max_migrations, "Replica failures a request survives")

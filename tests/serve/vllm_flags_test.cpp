@@ -3,10 +3,13 @@
 // template, --max-model-len is the context the API grants (/v1/models reports it; a request
 // past it is a 400; one within it runs), and --host/--port replace --http's parts, with
 // --tensor-parallel-size, --max-num-seqs and --max-num-batched-tokens taken for --tp,
-// --max-seqs and --max-batch-tokens. A --max-model-len above the model's stops the start.
+// --max-seqs and --max-batch-tokens, --block-size sizing the KV blocks, the model as the first
+// argument, --generation-config vllm leaving generation_config.json's sampling out. A --max-model-len above the model's stops the start.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "../cli/subprocess.hpp"
 #include "../model/temp_dir.hpp"
@@ -27,12 +30,21 @@ TEST(ServeVllmFlags, ChatTemplateMaxModelLenHostPortAndAliases) {
                          " 2>/dev/null")
                             .c_str()),
             0);
+  // The model recommends greedy decoding: requests that leave temperature out get it (auto).
+  {
+    std::ofstream g(m + "/generation_config.json");
+    g << R"({"bos_token_id": 256, "eos_token_id": 257, "temperature": 0.0})";
+  }
   const std::string tmpl = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}";
   // --http names an address this machine does not have: only --host and --port make it listen.
-  child_process s({bin, "serve", "--model", m, "--http", "203.0.113.7:1", "--host", "127.0.0.1", "--port", "0", "--rpc", "none",
-                   "--tensor-parallel-size", "1", "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--max-model-len", "48",
-                   "--chat-template", tmpl});
+  // The model as the first argument, as `vllm serve MODEL`; vLLM's always-on features accepted.
+  child_process s({bin, "serve", m, "--http", "203.0.113.7:1", "--host", "127.0.0.1", "--port", "0", "--rpc", "none",
+                   "--tensor-parallel-size", "1", "--max-num-seqs", "1", "--max-num-batched-tokens", "64", "--max-model-len", "48",
+                   "--chat-template", tmpl, "--block-size", "32", "--enforce-eager", "--enable-prefix-caching",
+                   "--enable-chunked-prefill", "--trust-remote-code", "--enable-auto-tool-choice", "--disable-log-requests"});
   ASSERT_TRUE(s.wait_for("on http://127.0.0.1:")) << s.log();
+  // One sequence of at most 48 positions in blocks of 32: two blocks (16-position blocks: 48).
+  EXPECT_NE(s.log().find(", KV 64 positions per replica"), std::string::npos) << s.log();
   const int port = std::atoi(s.log().c_str() + s.log().find("on http://127.0.0.1:") + std::strlen("on http://127.0.0.1:"));
   ASSERT_GT(port, 0) << s.log();
 
@@ -61,6 +73,22 @@ TEST(ServeVllmFlags, ChatTemplateMaxModelLenHostPortAndAliases) {
   auto over = http_request(port, "POST", "/v1/completions", json({{"model", "m"}, {"prompt", prompt}, {"max_tokens", 9}}).dump());
   EXPECT_EQ(over.status, 400) << over.body;
   EXPECT_NE(over.body.find("context of 48"), std::string::npos) << over.body;
+
+  // --generation-config: auto (above) takes the model's temperature 0, vllm the API's 1.
+  const json unset = {{"model", "m"}, {"prompt", "In the beginning"}, {"max_tokens", 12}};
+  auto ids = [&](int p) {
+    auto r = http_request(p, "POST", "/v1/completions", unset.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? json::parse(r.body)["choices"][0]["text"].get<std::string>() : std::string();
+  };
+  EXPECT_EQ(ids(port), ids(port)) << "the model's temperature 0";
+  {
+    server_process v(bin, {"--model", m, "--generation-config", "vllm"});
+    ASSERT_GT(v.port(), 0) << v.log();
+    std::set<std::string> texts;
+    for (int i = 0; i < 4; ++i) texts.insert(ids(v.port()));
+    EXPECT_GT(texts.size(), 1u) << "temperature 1 with a fresh seed each time";
+  }
 
   auto too_long = run_command(bin + " serve --model " + m + " --http 127.0.0.1:0 --rpc none --max-model-len 513");
   EXPECT_NE(too_long.exit_code, 0);
