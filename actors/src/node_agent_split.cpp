@@ -37,13 +37,13 @@ void maybe_form(agent* self, uint64_t id) {
   for (const auto& t : f.tensors) {
     if (t.empty()) return;
   }
-  // Rank 0 hands out block ids for every rank's KV cache: they must be the same size (nodes
-  // whose --max-seqs differ size them differently).
-  for (const auto& [rank, blocks] : f.kv_blocks) {
-    if (blocks != f.engine->kv_blocks()) {
-      return fail_forming(self, id, "rank " + std::to_string(rank) + "'s KV cache has " + std::to_string(blocks) +
-                                        " blocks, rank 0's " + std::to_string(f.engine->kv_blocks()) +
-                                        ": the nodes must run with the same scheduler settings");
+  // The same KV cache elements as rank 0 (a node of an older build holds float32 whatever the
+  // model says) — checked before the block counts, which such a node's cache also changes.
+  const std::string kv_want(model::kv_cache_dtype_name(f.engine->kv_type()));
+  for (const auto& [rank, t] : f.kv_types) {
+    if (t != kv_want) {
+      return fail_forming(self, id, "rank " + std::to_string(rank) + "'s KV cache holds " + t + ", rank 0's " + kv_want +
+                                        ": every node of the replica must run a build that knows the model's kv_cache_dtype");
     }
   }
   // Every rank must hold the weights as rank 0 does (the assignment's quantization), or their
@@ -63,12 +63,13 @@ void maybe_form(agent* self, uint64_t id) {
                                         "every node of the replica must run a build that serves them");
     }
   }
-  // And the same KV cache elements (a node of an older build holds float32 whatever the model says).
-  const std::string kv_want(model::kv_cache_dtype_name(f.engine->kv_type()));
-  for (const auto& [rank, t] : f.kv_types) {
-    if (t != kv_want) {
-      return fail_forming(self, id, "rank " + std::to_string(rank) + "'s KV cache holds " + t + ", rank 0's " + kv_want +
-                                        ": every node of the replica must run a build that knows the model's kv_cache_dtype");
+  // Rank 0 hands out block ids for every rank's KV cache: they must be the same size (nodes
+  // whose --max-seqs differ size them differently).
+  for (const auto& [rank, blocks] : f.kv_blocks) {
+    if (blocks != f.engine->kv_blocks()) {
+      return fail_forming(self, id, "rank " + std::to_string(rank) + "'s KV cache has " + std::to_string(blocks) +
+                                        " blocks, rank 0's " + std::to_string(f.engine->kv_blocks()) +
+                                        ": the nodes must run with the same scheduler settings");
     }
   }
   f.joining = true;

@@ -52,7 +52,9 @@ void add_bench(CLI::App& app, command_set& commands) {
       if (o->model_dir.empty() == g->shape.empty()) return make_error(errc::invalid_request, "give exactly one of --model, --shape");
       if (o->quantization != "none") return make_error(errc::unsupported, "--quantization runs on the CPU backend only");
       if (!o->lora.empty()) return make_error(errc::unsupported, "--lora runs on the CPU backend only");
-      if (auto t = model::parse_kv_cache_dtype(o->kv_cache_dtype); !t || *t != kernels::dtype::f32) {
+      auto kv_type = model::parse_kv_cache_dtype(o->kv_cache_dtype);
+      if (!kv_type) return kv_type.take_error();
+      if (*kv_type != kernels::dtype::f32) {
         return make_error(errc::unsupported, "--kv-cache-dtype: the CUDA bench runs float32 KV caches only");
       }
       g->model_dir = o->model_dir;

@@ -101,6 +101,10 @@ result<node_plan> plan_from_flags(const node_flags& f) {
         p.gateway_models.push_back({m.name, m.path, m.reasoning_parser, m.tool_call_parser, m.pooling, m.loras, m.chat_template,
                                     m.max_model_len});
       }
+    } else if (f.gw.reasoning_parser != "none" || f.gw.tool_call_parser != "hermes" || f.gw.pooling != "model" ||
+               !f.gw.chat_template.empty() || f.gw.max_model_len != 0) {
+      return make_error(errc::invalid_request, "--reasoning-parser, --tool-call-parser, --pooling, --chat-template and "
+                                               "--max-model-len are a gateway's flags (this node has no gateway role)");
     }
     return p;
   }
@@ -202,6 +206,7 @@ status run_node(const node_flags& f) {
 
   // The gateway's model files next: a typo fails before anything listens.
   std::vector<gateway::served_model> served;
+  const bool from_config = !f.config.empty();  // the overrides' names in errors: the config's keys or the flags
   for (const auto& [name, dir, reasoning_parser, tool_call_parser, pooling_name, loras, chat_template, max_model_len] :
        p.gateway_models) {
     gateway::served_model m;
@@ -227,7 +232,7 @@ status run_node(const node_flags& f) {
     auto pooling = gateway::load_embedding_defaults(dir, pooling_name);
     if (!pooling) return pooling.take_error();
     m.embedding = *pooling;
-    LLMESH_TRY(apply_model_overrides(m, dir, chat_template, max_model_len));
+    LLMESH_TRY(apply_model_overrides(m, dir, chat_template, max_model_len, from_config));
     served.push_back(std::move(m));
   }
   auto ucx = transport::ucx_transport::create();

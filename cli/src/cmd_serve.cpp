@@ -22,6 +22,7 @@ namespace {
 struct serve_flags {
   std::string model_dir, http = "127.0.0.1:8080", rpc = "127.0.0.1:8081", served_name, device = "auto", policy = "least-load";
   std::string quantization = "none", kv_cache_dtype = "auto";
+  bool rpc_given = false;  ///< --rpc was on the command line
   std::string host;  ///< vLLM's --host: replaces --http's host
   int port = -1;     ///< vLLM's --port: replaces --http's port (-1: not given)
   size_t block_size = 16;                   ///< vLLM's --block-size: positions per KV block
@@ -148,6 +149,9 @@ status run_serve(const serve_flags& f) {
   if (f.rpc != "none") {
     auto rpc_where = parse_host_port(f.rpc, "--rpc");
     if (!rpc_where) return rpc_where.take_error();
+    // A vLLM command line (--host / --port, no --rpc): the native API beside the HTTP one, on any
+    // free port (the start line names it), so that two such servers, or --port 8081, never collide.
+    if (!f.rpc_given && (!f.host.empty() || f.port >= 0)) *rpc_where = {where->first, 0};
     rpc_host = rpc_where->first;
     auto r = gateway::rpc_server::start(*api, {rpc_where->first, rpc_where->second});
     if (!r) return r.take_error();
@@ -233,7 +237,10 @@ void add_serve(CLI::App& app, command_set& commands) {
       ->check(CLI::Range(0, 100))->capture_default_str();
   sub->add_option("--drain-timeout", f->drain_s, "Seconds to let requests finish on SIGTERM")
       ->check(CLI::Range(0, 3600))->capture_default_str();
-  commands.emplace_back(sub, [f] { return run_serve(*f); });
+  commands.emplace_back(sub, [f, rpc = sub->get_option("--rpc")] {
+    f->rpc_given = rpc->count() > 0;
+    return run_serve(*f);
+  });
 }
 
 }  // namespace llmesh::cli

@@ -72,15 +72,16 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
 }
 
 status apply_model_overrides(gateway::served_model& m, const std::string& dir, const std::string& chat_template,
-                             size_t max_model_len) {
+                             size_t max_model_len, bool from_config) {
   if (!chat_template.empty()) {
-    auto t = model::chat_template::load_override(dir, chat_template);
+    auto t = model::chat_template::load_override(dir, chat_template, from_config ? m.name + ": chat_template" : "--chat-template");
     if (!t) return t.take_error();
     m.chat = std::move(*t);
   }
   if (max_model_len > m.cfg.max_positions) {
-    return make_error(errc::invalid_request, "--max-model-len " + std::to_string(max_model_len) + " exceeds " + m.name +
-                                                 "'s context of " + std::to_string(m.cfg.max_positions) + " positions");
+    return make_error(errc::invalid_request, std::string(from_config ? m.name + ": max_model_len " : "--max-model-len ") +
+                                                 std::to_string(max_model_len) + " exceeds " + m.name + "'s context of " +
+                                                 std::to_string(m.cfg.max_positions) + " positions");
   }
   if (max_model_len > 0) m.cfg.max_positions = max_model_len;
   return ok_status();

@@ -34,8 +34,9 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f);
 /// A served model's --chat-template (replaces its own) and --max-model-len (at most the model's
 /// context: prompts and max_tokens are checked against it, /v1/models reports it); "" and 0
 /// leave the model's. Errors name the flag.
+/// `from_config`: the values are a cluster config model's (errors name its keys).
 [[nodiscard]] status apply_model_overrides(gateway::served_model& m, const std::string& dir, const std::string& chat_template,
-                                           size_t max_model_len);
+                                           size_t max_model_len, bool from_config = false);
 
 /// Copies the flags into the API's and the HTTP server's options (API key from LLMESH_API_KEY
 /// when the flag is not given).

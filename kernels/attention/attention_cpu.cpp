@@ -251,9 +251,13 @@ status attention(const kv_layer_view& cache, const attention_shape& shape,
     tiles += (seq.n_tokens + rows_per_tile - 1) / rows_per_tile;
     max_span = std::max(max_span, seq.pos0 + seq.n_tokens);
   }
+  // An item's scores (heads × rows × span floats) stay within a budget: a long prompt's tiles
+  // share their keys among 16 rows already, so they take fewer heads rather than more memory.
+  const size_t score_budget = size_t{1} << 20;  // floats per thread
   size_t heads_per_item = group;
   while (heads_per_item > max_heads_per_item ||
-         (heads_per_item % 2 == 0 && tiles * shape.n_heads / heads_per_item < 2 * static_cast<size_t>(pool.size()))) {
+         (heads_per_item % 2 == 0 && tiles * shape.n_heads / heads_per_item < 2 * static_cast<size_t>(pool.size())) ||
+         (heads_per_item > 1 && heads_per_item * rows_per_tile * max_span > score_budget)) {
     heads_per_item = heads_per_item % 2 == 0 ? heads_per_item / 2 : 1;
   }
   const size_t parts = shape.n_heads / heads_per_item;  // items per tile
@@ -267,14 +271,15 @@ status attention(const kv_layer_view& cache, const attention_shape& shape,
   first_item.push_back(items);
   std::atomic<size_t> next{0};
   pool.run([&](int, int) {
-    std::vector<float> scores, scratch;
+    thread_local std::vector<float> scores, scratch;  // kept between calls: no allocation per layer
     size_t s = 0;
     for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < items; i = next.fetch_add(1, std::memory_order_relaxed)) {
       while (i >= first_item[s + 1]) ++s;
       const auto& seq = seqs[s];
       const size_t local = i - first_item[s], tile = local / parts, h0 = local % parts * heads_per_item;
       const size_t r0 = tile * rows_per_tile, r1 = std::min(seq.n_tokens, r0 + rows_per_tile);
-      scores.resize(heads_per_item * (r1 - r0) * max_span);
+      const size_t span = seq.pos0 + r1 - window_begin(shape, seq.pos0 + r0);  // attend_tile's
+      if (scores.size() < heads_per_item * (r1 - r0) * span) scores.resize(heads_per_item * (r1 - r0) * span);
       attend_tile(cache, shape, seq, r0, r1, h0, heads_per_item, scores.data(), scratch);
     }
   });

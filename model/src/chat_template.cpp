@@ -58,14 +58,14 @@ result<chat_template> chat_template::load(const std::string& dir) {
   return t;
 }
 
-result<chat_template> chat_template::load_override(const std::string& dir, const std::string& given) {
+result<chat_template> chat_template::load_override(const std::string& dir, const std::string& given, const std::string& flag) {
   std::error_code ec;
   const bool is_file = std::filesystem::is_regular_file(given, ec);
-  std::string source, label = "--chat-template";
+  std::string source, label = flag;
   if (is_file) {
-    if (std::filesystem::file_size(given, ec) > (size_t{1} << 20)) {
-      return make_error(errc::invalid_request, "--chat-template " + given + ": over 1 MiB");
-    }
+    const auto size = std::filesystem::file_size(given, ec);
+    if (ec) return make_error(errc::not_found, flag + " " + given + ": " + ec.message());
+    if (size > (size_t{1} << 20)) return make_error(errc::invalid_request, flag + " " + given + ": over 1 MiB");
     auto text = read_text_file(given);
     if (!text) return text.take_error();
     source = std::move(*text);
@@ -73,7 +73,7 @@ result<chat_template> chat_template::load_override(const std::string& dir, const
   } else if (given.find("{{") != std::string::npos || given.find("{%") != std::string::npos) {
     source = given;
   } else {
-    return make_error(errc::not_found, "--chat-template " + given + ": no such file (a template given inline holds {{ or {%)");
+    return make_error(errc::not_found, flag + " " + given + ": no such file (a template given inline holds {{ or {%)");
   }
   auto t = parse(source);
   if (!t) {

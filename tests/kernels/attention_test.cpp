@@ -238,15 +238,15 @@ std::vector<float> scalar_definition(const attention_shape& s, const sequence& s
 // The tiled kernel (16-row tiles, a block of keys per micro-kernel call, the query heads of a
 // kv head in one work item, head dims 64/128/256 specialised) against the scalar definition, bit
 // for bit: tiles that cross block and window edges, decode rows, soft-capping, every specialised
-// head dim and two that are not, GQA groups of 1, 2 and 4 heads (whole, and split in parts when a
-// lone decode row leaves too few items for the threads), float32 and bfloat16 caches (a bf16
+// head dim and two that are not, GQA groups of 1, 2, 4, 6 and 17 heads (whole, split in parts when
+// a lone decode row leaves too few items for the threads — 6 into 3s —, and 17 one by one), float32 and bfloat16 caches (a bf16
 // cache: the same definition over the rounded keys and values).
 TEST(Attention, EqualsTheScalarDefinitionBitForBit) {
   thread_pool pool(3);
   std::mt19937 rng(testing::test_seed(23));
   const std::vector<std::vector<std::pair<size_t, size_t>>> batches = {{{0, 45}, {70, 1}, {19, 33}}, {{70, 1}}};
   for (dtype type : {dtype::f32, dtype::bf16})
-  for (auto [n_heads, n_kv] : {std::pair<size_t, size_t>{4, 2}, {8, 2}, {3, 3}}) {
+  for (auto [n_heads, n_kv] : {std::pair<size_t, size_t>{4, 2}, {8, 2}, {3, 3}, {12, 2}, {34, 2}}) {
     for (size_t head_dim : {8, 40, 64, 128, 256}) {
       for (size_t window : {0, 7, 40}) {
         for (const auto& batch : batches) {

@@ -31,8 +31,10 @@ class chat_template {
 
   /// vLLM's --chat-template: `given` is a template file's path, or (holding "{{" or "{%") the
   /// template itself in one line; it replaces the model's own, whose bos/eos tokens it keeps
-  /// (DIR/tokenizer_config.json's, when there is one). Errors name the flag or the file.
-  [[nodiscard]] static result<chat_template> load_override(const std::string& model_dir, const std::string& given);
+  /// (DIR/tokenizer_config.json's, when there is one). Errors start with `label` (the flag or the
+  /// config key it came from) and name the file.
+  [[nodiscard]] static result<chat_template> load_override(const std::string& model_dir, const std::string& given,
+                                                           const std::string& label = "--chat-template");
 
   /// Renders `messages` (a JSON array of {role, content, ...}); `extra` adds context variables
   /// (tools, ...). bos_token, eos_token and add_generation_prompt are set as HF does.
