@@ -10,7 +10,7 @@
 namespace llmesh::actors {
 
 replica_core::replica_core(model::engine& eng, scheduler_config cfg, bool prefix_caching)
-    : eng_(eng), blocks_(eng.kv_blocks(), eng.kv_block_size(), prefix_caching), sched_(cfg, blocks_) {
+    : eng_(eng), blocks_(eng.kv_blocks(), eng.kv_block_size(), prefix_caching && cfg.prefix_caching), sched_(cfg, blocks_) {
   sched_.set_draft_filter([this](uint64_t id, std::span<const int32_t> drafts) { return grammatical_drafts(id, drafts); });
 }
 

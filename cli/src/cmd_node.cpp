@@ -41,6 +41,7 @@ struct node_flags {
   bool deterministic = false;
   gateway_flags gw;
   actors::speculation_config speculation;
+  bool prefix_caching = true;  ///< vLLM's --enable-prefix-caching / --no-enable-prefix-caching
 };
 
 /// What this process is, from the config or the flags.
@@ -316,6 +317,7 @@ status run_node(const node_flags& f) {
   ao.engine.deterministic = f.deterministic;
   ao.engine.threads = f.threads > 0 ? f.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ao.sched.speculation = f.speculation;
+  ao.sched.prefix_caching = f.prefix_caching;
   ao.set_fault = [fault_hook](const std::string& spec) {
     auto rule = transport::parse_fault_rule(spec);
     auto f = fault_hook.lock();
@@ -444,6 +446,7 @@ void add_node(CLI::App& app, command_set& commands) {
   sub->add_option("--max-migrations", f->max_migrations, "Gateway: replica failures a request survives")
       ->check(CLI::Range(0, 100))->capture_default_str();
   add_gateway_flags(sub, f->gw);  // a gateway node's API key and limits
+  add_prefix_caching_flag(sub, f->prefix_caching);
   add_speculation_flags(sub, f->speculation);  // a replica node's (quantization is the model's: the cluster config)
   commands.emplace_back(sub, [f] {
     if (f->roles.empty()) f->roles = "replica";

@@ -23,6 +23,7 @@ struct serve_flags {
   std::string model_dir, http = "127.0.0.1:8080", rpc = "127.0.0.1:8081", served_name, device = "auto", policy = "least-load";
   std::string quantization = "none", kv_cache_dtype = "auto";
   bool rpc_given = false;  ///< --rpc was on the command line
+  bool prefix_caching = true;  ///< vLLM's --enable-prefix-caching / --no-enable-prefix-caching
   std::string host;  ///< vLLM's --host: replaces --http's host
   int port = -1;     ///< vLLM's --port: replaces --http's port (-1: not given)
   size_t block_size = 16;                   ///< vLLM's --block-size: positions per KV block
@@ -65,7 +66,6 @@ void add_vllm_flags(CLI::App* sub, serve_flags& f) {
       ->check(CLI::IsMember({"auto", "vllm"}))
       ->capture_default_str();
   const std::pair<const char*, const char*> always[] = {
-      {"--enable-prefix-caching", "vLLM's; accepted: replicas always cache prompt prefixes"},
       {"--enable-chunked-prefill", "vLLM's; accepted: long prompts always run in chunks beside decodes"},
       {"--enable-auto-tool-choice", "vLLM's; accepted: tool_choice \"auto\" is always served (--tool-call-parser)"},
       {"--trust-remote-code", "vLLM's; accepted: this server runs no code from a model's directory"},
@@ -130,6 +130,7 @@ status run_serve(const serve_flags& f) {
   mo.sched.max_batch_tokens = f.max_batch_tokens;
   mo.sched.max_seqs = f.max_seqs;
   mo.sched.speculation = f.speculation;
+  mo.sched.prefix_caching = f.prefix_caching;
   mo.policy = *policy;
   mo.max_migrations = f.max_migrations;
   mo.model_name = ao.model_name;
@@ -231,6 +232,7 @@ void add_serve(CLI::App& app, command_set& commands) {
   add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
   add_lora_flags(sub, f->lora_modules);
   add_vllm_flags(sub, *f);
+  add_prefix_caching_flag(sub, f->prefix_caching);
   sub->add_option("--policy", f->policy, "Router policy: round-robin, least-load, power-of-two, prefix-aware")
       ->capture_default_str();
   sub->add_option("--max-migrations", f->max_migrations, "Replica failures a request survives")

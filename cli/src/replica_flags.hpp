@@ -32,6 +32,13 @@ inline void add_speculation_flags(CLI::App* sub, actors::speculation_config& c) 
       ->capture_default_str();
 }
 
+/// Adds vLLM's --enable-prefix-caching / --no-enable-prefix-caching (on by default) to `sub`.
+inline void add_prefix_caching_flag(CLI::App* sub, bool& on) {
+  sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", on,
+                "Automatic prefix caching: a request reuses the KV blocks of an earlier one with the same leading tokens "
+                "(on; --no-enable-prefix-caching: every prompt computed whole)");
+}
+
 /// Adds --quantization (how the replica holds the model's weights) to `sub`.
 inline void add_quantization_flag(CLI::App* sub, std::string& q) {
   sub->add_option("--quantization", q,

@@ -4,7 +4,8 @@
 // past it is a 400; one within it runs), and --host/--port replace --http's parts, with
 // --tensor-parallel-size, --max-num-seqs and --max-num-batched-tokens taken for --tp,
 // --max-seqs and --max-batch-tokens, --block-size sizing the KV blocks, the model as the first
-// argument, --generation-config vllm leaving generation_config.json's sampling out. A --max-model-len above the model's stops the start.
+// argument, --generation-config vllm leaving generation_config.json's sampling out, and
+// --no-enable-prefix-caching (no cached prompt tokens where the default caches a block). A --max-model-len above the model's stops the start.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -70,6 +71,12 @@ TEST(ServeVllmFlags, ChatTemplateMaxModelLenHostPortAndAliases) {
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(5 + i);
   auto fits = http_request(port, "POST", "/v1/completions", json({{"model", "m"}, {"prompt", prompt}, {"max_tokens", 8}}).dump());
   EXPECT_EQ(fits.status, 200) << fits.body;
+  auto cached = [&](int p) {  // the prompt's tokens a replica's prefix cache held
+    auto r = http_request(p, "POST", "/v1/completions", json({{"model", "m"}, {"prompt", prompt}, {"max_tokens", 2}}).dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? json::parse(r.body)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>() : -1;
+  };
+  EXPECT_EQ(cached(port), 32) << "one whole 32-position block of the prompt, cached by the request before";
   auto over = http_request(port, "POST", "/v1/completions", json({{"model", "m"}, {"prompt", prompt}, {"max_tokens", 9}}).dump());
   EXPECT_EQ(over.status, 400) << over.body;
   EXPECT_NE(over.body.find("context of 48"), std::string::npos) << over.body;
@@ -83,8 +90,10 @@ TEST(ServeVllmFlags, ChatTemplateMaxModelLenHostPortAndAliases) {
   };
   EXPECT_EQ(ids(port), ids(port)) << "the model's temperature 0";
   {
-    server_process v(bin, {"--model", m, "--generation-config", "vllm"});
+    server_process v(bin, {"--model", m, "--generation-config", "vllm", "--no-enable-prefix-caching"});
     ASSERT_GT(v.port(), 0) << v.log();
+    cached(v.port());
+    EXPECT_EQ(cached(v.port()), 0) << "--no-enable-prefix-caching";
     std::set<std::string> texts;
     for (int i = 0; i < 4; ++i) texts.insert(ids(v.port()));
     EXPECT_GT(texts.size(), 1u) << "temperature 1 with a fresh seed each time";

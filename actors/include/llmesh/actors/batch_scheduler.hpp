@@ -39,6 +39,9 @@ struct scheduler_config {
   /// are batch- and chunk-invariant and its sampling keyed by position), so the output is the
   /// same, in fewer steps when drafts are right.
   speculation_config speculation;
+  /// vLLM's automatic prefix caching (on by default; --no-enable-prefix-caching turns it off: no
+  /// request reuses another's KV blocks, every prompt is computed whole).
+  bool prefix_caching = true;
 };
 
 /// An embedding request's pooling (vLLM's pooling types; none: a generation): the model's
