@@ -20,7 +20,8 @@ namespace llmesh::cli {
 namespace {
 
 struct serve_flags {
-  std::string model_dir, http = "127.0.0.1:8080", rpc = "127.0.0.1:8081", served_name, device = "auto", policy = "least-load";
+  std::string model_dir, http = "127.0.0.1:8080", rpc = "127.0.0.1:8081", device = "auto", policy = "least-load";
+  std::vector<std::string> served_names;  ///< vLLM's --served-model-name: the first is the model's, the rest aliases
   std::string quantization = "none", kv_cache_dtype = "auto";
   bool rpc_given = false;  ///< --rpc was on the command line
   bool prefix_caching = true;  ///< vLLM's --enable-prefix-caching / --no-enable-prefix-caching
@@ -101,8 +102,8 @@ status run_serve(const serve_flags& f) {
   auto kv_type = kv_cache_dtype_for(f.kv_cache_dtype, *device);
   if (!kv_type) return kv_type.take_error();
   gateway::api_options ao;
-  ao.model_name = f.served_name.empty() ? std::filesystem::path(f.model_dir).lexically_normal().filename().string()
-                                        : f.served_name;
+  ao.model_name = f.served_names.empty() ? std::filesystem::path(f.model_dir).lexically_normal().filename().string()
+                                         : f.served_names[0];
   if (ao.model_name.empty()) ao.model_name = std::filesystem::path(f.model_dir).parent_path().filename().string();
   auto loras = lora_sources(f.lora_modules, ao.model_name);
   if (!loras) return loras.take_error();
@@ -111,6 +112,14 @@ status run_serve(const serve_flags& f) {
   const auto& cfg = (*m)->config();
   gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser, *tool_tokens, *pooling, *loras};
   LLMESH_TRY(apply_model_overrides(served, f.model_dir, f.gw.chat_template, f.gw.max_model_len));
+  for (size_t i = 1; i < f.served_names.size(); ++i) {  // vLLM's further names for the model
+    const std::string& n = f.served_names[i];
+    const bool adapter = std::any_of(loras->begin(), loras->end(), [&](const auto& l) { return l.name == n; });
+    if (n.empty() || n == ao.model_name || adapter || std::count(f.served_names.begin(), f.served_names.end(), n) > 1) {
+      return make_error(errc::invalid_request, "--served-model-name: '" + n + "' is empty, given twice or an adapter's name");
+    }
+    served.aliases.push_back(n);
+  }
   if (f.generation_config == "vllm") served.cfg.sampling = {};  // no generation_config.json defaults
 
   // Thread budget: kernel threads are the cores, split over the replicas (a replica's own
@@ -216,7 +225,8 @@ void add_serve(CLI::App& app, command_set& commands) {
   sub->add_option("--port", f->port, "vLLM's: the HTTP port, with --http's host (or --host)")->check(CLI::Range(0, 65535));
   sub->add_option("--rpc", f->rpc, "Native API (Cap'n Proto RPC) address HOST:PORT (port 0: any; 'none': off)")
       ->capture_default_str();
-  sub->add_option("--served-model-name", f->served_name, "Model id in the API (default: the directory's name)");
+  sub->add_option("--served-model-name", f->served_names,
+                  "Model id in the API (default: the directory's name); more names after it: the model answers to each");
   sub->add_option("--device", f->device, "auto, cpu or cuda")->capture_default_str();
   sub->add_flag("--deterministic", f->deterministic, "CUDA: batch-invariant projections at every batch size");
   sub->add_option("--threads", f->threads, "Kernel threads per replica; 0 = the cores split over the replicas")

@@ -88,6 +88,19 @@ api_service::api_service(api_options opt, std::vector<served_model> models, acto
     }
   }
   for (auto& a : adapters) models_.push_back(std::move(a));
+  // Each further name of a model answers as the model itself (its adapters keep their own names).
+  std::vector<served_model> names;
+  for (const auto& m : models_) {
+    for (const auto& alias : m.aliases) {
+      served_model a = m;
+      a.loras.clear();
+      a.aliases.clear();
+      a.name = alias;
+      a.alias_of = m.name;
+      names.push_back(std::move(a));
+    }
+  }
+  for (auto& a : names) models_.push_back(std::move(a));
   // The stores' sizes, read at each scrape (weak: a scrape after the service is gone reads none).
   metrics_.add_collector([&m = metrics_, store = std::weak_ptr<response_store>(store_),
                           convs = std::weak_ptr<json_store>(conversations_)] {

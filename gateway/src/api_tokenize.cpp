@@ -9,10 +9,11 @@ namespace llmesh::gateway {
 
 result<const served_model*> api_service::find_or_only(const std::string& name) const {
   if (!name.empty()) return find(name);
-  // One base model: its adapters (served as models too) do not make the name ambiguous.
+  // One base model: its adapters and further names (served as models too) do not make the name
+  // ambiguous.
   const served_model* only = nullptr;
   for (const auto& m : models_) {
-    if (!m.parent.empty()) continue;
+    if (!m.parent.empty() || !m.alias_of.empty()) continue;
     if (only) return make_error(errc::invalid_request, "this server serves several models: name one in 'model'");
     only = &m;
   }

@@ -5,7 +5,8 @@
 // --tensor-parallel-size, --max-num-seqs and --max-num-batched-tokens taken for --tp,
 // --max-seqs and --max-batch-tokens, --block-size sizing the KV blocks, the model as the first
 // argument, --generation-config vllm leaving generation_config.json's sampling out, and
-// --no-enable-prefix-caching (no cached prompt tokens where the default caches a block). A --max-model-len above the model's stops the start.
+// --no-enable-prefix-caching (no cached prompt tokens where the default caches a block), and
+// --served-model-name with several names (the model answers to each). A --max-model-len above the model's stops the start.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -90,8 +91,22 @@ TEST(ServeVllmFlags, ChatTemplateMaxModelLenHostPortAndAliases) {
   };
   EXPECT_EQ(ids(port), ids(port)) << "the model's temperature 0";
   {
-    server_process v(bin, {"--model", m, "--generation-config", "vllm", "--no-enable-prefix-caching"});
+    server_process v(bin, {"--model", m, "--generation-config", "vllm", "--no-enable-prefix-caching", "--served-model-name", "m",
+                           "org/m-instruct"});
     ASSERT_GT(v.port(), 0) << v.log();
+    // Both names are models; a request under the second answers under it; others are 404s.
+    auto listed = http_request(v.port(), "GET", "/v1/models", "");
+    ASSERT_EQ(listed.status, 200);
+    const json data = json::parse(listed.body)["data"];
+    ASSERT_EQ(data.size(), 2u) << listed.body;
+    EXPECT_EQ(data[1]["id"], "org/m-instruct");
+    auto named = http_request(v.port(), "POST", "/v1/completions",
+                              json({{"model", "org/m-instruct"}, {"prompt", "Hi"}, {"max_tokens", 2}}).dump());
+    ASSERT_EQ(named.status, 200) << named.body;
+    EXPECT_EQ(json::parse(named.body)["model"], "org/m-instruct");
+    EXPECT_EQ(http_request(v.port(), "POST", "/v1/completions", json({{"model", "n"}, {"prompt", "Hi"}}).dump()).status, 404);
+    auto tok = http_request(v.port(), "POST", "/tokenize", json({{"prompt", "Hi"}}).dump());
+    EXPECT_EQ(tok.status, 200) << "one model under two names needs no 'model': " << tok.body;
     cached(v.port());
     EXPECT_EQ(cached(v.port()), 0) << "--no-enable-prefix-caching";
     std::set<std::string> texts;
@@ -99,6 +114,9 @@ TEST(ServeVllmFlags, ChatTemplateMaxModelLenHostPortAndAliases) {
     EXPECT_GT(texts.size(), 1u) << "temperature 1 with a fresh seed each time";
   }
 
+  auto twice = run_command(bin + " serve " + m + " --http 127.0.0.1:0 --rpc none --served-model-name a b a");
+  EXPECT_NE(twice.exit_code, 0);
+  EXPECT_NE(twice.err.find("--served-model-name: 'a' is empty, given twice"), std::string::npos) << twice.err;
   auto too_long = run_command(bin + " serve --model " + m + " --http 127.0.0.1:0 --rpc none --max-model-len 513");
   EXPECT_NE(too_long.exit_code, 0);
   EXPECT_NE(too_long.err.find("--max-model-len 513 exceeds m's context of 512 positions"), std::string::npos) << too_long.err;

@@ -71,8 +71,13 @@ struct served_model {
   /// Set on the entries the service makes for those adapters: the base model's name (the
   /// mesh's routing key), the adapter's name (replica_request::lora) and directory.
   std::string parent = {}, lora = {}, root = {};
-  /// The model the mesh routes its requests to: the base model's name for an adapter.
-  const std::string& route_name() const { return parent.empty() ? name : parent; }
+  /// More names the model answers to (vLLM's --served-model-name A B ...): the service lists and
+  /// serves it under each, a response naming the one its request sent.
+  std::vector<std::string> aliases = {};
+  /// Set on the entries the service makes for those names: the model's own (first) name.
+  std::string alias_of = {};
+  /// The model the mesh routes its requests to: the base model's name for an adapter or a name.
+  const std::string& route_name() const { return !parent.empty() ? parent : !alias_of.empty() ? alias_of : name; }
 };
 
 /// A response to run: submit every request to the mesh, feed their messages to `output`.
