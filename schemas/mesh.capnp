@@ -262,6 +262,9 @@ struct Assign {
   # The KV cache's elements: "" or "float32", "bfloat16" (`--kv-cache-dtype`; every rank of a
   # replica holds the same).
   kvCacheDtype @11 :Text;
+  # The context its gateways grant (`max_model_len`; 0: the model's): the node sizes the KV cache
+  # for no more than --max-seqs contexts of it.
+  maxModelLen @12 :UInt64;
 }
 
 struct LoraModule {

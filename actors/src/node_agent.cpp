@@ -125,7 +125,7 @@ void load_replica(agent* self, const transport::assign_msg& a) {
       else err = loaded.err().message;
     }
     if (m) {
-      eo.kv_tokens = kv_tokens_for_budget(m->config(), eo.tp, kv_mb, max_seqs, eo.kv_type);
+      eo.kv_tokens = kv_tokens_for_budget(kv_sizing_config(m->config(), a), eo.tp, kv_mb, max_seqs, eo.kv_type);
       auto e = model::engine::create(m, eo);
       if (e) eng = std::move(*e);
       else err = e.err().message;

@@ -71,6 +71,14 @@ inline result<kernels::dtype> kv_type_of(const transport::assign_msg& a, model::
   return t;
 }
 
+/// The model's config as the KV sizing sees it: its context capped at the assignment's
+/// max_model_len (no more than --max-seqs contexts of it could ever be used).
+inline model::model_config kv_sizing_config(const model::model_config& c, const transport::assign_msg& a) {
+  model::model_config out = c;
+  if (a.max_model_len > 0 && a.max_model_len < out.max_positions) out.max_positions = static_cast<size_t>(a.max_model_len);
+  return out;
+}
+
 /// The id under which a shard of a spread replica is exported on its node.
 inline uint64_t shard_actor_id(uint64_t replica, uint32_t rank) {
   return (uint64_t{1} << 30) + (replica % (uint64_t{1} << 20)) * 256 + rank % 256;

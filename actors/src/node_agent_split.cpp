@@ -175,7 +175,7 @@ void load_part(agent* self, const transport::assign_msg& a) {
       comms.push_back(std::move(*c));
     }
     if (p->err.empty()) {
-      eo.kv_tokens = kv_tokens_for_budget(p->m->config(), eo.tp, a.kv_cache_mb, max_seqs, eo.kv_type);
+      eo.kv_tokens = kv_tokens_for_budget(kv_sizing_config(p->m->config(), a), eo.tp, a.kv_cache_mb, max_seqs, eo.kv_type);
       auto e = model::engine::create_part(p->m, eo, std::move(comms));
       if (e) p->engine = std::move(*e);
       else p->err = e.err().message;

@@ -169,11 +169,12 @@ status run_serve(const serve_flags& f) {
   }
 
   if (rpc) std::fprintf(stderr, "llmesh: native API (Cap'n Proto RPC, schemas/rpc.capnp) on %s:%u\n", rpc_host.c_str(), rpc->port());
+  const std::string url_host = ho.host.find(':') != std::string::npos ? "[" + ho.host + "]" : ho.host;  // IPv6 in a URL
   const auto& e0 = (*mesh)->engine(0);
   std::fprintf(stderr,
                "llmesh: serving '%s' on http://%s:%u (%d replica(s), tp %d, %s%s%s, %d kernel threads each, KV %zu "
                "positions per replica%s%s%s)\n",
-               ao.model_name.c_str(), ho.host.c_str(), (*server)->port(), f.replicas, f.tp, e0.backend_name(),
+               ao.model_name.c_str(), url_host.c_str(), (*server)->port(), f.replicas, f.tp, e0.backend_name(),
                (*m)->int8_weights() ? ", int8 weights" : "",
                loras->empty() ? "" : (", " + std::to_string(loras->size()) + " LoRA adapter(s)").c_str(),
                mo.engine.threads, e0.kv_blocks() * e0.kv_block_size(), *kv_type == kernels::dtype::bf16 ? ", bfloat16" : "",
@@ -182,7 +183,7 @@ status run_serve(const serve_flags& f) {
   std::fprintf(stderr,
                "llmesh: try: curl http://%s:%u/v1/completions -H 'Content-Type: application/json'%s -d "
                "'{\"model\":\"%s\",\"prompt\":\"In the beginning God created\",\"max_tokens\":32}'\n",
-               ho.host.c_str(), (*server)->port(), ao.api_key.empty() ? "" : " -H 'Authorization: Bearer KEY'",
+               url_host.c_str(), (*server)->port(), ao.api_key.empty() ? "" : " -H 'Authorization: Bearer KEY'",
                ao.model_name.c_str());
   std::fflush(stderr);
 

@@ -188,6 +188,7 @@ struct writer {
       loras[i].setPath(text(m.loras[i].path));
     }
     a.setKvCacheDtype(text(m.kv_cache_dtype));
+    a.setMaxModelLen(m.max_model_len);
   }
   void operator()(const shard_step_msg& m) {
     auto st = b.initShardStep();
@@ -473,7 +474,8 @@ struct reader {
         auto a = b.getAssign();
         assign_msg m{a.getReplica(), str(a.getModel(), "model"), str(a.getPath(), "path"), a.getTp(),
                      a.getKvCacheMb(), static_cast<assign_op>(enum_value(a.getOp(), 1, "op")), {}, {}, {},
-                     str(a.getQuantization(), "quantization"), {}, str(a.getKvCacheDtype(), "kvCacheDtype")};
+                     str(a.getQuantization(), "quantization"), {}, str(a.getKvCacheDtype(), "kvCacheDtype"),
+                     a.getMaxModelLen()};
         if (fits(a.getRanks(), "ranks")) {
           for (auto x : a.getRanks()) m.ranks.push_back(x);
         }
