@@ -329,7 +329,7 @@ void on_wire(agent* self, transport::peer_id peer, const transport::envelope& e)
 
 size_t kv_tokens_for_budget(const model::model_config& c, int tp, size_t budget_mb, size_t max_seqs, kernels::dtype kv_type) {
   const size_t heads = std::max<size_t>(1, c.n_kv_heads / static_cast<size_t>(std::max(tp, 1)));
-  const size_t per_token = 2 * c.n_layers * heads * c.head_dim * (kv_type == kernels::dtype::bf16 ? 2 : sizeof(float));
+  const size_t per_token = 2 * c.n_layers * heads * c.head_dim * kernels::dtype_size(kv_type);
   const size_t tokens = budget_mb * (size_t{1} << 20) / std::max<size_t>(per_token, 1);
   return std::min(tokens, max_seqs * c.max_positions);  // more could never be used
 }

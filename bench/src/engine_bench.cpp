@@ -186,7 +186,7 @@ status run_engine_bench(const engine_bench_options& opt) {
   bw = std::max(bw, measure_read_bandwidth(threads, size_t{1} << 30, 3));
   const double weight_bytes = static_cast<double>(m.value()->decode_weight_bytes());
   // KV bytes read per decode token at the average context of the tg run (keys + values).
-  const double kv_bytes = 2.0 * (*kv_type == kernels::dtype::bf16 ? 2.0 : 4.0) * static_cast<double>(c.n_layers * c.n_kv_heads * c.head_dim) *
+  const double kv_bytes = 2.0 * static_cast<double>(kernels::dtype_size(*kv_type)) * static_cast<double>(c.n_layers * c.n_kv_heads * c.head_dim) *
                           (static_cast<double>(opt.context) + static_cast<double>(opt.gen_tokens) / 2.0);
   const double bytes_per_token = weight_bytes + kv_bytes;
   const double roofline = bw / bytes_per_token;

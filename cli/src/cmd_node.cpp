@@ -65,6 +65,10 @@ struct node_plan {
   bool has(actors::node_role r) const { return std::find(roles.begin(), roles.end(), r) != roles.end(); }
 };
 
+constexpr const char* no_gateway_role =
+    "--reasoning-parser, --tool-call-parser, --pooling, --chat-template and --max-model-len are a gateway's flags "
+    "(this node has no gateway role)";
+
 result<node_plan> plan_from_flags(const node_flags& f) {
   node_plan p;
   p.name = f.name;
@@ -92,8 +96,7 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     }
     if (p.has(actors::node_role::gateway)) {
       if (cfg->models.empty()) return make_error(errc::invalid_request, f.config + ": a gateway needs a model");
-      if (f.gw.reasoning_parser != "none" || f.gw.tool_call_parser != "hermes" || f.gw.pooling != "model" ||
-          !f.gw.chat_template.empty() || f.gw.max_model_len != 0) {
+      if (sets_model_flags(f.gw)) {
         return make_error(errc::invalid_request,
                           "--reasoning-parser, --tool-call-parser, --pooling, --chat-template, --max-model-len: with --config, set "
                           "each model's reasoning_parser, tool_call_parser, pooling, chat_template and max_model_len in the config");
@@ -102,10 +105,8 @@ result<node_plan> plan_from_flags(const node_flags& f) {
         p.gateway_models.push_back({m.name, m.path, m.reasoning_parser, m.tool_call_parser, m.pooling, m.loras, m.chat_template,
                                     m.max_model_len});
       }
-    } else if (f.gw.reasoning_parser != "none" || f.gw.tool_call_parser != "hermes" || f.gw.pooling != "model" ||
-               !f.gw.chat_template.empty() || f.gw.max_model_len != 0) {
-      return make_error(errc::invalid_request, "--reasoning-parser, --tool-call-parser, --pooling, --chat-template and "
-                                               "--max-model-len are a gateway's flags (this node has no gateway role)");
+    } else if (sets_model_flags(f.gw)) {
+      return make_error(errc::invalid_request, no_gateway_role);
     }
     return p;
   }
@@ -138,11 +139,8 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     else if (r == "coordinator") return make_error(errc::invalid_request, "--role: the coordinator is the seed node; it does not join");
     else return make_error(errc::invalid_request, "--role: unknown role '" + r + "' (replica, router, gateway)");
   }
-  if (!p.has(actors::node_role::gateway) &&
-      (f.gw.reasoning_parser != "none" || f.gw.tool_call_parser != "hermes" || f.gw.pooling != "model" ||
-       !f.gw.chat_template.empty() || f.gw.max_model_len != 0)) {
-    return make_error(errc::invalid_request, "--reasoning-parser, --tool-call-parser, --pooling, --chat-template and "
-                                             "--max-model-len are a gateway's flags (this node has no gateway role)");
+  if (!p.has(actors::node_role::gateway) && sets_model_flags(f.gw)) {
+    return make_error(errc::invalid_request, no_gateway_role);
   }
   if (p.has(actors::node_role::gateway)) {
     if (f.model_dirs.empty() || f.http.empty()) return make_error(errc::invalid_request, "a gateway node needs --model DIR and --http HOST:PORT");

@@ -31,6 +31,13 @@ struct gateway_flags {
 /// --pooling to `sub`.
 void add_gateway_flags(CLI::App* sub, gateway_flags& f);
 
+/// Whether any per-model gateway flag (--reasoning-parser, --tool-call-parser, --pooling,
+/// --chat-template, --max-model-len) differs from its default.
+inline bool sets_model_flags(const gateway_flags& f) {
+  return f.reasoning_parser != "none" || f.tool_call_parser != "hermes" || f.pooling != "model" || !f.chat_template.empty() ||
+         f.max_model_len != 0;
+}
+
 /// A served model's --chat-template (replaces its own) and --max-model-len (at most the model's
 /// context: prompts and max_tokens are checked against it, /v1/models reports it); "" and 0
 /// leave the model's. Errors name the flag.

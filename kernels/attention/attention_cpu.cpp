@@ -104,7 +104,7 @@ LLMESH_VECTOR_CLONES void widen_rows(const uint16_t* __restrict src, size_t stri
 /// every (row, head) pair of a work item reads floats. Returns the first row and the stride.
 std::pair<const float*, size_t> float_rows(const void* base, dtype type, size_t offset, size_t n, const attention_shape& s,
                                            std::vector<float>& scratch) {
-  const size_t stride = s.n_kv_heads * s.head_dim;
+  const size_t stride = row_stride(s);
   if (type == dtype::f32) return {static_cast<const float*>(base) + offset, stride};
   scratch.resize(n * s.head_dim);
   widen_rows(static_cast<const uint16_t*>(base) + offset, stride, n, s.head_dim, scratch.data());
@@ -123,16 +123,18 @@ size_t window_begin(const attention_shape& s, size_t pos) {
 
 /// Rows [r0, r1) of one sequence for query heads h0 .. h0 + nh - 1, which share one kv head:
 /// each block of keys and of values is read from memory once for all of them (GQA) and stays in
-/// L1 while every (row, head) pair takes its part. `scores` holds nh × (r1 - r0) × (span of the
+/// L1 while every (row, head) pair takes its part. `scores` grows to nh × (r1 - r0) × (span of the
 /// rows' visible positions) floats. A (row, head) pair's numbers are those of the one-pair
 /// definition: each score is dot()'s, the softmax and the value rows run in position order.
 void attend_tile(const kv_layer_view& cache, const attention_shape& s, const attention_seq& seq, size_t r0, size_t r1,
-                 size_t h0, size_t nh, float* scores, std::vector<float>& scratch) {
+                 size_t h0, size_t nh, std::vector<float>& score_buffer, std::vector<float>& scratch) {
   const size_t group = s.n_heads / s.n_kv_heads;
   const size_t kvh = h0 / group;
   const size_t rows = r1 - r0;
   const size_t lo = window_begin(s, seq.pos0 + r0), last = seq.pos0 + r1 - 1;
   const size_t span = last + 1 - lo;
+  if (score_buffer.size() < nh * rows * span) score_buffer.resize(nh * rows * span);
+  float* scores = score_buffer.data();
   auto offset = [&](size_t p) {
     return static_cast<size_t>(seq.block_table[p / s.block_size]) * block_stride(s) +
            (p % s.block_size) * row_stride(s) + kvh * s.head_dim;
@@ -245,10 +247,11 @@ status attention(const kv_layer_view& cache, const attention_shape& shape,
   // they split in halves while they can. Which thread runs an item, and which heads share it,
   // never changes a (row, head) pair's numbers.
   const size_t group = shape.n_heads / shape.n_kv_heads;
+  auto tiles_of = [](const attention_seq& seq) { return (seq.n_tokens + rows_per_tile - 1) / rows_per_tile; };
   size_t tiles = 0, max_span = 0;
   for (const auto& seq : seqs) {
     LLMESH_TRY(check_table(cache, shape, seq.block_table, seq.pos0 + seq.n_tokens));
-    tiles += (seq.n_tokens + rows_per_tile - 1) / rows_per_tile;
+    tiles += tiles_of(seq);
     max_span = std::max(max_span, seq.pos0 + seq.n_tokens);
   }
   // An item's scores (heads × rows × span floats) stay within a budget: a long prompt's tiles
@@ -266,7 +269,7 @@ status attention(const kv_layer_view& cache, const attention_shape& shape,
   size_t items = 0;
   for (const auto& seq : seqs) {
     first_item.push_back(items);
-    items += (seq.n_tokens + rows_per_tile - 1) / rows_per_tile * parts;
+    items += tiles_of(seq) * parts;
   }
   first_item.push_back(items);
   std::atomic<size_t> next{0};
@@ -278,9 +281,7 @@ status attention(const kv_layer_view& cache, const attention_shape& shape,
       const auto& seq = seqs[s];
       const size_t local = i - first_item[s], tile = local / parts, h0 = local % parts * heads_per_item;
       const size_t r0 = tile * rows_per_tile, r1 = std::min(seq.n_tokens, r0 + rows_per_tile);
-      const size_t span = seq.pos0 + r1 - window_begin(shape, seq.pos0 + r0);  // attend_tile's
-      if (scores.size() < heads_per_item * (r1 - r0) * span) scores.resize(heads_per_item * (r1 - r0) * span);
-      attend_tile(cache, shape, seq, r0, r1, h0, heads_per_item, scores.data(), scratch);
+      attend_tile(cache, shape, seq, r0, r1, h0, heads_per_item, scores, scratch);
     }
   });
   return ok_status();
