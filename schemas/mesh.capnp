@@ -265,6 +265,9 @@ struct Assign {
   # The context its gateways grant (`max_model_len`; 0: the model's): the node sizes the KV cache
   # for no more than --max-seqs contexts of it.
   maxModelLen @12 :UInt64;
+  # How the node holds the weight matrices (`--dtype`): "" or "auto" as the checkpoint stores
+  # them, "float32", "bfloat16" or "float16" (every node of a model uses the model's one setting).
+  dtype @13 :Text;
 }
 
 struct LoraModule {

@@ -323,7 +323,7 @@ result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, boo
 result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   r.at(entry_label("models", index, node));
   LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization",
-                                 "kv_cache_dtype", "chat_template", "max_model_len", "reasoning_parser", "tool_call_parser", "pooling", "loras"}));
+                                 "dtype", "kv_cache_dtype", "chat_template", "max_model_len", "reasoning_parser", "tool_call_parser", "pooling", "loras"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -351,6 +351,12 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   if (quant) {
     if (*quant != "none" && *quant != "int8") return r.fail("'quantization' must be none or int8, got " + shown(*quant));
     out.quantization = *quant;
+  }
+  LLMESH_READ(dtype, r.string(f, "dtype", false));
+  if (dtype) {
+    auto t = model::parse_weight_dtype(*dtype);
+    if (!t) return r.fail("'dtype' must be auto, bfloat16, float16 (half) or float32 (float), got " + shown(*dtype));
+    out.dtype = std::string(model::weight_dtype_name(*t));
   }
   LLMESH_READ(kv_dtype, r.string(f, "kv_cache_dtype", false));
   if (kv_dtype) {

@@ -240,7 +240,8 @@ coordinator::actions coordinator::apply(const std::vector<change>& changes) {
       transport::assign_msg a{c.r.id, spec->name, spec->path, static_cast<uint32_t>(spec->tp), spec->kv_cache_mb,
                               transport::assign_op::start, {}, {}, {},
                               spec->quantization == "none" ? std::string() : spec->quantization, {},
-                              spec->kv_cache_dtype == "float32" ? std::string() : spec->kv_cache_dtype, spec->max_model_len};
+                              spec->kv_cache_dtype == "float32" ? std::string() : spec->kv_cache_dtype, spec->max_model_len,
+                              spec->dtype == "auto" ? std::string() : spec->dtype};
       for (const auto& l : spec->loras) a.loras.push_back({l.name, l.path});
       const bool spread = std::any_of(c.r.shards.begin(), c.r.shards.end(), [&](const auto& n) { return n != node; });
       if (!spread) {

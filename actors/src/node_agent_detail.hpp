@@ -23,10 +23,11 @@ struct loaded_part {
   std::string err;
 };
 
-/// The node's model cache key: a model directory held one way (its path, quantization and
-/// LoRA adapters).
+/// The node's model cache key: a model directory held one way (its path, quantization, dtype
+/// and LoRA adapters).
 inline std::string model_key(const transport::assign_msg& a) {
-  std::string key = a.path + '\n' + (a.quantization.empty() ? std::string("none") : a.quantization);
+  std::string key = a.path + '\n' + (a.quantization.empty() ? std::string("none") : a.quantization) + '\n' +
+                    (a.dtype.empty() ? std::string("auto") : a.dtype);
   for (const auto& l : a.loras) key += '\n' + l.name + '=' + l.path;
   return key;
 }
@@ -44,9 +45,11 @@ inline std::string lora_names(const model::model& m) {
   return out;
 }
 
-/// How an assignment asks this node to load the model: invalid_request for a quantization
-/// this build does not know, unsupported for int8 on a CUDA node (refused before loading).
+/// How an assignment asks this node to load the model: invalid_request for a quantization or
+/// dtype this build does not know, unsupported for int8 on a CUDA node (refused before loading).
 inline result<model::load_options> load_options_of(const transport::assign_msg& a, model::backend device) {
+  auto dtype = model::parse_weight_dtype(a.dtype.empty() ? "auto" : a.dtype);
+  if (!dtype) return dtype.take_error();
   auto q = model::parse_quantization(a.quantization.empty() ? "none" : a.quantization);
   if (!q) return q.take_error();
   if (*q != model::quantization::none && device == model::backend::cuda) {
@@ -55,7 +58,7 @@ inline result<model::load_options> load_options_of(const transport::assign_msg& 
   if (!a.loras.empty() && device == model::backend::cuda) {
     return make_error(errc::unsupported, "LoRA adapters run on the CPU backend only, and this node's device is cuda");
   }
-  model::load_options o{.quant = *q, .loras = {}};
+  model::load_options o{.dtype = *dtype, .quant = *q, .loras = {}};
   for (const auto& l : a.loras) o.loras.push_back({l.name, l.path});
   return o;
 }

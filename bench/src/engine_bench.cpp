@@ -79,7 +79,9 @@ status run_engine_bench(const engine_bench_options& opt) {
   if (!quant) return quant.take_error();
   auto kv_type = model::parse_kv_cache_dtype(opt.kv_cache_dtype);
   if (!kv_type) return kv_type.take_error();
-  model::load_options lo{.quant = *quant, .loras = {}};
+  auto dtype = model::parse_weight_dtype(opt.dtype);
+  if (!dtype) return dtype.take_error();
+  model::load_options lo{.dtype = *dtype, .quant = *quant, .loras = {}};
   if (!opt.lora.empty()) lo.loras = {{"bench", opt.lora}};
   auto m = model::model::load(opt.model_dir, lo);
   if (!m) return m.take_error();

@@ -46,11 +46,14 @@ void add_bench(CLI::App& app, command_set& commands) {
   sub->add_option("--reps", o->reps, "Repetitions; the best is reported")->capture_default_str();
   sub->add_option("--quantization", o->quantization, "cpu: none or int8 (weight-only, blocks of 32)")->capture_default_str();
   sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "cpu: auto/float32 or bfloat16")->capture_default_str();
+  sub->add_option("--dtype", o->dtype, "cpu: the weight matrices' type: auto (as stored), bfloat16, float16, float32")
+      ->capture_default_str();
   sub->add_option("--lora", o->lora, "cpu: a LoRA adapter's directory: pp and tg with it, as ratios to the base model's");
   commands.emplace_back(sub, [o, g, device, batches, ctx]() -> status {
     if (*device == "cuda") {
       if (o->model_dir.empty() == g->shape.empty()) return make_error(errc::invalid_request, "give exactly one of --model, --shape");
       if (o->quantization != "none") return make_error(errc::unsupported, "--quantization runs on the CPU backend only");
+      if (o->dtype != "auto") return make_error(errc::unsupported, "--dtype: the CUDA bench runs the checkpoint's weights");
       if (!o->lora.empty()) return make_error(errc::unsupported, "--lora runs on the CPU backend only");
       auto kv_type = model::parse_kv_cache_dtype(o->kv_cache_dtype);
       if (!kv_type) return kv_type.take_error();

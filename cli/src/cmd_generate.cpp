@@ -23,7 +23,7 @@ struct generate_flags {
   int top_k = 0, tp = 1, threads = 0, min_tokens = 0;
   uint64_t seed = 0;
   bool print_ids = false, deterministic = false;
-  std::string quantization = "none", kv_cache_dtype = "auto";
+  std::string quantization = "none", kv_cache_dtype = "auto", dtype = "auto";
   std::string device = "auto";
   std::string lora;  ///< a LoRA adapter's directory: generate with it
 };
@@ -53,7 +53,9 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
   if (!quant) return quant.take_error();
   auto kv_type = kv_cache_dtype_for(f.kv_cache_dtype, *device);
   if (!kv_type) return kv_type.take_error();
-  model::load_options lo{.quant = *quant, .loras = {}};
+  auto dtype = model::parse_weight_dtype(f.dtype);
+  if (!dtype) return dtype.take_error();
+  model::load_options lo{.dtype = *dtype, .quant = *quant, .loras = {}};
   if (!f.lora.empty()) lo.loras = {{"lora", f.lora}};
   auto m = model::model::load(f.model_dir, lo);
   if (!m) return m.take_error();
@@ -180,6 +182,7 @@ void add_generate(CLI::App& app, command_set& commands) {
   sub->add_flag("--deterministic", f->deterministic, "CUDA: batch-invariant kernels at every batch size");
   add_quantization_flag(sub, f->quantization);
   add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
+  add_dtype_flag(sub, f->dtype);
   sub->add_option("--lora", f->lora, "A LoRA adapter's directory (PEFT): generate with it (CPU backend)");
   sub->add_option("--prefill-chunk", f->prefill_chunk, "Prefill the prompt in chunks of N tokens; 0 = whole");
   sub->add_flag("--print-ids", f->print_ids, "Print the generated token ids on one line");

@@ -11,6 +11,7 @@
 #include "gateway_flags.hpp"
 #include "replica_flags.hpp"
 #include "llmesh/actors/node_agent.hpp"
+#include "llmesh/kernels/device.hpp"
 #include "stop_signal.hpp"
 #include "llmesh/actors/local_mesh.hpp"
 #include "llmesh/gateway/http_server.hpp"
@@ -22,8 +23,10 @@ namespace {
 struct serve_flags {
   std::string model_dir, http = "127.0.0.1:8080", rpc = "127.0.0.1:8081", device = "auto", policy = "least-load";
   std::vector<std::string> served_names;  ///< vLLM's --served-model-name: the first is the model's, the rest aliases
-  std::string quantization = "none", kv_cache_dtype = "auto";
+  std::string quantization = "none", kv_cache_dtype = "auto", dtype = "auto";
   bool rpc_given = false;  ///< --rpc was on the command line
+  bool kv_cache_mb_given = false;  ///< --kv-cache-mb was on the command line
+  std::optional<double> gpu_memory_utilization;  ///< vLLM's --gpu-memory-utilization (CUDA: sizes the KV cache)
   bool prefix_caching = true;  ///< vLLM's --enable-prefix-caching / --no-enable-prefix-caching
   std::string host;  ///< vLLM's --host: replaces --http's host
   int port = -1;     ///< vLLM's --port: replaces --http's port (-1: not given)
@@ -60,6 +63,10 @@ void add_vllm_flags(CLI::App* sub, serve_flags& f) {
   sub->add_option("--block-size", f.block_size, "vLLM's: positions per KV-cache block")
       ->check(CLI::Range(size_t{1}, size_t{1024}))
       ->capture_default_str();
+  sub->add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
+                  "vLLM's: the share of each GPU the replicas may take; the KV cache gets what the weights and working "
+                  "memory leave (instead of --kv-cache-mb; the CPU backend sizes by --kv-cache-mb)")
+      ->check(CLI::Range(0.0, 1.0));
   sub->add_flag("--enforce-eager", f.enforce_eager, "vLLM's: CUDA steps launch their kernels one by one (no CUDA graphs)");
   sub->add_option("--generation-config", f.generation_config,
                   "vLLM's: auto (sampling fields left out take the model's generation_config.json values) or vllm (they "
@@ -101,13 +108,15 @@ status run_serve(const serve_flags& f) {
   if (!quant) return quant.take_error();
   auto kv_type = kv_cache_dtype_for(f.kv_cache_dtype, *device);
   if (!kv_type) return kv_type.take_error();
+  auto dtype = model::parse_weight_dtype(f.dtype);
+  if (!dtype) return dtype.take_error();
   gateway::api_options ao;
   ao.model_name = f.served_names.empty() ? std::filesystem::path(f.model_dir).lexically_normal().filename().string()
                                          : f.served_names[0];
   if (ao.model_name.empty()) ao.model_name = std::filesystem::path(f.model_dir).parent_path().filename().string();
   auto loras = lora_sources(f.lora_modules, ao.model_name);
   if (!loras) return loras.take_error();
-  auto m = model::model::load(f.model_dir, {.quant = *quant, .loras = *loras});
+  auto m = model::model::load(f.model_dir, {.dtype = *dtype, .quant = *quant, .loras = *loras});
   if (!m) return m.take_error();
   const auto& cfg = (*m)->config();
   gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser, *tool_tokens, *pooling, *loras};
@@ -130,11 +139,28 @@ status run_serve(const serve_flags& f) {
   mo.engine.tp = f.tp;
   mo.engine.threads = f.threads > 0 ? f.threads : std::max(f.tp, cores / f.replicas);
   // No more than max_seqs contexts of the granted length (--max-model-len) could ever be used.
-  mo.engine.kv_tokens = actors::kv_tokens_for_budget(served.cfg, f.tp, f.kv_cache_mb, f.max_seqs, *kv_type);
   mo.engine.kv_type = *kv_type;
+  mo.engine.device = *device;
+  size_t kv_mb = f.kv_cache_mb;
+  std::string kv_note;  // how --gpu-memory-utilization sized the cache, or why it did not
+  if (f.gpu_memory_utilization) {
+    auto where = model::choose_backend(**m, mo.engine);
+    if (!where) return where.take_error();
+    if (where->device != model::backend::cuda) {
+      kv_note = "--gpu-memory-utilization applies to CUDA devices; the CPU's KV cache is --kv-cache-mb";
+    } else if (f.kv_cache_mb_given) {
+      return make_error(errc::invalid_request, "give one of --gpu-memory-utilization and --kv-cache-mb");
+    } else {
+      auto mb = model::kv_mb_for_gpu_memory(served.cfg, kernels::cuda_device_memory(0), *f.gpu_memory_utilization,
+                                            (*m)->weight_bytes(), f.tp, f.replicas, f.max_batch_tokens);
+      if (!mb) return mb.take_error();
+      kv_mb = *mb;
+      kv_note = "KV cache " + std::to_string(kv_mb) + " MiB per shard from --gpu-memory-utilization";
+    }
+  }
+  mo.engine.kv_tokens = actors::kv_tokens_for_budget(served.cfg, f.tp, kv_mb, f.max_seqs, *kv_type);
   mo.engine.block_size = f.block_size;
   mo.engine.cuda_graphs = !f.enforce_eager;
-  mo.engine.device = *device;
   mo.engine.deterministic = f.deterministic;
   mo.sched.max_batch_tokens = f.max_batch_tokens;
   mo.sched.max_seqs = f.max_seqs;
@@ -171,15 +197,17 @@ status run_serve(const serve_flags& f) {
   if (rpc) std::fprintf(stderr, "llmesh: native API (Cap'n Proto RPC, schemas/rpc.capnp) on %s:%u\n", rpc_host.c_str(), rpc->port());
   const std::string url_host = ho.host.find(':') != std::string::npos ? "[" + ho.host + "]" : ho.host;  // IPv6 in a URL
   const auto& e0 = (*mesh)->engine(0);
+  const std::string notes = e0.device_note() + (e0.device_note().empty() || kv_note.empty() ? "" : "; ") + kv_note;
   std::fprintf(stderr,
                "llmesh: serving '%s' on http://%s:%u (%d replica(s), tp %d, %s%s%s, %d kernel threads each, KV %zu "
                "positions per replica%s%s%s)\n",
                ao.model_name.c_str(), url_host.c_str(), (*server)->port(), f.replicas, f.tp, e0.backend_name(),
-               (*m)->int8_weights() ? ", int8 weights" : "",
+               (*m)->int8_weights() ? ", int8 weights"
+               : *dtype             ? (", " + std::string(model::weight_dtype_name(*dtype)) + " weights").c_str()
+                                    : "",
                loras->empty() ? "" : (", " + std::to_string(loras->size()) + " LoRA adapter(s)").c_str(),
                mo.engine.threads, e0.kv_blocks() * e0.kv_block_size(), *kv_type == kernels::dtype::bf16 ? ", bfloat16" : "",
-               e0.device_note().empty() ? "" : "; ",
-               e0.device_note().c_str());
+               notes.empty() ? "" : "; ", notes.c_str());
   std::fprintf(stderr,
                "llmesh: try: curl http://%s:%u/v1/completions -H 'Content-Type: application/json'%s -d "
                "'{\"model\":\"%s\",\"prompt\":\"In the beginning God created\",\"max_tokens\":32}'\n",
@@ -241,6 +269,7 @@ void add_serve(CLI::App& app, command_set& commands) {
   add_speculation_flags(sub, f->speculation);
   add_quantization_flag(sub, f->quantization);
   add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
+  add_dtype_flag(sub, f->dtype);
   add_lora_flags(sub, f->lora_modules);
   add_vllm_flags(sub, *f);
   add_prefix_caching_flag(sub, f->prefix_caching);
@@ -250,8 +279,9 @@ void add_serve(CLI::App& app, command_set& commands) {
       ->check(CLI::Range(0, 100))->capture_default_str();
   sub->add_option("--drain-timeout", f->drain_s, "Seconds to let requests finish on SIGTERM")
       ->check(CLI::Range(0, 3600))->capture_default_str();
-  commands.emplace_back(sub, [f, rpc = sub->get_option("--rpc")] {
+  commands.emplace_back(sub, [f, rpc = sub->get_option("--rpc"), kv_mb = sub->get_option("--kv-cache-mb")] {
     f->rpc_given = rpc->count() > 0;
+    f->kv_cache_mb_given = kv_mb->count() > 0;
     return run_serve(*f);
   });
 }

@@ -36,6 +36,9 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
                   "fcfs: first come, first served (a request's non-zero 'priority' is a 400); priority: requests' "
                   "'priority' orders admission and preemption in the replicas, lower first (vLLM's)")
       ->check(CLI::IsMember({"fcfs", "priority"}))->capture_default_str();
+  sub->add_option("--seed", f.seed,
+                  "vLLM's: requests without a seed draw theirs from this one, so that a server started again with it "
+                  "samples the same sequence of requests alike (default: a random seed per start)");
   sub->add_option("--reasoning-parser", f.reasoning_parser,
                   "Split chat output's <think> block into reasoning_content: none | deepseek_r1 | qwen3")
       ->check(CLI::IsMember({"none", "deepseek_r1", "qwen3"}))->capture_default_str();
@@ -62,6 +65,7 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
   api.max_concurrent = f.max_concurrent;
   api.max_stored_responses = f.max_stored_responses;
   api.priority_scheduling = f.scheduling_policy == "priority";
+  api.seed = f.seed;
   api.max_stored_response_bytes = f.max_stored_responses_mb << 20;
   api.max_conversations = f.max_conversations;
   api.max_conversation_bytes = f.max_conversations_mb << 20;

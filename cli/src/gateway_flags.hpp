@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 
 #include "llmesh/gateway/api_service.hpp"
@@ -23,6 +24,7 @@ struct gateway_flags {
   std::string pooling = "model";  ///< /v1/embeddings' pooling: model (the directory's) | last | mean | cls
   std::string chat_template;      ///< vLLM's --chat-template: a file, or the template inline ("": the model's)
   size_t max_model_len = 0;       ///< vLLM's --max-model-len: the context requests get (0: the model's)
+  std::optional<uint64_t> seed;   ///< vLLM's --seed: seeds of seedless requests drawn from it (none: at random)
 };
 
 /// Adds --api-key (or LLMESH_API_KEY), --max-concurrent, --max-tokens-limit, --max-body-kb,

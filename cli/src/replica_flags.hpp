@@ -58,6 +58,14 @@ inline void add_quantization_flag(CLI::App* sub, std::string& q) {
   return q;
 }
 
+/// Adds vLLM's --dtype (the type the replica holds the model's weight matrices in) to `sub`.
+inline void add_dtype_flag(CLI::App* sub, std::string& t) {
+  sub->add_option("--dtype", t,
+                  "vLLM's: the weight matrices' type in memory: auto (as the checkpoint stores them), bfloat16, float16 "
+                  "(half) or float32 (float); computation stays float32")
+      ->capture_default_str();
+}
+
 /// Adds vLLM's --kv-cache-dtype (how the replica's KV cache holds keys and values) to `sub`.
 inline void add_kv_cache_dtype_flag(CLI::App* sub, std::string& t) {
   sub->add_option("--kv-cache-dtype", t,

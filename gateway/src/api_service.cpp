@@ -71,6 +71,7 @@ api_service::api_service(api_options opt, std::vector<served_model> models, acto
       store_(std::make_shared<response_store>(opt_.max_stored_responses, opt_.max_stored_response_bytes)),
       conversations_(std::make_shared<json_store>(opt_.max_conversations, opt_.max_conversation_bytes)),
       seed_base_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()),
+      seedless_base_(opt_.seed ? mix(*opt_.seed ^ 0x5eedull) : seed_base_),
       created_(unix_now()),
       runs_(std::make_unique<background_runs>(mesh, background_limits{}, serving_gauge(metrics, actors::metric::background_running))) {
   actors::metric::declare_serving(metrics_);
@@ -502,7 +503,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   // Contiguous ids, choice k's the first + k; the first names the response and seeds a
   // seedless request exactly as a single-choice request's id did.
   const uint64_t first = next_id_.fetch_add(n_choices);
-  const uint64_t request_seed = g.seed ? *g.seed : mix(seed_base_ ^ first);
+  const uint64_t request_seed = g.seed ? *g.seed : mix(seedless_base_ ^ first);
   generation_job job;
   job.streaming = g.stream;
   job.slot = std::move(*slot);

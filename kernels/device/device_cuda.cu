@@ -19,6 +19,16 @@ int cuda_device_count() {
   return n;
 }
 
+size_t cuda_device_memory(int device) {
+  if (device < 0 || device >= cuda_device_count()) return 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return prop.totalGlobalMem;
+}
+
 std::string device_summary() {
   int n = cuda_device_count();
   if (n == 0) return "cuda: compiled, no device";

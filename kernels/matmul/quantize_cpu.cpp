@@ -1,4 +1,5 @@
-// quantize_q8: float32 weights -> int8 blocks with a float32 scale (see quantize.hpp).
+// quantize_q8: float32 weights -> int8 blocks with a float32 scale; convert_rows: casts between
+// F32, F16 and BF16 (see quantize.hpp).
 #include "llmesh/kernels/quantize.hpp"
 
 #include <algorithm>
@@ -59,6 +60,41 @@ status quantize_q8(const void* src, dtype src_type, size_t rows, size_t cols, ui
     case dtype::q8: break;
   }
   return make_error(errc::invalid_request, "quantize_q8: the weights are quantized already");
+}
+
+status convert_rows(const void* src, dtype src_type, size_t rows, size_t cols, void* dst, dtype dst_type,
+                    size_t first_row) {
+  if (src_type == dtype::q8 || dst_type == dtype::q8) {
+    return make_error(errc::invalid_request, "convert_rows: int8 weights are not converted");
+  }
+  const size_t n = rows * cols;
+  auto each = [&](auto store) -> status {
+    for (size_t i = 0; i < n; ++i) {
+      const float w = load_as_f32(src, src_type, i);
+      if (!std::isfinite(w)) {
+        return make_error(errc::invalid_request, "weight row " + std::to_string(first_row + i / cols) + " holds a non-finite value");
+      }
+      LLMESH_TRY(store(i, w));
+    }
+    return ok_status();
+  };
+  switch (dst_type) {
+    case dtype::f32:
+      return each([d = static_cast<float*>(dst)](size_t i, float w) { d[i] = w; return ok_status(); });
+    case dtype::bf16:
+      return each([d = static_cast<uint16_t*>(dst)](size_t i, float w) { d[i] = f32_to_bf16(w); return ok_status(); });
+    case dtype::f16:
+      return each([&, d = static_cast<uint16_t*>(dst)](size_t i, float w) -> status {
+        if (std::fabs(w) > 65504.0f) {  // float16's largest; above it rounds to infinity
+          return make_error(errc::invalid_request, "weight row " + std::to_string(first_row + i / cols) + " holds " +
+                                                       std::to_string(w) + ", beyond float16's range (65504)");
+        }
+        d[i] = f32_to_f16(w);
+        return ok_status();
+      });
+    case dtype::q8: break;
+  }
+  return ok_status();
 }
 
 }  // namespace llmesh::kernels

@@ -108,6 +108,55 @@ status set_kv_type(kv_cache_config& kv, kernels::dtype type) {
 
 }  // namespace
 
+result<backend_choice> choose_backend(const model& m, const engine_options& opt) {
+  const auto& c = m.config();
+  const bool quantized = m.int8_weights();
+  const char* cpu_only = !m.loras().empty()                  ? "LoRA adapters"
+                         : opt.kv_type != kernels::dtype::f32 ? "bfloat16 KV caches (--kv-cache-dtype bfloat16)"
+                                                              : cpu_only_family(c);
+  if (opt.device == backend::cuda && quantized) {
+    return make_error(errc::unsupported, "int8 weights (--quantization int8, or a quantized GGUF) run on the CPU backend only (use --device cpu)");
+  }
+  if (opt.device == backend::cuda && cpu_only) {
+    return make_error(errc::unsupported, std::string(cpu_only) + " run on the CPU backend only (use --device cpu)");
+  }
+  if (opt.device != backend::automatic) return backend_choice{opt.device, {}};
+  const int gpus = kernels::cuda_device_count();
+  if (gpus >= opt.tp && !quantized && !cpu_only) return backend_choice{backend::cuda, {}};
+  backend_choice out{backend::cpu, {}};
+  if (kernels::cuda_compiled()) {
+    out.note = quantized   ? "int8 weights run on the CPU"
+               : cpu_only  ? std::string(cpu_only) + " run on the CPU"
+               : gpus == 0 ? "no CUDA device found; running on the CPU"
+                           : "--tp " + std::to_string(opt.tp) + " needs as many GPUs; running on the CPU";
+  }
+  return out;
+}
+
+result<size_t> kv_mb_for_gpu_memory(const model_config& c, size_t device_bytes, double utilization, size_t weight_bytes,
+                                    int tp, int replicas, size_t max_batch_tokens) {
+  if (!(utilization > 0.0 && utilization <= 1.0)) {
+    return make_error(errc::invalid_request, "--gpu-memory-utilization must be in (0, 1]");
+  }
+  tp = std::max(tp, 1);
+  replicas = std::max(replicas, 1);
+  const auto per_rank = [tp](size_t n) { return (n + static_cast<size_t>(tp) - 1) / static_cast<size_t>(tp); };
+  // float32 activations of a step: the residual stream and norms, q/k/v/o, the MLP's gate/up/act.
+  const size_t activations =
+      max_batch_tokens * (4 * c.hidden + per_rank((c.n_heads + 2 * c.n_kv_heads) * c.head_dim) + 3 * per_rank(c.intermediate)) * 4;
+  const size_t logits = max_batch_tokens * c.vocab * 4;
+  const size_t shard = per_rank(weight_bytes) + activations + logits + (size_t{512} << 20);
+  const auto share = static_cast<size_t>(static_cast<double>(device_bytes) * utilization);
+  const size_t used = shard * static_cast<size_t>(replicas);
+  if (share <= used + (size_t{1} << 20) * static_cast<size_t>(replicas)) {
+    return make_error(errc::invalid_request,
+                      "--gpu-memory-utilization " + std::to_string(utilization) + " leaves no memory for the KV cache: " +
+                          std::to_string(share >> 20) + " MiB of the device, " + std::to_string(used >> 20) +
+                          " MiB for the weights and working memory of " + std::to_string(replicas) + " shard(s)");
+  }
+  return (share - used) / static_cast<size_t>(replicas) >> 20;
+}
+
 result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, engine_options opt) {
   if (opt.tp < 1) return make_error(errc::invalid_request, "--tp must be at least 1");
   if (opt.threads <= 0) opt.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -125,31 +174,11 @@ result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, e
   e->kv_.block_size = opt.block_size;
   e->kv_.n_blocks = (opt.kv_tokens + opt.block_size - 1) / opt.block_size;
   LLMESH_TRY(set_kv_type(e->kv_, opt.kv_type));
-  const bool quantized = m->int8_weights();
-  const char* cpu_only = !m->loras().empty()                 ? "LoRA adapters"
-                         : opt.kv_type != kernels::dtype::f32 ? "bfloat16 KV caches (--kv-cache-dtype bfloat16)"
-                                                              : cpu_only_family(c);
-  if (opt.device == backend::cuda && quantized) {
-    return make_error(errc::unsupported, "int8 weights (--quantization int8, or a quantized GGUF) run on the CPU backend only (use --device cpu)");
-  }
-  if (opt.device == backend::cuda && cpu_only) {
-    return make_error(errc::unsupported, std::string(cpu_only) + " run on the CPU backend only (use --device cpu)");
-  }
-  if (opt.device == backend::automatic) {
-    const int gpus = kernels::cuda_device_count();
-    if (gpus >= opt.tp && !quantized && !cpu_only) {
-      opt.device = backend::cuda;
-    } else {
-      opt.device = backend::cpu;
-      if (kernels::cuda_compiled()) {
-        e->device_note_ = quantized   ? "int8 weights run on the CPU"
-                          : cpu_only  ? std::string(cpu_only) + " run on the CPU"
-                          : gpus == 0 ? "no CUDA device found; running on the CPU"
-                                      : "--tp " + std::to_string(opt.tp) + " needs as many GPUs; running on the CPU";
-      }
-    }
-    e->opt_.device = opt.device;
-  }
+  auto where = choose_backend(*m, opt);
+  if (!where) return where.take_error();
+  opt.device = where->device;
+  e->opt_.device = opt.device;
+  e->device_note_ = where->note;
   if (opt.device == backend::cuda) {
     e->on_cuda_ = true;
     for (int r = 0; r < opt.tp; ++r) e->local_.push_back(r);

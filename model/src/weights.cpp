@@ -64,6 +64,26 @@ result<quantization> parse_quantization(std::string_view s) {
   return make_error(errc::invalid_request, "--quantization must be none or int8, not '" + std::string(s) + "'");
 }
 
+std::string_view weight_dtype_name(std::optional<kernels::dtype> t) {
+  if (!t) return "auto";
+  switch (*t) {
+    case kernels::dtype::f32: return "float32";
+    case kernels::dtype::f16: return "float16";
+    case kernels::dtype::bf16: return "bfloat16";
+    case kernels::dtype::q8: break;
+  }
+  return "int8";
+}
+
+result<std::optional<kernels::dtype>> parse_weight_dtype(std::string_view s) {
+  if (s == "auto") return std::optional<kernels::dtype>();
+  if (s == "float32" || s == "float") return std::optional(kernels::dtype::f32);
+  if (s == "bfloat16") return std::optional(kernels::dtype::bf16);
+  if (s == "float16" || s == "half") return std::optional(kernels::dtype::f16);
+  return make_error(errc::invalid_request,
+                    "--dtype must be auto, bfloat16, float16 (half) or float32 (float), not '" + std::string(s) + "'");
+}
+
 result<std::shared_ptr<const model>> model::load(const std::string& dir, load_options opt) {
   auto cfg = load_config(dir);
   if (!cfg) return cfg.take_error();
@@ -74,6 +94,13 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     error e = s.take_error();
     e.message = dir + ": " + e.message;
     return e;
+  }
+  if (opt.dtype) {
+    if (auto s = m->cast(*opt.dtype); !s) {
+      error e = s.take_error();
+      e.message = dir + ": --dtype " + std::string(weight_dtype_name(opt.dtype)) + ": " + e.message;
+      return e;
+    }
   }
   if (auto s = m->quantize(opt.quant); !s) {
     error e = s.take_error();
@@ -220,56 +247,56 @@ status model::bind_experts(size_t layer) {
   return ok_status();
 }
 
-status model::quantize(quantization q) {
-  if (q == quantization::none) return ok_status();
-  struct target {
-    weight_matrix* w;
-    std::string name;
-    size_t offset = 0;
-    bool shared = false;  ///< its source rows are read elsewhere too (a tied LM head: the embedding)
-  };
-  std::vector<target> targets;
-  for (size_t i = 0; i < weights_.layers.size(); ++i) {
-    auto& l = weights_.layers[i];
-    const std::string p = "layer " + std::to_string(i) + " ";
-    for (auto [w, n] : {std::pair{&l.q, "q_proj"}, {&l.k, "k_proj"}, {&l.v, "v_proj"}, {&l.o, "o_proj"},
-                        {&l.gate, "gate_proj"}, {&l.up, "up_proj"}, {&l.down, "down_proj"}}) {
-      if (w->rows > 0) targets.push_back({w, p + n});  // an MoE layer has no dense MLP
+namespace {
+
+/// A matrix to rewrite in another dtype: every view of the same checkpoint bytes (a tied LM
+/// head and the embedding) moves together.
+struct convert_target {
+  std::vector<weight_matrix*> views;
+  std::string name;
+  size_t offset = 0;
+  bool shared = false;  ///< its source rows are read elsewhere too (a tied LM head: the embedding)
+  const weight_matrix& w() const { return *views.front(); }
+};
+
+/// Adds `w` to `targets` (beside a target over the same bytes, if any) unless it is empty,
+/// q8 already (a quantized GGUF's tensors arrive so) or of type `to` already.
+void add_target(std::vector<convert_target>& targets, weight_matrix* w, std::string name, kernels::dtype to) {
+  if (w->rows == 0 || w->type == kernels::dtype::q8 || w->type == to) return;
+  for (auto& t : targets) {
+    if (t.w().data == w->data && t.w().type == w->type && t.w().rows == w->rows && t.w().cols == w->cols) {
+      t.views.push_back(w);
+      return;
     }
-    // The router and the shared expert's gate stay as loaded (small).
-    auto add_expert = [&](layer_weights::expert& x, const std::string& ep) {
-      for (auto [w, n] : {std::pair{&x.gate, "gate"}, {&x.up, "up"}, {&x.down, "down"}}) targets.push_back({w, ep + n});
-    };
-    for (size_t e = 0; e < l.experts.size(); ++e) add_expert(l.experts[e], p + "expert " + std::to_string(e) + " ");
-    if (l.shared.gate.rows > 0) add_expert(l.shared, p + "shared expert ");
   }
-  // Tied (or standing in for a missing head): the embedding keeps its rows.
-  targets.push_back({&weights_.lm_head, "lm_head", 0, config_.tie_embeddings || !config_.has_lm_head});
-  // A quantized GGUF's tensors arrive as q8 already (gguf_tensors.cpp).
-  std::erase_if(targets, [](const target& t) { return t.w->type == kernels::dtype::q8; });
-  if (targets.empty()) {
-    quant_ = q;
-    return ok_status();
-  }
+  targets.push_back({{w}, std::move(name)});
+}
+
+/// Rewrites every target as `to` (q8: quantize_q8; else convert_rows) into one new anonymous
+/// mapping, over up to 64 hardware threads, and points the views there. The checkpoint's pages
+/// of each rewritten matrix (not shared) then leave this process's resident memory (they stay
+/// in the page cache, clean). On an error no view has moved.
+result<std::shared_ptr<uint8_t>> rewrite(std::vector<convert_target>& targets, kernels::dtype to, const char* what) {
+  auto ld_of = [to](size_t cols) { return to == kernels::dtype::q8 ? kernels::q8_row_elements(cols) : cols; };
   size_t total = 0;
   for (auto& t : targets) {
     t.offset = total;
-    const size_t bytes = kernels::dtype_bytes(kernels::dtype::q8, t.w->rows * kernels::q8_row_elements(t.w->cols));
-    total += (bytes + 63) / 64 * 64;
+    total += (kernels::dtype_bytes(to, t.w().rows * ld_of(t.w().cols)) + 63) / 64 * 64;
   }
+  if (total == 0) return std::shared_ptr<uint8_t>();
   void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) {
-    return make_error(errc::io_error, "cannot allocate " + std::to_string(total >> 20) + " MiB for the int8 weights");
+    return make_error(errc::io_error, "cannot allocate " + std::to_string(total >> 20) + " MiB for the " + what + " weights");
   }
   ::madvise(mem, total, MADV_HUGEPAGE);  // fewer TLB misses while decode streams the weights; optional
-  quantized_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(mem), [total](uint8_t* p) { ::munmap(p, total); });
+  std::shared_ptr<uint8_t> store(static_cast<uint8_t*>(mem), [total](uint8_t* p) { ::munmap(p, total); });
   // Work items of up to 256 rows over every hardware thread; each writes its own bytes.
   struct item {
     size_t target, row0, rows;
   };
   std::vector<item> items;
   for (size_t i = 0; i < targets.size(); ++i) {
-    for (size_t r = 0; r < targets[i].w->rows; r += 256) items.push_back({i, r, std::min<size_t>(256, targets[i].w->rows - r)});
+    for (size_t r = 0; r < targets[i].w().rows; r += 256) items.push_back({i, r, std::min<size_t>(256, targets[i].w().rows - r)});
   }
   std::atomic<size_t> next{0};
   std::mutex failed_mu;
@@ -279,11 +306,12 @@ status model::quantize(quantization q) {
     for (size_t k = next.fetch_add(1); k < items.size(); k = next.fetch_add(1)) {
       const auto& it = items[k];
       const auto& t = targets[it.target];
-      const weight_matrix& w = *t.w;
+      const weight_matrix& w = t.w();
       const auto* src = static_cast<const uint8_t*>(w.data) + kernels::dtype_offset(w.type, it.row0 * w.cols);
-      uint8_t* dst = quantized_.get() + t.offset +
-                     kernels::dtype_bytes(kernels::dtype::q8, it.row0 * kernels::q8_row_elements(w.cols));
-      if (auto s = kernels::quantize_q8(src, w.type, it.rows, w.cols, dst, it.row0); !s) {
+      uint8_t* dst = store.get() + t.offset + kernels::dtype_bytes(to, it.row0 * ld_of(w.cols));
+      auto s = to == kernels::dtype::q8 ? kernels::quantize_q8(src, w.type, it.rows, w.cols, dst, it.row0)
+                                        : kernels::convert_rows(src, w.type, it.rows, w.cols, dst, to, it.row0);
+      if (!s) {
         std::lock_guard lock(failed_mu);
         if (k < failed_item) {
           failed_item = k;
@@ -302,20 +330,75 @@ status model::quantize(quantization q) {
     }
     work();
   }
-  if (!failed) return failed;
+  if (!failed) return failed.take_error();
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   for (auto& t : targets) {
-    // The checkpoint's copy is read no more: drop its pages from this process (they stay in
-    // the page cache, clean), so resident memory is the int8 copy, not both.
     if (!t.shared) {
-      const auto begin = reinterpret_cast<uintptr_t>(t.w->data), end = begin + t.w->bytes();
-      const uintptr_t from = (begin + page - 1) / page * page, to = end / page * page;
-      if (to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
+      const auto begin = reinterpret_cast<uintptr_t>(t.w().data), end = begin + t.w().bytes();
+      const uintptr_t from = (begin + page - 1) / page * page, to_page = end / page * page;
+      if (to_page > from) ::madvise(reinterpret_cast<void*>(from), to_page - from, MADV_DONTNEED);
     }
-    t.w->data = quantized_.get() + t.offset;
-    t.w->type = kernels::dtype::q8;
+    for (weight_matrix* v : t.views) {
+      v->data = store.get() + t.offset;
+      v->type = to;
+    }
   }
+  return store;
+}
+
+}  // namespace
+
+status model::quantize(quantization q) {
+  if (q == quantization::none) return ok_status();
+  std::vector<convert_target> targets;
+  for (size_t i = 0; i < weights_.layers.size(); ++i) {
+    auto& l = weights_.layers[i];
+    const std::string p = "layer " + std::to_string(i) + " ";
+    for (auto [w, n] : {std::pair{&l.q, "q_proj"}, {&l.k, "k_proj"}, {&l.v, "v_proj"}, {&l.o, "o_proj"},
+                        {&l.gate, "gate_proj"}, {&l.up, "up_proj"}, {&l.down, "down_proj"}}) {
+      add_target(targets, w, p + n, kernels::dtype::q8);  // an MoE layer has no dense MLP
+    }
+    // The router and the shared expert's gate stay as loaded (small).
+    auto add_expert = [&](layer_weights::expert& x, const std::string& ep) {
+      for (auto [w, n] : {std::pair{&x.gate, "gate"}, {&x.up, "up"}, {&x.down, "down"}}) {
+        add_target(targets, w, ep + n, kernels::dtype::q8);
+      }
+    };
+    for (size_t e = 0; e < l.experts.size(); ++e) add_expert(l.experts[e], p + "expert " + std::to_string(e) + " ");
+    if (l.shared.gate.rows > 0) add_expert(l.shared, p + "shared expert ");
+  }
+  // Tied (or standing in for a missing head): the embedding keeps its rows.
+  const size_t before = targets.size();
+  add_target(targets, &weights_.lm_head, "lm_head", kernels::dtype::q8);
+  if (targets.size() > before) targets.back().shared = config_.tie_embeddings || !config_.has_lm_head;
+  auto store = rewrite(targets, kernels::dtype::q8, "int8");
+  if (!store) return store.take_error();
+  quantized_ = std::move(*store);
   quant_ = q;
+  return ok_status();
+}
+
+status model::cast(kernels::dtype to) {
+  std::vector<convert_target> targets;
+  for (size_t i = 0; i < weights_.layers.size(); ++i) {
+    auto& l = weights_.layers[i];
+    const std::string p = "layer " + std::to_string(i) + " ";
+    for (auto [w, n] : {std::pair{&l.q, "q_proj"}, {&l.k, "k_proj"}, {&l.v, "v_proj"}, {&l.o, "o_proj"},
+                        {&l.gate, "gate_proj"}, {&l.up, "up_proj"}, {&l.down, "down_proj"}, {&l.router, "router"},
+                        {&l.shared_gate, "shared expert gate"}}) {
+      add_target(targets, w, p + n, to);
+    }
+    auto add_expert = [&](layer_weights::expert& x, const std::string& ep) {
+      for (auto [w, n] : {std::pair{&x.gate, "gate"}, {&x.up, "up"}, {&x.down, "down"}}) add_target(targets, w, ep + n, to);
+    };
+    for (size_t e = 0; e < l.experts.size(); ++e) add_expert(l.experts[e], p + "expert " + std::to_string(e) + " ");
+    if (l.shared.gate.rows > 0) add_expert(l.shared, p + "shared expert ");
+  }
+  add_target(targets, &weights_.embed, "embed_tokens", to);
+  add_target(targets, &weights_.lm_head, "lm_head", to);  // a tied head moves with the embedding
+  auto store = rewrite(targets, to, std::string(kernels::dtype_name(to)).c_str());
+  if (!store) return store.take_error();
+  cast_ = std::move(*store);
   return ok_status();
 }
 

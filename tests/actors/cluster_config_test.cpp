@@ -151,6 +151,7 @@ TEST(ClusterConfig, DefaultsApplyToOptionalFields) {
   EXPECT_EQ(m.place, placement::packed);
   EXPECT_EQ(m.quantization, "none");
   EXPECT_EQ(m.kv_cache_dtype, "float32");
+  EXPECT_EQ(m.dtype, "auto");
   EXPECT_TRUE(parse_cluster_config(with("models:\n", "models: []\n", with("  - name: m\n    path: models/m\n", "", text)), "t.yaml").ok());
 }
 
@@ -329,6 +330,13 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
     auto t = parse_cluster_config(with("placement: packed", std::string("placement: packed\n    kv_cache_dtype: ") + given), "t.yaml");
     ASSERT_TRUE(t.ok()) << t.err().message;
     EXPECT_EQ(t->models[0].kv_cache_dtype, kept);
+  }
+  expect_refused(with("placement: packed", "placement: packed\n    dtype: fp8"),
+                 {"'dtype' must be auto, bfloat16, float16 (half) or float32 (float), got 'fp8'"});
+  for (const auto& [given, kept] : {std::pair{"half", "float16"}, {"float", "float32"}, {"bfloat16", "bfloat16"}}) {
+    auto t = parse_cluster_config(with("placement: packed", std::string("placement: packed\n    dtype: ") + given), "t.yaml");
+    ASSERT_TRUE(t.ok()) << t.err().message;
+    EXPECT_EQ(t->models[0].dtype, kept);
   }
   expect_refused(with("placement: packed", "placement: packed\n    max_model_len: 0"), {"'max_model_len' must be an integer"});
   expect_refused(with("placement: packed", "placement: packed\n    chat_template: ''"), {"'chat_template' must not be empty"});

@@ -299,6 +299,7 @@ TEST(Coordinator, ScaleUpAndDownThroughCtl) {
   spec.quantization = "int8";  // the model's settings travel with each assignment
   spec.kv_cache_dtype = "bfloat16";
   spec.max_model_len = 100;
+  spec.dtype = "float16";
   auto c = make({spec});
   join(c, 1, "a");
   join(c, 2, "b");
@@ -313,6 +314,7 @@ TEST(Coordinator, ScaleUpAndDownThroughCtl) {
   EXPECT_EQ(assigns(up.effects)[0].quantization, "int8");
   EXPECT_EQ(assigns(up.effects)[0].kv_cache_dtype, "bfloat16");
   EXPECT_EQ(assigns(up.effects)[0].max_model_len, 100u);
+  EXPECT_EQ(assigns(up.effects)[0].dtype, "float16");
 
   // Past capacity: the rest is pending.
   auto more = ctl(c, "scale", {"tiny", "3"});

@@ -127,6 +127,9 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   expect_one_line_error(r, "--kv-cache-dtype must be auto, float32 or bfloat16");
   r = run_command(llmesh_bin + " generate --device cuda --model " + model_ + " --prompt-ids 1 --kv-cache-dtype bfloat16");
   expect_one_line_error(r, "CPU backend only");
+  // --dtype: a name it does not know.
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --dtype fp8");
+  expect_one_line_error(r, "--dtype must be auto, bfloat16, float16 (half) or float32 (float), not 'fp8'");
   // Reasoning and tool-call parsers: names it does not know, a model without <think> tokens,
   // a node without the gateway role, and a mixture of experts on CUDA.
   r = run_command(llmesh_bin + " serve --model " + model_ + " --reasoning-parser granite");

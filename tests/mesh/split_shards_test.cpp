@@ -7,7 +7,8 @@
 // as a unit): the requests it held end with an error instead of hanging, and when the node
 // comes back the replica is formed again and serves the same tokens. A model with
 // `quantization: int8` is quantized by each node alike: the tokens are generate --quantization int8's;
-// one with `kv_cache_dtype: bfloat16` holds bf16 caches on both nodes: generate --kv-cache-dtype's.
+// one with `kv_cache_dtype: bfloat16` holds bf16 caches on both nodes: generate --kv-cache-dtype's;
+// one with `dtype: bfloat16` rounds its float32 weights on both nodes: generate --dtype's.
 #include <algorithm>
 
 #include "mesh_fixture.hpp"
@@ -289,6 +290,38 @@ TEST(SplitShards, ALoraAdapterRunsAcrossBothProcesses) {
           << model;
     }
   }
+  EXPECT_EQ(s1.stop(), 0) << s1.log();
+  EXPECT_EQ(s0.stop(), 0) << s0.log();
+  EXPECT_EQ(seed.stop(), 0) << seed.log();
+}
+
+// `dtype: bfloat16` on a float32 checkpoint split over two nodes: each process rounds its copy
+// of the weights alike, and the served tokens are `llmesh generate --tp 2 --dtype bfloat16`'s
+// (at a seed where they differ from the float32 weights').
+TEST(SplitShards, ADtypeCastAppliesOnBothProcesses) {
+  auto m = split_files();
+  const std::string model = m.dir.path() + "/f32";
+  auto made = run_command(bin + " model random --out " + model +
+                          " --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 300 --dtype f32 --seed 4");
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  m.rewrite("    path: " + model_dir + "\n", "    path: " + model + "\n");
+  m.rewrite("    placement: spread\n", "    placement: spread\n    dtype: bfloat16\n");
+  node_process seed(m.node("seed"));
+  ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny'")) << seed.log();
+  node_process s0(m.node("shard-0"));
+  node_process s1(m.node("shard-1"));
+  ASSERT_TRUE(replica_ready(m, seed, s0, s1));
+  const std::vector<int32_t> p{5, 17, 100, 42, 8, 99, 1, 259, 33, 71, 12, 250, 3};
+  const std::string sampling = " --tp 2 --temperature 1 --seed 2";
+  const auto want = testing::generate_ids(bin, model, "--prompt-ids " + id_list(p), 24, sampling + " --dtype bfloat16");
+  ASSERT_EQ(want.size(), 24u);
+  ASSERT_NE(want, testing::generate_ids(bin, model, "--prompt-ids " + id_list(p), 24, sampling))
+      << "this seed must tell bfloat16 weights from float32 ones";
+  const nlohmann::json body{{"model", "kjv-tiny"}, {"prompt", p},  {"max_tokens", 24}, {"temperature", 1},
+                            {"seed", 2},           {"ignore_eos", true}, {"return_token_ids", true}};
+  auto r = http_request(m.http_port, "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want) << r.body;
   EXPECT_EQ(s1.stop(), 0) << s1.log();
   EXPECT_EQ(s0.stop(), 0) << s0.log();
   EXPECT_EQ(seed.stop(), 0) << seed.log();

@@ -306,7 +306,7 @@ TEST(GgufModel, Q8_0BlocksAreTakenExactlyAndInt8KeepsThem) {
   w.tensor_f32("blk.0.ffn_down.weight", {32, 32}, zeros(1024));
   const std::string path = write(w, dir, "q8.gguf");
   for (auto q : {quantization::none, quantization::int8}) {
-    auto loaded = model::load(path, {q, {}});
+    auto loaded = model::load(path, {.dtype = {}, .quant = q, .loras = {}});
     ASSERT_TRUE(loaded.ok()) << loaded.err().message;
     const weight_matrix& g = (*loaded)->weights().layers[0].gate;
     ASSERT_EQ(g.type, kernels::dtype::q8);

@@ -42,7 +42,7 @@ struct both_models {
   explicit both_models(const random_model_spec& spec) {
     EXPECT_TRUE(write_random_model(spec, dir.path()).ok());
     auto a = model::load(dir.path());
-    auto b = model::load(dir.path(), {.quant = quantization::int8, .loras = {}});
+    auto b = model::load(dir.path(), {.dtype = {}, .quant = quantization::int8, .loras = {}});
     EXPECT_TRUE(a.ok() && b.ok()) << (b.ok() ? "" : b.err().message);
     if (a.ok()) plain = *a;
     if (b.ok()) int8 = *b;
@@ -252,7 +252,7 @@ TEST(Quantization, ANonFiniteWeightFailsTheLoadAndNamesTheTensor) {
   f.write(reinterpret_cast<const char*>(&inf), 2);
   f.close();
   ASSERT_TRUE(model::load(dir.path()).ok()) << "unquantized, the weights load as they are";
-  auto q = model::load(dir.path(), {.quant = quantization::int8, .loras = {}});
+  auto q = model::load(dir.path(), {.dtype = {}, .quant = quantization::int8, .loras = {}});
   ASSERT_FALSE(q.ok());
   EXPECT_EQ(q.err().code, errc::invalid_request);
   EXPECT_NE(q.err().message.find("layer 1 up_proj"), std::string::npos) << q.err().message;

@@ -40,6 +40,9 @@ struct api_options {
   /// vLLM's --scheduling-policy priority: requests' `priority` reaches the replicas (lower
   /// first); false (fcfs): a non-zero priority is a 400, as vLLM answers it.
   bool priority_scheduling = false;
+  /// vLLM's --seed: a seedless request's seed is drawn from it and the request's place in the
+  /// server's sequence of ids (none: from a random value drawn at start). Ids stay random.
+  std::optional<uint64_t> seed;
   /// The Responses API's stored responses (response_store.hpp): at most this many (0: none
   /// stored; `previous_response_id` is then a 400) and this many bytes of JSON.
   size_t max_stored_responses = 1024;
@@ -283,6 +286,7 @@ class api_service {
   std::shared_ptr<std::atomic<size_t>> inflight_ = std::make_shared<std::atomic<size_t>>(0);
   std::atomic<uint64_t> next_id_{1};
   uint64_t seed_base_;
+  uint64_t seedless_base_;  ///< seedless requests' seeds: from api_options::seed, else seed_base_
   int64_t created_;
   /// Background responses (last: destroyed first, so no run outlives what it borrows).
   std::unique_ptr<background_runs> runs_;

@@ -1,5 +1,5 @@
-// Weight-only int8 quantization (dtype::q8, see dtype.hpp): made once at load time from the
-// checkpoint's F32/F16/BF16 weights. Activations stay float32 and every output keeps the
+// Weight-only int8 quantization (dtype::q8, see dtype.hpp), and casts between the float
+// kinds (vLLM's --dtype): made once at load time from the checkpoint's F32/F16/BF16 weights. Activations stay float32 and every output keeps the
 // canonical reduction order of matmul.hpp over the dequantized weights, so a quantized model
 // is as batch- and chunk-invariant as an unquantized one, on every instruction set.
 #pragma once
@@ -25,5 +25,13 @@ constexpr size_t q8_row_elements(size_t cols) { return (cols + q8_block - 1) / q
 /// `first_row`: the caller's index of src's first row), or a q8 source.
 [[nodiscard]] status quantize_q8(const void* src, dtype src_type, size_t rows, size_t cols, uint8_t* dst,
                                  size_t first_row = 0);
+
+/// Writes `rows` rows of `cols` weights (row-major, src_type F32/F16/BF16) to dst as dst_type
+/// (F32/F16/BF16): widening is exact, narrowing rounds to nearest even (dtype.hpp's
+/// f32_to_bf16 / f32_to_f16). Deterministic. Fails with invalid_request on a non-finite weight,
+/// on a finite one that float16 cannot hold (|w| above 65504 would become infinite; the row is
+/// named, counted from `first_row`), or on a q8 type.
+[[nodiscard]] status convert_rows(const void* src, dtype src_type, size_t rows, size_t cols, void* dst, dtype dst_type,
+                                  size_t first_row = 0);
 
 }  // namespace llmesh::kernels

@@ -36,6 +36,26 @@ struct engine_options {
   bool cuda_graphs = true;     ///< CUDA: replay decode steps from captured graphs
 };
 
+/// Where an engine of `m` under `opt` runs, and (automatic, on the CPU in a CUDA build) the
+/// one-line reason why not on a GPU.
+struct backend_choice {
+  backend device = backend::cpu;
+  std::string note;
+};
+/// opt.device, or for automatic the CUDA backend when at least opt.tp devices are found and
+/// the model runs there (no int8 weights, LoRA adapters, bfloat16 KV cache or CPU-only
+/// family), else the CPU. unsupported: CUDA asked for what runs on the CPU only.
+[[nodiscard]] result<backend_choice> choose_backend(const model& m, const engine_options& opt);
+
+/// vLLM's --gpu-memory-utilization on the CUDA backend: the KV cache budget per shard, in MiB,
+/// when `replicas` replicas of `tp` ranks share devices of `device_bytes` each (rank r of every
+/// replica runs on device r) and together may take `utilization` (0..1] of each: that share,
+/// less each shard's weights (`weight_bytes` / tp) and working memory (activations of
+/// `max_batch_tokens` tokens, the logits, 512 MiB for the CUDA context, cuBLAS and graphs),
+/// split over the replicas. invalid_request when nothing is left for the KV cache.
+[[nodiscard]] result<size_t> kv_mb_for_gpu_memory(const model_config& c, size_t device_bytes, double utilization,
+                                                  size_t weight_bytes, int tp, int replicas, size_t max_batch_tokens);
+
 /// vLLM's --kv-cache-dtype: "auto" and "float32" (this server's reference precision), "bfloat16"
 /// (half the bytes per position; CPU backend). fp8 kinds are refused by name.
 [[nodiscard]] result<kernels::dtype> parse_kv_cache_dtype(std::string_view s);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,7 +37,18 @@ std::string_view quantization_name(quantization q);
 /// Parses a --quantization value; invalid_request names the choices.
 [[nodiscard]] result<quantization> parse_quantization(std::string_view s);
 
+/// vLLM's --dtype: auto (nullopt: every matrix as the checkpoint stores it), float32 (or
+/// float), bfloat16, float16 (or half); invalid_request names the choices.
+[[nodiscard]] result<std::optional<kernels::dtype>> parse_weight_dtype(std::string_view s);
+/// "auto", "float32", "bfloat16", "float16".
+std::string_view weight_dtype_name(std::optional<kernels::dtype> t);
+
 struct load_options {
+  /// --dtype: every weight matrix (embedding, projections, LM head, MoE router) is rewritten
+  /// in this type at load (nullopt: as stored; int8 matrices of a quantized GGUF stay so).
+  /// Widening is exact; narrowing rounds to nearest even, and a float16 cast refuses weights
+  /// beyond its range. Activations and norms stay float32 either way. Applied before `quant`.
+  std::optional<kernels::dtype> dtype;
   /// int8: q, k, v, o, gate, up, down and the LM head are quantized at load (the embedding
   /// gather keeps the checkpoint's rows). About 1.1 bytes per weight instead of 2 (BF16): a
   /// memory-bound decode step reads half as much.
@@ -116,6 +128,8 @@ class model {
   /// Mixtral's block_sparse_moe.gate / block_sparse_moe.experts.E.{w1,w3,w2}).
   status bind_experts(size_t layer);
   status quantize(quantization q);
+  /// load_options::dtype.
+  status cast(kernels::dtype to);
 
   std::string dir_;
   model_config config_;
@@ -128,6 +142,8 @@ class model {
   std::vector<lora_adapter> loras_;
   /// The quantized copy the q8 weight views point into (huge-page backed where the kernel allows).
   std::shared_ptr<uint8_t> quantized_;
+  /// The --dtype copy the cast weight views point into.
+  std::shared_ptr<uint8_t> cast_;
 };
 
 }  // namespace llmesh::model

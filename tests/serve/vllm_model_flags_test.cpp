@@ -1,0 +1,82 @@
+// vLLM's --dtype, --seed and --gpu-memory-utilization on `llmesh serve`, over real HTTP: a
+// float32 checkpoint served as bfloat16 says so and gives `llmesh generate --dtype bfloat16`'s
+// greedy tokens; seedless sampled requests repeat request for request on a server started
+// again with the same --seed and differ under another (a request's own seed wins either way);
+// on the CPU, --gpu-memory-utilization is accepted and the start line says the CPU's KV cache
+// is --kv-cache-mb.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "../model/temp_dir.hpp"
+#include "reference.hpp"
+#include "server_process.hpp"
+
+namespace llmesh::testing {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string bin = LLMESH_BINARY;
+
+std::vector<int32_t> complete(int port, json body) {
+  body["model"] = "m";
+  body["return_token_ids"] = true;
+  auto r = http_request(port, "POST", "/v1/completions", body.dump());
+  if (r.status != 200) {
+    ADD_FAILURE() << r.status << " " << r.body;
+    return {};
+  }
+  return json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+}
+
+const std::vector<int32_t> prompt = {5, 17, 100, 42, 8, 99, 1, 259, 33, 71, 12, 250, 3};
+
+/// Three seedless sampled completions, then one with its own seed, in that order.
+std::vector<std::vector<int32_t>> sampled(int port) {
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < 3; ++i) out.push_back(complete(port, {{"prompt", prompt}, {"max_tokens", 10}, {"temperature", 1.5}}));
+  out.push_back(complete(port, {{"prompt", prompt}, {"max_tokens", 10}, {"temperature", 1.5}, {"seed", 5}}));
+  return out;
+}
+
+TEST(ServeVllmModelFlags, DtypeSeedAndGpuMemoryUtilization) {
+  model::testing::temp_dir dir;
+  const std::string m = dir.path() + "/m";
+  ASSERT_EQ(std::system((bin + " model random --out " + m +
+                         " --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 300 --dtype f32 --seed 4"
+                         " 2>/dev/null")
+                            .c_str()),
+            0);
+  std::vector<std::vector<int32_t>> first;
+  {
+    server_process s(bin, {"--model", m, "--device", "cpu", "--dtype", "bfloat16", "--seed", "7",
+                           "--gpu-memory-utilization", "0.9"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    EXPECT_NE(s.log().find(", bfloat16 weights"), std::string::npos) << s.log();
+    EXPECT_NE(s.log().find("--gpu-memory-utilization applies to CUDA devices; the CPU's KV cache is --kv-cache-mb"),
+              std::string::npos)
+        << s.log();
+    const auto want = generate_ids(bin, m, "--prompt-ids " + id_list(prompt), 12, "--temperature 0 --dtype bfloat16");
+    ASSERT_EQ(want.size(), 12u);
+    EXPECT_EQ(complete(s.port(), {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}}), want);
+    first = sampled(s.port());
+  }
+  {
+    server_process again(bin, {"--model", m, "--dtype", "bfloat16", "--seed", "7"});
+    ASSERT_GT(again.port(), 0) << again.log();
+    complete(again.port(), {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}});  // as the first server's
+    EXPECT_EQ(sampled(again.port()), first) << "the same --seed: the same sequence of samples";
+  }
+  server_process other(bin, {"--model", m, "--dtype", "bfloat16", "--seed", "8"});
+  ASSERT_GT(other.port(), 0) << other.log();
+  complete(other.port(), {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}});
+  const auto third = sampled(other.port());
+  ASSERT_EQ(third.size(), 4u);
+  EXPECT_NE(std::vector(third.begin(), third.begin() + 3), std::vector(first.begin(), first.begin() + 3))
+      << "another --seed draws other seeds";
+  EXPECT_EQ(third[3], first[3]) << "a request's own seed does not depend on --seed";
+}
+
+}  // namespace
+}  // namespace llmesh::testing
