@@ -212,6 +212,7 @@ step_plan batch_scheduler::schedule() {
     s.block_table = r.blocks.ids;
     s.want_logits = r.n_computed + n == r.tokens.size();
     s.lora = r.spec.lora;
+    s.adapter = r.spec.adapter.get();
     if (r.spec.pool != pooling::none) {  // an embedding: no draw, the hidden rows its pooling needs
       s.hidden = r.spec.pool == pooling::mean  ? model::hidden_rows::all
                  : r.spec.pool == pooling::cls ? (s.pos0 == 0 ? model::hidden_rows::first : model::hidden_rows::none)

@@ -41,7 +41,7 @@ inline std::string lora_names(const transport::assign_msg& a) {
 }
 inline std::string lora_names(const model::model& m) {
   std::string out;
-  for (const auto& l : m.loras()) out += l.name + '\n';
+  for (const auto& l : m.loras().loaded()) out += l->name + '\n';
   return out;
 }
 

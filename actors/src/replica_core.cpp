@@ -5,6 +5,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_set>
 
 namespace llmesh::actors {
@@ -27,8 +28,9 @@ status replica_core::submit(replica_request r) {
     }
   }
   int32_t lora = -1;
+  std::shared_ptr<const model::lora_adapter> adapter;
   if (!r.lora.empty()) {
-    lora = eng_.loaded_model().lora_index(r.lora);
+    std::tie(lora, adapter) = eng_.loaded_model().loras().find(r.lora);
     if (lora < 0) return make_error(errc::not_found, "the LoRA adapter '" + r.lora + "' is not loaded on this replica");
   }
   if (r.pool == pooling::none && !c.has_lm_head) {
@@ -153,6 +155,7 @@ status replica_core::submit(replica_request r) {
   spec.cache_salt = r.cache_salt;
   spec.pool = r.pool;
   spec.lora = lora;
+  spec.adapter = std::move(adapter);
   // Drafts are checked by drawing after each as a plain decode would (each row's adjustments
   // count the drafts before it): only logits that shift with the batch rule it out.
   // A grammar that waits for constraint_after would mask some drafts' rows and not others:
@@ -329,7 +332,7 @@ bool replica_core::begin_step() {
   rows_.clear();
   if (plan_.seqs.empty()) return false;
   for (const auto& s : plan_.seqs) {
-    batch_.push_back({s.tokens, s.pos0, s.block_table, s.want_logits, s.prompt_logprobs, s.next, s.draws, s.hidden, s.lora});
+    batch_.push_back({s.tokens, s.pos0, s.block_table, s.want_logits, s.prompt_logprobs, s.next, s.draws, s.hidden, s.lora, s.adapter});
     // The token being drawn sits at position pos0 + n: the (seed, position) key generate uses.
     if (!s.want_logits) continue;
     const kernels::sampling_params& p = sampling_.at(s.id);

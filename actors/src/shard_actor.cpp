@@ -16,7 +16,8 @@ std::shared_ptr<const step_data> step_data::copy(std::span<const model::step_seq
     d->tables.insert(d->tables.end(), s.block_table.begin(), s.block_table.end());
     d->batch.push_back({std::span<const int32_t>(d->tokens.data() + t0, s.tokens.size()), s.pos0,
                         std::span<const int32_t>(d->tables.data() + b0, s.block_table.size()), s.want_logits,
-                        s.prompt_logprobs, s.next, s.draws, s.hidden, s.lora});
+                        s.prompt_logprobs, s.next, s.draws, s.hidden, s.lora, s.adapter});
+    if (s.adapter) d->adapters.push_back(s.adapter->shared_from_this());
   }
   d->rows.assign(rows.begin(), rows.end());
   return d;

@@ -210,7 +210,7 @@ status run_engine_bench(const engine_bench_options& opt) {
   std::printf("  tg%-8zu  %.2f tok/s = %.1f%% of the roofline %.2f tok/s (after a context of %zu)\n", opt.gen_tokens, tg,
               100.0 * tg / roofline, roofline, opt.context);
   if (!opt.lora.empty()) {
-    const auto& ad = m.value()->loras().front();
+    const auto& ad = *m.value()->loras().get(0);
     const double base_pp = std::min(pp_best, pp_base2), base_tg = std::min(tg_best, tg_base2);
     std::printf("  lora         %s: rank %zu, %.1f MB as held; pp %.2fx, tg %.2fx of the base model's (the bytes alone: tg %.3fx)\n",
                 opt.lora.c_str(), ad.max_rank, static_cast<double>(ad.bytes()) / 1e6, base_pp / pp_lora, base_tg / tg_lora,

@@ -357,6 +357,8 @@ status run_node(const node_flags& f) {
     ho.host = p.http->host;
     ho.port = p.http->port;
     apply_gateway_flags(f.gw, api_opt, ho);
+    // vLLM's runtime LoRA routes answer why a mesh does not take them (its config's loras do).
+    api_opt.runtime_lora_updates = true;
     std::string names;
     for (const auto& m : served) names += (names.empty() ? "'" : ", '") + m.name + "'";
     auto api = std::make_unique<gateway::api_service>(api_opt, std::move(served), client, metrics);

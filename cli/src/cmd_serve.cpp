@@ -33,7 +33,7 @@ struct serve_flags {
   size_t block_size = 16;                   ///< vLLM's --block-size: positions per KV block
   bool enforce_eager = false;               ///< vLLM's --enforce-eager: no CUDA graphs
   std::string generation_config = "auto";   ///< vLLM's --generation-config: auto | vllm
-  std::vector<std::string> lora_modules;
+  lora_flags lora;
   int replicas = 1, tp = 1, threads = 0;
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256;
   size_t max_migrations = 3, drain_s = 10;
@@ -114,9 +114,13 @@ status run_serve(const serve_flags& f) {
   ao.model_name = f.served_names.empty() ? std::filesystem::path(f.model_dir).lexically_normal().filename().string()
                                          : f.served_names[0];
   if (ao.model_name.empty()) ao.model_name = std::filesystem::path(f.model_dir).parent_path().filename().string();
-  auto loras = lora_sources(f.lora_modules, ao.model_name);
+  auto loras = lora_sources(f.lora.modules, ao.model_name);
   if (!loras) return loras.take_error();
-  auto m = model::model::load(f.model_dir, {.dtype = *dtype, .quant = *quant, .loras = *loras});
+  auto m = model::model::load(f.model_dir, {.dtype = *dtype,
+                                                 .quant = *quant,
+                                                 .loras = *loras,
+                                                 .enable_lora = f.lora.enabled(),
+                                                 .max_loras = f.lora.max_cpu_loras});
   if (!m) return m.take_error();
   const auto& cfg = (*m)->config();
   gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser, *tool_tokens, *pooling, *loras};
@@ -177,6 +181,7 @@ status run_serve(const serve_flags& f) {
   ho.host = where->first;
   ho.port = where->second;
   apply_gateway_flags(f.gw, ao, ho);
+  ao.runtime_lora_updates = f.lora.updates_allowed();
   auto api = std::make_unique<gateway::api_service>(ao, std::vector{std::move(served)}, **mesh, metrics);
   auto server = gateway::http_server::listen(*api, ho);
   if (!server) return server.take_error();
@@ -205,7 +210,10 @@ status run_serve(const serve_flags& f) {
                (*m)->int8_weights() ? ", int8 weights"
                : *dtype             ? (", " + std::string(model::weight_dtype_name(*dtype)) + " weights").c_str()
                                     : "",
-               loras->empty() ? "" : (", " + std::to_string(loras->size()) + " LoRA adapter(s)").c_str(),
+               !f.lora.enabled() ? ""
+               : ao.runtime_lora_updates
+                   ? (", " + std::to_string(loras->size()) + " LoRA adapter(s), runtime updates on").c_str()
+                   : (", " + std::to_string(loras->size()) + " LoRA adapter(s)").c_str(),
                mo.engine.threads, e0.kv_blocks() * e0.kv_block_size(), *kv_type == kernels::dtype::bf16 ? ", bfloat16" : "",
                notes.empty() ? "" : "; ", notes.c_str());
   std::fprintf(stderr,
@@ -270,7 +278,7 @@ void add_serve(CLI::App& app, command_set& commands) {
   add_quantization_flag(sub, f->quantization);
   add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
   add_dtype_flag(sub, f->dtype);
-  add_lora_flags(sub, f->lora_modules);
+  add_lora_flags(sub, f->lora);
   add_vllm_flags(sub, *f);
   add_prefix_caching_flag(sub, f->prefix_caching);
   sub->add_option("--policy", f->policy, "Router policy: round-robin, least-load, power-of-two, prefix-aware")

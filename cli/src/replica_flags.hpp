@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cctype>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -84,13 +86,43 @@ inline void add_kv_cache_dtype_flag(CLI::App* sub, std::string& t) {
   return t;
 }
 
-/// Adds vLLM's --lora-modules (NAME=PATH or {"name": ..., "path": ...}, several after one flag
-/// or the flag repeated) and --enable-lora (vLLM needs it; here the adapters alone enable LoRA).
-inline void add_lora_flags(CLI::App* sub, std::vector<std::string>& modules) {
-  sub->add_option("--lora-modules", modules,
+/// vLLM's LoRA flags of `llmesh serve`.
+struct lora_flags {
+  std::vector<std::string> modules;  ///< --lora-modules
+  bool enable = false;               ///< --enable-lora: adapters may come later (runtime updates)
+  bool runtime_updates = false;      ///< --allow-runtime-lora-updating (or VLLM_ALLOW_RUNTIME_LORA_UPDATING)
+  size_t max_cpu_loras = 0;          ///< --max-cpu-loras: adapters loaded at once (0: model::lora_set's default)
+  /// Whether runtime updates are allowed: the flag, or vLLM's environment variable set to
+  /// true/1 (as vLLM reads it).
+  bool updates_allowed() const {
+    if (runtime_updates) return true;
+    const char* v = std::getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING");
+    if (!v) return false;
+    std::string s(v);
+    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s == "1" || s == "true";
+  }
+  /// LoRA is on: adapters given, --enable-lora, or runtime updates allowed.
+  bool enabled() const { return !modules.empty() || enable || updates_allowed(); }
+};
+
+/// Adds --lora-modules (NAME=PATH or {"name": ..., "path": ...}, several after one flag or the
+/// flag repeated), --enable-lora, --allow-runtime-lora-updating, --max-cpu-loras and (accepted)
+/// --max-loras and --max-lora-rank to `sub`.
+inline void add_lora_flags(CLI::App* sub, lora_flags& f) {
+  sub->add_option("--lora-modules", f.modules,
                   "LoRA adapters (PEFT directories) served beside the model, each under its own model name: NAME=PATH ... "
                   "(CPU backend)");
-  sub->add_flag_function("--enable-lora", [](int64_t) {}, "Accepted for vLLM's command lines; --lora-modules is what enables adapters");
+  sub->add_flag("--enable-lora", f.enable, "vLLM's: serve LoRA adapters (implied by --lora-modules; CPU backend)");
+  sub->add_flag("--allow-runtime-lora-updating", f.runtime_updates,
+                "POST /v1/load_lora_adapter and /v1/unload_lora_adapter add and remove adapters while serving (vLLM's "
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true does the same; implies --enable-lora)");
+  sub->add_option("--max-cpu-loras", f.max_cpu_loras, "vLLM's: LoRA adapters loaded at once (0: 64, or --lora-modules' count)")
+      ->check(CLI::Range(size_t{0}, size_t{1} << 16));
+  sub->add_option_function<size_t>("--max-loras", [](const size_t&) {},
+                                   "vLLM's (adapters in one batch); accepted: here any number of adapters share a step");
+  sub->add_option_function<size_t>("--max-lora-rank", [](const size_t&) {},
+                                   "vLLM's; accepted: an adapter's rank is checked when it loads (at most 512)");
 }
 
 /// The adapters of --lora-modules, their names checked against each other and `base_name`.

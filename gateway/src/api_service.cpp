@@ -65,7 +65,6 @@ uint64_t choice_seed(uint64_t request_seed, size_t j) {
 api_service::api_service(api_options opt, std::vector<served_model> models, actors::mesh_client& mesh,
                          actors::metrics_registry& metrics)
     : opt_(std::move(opt)),
-      models_(std::move(models)),
       mesh_(mesh),
       metrics_(metrics),
       store_(std::make_shared<response_store>(opt_.max_stored_responses, opt_.max_stored_response_bytes)),
@@ -77,21 +76,13 @@ api_service::api_service(api_options opt, std::vector<served_model> models, acto
   actors::metric::declare_serving(metrics_);
   // Each LoRA adapter answers as a model of its own: the base model's entry under its name.
   std::vector<served_model> adapters;
-  for (const auto& m : models_) {
-    for (const auto& l : m.loras) {
-      served_model a = m;
-      a.loras.clear();
-      a.name = l.name;
-      a.parent = m.name;
-      a.lora = l.name;
-      a.root = l.path;
-      adapters.push_back(std::move(a));
-    }
+  for (const auto& m : models) {
+    for (const auto& l : m.loras) adapters.push_back(adapter_entry(m, l));
   }
-  for (auto& a : adapters) models_.push_back(std::move(a));
+  for (auto& a : adapters) models.push_back(std::move(a));
   // Each further name of a model answers as the model itself (its adapters keep their own names).
   std::vector<served_model> names;
-  for (const auto& m : models_) {
+  for (const auto& m : models) {
     for (const auto& alias : m.aliases) {
       served_model a = m;
       a.loras.clear();
@@ -101,7 +92,8 @@ api_service::api_service(api_options opt, std::vector<served_model> models, acto
       names.push_back(std::move(a));
     }
   }
-  for (auto& a : names) models_.push_back(std::move(a));
+  for (auto& a : names) models.push_back(std::move(a));
+  for (auto& m : models) models_.push_back(std::make_shared<const served_model>(std::move(m)));
   // The stores' sizes, read at each scrape (weak: a scrape after the service is gone reads none).
   metrics_.add_collector([&m = metrics_, store = std::weak_ptr<response_store>(store_),
                           convs = std::weak_ptr<json_store>(conversations_)] {
@@ -127,19 +119,36 @@ api_service::api_service(api_options opt, std::shared_ptr<const model::tokenizer
                          actors::metrics_registry& metrics)
     : api_service(opt, {served_model{opt.model_name, std::move(tok), std::move(chat), std::move(cfg)}}, mesh, metrics) {}
 
+served_model api_service::adapter_entry(const served_model& base, const model::lora_source& l) {
+  served_model a = base;
+  a.loras.clear();
+  a.aliases.clear();
+  a.name = l.name;
+  a.parent = base.name;
+  a.lora = l.name;
+  a.root = l.path;
+  return a;
+}
+
+std::vector<std::shared_ptr<const served_model>> api_service::served() const {
+  std::shared_lock lock(models_mu_);
+  return models_;
+}
+
 std::vector<std::string> api_service::model_names() const {
   std::vector<std::string> out;
-  for (const auto& m : models_) out.push_back(m.name);
+  for (const auto& m : served()) out.push_back(m->name);
   return out;
 }
 
-result<const served_model*> api_service::find(const std::string& name) const {
-  for (const auto& m : models_) {
-    if (m.name == name) return &m;
+result<std::shared_ptr<const served_model>> api_service::find(const std::string& name) const {
+  const auto all = served();
+  for (const auto& m : all) {
+    if (m->name == name) return m;
   }
-  std::string served;
-  for (const auto& m : models_) served += (served.empty() ? "'" : ", '") + m.name + "'";
-  return make_error(errc::not_found, "the model '" + name + "' does not exist; this server serves " + served);
+  std::string names;
+  for (const auto& m : all) names += (names.empty() ? "'" : ", '") + m->name + "'";
+  return make_error(errc::not_found, "the model '" + name + "' does not exist; this server serves " + names);
 }
 
 bool api_service::authorized(std::string_view authorization) const {
@@ -169,7 +178,8 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   const bool stored_route = path.starts_with("/v1/responses/");  // a stored response's routes
   const bool conversation_route = path == "/v1/conversations" || path.starts_with("/v1/conversations/");
   const bool model_route = path.starts_with("/v1/models/") && path.size() > std::string_view("/v1/models/").size();
-  const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
+  const bool lora_route = path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter";
+  const bool known = lora_route || path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
                      path == "/v1/responses" || path == "/v1/embeddings" || score_route || rerank_route || stored_route ||
                      conversation_route || model_route || tokenizer_route;
   if (!known && !(path == "/health" || path == "/ready" || path == "/metrics" || path == "/version")) {
@@ -192,6 +202,8 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
     return conversations(method, path.substr(std::string_view("/v1/conversations").size()),
                          target.size() > path.size() ? target.substr(path.size() + 1) : std::string_view(), body);
   }
+  if (path == "/v1/load_lora_adapter" && post) return load_lora_adapter(body);
+  if (path == "/v1/unload_lora_adapter" && post) return unload_lora_adapter(body);
   if (path == "/tokenize" && post) return tokenize(body);
   if (path == "/detokenize" && post) return detokenize(body);
   http_reply r = error_reply(make_error(errc::invalid_request, std::string(method) + " is not allowed on " + std::string(path)));
@@ -213,7 +225,7 @@ nlohmann::ordered_json api_service::model_card(const served_model& m) const {
 
 http_reply api_service::models() const {
   auto data = nlohmann::ordered_json::array();
-  for (const auto& m : models_) data.push_back(model_card(m));
+  for (const auto& m : served()) data.push_back(model_card(*m));
   nlohmann::ordered_json j = {{"object", "list"}, {"data", std::move(data)}};
   return json_reply(200, j.dump());
 }
@@ -386,7 +398,7 @@ result<generation_job> api_service::native_generate(std::string_view api_key, co
   if (!extra->is_null()) LLMESH_TRY(apply_extra_fields(*extra, opt_.limits, g));
   auto found = find(model);
   if (!found) return found.take_error();
-  const served_model* m = *found;
+  const std::shared_ptr<const served_model> m = *found;
   if (mesh_.ready_replicas(m->route_name()) == 0) {
     return make_error(errc::replica_unavailable, "no replica of the model '" + model + "' is ready");
   }

@@ -7,15 +7,15 @@
 
 namespace llmesh::gateway {
 
-result<const served_model*> api_service::find_or_only(const std::string& name) const {
+result<std::shared_ptr<const served_model>> api_service::find_or_only(const std::string& name) const {
   if (!name.empty()) return find(name);
   // One base model: its adapters and further names (served as models too) do not make the name
   // ambiguous.
-  const served_model* only = nullptr;
-  for (const auto& m : models_) {
-    if (!m.parent.empty() || !m.alias_of.empty()) continue;
+  std::shared_ptr<const served_model> only;
+  for (const auto& m : served()) {
+    if (!m->parent.empty() || !m->alias_of.empty()) continue;
     if (only) return make_error(errc::invalid_request, "this server serves several models: name one in 'model'");
-    only = &m;
+    only = m;
   }
   if (only) return only;
   return make_error(errc::invalid_request, "this server serves several models: name one in 'model'");

@@ -111,7 +111,7 @@ status set_kv_type(kv_cache_config& kv, kernels::dtype type) {
 result<backend_choice> choose_backend(const model& m, const engine_options& opt) {
   const auto& c = m.config();
   const bool quantized = m.int8_weights();
-  const char* cpu_only = !m.loras().empty()                  ? "LoRA adapters"
+  const char* cpu_only = m.lora_enabled()                     ? "LoRA adapters"
                          : opt.kv_type != kernels::dtype::f32 ? "bfloat16 KV caches (--kv-cache-dtype bfloat16)"
                                                               : cpu_only_family(c);
   if (opt.device == backend::cuda && quantized) {
@@ -313,11 +313,13 @@ status engine::run_step(std::span<const step_item> items, Fn fn) {
   const auto& c = model_->config();
   // Validate everything and count blocks before touching any state.
   size_t blocks_needed = 0;
+  std::vector<std::shared_ptr<const lora_adapter>> adapters;  // by item, held for the step
   for (const auto& it : items) {
     auto s = seqs_.find(it.seq);
     if (s == seqs_.end()) return make_error(errc::invalid_request, "step: unknown sequence " + std::to_string(it.seq));
     if (it.tokens.empty()) return make_error(errc::invalid_request, "step: no tokens for sequence " + std::to_string(it.seq));
-    if (it.lora < -1 || it.lora >= static_cast<int32_t>(model_->loras().size())) {
+    adapters.push_back(it.lora >= 0 ? model_->loras().get(it.lora) : nullptr);
+    if (it.lora < -1 || (it.lora >= 0 && !adapters.back())) {
       return make_error(errc::invalid_request, "step: LoRA adapter " + std::to_string(it.lora) + " is not loaded");
     }
     for (int32_t id : it.tokens) {
@@ -346,7 +348,8 @@ status engine::run_step(std::span<const step_item> items, Fn fn) {
   }
   std::vector<step_sequence> batch;
   batch.reserve(items.size());
-  for (const auto& it : items) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& it = items[i];
     auto& s = seqs_[it.seq];
     size_t need = (s.length + it.tokens.size() + kv_.block_size - 1) / kv_.block_size;
     while (s.blocks.size() < need) {
@@ -355,6 +358,7 @@ status engine::run_step(std::span<const step_item> items, Fn fn) {
     }
     batch.push_back({it.tokens, s.length, s.blocks, it.want_logits});
     batch.back().lora = it.lora;
+    batch.back().adapter = adapters[i].get();
   }
 
   LLMESH_TRY(run_ranks(batch, fn));
@@ -422,7 +426,7 @@ status engine::check_batch(std::span<const step_sequence> batch) const {
                                                    " positions (1 to its tokens, at most " + std::to_string(max_draws) +
                                                    ", and 1 when it scores its prompt)");
     }
-    if (s.lora < -1 || s.lora >= static_cast<int32_t>(model_->loras().size())) {
+    if (s.lora < -1 || (s.lora >= 0 && !s.adapter && !model_->loras().get(s.lora))) {
       return make_error(errc::invalid_request, "forward: LoRA adapter " + std::to_string(s.lora) + " is not loaded (" +
                                                    std::to_string(model_->loras().size()) + " are)");
     }

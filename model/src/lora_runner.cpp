@@ -18,22 +18,34 @@ kernels::matmul_args lora_matmul(const float* x, size_t ldx, const void* w, kern
 
 }  // namespace
 
-void lora_runner::plan(std::span<const step_sequence> batch) {
+status lora_runner::plan(std::span<const step_sequence> batch, const model& m) {
   groups_.clear();
   std::map<int32_t, size_t> at;
   size_t row = 0;
   for (const auto& s : batch) {
     if (s.lora >= 0) {
       auto [it, fresh] = at.try_emplace(s.lora, groups_.size());
-      if (fresh) groups_.push_back({s.lora, {}});
+      if (fresh) {
+        group g{s.lora, s.adapter, nullptr, {}};
+        if (!g.a) {  // not pinned by the caller: held for this step
+          g.pin = m.loras().get(s.lora);
+          g.a = g.pin.get();
+          if (!g.a) {
+            groups_.clear();
+            return make_error(errc::not_found, "forward: LoRA adapter " + std::to_string(s.lora) + " is not loaded");
+          }
+        }
+        groups_.push_back(std::move(g));
+      }
       auto& rows = groups_[it->second].rows;
       for (size_t i = 0; i < s.tokens.size(); ++i) rows.push_back(row + i);
     }
     row += s.tokens.size();
   }
+  return ok_status();
 }
 
-void lora_runner::begin(const model& m, size_t layer, std::span<const lora_job> jobs, std::vector<kernels::matmul_args>& first) {
+void lora_runner::begin(size_t layer, std::span<const lora_job> jobs, std::vector<kernels::matmul_args>& first) {
   parts_.clear();
   jobs_.assign(jobs.begin(), jobs.end());
   second_.clear();
@@ -48,7 +60,7 @@ void lora_runner::begin(const model& m, size_t layer, std::span<const lora_job> 
   std::vector<input> inputs;
   size_t nx = 0, nt = 0, nu = 0;
   for (const auto& g : groups_) {
-    const lora_adapter& a = m.loras()[static_cast<size_t>(g.adapter)];
+    const lora_adapter& a = *g.a;
     const bool consecutive = g.rows.back() - g.rows.front() + 1 == g.rows.size();
     for (size_t ji = 0; ji < jobs_.size(); ++ji) {
       const lora_job& j = jobs_[ji];
@@ -104,11 +116,11 @@ status lora_runner::finish(kernels::thread_pool& pool) {
   return ok_status();
 }
 
-status lora_runner::project(std::span<const kernels::matmul_args> base, const model& m, size_t layer,
+status lora_runner::project(std::span<const kernels::matmul_args> base, size_t layer,
                             std::span<const lora_job> jobs, kernels::thread_pool& pool) {
   if (!active()) return kernels::matmul(base, pool);
   std::vector<kernels::matmul_args> all(base.begin(), base.end());
-  begin(m, layer, jobs, all);
+  begin(layer, jobs, all);
   LLMESH_TRY(kernels::matmul(all, pool));
   return finish(pool);
 }

@@ -29,19 +29,23 @@ struct lora_job {
 
 class lora_runner {
  public:
-  /// Groups the batch's token rows by adapter (step_sequence::lora >= 0).
-  void plan(std::span<const step_sequence> batch);
+  /// Groups the batch's token rows by adapter (step_sequence::lora >= 0), each group holding
+  /// its adapter (step_sequence::adapter, else m.loras()'s, held until the next plan).
+  /// not_found: an id names no loaded adapter (no group is planned then).
+  [[nodiscard]] status plan(std::span<const step_sequence> batch, const model& m);
   bool active() const { return !groups_.empty(); }
   /// Runs the base projections `base` and adds the planned rows' deltas of layer `layer` to
   /// every job's output: the deltas' x·Aᵀ matmuls share the base projections' parallel region,
   /// their ·Bᵀ and the adds follow (each output's operations and their order are the same
   /// either way). Without adapters in the step: the base projections alone.
-  [[nodiscard]] status project(std::span<const kernels::matmul_args> base, const model& m, size_t layer,
+  [[nodiscard]] status project(std::span<const kernels::matmul_args> base, size_t layer,
                                std::span<const lora_job> jobs, kernels::thread_pool& pool);
 
  private:
   struct group {
     int32_t adapter;
+    const lora_adapter* a;
+    std::shared_ptr<const lora_adapter> pin;  ///< set when this step looked the adapter up
     std::vector<size_t> rows;
   };
   /// One (group, job) pair with a pair for that projection: its rows' t and u offsets.
@@ -52,7 +56,7 @@ class lora_runner {
     size_t t0, u0;
   };
   /// Gathers the inputs and appends the deltas' x·Aᵀ matmuls to `first`.
-  void begin(const model& m, size_t layer, std::span<const lora_job> jobs, std::vector<kernels::matmul_args>& first);
+  void begin(size_t layer, std::span<const lora_job> jobs, std::vector<kernels::matmul_args>& first);
   /// After `first` ran: the ·Bᵀ matmuls and y += scale · u.
   [[nodiscard]] status finish(kernels::thread_pool& pool);
 

@@ -97,7 +97,7 @@ status shard_executor::run(std::span<const step_sequence> batch, std::vector<flo
   for (const auto& s : batch) n_tokens += s.tokens.size();
   if (n_tokens == 0) return make_error(errc::invalid_request, "forward: empty batch");
   ensure_buffers(n_tokens);
-  lora_->plan(batch);
+  LLMESH_TRY(lora_->plan(batch, *model_));
 
   // Embedding rows and rotary angles for every token of the step.
   size_t t = 0;
@@ -187,7 +187,7 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
   const lora_job qkv_lora[3] = {{lora_target::q, xn_.data(), c.hidden, 0, c.hidden, q_.data(), q_dim, q0, q_dim},
                                 {lora_target::k, xn_.data(), c.hidden, 0, c.hidden, k_.data(), kv_dim, kv0, kv_dim},
                                 {lora_target::v, xn_.data(), c.hidden, 0, c.hidden, v_.data(), kv_dim, kv0, kv_dim}};
-  LLMESH_TRY(lora_->project(qkv, *model_, layer, qkv_lora, *pool_));  // plus each sequence's LoRA deltas
+  LLMESH_TRY(lora_->project(qkv, layer, qkv_lora, *pool_));  // plus each sequence's LoRA deltas
   if (c.qk_norm) {  // Qwen3: every head of q and k RMS-normalised on its own, before RoPE
     for_rows(*pool_, n_tokens * layout_.n_heads, hd, [&](size_t r) {
       kernels::rmsnorm(&q_[r * hd], lw.q_norm.data(), &q_[r * hd], hd, c.rms_norm_eps);
@@ -226,7 +226,7 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
   const matmul_args o = job(attn_.data(), q_dim, lw.o, cols_from(lw.o, q0), proj_.data(), c.hidden, n_tokens, c.hidden,
                              q_dim, o_bias);
   const lora_job o_lora{lora_target::o, attn_.data(), q_dim, q0, q_dim, proj_.data(), c.hidden, 0, c.hidden};
-  LLMESH_TRY(lora_->project(std::span(&o, 1), *model_, layer, std::span(&o_lora, 1), *pool_));
+  LLMESH_TRY(lora_->project(std::span(&o, 1), layer, std::span(&o_lora, 1), *pool_));
   if (layout_.tp > 1) LLMESH_TRY(comm_->all_reduce_sum(std::span(proj_.data(), n_tokens * c.hidden)));
   return add_residual(lw.post_attn_norm, n_tokens);
 }
@@ -260,7 +260,7 @@ status shard_executor::mlp_block(size_t layer, size_t n_tokens) {
   };
   const lora_job gate_up_lora[2] = {{lora_target::gate, xn_.data(), c.hidden, 0, c.hidden, gate_.data(), ni, i0, ni},
                                     {lora_target::up, xn_.data(), c.hidden, 0, c.hidden, up_.data(), ni, i0, ni}};
-  LLMESH_TRY(lora_->project(gate_up, *model_, layer, gate_up_lora, *pool_));
+  LLMESH_TRY(lora_->project(gate_up, layer, gate_up_lora, *pool_));
   pool_->run([&](int th, int n_threads) {
     auto [b, e] = kernels::thread_pool::split(n_tokens * ni, th, n_threads);
     if (c.gemma.on) {
@@ -272,7 +272,7 @@ status shard_executor::mlp_block(size_t layer, size_t n_tokens) {
   const matmul_args down = job(gate_.data(), ni, lw.down, cols_from(lw.down, i0), proj_.data(), c.hidden, n_tokens, c.hidden,
                                 ni, nullptr);
   const lora_job down_lora{lora_target::down, gate_.data(), ni, i0, ni, proj_.data(), c.hidden, 0, c.hidden};
-  LLMESH_TRY(lora_->project(std::span(&down, 1), *model_, layer, std::span(&down_lora, 1), *pool_));
+  LLMESH_TRY(lora_->project(std::span(&down, 1), layer, std::span(&down_lora, 1), *pool_));
   if (layout_.tp > 1) LLMESH_TRY(comm_->all_reduce_sum(std::span(proj_.data(), n_tokens * c.hidden)));
   return add_residual(lw.post_mlp_norm, n_tokens);
 }

@@ -113,10 +113,11 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     for (const weight_matrix* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) m->int8_weights_ |= held_int8(*w);
     for (const auto& x : l.experts) m->int8_weights_ |= held_int8(x.gate) || held_int8(x.up) || held_int8(x.down);
   }
+  m->lora_enabled_ = opt.enable_lora || !opt.loras.empty();
+  m->loras_->set_capacity(std::max(opt.max_loras ? opt.max_loras : lora_set::default_capacity, opt.loras.size()));
   for (const auto& src : opt.loras) {
-    auto a = load_lora(src, m->config_);
-    if (!a) return a.take_error();
-    m->loras_.push_back(std::move(a.value()));
+    auto id = m->load_lora(src);
+    if (!id) return id.take_error();
   }
   if (is_gguf_file(dir) || std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) {
     if (auto d = detokenizer::load(dir)) m->vocabulary_ = token_vocabulary::build(*d);
@@ -124,11 +125,13 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
   return std::shared_ptr<const model>(std::move(m));
 }
 
-int32_t model::lora_index(std::string_view name) const {
-  for (size_t i = 0; i < loras_.size(); ++i) {
-    if (loras_[i].name == name) return static_cast<int32_t>(i);
+result<int32_t> model::load_lora(const lora_source& src) const {
+  if (!lora_enabled_) {
+    return make_error(errc::unsupported, "this model was loaded without LoRA support (start with --enable-lora)");
   }
-  return -1;
+  auto a = llmesh::model::load_lora(src, config_);
+  if (!a) return a.take_error();
+  return loras_->add(std::make_shared<const lora_adapter>(std::move(*a)));
 }
 
 status model::bind_weights() {

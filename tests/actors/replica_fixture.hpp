@@ -101,7 +101,7 @@ class replica_test_base : public ::testing::Test {
       g.sampling = r.sampling;
       g.stop_ids = r.eos_ids;
       g.logit_bias = r.logit_bias;
-      g.lora = model_->lora_index(r.lora);  // -1 for none
+      g.lora = model_->loras().find(r.lora).first;  // -1 for none
       EXPECT_TRUE(r.lora.empty() || g.lora >= 0) << r.lora;
       auto res = model::generate(*e, g);
       EXPECT_TRUE(res.ok());

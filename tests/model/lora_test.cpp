@@ -239,8 +239,8 @@ TEST(Lora, AnUnknownAdapterIndexIsRefusedAndCudaIsRefused) {
   testing::temp_dir dir;
   auto m = model_with_adapter(dir);
   ASSERT_TRUE(m);
-  EXPECT_EQ(m->lora_index("a"), 0);
-  EXPECT_EQ(m->lora_index("b"), -1);
+  EXPECT_EQ(m->loras().find("a").first, 0);
+  EXPECT_EQ(m->loras().find("b").first, -1);
   auto e = make_engine(m);
   std::vector<int32_t> table = {0};
   step_sequence s;

@@ -17,6 +17,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -75,9 +76,13 @@ struct request_spec {
   /// both computed whole like a scored prompt) and nothing is drawn: one event (token -1, finish length)
   /// ends it once the prompt is computed. max_tokens is not used.
   pooling pool = pooling::none;
-  /// The LoRA adapter its steps run with (an index into the model's loras(); -1: none). Its KV
-  /// blocks hold that adapter's keys and values: the prefix cache keys them apart (prefix_key).
+  /// The LoRA adapter its steps run with (an id in the model's loras(); -1: none). Its KV
+  /// blocks hold that adapter's keys and values: the prefix cache keys them apart (prefix_key;
+  /// ids are never reused, so a block cached under a removed adapter matches nothing).
   int32_t lora = -1;
+  /// That adapter, held for the request's life: removing it from the model lets the requests
+  /// running with it finish with it.
+  std::shared_ptr<const model::lora_adapter> adapter;
 };
 
 /// The key a request's prefix-cache chain starts from: its cache_salt, mixed with its adapter
@@ -106,6 +111,7 @@ struct scheduled_seq {
   uint32_t draws = 1;
   model::hidden_rows hidden = model::hidden_rows::none;  ///< an embedding request's (request_spec::pool)
   int32_t lora = -1;                                     ///< request_spec::lora
+  const model::lora_adapter* adapter = nullptr;          ///< request_spec::adapter
 };
 
 struct step_plan {

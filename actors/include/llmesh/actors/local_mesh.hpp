@@ -33,6 +33,25 @@ class mesh_client {
     (void)model;
     return ready_replicas();
   }
+  /// vLLM's runtime LoRA updates: adds the adapter `src` to every replica of `model` (loaded
+  /// once where they share the weights), or removes the adapter `name` from them (requests
+  /// running with it finish with it). By default unsupported: a mesh of processes serves the
+  /// adapters its cluster config lists.
+  [[nodiscard]] virtual status load_lora(std::string_view model, const model::lora_source& src) {
+    (void)model;
+    (void)src;
+    return make_error(errc::unsupported, no_runtime_lora);
+  }
+  [[nodiscard]] virtual status unload_lora(std::string_view model, std::string_view name) {
+    (void)model;
+    (void)name;
+    return make_error(errc::unsupported, no_runtime_lora);
+  }
+
+ private:
+  static constexpr const char* no_runtime_lora =
+      "runtime LoRA updates reach the replicas of one process (llmesh serve); a mesh of nodes serves the "
+      "adapters its cluster config lists (a model's loras)";
 };
 
 struct mesh_options {
@@ -58,6 +77,9 @@ class local_mesh final : public mesh_client {
   void cancel(uint64_t id) override;
   size_t ready_replicas() const override;
   size_t ready_replicas(std::string_view model) const override;
+  /// Loads the adapter once into the model every replica shares (model::load_lora).
+  [[nodiscard]] status load_lora(std::string_view model, const model::lora_source& src) override;
+  [[nodiscard]] status unload_lora(std::string_view model, std::string_view name) override;
 
   size_t replica_count() const;
   const model::engine& engine(size_t i) const;

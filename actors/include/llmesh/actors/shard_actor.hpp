@@ -21,6 +21,9 @@ using shard_step_atom = caf::atom_constant<caf::atom("shardstep")>;
 struct step_data {
   std::vector<int32_t> tokens, tables;          ///< the sequences' tokens and block tables, packed
   std::vector<model::step_sequence> batch;      ///< spans into tokens and tables
+  /// The LoRA adapters the batch points at, held while the step data lives (a replica stopped
+  /// mid-step, and with it its requests' pins, leaves them to the shards still reading).
+  std::vector<std::shared_ptr<const model::lora_adapter>> adapters;
   std::vector<sample_row> rows;                 ///< one per sequence with want_logits; rank 0 draws them
   /// Copies a planned step.
   static std::shared_ptr<const step_data> copy(std::span<const model::step_sequence> batch,

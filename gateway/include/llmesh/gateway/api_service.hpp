@@ -10,7 +10,9 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -40,6 +42,10 @@ struct api_options {
   /// vLLM's --scheduling-policy priority: requests' `priority` reaches the replicas (lower
   /// first); false (fcfs): a non-zero priority is a 400, as vLLM answers it.
   bool priority_scheduling = false;
+  /// vLLM's runtime LoRA updates (VLLM_ALLOW_RUNTIME_LORA_UPDATING): POST
+  /// /v1/load_lora_adapter and /v1/unload_lora_adapter add and remove adapters while the server
+  /// runs; off: both answer 404 saying how to turn them on.
+  bool runtime_lora_updates = false;
   /// vLLM's --seed: a seedless request's seed is drawn from it and the request's place in the
   /// server's sequence of ids (none: from a random value drawn at start). Ids stay random.
   std::optional<uint64_t> seed;
@@ -250,9 +256,16 @@ class api_service {
   api_outcome tokenize(std::string_view body);
   api_outcome detokenize(std::string_view body);
   /// The served model of that name; not_found naming the served ones otherwise.
-  result<const served_model*> find(const std::string& name) const;
+  result<std::shared_ptr<const served_model>> find(const std::string& name) const;
   /// find(), or with no name the one model served (several: a 400 asking for one).
-  result<const served_model*> find_or_only(const std::string& name) const;
+  result<std::shared_ptr<const served_model>> find_or_only(const std::string& name) const;
+  /// The served models now (adapters come and go: runtime LoRA updates).
+  std::vector<std::shared_ptr<const served_model>> served() const;
+  /// The entry that serves adapter `l` of `base`: the base model's, under the adapter's name.
+  static served_model adapter_entry(const served_model& base, const model::lora_source& l);
+  /// vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter (api_lora.cpp).
+  http_reply load_lora_adapter(std::string_view body);
+  http_reply unload_lora_adapter(std::string_view body);
   /// A prompt as prepare() takes it: its tokens, and the text its choices begin with (echo).
   struct prepared_prompt {
     std::vector<int32_t> ids;
@@ -278,7 +291,9 @@ class api_service {
   bool authorized(std::string_view authorization) const;
 
   api_options opt_;
-  std::vector<served_model> models_;
+  mutable std::shared_mutex models_mu_;  ///< guards models_ (runtime LoRA updates change it)
+  std::vector<std::shared_ptr<const served_model>> models_;
+  std::mutex lora_updates_mu_;  ///< one runtime LoRA update at a time
   actors::mesh_client& mesh_;
   actors::metrics_registry& metrics_;
   std::shared_ptr<response_store> store_;  ///< shared with the renderers that store into it

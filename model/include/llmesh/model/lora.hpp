@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -73,8 +74,9 @@ struct lora_layer {
   lora_pair& operator[](lora_target t) { return pairs[static_cast<size_t>(t)]; }
 };
 
-/// A loaded adapter (immutable once loaded).
-struct lora_adapter {
+/// A loaded adapter (immutable once loaded), held by shared_ptr (lora_set): whoever copies a
+/// step's raw pointer to it beyond the step pins it with shared_from_this().
+struct lora_adapter : std::enable_shared_from_this<lora_adapter> {
   std::string name, path;
   size_t max_rank = 0;
   std::vector<lora_layer> layers;  ///< one per decoder layer of the base model

@@ -70,8 +70,12 @@ struct step_sequence {
   /// Its final hidden rows come back (rank 0's step_logprobs::hidden). They are the rows the
   /// LM head would take at those positions, whatever else the step holds.
   hidden_rows hidden = hidden_rows::none;
-  /// The LoRA adapter its projections add (an index into model::loras()), or -1 for none.
+  /// The LoRA adapter its projections add (an id in model::loras()), or -1 for none.
   int32_t lora = -1;
+  /// That adapter itself, held by the caller for the step (a replica pins it for the request's
+  /// life, so that removing the adapter does not stop the requests running with it); null: the
+  /// executor looks `lora` up in model::loras() for the step.
+  const lora_adapter* adapter = nullptr;
 };
 
 /// How many hidden rows `s` wants from a step, and the chunk position of the first of them

@@ -10,6 +10,7 @@
 #include "llmesh/common/error.hpp"
 #include "llmesh/model/config.hpp"
 #include "llmesh/model/lora.hpp"
+#include "llmesh/model/lora_set.hpp"
 #include "llmesh/model/safetensors.hpp"
 
 namespace llmesh::model {
@@ -53,9 +54,15 @@ struct load_options {
   /// gather keeps the checkpoint's rows). About 1.1 bytes per weight instead of 2 (BF16): a
   /// memory-bound decode step reads half as much.
   quantization quant = quantization::none;
-  /// LoRA adapters served beside the model (--lora-modules), loaded at start; a step sequence
-  /// names one by its index here (step_sequence::lora).
+  /// LoRA adapters served beside the model (--lora-modules), loaded at start, with ids 0, 1, ...
+  /// in this order; a step sequence names one by its id (step_sequence::lora).
   std::vector<lora_source> loras;
+  /// Adapters may be added while the model serves (load_lora): vLLM's --enable-lora. Implied by
+  /// `loras`. The model's replicas then run on the CPU backend.
+  bool enable_lora = false;
+  /// Adapters loaded at most at once (vLLM's --max-cpu-loras); 0: lora_set::default_capacity,
+  /// or more when `loras` holds more.
+  size_t max_loras = 0;
 };
 
 /// One decoder layer. Norm weights and biases are small and converted to float32 at load.
@@ -103,10 +110,15 @@ class model {
   /// Whether any weight matrix is held as int8 blocks (kernels::dtype::q8): after
   /// --quantization int8, or as loaded from a quantized GGUF file. Such weights run on the CPU.
   bool int8_weights() const { return int8_weights_; }
-  /// The LoRA adapters loaded with the model (load_options::loras), in that order.
-  const std::vector<lora_adapter>& loras() const { return loras_; }
-  /// The index of the adapter named `name` in loras(), or -1.
-  int32_t lora_index(std::string_view name) const;
+  /// The LoRA adapters it serves now (load_options::loras first), by id. Thread-safe; the
+  /// set changes while the model serves (load_lora, lora_set::remove), the weights never do.
+  lora_set& loras() const { return *loras_; }
+  /// Whether the model serves LoRA adapters (load_options::enable_lora or ::loras).
+  bool lora_enabled() const { return lora_enabled_; }
+  /// Loads the adapter at src.path for this model and adds it under the next id.
+  /// unsupported when the model was loaded without enable_lora; load_lora's and
+  /// lora_set::add's errors otherwise.
+  [[nodiscard]] result<int32_t> load_lora(const lora_source& src) const;
   /// The token bytes of DIR/tokenizer.json, for structured outputs (token_mask.hpp); null when
   /// the directory has no tokenizer the detokenizer reads.
   const std::shared_ptr<const token_vocabulary>& vocabulary() const { return vocabulary_; }
@@ -139,7 +151,8 @@ class model {
   std::shared_ptr<const token_vocabulary> vocabulary_;
   quantization quant_ = quantization::none;
   bool int8_weights_ = false;
-  std::vector<lora_adapter> loras_;
+  std::shared_ptr<lora_set> loras_ = std::make_shared<lora_set>();
+  bool lora_enabled_ = false;
   /// The quantized copy the q8 weight views point into (huge-page backed where the kernel allows).
   std::shared_ptr<uint8_t> quantized_;
   /// The --dtype copy the cast weight views point into.
