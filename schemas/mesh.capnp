@@ -328,6 +328,8 @@ struct ShardReady {
                             # ("" from older nodes, which load none): every rank's must equal rank 0's
   kvCacheDtype @10 :Text;   # its KV cache's elements ("float32", "bfloat16"; "" from older nodes:
                             # float32): every rank's must equal rank 0's
+  dtype @11 :Text;          # the type its node rewrote the weights in ("auto", "bfloat16", ...; ""
+                            # from older nodes, which hold them as stored): every rank's must equal rank 0's
 }
 
 # The replica's node tells every shard's node that the group forms: connect to the ranks above.

@@ -72,19 +72,24 @@ void local_mesh::submit(replica_request r, token_sink sink) { impl_->client->sub
 void local_mesh::cancel(uint64_t id) { impl_->client->cancel(id); }
 size_t local_mesh::ready_replicas() const { return impl_->ready->total(); }
 size_t local_mesh::ready_replicas(std::string_view model) const { return impl_->ready->of(model); }
+namespace {
+
+status serves(const mesh_options& opt, std::string_view model) {
+  if (model == opt.model_name) return ok_status();
+  return make_error(errc::not_found, "this mesh serves '" + opt.model_name + "', not '" + std::string(model) + "'");
+}
+
+}  // namespace
+
 status local_mesh::load_lora(std::string_view model, const model::lora_source& src) {
-  if (model != impl_->opt.model_name) {
-    return make_error(errc::not_found, "this mesh serves '" + impl_->opt.model_name + "', not '" + std::string(model) + "'");
-  }
+  LLMESH_TRY(serves(impl_->opt, model));
   auto id = impl_->engines[0]->loaded_model().load_lora(src);  // every engine holds this model
   if (!id) return id.take_error();
   return ok_status();
 }
 
 status local_mesh::unload_lora(std::string_view model, std::string_view name) {
-  if (model != impl_->opt.model_name) {
-    return make_error(errc::not_found, "this mesh serves '" + impl_->opt.model_name + "', not '" + std::string(model) + "'");
-  }
+  LLMESH_TRY(serves(impl_->opt, model));
   return impl_->engines[0]->loaded_model().loras().remove(name);
 }
 

@@ -55,6 +55,14 @@ void maybe_form(agent* self, uint64_t id) {
                                         want + ": every node of the replica must run a build that knows the model's quantization");
     }
   }
+  // And in the same type (--dtype): a node of an older build holds the checkpoint's.
+  const std::string dtype_want = f.a.dtype.empty() ? "auto" : f.a.dtype;
+  for (const auto& [rank, t] : f.dtypes) {
+    if (t != dtype_want) {
+      return fail_forming(self, id, "rank " + std::to_string(rank) + "'s node holds the weights in " + t + ", rank 0's in " +
+                                        dtype_want + ": every node of the replica must run a build that knows the model's dtype");
+    }
+  }
   // And the same LoRA adapters in the same order (a step names them by index; a node of an
   // older build loads none and would add no deltas).
   for (const auto& [rank, names] : f.loras) {
@@ -253,7 +261,8 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
     self->send(st.bridge, export_atom::value, s, sid);
     ready.push_back({p->id, static_cast<uint32_t>(rank), c->address(), sid, *key, true, "", p->engine->kv_blocks(),
                      std::string(model::quantization_name(p->m->quant())), lora_names(*p->m),
-                     std::string(model::kv_cache_dtype_name(p->engine->kv_type()))});
+                     std::string(model::kv_cache_dtype_name(p->engine->kv_type())),
+                     std::string(model::weight_dtype_name(p->m->cast_type()))});
     // The group failing (rank 0's node lost, a peer's abort) ends these shards.
     c->set_on_failed([me = caf::actor_cast<caf::actor>(self), id = p->id](const error&) {
       caf::anon_send(me, group_lost_atom::value, id);
@@ -279,6 +288,7 @@ void on_shard_ready(agent* self, transport::peer_id peer, const transport::shard
   f.quantization[static_cast<int>(m.rank)] = m.quantization.empty() ? "none" : m.quantization;
   f.loras[static_cast<int>(m.rank)] = m.loras;
   f.kv_types[static_cast<int>(m.rank)] = m.kv_cache_dtype.empty() ? "float32" : m.kv_cache_dtype;
+  f.dtypes[static_cast<int>(m.rank)] = m.dtype.empty() ? "auto" : m.dtype;
   maybe_form(self, m.replica);
 }
 

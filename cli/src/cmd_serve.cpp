@@ -32,7 +32,7 @@ struct serve_flags {
   int port = -1;     ///< vLLM's --port: replaces --http's port (-1: not given)
   size_t block_size = 16;                   ///< vLLM's --block-size: positions per KV block
   bool enforce_eager = false;               ///< vLLM's --enforce-eager: no CUDA graphs
-  std::string generation_config = "auto";   ///< vLLM's --generation-config: auto | vllm
+  std::string generation_config = "auto";   ///< vLLM's --generation-config: auto | vllm | DIR
   lora_flags lora;
   int replicas = 1, tp = 1, threads = 0;
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256;
@@ -69,9 +69,8 @@ void add_vllm_flags(CLI::App* sub, serve_flags& f) {
       ->check(CLI::Range(0.0, 1.0));
   sub->add_flag("--enforce-eager", f.enforce_eager, "vLLM's: CUDA steps launch their kernels one by one (no CUDA graphs)");
   sub->add_option("--generation-config", f.generation_config,
-                  "vLLM's: auto (sampling fields left out take the model's generation_config.json values) or vllm (they "
-                  "take the API's defaults)")
-      ->check(CLI::IsMember({"auto", "vllm"}))
+                  "vLLM's: auto (sampling fields left out take the model's generation_config.json values), vllm (they "
+                  "take the API's defaults) or a directory whose generation_config.json gives them")
       ->capture_default_str();
   const std::pair<const char*, const char*> always[] = {
       {"--enable-chunked-prefill", "vLLM's; accepted: long prompts always run in chunks beside decodes"},
@@ -133,7 +132,11 @@ status run_serve(const serve_flags& f) {
     }
     served.aliases.push_back(n);
   }
-  if (f.generation_config == "vllm") served.cfg.sampling = {};  // no generation_config.json defaults
+  if (f.generation_config == "vllm") {
+    served.cfg.sampling = {};  // no generation_config.json defaults
+  } else if (f.generation_config != "auto") {
+    LLMESH_TRY(model::load_generation_config(served.cfg, f.generation_config));
+  }
 
   // Thread budget: kernel threads are the cores, split over the replicas (a replica's own
   // actor thread is its rank 0); CAF gets 2 mostly idle threads; Asio is this thread.
@@ -148,6 +151,7 @@ status run_serve(const serve_flags& f) {
   size_t kv_mb = f.kv_cache_mb;
   std::string kv_note;  // how --gpu-memory-utilization sized the cache, or why it did not
   if (f.gpu_memory_utilization) {
+    if (*f.gpu_memory_utilization <= 0.0) return make_error(errc::invalid_request, "--gpu-memory-utilization must be in (0, 1]");
     auto where = model::choose_backend(**m, mo.engine);
     if (!where) return where.take_error();
     if (where->device != model::backend::cuda) {
@@ -155,8 +159,10 @@ status run_serve(const serve_flags& f) {
     } else if (f.kv_cache_mb_given) {
       return make_error(errc::invalid_request, "give one of --gpu-memory-utilization and --kv-cache-mb");
     } else {
-      auto mb = model::kv_mb_for_gpu_memory(served.cfg, kernels::cuda_device_memory(0), *f.gpu_memory_utilization,
-                                            (*m)->weight_bytes(), f.tp, f.replicas, f.max_batch_tokens);
+      size_t device_bytes = kernels::cuda_device_memory(0);  // rank r runs on device r: the smallest bounds all
+      for (int d = 1; d < f.tp; ++d) device_bytes = std::min(device_bytes, kernels::cuda_device_memory(d));
+      auto mb = model::kv_mb_for_gpu_memory(served.cfg, device_bytes, *f.gpu_memory_utilization, (*m)->weight_bytes(),
+                                            (*m)->weights().embed.bytes(), f.tp, f.replicas, f.max_batch_tokens);
       if (!mb) return mb.take_error();
       kv_mb = *mb;
       kv_note = "KV cache " + std::to_string(kv_mb) + " MiB per shard from --gpu-memory-utilization";

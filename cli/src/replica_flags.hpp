@@ -102,8 +102,9 @@ struct lora_flags {
     for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     return s == "1" || s == "true";
   }
-  /// LoRA is on: adapters given, --enable-lora, or runtime updates allowed.
-  bool enabled() const { return !modules.empty() || enable || updates_allowed(); }
+  /// LoRA is on (and the replicas on the CPU): adapters given, or --enable-lora. Runtime updates
+  /// need it, as vLLM's do: the environment variable alone moves nothing to the CPU.
+  bool enabled() const { return !modules.empty() || enable; }
 };
 
 /// Adds --lora-modules (NAME=PATH or {"name": ..., "path": ...}, several after one flag or the
@@ -115,9 +116,9 @@ inline void add_lora_flags(CLI::App* sub, lora_flags& f) {
                   "(CPU backend)");
   sub->add_flag("--enable-lora", f.enable, "vLLM's: serve LoRA adapters (implied by --lora-modules; CPU backend)");
   sub->add_flag("--allow-runtime-lora-updating", f.runtime_updates,
-                "POST /v1/load_lora_adapter and /v1/unload_lora_adapter add and remove adapters while serving (vLLM's "
-                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true does the same; implies --enable-lora)");
-  sub->add_option("--max-cpu-loras", f.max_cpu_loras, "vLLM's: LoRA adapters loaded at once (0: 64, or --lora-modules' count)")
+                "POST /v1/load_lora_adapter and /v1/unload_lora_adapter add and remove adapters while serving, with "
+                "--enable-lora (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=true does the same)");
+  sub->add_option("--max-cpu-loras", f.max_cpu_loras, "vLLM's: LoRA adapters loaded at once (0: 64; at least --lora-modules' count)")
       ->check(CLI::Range(size_t{0}, size_t{1} << 16));
   sub->add_option_function<size_t>("--max-loras", [](const size_t&) {},
                                    "vLLM's (adapters in one batch); accepted: here any number of adapters share a step");

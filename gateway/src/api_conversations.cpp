@@ -90,11 +90,7 @@ status check_new_ids(const json& items, std::set<std::string> taken) {
 }
 
 /// A request body as a JSON object, or a 400.
-result<json> body_object(std::string_view body) {
-  json j = json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return bad("the request body must be a JSON object");
-  return j;
-}
+result<json> body_object(std::string_view body) { return parse_request_object(body); }
 
 }  // namespace
 

@@ -3,6 +3,8 @@
 // model of its own; POST /v1/unload_lora_adapter {"lora_name"} takes it away (requests running
 // with it finish with it). Both answer vLLM's plain-text lines, and only when the server was
 // started with runtime updates allowed.
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "llmesh/gateway/api_service.hpp"
@@ -10,20 +12,13 @@
 namespace llmesh::gateway {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 http_reply text_reply(std::string line) {
   http_reply r;
   r.content_type = "text/plain; charset=utf-8";
   r.body = std::move(line);
   return r;
-}
-
-/// The request's object, or a 400 naming what is wrong.
-result<json> request_object(std::string_view body) {
-  auto j = json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return make_error(errc::invalid_request, "the body must be a JSON object");
-  return j;
 }
 
 /// A string field: "" when it is absent; a 400 when it is there and not a string.
@@ -36,13 +31,34 @@ result<std::string> string_field(const json& j, const char* key) {
 
 const char* const updates_off =
     "runtime LoRA updates are off: start the server with --allow-runtime-lora-updating (or "
-    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true)";
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true) and --enable-lora";
 
 }  // namespace
 
+status api_service::lora_updates_usable() const {
+  if (!opt_.runtime_lora_updates) return make_error(errc::not_found, updates_off);
+  if (!mesh_.runtime_lora()) return make_error(errc::unsupported, actors::mesh_client::no_runtime_lora);
+  return ok_status();
+}
+
+result<std::shared_ptr<const served_model>> api_service::lora_base(const std::string& base_name) const {
+  std::shared_ptr<const served_model> only;
+  for (const auto& m : served()) {
+    if (!m->parent.empty() || !m->alias_of.empty()) continue;  // adapters and further names are not bases
+    if (base_name.empty()) {
+      if (only) return make_error(errc::invalid_request, "this server serves several models: name the adapter's in 'base_model_name'");
+      only = m;
+    } else if (m->name == base_name || std::count(m->aliases.begin(), m->aliases.end(), base_name) > 0) {
+      return m;
+    }
+  }
+  if (!only) return make_error(errc::not_found, "the base model '" + base_name + "' is not served here");
+  return only;
+}
+
 http_reply api_service::load_lora_adapter(std::string_view body) {
-  if (!opt_.runtime_lora_updates) return error_reply(make_error(errc::not_found, updates_off));
-  auto j = request_object(body);
+  if (auto s = lora_updates_usable(); !s) return error_reply(s.err());
+  auto j = parse_request_object(body);
   if (!j) return error_reply(j.err());
   auto name = string_field(*j, "lora_name");
   auto path = string_field(*j, "lora_path");
@@ -56,55 +72,51 @@ http_reply api_service::load_lora_adapter(std::string_view body) {
   if (!model::valid_lora_name(*name)) {
     return error_reply(make_error(errc::invalid_request, "'lora_name' must be 1 to 128 letters, digits and -_.:/"));
   }
-  std::lock_guard updating(lora_updates_mu_);
-  std::shared_ptr<const served_model> base;
+  // One update at a time; another meanwhile is told to retry (it would hold an HTTP worker).
+  std::unique_lock updating(lora_updates_mu_, std::try_to_lock);
+  if (!updating) return error_reply(make_error(errc::overloaded, "another LoRA adapter update is in progress; retry"));
   for (const auto& m : served()) {
     if (m->name == *name) {
       return error_reply(make_error(errc::invalid_request,
                                     m->lora.empty() ? "'" + *name + "' names a served model; an adapter needs a name of its own"
                                                     : "The lora adapter '" + *name + "' has already been loaded."));
     }
-    if (!m->parent.empty() || !m->alias_of.empty()) continue;  // adapters and further names are not bases
-    if (base_name->empty() ? static_cast<bool>(base) : m->name != *base_name) {
-      if (base_name->empty()) {
-        return error_reply(make_error(errc::invalid_request, "this server serves several models: name the adapter's in 'base_model_name'"));
-      }
-      continue;
-    }
-    base = m;
   }
-  if (!base) return error_reply(make_error(errc::not_found, "the base model '" + *base_name + "' is not served here"));
+  auto base = lora_base(*base_name);
+  if (!base) return error_reply(base.err());
   const model::lora_source src{*name, *path};
-  if (auto s = mesh_.load_lora(base->route_name(), src); !s) return error_reply(s.err());
+  if (auto s = mesh_.load_lora((*base)->route_name(), src); !s) return error_reply(s.err());
   {
     std::unique_lock lock(models_mu_);
-    models_.push_back(std::make_shared<const served_model>(adapter_entry(*base, src)));
+    models_.push_back(std::make_shared<const served_model>(adapter_entry(**base, src)));
   }
   return text_reply("Success: LoRA adapter '" + *name + "' added successfully.");
 }
 
 http_reply api_service::unload_lora_adapter(std::string_view body) {
-  if (!opt_.runtime_lora_updates) return error_reply(make_error(errc::not_found, updates_off));
-  auto j = request_object(body);
+  if (auto s = lora_updates_usable(); !s) return error_reply(s.err());
+  auto j = parse_request_object(body);
   if (!j) return error_reply(j.err());
   auto name = string_field(*j, "lora_name");
   if (!name) return error_reply(name.err());
   if (name->empty()) {
     return error_reply(make_error(errc::invalid_request, "'lora_name' needs to be provided to unload a LoRA adapter."));
   }
-  std::lock_guard updating(lora_updates_mu_);
+  std::unique_lock updating(lora_updates_mu_, std::try_to_lock);
+  if (!updating) return error_reply(make_error(errc::overloaded, "another LoRA adapter update is in progress; retry"));
   std::shared_ptr<const served_model> entry;
-  for (const auto& m : served()) {
-    if (m->name == *name && !m->lora.empty()) entry = m;
-  }
-  if (!entry) return error_reply(make_error(errc::not_found, "The lora adapter '" + *name + "' cannot be found."));
+  size_t at = 0;
   {  // first: no new request names it; then the replicas let it go
     std::unique_lock lock(models_mu_);
-    std::erase(models_, entry);
+    for (size_t i = 0; i < models_.size(); ++i) {
+      if (models_[i]->name == *name && !models_[i]->lora.empty()) entry = models_[i], at = i;
+    }
+    if (!entry) return error_reply(make_error(errc::not_found, "The lora adapter '" + *name + "' cannot be found."));
+    models_.erase(models_.begin() + static_cast<std::ptrdiff_t>(at));
   }
   if (auto s = mesh_.unload_lora(entry->route_name(), entry->lora); !s) {
-    std::unique_lock lock(models_mu_);  // still loaded there: keep serving it
-    models_.push_back(entry);
+    std::unique_lock lock(models_mu_);  // still loaded there: serve it again, where it was listed
+    models_.insert(models_.begin() + static_cast<std::ptrdiff_t>(std::min(at, models_.size())), entry);
     return error_reply(s.err());
   }
   return text_reply("Success: LoRA adapter '" + *name + "' removed successfully.");

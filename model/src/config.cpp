@@ -493,6 +493,18 @@ status merge_generation_config(model_config& c, const std::string& text, const s
 
 }  // namespace
 
+status load_generation_config(model_config& c, const std::string& dir) {
+  const std::string path = dir + "/generation_config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return make_error(errc::invalid_request, "--generation-config " + dir + ": no generation_config.json there");
+  }
+  auto text = read_text_file(path);
+  if (!text) return make_error(errc::io_error, "cannot read " + path);
+  c.sampling = {};
+  return merge_generation_config(c, *text, path);
+}
+
 result<model_config> parse_config(const std::string& text) {
   try {
     return parse_config_json(text);

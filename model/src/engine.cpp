@@ -134,7 +134,7 @@ result<backend_choice> choose_backend(const model& m, const engine_options& opt)
 }
 
 result<size_t> kv_mb_for_gpu_memory(const model_config& c, size_t device_bytes, double utilization, size_t weight_bytes,
-                                    int tp, int replicas, size_t max_batch_tokens) {
+                                    size_t embed_bytes, int tp, int replicas, size_t max_batch_tokens) {
   if (!(utilization > 0.0 && utilization <= 1.0)) {
     return make_error(errc::invalid_request, "--gpu-memory-utilization must be in (0, 1]");
   }
@@ -145,7 +145,9 @@ result<size_t> kv_mb_for_gpu_memory(const model_config& c, size_t device_bytes, 
   const size_t activations =
       max_batch_tokens * (4 * c.hidden + per_rank((c.n_heads + 2 * c.n_kv_heads) * c.head_dim) + 3 * per_rank(c.intermediate)) * 4;
   const size_t logits = max_batch_tokens * c.vocab * 4;
-  const size_t shard = per_rank(weight_bytes) + activations + logits + (size_t{512} << 20);
+  // Every rank holds the whole embedding (its gather needs every row) and its slice of the rest.
+  const size_t shard = embed_bytes + per_rank(weight_bytes - std::min(embed_bytes, weight_bytes)) + activations + logits +
+                       (size_t{512} << 20);
   const auto share = static_cast<size_t>(static_cast<double>(device_bytes) * utilization);
   const size_t used = shard * static_cast<size_t>(replicas);
   if (share <= used + (size_t{1} << 20) * static_cast<size_t>(replicas)) {
@@ -427,8 +429,7 @@ status engine::check_batch(std::span<const step_sequence> batch) const {
                                                    ", and 1 when it scores its prompt)");
     }
     if (s.lora < -1 || (s.lora >= 0 && !s.adapter && !model_->loras().get(s.lora))) {
-      return make_error(errc::invalid_request, "forward: LoRA adapter " + std::to_string(s.lora) + " is not loaded (" +
-                                                   std::to_string(model_->loras().size()) + " are)");
+      return make_error(errc::invalid_request, "forward: LoRA adapter " + std::to_string(s.lora) + " is not loaded");
     }
     for (size_t b = 0; b < (end + kv_.block_size - 1) / kv_.block_size; ++b) {
       if (s.block_table[b] < 0 || static_cast<size_t>(s.block_table[b]) >= kv_.n_blocks) {
@@ -439,21 +440,43 @@ status engine::check_batch(std::span<const step_sequence> batch) const {
   return ok_status();
 }
 
-status engine::forward(std::span<const step_sequence> batch, std::vector<float>& logits) {
+result<std::span<const step_sequence>> engine::pin_adapters(std::span<const step_sequence> batch, std::vector<step_sequence>& copy,
+                                                            std::vector<std::shared_ptr<const lora_adapter>>& pins) const {
+  const bool unpinned = std::any_of(batch.begin(), batch.end(), [](const step_sequence& s) { return s.lora >= 0 && !s.adapter; });
+  if (!unpinned) return batch;
+  copy.assign(batch.begin(), batch.end());
+  for (auto& s : copy) {
+    if (s.lora < 0 || s.adapter) continue;
+    pins.push_back(model_->loras().get(s.lora));
+    if (!pins.back()) return make_error(errc::invalid_request, "forward: LoRA adapter " + std::to_string(s.lora) + " is not loaded");
+    s.adapter = pins.back().get();
+  }
+  return std::span<const step_sequence>(copy);
+}
+
+status engine::forward(std::span<const step_sequence> unpinned, std::vector<float>& logits) {
   LLMESH_TRY(all_local("forward"));
-  LLMESH_TRY(check_batch(batch));
-  return run_ranks(batch, [&](int r, std::span<const step_sequence> b, std::vector<float>& scratch) {
+  LLMESH_TRY(check_batch(unpinned));
+  std::vector<step_sequence> copy;
+  std::vector<std::shared_ptr<const lora_adapter>> pins;  // every rank sees the same adapters
+  auto batch = pin_adapters(unpinned, copy, pins);
+  if (!batch) return batch.take_error();
+  return run_ranks(*batch, [&](int r, std::span<const step_sequence> b, std::vector<float>& scratch) {
     return shards_[r]->forward(b, r == 0 ? logits : scratch);
   });
 }
 
-status engine::forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
+status engine::forward_sample(std::span<const step_sequence> unpinned, std::span<const kernels::sample_row> rows,
                               std::vector<int32_t>& tokens, step_logprobs* logprobs) {
   LLMESH_TRY(all_local("forward"));
-  LLMESH_TRY(check_batch(batch));
-  LLMESH_TRY(check_sample_rows(batch, rows.size()));
+  LLMESH_TRY(check_batch(unpinned));
+  LLMESH_TRY(check_sample_rows(unpinned, rows.size()));
+  std::vector<step_sequence> copy;
+  std::vector<std::shared_ptr<const lora_adapter>> pins;
+  auto batch = pin_adapters(unpinned, copy, pins);
+  if (!batch) return batch.take_error();
   std::vector<std::vector<int32_t>> rank_tokens(opt_.tp);
-  return run_ranks(batch, [&](int r, std::span<const step_sequence> b, std::vector<float>&) {
+  return run_ranks(*batch, [&](int r, std::span<const step_sequence> b, std::vector<float>&) {
     return r == 0 ? shards_[r]->forward_sample(b, rows, tokens, logprobs) : shards_[r]->forward_sample(b, rows, rank_tokens[r]);
   });
 }

@@ -32,7 +32,7 @@ status lora_runner::plan(std::span<const step_sequence> batch, const model& m) {
           g.a = g.pin.get();
           if (!g.a) {
             groups_.clear();
-            return make_error(errc::not_found, "forward: LoRA adapter " + std::to_string(s.lora) + " is not loaded");
+            return make_error(errc::invalid_request, "forward: LoRA adapter " + std::to_string(s.lora) + " is not loaded");
           }
         }
         groups_.push_back(std::move(g));

@@ -12,8 +12,9 @@ result<int32_t> lora_set::add(std::shared_ptr<const lora_adapter> a) {
     if (s->name == a->name) return make_error(errc::invalid_request, "the LoRA adapter '" + a->name + "' is loaded already");
   }
   if (loaded >= capacity_) {
-    return make_error(errc::overloaded, "the LoRA adapter '" + a->name + "' would be one more than the " +
-                                            std::to_string(capacity_) + " this server holds at once (--max-cpu-loras)");
+    return make_error(errc::invalid_request, "the LoRA adapter '" + a->name + "' would be one more than the " +
+                                                 std::to_string(capacity_) +
+                                                 " this server holds at once (--max-cpu-loras); unload one first");
   }
   slots_.push_back(std::move(a));
   return static_cast<int32_t>(slots_.size() - 1);

@@ -114,6 +114,10 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     for (const auto& x : l.experts) m->int8_weights_ |= held_int8(x.gate) || held_int8(x.up) || held_int8(x.down);
   }
   m->lora_enabled_ = opt.enable_lora || !opt.loras.empty();
+  if (opt.max_loras != 0 && opt.max_loras < opt.loras.size()) {
+    return make_error(errc::invalid_request, "--max-cpu-loras " + std::to_string(opt.max_loras) + " is below the " +
+                                                 std::to_string(opt.loras.size()) + " adapters given");
+  }
   m->loras_->set_capacity(std::max(opt.max_loras ? opt.max_loras : lora_set::default_capacity, opt.loras.size()));
   for (const auto& src : opt.loras) {
     auto id = m->load_lora(src);
@@ -351,29 +355,45 @@ result<std::shared_ptr<uint8_t>> rewrite(std::vector<convert_target>& targets, k
 
 }  // namespace
 
-status model::quantize(quantization q) {
-  if (q == quantization::none) return ok_status();
+namespace {
+
+/// The matrices a rewrite to `to` takes: every layer's projections and experts; with
+/// `everything` (--dtype) also the MoE router, the shared expert's gate and the embedding; the
+/// LM head last (a tied one shares its embedding's target when that is taken).
+std::vector<convert_target> targets_of(model_weights& w, kernels::dtype to, bool everything) {
   std::vector<convert_target> targets;
-  for (size_t i = 0; i < weights_.layers.size(); ++i) {
-    auto& l = weights_.layers[i];
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    auto& l = w.layers[i];
     const std::string p = "layer " + std::to_string(i) + " ";
-    for (auto [w, n] : {std::pair{&l.q, "q_proj"}, {&l.k, "k_proj"}, {&l.v, "v_proj"}, {&l.o, "o_proj"},
+    for (auto [m, n] : {std::pair{&l.q, "q_proj"}, {&l.k, "k_proj"}, {&l.v, "v_proj"}, {&l.o, "o_proj"},
                         {&l.gate, "gate_proj"}, {&l.up, "up_proj"}, {&l.down, "down_proj"}}) {
-      add_target(targets, w, p + n, kernels::dtype::q8);  // an MoE layer has no dense MLP
+      add_target(targets, m, p + n, to);  // an MoE layer has no dense MLP
     }
-    // The router and the shared expert's gate stay as loaded (small).
+    if (everything) {
+      add_target(targets, &l.router, p + "router", to);
+      add_target(targets, &l.shared_gate, p + "shared expert gate", to);
+    }
     auto add_expert = [&](layer_weights::expert& x, const std::string& ep) {
-      for (auto [w, n] : {std::pair{&x.gate, "gate"}, {&x.up, "up"}, {&x.down, "down"}}) {
-        add_target(targets, w, ep + n, kernels::dtype::q8);
-      }
+      for (auto [m, n] : {std::pair{&x.gate, "gate"}, {&x.up, "up"}, {&x.down, "down"}}) add_target(targets, m, ep + n, to);
     };
     for (size_t e = 0; e < l.experts.size(); ++e) add_expert(l.experts[e], p + "expert " + std::to_string(e) + " ");
     if (l.shared.gate.rows > 0) add_expert(l.shared, p + "shared expert ");
   }
-  // Tied (or standing in for a missing head): the embedding keeps its rows.
-  const size_t before = targets.size();
-  add_target(targets, &weights_.lm_head, "lm_head", kernels::dtype::q8);
-  if (targets.size() > before) targets.back().shared = config_.tie_embeddings || !config_.has_lm_head;
+  if (everything) add_target(targets, &w.embed, "embed_tokens", to);
+  add_target(targets, &w.lm_head, "lm_head", to);
+  return targets;
+}
+
+}  // namespace
+
+status model::quantize(quantization q) {
+  if (q == quantization::none) return ok_status();
+  // The router and the shared expert's gate stay as loaded (small); the embedding gather keeps
+  // the checkpoint's rows, so a tied head's source rows stay resident.
+  auto targets = targets_of(weights_, kernels::dtype::q8, false);
+  if (!targets.empty() && targets.back().w().data == weights_.lm_head.data) {
+    targets.back().shared = config_.tie_embeddings || !config_.has_lm_head;
+  }
   auto store = rewrite(targets, kernels::dtype::q8, "int8");
   if (!store) return store.take_error();
   quantized_ = std::move(*store);
@@ -382,26 +402,11 @@ status model::quantize(quantization q) {
 }
 
 status model::cast(kernels::dtype to) {
-  std::vector<convert_target> targets;
-  for (size_t i = 0; i < weights_.layers.size(); ++i) {
-    auto& l = weights_.layers[i];
-    const std::string p = "layer " + std::to_string(i) + " ";
-    for (auto [w, n] : {std::pair{&l.q, "q_proj"}, {&l.k, "k_proj"}, {&l.v, "v_proj"}, {&l.o, "o_proj"},
-                        {&l.gate, "gate_proj"}, {&l.up, "up_proj"}, {&l.down, "down_proj"}, {&l.router, "router"},
-                        {&l.shared_gate, "shared expert gate"}}) {
-      add_target(targets, w, p + n, to);
-    }
-    auto add_expert = [&](layer_weights::expert& x, const std::string& ep) {
-      for (auto [w, n] : {std::pair{&x.gate, "gate"}, {&x.up, "up"}, {&x.down, "down"}}) add_target(targets, w, ep + n, to);
-    };
-    for (size_t e = 0; e < l.experts.size(); ++e) add_expert(l.experts[e], p + "expert " + std::to_string(e) + " ");
-    if (l.shared.gate.rows > 0) add_expert(l.shared, p + "shared expert ");
-  }
-  add_target(targets, &weights_.embed, "embed_tokens", to);
-  add_target(targets, &weights_.lm_head, "lm_head", to);  // a tied head moves with the embedding
+  auto targets = targets_of(weights_, to, true);
   auto store = rewrite(targets, to, std::string(kernels::dtype_name(to)).c_str());
   if (!store) return store.take_error();
   cast_ = std::move(*store);
+  cast_type_ = to;
   return ok_status();
 }
 

@@ -3,7 +3,8 @@
 // tests/serve/lora_runtime_test.cpp): off by default (a 404 saying how to turn them on), vLLM's
 // messages for missing fields, names taken and names not loaded, the adapter listed and routed
 // as its base model's once loaded and gone once unloaded, a mesh's refusal passed on with
-// nothing listed, and several base models needing base_model_name.
+// nothing listed (an unload it refuses keeps the entry in its place), a mesh of nodes refusing
+// before anything, and several base models needing base_model_name (a further name will do).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -15,14 +16,16 @@ namespace {
 
 using json = nlohmann::json;
 
-/// Records the updates; refuses loads of paths starting "/bad".
+/// Records the updates; refuses loads of paths starting "/bad" and unloads of "stuck".
 struct updating_mesh : fake_mesh {
+  bool runtime_lora() const override { return true; }
   status load_lora(std::string_view model, const model::lora_source& src) override {
     if (src.path.starts_with("/bad")) return make_error(errc::not_found, src.path + ": no adapter_config.json");
     calls.push_back("load " + std::string(model) + " " + src.name + " " + src.path);
     return ok_status();
   }
   status unload_lora(std::string_view model, std::string_view name) override {
+    if (name == "stuck") return make_error(errc::internal, "the replicas did not let go");
     calls.push_back("unload " + std::string(model) + " " + std::string(name));
     return ok_status();
   }
@@ -122,7 +125,7 @@ TEST(LoraUpdates, BadRequestsAndRefusalsChangeNothing) {
       {{{"lora_name", "m"}, {"lora_path", "/x"}}, "'m' names a served model; an adapter needs a name of its own"},
       {{{"lora_name", "a"}, {"lora_path", "/x"}, {"base_model_name", "other"}}, "the base model 'other' is not served here"},
       {{{"lora_name", "a"}, {"lora_path", "/bad/a"}}, "/bad/a: no adapter_config.json"},
-      {json::array({1}), "the body must be a JSON object"},
+      {json::array({1}), "the request body must be a JSON object"},
   };
   for (const auto& [body, want] : bad_loads) {
     auto r = s.post("/v1/load_lora_adapter", body);
@@ -136,6 +139,19 @@ TEST(LoraUpdates, BadRequestsAndRefusalsChangeNothing) {
   EXPECT_EQ(r.status, 404) << "the base model is no adapter";
   EXPECT_TRUE(mesh.calls.empty());
   EXPECT_EQ(listed(*s.api), (std::vector<std::string>{"m"}));
+}
+
+TEST(LoraUpdates, AnUnloadTheMeshRefusesKeepsTheAdapterWhereItWasListed) {
+  updating_mesh mesh;
+  service s(true, mesh);
+  ASSERT_TRUE(s.api);
+  for (const char* n : {"first", "stuck", "last"}) {
+    ASSERT_EQ(s.post("/v1/load_lora_adapter", {{"lora_name", n}, {"lora_path", std::string("/a/") + n}}).status, 200);
+  }
+  auto r = s.post("/v1/unload_lora_adapter", {{"lora_name", "stuck"}});
+  EXPECT_EQ(r.status, 500);
+  EXPECT_EQ(message(r), "the replicas did not let go");
+  EXPECT_EQ(listed(*s.api), (std::vector<std::string>{"m", "first", "stuck", "last"}));
 }
 
 TEST(LoraUpdates, AMeshOfNodesRefusesThemWithOneLine) {
@@ -153,14 +169,19 @@ TEST(LoraUpdates, SeveralBaseModelsNeedBaseModelName) {
   actors::metrics_registry metrics;
   api_options o;
   o.runtime_lora_updates = true;
-  api_service api(o, {kjv_tiny("kjv"), kjv_tiny("bible")}, mesh, metrics);
+  auto bible = kjv_tiny("bible");
+  bible.aliases = {"kjv-bible"};
+  api_service api(o, {kjv_tiny("kjv"), std::move(bible)}, mesh, metrics);
   auto r = reply(api.handle("POST", "/v1/load_lora_adapter", "", json({{"lora_name", "a"}, {"lora_path", "/x"}}).dump()));
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(message(r), "this server serves several models: name the adapter's in 'base_model_name'");
   r = reply(api.handle("POST", "/v1/load_lora_adapter", "",
                        json({{"lora_name", "a"}, {"lora_path", "/x"}, {"base_model_name", "bible"}}).dump()));
   EXPECT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(mesh.calls, (std::vector<std::string>{"load bible a /x"}));
+  r = reply(api.handle("POST", "/v1/load_lora_adapter", "",
+                       json({{"lora_name", "b"}, {"lora_path", "/y"}, {"base_model_name", "kjv-bible"}}).dump()));
+  EXPECT_EQ(r.status, 200) << "a further name of the base: " << r.body;
+  EXPECT_EQ(mesh.calls, (std::vector<std::string>{"load bible a /x", "load bible b /y"}));
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ TEST(LoraSet, IdsAreNeverGivenTwiceAndARemovedAdapterLivesWhileHeld) {
   EXPECT_EQ(*s.add(named("b")), 1);
   auto full = s.add(named("c"));
   ASSERT_FALSE(full.ok());
-  EXPECT_EQ(full.err().code, errc::overloaded);
+  EXPECT_EQ(full.err().code, errc::invalid_request) << "not a retry: an unload makes room";
   EXPECT_NE(full.err().message.find("--max-cpu-loras"), std::string::npos) << full.err().message;
   auto held = s.get(0);
   ASSERT_TRUE(s.remove("a").ok());
@@ -134,8 +134,12 @@ TEST(LoraSet, AModelLoadedWithoutLoraRefusesAdaptersAndBadOnesAreRefusedByName) 
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.err().message.find("nowhere"), std::string::npos) << missing.err().message;
   EXPECT_TRUE((*on)->load_lora({"a", rm.dir.path() + "/a"}).ok());
-  EXPECT_EQ((*on)->load_lora({"c", rm.dir.path() + "/a"}).err().code, errc::overloaded) << "max_loras 1";
+  EXPECT_EQ((*on)->load_lora({"c", rm.dir.path() + "/a"}).err().code, errc::invalid_request) << "max_loras 1";
   EXPECT_EQ((*on)->loras().size(), 1u);
+  auto below = model::load(rm.dir.path() + "/m", {.dtype = {}, .quant = {}, .loras = {{"a", rm.dir.path() + "/a"}, {"b", rm.dir.path() + "/a"}},
+                                                  .enable_lora = true, .max_loras = 1});
+  ASSERT_FALSE(below.ok());
+  EXPECT_NE(below.err().message.find("--max-cpu-loras 1 is below the 2 adapters given"), std::string::npos) << below.err().message;
 }
 
 }  // namespace

@@ -176,14 +176,23 @@ TEST(WeightDtype, NarrowingHoldsTheMatricesOfACheckpointWrittenInThatType) {
   }
 }
 
-TEST(WeightDtype, CombinesWithInt8AndLeavesAQuantizedMatrixAlone) {
-  testing::temp_dir dir;
-  ASSERT_TRUE(write_random_model(spec_of(dtype::f32, true), dir.path()).ok());
-  auto m = model::load(dir.path(), {.dtype = dtype::bf16, .quant = quantization::int8, .loras = {}});
-  ASSERT_TRUE(m.ok()) << m.err().message;
+TEST(WeightDtype, CombinesWithInt8AsABfloat16CheckpointQuantizes) {
+  // A float32 checkpoint cast to bfloat16 and then quantized holds the bytes of the bfloat16
+  // checkpoint quantized: the same int8 blocks, the same (tied) embedding rows.
+  testing::temp_dir f32_dir, bf16_dir;
+  ASSERT_TRUE(write_random_model(spec_of(dtype::f32, true), f32_dir.path()).ok());
+  ASSERT_TRUE(write_random_model(spec_of(dtype::bf16, true), bf16_dir.path()).ok());
+  auto m = model::load(f32_dir.path(), {.dtype = dtype::bf16, .quant = quantization::int8, .loras = {}});
+  auto want = model::load(bf16_dir.path(), {.dtype = {}, .quant = quantization::int8, .loras = {}});
+  ASSERT_TRUE(m.ok() && want.ok()) << (m.ok() ? want.err().message : m.err().message);
   EXPECT_EQ((*m)->weights().embed.type, dtype::bf16) << "the embedding takes --dtype";
   EXPECT_EQ((*m)->weights().lm_head.type, dtype::q8);
-  EXPECT_EQ((*m)->weights().layers[1].down.type, dtype::q8);
+  const auto a = matrices(**m), b = matrices(**want);
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].second->type, b[i].second->type) << a[i].first;
+    ASSERT_EQ(a[i].second->bytes(), b[i].second->bytes()) << a[i].first;
+    EXPECT_EQ(std::memcmp(a[i].second->data, b[i].second->data, a[i].second->bytes()), 0) << a[i].first;
+  }
   EXPECT_EQ(run(*m).tokens.size(), 12u);
 }
 
@@ -230,26 +239,28 @@ TEST(GpuMemoryUtilization, TheKvCacheGetsWhatWeightsAndWorkingMemoryLeave) {
   c.n_kv_heads = 8;
   c.head_dim = 128;
   c.vocab = 128256;
-  const size_t gib = size_t{1} << 30, weights = 16 * gib, device = 140 * gib;
+  const size_t gib = size_t{1} << 30, weights = 16 * gib, device = 140 * gib, embed = 1 * gib;
   // Working memory of 2048 tokens: (4·4096 + 6144 + 3·14336) · 4 · 2048 and the logits
   // 128256 · 4 · 2048, plus 512 MiB.
   const size_t work = (4 * 4096 + 6144 + 3 * 14336) * size_t{4} * 2048 + size_t{128256} * 4 * 2048 + (size_t{512} << 20);
-  auto one = kv_mb_for_gpu_memory(c, device, 0.9, weights, 1, 1, 2048);
+  auto one = kv_mb_for_gpu_memory(c, device, 0.9, weights, embed, 1, 1, 2048);
   ASSERT_TRUE(one.ok()) << one.err().message;
   const size_t share = static_cast<size_t>(static_cast<double>(device) * 0.9);
   EXPECT_EQ(*one, (share - weights - work) >> 20);
-  // tp 2: each shard holds half the weights and half the projections' activations.
-  auto two = kv_mb_for_gpu_memory(c, device, 0.9, weights, 2, 1, 2048);
+  // tp 2: each shard holds the whole embedding, half the other weights and half the
+  // projections' activations.
+  auto two = kv_mb_for_gpu_memory(c, device, 0.9, weights, embed, 2, 1, 2048);
   ASSERT_TRUE(two.ok());
-  EXPECT_GT(*two, *one);
+  const size_t work2 = (4 * 4096 + 3072 + 3 * 7168) * size_t{4} * 2048 + size_t{128256} * 4 * 2048 + (size_t{512} << 20);
+  EXPECT_EQ(*two, (share - embed - (weights - embed) / 2 - work2) >> 20);
   // Two replicas on the same devices split what is left after both shards.
-  auto pair = kv_mb_for_gpu_memory(c, device, 0.9, weights, 1, 2, 2048);
+  auto pair = kv_mb_for_gpu_memory(c, device, 0.9, weights, embed, 1, 2, 2048);
   ASSERT_TRUE(pair.ok());
   EXPECT_EQ(*pair, ((share - 2 * (weights + work)) / 2) >> 20);
-  auto none = kv_mb_for_gpu_memory(c, 16 * gib, 0.9, weights, 1, 1, 2048);
+  auto none = kv_mb_for_gpu_memory(c, 16 * gib, 0.9, weights, embed, 1, 1, 2048);
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.err().message.find("leaves no memory for the KV cache"), std::string::npos) << none.err().message;
-  for (double u : {0.0, -0.5, 1.5}) EXPECT_FALSE(kv_mb_for_gpu_memory(c, device, u, weights, 1, 1, 2048).ok()) << u;
+  for (double u : {0.0, -0.5, 1.5}) EXPECT_FALSE(kv_mb_for_gpu_memory(c, device, u, weights, embed, 1, 1, 2048).ok()) << u;
 }
 
 }  // namespace

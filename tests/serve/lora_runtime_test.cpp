@@ -2,11 +2,12 @@
 // POST /v1/load_lora_adapter is a model whose greedy tokens are `llmesh generate --lora`'s on
 // either replica; unloading it while a streamed request runs with it loses nothing (the
 // stream ends with generate's tokens) and later requests get a 404; loaded again it serves
-// again; VLLM_ALLOW_RUNTIME_LORA_UPDATING=true turns the routes on as the flag does.
+// again; VLLM_ALLOW_RUNTIME_LORA_UPDATING=true turns the routes on as the flag does (and, as
+// in vLLM, needs --enable-lora for a load to succeed).
 #include <gtest/gtest.h>
 
+#include <future>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "../cli/subprocess.hpp"
 #include "../model/temp_dir.hpp"
@@ -53,13 +54,14 @@ struct model_files {
 
 TEST(ServeLoraRuntime, LoadServeUnloadMidStreamAndLoadAgain) {
   model_files f;
-  server_process s(bin, {"--model", f.m, "--replicas", "2", "--allow-runtime-lora-updating"});
+  server_process s(bin, {"--model", f.m, "--replicas", "2", "--enable-lora", "--allow-runtime-lora-updating"});
   ASSERT_GT(s.port(), 0) << s.log();
   EXPECT_NE(s.log().find("0 LoRA adapter(s), runtime updates on"), std::string::npos) << s.log();
   const int port = s.port();
-  const auto want = generate_ids(bin, f.m, "--prompt-ids " + id_list(prompt), 60, "--temperature 0 --lora " + f.adapter);
+  constexpr int long_run = 400;  // long enough that the unload below comes while it streams
+  const auto want = generate_ids(bin, f.m, "--prompt-ids " + id_list(prompt), long_run, "--temperature 0 --lora " + f.adapter);
   const auto plain = generate_ids(bin, f.m, "--prompt-ids " + id_list(prompt), 12);
-  ASSERT_EQ(want.size(), 60u);
+  ASSERT_EQ(want.size(), static_cast<size_t>(long_run));
   ASSERT_NE(std::vector(want.begin(), want.begin() + 12), plain) << "the adapter must change the tokens";
 
   EXPECT_EQ(post(port, "/v1/completions", body("psalms", 4)).status, 404) << "not loaded yet";
@@ -70,13 +72,17 @@ TEST(ServeLoraRuntime, LoadServeUnloadMidStreamAndLoadAgain) {
   ASSERT_EQ(models.size(), 2u);
   EXPECT_EQ(models[1]["id"], "psalms");
   EXPECT_EQ(models[1]["parent"], "m");
-  for (int i = 0; i < 2; ++i) EXPECT_EQ(complete(port, "psalms"), std::vector(want.begin(), want.begin() + 12)) << "either replica";
+  {  // at once: least-load puts them on both replicas
+    std::vector<std::future<std::vector<int32_t>>> runs;
+    for (int i = 0; i < 4; ++i) runs.push_back(std::async(std::launch::async, [&] { return complete(port, "psalms", 12); }));
+    for (auto& r : runs) EXPECT_EQ(r.get(), std::vector(want.begin(), want.begin() + 12)) << "either replica";
+  }
   EXPECT_EQ(complete(port, "m"), plain);
 
   // A stream with the adapter: its first chunk read, then the adapter unloaded under it.
   int fd = connect_local(port);
   ASSERT_GE(fd, 0);
-  json sb = body("psalms", 60);
+  json sb = body("psalms", long_run);
   sb["stream"] = true;
   const std::string payload = sb.dump();
   ASSERT_TRUE(send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: "
@@ -89,6 +95,8 @@ TEST(ServeLoraRuntime, LoadServeUnloadMidStreamAndLoadAgain) {
     ASSERT_GT(n, 0) << raw;
     raw.append(buf, static_cast<size_t>(n));
   }
+  EXPECT_EQ(raw.find("[DONE]"), std::string::npos) << "the stream must still run when the adapter goes";
+  EXPECT_EQ(raw.find("\"finish_reason\":\""), std::string::npos) << raw;
   auto unloaded = post(port, "/v1/unload_lora_adapter", {{"lora_name", "psalms"}});
   EXPECT_EQ(unloaded.status, 200) << unloaded.body;
   raw += read_all(fd);
@@ -119,14 +127,24 @@ TEST(ServeLoraRuntime, LoadServeUnloadMidStreamAndLoadAgain) {
 TEST(ServeLoraRuntime, VllmsEnvironmentVariableTurnsThemOnAndTheyAreOffWithoutIt) {
   model_files f;
   {
-    server_process off(bin, {"--model", f.m});
+    server_process off(bin, {"--model", f.m, "--enable-lora"});
     ASSERT_GT(off.port(), 0) << off.log();
     auto r = post(off.port(), "/v1/load_lora_adapter", {{"lora_name", "psalms"}, {"lora_path", f.adapter}});
     EXPECT_EQ(r.status, 404);
     EXPECT_NE(r.body.find("--allow-runtime-lora-updating"), std::string::npos) << r.body;
   }
-  child_process on({"/usr/bin/env", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True", bin, "serve", "--model", f.m, "--http",
-                    "127.0.0.1:0", "--rpc", "none"});
+  {  // the variable without --enable-lora: the routes answer, the model takes no adapter (as vLLM's)
+    child_process plain({"/usr/bin/env", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true", bin, "serve", "--model", f.m, "--http",
+                         "127.0.0.1:0", "--rpc", "none"});
+    ASSERT_TRUE(plain.wait_for("on http://127.0.0.1:")) << plain.log();
+    EXPECT_EQ(plain.log().find("LoRA"), std::string::npos) << "nothing moves to the CPU for LoRA: " << plain.log();
+    const int port = std::atoi(plain.log().c_str() + plain.log().find("on http://127.0.0.1:") + std::strlen("on http://127.0.0.1:"));
+    auto r = post(port, "/v1/load_lora_adapter", {{"lora_name", "psalms"}, {"lora_path", f.adapter}});
+    EXPECT_EQ(r.status, 400);
+    EXPECT_NE(r.body.find("start with --enable-lora"), std::string::npos) << r.body;
+  }
+  child_process on({"/usr/bin/env", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True", bin, "serve", "--model", f.m, "--enable-lora",
+                    "--http", "127.0.0.1:0", "--rpc", "none"});
   ASSERT_TRUE(on.wait_for("on http://127.0.0.1:")) << on.log();
   const int port = std::atoi(on.log().c_str() + on.log().find("on http://127.0.0.1:") + std::strlen("on http://127.0.0.1:"));
   auto r = post(port, "/v1/load_lora_adapter", {{"lora_name", "psalms"}, {"lora_path", f.adapter}});

@@ -1,4 +1,5 @@
-// vLLM's --dtype, --seed and --gpu-memory-utilization on `llmesh serve`, over real HTTP: a
+// vLLM's --dtype, --seed, --gpu-memory-utilization and --generation-config DIR on `llmesh
+// serve`, over real HTTP (a directory's temperature 0 makes requests without one greedy): a
 // float32 checkpoint served as bfloat16 says so and gives `llmesh generate --dtype bfloat16`'s
 // greedy tokens; seedless sampled requests repeat request for request on a server started
 // again with the same --seed and differ under another (a request's own seed wins either way);
@@ -6,7 +7,12 @@
 // is --kv-cache-mb.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+
+#include "../cli/subprocess.hpp"
 
 #include "../model/temp_dir.hpp"
 #include "reference.hpp"
@@ -67,6 +73,19 @@ TEST(ServeVllmModelFlags, DtypeSeedAndGpuMemoryUtilization) {
     ASSERT_GT(again.port(), 0) << again.log();
     complete(again.port(), {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}});  // as the first server's
     EXPECT_EQ(sampled(again.port()), first) << "the same --seed: the same sequence of samples";
+  }
+  {  // --generation-config DIR: its temperature 0 for requests that leave temperature out
+    std::filesystem::create_directories(dir.path() + "/gen");
+    std::ofstream(dir.path() + "/gen/generation_config.json") << R"({"temperature": 0.0})";
+    server_process greedy(bin, {"--model", m, "--generation-config", dir.path() + "/gen"});
+    ASSERT_GT(greedy.port(), 0) << greedy.log();
+    std::set<std::vector<int32_t>> outputs;
+    for (int i = 0; i < 4; ++i) outputs.insert(complete(greedy.port(), {{"prompt", prompt}, {"max_tokens", 10}}));
+    EXPECT_EQ(outputs.size(), 1u) << "greedy: the directory's temperature 0";
+    EXPECT_EQ(*outputs.begin(), generate_ids(bin, m, "--prompt-ids " + id_list(prompt), 10, "--temperature 0"));
+    auto none = run_command(bin + " serve --model " + m + " --http 127.0.0.1:0 --rpc none --generation-config " + dir.path());
+    EXPECT_NE(none.exit_code, 0);
+    EXPECT_NE(none.err.find("no generation_config.json there"), std::string::npos) << none.err;
   }
   server_process other(bin, {"--model", m, "--dtype", "bfloat16", "--seed", "8"});
   ASSERT_GT(other.port(), 0) << other.log();

@@ -94,6 +94,7 @@ std::vector<envelope> samples() {
       shard_ready_msg{15, 1, "127.0.0.1:39001", 77, std::string(32, '\x09'), true, "", 4096, "int8"},
       shard_ready_msg{15, 1, "127.0.0.1:39001", 77, std::string(32, '\x09'), true, "", 4096, "none", "psalms\norg/chat:v2\n"},
       shard_ready_msg{15, 1, "127.0.0.1:39001", 77, std::string(32, '\x09'), true, "", 8192, "none", "", "bfloat16"},
+      shard_ready_msg{15, 1, "127.0.0.1:39001", 77, std::string(32, '\x09'), true, "", 8192, "none", "", "float32", "bfloat16"},
       shard_ready_msg{15, 2, "", 0, std::string(32, '\x09'), false, "config.json: not found"},
       shard_group_msg{15, std::string("\x00\x01group-key-bytes", 17), {"127.0.0.1:39000", "127.0.0.1:39001", "127.0.0.1:39002"}},
       control_msg{"drain", {"replica-a"}, std::string(16, '\x02'), 1764000000000ull, std::string(32, '\x03')},

@@ -237,6 +237,7 @@ struct writer {
     r.setQuantization(text(m.quantization));
     r.setLoras(text(m.loras));
     r.setKvCacheDtype(text(m.kv_cache_dtype));
+    r.setDtype(text(m.dtype));
   }
   void operator()(const shard_group_msg& m) {
     auto g = b.initShardGroup();
@@ -533,7 +534,7 @@ struct reader {
         out = shard_ready_msg{r.getReplica(), r.getRank(), str(r.getTensor(), "tensor"), r.getActor(),
                               bytes(r.getKey(), "key"), r.getOk(), str(r.getReason(), "reason"), r.getKvBlocks(),
                               str(r.getQuantization(), "quantization"), str(r.getLoras(), "loras"),
-                              str(r.getKvCacheDtype(), "kvCacheDtype")};
+                              str(r.getKvCacheDtype(), "kvCacheDtype"), str(r.getDtype(), "dtype")};
         break;
       }
       case Body::SHARD_GROUP: {

@@ -36,7 +36,9 @@ class mesh_client {
   /// vLLM's runtime LoRA updates: adds the adapter `src` to every replica of `model` (loaded
   /// once where they share the weights), or removes the adapter `name` from them (requests
   /// running with it finish with it). By default unsupported: a mesh of processes serves the
-  /// adapters its cluster config lists.
+  /// adapters its cluster config lists (runtime_lora() false: the gateway refuses the routes
+  /// before touching its list).
+  virtual bool runtime_lora() const { return false; }
   [[nodiscard]] virtual status load_lora(std::string_view model, const model::lora_source& src) {
     (void)model;
     (void)src;
@@ -47,8 +49,7 @@ class mesh_client {
     (void)name;
     return make_error(errc::unsupported, no_runtime_lora);
   }
-
- private:
+  /// Why a mesh of processes refuses runtime LoRA updates.
   static constexpr const char* no_runtime_lora =
       "runtime LoRA updates reach the replicas of one process (llmesh serve); a mesh of nodes serves the "
       "adapters its cluster config lists (a model's loras)";
@@ -78,6 +79,7 @@ class local_mesh final : public mesh_client {
   size_t ready_replicas() const override;
   size_t ready_replicas(std::string_view model) const override;
   /// Loads the adapter once into the model every replica shares (model::load_lora).
+  bool runtime_lora() const override { return true; }
   [[nodiscard]] status load_lora(std::string_view model, const model::lora_source& src) override;
   [[nodiscard]] status unload_lora(std::string_view model, std::string_view name) override;
 

@@ -83,6 +83,7 @@ struct forming_replica {
   std::map<int, uint64_t> kv_blocks;                              ///< rank → its KV cache's blocks
   std::map<int, std::string> quantization;                        ///< rank → how its node holds the weights
   std::map<int, std::string> kv_types;                            ///< rank → its KV cache's elements
+  std::map<int, std::string> dtypes;                              ///< rank → the type its node holds the weights in
   std::map<int, std::string> loras;                               ///< rank → the adapters its node loaded (lora_names)
   std::vector<tensor_communicator*> comms;  ///< inside engine: the ranks here
   bool joining = false;

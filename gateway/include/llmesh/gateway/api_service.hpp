@@ -265,6 +265,11 @@ class api_service {
   static served_model adapter_entry(const served_model& base, const model::lora_source& l);
   /// vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter (api_lora.cpp).
   http_reply load_lora_adapter(std::string_view body);
+  /// Whether the routes run: allowed (api_options::runtime_lora_updates) and the mesh's replicas take them.
+  status lora_updates_usable() const;
+  /// The base model an adapter loads onto: `base_name` (or one of its further names), or with
+  /// none the one base model served.
+  result<std::shared_ptr<const served_model>> lora_base(const std::string& base_name) const;
   http_reply unload_lora_adapter(std::string_view body);
   /// A prompt as prepare() takes it: its tokens, and the text its choices begin with (echo).
   struct prepared_prompt {

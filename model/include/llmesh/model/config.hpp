@@ -120,4 +120,9 @@ inline const char* cpu_only_family(const model_config& c) {
 /// naming that file; a missing one is fine.
 [[nodiscard]] result<model_config> load_config(const std::string& model_dir);
 
+/// vLLM's --generation-config DIR: the sampling defaults become DIR/generation_config.json's
+/// (those it leaves out: none), and its eos/bos ids merge in as load_config merges the model's.
+/// invalid_request when DIR has no such file; load_config's errors for a malformed one.
+[[nodiscard]] status load_generation_config(model_config& c, const std::string& dir);
+
 }  // namespace llmesh::model

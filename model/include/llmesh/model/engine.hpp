@@ -50,11 +50,13 @@ struct backend_choice {
 /// vLLM's --gpu-memory-utilization on the CUDA backend: the KV cache budget per shard, in MiB,
 /// when `replicas` replicas of `tp` ranks share devices of `device_bytes` each (rank r of every
 /// replica runs on device r) and together may take `utilization` (0..1] of each: that share,
-/// less each shard's weights (`weight_bytes` / tp) and working memory (activations of
+/// less each shard's weights (the whole embedding, `embed_bytes`, and a tp-th of the rest of
+/// `weight_bytes`, which counts a tied head once) and working memory (activations of
 /// `max_batch_tokens` tokens, the logits, 512 MiB for the CUDA context, cuBLAS and graphs),
 /// split over the replicas. invalid_request when nothing is left for the KV cache.
 [[nodiscard]] result<size_t> kv_mb_for_gpu_memory(const model_config& c, size_t device_bytes, double utilization,
-                                                  size_t weight_bytes, int tp, int replicas, size_t max_batch_tokens);
+                                                  size_t weight_bytes, size_t embed_bytes, int tp, int replicas,
+                                                  size_t max_batch_tokens);
 
 /// vLLM's --kv-cache-dtype: "auto" and "float32" (this server's reference precision), "bfloat16"
 /// (half the bytes per position; CPU backend). fp8 kinds are refused by name.
@@ -116,6 +118,11 @@ class engine {
   /// the rows' and the scored positions' log-probabilities (step_sequence::prompt_logprobs).
   [[nodiscard]] status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
                                       std::vector<int32_t>& tokens, step_logprobs* logprobs = nullptr);
+  /// `batch`, or a copy in `copy` whose sequences naming an adapter by id alone point at it,
+  /// held in `pins` for the step (so every rank runs the same adapters even if one is removed
+  /// meanwhile); invalid_request when an id names none.
+  result<std::span<const step_sequence>> pin_adapters(std::span<const step_sequence> batch, std::vector<step_sequence>& copy,
+                                                      std::vector<std::shared_ptr<const lora_adapter>>& pins) const;
   /// The checks forward() makes before running the ranks (ids, lengths, block tables, a failed group).
   [[nodiscard]] status check_batch(std::span<const step_sequence> batch) const;
   /// Rank `rank`'s part of forward(), for callers that run the ranks themselves (the shard

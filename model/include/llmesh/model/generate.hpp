@@ -21,7 +21,7 @@ struct generate_request {
                                        ///< before sampling.min_tokens tokens: they are banned)
   size_t prefill_chunk = 0;            ///< 0: the whole prompt in one step
   std::vector<kernels::token_bias> logit_bias;  ///< added to these logits before every draw
-  int32_t lora = -1;                            ///< the LoRA adapter (model::loras() index; -1: none)
+  int32_t lora = -1;                            ///< the LoRA adapter (an id in model::loras(); -1: none)
 };
 
 struct generate_result {

@@ -23,13 +23,13 @@ namespace llmesh::model {
 /// step) lets go: requests running with it finish with it.
 class lora_set {
  public:
-  /// The adapters loaded at most at once (more are refused with `overloaded`).
+  /// The adapters loaded at most at once (more are refused).
   static constexpr size_t default_capacity = 64;
 
   explicit lora_set(size_t capacity = default_capacity) : capacity_(capacity) {}
 
-  /// Adds `a` under the next id. invalid_request: its name is taken; overloaded: `capacity()`
-  /// adapters are loaded.
+  /// Adds `a` under the next id. invalid_request: its name is taken, or `capacity()` adapters
+  /// are loaded (removing is the caller's choice: nothing is evicted).
   [[nodiscard]] result<int32_t> add(std::shared_ptr<const lora_adapter> a);
   /// Removes the adapter named `name`; not_found when none is.
   [[nodiscard]] status remove(std::string_view name);

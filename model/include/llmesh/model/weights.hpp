@@ -60,8 +60,8 @@ struct load_options {
   /// Adapters may be added while the model serves (load_lora): vLLM's --enable-lora. Implied by
   /// `loras`. The model's replicas then run on the CPU backend.
   bool enable_lora = false;
-  /// Adapters loaded at most at once (vLLM's --max-cpu-loras); 0: lora_set::default_capacity,
-  /// or more when `loras` holds more.
+  /// Adapters loaded at most at once (vLLM's --max-cpu-loras; below `loras`' count: refused);
+  /// 0: lora_set::default_capacity, or `loras`' count when it is more.
   size_t max_loras = 0;
 };
 
@@ -107,6 +107,8 @@ class model {
   const model_weights& weights() const { return weights_; }
   const std::string& dir() const { return dir_; }
   quantization quant() const { return quant_; }
+  /// The type load_options::dtype rewrote the weight matrices in (nullopt: as stored).
+  std::optional<kernels::dtype> cast_type() const { return cast_type_; }
   /// Whether any weight matrix is held as int8 blocks (kernels::dtype::q8): after
   /// --quantization int8, or as loaded from a quantized GGUF file. Such weights run on the CPU.
   bool int8_weights() const { return int8_weights_; }
@@ -157,6 +159,7 @@ class model {
   std::shared_ptr<uint8_t> quantized_;
   /// The --dtype copy the cast weight views point into.
   std::shared_ptr<uint8_t> cast_;
+  std::optional<kernels::dtype> cast_type_;
 };
 
 }  // namespace llmesh::model

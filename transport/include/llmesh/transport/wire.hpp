@@ -237,6 +237,7 @@ struct shard_ready_msg {
   std::string quantization;  ///< how its node holds the weights ("" from older nodes: none)
   std::string loras;         ///< the LoRA adapters its node loaded: names in order, one per line
   std::string kv_cache_dtype;  ///< its KV cache's elements ("" from older nodes: float32)
+  std::string dtype;           ///< the type its node rewrote the weights in (--dtype; "" from older nodes: auto)
   bool operator==(const shard_ready_msg&) const = default;
 };
 struct shard_group_msg {
