@@ -216,7 +216,7 @@ void coordinator::stop_shards(const replica_record& r, const std::string& except
     auto m = members_.members().find(node);
     if (m == members_.members().end()) continue;
     out.push_back(send_to(m->second.peer, agent_actor_id,
-                          transport::assign_msg{r.a.id, r.a.model, "", 0, 0, transport::assign_op::stop, {}, {}, {}, {}, {}}));
+                          transport::assign_msg{r.a.id, r.a.model, "", 0, 0, transport::assign_op::stop, {}, {}, {}, {}, {}, {}, 0, {}}));
   }
 }
 
@@ -300,7 +300,7 @@ void coordinator::stop_now(uint64_t id, actions& out) {
   if (it->second.phase == replica_phase::ready) out.push_back({coordinator_action::replica_drain, 0, 0, {}, id, {}, {}});
   it->second.phase = replica_phase::draining;
   out.push_back(send_to(m->second.peer, agent_actor_id,
-                        transport::assign_msg{id, it->second.a.model, "", 0, 0, transport::assign_op::stop, {}, {}, {}, {}, {}}));
+                        transport::assign_msg{id, it->second.a.model, "", 0, 0, transport::assign_op::stop, {}, {}, {}, {}, {}, {}, 0, {}}));
 }
 
 void coordinator::settled(uint64_t id, actions& out) {

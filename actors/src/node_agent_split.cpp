@@ -238,7 +238,7 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
       const auto ranks = a->second.ranks;
       st.assigned.erase(a);
       return with_peer(self, *leader_listen, [=](transport::peer_id peer) {
-        for (uint32_t r : ranks) to_agent(self, peer, transport::shard_ready_msg{p->id, r, "", 0, *key, false, p->err, 0, {}, {}});
+        for (uint32_t r : ranks) to_agent(self, peer, transport::shard_ready_msg{p->id, r, "", 0, *key, false, p->err, 0, {}, {}, {}, {}});
       });
     }
     st.assigned.erase(a);

@@ -356,7 +356,7 @@ status run_node(const node_flags& f) {
     gateway::http_options ho;
     ho.host = p.http->host;
     ho.port = p.http->port;
-    apply_gateway_flags(f.gw, api_opt, ho);
+    LLMESH_TRY(apply_gateway_flags(f.gw, api_opt, ho));
     // vLLM's runtime LoRA routes answer why a mesh does not take them (its config's loras do).
     api_opt.runtime_lora_updates = true;
     std::string names;

@@ -76,8 +76,13 @@ void add_vllm_flags(CLI::App* sub, serve_flags& f) {
       {"--enable-chunked-prefill", "vLLM's; accepted: long prompts always run in chunks beside decodes"},
       {"--enable-auto-tool-choice", "vLLM's; accepted: tool_choice \"auto\" is always served (--tool-call-parser)"},
       {"--trust-remote-code", "vLLM's; accepted: this server runs no code from a model's directory"},
-      {"--disable-log-requests", "vLLM's; accepted: this server does not log requests"}};
+      {"--disable-log-requests", "vLLM's; accepted: this server does not log requests"},
+      {"--disable-log-stats", "vLLM's; accepted: this server logs no periodic stats (/metrics has them)"},
+      {"--disable-fastapi-docs", "vLLM's; accepted: this server serves no API docs pages"}};
   for (const auto& [flag, text] : always) sub->add_flag_function(flag, [](int64_t) {}, text);
+  sub->add_option_function<std::string>("--uvicorn-log-level", [](const std::string&) {},
+                                        "vLLM's; accepted: this server logs its start and errors only");
+  sub->add_option_function<size_t>("--max-log-len", [](const size_t&) {}, "vLLM's; accepted: requests are not logged");
 }
 
 status run_serve(const serve_flags& f) {
@@ -186,7 +191,7 @@ status run_serve(const serve_flags& f) {
   gateway::http_options ho;
   ho.host = where->first;
   ho.port = where->second;
-  apply_gateway_flags(f.gw, ao, ho);
+  LLMESH_TRY(apply_gateway_flags(f.gw, ao, ho));
   ao.runtime_lora_updates = f.lora.updates_allowed();
   auto api = std::make_unique<gateway::api_service>(ao, std::vector{std::move(served)}, **mesh, metrics);
   auto server = gateway::http_server::listen(*api, ho);
@@ -261,7 +266,7 @@ void add_serve(CLI::App& app, command_set& commands) {
   auto* sub = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API (the mesh in one process)");
   sub->add_option("model,--model", f->model_dir, "HF model directory (or GGUF file), as the first argument or --model")
       ->required();
-  sub->add_option("--replicas", f->replicas, "Model replicas")->check(CLI::Range(1, 64))->capture_default_str();
+  sub->add_option("--replicas,--data-parallel-size", f->replicas, "Model replicas (vLLM's data parallelism)")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_option("--tp,--tensor-parallel-size", f->tp, "Tensor-parallel shards per replica")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_option("--http", f->http, "HTTP listen address HOST:PORT (port 0: any free port)")->capture_default_str();
   sub->add_option("--host", f->host, "vLLM's: the HTTP host, with --http's port (or --port)");

@@ -36,6 +36,14 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
                   "fcfs: first come, first served (a request's non-zero 'priority' is a 400); priority: requests' "
                   "'priority' orders admission and preemption in the replicas, lower first (vLLM's)")
       ->check(CLI::IsMember({"fcfs", "priority"}))->capture_default_str();
+  sub->add_option("--allowed-origins", f.allowed_origins,
+                  "vLLM's: origins whose pages may call the API from a browser (CORS), a JSON list or comma-separated; "
+                  "'[\"*\"]': any (default: none, unlike vLLM's any)");
+  sub->add_option("--allowed-methods", f.allowed_methods, "vLLM's: methods a CORS preflight may ask for (* : any)")
+      ->capture_default_str();
+  sub->add_option("--allowed-headers", f.allowed_headers, "vLLM's: request headers a CORS preflight may ask for (* : any)")
+      ->capture_default_str();
+  sub->add_flag("--allow-credentials", f.allow_credentials, "vLLM's: CORS answers allow credentials (cookies, auth)");
   sub->add_option("--seed", f.seed,
                   "vLLM's: requests without a seed draw theirs from this one, so that a server started again with it "
                   "samples the same sequence of requests alike (default: a random seed per start)");
@@ -56,7 +64,7 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
       ->check(CLI::IsMember({"model", "last", "mean", "cls"}))->capture_default_str();
 }
 
-void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gateway::http_options& http) {
+status apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gateway::http_options& http) {
   api.api_key = f.api_key;
   if (api.api_key.empty()) {
     if (const char* k = std::getenv("LLMESH_API_KEY")) api.api_key = k;
@@ -73,6 +81,16 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
   http.idle_timeout = std::chrono::seconds(f.idle_timeout_s);
   http.max_connections = f.max_connections;
   http.max_connections_per_client = f.max_connections_per_client;
+  if (!f.allowed_origins.empty()) {
+    auto origins = gateway::parse_cors_list(f.allowed_origins, "--allowed-origins");
+    if (!origins) return origins.take_error();
+    auto methods = gateway::parse_cors_list(f.allowed_methods, "--allowed-methods");
+    if (!methods) return methods.take_error();
+    auto headers = gateway::parse_cors_list(f.allowed_headers, "--allowed-headers");
+    if (!headers) return headers.take_error();
+    http.cors = {std::move(*origins), std::move(*methods), std::move(*headers), f.allow_credentials};
+  }
+  return ok_status();
 }
 
 status apply_model_overrides(gateway::served_model& m, const std::string& dir, const std::string& chat_template,

@@ -25,6 +25,9 @@ struct gateway_flags {
   std::string chat_template;      ///< vLLM's --chat-template: a file, or the template inline ("": the model's)
   size_t max_model_len = 0;       ///< vLLM's --max-model-len: the context requests get (0: the model's)
   std::optional<uint64_t> seed;   ///< vLLM's --seed: seeds of seedless requests drawn from it (none: at random)
+  /// vLLM's CORS flags (cors.hpp): a JSON list or names separated by commas; no origins: off.
+  std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";
+  bool allow_credentials = false;
 };
 
 /// Adds --api-key (or LLMESH_API_KEY), --max-concurrent, --max-tokens-limit, --max-body-kb,
@@ -49,6 +52,8 @@ inline bool sets_model_flags(const gateway_flags& f) {
 
 /// Copies the flags into the API's and the HTTP server's options (API key from LLMESH_API_KEY
 /// when the flag is not given).
-void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gateway::http_options& http);
+/// The flags into the API's and the HTTP server's options; invalid_request for a CORS list
+/// that does not parse.
+[[nodiscard]] status apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gateway::http_options& http);
 
 }  // namespace llmesh::cli

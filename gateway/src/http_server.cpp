@@ -102,13 +102,14 @@ awaitable<void> watch(std::shared_ptr<job_state> st, tcp::socket& sock) {
 }
 
 awaitable<bool> write_reply(http_server::impl* s, beast::tcp_stream& stream, const http_reply& r, unsigned version,
-                            bool keep) {
+                            bool keep, const header_list& extra = {}) {
   http::response<http::string_body> res;
   res.version(version);
   res.result(static_cast<unsigned>(r.status));
   res.set(http::field::server, "llmesh");
   res.set(http::field::content_type, r.content_type);
   for (const auto& [k, v] : r.headers) res.set(k, v);
+  for (const auto& [k, v] : extra) res.set(k, v);
   res.keep_alive(keep);
   res.body() = r.body;
   res.prepare_payload();
@@ -120,11 +121,12 @@ awaitable<bool> write_reply(http_server::impl* s, beast::tcp_stream& stream, con
 
 /// The head of an SSE response: HTTP/1.1 streams in chunks; HTTP/1.0 has no chunked encoding
 /// (the raw stream, then close).
-http::response<http::empty_body> sse_head(unsigned version, bool keep) {
+http::response<http::empty_body> sse_head(unsigned version, bool keep, const header_list& extra) {
   http::response<http::empty_body> head{http::status::ok, version};
   head.set(http::field::server, "llmesh");
   head.set(http::field::content_type, "text/event-stream");
   head.set(http::field::cache_control, "no-cache");
+  for (const auto& [k, v] : extra) head.set(k, v);
   head.keep_alive(keep && version >= 11);
   head.chunked(version >= 11);
   return head;
@@ -154,7 +156,7 @@ awaitable<bool> end_sse(http_server::impl* s, beast::tcp_stream& stream, bool ch
 /// Runs one generation job (every choice of a response) on this connection. Returns false when
 /// the connection must close.
 awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generation_job& job, unsigned version,
-                        bool keep) {
+                        bool keep, const header_list& extra) {
   auto ex = stream.get_executor();
   auto st = std::make_shared<job_state>(ex);
   std::vector<uint64_t> ids;
@@ -175,7 +177,7 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
 
   const bool chunked = version >= 11;
   if (!chunked) keep = false;
-  auto head = sse_head(version, keep);
+  auto head = sse_head(version, keep, extra);
   http::response_serializer<http::empty_body> head_writer{head};
   bool head_sent = false;
   error_code ec;
@@ -218,20 +220,21 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
   if (!head_sent) {
     const http_reply r = out.reply();
     count_request(s, r.status);
-    co_return co_await write_reply(s, stream, r, version, keep);
+    co_return co_await write_reply(s, stream, r, version, keep, extra);
   }
   co_return co_await end_sse(s, stream, chunked);
 }
 
 /// Streams a background response's events (event_tail) until its run ends or the client goes
 /// away — which leaves the run running. Returns false when the connection must close.
-awaitable<bool> run_tail(http_server::impl* s, beast::tcp_stream& stream, event_tail& tail, unsigned version, bool keep) {
+awaitable<bool> run_tail(http_server::impl* s, beast::tcp_stream& stream, event_tail& tail, unsigned version, bool keep,
+                         const header_list& extra) {
   auto ex = stream.get_executor();
   auto st = std::make_shared<job_state>(ex);
   net::co_spawn(ex, watch(st, stream.socket()), net::detached);
   const bool chunked = version >= 11;
   if (!chunked) keep = false;
-  auto head = sse_head(version, keep);
+  auto head = sse_head(version, keep, extra);
   http::response_serializer<http::empty_body> head_writer{head};
   stream.expires_after(s->opt.write_timeout);
   error_code ec;
@@ -312,6 +315,16 @@ awaitable<void> session(http_server::impl* s, tcp::socket sock, net::ip::address
       }
       auto& req = parser.get();
       const bool keep = req.keep_alive() && !s->stopping;
+      // CORS (cors.hpp): a browser's preflight is answered here; other answers carry the headers.
+      const std::string_view origin = sv(req[http::field::origin]);
+      if (auto pre = cors_preflight(s->opt.cors, sv(req.method_string()), origin, sv(req[http::field::access_control_request_method]),
+                                    sv(req[http::field::access_control_request_headers]))) {
+        count_request(s, pre->status);
+        const bool sent = co_await write_reply(s, stream, *pre, req.version(), keep);
+        if (!sent || !keep) break;
+        continue;
+      }
+      const header_list cors = cors_headers(s->opt.cors, origin);
       auto handle = [s, &req]() -> awaitable<api_outcome> {
         co_return s->api->handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
       };
@@ -333,11 +346,11 @@ awaitable<void> session(http_server::impl* s, tcp::socket sock, net::ip::address
       bool ok = false;
       if (auto* reply = std::get_if<http_reply>(&outcome)) {
         count_request(s, reply->status);
-        ok = co_await write_reply(s, stream, *reply, req.version(), keep);
+        ok = co_await write_reply(s, stream, *reply, req.version(), keep, cors);
       } else if (auto* job = std::get_if<generation_job>(&outcome)) {
-        ok = co_await run_job(s, stream, *job, req.version(), keep);
+        ok = co_await run_job(s, stream, *job, req.version(), keep, cors);
       } else {
-        ok = co_await run_tail(s, stream, std::get<event_tail>(outcome), req.version(), keep);
+        ok = co_await run_tail(s, stream, std::get<event_tail>(outcome), req.version(), keep, cors);
       }
       if (!ok || !keep) break;
     }

@@ -13,6 +13,7 @@
 
 #include "llmesh/common/error.hpp"
 #include "llmesh/gateway/api_service.hpp"
+#include "llmesh/gateway/cors.hpp"
 
 namespace llmesh::gateway {
 
@@ -30,6 +31,8 @@ struct http_options {
   /// Open connections one client address may hold (beyond: its new ones get the same 429),
   /// so that one client cannot take every slot of max_connections.
   size_t max_connections_per_client = 256;
+  /// Cross-origin requests from browsers (vLLM's --allowed-origins ...; off by default).
+  cors_options cors;
 };
 
 /// Thread affinity: run() on one thread; stop() from any thread (signal handlers excluded).
