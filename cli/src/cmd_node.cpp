@@ -203,7 +203,12 @@ status run_node(const node_flags& f) {
     core = std::make_shared<actors::coordinator>(std::move(*c));
   }
 
-  // The gateway's model files next: a typo fails before anything listens.
+  // The gateway's flags and model files next: a typo fails before anything listens.
+  auto cors = cors_options_of(f.gw);
+  if (!cors) return cors.take_error();
+  if (cors->enabled() && !p.has(actors::node_role::gateway)) {
+    return make_error(errc::invalid_request, "--allowed-origins: CORS is a gateway's; this node has no gateway role");
+  }
   std::vector<gateway::served_model> served;
   const bool from_config = !f.config.empty();  // the overrides' names in errors: the config's keys or the flags
   for (const auto& [name, dir, reasoning_parser, tool_call_parser, pooling_name, loras, chat_template, max_model_len] :
@@ -356,7 +361,8 @@ status run_node(const node_flags& f) {
     gateway::http_options ho;
     ho.host = p.http->host;
     ho.port = p.http->port;
-    LLMESH_TRY(apply_gateway_flags(f.gw, api_opt, ho));
+    apply_gateway_flags(f.gw, api_opt, ho);
+    ho.cors = *cors;
     // vLLM's runtime LoRA routes answer why a mesh does not take them (its config's loras do).
     api_opt.runtime_lora_updates = true;
     std::string names;

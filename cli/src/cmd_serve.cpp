@@ -91,6 +91,8 @@ status run_serve(const serve_flags& f) {
   if (!where) return where.take_error();
   if (!f.host.empty()) where->first = f.host.size() > 2 && f.host.front() == '[' && f.host.back() == ']' ? f.host.substr(1, f.host.size() - 2) : f.host;
   if (f.port >= 0) where->second = static_cast<uint16_t>(f.port);
+  auto cors = cors_options_of(f.gw);
+  if (!cors) return cors.take_error();
   auto policy = actors::parse_balance_policy(f.policy);
   if (!policy) return policy.take_error();
   auto device = model::parse_backend(f.device);
@@ -191,7 +193,8 @@ status run_serve(const serve_flags& f) {
   gateway::http_options ho;
   ho.host = where->first;
   ho.port = where->second;
-  LLMESH_TRY(apply_gateway_flags(f.gw, ao, ho));
+  apply_gateway_flags(f.gw, ao, ho);
+  ho.cors = *cors;
   ao.runtime_lora_updates = f.lora.updates_allowed();
   auto api = std::make_unique<gateway::api_service>(ao, std::vector{std::move(served)}, **mesh, metrics);
   auto server = gateway::http_server::listen(*api, ho);

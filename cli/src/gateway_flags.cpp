@@ -1,5 +1,7 @@
 #include "gateway_flags.hpp"
 
+#include <cctype>
+
 #include <chrono>
 #include <cstdlib>
 
@@ -44,6 +46,12 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
   sub->add_option("--allowed-headers", f.allowed_headers, "vLLM's: request headers a CORS preflight may ask for (* : any)")
       ->capture_default_str();
   sub->add_flag("--allow-credentials", f.allow_credentials, "vLLM's: CORS answers allow credentials (cookies, auth)");
+  sub->add_flag("--enable-force-include-usage", f.force_include_usage,
+                "vLLM's: every streamed response ends with its usage chunk (as stream_options.include_usage)");
+  sub->add_flag("--return-tokens-as-token-ids", f.tokens_as_ids,
+                "vLLM's: logprobs name every token 'token_id:<id>' (as a request's return_tokens_as_token_ids)");
+  sub->add_flag_function("--enable-prompt-tokens-details", [](int64_t) {},
+                         "vLLM's; accepted: usage always has prompt_tokens_details (cached_tokens)");
   sub->add_option("--seed", f.seed,
                   "vLLM's: requests without a seed draw theirs from this one, so that a server started again with it "
                   "samples the same sequence of requests alike (default: a random seed per start)");
@@ -64,7 +72,7 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
       ->check(CLI::IsMember({"model", "last", "mean", "cls"}))->capture_default_str();
 }
 
-status apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gateway::http_options& http) {
+void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gateway::http_options& http) {
   api.api_key = f.api_key;
   if (api.api_key.empty()) {
     if (const char* k = std::getenv("LLMESH_API_KEY")) api.api_key = k;
@@ -74,6 +82,8 @@ status apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, ga
   api.max_stored_responses = f.max_stored_responses;
   api.priority_scheduling = f.scheduling_policy == "priority";
   api.seed = f.seed;
+  api.force_include_usage = f.force_include_usage;
+  api.tokens_as_ids = f.tokens_as_ids;
   api.max_stored_response_bytes = f.max_stored_responses_mb << 20;
   api.max_conversations = f.max_conversations;
   api.max_conversation_bytes = f.max_conversations_mb << 20;
@@ -81,16 +91,26 @@ status apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, ga
   http.idle_timeout = std::chrono::seconds(f.idle_timeout_s);
   http.max_connections = f.max_connections;
   http.max_connections_per_client = f.max_connections_per_client;
+}
+
+result<gateway::cors_options> cors_options_of(const gateway_flags& f) {
+  gateway::cors_options o;
   if (!f.allowed_origins.empty()) {
     auto origins = gateway::parse_cors_list(f.allowed_origins, "--allowed-origins");
     if (!origins) return origins.take_error();
-    auto methods = gateway::parse_cors_list(f.allowed_methods, "--allowed-methods");
-    if (!methods) return methods.take_error();
-    auto headers = gateway::parse_cors_list(f.allowed_headers, "--allowed-headers");
-    if (!headers) return headers.take_error();
-    http.cors = {std::move(*origins), std::move(*methods), std::move(*headers), f.allow_credentials};
+    o.origins = std::move(*origins);
   }
-  return ok_status();
+  auto methods = gateway::parse_cors_list(f.allowed_methods, "--allowed-methods");
+  if (!methods) return methods.take_error();
+  auto headers = gateway::parse_cors_list(f.allowed_headers, "--allowed-headers");
+  if (!headers) return headers.take_error();
+  o.methods = std::move(*methods);
+  for (auto& m : o.methods) {  // browsers send methods in capitals, and compare them so
+    for (auto& c : m) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
+  o.headers = std::move(*headers);
+  o.credentials = f.allow_credentials;
+  return o;
 }
 
 status apply_model_overrides(gateway::served_model& m, const std::string& dir, const std::string& chat_template,

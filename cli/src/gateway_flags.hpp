@@ -28,6 +28,8 @@ struct gateway_flags {
   /// vLLM's CORS flags (cors.hpp): a JSON list or names separated by commas; no origins: off.
   std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";
   bool allow_credentials = false;
+  bool force_include_usage = false;  ///< vLLM's --enable-force-include-usage
+  bool tokens_as_ids = false;        ///< vLLM's --return-tokens-as-token-ids
 };
 
 /// Adds --api-key (or LLMESH_API_KEY), --max-concurrent, --max-tokens-limit, --max-body-kb,
@@ -52,8 +54,12 @@ inline bool sets_model_flags(const gateway_flags& f) {
 
 /// Copies the flags into the API's and the HTTP server's options (API key from LLMESH_API_KEY
 /// when the flag is not given).
-/// The flags into the API's and the HTTP server's options; invalid_request for a CORS list
-/// that does not parse.
-[[nodiscard]] status apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gateway::http_options& http);
+/// Copies the flags into the API's and the HTTP server's options (API key from LLMESH_API_KEY
+/// when the flag is not given); the CORS options come from cors_options_of.
+void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gateway::http_options& http);
+
+/// The CORS flags parsed (all three lists, whether or not origins are given: a typo fails the
+/// start before anything loads); origins empty when --allowed-origins is not given.
+[[nodiscard]] result<gateway::cors_options> cors_options_of(const gateway_flags& f);
 
 }  // namespace llmesh::cli

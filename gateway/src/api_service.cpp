@@ -558,7 +558,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   choice.stop = g.stop;
   choice.include_stop_str = g.include_stop_str;
   choice.skip_special = g.skip_special_tokens;
-  choice.tokens_as_ids = g.tokens_as_ids;
+  choice.tokens_as_ids = g.tokens_as_ids || opt_.tokens_as_ids;
   choice.continuous_usage = g.continuous_usage;
   choice.stop_token_ids = g.stop_token_ids;
   choice.logprobs = g.logprobs;
@@ -574,7 +574,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   group_setup gs;
   gs.chat = chat;
   gs.streaming = g.stream;
-  gs.include_usage = g.include_usage;
+  gs.include_usage = g.include_usage || (opt_.force_include_usage && g.stream);
   char idbuf[32];
   std::snprintf(idbuf, sizeof idbuf, "%016llx", static_cast<unsigned long long>(mix(seed_base_ + first)));
   gs.id = std::string(chat ? "chatcmpl-" : "cmpl-") + idbuf;

@@ -33,6 +33,9 @@ std::string joined(const std::vector<std::string>& v) {
   return out;
 }
 
+/// What "*" allows as methods (Starlette's ALL_METHODS).
+const std::vector<std::string> all_methods = {"DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"};
+
 /// The headers a browser may always send (CORS-safelisted), which Starlette always allows.
 const std::vector<std::string> safelisted = {"accept", "accept-language", "content-language", "content-type"};
 
@@ -81,9 +84,9 @@ std::optional<http_reply> cors_preflight(const cors_options& o, std::string_view
   if (!o.enabled() || method != "OPTIONS" || origin.empty() || request_method.empty()) return std::nullopt;
   std::vector<std::string> refused;
   if (!origin_allowed(o, origin)) refused.push_back("origin");
-  const bool method_ok = any(o.methods) || std::any_of(o.methods.begin(), o.methods.end(), [&](const std::string& m) {
-                           return lower(m) == lower(request_method);
-                         });
+  // "*" stands for the seven methods Starlette lists; methods compare as sent (capitals).
+  const std::vector<std::string>& methods = any(o.methods) ? all_methods : o.methods;
+  const bool method_ok = std::find(methods.begin(), methods.end(), request_method) != methods.end();
   if (!method_ok) refused.push_back("method");
   std::vector<std::string> asked;  // the request headers the page wants to send, lower-cased
   for (size_t at = 0; at < request_headers.size();) {
@@ -111,15 +114,14 @@ std::optional<http_reply> cors_preflight(const cors_options& o, std::string_view
     r.status = 200;
     r.body = "OK";
   }
-  // Starlette sends the preflight headers whatever the outcome.
+  // Starlette's preflight headers: the origin only when it is allowed (or "*" for any).
   if (any(o.origins) && !o.credentials) {
     r.headers.emplace_back("Access-Control-Allow-Origin", "*");
   } else {
-    r.headers.emplace_back("Access-Control-Allow-Origin", std::string(origin));
+    if (origin_allowed(o, origin)) r.headers.emplace_back("Access-Control-Allow-Origin", std::string(origin));
     r.headers.emplace_back("Vary", "Origin");
   }
-  r.headers.emplace_back("Access-Control-Allow-Methods",
-                         any(o.methods) ? "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT" : joined(o.methods));
+  r.headers.emplace_back("Access-Control-Allow-Methods", joined(methods));
   r.headers.emplace_back("Access-Control-Max-Age", "600");
   if (any(o.headers)) {
     if (!asked.empty()) r.headers.emplace_back("Access-Control-Allow-Headers", std::string(trimmed(request_headers)));

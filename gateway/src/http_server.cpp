@@ -310,7 +310,10 @@ awaitable<void> session(http_server::impl* s, tcp::socket sock, net::ip::address
           r = error_reply(make_error(errc::invalid_request, "malformed HTTP request: " + ec.message()));
         }
         count_request(s, r.status);
-        co_await write_reply(s, stream, r, 11, false);
+        // The fields read so far (a body over the limit came after whole headers): the page may
+        // read the 413 when its Origin is allowed (CORS).
+        const header_list cors = cors_headers(s->opt.cors, sv(parser.get()[http::field::origin]));
+        co_await write_reply(s, stream, r, 11, false, cors);
         break;
       }
       auto& req = parser.get();

@@ -64,6 +64,11 @@ TEST(Cors, PreflightsAreAnsweredOrRefusedByName) {
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400);
   EXPECT_EQ(bad->body, "Disallowed CORS origin, method, headers");
+  EXPECT_EQ(header(bad->headers, "Access-Control-Allow-Origin"), "(none)") << "a refused origin is not echoed";
+  EXPECT_EQ(header(bad->headers, "Vary"), "Origin");
+  auto lower_case = cors_preflight(some, "OPTIONS", "http://ui", "post", "");
+  ASSERT_TRUE(lower_case);
+  EXPECT_EQ(lower_case->status, 400) << "methods compare as sent";
   cors_options any{{"*"}};
   auto echoed = cors_preflight(any, "OPTIONS", "http://x", "PUT", "X-Custom, Authorization");
   ASSERT_TRUE(echoed);
@@ -71,6 +76,10 @@ TEST(Cors, PreflightsAreAnsweredOrRefusedByName) {
   EXPECT_EQ(header(echoed->headers, "Access-Control-Allow-Origin"), "*");
   EXPECT_EQ(header(echoed->headers, "Access-Control-Allow-Headers"), "X-Custom, Authorization") << "any header: echoed";
   EXPECT_EQ(header(echoed->headers, "Access-Control-Allow-Methods"), "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT");
+  auto odd = cors_preflight(any, "OPTIONS", "http://x", "PROPFIND", "");
+  ASSERT_TRUE(odd);
+  EXPECT_EQ(odd->status, 400) << "* is the seven standard methods";
+  EXPECT_EQ(odd->body, "Disallowed CORS method");
 }
 
 }  // namespace

@@ -32,8 +32,9 @@ TEST(ServeCors, AllowedOriginsGetTheirHeadersOthersNone) {
   json streamed = json::parse(body);
   streamed["stream"] = true;
   {
-    server_process s(bin, {"--model", m, "--allowed-origins", R"(["http://ui.example"])", "--api-key", "k"});
+    server_process s(bin, {"--model", m, "--allowed-origins", R"(["http://ui.example"])", "--api-key", "k", "--max-body-kb", "1"});
     ASSERT_GT(s.port(), 0) << s.log();
+    const std::string auth0 = "Authorization: Bearer k\r\n";
     auto pre = http_request(s.port(), "OPTIONS", "/v1/completions", "",
                             "Origin: http://ui.example\r\nAccess-Control-Request-Method: POST\r\n"
                             "Access-Control-Request-Headers: authorization, content-type\r\n");
@@ -44,7 +45,29 @@ TEST(ServeCors, AllowedOriginsGetTheirHeadersOthersNone) {
                                 "Origin: http://evil.example\r\nAccess-Control-Request-Method: POST\r\n");
     EXPECT_EQ(refused.status, 400);
     EXPECT_EQ(refused.body, "Disallowed CORS origin");
-    const std::string auth = "Authorization: Bearer k\r\n";
+    EXPECT_EQ(header(refused, "access-control-allow-origin"), "(none)");
+    // A preflight, then the request, on one kept-alive connection.
+    {
+      int fd = connect_local(s.port());
+      ASSERT_GE(fd, 0);
+      const std::string both = "OPTIONS /v1/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://ui.example\r\n"
+                               "Access-Control-Request-Method: POST\r\n\r\n"
+                               "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nOrigin: http://ui.example\r\n"
+                               "Authorization: Bearer k\r\nContent-Type: application/json\r\nContent-Length: " +
+                               std::to_string(body.size()) + "\r\n\r\n" + body;
+      ASSERT_TRUE(send_all(fd, both));
+      const std::string raw = read_all(fd);
+      close(fd);
+      EXPECT_EQ(raw.rfind("HTTP/1.1 200", 0), 0u) << raw;
+      const auto second = raw.find("HTTP/1.1 200", 1);
+      ASSERT_NE(second, std::string::npos) << "the completion follows on the same connection: " << raw;
+      EXPECT_NE(raw.find("\"text_completion\"", second), std::string::npos) << raw;
+    }
+    // A body over the limit: the 413 carries the origin, so the page can read it.
+    auto big = http_request(s.port(), "POST", "/v1/completions", std::string(2000, ' '), auth0 + "Origin: http://ui.example\r\n");
+    EXPECT_EQ(big.status, 413);
+    EXPECT_EQ(header(big, "access-control-allow-origin"), "http://ui.example");
+    const std::string auth = auth0;
     auto plain = http_request(s.port(), "POST", "/v1/completions", body, auth + "Origin: http://ui.example\r\n");
     EXPECT_EQ(plain.status, 200) << plain.body;
     EXPECT_EQ(header(plain, "access-control-allow-origin"), "http://ui.example");

@@ -1,5 +1,7 @@
-// vLLM's --dtype, --seed, --gpu-memory-utilization and --generation-config DIR on `llmesh
-// serve`, over real HTTP (a directory's temperature 0 makes requests without one greedy): a
+// vLLM's --dtype, --seed, --gpu-memory-utilization, --generation-config DIR,
+// --return-tokens-as-token-ids and --enable-force-include-usage on `llmesh serve`, over real
+// HTTP (a directory's temperature 0 makes requests without one greedy; logprobs name tokens by
+// id; a stream that did not ask for usage ends with it): a
 // float32 checkpoint served as bfloat16 says so and gives `llmesh generate --dtype bfloat16`'s
 // greedy tokens; seedless sampled requests repeat request for request on a server started
 // again with the same --seed and differ under another (a request's own seed wins either way);
@@ -57,7 +59,8 @@ TEST(ServeVllmModelFlags, DtypeSeedAndGpuMemoryUtilization) {
   std::vector<std::vector<int32_t>> first;
   {
     server_process s(bin, {"--model", m, "--device", "cpu", "--dtype", "bfloat16", "--seed", "7",
-                           "--gpu-memory-utilization", "0.9"});
+                           "--gpu-memory-utilization", "0.9", "--enable-force-include-usage", "--return-tokens-as-token-ids",
+                           "--enable-prompt-tokens-details"});
     ASSERT_GT(s.port(), 0) << s.log();
     EXPECT_NE(s.log().find(", bfloat16 weights"), std::string::npos) << s.log();
     EXPECT_NE(s.log().find("--gpu-memory-utilization applies to CUDA devices; the CPU's KV cache is --kv-cache-mb"),
@@ -66,7 +69,24 @@ TEST(ServeVllmModelFlags, DtypeSeedAndGpuMemoryUtilization) {
     const auto want = generate_ids(bin, m, "--prompt-ids " + id_list(prompt), 12, "--temperature 0 --dtype bfloat16");
     ASSERT_EQ(want.size(), 12u);
     EXPECT_EQ(complete(s.port(), {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}}), want);
+
     first = sampled(s.port());
+    // (After the samples, which the seeds of these requests would shift.) --return-tokens-as-
+    // token-ids: logprobs name the tokens by id; --enable-force-include-usage: a stream that
+    // did not ask for usage ends with it.
+    auto lp = http_request(s.port(), "POST", "/v1/completions",
+                           json({{"model", "m"}, {"prompt", prompt}, {"max_tokens", 3}, {"temperature", 0}, {"logprobs", 1}}).dump());
+    ASSERT_EQ(lp.status, 200) << lp.body;
+    const json tokens = json::parse(lp.body)["choices"][0]["logprobs"]["tokens"];
+    ASSERT_EQ(tokens.size(), 3u) << lp.body;
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(tokens[i], "token_id:" + std::to_string(want[i]));
+    auto st = http_request(s.port(), "POST", "/v1/completions",
+                           json({{"model", "m"}, {"prompt", prompt}, {"max_tokens", 3}, {"stream", true}}).dump());
+    ASSERT_EQ(st.status, 200);
+    const auto events = sse_payloads(st.body);
+    ASSERT_GE(events.size(), 2u) << st.body;
+    const json last = json::parse(events[events.size() - 2]);  // before [DONE]
+    EXPECT_EQ(last["usage"]["completion_tokens"], 3) << st.body;
   }
   {
     server_process again(bin, {"--model", m, "--dtype", "bfloat16", "--seed", "7"});

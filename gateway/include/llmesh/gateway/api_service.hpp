@@ -46,6 +46,12 @@ struct api_options {
   /// /v1/load_lora_adapter and /v1/unload_lora_adapter add and remove adapters while the server
   /// runs; off: both answer 404 saying how to turn them on.
   bool runtime_lora_updates = false;
+  /// vLLM's --enable-force-include-usage: every streamed response ends with its usage chunk, as
+  /// stream_options.include_usage asks.
+  bool force_include_usage = false;
+  /// vLLM's --return-tokens-as-token-ids: every request's logprobs name tokens "token_id:<id>",
+  /// as its return_tokens_as_token_ids asks.
+  bool tokens_as_ids = false;
   /// vLLM's --seed: a seedless request's seed is drawn from it and the request's place in the
   /// server's sequence of ids (none: from a random value drawn at start). Ids stay random.
   std::optional<uint64_t> seed;

@@ -17,7 +17,7 @@ namespace llmesh::gateway {
 
 struct cors_options {
   std::vector<std::string> origins;            ///< "*": any; empty: CORS off
-  std::vector<std::string> methods = {"*"};    ///< methods a preflight may ask for ("*": any)
+  std::vector<std::string> methods = {"*"};    ///< methods a preflight may ask for, in capitals ("*": the 7 standard ones)
   std::vector<std::string> headers = {"*"};    ///< request headers a preflight may ask for ("*": any)
   bool credentials = false;                    ///< Access-Control-Allow-Credentials: true
   bool enabled() const { return !origins.empty(); }
@@ -30,7 +30,9 @@ struct cors_options {
 using header_list = std::vector<std::pair<std::string, std::string>>;
 
 /// The headers an actual response carries for a request whose Origin header is `origin`:
-/// none when CORS is off, the request has no Origin, or the origin is not allowed.
+/// none when CORS is off, the request has no Origin, or the origin is not allowed. With
+/// credentials the origin is echoed even where "*" allows any (Starlette sends "*" unless the
+/// request has cookies; browsers refuse "*" with credentials either way).
 header_list cors_headers(const cors_options& o, std::string_view origin);
 
 /// A preflight (OPTIONS with Origin and Access-Control-Request-Method): 200 with the allowed
