@@ -37,31 +37,27 @@ void maybe_form(agent* self, uint64_t id) {
   for (const auto& t : f.tensors) {
     if (t.empty()) return;
   }
-  // The same KV cache elements as rank 0 (a node of an older build holds float32 whatever the
-  // model says) — checked before the block counts, which such a node's cache also changes.
-  const std::string kv_want(model::kv_cache_dtype_name(f.engine->kv_type()));
-  for (const auto& [rank, t] : f.kv_types) {
-    if (t != kv_want) {
-      return fail_forming(self, id, "rank " + std::to_string(rank) + "'s KV cache holds " + t + ", rank 0's " + kv_want +
-                                        ": every node of the replica must run a build that knows the model's kv_cache_dtype");
+  // Each rank's setting as rank 0's, or why not: "rank R's <holds> X, rank 0's <as>W: ... <key>".
+  auto disagreement = [](const std::map<int, std::string>& got, const std::string& want, const char* holds, const char* as,
+                         const char* key) -> std::string {
+    for (const auto& [rank, v] : got) {
+      if (v != want) {
+        return "rank " + std::to_string(rank) + "'s " + holds + " " + v + ", rank 0's " + as + want +
+               ": every node of the replica must run a build that knows the model's " + key;
+      }
     }
-  }
-  // Every rank must hold the weights as rank 0 does (the assignment's quantization), or their
-  // partial sums would not add up: a node of an older build ignores the model's setting.
-  const std::string want = f.a.quantization.empty() ? "none" : f.a.quantization;
-  for (const auto& [rank, q] : f.quantization) {
-    if (q != want) {
-      return fail_forming(self, id, "rank " + std::to_string(rank) + "'s node holds the weights as " + q + ", rank 0's as " +
-                                        want + ": every node of the replica must run a build that knows the model's quantization");
-    }
-  }
-  // And in the same type (--dtype): a node of an older build holds the checkpoint's.
-  const std::string dtype_want = f.a.dtype.empty() ? "auto" : f.a.dtype;
-  for (const auto& [rank, t] : f.dtypes) {
-    if (t != dtype_want) {
-      return fail_forming(self, id, "rank " + std::to_string(rank) + "'s node holds the weights in " + t + ", rank 0's in " +
-                                        dtype_want + ": every node of the replica must run a build that knows the model's dtype");
-    }
+    return {};
+  };
+  // A node of an older build ignores the model's settings. The same KV cache elements as rank 0
+  // first (before the block counts, which such a node's cache also changes); then the weights
+  // held as rank 0 holds them (quantization, --dtype), or the ranks' partial sums would not add up.
+  for (const std::string& why :
+       {disagreement(f.kv_types, std::string(model::kv_cache_dtype_name(f.engine->kv_type())), "KV cache holds", "",
+                     "kv_cache_dtype"),
+        disagreement(f.quantization, f.a.quantization.empty() ? "none" : f.a.quantization, "node holds the weights as", "as ",
+                     "quantization"),
+        disagreement(f.dtypes, f.a.dtype.empty() ? "auto" : f.a.dtype, "node holds the weights in", "in ", "dtype")}) {
+    if (!why.empty()) return fail_forming(self, id, why);
   }
   // And the same LoRA adapters in the same order (a step names them by index; a node of an
   // older build loads none and would add no deltas).

@@ -114,12 +114,12 @@ std::optional<http_reply> cors_preflight(const cors_options& o, std::string_view
     r.status = 200;
     r.body = "OK";
   }
-  // Starlette's preflight headers: the origin only when it is allowed (or "*" for any).
-  if (any(o.origins) && !o.credentials) {
-    r.headers.emplace_back("Access-Control-Allow-Origin", "*");
-  } else {
-    if (origin_allowed(o, origin)) r.headers.emplace_back("Access-Control-Allow-Origin", std::string(origin));
+  // Starlette's preflight headers: an actual answer's (the origin only when it is allowed), and
+  // for a refused origin still Vary and the credentials flag.
+  r.headers = cors_headers(o, origin);
+  if (r.headers.empty()) {
     r.headers.emplace_back("Vary", "Origin");
+    if (o.credentials) r.headers.emplace_back("Access-Control-Allow-Credentials", "true");
   }
   r.headers.emplace_back("Access-Control-Allow-Methods", joined(methods));
   r.headers.emplace_back("Access-Control-Max-Age", "600");
@@ -132,7 +132,6 @@ std::optional<http_reply> cors_preflight(const cors_options& o, std::string_view
     }
     r.headers.emplace_back("Access-Control-Allow-Headers", joined(allowed));
   }
-  if (o.credentials) r.headers.emplace_back("Access-Control-Allow-Credentials", "true");
   return r;
 }
 
