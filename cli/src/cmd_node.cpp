@@ -209,6 +209,10 @@ status run_node(const node_flags& f) {
   if (cors->enabled() && !p.has(actors::node_role::gateway)) {
     return make_error(errc::invalid_request, "--allowed-origins: CORS is a gateway's; this node has no gateway role");
   }
+  if (f.gw.tls.enabled() && !p.has(actors::node_role::gateway)) {
+    return make_error(errc::invalid_request, "--ssl-certfile: HTTPS is a gateway's; this node has no gateway role");
+  }
+  LLMESH_TRY(gateway::check_tls(f.gw.tls));
   std::vector<gateway::served_model> served;
   const bool from_config = !f.config.empty();  // the overrides' names in errors: the config's keys or the flags
   for (const auto& [name, dir, reasoning_parser, tool_call_parser, pooling_name, loras, chat_template, max_model_len] :
@@ -382,7 +386,7 @@ status run_node(const node_flags& f) {
       }
       rpc = std::move(*r);
     }
-    std::fprintf(stderr, "llmesh: node %s serving %s on http://%s:%u%s\n", p.name.c_str(), names.c_str(),
+    std::fprintf(stderr, "llmesh: node %s serving %s on %s://%s:%u%s\n", p.name.c_str(), names.c_str(), url_scheme(f.gw),
                  ho.host.c_str(), (*server)->port(),
                  rpc ? (" and RPC " + p.rpc->host + ":" + std::to_string(rpc->port())).c_str() : "");
     std::fflush(stderr);

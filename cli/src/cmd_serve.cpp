@@ -93,6 +93,7 @@ status run_serve(const serve_flags& f) {
   if (f.port >= 0) where->second = static_cast<uint16_t>(f.port);
   auto cors = cors_options_of(f.gw);
   if (!cors) return cors.take_error();
+  LLMESH_TRY(gateway::check_tls(f.gw.tls));
   auto policy = actors::parse_balance_policy(f.policy);
   if (!policy) return policy.take_error();
   auto device = model::parse_backend(f.device);
@@ -218,9 +219,9 @@ status run_serve(const serve_flags& f) {
   const auto& e0 = (*mesh)->engine(0);
   const std::string notes = e0.device_note() + (e0.device_note().empty() || kv_note.empty() ? "" : "; ") + kv_note;
   std::fprintf(stderr,
-               "llmesh: serving '%s' on http://%s:%u (%d replica(s), tp %d, %s%s%s, %d kernel threads each, KV %zu "
+               "llmesh: serving '%s' on %s://%s:%u (%d replica(s), tp %d, %s%s%s, %d kernel threads each, KV %zu "
                "positions per replica%s%s%s)\n",
-               ao.model_name.c_str(), url_host.c_str(), (*server)->port(), f.replicas, f.tp, e0.backend_name(),
+               ao.model_name.c_str(), url_scheme(f.gw), url_host.c_str(), (*server)->port(), f.replicas, f.tp, e0.backend_name(),
                (*m)->int8_weights() ? ", int8 weights"
                : *dtype             ? (", " + std::string(model::weight_dtype_name(*dtype)) + " weights").c_str()
                                     : "",
@@ -231,9 +232,9 @@ status run_serve(const serve_flags& f) {
                mo.engine.threads, e0.kv_blocks() * e0.kv_block_size(), *kv_type == kernels::dtype::bf16 ? ", bfloat16" : "",
                notes.empty() ? "" : "; ", notes.c_str());
   std::fprintf(stderr,
-               "llmesh: try: curl http://%s:%u/v1/completions -H 'Content-Type: application/json'%s -d "
+               "llmesh: try: curl %s://%s:%u/v1/completions -H 'Content-Type: application/json'%s -d "
                "'{\"model\":\"%s\",\"prompt\":\"In the beginning God created\",\"max_tokens\":32}'\n",
-               url_host.c_str(), (*server)->port(), ao.api_key.empty() ? "" : " -H 'Authorization: Bearer KEY'",
+               url_scheme(f.gw), url_host.c_str(), (*server)->port(), ao.api_key.empty() ? "" : " -H 'Authorization: Bearer KEY'",
                ao.model_name.c_str());
   std::fflush(stderr);
 

@@ -46,6 +46,15 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
   sub->add_option("--allowed-headers", f.allowed_headers, "vLLM's: request headers a CORS preflight may ask for (* : any)")
       ->capture_default_str();
   sub->add_flag("--allow-credentials", f.allow_credentials, "vLLM's: CORS answers allow credentials (cookies, auth)");
+  sub->add_option("--ssl-certfile", f.tls.cert_file, "vLLM's: serve HTTPS with this PEM certificate (then its chain)");
+  sub->add_option("--ssl-keyfile", f.tls.key_file, "vLLM's: the certificate's PEM private key, unencrypted (default: in --ssl-certfile)");
+  sub->add_option("--ssl-ca-certs", f.tls.ca_file, "vLLM's: PEM CAs that client certificates are checked against");
+  sub->add_option("--ssl-cert-reqs", f.tls.cert_reqs,
+                  "vLLM's: client certificates: 0 not asked for, 1 optional (one sent must verify), 2 required")
+      ->check(CLI::Range(0, 2))->capture_default_str();
+  sub->add_option("--ssl-ciphers", f.tls.ciphers, "OpenSSL cipher list for TLS 1.2 (default: OpenSSL's; TLS 1.3 keeps its own)");
+  sub->add_flag("--enable-ssl-refresh", f.tls.refresh,
+                "vLLM's: new connections get the certificate, key and CAs as their files are now, after a change");
   sub->add_flag("--enable-force-include-usage", f.force_include_usage,
                 "vLLM's: every streamed response ends with its usage chunk (as stream_options.include_usage)");
   sub->add_flag("--return-tokens-as-token-ids", f.tokens_as_ids,
@@ -91,6 +100,7 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
   http.idle_timeout = std::chrono::seconds(f.idle_timeout_s);
   http.max_connections = f.max_connections;
   http.max_connections_per_client = f.max_connections_per_client;
+  http.tls = f.tls;
 }
 
 result<gateway::cors_options> cors_options_of(const gateway_flags& f) {

@@ -30,6 +30,7 @@ struct gateway_flags {
   bool allow_credentials = false;
   bool force_include_usage = false;  ///< vLLM's --enable-force-include-usage
   bool tokens_as_ids = false;        ///< vLLM's --return-tokens-as-token-ids
+  gateway::tls_options tls;          ///< vLLM's --ssl-certfile, --ssl-keyfile, ... (tls.hpp)
 };
 
 /// Adds --api-key (or LLMESH_API_KEY), --max-concurrent, --max-tokens-limit, --max-body-kb,
@@ -53,13 +54,15 @@ inline bool sets_model_flags(const gateway_flags& f) {
                                            size_t max_model_len, bool from_config = false);
 
 /// Copies the flags into the API's and the HTTP server's options (API key from LLMESH_API_KEY
-/// when the flag is not given).
-/// Copies the flags into the API's and the HTTP server's options (API key from LLMESH_API_KEY
-/// when the flag is not given); the CORS options come from cors_options_of.
+/// when the flag is not given; HTTPS as the --ssl-* flags say); the CORS options come from
+/// cors_options_of.
 void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gateway::http_options& http);
 
 /// The CORS flags parsed (all three lists, whether or not origins are given: a typo fails the
 /// start before anything loads); origins empty when --allowed-origins is not given.
 [[nodiscard]] result<gateway::cors_options> cors_options_of(const gateway_flags& f);
+
+/// The URL scheme the gateway serves: "https" with --ssl-certfile, else "http".
+inline const char* url_scheme(const gateway_flags& f) { return f.tls.enabled() ? "https" : "http"; }
 
 }  // namespace llmesh::cli

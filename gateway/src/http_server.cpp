@@ -5,11 +5,13 @@
 
 #include "llmesh/gateway/http_server.hpp"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include "llmesh/actors/serving_metrics.hpp"
 #include "llmesh/gateway/background_runs.hpp"
 #include "llmesh/gateway/metrics_endpoint.hpp"
+#include "tls_context.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -23,10 +25,12 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <cerrno>
 #include <cstdio>
 #include <deque>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace llmesh::gateway {
@@ -38,6 +42,7 @@ using tcp = net::ip::tcp;
 using net::awaitable;
 using net::use_awaitable;
 using error_code = boost::system::error_code;
+using tls_stream = beast::ssl_stream<beast::tcp_stream>;
 
 struct http_server::impl {
   impl(api_service& a, http_options o) : api(&a), metrics(a.metrics()), opt(std::move(o)) {}
@@ -56,6 +61,8 @@ struct http_server::impl {
   /// POSTs being handled on the worker pool (io thread only): the drain waits for them too,
   /// since a job's slots are taken only at the end of its handling.
   size_t handling = 0;
+  /// HTTPS (tls.hpp): the context new connections take; none: plain HTTP.
+  std::optional<tls_contexts> tls;
   net::io_context ioc{1};
   tcp::acceptor acceptor{ioc};
   /// Runs api_service::handle for POSTs. After ioc: destroyed (joined) first, so a handle in
@@ -66,6 +73,12 @@ struct http_server::impl {
 namespace {
 
 std::string_view sv(beast::string_view s) { return {s.data(), s.size()}; }
+
+/// The TCP layer under a connection's stream (itself for plain HTTP): timeouts and the socket.
+template <class Stream>
+beast::tcp_stream& tcp_of(Stream& stream) {
+  return beast::get_lowest_layer(stream);
+}
 
 void count_request(http_server::impl* s, int status) {
   if (!s->api) return;  // a metrics endpoint's scrapes are not API requests
@@ -93,15 +106,21 @@ awaitable<void> watch(std::shared_ptr<job_state> st, tcp::socket& sock) {
     if (ec || st->finished) co_return;
     char c;
     const ssize_t n = ::recv(sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n > 0) co_return;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+    if (n > 0) {
+      // Bytes: a next request (HTTP) or a record (TLS: a client's close_notify comes as bytes
+      // before its FIN). Gone if the client has shut its side too; else they wait unread.
+      pollfd p{sock.native_handle(), POLLRDHUP, 0};
+      if (::poll(&p, 1, 0) <= 0 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR))) co_return;
+    }
     st->gone = true;
     st->timer.cancel();
     co_return;
   }
 }
 
-awaitable<bool> write_reply(http_server::impl* s, beast::tcp_stream& stream, const http_reply& r, unsigned version,
+template <class Stream>
+awaitable<bool> write_reply(http_server::impl* s, Stream& stream, const http_reply& r, unsigned version,
                             bool keep, const header_list& extra = {}) {
   http::response<http::string_body> res;
   res.version(version);
@@ -113,7 +132,7 @@ awaitable<bool> write_reply(http_server::impl* s, beast::tcp_stream& stream, con
   res.keep_alive(keep);
   res.body() = r.body;
   res.prepare_payload();
-  stream.expires_after(s->opt.write_timeout);
+  tcp_of(stream).expires_after(s->opt.write_timeout);
   error_code ec;
   co_await http::async_write(stream, res, net::redirect_error(use_awaitable, ec));
   co_return !ec;
@@ -133,8 +152,9 @@ http::response<http::empty_body> sse_head(unsigned version, bool keep, const hea
 }
 
 /// Writes SSE bytes after the head: one chunk, or raw on HTTP/1.0.
-awaitable<void> write_sse(http_server::impl* s, beast::tcp_stream& stream, const std::string& bytes, bool chunked, error_code& ec) {
-  stream.expires_after(s->opt.write_timeout);
+template <class Stream>
+awaitable<void> write_sse(http_server::impl* s, Stream& stream, const std::string& bytes, bool chunked, error_code& ec) {
+  tcp_of(stream).expires_after(s->opt.write_timeout);
   if (chunked) {
     co_await net::async_write(stream, http::make_chunk(net::buffer(bytes)), net::redirect_error(use_awaitable, ec));
   } else {
@@ -144,10 +164,11 @@ awaitable<void> write_sse(http_server::impl* s, beast::tcp_stream& stream, const
 
 /// Ends a streamed reply that went out whole (counted 200): the last chunk, or on HTTP/1.0 the
 /// connection's end. Returns false when the connection must close.
-awaitable<bool> end_sse(http_server::impl* s, beast::tcp_stream& stream, bool chunked) {
+template <class Stream>
+awaitable<bool> end_sse(http_server::impl* s, Stream& stream, bool chunked) {
   count_request(s, 200);
   if (!chunked) co_return false;  // the end of an HTTP/1.0 stream is the connection's end
-  stream.expires_after(s->opt.write_timeout);
+  tcp_of(stream).expires_after(s->opt.write_timeout);
   error_code ec;
   co_await net::async_write(stream, http::make_chunk_last(), net::redirect_error(use_awaitable, ec));
   co_return !ec;
@@ -155,7 +176,8 @@ awaitable<bool> end_sse(http_server::impl* s, beast::tcp_stream& stream, bool ch
 
 /// Runs one generation job (every choice of a response) on this connection. Returns false when
 /// the connection must close.
-awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generation_job& job, unsigned version,
+template <class Stream>
+awaitable<bool> run_job(http_server::impl* s, Stream& stream, generation_job& job, unsigned version,
                         bool keep, const header_list& extra) {
   auto ex = stream.get_executor();
   auto st = std::make_shared<job_state>(ex);
@@ -173,7 +195,7 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
   };
   for (auto& req : job.requests) submit(std::move(req));
   for (auto& req : job.output->take_submissions()) submit(std::move(req), true);  // a beam search's first step
-  net::co_spawn(ex, watch(st, stream.socket()), net::detached);
+  net::co_spawn(ex, watch(st, tcp_of(stream).socket()), net::detached);
 
   const bool chunked = version >= 11;
   if (!chunked) keep = false;
@@ -197,7 +219,7 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
     for (uint64_t id : out.take_cancellations()) s->api->mesh().cancel(id);
     for (auto& req : out.take_submissions()) submit(std::move(req), true);  // a beam search's next step
     if (st->gone || bytes.empty()) continue;
-    stream.expires_after(s->opt.write_timeout);
+    tcp_of(stream).expires_after(s->opt.write_timeout);
     if (!head_sent) {
       co_await http::async_write_header(stream, head_writer, net::redirect_error(use_awaitable, ec));
       head_sent = true;
@@ -208,7 +230,7 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
   }
   st->finished = true;
   error_code ignored;
-  stream.socket().cancel(ignored);  // ends the watch
+  tcp_of(stream).socket().cancel(ignored);  // ends the watch
   // Unfinished (client gone, write failed, another choice failed) or ended by a stop string:
   // free them in the mesh. For a generation that ended on its own this is a no-op.
   for (uint64_t id : ids) s->api->mesh().cancel(id);
@@ -227,16 +249,17 @@ awaitable<bool> run_job(http_server::impl* s, beast::tcp_stream& stream, generat
 
 /// Streams a background response's events (event_tail) until its run ends or the client goes
 /// away — which leaves the run running. Returns false when the connection must close.
-awaitable<bool> run_tail(http_server::impl* s, beast::tcp_stream& stream, event_tail& tail, unsigned version, bool keep,
+template <class Stream>
+awaitable<bool> run_tail(http_server::impl* s, Stream& stream, event_tail& tail, unsigned version, bool keep,
                          const header_list& extra) {
   auto ex = stream.get_executor();
   auto st = std::make_shared<job_state>(ex);
-  net::co_spawn(ex, watch(st, stream.socket()), net::detached);
+  net::co_spawn(ex, watch(st, tcp_of(stream).socket()), net::detached);
   const bool chunked = version >= 11;
   if (!chunked) keep = false;
   auto head = sse_head(version, keep, extra);
   http::response_serializer<http::empty_body> head_writer{head};
-  stream.expires_after(s->opt.write_timeout);
+  tcp_of(stream).expires_after(s->opt.write_timeout);
   error_code ec;
   co_await http::async_write_header(stream, head_writer, net::redirect_error(use_awaitable, ec));
   int64_t after = tail.after;
@@ -260,7 +283,7 @@ awaitable<bool> run_tail(http_server::impl* s, beast::tcp_stream& stream, event_
   }
   st->finished = true;
   error_code ignored;
-  stream.socket().cancel(ignored);  // ends the watch
+  tcp_of(stream).socket().cancel(ignored);  // ends the watch
   if (st->gone || ec) {
     count_request(s, 499);
     co_return false;
@@ -270,30 +293,21 @@ awaitable<bool> run_tail(http_server::impl* s, beast::tcp_stream& stream, event_
 
 bool quiet_close(const error_code& ec) {
   return ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::eof ||
-         ec == net::error::connection_reset || ec == net::error::operation_aborted || ec == net::error::broken_pipe;
+         ec == net::error::connection_reset || ec == net::error::operation_aborted || ec == net::error::broken_pipe ||
+         ec == net::ssl::error::stream_truncated;  // a TLS client gone without close_notify
 }
 
-awaitable<void> session(http_server::impl* s, tcp::socket sock, net::ip::address client) {
-  ++s->connections;
-  ++s->per_client[client];
-  struct count_guard {
-    http_server::impl* s;
-    net::ip::address client;
-    ~count_guard() {
-      --s->connections;
-      if (auto it = s->per_client.find(client); it != s->per_client.end() && --it->second == 0) s->per_client.erase(it);
-    }
-  } guard{s, client};
+/// Serves one connection's requests, one after another, until it closes or must close.
+template <class Stream>
+awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
   error_code ec;
-  sock.set_option(tcp::no_delay(true), ec);
-  beast::tcp_stream stream(std::move(sock));
   beast::flat_buffer buf;
   try {
     for (;;) {
       http::request_parser<http::string_body> parser;
       parser.body_limit(s->opt.max_body_bytes);
       parser.header_limit(static_cast<std::uint32_t>(s->opt.max_header_bytes));
-      stream.expires_after(s->opt.idle_timeout);
+      tcp_of(stream).expires_after(s->opt.idle_timeout);
       co_await http::async_read(stream, buf, parser, net::redirect_error(use_awaitable, ec));
       if (ec) {
         if (quiet_close(ec)) break;
@@ -360,8 +374,42 @@ awaitable<void> session(http_server::impl* s, tcp::socket sock, net::ip::address
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llmesh: connection dropped after an internal error: %s\n", e.what());
   }
-  stream.socket().shutdown(tcp::socket::shutdown_send, ec);
-  stream.close();
+}
+
+awaitable<void> session(http_server::impl* s, tcp::socket sock, net::ip::address client) {
+  ++s->connections;
+  ++s->per_client[client];
+  struct count_guard {
+    http_server::impl* s;
+    net::ip::address client;
+    ~count_guard() {
+      --s->connections;
+      if (auto it = s->per_client.find(client); it != s->per_client.end() && --it->second == 0) s->per_client.erase(it);
+    }
+  } guard{s, client};
+  error_code ec;
+  sock.set_option(tcp::no_delay(true), ec);
+  if (!s->tls) {
+    beast::tcp_stream stream(std::move(sock));
+    co_await serve_requests(s, stream);
+    stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream.close();
+    co_return;
+  }
+  // HTTPS: the handshake within the idle timeout (a client that never completes one holds a slot
+  // no longer than an idle connection); a failed one (plain HTTP, an unknown CA, no client
+  // certificate where one is required) closes the connection without a word, as uvicorn does.
+  const std::shared_ptr<ssl_context> ctx = s->tls->current();  // kept for the connection's life
+  tls_stream stream(std::move(sock), *ctx);
+  tcp_of(stream).expires_after(s->opt.idle_timeout);
+  co_await stream.async_handshake(net::ssl::stream_base::server, net::redirect_error(use_awaitable, ec));
+  if (!ec) {
+    co_await serve_requests(s, stream);
+    // close_notify, so the client can tell the end of a reply from a cut (HTTP/1.0 streams end so).
+    tcp_of(stream).expires_after(std::chrono::seconds(2));
+    co_await stream.async_shutdown(net::redirect_error(use_awaitable, ec));
+  }
+  tcp_of(stream).close();
 }
 
 /// A reply as the bytes on the wire ("Connection: close").
@@ -385,7 +433,8 @@ std::string wire_bytes(const http_reply& r) {
 /// bytes (not seen in practice), the connection closes with what went out.
 void refuse(http_server::impl* s, tcp::socket& sock, const std::string& reply) {
   const int fd = sock.native_handle();
-  (void)::send(fd, reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  // Over HTTPS the reply would need a handshake, the very work the limit refuses: closed bare.
+  if (!s->tls) (void)::send(fd, reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   count_request(s, 429);
   // FIN after the reply; then what the client already sent is dropped, so that the close does
   // not turn into a reset for that reason (at most a few reads, never a wait).
@@ -458,6 +507,11 @@ result<std::unique_ptr<http_server>> http_server::start(std::unique_ptr<impl> p)
   p->client_full_reply = wire_bytes(error_reply(make_error(
       errc::overloaded, "this client address holds its limit of " + std::to_string(opt.max_connections_per_client) +
                             " open connections; close one or retry shortly")));
+  if (opt.tls.enabled()) {
+    auto tls = tls_contexts::open(opt.tls);
+    if (!tls) return tls.take_error();
+    p->tls = std::move(*tls);
+  }
   const std::string where = opt.host + ":" + std::to_string(opt.port);
   error_code ec;
   tcp::endpoint ep;

@@ -169,6 +169,12 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
                                 "--role replica --lora-modules a=/x");
   expect_one_line_error(r, "--lora-modules is a gateway's flag");
   r = run_command(llmesh_bin + " node --name x --join 127.0.0.1:1 --token 0123456789abcdef0123 --listen 127.0.0.1:1 "
+                                "--role replica --ssl-certfile /x.pem");
+  expect_one_line_error(r, "--ssl-certfile: HTTPS is a gateway's; this node has no gateway role");
+  r = run_command(llmesh_bin + " node --name x --join 127.0.0.1:1 --token 0123456789abcdef0123 --listen 127.0.0.1:1 "
+                                "--role replica --allowed-origins http://a.example");
+  expect_one_line_error(r, "--allowed-origins: CORS is a gateway's; this node has no gateway role");
+  r = run_command(llmesh_bin + " node --name x --join 127.0.0.1:1 --token 0123456789abcdef0123 --listen 127.0.0.1:1 "
                                 "--role gateway,router --http 127.0.0.1:1 --model " + model_ + " --model /tmp/other --lora-modules a=/x");
   expect_one_line_error(r, "give exactly one --model");
   r = run_command(llmesh_bin + " model random --out " + tmp_.path() + "/gemma --arch gemma3 --rope-scaling yarn");

@@ -118,11 +118,13 @@ class child_process {
 class server_process : public child_process {
  public:
   /// Starts `binary serve <args> --http 127.0.0.1:0 --rpc 127.0.0.1:0` and waits (up to 60 s) for its
-  /// "serving ... on http://127.0.0.1:PORT" line. port() is 0 when it failed; log() says why.
+  /// "serving ... on http://127.0.0.1:PORT" line (https:// with --ssl-certfile) and the line after
+  /// it. port() is 0 when it failed; log() says why.
   server_process(const std::string& binary, const std::vector<std::string>& args) : child_process(argv(binary, args)) {
-    if (wait_for("on http://127.0.0.1:")) {
-      const auto at = log().find("on http://127.0.0.1:");
-      port_ = std::atoi(log().c_str() + at + std::strlen("on http://127.0.0.1:"));
+    if (wait_for("llmesh: try: curl ")) {
+      for (const char* on : {"on http://127.0.0.1:", "on https://127.0.0.1:"}) {
+        if (const auto at = log().find(on); at != std::string::npos) port_ = std::atoi(log().c_str() + at + std::strlen(on));
+      }
     }
   }
   int port() const { return port_; }

@@ -3,7 +3,8 @@
 // plain replies, and runs generation jobs — submitting to the mesh, streaming SSE chunks over
 // chunked encoding as tokens arrive, and cancelling the request in the mesh when the client
 // goes away (a readiness watch on the socket notices a disconnect while nothing is written).
-// This is the only translation unit that includes Beast (it compiles slowly).
+// HTTPS with tls.hpp's options. This is the only translation unit that includes Beast (it
+// compiles slowly).
 #pragma once
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include "llmesh/common/error.hpp"
 #include "llmesh/gateway/api_service.hpp"
 #include "llmesh/gateway/cors.hpp"
+#include "llmesh/gateway/tls.hpp"
 
 namespace llmesh::gateway {
 
@@ -33,6 +35,9 @@ struct http_options {
   size_t max_connections_per_client = 256;
   /// Cross-origin requests from browsers (vLLM's --allowed-origins ...; off by default).
   cors_options cors;
+  /// HTTPS (vLLM's --ssl-certfile ...); off without a certificate. Refusals over a connection
+  /// limit close before the handshake, with no 429 (it would take the handshake to send one).
+  tls_options tls;
 };
 
 /// Thread affinity: run() on one thread; stop() from any thread (signal handlers excluded).
