@@ -10,6 +10,7 @@
 #include "commands.hpp"
 #include "gateway_flags.hpp"
 #include "replica_flags.hpp"
+#include "vllm_flags.hpp"
 #include "llmesh/actors/node_agent.hpp"
 #include "llmesh/kernels/device.hpp"
 #include "stop_signal.hpp"
@@ -34,6 +35,7 @@ struct serve_flags {
   bool enforce_eager = false;               ///< vLLM's --enforce-eager: no CUDA graphs
   std::string generation_config = "auto";   ///< vLLM's --generation-config: auto | vllm | DIR
   lora_flags lora;
+  vllm_model_flags vllm;
   int replicas = 1, tp = 1, threads = 0;
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256;
   size_t max_migrations = 3, drain_s = 10;
@@ -85,7 +87,9 @@ void add_vllm_flags(CLI::App* sub, serve_flags& f) {
   sub->add_option_function<size_t>("--max-log-len", [](const size_t&) {}, "vLLM's; accepted: requests are not logged");
 }
 
-status run_serve(const serve_flags& f) {
+status run_serve(serve_flags f) {
+  LLMESH_TRY(check_vllm_model_flags(f.vllm, f.model_dir));
+  if (!f.vllm.speculative_config.empty()) LLMESH_TRY(apply_speculative_config(f.vllm.speculative_config, f.speculation));
   LLMESH_TRY(check_speculation_flags(f.speculation));
   auto where = parse_host_port(f.http, "--http");
   if (!where) return where.take_error();
@@ -98,19 +102,20 @@ status run_serve(const serve_flags& f) {
   if (!policy) return policy.take_error();
   auto device = model::parse_backend(f.device);
   if (!device) return device.take_error();
-  auto tok = model::tokenizer::load(f.model_dir);
+  const std::string& tok_dir = tokenizer_dir(f.vllm, f.model_dir);
+  auto tok = model::tokenizer::load(tok_dir);
   if (!tok) return tok.take_error();
   auto reasoning = gateway::parse_reasoning_parser(f.gw.reasoning_parser);
   if (!reasoning) return reasoning.take_error();
-  if (*reasoning != gateway::reasoning_parser::none) LLMESH_TRY(gateway::check_reasoning_tokens(**tok, f.model_dir));
+  if (*reasoning != gateway::reasoning_parser::none) LLMESH_TRY(gateway::check_reasoning_tokens(**tok, tok_dir));
   auto tool_parser = gateway::parse_tool_call_parser(f.gw.tool_call_parser);
   if (!tool_parser) return tool_parser.take_error();
-  auto tool_tokens = gateway::tool_parser_kept_tokens(**tok, *tool_parser, f.model_dir);
+  auto tool_tokens = gateway::tool_parser_kept_tokens(**tok, *tool_parser, tok_dir);
   if (!tool_tokens) return tool_tokens.take_error();
   auto pooling = gateway::load_embedding_defaults(f.model_dir, f.gw.pooling);
   if (!pooling) return pooling.take_error();
   std::optional<model::chat_template> chat;
-  if (auto t = model::chat_template::load(f.model_dir); t) chat = std::move(*t);
+  if (auto t = model::chat_template::load(tok_dir); t) chat = std::move(*t);
   auto quant = quantization_for(f.quantization, *device);
   if (!quant) return quant.take_error();
   auto kv_type = kv_cache_dtype_for(f.kv_cache_dtype, *device);
@@ -131,7 +136,7 @@ status run_serve(const serve_flags& f) {
   if (!m) return m.take_error();
   const auto& cfg = (*m)->config();
   gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser, *tool_tokens, *pooling, *loras};
-  LLMESH_TRY(apply_model_overrides(served, f.model_dir, f.gw.chat_template, f.gw.max_model_len));
+  LLMESH_TRY(apply_model_overrides(served, tok_dir, f.gw.chat_template, f.gw.max_model_len));
   for (size_t i = 1; i < f.served_names.size(); ++i) {  // vLLM's further names for the model
     const std::string& n = f.served_names[i];
     const bool adapter = std::any_of(loras->begin(), loras->end(), [&](const auto& l) { return l.name == n; });
@@ -144,6 +149,9 @@ status run_serve(const serve_flags& f) {
     served.cfg.sampling = {};  // no generation_config.json defaults
   } else if (f.generation_config != "auto") {
     LLMESH_TRY(model::load_generation_config(served.cfg, f.generation_config));
+  }
+  if (!f.vllm.override_generation_config.empty()) {
+    LLMESH_TRY(model::override_generation_config(served.cfg, f.vllm.override_generation_config));
   }
 
   // Thread budget: kernel threads are the cores, split over the replicas (a replica's own
@@ -268,6 +276,8 @@ status run_serve(const serve_flags& f) {
 void add_serve(CLI::App& app, command_set& commands) {
   auto f = std::make_shared<serve_flags>();
   auto* sub = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API (the mesh in one process)");
+  // A flag given twice takes its last value, as vLLM's argparse does (--config's values come first).
+  sub->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   sub->add_option("model,--model", f->model_dir, "HF model directory (or GGUF file), as the first argument or --model")
       ->required();
   sub->add_option("--replicas,--data-parallel-size", f->replicas, "Model replicas (vLLM's data parallelism)")->check(CLI::Range(1, 64))->capture_default_str();
@@ -295,6 +305,7 @@ void add_serve(CLI::App& app, command_set& commands) {
   add_dtype_flag(sub, f->dtype);
   add_lora_flags(sub, f->lora);
   add_vllm_flags(sub, *f);
+  add_vllm_model_flags(sub, f->vllm);
   add_prefix_caching_flag(sub, f->prefix_caching);
   sub->add_option("--policy", f->policy, "Router policy: round-robin, least-load, power-of-two, prefix-aware")
       ->capture_default_str();

@@ -1,6 +1,10 @@
 #include "gateway_flags.hpp"
 
+#include "llmesh/kernels/sampling.hpp"
+
+#include <algorithm>
 #include <cctype>
+#include <cstdio>
 
 #include <chrono>
 #include <cstdlib>
@@ -55,6 +59,20 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
   sub->add_option("--ssl-ciphers", f.tls.ciphers, "OpenSSL cipher list for TLS 1.2 (default: OpenSSL's; TLS 1.3 keeps its own)");
   sub->add_flag("--enable-ssl-refresh", f.tls.refresh,
                 "vLLM's: new connections get the certificate, key and CAs as their files are now, after a change");
+  sub->add_option("--max-logprobs", f.max_logprobs,
+                  "vLLM's: the most alternatives per token a request may ask for (logprobs, top_logprobs, "
+                  "prompt_logprobs); beyond: 400. At most 20 here (the engine's bound; -1: 20)")
+      ->check(CLI::Range(-1, 1 << 30))->capture_default_str();
+  sub->add_option("--response-role", f.response_role,
+                  "vLLM's: the role chat answers name after a generation prompt (else the continued message's)")
+      ->capture_default_str();
+  sub->add_flag("--enable-request-id-headers", f.request_id_headers,
+                "vLLM's: answers carry X-Request-Id (the request's own, or a new random one)");
+  sub->add_option_function<std::string>("--root-path", [](const std::string&) {},
+                                        "vLLM's (FastAPI's root_path); accepted: the proxy in front strips the prefix, "
+                                        "and this server writes no URLs that would carry it");
+  sub->add_flag_function("--disable-uvicorn-access-log", [](int64_t) {},
+                         "vLLM's; accepted: this server writes no access log");
   sub->add_flag("--enable-force-include-usage", f.force_include_usage,
                 "vLLM's: every streamed response ends with its usage chunk (as stream_options.include_usage)");
   sub->add_flag("--return-tokens-as-token-ids", f.tokens_as_ids,
@@ -93,6 +111,13 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
   api.seed = f.seed;
   api.force_include_usage = f.force_include_usage;
   api.tokens_as_ids = f.tokens_as_ids;
+  api.response_role = f.response_role;
+  api.limits.max_logprobs = f.max_logprobs < 0 ? kernels::max_logprobs : std::min(f.max_logprobs, kernels::max_logprobs);
+  if (f.max_logprobs < 0 || f.max_logprobs > kernels::max_logprobs) {
+    std::fprintf(stderr, "llmesh: --max-logprobs %d: this server returns at most %d alternatives per token; a request "
+                         "asking for more gets a 400\n", f.max_logprobs, kernels::max_logprobs);
+  }
+  http.request_id_headers = f.request_id_headers;
   api.max_stored_response_bytes = f.max_stored_responses_mb << 20;
   api.max_conversations = f.max_conversations;
   api.max_conversation_bytes = f.max_conversations_mb << 20;

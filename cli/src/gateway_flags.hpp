@@ -31,6 +31,9 @@ struct gateway_flags {
   bool force_include_usage = false;  ///< vLLM's --enable-force-include-usage
   bool tokens_as_ids = false;        ///< vLLM's --return-tokens-as-token-ids
   gateway::tls_options tls;          ///< vLLM's --ssl-certfile, --ssl-keyfile, ... (tls.hpp)
+  int max_logprobs = 20;             ///< vLLM's --max-logprobs (-1: the engine's bound)
+  std::string response_role = "assistant";  ///< vLLM's --response-role
+  bool request_id_headers = false;   ///< vLLM's --enable-request-id-headers
 };
 
 /// Adds --api-key (or LLMESH_API_KEY), --max-concurrent, --max-tokens-limit, --max-body-kb,

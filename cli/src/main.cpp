@@ -1,10 +1,14 @@
 // llmesh: the one binary. Parses flags, calls a library, maps errors to a one-line message
 // and a non-zero exit. Subcommands live in their own files (cmd_*.cpp).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <string>
+#include <vector>
 #include <exception>
 
 #include "commands.hpp"
+#include "vllm_flags.hpp"
 #include "llmesh/gateway/version.hpp"
 
 int main(int argc, char** argv) {
@@ -28,8 +32,19 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // vLLM's --config FILE on serve: its flags ahead of the command line's.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && args.front() == "serve") {
+    auto expanded = llmesh::cli::expand_config_file(std::move(args));
+    if (!expanded) {
+      std::fprintf(stderr, "llmesh: error: %s\n", expanded.err().message.c_str());
+      return 2;
+    }
+    args = std::move(*expanded);
+  }
+  std::reverse(args.begin(), args.end());  // CLI11 takes a vector last argument first
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

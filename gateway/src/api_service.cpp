@@ -371,7 +371,14 @@ api_outcome api_service::chat_completions(std::string_view body, const responses
       r->gen.constraint_after = sm.tok->encode(std::string(reasoning_end_tag()), false);
     }
   }
-  auto job = prepare(true, sm, {prepared_prompt{std::move(ids), {}}}, r->gen, shape, reasoning);
+  // vLLM's get_chat_request_role: the server's role after a generation prompt, else the role of
+  // the last message (the one continued); a message without a string role keeps the server's.
+  std::string role = opt_.response_role;
+  if (!r->add_generation_prompt && !r->messages.empty() && r->messages.back().contains("role") &&
+      r->messages.back()["role"].is_string()) {
+    role = r->messages.back()["role"].get<std::string>();
+  }
+  auto job = prepare(true, sm, {prepared_prompt{std::move(ids), {}}}, r->gen, shape, reasoning, role);
   if (!job) return error_reply(job.err());
   if (responses) job->output->render_as_responses(responses_output(*responses, job->output->id(), job->output->created(), sm.name));
   return std::move(*job);
@@ -465,7 +472,7 @@ result<std::shared_ptr<void>> api_service::take_slots(size_t k) {
 
 result<generation_job> api_service::prepare(bool chat, const served_model& m, std::vector<prepared_prompt> prompts,
                                             generation_fields g, const tool_output& tools,
-                                            const reasoning_mode& reasoning) {
+                                            const reasoning_mode& reasoning, const std::string& role) {
   if (g.priority != 0 && !opt_.priority_scheduling) {
     return make_error(errc::invalid_request, "'priority' needs the priority scheduling policy (--scheduling-policy "
                                              "priority); this server serves requests first come, first served");
@@ -566,6 +573,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   choice.prompt_logprobs = g.prompt_logprobs_shown;
   choice.min_tokens = g.min_tokens;
   if (chat) {
+    choice.role = role;
     choice.tools = tools;
     choice.reasoning = reasoning;
     if (tools.mode == tool_choice_mode::automatic) choice.keep_special = m.tool_tokens;

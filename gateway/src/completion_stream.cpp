@@ -130,6 +130,7 @@ std::string completion_stream::chunk(const std::string& text, const std::optiona
   c.text = started_ ? text : s_.echo_prefix + text;
   c.finish = finish;
   c.role = s_.chat && !started_;
+  c.role_name = s_.role;
   if (s_.return_token_ids) {
     c.with_token_ids = true;
     c.token_ids.assign(tokens_.begin() + static_cast<std::ptrdiff_t>(ids_sent_), tokens_.end());
@@ -221,6 +222,7 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
 
 choice_delta completion_stream::result() const {
   choice_delta c;
+  c.role_name = s_.role;
   c.index = s_.index;
   c.text = text_;
   c.finish = finish_reason_;

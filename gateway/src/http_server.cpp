@@ -26,11 +26,13 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <deque>
 #include <map>
 #include <optional>
+#include <random>
 #include <sstream>
 
 namespace llmesh::gateway {
@@ -63,6 +65,7 @@ struct http_server::impl {
   size_t handling = 0;
   /// HTTPS (tls.hpp): the context new connections take; none: plain HTTP.
   std::optional<tls_contexts> tls;
+  std::mt19937_64 ids{std::random_device{}()};  ///< X-Request-Id values (io thread only)
   net::io_context ioc{1};
   tcp::acceptor acceptor{ioc};
   /// Runs api_service::handle for POSTs. After ioc: destroyed (joined) first, so a handle in
@@ -97,8 +100,11 @@ struct job_state {
 };
 
 /// Watches a connection while its request runs: readable with nothing to read means the
-/// client closed (or reset) it. Early bytes of a next request end the watch and stay unread.
+/// client closed (or reset) it. Bytes that came early (a next request, a TLS close_notify) stay
+/// unread; a client that has also shut its side of the connection is gone (so, since this
+/// version, is a plain-HTTP client that sends bytes after its request and then half-closes).
 awaitable<void> watch(std::shared_ptr<job_state> st, tcp::socket& sock) {
+  std::optional<net::steady_timer> recheck;
   for (;;) {
     error_code ec;
     co_await sock.async_wait(tcp::socket::wait_read, net::redirect_error(use_awaitable, ec));
@@ -108,10 +114,18 @@ awaitable<void> watch(std::shared_ptr<job_state> st, tcp::socket& sock) {
     const ssize_t n = ::recv(sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
     if (n > 0) {
-      // Bytes: a next request (HTTP) or a record (TLS: a client's close_notify comes as bytes
-      // before its FIN). Gone if the client has shut its side too; else they wait unread.
-      pollfd p{sock.native_handle(), POLLRDHUP, 0};
-      if (::poll(&p, 1, 0) <= 0 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR))) co_return;
+      // Bytes: a next request (HTTP) or a record (TLS: a client's close_notify comes as bytes,
+      // its FIN maybe a moment later). They stay unread, so readiness says nothing more: until
+      // the job ends, look every 100 ms whether the client has shut its side (gone) meanwhile.
+      if (!recheck) recheck.emplace(sock.get_executor());
+      for (;;) {
+        pollfd p{sock.native_handle(), POLLRDHUP, 0};
+        if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) break;
+        recheck->expires_after(std::chrono::milliseconds(100));
+        error_code ignored;
+        co_await recheck->async_wait(net::redirect_error(use_awaitable, ignored));
+        if (st->finished) co_return;  // the socket may be gone by now
+      }
     }
     st->gone = true;
     st->timer.cancel();
@@ -291,10 +305,22 @@ awaitable<bool> run_tail(http_server::impl* s, Stream& stream, event_tail& tail,
   co_return co_await end_sse(s, stream, chunked);
 }
 
+/// vLLM's X-Request-Id: the client's (printable, at most 256 bytes), else 32 random hex digits.
+std::string request_id(http_server::impl* s, std::string_view sent) {
+  const bool usable = !sent.empty() && sent.size() <= 256 &&
+                      std::all_of(sent.begin(), sent.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+  if (usable) return std::string(sent);
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(s->ids()),
+                static_cast<unsigned long long>(s->ids()));
+  return buf;
+}
+
 bool quiet_close(const error_code& ec) {
   return ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::eof ||
          ec == net::error::connection_reset || ec == net::error::operation_aborted || ec == net::error::broken_pipe ||
-         ec == net::ssl::error::stream_truncated;  // a TLS client gone without close_notify
+         ec == net::ssl::error::stream_truncated ||  // a TLS client gone without close_notify
+         ec.category() == net::error::get_ssl_category();  // a TLS session broken mid-connection: nothing can answer it
 }
 
 /// Serves one connection's requests, one after another, until it closes or must close.
@@ -341,7 +367,8 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
         if (!sent || !keep) break;
         continue;
       }
-      const header_list cors = cors_headers(s->opt.cors, origin);
+      header_list extra = cors_headers(s->opt.cors, origin);
+      if (s->opt.request_id_headers) extra.emplace_back("X-Request-Id", request_id(s, sv(req["X-Request-Id"])));
       auto handle = [s, &req]() -> awaitable<api_outcome> {
         co_return s->api->handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
       };
@@ -363,11 +390,11 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
       bool ok = false;
       if (auto* reply = std::get_if<http_reply>(&outcome)) {
         count_request(s, reply->status);
-        ok = co_await write_reply(s, stream, *reply, req.version(), keep, cors);
+        ok = co_await write_reply(s, stream, *reply, req.version(), keep, extra);
       } else if (auto* job = std::get_if<generation_job>(&outcome)) {
-        ok = co_await run_job(s, stream, *job, req.version(), keep, cors);
+        ok = co_await run_job(s, stream, *job, req.version(), keep, extra);
       } else {
-        ok = co_await run_tail(s, stream, std::get<event_tail>(outcome), req.version(), keep, cors);
+        ok = co_await run_tail(s, stream, std::get<event_tail>(outcome), req.version(), keep, extra);
       }
       if (!ok || !keep) break;
     }

@@ -229,19 +229,21 @@ status parse_penalties(const json& j, const sampling_input& in, bool chat, gener
 }
 
 /// Log-probabilities: completions' `logprobs` is how many alternatives (an integer); chat's is
-/// a boolean, with `top_logprobs` for how many. The bound is the engine's (kernels::max_logprobs,
-/// OpenAI's 20).
-status parse_logprobs(const json& j, bool chat, generation_fields& g) {
-  const std::string bound = std::to_string(kernels::max_logprobs);
+/// a boolean, with `top_logprobs` for how many. The bound is the server's (--max-logprobs; at
+/// most the engine's kernels::max_logprobs, OpenAI's 20).
+static_assert(request_limits{}.max_logprobs == kernels::max_logprobs);
+
+status parse_logprobs(const json& j, bool chat, int max_logprobs, generation_fields& g) {
+  const std::string bound = std::to_string(max_logprobs);
   std::optional<int64_t> top;
   LLMESH_TRY(integer_field(j, "top_logprobs", top));
-  if (top && (*top < 0 || *top > kernels::max_logprobs)) return bad("'top_logprobs' must be between 0 and " + bound);
+  if (top && (*top < 0 || *top > max_logprobs)) return bad("'top_logprobs' must be between 0 and " + bound);
   auto it = j.find("logprobs");
   const bool sent = it != j.end() && !it->is_null();
   if (!chat) {
     // false is accepted as none (clients written for chat send it); true is not a count.
     if (sent && !(it->is_boolean() && !it->get<bool>())) {
-      if (!it->is_number_integer() || wide_integer(*it) < 0 || wide_integer(*it) > kernels::max_logprobs) {
+      if (!it->is_number_integer() || wide_integer(*it) < 0 || wide_integer(*it) > max_logprobs) {
         return bad("'logprobs' must be an integer between 0 and " + bound + " (how many alternatives), or null");
       }
       g.logprobs = static_cast<int>(wide_integer(*it));
@@ -380,13 +382,13 @@ status parse_stop(const json& j, const request_limits& lim, std::vector<std::str
 
 /// vLLM's prompt_logprobs: an integer 0..max_logprobs (true and false pass as 1 and none, as
 /// vLLM's pydantic model coerces them), never with stream (vLLM's rule).
-status parse_prompt_logprobs(const json& j, generation_fields& g) {
+status parse_prompt_logprobs(const json& j, int max_logprobs, generation_fields& g) {
   auto it = j.find("prompt_logprobs");
   if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) return ok_status();
-  const std::string bound = std::to_string(kernels::max_logprobs);
+  const std::string bound = std::to_string(max_logprobs);
   if (it->is_boolean()) {
     g.prompt_logprobs_shown = 1;
-  } else if (it->is_number_integer() && wide_integer(*it) >= 0 && wide_integer(*it) <= kernels::max_logprobs) {
+  } else if (it->is_number_integer() && wide_integer(*it) >= 0 && wide_integer(*it) <= max_logprobs) {
     g.prompt_logprobs_shown = static_cast<int>(wide_integer(*it));
   } else {
     return bad("'prompt_logprobs' must be an integer between 0 and " + bound + " (how many alternatives), or null");
@@ -442,8 +444,8 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
   LLMESH_TRY(parse_stop_token_ids(j, lim, g.stop_token_ids));
   LLMESH_TRY(parse_allowed_token_ids(j, lim, g.allowed_ids));
   LLMESH_TRY(parse_bad_words(j, lim, g.bad_words));
-  LLMESH_TRY(parse_logprobs(j, chat, g));
-  LLMESH_TRY(parse_prompt_logprobs(j, g));
+  LLMESH_TRY(parse_logprobs(j, chat, lim.max_logprobs, g));
+  LLMESH_TRY(parse_prompt_logprobs(j, lim.max_logprobs, g));
   LLMESH_TRY(refuse_unsupported(j, chat, g));
   // best_of (completions): more candidates than choices, the best returned (api_service); 1
   // (or null) is the neutral value, whatever n. vLLM's rules: at least n, not streamed.

@@ -110,7 +110,7 @@ json choice_json(std::string_view kind, const choice_delta& c, bool stream) {
   const bool chat = kind.starts_with("chat");
   if (chat) {
     json msg = json::object();
-    if (c.role || !stream) msg["role"] = "assistant";
+    if (c.role || !stream) msg["role"] = c.role_name;
     if (c.reasoning && (stream ? !c.reasoning->empty() : true)) msg["reasoning_content"] = *c.reasoning;
     if (!stream && c.reasoning && c.text.empty() && c.tool_calls.empty()) {
       msg["content"] = nullptr;  // all of it was reasoning

@@ -107,11 +107,12 @@ void set_logprob(rpc::TokenLogprob::Builder out, int32_t id, const kernels::toke
 
 /// A request's fields beyond sampling, in /v1/completions' names for apply_extra_fields (the
 /// HTTP API's checks and error messages); an error for what JSON cannot say (a bias's id twice).
-result<nlohmann::ordered_json> extra_fields(rpc::GenerateRequest::Reader in) {
+/// `max_logprobs`: the server's bound (--max-logprobs).
+result<nlohmann::ordered_json> extra_fields(rpc::GenerateRequest::Reader in, int max_logprobs) {
   for (auto [name, n] : {std::pair{"logprobs", in.getLogprobs()}, std::pair{"prompt_logprobs", in.getPromptLogprobs()}}) {
-    if (n < -1 || n > kernels::max_logprobs) {
+    if (n < -1 || n > max_logprobs) {
       return make_error(errc::invalid_request, "'" + std::string(name) + "' must be between 0 and " +
-                                                   std::to_string(kernels::max_logprobs) +
+                                                   std::to_string(max_logprobs) +
                                                    " (how many alternatives), or -1 for none");
     }
   }
@@ -495,7 +496,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
     work->g.ignore_eos = in.getIgnoreEos();
     work->g.logprobs = std::clamp(in.getLogprobs(), -1, kernels::max_logprobs);  // extra_fields refuses beyond
     work->g.prompt_logprobs_shown = std::clamp(in.getPromptLogprobs(), -1, kernels::max_logprobs);
-    work->extra = extra_fields(in);  // its error, if any, comes after the API key's
+    work->extra = extra_fields(in, p_->api.max_logprobs());  // its error, if any, comes after the API key's
     auto prompt = in.getPrompt();
     if (prompt.isText()) {
       work->text = std::string(prompt.getText().cStr(), prompt.getText().size());

@@ -66,12 +66,15 @@ result<std::shared_ptr<ssl_context>> make_tls_context(const tls_options& o) {
   const std::string& key_path = own_key ? o.key_file : o.cert_file;
   auto key = own_key ? read_pem(o.key_file, key_flag) : std::move(cert);
   if (!key) return key.take_error();
-  if (key->find("ENCRYPTED") != std::string::npos) {
+  if (key->find("BEGIN ENCRYPTED PRIVATE KEY") != std::string::npos || key->find("Proc-Type: 4,ENCRYPTED") != std::string::npos) {
     return make_error(errc::invalid_request, std::string(key_flag) + " " + key_path +
                                                  ": the private key is encrypted; give it unencrypted (no key password is taken)");
   }
   ctx->use_private_key(boost::asio::buffer(*key), ssl::context::pem, ec);
-  if ((ec && ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == X509_R_KEY_VALUES_MISMATCH) ||
+  const auto code = static_cast<unsigned long>(ec.value());
+  const bool mismatch = ec && ec.category() == boost::asio::error::get_ssl_category() && ERR_GET_LIB(code) == ERR_LIB_X509 &&
+                        ERR_GET_REASON(code) == X509_R_KEY_VALUES_MISMATCH;
+  if (mismatch ||
       (!ec && SSL_CTX_check_private_key(native) != 1)) {
     return make_error(errc::invalid_request, std::string(key_flag) + " " + key_path +
                                                  ": the private key does not match the certificate in " + o.cert_file);
@@ -88,6 +91,10 @@ result<std::shared_ptr<ssl_context>> make_tls_context(const tls_options& o) {
     // The names clients choose their certificate by (sent in the CertificateRequest).
     if (STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(o.ca_file.c_str())) SSL_CTX_set_client_CA_list(native, names);
   }
+  // Sessions resumed by clients (tickets, ids: nginx upstreams and curl reuse them) need a
+  // context id once client certificates are asked for, or OpenSSL fails those handshakes.
+  static constexpr unsigned char session_context[] = "llmesh";
+  SSL_CTX_set_session_id_context(native, session_context, sizeof session_context - 1);
   ctx->set_verify_mode(o.cert_reqs == 0   ? ssl::verify_none
                        : o.cert_reqs == 1 ? ssl::verify_peer
                                           : ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
@@ -120,7 +127,9 @@ std::vector<tls_contexts::stamp> tls_contexts::stamps() const {
     struct stat st {};
     if (!path->empty() && ::stat(path->c_str(), &st) == 0) {
       s.mtime_ns = static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+      s.ctime_ns = static_cast<long long>(st.st_ctim.tv_sec) * 1000000000LL + st.st_ctim.tv_nsec;
       s.size = static_cast<long long>(st.st_size);
+      s.inode = static_cast<long long>(st.st_ino);
     }
     out.push_back(s);
   }

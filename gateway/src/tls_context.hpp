@@ -20,14 +20,14 @@ using ssl_context = boost::asio::ssl::context;
 class tls_contexts {
  public:
   [[nodiscard]] static result<tls_contexts> open(tls_options o);
-  /// The context for a new connection. With refresh on, a change to a file's size or modification
-  /// time since the last load rebuilds it first; a rebuild that fails (say, a certificate written
+  /// The context for a new connection. With refresh on, a change to a file's size, times or inode
+  /// (a file renamed over it) since the last load rebuilds it first; a rebuild that fails (say, a certificate written
   /// before its key) keeps the previous context, logs one line, and is tried again on the next change.
   std::shared_ptr<ssl_context> current();
 
  private:
   struct stamp {
-    long long mtime_ns = -1, size = -1;
+    long long mtime_ns = -1, ctime_ns = -1, size = -1, inode = -1;
     bool operator==(const stamp&) const = default;
   };
   std::vector<stamp> stamps() const;

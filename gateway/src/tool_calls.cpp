@@ -323,6 +323,7 @@ std::vector<choice_delta> tool_call_stream::shape(choice_delta c) {
       choice_delta head;
       head.index = c.index;
       head.role = true;
+      head.role_name = c.role_name;
       head.tool_calls = {tool_call_delta{0, new_tool_call_id(), t_.name, ""}};
       c.role = false;
       if (c.text.empty()) {  // nothing more to say: the head carries the rest of c

@@ -505,6 +505,18 @@ status load_generation_config(model_config& c, const std::string& dir) {
   return merge_generation_config(c, *text, path);
 }
 
+status override_generation_config(model_config& c, const std::string& text) {
+  const std::string flag = "--override-generation-config";
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return make_error(errc::invalid_request, flag + ": not a JSON object: " + text);
+  for (const auto& [key, value] : j.items()) {
+    if (key != "temperature" && key != "top_p" && key != "top_k") {
+      return make_error(errc::invalid_request, flag + ": '" + key + "' is not taken here (temperature, top_p, top_k)");
+    }
+  }
+  return merge_generation_config(c, text, flag);
+}
+
 result<model_config> parse_config(const std::string& text) {
   try {
     return parse_config_json(text);

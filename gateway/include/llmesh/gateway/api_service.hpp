@@ -52,6 +52,9 @@ struct api_options {
   /// vLLM's --return-tokens-as-token-ids: every request's logprobs name tokens "token_id:<id>",
   /// as its return_tokens_as_token_ids asks.
   bool tokens_as_ids = false;
+  /// vLLM's --response-role: the role a chat answer names when the request's template added a
+  /// generation prompt (add_generation_prompt; otherwise the last message's role, as vLLM's).
+  std::string response_role = "assistant";
   /// vLLM's --seed: a seedless request's seed is drawn from it and the request's place in the
   /// server's sequence of ids (none: from a random value drawn at start). Ids stay random.
   std::optional<uint64_t> seed;
@@ -197,6 +200,8 @@ class api_service {
 
   /// Generations (choices) in flight.
   size_t inflight() const { return inflight_->load(); }
+  /// Alternatives per token a request may ask for (--max-logprobs).
+  int max_logprobs() const { return opt_.limits.max_logprobs; }
   actors::mesh_client& mesh() { return mesh_; }
   actors::metrics_registry& metrics() { return metrics_; }
   /// The served models' names, in the order given.
@@ -286,9 +291,10 @@ class api_service {
   /// candidates), each prompt checked against the context, each carrying g.constraint; `tools`
   /// (chat: the request's tool_choice) shapes each choice's output into tool calls, after
   /// `reasoning` splits off its thinking.
+  /// `role`: chat's message role (stream_setup::role).
   result<generation_job> prepare(bool chat, const served_model& m, std::vector<prepared_prompt> prompts,
                                  generation_fields g, const tool_output& tools = {},
-                                 const reasoning_mode& reasoning = {});
+                                 const reasoning_mode& reasoning = {}, const std::string& role = "assistant");
   /// A prompt's effective max_tokens, once it is checked (ids within the vocabulary, it and
   /// max_tokens and min_tokens within the context).
   static result<size_t> check_prompt(const model::model_config& cfg, const std::vector<int32_t>& prompt,

@@ -47,6 +47,9 @@ http_reply error_reply(const error& e);
 
 struct stream_setup {
   bool chat = false;
+  /// Chat: the role the message names: vLLM's --response-role with a generation prompt, else
+  /// the role of the message being continued.
+  std::string role = "assistant";
   bool streaming = false;
   bool return_token_ids = false;
   size_t index = 0;  ///< the choice's index in its response (prompt index * n + j)

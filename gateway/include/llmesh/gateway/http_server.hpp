@@ -38,6 +38,9 @@ struct http_options {
   /// HTTPS (vLLM's --ssl-certfile ...); off without a certificate. Refusals over a connection
   /// limit close before the handshake, with no 429 (it would take the handshake to send one).
   tls_options tls;
+  /// vLLM's --enable-request-id-headers: every answer to a request carries X-Request-Id, the
+  /// request's own (when it sent a printable one of at most 256 bytes) or a new random one.
+  bool request_id_headers = false;
 };
 
 /// Thread affinity: run() on one thread; stop() from any thread (signal handlers excluded).

@@ -217,6 +217,9 @@ struct request_limits {
   /// the mesh and a slot of the concurrency bound; 64 covers real uses (a few prompts at
   /// n = 16) while one request cannot fill the mesh alone.
   size_t max_choices = 64;
+  /// Alternatives per token a request may ask for (logprobs, top_logprobs, prompt_logprobs):
+  /// vLLM's --max-logprobs, at most the engine's kernels::max_logprobs.
+  int max_logprobs = 20;  // kernels::max_logprobs (openai_api.cpp asserts it)
 };
 
 /// Sampling fields as a client sent them, before any check, in types wide enough for every
@@ -347,7 +350,8 @@ struct choice_delta {
   std::vector<int32_t> token_ids;     ///< with return_token_ids
   std::vector<int32_t> prompt_token_ids;
   bool with_token_ids = false;
-  bool role = false;                  ///< chat: the first chunk carries role "assistant"
+  bool role = false;                  ///< chat: the first chunk carries the role
+  std::string role_name = "assistant";  ///< chat: the role a message or first chunk names (vLLM's --response-role)
   /// nullopt: "logprobs": null (not asked for). Otherwise these tokens' entries: completions
   /// {"text_offset", "token_logprobs", "tokens", "top_logprobs": [{text: logprob} with the
   /// chosen token first, then the alternatives]}; chat {"content": [{"token", "logprob",

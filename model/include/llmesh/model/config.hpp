@@ -125,4 +125,9 @@ inline const char* cpu_only_family(const model_config& c) {
 /// invalid_request when DIR has no such file; load_config's errors for a malformed one.
 [[nodiscard]] status load_generation_config(model_config& c, const std::string& dir);
 
+/// vLLM's --override-generation-config JSON: the object's temperature, top_p and top_k replace
+/// those sampling defaults (the others stay), checked as generation_config.json's are. Another
+/// key (vLLM takes more, e.g. repetition_penalty) is an invalid_request error naming it.
+[[nodiscard]] status override_generation_config(model_config& c, const std::string& json_text);
+
 }  // namespace llmesh::model

@@ -1,0 +1,208 @@
+#include "vllm_flags.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <nlohmann/json.hpp>
+#include <algorithm>
+
+#include "llmesh/model/gguf.hpp"
+
+namespace llmesh::cli {
+
+namespace {
+
+using json = nlohmann::json;
+
+/// A YAML node as JSON (a JSON-valued flag written as a YAML map: --speculative-config).
+json to_json(const YAML::Node& n) {
+  if (n.IsMap()) {
+    json o = json::object();
+    for (const auto& kv : n) o[kv.first.as<std::string>()] = to_json(kv.second);
+    return o;
+  }
+  if (n.IsSequence()) {
+    json a = json::array();
+    for (const auto& e : n) a.push_back(to_json(e));
+    return a;
+  }
+  if (n.IsNull()) return nullptr;
+  const std::string v = n.as<std::string>();
+  if (n.Tag() != "!") {  // plain scalars: numbers and booleans as such
+    json parsed = json::parse(v, nullptr, false);
+    if (!parsed.is_discarded() && (parsed.is_number() || parsed.is_boolean())) return parsed;
+    if (v == "True" || v == "true") return true;
+    if (v == "False" || v == "false") return false;
+  }
+  return v;
+}
+
+bool one_of(const std::string& v, std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    if (v == n) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+result<std::vector<std::string>> expand_config_file(std::vector<std::string> args) {
+  std::string file;
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--config" && i + 1 < args.size()) {
+      file = args[++i];
+    } else if (args[i].rfind("--config=", 0) == 0) {
+      file = args[i].substr(9);
+    } else {
+      rest.push_back(args[i]);
+    }
+  }
+  if (file.empty()) return args;
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(file);
+  } catch (const YAML::BadFile&) {
+    return make_error(errc::invalid_request, "--config " + file + ": cannot read it");
+  } catch (const YAML::Exception& e) {
+    return make_error(errc::invalid_request, "--config " + file + ": not YAML: " + e.what());
+  }
+  if (!root.IsMap() && !root.IsNull()) return make_error(errc::invalid_request, "--config " + file + ": not a map of flag: value");
+  // The command line's own flags win: a key it names (exactly) is skipped; under another name of
+  // the same flag the command line's value comes later, and the last value wins.
+  auto given = [&](const std::string& flag) {
+    return std::any_of(rest.begin(), rest.end(), [&](const std::string& a) { return a == flag || a.rfind(flag + "=", 0) == 0; });
+  };
+  std::vector<std::string> out;
+  if (!rest.empty()) out.push_back(rest.front());  // the command's name
+  for (const auto& kv : root) {
+    std::string name = kv.first.as<std::string>();
+    std::replace(name.begin(), name.end(), '_', '-');
+    const std::string flag = "--" + name;
+    if (given(flag)) continue;
+    const YAML::Node& v = kv.second;
+    if (v.IsSequence()) {
+      for (const auto& e : v) out.push_back(flag + "=" + (e.IsScalar() ? e.as<std::string>() : to_json(e).dump()));
+    } else if (v.IsMap()) {
+      out.push_back(flag + "=" + to_json(v).dump());
+    } else if (v.IsScalar()) {
+      out.push_back(flag + "=" + v.as<std::string>());
+    } else {
+      return make_error(errc::invalid_request, "--config " + file + ": '" + name + "' has no value");
+    }
+  }
+  out.insert(out.end(), rest.begin() + (rest.empty() ? 0 : 1), rest.end());
+  return out;
+}
+
+void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f) {
+  // Read by expand_config_file before parsing; here for --help.
+  sub->add_option_function<std::string>("--config", [](const std::string&) {},
+                                        "vLLM's: a YAML file of flags (flag-name: value); the command line wins over it");
+  sub->add_option("--tokenizer", f.tokenizer, "vLLM's: the directory the tokenizer and chat template come from (default: the model's)");
+  sub->add_option("--tokenizer-mode", f.tokenizer_mode, "vLLM's: auto or slow (one tokenizer, HF's ids either way); mistral is refused")
+      ->capture_default_str();
+  sub->add_option("--load-format", f.load_format, "vLLM's: auto, safetensors or gguf (as the model path is)")->capture_default_str();
+  sub->add_option("--task", f.task, "vLLM's: auto, generate or embed (a model serves both here)")->capture_default_str();
+  sub->add_option("--runner", f.runner, "vLLM's: auto, generate or pooling (a model serves both here)")->capture_default_str();
+  sub->add_option("--convert", f.convert, "vLLM's: auto, none or embed")->capture_default_str();
+  sub->add_option("--pipeline-parallel-size,--pp", f.pipeline_parallel_size, "vLLM's: 1 (tensor parallelism splits the model here)")
+      ->capture_default_str();
+  sub->add_option("--distributed-executor-backend", f.distributed_executor_backend,
+                  "vLLM's: mp, uni, ray or external_launcher; accepted: shards run as actors of this process (a mesh "
+                  "of nodes spans machines: llmesh node)")
+      ->check(CLI::IsMember({"mp", "uni", "ray", "external_launcher"}))
+      ->capture_default_str();
+  sub->add_option("--override-generation-config", f.override_generation_config,
+                  "vLLM's: JSON sampling defaults over the generation config's: temperature, top_p, top_k");
+  sub->add_option("--speculative-config", f.speculative_config,
+                  "vLLM's: JSON, prompt-lookup speculation: {\"method\": \"ngram\", \"num_speculative_tokens\": K, "
+                  "\"prompt_lookup_max\": N, \"prompt_lookup_min\": M}");
+  const std::pair<const char*, const char*> valued[] = {
+      {"--download-dir", "vLLM's; accepted: the model is a local path, nothing is downloaded"},
+      {"--revision", "vLLM's; accepted: the model is a local path, nothing is downloaded"},
+      {"--code-revision", "vLLM's; accepted: the model is a local path, and no code runs from it"},
+      {"--tokenizer-revision", "vLLM's; accepted: the tokenizer is a local path, nothing is downloaded"},
+      {"--swap-space", "vLLM's; accepted: a preempted sequence is recomputed from its tokens, not swapped"},
+      {"--max-seq-len-to-capture", "vLLM's; accepted: CUDA graphs cover decode steps at any context length"},
+      {"--guided-decoding-backend", "vLLM's; accepted: structured outputs use this server's own grammar engine"},
+      {"--structured-outputs-config", "vLLM's; accepted: structured outputs use this server's own grammar engine"},
+      {"--max-parallel-loading-workers", "vLLM's; accepted: weights are memory-mapped, then converted on every core"},
+      {"--compilation-config", "vLLM's; accepted: kernels are compiled ahead of time (CUDA graphs: --enforce-eager)"},
+      {"--prefix-caching-hash-algo", "vLLM's; accepted: cached prefixes are matched on their tokens"}};
+  for (const auto& [flag, text] : valued) sub->add_option_function<std::string>(flag, [](const std::string&) {}, text);
+  sub->add_option_function<std::string>("--hf-token", [](const std::string&) {}, "vLLM's; accepted: nothing is downloaded")
+      ->expected(0, 1);
+  const std::pair<const char*, const char*> flags[] = {
+      {"--disable-custom-all-reduce", "vLLM's; accepted: tensor-parallel shards all-reduce with NCCL (CUDA) or shared memory"},
+      {"--disable-frontend-multiprocessing", "vLLM's; accepted: the API and the engines share this process"},
+      {"--async-scheduling", "vLLM's; accepted: replicas schedule their next step while the gateway streams"}};
+  for (const auto& [flag, text] : flags) sub->add_flag_function(flag, [](int64_t) {}, text);
+}
+
+status check_vllm_model_flags(const vllm_model_flags& f, const std::string& model_path) {
+  if (!one_of(f.tokenizer_mode, {"auto", "slow", "hf"})) {
+    return make_error(errc::unsupported, "--tokenizer-mode " + f.tokenizer_mode +
+                                             ": this server reads Hugging Face tokenizers (auto); mistral and custom are not taken");
+  }
+  const bool gguf = model::is_gguf_file(model_path);
+  if (!one_of(f.load_format, {"auto", "safetensors", "gguf"})) {
+    return make_error(errc::unsupported, "--load-format " + f.load_format + ": this server loads safetensors and GGUF (auto)");
+  }
+  if ((f.load_format == "gguf" && !gguf) || (f.load_format == "safetensors" && gguf)) {
+    return make_error(errc::invalid_request, "--load-format " + f.load_format + ": " + model_path + " is " +
+                                                 (gguf ? "a GGUF file" : "not a GGUF file"));
+  }
+  if (!one_of(f.task, {"auto", "generate", "embed", "embedding"}) || !one_of(f.runner, {"auto", "generate", "pooling"}) ||
+      !one_of(f.convert, {"auto", "none", "embed"})) {
+    return make_error(errc::unsupported, "--task/--runner/--convert: a model here serves generation and embeddings "
+                                         "(/v1/embeddings, /score, /rerank over them); classification, reward and "
+                                         "cross-encoder scoring are not served");
+  }
+  if (f.pipeline_parallel_size != 1) {
+    return make_error(errc::unsupported, "--pipeline-parallel-size " + std::to_string(f.pipeline_parallel_size) +
+                                             ": no pipeline parallelism here; split the model with --tensor-parallel-size");
+  }
+  return ok_status();
+}
+
+status apply_speculative_config(const std::string& text, actors::speculation_config& c) {
+  const std::string flag = "--speculative-config";
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return make_error(errc::invalid_request, flag + ": not a JSON object: " + text);
+  if (j.contains("method") && j["method"] != "ngram") {
+    return make_error(errc::unsupported, flag + ": method " + j["method"].dump() +
+                                             ": this server speculates by prompt lookup only (\"ngram\")");
+  }
+  if (j.contains("model") && !(j["model"].is_string() && j["model"] == "[ngram]")) {
+    return make_error(errc::unsupported, flag + ": a draft model: this server speculates by prompt lookup only (\"ngram\")");
+  }
+  actors::speculation_config out = c;
+  for (const auto& [key, v] : j.items()) {
+    if (key == "method" || key == "model") continue;
+    size_t* field = key == "num_speculative_tokens"  ? &out.tokens
+                    : key == "prompt_lookup_max"     ? &out.max_n
+                    : key == "prompt_lookup_min"     ? &out.min_n
+                    : key == "disable_by_batch_size" ? &out.disable_by_batch_size
+                                                     : nullptr;
+    if (!field) {
+      return make_error(errc::invalid_request, flag + ": '" + key +
+                                                   "' is not taken here (method, num_speculative_tokens, prompt_lookup_max, "
+                                                   "prompt_lookup_min, disable_by_batch_size)");
+    }
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 1 << 20) {
+      return make_error(errc::invalid_request, flag + ": '" + key + "' must be a non-negative integer");
+    }
+    *field = v.get<size_t>();
+  }
+  if (out.tokens > actors::max_speculative_tokens) {
+    return make_error(errc::invalid_request, flag + ": num_speculative_tokens " + std::to_string(out.tokens) + " is above " +
+                                                 std::to_string(actors::max_speculative_tokens));
+  }
+  if (out.min_n < 1 || out.max_n < 1 || out.max_n > 64 || out.min_n > out.max_n) {
+    return make_error(errc::invalid_request, flag + ": prompt_lookup_min and prompt_lookup_max must satisfy 1 <= min <= max <= 64");
+  }
+  c = out;
+  return ok_status();
+}
+
+}  // namespace llmesh::cli

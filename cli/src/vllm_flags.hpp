@@ -1,0 +1,53 @@
+// vLLM's `serve` flags about the model and the engine that map onto llmesh (--tokenizer,
+// --load-format, --task/--runner/--convert, --tokenizer-mode, --pipeline-parallel-size,
+// --override-generation-config, --speculative-config, --config FILE), and those naming what it
+// always does or what a local model never needs, accepted so that a vLLM command line runs
+// unchanged. What llmesh cannot do is refused by name, never silently dropped.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "llmesh/actors/ngram_proposer.hpp"
+#include "llmesh/common/error.hpp"
+#include "llmesh/model/config.hpp"
+
+namespace llmesh::cli {
+
+struct vllm_model_flags {
+  std::string tokenizer;  ///< --tokenizer DIR: the tokenizer and chat template from there ("": the model's)
+  std::string tokenizer_mode = "auto", load_format = "auto";
+  std::string task = "auto", runner = "auto", convert = "auto";
+  int pipeline_parallel_size = 1;
+  std::string distributed_executor_backend = "mp";
+  std::string override_generation_config;  ///< JSON object
+  std::string speculative_config;          ///< JSON object
+};
+
+/// Adds the flags above and the accepted ones to `sub`, and --config for its help.
+void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f);
+
+/// vLLM's --config FILE: `args` (the command's name, then its arguments) with --config FILE
+/// replaced by the YAML map's flags (keys with - or _; a list: the flag once per item; a map:
+/// its JSON), put ahead of the command line's, whose own flags win (a key it names is skipped;
+/// the last of two values wins). Without --config: `args` unchanged. Errors name the file.
+[[nodiscard]] result<std::vector<std::string>> expand_config_file(std::vector<std::string> args);
+
+/// Refuses what llmesh does not do (a load format other than safetensors or GGUF, or one the
+/// model path is not; pipeline parallelism; a task other than generation and embeddings; the
+/// mistral tokenizer), naming the flag. `model_path`: the model directory or GGUF file.
+[[nodiscard]] status check_vllm_model_flags(const vllm_model_flags& f, const std::string& model_path);
+
+/// vLLM's --speculative-config JSON for prompt-lookup (ngram) speculation: method "ngram" (or
+/// left out), num_speculative_tokens, prompt_lookup_max, prompt_lookup_min and
+/// disable_by_batch_size set `c`; another method (a draft model, EAGLE, Medusa, MTP) or key is
+/// refused by name.
+[[nodiscard]] status apply_speculative_config(const std::string& json_text, actors::speculation_config& c);
+
+/// The directory the tokenizer and chat template come from: --tokenizer's, else the model's.
+inline const std::string& tokenizer_dir(const vllm_model_flags& f, const std::string& model_path) {
+  return f.tokenizer.empty() ? model_path : f.tokenizer;
+}
+
+}  // namespace llmesh::cli

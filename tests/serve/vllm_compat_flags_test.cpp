@@ -1,0 +1,210 @@
+// vLLM's remaining serve flags on `llmesh serve`, over real HTTP: --max-logprobs bounds every
+// logprobs field (and says so when asked beyond the engine's 20), --response-role names chat
+// answers (a continued message keeps its own role), --enable-request-id-headers echoes or makes
+// X-Request-Id, --tokenizer takes the tokenizer and chat template from another directory,
+// --override-generation-config sets sampling defaults, --speculative-config turns on prompt
+// lookup (drafts counted, tokens unchanged), --config reads flags from YAML (the command line
+// wins), vLLM's flags for what a local model never needs start the server, and what llmesh does
+// not do is refused by name before the model loads.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "../cli/subprocess.hpp"
+#include "../model/temp_dir.hpp"
+#include "reference.hpp"
+#include "server_process.hpp"
+
+namespace llmesh::testing {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string bin = LLMESH_BINARY;
+const std::string kjv = std::string(LLMESH_SOURCE_DIR) + "/models/kjv-tiny";
+
+http_response post(int port, const std::string& path, const json& body, const std::string& headers = "") {
+  return http_request(port, "POST", path, body.dump(), headers);
+}
+
+std::string message_of(const http_response& r) {
+  auto j = json::parse(r.body, nullptr, false);
+  return j.is_object() && j.contains("error") ? j["error"]["message"].get<std::string>() : r.body;
+}
+
+TEST(ServeVllmCompatFlags, MaxLogprobsResponseRoleAndRequestIds) {
+  server_process s(bin, {"--model", kjv, "--max-logprobs", "5", "--response-role", "bot", "--enable-request-id-headers"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const json c = {{"model", "kjv-tiny"}, {"prompt", "In the"}, {"max_tokens", 2}, {"temperature", 0}};
+  json ok = c, over = c, prompt_over = c;
+  ok["logprobs"] = 5;
+  over["logprobs"] = 6;
+  prompt_over["prompt_logprobs"] = 6;
+  EXPECT_EQ(post(s.port(), "/v1/completions", ok).status, 200);
+  auto r = post(s.port(), "/v1/completions", over);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(message_of(r).find("between 0 and 5"), std::string::npos) << r.body;
+  EXPECT_EQ(post(s.port(), "/v1/completions", prompt_over).status, 400);
+  const json chat = {{"model", "kjv-tiny"}, {"messages", {{{"role", "user"}, {"content", "Who"}}}}, {"max_tokens", 2}};
+  json chat_over = chat;
+  chat_over["logprobs"] = true;
+  chat_over["top_logprobs"] = 6;
+  EXPECT_EQ(post(s.port(), "/v1/chat/completions", chat_over).status, 400);
+
+  // The role: the server's after a generation prompt, streamed or not; a continued message's own.
+  r = post(s.port(), "/v1/chat/completions", chat);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["message"]["role"], "bot");
+  json streamed = chat;
+  streamed["stream"] = true;
+  r = post(s.port(), "/v1/chat/completions", streamed);
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(json::parse(sse_payloads(r.body).front())["choices"][0]["delta"]["role"], "bot") << r.body;
+  json continued = chat;
+  continued["messages"].push_back({{"role", "assistant"}, {"content", "It was"}});
+  continued["continue_final_message"] = true;
+  r = post(s.port(), "/v1/chat/completions", continued);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["message"]["role"], "assistant");
+
+  // X-Request-Id: the client's echoed, else a new one on every answer (errors and streams too).
+  r = post(s.port(), "/v1/completions", c, "X-Request-Id: my-id-7\r\n");
+  EXPECT_EQ(r.headers["x-request-id"], "my-id-7");
+  const std::string made = post(s.port(), "/v1/completions", c).headers["x-request-id"];
+  EXPECT_EQ(made.size(), 32u) << made;
+  EXPECT_NE(made, post(s.port(), "/v1/completions", c).headers["x-request-id"]);
+  EXPECT_EQ(post(s.port(), "/v1/completions", over).headers["x-request-id"].size(), 32u);
+  EXPECT_EQ(post(s.port(), "/v1/chat/completions", streamed, "X-Request-Id: s1\r\n").headers["x-request-id"], "s1");
+  EXPECT_EQ(http_request(s.port(), "GET", "/health").headers.count("x-request-id"), 1u);
+
+  // Beyond the engine's bound: the start says so, and 20 is the bound.
+  server_process wide(bin, {"--model", kjv, "--max-logprobs", "50"});
+  ASSERT_GT(wide.port(), 0) << wide.log();
+  EXPECT_NE(wide.log().find("--max-logprobs 50: this server returns at most 20 alternatives"), std::string::npos) << wide.log();
+  ok["logprobs"] = 20;
+  over["logprobs"] = 21;
+  EXPECT_EQ(post(wide.port(), "/v1/completions", ok).status, 200);
+  EXPECT_EQ(post(wide.port(), "/v1/completions", over).status, 400);
+  EXPECT_EQ(post(wide.port(), "/v1/completions", c).headers.count("x-request-id"), 0u) << "off without the flag";
+}
+
+TEST(ServeVllmCompatFlags, TokenizerGenerationOverridesAndSpeculation) {
+  model::testing::temp_dir dir;
+  const std::string m = dir.path() + "/m";
+  ASSERT_EQ(std::system((bin + " model random --out " + m +
+                         " --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 4096 --seed 4 2>/dev/null")
+                            .c_str()),
+            0);
+  const json tokenize = {{"model", "m"}, {"prompt", "In the beginning God created the heaven"}};
+  const json chat = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "Who"}}}}, {"max_tokens", 2}};
+  std::vector<int32_t> kjv_ids;
+  {
+    // kjv-tiny with prompt lookup from --speculative-config: its greedy tokens are generate's, and
+    // drafts were kept (its text repeats itself: lookups match).
+    server_process k(bin, {"--model", kjv, "--served-model-name", "m", "--speculative-config",
+                           R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1})"});
+    ASSERT_GT(k.port(), 0) << k.log();
+    auto r = post(k.port(), "/tokenize", tokenize);
+    ASSERT_EQ(r.status, 200) << r.body;
+    kjv_ids = json::parse(r.body)["tokens"].get<std::vector<int32_t>>();
+    const json greedy = {{"model", "m"}, {"prompt", "And God said"}, {"max_tokens", 40}, {"temperature", 0}, {"return_token_ids", true}};
+    r = post(k.port(), "/v1/completions", greedy);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+              generate_ids(bin, kjv, "--prompt 'And God said'", 40));
+    double accepted = 0;  // the counters reach /metrics with the router's next load report
+    for (int i = 0; i < 50 && accepted == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const std::string metrics = http_request(k.port(), "GET", "/metrics").body;
+      const auto at = metrics.find("\nllmesh_spec_decode_accepted_tokens_total{");
+      if (at != std::string::npos) accepted = std::atof(metrics.c_str() + metrics.find("} ", at) + 2);
+    }
+    EXPECT_GT(accepted, 0.0) << "no draft kept: speculation did not run";
+  }
+  {
+    server_process own(bin, {"--model", m});
+    ASSERT_GT(own.port(), 0) << own.log();
+    auto r = post(own.port(), "/tokenize", tokenize);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_NE(json::parse(r.body)["tokens"].get<std::vector<int32_t>>(), kjv_ids) << "the random model's own tokenizer differs";
+    EXPECT_EQ(post(own.port(), "/v1/chat/completions", chat).status, 400) << "it has no chat template";
+  }
+  // The tokenizer and its chat template from kjv-tiny; temperature 0 by default.
+  server_process s(bin, {"--model", m, "--tokenizer", kjv, "--override-generation-config", R"({"temperature": 0})"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  auto r = post(s.port(), "/tokenize", tokenize);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["tokens"].get<std::vector<int32_t>>(), kjv_ids);
+  EXPECT_EQ(post(s.port(), "/v1/chat/completions", chat).status, 200);
+  // Seedless requests without a temperature are greedy: the same tokens as temperature 0.
+  json rep = {{"model", "m"}, {"prompt", "In the beginning"}, {"max_tokens", 24}, {"ignore_eos", true}, {"return_token_ids", true}};
+  json greedy = rep;
+  greedy["temperature"] = 0;
+  const auto a = json::parse(post(s.port(), "/v1/completions", rep).body)["choices"][0]["token_ids"];
+  const auto b = json::parse(post(s.port(), "/v1/completions", rep).body)["choices"][0]["token_ids"];
+  const auto g = json::parse(post(s.port(), "/v1/completions", greedy).body)["choices"][0]["token_ids"];
+  EXPECT_EQ(a.size(), 24u);
+  EXPECT_EQ(a, g);
+  EXPECT_EQ(b, g);
+}
+
+TEST(ServeVllmCompatFlags, ConfigFileAcceptedFlagsAndRefusals) {
+  model::testing::temp_dir dir;
+  const std::string cfg = dir.path() + "/serve.yaml";
+  std::ofstream(cfg) << "model: " << kjv << "\nserved_model_name: from-yaml\nmax-logprobs: 3\nresponse_role: yaml-role\n"
+                     << "enable-request-id-headers: true\nswap-space: 4\n";
+  {
+    // The command line wins over the file (--response-role).
+    server_process s(bin, {"--config", cfg, "--response-role", "cli-role"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    auto models = json::parse(http_request(s.port(), "GET", "/v1/models").body);
+    EXPECT_EQ(models["data"][0]["id"], "from-yaml") << models;
+    const json c = {{"model", "from-yaml"}, {"prompt", "In the"}, {"max_tokens", 1}, {"logprobs", 4}};
+    auto r = post(s.port(), "/v1/completions", c);
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_EQ(r.headers["x-request-id"].size(), 32u);
+    const json chat = {{"model", "from-yaml"}, {"messages", {{{"role", "user"}, {"content", "Who"}}}}, {"max_tokens", 1}};
+    r = post(s.port(), "/v1/chat/completions", chat);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["message"]["role"], "cli-role");
+  }
+  {
+    // vLLM's flags for downloads, executors and compilation: accepted, and the server serves.
+    server_process s(bin, {"--model", kjv, "--download-dir", "/tmp", "--revision", "main", "--tokenizer-revision", "main",
+                           "--code-revision", "main", "--hf-token", "--swap-space", "4", "--disable-custom-all-reduce",
+                           "--distributed-executor-backend", "mp", "--max-seq-len-to-capture", "8192",
+                           "--guided-decoding-backend", "xgrammar", "--root-path", "/api", "--disable-uvicorn-access-log",
+                           "--tokenizer-mode", "auto", "--load-format", "safetensors", "--task", "generate",
+                           "--pipeline-parallel-size", "1", "--disable-frontend-multiprocessing", "--compilation-config", "3",
+                           "--max-parallel-loading-workers", "2", "--prefix-caching-hash-algo", "sha256", "--async-scheduling"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    EXPECT_EQ(post(s.port(), "/v1/completions", {{"model", "kjv-tiny"}, {"prompt", "In"}, {"max_tokens", 1}}).status, 200);
+  }
+  std::ofstream(dir.path() + "/bad.yaml") << "no-such-flag: 1\n";
+  const std::string serve = bin + " serve --model " + kjv + " --http 127.0.0.1:0 --rpc none ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--load-format pt", "--load-format pt: this server loads safetensors and GGUF"},
+      {"--load-format gguf", "is not a GGUF file"},
+      {"--pipeline-parallel-size 2", "no pipeline parallelism here"},
+      {"--task classify", "classification, reward and cross-encoder scoring are not served"},
+      {"--tokenizer-mode mistral", "--tokenizer-mode mistral"},
+      {"--speculative-config '{\"method\": \"eagle\", \"model\": \"x\"}'", "prompt lookup only"},
+      {"--speculative-config '{\"num_speculative_tokens\": 4, \"draft_tensor_parallel_size\": 1}'", "'draft_tensor_parallel_size' is not taken"},
+      {"--speculative-config '{\"num_speculative_tokens\": 4, \"prompt_lookup_min\": 5, \"prompt_lookup_max\": 2}'", "1 <= min <= max"},
+      {"--override-generation-config '{\"min_p\": 0.1}'", "'min_p' is not taken here"},
+      {"--override-generation-config '{\"top_p\": 2}'", "'top_p' must be a number in"},
+      {"--override-generation-config 'temperature=0'", "not a JSON object"},
+      {"--config " + dir.path() + "/missing.yaml", "missing.yaml"},
+      {"--config " + dir.path() + "/bad.yaml", "no-such-flag"},
+  };
+  for (const auto& [flags, want] : cases) {
+    auto r = run_command(serve + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.err.find(want), std::string::npos) << flags << "\n" << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace llmesh::testing
