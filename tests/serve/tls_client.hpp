@@ -98,13 +98,15 @@ struct https_result {
   bool handshake = false;    ///< the TLS handshake completed (the server's certificate verified)
   std::string server_cn;     ///< the CN of the certificate the server presented
   http_response response;    ///< status 0: no HTTP response came
+  bool resumed = false;      ///< the handshake resumed the session given
 };
 
 /// One request over HTTPS on its own connection ("Connection: close"), the server's certificate
-/// checked against `ca` for 127.0.0.1; `client`: a certificate to present.
+/// checked against `ca` for 127.0.0.1; `client`: a certificate to present. `session`: one to
+/// resume (when set), replaced by this connection's (the caller frees it with SSL_SESSION_free).
 inline https_result https_request(int port, const test_cert& ca, const std::string& method, const std::string& path,
                                   const std::string& body = "", const std::string& extra_headers = "",
-                                  const test_cert* client = nullptr) {
+                                  const test_cert* client = nullptr, SSL_SESSION** session = nullptr) {
   using namespace tls_detail;
   https_result out;
   std::unique_ptr<SSL_CTX, freer<SSL_CTX, SSL_CTX_free>> ctx(SSL_CTX_new(TLS_client_method()));
@@ -119,6 +121,7 @@ inline https_result https_request(int port, const test_cert& ca, const std::stri
   std::unique_ptr<SSL, freer<SSL, SSL_free>> ssl(SSL_new(ctx.get()));
   X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl.get()), "127.0.0.1");
   SSL_set_fd(ssl.get(), fd);
+  if (session && *session) SSL_set_session(ssl.get(), *session);
   if (SSL_connect(ssl.get()) == 1) {
     out.handshake = true;
     if (X509* peer = SSL_get0_peer_certificate(ssl.get())) {
@@ -138,6 +141,11 @@ inline https_result https_request(int port, const test_cert& ca, const std::stri
       while ((n = SSL_read(ssl.get(), buf, sizeof buf)) > 0) raw.append(buf, static_cast<size_t>(n));
     }
     out.response = parse_response(raw);
+    out.resumed = SSL_session_reused(ssl.get()) == 1;
+    if (session) {
+      if (*session) SSL_SESSION_free(*session);
+      *session = SSL_get1_session(ssl.get());
+    }
     SSL_shutdown(ssl.get());
   }
   ERR_clear_error();

@@ -114,6 +114,14 @@ TEST(ServeTls, ClientCertificatesRequiredOrOptional) {
     EXPECT_EQ(https_request(s.port(), ca, "POST", "/v1/completions", body, "", &client).response.status, 200);
     EXPECT_EQ(https_request(s.port(), ca, "GET", "/health", "", "", &stranger).response.status, 0);
     EXPECT_EQ(https_request(s.port(), ca, "GET", "/health").response.status, std::string(reqs) == "2" ? 0 : 200);
+    // A client resuming its session (curl and nginx upstreams do) is served, resumed.
+    SSL_SESSION* session = nullptr;
+    EXPECT_EQ(https_request(s.port(), ca, "GET", "/health", "", "", &client, &session).response.status, 200);
+    ASSERT_NE(session, nullptr);
+    auto again = https_request(s.port(), ca, "GET", "/health", "", "", &client, &session);
+    EXPECT_EQ(again.response.status, 200);
+    EXPECT_TRUE(again.resumed);
+    SSL_SESSION_free(session);
   }
 }
 
