@@ -68,9 +68,9 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
       ->capture_default_str();
   sub->add_flag("--enable-request-id-headers", f.request_id_headers,
                 "vLLM's: answers carry X-Request-Id (the request's own, or a new random one)");
-  sub->add_option_function<std::string>("--root-path", [](const std::string&) {},
-                                        "vLLM's (FastAPI's root_path); accepted: the proxy in front strips the prefix, "
-                                        "and this server writes no URLs that would carry it");
+  sub->add_option("--root-path", f.root_path,
+                  "vLLM's (FastAPI's root_path): a path prefix a proxy may leave on requests; routes answer with and "
+                  "without it");
   sub->add_flag_function("--disable-uvicorn-access-log", [](int64_t) {},
                          "vLLM's; accepted: this server writes no access log");
   sub->add_flag("--enable-force-include-usage", f.force_include_usage,
@@ -112,6 +112,8 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
   api.force_include_usage = f.force_include_usage;
   api.tokens_as_ids = f.tokens_as_ids;
   api.response_role = f.response_role;
+  api.root_path = f.root_path;
+  while (!api.root_path.empty() && api.root_path.back() == '/') api.root_path.pop_back();
   api.limits.max_logprobs = f.max_logprobs < 0 ? kernels::max_logprobs : std::min(f.max_logprobs, kernels::max_logprobs);
   if (f.max_logprobs < 0 || f.max_logprobs > kernels::max_logprobs) {
     std::fprintf(stderr, "llmesh: --max-logprobs %d: this server returns at most %d alternatives per token; a request "

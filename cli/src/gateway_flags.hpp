@@ -34,6 +34,7 @@ struct gateway_flags {
   int max_logprobs = 20;             ///< vLLM's --max-logprobs (-1: the engine's bound)
   std::string response_role = "assistant";  ///< vLLM's --response-role
   bool request_id_headers = false;   ///< vLLM's --enable-request-id-headers
+  std::string root_path;             ///< vLLM's --root-path
 };
 
 /// Adds --api-key (or LLMESH_API_KEY), --max-concurrent, --max-tokens-limit, --max-body-kb,

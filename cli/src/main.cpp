@@ -12,7 +12,7 @@
 #include "llmesh/gateway/version.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"llmesh: an actor-based serving mesh for large language models"};
+  CLI::App app{"llmesh: an actor-based serving mesh for large language models", "llmesh"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(llmesh::gateway::version()));
   llmesh::cli::command_set commands;

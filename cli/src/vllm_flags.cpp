@@ -43,6 +43,38 @@ bool one_of(const std::string& v, std::initializer_list<const char*> names) {
   return false;
 }
 
+result<std::vector<std::string>> expand_yaml(const std::string& file, const YAML::Node& root, std::vector<std::string> rest) {
+  if (!root.IsMap() && !root.IsNull()) return make_error(errc::invalid_request, "--config " + file + ": not a map of flag: value");
+  // The command line's own flags win: a key it names (exactly) is skipped; under another name of
+  // the same flag the command line's value comes later, and the last value wins.
+  auto given = [&](const std::string& flag) {
+    return std::any_of(rest.begin(), rest.end(), [&](const std::string& a) { return a == flag || a.rfind(flag + "=", 0) == 0; });
+  };
+  // `serve MODEL --config F`: the command line's model (vLLM's positional) wins over the file's.
+  const bool model_given = rest.size() > 1 && !rest[1].empty() && rest[1][0] != '-';
+  std::vector<std::string> out;
+  if (!rest.empty()) out.push_back(rest.front());  // the command's name
+  for (const auto& kv : root) {
+    std::string name = kv.first.as<std::string>();
+    std::replace(name.begin(), name.end(), '_', '-');
+    const std::string flag = "--" + name;
+    if (given(flag) || (name == "model" && model_given)) continue;
+    const YAML::Node& v = kv.second;
+    if (v.IsSequence()) {
+      for (const auto& e : v) out.push_back(flag + "=" + (e.IsScalar() ? e.as<std::string>() : to_json(e).dump()));
+    } else if (v.IsMap()) {
+      out.push_back(flag + "=" + to_json(v).dump());
+    } else if (v.IsScalar()) {
+      // An empty value is the flag left at its default ("--flag=" would take the next argument).
+      if (!v.as<std::string>().empty()) out.push_back(flag + "=" + v.as<std::string>());
+    } else {
+      return make_error(errc::invalid_request, "--config " + file + ": '" + name + "' has no value");
+    }
+  }
+  out.insert(out.end(), rest.begin() + (rest.empty() ? 0 : 1), rest.end());
+  return out;
+}
+
 }  // namespace
 
 result<std::vector<std::string>> expand_config_file(std::vector<std::string> args) {
@@ -57,41 +89,15 @@ result<std::vector<std::string>> expand_config_file(std::vector<std::string> arg
       rest.push_back(args[i]);
     }
   }
-  if (file.empty()) return args;
-  YAML::Node root;
+  const bool help = std::any_of(args.begin(), args.end(), [](const std::string& a) { return a == "--help" || a == "-h"; });
+  if (file.empty() || help) return args;  // --help: the help, whatever the file holds
   try {
-    root = YAML::LoadFile(file);
+    return expand_yaml(file, YAML::LoadFile(file), std::move(rest));
   } catch (const YAML::BadFile&) {
     return make_error(errc::invalid_request, "--config " + file + ": cannot read it");
   } catch (const YAML::Exception& e) {
-    return make_error(errc::invalid_request, "--config " + file + ": not YAML: " + e.what());
+    return make_error(errc::invalid_request, "--config " + file + ": not YAML of flag: value: " + e.what());
   }
-  if (!root.IsMap() && !root.IsNull()) return make_error(errc::invalid_request, "--config " + file + ": not a map of flag: value");
-  // The command line's own flags win: a key it names (exactly) is skipped; under another name of
-  // the same flag the command line's value comes later, and the last value wins.
-  auto given = [&](const std::string& flag) {
-    return std::any_of(rest.begin(), rest.end(), [&](const std::string& a) { return a == flag || a.rfind(flag + "=", 0) == 0; });
-  };
-  std::vector<std::string> out;
-  if (!rest.empty()) out.push_back(rest.front());  // the command's name
-  for (const auto& kv : root) {
-    std::string name = kv.first.as<std::string>();
-    std::replace(name.begin(), name.end(), '_', '-');
-    const std::string flag = "--" + name;
-    if (given(flag)) continue;
-    const YAML::Node& v = kv.second;
-    if (v.IsSequence()) {
-      for (const auto& e : v) out.push_back(flag + "=" + (e.IsScalar() ? e.as<std::string>() : to_json(e).dump()));
-    } else if (v.IsMap()) {
-      out.push_back(flag + "=" + to_json(v).dump());
-    } else if (v.IsScalar()) {
-      out.push_back(flag + "=" + v.as<std::string>());
-    } else {
-      return make_error(errc::invalid_request, "--config " + file + ": '" + name + "' has no value");
-    }
-  }
-  out.insert(out.end(), rest.begin() + (rest.empty() ? 0 : 1), rest.end());
-  return out;
 }
 
 void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f) {

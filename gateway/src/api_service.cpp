@@ -160,7 +160,12 @@ bool api_service::authorized(std::string_view authorization) const {
 
 api_outcome api_service::handle(std::string_view method, std::string_view target, std::string_view authorization,
                                 std::string_view body) {
-  const std::string_view path = target.substr(0, target.find('?'));
+  std::string_view path = target.substr(0, target.find('?'));
+  if (!opt_.root_path.empty() && path.starts_with(opt_.root_path) && path.size() > opt_.root_path.size() &&
+      path[opt_.root_path.size()] == '/') {
+    path.remove_prefix(opt_.root_path.size());
+    target.remove_prefix(opt_.root_path.size());
+  }
   const bool get = method == "GET", post = method == "POST";
   if (path == "/health" && get) return json_reply(200, R"({"status":"ok"})");
   if (path == "/version" && get) return json_reply(200, nlohmann::json{{"version", version()}}.dump());  // vLLM's
@@ -169,20 +174,25 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
     return error_reply(make_error(errc::replica_unavailable, "no replica is ready"));
   }
   if (path == "/metrics" && get) return metrics_reply(metrics_);
+  if (path == "/ping" && (get || post)) return json_reply(200, R"({"status":"ok"})");  // vLLM's (SageMaker's health)
+  // vLLM's /load: requests in flight (vLLM counts them with --enable-server-load-tracking; here always).
+  if (path == "/load" && get) return json_reply(200, nlohmann::json{{"server_load", inflight()}}.dump());
   // vLLM's tokenizer and pooling routes sit outside /v1 too; the API key guards them (they cost work).
   const bool tokenizer_route = path == "/tokenize" || path == "/detokenize";
   // vLLM's pooling routes, with and without /v1 (and Cohere's /v2/rerank).
   const bool score_route = path == "/score" || path == "/v1/score";
   const bool rerank_route = path == "/rerank" || path == "/v1/rerank" || path == "/v2/rerank";
-  const bool guarded_route = path.starts_with("/v1/") || tokenizer_route || score_route || rerank_route;  // the API key's
+  const bool invocations = path == "/invocations";  // vLLM's SageMaker route: the request's shape picks the API
+  const bool guarded_route = path.starts_with("/v1/") || tokenizer_route || score_route || rerank_route || invocations;  // the API key's
   const bool stored_route = path.starts_with("/v1/responses/");  // a stored response's routes
   const bool conversation_route = path == "/v1/conversations" || path.starts_with("/v1/conversations/");
   const bool model_route = path.starts_with("/v1/models/") && path.size() > std::string_view("/v1/models/").size();
   const bool lora_route = path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter";
   const bool known = lora_route || path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
                      path == "/v1/responses" || path == "/v1/embeddings" || score_route || rerank_route || stored_route ||
-                     conversation_route || model_route || tokenizer_route;
-  if (!known && !(path == "/health" || path == "/ready" || path == "/metrics" || path == "/version")) {
+                     conversation_route || model_route || tokenizer_route || invocations;
+  if (!known && !(path == "/health" || path == "/ready" || path == "/metrics" || path == "/version" || path == "/ping" ||
+                  path == "/load")) {
     return error_reply(make_error(errc::not_found, "no route for " + std::string(method) + " " + std::string(path)));
   }
   if (guarded_route && !authorized(authorization)) {
@@ -204,6 +214,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   }
   if (path == "/v1/load_lora_adapter" && post) return load_lora_adapter(body);
   if (path == "/v1/unload_lora_adapter" && post) return unload_lora_adapter(body);
+  if (invocations && post) return invoke(body);
   if (path == "/tokenize" && post) return tokenize(body);
   if (path == "/detokenize" && post) return detokenize(body);
   http_reply r = error_reply(make_error(errc::invalid_request, std::string(method) + " is not allowed on " + std::string(path)));
@@ -221,6 +232,23 @@ nlohmann::ordered_json api_service::model_card(const served_model& m) const {
     card["parent"] = m.parent;
   }
   return card;
+}
+
+api_outcome api_service::invoke(std::string_view body) {
+  // vLLM tries its request types in order (chat, completion, embedding, ..., score, rerank) and
+  // takes the first the body validates as; the fields that tell them apart decide here, and
+  // that endpoint's checks then answer as they would on its own route.
+  const auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object()) {
+    if (j.contains("messages")) return chat_completions(body);
+    if (j.contains("prompt")) return completions(body);
+    if (j.contains("input")) return embeddings(body);
+    if (j.contains("text_1")) return score(body);
+    if (j.contains("query") && j.contains("documents")) return rerank(body);
+  }
+  return error_reply(make_error(errc::invalid_request,
+                                "/invocations: cannot tell the request's kind: a chat completion has 'messages', a completion "
+                                "'prompt', an embedding 'input', a score 'text_1' and 'text_2', a rerank 'query' and 'documents'"));
 }
 
 http_reply api_service::models() const {

@@ -99,6 +99,13 @@ struct job_state {
   bool woken = false;     ///< a background run has more (run_tail)
 };
 
+/// Marks a job over however its coroutine leaves (an exception too): the watch, which may sleep
+/// on its own timer, then never touches the connection's socket again.
+struct finish_guard {
+  job_state& st;
+  ~finish_guard() { st.finished = true; }
+};
+
 /// Watches a connection while its request runs: readable with nothing to read means the
 /// client closed (or reset) it. Bytes that came early (a next request, a TLS close_notify) stay
 /// unread; a client that has also shut its side of the connection is gone (so, since this
@@ -195,6 +202,7 @@ awaitable<bool> run_job(http_server::impl* s, Stream& stream, generation_job& jo
                         bool keep, const header_list& extra) {
   auto ex = stream.get_executor();
   auto st = std::make_shared<job_state>(ex);
+  const finish_guard over{*st};
   std::vector<uint64_t> ids;
   // Every choice's messages join one queue (each carries its request id; the group routes them).
   // A beam search's step requests are many (width × steps): the group names its running ones.
@@ -268,6 +276,7 @@ awaitable<bool> run_tail(http_server::impl* s, Stream& stream, event_tail& tail,
                          const header_list& extra) {
   auto ex = stream.get_executor();
   auto st = std::make_shared<job_state>(ex);
+  const finish_guard over{*st};
   net::co_spawn(ex, watch(st, tcp_of(stream).socket()), net::detached);
   const bool chunked = version >= 11;
   if (!chunked) keep = false;
@@ -352,8 +361,9 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
         count_request(s, r.status);
         // The fields read so far (a body over the limit came after whole headers): the page may
         // read the 413 when its Origin is allowed (CORS).
-        const header_list cors = cors_headers(s->opt.cors, sv(parser.get()[http::field::origin]));
-        co_await write_reply(s, stream, r, 11, false, cors);
+        header_list extra = cors_headers(s->opt.cors, sv(parser.get()[http::field::origin]));
+        if (s->opt.request_id_headers) extra.emplace_back("X-Request-Id", request_id(s, sv(parser.get()["X-Request-Id"])));
+        co_await write_reply(s, stream, r, 11, false, extra);
         break;
       }
       auto& req = parser.get();
@@ -363,7 +373,9 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
       if (auto pre = cors_preflight(s->opt.cors, sv(req.method_string()), origin, sv(req[http::field::access_control_request_method]),
                                     sv(req[http::field::access_control_request_headers]))) {
         count_request(s, pre->status);
-        const bool sent = co_await write_reply(s, stream, *pre, req.version(), keep);
+        header_list ids;
+        if (s->opt.request_id_headers) ids.emplace_back("X-Request-Id", request_id(s, sv(req["X-Request-Id"])));
+        const bool sent = co_await write_reply(s, stream, *pre, req.version(), keep, ids);
         if (!sent || !keep) break;
         continue;
       }

@@ -126,7 +126,7 @@ status parse_output_fields(const json& j, generation_fields& g) {
 /// vLLM's use_beam_search and length_penalty. A search of width n returns n beams; each step
 /// asks 2n alternatives, so n is at most max_beam_width. The result comes whole (vLLM does not
 /// stream it either: here a stream request is a 400 rather than a silent plain reply).
-status parse_beam_search(const json& j, generation_fields& g) {
+status parse_beam_search(const json& j, int max_logprobs, generation_fields& g) {
   LLMESH_TRY(bool_field(j, "use_beam_search", g.beam_search));
   std::optional<double> lp;
   LLMESH_TRY(number_field(j, "length_penalty", lp));
@@ -135,10 +135,12 @@ status parse_beam_search(const json& j, generation_fields& g) {
     g.length_penalty = *lp;
   }
   if (!g.beam_search) return ok_status();
-  if (g.n > max_beam_width) {
-    return bad("'n' must be at most " + std::to_string(max_beam_width) +
+  // vLLM checks a step's 2 × width alternatives against --max-logprobs.
+  const size_t widest = std::min<size_t>(max_beam_width, static_cast<size_t>(std::max(max_logprobs, 0)) / 2);
+  if (g.n > widest) {
+    return bad("'n' must be at most " + std::to_string(widest) +
                " with 'use_beam_search' (the beam width; each step asks twice as many alternatives, at most " +
-               std::to_string(kernels::max_logprobs) + ")");
+               std::to_string(max_logprobs) + ")");
   }
   if (g.stream) return bad("'use_beam_search' cannot be streamed (send 'stream': false)");
   if (g.best_of > 1) return bad("'use_beam_search' cannot be combined with 'best_of' above 1");
@@ -456,7 +458,7 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
     if (g.stream) return bad("'best_of' above 1 cannot be streamed (send 'stream': false)");
     LLMESH_TRY(check_choices(lim, g.best_of, 1, "'best_of'"));
   }
-  LLMESH_TRY(parse_beam_search(j, g));
+  LLMESH_TRY(parse_beam_search(j, lim.max_logprobs, g));
   LLMESH_TRY(parse_cache_salt(j, g));
   return parse_priority(j, g);
 }
@@ -745,7 +747,7 @@ status apply_extra_fields(const json& j, const request_limits& lim, generation_f
     LLMESH_TRY(parse_bad_words(j, lim, g.bad_words));
     LLMESH_TRY(parse_stop(j, lim, g.stop));
     LLMESH_TRY(parse_output_fields(j, g));
-    LLMESH_TRY(parse_beam_search(j, g));
+    LLMESH_TRY(parse_beam_search(j, lim.max_logprobs, g));
     LLMESH_TRY(parse_priority(j, g));
     LLMESH_TRY(parse_cache_salt(j, g));
     return parse_output_constraint(j, nullptr, g.constraint);

@@ -123,8 +123,9 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     auto id = m->load_lora(src);
     if (!id) return id.take_error();
   }
-  if (is_gguf_file(dir) || std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) {
-    if (auto d = detokenizer::load(dir)) m->vocabulary_ = token_vocabulary::build(*d);
+  const std::string& tok_dir = opt.tokenizer_dir.empty() ? dir : opt.tokenizer_dir;
+  if (is_gguf_file(tok_dir) || std::filesystem::exists(std::filesystem::path(tok_dir) / "tokenizer.json")) {
+    if (auto d = detokenizer::load(tok_dir)) m->vocabulary_ = token_vocabulary::build(*d);
   }
   return std::shared_ptr<const model>(std::move(m));
 }

@@ -8,6 +8,7 @@
 // not do is refused by name before the model loads.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -35,7 +36,8 @@ std::string message_of(const http_response& r) {
 }
 
 TEST(ServeVllmCompatFlags, MaxLogprobsResponseRoleAndRequestIds) {
-  server_process s(bin, {"--model", kjv, "--max-logprobs", "5", "--response-role", "bot", "--enable-request-id-headers"});
+  server_process s(bin, {"--model", kjv, "--max-logprobs", "5", "--response-role", "bot", "--enable-request-id-headers",
+                         "--root-path", "/api/", "--max-body-kb", "1"});
   ASSERT_GT(s.port(), 0) << s.log();
   const json c = {{"model", "kjv-tiny"}, {"prompt", "In the"}, {"max_tokens", 2}, {"temperature", 0}};
   json ok = c, over = c, prompt_over = c;
@@ -78,6 +80,22 @@ TEST(ServeVllmCompatFlags, MaxLogprobsResponseRoleAndRequestIds) {
   EXPECT_EQ(post(s.port(), "/v1/completions", over).headers["x-request-id"].size(), 32u);
   EXPECT_EQ(post(s.port(), "/v1/chat/completions", streamed, "X-Request-Id: s1\r\n").headers["x-request-id"], "s1");
   EXPECT_EQ(http_request(s.port(), "GET", "/health").headers.count("x-request-id"), 1u);
+  r = http_request(s.port(), "POST", "/v1/completions", std::string(2000, ' '), "X-Request-Id: big\r\n");
+  EXPECT_EQ(r.status, 413);
+  EXPECT_EQ(r.headers["x-request-id"], "big") << "a 413 carries it too";
+  // Beam search asks 2 × n alternatives a step: within --max-logprobs 5, n is at most 2.
+  json beams = c;
+  beams["use_beam_search"] = true;
+  beams["n"] = 2;
+  EXPECT_EQ(post(s.port(), "/v1/completions", beams).status, 200);
+  beams["n"] = 3;
+  r = post(s.port(), "/v1/completions", beams);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(message_of(r).find("at most 2"), std::string::npos) << r.body;
+  // --root-path: a proxy that keeps the prefix reaches the same routes; others are unknown.
+  EXPECT_EQ(post(s.port(), "/api/v1/completions", c).status, 200);
+  EXPECT_EQ(http_request(s.port(), "GET", "/api/health").status, 200);
+  EXPECT_EQ(post(s.port(), "/apix/v1/completions", c).status, 404);
 
   // Beyond the engine's bound: the start says so, and 20 is the bound.
   server_process wide(bin, {"--model", kjv, "--max-logprobs", "50"});
@@ -131,13 +149,25 @@ TEST(ServeVllmCompatFlags, TokenizerGenerationOverridesAndSpeculation) {
     EXPECT_NE(json::parse(r.body)["tokens"].get<std::vector<int32_t>>(), kjv_ids) << "the random model's own tokenizer differs";
     EXPECT_EQ(post(own.port(), "/v1/chat/completions", chat).status, 400) << "it has no chat template";
   }
-  // The tokenizer and its chat template from kjv-tiny; temperature 0 by default.
+  // The tokenizer and its chat template from kjv-tiny, the only tokenizer now (the replicas'
+  // structured-output masks too), whose end-of-text id the model is told; temperature 0 by default.
+  std::filesystem::remove(m + "/tokenizer.json");
+  std::filesystem::remove(m + "/tokenizer_config.json");
+  for (const char* file : {"/config.json", "/generation_config.json"}) {
+    json j = json::parse(read_file(m + file));
+    j["eos_token_id"] = json::parse(read_file(kjv + "/config.json"))["eos_token_id"];
+    std::ofstream(m + file) << j.dump();
+  }
   server_process s(bin, {"--model", m, "--tokenizer", kjv, "--override-generation-config", R"({"temperature": 0})"});
   ASSERT_GT(s.port(), 0) << s.log();
   auto r = post(s.port(), "/tokenize", tokenize);
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(json::parse(r.body)["tokens"].get<std::vector<int32_t>>(), kjv_ids);
   EXPECT_EQ(post(s.port(), "/v1/chat/completions", chat).status, 200);
+  r = post(s.port(), "/v1/completions", {{"model", "m"}, {"prompt", "Answer:"}, {"guided_choice", {"yes", "no"}}, {"max_tokens", 8}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string picked = json::parse(r.body)["choices"][0]["text"];
+  EXPECT_TRUE(picked == "yes" || picked == "no") << picked;
   // Seedless requests without a temperature are greedy: the same tokens as temperature 0.
   json rep = {{"model", "m"}, {"prompt", "In the beginning"}, {"max_tokens", 24}, {"ignore_eos", true}, {"return_token_ids", true}};
   json greedy = rep;
@@ -169,6 +199,12 @@ TEST(ServeVllmCompatFlags, ConfigFileAcceptedFlagsAndRefusals) {
     r = post(s.port(), "/v1/chat/completions", chat);
     ASSERT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(json::parse(r.body)["choices"][0]["message"]["role"], "cli-role");
+  }
+  {
+    // `serve MODEL --config F`: the positional model wins over the file's; an empty value is skipped.
+    std::ofstream(dir.path() + "/other.yaml") << "model: /no/such/model\nchat-template: ''\nmax-tokens-limit: 7\n";
+    child_process p({bin, "serve", kjv, "--config", dir.path() + "/other.yaml", "--http", "127.0.0.1:0", "--rpc", "none"});
+    ASSERT_TRUE(p.wait_for("llmesh: try: curl ")) << p.log();
   }
   {
     // vLLM's flags for downloads, executors and compilation: accepted, and the server serves.
@@ -204,6 +240,47 @@ TEST(ServeVllmCompatFlags, ConfigFileAcceptedFlagsAndRefusals) {
     EXPECT_NE(r.exit_code, 0) << flags;
     EXPECT_NE(r.err.find(want), std::string::npos) << flags << "\n" << r.err;
   }
+}
+
+}  // namespace
+}  // namespace llmesh::testing
+
+namespace llmesh::testing {
+namespace {
+
+// vLLM's /ping and /invocations (SageMaker's health and inference routes) and /load.
+TEST(ServeVllmRoutes, PingLoadAndInvocationsByShape) {
+  server_process s(bin, {"--model", kjv, "--api-key", "k"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  EXPECT_EQ(http_request(s.port(), "GET", "/ping").status, 200);
+  EXPECT_EQ(http_request(s.port(), "POST", "/ping").status, 200);
+  auto load = http_request(s.port(), "GET", "/load");
+  ASSERT_EQ(load.status, 200);
+  EXPECT_EQ(json::parse(load.body)["server_load"], 0) << load.body;
+  const std::string auth = "Authorization: Bearer k\r\n";
+  EXPECT_EQ(post(s.port(), "/invocations", {{"prompt", "In"}}).status, 401) << "the API key guards it";
+  auto r = post(s.port(), "/invocations", {{"model", "kjv-tiny"}, {"prompt", "In the"}, {"max_tokens", 2}}, auth);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["object"], "text_completion");
+  r = post(s.port(), "/invocations",
+           {{"model", "kjv-tiny"}, {"messages", {{{"role", "user"}, {"content", "Who"}}}}, {"max_tokens", 2}}, auth);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["object"], "chat.completion");
+  r = post(s.port(), "/invocations", {{"model", "kjv-tiny"}, {"input", "In the beginning"}}, auth);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["data"][0]["object"], "embedding");
+  r = post(s.port(), "/invocations", {{"model", "kjv-tiny"}, {"text_1", "a"}, {"text_2", "b"}}, auth);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["object"], "list");
+  r = post(s.port(), "/invocations", {{"model", "kjv-tiny"}, {"query", "a"}, {"documents", {"b", "c"}}}, auth);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["results"].size(), 2u);
+  r = post(s.port(), "/invocations", {{"model", "kjv-tiny"}, {"max_tokens", 2}}, auth);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(message_of(r).find("cannot tell the request's kind"), std::string::npos) << r.body;
+  r = post(s.port(), "/invocations", {{"model", "kjv-tiny"}, {"prompt", "x"}, {"temperature", "hot"}}, auth);
+  EXPECT_EQ(r.status, 400) << "the completion API's own checks answer";
+  EXPECT_NE(message_of(r).find("temperature"), std::string::npos) << r.body;
 }
 
 }  // namespace

@@ -55,6 +55,9 @@ struct api_options {
   /// vLLM's --response-role: the role a chat answer names when the request's template added a
   /// generation prompt (add_generation_prompt; otherwise the last message's role, as vLLM's).
   std::string response_role = "assistant";
+  /// vLLM's --root-path (Starlette's root_path): a request whose path begins with it (then "/")
+  /// is routed on the rest, as a proxy that keeps the prefix sends it; "" or others as they are.
+  std::string root_path;
   /// vLLM's --seed: a seedless request's seed is drawn from it and the request's place in the
   /// server's sequence of ids (none: from a random value drawn at start). Ids stay random.
   std::optional<uint64_t> seed;
@@ -256,6 +259,9 @@ class api_service {
   /// embedding request in the mesh, a window of them in flight; the job's output renders the
   /// vectors, or the similarities of normalized ones.
   api_outcome embeddings(std::string_view body);
+  /// vLLM's POST /invocations (SageMaker): the chat, completion, embedding, score or rerank API,
+  /// as the body's fields say.
+  api_outcome invoke(std::string_view body);
   api_outcome score(std::string_view body);
   api_outcome rerank(std::string_view body);
   /// The job of a pooling request: its inputs checked against `model` (find_or_only) and its

@@ -63,6 +63,9 @@ struct load_options {
   /// Adapters loaded at most at once (vLLM's --max-cpu-loras; below `loras`' count: refused);
   /// 0: lora_set::default_capacity, or `loras`' count when it is more.
   size_t max_loras = 0;
+  /// vLLM's --tokenizer DIR: the vocabulary structured outputs mask over comes from there
+  /// ("": the model's own tokenizer, when it has one).
+  std::string tokenizer_dir;
 };
 
 /// One decoder layer. Norm weights and biases are small and converted to float32 at load.
