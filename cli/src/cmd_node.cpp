@@ -379,7 +379,7 @@ status run_node(const node_flags& f) {
     }
     std::unique_ptr<gateway::rpc_server> rpc;
     if (p.rpc) {
-      auto r = gateway::rpc_server::start(*api, {p.rpc->host, p.rpc->port});
+      auto r = gateway::rpc_server::start(*api, {p.rpc->host, p.rpc->port, f.gw.tls});
       if (!r) {
         caf::anon_send_exit(agent, caf::exit_reason::kill);
         return r.take_error();
@@ -388,7 +388,10 @@ status run_node(const node_flags& f) {
     }
     std::fprintf(stderr, "llmesh: node %s serving %s on %s://%s:%u%s\n", p.name.c_str(), names.c_str(), url_scheme(f.gw),
                  ho.host.c_str(), (*server)->port(),
-                 rpc ? (" and RPC " + p.rpc->host + ":" + std::to_string(rpc->port())).c_str() : "");
+                 rpc ? (std::string(f.gw.tls.enabled() ? " and RPC over TLS " : " and RPC ") + p.rpc->host + ":" +
+                        std::to_string(rpc->port()))
+                           .c_str()
+                     : "");
     std::fflush(stderr);
     gateway::http_server* srv = server->get();
     std::thread waiter([srv, drain, &fatal] {

@@ -218,12 +218,15 @@ status run_serve(serve_flags f) {
     // free port (the start line names it), so that two such servers, or --port 8081, never collide.
     if (!f.rpc_given && (!f.host.empty() || f.port >= 0)) *rpc_where = {where->first, 0};
     rpc_host = rpc_where->first;
-    auto r = gateway::rpc_server::start(*api, {rpc_where->first, rpc_where->second});
+    auto r = gateway::rpc_server::start(*api, {rpc_where->first, rpc_where->second, f.gw.tls});
     if (!r) return r.take_error();
     rpc = std::move(*r);
   }
 
-  if (rpc) std::fprintf(stderr, "llmesh: native API (Cap'n Proto RPC, schemas/rpc.capnp) on %s:%u\n", rpc_host.c_str(), rpc->port());
+  if (rpc) {
+    std::fprintf(stderr, "llmesh: native API (Cap'n Proto RPC%s, schemas/rpc.capnp) on %s:%u\n",
+                 f.gw.tls.enabled() ? " over TLS" : "", rpc_host.c_str(), rpc->port());
+  }
   const std::string url_host = ho.host.find(':') != std::string::npos ? "[" + ho.host + "]" : ho.host;  // IPv6 in a URL
   const auto& e0 = (*mesh)->engine(0);
   const std::string notes = e0.device_note() + (e0.device_note().empty() || kv_note.empty() ? "" : "; ") + kv_note;

@@ -5,10 +5,11 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
-#include <capnp/ez-rpc.h>
+#include <kj/async-io.h>
 #include <kj/async.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <future>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "llmesh/gateway/structured_output.hpp"
 #include "llmesh/actors/serving_metrics.hpp"
 #include "llmesh/schemas/rpc.capnp.h"
+#include "rpc_listener.hpp"
 
 namespace llmesh::gateway {
 namespace {
@@ -726,9 +728,13 @@ result<std::unique_ptr<rpc_server>> rpc_server::start(api_service& api, rpc_opti
   p->loop = std::thread([raw, &started] {
     bool told = false;
     try {
-      capnp::EzRpcServer server(kj::heap<llmesh_service>(raw), raw->opt.host, raw->opt.port);
-      auto& ws = server.getWaitScope();
-      const uint16_t port = static_cast<uint16_t>(server.getPort().wait(ws));
+      auto io = kj::setupAsyncIo();
+      rpc_listener listener(io, kj::heap<llmesh_service>(raw), raw->opt.host, raw->opt.port, raw->opt.tls);
+      auto& ws = io.waitScope;
+      const uint16_t port = listener.port();
+      auto accepting = listener.run().eagerlyEvaluate([](kj::Exception&& e) {
+        std::fprintf(stderr, "llmesh: the native API stopped accepting connections: %s\n", e.getDescription().cStr());
+      });
       auto paf = kj::newPromiseAndFulfiller<void>();
       raw->stop = kj::mv(paf.fulfiller);
       raw->executor = kj::getCurrentThreadExecutor().addRef();
@@ -736,7 +742,7 @@ result<std::unique_ptr<rpc_server>> rpc_server::start(api_service& api, rpc_opti
       told = true;
       started.set_value(port);
       paf.promise.wait(ws);
-      raw->calls.clear();  // the server's destruction below cancels every open call
+      raw->calls.clear();  // the listener's destruction below cancels every open call
     } catch (const kj::Exception& e) {
       if (!told) {
         started.set_value(make_error(errc::io_error, "cannot serve RPC on " + raw->opt.host + ":" +

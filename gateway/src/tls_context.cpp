@@ -111,16 +111,43 @@ status check_tls(const tls_options& o) {
 }
 
 result<tls_contexts> tls_contexts::open(tls_options o) {
-  tls_contexts t;
-  t.opt_ = std::move(o);
-  t.loaded_ = t.stamps();
+  tls_contexts t(o);
   auto ctx = make_tls_context(t.opt_);
   if (!ctx) return ctx.take_error();
   t.ctx_ = std::move(*ctx);
   return t;
 }
 
-std::vector<tls_contexts::stamp> tls_contexts::stamps() const {
+std::shared_ptr<ssl_context> tls_contexts::current() {
+  if (!files_.changed()) return ctx_;
+  auto ctx = make_tls_context(opt_);
+  if (!ctx) {
+    files_.failed();
+    std::fprintf(stderr, "llmesh: TLS refresh: %s; new connections keep the previous certificate\n", ctx.err().message.c_str());
+    return ctx_;
+  }
+  files_.loaded();
+  ctx_ = std::move(*ctx);
+  std::fprintf(stderr, "llmesh: TLS refresh: new connections get the certificate now in %s\n", opt_.cert_file.c_str());
+  return ctx_;
+}
+
+tls_files::tls_files(const tls_options& o) : opt_(o), loaded_(stamps()) {}
+
+bool tls_files::changed() {
+  if (!opt_.refresh) return false;
+  now_ = stamps();
+  return now_ != loaded_ && now_ != failed_;
+}
+
+void tls_files::loaded() {
+  loaded_ = now_;
+  failed_.clear();
+}
+
+void tls_files::failed() { failed_ = now_; }
+
+std::vector<tls_files::stamp> tls_files::stamps() const {
   std::vector<stamp> out;
   for (const std::string* path : {&opt_.cert_file, &opt_.key_file, &opt_.ca_file}) {
     stamp s;
@@ -134,23 +161,6 @@ std::vector<tls_contexts::stamp> tls_contexts::stamps() const {
     out.push_back(s);
   }
   return out;
-}
-
-std::shared_ptr<ssl_context> tls_contexts::current() {
-  if (!opt_.refresh) return ctx_;
-  auto now = stamps();
-  if (now == loaded_ || now == failed_) return ctx_;
-  auto ctx = make_tls_context(opt_);
-  if (!ctx) {
-    failed_ = std::move(now);
-    std::fprintf(stderr, "llmesh: TLS refresh: %s; new connections keep the previous certificate\n", ctx.err().message.c_str());
-    return ctx_;
-  }
-  loaded_ = std::move(now);
-  failed_.clear();
-  ctx_ = std::move(*ctx);
-  std::fprintf(stderr, "llmesh: TLS refresh: new connections get the certificate now in %s\n", opt_.cert_file.c_str());
-  return ctx_;
 }
 
 }  // namespace llmesh::gateway

@@ -5,7 +5,6 @@
 
 #include <boost/asio/ssl/context.hpp>
 #include <memory>
-#include <vector>
 
 #include "llmesh/gateway/tls.hpp"
 
@@ -20,20 +19,16 @@ using ssl_context = boost::asio::ssl::context;
 class tls_contexts {
  public:
   [[nodiscard]] static result<tls_contexts> open(tls_options o);
-  /// The context for a new connection. With refresh on, a change to a file's size, times or inode
-  /// (a file renamed over it) since the last load rebuilds it first; a rebuild that fails (say, a certificate written
-  /// before its key) keeps the previous context, logs one line, and is tried again on the next change.
+  /// The context for a new connection, rebuilt first when tls_files says the files changed; a
+  /// rebuild that fails (say, a certificate written before its key) keeps the previous context
+  /// and logs one line.
   std::shared_ptr<ssl_context> current();
 
  private:
-  struct stamp {
-    long long mtime_ns = -1, ctime_ns = -1, size = -1, inode = -1;
-    bool operator==(const stamp&) const = default;
-  };
-  std::vector<stamp> stamps() const;
+  explicit tls_contexts(const tls_options& o) : opt_(o), files_(o) {}
   tls_options opt_;
+  tls_files files_;
   std::shared_ptr<ssl_context> ctx_;
-  std::vector<stamp> loaded_, failed_;
 };
 
 }  // namespace llmesh::gateway

@@ -3,7 +3,7 @@
 // event loop on its own thread serves every connection; tokens from the mesh (actor threads)
 // reach it through the loop's executor, and go to the client's sink as flow-controlled
 // streaming calls. A client that cancels its call or drops its connection cancels the
-// generation in the mesh.
+// generation in the mesh. With a certificate (tls.hpp) the port speaks TLS (rpc_listener.hpp).
 #pragma once
 
 #include <cstdint>
@@ -11,12 +11,15 @@
 #include <string>
 
 #include "llmesh/gateway/api_service.hpp"
+#include "llmesh/gateway/tls.hpp"
 
 namespace llmesh::gateway {
 
 struct rpc_options {
   std::string host = "127.0.0.1";
   uint16_t port = 8081;  ///< 0: any free port (see port())
+  /// TLS with the HTTP server's certificate (rpc_listener.hpp); off without one.
+  tls_options tls;
 };
 
 /// Thread affinity: create and destroy on one thread; port() from any.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "llmesh/common/error.hpp"
 
@@ -28,5 +29,27 @@ struct tls_options {
 /// does not know, --ssl-cert-reqs without --ssl-ca-certs), so that a bad certificate fails a
 /// start before the model loads. Disabled options: ok.
 [[nodiscard]] status check_tls(const tls_options& o);
+
+/// The files of tls_options as last loaded (size, times, inode of each), for --enable-ssl-refresh:
+/// a server asks changed() before a new connection, rebuilds its context when so, and reports
+/// loaded() or failed() (a failed set of files is not tried again until they change again).
+/// Thread affinity: one thread.
+class tls_files {
+ public:
+  explicit tls_files(const tls_options& o);  ///< as they are now: the server loads them next
+  /// Refresh on, and the files differ from the last load and from the last failed attempt.
+  bool changed();
+  void loaded();
+  void failed();
+
+ private:
+  struct stamp {
+    long long mtime_ns = -1, ctime_ns = -1, size = -1, inode = -1;
+    bool operator==(const stamp&) const = default;
+  };
+  std::vector<stamp> stamps() const;
+  tls_options opt_;
+  std::vector<stamp> loaded_, failed_, now_;
+};
 
 }  // namespace llmesh::gateway
