@@ -78,13 +78,12 @@ void add_vllm_flags(CLI::App* sub, serve_flags& f) {
       {"--enable-chunked-prefill", "vLLM's; accepted: long prompts always run in chunks beside decodes"},
       {"--enable-auto-tool-choice", "vLLM's; accepted: tool_choice \"auto\" is always served (--tool-call-parser)"},
       {"--trust-remote-code", "vLLM's; accepted: this server runs no code from a model's directory"},
-      {"--disable-log-requests", "vLLM's; accepted: this server does not log requests"},
+      {"--disable-log-requests", "vLLM's; accepted: requests are logged only with --enable-log-requests"},
       {"--disable-log-stats", "vLLM's; accepted: this server logs no periodic stats (/metrics has them)"},
       {"--disable-fastapi-docs", "vLLM's; accepted: this server serves no API docs pages"}};
   for (const auto& [flag, text] : always) sub->add_flag_function(flag, [](int64_t) {}, text);
   sub->add_option_function<std::string>("--uvicorn-log-level", [](const std::string&) {},
                                         "vLLM's; accepted: this server logs its start and errors only");
-  sub->add_option_function<size_t>("--max-log-len", [](const size_t&) {}, "vLLM's; accepted: requests are not logged");
 }
 
 status run_serve(serve_flags f) {

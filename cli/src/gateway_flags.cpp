@@ -71,6 +71,10 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
   sub->add_option("--root-path", f.root_path,
                   "vLLM's (FastAPI's root_path): a path prefix a proxy may leave on requests; routes answer with and "
                   "without it");
+  sub->add_flag("--enable-log-requests", f.log_requests,
+                "vLLM's: a line on stderr per request admitted (id, model, prompt text and ids, sampling settings)");
+  sub->add_option("--max-log-len", f.max_log_len, "vLLM's: the prompt characters and ids a logged request shows (0: all)")
+      ->capture_default_str();
   sub->add_flag_function("--disable-uvicorn-access-log", [](int64_t) {},
                          "vLLM's; accepted: this server writes no access log");
   sub->add_flag("--enable-force-include-usage", f.force_include_usage,
@@ -113,6 +117,8 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
   api.tokens_as_ids = f.tokens_as_ids;
   api.response_role = f.response_role;
   api.root_path = f.root_path;
+  api.log_requests = f.log_requests;
+  api.max_log_len = f.max_log_len;
   while (!api.root_path.empty() && api.root_path.back() == '/') api.root_path.pop_back();
   api.limits.max_logprobs = f.max_logprobs < 0 ? kernels::max_logprobs : std::min(f.max_logprobs, kernels::max_logprobs);
   if (f.max_logprobs < 0 || f.max_logprobs > kernels::max_logprobs) {

@@ -35,6 +35,8 @@ struct gateway_flags {
   std::string response_role = "assistant";  ///< vLLM's --response-role
   bool request_id_headers = false;   ///< vLLM's --enable-request-id-headers
   std::string root_path;             ///< vLLM's --root-path
+  bool log_requests = false;         ///< vLLM's --enable-log-requests
+  size_t max_log_len = 0;            ///< vLLM's --max-log-len
 };
 
 /// Adds --api-key (or LLMESH_API_KEY), --max-concurrent, --max-tokens-limit, --max-body-kb,

@@ -1,6 +1,8 @@
 // The HTTP API's policies (api_service.hpp).
 #include "llmesh/gateway/api_service.hpp"
 
+#include "request_log.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -618,6 +620,14 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   gs.model = m.name;
   gs.n = n;
   gs.best_of = g.best_of;
+  if (opt_.log_requests) {
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      const std::string text = m.tok->decoder().decode(prompts[p].ids, /*skip_special=*/false);
+      std::fprintf(stderr, "%s\n",
+                   request_log_line(gs.id, m.name, p, prompts.size(), text, prompts[p].ids, max_tokens[p], g, request_seed,
+                                    opt_.max_log_len).c_str());
+    }
+  }
   job.output = std::make_unique<completion_group>(std::move(gs), m.tok->decoder(), &metrics_);
   // Choice `id` of prompt p: the shared setup with that prompt's ids and echo.
   auto add_choice = [&](size_t p, uint64_t id) {

@@ -101,7 +101,8 @@ TEST(RpcTls, ClientCertificatesAreRequiredWhenAskedFor) {
   const test_cert ca = make_cert("llmesh test CA");
   make_cert("server", &ca).write(dir.path() + "/cert.pem", dir.path() + "/key.pem");
   const test_cert client_ca = make_cert("client CA");
-  std::ofstream(dir.path() + "/clients.pem") << client_ca.cert_pem;
+  // A bundle: the client CA second (every certificate of it is trusted, as over HTTPS).
+  std::ofstream(dir.path() + "/clients.pem") << make_cert("unrelated CA").cert_pem << client_ca.cert_pem;
   const test_cert client = make_cert("a client", &client_ca), stranger = make_cert("a stranger", &ca);
   server_process s(bin, {"--model", model_dir, "--ssl-certfile", dir.path() + "/cert.pem", "--ssl-keyfile", dir.path() + "/key.pem",
                          "--ssl-ca-certs", dir.path() + "/clients.pem", "--ssl-cert-reqs", "1"});
@@ -127,6 +128,13 @@ TEST(RpcTls, RefreshGivesNewConnectionsTheRotatedCertificate) {
   ASSERT_GT(port, 0) << s.log();
   EXPECT_TRUE(call_over_tls(port, old_ca).connected);
   EXPECT_FALSE(call_over_tls(port, new_ca).connected);
+  // A key that does not match the certificate: new connections keep the previous pair.
+  const test_cert mismatched = make_cert("server", &new_ca), other = make_cert("other", &new_ca);
+  std::ofstream(cert) << mismatched.cert_pem;
+  std::ofstream(key) << other.key_pem;
+  EXPECT_TRUE(call_over_tls(port, old_ca).connected);
+  EXPECT_NE(s.log().find("TLS refresh (RPC): --ssl-keyfile " + key + ": the private key does not match"), std::string::npos)
+      << s.log();
   make_cert("server", &new_ca).write(cert + ".new", key + ".new");
   std::filesystem::rename(key + ".new", key);
   std::filesystem::rename(cert + ".new", cert);

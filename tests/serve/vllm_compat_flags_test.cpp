@@ -283,5 +283,29 @@ TEST(ServeVllmRoutes, PingLoadAndInvocationsByShape) {
   EXPECT_NE(message_of(r).find("temperature"), std::string::npos) << r.body;
 }
 
+// --enable-log-requests: a line per admitted request, its prompt cut to --max-log-len characters
+// and ids; none without the flag.
+TEST(ServeVllmRoutes, EnableLogRequestsLogsEachAdmittedPrompt) {
+  server_process s(bin, {"--model", kjv, "--enable-log-requests", "--max-log-len", "2"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  auto r = post(s.port(), "/v1/completions", {{"model", "kjv-tiny"}, {"prompt", {"In the beginning God", "And"}}, {"max_tokens", 2},
+                                             {"seed", 7}, {"temperature", 0.5}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string id = json::parse(r.body)["id"];
+  ASSERT_TRUE(s.wait_for("llmesh: request " + id + " (prompt 1 of 2)", std::chrono::seconds(10))) << s.log();
+  const std::string log = s.log();
+  const auto at = log.find("llmesh: request " + id + " (prompt 0 of 2) for 'kjv-tiny': prompt \"In\"... (4 tokens: [");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string line = log.substr(at, log.find('\n', at) - at);
+  EXPECT_NE(line.find(", ...]), max_tokens 2, temperature 0.5,"), std::string::npos) << line;
+  EXPECT_NE(line.find(", seed 7, n 1"), std::string::npos) << line;
+  EXPECT_EQ(post(s.port(), "/v1/completions", {{"model", "kjv-tiny"}, {"prompt", "x"}, {"temperature", "hot"}}).status, 400);
+  server_process quiet(bin, {"--model", kjv});
+  ASSERT_GT(quiet.port(), 0) << quiet.log();
+  ASSERT_EQ(post(quiet.port(), "/v1/completions", {{"model", "kjv-tiny"}, {"prompt", "In"}, {"max_tokens", 1}}).status, 200);
+  quiet.stop();
+  EXPECT_EQ(quiet.log().find("llmesh: request "), std::string::npos) << quiet.log();
+}
+
 }  // namespace
 }  // namespace llmesh::testing

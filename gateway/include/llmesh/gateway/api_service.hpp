@@ -55,6 +55,10 @@ struct api_options {
   /// vLLM's --response-role: the role a chat answer names when the request's template added a
   /// generation prompt (add_generation_prompt; otherwise the last message's role, as vLLM's).
   std::string response_role = "assistant";
+  /// vLLM's --enable-log-requests: a line on stderr per admitted prompt (request_log.hpp), with
+  /// at most max_log_len of its characters and ids (vLLM's --max-log-len; 0: all).
+  bool log_requests = false;
+  size_t max_log_len = 0;
   /// vLLM's --root-path (Starlette's root_path): a request whose path begins with it (then "/")
   /// is routed on the rest, as a proxy that keeps the prefix sends it; "" or others as they are.
   std::string root_path;
