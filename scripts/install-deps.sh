@@ -13,6 +13,7 @@ packages=(
   libucx-dev ucx-utils  # transport/: UCX 1.13 (ucx_info, ucx_perftest for diagnosis)
   prometheus  # promtool: tests check /metrics output with it
   nodejs npm  # tests/e2e: the official openai npm client against llmesh serve
+  openssl  # tests/e2e: the HTTPS run's certificate
 )
 
 # Packages that a command already on PATH stands in for: NodeSource's nodejs bundles npm and

@@ -145,6 +145,9 @@ status run_serve(serve_flags f) {
     }
     served.aliases.push_back(n);
   }
+  // vLLM names the model by its argument as given: a client configured for that name is served
+  // too (unlisted: /v1/models lists the directory's name).
+  if (f.served_names.empty() && f.model_dir != ao.model_name) served.unlisted_aliases.push_back(f.model_dir);
   if (f.generation_config == "vllm") {
     served.cfg.sampling = {};  // no generation_config.json defaults
   } else if (f.generation_config != "auto") {

@@ -85,13 +85,17 @@ api_service::api_service(api_options opt, std::vector<served_model> models, acto
   // Each further name of a model answers as the model itself (its adapters keep their own names).
   std::vector<served_model> names;
   for (const auto& m : models) {
-    for (const auto& alias : m.aliases) {
-      served_model a = m;
-      a.loras.clear();
-      a.aliases.clear();
-      a.name = alias;
-      a.alias_of = m.name;
-      names.push_back(std::move(a));
+    for (const auto* list : {&m.aliases, &m.unlisted_aliases}) {
+      for (const auto& alias : *list) {
+        served_model a = m;
+        a.loras.clear();
+        a.aliases.clear();
+        a.unlisted_aliases.clear();
+        a.name = alias;
+        a.alias_of = m.name;
+        a.listed = list == &m.aliases;
+        names.push_back(std::move(a));
+      }
     }
   }
   for (auto& a : names) models.push_back(std::move(a));
@@ -139,7 +143,9 @@ std::vector<std::shared_ptr<const served_model>> api_service::served() const {
 
 std::vector<std::string> api_service::model_names() const {
   std::vector<std::string> out;
-  for (const auto& m : served()) out.push_back(m->name);
+  for (const auto& m : served()) {
+    if (m->listed) out.push_back(m->name);
+  }
   return out;
 }
 
@@ -255,7 +261,9 @@ api_outcome api_service::invoke(std::string_view body) {
 
 http_reply api_service::models() const {
   auto data = nlohmann::ordered_json::array();
-  for (const auto& m : served()) data.push_back(model_card(*m));
+  for (const auto& m : served()) {
+    if (m->listed) data.push_back(model_card(*m));
+  }
   nlohmann::ordered_json j = {{"object", "list"}, {"data", std::move(data)}};
   return json_reply(200, j.dump());
 }

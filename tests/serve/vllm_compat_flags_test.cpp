@@ -275,6 +275,13 @@ TEST(ServeVllmRoutes, PingLoadAndInvocationsByShape) {
   r = post(s.port(), "/invocations", {{"model", "kjv-tiny"}, {"query", "a"}, {"documents", {"b", "c"}}}, auth);
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(json::parse(r.body)["results"].size(), 2u);
+  // vLLM's default model name, the argument as given: served (the response names it), not listed.
+  r = post(s.port(), "/v1/completions", {{"model", kjv}, {"prompt", "In"}, {"max_tokens", 1}}, auth);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["model"], kjv);
+  const auto listed = json::parse(http_request(s.port(), "GET", "/v1/models", "", auth).body);
+  ASSERT_EQ(listed["data"].size(), 1u) << listed;
+  EXPECT_EQ(listed["data"][0]["id"], "kjv-tiny");
   r = post(s.port(), "/invocations", {{"model", "kjv-tiny"}, {"max_tokens", 2}}, auth);
   EXPECT_EQ(r.status, 400);
   EXPECT_NE(message_of(r).find("cannot tell the request's kind"), std::string::npos) << r.body;

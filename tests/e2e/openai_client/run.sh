@@ -3,7 +3,8 @@
 #   run.sh WORK_DIR
 # Copies the test and its pinned npm dependency list there, installs them with `npm ci`
 # (skipped when node_modules is already installed from the same lockfile), then runs
-# `node --test`. Needs LLMESH_BINARY and LLMESH_MODEL in the environment (ctest sets them).
+# `node --test` on test.mjs, then on tls.mjs over HTTPS (a certificate made with the openssl
+# command). Needs LLMESH_BINARY and LLMESH_MODEL in the environment (ctest sets them).
 set -euo pipefail
 
 if [ $# -ne 1 ]; then
@@ -14,14 +15,14 @@ src="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 work="$1"
 mkdir -p "$work"
 
-for tool in node npm; do
+for tool in node npm openssl; do
   if ! command -v "$tool" >/dev/null; then
     echo "e2e_openai_client: '$tool' not found (install nodejs and npm: scripts/install-deps.sh)" >&2
     exit 1
   fi
 done
 
-for f in package.json .npmrc package-lock.json test.mjs; do
+for f in package.json .npmrc package-lock.json test.mjs tls.mjs; do
   cp "$src/$f" "$work/$f"
 done
 
@@ -36,4 +37,9 @@ else
   cp package-lock.json "$stamp"
 fi
 
-exec node --test test.mjs
+node --test test.mjs
+# HTTPS: a self-signed certificate for 127.0.0.1, trusted by node through NODE_EXTRA_CA_CERTS.
+mkdir -p tls
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
+  -addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout tls/key.pem -out tls/cert.pem 2>/dev/null
+LLMESH_TLS_DIR="$PWD/tls" NODE_EXTRA_CA_CERTS="$PWD/tls/cert.pem" exec node --test tls.mjs

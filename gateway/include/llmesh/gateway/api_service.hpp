@@ -99,8 +99,12 @@ struct served_model {
   /// More names the model answers to (vLLM's --served-model-name A B ...): the service lists and
   /// serves it under each, a response naming the one its request sent.
   std::vector<std::string> aliases = {};
+  /// Names the model also answers to without /v1/models listing them: `llmesh serve PATH`'s
+  /// PATH as given, vLLM's default model name, beside the directory's name llmesh lists.
+  std::vector<std::string> unlisted_aliases = {};
   /// Set on the entries the service makes for those names: the model's own (first) name.
   std::string alias_of = {};
+  bool listed = true;  ///< false: an unlisted alias's entry
   /// The model the mesh routes its requests to: the base model's name for an adapter or a name.
   const std::string& route_name() const { return !parent.empty() ? parent : !alias_of.empty() ? alias_of : name; }
 };
@@ -211,7 +215,7 @@ class api_service {
   int max_logprobs() const { return opt_.limits.max_logprobs; }
   actors::mesh_client& mesh() { return mesh_; }
   actors::metrics_registry& metrics() { return metrics_; }
-  /// The served models' names, in the order given.
+  /// The served models' listed names (not unlisted aliases), in the order given.
   std::vector<std::string> model_names() const;
 
  private:
