@@ -19,6 +19,10 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/asio/ssl/host_name_verification.hpp>
+#include <boost/beast/ssl.hpp>
+#include <optional>
+#include <type_traits>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -42,13 +46,14 @@ using bench_clock = std::chrono::steady_clock;
 
 result<base_url> parse_base_url(const std::string& url) {
   auto bad = [&](const std::string& why) { return make_error(errc::invalid_request, "--url '" + url + "': " + why); };
-  if (url.starts_with("https://")) return make_error(errc::unsupported, "--url '" + url + "': https is not supported; use http://");
-  if (!url.starts_with("http://")) return bad("must start with http://");
-  std::string rest = url.substr(7);
+  const bool tls = url.starts_with("https://");
+  if (!tls && !url.starts_with("http://")) return bad("must start with http:// or https://");
+  std::string rest = url.substr(tls ? 8 : 7);
   const size_t slash = rest.find('/');
   const std::string authority = rest.substr(0, slash);
   base_url u;
-  u.port = "80";
+  u.tls = tls;
+  u.port = tls ? "443" : "80";
   if (slash != std::string::npos) u.prefix = rest.substr(slash);
   while (!u.prefix.empty() && u.prefix.back() == '/') u.prefix.pop_back();
   if (u.prefix.find_first_of("?# ") != std::string::npos) return bad("a query, fragment or space in the path");
@@ -108,6 +113,7 @@ struct run_state {
   net::io_context& ioc;
   const serve_bench_options& opt;
   base_url where;
+  std::optional<net::ssl::context> ssl;  ///< https: the client context
   tcp::resolver::results_type endpoints;
   std::string model;
   size_t max_model_len = 0;           ///< from /v1/models; 0: not given
@@ -133,7 +139,7 @@ template <class Body>
 void set_common_headers(http::request<Body>& req, const run_state& st) {
   const bool v6 = st.where.host.find(':') != std::string::npos;
   std::string host = v6 ? "[" + st.where.host + "]" : st.where.host;
-  if (st.where.port != "80") host += ":" + st.where.port;
+  if (st.where.port != (st.where.tls ? "443" : "80")) host += ":" + st.where.port;
   req.set(http::field::host, host);
   req.set(http::field::user_agent, "llmesh-bench-serve");
   if (!st.opt.api_key.empty()) req.set(http::field::authorization, "Bearer " + st.opt.api_key);
@@ -151,9 +157,30 @@ std::string error_text(unsigned status, const std::string& body) {
   return "HTTP " + std::to_string(status) + (msg.empty() ? "" : ": " + msg);
 }
 
+using tls_stream = beast::ssl_stream<beast::tcp_stream>;
+
+/// Connects `stream` (and, over TLS, completes the handshake: the server's name for SNI and, unless
+/// --insecure, its certificate checked for that name), within `limit`.
+template <class Stream>
+awaitable<void> open(run_state& st, Stream& stream, std::chrono::nanoseconds limit, error_code& ec) {
+  auto& tcp_layer = beast::get_lowest_layer(stream);
+  tcp_layer.expires_after(limit);
+  co_await tcp_layer.async_connect(st.endpoints, net::redirect_error(use_awaitable, ec));
+  if constexpr (std::is_same_v<Stream, tls_stream>) {
+    if (ec) co_return;
+    SSL_set_tlsext_host_name(stream.native_handle(), st.where.host.c_str());
+    if (!st.opt.insecure) stream.set_verify_callback(net::ssl::host_name_verification(st.where.host));
+    tcp_layer.expires_after(limit);
+    co_await stream.async_handshake(net::ssl::stream_base::client, net::redirect_error(use_awaitable, ec));
+  }
+}
+
+template <class Stream>
+awaitable<void> read_models(run_state& st, Stream& stream);
+
 /// Resolves the host and reads GET /v1/models: the model name (first id) and max_model_len.
 awaitable<void> preflight(run_state& st) {
-  const std::string where = "http://" + st.where.host + ":" + st.where.port;
+  const std::string where = (st.where.tls ? "https://" : "http://") + st.where.host + ":" + st.where.port;
   error_code ec;
   tcp::resolver resolver(st.ioc);
   st.endpoints = co_await resolver.async_resolve(st.where.host, st.where.port, net::redirect_error(use_awaitable, ec));
@@ -161,14 +188,24 @@ awaitable<void> preflight(run_state& st) {
     st.outcome = make_error(errc::transport_disconnected, "cannot resolve '" + st.where.host + "': " + ec.message());
     co_return;
   }
-  beast::tcp_stream stream(st.ioc);
   // Why 10 s: a server that does not answer /v1/models that fast is not ready to be measured.
-  stream.expires_after(std::chrono::seconds(10));
-  co_await stream.async_connect(st.endpoints, net::redirect_error(use_awaitable, ec));
-  if (ec) {
-    st.outcome = make_error(errc::transport_disconnected, "cannot connect to " + where + ": " + ec.message());
-    co_return;
+  const auto limit = std::chrono::nanoseconds(std::chrono::seconds(10));
+  if (st.where.tls) {
+    tls_stream stream(st.ioc, *st.ssl);
+    co_await open(st, stream, limit, ec);
+    if (!ec) co_await read_models(st, stream);
+  } else {
+    beast::tcp_stream stream(st.ioc);
+    co_await open(st, stream, limit, ec);
+    if (!ec) co_await read_models(st, stream);
   }
+  if (ec) st.outcome = make_error(errc::transport_disconnected, "cannot connect to " + where + ": " + ec.message());
+}
+
+template <class Stream>
+awaitable<void> read_models(run_state& st, Stream& stream) {
+  const std::string where = (st.where.tls ? "https://" : "http://") + st.where.host + ":" + st.where.port;
+  error_code ec;
   http::request<http::empty_body> req{http::verb::get, st.where.prefix + "/v1/models", 11};
   set_common_headers(req, st);
   co_await http::async_write(stream, req, net::redirect_error(use_awaitable, ec));
@@ -176,7 +213,7 @@ awaitable<void> preflight(run_state& st) {
   http::response<http::string_body> res;
   if (!ec) co_await http::async_read(stream, buf, res, net::redirect_error(use_awaitable, ec));
   error_code ignored;
-  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+  beast::get_lowest_layer(stream).socket().shutdown(tcp::socket::shutdown_both, ignored);
   if (ec) {
     st.outcome = make_error(errc::transport_disconnected, "GET " + where + st.where.prefix + "/v1/models: " + ec.message());
     co_return;
@@ -206,6 +243,9 @@ awaitable<void> preflight(run_state& st) {
   }
 }
 
+template <class Stream>
+awaitable<request_record> completion_over(run_state& st, Stream& stream, const std::string& body, size_t n_prompt);
+
 /// One streamed completion on its own connection. Times run from just before the request is
 /// written (after connecting: loopback connects take microseconds, and vLLM's client reuses
 /// pooled connections, so connect time is not part of its TTFT either).
@@ -217,12 +257,30 @@ awaitable<request_record> stream_completion(run_state& st, const std::string& bo
     return r;
   };
   const auto timeout = timeout_of(st.opt);
-  beast::tcp_stream stream(st.ioc);
   error_code ec;
-  stream.expires_after(timeout);
-  co_await stream.async_connect(st.endpoints, net::redirect_error(use_awaitable, ec));
+  if (st.where.tls) {
+    tls_stream stream(st.ioc, *st.ssl);
+    co_await open(st, stream, timeout, ec);
+    if (ec) co_return failed("connect: " + ec.message());
+    co_return co_await completion_over(st, stream, body, n_prompt);
+  }
+  beast::tcp_stream stream(st.ioc);
+  co_await open(st, stream, timeout, ec);
   if (ec) co_return failed("connect: " + ec.message());
+  co_return co_await completion_over(st, stream, body, n_prompt);
+}
 
+/// The request and its stream on a connection `open` made.
+template <class Stream>
+awaitable<request_record> completion_over(run_state& st, Stream& stream, const std::string& body, size_t n_prompt) {
+  auto failed = [n_prompt](std::string why) {
+    request_record r;
+    r.n_tokens_prompt = n_prompt;
+    r.error = std::move(why);
+    return r;
+  };
+  const auto timeout = timeout_of(st.opt);
+  error_code ec;
   http::request<http::string_body> req{http::verb::post, st.where.prefix + "/v1/completions", 11};
   set_common_headers(req, st);
   req.set(http::field::content_type, "application/json");
@@ -230,14 +288,14 @@ awaitable<request_record> stream_completion(run_state& st, const std::string& bo
   req.body() = body;
   req.prepare_payload();
   const auto t0 = bench_clock::now();
-  stream.expires_after(timeout);
+  beast::get_lowest_layer(stream).expires_after(timeout);
   co_await http::async_write(stream, req, net::redirect_error(use_awaitable, ec));
   if (ec) co_return failed("send: " + ec.message());
 
   beast::flat_buffer buf;
   http::response_parser<http::buffer_body> parser;
   parser.body_limit(boost::none);  // a stream is as long as the generation
-  stream.expires_after(timeout);
+  beast::get_lowest_layer(stream).expires_after(timeout);
   co_await http::async_read_header(stream, buf, parser, net::redirect_error(use_awaitable, ec));
   if (ec) co_return failed("response: " + ec.message());
   const unsigned status = parser.get().result_int();
@@ -248,7 +306,7 @@ awaitable<request_record> stream_completion(run_state& st, const std::string& bo
   while (!parser.is_done()) {
     parser.get().body().data = piece;
     parser.get().body().size = sizeof piece;
-    stream.expires_after(timeout);
+    beast::get_lowest_layer(stream).expires_after(timeout);
     co_await http::async_read_some(stream, buf, parser, net::redirect_error(use_awaitable, ec));
     if (ec == http::error::need_buffer) ec = {};  // the piece is full: not an error
     const size_t n = sizeof piece - parser.get().body().size;
@@ -260,7 +318,7 @@ awaitable<request_record> stream_completion(run_state& st, const std::string& bo
     if (ec) break;
   }
   error_code ignored;
-  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+  beast::get_lowest_layer(stream).socket().shutdown(tcp::socket::shutdown_both, ignored);
   if (status != 200) co_return failed(error_text(status, error_body));
   request_record r = rec.finish(n_prompt);
   if (ec && !rec.done()) {
@@ -371,6 +429,17 @@ status run_serve_bench(const serve_bench_options& opt) {
 
   net::io_context ioc{1};
   run_state st(ioc, opt, *where);
+  if (where->tls) {
+    st.ssl.emplace(net::ssl::context::tls_client);
+    error_code ec;
+    if (!opt.cacert.empty()) {
+      st.ssl->load_verify_file(opt.cacert, ec);
+      if (ec) return make_error(errc::invalid_request, "--cacert " + opt.cacert + ": " + ec.message());
+    } else {
+      st.ssl->set_default_verify_paths(ec);
+    }
+    st.ssl->set_verify_mode(opt.insecure ? net::ssl::verify_none : net::ssl::verify_peer);
+  }
   std::exception_ptr crashed;
   net::co_spawn(ioc, run_all(st, std::move(bodies), poisson_arrivals(opt.num_prompts, opt.request_rate, opt.seed)),
                 [&crashed](std::exception_ptr e) { crashed = e; });

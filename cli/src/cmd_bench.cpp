@@ -131,7 +131,9 @@ void add_bench(CLI::App& app, command_set& commands) {
   auto s = std::make_shared<bench::serve_bench_options>();
   auto* ssub = bench_cmd->add_subcommand("serve", "Serving benchmark against an OpenAI-compatible server (vLLM "
                                                    "bench serve's metrics: TTFT, TPOT, ITL, E2EL, throughput)");
-  ssub->add_option("--url", s->url, "Server base URL, http://HOST:PORT")->required();
+  ssub->add_option("--url", s->url, "Server base URL, http://HOST:PORT or https://HOST:PORT")->required();
+  ssub->add_option("--cacert", s->cacert, "https: PEM CAs the server's certificate is checked against (default: the system's)");
+  ssub->add_flag("--insecure", s->insecure, "https: do not check the server's certificate");
   ssub->add_option("--model", s->model, "Model name to request (default: the first id of GET /v1/models)");
   ssub->add_option("--api-key", s->api_key, "Sent as 'Authorization: Bearer KEY'");
   ssub->add_option("--num-prompts", s->num_prompts, "Requests to send")->capture_default_str();

@@ -5,12 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/subprocess.hpp"
+#include "model/temp_dir.hpp"
 #include "serve/server_process.hpp"
+#include "serve/tls_client.hpp"
 
 namespace llmesh::testing {
 namespace {
@@ -79,12 +82,39 @@ TEST(ServeBench, MeasuresARealServer) {
   EXPECT_NE(r.err.find("max_model_len 256"), std::string::npos) << r.err;
 }
 
+// Over HTTPS: the server's certificate checked against --cacert (a client trusting another CA
+// fails every request before sending one; --insecure does not check).
+TEST(ServeBench, MeasuresAServerOverHttps) {
+  model::testing::temp_dir dir;
+  const test_cert ca = make_cert("llmesh test CA");
+  make_cert("server", &ca).write(dir.path() + "/cert.pem", dir.path() + "/key.pem");
+  std::ofstream(dir.path() + "/ca.pem") << ca.cert_pem;
+  std::ofstream(dir.path() + "/other.pem") << make_cert("another CA").cert_pem;
+  server_process server(llmesh_bin, {"--model", source_dir + "/models/kjv-tiny", "--ssl-certfile", dir.path() + "/cert.pem",
+                                     "--ssl-keyfile", dir.path() + "/key.pem"});
+  ASSERT_NE(server.port(), 0) << server.log();
+  const std::string url = "https://127.0.0.1:" + std::to_string(server.port());
+  const std::string flags = " --num-prompts 6 --max-concurrency 3 --input-len 16 --output-len 8";
+  auto r = run_command(llmesh_bin + " bench serve --url " + url + " --cacert " + dir.path() + "/ca.pem" + flags);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  const auto j = json_line(r.out);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j["completed"], 6);
+  EXPECT_EQ(j["total_output_tokens"], 48);
+  r = run_command(llmesh_bin + " bench serve --url " + url + " --cacert " + dir.path() + "/other.pem" + flags);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("cannot connect to " + url), std::string::npos) << r.err;
+  r = run_command(llmesh_bin + " bench serve --url " + url + " --insecure" + flags);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
 TEST(ServeBench, BadFlagsAndUnreachableServersGiveOneLine) {
   const std::string base = llmesh_bin + " bench serve --num-prompts 2 --input-len 4 --output-len 2 ";
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
            {"--url http://127.0.0.1:" + std::to_string(free_local_port()), "cannot connect"},
-           {"--url ftp://x", "must start with http://"},
-           {"--url https://127.0.0.1:1", "https is not supported"},
+           {"--url ftp://x", "must start with http:// or https://"},
+           {"--url https://127.0.0.1:" + std::to_string(free_local_port()), "cannot connect"},
+           {"--url https://127.0.0.1:1 --cacert /nonexistent.pem", "--cacert /nonexistent.pem"},
            {"--url http://127.0.0.1:99999", "bad port"},
            {"--url http://127.0.0.1:1 --request-rate 0", "--request-rate"},
            {"--url http://127.0.0.1:1 --num-prompts 0", "--num-prompts"},
@@ -114,9 +144,14 @@ TEST(ParseBaseUrl, SplitsHostPortAndPrefix) {
   EXPECT_EQ(u->host, "::1");
   EXPECT_EQ(u->port, "9000");
   for (const char* bad : {"", "127.0.0.1:80", "http://", "http://:80", "http://h:", "http://h:0", "http://[::1",
-                          "http://h:8x", "https://h"}) {
+                          "http://h:8x", "https://", "https://h:"}) {
     EXPECT_FALSE(bench::parse_base_url(bad).ok()) << bad;
   }
+  u = bench::parse_base_url("https://h/p");
+  ASSERT_TRUE(u.ok());
+  EXPECT_TRUE(u->tls);
+  EXPECT_EQ(u->port, "443");
+  EXPECT_EQ(u->prefix, "/p");
 }
 
 TEST(PoissonArrivals, AreSeededExponentialGaps) {

@@ -21,7 +21,9 @@
 namespace llmesh::bench {
 
 struct serve_bench_options {
-  std::string url;            ///< server base, http://HOST[:PORT][/PREFIX]; PREFIX/v1/... is called
+  std::string url;            ///< server base, http[s]://HOST[:PORT][/PREFIX]; PREFIX/v1/... is called
+  std::string cacert;         ///< https: PEM CAs the server's certificate is checked against ("": the system's)
+  bool insecure = false;      ///< https: the server's certificate is not checked
   std::string model;          ///< empty: the first id GET /v1/models lists
   std::string api_key;        ///< sent as "Authorization: Bearer KEY" when set
   std::string tokenizer_dir;  ///< a model directory: its config.json's vocab_size bounds the ids
@@ -45,11 +47,12 @@ struct serve_bench_options {
 /// Where a base URL points.
 struct base_url {
   std::string host;    ///< without brackets for IPv6
-  std::string port;    ///< "80" when the URL names none
+  std::string port;    ///< "80" ("443" for https) when the URL names none
+  bool tls = false;    ///< https
   std::string prefix;  ///< path before /v1, no trailing '/'; usually empty
 };
 
-/// Parses "http://HOST[:PORT][/PREFIX]" (HOST may be "[v6]"). https is refused (no TLS here).
+/// Parses "http[s]://HOST[:PORT][/PREFIX]" (HOST may be "[v6]").
 [[nodiscard]] result<base_url> parse_base_url(const std::string& url);
 
 /// Send times in seconds from the start: 0 for the first request, then exponential gaps of
