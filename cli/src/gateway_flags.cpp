@@ -75,6 +75,8 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
                 "vLLM's: a line on stderr per request admitted (id, model, prompt text and ids, sampling settings)");
   sub->add_option("--max-log-len", f.max_log_len, "vLLM's: the prompt characters and ids a logged request shows (0: all)")
       ->capture_default_str();
+  sub->add_flag_function("--enable-server-load-tracking", [](int64_t) {},
+                         "vLLM's; accepted: GET /load always reports the requests in flight");
   sub->add_flag_function("--disable-uvicorn-access-log", [](int64_t) {},
                          "vLLM's; accepted: this server writes no access log");
   sub->add_flag("--enable-force-include-usage", f.force_include_usage,

@@ -250,7 +250,7 @@ namespace {
 
 // vLLM's /ping and /invocations (SageMaker's health and inference routes) and /load.
 TEST(ServeVllmRoutes, PingLoadAndInvocationsByShape) {
-  server_process s(bin, {"--model", kjv, "--api-key", "k"});
+  server_process s(bin, {"--model", kjv, "--api-key", "k", "--enable-server-load-tracking"});
   ASSERT_GT(s.port(), 0) << s.log();
   EXPECT_EQ(http_request(s.port(), "GET", "/ping").status, 200);
   EXPECT_EQ(http_request(s.port(), "POST", "/ping").status, 200);
