@@ -168,7 +168,9 @@ awaitable<void> open(run_state& st, Stream& stream, std::chrono::nanoseconds lim
   co_await tcp_layer.async_connect(st.endpoints, net::redirect_error(use_awaitable, ec));
   if constexpr (std::is_same_v<Stream, tls_stream>) {
     if (ec) co_return;
-    SSL_set_tlsext_host_name(stream.native_handle(), st.where.host.c_str());
+    error_code not_ip;
+    net::ip::make_address(st.where.host, not_ip);
+    if (not_ip) SSL_set_tlsext_host_name(stream.native_handle(), st.where.host.c_str());  // SNI names hosts, never addresses
     if (!st.opt.insecure) stream.set_verify_callback(net::ssl::host_name_verification(st.where.host));
     tcp_layer.expires_after(limit);
     co_await stream.async_handshake(net::ssl::stream_base::client, net::redirect_error(use_awaitable, ec));

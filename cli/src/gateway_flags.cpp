@@ -73,6 +73,8 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
                   "without it");
   sub->add_flag("--enable-log-requests", f.log_requests,
                 "vLLM's: a line on stderr per request admitted (id, model, prompt text and ids, sampling settings)");
+  sub->add_flag("--enable-log-outputs", f.log_outputs,
+                "vLLM's: a line on stderr per choice of a response that ended (finish reason, text, ids)");
   sub->add_option("--max-log-len", f.max_log_len, "vLLM's: the prompt characters and ids a logged request shows (0: all)")
       ->capture_default_str();
   sub->add_flag_function("--enable-server-load-tracking", [](int64_t) {},
@@ -120,8 +122,10 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
   api.response_role = f.response_role;
   api.root_path = f.root_path;
   api.log_requests = f.log_requests;
+  api.log_outputs = f.log_outputs;
   api.max_log_len = f.max_log_len;
   while (!api.root_path.empty() && api.root_path.back() == '/') api.root_path.pop_back();
+  if (!api.root_path.empty() && api.root_path.front() != '/') api.root_path.insert(0, "/");
   api.limits.max_logprobs = f.max_logprobs < 0 ? kernels::max_logprobs : std::min(f.max_logprobs, kernels::max_logprobs);
   if (f.max_logprobs < 0 || f.max_logprobs > kernels::max_logprobs) {
     std::fprintf(stderr, "llmesh: --max-logprobs %d: this server returns at most %d alternatives per token; a request "

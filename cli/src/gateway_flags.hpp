@@ -36,6 +36,7 @@ struct gateway_flags {
   bool request_id_headers = false;   ///< vLLM's --enable-request-id-headers
   std::string root_path;             ///< vLLM's --root-path
   bool log_requests = false;         ///< vLLM's --enable-log-requests
+  bool log_outputs = false;          ///< vLLM's --enable-log-outputs
   size_t max_log_len = 0;            ///< vLLM's --max-log-len
 };
 

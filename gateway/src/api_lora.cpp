@@ -48,7 +48,8 @@ result<std::shared_ptr<const served_model>> api_service::lora_base(const std::st
     if (base_name.empty()) {
       if (only) return make_error(errc::invalid_request, "this server serves several models: name the adapter's in 'base_model_name'");
       only = m;
-    } else if (m->name == base_name || std::count(m->aliases.begin(), m->aliases.end(), base_name) > 0) {
+    } else if (m->name == base_name || std::count(m->aliases.begin(), m->aliases.end(), base_name) > 0 ||
+               std::count(m->unlisted_aliases.begin(), m->unlisted_aliases.end(), base_name) > 0) {
       return m;
     }
   }

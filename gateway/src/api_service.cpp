@@ -129,6 +129,7 @@ served_model api_service::adapter_entry(const served_model& base, const model::l
   served_model a = base;
   a.loras.clear();
   a.aliases.clear();
+  a.unlisted_aliases.clear();
   a.name = l.name;
   a.parent = base.name;
   a.lora = l.name;
@@ -228,7 +229,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   http_reply r = error_reply(make_error(errc::invalid_request, std::string(method) + " is not allowed on " + std::string(path)));
   r.status = 405;
   const bool get_route = path == "/v1/models" || model_route || !guarded_route;
-  r.headers.emplace_back("Allow", get_route ? "GET" : "POST");
+  r.headers.emplace_back("Allow", path == "/ping" ? "GET, POST" : get_route ? "GET" : "POST");
   return r;
 }
 
@@ -240,6 +241,18 @@ nlohmann::ordered_json api_service::model_card(const served_model& m) const {
     card["parent"] = m.parent;
   }
   return card;
+}
+
+void api_service::log_outputs(const completion_group& out) const {
+  for (size_t i = 0; i < out.size(); ++i) {
+    const completion_stream& c = out.choice(i);
+    std::fprintf(stderr, "%s\n", output_line(out.id(), i, c.finish_reason(), c.token_ids(), c.text()).c_str());
+  }
+}
+
+std::string api_service::output_line(const std::string& id, size_t index, const std::string& finish,
+                                     const std::vector<int32_t>& ids, const std::string& text) const {
+  return output_log_line(id, index, finish, ids, text, opt_.max_log_len);
 }
 
 api_outcome api_service::invoke(std::string_view body) {
@@ -610,6 +623,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   choice.echo_logprobs = g.prompt_logprobs >= 0;
   choice.prompt_logprobs = g.prompt_logprobs_shown;
   choice.min_tokens = g.min_tokens;
+  choice.keep_text = opt_.log_outputs;
   if (chat) {
     choice.role = role;
     choice.tools = tools;

@@ -173,6 +173,7 @@ std::string completion_stream::finish(const std::string& reason, std::string tex
     text_ += rest;
     return "";
   }
+  if (s_.keep_text) text_ += rest;
   return chunk(rest, reason);
 }
 
@@ -215,6 +216,7 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
     text_ += out.text;
     return "";
   }
+  if (s_.keep_text) text_ += out.text;
   // The first chunk goes out at once (it carries the role); later ones when there is text.
   if (out.text.empty() && started_) return "";
   return chunk(out.text, std::nullopt);

@@ -261,6 +261,7 @@ awaitable<bool> run_job(http_server::impl* s, Stream& stream, generation_job& jo
     count_request(s, 499);  // nginx's "client closed request"
     co_return false;
   }
+  if (s->api->logs_outputs() && !out.failure() && out.size() > 0) s->api->log_outputs(out);
   if (!head_sent) {
     const http_reply r = out.reply();
     count_request(s, r.status);

@@ -18,4 +18,8 @@ std::string request_log_line(const std::string& id, const std::string& model, si
                              const std::string& prompt_text, const std::vector<int32_t>& prompt_ids, size_t max_tokens,
                              const generation_fields& g, uint64_t seed, size_t max_len);
 
+/// vLLM's --enable-log-outputs: the line for choice `index` of response `id` once it ended.
+std::string output_log_line(const std::string& id, size_t index, const std::string& finish, const std::vector<int32_t>& ids,
+                            const std::string& text, size_t max_len);
+
 }  // namespace llmesh::gateway

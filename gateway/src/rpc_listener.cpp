@@ -105,34 +105,41 @@ struct rpc_listener::impl {
   size_t handshaking = 0;
 
   kj::Promise<void> accept_loop() {
-    return listener->accept()
-        .then([this](kj::Own<kj::AsyncIoStream>&& s) {
-          if (!context) {
-            server.accept(kj::mv(s));
-          } else if (handshaking < max_handshakes) {
-            auto t = current();
-            ++handshaking;
-            handshakes.add(io.provider->getTimer()
-                               .timeoutAfter(15 * kj::SECONDS, t->ctx->wrapServer(kj::mv(s)))
-                               .then(
-                                   [this, t](kj::Own<kj::AsyncIoStream>&& secure) {
-                                     --handshaking;
-                                     server.accept(secure.attach(t));
-                                   },
-                                   [this](kj::Exception&& e) -> void {
-                                     --handshaking;
-                                     kj::throwFatalException(kj::mv(e));
-                                   }));
-          }
+    // Both continuations loop (one .then with an error branch, so kj folds the chain: a
+    // .catch_ after it would add a node per connection).
+    return listener->accept().then(
+        [this](kj::Own<kj::AsyncIoStream>&& s) {
+          on_accept(kj::mv(s));
           return accept_loop();
-        })
-        .catch_([this](kj::Exception&& e) -> kj::Promise<void> {
+        },
+        [this](kj::Exception&& e) -> kj::Promise<void> {
           // Out of descriptors and the like: kj's accept throws; wait, then accept again (the
           // port must not stay bound with nobody accepting).
           std::fprintf(stderr, "llmesh: the native API could not accept a connection: %s; retrying in 1 s\n",
                        e.getDescription().cStr());
           return io.provider->getTimer().afterDelay(1 * kj::SECONDS).then([this] { return accept_loop(); });
         });
+  }
+
+  void on_accept(kj::Own<kj::AsyncIoStream>&& s) {
+    if (!context) {
+      server.accept(kj::mv(s));
+      return;
+    }
+    if (handshaking >= max_handshakes) return;  // closed at once
+    auto t = current();
+    ++handshaking;
+    handshakes.add(io.provider->getTimer()
+                       .timeoutAfter(15 * kj::SECONDS, t->ctx->wrapServer(kj::mv(s)))
+                       .then(
+                           [this, t](kj::Own<kj::AsyncIoStream>&& secure) {
+                             --handshaking;
+                             server.accept(secure.attach(t));
+                           },
+                           [this](kj::Exception&& e) -> void {
+                             --handshaking;
+                             kj::throwFatalException(kj::mv(e));
+                           }));
   }
 };
 

@@ -56,6 +56,7 @@ struct call_state {
   kj::Own<kj::PromiseFulfiller<void>> done;
   kj::Promise<void> chain = kj::READY_NOW;  ///< the streaming calls to the sink, in order
   std::shared_ptr<const model::tokenizer> tok;  ///< the served model's: token bytes for logprobs
+  std::string response_id;  ///< the id the API gave the call (its request log line's)
   std::vector<int32_t> scored_prompt;                    ///< the prompt, when it asked for prompt logprobs
   std::vector<kernels::token_logprobs> prompt_logprobs;  ///< prompt token i + 1's at i (choice 0's)
   std::vector<int32_t> stop_ids;      ///< its stop_token_ids: their text is left out, as over HTTP
@@ -637,6 +638,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
     st->slot = std::move(job->slot);
     st->prompt_tokens = first.prompt.size();
     st->tok = job->tok;
+    if (job->output) st->response_id = job->output->id();
     if (first.sampling.prompt_logprobs >= 0) st->scored_prompt = first.prompt;
     std::vector<std::string> stops;
     if (in.hasStop()) {
@@ -679,6 +681,13 @@ class llmesh_service final : public rpc::Llmesh::Server {
             auto lp = init(static_cast<unsigned>(c.logprobs.size()));
             for (unsigned i = 0; i < c.logprobs.size(); ++i) set_logprob(lp[i], c.ids[i], c.logprobs[i], d);
           };
+          if (raw->owner->api.logs_outputs() && !raw->failure) {
+            for (size_t k = 0; k < raw->choices.size(); ++k) {
+              const auto& c = raw->choices[k];
+              if (c.absent) continue;
+              std::fprintf(stderr, "%s\n", raw->owner->api.output_line(raw->response_id, k, finish_of(c), c.ids, c.text).c_str());
+            }
+          }
           // The top-level fields are choice 0's (a one-choice call's, as before choices existed).
           const choice_state& c0 = raw->choices.front();
           r.setOk(true);

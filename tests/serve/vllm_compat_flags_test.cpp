@@ -133,7 +133,7 @@ TEST(ServeVllmCompatFlags, TokenizerGenerationOverridesAndSpeculation) {
     EXPECT_EQ(json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
               generate_ids(bin, kjv, "--prompt 'And God said'", 40));
     double accepted = 0;  // the counters reach /metrics with the router's next load report
-    for (int i = 0; i < 50 && accepted == 0; ++i) {
+    for (int i = 0; i < 200 && accepted == 0; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       const std::string metrics = http_request(k.port(), "GET", "/metrics").body;
       const auto at = metrics.find("\nllmesh_spec_decode_accepted_tokens_total{");
@@ -293,7 +293,7 @@ TEST(ServeVllmRoutes, PingLoadAndInvocationsByShape) {
 // --enable-log-requests: a line per admitted request, its prompt cut to --max-log-len characters
 // and ids; none without the flag.
 TEST(ServeVllmRoutes, EnableLogRequestsLogsEachAdmittedPrompt) {
-  server_process s(bin, {"--model", kjv, "--enable-log-requests", "--max-log-len", "2"});
+  server_process s(bin, {"--model", kjv, "--enable-log-requests", "--enable-log-outputs", "--max-log-len", "2"});
   ASSERT_GT(s.port(), 0) << s.log();
   auto r = post(s.port(), "/v1/completions", {{"model", "kjv-tiny"}, {"prompt", {"In the beginning God", "And"}}, {"max_tokens", 2},
                                              {"seed", 7}, {"temperature", 0.5}});
@@ -306,6 +306,16 @@ TEST(ServeVllmRoutes, EnableLogRequestsLogsEachAdmittedPrompt) {
   const std::string line = log.substr(at, log.find('\n', at) - at);
   EXPECT_NE(line.find(", ...]), max_tokens 2, temperature 0.5,"), std::string::npos) << line;
   EXPECT_NE(line.find(", seed 7, n 1"), std::string::npos) << line;
+  // --enable-log-outputs: each choice's end, its text cut to 2 characters (the response's own
+  // text is whole), streamed choices too.
+  const std::string text = json::parse(r.body)["choices"][1]["text"];
+  ASSERT_TRUE(s.wait_for("llmesh: response " + id + " choice 1: finish length, output ", std::chrono::seconds(10))) << s.log();
+  const std::string out_line = s.log().substr(s.log().find("llmesh: response " + id + " choice 1:"));
+  EXPECT_NE(out_line.find("output " + json(text.substr(0, 2)).dump() + "... (2 tokens: ["), std::string::npos) << out_line;
+  auto streamed = post(s.port(), "/v1/completions", {{"model", "kjv-tiny"}, {"prompt", "And"}, {"max_tokens", 1}, {"stream", true}});
+  ASSERT_EQ(streamed.status, 200);
+  const std::string sid = json::parse(sse_payloads(streamed.body).front())["id"];
+  EXPECT_TRUE(s.wait_for("llmesh: response " + sid + " choice 0: finish length, output ", std::chrono::seconds(10))) << s.log();
   EXPECT_EQ(post(s.port(), "/v1/completions", {{"model", "kjv-tiny"}, {"prompt", "x"}, {"temperature", "hot"}}).status, 400);
   server_process quiet(bin, {"--model", kjv});
   ASSERT_GT(quiet.port(), 0) << quiet.log();

@@ -17,7 +17,7 @@ mkdir -p "$work"
 
 for tool in node npm openssl; do
   if ! command -v "$tool" >/dev/null; then
-    echo "e2e_openai_client: '$tool' not found (install nodejs and npm: scripts/install-deps.sh)" >&2
+    echo "e2e_openai_client: '$tool' not found (install it: scripts/install-deps.sh installs nodejs, npm and openssl)" >&2
     exit 1
   fi
 done
@@ -41,5 +41,6 @@ node --test test.mjs
 # HTTPS: a self-signed certificate for 127.0.0.1, trusted by node through NODE_EXTRA_CA_CERTS.
 mkdir -p tls
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
-  -addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout tls/key.pem -out tls/cert.pem 2>/dev/null
+  -addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout tls/key.pem -out tls/cert.pem 2>tls/openssl.log ||
+  { echo "e2e_openai_client: openssl req failed:" >&2; cat tls/openssl.log >&2; exit 1; }
 LLMESH_TLS_DIR="$PWD/tls" NODE_EXTRA_CA_CERTS="$PWD/tls/cert.pem" exec node --test tls.mjs

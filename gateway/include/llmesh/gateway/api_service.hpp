@@ -59,6 +59,9 @@ struct api_options {
   /// at most max_log_len of its characters and ids (vLLM's --max-log-len; 0: all).
   bool log_requests = false;
   size_t max_log_len = 0;
+  /// vLLM's --enable-log-outputs: a line on stderr per choice of a response that ended, with its
+  /// finish reason, text and ids (as capped by max_log_len).
+  bool log_outputs = false;
   /// vLLM's --root-path (Starlette's root_path): a request whose path begins with it (then "/")
   /// is routed on the rest, as a proxy that keeps the prefix sends it; "" or others as they are.
   std::string root_path;
@@ -215,6 +218,13 @@ class api_service {
   int max_logprobs() const { return opt_.limits.max_logprobs; }
   actors::mesh_client& mesh() { return mesh_; }
   actors::metrics_registry& metrics() { return metrics_; }
+  /// --enable-log-outputs (api_options::log_outputs): whether to, and the lines of a response
+  /// whose generation ended (every choice's; a streamed one kept its text for this).
+  bool logs_outputs() const { return opt_.log_outputs; }
+  void log_outputs(const completion_group& out) const;
+  /// The line of one native-API choice that ended (log_outputs' form).
+  std::string output_line(const std::string& id, size_t index, const std::string& finish, const std::vector<int32_t>& ids,
+                          const std::string& text) const;
   /// The served models' listed names (not unlisted aliases), in the order given.
   std::vector<std::string> model_names() const;
 

@@ -78,6 +78,8 @@ struct stream_setup {
   bool skip_special = true;
   /// vLLM's return_tokens_as_token_ids: logprob entries name tokens "token_id:<id>".
   bool tokens_as_ids = false;
+  /// vLLM's --enable-log-outputs: a streamed choice keeps its text too (text()).
+  bool keep_text = false;
   /// vLLM's continuous_usage_stats: every chunk carries this choice's usage so far.
   bool continuous_usage = false;
   /// The request's stop_token_ids: a generation that ends on one (finish eos) keeps the id in
@@ -134,6 +136,10 @@ class completion_stream {
   }
 
   size_t completion_tokens() const { return tokens_.size(); }
+  /// The generated ids, the text (whole, or streamed with keep_text) and the finish reason so far.
+  const std::vector<int32_t>& token_ids() const { return tokens_; }
+  const std::string& text() const { return text_; }
+  const std::string& finish_reason() const { return finish_reason_; }
   /// The sum of the generated tokens' log-probabilities, as their messages carried them
   /// (token_msg::logprobs; the request asked for them): best_of's ranking. 0 without them.
   double cumulative_logprob() const { return cumulative_logprob_; }
