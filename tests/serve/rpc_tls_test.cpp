@@ -115,6 +115,26 @@ TEST(RpcTls, ClientCertificatesAreRequiredWhenAskedFor) {
   EXPECT_EQ(https_request(s.port(), ca, "GET", "/health").response.status, 200) << "HTTPS keeps it optional";
 }
 
+// --enable-log-requests and --enable-log-outputs cover the native API: a line for the request and
+// one for its choice, with the call's text.
+TEST(RpcLogs, RequestsAndOutputsAreLoggedAsOverHttp) {
+  server_process s(bin, {"--model", model_dir, "--enable-log-requests", "--enable-log-outputs"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  capnp::EzRpcClient c("127.0.0.1", static_cast<uint>(rpc_port(s)));
+  auto o = generate(c, [](auto r) {
+    r.setModel("kjv-tiny");
+    r.getPrompt().setText("In the beginning");
+    r.setMaxTokens(3);
+    r.setIgnoreEos(true);
+  });
+  ASSERT_TRUE(o.ok) << o.message;
+  ASSERT_TRUE(s.wait_for(" choice 0: finish length, output " + nlohmann::json(o.text).dump(), std::chrono::seconds(10))) << s.log();
+  const auto at = s.log().find("llmesh: request cmpl-");
+  ASSERT_NE(at, std::string::npos) << s.log();
+  const std::string id = s.log().substr(at + 16, s.log().find(' ', at + 16) - at - 16);
+  EXPECT_NE(s.log().find("llmesh: response " + id + " choice 0: finish length"), std::string::npos) << s.log();
+}
+
 // --enable-ssl-refresh: new RPC connections get the rotated certificate (a client trusting only
 // the new CA connects once the files changed; one trusting only the old CA no longer does).
 TEST(RpcTls, RefreshGivesNewConnectionsTheRotatedCertificate) {
