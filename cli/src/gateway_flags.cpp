@@ -73,6 +73,10 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
                   "without it");
   sub->add_flag("--enable-log-requests", f.log_requests,
                 "vLLM's: a line on stderr per request admitted (id, model, prompt text and ids, sampling settings)");
+  sub->add_option("--chat-template-content-format", f.content_format,
+                  "vLLM's: how chat templates see message content: auto or string (one string), openai (a list of "
+                  "{\"type\": \"text\", \"text\": ...} parts)")
+      ->check(CLI::IsMember({"auto", "string", "openai"}))->capture_default_str();
   sub->add_flag("--enable-log-outputs", f.log_outputs,
                 "vLLM's: a line on stderr per choice of a response that ended (finish reason, text, ids)");
   sub->add_option("--max-log-len", f.max_log_len, "vLLM's: the prompt characters and ids a logged request shows (0: all)")
@@ -123,6 +127,7 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
   api.root_path = f.root_path;
   api.log_requests = f.log_requests;
   api.log_outputs = f.log_outputs;
+  api.content_as_parts = f.content_format == "openai";
   api.max_log_len = f.max_log_len;
   while (!api.root_path.empty() && api.root_path.back() == '/') api.root_path.pop_back();
   if (!api.root_path.empty() && api.root_path.front() != '/') api.root_path.insert(0, "/");

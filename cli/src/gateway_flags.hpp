@@ -37,6 +37,7 @@ struct gateway_flags {
   std::string root_path;             ///< vLLM's --root-path
   bool log_requests = false;         ///< vLLM's --enable-log-requests
   bool log_outputs = false;          ///< vLLM's --enable-log-outputs
+  std::string content_format = "auto";  ///< vLLM's --chat-template-content-format
   size_t max_log_len = 0;            ///< vLLM's --max-log-len
 };
 

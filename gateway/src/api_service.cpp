@@ -243,6 +243,17 @@ nlohmann::ordered_json api_service::model_card(const served_model& m) const {
   return card;
 }
 
+nlohmann::ordered_json api_service::template_messages(const nlohmann::ordered_json& messages) const {
+  if (!opt_.content_as_parts) return messages;
+  auto out = messages;  // vLLM's "openai" content format: a string content becomes one text part
+  for (auto& m : out) {
+    if (m.is_object() && m.contains("content") && m["content"].is_string()) {
+      m["content"] = nlohmann::ordered_json::array({{{"type", "text"}, {"text", m["content"]}}});
+    }
+  }
+  return out;
+}
+
 void api_service::log_outputs(const completion_group& out) const {
   for (size_t i = 0; i < out.size(); ++i) {
     const completion_stream& c = out.choice(i);
@@ -362,8 +373,9 @@ api_outcome api_service::completions(std::string_view body) {
 result<std::pair<std::string, std::vector<int32_t>>> api_service::chat_prompt(const chat_request& r, const served_model& sm) const {
   auto extra = r.template_kwargs;  // chat_template_kwargs, then the request's tools
   if (!r.tools.tools.empty()) extra["tools"] = r.tools.tools;
-  auto text = r.continue_final_message ? sm.chat->render_continuing(r.messages, extra)
-                                       : sm.chat->render(r.messages, r.add_generation_prompt, extra);
+  const auto messages = template_messages(r.messages);
+  auto text = r.continue_final_message ? sm.chat->render_continuing(messages, extra)
+                                       : sm.chat->render(messages, r.add_generation_prompt, extra);
   if (!text) return make_error(errc::invalid_request, "chat template: " + text.err().message);
   // The template writes the special tokens itself (as HF's apply_chat_template does).
   auto ids = sm.tok->encode(*text, r.add_special_tokens);

@@ -36,8 +36,9 @@ api_outcome api_service::tokenize(std::string_view body) {
     }
     auto extra = r->template_kwargs;  // chat_template_kwargs, then the tools, as chat renders them
     if (!r->tools.is_null()) extra["tools"] = r->tools;
-    auto rendered = r->continue_final_message ? sm.chat->render_continuing(*r->messages, extra)
-                                              : sm.chat->render(*r->messages, r->add_generation_prompt, extra);
+    const auto messages = template_messages(*r->messages);
+    auto rendered = r->continue_final_message ? sm.chat->render_continuing(messages, extra)
+                                              : sm.chat->render(messages, r->add_generation_prompt, extra);
     if (!rendered) return error_reply(make_error(errc::invalid_request, "chat template: " + rendered.err().message));
     text = std::move(*rendered);
   }

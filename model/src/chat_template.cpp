@@ -102,11 +102,24 @@ result<std::string> chat_template::render(const json& messages, bool add_generat
 }
 
 result<std::string> chat_template::render_continuing(const json& messages, const json& extra) const {
-  if (!messages.is_array() || messages.empty() || !messages.back().is_object() ||
-      !messages.back().contains("content") || !messages.back()["content"].is_string()) {
+  if (!messages.is_array() || messages.empty() || !messages.back().is_object() || !messages.back().contains("content")) {
     return make_error(errc::invalid_request, "continue_final_message: the final message needs a string 'content' to continue");
   }
-  const std::string final = messages.back()["content"].get<std::string>();
+  // A string, or text parts (vLLM's "openai" content format): their texts, joined.
+  const json& content = messages.back()["content"];
+  std::string final;
+  if (content.is_string()) {
+    final = content.get<std::string>();
+  } else if (content.is_array()) {
+    for (const auto& part : content) {
+      if (!part.is_object() || !part.contains("text") || !part["text"].is_string()) {
+        return make_error(errc::invalid_request, "continue_final_message: the final message needs a text 'content' to continue");
+      }
+      final += part["text"].get<std::string>();
+    }
+  } else {
+    return make_error(errc::invalid_request, "continue_final_message: the final message needs a string 'content' to continue");
+  }
   auto rendered = render(messages, /*add_generation_prompt=*/false, extra);
   if (!rendered) return rendered;
   std::string& text = *rendered;

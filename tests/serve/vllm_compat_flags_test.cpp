@@ -324,5 +324,28 @@ TEST(ServeVllmRoutes, EnableLogRequestsLogsEachAdmittedPrompt) {
   EXPECT_EQ(quiet.log().find("llmesh: request "), std::string::npos) << quiet.log();
 }
 
+// --chat-template-content-format openai: the template sees content as text parts (a template
+// that iterates them renders each); by default it sees one string.
+TEST(ServeVllmRoutes, ChatTemplateContentFormatOpenaiGivesParts) {
+  const std::string tmpl = "{% for m in messages %}{% for p in m['content'] %}<{{ p['text'] }}>{% endfor %}{% endfor %}";
+  const json messages = {{{"role", "user"}, {"content", "Who"}}, {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "He"}}}}}};
+  auto rendered = [&](int port) {
+    auto r = post(port, "/tokenize", {{"model", "kjv-tiny"}, {"messages", messages}, {"add_special_tokens", false}});
+    if (r.status != 200) return "HTTP " + std::to_string(r.status);
+    auto d = post(port, "/detokenize", {{"model", "kjv-tiny"}, {"tokens", json::parse(r.body)["tokens"]}});
+    return d.status == 200 ? json::parse(d.body)["prompt"].get<std::string>() : "HTTP " + std::to_string(d.status);
+  };
+  server_process parts(bin, {"--model", kjv, "--chat-template", tmpl, "--chat-template-content-format", "openai"});
+  ASSERT_GT(parts.port(), 0) << parts.log();
+  EXPECT_EQ(rendered(parts.port()), "<Who><He>");
+  // Continuing a final message given as parts.
+  const json cont = {{"model", "kjv-tiny"}, {"messages", {{{"role", "assistant"}, {"content", "In the"}}}}, {"max_tokens", 1},
+                     {"continue_final_message", true}, {"add_generation_prompt", false}};
+  EXPECT_EQ(post(parts.port(), "/v1/chat/completions", cont).status, 200);
+  server_process plain(bin, {"--model", kjv, "--chat-template", tmpl});
+  ASSERT_GT(plain.port(), 0) << plain.log();
+  EXPECT_NE(rendered(plain.port()), "<Who><He>");
+}
+
 }  // namespace
 }  // namespace llmesh::testing

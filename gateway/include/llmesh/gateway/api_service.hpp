@@ -62,6 +62,9 @@ struct api_options {
   /// vLLM's --enable-log-outputs: a line on stderr per choice of a response that ended, with its
   /// finish reason, text and ids (as capped by max_log_len).
   bool log_outputs = false;
+  /// vLLM's --chat-template-content-format openai: the template sees each message's content as
+  /// a list of parts ([{"type": "text", "text": ...}]); false (auto, string): as one string.
+  bool content_as_parts = false;
   /// vLLM's --root-path (Starlette's root_path): a request whose path begins with it (then "/")
   /// is routed on the rest, as a proxy that keeps the prefix sends it; "" or others as they are.
   std::string root_path;
@@ -221,6 +224,9 @@ class api_service {
   /// --enable-log-outputs (api_options::log_outputs): whether to, and the lines of a response
   /// whose generation ended (every choice's; a streamed one kept its text for this).
   bool logs_outputs() const { return opt_.log_outputs; }
+  /// The messages as the chat template sees them (content_as_parts: string contents as one text
+  /// part); `messages` itself otherwise.
+  nlohmann::ordered_json template_messages(const nlohmann::ordered_json& messages) const;
   void log_outputs(const completion_group& out) const;
   /// The line of one native-API choice that ended (log_outputs' form).
   std::string output_line(const std::string& id, size_t index, const std::string& finish, const std::vector<int32_t>& ids,
