@@ -159,6 +159,11 @@ std::string error_text(unsigned status, const std::string& body) {
 
 using tls_stream = beast::ssl_stream<beast::tcp_stream>;
 
+/// "http[s]://HOST:PORT", for messages.
+std::string origin(const run_state& st) {
+  return (st.where.tls ? "https://" : "http://") + st.where.host + ":" + st.where.port;
+}
+
 /// Connects `stream` (and, over TLS, completes the handshake: the server's name for SNI and, unless
 /// --insecure, its certificate checked for that name), within `limit`.
 template <class Stream>
@@ -182,7 +187,7 @@ awaitable<void> read_models(run_state& st, Stream& stream);
 
 /// Resolves the host and reads GET /v1/models: the model name (first id) and max_model_len.
 awaitable<void> preflight(run_state& st) {
-  const std::string where = (st.where.tls ? "https://" : "http://") + st.where.host + ":" + st.where.port;
+  const std::string where = origin(st);
   error_code ec;
   tcp::resolver resolver(st.ioc);
   st.endpoints = co_await resolver.async_resolve(st.where.host, st.where.port, net::redirect_error(use_awaitable, ec));
@@ -206,7 +211,7 @@ awaitable<void> preflight(run_state& st) {
 
 template <class Stream>
 awaitable<void> read_models(run_state& st, Stream& stream) {
-  const std::string where = (st.where.tls ? "https://" : "http://") + st.where.host + ":" + st.where.port;
+  const std::string where = origin(st);
   error_code ec;
   http::request<http::empty_body> req{http::verb::get, st.where.prefix + "/v1/models", 11};
   set_common_headers(req, st);
@@ -248,16 +253,18 @@ awaitable<void> read_models(run_state& st, Stream& stream) {
 template <class Stream>
 awaitable<request_record> completion_over(run_state& st, Stream& stream, const std::string& body, size_t n_prompt);
 
+request_record failed_request(size_t n_prompt, std::string why) {
+  request_record r;
+  r.n_tokens_prompt = n_prompt;
+  r.error = std::move(why);
+  return r;
+}
+
 /// One streamed completion on its own connection. Times run from just before the request is
 /// written (after connecting: loopback connects take microseconds, and vLLM's client reuses
 /// pooled connections, so connect time is not part of its TTFT either).
 awaitable<request_record> stream_completion(run_state& st, const std::string& body, size_t n_prompt) {
-  auto failed = [n_prompt](std::string why) {
-    request_record r;
-    r.n_tokens_prompt = n_prompt;
-    r.error = std::move(why);
-    return r;
-  };
+  auto failed = [n_prompt](std::string why) { return failed_request(n_prompt, std::move(why)); };
   const auto timeout = timeout_of(st.opt);
   error_code ec;
   if (st.where.tls) {
@@ -275,12 +282,7 @@ awaitable<request_record> stream_completion(run_state& st, const std::string& bo
 /// The request and its stream on a connection `open` made.
 template <class Stream>
 awaitable<request_record> completion_over(run_state& st, Stream& stream, const std::string& body, size_t n_prompt) {
-  auto failed = [n_prompt](std::string why) {
-    request_record r;
-    r.n_tokens_prompt = n_prompt;
-    r.error = std::move(why);
-    return r;
-  };
+  auto failed = [n_prompt](std::string why) { return failed_request(n_prompt, std::move(why)); };
   const auto timeout = timeout_of(st.opt);
   error_code ec;
   http::request<http::string_body> req{http::verb::post, st.where.prefix + "/v1/completions", 11};

@@ -60,6 +60,17 @@ error about_prompt(error e, size_t i, size_t prompts) {
 
 }  // namespace
 
+/// `base`'s entry under another name, without the names and adapters only `base` answers for
+/// (an adapter's or an alias's entry starts so).
+served_model named_copy(const served_model& base, const std::string& name) {
+  served_model a = base;
+  a.loras.clear();
+  a.aliases.clear();
+  a.unlisted_aliases.clear();
+  a.name = name;
+  return a;
+}
+
 uint64_t choice_seed(uint64_t request_seed, size_t j) {
   return j == 0 ? request_seed : splitmix_finalize(request_seed + static_cast<uint64_t>(j) * golden_gamma);
 }
@@ -87,11 +98,7 @@ api_service::api_service(api_options opt, std::vector<served_model> models, acto
   for (const auto& m : models) {
     for (const auto* list : {&m.aliases, &m.unlisted_aliases}) {
       for (const auto& alias : *list) {
-        served_model a = m;
-        a.loras.clear();
-        a.aliases.clear();
-        a.unlisted_aliases.clear();
-        a.name = alias;
+        served_model a = named_copy(m, alias);
         a.alias_of = m.name;
         a.listed = list == &m.aliases;
         names.push_back(std::move(a));
@@ -126,11 +133,7 @@ api_service::api_service(api_options opt, std::shared_ptr<const model::tokenizer
     : api_service(opt, {served_model{opt.model_name, std::move(tok), std::move(chat), std::move(cfg)}}, mesh, metrics) {}
 
 served_model api_service::adapter_entry(const served_model& base, const model::lora_source& l) {
-  served_model a = base;
-  a.loras.clear();
-  a.aliases.clear();
-  a.unlisted_aliases.clear();
-  a.name = l.name;
+  served_model a = named_copy(base, l.name);
   a.parent = base.name;
   a.lora = l.name;
   a.root = l.path;

@@ -326,6 +326,11 @@ std::string request_id(http_server::impl* s, std::string_view sent) {
   return buf;
 }
 
+/// Adds X-Request-Id to an answer's headers when --enable-request-id-headers is on.
+void add_request_id(http_server::impl* s, header_list& headers, std::string_view sent) {
+  if (s->opt.request_id_headers) headers.emplace_back("X-Request-Id", request_id(s, sent));
+}
+
 bool quiet_close(const error_code& ec) {
   return ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::eof ||
          ec == net::error::connection_reset || ec == net::error::operation_aborted || ec == net::error::broken_pipe ||
@@ -363,7 +368,7 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
         // The fields read so far (a body over the limit came after whole headers): the page may
         // read the 413 when its Origin is allowed (CORS).
         header_list extra = cors_headers(s->opt.cors, sv(parser.get()[http::field::origin]));
-        if (s->opt.request_id_headers) extra.emplace_back("X-Request-Id", request_id(s, sv(parser.get()["X-Request-Id"])));
+        add_request_id(s, extra, sv(parser.get()["X-Request-Id"]));
         co_await write_reply(s, stream, r, 11, false, extra);
         break;
       }
@@ -375,13 +380,13 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
                                     sv(req[http::field::access_control_request_headers]))) {
         count_request(s, pre->status);
         header_list ids;
-        if (s->opt.request_id_headers) ids.emplace_back("X-Request-Id", request_id(s, sv(req["X-Request-Id"])));
+        add_request_id(s, ids, sv(req["X-Request-Id"]));
         const bool sent = co_await write_reply(s, stream, *pre, req.version(), keep, ids);
         if (!sent || !keep) break;
         continue;
       }
       header_list extra = cors_headers(s->opt.cors, origin);
-      if (s->opt.request_id_headers) extra.emplace_back("X-Request-Id", request_id(s, sv(req["X-Request-Id"])));
+      add_request_id(s, extra, sv(req["X-Request-Id"]));
       auto handle = [s, &req]() -> awaitable<api_outcome> {
         co_return s->api->handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
       };

@@ -33,15 +33,19 @@ error failed(const char* flag, const std::string& path, const error_code& ec, co
   return make_error(errc::invalid_request, std::string(flag) + " " + path + ": " + what + " (" + ec.message() + ")");
 }
 
+/// Without a certificate: an error for any other TLS flag given, else ok (plain HTTP).
+status without_certificate(const tls_options& o) {
+  if (!o.key_file.empty()) return make_error(errc::invalid_request, "--ssl-keyfile needs --ssl-certfile");
+  if (!o.ca_file.empty() || o.cert_reqs != 0 || o.refresh || !o.ciphers.empty()) {
+    return make_error(errc::invalid_request, "--ssl-ca-certs, --ssl-cert-reqs, --ssl-ciphers and --enable-ssl-refresh need --ssl-certfile");
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 result<std::shared_ptr<ssl_context>> make_tls_context(const tls_options& o) {
-  if (!o.enabled()) {
-    if (!o.key_file.empty()) return make_error(errc::invalid_request, "--ssl-keyfile needs --ssl-certfile");
-    if (!o.ca_file.empty() || o.cert_reqs != 0 || o.refresh || !o.ciphers.empty()) {
-      return make_error(errc::invalid_request, "--ssl-ca-certs, --ssl-cert-reqs, --ssl-ciphers and --enable-ssl-refresh need --ssl-certfile");
-    }
-  }
+  if (!o.enabled()) LLMESH_TRY(without_certificate(o));
   if (o.cert_reqs < 0 || o.cert_reqs > 2) {
     return make_error(errc::invalid_request, "--ssl-cert-reqs " + std::to_string(o.cert_reqs) +
                                                  ": 0 (CERT_NONE), 1 (CERT_OPTIONAL) or 2 (CERT_REQUIRED)");
@@ -102,9 +106,7 @@ result<std::shared_ptr<ssl_context>> make_tls_context(const tls_options& o) {
 }
 
 status check_tls(const tls_options& o) {
-  if (!o.enabled() && o.key_file.empty() && o.ca_file.empty() && o.cert_reqs == 0 && !o.refresh && o.ciphers.empty()) {
-    return ok_status();
-  }
+  if (!o.enabled()) return without_certificate(o);
   auto ctx = make_tls_context(o);
   if (!ctx) return ctx.take_error();
   return ok_status();

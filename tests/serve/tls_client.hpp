@@ -49,6 +49,7 @@ struct freer {
 using x509_ptr = std::unique_ptr<X509, freer<X509, X509_free>>;
 using pkey_ptr = std::unique_ptr<EVP_PKEY, freer<EVP_PKEY, EVP_PKEY_free>>;
 using bio_ptr = std::unique_ptr<BIO, freer<BIO, BIO_free_all>>;
+using ctx_ptr = std::unique_ptr<SSL_CTX, freer<SSL_CTX, SSL_CTX_free>>;
 
 inline x509_ptr read_cert(const std::string& pem) {
   bio_ptr b(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
@@ -57,6 +58,14 @@ inline x509_ptr read_cert(const std::string& pem) {
 inline pkey_ptr read_key(const std::string& pem) {
   bio_ptr b(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
   return pkey_ptr(PEM_read_bio_PrivateKey(b.get(), nullptr, nullptr, nullptr));
+}
+
+/// A client context that checks the server's certificate against `ca`.
+inline ctx_ptr client_context(const test_cert& ca) {
+  ctx_ptr ctx(SSL_CTX_new(TLS_client_method()));
+  X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx.get()), read_cert(ca.cert_pem).get());
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  return ctx;
 }
 
 }  // namespace tls_detail
@@ -109,9 +118,7 @@ inline https_result https_request(int port, const test_cert& ca, const std::stri
                                   const test_cert* client = nullptr, SSL_SESSION** session = nullptr) {
   using namespace tls_detail;
   https_result out;
-  std::unique_ptr<SSL_CTX, freer<SSL_CTX, SSL_CTX_free>> ctx(SSL_CTX_new(TLS_client_method()));
-  X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx.get()), read_cert(ca.cert_pem).get());
-  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  auto ctx = client_context(ca);
   if (client) {
     SSL_CTX_use_certificate(ctx.get(), read_cert(client->cert_pem).get());
     SSL_CTX_use_PrivateKey(ctx.get(), read_key(client->key_pem).get());
@@ -158,9 +165,7 @@ inline https_result https_request(int port, const test_cert& ca, const std::stri
 /// event came, when waited for).
 inline bool https_send_then_hang_up(int port, const test_cert& ca, const std::string& body, bool wait_for_event) {
   using namespace tls_detail;
-  std::unique_ptr<SSL_CTX, freer<SSL_CTX, SSL_CTX_free>> ctx(SSL_CTX_new(TLS_client_method()));
-  X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx.get()), read_cert(ca.cert_pem).get());
-  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  auto ctx = client_context(ca);
   const int fd = connect_local(port);
   if (fd < 0) return false;
   std::unique_ptr<SSL, freer<SSL, SSL_free>> ssl(SSL_new(ctx.get()));
