@@ -268,6 +268,9 @@ struct Assign {
   # How the node holds the weight matrices (`--dtype`): "" or "auto" as the checkpoint stores
   # them, "float32", "bfloat16" or "float16" (every node of a model uses the model's one setting).
   dtype @13 :Text;
+  # The model takes LoRA adapters while it serves (the cluster config's `enable_lora`, or any
+  # `loras`): the node loads it so, and later adapters come as ControlRequest "lora" commands.
+  enableLora @14 :Bool;
 }
 
 struct LoraModule {

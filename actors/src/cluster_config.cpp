@@ -323,7 +323,8 @@ result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, boo
 result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   r.at(entry_label("models", index, node));
   LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization",
-                                 "dtype", "kv_cache_dtype", "chat_template", "max_model_len", "reasoning_parser", "tool_call_parser", "pooling", "loras"}));
+                                 "dtype", "kv_cache_dtype", "chat_template", "max_model_len", "reasoning_parser", "tool_call_parser", "pooling", "loras",
+                                 "enable_lora"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -402,6 +403,12 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
       out.loras.push_back({*lname, *lpath});
     }
     if (auto s = model::check_lora_names(out.loras, out.name); !s) return r.fail(s.err().message);
+  }
+  LLMESH_READ(enable_lora, r.boolean(f, "enable_lora"));
+  out.enable_lora = enable_lora || !out.loras.empty();
+  if (enable_lora && out.place == placement::spread) {
+    return r.fail("'enable_lora': adapters added while serving reach packed replicas only (a spread replica's ranks "
+                  "name adapters by their place in the config's 'loras'); list them as 'loras' instead");
   }
   return out;
 }

@@ -51,6 +51,7 @@ coordinator::coordinator(coordinator_options opt)
 coordinator::actions coordinator::on_message(transport::peer_id peer, const transport::envelope& e,
                                              mesh_clock::time_point now, uint64_t wall_ms) {
   actions out;
+  now_ = now;
   bool told = false;  ///< routers elsewhere already told of this message's effects
   const uint64_t reply_to = e.source.actor;
   std::visit(
@@ -69,6 +70,11 @@ coordinator::actions coordinator::on_message(transport::peer_id peer, const tran
           if (j.joined) {
             const auto& info = members_.members().at(*j.joined);
             if (peer != 0 && has_role(info.who.roles, transport::role::router)) brief_router(peer, out);
+            if (has_role(info.who.roles, transport::role::gateway)) {  // adapters added while serving
+              for (const auto& s : plan_.models()) {
+                if (s.enable_lora) lora_news(s.name, out, peer);
+              }
+            }
             if (has_role(info.who.roles, transport::role::replica)) {
               const uint32_t slots = std::min<uint32_t>(info.res.slots, 1024);  // 0: not said; 1024 as in configs
               if (auto ch = plan_.node_up(*j.joined, slots > 0 ? static_cast<int>(slots) : placement_planner::default_slots); ch) {
@@ -120,10 +126,12 @@ coordinator::actions coordinator::on_message(transport::peer_id peer, const tran
             settled(m.replica, out);
           }
         } else if constexpr (std::is_same_v<T, transport::control_msg>) {
-          auto reply = control(m, wall_ms, out);
+          auto reply = control(peer, reply_to, m, wall_ms, out);
           tell_routers(out);
           told = true;
-          out.push_back(send_to(peer, reply_to, std::move(reply)));  // the reply comes last
+          if (reply) out.push_back(send_to(peer, reply_to, std::move(*reply)));  // the reply comes last
+        } else if constexpr (std::is_same_v<T, transport::control_reply_msg>) {
+          lora_answer(peer, m, out);  // a node's answer to a LoRA update
         }
       },
       e.msg);
@@ -140,7 +148,9 @@ coordinator::actions coordinator::on_peer_down(transport::peer_id peer) {
 
 coordinator::actions coordinator::on_tick(mesh_clock::time_point now) {
   actions out;
+  now_ = now;
   for (const auto& name : members_.expire(now)) node_lost(name, out);
+  lora_expire(now, out);
   tell_routers(out);
   return out;
 }
@@ -204,6 +214,7 @@ void coordinator::node_lost(const std::string& name, actions& out) {
     it = replicas_.erase(it);
   }
   for (uint64_t id : lost) settled(id, out);
+  lora_node_lost(name, out);
   auto more = apply(plan_.node_down(name));
   out.insert(out.end(), more.begin(), more.end());
 }
@@ -228,12 +239,7 @@ coordinator::actions coordinator::apply(const std::vector<change>& changes) {
     auto m = members_.members().find(node);
     if (c.k == change::start_replica) {
       if (m == members_.members().end()) continue;  // cannot happen: placement only uses members
-      const auto* spec = [&]() -> const model_spec* {
-        for (const auto& s : plan_.models()) {
-          if (s.name == c.r.model) return &s;
-        }
-        return nullptr;
-      }();
+      const model_spec* spec = spec_of(c.r.model);
       if (!spec) continue;
       replicas_[c.r.id] = {c.r, replica_phase::loading, m->second.peer, 0, {}, {}, false};
       started[c.r.model].insert(c.r.id);
@@ -243,6 +249,10 @@ coordinator::actions coordinator::apply(const std::vector<change>& changes) {
                               spec->kv_cache_dtype == "float32" ? std::string() : spec->kv_cache_dtype, spec->max_model_len,
                               spec->dtype == "auto" ? std::string() : spec->dtype};
       for (const auto& l : spec->loras) a.loras.push_back({l.name, l.path});
+      if (auto rt = runtime_loras_.find(spec->name); rt != runtime_loras_.end()) {
+        for (const auto& l : rt->second) a.loras.push_back({l.name, l.path});  // added while serving
+      }
+      a.enable_lora = spec->enable_lora;
       const bool spread = std::any_of(c.r.shards.begin(), c.r.shards.end(), [&](const auto& n) { return n != node; });
       if (!spread) {
         out.push_back(send_to(m->second.peer, agent_actor_id, a));
@@ -312,20 +322,24 @@ void coordinator::settled(uint64_t id, actions& out) {
   for (uint64_t rid : go) stop_now(rid, out);
 }
 
-transport::control_reply_msg coordinator::control(const transport::control_msg& c, uint64_t wall_ms, actions& out) {
+std::optional<transport::control_reply_msg> coordinator::control(transport::peer_id peer, uint64_t reply_to,
+                                                                 const transport::control_msg& c, uint64_t wall_ms,
+                                                                 actions& out) {
   const uint64_t skew = static_cast<uint64_t>(opt_.control_clock_skew.count());
+  using reply = transport::control_reply_msg;
   if (!join_auth::verify_control(opt_.token, c.nonce, c.timestamp_ms, c.command, c.args, c.mac)) {
-    return {false, "refused: bad credentials (check the cluster token)", ""};
+    return reply{false, "refused: bad credentials (check the cluster token)", ""};
   }
   if (c.timestamp_ms + skew < wall_ms || c.timestamp_ms > wall_ms + skew) {
-    return {false, "refused: the command's clock is more than " + std::to_string(skew / 1000) + " s off", ""};
+    return reply{false, "refused: the command's clock is more than " + std::to_string(skew / 1000) + " s off", ""};
   }
-  if (!nonce_set_.insert(c.nonce).second) return {false, "refused: a replayed command", ""};
+  if (!nonce_set_.insert(c.nonce).second) return reply{false, "refused: a replayed command", ""};
   recent_nonces_.push_back(c.nonce);
   if (recent_nonces_.size() > 4096) {
     nonce_set_.erase(recent_nonces_.front());
     recent_nonces_.pop_front();
   }
+  if (c.command == "load-lora" || c.command == "unload-lora") return lora_command(peer, reply_to, c, out);
   return run_command(c.command, c.args, out);
 }
 
@@ -391,9 +405,37 @@ transport::control_reply_msg coordinator::run_command(const std::string& cmd, co
     out.push_back(send_to(m->second.peer, agent_actor_id, transport::control_msg{"fault", {args[1]}, "", 0, ""}));
     return {true, "fault '" + args[1] + "' set on " + args[0], nlohmann::json{{"ok", true}}.dump()};
   }
+  if (cmd == "loras" && need(0)) {
+    std::string text;
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& s : plan_.models()) {
+      if (!s.enable_lora) continue;
+      nlohmann::json list = nlohmann::json::array();
+      auto line = s.name + ":";
+      auto add = [&](const model::lora_source& l, bool runtime) {
+        list.push_back({{"name", l.name}, {"path", l.path}, {"runtime", runtime}});
+        line += " " + l.name + (runtime ? "" : " (config)");
+      };
+      for (const auto& l : s.loras) add(l, false);
+      if (auto rt = runtime_loras_.find(s.name); rt != runtime_loras_.end()) {
+        for (const auto& l : rt->second) add(l, true);
+      }
+      j[s.name] = list;
+      text += line + "\n";
+    }
+    return {true, text.empty() ? "no model takes LoRA adapters (enable_lora)\n" : text, j.dump()};
+  }
   return {false, "unknown command '" + cmd + "' with " + std::to_string(args.size()) +
-                     " argument(s) (status, nodes, replicas, drain NODE, remove NODE, scale MODEL N, fault NODE RULE)",
+                     " argument(s) (status, nodes, replicas, loras, drain NODE, remove NODE, scale MODEL N, fault NODE "
+                     "RULE, load-lora MODEL NAME PATH, unload-lora MODEL NAME)",
           ""};
+}
+
+const model_spec* coordinator::spec_of(const std::string& model) const {
+  for (const auto& s : plan_.models()) {
+    if (s.name == model) return &s;
+  }
+  return nullptr;
 }
 
 std::string coordinator::nodes_json() const {

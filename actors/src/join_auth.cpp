@@ -26,6 +26,14 @@ result<std::string> make_nonce() {
   return n;
 }
 
+std::string hex(std::string_view bytes) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) out += {digits[c >> 4], digits[c & 15]};
+  return out;
+}
+
 namespace {
 std::string hmac(std::string_view token, const std::string& msg) {
   unsigned char mac[EVP_MAX_MD_SIZE];

@@ -11,8 +11,6 @@
 #include "llmesh/transport/fault_injector.hpp"
 #include "node_agent_detail.hpp"
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<llmesh::model::engine>)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const llmesh::model::model>)
 
 namespace llmesh::actors {
 namespace agent_detail {
@@ -141,8 +139,14 @@ void loaded(agent* self, uint64_t id, const std::string& key, std::shared_ptr<co
   if (pending == st.loading.end()) return;
   const std::string model = pending->second.first;
   const bool cancelled = pending->second.second || st.quitting;
+  if (m) recache(self, key, m);
+  // LoRA updates that came while it loaded: applied first (then this runs again).
+  if (auto q = st.lora_queue.find(id); q != st.lora_queue.end()) {
+    auto ops = std::move(q->second);
+    st.lora_queue.erase(q);
+    if (!cancelled && eng) return apply_queued_loras(self, id, key, std::move(m), std::move(eng), std::move(ops));
+  }
   st.loading.erase(pending);
-  if (m) st.models[key] = m;
   if (cancelled) return report(self, id, model, transport::replica_phase::dead, 0, "stopped while loading");
   if (!eng) {
     std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' failed to load: %s\n", st.opt.node.c_str(),
@@ -300,7 +304,11 @@ void on_wire(agent* self, transport::peer_id peer, const transport::envelope& e)
             std::fprintf(stderr, "llmesh: node %s joined the mesh (%zu member(s))\n", st.opt.node.c_str(), m.members.size());
             self->send(self, beat_atom::value);
           }
+        } else if constexpr (std::is_same_v<T, transport::control_reply_msg>) {
+          on_lora_reply(self, m);  // the answer to this node's gateway's LoRA update
         } else if constexpr (std::is_same_v<T, transport::control_msg>) {
+          if (m.command == "lora") return on_lora_command(self, m);
+          if (m.command == "lora-news") return on_lora_news(self, m);
           if (m.command == "fault" && m.args.size() == 1 && st.opt.set_fault) {
             std::fprintf(stderr, "llmesh: node %s: fault '%s' on its transport\n", st.opt.node.c_str(), m.args[0].c_str());
             st.opt.set_fault(m.args[0]);
@@ -367,6 +375,11 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
       [=](loaded_atom, uint64_t id, const std::string& path, std::shared_ptr<const model::model> m,
           std::shared_ptr<model::engine> eng, const std::string& err) { loaded(self, id, path, std::move(m), std::move(eng), err); },
       [=](poll_atom, uint64_t id) { poll(self, id); },
+      [=](lora_atom, bool load, const std::string& model, const std::string& name, const std::string& path) {
+        request_lora(self, self->make_response_promise(), load, model, name, path);
+      },
+      [=](lora_done_atom, const std::shared_ptr<lora_applied>& r) { lora_done(self, r); },
+      [=](lora_late_atom, const std::string& request) { lora_late(self, request); },
       [=](part_atom, const std::shared_ptr<loaded_part>& p) { part_loaded(self, p); },
       [=](joined_atom, uint64_t id, const std::string& err) { joined(self, id, err); },
       [=](form_timeout_atom, uint64_t id) {

@@ -23,13 +23,24 @@ struct loaded_part {
   std::string err;
 };
 
-/// The node's model cache key: a model directory held one way (its path, quantization, dtype
-/// and LoRA adapters).
+/// The node's model cache key: a model directory held one way (its path, quantization, dtype,
+/// whether it takes adapters, and its LoRA adapters in order). The first four lines are the
+/// model's; adapter lines follow.
 inline std::string model_key(const transport::assign_msg& a) {
   std::string key = a.path + '\n' + (a.quantization.empty() ? std::string("none") : a.quantization) + '\n' +
-                    (a.dtype.empty() ? std::string("auto") : a.dtype);
+                    (a.dtype.empty() ? std::string("auto") : a.dtype) + '\n' + (a.enable_lora || !a.loras.empty() ? "lora" : "");
   for (const auto& l : a.loras) key += '\n' + l.name + '=' + l.path;
   return key;
+}
+
+/// `key` (a model_key) with the adapter lines of what `m` has loaded now: the key an assignment
+/// listing those adapters looks the model up by.
+inline std::string model_key(const std::string& key, const model::model& m) {
+  size_t end = 0;
+  for (int line = 0; line < 4 && end != std::string::npos; ++line) end = key.find('\n', end + (line > 0));
+  std::string out = key.substr(0, end);
+  for (const auto& l : m.loras().loaded()) out += '\n' + l->name + '=' + l->path;
+  return out;
 }
 
 /// LoRA adapters' names in order, one per line: what every rank of a spread replica must have
@@ -55,10 +66,10 @@ inline result<model::load_options> load_options_of(const transport::assign_msg& 
   if (*q != model::quantization::none && device == model::backend::cuda) {
     return make_error(errc::unsupported, "quantization " + a.quantization + " runs on the CPU backend only, and this node's device is cuda");
   }
-  if (!a.loras.empty() && device == model::backend::cuda) {
+  if ((!a.loras.empty() || a.enable_lora) && device == model::backend::cuda) {
     return make_error(errc::unsupported, "LoRA adapters run on the CPU backend only, and this node's device is cuda");
   }
-  model::load_options o{.dtype = *dtype, .quant = *q, .loras = {}};
+  model::load_options o{.dtype = *dtype, .quant = *q, .loras = {}, .enable_lora = a.enable_lora, .max_loras = 0, .tokenizer_dir = {}};
   for (const auto& l : a.loras) o.loras.push_back({l.name, l.path});
   return o;
 }
@@ -115,6 +126,44 @@ void fail_forming(agent* self, uint64_t id, const std::string& why);
 /// Stops whatever runs for a hosted replica now: its replica actor, or a follower's shards.
 void stop_hosted(agent* self, hosted_replica& h);
 
+// Runtime LoRA updates (node_agent_lora.cpp).
+using lora_done_atom = caf::atom_constant<caf::atom("loradone")>;
+using lora_late_atom = caf::atom_constant<caf::atom("loralate")>;
+
+/// A "lora" load applied on a helper: the models it went to (with their cache keys before), and
+/// the engines that hold them meanwhile.
+struct lora_applied {
+  uint64_t update = 0;
+  std::string model;
+  lora_op op;
+  std::vector<std::pair<std::string, std::shared_ptr<const model::model>>> targets;
+  std::vector<std::shared_ptr<model::engine>> engines;
+  std::string err;
+};
+/// The coordinator's "lora" command: apply it to the models of the replicas of its model here
+/// (queued for those still loading), then answer.
+void on_lora_command(agent* self, const transport::control_msg& m);
+/// The helper of on_lora_command finished.
+void lora_done(agent* self, const std::shared_ptr<lora_applied>& r);
+/// The gateway's update `request` (hex nonce) got no answer in time.
+void lora_late(agent* self, const std::string& request);
+/// The coordinator's "lora-news" for a gateway node.
+void on_lora_news(agent* self, const transport::control_msg& m);
+/// The coordinator's answer to this node's gateway's update.
+void on_lora_reply(agent* self, const transport::control_reply_msg& m);
+/// The gateway asks for an update (lora_atom); the reply is `rp`'s.
+void request_lora(agent* self, caf::response_promise rp, bool load, const std::string& model, const std::string& name,
+                  const std::string& path);
+/// A replica finished loading while updates came: they are applied to its model (on a helper),
+/// then `loaded_atom` comes again (with an error when one failed).
+void apply_queued_loras(agent* self, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
+                        std::shared_ptr<model::engine> eng, std::vector<lora_op> ops);
+/// The model cache holds `m` under the key of the adapters it has now (`key`: its key before).
+void recache(agent* self, const std::string& key, const std::shared_ptr<const model::model>& m);
+
 }  // namespace llmesh::actors::agent_detail
 
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<llmesh::model::engine>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const llmesh::model::model>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<llmesh::actors::agent_detail::loaded_part>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<llmesh::actors::agent_detail::lora_applied>)

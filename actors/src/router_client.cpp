@@ -1,6 +1,7 @@
 // Requests into a router (router_client.hpp).
 #include "llmesh/actors/router_client.hpp"
 
+#include "llmesh/actors/node_agent.hpp"
 #include "llmesh/actors/replica_actor.hpp"
 #include "llmesh/actors/request_actor.hpp"
 
@@ -64,6 +65,36 @@ void router_client::cancel(uint64_t id) {
     live_->requests.erase(it);
   }
   caf::anon_send(a, cancel_atom::value);
+}
+
+void router_client::set_lora_agent(caf::actor agent, std::chrono::milliseconds timeout) {
+  lora_agent_ = std::move(agent);
+  lora_timeout_ = timeout;
+}
+
+status router_client::load_lora(std::string_view model, const model::lora_source& src) {
+  return lora_update(true, model, src.name, src.path);
+}
+
+status router_client::unload_lora(std::string_view model, std::string_view name) { return lora_update(false, model, name, ""); }
+
+status router_client::lora_update(bool load, std::string_view model, std::string_view name, std::string_view path) {
+  if (!lora_agent_) return mesh_client::unload_lora(model, name);  // unsupported, with the reason
+  const bool foreign_thread = caf::logger::current_logger() == nullptr;  // as in submit()
+  status out = ok_status();
+  {
+    caf::scoped_actor self{sys_};
+    self->request(lora_agent_, lora_timeout_, lora_atom::value, load, std::string(model), std::string(name), std::string(path))
+        .receive(
+            [&](bool ok, int32_t code, const std::string& text) {
+              if (!ok) out = make_error(static_cast<errc>(code), text);
+            },
+            [&](caf::error& e) {
+              out = make_error(errc::deadline_exceeded, "the mesh did not answer the LoRA adapter update: " + sys_.render(e));
+            });
+  }
+  if (foreign_thread) caf::logger::set_current_actor_system(nullptr);
+  return out;
 }
 
 size_t router_client::inflight() const {

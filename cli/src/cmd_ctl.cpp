@@ -21,7 +21,7 @@ struct ctl_flags {
   std::string control, config, token, command;
   std::vector<std::string> args;
   bool json = false;
-  int timeout_s = 10;
+  int timeout_s = 0;  ///< 0: 10 s, or 70 for a LoRA update (its nodes have 60 s to answer)
 };
 
 constexpr uint64_t ctl_actor_id = 7;  // where the coordinator's reply goes on this connection
@@ -78,9 +78,11 @@ status run_ctl(const ctl_flags& f) {
   }
   {
     std::unique_lock l(mu);
-    if (!cv.wait_for(l, std::chrono::seconds(f.timeout_s), [&] { return reply || lost; })) {
+    const bool lora = f.command == "load-lora" || f.command == "unload-lora";
+    const int timeout_s = f.timeout_s > 0 ? f.timeout_s : lora ? 70 : 10;
+    if (!cv.wait_for(l, std::chrono::seconds(timeout_s), [&] { return reply || lost; })) {
       return make_error(errc::deadline_exceeded, "no answer from the coordinator at " + control + " within " +
-                                           std::to_string(f.timeout_s) + " s");
+                                           std::to_string(timeout_s) + " s");
     }
     if (!reply) return make_error(errc::transport_disconnected, "cannot reach the coordinator at " + control + ": " + *lost);
   }
@@ -98,14 +100,16 @@ status run_ctl(const ctl_flags& f) {
 
 void add_ctl(CLI::App& app, command_set& commands) {
   auto f = std::make_shared<ctl_flags>();
-  auto* sub = app.add_subcommand("ctl", "Operator commands against the coordinator: status, nodes, replicas, drain NODE, "
-                                        "remove NODE, scale MODEL N, fault NODE RULE");
+  auto* sub = app.add_subcommand("ctl", "Operator commands against the coordinator: status, nodes, replicas, loras, drain NODE, "
+                                        "remove NODE, scale MODEL N, fault NODE RULE, load-lora MODEL NAME PATH, "
+                                        "unload-lora MODEL NAME");
   sub->add_option("--control", f->control, "The coordinator's mesh address HOST:PORT");
   sub->add_option("--config", f->config, "Cluster config: the seed address and the token");
   sub->add_option("--token", f->token, "The cluster token (or LLMESH_TOKEN)");
   sub->add_flag("--json", f->json, "Print JSON");
-  sub->add_option("--timeout", f->timeout_s, "Seconds to wait for the answer")->check(CLI::Range(1, 3600));
-  sub->add_option("command", f->command, "status, nodes, replicas, drain, remove, scale or fault")->required();
+  sub->add_option("--timeout", f->timeout_s, "Seconds to wait for the answer (10; 70 for load-lora and unload-lora)")->check(CLI::Range(1, 3600));
+  sub->add_option("command", f->command, "status, nodes, replicas, loras, drain, remove, scale, fault, load-lora or unload-lora")
+      ->required();
   sub->add_option("args", f->args,
                   "The command's arguments; fault's RULE: drop=0.1,dup=0.05,delay=20ms,partition,for=3s "
                   "(any subset) or none");

@@ -10,6 +10,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "commands.hpp"
@@ -31,6 +33,29 @@
 
 namespace llmesh::cli {
 namespace {
+
+/// What a gateway node heard last of each model's runtime LoRA adapters, passed on to its API
+/// once there is one. Thread-safe (the agent's thread writes, the main thread attaches).
+class runtime_lora_news {
+ public:
+  void update(const std::string& model, const std::vector<model::lora_source>& adapters) {
+    std::lock_guard lock(mu_);
+    latest_[model] = adapters;
+    if (api_) api_->set_runtime_adapters(model, adapters);
+  }
+  /// From now on news goes to `api` (null: nowhere), which first hears what came before.
+  void attach(gateway::api_service* api) {
+    std::lock_guard lock(mu_);
+    api_ = api;
+    if (!api_) return;
+    for (const auto& [model, adapters] : latest_) api_->set_runtime_adapters(model, adapters);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::vector<model::lora_source>> latest_;
+  gateway::api_service* api_ = nullptr;
+};
 
 struct node_flags {
   std::string config, name, join, listen, roles, token, http, rpc, metrics, device = "cpu";
@@ -341,6 +366,12 @@ status run_node(const node_flags& f) {
     fatal = true;
     stop_signal::wake();
   };
+  // A gateway node hears which adapters were added to its models while the mesh serves (also
+  // before its API is up: kept until then).
+  auto lora_news = std::make_shared<runtime_lora_news>();
+  ao.on_lora_news = [lora_news](const std::string& model, const std::vector<model::lora_source>& adapters) {
+    lora_news->update(model, adapters);
+  };
   auto agent = sys->spawn(actors::node_agent, ao, bridge);
   caf::anon_send(bridge, actors::export_atom::value, agent, actors::agent_actor_id);
   caf::anon_send(bridge, actors::watch_atom::value, agent);
@@ -361,17 +392,19 @@ status run_node(const node_flags& f) {
   const auto drain = std::chrono::seconds(f.drain_s);
   if (p.has(actors::node_role::gateway)) {
     actors::router_client client(*sys, router, ready, f.max_migrations, &metrics);
+    client.set_lora_agent(agent);  // runtime LoRA updates go to the mesh through the agent
     gateway::api_options api_opt;
     gateway::http_options ho;
     ho.host = p.http->host;
     ho.port = p.http->port;
     apply_gateway_flags(f.gw, api_opt, ho);
     ho.cors = *cors;
-    // vLLM's runtime LoRA routes answer why a mesh does not take them (its config's loras do).
+    // vLLM's runtime LoRA routes: the coordinator takes them for models with enable_lora.
     api_opt.runtime_lora_updates = true;
     std::string names;
     for (const auto& m : served) names += (names.empty() ? "'" : ", '") + m.name + "'";
     auto api = std::make_unique<gateway::api_service>(api_opt, std::move(served), client, metrics);
+    lora_news->attach(api.get());
     auto server = gateway::http_server::listen(*api, ho);
     if (!server) {
       caf::anon_send_exit(agent, caf::exit_reason::kill);
@@ -405,6 +438,7 @@ status run_node(const node_flags& f) {
     rpc.reset();
     api->close_background();  // before the server: background streams' readers post into it
     server->reset();
+    lora_news->attach(nullptr);
     api.reset();
   } else {
     stop_signal::wait();

@@ -89,7 +89,11 @@ http_reply api_service::load_lora_adapter(std::string_view body) {
   if (auto s = mesh_.load_lora((*base)->route_name(), src); !s) return error_reply(s.err());
   {
     std::unique_lock lock(models_mu_);
-    models_.push_back(std::make_shared<const served_model>(adapter_entry(**base, src)));
+    runtime_adapters_.insert(*name);
+    // (a mesh's news of it may have come first)
+    if (std::none_of(models_.begin(), models_.end(), [&](const auto& m) { return m->name == *name; })) {
+      models_.push_back(std::make_shared<const served_model>(adapter_entry(**base, src)));
+    }
   }
   return text_reply("Success: LoRA adapter '" + *name + "' added successfully.");
 }
@@ -117,10 +121,42 @@ http_reply api_service::unload_lora_adapter(std::string_view body) {
   }
   if (auto s = mesh_.unload_lora(entry->route_name(), entry->lora); !s) {
     std::unique_lock lock(models_mu_);  // still loaded there: serve it again, where it was listed
-    models_.insert(models_.begin() + static_cast<std::ptrdiff_t>(std::min(at, models_.size())), entry);
+    if (std::none_of(models_.begin(), models_.end(), [&](const auto& m) { return m->name == *name; })) {
+      models_.insert(models_.begin() + static_cast<std::ptrdiff_t>(std::min(at, models_.size())), entry);
+    }
     return error_reply(s.err());
   }
+  {
+    std::unique_lock lock(models_mu_);
+    runtime_adapters_.erase(*name);
+  }
   return text_reply("Success: LoRA adapter '" + *name + "' removed successfully.");
+}
+
+void api_service::set_runtime_adapters(const std::string& base, const std::vector<model::lora_source>& adapters) {
+  std::unique_lock lock(models_mu_);
+  std::shared_ptr<const served_model> b;
+  for (const auto& m : models_) {
+    if (m->parent.empty() && m->alias_of.empty() && m->name == base) b = m;
+  }
+  if (!b) return;  // not a model this gateway serves
+  auto listed = [&](const std::string& name) {
+    return std::any_of(adapters.begin(), adapters.end(), [&](const auto& l) { return l.name == name; });
+  };
+  for (auto it = models_.begin(); it != models_.end();) {
+    const auto& m = **it;
+    if (m.parent == base && runtime_adapters_.count(m.name) && !listed(m.name)) {
+      runtime_adapters_.erase(m.name);
+      it = models_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& l : adapters) {
+    if (std::any_of(models_.begin(), models_.end(), [&](const auto& m) { return m->name == l.name; })) continue;
+    runtime_adapters_.insert(l.name);
+    models_.push_back(std::make_shared<const served_model>(adapter_entry(*b, l)));
+  }
 }
 
 }  // namespace llmesh::gateway

@@ -305,6 +305,22 @@ TEST(ClusterConfig, LoraAdaptersAreReadAndTheirNamesChecked) {
   expect_refused(with("placement: packed", named), {"name 'n' is already a LoRA adapter's of models[0]"});
 }
 
+TEST(ClusterConfig, EnableLoraLetsAdaptersComeWhileServingPackedModelsOnly) {
+  EXPECT_FALSE(parse_cluster_config(base, "t.yaml")->models[0].enable_lora);
+  auto on = parse_cluster_config(with("placement: packed", "placement: packed\n    enable_lora: true"), "t.yaml");
+  ASSERT_TRUE(on.ok()) << on.err().message;
+  EXPECT_TRUE(on->models[0].enable_lora);
+  EXPECT_TRUE(on->models[0].loras.empty());
+  // Implied by loras (vLLM's --lora-modules implies --enable-lora).
+  auto implied = parse_cluster_config(with("placement: packed", "placement: packed\n    loras: [{name: a, path: x}]"), "t.yaml");
+  ASSERT_TRUE(implied.ok()) << implied.err().message;
+  EXPECT_TRUE(implied->models[0].enable_lora);
+  expect_refused(with("placement: packed", "placement: packed\n    enable_lora: yes"), {"'enable_lora' must be true or false"});
+  expect_refused(with("placement: packed", "placement: packed\n    enable_lora: 'true'"), {"'enable_lora' must be true or false"});
+  expect_refused(with("placement: packed", "placement: spread\n    enable_lora: true"),
+                 {"'enable_lora': adapters added while serving reach packed replicas only"});
+}
+
 TEST(ClusterConfig, ModelRulesAreChecked) {
   expect_refused(with("tp: 2", "tp: 0"), {"models[0] (m): 'tp' must be an integer in 1..64, got '0'"});
   expect_refused(with("tp: 2", "tp: 65"), {"'tp' must be an integer in 1..64, got '65'"});

@@ -355,8 +355,8 @@ TEST(Coordinator, CtlRefusesBadArgumentsWithAClearMessageAndChangesNothing) {
   EXPECT_EQ(refused("drain", {"ghost"}), "placement: no node 'ghost'");
   EXPECT_EQ(refused("remove", {"ghost"}), "placement: no node 'ghost'");
   EXPECT_EQ(refused("frobnicate", {}),
-            "unknown command 'frobnicate' with 0 argument(s) (status, nodes, replicas, drain NODE, remove NODE, "
-            "scale MODEL N, fault NODE RULE)");
+            "unknown command 'frobnicate' with 0 argument(s) (status, nodes, replicas, loras, drain NODE, remove NODE, "
+            "scale MODEL N, fault NODE RULE, load-lora MODEL NAME PATH, unload-lora MODEL NAME)");
   EXPECT_EQ(refused("status", {"now"}).rfind("unknown command 'status' with 1 argument(s)", 0), 0u);
   EXPECT_EQ(refused("drain", {}).rfind("unknown command 'drain' with 0 argument(s)", 0), 0u);
   EXPECT_EQ(refused("scale", {"tiny"}).rfind("unknown command 'scale' with 1 argument(s)", 0), 0u);

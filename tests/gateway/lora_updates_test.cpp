@@ -3,8 +3,9 @@
 // tests/serve/lora_runtime_test.cpp): off by default (a 404 saying how to turn them on), vLLM's
 // messages for missing fields, names taken and names not loaded, the adapter listed and routed
 // as its base model's once loaded and gone once unloaded, a mesh's refusal passed on with
-// nothing listed (an unload it refuses keeps the entry in its place), a mesh of nodes refusing
-// before anything, and several base models needing base_model_name (a further name will do).
+// nothing listed (an unload it refuses keeps the entry in its place), a mesh without runtime
+// updates refusing before anything, several base models needing base_model_name (a further name
+// will do), and a mesh's news of the adapters added elsewhere (set_runtime_adapters).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -154,13 +155,13 @@ TEST(LoraUpdates, AnUnloadTheMeshRefusesKeepsTheAdapterWhereItWasListed) {
   EXPECT_EQ(listed(*s.api), (std::vector<std::string>{"m", "first", "stuck", "last"}));
 }
 
-TEST(LoraUpdates, AMeshOfNodesRefusesThemWithOneLine) {
-  fake_mesh mesh;  // mesh_client's own load_lora: a mesh of processes
+TEST(LoraUpdates, AMeshWithoutAWayToItsReplicasRefusesThemWithOneLine) {
+  fake_mesh mesh;  // mesh_client's own load_lora
   service s(true, mesh);
   ASSERT_TRUE(s.api);
   auto r = s.post("/v1/load_lora_adapter", {{"lora_name", "a"}, {"lora_path", "/x"}});
   EXPECT_EQ(r.status, 400);
-  EXPECT_NE(message(r).find("runtime LoRA updates reach the replicas of one process"), std::string::npos) << r.body;
+  EXPECT_NE(message(r).find("this mesh takes no runtime LoRA updates"), std::string::npos) << r.body;
   EXPECT_EQ(listed(*s.api), (std::vector<std::string>{"m"}));
 }
 
@@ -182,6 +183,53 @@ TEST(LoraUpdates, SeveralBaseModelsNeedBaseModelName) {
                        json({{"lora_name", "b"}, {"lora_path", "/y"}, {"base_model_name", "kjv-bible"}}).dump()));
   EXPECT_EQ(r.status, 200) << "a further name of the base: " << r.body;
   EXPECT_EQ(mesh.calls, (std::vector<std::string>{"load bible a /x", "load bible b /y"}));
+}
+
+// A gateway node hears of adapters another gateway (or `llmesh ctl`) loaded: each model's whole
+// list, again on every change. Runtime entries come and go with it; the configured adapters,
+// other models' adapters and news of models not served here change nothing; a load this
+// gateway asked for whose news came first is listed once.
+TEST(LoraUpdates, AMeshsNewsListsTheAdaptersAddedElsewhere) {
+  updating_mesh mesh;
+  actors::metrics_registry metrics;
+  api_options o;
+  o.runtime_lora_updates = true;
+  auto bible = kjv_tiny("bible");
+  bible.loras = {{"psalms", "/cfg/psalms"}};
+  api_service api(o, {kjv_tiny("kjv"), std::move(bible)}, mesh, metrics);
+  EXPECT_EQ(listed(api), (std::vector<std::string>{"kjv", "bible", "psalms"}));
+  api.set_runtime_adapters("bible", {{"a", "/a"}, {"b", "/b"}});
+  api.set_runtime_adapters("kjv", {{"k", "/k"}});
+  api.set_runtime_adapters("elsewhere", {{"z", "/z"}});
+  EXPECT_EQ(listed(api), (std::vector<std::string>{"kjv", "bible", "psalms", "a", "b", "k"}));
+  api.set_runtime_adapters("bible", {{"a", "/a"}, {"b", "/b"}});  // the same news again
+  EXPECT_EQ(listed(api), (std::vector<std::string>{"kjv", "bible", "psalms", "a", "b", "k"}));
+  // Routed as the base model's, under the adapter's name.
+  auto job = api.handle("POST", "/v1/completions", "", json({{"model", "b"}, {"prompt", "In the"}, {"max_tokens", 2}}).dump());
+  ASSERT_TRUE(std::holds_alternative<generation_job>(job));
+  ASSERT_EQ(std::get<generation_job>(job).requests.size(), 1u);
+  EXPECT_EQ(std::get<generation_job>(job).requests[0].model, "bible");
+  EXPECT_EQ(std::get<generation_job>(job).requests[0].lora, "b");
+  api.set_runtime_adapters("bible", {{"b", "/b"}});  // a unloaded elsewhere; psalms is the config's
+  EXPECT_EQ(listed(api), (std::vector<std::string>{"kjv", "bible", "psalms", "b", "k"}));
+  api.set_runtime_adapters("bible", {});
+  EXPECT_EQ(listed(api), (std::vector<std::string>{"kjv", "bible", "psalms", "k"}));
+  // News of this gateway's own load before the mesh's answer: listed once.
+  api.set_runtime_adapters("bible", {{"mine", "/m"}});
+  auto r = reply(api.handle("POST", "/v1/load_lora_adapter", "",
+                       json({{"lora_name", "mine"}, {"lora_path", "/m"}, {"base_model_name", "bible"}}).dump()));
+  EXPECT_EQ(r.status, 400) << "listed already: " << r.body;
+  api.set_runtime_adapters("bible", {});
+  r = reply(api.handle("POST", "/v1/load_lora_adapter", "",
+                       json({{"lora_name", "mine"}, {"lora_path", "/m"}, {"base_model_name", "bible"}}).dump()));
+  EXPECT_EQ(r.status, 200) << r.body;
+  api.set_runtime_adapters("bible", {{"mine", "/m"}});
+  EXPECT_EQ(listed(api), (std::vector<std::string>{"kjv", "bible", "psalms", "k", "mine"}));
+  // Unloaded here: the news without it changes nothing more.
+  r = reply(api.handle("POST", "/v1/unload_lora_adapter", "", json({{"lora_name", "mine"}}).dump()));
+  EXPECT_EQ(r.status, 200) << r.body;
+  api.set_runtime_adapters("bible", {});
+  EXPECT_EQ(listed(api), (std::vector<std::string>{"kjv", "bible", "psalms", "k"}));
 }
 
 }  // namespace

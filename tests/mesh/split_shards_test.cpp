@@ -322,10 +322,11 @@ TEST(SplitShards, ADtypeCastAppliesOnBothProcesses) {
   auto r = http_request(m.http_port, "POST", "/v1/completions", body.dump());
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want) << r.body;
-  // vLLM's runtime LoRA routes: a mesh serves its config's loras, and says so.
+  // vLLM's runtime LoRA routes: the coordinator takes them only for models with enable_lora.
   auto lora = http_request(m.http_port, "POST", "/v1/load_lora_adapter", R"({"lora_name":"a","lora_path":"/x"})");
   EXPECT_EQ(lora.status, 400);
-  EXPECT_NE(lora.body.find("a mesh of nodes serves the adapters its cluster config lists"), std::string::npos) << lora.body;
+  EXPECT_NE(lora.body.find("'kjv-tiny' does not take LoRA adapters while serving: set 'enable_lora: true'"), std::string::npos)
+      << lora.body;
   EXPECT_EQ(s1.stop(), 0) << s1.log();
   EXPECT_EQ(s0.stop(), 0) << s0.log();
   EXPECT_EQ(seed.stop(), 0) << seed.log();

@@ -92,6 +92,10 @@ struct model_spec {
   /// LoRA adapters served beside the model (--lora-modules): `loras: [{name: N, path: DIR}, ...]`;
   /// each name is unique among the file's models and adapters.
   std::vector<model::lora_source> loras;
+  /// vLLM's --enable-lora: adapters may be added and removed while the mesh serves
+  /// (/v1/load_lora_adapter on a gateway, `llmesh ctl load-lora`). Implied by `loras`; packed
+  /// placement only.
+  bool enable_lora = false;
 };
 
 /// A whole cluster config, validated. Immutable after parsing; safe to share between threads.

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -37,6 +38,7 @@ struct coordinator_options {
   std::chrono::milliseconds failure_timeout{3000};
   std::vector<model_spec> models;
   std::chrono::milliseconds control_clock_skew{60000};  ///< how old (or new) a command may be
+  std::chrono::milliseconds lora_timeout{60000};        ///< nodes answer a LoRA update within this
 };
 
 /// Something the coordinator's actor must do.
@@ -68,6 +70,22 @@ struct replica_record {
   bool stop_pending = false;
 };
 
+/// A runtime LoRA update under way (`load-lora`, `unload-lora`): sent to the nodes hosting the
+/// model's replicas, answered to its requester once every one of them has applied it (or any
+/// failed: then the others undo it).
+struct lora_update {
+  std::string model;
+  bool load = true;
+  model::lora_source src;  ///< the adapter (unload: as it was loaded, to load it again on a failure)
+  transport::peer_id reply_peer = 0;
+  uint64_t reply_actor = 0;
+  std::string request;            ///< the command's nonce, hex: the requester matches the reply by it
+  std::set<std::string> waiting;  ///< nodes yet to answer
+  std::string failure;            ///< the first node's refusal
+  errc failure_code = errc::invalid_request;
+  mesh_clock::time_point deadline;
+};
+
 /// Thread affinity: the coordinator actor's.
 class coordinator {
  public:
@@ -86,6 +104,9 @@ class coordinator {
 
   const membership& members() const { return members_; }
   const std::map<uint64_t, replica_record>& replicas() const { return replicas_; }
+  /// Adapters added to each model while serving, in the order they came (the config's loras not
+  /// included); a replica started later loads them with the config's.
+  const std::map<std::string, std::vector<model::lora_source>>& runtime_loras() const { return runtime_loras_; }
 
  private:
   explicit coordinator(coordinator_options opt);
@@ -103,8 +124,28 @@ class coordinator {
   /// Tells every node of `r`'s shards but `except` (and but rank 0's unless `leader_too`) to
   /// stop them now (spread placement; nothing for a packed replica).
   void stop_shards(const replica_record& r, const std::string& except, bool leader_too, actions& out) const;
-  transport::control_reply_msg control(const transport::control_msg& c, uint64_t wall_ms, actions& out);
+  /// The reply to an operator command; nullopt when it comes later (a LoRA update's).
+  std::optional<transport::control_reply_msg> control(transport::peer_id peer, uint64_t reply_to,
+                                                      const transport::control_msg& c, uint64_t wall_ms, actions& out);
   transport::control_reply_msg run_command(const std::string& cmd, const std::vector<std::string>& args, actions& out);
+  // Runtime LoRA updates (coordinator_lora.cpp).
+  /// `load-lora MODEL NAME PATH` / `unload-lora MODEL NAME`: checked, then sent to the nodes of
+  /// the model's replicas (nullopt: the reply comes when they have answered).
+  std::optional<transport::control_reply_msg> lora_command(transport::peer_id peer, uint64_t reply_to,
+                                                           const transport::control_msg& c, actions& out);
+  /// A node's answer to a LoRA update.
+  void lora_answer(transport::peer_id peer, const transport::control_reply_msg& m, actions& out);
+  /// The update is over (answered, failed, timed out): commit or undo it, then reply.
+  void lora_finish(uint64_t id, actions& out);
+  /// The nodes (by name) hosting replicas of `model` that are not dead.
+  std::set<std::string> nodes_of(const std::string& model) const;
+  /// Tells every gateway node (or only `peer`'s) the adapters added to `model` while serving.
+  void lora_news(const std::string& model, actions& out, std::optional<transport::peer_id> only = std::nullopt) const;
+  /// `node` is gone: pending updates stop waiting for it.
+  void lora_node_lost(const std::string& node, actions& out);
+  /// Updates whose nodes stayed silent past their deadline fail.
+  void lora_expire(mesh_clock::time_point now, actions& out);
+  const model_spec* spec_of(const std::string& model) const;
   std::string nodes_json() const;
   std::string replicas_json() const;
 
@@ -112,6 +153,10 @@ class coordinator {
   membership members_;
   placement_planner plan_;
   std::map<uint64_t, replica_record> replicas_;
+  std::map<std::string, std::vector<model::lora_source>> runtime_loras_;  ///< see runtime_loras()
+  std::map<uint64_t, lora_update> lora_updates_;                          ///< under way, by id; one per model
+  uint64_t next_lora_update_ = 1;
+  mesh_clock::time_point now_{};  ///< the latest clock reading (on_message, on_tick)
   std::deque<std::string> recent_nonces_;  ///< control nonces seen (bounded): no replays
   std::set<std::string> nonce_set_;
 };

@@ -17,6 +17,8 @@ inline constexpr size_t nonce_bytes = 32;
 
 /// A fresh random nonce (OpenSSL's CSPRNG).
 [[nodiscard]] result<std::string> make_nonce();
+/// A nonce (or any bytes) as lower-case hex: how a command's nonce names it in a JSON reply.
+std::string hex(std::string_view bytes);
 
 /// The joiner's proof.
 std::string proof(std::string_view token, std::string_view coordinator_nonce, std::string_view joiner_nonce,

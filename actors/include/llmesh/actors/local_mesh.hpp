@@ -35,9 +35,9 @@ class mesh_client {
   }
   /// vLLM's runtime LoRA updates: adds the adapter `src` to every replica of `model` (loaded
   /// once where they share the weights), or removes the adapter `name` from them (requests
-  /// running with it finish with it). By default unsupported: a mesh of processes serves the
-  /// adapters its cluster config lists (runtime_lora() false: the gateway refuses the routes
-  /// before touching its list).
+  /// running with it finish with it). local_mesh does it in its process; a gateway node's
+  /// router_client through the coordinator, on every node of the model. By default
+  /// unsupported (runtime_lora() false: the gateway refuses the routes before touching its list).
   virtual bool runtime_lora() const { return false; }
   [[nodiscard]] virtual status load_lora(std::string_view model, const model::lora_source& src) {
     (void)model;
@@ -49,10 +49,9 @@ class mesh_client {
     (void)name;
     return make_error(errc::unsupported, no_runtime_lora);
   }
-  /// Why a mesh of processes refuses runtime LoRA updates.
+  /// Why a mesh without a way to its replicas refuses runtime LoRA updates.
   static constexpr const char* no_runtime_lora =
-      "runtime LoRA updates reach the replicas of one process (llmesh serve); a mesh of nodes serves the "
-      "adapters its cluster config lists (a model's loras)";
+      "this mesh takes no runtime LoRA updates: its replicas serve the adapters they started with";
 };
 
 struct mesh_options {

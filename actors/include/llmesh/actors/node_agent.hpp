@@ -31,6 +31,9 @@ using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using agent_atom = caf::atom_constant<caf::atom("agent")>;
 using fault_clear_atom = caf::atom_constant<caf::atom("unfault")>;
 using router_atom = caf::atom_constant<caf::atom("router")>;
+/// `(lora_atom, bool load, model, name, path)`: a runtime LoRA update this node's gateway asks
+/// of the mesh (through the coordinator); answered `(bool ok, int32_t errc, std::string text)`.
+using lora_atom = caf::atom_constant<caf::atom("lora")>;
 
 struct node_agent_options {
   std::string node;  ///< this node's name
@@ -53,6 +56,17 @@ struct node_agent_options {
   std::string tensor_host = "127.0.0.1";
   std::chrono::milliseconds tensor_timeout{60000};  ///< joining a tensor group, one collective
   std::chrono::milliseconds form_timeout{120000};   ///< rank 0's node waits this long for the other ranks' nodes
+  /// A gateway node: the adapters added to `model` while the mesh serves, all of them, whenever
+  /// they change and when the node joins (called on an actor thread).
+  std::function<void(const std::string& model, const std::vector<model::lora_source>& adapters)> on_lora_news;
+  std::chrono::milliseconds lora_request_timeout{90000};  ///< a gateway's LoRA update waits this long for the mesh
+};
+
+/// A runtime LoRA update a node applies to its copies of a model (idempotent: loading a name
+/// loaded already, or unloading one that is not, changes nothing).
+struct lora_op {
+  bool load = true;
+  std::string name, path;
 };
 
 /// Replicas this agent hosts, by replica id. The engine outlives the replica and its shards.
@@ -107,6 +121,8 @@ struct node_agent_state {
   std::map<uint64_t, transport::assign_msg> assigned;  ///< a follower's assignments while loading
   std::map<caf::actor_addr, uint64_t> by_actor;  ///< replica and shard actors → replica id
   std::map<std::string, std::shared_ptr<const model::model>> models;  ///< loaded, by model_key()
+  std::map<uint64_t, std::vector<lora_op>> lora_queue;  ///< replica id → LoRA updates that came while it loaded
+  std::map<std::string, caf::response_promise> lora_requests;  ///< the gateway's updates, by command nonce (hex)
   static inline const char* name = "node-agent";
 };
 

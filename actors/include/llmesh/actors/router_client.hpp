@@ -34,8 +34,16 @@ class router_client final : public mesh_client {
   size_t ready_replicas(std::string_view model) const override { return ready_->of(model); }
   /// Requests in flight (submitted, not yet finished or cancelled).
   size_t inflight() const;
+  /// A gateway node: runtime LoRA updates go through its node agent to the coordinator, which
+  /// applies them on every node of the model's replicas (node_agent.hpp, lora_atom). Set before
+  /// the gateway serves.
+  void set_lora_agent(caf::actor agent, std::chrono::milliseconds timeout = std::chrono::seconds(120));
+  bool runtime_lora() const override { return static_cast<bool>(lora_agent_); }
+  [[nodiscard]] status load_lora(std::string_view model, const model::lora_source& src) override;
+  [[nodiscard]] status unload_lora(std::string_view model, std::string_view name) override;
 
  private:
+  status lora_update(bool load, std::string_view model, std::string_view name, std::string_view path);
   struct live;  ///< shared with the sinks, which may run after this object is gone
   caf::actor_system& sys_;
   caf::actor router_;
@@ -43,6 +51,8 @@ class router_client final : public mesh_client {
   size_t max_migrations_;
   metrics_registry* metrics_;
   std::shared_ptr<live> live_;
+  caf::actor lora_agent_;
+  std::chrono::milliseconds lora_timeout_{120000};
 };
 
 }  // namespace llmesh::actors

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -215,6 +216,11 @@ class api_service {
   /// their streams wake through its io_context. Later background requests are refused (503).
   void close_background();
 
+  /// A mesh's news (a gateway node, node_agent_options::on_lora_news): the adapters added to
+  /// model `base` while the mesh serves, all of them. Entries of runtime adapters no longer
+  /// listed go and new ones come; the configured adapters stay. Idempotent; any thread.
+  void set_runtime_adapters(const std::string& base, const std::vector<model::lora_source>& adapters);
+
   /// Generations (choices) in flight.
   size_t inflight() const { return inflight_->load(); }
   /// Alternatives per token a request may ask for (--max-logprobs).
@@ -341,6 +347,7 @@ class api_service {
   mutable std::shared_mutex models_mu_;  ///< guards models_ (runtime LoRA updates change it)
   std::vector<std::shared_ptr<const served_model>> models_;
   std::mutex lora_updates_mu_;  ///< one runtime LoRA update at a time
+  std::set<std::string> runtime_adapters_;  ///< names of the adapters added while serving (guarded by models_mu_)
   actors::mesh_client& mesh_;
   actors::metrics_registry& metrics_;
   std::shared_ptr<response_store> store_;  ///< shared with the renderers that store into it
