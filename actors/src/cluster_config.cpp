@@ -405,7 +405,7 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
     if (auto s = model::check_lora_names(out.loras, out.name); !s) return r.fail(s.err().message);
   }
   LLMESH_READ(enable_lora, r.boolean(f, "enable_lora"));
-  out.enable_lora = enable_lora || !out.loras.empty();
+  out.enable_lora = enable_lora;  // an opt-in of its own: listing loras does not open the runtime routes
   if (enable_lora && out.place == placement::spread) {
     return r.fail("'enable_lora': adapters added while serving reach packed replicas only (a spread replica's ranks "
                   "name adapters by their place in the config's 'loras'); list them as 'loras' instead");

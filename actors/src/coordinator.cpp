@@ -326,14 +326,19 @@ std::optional<transport::control_reply_msg> coordinator::control(transport::peer
                                                                  const transport::control_msg& c, uint64_t wall_ms,
                                                                  actions& out) {
   const uint64_t skew = static_cast<uint64_t>(opt_.control_clock_skew.count());
-  using reply = transport::control_reply_msg;
+  // A refusal names the command's nonce, so that a requester waiting on several (a gateway
+  // node's LoRA updates) knows which one it answers.
+  auto refused = [&](std::string why) {
+    const std::string j = nlohmann::json{{"ok", false}, {"code", static_cast<int>(errc::unauthorized)}, {"request", join_auth::hex(c.nonce)}}.dump();
+    return transport::control_reply_msg{false, std::move(why), j};
+  };
   if (!join_auth::verify_control(opt_.token, c.nonce, c.timestamp_ms, c.command, c.args, c.mac)) {
-    return reply{false, "refused: bad credentials (check the cluster token)", ""};
+    return refused("refused: bad credentials (check the cluster token)");
   }
   if (c.timestamp_ms + skew < wall_ms || c.timestamp_ms > wall_ms + skew) {
-    return reply{false, "refused: the command's clock is more than " + std::to_string(skew / 1000) + " s off", ""};
+    return refused("refused: the command's clock is more than " + std::to_string(skew / 1000) + " s off");
   }
-  if (!nonce_set_.insert(c.nonce).second) return reply{false, "refused: a replayed command", ""};
+  if (!nonce_set_.insert(c.nonce).second) return refused("refused: a replayed command");
   recent_nonces_.push_back(c.nonce);
   if (recent_nonces_.size() > 4096) {
     nonce_set_.erase(recent_nonces_.front());

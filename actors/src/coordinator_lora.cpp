@@ -74,7 +74,7 @@ std::optional<transport::control_reply_msg> coordinator::lora_command(transport:
     });
     // The adapter is checked where it loads: with no replica to load it, a bad path would only
     // show as every later replica failing to start.
-    if (!ready) return refuse(errc::overloaded, "no replica of '" + model + "' is ready to load the adapter; retry once one is", request);
+    if (!ready) return refuse(errc::replica_unavailable, "no replica of '" + model + "' is ready to load the adapter; retry once one is", request);
     u.src = {name, c.args[2]};
     rt.push_back(u.src);
   } else {
@@ -199,9 +199,11 @@ void coordinator::lora_expire(mesh_clock::time_point now, actions& out) {
     if (now < u.deadline || u.waiting.empty()) continue;
     std::string who;
     for (const auto& n : u.waiting) who += (who.empty() ? "" : ", ") + n;
-    u.failure = "node(s) " + who + " did not answer within " +
-                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(opt_.lora_timeout).count()) + " s";
-    u.failure_code = errc::deadline_exceeded;
+    if (u.failure.empty()) {  // a node's refusal says more than another's silence
+      u.failure = "node(s) " + who + " did not answer within " +
+                  std::to_string(std::chrono::duration_cast<std::chrono::seconds>(opt_.lora_timeout).count()) + " s";
+      u.failure_code = errc::deadline_exceeded;
+    }
     u.waiting.clear();
     late.push_back(id);
   }

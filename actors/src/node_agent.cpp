@@ -145,6 +145,7 @@ void loaded(agent* self, uint64_t id, const std::string& key, std::shared_ptr<co
     auto ops = std::move(q->second);
     st.lora_queue.erase(q);
     if (!cancelled && eng) return apply_queued_loras(self, id, key, std::move(m), std::move(eng), std::move(ops));
+    for (const auto& op : ops) lora_part_done(self, op.update, errc::invalid_request, "");  // nothing to apply it to
   }
   st.loading.erase(pending);
   if (cancelled) return report(self, id, model, transport::replica_phase::dead, 0, "stopped while loading");

@@ -27,8 +27,11 @@ struct loaded_part {
 /// whether it takes adapters, and its LoRA adapters in order). The first four lines are the
 /// model's; adapter lines follow.
 inline std::string model_key(const transport::assign_msg& a) {
+  // A model taking runtime updates is its own copy: another model of the same directory must
+  // not see its adapters come and go.
   std::string key = a.path + '\n' + (a.quantization.empty() ? std::string("none") : a.quantization) + '\n' +
-                    (a.dtype.empty() ? std::string("auto") : a.dtype) + '\n' + (a.enable_lora || !a.loras.empty() ? "lora" : "");
+                    (a.dtype.empty() ? std::string("auto") : a.dtype) + '\n' +
+                    (a.enable_lora ? "lora " + a.model : !a.loras.empty() ? std::string("lora") : std::string());
   for (const auto& l : a.loras) key += '\n' + l.name + '=' + l.path;
   return key;
 }
@@ -69,7 +72,7 @@ inline result<model::load_options> load_options_of(const transport::assign_msg& 
   if ((!a.loras.empty() || a.enable_lora) && device == model::backend::cuda) {
     return make_error(errc::unsupported, "LoRA adapters run on the CPU backend only, and this node's device is cuda");
   }
-  model::load_options o{.dtype = *dtype, .quant = *q, .loras = {}, .enable_lora = a.enable_lora, .max_loras = 0, .tokenizer_dir = {}};
+  model::load_options o{.dtype = *dtype, .quant = *q, .loras = {}, .enable_lora = a.enable_lora, .max_loras = 0, .tokenizer_dir = {}, .hf_overrides = {}};
   for (const auto& l : a.loras) o.loras.push_back({l.name, l.path});
   return o;
 }
@@ -136,8 +139,9 @@ struct lora_applied {
   uint64_t update = 0;
   std::string model;
   lora_op op;
-  std::vector<std::pair<std::string, std::shared_ptr<const model::model>>> targets;
-  std::vector<std::shared_ptr<model::engine>> engines;
+  std::vector<std::shared_ptr<const model::model>> targets;  ///< the hosted replicas' copies
+  bool hosted = true;  ///< the hosted replicas' part (false: a replica that was loading)
+  errc code = errc::invalid_request;
   std::string err;
 };
 /// The coordinator's "lora" command: apply it to the models of the replicas of its model here
@@ -155,11 +159,16 @@ void on_lora_reply(agent* self, const transport::control_reply_msg& m);
 void request_lora(agent* self, caf::response_promise rp, bool load, const std::string& model, const std::string& name,
                   const std::string& path);
 /// A replica finished loading while updates came: they are applied to its model (on a helper),
-/// then `loaded_atom` comes again (with an error when one failed).
+/// each answered as a part of its update (a refused one leaves the replica as it was: the
+/// coordinator undoes the update), then `loaded_atom` comes again.
 void apply_queued_loras(agent* self, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
                         std::shared_ptr<model::engine> eng, std::vector<lora_op> ops);
 /// The model cache holds `m` under the key of the adapters it has now (`key`: its key before).
 void recache(agent* self, const std::string& key, const std::shared_ptr<const model::model>& m);
+/// `m`'s cache entry moves to the key of the adapters it has now (none: not cached).
+void recache(agent* self, const std::shared_ptr<const model::model>& m);
+/// One part of update `update` is done (`err` empty: applied); the last answers the coordinator.
+void lora_part_done(agent* self, uint64_t update, errc code, const std::string& err);
 
 }  // namespace llmesh::actors::agent_detail
 

@@ -14,26 +14,69 @@
 namespace llmesh::actors::agent_detail {
 namespace {
 
-/// Applies `op` to `m`: "" or why not. Idempotent; an adapter another helper loaded meanwhile
-/// under the same name and path counts as loaded.
-std::string apply_op(const model::model& m, const lora_op& op) {
+/// Applies `op` to `m`. Idempotent: loading a name loaded from the same directory, or unloading
+/// one that is not there, changes nothing; a name loaded from another directory is refused.
+status apply_op(const model::model& m, const lora_op& op) {
   if (!op.load) {
     (void)m.loras().remove(op.name);  // not there: nothing to undo
-    return {};
+    return ok_status();
   }
-  if (m.loras().find(op.name).second) return {};
+  auto same = [&]() -> status {
+    auto [at, had] = m.loras().find(op.name);
+    if (!had) return make_error(errc::internal, "");
+    if (had->path == op.path) return ok_status();
+    return make_error(errc::invalid_request, "LoRA adapter '" + op.name + "' is loaded here from " + had->path + ", not " + op.path);
+  };
+  if (m.loras().find(op.name).second) return same();
   auto id = m.load_lora({op.name, op.path});
-  if (id) return {};
-  if (auto [at, had] = m.loras().find(op.name); had && had->path == op.path) return {};
-  return id.err().message;
+  if (id) return ok_status();
+  if (m.loras().find(op.name).second) return same();  // loaded meanwhile by another helper
+  return id.take_error();
 }
 
-/// The coordinator learns how a "lora" command went here (update 0: an undo; nobody waits).
-void answer(agent* self, uint64_t update, const std::string& err) {
-  if (update == 0) return;
+/// Runs a "lora" command now: queued for the replicas still loading, applied to the copies the
+/// hosted replicas run (a load on a helper; the model is busy until it is done).
+void start_lora(agent* self, const transport::control_msg& m) {
+  auto& st = self->state;
+  auto r = std::make_shared<lora_applied>();
+  r->update = std::strtoull(m.args[0].c_str(), nullptr, 10);
+  r->model = m.args[2];
+  r->op = {m.args[1] == "load", m.args[3], m.args[4], r->update};
+  int parts = 1;  // the hosted replicas'
+  for (const auto& [id, l] : st.loading) {
+    if (l.first != r->model) continue;
+    st.lora_queue[id].push_back(r->op);
+    ++parts;
+  }
+  if (r->update != 0) st.lora_answers[r->update].parts = parts;  // (an undo is answered to nobody)
+  for (const auto& [id, h] : st.hosted) {
+    if (h.model != r->model || h.follower || !h.engine) continue;
+    const auto& mine = h.engine->shared_model();
+    if (std::find(r->targets.begin(), r->targets.end(), mine) == r->targets.end()) r->targets.push_back(mine);
+  }
+  if (!r->op.load || r->targets.empty()) {  // an unload is quick
+    for (const auto& t : r->targets) (void)apply_op(*t, r->op);
+    return lora_done(self, r);
+  }
+  st.lora_busy.insert(r->model);
+  self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), r](caf::event_based_actor* helper) {
+    size_t done = 0;
+    status s = ok_status();
+    for (; done < r->targets.size() && s; ++done) s = apply_op(*r->targets[done], r->op);
+    if (!s) {  // all or nothing on this node
+      r->code = s.err().code;
+      r->err = s.err().message;
+      for (size_t i = 0; i + 1 < done; ++i) (void)apply_op(*r->targets[i], {false, r->op.name, r->op.path});
+    }
+    helper->send(agent_handle, lora_done_atom::value, r);
+  });
+}
+
+/// The coordinator learns how a "lora" command went here.
+void answer(agent* self, uint64_t update, const lora_answer& a) {
   nlohmann::json j{{"lora_update", update}};
-  if (!err.empty()) j["code"] = static_cast<int>(errc::invalid_request);
-  to_coordinator(self, transport::control_reply_msg{err.empty(), err.empty() ? "applied" : err, j.dump()});
+  if (!a.err.empty()) j["code"] = static_cast<int>(a.code);
+  to_coordinator(self, transport::control_reply_msg{a.err.empty(), a.err.empty() ? "applied" : a.err, j.dump()});
 }
 
 uint64_t wall_ms() {
@@ -49,60 +92,69 @@ void recache(agent* self, const std::string& key, const std::shared_ptr<const mo
   models[model_key(key, *m)] = m;
 }
 
+void recache(agent* self, const std::shared_ptr<const model::model>& m) {
+  for (const auto& [key, cached] : self->state.models) {
+    if (cached == m) return recache(self, std::string(key), m);  // (a copy: the entry goes)
+  }
+}
+
+void lora_part_done(agent* self, uint64_t update, errc code, const std::string& err) {
+  auto& answers = self->state.lora_answers;
+  auto it = answers.find(update);
+  if (it == answers.end()) return;
+  if (!err.empty() && it->second.err.empty()) {
+    it->second.err = err;
+    it->second.code = code;
+  }
+  if (--it->second.parts > 0) return;
+  answer(self, update, it->second);
+  answers.erase(it);
+}
+
 void on_lora_command(agent* self, const transport::control_msg& m) {
   auto& st = self->state;
   if (m.args.size() != 5 || (m.args[1] != "load" && m.args[1] != "unload")) return;
-  auto r = std::make_shared<lora_applied>();
-  r->update = std::strtoull(m.args[0].c_str(), nullptr, 10);
-  r->model = m.args[2];
-  r->op = {m.args[1] == "load", m.args[3], m.args[4]};
-  // The replicas still loading apply it once loaded (their assignment predates it).
-  for (const auto& [id, l] : st.loading) {
-    if (l.first == r->model) st.lora_queue[id].push_back(r->op);
-  }
-  // The copies of the model the replicas here run (replicas may share one).
-  for (const auto& [id, h] : st.hosted) {
-    if (h.model != r->model || h.follower || !h.engine) continue;
-    const model::model* p = &h.engine->loaded_model();
-    bool seen = false;
-    for (const auto& t : r->targets) seen = seen || t.second.get() == p;
-    if (seen) continue;
-    for (const auto& [key, cached] : st.models) {
-      if (cached.get() == p) r->targets.emplace_back(key, cached);
-    }
-    r->engines.push_back(h.engine);
-  }
-  if (!r->op.load || r->targets.empty()) {  // an unload is quick
-    for (const auto& [key, t] : r->targets) (void)apply_op(*t, r->op);
-    return lora_done(self, r);
-  }
-  self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), r](caf::event_based_actor* helper) {
-    size_t done = 0;
-    for (; done < r->targets.size() && r->err.empty(); ++done) r->err = apply_op(*r->targets[done].second, r->op);
-    if (!r->err.empty()) {  // all or nothing on this node
-      for (size_t i = 0; i + 1 < done; ++i) (void)apply_op(*r->targets[i].second, {false, r->op.name, r->op.path});
-    }
-    helper->send(agent_handle, lora_done_atom::value, r);
-  });
+  // One command of a model at a time: an undo or a later update never overtakes a load.
+  if (st.lora_busy.count(m.args[2])) return st.lora_backlog[m.args[2]].push_back(m);
+  start_lora(self, m);
 }
 
 void lora_done(agent* self, const std::shared_ptr<lora_applied>& r) {
-  for (const auto& [key, t] : r->targets) recache(self, key, t);
+  auto& st = self->state;
+  for (const auto& t : r->targets) recache(self, t);
   if (!r->targets.empty() && r->err.empty()) {
-    std::fprintf(stderr, "llmesh: node %s: LoRA adapter '%s' of '%s' %s\n", self->state.opt.node.c_str(), r->op.name.c_str(),
+    std::fprintf(stderr, "llmesh: node %s: LoRA adapter '%s' of '%s' %s\n", st.opt.node.c_str(), r->op.name.c_str(),
                  r->model.c_str(), r->op.load ? "loaded" : "unloaded");
   }
-  answer(self, r->update, r->err);
+  lora_part_done(self, r->update, r->code, r->err);
+  if (!r->hosted) return;
+  st.lora_busy.erase(r->model);
+  auto backlog = st.lora_backlog.find(r->model);
+  while (backlog != st.lora_backlog.end() && !backlog->second.empty() && !st.lora_busy.count(r->model)) {
+    auto next = std::move(backlog->second.front());
+    backlog->second.pop_front();
+    start_lora(self, next);
+  }
+  if (backlog != st.lora_backlog.end() && backlog->second.empty()) st.lora_backlog.erase(backlog);
 }
 
 void apply_queued_loras(agent* self, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
                         std::shared_ptr<model::engine> eng, std::vector<lora_op> ops) {
-  self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), id, key, m, eng, ops](caf::event_based_actor* helper) {
-    std::string err;
+  self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), id, key, m, eng, ops,
+                              model = self->state.loading.at(id).first](caf::event_based_actor* helper) {
     for (const auto& op : ops) {
-      if (err.empty()) err = apply_op(*m, op);
+      auto r = std::make_shared<lora_applied>();
+      r->update = op.update;
+      r->model = model;
+      r->op = op;
+      r->hosted = false;
+      if (auto s = apply_op(*m, op); !s) {
+        r->code = s.err().code;
+        r->err = s.err().message;
+      }
+      helper->send(agent_handle, lora_done_atom::value, r);
     }
-    helper->send(agent_handle, loaded_atom::value, id, key, m, err.empty() ? eng : nullptr, err);
+    helper->send(agent_handle, loaded_atom::value, id, key, m, eng, std::string());
   });
 }
 

@@ -90,7 +90,9 @@ status router_client::lora_update(bool load, std::string_view model, std::string
               if (!ok) out = make_error(static_cast<errc>(code), text);
             },
             [&](caf::error& e) {
-              out = make_error(errc::deadline_exceeded, "the mesh did not answer the LoRA adapter update: " + sys_.render(e));
+              out = e == caf::sec::request_timeout
+                        ? make_error(errc::deadline_exceeded, "the mesh did not answer the LoRA adapter update in time")
+                        : make_error(errc::replica_unavailable, "this node cannot reach the mesh: " + sys_.render(e));
             });
   }
   if (foreign_thread) caf::logger::set_current_actor_system(nullptr);

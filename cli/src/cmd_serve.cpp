@@ -132,7 +132,8 @@ status run_serve(serve_flags f) {
                                                  .loras = *loras,
                                                  .enable_lora = f.lora.enabled(),
                                                  .max_loras = f.lora.max_cpu_loras,
-                                                 .tokenizer_dir = f.vllm.tokenizer});
+                                                 .tokenizer_dir = f.vllm.tokenizer,
+                                                 .hf_overrides = f.vllm.hf_overrides});
   if (!m) return m.take_error();
   const auto& cfg = (*m)->config();
   gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser, *tool_tokens, *pooling, *loras};

@@ -120,6 +120,9 @@ void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f) {
       ->capture_default_str();
   sub->add_option("--override-generation-config", f.override_generation_config,
                   "vLLM's: JSON sampling defaults over the generation config's: temperature, top_p, top_k");
+  sub->add_option("--hf-overrides", f.hf_overrides,
+                  "vLLM's: JSON over the model's config.json, e.g. {\"max_position_embeddings\": 4096} or a "
+                  "rope_scaling; null removes a key, an object for a *_config updates it key by key");
   sub->add_option("--speculative-config", f.speculative_config,
                   "vLLM's: JSON, prompt-lookup speculation: {\"method\": \"ngram\", \"num_speculative_tokens\": K, "
                   "\"prompt_lookup_max\": N, \"prompt_lookup_min\": M}");
@@ -149,6 +152,9 @@ status check_vllm_model_flags(const vllm_model_flags& f, const std::string& mode
   if (!one_of(f.tokenizer_mode, {"auto", "slow", "hf"})) {
     return make_error(errc::unsupported, "--tokenizer-mode " + f.tokenizer_mode +
                                              ": this server reads Hugging Face tokenizers (auto); mistral and custom are not taken");
+  }
+  if (!f.hf_overrides.empty()) {
+    if (auto o = model::apply_hf_overrides("{}", f.hf_overrides); !o) return o.take_error();
   }
   const bool gguf = model::is_gguf_file(model_path);
   if (!one_of(f.load_format, {"auto", "safetensors", "gguf"})) {

@@ -1,6 +1,6 @@
 // vLLM's `serve` flags about the model and the engine that map onto llmesh (--tokenizer,
 // --load-format, --task/--runner/--convert, --tokenizer-mode, --pipeline-parallel-size,
-// --override-generation-config, --speculative-config, --config FILE), and those naming what it
+// --override-generation-config, --speculative-config, --hf-overrides, --config FILE), and those naming what it
 // always does or what a local model never needs, accepted so that a vLLM command line runs
 // unchanged. What llmesh cannot do is refused by name, never silently dropped.
 #pragma once
@@ -23,6 +23,7 @@ struct vllm_model_flags {
   std::string distributed_executor_backend = "mp";
   std::string override_generation_config;  ///< JSON object
   std::string speculative_config;          ///< JSON object
+  std::string hf_overrides;                ///< JSON object over config.json (model::apply_hf_overrides)
 };
 
 /// Adds the flags above and the accepted ones to `sub`, and --config for its help.

@@ -525,9 +525,45 @@ result<model_config> parse_config(const std::string& text) {
   }
 }
 
-result<model_config> load_config(const std::string& model_dir) {
+namespace {
+
+void override_into(json& config, const json& overrides) {
+  for (const auto& [key, value] : overrides.items()) {
+    const bool sub_config = key.size() > 7 && key.ends_with("_config");
+    if (value.is_null()) {
+      config.erase(key);
+    } else if (sub_config && value.is_object() && config.contains(key) && config[key].is_object()) {
+      override_into(config[key], value);
+    } else {
+      config[key] = value;
+    }
+  }
+}
+
+}  // namespace
+
+result<std::string> apply_hf_overrides(const std::string& config_text, const std::string& hf_overrides) {
+  auto o = json::parse(hf_overrides, nullptr, false);
+  if (o.is_discarded() || !o.is_object()) {
+    return make_error(errc::invalid_request, "--hf-overrides must be a JSON object, e.g. '{\"max_position_embeddings\": 4096}'");
+  }
+  if (o.size() > 256) return make_error(errc::invalid_request, "--hf-overrides: at most 256 keys");
+  auto c = json::parse(config_text, nullptr, false);
+  if (c.is_discarded() || !c.is_object()) return bad("not a JSON object");
+  override_into(c, o);
+  return c.dump();
+}
+
+result<model_config> load_config(const std::string& model_dir) { return load_config(model_dir, ""); }
+
+result<model_config> load_config(const std::string& model_dir, const std::string& hf_overrides) {
   auto text = read_model_file(model_dir, "config.json");
   if (!text) return text.take_error();
+  if (!hf_overrides.empty()) {
+    auto changed = apply_hf_overrides(*text, hf_overrides);
+    if (!changed) return changed.take_error();
+    *text = std::move(*changed);
+  }
   auto c = parse_config(*text);
   if (!c) {
     error e = c.take_error();

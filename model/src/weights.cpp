@@ -85,7 +85,7 @@ result<std::optional<kernels::dtype>> parse_weight_dtype(std::string_view s) {
 }
 
 result<std::shared_ptr<const model>> model::load(const std::string& dir, load_options opt) {
-  auto cfg = load_config(dir);
+  auto cfg = load_config(dir, opt.hf_overrides);
   if (!cfg) return cfg.take_error();
   auto store = tensor_store::open(dir);
   if (!store) return store.take_error();

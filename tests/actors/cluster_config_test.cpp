@@ -311,10 +311,10 @@ TEST(ClusterConfig, EnableLoraLetsAdaptersComeWhileServingPackedModelsOnly) {
   ASSERT_TRUE(on.ok()) << on.err().message;
   EXPECT_TRUE(on->models[0].enable_lora);
   EXPECT_TRUE(on->models[0].loras.empty());
-  // Implied by loras (vLLM's --lora-modules implies --enable-lora).
-  auto implied = parse_cluster_config(with("placement: packed", "placement: packed\n    loras: [{name: a, path: x}]"), "t.yaml");
-  ASSERT_TRUE(implied.ok()) << implied.err().message;
-  EXPECT_TRUE(implied->models[0].enable_lora);
+  // Not implied by loras: the runtime routes are an opt-in of their own.
+  auto listed = parse_cluster_config(with("placement: packed", "placement: packed\n    loras: [{name: a, path: x}]"), "t.yaml");
+  ASSERT_TRUE(listed.ok()) << listed.err().message;
+  EXPECT_FALSE(listed->models[0].enable_lora);
   expect_refused(with("placement: packed", "placement: packed\n    enable_lora: yes"), {"'enable_lora' must be true or false"});
   expect_refused(with("placement: packed", "placement: packed\n    enable_lora: 'true'"), {"'enable_lora' must be true or false"});
   expect_refused(with("placement: packed", "placement: spread\n    enable_lora: true"),

@@ -162,6 +162,11 @@ TEST(CoordinatorLora, SilentNodesFailTheUpdateAtItsDeadlineALostOneIsNotWaitedFo
   EXPECT_EQ(reply_of(late).text, "node(s) b did not answer within 60 s");
   EXPECT_EQ(json::parse(reply_of(late).json)["code"], static_cast<int>(errc::deadline_exceeded));
   EXPECT_TRUE(answer(c, 2, sent.ids[0], true).empty()) << "an answer past the deadline is nobody's";
+  // A node's refusal says more than another's silence.
+  auto refused = view(c.on_message(ctl_peer, frame(command("load-lora", {"tiny", "odd", "/a/odd"}), ctl_actor), t0, wall0));
+  ASSERT_EQ(refused.ids.size(), 2u);
+  EXPECT_TRUE(answer(c, 1, refused.ids[0], false, "rank 600 is above 512").empty());
+  EXPECT_EQ(reply_of(c.on_tick(t0 + 61s)).text, "node a: rank 600 is above 512");
 
   // b's connection drops mid-update: its replica is gone (re-formed with the adapter), and
   // the update completes with a's answer.
@@ -211,6 +216,14 @@ TEST(CoordinatorLora, BadCommandsAreRefusedAtOnceAndChangeNothing) {
   answer(c, 1, first.ids[0], true);
   answer(c, 2, first.ids[0], true);
   EXPECT_EQ(refused("load-lora", {"tiny", "x", "/x"}), "The lora adapter 'x' has already been loaded." + code(errc::invalid_request));
+  // Refused before it is read (a wrong token, a stale clock, a replay): the reply still names
+  // the command's nonce, so that a gateway waiting on it hears why at once.
+  const auto forged = command("load-lora", {"tiny", "w", "/w"}, wall0, "not-the-cluster-token-at-all");
+  auto bad_mac = send_ctl(c, forged);
+  EXPECT_FALSE(bad_mac.reply.ok);
+  EXPECT_EQ(bad_mac.reply.text, "refused: bad credentials (check the cluster token)");
+  EXPECT_EQ(json::parse(bad_mac.reply.json)["request"], hex(forged.nonce));
+  EXPECT_EQ(json::parse(bad_mac.reply.json)["code"], static_cast<int>(errc::unauthorized));
   // A forged answer (from a connection that is no member) changes nothing.
   auto second = view(c.on_message(ctl_peer, frame(command("load-lora", {"tiny", "z", "/z"}), ctl_actor), t0, wall0));
   ASSERT_EQ(second.ids.size(), 2u);
@@ -224,6 +237,7 @@ TEST(CoordinatorLora, ALoadWaitsForAReadyReplicaToCheckTheAdapter) {
   auto a = send_ctl(c, command("load-lora", {"tiny", "x", "/x"}));
   EXPECT_FALSE(a.reply.ok);
   EXPECT_EQ(a.reply.text, "no replica of 'tiny' is ready to load the adapter; retry once one is");
+  EXPECT_EQ(json::parse(a.reply.json)["code"], static_cast<int>(errc::replica_unavailable));
   EXPECT_TRUE(c.runtime_loras().empty() || c.runtime_loras().at("tiny").empty());
   // Once ready, the load goes to it.
   ready(c, 1, 1);

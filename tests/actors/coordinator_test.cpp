@@ -374,7 +374,11 @@ TEST(Coordinator, CtlRefusesAWrongTokenAStaleClockAndReplays) {
     auto a = send_ctl(c, m, wall);
     EXPECT_FALSE(a.reply.ok);
     EXPECT_EQ(a.reply.text, why);
-    EXPECT_EQ(a.reply.json, "");
+    // The reply names the command's nonce (a requester waiting on several knows which).
+    const auto j = json::parse(a.reply.json);
+    EXPECT_EQ(j["ok"], false);
+    EXPECT_EQ(j["code"], static_cast<int>(errc::unauthorized));
+    EXPECT_EQ(j["request"].get<std::string>(), join_auth::hex(m.nonce));
     EXPECT_TRUE(a.effects.empty());
   };
   const std::string bad_token = "refused: bad credentials (check the cluster token)";

@@ -502,6 +502,46 @@ TEST(LoadConfig, ReadsConfigJsonFromDirectory) {
   EXPECT_EQ(c->head_dim, 16u);
 }
 
+// vLLM's --hf-overrides: keys replace config.json's (null removes one; an object for a
+// rope_scaling replaces it whole), a *_config object updates that sub-config key by key, and
+// what is not a JSON object is refused naming the flag.
+TEST(HfOverrides, KeysReplaceSubConfigsUpdateNullRemoves) {
+  json base = minimal_llama();
+  base["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"original_max_position_embeddings", 8192}};
+  base["text_config"] = {{"a", 1}, {"b", 2}};
+  base["sliding_window"] = 64;
+  auto out = apply_hf_overrides(base.dump(), R"({"max_position_embeddings": 128, "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                                                 "text_config": {"b": 3, "c": 4}, "sliding_window": null, "new_key": [1]})");
+  ASSERT_TRUE(out.ok()) << out.err().message;
+  const json j = json::parse(*out);
+  EXPECT_EQ(j["max_position_embeddings"], 128);
+  EXPECT_EQ(j["rope_scaling"], (json{{"rope_type", "linear"}, {"factor", 2.0}})) << "replaced whole, as vLLM sets an attribute";
+  EXPECT_EQ(j["text_config"], (json{{"a", 1}, {"b", 3}, {"c", 4}})) << "a sub-config is updated key by key";
+  EXPECT_FALSE(j.contains("sliding_window"));
+  EXPECT_EQ(j["new_key"], json::array({1}));
+  EXPECT_EQ(j["hidden_size"], 64) << "the rest untouched";
+  for (const char* bad : {"", "[1]", "42", "{\"a\": ", "null"}) {
+    auto e = apply_hf_overrides(base.dump(), bad);
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_EQ(e.err().code, errc::invalid_request);
+    EXPECT_NE(e.err().message.find("--hf-overrides must be a JSON object"), std::string::npos) << e.err().message;
+  }
+}
+
+TEST(HfOverrides, LoadConfigParsesTheChangedConfig) {
+  temp_dir dir;
+  testing::write_text(dir / "config.json", minimal_llama().dump(2));
+  auto c = load_config(dir.path(), R"({"max_position_embeddings": 512, "rope_theta": 50000.0})");
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_EQ(c->max_positions, 512u);
+  EXPECT_DOUBLE_EQ(c->rope.theta, 50000.0);
+  EXPECT_EQ(load_config(dir.path(), "")->max_positions, 2048u) << "no overrides: the file's";
+  // An override the parser refuses is refused as config.json's field would be.
+  auto bad = load_config(dir.path(), R"({"hidden_act": "gelu"})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("hidden_act"), std::string::npos) << bad.err().message;
+}
+
 TEST(LoadConfig, MissingDirectoryIsNotFound) {
   temp_dir dir;
   const std::string missing = dir / "no_such_model";

@@ -4,8 +4,9 @@
 // X-Request-Id, --tokenizer takes the tokenizer and chat template from another directory,
 // --override-generation-config sets sampling defaults, --speculative-config turns on prompt
 // lookup (drafts counted, tokens unchanged), --config reads flags from YAML (the command line
-// wins), vLLM's flags for what a local model never needs start the server, and what llmesh does
-// not do is refused by name before the model loads.
+// wins), --hf-overrides changes config.json as the model is read, vLLM's flags for what a local
+// model never needs start the server, and what llmesh does not do is refused by name before the
+// model loads.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -218,6 +219,31 @@ TEST(ServeVllmCompatFlags, ConfigFileAcceptedFlagsAndRefusals) {
     ASSERT_GT(s.port(), 0) << s.log();
     EXPECT_EQ(post(s.port(), "/v1/completions", {{"model", "kjv-tiny"}, {"prompt", "In"}, {"max_tokens", 1}}).status, 200);
   }
+  {
+    // --hf-overrides: the model is read with them (a shorter context the API grants, another rope
+    // base the tokens follow: generate's on a copy whose config.json says the same).
+    const std::string changed = dir.path() + "/changed";
+    std::filesystem::create_directories(changed);
+    for (const auto& e : std::filesystem::directory_iterator(kjv)) {
+      std::filesystem::create_symlink(e.path(), changed + "/" + e.path().filename().string());
+    }
+    json c = json::parse(read_file(kjv + "/config.json"));
+    c["max_position_embeddings"] = 128;
+    c["rope_theta"] = 500.0;
+    std::filesystem::remove(changed + "/config.json");
+    std::ofstream(changed + "/config.json") << c.dump();
+    const std::string prompt = "In the beginning God created the heaven and the earth. And the earth was";
+    const auto want = generate_ids(bin, changed, "--prompt '" + prompt + "'", 24);
+    ASSERT_NE(want, generate_ids(bin, kjv, "--prompt '" + prompt + "'", 24)) << "the rope base must change the tokens";
+    server_process s(bin, {"--model", kjv, "--hf-overrides", R"({"max_position_embeddings": 128, "rope_theta": 500.0})"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    auto models = json::parse(http_request(s.port(), "GET", "/v1/models").body);
+    EXPECT_EQ(models["data"][0]["max_model_len"], 128) << models;
+    auto r = post(s.port(), "/v1/completions", {{"model", "kjv-tiny"}, {"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0},
+                                                {"ignore_eos", true}, {"return_token_ids", true}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want);
+  }
   std::ofstream(dir.path() + "/bad.yaml") << "no-such-flag: 1\n";
   const std::string serve = bin + " serve --model " + kjv + " --http 127.0.0.1:0 --rpc none ";
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -232,6 +258,8 @@ TEST(ServeVllmCompatFlags, ConfigFileAcceptedFlagsAndRefusals) {
       {"--override-generation-config '{\"min_p\": 0.1}'", "'min_p' is not taken here"},
       {"--override-generation-config '{\"top_p\": 2}'", "'top_p' must be a number in"},
       {"--override-generation-config 'temperature=0'", "not a JSON object"},
+      {"--hf-overrides 'max_position_embeddings=4'", "--hf-overrides must be a JSON object"},
+      {"--hf-overrides '{\"hidden_act\": \"gelu\"}'", "hidden_act"},
       {"--config " + dir.path() + "/missing.yaml", "missing.yaml"},
       {"--config " + dir.path() + "/bad.yaml", "no-such-flag"},
   };

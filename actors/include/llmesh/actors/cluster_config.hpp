@@ -92,9 +92,9 @@ struct model_spec {
   /// LoRA adapters served beside the model (--lora-modules): `loras: [{name: N, path: DIR}, ...]`;
   /// each name is unique among the file's models and adapters.
   std::vector<model::lora_source> loras;
-  /// vLLM's --enable-lora: adapters may be added and removed while the mesh serves
-  /// (/v1/load_lora_adapter on a gateway, `llmesh ctl load-lora`). Implied by `loras`; packed
-  /// placement only.
+  /// Adapters may be added and removed while the mesh serves (/v1/load_lora_adapter on a
+  /// gateway, `llmesh ctl load-lora`): vLLM's --enable-lora with VLLM_ALLOW_RUNTIME_LORA_UPDATING.
+  /// Not implied by `loras` (an explicit opt-in, as vLLM's variable is); packed placement only.
   bool enable_lora = false;
 };
 

@@ -119,6 +119,15 @@ inline const char* cpu_only_family(const model_config& c) {
 /// generation_config.json (bad JSON, or ids that are not non-negative ints) is an invalid_request error
 /// naming that file; a missing one is fine.
 [[nodiscard]] result<model_config> load_config(const std::string& model_dir);
+/// load_config with vLLM's --hf-overrides: `hf_overrides`, a JSON object, changes config.json
+/// before it is parsed (apply_hf_overrides); "" changes nothing.
+[[nodiscard]] result<model_config> load_config(const std::string& model_dir, const std::string& hf_overrides);
+
+/// vLLM's --hf-overrides JSON on config.json's text: each key of the object replaces the
+/// config's value (null: removes it), except that an object given for a nested config
+/// (text_config and other keys ending "_config") updates it key by key, as vLLM updates a
+/// sub-config. invalid_request when the overrides are not a JSON object (or config.json is not one).
+[[nodiscard]] result<std::string> apply_hf_overrides(const std::string& config_text, const std::string& hf_overrides);
 
 /// vLLM's --generation-config DIR: the sampling defaults become DIR/generation_config.json's
 /// (those it leaves out: none), and its eos/bos ids merge in as load_config merges the model's.

@@ -155,6 +155,7 @@ class engine {
 
   const model_config& config() const { return model_->config(); }
   const model& loaded_model() const { return *model_; }
+  const std::shared_ptr<const model>& shared_model() const { return model_; }
   int tp() const { return opt_.tp; }
   /// The ranks this engine runs (all of 0..tp-1, unless made by create_part).
   const std::vector<int>& local_ranks() const { return local_; }

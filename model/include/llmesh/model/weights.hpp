@@ -66,6 +66,9 @@ struct load_options {
   /// vLLM's --tokenizer DIR: the vocabulary structured outputs mask over comes from there
   /// ("": the model's own tokenizer, when it has one).
   std::string tokenizer_dir;
+  /// vLLM's --hf-overrides: a JSON object changing config.json before it is read
+  /// (apply_hf_overrides); "" changes nothing.
+  std::string hf_overrides;
 };
 
 /// One decoder layer. Norm weights and biases are small and converted to float32 at load.
