@@ -234,8 +234,10 @@ status run_node(const node_flags& f) {
   if (cors->enabled() && !p.has(actors::node_role::gateway)) {
     return make_error(errc::invalid_request, "--allowed-origins: CORS is a gateway's; this node has no gateway role");
   }
-  if (f.gw.tls.enabled() && !p.has(actors::node_role::gateway)) {
-    return make_error(errc::invalid_request, "--ssl-certfile: HTTPS is a gateway's; this node has no gateway role");
+  if (f.gw.tls.enabled() && !p.has(actors::node_role::gateway) && !p.metrics) {
+    return make_error(errc::invalid_request,
+                      "--ssl-certfile: HTTPS is a gateway's or a metrics endpoint's; this node has no gateway role and no "
+                      "metrics address");
   }
   LLMESH_TRY(gateway::check_tls(f.gw.tls));
   std::vector<gateway::served_model> served;
@@ -289,10 +291,11 @@ status run_node(const node_flags& f) {
     mo.port = p.metrics->port;
     mo.max_connections = 64;
     mo.max_connections_per_client = 16;
+    mo.tls = f.gw.tls;  // the node's certificate, when it has one: scraped over HTTPS
     auto s = gateway::http_server::listen_metrics(metrics, mo);
     if (!s) return s.take_error();
     metrics_server = std::move(*s);
-    std::fprintf(stderr, "llmesh: node %s metrics on http://%s:%u/metrics\n", p.name.c_str(), mo.host.c_str(),
+    std::fprintf(stderr, "llmesh: node %s metrics on %s://%s:%u/metrics\n", p.name.c_str(), url_scheme(f.gw), mo.host.c_str(),
                  metrics_server->port());
     std::fflush(stderr);
     metrics_thread = std::thread([srv = metrics_server.get()] { srv->run(); });

@@ -170,7 +170,7 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   expect_one_line_error(r, "--lora-modules is a gateway's flag");
   r = run_command(llmesh_bin + " node --name x --join 127.0.0.1:1 --token 0123456789abcdef0123 --listen 127.0.0.1:1 "
                                 "--role replica --ssl-certfile /x.pem");
-  expect_one_line_error(r, "--ssl-certfile: HTTPS is a gateway's; this node has no gateway role");
+  expect_one_line_error(r, "--ssl-certfile: HTTPS is a gateway's or a metrics endpoint's; this node has no gateway role and no metrics address");
   r = run_command(llmesh_bin + " node --name x --join 127.0.0.1:1 --token 0123456789abcdef0123 --listen 127.0.0.1:1 "
                                 "--role replica --allowed-origins http://a.example");
   expect_one_line_error(r, "--allowed-origins: CORS is a gateway's; this node has no gateway role");

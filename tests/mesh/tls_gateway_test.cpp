@@ -1,6 +1,7 @@
 // HTTPS on a gateway node (`llmesh node` with --ssl-certfile): local.yaml's seed serves the mesh's
 // replicas over HTTPS, with the greedy tokens of `llmesh generate`, refuses plain HTTP, and says
-// that its native API speaks TLS too.
+// that its native API speaks TLS too. A replica node's own metrics endpoint takes the same
+// flags: scraped over HTTPS, not over plain HTTP.
 #include <gtest/gtest.h>
 
 #include "../serve/tls_client.hpp"
@@ -34,6 +35,17 @@ TEST(MeshTls, AGatewayNodeServesTheMeshOverHttps) {
     EXPECT_EQ(nlohmann::json::parse(r.response.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want);
   }
   EXPECT_EQ(http_request(m.http_port, "GET", "/health").status, 0) << "plain HTTP gets no answer";
+  // A replica node that joins with a metrics address and a certificate: its /metrics is HTTPS.
+  const int metrics_port = free_local_port();
+  auto c = joiner(m, "replica-c", {"--metrics", "127.0.0.1:" + std::to_string(metrics_port), "--ssl-certfile",
+                                   m.dir.path() + "/cert.pem", "--ssl-keyfile", m.dir.path() + "/key.pem"});
+  ASSERT_TRUE(c.wait_for("metrics on https://127.0.0.1:")) << c.log();
+  auto scraped = https_request(metrics_port, ca, "GET", "/metrics", "");
+  ASSERT_TRUE(scraped.handshake);
+  EXPECT_EQ(scraped.response.status, 200);
+  EXPECT_NE(scraped.response.body.find("llmesh_transport_"), std::string::npos) << scraped.response.body.substr(0, 400);
+  EXPECT_EQ(http_request(metrics_port, "GET", "/metrics").status, 0) << "plain HTTP gets no answer";
+  EXPECT_EQ(c.stop(), 0) << c.log();
   EXPECT_EQ(b.stop(), 0) << b.log();
   EXPECT_EQ(a.stop(), 0) << a.log();
   EXPECT_EQ(seed.stop(), 0) << seed.log();
