@@ -26,6 +26,7 @@ struct generate_flags {
   std::string quantization = "none", kv_cache_dtype = "auto", dtype = "auto";
   std::string device = "auto";
   std::string lora;  ///< a LoRA adapter's directory: generate with it
+  std::string lora_dtype = "auto";
 };
 
 /// The prompt's ids: --prompt-ids as given, or --prompt through the model's tokenizer (with
@@ -55,8 +56,11 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
   if (!kv_type) return kv_type.take_error();
   auto dtype = model::parse_weight_dtype(f.dtype);
   if (!dtype) return dtype.take_error();
+  auto lora_dtype = parse_lora_dtype(f.lora_dtype);
+  if (!lora_dtype) return lora_dtype.take_error();
   model::load_options lo{.dtype = *dtype, .quant = *quant, .loras = {}};
   if (!f.lora.empty()) lo.loras = {{"lora", f.lora}};
+  lo.lora_dtype = *lora_dtype;
   auto m = model::model::load(f.model_dir, lo);
   if (!m) return m.take_error();
   model::engine_options opt;
@@ -184,6 +188,7 @@ void add_generate(CLI::App& app, command_set& commands) {
   add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
   add_dtype_flag(sub, f->dtype);
   sub->add_option("--lora", f->lora, "A LoRA adapter's directory (PEFT): generate with it (CPU backend)");
+  add_lora_dtype_flag(sub, f->lora_dtype);
   sub->add_option("--prefill-chunk", f->prefill_chunk, "Prefill the prompt in chunks of N tokens; 0 = whole");
   sub->add_flag("--print-ids", f->print_ids, "Print the generated token ids on one line");
   sub->add_option("--dump-logits", f->dump_logits, "Write the first generated position's logits (raw float32 LE)");

@@ -127,12 +127,15 @@ status run_serve(serve_flags f) {
   if (ao.model_name.empty()) ao.model_name = std::filesystem::path(f.model_dir).parent_path().filename().string();
   auto loras = lora_sources(f.lora.modules, ao.model_name);
   if (!loras) return loras.take_error();
+  auto lora_dtype = parse_lora_dtype(f.lora.dtype);
+  if (!lora_dtype) return lora_dtype.take_error();
   auto m = model::model::load(f.model_dir, {.dtype = *dtype,
                                                  .quant = *quant,
                                                  .loras = *loras,
                                                  .enable_lora = f.lora.enabled(),
                                                  .max_loras = f.lora.max_cpu_loras,
                                                  .tokenizer_dir = f.vllm.tokenizer,
+                                                 .lora_dtype = *lora_dtype,
                                                  .hf_overrides = f.vllm.hf_overrides});
   if (!m) return m.take_error();
   const auto& cfg = (*m)->config();

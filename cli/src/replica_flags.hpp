@@ -86,12 +86,30 @@ inline void add_kv_cache_dtype_flag(CLI::App* sub, std::string& t) {
   return t;
 }
 
+/// vLLM's --lora-dtype: the type adapters are held in (auto: the weights' --dtype, else as stored).
+inline void add_lora_dtype_flag(CLI::App* sub, std::string& dtype) {
+  sub->add_option("--lora-dtype", dtype,
+                  "vLLM's: auto (the weights' --dtype, else as each adapter stores them), float32, bfloat16 or float16")
+      ->capture_default_str();
+}
+
+/// --lora-dtype's type (nullopt: auto); invalid_request names the choices.
+[[nodiscard]] inline result<std::optional<kernels::dtype>> parse_lora_dtype(const std::string& flag) {
+  auto t = model::parse_weight_dtype(flag);
+  if (!t) {
+    return make_error(errc::invalid_request,
+                      "--lora-dtype must be auto, bfloat16, float16 (half) or float32 (float), not '" + flag + "'");
+  }
+  return t;
+}
+
 /// vLLM's LoRA flags of `llmesh serve`.
 struct lora_flags {
   std::vector<std::string> modules;  ///< --lora-modules
   bool enable = false;               ///< --enable-lora: adapters may come later (runtime updates)
   bool runtime_updates = false;      ///< --allow-runtime-lora-updating (or VLLM_ALLOW_RUNTIME_LORA_UPDATING)
   size_t max_cpu_loras = 0;          ///< --max-cpu-loras: adapters loaded at once (0: model::lora_set's default)
+  std::string dtype = "auto";        ///< --lora-dtype
   /// Whether runtime updates are allowed: the flag, or vLLM's environment variable set to
   /// true/1 (as vLLM reads it).
   bool updates_allowed() const {
@@ -118,6 +136,7 @@ inline void add_lora_flags(CLI::App* sub, lora_flags& f) {
   sub->add_flag("--allow-runtime-lora-updating", f.runtime_updates,
                 "POST /v1/load_lora_adapter and /v1/unload_lora_adapter add and remove adapters while serving, with "
                 "--enable-lora (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=true does the same)");
+  add_lora_dtype_flag(sub, f.dtype);
   sub->add_option("--max-cpu-loras", f.max_cpu_loras, "vLLM's: LoRA adapters loaded at once (0: 64; at least --lora-modules' count)")
       ->check(CLI::Range(size_t{0}, size_t{1} << 16));
   sub->add_option_function<size_t>("--max-loras", [](const size_t&) {},

@@ -12,6 +12,7 @@
 #include <set>
 #include <tuple>
 
+#include "llmesh/kernels/quantize.hpp"
 #include "llmesh/model/safetensors.hpp"
 #include "read_file.hpp"
 
@@ -244,6 +245,30 @@ result<lora_adapter> load_lora(const lora_source& src, const model_config& cfg) 
     a.max_rank = std::max(a.max_rank, r);
   }
   return a;
+}
+
+status cast_lora(lora_adapter& a, kernels::dtype to) {
+  if (to != kernels::dtype::f32 && to != kernels::dtype::bf16 && to != kernels::dtype::f16) {
+    return make_error(errc::invalid_request, "--lora-dtype must be float32, bfloat16 or float16");
+  }
+  auto cast = [&](lora_matrix& m, size_t rows, size_t cols) -> status {
+    if (m.type == to || rows * cols == 0) return ok_status();
+    std::vector<uint8_t> out(kernels::dtype_offset(to, rows * cols));
+    if (auto s = kernels::convert_rows(m.bytes.data(), m.type, rows, cols, out.data(), to); !s) {
+      return make_error(errc::invalid_request, "LoRA adapter '" + a.name + "' (" + a.path + "): --lora-dtype: " + s.err().message);
+    }
+    m.type = to;
+    m.bytes = std::move(out);
+    return ok_status();
+  };
+  for (auto& layer : a.layers) {
+    for (auto& p : layer.pairs) {
+      if (p.r == 0) continue;
+      LLMESH_TRY(cast(p.a, p.r, p.in));
+      LLMESH_TRY(cast(p.b, p.out, p.r));
+    }
+  }
+  return ok_status();
 }
 
 }  // namespace llmesh::model

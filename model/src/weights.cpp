@@ -114,6 +114,7 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     for (const auto& x : l.experts) m->int8_weights_ |= held_int8(x.gate) || held_int8(x.up) || held_int8(x.down);
   }
   m->lora_enabled_ = opt.enable_lora || !opt.loras.empty();
+  m->lora_type_ = opt.lora_dtype ? opt.lora_dtype : opt.dtype;  // auto: the weights' (vLLM's)
   if (opt.max_loras != 0 && opt.max_loras < opt.loras.size()) {
     return make_error(errc::invalid_request, "--max-cpu-loras " + std::to_string(opt.max_loras) + " is below the " +
                                                  std::to_string(opt.loras.size()) + " adapters given");
@@ -136,6 +137,7 @@ result<int32_t> model::load_lora(const lora_source& src) const {
   }
   auto a = llmesh::model::load_lora(src, config_);
   if (!a) return a.take_error();
+  if (lora_type_) LLMESH_TRY(cast_lora(*a, *lora_type_));
   return loras_->add(std::make_shared<const lora_adapter>(std::move(*a)));
 }
 

@@ -235,6 +235,65 @@ TEST(Lora, TensorParallelAgrees) {
   EXPECT_LT(rel_diff(step(*e2, {{prompt, 0, 0, 0, n}}), step(*e1, {{prompt, 0, 0, 0, n}})), 1e-5);
 }
 
+// vLLM's --lora-dtype: every matrix rewritten in the type asked for (bfloat16 and float16 by
+// rounding to nearest even, float32 exactly); auto follows the weights' --dtype, else the file's.
+TEST(Lora, LoraDtypeRewritesEveryMatrix) {
+  testing::temp_dir dir;
+  const std::string base = dir.path() + "/base", ad = dir.path() + "/adapter";
+  ASSERT_TRUE(write_random_model(llama_spec(), base).ok());
+  ASSERT_TRUE(write_random_lora({}, base, ad).ok());
+  auto cfg = load_config(base);
+  ASSERT_TRUE(cfg.ok());
+  auto stored = load_lora({"a", ad}, *cfg);
+  ASSERT_TRUE(stored.ok()) << stored.err().message;
+  ASSERT_EQ(stored->layers[0][lora_target::q].a.type, kernels::dtype::f32) << "random-lora writes float32";
+  for (auto to : {kernels::dtype::bf16, kernels::dtype::f16}) {
+    lora_adapter cast = *stored;
+    ASSERT_TRUE(cast_lora(cast, to).ok());
+    size_t checked = 0;
+    for (size_t l = 0; l < cfg->n_layers; ++l) {
+      for (size_t t = 0; t < lora_target_count; ++t) {
+        const auto& was = stored->layers[l].pairs[t];
+        const auto& now = cast.layers[l].pairs[t];
+        if (was.r == 0) continue;
+        ASSERT_EQ(now.a.type, to);
+        ASSERT_EQ(now.b.type, to);
+        ASSERT_EQ(now.a.bytes.size(), kernels::dtype_offset(to, was.r * was.in));
+        for (size_t i = 0; i < was.r * was.in; ++i) {
+          const float v = was.a.value(i);
+          const float want = to == kernels::dtype::bf16 ? kernels::bf16_to_f32(kernels::f32_to_bf16(v))
+                                                        : kernels::f16_to_f32(kernels::f32_to_f16(v));
+          ASSERT_EQ(now.a.value(i), want) << l << " " << t << " " << i;
+          ++checked;
+        }
+        EXPECT_EQ(now.scale, was.scale);
+      }
+    }
+    EXPECT_GT(checked, 1000u);
+    lora_adapter back = cast;  // widening is exact
+    ASSERT_TRUE(cast_lora(back, kernels::dtype::f32).ok());
+    EXPECT_EQ(back.layers[1][lora_target::down].b.value(3), cast.layers[1][lora_target::down].b.value(3));
+  }
+  lora_adapter q8 = *stored;
+  EXPECT_FALSE(cast_lora(q8, kernels::dtype::q8).ok());
+  // Through model::load: asked for, or following --dtype (vLLM's auto).
+  load_options lo;
+  lo.loras = {{"a", ad}};
+  lo.lora_dtype = kernels::dtype::bf16;
+  auto asked = model::load(base, lo);
+  ASSERT_TRUE(asked.ok()) << asked.err().message;
+  EXPECT_EQ((*asked)->loras().find("a").second->layers[0][lora_target::v].b.type, kernels::dtype::bf16);
+  lo.lora_dtype.reset();
+  lo.dtype = kernels::dtype::f16;
+  auto follows = model::load(base, lo);
+  ASSERT_TRUE(follows.ok()) << follows.err().message;
+  EXPECT_EQ((*follows)->loras().find("a").second->layers[0][lora_target::v].b.type, kernels::dtype::f16);
+  lo.dtype.reset();
+  auto plain = model::load(base, lo);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->loras().find("a").second->layers[0][lora_target::v].b.type, kernels::dtype::f32) << "as stored";
+}
+
 TEST(Lora, AnUnknownAdapterIndexIsRefusedAndCudaIsRefused) {
   testing::temp_dir dir;
   auto m = model_with_adapter(dir);

@@ -2,13 +2,15 @@
 // model of its own in /v1/models (parent: the base model); its completions run the base model's
 // replicas with the adapter — the same greedy tokens on either replica, alone or while the base
 // model and another adapter run in the same batches, and other tokens than the base model's; a
-// bad adapter stops the server at start with one line naming it.
+// bad adapter stops the server at start with one line naming it. --lora-dtype holds the
+// adapters in another type: the tokens are `llmesh generate --lora-dtype`'s.
 #include <gtest/gtest.h>
 
 #include <future>
 #include <nlohmann/json.hpp>
 
 #include "../model/temp_dir.hpp"
+#include "reference.hpp"
 #include "server_process.hpp"
 
 namespace llmesh::testing {
@@ -80,6 +82,35 @@ TEST(ServeLora, AdaptersAreModelsThatRunOnTheBaseModelsReplicas) {
   EXPECT_EQ(json::parse(t.body)["model"], "psalms");
   auto unknown = http_request(s.port(), "POST", "/v1/completions", R"({"model":"hymns","prompt":[5],"max_tokens":1})");
   EXPECT_EQ(unknown.status, 404) << unknown.body;
+}
+
+TEST(ServeLora, LoraDtypeHoldsAdaptersInTheTypeAsked) {
+  model::testing::temp_dir dir;
+  const std::string base = dir.path() + "/base", ad = dir.path() + "/psalms";
+  ASSERT_EQ(std::system((bin + " model random --out " + base + " --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 "
+                         "--vocab 300 --seed 9 2>/dev/null").c_str()), 0);
+  ASSERT_EQ(std::system((bin + " model random-lora --model " + base + " --out " + ad + " --strength 2 2>/dev/null").c_str()), 0);
+  const std::vector<int32_t> prompt = {5, 17, 100, 42, 8, 99, 1, 259, 33, 71};
+  // Sampled (seed 3): a draw near a boundary tells the adapter's rounding apart.
+  const std::string flags = "--prompt-ids " + id_list(prompt) + " --lora " + ad;
+  const std::string sampling = " --temperature 1 --seed 3 --lora-dtype ";
+  const auto as_stored = generate_ids(bin, base, flags, 40, sampling + "auto");
+  for (const std::string type : {"float16", "bfloat16"}) {
+    const auto want = generate_ids(bin, base, flags, 40, sampling + type);
+    ASSERT_EQ(want.size(), 40u);
+    ASSERT_NE(want, as_stored) << type << ": this seed must tell the adapter's type apart";
+    server_process s(bin, {"--model", base, "--lora-modules", "psalms=" + ad, "--lora-dtype", type});
+    ASSERT_GT(s.port(), 0) << s.log();
+    const json body = {{"model", "psalms"}, {"prompt", prompt}, {"max_tokens", 40}, {"temperature", 1}, {"seed", 3},
+                       {"ignore_eos", true}, {"return_token_ids", true}};
+    auto r = http_request(s.port(), "POST", "/v1/completions", body.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want) << type;
+  }
+  server_process bad(bin, {"--model", base, "--lora-modules", "psalms=" + ad, "--lora-dtype", "int8"});
+  EXPECT_LE(bad.port(), 0);
+  EXPECT_NE(bad.log().find("--lora-dtype must be auto, bfloat16, float16 (half) or float32 (float), not 'int8'"), std::string::npos)
+      << bad.log();
 }
 
 TEST(ServeLora, ABadAdapterIsOneLineAndAnExit) {

@@ -92,4 +92,9 @@ struct lora_adapter : std::enable_shared_from_this<lora_adapter> {
 /// the base model, ranks above 512, non-finite values.
 [[nodiscard]] result<lora_adapter> load_lora(const lora_source& src, const model_config& cfg);
 
+/// vLLM's --lora-dtype: every matrix of `a` rewritten as `to` (float32, bfloat16 or float16):
+/// widening is exact, narrowing rounds to nearest even; a value float16 cannot hold is an
+/// invalid_request naming the adapter.
+[[nodiscard]] status cast_lora(lora_adapter& a, kernels::dtype to);
+
 }  // namespace llmesh::model

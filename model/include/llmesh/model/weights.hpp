@@ -66,6 +66,10 @@ struct load_options {
   /// vLLM's --tokenizer DIR: the vocabulary structured outputs mask over comes from there
   /// ("": the model's own tokenizer, when it has one).
   std::string tokenizer_dir;
+  /// vLLM's --lora-dtype: the type adapters' matrices are held in (float32, bfloat16, float16;
+  /// narrowing rounds to nearest even). nullopt (auto): the weights' --dtype when one was given,
+  /// else as each adapter's file stores them.
+  std::optional<kernels::dtype> lora_dtype;
   /// vLLM's --hf-overrides: a JSON object changing config.json before it is read
   /// (apply_hf_overrides); "" changes nothing.
   std::string hf_overrides;
@@ -166,6 +170,7 @@ class model {
   /// The --dtype copy the cast weight views point into.
   std::shared_ptr<uint8_t> cast_;
   std::optional<kernels::dtype> cast_type_;
+  std::optional<kernels::dtype> lora_type_;  ///< load_options::lora_dtype, resolved
 };
 
 }  // namespace llmesh::model
