@@ -129,13 +129,13 @@ void lora_done(agent* self, const std::shared_ptr<lora_applied>& r) {
   lora_part_done(self, r->update, r->code, r->err);
   if (!r->hosted) return;
   st.lora_busy.erase(r->model);
+  // The next command of the model, if one waits (a quick one comes back here for the one after).
   auto backlog = st.lora_backlog.find(r->model);
-  while (backlog != st.lora_backlog.end() && !backlog->second.empty() && !st.lora_busy.count(r->model)) {
-    auto next = std::move(backlog->second.front());
-    backlog->second.pop_front();
-    start_lora(self, next);
-  }
-  if (backlog != st.lora_backlog.end() && backlog->second.empty()) st.lora_backlog.erase(backlog);
+  if (backlog == st.lora_backlog.end()) return;
+  auto next = std::move(backlog->second.front());
+  backlog->second.pop_front();
+  if (backlog->second.empty()) st.lora_backlog.erase(backlog);
+  start_lora(self, next);
 }
 
 void apply_queued_loras(agent* self, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
