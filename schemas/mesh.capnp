@@ -271,6 +271,8 @@ struct Assign {
   # The model takes LoRA adapters while it serves (the cluster config's `enable_lora`, or any
   # `loras`): the node loads it so, and later adapters come as ControlRequest "lora" commands.
   enableLora @14 :Bool;
+  # Adapters the model holds at once (the cluster config's `max_loras`; 0: the node's default, 64).
+  maxLoras @15 :UInt32;
 }
 
 struct LoraModule {

@@ -324,7 +324,7 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   r.at(entry_label("models", index, node));
   LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization",
                                  "dtype", "kv_cache_dtype", "chat_template", "max_model_len", "reasoning_parser", "tool_call_parser", "pooling", "loras",
-                                 "enable_lora"}));
+                                 "enable_lora", "max_loras"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -403,6 +403,14 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
       out.loras.push_back({*lname, *lpath});
     }
     if (auto s = model::check_lora_names(out.loras, out.name); !s) return r.fail(s.err().message);
+  }
+  LLMESH_READ(max_loras, r.integer(f, "max_loras", 1, 65536));
+  if (max_loras) {
+    out.max_loras = static_cast<size_t>(*max_loras);
+    if (out.max_loras < out.loras.size()) {
+      return r.fail("'max_loras' (" + std::to_string(out.max_loras) + ") is below the " + std::to_string(out.loras.size()) +
+                    " adapters 'loras' lists");
+    }
   }
   LLMESH_READ(enable_lora, r.boolean(f, "enable_lora"));
   out.enable_lora = enable_lora;  // an opt-in of its own: listing loras does not open the runtime routes

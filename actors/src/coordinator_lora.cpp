@@ -10,6 +10,7 @@
 
 #include "llmesh/actors/coordinator.hpp"
 #include "llmesh/actors/join_auth.hpp"
+#include "llmesh/model/lora_set.hpp"
 
 namespace llmesh::actors {
 namespace {
@@ -68,6 +69,13 @@ std::optional<transport::control_reply_msg> coordinator::lora_command(transport:
       const bool taken = std::any_of(s.loras.begin(), s.loras.end(), [&](const auto& l) { return l.name == name; }) ||
                          std::any_of(mine.begin(), mine.end(), [&](const auto& l) { return l.name == name; });
       if (taken) return refuse(errc::invalid_request, "The lora adapter '" + name + "' has already been loaded.", request);
+    }
+    const size_t held = spec->loras.size() + rt.size(), most = spec->max_loras ? spec->max_loras : model::lora_set::default_capacity;
+    if (held >= most) {
+      return refuse(errc::invalid_request,
+                    "'" + model + "' holds its most LoRA adapters (" + std::to_string(most) +
+                        ", the cluster config's max_loras); unload one first",
+                    request);
     }
     const bool ready = std::any_of(replicas_.begin(), replicas_.end(), [&](const auto& r) {
       return r.second.a.model == model && r.second.phase == transport::replica_phase::ready;

@@ -72,7 +72,7 @@ inline result<model::load_options> load_options_of(const transport::assign_msg& 
   if ((!a.loras.empty() || a.enable_lora) && device == model::backend::cuda) {
     return make_error(errc::unsupported, "LoRA adapters run on the CPU backend only, and this node's device is cuda");
   }
-  model::load_options o{.dtype = *dtype, .quant = *q, .loras = {}, .enable_lora = a.enable_lora, .max_loras = 0, .tokenizer_dir = {}, .lora_dtype = {}, .hf_overrides = {}};
+  model::load_options o{.dtype = *dtype, .quant = *q, .loras = {}, .enable_lora = a.enable_lora, .max_loras = a.max_loras, .tokenizer_dir = {}, .lora_dtype = {}, .hf_overrides = {}};
   for (const auto& l : a.loras) o.loras.push_back({l.name, l.path});
   return o;
 }

@@ -317,6 +317,13 @@ TEST(ClusterConfig, EnableLoraLetsAdaptersComeWhileServingPackedModelsOnly) {
   EXPECT_FALSE(listed->models[0].enable_lora);
   expect_refused(with("placement: packed", "placement: packed\n    enable_lora: yes"), {"'enable_lora' must be true or false"});
   expect_refused(with("placement: packed", "placement: packed\n    enable_lora: 'true'"), {"'enable_lora' must be true or false"});
+  auto bounded = parse_cluster_config(with("placement: packed", "placement: packed\n    enable_lora: true\n    max_loras: 8"), "t.yaml");
+  ASSERT_TRUE(bounded.ok()) << bounded.err().message;
+  EXPECT_EQ(bounded->models[0].max_loras, 8u);
+  EXPECT_EQ(on->models[0].max_loras, 0u) << "unset: the node's default (64)";
+  expect_refused(with("placement: packed", "placement: packed\n    max_loras: 0"), {"'max_loras' must be an integer in 1..65536"});
+  expect_refused(with("placement: packed", "placement: packed\n    loras: [{name: a, path: x}, {name: b, path: y}]\n    max_loras: 1"),
+                 {"'max_loras' (1) is below the 2 adapters 'loras' lists"});
   expect_refused(with("placement: packed", "placement: spread\n    enable_lora: true"),
                  {"'enable_lora': adapters added while serving reach packed replicas only"});
 }

@@ -245,6 +245,28 @@ TEST(CoordinatorLora, ALoadWaitsForAReadyReplicaToCheckTheAdapter) {
             (strings{"lora load tiny x /x -> 1:1"}));
 }
 
+TEST(CoordinatorLora, MaxLorasBoundsTheAdaptersAModelHolds) {
+  model_spec m = lora_model(1);
+  m.loras = {{"cfg", "/a/cfg"}};
+  m.max_loras = 2;
+  auto c = make({m}, 600s);
+  join(c, 1, "a");
+  ready(c, 1, 1);
+  auto sent = view(c.on_message(ctl_peer, frame(command("load-lora", {"tiny", "x", "/x"}), ctl_actor), t0, wall0));
+  ASSERT_EQ(sent.ids.size(), 1u);
+  answer(c, 1, sent.ids[0], true);
+  auto full = send_ctl(c, command("load-lora", {"tiny", "y", "/y"}));
+  EXPECT_FALSE(full.reply.ok);
+  EXPECT_EQ(full.reply.text, "'tiny' holds its most LoRA adapters (2, the cluster config's max_loras); unload one first");
+  EXPECT_TRUE(full.effects.empty());
+  // The nodes hear the bound with each assignment.
+  ASSERT_TRUE(ctl(c, "scale", {"tiny", "2"}).reply.ok);
+  auto more = assigns(join(c, 2, "b"));
+  ASSERT_EQ(more.size(), 1u);
+  EXPECT_EQ(more[0].max_loras, 2u);
+  EXPECT_EQ(more[0].loras.size(), 2u);
+}
+
 TEST(CoordinatorLora, AGatewayJoiningLaterHearsEveryModelsAdapters) {
   model_spec other = lora_model(0);
   other.name = "other";

@@ -79,6 +79,8 @@ std::vector<envelope> samples() {
       assign_msg{20, "kjv-tiny", "models/kjv-tiny", 1, 64, assign_op::start, {}, {}, {}, "", {}, "", 0, "float32"},
       // A model that takes LoRA adapters while it serves (enable_lora), none yet.
       assign_msg{21, "kjv-tiny", "models/kjv-tiny", 1, 64, assign_op::start, {}, {}, {}, "", {}, "", 0, "", true},
+      // At most 8 adapters at once.
+      assign_msg{22, "kjv-tiny", "models/kjv-tiny", 1, 64, assign_op::start, {}, {}, {}, "", {}, "", 0, "", true, 8},
       // Spread placement: this node runs ranks 1 and 2 of 3; the key is bytes (zeros too).
       assign_msg{15, "kjv-tiny", "models/kjv-tiny", 3, 128, assign_op::start, {1, 2},
                  {"127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7102"}, std::string("\x00key\xff\x01-of-the-group", 19)},

@@ -191,6 +191,7 @@ struct writer {
     a.setMaxModelLen(m.max_model_len);
     a.setDtype(text(m.dtype));
     a.setEnableLora(m.enable_lora);
+    a.setMaxLoras(m.max_loras);
   }
   void operator()(const shard_step_msg& m) {
     auto st = b.initShardStep();
@@ -478,7 +479,7 @@ struct reader {
         assign_msg m{a.getReplica(), str(a.getModel(), "model"), str(a.getPath(), "path"), a.getTp(),
                      a.getKvCacheMb(), static_cast<assign_op>(enum_value(a.getOp(), 1, "op")), {}, {}, {},
                      str(a.getQuantization(), "quantization"), {}, str(a.getKvCacheDtype(), "kvCacheDtype"),
-                     a.getMaxModelLen(), str(a.getDtype(), "dtype"), a.getEnableLora()};
+                     a.getMaxModelLen(), str(a.getDtype(), "dtype"), a.getEnableLora(), a.getMaxLoras()};
         if (fits(a.getRanks(), "ranks")) {
           for (auto x : a.getRanks()) m.ranks.push_back(x);
         }

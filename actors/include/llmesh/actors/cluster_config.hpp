@@ -96,6 +96,9 @@ struct model_spec {
   /// gateway, `llmesh ctl load-lora`): vLLM's --enable-lora with VLLM_ALLOW_RUNTIME_LORA_UPDATING.
   /// Not implied by `loras` (an explicit opt-in, as vLLM's variable is); packed placement only.
   bool enable_lora = false;
+  /// Adapters a replica holds at once, the config's and those added while serving (vLLM's
+  /// --max-cpu-loras; 0: 64); at least `loras`' count. A load beyond it is refused.
+  size_t max_loras = 0;
 };
 
 /// A whole cluster config, validated. Immutable after parsing; safe to share between threads.

@@ -188,7 +188,8 @@ struct assign_msg {
   std::string kv_cache_dtype;      ///< the model's --kv-cache-dtype ("" = float32); the node parses it
   uint64_t max_model_len = 0;      ///< the context its gateways grant (0: the model's)
   std::string dtype;               ///< the model's --dtype ("" = auto); the node parses it
-  bool enable_lora = false;        ///< adapters may come while it serves (implied by `loras`)
+  bool enable_lora = false;        ///< adapters may come while it serves
+  uint32_t max_loras = 0;          ///< adapters held at once (0: the node's default)
   bool operator==(const assign_msg&) const = default;
 };
 
