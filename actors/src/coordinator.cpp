@@ -2,6 +2,7 @@
 #include "llmesh/actors/coordinator.hpp"
 
 #include <algorithm>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "llmesh/actors/join_auth.hpp"
@@ -46,7 +47,7 @@ result<coordinator> coordinator::create(coordinator_options opt) {
 }
 
 coordinator::coordinator(coordinator_options opt)
-    : opt_(std::move(opt)), members_(opt_.token, opt_.failure_timeout) {}
+    : opt_(std::move(opt)), members_(opt_.token, opt_.failure_timeout), next_lora_update_((uint64_t{std::random_device{}()} << 20) + 1) {}
 
 coordinator::actions coordinator::on_message(transport::peer_id peer, const transport::envelope& e,
                                              mesh_clock::time_point now, uint64_t wall_ms) {

@@ -127,6 +127,10 @@ void coordinator::lora_answer(transport::peer_id peer, const transport::control_
   }
   auto& u = it->second;
   if (node.empty() || u.waiting.erase(node) == 0) return;
+  if (m.ok) {  // (a node of an earlier build does not say: one copy)
+    auto n = j.find("applied");
+    u.applied += n != j.end() && n->is_number_unsigned() ? n->get<uint64_t>() : 1;
+  }
   if (!m.ok && u.failure.empty()) {
     u.failure = "node " + node + ": " + m.text;
     if (auto code = j.find("code"); code != j.end() && code->is_number_unsigned() && code->get<uint64_t>() <= static_cast<uint64_t>(errc::internal)) {
@@ -141,6 +145,10 @@ void coordinator::lora_finish(uint64_t id, actions& out) {
   if (it == lora_updates_.end()) return;
   lora_update u = std::move(it->second);
   lora_updates_.erase(it);
+  if (u.load && u.failure.empty() && u.applied == 0) {  // its replicas' nodes left (or stopped them) before loading it
+    u.failure = "no replica of '" + u.model + "' loaded the adapter: the nodes hosting them left or stopped them meanwhile; retry";
+    u.failure_code = errc::replica_unavailable;
+  }
   reply r;
   if (u.failure.empty()) {
     lora_news(u.model, out);

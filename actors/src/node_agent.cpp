@@ -132,7 +132,9 @@ void load_replica(agent* self, const transport::assign_msg& a) {
   });
 }
 
-void loaded(agent* self, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
+}  // namespace
+
+void agent_detail::loaded(agent* self, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
             std::shared_ptr<model::engine> eng, const std::string& err) {
   auto& st = self->state;
   auto pending = st.loading.find(id);
@@ -145,7 +147,6 @@ void loaded(agent* self, uint64_t id, const std::string& key, std::shared_ptr<co
     auto ops = std::move(q->second);
     st.lora_queue.erase(q);
     if (!cancelled && eng) return apply_queued_loras(self, id, key, std::move(m), std::move(eng), std::move(ops));
-    for (const auto& op : ops) lora_part_done(self, op.update, errc::invalid_request, "");  // nothing to apply it to
   }
   st.loading.erase(pending);
   if (cancelled) return report(self, id, model, transport::replica_phase::dead, 0, "stopped while loading");
@@ -161,6 +162,8 @@ void loaded(agent* self, uint64_t id, const std::string& key, std::shared_ptr<co
                static_cast<unsigned long long>(id), model.c_str(), tp);
   report(self, id, model, transport::replica_phase::ready, export_id);
 }
+
+namespace {
 
 void stop_replica(agent* self, uint64_t id) {
   if (auto l = self->state.loading.find(id); l != self->state.loading.end()) {
@@ -201,6 +204,7 @@ void drop_all(agent* self) {
     if (!st.loading.count(id)) forming.push_back(id);
   }
   for (uint64_t id : forming) fail_forming(self, id, "dropped");
+  lora_reset(self, "");
 }
 
 void on_down(agent* self, const caf::down_msg& d) {
@@ -368,6 +372,7 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
                      st.opt.node.c_str(), why.c_str());
         st.coord_peer.reset();
         st.joined = false;
+        lora_reset(self, "this node lost its coordinator before the LoRA adapter update was answered; retry");
         // The coordinator forgot this node's replicas with the connection (and re-formed them
         // elsewhere); kept, they would be orphans no router knows.
         drop_all(self);
@@ -381,6 +386,10 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
       },
       [=](lora_done_atom, const std::shared_ptr<lora_applied>& r) { lora_done(self, r); },
       [=](lora_late_atom, const std::string& request) { lora_late(self, request); },
+      [=](lora_queued_atom, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
+          std::shared_ptr<model::engine> eng, const std::string& failed, const std::string& err) {
+        queued_loras_applied(self, id, key, std::move(m), std::move(eng), failed, err);
+      },
       [=](part_atom, const std::shared_ptr<loaded_part>& p) { part_loaded(self, p); },
       [=](joined_atom, uint64_t id, const std::string& err) { joined(self, id, err); },
       [=](form_timeout_atom, uint64_t id) {
@@ -406,6 +415,7 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
       [=](stop_atom) {
         auto& st = self->state;
         st.quitting = true;
+        lora_reset(self, "this node is stopping; retry on another gateway");
         drop_all(self);
         if (st.hosted.empty()) return self->quit();  // (a replica still loading is dropped when it arrives)
       },

@@ -132,20 +132,20 @@ void stop_hosted(agent* self, hosted_replica& h);
 // Runtime LoRA updates (node_agent_lora.cpp).
 using lora_done_atom = caf::atom_constant<caf::atom("loradone")>;
 using lora_late_atom = caf::atom_constant<caf::atom("loralate")>;
+using lora_queued_atom = caf::atom_constant<caf::atom("loraqd")>;
 
-/// A "lora" load applied on a helper: the models it went to (with their cache keys before), and
-/// the engines that hold them meanwhile.
+/// A "lora" command applied (a load on a helper) to the models of the replicas hosted here.
 struct lora_applied {
   uint64_t update = 0;
   std::string model;
   lora_op op;
   std::vector<std::shared_ptr<const model::model>> targets;  ///< the hosted replicas' copies
-  bool hosted = true;  ///< the hosted replicas' part (false: a replica that was loading)
   errc code = errc::invalid_request;
   std::string err;
 };
-/// The coordinator's "lora" command: apply it to the models of the replicas of its model here
-/// (queued for those still loading), then answer.
+/// The coordinator's "lora" command: queued for the replicas of its model still loading here,
+/// applied to the models of those hosted, then answered ({"lora_update", "applied": the copies
+/// it went to, "code" on a refusal}).
 void on_lora_command(agent* self, const transport::control_msg& m);
 /// The helper of on_lora_command finished.
 void lora_done(agent* self, const std::shared_ptr<lora_applied>& r);
@@ -159,16 +159,24 @@ void on_lora_reply(agent* self, const transport::control_reply_msg& m);
 void request_lora(agent* self, caf::response_promise rp, bool load, const std::string& model, const std::string& name,
                   const std::string& path);
 /// A replica finished loading while updates came: they are applied to its model (on a helper),
-/// each answered as a part of its update (a refused one leaves the replica as it was: the
-/// coordinator undoes the update), then `loaded_atom` comes again.
+/// then `lora_queued_atom` comes (queued_loras_applied).
 void apply_queued_loras(agent* self, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
                         std::shared_ptr<model::engine> eng, std::vector<lora_op> ops);
+/// The helper of apply_queued_loras is done; `failed` names the adapter it refused (`err` why):
+/// the replica fails to start, as one assigned after the update would have, unless an undo of
+/// it was queued meanwhile. Then as `loaded_atom` (which applies what was queued meanwhile).
+void queued_loras_applied(agent* self, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
+                          std::shared_ptr<model::engine> eng, const std::string& failed, const std::string& err);
+/// The replica's model and engine are built (or `err`): node_agent.cpp.
+void loaded(agent* self, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
+            std::shared_ptr<model::engine> eng, const std::string& err);
 /// The model cache holds `m` under the key of the adapters it has now (`key`: its key before).
 void recache(agent* self, const std::string& key, const std::shared_ptr<const model::model>& m);
 /// `m`'s cache entry moves to the key of the adapters it has now (none: not cached).
 void recache(agent* self, const std::shared_ptr<const model::model>& m);
-/// One part of update `update` is done (`err` empty: applied); the last answers the coordinator.
-void lora_part_done(agent* self, uint64_t update, errc code, const std::string& err);
+/// The node's replicas are dropped: updates waiting here go; with `why` (the coordinator is
+/// gone, or the node stops) the gateway's own requests are answered with it.
+void lora_reset(agent* self, const std::string& why);
 
 }  // namespace llmesh::actors::agent_detail
 

@@ -2,6 +2,7 @@
 // (apply to this node's copies of a model; answer), its "lora-news" for a gateway node, and the
 // gateway's own requests (signed control commands to the coordinator, answered when the mesh
 // has applied them). Adapters load on a helper: reading one takes long enough to miss beats.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -14,9 +15,7 @@
 namespace llmesh::actors::agent_detail {
 namespace {
 
-/// Applies `op` to `m`. Idempotent: loading a name loaded from the same directory, or unloading
-/// one that is not there, changes nothing; a name loaded from another directory is refused.
-status apply_op(const model::model& m, const lora_op& op) {
+status apply_op_unguarded(const model::model& m, const lora_op& op) {
   if (!op.load) {
     (void)m.loras().remove(op.name);  // not there: nothing to undo
     return ok_status();
@@ -34,6 +33,19 @@ status apply_op(const model::model& m, const lora_op& op) {
   return id.take_error();
 }
 
+/// Applies `op` to `m`. Idempotent: loading a name loaded from the same directory, or unloading
+/// one that is not there, changes nothing; a name loaded from another directory is refused.
+/// Never throws (a helper that did would leave the model busy for good).
+status apply_op(const model::model& m, const lora_op& op) {
+  try {
+    return apply_op_unguarded(m, op);
+  } catch (const std::exception& e) {
+    return make_error(errc::internal, "LoRA adapter '" + op.name + "': " + e.what());
+  } catch (...) {
+    return make_error(errc::internal, "LoRA adapter '" + op.name + "': an unknown failure");
+  }
+}
+
 /// Runs a "lora" command now: queued for the replicas still loading, applied to the copies the
 /// hosted replicas run (a load on a helper; the model is busy until it is done).
 void start_lora(agent* self, const transport::control_msg& m) {
@@ -42,13 +54,11 @@ void start_lora(agent* self, const transport::control_msg& m) {
   r->update = std::strtoull(m.args[0].c_str(), nullptr, 10);
   r->model = m.args[2];
   r->op = {m.args[1] == "load", m.args[3], m.args[4], r->update};
-  int parts = 1;  // the hosted replicas'
+  // A replica still loading applies it before it is ready (or fails to start): answered now, as
+  // its model may take minutes to load.
   for (const auto& [id, l] : st.loading) {
-    if (l.first != r->model) continue;
-    st.lora_queue[id].push_back(r->op);
-    ++parts;
+    if (l.first == r->model && !st.forming.count(id) && !st.assigned.count(id)) st.lora_queue[id].push_back(r->op);
   }
-  if (r->update != 0) st.lora_answers[r->update].parts = parts;  // (an undo is answered to nobody)
   for (const auto& [id, h] : st.hosted) {
     if (h.model != r->model || h.follower || !h.engine) continue;
     const auto& mine = h.engine->shared_model();
@@ -72,11 +82,12 @@ void start_lora(agent* self, const transport::control_msg& m) {
   });
 }
 
-/// The coordinator learns how a "lora" command went here.
-void answer(agent* self, uint64_t update, const lora_answer& a) {
-  nlohmann::json j{{"lora_update", update}};
-  if (!a.err.empty()) j["code"] = static_cast<int>(a.code);
-  to_coordinator(self, transport::control_reply_msg{a.err.empty(), a.err.empty() ? "applied" : a.err, j.dump()});
+/// The coordinator learns how a "lora" command went here (an undo, update 0, is answered to nobody).
+void answer(agent* self, const lora_applied& r) {
+  if (r.update == 0) return;
+  nlohmann::json j{{"lora_update", r.update}, {"applied", r.err.empty() ? r.targets.size() : 0}};
+  if (!r.err.empty()) j["code"] = static_cast<int>(r.code);
+  to_coordinator(self, transport::control_reply_msg{r.err.empty(), r.err.empty() ? "applied" : r.err, j.dump()});
 }
 
 uint64_t wall_ms() {
@@ -98,19 +109,6 @@ void recache(agent* self, const std::shared_ptr<const model::model>& m) {
   }
 }
 
-void lora_part_done(agent* self, uint64_t update, errc code, const std::string& err) {
-  auto& answers = self->state.lora_answers;
-  auto it = answers.find(update);
-  if (it == answers.end()) return;
-  if (!err.empty() && it->second.err.empty()) {
-    it->second.err = err;
-    it->second.code = code;
-  }
-  if (--it->second.parts > 0) return;
-  answer(self, update, it->second);
-  answers.erase(it);
-}
-
 void on_lora_command(agent* self, const transport::control_msg& m) {
   auto& st = self->state;
   if (m.args.size() != 5 || (m.args[1] != "load" && m.args[1] != "unload")) return;
@@ -126,8 +124,13 @@ void lora_done(agent* self, const std::shared_ptr<lora_applied>& r) {
     std::fprintf(stderr, "llmesh: node %s: LoRA adapter '%s' of '%s' %s\n", st.opt.node.c_str(), r->op.name.c_str(),
                  r->model.c_str(), r->op.load ? "loaded" : "unloaded");
   }
-  lora_part_done(self, r->update, r->code, r->err);
-  if (!r->hosted) return;
+  answer(self, *r);
+  if (!r->err.empty() && r->op.load) {
+    // Refused here: the coordinator undoes it everywhere, so a replica still loading skips it.
+    for (auto& [id, ops] : st.lora_queue) {
+      std::erase_if(ops, [&](const lora_op& o) { return o.load && o.update == r->update && o.name == r->op.name; });
+    }
+  }
   st.lora_busy.erase(r->model);
   // The next command of the model, if one waits (a quick one comes back here for the one after).
   auto backlog = st.lora_backlog.find(r->model);
@@ -140,22 +143,44 @@ void lora_done(agent* self, const std::shared_ptr<lora_applied>& r) {
 
 void apply_queued_loras(agent* self, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
                         std::shared_ptr<model::engine> eng, std::vector<lora_op> ops) {
-  self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), id, key, m, eng, ops,
-                              model = self->state.loading.at(id).first](caf::event_based_actor* helper) {
-    for (const auto& op : ops) {
-      auto r = std::make_shared<lora_applied>();
-      r->update = op.update;
-      r->model = model;
-      r->op = op;
-      r->hosted = false;
-      if (auto s = apply_op(*m, op); !s) {
-        r->code = s.err().code;
-        r->err = s.err().message;
+  self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), id, key, m, eng, ops](caf::event_based_actor* helper) {
+    std::string failed, err;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      auto s = apply_op(*m, ops[i]);
+      // A load refused here was refused elsewhere too when a later command undoes it.
+      const bool undone = std::any_of(ops.begin() + static_cast<std::ptrdiff_t>(i) + 1, ops.end(),
+                                      [&](const lora_op& o) { return !o.load && o.name == ops[i].name; });
+      if (!s && !undone) {
+        failed = ops[i].name;
+        err = "LoRA adapter '" + failed + "', loaded while the replica started: " + s.err().message;
+        break;
       }
-      helper->send(agent_handle, lora_done_atom::value, r);
     }
-    helper->send(agent_handle, loaded_atom::value, id, key, m, eng, std::string());
+    helper->send(agent_handle, lora_queued_atom::value, id, key, m, eng, failed, err);
   });
+}
+
+void queued_loras_applied(agent* self, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
+                          std::shared_ptr<model::engine> eng, const std::string& failed, const std::string& err) {
+  auto& st = self->state;
+  if (!failed.empty()) {
+    // Fatal, unless the coordinator's undo came meanwhile (it is applied next).
+    auto q = st.lora_queue.find(id);
+    const bool undone = q != st.lora_queue.end() && std::any_of(q->second.begin(), q->second.end(), [&](const lora_op& o) {
+                          return !o.load && o.name == failed;
+                        });
+    if (!undone) eng.reset();
+  }
+  loaded(self, id, key, std::move(m), std::move(eng), err);
+}
+
+void lora_reset(agent* self, const std::string& why) {
+  auto& st = self->state;
+  st.lora_queue.clear();  // (their replicas are dropped too)
+  st.lora_backlog.clear();
+  if (why.empty()) return;
+  for (auto& [request, rp] : st.lora_requests) rp.deliver(false, static_cast<int32_t>(errc::replica_unavailable), why);
+  st.lora_requests.clear();
 }
 
 void on_lora_news(agent* self, const transport::control_msg& m) {

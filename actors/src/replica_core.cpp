@@ -33,6 +33,9 @@ status replica_core::submit(replica_request r) {
     std::tie(lora, adapter) = eng_.loaded_model().loras().find(r.lora);
     if (lora < 0) return make_error(errc::not_found, "the LoRA adapter '" + r.lora + "' is not loaded on this replica");
   }
+  if (r.pool == pooling::none && c.classifier.labels > 0) {
+    return make_error(errc::invalid_request, "this model is a sequence classifier: it serves /classify, /score and /rerank, not generation");
+  }
   if (r.pool == pooling::none && !c.has_lm_head) {
     return make_error(errc::invalid_request, "this model has no LM head (a bare transformer's checkpoint): it serves embeddings only");
   }
@@ -390,6 +393,8 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
       } else {
         e.embedding = std::move(st.row);
       }
+      // A classifier's answer is its score head's logits for that state (labels values).
+      if (!e.failure && eng_.config().classifier.labels > 0) e.embedding = eng_.loaded_model().classify(e.embedding);
       pooled_.erase(p);
       sampling_.erase(e.id);
       adjust_.erase(e.id);

@@ -98,6 +98,8 @@ void add_model(CLI::App& app, command_set& commands) {
   sub->add_option("--shards", s.shards, "Number of safetensors files")->capture_default_str();
   sub->add_flag("--base", s.base_model,
                 "A bare transformer as embedding models ship (<Arch>Model, no model. prefix, no lm_head)");
+  sub->add_option("--classifier", s.classifier_labels,
+                  "A sequence classifier of N labels (<Arch>ForSequenceClassification, score.weight in place of lm_head)");
   commands.emplace_back(sub, [f] { return run_random(*f); });
 
   auto l = std::make_shared<lora_flags>();

@@ -139,6 +139,7 @@ status run_serve(serve_flags f) {
                                                  .hf_overrides = f.vllm.hf_overrides});
   if (!m) return m.take_error();
   const auto& cfg = (*m)->config();
+  LLMESH_TRY(check_vllm_task(f.vllm, cfg));
   gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser, *tool_tokens, *pooling, *loras};
   LLMESH_TRY(apply_model_overrides(served, tok_dir, f.gw.chat_template, f.gw.max_model_len));
   for (size_t i = 1; i < f.served_names.size(); ++i) {  // vLLM's further names for the model

@@ -108,9 +108,15 @@ void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f) {
   sub->add_option("--tokenizer-mode", f.tokenizer_mode, "vLLM's: auto or slow (one tokenizer, HF's ids either way); mistral is refused")
       ->capture_default_str();
   sub->add_option("--load-format", f.load_format, "vLLM's: auto, safetensors or gguf (as the model path is)")->capture_default_str();
-  sub->add_option("--task", f.task, "vLLM's: auto, generate or embed (a model serves both here)")->capture_default_str();
-  sub->add_option("--runner", f.runner, "vLLM's: auto, generate or pooling (a model serves both here)")->capture_default_str();
-  sub->add_option("--convert", f.convert, "vLLM's: auto, none or embed")->capture_default_str();
+  sub->add_option("--task", f.task,
+                  "vLLM's: auto, generate, embed, classify or score (the model's architecture decides: a causal LM serves "
+                  "generation and embeddings, a …ForSequenceClassification one classification and scoring)")
+      ->capture_default_str();
+  sub->add_option("--runner", f.runner, "vLLM's: auto, generate or pooling (as --task)")->capture_default_str();
+  sub->add_option("--convert", f.convert,
+                  "vLLM's: auto, none, embed or classify (a causal LM becomes a classifier through --hf-overrides' "
+                  "architectures and classifier_from_token)")
+      ->capture_default_str();
   sub->add_option("--pipeline-parallel-size,--pp", f.pipeline_parallel_size, "vLLM's: 1 (tensor parallelism splits the model here)")
       ->capture_default_str();
   sub->add_option("--distributed-executor-backend", f.distributed_executor_backend,
@@ -148,6 +154,24 @@ void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f) {
   for (const auto& [flag, text] : flags) sub->add_flag_function(flag, [](int64_t) {}, text);
 }
 
+status check_vllm_task(const vllm_model_flags& f, const model::model_config& c) {
+  if (c.classifier.labels > 0) {
+    if (one_of(f.task, {"generate", "embed", "embedding"}) || f.runner == "generate" || f.convert == "embed") {
+      return make_error(errc::invalid_request, "--task/--runner/--convert: the model is a sequence classifier (" + c.arch_name +
+                                                   "): it serves classify and score (/classify, /score, /rerank)");
+    }
+    return ok_status();
+  }
+  if (f.task == "classify" || f.convert == "classify") {
+    return make_error(errc::invalid_request,
+                      "--task/--convert classify: the model (" + c.arch_name +
+                          ") is not a sequence classifier; a …ForSequenceClassification checkpoint is, or a causal LM given "
+                          "--hf-overrides '{\"architectures\": [\"<Arch>ForSequenceClassification\"], \"classifier_from_token\": "
+                          "[...], \"method\": \"from_2_way_softmax\"}'");
+  }
+  return ok_status();
+}
+
 status check_vllm_model_flags(const vllm_model_flags& f, const std::string& model_path) {
   if (!one_of(f.tokenizer_mode, {"auto", "slow", "hf"})) {
     return make_error(errc::unsupported, "--tokenizer-mode " + f.tokenizer_mode +
@@ -164,11 +188,11 @@ status check_vllm_model_flags(const vllm_model_flags& f, const std::string& mode
     return make_error(errc::invalid_request, "--load-format " + f.load_format + ": " + model_path + " is " +
                                                  (gguf ? "a GGUF file" : "not a GGUF file"));
   }
-  if (!one_of(f.task, {"auto", "generate", "embed", "embedding"}) || !one_of(f.runner, {"auto", "generate", "pooling"}) ||
-      !one_of(f.convert, {"auto", "none", "embed"})) {
-    return make_error(errc::unsupported, "--task/--runner/--convert: a model here serves generation and embeddings "
-                                         "(/v1/embeddings, /score, /rerank over them); classification, reward and "
-                                         "cross-encoder scoring are not served");
+  if (!one_of(f.task, {"auto", "generate", "embed", "embedding", "classify", "score"}) ||
+      !one_of(f.runner, {"auto", "generate", "pooling"}) || !one_of(f.convert, {"auto", "none", "embed", "classify"})) {
+    return make_error(errc::unsupported, "--task/--runner/--convert: a causal LM serves generation and embeddings "
+                                         "(/v1/embeddings, /score, /rerank over them), a sequence classifier /classify, "
+                                         "/score and /rerank; reward models are not served");
   }
   if (f.pipeline_parallel_size != 1) {
     return make_error(errc::unsupported, "--pipeline-parallel-size " + std::to_string(f.pipeline_parallel_size) +

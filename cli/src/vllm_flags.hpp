@@ -40,6 +40,11 @@ void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f);
 /// mistral tokenizer), naming the flag. `model_path`: the model directory or GGUF file.
 [[nodiscard]] status check_vllm_model_flags(const vllm_model_flags& f, const std::string& model_path);
 
+/// --task/--runner/--convert against the loaded model: a sequence classifier refuses generate
+/// and embed; any other model refuses classify (score is either's: a cross-encoder's, or over
+/// embeddings).
+[[nodiscard]] status check_vllm_task(const vllm_model_flags& f, const model::model_config& c);
+
 /// vLLM's --speculative-config JSON for prompt-lookup (ngram) speculation: method "ngram" (or
 /// left out), num_speculative_tokens, prompt_lookup_max, prompt_lookup_min and
 /// disable_by_batch_size set `c`; another method (a draft model, EAGLE, Medusa, MTP) or key is

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <ctime>
 
+#include <nlohmann/json.hpp>
+
 #include "llmesh/actors/serving_metrics.hpp"
 #include "llmesh/gateway/api_service.hpp"
 #include "prompt_truncation.hpp"
@@ -33,6 +35,27 @@ std::vector<prompt_input> as_inputs(const std::vector<std::string>& texts) {
   return out;
 }
 
+/// A cross-encoder's input for one pair: the tokenizer's pair template, or both texts as one
+/// (vLLM's use_pad_token false: an LLM as reranker).
+std::vector<int32_t> pair_ids(const served_model& m, const std::string& a, const std::string& b, bool add_special) {
+  return m.cfg.classifier.use_pad_token ? m.tok->encode_pair(a, b, add_special) : m.tok->encode(a + b, add_special);
+}
+
+/// truncate_prompt_tokens would cut a pair's tokens from one end, where vLLM's tokenizer cuts
+/// the longer text: refused rather than scored on a different pair.
+status check_pair_truncation(int64_t truncate) {
+  if (truncate == 0) return ok_status();
+  return make_error(errc::invalid_request, "'truncate_prompt_tokens' is not taken for a cross-encoder's pairs; shorten the texts");
+}
+
+/// vLLM's `activation` field of /classify (default true: probabilities; false: the logits).
+bool activation_of(std::string_view body) {
+  const auto j = nlohmann::json::parse(body, nullptr, false);
+  if (!j.is_object()) return true;
+  const auto a = j.find("activation");
+  return a == j.end() || !a->is_boolean() || a->get<bool>();
+}
+
 }  // namespace
 
 result<generation_job> api_service::pooling_job(const std::string& model, std::vector<prompt_input> inputs,
@@ -44,6 +67,28 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
   if (o.priority != 0 && !opt_.priority_scheduling) {
     return make_error(errc::invalid_request, "'priority' needs the priority scheduling policy (--scheduling-policy "
                                              "priority); this server serves requests first come, first served");
+  }
+  using shape = embeddings_output::shape;
+  const size_t labels = cfg.classifier.labels;
+  if (labels > 0 && es.kind == shape::embeddings) {
+    return make_error(errc::invalid_request, "the model '" + sm.name + "' is a sequence classifier: it serves /classify, /score "
+                                             "and /rerank, not embeddings");
+  }
+  if (labels == 0 && es.kind == shape::classify) {
+    return make_error(errc::invalid_request, "the model '" + sm.name + "' is not a sequence classifier (a "
+                                             "…ForSequenceClassification checkpoint, or classifier_from_token through "
+                                             "--hf-overrides): /classify needs one");
+  }
+  if (labels > 1 && (es.kind == shape::score || es.kind == shape::rerank)) {
+    return make_error(errc::invalid_request, "the model '" + sm.name + "' is a classifier of " + std::to_string(labels) +
+                                                 " labels: /score and /rerank take a classifier of one (a cross-encoder) "
+                                                 "or an embedding model");
+  }
+  if (labels > 0) {  // its logits are the answer: neither cut nor normalized
+    es.cross_encoder = es.kind != shape::classify;
+    es.labels = cfg.classifier.names;
+    if (es.cross_encoder) es.activation = !cfg.classifier.score_identity;
+    es.dimensions = 0;
   }
   if (es.dimensions > cfg.hidden) {
     return make_error(errc::invalid_request, "'dimensions' is " + std::to_string(es.dimensions) + "; the model '" + sm.name +
@@ -78,7 +123,7 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
     q.max_tokens = 1;  // nothing is generated (replica_request::pool)
     q.model = sm.route_name();
     q.lora = sm.lora;
-    q.pool = sm.embedding.pool;
+    q.pool = labels > 0 ? actors::pooling::last : sm.embedding.pool;  // a classifier reads the last token (transformers')
     q.priority = o.priority;
     q.sampling.seed = mix_id(first + i);
     requests.push_back(std::move(q));
@@ -93,7 +138,7 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
   es.id += idbuf;
   es.created = static_cast<int64_t>(std::time(nullptr));
   es.model = sm.name;
-  es.normalize = o.normalize.value_or(sm.embedding.normalize);
+  es.normalize = labels == 0 && o.normalize.value_or(sm.embedding.normalize);
   es.window = window;
   es.metrics = &metrics_;
   generation_job job;
@@ -143,13 +188,22 @@ api_outcome api_service::embeddings(std::string_view body) {
 api_outcome api_service::score(std::string_view body) {
   auto r = parse_score_request(body);
   if (!r) return error_reply(r.err());
-  // text_1's texts, then text_2's: pair (i, j) compares inputs i and text_1.size() + j.
   embeddings_output::setup es;
   es.kind = embeddings_output::shape::score;
   es.id = "score-";
-  for (const auto& [a, b] : r->pairs) es.pairs.emplace_back(a, r->text_1.size() + b);
-  auto inputs = as_inputs(r->text_1);
-  for (auto& t : as_inputs(r->text_2)) inputs.push_back(std::move(t));
+  std::vector<prompt_input> inputs;
+  if (auto cross = classifier_of(r->model)) {  // each pair one input, tokenized as a pair
+    if (auto t = check_pair_truncation(r->truncate_prompt_tokens); !t) return error_reply(t.err());
+    for (const auto& [a, b] : r->pairs) {
+      es.pairs.emplace_back(inputs.size(), inputs.size());
+      inputs.push_back({std::nullopt, pair_ids(*cross, r->text_1[a], r->text_2[b], r->add_special_tokens)});
+    }
+  } else {
+    // text_1's texts, then text_2's: pair (i, j) compares inputs i and text_1.size() + j.
+    for (const auto& [a, b] : r->pairs) es.pairs.emplace_back(a, r->text_1.size() + b);
+    inputs = as_inputs(r->text_1);
+    for (auto& t : as_inputs(r->text_2)) inputs.push_back(std::move(t));
+  }
   auto job = pooling_job(r->model, std::move(inputs), {r->add_special_tokens, r->truncate_prompt_tokens, r->priority, true},
                          std::move(es));
   if (!job) return error_reply(job.err());
@@ -164,12 +218,37 @@ api_outcome api_service::rerank(std::string_view body) {
   es.id = "rerank-";
   es.top_n = r->top_n;
   if (r->return_documents) es.documents = r->documents;
-  std::vector<prompt_input> inputs{{r->query, {}}};
-  for (auto& t : as_inputs(r->documents)) inputs.push_back(std::move(t));
+  std::vector<prompt_input> inputs;
+  if (auto cross = classifier_of(r->model)) {  // the query with each document, tokenized as a pair
+    if (auto t = check_pair_truncation(r->truncate_prompt_tokens); !t) return error_reply(t.err());
+    for (const auto& d : r->documents) inputs.push_back({std::nullopt, pair_ids(*cross, r->query, d, r->add_special_tokens)});
+  } else {
+    inputs.push_back({r->query, {}});
+    for (auto& t : as_inputs(r->documents)) inputs.push_back(std::move(t));
+  }
   auto job = pooling_job(r->model, std::move(inputs), {r->add_special_tokens, r->truncate_prompt_tokens, r->priority, true},
                          std::move(es));
   if (!job) return error_reply(job.err());
   return std::move(*job);
+}
+
+api_outcome api_service::classify(std::string_view body) {
+  auto r = parse_embeddings_request(body);  // vLLM's ClassificationRequest: the same input and pooling fields
+  if (!r) return error_reply(r.err());
+  embeddings_output::setup es;
+  es.kind = embeddings_output::shape::classify;
+  es.id = "classify-";
+  es.activation = activation_of(body);
+  auto job = pooling_job(r->model, std::move(r->inputs), {r->add_special_tokens, r->truncate_prompt_tokens, r->priority, false},
+                         std::move(es));
+  if (!job) return error_reply(job.err());
+  return std::move(*job);
+}
+
+std::shared_ptr<const served_model> api_service::classifier_of(const std::string& model) const {
+  auto m = find_or_only(model);
+  if (!m || (*m)->cfg.classifier.labels == 0) return nullptr;  // (pooling_job answers a bad name)
+  return *m;
 }
 
 }  // namespace llmesh::gateway

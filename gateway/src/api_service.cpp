@@ -194,15 +194,17 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   // vLLM's pooling routes, with and without /v1 (and Cohere's /v2/rerank).
   const bool score_route = path == "/score" || path == "/v1/score";
   const bool rerank_route = path == "/rerank" || path == "/v1/rerank" || path == "/v2/rerank";
+  const bool classify_route = path == "/classify";  // vLLM's, for sequence classifiers
   const bool invocations = path == "/invocations";  // vLLM's SageMaker route: the request's shape picks the API
-  const bool guarded_route = path.starts_with("/v1/") || tokenizer_route || score_route || rerank_route || invocations;  // the API key's
+  const bool guarded_route =
+      path.starts_with("/v1/") || tokenizer_route || score_route || rerank_route || classify_route || invocations;  // the API key's
   const bool stored_route = path.starts_with("/v1/responses/");  // a stored response's routes
   const bool conversation_route = path == "/v1/conversations" || path.starts_with("/v1/conversations/");
   const bool model_route = path.starts_with("/v1/models/") && path.size() > std::string_view("/v1/models/").size();
   const bool lora_route = path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter";
   const bool known = lora_route || path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
                      path == "/v1/responses" || path == "/v1/embeddings" || score_route || rerank_route || stored_route ||
-                     conversation_route || model_route || tokenizer_route || invocations;
+                     conversation_route || model_route || tokenizer_route || classify_route || invocations;
   if (!known && !(path == "/health" || path == "/ready" || path == "/metrics" || path == "/version" || path == "/ping" ||
                   path == "/load")) {
     return error_reply(make_error(errc::not_found, "no route for " + std::string(method) + " " + std::string(path)));
@@ -218,6 +220,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   if (path == "/v1/embeddings" && post) return embeddings(body);
   if (score_route && post) return score(body);
   if (rerank_route && post) return rerank(body);
+  if (classify_route && post) return classify(body);
   if (stored_route) return stored_responses(method, path.substr(std::string_view("/v1/responses/").size()),
                                             target.size() > path.size() ? target.substr(path.size() + 1) : std::string_view());
   if (conversation_route) {
@@ -277,13 +280,17 @@ api_outcome api_service::invoke(std::string_view body) {
   if (j.is_object()) {
     if (j.contains("messages")) return chat_completions(body);
     if (j.contains("prompt")) return completions(body);
-    if (j.contains("input")) return embeddings(body);
+    if (j.contains("input")) {  // a classifier's input is classified (its embeddings are refused)
+      const auto model = j.find("model");
+      const bool classifier = classifier_of(model != j.end() && model->is_string() ? model->get<std::string>() : "") != nullptr;
+      return classifier ? classify(body) : embeddings(body);
+    }
     if (j.contains("text_1")) return score(body);
     if (j.contains("query") && j.contains("documents")) return rerank(body);
   }
   return error_reply(make_error(errc::invalid_request,
                                 "/invocations: cannot tell the request's kind: a chat completion has 'messages', a completion "
-                                "'prompt', an embedding 'input', a score 'text_1' and 'text_2', a rerank 'query' and 'documents'"));
+                                "'prompt', an embedding or classification 'input', a score 'text_1' and 'text_2', a rerank 'query' and 'documents'"));
 }
 
 http_reply api_service::models() const {
@@ -542,6 +549,10 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   if (g.priority != 0 && !opt_.priority_scheduling) {
     return make_error(errc::invalid_request, "'priority' needs the priority scheduling policy (--scheduling-policy "
                                              "priority); this server serves requests first come, first served");
+  }
+  if (m.cfg.classifier.labels > 0) {
+    return make_error(errc::invalid_request, "the model '" + m.name + "' is a sequence classifier: it serves /classify, "
+                                             "/score and /rerank, not generation");
   }
   if (!m.cfg.has_lm_head) {
     return make_error(errc::invalid_request, "the model '" + m.name + "' has no LM head (a bare transformer's checkpoint, "

@@ -374,6 +374,10 @@ void embeddings_output::on_message(const actors::token_msg& t) {
   for (float x : t.embedding) {
     if (!std::isfinite(x)) return fail(make_error(errc::internal, "the model's embedding is not finite"));
   }
+  if (!s_.labels.empty() && t.embedding.size() != s_.labels.size()) {  // a replica that returned a hidden state
+    return fail(make_error(errc::internal, "the replica sent " + std::to_string(t.embedding.size()) + " values for a classifier of " +
+                                               std::to_string(s_.labels.size()) + " labels (a replica of an earlier build?)"));
+  }
   it->vector = finish_vector(t.embedding);
   if (s_.metrics) s_.metrics->get_counter(actors::metric::prompt_tokens)->add(static_cast<double>(it->request.prompt.size()));
   if (++ended_ == inputs_.size()) done_ = true;
@@ -387,13 +391,53 @@ double embeddings_output::similarity(size_t a, size_t b) const {
   return dot;
 }
 
+double embeddings_output::pair_score(size_t i) const {
+  if (s_.cross_encoder) {
+    const auto& v = inputs_.at(i).vector;
+    const double logit = v.empty() ? 0.0 : static_cast<double>(v[0]);
+    return s_.activation ? 1.0 / (1.0 + std::exp(-logit)) : logit;
+  }
+  return s_.kind == shape::rerank ? similarity(0, i + 1) : similarity(s_.pairs.at(i).first, s_.pairs.at(i).second);
+}
+
+http_reply embeddings_output::classify_reply() const {
+  json data = json::array();
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const auto& v = inputs_[i].vector;
+    // vLLM's activation: softmax over two or more labels, a sigmoid for one.
+    std::vector<double> probs(v.begin(), v.end());
+    if (!s_.activation) {
+      // the logits as they are
+    } else if (v.size() == 1) {
+      probs[0] = 1.0 / (1.0 + std::exp(-static_cast<double>(v[0])));
+    } else {
+      const double top = v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
+      double sum = 0.0;
+      for (size_t k = 0; k < v.size(); ++k) sum += probs[k] = std::exp(static_cast<double>(v[k]) - top);
+      for (double& p : probs) p /= sum;
+    }
+    const size_t best = static_cast<size_t>(std::max_element(probs.begin(), probs.end()) - probs.begin());
+    json label = best < s_.labels.size() ? json(s_.labels[best]) : json(nullptr);
+    data.push_back({{"index", i}, {"label", std::move(label)}, {"probs", probs}, {"num_classes", v.size()}});
+  }
+  const json out = {{"id", s_.id},
+                    {"object", "list"},
+                    {"created", s_.created},
+                    {"model", s_.model},
+                    {"data", std::move(data)},
+                    {"usage", {{"prompt_tokens", prompt_tokens_}, {"total_tokens", prompt_tokens_}, {"completion_tokens", 0},
+                               {"prompt_tokens_details", nullptr}}}};
+  http_reply r;
+  r.body = out.dump(-1, ' ', false, json::error_handler_t::replace);
+  return r;
+}
+
 http_reply embeddings_output::reply() const {
   if (failure_) return error_reply(*failure_);
+  if (s_.kind == shape::classify) return classify_reply();
   if (s_.kind == shape::score) {
     json data = json::array();
-    for (size_t i = 0; i < s_.pairs.size(); ++i) {
-      data.push_back({{"index", i}, {"object", "score"}, {"score", similarity(s_.pairs[i].first, s_.pairs[i].second)}});
-    }
+    for (size_t i = 0; i < s_.pairs.size(); ++i) data.push_back({{"index", i}, {"object", "score"}, {"score", pair_score(i)}});
     const json out = {{"id", s_.id}, {"object", "list"}, {"created", s_.created}, {"model", s_.model}, {"data", std::move(data)},
                       {"usage", {{"prompt_tokens", prompt_tokens_}, {"total_tokens", prompt_tokens_}}}};
     http_reply r;
@@ -402,7 +446,8 @@ http_reply embeddings_output::reply() const {
   }
   if (s_.kind == shape::rerank) {
     std::vector<std::pair<double, size_t>> ranked;  // (similarity to the query, document)
-    for (size_t d = 0; d + 1 < inputs_.size(); ++d) ranked.emplace_back(similarity(0, d + 1), d);
+    const size_t documents = s_.cross_encoder ? inputs_.size() : inputs_.size() - 1;
+    for (size_t d = 0; d < documents; ++d) ranked.emplace_back(pair_score(d), d);
     std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     if (s_.top_n > 0 && s_.top_n < ranked.size()) ranked.resize(s_.top_n);
     json results = json::array();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -21,6 +22,13 @@ class bpe_model {
 
   /// Appends the ids of one pre-token, given in byte-level characters.
   void encode_word(const std::string& word, std::vector<int32_t>& out) const;
+
+  /// The id of a vocabulary entry, spelled as the vocabulary spells it (byte-level characters).
+  std::optional<int32_t> find(const std::string& token) const {
+    auto it = vocab_.find(token);
+    if (it == vocab_.end()) return std::nullopt;
+    return it->second;
+  }
 
   /// UTF-8 bytes -> GPT-2 byte-level characters.
   static std::string to_byte_level(const std::string& bytes);

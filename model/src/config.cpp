@@ -2,6 +2,7 @@
 // with wrong types or impossible values are errors, and so is anything we would silently
 // compute wrong (a non-silu activation, an unsupported rope_scaling type, MLP biases).
 // load_config also merges generation_config.json's bos/eos ids when that file is present.
+#include <charconv>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -269,6 +270,62 @@ result<json> flatten_gemma3_rope(json j) {
   return j;
 }
 
+/// A …ForSequenceClassification config's labels (id2label, else num_labels, else 2, as
+/// transformers counts them) and vLLM's classifier_from_token / method / is_original_qwen3_reranker.
+status parse_classifier(const json& j, model_config& c) {
+  auto& k = c.classifier;
+  size_t labels = 2;
+  std::vector<std::string> names;
+  if (auto it = j.find("id2label"); it != j.end() && it->is_object() && !it->empty()) {
+    labels = it->size();
+    names.resize(labels);
+    for (const auto& [key, value] : it->items()) {
+      size_t i = 0;
+      auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), i);
+      if (ec != std::errc() || end != key.data() + key.size() || i >= labels || !value.is_string()) {
+        return bad("id2label: keys must be the labels' indices 0.." + std::to_string(labels - 1) + " and values strings");
+      }
+      names[i] = value.get<std::string>();
+    }
+  } else if (auto n = j.find("num_labels"); n != j.end()) {
+    if (!n->is_number_unsigned() || n->get<uint64_t>() < 1 || n->get<uint64_t>() > 65536) return bad("num_labels must be 1 to 65536");
+    labels = n->get<size_t>();
+  }
+  // vLLM's: classifier_from_token counts only with a method (Qwen3-Reranker's flag sets one);
+  // without, the checkpoint's score.weight is the head.
+  std::string method = j.value("method", std::string());
+  if (j.value("is_original_qwen3_reranker", false)) method = "from_2_way_softmax";
+  auto t = j.find("classifier_from_token");
+  const bool tokens = t != j.end() && !t->is_null();
+  if (!method.empty()) {
+    if (!tokens) return bad("method " + method + " needs classifier_from_token (e.g. [\"no\", \"yes\"])");
+    if (!t->is_array() || t->empty() || t->size() > 65536) return bad("classifier_from_token must be a non-empty list of tokens");
+    for (const auto& tok : *t) {
+      if (!tok.is_string()) return bad("classifier_from_token must be a list of strings");
+      k.from_tokens.push_back(tok.get<std::string>());
+    }
+    if (method == "from_2_way_softmax") {
+      if (k.from_tokens.size() != 2) return bad("method from_2_way_softmax takes two classifier_from_token tokens (false, true)");
+      k.two_way = true;
+    } else if (method != "no_post_processing") {
+      return bad("method must be from_2_way_softmax or no_post_processing, not '" + method + "'");
+    }
+    labels = k.two_way ? 1 : k.from_tokens.size();
+  }
+  // A cross-encoder's pair: the tokenizer's pair template, or (an LLM as reranker, vLLM's
+  // default with a method) the two texts as one.
+  k.use_pad_token = j.value("use_pad_token", method.empty());
+  // sentence-transformers' CrossEncoder activation for /score (vLLM reads both keys).
+  std::string act;
+  if (auto st = j.find("sentence_transformers"); st != j.end() && st->is_object()) act = st->value("activation_fn", std::string());
+  if (act.empty()) act = j.value("sbert_ce_default_activation_function", std::string());
+  k.score_identity = act.ends_with("Identity");
+  k.labels = labels;
+  if (names.size() != labels) names.clear();
+  for (size_t i = 0; i < labels; ++i) k.names.push_back(i < names.size() && !names[i].empty() ? names[i] : "LABEL_" + std::to_string(i));
+  return ok_status();
+}
+
 result<model_config> parse_config_json(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
@@ -291,6 +348,13 @@ result<model_config> parse_config_json(const std::string& text) {
       arch_name = causal;
       c.has_lm_head = false;
     }
+  }
+  // A sequence classifier: the same layers, a score head in place of the LM head.
+  constexpr std::string_view seq_cls = "ForSequenceClassification";
+  if (arch_name.ends_with(seq_cls) && arch_name != "Gemma3ForSequenceClassification") {
+    arch_name = arch_name.substr(0, arch_name.size() - seq_cls.size()) + "ForCausalLM";
+    LLMESH_TRY(parse_classifier(j, c));
+    if (c.classifier.from_tokens.empty()) c.has_lm_head = false;  // score.weight in its place
   }
   if (arch_name == "LlamaForCausalLM") {
     c.arch = architecture::llama;
@@ -325,7 +389,8 @@ result<model_config> parse_config_json(const std::string& text) {
                                              "Qwen3ForCausalLM, Phi3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
                                              "GraniteForCausalLM, "
                                              "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, and the bare LlamaModel, "
-                                             "MistralModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model for embeddings)");
+                                             "MistralModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model for embeddings, "
+                                             "and each causal LM's …ForSequenceClassification but Gemma 3's)");
   }
   const bool gemma = c.arch == architecture::gemma || c.arch == architecture::gemma2 || c.arch == architecture::gemma3;
   if (c.arch == architecture::gemma3) {
@@ -527,12 +592,18 @@ result<model_config> parse_config(const std::string& text) {
 
 namespace {
 
+/// A nested model config, as transformers writes one (text_config, vision_config...): an object
+/// with its own model_type. Other objects (rope_scaling, quantization_config) are plain values.
+bool is_sub_config(const json& config, const std::string& key) {
+  auto at = config.find(key);
+  return at != config.end() && at->is_object() && at->contains("model_type");
+}
+
 void override_into(json& config, const json& overrides) {
   for (const auto& [key, value] : overrides.items()) {
-    const bool sub_config = key.size() > 7 && key.ends_with("_config");
     if (value.is_null()) {
       config.erase(key);
-    } else if (sub_config && value.is_object() && config.contains(key) && config[key].is_object()) {
+    } else if (value.is_object() && is_sub_config(config, key)) {
       override_into(config[key], value);
     } else {
       config[key] = value;
@@ -540,10 +611,20 @@ void override_into(json& config, const json& overrides) {
   }
 }
 
+constexpr int max_override_depth = 16;
+
 }  // namespace
 
 result<std::string> apply_hf_overrides(const std::string& config_text, const std::string& hf_overrides) {
-  auto o = json::parse(hf_overrides, nullptr, false);
+  int deepest = 0;
+  const json::parser_callback_t depth = [&](int d, json::parse_event_t, json&) {
+    deepest = std::max(deepest, d);
+    return d <= max_override_depth;  // (deeper values are not kept)
+  };
+  auto o = json::parse(hf_overrides, depth, false);
+  if (deepest > max_override_depth) {
+    return make_error(errc::invalid_request, "--hf-overrides: nested deeper than " + std::to_string(max_override_depth) + " levels");
+  }
   if (o.is_discarded() || !o.is_object()) {
     return make_error(errc::invalid_request, "--hf-overrides must be a JSON object, e.g. '{\"max_position_embeddings\": 4096}'");
   }

@@ -110,6 +110,10 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     }
     arch = arch->substr(0, arch->size() - std::string_view("ForCausalLM").size()) + "Model";
   }
+  if (s.classifier_labels > 0) {
+    if (s.base_model || s.arch == "gemma3") return make_error(errc::invalid_request, "a classifier is a full checkpoint, not Gemma 3");
+    arch = arch->substr(0, arch->size() - std::string_view("ForCausalLM").size()) + "ForSequenceClassification";
+  }
   if (s.vocab < 258) return make_error(errc::invalid_request, "--vocab must be at least 258 (byte tokens + BOS + EOS)");
   if (s.hidden == 0 || s.intermediate == 0 || s.n_layers == 0 || s.n_heads == 0 || s.n_kv_heads == 0 ||
       s.n_heads % s.n_kv_heads != 0) {
@@ -215,6 +219,11 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
   }
+  if (s.classifier_labels > 0) {
+    json labels = json::object();
+    for (size_t i = 0; i < s.classifier_labels; ++i) labels[std::to_string(i)] = "LABEL_" + std::to_string(i);
+    cfg["id2label"] = std::move(labels);
+  }
   LLMESH_TRY(write_text(dir + "/config.json", cfg.dump(2)));
   LLMESH_TRY(write_text(dir + "/generation_config.json",
                         json({{"bos_token_id", 256}, {"eos_token_id", 257}, {"do_sample", false}}).dump(2)));
@@ -240,7 +249,11 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   add(0, "model.embed_tokens.weight", {s.vocab, s.hidden}, 0.0f, gemma ? 2.0f * in_h : granite ? 0.25f : 1.0f);
   const float norm_center = gemma ? 0.0f : 1.0f;  // Gemma stores a norm's weight as an offset from 1
   add(0, "model.norm.weight", {s.hidden}, norm_center, 0.2f);
-  if (!s.tie_embeddings) add(0, "lm_head.weight", {s.vocab, s.hidden}, 0.0f, 2.0f * in_h);
+  if (s.classifier_labels > 0) {
+    add(0, "score.weight", {s.classifier_labels, s.hidden}, 0.0f, 2.0f * in_h);
+  } else if (!s.tie_embeddings) {
+    add(0, "lm_head.weight", {s.vocab, s.hidden}, 0.0f, 2.0f * in_h);
+  }
   for (size_t i = 0; i < s.n_layers; ++i) {
     size_t f = s.shards == 1 ? 0 : 1 + i * (s.shards - 1) / s.n_layers;
     std::string p = "model.layers." + std::to_string(i) + ".";

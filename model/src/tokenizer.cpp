@@ -145,6 +145,8 @@ struct tokenizer::impl {
   std::vector<normalization> normalizers;
   std::vector<pre_step> pre;
   std::vector<int32_t> prefix_ids, suffix_ids;
+  /// The pair template: special ids, or -1 for text A's ids and -2 for B's (empty: none given).
+  std::vector<int32_t> pair_items;
 
   status load_normalizer(const json& n);
   status load_pre_tokenizer(const json& p);
@@ -243,17 +245,31 @@ status tokenizer::impl::load_post_processor(const json& p, const json& root) {
   }
   if (type != "TemplateProcessing") return unsupported(path, "post-processor '" + type + "'");
   if (!p.contains("single") || !p["single"].is_array()) return bad(path, "TemplateProcessing without 'single'");
+  const json& specials = p.contains("special_tokens") ? p["special_tokens"] : json::object();
+  auto special_ids = [&](const json& item, std::vector<int32_t>& out) -> status {
+    if (!item.contains("SpecialToken") || !item["SpecialToken"].contains("id")) return bad(path, "malformed template item");
+    std::string name = item["SpecialToken"]["id"].get<std::string>();
+    if (!specials.contains(name) || !specials[name].contains("ids")) return bad(path, "template names unknown token " + name);
+    for (const auto& id : specials[name]["ids"]) out.push_back(id.get<int32_t>());
+    return ok_status();
+  };
+  if (p.contains("pair") && p["pair"].is_array()) {
+    pair_items.clear();
+    for (const auto& item : p["pair"]) {
+      if (item.contains("Sequence")) {
+        pair_items.push_back(item["Sequence"].value("id", "A") == "B" ? -2 : -1);
+      } else {
+        LLMESH_TRY(special_ids(item, pair_items));
+      }
+    }
+  }
   bool after = false;
   for (const auto& item : p["single"]) {
     if (item.contains("Sequence")) {
       after = true;
       continue;
     }
-    if (!item.contains("SpecialToken") || !item["SpecialToken"].contains("id")) return bad(path, "malformed template item");
-    std::string name = item["SpecialToken"]["id"].get<std::string>();
-    const json& specials = p.contains("special_tokens") ? p["special_tokens"] : json::object();
-    if (!specials.contains(name) || !specials[name].contains("ids")) return bad(path, "template names unknown token " + name);
-    for (const auto& id : specials[name]["ids"]) (after ? suffix_ids : prefix_ids).push_back(id.get<int32_t>());
+    LLMESH_TRY(special_ids(item, after ? suffix_ids : prefix_ids));
   }
   return ok_status();
 }
@@ -421,6 +437,29 @@ std::vector<int32_t> tokenizer::encode(std::string_view raw, bool add_special) c
   if (seg < text.size()) m.encode_segment(text.substr(seg), seg == 0, out);
   if (add_special) out.insert(out.end(), m.suffix_ids.begin(), m.suffix_ids.end());
   return out;
+}
+
+std::vector<int32_t> tokenizer::encode_pair(std::string_view a, std::string_view b, bool add_special) const {
+  const impl& m = *impl_;
+  std::vector<int32_t> first = encode(a, false), second = encode(b, false);
+  if (!add_special || m.pair_items.empty()) {  // (a template without a pair form: transformers' "$A $B")
+    first.insert(first.end(), second.begin(), second.end());
+    return first;
+  }
+  std::vector<int32_t> out;
+  for (int32_t item : m.pair_items) {
+    if (item == -1) out.insert(out.end(), first.begin(), first.end());
+    else if (item == -2) out.insert(out.end(), second.begin(), second.end());
+    else out.push_back(item);
+  }
+  return out;
+}
+
+std::optional<int32_t> tokenizer::token_id(const std::string& token) const {
+  for (const auto& a : impl_->added) {
+    if (a.content == token) return a.id;
+  }
+  return impl_->bpe.find(token);
 }
 
 }  // namespace llmesh::model

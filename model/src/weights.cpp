@@ -95,6 +95,12 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     e.message = dir + ": " + e.message;
     return e;
   }
+  const std::string& tok_dir = opt.tokenizer_dir.empty() ? dir : opt.tokenizer_dir;
+  if (auto s = m->bind_classifier(tok_dir); !s) {
+    error e = s.take_error();
+    e.message = dir + ": " + e.message;
+    return e;
+  }
   if (opt.dtype) {
     if (auto s = m->cast(*opt.dtype); !s) {
       error e = s.take_error();
@@ -124,7 +130,6 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     auto id = m->load_lora(src);
     if (!id) return id.take_error();
   }
-  const std::string& tok_dir = opt.tokenizer_dir.empty() ? dir : opt.tokenizer_dir;
   if (is_gguf_file(tok_dir) || std::filesystem::exists(std::filesystem::path(tok_dir) / "tokenizer.json")) {
     if (auto d = detokenizer::load(tok_dir)) m->vocabulary_ = token_vocabulary::build(*d);
   }

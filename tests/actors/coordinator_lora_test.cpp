@@ -178,6 +178,38 @@ TEST(CoordinatorLora, SilentNodesFailTheUpdateAtItsDeadlineALostOneIsNotWaitedFo
   ASSERT_EQ(c.runtime_loras().at("tiny").size(), 1u);
 }
 
+// A load is checked where it loads: when no node applied it to a running copy (their nodes left,
+// or a node had only a replica still loading, which takes it before it is ready), it is undone.
+TEST(CoordinatorLora, ALoadNoRunningCopyTookIsUndone) {
+  auto c = make({lora_model()}, 600s);
+  mesh_of_two(c);
+  auto sent = view(c.on_message(ctl_peer, frame(command("load-lora", {"tiny", "x", "/x"}), ctl_actor), t0, wall0));
+  ASSERT_EQ(sent.ids.size(), 2u);
+  json none{{"lora_update", sent.ids[0]}, {"applied", 0}};
+  EXPECT_TRUE(c.on_message(1, frame(transport::control_reply_msg{true, "applied", none.dump()}), t0, wall0).empty());
+  auto lost = view(c.on_peer_down(2));
+  EXPECT_NE(std::find(lost.lines.begin(), lost.lines.end(), "lora unload tiny x /x -> 1:1"), lost.lines.end())
+      << testing::PrintToString(lost.lines);
+  EXPECT_NE(std::find(lost.lines.begin(), lost.lines.end(), "reply -> 50:9"), lost.lines.end()) << testing::PrintToString(lost.lines);
+  EXPECT_TRUE(c.runtime_loras().at("tiny").empty()) << "undone";
+  // Both nodes gone before answering: undone too.
+  auto c2 = make({lora_model()}, 600s);
+  mesh_of_two(c2);
+  auto again = view(c2.on_message(ctl_peer, frame(command("load-lora", {"tiny", "x", "/x"}), ctl_actor), t0, wall0));
+  ASSERT_EQ(again.ids.size(), 2u);
+  c2.on_peer_down(1);
+  coordinator::actions last = c2.on_peer_down(2);
+  const transport::control_reply_msg* failed = nullptr;
+  for (const auto& a : last) {
+    if (const auto* r = std::get_if<transport::control_reply_msg>(&a.msg)) failed = r;
+  }
+  ASSERT_NE(failed, nullptr) << testing::PrintToString(view(last).lines);
+  EXPECT_FALSE(failed->ok);
+  EXPECT_EQ(failed->text, "no replica of 'tiny' loaded the adapter: the nodes hosting them left or stopped them meanwhile; retry");
+  EXPECT_EQ(json::parse(failed->json)["code"], static_cast<int>(errc::replica_unavailable));
+  EXPECT_TRUE(c2.runtime_loras().at("tiny").empty());
+}
+
 TEST(CoordinatorLora, BadCommandsAreRefusedAtOnceAndChangeNothing) {
   model_spec plain = tiny(0);  // declared, not running: only tiny's replicas are placed
   plain.name = "plain";

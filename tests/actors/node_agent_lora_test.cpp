@@ -2,8 +2,7 @@
 // is told its coordinator is a recording actor, gets Assign and "lora" frames as the bridge
 // would deliver them, and its answers are read back. Covered: an update that comes while a
 // replica is still loading is applied once it has loaded and answered before the replica is
-// ready; one the loading replica cannot apply is refused with the reason and leaves the
-// replica running without it; a load of a name loaded from another directory is refused; the
+// ready; one the loading replica cannot apply fails its start (unless undone meanwhile); a load of a name loaded from another directory is refused; the
 // commands of one model are answered in the order they came.
 #include <gtest/gtest.h>
 
@@ -25,7 +24,8 @@ namespace {
 
 using json = nlohmann::json;
 
-/// What the agent sends its coordinator, one line each: "reply ok 7", "reply no 7: why",
+/// What the agent sends its coordinator, one line each: "reply ok 7 applied 1" (the running
+/// copies it went to), "reply no 7: why",
 /// "ready 1", "dead 1: why".
 struct recorder {
   std::mutex mu;
@@ -52,7 +52,7 @@ caf::behavior fake_coordinator(caf::event_based_actor*, std::shared_ptr<recorder
         if (const auto* r = std::get_if<transport::control_reply_msg>(&e->msg)) {
           auto j = json::parse(r->json);
           rec->add(std::string("reply ") + (r->ok ? "ok " : "no ") + std::to_string(j["lora_update"].get<uint64_t>()) +
-                   (r->ok ? "" : ": " + r->text));
+                   (r->ok ? " applied " + std::to_string(j.value("applied", -1)) : ": " + r->text));
         } else if (const auto* s = std::get_if<transport::replica_state_msg>(&e->msg)) {
           if (s->phase == transport::replica_phase::ready) rec->add("ready " + std::to_string(s->replica));
           if (s->phase == transport::replica_phase::dead) rec->add("dead " + std::to_string(s->replica) + ": " + s->reason);
@@ -120,35 +120,45 @@ class NodeAgentLora : public ::testing::Test {
 TEST_F(NodeAgentLora, AnUpdateWhileAReplicaLoadsIsAppliedBeforeItIsReady) {
   assign(1);
   lora(7, "load", "a", dir_.path() + "/a");  // queued: the model is still loading on a helper
-  EXPECT_EQ(rec_->next(), "reply ok 7");
-  EXPECT_EQ(rec_->next(), "ready 1") << "answered only once the loading replica has it";
+  EXPECT_EQ(rec_->next(), "reply ok 7 applied 0");
+  EXPECT_EQ(rec_->next(), "ready 1") << "answered at once; the replica applies it before it is ready";
   // Now hosted: loading it again from the same directory changes nothing; from another is refused.
   lora(8, "load", "a", dir_.path() + "/a");
-  EXPECT_EQ(rec_->next(), "reply ok 8");
+  EXPECT_EQ(rec_->next(), "reply ok 8 applied 1");
   lora(9, "load", "a", dir_.path() + "/b");
   EXPECT_EQ(rec_->next(), "reply no 9: LoRA adapter 'a' is loaded here from " + dir_.path() + "/a, not " + dir_.path() + "/b");
   // One model's commands are answered in order, loads (on a helper) and unloads alike.
   lora(10, "load", "b", dir_.path() + "/b");
   lora(11, "unload", "b", "");
   lora(12, "unload", "a", "");
-  EXPECT_EQ(rec_->next(), "reply ok 10");
-  EXPECT_EQ(rec_->next(), "reply ok 11");
-  EXPECT_EQ(rec_->next(), "reply ok 12");
+  EXPECT_EQ(rec_->next(), "reply ok 10 applied 1");
+  EXPECT_EQ(rec_->next(), "reply ok 11 applied 1");
+  EXPECT_EQ(rec_->next(), "reply ok 12 applied 1");
   // Undos (update 0) are answered to nobody.
   lora(0, "unload", "a", "");
   lora(13, "load", "a", dir_.path() + "/a");
-  EXPECT_EQ(rec_->next(), "reply ok 13");
+  EXPECT_EQ(rec_->next(), "reply ok 13 applied 1");
 }
 
-TEST_F(NodeAgentLora, AnUpdateTheLoadingReplicaCannotApplyIsRefusedAndTheReplicaRuns) {
+TEST_F(NodeAgentLora, AnUpdateTheLoadingReplicaCannotApplyFailsItsStart) {
   assign(2);
   lora(5, "load", "gone", dir_.path() + "/missing");
-  const std::string refused = rec_->next();
-  EXPECT_EQ(refused.rfind("reply no 5: ", 0), 0u) << refused;
-  EXPECT_NE(refused.find("missing"), std::string::npos) << refused;
-  EXPECT_EQ(rec_->next(), "ready 2") << "the replica runs without it (the coordinator undoes the update)";
-  lora(6, "load", "a", dir_.path() + "/a");
-  EXPECT_EQ(rec_->next(), "reply ok 6");
+  EXPECT_EQ(rec_->next(), "reply ok 5 applied 0") << "answered at once: no running copy here (applied 0)";
+  const std::string dead = rec_->next();
+  EXPECT_EQ(dead.rfind("dead 2: LoRA adapter 'gone', loaded while the replica started: ", 0), 0u) << dead;
+  EXPECT_NE(dead.find("missing"), std::string::npos) << dead;
+}
+
+// Refused and undone while it loaded (the coordinator's undo came after a refusal elsewhere):
+// the replica starts without it.
+TEST_F(NodeAgentLora, ARefusedUpdateUndoneWhileLoadingLeavesTheStartAlone) {
+  assign(3);
+  lora(6, "load", "gone", dir_.path() + "/missing");
+  lora(0, "unload", "gone", "");
+  EXPECT_EQ(rec_->next(), "reply ok 6 applied 0");
+  EXPECT_EQ(rec_->next(), "ready 3");
+  lora(7, "load", "a", dir_.path() + "/a");
+  EXPECT_EQ(rec_->next(), "reply ok 7 applied 1");
 }
 
 }  // namespace

@@ -25,6 +25,15 @@ struct fake_mesh : actors::mesh_client {
   std::map<std::string, size_t> ready_of;  ///< per model, where set
 };
 
+/// A pooling request's end, as a replica sends it: its vector (an embedding, or a classifier's logits).
+inline actors::token_msg end_of(uint64_t id, std::vector<float> v) {
+  actors::token_msg t;
+  t.id = id;
+  t.finish = actors::finish_reason::length;
+  t.embedding = std::move(v);
+  return t;
+}
+
 /// The bundled tiny model as a gateway serves it, named `name`.
 inline served_model kjv_tiny(const std::string& name) {
   const std::string dir = LLMESH_SOURCE_DIR "/models/kjv-tiny";

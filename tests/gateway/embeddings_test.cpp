@@ -177,14 +177,6 @@ std::vector<actors::replica_request> inputs(size_t n) {
   return out;
 }
 
-actors::token_msg end_of(uint64_t id, std::vector<float> v) {
-  actors::token_msg t;
-  t.id = id;
-  t.finish = actors::finish_reason::length;
-  t.embedding = std::move(v);
-  return t;
-}
-
 TEST(EmbeddingsOutput, KeepsAWindowInFlightAndAnswersInInputOrder) {
   embeddings_output::setup s;
   s.id = "embd-1";

@@ -508,18 +508,28 @@ TEST(LoadConfig, ReadsConfigJsonFromDirectory) {
 TEST(HfOverrides, KeysReplaceSubConfigsUpdateNullRemoves) {
   json base = minimal_llama();
   base["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"original_max_position_embeddings", 8192}};
-  base["text_config"] = {{"a", 1}, {"b", 2}};
+  base["text_config"] = {{"model_type", "llama"}, {"a", 1}, {"b", 2}};
+  base["quantization_config"] = {{"quant_method", "fp8"}, {"bits", 8}};
   base["sliding_window"] = 64;
   auto out = apply_hf_overrides(base.dump(), R"({"max_position_embeddings": 128, "rope_scaling": {"rope_type": "linear", "factor": 2.0},
-                                                 "text_config": {"b": 3, "c": 4}, "sliding_window": null, "new_key": [1]})");
+                                                 "text_config": {"b": 3, "c": 4}, "sliding_window": null, "new_key": [1],
+                                                 "quantization_config": {"bits": 4}})");
   ASSERT_TRUE(out.ok()) << out.err().message;
   const json j = json::parse(*out);
   EXPECT_EQ(j["max_position_embeddings"], 128);
   EXPECT_EQ(j["rope_scaling"], (json{{"rope_type", "linear"}, {"factor", 2.0}})) << "replaced whole, as vLLM sets an attribute";
-  EXPECT_EQ(j["text_config"], (json{{"a", 1}, {"b", 3}, {"c", 4}})) << "a sub-config is updated key by key";
+  EXPECT_EQ(j["text_config"], (json{{"model_type", "llama"}, {"a", 1}, {"b", 3}, {"c", 4}})) << "a sub-config is updated key by key";
+  EXPECT_EQ(j["quantization_config"], (json{{"bits", 4}})) << "a plain object (no model_type) is replaced whole";
   EXPECT_FALSE(j.contains("sliding_window"));
   EXPECT_EQ(j["new_key"], json::array({1}));
   EXPECT_EQ(j["hidden_size"], 64) << "the rest untouched";
+  const std::string deep = "{\"a\":" + std::string(17, '[') + std::string(17, ']') + "}";
+  auto too_deep = apply_hf_overrides(base.dump(), deep);
+  ASSERT_FALSE(too_deep.ok());
+  EXPECT_EQ(too_deep.err().message, "--hf-overrides: nested deeper than 16 levels");
+  EXPECT_TRUE(apply_hf_overrides(base.dump(), "{\"a\":" + std::string(15, '[') + std::string(15, ']') + "}").ok());
+  // A million brackets are refused, not a stack overflow.
+  EXPECT_FALSE(apply_hf_overrides(base.dump(), std::string(1000000, '[')).ok());
   for (const char* bad : {"", "[1]", "42", "{\"a\": ", "null"}) {
     auto e = apply_hf_overrides(base.dump(), bad);
     ASSERT_FALSE(e.ok()) << bad;

@@ -81,6 +81,7 @@ struct lora_update {
   uint64_t reply_actor = 0;
   std::string request;            ///< the command's nonce, hex: the requester matches the reply by it
   std::set<std::string> waiting;  ///< nodes yet to answer
+  size_t applied = 0;             ///< the hosted copies the nodes applied it to
   std::string failure;            ///< the first node's refusal
   errc failure_code = errc::invalid_request;
   mesh_clock::time_point deadline;
@@ -155,7 +156,7 @@ class coordinator {
   std::map<uint64_t, replica_record> replicas_;
   std::map<std::string, std::vector<model::lora_source>> runtime_loras_;  ///< see runtime_loras()
   std::map<uint64_t, lora_update> lora_updates_;                          ///< under way, by id; one per model
-  uint64_t next_lora_update_ = 1;
+  uint64_t next_lora_update_;  ///< from a random start: a new coordinator never takes a stale answer for its own update's
   mesh_clock::time_point now_{};  ///< the latest clock reading (on_message, on_tick)
   std::deque<std::string> recent_nonces_;  ///< control nonces seen (bounded): no replays
   std::set<std::string> nonce_set_;

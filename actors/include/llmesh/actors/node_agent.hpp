@@ -72,14 +72,6 @@ struct lora_op {
   uint64_t update = 0;  ///< the coordinator's update it belongs to (0: an undo, answered to nobody)
 };
 
-/// A "lora" command's answer, waiting for its parts here: the replicas hosted (one part) and
-/// each replica still loading (one part each, done once it has loaded and applied it).
-struct lora_answer {
-  int parts = 0;
-  errc code = errc::invalid_request;
-  std::string err;  ///< the first part's failure
-};
-
 /// Replicas this agent hosts, by replica id. The engine outlives the replica and its shards.
 /// A spread replica's other node hosts only shards: `follower`, no replica actor, and
 /// `shards` are the actors its replica's node reaches through the bridge.
@@ -133,7 +125,6 @@ struct node_agent_state {
   std::map<caf::actor_addr, uint64_t> by_actor;  ///< replica and shard actors → replica id
   std::map<std::string, std::shared_ptr<const model::model>> models;  ///< loaded, by model_key()
   std::map<uint64_t, std::vector<lora_op>> lora_queue;  ///< replica id → LoRA updates that came while it loaded
-  std::map<uint64_t, lora_answer> lora_answers;         ///< update id → its answer, while parts are pending
   std::set<std::string> lora_busy;                      ///< models whose hosted copies a helper is updating
   std::map<std::string, std::deque<transport::control_msg>> lora_backlog;  ///< "lora" commands waiting for it
   std::map<std::string, caf::response_promise> lora_requests;  ///< the gateway's updates, by command nonce (hex)

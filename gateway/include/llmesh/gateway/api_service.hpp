@@ -294,6 +294,12 @@ class api_service {
   api_outcome invoke(std::string_view body);
   api_outcome score(std::string_view body);
   api_outcome rerank(std::string_view body);
+  /// vLLM's POST /classify: a sequence classifier's labels for each input (the inputs as
+  /// /v1/embeddings takes them).
+  api_outcome classify(std::string_view body);
+  /// `model` (find_or_only) when it is a sequence classifier (null otherwise): /score and
+  /// /rerank tokenize their pairs together for it, /invocations classifies its inputs.
+  std::shared_ptr<const served_model> classifier_of(const std::string& model) const;
   /// The job of a pooling request: its inputs checked against `model` (find_or_only) and its
   /// context, one embedding request each, rendered by an embeddings_output of `es` (its id
   /// prefix completed, the model, normalize, window and metrics set here).

@@ -1,5 +1,6 @@
-// OpenAI's POST /v1/embeddings (as vLLM serves it for pooling models), and vLLM's /score and
-// /rerank over embeddings (cosine similarity, as vLLM scores with an embedding model), plain
+// OpenAI's POST /v1/embeddings (as vLLM serves it for pooling models), vLLM's /score and
+// /rerank over embeddings (cosine similarity, as vLLM scores with an embedding model) or with a
+// cross-encoder, and vLLM's /classify for sequence classifiers, plain
 // parts: the request bodies parsed and bounded; a model directory's pooling defaults
 // (sentence-transformers' modules.json); and embeddings_output, which runs one request's
 // inputs through the mesh — each input is an embedding request (actors::replica_request::pool),
@@ -98,11 +99,20 @@ std::string embedding_json(std::span<const float> v, bool base64);
 class embeddings_output {
  public:
   /// What the reply is: the vectors (/v1/embeddings), the cosine similarity of pairs of inputs
-  /// (/score), or the documents ranked by their similarity to the query (/rerank: input 0 is
-  /// the query, input d + 1 document d).
-  enum class shape { embeddings, score, rerank };
+  /// (/score), the documents ranked by their similarity to the query (/rerank: input 0 is
+  /// the query, input d + 1 document d), or a sequence classifier's labels (/classify).
+  /// With `cross_encoder` (a classifier of one label), /score's and /rerank's inputs are the
+  /// pairs themselves (input i: pair i, or the query with document i) and each score is the
+  /// sigmoid of its logit, as vLLM scores with a cross-encoder.
+  enum class shape { embeddings, score, rerank, classify };
   struct setup {
     shape kind = shape::embeddings;
+    bool cross_encoder = false;
+    std::vector<std::string> labels;  ///< a classifier's label names, by index (each vector has as many values)
+    /// A classifier's logits become probabilities (softmax over two or more labels, a sigmoid
+    /// for one); false: as they are (vLLM's `activation: false`, or a cross-encoder whose
+    /// sentence-transformers activation is Identity).
+    bool activation = true;
     std::vector<std::pair<size_t, size_t>> pairs;  ///< score: the inputs compared, in data order
     std::vector<std::string> documents;            ///< rerank: returned with each result (empty: none)
     size_t top_n = 0;                              ///< rerank: results at most (0: all)
@@ -134,6 +144,8 @@ class embeddings_output {
   const std::vector<float>& vector(size_t i) const { return inputs_.at(i).vector; }
   /// The dot product of two inputs' vectors (their cosine similarity when normalized), in double.
   double similarity(size_t a, size_t b) const;
+  /// /score's pair i, or /rerank's document i: a similarity, or a cross-encoder's sigmoid.
+  double pair_score(size_t i) const;
   size_t prompt_tokens() const { return prompt_tokens_; }
   size_t size() const { return inputs_.size(); }
 
@@ -145,6 +157,7 @@ class embeddings_output {
   };
   /// The replica's pooled state as the response carries it.
   std::vector<float> finish_vector(std::vector<float> v) const;
+  http_reply classify_reply() const;
   void fail(error e);
 
   setup s_;

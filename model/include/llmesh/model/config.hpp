@@ -30,6 +30,26 @@ struct model_config {
   /// and a ...ForCausalLM checkpoint whose lm_head.weight is missing and not tied): it serves
   /// embeddings only; the loader then lets the embedding stand in for the head it never uses.
   bool has_lm_head = true;
+  /// A sequence classifier (…ForSequenceClassification: vLLM's classify and score tasks): the
+  /// last position's final hidden state times `score` (labels × hidden) gives its logits, in place
+  /// of an LM head's. labels 0: not one.
+  struct classifier_config {
+    size_t labels = 0;
+    std::vector<std::string> names;  ///< by index: id2label's, else LABEL_i
+    /// vLLM's classifier_from_token (a causal LM's checkpoint turned classifier, e.g. through
+    /// --hf-overrides): the score rows are the LM head's rows of these tokens; with `two_way`
+    /// (method from_2_way_softmax, or is_original_qwen3_reranker) one row, the second token's
+    /// minus the first's. Empty: the checkpoint's score.weight.
+    std::vector<std::string> from_tokens;
+    bool two_way = false;
+    /// How a cross-encoder tokenizes a pair (vLLM's use_pad_token): the tokenizer's pair template
+    /// (true: a checkpoint's own head), or both texts as one string (false: the default with a
+    /// classifier_from_token method — an LLM as reranker).
+    bool use_pad_token = true;
+    /// sentence-transformers' activation_fn (or sbert_ce_default_activation_function) is
+    /// Identity: /score gives the raw logit (else a sigmoid).
+    bool score_identity = false;
+  } classifier;
   bool qkv_bias = false;       ///< Qwen2, or Llama / Qwen3 with attention_bias
   bool o_bias = false;         ///< Llama / Qwen3 with attention_bias
   /// Qwen3: q and k are RMS-normalised per head (weights of head_dim, shared by the heads) after
@@ -124,9 +144,11 @@ inline const char* cpu_only_family(const model_config& c) {
 [[nodiscard]] result<model_config> load_config(const std::string& model_dir, const std::string& hf_overrides);
 
 /// vLLM's --hf-overrides JSON on config.json's text: each key of the object replaces the
-/// config's value (null: removes it), except that an object given for a nested config
-/// (text_config and other keys ending "_config") updates it key by key, as vLLM updates a
-/// sub-config. invalid_request when the overrides are not a JSON object (or config.json is not one).
+/// config's value (null: removes it, so the key takes its default — vLLM sets None), except that
+/// an object given for a nested model config (an object with its own model_type: text_config,
+/// vision_config...) updates it key by key, as vLLM updates a sub-config; other objects
+/// (rope_scaling, quantization_config) are replaced whole. invalid_request when the overrides are
+/// not a JSON object, are nested deeper than 16 levels, or config.json is not an object.
 [[nodiscard]] result<std::string> apply_hf_overrides(const std::string& config_text, const std::string& hf_overrides);
 
 /// vLLM's --generation-config DIR: the sampling defaults become DIR/generation_config.json's

@@ -43,6 +43,9 @@ struct random_model_spec {
   /// architectures "<Arch>Model", tensors without the "model." prefix and no lm_head (with
   /// tie_embeddings false). Every tensor holds the values it has in the full checkpoint.
   bool base_model = false;
+  /// A sequence classifier ("<Arch>ForSequenceClassification"): id2label LABEL_0.. of this many
+  /// labels and score.weight [labels, hidden] in place of lm_head (0: a causal LM).
+  size_t classifier_labels = 0;
 };
 
 /// Writes the model into `dir` (created if missing). Same spec, same bytes, on every machine.

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +34,15 @@ class tokenizer {
   /// Token ids of text. add_special: apply the post-processor template (e.g. BOS). Invalid
   /// UTF-8 in text is first replaced by U+FFFD (one per maximal invalid subpart).
   std::vector<int32_t> encode(std::string_view text, bool add_special = true) const;
+
+  /// Token ids of a pair of texts, as transformers' tokenizer(text, text_pair): the
+  /// post-processor's pair template (e.g. BOS A EOS B EOS) when add_special, else (or without a
+  /// pair template) A's ids then B's.
+  std::vector<int32_t> encode_pair(std::string_view a, std::string_view b, bool add_special = true) const;
+
+  /// The id of one token as the vocabulary or the added tokens spell it (transformers'
+  /// convert_tokens_to_ids), or nothing.
+  std::optional<int32_t> token_id(const std::string& token) const;
 
   const detokenizer& decoder() const { return *decoder_; }
 

@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -101,6 +102,9 @@ struct model_weights {
   std::vector<layer_weights> layers;
   std::vector<float> final_norm;
   weight_matrix lm_head;  ///< the embedding when tied
+  /// A sequence classifier's score head [labels, hidden] (model_config::classifier), in float32;
+  /// empty otherwise.
+  std::vector<float> score;
 };
 
 /// An immutable loaded model, shared by every shard executor that runs it.
@@ -135,6 +139,10 @@ class model {
   /// the directory has no tokenizer the detokenizer reads.
   const std::shared_ptr<const token_vocabulary>& vocabulary() const { return vocabulary_; }
 
+  /// A sequence classifier's logits for one final hidden state (its `hidden` values, after the
+  /// final norm): score · row, summed in double. REQUIRES: config().classifier.labels > 0.
+  std::vector<float> classify(std::span<const float> row) const;
+
   /// Weight bytes a decode step reads per token at batch 1: every layer matrix and the LM
   /// head (the embedding row is negligible).
   size_t decode_weight_bytes() const;
@@ -151,6 +159,9 @@ class model {
   /// Layer `layer`'s router and experts (Qwen3-MoE's mlp.gate / mlp.experts.E.{gate,up,down}_proj,
   /// Mixtral's block_sparse_moe.gate / block_sparse_moe.experts.E.{w1,w3,w2}).
   status bind_experts(size_t layer);
+  /// The classifier's score head: score.weight, or the LM head's rows of classifier_from_token's
+  /// tokens (looked up in `tokenizer_dir`'s tokenizer). Before cast and quantize (classifier.cpp).
+  status bind_classifier(const std::string& tokenizer_dir);
   status quantize(quantization q);
   /// load_options::dtype.
   status cast(kernels::dtype to);
