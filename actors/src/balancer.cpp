@@ -64,12 +64,38 @@ result<uint64_t> balancer::least_loaded() const {
   return best_id;
 }
 
-result<uint64_t> balancer::pick(std::span<const int32_t> prompt, uint64_t salt) {
+namespace {
+
+/// An affinity key's entry among the prefix hashes (a domain of its own).
+uint64_t key_hash(uint64_t key) {
+  uint64_t h = key ^ 0x6b65792d61666669ull;  // "key-affi"
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+
+}  // namespace
+
+std::optional<uint64_t> balancer::affine(uint64_t h, size_t floor) const {
+  auto it = prefixes_.find(h);
+  if (it == prefixes_.end()) return std::nullopt;
+  auto r = replicas_.find(it->second.first);
+  // Cache affinity is worth a little imbalance, not a queue: at most 2x + 2 the least load.
+  if (r != replicas_.end() && r->second.report.ready && load(r->second) <= 2 * floor + 2) return r->first;
+  return std::nullopt;
+}
+
+result<uint64_t> balancer::pick(std::span<const int32_t> prompt, uint64_t salt, uint64_t key) {
   std::vector<uint64_t> ready;
   for (const auto& [id, e] : replicas_) {
     if (e.report.ready) ready.push_back(id);
   }
   if (ready.empty()) return make_error(errc::replica_unavailable, "no ready replica");
+  if (key != 0 && policy_ != balance_policy::round_robin) {
+    auto least = least_loaded();
+    if (!least) return least;
+    if (auto r = affine(key_hash(key), load(replicas_.at(*least)))) return *r;
+  }
   switch (policy_) {
     case balance_policy::round_robin: {
       auto it = std::lower_bound(ready.begin(), ready.end(), next_rr_);
@@ -94,11 +120,8 @@ result<uint64_t> balancer::pick(std::span<const int32_t> prompt, uint64_t salt) 
       const size_t floor = load(replicas_.at(*least));
       const auto hashes = block_hashes(prompt, block_size_, salt);
       for (size_t i = hashes.size(); i-- > 0;) {  // the longest remembered prefix first
-        auto it = prefixes_.find(hashes[i]);
-        if (it == prefixes_.end()) continue;
-        auto r = replicas_.find(it->second.first);
-        // Cache affinity is worth a little imbalance, not a queue: at most 2x + 2 the least load.
-        if (r != replicas_.end() && r->second.report.ready && load(r->second) <= 2 * floor + 2) return r->first;
+        if (!prefixes_.count(hashes[i])) continue;
+        if (auto r = affine(hashes[i], floor)) return *r;
         break;
       }
       return least;
@@ -107,24 +130,27 @@ result<uint64_t> balancer::pick(std::span<const int32_t> prompt, uint64_t salt) 
   return make_error(errc::internal, "balancer: unknown policy");
 }
 
-void balancer::assigned(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt) {
+void balancer::remember(uint64_t h, uint64_t replica) {
+  auto p = prefixes_.find(h);
+  if (p != prefixes_.end()) {
+    lru_.erase(p->second.second);
+    prefixes_.erase(p);
+  }
+  lru_.push_back(h);
+  prefixes_[h] = {replica, std::prev(lru_.end())};
+  if (prefixes_.size() > max_prefixes_) {
+    prefixes_.erase(lru_.front());
+    lru_.pop_front();
+  }
+}
+
+void balancer::assigned(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt, uint64_t key) {
   auto it = replicas_.find(replica);
   if (it == replicas_.end()) return;
   ++it->second.extra;
+  if (key != 0 && policy_ != balance_policy::round_robin) remember(key_hash(key), replica);
   if (policy_ != balance_policy::prefix_aware) return;
-  for (uint64_t h : block_hashes(prompt, block_size_, salt)) {
-    auto p = prefixes_.find(h);
-    if (p != prefixes_.end()) {
-      lru_.erase(p->second.second);
-      prefixes_.erase(p);
-    }
-    lru_.push_back(h);
-    prefixes_[h] = {replica, std::prev(lru_.end())};
-    if (prefixes_.size() > max_prefixes_) {
-      prefixes_.erase(lru_.front());
-      lru_.pop_front();
-    }
-  }
+  for (uint64_t h : block_hashes(prompt, block_size_, salt)) remember(h, replica);
 }
 
 void balancer::finished(uint64_t replica) {

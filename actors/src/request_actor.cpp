@@ -40,7 +40,7 @@ void route(request* self, replica_request r) {
   auto prompt = r.prompt;
   auto model = r.model;
   self->request(self->state.opt.router, self->state.opt.route_timeout, route_atom::value, std::move(model),
-                std::move(prompt), route_salt(r))
+                std::move(prompt), route_salt(r), r.route_key)
       .then(
           [=](const route_reply& reply) {
             auto& st = self->state;

@@ -40,16 +40,16 @@ bool route_table::update(const replica_load& load) {
   return true;
 }
 
-result<uint64_t> route_table::pick(std::string_view model, std::span<const int32_t> prompt, uint64_t salt) {
+result<uint64_t> route_table::pick(std::string_view model, std::span<const int32_t> prompt, uint64_t salt, uint64_t key) {
   auto none = [&] {
     return make_error(errc::replica_unavailable,
                       model.empty() ? std::string("no ready replica") : "no ready replica of model '" + std::string(model) + "'");
   };
   auto it = balancers_.find(model);
   if (it == balancers_.end()) return none();
-  auto picked = it->second->pick(prompt, salt);
+  auto picked = it->second->pick(prompt, salt, key);
   if (!picked) return none();
-  it->second->assigned(*picked, prompt, salt);
+  it->second->assigned(*picked, prompt, salt, key);
   return picked;
 }
 

@@ -63,9 +63,9 @@ caf::behavior router_actor(router* self, router_options opt) {
         st.routes->add(id, model);
         publish(self);
       },
-      [=](route_atom, const std::string& model, const std::vector<int32_t>& prompt, uint64_t salt) -> route_reply {
+      [=](route_atom, const std::string& model, const std::vector<int32_t>& prompt, uint64_t salt, uint64_t key) -> route_reply {
         auto& st = self->state;
-        auto picked = st.routes->pick(model, prompt, salt);
+        auto picked = st.routes->pick(model, prompt, salt, key);
         if (!picked) return route_reply{caf::actor{}, picked.err()};
         if (st.opt.metrics) st.opt.metrics->get_counter(metric::routed, {st.names[*picked]})->add(1);
         return route_reply{st.replicas.at(*picked), {}};

@@ -637,6 +637,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   base.constraint_after = g.constraint_after;
   base.priority = g.priority;
   base.cache_salt = g.cache_salt;
+  base.route_key = g.route_key;
   stream_setup choice;
   choice.return_token_ids = g.return_token_ids;
   choice.stop = g.stop;

@@ -167,6 +167,17 @@ status parse_cache_salt(const json& j, generation_fields& g) {
   return ok_status();
 }
 
+/// OpenAI's prompt_cache_key: a string (empty: none).
+status parse_prompt_cache_key(const json& j, generation_fields& g) {
+  auto it = j.find("prompt_cache_key");
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (!it->is_string()) return bad("'prompt_cache_key' must be a string");
+  const std::string& s = it->get_ref<const std::string&>();
+  if (s.size() > max_cache_salt) return bad("'prompt_cache_key' is longer than " + std::to_string(max_cache_salt) + " bytes");
+  g.route_key = s.empty() ? 0 : cache_salt_key(s);
+  return ok_status();
+}
+
 /// vLLM's priority: an integer within int32 (lower first).
 status parse_priority(const json& j, generation_fields& g) {
   std::optional<int64_t> p;
@@ -460,6 +471,7 @@ status parse_generation(const json& j, const request_limits& lim, bool chat, gen
   }
   LLMESH_TRY(parse_beam_search(j, lim.max_logprobs, g));
   LLMESH_TRY(parse_cache_salt(j, g));
+  LLMESH_TRY(parse_prompt_cache_key(j, g));
   return parse_priority(j, g);
 }
 
@@ -750,6 +762,8 @@ status apply_extra_fields(const json& j, const request_limits& lim, generation_f
     LLMESH_TRY(parse_beam_search(j, lim.max_logprobs, g));
     LLMESH_TRY(parse_priority(j, g));
     LLMESH_TRY(parse_cache_salt(j, g));
+    LLMESH_TRY(parse_prompt_cache_key(j, g));
+  LLMESH_TRY(parse_prompt_cache_key(j, g));
     return parse_output_constraint(j, nullptr, g.constraint);
   });
 }

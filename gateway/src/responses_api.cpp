@@ -248,7 +248,8 @@ result<json> responses_to_chat(const json& body, responses_echo& echo, const jso
   // Sampling fields and vLLM's extensions, checked by the chat endpoint as they are there.
   for (const char* name : {"temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty",
                            "repetition_penalty", "min_p", "min_tokens", "logit_bias", "stop_token_ids", "ignore_eos",
-                           "chat_template_kwargs", "parallel_tool_calls", "skip_special_tokens", "include_reasoning", "priority", "cache_salt"}) {
+                           "chat_template_kwargs", "parallel_tool_calls", "skip_special_tokens", "include_reasoning", "priority", "cache_salt",
+                           "prompt_cache_key"}) {
     if (sent(body, name)) chat[name] = body[name];
   }
   if (sent(body, "temperature")) echo.temperature = body["temperature"];

@@ -95,5 +95,42 @@ TEST(Balancer, PrefixAwareKeepsAPrefixOnOneReplicaWithinTheLoadBound) {
   EXPECT_NE(*b.pick(system), home);
 }
 
+// OpenAI's prompt_cache_key: a key's requests follow its last one, whatever their prompts, under
+// every policy but round-robin — until that replica is not ready or much busier.
+TEST(Balancer, AnAffinityKeyKeepsItsRequestsOnOneReplica) {
+  for (auto policy : {balance_policy::least_load, balance_policy::power_of_two, balance_policy::prefix_aware}) {
+    balancer b(policy, 3, 16);
+    for (uint64_t id : {1, 2, 3}) b.update({id, true, 0, 0});
+    const uint64_t key = 0x5e55;
+    const uint64_t home = *b.pick(prompt_of(1, 40), 0, key);
+    b.assigned(home, prompt_of(1, 40), 0, key);
+    for (int i = 2; i < 4; ++i) {  // other prompts, one more request on home each time: still home
+      EXPECT_EQ(*b.pick(prompt_of(i, 40), 0, key), home) << static_cast<int>(policy) << " " << i;
+      b.assigned(home, prompt_of(i, 40), 0, key);
+    }
+    EXPECT_EQ(b.load_of(home), 3u);
+    // Without the key the least loaded takes it; another key goes its own way.
+    if (policy == balance_policy::least_load) EXPECT_NE(*b.pick(prompt_of(9, 40)), home);
+    const uint64_t other = *b.pick(prompt_of(9, 40), 0, 0x0123);
+    if (policy != balance_policy::power_of_two) EXPECT_NE(other, home);
+    // Much busier (more than 2x + 2 the least load): the key yields, and then follows its new home.
+    b.update({home, true, 50, 0});
+    const uint64_t moved = *b.pick(prompt_of(7, 40), 0, key);
+    EXPECT_NE(moved, home);
+    b.assigned(moved, prompt_of(7, 40), 0, key);
+    b.update({home, true, 0, 0});
+    EXPECT_EQ(*b.pick(prompt_of(8, 40), 0, key), moved);
+    // Not ready: yields too.
+    b.update({moved, false, 0, 0});
+    EXPECT_NE(*b.pick(prompt_of(8, 40), 0, key), moved);
+  }
+  // Round-robin keeps its order.
+  balancer rr(balance_policy::round_robin);
+  for (uint64_t id : {1, 2}) rr.update({id, true, 0, 0});
+  const uint64_t first = *rr.pick({}, 0, 7);
+  rr.assigned(first, {}, 0, 7);
+  EXPECT_NE(*rr.pick({}, 0, 7), first);
+}
+
 }  // namespace
 }  // namespace llmesh::actors

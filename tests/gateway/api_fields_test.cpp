@@ -79,6 +79,32 @@ TEST_F(ApiService, ACacheSaltBecomesTheRequestsKey) {
   }
 }
 
+// OpenAI's prompt_cache_key: the router's affinity key (replica_request::route_key), on
+// completions, chat and the Responses API alike; "" is none; a non-string or a long one is a 400.
+TEST_F(ApiService, APromptCacheKeyBecomesTheRoutersAffinityKey) {
+  auto key_of = [&](const std::string& path, const std::string& body) -> uint64_t {
+    auto o = call("POST", path, body);
+    EXPECT_EQ(status(o), 0) << body << (status(o) ? std::get<http_reply>(o).body : "");
+    return status(o) ? 0 : req(o).route_key;
+  };
+  EXPECT_EQ(key_of("/v1/completions", R"({"model":"kjv","prompt":"x"})"), 0u);
+  EXPECT_EQ(key_of("/v1/completions", R"({"model":"kjv","prompt":"x","prompt_cache_key":""})"), 0u);
+  const uint64_t a = key_of("/v1/completions", R"({"model":"kjv","prompt":"x","prompt_cache_key":"user-17"})");
+  EXPECT_NE(a, 0u);
+  EXPECT_EQ(key_of("/v1/chat/completions", R"({"model":"kjv","messages":[{"role":"user","content":"Hi"}],"prompt_cache_key":"user-17"})"), a);
+  EXPECT_NE(key_of("/v1/completions", R"({"model":"kjv","prompt":"x","prompt_cache_key":"user-18"})"), a);
+  EXPECT_EQ(key_of("/v1/completions", R"({"model":"kjv","prompt":"x","prompt_cache_key":"user-17","cache_salt":"t"})"), a)
+      << "the salt scopes the cache, not the key";
+  auto resp = call("POST", "/v1/responses", R"({"model":"kjv","input":"Hi","prompt_cache_key":"user-17"})");
+  ASSERT_EQ(status(resp), 0) << std::get<http_reply>(resp).body;
+  EXPECT_EQ(req(resp).route_key, a);
+  for (const std::string& bad : std::vector<std::string>{"5", "[]", "\"" + std::string(1025, 'k') + "\""}) {
+    auto b = call("POST", "/v1/completions", R"({"model":"kjv","prompt":"x","prompt_cache_key":)" + bad + "}");
+    EXPECT_EQ(status(b), 400) << bad;
+    EXPECT_NE(std::get<http_reply>(b).body.find("'prompt_cache_key'"), std::string::npos);
+  }
+}
+
 // vLLM's --lora-modules: each adapter is listed as a model whose parent is the base model, and
 // its requests go to the base model's replicas with the adapter's name.
 TEST(ApiLora, AdaptersAnswerAsModelsRoutedToTheirBase) {

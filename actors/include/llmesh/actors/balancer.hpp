@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <list>
 #include <map>
+#include <optional>
 #include <random>
 #include <span>
 #include <string_view>
@@ -43,10 +44,12 @@ class balancer {
 
   /// A ready replica for this prompt; replica_unavailable when there is none.
   /// `salt`: the request's cache_salt key (0: none); prefix-aware affinity is per salt, as the
-  /// replicas' caches are.
-  [[nodiscard]] result<uint64_t> pick(std::span<const int32_t> prompt, uint64_t salt = 0);
-  /// Records that a request with this prompt went to `replica`.
-  void assigned(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt = 0);
+  /// replicas' caches are. `key`: its affinity key (OpenAI's prompt_cache_key; 0: none): under
+  /// every policy but round-robin, the replica the key's last request went to, unless it is no
+  /// longer ready or is much busier than the least loaded (more than 2x + 2 its load).
+  [[nodiscard]] result<uint64_t> pick(std::span<const int32_t> prompt, uint64_t salt = 0, uint64_t key = 0);
+  /// Records that a request with this prompt (and key) went to `replica`.
+  void assigned(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt = 0, uint64_t key = 0);
   /// Records that one of its requests ended.
   void finished(uint64_t replica);
 
@@ -60,13 +63,18 @@ class balancer {
   };
   size_t load(const entry& e) const { return e.report.running + e.report.waiting + e.extra; }
   result<uint64_t> least_loaded() const;
+  /// The replica remembered for hash `h` when it is ready and within 2x + 2 of `floor`.
+  std::optional<uint64_t> affine(uint64_t h, size_t floor) const;
+  /// Remembers `h` → `replica` (most recent; the oldest goes beyond max_prefixes).
+  void remember(uint64_t h, uint64_t replica);
 
   balance_policy policy_;
   size_t block_size_, max_prefixes_;
   std::mt19937_64 rng_;
   std::map<uint64_t, entry> replicas_;  ///< ordered: round-robin and ties go by id
   uint64_t next_rr_ = 0;
-  // prefix-aware: chained block hash → (replica, position in the LRU list)
+  // prefix-aware: chained block hash → (replica, position in the LRU list); affinity keys too
+  // (key_hash), under every policy but round-robin
   std::list<uint64_t> lru_;
   std::unordered_map<uint64_t, std::pair<uint64_t, std::list<uint64_t>::iterator>> prefixes_;
 };

@@ -58,6 +58,10 @@ struct replica_request {
   int32_t priority = 0;
   /// vLLM's cache_salt as a 64-bit key (request_spec::cache_salt; 0: none).
   uint64_t cache_salt = 0;
+  /// The router's affinity key (OpenAI's prompt_cache_key, hashed; 0: none): a key's requests
+  /// go where its last one went unless that replica is much busier (balancer::pick). Stays in
+  /// the gateway's process, as `model` does.
+  uint64_t route_key = 0;
   /// Not none: an embedding request (request_spec::pool). Its one message is the end (token
   /// -1, finish length) with the pooled final hidden state: the last prompt token's, the mean
   /// over the prompt (summed in position order in double: the same bits however the prompt is

@@ -37,7 +37,7 @@ class route_table {
 
   /// A ready replica of `model` by its policy, counted against it until finished();
   /// replica_unavailable naming the model when it has none ready.
-  [[nodiscard]] result<uint64_t> pick(std::string_view model, std::span<const int32_t> prompt, uint64_t salt = 0);
+  [[nodiscard]] result<uint64_t> pick(std::string_view model, std::span<const int32_t> prompt, uint64_t salt = 0, uint64_t key = 0);
   /// One request routed to `replica` ended.
   void finished(uint64_t replica);
 

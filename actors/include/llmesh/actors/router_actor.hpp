@@ -53,7 +53,8 @@ struct router_state {
 
 /// `(add_atom, caf::actor replica, std::string name, std::string model)` adds a replica of
 /// `model` (name: its metrics label); `(route_atom, std::string model, std::vector<int32_t>
-/// prompt, uint64_t cache_salt)` replies a route_reply (a replica of that model) and counts the request against it; `(done_atom,
+/// prompt, uint64_t cache_salt, uint64_t route_key)` replies a route_reply (a replica of that
+/// model; balancer::pick) and counts the request against it; `(done_atom,
 /// uint64_t replica_id)` uncounts it. A replica that stops is forgotten (its down message, or
 /// `(dead_atom, uint64_t replica_id)` from a requester that saw it die first: that requester's
 /// next route request must not get the dead replica back). `(drain_atom, uint64_t replica_id)`:

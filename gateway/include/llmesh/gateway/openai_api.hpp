@@ -116,6 +116,9 @@ struct generation_fields {
   /// vLLM's cache_salt (non-empty, at most max_cache_salt bytes), as cache_salt_key() makes it
   /// a 64-bit key for the replicas; 0: none.
   uint64_t cache_salt = 0;
+  /// OpenAI's prompt_cache_key (at most max_cache_salt bytes; "": none), as cache_salt_key()
+  /// makes it: the router sends a key's requests where its last went (replica_request::route_key).
+  uint64_t route_key = 0;
   /// Generations per prompt: n, or best_of when above it.
   size_t candidates() const { return best_of > n ? best_of : n; }
 };
