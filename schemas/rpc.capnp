@@ -101,6 +101,8 @@ struct GenerateRequest {
                                     # --scheduling-policy priority (else a 400, as over HTTP)
   cacheSalt @32 :Text;              # vLLM's cache_salt (empty: none): prefix-cache hits only among
                                     # requests of the same salt
+  promptCacheKey @33 :Text;         # OpenAI's prompt_cache_key (empty: none): the router sends a
+                                    # key's requests where its last one went (unless much busier)
 }
 
 struct TokenLogprob {

@@ -133,6 +133,10 @@ result<nlohmann::ordered_json> extra_fields(rpc::GenerateRequest::Reader in, int
   if (in.hasCacheSalt() && in.getCacheSalt().size() > 0) {
     j["cache_salt"] = std::string(in.getCacheSalt().cStr(), std::min<size_t>(in.getCacheSalt().size(), max_cache_salt + 1));
   }
+  if (in.hasPromptCacheKey() && in.getPromptCacheKey().size() > 0) {
+    j["prompt_cache_key"] =
+        std::string(in.getPromptCacheKey().cStr(), std::min<size_t>(in.getPromptCacheKey().size(), max_cache_salt + 1));
+  }
   // Sizes first (this runs before the API key is checked): a message may be tens of MiB.
   if (in.hasStop()) {
     if (in.getStop().size() > request_limits{}.max_stop) return make_error(errc::invalid_request, "'stop' holds at most 4 strings");

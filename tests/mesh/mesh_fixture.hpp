@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <mutex>
 #include <sstream>
 #include <nlohmann/json.hpp>
@@ -56,10 +57,17 @@ struct mesh_files {
     ss << in.rdbuf();
     std::string yaml = ss.str();
     if (!failure_timeout.empty()) yaml = std::regex_replace(yaml, std::regex("failure_timeout_ms: 3000"), failure_timeout);
-    seed_port = free_local_port();
-    http_port = free_local_port();
-    const std::map<std::string, int> moved{{ports[0], seed_port}, {ports[1], free_local_port()}, {ports[2], free_local_port()},
-                                           {ports[3], http_port}, {ports[4], free_local_port()}};
+    // Five different ports (the system may hand the same free port out twice in a row).
+    std::set<int> taken;
+    auto fresh = [&] {
+      int p = free_local_port();
+      while (!taken.insert(p).second) p = free_local_port();
+      return p;
+    };
+    seed_port = fresh();
+    http_port = fresh();
+    const std::map<std::string, int> moved{{ports[0], seed_port}, {ports[1], fresh()}, {ports[2], fresh()},
+                                           {ports[3], http_port}, {ports[4], fresh()}};
     for (const auto& [from, to] : moved) yaml = std::regex_replace(yaml, std::regex("127\\.0\\.0\\.1:" + from), "127.0.0.1:" + std::to_string(to));
     yaml = std::regex_replace(yaml, std::regex("path: models/kjv-tiny"), "path: " + model_dir);
     config = dir.path() + "/" + file;

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <numeric>
 
 #include "config_fixture.hpp"
@@ -103,6 +104,39 @@ TEST(ClassifierConfig, ClassifierFromTokenAsVllmReadsIt) {
   no_method.erase("sentence_transformers");
   no_method["sbert_ce_default_activation_function"] = "torch.nn.modules.activation.Sigmoid";
   EXPECT_FALSE(parse_ok(no_method).classifier.score_identity);
+}
+
+// Every classifier key set to odd values: an error or a classifier with names for each label,
+// never a throw.
+TEST(ClassifierConfig, OddValuesInEveryKeyNeverThrow) {
+  auto base = with_arch(minimal_llama(), "Qwen3ForSequenceClassification");
+  base["id2label"] = {{"0", "no"}, {"1", "yes"}};
+  base["num_labels"] = 2;
+  base["classifier_from_token"] = {"no", "yes"};
+  base["method"] = "from_2_way_softmax";
+  base["is_original_qwen3_reranker"] = true;
+  base["use_pad_token"] = false;
+  base["sentence_transformers"] = {{"activation_fn", "torch.nn.modules.linear.Identity"}};
+  base["sbert_ce_default_activation_function"] = "x";
+  ASSERT_TRUE(parse_config(base.dump()).ok());
+  const std::vector<json> odd = {nullptr, true, "x", "", -1, 0, 1.5, 1e300, std::numeric_limits<uint64_t>::max(),
+                                 json::array(), json::array({1, "a", nullptr}), json::array({"a", "b", "c"}),
+                                 json::object(), {{"0", "a"}}, {{"1", "a"}}, {{"x", 1}}};
+  size_t accepted = 0;
+  for (const char* key : {"id2label", "num_labels", "classifier_from_token", "method", "is_original_qwen3_reranker",
+                          "use_pad_token", "sentence_transformers", "sbert_ce_default_activation_function"}) {
+    for (const json& v : odd) {
+      json j = base;
+      j[key] = v;
+      result<model_config> c = make_error(errc::internal, "");
+      EXPECT_NO_THROW(c = parse_config(j.dump())) << key << " = " << v.dump();
+      if (!c.ok()) continue;
+      ++accepted;
+      EXPECT_GE(c->classifier.labels, 1u) << key << " = " << v.dump();
+      EXPECT_EQ(c->classifier.names.size(), c->classifier.labels) << key << " = " << v.dump();
+    }
+  }
+  EXPECT_GT(accepted, 10u);
 }
 
 /// The final hidden state of `prompt`'s last position and its logits, from the causal LM at `dir`.

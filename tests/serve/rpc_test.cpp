@@ -528,6 +528,15 @@ TEST(Rpc, TextFieldsAndPromptTruncationAreServedAsOverHttp) {
 
   // add_special_tokens: kjv-tiny's tokenizer adds no BOS, so PromptFields (tests/gateway)
   // checks it on Llama 3.1's.
+
+  // cacheSalt and promptCacheKey are checked as over HTTP (they change no token here).
+  auto keyed = generate(c, [&](auto r) { with_prompt(r, prompt), r.setMaxTokens(6), r.setPromptCacheKey("user-17"), r.setCacheSalt("t"); });
+  ASSERT_TRUE(keyed.ok) << keyed.message;
+  EXPECT_EQ(keyed.ids, generate(c, [&](auto r) { with_prompt(r, prompt), r.setMaxTokens(6); }).ids);
+  const std::string long_key(1025, 'k');
+  auto too_long = generate(c, [&](auto r) { with_prompt(r, prompt), r.setPromptCacheKey(long_key); });
+  EXPECT_EQ(too_long.code, 400);
+  EXPECT_NE(too_long.message.find("'prompt_cache_key'"), std::string::npos) << too_long.message;
   EXPECT_EQ(s.stop(), 0) << s.log();
 }
 
