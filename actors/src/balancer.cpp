@@ -148,9 +148,11 @@ void balancer::assigned(uint64_t replica, std::span<const int32_t> prompt, uint6
   auto it = replicas_.find(replica);
   if (it == replicas_.end()) return;
   ++it->second.extra;
+  if (policy_ == balance_policy::prefix_aware) {
+    for (uint64_t h : block_hashes(prompt, block_size_, salt)) remember(h, replica);
+  }
+  // After the blocks: the key is its request's newest entry, the last of them to age out.
   if (key != 0 && policy_ != balance_policy::round_robin) remember(key_hash(key), replica);
-  if (policy_ != balance_policy::prefix_aware) return;
-  for (uint64_t h : block_hashes(prompt, block_size_, salt)) remember(h, replica);
 }
 
 void balancer::finished(uint64_t replica) {

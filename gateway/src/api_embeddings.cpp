@@ -173,7 +173,9 @@ result<generation_job> api_service::native_embed(std::string_view api_key, const
 }
 
 api_outcome api_service::embeddings(std::string_view body) {
-  auto r = parse_embeddings_request(body);
+  std::string chat;
+  if (auto s = chat_pooling_input(body, chat); !s) return error_reply(s.err());
+  auto r = parse_embeddings_request(chat.empty() ? body : std::string_view(chat));
   if (!r) return error_reply(r.err());
   embeddings_output::setup es;
   es.id = "embd-";
@@ -233,7 +235,10 @@ api_outcome api_service::rerank(std::string_view body) {
 }
 
 api_outcome api_service::classify(std::string_view body) {
-  auto r = parse_embeddings_request(body);  // vLLM's ClassificationRequest: the same input and pooling fields
+  std::string chat;
+  if (auto s = chat_pooling_input(body, chat); !s) return error_reply(s.err());
+  // vLLM's ClassificationRequest: the same input and pooling fields.
+  auto r = parse_embeddings_request(chat.empty() ? body : std::string_view(chat));
   if (!r) return error_reply(r.err());
   embeddings_output::setup es;
   es.kind = embeddings_output::shape::classify;

@@ -31,15 +31,8 @@ api_outcome api_service::tokenize(std::string_view body) {
   if (r->prompt) {
     text = std::move(*r->prompt);
   } else {
-    if (!sm.chat) {
-      return error_reply(make_error(errc::invalid_request, "the model '" + sm.name + "' has no chat template; send a 'prompt'"));
-    }
-    auto extra = r->template_kwargs;  // chat_template_kwargs, then the tools, as chat renders them
-    if (!r->tools.is_null()) extra["tools"] = r->tools;
-    const auto messages = template_messages(*r->messages);
-    auto rendered = r->continue_final_message ? sm.chat->render_continuing(messages, extra)
-                                              : sm.chat->render(messages, r->add_generation_prompt, extra);
-    if (!rendered) return error_reply(make_error(errc::invalid_request, "chat template: " + rendered.err().message));
+    auto rendered = render_messages(sm, *r);
+    if (!rendered) return error_reply(rendered.err());
     text = std::move(*rendered);
   }
   const auto ids = sm.tok->encode(text, r->add_special_tokens);
@@ -53,6 +46,34 @@ api_outcome api_service::tokenize(std::string_view body) {
   http_reply out;
   out.body = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   return out;
+}
+
+result<std::string> api_service::render_messages(const served_model& sm, const tokenize_request& r) const {
+  if (!sm.chat) return make_error(errc::invalid_request, "the model '" + sm.name + "' has no chat template; send a 'prompt'");
+  auto extra = r.template_kwargs;  // chat_template_kwargs, then the tools, as chat renders them
+  if (!r.tools.is_null()) extra["tools"] = r.tools;
+  const auto messages = template_messages(*r.messages);
+  auto rendered = r.continue_final_message ? sm.chat->render_continuing(messages, extra)
+                                           : sm.chat->render(messages, r.add_generation_prompt, extra);
+  if (!rendered) return make_error(errc::invalid_request, "chat template: " + rendered.err().message);
+  return rendered;
+}
+
+status api_service::chat_pooling_input(std::string_view body, std::string& rewritten) const {
+  auto j = nlohmann::json::parse(body, nullptr, false);
+  if (!j.is_object() || !j.contains("messages")) return ok_status();
+  if (j.contains("input")) return make_error(errc::invalid_request, "send one of 'input' and 'messages'");
+  if (!j.contains("add_generation_prompt")) j["add_generation_prompt"] = false;  // vLLM's default for pooling
+  auto t = parse_tokenize_request(j.dump(), opt_.limits);
+  if (!t) return t.take_error();
+  auto m = find_or_only(t->model);
+  if (!m) return m.take_error();
+  auto text = render_messages(**m, *t);
+  if (!text) return text.take_error();
+  j.erase("messages");
+  j["input"] = nlohmann::json::array({(*m)->tok->encode(*text, t->add_special_tokens)});
+  rewritten = j.dump();
+  return ok_status();
 }
 
 api_outcome api_service::detokenize(std::string_view body) {

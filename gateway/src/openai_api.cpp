@@ -763,7 +763,6 @@ status apply_extra_fields(const json& j, const request_limits& lim, generation_f
     LLMESH_TRY(parse_priority(j, g));
     LLMESH_TRY(parse_cache_salt(j, g));
     LLMESH_TRY(parse_prompt_cache_key(j, g));
-  LLMESH_TRY(parse_prompt_cache_key(j, g));
     return parse_output_constraint(j, nullptr, g.constraint);
   });
 }

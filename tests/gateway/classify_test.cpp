@@ -172,6 +172,10 @@ TEST_F(ClassifyApi, EachKindOfModelRefusesWhatItCannotDo) {
   EXPECT_NE(refused("/classify", {{"model", "sentiment"}}).find("input"), std::string::npos);
   EXPECT_EQ(status(call("/classify", json::object(), "GET")), 405);
   EXPECT_EQ(status(api_->handle("POST", "/classify", "", R"({"model":"sentiment","input":"a"})")), 401) << "the API key guards it";
+  // vLLM's ClassificationChatRequest: messages in place of input.
+  auto chat = call("/classify", {{"model", "sentiment"}, {"messages", {{{"role", "user"}, {"content", "Amen"}}}}});
+  ASSERT_TRUE(std::holds_alternative<generation_job>(chat)) << body(chat);
+  EXPECT_EQ(std::get<generation_job>(chat).output->take_submissions().size(), 1u);
   // SageMaker's /invocations classifies a classifier's input (and embeds another model's).
   auto inv = call("/invocations", {{"model", "sentiment"}, {"input", "a"}});
   ASSERT_TRUE(std::holds_alternative<generation_job>(inv)) << body(inv);

@@ -494,6 +494,31 @@ TEST_F(EmbeddingsApi, ScoreAndRerankEmbedEveryTextNormalized) {
   }
 }
 
+// vLLM's chat form (EmbeddingChatRequest): `messages` in place of `input`, rendered through the
+// chat template as /tokenize renders them — without a generation prompt unless asked.
+TEST_F(EmbeddingsApi, MessagesAreOneInputThroughTheChatTemplate) {
+  const std::string msgs = R"("messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"In the beginning"}])";
+  auto tokens_of = [&](const std::string& extra) {
+    auto t = api_->handle("POST", "/tokenize", "", "{" + msgs + extra + "}");
+    EXPECT_EQ(status(t), 200) << message(t);
+    return json::parse(std::get<http_reply>(t).body)["tokens"].get<std::vector<int32_t>>();
+  };
+  const auto plain = tokens_of(R"(,"add_generation_prompt":false)"), prompted = tokens_of("");
+  ASSERT_NE(plain, prompted);
+  auto o = post("{" + msgs + R"(,"encoding_format":"base64"})");
+  ASSERT_TRUE(std::holds_alternative<generation_job>(o)) << message(o);
+  auto reqs = std::get<generation_job>(o).output->take_submissions();
+  ASSERT_EQ(reqs.size(), 1u) << "the conversation is one input";
+  EXPECT_EQ(reqs[0].prompt, plain);
+  o = post("{" + msgs + R"(,"add_generation_prompt":true})");
+  ASSERT_TRUE(std::holds_alternative<generation_job>(o)) << message(o);
+  EXPECT_EQ(std::get<generation_job>(o).output->take_submissions().at(0).prompt, prompted);
+  EXPECT_EQ(status(post("{" + msgs + R"(,"input":"x"})")), 400);
+  EXPECT_EQ(status(post(R"({"messages":"x"})")), 400);
+  EXPECT_EQ(status(post(R"({"messages":[]})")), 400);
+  EXPECT_EQ(status(post("{" + msgs + R"(,"dimensions":0})")), 400) << "the embedding fields are checked as ever";
+}
+
 TEST_F(EmbeddingsApi, MutatedBodiesNeverThrow) {
   std::mt19937 rng(17);
   const std::string seeds[] = {
