@@ -326,6 +326,7 @@ result<json> responses_to_chat(const json& body, responses_echo& echo, const jso
     echo.metadata = body["metadata"];
   }
   if (sent(body, "user")) echo.user = body["user"];
+  if (sent(body, "prompt_cache_key") && body["prompt_cache_key"].is_string()) echo.prompt_cache_key = body["prompt_cache_key"];
   if (echo.background) {  // rendered as events whether or not the client reads them
     if (sent(body, "stream") && !body["stream"].is_boolean()) return bad("'stream' must be true or false");
     chat["stream"] = true;
@@ -404,6 +405,7 @@ json responses_renderer::response_object(std::string_view status, const json& ou
             {"output", output},
             {"parallel_tool_calls", echo_.parallel_tool_calls},
             {"previous_response_id", echo_.previous_response_id},
+            {"prompt_cache_key", echo_.prompt_cache_key},
             {"reasoning", echo_.reasoning},
             {"store", echo_.store},
             {"temperature", echo_.temperature},

@@ -229,10 +229,12 @@ TEST_F(Conversations, TruncationAutoLeavesOutTheOldestItemsUntilThePromptFits) {
 
   json trunc = body;
   trunc["truncation"] = "auto";
+  trunc["prompt_cache_key"] = "conversation-7";
   std::vector<int32_t> prompt;
   const json r = run(trunc, " yea", &prompt);
   ASSERT_TRUE(r.is_object());
   EXPECT_EQ(r["truncation"], "auto");
+  EXPECT_EQ(r["prompt_cache_key"], "conversation-7") << "echoed as OpenAI's response object does";
   EXPECT_LE(prompt.size() + 8, 256u);
   EXPECT_GT(prompt.size() + 8, 150u);  // the fewest turns left out: it nearly fills the context
   const std::string text = tok_->decoder().decode(prompt, false);
@@ -246,6 +248,7 @@ TEST_F(Conversations, TruncationAutoLeavesOutTheOldestItemsUntilThePromptFits) {
   input.push_back({{"role", "user"}, {"content", "Last question?"}});
   const json alone = run({{"model", "m"}, {"input", input}, {"truncation", "auto"}, {"max_output_tokens", 8}}, " yea", &prompt);
   EXPECT_EQ(alone["truncation"], "auto");
+  EXPECT_TRUE(alone["prompt_cache_key"].is_null());
   EXPECT_LE(prompt.size() + 8, 256u);
   EXPECT_NE(tok_->decoder().decode(prompt, false).find("Last question?"), std::string::npos);
   EXPECT_EQ(reply("POST", "/v1/responses", {{"model", "m"}, {"input", "x"}, {"truncation", "yes"}}).status, 400);

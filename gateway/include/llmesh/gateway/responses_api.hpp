@@ -41,6 +41,7 @@ struct responses_echo {
   nlohmann::ordered_json reasoning = {{"effort", nullptr}, {"summary", nullptr}};
   nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
   nlohmann::ordered_json user;  ///< null or the string sent
+  nlohmann::ordered_json prompt_cache_key;  ///< null or the string sent
   nlohmann::ordered_json previous_response_id;  ///< null or the id continued
   bool store = false;  ///< whether the response is kept (the request's `store` and the server's store)
   bool background = false;  ///< the request's `background` (the caller checks it against store)
