@@ -46,6 +46,12 @@ status apply_op(const model::model& m, const lora_op& op) {
   }
 }
 
+/// Whether a command in [from, to) unloads `name`: a load refused before it was undone (the
+/// coordinator's undo after a refusal elsewhere) does not fail a loading replica.
+bool undone_in(std::vector<lora_op>::const_iterator from, std::vector<lora_op>::const_iterator to, const std::string& name) {
+  return std::any_of(from, to, [&](const lora_op& o) { return !o.load && o.name == name; });
+}
+
 /// Runs a "lora" command now: queued for the replicas still loading, applied to the copies the
 /// hosted replicas run (a load on a helper; the model is busy until it is done).
 void start_lora(agent* self, const transport::control_msg& m) {
@@ -145,13 +151,10 @@ void apply_queued_loras(agent* self, uint64_t id, const std::string& key, std::s
                         std::shared_ptr<model::engine> eng, std::vector<lora_op> ops) {
   self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), id, key, m, eng, ops](caf::event_based_actor* helper) {
     std::string failed, err;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      auto s = apply_op(*m, ops[i]);
-      // A load refused here was refused elsewhere too when a later command undoes it.
-      const bool undone = std::any_of(ops.begin() + static_cast<std::ptrdiff_t>(i) + 1, ops.end(),
-                                      [&](const lora_op& o) { return !o.load && o.name == ops[i].name; });
-      if (!s && !undone) {
-        failed = ops[i].name;
+    for (auto op = ops.cbegin(); op != ops.cend(); ++op) {
+      auto s = apply_op(*m, *op);
+      if (!s && !undone_in(op + 1, ops.cend(), op->name)) {
+        failed = op->name;
         err = "LoRA adapter '" + failed + "', loaded while the replica started: " + s.err().message;
         break;
       }
@@ -166,10 +169,7 @@ void queued_loras_applied(agent* self, uint64_t id, const std::string& key, std:
   if (!failed.empty()) {
     // Fatal, unless the coordinator's undo came meanwhile (it is applied next).
     auto q = st.lora_queue.find(id);
-    const bool undone = q != st.lora_queue.end() && std::any_of(q->second.begin(), q->second.end(), [&](const lora_op& o) {
-                          return !o.load && o.name == failed;
-                        });
-    if (!undone) eng.reset();
+    if (q == st.lora_queue.end() || !undone_in(q->second.cbegin(), q->second.cend(), failed)) eng.reset();
   }
   loaded(self, id, key, std::move(m), std::move(eng), err);
 }

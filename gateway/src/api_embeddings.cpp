@@ -173,9 +173,7 @@ result<generation_job> api_service::native_embed(std::string_view api_key, const
 }
 
 api_outcome api_service::embeddings(std::string_view body) {
-  std::string chat;
-  if (auto s = chat_pooling_input(body, chat); !s) return error_reply(s.err());
-  auto r = parse_embeddings_request(chat.empty() ? body : std::string_view(chat));
+  auto r = parse_pooling_body(body);
   if (!r) return error_reply(r.err());
   embeddings_output::setup es;
   es.id = "embd-";
@@ -235,10 +233,7 @@ api_outcome api_service::rerank(std::string_view body) {
 }
 
 api_outcome api_service::classify(std::string_view body) {
-  std::string chat;
-  if (auto s = chat_pooling_input(body, chat); !s) return error_reply(s.err());
-  // vLLM's ClassificationRequest: the same input and pooling fields.
-  auto r = parse_embeddings_request(chat.empty() ? body : std::string_view(chat));
+  auto r = parse_pooling_body(body);  // vLLM's ClassificationRequest: the same input and pooling fields
   if (!r) return error_reply(r.err());
   embeddings_output::setup es;
   es.kind = embeddings_output::shape::classify;

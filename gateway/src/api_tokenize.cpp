@@ -59,9 +59,9 @@ result<std::string> api_service::render_messages(const served_model& sm, const t
   return rendered;
 }
 
-status api_service::chat_pooling_input(std::string_view body, std::string& rewritten) const {
+result<embeddings_request> api_service::parse_pooling_body(std::string_view body) const {
   auto j = nlohmann::json::parse(body, nullptr, false);
-  if (!j.is_object() || !j.contains("messages")) return ok_status();
+  if (!j.is_object() || !j.contains("messages")) return parse_embeddings_request(body);
   if (j.contains("input")) return make_error(errc::invalid_request, "send one of 'input' and 'messages'");
   if (!j.contains("add_generation_prompt")) j["add_generation_prompt"] = false;  // vLLM's default for pooling
   auto t = parse_tokenize_request(j.dump(), opt_.limits);
@@ -72,8 +72,7 @@ status api_service::chat_pooling_input(std::string_view body, std::string& rewri
   if (!text) return text.take_error();
   j.erase("messages");
   j["input"] = nlohmann::json::array({(*m)->tok->encode(*text, t->add_special_tokens)});
-  rewritten = j.dump();
-  return ok_status();
+  return parse_embeddings_request(j.dump());
 }
 
 api_outcome api_service::detokenize(std::string_view body) {

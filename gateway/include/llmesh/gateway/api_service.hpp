@@ -310,11 +310,11 @@ class api_service {
   api_outcome detokenize(std::string_view body);
   /// A tokenize request's messages through `sm`'s chat template (with its tools and kwargs).
   result<std::string> render_messages(const served_model& sm, const tokenize_request& r) const;
-  /// vLLM's chat form of /v1/embeddings and /classify (EmbeddingChatRequest,
-  /// ClassificationChatRequest): a body with `messages` in place of `input` is rewritten into
-  /// `rewritten`, its `input` the rendered conversation's token ids (no generation prompt and
-  /// no special tokens beyond the template's unless asked). A body without messages: nothing.
-  status chat_pooling_input(std::string_view body, std::string& rewritten) const;
+  /// The body of /v1/embeddings or /classify (parse_embeddings_request), in vLLM's chat form
+  /// too (EmbeddingChatRequest, ClassificationChatRequest): `messages` in place of `input` are
+  /// rendered into one input, the conversation's token ids (no generation prompt and no special
+  /// tokens beyond the template's unless asked).
+  result<embeddings_request> parse_pooling_body(std::string_view body) const;
   /// The served model of that name; not_found naming the served ones otherwise.
   result<std::shared_ptr<const served_model>> find(const std::string& name) const;
   /// find(), or with no name the one model served (several: a 400 asking for one).
