@@ -202,7 +202,9 @@ status run_engine_bench(const engine_bench_options& opt) {
               static_cast<double>(m.value()->decode_params()) / 1e9);
   std::printf("  setup        tp %d, threads %d, isa %s, weights %s, KV cache %s\n", eng.tp(), threads,
               std::string(kernels::isa_name(kernels::active_isa())).c_str(),
-              std::string(kernels::dtype_name(m.value()->weights().layers[0].q.type)).c_str(),
+              (m.value()->quantized_weights().empty() ? std::string(kernels::dtype_name(m.value()->weights().layers[0].q.type))
+                                                      : m.value()->quantized_weights())
+                  .c_str(),
               std::string(model::kv_cache_dtype_name(*kv_type)).c_str());
   std::printf("  bandwidth    %.1f GB/s (read, %d threads, 1 GiB, best of 3 x 3 around the runs)\n", bw / 1e9, threads);
   std::printf("  bytes/token  %.3f GB (weights %.3f + KV %.4f)\n", bytes_per_token / 1e9, weight_bytes / 1e9, kv_bytes / 1e9);

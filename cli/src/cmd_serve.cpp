@@ -241,7 +241,7 @@ status run_serve(serve_flags f) {
                "llmesh: serving '%s' on %s://%s:%u (%d replica(s), tp %d, %s%s%s, %d kernel threads each, KV %zu "
                "positions per replica%s%s%s)\n",
                ao.model_name.c_str(), url_scheme(f.gw), url_host.c_str(), (*server)->port(), f.replicas, f.tp, e0.backend_name(),
-               (*m)->int8_weights() ? ", int8 weights"
+               !(*m)->quantized_weights().empty() ? (", " + (*m)->quantized_weights() + " weights").c_str()
                : *dtype             ? (", " + std::string(model::weight_dtype_name(*dtype)) + " weights").c_str()
                                     : "",
                !f.lora.enabled() ? ""

@@ -34,10 +34,14 @@ status validate(const matmul_args& a) {
                       "matmul: leading dimension smaller than the row (ldx " + std::to_string(a.ldx) +
                           ", ldw " + std::to_string(a.ldw) + ", ldy " + std::to_string(a.ldy) + ")");
   }
-  if (a.w_type == dtype::q8 && a.ldw % q8_block != 0) {
-    return make_error(errc::invalid_request,
-                      "matmul: int8 weights need rows of whole blocks (ldw " + std::to_string(a.ldw) + " is not a multiple of " +
-                          std::to_string(q8_block) + ")");
+  const size_t block = dtype_block(a.w_type);
+  if (a.ldw % block != 0) {
+    return make_error(errc::invalid_request, "matmul: " + std::string(dtype_name(a.w_type)) + " weights need rows of whole blocks (ldw " +
+                                                 std::to_string(a.ldw) + " is not a multiple of " + std::to_string(block) + ")");
+  }
+  if (block == k_block && a.k % k_block != 0) {  // K-quant rows have no padding to read as zeros
+    return make_error(errc::invalid_request, "matmul: " + std::string(dtype_name(a.w_type)) + " weights need k a multiple of " +
+                                                 std::to_string(k_block) + " (k " + std::to_string(a.k) + ")");
   }
   return ok_status();
 }

@@ -17,7 +17,12 @@
 // load_w<dtype>(const void* w, size_t chunk_start, int part) for f32/f16/bf16;
 // load_q8(const uint8_t* block, size_t at): width int8 values from block + at, dequantized as
 // float(q) * the block's scale (its first 4 bytes), so the products are those of the
-// dequantized weights; fma(reg a, reg b, reg c) =
+// dequantized weights; load_k<dtype>(const uint8_t* block, size_t e, float f, float m) for
+// q4_k, q5_k, q6_k: width elements from e of a K-quant super-block, given its sub-block's (or
+// group's) factors (k_factors below), decoded to k_quant_value's floats (dtype.hpp); optionally
+// (a V with k_lut) k_table<q4_k>(f, m, float* t) writing a sub-block's 16 possible values and
+// load_k_lut<q4_k>(block, e, const float* t) picking them by quant;
+// fma(reg a, reg b, reg c) =
 // a*b+c; pos(q): where element q of a 16-chunk sits in V's register layout (q for the
 // natural layout); fold(const reg* parts) -> float in the canonical fold order.
 // A V with a permuted layout expects x already permuted the same way (matmul_cpu.cpp packs it).
@@ -26,12 +31,87 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <utility>
+
+#include <immintrin.h>
 #include <vector>
 
 #include "matmul/matmul_isa.hpp"
 
 namespace llmesh::kernels::detail {
+
+/// The factors of one K-quant super-block: q4_k and q5_k, d·sc into f and dmin·m into m for
+/// each of its 8 sub-blocks of 32; q6_k, d·scale into f and 32·d·scale into m for each of its 16 groups of
+/// 16. Each is exact in float32 (a float16 times a 6- or 8-bit integer), and so is its product
+/// with a quant (q6_k: f·q − m is f·(q − 32), exact too).
+/// Vector code (both instruction-set units have AVX2 and F16C): a tile calls this for each of
+/// its rows at every super-block, so it must cost a few instructions, not a scalar loop.
+template <dtype WT>
+inline void k_factors(const uint8_t* b, float* f, float* m) {
+  uint16_t h;
+  if constexpr (WT == dtype::q4_k || WT == dtype::q5_k) {
+    // The 12 scale bytes rearranged into 8 scales then 8 mins, one byte each (q4_k_scale_min
+    // for every j at once, on 32-bit words).
+    uint32_t u[4];
+    std::memcpy(u, b + 4, 12);
+    constexpr uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+    u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & low2) << 4);
+    const uint32_t mins_low = u[1] & low6;
+    u[1] = (u[2] & low4) | (((u[0] >> 6) & low2) << 4);
+    u[2] = mins_low;
+    u[0] &= low6;
+    std::memcpy(&h, b, 2);
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+    std::memcpy(&h, b + 2, 2);
+    const __m256 dmin = _mm256_set1_ps(_cvtsh_ss(h));
+    const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+    _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)), d));
+    _mm256_storeu_ps(m, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))), dmin));
+  } else {
+    std::memcpy(&h, b + 208, 2);
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    const __m256 f0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d);
+    const __m256 f1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))), d);
+    _mm256_storeu_ps(f, f0);
+    _mm256_storeu_ps(f + 8, f1);
+    _mm256_storeu_ps(m, _mm256_mul_ps(f0, _mm256_set1_ps(32.0f)));
+    _mm256_storeu_ps(m + 8, _mm256_mul_ps(f1, _mm256_set1_ps(32.0f)));
+  }
+}
+
+/// The quants of elements [e, e + N) of a K-quant super-block as N bytes of an xmm register
+/// (N = 8 or 16, e a multiple of N; only N bytes are read): q4_k 0-15, q5_k 0-31, q6_k 0-63
+/// (its q + 32). Picked and assembled in bytes, with 128-bit operations, before any widening.
+template <dtype T, int N>
+inline __m128i k_quant_bytes(const uint8_t* b, size_t e) {
+  auto load = [](const uint8_t* p) {
+    if constexpr (N == 16) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  };
+  const __m128i low4 = _mm_set1_epi8(15);
+  if constexpr (T == dtype::q6_k) {
+    const size_t half = e / 128, s = e % 128 / 32, l = e % 32;
+    __m128i lo = load(b + 64 * half + 32 * (s % 2) + l);
+    if (s >= 2) lo = _mm_srli_epi16(lo, 4);
+    const __m128i hi = load(b + 128 + 32 * half + l);
+    const __m128i hbits = _mm_and_si128(_mm_srl_epi16(hi, _mm_cvtsi32_si128(static_cast<int>(2 * s))), _mm_set1_epi8(3));
+    return _mm_or_si128(_mm_and_si128(lo, low4), _mm_slli_epi16(hbits, 4));
+  } else {
+    constexpr size_t qs = T == dtype::q5_k ? 48 : 16;
+    const bool high = e % 64 >= 32;
+    __m128i q = load(b + qs + e / 64 * 32 + e % 32);
+    if (high) q = _mm_srli_epi16(q, 4);
+    q = _mm_and_si128(q, low4);
+    if constexpr (T == dtype::q5_k) {
+      const int bit = static_cast<int>(2 * (e / 64)) + (high ? 1 : 0);
+      const __m128i h = _mm_and_si128(_mm_srl_epi16(load(b + 16 + e % 32), _mm_cvtsi32_si128(bit)), _mm_set1_epi8(1));
+      q = _mm_or_si128(q, _mm_slli_epi16(h, 4));
+    }
+    return q;
+  }
+}
 
 /// Accumulates k in [k0, k1) (k0 a multiple of 16) for an MR × NR tile at rows i0, columns j0.
 /// `part` carries the 16-lane accumulators between k blocks (MR·NR·16 floats): loaded when
@@ -52,18 +132,77 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
 #pragma GCC unroll 2
       for (int p = 0; p < P; ++p) acc[m][n][p] = k0 > 0 ? V::load_x(part + ((m * NR + n) * P + p) * W) : V::zero();
 
-  // q8: each row starts on a block (ldw is whole blocks), and a 16-chunk never leaves its
-  // block, so one byte offset per step serves every row: no address arithmetic per load.
+  // Block types: each row starts on a block (ldw is whole blocks), and a 16-chunk never leaves
+  // its block, so one byte offset per step serves every row: no address arithmetic per load.
+  constexpr bool blocked = is_quantized(WT);
+  constexpr bool kq = is_k_quant(WT);
   [[maybe_unused]] const uint8_t* q8_row[NR] = {};
   [[maybe_unused]] size_t q8_next = 0;  // bytes from a row to the same row of the next tile
-  if constexpr (WT == dtype::q8) {
+  // K-quants: the factors of each row's current super-block, decoded when a step enters one.
+  [[maybe_unused]] alignas(64) float kq_f[kq ? NR : 1][16];
+  [[maybe_unused]] alignas(64) float kq_m[kq ? NR : 1][16];
+  constexpr bool lut = WT == dtype::q4_k && requires { V::k_lut; };
+  [[maybe_unused]] alignas(64) float kq_lut[lut ? NR : 1][lut ? 8 : 1][16];  // per row, per sub-block
+  if constexpr (blocked) {
 #pragma GCC unroll 8
     for (int n = 0; n < NR; ++n) q8_row[n] = static_cast<const uint8_t*>(a.w) + dtype_offset(WT, w_row0 + n * a.ldw);
     q8_next = dtype_offset(WT, NR * a.ldw);
   }
   size_t kk = k0;
+  if constexpr (kq) {
+    // Whole super-blocks (k blocks are multiples of 256: k_block_len): one super-block per
+    // iteration, its 16 steps unrolled, so every step's byte offsets, nibble choice and factor
+    // are constants — the generic loop below works them out per step.
+    constexpr size_t BB = dtype_block_bytes(WT);
+    for (; kk % k_block == 0 && kk + k_block <= k1; kk += k_block) {
+      const size_t at = kk / k_block * BB;
+#pragma GCC unroll 8
+      for (int n = 0; n < NR; ++n) {
+        k_factors<WT>(q8_row[n] + at, kq_f[n], kq_m[n]);
+        if constexpr (lut) {
+          for (int j = 0; j < 8; ++j) V::template k_table<WT>(kq_f[n][j], kq_m[n][j], kq_lut[n][j]);
+        }
+        if (MR == 1 || i0 == 0) {  // the next tile's rows (see the generic loop's prefetch)
+          const uintptr_t next = reinterpret_cast<uintptr_t>(q8_row[n]) + q8_next + at;
+          for (size_t line = 0; line < BB; line += 64) __builtin_prefetch(reinterpret_cast<const void*>(next + line), 0, 3);
+        }
+      }
+#pragma GCC unroll 16
+      for (size_t c = 0; c < k_block / 16; ++c) {
+#pragma GCC unroll 2
+        for (int p = 0; p < P; ++p) {
+          const size_t e = c * 16 + static_cast<size_t>(p) * W;
+          reg wv[NR];
+#pragma GCC unroll 8
+          for (int n = 0; n < NR; ++n) {
+            if constexpr (lut) {
+              wv[n] = V::template load_k_lut<WT>(q8_row[n] + at, e, kq_lut[n][e / 32]);
+            } else {
+              const size_t g = WT == dtype::q6_k ? e / 16 : e / 32;  // the factors' group
+              wv[n] = V::template load_k<WT>(q8_row[n] + at, e, kq_f[n][g], kq_m[n][g]);
+            }
+            asm("" : "+x"(wv[n]));
+          }
+#pragma GCC unroll 8
+          for (int m = 0; m < MR; ++m) {
+            reg xv = V::load_x(x + m * a.ldx + kk + e);
+            asm("" : "+x"(xv));
+#pragma GCC unroll 8
+            for (int n = 0; n < NR; ++n) acc[m][n][p] = V::fma(xv, wv[n], acc[m][n][p]);
+          }
+        }
+      }
+    }
+  }
   for (; kk + 16 <= k1; kk += 16) {
-    [[maybe_unused]] const size_t q8_block_at = kk / q8_block * q8_block_bytes;  // q8: this step's block
+    // q8: this step's block; K-quants: its super-block
+    [[maybe_unused]] const size_t q8_block_at = kk / dtype_block(WT) * dtype_block_bytes(WT);
+    if constexpr (kq) {
+      if (kk % k_block == 0 || kk == k0) {
+#pragma GCC unroll 8
+        for (int n = 0; n < NR; ++n) k_factors<WT>(q8_row[n] + q8_block_at, kq_f[n], kq_m[n]);
+      }
+    }
     if (MR == 1 || i0 == 0) {
       // Decode streams weights from memory with no reuse, one page-sized row after another,
       // which the hardware prefetcher restarts at every page: prefetch the next tile's rows
@@ -75,8 +214,10 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
       // at 55-65 % of the read bandwidth, T0 reaches ~100 % (bf16 and q8, both ISAs).
       // The last tile's "next rows" lie past the weights: the addresses are formed as
       // integers (a prefetch never faults; a pointer past its array would be undefined).
-      if constexpr (WT == dtype::q8) {
-        const size_t ahead = q8_next + q8_block_at;
+      if constexpr (blocked) {
+        // a K-quant super-block spans several lines: the one as far into the next tile's
+        // block as this step is into its own
+        const size_t ahead = q8_next + q8_block_at + (kq ? kk % k_block * dtype_block_bytes(WT) / k_block : 0);
 #pragma GCC unroll 8
         for (int n = 0; n < NR; ++n) __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(q8_row[n]) + ahead), 0, 3);
       } else {
@@ -92,6 +233,10 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
       for (int n = 0; n < NR; ++n) {
         if constexpr (WT == dtype::q8) {
           wv[n] = V::load_q8(q8_row[n] + q8_block_at, 4 + kk % q8_block + static_cast<size_t>(p) * W);
+        } else if constexpr (kq) {
+          const size_t e = kk % k_block + static_cast<size_t>(p) * W;
+          const size_t g = WT == dtype::q6_k ? e / 16 : e / 32;
+          wv[n] = V::template load_k<WT>(q8_row[n] + q8_block_at, e, kq_f[n][g], kq_m[n][g]);
         } else {
           wv[n] = V::template load_w<WT>(a.w, w_row0 + n * a.ldw + kk, p);
         }
@@ -154,6 +299,77 @@ constexpr auto make_table(std::integer_sequence<int, Ms...>) {
   return t;
 }
 
+/// Weight rows [jb, jb_end) of `a` against x rows [m0, m1): every k block of kb, every x tile
+/// over it, with `table`'s tiles (their column index shifted down by `shift`: a's weights may
+/// start at row jb). `parts`: the lane buffer gemm_block sized, or null when kb covers k.
+template <int MRMax, int NRMax, class Table>
+void sweep(const Table& table, const matmul_args& a, size_t m0, size_t m1, size_t jb, size_t jb_end, size_t shift, size_t kb,
+           float* parts) {
+  constexpr size_t part_floats = static_cast<size_t>(MRMax) * NRMax * 16;
+  for (size_t k0 = 0; k0 < a.k; k0 += kb) {
+    const size_t k1 = std::min(a.k, k0 + kb);
+    float* part = parts;
+    for (size_t i = m0; i < m1; i += MRMax) {
+      const size_t mr = std::min<size_t>(MRMax, m1 - i);
+      for (size_t j = jb; j < jb_end; j += NRMax, part = part ? part + part_floats : nullptr) {
+        table[mr - 1][std::min<size_t>(NRMax, jb_end - j) - 1](a, i, j - shift, k0, k1, part);
+      }
+    }
+  }
+}
+
+/// Rows [j0, j0 + rows) of a K-quant job's weights decoded to float32 rows of a.k (ld a.k):
+/// the values load_k gives the tile, so a float32 tile over them has its bits.
+template <class V, dtype WT>
+void dequantize_rows(const matmul_args& a, size_t j0, size_t rows, float* out) {
+  constexpr int W = V::width;
+  alignas(64) float f[16], m[16];
+  for (size_t r = 0; r < rows; ++r) {
+    const uint8_t* row = static_cast<const uint8_t*>(a.w) + dtype_offset(WT, (j0 + r) * a.ldw);
+    for (size_t b = 0; b < a.k / k_block; ++b) {
+      const uint8_t* blk = row + b * dtype_block_bytes(WT);
+      k_factors<WT>(blk, f, m);
+      float* o = out + r * a.k + b * k_block;
+      for (size_t e = 0; e < k_block; e += W) {
+        const size_t g = WT == dtype::q6_k ? e / 16 : e / 32;
+        V::store(o + e, V::template load_k<WT>(blk, e, f[g], m[g]));
+      }
+    }
+  }
+}
+
+/// gemm_block for K-quant weights and many x rows: each block of weight rows is decoded once
+/// into float32 (sized to stay in L2) and every x tile runs the float32 tile over it, instead
+/// of every x tile decoding the same blocks again. Same values, same order: same bits.
+template <class V, int MRMax, int NRMax>
+void gemm_block_dequantized(const matmul_args& a, size_t m0, size_t m1, size_t n0, size_t n1) {
+  static const auto t32 = make_table<V, dtype::f32, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
+  const size_t kb = k_block_len(a.k, m1 - m0, MRMax);
+  size_t nb = 192 * 1024 / (a.k * sizeof(float));
+  nb = nb < static_cast<size_t>(NRMax) ? NRMax : nb - nb % NRMax;
+  constexpr size_t part_floats = static_cast<size_t>(MRMax) * NRMax * 16;
+  thread_local std::vector<float> weights, parts;
+  weights.resize(nb * a.k);
+  if (kb < a.k) parts.resize(((m1 - m0 + MRMax - 1) / MRMax) * ((nb + NRMax - 1) / NRMax) * part_floats);
+  for (size_t jb = n0; jb < n1; jb += nb) {
+    const size_t jb_end = std::min(n1, jb + nb);
+    if (a.w_type == dtype::q4_k) {
+      dequantize_rows<V, dtype::q4_k>(a, jb, jb_end - jb, weights.data());
+    } else if (a.w_type == dtype::q5_k) {
+      dequantize_rows<V, dtype::q5_k>(a, jb, jb_end - jb, weights.data());
+    } else {
+      dequantize_rows<V, dtype::q6_k>(a, jb, jb_end - jb, weights.data());
+    }
+    matmul_args f = a;  // columns [jb, jb_end) as a float32 job of their own
+    f.w = weights.data();
+    f.ldw = a.k;
+    f.w_type = dtype::f32;
+    f.y = a.y + jb;
+    f.bias = a.bias ? a.bias + jb : nullptr;
+    sweep<MRMax, NRMax>(t32, f, m0, m1, jb, jb_end, jb, kb, kb < a.k ? parts.data() : nullptr);
+  }
+}
+
 /// Rows [m0, m1) × columns [n0, n1) with MRMax × NRMax tiles (smaller ones at the edges).
 /// Blocking: a block of weight rows × a block of k sized to stay in L2 is read from memory
 /// once; every x tile (MRMax rows × the k block, sized to stay in L1) passes over it. With
@@ -161,31 +377,31 @@ constexpr auto make_table(std::integer_sequence<int, Ms...>) {
 /// VB16 is the vector type used for bf16 weights (it may use a permuted layout).
 template <class V, class VB16, int MRMax, int NRMax>
 void gemm_block(const matmul_args& a, size_t m0, size_t m1, size_t n0, size_t n1) {
+  if (is_k_quant(a.w_type) && m1 - m0 > 2 * static_cast<size_t>(MRMax)) {
+    gemm_block_dequantized<V, MRMax, NRMax>(a, m0, m1, n0, n1);
+    return;
+  }
   static const auto t32 = make_table<V, dtype::f32, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto t16 = make_table<V, dtype::f16, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto tb16 = make_table<VB16, dtype::bf16, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto tq8 = make_table<V, dtype::q8, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
-  const auto& table = a.w_type == dtype::f32  ? t32
-                      : a.w_type == dtype::f16 ? t16
-                      : a.w_type == dtype::q8  ? tq8
-                                               : tb16;
+  static const auto tq4k = make_table<V, dtype::q4_k, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
+  static const auto tq5k = make_table<V, dtype::q5_k, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
+  static const auto tq6k = make_table<V, dtype::q6_k, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
+  const auto& table = a.w_type == dtype::f32    ? t32
+                      : a.w_type == dtype::f16  ? t16
+                      : a.w_type == dtype::q8   ? tq8
+                      : a.w_type == dtype::q4_k ? tq4k
+                      : a.w_type == dtype::q5_k ? tq5k
+                      : a.w_type == dtype::q6_k ? tq6k
+                                                : tb16;
   const size_t kb = k_block_len(a.k, m1 - m0, MRMax);
   const size_t nb = n_block_rows(kb, a.w_type, NRMax);
   constexpr size_t part_floats = static_cast<size_t>(MRMax) * NRMax * 16;
   thread_local std::vector<float> parts;
   if (kb < a.k) parts.resize(((m1 - m0 + MRMax - 1) / MRMax) * ((nb + NRMax - 1) / NRMax) * part_floats);
   for (size_t jb = n0; jb < n1; jb += nb) {
-    const size_t jb_end = std::min(n1, jb + nb);
-    for (size_t k0 = 0; k0 < a.k; k0 += kb) {
-      const size_t k1 = std::min(a.k, k0 + kb);
-      float* part = kb < a.k ? parts.data() : nullptr;
-      for (size_t i = m0; i < m1; i += MRMax) {
-        const size_t mr = std::min<size_t>(MRMax, m1 - i);
-        for (size_t j = jb; j < jb_end; j += NRMax, part = part ? part + part_floats : nullptr) {
-          table[mr - 1][std::min<size_t>(NRMax, jb_end - j) - 1](a, i, j, k0, k1, part);
-        }
-      }
-    }
+    sweep<MRMax, NRMax>(table, a, m0, m1, jb, std::min(n1, jb + nb), 0, kb, kb < a.k ? parts.data() : nullptr);
   }
 }
 

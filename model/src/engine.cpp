@@ -68,9 +68,10 @@ status engine::create_cuda_shards(const std::vector<shard_layout>& layouts) {
 namespace {
 
 /// int8 weights are read in blocks of 32 along each row, so a rank's column slice of o_proj and
-/// down_proj (a row-parallel split) must start at a block boundary.
+/// down_proj (a row-parallel split) must start at a block boundary. (A Q4_K / Q6_K matrix whose
+/// slice would cut a super-block is copied by its rank as int8: shard_executor's row slices.)
 status check_quantized_layout(const model& m, const shard_layout& l) {
-  if (!m.int8_weights()) return ok_status();
+  if (!m.holds_int8()) return ok_status();
   const size_t head_dim = m.config().head_dim;
   if ((l.q_head0 * head_dim) % kernels::q8_block != 0 || l.inter0 % kernels::q8_block != 0 ||
       l.shared0 % kernels::q8_block != 0) {
@@ -110,12 +111,12 @@ status set_kv_type(kv_cache_config& kv, kernels::dtype type) {
 
 result<backend_choice> choose_backend(const model& m, const engine_options& opt) {
   const auto& c = m.config();
-  const bool quantized = m.int8_weights();
+  const bool quantized = !m.quantized_weights().empty();
   const char* cpu_only = m.lora_enabled()                     ? "LoRA adapters"
                          : opt.kv_type != kernels::dtype::f32 ? "bfloat16 KV caches (--kv-cache-dtype bfloat16)"
                                                               : cpu_only_family(c);
   if (opt.device == backend::cuda && quantized) {
-    return make_error(errc::unsupported, "int8 weights (--quantization int8, or a quantized GGUF) run on the CPU backend only (use --device cpu)");
+    return make_error(errc::unsupported, m.quantized_weights() + " weights (--quantization int8, or a quantized GGUF) run on the CPU backend only (use --device cpu)");
   }
   if (opt.device == backend::cuda && cpu_only) {
     return make_error(errc::unsupported, std::string(cpu_only) + " run on the CPU backend only (use --device cpu)");
@@ -194,7 +195,9 @@ result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, e
   int per_rank = std::max(1, opt.threads / opt.tp);
   for (int r = 0; r < opt.tp; ++r) {
     e->pools_.push_back(std::make_unique<kernels::thread_pool>(per_rank));
-    e->shards_.push_back(std::make_unique<shard_executor>(m, layouts[r], e->kv_, e->comms_[r].get(), e->pools_[r].get()));
+    auto shard = std::make_unique<shard_executor>(m, layouts[r], e->kv_, e->comms_[r].get(), e->pools_[r].get());
+    LLMESH_TRY(shard->make_row_slices());
+    e->shards_.push_back(std::move(shard));
   }
   if (opt.tp > 1) e->ranks_ = std::make_unique<kernels::thread_pool>(opt.tp);
   for (size_t b = e->kv_.n_blocks; b-- > 0;) e->free_blocks_.push_back(static_cast<int32_t>(b));
@@ -231,7 +234,9 @@ result<std::unique_ptr<engine>> engine::create_part(std::shared_ptr<const model>
     e->local_.push_back(r);
     e->comms_.push_back(std::move(comm));
     e->pools_.push_back(std::make_unique<kernels::thread_pool>(per_rank));
-    e->shards_.push_back(std::make_unique<shard_executor>(m, *l, e->kv_, e->comms_.back().get(), e->pools_.back().get()));
+    auto shard = std::make_unique<shard_executor>(m, *l, e->kv_, e->comms_.back().get(), e->pools_.back().get());
+    LLMESH_TRY(shard->make_row_slices());
+    e->shards_.push_back(std::move(shard));
   }
   // Holding every rank, it is a whole engine: forward() and step() run the ranks on ranks_.
   if (opt.tp > 1 && static_cast<int>(e->local_.size()) == opt.tp) e->ranks_ = std::make_unique<kernels::thread_pool>(opt.tp);

@@ -4,6 +4,7 @@
 // (plus a fifth bit from qh), Q8_0, and the 256-element K-quants Q4_K, Q5_K (8 sub-blocks with
 // 6-bit scales and mins) and Q6_K (16 sub-blocks with int8 scales).
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -22,17 +23,6 @@ float half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return k::f16_to_f32(h);
-}
-
-/// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K block's 12 scale bytes.
-void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
 }
 
 /// One block of `type` at `b` into y (block(type).elements floats).
@@ -76,8 +66,8 @@ void dequantize_block(uint32_t type, const uint8_t* b, float* y) {
       const uint8_t* qs = b + (five ? 48 : 16);
       for (int c = 0; c < 4; ++c) {
         uint8_t s1, m1, s2, m2;
-        scale_min_k4(2 * c, scales, s1, m1);
-        scale_min_k4(2 * c + 1, scales, s2, m2);
+        k::q4_k_scale_min(2 * c, scales, s1, m1);
+        k::q4_k_scale_min(2 * c + 1, scales, s2, m2);
         const float d1 = d * s1, n1 = dmin * m1, d2 = d * s2, n2 = dmin * m2;
         for (int l = 0; l < 32; ++l) {
           int lo = qs[32 * c + l] & 0xF, hi = qs[32 * c + l] >> 4;
@@ -148,6 +138,35 @@ bool repack_q8_0(const uint8_t* row, size_t cols, uint8_t* dst) {
     uint8_t* out = dst + b * k::q8_block_bytes;
     std::memcpy(out, &d, 4);
     std::memcpy(out + 4, src + 2, 32);
+  }
+  return true;
+}
+
+/// Q4_0 / Q5_0 row -> q8 row, exactly: their values are (q − 8)·d and (q − 16)·d, int8 quants
+/// with the block's float16 scale. False when a scale is not finite (the row is requantized,
+/// which names the value).
+bool repack_x_0(uint32_t type, const uint8_t* row, size_t cols, uint8_t* dst) {
+  const bool five = type == ggml::q5_0;
+  const size_t bytes = five ? 22 : 18;
+  for (size_t b = 0; b < cols / 32; ++b) {
+    const uint8_t* src = row + b * bytes;
+    const float d = half(src);
+    if (!std::isfinite(d)) return false;
+    uint32_t qh = 0;
+    if (five) std::memcpy(&qh, src + 2, 4);
+    const uint8_t* qs = src + (five ? 6 : 2);
+    uint8_t* out = dst + b * k::q8_block_bytes;
+    std::memcpy(out, &d, 4);
+    for (int j = 0; j < 16; ++j) {
+      int lo = qs[j] & 0xF, hi = qs[j] >> 4;
+      if (five) {
+        lo |= static_cast<int>((qh >> j) & 1) << 4;
+        hi |= static_cast<int>((qh >> (j + 16)) & 1) << 4;
+      }
+      const int bias = five ? 16 : 8;
+      out[4 + j] = static_cast<uint8_t>(static_cast<int8_t>(lo - bias));
+      out[4 + j + 16] = static_cast<uint8_t>(static_cast<int8_t>(hi - bias));
+    }
   }
   return true;
 }
@@ -228,15 +247,16 @@ status fill_rows(const job& w, size_t row0, size_t n, std::vector<float>& scratc
     const size_t from = source_row(w, r);
     const uint8_t* src = t.data + from * src_row_bytes;
     uint8_t* dst = w.buffer.get() + k::dtype_bytes(w.out_type, r * (w.out_type == k::dtype::q8 ? k::q8_row_elements(w.cols) : w.cols));
-    if (w.out_type != k::dtype::q8) {
+    if (w.out_type != k::dtype::q8) {  // a row as stored (a permuted F32/F16/BF16/Q4_K/Q6_K row), or float32
       if (w.out_type == k::dtype::f32 && t.type != ggml::f32) {
         dequantize_row(t, from, reinterpret_cast<float*>(dst));
       } else {
-        std::memcpy(dst, src, src_row_bytes);  // a permuted F32/F16/BF16 row as stored
+        std::memcpy(dst, src, src_row_bytes);
       }
       continue;
     }
     if (t.type == ggml::q8_0 && repack_q8_0(src, w.cols, dst)) continue;
+    if ((t.type == ggml::q4_0 || t.type == ggml::q5_0) && repack_x_0(t.type, src, w.cols, dst)) continue;
     scratch.resize(w.cols);
     dequantize_row(t, from, scratch.data());
     LLMESH_TRY(k::quantize_q8(scratch.data(), k::dtype::f32, 1, w.cols, dst, r));
@@ -310,8 +330,15 @@ result<tensor_store> gguf_tensor_store(const std::string& path) {
       return make_error(errc::invalid_request, path + ": tensor '" + t.name + "' does not split into " +
                                                    std::to_string(name.heads) + " heads of even size");
     }
-    const bool plain = t.type == ggml::f32 || t.type == ggml::f16 || t.type == ggml::bf16;
-    const k::dtype plain_type = t.type == ggml::f32 ? k::dtype::f32 : t.type == ggml::f16 ? k::dtype::f16 : k::dtype::bf16;
+    // Types the kernels read as stored: the float ones, and Q4_K / Q5_K / Q6_K matrices.
+    const bool k_quant = t.dims.size() == 2 && (t.type == ggml::q4_k || t.type == ggml::q5_k || t.type == ggml::q6_k);
+    const bool plain = t.type == ggml::f32 || t.type == ggml::f16 || t.type == ggml::bf16 || k_quant;
+    const k::dtype plain_type = t.type == ggml::f32    ? k::dtype::f32
+                                : t.type == ggml::f16  ? k::dtype::f16
+                                : t.type == ggml::q4_k ? k::dtype::q4_k
+                                : t.type == ggml::q5_k ? k::dtype::q5_k
+                                : t.type == ggml::q6_k ? k::dtype::q6_k
+                                                       : k::dtype::bf16;
     if (plain && !name.permute) {  // a view into the mapping
       tensor_view v{plain_type, shape, t.data, t.bytes};
       LLMESH_TRY(store.add(name.name, std::move(v), g));

@@ -18,6 +18,7 @@
 #include "llmesh/kernels/sampling.hpp"
 #include "lora_runner.hpp"
 #include "matmul_jobs.hpp"
+#include "row_slices.hpp"
 
 namespace llmesh::model {
 namespace {
@@ -33,6 +34,24 @@ using kernels::matmul_args;
 }  // namespace
 
 shard_executor::~shard_executor() = default;
+
+status shard_executor::make_row_slices() {
+  const auto& c = model_->config();
+  const auto& layers = model_->weights().layers;
+  o_slices_.assign(layers.size(), nullptr);
+  down_slices_.assign(layers.size(), nullptr);
+  if (layout_.tp == 1) return ok_status();  // whole rows
+  for (size_t i = 0; i < layers.size(); ++i) {
+    auto o = detail::k_quant_slice(layers[i].o, layout_.q_head0 * c.head_dim, layout_.n_heads * c.head_dim);
+    if (!o) return make_error(o.err().code, "layer " + std::to_string(i) + " o_proj: " + o.err().message);
+    if (*o) o_slices_[i] = std::make_shared<const detail::row_slice>(std::move(**o));
+    if (layers[i].down.rows == 0) continue;  // an MoE layer
+    auto down = detail::k_quant_slice(layers[i].down, layout_.inter0, layout_.n_inter);
+    if (!down) return make_error(down.err().code, "layer " + std::to_string(i) + " down_proj: " + down.err().message);
+    if (*down) down_slices_[i] = std::make_shared<const detail::row_slice>(std::move(**down));
+  }
+  return ok_status();
+}
 
 shard_executor::shard_executor(std::shared_ptr<const model> m, shard_layout layout, kv_cache_config kv,
                                kernels::communicator* comm, kernels::thread_pool* pool)
@@ -223,8 +242,9 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
   // Row-parallel output projection: each rank multiplies its heads' columns; rank 0 adds the
   // bias, so the all-reduce (summing in rank order) yields it exactly once.
   const float* o_bias = layout_.rank == 0 ? slice(lw.o_bias, 0) : nullptr;
-  const matmul_args o = job(attn_.data(), q_dim, lw.o, cols_from(lw.o, q0), proj_.data(), c.hidden, n_tokens, c.hidden,
-                             q_dim, o_bias);
+  const detail::row_slice* o_own = layer < o_slices_.size() ? o_slices_[layer].get() : nullptr;
+  const matmul_args o = o_own ? job(attn_.data(), q_dim, o_own->w, o_own->w.data, proj_.data(), c.hidden, n_tokens, c.hidden, q_dim, o_bias)
+                              : job(attn_.data(), q_dim, lw.o, cols_from(lw.o, q0), proj_.data(), c.hidden, n_tokens, c.hidden, q_dim, o_bias);
   const lora_job o_lora{lora_target::o, attn_.data(), q_dim, q0, q_dim, proj_.data(), c.hidden, 0, c.hidden};
   LLMESH_TRY(lora_->project(std::span(&o, 1), layer, std::span(&o_lora, 1), *pool_));
   if (layout_.tp > 1) LLMESH_TRY(comm_->all_reduce_sum(std::span(proj_.data(), n_tokens * c.hidden)));
@@ -269,8 +289,9 @@ status shard_executor::mlp_block(size_t layer, size_t n_tokens) {
       kernels::swiglu(gate_.data() + b, up_.data() + b, gate_.data() + b, e - b);
     }
   });
-  const matmul_args down = job(gate_.data(), ni, lw.down, cols_from(lw.down, i0), proj_.data(), c.hidden, n_tokens, c.hidden,
-                                ni, nullptr);
+  const detail::row_slice* down_own = layer < down_slices_.size() ? down_slices_[layer].get() : nullptr;
+  const matmul_args down = down_own ? job(gate_.data(), ni, down_own->w, down_own->w.data, proj_.data(), c.hidden, n_tokens, c.hidden, ni, nullptr)
+                                    : job(gate_.data(), ni, lw.down, cols_from(lw.down, i0), proj_.data(), c.hidden, n_tokens, c.hidden, ni, nullptr);
   const lora_job down_lora{lora_target::down, gate_.data(), ni, i0, ni, proj_.data(), c.hidden, 0, c.hidden};
   LLMESH_TRY(lora_->project(std::span(&down, 1), layer, std::span(&down_lora, 1), *pool_));
   if (layout_.tp > 1) LLMESH_TRY(comm_->all_reduce_sum(std::span(proj_.data(), n_tokens * c.hidden)));

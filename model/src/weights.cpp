@@ -70,9 +70,9 @@ std::string_view weight_dtype_name(std::optional<kernels::dtype> t) {
     case kernels::dtype::f32: return "float32";
     case kernels::dtype::f16: return "float16";
     case kernels::dtype::bf16: return "bfloat16";
-    case kernels::dtype::q8: break;
+    case kernels::dtype::q8: case kernels::dtype::q4_k: case kernels::dtype::q5_k: case kernels::dtype::q6_k: break;
   }
-  return "int8";
+  return kernels::dtype_name(*t);
 }
 
 result<std::optional<kernels::dtype>> parse_weight_dtype(std::string_view s) {
@@ -113,11 +113,23 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     e.message = dir + ": " + e.message;
     return e;
   }
-  auto held_int8 = [](const weight_matrix& w) { return w.type == kernels::dtype::q8; };
-  m->int8_weights_ = held_int8(m->weights_.lm_head) || held_int8(m->weights_.embed);
+  bool held[4] = {};  // q8, q4_k, q5_k, q6_k
+  auto note = [&](const weight_matrix& w) {
+    if (w.rows == 0 || !kernels::is_quantized(w.type)) return;
+    held[w.type == kernels::dtype::q8 ? 0 : w.type == kernels::dtype::q4_k ? 1 : w.type == kernels::dtype::q5_k ? 2 : 3] = true;
+  };
+  note(m->weights_.lm_head);
+  note(m->weights_.embed);
   for (const auto& l : m->weights_.layers) {
-    for (const weight_matrix* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) m->int8_weights_ |= held_int8(*w);
-    for (const auto& x : l.experts) m->int8_weights_ |= held_int8(x.gate) || held_int8(x.up) || held_int8(x.down);
+    for (const weight_matrix* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) note(*w);
+    for (const auto& x : l.experts) {
+      note(x.gate);
+      note(x.up);
+      note(x.down);
+    }
+  }
+  for (auto [i, name] : {std::pair{1, "Q4_K"}, std::pair{2, "Q5_K"}, std::pair{3, "Q6_K"}, std::pair{0, "int8"}}) {
+    if (held[i]) m->quantized_types_ += (m->quantized_types_.empty() ? "" : "+") + std::string(name);
   }
   m->lora_enabled_ = opt.enable_lora || !opt.loras.empty();
   m->lora_type_ = opt.lora_dtype ? opt.lora_dtype : opt.dtype;  // auto: the weights' (vLLM's)
@@ -275,9 +287,12 @@ struct convert_target {
 };
 
 /// Adds `w` to `targets` (beside a target over the same bytes, if any) unless it is empty,
-/// q8 already (a quantized GGUF's tensors arrive so) or of type `to` already.
+/// of type `to` already, or quantized (a quantized GGUF's tensors arrive so) unless a K-quant
+/// matrix is to become int8 (`--quantization int8` on a Q4_K_M file: the CPU decodes int8
+/// faster, where memory bandwidth is not what limits it).
 void add_target(std::vector<convert_target>& targets, weight_matrix* w, std::string name, kernels::dtype to) {
-  if (w->rows == 0 || w->type == kernels::dtype::q8 || w->type == to) return;
+  if (w->rows == 0 || w->type == to) return;
+  if (kernels::is_quantized(w->type) && !(kernels::is_k_quant(w->type) && to == kernels::dtype::q8)) return;
   for (auto& t : targets) {
     if (t.w().data == w->data && t.w().type == w->type && t.w().rows == w->rows && t.w().cols == w->cols) {
       t.views.push_back(w);

@@ -1,6 +1,7 @@
 // Tests of the float32 <-> f16 / bf16 conversions in dtype.hpp: exhaustive round trips over
 // every 16-bit pattern, an independent round-to-nearest-even reference over a strided sweep of
-// float32 patterns, and hand-picked ties, subnormals and overflows.
+// float32 patterns, and hand-picked ties, subnormals and overflows; the K-quant blocks' decoding
+// (Q4_K, Q5_K, Q6_K) against ggml's own loops.
 #include "llmesh/kernels/dtype.hpp"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,10 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
+#include <vector>
+
+#include "test_seed.hpp"
 
 namespace llmesh::kernels {
 namespace {
@@ -258,6 +263,134 @@ TEST(LoadAsF32, ConvertsEachDtype) {
     EXPECT_EQ(load_as_f32(b, dtype::bf16, i), f[i]);
   }
   EXPECT_EQ(bits_of(load_as_f32(b, dtype::bf16, 1)), 0xc0100000u);
+}
+
+/// ggml's dequantize_row_q4_K over one super-block, in its own loop order (64 elements at a time).
+void ggml_q4_k(const uint8_t* x, float* y) {
+  const float d = f16_to_f32(static_cast<uint16_t>(x[0] | x[1] << 8));
+  const float min = f16_to_f32(static_cast<uint16_t>(x[2] | x[3] << 8));
+  const uint8_t* scales = x + 4;
+  const uint8_t* q = x + 16;
+  auto get = [scales](int j, uint8_t& sc, uint8_t& m) {
+    if (j < 4) {
+      sc = scales[j] & 63;
+      m = scales[j + 4] & 63;
+    } else {
+      sc = static_cast<uint8_t>((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
+      m = static_cast<uint8_t>((scales[j + 4] >> 4) | ((scales[j - 0] >> 6) << 4));
+    }
+  };
+  int is = 0;
+  for (int j = 0; j < 256; j += 64) {
+    uint8_t sc, m;
+    get(is + 0, sc, m);
+    const float d1 = d * sc, m1 = min * m;
+    get(is + 1, sc, m);
+    const float d2 = d * sc, m2 = min * m;
+    for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0xF) - m1;
+    for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
+    q += 32;
+    is += 2;
+  }
+}
+
+/// ggml's dequantize_row_q5_K over one super-block.
+void ggml_q5_k(const uint8_t* x, float* y) {
+  const float d = f16_to_f32(static_cast<uint16_t>(x[0] | x[1] << 8));
+  const float min = f16_to_f32(static_cast<uint16_t>(x[2] | x[3] << 8));
+  const uint8_t* scales = x + 4;
+  const uint8_t* qh = x + 16;
+  const uint8_t* ql = x + 48;
+  int is = 0;
+  uint8_t u1 = 1, u2 = 2;
+  for (int j = 0; j < 256; j += 64) {
+    uint8_t sc, m;
+    q4_k_scale_min(static_cast<size_t>(is), scales, sc, m);
+    const float d1 = d * sc, m1 = min * m;
+    q4_k_scale_min(static_cast<size_t>(is + 1), scales, sc, m);
+    const float d2 = d * sc, m2 = min * m;
+    for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+    for (int l = 0; l < 32; ++l) *y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+    ql += 32;
+    is += 2;
+    u1 = static_cast<uint8_t>(u1 << 2);
+    u2 = static_cast<uint8_t>(u2 << 2);
+  }
+}
+
+/// ggml's dequantize_row_q6_K over one super-block.
+void ggml_q6_k(const uint8_t* x, float* y) {
+  const float d = f16_to_f32(static_cast<uint16_t>(x[208] | x[209] << 8));
+  const uint8_t* ql = x;
+  const uint8_t* qh = x + 128;
+  const auto* sc = reinterpret_cast<const int8_t*>(x + 192);
+  for (int n = 0; n < 256; n += 128) {
+    for (int l = 0; l < 32; ++l) {
+      const int is = l / 16;
+      const int q1 = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      y[l + 0] = d * sc[is + 0] * q1;
+      y[l + 32] = d * sc[is + 2] * q2;
+      y[l + 64] = d * sc[is + 4] * q3;
+      y[l + 96] = d * sc[is + 6] * q4;
+    }
+    y += 128;
+    ql += 64;
+    qh += 32;
+    sc += 8;
+  }
+}
+
+TEST(LoadAsF32, DecodesKQuantBlocksAsGgmlDoes) {
+  std::mt19937 rng(testing::test_seed(21));
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_int_distribution<int> exponent(-14, 2);
+  for (dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+    const size_t bb = dtype_block_bytes(t);
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<uint8_t> blocks(2 * bb);  // two super-blocks: element i of the second is 256 + i
+      for (auto& b : blocks) b = static_cast<uint8_t>(byte(rng));
+      for (size_t blk = 0; blk < 2; ++blk) {
+        for (size_t at : t == dtype::q6_k ? std::vector<size_t>{208} : std::vector<size_t>{0, 2}) {
+          const uint16_t d = f32_to_f16(std::ldexp(1.0f + static_cast<float>(byte(rng)) / 256.0f, exponent(rng)));
+          std::memcpy(blocks.data() + blk * bb + at, &d, 2);
+        }
+      }
+      float want[512];
+      for (size_t blk = 0; blk < 2; ++blk) {
+        (t == dtype::q4_k ? ggml_q4_k : t == dtype::q5_k ? ggml_q5_k : ggml_q6_k)(blocks.data() + blk * bb, want + 256 * blk);
+      }
+      for (size_t i = 0; i < 512; ++i) {
+        ASSERT_EQ(bits_of(load_as_f32(blocks.data(), t, i)), bits_of(want[i])) << dtype_name(t) << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(LoadAsF32, DecodesAHandMadeQ4KBlock) {
+  uint8_t b[144] = {};
+  b[0] = 0x00; b[1] = 0x3c;  // d = 1
+  b[2] = 0x00; b[3] = 0x38;  // dmin = 0.5
+  b[4 + 0] = 3;               // sub-block 0: scale 3
+  b[4 + 4] = 2;               // sub-block 0: min 2
+  b[4 + 8] = 0x75;            // sub-block 4: scale 5 (low nibble), min 7 (high nibble)
+  b[4 + 0] |= 0x40;           // sub-block 4's scale gains bit 4 (from byte 0's top bits): 21
+  b[16 + 0] = 0xA4;           // element 0: low nibble 4; element 32: high nibble 10
+  b[16 + 64] = 0x09;          // element 128 (sub-block 4): 9
+  EXPECT_EQ(load_as_f32(b, dtype::q4_k, 0), 3.0f * 4 - 0.5f * 2);
+  EXPECT_EQ(load_as_f32(b, dtype::q4_k, 1), -1.0f);  // quant 0: minus the min
+  EXPECT_EQ(load_as_f32(b, dtype::q4_k, 32), 0.0f);  // sub-block 1: scale 0, min 0
+  EXPECT_EQ(load_as_f32(b, dtype::q4_k, 128), 21.0f * 9 - 0.5f * 7);
+  EXPECT_EQ(dtype_bytes(dtype::q4_k, 512), 288u);
+  EXPECT_EQ(dtype_offset(dtype::q6_k, 768), 630u);
+  EXPECT_EQ(dtype_name(dtype::q4_k), "Q4_K");
+  EXPECT_EQ(dtype_name(dtype::q6_k), "Q6_K");
+  EXPECT_EQ(dtype_name(dtype::q5_k), "Q5_K");
+  EXPECT_EQ(dtype_bytes(dtype::q5_k, 256), 176u);
+  EXPECT_TRUE(is_quantized(dtype::q6_k));
+  EXPECT_FALSE(is_quantized(dtype::bf16));
 }
 
 }  // namespace

@@ -31,10 +31,17 @@ constexpr float poison = std::numeric_limits<float>::quiet_NaN();
 constexpr uint16_t f16_nan = 0x7e00;
 constexpr uint16_t bf16_nan = 0x7fc0;
 
-constexpr dtype all_dtypes[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::q8};
+constexpr dtype all_dtypes[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::q8, dtype::q4_k, dtype::q5_k, dtype::q6_k};
 constexpr size_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 constexpr size_t ns[] = {1, 5, 7, 13, 37};
-constexpr size_t ks[] = {1, 15, 16, 17, 40, 200};
+
+bool k_quant(dtype t) { return dtype_block(t) == k_block; }
+
+/// Row lengths to test: K-quant rows are whole super-blocks of 256.
+std::vector<size_t> ks_for(dtype t, std::initializer_list<size_t> plain) {
+  if (k_quant(t)) return {256, 512, 768};
+  return plain;
+}
 
 uint32_t bits_of(float f) {
   uint32_t b;
@@ -58,7 +65,8 @@ std::vector<float> make_activations(size_t m, size_t k, size_t ldx, std::mt19937
 }
 
 /// Weights [n][ldw] of one dtype; columns >= k are poisoned with that dtype's NaN (q8: with
-/// the value 127, which changes any sum that reads it, since a block's scale is shared).
+/// the value 127, which changes any sum that reads it, since a block's scale is shared; the
+/// K-quants: a NaN scale d in each padding super-block).
 struct weight_matrix {
   dtype type = dtype::f32;
   size_t n = 0, k = 0, ldw = 0;
@@ -67,21 +75,47 @@ struct weight_matrix {
   std::vector<uint8_t> q8;
 
   const void* data() const {
-    if (type == dtype::q8) return q8.data();
+    if (is_quantized(type)) return q8.data();
     return type == dtype::f32 ? static_cast<const void*>(f32.data()) : static_cast<const void*>(half.data());
   }
   const void* row(size_t j) const { return static_cast<const uint8_t*>(data()) + dtype_offset(type, j * ldw); }
   float at(size_t j, size_t q) const { return load_as_f32(data(), type, j * ldw + q); }
 };
 
-/// q8 rows are whole blocks: the tight ldw is k rounded up to a block, the padded one a block more.
+/// Block-type rows are whole blocks: the tight ldw is k rounded up to a block, the padded one a
+/// block more.
 size_t weight_ld(dtype t, size_t k, bool padded) {
-  if (t == dtype::q8) return (k + q8_block - 1) / q8_block * q8_block + (padded ? q8_block : 0);
+  const size_t b = dtype_block(t);
+  if (b > 1) return (k + b - 1) / b * b + (padded ? b : 0);
   return padded ? k + 5 : k;
+}
+
+/// Random K-quant super-blocks: every quant, scale and min byte random, d and dmin random
+/// float16 values of mixed magnitude (NaN in the blocks past k).
+void fill_k_quant(weight_matrix& w, std::mt19937& rng) {
+  const dtype t = w.type;
+  const size_t bb = dtype_block_bytes(t);
+  w.q8.resize(dtype_bytes(t, w.n * w.ldw));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : w.q8) b = static_cast<uint8_t>(byte(rng));
+  for (size_t j = 0; j < w.n; ++j) {
+    for (size_t b = 0; b < w.ldw / k_block; ++b) {
+      uint8_t* block = w.q8.data() + dtype_offset(t, j * w.ldw + b * k_block);
+      const bool pad = b * k_block >= w.k;
+      for (size_t at : t == dtype::q6_k ? std::vector<size_t>{bb - 2} : std::vector<size_t>{0, 2}) {
+        const uint16_t d = pad ? f16_nan : f32_to_f16(random_value(rng) / 256.0f);
+        std::memcpy(block + at, &d, 2);
+      }
+    }
+  }
 }
 
 weight_matrix make_weights(dtype t, size_t n, size_t k, size_t ldw, std::mt19937& rng) {
   weight_matrix w{t, n, k, ldw, {}, {}, {}};
+  if (k_quant(t)) {
+    fill_k_quant(w, rng);
+    return w;
+  }
   if (t == dtype::q8) {  // every int8 value (-128 too, which quantize_q8 never makes) and random scales
     w.q8.assign(dtype_bytes(t, n * ldw), 127);
     std::uniform_int_distribution<int> value(-128, 127);
@@ -173,7 +207,7 @@ void for_each_problem(thread_pool& pool, Fn fn) {
   for (dtype t : all_dtypes)
     for (size_t m : ms)
       for (size_t n : ns)
-        for (size_t k : ks)
+        for (size_t k : ks_for(t, {1, 15, 16, 17, 40, 200}))
           for (auto [padded, with_bias] : layouts) {
             problem p = make_problem(t, m, n, k, padded, with_bias, rng);
             ASSERT_TRUE(matmul(p.args(), pool).ok()) << describe(p);
@@ -270,7 +304,7 @@ TEST(Matmul, RowsAreBitwiseIndependentOfBatchSize) {
   thread_pool pool(2);
   std::mt19937 rng(99);
   for (dtype t : all_dtypes) {
-    for (size_t k : {1, 15, 16, 17, 40, 200}) {
+    for (size_t k : ks_for(t, {1, 15, 16, 17, 40, 200})) {
       // m = 70 crosses the 64-row cache block; 8 and 3 end mid-tile on every instruction set.
       for (size_t m : {3, 8, 70}) {
         problem batch = make_problem(t, m, 37, k, true, true, rng);
@@ -295,7 +329,7 @@ TEST(Matmul, LargeShapesCrossCacheBlocksBitExactly) {
   thread_pool pool(2);
   std::mt19937 rng(testing::test_seed(31));
   for (dtype t : all_dtypes) {
-    for (size_t k : {4099}) {
+    for (size_t k : {k_quant(t) ? size_t{4096} : size_t{4099}}) {
       problem p = make_problem(t, 70, 37, k, true, true, rng);
       ASSERT_TRUE(matmul(p.args(), pool).ok());
       for (size_t i = 0; i < p.m; ++i) {
@@ -323,7 +357,7 @@ TEST(Matmul, ResultIsBitwiseIndependentOfThreadCount) {
   std::mt19937 rng(7);
   for (dtype t : all_dtypes) {
     for (size_t n : {1, 5, 7, 13, 37}) {
-      for (size_t k : {17, 200}) {
+      for (size_t k : ks_for(t, {17, 200})) {
         problem p = make_problem(t, 9, n, k, true, true, rng);
         ASSERT_TRUE(matmul(p.args(), pool1).ok());
         std::vector<float> y1 = p.y;
@@ -349,10 +383,13 @@ TEST(Matmul, RunsSeveralJobsInOneRegionLikeSeparateCalls) {
   problem k = make_problem(dtype::f16, 6, 13, 40, true, true, rng);
   problem v = make_problem(dtype::f32, 6, 5, 40, true, false, rng);
   problem i8 = make_problem(dtype::q8, 6, 11, 40, true, true, rng);
+  problem q4 = make_problem(dtype::q4_k, 6, 9, 256, false, true, rng);
+  problem q5 = make_problem(dtype::q5_k, 6, 8, 256, true, true, rng);
+  problem q6 = make_problem(dtype::q6_k, 6, 7, 256, true, false, rng);
   k.x = q.x;
   v.x = q.x;
   i8.x = q.x;
-  std::vector<problem*> all = {&q, &k, &v, &i8};
+  std::vector<problem*> all = {&q, &k, &v, &i8, &q4, &q5, &q6};
   std::vector<matmul_args> jobs;
   for (problem* p : all) jobs.push_back(p->args());
   ASSERT_TRUE(matmul(std::span<const matmul_args>(jobs), pool).ok());
@@ -404,6 +441,17 @@ TEST(Matmul, RejectsInvalidArguments) {
   a = q.args();
   a.ldw = 48;
   expect_invalid(a, "q8 ldw not a multiple of the block");
+  // K-quant rows are whole super-blocks, and so is k (their rows hold no zero padding).
+  for (dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+    problem kq = make_problem(t, 3, 5, 256, true, false, rng);
+    ASSERT_TRUE(matmul(kq.args(), pool).ok());
+    a = kq.args();
+    a.ldw = 384;
+    expect_invalid(a, "K-quant ldw not a multiple of 256");
+    a = kq.args();
+    a.k = 240;
+    expect_invalid(a, "K-quant k not a multiple of 256");
+  }
   // One bad job among good ones fails the whole call.
   std::vector<matmul_args> jobs = {p.args(), p.args()};
   jobs[1].ldx = 2;
@@ -411,31 +459,46 @@ TEST(Matmul, RejectsInvalidArguments) {
   EXPECT_FALSE(matmul(std::span<const matmul_args>(jobs), pool).ok());
 }
 
-TEST(Matmul, Q8ColumnSliceFromABlockBoundaryIsUsedInPlace) {
-  // A row-parallel tensor-parallel shard multiplies by columns [c0, c0 + k) of every row: the
-  // weight pointer moves to c0's block and ldw stays the full row.
+/// A row-parallel tensor-parallel shard multiplies by columns [c0, c0 + k) of every row: the
+/// weight pointer moves to c0's block and ldw stays the full row. Each slice against
+/// dot_reference over the same bytes.
+void expect_column_slices_in_place(dtype t, size_t row, std::initializer_list<size_t> c0s, std::initializer_list<size_t> ks,
+                                   std::mt19937& rng) {
   thread_pool pool(2);
-  std::mt19937 rng(testing::test_seed(8));
-  problem full = make_problem(dtype::q8, 5, 13, 200, false, false, rng);
-  for (size_t c0 : {0, 32, 64, 96}) {
-    for (size_t k : {17, 32, 64, 96}) {
+  problem full = make_problem(t, 5, 13, row, false, false, rng);
+  for (size_t c0 : c0s) {
+    for (size_t k : ks) {
       if (c0 + k > full.k) continue;
       std::vector<float> y(full.m * full.n, poison);
       matmul_args a = full.args();
       a.x = full.x.data() + c0;
-      a.w = static_cast<const uint8_t*>(full.w.data()) + dtype_offset(dtype::q8, c0);
+      a.w = static_cast<const uint8_t*>(full.w.data()) + dtype_offset(t, c0);
       a.k = k;
       a.y = y.data();
       a.ldy = full.n;
       ASSERT_TRUE(matmul(a, pool).ok());
       for (size_t i = 0; i < full.m; ++i) {
         for (size_t j = 0; j < full.n; ++j) {
-          const auto* row = static_cast<const uint8_t*>(full.w.row(j)) + dtype_offset(dtype::q8, c0);
-          float want = dot_reference(full.x.data() + i * full.ldx + c0, row, dtype::q8, k);
-          ASSERT_EQ(bits_of(y[i * full.n + j]), bits_of(want)) << "c0 " << c0 << " k " << k << " y[" << i << "][" << j << "]";
+          const auto* w = static_cast<const uint8_t*>(full.w.row(j)) + dtype_offset(t, c0);
+          float want = dot_reference(full.x.data() + i * full.ldx + c0, w, t, k);
+          ASSERT_EQ(bits_of(y[i * full.n + j]), bits_of(want))
+              << dtype_name(t) << " c0 " << c0 << " k " << k << " y[" << i << "][" << j << "]";
         }
       }
     }
+  }
+}
+
+TEST(Matmul, Q8ColumnSliceFromABlockBoundaryIsUsedInPlace) {
+  std::mt19937 rng(testing::test_seed(8));
+  expect_column_slices_in_place(dtype::q8, 200, {0, 32, 64, 96}, {17, 32, 64, 96}, rng);
+}
+
+TEST(Matmul, KQuantColumnSliceFromASuperBlockBoundaryIsUsedInPlace) {
+  std::mt19937 rng(testing::test_seed(9));
+  for (dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+    expect_column_slices_in_place(t, 1024, {0, 256, 512}, {256, 512}, rng);
+    if (::testing::Test::HasFatalFailure()) return;
   }
 }
 

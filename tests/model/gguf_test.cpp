@@ -7,13 +7,17 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
+#include <tuple>
 
 #include "gguf_writer.hpp"
 #include "llmesh/kernels/dtype.hpp"
 #include "llmesh/model/chat_template.hpp"
 #include "llmesh/model/config.hpp"
+#include "llmesh/model/engine.hpp"
 #include "llmesh/model/gguf.hpp"
 #include "llmesh/model/tokenizer.hpp"
 #include "llmesh/model/weights.hpp"
@@ -318,6 +322,133 @@ TEST(GgufModel, Q8_0BlocksAreTakenExactlyAndInt8KeepsThem) {
     }
     EXPECT_EQ((*loaded)->weights().layers[0].up.type, q == quantization::int8 ? kernels::dtype::q8 : kernels::dtype::f32);
   }
+}
+
+/// Random K-quant blocks for a [rows, cols] matrix: every byte random but the float16 scales,
+/// small enough that a forward pass stays finite.
+std::string k_quant_blocks(uint32_t type, size_t rows, size_t cols, std::mt19937& rng) {
+  const size_t bb = type == ggml::q4_k ? 144 : 210;
+  std::string out(rows * cols / 256 * bb, '\0');
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& c : out) c = static_cast<char>(byte(rng));
+  for (size_t b = 0; b < rows * cols / 256; ++b) {
+    char* block = out.data() + b * bb;
+    const uint16_t d = kernels::f32_to_f16(type == ggml::q4_k ? 0.002f : 0.0001f), dmin = kernels::f32_to_f16(0.001f);
+    std::memcpy(block + (type == ggml::q4_k ? 0 : 208), &d, 2);
+    if (type == ggml::q4_k) std::memcpy(block + 2, &dmin, 2);
+  }
+  return out;
+}
+
+TEST(GgufModel, KQuantMatricesAreReadInPlaceAndTpSlicesThatCutABlockBecomeInt8) {
+  // Q4_K / Q6_K matrices are held as the file's blocks (the kernels read them in place); at
+  // --tp 2 a rank's o_proj (128 of 256 columns) and down_proj (384 of 768) slices cut
+  // super-blocks, so each rank holds them as int8: the logits move by int8's rounding only.
+  temp_dir dir;
+  gguf_writer w;
+  w.str("general.architecture", "llama");
+  w.u32("llama.embedding_length", 256);
+  w.u32("llama.block_count", 2);
+  w.u32("llama.feed_forward_length", 768);
+  w.u32("llama.attention.head_count", 4);
+  w.u32("llama.attention.head_count_kv", 2);
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  std::vector<float> embed(64 * 256);
+  for (auto& x : embed) x = u(rng);
+  const std::vector<float> ones(256, 1.0f);
+  w.tensor_f32("token_embd.weight", {256, 64}, embed);
+  w.tensor_f32("output_norm.weight", {256}, ones);
+  std::map<std::string, std::string> bytes;  // what the file holds, by tensor
+  for (int l = 0; l < 2; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    w.tensor_f32(b + "attn_norm.weight", {256}, ones);
+    w.tensor_f32(b + "ffn_norm.weight", {256}, ones);
+    for (auto [name, type, cols, rows] : {std::tuple{"attn_q.weight", ggml::q4_k, 256, 256}, {"attn_k.weight", ggml::q4_k, 256, 128},
+                                          {"attn_v.weight", ggml::q6_k, 256, 128}, {"attn_output.weight", ggml::q4_k, 256, 256},
+                                          {"ffn_gate.weight", ggml::q4_k, 256, 768}, {"ffn_up.weight", ggml::q4_k, 256, 768},
+                                          {"ffn_down.weight", ggml::q6_k, 768, 256}}) {
+      bytes[b + name] = k_quant_blocks(type, rows, cols, rng);
+      w.tensor(b + name, type, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}, bytes[b + name]);
+    }
+  }
+  std::vector<float> head(64 * 256);
+  for (auto& x : head) x = u(rng);
+  w.tensor_f32("output.weight", {256, 64}, head);
+  const std::string path = write(w, dir, "kq.gguf");
+  auto m = model::load(path);
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  EXPECT_EQ((*m)->quantized_weights(), "Q4_K+Q6_K");
+  const auto& l1 = (*m)->weights().layers[1];
+  EXPECT_EQ(l1.v.type, kernels::dtype::q6_k);
+  EXPECT_EQ(l1.o.type, kernels::dtype::q4_k);
+  EXPECT_EQ(l1.down.type, kernels::dtype::q6_k);
+  // Not a permuted matrix (v, o, gate, up, down): the file's bytes, not a copy of them.
+  EXPECT_EQ(std::memcmp(l1.down.data, bytes["blk.1.ffn_down.weight"].data(), bytes["blk.1.ffn_down.weight"].size()), 0);
+  EXPECT_EQ(std::memcmp(l1.gate.data, bytes["blk.1.ffn_gate.weight"].data(), bytes["blk.1.ffn_gate.weight"].size()), 0);
+  // q and k rows are un-permuted whole rows: row r of HF's q is the file's row 2j + s of its head.
+  const auto& q1 = l1.q;
+  ASSERT_EQ(q1.type, kernels::dtype::q4_k);
+  const std::string& file_q = bytes["blk.1.attn_q.weight"];
+  for (size_t r : {0, 1, 31, 32, 63, 64, 255}) {
+    const size_t hd = 64, h = r / hd, i = r % hd, src = h * hd + 2 * (i % 32) + i / 32;
+    EXPECT_EQ(std::memcmp(static_cast<const char*>(q1.data) + r * 144, file_q.data() + src * 144, 144), 0) << "row " << r;
+  }
+
+  auto logits_at = [&](int tp) {
+    engine_options o;
+    o.threads = 2;
+    o.tp = tp;
+    o.kv_tokens = 64;
+    auto e = engine::create(*m, o);
+    EXPECT_TRUE(e.ok()) << e.err().message;
+    std::vector<int32_t> table(4);
+    std::iota(table.begin(), table.end(), 0);
+    step_sequence s;
+    const std::vector<int32_t> prompt = {3, 14, 15, 9, 2, 6};
+    s.tokens = prompt;
+    s.block_table = table;
+    std::vector<float> logits;
+    EXPECT_TRUE((*e)->forward(std::span(&s, 1), logits).ok());
+    return logits;
+  };
+  const auto tp1 = logits_at(1), tp2 = logits_at(2);
+  ASSERT_EQ(tp1.size(), 64u);
+  ASSERT_EQ(tp2.size(), tp1.size());
+  float max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < tp1.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(tp1[i]) && std::isfinite(tp2[i]));
+    max_abs = std::max(max_abs, std::fabs(tp1[i]));
+    max_diff = std::max(max_diff, std::fabs(tp1[i] - tp2[i]));
+  }
+  EXPECT_GT(max_diff, 0.0f) << "the int8 slices changed nothing: were they made?";
+  EXPECT_LT(max_diff, 0.02f * max_abs) << "max abs " << max_abs;
+
+  // --quantization int8 re-quantizes the K-quant matrices (decoded first), and the rest of a
+  // --dtype cast leaves them as they are.
+  load_options int8;
+  int8.quant = quantization::int8;
+  auto q = model::load(path, int8);
+  ASSERT_TRUE(q.ok()) << q.err().message;
+  EXPECT_EQ((*q)->quantized_weights(), "int8");
+  const auto& ql1 = (*q)->weights().layers[1];
+  ASSERT_EQ(ql1.down.type, kernels::dtype::q8);
+  for (size_t r : {0, 100, 255}) {
+    for (size_t c : {0, 1, 383, 767}) {
+      const float want = kernels::load_as_f32(l1.down.data, l1.down.type, r * 768 + c);
+      const float got = kernels::load_as_f32(ql1.down.data, ql1.down.type, r * ql1.down.ld() + c);
+      float amax = 0;  // int8 rounds to half a step of its block's max / 127
+      for (size_t j = c / 32 * 32; j < c / 32 * 32 + 32; ++j) {
+        amax = std::max(amax, std::fabs(kernels::load_as_f32(l1.down.data, l1.down.type, r * 768 + j)));
+      }
+      EXPECT_NEAR(got, want, amax / 254.0f * 1.001f) << "row " << r << " col " << c;
+    }
+  }
+  load_options cast;
+  cast.dtype = kernels::dtype::f32;
+  auto f = model::load(path, cast);
+  ASSERT_TRUE(f.ok()) << f.err().message;
+  EXPECT_EQ((*f)->weights().layers[1].down.type, kernels::dtype::q6_k);
 }
 
 /// The GGUF tokenizer metadata llama.cpp's converter writes for an HF tokenizer.json: tokens in

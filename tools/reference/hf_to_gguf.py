@@ -7,7 +7,7 @@ Needs python3 with numpy and torch (Debian: python3-numpy python3-torch; llama_r
 safetensors reader is reused).
 
 Usage:
-  python3 hf_to_gguf.py --model DIR --out FILE.gguf --types f32|f16|bf16|q8_0|mixed [--decoded DIR2]
+  python3 hf_to_gguf.py --model DIR --out FILE.gguf --types f32|f16|bf16|q8_0|mixed|q4_k_m|q5_k_m [--decoded DIR2]
 
 What llama.cpp's converter does and this script repeats: GGUF v3; metadata {arch}.* as u32 and
 f32, tokenizer.ggml.* from tokenizer.json (tokens in id order, special added tokens of type 3,
@@ -18,10 +18,15 @@ rotary scaling as the F32 tensor rope_freqs.weight of per-frequency divisors.
 
 --types: every tensor of 2 dimensions in that type (norms and biases stay F32); "mixed" gives
 the matrices Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K in turn (the embedding Q8_0), so one
-file exercises every block format llmesh reads. The Q*_0/Q*_1 and Q8_0 blocks are made as
+file exercises every block format llmesh reads; "q4_k_m" and "q5_k_m" follow llama.cpp's Q4_K_M
+and Q5_K_M recipes (Q4_K / Q5_K matrices and embedding; Q6_K for output.weight and for attn_v
+and ffn_down in the layers its use_more_bits picks: the first and last eighth and every third
+between). The Q*_0/Q*_1 and Q8_0 blocks are made as
 ggml's reference quantizers make them; the K-quant blocks by a simpler search (any valid block
 decodes the same way). --decoded writes what the file's blocks decode to (ggml-quants.c's
-dequantize_row_*, re-implemented from the block layouts), un-permuted, as F32 safetensors.
+dequantize_row_*, re-implemented from the block layouts), un-permuted, as F32 safetensors,
+with gguf_types.json beside them: each HF tensor name and the ggml type the file holds it in
+(llama_reference.py --quantize gguf reads it).
 """
 
 import argparse
@@ -228,6 +233,64 @@ def unpermute(w, n_head):
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def encode_k_blocks(kind, w):
+    """encode_block and decode_block of every super-block of w at once (models of real size)."""
+    x = w.reshape(-1, 256)
+    n = len(x)
+
+    def ratio(a, b, top, lo=0):  # clip(round(a / b), lo, top) where b != 0, else 0
+        safe = np.where(b != 0, b, F32(1)).astype(F32)
+        return np.where(b != 0, np.clip(np.round(a / safe), lo, top), 0)
+
+    if kind in ("q4_k", "q5_k"):
+        top = 15 if kind == "q4_k" else 31
+        sub = x.reshape(n, 8, 32)
+        mins = np.minimum(F32(0), sub.min(axis=2))
+        scales = ((sub.max(axis=2) - mins) / F32(top)).astype(F32)
+        d = f16(scales.max(axis=1) / F32(63))
+        dmin = f16(-mins.min(axis=1) / F32(63))
+        sc = ratio(scales, d[:, None], 63).astype(np.uint8)
+        mn = ratio(-mins, dmin[:, None], 63).astype(np.uint8)
+        step = (d[:, None] * sc.astype(F32)).astype(F32)
+        shifted = (sub + (dmin[:, None] * mn.astype(F32))[:, :, None]).astype(F32)
+        q = ratio(shifted, step[:, :, None], top).astype(np.uint8).reshape(n, 256)
+        packed = np.zeros((n, 12), np.uint8)
+        for j in range(4):
+            packed[:, j] = sc[:, j] | (sc[:, j + 4] >> 4) << 6
+            packed[:, j + 4] = mn[:, j] | (mn[:, j + 4] >> 4) << 6
+            packed[:, j + 8] = (sc[:, j + 4] & 15) | (mn[:, j + 4] & 15) << 4
+        qs, qh = np.zeros((n, 128), np.uint8), np.zeros((n, 32), np.uint8)
+        for c in range(4):
+            lo, hi = q[:, 64 * c:64 * c + 32], q[:, 64 * c + 32:64 * c + 64]
+            qs[:, 32 * c:32 * c + 32] = (lo & 15) | (hi & 15) << 4
+            qh |= ((lo >> 4) & 1) << (2 * c) | ((hi >> 4) & 1) << (2 * c + 1)
+        fields = [("d", "<f2"), ("dmin", "<f2"), ("s", "u1", 12)] + ([("qh", "u1", 32)] if kind == "q5_k" else [])
+        out = np.zeros(n, dtype=fields + [("qs", "u1", 128)])
+        out["d"], out["dmin"], out["s"], out["qs"] = d.astype(np.float16), dmin.astype(np.float16), packed, qs
+        if kind == "q5_k":
+            out["qh"] = qh
+        back = ((d[:, None] * sc.astype(F32))[:, :, None] * q.reshape(n, 8, 32).astype(F32)
+                - (dmin[:, None] * mn.astype(F32))[:, :, None])
+        return out.tobytes(), back.astype(F32).reshape(w.shape)
+    sub = x.reshape(n, 16, 16)
+    scales = (np.abs(sub).max(axis=2) / F32(31)).astype(F32)
+    d = f16(scales.max(axis=1) / F32(127))
+    sc = ratio(scales, d[:, None], 127).astype(np.int8)
+    step = (d[:, None] * sc.astype(F32)).astype(F32)
+    q = ratio(sub, step[:, :, None], 31, -32).astype(np.int32).reshape(n, 256)
+    u = (q + 32).astype(np.uint8)
+    ql, qh = np.zeros((n, 128), np.uint8), np.zeros((n, 64), np.uint8)
+    for h in range(2):
+        q1, q2, q3, q4 = (u[:, 128 * h + 32 * i:128 * h + 32 * i + 32] for i in range(4))
+        ql[:, 64 * h:64 * h + 32] = (q1 & 15) | (q3 & 15) << 4
+        ql[:, 64 * h + 32:64 * h + 64] = (q2 & 15) | (q4 & 15) << 4
+        qh[:, 32 * h:32 * h + 32] = (q1 >> 4) | (q2 >> 4) << 2 | (q3 >> 4) << 4 | (q4 >> 4) << 6
+    out = np.zeros(n, dtype=[("ql", "u1", 128), ("qh", "u1", 64), ("sc", "i1", 16), ("d", "<f2")])
+    out["ql"], out["qh"], out["sc"], out["d"] = ql, qh, sc, d.astype(np.float16)
+    back = (d[:, None] * sc.astype(F32))[:, :, None] * q.reshape(n, 16, 16).astype(F32)
+    return out.tobytes(), back.astype(F32).reshape(w.shape)
+
+
 def encode_tensor(kind, w):
     """Bytes of w (float32 ndarray) in `kind`, and what they decode to."""
     if kind == "f32":
@@ -248,6 +311,8 @@ def encode_tensor(kind, w):
         packed["d"], packed["q"] = d.astype(np.float16), q
         back = q.astype(F32) * packed["d"].astype(F32)[:, None]
         return packed.tobytes(), back.reshape(w.shape)
+    if kind in ("q4_k", "q5_k", "q6_k"):  # vectorized over blocks: the same arithmetic as encode_block / decode_block
+        return encode_k_blocks(kind, w.astype(F32))
     blk = BLOCK[kind]
     rows = w.reshape(-1, w.shape[-1])
     out, back = bytearray(), np.zeros(rows.shape, F32)
@@ -263,7 +328,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--types", choices=("f32", "f16", "bf16", "q8_0", "mixed"), required=True)
+    ap.add_argument("--types", choices=("f32", "f16", "bf16", "q8_0", "mixed", "q4_k_m", "q5_k_m"), required=True)
     ap.add_argument("--decoded", help="write the decoded HF float32 model here")
     args = ap.parse_args()
 
@@ -320,9 +385,19 @@ def main():
     matrices = ["q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]
     counter = [0]
 
-    def kind_for(shape):
+    def use_more_bits(i):  # llama.cpp's choice of the Q4_K_M layers that get Q6_K
+        return i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2
+
+    def kind_for(shape, gguf_name=""):
         if len(shape) == 1:
             return "f32"
+        if args.types in ("q4_k_m", "q5_k_m"):
+            k = args.types[:4]
+            if gguf_name == "output.weight":
+                k = "q6_k"
+            elif gguf_name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(int(gguf_name.split(".")[1])):
+                k = "q6_k"
+            return k if shape[-1] % BLOCK[k] == 0 else "q8_0"
         if args.types != "mixed":
             return args.types
         k = matrices[counter[0] % len(matrices)]
@@ -335,7 +410,7 @@ def main():
         w = weights.get(hf_name, shape).numpy().astype(F32)
         if perm_heads:
             w = permute(w, perm_heads)
-        kind = kind or kind_for(shape)
+        kind = kind or kind_for(shape, gguf_name)
         data, back = encode_tensor(kind, w)
         if perm_heads:
             back = unpermute(back, perm_heads)
@@ -432,6 +507,8 @@ def main():
         h += b" " * ((8 - len(h) % 8) % 8)
         with open(os.path.join(args.decoded, "model.safetensors"), "wb") as f:
             f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+        with open(os.path.join(args.decoded, "gguf_types.json"), "w") as f:
+            json.dump({hf: kind for _, kind, _, _, hf, _ in tensors if hf is not None}, f, indent=1, sort_keys=True)
         if rope_old is not None:
             # The file holds the converter's divisors, made with its `old`: the reference must see those.
             dcfg = dict(cfg)

@@ -26,7 +26,11 @@ Usage:
 
 --quantize int8 applies llmesh's `--quantization int8` to the projection weights
 and the LM head first (re-implemented here from its definition, in float32
-torch arithmetic), then runs the same float64 forward pass.
+torch arithmetic), then runs the same float64 forward pass. --quantize gguf
+applies it only to the matrices a GGUF file holds in a block type llmesh
+re-quantizes (Q4_1, Q5_1; its Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K blocks are
+read exactly), as the model directory's gguf_types.json (hf_to_gguf.py
+--decoded) lists them.
 
 --out-ids gets the generated ids, space-separated on one line. --out-logits
 gets the logits after the last prompt token (the first generated position) as
@@ -338,6 +342,18 @@ class Model:
             self.layers.append(L)
         self.norm = W.get("model.norm.weight", [H])
         self.lm_head = self.embed if cfg["tied"] else W.get("lm_head.weight", [V, H])
+        requantized = {"q4_1", "q5_1"}
+        if quantize == "gguf":   # per matrix, as the file holds it
+            kinds = json.load(open(os.path.join(model_dir, "gguf_types.json")))
+            names = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+                     "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+            for i, L in enumerate(self.layers):
+                for n, hf in names.items():
+                    if n in L and kinds.get(f"model.layers.{i}.{hf}.weight") in requantized:
+                        L[n] = quantize_int8(L[n])
+            head = "model.embed_tokens.weight" if cfg["tied"] else "lm_head.weight"
+            if kinds.get(head) in requantized:
+                self.lm_head = quantize_int8(self.lm_head)
         if quantize == "int8":   # the embedding gather keeps the checkpoint's rows
             for L in self.layers:
                 for n in ("q", "k", "v", "o", "gate", "up", "down"):
@@ -445,7 +461,7 @@ def main():
     ap.add_argument("--out-ids", required=True)
     ap.add_argument("--out-logits", required=True)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    ap.add_argument("--quantize", choices=("none", "int8"), default="none",
+    ap.add_argument("--quantize", choices=("none", "int8", "gguf"), default="none",
                     help="llmesh --quantization applied to the weights first")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -1,5 +1,5 @@
-// Matrix multiplication y = x · Wᵀ (+ bias) with float32 activations and F32/F16/BF16/Q8 weights,
-// and the canonical dot product every other reduction in llmesh uses.
+// Matrix multiplication y = x · Wᵀ (+ bias) with float32 activations and F32/F16/BF16/Q8/Q4_K/Q6_K
+// weights, and the canonical dot product every other reduction in llmesh uses.
 //
 // Reduction order (the batch- and chunk-invariance contract): every output element is one dot
 // product over k, accumulated in 16 lanes — lane l sums the products of k ≡ l (mod 16) in
@@ -24,7 +24,7 @@ namespace llmesh::kernels {
 struct matmul_args {
   const float* x = nullptr;  ///< activations [m][ldx]
   size_t ldx = 0;
-  const void* w = nullptr;   ///< weights [n][ldw], HF [out, in] layout; q8: at a block boundary
+  const void* w = nullptr;   ///< weights [n][ldw], HF [out, in] layout; block types: at a block boundary
   size_t ldw = 0;
   dtype w_type = dtype::f32;
   const float* bias = nullptr;  ///< optional [n]
@@ -35,8 +35,9 @@ struct matmul_args {
 
 /// Runs several independent matmuls as one parallel region (e.g. q, k and v projections):
 /// each thread takes the same fraction of every job's output rows.
-/// Fails with invalid_request on null pointers, leading dimensions smaller than k / n, or q8
-/// rows that are not whole blocks (ldw a multiple of q8_block).
+/// Fails with invalid_request on null pointers, leading dimensions smaller than k / n, rows of
+/// a block type that are not whole blocks (ldw a multiple of dtype_block), or K-quant jobs
+/// whose k is not whole super-blocks.
 [[nodiscard]] status matmul(std::span<const matmul_args> jobs, thread_pool& pool);
 
 /// Single-job convenience form of matmul().

@@ -15,7 +15,8 @@ namespace llmesh::kernels {
 /// Elements per q8 row of `cols` weights (whole blocks): the ldw a q8 matmul takes.
 constexpr size_t q8_row_elements(size_t cols) { return (cols + q8_block - 1) / q8_block * q8_block; }
 
-/// Quantizes `rows` rows of `cols` weights (row-major, src_type F32/F16/BF16) into dst, which
+/// Quantizes `rows` rows of `cols` weights (row-major, src_type F32/F16/BF16, or a K-quant's
+/// whole super-blocks, decoded first: `--quantization int8` on a Q4_K_M GGUF) into dst, which
 /// holds dtype_bytes(q8, rows * q8_row_elements(cols)) bytes. Per block of 32: scale =
 /// max|w| / 127 (float32), q = w / scale rounded to nearest (ties to even) and clamped to
 /// [-127, 127]; a block whose scale is 0 (all zero, or max|w| below ~1.8e-43, where the
@@ -33,5 +34,9 @@ constexpr size_t q8_row_elements(size_t cols) { return (cols + q8_block - 1) / q
 /// named, counted from `first_row`), or on a q8 type.
 [[nodiscard]] status convert_rows(const void* src, dtype src_type, size_t rows, size_t cols, void* dst, dtype dst_type,
                                   size_t first_row = 0);
+
+/// One row of `cols` weights of type t (a q8 or K-quant row starting on a block) as float32:
+/// load_as_f32's values, a K-quant super-block's factors decoded once for its 256 elements.
+void dequantize_row(const void* src, dtype t, size_t cols, float* out);
 
 }  // namespace llmesh::kernels

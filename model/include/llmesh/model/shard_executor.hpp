@@ -19,6 +19,7 @@
 namespace llmesh::model {
 namespace detail {
 class lora_runner;
+struct row_slice;
 }
 
 /// The slice of the model one rank owns. Heads and the MLP split evenly; when there are fewer
@@ -157,6 +158,11 @@ class shard_executor final : public step_executor {
                  kernels::communicator* comm, kernels::thread_pool* pool);
   ~shard_executor() override;
 
+  /// Makes this rank's int8 copies of the Q4_K / Q6_K row-parallel slices (o_proj, down_proj)
+  /// that would cut a super-block (row_slices.hpp); nothing for other weights. Called once,
+  /// before the first step; fails when such a slice holds a non-finite value.
+  [[nodiscard]] status make_row_slices();
+
   [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits) override;
   using step_executor::forward_sample;
   [[nodiscard]] status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
@@ -198,6 +204,8 @@ class shard_executor final : public step_executor {
 
   std::shared_ptr<const model> model_;
   shard_layout layout_;
+  /// Per layer, this rank's own copy of its o_proj / down_proj columns, or null: read in place.
+  std::vector<std::shared_ptr<const detail::row_slice>> o_slices_, down_slices_;
   kv_cache_config kv_;
   kernels::communicator* comm_;
   kernels::thread_pool* pool_;

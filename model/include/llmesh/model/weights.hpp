@@ -16,15 +16,19 @@
 
 namespace llmesh::model {
 
-/// A 2-D weight in HF [out, in] layout, pointing into the mapping (no copy), or, quantized,
-/// into the model's own int8 copy.
+/// A 2-D weight in HF [out, in] layout, pointing into the mapping (no copy: a GGUF file's Q4_K
+/// and Q6_K blocks too), or, quantized or cast at load, into the model's own copy.
 struct weight_matrix {
   const void* data = nullptr;
   kernels::dtype type = kernels::dtype::f32;
   size_t rows = 0;  ///< out features
   size_t cols = 0;  ///< in features
-  /// Elements from one row to the next: cols, or for q8 cols rounded up to whole blocks.
-  size_t ld() const { return type == kernels::dtype::q8 ? (cols + kernels::q8_block - 1) / kernels::q8_block * kernels::q8_block : cols; }
+  /// Elements from one row to the next: cols, or for a block type cols rounded up to whole
+  /// blocks (a K-quant row is whole super-blocks already).
+  size_t ld() const {
+    const size_t b = kernels::dtype_block(type);
+    return (cols + b - 1) / b * b;
+  }
   size_t bytes() const { return kernels::dtype_bytes(type, rows * ld()); }
 };
 
@@ -123,9 +127,14 @@ class model {
   quantization quant() const { return quant_; }
   /// The type load_options::dtype rewrote the weight matrices in (nullopt: as stored).
   std::optional<kernels::dtype> cast_type() const { return cast_type_; }
-  /// Whether any weight matrix is held as int8 blocks (kernels::dtype::q8): after
-  /// --quantization int8, or as loaded from a quantized GGUF file. Such weights run on the CPU.
-  bool int8_weights() const { return int8_weights_; }
+  /// The block types its weight matrices are held in ("int8" for kernels::dtype::q8, after
+  /// --quantization int8 or from a GGUF file's other blocks; "Q4_K", "Q6_K" as a GGUF file holds
+  /// them), joined with "+"; empty when none. Such weights run on the CPU.
+  const std::string& quantized_weights() const { return quantized_types_; }
+  /// Whether any weight matrix is held as int8 blocks (kernels::dtype::q8), whose rows a
+  /// rank's row-parallel slice must cut on a block boundary. (A Q4_K / Q6_K slice that would
+  /// cut a super-block is copied by its rank as int8: shard_executor's row slices.)
+  bool holds_int8() const { return quantized_types_.find("int8") != std::string::npos; }
   /// The LoRA adapters it serves now (load_options::loras first), by id. Thread-safe; the
   /// set changes while the model serves (load_lora, lora_set::remove), the weights never do.
   lora_set& loras() const { return *loras_; }
@@ -173,7 +182,7 @@ class model {
   model_weights weights_;
   std::shared_ptr<const token_vocabulary> vocabulary_;
   quantization quant_ = quantization::none;
-  bool int8_weights_ = false;
+  std::string quantized_types_;
   std::shared_ptr<lora_set> loras_ = std::make_shared<lora_set>();
   bool lora_enabled_ = false;
   /// The quantized copy the q8 weight views point into (huge-page backed where the kernel allows).
