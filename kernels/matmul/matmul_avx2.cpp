@@ -35,11 +35,13 @@ struct v256 {
     __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + at)));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(scale));
   }
-  // f·q is exact (k_factors), so the fused multiply-subtract rounds as q·f − m does.
+  // f·q is exact (k_factors), so the fused multiply-subtract rounds as q·f − m does; Q6_K's
+  // signed quants are one multiply (−0 where the definition has it, too).
   template <dtype T>
   static reg load_k(const uint8_t* block, size_t e, float f, float m) {
-    const __m256i q = _mm256_cvtepu8_epi32(k_quant_bytes<T, 8>(block, e));
-    return _mm256_fmsub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(f), _mm256_set1_ps(m));
+    const __m128i b = k_quant_bytes<T, 8>(block, e);
+    if constexpr (T == dtype::q6_k) return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_set1_ps(f));
+    return _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_set1_ps(f), _mm256_set1_ps(m));
   }
   static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
   static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }

@@ -37,11 +37,13 @@ struct v512 {
     __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + at)));
     return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scale));
   }
-  // f·q is exact (k_factors), so the fused multiply-subtract rounds as q·f − m does.
+  // f·q is exact (k_factors), so the fused multiply-subtract rounds as q·f − m does; Q6_K's
+  // signed quants are one multiply (−0 where the definition has it, too).
   template <dtype T>
   static reg load_k(const uint8_t* block, size_t e, float f, float m) {
-    const __m512i q = _mm512_cvtepu8_epi32(k_quant_bytes<T, 16>(block, e));
-    return _mm512_fmsub_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(f), _mm512_set1_ps(m));
+    const __m128i b = k_quant_bytes<T, 16>(block, e);
+    if constexpr (T == dtype::q6_k) return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_set1_ps(f));
+    return _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), _mm512_set1_ps(f), _mm512_set1_ps(m));
   }
   // Q4_K through a table: a sub-block's 16 possible values q·f − m (the fmsub of load_k, so
   // the same bits), picked by each lane's quant with one permute instead of a convert and a

@@ -40,11 +40,15 @@
 #include "matmul/matmul_isa.hpp"
 
 namespace llmesh::kernels::detail {
+// Internal linkage: each instruction-set unit compiles its own copy of every function here
+// with its own flags; one shared (ODR-merged) copy of, say, k_factors could be the AVX-512
+// unit's and fault on an AVX2-only CPU wherever the compiler did not inline it.
+namespace {
 
 /// The factors of one K-quant super-block: q4_k and q5_k, d·sc into f and dmin·m into m for
-/// each of its 8 sub-blocks of 32; q6_k, d·scale into f and 32·d·scale into m for each of its 16 groups of
-/// 16. Each is exact in float32 (a float16 times a 6- or 8-bit integer), and so is its product
-/// with a quant (q6_k: f·q − m is f·(q − 32), exact too).
+/// each of its 8 sub-blocks of 32; q6_k, d·scale into f for each of its 16 groups of 16 (m
+/// unused). Each is exact in float32 (a float16 times a 6- or 8-bit integer), and so is its
+/// product with a quant.
 /// Vector code (both instruction-set units have AVX2 and F16C): a tile calls this for each of
 /// its rows at every super-block, so it must cost a few instructions, not a scalar loop.
 template <dtype WT>
@@ -72,18 +76,16 @@ inline void k_factors(const uint8_t* b, float* f, float* m) {
     std::memcpy(&h, b + 208, 2);
     const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
     const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
-    const __m256 f0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d);
-    const __m256 f1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))), d);
-    _mm256_storeu_ps(f, f0);
-    _mm256_storeu_ps(f + 8, f1);
-    _mm256_storeu_ps(m, _mm256_mul_ps(f0, _mm256_set1_ps(32.0f)));
-    _mm256_storeu_ps(m + 8, _mm256_mul_ps(f1, _mm256_set1_ps(32.0f)));
+    _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d));
+    _mm256_storeu_ps(f + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))), d));
+    (void)m;
   }
 }
 
 /// The quants of elements [e, e + N) of a K-quant super-block as N bytes of an xmm register
-/// (N = 8 or 16, e a multiple of N; only N bytes are read): q4_k 0-15, q5_k 0-31, q6_k 0-63
-/// (its q + 32). Picked and assembled in bytes, with 128-bit operations, before any widening.
+/// (N = 8 or 16, e a multiple of N; only N bytes are read): q4_k 0-15, q5_k 0-31 (unsigned),
+/// q6_k −32-31 (signed: its q − 32). Picked and assembled in bytes, with 128-bit operations,
+/// before any widening.
 template <dtype T, int N>
 inline __m128i k_quant_bytes(const uint8_t* b, size_t e) {
   auto load = [](const uint8_t* p) {
@@ -97,7 +99,7 @@ inline __m128i k_quant_bytes(const uint8_t* b, size_t e) {
     if (s >= 2) lo = _mm_srli_epi16(lo, 4);
     const __m128i hi = load(b + 128 + 32 * half + l);
     const __m128i hbits = _mm_and_si128(_mm_srl_epi16(hi, _mm_cvtsi32_si128(static_cast<int>(2 * s))), _mm_set1_epi8(3));
-    return _mm_or_si128(_mm_and_si128(lo, low4), _mm_slli_epi16(hbits, 4));
+    return _mm_sub_epi8(_mm_or_si128(_mm_and_si128(lo, low4), _mm_slli_epi16(hbits, 4)), _mm_set1_epi8(32));
   } else {
     constexpr size_t qs = T == dtype::q5_k ? 48 : 16;
     const bool high = e % 64 >= 32;
@@ -138,7 +140,7 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
   constexpr bool kq = is_k_quant(WT);
   [[maybe_unused]] const uint8_t* q8_row[NR] = {};
   [[maybe_unused]] size_t q8_next = 0;  // bytes from a row to the same row of the next tile
-  // K-quants: the factors of each row's current super-block, decoded when a step enters one.
+  // K-quants: the factors of each row's current super-block.
   [[maybe_unused]] alignas(64) float kq_f[kq ? NR : 1][16];
   [[maybe_unused]] alignas(64) float kq_m[kq ? NR : 1][16];
   constexpr bool lut = WT == dtype::q4_k && requires { V::k_lut; };
@@ -194,15 +196,8 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
       }
     }
   }
-  for (; kk + 16 <= k1; kk += 16) {
-    // q8: this step's block; K-quants: its super-block
-    [[maybe_unused]] const size_t q8_block_at = kk / dtype_block(WT) * dtype_block_bytes(WT);
-    if constexpr (kq) {
-      if (kk % k_block == 0 || kk == k0) {
-#pragma GCC unroll 8
-        for (int n = 0; n < NR; ++n) k_factors<WT>(q8_row[n] + q8_block_at, kq_f[n], kq_m[n]);
-      }
-    }
+  for (; !kq && kk + 16 <= k1; kk += 16) {  // K-quants went whole super-blocks at a time above
+    [[maybe_unused]] const size_t q8_block_at = kk / q8_block * q8_block_bytes;  // q8: this step's block
     if (MR == 1 || i0 == 0) {
       // Decode streams weights from memory with no reuse, one page-sized row after another,
       // which the hardware prefetcher restarts at every page: prefetch the next tile's rows
@@ -214,10 +209,8 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
       // at 55-65 % of the read bandwidth, T0 reaches ~100 % (bf16 and q8, both ISAs).
       // The last tile's "next rows" lie past the weights: the addresses are formed as
       // integers (a prefetch never faults; a pointer past its array would be undefined).
-      if constexpr (blocked) {
-        // a K-quant super-block spans several lines: the one as far into the next tile's
-        // block as this step is into its own
-        const size_t ahead = q8_next + q8_block_at + (kq ? kk % k_block * dtype_block_bytes(WT) / k_block : 0);
+      if constexpr (WT == dtype::q8) {
+        const size_t ahead = q8_next + q8_block_at;
 #pragma GCC unroll 8
         for (int n = 0; n < NR; ++n) __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(q8_row[n]) + ahead), 0, 3);
       } else {
@@ -233,10 +226,6 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
       for (int n = 0; n < NR; ++n) {
         if constexpr (WT == dtype::q8) {
           wv[n] = V::load_q8(q8_row[n] + q8_block_at, 4 + kk % q8_block + static_cast<size_t>(p) * W);
-        } else if constexpr (kq) {
-          const size_t e = kk % k_block + static_cast<size_t>(p) * W;
-          const size_t g = WT == dtype::q6_k ? e / 16 : e / 32;
-          wv[n] = V::template load_k<WT>(q8_row[n] + q8_block_at, e, kq_f[n][g], kq_m[n][g]);
         } else {
           wv[n] = V::template load_w<WT>(a.w, w_row0 + n * a.ldw + kk, p);
         }
@@ -377,6 +366,8 @@ void gemm_block_dequantized(const matmul_args& a, size_t m0, size_t m1, size_t n
 /// VB16 is the vector type used for bf16 weights (it may use a permuted layout).
 template <class V, class VB16, int MRMax, int NRMax>
 void gemm_block(const matmul_args& a, size_t m0, size_t m1, size_t n0, size_t n1) {
+  // K-quant k blocks must be whole super-blocks: matmul_tile's K-quant loop steps by them.
+  static_assert((24 * 1024 / (sizeof(float) * MRMax)) / 16 * 16 % k_block == 0, "see k_block_len");
   if (is_k_quant(a.w_type) && m1 - m0 > 2 * static_cast<size_t>(MRMax)) {
     gemm_block_dequantized<V, MRMax, NRMax>(a, m0, m1, n0, n1);
     return;
@@ -405,4 +396,5 @@ void gemm_block(const matmul_args& a, size_t m0, size_t m1, size_t n0, size_t n1
   }
 }
 
+}  // namespace
 }  // namespace llmesh::kernels::detail

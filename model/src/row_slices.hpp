@@ -1,10 +1,10 @@
 // A rank's own int8 copy of a K-quant matrix's row-parallel slice (private to shard_executor).
 //
 // A row-parallel split (o_proj, down_proj at --tp > 1) gives each rank columns [c0, c0 + k) of
-// every row. The kernels read Q4_K / Q6_K rows in place only in whole super-blocks of 256, so
-// a slice that starts or ends inside one (Qwen2.5-1.5B's intermediate 8960 at --tp 2: 4480
-// columns a rank) is decoded and quantized to int8 blocks by that rank instead, as
-// `--quantization int8` does (about 1.1 bytes per weight instead of 0.56-0.82).
+// every row. The kernels read K-quant rows (Q4_K, Q5_K, Q6_K) in place only in whole
+// super-blocks of 256, so a slice that starts or ends inside one (Qwen2.5-1.5B's intermediate
+// 8960 at --tp 2: 4480 columns a rank) is decoded and quantized to int8 blocks by that rank
+// instead, as `--quantization int8` does (about 1.1 bytes per weight instead of 0.56-0.82).
 #pragma once
 
 #include <memory>

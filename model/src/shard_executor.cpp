@@ -14,6 +14,7 @@
 
 #include "llmesh/kernels/elementwise.hpp"
 #include "llmesh/kernels/matmul.hpp"
+#include "llmesh/kernels/quantize.hpp"
 #include "llmesh/kernels/rope.hpp"
 #include "llmesh/kernels/sampling.hpp"
 #include "lora_runner.hpp"
@@ -124,8 +125,13 @@ status shard_executor::run(std::span<const step_sequence> batch, std::vector<flo
   for (const auto& s : batch) {
     for (size_t i = 0; i < s.tokens.size(); ++i, ++t) {
       size_t id = static_cast<size_t>(s.tokens[i]);
-      for (size_t d = 0; d < c.hidden; ++d) {
-        h_[t * c.hidden + d] = kernels::load_as_f32(w.embed.data, w.embed.type, id * c.hidden + d) * embed_scale_;
+      float* row = &h_[t * c.hidden];
+      if (kernels::is_k_quant(w.embed.type)) {  // a K-quant row's factors decoded once, not per element
+        kernels::dequantize_row(static_cast<const uint8_t*>(w.embed.data) + kernels::dtype_offset(w.embed.type, id * w.embed.ld()),
+                                w.embed.type, c.hidden, row);
+        for (size_t d = 0; d < c.hidden; ++d) row[d] *= embed_scale_;
+      } else {
+        for (size_t d = 0; d < c.hidden; ++d) row[d] = kernels::load_as_f32(w.embed.data, w.embed.type, id * c.hidden + d) * embed_scale_;
       }
       kernels::rope_angles(inv_freq_, s.pos0 + i, cos_.data() + t * half, sin_.data() + t * half);
       if (!inv_freq_local_.empty()) {

@@ -70,7 +70,8 @@ std::string_view weight_dtype_name(std::optional<kernels::dtype> t) {
     case kernels::dtype::f32: return "float32";
     case kernels::dtype::f16: return "float16";
     case kernels::dtype::bf16: return "bfloat16";
-    case kernels::dtype::q8: case kernels::dtype::q4_k: case kernels::dtype::q5_k: case kernels::dtype::q6_k: break;
+    case kernels::dtype::q8: return "int8";
+    case kernels::dtype::q4_k: case kernels::dtype::q5_k: case kernels::dtype::q6_k: break;
   }
   return kernels::dtype_name(*t);
 }

@@ -265,27 +265,29 @@ TEST(LoadAsF32, ConvertsEachDtype) {
   EXPECT_EQ(bits_of(load_as_f32(b, dtype::bf16, 1)), 0xc0100000u);
 }
 
+/// ggml's get_scale_min_k4.
+void ggml_scale_min(int j, const uint8_t* scales, uint8_t& sc, uint8_t& m) {
+  if (j < 4) {
+    sc = scales[j] & 63;
+    m = scales[j + 4] & 63;
+  } else {
+    sc = static_cast<uint8_t>((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
+    m = static_cast<uint8_t>((scales[j + 4] >> 4) | ((scales[j - 0] >> 6) << 4));
+  }
+}
+
 /// ggml's dequantize_row_q4_K over one super-block, in its own loop order (64 elements at a time).
 void ggml_q4_k(const uint8_t* x, float* y) {
   const float d = f16_to_f32(static_cast<uint16_t>(x[0] | x[1] << 8));
   const float min = f16_to_f32(static_cast<uint16_t>(x[2] | x[3] << 8));
   const uint8_t* scales = x + 4;
   const uint8_t* q = x + 16;
-  auto get = [scales](int j, uint8_t& sc, uint8_t& m) {
-    if (j < 4) {
-      sc = scales[j] & 63;
-      m = scales[j + 4] & 63;
-    } else {
-      sc = static_cast<uint8_t>((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
-      m = static_cast<uint8_t>((scales[j + 4] >> 4) | ((scales[j - 0] >> 6) << 4));
-    }
-  };
   int is = 0;
   for (int j = 0; j < 256; j += 64) {
     uint8_t sc, m;
-    get(is + 0, sc, m);
+    ggml_scale_min(is + 0, scales, sc, m);
     const float d1 = d * sc, m1 = min * m;
-    get(is + 1, sc, m);
+    ggml_scale_min(is + 1, scales, sc, m);
     const float d2 = d * sc, m2 = min * m;
     for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0xF) - m1;
     for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
@@ -305,9 +307,9 @@ void ggml_q5_k(const uint8_t* x, float* y) {
   uint8_t u1 = 1, u2 = 2;
   for (int j = 0; j < 256; j += 64) {
     uint8_t sc, m;
-    q4_k_scale_min(static_cast<size_t>(is), scales, sc, m);
+    ggml_scale_min(is, scales, sc, m);
     const float d1 = d * sc, m1 = min * m;
-    q4_k_scale_min(static_cast<size_t>(is + 1), scales, sc, m);
+    ggml_scale_min(is + 1, scales, sc, m);
     const float d2 = d * sc, m2 = min * m;
     for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
     for (int l = 0; l < 32; ++l) *y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
@@ -354,7 +356,8 @@ TEST(LoadAsF32, DecodesKQuantBlocksAsGgmlDoes) {
       for (auto& b : blocks) b = static_cast<uint8_t>(byte(rng));
       for (size_t blk = 0; blk < 2; ++blk) {
         for (size_t at : t == dtype::q6_k ? std::vector<size_t>{208} : std::vector<size_t>{0, 2}) {
-          const uint16_t d = f32_to_f16(std::ldexp(1.0f + static_cast<float>(byte(rng)) / 256.0f, exponent(rng)));
+          const float sign = byte(rng) < 64 ? -1.0f : 1.0f;  // negative scales and mins too
+          const uint16_t d = f32_to_f16(sign * std::ldexp(1.0f + static_cast<float>(byte(rng)) / 256.0f, exponent(rng)));
           std::memcpy(blocks.data() + blk * bb + at, &d, 2);
         }
       }

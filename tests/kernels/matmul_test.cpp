@@ -328,9 +328,13 @@ TEST(Matmul, LargeShapesCrossCacheBlocksBitExactly) {
   // blocks; a block boundary must not change any element.
   thread_pool pool(2);
   std::mt19937 rng(testing::test_seed(31));
+  // m = 6 splits k into blocks with the x rows in one or two tiles (K-quants: their direct
+  // tile, parking lanes between k blocks); m = 70 also splits the x rows (K-quants: weights
+  // decoded once per block).
   for (dtype t : all_dtypes) {
-    for (size_t k : {k_quant(t) ? size_t{4096} : size_t{4099}}) {
-      problem p = make_problem(t, 70, 37, k, true, true, rng);
+    const size_t k = k_quant(t) ? 4096 : 4099;
+    for (size_t m : {6, 70}) {
+      problem p = make_problem(t, m, 37, k, true, true, rng);
       ASSERT_TRUE(matmul(p.args(), pool).ok());
       for (size_t i = 0; i < p.m; ++i) {
         for (size_t j = 0; j < p.n; ++j) {
@@ -341,7 +345,7 @@ TEST(Matmul, LargeShapesCrossCacheBlocksBitExactly) {
       expect_untouched_outside(p);
       problem one = p;
       one.m = 1;
-      for (size_t i : {0, 63, 64, 69}) {
+      for (size_t i : {size_t{0}, m / 2, m - 1}) {
         one.x.assign(p.x.begin() + i * p.ldx, p.x.begin() + (i + 1) * p.ldx);
         one.y.assign(2 * one.ldy, poison);
         ASSERT_TRUE(matmul(one.args(), pool).ok());

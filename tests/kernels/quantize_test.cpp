@@ -129,6 +129,36 @@ TEST(Quantize, RefusesNonFiniteWeightsAndQuantizedSources) {
   EXPECT_FALSE(quantize_q8(out.data(), dtype::q8, 1, 32, out.data()).ok());
 }
 
+TEST(DequantizeRow, KQuantRowsAreLoadAsF32sValuesBitForBit) {
+  // Random super-blocks (negative scales and mins too): the row decoder that --quantization
+  // int8 and a rank's int8 slice start from gives the definition's floats, zeros' signs too.
+  std::mt19937 rng(testing::test_seed(5));
+  std::uniform_int_distribution<int> byte(0, 255), exponent(-14, 3);
+  for (dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+    const size_t bb = dtype_block_bytes(t), cols = 3 * k_block;
+    std::vector<uint8_t> row(3 * bb);
+    for (int trial = 0; trial < 100; ++trial) {
+      for (auto& b : row) b = static_cast<uint8_t>(byte(rng));
+      for (size_t blk = 0; blk < 3; ++blk) {
+        for (size_t at : t == dtype::q6_k ? std::vector<size_t>{208} : std::vector<size_t>{0, 2}) {
+          const float v = std::ldexp(byte(rng) < 128 ? -1.0f : 1.0f, exponent(rng));
+          const uint16_t d = f32_to_f16(v);
+          std::memcpy(row.data() + blk * bb + at, &d, 2);
+        }
+      }
+      std::vector<float> out(cols);
+      dequantize_row(row.data(), t, cols, out.data());
+      for (size_t i = 0; i < cols; ++i) {
+        const float want = load_as_f32(row.data(), t, i);
+        uint32_t a, b;
+        std::memcpy(&a, &out[i], 4);
+        std::memcpy(&b, &want, 4);
+        ASSERT_EQ(a, b) << dtype_name(t) << " element " << i << ": " << out[i] << " vs " << want;
+      }
+    }
+  }
+}
+
 TEST(Quantize, OffsetsAndSizesOfQ8Data) {
   EXPECT_EQ(dtype_bytes(dtype::q8, 32), 36u);
   EXPECT_EQ(dtype_bytes(dtype::q8, 33), 72u);

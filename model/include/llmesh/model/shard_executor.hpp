@@ -158,9 +158,10 @@ class shard_executor final : public step_executor {
                  kernels::communicator* comm, kernels::thread_pool* pool);
   ~shard_executor() override;
 
-  /// Makes this rank's int8 copies of the Q4_K / Q6_K row-parallel slices (o_proj, down_proj)
-  /// that would cut a super-block (row_slices.hpp); nothing for other weights. Called once,
-  /// before the first step; fails when such a slice holds a non-finite value.
+  /// Makes this rank's int8 copies of the K-quant (Q4_K/Q5_K/Q6_K) row-parallel slices
+  /// (o_proj, down_proj) that would cut a super-block (row_slices.hpp); nothing for other
+  /// weights (MoE experts never hold K-quants: the GGUF loader refuses 3-D tensors). Called
+  /// once, before the first step; fails when such a slice holds a non-finite value.
   [[nodiscard]] status make_row_slices();
 
   [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits) override;
