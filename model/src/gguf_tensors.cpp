@@ -1,13 +1,14 @@
 // A GGUF file's tensors under their HF names. ggml's block formats (ggml-common.h) and their
 // dequantization (ggml-quants.c's dequantize_row_*), each block covering consecutive elements
 // of a row: Q4_0/Q4_1 (low nibbles the block's first half, high nibbles its second), Q5_0/Q5_1
-// (plus a fifth bit from qh), Q8_0, and the 256-element K-quants Q4_K, Q5_K (8 sub-blocks with
-// 6-bit scales and mins) and Q6_K (16 sub-blocks with int8 scales).
+// (plus a fifth bit from qh) and Q8_0; the 256-element K-quants Q4_K, Q5_K and Q6_K are
+// kernels::dtype values (dtype.hpp's k_quant_value is their definition).
 #include <algorithm>
 #include <cmath>
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 
@@ -23,6 +24,20 @@ float half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return k::f16_to_f32(h);
+}
+
+/// The kernels' dtype that holds ggml `type` as stored: F32, F16, BF16 and the K-quants the
+/// kernels read in place (k::k_quant_value is their definition); nullopt for the others.
+std::optional<k::dtype> stored_dtype(uint32_t type) {
+  switch (type) {
+    case ggml::f32: return k::dtype::f32;
+    case ggml::f16: return k::dtype::f16;
+    case ggml::bf16: return k::dtype::bf16;
+    case ggml::q4_k: return k::dtype::q4_k;
+    case ggml::q5_k: return k::dtype::q5_k;
+    case ggml::q6_k: return k::dtype::q6_k;
+    default: return std::nullopt;
+  }
 }
 
 /// One block of `type` at `b` into y (block(type).elements floats).
@@ -58,50 +73,6 @@ void dequantize_block(uint32_t type, const uint8_t* b, float* y) {
       }
       return;
     }
-    case ggml::q4_k: case ggml::q5_k: {
-      const bool five = type == ggml::q5_k;
-      const float d = half(b), dmin = half(b + 2);
-      const uint8_t* scales = b + 4;
-      const uint8_t* qh = b + 16;
-      const uint8_t* qs = b + (five ? 48 : 16);
-      for (int c = 0; c < 4; ++c) {
-        uint8_t s1, m1, s2, m2;
-        k::q4_k_scale_min(2 * c, scales, s1, m1);
-        k::q4_k_scale_min(2 * c + 1, scales, s2, m2);
-        const float d1 = d * s1, n1 = dmin * m1, d2 = d * s2, n2 = dmin * m2;
-        for (int l = 0; l < 32; ++l) {
-          int lo = qs[32 * c + l] & 0xF, hi = qs[32 * c + l] >> 4;
-          if (five) {
-            lo += (qh[l] >> (2 * c)) & 1 ? 16 : 0;
-            hi += (qh[l] >> (2 * c + 1)) & 1 ? 16 : 0;
-          }
-          y[64 * c + l] = d1 * static_cast<float>(lo) - n1;
-          y[64 * c + 32 + l] = d2 * static_cast<float>(hi) - n2;
-        }
-      }
-      return;
-    }
-    case ggml::q6_k: {
-      const float d = half(b + 208);
-      for (int n = 0; n < 2; ++n) {
-        const uint8_t* ql = b + 64 * n;
-        const uint8_t* qh = b + 128 + 32 * n;
-        const auto* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * n);
-        float* out = y + 128 * n;
-        for (int l = 0; l < 32; ++l) {
-          const int is = l / 16;
-          const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-          const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-          const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-          const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-          out[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
-          out[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
-          out[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
-          out[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
-        }
-      }
-      return;
-    }
     default: return;  // block() refused every other type when the file was opened
   }
 }
@@ -111,19 +82,8 @@ void dequantize_row(const gguf_tensor& t, size_t r, float* y) {
   const auto info = ggml::block(t.type);
   const size_t cols = t.dims[0], row_bytes = cols / info.elements * info.bytes;
   const uint8_t* row = t.data + r * row_bytes;
-  switch (t.type) {
-    case ggml::f32: std::memcpy(y, row, cols * 4); return;
-    case ggml::f16: for (size_t i = 0; i < cols; ++i) y[i] = half(row + 2 * i); return;
-    case ggml::bf16:
-      for (size_t i = 0; i < cols; ++i) {
-        uint16_t h;
-        std::memcpy(&h, row + 2 * i, 2);
-        y[i] = k::bf16_to_f32(h);
-      }
-      return;
-    default:
-      for (size_t b = 0; b < cols / info.elements; ++b) dequantize_block(t.type, row + b * info.bytes, y + b * info.elements);
-  }
+  if (auto stored = stored_dtype(t.type)) return k::dequantize_row(row, *stored, cols, y);
+  for (size_t b = 0; b < cols / info.elements; ++b) dequantize_block(t.type, row + b * info.bytes, y + b * info.elements);
 }
 
 /// Q8_0 row -> q8 row, exactly (a float16 scale is a float32 one); false when a value is -128,
@@ -330,15 +290,11 @@ result<tensor_store> gguf_tensor_store(const std::string& path) {
       return make_error(errc::invalid_request, path + ": tensor '" + t.name + "' does not split into " +
                                                    std::to_string(name.heads) + " heads of even size");
     }
-    // Types the kernels read as stored: the float ones, and Q4_K / Q5_K / Q6_K matrices.
-    const bool k_quant = t.dims.size() == 2 && (t.type == ggml::q4_k || t.type == ggml::q5_k || t.type == ggml::q6_k);
-    const bool plain = t.type == ggml::f32 || t.type == ggml::f16 || t.type == ggml::bf16 || k_quant;
-    const k::dtype plain_type = t.type == ggml::f32    ? k::dtype::f32
-                                : t.type == ggml::f16  ? k::dtype::f16
-                                : t.type == ggml::q4_k ? k::dtype::q4_k
-                                : t.type == ggml::q5_k ? k::dtype::q5_k
-                                : t.type == ggml::q6_k ? k::dtype::q6_k
-                                                       : k::dtype::bf16;
+    // Types the kernels read as stored: the float ones, and K-quant matrices (a K-quant
+    // vector is decoded to float32 as the other quantized vectors are).
+    const auto stored = stored_dtype(t.type);
+    const bool plain = stored && !(t.dims.size() == 1 && k::is_quantized(*stored));
+    const k::dtype plain_type = stored.value_or(k::dtype::f32);
     if (plain && !name.permute) {  // a view into the mapping
       tensor_view v{plain_type, shape, t.data, t.bytes};
       LLMESH_TRY(store.add(name.name, std::move(v), g));

@@ -114,10 +114,9 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     e.message = dir + ": " + e.message;
     return e;
   }
-  bool held[4] = {};  // q8, q4_k, q5_k, q6_k
+  uint32_t held = 0;  // a bit per dtype
   auto note = [&](const weight_matrix& w) {
-    if (w.rows == 0 || !kernels::is_quantized(w.type)) return;
-    held[w.type == kernels::dtype::q8 ? 0 : w.type == kernels::dtype::q4_k ? 1 : w.type == kernels::dtype::q5_k ? 2 : 3] = true;
+    if (w.rows != 0) held |= 1u << static_cast<unsigned>(w.type);
   };
   note(m->weights_.lm_head);
   note(m->weights_.embed);
@@ -129,8 +128,10 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
       note(x.down);
     }
   }
-  for (auto [i, name] : {std::pair{1, "Q4_K"}, std::pair{2, "Q5_K"}, std::pair{3, "Q6_K"}, std::pair{0, "int8"}}) {
-    if (held[i]) m->quantized_types_ += (m->quantized_types_.empty() ? "" : "+") + std::string(name);
+  for (auto t : {kernels::dtype::q4_k, kernels::dtype::q5_k, kernels::dtype::q6_k, kernels::dtype::q8}) {
+    if (held & (1u << static_cast<unsigned>(t))) {
+      m->quantized_types_ += (m->quantized_types_.empty() ? "" : "+") + std::string(weight_dtype_name(t));
+    }
   }
   m->lora_enabled_ = opt.enable_lora || !opt.loras.empty();
   m->lora_type_ = opt.lora_dtype ? opt.lora_dtype : opt.dtype;  // auto: the weights' (vLLM's)
