@@ -150,6 +150,16 @@ TEST(GgufParse, RefusesWhatItCannotRead) {
   EXPECT_NE(msg(twice.bytes()).find("appears twice"), std::string::npos);
 }
 
+/// A llama GGUF's architecture and shape metadata.
+void llama_shape(gguf_writer& w, uint32_t hidden, uint32_t layers, uint32_t ffn, uint32_t heads, uint32_t kv_heads) {
+  w.str("general.architecture", "llama");
+  w.u32("llama.embedding_length", hidden);
+  w.u32("llama.block_count", layers);
+  w.u32("llama.feed_forward_length", ffn);
+  w.u32("llama.attention.head_count", heads);
+  w.u32("llama.attention.head_count_kv", kv_heads);
+}
+
 /// Writes `w` to DIR/model.gguf and returns the path.
 std::string write(const gguf_writer& w, const temp_dir& dir, const std::string& name = "model.gguf") {
   const std::string path = dir.path() + "/" + name;
@@ -284,12 +294,7 @@ TEST(GgufModel, Q8_0BlocksAreTakenExactlyAndInt8KeepsThem) {
   // One Q8_0 matrix: its values are d * q with d the block's float16 scale, bit for bit.
   temp_dir dir;
   gguf_writer w;  // hidden 32: whole Q8_0 rows
-  w.str("general.architecture", "llama");
-  w.u32("llama.embedding_length", 32);
-  w.u32("llama.block_count", 1);
-  w.u32("llama.feed_forward_length", 32);
-  w.u32("llama.attention.head_count", 2);
-  w.u32("llama.attention.head_count_kv", 1);
+  llama_shape(w, 32, 1, 32, 2, 1);
   const uint16_t d = kernels::f32_to_f16(0.0123f);
   std::string blocks;
   for (int r = 0; r < 32; ++r) {
@@ -346,12 +351,7 @@ TEST(GgufModel, KQuantMatricesAreReadInPlaceAndTpSlicesThatCutABlockBecomeInt8) 
   // super-blocks, so each rank holds them as int8: the logits move by int8's rounding only.
   temp_dir dir;
   gguf_writer w;
-  w.str("general.architecture", "llama");
-  w.u32("llama.embedding_length", 256);
-  w.u32("llama.block_count", 2);
-  w.u32("llama.feed_forward_length", 768);
-  w.u32("llama.attention.head_count", 4);
-  w.u32("llama.attention.head_count_kv", 2);
+  llama_shape(w, 256, 2, 768, 4, 2);
   std::mt19937 rng(77);
   std::uniform_real_distribution<float> u(-0.5f, 0.5f);
   std::vector<float> embed(64 * 256);
