@@ -10,6 +10,7 @@
 #include "llmesh/model/engine.hpp"
 #include "llmesh/bench/gpu_bench.hpp"
 #include "llmesh/bench/grammar_bench.hpp"
+#include "llmesh/bench/matmul_bench.hpp"
 #include "llmesh/bench/speculation_bench.hpp"
 #include "llmesh/bench/serve_bench.hpp"
 #include "llmesh/bench/tokenizer_bench.hpp"
@@ -72,6 +73,18 @@ void add_bench(CLI::App& app, command_set& commands) {
     if (ctx->count() > 0) o->context = g->context;
     return bench::run_engine_bench(*o);
   });
+
+  auto mm = std::make_shared<bench::matmul_bench_options>();
+  auto* msub = bench_cmd->add_subcommand("matmul", "Decode matmul per weight type: weights/s and GB/s against read bandwidth and int8");
+  msub->add_option("--rows", mm->rows, "Weight rows (outputs)")->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 24));
+  msub->add_option("--cols", mm->cols, "Weight columns (a multiple of 256)")->capture_default_str()->check(CLI::Range(size_t{256}, size_t{1} << 20));
+  msub->add_option("--m", mm->m, "Activation rows per call (1: decode)")->delimiter(',')->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{4096}));
+  msub->add_option("--types", mm->types, "Weight types: f32, f16, bf16, int8, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs (default: all but f32, f16)")
+      ->delimiter(',');
+  msub->add_option("--threads", mm->threads, "Kernel threads")->capture_default_str()->check(CLI::Range(1, 1024));
+  msub->add_option("--reps", mm->reps, "Calls per type, interleaved; the best is reported")->capture_default_str()->check(CLI::Range(1, 100000));
+  commands.emplace_back(msub, [mm]() -> status { return bench::run_matmul_bench(*mm); });
 
   auto t = std::make_shared<bench::tokenizer_bench_options>();
   auto* tsub = bench_cmd->add_subcommand("tokenizer", "Tokenizer encode/decode throughput");

@@ -36,11 +36,11 @@ struct v256 {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(scale));
   }
   // f·q is exact (k_factors), so the fused multiply-subtract rounds as q·f − m does; Q6_K's
-  // signed quants are one multiply (−0 where the definition has it, too).
+  // and Q3_K's signed quants are one multiply (−0 where the definition has it, too).
   template <dtype T>
   static reg load_k(const uint8_t* block, size_t e, float f, float m) {
     const __m128i b = k_quant_bytes<T, 8>(block, e);
-    if constexpr (T == dtype::q6_k) return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_set1_ps(f));
+    if constexpr (k_quant_signed(T)) return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_set1_ps(f));
     return _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_set1_ps(f), _mm256_set1_ps(m));
   }
   static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }

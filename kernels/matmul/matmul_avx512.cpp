@@ -38,11 +38,11 @@ struct v512 {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scale));
   }
   // f·q is exact (k_factors), so the fused multiply-subtract rounds as q·f − m does; Q6_K's
-  // signed quants are one multiply (−0 where the definition has it, too).
+  // and Q3_K's signed quants are one multiply (−0 where the definition has it, too).
   template <dtype T>
   static reg load_k(const uint8_t* block, size_t e, float f, float m) {
     const __m128i b = k_quant_bytes<T, 16>(block, e);
-    if constexpr (T == dtype::q6_k) return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_set1_ps(f));
+    if constexpr (k_quant_signed(T)) return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_set1_ps(f));
     return _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), _mm512_set1_ps(f), _mm512_set1_ps(m));
   }
   // Q4_K through a table: a sub-block's 16 possible values q·f − m (the fmsub of load_k, so
@@ -50,16 +50,24 @@ struct v512 {
   // multiply-subtract per step (18.9 against 16.4 G weights/s on one Zen 4 core; Q5_K's
   // 32-entry two-register permute measured slower than its load_k, 10.0 against 13.2).
   static constexpr bool k_lut = true;
+  // IQ4_XS likewise: a sub-block's 16 values f·iq4nl_values[i] (load_k's multiply) picked by
+  // index.
   template <dtype T>
   static void k_table(float f, float m, float* t) {
-    static_assert(T == dtype::q4_k);
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    _mm512_store_ps(t, _mm512_fmsub_ps(iota, _mm512_set1_ps(f), _mm512_set1_ps(m)));
+    static_assert(T == dtype::q4_k || T == dtype::iq4_xs);
+    if constexpr (T == dtype::iq4_xs) {
+      const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(iq4nl_values))));
+      _mm512_store_ps(t, _mm512_mul_ps(values, _mm512_set1_ps(f)));
+    } else {
+      const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      _mm512_store_ps(t, _mm512_fmsub_ps(iota, _mm512_set1_ps(f), _mm512_set1_ps(m)));
+    }
   }
   template <dtype T>
   static reg load_k_lut(const uint8_t* block, size_t e, const float* t) {
-    static_assert(T == dtype::q4_k);
-    return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(k_quant_bytes<T, 16>(block, e)), _mm512_load_ps(t));
+    static_assert(T == dtype::q4_k || T == dtype::iq4_xs);
+    const __m128i index = T == dtype::iq4_xs ? iq4_xs_indices<16>(block, e) : k_quant_bytes<T, 16>(block, e);
+    return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(index), _mm512_load_ps(t));
   }
   static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
   static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }

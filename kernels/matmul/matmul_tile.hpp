@@ -18,7 +18,7 @@
 // load_q8(const uint8_t* block, size_t at): width int8 values from block + at, dequantized as
 // float(q) * the block's scale (its first 4 bytes), so the products are those of the
 // dequantized weights; load_k<dtype>(const uint8_t* block, size_t e, float f, float m) for
-// q4_k, q5_k, q6_k: width elements from e of a K-quant super-block, given its sub-block's (or
+// q2_k ... q6_k: width elements from e of a K-quant super-block, given its sub-block's (or
 // group's) factors (k_factors below), decoded to k_quant_value's floats (dtype.hpp); optionally
 // (a V with k_lut) k_table<q4_k>(f, m, float* t) writing a sub-block's 16 possible values and
 // load_k_lut<q4_k>(block, e, const float* t) picking them by quant;
@@ -45,10 +45,11 @@ namespace llmesh::kernels::detail {
 // unit's and fault on an AVX2-only CPU wherever the compiler did not inline it.
 namespace {
 
-/// The factors of one K-quant super-block: q4_k and q5_k, d·sc into f and dmin·m into m for
-/// each of its 8 sub-blocks of 32; q6_k, d·scale into f for each of its 16 groups of 16 (m
-/// unused). Each is exact in float32 (a float16 times a 6- or 8-bit integer), and so is its
-/// product with a quant.
+/// The factors of one K-quant super-block, k_quant_factor's for each group
+/// (k_quant_group): q4_k and q5_k, d·sc into f and dmin·m into m for each of its 8 sub-blocks
+/// of 32; q2_k, d·(s & 15) and dmin·(s >> 4) for each of its 16 groups of 16; q3_k and q6_k,
+/// d·scale into f for each of 16 groups, iq4_xs for each of 8 sub-blocks of 32 (m unused). Each is exact in float32, and so is its
+/// product with a quant (dtype.hpp).
 /// Vector code (both instruction-set units have AVX2 and F16C): a tile calls this for each of
 /// its rows at every super-block, so it must cost a few instructions, not a scalar loop.
 template <dtype WT>
@@ -72,10 +73,52 @@ inline void k_factors(const uint8_t* b, float* f, float* m) {
     const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
     _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)), d));
     _mm256_storeu_ps(m, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))), dmin));
-  } else {
-    std::memcpy(&h, b + 208, 2);
+  } else if constexpr (WT == dtype::iq4_xs) {
+    // Sub-block s's scale: bits 4s-4s+3 of scales_l (as one 32-bit word) and bits 2s, 2s+1 of
+    // scales_h, shifted per lane.
+    uint32_t sl;
+    std::memcpy(&sl, b + 4, 4);
+    std::memcpy(&h, b + 2, 2);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                        _mm256_set1_epi32(15));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                        _mm256_set1_epi32(3));
+    const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    std::memcpy(&h, b, 2);
+    _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_cvtepi32_ps(sc), _mm256_set1_ps(_cvtsh_ss(h))));
+    (void)m;
+  } else if constexpr (WT == dtype::q2_k) {
+    std::memcpy(&h, b + 80, 2);
     const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
-    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    std::memcpy(&h, b + 82, 2);
+    const __m256 dmin = _mm256_set1_ps(_cvtsh_ss(h));
+    const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    const __m128i low4 = _mm_set1_epi8(15);
+    const __m128i sc = _mm_and_si128(s, low4), mn = _mm_and_si128(_mm_srli_epi16(s, 4), low4);
+    _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)), d));
+    _mm256_storeu_ps(f + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sc, 8))), d));
+    _mm256_storeu_ps(m, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)), dmin));
+    _mm256_storeu_ps(m + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mn, 8))), dmin));
+  } else {
+    // q3_k: its 12 scale bytes unpacked to 16 bytes as ggml does (q3_k_scale for every g at
+    // once), less 32; q6_k: 16 int8 scales as stored.
+    __m128i sc;
+    if constexpr (WT == dtype::q3_k) {
+      uint32_t u[4];
+      std::memcpy(u, b + 96, 12);
+      constexpr uint32_t low4 = 0x0f0f0f0f, low2 = 0x03030303;
+      const uint32_t t = u[2];
+      u[2] = ((u[0] >> 4) & low4) | (((t >> 4) & low2) << 4);
+      u[3] = ((u[1] >> 4) & low4) | (((t >> 6) & low2) << 4);
+      u[0] = (u[0] & low4) | ((t & low2) << 4);
+      u[1] = (u[1] & low4) | (((t >> 2) & low2) << 4);
+      sc = _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)), _mm_set1_epi8(32));
+      std::memcpy(&h, b + 108, 2);
+    } else {
+      sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+      std::memcpy(&h, b + 208, 2);
+    }
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
     _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d));
     _mm256_storeu_ps(f + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))), d));
     (void)m;
@@ -83,17 +126,48 @@ inline void k_factors(const uint8_t* b, float* f, float* m) {
 }
 
 /// The quants of elements [e, e + N) of a K-quant super-block as N bytes of an xmm register
-/// (N = 8 or 16, e a multiple of N; only N bytes are read): q4_k 0-15, q5_k 0-31 (unsigned),
-/// q6_k −32-31 (signed: its q − 32). Picked and assembled in bytes, with 128-bit operations,
-/// before any widening.
+/// (N = 8 or 16, e a multiple of N; only N bytes are read): q2_k 0-3, q4_k 0-15, q5_k 0-31
+/// (unsigned), q3_k −4-3, q6_k −32-31, iq4_xs −127-113 (signed), k_quant_q's values. Picked and assembled in
+/// bytes, with 128-bit operations, before any widening.
+template <int N>
+inline __m128i load_bytes(const uint8_t* p) {
+  if constexpr (N == 16) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+}
+
+/// IQ4_XS's 4-bit indices of elements [e, e + N) (the nibbles of qs[16s + i % 16]), as bytes.
+template <int N>
+inline __m128i iq4_xs_indices(const uint8_t* b, size_t e) {
+  __m128i q = load_bytes<N>(b + 8 + 16 * (e / 32) + e % 16);
+  if (e % 32 >= 16) q = _mm_srli_epi16(q, 4);
+  return _mm_and_si128(q, _mm_set1_epi8(15));
+}
+
 template <dtype T, int N>
 inline __m128i k_quant_bytes(const uint8_t* b, size_t e) {
-  auto load = [](const uint8_t* p) {
-    if constexpr (N == 16) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  };
+  auto load = [](const uint8_t* p) { return load_bytes<N>(p); };
   const __m128i low4 = _mm_set1_epi8(15);
-  if constexpr (T == dtype::q6_k) {
+  if constexpr (T == dtype::iq4_xs) {  // the indices looked up in bytes
+    return _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(iq4nl_values)), iq4_xs_indices<N>(b, e));
+  } else if constexpr (T == dtype::q2_k || T == dtype::q3_k) {
+    // Two bits 2j, 2j+1 of qs[32n + l]; q3_k: less 4 where bit 4n + j of hmask[l] is clear.
+    const size_t n = e / 128, j = e % 128 / 32, l = e % 32;
+    constexpr size_t qs = T == dtype::q2_k ? 16 : 32;
+    const __m128i q = _mm_and_si128(_mm_srl_epi16(load(b + qs + 32 * n + l), _mm_cvtsi32_si128(static_cast<int>(2 * j))),
+                                    _mm_set1_epi8(3));
+    if constexpr (T == dtype::q2_k) {
+      return q;
+    } else {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+      if constexpr (N == 16) {  // one test into a mask and a masked subtract
+        const __mmask16 clear = _mm_testn_epi8_mask(load(b + l), _mm_set1_epi8(static_cast<char>(1 << (4 * n + j))));
+        return _mm_mask_sub_epi8(q, clear, q, _mm_set1_epi8(4));
+      }
+#endif
+      const __m128i h = _mm_and_si128(_mm_srl_epi16(load(b + l), _mm_cvtsi32_si128(static_cast<int>(4 * n + j))), _mm_set1_epi8(1));
+      return _mm_sub_epi8(_mm_or_si128(q, _mm_slli_epi16(h, 2)), _mm_set1_epi8(4));
+    }
+  } else if constexpr (T == dtype::q6_k) {
     const size_t half = e / 128, s = e % 128 / 32, l = e % 32;
     __m128i lo = load(b + 64 * half + 32 * (s % 2) + l);
     if (s >= 2) lo = _mm_srli_epi16(lo, 4);
@@ -143,7 +217,7 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
   // K-quants: the factors of each row's current super-block.
   [[maybe_unused]] alignas(64) float kq_f[kq ? NR : 1][16];
   [[maybe_unused]] alignas(64) float kq_m[kq ? NR : 1][16];
-  constexpr bool lut = WT == dtype::q4_k && requires { V::k_lut; };
+  constexpr bool lut = (WT == dtype::q4_k || WT == dtype::iq4_xs) && requires { V::k_lut; };
   [[maybe_unused]] alignas(64) float kq_lut[lut ? NR : 1][lut ? 8 : 1][16];  // per row, per sub-block
   if constexpr (blocked) {
 #pragma GCC unroll 8
@@ -169,6 +243,10 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
           for (size_t line = 0; line < BB; line += 64) __builtin_prefetch(reinterpret_cast<const void*>(next + line), 0, 3);
         }
       }
+      // The factors stay in memory, each step broadcasting its own from there: kept in
+      // registers (NR·16 floats for the 16-group types), the compiler spills them and extracts
+      // and shuffles lanes per step.
+      asm volatile("" : : "r"(kq_f), "r"(kq_m) : "memory");
 #pragma GCC unroll 16
       for (size_t c = 0; c < k_block / 16; ++c) {
 #pragma GCC unroll 2
@@ -180,7 +258,7 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
             if constexpr (lut) {
               wv[n] = V::template load_k_lut<WT>(q8_row[n] + at, e, kq_lut[n][e / 32]);
             } else {
-              const size_t g = WT == dtype::q6_k ? e / 16 : e / 32;  // the factors' group
+              const size_t g = e / k_quant_group(WT);  // the factors' group
               wv[n] = V::template load_k<WT>(q8_row[n] + at, e, kq_f[n][g], kq_m[n][g]);
             }
             asm("" : "+x"(wv[n]));
@@ -320,7 +398,7 @@ void dequantize_rows(const matmul_args& a, size_t j0, size_t rows, float* out) {
       k_factors<WT>(blk, f, m);
       float* o = out + r * a.k + b * k_block;
       for (size_t e = 0; e < k_block; e += W) {
-        const size_t g = WT == dtype::q6_k ? e / 16 : e / 32;
+        const size_t g = e / k_quant_group(WT);
         V::store(o + e, V::template load_k<WT>(blk, e, f[g], m[g]));
       }
     }
@@ -342,12 +420,13 @@ void gemm_block_dequantized(const matmul_args& a, size_t m0, size_t m1, size_t n
   if (kb < a.k) parts.resize(((m1 - m0 + MRMax - 1) / MRMax) * ((nb + NRMax - 1) / NRMax) * part_floats);
   for (size_t jb = n0; jb < n1; jb += nb) {
     const size_t jb_end = std::min(n1, jb + nb);
-    if (a.w_type == dtype::q4_k) {
-      dequantize_rows<V, dtype::q4_k>(a, jb, jb_end - jb, weights.data());
-    } else if (a.w_type == dtype::q5_k) {
-      dequantize_rows<V, dtype::q5_k>(a, jb, jb_end - jb, weights.data());
-    } else {
-      dequantize_rows<V, dtype::q6_k>(a, jb, jb_end - jb, weights.data());
+    switch (a.w_type) {
+      case dtype::q2_k: dequantize_rows<V, dtype::q2_k>(a, jb, jb_end - jb, weights.data()); break;
+      case dtype::q3_k: dequantize_rows<V, dtype::q3_k>(a, jb, jb_end - jb, weights.data()); break;
+      case dtype::q4_k: dequantize_rows<V, dtype::q4_k>(a, jb, jb_end - jb, weights.data()); break;
+      case dtype::q5_k: dequantize_rows<V, dtype::q5_k>(a, jb, jb_end - jb, weights.data()); break;
+      case dtype::iq4_xs: dequantize_rows<V, dtype::iq4_xs>(a, jb, jb_end - jb, weights.data()); break;
+      default: dequantize_rows<V, dtype::q6_k>(a, jb, jb_end - jb, weights.data()); break;
     }
     matmul_args f = a;  // columns [jb, jb_end) as a float32 job of their own
     f.w = weights.data();
@@ -379,12 +458,18 @@ void gemm_block(const matmul_args& a, size_t m0, size_t m1, size_t n0, size_t n1
   static const auto tq4k = make_table<V, dtype::q4_k, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto tq5k = make_table<V, dtype::q5_k, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto tq6k = make_table<V, dtype::q6_k, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
+  static const auto tq2k = make_table<V, dtype::q2_k, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
+  static const auto tq3k = make_table<V, dtype::q3_k, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
+  static const auto tiq4 = make_table<V, dtype::iq4_xs, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   const auto& table = a.w_type == dtype::f32    ? t32
                       : a.w_type == dtype::f16  ? t16
                       : a.w_type == dtype::q8   ? tq8
                       : a.w_type == dtype::q4_k ? tq4k
                       : a.w_type == dtype::q5_k ? tq5k
                       : a.w_type == dtype::q6_k ? tq6k
+                      : a.w_type == dtype::q2_k ? tq2k
+                      : a.w_type == dtype::q3_k ? tq3k
+                      : a.w_type == dtype::iq4_xs ? tiq4
                                                 : tb16;
   const size_t kb = k_block_len(a.k, m1 - m0, MRMax);
   const size_t nb = n_block_rows(kb, a.w_type, NRMax);

@@ -58,7 +58,7 @@ status quantize_q8(const void* src, dtype src_type, size_t rows, size_t cols, ui
       const auto* s = static_cast<const uint16_t*>(src);
       return quantize_rows(rows, cols, dst, first_row, [s](size_t i) { return bf16_to_f32(s[i]); });
     }
-    case dtype::q4_k: case dtype::q5_k: case dtype::q6_k: {
+    case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k: case dtype::iq4_xs: {
       const auto* s = static_cast<const uint8_t*>(src);
       std::vector<float> row(cols);
       for (size_t r = 0; r < rows; ++r) {
@@ -103,7 +103,7 @@ status convert_rows(const void* src, dtype src_type, size_t rows, size_t cols, v
         d[i] = f32_to_f16(w);
         return ok_status();
       });
-    case dtype::q8: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k: break;
+    case dtype::q8: case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k: case dtype::iq4_xs: break;
   }
   return ok_status();
 }
@@ -113,38 +113,17 @@ void dequantize_row(const void* src, dtype t, size_t cols, float* out) {
     for (size_t i = 0; i < cols; ++i) out[i] = load_as_f32(src, t, i);
     return;
   }
+  // Each group's factors once, then k_quant_value's arithmetic per element.
   const auto* row = static_cast<const uint8_t*>(src);
+  const size_t group = k_quant_group(t);
   for (size_t b = 0; b < cols / k_block; ++b) {
     const uint8_t* blk = row + b * dtype_block_bytes(t);
-    if (t == dtype::q6_k) {  // the factor d·scale per 16; k_quant_value's arithmetic
-      uint16_t h;
-      std::memcpy(&h, blk + 208, 2);
-      const float d = f16_to_f32(h);
-      for (size_t e = 0; e < k_block; ++e) {
-        const size_t half = e / 128, s = (e % 128) / 32, l = e % 32;
-        const uint8_t lo = blk[64 * half + 32 * (s % 2) + l];
-        const int q = ((s < 2 ? lo & 0xF : lo >> 4) | (((blk[128 + 32 * half + l] >> (2 * s)) & 3) << 4)) - 32;
-        out[b * k_block + e] = d * static_cast<float>(static_cast<int8_t>(blk[192 + e / 16])) * static_cast<float>(q);
-      }
-      continue;
-    }
-    // Q4_K / Q5_K: d·sc and dmin·m once per sub-block of 32; value (d·sc)·q − dmin·m, as
-    // k_quant_value computes it.
-    uint16_t h;
-    std::memcpy(&h, blk, 2);
-    const float d = f16_to_f32(h);
-    std::memcpy(&h, blk + 2, 2);
-    const float dmin = f16_to_f32(h);
-    const bool five = t == dtype::q5_k;
-    for (size_t j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      q4_k_scale_min(j, blk + 4, sc, m);
-      const float f = d * static_cast<float>(sc), mm = dmin * static_cast<float>(m);
-      for (size_t e = 32 * j; e < 32 * j + 32; ++e) {
-        const uint8_t byte = blk[(five ? 48 : 16) + (e / 64) * 32 + e % 32];
-        int q = e % 64 < 32 ? (byte & 0xF) : (byte >> 4);
-        if (five) q |= ((blk[16 + e % 32] >> (2 * (e / 64) + (e % 64 < 32 ? 0 : 1))) & 1) << 4;
-        out[b * k_block + e] = f * static_cast<float>(q) - mm;
+    for (size_t g = 0; g < k_block / group; ++g) {
+      float f, m;
+      k_quant_factor(blk, t, g, f, m);
+      for (size_t e = g * group; e < (g + 1) * group; ++e) {
+        const float q = static_cast<float>(k_quant_q(blk, t, e));
+        out[b * k_block + e] = k_quant_signed(t) ? f * q : f * q - m;
       }
     }
   }

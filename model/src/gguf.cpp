@@ -151,9 +151,13 @@ block_info block(uint32_t type) {
     case q5_0: return {32, 22};
     case q5_1: return {32, 24};
     case q8_0: return {32, 34};
+    case q2_k: return {256, 84};
+    case q3_k: return {256, 110};
     case q4_k: return {256, 144};
     case q5_k: return {256, 176};
     case q6_k: return {256, 210};
+    case iq4_nl: return {32, 18};
+    case iq4_xs: return {256, 136};
     default: return {};
   }
 }
@@ -169,12 +173,21 @@ std::string type_name(uint32_t type) {
     case q5_1: return "Q5_1";
     case q8_0: return "Q8_0";
     case 9: return "Q8_1";
-    case 10: return "Q2_K";
-    case 11: return "Q3_K";
+    case q2_k: return "Q2_K";
+    case q3_k: return "Q3_K";
     case q4_k: return "Q4_K";
     case q5_k: return "Q5_K";
     case q6_k: return "Q6_K";
     case 15: return "Q8_K";
+    case 16: return "IQ2_XXS";
+    case 17: return "IQ2_XS";
+    case 18: return "IQ3_XXS";
+    case 19: return "IQ1_S";
+    case iq4_nl: return "IQ4_NL";
+    case 21: return "IQ3_S";
+    case 22: return "IQ2_S";
+    case iq4_xs: return "IQ4_XS";
+    case 29: return "IQ1_M";
     default: return "type " + std::to_string(type);
   }
 }
@@ -246,7 +259,8 @@ result<std::shared_ptr<const gguf_file>> gguf_file::parse(const std::string& pat
     const auto b = ggml::block(t.type);
     if (b.elements == 0) {
       return make_error(errc::unsupported, path + ": tensor '" + t.name + "' has type " + ggml::type_name(t.type) +
-                                               " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)");
+                                               " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
+                                               "IQ4_NL, IQ4_XS)");
     }
     if (t.dims[0] % b.elements != 0) {
       return bad(path, "tensor '" + t.name + "' of type " + ggml::type_name(t.type) + " has rows of " +

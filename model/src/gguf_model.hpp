@@ -26,10 +26,10 @@ struct gguf_texts {
 
 /// The tensors under their HF names (model.layers.N.self_attn.q_proj.weight, ...): F32, F16
 /// and BF16 as views into the mapping (Llama's q and k rows, which llama.cpp's converter
-/// interleaves for its rotary, un-permuted into a copy), Q4_K, Q5_K and Q6_K matrices likewise
-/// as kernels::dtype::q4_k / q5_k / q6_k (the kernels read those blocks in place), Q8_0, Q4_0
-/// and Q5_0 repacked into kernels::dtype::q8 exactly (a float16 scale widened, their quants
-/// minus 8 or 16 as int8), Q4_1 and Q5_1 dequantized in float32 and quantized to q8
+/// interleaves for its rotary, un-permuted into a copy), Q2_K ... Q6_K and IQ4_XS matrices
+/// likewise as kernels::dtype::q2_k ... iq4_xs (the kernels read those blocks in place), Q8_0,
+/// Q4_0, Q5_0 and IQ4_NL repacked into kernels::dtype::q8 exactly (a float16 scale widened,
+/// their quants minus 8 or 16, or IQ4_NL's table values, as int8), Q4_1 and Q5_1 dequantized in float32 and quantized to q8
 /// (32-element blocks with a scale of max|w|/127). A quantized vector (no such file seen) is
 /// dequantized to float32 as the other vectors are.
 [[nodiscard]] result<tensor_store> gguf_tensor_store(const std::string& path);

@@ -1,8 +1,9 @@
 // A GGUF file's tensors under their HF names. ggml's block formats (ggml-common.h) and their
 // dequantization (ggml-quants.c's dequantize_row_*), each block covering consecutive elements
-// of a row: Q4_0/Q4_1 (low nibbles the block's first half, high nibbles its second), Q5_0/Q5_1
-// (plus a fifth bit from qh) and Q8_0; the 256-element K-quants Q4_K, Q5_K and Q6_K are
-// kernels::dtype values (dtype.hpp's k_quant_value is their definition).
+// of a row: Q4_0/Q4_1 and IQ4_NL (low nibbles the block's first half, high nibbles its second;
+// IQ4_NL's index iq4nl_values), Q5_0/Q5_1 (plus a fifth bit from qh) and Q8_0; the
+// 256-element K-quants Q2_K ... Q6_K and IQ4_XS are kernels::dtype values (dtype.hpp's
+// k_quant_value is their definition).
 #include <algorithm>
 #include <cmath>
 #include <atomic>
@@ -33,9 +34,12 @@ std::optional<k::dtype> stored_dtype(uint32_t type) {
     case ggml::f32: return k::dtype::f32;
     case ggml::f16: return k::dtype::f16;
     case ggml::bf16: return k::dtype::bf16;
+    case ggml::q2_k: return k::dtype::q2_k;
+    case ggml::q3_k: return k::dtype::q3_k;
     case ggml::q4_k: return k::dtype::q4_k;
     case ggml::q5_k: return k::dtype::q5_k;
     case ggml::q6_k: return k::dtype::q6_k;
+    case ggml::iq4_xs: return k::dtype::iq4_xs;
     default: return std::nullopt;
   }
 }
@@ -73,6 +77,14 @@ void dequantize_block(uint32_t type, const uint8_t* b, float* y) {
       }
       return;
     }
+    case ggml::iq4_nl: {
+      const float d = half(b);
+      for (int j = 0; j < 16; ++j) {
+        y[j] = d * static_cast<float>(k::iq4nl_values[b[2 + j] & 0xF]);
+        y[j + 16] = d * static_cast<float>(k::iq4nl_values[b[2 + j] >> 4]);
+      }
+      return;
+    }
     default: return;  // block() refused every other type when the file was opened
   }
 }
@@ -102,11 +114,11 @@ bool repack_q8_0(const uint8_t* row, size_t cols, uint8_t* dst) {
   return true;
 }
 
-/// Q4_0 / Q5_0 row -> q8 row, exactly: their values are (q − 8)·d and (q − 16)·d, int8 quants
-/// with the block's float16 scale. False when a scale is not finite (the row is requantized,
+/// Q4_0 / Q5_0 / IQ4_NL row -> q8 row, exactly: their values are (q − 8)·d, (q − 16)·d and
+/// iq4nl_values[q]·d, int8 quants with the block's float16 scale. False when a scale is not finite (the row is requantized,
 /// which names the value).
 bool repack_x_0(uint32_t type, const uint8_t* row, size_t cols, uint8_t* dst) {
-  const bool five = type == ggml::q5_0;
+  const bool five = type == ggml::q5_0, nl = type == ggml::iq4_nl;
   const size_t bytes = five ? 22 : 18;
   for (size_t b = 0; b < cols / 32; ++b) {
     const uint8_t* src = row + b * bytes;
@@ -124,8 +136,8 @@ bool repack_x_0(uint32_t type, const uint8_t* row, size_t cols, uint8_t* dst) {
         hi |= static_cast<int>((qh >> (j + 16)) & 1) << 4;
       }
       const int bias = five ? 16 : 8;
-      out[4 + j] = static_cast<uint8_t>(static_cast<int8_t>(lo - bias));
-      out[4 + j + 16] = static_cast<uint8_t>(static_cast<int8_t>(hi - bias));
+      out[4 + j] = static_cast<uint8_t>(nl ? k::iq4nl_values[lo] : static_cast<int8_t>(lo - bias));
+      out[4 + j + 16] = static_cast<uint8_t>(nl ? k::iq4nl_values[hi] : static_cast<int8_t>(hi - bias));
     }
   }
   return true;
@@ -207,7 +219,7 @@ status fill_rows(const job& w, size_t row0, size_t n, std::vector<float>& scratc
     const size_t from = source_row(w, r);
     const uint8_t* src = t.data + from * src_row_bytes;
     uint8_t* dst = w.buffer.get() + k::dtype_bytes(w.out_type, r * (w.out_type == k::dtype::q8 ? k::q8_row_elements(w.cols) : w.cols));
-    if (w.out_type != k::dtype::q8) {  // a row as stored (a permuted F32/F16/BF16/Q4_K/Q6_K row), or float32
+    if (w.out_type != k::dtype::q8) {  // a row as stored (a permuted F32/F16/BF16/K-quant row), or float32
       if (w.out_type == k::dtype::f32 && t.type != ggml::f32) {
         dequantize_row(t, from, reinterpret_cast<float*>(dst));
       } else {
@@ -216,7 +228,9 @@ status fill_rows(const job& w, size_t row0, size_t n, std::vector<float>& scratc
       continue;
     }
     if (t.type == ggml::q8_0 && repack_q8_0(src, w.cols, dst)) continue;
-    if ((t.type == ggml::q4_0 || t.type == ggml::q5_0) && repack_x_0(t.type, src, w.cols, dst)) continue;
+    if ((t.type == ggml::q4_0 || t.type == ggml::q5_0 || t.type == ggml::iq4_nl) && repack_x_0(t.type, src, w.cols, dst)) {
+      continue;
+    }
     scratch.resize(w.cols);
     dequantize_row(t, from, scratch.data());
     LLMESH_TRY(k::quantize_q8(scratch.data(), k::dtype::f32, 1, w.cols, dst, r));

@@ -71,7 +71,8 @@ std::string_view weight_dtype_name(std::optional<kernels::dtype> t) {
     case kernels::dtype::f16: return "float16";
     case kernels::dtype::bf16: return "bfloat16";
     case kernels::dtype::q8: return "int8";
-    case kernels::dtype::q4_k: case kernels::dtype::q5_k: case kernels::dtype::q6_k: break;
+    case kernels::dtype::q2_k: case kernels::dtype::q3_k: case kernels::dtype::q4_k: case kernels::dtype::q5_k:
+    case kernels::dtype::q6_k: case kernels::dtype::iq4_xs: break;
   }
   return kernels::dtype_name(*t);
 }
@@ -128,7 +129,8 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
       note(x.down);
     }
   }
-  for (auto t : {kernels::dtype::q4_k, kernels::dtype::q5_k, kernels::dtype::q6_k, kernels::dtype::q8}) {
+  for (auto t : {kernels::dtype::q2_k, kernels::dtype::q3_k, kernels::dtype::q4_k, kernels::dtype::q5_k, kernels::dtype::q6_k,
+                 kernels::dtype::iq4_xs, kernels::dtype::q8}) {
     if (held & (1u << static_cast<unsigned>(t))) {
       m->quantized_types_ += (m->quantized_types_.empty() ? "" : "+") + std::string(weight_dtype_name(t));
     }

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "k_quant_blocks.hpp"
 #include "test_seed.hpp"
 
 namespace llmesh::kernels {
@@ -345,17 +346,89 @@ void ggml_q6_k(const uint8_t* x, float* y) {
   }
 }
 
+/// ggml's dequantize_row_q2_K over one super-block.
+void ggml_q2_k(const uint8_t* x, float* y) {
+  const float d = f16_to_f32(static_cast<uint16_t>(x[80] | x[81] << 8));
+  const float min = f16_to_f32(static_cast<uint16_t>(x[82] | x[83] << 8));
+  const uint8_t* q = x + 16;
+  int is = 0;
+  for (int n = 0; n < 256; n += 128) {
+    int shift = 0;
+    for (int j = 0; j < 4; ++j) {
+      uint8_t sc = x[is++];
+      float dl = d * (sc & 0xF), ml = min * (sc >> 4);
+      for (int l = 0; l < 16; ++l) *y++ = dl * static_cast<int8_t>((q[l] >> shift) & 3) - ml;
+      sc = x[is++];
+      dl = d * (sc & 0xF);
+      ml = min * (sc >> 4);
+      for (int l = 0; l < 16; ++l) *y++ = dl * static_cast<int8_t>((q[l + 16] >> shift) & 3) - ml;
+      shift += 2;
+    }
+    q += 32;
+  }
+}
+
+/// ggml's dequantize_row_q3_K over one super-block, its scales unpacked with its 32-bit masks.
+void ggml_q3_k(const uint8_t* x, float* y) {
+  constexpr uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+  const float d_all = f16_to_f32(static_cast<uint16_t>(x[108] | x[109] << 8));
+  const uint8_t* q = x + 32;
+  const uint8_t* hm = x;
+  uint8_t m = 1;
+  uint32_t aux[4];
+  std::memcpy(aux, x + 96, 12);
+  const uint32_t tmp = aux[2];
+  aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+  aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+  aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+  aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+  int8_t scales[16];
+  std::memcpy(scales, aux, 16);
+  int is = 0;
+  for (int n = 0; n < 256; n += 128) {
+    int shift = 0;
+    for (int j = 0; j < 4; ++j) {
+      float dl = d_all * (scales[is++] - 32);
+      for (int l = 0; l < 16; ++l) *y++ = dl * (static_cast<int8_t>((q[l + 0] >> shift) & 3) - ((hm[l + 0] & m) ? 0 : 4));
+      dl = d_all * (scales[is++] - 32);
+      for (int l = 0; l < 16; ++l) *y++ = dl * (static_cast<int8_t>((q[l + 16] >> shift) & 3) - ((hm[l + 16] & m) ? 0 : 4));
+      shift += 2;
+      m = static_cast<uint8_t>(m << 1);
+    }
+    q += 32;
+  }
+}
+
+/// ggml's dequantize_row_iq4_xs over one super-block, with its own copy of kvalues_iq4nl.
+void ggml_iq4_xs(const uint8_t* x, float* y) {
+  static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  const float d = f16_to_f32(static_cast<uint16_t>(x[0] | x[1] << 8));
+  const int scales_h = x[2] | x[3] << 8;
+  const uint8_t* scales_l = x + 4;
+  const uint8_t* qs = x + 8;
+  for (int ib = 0; ib < 8; ++ib) {
+    const int ls = ((scales_l[ib / 2] >> 4 * (ib % 2)) & 0xf) | (((scales_h >> 2 * ib) & 3) << 4);
+    const float dl = d * (ls - 32);
+    for (int j = 0; j < 16; ++j) {
+      y[j + 0] = dl * kvalues_iq4nl[qs[j] & 0xf];
+      y[j + 16] = dl * kvalues_iq4nl[qs[j] >> 4];
+    }
+    y += 32;
+    qs += 16;
+  }
+}
+
 TEST(LoadAsF32, DecodesKQuantBlocksAsGgmlDoes) {
   std::mt19937 rng(testing::test_seed(21));
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_int_distribution<int> exponent(-14, 2);
-  for (dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+  for (dtype t : testing::k_quant_types) {
     const size_t bb = dtype_block_bytes(t);
     for (int trial = 0; trial < 200; ++trial) {
       std::vector<uint8_t> blocks(2 * bb);  // two super-blocks: element i of the second is 256 + i
       for (auto& b : blocks) b = static_cast<uint8_t>(byte(rng));
       for (size_t blk = 0; blk < 2; ++blk) {
-        for (size_t at : t == dtype::q6_k ? std::vector<size_t>{208} : std::vector<size_t>{0, 2}) {
+        for (size_t at : testing::k_quant_halves(t)) {
           const float sign = byte(rng) < 64 ? -1.0f : 1.0f;  // negative scales and mins too
           const uint16_t d = f32_to_f16(sign * std::ldexp(1.0f + static_cast<float>(byte(rng)) / 256.0f, exponent(rng)));
           std::memcpy(blocks.data() + blk * bb + at, &d, 2);
@@ -363,7 +436,13 @@ TEST(LoadAsF32, DecodesKQuantBlocksAsGgmlDoes) {
       }
       float want[512];
       for (size_t blk = 0; blk < 2; ++blk) {
-        (t == dtype::q4_k ? ggml_q4_k : t == dtype::q5_k ? ggml_q5_k : ggml_q6_k)(blocks.data() + blk * bb, want + 256 * blk);
+        auto* decode = t == dtype::q2_k   ? ggml_q2_k
+                       : t == dtype::q3_k ? ggml_q3_k
+                       : t == dtype::q4_k ? ggml_q4_k
+                       : t == dtype::q5_k ? ggml_q5_k
+                       : t == dtype::q6_k ? ggml_q6_k
+                                          : ggml_iq4_xs;
+        decode(blocks.data() + blk * bb, want + 256 * blk);
       }
       for (size_t i = 0; i < 512; ++i) {
         ASSERT_EQ(bits_of(load_as_f32(blocks.data(), t, i)), bits_of(want[i])) << dtype_name(t) << " element " << i;
@@ -394,6 +473,43 @@ TEST(LoadAsF32, DecodesAHandMadeQ4KBlock) {
   EXPECT_EQ(dtype_bytes(dtype::q5_k, 256), 176u);
   EXPECT_TRUE(is_quantized(dtype::q6_k));
   EXPECT_FALSE(is_quantized(dtype::bf16));
+}
+
+TEST(LoadAsF32, DecodesHandMadeQ2KAndQ3KBlocks) {
+  uint8_t q2[84] = {};
+  q2[80] = 0x00; q2[81] = 0x3c;  // d = 1
+  q2[82] = 0x00; q2[83] = 0x38;  // dmin = 0.5
+  q2[0] = 0x35;                  // group 0: scale 5, min 3
+  q2[9] = 0x2F;                  // group 9 (elements 144-159): scale 15, min 2
+  q2[16 + 0] = 0b11100100;       // element 0: 0; element 32: 1; element 64: 2; element 96: 3
+  q2[16 + 32 + 16] = 0b00001100; // element 128 + 16 = 144: bits 0-1 = 0; element 176: 3 (group 11)
+  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 0), -1.5f);                // 5·0 − 0.5·3
+  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 32), 0.0f);                // group 2: scale 0, min 0
+  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 144), -1.0f);              // 15·0 − 0.5·2
+  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 176), 0.0f);               // group 11: scale 0
+  q2[11] = 0x07;                                                    // group 11: scale 7, min 0
+  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 176), 21.0f);              // 7·3
+  uint8_t q3[110] = {};
+  q3[108] = 0x00; q3[109] = 0x40;  // d = 2
+  q3[96 + 0] = 0x0F;               // scale 0: low nibble 15
+  q3[96 + 8] = 0x02;               // scale 0: high bits 2 → 32 + 15 = 47, factor 2·15 = 30
+  q3[96 + 3] = 0x10;               // scale 11: low nibble 1 (byte 3's high nibble); high bits 0 → 1 − 32
+  q3[32 + 0] = 0b00000011;         // element 0: 3
+  q3[0] = 0x01;                    // element 0's high bit set (bit 0): 3, not 3 − 4
+  EXPECT_EQ(load_as_f32(q3, dtype::q3_k, 0), 90.0f);    // 30·3
+  EXPECT_EQ(load_as_f32(q3, dtype::q3_k, 1), -120.0f);  // quant 0, high bit clear: 30·(−4)
+  EXPECT_EQ(load_as_f32(q3, dtype::q3_k, 176), 248.0f); // group 11: 2·(1 − 32)·(0 − 4)
+  EXPECT_EQ(dtype_bytes(dtype::q2_k, 512), 168u);
+  EXPECT_EQ(dtype_offset(dtype::q3_k, 768), 330u);
+  EXPECT_EQ(dtype_name(dtype::q2_k), "Q2_K");
+  EXPECT_EQ(dtype_name(dtype::q3_k), "Q3_K");
+  EXPECT_EQ(dtype_name(dtype::iq4_xs), "IQ4_XS");
+  EXPECT_EQ(dtype_bytes(dtype::iq4_xs, 512), 272u);
+  EXPECT_EQ(k_quant_group(dtype::iq4_xs), 32u);
+  EXPECT_TRUE(k_quant_signed(dtype::iq4_xs));
+  EXPECT_EQ(k_quant_group(dtype::q2_k), 16u);
+  EXPECT_TRUE(k_quant_signed(dtype::q3_k));
+  EXPECT_FALSE(k_quant_signed(dtype::q2_k));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // The instruction set is chosen once per process from LLMESH_ISA, so
 // Matmul.MatchesDotReferenceBitwiseOnEverySupportedIsa re-runs this binary's Matmul/Dot tests
 // once per supported level with LLMESH_ISA set (LLMESH_KERNELS_TEST_CHILD marks those runs).
+#include "k_quant_blocks.hpp"
 #include "test_seed.hpp"
 #include "llmesh/kernels/matmul.hpp"
 
@@ -31,7 +32,8 @@ constexpr float poison = std::numeric_limits<float>::quiet_NaN();
 constexpr uint16_t f16_nan = 0x7e00;
 constexpr uint16_t bf16_nan = 0x7fc0;
 
-constexpr dtype all_dtypes[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::q8, dtype::q4_k, dtype::q5_k, dtype::q6_k};
+constexpr dtype all_dtypes[] = {dtype::f32,  dtype::f16,  dtype::bf16, dtype::q8,   dtype::q2_k,
+                                 dtype::q3_k, dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::iq4_xs};
 constexpr size_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 constexpr size_t ns[] = {1, 5, 7, 13, 37};
 
@@ -94,7 +96,6 @@ size_t weight_ld(dtype t, size_t k, bool padded) {
 /// float16 values of mixed magnitude (NaN in the blocks past k).
 void fill_k_quant(weight_matrix& w, std::mt19937& rng) {
   const dtype t = w.type;
-  const size_t bb = dtype_block_bytes(t);
   w.q8.resize(dtype_bytes(t, w.n * w.ldw));
   std::uniform_int_distribution<int> byte(0, 255);
   for (auto& b : w.q8) b = static_cast<uint8_t>(byte(rng));
@@ -102,7 +103,7 @@ void fill_k_quant(weight_matrix& w, std::mt19937& rng) {
     for (size_t b = 0; b < w.ldw / k_block; ++b) {
       uint8_t* block = w.q8.data() + dtype_offset(t, j * w.ldw + b * k_block);
       const bool pad = b * k_block >= w.k;
-      for (size_t at : t == dtype::q6_k ? std::vector<size_t>{bb - 2} : std::vector<size_t>{0, 2}) {
+      for (size_t at : testing::k_quant_halves(t)) {
         const uint16_t d = pad ? f16_nan : f32_to_f16(random_value(rng) / 256.0f);
         std::memcpy(block + at, &d, 2);
       }
@@ -390,10 +391,13 @@ TEST(Matmul, RunsSeveralJobsInOneRegionLikeSeparateCalls) {
   problem q4 = make_problem(dtype::q4_k, 6, 9, 256, false, true, rng);
   problem q5 = make_problem(dtype::q5_k, 6, 8, 256, true, true, rng);
   problem q6 = make_problem(dtype::q6_k, 6, 7, 256, true, false, rng);
+  problem q2 = make_problem(dtype::q2_k, 5, 6, 512, true, true, rng);
+  problem q3 = make_problem(dtype::q3_k, 6, 10, 256, false, false, rng);
+  problem iq4 = make_problem(dtype::iq4_xs, 6, 12, 512, true, false, rng);
   k.x = q.x;
   v.x = q.x;
   i8.x = q.x;
-  std::vector<problem*> all = {&q, &k, &v, &i8, &q4, &q5, &q6};
+  std::vector<problem*> all = {&q, &k, &v, &i8, &q4, &q5, &q6, &q2, &q3, &iq4};
   std::vector<matmul_args> jobs;
   for (problem* p : all) jobs.push_back(p->args());
   ASSERT_TRUE(matmul(std::span<const matmul_args>(jobs), pool).ok());
@@ -446,7 +450,7 @@ TEST(Matmul, RejectsInvalidArguments) {
   a.ldw = 48;
   expect_invalid(a, "q8 ldw not a multiple of the block");
   // K-quant rows are whole super-blocks, and so is k (their rows hold no zero padding).
-  for (dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+  for (dtype t : testing::k_quant_types) {
     problem kq = make_problem(t, 3, 5, 256, true, false, rng);
     ASSERT_TRUE(matmul(kq.args(), pool).ok());
     a = kq.args();
@@ -500,7 +504,7 @@ TEST(Matmul, Q8ColumnSliceFromABlockBoundaryIsUsedInPlace) {
 
 TEST(Matmul, KQuantColumnSliceFromASuperBlockBoundaryIsUsedInPlace) {
   std::mt19937 rng(testing::test_seed(9));
-  for (dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+  for (dtype t : testing::k_quant_types) {
     expect_column_slices_in_place(t, 1024, {0, 256, 512}, {256, 512}, rng);
     if (::testing::Test::HasFatalFailure()) return;
   }

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "k_quant_blocks.hpp"
 #include "test_seed.hpp"
 
 namespace llmesh::kernels {
@@ -134,13 +135,13 @@ TEST(DequantizeRow, KQuantRowsAreLoadAsF32sValuesBitForBit) {
   // int8 and a rank's int8 slice start from gives the definition's floats, zeros' signs too.
   std::mt19937 rng(testing::test_seed(5));
   std::uniform_int_distribution<int> byte(0, 255), exponent(-14, 3);
-  for (dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+  for (dtype t : testing::k_quant_types) {
     const size_t bb = dtype_block_bytes(t), cols = 3 * k_block;
     std::vector<uint8_t> row(3 * bb);
     for (int trial = 0; trial < 100; ++trial) {
       for (auto& b : row) b = static_cast<uint8_t>(byte(rng));
       for (size_t blk = 0; blk < 3; ++blk) {
-        for (size_t at : t == dtype::q6_k ? std::vector<size_t>{208} : std::vector<size_t>{0, 2}) {
+        for (size_t at : testing::k_quant_halves(t)) {
           const float v = std::ldexp(byte(rng) < 128 ? -1.0f : 1.0f, exponent(rng));
           const uint16_t d = f32_to_f16(v);
           std::memcpy(row.data() + blk * bb + at, &d, 2);

@@ -139,8 +139,8 @@ TEST(GgufParse, RefusesWhatItCannotRead) {
   EXPECT_NE(msg(v1).find("GGUF version 1 (supported: 2, 3)"), std::string::npos) << msg(v1);
   EXPECT_NE(msg(ggml).find("not a GGUF file"), std::string::npos);
   gguf_writer q;
-  q.tensor("w", 10, {256, 2}, std::string(2 * 84, '\0'));  // Q2_K
-  EXPECT_NE(msg(q.bytes()).find("type Q2_K"), std::string::npos) << msg(q.bytes());
+  q.tensor("w", 21, {256, 2}, std::string(2 * 110, '\0'));  // IQ3_S
+  EXPECT_NE(msg(q.bytes()).find("type IQ3_S"), std::string::npos) << msg(q.bytes());
   gguf_writer rows;
   rows.tensor("w", 8, {48, 1}, std::string(68, '\0'));  // Q8_0 rows of 48: not whole blocks
   EXPECT_NE(msg(rows.bytes()).find("not whole blocks"), std::string::npos) << msg(rows.bytes());
@@ -290,8 +290,9 @@ TEST(GgufModel, LlamaQAndKRowsAreUnpermutedOthersKeptAsViews) {
   for (size_t r = 0; r < 8; ++r) EXPECT_EQ(row_of(l.o, r), static_cast<float>(r));
 }
 
-TEST(GgufModel, Q8_0BlocksAreTakenExactlyAndInt8KeepsThem) {
-  // One Q8_0 matrix: its values are d * q with d the block's float16 scale, bit for bit.
+TEST(GgufModel, Q8_0AndIq4NlBlocksAreTakenExactlyAndInt8KeepsThem) {
+  // One Q8_0 matrix: its values are d * q with d the block's float16 scale, bit for bit; one
+  // IQ4_NL matrix: d * iq4nl_values[index], likewise (both held as int8 blocks).
   temp_dir dir;
   gguf_writer w;  // hidden 32: whole Q8_0 rows
   llama_shape(w, 32, 1, 32, 2, 1);
@@ -300,6 +301,12 @@ TEST(GgufModel, Q8_0BlocksAreTakenExactlyAndInt8KeepsThem) {
   for (int r = 0; r < 32; ++r) {
     blocks.append(reinterpret_cast<const char*>(&d), 2);
     for (int j = 0; j < 32; ++j) blocks.push_back(static_cast<char>(static_cast<int8_t>((r * 7 + j * 13) % 255 - 127)));
+  }
+  std::string nl;  // IQ4_NL: d, then 16 bytes: element j's index the low nibble of byte j % 16, or the high (j ≥ 16)
+  auto nl_index = [](size_t r, size_t j) { return j < 16 ? (r + j) % 16 : (r * 3 + j) % 16; };
+  for (size_t r = 0; r < 32; ++r) {
+    nl.append(reinterpret_cast<const char*>(&d), 2);
+    for (size_t j = 0; j < 16; ++j) nl.push_back(static_cast<char>(nl_index(r, j) | nl_index(r, j + 16) << 4));
   }
   auto zeros = [](size_t n) { return std::vector<float>(n, 0.5f); };
   w.tensor_f32("token_embd.weight", {32, 8}, zeros(256));
@@ -311,7 +318,7 @@ TEST(GgufModel, Q8_0BlocksAreTakenExactlyAndInt8KeepsThem) {
   w.tensor_f32("blk.0.attn_v.weight", {32, 16}, zeros(512));
   w.tensor_f32("blk.0.attn_output.weight", {32, 32}, zeros(1024));
   w.tensor("blk.0.ffn_gate.weight", ggml::q8_0, {32, 32}, blocks);
-  w.tensor_f32("blk.0.ffn_up.weight", {32, 32}, zeros(1024));
+  w.tensor("blk.0.ffn_up.weight", ggml::iq4_nl, {32, 32}, nl);
   w.tensor_f32("blk.0.ffn_down.weight", {32, 32}, zeros(1024));
   const std::string path = write(w, dir, "q8.gguf");
   for (auto q : {quantization::none, quantization::int8}) {
@@ -325,30 +332,46 @@ TEST(GgufModel, Q8_0BlocksAreTakenExactlyAndInt8KeepsThem) {
         ASSERT_EQ(kernels::load_as_f32(g.data, g.type, r * 32 + j), static_cast<float>(qv) * kernels::f16_to_f32(d));
       }
     }
-    EXPECT_EQ((*loaded)->weights().layers[0].up.type, q == quantization::int8 ? kernels::dtype::q8 : kernels::dtype::f32);
+    const weight_matrix& u = (*loaded)->weights().layers[0].up;
+    ASSERT_EQ(u.type, kernels::dtype::q8);
+    for (size_t r = 0; r < 32; ++r) {
+      for (size_t j = 0; j < 32; ++j) {
+        const float want = static_cast<float>(kernels::iq4nl_values[nl_index(r, j)]) * kernels::f16_to_f32(d);
+        ASSERT_EQ(kernels::load_as_f32(u.data, u.type, r * 32 + j), want) << "row " << r << " col " << j;
+      }
+    }
   }
 }
 
-/// Random K-quant blocks for a [rows, cols] matrix: every byte random but the float16 scales,
-/// small enough that a forward pass stays finite.
+/// Random K-quant blocks for a [rows, cols] matrix: every byte random but the float16 factors
+/// (d, and dmin where the type has one), small enough that a forward pass stays finite.
 std::string k_quant_blocks(uint32_t type, size_t rows, size_t cols, std::mt19937& rng) {
-  const size_t bb = type == ggml::q4_k ? 144 : 210;
+  const size_t bb = ggml::block(type).bytes;
   std::string out(rows * cols / 256 * bb, '\0');
   std::uniform_int_distribution<int> byte(0, 255);
   for (auto& c : out) c = static_cast<char>(byte(rng));
+  struct halves {
+    size_t d, dmin;  // dmin == 0: none
+    float dv;
+  };
+  const halves h = type == ggml::q2_k   ? halves{80, 82, 0.002f}
+                   : type == ggml::q3_k ? halves{108, 0, 0.0005f}
+                   : type == ggml::q6_k ? halves{208, 0, 0.0001f}
+                   : type == ggml::iq4_xs ? halves{0, 0, 0.0001f}
+                                        : halves{0, 2, 0.002f};  // Q4_K
+  const uint16_t d = kernels::f32_to_f16(h.dv), dmin = kernels::f32_to_f16(0.001f);
   for (size_t b = 0; b < rows * cols / 256; ++b) {
     char* block = out.data() + b * bb;
-    const uint16_t d = kernels::f32_to_f16(type == ggml::q4_k ? 0.002f : 0.0001f), dmin = kernels::f32_to_f16(0.001f);
-    std::memcpy(block + (type == ggml::q4_k ? 0 : 208), &d, 2);
-    if (type == ggml::q4_k) std::memcpy(block + 2, &dmin, 2);
+    std::memcpy(block + h.d, &d, 2);
+    if (h.dmin != 0) std::memcpy(block + h.dmin, &dmin, 2);
   }
   return out;
 }
 
 TEST(GgufModel, KQuantMatricesAreReadInPlaceAndTpSlicesThatCutABlockBecomeInt8) {
-  // Q4_K / Q6_K matrices are held as the file's blocks (the kernels read them in place); at
-  // --tp 2 a rank's o_proj (128 of 256 columns) and down_proj (384 of 768) slices cut
-  // super-blocks, so each rank holds them as int8: the logits move by int8's rounding only.
+  // Q2_K / Q3_K / Q4_K / Q6_K / IQ4_XS matrices are held as the file's blocks (the kernels read them in
+  // place); at --tp 2 a rank's o_proj (128 of 256 columns) and down_proj (384 of 768) slices
+  // cut super-blocks, so each rank holds them as int8: the logits move by int8's rounding only.
   temp_dir dir;
   gguf_writer w;
   llama_shape(w, 256, 2, 768, 4, 2);
@@ -364,9 +387,9 @@ TEST(GgufModel, KQuantMatricesAreReadInPlaceAndTpSlicesThatCutABlockBecomeInt8) 
     const std::string b = "blk." + std::to_string(l) + ".";
     w.tensor_f32(b + "attn_norm.weight", {256}, ones);
     w.tensor_f32(b + "ffn_norm.weight", {256}, ones);
-    for (auto [name, type, cols, rows] : {std::tuple{"attn_q.weight", ggml::q4_k, 256, 256}, {"attn_k.weight", ggml::q4_k, 256, 128},
+    for (auto [name, type, cols, rows] : {std::tuple{"attn_q.weight", ggml::iq4_xs, 256, 256}, {"attn_k.weight", ggml::q3_k, 256, 128},
                                           {"attn_v.weight", ggml::q6_k, 256, 128}, {"attn_output.weight", ggml::q4_k, 256, 256},
-                                          {"ffn_gate.weight", ggml::q4_k, 256, 768}, {"ffn_up.weight", ggml::q4_k, 256, 768},
+                                          {"ffn_gate.weight", ggml::q4_k, 256, 768}, {"ffn_up.weight", ggml::q2_k, 256, 768},
                                           {"ffn_down.weight", ggml::q6_k, 768, 256}}) {
       bytes[b + name] = k_quant_blocks(type, rows, cols, rng);
       w.tensor(b + name, type, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}, bytes[b + name]);
@@ -378,21 +401,24 @@ TEST(GgufModel, KQuantMatricesAreReadInPlaceAndTpSlicesThatCutABlockBecomeInt8) 
   const std::string path = write(w, dir, "kq.gguf");
   auto m = model::load(path);
   ASSERT_TRUE(m.ok()) << m.err().message;
-  EXPECT_EQ((*m)->quantized_weights(), "Q4_K+Q6_K");
+  EXPECT_EQ((*m)->quantized_weights(), "Q2_K+Q3_K+Q4_K+Q6_K+IQ4_XS");
   const auto& l1 = (*m)->weights().layers[1];
+  EXPECT_EQ(l1.k.type, kernels::dtype::q3_k);
+  EXPECT_EQ(l1.up.type, kernels::dtype::q2_k);
   EXPECT_EQ(l1.v.type, kernels::dtype::q6_k);
   EXPECT_EQ(l1.o.type, kernels::dtype::q4_k);
   EXPECT_EQ(l1.down.type, kernels::dtype::q6_k);
   // Not a permuted matrix (v, o, gate, up, down): the file's bytes, not a copy of them.
   EXPECT_EQ(std::memcmp(l1.down.data, bytes["blk.1.ffn_down.weight"].data(), bytes["blk.1.ffn_down.weight"].size()), 0);
   EXPECT_EQ(std::memcmp(l1.gate.data, bytes["blk.1.ffn_gate.weight"].data(), bytes["blk.1.ffn_gate.weight"].size()), 0);
+  EXPECT_EQ(std::memcmp(l1.up.data, bytes["blk.1.ffn_up.weight"].data(), bytes["blk.1.ffn_up.weight"].size()), 0);
   // q and k rows are un-permuted whole rows: row r of HF's q is the file's row 2j + s of its head.
   const auto& q1 = l1.q;
-  ASSERT_EQ(q1.type, kernels::dtype::q4_k);
+  ASSERT_EQ(q1.type, kernels::dtype::iq4_xs);
   const std::string& file_q = bytes["blk.1.attn_q.weight"];
   for (size_t r : {0, 1, 31, 32, 63, 64, 255}) {
     const size_t hd = 64, h = r / hd, i = r % hd, src = h * hd + 2 * (i % 32) + i / 32;
-    EXPECT_EQ(std::memcmp(static_cast<const char*>(q1.data) + r * 144, file_q.data() + src * 144, 144), 0) << "row " << r;
+    EXPECT_EQ(std::memcmp(static_cast<const char*>(q1.data) + r * 136, file_q.data() + src * 136, 136), 0) << "row " << r;
   }
 
   auto logits_at = [&](int tp) {

@@ -7,7 +7,8 @@ Needs python3 with numpy and torch (Debian: python3-numpy python3-torch; llama_r
 safetensors reader is reused).
 
 Usage:
-  python3 hf_to_gguf.py --model DIR --out FILE.gguf --types f32|f16|bf16|q8_0|mixed|q4_k_m|q5_k_m [--decoded DIR2]
+  python3 hf_to_gguf.py --model DIR --out FILE.gguf
+      --types f32|f16|bf16|q8_0|mixed|q2_k|q3_k_m|q4_k_m|q5_k_m|iq4_xs|iq4_nl [--decoded DIR2]
 
 What llama.cpp's converter does and this script repeats: GGUF v3; metadata {arch}.* as u32 and
 f32, tokenizer.ggml.* from tokenizer.json (tokens in id order, special added tokens of type 3,
@@ -21,7 +22,14 @@ the matrices Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K in turn (the embedding 
 file exercises every block format llmesh reads; "q4_k_m" and "q5_k_m" follow llama.cpp's Q4_K_M
 and Q5_K_M recipes (Q4_K / Q5_K matrices and embedding; Q6_K for output.weight and for attn_v
 and ffn_down in the layers its use_more_bits picks: the first and last eighth and every third
-between). The Q*_0/Q*_1 and Q8_0 blocks are made as
+between); "q3_k_m" and "q2_k" follow llama.cpp's Q3_K_M and Q2_K recipes for a dense model (Q3_K /
+Q2_K matrices and embedding; output.weight Q6_K; Q3_K_M: attn_v Q5_K in layers 0-1 and Q4_K
+after, attn_output Q4_K, ffn_down Q5_K in the first sixteenth of the layers and Q4_K after;
+Q2_K: attn_v Q4_K with 4 or more query heads per KV head (else Q3_K), attn_output and
+ffn_down Q3_K); "iq4_xs" and "iq4_nl" follow llama.cpp's IQ4_XS / IQ4_NL without an importance
+matrix (attn_v Q5_K with 4 or more query heads per KV head, ffn_down Q5_K in the first eighth
+of the layers, output.weight Q6_K; a K type whose rows are not whole super-blocks becomes
+Q8_0). The Q*_0/Q*_1 and Q8_0 blocks are made as
 ggml's reference quantizers make them; the K-quant blocks by a simpler search (any valid block
 decodes the same way). --decoded writes what the file's blocks decode to (ggml-quants.c's
 dequantize_row_*, re-implemented from the block layouts), un-permuted, as F32 safetensors,
@@ -41,9 +49,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 from llama_reference import Weights  # noqa: E402
 
-GGML = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_k": 12, "q5_k": 13,
-        "q6_k": 14, "bf16": 30}
-BLOCK = {"q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}
+GGML = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q2_k": 10, "q3_k": 11,
+        "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_nl": 20, "iq4_xs": 23, "bf16": 30}
+BLOCK = {"q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32, "q2_k": 256, "q3_k": 256, "q4_k": 256,
+         "q5_k": 256, "q6_k": 256, "iq4_nl": 32, "iq4_xs": 256}
+K_QUANTS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
+IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)  # kvalues_iq4nl
 F32 = np.float32
 
 
@@ -207,6 +218,58 @@ def decode_block(kind, b):
                         v += 16
                     y[64 * c + 32 * half_index + l] = d * F32(sc) * F32(v) - dmin * F32(mn)
         return y
+    if kind == "iq4_nl":  # ggml's dequantize_row_iq4_nl
+        d, qs = half(b, 0), np.frombuffer(b, np.uint8, 16, 2)
+        for j in range(16):
+            y[j] = d * F32(IQ4NL[qs[j] & 15])
+            y[j + 16] = d * F32(IQ4NL[qs[j] >> 4])
+        return y
+    if kind == "iq4_xs":  # ggml's dequantize_row_iq4_xs
+        d = half(b, 0)
+        scales_h = struct.unpack_from("<H", b, 2)[0]
+        scales_l = np.frombuffer(b, np.uint8, 4, 4)
+        qs = np.frombuffer(b, np.uint8, 128, 8)
+        for ib in range(8):
+            ls = ((int(scales_l[ib // 2]) >> 4 * (ib % 2)) & 15) | (((scales_h >> 2 * ib) & 3) << 4)
+            dl = d * F32(ls - 32)
+            for j in range(16):
+                y[32 * ib + j] = dl * F32(IQ4NL[qs[16 * ib + j] & 15])
+                y[32 * ib + j + 16] = dl * F32(IQ4NL[qs[16 * ib + j] >> 4])
+        return y
+    if kind == "q2_k":  # ggml's dequantize_row_q2_K
+        sc = np.frombuffer(b, np.uint8, 16, 0)
+        q = np.frombuffer(b, np.uint8, 64, 16)
+        d, dmin = half(b, 80), half(b, 82)
+        out, is_ = [], 0
+        for n in range(2):
+            for j in range(4):
+                for part in range(2):
+                    dl, ml = d * F32(sc[is_] & 15), dmin * F32(sc[is_] >> 4)
+                    is_ += 1
+                    for l in range(16):
+                        out.append(dl * F32((q[32 * n + 16 * part + l] >> (2 * j)) & 3) - ml)
+        return np.array(out, F32)
+    if kind == "q3_k":  # ggml's dequantize_row_q3_K, its scales unpacked with its 32-bit masks
+        hm = np.frombuffer(b, np.uint8, 32, 0)
+        q = np.frombuffer(b, np.uint8, 64, 32)
+        aux = list(struct.unpack_from("<3I", b, 96))
+        tmp = aux[2]
+        k1, k2 = 0x03030303, 0x0F0F0F0F
+        aux = [(aux[0] & k2) | ((tmp & k1) << 4), (aux[1] & k2) | (((tmp >> 2) & k1) << 4),
+               ((aux[0] >> 4) & k2) | (((tmp >> 4) & k1) << 4), ((aux[1] >> 4) & k2) | (((tmp >> 6) & k1) << 4)]
+        scales = np.frombuffer(struct.pack("<4I", *aux), np.int8)
+        d = half(b, 108)
+        out, is_, m = [], 0, 1
+        for n in range(2):
+            for j in range(4):
+                for part in range(2):
+                    dl = d * F32(int(scales[is_]) - 32)
+                    is_ += 1
+                    for l in range(16):
+                        i = 16 * part + l
+                        out.append(dl * F32(int((q[32 * n + i] >> (2 * j)) & 3) - (0 if hm[i] & m else 4)))
+                m <<= 1
+        return np.array(out, F32)
     if kind == "q6_k":
         ql = np.frombuffer(b, np.uint8, 128, 0)
         qh = np.frombuffer(b, np.uint8, 64, 128)
@@ -242,6 +305,51 @@ def encode_k_blocks(kind, w):
         safe = np.where(b != 0, b, F32(1)).astype(F32)
         return np.where(b != 0, np.clip(np.round(a / safe), lo, top), 0)
 
+    def two_bits(q):  # q[n, 256] of 0-3: bits 2j, 2j+1 of byte 32h + l hold element 128h + 32j + l
+        qs = np.zeros((n, 64), np.uint8)
+        for h in range(2):
+            for j in range(4):
+                qs[:, 32 * h:32 * h + 32] |= q[:, 128 * h + 32 * j:128 * h + 32 * j + 32] << (2 * j)
+        return qs
+
+    if kind == "q2_k":  # per 16: q in 0-3, scale and min 4 bits each
+        sub = x.reshape(n, 16, 16)
+        mins = np.minimum(F32(0), sub.min(axis=2))
+        scales = ((sub.max(axis=2) - mins) / F32(3)).astype(F32)
+        d, dmin = f16(scales.max(axis=1) / F32(15)), f16(-mins.min(axis=1) / F32(15))
+        sc = ratio(scales, d[:, None], 15).astype(np.uint8)
+        mn = ratio(-mins, dmin[:, None], 15).astype(np.uint8)
+        step = (d[:, None] * sc.astype(F32)).astype(F32)
+        low = (dmin[:, None] * mn.astype(F32)).astype(F32)
+        q = ratio((sub + low[:, :, None]).astype(F32), step[:, :, None], 3).astype(np.uint8).reshape(n, 256)
+        out = np.zeros(n, dtype=[("s", "u1", 16), ("qs", "u1", 64), ("d", "<f2"), ("dmin", "<f2")])
+        out["s"], out["qs"] = sc | mn << 4, two_bits(q)
+        out["d"], out["dmin"] = d.astype(np.float16), dmin.astype(np.float16)
+        back = step[:, :, None] * q.reshape(n, 16, 16).astype(F32) - low[:, :, None]
+        return out.tobytes(), back.astype(F32).reshape(w.shape)
+    if kind == "q3_k":  # per 16: q in -4..3, the largest magnitude at -4 (ggml's sign choice); scales 6-bit signed
+        sub = x.reshape(n, 16, 16)
+        big = np.take_along_axis(sub, np.abs(sub).argmax(axis=2)[:, :, None], 2)[:, :, 0]
+        scales = (big / F32(-4)).astype(F32)
+        top = scales[np.arange(n), np.abs(scales).argmax(axis=1)]
+        d = f16(top / F32(-32))
+        sc = ratio(scales, d[:, None], 31, -32).astype(np.int32)
+        step = (d[:, None] * sc.astype(F32)).astype(F32)
+        q = ratio(sub, step[:, :, None], 3, -4).astype(np.int32).reshape(n, 256)
+        u = (q + 4).astype(np.uint8)
+        hmask = np.zeros((n, 32), np.uint8)
+        for h in range(2):
+            for j in range(4):
+                hmask |= (u[:, 128 * h + 32 * j:128 * h + 32 * j + 32] >> 2) << (4 * h + j)
+        v = (sc + 32).astype(np.uint8)
+        packed = np.zeros((n, 12), np.uint8)
+        for g in range(16):
+            packed[:, g % 8] |= (v[:, g] & 15) << (4 * (g // 8))
+            packed[:, 8 + g % 4] |= (v[:, g] >> 4) << (2 * (g // 4))
+        out = np.zeros(n, dtype=[("hm", "u1", 32), ("qs", "u1", 64), ("s", "u1", 12), ("d", "<f2")])
+        out["hm"], out["qs"], out["s"], out["d"] = hmask, two_bits(u & 3), packed, d.astype(np.float16)
+        back = step[:, :, None] * q.reshape(n, 16, 16).astype(F32)
+        return out.tobytes(), back.astype(F32).reshape(w.shape)
     if kind in ("q4_k", "q5_k"):
         top = 15 if kind == "q4_k" else 31
         sub = x.reshape(n, 8, 32)
@@ -291,6 +399,47 @@ def encode_k_blocks(kind, w):
     return out.tobytes(), back.astype(F32).reshape(w.shape)
 
 
+def encode_iq4(kind, w):
+    """IQ4_NL (blocks of 32: f16 d, 16 index bytes) or IQ4_XS (super-blocks of 256: f16 d, u16
+    scales_h, scales_l[4], 128 index bytes; a 6-bit scale per 32) over w, and what they decode
+    to. Each 32's largest magnitude lands on -127 (ggml's first try); every element then takes
+    the nearest of the 16 values."""
+    x = w.astype(F32).reshape(-1, 32)
+    big = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], 1)[:, 0]
+    scale = (big / F32(-127)).astype(F32)
+    if kind == "iq4_nl":
+        dl = f16(scale)
+        d = dl
+    else:
+        s = scale.reshape(-1, 8)
+        top = s[np.arange(len(s)), np.abs(s).argmax(axis=1)]
+        d = f16(top / F32(-32))
+        safe = np.where(d != 0, d, F32(1)).astype(F32)
+        ls = np.where(d[:, None] != 0, np.clip(np.round(s / safe[:, None]), -32, 31), 0).astype(np.int32)
+        dl = (d[:, None] * ls.astype(F32)).astype(F32).reshape(-1)
+    idx = np.zeros(x.shape, np.uint8)
+    values = IQ4NL.astype(F32)
+    for c in range(0, len(x), 4096):  # nearest value, in chunks (16 candidates per weight)
+        err = np.abs(x[c:c + 4096, :, None] - dl[c:c + 4096, None, None] * values)
+        idx[c:c + 4096] = err.argmin(axis=2)
+    back = (dl[:, None] * values[idx]).astype(F32)
+    qs = idx[:, :16] | idx[:, 16:] << 4
+    if kind == "iq4_nl":
+        out = np.zeros(len(x), dtype=[("d", "<f2"), ("qs", "u1", 16)])
+        out["d"], out["qs"] = d.astype(np.float16), qs
+        return out.tobytes(), back.reshape(w.shape)
+    n = len(d)
+    u = (ls + 32).astype(np.uint32)
+    scales_h = np.zeros(n, np.uint32)
+    scales_l = np.zeros((n, 4), np.uint8)
+    for ib in range(8):
+        scales_h |= (u[:, ib] >> 4) << (2 * ib)
+        scales_l[:, ib // 2] |= ((u[:, ib] & 15) << (4 * (ib % 2))).astype(np.uint8)
+    out = np.zeros(n, dtype=[("d", "<f2"), ("sh", "<u2"), ("sl", "u1", 4), ("qs", "u1", 128)])
+    out["d"], out["sh"], out["sl"], out["qs"] = d.astype(np.float16), scales_h.astype(np.uint16), scales_l, qs.reshape(n, 128)
+    return out.tobytes(), back.reshape(w.shape)
+
+
 def encode_tensor(kind, w):
     """Bytes of w (float32 ndarray) in `kind`, and what they decode to."""
     if kind == "f32":
@@ -311,7 +460,9 @@ def encode_tensor(kind, w):
         packed["d"], packed["q"] = d.astype(np.float16), q
         back = q.astype(F32) * packed["d"].astype(F32)[:, None]
         return packed.tobytes(), back.reshape(w.shape)
-    if kind in ("q4_k", "q5_k", "q6_k"):  # vectorized over blocks: the same arithmetic as encode_block / decode_block
+    if kind in ("iq4_nl", "iq4_xs"):
+        return encode_iq4(kind, w)
+    if kind in K_QUANTS:  # vectorized over blocks: the same arithmetic as encode_block / decode_block
         return encode_k_blocks(kind, w.astype(F32))
     blk = BLOCK[kind]
     rows = w.reshape(-1, w.shape[-1])
@@ -328,7 +479,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--types", choices=("f32", "f16", "bf16", "q8_0", "mixed", "q4_k_m", "q5_k_m"), required=True)
+    ap.add_argument("--types", choices=("f32", "f16", "bf16", "q8_0", "mixed", "q2_k", "q3_k_m", "q4_k_m", "q5_k_m",
+                                                "iq4_xs", "iq4_nl"),
+                    required=True)
     ap.add_argument("--decoded", help="write the decoded HF float32 model here")
     args = ap.parse_args()
 
@@ -388,9 +541,39 @@ def main():
     def use_more_bits(i):  # llama.cpp's choice of the Q4_K_M layers that get Q6_K
         return i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2
 
+    def recipe_2_3(gguf_name):  # llama.cpp's llama_tensor_get_type for Q2_K and Q3_K_M (a dense model)
+        layer = int(gguf_name.split(".")[1]) if gguf_name.startswith("blk.") else -1
+        q2 = args.types == "q2_k"
+        if gguf_name == "output.weight":
+            return "q6_k"
+        if gguf_name.endswith("attn_v.weight"):
+            if q2:
+                return "q4_k" if heads // kv >= 4 else "q3_k"
+            return "q5_k" if layer < 2 else "q4_k"
+        if gguf_name.endswith("ffn_down.weight"):
+            return "q3_k" if q2 else ("q5_k" if layer < layers // 16 else "q4_k")
+        if gguf_name.endswith("attn_output.weight"):
+            return "q3_k" if q2 else "q4_k"
+        return "q2_k" if q2 else "q3_k"
+
+    def recipe_iq4(gguf_name):  # llama.cpp's IQ4_XS / IQ4_NL without an importance matrix
+        if gguf_name == "output.weight":
+            return "q6_k"
+        if gguf_name.endswith("attn_v.weight") and heads // kv >= 4:
+            return "q5_k"
+        if gguf_name.endswith("ffn_down.weight") and int(gguf_name.split(".")[1]) < layers // 8:
+            return "q5_k"
+        return args.types
+
     def kind_for(shape, gguf_name=""):
         if len(shape) == 1:
             return "f32"
+        if args.types in ("iq4_xs", "iq4_nl"):
+            k = recipe_iq4(gguf_name)
+            return k if shape[-1] % BLOCK[k] == 0 else "q8_0"
+        if args.types in ("q2_k", "q3_k_m"):
+            k = recipe_2_3(gguf_name)
+            return k if shape[-1] % BLOCK[k] == 0 else "q8_0"
         if args.types in ("q4_k_m", "q5_k_m"):
             k = args.types[:4]
             if gguf_name == "output.weight":

@@ -13,13 +13,13 @@ namespace llmesh::kernels {
 /// each row is cut into blocks of q8_block consecutive elements, each stored as a float32
 /// scale followed by q8_block int8 values (like llama.cpp's Q8_0, whose scale is float16);
 /// element value = float(q) * scale, one IEEE multiply. Rows are padded to whole blocks.
-/// q4_k, q5_k and q6_k are llama.cpp's Q4_K, Q5_K and Q6_K super-blocks of 256 elements, read
-/// in place from a GGUF file (layouts at k_quant_value below); a row is whole super-blocks.
-/// Every element decodes to one float32 exactly as ggml's dequantize_row_q4_K / _q5_K / _q6_K
-/// computes it,
-/// and the kernels multiply those floats in the canonical order, so block types keep every
-/// invariance of the plain ones.
-enum class dtype : uint8_t { f32, f16, bf16, q8, q4_k, q5_k, q6_k };
+/// q2_k, q3_k, q4_k, q5_k and q6_k are llama.cpp's K-quants and iq4_xs its IQ4_XS, super-blocks
+/// of 256 elements read in place from a GGUF file (layouts at k_quant_value below; "K-quant"
+/// below includes iq4_xs); a row is whole super-blocks. Every element decodes to one float32
+/// exactly as ggml's dequantize_row_q2_K ... _q6_K / _iq4_xs computes it, and the kernels
+/// multiply those floats in the canonical order, so block types keep every invariance of the
+/// plain ones. (Types are appended: the values are stable.)
+enum class dtype : uint8_t { f32, f16, bf16, q8, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_xs };
 
 inline constexpr size_t q8_block = 32;                      ///< elements per q8 block
 inline constexpr size_t q8_block_bytes = 4 + q8_block;      ///< scale + values
@@ -27,10 +27,22 @@ inline constexpr size_t k_block = 256;                      ///< elements per K-
 inline constexpr size_t q4_k_block_bytes = 144;             ///< d, dmin (f16), 12 scale bytes, 128 nibble bytes
 inline constexpr size_t q5_k_block_bytes = 176;             ///< Q4_K's, with 32 bytes of fifth bits before the nibbles
 inline constexpr size_t q6_k_block_bytes = 210;             ///< 128 low-nibble, 64 high-bit, 16 scale bytes, d
+inline constexpr size_t q2_k_block_bytes = 84;              ///< 16 scale/min bytes, 64 quant bytes, d, dmin
+inline constexpr size_t q3_k_block_bytes = 110;             ///< 32 high-bit, 64 quant bytes, 12 scale bytes, d
+inline constexpr size_t iq4_xs_block_bytes = 136;           ///< d, 2 + 4 scale bytes, 128 index nibble bytes
+
+/// ggml's kvalues_iq4nl: the 16 values an IQ4_NL / IQ4_XS 4-bit index stands for.
+inline constexpr int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 /// Elements per block: 1 for the plain types.
 constexpr size_t dtype_block(dtype t) {
-  return t == dtype::q8 ? q8_block : (t == dtype::q4_k || t == dtype::q5_k || t == dtype::q6_k ? k_block : 1);
+  switch (t) {
+    case dtype::f32: case dtype::f16: case dtype::bf16: return 1;
+    case dtype::q8: return q8_block;
+    case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k: case dtype::iq4_xs:
+      return k_block;
+  }
+  return 1;
 }
 
 /// Bytes per block (per element for the plain types).
@@ -42,15 +54,26 @@ constexpr size_t dtype_block_bytes(dtype t) {
     case dtype::q4_k: return q4_k_block_bytes;
     case dtype::q5_k: return q5_k_block_bytes;
     case dtype::q6_k: return q6_k_block_bytes;
+    case dtype::q2_k: return q2_k_block_bytes;
+    case dtype::q3_k: return q3_k_block_bytes;
+    case dtype::iq4_xs: return iq4_xs_block_bytes;
   }
   return 0;
 }
 
-/// Whether t is a block type (q8, q4_k, q5_k, q6_k): weights only, CPU only.
+/// Whether t is a block type (q8 or a K-quant): weights only, CPU only.
 constexpr bool is_quantized(dtype t) { return dtype_block(t) > 1; }
 
-/// Whether t is one of the K-quants (q4_k, q5_k, q6_k): 256-element super-blocks.
+/// Whether t is one of the K-quants (q2_k ... q6_k, iq4_xs): 256-element super-blocks.
 constexpr bool is_k_quant(dtype t) { return dtype_block(t) == k_block; }
+
+/// Elements per K-quant group sharing one factor (and min): 32 for q4_k, q5_k and iq4_xs, 16
+/// for the others.
+constexpr size_t k_quant_group(dtype t) { return t == dtype::q4_k || t == dtype::q5_k || t == dtype::iq4_xs ? 32 : 16; }
+
+/// Whether a K-quant's quants are signed and it has no min (q3_k, q6_k, iq4_xs: value = f·q);
+/// the others' are unsigned with a min (value = f·q − m).
+constexpr bool k_quant_signed(dtype t) { return t == dtype::q3_k || t == dtype::q6_k || t == dtype::iq4_xs; }
 
 /// Bytes per element of the plain types; for q8, the int8 value only (its block's scale is
 /// extra); 1 for the K-quants (a bound: they hold fewer): sizes and offsets of block data go
@@ -74,7 +97,7 @@ constexpr size_t dtype_bytes(dtype t, size_t n) {
 }
 
 /// Safetensors spelling ("F32", "F16", "BF16"); "Q8" for q8, which no file holds; ggml's
-/// "Q4_K", "Q5_K" and "Q6_K".
+/// "Q2_K" ... "Q6_K", "IQ4_XS".
 constexpr std::string_view dtype_name(dtype t) {
   switch (t) {
     case dtype::f32: return "F32";
@@ -84,6 +107,9 @@ constexpr std::string_view dtype_name(dtype t) {
     case dtype::q4_k: return "Q4_K";
     case dtype::q5_k: return "Q5_K";
     case dtype::q6_k: return "Q6_K";
+    case dtype::q2_k: return "Q2_K";
+    case dtype::q3_k: return "Q3_K";
+    case dtype::iq4_xs: return "IQ4_XS";
   }
   return "?";
 }
@@ -152,6 +178,32 @@ inline uint16_t f32_to_f16(float f) {
   return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
 }
 
+// The layouts (ggml-common.h's block_q2_K ... block_q6_K). In each, element e of the 256 sits
+// in half n = e / 128, chunk j = (e % 128) / 32, lane l = e % 32.
+// Q2_K (84 bytes): scales[16] (low nibble: the factor's scale, high: the min's, one pair per
+// 16 elements), qs[64], f16 d, f16 dmin; quant = bits 2j, 2j+1 of qs[32n + l] (0-3);
+// factor d·(s & 15), min dmin·(s >> 4).
+// Q3_K (110 bytes): hmask[32], qs[64], 12 bytes of 6-bit scales (one per 16 elements), f16 d;
+// quant = bits 2j, 2j+1 of qs[32n + l], minus 4 where bit 4n + j of hmask[l] is clear (−4-3);
+// factor d·(scale − 32).
+// Q4_K (144 bytes): f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of
+// 32, then 128 bytes: each 64 elements take 32 bytes, the first 32 elements their low
+// nibbles, the next 32 their high nibbles; factor d·sc, min dmin·m.
+// Q5_K (176 bytes): Q4_K's d, dmin and scales, then qh[32], then Q4_K's 128 nibble bytes;
+// element e's fifth bit (value 16) is bit 2·(e / 64) + (e % 64 ≥ 32) of qh[e % 32].
+// Q6_K (210 bytes): ql[128], qh[64], int8 scales[16] (one per 16 elements), f16 d; element
+// 32j + l of half n takes the low (j < 2) or high (j ≥ 2) nibble of ql[64n + 32·(j % 2) + l]
+// and bits 2j, 2j+1 of qh[32n + l] as its bits 4-5, minus 32 (−32-31); factor d·scale.
+// IQ4_XS (136 bytes): f16 d, u16 scales_h, scales_l[4], qs[128]; sub-block s (of 32) has the
+// 6-bit scale (low nibble s % 2 of scales_l[s / 2]) | (bits 2s, 2s+1 of scales_h) << 4 and
+// factor d·(scale − 32); its element i takes the low (i < 16) or high nibble of
+// qs[16s + i % 16] as an index into iq4nl_values (−127-113).
+// Value = factor·quant − min (no min for the signed Q3_K, Q6_K and IQ4_XS: factor·quant). A
+// float16 has 11 significant bits, a scale at most 7 (Q6_K's int8), a quant at most 5 (Q6_K's
+// −32-31; powers of two count one), or IQ4_XS's scale at most 5 and value at most 7:
+// factor·quant is exact in float32 (≤ 23 bits), so the one rounding is the subtraction's (none
+// for the signed types), as in ggml's loops.
+
 /// The 6-bit scale and min of sub-block j (of 32 elements) of a Q4_K or Q5_K super-block's 12
 /// scale bytes (ggml's get_scale_min_k4).
 inline void q4_k_scale_min(size_t j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
@@ -164,37 +216,76 @@ inline void q4_k_scale_min(size_t j, const uint8_t* q, uint8_t& sc, uint8_t& m) 
   }
 }
 
-/// Element e (< 256) of one K-quant super-block, as ggml decodes it.
-/// Q4_K (144 bytes): f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of
-/// 32, then 128 bytes: each 64 elements take 32 bytes, the first 32 elements their low
-/// nibbles, the next 32 their high nibbles. Value = d·sc·q − dmin·m: (d·sc)·q is exact in
-/// float32 (11 + 6 + 4 significant bits), so the one rounding is the subtraction's.
-/// Q5_K (176 bytes): Q4_K's d, dmin and scales, then qh[32], then Q4_K's 128 nibble bytes;
-/// element e's fifth bit (value 16) is bit 2·(e / 64) + (e % 64 ≥ 32) of qh[e % 32]; value as
-/// Q4_K's with q < 32 (11 + 6 + 5 bits: (d·sc)·q still exact).
-/// Q6_K (210 bytes): ql[128], qh[64], int8 scales[16] (one per 16 elements: scale index e/16),
-/// f16 d. In each half of 128 elements, element 32·s + l (s < 4, l < 32) takes the low (s < 2)
-/// or high (s ≥ 2) nibble of ql[64·half + 32·(s % 2) + l] and bits 2s, 2s+1 of qh[32·half + l]
-/// as its bits 4-5; value = (d·scale)·(q − 32), d·scale exact, the product rounded once.
-inline float k_quant_value(const uint8_t* b, dtype t, size_t e) {
-  if (t == dtype::q4_k || t == dtype::q5_k) {
-    uint8_t sc, m;
-    q4_k_scale_min(e / 32, b + 4, sc, m);
-    uint16_t d, dmin;
-    std::memcpy(&d, b, 2);
-    std::memcpy(&dmin, b + 2, 2);
-    const bool five = t == dtype::q5_k;
-    const uint8_t byte = b[(five ? 48 : 16) + (e / 64) * 32 + e % 32];
-    int q = e % 64 < 32 ? (byte & 0xF) : (byte >> 4);
-    if (five) q |= ((b[16 + e % 32] >> (2 * (e / 64) + (e % 64 < 32 ? 0 : 1))) & 1) << 4;
-    return f16_to_f32(d) * static_cast<float>(sc) * static_cast<float>(q) - f16_to_f32(dmin) * static_cast<float>(m);
+/// Scale g (< 16) of a Q3_K super-block's 12 scale bytes, 0-63 (ggml unpacks them with 32-bit
+/// masks: low nibbles from bytes 0-7, high two bits from bytes 8-11).
+inline int q3_k_scale(size_t g, const uint8_t* s) {
+  const int low = g < 8 ? s[g] & 0xF : s[g - 8] >> 4;
+  return low | (((s[8 + g % 4] >> (2 * (g / 4))) & 3) << 4);
+}
+
+/// The factor and min (0 for the signed types) of group g (elements [g·G, (g+1)·G) with
+/// G = k_quant_group(t)) of the K-quant super-block at b.
+inline void k_quant_factor(const uint8_t* b, dtype t, size_t g, float& f, float& m) {
+  auto half = [b](size_t at) {
+    uint16_t h;
+    std::memcpy(&h, b + at, 2);
+    return f16_to_f32(h);
+  };
+  m = 0.0f;
+  switch (t) {
+    case dtype::q2_k:
+      f = half(80) * static_cast<float>(b[g] & 0xF);
+      m = half(82) * static_cast<float>(b[g] >> 4);
+      return;
+    case dtype::q3_k: f = half(108) * static_cast<float>(q3_k_scale(g, b + 96) - 32); return;
+    case dtype::q4_k: case dtype::q5_k: {
+      uint8_t sc, mn;
+      q4_k_scale_min(g, b + 4, sc, mn);
+      f = half(0) * static_cast<float>(sc);
+      m = half(2) * static_cast<float>(mn);
+      return;
+    }
+    case dtype::q6_k: f = half(208) * static_cast<float>(static_cast<int8_t>(b[192 + g])); return;
+    case dtype::iq4_xs: {
+      const int scale = ((b[4 + g / 2] >> (4 * (g % 2))) & 0xF) | ((((b[2] | b[3] << 8) >> (2 * g)) & 3) << 4);
+      f = half(0) * static_cast<float>(scale - 32);
+      return;
+    }
+    default: f = 0.0f; return;
   }
-  const size_t half = e / 128, s = (e % 128) / 32, l = e % 32;
-  const uint8_t lo = b[64 * half + 32 * (s % 2) + l];
-  const int q = ((s < 2 ? lo & 0xF : lo >> 4) | (((b[128 + 32 * half + l] >> (2 * s)) & 3) << 4)) - 32;
-  uint16_t d;
-  std::memcpy(&d, b + 208, 2);
-  return f16_to_f32(d) * static_cast<float>(static_cast<int8_t>(b[192 + e / 16])) * static_cast<float>(q);
+}
+
+/// The quant of element e (< 256) of the K-quant super-block at b (signed for q3_k and q6_k).
+inline int k_quant_q(const uint8_t* b, dtype t, size_t e) {
+  const size_t n = e / 128, j = (e % 128) / 32, l = e % 32;
+  switch (t) {
+    case dtype::q2_k: return (b[16 + 32 * n + l] >> (2 * j)) & 3;
+    case dtype::q3_k: return ((b[32 + 32 * n + l] >> (2 * j)) & 3) - (((b[l] >> (4 * n + j)) & 1) ? 0 : 4);
+    case dtype::q4_k: case dtype::q5_k: {
+      const bool five = t == dtype::q5_k;
+      const uint8_t byte = b[(five ? 48 : 16) + (e / 64) * 32 + l];
+      int q = e % 64 < 32 ? (byte & 0xF) : (byte >> 4);
+      if (five) q |= ((b[16 + l] >> (2 * (e / 64) + (e % 64 < 32 ? 0 : 1))) & 1) << 4;
+      return q;
+    }
+    case dtype::q6_k: {
+      const uint8_t lo = b[64 * n + 32 * (j % 2) + l];
+      return ((j < 2 ? lo & 0xF : lo >> 4) | (((b[128 + 32 * n + l] >> (2 * j)) & 3) << 4)) - 32;
+    }
+    case dtype::iq4_xs: {
+      const uint8_t byte = b[8 + 16 * (e / 32) + e % 16];
+      return iq4nl_values[e % 32 < 16 ? byte & 0xF : byte >> 4];
+    }
+    default: return 0;
+  }
+}
+
+/// Element e (< 256) of one K-quant super-block, as ggml decodes it: factor·quant − min.
+inline float k_quant_value(const uint8_t* b, dtype t, size_t e) {
+  float f, m;
+  k_quant_factor(b, t, e / k_quant_group(t), f, m);
+  const float q = static_cast<float>(k_quant_q(b, t, e));
+  return k_quant_signed(t) ? f * q : f * q - m;
 }
 
 /// Converts element i of a weight buffer of type t to float32.
@@ -209,7 +300,7 @@ inline float load_as_f32(const void* data, dtype t, size_t i) {
       std::memcpy(&scale, block, 4);
       return static_cast<float>(static_cast<int8_t>(block[4 + i % q8_block])) * scale;
     }
-    case dtype::q4_k: case dtype::q5_k: case dtype::q6_k:
+    case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k: case dtype::iq4_xs:
       return k_quant_value(static_cast<const uint8_t*>(data) + (i / k_block) * dtype_block_bytes(t), t, i % k_block);
   }
   return 0.0f;

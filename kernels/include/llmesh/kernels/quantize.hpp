@@ -6,11 +6,26 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "llmesh/common/error.hpp"
 #include "llmesh/kernels/dtype.hpp"
 
 namespace llmesh::kernels {
+
+/// Byte offsets of a K-quant super-block's float16 fields (d, and dmin where it has one; the
+/// layouts at dtype.hpp's k_quant_value): what a maker of random blocks (tests, benchmarks)
+/// must keep finite. Empty for other types.
+inline std::vector<size_t> k_quant_halves(dtype t) {
+  switch (t) {
+    case dtype::q2_k: return {80, 82};
+    case dtype::q3_k: return {108};
+    case dtype::q4_k: case dtype::q5_k: return {0, 2};
+    case dtype::q6_k: return {208};
+    case dtype::iq4_xs: return {0};
+    default: return {};
+  }
+}
 
 /// Elements per q8 row of `cols` weights (whole blocks): the ldw a q8 matmul takes.
 constexpr size_t q8_row_elements(size_t cols) { return (cols + q8_block - 1) / q8_block * q8_block; }
