@@ -465,14 +465,28 @@ TEST(LoadAsF32, DecodesAHandMadeQ4KBlock) {
   EXPECT_EQ(load_as_f32(b, dtype::q4_k, 1), -1.0f);  // quant 0: minus the min
   EXPECT_EQ(load_as_f32(b, dtype::q4_k, 32), 0.0f);  // sub-block 1: scale 0, min 0
   EXPECT_EQ(load_as_f32(b, dtype::q4_k, 128), 21.0f * 9 - 0.5f * 7);
-  EXPECT_EQ(dtype_bytes(dtype::q4_k, 512), 288u);
-  EXPECT_EQ(dtype_offset(dtype::q6_k, 768), 630u);
-  EXPECT_EQ(dtype_name(dtype::q4_k), "Q4_K");
-  EXPECT_EQ(dtype_name(dtype::q6_k), "Q6_K");
-  EXPECT_EQ(dtype_name(dtype::q5_k), "Q5_K");
-  EXPECT_EQ(dtype_bytes(dtype::q5_k, 256), 176u);
-  EXPECT_TRUE(is_quantized(dtype::q6_k));
+}
+
+TEST(KQuant, BlockSizesNamesAndGroups) {
+  struct row {
+    dtype t;
+    const char* name;
+    size_t block_bytes, group;
+    bool is_signed;
+  };
+  for (const row& r : {row{dtype::q2_k, "Q2_K", 84, 16, false}, row{dtype::q3_k, "Q3_K", 110, 16, true},
+                       row{dtype::q4_k, "Q4_K", 144, 32, false}, row{dtype::q5_k, "Q5_K", 176, 32, false},
+                       row{dtype::q6_k, "Q6_K", 210, 16, true}, row{dtype::iq4_xs, "IQ4_XS", 136, 32, true}}) {
+    SCOPED_TRACE(r.name);
+    EXPECT_EQ(dtype_name(r.t), r.name);
+    EXPECT_TRUE(is_quantized(r.t) && is_k_quant(r.t));
+    EXPECT_EQ(dtype_bytes(r.t, 512), 2 * r.block_bytes);
+    EXPECT_EQ(dtype_offset(r.t, 768), 3 * r.block_bytes);
+    EXPECT_EQ(k_quant_group(r.t), r.group);
+    EXPECT_EQ(k_quant_signed(r.t), r.is_signed);
+  }
   EXPECT_FALSE(is_quantized(dtype::bf16));
+  EXPECT_FALSE(is_k_quant(dtype::q8));
 }
 
 TEST(LoadAsF32, DecodesHandMadeQ2KAndQ3KBlocks) {
@@ -481,14 +495,14 @@ TEST(LoadAsF32, DecodesHandMadeQ2KAndQ3KBlocks) {
   q2[82] = 0x00; q2[83] = 0x38;  // dmin = 0.5
   q2[0] = 0x35;                  // group 0: scale 5, min 3
   q2[9] = 0x2F;                  // group 9 (elements 144-159): scale 15, min 2
-  q2[16 + 0] = 0b11100100;       // element 0: 0; element 32: 1; element 64: 2; element 96: 3
-  q2[16 + 32 + 16] = 0b00001100; // element 128 + 16 = 144: bits 0-1 = 0; element 176: 3 (group 11)
-  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 0), -1.5f);                // 5·0 − 0.5·3
-  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 32), 0.0f);                // group 2: scale 0, min 0
-  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 144), -1.0f);              // 15·0 − 0.5·2
-  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 176), 0.0f);               // group 11: scale 0
-  q2[11] = 0x07;                                                    // group 11: scale 7, min 0
-  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 176), 21.0f);              // 7·3
+  q2[16 + 0] = 0b11100100;        // element 0: 0; element 32: 1; element 64: 2; element 96: 3
+  q2[16 + 32 + 16] = 0b00001100;  // element 128 + 16 = 144: bits 0-1 = 0; element 176: 3 (group 11)
+  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 0), -1.5f);    // 5·0 − 0.5·3
+  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 32), 0.0f);    // group 2: scale 0, min 0
+  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 144), -1.0f);  // 15·0 − 0.5·2
+  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 176), 0.0f);   // group 11: scale 0
+  q2[11] = 0x07;                                        // group 11: scale 7, min 0
+  EXPECT_EQ(load_as_f32(q2, dtype::q2_k, 176), 21.0f);  // 7·3
   uint8_t q3[110] = {};
   q3[108] = 0x00; q3[109] = 0x40;  // d = 2
   q3[96 + 0] = 0x0F;               // scale 0: low nibble 15
@@ -498,18 +512,7 @@ TEST(LoadAsF32, DecodesHandMadeQ2KAndQ3KBlocks) {
   q3[0] = 0x01;                    // element 0's high bit set (bit 0): 3, not 3 − 4
   EXPECT_EQ(load_as_f32(q3, dtype::q3_k, 0), 90.0f);    // 30·3
   EXPECT_EQ(load_as_f32(q3, dtype::q3_k, 1), -120.0f);  // quant 0, high bit clear: 30·(−4)
-  EXPECT_EQ(load_as_f32(q3, dtype::q3_k, 176), 248.0f); // group 11: 2·(1 − 32)·(0 − 4)
-  EXPECT_EQ(dtype_bytes(dtype::q2_k, 512), 168u);
-  EXPECT_EQ(dtype_offset(dtype::q3_k, 768), 330u);
-  EXPECT_EQ(dtype_name(dtype::q2_k), "Q2_K");
-  EXPECT_EQ(dtype_name(dtype::q3_k), "Q3_K");
-  EXPECT_EQ(dtype_name(dtype::iq4_xs), "IQ4_XS");
-  EXPECT_EQ(dtype_bytes(dtype::iq4_xs, 512), 272u);
-  EXPECT_EQ(k_quant_group(dtype::iq4_xs), 32u);
-  EXPECT_TRUE(k_quant_signed(dtype::iq4_xs));
-  EXPECT_EQ(k_quant_group(dtype::q2_k), 16u);
-  EXPECT_TRUE(k_quant_signed(dtype::q3_k));
-  EXPECT_FALSE(k_quant_signed(dtype::q2_k));
+  EXPECT_EQ(load_as_f32(q3, dtype::q3_k, 176), 248.0f);  // group 11: 2·(1 − 32)·(0 − 4)
 }
 
 }  // namespace
