@@ -1,6 +1,7 @@
 #include "llmesh/bench/matmul_bench.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -76,6 +77,11 @@ status run_matmul_bench(const matmul_bench_options& opt) {
   if (opt.rows == 0 || opt.m.empty() || opt.reps < 1 || opt.threads < 1) {
     return make_error(errc::invalid_request, "--rows, --m, --reps and --threads must be positive");
   }
+  const size_t max_m = *std::max_element(opt.m.begin(), opt.m.end());
+  // Each type's matrix and its float32 staging copy, and x and y: refuse what cannot fit.
+  if (opt.rows > (size_t{1} << 31) / opt.cols || max_m > (size_t{1} << 28) / std::max(opt.rows, opt.cols)) {
+    return make_error(errc::invalid_request, "--rows x --cols is at most 2^31 weights and --m x max(--rows, --cols) at most 2^28");
+  }
   std::vector<k::dtype> types;
   if (opt.types.empty()) {
     for (k::dtype t : all_types) {
@@ -98,7 +104,6 @@ status run_matmul_bench(const matmul_bench_options& opt) {
     if (!w) return w.take_error();
     ws.push_back(std::move(w.value()));
   }
-  const size_t max_m = *std::max_element(opt.m.begin(), opt.m.end());
   std::vector<float> x(max_m * opt.cols), y(max_m * opt.rows);
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   for (auto& v : x) v = value(rng);
@@ -132,8 +137,8 @@ status run_matmul_bench(const matmul_bench_options& opt) {
     for (size_t i = 0; i < ws.size(); ++i) {
       if (ws[i].type == k::dtype::q8) int8_rate = static_cast<double>(opt.rows * opt.cols) / best[i];
     }
-    std::printf("  m = %zu\n  %-8s %10s %12s %10s %12s %9s\n", m, "type", "bytes/w", "G weights/s", "GB/s", "of bandwidth",
-                "x int8");
+    std::printf("  m = %zu\n  %-8s %10s %12s %10s %12s %9s %10s\n", m, "type", "bytes/w", "G weights/s", "GB/s", "of bandwidth",
+                "x int8", "GMAC/s");
     for (size_t i = 0; i < ws.size(); ++i) {
       const double weights_s = static_cast<double>(opt.rows * opt.cols) / best[i];
       const double bytes_s = static_cast<double>(ws[i].bytes.size()) / best[i];
@@ -141,10 +146,11 @@ status run_matmul_bench(const matmul_bench_options& opt) {
                   static_cast<double>(ws[i].bytes.size()) / static_cast<double>(opt.rows * opt.cols), weights_s / 1e9,
                   bytes_s / 1e9, 100.0 * bytes_s / bw);
       if (int8_rate > 0) {
-        std::printf("%8.2fx\n", weights_s / int8_rate);
+        std::printf("%8.2fx", weights_s / int8_rate);
       } else {
-        std::printf("%9s\n", "-");
+        std::printf("%9s", "-");
       }
+      std::printf(" %10.1f\n", weights_s * static_cast<double>(m) / 1e9);
     }
   }
   return ok_status();

@@ -21,6 +21,10 @@ struct isa_kernels {
 };
 
 isa_kernels portable_kernels();
+/// load_as_f32 compiled without instruction-set flags (matmul_portable.cpp), for the ISA units'
+/// rare tails: an inline function of dtype.hpp that one of those units emitted out of line
+/// would be ODR-merged with the others' copies, and the AVX-512 one could run on an AVX2 CPU.
+float weight_as_f32(const void* data, dtype t, size_t i);
 /// The kernels matmul() and dot() use on this CPU (for other kernels' inner products: any
 /// gemm_block result is bit-identical to dot() of the same operands).
 const isa_kernels& cpu_kernels();

@@ -78,6 +78,7 @@ float dot_reference(const float* x, const void* w, dtype w_type, size_t k) {
 }
 
 namespace detail {
+float weight_as_f32(const void* data, dtype t, size_t i) { return load_as_f32(data, t, i); }
 isa_kernels portable_kernels() { return {gemm_block_portable, dot_portable, 1, 1, nullptr}; }
 }  // namespace detail
 

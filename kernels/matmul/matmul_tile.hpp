@@ -18,10 +18,10 @@
 // load_q8(const uint8_t* block, size_t at): width int8 values from block + at, dequantized as
 // float(q) * the block's scale (its first 4 bytes), so the products are those of the
 // dequantized weights; load_k<dtype>(const uint8_t* block, size_t e, float f, float m) for
-// q2_k ... q6_k: width elements from e of a K-quant super-block, given its sub-block's (or
-// group's) factors (k_factors below), decoded to k_quant_value's floats (dtype.hpp); optionally
-// (a V with k_lut) k_table<q4_k>(f, m, float* t) writing a sub-block's 16 possible values and
-// load_k_lut<q4_k>(block, e, const float* t) picking them by quant;
+// q2_k ... q6_k and iq4_xs: width elements from e of a K-quant super-block, given its sub-block's
+// (or group's) factors (k_factors below), decoded to k_quant_value's floats (dtype.hpp);
+// optionally (a V with k_lut) k_table<q4_k or iq4_xs>(f, m, float* t) writing a sub-block's 16
+// possible values and load_k_lut<same>(block, e, const float* t) picking them by quant (index);
 // fma(reg a, reg b, reg c) =
 // a*b+c; pos(q): where element q of a 16-chunk sits in V's register layout (q for the
 // natural layout); fold(const reg* parts) -> float in the canonical fold order.
@@ -86,7 +86,7 @@ inline void k_factors(const uint8_t* b, float* f, float* m) {
     const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
     std::memcpy(&h, b, 2);
     _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_cvtepi32_ps(sc), _mm256_set1_ps(_cvtsh_ss(h))));
-    (void)m;
+    _mm256_storeu_ps(m, _mm256_setzero_ps());  // no min: never used, but defined
   } else if constexpr (WT == dtype::q2_k) {
     std::memcpy(&h, b + 80, 2);
     const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
@@ -121,14 +121,12 @@ inline void k_factors(const uint8_t* b, float* f, float* m) {
     const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
     _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d));
     _mm256_storeu_ps(f + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))), d));
-    (void)m;
+    _mm256_storeu_ps(m, _mm256_setzero_ps());  // no min: never used, but defined
+    _mm256_storeu_ps(m + 8, _mm256_setzero_ps());
   }
 }
 
-/// The quants of elements [e, e + N) of a K-quant super-block as N bytes of an xmm register
-/// (N = 8 or 16, e a multiple of N; only N bytes are read): q2_k 0-3, q4_k 0-15, q5_k 0-31
-/// (unsigned), q3_k −4-3, q6_k −32-31, iq4_xs −127-113 (signed), k_quant_q's values. Picked and assembled in
-/// bytes, with 128-bit operations, before any widening.
+/// N bytes (8 or 16) from p into an xmm register; only N are read.
 template <int N>
 inline __m128i load_bytes(const uint8_t* p) {
   if constexpr (N == 16) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -143,6 +141,10 @@ inline __m128i iq4_xs_indices(const uint8_t* b, size_t e) {
   return _mm_and_si128(q, _mm_set1_epi8(15));
 }
 
+/// The quants of elements [e, e + N) of a K-quant super-block as N bytes of an xmm register
+/// (N = 8 or 16, e a multiple of N; only N bytes are read): q2_k 0-3, q4_k 0-15, q5_k 0-31
+/// (unsigned), q3_k −4-3, q6_k −32-31, iq4_xs −127-113 (signed), k_quant_q's values. Picked and
+/// assembled in bytes, with 128-bit operations, before any widening.
 template <dtype T, int N>
 inline __m128i k_quant_bytes(const uint8_t* b, size_t e) {
   auto load = [](const uint8_t* p) { return load_bytes<N>(p); };
@@ -333,7 +335,7 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
     for (int m = 0; m < MR; ++m)
       for (size_t q = 0; q < rest; ++q) xt[m][V::pos(q)] = x[m * a.ldx + kk + V::pos(q)];
     for (int n = 0; n < NR; ++n)
-      for (size_t q = 0; q < rest; ++q) wt[n][V::pos(q)] = load_as_f32(a.w, WT, w_row0 + n * a.ldw + kk + q);
+      for (size_t q = 0; q < rest; ++q) wt[n][V::pos(q)] = weight_as_f32(a.w, WT, w_row0 + n * a.ldw + kk + q);
     for (int p = 0; p < P; ++p) {
       for (int m = 0; m < MR; ++m) {
         reg xv = V::load_x(&xt[m][p * W]);

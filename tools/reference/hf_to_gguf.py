@@ -19,20 +19,22 @@ rotary scaling as the F32 tensor rope_freqs.weight of per-frequency divisors.
 
 --types: every tensor of 2 dimensions in that type (norms and biases stay F32); "mixed" gives
 the matrices Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K in turn (the embedding Q8_0), so one
-file exercises every block format llmesh reads; "q4_k_m" and "q5_k_m" follow llama.cpp's Q4_K_M
-and Q5_K_M recipes (Q4_K / Q5_K matrices and embedding; Q6_K for output.weight and for attn_v
-and ffn_down in the layers its use_more_bits picks: the first and last eighth and every third
-between); "q3_k_m" and "q2_k" follow llama.cpp's Q3_K_M and Q2_K recipes for a dense model (Q3_K /
-Q2_K matrices and embedding; output.weight Q6_K; Q3_K_M: attn_v Q5_K in layers 0-1 and Q4_K
-after, attn_output Q4_K, ffn_down Q5_K in the first sixteenth of the layers and Q4_K after;
-Q2_K: attn_v Q4_K with 4 or more query heads per KV head (else Q3_K), attn_output and
-ffn_down Q3_K); "iq4_xs" and "iq4_nl" follow llama.cpp's IQ4_XS / IQ4_NL without an importance
-matrix (attn_v Q5_K with 4 or more query heads per KV head, ffn_down Q5_K in the first eighth
-of the layers, output.weight Q6_K; a K type whose rows are not whole super-blocks becomes
-Q8_0). The Q*_0/Q*_1 and Q8_0 blocks are made as
-ggml's reference quantizers make them; the K-quant blocks by a simpler search (any valid block
-decodes the same way). --decoded writes what the file's blocks decode to (ggml-quants.c's
-dequantize_row_*, re-implemented from the block layouts), un-permuted, as F32 safetensors,
+file exercises those block formats. The others follow llama.cpp's llama_tensor_get_type for a
+dense model without an importance matrix: "q4_k_m" and "q5_k_m" (Q4_K / Q5_K matrices and
+embedding; Q6_K for output.weight and for attn_v and ffn_down in the layers its use_more_bits
+picks: the first and last eighth and every third between); "q3_k_m" (Q3_K; attn_v Q5_K in
+layers 0-1 and Q4_K after, attn_output Q4_K, ffn_down Q5_K in the first sixteenth of the
+layers and Q4_K after); "q2_k" (Q2_K; attn_v Q4_K with 4 or more query heads per KV head, else
+Q3_K; attn_output and ffn_down Q3_K); "iq4_xs" and "iq4_nl" (attn_v Q5_K with 4 or more query
+heads per KV head, ffn_down Q5_K in the first eighth of the layers). In all of them
+output.weight is Q6_K, and so is a tied model's embedding (llama.cpp gives it the output's
+type); a type whose blocks do not divide a row falls back as llama.cpp's does (Q2_K, Q3_K,
+IQ4_XS to IQ4_NL, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, then F16). The Q*_0/Q*_1 and Q8_0
+blocks are made as ggml's reference quantizers make them; the K-quant and IQ4 blocks by a
+simpler search (any valid block decodes the same way), vectorized over blocks. --decoded
+writes what the file's blocks decode to (ggml-quants.c's dequantize_row_*, re-implemented from
+the block layouts in decode_block; the vectorized encoders' own values are checked against it
+bit for bit on a sample of each tensor's blocks), un-permuted, as F32 safetensors,
 with gguf_types.json beside them: each HF tensor name and the ggml type the file holds it in
 (llama_reference.py --quantize gguf reads it).
 """
@@ -460,10 +462,18 @@ def encode_tensor(kind, w):
         packed["d"], packed["q"] = d.astype(np.float16), q
         back = q.astype(F32) * packed["d"].astype(F32)[:, None]
         return packed.tobytes(), back.reshape(w.shape)
-    if kind in ("iq4_nl", "iq4_xs"):
-        return encode_iq4(kind, w)
-    if kind in K_QUANTS:  # vectorized over blocks: the same arithmetic as encode_block / decode_block
-        return encode_k_blocks(kind, w.astype(F32))
+    if kind in ("iq4_nl", "iq4_xs") or kind in K_QUANTS:
+        # Vectorized over blocks (models of real size), each giving what its blocks decode to by
+        # its own arithmetic: checked against decode_block (ggml's loops) on a sample of blocks.
+        data, back = encode_iq4(kind, w) if kind.startswith("iq4") else encode_k_blocks(kind, w.astype(F32))
+        blk = BLOCK[kind]
+        size = len(data) // (w.size // blk)
+        flat = back.reshape(-1, blk)
+        for i in sorted({0, len(flat) // 3, len(flat) // 2, len(flat) - 1}):
+            got = decode_block(kind, data[i * size:(i + 1) * size])
+            if not np.array_equal(got.view(np.uint32), flat[i].view(np.uint32)):
+                raise AssertionError(f"{kind}: block {i} decodes to other values than the encoder's")
+        return data, back
     blk = BLOCK[kind]
     rows = w.reshape(-1, w.shape[-1])
     out, back = bytearray(), np.zeros(rows.shape, F32)
@@ -565,22 +575,32 @@ def main():
             return "q5_k"
         return args.types
 
+    # llama.cpp's fallback for a type whose blocks do not divide a row, then F16
+    fallback = {"q2_k": "iq4_nl", "q3_k": "iq4_nl", "iq4_xs": "iq4_nl", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+
+    def fitting(k, cols):
+        if cols % BLOCK[k]:
+            k = fallback.get(k, "f16")
+            return k if cols % BLOCK[k] == 0 else "f16"
+        return k
+
     def kind_for(shape, gguf_name=""):
         if len(shape) == 1:
             return "f32"
+        recipes = ("q2_k", "q3_k_m", "q4_k_m", "q5_k_m", "iq4_xs", "iq4_nl")
+        if args.types in recipes and gguf_name == "token_embd.weight" and tied:
+            gguf_name = "output.weight"  # llama.cpp: with no output tensor the embedding gets its type
         if args.types in ("iq4_xs", "iq4_nl"):
-            k = recipe_iq4(gguf_name)
-            return k if shape[-1] % BLOCK[k] == 0 else "q8_0"
+            return fitting(recipe_iq4(gguf_name), shape[-1])
         if args.types in ("q2_k", "q3_k_m"):
-            k = recipe_2_3(gguf_name)
-            return k if shape[-1] % BLOCK[k] == 0 else "q8_0"
+            return fitting(recipe_2_3(gguf_name), shape[-1])
         if args.types in ("q4_k_m", "q5_k_m"):
             k = args.types[:4]
             if gguf_name == "output.weight":
                 k = "q6_k"
             elif gguf_name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(int(gguf_name.split(".")[1])):
                 k = "q6_k"
-            return k if shape[-1] % BLOCK[k] == 0 else "q8_0"
+            return fitting(k, shape[-1])
         if args.types != "mixed":
             return args.types
         k = matrices[counter[0] % len(matrices)]

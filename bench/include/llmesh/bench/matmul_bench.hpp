@@ -1,8 +1,10 @@
 // `llmesh bench matmul`: the decode kernel of every weight type on one matrix shape — weights
-// per second and bytes per second at m activation rows, against the read bandwidth measured
+// per second and bytes per second at m activation rows (and m times the weights in
+// multiply-adds), against the read bandwidth measured
 // with the same threads in the same run (the limit a decode matmul streams against) and
 // against int8. Random weights (every block type's quants and scales random, its float16
-// factors finite), larger than the last-level cache by default.
+// factors finite); 32768 × 4096 by default, 44-268 MB a type (f32: 537 MB), past most
+// last-level caches (a Q2_K matrix alone can fit a large one: pass more --rows there).
 #pragma once
 
 #include <cstddef>
