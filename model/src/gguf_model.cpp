@@ -230,22 +230,75 @@ result<json> tokenizer_json(const gguf_file& g, const std::string& model, const 
   return j;
 }
 
+/// The experts of an MoE file into config.json: Mixtral (arch llama with experts; feed_forward_length
+/// is an expert's), Qwen3-MoE and Qwen2-MoE (expert_feed_forward_length; Qwen2-MoE's shared
+/// expert, expert_shared_feed_forward_length; files from before llama.cpp wrote those keys:
+/// the sizes of blk.0's ffn_gate_exps and ffn_gate_shexp rows). Every layer sparse, as
+/// llama.cpp builds them; the top-k probabilities renormalised as llama.cpp's graphs do for each
+/// (Mixtral and Qwen3-MoE yes, Qwen2-MoE no: llama.cpp reads no key for it, nor does this).
+status moe_config(const gguf_file& g, const std::string& arch, uint64_t experts, json& c) {
+  const std::string p = arch + ".";
+  auto used = get_uint(g, p + "expert_used_count", std::nullopt);
+  if (!used) return used.take_error();
+  if (*used == 0 || *used > experts) return bad(g, p + "expert_used_count must be 1 to expert_count");
+  c["num_experts_per_tok"] = *used;
+  if (arch == "llama") {
+    c["architectures"] = {"MixtralForCausalLM"};
+    c["model_type"] = "mixtral";
+    c["num_local_experts"] = experts;
+    return ok_status();
+  }
+  auto rows_of = [&](const char* tensor) -> std::optional<uint64_t> {  // a matrix's rows (ggml dims[1])
+    const gguf_tensor* t = g.tensor(tensor);
+    if (t == nullptr || t->dims.size() < 2) return std::nullopt;
+    return t->dims[1];
+  };
+  auto ffn = get_uint(g, p + "expert_feed_forward_length", rows_of("blk.0.ffn_gate_exps.weight"));
+  if (!ffn) return ffn.take_error();
+  c["num_experts"] = experts;
+  c["moe_intermediate_size"] = *ffn;
+  c["intermediate_size"] = *ffn;
+  c["decoder_sparse_step"] = 1;
+  c["mlp_only_layers"] = json::array();
+  c["norm_topk_prob"] = arch == "qwen3moe";
+  if (arch == "qwen2moe") {
+    auto shared = get_uint(g, p + "expert_shared_feed_forward_length", rows_of("blk.0.ffn_gate_shexp.weight"));
+    if (!shared) return shared.take_error();
+    c["shared_expert_intermediate_size"] = *shared;
+  }
+  return ok_status();
+}
+
 /// config.json from the {arch}.* metadata; rope_freqs (llama.cpp's per-frequency divisors for
 /// Llama 3.1's rotary) must be the llama3 rule of some factor, which becomes rope_scaling.
 result<json> config_json(const gguf_file& g, const std::string& arch, const vocab_facts* v) {
   if (arch.empty()) return bad(g, "missing metadata 'general.architecture'");
   static const std::map<std::string, std::pair<const char*, const char*>> archs = {
-      {"llama", {"LlamaForCausalLM", "llama"}}, {"qwen2", {"Qwen2ForCausalLM", "qwen2"}}, {"qwen3", {"Qwen3ForCausalLM", "qwen3"}}};
+      {"llama", {"LlamaForCausalLM", "llama"}},           {"qwen2", {"Qwen2ForCausalLM", "qwen2"}},
+      {"qwen3", {"Qwen3ForCausalLM", "qwen3"}},           {"qwen3moe", {"Qwen3MoeForCausalLM", "qwen3_moe"}},
+      {"qwen2moe", {"Qwen2MoeForCausalLM", "qwen2_moe"}}};
   auto it = archs.find(arch);
-  if (it == archs.end()) return unsupported(g, "general.architecture '" + arch + "' (supported: llama, qwen2, qwen3)");
+  if (it == archs.end()) {
+    return unsupported(g, "general.architecture '" + arch + "' (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe)");
+  }
   const std::string p = arch + ".";
   json c = {{"architectures", {it->second.first}}, {"model_type", it->second.second}};
-  if (auto experts = get_uint(g, p + "expert_count", 0); !experts || *experts > 0) return unsupported(g, "mixture-of-experts GGUF models");
-  for (auto [key, hf] : {std::pair{"embedding_length", "hidden_size"}, {"feed_forward_length", "intermediate_size"},
-                         {"block_count", "num_hidden_layers"}, {"attention.head_count", "num_attention_heads"}}) {
+  const bool qwen_moe = arch == "qwen3moe" || arch == "qwen2moe";
+  auto experts = get_uint(g, p + "expert_count", qwen_moe ? std::nullopt : std::optional<uint64_t>(0));
+  if (!experts) return experts.take_error();
+  if (*experts > 0 && !qwen_moe && arch != "llama") return unsupported(g, "experts in a " + arch + " model");
+  if (qwen_moe && *experts == 0) return bad(g, p + "expert_count must be positive");
+  for (auto [key, hf] : {std::pair{"embedding_length", "hidden_size"}, {"block_count", "num_hidden_layers"},
+                         {"attention.head_count", "num_attention_heads"}}) {
     auto n = get_uint(g, p + key, std::nullopt);
     if (!n) return n.take_error();
     c[hf] = *n;
+  }
+  if (*experts > 0) LLMESH_TRY(moe_config(g, arch, *experts, c));
+  if (!qwen_moe) {  // Qwen's MoE configs carry a dense intermediate_size no layer uses: moe_config's default
+    auto ffn = get_uint(g, p + "feed_forward_length", std::nullopt);
+    if (!ffn) return ffn.take_error();
+    c["intermediate_size"] = *ffn;
   }
   const uint64_t hidden = c["hidden_size"], heads = c["num_attention_heads"];
   if (heads == 0) return bad(g, p + "attention.head_count must be positive");

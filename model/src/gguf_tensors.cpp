@@ -147,14 +147,34 @@ struct hf_name {
   std::string name;
   bool permute = false;  ///< Llama's q/k: llama.cpp's converter interleaved each head's halves
   size_t heads = 0;
+  /// A stacked expert tensor ([experts, rows, cols]): one HF matrix per expert e, named
+  /// name + e + expert_suffix.
+  std::string expert_suffix;
+  bool as_row = false;  ///< a vector HF holds as a [1, n] matrix (Qwen2-MoE's shared_expert_gate)
+};
+
+hf_name named(std::string name) {
+  hf_name out;
+  out.name = std::move(name);
+  return out;
+}
+
+/// What the names depend on: Llama's permuted q/k, and where an MoE model keeps its experts.
+struct name_facts {
+  bool llama = false, mixtral = false;
+  size_t heads = 0, kv_heads = 0;
+  size_t experts = 0;  ///< expert_count: expert tensors are known only where it is positive
 };
 
 /// The HF name of a GGUF tensor, or empty for rope_freqs (read into config.json) and unknown names.
-hf_name map_name(const std::string& g, bool llama, size_t heads, size_t kv_heads) {
+/// Experts (llama.cpp's names): ffn_gate_inp is the router; ffn_{gate,up,down}_exps stack every
+/// expert's matrix; Mixtral files of llama.cpp's first MoE converter hold ffn_{gate,up,down}.E
+/// per expert; Qwen2-MoE's shared expert is ffn_*_shexp, its gate ffn_gate_inp_shexp.
+hf_name map_name(const std::string& g, const name_facts& f) {
   static const std::pair<const char*, const char*> top[] = {
       {"token_embd.weight", "model.embed_tokens.weight"}, {"output_norm.weight", "model.norm.weight"}, {"output.weight", "lm_head.weight"}};
   for (auto [from, to] : top) {
-    if (g == from) return {to};
+    if (g == from) return named(to);
   }
   if (g.rfind("blk.", 0) != 0) return {};
   const size_t dot = g.find('.', 4);
@@ -172,12 +192,37 @@ hf_name map_name(const std::string& g, bool llama, size_t heads, size_t kv_heads
       {"ffn_down.weight", "mlp.down_proj.weight"}};
   for (auto [from, to] : per_layer) {
     if (rest != from) continue;
-    hf_name out{"model.layers." + layer + "." + to};
+    hf_name out = named("model.layers." + layer + "." + to);
     const bool q = rest.rfind("attn_q.", 0) == 0, kk = rest.rfind("attn_k.", 0) == 0;
-    if (llama && (q || kk)) {
+    if (f.llama && (q || kk)) {
       out.permute = true;
-      out.heads = q ? heads : kv_heads;
+      out.heads = q ? f.heads : f.kv_heads;
     }
+    return out;
+  }
+  if (f.experts == 0) return {};
+  const std::string moe = "model.layers." + layer + (f.mixtral ? ".block_sparse_moe." : ".mlp.");
+  static const std::pair<const char*, const char*> qwen_experts[] = {{"gate", "gate_proj"}, {"up", "up_proj"}, {"down", "down_proj"}};
+  static const std::pair<const char*, const char*> mixtral_experts[] = {{"gate", "w1"}, {"up", "w3"}, {"down", "w2"}};
+  if (rest == "ffn_gate_inp.weight") return named(moe + "gate.weight");
+  for (auto [from, to] : f.mixtral ? mixtral_experts : qwen_experts) {
+    const std::string ffn = std::string("ffn_") + from;
+    if (rest == ffn + "_exps.weight") {
+      hf_name out = named(moe + "experts.");
+      out.expert_suffix = std::string(".") + to + ".weight";
+      return out;
+    }
+    if (f.mixtral && rest.rfind(ffn + ".", 0) == 0 && rest.size() > ffn.size() + 8 && rest.ends_with(".weight")) {
+      const std::string e = rest.substr(ffn.size() + 1, rest.size() - ffn.size() - 8);  // ffn_gate.E.weight
+      if (!e.empty() && std::all_of(e.begin(), e.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        return named(moe + "experts." + e + "." + to + ".weight");
+      }
+    }
+    if (!f.mixtral && rest == ffn + "_shexp.weight") return named(moe + "shared_expert." + to + ".weight");
+  }
+  if (!f.mixtral && rest == "ffn_gate_inp_shexp.weight") {
+    hf_name out = named(moe + "shared_expert_gate.weight");
+    out.as_row = true;
     return out;
   }
   return {};
@@ -191,6 +236,8 @@ struct job {
   size_t rows, cols;  ///< HF shape [rows, cols] (a vector: rows 1)
   std::shared_ptr<uint8_t[]> buffer;
   size_t bytes = 0;
+  size_t row0 = 0;      ///< the source's first row (an expert's matrix within a stacked tensor)
+  bool matrix = false;  ///< an HF matrix (a vector source: Qwen2-MoE's shared_expert_gate)
 };
 
 /// The source row that HF row `r` of a permuted q/k comes from: within each head of `hd` rows,
@@ -216,7 +263,7 @@ status fill_rows(const job& w, size_t row0, size_t n, std::vector<float>& scratc
     return ok_status();
   }
   for (size_t r = row0; r < row0 + n; ++r) {
-    const size_t from = source_row(w, r);
+    const size_t from = w.row0 + source_row(w, r);
     const uint8_t* src = t.data + from * src_row_bytes;
     uint8_t* dst = w.buffer.get() + k::dtype_bytes(w.out_type, r * (w.out_type == k::dtype::q8 ? k::q8_row_elements(w.cols) : w.cols));
     if (w.out_type != k::dtype::q8) {  // a row as stored (a permuted F32/F16/BF16/K-quant row), or float32
@@ -284,22 +331,37 @@ result<tensor_store> gguf_tensor_store(const std::string& path) {
   if (!opened) return opened.take_error();
   std::shared_ptr<const gguf_file> g = std::move(opened.value());
   const gguf_value* arch = g->find("general.architecture");
-  const bool llama = arch != nullptr && arch->is_string() && arch->s == "llama";
-  uint64_t heads = 0, kv_heads = 0;
+  name_facts facts;
+  facts.llama = arch != nullptr && arch->is_string() && arch->s == "llama";
   if (arch != nullptr && arch->is_string()) {
+    uint64_t heads = 0, kv_heads = 0, experts = 0;
     if (const gguf_value* v = g->find(arch->s + ".attention.head_count")) v->as_uint(heads);
     kv_heads = heads;
     if (const gguf_value* v = g->find(arch->s + ".attention.head_count_kv")) v->as_uint(kv_heads);
+    if (const gguf_value* v = g->find(arch->s + ".expert_count")) v->as_uint(experts);
+    facts.heads = heads;
+    facts.kv_heads = kv_heads;
+    facts.mixtral = facts.llama && experts > 0;
+    facts.experts = experts;
   }
   tensor_store store;
   std::vector<job> jobs;
   for (const gguf_tensor& t : g->tensors()) {
     if (t.name == "rope_freqs.weight") continue;  // config.json's rope_scaling (gguf_model.cpp)
-    hf_name name = map_name(t.name, llama, heads, kv_heads);
+    hf_name name = map_name(t.name, facts);
     if (name.name.empty()) return make_error(errc::unsupported, path + ": tensor '" + t.name + "' is not one llmesh knows");
-    if (t.dims.size() > 2) return make_error(errc::unsupported, path + ": tensor '" + t.name + "' has more than 2 dimensions");
-    const size_t rows = t.dims.size() == 2 ? t.dims[1] : 1, cols = t.dims[0];
-    std::vector<size_t> shape = t.dims.size() == 2 ? std::vector<size_t>{rows, cols} : std::vector<size_t>{cols};
+    const bool stacked = !name.expert_suffix.empty();
+    if (stacked != (t.dims.size() == 3) || t.dims.size() > 3) {
+      return make_error(errc::unsupported, path + ": tensor '" + t.name + "' has " + std::to_string(t.dims.size()) +
+                                               " dimensions (" + (stacked ? "3: [experts, rows, columns]" : "1 or 2") + ")");
+    }
+    if (stacked && t.dims[2] != facts.experts) {
+      return make_error(errc::invalid_request, path + ": tensor '" + t.name + "' stacks " + std::to_string(t.dims[2]) +
+                                                   " experts, not expert_count's " + std::to_string(facts.experts));
+    }
+    const size_t rows = t.dims.size() >= 2 ? t.dims[1] : 1, cols = t.dims[0];
+    const bool matrix = t.dims.size() >= 2 || name.as_row;
+    std::vector<size_t> shape = matrix ? std::vector<size_t>{rows, cols} : std::vector<size_t>{cols};
     if (name.permute && (name.heads == 0 || (t.dims.size() == 2 ? rows : cols) % (2 * name.heads) != 0)) {
       return make_error(errc::invalid_request, path + ": tensor '" + t.name + "' does not split into " +
                                                    std::to_string(name.heads) + " heads of even size");
@@ -309,22 +371,29 @@ result<tensor_store> gguf_tensor_store(const std::string& path) {
     const auto stored = stored_dtype(t.type);
     const bool plain = stored && !(t.dims.size() == 1 && k::is_quantized(*stored));
     const k::dtype plain_type = stored.value_or(k::dtype::f32);
-    if (plain && !name.permute) {  // a view into the mapping
-      tensor_view v{plain_type, shape, t.data, t.bytes};
-      LLMESH_TRY(store.add(name.name, std::move(v), g));
-      continue;
+    const size_t n_experts = stacked ? t.dims[2] : 1, expert_bytes = t.bytes / n_experts;
+    for (size_t e = 0; e < n_experts; ++e) {
+      const std::string hf = stacked ? name.name + std::to_string(e) + name.expert_suffix : name.name;
+      if (plain && !name.permute) {  // a view into the mapping (an expert's rows are whole rows)
+        tensor_view v{plain_type, shape, t.data + e * expert_bytes, expert_bytes};
+        LLMESH_TRY(store.add(hf, std::move(v), g));
+        continue;
+      }
+      job w{&t, name, plain ? plain_type : (t.dims.size() == 1 ? k::dtype::f32 : k::dtype::q8), rows, cols, nullptr};
+      w.name.name = hf;
+      w.row0 = e * rows;
+      w.matrix = matrix;
+      if (t.dims.size() == 1 && !plain) w.out_type = k::dtype::f32;
+      if (t.dims.size() == 1 && name.permute) w.out_type = k::dtype::f32;  // biases are read as float32 anyway
+      w.bytes = w.out_type == k::dtype::q8 ? k::dtype_bytes(k::dtype::q8, rows * k::q8_row_elements(cols))
+                                           : k::dtype_bytes(w.out_type, rows * cols);
+      w.buffer = std::shared_ptr<uint8_t[]>(new uint8_t[std::max<size_t>(w.bytes, 1)]);
+      jobs.push_back(std::move(w));
     }
-    job w{&t, name, plain ? plain_type : (t.dims.size() == 1 ? k::dtype::f32 : k::dtype::q8), rows, cols, nullptr};
-    if (w.src->dims.size() == 1 && !plain) w.out_type = k::dtype::f32;
-    if (w.src->dims.size() == 1 && name.permute) w.out_type = k::dtype::f32;  // biases are read as float32 anyway
-    w.bytes = w.out_type == k::dtype::q8 ? k::dtype_bytes(k::dtype::q8, rows * k::q8_row_elements(cols))
-                                         : k::dtype_bytes(w.out_type, rows * cols);
-    w.buffer = std::shared_ptr<uint8_t[]>(new uint8_t[std::max<size_t>(w.bytes, 1)]);
-    jobs.push_back(std::move(w));
   }
   LLMESH_TRY(run_jobs(jobs));
   for (auto& w : jobs) {
-    std::vector<size_t> shape = w.src->dims.size() == 2 ? std::vector<size_t>{w.rows, w.cols} : std::vector<size_t>{w.cols};
+    std::vector<size_t> shape = w.matrix ? std::vector<size_t>{w.rows, w.cols} : std::vector<size_t>{w.cols};
     tensor_view v{w.out_type, std::move(shape), w.buffer.get(), w.bytes};
     LLMESH_TRY(store.add(w.name.name, std::move(v), w.buffer));
   }

@@ -17,6 +17,7 @@
 #include "llmesh/kernels/elementwise.hpp"
 #include "llmesh/model/shard_executor.hpp"
 #include "matmul_jobs.hpp"
+#include "row_slices.hpp"
 
 namespace llmesh::model {
 
@@ -113,8 +114,17 @@ status shard_executor::moe_chunk(size_t layer, size_t t0, size_t n_tokens) {
                           ni, hidden, nullptr));
     gate_up.push_back(job(&expert_x_[r0 * hidden], hidden, x.up, rows_from(x.up, i0), &expert_up_[r0 * ni], ni, m, ni,
                           hidden, nullptr));
-    down.push_back(job(&expert_gate_[r0 * ni], ni, x.down, cols_from(x.down, i0), &expert_y_[r0 * hidden], hidden, m,
-                       hidden, ni, nullptr));
+    // This rank's int8 copy of a K-quant slice that would cut a super-block, if any.
+    const detail::row_slice* own = layer < expert_down_slices_.size() && e < expert_down_slices_[layer].size()
+                                       ? expert_down_slices_[layer][e].get()
+                                       : nullptr;
+    if (own) {
+      down.push_back(job(&expert_gate_[r0 * ni], ni, own->w, own->w.data, &expert_y_[r0 * hidden], hidden, m, hidden, ni,
+                         nullptr));
+    } else {
+      down.push_back(job(&expert_gate_[r0 * ni], ni, x.down, cols_from(x.down, i0), &expert_y_[r0 * hidden], hidden, m,
+                         hidden, ni, nullptr));
+    }
   }
   const size_t ns = layout_.n_shared, s0 = layout_.shared0;
   const bool shared = ns > 0;
@@ -127,8 +137,10 @@ status shard_executor::moe_chunk(size_t layer, size_t t0, size_t n_tokens) {
     gate_up.push_back(job(xn, hidden, x.gate, rows_from(x.gate, s0), shared_gate_.data(), ns, n_tokens, ns, hidden, nullptr));
     gate_up.push_back(job(xn, hidden, x.up, rows_from(x.up, s0), shared_up_.data(), ns, n_tokens, ns, hidden, nullptr));
     gate_up.push_back(job(xn, hidden, lw.shared_gate, lw.shared_gate.data, shared_scale_.data(), 1, n_tokens, 1, hidden, nullptr));
-    down.push_back(job(shared_gate_.data(), ns, x.down, cols_from(x.down, s0), shared_y_.data(), hidden, n_tokens, hidden, ns,
-                       nullptr));
+    const detail::row_slice* own = layer < down_slices_.size() ? down_slices_[layer].get() : nullptr;
+    down.push_back(own ? job(shared_gate_.data(), ns, own->w, own->w.data, shared_y_.data(), hidden, n_tokens, hidden, ns, nullptr)
+                       : job(shared_gate_.data(), ns, x.down, cols_from(x.down, s0), shared_y_.data(), hidden, n_tokens, hidden,
+                             ns, nullptr));
   }
   LLMESH_TRY(kernels::matmul(gate_up, *pool_));
   pool_->run([&](int th, int n_threads) {

@@ -17,6 +17,7 @@
 #include "llmesh/kernels/quantize.hpp"
 #include "llmesh/kernels/rope.hpp"
 #include "llmesh/kernels/sampling.hpp"
+#include "llmesh/kernels/thread_pool.hpp"
 #include "lora_runner.hpp"
 #include "matmul_jobs.hpp"
 #include "row_slices.hpp"
@@ -41,15 +42,36 @@ status shard_executor::make_row_slices() {
   const auto& layers = model_->weights().layers;
   o_slices_.assign(layers.size(), nullptr);
   down_slices_.assign(layers.size(), nullptr);
+  expert_down_slices_.assign(layers.size(), {});
   if (layout_.tp == 1) return ok_status();  // whole rows
+  auto slice = [](const weight_matrix& w, size_t c0, size_t k, size_t layer, const std::string& what,
+                  std::shared_ptr<const detail::row_slice>& out) -> status {
+    auto s = detail::k_quant_slice(w, c0, k);
+    if (!s) return make_error(s.err().code, "layer " + std::to_string(layer) + " " + what + ": " + s.err().message);
+    if (*s) out = std::make_shared<const detail::row_slice>(std::move(**s));
+    return ok_status();
+  };
   for (size_t i = 0; i < layers.size(); ++i) {
-    auto o = detail::k_quant_slice(layers[i].o, layout_.q_head0 * c.head_dim, layout_.n_heads * c.head_dim);
-    if (!o) return make_error(o.err().code, "layer " + std::to_string(i) + " o_proj: " + o.err().message);
-    if (*o) o_slices_[i] = std::make_shared<const detail::row_slice>(std::move(**o));
-    if (layers[i].down.rows == 0) continue;  // an MoE layer
-    auto down = detail::k_quant_slice(layers[i].down, layout_.inter0, layout_.n_inter);
-    if (!down) return make_error(down.err().code, "layer " + std::to_string(i) + " down_proj: " + down.err().message);
-    if (*down) down_slices_[i] = std::make_shared<const detail::row_slice>(std::move(**down));
+    const auto& l = layers[i];
+    LLMESH_TRY(slice(l.o, layout_.q_head0 * c.head_dim, layout_.n_heads * c.head_dim, i, "o_proj", o_slices_[i]));
+    if (l.down.rows != 0) {
+      LLMESH_TRY(slice(l.down, layout_.inter0, layout_.n_inter, i, "down_proj", down_slices_[i]));
+      continue;
+    }
+    if (l.experts.empty()) continue;
+    auto& own = expert_down_slices_[i];
+    own.assign(l.experts.size(), nullptr);
+    std::vector<status> failed(l.experts.size(), ok_status());
+    pool_->run([&](int t, int n) {  // experts on every thread: a model of 128 per layer has thousands
+      auto [b, end] = kernels::thread_pool::split(l.experts.size(), t, n);
+      for (size_t e = b; e < end; ++e) {
+        failed[e] = slice(l.experts[e].down, layout_.inter0, layout_.n_inter, i, "expert " + std::to_string(e) + " down_proj", own[e]);
+      }
+    });
+    for (auto& s : failed) LLMESH_TRY(s);
+    if (layout_.n_shared > 0) {
+      LLMESH_TRY(slice(l.shared.down, layout_.shared0, layout_.n_shared, i, "shared expert down_proj", down_slices_[i]));
+    }
   }
   return ok_status();
 }

@@ -128,6 +128,7 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
       note(x.up);
       note(x.down);
     }
+    for (const weight_matrix* w : {&l.shared.gate, &l.shared.up, &l.shared.down, &l.shared_gate}) note(*w);
   }
   for (auto t : {kernels::dtype::q2_k, kernels::dtype::q3_k, kernels::dtype::q4_k, kernels::dtype::q5_k, kernels::dtype::q6_k,
                  kernels::dtype::iq4_xs, kernels::dtype::q8}) {

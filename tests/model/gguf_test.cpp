@@ -235,13 +235,29 @@ TEST(GgufModel, UnsupportedFilesAreRefusedByName) {
   };
   gguf_writer arch;
   arch.str("general.architecture", "mamba");
-  refused(arch, "general.architecture 'mamba' (supported: llama, qwen2, qwen3)");
+  refused(arch, "general.architecture 'mamba' (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe)");
   gguf_writer moe = small_llama();
   moe.u32("llama.expert_count", 8);
-  refused(moe, "mixture-of-experts");
-  gguf_writer extra = small_llama();
-  extra.tensor_f32("blk.0.ffn_gate_exps.weight", {4, 8}, std::vector<float>(32));
+  refused(moe, "missing metadata 'llama.expert_used_count'");
+  gguf_writer qwen_experts;
+  qwen_experts.str("general.architecture", "qwen2");
+  qwen_experts.u32("qwen2.expert_count", 8);
+  refused(qwen_experts, "experts in a qwen2 model");
+  gguf_writer extra = small_llama();  // experts' tensors in a model without experts
+  extra.tensor_f32("blk.0.ffn_gate_exps.weight", {4, 8, 2}, std::vector<float>(64));
   refused(extra, "tensor 'blk.0.ffn_gate_exps.weight' is not one llmesh knows");
+  gguf_writer used = small_llama();
+  used.u32("llama.expert_count", 8);
+  used.u32("llama.expert_used_count", 9);
+  refused(used, "llama.expert_used_count must be 1 to expert_count");
+  gguf_writer stack = small_llama();
+  stack.u32("llama.expert_count", 3);
+  stack.u32("llama.expert_used_count", 2);
+  stack.tensor_f32("blk.0.ffn_gate_exps.weight", {4, 8, 2}, std::vector<float>(64));
+  refused(stack, "tensor 'blk.0.ffn_gate_exps.weight' stacks 2 experts, not expert_count's 3");
+  gguf_writer count;
+  count.str("general.architecture", "qwen3moe");
+  refused(count, "missing metadata 'qwen3moe.expert_count'");
   gguf_writer missing;
   missing.str("general.architecture", "qwen2");
   refused(missing, "missing metadata 'qwen2.embedding_length'");
@@ -477,6 +493,193 @@ TEST(GgufModel, KQuantMatricesAreReadInPlaceAndTpSlicesThatCutABlockBecomeInt8) 
   auto f = model::load(path, cast);
   ASSERT_TRUE(f.ok()) << f.err().message;
   EXPECT_EQ((*f)->weights().layers[1].down.type, kernels::dtype::q6_k);
+}
+
+/// Logits of the first step of a prompt at `tp` ranks (empty on failure, which is reported).
+std::vector<float> first_logits(const std::shared_ptr<const model>& m, int tp, const std::vector<int32_t>& prompt) {
+  engine_options o;
+  o.threads = 2;
+  o.tp = tp;
+  o.kv_tokens = 64;
+  auto e = engine::create(m, o);
+  std::vector<float> logits;
+  EXPECT_TRUE(e.ok()) << e.err().message;
+  if (!e.ok()) return logits;
+  std::vector<int32_t> table(4);
+  std::iota(table.begin(), table.end(), 0);
+  step_sequence s;
+  s.tokens = prompt;
+  s.block_table = table;
+  EXPECT_TRUE((*e)->forward(std::span(&s, 1), logits).ok());
+  return logits;
+}
+
+TEST(GgufModel, StackedExpertsAreViewsPerExpertAndTpSlicesThatCutABlockBecomeInt8) {
+  // Qwen3-MoE and Qwen2-MoE files as llama.cpp writes them: the router F32, each projection of
+  // the 4 experts stacked into one [experts, rows, cols] tensor (Q4_K gate/up, Q6_K down);
+  // Qwen2-MoE's shared expert beside them (its gate a 1-D F32 tensor). Each expert's matrix is
+  // a view of its rows of the stack; at --tp 2 every expert's and the shared expert's down_proj
+  // slice (384 of 768 columns) cuts a super-block, so each rank holds those as int8.
+  for (const std::string arch : {"qwen3moe", "qwen2moe"}) {
+    SCOPED_TRACE(arch);
+    const bool qwen2 = arch == "qwen2moe";
+    temp_dir dir;
+    gguf_writer w;
+    const uint32_t hidden = 256, heads = 4, kv_heads = 2, hd = 64, experts = 4, ffn = 768;
+    const std::string p = arch + ".";
+    w.str("general.architecture", arch);
+    w.u32(p + "embedding_length", hidden);
+    w.u32(p + "block_count", 1);
+    w.u32(p + "feed_forward_length", 3072);  // a dense MLP's size, which no layer has
+    w.u32(p + "attention.head_count", heads);
+    w.u32(p + "attention.head_count_kv", kv_heads);
+    w.u32(p + "expert_count", experts);
+    w.u32(p + "expert_used_count", 2);
+    if (!qwen2) w.u32(p + "expert_feed_forward_length", ffn);  // Qwen2-MoE: from ffn_gate_exps' rows
+    if (qwen2) w.u32(p + "expert_shared_feed_forward_length", ffn);
+    std::mt19937 rng(78);
+    std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+    auto random = [&](size_t n) {
+      std::vector<float> v(n);
+      for (auto& x : v) x = u(rng);
+      return v;
+    };
+    const std::vector<float> ones(hidden, 1.0f);
+    w.tensor_f32("token_embd.weight", {hidden, 64}, random(64 * hidden));
+    w.tensor_f32("output.weight", {hidden, 64}, random(64 * hidden));
+    w.tensor_f32("output_norm.weight", {hidden}, ones);
+    w.tensor_f32("blk.0.attn_norm.weight", {hidden}, ones);
+    w.tensor_f32("blk.0.ffn_norm.weight", {hidden}, ones);
+    if (qwen2) {
+      w.tensor_f32("blk.0.attn_q.bias", {heads * hd}, random(heads * hd));
+      w.tensor_f32("blk.0.attn_k.bias", {kv_heads * hd}, random(kv_heads * hd));
+      w.tensor_f32("blk.0.attn_v.bias", {kv_heads * hd}, random(kv_heads * hd));
+    } else {
+      w.tensor_f32("blk.0.attn_q_norm.weight", {hd}, std::vector<float>(hd, 1.0f));
+      w.tensor_f32("blk.0.attn_k_norm.weight", {hd}, std::vector<float>(hd, 1.0f));
+    }
+    w.tensor_f32("blk.0.attn_q.weight", {hidden, heads * hd}, random(hidden * heads * hd));
+    w.tensor_f32("blk.0.attn_k.weight", {hidden, kv_heads * hd}, random(hidden * kv_heads * hd));
+    w.tensor_f32("blk.0.attn_v.weight", {hidden, kv_heads * hd}, random(hidden * kv_heads * hd));
+    w.tensor_f32("blk.0.attn_output.weight", {heads * hd, hidden}, random(hidden * heads * hd));
+    const std::vector<float> router = random(experts * hidden);
+    w.tensor_f32("blk.0.ffn_gate_inp.weight", {hidden, experts}, router);
+    std::map<std::string, std::string> bytes;
+    for (auto [name, type, cols, rows] : {std::tuple{"ffn_gate_exps", ggml::q4_k, hidden, ffn}, {"ffn_up_exps", ggml::q4_k, hidden, ffn},
+                                          {"ffn_down_exps", ggml::q6_k, ffn, hidden}}) {
+      bytes[name] = k_quant_blocks(type, experts * rows, cols, rng);
+      w.tensor(std::string("blk.0.") + name + ".weight", type, {cols, rows, experts}, bytes[name]);
+    }
+    if (qwen2) {
+      w.tensor_f32("blk.0.ffn_gate_inp_shexp.weight", {hidden}, random(hidden));
+      w.tensor("blk.0.ffn_gate_shexp.weight", ggml::q4_k, {hidden, ffn}, k_quant_blocks(ggml::q4_k, ffn, hidden, rng));
+      w.tensor("blk.0.ffn_up_shexp.weight", ggml::q4_k, {hidden, ffn}, k_quant_blocks(ggml::q4_k, ffn, hidden, rng));
+      w.tensor("blk.0.ffn_down_shexp.weight", ggml::q6_k, {ffn, hidden}, k_quant_blocks(ggml::q6_k, hidden, ffn, rng));
+    }
+    const std::string path = write(w, dir, "moe.gguf");
+    auto m = model::load(path);
+    ASSERT_TRUE(m.ok()) << m.err().message;
+    const auto& c = (*m)->config();
+    EXPECT_EQ(c.arch, qwen2 ? architecture::qwen2_moe : architecture::qwen3_moe);
+    EXPECT_EQ(c.moe.n_experts, experts);
+    EXPECT_EQ(c.moe.experts_per_token, 2u);
+    EXPECT_EQ(c.moe.norm_topk_prob, !qwen2);  // llama.cpp renormalizes Qwen3-MoE's top-k, not Qwen2-MoE's
+    EXPECT_EQ(c.moe.shared_intermediate, qwen2 ? ffn : 0u);
+    EXPECT_EQ(c.intermediate, ffn);
+    const auto& l = (*m)->weights().layers[0];
+    ASSERT_EQ(l.experts.size(), experts);
+    EXPECT_EQ(l.router.type, kernels::dtype::f32);
+    EXPECT_EQ(kernels::load_as_f32(l.router.data, l.router.type, 2 * hidden + 5), router[2 * hidden + 5]);
+    for (size_t e = 0; e < experts; ++e) {
+      for (auto [name, x, type] : {std::tuple{"ffn_gate_exps", &l.experts[e].gate, kernels::dtype::q4_k},
+                                   {"ffn_up_exps", &l.experts[e].up, kernels::dtype::q4_k},
+                                   {"ffn_down_exps", &l.experts[e].down, kernels::dtype::q6_k}}) {
+        ASSERT_EQ(x->type, type) << name << " expert " << e;
+        const size_t each = bytes[name].size() / experts;  // expert e's rows of the stack, in place
+        EXPECT_EQ(std::memcmp(x->data, bytes[name].data() + e * each, each), 0) << name << " expert " << e;
+      }
+    }
+    if (qwen2) {
+      EXPECT_EQ(l.shared.down.type, kernels::dtype::q6_k);
+      EXPECT_EQ(l.shared_gate.rows, 1u);
+    }
+    const std::vector<int32_t> prompt = {3, 14, 15, 9, 2, 6};
+    const auto tp1 = first_logits(*m, 1, prompt), tp2 = first_logits(*m, 2, prompt);
+    ASSERT_EQ(tp1.size(), 64u);
+    ASSERT_EQ(tp2.size(), tp1.size());
+    float max_abs = 0, max_diff = 0;
+    for (size_t i = 0; i < tp1.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(tp1[i]) && std::isfinite(tp2[i]));
+      max_abs = std::max(max_abs, std::fabs(tp1[i]));
+      max_diff = std::max(max_diff, std::fabs(tp1[i] - tp2[i]));
+    }
+    EXPECT_GT(max_diff, 0.0f);  // the int8 slices round
+    EXPECT_LT(max_diff, 0.02f * max_abs) << "max abs " << max_abs;
+  }
+}
+
+TEST(GgufModel, LlamaWithExpertsIsMixtralWhoseExpertsMayBeTensorsOfTheirOwn) {
+  // llama.cpp's first MoE converter wrote Mixtral's experts one tensor each (ffn_up.E): they
+  // map to block_sparse_moe.experts.E.w1/w3/w2 as the stacked ones do. A stacked Q8_0 tensor
+  // is converted per expert (to int8 blocks), each from its own rows of the stack.
+  temp_dir dir;
+  gguf_writer w;
+  llama_shape(w, 32, 1, 32, 2, 1);
+  w.u32("llama.expert_count", 3);
+  w.u32("llama.expert_used_count", 2);
+  auto t = [&](const std::string& name, std::vector<uint64_t> dims, float scale) {
+    size_t n = 1;
+    for (auto d : dims) n *= d;
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 7 + n) % 11) * scale - 0.2f;
+    w.tensor_f32(name, std::move(dims), v);
+  };
+  t("token_embd.weight", {32, 16}, 0.05f);
+  t("output_norm.weight", {32}, 0.1f);
+  t("blk.0.attn_norm.weight", {32}, 0.1f);
+  t("blk.0.ffn_norm.weight", {32}, 0.1f);
+  t("blk.0.attn_q.weight", {32, 32}, 0.03f);
+  t("blk.0.attn_k.weight", {32, 16}, 0.03f);
+  t("blk.0.attn_v.weight", {32, 16}, 0.03f);
+  t("blk.0.attn_output.weight", {32, 32}, 0.03f);
+  t("blk.0.ffn_gate_inp.weight", {32, 3}, 0.04f);
+  t("blk.0.ffn_gate_exps.weight", {32, 32, 3}, 0.02f);
+  for (int e = 0; e < 3; ++e) t("blk.0.ffn_up." + std::to_string(e) + ".weight", {32, 32}, 0.02f + 0.01f * e);
+  const uint16_t d = kernels::f32_to_f16(0.01f);
+  auto q = [](size_t row, size_t j) { return static_cast<int8_t>((row * 5 + j * 3) % 41 - 20); };
+  std::string down;  // [3 experts][32 rows][one Q8_0 block]
+  for (size_t row = 0; row < 3 * 32; ++row) {
+    down.append(reinterpret_cast<const char*>(&d), 2);
+    for (size_t j = 0; j < 32; ++j) down.push_back(static_cast<char>(q(row, j)));
+  }
+  w.tensor("blk.0.ffn_down_exps.weight", ggml::q8_0, {32, 32, 3}, down);
+  const std::string path = write(w, dir);
+  auto m = model::load(path);
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  EXPECT_EQ((*m)->config().arch, architecture::mixtral);
+  EXPECT_EQ((*m)->config().moe.n_experts, 3u);
+  const auto& l = (*m)->weights().layers[0];
+  ASSERT_EQ(l.experts.size(), 3u);
+  // Expert 1's up_proj is its own tensor (scale 0.03); its gate the stack's second 32 rows.
+  EXPECT_FLOAT_EQ(kernels::load_as_f32(l.experts[1].up.data, kernels::dtype::f32, 0), static_cast<float>(1024 % 11) * 0.03f - 0.2f);
+  EXPECT_FLOAT_EQ(kernels::load_as_f32(l.experts[1].gate.data, kernels::dtype::f32, 0),
+                  static_cast<float>((1024 * 7 + 3072) % 11) * 0.02f - 0.2f);
+  for (size_t e = 0; e < 3; ++e) {
+    const weight_matrix& x = l.experts[e].down;
+    ASSERT_EQ(x.type, kernels::dtype::q8);
+    for (size_t r : {0, 17, 31}) {
+      for (size_t j : {0, 9, 31}) {
+        const float want = static_cast<float>(q(e * 32 + r, j)) * kernels::f16_to_f32(d);
+        ASSERT_EQ(kernels::load_as_f32(x.data, x.type, r * x.ld() + j), want) << "expert " << e << " row " << r << " col " << j;
+      }
+    }
+  }
+  // A stacked tensor must have 3 dimensions.
+  gguf_writer flat = w;
+  flat.tensor_f32("blk.0.ffn_up_exps.weight", {32, 32}, std::vector<float>(1024, 0.0f));
+  auto bad = model::load(write(flat, dir, "flat.gguf"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("has 2 dimensions (3: [experts, rows, columns])"), std::string::npos) << bad.err().message;
 }
 
 /// The GGUF tokenizer metadata llama.cpp's converter writes for an HF tokenizer.json: tokens in

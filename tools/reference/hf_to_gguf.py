@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes an HF model directory (Llama/Mistral, Qwen2, Qwen3) as a GGUF file the way llama.cpp's
-converter (convert_hf_to_gguf.py) does, and the weights that file really holds back as an HF
+"""Writes an HF model directory (Llama/Mistral, Qwen2, Qwen3; the mixtures of experts Mixtral,
+Qwen3-MoE, Qwen2-MoE) as a GGUF file the way llama.cpp's converter (convert_hf_to_gguf.py) does, and the weights that file really holds back as an HF
 float32 directory for llama_reference.py. Shares no code with llmesh.
 
 Needs python3 with numpy and torch (Debian: python3-numpy python3-torch; llama_reference.py's
@@ -15,7 +15,11 @@ f32, tokenizer.ggml.* from tokenizer.json (tokens in id order, special added tok
 other added tokens 4, merges as "a b"); tensors renamed (token_embd, blk.N.attn_q, ...), each
 matrix's dims listed innermost first; Llama's q and k rows (weights and biases) permuted per
 head with reshape(n_head, 2, hd/2, ...).swapaxes(1, 2) for its interleaved rotary; Llama 3's
-rotary scaling as the F32 tensor rope_freqs.weight of per-frequency divisors.
+rotary scaling as the F32 tensor rope_freqs.weight of per-frequency divisors; a mixture of
+experts' router as F32 ffn_gate_inp (never quantized), each projection of every expert stacked
+into one [experts, rows, cols] tensor ffn_{gate,up,down}_exps, Qwen2-MoE's shared expert as
+ffn_*_shexp and its gate as the F32 vector ffn_gate_inp_shexp; metadata expert_count,
+expert_used_count, expert_feed_forward_length (Qwen) and expert_shared_feed_forward_length.
 
 --types: every tensor of 2 dimensions in that type (norms and biases stay F32); "mixed" gives
 the matrices Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K in turn (the embedding Q8_0), so one
@@ -26,8 +30,9 @@ picks: the first and last eighth and every third between); "q3_k_m" (Q3_K; attn_
 layers 0-1 and Q4_K after, attn_output Q4_K, ffn_down Q5_K in the first sixteenth of the
 layers and Q4_K after); "q2_k" (Q2_K; attn_v Q4_K with 4 or more query heads per KV head, else
 Q3_K; attn_output and ffn_down Q3_K); "iq4_xs" and "iq4_nl" (attn_v Q5_K with 4 or more query
-heads per KV head, ffn_down Q5_K in the first eighth of the layers). In all of them
-output.weight is Q6_K, and so is a tied model's embedding (llama.cpp gives it the output's
+heads per KV head, ffn_down Q5_K in the first eighth of the layers); ffn_down rules cover the
+experts' and a shared expert's, and a model of 8 experts gets attn_k and attn_v Q8_0 and (but
+for q5_k_m) attn_output Q5_K. In all of them output.weight is Q6_K, and so is a tied model's embedding (llama.cpp gives it the output's
 type); a type whose blocks do not divide a row falls back as llama.cpp's does (Q2_K, Q3_K,
 IQ4_XS to IQ4_NL, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, then F16). The Q*_0/Q*_1 and Q8_0
 blocks are made as ggml's reference quantizers make them; the K-quant and IQ4 blocks by a
@@ -498,8 +503,13 @@ def main():
     cfg = json.load(open(os.path.join(args.model, "config.json")))
     tok = json.load(open(os.path.join(args.model, "tokenizer.json")))
     archs = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-             "Qwen3ForCausalLM": "qwen3"}
+             "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
+             "Qwen2MoeForCausalLM": "qwen2moe"}
     arch = archs[cfg["architectures"][0]]
+    mixtral = cfg["architectures"][0] == "MixtralForCausalLM"
+    n_experts = cfg.get("num_local_experts" if mixtral else "num_experts", 0) if mixtral or arch.endswith("moe") else 0
+    expert_inter = cfg["intermediate_size"] if mixtral else cfg.get("moe_intermediate_size", 0)
+    shared_inter = cfg.get("shared_expert_intermediate_size", 0) if arch == "qwen2moe" else 0
     hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads", heads)
     hd = cfg.get("head_dim") or hidden // heads
@@ -527,6 +537,13 @@ def main():
         kv_add(f"{arch}.attention.key_length", 4, hd)
         kv_add(f"{arch}.attention.value_length", 4, hd)
     kv_add(f"{arch}.vocab_size", 4, vocab)
+    if n_experts:
+        kv_add(f"{arch}.expert_count", 4, n_experts)
+        kv_add(f"{arch}.expert_used_count", 4, cfg["num_experts_per_tok"])
+        if not mixtral:
+            kv_add(f"{arch}.expert_feed_forward_length", 4, expert_inter)
+        if shared_inter:
+            kv_add(f"{arch}.expert_shared_feed_forward_length", 4, shared_inter)
     by_id = {i: t for t, i in tok["model"]["vocab"].items()}
     types = {i: 1 for i in by_id}
     for a in tok.get("added_tokens", []):
@@ -560,7 +577,7 @@ def main():
             if q2:
                 return "q4_k" if heads // kv >= 4 else "q3_k"
             return "q5_k" if layer < 2 else "q4_k"
-        if gguf_name.endswith("ffn_down.weight"):
+        if "ffn_down" in gguf_name:  # dense, stacked experts' and a shared expert's (llama.cpp's find)
             return "q3_k" if q2 else ("q5_k" if layer < layers // 16 else "q4_k")
         if gguf_name.endswith("attn_output.weight"):
             return "q3_k" if q2 else "q4_k"
@@ -571,7 +588,7 @@ def main():
             return "q6_k"
         if gguf_name.endswith("attn_v.weight") and heads // kv >= 4:
             return "q5_k"
-        if gguf_name.endswith("ffn_down.weight") and int(gguf_name.split(".")[1]) < layers // 8:
+        if "ffn_down" in gguf_name and int(gguf_name.split(".")[1]) < layers // 8:
             return "q5_k"
         return args.types
 
@@ -590,6 +607,11 @@ def main():
         recipes = ("q2_k", "q3_k_m", "q4_k_m", "q5_k_m", "iq4_xs", "iq4_nl")
         if args.types in recipes and gguf_name == "token_embd.weight" and tied:
             gguf_name = "output.weight"  # llama.cpp: with no output tensor the embedding gets its type
+        if args.types in recipes and n_experts == 8:  # llama.cpp's rules for 8-expert models
+            if gguf_name.endswith(("attn_v.weight", "attn_k.weight")):
+                return fitting("q8_0", shape[-1])
+            if gguf_name.endswith("attn_output.weight") and args.types != "q5_k_m":
+                return fitting("q5_k", shape[-1])
         if args.types in ("iq4_xs", "iq4_nl"):
             return fitting(recipe_iq4(gguf_name), shape[-1])
         if args.types in ("q2_k", "q3_k_m"):
@@ -598,7 +620,7 @@ def main():
             k = args.types[:4]
             if gguf_name == "output.weight":
                 k = "q6_k"
-            elif gguf_name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(int(gguf_name.split(".")[1])):
+            elif ("attn_v.weight" in gguf_name or "ffn_down" in gguf_name) and use_more_bits(int(gguf_name.split(".")[1])):
                 k = "q6_k"
             return fitting(k, shape[-1])
         if args.types != "mixed":
@@ -609,7 +631,7 @@ def main():
             k = "q8_0"
         return k
 
-    def add(gguf_name, hf_name, shape, perm_heads=None, kind=None):
+    def add(gguf_name, hf_name, shape, perm_heads=None, kind=None, file_shape=None):
         w = weights.get(hf_name, shape).numpy().astype(F32)
         if perm_heads:
             w = permute(w, perm_heads)
@@ -617,7 +639,13 @@ def main():
         data, back = encode_tensor(kind, w)
         if perm_heads:
             back = unpermute(back, perm_heads)
-        tensors.append((gguf_name, kind, list(shape), data, hf_name, back))
+        tensors.append((gguf_name, kind, list(file_shape or shape), data, [(hf_name, list(shape))], back))
+
+    def add_stacked(gguf_name, hf_names, shape):  # one [experts, *shape] tensor of every expert's matrix
+        w = np.stack([weights.get(n, shape).numpy().astype(F32) for n in hf_names])
+        kind = kind_for(w.shape, gguf_name)
+        data, back = encode_tensor(kind, w)
+        tensors.append((gguf_name, kind, list(w.shape), data, [(n, list(shape)) for n in hf_names], back))
 
     llama = arch == "llama"
     tied = cfg.get("tie_word_embeddings", False)
@@ -660,9 +688,26 @@ def main():
             add(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", [hd])
             add(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", [hd])
         add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", [hidden])
-        add(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", [inter, hidden])
-        add(b + "ffn_up.weight", p + "mlp.up_proj.weight", [inter, hidden])
-        add(b + "ffn_down.weight", p + "mlp.down_proj.weight", [hidden, inter])
+        if not n_experts:
+            add(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", [inter, hidden])
+            add(b + "ffn_up.weight", p + "mlp.up_proj.weight", [inter, hidden])
+            add(b + "ffn_down.weight", p + "mlp.down_proj.weight", [hidden, inter])
+            continue
+        # llama.cpp's MoE tensors: the router unquantized, each projection of every expert
+        # stacked into one [experts, rows, cols] tensor; Qwen2-MoE's shared expert beside them
+        m = p + ("block_sparse_moe." if mixtral else "mlp.")
+        names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+        add(b + "ffn_gate_inp.weight", m + "gate.weight", [n_experts, hidden], kind="f32")
+        ei = expert_inter
+        for gname, hf, shape in (("ffn_gate_exps", names[0], [ei, hidden]), ("ffn_up_exps", names[1], [ei, hidden]),
+                                 ("ffn_down_exps", names[2], [hidden, ei])):
+            add_stacked(b + gname + ".weight", [m + f"experts.{e}.{hf}.weight" for e in range(n_experts)], shape)
+        if shared_inter:
+            si = shared_inter
+            add(b + "ffn_gate_inp_shexp.weight", m + "shared_expert_gate.weight", [1, hidden], kind="f32", file_shape=[hidden])
+            add(b + "ffn_gate_shexp.weight", m + "shared_expert.gate_proj.weight", [si, hidden])
+            add(b + "ffn_up_shexp.weight", m + "shared_expert.up_proj.weight", [si, hidden])
+            add(b + "ffn_down_shexp.weight", m + "shared_expert.down_proj.weight", [hidden, si])
 
     def s(x):
         e = x.encode("utf-8")
@@ -699,19 +744,22 @@ def main():
     if args.decoded:
         os.makedirs(args.decoded, exist_ok=True)
         header, blobs, pos = {}, [], 0
-        for _, _, shape, _, hf, back in tensors:
-            if hf is None:
+        for _, _, _, _, hfs, back in tensors:
+            if hfs is None:
                 continue
-            blob = np.ascontiguousarray(back, dtype="<f4").tobytes()
-            header[hf] = {"dtype": "F32", "shape": shape, "data_offsets": [pos, pos + len(blob)]}
-            blobs.append(blob)
-            pos += len(blob)
+            parts = back.reshape(len(hfs), -1)  # a stacked tensor: one HF tensor per expert
+            for (hf, shape), part in zip(hfs, parts):
+                blob = np.ascontiguousarray(part, dtype="<f4").tobytes()
+                header[hf] = {"dtype": "F32", "shape": shape, "data_offsets": [pos, pos + len(blob)]}
+                blobs.append(blob)
+                pos += len(blob)
         h = json.dumps(header).encode()
         h += b" " * ((8 - len(h) % 8) % 8)
         with open(os.path.join(args.decoded, "model.safetensors"), "wb") as f:
             f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
         with open(os.path.join(args.decoded, "gguf_types.json"), "w") as f:
-            json.dump({hf: kind for _, kind, _, _, hf, _ in tensors if hf is not None}, f, indent=1, sort_keys=True)
+            json.dump({hf: kind for _, kind, _, _, hfs, _ in tensors if hfs is not None for hf, _ in hfs}, f, indent=1,
+                      sort_keys=True)
         if rope_old is not None:
             # The file holds the converter's divisors, made with its `old`: the reference must see those.
             dcfg = dict(cfg)

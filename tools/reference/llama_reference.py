@@ -351,6 +351,14 @@ class Model:
                 for n, hf in names.items():
                     if n in L and kinds.get(f"model.layers.{i}.{hf}.weight") in requantized:
                         L[n] = quantize_int8(L[n])
+                m = f"model.layers.{i}." + ("block_sparse_moe." if cfg["arch"] == "MixtralForCausalLM" else "mlp.")
+                mine = ("w1", "w3", "w2") if cfg["arch"] == "MixtralForCausalLM" else ("gate_proj", "up_proj", "down_proj")
+                if "experts" in L:   # the router and a shared expert's gate are never requantized
+                    L["experts"] = [tuple(quantize_int8(w) if kinds.get(f"{m}experts.{e}.{p}.weight") in requantized else w
+                                          for w, p in zip(x, mine)) for e, x in enumerate(L["experts"])]
+                if "shared" in L:
+                    L["shared"] = tuple(quantize_int8(w) if kinds.get(f"{m}shared_expert.{p}.weight") in requantized else w
+                                        for w, p in zip(L["shared"], ("gate_proj", "up_proj", "down_proj")))
             head = "model.embed_tokens.weight" if cfg["tied"] else "lm_head.weight"
             if kinds.get(head) in requantized:
                 self.lm_head = quantize_int8(self.lm_head)

@@ -158,10 +158,10 @@ class shard_executor final : public step_executor {
                  kernels::communicator* comm, kernels::thread_pool* pool);
   ~shard_executor() override;
 
-  /// Makes this rank's int8 copies of the K-quant (Q4_K/Q5_K/Q6_K) row-parallel slices
-  /// (o_proj, down_proj) that would cut a super-block (row_slices.hpp); nothing for other
-  /// weights (MoE experts never hold K-quants: the GGUF loader refuses 3-D tensors). Called
-  /// once, before the first step; fails when such a slice holds a non-finite value.
+  /// Makes this rank's int8 copies of the K-quant row-parallel slices (o_proj, down_proj, each
+  /// expert's and a shared expert's down_proj) that would cut a super-block (row_slices.hpp);
+  /// nothing for other weights. Called once, before the first step; fails when such a slice
+  /// holds a non-finite value.
   [[nodiscard]] status make_row_slices();
 
   [[nodiscard]] status forward(std::span<const step_sequence> batch, std::vector<float>& logits) override;
@@ -205,8 +205,10 @@ class shard_executor final : public step_executor {
 
   std::shared_ptr<const model> model_;
   shard_layout layout_;
-  /// Per layer, this rank's own copy of its o_proj / down_proj columns, or null: read in place.
+  /// Per layer, this rank's own copy of its o_proj / down_proj columns (an MoE layer's: of its
+  /// shared expert's), or null: read in place; per layer and expert, of each expert's down_proj.
   std::vector<std::shared_ptr<const detail::row_slice>> o_slices_, down_slices_;
+  std::vector<std::vector<std::shared_ptr<const detail::row_slice>>> expert_down_slices_;
   kv_cache_config kv_;
   kernels::communicator* comm_;
   kernels::thread_pool* pool_;
