@@ -384,6 +384,40 @@ std::string k_quant_blocks(uint32_t type, size_t rows, size_t cols, std::mt19937
   return out;
 }
 
+/// Logits of the first step of a prompt at `tp` ranks (empty on failure, which is reported).
+std::vector<float> first_logits(const std::shared_ptr<const model>& m, int tp, const std::vector<int32_t>& prompt) {
+  engine_options o;
+  o.threads = 2;
+  o.tp = tp;
+  o.kv_tokens = 64;
+  auto e = engine::create(m, o);
+  std::vector<float> logits;
+  EXPECT_TRUE(e.ok()) << e.err().message;
+  if (!e.ok()) return logits;
+  std::vector<int32_t> table(4);
+  std::iota(table.begin(), table.end(), 0);
+  step_sequence s;
+  s.tokens = prompt;
+  s.block_table = table;
+  EXPECT_TRUE((*e)->forward(std::span(&s, 1), logits).ok());
+  return logits;
+}
+
+/// --tp 1's and --tp 2's logits of a model whose ranks hold int8 copies of the slices that cut
+/// K-quant super-blocks: finite, different (int8 rounds), within 2 % of the largest.
+void expect_tp_logits_close(const std::vector<float>& tp1, const std::vector<float>& tp2) {
+  ASSERT_EQ(tp1.size(), 64u);
+  ASSERT_EQ(tp2.size(), tp1.size());
+  float max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < tp1.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(tp1[i]) && std::isfinite(tp2[i]));
+    max_abs = std::max(max_abs, std::fabs(tp1[i]));
+    max_diff = std::max(max_diff, std::fabs(tp1[i] - tp2[i]));
+  }
+  EXPECT_GT(max_diff, 0.0f);
+  EXPECT_LT(max_diff, 0.02f * max_abs) << "max abs " << max_abs;
+}
+
 TEST(GgufModel, KQuantMatricesAreReadInPlaceAndTpSlicesThatCutABlockBecomeInt8) {
   // Q2_K / Q3_K / Q4_K / Q6_K / IQ4_XS matrices are held as the file's blocks (the kernels read them in
   // place); at --tp 2 a rank's o_proj (128 of 256 columns) and down_proj (384 of 768) slices
@@ -437,36 +471,10 @@ TEST(GgufModel, KQuantMatricesAreReadInPlaceAndTpSlicesThatCutABlockBecomeInt8) 
     EXPECT_EQ(std::memcmp(static_cast<const char*>(q1.data) + r * 136, file_q.data() + src * 136, 136), 0) << "row " << r;
   }
 
-  auto logits_at = [&](int tp) {
-    engine_options o;
-    o.threads = 2;
-    o.tp = tp;
-    o.kv_tokens = 64;
-    auto e = engine::create(*m, o);
-    std::vector<float> logits;
-    EXPECT_TRUE(e.ok()) << e.err().message;
-    if (!e.ok()) return logits;
-    std::vector<int32_t> table(4);
-    std::iota(table.begin(), table.end(), 0);
-    step_sequence s;
-    const std::vector<int32_t> prompt = {3, 14, 15, 9, 2, 6};
-    s.tokens = prompt;
-    s.block_table = table;
-    // At --tp 2 this runs only with the ranks' int8 slices: the kernels refuse a K-quant job
-    // whose columns cut a super-block.
-    EXPECT_TRUE((*e)->forward(std::span(&s, 1), logits).ok());
-    return logits;
-  };
-  const auto tp1 = logits_at(1), tp2 = logits_at(2);
-  ASSERT_EQ(tp1.size(), 64u);
-  ASSERT_EQ(tp2.size(), tp1.size());
-  float max_abs = 0, max_diff = 0;
-  for (size_t i = 0; i < tp1.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(tp1[i]) && std::isfinite(tp2[i]));
-    max_abs = std::max(max_abs, std::fabs(tp1[i]));
-    max_diff = std::max(max_diff, std::fabs(tp1[i] - tp2[i]));
-  }
-  EXPECT_LT(max_diff, 0.02f * max_abs) << "max abs " << max_abs;
+  // At --tp 2 this runs only with the ranks' int8 slices: the kernels refuse a K-quant job whose
+  // columns cut a super-block.
+  const std::vector<int32_t> prompt = {3, 14, 15, 9, 2, 6};
+  expect_tp_logits_close(first_logits(*m, 1, prompt), first_logits(*m, 2, prompt));
 
   // --quantization int8 re-quantizes the K-quant matrices (decoded first), and the rest of a
   // --dtype cast leaves them as they are.
@@ -493,25 +501,6 @@ TEST(GgufModel, KQuantMatricesAreReadInPlaceAndTpSlicesThatCutABlockBecomeInt8) 
   auto f = model::load(path, cast);
   ASSERT_TRUE(f.ok()) << f.err().message;
   EXPECT_EQ((*f)->weights().layers[1].down.type, kernels::dtype::q6_k);
-}
-
-/// Logits of the first step of a prompt at `tp` ranks (empty on failure, which is reported).
-std::vector<float> first_logits(const std::shared_ptr<const model>& m, int tp, const std::vector<int32_t>& prompt) {
-  engine_options o;
-  o.threads = 2;
-  o.tp = tp;
-  o.kv_tokens = 64;
-  auto e = engine::create(m, o);
-  std::vector<float> logits;
-  EXPECT_TRUE(e.ok()) << e.err().message;
-  if (!e.ok()) return logits;
-  std::vector<int32_t> table(4);
-  std::iota(table.begin(), table.end(), 0);
-  step_sequence s;
-  s.tokens = prompt;
-  s.block_table = table;
-  EXPECT_TRUE((*e)->forward(std::span(&s, 1), logits).ok());
-  return logits;
 }
 
 TEST(GgufModel, StackedExpertsAreViewsPerExpertAndTpSlicesThatCutABlockBecomeInt8) {
@@ -604,17 +593,7 @@ TEST(GgufModel, StackedExpertsAreViewsPerExpertAndTpSlicesThatCutABlockBecomeInt
       EXPECT_EQ(l.shared_gate.rows, 1u);
     }
     const std::vector<int32_t> prompt = {3, 14, 15, 9, 2, 6};
-    const auto tp1 = first_logits(*m, 1, prompt), tp2 = first_logits(*m, 2, prompt);
-    ASSERT_EQ(tp1.size(), 64u);
-    ASSERT_EQ(tp2.size(), tp1.size());
-    float max_abs = 0, max_diff = 0;
-    for (size_t i = 0; i < tp1.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(tp1[i]) && std::isfinite(tp2[i]));
-      max_abs = std::max(max_abs, std::fabs(tp1[i]));
-      max_diff = std::max(max_diff, std::fabs(tp1[i] - tp2[i]));
-    }
-    EXPECT_GT(max_diff, 0.0f);  // the int8 slices round
-    EXPECT_LT(max_diff, 0.02f * max_abs) << "max abs " << max_abs;
+    expect_tp_logits_close(first_logits(*m, 1, prompt), first_logits(*m, 2, prompt));
   }
 }
 
