@@ -324,7 +324,7 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   r.at(entry_label("models", index, node));
   LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization",
                                  "dtype", "kv_cache_dtype", "chat_template", "max_model_len", "reasoning_parser", "tool_call_parser", "pooling", "loras",
-                                 "enable_lora", "max_loras"}));
+                                 "enable_lora", "max_loras", "expert_parallel"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -412,6 +412,8 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
                     " adapters 'loras' lists");
     }
   }
+  LLMESH_READ(expert_parallel, r.boolean(f, "expert_parallel"));
+  out.expert_parallel = expert_parallel;
   LLMESH_READ(enable_lora, r.boolean(f, "enable_lora"));
   out.enable_lora = enable_lora;  // an opt-in of its own: listing loras does not open the runtime routes
   if (enable_lora && out.place == placement::spread) {

@@ -102,6 +102,7 @@ void load_replica(agent* self, const transport::assign_msg& a) {
   if (auto it = st.models.find(key); it != st.models.end()) cached = it->second;
   model::engine_options eo = st.opt.engine;
   eo.tp = static_cast<int>(std::max<uint32_t>(a.tp, 1));
+  eo.expert_parallel = a.expert_parallel;
   const size_t kv_mb = a.kv_cache_mb;
   const size_t max_seqs = st.opt.sched.max_seqs;
   st.loading[a.replica] = {a.model, false};

@@ -138,6 +138,7 @@ void load_part(agent* self, const transport::assign_msg& a) {
   if (auto it = st.models.find(model_key(a)); it != st.models.end()) cached = it->second;
   model::engine_options eo = st.opt.engine;
   eo.tp = static_cast<int>(tp);
+  eo.expert_parallel = a.expert_parallel;
   const size_t max_seqs = st.opt.sched.max_seqs;
   tensor_group_options go;
   go.size = static_cast<int>(tp);

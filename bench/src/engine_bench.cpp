@@ -87,6 +87,7 @@ status run_engine_bench(const engine_bench_options& opt) {
   if (!m) return m.take_error();
   model::engine_options eo;
   eo.tp = opt.tp;
+  eo.expert_parallel = opt.expert_parallel;
   eo.threads = opt.threads;
   eo.kv_type = *kv_type;
   size_t widest = 1;
@@ -200,7 +201,8 @@ status run_engine_bench(const engine_bench_options& opt) {
   std::printf("  model        %s, hidden %zu, layers %zu, heads %zu/%zu, vocab %zu, %.2f B decode params\n",
               c.arch_name.c_str(), c.hidden, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab,
               static_cast<double>(m.value()->decode_params()) / 1e9);
-  std::printf("  setup        tp %d, threads %d, isa %s, weights %s, KV cache %s\n", eng.tp(), threads,
+  std::printf("  setup        tp %d%s, threads %d, isa %s, weights %s, KV cache %s\n", eng.tp(),
+              opt.expert_parallel && c.moe.n_experts > 0 ? " (expert-parallel)" : "", threads,
               std::string(kernels::isa_name(kernels::active_isa())).c_str(),
               (m.value()->quantized_weights().empty() ? std::string(kernels::dtype_name(m.value()->weights().layers[0].q.type))
                                                       : m.value()->quantized_weights())

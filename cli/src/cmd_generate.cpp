@@ -22,7 +22,7 @@ struct generate_flags {
   float presence_penalty = 0.0f, frequency_penalty = 0.0f, repetition_penalty = 1.0f;
   int top_k = 0, tp = 1, threads = 0, min_tokens = 0;
   uint64_t seed = 0;
-  bool print_ids = false, deterministic = false;
+  bool print_ids = false, deterministic = false, expert_parallel = false;
   std::string quantization = "none", kv_cache_dtype = "auto", dtype = "auto";
   std::string device = "auto";
   std::string lora;  ///< a LoRA adapter's directory: generate with it
@@ -65,6 +65,7 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
   if (!m) return m.take_error();
   model::engine_options opt;
   opt.tp = f.tp;
+  opt.expert_parallel = f.expert_parallel;
   opt.threads = f.threads;
   opt.device = *device;
   opt.kv_type = *kv_type;
@@ -181,6 +182,7 @@ void add_generate(CLI::App& app, command_set& commands) {
       ->check(CLI::Range(0, 1 << 30));
   auto* seed = sub->add_option("--seed", f->seed, "Sampling seed (random when absent)");
   sub->add_option("--tp", f->tp, "Tensor-parallel ranks")->check(CLI::Range(1, 64))->capture_default_str();
+  sub->add_flag("--enable-expert-parallel", f->expert_parallel, "A mixture of experts' ranks hold whole experts (vLLM's flag)");
   sub->add_option("--threads", f->threads, "Kernel threads in all; 0 = one per core")->check(CLI::Range(0, 1024));
   sub->add_option("--device", f->device, "cpu, cuda, or auto (CUDA when a GPU is present)")->capture_default_str();
   sub->add_flag("--deterministic", f->deterministic, "CUDA: batch-invariant kernels at every batch size");

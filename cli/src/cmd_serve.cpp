@@ -37,6 +37,7 @@ struct serve_flags {
   lora_flags lora;
   vllm_model_flags vllm;
   int replicas = 1, tp = 1, threads = 0;
+  bool expert_parallel = false;  ///< vLLM's --enable-expert-parallel
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256;
   size_t max_migrations = 3, drain_s = 10;
   bool deterministic = false;
@@ -168,6 +169,7 @@ status run_serve(serve_flags f) {
   actors::mesh_options mo;
   mo.replicas = f.replicas;
   mo.engine.tp = f.tp;
+  mo.engine.expert_parallel = f.expert_parallel;
   mo.engine.threads = f.threads > 0 ? f.threads : std::max(f.tp, cores / f.replicas);
   // No more than max_seqs contexts of the granted length (--max-model-len) could ever be used.
   mo.engine.kv_type = *kv_type;
@@ -293,6 +295,8 @@ void add_serve(CLI::App& app, command_set& commands) {
       ->required();
   sub->add_option("--replicas,--data-parallel-size", f->replicas, "Model replicas (vLLM's data parallelism)")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_option("--tp,--tensor-parallel-size", f->tp, "Tensor-parallel shards per replica")->check(CLI::Range(1, 64))->capture_default_str();
+  sub->add_flag("--enable-expert-parallel", f->expert_parallel,
+                "vLLM's: a mixture of experts' shards hold whole experts instead of a slice of each (dense models: no effect)");
   sub->add_option("--http", f->http, "HTTP listen address HOST:PORT (port 0: any free port)")->capture_default_str();
   sub->add_option("--host", f->host, "vLLM's: the HTTP host, with --http's port (or --port)");
   sub->add_option("--port", f->port, "vLLM's: the HTTP port, with --http's host (or --host)")->check(CLI::Range(0, 65535));

@@ -63,7 +63,7 @@ class cuda_executor final : public step_executor {
     LLMESH_TRY(cuda::copy_to_device(sin_.get(), sn.data(), sn.size() * sizeof(float), stream_.get()));
     nv_max_ = layout_.n_vocab;
     for (int r = 0; r < layout_.tp; ++r) {
-      auto peer = make_shard_layout(cfg_, r, layout_.tp);
+      auto peer = make_shard_layout(cfg_, r, layout_.tp, layout_.expert_parallel);
       if (!peer) return peer.take_error();
       nv_max_ = std::max(nv_max_, peer->n_vocab);
       peers_.push_back(*peer);

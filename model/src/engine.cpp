@@ -168,7 +168,7 @@ result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, e
   if (opt.kv_tokens == 0) opt.kv_tokens = std::min<size_t>(c.max_positions, 8192);
   std::vector<shard_layout> layouts;
   for (int r = 0; r < opt.tp; ++r) {
-    auto l = make_shard_layout(c, r, opt.tp);
+    auto l = make_shard_layout(c, r, opt.tp, opt.expert_parallel);
     if (!l) return l.take_error();
     LLMESH_TRY(check_quantized_layout(*m, *l));
     layouts.push_back(*l);
@@ -228,7 +228,7 @@ result<std::unique_ptr<engine>> engine::create_part(std::shared_ptr<const model>
       return make_error(errc::invalid_request, "engine part: communicator rank " + std::to_string(r) + " of " +
                                                    std::to_string(comm->size()) + " does not fit tp " + std::to_string(opt.tp));
     }
-    auto l = make_shard_layout(c, r, opt.tp);
+    auto l = make_shard_layout(c, r, opt.tp, opt.expert_parallel);
     if (!l) return l.take_error();
     LLMESH_TRY(check_quantized_layout(*m, *l));
     e->local_.push_back(r);

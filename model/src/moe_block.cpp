@@ -1,9 +1,10 @@
 // An MoE layer's MLP on one tensor-parallel rank (shard_executor::moe_block; HF's
 // Qwen3MoeSparseMoeBlock and MixtralSparseMoeBlock): router logits → softmax → each token's
 // experts_per_token most probable experts (ties: the lower id), their probabilities
-// renormalised over the chosen (norm_topk_prob) → every expert runs this rank's slice of its
-// SwiGLU on the rows routed to it (gate/up of all experts in one parallel region, down in
-// another) → each token's rows weighted and summed in its experts' order → all-reduce →
+// renormalised over the chosen (norm_topk_prob) → each of the rank's experts (every expert, or
+// expert-parallel its own whole ones: shard_layout) runs the rank's slice of its SwiGLU on the
+// rows routed to it (gate/up of all experts in one parallel region, down in another) → each
+// token's rows on this rank weighted and summed in its experts' order → all-reduce →
 // residual, in chunks of tokens (bounded scratch). Batch-invariant: a row's matmul does not
 // depend on the rows beside it, and a token's sum runs in an order of its own. The router's
 // logits are float32 (HF's are the model dtype's), its softmax double. Qwen2-MoE's shared
@@ -23,8 +24,8 @@ namespace llmesh::model {
 
 namespace {
 
-/// Tokens routed at once: the scratch rows (tokens × experts_per_token × (2 hidden + 2 of the
-/// rank's intermediate) floats) stay bounded whatever the prompt; each token's work is its own,
+/// Tokens routed at once: the scratch rows (at most tokens × experts_per_token × (2 hidden + 2
+/// of the rank's intermediate) floats) stay bounded whatever the prompt; each token's work is its own,
 /// so the chunking changes no bit.
 constexpr size_t chunk_tokens = 512;
 
@@ -89,24 +90,34 @@ status shard_executor::moe_chunk(size_t layer, size_t t0, size_t n_tokens) {
     }
   }
 
-  // The (token, slot) rows grouped by expert, tokens in order within each.
+  // The (token, slot) rows of this rank's experts grouped by expert, tokens in order within each.
+  const size_t e_begin = layout_.expert0, e_end = e_begin + layout_.n_experts;
+  constexpr size_t elsewhere = std::numeric_limits<size_t>::max();  // another rank's expert
   std::vector<size_t> first(n_experts + 1, 0);
   for (uint32_t e : chosen_) ++first[e + 1];
+  for (size_t e = 0; e < n_experts; ++e) {
+    if (e < e_begin || e >= e_end) first[e + 1] = 0;
+  }
   std::partial_sum(first.begin(), first.end(), first.begin());  // first[e]: expert e's first row
   std::vector<size_t> next(first.begin(), first.end() - 1);
-  const size_t rows = n_tokens * k;
-  row_of_.resize(rows);
-  for (size_t i = 0; i < rows; ++i) row_of_[i] = next[chosen_[i]]++;
+  const size_t slots = n_tokens * k, rows = first[n_experts];
+  row_of_.resize(slots);
+  for (size_t i = 0; i < slots; ++i) {
+    const uint32_t e = chosen_[i];
+    row_of_[i] = e >= e_begin && e < e_end ? next[e]++ : elsewhere;
+  }
   expert_x_.resize(rows * hidden);
   expert_gate_.resize(rows * ni);
   expert_up_.resize(rows * ni);
   expert_y_.resize(rows * hidden);
   pool_->run([&](int th, int n_threads) {
-    auto [b, e] = kernels::thread_pool::split(rows, th, n_threads);
-    for (size_t i = b; i < e; ++i) std::copy_n(&xn[(i / k) * hidden], hidden, &expert_x_[row_of_[i] * hidden]);
+    auto [b, e] = kernels::thread_pool::split(slots, th, n_threads);
+    for (size_t i = b; i < e; ++i) {
+      if (row_of_[i] != elsewhere) std::copy_n(&xn[(i / k) * hidden], hidden, &expert_x_[row_of_[i] * hidden]);
+    }
   });
   std::vector<kernels::matmul_args> gate_up, down;
-  for (size_t e = 0; e < n_experts; ++e) {
+  for (size_t e = e_begin; e < e_end; ++e) {
     const size_t r0 = first[e], m = first[e + 1] - first[e];
     if (m == 0) continue;
     const auto& x = lw.experts[e];
@@ -152,13 +163,14 @@ status shard_executor::moe_chunk(size_t layer, size_t t0, size_t n_tokens) {
   });
   LLMESH_TRY(kernels::matmul(down, *pool_));
 
-  // Each token: its experts' rows, weighted, summed in its own order.
+  // Each token: its experts' rows on this rank, weighted, summed in its own order.
   pool_->run([&](int th, int n_threads) {
     auto [b, e] = kernels::thread_pool::split(n_tokens, th, n_threads);
     for (size_t t = b; t < e; ++t) {
       float* out = &proj_[(t0 + t) * hidden];
       std::fill_n(out, hidden, 0.0f);
       for (size_t s = 0; s < k; ++s) {
+        if (row_of_[t * k + s] == elsewhere) continue;
         const float w = weight_[t * k + s];
         const float* y = &expert_y_[row_of_[t * k + s] * hidden];
         for (size_t h = 0; h < hidden; ++h) out[h] += w * y[h];

@@ -359,7 +359,7 @@ status shard_executor::head_rows(size_t n, std::vector<float>& logits) {
   LLMESH_TRY(comm_->all_gather(local, gathered));
   size_t at = 0;
   for (int r = 0; r < layout_.tp; ++r) {
-    auto peer = make_shard_layout(c, r, layout_.tp);  // cannot fail: our own layout did not
+    auto peer = make_shard_layout(c, r, layout_.tp, layout_.expert_parallel);  // cannot fail: ours did not
     const size_t v0 = peer->vocab0, nv = peer->n_vocab;
     for (size_t row = 0; row < n; ++row) {
       std::copy_n(&gathered[at + row * nv], nv, &logits[row * c.vocab + v0]);

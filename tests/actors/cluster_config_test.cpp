@@ -328,6 +328,14 @@ TEST(ClusterConfig, EnableLoraLetsAdaptersComeWhileServingPackedModelsOnly) {
                  {"'enable_lora': adapters added while serving reach packed replicas only"});
 }
 
+TEST(ClusterConfig, ExpertParallelIsAModelsFlag) {
+  EXPECT_FALSE(parse_cluster_config(base, "t.yaml")->models[0].expert_parallel);
+  auto on = parse_cluster_config(with("placement: packed", "placement: packed\n    expert_parallel: true"), "t.yaml");
+  ASSERT_TRUE(on.ok()) << on.err().message;
+  EXPECT_TRUE(on->models[0].expert_parallel);
+  expect_refused(with("placement: packed", "placement: packed\n    expert_parallel: 1"), {"'expert_parallel' must be true or false"});
+}
+
 TEST(ClusterConfig, ModelRulesAreChecked) {
   expect_refused(with("tp: 2", "tp: 0"), {"models[0] (m): 'tp' must be an integer in 1..64, got '0'"});
   expect_refused(with("tp: 2", "tp: 65"), {"'tp' must be an integer in 1..64, got '65'"});

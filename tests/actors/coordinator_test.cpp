@@ -300,6 +300,7 @@ TEST(Coordinator, ScaleUpAndDownThroughCtl) {
   spec.kv_cache_dtype = "bfloat16";
   spec.max_model_len = 100;
   spec.dtype = "float16";
+  spec.expert_parallel = true;
   auto c = make({spec});
   join(c, 1, "a");
   join(c, 2, "b");
@@ -315,6 +316,7 @@ TEST(Coordinator, ScaleUpAndDownThroughCtl) {
   EXPECT_EQ(assigns(up.effects)[0].kv_cache_dtype, "bfloat16");
   EXPECT_EQ(assigns(up.effects)[0].max_model_len, 100u);
   EXPECT_EQ(assigns(up.effects)[0].dtype, "float16");
+  EXPECT_TRUE(assigns(up.effects)[0].expert_parallel);
 
   // Past capacity: the rest is pending.
   auto more = ctl(c, "scale", {"tiny", "3"});

@@ -3,7 +3,8 @@
 // would deliver them, and its answers are read back. Covered: an update that comes while a
 // replica is still loading is applied once it has loaded and answered before the replica is
 // ready; one the loading replica cannot apply fails its start (unless undone meanwhile); a load of a name loaded from another directory is refused; the
-// commands of one model are answered in the order they came.
+// commands of one model are answered in the order they came. And an assignment's own engine
+// setting: expert_parallel reaches the replica's engine.
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -159,6 +160,29 @@ TEST_F(NodeAgentLora, ARefusedUpdateUndoneWhileLoadingLeavesTheStartAlone) {
   EXPECT_EQ(rec_->next(), "ready 3");
   lora(7, "load", "a", dir_.path() + "/a");
   EXPECT_EQ(rec_->next(), "reply ok 7 applied 1");
+}
+
+// The same agent, told to run a mixture of experts at --tp 2 whose experts' intermediate (33)
+// no two ranks can split: refused as sliced, served when the assignment says expert_parallel.
+using NodeAgentAssign = NodeAgentLora;
+
+TEST_F(NodeAgentAssign, ExpertParallelReachesTheReplicasEngine) {
+  model::random_model_spec spec;
+  spec.arch = "qwen3_moe";
+  spec.vocab = 300;
+  spec.intermediate = 33;
+  spec.n_experts = 4;
+  const std::string dir = dir_.path() + "/moe";
+  ASSERT_TRUE(model::write_random_model(spec, dir).ok());
+  transport::assign_msg a{4, "moe", dir, 2, 16, transport::assign_op::start};
+  frame(a);
+  const std::string sliced = rec_->next();
+  EXPECT_EQ(sliced.rfind("dead 4: ", 0), 0u) << sliced;
+  EXPECT_NE(sliced.find("cannot split intermediate_size (33)"), std::string::npos) << sliced;
+  a.replica = 5;
+  a.expert_parallel = true;
+  frame(a);
+  EXPECT_EQ(rec_->next(), "ready 5");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // `llmesh generate` against golden files from the independent PyTorch reference
 // (tools/reference/, tests/data/golden/): greedy ids identical and first-step logits within
-// 1e-4 (max-abs-diff / max-abs), at --tp 1 and --tp 2; chunked prefill gives identical bits.
+// 1e-4 (max-abs-diff / max-abs), at --tp 1 and --tp 2 (a mixture of experts also with
+// --enable-expert-parallel); chunked prefill gives identical bits.
 // Cases with --quantization int8 check the quantized weights against the reference's own int8.
 // The same for GGUF files (tests/data/gguf).
 #include <gtest/gtest.h>
@@ -66,13 +67,16 @@ TEST_P(GoldenTest, GenerateMatchesReference) {
 
   const bool splits_in_two = c.name.find("h200") == std::string::npos;  // 5 heads cannot split
   std::vector<float> tp1_logits;
-  for (int tp : {1, 2}) {
-    SCOPED_TRACE("tp " + std::to_string(tp));
-    const std::string dump = tmp.path() + "/logits" + std::to_string(tp);
+  // A mixture of experts also runs expert-parallel (whole experts per rank).
+  std::vector<std::string> runs = {"--tp 1", "--tp 2"};
+  if (c.flags.find("--experts ") != std::string::npos) runs.push_back("--tp 2 --enable-expert-parallel");
+  for (size_t run = 0; run < runs.size(); ++run) {
+    SCOPED_TRACE(runs[run]);
+    const std::string dump = tmp.path() + "/logits" + std::to_string(run);
     auto r = run_command(llmesh_bin + " generate --device cpu --model " + model + " --prompt-ids " + c.prompt +
-                         " --max-tokens 32 --print-ids --threads 2 --tp " + std::to_string(tp) + " --dump-logits " + dump +
-                         " " + c.run_flags);
-    if (tp == 2 && !splits_in_two) {
+                         " --max-tokens 32 --print-ids --threads 2 " + runs[run] + " --dump-logits " + dump + " " +
+                         c.run_flags);
+    if (run > 0 && !splits_in_two) {
       EXPECT_NE(r.exit_code, 0);
       EXPECT_NE(r.err.find("cannot split num_attention_heads"), std::string::npos) << r.err;
       continue;
@@ -84,7 +88,7 @@ TEST_P(GoldenTest, GenerateMatchesReference) {
     float max_diff = 0;
     for (size_t i = 0; i < got.size(); ++i) max_diff = std::max(max_diff, std::fabs(got[i] - want_logits[i]));
     EXPECT_LT(max_diff / max_abs, 1e-4f) << "max abs diff " << max_diff;
-    if (tp == 1) tp1_logits = got;
+    if (run == 0) tp1_logits = got;
   }
 
   // Prefill in chunks of 3: the same bits as prefilling the whole prompt.
@@ -103,7 +107,8 @@ INSTANTIATE_TEST_SUITE_P(Golden, GoldenTest, ::testing::ValuesIn(load_cases()),
 
 // GGUF files (tests/data/gguf: what llama.cpp's converter writes, from tools/reference/
 // hf_to_gguf.py) against the reference's run over the weights each file holds: the same
-// greedy ids and logits within 1e-4, at --tp 1 and 2, and chunked prefill bit for bit.
+// greedy ids and logits within 1e-4, at --tp 1 and 2 (a mixture of experts also
+// expert-parallel), and chunked prefill bit for bit.
 const std::string gguf_dir = std::string(LLMESH_TEST_DATA) + "/gguf";
 
 std::vector<golden_case> load_gguf_cases() {
@@ -130,11 +135,14 @@ TEST_P(GgufGoldenTest, GenerateMatchesReference) {
   float max_abs = 0;
   for (float x : want_logits) max_abs = std::max(max_abs, std::fabs(x));
   std::vector<float> tp1_logits;
-  for (int tp : {1, 2}) {
-    SCOPED_TRACE("tp " + std::to_string(tp));
-    const std::string dump = tmp.path() + "/logits" + std::to_string(tp);
+  // A mixture of experts also runs expert-parallel (whole experts per rank).
+  std::vector<std::string> runs = {"--tp 1", "--tp 2"};
+  if (c.flags.find("--experts ") != std::string::npos) runs.push_back("--tp 2 --enable-expert-parallel");
+  for (size_t run = 0; run < runs.size(); ++run) {
+    SCOPED_TRACE(runs[run]);
+    const std::string dump = tmp.path() + "/logits" + std::to_string(run);
     auto r = run_command(llmesh_bin + " generate --device cpu --model " + model + " --prompt-ids " + c.prompt +
-                         " --max-tokens 32 --print-ids --threads 2 --tp " + std::to_string(tp) + " --dump-logits " + dump);
+                         " --max-tokens 32 --print-ids --threads 2 " + runs[run] + " --dump-logits " + dump);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(trim(r.out), want_ids);
     auto got = read_floats(dump);
@@ -142,7 +150,7 @@ TEST_P(GgufGoldenTest, GenerateMatchesReference) {
     float max_diff = 0;
     for (size_t i = 0; i < got.size(); ++i) max_diff = std::max(max_diff, std::fabs(got[i] - want_logits[i]));
     EXPECT_LT(max_diff / max_abs, 1e-4f) << "max abs diff " << max_diff;
-    if (tp == 1) tp1_logits = got;
+    if (run == 0) tp1_logits = got;
   }
   const std::string dump = tmp.path() + "/logits_chunked";
   auto r = run_command(llmesh_bin + " generate --device cpu --model " + model + " --prompt-ids " + c.prompt +

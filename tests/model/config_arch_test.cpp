@@ -200,6 +200,65 @@ TEST(ParseConfig, Qwen2MoeHasASharedExpert) {
   EXPECT_EQ(l->n_shared, 2816u);
 }
 
+TEST(ShardLayout, ExpertParallelGivesEachRankWholeExpertsAsVllmPlacesThem) {
+  model_config c;
+  c.hidden = 64;
+  c.n_heads = 6;
+  c.n_kv_heads = 6;
+  c.vocab = 100;
+  c.intermediate = 100;  // splits over no 3 ranks: expert-parallel does not split it
+  c.moe.n_experts = 8;
+  c.moe.experts_per_token = 2;
+  c.moe.shared_intermediate = 30;
+  auto sliced = make_shard_layout(c, 0, 3);
+  ASSERT_FALSE(sliced.ok());
+  EXPECT_NE(sliced.err().message.find("intermediate_size"), std::string::npos);
+  const size_t expert0[] = {0, 3, 6}, n_experts[] = {3, 3, 2};  // 8 / 3, the first 8 % 3 ranks one more
+  for (int r = 0; r < 3; ++r) {
+    auto l = make_shard_layout(c, r, 3, true);
+    ASSERT_TRUE(l.ok()) << l.err().message;
+    EXPECT_TRUE(l->expert_parallel);
+    EXPECT_EQ(l->expert0, expert0[r]);
+    EXPECT_EQ(l->n_experts, n_experts[r]);
+    EXPECT_EQ(l->inter0, 0u);
+    EXPECT_EQ(l->n_inter, 100u);  // whole experts
+    EXPECT_EQ(l->shared0, 10u * static_cast<size_t>(r));  // the shared expert still splits
+    EXPECT_EQ(l->n_shared, 10u);
+    EXPECT_EQ(l->n_heads, 2u);
+  }
+  c.intermediate = 99;
+  auto tp1 = make_shard_layout(c, 0, 1, true);  // one rank: every expert, whole
+  ASSERT_TRUE(tp1.ok());
+  EXPECT_EQ(tp1->n_experts, 8u);
+  EXPECT_EQ(tp1->n_inter, 99u);
+  // Without the flag every rank runs every expert's slice.
+  c.intermediate = 96;
+  auto l = make_shard_layout(c, 2, 3);
+  ASSERT_TRUE(l.ok());
+  EXPECT_FALSE(l->expert_parallel);
+  EXPECT_EQ(l->expert0, 0u);
+  EXPECT_EQ(l->n_experts, 8u);
+  EXPECT_EQ(l->inter0, 64u);
+  EXPECT_EQ(l->n_inter, 32u);
+  // More ranks than experts: refused by name.
+  c.n_heads = 12;
+  c.n_kv_heads = 12;
+  c.intermediate = 120;
+  c.moe.shared_intermediate = 0;
+  auto many = make_shard_layout(c, 0, 12, true);
+  ASSERT_FALSE(many.ok());
+  EXPECT_EQ(many.err().code, errc::invalid_request);
+  EXPECT_NE(many.err().message.find("at least as many experts as ranks"), std::string::npos) << many.err().message;
+  // A dense model ignores the flag (as vLLM does) and splits its MLP.
+  c.moe = {};
+  auto dense = make_shard_layout(c, 1, 2, true);
+  ASSERT_TRUE(dense.ok());
+  EXPECT_FALSE(dense->expert_parallel);
+  EXPECT_EQ(dense->inter0, 60u);
+  EXPECT_EQ(dense->n_inter, 60u);
+  EXPECT_EQ(dense->n_experts, 0u);
+}
+
 TEST(ParseConfig, GraniteHasItsMultipliers) {
   // ibm-granite/granite-3.0-2b-instruct's config.json (abridged).
   auto j = json::parse(R"({"architectures": ["GraniteForCausalLM"], "attention_bias": false, "attention_multiplier": 0.015625,

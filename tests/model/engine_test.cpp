@@ -1,5 +1,5 @@
 // The engine's contracts: batch invariance, chunk invariance (identical bits; a dense model
-// and a mixture of experts), tensor
+// and a mixture of experts), tensor and expert
 // parallelism (same greedy tokens, logits within 1e-4), refusing bad steps without changing
 // state, and engine parts (create_part): one rank per engine gives one engine's bits, and a
 // part refuses what it cannot run.
@@ -240,6 +240,51 @@ TEST(Engine, TensorParallelMatchesSingleRank) {
         max_diff = std::max(max_diff, std::fabs(r1->first_logits[i] - r->first_logits[i]));
       }
       EXPECT_LT(max_diff / max_abs, 1e-4f);
+    }
+  }
+}
+
+TEST(Engine, ExpertParallelMatchesSingleRank) {
+  // Whole experts per rank (--enable-expert-parallel): 7 experts over 2 ranks (4, 3) and 3
+  // ranks (3, 2, 2), an intermediate (64) no 3 ranks could split; the shared expert still
+  // splits. Each rank sums its experts' rows, the all-reduce the ranks': same greedy tokens,
+  // logits within 1e-4.
+  for (auto spec : {moe_spec(), shared_moe_spec()}) {
+    SCOPED_TRACE(spec.arch);
+    spec.n_kv_heads = 6;
+    spec.n_experts = 7;
+    temp_model tm(spec);
+    auto e1 = make_engine(tm.get(), 1);
+    generate_request req;
+    req.prompt = prompt_of(9, 3);
+    req.max_tokens = 24;
+    auto r1 = generate(*e1, req);
+    ASSERT_TRUE(r1.ok());
+    for (int tp : {2, 3}) {
+      SCOPED_TRACE("tp " + std::to_string(tp));
+      engine_options o;
+      o.tp = tp;
+      o.threads = tp;
+      o.kv_tokens = 4096;
+      o.block_size = 4;
+      o.expert_parallel = true;
+      auto e = engine::create(tm.get(), o);
+      ASSERT_TRUE(e.ok()) << e.err().message;
+      auto r = generate(**e, req);
+      ASSERT_TRUE(r.ok()) << r.err().message;
+      EXPECT_EQ(r->tokens, r1->tokens);
+      float max_abs = 0, max_diff = 0;
+      for (size_t i = 0; i < r1->first_logits.size(); ++i) {
+        max_abs = std::max(max_abs, std::fabs(r1->first_logits[i]));
+        max_diff = std::max(max_diff, std::fabs(r1->first_logits[i] - r->first_logits[i]));
+      }
+      EXPECT_LT(max_diff / max_abs, 1e-4f);
+      o.expert_parallel = false;  // the intermediate split instead
+      auto sliced = engine::create(tm.get(), o);
+      if (tp == 3) {
+        ASSERT_FALSE(sliced.ok());
+        EXPECT_NE(sliced.err().message.find("intermediate_size"), std::string::npos) << sliced.err().message;
+      }
     }
   }
 }
@@ -532,14 +577,22 @@ std::vector<std::unique_ptr<kernels::communicator>> comms_of(std::vector<std::un
 
 TEST(Engine, PartsInTwoEnginesMatchOneEngine) {
   // Two engines of one rank each (as on two nodes; here they meet through the in-process
-  // communicator), driven rank by rank, give the logits of one tp=2 engine, bit for bit.
-  temp_model tm(small_spec());
-  auto whole = engine::create(tm.get(), part_options(2, 2));
+  // communicator), driven rank by rank, give the logits of one tp=2 engine, bit for bit; a
+  // mixture of experts' parts expert-parallel too.
+  for (const bool moe : {false, true}) {
+  SCOPED_TRACE(moe ? "expert-parallel" : "dense");
+  temp_model tm(moe ? moe_spec() : small_spec());
+  auto opt = [&](int threads) {
+    auto o = part_options(2, threads);
+    o.expert_parallel = moe;
+    return o;
+  };
+  auto whole = engine::create(tm.get(), opt(2));
   ASSERT_TRUE(whole.ok()) << whole.err().message;
   auto group = kernels::make_local_communicators(2);
   std::vector<std::unique_ptr<engine>> parts;
   for (int r = 0; r < 2; ++r) {
-    auto e = engine::create_part(tm.get(), part_options(2, 1), comms_of(group, {r}));
+    auto e = engine::create_part(tm.get(), opt(1), comms_of(group, {r}));
     ASSERT_TRUE(e.ok()) << e.err().message;
     EXPECT_EQ((*e)->local_ranks(), std::vector<int>{r});
     EXPECT_EQ((*e)->tp(), 2);
@@ -568,6 +621,7 @@ TEST(Engine, PartsInTwoEnginesMatchOneEngine) {
     EXPECT_TRUE(same_bits(got[0].data(), want.data(), v));
     pos += tokens.size();
     tokens = {kernels::argmax(want)};
+  }
   }
 }
 

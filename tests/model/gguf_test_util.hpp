@@ -100,10 +100,12 @@ inline std::string k_quant_blocks(uint32_t type, size_t rows, size_t cols, std::
 }
 
 /// Logits of the first step of a prompt at `tp` ranks (empty on failure, which is reported).
-inline std::vector<float> first_logits(const std::shared_ptr<const model>& m, int tp, const std::vector<int32_t>& prompt) {
+inline std::vector<float> first_logits(const std::shared_ptr<const model>& m, int tp, const std::vector<int32_t>& prompt,
+                                       bool expert_parallel = false) {
   engine_options o;
   o.threads = 2;
   o.tp = tp;
+  o.expert_parallel = expert_parallel;
   o.kv_tokens = 64;
   auto e = engine::create(m, o);
   std::vector<float> logits;

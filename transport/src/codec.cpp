@@ -192,6 +192,7 @@ struct writer {
     a.setDtype(text(m.dtype));
     a.setEnableLora(m.enable_lora);
     a.setMaxLoras(m.max_loras);
+    a.setExpertParallel(m.expert_parallel);
   }
   void operator()(const shard_step_msg& m) {
     auto st = b.initShardStep();
@@ -479,7 +480,8 @@ struct reader {
         assign_msg m{a.getReplica(), str(a.getModel(), "model"), str(a.getPath(), "path"), a.getTp(),
                      a.getKvCacheMb(), static_cast<assign_op>(enum_value(a.getOp(), 1, "op")), {}, {}, {},
                      str(a.getQuantization(), "quantization"), {}, str(a.getKvCacheDtype(), "kvCacheDtype"),
-                     a.getMaxModelLen(), str(a.getDtype(), "dtype"), a.getEnableLora(), a.getMaxLoras()};
+                     a.getMaxModelLen(), str(a.getDtype(), "dtype"), a.getEnableLora(), a.getMaxLoras(),
+                     a.getExpertParallel()};
         if (fits(a.getRanks(), "ranks")) {
           for (auto x : a.getRanks()) m.ranks.push_back(x);
         }

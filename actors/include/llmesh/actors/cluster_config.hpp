@@ -99,6 +99,9 @@ struct model_spec {
   /// Adapters a replica holds at once, the config's and those added while serving (vLLM's
   /// --max-cpu-loras; 0: 64); at least `loras`' count. A load beyond it is refused.
   size_t max_loras = 0;
+  /// A mixture of experts' shards hold whole experts instead of a slice of each (vLLM's
+  /// --enable-expert-parallel; a dense model ignores it).
+  bool expert_parallel = false;
 };
 
 /// A whole cluster config, validated. Immutable after parsing; safe to share between threads.

@@ -24,17 +24,25 @@ struct row_slice;
 
 /// The slice of the model one rank owns. Heads and the MLP split evenly; when there are fewer
 /// KV heads than ranks, each rank holds a replica of the one KV head its query heads use.
+/// A mixture of experts splits each expert's intermediate (inter0, n_inter) over the ranks, or,
+/// expert-parallel (vLLM's --enable-expert-parallel), gives each rank whole experts: n_inter is
+/// then the whole intermediate and [expert0, expert0 + n_experts) the rank's experts (vLLM's
+/// split: n / tp each, the first n % tp ranks one more). The shared expert is always split.
 struct shard_layout {
   int rank = 0, tp = 1;
+  bool expert_parallel = false;
   size_t q_head0 = 0, n_heads = 0;
   size_t kv_head0 = 0, n_kv_heads = 0;
   size_t inter0 = 0, n_inter = 0;
+  size_t expert0 = 0, n_experts = 0;  ///< the routed experts this rank runs (every one unless expert_parallel)
   size_t shared0 = 0, n_shared = 0;  ///< Qwen2-MoE's shared expert's intermediate slice
   size_t vocab0 = 0, n_vocab = 0;  ///< LM head rows; the last rank takes the remainder
 };
 
 /// Computes rank `rank` of `tp`, or an error naming the dimension that cannot split.
-[[nodiscard]] result<shard_layout> make_shard_layout(const model_config& cfg, int rank, int tp);
+/// expert_parallel splits a mixture of experts' experts instead of their intermediate (a dense
+/// model ignores it, as vLLM does); it needs at least as many experts as ranks.
+[[nodiscard]] result<shard_layout> make_shard_layout(const model_config& cfg, int rank, int tp, bool expert_parallel = false);
 
 /// Paged KV cache geometry (identical on every rank; the block ids come from the caller).
 struct kv_cache_config {
@@ -174,8 +182,8 @@ class shard_executor final : public step_executor {
   status attention_block(size_t layer, std::span<const step_sequence> batch, size_t n_tokens);
   status mlp_block(size_t layer, size_t n_tokens);
   /// An MoE layer's MLP on the normed rows in xn_ (moe_block.cpp): the router, each token's
-  /// experts, this rank's slice of each expert run on the rows routed to it, the weighted sum
-  /// per token in its experts' order, the all-reduce and the residual.
+  /// experts, this rank's slice of each of its experts run on the rows routed to it, the
+  /// weighted sum per token in its experts' order, the all-reduce and the residual.
   status moe_block(size_t layer, size_t n_tokens);
   /// Tokens [t0, t0 + n_tokens) of it, into their rows of proj_ (before the all-reduce).
   status moe_chunk(size_t layer, size_t t0, size_t n_tokens);
@@ -225,7 +233,7 @@ class shard_executor final : public step_executor {
   std::vector<float> shared_gate_, shared_up_, shared_y_, shared_scale_;         ///< Qwen2-MoE's shared expert's
   std::vector<uint32_t> chosen_;  ///< per (token, slot): its expert
   std::vector<float> weight_;     ///< per (token, slot): its expert's weight
-  std::vector<size_t> row_of_;    ///< per (token, slot): its row among the chunk's expert rows
+  std::vector<size_t> row_of_;    ///< per (token, slot): its row among the chunk's expert rows (none: another rank's expert)
   std::unique_ptr<detail::lora_runner> lora_;  ///< this step's rows by LoRA adapter (lora_runner.hpp)
 };
 
