@@ -43,7 +43,8 @@ TEST(ServeVllmFlags, ChatTemplateMaxModelLenHostPortAndAliases) {
   child_process s({bin, "serve", m, "--http", "203.0.113.7:1", "--host", "127.0.0.1", "--port", "0", "--rpc", "none",
                    "--tensor-parallel-size", "1", "--max-num-seqs", "1", "--max-num-batched-tokens", "64", "--max-model-len", "48",
                    "--chat-template", tmpl, "--block-size", "32", "--enforce-eager", "--enable-prefix-caching",
-                   "--enable-chunked-prefill", "--trust-remote-code", "--enable-auto-tool-choice", "--disable-log-requests"});
+                   "--enable-chunked-prefill", "--trust-remote-code", "--enable-auto-tool-choice", "--disable-log-requests",
+                   "--enable-expert-parallel"});  // a dense model: no effect, as in vLLM
   ASSERT_TRUE(s.wait_for("on http://127.0.0.1:")) << s.log();
   // One sequence of at most 48 positions in blocks of 32: two blocks (16-position blocks: 48).
   EXPECT_NE(s.log().find(", KV 64 positions per replica"), std::string::npos) << s.log();
