@@ -14,6 +14,7 @@
 
 #include "llmesh/model/config.hpp"
 #include "gguf_model.hpp"
+#include "packed_weights.hpp"
 #include "read_file.hpp"
 
 namespace llmesh::model {
@@ -456,6 +457,7 @@ result<model_config> parse_config_json(const std::string& text) {
   c.o_bias = biased;
   c.qk_norm = qwen3_family || c.arch == architecture::gemma3;
   LLMESH_TRY(parse_moe(j, c));
+  LLMESH_TRY(detail::parse_packed_config(j, c));
   if (gemma) LLMESH_TRY(parse_gemma(j, c));
   if (c.arch == architecture::granite) LLMESH_TRY(parse_granite(j, c));
   c.fused_projections = c.arch == architecture::phi3;

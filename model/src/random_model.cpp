@@ -13,6 +13,7 @@
 
 #include "llmesh/model/random_model.hpp"
 #include "random_fill.hpp"
+#include "random_packed.hpp"
 
 namespace llmesh::model {
 namespace {
@@ -219,6 +220,11 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
   }
+  if (!s.packed.empty()) {
+    auto q = detail::packed_quantization_config(s.packed, s.group_size);
+    if (!q) return q.take_error();
+    cfg["quantization_config"] = *q;
+  }
   if (s.classifier_labels > 0) {
     json labels = json::object();
     for (size_t i = 0; i < s.classifier_labels; ++i) labels[std::to_string(i)] = "LABEL_" + std::to_string(i);
@@ -239,10 +245,24 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   const size_t q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd;
   const float in_h = std::sqrt(3.0f / static_cast<float>(s.hidden));
   std::vector<std::vector<tensor_spec>> files(s.shards);
+  status packed_failed = ok_status();
+  // --packed: the decoder layers' projections (and Mixtral's experts' w1/w2/w3), not a router.
+  auto packed_linear = [&](const std::string& name) {
+    return !s.packed.empty() && name.starts_with("model.layers.") &&
+           (name.ends_with("_proj.weight") || name.ends_with(".w1.weight") || name.ends_with(".w2.weight") ||
+            name.ends_with(".w3.weight"));
+  };
   auto add = [&](size_t file, const std::string& name, std::vector<size_t> shape, float center, float scale) {
     if (s.base_model && name == "lm_head.weight") return;  // a bare transformer has none
     // Values keyed by the full checkpoint's name: a bare one holds the same tensors.
     const std::string stored = s.base_model && name.starts_with("model.") ? name.substr(6) : name;
+    if (packed_linear(name)) {
+      auto layer = detail::random_packed_linear(s.seed, stored.substr(0, stored.size() - 7), shape[0], shape[1], scale, s.packed,
+                                                s.group_size);
+      if (!layer && packed_failed) packed_failed = layer.take_error();
+      if (layer) files[file].insert(files[file].end(), layer->begin(), layer->end());
+      return;
+    }
     files[file].push_back({stored, t, std::move(shape), uniform(s.seed, name, t, center, scale)});
   };
   // Gemma multiplies the rows by sqrt(hidden), Granite by 12: smaller rows keep the residual stream O(1).
@@ -310,6 +330,7 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
       add(f, p + "self_attn.k_norm.weight", {hd}, norm_center, 0.2f);
     }
   }
+  LLMESH_TRY(packed_failed);
   if (s.shards == 1) return write_safetensors(dir + "/model.safetensors", files[0]);
   json weight_map = json::object();
   for (size_t f = 0; f < s.shards; ++f) {

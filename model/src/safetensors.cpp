@@ -34,7 +34,7 @@ result<kernels::dtype> parse_dtype(const std::string& s) {
   if (s == "F32") return kernels::dtype::f32;
   if (s == "F16") return kernels::dtype::f16;
   if (s == "BF16") return kernels::dtype::bf16;
-  return make_error(errc::unsupported, "dtype " + s + " (supported: F32, F16, BF16)");
+  return make_error(errc::unsupported, "dtype " + s + " (supported: F32, F16, BF16, and I32 for AWQ/GPTQ packed weights)");
 }
 
 }  // namespace
@@ -92,10 +92,11 @@ status tensor_store::add_file(const std::string& path) {
         info["data_offsets"].size() != 2) {
       return file_error(path, "malformed entry for tensor '" + name + "'");
     }
-    auto type = parse_dtype(info["dtype"].get<std::string>());
+    const bool i32 = info["dtype"].get<std::string>() == "I32";
+    auto type = i32 ? result<kernels::dtype>(kernels::dtype::f32) : parse_dtype(info["dtype"].get<std::string>());
     if (!type) return make_error(errc::unsupported, path + ": tensor '" + name + "' has unsupported " + type.err().message);
     tensor_view t;
-    t.type = *type;
+    t.type = *type;  // I32: 4-byte elements, as f32's
     size_t elements = 1;
     for (const auto& d : info["shape"]) {
       if (!d.is_number_unsigned()) return file_error(path, "tensor '" + name + "' has a bad shape");
@@ -120,7 +121,8 @@ status tensor_store::add_file(const std::string& path) {
     }
     t.data = data_start + begin;
     t.bytes = end - begin;
-    if (!tensors_.emplace(name, std::move(t)).second) return file_error(path, "tensor '" + name + "' appears twice");
+    if (tensors_.count(name) != 0 || i32_.count(name) != 0) return file_error(path, "tensor '" + name + "' appears twice");
+    (i32 ? i32_ : tensors_).emplace(name, std::move(t));
   }
   keep_.push_back(std::move(file));
   return ok_status();
@@ -160,14 +162,25 @@ result<tensor_store> tensor_store::open(const std::string& dir) {
   }
   for (const auto& f : shards) LLMESH_TRY(store.add_file(dir + "/" + f));
   for (const auto& [name, file] : index["weight_map"].items()) {
-    if (!store.contains(name)) return file_error(index_path, "tensor '" + name + "' is not in " + file.get<std::string>());
+    if (!store.contains(name) && store.i32_.count(name) == 0) {
+      return file_error(index_path, "tensor '" + name + "' is not in " + file.get<std::string>());
+    }
   }
   return store;
 }
 
 result<tensor_view> tensor_store::get(const std::string& name) const {
   auto it = tensors_.find(name);
-  if (it == tensors_.end()) return make_error(errc::not_found, "missing tensor '" + name + "'");
+  if (it == tensors_.end()) {
+    if (i32_.count(name) != 0) return make_error(errc::invalid_request, "tensor '" + name + "' is int32 (I32), not a float tensor");
+    return make_error(errc::not_found, "missing tensor '" + name + "'");
+  }
+  return it->second;
+}
+
+result<tensor_view> tensor_store::get_i32(const std::string& name) const {
+  auto it = i32_.find(name);
+  if (it == i32_.end()) return make_error(errc::not_found, "missing int32 tensor '" + name + "'");
   return it->second;
 }
 

@@ -15,6 +15,7 @@
 #include "llmesh/model/detokenizer.hpp"
 #include "llmesh/model/gguf.hpp"
 #include "llmesh/model/token_mask.hpp"
+#include "packed_weights.hpp"
 
 namespace llmesh::model {
 namespace {
@@ -91,6 +92,11 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
   if (!cfg) return cfg.take_error();
   auto store = tensor_store::open(dir);
   if (!store) return store.take_error();
+  if (auto s = detail::unpack_packed_weights(*store, cfg->packed); !s) {  // AWQ / GPTQ layers into int8
+    error e = s.take_error();
+    e.message = dir + ": " + e.message;
+    return e;
+  }
   std::shared_ptr<model> m(new model(dir, std::move(cfg.value()), std::move(store.value())));
   if (auto s = m->bind_weights(); !s) {
     error e = s.take_error();

@@ -281,6 +281,31 @@ TEST(TensorStore, RejectsUnsupportedDtypeNamingIt) {
   }
 }
 
+TEST(TensorStore, Int32TensorsAreKeptApartForPackedWeights) {
+  // AWQ/GPTQ checkpoints hold their packed quants as I32: get_i32 returns them, get() refuses
+  // them by name (they are no float weights), and they count for the index's names.
+  temp_dir dir;
+  tensor_spec packed{"x.qweight", dtype::f32, {2, 3}, [](std::span<uint8_t> b) {
+                       for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(i);
+                     }, true};
+  ASSERT_TRUE(write_safetensors(dir / "model.safetensors", {pattern_tensor("w", dtype::f32, {4}, 1), packed}).ok());
+  auto st = tensor_store::open(dir.path());
+  ASSERT_TRUE(st.ok()) << st.err().message;
+  EXPECT_EQ(st->names(), std::vector<std::string>{"w"});
+  EXPECT_EQ(st->i32_names(), std::vector<std::string>{"x.qweight"});
+  auto t = st->get_i32("x.qweight");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->shape, (std::vector<size_t>{2, 3}));
+  EXPECT_EQ(t->bytes, 24u);
+  uint32_t second;
+  std::memcpy(&second, static_cast<const uint8_t*>(t->data) + 4, 4);
+  EXPECT_EQ(second, 0x07060504u);
+  auto as_float = st->get("x.qweight");
+  ASSERT_FALSE(as_float.ok());
+  EXPECT_NE(as_float.err().message.find("'x.qweight' is int32"), std::string::npos) << as_float.err().message;
+  EXPECT_EQ(st->get_i32("w").err().code, errc::not_found);
+}
+
 TEST(TensorStore, RejectsTruncatedDataSection) {
   temp_dir dir;
   const std::string path = dir / "model.safetensors";

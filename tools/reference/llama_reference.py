@@ -15,7 +15,8 @@ GraniteForCausalLM (embedding, attention, residual and logit multipliers), Gemma
 also normalise each block's output, soft-cap scores and logits, alternate sliding and global
 layers, and Gemma 3 gives its sliding layers their own rotary base), with
 weights in model.safetensors or a sharded model.safetensors.index.json
-(F32, F16 or BF16). Everything is computed in float64; the full sequence is
+(F32, F16 or BF16; AWQ (GEMM) and GPTQ checkpoints' packed layers decoded from their
+quantization_config, see Weights.unpack). Everything is computed in float64; the full sequence is
 recomputed at every step (no KV cache), which is fine for tiny models.
 
 Needs only python3 with numpy and torch (Debian: python3-numpy python3-torch).
@@ -97,14 +98,70 @@ class Weights:
             if missing:
                 sys.exit(f"error: index names tensors not found in their shard: {missing[:5]}")
         self.maps = {}
+        with open(os.path.join(model_dir, "config.json")) as f:
+            self.qcfg = json.load(f).get("quantization_config")
 
     def has(self, name):
-        return name in self.entries
+        return name in self.entries or (name.endswith(".weight") and name[:-len(".weight")] + ".qweight" in self.entries)
 
     def dtype(self, name):
         return self.entries[name][2]["dtype"]
 
+    def raw(self, name, dtype):
+        """A tensor's elements as stored (numpy dtype `dtype`), with its shape."""
+        if name not in self.entries:
+            sys.exit(f"error: tensor {name} missing")
+        path, start, info = self.entries[name]
+        if path not in self.maps:
+            self.maps[path] = np.memmap(path, dtype=np.uint8, mode="r")
+        begin, end = info["data_offsets"]
+        return np.asarray(self.maps[path][start + begin:start + end]).view(dtype).reshape(info["shape"])
+
+    def unpack(self, x, shape):
+        """Layer x of an AWQ or GPTQ checkpoint as weights [out, in]: w = s * (q - z), with q, z
+        and s those of the input's group. GPTQ (AutoGPTQ's QuantLinear): qweight [in / pack, out],
+        input i in bits bits*(i % pack) of row i // pack; qzeros [groups, out / pack], output o in
+        bits bits*(o % pack), stored less one (checkpoint_format "gptq"); g_idx gives each input's
+        group. AWQ (AutoAWQ's WQLinear_GEMM): qweight [in, out / 8] and qzeros [groups, out / 8],
+        nibble p of a word holding output 8 * (o // 8) + (0, 2, 4, 6, 1, 3, 5, 7)[p]. Where
+        llmesh cannot keep the values exactly in its int8 blocks (a block of 32 inputs spanning
+        groups, as act-order GPTQ has; 8-bit zeros other than 128) it requantizes the matrix with
+        its int8 rule, and so does this reference."""
+        q = self.qcfg
+        if not q or q.get("quant_method") not in ("awq", "gptq"):
+            sys.exit(f"error: {x}.qweight without an AWQ or GPTQ quantization_config")
+        awq = q["quant_method"] == "awq"
+        bits = q.get("bits", q.get("w_bit", 4))
+        pack, mask = 32 // bits, (1 << bits) - 1
+        out, n_in = shape
+        group = q.get("group_size", q.get("q_group_size", 128 if awq else -1))
+        group = n_in if group == -1 else group
+        qw = self.raw(x + ".qweight", "<u4").astype(np.int64)
+        qz = self.raw(x + ".qzeros", "<u4").astype(np.int64)
+        s = self.get(x + ".scales", [-(-n_in // group), out]).numpy()
+        if awq:
+            nibble = np.argsort([0, 2, 4, 6, 1, 3, 5, 7])   # output o % 8 -> its nibble
+            shifts = (4 * nibble)[None, None, :]
+            Q = ((qw[:, :, None] >> shifts) & mask).reshape(n_in, out)
+            Z = ((qz[:, :, None] >> shifts) & mask).reshape(-1, out)
+            g = np.arange(n_in) // group
+        else:
+            shifts = bits * np.arange(pack)
+            Q = ((qw[:, None, :] >> shifts[None, :, None]) & mask).reshape(n_in, out)
+            Z = ((qz[:, :, None] >> shifts[None, None, :]) & mask).reshape(-1, out)
+            if q.get("checkpoint_format", "gptq") == "gptq":
+                Z = Z + 1
+            g = self.raw(x + ".g_idx", "<i4").astype(np.int64) if x + ".g_idx" in self.entries else np.arange(n_in) // group
+        w = torch.from_numpy((s[g, :] * (Q - Z[g, :]).astype(np.float64)).T.copy())
+        padded = np.concatenate([g, np.full((-n_in) % 32, -1)])
+        blocks = padded.reshape(-1, 32)
+        uniform = all(np.all((b == b[0]) | (b == -1)) for b in blocks)
+        exact = uniform and (bits == 4 or np.all(Z == 128))
+        return w if exact else quantize_int8(w)
+
     def get(self, name, shape):
+        if name not in self.entries and name.endswith(".weight") and name[:-len(".weight")] + ".qweight" in self.entries:
+            return self.unpack(name[:-len(".weight")], shape)
         if name not in self.entries:
             sys.exit(f"error: tensor {name} missing")
         path, start, info = self.entries[name]

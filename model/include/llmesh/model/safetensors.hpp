@@ -64,6 +64,16 @@ class tensor_store {
   /// The tensor, or not_found naming it.
   result<tensor_view> get(const std::string& name) const;
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
+
+  /// An int32 tensor ("I32": AWQ's and GPTQ's packed quants and zeros, GPTQ's g_idx; kept apart
+  /// from the others, which get() returns: its `type` is unused), or not_found naming it.
+  result<tensor_view> get_i32(const std::string& name) const;
+  /// Every int32 tensor's name, in order.
+  std::vector<std::string> i32_names() const {
+    std::vector<std::string> out;
+    for (const auto& [n, t] : i32_) out.push_back(n);
+    return out;
+  }
   /// Every tensor's name, in order.
   std::vector<std::string> names() const {
     std::vector<std::string> out;
@@ -75,6 +85,7 @@ class tensor_store {
  private:
   std::vector<std::shared_ptr<const void>> keep_;  ///< the mappings and copies the views point into
   std::map<std::string, tensor_view> tensors_;
+  std::map<std::string, tensor_view> i32_;
 };
 
 }  // namespace llmesh::model

@@ -1,0 +1,135 @@
+// Random AWQ / GPTQ packed linear layers (random_packed.hpp). Every tensor comes from its own
+// stream keyed by (seed, tensor name), as random_model.cpp's do.
+#include "random_packed.hpp"
+
+#include <cstring>
+#include <numeric>
+
+#include "random_fill.hpp"
+
+namespace llmesh::model::detail {
+namespace {
+
+constexpr int awq_order[8] = {0, 2, 4, 6, 1, 3, 5, 7};  ///< AutoAWQ's: nibble p of a word holds output 8·(o / 8) + awq_order[p]
+
+struct stream {
+  uint64_t state;
+  stream(uint64_t seed, const std::string& name) : state(seed ^ name_hash(name)) {}
+  uint32_t below(uint32_t n) { return static_cast<uint32_t>((splitmix64(state) >> 32) % n); }
+  float unit() { return static_cast<float>(splitmix64(state) >> 40) * 0x1.0p-24f; }
+};
+
+void put(std::span<uint8_t> out, size_t at, uint32_t v) { std::memcpy(out.data() + 4 * at, &v, 4); }
+
+/// The group of each input: in order (i / group), or, act-order, group j / group for the input
+/// at place j of a random permutation (GPTQ's desc_act orders inputs by their Hessian).
+std::vector<uint32_t> groups_of(uint64_t seed, const std::string& x, size_t in, size_t group, bool act_order) {
+  std::vector<uint32_t> g(in);
+  if (!act_order) {
+    for (size_t i = 0; i < in; ++i) g[i] = static_cast<uint32_t>(i / group);
+    return g;
+  }
+  std::vector<size_t> perm(in);
+  std::iota(perm.begin(), perm.end(), 0);
+  stream r(seed, x + ".g_idx");
+  for (size_t i = in; i-- > 1;) std::swap(perm[i], perm[r.below(static_cast<uint32_t>(i + 1))]);
+  for (size_t j = 0; j < in; ++j) g[perm[j]] = static_cast<uint32_t>(j / group);
+  return g;
+}
+
+}  // namespace
+
+result<nlohmann::ordered_json> packed_quantization_config(const std::string& packed, size_t group_size) {
+  if (packed == "awq") {
+    return nlohmann::ordered_json{{"quant_method", "awq"}, {"bits", 4}, {"group_size", group_size}, {"version", "gemm"},
+                                  {"zero_point", true}, {"modules_to_not_convert", nullptr}};
+  }
+  if (packed == "gptq" || packed == "gptq-act-order" || packed == "gptq8") {
+    const bool eight = packed == "gptq8";
+    return nlohmann::ordered_json{{"quant_method", "gptq"}, {"bits", eight ? 8 : 4}, {"group_size", group_size},
+                                  {"desc_act", packed == "gptq-act-order"}, {"sym", eight}, {"true_sequential", true},
+                                  {"checkpoint_format", "gptq"}};
+  }
+  return make_error(errc::invalid_request, "--packed must be awq, gptq, gptq-act-order or gptq8, not '" + packed + "'");
+}
+
+result<std::vector<tensor_spec>> random_packed_linear(uint64_t seed, const std::string& x, size_t out, size_t in, float scale,
+                                                      const std::string& packed, size_t group_size) {
+  const bool awq = packed == "awq", eight = packed == "gptq8", act_order = packed == "gptq-act-order";
+  const int bits = eight ? 8 : 4;
+  const size_t pack = 32 / static_cast<size_t>(bits), levels = size_t{1} << bits;
+  if (group_size == 0 || in % group_size != 0 || in % pack != 0 || out % pack != 0) {
+    return make_error(errc::invalid_request, x + ": [" + std::to_string(out) + ", " + std::to_string(in) +
+                                                 "] does not split into groups of " + std::to_string(group_size) +
+                                                 " inputs and words of " + std::to_string(pack));
+  }
+  const size_t groups = in / group_size;
+  using k = kernels::dtype;
+  std::vector<tensor_spec> t;
+  // Quants uniform over their range; zeros near the middle (GPTQ stores them less one; 8 bits:
+  // symmetric, 128); float16 scales of about scale / (levels / 2), so w spans about ±scale.
+  auto quant = [=](stream& r) { return r.below(static_cast<uint32_t>(levels)); };
+  auto zero = [=](stream& r) -> uint32_t {
+    if (eight) return 128 - 1;
+    const uint32_t z = 6 + r.below(5);  // 6..10
+    return awq ? z : z - 1;
+  };
+  if (awq) {
+    t.push_back({x + ".qweight", k::f32, {in, out / 8}, [=](std::span<uint8_t> b) {
+                   stream r(seed, x + ".qweight");
+                   std::vector<uint32_t> q(out);
+                   for (size_t i = 0; i < in; ++i) {
+                     for (auto& v : q) v = quant(r);
+                     for (size_t c = 0; c < out / 8; ++c) {
+                       uint32_t w = 0;
+                       for (int p = 0; p < 8; ++p) w |= q[8 * c + static_cast<size_t>(awq_order[p])] << (4 * p);
+                       put(b, i * (out / 8) + c, w);
+                     }
+                   }
+                 }, true});
+    t.push_back({x + ".qzeros", k::f32, {groups, out / 8}, [=](std::span<uint8_t> b) {
+                   stream r(seed, x + ".qzeros");
+                   std::vector<uint32_t> z(out);
+                   for (size_t g = 0; g < groups; ++g) {
+                     for (auto& v : z) v = zero(r);
+                     for (size_t c = 0; c < out / 8; ++c) {
+                       uint32_t w = 0;
+                       for (int p = 0; p < 8; ++p) w |= z[8 * c + static_cast<size_t>(awq_order[p])] << (4 * p);
+                       put(b, g * (out / 8) + c, w);
+                     }
+                   }
+                 }, true});
+  } else {
+    t.push_back({x + ".qweight", k::f32, {in / pack, out}, [=](std::span<uint8_t> b) {
+                   stream r(seed, x + ".qweight");
+                   std::vector<uint32_t> words(in / pack * out, 0);
+                   for (size_t i = 0; i < in; ++i) {
+                     for (size_t o = 0; o < out; ++o) words[(i / pack) * out + o] |= quant(r) << (bits * (i % pack));
+                   }
+                   for (size_t w = 0; w < words.size(); ++w) put(b, w, words[w]);
+                 }, true});
+    t.push_back({x + ".qzeros", k::f32, {groups, out / pack}, [=](std::span<uint8_t> b) {
+                   stream r(seed, x + ".qzeros");
+                   std::vector<uint32_t> words(groups * (out / pack), 0);
+                   for (size_t g = 0; g < groups; ++g) {
+                     for (size_t o = 0; o < out; ++o) words[g * (out / pack) + o / pack] |= zero(r) << (bits * (o % pack));
+                   }
+                   for (size_t w = 0; w < words.size(); ++w) put(b, w, words[w]);
+                 }, true});
+    t.push_back({x + ".g_idx", k::f32, {in}, [=](std::span<uint8_t> b) {
+                   const auto g = groups_of(seed, x, in, group_size, act_order);
+                   for (size_t i = 0; i < in; ++i) put(b, i, g[i]);
+                 }, true});
+  }
+  const float step = scale / static_cast<float>(levels / 2);
+  t.push_back({x + ".scales", k::f16, {groups, out}, [=](std::span<uint8_t> b) {
+                 stream r(seed, x + ".scales");
+                 for (size_t i = 0; i < groups * out; ++i) {
+                   const uint16_t h = kernels::f32_to_f16(step * (0.75f + 0.5f * r.unit()));
+                   std::memcpy(b.data() + 2 * i, &h, 2);
+                 }
+               }});
+  return t;
+}
+
+}  // namespace llmesh::model::detail

@@ -1,0 +1,341 @@
+// AWQ and GPTQ checkpoints (model/src/packed_weights.hpp): each packed layer becomes an int8
+// matrix holding exactly s · (q − z) where every 32-input block lies in one group, else the
+// --quantization int8 rule over those values; quantization_config's variants read or refused
+// by name; broken packed tensors refused naming them. The values are checked against this
+// file's own decoding of the packed words, written from AutoAWQ's and AutoGPTQ's packing loops;
+// the forward pass against the PyTorch reference in tests/cli/golden_test.cpp (*_awq, *_gptq*).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "llmesh/kernels/quantize.hpp"
+#include "llmesh/model/engine.hpp"
+#include "llmesh/model/random_model.hpp"
+#include "llmesh/model/safetensors.hpp"
+#include "temp_dir.hpp"
+
+namespace llmesh::model {
+namespace {
+
+using kernels::dtype;
+using json = nlohmann::json;
+
+random_model_spec packed_spec(const std::string& packed) {
+  random_model_spec s;
+  s.hidden = 64;
+  s.intermediate = 128;
+  s.n_layers = 1;
+  s.n_heads = 4;
+  s.n_kv_heads = 2;
+  s.vocab = 300;
+  s.dtype = dtype::f16;
+  s.seed = 21;
+  s.packed = packed;
+  s.group_size = 32;
+  return s;
+}
+
+uint32_t word_at(const tensor_view& t, size_t i) {
+  uint32_t w;
+  std::memcpy(&w, static_cast<const uint8_t*>(t.data) + 4 * i, 4);
+  return w;
+}
+
+/// Layer x's weights [out, in] decoded from the checkpoint's tensors: AutoAWQ packs output
+/// 8c + order[p] into nibble p of word c (order 0, 2, 4, 6, 1, 3, 5, 7); AutoGPTQ packs input i
+/// into bits bits·(i % pack) of row i / pack, zeros along the outputs likewise, less one.
+std::vector<float> decoded(const tensor_store& st, const std::string& x, bool awq, int bits, size_t out, size_t in,
+                           std::vector<uint32_t>* groups = nullptr) {
+  const size_t pack = 32 / static_cast<size_t>(bits);
+  const uint32_t mask = (1u << bits) - 1;
+  auto qw = st.get_i32(x + ".qweight"), qz = st.get_i32(x + ".qzeros");
+  auto sc = st.get(x + ".scales");
+  EXPECT_TRUE(qw.ok() && qz.ok() && sc.ok()) << x;
+  std::vector<int> q(out * in), z(sc->shape[0] * out);
+  if (awq) {
+    const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+    for (size_t i = 0; i < in; ++i) {
+      for (size_t c = 0; c < out / 8; ++c) {
+        for (int p = 0; p < 8; ++p) q[(8 * c + order[p]) * in + i] = static_cast<int>((word_at(*qw, i * (out / 8) + c) >> (4 * p)) & 15);
+      }
+    }
+    for (size_t g = 0; g < sc->shape[0]; ++g) {
+      for (size_t c = 0; c < out / 8; ++c) {
+        for (int p = 0; p < 8; ++p) z[g * out + 8 * c + order[p]] = static_cast<int>((word_at(*qz, g * (out / 8) + c) >> (4 * p)) & 15);
+      }
+    }
+  } else {
+    for (size_t r = 0; r < in / pack; ++r) {
+      for (size_t o = 0; o < out; ++o) {
+        for (size_t j = 0; j < pack; ++j) q[o * in + r * pack + j] = static_cast<int>((word_at(*qw, r * out + o) >> (bits * j)) & mask);
+      }
+    }
+    for (size_t g = 0; g < sc->shape[0]; ++g) {
+      for (size_t c = 0; c < out / pack; ++c) {
+        for (size_t j = 0; j < pack; ++j) z[g * out + c * pack + j] = static_cast<int>((word_at(*qz, g * (out / pack) + c) >> (bits * j)) & mask) + 1;
+      }
+    }
+  }
+  std::vector<uint32_t> g(in);
+  auto g_idx = st.get_i32(x + ".g_idx");
+  for (size_t i = 0; i < in; ++i) g[i] = g_idx.ok() ? word_at(*g_idx, i) : static_cast<uint32_t>(i / 32);
+  if (groups) *groups = g;
+  std::vector<float> w(out * in);
+  for (size_t o = 0; o < out; ++o) {
+    for (size_t i = 0; i < in; ++i) {
+      const float s = kernels::load_as_f32(sc->data, sc->type, g[i] * out + o);
+      w[o * in + i] = s * static_cast<float>(q[o * in + i] - z[g[i] * out + o]);
+    }
+  }
+  return w;
+}
+
+std::vector<float> held(const weight_matrix& w) {
+  std::vector<float> out(w.rows * w.cols);
+  const size_t ld = kernels::q8_row_elements(w.cols);
+  for (size_t r = 0; r < w.rows; ++r) {
+    for (size_t c = 0; c < w.cols; ++c) out[r * w.cols + c] = kernels::load_as_f32(w.data, w.type, r * ld + c);
+  }
+  return out;
+}
+
+TEST(PackedWeights, AwqAndGptqLayersAreHeldExactlyAsInt8) {
+  for (const std::string packed : {"awq", "gptq", "gptq8"}) {
+    SCOPED_TRACE(packed);
+    testing::temp_dir dir;
+    ASSERT_TRUE(write_random_model(packed_spec(packed), dir.path()).ok());
+    auto m = model::load(dir.path());
+    ASSERT_TRUE(m.ok()) << m.err().message;
+    EXPECT_EQ((*m)->config().packed.kind,
+              packed == "awq" ? model_config::packed_config::method::awq : model_config::packed_config::method::gptq);
+    EXPECT_EQ((*m)->quantized_weights(), "int8");
+    auto st = tensor_store::open(dir.path());
+    ASSERT_TRUE(st.ok());
+    const auto& l = (*m)->weights().layers[0];
+    const int bits = packed == "gptq8" ? 8 : 4;
+    for (auto [x, w] : {std::pair{"model.layers.0.self_attn.q_proj", &l.q}, {"model.layers.0.self_attn.o_proj", &l.o},
+                        {"model.layers.0.mlp.down_proj", &l.down}, {"model.layers.0.mlp.up_proj", &l.up}}) {
+      SCOPED_TRACE(x);
+      ASSERT_EQ(w->type, dtype::q8);
+      const auto want = decoded(*st, x, packed == "awq", bits, w->rows, w->cols);
+      const auto got = held(*w);
+      ASSERT_EQ(got.size(), want.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+      EXPECT_EQ(differ, 0u) << "of " << got.size();
+    }
+    // The plain tensors stay as stored; the embedding is not packed.
+    EXPECT_EQ((*m)->weights().embed.type, dtype::f16);
+    EXPECT_EQ(l.attn_norm.size(), 64u);
+  }
+}
+
+TEST(PackedWeights, ActOrderGptqIsRequantizedByTheInt8Rule) {
+  // desc_act: the inputs of a 32-block belong to different groups, so no one scale holds them:
+  // the matrix is the int8 rule over the decoded values (within half a step of each).
+  testing::temp_dir dir;
+  ASSERT_TRUE(write_random_model(packed_spec("gptq-act-order"), dir.path()).ok());
+  auto m = model::load(dir.path());
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  auto st = tensor_store::open(dir.path());
+  ASSERT_TRUE(st.ok());
+  const auto& w = (*m)->weights().layers[0].gate;
+  std::vector<uint32_t> groups;
+  const auto want = decoded(*st, "model.layers.0.mlp.gate_proj", false, 4, w.rows, w.cols, &groups);
+  bool mixed = false;
+  for (size_t i = 0; i < groups.size(); ++i) mixed |= groups[i] != groups[i / 32 * 32];
+  ASSERT_TRUE(mixed) << "the test model's g_idx must mix groups within a block";
+  std::vector<uint8_t> rule(kernels::dtype_bytes(dtype::q8, w.rows * kernels::q8_row_elements(w.cols)));
+  ASSERT_TRUE(kernels::quantize_q8(want.data(), dtype::f32, w.rows, w.cols, rule.data()).ok());
+  ASSERT_EQ(std::memcmp(rule.data(), w.data, rule.size()), 0);
+  size_t differ = 0;
+  const auto got = held(w);
+  for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+  EXPECT_GT(differ, 0u) << "requantized values are not the checkpoint's";
+}
+
+/// A packed model whose config.json's quantization_config is replaced (null: removed).
+std::string with_quantization_config(const testing::temp_dir& dir, const json& q, const std::string& packed = "awq") {
+  EXPECT_TRUE(write_random_model(packed_spec(packed), dir.path()).ok());
+  json cfg = json::parse(testing::read_text(dir / "config.json"));
+  if (q.is_null()) cfg.erase("quantization_config");
+  else cfg["quantization_config"] = q;
+  testing::write_text(dir / "config.json", cfg.dump());
+  return dir.path();
+}
+
+TEST(PackedWeights, QuantizationConfigsReadOrRefusedByName) {
+  const std::pair<json, std::string> refused[] = {
+      {{{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}}, "quant_method 'fp8' is not supported"},
+      {{{"quant_method", "compressed-tensors"}}, "quant_method 'compressed-tensors' is not supported"},
+      {{{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}}, "quant_method 'bitsandbytes' is not supported"},
+      {{{"quant_method", "awq"}, {"bits", 4}, {"group_size", 32}, {"version", "GEMV"}}, "AWQ version 'gemv' is not supported"},
+      {{{"quant_method", "awq"}, {"bits", 4}, {"group_size", 32}, {"zero_point", false}}, "AWQ without zero points"},
+      {{{"quant_method", "gptq"}, {"bits", 3}, {"group_size", 32}}, "GPTQ with 3 bits is not supported"},
+      {{{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 32}, {"checkpoint_format", "marlin"}},
+       "GPTQ checkpoint_format 'marlin' is not supported"},
+  };
+  for (const auto& [q, why] : refused) {
+    SCOPED_TRACE(q.dump());
+    testing::temp_dir dir;
+    auto m = model::load(with_quantization_config(dir, q));
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.err().code, errc::unsupported);
+    EXPECT_NE(m.err().message.find(why), std::string::npos) << m.err().message;
+    EXPECT_NE(m.err().message.find("quantization_config"), std::string::npos) << m.err().message;
+  }
+  const std::pair<json, std::string> bad[] = {
+      {json::array(), "must be an object"},
+      {{{"bits", 4}}, "missing 'quant_method'"},
+      {{{"quant_method", "awq"}, {"group_size", 0}}, "'group_size' must be positive or -1"},
+      {{{"quant_method", "awq"}, {"bits", "4"}}, "'bits' must be an integer"},
+  };
+  for (const auto& [q, why] : bad) {
+    SCOPED_TRACE(q.dump());
+    testing::temp_dir dir;
+    auto m = model::load(with_quantization_config(dir, q));
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.err().code, errc::invalid_request);
+    EXPECT_NE(m.err().message.find(why), std::string::npos) << m.err().message;
+  }
+  // AutoAWQ's older keys (w_bit, q_group_size, version GEMM) read as the current ones.
+  testing::temp_dir dir;
+  auto m = model::load(with_quantization_config(
+      dir, {{"quant_method", "awq"}, {"w_bit", 4}, {"q_group_size", 32}, {"version", "GEMM"}, {"zero_point", true}}));
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  EXPECT_EQ((*m)->config().packed.group_size, 32u);
+  // Packed tensors without a quantization_config say so.
+  testing::temp_dir none;
+  auto unset = model::load(with_quantization_config(none, nullptr));
+  ASSERT_FALSE(unset.ok());
+  EXPECT_NE(unset.err().message.find("is packed, but config.json has no quantization_config"), std::string::npos)
+      << unset.err().message;
+}
+
+/// The model's tensors rewritten through `change` (name → spec; return false to drop it).
+void rewrite(const testing::temp_dir& dir, const std::function<bool(tensor_spec&)>& change) {
+  auto st = tensor_store::open(dir.path());
+  ASSERT_TRUE(st.ok());
+  std::vector<tensor_spec> specs;
+  std::vector<std::string> names = st->names();
+  for (const auto& n : st->i32_names()) names.push_back(n);
+  for (const auto& n : names) {
+    auto t = st->contains(n) ? st->get(n) : st->get_i32(n);
+    ASSERT_TRUE(t.ok());
+    std::vector<uint8_t> bytes(static_cast<const uint8_t*>(t->data), static_cast<const uint8_t*>(t->data) + t->bytes);
+    tensor_spec s{n, t->type, t->shape, [bytes](std::span<uint8_t> out) { std::memcpy(out.data(), bytes.data(), std::min(out.size(), bytes.size())); },
+                  !st->contains(n)};
+    if (change(s)) specs.push_back(std::move(s));
+  }
+  ASSERT_TRUE(write_safetensors(dir / "model.safetensors", specs).ok());
+}
+
+TEST(PackedWeights, BrokenPackedTensorsAreRefusedNamingThem) {
+  const std::string q = "model.layers.0.self_attn.q_proj";
+  struct broken {
+    std::function<bool(tensor_spec&)> change;
+    std::string why;
+  };
+  const std::vector<broken> cases = {
+      {[&](tensor_spec& s) { return s.name != q + ".qzeros"; }, "missing tensor '" + q + ".qzeros'"},
+      {[&](tensor_spec& s) { return s.name != q + ".scales"; }, "missing tensor '" + q + ".scales'"},
+      {[&](tensor_spec& s) {
+         if (s.name == q + ".scales") s.shape = {1, 128};
+         return true;
+       },
+       "tensor '" + q + ".scales' has shape [1, 128]"},
+      {[&](tensor_spec& s) {
+         if (s.name == q + ".g_idx") {
+           s.fill = [](std::span<uint8_t> out) {
+             std::memset(out.data(), 0, out.size());
+             const uint32_t far = 7;  // 64 inputs in groups of 32: groups 0 and 1 only
+             std::memcpy(out.data() + 4 * 5, &far, 4);
+           };
+         }
+         return true;
+       },
+       "tensor '" + q + ".g_idx' gives input 5 group 7 of 2"},
+      {[&](tensor_spec& s) {
+         if (s.name == q + ".scales") {
+           s.fill = [](std::span<uint8_t> out) {
+             std::memset(out.data(), 0, out.size());
+             const uint16_t inf = 0x7c00;
+             std::memcpy(out.data() + 6, &inf, 2);
+           };
+         }
+         return true;
+       },
+       q + ".scales: a scale is not finite"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.why);
+    testing::temp_dir dir;
+    ASSERT_TRUE(write_random_model(packed_spec("gptq"), dir.path()).ok());
+    rewrite(dir, c.change);
+    auto m = model::load(dir.path());
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.err().code, errc::invalid_request);
+    EXPECT_NE(m.err().message.find(c.why), std::string::npos) << m.err().message;
+  }
+  // X.weight beside X.qweight: which one is meant is unclear.
+  testing::temp_dir dir;
+  ASSERT_TRUE(write_random_model(packed_spec("awq"), dir.path()).ok());
+  rewrite(dir, [&](tensor_spec& s) {
+    if (s.name == "model.layers.0.input_layernorm.weight") s.name = q + ".weight";
+    return true;
+  });
+  auto m = model::load(dir.path());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.err().message.find("both '" + q + ".weight' and '" + q + ".qweight'"), std::string::npos) << m.err().message;
+}
+
+TEST(PackedWeights, RandomPackedModelsRefuseWhatTheFormatsCannotHold) {
+  testing::temp_dir dir;
+  auto s = packed_spec("awq4");
+  auto bad = write_random_model(s, dir.path());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("--packed must be awq, gptq, gptq-act-order or gptq8"), std::string::npos) << bad.err().message;
+  s = packed_spec("gptq");
+  s.group_size = 48;  // 64 inputs do not split into groups of 48
+  bad = write_random_model(s, dir.path());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("does not split into groups of 48"), std::string::npos) << bad.err().message;
+}
+
+TEST(PackedWeights, AnAwqModelRunsAtTp2AndItsLogitsAreTp1s) {
+  testing::temp_dir dir;
+  ASSERT_TRUE(write_random_model(packed_spec("awq"), dir.path()).ok());
+  auto m = model::load(dir.path());
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  std::vector<std::vector<float>> logits;
+  for (int tp : {1, 2}) {
+    engine_options o;
+    o.tp = tp;
+    o.threads = 2;
+    o.kv_tokens = 64;
+    auto e = engine::create(*m, o);
+    ASSERT_TRUE(e.ok()) << e.err().message;
+    const std::vector<int32_t> prompt = {5, 17, 42, 99};
+    const std::vector<int32_t> table = {0, 1, 2, 3};
+    step_sequence s;
+    s.tokens = prompt;
+    s.block_table = table;
+    logits.emplace_back();
+    ASSERT_TRUE((*e)->forward(std::span(&s, 1), logits.back()).ok());
+  }
+  float max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < logits[0].size(); ++i) {
+    ASSERT_TRUE(std::isfinite(logits[0][i]));
+    max_abs = std::max(max_abs, std::fabs(logits[0][i]));
+    max_diff = std::max(max_diff, std::fabs(logits[0][i] - logits[1][i]));
+  }
+  EXPECT_LT(max_diff, 1e-4f * max_abs);
+}
+
+}  // namespace
+}  // namespace llmesh::model
