@@ -6,15 +6,12 @@
 // k_quant_value is their definition).
 #include <algorithm>
 #include <cmath>
-#include <atomic>
 #include <cstring>
-#include <mutex>
 #include <optional>
-#include <system_error>
-#include <thread>
 
 #include "gguf_model.hpp"
 #include "llmesh/kernels/quantize.hpp"
+#include "load_threads.hpp"
 
 namespace llmesh::model {
 namespace {
@@ -285,7 +282,7 @@ status fill_rows(const job& w, size_t row0, size_t n, std::vector<float>& scratc
   return ok_status();
 }
 
-/// Runs every job's rows on up to 64 hardware threads; the earliest failure is reported.
+/// Runs every job's rows, 256 at a time, over the hardware threads; the earliest failure is reported.
 status run_jobs(std::vector<job>& jobs) {
   struct item {
     size_t job, row0, rows;
@@ -295,33 +292,14 @@ status run_jobs(std::vector<job>& jobs) {
     const size_t step = jobs[i].src->dims.size() == 1 ? jobs[i].rows : 256;
     for (size_t r = 0; r < jobs[i].rows; r += step) items.push_back({i, r, std::min(step, jobs[i].rows - r)});
   }
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  size_t failed_item = items.size();
-  status failed = ok_status();
-  auto work = [&] {
+  return detail::for_each_item(items.size(), [&](size_t n) -> status {
+    const auto& it = items[n];
     std::vector<float> scratch;
-    for (size_t n = next.fetch_add(1); n < items.size(); n = next.fetch_add(1)) {
-      const auto& it = items[n];
-      if (auto s = fill_rows(jobs[it.job], it.row0, it.rows, scratch); !s) {
-        std::lock_guard lock(mu);
-        if (n < failed_item) {
-          failed_item = n;
-          failed = make_error(errc::invalid_request, jobs[it.job].src->name + ": " + s.err().message);
-        }
-      }
+    if (auto s = fill_rows(jobs[it.job], it.row0, it.rows, scratch); !s) {
+      return make_error(errc::invalid_request, jobs[it.job].src->name + ": " + s.err().message);
     }
-  };
-  const unsigned n_threads = std::max(1u, std::min(std::thread::hardware_concurrency(), 64u));
-  std::vector<std::jthread> pool;
-  try {
-    for (unsigned i = 1; i < n_threads && items.size() > 1; ++i) pool.emplace_back(work);
-  } catch (const std::system_error&) {
-    // fewer threads: those started and this one share the items
-  }
-  work();
-  pool.clear();
-  return failed;
+    return ok_status();
+  });
 }
 
 }  // namespace

@@ -3,14 +3,11 @@
 #include "packed_weights.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
-#include <mutex>
-#include <system_error>
-#include <thread>
 
 #include "llmesh/kernels/quantize.hpp"
+#include "load_threads.hpp"
 
 namespace llmesh::model::detail {
 namespace {
@@ -175,7 +172,7 @@ result<packed_layer> layer_of(const tensor_store& store, const model_config::pac
   return l;
 }
 
-/// Runs every (layer, rows) item on up to 64 hardware threads; the earliest failure is reported.
+/// Every layer's rows, 64 at a time, over the hardware threads; the earliest failure is reported.
 status unpack_all(std::vector<packed_layer>& layers, const model_config::packed_config& p) {
   struct item {
     size_t layer, o0, o1;
@@ -185,32 +182,7 @@ status unpack_all(std::vector<packed_layer>& layers, const model_config::packed_
   for (size_t i = 0; i < layers.size(); ++i) {
     for (size_t o = 0; o < layers[i].out; o += step) items.push_back({i, o, std::min(layers[i].out, o + step)});
   }
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  size_t failed_item = items.size();
-  status failed = ok_status();
-  auto work = [&] {
-    for (size_t n = next.fetch_add(1); n < items.size(); n = next.fetch_add(1)) {
-      const auto& it = items[n];
-      if (auto s = unpack_rows(layers[it.layer], p, it.o0, it.o1); !s) {
-        std::lock_guard lock(mu);
-        if (n < failed_item) {
-          failed_item = n;
-          failed = s.take_error();
-        }
-      }
-    }
-  };
-  const unsigned n_threads = std::max(1u, std::min(std::thread::hardware_concurrency(), 64u));
-  std::vector<std::jthread> pool;
-  try {
-    for (unsigned i = 1; i < n_threads && items.size() > 1; ++i) pool.emplace_back(work);
-  } catch (const std::system_error&) {
-    // fewer threads: those started and this one share the items
-  }
-  work();
-  pool.clear();
-  return failed;
+  return for_each_item(items.size(), [&](size_t n) { return unpack_rows(layers[items[n].layer], p, items[n].o0, items[n].o1); });
 }
 
 }  // namespace

@@ -4,17 +4,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <filesystem>
-#include <mutex>
-#include <system_error>
-#include <thread>
 
 #include "llmesh/kernels/quantize.hpp"
 
 #include "llmesh/model/detokenizer.hpp"
 #include "llmesh/model/gguf.hpp"
 #include "llmesh/model/token_mask.hpp"
+#include "load_threads.hpp"
 #include "packed_weights.hpp"
 
 namespace llmesh::model {
@@ -339,38 +336,17 @@ result<std::shared_ptr<uint8_t>> rewrite(std::vector<convert_target>& targets, k
   for (size_t i = 0; i < targets.size(); ++i) {
     for (size_t r = 0; r < targets[i].w().rows; r += 256) items.push_back({i, r, std::min<size_t>(256, targets[i].w().rows - r)});
   }
-  std::atomic<size_t> next{0};
-  std::mutex failed_mu;
-  status failed = ok_status();
-  size_t failed_item = items.size();  // the earliest failing item's error is reported: the same every run
-  auto work = [&] {
-    for (size_t k = next.fetch_add(1); k < items.size(); k = next.fetch_add(1)) {
-      const auto& it = items[k];
-      const auto& t = targets[it.target];
-      const weight_matrix& w = t.w();
-      const auto* src = static_cast<const uint8_t*>(w.data) + kernels::dtype_offset(w.type, it.row0 * w.cols);
-      uint8_t* dst = store.get() + t.offset + kernels::dtype_bytes(to, it.row0 * ld_of(w.cols));
-      auto s = to == kernels::dtype::q8 ? kernels::quantize_q8(src, w.type, it.rows, w.cols, dst, it.row0)
-                                        : kernels::convert_rows(src, w.type, it.rows, w.cols, dst, to, it.row0);
-      if (!s) {
-        std::lock_guard lock(failed_mu);
-        if (k < failed_item) {
-          failed_item = k;
-          failed = make_error(errc::invalid_request, t.name + ": " + s.err().message);
-        }
-      }
-    }
-  };
-  const unsigned n_threads = std::max(1u, std::min(std::thread::hardware_concurrency(), 64u));
-  {
-    std::vector<std::jthread> pool;
-    try {
-      for (unsigned i = 1; i < n_threads; ++i) pool.emplace_back(work);
-    } catch (const std::system_error&) {
-      // No more threads now: the ones started and this one share the items all the same.
-    }
-    work();
-  }
+  auto failed = detail::for_each_item(items.size(), [&](size_t k) -> status {
+    const auto& it = items[k];
+    const auto& t = targets[it.target];
+    const weight_matrix& w = t.w();
+    const auto* src = static_cast<const uint8_t*>(w.data) + kernels::dtype_offset(w.type, it.row0 * w.cols);
+    uint8_t* dst = store.get() + t.offset + kernels::dtype_bytes(to, it.row0 * ld_of(w.cols));
+    auto s = to == kernels::dtype::q8 ? kernels::quantize_q8(src, w.type, it.rows, w.cols, dst, it.row0)
+                                      : kernels::convert_rows(src, w.type, it.rows, w.cols, dst, to, it.row0);
+    if (!s) return make_error(errc::invalid_request, t.name + ": " + s.err().message);
+    return ok_status();
+  });
   if (!failed) return failed.take_error();
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   for (auto& t : targets) {

@@ -210,6 +210,20 @@ TEST(Engine, SequenceLogitsDoNotDependOnBatchNeighbours) {
   }
 }
 
+/// `req` on `e` gives `want`'s greedy tokens, and first logits within 1e-4 of its largest.
+void expect_same_generation(engine& e, const generate_request& req, const generate_result& want) {
+  auto r = generate(e, req);
+  ASSERT_TRUE(r.ok()) << r.err().message;
+  EXPECT_EQ(r->tokens, want.tokens);
+  ASSERT_EQ(r->first_logits.size(), want.first_logits.size());
+  float max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < want.first_logits.size(); ++i) {
+    max_abs = std::max(max_abs, std::fabs(want.first_logits[i]));
+    max_diff = std::max(max_diff, std::fabs(want.first_logits[i] - r->first_logits[i]));
+  }
+  EXPECT_LT(max_diff / max_abs, 1e-4f);
+}
+
 TEST(Engine, TensorParallelMatchesSingleRank) {
   for (auto spec : {small_spec(), [] {
                       auto s = small_spec();  // fewer KV heads than ranks: replicated KV heads
@@ -231,15 +245,7 @@ TEST(Engine, TensorParallelMatchesSingleRank) {
       if (spec.n_heads % tp != 0 || spec.intermediate % tp != 0) continue;
       SCOPED_TRACE("tp " + std::to_string(tp));
       auto e = make_engine(tm.get(), tp, tp);
-      auto r = generate(*e, req);
-      ASSERT_TRUE(r.ok()) << r.err().message;
-      EXPECT_EQ(r->tokens, r1->tokens);
-      float max_abs = 0, max_diff = 0;
-      for (size_t i = 0; i < r1->first_logits.size(); ++i) {
-        max_abs = std::max(max_abs, std::fabs(r1->first_logits[i]));
-        max_diff = std::max(max_diff, std::fabs(r1->first_logits[i] - r->first_logits[i]));
-      }
-      EXPECT_LT(max_diff / max_abs, 1e-4f);
+      expect_same_generation(*e, req, *r1);
     }
   }
 }
@@ -270,15 +276,7 @@ TEST(Engine, ExpertParallelMatchesSingleRank) {
       o.expert_parallel = true;
       auto e = engine::create(tm.get(), o);
       ASSERT_TRUE(e.ok()) << e.err().message;
-      auto r = generate(**e, req);
-      ASSERT_TRUE(r.ok()) << r.err().message;
-      EXPECT_EQ(r->tokens, r1->tokens);
-      float max_abs = 0, max_diff = 0;
-      for (size_t i = 0; i < r1->first_logits.size(); ++i) {
-        max_abs = std::max(max_abs, std::fabs(r1->first_logits[i]));
-        max_diff = std::max(max_diff, std::fabs(r1->first_logits[i] - r->first_logits[i]));
-      }
-      EXPECT_LT(max_diff / max_abs, 1e-4f);
+      expect_same_generation(**e, req, *r1);
       o.expert_parallel = false;  // the intermediate split instead
       auto sliced = engine::create(tm.get(), o);
       if (tp == 3) {
