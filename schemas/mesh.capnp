@@ -273,7 +273,7 @@ struct Assign {
   enableLora @14 :Bool;
   # Adapters the model holds at once (the cluster config's `max_loras`; 0: the node's default, 64).
   maxLoras @15 :UInt32;
-  # A mixture of experts' ranks hold whole experts instead of a slice of each (the cluster
+  # A mixture of experts' ranks run whole experts instead of a slice of each (the cluster
   # config's `expert_parallel`, vLLM's --enable-expert-parallel; every rank of a replica alike).
   expertParallel @16 :Bool;
 }

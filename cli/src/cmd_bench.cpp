@@ -41,7 +41,7 @@ void add_bench(CLI::App& app, command_set& commands) {
                   ->check(CLI::Range(size_t{1}, size_t{1} << 20));
   sub->add_flag("--profile", g->profile, "cuda: also print per-op device time (prefill, decode)");
   sub->add_option("--tp", o->tp, "Tensor-parallel ranks")->capture_default_str();
-  sub->add_flag("--enable-expert-parallel", o->expert_parallel, "A mixture of experts' ranks hold whole experts (vLLM's flag)");
+  sub->add_flag("--enable-expert-parallel", o->expert_parallel, "A mixture of experts' ranks run whole experts (vLLM's flag)");
   sub->add_option("--threads", o->threads, "Kernel threads in all; 0 = one per core")->capture_default_str();
   sub->add_option("--pp", o->prompt_tokens, "Prompt tokens (prefill test)")->capture_default_str();
   sub->add_option("--tg", o->gen_tokens, "Generated tokens (decode test)")->capture_default_str();

@@ -182,7 +182,7 @@ void add_generate(CLI::App& app, command_set& commands) {
       ->check(CLI::Range(0, 1 << 30));
   auto* seed = sub->add_option("--seed", f->seed, "Sampling seed (random when absent)");
   sub->add_option("--tp", f->tp, "Tensor-parallel ranks")->check(CLI::Range(1, 64))->capture_default_str();
-  sub->add_flag("--enable-expert-parallel", f->expert_parallel, "A mixture of experts' ranks hold whole experts (vLLM's flag)");
+  sub->add_flag("--enable-expert-parallel", f->expert_parallel, "A mixture of experts' ranks run whole experts (vLLM's flag)");
   sub->add_option("--threads", f->threads, "Kernel threads in all; 0 = one per core")->check(CLI::Range(0, 1024));
   sub->add_option("--device", f->device, "cpu, cuda, or auto (CUDA when a GPU is present)")->capture_default_str();
   sub->add_flag("--deterministic", f->deterministic, "CUDA: batch-invariant kernels at every batch size");

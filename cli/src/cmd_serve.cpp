@@ -296,7 +296,7 @@ void add_serve(CLI::App& app, command_set& commands) {
   sub->add_option("--replicas,--data-parallel-size", f->replicas, "Model replicas (vLLM's data parallelism)")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_option("--tp,--tensor-parallel-size", f->tp, "Tensor-parallel shards per replica")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_flag("--enable-expert-parallel", f->expert_parallel,
-                "vLLM's: a mixture of experts' shards hold whole experts instead of a slice of each (dense models: no effect)");
+                "vLLM's: a mixture of experts' shards run whole experts instead of a slice of each (dense models: no effect)");
   sub->add_option("--http", f->http, "HTTP listen address HOST:PORT (port 0: any free port)")->capture_default_str();
   sub->add_option("--host", f->host, "vLLM's: the HTTP host, with --http's port (or --port)");
   sub->add_option("--port", f->port, "vLLM's: the HTTP port, with --http's host (or --host)")->check(CLI::Range(0, 65535));

@@ -76,7 +76,7 @@ status check_quantized_layout(const model& m, const shard_layout& l) {
   if ((l.q_head0 * head_dim) % kernels::q8_block != 0 || l.inter0 % kernels::q8_block != 0 ||
       l.shared0 % kernels::q8_block != 0) {
     return make_error(errc::invalid_request,
-                      "int8 weights (--quantization int8, or a quantized GGUF) with --tp " + std::to_string(l.tp) +
+                      "int8 weights (--quantization int8, a quantized GGUF, or an AWQ/GPTQ/compressed-tensors checkpoint) with --tp " + std::to_string(l.tp) +
                           " needs each rank's share of the attention width and of intermediate_size (and of "
                           "shared_expert_intermediate_size) to be a multiple of " +
                           std::to_string(kernels::q8_block));
@@ -116,7 +116,7 @@ result<backend_choice> choose_backend(const model& m, const engine_options& opt)
                          : opt.kv_type != kernels::dtype::f32 ? "bfloat16 KV caches (--kv-cache-dtype bfloat16)"
                                                               : cpu_only_family(c);
   if (opt.device == backend::cuda && quantized) {
-    return make_error(errc::unsupported, m.quantized_weights() + " weights (--quantization int8, or a quantized GGUF) run on the CPU backend only (use --device cpu)");
+    return make_error(errc::unsupported, m.quantized_weights() + " weights (--quantization int8, a quantized GGUF, or an AWQ/GPTQ/compressed-tensors checkpoint) run on the CPU backend only (use --device cpu)");
   }
   if (opt.device == backend::cuda && cpu_only) {
     return make_error(errc::unsupported, std::string(cpu_only) + " run on the CPU backend only (use --device cpu)");

@@ -2,9 +2,13 @@
 // and rules in packed_weights.hpp).
 #include "packed_weights.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include "llmesh/kernels/quantize.hpp"
 #include "load_threads.hpp"
@@ -19,7 +23,7 @@ using method = model_config::packed_config::method;
 error bad(const std::string& msg) { return make_error(errc::invalid_request, "config.json: quantization_config: " + msg); }
 error refused(const std::string& msg) {
   return make_error(errc::unsupported, "config.json: quantization_config: " + msg +
-                                           "; llmesh reads AWQ (GEMM) and GPTQ checkpoints and GGUF files, or load the "
+                                           "; llmesh reads AWQ (GEMM), GPTQ and compressed-tensors (W4A16, W8A16) checkpoints and GGUF files, or load the "
                                            "unquantized checkpoint (with --quantization int8)");
 }
 
@@ -54,20 +58,31 @@ std::string shape_str(const std::vector<size_t>& s) {
 
 /// One packed layer, checked, ready to unpack.
 struct packed_layer {
-  std::string name;  ///< X (its tensors are X.qweight, ...)
+  std::string name;         ///< X (its tensors are X.qweight, ... or X.weight_packed, ...)
+  std::string scales_name;  ///< X.scales or X.weight_scale
   tensor_view qweight, qzeros, scales;
+  bool has_zeros = true;        ///< compressed-tensors' symmetric schemes store none (zero 0)
   std::vector<uint32_t> group;  ///< per input, its group
   size_t in = 0, out = 0, groups = 0;
   bool exact = true;  ///< every 32-input block in one group, every q − z within int8
-  std::shared_ptr<uint8_t[]> bytes;
+  uint8_t* bytes = nullptr;  ///< its int8 rows
 };
 
 constexpr int awq_slot[8] = {0, 4, 1, 5, 2, 6, 3, 7};  ///< output o % 8's nibble in an AWQ word
 
-/// Quant q[i][o] of every input i of output o, into q (in entries).
+/// Quant q[i][o] of every input i of output o, into q (in entries); compressed-tensors' as
+/// signed values (stored plus 2^(bits-1)).
 void quants(const packed_layer& l, const model_config::packed_config& p, size_t o, std::vector<int>& q) {
   const int bits = p.bits, pack = 32 / bits;
   const uint32_t mask = (1u << bits) - 1;
+  if (p.kind == method::compressed) {  // [out, ceil(in / pack)]: a row per output
+    const size_t words = (l.in + static_cast<size_t>(pack) - 1) / static_cast<size_t>(pack);
+    const int offset = 1 << (bits - 1);
+    for (size_t i = 0; i < l.in; ++i) {
+      q[i] = static_cast<int>((word(l.qweight, o * words + i / static_cast<size_t>(pack)) >> (bits * (i % pack))) & mask) - offset;
+    }
+    return;
+  }
   for (size_t i = 0; i < l.in; ++i) {
     q[i] = p.kind == method::awq
                ? static_cast<int>((word(l.qweight, i * (l.out / 8) + o / 8) >> (4 * awq_slot[o % 8])) & mask)
@@ -79,25 +94,36 @@ void quants(const packed_layer& l, const model_config::packed_config& p, size_t 
 int zero(const packed_layer& l, const model_config::packed_config& p, size_t g, size_t o) {
   const int bits = p.bits, pack = 32 / bits;
   const uint32_t mask = (1u << bits) - 1;
+  if (p.kind == method::compressed) {  // [ceil(out / pack), groups], packed along the outputs
+    if (!l.has_zeros) return 0;
+    return static_cast<int>((word(l.qzeros, (o / static_cast<size_t>(pack)) * l.groups + g) >> (bits * (o % pack))) & mask) -
+           (1 << (bits - 1));
+  }
   const size_t per_row = l.out / static_cast<size_t>(pack);
   if (p.kind == method::awq) return static_cast<int>((word(l.qzeros, g * per_row + o / 8) >> (4 * awq_slot[o % 8])) & mask);
   const int z = static_cast<int>((word(l.qzeros, g * per_row + o / static_cast<size_t>(pack)) >> (bits * (o % pack))) & mask);
   return p.zeros_plus_one ? z + 1 : z;
 }
 
+/// Scale s[g][o]: AWQ's and GPTQ's [groups, out], compressed-tensors' [out, groups].
+float scale(const packed_layer& l, const model_config::packed_config& p, size_t g, size_t o) {
+  return k::load_as_f32(l.scales.data, l.scales.type, p.kind == method::compressed ? o * l.groups + g : g * l.out + o);
+}
+
 /// Output rows [o0, o1) of a layer into its q8 bytes.
-status unpack_rows(const packed_layer& l, const model_config::packed_config& p, size_t o0, size_t o1) {
-  std::vector<int> q(l.in);
-  std::vector<float> row(l.in);
+status unpack_rows(const packed_layer& l, const model_config::packed_config& p, size_t o0, size_t o1, std::vector<int>& q,
+                   std::vector<float>& row) {
+  q.resize(l.in);
+  row.resize(l.in);
   const size_t row_bytes = k::dtype_bytes(k::dtype::q8, k::q8_row_elements(l.in));
   for (size_t o = o0; o < o1; ++o) {
     quants(l, p, o, q);
-    uint8_t* dst = l.bytes.get() + o * row_bytes;
+    uint8_t* dst = l.bytes + o * row_bytes;
     if (l.exact) {
       for (size_t b = 0; b * k::q8_block < l.in; ++b) {
         const size_t i0 = b * k::q8_block, g = l.group[i0];
-        const float s = k::load_as_f32(l.scales.data, l.scales.type, g * l.out + o);
-        if (!std::isfinite(s)) return make_error(errc::invalid_request, l.name + ".scales: a scale is not finite");
+        const float s = scale(l, p, g, o);
+        if (!std::isfinite(s)) return make_error(errc::invalid_request, l.scales_name + ": a scale is not finite");
         const int z = zero(l, p, g, o);
         uint8_t* block = dst + b * k::q8_block_bytes;
         std::memcpy(block, &s, 4);
@@ -110,8 +136,8 @@ status unpack_rows(const packed_layer& l, const model_config::packed_config& p, 
     }
     for (size_t i = 0; i < l.in; ++i) {  // exact in float32: an 11-bit scale times a 9-bit integer
       const size_t g = l.group[i];
-      const float s = k::load_as_f32(l.scales.data, l.scales.type, g * l.out + o);
-      if (!std::isfinite(s)) return make_error(errc::invalid_request, l.name + ".scales: a scale is not finite");
+      const float s = scale(l, p, g, o);
+      if (!std::isfinite(s)) return make_error(errc::invalid_request, l.scales_name + ": a scale is not finite");
       row[i] = s * static_cast<float>(q[i] - zero(l, p, g, o));
     }
     LLMESH_TRY(k::quantize_q8(row.data(), k::dtype::f32, 1, l.in, dst, o));
@@ -119,17 +145,119 @@ status unpack_rows(const packed_layer& l, const model_config::packed_config& p, 
   return ok_status();
 }
 
-/// X's tensors, checked against each other: `name` is X.
-result<packed_layer> layer_of(const tensor_store& store, const model_config::packed_config& p, const std::string& name) {
+/// A packed layer's companion tensor `t` (int32, or float when `floats`): missing ones are
+/// named with the tensor they belong beside; one of the wrong kind keeps get()'s reason.
+result<tensor_view> companion(const tensor_store& store, const std::string& t, const std::string& beside, bool floats) {
+  auto v = floats ? store.get(t) : store.get_i32(t);
+  if (v) return v;
+  if (!store.contains(t) && !store.integers(t).ok()) return make_error(errc::invalid_request, "missing tensor '" + t + "' beside " + beside);
+  return make_error(errc::invalid_request, floats || !store.contains(t) ? v.err().message : "tensor '" + t + "' holds floats, not int32");
+}
+
+std::string shape_mismatch(const std::string& tensor, const std::vector<size_t>& has, const std::string& by,
+                           const std::vector<size_t>& needs) {
+  return "tensor '" + tensor + "' has shape " + shape_str(has) + ", " + by + " needs " + shape_str(needs);
+}
+
+/// Each input's group: in order (i / group), or as `g_idx` (int32 [in], act-order) gives them
+/// when the checkpoint has it; then whether the layer can be held exactly.
+status set_groups(const tensor_store& store, const model_config::packed_config& p, const std::string& g_idx_name,
+                  const std::string& by, packed_layer& l) {
+  const size_t group = p.group_size == 0 ? l.in : p.group_size;
+  l.group.resize(l.in);
+  for (size_t i = 0; i < l.in; ++i) l.group[i] = static_cast<uint32_t>(i / group);
+  const bool has_g_idx = !g_idx_name.empty() && (store.contains(g_idx_name) || store.integers(g_idx_name).ok());
+  if (p.act_order && !has_g_idx) {
+    return make_error(errc::invalid_request, "quantization_config's desc_act (act-order) needs " + g_idx_name + ", which is missing");
+  }
+  if (has_g_idx) {  // act-order: each input's own group
+    auto g_idx = companion(store, g_idx_name, by, false);
+    if (!g_idx) return g_idx.take_error();
+    if (g_idx->shape != std::vector<size_t>{l.in}) {
+      return make_error(errc::invalid_request, shape_mismatch(g_idx_name, g_idx->shape, by, {l.in}));
+    }
+    for (size_t i = 0; i < l.in; ++i) {
+      const uint32_t g = word(*g_idx, i);
+      if (g >= l.groups) {
+        return make_error(errc::invalid_request, "tensor '" + g_idx_name + "' gives input " + std::to_string(i) + " group " +
+                                                     std::to_string(static_cast<int32_t>(g)) + " of " + std::to_string(l.groups));
+      }
+      l.group[i] = g;
+    }
+  }
+  for (size_t i = 0; i < l.in && l.exact; ++i) l.exact = l.group[i] == l.group[i / k::q8_block * k::q8_block];
+  if (p.bits == 8) {  // 8 bits: q − z fits int8 only with the middle zero everywhere (symmetric)
+    const int middle = p.kind == method::compressed ? 0 : 128;
+    for (size_t g = 0; g < l.groups && l.exact; ++g) {
+      for (size_t o = 0; o < l.out && l.exact; ++o) l.exact = zero(l, p, g, o) == middle;
+    }
+  }
+  return ok_status();
+}
+
+/// compressed-tensors' pack-quantized X: X.weight_packed int32 [out, ceil(in / pack)], input i
+/// in bits bits·(i % pack) of word [o][i / pack], stored plus 2^(bits-1); X.weight_shape
+/// (int32 or int64 [2]: out, in; without it, in fills the words); X.weight_scale [out, groups];
+/// asymmetric: X.weight_zero_point int32 [ceil(out / pack), groups] packed along the outputs
+/// likewise; X.weight_g_idx (act-order).
+result<packed_layer> compressed_layer_of(const tensor_store& store, const model_config::packed_config& p, const std::string& name) {
   packed_layer l;
   l.name = name;
+  l.scales_name = name + ".weight_scale";
+  const std::string packed = name + ".weight_packed", by = packed;
+  const size_t pack = 32 / static_cast<size_t>(p.bits);
+  auto qweight = store.get_i32(packed);
+  if (!qweight) return qweight.take_error();
+  auto scales = companion(store, l.scales_name, packed, true);
+  if (!scales) return scales.take_error();
+  l.qweight = *qweight;
+  l.scales = *scales;
+  if (l.qweight.shape.size() != 2 || l.qweight.shape[0] == 0 || l.qweight.shape[1] == 0) {
+    return make_error(errc::invalid_request, "tensor '" + packed + "' has shape " + shape_str(l.qweight.shape) + ", not a matrix");
+  }
+  l.out = l.qweight.shape[0];
+  l.in = l.qweight.shape[1] * pack;
+  if (auto shape = store.integers(name + ".weight_shape"); shape) {  // the true input count (the last word may be padded)
+    const bool fits = shape->size() == 2 && (*shape)[0] == static_cast<int64_t>(l.out) && (*shape)[1] > 0 &&
+                      static_cast<size_t>((*shape)[1]) <= l.in && static_cast<size_t>((*shape)[1]) + pack > l.in;
+    if (!fits) {
+      std::string given;
+      for (int64_t v : *shape) given += (given.empty() ? "" : ", ") + std::to_string(v);
+      return make_error(errc::invalid_request, "tensor '" + name + ".weight_shape' gives [" + given + "], " + packed + " holds " +
+                                                   shape_str(l.qweight.shape) + " words");
+    }
+    l.in = static_cast<size_t>((*shape)[1]);
+  }
+  const size_t group = p.group_size == 0 ? l.in : p.group_size;
+  l.groups = (l.in + group - 1) / group;
+  if (l.scales.shape != std::vector<size_t>{l.out, l.groups}) {
+    return make_error(errc::invalid_request, shape_mismatch(l.scales_name, l.scales.shape, by, {l.out, l.groups}));
+  }
+  l.has_zeros = !p.symmetric;
+  if (l.has_zeros) {
+    auto zeros = companion(store, name + ".weight_zero_point", packed, false);
+    if (!zeros) return zeros.take_error();
+    l.qzeros = *zeros;
+    const std::vector<size_t> need{(l.out + pack - 1) / pack, l.groups};
+    if (l.qzeros.shape != need) return make_error(errc::invalid_request, shape_mismatch(name + ".weight_zero_point", l.qzeros.shape, by, need));
+  }
+  LLMESH_TRY(set_groups(store, p, name + ".weight_g_idx", by, l));
+  return l;
+}
+
+/// AWQ's and GPTQ's X, checked against each other: `name` is X.
+result<packed_layer> layer_of(const tensor_store& store, const model_config::packed_config& p, const std::string& name) {
+  if (p.kind == method::compressed) return compressed_layer_of(store, p, name);
+  packed_layer l;
+  l.name = name;
+  l.scales_name = name + ".scales";
   const size_t pack = 32 / static_cast<size_t>(p.bits);
   auto qweight = store.get_i32(name + ".qweight");
   if (!qweight) return qweight.take_error();
-  auto qzeros = store.get_i32(name + ".qzeros");
-  if (!qzeros) return make_error(errc::invalid_request, "missing tensor '" + name + ".qzeros' beside " + name + ".qweight");
-  auto scales = store.get(name + ".scales");
-  if (!scales) return make_error(errc::invalid_request, "missing tensor '" + name + ".scales' beside " + name + ".qweight");
+  auto qzeros = companion(store, name + ".qzeros", name + ".qweight", false);
+  if (!qzeros) return qzeros.take_error();
+  auto scales = companion(store, name + ".scales", name + ".qweight", true);
+  if (!scales) return scales.take_error();
   l.qweight = *qweight;
   l.qzeros = *qzeros;
   l.scales = *scales;
@@ -145,30 +273,13 @@ result<packed_layer> layer_of(const tensor_store& store, const model_config::pac
   const size_t group = p.group_size == 0 ? l.in : p.group_size;
   l.groups = (l.in + group - 1) / group;
   if (l.scales.shape != std::vector<size_t>{l.groups, l.out}) return misshapen(".scales", l.scales.shape, {l.groups, l.out});
-  if (l.out % pack != 0 || l.qzeros.shape != std::vector<size_t>{l.groups, l.out / pack}) {
-    return misshapen(".qzeros", l.qzeros.shape, {l.groups, l.out / pack});
+  if (l.out % pack != 0) {
+    return make_error(errc::invalid_request, "tensor '" + name + ".qweight' has " + std::to_string(l.out) +
+                                                 " outputs, which its zeros cannot pack " + std::to_string(pack) + " to a word");
   }
-  l.group.resize(l.in);
-  for (size_t i = 0; i < l.in; ++i) l.group[i] = static_cast<uint32_t>(i / group);
-  if (p.kind == method::gptq) {
-    if (auto g_idx = store.get_i32(name + ".g_idx"); g_idx) {  // act-order: each input's own group
-      if (g_idx->shape != std::vector<size_t>{l.in}) return misshapen(".g_idx", g_idx->shape, {l.in});
-      for (size_t i = 0; i < l.in; ++i) {
-        const uint32_t g = word(*g_idx, i);
-        if (g >= l.groups) {
-          return make_error(errc::invalid_request, "tensor '" + name + ".g_idx' gives input " + std::to_string(i) + " group " +
-                                                       std::to_string(static_cast<int32_t>(g)) + " of " + std::to_string(l.groups));
-        }
-        l.group[i] = g;
-      }
-    }
-  }
-  for (size_t i = 0; i < l.in && l.exact; ++i) l.exact = l.group[i] == l.group[i / k::q8_block * k::q8_block];
-  if (p.bits == 8) {  // q in 0..255: q − z fits int8 only when z is 128 everywhere (symmetric)
-    for (size_t g = 0; g < l.groups && l.exact; ++g) {
-      for (size_t o = 0; o < l.out && l.exact; ++o) l.exact = zero(l, p, g, o) == 128;
-    }
-  }
+  if (l.qzeros.shape != std::vector<size_t>{l.groups, l.out / pack}) return misshapen(".qzeros", l.qzeros.shape, {l.groups, l.out / pack});
+  // AWQ has no g_idx; a GPTQ checkpoint's may reorder the groups (act-order).
+  LLMESH_TRY(set_groups(store, p, p.kind == method::gptq ? name + ".g_idx" : std::string(), name + ".qweight", l));
   return l;
 }
 
@@ -182,7 +293,68 @@ status unpack_all(std::vector<packed_layer>& layers, const model_config::packed_
   for (size_t i = 0; i < layers.size(); ++i) {
     for (size_t o = 0; o < layers[i].out; o += step) items.push_back({i, o, std::min(layers[i].out, o + step)});
   }
-  return for_each_item(items.size(), [&](size_t n) { return unpack_rows(layers[items[n].layer], p, items[n].o0, items[n].o1); });
+  return for_each_item(items.size(), [&](size_t n) -> status {
+    try {
+      std::vector<int> q;
+      std::vector<float> row;
+      return unpack_rows(layers[items[n].layer], p, items[n].o0, items[n].o1, q, row);
+    } catch (const std::bad_alloc&) {
+      return make_error(errc::io_error, layers[items[n].layer].name + ": out of memory while unpacking it");
+    }
+  });
+}
+
+/// compressed-tensors' quantization_config: one config group of integer weight-only
+/// quantization (W4A16, W8A16; llm-compressor's schemes) in the pack-quantized format.
+status parse_compressed(const json& q, model_config::packed_config& p) {
+  const std::string format = q.contains("format") && q["format"].is_string() ? q["format"].get<std::string>() : "";
+  if (format != "pack-quantized") {
+    return refused("compressed-tensors format '" + format + "' is not supported (pack-quantized, W4A16 and W8A16, is)");
+  }
+  if (q.contains("kv_cache_scheme") && !q["kv_cache_scheme"].is_null()) {
+    return refused("compressed-tensors' kv_cache_scheme (a quantized KV cache) is not supported");
+  }
+  if (q.contains("sparsity_config") && q["sparsity_config"].is_object() && q["sparsity_config"].contains("format") &&
+      q["sparsity_config"]["format"] != "dense") {
+    return refused("compressed-tensors' sparsity_config is not supported");
+  }
+  if (!q.contains("config_groups") || !q["config_groups"].is_object() || q["config_groups"].size() != 1) {
+    return refused("compressed-tensors with other than one config group is not supported");
+  }
+  const json& g = q["config_groups"].begin().value();
+  if (!g.is_object()) return bad("config_groups' group must be an object");
+  for (const char* act : {"input_activations", "output_activations"}) {
+    if (g.contains(act) && !g[act].is_null()) {
+      return refused(std::string("compressed-tensors with quantized ") + act + " (W8A8) is not supported (weight-only schemes are)");
+    }
+  }
+  if (!g.contains("weights") || !g["weights"].is_object()) return bad("config group has no 'weights'");
+  const json& w = g["weights"];
+  const std::string type = w.contains("type") && w["type"].is_string() ? w["type"].get<std::string>() : "int";
+  if (type != "int") return refused("compressed-tensors weights of type '" + type + "' are not supported (int are)");
+  auto bits = integer(w, {"num_bits"}, 8);
+  if (!bits) return bits.take_error();
+  if (*bits < 1 || *bits > 32) return bad("'num_bits' must be 1..32");
+  if (*bits != 4 && *bits != 8) return refused("compressed-tensors weights of " + std::to_string(*bits) + " bits are not supported (4 and 8 are)");
+  p.kind = method::compressed;
+  p.bits = static_cast<int>(*bits);
+  p.symmetric = !w.contains("symmetric") || (w["symmetric"].is_boolean() && w["symmetric"].get<bool>());
+  if (w.contains("dynamic") && w["dynamic"].is_boolean() && w["dynamic"].get<bool>()) {
+    return refused("compressed-tensors' dynamic weight quantization is not supported");
+  }
+  // actorder "group" saves weight_g_idx; "weight" reorders before quantizing and keeps groups in order.
+  p.act_order = w.contains("actorder") && w["actorder"] == "group";
+  const std::string strategy = w.contains("strategy") && w["strategy"].is_string() ? w["strategy"].get<std::string>() : "";
+  if (strategy == "channel") {
+    p.group_size = 0;
+    return ok_status();
+  }
+  if (strategy != "group") return refused("compressed-tensors' weight strategy '" + strategy + "' is not supported (group and channel are)");
+  auto group = integer(w, {"group_size"}, 0);
+  if (!group) return group.take_error();
+  if (*group <= 0 || *group > (int64_t{1} << 30)) return bad("'group_size' must be positive");
+  p.group_size = static_cast<size_t>(*group);
+  return ok_status();
 }
 
 }  // namespace
@@ -195,9 +367,11 @@ status parse_packed_config(const json& j, model_config& c) {
   if (!q.contains("quant_method") || !q["quant_method"].is_string()) return bad("missing 'quant_method'");
   const std::string m = q["quant_method"].get<std::string>();
   auto& p = c.packed;
+  if (m == "compressed-tensors") return parse_compressed(q, p);
   auto bits = integer(q, {"bits", "w_bit"}, 4);
   if (!bits) return bits.take_error();
-  auto group = integer(q, {"group_size", "q_group_size"}, m == "gptq" ? -1 : 128);
+  if (*bits < 1 || *bits > 32) return bad("'bits' must be 1..32");
+  auto group = integer(q, {"group_size", "q_group_size"}, 128);  // AutoAWQ's and HF GPTQConfig's default
   if (!group) return group.take_error();
   if (*group == 0 || *group < -1 || *group > (int64_t{1} << 30)) return bad("'group_size' must be positive or -1");
   p.group_size = *group == -1 ? 0 : static_cast<size_t>(*group);
@@ -221,6 +395,7 @@ status parse_packed_config(const json& j, model_config& c) {
                                    : "gptq";
     if (format != "gptq" && format != "gptq_v2") return refused("GPTQ checkpoint_format '" + format + "' is not supported");
     p.zeros_plus_one = format == "gptq";
+    p.act_order = q.contains("desc_act") && q["desc_act"].is_boolean() && q["desc_act"].get<bool>();
     return ok_status();
   }
   return refused("quant_method '" + m + "' is not supported");
@@ -229,30 +404,56 @@ status parse_packed_config(const json& j, model_config& c) {
 status unpack_packed_weights(tensor_store& store, const model_config::packed_config& p, size_t* exact, size_t* requantized) {
   if (exact) *exact = 0;
   if (requantized) *requantized = 0;
-  const std::string suffix = ".qweight";
   std::vector<packed_layer> layers;
   for (const auto& n : store.i32_names()) {
-    if (n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    const std::string suffix = n.ends_with(".qweight") ? ".qweight" : n.ends_with(".weight_packed") ? ".weight_packed" : "";
+    if (suffix.empty() || n.size() == suffix.size()) continue;
     const std::string name = n.substr(0, n.size() - suffix.size());
     if (p.kind == method::none) {
       return make_error(errc::invalid_request, "tensor '" + n + "' is packed, but config.json has no quantization_config");
+    }
+    if ((suffix == ".weight_packed") != (p.kind == method::compressed)) {
+      return make_error(errc::invalid_request, "tensor '" + n + "' is not how config.json's quantization_config packs its layers");
     }
     if (store.contains(name + ".weight")) {
       return make_error(errc::invalid_request, "both '" + name + ".weight' and '" + n + "' are in the checkpoint");
     }
     auto l = layer_of(store, p, name);
     if (!l) return l.take_error();
-    l->bytes.reset(new uint8_t[k::dtype_bytes(k::dtype::q8, l->out * k::q8_row_elements(l->in))]);
     layers.push_back(std::move(*l));
   }
+  if (layers.empty()) return ok_status();
+  // One anonymous mapping for every layer's int8 rows (an allocation that fails is an error,
+  // not an exception; huge pages advised, as for --quantization int8).
+  auto bytes_of = [](const packed_layer& l) { return k::dtype_bytes(k::dtype::q8, l.out * k::q8_row_elements(l.in)); };
+  size_t total = 0;
+  for (const auto& l : layers) total += (bytes_of(l) + 63) / 64 * 64;
+  void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    return make_error(errc::io_error, "cannot allocate " + std::to_string(total >> 20) + " MiB for the unpacked weights");
+  }
+  ::madvise(mem, total, MADV_HUGEPAGE);
+  std::shared_ptr<uint8_t> owner(static_cast<uint8_t*>(mem), [total](uint8_t* m) { ::munmap(m, total); });
+  size_t at = 0;
+  for (auto& l : layers) {
+    l.bytes = owner.get() + at;
+    at += (bytes_of(l) + 63) / 64 * 64;
+  }
   LLMESH_TRY(unpack_all(layers, p));
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   for (auto& l : layers) {
     tensor_view t;
     t.type = k::dtype::q8;
     t.shape = {l.out, l.in};
-    t.data = l.bytes.get();
-    t.bytes = k::dtype_bytes(k::dtype::q8, l.out * k::q8_row_elements(l.in));
-    LLMESH_TRY(store.add(l.name + ".weight", std::move(t), std::shared_ptr<const void>(l.bytes, l.bytes.get())));
+    t.data = l.bytes;
+    t.bytes = bytes_of(l);
+    LLMESH_TRY(store.add(l.name + ".weight", std::move(t), owner));
+    // The packed pages leave resident memory (they stay in the page cache, clean).
+    for (const tensor_view* v : {&l.qweight, &l.qzeros, &l.scales}) {
+      const auto begin = reinterpret_cast<uintptr_t>(v->data), end = begin + v->bytes;
+      const uintptr_t from = (begin + page - 1) / page * page, to = end / page * page;
+      if (v->data != nullptr && to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
+    }
     if (exact && l.exact) ++*exact;
     if (requantized && !l.exact) ++*requantized;
   }

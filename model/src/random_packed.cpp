@@ -50,12 +50,73 @@ result<nlohmann::ordered_json> packed_quantization_config(const std::string& pac
                                   {"desc_act", packed == "gptq-act-order"}, {"sym", eight}, {"true_sequential", true},
                                   {"checkpoint_format", "gptq"}};
   }
-  return make_error(errc::invalid_request, "--packed must be awq, gptq, gptq-act-order or gptq8, not '" + packed + "'");
+  if (packed == "ct-w4a16" || packed == "ct-w4a16-asym" || packed == "ct-w8a16") {  // llm-compressor's schemes
+    const bool eight = packed == "ct-w8a16";
+    nlohmann::ordered_json weights{{"num_bits", eight ? 8 : 4}, {"type", "int"}, {"symmetric", packed != "ct-w4a16-asym"},
+                                   {"strategy", eight ? "channel" : "group"}, {"group_size", eight ? nullptr : nlohmann::ordered_json(group_size)},
+                                   {"dynamic", false}, {"actorder", nullptr}, {"observer", "minmax"}};
+    return nlohmann::ordered_json{
+        {"quant_method", "compressed-tensors"}, {"format", "pack-quantized"}, {"quantization_status", "compressed"},
+        {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", nullptr},
+                                        {"output_activations", nullptr}}}}},
+        {"ignore", {"lm_head"}}, {"kv_cache_scheme", nullptr}, {"sparsity_config", nlohmann::ordered_json::object()}};
+  }
+  return make_error(errc::invalid_request,
+                    "--packed must be awq, gptq, gptq-act-order, gptq8, ct-w4a16, ct-w4a16-asym or ct-w8a16, not '" + packed + "'");
 }
+
+namespace {
+
+/// compressed-tensors' pack-quantized layer (packed_weights.hpp): signed quants stored plus
+/// 2^(bits-1), eight (four) to an int32 along each output's inputs; zero points (asymmetric)
+/// packed along the outputs; weight_shape as int64, as torch.tensor(weight.shape) saves it.
+std::vector<tensor_spec> compressed_linear(uint64_t seed, const std::string& x, size_t out, size_t in, float scale,
+                                           const std::string& packed, size_t group_size) {
+  using k = kernels::dtype;
+  const bool eight = packed == "ct-w8a16", asym = packed == "ct-w4a16-asym";
+  const int bits = eight ? 8 : 4;
+  const size_t pack = 32 / static_cast<size_t>(bits), levels = size_t{1} << bits, groups = eight ? 1 : in / group_size;
+  std::vector<tensor_spec> t;
+  t.push_back({x + ".weight_packed", k::f32, {out, in / pack}, [=](std::span<uint8_t> b) {
+                 stream r(seed, x + ".weight_packed");
+                 for (size_t o = 0; o < out; ++o) {
+                   for (size_t c = 0; c < in / pack; ++c) {
+                     uint32_t w = 0;
+                     for (size_t j = 0; j < pack; ++j) w |= r.below(static_cast<uint32_t>(levels)) << (bits * j);
+                     put(b, o * (in / pack) + c, w);
+                   }
+                 }
+               }, 4});
+  if (asym) {
+    t.push_back({x + ".weight_zero_point", k::f32, {(out + pack - 1) / pack, groups}, [=](std::span<uint8_t> b) {
+                   stream r(seed, x + ".weight_zero_point");
+                   std::vector<uint32_t> words((out + pack - 1) / pack * groups, 0);
+                   for (size_t o = 0; o < out; ++o) {
+                     for (size_t g = 0; g < groups; ++g) words[(o / pack) * groups + g] |= (6 + r.below(5)) << (bits * (o % pack));  // zero −2..2
+                   }
+                   for (size_t w = 0; w < words.size(); ++w) put(b, w, words[w]);
+                 }, 4});
+  }
+  t.push_back({x + ".weight_shape", k::f32, {2}, [=](std::span<uint8_t> b) {
+                 const int64_t shape[2] = {static_cast<int64_t>(out), static_cast<int64_t>(in)};
+                 std::memcpy(b.data(), shape, sizeof shape);
+               }, 8});
+  const float step = scale / static_cast<float>(levels / 2);
+  t.push_back({x + ".weight_scale", k::f16, {out, groups}, [=](std::span<uint8_t> b) {
+                 stream r(seed, x + ".weight_scale");
+                 for (size_t i = 0; i < out * groups; ++i) {
+                   const uint16_t h = kernels::f32_to_f16(step * (0.75f + 0.5f * r.unit()));
+                   std::memcpy(b.data() + 2 * i, &h, 2);
+                 }
+               }});
+  return t;
+}
+
+}  // namespace
 
 result<std::vector<tensor_spec>> random_packed_linear(uint64_t seed, const std::string& x, size_t out, size_t in, float scale,
                                                       const std::string& packed, size_t group_size) {
-  const bool awq = packed == "awq", eight = packed == "gptq8", act_order = packed == "gptq-act-order";
+  const bool awq = packed == "awq", eight = packed == "gptq8" || packed == "ct-w8a16", act_order = packed == "gptq-act-order";
   const int bits = eight ? 8 : 4;
   const size_t pack = 32 / static_cast<size_t>(bits), levels = size_t{1} << bits;
   if (group_size == 0 || in % group_size != 0 || in % pack != 0 || out % pack != 0) {
@@ -63,6 +124,7 @@ result<std::vector<tensor_spec>> random_packed_linear(uint64_t seed, const std::
                                                  "] does not split into groups of " + std::to_string(group_size) +
                                                  " inputs and words of " + std::to_string(pack));
   }
+  if (packed.starts_with("ct-")) return compressed_linear(seed, x, out, in, scale, packed, group_size);
   const size_t groups = in / group_size;
   using k = kernels::dtype;
   std::vector<tensor_spec> t;
@@ -86,7 +148,7 @@ result<std::vector<tensor_spec>> random_packed_linear(uint64_t seed, const std::
                        put(b, i * (out / 8) + c, w);
                      }
                    }
-                 }, true});
+                 }, 4});
     t.push_back({x + ".qzeros", k::f32, {groups, out / 8}, [=](std::span<uint8_t> b) {
                    stream r(seed, x + ".qzeros");
                    std::vector<uint32_t> z(out);
@@ -98,7 +160,7 @@ result<std::vector<tensor_spec>> random_packed_linear(uint64_t seed, const std::
                        put(b, g * (out / 8) + c, w);
                      }
                    }
-                 }, true});
+                 }, 4});
   } else {
     t.push_back({x + ".qweight", k::f32, {in / pack, out}, [=](std::span<uint8_t> b) {
                    stream r(seed, x + ".qweight");
@@ -107,7 +169,7 @@ result<std::vector<tensor_spec>> random_packed_linear(uint64_t seed, const std::
                      for (size_t o = 0; o < out; ++o) words[(i / pack) * out + o] |= quant(r) << (bits * (i % pack));
                    }
                    for (size_t w = 0; w < words.size(); ++w) put(b, w, words[w]);
-                 }, true});
+                 }, 4});
     t.push_back({x + ".qzeros", k::f32, {groups, out / pack}, [=](std::span<uint8_t> b) {
                    stream r(seed, x + ".qzeros");
                    std::vector<uint32_t> words(groups * (out / pack), 0);
@@ -115,11 +177,11 @@ result<std::vector<tensor_spec>> random_packed_linear(uint64_t seed, const std::
                      for (size_t o = 0; o < out; ++o) words[g * (out / pack) + o / pack] |= zero(r) << (bits * (o % pack));
                    }
                    for (size_t w = 0; w < words.size(); ++w) put(b, w, words[w]);
-                 }, true});
+                 }, 4});
     t.push_back({x + ".g_idx", k::f32, {in}, [=](std::span<uint8_t> b) {
                    const auto g = groups_of(seed, x, in, group_size, act_order);
                    for (size_t i = 0; i < in; ++i) put(b, i, g[i]);
-                 }, true});
+                 }, 4});
   }
   const float step = scale / static_cast<float>(levels / 2);
   t.push_back({x + ".scales", k::f16, {groups, out}, [=](std::span<uint8_t> b) {

@@ -11,8 +11,8 @@
 
 namespace llmesh::model::detail {
 
-/// config.json's quantization_config for `packed` ("awq", "gptq", "gptq-act-order", "gptq8"),
-/// or invalid_request naming the choices.
+/// config.json's quantization_config for `packed` (random_model_spec::packed's choices), or
+/// invalid_request naming them.
 [[nodiscard]] result<nlohmann::ordered_json> packed_quantization_config(const std::string& packed, size_t group_size);
 
 /// Linear layer X ([out, in] as a plain checkpoint would hold X.weight) as X.qweight, X.qzeros,

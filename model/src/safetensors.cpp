@@ -92,11 +92,14 @@ status tensor_store::add_file(const std::string& path) {
         info["data_offsets"].size() != 2) {
       return file_error(path, "malformed entry for tensor '" + name + "'");
     }
-    const bool i32 = info["dtype"].get<std::string>() == "I32";
-    auto type = i32 ? result<kernels::dtype>(kernels::dtype::f32) : parse_dtype(info["dtype"].get<std::string>());
+    const std::string dtype = info["dtype"].get<std::string>();
+    const uint8_t int_bytes = dtype == "I32" ? 4 : dtype == "I64" ? 8 : 0;
+    auto type = int_bytes ? result<kernels::dtype>(kernels::dtype::f32) : parse_dtype(dtype);
     if (!type) return make_error(errc::unsupported, path + ": tensor '" + name + "' has unsupported " + type.err().message);
     tensor_view t;
-    t.type = *type;  // I32: 4-byte elements, as f32's
+    t.type = *type;  // unused for integers
+    t.int_bytes = int_bytes;
+    const size_t element_bytes = int_bytes ? int_bytes : kernels::dtype_size(t.type);
     size_t elements = 1;
     for (const auto& d : info["shape"]) {
       if (!d.is_number_unsigned()) return file_error(path, "tensor '" + name + "' has a bad shape");
@@ -115,14 +118,14 @@ status tensor_store::add_file(const std::string& path) {
       return file_error(path, "truncated: tensor '" + name + "' ends at byte " + std::to_string(end) +
                                   " of a " + std::to_string(data_size) + "-byte data section");
     }
-    if (end - begin != elements * kernels::dtype_size(t.type)) {
+    if (end - begin != elements * element_bytes) {
       return file_error(path, "tensor '" + name + "' holds " + std::to_string(end - begin) +
-                                  " bytes, its shape and dtype need " + std::to_string(elements * kernels::dtype_size(t.type)));
+                                  " bytes, its shape and dtype need " + std::to_string(elements * element_bytes));
     }
     t.data = data_start + begin;
     t.bytes = end - begin;
     if (tensors_.count(name) != 0 || i32_.count(name) != 0) return file_error(path, "tensor '" + name + "' appears twice");
-    (i32 ? i32_ : tensors_).emplace(name, std::move(t));
+    (int_bytes ? i32_ : tensors_).emplace(name, std::move(t));
   }
   keep_.push_back(std::move(file));
   return ok_status();
@@ -172,7 +175,7 @@ result<tensor_store> tensor_store::open(const std::string& dir) {
 result<tensor_view> tensor_store::get(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
-    if (i32_.count(name) != 0) return make_error(errc::invalid_request, "tensor '" + name + "' is int32 (I32), not a float tensor");
+    if (i32_.count(name) != 0) return make_error(errc::invalid_request, "tensor '" + name + "' holds integers, not a float tensor");
     return make_error(errc::not_found, "missing tensor '" + name + "'");
   }
   return it->second;
@@ -181,7 +184,26 @@ result<tensor_view> tensor_store::get(const std::string& name) const {
 result<tensor_view> tensor_store::get_i32(const std::string& name) const {
   auto it = i32_.find(name);
   if (it == i32_.end()) return make_error(errc::not_found, "missing int32 tensor '" + name + "'");
+  if (it->second.int_bytes != 4) return make_error(errc::invalid_request, "tensor '" + name + "' is int64, not int32");
   return it->second;
+}
+
+result<std::vector<int64_t>> tensor_store::integers(const std::string& name) const {
+  auto it = i32_.find(name);
+  if (it == i32_.end()) return make_error(errc::not_found, "missing integer tensor '" + name + "'");
+  const auto& t = it->second;
+  std::vector<int64_t> out(t.bytes / t.int_bytes);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const auto* p = static_cast<const uint8_t*>(t.data) + i * t.int_bytes;
+    if (t.int_bytes == 8) {
+      std::memcpy(&out[i], p, 8);
+    } else {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      out[i] = v;
+    }
+  }
+  return out;
 }
 
 }  // namespace llmesh::model

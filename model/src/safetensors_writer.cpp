@@ -12,9 +12,9 @@ status write_safetensors(const std::string& path, const std::vector<tensor_spec>
   size_t offset = 0;
   std::vector<size_t> sizes;
   for (const auto& t : tensors) {
-    size_t n = t.i32 ? 4 : kernels::dtype_size(t.type);
+    size_t n = t.int_bytes ? t.int_bytes : kernels::dtype_size(t.type);
     for (size_t d : t.shape) n *= d;
-    header[t.name] = {{"dtype", t.i32 ? std::string("I32") : std::string(kernels::dtype_name(t.type))},
+    header[t.name] = {{"dtype", t.int_bytes == 8 ? std::string("I64") : t.int_bytes ? std::string("I32") : std::string(kernels::dtype_name(t.type))},
                       {"shape", t.shape},
                       {"data_offsets", {offset, offset + n}}};
     sizes.push_back(n);

@@ -46,11 +46,35 @@ uint32_t word_at(const tensor_view& t, size_t i) {
   return w;
 }
 
+/// compressed-tensors' layer x [out, in]: pack_to_int32 puts value j of each run of `pack` in
+/// bits bits·j, as the signed value plus 2^(bits-1); weights along each output's inputs, zero
+/// points (asymmetric) along the outputs of each group; scales [out, groups].
+std::vector<float> decoded_compressed(const tensor_store& st, const std::string& x, int bits, size_t out, size_t in) {
+  const size_t pack = 32 / static_cast<size_t>(bits);
+  const int mask = (1 << bits) - 1, offset = 1 << (bits - 1);
+  auto packed = st.get_i32(x + ".weight_packed");
+  auto sc = st.get(x + ".weight_scale");
+  EXPECT_TRUE(packed.ok() && sc.ok()) << x;
+  const size_t groups = sc->shape[1], per_group = (in + groups - 1) / groups;
+  auto zp = st.get_i32(x + ".weight_zero_point");
+  std::vector<float> w(out * in);
+  for (size_t o = 0; o < out; ++o) {
+    for (size_t i = 0; i < in; ++i) {
+      const size_t g = i / per_group;
+      const int q = static_cast<int>((word_at(*packed, o * (in / pack) + i / pack) >> (bits * (i % pack))) & static_cast<uint32_t>(mask)) - offset;
+      const int z = zp.ok() ? static_cast<int>((word_at(*zp, (o / pack) * groups + g) >> (bits * (o % pack))) & static_cast<uint32_t>(mask)) - offset : 0;
+      w[o * in + i] = kernels::load_as_f32(sc->data, sc->type, o * groups + g) * static_cast<float>(q - z);
+    }
+  }
+  return w;
+}
+
 /// Layer x's weights [out, in] decoded from the checkpoint's tensors: AutoAWQ packs output
 /// 8c + order[p] into nibble p of word c (order 0, 2, 4, 6, 1, 3, 5, 7); AutoGPTQ packs input i
-/// into bits bits·(i % pack) of row i / pack, zeros along the outputs likewise, less one.
+/// into bits bits·(i % pack) of row i / pack, zeros along the outputs likewise, less one (in
+/// its "gptq" format; `plus_one` false: "gptq_v2").
 std::vector<float> decoded(const tensor_store& st, const std::string& x, bool awq, int bits, size_t out, size_t in,
-                           std::vector<uint32_t>* groups = nullptr) {
+                           std::vector<uint32_t>* groups = nullptr, bool plus_one = true) {
   const size_t pack = 32 / static_cast<size_t>(bits);
   const uint32_t mask = (1u << bits) - 1;
   auto qw = st.get_i32(x + ".qweight"), qz = st.get_i32(x + ".qzeros");
@@ -77,7 +101,9 @@ std::vector<float> decoded(const tensor_store& st, const std::string& x, bool aw
     }
     for (size_t g = 0; g < sc->shape[0]; ++g) {
       for (size_t c = 0; c < out / pack; ++c) {
-        for (size_t j = 0; j < pack; ++j) z[g * out + c * pack + j] = static_cast<int>((word_at(*qz, g * (out / pack) + c) >> (bits * j)) & mask) + 1;
+        for (size_t j = 0; j < pack; ++j) {
+          z[g * out + c * pack + j] = static_cast<int>((word_at(*qz, g * (out / pack) + c) >> (bits * j)) & mask) + (plus_one ? 1 : 0);
+        }
       }
     }
   }
@@ -104,25 +130,26 @@ std::vector<float> held(const weight_matrix& w) {
   return out;
 }
 
-TEST(PackedWeights, AwqAndGptqLayersAreHeldExactlyAsInt8) {
-  for (const std::string packed : {"awq", "gptq", "gptq8"}) {
+TEST(PackedWeights, AwqGptqAndCompressedTensorsLayersAreHeldExactlyAsInt8) {
+  using method = model_config::packed_config::method;
+  for (const std::string packed : {"awq", "gptq", "gptq8", "ct-w4a16", "ct-w4a16-asym", "ct-w8a16"}) {
     SCOPED_TRACE(packed);
     testing::temp_dir dir;
     ASSERT_TRUE(write_random_model(packed_spec(packed), dir.path()).ok());
     auto m = model::load(dir.path());
     ASSERT_TRUE(m.ok()) << m.err().message;
-    EXPECT_EQ((*m)->config().packed.kind,
-              packed == "awq" ? model_config::packed_config::method::awq : model_config::packed_config::method::gptq);
+    const bool ct = packed.starts_with("ct-");
+    EXPECT_EQ((*m)->config().packed.kind, packed == "awq" ? method::awq : ct ? method::compressed : method::gptq);
     EXPECT_EQ((*m)->quantized_weights(), "int8");
     auto st = tensor_store::open(dir.path());
     ASSERT_TRUE(st.ok());
     const auto& l = (*m)->weights().layers[0];
-    const int bits = packed == "gptq8" ? 8 : 4;
+    const int bits = packed == "gptq8" || packed == "ct-w8a16" ? 8 : 4;
     for (auto [x, w] : {std::pair{"model.layers.0.self_attn.q_proj", &l.q}, {"model.layers.0.self_attn.o_proj", &l.o},
                         {"model.layers.0.mlp.down_proj", &l.down}, {"model.layers.0.mlp.up_proj", &l.up}}) {
       SCOPED_TRACE(x);
       ASSERT_EQ(w->type, dtype::q8);
-      const auto want = decoded(*st, x, packed == "awq", bits, w->rows, w->cols);
+      const auto want = ct ? decoded_compressed(*st, x, bits, w->rows, w->cols) : decoded(*st, x, packed == "awq", bits, w->rows, w->cols);
       const auto got = held(*w);
       ASSERT_EQ(got.size(), want.size());
       size_t differ = 0;
@@ -159,6 +186,19 @@ TEST(PackedWeights, ActOrderGptqIsRequantizedByTheInt8Rule) {
   EXPECT_GT(differ, 0u) << "requantized values are not the checkpoint's";
 }
 
+/// llm-compressor's W4A16 quantization_config, changed by `change`.
+json ct_config(const std::function<void(json&)>& change) {
+  json q = {{"quant_method", "compressed-tensors"},
+            {"format", "pack-quantized"},
+            {"config_groups",
+             {{"group_0",
+               {{"targets", {"Linear"}},
+                {"weights", {{"num_bits", 4}, {"type", "int"}, {"symmetric", true}, {"strategy", "group"}, {"group_size", 32}}},
+                {"input_activations", nullptr}}}}}};
+  change(q);
+  return q;
+}
+
 /// A packed model whose config.json's quantization_config is replaced (null: removed).
 std::string with_quantization_config(const testing::temp_dir& dir, const json& q, const std::string& packed = "awq") {
   EXPECT_TRUE(write_random_model(packed_spec(packed), dir.path()).ok());
@@ -172,7 +212,15 @@ std::string with_quantization_config(const testing::temp_dir& dir, const json& q
 TEST(PackedWeights, QuantizationConfigsReadOrRefusedByName) {
   const std::pair<json, std::string> refused[] = {
       {{{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}}, "quant_method 'fp8' is not supported"},
-      {{{"quant_method", "compressed-tensors"}}, "quant_method 'compressed-tensors' is not supported"},
+      {{{"quant_method", "compressed-tensors"}, {"format", "float-quantized"}}, "compressed-tensors format 'float-quantized' is not supported"},
+      {ct_config([](json& q) { q["config_groups"]["group_0"]["input_activations"] = {{"num_bits", 8}}; }),
+       "quantized input_activations (W8A8) is not supported"},
+      {ct_config([](json& q) { q["config_groups"]["group_1"] = q["config_groups"]["group_0"]; }), "other than one config group"},
+      {ct_config([](json& q) { q["config_groups"]["group_0"]["weights"]["type"] = "float"; }), "weights of type 'float'"},
+      {ct_config([](json& q) { q["config_groups"]["group_0"]["weights"]["num_bits"] = 2; }), "weights of 2 bits"},
+      {ct_config([](json& q) { q["config_groups"]["group_0"]["weights"]["strategy"] = "tensor"; }), "weight strategy 'tensor'"},
+      {ct_config([](json& q) { q["kv_cache_scheme"] = {{"num_bits", 8}}; }), "kv_cache_scheme"},
+      {ct_config([](json& q) { q["sparsity_config"] = {{"format", "sparse-24-bitmask"}}; }), "sparsity_config"},
       {{{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}}, "quant_method 'bitsandbytes' is not supported"},
       {{{"quant_method", "awq"}, {"bits", 4}, {"group_size", 32}, {"version", "GEMV"}}, "AWQ version 'gemv' is not supported"},
       {{{"quant_method", "awq"}, {"bits", 4}, {"group_size", 32}, {"zero_point", false}}, "AWQ without zero points"},
@@ -194,6 +242,7 @@ TEST(PackedWeights, QuantizationConfigsReadOrRefusedByName) {
       {{{"bits", 4}}, "missing 'quant_method'"},
       {{{"quant_method", "awq"}, {"group_size", 0}}, "'group_size' must be positive or -1"},
       {{{"quant_method", "awq"}, {"bits", "4"}}, "'bits' must be an integer"},
+      {{{"quant_method", "gptq"}, {"bits", 4294967300LL}}, "'bits' must be 1..32"},
   };
   for (const auto& [q, why] : bad) {
     SCOPED_TRACE(q.dump());
@@ -226,10 +275,15 @@ void rewrite(const testing::temp_dir& dir, const std::function<bool(tensor_spec&
   for (const auto& n : st->i32_names()) names.push_back(n);
   for (const auto& n : names) {
     auto t = st->contains(n) ? st->get(n) : st->get_i32(n);
+    if (!t.ok() && st->integers(n).ok()) {  // an int64 tensor (compressed-tensors' weight_shape)
+      const auto v = st->integers(n).value();
+      specs.push_back({n, dtype::f32, {v.size()}, [v](std::span<uint8_t> out) { std::memcpy(out.data(), v.data(), out.size()); }, 8});
+      continue;
+    }
     ASSERT_TRUE(t.ok());
     std::vector<uint8_t> bytes(static_cast<const uint8_t*>(t->data), static_cast<const uint8_t*>(t->data) + t->bytes);
     tensor_spec s{n, t->type, t->shape, [bytes](std::span<uint8_t> out) { std::memcpy(out.data(), bytes.data(), std::min(out.size(), bytes.size())); },
-                  !st->contains(n)};
+                  t->int_bytes};
     if (change(s)) specs.push_back(std::move(s));
   }
   ASSERT_TRUE(write_safetensors(dir / "model.safetensors", specs).ok());
@@ -299,12 +353,114 @@ TEST(PackedWeights, RandomPackedModelsRefuseWhatTheFormatsCannotHold) {
   auto s = packed_spec("awq4");
   auto bad = write_random_model(s, dir.path());
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.err().message.find("--packed must be awq, gptq, gptq-act-order or gptq8"), std::string::npos) << bad.err().message;
+  EXPECT_NE(bad.err().message.find("--packed must be awq, gptq, gptq-act-order, gptq8, ct-w4a16"), std::string::npos) << bad.err().message;
   s = packed_spec("gptq");
   s.group_size = 48;  // 64 inputs do not split into groups of 48
   bad = write_random_model(s, dir.path());
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.err().message.find("does not split into groups of 48"), std::string::npos) << bad.err().message;
+}
+
+/// Every int32 tensor named `suffix` of layer 0's q_proj filled with `word`, and its scales with 1.
+void fill_q_proj(const testing::temp_dir& dir, const std::string& suffix, uint32_t word, const std::string& scales) {
+  const std::string q = "model.layers.0.self_attn.q_proj";
+  rewrite(dir, [&](tensor_spec& s) {
+    if (s.name == q + suffix) {
+      s.fill = [word](std::span<uint8_t> out) {
+        for (size_t i = 0; i + 4 <= out.size(); i += 4) std::memcpy(out.data() + i, &word, 4);
+      };
+    }
+    if (s.name == q + scales) {
+      s.fill = [](std::span<uint8_t> out) {
+        const uint16_t one = 0x3c00;  // float16 1.0
+        for (size_t i = 0; i + 2 <= out.size(); i += 2) std::memcpy(out.data() + i, &one, 2);
+      };
+    }
+    return true;
+  });
+}
+
+TEST(PackedWeights, HandPackedWordsDecodeAsTheirPackersWroteThem) {
+  // The word 0x76543210 holds 0, 1, ..., 7 in nibbles 0..7. With zeros of 0 and scales of 1:
+  // AWQ (AutoAWQ's order_map: nibble p is output 8c + (0, 2, 4, 6, 1, 3, 5, 7)[p]) gives output
+  // o the value (0, 4, 1, 5, 2, 6, 3, 7)[o % 8] at every input; GPTQ (input 8r + p in nibble p)
+  // gives input i the value i % 8 less its zero (stored 0: 1 in the "gptq" format, 0 in
+  // "gptq_v2"); compressed-tensors (input 8c + p in nibble p, less 8) i % 8 − 8.
+  const uint32_t ramp = 0x76543210;
+  const std::string q = "model.layers.0.self_attn.q_proj";
+  struct want {
+    std::string packed, format;
+    std::function<float(size_t o, size_t i)> value;
+  };
+  const int awq_value[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+  const std::vector<want> cases = {
+      {"awq", "", [&](size_t o, size_t) { return static_cast<float>(awq_value[o % 8]); }},
+      {"gptq", "gptq", [](size_t, size_t i) { return static_cast<float>(i % 8) - 1.0f; }},
+      {"gptq", "gptq_v2", [](size_t, size_t i) { return static_cast<float>(i % 8); }},
+      {"ct-w4a16", "", [](size_t, size_t i) { return static_cast<float>(i % 8) - 8.0f; }},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.packed + " " + c.format);
+    testing::temp_dir dir;
+    ASSERT_TRUE(write_random_model(packed_spec(c.packed), dir.path()).ok());
+    const bool ct = c.packed == "ct-w4a16";
+    fill_q_proj(dir, ct ? ".weight_packed" : ".qweight", ramp, ct ? ".weight_scale" : ".scales");
+    if (!ct) fill_q_proj(dir, ".qzeros", 0, ct ? ".weight_scale" : ".scales");
+    if (c.format == "gptq_v2") {
+      json cfg = json::parse(testing::read_text(dir / "config.json"));
+      cfg["quantization_config"]["checkpoint_format"] = "gptq_v2";
+      testing::write_text(dir / "config.json", cfg.dump());
+    }
+    auto m = model::load(dir.path());
+    ASSERT_TRUE(m.ok()) << m.err().message;
+    const auto& w = (*m)->weights().layers[0].q;
+    const auto got = held(w);
+    size_t differ = 0;
+    for (size_t o = 0; o < w.rows; ++o) {
+      for (size_t i = 0; i < w.cols; ++i) differ += got[o * w.cols + i] != c.value(o, i);
+    }
+    EXPECT_EQ(differ, 0u) << "first row: " << got[0] << " " << got[1] << " " << got[2];
+  }
+}
+
+TEST(PackedWeights, EightBitZerosOffTheMiddleAreRequantized) {
+  // GPTQ's 8 bits hold q − z in int8 only with z = 128; a zero of 100 spans −100..155.
+  testing::temp_dir dir;
+  ASSERT_TRUE(write_random_model(packed_spec("gptq8"), dir.path()).ok());
+  fill_q_proj(dir, ".qzeros", 0x63636363, ".none");  // stored 99: zero 100
+  auto m = model::load(dir.path());
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  auto st = tensor_store::open(dir.path());
+  ASSERT_TRUE(st.ok());
+  const auto& w = (*m)->weights().layers[0].q;
+  const auto want = decoded(*st, "model.layers.0.self_attn.q_proj", false, 8, w.rows, w.cols);
+  std::vector<uint8_t> rule(kernels::dtype_bytes(dtype::q8, w.rows * kernels::q8_row_elements(w.cols)));
+  ASSERT_TRUE(kernels::quantize_q8(want.data(), dtype::f32, w.rows, w.cols, rule.data()).ok());
+  EXPECT_EQ(std::memcmp(rule.data(), w.data, rule.size()), 0);
+  // The other layers keep the middle zero: exact.
+  const auto& k = (*m)->weights().layers[0].k;
+  const auto k_want = decoded(*st, "model.layers.0.self_attn.k_proj", false, 8, k.rows, k.cols);
+  EXPECT_EQ(held(k), k_want);
+}
+
+TEST(PackedWeights, ActOrderNeedsAnInt32GIdx) {
+  const std::string q = "model.layers.0.self_attn.q_proj";
+  testing::temp_dir dir;
+  ASSERT_TRUE(write_random_model(packed_spec("gptq-act-order"), dir.path()).ok());
+  rewrite(dir, [&](tensor_spec& s) { return s.name != q + ".g_idx"; });
+  auto m = model::load(dir.path());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.err().message.find("desc_act (act-order) needs " + q + ".g_idx, which is missing"), std::string::npos)
+      << m.err().message;
+  testing::temp_dir floats;
+  ASSERT_TRUE(write_random_model(packed_spec("gptq-act-order"), floats.path()).ok());
+  rewrite(floats, [&](tensor_spec& s) {
+    if (s.name == q + ".g_idx") s.int_bytes = 0;  // the same bytes as float32
+    return true;
+  });
+  m = model::load(floats.path());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.err().message.find("tensor '" + q + ".g_idx' holds floats, not int32"), std::string::npos) << m.err().message;
 }
 
 TEST(PackedWeights, AnAwqModelRunsAtTp2AndItsLogitsAreTp1s) {

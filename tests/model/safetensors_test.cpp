@@ -273,7 +273,7 @@ TEST(TensorStore, RejectsTensorEntryWithWrongFieldTypes) {
 }
 
 TEST(TensorStore, RejectsUnsupportedDtypeNamingIt) {
-  for (const char* dt : {"I64", "F64", "U8", "F8_E4M3", "f32", ""}) {
+  for (const char* dt : {"I8", "F64", "U8", "F8_E4M3", "f32", ""}) {
     temp_dir dir;
     write_raw(dir / "model.safetensors", one_tensor_header([&](json& e) { e["dtype"] = dt; }), std::vector<uint8_t>(16));
     error e = expect_open_error(dir.path(), dir / "model.safetensors", "'w'");
@@ -282,17 +282,25 @@ TEST(TensorStore, RejectsUnsupportedDtypeNamingIt) {
 }
 
 TEST(TensorStore, Int32TensorsAreKeptApartForPackedWeights) {
-  // AWQ/GPTQ checkpoints hold their packed quants as I32: get_i32 returns them, get() refuses
-  // them by name (they are no float weights), and they count for the index's names.
+  // AWQ/GPTQ/compressed-tensors checkpoints hold their packed quants as I32 (and a weight_shape
+  // as I64): get_i32 and integers() return them, get() refuses them by name (they are no float
+  // weights).
   temp_dir dir;
   tensor_spec packed{"x.qweight", dtype::f32, {2, 3}, [](std::span<uint8_t> b) {
                        for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(i);
-                     }, true};
-  ASSERT_TRUE(write_safetensors(dir / "model.safetensors", {pattern_tensor("w", dtype::f32, {4}, 1), packed}).ok());
+                     }, 4};
+  tensor_spec wide{"x.weight_shape", dtype::f32, {2}, [](std::span<uint8_t> b) {
+                     const int64_t v[2] = {7, -3};
+                     std::memcpy(b.data(), v, 16);
+                   }, 8};
+  ASSERT_TRUE(write_safetensors(dir / "model.safetensors", {pattern_tensor("w", dtype::f32, {4}, 1), packed, wide}).ok());
   auto st = tensor_store::open(dir.path());
   ASSERT_TRUE(st.ok()) << st.err().message;
   EXPECT_EQ(st->names(), std::vector<std::string>{"w"});
-  EXPECT_EQ(st->i32_names(), std::vector<std::string>{"x.qweight"});
+  EXPECT_EQ(st->i32_names(), (std::vector<std::string>{"x.qweight", "x.weight_shape"}));
+  EXPECT_EQ(st->integers("x.weight_shape").value(), (std::vector<int64_t>{7, -3}));
+  EXPECT_EQ(st->integers("x.qweight").value()[1], 0x07060504);
+  EXPECT_NE(st->get_i32("x.weight_shape").err().message.find("is int64"), std::string::npos);
   auto t = st->get_i32("x.qweight");
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->shape, (std::vector<size_t>{2, 3}));
@@ -302,7 +310,7 @@ TEST(TensorStore, Int32TensorsAreKeptApartForPackedWeights) {
   EXPECT_EQ(second, 0x07060504u);
   auto as_float = st->get("x.qweight");
   ASSERT_FALSE(as_float.ok());
-  EXPECT_NE(as_float.err().message.find("'x.qweight' is int32"), std::string::npos) << as_float.err().message;
+  EXPECT_NE(as_float.err().message.find("'x.qweight' holds integers"), std::string::npos) << as_float.err().message;
   EXPECT_EQ(st->get_i32("w").err().code, errc::not_found);
 }
 

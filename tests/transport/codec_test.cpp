@@ -81,7 +81,7 @@ std::vector<envelope> samples() {
       assign_msg{21, "kjv-tiny", "models/kjv-tiny", 1, 64, assign_op::start, {}, {}, {}, "", {}, "", 0, "", true},
       // At most 8 adapters at once.
       assign_msg{22, "kjv-tiny", "models/kjv-tiny", 1, 64, assign_op::start, {}, {}, {}, "", {}, "", 0, "", true, 8},
-      // A mixture of experts whose two ranks hold whole experts.
+      // A mixture of experts whose two ranks run whole experts.
       assign_msg{23, "qwen3-moe", "models/qwen3-moe", 2, 64, assign_op::start, {}, {}, {}, "", {}, "", 0, "", false, 0, true},
       // Spread placement: this node runs ranks 1 and 2 of 3; the key is bytes (zeros too).
       assign_msg{15, "kjv-tiny", "models/kjv-tiny", 3, 128, assign_op::start, {1, 2},

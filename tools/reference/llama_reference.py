@@ -15,8 +15,9 @@ GraniteForCausalLM (embedding, attention, residual and logit multipliers), Gemma
 also normalise each block's output, soft-cap scores and logits, alternate sliding and global
 layers, and Gemma 3 gives its sliding layers their own rotary base), with
 weights in model.safetensors or a sharded model.safetensors.index.json
-(F32, F16 or BF16; AWQ (GEMM) and GPTQ checkpoints' packed layers decoded from their
-quantization_config, see Weights.unpack). Everything is computed in float64; the full sequence is
+(F32, F16 or BF16; AWQ (GEMM), GPTQ and compressed-tensors pack-quantized checkpoints'
+packed layers decoded from their quantization_config, see Weights.unpack and
+Weights.unpack_compressed). Everything is computed in float64; the full sequence is
 recomputed at every step (no KV cache), which is fine for tiny models.
 
 Needs only python3 with numpy and torch (Debian: python3-numpy python3-torch).
@@ -102,7 +103,8 @@ class Weights:
             self.qcfg = json.load(f).get("quantization_config")
 
     def has(self, name):
-        return name in self.entries or (name.endswith(".weight") and name[:-len(".weight")] + ".qweight" in self.entries)
+        x = name[:-len(".weight")] if name.endswith(".weight") else None
+        return name in self.entries or (x is not None and (x + ".qweight" in self.entries or x + ".weight_packed" in self.entries))
 
     def dtype(self, name):
         return self.entries[name][2]["dtype"]
@@ -134,7 +136,7 @@ class Weights:
         bits = q.get("bits", q.get("w_bit", 4))
         pack, mask = 32 // bits, (1 << bits) - 1
         out, n_in = shape
-        group = q.get("group_size", q.get("q_group_size", 128 if awq else -1))
+        group = q.get("group_size", q.get("q_group_size", 128))
         group = n_in if group == -1 else group
         qw = self.raw(x + ".qweight", "<u4").astype(np.int64)
         qz = self.raw(x + ".qzeros", "<u4").astype(np.int64)
@@ -153,15 +155,48 @@ class Weights:
                 Z = Z + 1
             g = self.raw(x + ".g_idx", "<i4").astype(np.int64) if x + ".g_idx" in self.entries else np.arange(n_in) // group
         w = torch.from_numpy((s[g, :] * (Q - Z[g, :]).astype(np.float64)).T.copy())
-        padded = np.concatenate([g, np.full((-n_in) % 32, -1)])
-        blocks = padded.reshape(-1, 32)
-        uniform = all(np.all((b == b[0]) | (b == -1)) for b in blocks)
-        exact = uniform and (bits == 4 or np.all(Z == 128))
-        return w if exact else quantize_int8(w)
+        return w if self.int8_exact(g, bits == 4 or np.all(Z == 128)) else quantize_int8(w)
+
+    @staticmethod
+    def int8_exact(g, fits):
+        """Whether llmesh holds a layer exactly: every block of 32 inputs in one group (g: each
+        input's group) and every q - z within int8 (`fits`)."""
+        padded = np.concatenate([g, np.full((-len(g)) % 32, -1)])
+        uniform = all(np.all((b == b[0]) | (b == -1)) for b in padded.reshape(-1, 32))
+        return uniform and bool(fits)
+
+    def unpack_compressed(self, x, shape):
+        """Layer x of a compressed-tensors pack-quantized checkpoint (compressed_tensors'
+        pack_to_int32 / unpack_from_int32): weight_packed [out, ceil(in / pack)], value j of each
+        word in bits bits*j, the signed quant plus 2**(bits - 1); weight_scale [out, groups];
+        weight_zero_point (asymmetric) packed the same way along dim 0, [ceil(out / pack),
+        groups]; weight_g_idx gives each input's group. w = s * (q - zp)."""
+        grp = next(iter(self.qcfg["config_groups"].values()))["weights"]
+        bits = grp.get("num_bits", 8)
+        pack, mask, offset = 32 // bits, (1 << bits) - 1, 1 << (bits - 1)
+        out, n_in = shape
+        shifts = bits * np.arange(pack)
+        packed = self.raw(x + ".weight_packed", "<u4").astype(np.int64)
+        Q = ((packed[:, :, None] >> shifts[None, None, :]) & mask).reshape(out, -1)[:, :n_in] - offset
+        groups = 1 if grp.get("strategy") == "channel" else -(-n_in // grp["group_size"])
+        s = self.get(x + ".weight_scale", [out, groups]).numpy()
+        if grp.get("symmetric", True):
+            ZP = np.zeros((out, groups), dtype=np.int64)
+        else:
+            zp = self.raw(x + ".weight_zero_point", "<u4").astype(np.int64)
+            ZP = ((zp[:, None, :] >> shifts[None, :, None]) & mask).reshape(-1, groups)[:out] - offset
+        if x + ".weight_g_idx" in self.entries:
+            g = self.raw(x + ".weight_g_idx", "<i4").astype(np.int64)
+        else:
+            g = np.arange(n_in) // (n_in if groups == 1 else grp["group_size"])
+        w = torch.from_numpy(s[:, g] * (Q - ZP[:, g]).astype(np.float64))
+        return w if self.int8_exact(g, bits == 4 or np.all(ZP == 0)) else quantize_int8(w)
 
     def get(self, name, shape):
         if name not in self.entries and name.endswith(".weight") and name[:-len(".weight")] + ".qweight" in self.entries:
             return self.unpack(name[:-len(".weight")], shape)
+        if name not in self.entries and name.endswith(".weight") and name[:-len(".weight")] + ".weight_packed" in self.entries:
+            return self.unpack_compressed(name[:-len(".weight")], shape)
         if name not in self.entries:
             sys.exit(f"error: tensor {name} missing")
         path, start, info = self.entries[name]

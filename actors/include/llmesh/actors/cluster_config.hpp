@@ -99,7 +99,7 @@ struct model_spec {
   /// Adapters a replica holds at once, the config's and those added while serving (vLLM's
   /// --max-cpu-loras; 0: 64); at least `loras`' count. A load beyond it is refused.
   size_t max_loras = 0;
-  /// A mixture of experts' shards hold whole experts instead of a slice of each (vLLM's
+  /// A mixture of experts' shards run whole experts instead of a slice of each (vLLM's
   /// --enable-expert-parallel; a dense model ignores it).
   bool expert_parallel = false;
 };

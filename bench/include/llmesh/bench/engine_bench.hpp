@@ -14,7 +14,7 @@ namespace llmesh::bench {
 struct engine_bench_options {
   std::string model_dir;
   int tp = 1;
-  bool expert_parallel = false;  ///< --enable-expert-parallel: an MoE model's ranks hold whole experts
+  bool expert_parallel = false;  ///< --enable-expert-parallel: an MoE model's ranks run whole experts
   int threads = 0;
   size_t prompt_tokens = 512;
   size_t gen_tokens = 64;

@@ -96,14 +96,18 @@ struct model_config {
   struct scaling_config {
     float embedding = 1.0f, residual = 1.0f, logits_divisor = 1.0f;
   } scaling;
-  /// An AWQ or GPTQ checkpoint (config.json's quantization_config): its linear layers are
-  /// X.qweight, X.qzeros and X.scales (GPTQ: and X.g_idx) instead of X.weight; the loader
-  /// unpacks them into int8 blocks (packed_weights.cpp). none: plain weights.
+  /// An AWQ, GPTQ or compressed-tensors (pack-quantized) checkpoint (config.json's
+  /// quantization_config): its linear layers are X.qweight, X.qzeros and X.scales (GPTQ: and
+  /// X.g_idx), or X.weight_packed, X.weight_scale (and X.weight_zero_point, X.weight_g_idx,
+  /// X.weight_shape), instead of X.weight; the loader unpacks them into int8 blocks
+  /// (packed_weights.cpp). none: plain weights.
   struct packed_config {
-    enum class method : uint8_t { none, awq, gptq } kind = method::none;
-    int bits = 0;                 ///< 4 (AWQ, GPTQ) or 8 (GPTQ)
-    size_t group_size = 0;        ///< input elements per scale and zero; 0: the whole row (GPTQ's -1)
+    enum class method : uint8_t { none, awq, gptq, compressed } kind = method::none;
+    int bits = 0;                 ///< 4 (AWQ, GPTQ, compressed) or 8 (GPTQ, compressed)
+    size_t group_size = 0;        ///< input elements per scale and zero; 0: the whole row (GPTQ's -1, a channel strategy)
     bool zeros_plus_one = false;  ///< GPTQ's own checkpoint format stores each zero less one
+    bool symmetric = false;       ///< compressed: no zero points
+    bool act_order = false;       ///< each layer has a g_idx (GPTQ's desc_act, compressed-tensors' actorder "group")
   } packed;
   std::vector<int32_t> bos_ids, eos_ids;  ///< load_config merges generation_config.json's in
   /// The model's recommended sampling (generation_config.json's temperature, top_p, top_k):

@@ -27,7 +27,7 @@ enum class backend { cpu, cuda, automatic };
 
 struct engine_options {
   int tp = 1;                 ///< tensor-parallel ranks (executors) in this process
-  bool expert_parallel = false;  ///< vLLM's --enable-expert-parallel: an MoE model's ranks hold whole experts (shard_layout)
+  bool expert_parallel = false;  ///< vLLM's --enable-expert-parallel: an MoE model's ranks run whole experts (shard_layout)
   int threads = 0;            ///< kernel threads in all; 0 = one per hardware thread
   size_t kv_tokens = 0;       ///< KV cache capacity in positions; 0 = min(max positions, 8192)
   size_t block_size = 16;

@@ -46,11 +46,13 @@ struct random_model_spec {
   /// A sequence classifier ("<Arch>ForSequenceClassification"): id2label LABEL_0.. of this many
   /// labels and score.weight [labels, hidden] in place of lm_head (0: a causal LM).
   size_t classifier_labels = 0;
-  /// The decoder layers' linear weights as an AWQ or GPTQ checkpoint stores them
-  /// (packed_weights.hpp): "awq" (4 bits, zero points), "gptq" (4 bits, zero points, g_idx in
-  /// order), "gptq-act-order" (desc_act: g_idx a random assignment of groups), "gptq8" (8 bits,
-  /// symmetric); random quants, zeros and float16 scales of the size of the plain weights;
-  /// quantization_config in config.json. "": plain weights.
+  /// The decoder layers' linear weights as an AWQ, GPTQ or compressed-tensors checkpoint stores
+  /// them (packed_weights.hpp): "awq" (4 bits, zero points), "gptq" (4 bits, zero points, g_idx
+  /// in order), "gptq-act-order" (desc_act: g_idx a random assignment of groups), "gptq8" (8
+  /// bits, symmetric), "ct-w4a16" (pack-quantized, 4 bits, symmetric groups), "ct-w4a16-asym"
+  /// (with zero points), "ct-w8a16" (8 bits, symmetric, per channel); random quants, zeros and
+  /// float16 scales of the size of the plain weights; quantization_config in config.json. "":
+  /// plain weights.
   std::string packed;
   size_t group_size = 32;  ///< inputs per scale and zero of a packed layer
 };
@@ -65,7 +67,7 @@ struct tensor_spec {
   kernels::dtype type = kernels::dtype::f32;
   std::vector<size_t> shape;
   std::function<void(std::span<uint8_t>)> fill;
-  bool i32 = false;  ///< int32 elements, written as "I32" (type unused): AWQ's and GPTQ's packed tensors
+  uint8_t int_bytes = 0;  ///< integer elements (type unused): 4 writes "I32", 8 "I64" (packed checkpoints' tensors)
 };
 
 /// Writes one safetensors file (header padded to 8 bytes, tensors in the given order).

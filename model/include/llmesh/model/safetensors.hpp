@@ -39,6 +39,7 @@ struct tensor_view {
   std::vector<size_t> shape;
   const void* data = nullptr;
   size_t bytes = 0;
+  uint8_t int_bytes = 0;  ///< an integer tensor's element size (4: I32, 8: I64; `type` unused); 0: a float tensor
   size_t elements() const {
     size_t n = 1;
     for (size_t d : shape) n *= d;
@@ -65,10 +66,14 @@ class tensor_store {
   result<tensor_view> get(const std::string& name) const;
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
 
-  /// An int32 tensor ("I32": AWQ's and GPTQ's packed quants and zeros, GPTQ's g_idx; kept apart
-  /// from the others, which get() returns: its `type` is unused), or not_found naming it.
+  /// An int32 tensor ("I32": AWQ's, GPTQ's and compressed-tensors' packed quants and zeros,
+  /// g_idx; integer tensors are kept apart from the float ones get() returns), or not_found
+  /// naming it; invalid_request for an I64 one.
   result<tensor_view> get_i32(const std::string& name) const;
-  /// Every int32 tensor's name, in order.
+  /// An integer tensor's (I32 or I64) elements, or not_found naming it (small tensors:
+  /// compressed-tensors' weight_shape).
+  result<std::vector<int64_t>> integers(const std::string& name) const;
+  /// Every integer tensor's name, in order.
   std::vector<std::string> i32_names() const {
     std::vector<std::string> out;
     for (const auto& [n, t] : i32_) out.push_back(n);

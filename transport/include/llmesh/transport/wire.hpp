@@ -190,7 +190,7 @@ struct assign_msg {
   std::string dtype;               ///< the model's --dtype ("" = auto); the node parses it
   bool enable_lora = false;        ///< adapters may come while it serves
   uint32_t max_loras = 0;          ///< adapters held at once (0: the node's default)
-  bool expert_parallel = false;    ///< an MoE model's ranks hold whole experts (--enable-expert-parallel)
+  bool expert_parallel = false;    ///< an MoE model's ranks run whole experts (--enable-expert-parallel)
   bool operator==(const assign_msg&) const = default;
 };
 
