@@ -463,6 +463,30 @@ TEST(PackedWeights, ActOrderNeedsAnInt32GIdx) {
   EXPECT_NE(m.err().message.find("tensor '" + q + ".g_idx' holds floats, not int32"), std::string::npos) << m.err().message;
 }
 
+TEST(PackedWeights, GptqGroupSizeMinusOneIsOneGroupPerRow) {
+  // Every layer of 64 inputs in groups of 64 is one group a row: group_size -1 (GPTQ's "no
+  // groups") reads the same file to the same values.
+  auto spec = packed_spec("gptq");
+  spec.intermediate = 64;
+  spec.group_size = 64;
+  testing::temp_dir dir;
+  ASSERT_TRUE(write_random_model(spec, dir.path()).ok());
+  auto grouped = model::load(dir.path());
+  ASSERT_TRUE(grouped.ok()) << grouped.err().message;
+  json cfg = json::parse(testing::read_text(dir / "config.json"));
+  cfg["quantization_config"]["group_size"] = -1;
+  testing::write_text(dir / "config.json", cfg.dump());
+  auto whole = model::load(dir.path());
+  ASSERT_TRUE(whole.ok()) << whole.err().message;
+  EXPECT_EQ((*whole)->config().packed.group_size, 0u);
+  const auto& a = (*grouped)->weights().layers[0];
+  const auto& b = (*whole)->weights().layers[0];
+  for (auto [x, y] : {std::pair{&a.q, &b.q}, {&a.down, &b.down}}) {
+    ASSERT_EQ(x->type, dtype::q8);
+    EXPECT_EQ(held(*x), held(*y));
+  }
+}
+
 TEST(PackedWeights, AnAwqModelRunsAtTp2AndItsLogitsAreTp1s) {
   testing::temp_dir dir;
   ASSERT_TRUE(write_random_model(packed_spec("awq"), dir.path()).ok());
