@@ -68,12 +68,6 @@ const std::regex& tensor_name_rule() {
   return rule;
 }
 
-std::string shape_str(const std::vector<size_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 constexpr std::string_view target_names[lora_target_count] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                               "gate_proj", "up_proj", "down_proj"};
 
@@ -218,7 +212,7 @@ result<lora_adapter> load_lora(const lora_source& src, const model_config& cfg) 
       return bad(src, where + ": rank " + std::to_string(r) + " is outside 1.." + std::to_string(max_lora_rank));
     }
     if (f.a->shape != std::vector<size_t>{r, in} || f.b->shape != std::vector<size_t>{out, r}) {
-      return bad(src, where + ": lora_A " + shape_str(f.a->shape) + " and lora_B " + shape_str(f.b->shape) +
+      return bad(src, where + ": lora_A " + shape_string(f.a->shape) + " and lora_B " + shape_string(f.b->shape) +
                           " do not fit; the model needs [r, " + std::to_string(in) + "] and [" + std::to_string(out) + ", r]");
     }
     lora_pair& p = a.layers[layer][t];

@@ -1,5 +1,5 @@
-// AWQ and GPTQ checkpoints: quantization_config, and packed layers into int8 blocks (formats
-// and rules in packed_weights.hpp).
+// AWQ, GPTQ and compressed-tensors checkpoints: quantization_config, and packed layers into
+// int8 blocks (formats and rules in packed_weights.hpp).
 #include "packed_weights.hpp"
 
 #include <sys/mman.h>
@@ -48,12 +48,6 @@ uint32_t word(const tensor_view& t, size_t w) {
   uint32_t v;
   std::memcpy(&v, static_cast<const uint8_t*>(t.data) + 4 * w, 4);
   return v;
-}
-
-std::string shape_str(const std::vector<size_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
 }
 
 /// One packed layer, checked, ready to unpack.
@@ -111,10 +105,9 @@ float scale(const packed_layer& l, const model_config::packed_config& p, size_t 
 }
 
 /// Output rows [o0, o1) of a layer into its q8 bytes.
-status unpack_rows(const packed_layer& l, const model_config::packed_config& p, size_t o0, size_t o1, std::vector<int>& q,
-                   std::vector<float>& row) {
-  q.resize(l.in);
-  row.resize(l.in);
+status unpack_rows(const packed_layer& l, const model_config::packed_config& p, size_t o0, size_t o1) {
+  std::vector<int> q(l.in);
+  std::vector<float> row(l.in);
   const size_t row_bytes = k::dtype_bytes(k::dtype::q8, k::q8_row_elements(l.in));
   for (size_t o = o0; o < o1; ++o) {
     quants(l, p, o, q);
@@ -150,13 +143,13 @@ status unpack_rows(const packed_layer& l, const model_config::packed_config& p, 
 result<tensor_view> companion(const tensor_store& store, const std::string& t, const std::string& beside, bool floats) {
   auto v = floats ? store.get(t) : store.get_i32(t);
   if (v) return v;
-  if (!store.contains(t) && !store.integers(t).ok()) return make_error(errc::invalid_request, "missing tensor '" + t + "' beside " + beside);
+  if (!store.contains(t) && !store.contains_integers(t)) return make_error(errc::invalid_request, "missing tensor '" + t + "' beside " + beside);
   return make_error(errc::invalid_request, floats || !store.contains(t) ? v.err().message : "tensor '" + t + "' holds floats, not int32");
 }
 
 std::string shape_mismatch(const std::string& tensor, const std::vector<size_t>& has, const std::string& by,
                            const std::vector<size_t>& needs) {
-  return "tensor '" + tensor + "' has shape " + shape_str(has) + ", " + by + " needs " + shape_str(needs);
+  return "tensor '" + tensor + "' has shape " + shape_string(has) + ", " + by + " needs " + shape_string(needs);
 }
 
 /// Each input's group: in order (i / group), or as `g_idx` (int32 [in], act-order) gives them
@@ -166,7 +159,7 @@ status set_groups(const tensor_store& store, const model_config::packed_config& 
   const size_t group = p.group_size == 0 ? l.in : p.group_size;
   l.group.resize(l.in);
   for (size_t i = 0; i < l.in; ++i) l.group[i] = static_cast<uint32_t>(i / group);
-  const bool has_g_idx = !g_idx_name.empty() && (store.contains(g_idx_name) || store.integers(g_idx_name).ok());
+  const bool has_g_idx = !g_idx_name.empty() && (store.contains(g_idx_name) || store.contains_integers(g_idx_name));
   if (p.act_order && !has_g_idx) {
     return make_error(errc::invalid_request, "quantization_config's desc_act (act-order) needs " + g_idx_name + ", which is missing");
   }
@@ -213,7 +206,7 @@ result<packed_layer> compressed_layer_of(const tensor_store& store, const model_
   l.qweight = *qweight;
   l.scales = *scales;
   if (l.qweight.shape.size() != 2 || l.qweight.shape[0] == 0 || l.qweight.shape[1] == 0) {
-    return make_error(errc::invalid_request, "tensor '" + packed + "' has shape " + shape_str(l.qweight.shape) + ", not a matrix");
+    return make_error(errc::invalid_request, "tensor '" + packed + "' has shape " + shape_string(l.qweight.shape) + ", not a matrix");
   }
   l.out = l.qweight.shape[0];
   l.in = l.qweight.shape[1] * pack;
@@ -224,7 +217,7 @@ result<packed_layer> compressed_layer_of(const tensor_store& store, const model_
       std::string given;
       for (int64_t v : *shape) given += (given.empty() ? "" : ", ") + std::to_string(v);
       return make_error(errc::invalid_request, "tensor '" + name + ".weight_shape' gives [" + given + "], " + packed + " holds " +
-                                                   shape_str(l.qweight.shape) + " words");
+                                                   shape_string(l.qweight.shape) + " words");
     }
     l.in = static_cast<size_t>((*shape)[1]);
   }
@@ -262,11 +255,10 @@ result<packed_layer> layer_of(const tensor_store& store, const model_config::pac
   l.qzeros = *qzeros;
   l.scales = *scales;
   auto misshapen = [&](const std::string& t, const std::vector<size_t>& has, const std::vector<size_t>& needs) {
-    return make_error(errc::invalid_request, "tensor '" + name + t + "' has shape " + shape_str(has) + ", " + name +
-                                                 ".qweight needs " + shape_str(needs));
+    return make_error(errc::invalid_request, shape_mismatch(name + t, has, name + ".qweight", needs));
   };
   if (l.qweight.shape.size() != 2 || l.qweight.shape[0] == 0 || l.qweight.shape[1] == 0) {
-    return make_error(errc::invalid_request, "tensor '" + name + ".qweight' has shape " + shape_str(l.qweight.shape) + ", not a matrix");
+    return make_error(errc::invalid_request, "tensor '" + name + ".qweight' has shape " + shape_string(l.qweight.shape) + ", not a matrix");
   }
   l.in = p.kind == method::awq ? l.qweight.shape[0] : l.qweight.shape[0] * pack;
   l.out = p.kind == method::awq ? l.qweight.shape[1] * 8 : l.qweight.shape[1];
@@ -295,9 +287,7 @@ status unpack_all(std::vector<packed_layer>& layers, const model_config::packed_
   }
   return for_each_item(items.size(), [&](size_t n) -> status {
     try {
-      std::vector<int> q;
-      std::vector<float> row;
-      return unpack_rows(layers[items[n].layer], p, items[n].o0, items[n].o1, q, row);
+      return unpack_rows(layers[items[n].layer], p, items[n].o0, items[n].o1);
     } catch (const std::bad_alloc&) {
       return make_error(errc::io_error, layers[items[n].layer].name + ": out of memory while unpacking it");
     }
@@ -401,11 +391,9 @@ status parse_packed_config(const json& j, model_config& c) {
   return refused("quant_method '" + m + "' is not supported");
 }
 
-status unpack_packed_weights(tensor_store& store, const model_config::packed_config& p, size_t* exact, size_t* requantized) {
-  if (exact) *exact = 0;
-  if (requantized) *requantized = 0;
+status unpack_packed_weights(tensor_store& store, const model_config::packed_config& p) {
   std::vector<packed_layer> layers;
-  for (const auto& n : store.i32_names()) {
+  for (const auto& n : store.integer_names()) {
     const std::string suffix = n.ends_with(".qweight") ? ".qweight" : n.ends_with(".weight_packed") ? ".weight_packed" : "";
     if (suffix.empty() || n.size() == suffix.size()) continue;
     const std::string name = n.substr(0, n.size() - suffix.size());
@@ -454,8 +442,6 @@ status unpack_packed_weights(tensor_store& store, const model_config::packed_con
       const uintptr_t from = (begin + page - 1) / page * page, to = end / page * page;
       if (v->data != nullptr && to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
     }
-    if (exact && l.exact) ++*exact;
-    if (requantized && !l.exact) ++*requantized;
   }
   return ok_status();
 }

@@ -48,9 +48,7 @@ namespace llmesh::model::detail {
 /// Adds X.weight (q8) to `store` for every X.qweight (X.weight_packed) in it, as above;
 /// invalid_request naming the tensor when a companion is missing, of the wrong kind or
 /// misshapen, a scale is not finite, a g_idx entry is out of range, act-order has no g_idx or
-/// X.weight is there too; io_error when memory runs out. How many of them were exact goes to
-/// `exact`, how many requantized to `requantized`.
-[[nodiscard]] status unpack_packed_weights(tensor_store& store, const model_config::packed_config& p, size_t* exact = nullptr,
-                                          size_t* requantized = nullptr);
+/// X.weight is there too; io_error when memory runs out.
+[[nodiscard]] status unpack_packed_weights(tensor_store& store, const model_config::packed_config& p);
 
 }  // namespace llmesh::model::detail

@@ -3,6 +3,7 @@
 #include "random_packed.hpp"
 
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "random_fill.hpp"
@@ -137,30 +138,23 @@ result<std::vector<tensor_spec>> random_packed_linear(uint64_t seed, const std::
     return awq ? z : z - 1;
   };
   if (awq) {
-    t.push_back({x + ".qweight", k::f32, {in, out / 8}, [=](std::span<uint8_t> b) {
-                   stream r(seed, x + ".qweight");
-                   std::vector<uint32_t> q(out);
-                   for (size_t i = 0; i < in; ++i) {
-                     for (auto& v : q) v = quant(r);
-                     for (size_t c = 0; c < out / 8; ++c) {
-                       uint32_t w = 0;
-                       for (int p = 0; p < 8; ++p) w |= q[8 * c + static_cast<size_t>(awq_order[p])] << (4 * p);
-                       put(b, i * (out / 8) + c, w);
-                     }
-                   }
-                 }, 4});
-    t.push_back({x + ".qzeros", k::f32, {groups, out / 8}, [=](std::span<uint8_t> b) {
-                   stream r(seed, x + ".qzeros");
-                   std::vector<uint32_t> z(out);
-                   for (size_t g = 0; g < groups; ++g) {
-                     for (auto& v : z) v = zero(r);
-                     for (size_t c = 0; c < out / 8; ++c) {
-                       uint32_t w = 0;
-                       for (int p = 0; p < 8; ++p) w |= z[8 * c + static_cast<size_t>(awq_order[p])] << (4 * p);
-                       put(b, g * (out / 8) + c, w);
-                     }
-                   }
-                 }, 4});
+    // `rows` rows of `out` values drawn in order, packed along the outputs in AutoAWQ's order.
+    auto awq_rows = [=](const std::string& name, size_t rows, std::function<uint32_t(stream&)> draw) {
+      return tensor_spec{name, k::f32, {rows, out / 8}, [=](std::span<uint8_t> b) {
+                           stream r(seed, name);
+                           std::vector<uint32_t> v(out);
+                           for (size_t i = 0; i < rows; ++i) {
+                             for (auto& x : v) x = draw(r);
+                             for (size_t c = 0; c < out / 8; ++c) {
+                               uint32_t w = 0;
+                               for (int p = 0; p < 8; ++p) w |= v[8 * c + static_cast<size_t>(awq_order[p])] << (4 * p);
+                               put(b, i * (out / 8) + c, w);
+                             }
+                           }
+                         }, 4};
+    };
+    t.push_back(awq_rows(x + ".qweight", in, quant));
+    t.push_back(awq_rows(x + ".qzeros", groups, zero));
   } else {
     t.push_back({x + ".qweight", k::f32, {in / pack, out}, [=](std::span<uint8_t> b) {
                    stream r(seed, x + ".qweight");

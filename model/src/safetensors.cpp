@@ -34,7 +34,7 @@ result<kernels::dtype> parse_dtype(const std::string& s) {
   if (s == "F32") return kernels::dtype::f32;
   if (s == "F16") return kernels::dtype::f16;
   if (s == "BF16") return kernels::dtype::bf16;
-  return make_error(errc::unsupported, "dtype " + s + " (supported: F32, F16, BF16, and I32 for AWQ/GPTQ packed weights)");
+  return make_error(errc::unsupported, "dtype " + s + " (supported: F32, F16, BF16, and I32/I64 for packed checkpoints' integers)");
 }
 
 }  // namespace
@@ -124,8 +124,8 @@ status tensor_store::add_file(const std::string& path) {
     }
     t.data = data_start + begin;
     t.bytes = end - begin;
-    if (tensors_.count(name) != 0 || i32_.count(name) != 0) return file_error(path, "tensor '" + name + "' appears twice");
-    (int_bytes ? i32_ : tensors_).emplace(name, std::move(t));
+    if (tensors_.count(name) != 0 || ints_.count(name) != 0) return file_error(path, "tensor '" + name + "' appears twice");
+    (int_bytes ? ints_ : tensors_).emplace(name, std::move(t));
   }
   keep_.push_back(std::move(file));
   return ok_status();
@@ -165,7 +165,7 @@ result<tensor_store> tensor_store::open(const std::string& dir) {
   }
   for (const auto& f : shards) LLMESH_TRY(store.add_file(dir + "/" + f));
   for (const auto& [name, file] : index["weight_map"].items()) {
-    if (!store.contains(name) && store.i32_.count(name) == 0) {
+    if (!store.contains(name) && !store.contains_integers(name)) {
       return file_error(index_path, "tensor '" + name + "' is not in " + file.get<std::string>());
     }
   }
@@ -175,22 +175,22 @@ result<tensor_store> tensor_store::open(const std::string& dir) {
 result<tensor_view> tensor_store::get(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
-    if (i32_.count(name) != 0) return make_error(errc::invalid_request, "tensor '" + name + "' holds integers, not a float tensor");
+    if (ints_.count(name) != 0) return make_error(errc::invalid_request, "tensor '" + name + "' holds integers, not a float tensor");
     return make_error(errc::not_found, "missing tensor '" + name + "'");
   }
   return it->second;
 }
 
 result<tensor_view> tensor_store::get_i32(const std::string& name) const {
-  auto it = i32_.find(name);
-  if (it == i32_.end()) return make_error(errc::not_found, "missing int32 tensor '" + name + "'");
+  auto it = ints_.find(name);
+  if (it == ints_.end()) return make_error(errc::not_found, "missing int32 tensor '" + name + "'");
   if (it->second.int_bytes != 4) return make_error(errc::invalid_request, "tensor '" + name + "' is int64, not int32");
   return it->second;
 }
 
 result<std::vector<int64_t>> tensor_store::integers(const std::string& name) const {
-  auto it = i32_.find(name);
-  if (it == i32_.end()) return make_error(errc::not_found, "missing integer tensor '" + name + "'");
+  auto it = ints_.find(name);
+  if (it == ints_.end()) return make_error(errc::not_found, "missing integer tensor '" + name + "'");
   const auto& t = it->second;
   std::vector<int64_t> out(t.bytes / t.int_bytes);
   for (size_t i = 0; i < out.size(); ++i) {

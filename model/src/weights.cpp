@@ -17,17 +17,11 @@
 namespace llmesh::model {
 namespace {
 
-std::string shape_str(const std::vector<size_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 result<weight_matrix> matrix(const tensor_store& store, const std::string& name, size_t rows, size_t cols) {
   auto t = store.get(name);
   if (!t) return t.take_error();
   if (t->shape != std::vector<size_t>{rows, cols}) {
-    return make_error(errc::invalid_request, "tensor '" + name + "' has shape " + shape_str(t->shape) +
+    return make_error(errc::invalid_request, "tensor '" + name + "' has shape " + shape_string(t->shape) +
                                                  ", the config needs [" + std::to_string(rows) + ", " +
                                                  std::to_string(cols) + "]");
   }
@@ -44,7 +38,7 @@ result<std::vector<float>> vector_f32(const tensor_store& store, const std::stri
   auto t = store.get(name);
   if (!t) return t.take_error();
   if (t->shape != std::vector<size_t>{n}) {
-    return make_error(errc::invalid_request, "tensor '" + name + "' has shape " + shape_str(t->shape) +
+    return make_error(errc::invalid_request, "tensor '" + name + "' has shape " + shape_string(t->shape) +
                                                  ", the config needs [" + std::to_string(n) + "]");
   }
   std::vector<float> out(n);
@@ -89,7 +83,7 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
   if (!cfg) return cfg.take_error();
   auto store = tensor_store::open(dir);
   if (!store) return store.take_error();
-  if (auto s = detail::unpack_packed_weights(*store, cfg->packed); !s) {  // AWQ / GPTQ layers into int8
+  if (auto s = detail::unpack_packed_weights(*store, cfg->packed); !s) {  // packed checkpoints' layers into int8
     error e = s.take_error();
     e.message = dir + ": " + e.message;
     return e;

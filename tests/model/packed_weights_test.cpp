@@ -272,7 +272,7 @@ void rewrite(const testing::temp_dir& dir, const std::function<bool(tensor_spec&
   ASSERT_TRUE(st.ok());
   std::vector<tensor_spec> specs;
   std::vector<std::string> names = st->names();
-  for (const auto& n : st->i32_names()) names.push_back(n);
+  for (const auto& n : st->integer_names()) names.push_back(n);
   for (const auto& n : names) {
     auto t = st->contains(n) ? st->get(n) : st->get_i32(n);
     if (!t.ok() && st->integers(n).ok()) {  // an int64 tensor (compressed-tensors' weight_shape)

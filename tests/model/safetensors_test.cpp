@@ -297,7 +297,7 @@ TEST(TensorStore, Int32TensorsAreKeptApartForPackedWeights) {
   auto st = tensor_store::open(dir.path());
   ASSERT_TRUE(st.ok()) << st.err().message;
   EXPECT_EQ(st->names(), std::vector<std::string>{"w"});
-  EXPECT_EQ(st->i32_names(), (std::vector<std::string>{"x.qweight", "x.weight_shape"}));
+  EXPECT_EQ(st->integer_names(), (std::vector<std::string>{"x.qweight", "x.weight_shape"}));
   EXPECT_EQ(st->integers("x.weight_shape").value(), (std::vector<int64_t>{7, -3}));
   EXPECT_EQ(st->integers("x.qweight").value()[1], 0x07060504);
   EXPECT_NE(st->get_i32("x.weight_shape").err().message.find("is int64"), std::string::npos);

@@ -47,6 +47,13 @@ struct tensor_view {
   }
 };
 
+/// A shape as error messages spell it: "[4096, 11008]".
+inline std::string shape_string(const std::vector<size_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
 /// All tensors of a model directory by name. Keeps its files mapped while it lives.
 class tensor_store {
  public:
@@ -73,10 +80,11 @@ class tensor_store {
   /// An integer tensor's (I32 or I64) elements, or not_found naming it (small tensors:
   /// compressed-tensors' weight_shape).
   result<std::vector<int64_t>> integers(const std::string& name) const;
+  bool contains_integers(const std::string& name) const { return ints_.count(name) != 0; }
   /// Every integer tensor's name, in order.
-  std::vector<std::string> i32_names() const {
+  std::vector<std::string> integer_names() const {
     std::vector<std::string> out;
-    for (const auto& [n, t] : i32_) out.push_back(n);
+    for (const auto& [n, t] : ints_) out.push_back(n);
     return out;
   }
   /// Every tensor's name, in order.
@@ -90,7 +98,7 @@ class tensor_store {
  private:
   std::vector<std::shared_ptr<const void>> keep_;  ///< the mappings and copies the views point into
   std::map<std::string, tensor_view> tensors_;
-  std::map<std::string, tensor_view> i32_;
+  std::map<std::string, tensor_view> ints_;  ///< I32 and I64 tensors
 };
 
 }  // namespace llmesh::model
