@@ -350,8 +350,9 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   else if (place && *place != "packed") return r.fail("'placement' must be packed or spread, got " + shown(*place));
   LLMESH_READ(quant, r.string(f, "quantization", false));
   if (quant) {
-    if (*quant != "none" && *quant != "int8") return r.fail("'quantization' must be none or int8, got " + shown(*quant));
-    out.quantization = *quant;
+    auto q = model::parse_quantization(*quant);
+    if (!q) return r.fail("'quantization': " + q.err().message);
+    out.quantization = std::string(model::quantization_name(*q));  // vLLM's aliases (awq_marlin) by their method
   }
   LLMESH_READ(dtype, r.string(f, "dtype", false));
   if (dtype) {

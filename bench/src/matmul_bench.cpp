@@ -19,12 +19,14 @@ namespace {
 
 namespace k = kernels;
 
-constexpr k::dtype all_types[] = {k::dtype::f32,  k::dtype::f16,  k::dtype::bf16, k::dtype::q8,   k::dtype::q2_k,
+constexpr k::dtype all_types[] = {k::dtype::f32,  k::dtype::f16,  k::dtype::bf16, k::dtype::q8,   k::dtype::q4,    k::dtype::q2_k,
                                   k::dtype::q3_k, k::dtype::q4_k, k::dtype::q5_k, k::dtype::q6_k, k::dtype::iq4_xs};
 
-/// The bench's name of a type: bf16, int8, q4_k, ... (lower-case dtype_name; q8 is int8).
+/// The bench's name of a type: bf16, int8, int4, q4_k, ... (lower-case dtype_name; q8 is int8,
+/// q4 int4).
 std::string type_name(k::dtype t) {
   if (t == k::dtype::q8) return "int8";
+  if (t == k::dtype::q4) return "int4";
   std::string s(k::dtype_name(t));
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return s;
@@ -48,6 +50,18 @@ result<weights> make_weights(k::dtype t, size_t rows, size_t cols, std::mt19937&
     return w;
   }
   w.bytes.resize(k::dtype_bytes(t, rows * cols));
+  if (t == k::dtype::q4) {  // random nibbles, factor 0.001 and offset 8 × 0.001 (as Q4_0's)
+    w.ldw = k::q8_row_elements(cols);
+    w.bytes.resize(k::dtype_bytes(t, rows * w.ldw));
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto& b : w.bytes) b = static_cast<uint8_t>(byte(rng));
+    const float f = 0.001f, m = 8.0f * f;
+    for (size_t b = 0; b < w.bytes.size() / k::q4_block_bytes; ++b) {
+      std::memcpy(w.bytes.data() + b * k::q4_block_bytes, &f, 4);
+      std::memcpy(w.bytes.data() + b * k::q4_block_bytes + 4, &m, 4);
+    }
+    return w;
+  }
   if (!k::is_k_quant(t)) {
     std::vector<float> f(rows * cols);
     for (auto& x : f) x = value(rng);

@@ -45,8 +45,15 @@ inline void add_prefix_caching_flag(CLI::App* sub, bool& on) {
 inline void add_quantization_flag(CLI::App* sub, std::string& q) {
   sub->add_option("--quantization", q,
                   "Weights in memory: none (as stored) or int8 (weight-only, blocks of 32 with a float32 scale; "
-                  "CPU backend; about half the bytes per decode step of BF16)")
-      ->check(CLI::IsMember({"none", "int8"}))
+                  "CPU backend; about half the bytes per decode step of BF16); vLLM's awq (awq_marlin), gptq "
+                  "(gptq_marlin), compressed-tensors and gguf name the checkpoint's own quantization (as none, "
+                  "refused for another checkpoint)")
+      ->check(CLI::Validator(
+          [](std::string& s) {
+            auto parsed = model::parse_quantization(s);
+            return parsed ? std::string() : parsed.err().message;
+          },
+          "QUANTIZATION"))
       ->capture_default_str();
 }
 

@@ -35,6 +35,15 @@ struct v256 {
     __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + at)));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(scale));
   }
+  static reg load_q4(const uint8_t* block, size_t e) {  // e: 0, 8, 16 or 24
+    float f, m;
+    std::memcpy(&f, block, 4);
+    std::memcpy(&m, block + 4, 4);
+    __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 8 + e % 16));
+    if (e >= 16) b = _mm_srli_epi16(b, 4);
+    const __m256i q = _mm256_and_si256(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(0xF));
+    return _mm256_fmsub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(f), _mm256_set1_ps(m));
+  }
   // f·q is exact (k_factors), so the fused multiply-subtract rounds as q·f − m does; Q6_K's
   // and Q3_K's signed quants are one multiply (−0 where the definition has it, too).
   template <dtype T>

@@ -42,6 +42,35 @@ status quantize_rows(size_t rows, size_t cols, uint8_t* dst, size_t first_row, L
   return ok_status();
 }
 
+/// q4 rows -> q8 rows: a block whose offset is a whole multiple z of its factor (AWQ, GPTQ,
+/// compressed-tensors, Q4_0: m = f·z) becomes q − z with scale f, exactly (the same values);
+/// any other block (Q4_1's float16 min) goes through the rule over its decoded values.
+status quantize_q4_rows(const uint8_t* src, size_t rows, size_t cols, uint8_t* dst, size_t first_row) {
+  const size_t per_row = q8_row_elements(cols) / q8_block;
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t b = 0; b < per_row; ++b) {
+      const uint8_t* in = src + (r * per_row + b) * q4_block_bytes;
+      uint8_t* out = dst + (r * per_row + b) * q8_block_bytes;
+      float f, m;
+      std::memcpy(&f, in, 4);
+      std::memcpy(&m, in + 4, 4);
+      const float z = f != 0.0f && std::isfinite(f) ? std::nearbyint(m / f) : -1.0f;
+      if (z >= 0.0f && z <= 127.0f && std::fma(f, z, -m) == 0.0f) {
+        std::memcpy(out, &f, 4);
+        const size_t n = std::min(q8_block, cols - b * q8_block);
+        for (size_t e = 0; e < q8_block; ++e) {
+          const int q = (e < 16 ? in[8 + e] & 0xF : in[8 + e - 16] >> 4) - static_cast<int>(z);
+          out[4 + e] = static_cast<uint8_t>(static_cast<int8_t>(e < n ? q : 0));
+        }
+        continue;
+      }
+      LLMESH_TRY(quantize_rows(1, std::min(q8_block, cols - b * q8_block), out, first_row + r,
+                               [in](size_t i) { return q4_value(in, i); }));
+    }
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 status quantize_q8(const void* src, dtype src_type, size_t rows, size_t cols, uint8_t* dst, size_t first_row) {
@@ -68,6 +97,7 @@ status quantize_q8(const void* src, dtype src_type, size_t rows, size_t cols, ui
       }
       return ok_status();
     }
+    case dtype::q4: return quantize_q4_rows(static_cast<const uint8_t*>(src), rows, cols, dst, first_row);
     case dtype::q8: break;
   }
   return make_error(errc::invalid_request, "quantize_q8: the weights are int8 already");
@@ -103,7 +133,8 @@ status convert_rows(const void* src, dtype src_type, size_t rows, size_t cols, v
         d[i] = f32_to_f16(w);
         return ok_status();
       });
-    case dtype::q8: case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k: case dtype::iq4_xs: break;
+    case dtype::q8: case dtype::q4: case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k:
+    case dtype::iq4_xs: break;
   }
   return ok_status();
 }

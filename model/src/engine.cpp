@@ -67,16 +67,17 @@ status engine::create_cuda_shards(const std::vector<shard_layout>& layouts) {
 
 namespace {
 
-/// int8 weights are read in blocks of 32 along each row, so a rank's column slice of o_proj and
-/// down_proj (a row-parallel split) must start at a block boundary. (A Q4_K / Q6_K matrix whose
-/// slice would cut a super-block is copied by its rank as int8: shard_executor's row slices.)
+/// int8 and int4 weights are read in blocks of 32 along each row, so a rank's column slice of
+/// o_proj and down_proj (a row-parallel split) must start at a block boundary. (A Q4_K / Q6_K
+/// matrix whose slice would cut a super-block is copied by its rank as int8: shard_executor's
+/// row slices.)
 status check_quantized_layout(const model& m, const shard_layout& l) {
-  if (!m.holds_int8()) return ok_status();
+  if (!m.holds_blocks_of_32()) return ok_status();
   const size_t head_dim = m.config().head_dim;
   if ((l.q_head0 * head_dim) % kernels::q8_block != 0 || l.inter0 % kernels::q8_block != 0 ||
       l.shared0 % kernels::q8_block != 0) {
     return make_error(errc::invalid_request,
-                      "int8 weights (--quantization int8, a quantized GGUF, or an AWQ/GPTQ/compressed-tensors checkpoint) with --tp " + std::to_string(l.tp) +
+                      m.quantized_weights() + " weights (--quantization int8, a quantized GGUF, or an AWQ/GPTQ/compressed-tensors checkpoint) with --tp " + std::to_string(l.tp) +
                           " needs each rank's share of the attention width and of intermediate_size (and of "
                           "shared_expert_intermediate_size) to be a multiple of " +
                           std::to_string(kernels::q8_block));
@@ -126,7 +127,7 @@ result<backend_choice> choose_backend(const model& m, const engine_options& opt)
   if (gpus >= opt.tp && !quantized && !cpu_only) return backend_choice{backend::cuda, {}};
   backend_choice out{backend::cpu, {}};
   if (kernels::cuda_compiled()) {
-    out.note = quantized   ? "int8 weights run on the CPU"
+    out.note = quantized   ? m.quantized_weights() + " weights run on the CPU"
                : cpu_only  ? std::string(cpu_only) + " run on the CPU"
                : gpus == 0 ? "no CUDA device found; running on the CPU"
                            : "--tp " + std::to_string(opt.tp) + " needs as many GPUs; running on the CPU";

@@ -27,10 +27,11 @@ struct gguf_texts {
 /// The tensors under their HF names (model.layers.N.self_attn.q_proj.weight, ...): F32, F16
 /// and BF16 as views into the mapping (Llama's q and k rows, which llama.cpp's converter
 /// interleaves for its rotary, un-permuted into a copy), Q2_K ... Q6_K and IQ4_XS matrices
-/// likewise as kernels::dtype::q2_k ... iq4_xs (the kernels read those blocks in place), Q8_0,
-/// Q4_0, Q5_0 and IQ4_NL repacked into kernels::dtype::q8 exactly (a float16 scale widened,
-/// their quants minus 8 or 16, or IQ4_NL's table values, as int8), Q4_1 and Q5_1 dequantized in float32 and quantized to q8
-/// (32-element blocks with a scale of max|w|/127). A quantized vector (no such file seen) is
+/// likewise as kernels::dtype::q2_k ... iq4_xs (the kernels read those blocks in place), Q4_0
+/// and Q4_1 repacked into kernels::dtype::q4 exactly (their nibbles, the float16 scale widened,
+/// the offset 8·d or −min), Q8_0, Q5_0 and IQ4_NL into kernels::dtype::q8 exactly (a float16
+/// scale widened, their quants minus 16, or IQ4_NL's table values, as int8), Q5_1 dequantized
+/// in float32 and quantized to q8 (32-element blocks with a scale of max|w|/127). A quantized vector (no such file seen) is
 /// dequantized to float32 as the other vectors are.
 [[nodiscard]] result<tensor_store> gguf_tensor_store(const std::string& path);
 

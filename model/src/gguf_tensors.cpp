@@ -111,11 +111,29 @@ bool repack_q8_0(const uint8_t* row, size_t cols, uint8_t* dst) {
   return true;
 }
 
-/// Q4_0 / Q5_0 / IQ4_NL row -> q8 row, exactly: their values are (q − 8)·d, (q − 16)·d and
-/// iq4nl_values[q]·d, int8 quants with the block's float16 scale. False when a scale is not finite (the row is requantized,
-/// which names the value).
+/// Q4_0 / Q4_1 row -> q4 row, exactly: the nibbles as they are, factor d and offset 8·d (Q4_0:
+/// (q − 8)·d) or −min (Q4_1: q·d + min, as ggml computes it, one rounding); false when a
+/// float16 field is not finite.
+bool repack_q4(uint32_t type, const uint8_t* row, size_t cols, uint8_t* dst) {
+  const bool has_min = type == ggml::q4_1;
+  const size_t bytes = has_min ? 20 : 18;
+  for (size_t b = 0; b < cols / 32; ++b) {
+    const uint8_t* src = row + b * bytes;
+    const float d = half(src), m = has_min ? -half(src + 2) : 8.0f * d;
+    if (!std::isfinite(d) || !std::isfinite(m)) return false;
+    uint8_t* out = dst + b * k::q4_block_bytes;
+    std::memcpy(out, &d, 4);
+    std::memcpy(out + 4, &m, 4);
+    std::memcpy(out + 8, src + (has_min ? 4 : 2), 16);
+  }
+  return true;
+}
+
+/// Q5_0 / IQ4_NL row -> q8 row, exactly: their values are (q − 16)·d and iq4nl_values[q]·d,
+/// int8 quants with the block's float16 scale. False when a scale is not finite (the row is
+/// requantized, which names the value).
 bool repack_x_0(uint32_t type, const uint8_t* row, size_t cols, uint8_t* dst) {
-  const bool five = type == ggml::q5_0, nl = type == ggml::iq4_nl;
+  const bool nl = type == ggml::iq4_nl, five = !nl;
   const size_t bytes = five ? 22 : 18;
   for (size_t b = 0; b < cols / 32; ++b) {
     const uint8_t* src = row + b * bytes;
@@ -132,9 +150,8 @@ bool repack_x_0(uint32_t type, const uint8_t* row, size_t cols, uint8_t* dst) {
         lo |= static_cast<int>((qh >> j) & 1) << 4;
         hi |= static_cast<int>((qh >> (j + 16)) & 1) << 4;
       }
-      const int bias = five ? 16 : 8;
-      out[4 + j] = static_cast<uint8_t>(nl ? k::iq4nl_values[lo] : static_cast<int8_t>(lo - bias));
-      out[4 + j + 16] = static_cast<uint8_t>(nl ? k::iq4nl_values[hi] : static_cast<int8_t>(hi - bias));
+      out[4 + j] = static_cast<uint8_t>(nl ? k::iq4nl_values[lo] : static_cast<int8_t>(lo - 16));
+      out[4 + j + 16] = static_cast<uint8_t>(nl ? k::iq4nl_values[hi] : static_cast<int8_t>(hi - 16));
     }
   }
   return true;
@@ -262,7 +279,11 @@ status fill_rows(const job& w, size_t row0, size_t n, std::vector<float>& scratc
   for (size_t r = row0; r < row0 + n; ++r) {
     const size_t from = w.row0 + source_row(w, r);
     const uint8_t* src = t.data + from * src_row_bytes;
-    uint8_t* dst = w.buffer.get() + k::dtype_bytes(w.out_type, r * (w.out_type == k::dtype::q8 ? k::q8_row_elements(w.cols) : w.cols));
+    uint8_t* dst = w.buffer.get() + k::dtype_bytes(w.out_type, r * w.cols);  // GGUF rows are whole blocks
+    if (w.out_type == k::dtype::q4) {
+      if (!repack_q4(t.type, src, w.cols, dst)) return make_error(errc::invalid_request, "row " + std::to_string(r) + " has a non-finite scale");
+      continue;
+    }
     if (w.out_type != k::dtype::q8) {  // a row as stored (a permuted F32/F16/BF16/K-quant row), or float32
       if (w.out_type == k::dtype::f32 && t.type != ggml::f32) {
         dequantize_row(t, from, reinterpret_cast<float*>(dst));
@@ -272,7 +293,7 @@ status fill_rows(const job& w, size_t row0, size_t n, std::vector<float>& scratc
       continue;
     }
     if (t.type == ggml::q8_0 && repack_q8_0(src, w.cols, dst)) continue;
-    if ((t.type == ggml::q4_0 || t.type == ggml::q5_0 || t.type == ggml::iq4_nl) && repack_x_0(t.type, src, w.cols, dst)) {
+    if ((t.type == ggml::q5_0 || t.type == ggml::iq4_nl) && repack_x_0(t.type, src, w.cols, dst)) {
       continue;
     }
     scratch.resize(w.cols);
@@ -357,14 +378,14 @@ result<tensor_store> gguf_tensor_store(const std::string& path) {
         LLMESH_TRY(store.add(hf, std::move(v), g));
         continue;
       }
-      job w{&t, name, plain ? plain_type : (t.dims.size() == 1 ? k::dtype::f32 : k::dtype::q8), rows, cols, nullptr};
+      const bool four = t.type == ggml::q4_0 || t.type == ggml::q4_1;
+      job w{&t, name, plain ? plain_type : (t.dims.size() == 1 ? k::dtype::f32 : four ? k::dtype::q4 : k::dtype::q8), rows, cols, nullptr};
       w.name.name = hf;
       w.row0 = e * rows;
       w.matrix = matrix;
       if (t.dims.size() == 1 && !plain) w.out_type = k::dtype::f32;
       if (t.dims.size() == 1 && name.permute) w.out_type = k::dtype::f32;  // biases are read as float32 anyway
-      w.bytes = w.out_type == k::dtype::q8 ? k::dtype_bytes(k::dtype::q8, rows * k::q8_row_elements(cols))
-                                           : k::dtype_bytes(w.out_type, rows * cols);
+      w.bytes = k::dtype_bytes(w.out_type, rows * cols);
       w.buffer = std::shared_ptr<uint8_t[]>(new uint8_t[std::max<size_t>(w.bytes, 1)]);
       jobs.push_back(std::move(w));
     }

@@ -1,5 +1,5 @@
 // AWQ, GPTQ and compressed-tensors checkpoints: quantization_config, and packed layers into
-// int8 blocks (formats and rules in packed_weights.hpp).
+// int4 or int8 blocks (formats and rules in packed_weights.hpp).
 #include "packed_weights.hpp"
 
 #include <sys/mman.h>
@@ -59,8 +59,14 @@ struct packed_layer {
   std::vector<uint32_t> group;  ///< per input, its group
   size_t in = 0, out = 0, groups = 0;
   bool exact = true;  ///< every 32-input block in one group, every q − z within int8
-  uint8_t* bytes = nullptr;  ///< its int8 rows
+  k::dtype type = k::dtype::q8;  ///< q4 where exact, 4 bits, and every scale·zero exact in float32
+  uint8_t* bytes = nullptr;      ///< its rows of int8 (or int4) blocks
+  size_t row_bytes() const { return k::dtype_bytes(type, k::q8_row_elements(in)); }
 };
+
+/// What a stored 4-bit quant is offset by in a q4 nibble: compressed-tensors' quants() are
+/// signed (stored − 8), AWQ's and GPTQ's the stored nibble.
+int nibble_offset(const model_config::packed_config& p) { return p.kind == method::compressed ? 8 : 0; }
 
 constexpr int awq_slot[8] = {0, 4, 1, 5, 2, 6, 3, 7};  ///< output o % 8's nibble in an AWQ word
 
@@ -104,14 +110,41 @@ float scale(const packed_layer& l, const model_config::packed_config& p, size_t 
   return k::load_as_f32(l.scales.data, l.scales.type, p.kind == method::compressed ? o * l.groups + g : g * l.out + o);
 }
 
-/// Output rows [o0, o1) of a layer into its q8 bytes.
+/// Output row o of a q4 layer: per block of 32 inputs (one group), the factor s, the offset
+/// s·(z + nibble_offset) (exact: set_groups checked) and the stored nibbles; the padding of a
+/// short last block is nibble 0 (never read: the kernels stop at the row's length).
+status unpack_q4_row(const packed_layer& l, const model_config::packed_config& p, size_t o, const std::vector<int>& q, uint8_t* dst) {
+  const int off = nibble_offset(p);
+  for (size_t b = 0; b * k::q4_block < l.in; ++b) {
+    const size_t i0 = b * k::q4_block, g = l.group[i0];
+    const float s = scale(l, p, g, o);
+    if (!std::isfinite(s)) return make_error(errc::invalid_request, l.scales_name + ": a scale is not finite");
+    const int z = zero(l, p, g, o) + off;
+    const float m = s * static_cast<float>(z);
+    uint8_t* block = dst + b * k::q4_block_bytes;
+    std::memcpy(block, &s, 4);
+    std::memcpy(block + 4, &m, 4);
+    std::memset(block + 8, 0, k::q4_block / 2);
+    for (size_t e = 0; e < k::q4_block; ++e) {
+      const int u = i0 + e < l.in ? q[i0 + e] + off : 0;
+      block[8 + e % 16] |= static_cast<uint8_t>((u & 0xF) << (e < 16 ? 0 : 4));
+    }
+  }
+  return ok_status();
+}
+
+/// Output rows [o0, o1) of a layer into its q8 (or q4) bytes.
 status unpack_rows(const packed_layer& l, const model_config::packed_config& p, size_t o0, size_t o1) {
   std::vector<int> q(l.in);
   std::vector<float> row(l.in);
-  const size_t row_bytes = k::dtype_bytes(k::dtype::q8, k::q8_row_elements(l.in));
+  const size_t row_bytes = l.row_bytes();
   for (size_t o = o0; o < o1; ++o) {
     quants(l, p, o, q);
     uint8_t* dst = l.bytes + o * row_bytes;
+    if (l.type == k::dtype::q4) {
+      LLMESH_TRY(unpack_q4_row(l, p, o, q, dst));
+      continue;
+    }
     if (l.exact) {
       for (size_t b = 0; b * k::q8_block < l.in; ++b) {
         const size_t i0 = b * k::q8_block, g = l.group[i0];
@@ -185,6 +218,17 @@ status set_groups(const tensor_store& store, const model_config::packed_config& 
       for (size_t o = 0; o < l.out && l.exact; ++o) l.exact = zero(l, p, g, o) == middle;
     }
   }
+  // 4 bits in whole blocks: int4 blocks, when every offset s·(z + nibble_offset) is exact
+  // (float16 and bfloat16 scales always are; a float32 scale of more than 20 significant bits,
+  // or one near the smallest floats, may not be: such a layer stays int8).
+  bool q4 = l.exact && p.bits == 4;
+  for (size_t g = 0; g < l.groups && q4; ++g) {
+    for (size_t o = 0; o < l.out && q4; ++o) {
+      const float s = scale(l, p, g, o), z = static_cast<float>(zero(l, p, g, o) + nibble_offset(p));
+      q4 = std::fma(s, z, -(s * z)) == 0.0f;  // false for a non-finite scale too (unpack_rows names it)
+    }
+  }
+  if (q4) l.type = k::dtype::q4;
   return ok_status();
 }
 
@@ -411,9 +455,9 @@ status unpack_packed_weights(tensor_store& store, const model_config::packed_con
     layers.push_back(std::move(*l));
   }
   if (layers.empty()) return ok_status();
-  // One anonymous mapping for every layer's int8 rows (an allocation that fails is an error,
-  // not an exception; huge pages advised, as for --quantization int8).
-  auto bytes_of = [](const packed_layer& l) { return k::dtype_bytes(k::dtype::q8, l.out * k::q8_row_elements(l.in)); };
+  // One anonymous mapping for every layer's int8 or int4 rows (an allocation that fails is an
+  // error, not an exception; huge pages advised, as for --quantization int8).
+  auto bytes_of = [](const packed_layer& l) { return l.out * l.row_bytes(); };
   size_t total = 0;
   for (const auto& l : layers) total += (bytes_of(l) + 63) / 64 * 64;
   void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -431,7 +475,7 @@ status unpack_packed_weights(tensor_store& store, const model_config::packed_con
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   for (auto& l : layers) {
     tensor_view t;
-    t.type = k::dtype::q8;
+    t.type = l.type;
     t.shape = {l.out, l.in};
     t.data = l.bytes;
     t.bytes = bytes_of(l);

@@ -1,5 +1,6 @@
 // AWQ, GPTQ and compressed-tensors checkpoints (private to the model library): their
-// quantization_config, and their packed linear layers unpacked into the kernels' int8 blocks.
+// quantization_config, and their packed linear layers unpacked into the kernels' int4 or int8
+// blocks.
 //
 // All store a linear layer X of [out, in] as integer quants q (4 bits; GPTQ and
 // compressed-tensors also 8) packed eight (four) to an int32, and per group of `group_size`
@@ -20,14 +21,17 @@
 //   same way (asymmetric schemes); X.weight_g_idx [in] (actorder "group"); X.weight_shape
 //   ([out, in], int32 or int64).
 //
-// Each X.weight becomes a q8 matrix [out, in] (dtype.hpp): where every 32-input block of a
-// row lies in one group (group sizes that are multiples of 32 and a g_idx constant on each
-// block), the block's scale is s and its values q − z, which int8 holds (4 bits: −16..15; 8
-// bits only when every zero of the tensor is the middle one, GPTQ's 128 or compressed-tensors'
-// 0: symmetric): exactly the checkpoint's values. Otherwise (act-order, 8-bit asymmetric
-// zeros) the tensor is decoded to float32 and quantized as --quantization int8 does (blocks
-// of 32, max|w| / 127): within half a step. The int8 rows live in one anonymous mapping; the
-// packed tensors' pages then leave resident memory.
+// Each X.weight becomes a q4 or q8 matrix [out, in] (dtype.hpp). Where every 32-input block of
+// a row lies in one group (group sizes that are multiples of 32 and a g_idx constant on each
+// block), it is held exactly: 4 bits as q4 blocks (factor s, offset s·z, the stored nibbles;
+// compressed-tensors' signed quants and zeros shifted by 8), when every s·z is exact in
+// float32 (float16 and bfloat16 scales: always), else as q8 blocks of scale s and values
+// q − z (4 bits: −16..15); 8 bits as q8 only when every zero of the tensor is the middle one
+// (GPTQ's 128 or compressed-tensors' 0: symmetric). Otherwise (act-order, 8-bit asymmetric
+// zeros) the tensor is decoded to float32 and quantized as --quantization int8 does (blocks of
+// 32, max|w| / 127): within half a step. q4 and exact q8 give the same values (f·(q − z),
+// rounded once). The rows live in one anonymous mapping; the packed tensors' pages then leave
+// resident memory.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -45,7 +49,7 @@ namespace llmesh::model::detail {
 /// variants unsupported, naming them.
 [[nodiscard]] status parse_packed_config(const nlohmann::json& j, model_config& c);
 
-/// Adds X.weight (q8) to `store` for every X.qweight (X.weight_packed) in it, as above;
+/// Adds X.weight (q4 or q8) to `store` for every X.qweight (X.weight_packed) in it, as above;
 /// invalid_request naming the tensor when a companion is missing, of the wrong kind or
 /// misshapen, a scale is not finite, a g_idx entry is out of range, act-order has no g_idx or
 /// X.weight is there too; io_error when memory runs out.

@@ -148,7 +148,7 @@ status shard_executor::run(std::span<const step_sequence> batch, std::vector<flo
     for (size_t i = 0; i < s.tokens.size(); ++i, ++t) {
       size_t id = static_cast<size_t>(s.tokens[i]);
       float* row = &h_[t * c.hidden];
-      if (kernels::is_k_quant(w.embed.type)) {  // a K-quant row's factors decoded once, not per element
+      if (kernels::is_quantized(w.embed.type)) {  // a block row from its start (a K-quant's factors decoded once)
         kernels::dequantize_row(static_cast<const uint8_t*>(w.embed.data) + kernels::dtype_offset(w.embed.type, id * w.embed.ld()),
                                 w.embed.type, c.hidden, row);
         for (size_t d = 0; d < c.hidden; ++d) row[d] *= embed_scale_;

@@ -48,13 +48,60 @@ result<std::vector<float>> vector_f32(const tensor_store& store, const std::stri
 
 }  // namespace
 
-std::string_view quantization_name(quantization q) { return q == quantization::int8 ? "int8" : "none"; }
+std::string_view quantization_name(quantization q) {
+  switch (q) {
+    case quantization::none: break;
+    case quantization::int8: return "int8";
+    case quantization::awq: return "awq";
+    case quantization::gptq: return "gptq";
+    case quantization::compressed_tensors: return "compressed-tensors";
+    case quantization::gguf: return "gguf";
+  }
+  return "none";
+}
 
 result<quantization> parse_quantization(std::string_view s) {
   if (s == "none") return quantization::none;
   if (s == "int8") return quantization::int8;
-  return make_error(errc::invalid_request, "--quantization must be none or int8, not '" + std::string(s) + "'");
+  if (s == "awq" || s == "awq_marlin") return quantization::awq;
+  if (s == "gptq" || s == "gptq_marlin") return quantization::gptq;
+  if (s == "compressed-tensors") return quantization::compressed_tensors;
+  if (s == "gguf") return quantization::gguf;
+  for (const char* other : {"fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_fp4", "mxfp4", "bitsandbytes", "experts_int8",
+                            "deepspeedfp", "marlin", "gptq_bitblas", "bitblas", "hqq", "moe_wna16", "quark", "torchao", "ipex", "inc",
+                            "tpu_int8", "fp_quant", "auto-round", "rtn"}) {
+    if (s == other) {
+      return make_error(errc::unsupported, "--quantization " + std::string(s) +
+                                               " is not supported: llmesh quantizes to int8, or runs a checkpoint's own AWQ, "
+                                               "GPTQ, compressed-tensors or GGUF quantization");
+    }
+  }
+  return make_error(errc::invalid_request, "--quantization must be none, int8, awq (awq_marlin), gptq (gptq_marlin), "
+                                           "compressed-tensors or gguf, not '" + std::string(s) + "'");
 }
+
+namespace {
+
+/// vLLM's rule: --quantization naming a checkpoint's method must name this checkpoint's.
+status check_checkpoint_method(quantization q, const model_config& c, const std::string& dir) {
+  using method = model_config::packed_config::method;
+  if (q == quantization::none || q == quantization::int8) return ok_status();
+  const bool gguf = is_gguf_file(dir);
+  const bool match = q == quantization::gguf ? gguf
+                     : q == quantization::awq ? c.packed.kind == method::awq
+                     : q == quantization::gptq ? c.packed.kind == method::gptq
+                                               : c.packed.kind == method::compressed;
+  if (match) return ok_status();
+  const char* has = gguf                                   ? "it is a GGUF file"
+                    : c.packed.kind == method::awq        ? "its quantization_config is AWQ"
+                    : c.packed.kind == method::gptq       ? "its quantization_config is GPTQ"
+                    : c.packed.kind == method::compressed ? "its quantization_config is compressed-tensors"
+                                                          : "it has no quantization_config";
+  return make_error(errc::invalid_request, "--quantization " + std::string(quantization_name(q)) +
+                                               " does not match the checkpoint: " + has);
+}
+
+}  // namespace
 
 std::string_view weight_dtype_name(std::optional<kernels::dtype> t) {
   if (!t) return "auto";
@@ -63,6 +110,7 @@ std::string_view weight_dtype_name(std::optional<kernels::dtype> t) {
     case kernels::dtype::f16: return "float16";
     case kernels::dtype::bf16: return "bfloat16";
     case kernels::dtype::q8: return "int8";
+    case kernels::dtype::q4: return "int4";
     case kernels::dtype::q2_k: case kernels::dtype::q3_k: case kernels::dtype::q4_k: case kernels::dtype::q5_k:
     case kernels::dtype::q6_k: case kernels::dtype::iq4_xs: break;
   }
@@ -81,6 +129,11 @@ result<std::optional<kernels::dtype>> parse_weight_dtype(std::string_view s) {
 result<std::shared_ptr<const model>> model::load(const std::string& dir, load_options opt) {
   auto cfg = load_config(dir, opt.hf_overrides);
   if (!cfg) return cfg.take_error();
+  if (auto s = check_checkpoint_method(opt.quant, *cfg, dir); !s) {
+    error e = s.take_error();
+    e.message = dir + ": " + e.message;
+    return e;
+  }
   auto store = tensor_store::open(dir);
   if (!store) return store.take_error();
   if (auto s = detail::unpack_packed_weights(*store, cfg->packed); !s) {  // packed checkpoints' layers into int8
@@ -128,7 +181,7 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     for (const weight_matrix* w : {&l.shared.gate, &l.shared.up, &l.shared.down, &l.shared_gate}) note(*w);
   }
   for (auto t : {kernels::dtype::q2_k, kernels::dtype::q3_k, kernels::dtype::q4_k, kernels::dtype::q5_k, kernels::dtype::q6_k,
-                 kernels::dtype::iq4_xs, kernels::dtype::q8}) {
+                 kernels::dtype::iq4_xs, kernels::dtype::q4, kernels::dtype::q8}) {
     if (held & (1u << static_cast<unsigned>(t))) {
       m->quantized_types_ += (m->quantized_types_.empty() ? "" : "+") + std::string(weight_dtype_name(t));
     }
@@ -290,11 +343,12 @@ struct convert_target {
 
 /// Adds `w` to `targets` (beside a target over the same bytes, if any) unless it is empty,
 /// of type `to` already, or quantized (a quantized GGUF's tensors arrive so) unless a K-quant
-/// matrix is to become int8 (`--quantization int8` on a Q4_K_M file: the CPU decodes int8
-/// faster, where memory bandwidth is not what limits it).
+/// or int4 matrix is to become int8 (`--quantization int8` on a Q4_K_M file or an AWQ
+/// checkpoint: the CPU decodes int8 faster, where memory bandwidth is not what limits it).
 void add_target(std::vector<convert_target>& targets, weight_matrix* w, std::string name, kernels::dtype to) {
   if (w->rows == 0 || w->type == to) return;
-  if (kernels::is_quantized(w->type) && !(kernels::is_k_quant(w->type) && to == kernels::dtype::q8)) return;
+  const bool to_int8 = (kernels::is_k_quant(w->type) || w->type == kernels::dtype::q4) && to == kernels::dtype::q8;
+  if (kernels::is_quantized(w->type) && !to_int8) return;
   for (auto& t : targets) {
     if (t.w().data == w->data && t.w().type == w->type && t.w().rows == w->rows && t.w().cols == w->cols) {
       t.views.push_back(w);
@@ -334,7 +388,7 @@ result<std::shared_ptr<uint8_t>> rewrite(std::vector<convert_target>& targets, k
     const auto& it = items[k];
     const auto& t = targets[it.target];
     const weight_matrix& w = t.w();
-    const auto* src = static_cast<const uint8_t*>(w.data) + kernels::dtype_offset(w.type, it.row0 * w.cols);
+    const auto* src = static_cast<const uint8_t*>(w.data) + kernels::dtype_offset(w.type, it.row0 * w.ld());
     uint8_t* dst = store.get() + t.offset + kernels::dtype_bytes(to, it.row0 * ld_of(w.cols));
     auto s = to == kernels::dtype::q8 ? kernels::quantize_q8(src, w.type, it.rows, w.cols, dst, it.row0)
                                       : kernels::convert_rows(src, w.type, it.rows, w.cols, dst, to, it.row0);
@@ -391,7 +445,10 @@ std::vector<convert_target> targets_of(model_weights& w, kernels::dtype to, bool
 }  // namespace
 
 status model::quantize(quantization q) {
-  if (q == quantization::none) return ok_status();
+  if (q != quantization::int8) {  // none, or a checkpoint's own (load checked it)
+    quant_ = q;
+    return ok_status();
+  }
   // The router and the shared expert's gate stay as loaded (small); the embedding gather keeps
   // the checkpoint's rows, so a tied head's source rows stay resident.
   auto targets = targets_of(weights_, kernels::dtype::q8, false);

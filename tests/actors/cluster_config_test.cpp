@@ -348,12 +348,15 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
   expect_refused(with("kv_cache_mb: 256", "kv_cache_mb: 0"), {"'kv_cache_mb' must be an integer"});
   expect_refused(with("placement: packed", "placement: scattered"), {"'placement' must be packed or spread, got 'scattered'"});
   EXPECT_EQ(error_of(with("placement: packed", "placement: spread")), "(parsed)");  // 2 replica nodes for tp 2
-  expect_refused(with("placement: packed", "placement: packed\n    quantization: fp8"), {"'quantization' must be none or int8, got 'fp8'"});
+  expect_refused(with("placement: packed", "placement: packed\n    quantization: fp8"), {"'quantization': --quantization fp8 is not supported"});
   {
     auto q = parse_cluster_config(with("placement: packed", "placement: packed\n    quantization: int8"), "t.yaml");
     ASSERT_TRUE(q.ok()) << q.err().message;
     EXPECT_EQ(q->models[0].quantization, "int8");
     EXPECT_EQ(q->models[0].reasoning_parser, "none");
+    auto marlin = parse_cluster_config(with("placement: packed", "placement: packed\n    quantization: awq_marlin"), "t.yaml");
+    ASSERT_TRUE(marlin.ok()) << marlin.err().message;
+    EXPECT_EQ(marlin->models[0].quantization, "awq");  // vLLM's alias, by its method
   }
   expect_refused(with("placement: packed", "placement: packed\n    kv_cache_dtype: fp8"),
                  {"'kv_cache_dtype' must be auto, float32 or bfloat16, got 'fp8'"});

@@ -112,7 +112,11 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   // a block (hidden 64, 4 heads of 16: rank 1 starts at column 32, but the intermediate size
   // 160 / 2 = 80 does not).
   r = run_command(llmesh_bin + " serve --model " + model_ + " --quantization fp4");
-  expect_one_line_error(r, "--quantization");
+  expect_one_line_error(r, "--quantization must be none, int8, awq");
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --quantization fp8");  // vLLM's, not llmesh's
+  expect_one_line_error(r, "--quantization fp8 is not supported");
+  r = run_command(llmesh_bin + " generate --device cpu --model " + model_ + " --prompt-ids 1 --quantization awq_marlin");
+  expect_one_line_error(r, "--quantization awq does not match the checkpoint: it has no quantization_config");
   r = run_command(llmesh_bin + " generate --device cpu --model " + model_ + " --prompt-ids 1 --quantization int8 --tp 2");
   expect_one_line_error(r, "multiple of 32");
   r = run_command(llmesh_bin + " generate --device cuda --model " + model_ + " --prompt-ids 1 --quantization int8");

@@ -515,5 +515,50 @@ TEST(LoadAsF32, DecodesHandMadeQ2KAndQ3KBlocks) {
   EXPECT_EQ(load_as_f32(q3, dtype::q3_k, 176), 248.0f);  // group 11: 2·(1 − 32)·(0 − 4)
 }
 
+TEST(Q4, BlockLayoutAndHandMadeValues) {
+  EXPECT_EQ(dtype_name(dtype::q4), "Q4");
+  EXPECT_TRUE(is_quantized(dtype::q4));
+  EXPECT_FALSE(is_k_quant(dtype::q4));
+  EXPECT_EQ(dtype_block(dtype::q4), 32u);
+  EXPECT_EQ(dtype_bytes(dtype::q4, 64), 48u);
+  EXPECT_EQ(dtype_bytes(dtype::q4, 40), 48u);  // rows pad to whole blocks
+  EXPECT_EQ(dtype_offset(dtype::q4, 96), 72u);
+  // Two blocks: factor 0.5 and offset 4 (zero 8: Q4_0's), then factor 0.25 and offset −1.5
+  // (Q4_1's min 1.5). Element e < 16 is byte e's low nibble, e ≥ 16 byte e − 16's high one.
+  uint8_t b[48] = {};
+  const float f0 = 0.5f, m0 = 4.0f, f1 = 0.25f, m1 = -1.5f;
+  std::memcpy(b, &f0, 4);
+  std::memcpy(b + 4, &m0, 4);
+  std::memcpy(b + 24, &f1, 4);
+  std::memcpy(b + 28, &m1, 4);
+  for (int j = 0; j < 16; ++j) {
+    b[8 + j] = static_cast<uint8_t>(j | (15 - j) << 4);
+    b[32 + j] = static_cast<uint8_t>(j | (15 - j) << 4);
+  }
+  for (size_t e = 0; e < 32; ++e) {
+    const int q = e < 16 ? static_cast<int>(e) : 15 - static_cast<int>(e - 16);
+    EXPECT_EQ(load_as_f32(b, dtype::q4, e), 0.5f * static_cast<float>(q - 8)) << e;
+    EXPECT_EQ(load_as_f32(b, dtype::q4, 32 + e), 0.25f * static_cast<float>(q) + 1.5f) << e;
+  }
+}
+
+TEST(Q4, RoundsOnceLikeAFusedMultiplySubtract) {
+  // q·f − m is rounded once (a fused multiply-subtract), whatever m: with a factor of 24
+  // significant bits q·f is not a float, so rounding it first would give other bits.
+  const float f = 1.0f + 0x1.0p-22f + 0x1.0p-23f;
+  for (int z = 0; z <= 15; z += 5) {
+    uint8_t b[24] = {};
+    const float m = f * static_cast<float>(z);
+    std::memcpy(b, &f, 4);
+    std::memcpy(b + 4, &m, 4);
+    for (int j = 0; j < 16; ++j) b[8 + j] = static_cast<uint8_t>(j | j << 4);
+    for (size_t e = 0; e < 32; ++e) {
+      const int q = static_cast<int>(e % 16);
+      const float want = static_cast<float>(std::fma(static_cast<double>(q), static_cast<double>(f), -static_cast<double>(m)));
+      EXPECT_EQ(load_as_f32(b, dtype::q4, e), want) << "z " << z << " e " << e;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace llmesh::kernels

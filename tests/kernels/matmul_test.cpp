@@ -32,7 +32,7 @@ constexpr float poison = std::numeric_limits<float>::quiet_NaN();
 constexpr uint16_t f16_nan = 0x7e00;
 constexpr uint16_t bf16_nan = 0x7fc0;
 
-constexpr dtype all_dtypes[] = {dtype::f32,  dtype::f16,  dtype::bf16, dtype::q8,   dtype::q2_k,
+constexpr dtype all_dtypes[] = {dtype::f32,  dtype::f16,  dtype::bf16, dtype::q8,   dtype::q4,    dtype::q2_k,
                                  dtype::q3_k, dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::iq4_xs};
 constexpr size_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 constexpr size_t ns[] = {1, 5, 7, 13, 37};
@@ -67,8 +67,9 @@ std::vector<float> make_activations(size_t m, size_t k, size_t ldx, std::mt19937
 }
 
 /// Weights [n][ldw] of one dtype; columns >= k are poisoned with that dtype's NaN (q8: with
-/// the value 127, which changes any sum that reads it, since a block's scale is shared; the
-/// K-quants: a NaN scale d in each padding super-block).
+/// the value 127, q4 with the nibble 15, which change any sum that reads them, since a block's
+/// scale is shared; q4's blocks wholly past k a NaN factor; the K-quants: a NaN scale d in each
+/// padding super-block).
 struct weight_matrix {
   dtype type = dtype::f32;
   size_t n = 0, k = 0, ldw = 0;
@@ -126,6 +127,23 @@ weight_matrix make_weights(dtype t, size_t n, size_t k, size_t ldw, std::mt19937
         const float scale = random_value(rng) / 64.0f;
         std::memcpy(block, &scale, 4);
         for (size_t q = 0; q < q8_block && b * q8_block + q < k; ++q) block[4 + q] = static_cast<uint8_t>(value(rng));
+      }
+    }
+    return w;
+  }
+  if (t == dtype::q4) {  // every nibble, random factors and offsets (not multiples of each other)
+    w.q8.assign(dtype_bytes(t, n * ldw), 0xFF);
+    std::uniform_int_distribution<int> nibble(0, 15);
+    for (size_t j = 0; j < n; ++j) {
+      for (size_t b = 0; b < ldw / q4_block; ++b) {
+        uint8_t* block = w.q8.data() + dtype_offset(t, j * ldw + b * q4_block);
+        const float f = b * q4_block < k ? random_value(rng) / 64.0f : poison, m = random_value(rng) / 8.0f;
+        std::memcpy(block, &f, 4);
+        std::memcpy(block + 4, &m, 4);
+        for (size_t q = 0; q < q4_block && b * q4_block + q < k; ++q) {
+          const int shift = q < 16 ? 0 : 4;
+          block[8 + q % 16] = static_cast<uint8_t>((block[8 + q % 16] & ~(0xF << shift)) | (nibble(rng) << shift));
+        }
       }
     }
     return w;
@@ -388,6 +406,7 @@ TEST(Matmul, RunsSeveralJobsInOneRegionLikeSeparateCalls) {
   problem k = make_problem(dtype::f16, 6, 13, 40, true, true, rng);
   problem v = make_problem(dtype::f32, 6, 5, 40, true, false, rng);
   problem i8 = make_problem(dtype::q8, 6, 11, 40, true, true, rng);
+  problem i4 = make_problem(dtype::q4, 6, 14, 40, true, false, rng);
   problem q4 = make_problem(dtype::q4_k, 6, 9, 256, false, true, rng);
   problem q5 = make_problem(dtype::q5_k, 6, 8, 256, true, true, rng);
   problem q6 = make_problem(dtype::q6_k, 6, 7, 256, true, false, rng);
@@ -397,7 +416,8 @@ TEST(Matmul, RunsSeveralJobsInOneRegionLikeSeparateCalls) {
   k.x = q.x;
   v.x = q.x;
   i8.x = q.x;
-  std::vector<problem*> all = {&q, &k, &v, &i8, &q4, &q5, &q6, &q2, &q3, &iq4};
+  i4.x = q.x;
+  std::vector<problem*> all = {&q, &k, &v, &i8, &i4, &q4, &q5, &q6, &q2, &q3, &iq4};
   std::vector<matmul_args> jobs;
   for (problem* p : all) jobs.push_back(p->args());
   ASSERT_TRUE(matmul(std::span<const matmul_args>(jobs), pool).ok());
@@ -500,6 +520,11 @@ void expect_column_slices_in_place(dtype t, size_t row, std::initializer_list<si
 TEST(Matmul, Q8ColumnSliceFromABlockBoundaryIsUsedInPlace) {
   std::mt19937 rng(testing::test_seed(8));
   expect_column_slices_in_place(dtype::q8, 200, {0, 32, 64, 96}, {17, 32, 64, 96}, rng);
+}
+
+TEST(Matmul, Q4ColumnSliceFromABlockBoundaryIsUsedInPlace) {
+  std::mt19937 rng(testing::test_seed(10));
+  expect_column_slices_in_place(dtype::q4, 200, {0, 32, 64, 96}, {17, 32, 48, 64, 96}, rng);
 }
 
 TEST(Matmul, KQuantColumnSliceFromASuperBlockBoundaryIsUsedInPlace) {

@@ -170,5 +170,39 @@ TEST(Quantize, OffsetsAndSizesOfQ8Data) {
   EXPECT_EQ(dtype_name(dtype::q8), "Q8");
 }
 
+TEST(Quantize, Q4BlocksWithWholeZerosBecomeInt8ExactlyOthersByTheRule) {
+  // Row 0: two blocks f·(q − z) (z 8, then 3): int8 values q − z with scale f, the same
+  // values. Row 1: an offset that is no multiple of the factor (Q4_1's min): the rule over
+  // the decoded values. cols 40: the second block is short, its padding 0.
+  const size_t cols = 40, ld = 64;
+  std::vector<uint8_t> q4(dtype_bytes(dtype::q4, 2 * ld));
+  std::mt19937 rng(testing::test_seed(21));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : q4) b = static_cast<uint8_t>(byte(rng));
+  auto set = [&](size_t block, float f, float m) {
+    std::memcpy(q4.data() + block * q4_block_bytes, &f, 4);
+    std::memcpy(q4.data() + block * q4_block_bytes + 4, &m, 4);
+  };
+  set(0, 0.0078125f, 8 * 0.0078125f);
+  const float f = f16_to_f32(f32_to_f16(0.3f));  // a float16 scale: f·3 is exact
+  set(1, f, 3 * f);
+  set(2, 0.25f, -1.3f);
+  set(3, 0.5f, 0.1f);
+  std::vector<uint8_t> out(dtype_bytes(dtype::q8, 2 * ld));
+  ASSERT_TRUE(quantize_q8(q4.data(), dtype::q4, 2, cols, out.data()).ok());
+  for (size_t c = 0; c < cols; ++c) {
+    EXPECT_EQ(load_as_f32(out.data(), dtype::q8, c), load_as_f32(q4.data(), dtype::q4, c)) << c;
+  }
+  float scale;
+  std::memcpy(&scale, out.data() + q8_block_bytes, 4);
+  EXPECT_EQ(scale, f);
+  for (size_t c = cols; c < ld; ++c) EXPECT_EQ(out[q8_block_bytes + 4 + c - 32], 0u) << "padding " << c;
+  std::vector<float> row1(cols);
+  for (size_t c = 0; c < cols; ++c) row1[c] = load_as_f32(q4.data() + dtype_offset(dtype::q4, ld), dtype::q4, c);
+  std::vector<uint8_t> rule(dtype_bytes(dtype::q8, ld));
+  ASSERT_TRUE(quantize_q8(row1.data(), dtype::f32, 1, cols, rule.data()).ok());
+  EXPECT_EQ(std::memcmp(rule.data(), out.data() + dtype_offset(dtype::q8, ld), rule.size()), 0);
+}
+
 }  // namespace
 }  // namespace llmesh::kernels

@@ -1,5 +1,5 @@
 // GGUF block formats and mixtures of experts (gguf_tensors.cpp, gguf_model.cpp): Q8_0 and
-// IQ4_NL taken exactly as int8, the K-quants and IQ4_XS kept as the file's blocks, tensor-
+// IQ4_NL taken exactly as int8, Q4_0 and Q4_1 as int4, the K-quants and IQ4_XS kept as the file's blocks, tensor-
 // parallel slices that cut a super-block held as int8, llama.cpp's stacked expert tensors as
 // one matrix per expert. The engine's outputs on converted files are checked against the
 // PyTorch reference in tests/cli/golden_test.cpp.
@@ -22,12 +22,29 @@ namespace {
 
 using namespace gguf_testing;
 
+/// A one-layer Llama of hidden 32 (llama_shape(w, 32, 1, 32, 2, 1)) whose tensors are 0.5
+/// everywhere but ffn_gate and ffn_up, given as ggml blocks of `gate_type` and `up_type`.
+void one_layer(gguf_writer& w, uint32_t gate_type, const std::string& gate, uint32_t up_type, const std::string& up) {
+  llama_shape(w, 32, 1, 32, 2, 1);
+  auto zeros = [](size_t n) { return std::vector<float>(n, 0.5f); };
+  w.tensor_f32("token_embd.weight", {32, 8}, zeros(256));
+  w.tensor_f32("output_norm.weight", {32}, zeros(32));
+  w.tensor_f32("blk.0.attn_norm.weight", {32}, zeros(32));
+  w.tensor_f32("blk.0.ffn_norm.weight", {32}, zeros(32));
+  w.tensor_f32("blk.0.attn_q.weight", {32, 32}, zeros(1024));
+  w.tensor_f32("blk.0.attn_k.weight", {32, 16}, zeros(512));
+  w.tensor_f32("blk.0.attn_v.weight", {32, 16}, zeros(512));
+  w.tensor_f32("blk.0.attn_output.weight", {32, 32}, zeros(1024));
+  w.tensor("blk.0.ffn_gate.weight", gate_type, {32, 32}, gate);
+  w.tensor("blk.0.ffn_up.weight", up_type, {32, 32}, up);
+  w.tensor_f32("blk.0.ffn_down.weight", {32, 32}, zeros(1024));
+}
+
 TEST(GgufModel, Q8_0AndIq4NlBlocksAreTakenExactlyAndInt8KeepsThem) {
   // One Q8_0 matrix: its values are d * q with d the block's float16 scale, bit for bit; one
   // IQ4_NL matrix: d * iq4nl_values[index], likewise (both held as int8 blocks).
   temp_dir dir;
   gguf_writer w;  // hidden 32: whole Q8_0 rows
-  llama_shape(w, 32, 1, 32, 2, 1);
   const uint16_t d = kernels::f32_to_f16(0.0123f);
   std::string blocks;
   for (int r = 0; r < 32; ++r) {
@@ -40,18 +57,7 @@ TEST(GgufModel, Q8_0AndIq4NlBlocksAreTakenExactlyAndInt8KeepsThem) {
     nl.append(reinterpret_cast<const char*>(&d), 2);
     for (size_t j = 0; j < 16; ++j) nl.push_back(static_cast<char>(nl_index(r, j) | nl_index(r, j + 16) << 4));
   }
-  auto zeros = [](size_t n) { return std::vector<float>(n, 0.5f); };
-  w.tensor_f32("token_embd.weight", {32, 8}, zeros(256));
-  w.tensor_f32("output_norm.weight", {32}, zeros(32));
-  w.tensor_f32("blk.0.attn_norm.weight", {32}, zeros(32));
-  w.tensor_f32("blk.0.ffn_norm.weight", {32}, zeros(32));
-  w.tensor_f32("blk.0.attn_q.weight", {32, 32}, zeros(1024));
-  w.tensor_f32("blk.0.attn_k.weight", {32, 16}, zeros(512));
-  w.tensor_f32("blk.0.attn_v.weight", {32, 16}, zeros(512));
-  w.tensor_f32("blk.0.attn_output.weight", {32, 32}, zeros(1024));
-  w.tensor("blk.0.ffn_gate.weight", ggml::q8_0, {32, 32}, blocks);
-  w.tensor("blk.0.ffn_up.weight", ggml::iq4_nl, {32, 32}, nl);
-  w.tensor_f32("blk.0.ffn_down.weight", {32, 32}, zeros(1024));
+  one_layer(w, ggml::q8_0, blocks, ggml::iq4_nl, nl);
   const std::string path = write(w, dir, "q8.gguf");
   for (auto q : {quantization::none, quantization::int8}) {
     load_options opt;
@@ -74,6 +80,55 @@ TEST(GgufModel, Q8_0AndIq4NlBlocksAreTakenExactlyAndInt8KeepsThem) {
         ASSERT_EQ(kernels::load_as_f32(u.data, u.type, r * 32 + j), want) << "row " << r << " col " << j;
       }
     }
+  }
+}
+
+TEST(GgufModel, Q4_0AndQ4_1BlocksAreHeldAsInt4Exactly) {
+  // Q4_0's values (q − 8)·d and Q4_1's q·d + min (one rounding, as ggml's), bit for bit, in
+  // int4 blocks of the file's nibbles; --quantization int8 takes Q4_0's exactly (q − 8 with
+  // scale d) and Q4_1's by the rule.
+  temp_dir dir;
+  gguf_writer w;
+  const uint16_t d = kernels::f32_to_f16(0.0123f), mn = kernels::f32_to_f16(-0.0937f);
+  auto nibble = [](size_t r, size_t j) { return static_cast<int>((r * 5 + j * 3) % 16); };
+  std::string q40, q41;
+  for (size_t r = 0; r < 32; ++r) {
+    q40.append(reinterpret_cast<const char*>(&d), 2);
+    q41.append(reinterpret_cast<const char*>(&d), 2);
+    q41.append(reinterpret_cast<const char*>(&mn), 2);
+    for (size_t j = 0; j < 16; ++j) {
+      const char byte = static_cast<char>(nibble(r, j) | nibble(r, j + 16) << 4);
+      q40.push_back(byte);
+      q41.push_back(byte);
+    }
+  }
+  one_layer(w, ggml::q4_0, q40, ggml::q4_1, q41);
+  const std::string path = write(w, dir, "q4.gguf");
+  const float df = kernels::f16_to_f32(d), mf = kernels::f16_to_f32(mn);
+  for (auto q : {quantization::none, quantization::int8}) {
+    load_options opt;
+    opt.quant = q;
+    auto loaded = model::load(path, opt);
+    ASSERT_TRUE(loaded.ok()) << loaded.err().message;
+    const auto want = q == quantization::none ? kernels::dtype::q4 : kernels::dtype::q8;
+    EXPECT_EQ((*loaded)->quantized_weights(), q == quantization::none ? "int4" : "int8");
+    const weight_matrix& g = (*loaded)->weights().layers[0].gate;
+    const weight_matrix& u = (*loaded)->weights().layers[0].up;
+    ASSERT_EQ(g.type, want);
+    ASSERT_EQ(u.type, want);
+    size_t differ = 0;
+    for (size_t r = 0; r < 32; ++r) {
+      for (size_t j = 0; j < 32; ++j) {
+        ASSERT_EQ(kernels::load_as_f32(g.data, g.type, r * 32 + j), static_cast<float>(nibble(r, j) - 8) * df) << r << " " << j;
+        const float q41_value = static_cast<float>(nibble(r, j)) * df + mf;  // exact product, one rounding
+        if (q == quantization::none) {
+          ASSERT_EQ(kernels::load_as_f32(u.data, u.type, r * 32 + j), q41_value) << r << " " << j;
+        } else {
+          differ += kernels::load_as_f32(u.data, u.type, r * 32 + j) != q41_value;
+        }
+      }
+    }
+    if (q == quantization::int8) EXPECT_GT(differ, 0u) << "Q4_1's min is no multiple of its scale: int8 requantizes it";
   }
 }
 

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "llmesh/kernels/quantize.hpp"
@@ -74,7 +75,7 @@ std::vector<float> decoded_compressed(const tensor_store& st, const std::string&
 /// into bits bits·(i % pack) of row i / pack, zeros along the outputs likewise, less one (in
 /// its "gptq" format; `plus_one` false: "gptq_v2").
 std::vector<float> decoded(const tensor_store& st, const std::string& x, bool awq, int bits, size_t out, size_t in,
-                           std::vector<uint32_t>* groups = nullptr, bool plus_one = true) {
+                           std::vector<uint32_t>* groups = nullptr, bool plus_one = true, size_t group_size = 32) {
   const size_t pack = 32 / static_cast<size_t>(bits);
   const uint32_t mask = (1u << bits) - 1;
   auto qw = st.get_i32(x + ".qweight"), qz = st.get_i32(x + ".qzeros");
@@ -109,7 +110,7 @@ std::vector<float> decoded(const tensor_store& st, const std::string& x, bool aw
   }
   std::vector<uint32_t> g(in);
   auto g_idx = st.get_i32(x + ".g_idx");
-  for (size_t i = 0; i < in; ++i) g[i] = g_idx.ok() ? word_at(*g_idx, i) : static_cast<uint32_t>(i / 32);
+  for (size_t i = 0; i < in; ++i) g[i] = g_idx.ok() ? word_at(*g_idx, i) : static_cast<uint32_t>(i / group_size);
   if (groups) *groups = g;
   std::vector<float> w(out * in);
   for (size_t o = 0; o < out; ++o) {
@@ -130,7 +131,7 @@ std::vector<float> held(const weight_matrix& w) {
   return out;
 }
 
-TEST(PackedWeights, AwqGptqAndCompressedTensorsLayersAreHeldExactlyAsInt8) {
+TEST(PackedWeights, AwqGptqAndCompressedTensorsLayersAreHeldExactlyAsInt4OrInt8) {
   using method = model_config::packed_config::method;
   for (const std::string packed : {"awq", "gptq", "gptq8", "ct-w4a16", "ct-w4a16-asym", "ct-w8a16"}) {
     SCOPED_TRACE(packed);
@@ -140,15 +141,15 @@ TEST(PackedWeights, AwqGptqAndCompressedTensorsLayersAreHeldExactlyAsInt8) {
     ASSERT_TRUE(m.ok()) << m.err().message;
     const bool ct = packed.starts_with("ct-");
     EXPECT_EQ((*m)->config().packed.kind, packed == "awq" ? method::awq : ct ? method::compressed : method::gptq);
-    EXPECT_EQ((*m)->quantized_weights(), "int8");
+    const int bits = packed == "gptq8" || packed == "ct-w8a16" ? 8 : 4;
+    EXPECT_EQ((*m)->quantized_weights(), bits == 4 ? "int4" : "int8");
     auto st = tensor_store::open(dir.path());
     ASSERT_TRUE(st.ok());
     const auto& l = (*m)->weights().layers[0];
-    const int bits = packed == "gptq8" || packed == "ct-w8a16" ? 8 : 4;
     for (auto [x, w] : {std::pair{"model.layers.0.self_attn.q_proj", &l.q}, {"model.layers.0.self_attn.o_proj", &l.o},
                         {"model.layers.0.mlp.down_proj", &l.down}, {"model.layers.0.mlp.up_proj", &l.up}}) {
       SCOPED_TRACE(x);
-      ASSERT_EQ(w->type, dtype::q8);
+      ASSERT_EQ(w->type, bits == 4 ? dtype::q4 : dtype::q8);
       const auto want = ct ? decoded_compressed(*st, x, bits, w->rows, w->cols) : decoded(*st, x, packed == "awq", bits, w->rows, w->cols);
       const auto got = held(*w);
       ASSERT_EQ(got.size(), want.size());
@@ -482,7 +483,7 @@ TEST(PackedWeights, GptqGroupSizeMinusOneIsOneGroupPerRow) {
   const auto& a = (*grouped)->weights().layers[0];
   const auto& b = (*whole)->weights().layers[0];
   for (auto [x, y] : {std::pair{&a.q, &b.q}, {&a.down, &b.down}}) {
-    ASSERT_EQ(x->type, dtype::q8);
+    ASSERT_EQ(x->type, dtype::q4);
     EXPECT_EQ(held(*x), held(*y));
   }
 }
@@ -515,6 +516,165 @@ TEST(PackedWeights, AnAwqModelRunsAtTp2AndItsLogitsAreTp1s) {
     max_diff = std::max(max_diff, std::fabs(logits[0][i] - logits[1][i]));
   }
   EXPECT_LT(max_diff, 1e-4f * max_abs);
+}
+
+TEST(PackedWeights, ShortLastBlocksGiveTheLogitsOfTheDecodedWeightsBitForBit) {
+  // Rows of 40 inputs in one group of 40: each row is a whole block and a short one of 8 (padded
+  // nibbles, the kernels' tail). The AWQ model held as int4 gives the same logits, bit for bit,
+  // as the same model whose packed layers are written out as float32 weights of their decoded
+  // values (same values, same reduction order); --quantization int8 holds them as int8 blocks
+  // of the same values too.
+  auto spec = packed_spec("awq");
+  spec.hidden = 40;
+  spec.intermediate = 40;
+  spec.n_heads = 4;
+  spec.n_kv_heads = 4;  // AWQ packs 8 outputs to a word: k and v need 40 rows
+  spec.group_size = 40;
+  testing::temp_dir awq, f32;
+  ASSERT_TRUE(write_random_model(spec, awq.path()).ok());
+  ASSERT_TRUE(write_random_model(spec, f32.path()).ok());
+  auto st = tensor_store::open(awq.path());
+  ASSERT_TRUE(st.ok());
+  rewrite(f32, [&](tensor_spec& t) {
+    if (t.name.ends_with(".qzeros") || t.name.ends_with(".scales")) return false;
+    if (!t.name.ends_with(".qweight")) return true;
+    const std::string x = t.name.substr(0, t.name.size() - 8);
+    const size_t in = t.shape[0], out = t.shape[1] * 8;
+    const auto w = decoded(*st, x, true, 4, out, in, nullptr, true, 40);
+    t = tensor_spec{x + ".weight", dtype::f32, {out, in}, [w](std::span<uint8_t> o) { std::memcpy(o.data(), w.data(), o.size()); }, 0};
+    return true;
+  });
+  json cfg = json::parse(testing::read_text(f32 / "config.json"));
+  cfg.erase("quantization_config");
+  testing::write_text(f32 / "config.json", cfg.dump());
+  auto logits_of = [](const std::string& dir, quantization q, dtype want) {
+    load_options lo;
+    lo.quant = q;
+    auto m = model::load(dir, lo);
+    EXPECT_TRUE(m.ok()) << m.err().message;
+    if (!m.ok()) return std::vector<float>();
+    EXPECT_EQ((*m)->weights().layers[0].down.type, want);
+    engine_options o;
+    o.threads = 2;
+    o.kv_tokens = 64;
+    auto e = engine::create(*m, o);
+    EXPECT_TRUE(e.ok()) << e.err().message;
+    const std::vector<int32_t> prompt = {5, 17, 42, 99, 3}, table = {0, 1, 2, 3};
+    step_sequence s;
+    s.tokens = prompt;
+    s.block_table = table;
+    std::vector<float> logits;
+    EXPECT_TRUE((*e)->forward(std::span(&s, 1), logits).ok());
+    return logits;
+  };
+  const auto four = logits_of(awq.path(), quantization::none, dtype::q4);
+  const auto reference = logits_of(f32.path(), quantization::none, dtype::f32);
+  ASSERT_FALSE(four.empty());
+  ASSERT_EQ(four.size(), reference.size());
+  EXPECT_EQ(std::memcmp(four.data(), reference.data(), four.size() * sizeof(float)), 0);
+  load_options int8;
+  int8.quant = quantization::int8;
+  auto m = model::load(awq.path(), int8);
+  ASSERT_TRUE(m.ok());
+  const auto& down = (*m)->weights().layers[0].down;
+  ASSERT_EQ(down.type, dtype::q8);
+  EXPECT_EQ(held(down), decoded(*st, "model.layers.0.mlp.down_proj", true, 4, down.rows, down.cols, nullptr, true, 40));
+}
+
+TEST(PackedWeights, Float32ScalesWhoseOffsetsAreInexactStayInt8AndExact) {
+  // An int4 block holds s·z as a float32: a scale of 24 significant bits times a zero is not
+  // one, so that layer is held as int8 blocks of q − z (the same values); the rest is int4.
+  const std::string q = "model.layers.0.self_attn.q_proj";
+  testing::temp_dir dir;
+  ASSERT_TRUE(write_random_model(packed_spec("awq"), dir.path()).ok());
+  rewrite(dir, [&](tensor_spec& s) {
+    if (s.name != q + ".scales") return true;
+    size_t n = 1;
+    for (size_t d : s.shape) n *= d;
+    std::vector<uint8_t> halves(2 * n);
+    s.fill(halves);
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = kernels::load_as_f32(halves.data(), s.type, i) * (1.0f + 0x1.0p-22f + 0x1.0p-23f);
+    s.type = dtype::f32;
+    s.fill = [v](std::span<uint8_t> out) { std::memcpy(out.data(), v.data(), out.size()); };
+    return true;
+  });
+  auto m = model::load(dir.path());
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  EXPECT_EQ((*m)->quantized_weights(), "int4+int8");
+  auto st = tensor_store::open(dir.path());
+  ASSERT_TRUE(st.ok());
+  const auto& l = (*m)->weights().layers[0];
+  ASSERT_EQ(l.q.type, dtype::q8);
+  EXPECT_EQ(l.k.type, dtype::q4);
+  EXPECT_EQ(held(l.q), decoded(*st, q, true, 4, l.q.rows, l.q.cols));
+}
+
+TEST(PackedWeights, Int8QuantizationOfAnAwqModelKeepsItsValues) {
+  // --quantization int8 turns int4 blocks into int8 ones of q − z with the same scale: the
+  // same values, so the same logits, in 1.5x the memory.
+  testing::temp_dir dir;
+  ASSERT_TRUE(write_random_model(packed_spec("awq"), dir.path()).ok());
+  auto four = model::load(dir.path());
+  ASSERT_TRUE(four.ok()) << four.err().message;
+  load_options o;
+  o.quant = quantization::int8;
+  auto eight = model::load(dir.path(), o);
+  ASSERT_TRUE(eight.ok()) << eight.err().message;
+  EXPECT_EQ((*eight)->quantized_weights(), "int8");
+  const auto& a = (*four)->weights().layers[0];
+  const auto& b = (*eight)->weights().layers[0];
+  for (auto [x, y] : {std::pair{&a.q, &b.q}, {&a.o, &b.o}, {&a.gate, &b.gate}, {&a.down, &b.down}}) {
+    ASSERT_EQ(x->type, dtype::q4);
+    ASSERT_EQ(y->type, dtype::q8);
+    EXPECT_EQ(held(*x), held(*y));
+    EXPECT_EQ(y->bytes() * 2, x->bytes() * 3);
+  }
+}
+
+TEST(PackedWeights, VllmQuantizationNamesMustNameTheCheckpointsMethod) {
+  // vLLM's --quantization awq / gptq_marlin / compressed-tensors / gguf name the checkpoint's
+  // own method: held as without the flag, refused for a checkpoint of another kind.
+  EXPECT_EQ(parse_quantization("awq_marlin").value(), quantization::awq);
+  EXPECT_EQ(parse_quantization("gptq_marlin").value(), quantization::gptq);
+  EXPECT_EQ(quantization_name(parse_quantization("compressed-tensors").value()), "compressed-tensors");
+  EXPECT_EQ(parse_quantization("fp8").err().code, errc::unsupported);
+  EXPECT_NE(parse_quantization("fp8").err().message.find("--quantization fp8 is not supported"), std::string::npos);
+  EXPECT_EQ(parse_quantization("awq4").err().code, errc::invalid_request);
+  testing::temp_dir awq, ct;
+  ASSERT_TRUE(write_random_model(packed_spec("awq"), awq.path()).ok());
+  ASSERT_TRUE(write_random_model(packed_spec("ct-w4a16"), ct.path()).ok());
+  auto plain = model::load(awq.path());
+  ASSERT_TRUE(plain.ok()) << plain.err().message;
+  for (auto [dir, q] : {std::pair{&awq, quantization::awq}, {&ct, quantization::compressed_tensors}}) {
+    load_options o;
+    o.quant = q;
+    auto m = model::load(dir->path(), o);
+    ASSERT_TRUE(m.ok()) << m.err().message;
+    EXPECT_EQ((*m)->quant(), q);
+    EXPECT_EQ((*m)->quantized_weights(), "int4");
+  }
+  load_options o;
+  o.quant = parse_quantization("awq_marlin").value();
+  auto held_as_awq = model::load(awq.path(), o);
+  ASSERT_TRUE(held_as_awq.ok());
+  EXPECT_EQ(held((*held_as_awq)->weights().layers[0].q), held((*plain)->weights().layers[0].q));
+  for (auto [dir, q, why] : {std::tuple{&awq, quantization::gptq, "--quantization gptq does not match the checkpoint: its quantization_config is AWQ"},
+                             {&ct, quantization::awq, "--quantization awq does not match the checkpoint: its quantization_config is compressed-tensors"},
+                             {&awq, quantization::gguf, "--quantization gguf does not match the checkpoint: its quantization_config is AWQ"}}) {
+    o.quant = q;
+    auto m = model::load(dir->path(), o);
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.err().code, errc::invalid_request);
+    EXPECT_NE(m.err().message.find(why), std::string::npos) << m.err().message;
+  }
+  testing::temp_dir bf;
+  auto spec = packed_spec("");
+  ASSERT_TRUE(write_random_model(spec, bf.path()).ok());
+  o.quant = quantization::awq;
+  auto none = model::load(bf.path(), o);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.err().message.find("it has no quantization_config"), std::string::npos) << none.err().message;
 }
 
 }  // namespace

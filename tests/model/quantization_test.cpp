@@ -75,7 +75,9 @@ TEST(Quantization, NamesParse) {
   EXPECT_EQ(*parse_quantization("int8"), quantization::int8);
   auto bad = parse_quantization("fp4");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.err().message.find("none or int8"), std::string::npos);
+  EXPECT_NE(bad.err().message.find("must be none, int8, awq (awq_marlin), gptq (gptq_marlin), compressed-tensors or gguf"),
+            std::string::npos)
+      << bad.err().message;
   EXPECT_EQ(quantization_name(quantization::int8), "int8");
 }
 

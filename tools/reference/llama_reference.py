@@ -30,7 +30,7 @@ Usage:
 and the LM head first (re-implemented here from its definition, in float32
 torch arithmetic), then runs the same float64 forward pass. --quantize gguf
 applies it only to the matrices a GGUF file holds in a block type llmesh
-re-quantizes (Q4_1, Q5_1; its Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K blocks are
+re-quantizes (Q5_1; its Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K blocks are
 read exactly), as the model directory's gguf_types.json (hf_to_gguf.py
 --decoded) lists them.
 
@@ -434,7 +434,7 @@ class Model:
             self.layers.append(L)
         self.norm = W.get("model.norm.weight", [H])
         self.lm_head = self.embed if cfg["tied"] else W.get("lm_head.weight", [V, H])
-        requantized = {"q4_1", "q5_1"}
+        requantized = {"q5_1"}
         if quantize == "gguf":   # per matrix, as the file holds it
             kinds = json.load(open(os.path.join(model_dir, "gguf_types.json")))
             names = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",

@@ -1,6 +1,7 @@
 // Element types of weights and their exact conversions to and from float32.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -18,11 +19,19 @@ namespace llmesh::kernels {
 /// below includes iq4_xs); a row is whole super-blocks. Every element decodes to one float32
 /// exactly as ggml's dequantize_row_q2_K ... _q6_K / _iq4_xs computes it, and the kernels
 /// multiply those floats in the canonical order, so block types keep every invariance of the
-/// plain ones. (Types are appended: the values are stable.)
-enum class dtype : uint8_t { f32, f16, bf16, q8, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_xs };
+/// plain ones. q4 holds 4-bit checkpoints (AWQ, GPTQ, compressed-tensors W4A16, GGUF Q4_0 and
+/// Q4_1) exactly: blocks of q4_block elements, each a float32 factor f, a float32 offset m and
+/// 16 bytes of nibbles (element e < 16 the low nibble of byte e, element e ≥ 16 the high nibble
+/// of byte e − 16, as ggml's Q4_0); element value = q·f − m with one rounding (a fused
+/// multiply-subtract). A maker stores it only where m = f·z is exact, so the value is f·(q − z)
+/// rounded once: the bits int8 blocks (q − z with scale f) give. Rows are padded to whole
+/// blocks. (Types are appended: the values are stable.)
+enum class dtype : uint8_t { f32, f16, bf16, q8, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_xs, q4 };
 
 inline constexpr size_t q8_block = 32;                      ///< elements per q8 block
 inline constexpr size_t q8_block_bytes = 4 + q8_block;      ///< scale + values
+inline constexpr size_t q4_block = 32;                      ///< elements per q4 block
+inline constexpr size_t q4_block_bytes = 8 + q4_block / 2;  ///< factor, offset, nibbles
 inline constexpr size_t k_block = 256;                      ///< elements per K-quant super-block
 inline constexpr size_t q4_k_block_bytes = 144;             ///< d, dmin (f16), 12 scale bytes, 128 nibble bytes
 inline constexpr size_t q5_k_block_bytes = 176;             ///< Q4_K's, with 32 bytes of fifth bits before the nibbles
@@ -39,6 +48,7 @@ constexpr size_t dtype_block(dtype t) {
   switch (t) {
     case dtype::f32: case dtype::f16: case dtype::bf16: return 1;
     case dtype::q8: return q8_block;
+    case dtype::q4: return q4_block;
     case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k: case dtype::iq4_xs:
       return k_block;
   }
@@ -51,6 +61,7 @@ constexpr size_t dtype_block_bytes(dtype t) {
     case dtype::f32: return 4;
     case dtype::f16: case dtype::bf16: return 2;
     case dtype::q8: return q8_block_bytes;
+    case dtype::q4: return q4_block_bytes;
     case dtype::q4_k: return q4_k_block_bytes;
     case dtype::q5_k: return q5_k_block_bytes;
     case dtype::q6_k: return q6_k_block_bytes;
@@ -61,7 +72,7 @@ constexpr size_t dtype_block_bytes(dtype t) {
   return 0;
 }
 
-/// Whether t is a block type (q8 or a K-quant): weights only, CPU only.
+/// Whether t is a block type (q8, q4 or a K-quant): weights only, CPU only.
 constexpr bool is_quantized(dtype t) { return dtype_block(t) > 1; }
 
 /// Whether t is one of the K-quants (q2_k ... q6_k, iq4_xs): 256-element super-blocks.
@@ -76,17 +87,17 @@ constexpr size_t k_quant_group(dtype t) { return t == dtype::q4_k || t == dtype:
 constexpr bool k_quant_signed(dtype t) { return t == dtype::q3_k || t == dtype::q6_k || t == dtype::iq4_xs; }
 
 /// Bytes per element of the plain types; for q8, the int8 value only (its block's scale is
-/// extra); 1 for the K-quants (a bound: they hold fewer): sizes and offsets of block data go
-/// through dtype_bytes.
+/// extra); 1 for q4 and the K-quants (a bound: they hold fewer): sizes and offsets of block data
+/// go through dtype_bytes.
 constexpr size_t dtype_size(dtype t) { return t == dtype::f32 ? 4 : (is_quantized(t) ? 1 : 2); }
 
 /// Bytes from the start of a buffer (a row or block boundary) to element n: for q8, whole
-/// blocks plus the scale and n % q8_block values of the block n falls in; for the K-quants,
-/// the start of the super-block n falls in (n is a multiple of k_block wherever an offset is
-/// taken: rows and row-parallel slices start on one).
+/// blocks plus the scale and n % q8_block values of the block n falls in; for q4 and the
+/// K-quants, the start of the block n falls in (n is a multiple of the block wherever an
+/// offset is taken: rows and row-parallel slices start on one).
 constexpr size_t dtype_offset(dtype t, size_t n) {
   if (t == dtype::q8) return (n / q8_block) * q8_block_bytes + (n % q8_block == 0 ? 0 : 4 + n % q8_block);
-  if (is_quantized(t)) return (n / k_block) * dtype_block_bytes(t);
+  if (is_quantized(t)) return (n / dtype_block(t)) * dtype_block_bytes(t);
   return n * dtype_size(t);
 }
 
@@ -96,14 +107,15 @@ constexpr size_t dtype_bytes(dtype t, size_t n) {
   return (n + b - 1) / b * dtype_block_bytes(t);
 }
 
-/// Safetensors spelling ("F32", "F16", "BF16"); "Q8" for q8, which no file holds; ggml's
-/// "Q2_K" ... "Q6_K", "IQ4_XS".
+/// Safetensors spelling ("F32", "F16", "BF16"); "Q8" and "Q4" for q8 and q4, which no file
+/// holds; ggml's "Q2_K" ... "Q6_K", "IQ4_XS".
 constexpr std::string_view dtype_name(dtype t) {
   switch (t) {
     case dtype::f32: return "F32";
     case dtype::f16: return "F16";
     case dtype::bf16: return "BF16";
     case dtype::q8: return "Q8";
+    case dtype::q4: return "Q4";
     case dtype::q4_k: return "Q4_K";
     case dtype::q5_k: return "Q5_K";
     case dtype::q6_k: return "Q6_K";
@@ -288,6 +300,15 @@ inline float k_quant_value(const uint8_t* b, dtype t, size_t e) {
   return k_quant_signed(t) ? f * q : f * q - m;
 }
 
+/// Element e (< q4_block) of the q4 block at b: q·f − m, rounded once.
+inline float q4_value(const uint8_t* b, size_t e) {
+  float f, m;
+  std::memcpy(&f, b, 4);
+  std::memcpy(&m, b + 4, 4);
+  const uint8_t byte = b[8 + e % 16];
+  return std::fma(static_cast<float>(e < 16 ? byte & 0xF : byte >> 4), f, -m);
+}
+
 /// Converts element i of a weight buffer of type t to float32.
 inline float load_as_f32(const void* data, dtype t, size_t i) {
   switch (t) {
@@ -300,6 +321,7 @@ inline float load_as_f32(const void* data, dtype t, size_t i) {
       std::memcpy(&scale, block, 4);
       return static_cast<float>(static_cast<int8_t>(block[4 + i % q8_block])) * scale;
     }
+    case dtype::q4: return q4_value(static_cast<const uint8_t*>(data) + (i / q4_block) * q4_block_bytes, i % q4_block);
     case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k: case dtype::iq4_xs:
       return k_quant_value(static_cast<const uint8_t*>(data) + (i / k_block) * dtype_block_bytes(t), t, i % k_block);
   }

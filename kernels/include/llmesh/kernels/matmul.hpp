@@ -1,5 +1,5 @@
-// Matrix multiplication y = x · Wᵀ (+ bias) with float32 activations and F32/F16/BF16/Q8 or K-quant
-// (Q4_K/Q5_K/Q6_K) weights, and the canonical dot product every other reduction in llmesh uses.
+// Matrix multiplication y = x · Wᵀ (+ bias) with float32 activations and F32/F16/BF16/Q8/Q4 or
+// K-quant (Q2_K ... Q6_K, IQ4_XS) weights, and the canonical dot product every other reduction in llmesh uses.
 //
 // Reduction order (the batch- and chunk-invariance contract): every output element is one dot
 // product over k, accumulated in 16 lanes — lane l sums the products of k ≡ l (mod 16) in

@@ -31,7 +31,9 @@ inline std::vector<size_t> k_quant_halves(dtype t) {
 constexpr size_t q8_row_elements(size_t cols) { return (cols + q8_block - 1) / q8_block * q8_block; }
 
 /// Quantizes `rows` rows of `cols` weights (row-major, src_type F32/F16/BF16, or a K-quant's
-/// whole super-blocks, decoded first: `--quantization int8` on a Q4_K_M GGUF) into dst, which
+/// whole super-blocks, decoded first: `--quantization int8` on a Q4_K_M GGUF; or q4 rows of
+/// q8_row_elements(cols), each block whose offset is a whole multiple z ≤ 127 of its factor
+/// taken exactly as q − z with the factor as scale, any other decoded) into dst, which
 /// holds dtype_bytes(q8, rows * q8_row_elements(cols)) bytes. Per block of 32: scale =
 /// max|w| / 127 (float32), q = w / scale rounded to nearest (ties to even) and clamped to
 /// [-127, 127]; a block whose scale is 0 (all zero, or max|w| below ~1.8e-43, where the
@@ -50,7 +52,7 @@ constexpr size_t q8_row_elements(size_t cols) { return (cols + q8_block - 1) / q
 [[nodiscard]] status convert_rows(const void* src, dtype src_type, size_t rows, size_t cols, void* dst, dtype dst_type,
                                   size_t first_row = 0);
 
-/// One row of `cols` weights of type t (a q8 or K-quant row starting on a block) as float32:
+/// One row of `cols` weights of type t (a q8, q4 or K-quant row starting on a block) as float32:
 /// load_as_f32's values, a K-quant super-block's factors decoded once for its 256 elements.
 void dequantize_row(const void* src, dtype t, size_t cols, float* out);
 

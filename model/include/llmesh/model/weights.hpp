@@ -34,13 +34,21 @@ struct weight_matrix {
 
 /// How the projection weights are held in memory (`--quantization`).
 enum class quantization : uint8_t {
-  none,  ///< as the checkpoint stores them (F32, F16 or BF16)
+  none,  ///< as the checkpoint stores them (F32, F16, BF16, or a quantized checkpoint's own blocks)
   int8,  ///< weight-only int8 in blocks of 32 with a float32 scale (kernels::dtype::q8)
+  // vLLM's names for a checkpoint's own quantization: held as with none, and model::load
+  // refuses a checkpoint that is not of that kind (as vLLM does).
+  awq,                 ///< "awq" or "awq_marlin": an AWQ checkpoint
+  gptq,                ///< "gptq" or "gptq_marlin": a GPTQ checkpoint
+  compressed_tensors,  ///< "compressed-tensors": an llm-compressor checkpoint
+  gguf,                ///< "gguf": a GGUF file
 };
 
-/// "none" / "int8".
+/// "none", "int8", "awq", "gptq", "compressed-tensors", "gguf".
 std::string_view quantization_name(quantization q);
-/// Parses a --quantization value; invalid_request names the choices.
+/// Parses a --quantization value (vLLM's: none, int8, awq, awq_marlin, gptq, gptq_marlin,
+/// compressed-tensors, gguf); unsupported names vLLM's other methods (fp8, bitsandbytes, ...),
+/// invalid_request names the choices for anything else.
 [[nodiscard]] result<quantization> parse_quantization(std::string_view s);
 
 /// vLLM's --dtype: auto (nullopt: every matrix as the checkpoint stores it), float32 (or
@@ -57,7 +65,8 @@ struct load_options {
   std::optional<kernels::dtype> dtype;
   /// int8: q, k, v, o, gate, up, down and the LM head are quantized at load (the embedding
   /// gather keeps the checkpoint's rows). About 1.1 bytes per weight instead of 2 (BF16): a
-  /// memory-bound decode step reads half as much.
+  /// memory-bound decode step reads half as much. awq, gptq, compressed_tensors, gguf: as
+  /// none, refused (invalid_request) unless the checkpoint is of that kind.
   quantization quant = quantization::none;
   /// LoRA adapters served beside the model (--lora-modules), loaded at start, with ids 0, 1, ...
   /// in this order; a step sequence names one by its id (step_sequence::lora).
@@ -128,13 +137,16 @@ class model {
   /// The type load_options::dtype rewrote the weight matrices in (nullopt: as stored).
   std::optional<kernels::dtype> cast_type() const { return cast_type_; }
   /// The block types its weight matrices are held in ("int8" for kernels::dtype::q8, after
-  /// --quantization int8 or from a GGUF file's other blocks; "Q4_K", "Q6_K" as a GGUF file holds
-  /// them), joined with "+"; empty when none. Such weights run on the CPU.
+  /// --quantization int8 or from a GGUF file's other blocks; "int4" for kernels::dtype::q4, from
+  /// a 4-bit AWQ/GPTQ/compressed-tensors checkpoint or a GGUF file's Q4_0/Q4_1; "Q4_K", "Q6_K"
+  /// as a GGUF file holds them), joined with "+"; empty when none. Such weights run on the CPU.
   const std::string& quantized_weights() const { return quantized_types_; }
-  /// Whether any weight matrix is held as int8 blocks (kernels::dtype::q8), whose rows a
-  /// rank's row-parallel slice must cut on a block boundary. (A Q4_K / Q6_K slice that would
-  /// cut a super-block is copied by its rank as int8: shard_executor's row slices.)
-  bool holds_int8() const { return quantized_types_.find("int8") != std::string::npos; }
+  /// Whether any weight matrix is held in blocks of 32 (int8 or int4: kernels::dtype::q8, q4),
+  /// whose rows a rank's row-parallel slice must cut on a block boundary. (A Q4_K / Q6_K slice
+  /// that would cut a super-block is copied by its rank as int8: shard_executor's row slices.)
+  bool holds_blocks_of_32() const {
+    return quantized_types_.find("int8") != std::string::npos || quantized_types_.find("int4") != std::string::npos;
+  }
   /// The LoRA adapters it serves now (load_options::loras first), by id. Thread-safe; the
   /// set changes while the model serves (load_lora, lora_set::remove), the weights never do.
   lora_set& loras() const { return *loras_; }
