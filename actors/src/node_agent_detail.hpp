@@ -66,7 +66,7 @@ inline result<model::load_options> load_options_of(const transport::assign_msg& 
   if (!dtype) return dtype.take_error();
   auto q = model::parse_quantization(a.quantization.empty() ? "none" : a.quantization);
   if (!q) return q.take_error();
-  if (*q != model::quantization::none && device == model::backend::cuda) {
+  if (*q == model::quantization::int8 && device == model::backend::cuda) {
     return make_error(errc::unsupported, "quantization " + a.quantization + " runs on the CPU backend only, and this node's device is cuda");
   }
   if ((!a.loras.empty() || a.enable_lora) && device == model::backend::cuda) {

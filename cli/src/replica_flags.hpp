@@ -61,7 +61,7 @@ inline void add_quantization_flag(CLI::App* sub, std::string& q) {
 [[nodiscard]] inline result<model::quantization> quantization_for(const std::string& flag, model::backend device) {
   auto q = model::parse_quantization(flag);
   if (!q) return q.take_error();
-  if (*q != model::quantization::none && device == model::backend::cuda) {
+  if (*q == model::quantization::int8 && device == model::backend::cuda) {
     return make_error(errc::unsupported, "--quantization " + flag + " runs on the CPU backend only (use --device cpu or auto)");
   }
   return q;

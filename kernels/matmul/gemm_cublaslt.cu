@@ -125,7 +125,7 @@ blas::~blas() = default;
 status blas::gemm(const dense_job& job, size_t m, void* scratch, stream_t s) {
   if (m == 0 || job.n == 0) return ok_status();
   if (job.w_type == dtype::f32) return make_error(errc::internal, "blas::gemm: F32 weights go through dense()");
-  if (job.w_type == dtype::q8) return make_error(errc::internal, "blas::gemm: int8 weights run on the CPU backend only");
+  if (is_quantized(job.w_type)) return make_error(errc::internal, "blas::gemm: block weights (int8, int4, K-quants) run on the CPU backend only");
   auto p = st_->plan_for(m, job.n, job.k, job.ldw, job.ldy, job.w_type);
   if (!p) return p.take_error();
   if (!(*p)->found) {  // no cuBLAS kernel for this shape or alignment: the CUDA-core path

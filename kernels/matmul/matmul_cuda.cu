@@ -212,7 +212,7 @@ status dense(std::span<const dense_job> jobs, size_t m, stream_t s) {
   bool vec = true;
   const dtype type = jobs[0].w_type;
   for (const auto& j : jobs) {
-    if (j.w_type == dtype::q8) return make_error(errc::internal, "cuda dense: int8 weights run on the CPU backend only");
+    if (is_quantized(j.w_type)) return make_error(errc::internal, "cuda dense: block weights (int8, int4, K-quants) run on the CPU backend only");
   }
   for (size_t i = 0; i < jobs.size(); ++i) {
     const auto& j = jobs[i];

@@ -42,9 +42,10 @@ status quantize_rows(size_t rows, size_t cols, uint8_t* dst, size_t first_row, L
   return ok_status();
 }
 
-/// q4 rows -> q8 rows: a block whose offset is a whole multiple z of its factor (AWQ, GPTQ,
-/// compressed-tensors, Q4_0: m = f·z) becomes q − z with scale f, exactly (the same values);
-/// any other block (Q4_1's float16 min) goes through the rule over its decoded values.
+/// q4 rows -> q8 rows: a block whose offset is a whole multiple z (−112 ... 127) of its factor
+/// (AWQ, GPTQ, compressed-tensors, Q4_0: m = f·z; a Q4_1 block whose min is one) becomes q − z
+/// with scale f, exactly (the same values); any other block (most Q4_1 mins) goes through the
+/// rule over its decoded values.
 status quantize_q4_rows(const uint8_t* src, size_t rows, size_t cols, uint8_t* dst, size_t first_row) {
   const size_t per_row = q8_row_elements(cols) / q8_block;
   for (size_t r = 0; r < rows; ++r) {
@@ -54,8 +55,8 @@ status quantize_q4_rows(const uint8_t* src, size_t rows, size_t cols, uint8_t* d
       float f, m;
       std::memcpy(&f, in, 4);
       std::memcpy(&m, in + 4, 4);
-      const float z = f != 0.0f && std::isfinite(f) ? std::nearbyint(m / f) : -1.0f;
-      if (z >= 0.0f && z <= 127.0f && std::fma(f, z, -m) == 0.0f) {
+      const float z = f != 0.0f && std::isfinite(f) ? std::nearbyint(m / f) : 1000.0f;
+      if (z >= -112.0f && z <= 127.0f && std::fma(f, z, -m) == 0.0f) {  // q − z within ±127
         std::memcpy(out, &f, 4);
         const size_t n = std::min(q8_block, cols - b * q8_block);
         for (size_t e = 0; e < q8_block; ++e) {

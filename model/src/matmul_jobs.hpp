@@ -16,7 +16,7 @@ inline const void* rows_from(const weight_matrix& w, size_t row0) {
 }
 
 /// Columns [col0, ...) of a [out, in] weight: a row-parallel slice, used in place with ldw = ld().
-/// For q8, col0 is a multiple of the block (engine::create checks the layout).
+/// For q8 and q4, col0 is a multiple of the block (engine::create checks the layout).
 inline const void* cols_from(const weight_matrix& w, size_t col0) {
   return static_cast<const uint8_t*>(w.data) + kernels::dtype_offset(w.type, col0);
 }

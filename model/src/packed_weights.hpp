@@ -30,7 +30,7 @@
 // (GPTQ's 128 or compressed-tensors' 0: symmetric). Otherwise (act-order, 8-bit asymmetric
 // zeros) the tensor is decoded to float32 and quantized as --quantization int8 does (blocks of
 // 32, max|w| / 127): within half a step. q4 and exact q8 give the same values (f·(q − z),
-// rounded once). The rows live in one anonymous mapping; the packed tensors' pages then leave
+// rounded once; a zero's sign aside). The rows live in one anonymous mapping; the packed tensors' pages then leave
 // resident memory.
 #pragma once
 

@@ -136,7 +136,7 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
   }
   auto store = tensor_store::open(dir);
   if (!store) return store.take_error();
-  if (auto s = detail::unpack_packed_weights(*store, cfg->packed); !s) {  // packed checkpoints' layers into int8
+  if (auto s = detail::unpack_packed_weights(*store, cfg->packed); !s) {  // packed checkpoints' layers into int4 or int8
     error e = s.take_error();
     e.message = dir + ": " + e.message;
     return e;

@@ -171,8 +171,8 @@ TEST(Quantize, OffsetsAndSizesOfQ8Data) {
 }
 
 TEST(Quantize, Q4BlocksWithWholeZerosBecomeInt8ExactlyOthersByTheRule) {
-  // Row 0: two blocks f·(q − z) (z 8, then 3): int8 values q − z with scale f, the same
-  // values. Row 1: an offset that is no multiple of the factor (Q4_1's min): the rule over
+  // Row 0: two blocks f·(q − z) (z 8, then −3: a Q4_1 min of 3f): int8 values q − z with
+  // scale f, the same values. Row 1: an offset that is no multiple of the factor (Q4_1's min): the rule over
   // the decoded values. cols 40: the second block is short, its padding 0.
   const size_t cols = 40, ld = 64;
   std::vector<uint8_t> q4(dtype_bytes(dtype::q4, 2 * ld));
@@ -184,8 +184,8 @@ TEST(Quantize, Q4BlocksWithWholeZerosBecomeInt8ExactlyOthersByTheRule) {
     std::memcpy(q4.data() + block * q4_block_bytes + 4, &m, 4);
   };
   set(0, 0.0078125f, 8 * 0.0078125f);
-  const float f = f16_to_f32(f32_to_f16(0.3f));  // a float16 scale: f·3 is exact
-  set(1, f, 3 * f);
+  const float f = f16_to_f32(f32_to_f16(0.3f));  // a float16 scale: f·−3 is exact
+  set(1, f, -3 * f);
   set(2, 0.25f, -1.3f);
   set(3, 0.5f, 0.1f);
   std::vector<uint8_t> out(dtype_bytes(dtype::q8, 2 * ld));

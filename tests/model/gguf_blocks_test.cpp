@@ -132,6 +132,87 @@ TEST(GgufModel, Q4_0AndQ4_1BlocksAreHeldAsInt4Exactly) {
   }
 }
 
+TEST(GgufModel, Q4_0AndQ4_1ModelsGiveTheLogitsOfTheirDecodedValuesBitForBit) {
+  // A model whose embedding (and tied LM head) is Q4_0 and whose gate and up are Q4_0 and
+  // Q4_1, with positive, negative and zero scales: its logits equal, bit for bit, those of the
+  // same model written as float32 tensors of the decoded values (both GGUF files, loaded with
+  // vLLM's --quantization gguf, which a GGUF file satisfies).
+  std::mt19937 rng(41);
+  std::uniform_int_distribution<int> byte(0, 255);
+  const float scales[] = {0.0123f, -0.0311f, 0.0f, 0.25f, -0.0078f};
+  auto blocks = [&](bool q41, size_t rows, std::vector<float>& decoded) {
+    std::string out;
+    decoded.assign(rows * 32, 0.0f);
+    for (size_t r = 0; r < rows; ++r) {
+      const uint16_t d = kernels::f32_to_f16(scales[r % 5]), mn = kernels::f32_to_f16(scales[(r + 2) % 5] * 3);
+      out.append(reinterpret_cast<const char*>(&d), 2);
+      if (q41) out.append(reinterpret_cast<const char*>(&mn), 2);
+      for (size_t j = 0; j < 16; ++j) {
+        const int b = byte(rng);
+        out.push_back(static_cast<char>(b));
+        const float df = kernels::f16_to_f32(d), mf = kernels::f16_to_f32(mn);
+        for (auto [e, q] : {std::pair{j, b & 0xF}, {j + 16, b >> 4}}) {
+          decoded[r * 32 + e] = q41 ? static_cast<float>(q) * df + mf : static_cast<float>(q - 8) * df;
+        }
+      }
+    }
+    return out;
+  };
+  std::vector<float> embd, gate, up;
+  const std::string embd_q = blocks(false, 8, embd), gate_q = blocks(false, 32, gate), up_q = blocks(true, 32, up);
+  auto write_model = [&](const temp_dir& dir, bool quantized) {
+    gguf_writer w;
+    llama_shape(w, 32, 1, 32, 2, 1);
+    auto halves = [](size_t n) { return std::vector<float>(n, 0.5f); };
+    if (quantized) {
+      w.tensor("token_embd.weight", ggml::q4_0, {32, 8}, embd_q);
+    } else {
+      w.tensor_f32("token_embd.weight", {32, 8}, embd);
+    }
+    w.tensor_f32("output_norm.weight", {32}, halves(32));
+    w.tensor_f32("blk.0.attn_norm.weight", {32}, halves(32));
+    w.tensor_f32("blk.0.ffn_norm.weight", {32}, halves(32));
+    w.tensor_f32("blk.0.attn_q.weight", {32, 32}, halves(1024));
+    w.tensor_f32("blk.0.attn_k.weight", {32, 16}, halves(512));
+    w.tensor_f32("blk.0.attn_v.weight", {32, 16}, halves(512));
+    w.tensor_f32("blk.0.attn_output.weight", {32, 32}, halves(1024));
+    if (quantized) {
+      w.tensor("blk.0.ffn_gate.weight", ggml::q4_0, {32, 32}, gate_q);
+      w.tensor("blk.0.ffn_up.weight", ggml::q4_1, {32, 32}, up_q);
+    } else {
+      w.tensor_f32("blk.0.ffn_gate.weight", {32, 32}, gate);
+      w.tensor_f32("blk.0.ffn_up.weight", {32, 32}, up);
+    }
+    w.tensor_f32("blk.0.ffn_down.weight", {32, 32}, halves(1024));
+    return write(w, dir);
+  };
+  temp_dir qdir, fdir;
+  std::vector<std::vector<float>> logits;
+  for (auto [path, type] : {std::pair{write_model(qdir, true), kernels::dtype::q4}, {write_model(fdir, false), kernels::dtype::f32}}) {
+    load_options opt;
+    opt.quant = quantization::gguf;
+    auto m = model::load(path, opt);
+    ASSERT_TRUE(m.ok()) << m.err().message;
+    ASSERT_EQ((*m)->weights().embed.type, type);
+    ASSERT_EQ((*m)->weights().layers[0].up.type, type);
+    engine_options o;
+    o.threads = 2;
+    o.kv_tokens = 32;
+    auto e = engine::create(*m, o);
+    ASSERT_TRUE(e.ok()) << e.err().message;
+    const std::vector<int32_t> prompt = {1, 2, 3, 7, 0, 5}, table = {0, 1};
+    step_sequence s;
+    s.tokens = prompt;
+    s.block_table = table;
+    logits.emplace_back();
+    ASSERT_TRUE((*e)->forward(std::span(&s, 1), logits.back()).ok());
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  ASSERT_GE(logits[0].size(), 8u);
+  for (float v : logits[0]) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)), 0);
+}
+
 TEST(GgufModel, KQuantMatricesAreReadInPlaceAndTpSlicesThatCutABlockBecomeInt8) {
   // Q2_K / Q3_K / Q4_K / Q6_K / IQ4_XS matrices are held as the file's blocks (the kernels read them in
   // place); at --tp 2 a rank's o_proj (128 of 256 columns) and down_proj (384 of 768) slices

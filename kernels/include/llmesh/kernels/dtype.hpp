@@ -23,9 +23,11 @@ namespace llmesh::kernels {
 /// Q4_1) exactly: blocks of q4_block elements, each a float32 factor f, a float32 offset m and
 /// 16 bytes of nibbles (element e < 16 the low nibble of byte e, element e ≥ 16 the high nibble
 /// of byte e − 16, as ggml's Q4_0); element value = q·f − m with one rounding (a fused
-/// multiply-subtract). A maker stores it only where m = f·z is exact, so the value is f·(q − z)
-/// rounded once: the bits int8 blocks (q − z with scale f) give. Rows are padded to whole
-/// blocks. (Types are appended: the values are stable.)
+/// multiply-subtract). A checkpoint's zero points are stored only where m = f·z is exact, so
+/// the value is f·(q − z) rounded once: the value an int8 block of q − z with scale f gives (but
+/// +0 where that gives −0: a matmul, whose sums start at +0, cannot tell); GGUF Q4_1's m is
+/// −min (ggml's q·d + min). Rows are padded to whole blocks. (Types are appended: the values
+/// are stable.)
 enum class dtype : uint8_t { f32, f16, bf16, q8, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_xs, q4 };
 
 inline constexpr size_t q8_block = 32;                      ///< elements per q8 block

@@ -99,7 +99,7 @@ struct model_config {
   /// An AWQ, GPTQ or compressed-tensors (pack-quantized) checkpoint (config.json's
   /// quantization_config): its linear layers are X.qweight, X.qzeros and X.scales (GPTQ: and
   /// X.g_idx), or X.weight_packed, X.weight_scale (and X.weight_zero_point, X.weight_g_idx,
-  /// X.weight_shape), instead of X.weight; the loader unpacks them into int8 blocks
+  /// X.weight_shape), instead of X.weight; the loader unpacks them into int4 or int8 blocks
   /// (packed_weights.cpp). none: plain weights.
   struct packed_config {
     enum class method : uint8_t { none, awq, gptq, compressed } kind = method::none;
