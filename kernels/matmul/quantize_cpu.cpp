@@ -56,17 +56,16 @@ status quantize_q4_rows(const uint8_t* src, size_t rows, size_t cols, uint8_t* d
       std::memcpy(&f, in, 4);
       std::memcpy(&m, in + 4, 4);
       const float z = f != 0.0f && std::isfinite(f) ? std::nearbyint(m / f) : 1000.0f;
+      const size_t n = std::min(q8_block, cols - b * q8_block);  // the block's weights (a row's last may be short)
       if (z >= -112.0f && z <= 127.0f && std::fma(f, z, -m) == 0.0f) {  // q − z within ±127
         std::memcpy(out, &f, 4);
-        const size_t n = std::min(q8_block, cols - b * q8_block);
         for (size_t e = 0; e < q8_block; ++e) {
           const int q = (e < 16 ? in[8 + e] & 0xF : in[8 + e - 16] >> 4) - static_cast<int>(z);
           out[4 + e] = static_cast<uint8_t>(static_cast<int8_t>(e < n ? q : 0));
         }
         continue;
       }
-      LLMESH_TRY(quantize_rows(1, std::min(q8_block, cols - b * q8_block), out, first_row + r,
-                               [in](size_t i) { return q4_value(in, i); }));
+      LLMESH_TRY(quantize_rows(1, n, out, first_row + r, [in](size_t i) { return q4_value(in, i); }));
     }
   }
   return ok_status();

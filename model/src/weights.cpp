@@ -86,17 +86,17 @@ namespace {
 status check_checkpoint_method(quantization q, const model_config& c, const std::string& dir) {
   using method = model_config::packed_config::method;
   if (q == quantization::none || q == quantization::int8) return ok_status();
-  const bool gguf = is_gguf_file(dir);
-  const bool match = q == quantization::gguf ? gguf
-                     : q == quantization::awq ? c.packed.kind == method::awq
-                     : q == quantization::gptq ? c.packed.kind == method::gptq
-                                               : c.packed.kind == method::compressed;
-  if (match) return ok_status();
-  const char* has = gguf                                   ? "it is a GGUF file"
-                    : c.packed.kind == method::awq        ? "its quantization_config is AWQ"
-                    : c.packed.kind == method::gptq       ? "its quantization_config is GPTQ"
-                    : c.packed.kind == method::compressed ? "its quantization_config is compressed-tensors"
-                                                          : "it has no quantization_config";
+  const quantization own = is_gguf_file(dir)                    ? quantization::gguf
+                           : c.packed.kind == method::awq        ? quantization::awq
+                           : c.packed.kind == method::gptq       ? quantization::gptq
+                           : c.packed.kind == method::compressed ? quantization::compressed_tensors
+                                                                 : quantization::none;
+  if (own == q) return ok_status();
+  const char* has = own == quantization::gguf                 ? "it is a GGUF file"
+                    : own == quantization::awq                ? "its quantization_config is AWQ"
+                    : own == quantization::gptq               ? "its quantization_config is GPTQ"
+                    : own == quantization::compressed_tensors ? "its quantization_config is compressed-tensors"
+                                                              : "it has no quantization_config";
   return make_error(errc::invalid_request, "--quantization " + std::string(quantization_name(q)) +
                                                " does not match the checkpoint: " + has);
 }

@@ -22,12 +22,21 @@ namespace {
 
 using namespace gguf_testing;
 
-/// A one-layer Llama of hidden 32 (llama_shape(w, 32, 1, 32, 2, 1)) whose tensors are 0.5
-/// everywhere but ffn_gate and ffn_up, given as ggml blocks of `gate_type` and `up_type`.
-void one_layer(gguf_writer& w, uint32_t gate_type, const std::string& gate, uint32_t up_type, const std::string& up) {
+/// The raw bytes of float32 values (a ggml F32 tensor's).
+std::string f32_bytes(const std::vector<float>& v) {
+  std::string b(v.size() * 4, '\0');
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+/// A one-layer Llama of hidden 32 and vocabulary 8 (llama_shape(w, 32, 1, 32, 2, 1)) whose
+/// tensors are 0.5 everywhere but ffn_gate and ffn_up, given as ggml blocks of `gate_type` and
+/// `up_type`, and the embedding (the tied LM head), when `embd` is given, as `embd_type`.
+void one_layer(gguf_writer& w, uint32_t gate_type, const std::string& gate, uint32_t up_type, const std::string& up,
+               uint32_t embd_type = ggml::f32, const std::string& embd = {}) {
   llama_shape(w, 32, 1, 32, 2, 1);
   auto zeros = [](size_t n) { return std::vector<float>(n, 0.5f); };
-  w.tensor_f32("token_embd.weight", {32, 8}, zeros(256));
+  w.tensor("token_embd.weight", embd_type, {32, 8}, embd.empty() ? f32_bytes(zeros(256)) : embd);
   w.tensor_f32("output_norm.weight", {32}, zeros(32));
   w.tensor_f32("blk.0.attn_norm.weight", {32}, zeros(32));
   w.tensor_f32("blk.0.ffn_norm.weight", {32}, zeros(32));
@@ -162,28 +171,11 @@ TEST(GgufModel, Q4_0AndQ4_1ModelsGiveTheLogitsOfTheirDecodedValuesBitForBit) {
   const std::string embd_q = blocks(false, 8, embd), gate_q = blocks(false, 32, gate), up_q = blocks(true, 32, up);
   auto write_model = [&](const temp_dir& dir, bool quantized) {
     gguf_writer w;
-    llama_shape(w, 32, 1, 32, 2, 1);
-    auto halves = [](size_t n) { return std::vector<float>(n, 0.5f); };
     if (quantized) {
-      w.tensor("token_embd.weight", ggml::q4_0, {32, 8}, embd_q);
+      one_layer(w, ggml::q4_0, gate_q, ggml::q4_1, up_q, ggml::q4_0, embd_q);
     } else {
-      w.tensor_f32("token_embd.weight", {32, 8}, embd);
+      one_layer(w, ggml::f32, f32_bytes(gate), ggml::f32, f32_bytes(up), ggml::f32, f32_bytes(embd));
     }
-    w.tensor_f32("output_norm.weight", {32}, halves(32));
-    w.tensor_f32("blk.0.attn_norm.weight", {32}, halves(32));
-    w.tensor_f32("blk.0.ffn_norm.weight", {32}, halves(32));
-    w.tensor_f32("blk.0.attn_q.weight", {32, 32}, halves(1024));
-    w.tensor_f32("blk.0.attn_k.weight", {32, 16}, halves(512));
-    w.tensor_f32("blk.0.attn_v.weight", {32, 16}, halves(512));
-    w.tensor_f32("blk.0.attn_output.weight", {32, 32}, halves(1024));
-    if (quantized) {
-      w.tensor("blk.0.ffn_gate.weight", ggml::q4_0, {32, 32}, gate_q);
-      w.tensor("blk.0.ffn_up.weight", ggml::q4_1, {32, 32}, up_q);
-    } else {
-      w.tensor_f32("blk.0.ffn_gate.weight", {32, 32}, gate);
-      w.tensor_f32("blk.0.ffn_up.weight", {32, 32}, up);
-    }
-    w.tensor_f32("blk.0.ffn_down.weight", {32, 32}, halves(1024));
     return write(w, dir);
   };
   temp_dir qdir, fdir;
