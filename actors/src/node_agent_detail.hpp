@@ -2,6 +2,8 @@
 // routers) and node_agent_split.cpp (spread replicas: shards on several nodes).
 #pragma once
 
+#include <algorithm>
+
 #include "llmesh/actors/node_agent.hpp"
 
 namespace llmesh::actors::agent_detail {
@@ -21,17 +23,33 @@ struct loaded_part {
   std::shared_ptr<model::engine> engine;
   std::vector<tensor_communicator*> comms;  ///< inside engine, by ascending rank
   std::string err;
+  size_t resident_mb = 0;  ///< the model's weights in memory once loaded (model::resident_weight_bytes)
 };
 
+/// The ranks of a spread replica's assignment this node loads the model for (model::load_options::ranks).
+inline model::rank_set ranks_of(const transport::assign_msg& a) {
+  model::rank_set r{static_cast<int>(std::max<uint32_t>(a.tp, 1)), a.expert_parallel, {}};
+  for (uint32_t x : a.ranks) r.ranks.push_back(static_cast<int>(x));
+  std::sort(r.ranks.begin(), r.ranks.end());
+  r.ranks.erase(std::unique(r.ranks.begin(), r.ranks.end()), r.ranks.end());
+  return r;
+}
+
 /// The node's model cache key: a model directory held one way (its path, quantization, dtype,
-/// whether it takes adapters, and its LoRA adapters in order). The first four lines are the
-/// model's; adapter lines follow.
-inline std::string model_key(const transport::assign_msg& a) {
+/// whether it takes adapters, the ranks of a spread replica it holds the parts of, and its
+/// LoRA adapters in order). The first five lines are the model's; adapter lines follow.
+inline std::string model_key(const transport::assign_msg& a, bool spread = false) {
   // A model taking runtime updates is its own copy: another model of the same directory must
   // not see its adapters come and go.
   std::string key = a.path + '\n' + (a.quantization.empty() ? std::string("none") : a.quantization) + '\n' +
                     (a.dtype.empty() ? std::string("auto") : a.dtype) + '\n' +
-                    (a.enable_lora ? "lora " + a.model : !a.loras.empty() ? std::string("lora") : std::string());
+                    (a.enable_lora ? "lora " + a.model : !a.loras.empty() ? std::string("lora") : std::string()) + '\n';
+  if (spread) {
+    const auto r = ranks_of(a);
+    key += "ranks";
+    for (int x : r.ranks) key += ' ' + std::to_string(x);
+    key += " of " + std::to_string(r.tp) + (r.expert_parallel ? " ep" : "");
+  }
   for (const auto& l : a.loras) key += '\n' + l.name + '=' + l.path;
   return key;
 }
@@ -40,7 +58,7 @@ inline std::string model_key(const transport::assign_msg& a) {
 /// listing those adapters looks the model up by.
 inline std::string model_key(const std::string& key, const model::model& m) {
   size_t end = 0;
-  for (int line = 0; line < 4 && end != std::string::npos; ++line) end = key.find('\n', end + (line > 0));
+  for (int line = 0; line < 5 && end != std::string::npos; ++line) end = key.find('\n', end + (line > 0));
   std::string out = key.substr(0, end);
   for (const auto& l : m.loras().loaded()) out += '\n' + l->name + '=' + l->path;
   return out;
@@ -72,7 +90,7 @@ inline result<model::load_options> load_options_of(const transport::assign_msg& 
   if ((!a.loras.empty() || a.enable_lora) && device == model::backend::cuda) {
     return make_error(errc::unsupported, "LoRA adapters run on the CPU backend only, and this node's device is cuda");
   }
-  model::load_options o{.dtype = *dtype, .quant = *q, .loras = {}, .enable_lora = a.enable_lora, .max_loras = a.max_loras, .tokenizer_dir = {}, .lora_dtype = {}, .hf_overrides = {}};
+  model::load_options o{.dtype = *dtype, .quant = *q, .loras = {}, .enable_lora = a.enable_lora, .max_loras = a.max_loras, .tokenizer_dir = {}, .lora_dtype = {}, .hf_overrides = {}, .ranks = {}};
   for (const auto& l : a.loras) o.loras.push_back({l.name, l.path});
   return o;
 }

@@ -135,7 +135,7 @@ void load_part(agent* self, const transport::assign_msg& a) {
     st.forming[a.replica] = std::move(f);
   }
   std::shared_ptr<const model::model> cached;
-  if (auto it = st.models.find(model_key(a)); it != st.models.end()) cached = it->second;
+  if (auto it = st.models.find(model_key(a, true)); it != st.models.end()) cached = it->second;
   model::engine_options eo = st.opt.engine;
   eo.tp = static_cast<int>(tp);
   eo.expert_parallel = a.expert_parallel;
@@ -151,17 +151,19 @@ void load_part(agent* self, const transport::assign_msg& a) {
                               kv_type = kv_type_of(a, eo.device)](caf::event_based_actor* helper) mutable {
     auto p = std::make_shared<loaded_part>();
     p->id = a.replica;
-    p->path = model_key(a);
+    p->path = model_key(a, true);
     p->err = err;
     p->m = cached;
     if (p->err.empty() && !load) p->err = load.err().message;
     if (p->err.empty() && !kv_type) p->err = kv_type.err().message;
     if (kv_type) eo.kv_type = *kv_type;
     if (p->err.empty() && !p->m) {
+      load->ranks = ranks_of(a);  // only what this node's ranks read of the matrices written at load
       auto loaded = model::model::load(a.path, *load);
       if (loaded) p->m = *loaded;
       else p->err = loaded.err().message;
     }
+    if (p->m) p->resident_mb = p->m->resident_weight_bytes() >> 20;
     std::vector<std::unique_ptr<kernels::communicator>> comms;
     for (uint32_t r : a.ranks) {
       if (!p->err.empty()) break;
@@ -206,6 +208,8 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
                    static_cast<unsigned long long>(p->id), model.c_str(), p->err.c_str());
       return fail_forming(self, p->id, p->err);
     }
+    std::fprintf(stderr, "llmesh: node %s: rank 0's part of replica %llu of '%s' loaded (%zu MiB of weights in memory)\n",
+                 st.opt.node.c_str(), static_cast<unsigned long long>(p->id), model.c_str(), p->resident_mb);
     f->second.engine = p->engine;
     f->second.comms = p->comms;
     for (auto* c : p->comms) f->second.tensors[static_cast<size_t>(c->rank())] = c->address();
@@ -265,8 +269,8 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
       caf::anon_send(me, group_lost_atom::value, id);
     });
   }
-  std::fprintf(stderr, "llmesh: node %s: shards of replica %llu of '%s' loaded; telling rank 0's node\n",
-               st.opt.node.c_str(), static_cast<unsigned long long>(p->id), model.c_str());
+  std::fprintf(stderr, "llmesh: node %s: shards of replica %llu of '%s' loaded (%zu MiB of weights in memory); telling rank 0's node\n",
+               st.opt.node.c_str(), static_cast<unsigned long long>(p->id), model.c_str(), p->resident_mb);
   with_peer(self, *leader_listen, [=](transport::peer_id peer) {
     for (const auto& r : ready) to_agent(self, peer, r);
   });

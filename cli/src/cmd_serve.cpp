@@ -137,7 +137,8 @@ status run_serve(serve_flags f) {
                                                  .max_loras = f.lora.max_cpu_loras,
                                                  .tokenizer_dir = f.vllm.tokenizer,
                                                  .lora_dtype = *lora_dtype,
-                                                 .hf_overrides = f.vllm.hf_overrides});
+                                                 .hf_overrides = f.vllm.hf_overrides,
+                                                 .ranks = {}});
   if (!m) return m.take_error();
   const auto& cfg = (*m)->config();
   LLMESH_TRY(check_vllm_task(f.vllm, cfg));

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <string>
 #include <thread>
 
@@ -174,6 +175,9 @@ result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, e
     LLMESH_TRY(check_quantized_layout(*m, *l));
     layouts.push_back(*l);
   }
+  std::vector<int> all(static_cast<size_t>(opt.tp));
+  std::iota(all.begin(), all.end(), 0);
+  LLMESH_TRY(m->check_ranks(opt.tp, opt.expert_parallel, all));
   std::unique_ptr<engine> e(new engine(m, opt));
   e->kv_.block_size = opt.block_size;
   e->kv_.n_blocks = (opt.kv_tokens + opt.block_size - 1) / opt.block_size;
@@ -217,6 +221,9 @@ result<std::unique_ptr<engine>> engine::create_part(std::shared_ptr<const model>
   const auto& c = m->config();
   if (opt.kv_tokens == 0) opt.kv_tokens = std::min<size_t>(c.max_positions, 8192);
   std::sort(comms.begin(), comms.end(), [](const auto& a, const auto& b) { return a->rank() < b->rank(); });
+  std::vector<int> ranks;
+  for (const auto& comm : comms) ranks.push_back(comm->rank());
+  LLMESH_TRY(m->check_ranks(opt.tp, opt.expert_parallel, ranks));
   std::unique_ptr<engine> e(new engine(m, opt));
   e->opt_.device = backend::cpu;
   e->kv_.block_size = opt.block_size;

@@ -8,6 +8,7 @@
 #include "llmesh/common/error.hpp"
 #include "llmesh/model/gguf.hpp"
 #include "llmesh/model/safetensors.hpp"
+#include "rank_parts.hpp"
 
 namespace llmesh::model {
 
@@ -32,8 +33,9 @@ struct gguf_texts {
 /// the offset 8·d or −min), Q8_0, Q5_0 and IQ4_NL into kernels::dtype::q8 exactly (a float16
 /// scale widened, their quants minus 16, or IQ4_NL's table values, as int8), Q5_1 dequantized
 /// in float32 and quantized to q8 (32-element blocks with a scale of max|w|/127). A quantized vector (no such file seen) is
-/// dequantized to float32 as the other vectors are.
-[[nodiscard]] result<tensor_store> gguf_tensor_store(const std::string& path);
+/// dequantized to float32 as the other vectors are. With `part_of`, a copied or repacked
+/// matrix is written only in the part it names (load_options::ranks).
+[[nodiscard]] result<tensor_store> gguf_tensor_store(const std::string& path, const detail::part_of_tensor& part_of = {});
 
 /// `name`'s text in model `dir`: DIR/name for a directory; for a GGUF file (is_gguf_file) the
 /// synthesized text (cached per file), or not_found when it has none (generation_config.json).

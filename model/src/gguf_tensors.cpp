@@ -4,6 +4,8 @@
 // IQ4_NL's index iq4nl_values), Q5_0/Q5_1 (plus a fifth bit from qh) and Q8_0; the
 // 256-element K-quants Q2_K ... Q6_K and IQ4_XS are kernels::dtype values (dtype.hpp's
 // k_quant_value is their definition).
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -93,6 +95,16 @@ void dequantize_row(const gguf_tensor& t, size_t r, float* y) {
   const uint8_t* row = t.data + r * row_bytes;
   if (auto stored = stored_dtype(t.type)) return k::dequantize_row(row, *stored, cols, y);
   for (size_t b = 0; b < cols / info.elements; ++b) dequantize_block(t.type, row + b * info.bytes, y + b * info.elements);
+}
+
+/// Whether a Q8_0 row of `cols` holds a −128, which q8 does not.
+bool has_minus_128(const uint8_t* row, size_t cols) {
+  for (size_t b = 0; b < cols / 32; ++b) {
+    for (int j = 0; j < 32; ++j) {
+      if (static_cast<int8_t>(row[b * 34 + 2 + j]) == -128) return true;
+    }
+  }
+  return false;
 }
 
 /// Q8_0 row -> q8 row, exactly (a float16 scale is a float32 one); false when a value is -128,
@@ -244,14 +256,16 @@ hf_name map_name(const std::string& g, const name_facts& f) {
 
 /// A converted tensor: the work of filling it, row by row.
 struct job {
-  const gguf_tensor* src;
+  const gguf_tensor* src = nullptr;
   hf_name name;
-  k::dtype out_type;
-  size_t rows, cols;  ///< HF shape [rows, cols] (a vector: rows 1)
-  std::shared_ptr<uint8_t[]> buffer;
+  k::dtype out_type = k::dtype::f32;
+  size_t rows = 0, cols = 0;  ///< HF shape [rows, cols] (a vector: rows 1)
+  uint8_t* buffer = nullptr;  ///< in the store's one mapping of converted tensors
   size_t bytes = 0;
   size_t row0 = 0;      ///< the source's first row (an expert's matrix within a stacked tensor)
   bool matrix = false;  ///< an HF matrix (a vector source: Qwen2-MoE's shared_expert_gate)
+  detail::matrix_part part;  ///< what is written (load_options::ranks; default: all)
+  detail::spans part_cols;   ///< the part's columns, on the source's blocks and on 32s (empty: whole rows)
 };
 
 /// The source row that HF row `r` of a permuted q/k comes from: within each head of `hd` rows,
@@ -270,35 +284,46 @@ status fill_rows(const job& w, size_t row0, size_t n, std::vector<float>& scratc
   if (w.rows == 1 && t.dims.size() == 1 && w.name.permute) {  // a q/k bias: permute its elements
     scratch.resize(w.cols);
     dequantize_row(t, 0, scratch.data());
-    auto* out = reinterpret_cast<float*>(w.buffer.get());
+    auto* out = reinterpret_cast<float*>(w.buffer);
     job as_rows = w;
     as_rows.rows = w.cols;
     for (size_t i = 0; i < w.cols; ++i) out[i] = scratch[source_row(as_rows, i)];
     return ok_status();
   }
+  const detail::spans whole{{0, w.cols}};
   for (size_t r = row0; r < row0 + n; ++r) {
     const size_t from = w.row0 + source_row(w, r);
-    const uint8_t* src = t.data + from * src_row_bytes;
-    uint8_t* dst = w.buffer.get() + k::dtype_bytes(w.out_type, r * w.cols);  // GGUF rows are whole blocks
-    if (w.out_type == k::dtype::q4) {
-      if (!repack_q4(t.type, src, w.cols, dst)) return make_error(errc::invalid_request, "row " + std::to_string(r) + " has a non-finite scale");
-      continue;
-    }
-    if (w.out_type != k::dtype::q8) {  // a row as stored (a permuted F32/F16/BF16/K-quant row), or float32
+    const uint8_t* row = t.data + from * src_row_bytes;
+    uint8_t* dst_row = w.buffer + k::dtype_bytes(w.out_type, r * w.cols);  // GGUF rows are whole blocks
+    if (w.out_type != k::dtype::q8 && w.out_type != k::dtype::q4) {  // a row as stored (a permuted F32/F16/BF16/K-quant row), or float32
       if (w.out_type == k::dtype::f32 && t.type != ggml::f32) {
-        dequantize_row(t, from, reinterpret_cast<float*>(dst));
+        dequantize_row(t, from, reinterpret_cast<float*>(dst_row));
       } else {
-        std::memcpy(dst, src, src_row_bytes);
+        std::memcpy(dst_row, row, src_row_bytes);
       }
       continue;
     }
-    if (t.type == ggml::q8_0 && repack_q8_0(src, w.cols, dst)) continue;
-    if ((t.type == ggml::q5_0 || t.type == ggml::iq4_nl) && repack_x_0(t.type, src, w.cols, dst)) {
-      continue;
+    // A Q8_0 row with a −128 anywhere is requantized whole (q8 holds ±127): each span of it
+    // likewise, so a part's blocks are those of the whole row.
+    const bool repack_8 = t.type == ggml::q8_0 && !has_minus_128(row, w.cols);
+    bool decoded = false;
+    for (const auto& [c0, c1] : w.part_cols.empty() ? whole : w.part_cols) {  // on the source's blocks
+      const uint8_t* src = row + c0 / info.elements * info.bytes;
+      uint8_t* dst = dst_row + k::dtype_bytes(w.out_type, c0);
+      const size_t cols = c1 - c0;
+      if (w.out_type == k::dtype::q4) {
+        if (!repack_q4(t.type, src, cols, dst)) return make_error(errc::invalid_request, "row " + std::to_string(r) + " has a non-finite scale");
+        continue;
+      }
+      if (repack_8 && repack_q8_0(src, cols, dst)) continue;
+      if ((t.type == ggml::q5_0 || t.type == ggml::iq4_nl) && repack_x_0(t.type, src, cols, dst)) continue;
+      if (!decoded) {
+        scratch.resize(w.cols);
+        dequantize_row(t, from, scratch.data());
+        decoded = true;
+      }
+      LLMESH_TRY(k::quantize_q8(scratch.data() + c0, k::dtype::f32, 1, cols, dst, r));
     }
-    scratch.resize(w.cols);
-    dequantize_row(t, from, scratch.data());
-    LLMESH_TRY(k::quantize_q8(scratch.data(), k::dtype::f32, 1, w.cols, dst, r));
   }
   return ok_status();
 }
@@ -311,7 +336,7 @@ status run_jobs(std::vector<job>& jobs) {
   std::vector<item> items;
   for (size_t i = 0; i < jobs.size(); ++i) {
     const size_t step = jobs[i].src->dims.size() == 1 ? jobs[i].rows : 256;
-    for (size_t r = 0; r < jobs[i].rows; r += step) items.push_back({i, r, std::min(step, jobs[i].rows - r)});
+    detail::for_row_runs(jobs[i].part, jobs[i].rows, step, [&](size_t r, size_t n) { items.push_back({i, r, n}); });
   }
   return detail::for_each_item(items.size(), [&](size_t n) -> status {
     const auto& it = items[n];
@@ -323,9 +348,37 @@ status run_jobs(std::vector<job>& jobs) {
   });
 }
 
+/// One anonymous mapping for every job's tensor (an allocation that fails is an error, not an
+/// exception): those written whole or by rows of a large matrix first, under huge pages; those
+/// held in small parts (load_options::ranks) after, under small pages, so only what is written
+/// takes memory.
+result<std::shared_ptr<uint8_t>> place_jobs(std::vector<job>& jobs, const std::string& path) {
+  auto small = [](const job& w) { return detail::small_pages(w.part, w.bytes); };
+  std::vector<job*> order;
+  for (auto& w : jobs) order.push_back(&w);
+  std::stable_partition(order.begin(), order.end(), [&](const job* w) { return !small(*w); });
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  std::optional<size_t> huge;  // where the small pages begin
+  for (const job* w : order) {
+    if (small(*w) && !huge) huge = total = (total + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    offsets.push_back(total);
+    total += (w->bytes + 63) / 64 * 64;
+  }
+  if (total == 0) return std::shared_ptr<uint8_t>();
+  void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mem == MAP_FAILED) {
+    return make_error(errc::io_error, path + ": cannot allocate " + std::to_string(total >> 20) + " MiB for the converted tensors");
+  }
+  detail::advise_pages(static_cast<uint8_t*>(mem), huge.value_or(total), total);
+  std::shared_ptr<uint8_t> owner(static_cast<uint8_t*>(mem), [total](uint8_t* p) { ::munmap(p, total); });
+  for (size_t i = 0; i < order.size(); ++i) order[i]->buffer = owner.get() + offsets[i];
+  return owner;
+}
+
 }  // namespace
 
-result<tensor_store> gguf_tensor_store(const std::string& path) {
+result<tensor_store> gguf_tensor_store(const std::string& path, const detail::part_of_tensor& part_of) {
   auto opened = gguf_file::open(path);
   if (!opened) return opened.take_error();
   std::shared_ptr<const gguf_file> g = std::move(opened.value());
@@ -379,22 +432,34 @@ result<tensor_store> gguf_tensor_store(const std::string& path) {
         continue;
       }
       const bool four = t.type == ggml::q4_0 || t.type == ggml::q4_1;
-      job w{&t, name, plain ? plain_type : (t.dims.size() == 1 ? k::dtype::f32 : four ? k::dtype::q4 : k::dtype::q8), rows, cols, nullptr};
+      job w;
+      w.src = &t;
+      w.name = name;
+      w.out_type = plain ? plain_type : (t.dims.size() == 1 ? k::dtype::f32 : four ? k::dtype::q4 : k::dtype::q8);
+      w.rows = rows;
+      w.cols = cols;
       w.name.name = hf;
       w.row0 = e * rows;
       w.matrix = matrix;
       if (t.dims.size() == 1 && !plain) w.out_type = k::dtype::f32;
       if (t.dims.size() == 1 && name.permute) w.out_type = k::dtype::f32;  // biases are read as float32 anyway
       w.bytes = k::dtype_bytes(w.out_type, rows * cols);
-      w.buffer = std::shared_ptr<uint8_t[]>(new uint8_t[std::max<size_t>(w.bytes, 1)]);
+      if (part_of && matrix && t.dims.size() >= 2) {
+        w.part = part_of(hf);
+        if (w.out_type == k::dtype::q8 || w.out_type == k::dtype::q4) {
+          w.part_cols = detail::aligned_cols(w.part, std::max<size_t>(ggml::block(t.type).elements, 32), cols);
+        }
+      }
       jobs.push_back(std::move(w));
     }
   }
+  auto owner = place_jobs(jobs, path);
+  if (!owner) return owner.take_error();
   LLMESH_TRY(run_jobs(jobs));
   for (auto& w : jobs) {
     std::vector<size_t> shape = w.matrix ? std::vector<size_t>{w.rows, w.cols} : std::vector<size_t>{w.cols};
-    tensor_view v{w.out_type, std::move(shape), w.buffer.get(), w.bytes};
-    LLMESH_TRY(store.add(w.name.name, std::move(v), w.buffer));
+    tensor_view v{w.out_type, std::move(shape), w.buffer, w.bytes};
+    LLMESH_TRY(store.add(w.name.name, std::move(v), *owner));
   }
   return store;
 }

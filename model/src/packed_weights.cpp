@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <optional>
 
 #include "llmesh/kernels/quantize.hpp"
 #include "load_threads.hpp"
@@ -61,6 +62,8 @@ struct packed_layer {
   bool exact = true;  ///< every 32-input block in one group, every q − z within int8
   k::dtype type = k::dtype::q8;  ///< q4 where exact, 4 bits, and every scale·zero exact in float32
   uint8_t* bytes = nullptr;      ///< its rows of int8 (or int4) blocks
+  matrix_part part;              ///< what is unpacked (load_options::ranks; default: all)
+  spans cols;                    ///< the part's columns, on blocks of 32 (empty: whole rows)
   size_t row_bytes() const { return k::dtype_bytes(type, k::q8_row_elements(in)); }
 };
 
@@ -110,6 +113,15 @@ float scale(const packed_layer& l, const model_config::packed_config& p, size_t 
   return k::load_as_f32(l.scales.data, l.scales.type, p.kind == method::compressed ? o * l.groups + g : g * l.out + o);
 }
 
+/// Whether the block of 32 inputs from i0 is in the layer's part.
+bool held(const packed_layer& l, size_t i0) {
+  if (l.cols.empty()) return true;
+  for (const auto& [b, e] : l.cols) {
+    if (i0 >= b && i0 < e) return true;
+  }
+  return false;
+}
+
 /// Output row o of a q4 layer: per block of 32 inputs (one group), the factor s, the offset
 /// s·(z + nibble_offset) (exact: set_groups checked) and the stored nibbles; the padding of a
 /// short last block is nibble 0 (never read: the kernels stop at the row's length).
@@ -117,6 +129,7 @@ status unpack_q4_row(const packed_layer& l, const model_config::packed_config& p
   const int off = nibble_offset(p);
   for (size_t b = 0; b * k::q4_block < l.in; ++b) {
     const size_t i0 = b * k::q4_block, g = l.group[i0];
+    if (!held(l, i0)) continue;
     const float s = scale(l, p, g, o);
     if (!std::isfinite(s)) return make_error(errc::invalid_request, l.scales_name + ": a scale is not finite");
     const int z = zero(l, p, g, o) + off;
@@ -148,6 +161,7 @@ status unpack_rows(const packed_layer& l, const model_config::packed_config& p, 
     if (l.exact) {
       for (size_t b = 0; b * k::q8_block < l.in; ++b) {
         const size_t i0 = b * k::q8_block, g = l.group[i0];
+        if (!held(l, i0)) continue;
         const float s = scale(l, p, g, o);
         if (!std::isfinite(s)) return make_error(errc::invalid_request, l.scales_name + ": a scale is not finite");
         const int z = zero(l, p, g, o);
@@ -327,7 +341,7 @@ status unpack_all(std::vector<packed_layer>& layers, const model_config::packed_
   std::vector<item> items;
   constexpr size_t step = 64;
   for (size_t i = 0; i < layers.size(); ++i) {
-    for (size_t o = 0; o < layers[i].out; o += step) items.push_back({i, o, std::min(layers[i].out, o + step)});
+    for_row_runs(layers[i].part, layers[i].out, step, [&](size_t o, size_t n) { items.push_back({i, o, o + n}); });
   }
   return for_each_item(items.size(), [&](size_t n) -> status {
     try {
@@ -435,7 +449,7 @@ status parse_packed_config(const json& j, model_config& c) {
   return refused("quant_method '" + m + "' is not supported");
 }
 
-status unpack_packed_weights(tensor_store& store, const model_config::packed_config& p) {
+status unpack_packed_weights(tensor_store& store, const model_config::packed_config& p, const part_of_tensor& part_of) {
   std::vector<packed_layer> layers;
   for (const auto& n : store.integer_names()) {
     const std::string suffix = n.ends_with(".qweight") ? ".qweight" : n.ends_with(".weight_packed") ? ".weight_packed" : "";
@@ -452,25 +466,37 @@ status unpack_packed_weights(tensor_store& store, const model_config::packed_con
     }
     auto l = layer_of(store, p, name);
     if (!l) return l.take_error();
+    if (part_of) {
+      l->part = part_of(name);
+      // Columns only where whole blocks of 32 inputs are written exactly; a requantized row
+      // (its scale from the whole row) is written whole.
+      if (l->exact) l->cols = aligned_cols(l->part, k::q8_block, l->in);
+    }
     layers.push_back(std::move(*l));
   }
   if (layers.empty()) return ok_status();
   // One anonymous mapping for every layer's int8 or int4 rows (an allocation that fails is an
-  // error, not an exception; huge pages advised, as for --quantization int8).
+  // error, not an exception): layers unpacked whole or by rows first, under huge pages (as for
+  // --quantization int8); those held in small parts (load_options::ranks: by columns, not at
+  // all, by rows of a small matrix) after, under small pages, so only what is written takes memory.
   auto bytes_of = [](const packed_layer& l) { return l.out * l.row_bytes(); };
+  auto by_columns = [&](const packed_layer& l) { return small_pages(l.part, bytes_of(l)); };
+  std::stable_partition(layers.begin(), layers.end(), [&](const packed_layer& l) { return !by_columns(l); });
+  std::vector<size_t> offsets;
   size_t total = 0;
-  for (const auto& l : layers) total += (bytes_of(l) + 63) / 64 * 64;
-  void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  std::optional<size_t> huge;  // where the small pages begin
+  for (const auto& l : layers) {
+    if (by_columns(l) && !huge) huge = total = (total + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    offsets.push_back(total);
+    total += (bytes_of(l) + 63) / 64 * 64;
+  }
+  void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (mem == MAP_FAILED) {
     return make_error(errc::io_error, "cannot allocate " + std::to_string(total >> 20) + " MiB for the unpacked weights");
   }
-  ::madvise(mem, total, MADV_HUGEPAGE);
+  advise_pages(static_cast<uint8_t*>(mem), huge.value_or(total), total);
   std::shared_ptr<uint8_t> owner(static_cast<uint8_t*>(mem), [total](uint8_t* m) { ::munmap(m, total); });
-  size_t at = 0;
-  for (auto& l : layers) {
-    l.bytes = owner.get() + at;
-    at += (bytes_of(l) + 63) / 64 * 64;
-  }
+  for (size_t i = 0; i < layers.size(); ++i) layers[i].bytes = owner.get() + offsets[i];
   LLMESH_TRY(unpack_all(layers, p));
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   for (auto& l : layers) {

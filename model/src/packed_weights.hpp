@@ -39,6 +39,7 @@
 #include "llmesh/common/error.hpp"
 #include "llmesh/model/config.hpp"
 #include "llmesh/model/safetensors.hpp"
+#include "rank_parts.hpp"
 
 namespace llmesh::model::detail {
 
@@ -52,7 +53,9 @@ namespace llmesh::model::detail {
 /// Adds X.weight (q4 or q8) to `store` for every X.qweight (X.weight_packed) in it, as above;
 /// invalid_request naming the tensor when a companion is missing, of the wrong kind or
 /// misshapen, a scale is not finite, a g_idx entry is out of range, act-order has no g_idx or
-/// X.weight is there too; io_error when memory runs out.
-[[nodiscard]] status unpack_packed_weights(tensor_store& store, const model_config::packed_config& p);
+/// X.weight is there too; io_error when memory runs out. With `part_of`, only the part of
+/// each layer it names is unpacked (load_options::ranks), the rest left unwritten.
+[[nodiscard]] status unpack_packed_weights(tensor_store& store, const model_config::packed_config& p,
+                                           const part_of_tensor& part_of = {});
 
 }  // namespace llmesh::model::detail

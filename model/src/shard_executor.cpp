@@ -44,8 +44,12 @@ status shard_executor::make_row_slices() {
   down_slices_.assign(layers.size(), nullptr);
   expert_down_slices_.assign(layers.size(), {});
   if (layout_.tp == 1) return ok_status();  // whole rows
-  auto slice = [](const weight_matrix& w, size_t c0, size_t k, size_t layer, const std::string& what,
-                  std::shared_ptr<const detail::row_slice>& out) -> status {
+  auto slice = [this](const weight_matrix& w, size_t c0, size_t k, size_t layer, const std::string& what,
+                      std::shared_ptr<const detail::row_slice>& out) -> status {
+    if (const weight_matrix* own = model_->column_slice(w, c0)) {  // a model held for this rank: its copy
+      out = std::make_shared<const detail::row_slice>(detail::row_slice{*own, nullptr});
+      return ok_status();
+    }
     auto s = detail::k_quant_slice(w, c0, k);
     if (!s) return make_error(s.err().code, "layer " + std::to_string(layer) + " " + what + ": " + s.err().message);
     if (*s) out = std::make_shared<const detail::row_slice>(std::move(**s));

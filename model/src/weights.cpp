@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "llmesh/kernels/quantize.hpp"
@@ -11,8 +12,11 @@
 #include "llmesh/model/detokenizer.hpp"
 #include "llmesh/model/gguf.hpp"
 #include "llmesh/model/token_mask.hpp"
+#include "gguf_model.hpp"
 #include "load_threads.hpp"
 #include "packed_weights.hpp"
+#include "rank_parts.hpp"
+#include "weight_rewrite.hpp"
 
 namespace llmesh::model {
 namespace {
@@ -126,6 +130,43 @@ result<std::optional<kernels::dtype>> parse_weight_dtype(std::string_view s) {
                     "--dtype must be auto, bfloat16, float16 (half) or float32 (float), not '" + std::string(s) + "'");
 }
 
+namespace {
+
+/// load_options::ranks checked, sorted and without repeats; nullopt when it names every rank.
+result<std::optional<rank_set>> held_ranks_of(std::optional<rank_set> r) {
+  if (!r) return r;
+  if (r->tp < 1 || r->ranks.empty()) return make_error(errc::invalid_request, "the ranks to load need a tp of at least 1 and a rank");
+  std::sort(r->ranks.begin(), r->ranks.end());
+  r->ranks.erase(std::unique(r->ranks.begin(), r->ranks.end()), r->ranks.end());
+  if (r->ranks.front() < 0 || r->ranks.back() >= r->tp) {
+    return make_error(errc::invalid_request, "rank " + std::to_string(r->ranks.front() < 0 ? r->ranks.front() : r->ranks.back()) +
+                                                 " to load is outside tp " + std::to_string(r->tp));
+  }
+  if (static_cast<int>(r->ranks.size()) == r->tp) return std::optional<rank_set>();
+  return r;
+}
+
+}  // namespace
+
+status model::check_ranks(int tp, bool expert_parallel, std::span<const int> ranks) const {
+  if (!held_ranks_) return ok_status();
+  const auto& h = *held_ranks_;
+  // A dense model ignores expert parallelism (make_shard_layout), so its parts do not depend on it.
+  const bool ep_differs = config_.moe.n_experts > 0 && h.expert_parallel != expert_parallel;
+  bool held = h.tp == tp && !ep_differs;
+  for (int r : ranks) held = held && std::binary_search(h.ranks.begin(), h.ranks.end(), r);
+  if (held) return ok_status();
+  std::string have;
+  for (int r : h.ranks) {
+    if (!have.empty()) have += ", ";
+    have += std::to_string(r);
+  }
+  return make_error(errc::invalid_request, "this copy of the model was loaded for rank" + std::string(h.ranks.size() > 1 ? "s " : " ") +
+                                               have + " of tp " + std::to_string(h.tp) +
+                                               (h.expert_parallel ? " with expert parallelism" : "") +
+                                               " only; it cannot run other ranks");
+}
+
 result<std::shared_ptr<const model>> model::load(const std::string& dir, load_options opt) {
   auto cfg = load_config(dir, opt.hf_overrides);
   if (!cfg) return cfg.take_error();
@@ -134,14 +175,26 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     e.message = dir + ": " + e.message;
     return e;
   }
-  auto store = tensor_store::open(dir);
+  auto ranks = held_ranks_of(opt.ranks);
+  if (!ranks) return ranks.take_error();
+  // What the held ranks read of a checkpoint tensor, by its HF name (the LM head whole: a
+  // classifier takes rows of it before any rank runs).
+  detail::part_of_tensor part_of;
+  if (*ranks) {
+    part_of = [c = *cfg, r = **ranks](const std::string& name) {
+      const auto [role, expert] = detail::role_of(name);
+      return role == detail::matrix_role::lm_head ? detail::matrix_part{} : detail::part_read(c, r, role, expert);
+    };
+  }
+  auto store = is_gguf_file(dir) ? gguf_tensor_store(dir, part_of) : tensor_store::open(dir);
   if (!store) return store.take_error();
-  if (auto s = detail::unpack_packed_weights(*store, cfg->packed); !s) {  // packed checkpoints' layers into int4 or int8
+  if (auto s = detail::unpack_packed_weights(*store, cfg->packed, part_of); !s) {  // packed checkpoints' layers into int4 or int8
     error e = s.take_error();
     e.message = dir + ": " + e.message;
     return e;
   }
   std::shared_ptr<model> m(new model(dir, std::move(cfg.value()), std::move(store.value())));
+  m->held_ranks_ = std::move(*ranks);
   if (auto s = m->bind_weights(); !s) {
     error e = s.take_error();
     e.message = dir + ": " + e.message;
@@ -165,6 +218,7 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     e.message = dir + ": " + e.message;
     return e;
   }
+  if (auto s = m->compact_columns(); !s) return s.take_error();
   uint32_t held = 0;  // a bit per dtype
   auto note = [&](const weight_matrix& w) {
     if (w.rows != 0) held |= 1u << static_cast<unsigned>(w.type);
@@ -329,120 +383,6 @@ status model::bind_experts(size_t layer) {
   return ok_status();
 }
 
-namespace {
-
-/// A matrix to rewrite in another dtype: every view of the same checkpoint bytes (a tied LM
-/// head and the embedding) moves together.
-struct convert_target {
-  std::vector<weight_matrix*> views;
-  std::string name;
-  size_t offset = 0;
-  bool shared = false;  ///< its source rows are read elsewhere too (a tied LM head: the embedding)
-  const weight_matrix& w() const { return *views.front(); }
-};
-
-/// Adds `w` to `targets` (beside a target over the same bytes, if any) unless it is empty,
-/// of type `to` already, or quantized (a quantized GGUF's tensors arrive so) unless a K-quant
-/// or int4 matrix is to become int8 (`--quantization int8` on a Q4_K_M file or an AWQ
-/// checkpoint: the CPU decodes int8 faster, where memory bandwidth is not what limits it).
-void add_target(std::vector<convert_target>& targets, weight_matrix* w, std::string name, kernels::dtype to) {
-  if (w->rows == 0 || w->type == to) return;
-  const bool to_int8 = (kernels::is_k_quant(w->type) || w->type == kernels::dtype::q4) && to == kernels::dtype::q8;
-  if (kernels::is_quantized(w->type) && !to_int8) return;
-  for (auto& t : targets) {
-    if (t.w().data == w->data && t.w().type == w->type && t.w().rows == w->rows && t.w().cols == w->cols) {
-      t.views.push_back(w);
-      return;
-    }
-  }
-  targets.push_back({{w}, std::move(name)});
-}
-
-/// Rewrites every target as `to` (q8: quantize_q8; else convert_rows) into one new anonymous
-/// mapping, over up to 64 hardware threads, and points the views there. The checkpoint's pages
-/// of each rewritten matrix (not shared) then leave this process's resident memory (they stay
-/// in the page cache, clean). On an error no view has moved.
-result<std::shared_ptr<uint8_t>> rewrite(std::vector<convert_target>& targets, kernels::dtype to, const char* what) {
-  auto ld_of = [to](size_t cols) { return to == kernels::dtype::q8 ? kernels::q8_row_elements(cols) : cols; };
-  size_t total = 0;
-  for (auto& t : targets) {
-    t.offset = total;
-    total += (kernels::dtype_bytes(to, t.w().rows * ld_of(t.w().cols)) + 63) / 64 * 64;
-  }
-  if (total == 0) return std::shared_ptr<uint8_t>();
-  void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
-    return make_error(errc::io_error, "cannot allocate " + std::to_string(total >> 20) + " MiB for the " + what + " weights");
-  }
-  ::madvise(mem, total, MADV_HUGEPAGE);  // fewer TLB misses while decode streams the weights; optional
-  std::shared_ptr<uint8_t> store(static_cast<uint8_t*>(mem), [total](uint8_t* p) { ::munmap(p, total); });
-  // Work items of up to 256 rows over every hardware thread; each writes its own bytes.
-  struct item {
-    size_t target, row0, rows;
-  };
-  std::vector<item> items;
-  for (size_t i = 0; i < targets.size(); ++i) {
-    for (size_t r = 0; r < targets[i].w().rows; r += 256) items.push_back({i, r, std::min<size_t>(256, targets[i].w().rows - r)});
-  }
-  auto failed = detail::for_each_item(items.size(), [&](size_t k) -> status {
-    const auto& it = items[k];
-    const auto& t = targets[it.target];
-    const weight_matrix& w = t.w();
-    const auto* src = static_cast<const uint8_t*>(w.data) + kernels::dtype_offset(w.type, it.row0 * w.ld());
-    uint8_t* dst = store.get() + t.offset + kernels::dtype_bytes(to, it.row0 * ld_of(w.cols));
-    auto s = to == kernels::dtype::q8 ? kernels::quantize_q8(src, w.type, it.rows, w.cols, dst, it.row0)
-                                      : kernels::convert_rows(src, w.type, it.rows, w.cols, dst, to, it.row0);
-    if (!s) return make_error(errc::invalid_request, t.name + ": " + s.err().message);
-    return ok_status();
-  });
-  if (!failed) return failed.take_error();
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  for (auto& t : targets) {
-    if (!t.shared) {
-      const auto begin = reinterpret_cast<uintptr_t>(t.w().data), end = begin + t.w().bytes();
-      const uintptr_t from = (begin + page - 1) / page * page, to_page = end / page * page;
-      if (to_page > from) ::madvise(reinterpret_cast<void*>(from), to_page - from, MADV_DONTNEED);
-    }
-    for (weight_matrix* v : t.views) {
-      v->data = store.get() + t.offset;
-      v->type = to;
-    }
-  }
-  return store;
-}
-
-}  // namespace
-
-namespace {
-
-/// The matrices a rewrite to `to` takes: every layer's projections and experts; with
-/// `everything` (--dtype) also the MoE router, the shared expert's gate and the embedding; the
-/// LM head last (a tied one shares its embedding's target when that is taken).
-std::vector<convert_target> targets_of(model_weights& w, kernels::dtype to, bool everything) {
-  std::vector<convert_target> targets;
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    auto& l = w.layers[i];
-    const std::string p = "layer " + std::to_string(i) + " ";
-    for (auto [m, n] : {std::pair{&l.q, "q_proj"}, {&l.k, "k_proj"}, {&l.v, "v_proj"}, {&l.o, "o_proj"},
-                        {&l.gate, "gate_proj"}, {&l.up, "up_proj"}, {&l.down, "down_proj"}}) {
-      add_target(targets, m, p + n, to);  // an MoE layer has no dense MLP
-    }
-    if (everything) {
-      add_target(targets, &l.router, p + "router", to);
-      add_target(targets, &l.shared_gate, p + "shared expert gate", to);
-    }
-    auto add_expert = [&](layer_weights::expert& x, const std::string& ep) {
-      for (auto [m, n] : {std::pair{&x.gate, "gate"}, {&x.up, "up"}, {&x.down, "down"}}) add_target(targets, m, ep + n, to);
-    };
-    for (size_t e = 0; e < l.experts.size(); ++e) add_expert(l.experts[e], p + "expert " + std::to_string(e) + " ");
-    if (l.shared.gate.rows > 0) add_expert(l.shared, p + "shared expert ");
-  }
-  if (everything) add_target(targets, &w.embed, "embed_tokens", to);
-  add_target(targets, &w.lm_head, "lm_head", to);
-  return targets;
-}
-
-}  // namespace
 
 status model::quantize(quantization q) {
   if (q != quantization::int8) {  // none, or a checkpoint's own (load checked it)
@@ -451,22 +391,34 @@ status model::quantize(quantization q) {
   }
   // The router and the shared expert's gate stay as loaded (small); the embedding gather keeps
   // the checkpoint's rows, so a tied head's source rows stay resident.
-  auto targets = targets_of(weights_, kernels::dtype::q8, false);
+  auto targets = detail::targets_of(weights_, kernels::dtype::q8, false, config_, held_ranks_);
   if (!targets.empty() && targets.back().w().data == weights_.lm_head.data) {
     targets.back().shared = config_.tie_embeddings || !config_.has_lm_head;
   }
-  auto store = rewrite(targets, kernels::dtype::q8, "int8");
+  std::vector<detail::own_columns> own;
+  auto store = detail::rewrite(targets, kernels::dtype::q8, "int8", [this](const weight_matrix& w, size_t c0) { return column_slice(w, c0); }, own);
   if (!store) return store.take_error();
   quantized_ = std::move(*store);
+  keep_column_slices(own);
+  // A cast's columns that the int8 ones were made from are no view's any more (let go).
+  std::vector<const void*> used;
+  for (const auto& l : weights_.layers) {
+    for (const weight_matrix* w : {&l.o, &l.down, &l.shared.down}) used.push_back(w->data);
+    for (const auto& x : l.experts) used.push_back(x.down.data);
+  }
+  std::sort(used.begin(), used.end());
+  std::erase_if(column_slices_, [&](const held_columns& h) { return !std::binary_search(used.begin(), used.end(), h.full); });
   quant_ = q;
   return ok_status();
 }
 
 status model::cast(kernels::dtype to) {
-  auto targets = targets_of(weights_, to, true);
-  auto store = rewrite(targets, to, std::string(kernels::dtype_name(to)).c_str());
+  auto targets = detail::targets_of(weights_, to, true, config_, held_ranks_);
+  std::vector<detail::own_columns> own;
+  auto store = detail::rewrite(targets, to, std::string(kernels::dtype_name(to)).c_str(), [this](const weight_matrix& w, size_t c0) { return column_slice(w, c0); }, own);
   if (!store) return store.take_error();
   cast_ = std::move(*store);
+  keep_column_slices(own);
   cast_type_ = to;
   return ok_status();
 }

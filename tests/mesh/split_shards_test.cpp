@@ -217,8 +217,8 @@ namespace llmesh::testing {
 namespace {
 
 // `quantization: int8` on a model split over two nodes: the assignment carries it, each process
-// quantizes its own copy of the weights (the same bytes: quantization is deterministic), so the
-// two ranks' partial sums fit together and the served tokens are `llmesh generate --tp 2
+// quantizes the part of the weights its rank reads (the bytes a whole copy would hold there:
+// quantization is deterministic), so the two ranks' partial sums fit together and the served tokens are `llmesh generate --tp 2
 // --quantization int8`'s. Sampled at a seed where the int8 tokens differ from the
 // checkpoint's, so a node that loaded the weights as stored would be caught.
 TEST(SplitShards, AnInt8ModelServesGeneratesInt8Tokens) {
@@ -229,6 +229,8 @@ TEST(SplitShards, AnInt8ModelServesGeneratesInt8Tokens) {
   node_process s0(m.node("shard-0"));
   node_process s1(m.node("shard-1"));
   ASSERT_TRUE(replica_ready(m, seed, s0, s1));
+  EXPECT_TRUE(s0.wait_for("rank 0's part of replica")) << s0.log();  // each node says what it holds
+  EXPECT_TRUE(s1.wait_for("MiB of weights in memory); telling rank 0's node")) << s1.log();
   const std::vector<std::vector<int32_t>> prompts{{1142, 258, 2078, 386, 3345}, {295, 258, 400}};
   const std::string sampling = "--tp 2 --temperature 1 --seed 3";
   for (const auto& p : prompts) {

@@ -57,6 +57,13 @@ std::string_view quantization_name(quantization q);
 /// "auto", "float32", "bfloat16", "float16".
 std::string_view weight_dtype_name(std::optional<kernels::dtype> t);
 
+/// Tensor-parallel ranks of one replica: `ranks` of `tp` (expert_parallel as the engine's).
+struct rank_set {
+  int tp = 1;
+  bool expert_parallel = false;
+  std::vector<int> ranks;
+};
+
 struct load_options {
   /// --dtype: every weight matrix (embedding, projections, LM head, MoE router) is rewritten
   /// in this type at load (nullopt: as stored; int8 matrices of a quantized GGUF stay so).
@@ -87,6 +94,15 @@ struct load_options {
   /// vLLM's --hf-overrides: a JSON object changing config.json before it is read
   /// (apply_hf_overrides); "" changes nothing.
   std::string hf_overrides;
+  /// A spread replica's node: the ranks its engine part runs (engine::create_part). The
+  /// matrices load writes in memory (--quantization int8, --dtype, a packed checkpoint's 4/8-bit
+  /// layers, a GGUF file's repacked blocks) are then written only where these ranks read them
+  /// (make_shard_layout's slices; routed experts whole or not at all under expert parallelism;
+  /// a packed or GGUF LM head whole), the rest staying address space without memory, and the
+  /// ranks' columns of the row-parallel matrices are held as matrices of their own
+  /// (column_slice), so the node holds about its share of them. Such a model runs only
+  /// engines of these ranks (check_ranks). nullopt: every rank.
+  std::optional<rank_set> ranks;
 };
 
 /// One decoder layer. Norm weights and biases are small and converted to float32 at load.
@@ -147,6 +163,19 @@ class model {
   bool holds_blocks_of_32() const {
     return quantized_types_.find("int8") != std::string::npos || quantized_types_.find("int4") != std::string::npos;
   }
+  /// load_options::ranks: the ranks whose parts it holds (nullopt: every rank's).
+  const std::optional<rank_set>& held_ranks() const { return held_ranks_; }
+  /// invalid_request unless it holds the parts `ranks` of `tp` read (expert_parallel as
+  /// theirs): a model loaded for some ranks runs no others.
+  [[nodiscard]] status check_ranks(int tp, bool expert_parallel, std::span<const int> ranks) const;
+  /// Held for some ranks: columns [c0, c0 + k) of a row-parallel matrix `full` (o_proj,
+  /// down_proj, a routed expert's or the shared expert's down_proj) as a [rows, k] matrix of
+  /// their own, the rank's copy (the full matrix's pages then left memory); nullptr when there
+  /// is none (the full matrix is read in place).
+  const weight_matrix* column_slice(const weight_matrix& full, size_t c0) const;
+  /// Bytes of the weight matrices' pages resident in memory now (mincore; each page once):
+  /// what this process holds of them, or for views into a checkpoint, the page cache.
+  size_t resident_weight_bytes() const;
   /// The LoRA adapters it serves now (load_options::loras first), by id. Thread-safe; the
   /// set changes while the model serves (load_lora, lora_set::remove), the weights never do.
   lora_set& loras() const { return *loras_; }
@@ -184,6 +213,9 @@ class model {
   /// tokens (looked up in `tokenizer_dir`'s tokenizer). Before cast and quantize (classifier.cpp).
   status bind_classifier(const std::string& tokenizer_dir);
   status quantize(quantization q);
+  /// Held for some ranks: copies each rank's columns of the row-parallel matrices into
+  /// column_slices_ and lets the full matrices' pages go (column_slices.cpp).
+  status compact_columns();
   /// load_options::dtype.
   status cast(kernels::dtype to);
 
@@ -203,6 +235,21 @@ class model {
   std::shared_ptr<uint8_t> cast_;
   std::optional<kernels::dtype> cast_type_;
   std::optional<kernels::dtype> lora_type_;  ///< load_options::lora_dtype, resolved
+  std::optional<rank_set> held_ranks_;       ///< load_options::ranks
+  struct held_columns {
+    const void* full;  ///< the full matrix's data
+    size_t c0;
+    weight_matrix w;
+  };
+  /// Adds `more` (anything with full, c0 and w) to column_slices_, kept sorted.
+  template <class Columns>
+  void keep_column_slices(const std::vector<Columns>& more) {
+    for (const auto& x : more) column_slices_.push_back({x.full, x.c0, x.w});
+    sort_column_slices();
+  }
+  void sort_column_slices();
+  std::vector<held_columns> column_slices_;  ///< sorted by (full, c0)
+  std::shared_ptr<uint8_t> column_bytes_;    ///< what column_slices_ point into
 };
 
 }  // namespace llmesh::model

@@ -1,0 +1,256 @@
+// Models held for some ranks (load_options::ranks, a spread replica's node): load writes only
+// the parts of the matrices it rewrites that those ranks read, keeps the ranks' columns of the
+// row-parallel matrices as copies of their own, and the engine parts over such models give the
+// bits one whole engine gives — int8, --dtype, packed AWQ/GPTQ, GGUF blocks, mixtures of
+// experts with and without expert parallelism, several ranks in one part — while holding
+// about their share of the weights. A model held for some ranks runs no others.
+#include <gtest/gtest.h>
+#include <sys/prctl.h>
+
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "llmesh/kernels/communicator.hpp"
+#include "llmesh/kernels/sampling.hpp"
+#include "llmesh/model/engine.hpp"
+#include "llmesh/model/random_model.hpp"
+#include "temp_dir.hpp"
+
+namespace llmesh::model {
+namespace {
+
+random_model_spec llama_spec() {
+  random_model_spec s;
+  s.hidden = 128;
+  s.intermediate = 256;
+  s.n_layers = 2;
+  s.n_heads = 4;
+  s.n_kv_heads = 2;
+  s.vocab = 300;
+  s.dtype = kernels::dtype::bf16;
+  s.seed = 31;
+  return s;
+}
+
+random_model_spec moe_spec(const std::string& arch) {
+  random_model_spec s = llama_spec();
+  s.arch = arch;
+  s.intermediate = 64;
+  s.n_experts = 6;
+  s.experts_per_token = 2;
+  if (arch == "qwen2_moe") s.shared_intermediate = 128;
+  return s;
+}
+
+load_options held_as(quantization q, std::optional<kernels::dtype> dtype = std::nullopt, std::optional<rank_set> ranks = std::nullopt) {
+  load_options o;
+  o.quant = q;
+  o.dtype = dtype;
+  o.ranks = std::move(ranks);
+  return o;
+}
+
+engine_options options(int tp, bool ep, int threads) {
+  engine_options o;
+  o.tp = tp;
+  o.expert_parallel = ep;
+  o.threads = threads;
+  o.kv_tokens = 256;
+  o.block_size = 4;
+  return o;
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(r);
+  }
+  return s;
+}
+
+/// Five steps (a prompt, then greedy tokens) of one whole engine over the model loaded whole,
+/// and of engine parts, each over the model loaded for its ranks only: the parts' logits (rank
+/// 0's) equal the whole engine's, bit for bit.
+void expect_parts_give_whole_bits(const std::string& dir, const load_options& opt, int tp, bool ep,
+                                  const std::vector<std::vector<int>>& parts) {
+  auto whole_model = model::load(dir, opt);
+  ASSERT_TRUE(whole_model.ok()) << whole_model.err().message;
+  auto whole = engine::create(*whole_model, options(tp, ep, 2));
+  ASSERT_TRUE(whole.ok()) << whole.err().message;
+  auto group = kernels::make_local_communicators(tp);
+  std::vector<std::unique_ptr<engine>> engines;
+  for (const auto& ranks : parts) {
+    SCOPED_TRACE("ranks " + ranks_text(ranks));
+    load_options o = opt;
+    o.ranks = rank_set{tp, ep, ranks};
+    auto m = model::load(dir, o);
+    ASSERT_TRUE(m.ok()) << m.err().message;
+    ASSERT_TRUE((*m)->held_ranks().has_value());
+    std::vector<std::unique_ptr<kernels::communicator>> comms;
+    for (int r : ranks) comms.push_back(std::move(group[static_cast<size_t>(r)]));
+    auto e = engine::create_part(*m, options(tp, ep, 1), std::move(comms));
+    ASSERT_TRUE(e.ok()) << e.err().message;
+    engines.push_back(std::move(*e));
+  }
+  std::vector<int32_t> tokens{5, 17, 200, 42, 8, 99, 1};
+  const std::vector<int32_t> table{3, 0, 7};
+  size_t pos = 0;
+  const size_t v = (*whole_model)->config().vocab;
+  for (int step = 0; step < 5; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    std::vector<step_sequence> batch{{tokens, pos, table, true}};
+    std::vector<float> want;
+    ASSERT_TRUE((*whole)->forward(batch, want).ok());
+    std::vector<std::vector<float>> got(static_cast<size_t>(tp));
+    std::vector<status> st(static_cast<size_t>(tp), ok_status());
+    std::vector<std::thread> threads;
+    for (size_t p = 0; p < parts.size(); ++p) {
+      for (int r : parts[p]) {
+        threads.emplace_back([&, p, r] { st[static_cast<size_t>(r)] = engines[p]->forward_rank(r, batch, got[static_cast<size_t>(r)]); });
+      }
+    }
+    for (auto& t : threads) t.join();
+    for (auto& s : st) ASSERT_TRUE(s.ok()) << s.err().message;
+    ASSERT_EQ(got[0].size(), v);
+    ASSERT_EQ(want.size(), v);
+    EXPECT_EQ(std::memcmp(got[0].data(), want.data(), v * sizeof(float)), 0);
+    pos += tokens.size();
+    tokens = {kernels::argmax(want)};
+  }
+}
+
+/// A random model written once per test.
+class RankParts : public ::testing::Test {
+ protected:
+  std::string write(const random_model_spec& s) {
+    auto st = write_random_model(s, dir_.path());
+    EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.err().message);
+    return dir_.path();
+  }
+  testing::temp_dir dir_;
+};
+
+TEST_F(RankParts, Int8PartsGiveTheWholeEnginesBits) {
+  expect_parts_give_whole_bits(write(llama_spec()), held_as(quantization::int8), 2, false, {{0}, {1}});
+}
+
+TEST_F(RankParts, SeveralRanksInOnePartOfFour) {
+  expect_parts_give_whole_bits(write(llama_spec()), held_as(quantization::int8), 4, false, {{0}, {1, 2}, {3}});
+}
+
+TEST_F(RankParts, CastWeightsAndWeightsAsStored) {
+  const std::string dir = write(llama_spec());
+  expect_parts_give_whole_bits(dir, held_as(quantization::none, kernels::dtype::f16), 2, false, {{0}, {1}});
+  // Cast, then quantized: the int8 columns are made from the cast ones, held apart already.
+  expect_parts_give_whole_bits(dir, held_as(quantization::int8, kernels::dtype::f16), 2, false, {{0}, {1}});
+  expect_parts_give_whole_bits(dir, {}, 2, false, {{1}, {0}});  // bfloat16 views; the columns copied
+}
+
+TEST_F(RankParts, TiedEmbeddingsKeepEveryRowForTheGather) {
+  auto s = llama_spec();
+  s.tie_embeddings = true;
+  const std::string dir = write(s);
+  expect_parts_give_whole_bits(dir, held_as(quantization::int8), 2, false, {{0}, {1}});
+  expect_parts_give_whole_bits(dir, held_as(quantization::none, kernels::dtype::f32), 2, false, {{0}, {1}});
+}
+
+TEST_F(RankParts, PhiFusedProjections) {
+  auto s = llama_spec();
+  s.arch = "phi3";
+  expect_parts_give_whole_bits(write(s), held_as(quantization::int8), 2, false, {{0}, {1}});
+}
+
+TEST_F(RankParts, PackedCheckpoints) {
+  for (const char* packed : {"awq", "gptq-act-order", "ct-w8a16"}) {
+    SCOPED_TRACE(packed);
+    testing::temp_dir d;
+    auto s = llama_spec();
+    s.packed = packed;
+    ASSERT_TRUE(write_random_model(s, d.path()).ok());
+    expect_parts_give_whole_bits(d.path(), {}, 2, false, {{0}, {1}});
+  }
+  testing::temp_dir d;  // int4 layers made int8 after the rank's part was unpacked
+  auto s = llama_spec();
+  s.packed = "awq";
+  ASSERT_TRUE(write_random_model(s, d.path()).ok());
+  expect_parts_give_whole_bits(d.path(), held_as(quantization::int8), 2, false, {{1}, {0}});
+}
+
+TEST_F(RankParts, MixturesOfExpertsWithAndWithoutExpertParallelism) {
+  for (const char* arch : {"qwen3_moe", "qwen2_moe", "mixtral"}) {
+    SCOPED_TRACE(arch);
+    testing::temp_dir d;
+    ASSERT_TRUE(write_random_model(moe_spec(arch), d.path()).ok());
+    expect_parts_give_whole_bits(d.path(), held_as(quantization::int8), 2, false, {{0}, {1}});
+    expect_parts_give_whole_bits(d.path(), held_as(quantization::int8), 2, true, {{0}, {1}});
+  }
+}
+
+TEST_F(RankParts, GgufBlocks) {
+  for (const char* name : {"llama_blocks_mixed", "llama_q8_0", "llama_q4_k_m"}) {
+    SCOPED_TRACE(name);
+    const std::string file = std::string(LLMESH_TEST_DATA) + "/gguf/" + name + "/model.gguf";
+    expect_parts_give_whole_bits(file, {}, 2, false, {{0}, {1}});
+  }
+}
+
+TEST_F(RankParts, AModelHeldForSomeRanksRunsNoOthers) {
+  const std::string dir = write(llama_spec());
+  auto m = model::load(dir, held_as(quantization::int8, std::nullopt, rank_set{2, false, {1}}));
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  auto whole = engine::create(*m, options(2, false, 1));
+  ASSERT_FALSE(whole.ok());
+  EXPECT_EQ(whole.err().code, errc::invalid_request);
+  EXPECT_NE(whole.err().message.find("loaded for rank 1 of tp 2 only"), std::string::npos) << whole.err().message;
+  for (auto [tp, rank] : {std::pair{2, 0}, {4, 1}}) {
+    auto group = kernels::make_local_communicators(tp);
+    std::vector<std::unique_ptr<kernels::communicator>> comms;
+    comms.push_back(std::move(group[static_cast<size_t>(rank)]));
+    auto part = engine::create_part(*m, options(tp, false, 1), std::move(comms));
+    ASSERT_FALSE(part.ok());
+    EXPECT_EQ(part.err().code, errc::invalid_request) << part.err().message;
+  }
+  // Naming every rank is a whole model; a rank outside tp is refused.
+  auto all = model::load(dir, held_as(quantization::none, std::nullopt, rank_set{2, false, {1, 0}}));
+  ASSERT_TRUE(all.ok()) << all.err().message;
+  EXPECT_FALSE((*all)->held_ranks().has_value());
+  for (const auto& bad : {rank_set{2, false, {2}}, rank_set{2, false, {}}, rank_set{0, false, {0}}, rank_set{2, false, {-1}}}) {
+    auto r = model::load(dir, held_as(quantization::none, std::nullopt, bad));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.err().code, errc::invalid_request) << r.err().message;
+  }
+}
+
+TEST_F(RankParts, EachRankHoldsAboutItsShareOfTheRewrittenWeights) {
+  // Without transparent huge pages: residency is then counted in 4 KiB pages, as written.
+  ASSERT_EQ(::prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0), 0);
+  random_model_spec s = llama_spec();
+  s.hidden = 256;
+  s.intermediate = 4096;
+  s.n_heads = 4;
+  s.n_kv_heads = 4;
+  s.vocab = 512;
+  const std::string dir = write(s);
+  auto whole = model::load(dir, held_as(quantization::int8));
+  ASSERT_TRUE(whole.ok()) << whole.err().message;
+  const size_t all = (*whole)->resident_weight_bytes();
+  EXPECT_GE(all, (*whole)->weight_bytes() * 9 / 10);  // int8 matrices written, the bfloat16 embedding in the page cache
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    auto part = model::load(dir, held_as(quantization::int8, std::nullopt, rank_set{2, false, {rank}}));
+    ASSERT_TRUE(part.ok()) << part.err().message;
+    const size_t held = (*part)->resident_weight_bytes();
+    const size_t embed = (*part)->weights().embed.bytes();
+    EXPECT_LT(held - embed, (all - embed) * 55 / 100) << held << " of " << all;
+    EXPECT_GT(held - embed, (all - embed) * 45 / 100) << held << " of " << all;
+    std::printf("rank %d of 2 holds %zu of %zu bytes of weights (embedding %zu)\n", rank, held, all, embed);
+  }
+}
+
+}  // namespace
+}  // namespace llmesh::model
