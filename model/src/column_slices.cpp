@@ -12,18 +12,9 @@
 #include "llmesh/model/shard_executor.hpp"
 #include "llmesh/model/weights.hpp"
 #include "load_threads.hpp"
+#include "rank_parts.hpp"
 
 namespace llmesh::model {
-namespace {
-
-/// Page-aligned [begin, end) within [p, p + bytes).
-std::pair<uintptr_t, uintptr_t> inner_pages(const void* p, size_t bytes) {
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto b = reinterpret_cast<uintptr_t>(p), e = b + bytes;
-  return {(b + page - 1) / page * page, e / page * page};
-}
-
-}  // namespace
 
 status model::compact_columns() {
   if (!held_ranks_) return ok_status();
@@ -61,12 +52,9 @@ status model::compact_columns() {
     x.offset = total;
     total += (x.full->rows * row_bytes(x) + 63) / 64 * 64;
   }
-  void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
-    return make_error(errc::io_error, "cannot allocate " + std::to_string(total >> 20) + " MiB for the ranks' columns");
-  }
-  ::madvise(mem, total, MADV_HUGEPAGE);  // fewer TLB misses while decode streams the weights; optional
-  std::shared_ptr<uint8_t> bytes(static_cast<uint8_t*>(mem), [total](uint8_t* p) { ::munmap(p, total); });
+  auto mapped = detail::weight_mapping(total, total, "ranks' columns");  // every byte written: huge pages
+  if (!mapped) return mapped.take_error();
+  const std::shared_ptr<uint8_t> bytes = std::move(*mapped);
   LLMESH_TRY(detail::for_each_item(wants.size(), [&](size_t i) -> status {
     const want& x = wants[i];
     const weight_matrix& w = *x.full;
@@ -84,10 +72,7 @@ status model::compact_columns() {
   column_bytes_ = std::move(bytes);
   // The full matrices are read no more: their pages leave memory (a checkpoint's stay in the
   // page cache, clean). Interior pages only: a neighbour may share an edge page.
-  for (const auto& x : wants) {
-    const auto [from, to] = inner_pages(x.full->data, x.full->bytes());
-    if (to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
-  }
+  for (const auto& x : wants) detail::let_go(x.full->data, x.full->bytes());
   return ok_status();
 }
 
@@ -105,10 +90,10 @@ const weight_matrix* model::column_slice(const weight_matrix& full, size_t c0) c
 }
 
 size_t model::resident_weight_bytes() const {
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
   auto add = [&](const weight_matrix& w) {
     if (w.rows == 0) return;
-    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
     const auto b = reinterpret_cast<uintptr_t>(w.data);
     ranges.push_back({b / page * page, (b + w.bytes() + page - 1) / page * page});
   };
@@ -127,7 +112,6 @@ size_t model::resident_weight_bytes() const {
   }
   for (const auto& s : column_slices_) add(s.w);
   std::sort(ranges.begin(), ranges.end());
-  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   size_t resident = 0;
   std::vector<unsigned char> in;
   for (size_t i = 0; i < ranges.size();) {

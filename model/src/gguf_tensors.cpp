@@ -4,8 +4,6 @@
 // IQ4_NL's index iq4nl_values), Q5_0/Q5_1 (plus a fifth bit from qh) and Q8_0; the
 // 256-element K-quants Q2_K ... Q6_K and IQ4_XS are kernels::dtype values (dtype.hpp's
 // k_quant_value is their definition).
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -361,18 +359,17 @@ result<std::shared_ptr<uint8_t>> place_jobs(std::vector<job>& jobs, const std::s
   size_t total = 0;
   std::optional<size_t> huge;  // where the small pages begin
   for (const job* w : order) {
-    if (small(*w) && !huge) huge = total = (total + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    if (small(*w) && !huge) huge = total = detail::huge_page_end(total);
     offsets.push_back(total);
     total += (w->bytes + 63) / 64 * 64;
   }
-  if (total == 0) return std::shared_ptr<uint8_t>();
-  void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (mem == MAP_FAILED) {
-    return make_error(errc::io_error, path + ": cannot allocate " + std::to_string(total >> 20) + " MiB for the converted tensors");
+  auto owner = detail::weight_mapping(huge.value_or(total), total, "converted tensors");
+  if (!owner) {
+    error e = owner.take_error();
+    e.message = path + ": " + e.message;
+    return e;
   }
-  detail::advise_pages(static_cast<uint8_t*>(mem), huge.value_or(total), total);
-  std::shared_ptr<uint8_t> owner(static_cast<uint8_t*>(mem), [total](uint8_t* p) { ::munmap(p, total); });
-  for (size_t i = 0; i < order.size(); ++i) order[i]->buffer = owner.get() + offsets[i];
+  for (size_t i = 0; i < order.size(); ++i) order[i]->buffer = owner->get() + offsets[i];
   return owner;
 }
 

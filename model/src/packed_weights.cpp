@@ -2,9 +2,6 @@
 // int4 or int8 blocks (formats and rules in packed_weights.hpp).
 #include "packed_weights.hpp"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -486,19 +483,15 @@ status unpack_packed_weights(tensor_store& store, const model_config::packed_con
   size_t total = 0;
   std::optional<size_t> huge;  // where the small pages begin
   for (const auto& l : layers) {
-    if (by_columns(l) && !huge) huge = total = (total + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    if (by_columns(l) && !huge) huge = total = huge_page_end(total);
     offsets.push_back(total);
     total += (bytes_of(l) + 63) / 64 * 64;
   }
-  void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (mem == MAP_FAILED) {
-    return make_error(errc::io_error, "cannot allocate " + std::to_string(total >> 20) + " MiB for the unpacked weights");
-  }
-  advise_pages(static_cast<uint8_t*>(mem), huge.value_or(total), total);
-  std::shared_ptr<uint8_t> owner(static_cast<uint8_t*>(mem), [total](uint8_t* m) { ::munmap(m, total); });
+  auto mapped = weight_mapping(huge.value_or(total), total, "unpacked weights");
+  if (!mapped) return mapped.take_error();
+  const std::shared_ptr<uint8_t> owner = std::move(*mapped);
   for (size_t i = 0; i < layers.size(); ++i) layers[i].bytes = owner.get() + offsets[i];
   LLMESH_TRY(unpack_all(layers, p));
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   for (auto& l : layers) {
     tensor_view t;
     t.type = l.type;
@@ -507,11 +500,7 @@ status unpack_packed_weights(tensor_store& store, const model_config::packed_con
     t.bytes = bytes_of(l);
     LLMESH_TRY(store.add(l.name + ".weight", std::move(t), owner));
     // The packed pages leave resident memory (they stay in the page cache, clean).
-    for (const tensor_view* v : {&l.qweight, &l.qzeros, &l.scales}) {
-      const auto begin = reinterpret_cast<uintptr_t>(v->data), end = begin + v->bytes;
-      const uintptr_t from = (begin + page - 1) / page * page, to = end / page * page;
-      if (v->data != nullptr && to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
-    }
+    for (const tensor_view* v : {&l.qweight, &l.qzeros, &l.scales}) let_go(v->data, v->bytes);
   }
   return ok_status();
 }

@@ -132,11 +132,25 @@ spans aligned_cols(const matrix_part& p, size_t block, size_t cols) {
   return p.cols;
 }
 
-void advise_pages(uint8_t* base, size_t huge, size_t total) {
+result<std::shared_ptr<uint8_t>> weight_mapping(size_t huge, size_t total, const std::string& what) {
+  if (total == 0) return std::shared_ptr<uint8_t>();
+  void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mem == MAP_FAILED) {
+    return make_error(errc::io_error, "cannot allocate " + std::to_string(total >> 20) + " MiB for the " + what);
+  }
+  auto* base = static_cast<uint8_t*>(mem);
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   huge = (huge + page - 1) / page * page;
-  if (huge > 0) ::madvise(base, std::min(huge, total), MADV_HUGEPAGE);  // fewer TLB misses while decode streams the weights; optional
+  if (huge > 0) ::madvise(base, std::min(huge, total), MADV_HUGEPAGE);  // optional
   if (total > huge) ::madvise(base + huge, total - huge, MADV_NOHUGEPAGE);
+  return std::shared_ptr<uint8_t>(base, [total](uint8_t* p) { ::munmap(p, total); });
+}
+
+void let_go(const void* p, size_t bytes) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
+  const uintptr_t from = (begin + page - 1) / page * page, to = end / page * page;
+  if (p != nullptr && to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
 }
 
 }  // namespace llmesh::model::detail

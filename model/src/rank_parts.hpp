@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,8 +70,20 @@ inline bool small_pages(const matrix_part& p, size_t bytes) {
   return p.skip || !p.cols.empty() || (!p.rows.empty() && bytes < (size_t{32} << 20));
 }
 
-/// Advises huge pages for [base, base + huge) and none for [base + huge, base + total): the
-/// matrices held by columns lie at the end, where a huge page would back every rank's columns.
-void advise_pages(uint8_t* base, size_t huge, size_t total);
+/// `bytes` rounded up to a whole 2 MiB huge page: where small pages begin without sharing one.
+constexpr size_t huge_page_end(size_t bytes) {
+  constexpr size_t huge_page = size_t{2} << 20;
+  return (bytes + huge_page - 1) / huge_page * huge_page;
+}
+
+/// One anonymous mapping of `total` bytes for weights written at load, whose pages take memory
+/// only once written (MAP_NORESERVE): huge pages advised for [0, huge), fewer TLB misses while
+/// decode streams them; small pages after, where parts held in small pieces lie (a huge page
+/// would back other ranks' rows). io_error naming `what` when it cannot be had; null for 0.
+[[nodiscard]] result<std::shared_ptr<uint8_t>> weight_mapping(size_t huge, size_t total, const std::string& what);
+
+/// Lets the whole pages within [p, p + bytes) leave memory (an edge page may be a neighbour's);
+/// a checkpoint's stay in the page cache, clean.
+void let_go(const void* p, size_t bytes);
 
 }  // namespace llmesh::model::detail

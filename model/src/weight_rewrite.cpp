@@ -1,9 +1,6 @@
 // Rewriting a loaded model's matrices in another type at load (weight_rewrite.hpp).
 #include "weight_rewrite.hpp"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <tuple>
 
@@ -34,14 +31,6 @@ void add_target(std::vector<convert_target>& targets, weight_matrix* w, std::str
   t.name = std::move(name);
   t.part = std::move(part);
   targets.push_back(std::move(t));
-}
-
-/// Lets the whole pages of [p, p + bytes) leave memory.
-void let_go(const void* p, size_t bytes) {
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
-  const uintptr_t from = (begin + page - 1) / page * page, to = end / page * page;
-  if (to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
 }
 
 }  // namespace
@@ -129,19 +118,16 @@ result<std::shared_ptr<uint8_t>> rewrite(std::vector<convert_target>& targets, k
     t.own_offset = total;
     total += bytes_of(t.w().rows, t.own_cols->second - t.own_cols->first);
   }
-  const size_t huge = total = (total + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+  const size_t huge = total = huge_page_end(total);
   for (size_t i : order) {
     if (!small(i)) continue;
     targets[i].offset = total;
     total += bytes_of(targets[i].w().rows, targets[i].w().cols);
   }
-  if (total == 0) return std::shared_ptr<uint8_t>();
-  void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (mem == MAP_FAILED) {
-    return make_error(errc::io_error, "cannot allocate " + std::to_string(total >> 20) + " MiB for the " + what + " weights");
-  }
-  advise_pages(static_cast<uint8_t*>(mem), huge, total);
-  std::shared_ptr<uint8_t> store(static_cast<uint8_t*>(mem), [total](uint8_t* p) { ::munmap(p, total); });
+  auto mapped = weight_mapping(huge, total, std::string(what) + " weights");
+  if (!mapped) return mapped.take_error();
+  if (total == 0) return mapped;
+  const std::shared_ptr<uint8_t> store = std::move(*mapped);
   // Work items of up to 256 rows over every hardware thread; each writes its own bytes.
   struct item {
     size_t target, row0, rows;
