@@ -34,8 +34,11 @@ struct gguf_texts {
 /// scale widened, their quants minus 16, or IQ4_NL's table values, as int8), Q5_1 dequantized
 /// in float32 and quantized to q8 (32-element blocks with a scale of max|w|/127). A quantized vector (no such file seen) is
 /// dequantized to float32 as the other vectors are. With `part_of`, a copied or repacked
-/// matrix is written only in the part it names (load_options::ranks).
-[[nodiscard]] result<tensor_store> gguf_tensor_store(const std::string& path, const detail::part_of_tensor& part_of = {});
+/// matrix is written only in the part it names (load_options::ranks); with `own` too, a part
+/// that is one rank's columns (matrix_part::own) on whole blocks as a matrix of its own, listed
+/// there (model::column_slice), its full matrix never touched.
+[[nodiscard]] result<tensor_store> gguf_tensor_store(const std::string& path, const detail::part_of_tensor& part_of = {},
+                                                     std::vector<detail::own_columns>* own = nullptr);
 
 /// `name`'s text in model `dir`: DIR/name for a directory; for a GGUF file (is_gguf_file) the
 /// synthesized text (cached per file), or not_found when it has none (generation_config.json).

@@ -260,10 +260,15 @@ struct job {
   size_t rows = 0, cols = 0;  ///< HF shape [rows, cols] (a vector: rows 1)
   uint8_t* buffer = nullptr;  ///< in the store's one mapping of converted tensors
   size_t bytes = 0;
+  /// One rank's columns (part_cols, one span) written as a matrix of their own here, `buffer`
+  /// never touched (matrix_part::own); null: rows are written in `buffer`.
+  uint8_t* own = nullptr;
   size_t row0 = 0;      ///< the source's first row (an expert's matrix within a stacked tensor)
   bool matrix = false;  ///< an HF matrix (a vector source: Qwen2-MoE's shared_expert_gate)
   detail::matrix_part part;  ///< what is written (load_options::ranks; default: all)
   detail::spans part_cols;   ///< the part's columns, on the source's blocks and on 32s (empty: whole rows)
+  bool owns = false;         ///< part_cols go to `own`
+  size_t own_cols() const { return part_cols.front().second - part_cols.front().first; }
 };
 
 /// The source row that HF row `r` of a permuted q/k comes from: within each head of `hd` rows,
@@ -292,7 +297,9 @@ status fill_rows(const job& w, size_t row0, size_t n, std::vector<float>& scratc
   for (size_t r = row0; r < row0 + n; ++r) {
     const size_t from = w.row0 + source_row(w, r);
     const uint8_t* row = t.data + from * src_row_bytes;
-    uint8_t* dst_row = w.buffer + k::dtype_bytes(w.out_type, r * w.cols);  // GGUF rows are whole blocks
+    // GGUF rows are whole blocks; an own matrix's row is its columns (whole blocks: q8_row_elements is the count).
+    uint8_t* dst_row = w.owns ? w.own + k::dtype_bytes(w.out_type, r * w.own_cols()) : w.buffer + k::dtype_bytes(w.out_type, r * w.cols);
+    const size_t dst_c0 = w.owns ? w.part_cols.front().first : 0;
     if (w.out_type != k::dtype::q8 && w.out_type != k::dtype::q4) {  // a row as stored (a permuted F32/F16/BF16/K-quant row), or float32
       if (w.out_type == k::dtype::f32 && t.type != ggml::f32) {
         dequantize_row(t, from, reinterpret_cast<float*>(dst_row));
@@ -307,7 +314,7 @@ status fill_rows(const job& w, size_t row0, size_t n, std::vector<float>& scratc
     bool decoded = false;
     for (const auto& [c0, c1] : w.part_cols.empty() ? whole : w.part_cols) {  // on the source's blocks
       const uint8_t* src = row + c0 / info.elements * info.bytes;
-      uint8_t* dst = dst_row + k::dtype_bytes(w.out_type, c0);
+      uint8_t* dst = dst_row + k::dtype_bytes(w.out_type, c0 - dst_c0);
       const size_t cols = c1 - c0;
       if (w.out_type == k::dtype::q4) {
         if (!repack_q4(t.type, src, cols, dst)) return make_error(errc::invalid_request, "row " + std::to_string(r) + " has a non-finite scale");
@@ -347,35 +354,48 @@ status run_jobs(std::vector<job>& jobs) {
 }
 
 /// One anonymous mapping for every job's tensor (an allocation that fails is an error, not an
-/// exception): those written whole or by rows of a large matrix first, under huge pages; those
-/// held in small parts (load_options::ranks) after, under small pages, so only what is written
+/// exception): those written whole or by rows of a large matrix, and own columns' matrices,
+/// first, under huge pages; those held in small parts (load_options::ranks; and the full
+/// matrices of own columns, never written) after, under small pages, so only what is written
 /// takes memory.
 result<std::shared_ptr<uint8_t>> place_jobs(std::vector<job>& jobs, const std::string& path) {
-  auto small = [](const job& w) { return detail::small_pages(w.part, w.bytes); };
-  std::vector<job*> order;
-  for (auto& w : jobs) order.push_back(&w);
-  std::stable_partition(order.begin(), order.end(), [&](const job* w) { return !small(*w); });
-  std::vector<size_t> offsets;
+  auto small = [](const job& w) { return w.owns || detail::small_pages(w.part, w.bytes); };
+  auto aligned = [](size_t n) { return (n + 63) / 64 * 64; };
+  std::vector<size_t> at(jobs.size()), own_at(jobs.size());
   size_t total = 0;
-  std::optional<size_t> huge;  // where the small pages begin
-  for (const job* w : order) {
-    if (small(*w) && !huge) huge = total = detail::huge_page_end(total);
-    offsets.push_back(total);
-    total += (w->bytes + 63) / 64 * 64;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (small(jobs[i])) continue;
+    at[i] = total;
+    total += aligned(jobs[i].bytes);
   }
-  auto owner = detail::weight_mapping(huge.value_or(total), total, "converted tensors");
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (!jobs[i].owns) continue;
+    own_at[i] = total;
+    total += aligned(k::dtype_bytes(jobs[i].out_type, jobs[i].rows * jobs[i].own_cols()));
+  }
+  const size_t huge = total = detail::huge_page_end(total);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (!small(jobs[i])) continue;
+    at[i] = total;
+    total += aligned(jobs[i].bytes);
+  }
+  auto owner = detail::weight_mapping(huge, total, "converted tensors");
   if (!owner) {
     error e = owner.take_error();
     e.message = path + ": " + e.message;
     return e;
   }
-  for (size_t i = 0; i < order.size(); ++i) order[i]->buffer = owner->get() + offsets[i];
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    jobs[i].buffer = owner->get() + at[i];
+    if (jobs[i].owns) jobs[i].own = owner->get() + own_at[i];
+  }
   return owner;
 }
 
 }  // namespace
 
-result<tensor_store> gguf_tensor_store(const std::string& path, const detail::part_of_tensor& part_of) {
+result<tensor_store> gguf_tensor_store(const std::string& path, const detail::part_of_tensor& part_of,
+                                       std::vector<detail::own_columns>* own) {
   auto opened = gguf_file::open(path);
   if (!opened) return opened.take_error();
   std::shared_ptr<const gguf_file> g = std::move(opened.value());
@@ -445,6 +465,7 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
         w.part = part_of(hf);
         if (w.out_type == k::dtype::q8 || w.out_type == k::dtype::q4) {
           w.part_cols = detail::aligned_cols(w.part, std::max<size_t>(ggml::block(t.type).elements, 32), cols);
+          w.owns = own != nullptr && w.part.own && !w.part_cols.empty();
         }
       }
       jobs.push_back(std::move(w));
@@ -457,6 +478,7 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
     std::vector<size_t> shape = w.matrix ? std::vector<size_t>{w.rows, w.cols} : std::vector<size_t>{w.cols};
     tensor_view v{w.out_type, std::move(shape), w.buffer, w.bytes};
     LLMESH_TRY(store.add(w.name.name, std::move(v), *owner));
+    if (w.owns) own->push_back({w.buffer, w.part_cols.front().first, weight_matrix{w.own, w.out_type, w.rows, w.own_cols()}});
   }
   return store;
 }

@@ -58,11 +58,18 @@ struct packed_layer {
   size_t in = 0, out = 0, groups = 0;
   bool exact = true;  ///< every 32-input block in one group, every q − z within int8
   k::dtype type = k::dtype::q8;  ///< q4 where exact, 4 bits, and every scale·zero exact in float32
-  uint8_t* bytes = nullptr;      ///< its rows of int8 (or int4) blocks
   matrix_part part;              ///< what is unpacked (load_options::ranks; default: all)
   spans cols;                    ///< the part's columns, on blocks of 32 (empty: whole rows)
+  bool own = false;              ///< cols (one span) written as a matrix of their own (part.own)
+  uint8_t* full = nullptr;       ///< the [out, in] matrix of int8 (or int4) blocks
+  uint8_t* bytes = nullptr;      ///< where rows are written: `full`, or (own) the columns' matrix
   size_t row_bytes() const { return k::dtype_bytes(type, k::q8_row_elements(in)); }
+  /// Inputs of a written row, its bytes, and the block of `full` its first block is.
+  size_t written_in() const { return own ? cols.front().second - cols.front().first : in; }
+  size_t written_row_bytes() const { return k::dtype_bytes(type, k::q8_row_elements(written_in())); }
+  size_t first_block() const { return own ? cols.front().first / k::q8_block : 0; }
 };
+static_assert(k::q4_block == k::q8_block, "a column span on blocks of 32 is whole blocks of both");
 
 /// What a stored 4-bit quant is offset by in a q4 nibble: compressed-tensors' quants() are
 /// signed (stored − 8), AWQ's and GPTQ's the stored nibble.
@@ -131,7 +138,7 @@ status unpack_q4_row(const packed_layer& l, const model_config::packed_config& p
     if (!std::isfinite(s)) return make_error(errc::invalid_request, l.scales_name + ": a scale is not finite");
     const int z = zero(l, p, g, o) + off;
     const float m = s * static_cast<float>(z);
-    uint8_t* block = dst + b * k::q4_block_bytes;
+    uint8_t* block = dst + (b - l.first_block()) * k::q4_block_bytes;
     std::memcpy(block, &s, 4);
     std::memcpy(block + 4, &m, 4);
     std::memset(block + 8, 0, k::q4_block / 2);
@@ -147,7 +154,7 @@ status unpack_q4_row(const packed_layer& l, const model_config::packed_config& p
 status unpack_rows(const packed_layer& l, const model_config::packed_config& p, size_t o0, size_t o1) {
   std::vector<int> q(l.in);
   std::vector<float> row(l.in);
-  const size_t row_bytes = l.row_bytes();
+  const size_t row_bytes = l.written_row_bytes();
   for (size_t o = o0; o < o1; ++o) {
     quants(l, p, o, q);
     uint8_t* dst = l.bytes + o * row_bytes;
@@ -162,7 +169,7 @@ status unpack_rows(const packed_layer& l, const model_config::packed_config& p, 
         const float s = scale(l, p, g, o);
         if (!std::isfinite(s)) return make_error(errc::invalid_request, l.scales_name + ": a scale is not finite");
         const int z = zero(l, p, g, o);
-        uint8_t* block = dst + b * k::q8_block_bytes;
+        uint8_t* block = dst + (b - l.first_block()) * k::q8_block_bytes;
         std::memcpy(block, &s, 4);
         std::memset(block + 4, 0, k::q8_block);  // a short last block's padding
         for (size_t i = i0; i < std::min(l.in, i0 + k::q8_block); ++i) {
@@ -446,7 +453,8 @@ status parse_packed_config(const json& j, model_config& c) {
   return refused("quant_method '" + m + "' is not supported");
 }
 
-status unpack_packed_weights(tensor_store& store, const model_config::packed_config& p, const part_of_tensor& part_of) {
+status unpack_packed_weights(tensor_store& store, const model_config::packed_config& p, const part_of_tensor& part_of,
+                             std::vector<own_columns>* own) {
   std::vector<packed_layer> layers;
   for (const auto& n : store.integer_names()) {
     const std::string suffix = n.ends_with(".qweight") ? ".qweight" : n.ends_with(".weight_packed") ? ".weight_packed" : "";
@@ -468,37 +476,55 @@ status unpack_packed_weights(tensor_store& store, const model_config::packed_con
       // Columns only where whole blocks of 32 inputs are written exactly; a requantized row
       // (its scale from the whole row) is written whole.
       if (l->exact) l->cols = aligned_cols(l->part, k::q8_block, l->in);
+      l->own = own != nullptr && l->part.own && !l->cols.empty();
     }
     layers.push_back(std::move(*l));
   }
   if (layers.empty()) return ok_status();
   // One anonymous mapping for every layer's int8 or int4 rows (an allocation that fails is an
-  // error, not an exception): layers unpacked whole or by rows first, under huge pages (as for
-  // --quantization int8); those held in small parts (load_options::ranks: by columns, not at
-  // all, by rows of a small matrix) after, under small pages, so only what is written takes memory.
+  // error, not an exception): layers unpacked whole or by rows, and own columns' matrices,
+  // first, under huge pages (as for --quantization int8); those held in small parts
+  // (load_options::ranks: by columns, not at all, by rows of a small matrix; and the full
+  // matrices of own columns, never written) after, under small pages, so only what is written
+  // takes memory.
   auto bytes_of = [](const packed_layer& l) { return l.out * l.row_bytes(); };
-  auto by_columns = [&](const packed_layer& l) { return small_pages(l.part, bytes_of(l)); };
-  std::stable_partition(layers.begin(), layers.end(), [&](const packed_layer& l) { return !by_columns(l); });
-  std::vector<size_t> offsets;
+  auto aligned = [](size_t n) { return (n + 63) / 64 * 64; };
+  auto small = [&](const packed_layer& l) { return l.own || small_pages(l.part, bytes_of(l)); };
+  std::stable_partition(layers.begin(), layers.end(), [&](const packed_layer& l) { return !small(l); });
+  std::vector<size_t> full_at(layers.size()), own_at(layers.size());
   size_t total = 0;
-  std::optional<size_t> huge;  // where the small pages begin
-  for (const auto& l : layers) {
-    if (by_columns(l) && !huge) huge = total = huge_page_end(total);
-    offsets.push_back(total);
-    total += (bytes_of(l) + 63) / 64 * 64;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (small(layers[i])) continue;
+    full_at[i] = total;
+    total += aligned(bytes_of(layers[i]));
   }
-  auto mapped = weight_mapping(huge.value_or(total), total, "unpacked weights");
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (!layers[i].own) continue;
+    own_at[i] = total;
+    total += aligned(layers[i].out * layers[i].written_row_bytes());
+  }
+  const size_t huge = total = huge_page_end(total);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (!small(layers[i])) continue;
+    full_at[i] = total;
+    total += aligned(bytes_of(layers[i]));
+  }
+  auto mapped = weight_mapping(huge, total, "unpacked weights");
   if (!mapped) return mapped.take_error();
   const std::shared_ptr<uint8_t> owner = std::move(*mapped);
-  for (size_t i = 0; i < layers.size(); ++i) layers[i].bytes = owner.get() + offsets[i];
+  for (size_t i = 0; i < layers.size(); ++i) {
+    layers[i].full = owner.get() + full_at[i];
+    layers[i].bytes = layers[i].own ? owner.get() + own_at[i] : layers[i].full;
+  }
   LLMESH_TRY(unpack_all(layers, p));
   for (auto& l : layers) {
     tensor_view t;
     t.type = l.type;
     t.shape = {l.out, l.in};
-    t.data = l.bytes;
+    t.data = l.full;
     t.bytes = bytes_of(l);
     LLMESH_TRY(store.add(l.name + ".weight", std::move(t), owner));
+    if (l.own) own->push_back({l.full, l.cols.front().first, weight_matrix{l.bytes, l.type, l.out, l.written_in()}});
     // The packed pages leave resident memory (they stay in the page cache, clean).
     for (const tensor_view* v : {&l.qweight, &l.qzeros, &l.scales}) let_go(v->data, v->bytes);
   }

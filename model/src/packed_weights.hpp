@@ -54,8 +54,10 @@ namespace llmesh::model::detail {
 /// invalid_request naming the tensor when a companion is missing, of the wrong kind or
 /// misshapen, a scale is not finite, a g_idx entry is out of range, act-order has no g_idx or
 /// X.weight is there too; io_error when memory runs out. With `part_of`, only the part of
-/// each layer it names is unpacked (load_options::ranks), the rest left unwritten.
+/// each layer it names is unpacked (load_options::ranks), the rest left unwritten; with `own`
+/// too, a part that is one rank's columns (matrix_part::own) on whole blocks is written as a
+/// matrix of its own, listed there (model::column_slice), its full matrix never touched.
 [[nodiscard]] status unpack_packed_weights(tensor_store& store, const model_config::packed_config& p,
-                                           const part_of_tensor& part_of = {});
+                                           const part_of_tensor& part_of = {}, std::vector<own_columns>* own = nullptr);
 
 }  // namespace llmesh::model::detail

@@ -88,6 +88,7 @@ matrix_part part_read(const model_config& c, const rank_set& ranks, matrix_role 
   const size_t col_extent = role == R::o ? q_dim : role == R::shared_down ? c.moe.shared_intermediate : c.intermediate;
   p.rows = merged(std::move(rows), row_extent);
   p.cols = merged(std::move(cols), col_extent);
+  p.own = ranks.ranks.size() == 1 && p.cols.size() == 1;
   return p;
 }
 

@@ -24,6 +24,10 @@ using spans = std::vector<std::pair<size_t, size_t>>;  ///< half-open [begin, en
 struct matrix_part {
   bool skip = false;
   spans rows, cols;
+  /// Held for one rank, a row-parallel matrix (one span of columns): written, where its
+  /// columns fall on whole blocks, as a matrix of its own (model::column_slice), the full
+  /// matrix's bytes never touched.
+  bool own = false;
   bool whole() const { return !skip && rows.empty() && cols.empty(); }
 };
 
@@ -44,6 +48,13 @@ matrix_part part_read(const model_config& c, const rank_set& ranks, matrix_role 
 /// The role of the checkpoint matrix named `name` (an HF name, with or without ".weight"),
 /// and for a routed expert its number.
 std::pair<matrix_role, size_t> role_of(const std::string& name);
+
+/// A row-parallel matrix's columns [c0, c0 + w.cols) of the full matrix at `full`, held as `w`.
+struct own_columns {
+  const void* full;
+  size_t c0;
+  weight_matrix w;
+};
 
 /// The part of a checkpoint tensor (by its HF name) that load keeps; empty: every tensor whole.
 using part_of_tensor = std::function<matrix_part(const std::string& hf_name)>;

@@ -40,12 +40,11 @@ std::vector<convert_target> targets_of(model_weights& w, kernels::dtype to, bool
   using R = matrix_role;
   auto part = [&](R role, size_t expert = 0) { return ranks ? part_read(c, *ranks, role, expert) : matrix_part{}; };
   std::vector<convert_target> targets;
-  const bool one_rank = ranks && ranks->ranks.size() == 1;
   // A row-parallel matrix of one rank: its columns, as a matrix of their own.
   auto add_own = [&](weight_matrix* m, const std::string& name, R role, size_t expert = 0) {
     const size_t before = targets.size();
     add_target(targets, m, name, to, part(role, expert));
-    if (one_rank && targets.size() > before && targets.back().part.cols.size() == 1) targets.back().own_cols = targets.back().part.cols.front();
+    if (targets.size() > before && targets.back().part.own) targets.back().own_cols = targets.back().part.cols.front();
   };
   for (size_t i = 0; i < w.layers.size(); ++i) {
     auto& l = w.layers[i];

@@ -31,13 +31,6 @@ struct convert_target {
   const weight_matrix& w() const { return *views.front(); }
 };
 
-/// A row-parallel matrix's columns [c0, c0 + w.cols) of the full matrix at `full`, held as `w`.
-struct own_columns {
-  const void* full;
-  size_t c0;
-  weight_matrix w;
-};
-
 /// The columns of a matrix already held as a matrix of their own (model::column_slice).
 using held_columns_of = std::function<const weight_matrix*(const weight_matrix& full, size_t c0)>;
 

@@ -186,15 +186,17 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
       return role == detail::matrix_role::lm_head ? detail::matrix_part{} : detail::part_read(c, r, role, expert);
     };
   }
-  auto store = is_gguf_file(dir) ? gguf_tensor_store(dir, part_of) : tensor_store::open(dir);
+  std::vector<detail::own_columns> own;  // one rank's columns written as matrices of their own
+  auto store = is_gguf_file(dir) ? gguf_tensor_store(dir, part_of, &own) : tensor_store::open(dir);
   if (!store) return store.take_error();
-  if (auto s = detail::unpack_packed_weights(*store, cfg->packed, part_of); !s) {  // packed checkpoints' layers into int4 or int8
+  if (auto s = detail::unpack_packed_weights(*store, cfg->packed, part_of, &own); !s) {  // packed checkpoints' layers into int4 or int8
     error e = s.take_error();
     e.message = dir + ": " + e.message;
     return e;
   }
   std::shared_ptr<model> m(new model(dir, std::move(cfg.value()), std::move(store.value())));
   m->held_ranks_ = std::move(*ranks);
+  m->keep_column_slices(own);
   if (auto s = m->bind_weights(); !s) {
     error e = s.take_error();
     e.message = dir + ": " + e.message;
