@@ -97,9 +97,8 @@ void start_join(agent* self) {
 /// heartbeats must go on meanwhile), then reports back with `(loaded_atom, id, engine, error)`.
 void load_replica(agent* self, const transport::assign_msg& a) {
   auto& st = self->state;
-  std::shared_ptr<const model::model> cached;
   const std::string key = model_key(a);
-  if (auto it = st.models.find(key); it != st.models.end()) cached = it->second;
+  std::shared_ptr<const model::model> cached = cached_model(self, key);
   model::engine_options eo = st.opt.engine;
   eo.tp = static_cast<int>(std::max<uint32_t>(a.tp, 1));
   eo.expert_parallel = a.expert_parallel;
@@ -110,7 +109,7 @@ void load_replica(agent* self, const transport::assign_msg& a) {
   auto kv_type = kv_type_of(a, eo.device);
   if (kv_type) eo.kv_type = *kv_type;
   self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, kv_mb, max_seqs, key,
-                              load, kv_type](caf::event_based_actor* helper) mutable {
+                              load, kv_type, node = st.opt.node](caf::event_based_actor* helper) mutable {
     std::shared_ptr<const model::model> m = cached;
     std::string err;
     std::shared_ptr<model::engine> eng;
@@ -120,7 +119,7 @@ void load_replica(agent* self, const transport::assign_msg& a) {
       err = kv_type.err().message;
     } else if (!m) {
       auto loaded = model::model::load(a.path, *load);
-      if (loaded) m = *loaded;
+      if (loaded) m = held_model(*loaded, node, a.model);
       else err = loaded.err().message;
     }
     if (m) {
@@ -229,10 +228,10 @@ void on_down(agent* self, const caf::down_msg& d) {
   const bool planned = h.stopping;
   const bool follower = h.follower;
   const std::string model = h.model;
-  st.hosted.erase(it);
   std::fprintf(stderr, "llmesh: node %s: %s %llu of '%s' stopped%s\n", st.opt.node.c_str(),
                follower ? "shards of replica" : "replica", static_cast<unsigned long long>(id), model.c_str(),
                follower ? "" : planned ? " after draining" : (st.quitting ? "" : " unexpectedly"));
+  st.hosted.erase(it);  // (its engine, and the model if no other replica here uses it: logged after)
   if (!st.quitting && !follower) {  // a follower's shards: the replica's node reports
     report(self, id, model, transport::replica_phase::dead, 0, planned ? "" : "the replica stopped unexpectedly");
   }

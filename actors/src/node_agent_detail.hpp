@@ -188,6 +188,12 @@ void queued_loras_applied(agent* self, uint64_t id, const std::string& key, std:
 /// The replica's model and engine are built (or `err`): node_agent.cpp.
 void loaded(agent* self, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
             std::shared_ptr<model::engine> eng, const std::string& err);
+/// `m` as this node's replicas share it: once the last of them lets it go, its memory is freed
+/// and the node logs "'model' unloaded (N MiB of weights freed): no replica here uses it".
+std::shared_ptr<const model::model> held_model(std::shared_ptr<const model::model> m, const std::string& node,
+                                               const std::string& model);
+/// The cached model under `key`, or null (an expired entry goes).
+std::shared_ptr<const model::model> cached_model(agent* self, const std::string& key);
 /// The model cache holds `m` under the key of the adapters it has now (`key`: its key before).
 void recache(agent* self, const std::string& key, const std::shared_ptr<const model::model>& m);
 /// `m`'s cache entry moves to the key of the adapters it has now (none: not cached).

@@ -103,15 +103,38 @@ uint64_t wall_ms() {
 
 }  // namespace
 
+std::shared_ptr<const model::model> held_model(std::shared_ptr<const model::model> m, const std::string& node,
+                                               const std::string& model) {
+  const model::model* p = m.get();
+  return std::shared_ptr<const model::model>(p, [m = std::move(m), node, model](const model::model*) mutable {
+    const double mb = static_cast<double>(m->resident_weight_bytes()) / (1 << 20);
+    m.reset();
+    std::fprintf(stderr, "llmesh: node %s: '%s' unloaded (%.1f MiB of weights freed): no replica here uses it\n", node.c_str(),
+                 model.c_str(), mb);
+  });
+}
+
+std::shared_ptr<const model::model> cached_model(agent* self, const std::string& key) {
+  auto& models = self->state.models;
+  auto it = models.find(key);
+  if (it == models.end()) return nullptr;
+  auto m = it->second.lock();
+  if (!m) models.erase(it);
+  return m;
+}
+
 void recache(agent* self, const std::string& key, const std::shared_ptr<const model::model>& m) {
   auto& models = self->state.models;
-  for (auto it = models.begin(); it != models.end();) it = it->second == m ? models.erase(it) : std::next(it);
+  for (auto it = models.begin(); it != models.end();) {
+    const auto cached = it->second.lock();
+    it = !cached || cached == m ? models.erase(it) : std::next(it);  // expired entries go too
+  }
   models[model_key(key, *m)] = m;
 }
 
 void recache(agent* self, const std::shared_ptr<const model::model>& m) {
   for (const auto& [key, cached] : self->state.models) {
-    if (cached == m) return recache(self, std::string(key), m);  // (a copy: the entry goes)
+    if (cached.lock() == m) return recache(self, std::string(key), m);  // (a copy: the entry goes)
   }
 }
 

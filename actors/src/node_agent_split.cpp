@@ -134,8 +134,7 @@ void load_part(agent* self, const transport::assign_msg& a) {
     f.tensors.assign(tp, "");
     st.forming[a.replica] = std::move(f);
   }
-  std::shared_ptr<const model::model> cached;
-  if (auto it = st.models.find(model_key(a, true)); it != st.models.end()) cached = it->second;
+  std::shared_ptr<const model::model> cached = cached_model(self, model_key(a, true));
   model::engine_options eo = st.opt.engine;
   eo.tp = static_cast<int>(tp);
   eo.expert_parallel = a.expert_parallel;
@@ -145,7 +144,7 @@ void load_part(agent* self, const transport::assign_msg& a) {
   go.key = a.group_key;
   go.timeout = st.opt.tensor_timeout;
   self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, max_seqs, go, err,
-                              make = st.opt.make_tensor_transport,
+                              make = st.opt.make_tensor_transport, node = st.opt.node,
                               host = st.opt.tensor_host,
                               load = load_options_of(a, eo.device),
                               kv_type = kv_type_of(a, eo.device)](caf::event_based_actor* helper) mutable {
@@ -160,7 +159,7 @@ void load_part(agent* self, const transport::assign_msg& a) {
     if (p->err.empty() && !p->m) {
       load->ranks = ranks_of(a);  // only what this node's ranks read of the matrices written at load
       auto loaded = model::model::load(a.path, *load);
-      if (loaded) p->m = *loaded;
+      if (loaded) p->m = held_model(*loaded, node, a.model);
       else p->err = loaded.err().message;
     }
     if (p->m) p->resident_mb = p->m->resident_weight_bytes() >> 20;

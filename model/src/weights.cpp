@@ -177,13 +177,14 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
   }
   auto ranks = held_ranks_of(opt.ranks);
   if (!ranks) return ranks.take_error();
-  // What the held ranks read of a checkpoint tensor, by its HF name (the LM head whole: a
-  // classifier takes rows of it before any rank runs).
+  // What the held ranks read of a checkpoint tensor, by its HF name (the LM head whole for a
+  // classifier_from_token classifier: it takes rows of it before any rank runs).
   detail::part_of_tensor part_of;
   if (*ranks) {
     part_of = [c = *cfg, r = **ranks](const std::string& name) {
       const auto [role, expert] = detail::role_of(name);
-      return role == detail::matrix_role::lm_head ? detail::matrix_part{} : detail::part_read(c, r, role, expert);
+      const bool head_rows = role == detail::matrix_role::lm_head && !c.classifier.from_tokens.empty();
+      return head_rows ? detail::matrix_part{} : detail::part_read(c, r, role, expert);
     };
   }
   std::vector<detail::own_columns> own;  // one rank's columns written as matrices of their own

@@ -2,7 +2,8 @@
 // free ones) serves kjv-tiny (one tp-2 replica) and a random Qwen2 model (one tp-1 replica).
 // Each request is answered by a replica of the model it names — exactly `llmesh generate`'s
 // tokens for that model, logprobs included — /v1/models lists both, an unknown model is a 404, and scaling one
-// model to zero makes only its requests 503 while the other model goes on serving.
+// model to zero makes only its requests 503 while the other model goes on serving, and its
+// node lets the model go (its memory freed, logged); scaled back to one, it loads it again.
 #include "mesh_fixture.hpp"
 
 namespace llmesh::testing {
@@ -38,9 +39,11 @@ TEST(Mesh, TwoModelsAreEachServedByTheirOwnReplicas) {
   ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) {
     return count_ready(j) == 2 && count_ready(j, "replica-a") == 1 && count_ready(j, "replica-b") == 1;
   }, &reps)) << reps.dump() << "\n" << seed.log() << a.log() << b.log();
-  std::string qwen_replica;
+  std::string qwen_replica, qwen_node;
   for (const auto& r : reps) {
-    if (r["model"] == "tiny-qwen") qwen_replica = r["node"].get<std::string>() + "/" + std::to_string(r["id"].get<uint64_t>());
+    if (r["model"] != "tiny-qwen") continue;
+    qwen_node = r["node"].get<std::string>();
+    qwen_replica = qwen_node + "/" + std::to_string(r["id"].get<uint64_t>());
   }
   ASSERT_FALSE(qwen_replica.empty()) << reps.dump();
 
@@ -107,6 +110,24 @@ TEST(Mesh, TwoModelsAreEachServedByTheirOwnReplicas) {
   auto still = complete_model(m.http_port, "kjv-tiny", prompts[0], max_tokens);
   ASSERT_EQ(still["status"], 200) << still.dump();
   EXPECT_EQ(still["ids"].get<std::vector<int32_t>>(), generate_ids(bin, model_dir, "--prompt-ids " + id_list(prompts[0]), max_tokens));
+  // No replica on its node uses tiny-qwen now: the node lets it go.
+  node_process& host = qwen_node == "replica-a" ? a : b;
+  EXPECT_TRUE(host.wait_for("node " + qwen_node + ": 'tiny-qwen' unloaded (")) << host.log();
+  node_process& other = qwen_node == "replica-a" ? b : a;
+  EXPECT_EQ(other.log().find("unloaded"), std::string::npos) << other.log();  // kjv-tiny is still served there
+
+  // Scaled back to one, tiny-qwen is loaded again and gives the same tokens.
+  scaled = run_command(bin + " ctl --config " + m.config + " scale tiny-qwen 1");
+  ASSERT_EQ(scaled.exit_code, 0) << scaled.err;
+  ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) { return count_ready(j) == 2; }, &reps)) << reps.dump();
+  nlohmann::json back;
+  for (int i = 0; i < 100; ++i) {  // the router hears of the new replica a moment after the coordinator
+    back = complete_model(m.http_port, "tiny-qwen", prompts[0], max_tokens);
+    if (back["status"] == 200) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(back["status"], 200) << back.dump();
+  EXPECT_EQ(back["ids"].get<std::vector<int32_t>>(), generate_ids(bin, qwen_dir, "--prompt-ids " + id_list(prompts[0]), max_tokens));
 
   EXPECT_EQ(a.stop(), 0) << a.log();
   EXPECT_EQ(b.stop(), 0) << b.log();

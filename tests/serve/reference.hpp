@@ -26,7 +26,10 @@ inline std::vector<int32_t> generate_ids(const std::string& bin, const std::stri
 /// "1,2,3"
 inline std::string id_list(const std::vector<int32_t>& ids) {
   std::string out;
-  for (auto t : ids) out += (out.empty() ? "" : ",") + std::to_string(t);
+  for (auto t : ids) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(t);
+  }
   return out;
 }
 
