@@ -81,7 +81,9 @@ status run_engine_bench(const engine_bench_options& opt) {
   if (!kv_type) return kv_type.take_error();
   auto dtype = model::parse_weight_dtype(opt.dtype);
   if (!dtype) return dtype.take_error();
-  model::load_options lo{.dtype = *dtype, .quant = *quant, .loras = {}};
+  model::load_options lo;
+  lo.dtype = *dtype;
+  lo.quant = *quant;
   if (!opt.lora.empty()) lo.loras = {{"bench", opt.lora}};
   auto m = model::model::load(opt.model_dir, lo);
   if (!m) return m.take_error();

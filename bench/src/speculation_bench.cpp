@@ -87,7 +87,9 @@ status run_speculation_bench(const speculation_bench_options& opt) {
   if (opt.min_n > opt.max_n) return make_error(errc::invalid_request, "--prompt-lookup-min is above --prompt-lookup-max");
   auto quant = model::parse_quantization(opt.quantization);
   if (!quant) return quant.take_error();
-  auto m = model::model::load(opt.model_dir, {.dtype = {}, .quant = *quant, .loras = {}});
+  model::load_options lo;
+  lo.quant = *quant;
+  auto m = model::model::load(opt.model_dir, lo);
   if (!m) return m.take_error();
   const auto& c = (*m)->config();
   std::vector<std::vector<int32_t>> prompts;

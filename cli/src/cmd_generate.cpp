@@ -58,7 +58,9 @@ status run_generate(const generate_flags& f, bool seed_given, bool has_prompt) {
   if (!dtype) return dtype.take_error();
   auto lora_dtype = parse_lora_dtype(f.lora_dtype);
   if (!lora_dtype) return lora_dtype.take_error();
-  model::load_options lo{.dtype = *dtype, .quant = *quant, .loras = {}};
+  model::load_options lo;
+  lo.dtype = *dtype;
+  lo.quant = *quant;
   if (!f.lora.empty()) lo.loras = {{"lora", f.lora}};
   lo.lora_dtype = *lora_dtype;
   auto m = model::model::load(f.model_dir, lo);

@@ -179,6 +179,8 @@ inline double metric_value(int port, const std::string& series) {
 
 /// Clients sending greedy completions in a loop, checking every answer against `want`.
 struct load {
+  load(int port_, const std::vector<std::vector<int32_t>>& prompts_, const std::vector<std::vector<int32_t>>& want_, int max_tokens_)
+      : port(port_), prompts(prompts_), want(want_), max_tokens(max_tokens_) {}
   int port;
   const std::vector<std::vector<int32_t>>& prompts;
   const std::vector<std::vector<int32_t>>& want;

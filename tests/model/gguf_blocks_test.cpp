@@ -137,7 +137,9 @@ TEST(GgufModel, Q4_0AndQ4_1BlocksAreHeldAsInt4Exactly) {
         }
       }
     }
-    if (q == quantization::int8) EXPECT_GT(differ, 0u) << "Q4_1's min is no multiple of its scale: int8 requantizes it";
+    if (q == quantization::int8) {
+      EXPECT_GT(differ, 0u) << "Q4_1's min is no multiple of its scale: int8 requantizes it";
+    }
   }
 }
 
