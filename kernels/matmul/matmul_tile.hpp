@@ -277,6 +277,41 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
       }
     }
   }
+  if constexpr ((WT == dtype::q4 || WT == dtype::q8) && MR <= 2) {
+    // Decode (one or two x rows), whole blocks of 32: one block per iteration, its two steps
+    // unrolled, so every load's byte offset (and an int4 load's nibble half) is a constant
+    // (the generic loop below works them out per step).
+    static_assert(q4_block == 32 && q8_block == 32);
+    for (; kk % 32 == 0 && kk + 32 <= k1; kk += 32) {
+      const size_t at = kk / 32 * dtype_block_bytes(WT);
+      if (MR == 1 || i0 == 0) {  // the next tile's rows (see the generic loop's prefetch)
+        const size_t ahead = q8_next + at;
+#pragma GCC unroll 8
+        for (int n = 0; n < NR; ++n) __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(q8_row[n]) + ahead), 0, 3);
+      }
+#pragma GCC unroll 2
+      for (size_t c = 0; c < 2; ++c) {
+#pragma GCC unroll 2
+        for (int p = 0; p < P; ++p) {
+          const size_t e = c * 16 + static_cast<size_t>(p) * W;
+          reg wv[NR];
+#pragma GCC unroll 8
+          for (int n = 0; n < NR; ++n) {
+            if constexpr (WT == dtype::q4) wv[n] = V::load_q4(q8_row[n] + at, e);
+            else wv[n] = V::load_q8(q8_row[n] + at, 4 + e);
+            asm("" : "+x"(wv[n]));
+          }
+#pragma GCC unroll 8
+          for (int m = 0; m < MR; ++m) {
+            reg xv = V::load_x(x + m * a.ldx + kk + e);
+            asm("" : "+x"(xv));
+#pragma GCC unroll 8
+            for (int n = 0; n < NR; ++n) acc[m][n][p] = V::fma(xv, wv[n], acc[m][n][p]);
+          }
+        }
+      }
+    }
+  }
   for (; !kq && kk + 16 <= k1; kk += 16) {  // K-quants went whole super-blocks at a time above
     [[maybe_unused]] const size_t q8_block_at = kk / q8_block * dtype_block_bytes(WT);  // q8, q4: this step's block
     if (MR == 1 || i0 == 0) {
