@@ -194,9 +194,17 @@ void poll(agent* self, uint64_t id) {
 }
 
 /// Every replica here stops now (without draining), and those still loading or forming are
-/// dropped when they arrive.
-void drop_all(agent* self) {
+/// dropped when they arrive. With `keep_models` their models stay loaded for kept_after_drop
+/// (the coordinator is lost: it may place them here again after the rejoin).
+void drop_all(agent* self, bool keep_models) {
   auto& st = self->state;
+  if (keep_models) {  // the coordinator may place them here again after the rejoin: no reload then
+    st.kept.clear();
+    for (const auto& [key, m] : st.models) {
+      if (auto held = m.lock()) st.kept.push_back(std::move(held));
+    }
+    self->delayed_send(self, kept_after_drop, release_kept_atom::value, ++st.kept_epoch);
+  }
   for (auto& [id, h] : st.hosted) stop_hosted(self, h);
   for (auto& [id, l] : st.loading) l.second = true;
   std::vector<uint64_t> forming;
@@ -294,7 +302,7 @@ void on_wire(agent* self, transport::peer_id peer, const transport::envelope& e)
             std::fprintf(stderr, "llmesh: node %s was declared dead; dropping its replicas and joining again\n",
                          st.opt.node.c_str());
             st.joined = false;
-            drop_all(self);
+            drop_all(self, true);
             return send_hello(self);
           }
           if (!m.accepted) {
@@ -374,8 +382,8 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
         st.joined = false;
         lora_reset(self, "this node lost its coordinator before the LoRA adapter update was answered; retry");
         // The coordinator forgot this node's replicas with the connection (and re-formed them
-        // elsewhere); kept, they would be orphans no router knows.
-        drop_all(self);
+        // elsewhere); kept, they would be orphans no router knows. Their models stay a while.
+        drop_all(self, true);
         self->delayed_send(self, 1s, join_atom::value);
       },
       [=](loaded_atom, uint64_t id, const std::string& path, std::shared_ptr<const model::model> m,
@@ -399,6 +407,9 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
         auto it = self->state.hosted.find(id);
         if (it != self->state.hosted.end() && it->second.follower) stop_hosted(self, it->second);
       },
+      [=](release_kept_atom, uint64_t epoch) {
+        if (epoch == self->state.kept_epoch) self->state.kept.clear();  // those not placed here again go
+      },
       [=](fault_clear_atom, uint64_t epoch) {
         auto& st = self->state;
         if (epoch != st.fault_epoch || !st.opt.set_fault) return;  // a newer rule replaced it
@@ -416,7 +427,8 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
         auto& st = self->state;
         st.quitting = true;
         lora_reset(self, "this node is stopping; retry on another gateway");
-        drop_all(self);
+        st.kept.clear();
+        drop_all(self, false);
         if (st.hosted.empty()) return self->quit();  // (a replica still loading is dropped when it arrives)
       },
   };

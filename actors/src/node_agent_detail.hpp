@@ -14,6 +14,11 @@ using part_atom = caf::atom_constant<caf::atom("part")>;
 using joined_atom = caf::atom_constant<caf::atom("joined")>;
 using group_lost_atom = caf::atom_constant<caf::atom("grouplost")>;
 using form_timeout_atom = caf::atom_constant<caf::atom("formtime")>;
+using release_kept_atom = caf::atom_constant<caf::atom("relkept")>;
+
+/// How long the models of replicas dropped on losing the coordinator stay loaded
+/// (node_agent_state::kept): the rejoin and the coordinator's new assignments come well within it.
+inline constexpr std::chrono::seconds kept_after_drop{120};
 
 /// A spread replica's part, loaded on a helper: the engine (or why not) and its communicators.
 struct loaded_part {
@@ -188,8 +193,10 @@ void queued_loras_applied(agent* self, uint64_t id, const std::string& key, std:
 /// The replica's model and engine are built (or `err`): node_agent.cpp.
 void loaded(agent* self, uint64_t id, const std::string& key, std::shared_ptr<const model::model> m,
             std::shared_ptr<model::engine> eng, const std::string& err);
-/// `m` as this node's replicas share it: once the last of them lets it go, its memory is freed
-/// and the node logs "'model' unloaded (N MiB of weights freed): no replica here uses it".
+/// `m` as this node's replicas share it: once the last of them lets it go, its memory is
+/// released on a thread of its own (unmapping tens of GB must not hold up the agent's
+/// heartbeats) and the node logs "'model' unloaded (N MiB of weights released): no replica here
+/// uses it".
 std::shared_ptr<const model::model> held_model(std::shared_ptr<const model::model> m, const std::string& node,
                                                const std::string& model);
 /// The cached model under `key`, or null (an expired entry goes).

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "llmesh/actors/coordinator.hpp"
 #include "llmesh/actors/join_auth.hpp"
@@ -107,20 +108,30 @@ std::shared_ptr<const model::model> held_model(std::shared_ptr<const model::mode
                                                const std::string& model) {
   const model::model* p = m.get();
   return std::shared_ptr<const model::model>(p, [m = std::move(m), node, model](const model::model*) mutable {
-    const double mb = static_cast<double>(m->resident_weight_bytes()) / (1 << 20);
-    m.reset();
-    std::fprintf(stderr, "llmesh: node %s: '%s' unloaded (%.1f MiB of weights freed): no replica here uses it\n", node.c_str(),
-                 model.c_str(), mb);
+    auto release = [node, model](std::shared_ptr<const model::model> held) {
+      if (!held) return;
+      const double mb = static_cast<double>(held->resident_weight_bytes()) / (1 << 20);
+      held.reset();
+      std::fprintf(stderr, "llmesh: node %s: '%s' unloaded (%.1f MiB of weights released): no replica here uses it\n",
+                   node.c_str(), model.c_str(), mb);
+    };
+    try {
+      std::thread(release, std::move(m)).detach();
+    } catch (...) {  // no thread to be had: here, then (unless the failed start already let it go)
+      try {
+        release(std::move(m));
+      } catch (...) {  // no memory for the count
+        m.reset();
+      }
+    }
   });
 }
 
 std::shared_ptr<const model::model> cached_model(agent* self, const std::string& key) {
   auto& models = self->state.models;
+  std::erase_if(models, [](const auto& e) { return e.second.expired(); });
   auto it = models.find(key);
-  if (it == models.end()) return nullptr;
-  auto m = it->second.lock();
-  if (!m) models.erase(it);
-  return m;
+  return it == models.end() ? nullptr : it->second.lock();
 }
 
 void recache(agent* self, const std::string& key, const std::shared_ptr<const model::model>& m) {

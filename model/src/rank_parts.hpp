@@ -25,8 +25,8 @@ struct matrix_part {
   bool skip = false;
   spans rows, cols;
   /// Held for one rank, a row-parallel matrix (one span of columns): written, where its
-  /// columns fall on whole blocks, as a matrix of its own (model::column_slice), the full
-  /// matrix's bytes never touched.
+  /// columns fall on whole blocks (and a packed layer is taken exactly), as a matrix of its own
+  /// (model::column_slice), the full matrix's bytes never touched.
   bool own = false;
   bool whole() const { return !skip && rows.empty() && cols.empty(); }
 };

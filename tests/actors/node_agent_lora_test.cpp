@@ -23,6 +23,18 @@
 namespace llmesh::actors {
 namespace {
 
+/// An Assign that starts replica `replica` of `model` from `path` at tp `tp` (16 MiB of KV cache).
+transport::assign_msg start_msg(uint64_t replica, const std::string& model, const std::string& path, uint32_t tp) {
+  transport::assign_msg a;
+  a.replica = replica;
+  a.model = model;
+  a.path = path;
+  a.tp = tp;
+  a.kv_cache_mb = 16;
+  a.op = transport::assign_op::start;
+  return a;
+}
+
 using json = nlohmann::json;
 
 /// What the agent sends its coordinator, one line each: "reply ok 7 applied 1" (the running
@@ -103,7 +115,7 @@ class NodeAgentLora : public ::testing::Test {
     caf::anon_send(agent_, wire_atom::value, transport::peer_id{0}, std::move(e));
   }
   void assign(uint64_t replica) {
-    transport::assign_msg a{replica, "tiny", base(), 1, 16, transport::assign_op::start};
+    transport::assign_msg a = start_msg(replica, "tiny", base(), 1);
     a.enable_lora = true;
     frame(a);
   }
@@ -174,7 +186,7 @@ TEST_F(NodeAgentAssign, ExpertParallelReachesTheReplicasEngine) {
   spec.n_experts = 4;
   const std::string dir = dir_.path() + "/moe";
   ASSERT_TRUE(model::write_random_model(spec, dir).ok());
-  transport::assign_msg a{4, "moe", dir, 2, 16, transport::assign_op::start};
+  transport::assign_msg a = start_msg(4, "moe", dir, 2);
   frame(a);
   const std::string sliced = rec_->next();
   EXPECT_EQ(sliced.rfind("dead 4: ", 0), 0u) << sliced;

@@ -194,7 +194,7 @@ TEST(Mesh, APartitionedNodeIsDeclaredDeadByItsSilenceAndItsStreamsContinueElsewh
   EXPECT_EQ(l.failed.load(), 0u) << l.first_failure;
   EXPECT_EQ(l.wrong.load(), 0u);
   // When the partition lifts, replica-b learns it was declared dead, drops its replica (which
-  // was re-formed on the spare) and joins again as an empty node.
+  // was re-formed on the spare) and joins again as an empty node, its model still loaded.
   EXPECT_TRUE(b.wait_for("joining again", std::chrono::seconds(30))) << b.log() << seed.log();
   EXPECT_TRUE(b.wait_for("stopped after draining", std::chrono::seconds(30))) << b.log();
   bool back = false;
@@ -205,6 +205,8 @@ TEST(Mesh, APartitionedNodeIsDeclaredDeadByItsSilenceAndItsStreamsContinueElsewh
   }
   EXPECT_TRUE(back) << ctl_json(m, "nodes").dump();
   EXPECT_EQ(count_ready(ctl_json(m, "replicas")), 2u);
+  // replica-b keeps the dropped replica's model loaded a while (it may be placed there again).
+  EXPECT_FALSE(b.wait_for("unloaded", std::chrono::seconds(1))) << b.log();
   EXPECT_EQ(spare.stop(), 0) << spare.log();
   EXPECT_EQ(b.stop(), 0) << b.log();
   EXPECT_EQ(a.stop(), 0) << a.log();

@@ -124,8 +124,12 @@ struct node_agent_state {
   std::map<uint64_t, transport::assign_msg> assigned;  ///< a follower's assignments while loading
   std::map<caf::actor_addr, uint64_t> by_actor;  ///< replica and shard actors → replica id
   /// Loaded models, by model_key(): shared by the replicas (and spread parts) here that use
-  /// one; it goes, its memory freed, when the last of them stops (held_model logs it).
+  /// one; it goes, its memory released, when the last of them stops (held_model logs it).
   std::map<std::string, std::weak_ptr<const model::model>> models;
+  /// The models of the replicas dropped when the coordinator was lost (or declared this node
+  /// dead), held for a while: placed here again after the rejoin, they need no reload.
+  std::vector<std::shared_ptr<const model::model>> kept;
+  uint64_t kept_epoch = 0;  ///< which drop `kept` is from (a later one's timer releases it)
   std::map<uint64_t, std::vector<lora_op>> lora_queue;  ///< replica id → LoRA updates that came while it loaded
   std::set<std::string> lora_busy;                      ///< models whose hosted copies a helper is updating
   std::map<std::string, std::deque<transport::control_msg>> lora_backlog;  ///< "lora" commands waiting for it

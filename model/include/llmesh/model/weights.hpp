@@ -98,7 +98,8 @@ struct load_options {
   /// matrices load writes in memory (--quantization int8, --dtype, a packed checkpoint's 4/8-bit
   /// layers, a GGUF file's repacked blocks) are then written only where these ranks read them
   /// (make_shard_layout's slices; routed experts whole or not at all under expert parallelism;
-  /// the LM head whole only for a classifier_from_token classifier, which takes rows of it),
+  /// a packed or GGUF LM head whole for a classifier_from_token classifier, which takes rows
+  /// of it at load; int8 and --dtype rewrite it after that),
   /// the rest staying address space without memory, and the
   /// ranks' columns of the row-parallel matrices are held as matrices of their own
   /// (column_slice), so the node holds about its share of them. Such a model runs only
