@@ -42,6 +42,18 @@ random_model_spec llama_spec() {
   return s;
 }
 
+/// A Llama whose MLP dominates its bytes (hidden 256, intermediate 4096, 4 heads, vocabulary
+/// 512): what a rank holds is then mostly its share of the split matrices.
+random_model_spec wide_llama_spec() {
+  random_model_spec s = llama_spec();
+  s.hidden = 256;
+  s.intermediate = 4096;
+  s.n_heads = 4;
+  s.n_kv_heads = 4;
+  s.vocab = 512;
+  return s;
+}
+
 random_model_spec moe_spec(const std::string& arch) {
   random_model_spec s = llama_spec();
   s.arch = arch;
@@ -235,12 +247,7 @@ TEST_F(RankParts, AModelHeldForSomeRanksRunsNoOthers) {
 TEST_F(RankParts, EachRankHoldsAboutItsShareOfTheRewrittenWeights) {
   // Without transparent huge pages: residency is then counted in 4 KiB pages, as written.
   ASSERT_EQ(::prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0), 0);
-  random_model_spec s = llama_spec();
-  s.hidden = 256;
-  s.intermediate = 4096;
-  s.n_heads = 4;
-  s.n_kv_heads = 4;
-  s.vocab = 512;
+  random_model_spec s = wide_llama_spec();
   const std::string dir = write(s);
   auto whole = model::load(dir, held_as(quantization::int8));
   ASSERT_TRUE(whole.ok()) << whole.err().message;
@@ -298,12 +305,7 @@ TEST_F(RankParts, LoadingOneRankWritesAboutItsShareOfTheRepackedWeights) {
   // whole model does (writing every row's columns in the full matrix and copying them out
   // after would fault in ~0.8 of them). Counted in 4 KiB pages, without transparent huge pages.
   ASSERT_EQ(::prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0), 0);
-  random_model_spec s = llama_spec();
-  s.hidden = 256;
-  s.intermediate = 4096;
-  s.n_heads = 4;
-  s.n_kv_heads = 4;
-  s.vocab = 512;
+  random_model_spec s = wide_llama_spec();
   s.packed = "awq";
   s.group_size = 128;
   testing::temp_dir awq, gguf;
