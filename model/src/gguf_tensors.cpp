@@ -359,35 +359,19 @@ status run_jobs(std::vector<job>& jobs) {
 /// matrices of own columns, never written) after, under small pages, so only what is written
 /// takes memory.
 result<std::shared_ptr<uint8_t>> place_jobs(std::vector<job>& jobs, const std::string& path) {
-  auto small = [](const job& w) { return w.owns || detail::small_pages(w.part, w.bytes); };
-  auto aligned = [](size_t n) { return (n + 63) / 64 * 64; };
-  std::vector<size_t> at(jobs.size()), own_at(jobs.size());
-  size_t total = 0;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    if (small(jobs[i])) continue;
-    at[i] = total;
-    total += aligned(jobs[i].bytes);
-  }
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    if (!jobs[i].owns) continue;
-    own_at[i] = total;
-    total += aligned(k::dtype_bytes(jobs[i].out_type, jobs[i].rows * jobs[i].own_cols()));
-  }
-  const size_t huge = total = detail::huge_page_end(total);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    if (!small(jobs[i])) continue;
-    at[i] = total;
-    total += aligned(jobs[i].bytes);
-  }
-  auto owner = detail::weight_mapping(huge, total, "converted tensors");
+  const auto l = detail::lay_out_weights(
+      jobs.size(), [&](size_t i) { return jobs[i].owns || detail::small_pages(jobs[i].part, jobs[i].bytes); },
+      [&](size_t i) { return jobs[i].bytes; },
+      [&](size_t i) { return jobs[i].owns ? k::dtype_bytes(jobs[i].out_type, jobs[i].rows * jobs[i].own_cols()) : 0; });
+  auto owner = detail::weight_mapping(l.huge, l.total, "converted tensors");
   if (!owner) {
     error e = owner.take_error();
     e.message = path + ": " + e.message;
     return e;
   }
   for (size_t i = 0; i < jobs.size(); ++i) {
-    jobs[i].buffer = owner->get() + at[i];
-    if (jobs[i].owns) jobs[i].own = owner->get() + own_at[i];
+    jobs[i].buffer = owner->get() + l.at[i];
+    if (jobs[i].owns) jobs[i].own = owner->get() + l.own_at[i];
   }
   return owner;
 }

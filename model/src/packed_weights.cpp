@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 #include <new>
-#include <optional>
 
 #include "llmesh/kernels/quantize.hpp"
 #include "load_threads.hpp"
@@ -488,33 +487,16 @@ status unpack_packed_weights(tensor_store& store, const model_config::packed_con
   // matrices of own columns, never written) after, under small pages, so only what is written
   // takes memory.
   auto bytes_of = [](const packed_layer& l) { return l.out * l.row_bytes(); };
-  auto aligned = [](size_t n) { return (n + 63) / 64 * 64; };
-  auto small = [&](const packed_layer& l) { return l.own || small_pages(l.part, bytes_of(l)); };
-  std::stable_partition(layers.begin(), layers.end(), [&](const packed_layer& l) { return !small(l); });
-  std::vector<size_t> full_at(layers.size()), own_at(layers.size());
-  size_t total = 0;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    if (small(layers[i])) continue;
-    full_at[i] = total;
-    total += aligned(bytes_of(layers[i]));
-  }
-  for (size_t i = 0; i < layers.size(); ++i) {
-    if (!layers[i].own) continue;
-    own_at[i] = total;
-    total += aligned(layers[i].out * layers[i].written_row_bytes());
-  }
-  const size_t huge = total = huge_page_end(total);
-  for (size_t i = 0; i < layers.size(); ++i) {
-    if (!small(layers[i])) continue;
-    full_at[i] = total;
-    total += aligned(bytes_of(layers[i]));
-  }
-  auto mapped = weight_mapping(huge, total, "unpacked weights");
+  const auto layout = lay_out_weights(
+      layers.size(), [&](size_t i) { return layers[i].own || small_pages(layers[i].part, bytes_of(layers[i])); },
+      [&](size_t i) { return bytes_of(layers[i]); },
+      [&](size_t i) { return layers[i].own ? layers[i].out * layers[i].written_row_bytes() : 0; });
+  auto mapped = weight_mapping(layout.huge, layout.total, "unpacked weights");
   if (!mapped) return mapped.take_error();
   const std::shared_ptr<uint8_t> owner = std::move(*mapped);
   for (size_t i = 0; i < layers.size(); ++i) {
-    layers[i].full = owner.get() + full_at[i];
-    layers[i].bytes = layers[i].own ? owner.get() + own_at[i] : layers[i].full;
+    layers[i].full = owner.get() + layout.at[i];
+    layers[i].bytes = layers[i].own ? owner.get() + layout.own_at[i] : layers[i].full;
   }
   LLMESH_TRY(unpack_all(layers, p));
   for (auto& l : layers) {

@@ -133,6 +133,32 @@ spans aligned_cols(const matrix_part& p, size_t block, size_t cols) {
   return p.cols;
 }
 
+weight_layout lay_out_weights(size_t n, const std::function<bool(size_t)>& small, const std::function<size_t(size_t)>& bytes,
+                              const std::function<size_t(size_t)>& own_bytes) {
+  auto aligned = [](size_t b) { return (b + 63) / 64 * 64; };
+  weight_layout l;
+  l.at.assign(n, 0);
+  l.own_at.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (small(i)) continue;
+    l.at[i] = l.total;
+    l.total += aligned(bytes(i));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const size_t o = own_bytes(i);
+    if (o == 0) continue;
+    l.own_at[i] = l.total;
+    l.total += aligned(o);
+  }
+  l.huge = l.total = huge_page_end(l.total);
+  for (size_t i = 0; i < n; ++i) {
+    if (!small(i)) continue;
+    l.at[i] = l.total;
+    l.total += aligned(bytes(i));
+  }
+  return l;
+}
+
 result<std::shared_ptr<uint8_t>> weight_mapping(size_t huge, size_t total, const std::string& what) {
   if (total == 0) return std::shared_ptr<uint8_t>();
   void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

@@ -87,6 +87,17 @@ constexpr size_t huge_page_end(size_t bytes) {
   return (bytes + huge_page - 1) / huge_page * huge_page;
 }
 
+/// Where each of `n` matrices written at load lies in one weight_mapping: those written whole
+/// or by rows of a large matrix, then the own columns' matrices (`own_bytes` > 0), under huge
+/// pages; from `huge` on, those `small` says are held in small parts (and the full matrices of
+/// own columns, never written), under small pages. Each 64-byte aligned.
+struct weight_layout {
+  std::vector<size_t> at, own_at;  ///< by matrix: where it lies, and its own columns (if any)
+  size_t huge = 0, total = 0;
+};
+weight_layout lay_out_weights(size_t n, const std::function<bool(size_t)>& small, const std::function<size_t(size_t)>& bytes,
+                              const std::function<size_t(size_t)>& own_bytes);
+
 /// One anonymous mapping of `total` bytes for weights written at load, whose pages take memory
 /// only once written (MAP_NORESERVE): huge pages advised for [0, huge), fewer TLB misses while
 /// decode streams them; small pages after, where parts held in small pieces lie (a huge page

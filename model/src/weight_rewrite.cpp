@@ -102,30 +102,21 @@ result<std::shared_ptr<uint8_t>> rewrite(std::vector<convert_target>& targets, k
   // small parts (by columns, not at all, or by rows of a small matrix: an expert's; and the
   // full views of own columns, never written) after, under small pages, which back only what
   // is written.
-  std::vector<size_t> order(targets.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  auto small = [&](size_t i) { return targets[i].own_cols || small_pages(targets[i].part, bytes_of(targets[i].w().rows, targets[i].w().cols)); };
-  std::stable_partition(order.begin(), order.end(), [&](size_t i) { return !small(i); });
-  size_t total = 0;
-  for (size_t i : order) {
-    if (small(i)) continue;
-    targets[i].offset = total;
-    total += bytes_of(targets[i].w().rows, targets[i].w().cols);
+  const auto l = lay_out_weights(
+      targets.size(),
+      [&](size_t i) { return targets[i].own_cols || small_pages(targets[i].part, bytes_of(targets[i].w().rows, targets[i].w().cols)); },
+      [&](size_t i) { return bytes_of(targets[i].w().rows, targets[i].w().cols); },
+      [&](size_t i) {
+        const auto& t = targets[i];
+        return t.own_cols ? bytes_of(t.w().rows, t.own_cols->second - t.own_cols->first) : 0;
+      });
+  for (size_t i = 0; i < targets.size(); ++i) {
+    targets[i].offset = l.at[i];
+    targets[i].own_offset = l.own_at[i];
   }
-  for (auto& t : targets) {
-    if (!t.own_cols) continue;
-    t.own_offset = total;
-    total += bytes_of(t.w().rows, t.own_cols->second - t.own_cols->first);
-  }
-  const size_t huge = total = huge_page_end(total);
-  for (size_t i : order) {
-    if (!small(i)) continue;
-    targets[i].offset = total;
-    total += bytes_of(targets[i].w().rows, targets[i].w().cols);
-  }
-  auto mapped = weight_mapping(huge, total, std::string(what) + " weights");
+  auto mapped = weight_mapping(l.huge, l.total, std::string(what) + " weights");
   if (!mapped) return mapped.take_error();
-  if (total == 0) return mapped;
+  if (l.total == 0) return mapped;
   const std::shared_ptr<uint8_t> store = std::move(*mapped);
   // Work items of up to 256 rows over every hardware thread; each writes its own bytes.
   struct item {
