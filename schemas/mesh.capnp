@@ -100,7 +100,8 @@ struct GenerateRequest {
   cacheSalt @12 :UInt64;             # vLLM's cache_salt as a key (0: none): prefix-cache hits only
                                      # among requests of the same salt
   pooling @13 :UInt8;                # an embedding request's pooling (0: a generation; 1 last, 2 mean,
-                                     # 3 cls): its one Token is the end, with the pooled hidden state
+                                     # 3 cls, 4 all): its one Token is the end, with the pooled hidden
+                                     # state (all: every prompt position's, in order)
   lora @14 :Text;                    # the LoRA adapter its projections add, by name ("": none)
 }
 

@@ -214,7 +214,7 @@ step_plan batch_scheduler::schedule() {
     s.lora = r.spec.lora;
     s.adapter = r.spec.adapter.get();
     if (r.spec.pool != pooling::none) {  // an embedding: no draw, the hidden rows its pooling needs
-      s.hidden = r.spec.pool == pooling::mean  ? model::hidden_rows::all
+      s.hidden = r.spec.pool == pooling::mean || r.spec.pool == pooling::all ? model::hidden_rows::all
                  : r.spec.pool == pooling::cls ? (s.pos0 == 0 ? model::hidden_rows::first : model::hidden_rows::none)
                  : s.want_logits               ? model::hidden_rows::last
                                                : model::hidden_rows::none;

@@ -174,6 +174,7 @@ status replica_core::submit(replica_request r) {
     st.pool = r.pool;
     st.positions = prompt_len;
     if (r.pool == pooling::mean) st.sum.assign(c.hidden, 0.0);
+    if (r.pool == pooling::all) st.row.reserve(prompt_len * c.hidden);
   }
   return ok_status();
 }
@@ -197,9 +198,28 @@ void replica_core::pool_rows(pool_state& st, const model::step_sequence& s, std:
         ++st.next;
       }
       break;
+    case pooling::all:  // each position once, in order, as for mean
+      for (size_t i = 0; i < k; ++i) {
+        if (first + i != st.next) continue;
+        st.row.insert(st.row.end(), rows.begin() + static_cast<std::ptrdiff_t>(i * hidden),
+                      rows.begin() + static_cast<std::ptrdiff_t>((i + 1) * hidden));
+        ++st.next;
+      }
+      break;
     case pooling::none:
       break;
   }
+}
+
+std::vector<float> replica_core::classify_rows(std::span<const float> rows) const {
+  const size_t hidden = eng_.config().hidden;
+  std::vector<float> out;
+  out.reserve(rows.size() / hidden * eng_.config().classifier.labels);
+  for (size_t i = 0; i + hidden <= rows.size(); i += hidden) {
+    const auto logits = eng_.loaded_model().classify(rows.subspan(i, hidden));
+    out.insert(out.end(), logits.begin(), logits.end());
+  }
+  return out;
 }
 
 result<std::shared_ptr<const model::grammar>> replica_core::grammar_of(const model::constraint_spec& spec) {
@@ -381,9 +401,10 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
     if (ended.contains(e.id)) continue;  // the tokens kept after it are not output
     if (auto p = pooled_.find(e.id); p != pooled_.end()) {  // an embedding's end
       auto& st = p->second;
-      if (st.pool == pooling::mean ? st.next != st.positions : st.row.empty()) {
+      const bool by_position = st.pool == pooling::mean || st.pool == pooling::all;
+      if (by_position ? st.next != st.positions : st.row.empty()) {
         // Rows the executor did not give (a bug there): an error, never a wrong vector.
-        e.failure = make_error(errc::internal, "embedding: the step gave " + std::to_string(st.pool == pooling::mean ? st.next : 0) +
+        e.failure = make_error(errc::internal, "embedding: the step gave " + std::to_string(by_position ? st.next : 0) +
                                                    " of the prompt's hidden rows");
         e.finish = finish_reason::cancelled;
       } else if (st.pool == pooling::mean) {
@@ -393,8 +414,9 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
       } else {
         e.embedding = std::move(st.row);
       }
-      // A classifier's answer is its score head's logits for that state (labels values).
-      if (!e.failure && eng_.config().classifier.labels > 0) e.embedding = eng_.loaded_model().classify(e.embedding);
+      // A classifier's answer is its score head's logits for that state (labels values; for
+      // all, each position's in turn).
+      if (!e.failure && eng_.config().classifier.labels > 0) e.embedding = classify_rows(e.embedding);
       pooled_.erase(p);
       sampling_.erase(e.id);
       adjust_.erase(e.id);

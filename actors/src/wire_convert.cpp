@@ -67,7 +67,7 @@ replica_request from_wire(const transport::generate_msg& m) {
   r.constraint_after = m.constraint_after;
   r.priority = m.priority;
   r.cache_salt = m.cache_salt;
-  r.pool = static_cast<pooling>(m.pooling);  // 0..3: the codec checked
+  r.pool = static_cast<pooling>(m.pooling);  // 0..4: the codec checked
   r.lora = m.lora;  // the replica looks it up
   return r;
 }

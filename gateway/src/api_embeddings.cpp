@@ -1,5 +1,5 @@
-// The pooling endpoints on the HTTP API (api_service.hpp): OpenAI's POST /v1/embeddings and
-// vLLM's /score and /rerank over embeddings. The inputs are tokenized and checked against the
+// The pooling endpoints on the HTTP API (api_service.hpp): OpenAI's POST /v1/embeddings,
+// vLLM's /score and /rerank over embeddings or a cross-encoder, /classify and /pooling. The inputs are tokenized and checked against the
 // model's context, each one an embedding request in the mesh (the served model's pooling), at
 // most embedding_window of them in flight (fewer when the server's concurrency bound is lower)
 // and as many concurrency slots held; embeddings_output renders the reply once every vector is
@@ -13,6 +13,7 @@
 
 #include "llmesh/actors/serving_metrics.hpp"
 #include "llmesh/gateway/api_service.hpp"
+#include "llmesh/transport/wire.hpp"
 #include "prompt_truncation.hpp"
 
 namespace llmesh::gateway {
@@ -85,7 +86,7 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
                                                  "or an embedding model");
   }
   if (labels > 0) {  // its logits are the answer: neither cut nor normalized
-    es.cross_encoder = es.kind != shape::classify;
+    es.cross_encoder = es.kind == shape::score || es.kind == shape::rerank;
     es.labels = cfg.classifier.names;
     if (es.cross_encoder) es.activation = !cfg.classifier.score_identity;
     es.dimensions = 0;
@@ -117,13 +118,26 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
                                                 " (send truncate_prompt_tokens, or shorten it)"),
           i, inputs.size());
     }
+    // A token task's values come back in one mesh message, bounded by the wire's limit.
+    const size_t width = labels > 0 ? labels : cfg.hidden;
+    if (es.per_token && ids.size() * width > transport::max_embedding) {
+      return about_input(make_error(errc::invalid_request, "its " + std::to_string(ids.size()) + " tokens would give " +
+                                                               std::to_string(ids.size() * width) + " values (" +
+                                                               std::to_string(width) + " a token); a token task gives " +
+                                                               std::to_string(transport::max_embedding) + " at most: send at most " +
+                                                               std::to_string(transport::max_embedding / width) +
+                                                               " tokens (truncate_prompt_tokens)"),
+                         i, inputs.size());
+    }
     actors::replica_request q;
     q.id = first + i;
     q.prompt = std::move(ids);
     q.max_tokens = 1;  // nothing is generated (replica_request::pool)
     q.model = sm.route_name();
     q.lora = sm.lora;
-    q.pool = labels > 0 ? actors::pooling::last : sm.embedding.pool;  // a classifier reads the last token (transformers')
+    q.pool = es.per_token ? actors::pooling::all
+             : labels > 0 ? actors::pooling::last  // a classifier reads the last token (transformers')
+                          : sm.embedding.pool;
     q.priority = o.priority;
     q.sampling.seed = mix_id(first + i);
     requests.push_back(std::move(q));
@@ -240,6 +254,36 @@ api_outcome api_service::classify(std::string_view body) {
   es.id = "classify-";
   es.activation = activation_of(body);
   auto job = pooling_job(r->model, std::move(r->inputs), {r->add_special_tokens, r->truncate_prompt_tokens, r->priority, false},
+                         std::move(es));
+  if (!job) return error_reply(job.err());
+  return std::move(*job);
+}
+
+api_outcome api_service::pooling(std::string_view body) {
+  auto r = parse_pooling_body(body);
+  if (!r) return error_reply(r.err());
+  auto f = parse_pooling_fields(body);
+  if (!f) return error_reply(f.err());
+  auto m = find_or_only(r->model);
+  if (!m) return error_reply(m.err());
+  const bool classifier = (*m)->cfg.classifier.labels > 0;
+  const pooling_task task = f->task.value_or(classifier ? pooling_task::classify : pooling_task::embed);
+  const bool classifying = task == pooling_task::classify || task == pooling_task::token_classify;
+  if (classifying != classifier) {
+    return error_reply(make_error(errc::invalid_request,
+                                  "the model '" + (*m)->name + "' is " + (classifier ? "" : "not ") + "a sequence classifier: its " +
+                                      "tasks are " + (classifier ? "classify and token_classify" : "embed and token_embed") +
+                                      ", not " + task_name(task)));
+  }
+  embeddings_output::setup es;
+  es.kind = embeddings_output::shape::pooling;
+  es.id = "pool-";
+  es.base64 = r->base64;
+  es.dimensions = r->dimensions ? static_cast<size_t>(*r->dimensions) : 0;
+  es.activation = f->activation.value_or(true);
+  es.per_token = task == pooling_task::token_embed || task == pooling_task::token_classify;
+  es.width = (*m)->cfg.hidden;
+  auto job = pooling_job(r->model, std::move(r->inputs), {r->add_special_tokens, r->truncate_prompt_tokens, r->priority, r->normalize},
                          std::move(es));
   if (!job) return error_reply(job.err());
   return std::move(*job);

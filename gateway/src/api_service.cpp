@@ -195,16 +195,19 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   const bool score_route = path == "/score" || path == "/v1/score";
   const bool rerank_route = path == "/rerank" || path == "/v1/rerank" || path == "/v2/rerank";
   const bool classify_route = path == "/classify";  // vLLM's, for sequence classifiers
+  const bool pooling_route = path == "/pooling";    // vLLM's generic pooling
   const bool invocations = path == "/invocations";  // vLLM's SageMaker route: the request's shape picks the API
   const bool guarded_route =
-      path.starts_with("/v1/") || tokenizer_route || score_route || rerank_route || classify_route || invocations;  // the API key's
+      path.starts_with("/v1/") || tokenizer_route || score_route || rerank_route || classify_route || pooling_route ||
+      invocations;  // the API key's
   const bool stored_route = path.starts_with("/v1/responses/");  // a stored response's routes
   const bool conversation_route = path == "/v1/conversations" || path.starts_with("/v1/conversations/");
   const bool model_route = path.starts_with("/v1/models/") && path.size() > std::string_view("/v1/models/").size();
   const bool lora_route = path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter";
   const bool known = lora_route || path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
                      path == "/v1/responses" || path == "/v1/embeddings" || score_route || rerank_route || stored_route ||
-                     conversation_route || model_route || tokenizer_route || classify_route || invocations;
+                     conversation_route || model_route || tokenizer_route || classify_route || pooling_route ||
+                     invocations;
   if (!known && !(path == "/health" || path == "/ready" || path == "/metrics" || path == "/version" || path == "/ping" ||
                   path == "/load")) {
     return error_reply(make_error(errc::not_found, "no route for " + std::string(method) + " " + std::string(path)));
@@ -221,6 +224,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   if (score_route && post) return score(body);
   if (rerank_route && post) return rerank(body);
   if (classify_route && post) return classify(body);
+  if (pooling_route && post) return pooling(body);
   if (stored_route) return stored_responses(method, path.substr(std::string_view("/v1/responses/").size()),
                                             target.size() > path.size() ? target.substr(path.size() + 1) : std::string_view());
   if (conversation_route) {

@@ -197,6 +197,28 @@ result<embeddings_request> parse(std::string_view body) {
   return r;
 }
 
+result<pooling_fields> parse_fields(std::string_view body) {
+  auto parsed = parse_request_object(body);
+  if (!parsed) return parsed.take_error();
+  const json& j = *parsed;
+  pooling_fields f;
+  if (auto t = j.find("task"); t != j.end() && !t->is_null()) {
+    const char* tasks = "'task' must be one of embed, classify, token_embed and token_classify";
+    if (!t->is_string()) return bad(tasks);
+    for (auto k : {pooling_task::embed, pooling_task::classify, pooling_task::token_embed, pooling_task::token_classify}) {
+      if (*t == task_name(k)) f.task = k;
+    }
+    if (!f.task) return bad(std::string(tasks) + ", not " + t->dump());
+  }
+  // vLLM's get_use_activation: softmax, then activation (both deprecated), then use_activation.
+  std::optional<bool> softmax, activation, use_activation;
+  LLMESH_TRY(boolean(j, "softmax", softmax));
+  LLMESH_TRY(boolean(j, "activation", activation));
+  LLMESH_TRY(boolean(j, "use_activation", use_activation));
+  f.activation = softmax ? softmax : activation ? activation : use_activation;
+  return f;
+}
+
 constexpr char base64_digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 /// RFC 4648 base64, padded.
@@ -292,6 +314,20 @@ result<rerank_request> parse_rerank_request(std::string_view body) {
   return guarded([&] { return parse_rerank(body); });
 }
 
+result<pooling_fields> parse_pooling_fields(std::string_view body) {
+  return guarded([&] { return parse_fields(body); });
+}
+
+const char* task_name(pooling_task t) {
+  switch (t) {
+    case pooling_task::embed: return "embed";
+    case pooling_task::classify: return "classify";
+    case pooling_task::token_embed: return "token_embed";
+    case pooling_task::token_classify: return "token_classify";
+  }
+  return "?";
+}
+
 std::string embedding_json(std::span<const float> v, bool as_base64) {
   if (as_base64) {
     std::vector<unsigned char> bytes(v.size() * 4);
@@ -374,11 +410,26 @@ void embeddings_output::on_message(const actors::token_msg& t) {
   for (float x : t.embedding) {
     if (!std::isfinite(x)) return fail(make_error(errc::internal, "the model's embedding is not finite"));
   }
-  if (!s_.labels.empty() && t.embedding.size() != s_.labels.size()) {  // a replica that returned a hidden state
+  if (s_.per_token) {  // every position's values, each row finished on its own
+    const size_t width = s_.labels.empty() ? s_.width : s_.labels.size();
+    const size_t rows = it->request.prompt.size();
+    if (width == 0 || t.embedding.size() != rows * width) {
+      return fail(make_error(errc::internal, "the replica sent " + std::to_string(t.embedding.size()) + " values for " +
+                                                 std::to_string(rows) + " positions of " + std::to_string(width)));
+    }
+    it->rows = rows;
+    it->vector.clear();
+    for (size_t r = 0; r < rows; ++r) {
+      const auto row = finish_vector({t.embedding.begin() + static_cast<std::ptrdiff_t>(r * width),
+                                      t.embedding.begin() + static_cast<std::ptrdiff_t>((r + 1) * width)});
+      it->vector.insert(it->vector.end(), row.begin(), row.end());
+    }
+  } else if (!s_.labels.empty() && t.embedding.size() != s_.labels.size()) {  // a replica that returned a hidden state
     return fail(make_error(errc::internal, "the replica sent " + std::to_string(t.embedding.size()) + " values for a classifier of " +
                                                std::to_string(s_.labels.size()) + " labels (a replica of an earlier build?)"));
+  } else {
+    it->vector = finish_vector(t.embedding);
   }
-  it->vector = finish_vector(t.embedding);
   if (s_.metrics) s_.metrics->get_counter(actors::metric::prompt_tokens)->add(static_cast<double>(it->request.prompt.size()));
   if (++ended_ == inputs_.size()) done_ = true;
 }
@@ -400,22 +451,31 @@ double embeddings_output::pair_score(size_t i) const {
   return s_.kind == shape::rerank ? similarity(0, i + 1) : similarity(s_.pairs.at(i).first, s_.pairs.at(i).second);
 }
 
+namespace {
+
+/// A classifier's logits as vLLM's activation makes them: softmax over two or more labels, a
+/// sigmoid for one; without `activation` the logits as they are.
+std::vector<double> activated(std::span<const float> v, bool activation) {
+  std::vector<double> probs(v.begin(), v.end());
+  if (!activation) return probs;
+  if (v.size() == 1) {
+    probs[0] = 1.0 / (1.0 + std::exp(-static_cast<double>(v[0])));
+    return probs;
+  }
+  const double top = v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
+  double sum = 0.0;
+  for (size_t k = 0; k < v.size(); ++k) sum += probs[k] = std::exp(static_cast<double>(v[k]) - top);
+  for (double& p : probs) p /= sum;
+  return probs;
+}
+
+}  // namespace
+
 http_reply embeddings_output::classify_reply() const {
   json data = json::array();
   for (size_t i = 0; i < inputs_.size(); ++i) {
     const auto& v = inputs_[i].vector;
-    // vLLM's activation: softmax over two or more labels, a sigmoid for one.
-    std::vector<double> probs(v.begin(), v.end());
-    if (!s_.activation) {
-      // the logits as they are
-    } else if (v.size() == 1) {
-      probs[0] = 1.0 / (1.0 + std::exp(-static_cast<double>(v[0])));
-    } else {
-      const double top = v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
-      double sum = 0.0;
-      for (size_t k = 0; k < v.size(); ++k) sum += probs[k] = std::exp(static_cast<double>(v[k]) - top);
-      for (double& p : probs) p /= sum;
-    }
+    const std::vector<double> probs = activated(v, s_.activation);
     const size_t best = static_cast<size_t>(std::max_element(probs.begin(), probs.end()) - probs.begin());
     json label = best < s_.labels.size() ? json(s_.labels[best]) : json(nullptr);
     data.push_back({{"index", i}, {"label", std::move(label)}, {"probs", probs}, {"num_classes", v.size()}});
@@ -432,9 +492,44 @@ http_reply embeddings_output::classify_reply() const {
   return r;
 }
 
+http_reply embeddings_output::pooling_reply() const {
+  std::string body = "{\"id\":" + json(s_.id).dump() + ",\"object\":\"list\",\"created\":" + std::to_string(s_.created) +
+                     ",\"model\":" + json(s_.model).dump(-1, ' ', false, json::error_handler_t::replace) + ",\"data\":[";
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const auto& in = inputs_[i];
+    std::vector<float> values = in.vector;
+    const size_t width = in.rows > 0 ? values.size() / in.rows : values.size();
+    if (!s_.labels.empty()) {  // a classifier's: probabilities (or logits), row by row
+      for (size_t r = 0; r * width < values.size(); ++r) {
+        const auto p = activated(std::span<const float>(in.vector).subspan(r * width, width), s_.activation);
+        for (size_t k = 0; k < width; ++k) values[r * width + k] = static_cast<float>(p[k]);
+      }
+    }
+    if (i > 0) body += ',';
+    body += "{\"index\":" + std::to_string(i) + ",\"object\":\"pooling\",\"data\":";
+    if (!s_.per_token || s_.base64) {  // base64: every row's float32 bytes in one string, as vLLM encodes a tensor
+      body += embedding_json(values, s_.base64);
+    } else {
+      body += '[';
+      for (size_t r = 0; r < in.rows; ++r) {
+        if (r > 0) body += ',';
+        body += embedding_json(std::span<const float>(values).subspan(r * width, width), false);
+      }
+      body += ']';
+    }
+    body += '}';
+  }
+  body += "],\"usage\":{\"prompt_tokens\":" + std::to_string(prompt_tokens_) + ",\"total_tokens\":" +
+          std::to_string(prompt_tokens_) + ",\"completion_tokens\":0,\"prompt_tokens_details\":null}}";
+  http_reply r;
+  r.body = std::move(body);
+  return r;
+}
+
 http_reply embeddings_output::reply() const {
   if (failure_) return error_reply(*failure_);
   if (s_.kind == shape::classify) return classify_reply();
+  if (s_.kind == shape::pooling) return pooling_reply();
   if (s_.kind == shape::score) {
     json data = json::array();
     for (size_t i = 0; i < s_.pairs.size(); ++i) data.push_back({{"index", i}, {"object", "score"}, {"score", pair_score(i)}});

@@ -1,6 +1,6 @@
 // Embedding requests in the replica's work loop (replica_request::pool): each one's vector is
 // exactly what its prompt's final hidden rows give alone (the last row; the mean over the rows
-// summed in order in double; the first row) — beside generations, in chunks of a small token
+// summed in order in double; the first row; every row, in order) — beside generations, in chunks of a small token
 // budget, under a KV pool that forces preemption, with prefix-cache hits, and at --tp 2 within
 // 1e-5 — and the generations beside them keep their tokens. Bad embedding requests are refused;
 // a cancelled one says nothing more.
@@ -37,6 +37,7 @@ class Embeddings : public testing::replica_test_base {
     const size_t H = model_->config().hidden, n = r.prompt.size();
     if (r.pool == pooling::last) return {rows.end() - static_cast<std::ptrdiff_t>(H), rows.end()};
     if (r.pool == pooling::cls) return {rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(H)};
+    if (r.pool == pooling::all) return rows;
     std::vector<double> sum(H, 0.0);
     for (size_t i = 0; i < n; ++i) {
       for (size_t d = 0; d < H; ++d) sum[d] += rows[i * H + d];
@@ -46,8 +47,8 @@ class Embeddings : public testing::replica_test_base {
     return out;
   }
 
-  /// Embedding requests 100.., the three poolings in turn; prompts of 1 to 60 tokens, every
-  /// fourth starting with the fixture's shared system prompt (a prefix-cache hit for last).
+  /// Embedding requests 100.., the four poolings in turn; prompts of 1 to 60 tokens, every
+  /// third starting with the fixture's shared system prompt (a prefix-cache hit for last).
   std::vector<replica_request> embedding_requests(size_t n) {
     auto shared = requests(1).front().prompt;
     std::vector<replica_request> out;
@@ -55,8 +56,9 @@ class Embeddings : public testing::replica_test_base {
       replica_request r;
       r.id = 100 + i;
       r.max_tokens = 1;
-      r.pool = i % 3 == 0 ? pooling::last : i % 3 == 1 ? pooling::mean : pooling::cls;
-      if (i % 4 == 0) r.prompt = shared;
+      const pooling kinds[] = {pooling::last, pooling::mean, pooling::cls, pooling::all};
+      r.pool = kinds[i % 4];
+      if (i % 3 == 0) r.prompt = shared;
       const size_t extra = 1 + (i * 17) % 60;
       for (size_t k = 0; k < extra; ++k) r.prompt.push_back(static_cast<int32_t>((i * 31 + k * 7) % 297 + 2));
       out.push_back(r);
@@ -114,9 +116,12 @@ TEST_F(Embeddings, EachVectorIsItsPromptsAloneBesideGenerationsInChunks) {
     EXPECT_TRUE(same_bits(got.vectors[r.id], expected(r))) << "request " << r.id << " pooling " << static_cast<int>(r.pool);
     EXPECT_FALSE(got.tokens.contains(r.id));
   }
-  // Last-token pooling found the shared prompt in the cache; mean and cls compute every position.
+  // Last-token pooling found the shared prompt in the cache; the others compute every position.
   EXPECT_GT(got.cached[100], 0);
-  EXPECT_EQ(got.cached[104], 0);  // i = 4: mean
+  EXPECT_EQ(got.cached[103], 0);   // all
+  EXPECT_EQ(got.cached[106], 0);   // cls
+  EXPECT_EQ(got.cached[109], 0);   // mean
+  EXPECT_EQ(got.vectors[103].size(), emb[3].prompt.size() * model_->config().hidden);
   EXPECT_EQ(rc.blocks().free_blocks(), rc.blocks().total_blocks());
 }
 

@@ -77,7 +77,7 @@ TEST(WireConvert, AnEmbeddingRequestAndItsVectorCross) {
   r.id = 43;
   r.prompt = {1, 2, 3};
   r.max_tokens = 1;
-  for (pooling p : {pooling::last, pooling::mean, pooling::cls}) {
+  for (pooling p : {pooling::last, pooling::mean, pooling::cls, pooling::all}) {
     r.pool = p;
     EXPECT_EQ(through_a_frame(r).pool, p);
   }

@@ -255,22 +255,22 @@ TEST(Codec, LogprobsOutOfBoundsAreRefused) {
     g.getSampling().setPromptLogprobs(max_logprobs);
     EXPECT_TRUE(decoded(mb).ok());
   }
-  {  // an unknown pooling; an embedding longer than any model's hidden size
+  {  // an unknown pooling; an embedding longer than max_embedding (4 Mi values)
     capnp::MallocMessageBuilder mb;
     auto g = mb.initRoot<schemas_v2::Envelope>().getBody().initGenerate();
     g.initPrompt(1).set(0, 5);
-    g.setPooling(4);
+    g.setPooling(5);
     auto r = decoded(mb);
     ASSERT_FALSE(r.ok());
-    EXPECT_NE(r.err().message.find("unknown pooling 4"), std::string::npos) << r.err().message;
-    g.setPooling(3);
+    EXPECT_NE(r.err().message.find("unknown pooling 5"), std::string::npos) << r.err().message;
+    g.setPooling(4);  // all
     EXPECT_TRUE(decoded(mb).ok());
     capnp::MallocMessageBuilder tb;
     auto t = tb.initRoot<schemas_v2::Envelope>().getBody().initToken();
     t.initEmbedding(static_cast<unsigned>(max_embedding + 1));
     r = decoded(tb);
     ASSERT_FALSE(r.ok());
-    EXPECT_NE(r.err().message.find("embedding holds 65537 values"), std::string::npos) << r.err().message;
+    EXPECT_NE(r.err().message.find("embedding holds 4194305 values"), std::string::npos) << r.err().message;
     t.initEmbedding(static_cast<unsigned>(max_embedding));
     EXPECT_TRUE(decoded(tb).ok());
   }

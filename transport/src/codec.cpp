@@ -380,7 +380,7 @@ struct reader {
         m.priority = g.getPriority();
         m.cache_salt = g.getCacheSalt();
         m.pooling = g.getPooling();
-        if (m.pooling > 3) err = bad("unknown pooling " + std::to_string(m.pooling));
+        if (m.pooling > 4) err = bad("unknown pooling " + std::to_string(m.pooling));
         m.lora = str(g.getLora(), "lora");
         if (auto words = g.getBadWords(); fits(words, "badWords")) {
           size_t total = 0;

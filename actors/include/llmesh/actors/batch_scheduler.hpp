@@ -46,9 +46,10 @@ struct scheduler_config {
 };
 
 /// An embedding request's pooling (vLLM's pooling types; none: a generation): the model's
-/// final hidden state at the last prompt token, their mean over the prompt, or the first
-/// token's (BERT's CLS).
-enum class pooling : uint8_t { none, last, mean, cls };
+/// final hidden state at the last prompt token, their mean over the prompt, the first
+/// token's (BERT's CLS), or every prompt position's, in order (vLLM's ALL: /pooling's
+/// token_embed and token_classify).
+enum class pooling : uint8_t { none, last, mean, cls, all };
 
 struct request_spec {
   uint64_t id = 0;
@@ -72,8 +73,8 @@ struct request_spec {
   /// learn from hits what another's prompts were).
   uint64_t cache_salt = 0;
   /// Not none: an embedding request. Its prompt runs (its chunks want the final hidden rows
-  /// its pooling needs: the last position's; every position's for mean, the first's for cls,
-  /// both computed whole like a scored prompt) and nothing is drawn: one event (token -1, finish length)
+  /// its pooling needs: the last position's; every position's for mean and all, the first's
+  /// for cls, these computed whole like a scored prompt) and nothing is drawn: one event (token -1, finish length)
   /// ends it once the prompt is computed. max_tokens is not used.
   pooling pool = pooling::none;
   /// The LoRA adapter its steps run with (an id in the model's loras(); -1: none). Its KV
@@ -214,9 +215,9 @@ class batch_scheduler {
   /// computed whole (no prefix-cache hit).
   static bool scoring(const request& r) { return r.spec.prompt_logprobs >= 0 && r.n_generated == 0; }
   /// Its prompt is computed whole, every position (no prefix-cache hit): it scores it, or it
-  /// pools over its positions (mean, cls).
+  /// pools over its positions (mean, cls, all).
   static bool whole(const request& r) {
-    return scoring(r) || r.spec.pool == pooling::mean || r.spec.pool == pooling::cls;
+    return scoring(r) || r.spec.pool == pooling::mean || r.spec.pool == pooling::cls || r.spec.pool == pooling::all;
   }
 
   scheduler_config cfg_;

@@ -65,7 +65,9 @@ struct replica_request {
   /// Not none: an embedding request (request_spec::pool). Its one message is the end (token
   /// -1, finish length) with the pooled final hidden state: the last prompt token's, the mean
   /// over the prompt (summed in position order in double: the same bits however the prompt is
-  /// chunked), or the first token's; not normalised. Nothing is sampled: max_tokens must be 1
+  /// chunked), the first token's, or every prompt token's ([prompt][hidden], in order); not
+  /// normalised. A classifier's are its score head's logits for that state (for all: each
+  /// position's, [prompt][labels]). Nothing is sampled: max_tokens must be 1
   /// (a failover then continues it as a generation of one token would), and the fields of
   /// generation (sampling's logprobs, bias, constraints, bad words) must be unset.
   pooling pool = pooling::none;
@@ -177,10 +179,10 @@ class replica_core {
   std::unordered_map<uint64_t, std::vector<kernels::token_logprobs>> scored_;
   /// Per embedding request: its pooling, the positions it has pooled (a recomputed chunk's
   /// rows are not added again) and the pooled state ([hidden] sums in double for mean; the
-  /// row itself for last and cls).
+  /// row itself for last and cls; every row so far, [next][hidden], for all).
   struct pool_state {
     pooling pool = pooling::none;
-    size_t positions = 0;  ///< the prompt's (mean: the rows it must have pooled at the end)
+    size_t positions = 0;  ///< the prompt's (mean, all: the rows it must have pooled at the end)
     size_t next = 0;
     std::vector<double> sum;
     std::vector<float> row;
@@ -188,6 +190,8 @@ class replica_core {
   std::unordered_map<uint64_t, pool_state> pooled_;
   /// Adds a step's hidden rows of a pooling sequence (`rows`: [k][hidden], its last k positions).
   void pool_rows(pool_state& st, const model::step_sequence& s, std::span<const float> rows) const;
+  /// A classifier's logits for each of `rows` ([n][hidden] → [n][labels]).
+  std::vector<float> classify_rows(std::span<const float> rows) const;
   std::shared_ptr<const model::token_vocabulary> vocab_;
   model::token_mask_cache masks_;
   step_plan plan_;

@@ -297,6 +297,10 @@ class api_service {
   /// vLLM's POST /classify: a sequence classifier's labels for each input (the inputs as
   /// /v1/embeddings takes them).
   api_outcome classify(std::string_view body);
+  /// vLLM's POST /pooling: the inputs as /v1/embeddings takes them (or `messages`) and a `task`
+  /// (parse_pooling_fields) the model serves: embed and token_embed for any model but a
+  /// sequence classifier, classify and token_classify for one.
+  api_outcome pooling(std::string_view body);
   /// `model` (find_or_only) when it is a sequence classifier (null otherwise): /score and
   /// /rerank tokenize their pairs together for it, /invocations classifies its inputs.
   std::shared_ptr<const served_model> classifier_of(const std::string& model) const;

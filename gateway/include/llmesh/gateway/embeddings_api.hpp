@@ -1,6 +1,6 @@
 // OpenAI's POST /v1/embeddings (as vLLM serves it for pooling models), vLLM's /score and
 // /rerank over embeddings (cosine similarity, as vLLM scores with an embedding model) or with a
-// cross-encoder, and vLLM's /classify for sequence classifiers, plain
+// cross-encoder, vLLM's /classify for sequence classifiers and its generic /pooling, plain
 // parts: the request bodies parsed and bounded; a model directory's pooling defaults
 // (sentence-transformers' modules.json); and embeddings_output, which runs one request's
 // inputs through the mesh — each input is an embedding request (actors::replica_request::pool),
@@ -90,6 +90,24 @@ struct rerank_request {
 };
 [[nodiscard]] result<rerank_request> parse_rerank_request(std::string_view body);
 
+/// vLLM's /pooling tasks: embed (one vector per input, as /v1/embeddings gives it), classify (a
+/// sequence classifier's label values per input), token_embed and token_classify (the same for
+/// every prompt position: vLLM's ALL pooling).
+enum class pooling_task { embed, classify, token_embed, token_classify };
+
+/// /pooling's fields beside /v1/embeddings' (which parse_embeddings_request reads from the same
+/// body): `task` (one of the four; unset: the model's own, classify for a sequence classifier
+/// and embed otherwise) and whether a classifier's logits become probabilities — vLLM's
+/// `use_activation`, read after its deprecated `softmax` and `activation` as vLLM reads them
+/// (unset: true). Another task, or a field of the wrong type, is a 400 naming it.
+struct pooling_fields {
+  std::optional<pooling_task> task;
+  std::optional<bool> activation;
+};
+[[nodiscard]] result<pooling_fields> parse_pooling_fields(std::string_view body);
+/// "embed", "classify", "token_embed", "token_classify".
+const char* task_name(pooling_task t);
+
 /// One embedding as the response carries it: a JSON array of floats (shortest round-trip
 /// text), or base64 of its little-endian float32 bytes, as a JSON string. REQUIRES: finite values.
 std::string embedding_json(std::span<const float> v, bool base64);
@@ -100,11 +118,14 @@ class embeddings_output {
  public:
   /// What the reply is: the vectors (/v1/embeddings), the cosine similarity of pairs of inputs
   /// (/score), the documents ranked by their similarity to the query (/rerank: input 0 is
-  /// the query, input d + 1 document d), or a sequence classifier's labels (/classify).
+  /// the query, input d + 1 document d), a sequence classifier's labels (/classify), or
+  /// /pooling's data: each input's vector (normalized and cut as for embeddings) or a
+  /// classifier's values (probabilities with `activation`), one list per input, or with
+  /// `per_token` one per prompt position.
   /// With `cross_encoder` (a classifier of one label), /score's and /rerank's inputs are the
   /// pairs themselves (input i: pair i, or the query with document i) and each score is the
   /// sigmoid of its logit, as vLLM scores with a cross-encoder.
-  enum class shape { embeddings, score, rerank, classify };
+  enum class shape { embeddings, score, rerank, classify, pooling };
   struct setup {
     shape kind = shape::embeddings;
     bool cross_encoder = false;
@@ -113,10 +134,15 @@ class embeddings_output {
     /// for one); false: as they are (vLLM's `activation: false`, or a cross-encoder whose
     /// sentence-transformers activation is Identity).
     bool activation = true;
+    /// /pooling's token tasks: the replica sends every prompt position's values ([prompt][width]
+    /// with `width` the hidden size, or the labels' count for a classifier) and each row is
+    /// finished (cut, normalized) and rendered on its own.
+    bool per_token = false;
+    size_t width = 0;
     std::vector<std::pair<size_t, size_t>> pairs;  ///< score: the inputs compared, in data order
     std::vector<std::string> documents;            ///< rerank: returned with each result (empty: none)
     size_t top_n = 0;                              ///< rerank: results at most (0: all)
-    std::string id;  ///< "embd-…", "score-…", "rerank-…"
+    std::string id;  ///< "embd-…", "score-…", "rerank-…", "classify-…", "pool-…"
     int64_t created = 0;
     std::string model;
     bool base64 = false;
@@ -140,7 +166,8 @@ class embeddings_output {
   std::vector<uint64_t> running() const;
   /// The response (its shape), or the failure. REQUIRES: done().
   http_reply reply() const;
-  /// Input i's vector as it goes out. REQUIRES: done() without a failure.
+  /// Input i's vector as it goes out (per_token: its rows one after another). REQUIRES:
+  /// done() without a failure.
   const std::vector<float>& vector(size_t i) const { return inputs_.at(i).vector; }
   /// The dot product of two inputs' vectors (their cosine similarity when normalized), in double.
   double similarity(size_t a, size_t b) const;
@@ -153,11 +180,13 @@ class embeddings_output {
   struct input {
     actors::replica_request request;
     bool submitted = false, ended = false;
-    std::vector<float> vector;  ///< as it goes out: cut to dimensions, normalized
+    std::vector<float> vector;  ///< as it goes out: cut to dimensions, normalized (per_token: each row)
+    size_t rows = 1;            ///< per_token: the prompt's positions
   };
   /// The replica's pooled state as the response carries it.
   std::vector<float> finish_vector(std::vector<float> v) const;
   http_reply classify_reply() const;
+  http_reply pooling_reply() const;
   void fail(error e);
 
   setup s_;

@@ -23,8 +23,10 @@ struct actor_address {
 // --- inference ---
 /// The most alternatives a token's logprobs may carry (kernels::max_logprobs).
 inline constexpr int32_t max_logprobs = 20;
-/// The longest embedding a token message may carry (a model's hidden size).
-inline constexpr size_t max_embedding = 65536;
+/// The most values an embedding request's end may carry: a model's hidden size, or every
+/// prompt position's for pooling all (4 Mi values, 16 MiB; the gateway refuses a request whose
+/// prompt × values per position exceeds it).
+inline constexpr size_t max_embedding = size_t{1} << 22;
 /// The longest structured-output spec a request may carry (model::max_constraint_bytes).
 inline constexpr size_t max_constraint_text = 256 * 1024;
 struct sampling {
@@ -63,7 +65,7 @@ struct generate_msg {
   std::vector<int32_t> constraint_after;        ///< the constraint holds after these (at most max_list)
   int32_t priority = 0;                         ///< vLLM's priority: lower is served first
   uint64_t cache_salt = 0;                      ///< vLLM's cache_salt as a key (0: none)
-  uint8_t pooling = 0;                          ///< actors::pooling (0..3, checked on decode; 0: a generation)
+  uint8_t pooling = 0;                          ///< actors::pooling (0..4, checked on decode; 0: a generation)
   std::string lora;                             ///< its LoRA adapter's name ("": none; at most max_name bytes)
   bool operator==(const generate_msg&) const = default;
 };
