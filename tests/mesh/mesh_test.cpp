@@ -102,6 +102,12 @@ TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
   const std::string embed_body = nlohmann::json{{"model", "kjv-tiny"}, {"input", texts}}.dump();
   const auto embed_ref = nlohmann::json::parse(http_request(m.http_port, "POST", "/v1/embeddings", embed_body).body, nullptr, false);
   ASSERT_TRUE(embed_ref.is_object() && embed_ref.contains("data")) << embed_ref;
+  // And /pooling's token rows (pooling all: every position's row in one message on the wire).
+  const std::string rows_body =
+      nlohmann::json{{"model", "kjv-tiny"}, {"input", {texts[0], texts[5]}}, {"task", "token_embed"}}.dump();
+  const auto rows_ref = nlohmann::json::parse(http_request(m.http_port, "POST", "/pooling", rows_body).body, nullptr, false);
+  ASSERT_TRUE(rows_ref.is_object() && rows_ref.contains("data")) << rows_ref;
+  ASSERT_GT(rows_ref["data"][1]["data"].size(), 5u) << rows_ref;
   load l{m.http_port, prompts, want, max_tokens};
   l.start(4);
   l.more(8);
@@ -128,6 +134,7 @@ TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
   }
   // An embedding request now: inputs routed to the frozen replica wait, then run elsewhere.
   auto embedded = std::async(std::launch::async, [&] { return http_request(m.http_port, "POST", "/v1/embeddings", embed_body); });
+  auto rows = std::async(std::launch::async, [&] { return http_request(m.http_port, "POST", "/pooling", rows_body); });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   b.crash();  // replica-b's process dies mid-stream: its streams continue on replica-a
   ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) {
@@ -142,6 +149,11 @@ TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
   const auto embed_after = nlohmann::json::parse(embed_reply.body, nullptr, false);
   ASSERT_TRUE(embed_after.is_object() && embed_after.contains("data")) << embed_reply.body;
   EXPECT_EQ(embed_after["data"], embed_ref["data"]) << "an embedding changed across the failure";
+  const auto rows_reply = rows.get();
+  EXPECT_EQ(rows_reply.status, 200) << rows_reply.body;
+  const auto rows_after = nlohmann::json::parse(rows_reply.body, nullptr, false);
+  ASSERT_TRUE(rows_after.is_object() && rows_after.contains("data")) << rows_reply.body;
+  EXPECT_EQ(rows_after["data"], rows_ref["data"]) << "token rows changed across the failure";
   // Each background response ended as the same request answers in the foreground.
   nlohmann::json fg_body = bg_body;
   fg_body.erase("background");
