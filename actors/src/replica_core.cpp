@@ -8,6 +8,8 @@
 #include <tuple>
 #include <unordered_set>
 
+#include "llmesh/transport/wire.hpp"
+
 namespace llmesh::actors {
 
 replica_core::replica_core(model::engine& eng, scheduler_config cfg, bool prefix_caching)
@@ -34,10 +36,18 @@ status replica_core::submit(replica_request r) {
     if (lora < 0) return make_error(errc::not_found, "the LoRA adapter '" + r.lora + "' is not loaded on this replica");
   }
   if (r.pool == pooling::none && c.classifier.labels > 0) {
-    return make_error(errc::invalid_request, "this model is a sequence classifier: it serves /classify, /score and /rerank, not generation");
+    return make_error(errc::invalid_request, "this model is a sequence classifier: it serves /classify, /score, /rerank and "
+                                             "/pooling, not generation");
   }
   if (r.pool == pooling::none && !c.has_lm_head) {
     return make_error(errc::invalid_request, "this model has no LM head (a bare transformer's checkpoint): it serves embeddings only");
+  }
+  // Every position's values come back in one message: the wire's bound (the gateway checks it first).
+  const size_t per_position = c.classifier.labels > 0 ? c.classifier.labels : c.hidden;
+  if (r.pool == pooling::all && r.prompt.size() * per_position > transport::max_embedding) {
+    return make_error(errc::invalid_request, "a token task's " + std::to_string(r.prompt.size()) + " positions × " +
+                                                 std::to_string(per_position) + " values exceed one message's " +
+                                                 std::to_string(transport::max_embedding));
   }
   // An embedding's prompt is all it needs room for.
   const size_t longest = r.prompt.size() + (r.pool == pooling::none ? r.max_tokens : 0);
@@ -174,7 +184,7 @@ status replica_core::submit(replica_request r) {
     st.pool = r.pool;
     st.positions = prompt_len;
     if (r.pool == pooling::mean) st.sum.assign(c.hidden, 0.0);
-    if (r.pool == pooling::all) st.row.reserve(prompt_len * c.hidden);
+    if (r.pool == pooling::all) st.row.reserve(prompt_len * per_position);
   }
   return ok_status();
 }
@@ -198,28 +208,22 @@ void replica_core::pool_rows(pool_state& st, const model::step_sequence& s, std:
         ++st.next;
       }
       break;
-    case pooling::all:  // each position once, in order, as for mean
+    case pooling::all:  // each position once, in order, as for mean; a classifier's logits of it
       for (size_t i = 0; i < k; ++i) {
         if (first + i != st.next) continue;
-        st.row.insert(st.row.end(), rows.begin() + static_cast<std::ptrdiff_t>(i * hidden),
-                      rows.begin() + static_cast<std::ptrdiff_t>((i + 1) * hidden));
+        const auto row = rows.subspan(i * hidden, hidden);
+        if (eng_.config().classifier.labels > 0) {
+          const auto logits = eng_.loaded_model().classify(row);
+          st.row.insert(st.row.end(), logits.begin(), logits.end());
+        } else {
+          st.row.insert(st.row.end(), row.begin(), row.end());
+        }
         ++st.next;
       }
       break;
     case pooling::none:
       break;
   }
-}
-
-std::vector<float> replica_core::classify_rows(std::span<const float> rows) const {
-  const size_t hidden = eng_.config().hidden;
-  std::vector<float> out;
-  out.reserve(rows.size() / hidden * eng_.config().classifier.labels);
-  for (size_t i = 0; i + hidden <= rows.size(); i += hidden) {
-    const auto logits = eng_.loaded_model().classify(rows.subspan(i, hidden));
-    out.insert(out.end(), logits.begin(), logits.end());
-  }
-  return out;
 }
 
 result<std::shared_ptr<const model::grammar>> replica_core::grammar_of(const model::constraint_spec& spec) {
@@ -414,9 +418,11 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
       } else {
         e.embedding = std::move(st.row);
       }
-      // A classifier's answer is its score head's logits for that state (labels values; for
-      // all, each position's in turn).
-      if (!e.failure && eng_.config().classifier.labels > 0) e.embedding = classify_rows(e.embedding);
+      // A classifier's answer is its score head's logits for that state (labels values; all's
+      // rows were classified as they came).
+      if (!e.failure && eng_.config().classifier.labels > 0 && st.pool != pooling::all) {
+        e.embedding = eng_.loaded_model().classify(e.embedding);
+      }
       pooled_.erase(p);
       sampling_.erase(e.id);
       adjust_.erase(e.id);

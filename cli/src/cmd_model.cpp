@@ -104,6 +104,9 @@ void add_model(CLI::App& app, command_set& commands) {
   sub->add_option("--group-size", s.group_size, "--packed: inputs per scale and zero")->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 20));
   sub->add_option("--classifier", s.classifier_labels,
                   "A sequence classifier of N labels (<Arch>ForSequenceClassification, score.weight in place of lm_head)");
+  sub->add_flag("--reward", s.reward,
+                "With --arch qwen2 --classifier 1 or 2: a reward model, Qwen2ForRewardModel or Qwen2ForProcessRewardModel "
+                "(score.0 and score.2 with biases in place of lm_head)");
   commands.emplace_back(sub, [f] { return run_random(*f); });
 
   auto l = std::make_shared<lora_flags>();

@@ -109,13 +109,14 @@ void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f) {
       ->capture_default_str();
   sub->add_option("--load-format", f.load_format, "vLLM's: auto, safetensors or gguf (as the model path is)")->capture_default_str();
   sub->add_option("--task", f.task,
-                  "vLLM's: auto, generate, embed, classify or score (the model's architecture decides: a causal LM serves "
-                  "generation and embeddings, a …ForSequenceClassification one classification and scoring)")
+                  "vLLM's: auto, generate, embed, classify, score or reward (the model's architecture decides: a causal LM "
+                  "serves generation and embeddings, a …ForSequenceClassification one classification and scoring, a "
+                  "Qwen2ForRewardModel or Qwen2ForProcessRewardModel rewards)")
       ->capture_default_str();
   sub->add_option("--runner", f.runner, "vLLM's: auto, generate or pooling (as --task)")->capture_default_str();
   sub->add_option("--convert", f.convert,
-                  "vLLM's: auto, none, embed or classify (a causal LM becomes a classifier through --hf-overrides' "
-                  "architectures and classifier_from_token)")
+                  "vLLM's: auto, none, embed, classify or reward (a causal LM becomes a classifier through --hf-overrides' "
+                  "architectures and classifier_from_token; reward: the model must be a reward model)")
       ->capture_default_str();
   sub->add_option("--pipeline-parallel-size,--pp", f.pipeline_parallel_size, "vLLM's: 1 (tensor parallelism splits the model here)")
       ->capture_default_str();
@@ -155,10 +156,23 @@ void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f) {
 }
 
 status check_vllm_task(const vllm_model_flags& f, const model::model_config& c) {
+  const bool reward = f.task == "reward" || f.convert == "reward";
+  if (c.classifier.reward) {
+    if (one_of(f.task, {"generate", "embed", "embedding", "score"}) || f.runner == "generate" || f.convert == "embed") {
+      return make_error(errc::invalid_request, "--task/--runner/--convert: the model is a reward model (" + c.arch_name +
+                                                   "): it serves reward (/pooling's token_classify) and classify (/classify)");
+    }
+    return ok_status();
+  }
+  if (reward) {
+    return make_error(errc::invalid_request, "--task/--convert reward: the model (" + c.arch_name +
+                                                 ") is not a reward model (Qwen2ForRewardModel, Qwen2ForProcessRewardModel); a "
+                                                 "…ForSequenceClassification one serves /pooling's token_classify too");
+  }
   if (c.classifier.labels > 0) {
     if (one_of(f.task, {"generate", "embed", "embedding"}) || f.runner == "generate" || f.convert == "embed") {
       return make_error(errc::invalid_request, "--task/--runner/--convert: the model is a sequence classifier (" + c.arch_name +
-                                                   "): it serves classify and score (/classify, /score, /rerank)");
+                                                   "): it serves classify and score (/classify, /score, /rerank, /pooling)");
     }
     return ok_status();
   }
@@ -188,11 +202,11 @@ status check_vllm_model_flags(const vllm_model_flags& f, const std::string& mode
     return make_error(errc::invalid_request, "--load-format " + f.load_format + ": " + model_path + " is " +
                                                  (gguf ? "a GGUF file" : "not a GGUF file"));
   }
-  if (!one_of(f.task, {"auto", "generate", "embed", "embedding", "classify", "score"}) ||
-      !one_of(f.runner, {"auto", "generate", "pooling"}) || !one_of(f.convert, {"auto", "none", "embed", "classify"})) {
+  if (!one_of(f.task, {"auto", "generate", "embed", "embedding", "classify", "score", "reward"}) ||
+      !one_of(f.runner, {"auto", "generate", "pooling"}) || !one_of(f.convert, {"auto", "none", "embed", "classify", "reward"})) {
     return make_error(errc::unsupported, "--task/--runner/--convert: a causal LM serves generation and embeddings "
                                          "(/v1/embeddings, /score, /rerank over them), a sequence classifier /classify, "
-                                         "/score and /rerank; reward models are not served");
+                                         "/score and /rerank, a Qwen2 reward model reward (/pooling)");
   }
   if (f.pipeline_parallel_size != 1) {
     return make_error(errc::unsupported, "--pipeline-parallel-size " + std::to_string(f.pipeline_parallel_size) +

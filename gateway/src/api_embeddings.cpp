@@ -49,14 +49,6 @@ status check_pair_truncation(int64_t truncate) {
   return make_error(errc::invalid_request, "'truncate_prompt_tokens' is not taken for a cross-encoder's pairs; shorten the texts");
 }
 
-/// vLLM's `activation` field of /classify (default true: probabilities; false: the logits).
-bool activation_of(std::string_view body) {
-  const auto j = nlohmann::json::parse(body, nullptr, false);
-  if (!j.is_object()) return true;
-  const auto a = j.find("activation");
-  return a == j.end() || !a->is_boolean() || a->get<bool>();
-}
-
 }  // namespace
 
 result<generation_job> api_service::pooling_job(const std::string& model, std::vector<prompt_input> inputs,
@@ -80,6 +72,10 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
                                              "…ForSequenceClassification checkpoint, or classifier_from_token through "
                                              "--hf-overrides): /classify needs one");
   }
+  if (cfg.classifier.reward && (es.kind == shape::score || es.kind == shape::rerank)) {
+    return make_error(errc::invalid_request, "the model '" + sm.name + "' is a reward model: it serves /pooling (token_classify, "
+                                             "its default) and /classify, not /score or /rerank");
+  }
   if (labels > 1 && (es.kind == shape::score || es.kind == shape::rerank)) {
     return make_error(errc::invalid_request, "the model '" + sm.name + "' is a classifier of " + std::to_string(labels) +
                                                  " labels: /score and /rerank take a classifier of one (a cross-encoder) "
@@ -98,6 +94,7 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
   LLMESH_TRY(detail::check_truncation(o.truncate_prompt_tokens, cfg.max_positions));
   std::vector<actors::replica_request> requests;
   requests.reserve(inputs.size());
+  size_t token_values = 0;  // a token task's, over every input
   const uint64_t first = next_id_.fetch_add(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     auto& in = inputs[i];
@@ -128,6 +125,13 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
                                                                std::to_string(transport::max_embedding / width) +
                                                                " tokens (truncate_prompt_tokens)"),
                          i, inputs.size());
+    }
+    // And the reply holds them all at once (in memory, then as JSON text).
+    token_values += es.per_token ? ids.size() * width : 0;
+    if (token_values > max_token_task_values) {
+      return make_error(errc::invalid_request, "the inputs' tokens would give more than " + std::to_string(max_token_task_values) +
+                                                   " values in all (from input " + std::to_string(i) +
+                                                   "); send fewer inputs or fewer tokens");
     }
     actors::replica_request q;
     q.id = first + i;
@@ -249,10 +253,12 @@ api_outcome api_service::rerank(std::string_view body) {
 api_outcome api_service::classify(std::string_view body) {
   auto r = parse_pooling_body(body);  // vLLM's ClassificationRequest: the same input and pooling fields
   if (!r) return error_reply(r.err());
+  auto activation = parse_use_activation(body);  // vLLM's use_activation (default true: probabilities)
+  if (!activation) return error_reply(activation.err());
   embeddings_output::setup es;
   es.kind = embeddings_output::shape::classify;
   es.id = "classify-";
-  es.activation = activation_of(body);
+  es.activation = activation->value_or(true);
   auto job = pooling_job(r->model, std::move(r->inputs), {r->add_special_tokens, r->truncate_prompt_tokens, r->priority, false},
                          std::move(es));
   if (!job) return error_reply(job.err());
@@ -267,7 +273,10 @@ api_outcome api_service::pooling(std::string_view body) {
   auto m = find_or_only(r->model);
   if (!m) return error_reply(m.err());
   const bool classifier = (*m)->cfg.classifier.labels > 0;
-  const pooling_task task = f->task.value_or(classifier ? pooling_task::classify : pooling_task::embed);
+  // A reward model's default is vLLM's: every position rewarded (token_classify).
+  const pooling_task task = f->task.value_or((*m)->cfg.classifier.reward ? pooling_task::token_classify
+                                             : classifier                ? pooling_task::classify
+                                                                         : pooling_task::embed);
   const bool classifying = task == pooling_task::classify || task == pooling_task::token_classify;
   if (classifying != classifier) {
     return error_reply(make_error(errc::invalid_request,
@@ -275,15 +284,21 @@ api_outcome api_service::pooling(std::string_view body) {
                                       "tasks are " + (classifier ? "classify and token_classify" : "embed and token_embed") +
                                       ", not " + task_name(task)));
   }
+  if (classifying && r->dimensions) {
+    return error_reply(make_error(errc::invalid_request, "'dimensions' cuts an embedding; task " + std::string(task_name(task)) +
+                                                             " gives the labels' values"));
+  }
+  // vLLM's one switch: normalize (deprecated) first, then use_activation and its aliases.
+  const std::optional<bool> on = r->normalize ? r->normalize : f->activation;
   embeddings_output::setup es;
   es.kind = embeddings_output::shape::pooling;
   es.id = "pool-";
   es.base64 = r->base64;
   es.dimensions = r->dimensions ? static_cast<size_t>(*r->dimensions) : 0;
-  es.activation = f->activation.value_or(true);
+  es.activation = on.value_or(true);
   es.per_token = task == pooling_task::token_embed || task == pooling_task::token_classify;
   es.width = (*m)->cfg.hidden;
-  auto job = pooling_job(r->model, std::move(r->inputs), {r->add_special_tokens, r->truncate_prompt_tokens, r->priority, r->normalize},
+  auto job = pooling_job(r->model, std::move(r->inputs), {r->add_special_tokens, r->truncate_prompt_tokens, r->priority, on},
                          std::move(es));
   if (!job) return error_reply(job.err());
   return std::move(*job);

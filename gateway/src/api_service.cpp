@@ -556,7 +556,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   }
   if (m.cfg.classifier.labels > 0) {
     return make_error(errc::invalid_request, "the model '" + m.name + "' is a sequence classifier: it serves /classify, "
-                                             "/score and /rerank, not generation");
+                                             "/score, /rerank and /pooling, not generation");
   }
   if (!m.cfg.has_lm_head) {
     return make_error(errc::invalid_request, "the model '" + m.name + "' has no LM head (a bare transformer's checkpoint, "

@@ -197,6 +197,22 @@ result<embeddings_request> parse(std::string_view body) {
   return r;
 }
 
+/// vLLM's get_use_activation without `normalize`: softmax, then activation (both deprecated),
+/// then use_activation.
+result<std::optional<bool>> use_activation_of(const json& j) {
+  std::optional<bool> softmax, activation, use_activation;
+  LLMESH_TRY(boolean(j, "softmax", softmax));
+  LLMESH_TRY(boolean(j, "activation", activation));
+  LLMESH_TRY(boolean(j, "use_activation", use_activation));
+  return softmax ? softmax : activation ? activation : use_activation;
+}
+
+result<std::optional<bool>> parse_activation(std::string_view body) {
+  auto parsed = parse_request_object(body);
+  if (!parsed) return parsed.take_error();
+  return use_activation_of(*parsed);
+}
+
 result<pooling_fields> parse_fields(std::string_view body) {
   auto parsed = parse_request_object(body);
   if (!parsed) return parsed.take_error();
@@ -210,12 +226,9 @@ result<pooling_fields> parse_fields(std::string_view body) {
     }
     if (!f.task) return bad(std::string(tasks) + ", not " + t->dump());
   }
-  // vLLM's get_use_activation: softmax, then activation (both deprecated), then use_activation.
-  std::optional<bool> softmax, activation, use_activation;
-  LLMESH_TRY(boolean(j, "softmax", softmax));
-  LLMESH_TRY(boolean(j, "activation", activation));
-  LLMESH_TRY(boolean(j, "use_activation", use_activation));
-  f.activation = softmax ? softmax : activation ? activation : use_activation;
+  auto a = use_activation_of(j);
+  if (!a) return a.take_error();
+  f.activation = *a;
   return f;
 }
 
@@ -316,6 +329,10 @@ result<rerank_request> parse_rerank_request(std::string_view body) {
 
 result<pooling_fields> parse_pooling_fields(std::string_view body) {
   return guarded([&] { return parse_fields(body); });
+}
+
+result<std::optional<bool>> parse_use_activation(std::string_view body) {
+  return guarded([&] { return parse_activation(body); });
 }
 
 const char* task_name(pooling_task t) {

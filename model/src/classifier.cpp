@@ -1,22 +1,59 @@
 // A sequence classifier's score head (model_config::classifier): transformers'
 // …ForSequenceClassification keeps it as score.weight [labels, hidden]; vLLM's
 // classifier_from_token builds it from a causal LM's head (Qwen3-Reranker: the "yes" row minus
-// the "no" row, so that sigmoid(score · h) is softmax([no, yes])'s yes). Held in float32 and
-// applied to one final hidden state per request, summed in double: a few thousand operations,
-// never on the batch's path.
+// the "no" row, so that sigmoid(score · h) is softmax([no, yes])'s yes); a Qwen2 reward model's
+// is two layers, score.0 (hidden × hidden) and score.2, with biases and a ReLU between. Held in
+// float32 and applied to final hidden states as requests end, never on the batch's path: the
+// last layer summed in double (a few thousand operations), a reward model's hidden layer in
+// kernels::dot's canonical order (hidden² multiply-adds a row, the same bits in any batch).
+#include <algorithm>
 #include <string>
 
 #include "llmesh/kernels/dtype.hpp"
+#include "llmesh/kernels/matmul.hpp"
 #include "llmesh/model/tokenizer.hpp"
 #include "llmesh/model/weights.hpp"
 
 namespace llmesh::model {
+
+namespace {
+
+/// Tensor `name` of `shape` from `store`, in float32; an error naming both otherwise.
+result<std::vector<float>> read_f32(const tensor_store& store, const std::string& name, const std::vector<size_t>& shape) {
+  auto t = store.get(name);
+  if (!t) return t.take_error();
+  if (t->shape != shape) {
+    std::string want;
+    for (size_t d : shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
+    return make_error(errc::invalid_request, "tensor '" + name + "' must be [" + want + "]");
+  }
+  size_t n = 1;
+  for (size_t d : shape) n *= d;
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = kernels::load_as_f32(t->data, t->type, i);
+  return out;
+}
+
+}  // namespace
 
 status model::bind_classifier(const std::string& tokenizer_dir) {
   const auto& k = config_.classifier;
   if (k.labels == 0) return ok_status();
   const size_t h = config_.hidden;
   auto& score = weights_.score;
+  if (k.reward) {  // score.0 → ReLU → score.2, as vLLM's Qwen2RewardBaseModel
+    const std::pair<std::vector<float>*, std::pair<const char*, std::vector<size_t>>> parts[] = {
+        {&weights_.score_hidden, {"score.0.weight", {h, h}}},
+        {&weights_.score_hidden_bias, {"score.0.bias", {h}}},
+        {&score, {"score.2.weight", {k.labels, h}}},
+        {&weights_.score_bias, {"score.2.bias", {k.labels}}}};
+    for (const auto& [out, spec] : parts) {
+      auto v = read_f32(store_, spec.first, spec.second);
+      if (!v) return v.take_error();
+      *out = std::move(*v);
+    }
+    return ok_status();
+  }
   if (k.from_tokens.empty()) {
     auto t = store_.get("score.weight");
     if (!t) return t.take_error();
@@ -57,6 +94,19 @@ status model::bind_classifier(const std::string& tokenizer_dir) {
 
 std::vector<float> model::classify(std::span<const float> row) const {
   const size_t labels = config_.classifier.labels, h = config_.hidden;
+  if (config_.classifier.reward && row.size() >= h) {
+    std::vector<float> hidden(h);
+    for (size_t d = 0; d < h; ++d) {
+      hidden[d] = std::max(kernels::dot(&weights_.score_hidden[d * h], row.data(), h) + weights_.score_hidden_bias[d], 0.0f);
+    }
+    std::vector<float> out(labels);
+    for (size_t i = 0; i < labels; ++i) {
+      double sum = weights_.score_bias[i];
+      for (size_t d = 0; d < h; ++d) sum += static_cast<double>(weights_.score[i * h + d]) * hidden[d];
+      out[i] = static_cast<float>(sum);
+    }
+    return out;
+  }
   std::vector<float> out(labels);
   for (size_t i = 0; i < labels && row.size() >= h; ++i) {
     double sum = 0.0;

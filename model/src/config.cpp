@@ -357,6 +357,22 @@ result<model_config> parse_config_json(const std::string& text) {
     LLMESH_TRY(parse_classifier(j, c));
     if (c.classifier.from_tokens.empty()) c.has_lm_head = false;  // score.weight in its place
   }
+  // Qwen2's reward models (vLLM's): a two-layer score head on every position; the labels are
+  // the architecture's (vLLM sets num_labels so), named by id2label when it has as many.
+  if (arch_name == "Qwen2ForRewardModel" || arch_name == "Qwen2ForProcessRewardModel") {
+    const size_t labels = arch_name == "Qwen2ForRewardModel" ? 1 : 2;
+    arch_name = "Qwen2ForCausalLM";
+    LLMESH_TRY(parse_classifier(j, c));
+    auto& k = c.classifier;
+    if (!k.from_tokens.empty()) return bad("a reward model's head is its score.0 and score.2, not classifier_from_token");
+    if (k.labels != labels) {
+      k.labels = labels;
+      k.names.clear();
+      for (size_t i = 0; i < labels; ++i) k.names.push_back("LABEL_" + std::to_string(i));
+    }
+    k.reward = true;
+    c.has_lm_head = false;
+  }
   if (arch_name == "LlamaForCausalLM") {
     c.arch = architecture::llama;
   } else if (arch_name == "MistralForCausalLM") {
@@ -391,7 +407,8 @@ result<model_config> parse_config_json(const std::string& text) {
                                              "GraniteForCausalLM, "
                                              "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, and the bare LlamaModel, "
                                              "MistralModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model for embeddings, "
-                                             "and each causal LM's …ForSequenceClassification but Gemma 3's)");
+                                             "each causal LM's …ForSequenceClassification but Gemma 3's, and "
+                                             "Qwen2ForRewardModel, Qwen2ForProcessRewardModel)");
   }
   const bool gemma = c.arch == architecture::gemma || c.arch == architecture::gemma2 || c.arch == architecture::gemma3;
   if (c.arch == architecture::gemma3) {

@@ -115,6 +115,13 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     if (s.base_model || s.arch == "gemma3") return make_error(errc::invalid_request, "a classifier is a full checkpoint, not Gemma 3");
     arch = arch->substr(0, arch->size() - std::string_view("ForCausalLM").size()) + "ForSequenceClassification";
   }
+  if (s.reward) {
+    if (s.arch != "qwen2" || s.classifier_labels < 1 || s.classifier_labels > 2 || s.base_model || !s.packed.empty()) {
+      return make_error(errc::invalid_request, "a reward model is a qwen2 checkpoint of 1 label (Qwen2ForRewardModel) or 2 "
+                                               "(Qwen2ForProcessRewardModel)");
+    }
+    arch = std::string(s.classifier_labels == 1 ? "Qwen2ForRewardModel" : "Qwen2ForProcessRewardModel");
+  }
   if (s.vocab < 258) return make_error(errc::invalid_request, "--vocab must be at least 258 (byte tokens + BOS + EOS)");
   if (s.hidden == 0 || s.intermediate == 0 || s.n_layers == 0 || s.n_heads == 0 || s.n_kv_heads == 0 ||
       s.n_heads % s.n_kv_heads != 0) {
@@ -269,7 +276,12 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   add(0, "model.embed_tokens.weight", {s.vocab, s.hidden}, 0.0f, gemma ? 2.0f * in_h : granite ? 0.25f : 1.0f);
   const float norm_center = gemma ? 0.0f : 1.0f;  // Gemma stores a norm's weight as an offset from 1
   add(0, "model.norm.weight", {s.hidden}, norm_center, 0.2f);
-  if (s.classifier_labels > 0) {
+  if (s.reward) {  // Qwen2RewardBaseModel's score: Linear(hidden, hidden), ReLU, Linear(hidden, labels)
+    add(0, "score.0.weight", {s.hidden, s.hidden}, 0.0f, 2.0f * in_h);
+    add(0, "score.0.bias", {s.hidden}, 0.0f, 0.2f);
+    add(0, "score.2.weight", {s.classifier_labels, s.hidden}, 0.0f, 2.0f * in_h);
+    add(0, "score.2.bias", {s.classifier_labels}, 0.0f, 0.2f);
+  } else if (s.classifier_labels > 0) {
     add(0, "score.weight", {s.classifier_labels, s.hidden}, 0.0f, 2.0f * in_h);
   } else if (!s.tie_embeddings) {
     add(0, "lm_head.weight", {s.vocab, s.hidden}, 0.0f, 2.0f * in_h);

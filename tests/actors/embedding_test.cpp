@@ -1,13 +1,16 @@
 // Embedding requests in the replica's work loop (replica_request::pool): each one's vector is
 // exactly what its prompt's final hidden rows give alone (the last row; the mean over the rows
-// summed in order in double; the first row; every row, in order) — beside generations, in chunks of a small token
-// budget, under a KV pool that forces preemption, with prefix-cache hits, and at --tp 2 within
-// 1e-5 — and the generations beside them keep their tokens. Bad embedding requests are refused;
-// a cancelled one says nothing more.
+// summed in order in double; the first row; every row, in order) — beside generations, in
+// chunks of a small token budget, under a KV pool that forces preemption, with prefix-cache
+// hits, and at --tp 2 within 1e-5 — and the generations beside them keep their tokens. A
+// classifier's token rows are its head on each row. Bad embedding requests are refused; a
+// cancelled one says nothing more.
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <set>
 
+#include "llmesh/transport/wire.hpp"
 #include "replica_fixture.hpp"
 
 namespace llmesh::actors {
@@ -216,6 +219,72 @@ TEST_F(Embeddings, ACancelledOneEndsSilently) {
   for (const auto& x : *ev) ended.insert(x.id);
   EXPECT_EQ(ended, (std::set<uint64_t>{100, 102}));
   EXPECT_EQ(rc.blocks().free_blocks(), rc.blocks().total_blocks());
+}
+
+// A classifier's token rows (pooling all) are its head on each position's state, whatever the
+// chunks: prompts in steps of 8 tokens beside each other give every row the one-step logits.
+TEST(ClassifierRows, EachPositionsLogitsInChunks) {
+  model::testing::temp_dir dir;
+  model::random_model_spec spec;
+  spec.vocab = 300;
+  spec.classifier_labels = 3;
+  ASSERT_TRUE(model::write_random_model(spec, dir.path()).ok());
+  auto m = model::model::load(dir.path());
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  model::engine_options o;
+  o.threads = 2;
+  o.kv_tokens = 512;
+  const std::vector<std::vector<int32_t>> prompts{{5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}, {40, 41, 42}};
+  std::map<uint64_t, std::vector<float>> want;
+  for (size_t p = 0; p < prompts.size(); ++p) {  // each prompt's rows from one step alone, then the head on each
+    auto e = model::engine::create(*m, o);
+    ASSERT_TRUE(e.ok());
+    std::vector<int32_t> table(4);
+    std::iota(table.begin(), table.end(), 0);
+    model::step_sequence s;
+    s.tokens = prompts[p];
+    s.block_table = table;
+    s.want_logits = false;
+    s.hidden = model::hidden_rows::all;
+    std::vector<int32_t> tokens;
+    model::step_logprobs out;
+    ASSERT_TRUE((*e)->forward_sample(std::span(&s, 1), {}, tokens, &out).ok());
+    const size_t H = (*m)->config().hidden;
+    for (size_t i = 0; i < prompts[p].size(); ++i) {
+      const auto l = (*m)->classify(std::span<const float>(out.hidden).subspan(i * H, H));
+      want[p + 1].insert(want[p + 1].end(), l.begin(), l.end());
+    }
+  }
+  auto e = model::engine::create(*m, o);
+  ASSERT_TRUE(e.ok());
+  scheduler_config cfg;
+  cfg.max_batch_tokens = 8;
+  replica_core rc(**e, cfg);
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    replica_request r;
+    r.id = p + 1;
+    r.prompt = prompts[p];
+    r.max_tokens = 1;
+    r.pool = pooling::all;
+    ASSERT_TRUE(rc.submit(r).ok());
+  }
+  std::map<uint64_t, std::vector<float>> got;
+  for (int guard = 0; !rc.idle() && guard < 100; ++guard) {
+    auto ev = rc.step();
+    ASSERT_TRUE(ev.ok());
+    for (auto& x : *ev) got[x.id] = x.embedding;
+  }
+  ASSERT_EQ(got[1].size(), prompts[0].size() * 3);
+  EXPECT_EQ(got, want);
+  // Past one message's values: refused at submit.
+  replica_request huge;
+  huge.id = 9;
+  huge.prompt.assign(transport::max_embedding / 3 + 1, 5);
+  huge.max_tokens = 1;
+  huge.pool = pooling::all;
+  auto refused = rc.submit(huge);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.err().message.find("exceed one message's"), std::string::npos) << refused.err().message;
 }
 
 TEST(EmbeddingsOnly, ABareCheckpointEmbedsAndRefusesGenerations) {

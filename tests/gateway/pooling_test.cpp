@@ -45,6 +45,7 @@ TEST(PoolingFields, TaskAndActivationAsVllmReadsThem) {
       {R"({"task":"plugin"})", "'task' must be one of embed, classify, token_embed and token_classify"},
       {R"({"task":3})", "'task' must be one of"},
       {R"({"use_activation":"yes"})", "'use_activation' must be a boolean"},
+      {R"({"activation":null,"softmax":[true]})", "'softmax' must be a boolean"},
       {R"({"softmax":1})", "'softmax' must be a boolean"},
       {R"([1])", "JSON object"},
   };
@@ -66,13 +67,18 @@ class PoolingApi : public ::testing::Test {
     sentiment.cfg.classifier.labels = 3;
     sentiment.cfg.classifier.names = {"negative", "neutral", "positive"};
     sentiment.cfg.has_lm_head = false;
-    served_model wide = kjv_tiny("wide");  // a hidden size whose token rows overflow one message at 64 tokens
-    wide.cfg.hidden = transport::max_embedding / 64 + 1;
+    served_model rm = kjv_tiny("rm");  // a reward model
+    rm.cfg.classifier.labels = 1;
+    rm.cfg.classifier.names = {"LABEL_0"};
+    rm.cfg.classifier.reward = true;
+    rm.cfg.has_lm_head = false;
+    served_model wide = kjv_tiny("wide");  // a hidden size whose token rows fill one message at 64 tokens
+    wide.cfg.hidden = transport::max_embedding / 64;
     api_options o;
     o.model_name = "m";
     o.max_concurrent = 40;
     o.api_key = "k";
-    api_ = std::make_unique<api_service>(o, std::vector{std::move(plain), std::move(sentiment), std::move(wide)}, mesh_, metrics_);
+    api_ = std::make_unique<api_service>(o, std::vector{std::move(plain), std::move(sentiment), std::move(rm), std::move(wide)}, mesh_, metrics_);
   }
   api_outcome post(const json& body) { return api_->handle("POST", "/pooling", "Bearer k", body.dump()); }
   static int status(const api_outcome& o) { return std::holds_alternative<http_reply>(o) ? std::get<http_reply>(o).status : 0; }
@@ -178,9 +184,65 @@ TEST_F(PoolingApi, AClassifiersTasksAreClassifyAndTokenClassify) {
   }
 }
 
+// vLLM's one switch (normalize, then softmax, activation, use_activation): off, an embed task's
+// rows are not normalized and a classify task's values are its logits.
+TEST_F(PoolingApi, OneSwitchTurnsNormalizationOrTheActivationOff) {
+  const std::pair<json, json> cases[] = {
+      {{{"model", "m"}, {"input", {json::array({5})}}, {"task", "token_embed"}, {"use_activation", false}}, json::parse("[[3.0,4.0]]")},
+      {{{"model", "m"}, {"input", {json::array({5})}}, {"task", "embed"}, {"normalize", true}, {"use_activation", false}},
+       json::parse("[0.6,0.8]")},  // normalize first
+      {{{"model", "sentiment"}, {"input", "a"}, {"normalize", false}}, json::parse("[3.0,4.0,0.0]")},
+      {{{"model", "sentiment"}, {"input", "a"}, {"softmax", false}, {"use_activation", true}}, json::parse("[3.0,4.0,0.0]")},
+  };
+  for (const auto& [body, want] : cases) {
+    auto o = post(body);
+    ASSERT_TRUE(std::holds_alternative<generation_job>(o)) << body << ": " << message(o);
+    auto& out = *std::get<generation_job>(o).output;
+    auto r = out.take_submissions();
+    const bool token = body.value("task", "") == "token_embed";
+    const bool classifier = body["model"] == "sentiment";
+    std::vector<float> v(classifier ? 3 : hidden_, 0.0f);
+    v[0] = 3.0f, v[1] = 4.0f;
+    out.on_message(end_of(r.at(0).id, v));
+    ASSERT_FALSE(out.failure()) << body;
+    json got = json::parse(out.reply().body)["data"][0]["data"];
+    if (!classifier) {  // the first two values of the hidden size's
+      if (token) got[0] = json::array({got[0][0], got[0][1]});
+      else got = json::array({got[0], got[1]});
+    }
+    EXPECT_EQ(got, want) << body;
+  }
+  // /classify reads the same switch (no normalize there).
+  auto o = api_->handle("POST", "/classify", "Bearer k", R"({"model":"sentiment","input":"a","use_activation":false})");
+  ASSERT_TRUE(std::holds_alternative<generation_job>(o)) << message(o);
+  auto& out = *std::get<generation_job>(o).output;
+  out.on_message(end_of(out.take_submissions().at(0).id, {3.0f, 4.0f, 0.0f}));
+  EXPECT_EQ(json::parse(out.reply().body)["data"][0]["probs"], json::parse("[3.0,4.0,0.0]"));
+  EXPECT_EQ(status(api_->handle("POST", "/classify", "Bearer k", R"({"model":"sentiment","input":"a","use_activation":1})")), 400);
+}
+
+TEST_F(PoolingApi, ARewardModelRewardsEveryTokenByDefault) {
+  auto o = post({{"model", "rm"}, {"input", json::array({json::array({5, 6})})}});
+  ASSERT_TRUE(std::holds_alternative<generation_job>(o)) << message(o);
+  auto& out = *std::get<generation_job>(o).output;
+  auto reqs = out.take_submissions();
+  EXPECT_EQ(reqs.at(0).pool, actors::pooling::all);
+  out.on_message(end_of(reqs[0].id, {0.0f, std::log(3.0f)}));
+  const json d = json::parse(out.reply().body)["data"][0]["data"];
+  ASSERT_EQ(d.size(), 2u) << d;
+  EXPECT_NEAR(d[0][0].get<double>(), 0.5, 1e-6);
+  EXPECT_NEAR(d[1][0].get<double>(), 0.75, 1e-6);  // sigmoid(ln 3)
+  o = post({{"model", "rm"}, {"input", "a"}, {"task", "classify"}});
+  ASSERT_TRUE(std::holds_alternative<generation_job>(o)) << message(o);
+  EXPECT_EQ(std::get<generation_job>(o).output->take_submissions().at(0).pool, actors::pooling::last);
+  auto score = api_->handle("POST", "/score", "Bearer k", R"({"model":"rm","text_1":"a","text_2":"b"})");
+  EXPECT_EQ(status(score), 400);
+  EXPECT_NE(message(score).find("is a reward model"), std::string::npos) << message(score);
+}
+
 TEST_F(PoolingApi, RefusesWhatTheModelOrTheMeshCannotGive) {
   json long_ids = json::array();
-  for (int i = 0; i < 64; ++i) long_ids.push_back(5);
+  for (int i = 0; i < 65; ++i) long_ids.push_back(5);
   const std::pair<json, std::string> cases[] = {
       {{{"model", "m"}, {"input", "a"}, {"task", "classify"}},
        "the model 'm' is not a sequence classifier: its tasks are embed and token_embed, not classify"},
@@ -188,7 +250,8 @@ TEST_F(PoolingApi, RefusesWhatTheModelOrTheMeshCannotGive) {
        "the model 'sentiment' is a sequence classifier: its tasks are classify and token_classify, not token_embed"},
       {{{"model", "m"}, {"input", "a"}, {"task", "reward"}}, "'task' must be one of"},
       {{{"model", "wide"}, {"input", {json::array({5}), long_ids}}, {"task", "token_embed"}},
-       "input[1]: its 64 tokens would give"},
+       "input[1]: its 65 tokens would give 4259840 values (65536 a token); a token task gives 4194304 at most: send at most 64"},
+      {{{"model", "sentiment"}, {"input", "a"}, {"dimensions", 2}}, "'dimensions' cuts an embedding; task classify"},
       {{{"model", "nobody"}, {"input", "a"}}, "nobody"},
       {{{"input", "a"}, {"messages", json::array()}}, "send one of 'input' and 'messages'"},
   };
@@ -197,11 +260,16 @@ TEST_F(PoolingApi, RefusesWhatTheModelOrTheMeshCannotGive) {
     EXPECT_EQ(status(o) / 100, 4) << body;
     EXPECT_NE(message(o).find(want), std::string::npos) << body << ": " << message(o);
   }
-  // 63 tokens fit; embed (one row) of 64 does too.
-  long_ids.erase(long_ids.begin());
-  EXPECT_TRUE(std::holds_alternative<generation_job>(post({{"model", "wide"}, {"input", {long_ids}}, {"task", "token_embed"}})));
-  long_ids.push_back(5);
+  // 64 tokens fit one message, and four such inputs one reply; embed (one row each) of 65 fits too.
   EXPECT_TRUE(std::holds_alternative<generation_job>(post({{"model", "wide"}, {"input", {long_ids}}})));
+  long_ids.erase(long_ids.begin());
+  const json four = {long_ids, long_ids, long_ids, long_ids};
+  EXPECT_TRUE(std::holds_alternative<generation_job>(post({{"model", "wide"}, {"input", four}, {"task", "token_embed"}})));
+  json five = four;
+  five.push_back(long_ids);
+  auto o = post({{"model", "wide"}, {"input", five}, {"task", "token_embed"}});
+  EXPECT_EQ(status(o), 400);
+  EXPECT_NE(message(o).find("more than 16777216 values in all (from input 4)"), std::string::npos) << message(o);
   EXPECT_EQ(status(api_->handle("GET", "/pooling", "Bearer k", "")), 405);
   EXPECT_EQ(status(api_->handle("POST", "/pooling", "Bearer wrong", R"({"input":"a"})")), 401);
 }

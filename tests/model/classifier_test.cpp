@@ -1,10 +1,12 @@
 // Sequence classifiers (model_config::classifier, classifier.cpp): a …ForSequenceClassification
 // config is its causal LM's layers with a score head — labels from id2label (else num_labels,
 // else 2), the head from score.weight — and vLLM's classifier_from_token builds the head from a
-// causal LM's rows (two-way: the second token's minus the first's). classify() is score · h.
+// causal LM's rows (two-way: the second token's minus the first's). classify() is score · h; a
+// Qwen2 reward model's is two layers (score.0, ReLU, score.2, with biases).
 // Checked against what the files hold and against the causal LM's own logits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -244,6 +246,83 @@ TEST(Classifier, FromTwoTokensIsTheDifferenceOfTheirLogits) {
   auto bad = model::load(dir.path(), unknown);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.err().message.find("'no-such-token' is not a token"), std::string::npos) << bad.err().message;
+}
+
+TEST(RewardConfig, Qwen2RewardModelsAreClassifiersOfTheirArchitecturesLabels) {
+  auto j = with_arch(minimal_llama(), "Qwen2ForRewardModel");
+  j["num_labels"] = 7;  // vLLM sets the architecture's own
+  model_config c = parse_ok(j);
+  EXPECT_EQ(c.arch, architecture::qwen2);
+  EXPECT_TRUE(c.classifier.reward);
+  EXPECT_EQ(c.classifier.labels, 1u);
+  EXPECT_EQ(c.classifier.names, (std::vector<std::string>{"LABEL_0"}));
+  EXPECT_FALSE(c.has_lm_head);
+  j = with_arch(minimal_llama(), "Qwen2ForProcessRewardModel");
+  j["id2label"] = {{"0", "wrong"}, {"1", "right"}};
+  c = parse_ok(j);
+  EXPECT_EQ(c.classifier.labels, 2u);
+  EXPECT_EQ(c.classifier.names, (std::vector<std::string>{"wrong", "right"})) << "id2label names them when it has two";
+  EXPECT_TRUE(c.classifier.reward);
+  EXPECT_FALSE(parse_ok(with_arch(minimal_llama(), "Qwen2ForSequenceClassification")).classifier.reward);
+  EXPECT_NE(parse_err(with_arch(minimal_llama(), "LlamaForRewardModel")).message.find("unknown architecture"), std::string::npos);
+}
+
+// A Qwen2 reward model's head, score.2 · relu(score.0 · h + b0) + b2, recomputed in double from
+// the files' tensors on the causal LM's state (the same layers, keyed by name and seed).
+TEST(Reward, TheTwoLayerHeadOnTheCausalModelsState) {
+  testing::temp_dir dir;
+  random_model_spec spec;
+  spec.vocab = 300;
+  spec.arch = "qwen2";
+  spec.seed = 11;
+  ASSERT_TRUE(write_random_model(spec, dir / "lm").ok());
+  for (const size_t labels : {size_t{1}, size_t{2}}) {
+    spec.classifier_labels = labels;
+    spec.reward = true;
+    const auto out = dir / ("reward" + std::to_string(labels));
+    ASSERT_TRUE(write_random_model(spec, out).ok());
+    auto m = model::load(out);
+    ASSERT_TRUE(m.ok()) << m.err().message;
+    const auto& c = (*m)->config();
+    EXPECT_EQ(c.arch_name, labels == 1 ? "Qwen2ForRewardModel" : "Qwen2ForProcessRewardModel");
+    ASSERT_EQ(c.classifier.labels, labels);
+    auto store = tensor_store::open(out);
+    ASSERT_TRUE(store.ok());
+    auto w0 = store->get("score.0.weight"), b0 = store->get("score.0.bias"), w2 = store->get("score.2.weight"),
+         b2 = store->get("score.2.bias");
+    ASSERT_TRUE(w0.ok() && b0.ok() && w2.ok() && b2.ok());
+    const size_t H = c.hidden;
+    for (const auto& prompt : {std::vector<int32_t>{5, 17, 42, 99, 7}, std::vector<int32_t>{200}}) {
+      const auto h = run_causal(dir / "lm", prompt).hidden;
+      ASSERT_EQ(h.size(), H);
+      std::vector<double> mid(H);
+      size_t active = 0;
+      for (size_t d = 0; d < H; ++d) {
+        double v = kernels::load_as_f32(b0->data, b0->type, d);
+        for (size_t e = 0; e < H; ++e) v += static_cast<double>(kernels::load_as_f32(w0->data, w0->type, d * H + e)) * h[e];
+        mid[d] = std::max(v, 0.0);
+        active += v > 0.0;
+      }
+      EXPECT_GT(active, H / 8) << "the ReLU passes some of the hidden layer";
+      EXPECT_LT(active, H) << "and stops some";
+      const auto got = (*m)->classify(h);
+      ASSERT_EQ(got.size(), labels);
+      for (size_t i = 0; i < labels; ++i) {
+        double want = kernels::load_as_f32(b2->data, b2->type, i);
+        for (size_t d = 0; d < H; ++d) want += static_cast<double>(kernels::load_as_f32(w2->data, w2->type, i * H + d)) * mid[d];
+        EXPECT_NEAR(got[i], want, 1e-4 * (1.0 + std::abs(want))) << "label " << i;
+      }
+    }
+  }
+  // A reward model without its head's bias is refused by name.
+  spec.classifier_labels = 1;
+  load_options twin;
+  twin.hf_overrides = R"({"architectures": ["Qwen2ForRewardModel"]})";
+  auto plain = model::load(dir / "lm", twin);  // the causal LM's files: no score.* tensors
+  ASSERT_FALSE(plain.ok());
+  EXPECT_NE(plain.err().message.find("score.0.weight"), std::string::npos) << plain.err().message;
+  spec.arch = "llama";
+  EXPECT_FALSE(write_random_model(spec, dir / "llama-reward").ok()) << "a reward model is qwen2's";
 }
 
 TEST(TokenizerPairs, ThePairTemplateOrBothTextsInTurn) {

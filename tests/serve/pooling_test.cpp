@@ -2,7 +2,8 @@
 // gives one row per prompt token (unit length each unless normalize is false, cut by dimensions),
 // whose mean is what --pooling mean embeds; a sequence classifier's classify is /classify's
 // probabilities, and token_classify gives every position's, the last one /classify's own and
-// a prefix's rows those of the longer prompt (a causal model: later tokens change nothing).
+// a prefix's rows those of the longer prompt (a causal model: later tokens change nothing); a
+// Qwen2 reward model rewards every token by default.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -97,6 +98,34 @@ TEST(ServePooling, AClassifiersTokenRowsEndWithItsClassifyAnswer) {
   for (const auto& x : last) z += std::exp(x.get<double>());
   EXPECT_NEAR(std::exp(last[2].get<double>()) / z, rows[3][2].get<double>(), 1e-5);
   post(s.port(), "/pooling", {{"input", {ids}}, {"task", "embed"}}, 400);
+}
+
+// A Qwen2 reward model (`--task reward`, vLLM's): /pooling rewards every token by default
+// (token_classify: a sigmoid of its one logit; the raw reward with use_activation false),
+// /classify reads the last token's, and it refuses /score, embeddings and generations.
+TEST(ServePooling, AQwen2RewardModelRewardsEveryToken) {
+  model::testing::temp_dir dir;
+  const std::string shape = " --arch qwen2 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 300 --seed 3";
+  ASSERT_EQ(std::system((bin + " model random --classifier 1 --reward --out " + dir.path() + shape + " 2>/dev/null").c_str()), 0);
+  EXPECT_NE(std::system((bin + " serve --model " + dir.path() + " --task embed 2>/dev/null").c_str()), 0);
+  server_process s(bin, {"--model", dir.path(), "--task", "reward"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const json ids = json::array({5, 17, 42, 99, 7, 3});
+  const json rewards = post(s.port(), "/pooling", {{"input", {ids}}})["data"][0]["data"];
+  const json raw = post(s.port(), "/pooling", {{"input", {ids}}, {"use_activation", false}})["data"][0]["data"];
+  ASSERT_EQ(rewards.size(), ids.size()) << rewards;
+  ASSERT_EQ(raw.size(), ids.size()) << raw;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ASSERT_EQ(raw[i].size(), 1u);
+    EXPECT_NEAR(rewards[i][0].get<double>(), 1.0 / (1.0 + std::exp(-raw[i][0].get<double>())), 1e-6) << i;
+  }
+  EXPECT_NE(raw[0], raw[5]);
+  const json last = post(s.port(), "/classify", {{"input", {ids}}});
+  EXPECT_NEAR(last["data"][0]["probs"][0].get<double>(), rewards[5][0].get<double>(), 1e-6) << last;
+  post(s.port(), "/score", {{"text_1", "a"}, {"text_2", "b"}}, 400);
+  post(s.port(), "/v1/embeddings", {{"input", "a"}}, 400);
+  post(s.port(), "/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}}, 400);
+  post(s.port(), "/pooling", {{"input", {ids}}, {"task", "classify"}}, 200);
 }
 
 }  // namespace

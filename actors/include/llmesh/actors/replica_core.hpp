@@ -67,7 +67,8 @@ struct replica_request {
   /// over the prompt (summed in position order in double: the same bits however the prompt is
   /// chunked), the first token's, or every prompt token's ([prompt][hidden], in order); not
   /// normalised. A classifier's are its score head's logits for that state (for all: each
-  /// position's, [prompt][labels]). Nothing is sampled: max_tokens must be 1
+  /// position's, [prompt][labels]). For all, prompt × values a position must not exceed
+  /// transport::max_embedding (one message; refused at submit). Nothing is sampled: max_tokens must be 1
   /// (a failover then continues it as a generation of one token would), and the fields of
   /// generation (sampling's logprobs, bias, constraints, bad words) must be unset.
   pooling pool = pooling::none;
@@ -179,7 +180,8 @@ class replica_core {
   std::unordered_map<uint64_t, std::vector<kernels::token_logprobs>> scored_;
   /// Per embedding request: its pooling, the positions it has pooled (a recomputed chunk's
   /// rows are not added again) and the pooled state ([hidden] sums in double for mean; the
-  /// row itself for last and cls; every row so far, [next][hidden], for all).
+  /// row itself for last and cls; every row so far, [next][hidden], for all — a classifier's
+  /// logits of each, [next][labels]).
   struct pool_state {
     pooling pool = pooling::none;
     size_t positions = 0;  ///< the prompt's (mean, all: the rows it must have pooled at the end)
@@ -190,8 +192,6 @@ class replica_core {
   std::unordered_map<uint64_t, pool_state> pooled_;
   /// Adds a step's hidden rows of a pooling sequence (`rows`: [k][hidden], its last k positions).
   void pool_rows(pool_state& st, const model::step_sequence& s, std::span<const float> rows) const;
-  /// A classifier's logits for each of `rows` ([n][hidden] → [n][labels]).
-  std::vector<float> classify_rows(std::span<const float> rows) const;
   std::shared_ptr<const model::token_vocabulary> vocab_;
   model::token_mask_cache masks_;
   step_plan plan_;

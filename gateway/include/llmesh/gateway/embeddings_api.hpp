@@ -42,6 +42,9 @@ struct embedding_defaults {
 
 /// The most inputs one request may hold (OpenAI's limit).
 inline constexpr size_t max_embedding_inputs = 2048;
+/// The most values one /pooling token task may give over all its inputs (each input is bounded
+/// by one mesh message, transport::max_embedding): 64 MiB of floats, held until the reply.
+inline constexpr size_t max_token_task_values = size_t{1} << 24;
 
 struct embeddings_request {
   std::string model;                  ///< empty: not sent
@@ -96,15 +99,19 @@ struct rerank_request {
 enum class pooling_task { embed, classify, token_embed, token_classify };
 
 /// /pooling's fields beside /v1/embeddings' (which parse_embeddings_request reads from the same
-/// body): `task` (one of the four; unset: the model's own, classify for a sequence classifier
-/// and embed otherwise) and whether a classifier's logits become probabilities — vLLM's
-/// `use_activation`, read after its deprecated `softmax` and `activation` as vLLM reads them
-/// (unset: true). Another task, or a field of the wrong type, is a 400 naming it.
+/// body): `task` (one of the four; unset: the model's own — token_classify for a reward model,
+/// classify for another sequence classifier, embed otherwise) and vLLM's `use_activation`, read
+/// after its deprecated `softmax` and `activation` as vLLM reads them (the route reads vLLM's
+/// also deprecated `normalize` first: the one switch normalizes an embed task's rows and makes
+/// a classify task's logits probabilities; unset: on). Another task, or a field of the wrong
+/// type, is a 400 naming it.
 struct pooling_fields {
   std::optional<pooling_task> task;
   std::optional<bool> activation;
 };
 [[nodiscard]] result<pooling_fields> parse_pooling_fields(std::string_view body);
+/// The same switch on its own (/classify's: softmax, activation, use_activation; no task).
+[[nodiscard]] result<std::optional<bool>> parse_use_activation(std::string_view body);
 /// "embed", "classify", "token_embed", "token_classify".
 const char* task_name(pooling_task t);
 

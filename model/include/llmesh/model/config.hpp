@@ -49,6 +49,10 @@ struct model_config {
     /// sentence-transformers' activation_fn (or sbert_ce_default_activation_function) is
     /// Identity: /score gives the raw logit (else a sigmoid).
     bool score_identity = false;
+    /// A Qwen2 reward model (Qwen2ForRewardModel: 1 label, Qwen2ForProcessRewardModel: 2):
+    /// the head is score.0 (hidden × hidden, with bias), ReLU, score.2 (labels × hidden, with
+    /// bias), and every position is scored (vLLM's reward task: /pooling's token_classify).
+    bool reward = false;
   } classifier;
   bool qkv_bias = false;       ///< Qwen2, or Llama / Qwen3 with attention_bias
   bool o_bias = false;         ///< Llama / Qwen3 with attention_bias

@@ -46,6 +46,10 @@ struct random_model_spec {
   /// A sequence classifier ("<Arch>ForSequenceClassification"): id2label LABEL_0.. of this many
   /// labels and score.weight [labels, hidden] in place of lm_head (0: a causal LM).
   size_t classifier_labels = 0;
+  /// With arch qwen2 and classifier_labels 1 or 2: a reward model in place of a sequence
+  /// classifier, Qwen2ForRewardModel (1) or Qwen2ForProcessRewardModel (2), its head score.0
+  /// [hidden, hidden] and score.2 [labels, hidden], each with a bias.
+  bool reward = false;
   /// The decoder layers' linear weights as an AWQ, GPTQ or compressed-tensors checkpoint stores
   /// them (packed_weights.hpp): "awq" (4 bits, zero points), "gptq" (4 bits, zero points, g_idx
   /// in order), "gptq-act-order" (desc_act: g_idx a random assignment of groups), "gptq8" (8

@@ -134,8 +134,10 @@ struct model_weights {
   std::vector<float> final_norm;
   weight_matrix lm_head;  ///< the embedding when tied
   /// A sequence classifier's score head [labels, hidden] (model_config::classifier), in float32;
-  /// empty otherwise.
+  /// empty otherwise. A reward model's is its last layer (score.2), after score_hidden
+  /// [hidden, hidden] and its bias, then ReLU; score_bias [labels] is added to its logits.
   std::vector<float> score;
+  std::vector<float> score_hidden, score_hidden_bias, score_bias;
 };
 
 /// An immutable loaded model, shared by every shard executor that runs it.
@@ -192,7 +194,9 @@ class model {
   const std::shared_ptr<const token_vocabulary>& vocabulary() const { return vocabulary_; }
 
   /// A sequence classifier's logits for one final hidden state (its `hidden` values, after the
-  /// final norm): score · row, summed in double. REQUIRES: config().classifier.labels > 0.
+  /// final norm): score · row, summed in double; a reward model's score · relu(score_hidden ·
+  /// row + its bias) + score_bias, the hidden layer's dot products in kernels::dot's canonical
+  /// order (hidden² multiply-adds a row). REQUIRES: config().classifier.labels > 0.
   std::vector<float> classify(std::span<const float> row) const;
 
   /// Weight bytes a decode step reads per token at batch 1: every layer matrix and the LM
