@@ -112,7 +112,9 @@ status run_serve(serve_flags f) {
   if (!tool_parser) return tool_parser.take_error();
   auto tool_tokens = gateway::tool_parser_kept_tokens(**tok, *tool_parser, tok_dir);
   if (!tool_tokens) return tool_tokens.take_error();
-  auto pooling = gateway::load_embedding_defaults(f.model_dir, f.gw.pooling);
+  auto pooler = gateway::parse_pooler_config(f.vllm.pooler_config);
+  if (!pooler) return pooler.take_error();
+  auto pooling = gateway::load_embedding_defaults(f.model_dir, f.gw.pooling, *pooler);
   if (!pooling) return pooling.take_error();
   std::optional<model::chat_template> chat;
   if (auto t = model::chat_template::load(tok_dir); t) chat = std::move(*t);

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <algorithm>
 
+#include "llmesh/gateway/embeddings_api.hpp"
 #include "llmesh/model/gguf.hpp"
 
 namespace llmesh::cli {
@@ -118,6 +119,9 @@ void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f) {
                   "vLLM's: auto, none, embed, classify or reward (a causal LM becomes a classifier through --hf-overrides' "
                   "architectures and classifier_from_token; reward: the model must be a reward model)")
       ->capture_default_str();
+  sub->add_option("--pooler-config,--override-pooler-config", f.pooler_config,
+                  "vLLM's: a JSON object of pooling_type (LAST, MEAN or CLS, as --pooling), normalize and use_activation: "
+                  "what an embedding or classify request that does not say gets");
   sub->add_option("--pipeline-parallel-size,--pp", f.pipeline_parallel_size, "vLLM's: 1 (tensor parallelism splits the model here)")
       ->capture_default_str();
   sub->add_option("--distributed-executor-backend", f.distributed_executor_backend,
@@ -194,6 +198,7 @@ status check_vllm_model_flags(const vllm_model_flags& f, const std::string& mode
   if (!f.hf_overrides.empty()) {
     if (auto o = model::apply_hf_overrides("{}", f.hf_overrides); !o) return o.take_error();
   }
+  LLMESH_TRY(gateway::parse_pooler_config(f.pooler_config));
   const bool gguf = model::is_gguf_file(model_path);
   if (!one_of(f.load_format, {"auto", "safetensors", "gguf"})) {
     return make_error(errc::unsupported, "--load-format " + f.load_format + ": this server loads safetensors and GGUF (auto)");

@@ -24,6 +24,7 @@ struct vllm_model_flags {
   std::string override_generation_config;  ///< JSON object
   std::string speculative_config;          ///< JSON object
   std::string hf_overrides;                ///< JSON object over config.json (model::apply_hf_overrides)
+  std::string pooler_config;               ///< JSON object (gateway::parse_pooler_config)
 };
 
 /// Adds the flags above and the accepted ones to `sub`, and --config for its help.

@@ -253,12 +253,14 @@ api_outcome api_service::rerank(std::string_view body) {
 api_outcome api_service::classify(std::string_view body) {
   auto r = parse_pooling_body(body);  // vLLM's ClassificationRequest: the same input and pooling fields
   if (!r) return error_reply(r.err());
-  auto activation = parse_use_activation(body);  // vLLM's use_activation (default true: probabilities)
+  auto activation = parse_use_activation(body);  // vLLM's use_activation (default: the model's, true: probabilities)
   if (!activation) return error_reply(activation.err());
+  auto m = find_or_only(r->model);
+  if (!m) return error_reply(m.err());
   embeddings_output::setup es;
   es.kind = embeddings_output::shape::classify;
   es.id = "classify-";
-  es.activation = activation->value_or(true);
+  es.activation = activation->value_or((*m)->embedding.activation);
   auto job = pooling_job(r->model, std::move(r->inputs), {r->add_special_tokens, r->truncate_prompt_tokens, r->priority, false},
                          std::move(es));
   if (!job) return error_reply(job.err());
@@ -295,7 +297,7 @@ api_outcome api_service::pooling(std::string_view body) {
   es.id = "pool-";
   es.base64 = r->base64;
   es.dimensions = r->dimensions ? static_cast<size_t>(*r->dimensions) : 0;
-  es.activation = on.value_or(true);
+  es.activation = on.value_or((*m)->embedding.activation);
   es.per_token = task == pooling_task::token_embed || task == pooling_task::token_classify;
   es.width = (*m)->cfg.hidden;
   auto job = pooling_job(r->model, std::move(r->inputs), {r->add_special_tokens, r->truncate_prompt_tokens, r->priority, on},

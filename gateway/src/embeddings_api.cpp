@@ -2,6 +2,7 @@
 #include "llmesh/gateway/embeddings_api.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -255,7 +256,9 @@ std::string base64(std::span<const unsigned char> in) {
 
 }  // namespace
 
-result<embedding_defaults> load_embedding_defaults(const std::string& dir, const std::string& pooling) {
+namespace {
+
+result<embedding_defaults> load_defaults(const std::string& dir, const std::string& pooling) {
   std::optional<actors::pooling> forced;
   if (pooling == "last") forced = actors::pooling::last;
   else if (pooling == "mean") forced = actors::pooling::mean;
@@ -302,8 +305,6 @@ result<embedding_defaults> load_embedding_defaults(const std::string& dir, const
   return d;
 }
 
-namespace {
-
 template <class F>
 auto guarded(F parse) -> decltype(parse()) {
   try {
@@ -314,6 +315,49 @@ auto guarded(F parse) -> decltype(parse()) {
 }
 
 }  // namespace
+
+result<embedding_defaults> load_embedding_defaults(const std::string& dir, const std::string& pooling_flag,
+                                                   const pooler_config& config) {
+  if (config.pooling != "model" && pooling_flag != "model" && pooling_flag != config.pooling) {
+    return make_error(errc::invalid_request, "--pooling " + pooling_flag + " and --pooler-config's pooling_type " + config.pooling +
+                                                 " disagree: give one");
+  }
+  auto d = load_defaults(dir, config.pooling != "model" ? config.pooling : pooling_flag);
+  if (!d) return d;
+  if (config.normalize) d->normalize = *config.normalize;
+  if (config.activation) d->activation = *config.activation;
+  return d;
+}
+
+result<pooler_config> parse_pooler_config(std::string_view json_text) {
+  pooler_config c;
+  if (json_text.empty()) return c;
+  return guarded([&]() -> result<pooler_config> {
+    const json j = json::parse(json_text, nullptr, false);
+    if (!j.is_object()) return bad("--pooler-config must be a JSON object (PoolerConfig's keys), not " + std::string(json_text));
+    for (const auto& [key, value] : j.items()) {
+      if (value.is_null()) continue;  // as unset
+      if (key == "pooling_type") {
+        std::string t = value.is_string() ? value.get<std::string>() : "";
+        std::transform(t.begin(), t.end(), t.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+        if (t != "last" && t != "mean" && t != "cls") {
+          return bad("--pooler-config: pooling_type " + value.dump() + " is not computed here (LAST, MEAN or CLS; /pooling's "
+                     "token tasks give every position's rows)");
+        }
+        c.pooling = t;
+      } else if (key == "normalize" || key == "use_activation" || key == "softmax" || key == "activation") {
+        if (!value.is_boolean()) return bad("--pooler-config: " + key + " must be a boolean");
+      } else {
+        return bad("--pooler-config: '" + key + "' is not taken here (pooling_type, normalize, use_activation)");
+      }
+    }
+    auto flag = [&](const char* k) { return j.contains(k) && j[k].is_boolean() ? std::optional<bool>(j[k].get<bool>()) : std::nullopt; };
+    c.normalize = flag("normalize");
+    const auto softmax = flag("softmax"), activation = flag("activation");
+    c.activation = softmax ? softmax : activation ? activation : flag("use_activation");
+    return c;
+  });
+}
 
 result<embeddings_request> parse_embeddings_request(std::string_view body) {
   return guarded([&] { return parse(body); });

@@ -106,9 +106,15 @@ TEST(OverrideGenerationConfig, SamplingDefaultsOrAnError) {
     for (size_t k = rng() % 4; k > 0; --k) j[keys[rng() % 5]] = values[rng() % 10];
     model::model_config d;
     if (model::override_generation_config(d, j.dump())) {
-      if (d.sampling.top_p) EXPECT_LE(*d.sampling.top_p, 1.0f) << j;
-      if (d.sampling.temperature) EXPECT_GE(*d.sampling.temperature, 0.0f) << j;
-      if (d.sampling.top_k) EXPECT_GE(*d.sampling.top_k, 0) << j;
+      if (d.sampling.top_p) {
+        EXPECT_LE(*d.sampling.top_p, 1.0f) << j;
+      }
+      if (d.sampling.temperature) {
+        EXPECT_GE(*d.sampling.temperature, 0.0f) << j;
+      }
+      if (d.sampling.top_k) {
+        EXPECT_GE(*d.sampling.top_k, 0) << j;
+      }
     }
   }
 }

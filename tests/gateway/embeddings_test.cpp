@@ -164,6 +164,49 @@ TEST(EmbeddingDefaults, FollowSentenceTransformersModules) {
   EXPECT_NE(d.err().message.find("cannot read"), std::string::npos) << d.err().message;
 }
 
+// vLLM's --pooler-config: pooling_type (any case) as --pooling, normalize and use_activation (or
+// its older softmax / activation) over what the directory says; other keys refused by name.
+TEST(PoolerConfig, SetsTheDefaultsARequestDoesNotOverride) {
+  auto c = parse_pooler_config("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->pooling, "model");
+  EXPECT_FALSE(c->normalize);
+  EXPECT_FALSE(c->activation);
+  c = parse_pooler_config(R"({"pooling_type": "MEAN", "normalize": false, "softmax": false, "use_activation": true})");
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_EQ(c->pooling, "mean");
+  EXPECT_EQ(c->normalize, false);
+  EXPECT_EQ(c->activation, false) << "softmax is read first, as vLLM reads it";
+  model::testing::temp_dir none;
+  auto d = load_embedding_defaults(none.path(), "model", *c);
+  ASSERT_TRUE(d.ok()) << d.err().message;
+  EXPECT_EQ(d->pool, actors::pooling::mean);
+  EXPECT_FALSE(d->normalize);
+  EXPECT_FALSE(d->activation);
+  d = load_embedding_defaults(none.path(), "mean", *c);  // the same pooling twice
+  ASSERT_TRUE(d.ok());
+  d = load_embedding_defaults(none.path(), "cls", *c);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.err().message.find("--pooling cls and --pooler-config's pooling_type mean disagree"), std::string::npos) << d.err().message;
+  c = parse_pooler_config(R"({"pooling_type": "cls", "normalize": null})");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->pooling, "cls");
+  EXPECT_FALSE(c->normalize);
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"pooling_type": "STEP", "step_tag_id": 3})", "pooling_type \"STEP\" is not computed here"},
+      {R"({"pooling_type": "ALL"})", "pooling_type \"ALL\""},
+      {R"({"step_tag_id": 3})", "'step_tag_id' is not taken here"},
+      {R"({"normalize": "yes"})", "normalize must be a boolean"},
+      {R"(["MEAN"])", "must be a JSON object"},
+      {R"(not json)", "must be a JSON object"},
+  };
+  for (const auto& [text, want] : bad) {
+    auto r = parse_pooler_config(text);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.err().message.find(want), std::string::npos) << text << ": " << r.err().message;
+  }
+}
+
 std::vector<actors::replica_request> inputs(size_t n) {
   std::vector<actors::replica_request> out;
   for (size_t i = 0; i < n; ++i) {

@@ -214,6 +214,19 @@ TEST(ServeEmbeddings, PoolingFlagChoosesThePooling) {
     EXPECT_EQ(got[p]["data"][1], got["last"]["data"][1]) << p;  // one token: one row
   }
   EXPECT_NE(std::system((bin + " serve --model " + model_dir + " --pooling max 2>/dev/null").c_str()), 0);
+  // vLLM's --override-pooler-config (--pooler-config): MEAN as --pooling mean; normalize off.
+  server_process s(bin, {"--model", model_dir, "--override-pooler-config", R"({"pooling_type": "MEAN", "normalize": false})"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  int status = 0;
+  const json raw = embed(s.port(), body, &status);
+  ASSERT_EQ(status, 200) << raw;
+  auto v = floats(raw["data"][0]["embedding"]);
+  EXPECT_GT(std::abs(norm(v) - 1.0), 1e-3) << "not normalized";
+  const double n = norm(v);
+  for (auto& x : v) x = static_cast<float>(x / n);
+  const auto unit = floats(got["mean"]["data"][0]["embedding"]);
+  ASSERT_EQ(unit.size(), v.size());
+  for (size_t d = 0; d < v.size(); ++d) EXPECT_NEAR(v[d], unit[d], 1e-5) << d;
 }
 
 // A bare transformer's checkpoint (how embedding models ship: `llmesh model random --base`)

@@ -23,11 +23,24 @@
 namespace llmesh::gateway {
 
 /// How a served model turns its final hidden states into an embedding, unless a request says
-/// otherwise (normalize).
+/// otherwise (normalize), and whether a classifier's logits become probabilities unless a
+/// request says (vLLM's use_activation).
 struct embedding_defaults {
   actors::pooling pool = actors::pooling::last;
   bool normalize = true;
+  bool activation = true;
 };
+
+/// vLLM's --pooler-config (its older name --override-pooler-config): a JSON object of
+/// PoolerConfig's keys. pooling_type LAST, MEAN or CLS (any case: --pooling's last, mean, cls),
+/// normalize, and use_activation (or vLLM's older softmax or activation) set what a request
+/// that does not say gets. Other keys and pooling types (ALL, STEP, step_tag_id, dimensions,
+/// ...) are refused by name; "" is no config.
+struct pooler_config {
+  std::string pooling = "model";
+  std::optional<bool> normalize, activation;
+};
+[[nodiscard]] result<pooler_config> parse_pooler_config(std::string_view json_text);
 
 /// A model directory's: sentence-transformers' `modules.json`, when present, names a Pooling
 /// module (its `config.json`: one of pooling_mode_lasttoken, _mean_tokens or _cls_token) and
@@ -38,7 +51,10 @@ struct embedding_defaults {
 /// `pooling` (--pooling, a cluster config model's `pooling`): "model" as above, or last | mean |
 /// cls in place of whatever pooling modules.json names (vLLM's --override-pooler-config); its
 /// other rules (Normalize, the refused modules) stand. Another value is an error naming them.
-[[nodiscard]] result<embedding_defaults> load_embedding_defaults(const std::string& dir, const std::string& pooling = "model");
+/// `config` (--pooler-config): its pooling_type as `pooling` (a different --pooling is an
+/// error naming both), its normalize and activation over what the directory says.
+[[nodiscard]] result<embedding_defaults> load_embedding_defaults(const std::string& dir, const std::string& pooling = "model",
+                                                                 const pooler_config& config = {});
 
 /// The most inputs one request may hold (OpenAI's limit).
 inline constexpr size_t max_embedding_inputs = 2048;
