@@ -36,8 +36,10 @@ status replica_core::submit(replica_request r) {
     if (lora < 0) return make_error(errc::not_found, "the LoRA adapter '" + r.lora + "' is not loaded on this replica");
   }
   if (r.pool == pooling::none && c.classifier.labels > 0) {
-    return make_error(errc::invalid_request, "this model is a sequence classifier: it serves /classify, /score, /rerank and "
-                                             "/pooling, not generation");
+    return make_error(errc::invalid_request, c.classifier.reward ? "this model is a reward model: it serves /pooling and /classify, "
+                                                                   "not generation"
+                                                                 : "this model is a sequence classifier: it serves /classify, "
+                                                                   "/score, /rerank and /pooling, not generation");
   }
   if (r.pool == pooling::none && !c.has_lm_head) {
     return make_error(errc::invalid_request, "this model has no LM head (a bare transformer's checkpoint): it serves embeddings only");
@@ -208,19 +210,18 @@ void replica_core::pool_rows(pool_state& st, const model::step_sequence& s, std:
         ++st.next;
       }
       break;
-    case pooling::all:  // each position once, in order, as for mean; a classifier's logits of it
-      for (size_t i = 0; i < k; ++i) {
-        if (first + i != st.next) continue;
-        const auto row = rows.subspan(i * hidden, hidden);
-        if (eng_.config().classifier.labels > 0) {
-          const auto logits = eng_.loaded_model().classify(row);
-          st.row.insert(st.row.end(), logits.begin(), logits.end());
-        } else {
-          st.row.insert(st.row.end(), row.begin(), row.end());
-        }
-        ++st.next;
+    case pooling::all: {  // each position once, in order, as for mean; a classifier's logits of them
+      if (st.next < first || st.next >= first + k) break;
+      const auto fresh = rows.subspan((st.next - first) * hidden);
+      if (eng_.config().classifier.labels > 0) {
+        const auto logits = eng_.classify(fresh);  // the chunk's rows at once
+        st.row.insert(st.row.end(), logits.begin(), logits.end());
+      } else {
+        st.row.insert(st.row.end(), fresh.begin(), fresh.end());
       }
+      st.next = first + k;
       break;
+    }
     case pooling::none:
       break;
   }
@@ -420,9 +421,7 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
       }
       // A classifier's answer is its score head's logits for that state (labels values; all's
       // rows were classified as they came).
-      if (!e.failure && eng_.config().classifier.labels > 0 && st.pool != pooling::all) {
-        e.embedding = eng_.loaded_model().classify(e.embedding);
-      }
+      if (!e.failure && eng_.config().classifier.labels > 0 && st.pool != pooling::all) e.embedding = eng_.classify(e.embedding);
       pooled_.erase(p);
       sampling_.erase(e.id);
       adjust_.erase(e.id);

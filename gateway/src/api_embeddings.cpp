@@ -64,8 +64,11 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
   using shape = embeddings_output::shape;
   const size_t labels = cfg.classifier.labels;
   if (labels > 0 && es.kind == shape::embeddings) {
-    return make_error(errc::invalid_request, "the model '" + sm.name + "' is a sequence classifier: it serves /classify, /score "
-                                             "and /rerank, not embeddings");
+    return make_error(errc::invalid_request, "the model '" + sm.name + (cfg.classifier.reward
+                                                                           ? "' is a reward model: it serves /pooling and /classify, "
+                                                                             "not embeddings"
+                                                                           : "' is a sequence classifier: it serves /classify, /score, "
+                                                                             "/rerank and /pooling, not embeddings"));
   }
   if (labels == 0 && es.kind == shape::classify) {
     return make_error(errc::invalid_request, "the model '" + sm.name + "' is not a sequence classifier (a "

@@ -555,8 +555,11 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
                                              "priority); this server serves requests first come, first served");
   }
   if (m.cfg.classifier.labels > 0) {
-    return make_error(errc::invalid_request, "the model '" + m.name + "' is a sequence classifier: it serves /classify, "
-                                             "/score, /rerank and /pooling, not generation");
+    return make_error(errc::invalid_request, "the model '" + m.name + (m.cfg.classifier.reward
+                                                                          ? "' is a reward model: it serves /pooling and /classify, "
+                                                                            "not generation"
+                                                                          : "' is a sequence classifier: it serves /classify, "
+                                                                            "/score, /rerank and /pooling, not generation"));
   }
   if (!m.cfg.has_lm_head) {
     return make_error(errc::invalid_request, "the model '" + m.name + "' has no LM head (a bare transformer's checkpoint, "

@@ -3,9 +3,10 @@
 // classifier_from_token builds it from a causal LM's head (Qwen3-Reranker: the "yes" row minus
 // the "no" row, so that sigmoid(score · h) is softmax([no, yes])'s yes); a Qwen2 reward model's
 // is two layers, score.0 (hidden × hidden) and score.2, with biases and a ReLU between. Held in
-// float32 and applied to final hidden states as requests end, never on the batch's path: the
-// last layer summed in double (a few thousand operations), a reward model's hidden layer in
-// kernels::dot's canonical order (hidden² multiply-adds a row, the same bits in any batch).
+// float32 and applied to final hidden states by the replica between steps: the last layer
+// summed in double (labels × hidden a row), a reward model's hidden layer as one kernels::matmul
+// over a chunk's rows (hidden² multiply-adds a row: 13 M for a 7B model; canonical order, so a
+// row's bits do not depend on the chunk).
 #include <algorithm>
 #include <string>
 
@@ -92,26 +93,44 @@ status model::bind_classifier(const std::string& tokenizer_dir) {
   return ok_status();
 }
 
-std::vector<float> model::classify(std::span<const float> row) const {
+std::vector<float> model::classify(std::span<const float> rows, kernels::thread_pool* pool) const {
   const size_t labels = config_.classifier.labels, h = config_.hidden;
-  if (config_.classifier.reward && row.size() >= h) {
-    std::vector<float> hidden(h);
-    for (size_t d = 0; d < h; ++d) {
-      hidden[d] = std::max(kernels::dot(&weights_.score_hidden[d * h], row.data(), h) + weights_.score_hidden_bias[d], 0.0f);
+  const size_t n = rows.size() / h;
+  std::vector<float> hidden;  // a reward model's: relu(score_hidden · row + bias), [n][h]
+  std::span<const float> last = rows;
+  if (config_.classifier.reward) {
+    hidden.resize(n * h);
+    kernels::matmul_args a;
+    a.x = rows.data();
+    a.ldx = h;
+    a.w = weights_.score_hidden.data();
+    a.ldw = h;
+    a.w_type = kernels::dtype::f32;
+    a.bias = weights_.score_hidden_bias.data();
+    a.y = hidden.data();
+    a.ldy = h;
+    a.m = n;
+    a.n = h;
+    a.k = h;
+    if (pool != nullptr && n > 0 && kernels::matmul(a, *pool)) {
+      // done on the pool
+    } else {
+      for (size_t i = 0; i < n; ++i) {  // the same canonical dot products, on this thread
+        for (size_t d = 0; d < h; ++d) {
+          hidden[i * h + d] = kernels::dot(&weights_.score_hidden[d * h], &rows[i * h], h) + weights_.score_hidden_bias[d];
+        }
+      }
     }
-    std::vector<float> out(labels);
-    for (size_t i = 0; i < labels; ++i) {
-      double sum = weights_.score_bias[i];
-      for (size_t d = 0; d < h; ++d) sum += static_cast<double>(weights_.score[i * h + d]) * hidden[d];
-      out[i] = static_cast<float>(sum);
-    }
-    return out;
+    for (float& v : hidden) v = std::max(v, 0.0f);
+    last = hidden;
   }
-  std::vector<float> out(labels);
-  for (size_t i = 0; i < labels && row.size() >= h; ++i) {
-    double sum = 0.0;
-    for (size_t d = 0; d < h; ++d) sum += static_cast<double>(weights_.score[i * h + d]) * row[d];
-    out[i] = static_cast<float>(sum);
+  std::vector<float> out(n * labels);
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t i = 0; i < labels; ++i) {
+      double sum = config_.classifier.reward ? static_cast<double>(weights_.score_bias[i]) : 0.0;
+      for (size_t d = 0; d < h; ++d) sum += static_cast<double>(weights_.score[i * h + d]) * last[r * h + d];
+      out[r * labels + i] = static_cast<float>(sum);
+    }
   }
   return out;
 }

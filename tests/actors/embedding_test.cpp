@@ -222,12 +222,18 @@ TEST_F(Embeddings, ACancelledOneEndsSilently) {
 }
 
 // A classifier's token rows (pooling all) are its head on each position's state, whatever the
-// chunks: prompts in steps of 8 tokens beside each other give every row the one-step logits.
-TEST(ClassifierRows, EachPositionsLogitsInChunks) {
+// chunks: prompts in steps of 8 tokens beside each other give every row the one-step logits (a
+// sequence classifier's linear head; a reward model's two layers, a chunk's rows at once).
+class ClassifierRows : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ClassifierRows, EachPositionsLogitsInChunks) {
   model::testing::temp_dir dir;
   model::random_model_spec spec;
   spec.vocab = 300;
-  spec.classifier_labels = 3;
+  spec.classifier_labels = GetParam() ? 2 : 3;
+  spec.reward = GetParam();
+  if (spec.reward) spec.arch = "qwen2";
+  const size_t labels = spec.classifier_labels;
   ASSERT_TRUE(model::write_random_model(spec, dir.path()).ok());
   auto m = model::model::load(dir.path());
   ASSERT_TRUE(m.ok()) << m.err().message;
@@ -274,18 +280,21 @@ TEST(ClassifierRows, EachPositionsLogitsInChunks) {
     ASSERT_TRUE(ev.ok());
     for (auto& x : *ev) got[x.id] = x.embedding;
   }
-  ASSERT_EQ(got[1].size(), prompts[0].size() * 3);
+  ASSERT_EQ(got[1].size(), prompts[0].size() * labels);
   EXPECT_EQ(got, want);
   // Past one message's values: refused at submit.
   replica_request huge;
   huge.id = 9;
-  huge.prompt.assign(transport::max_embedding / 3 + 1, 5);
+  huge.prompt.assign(transport::max_embedding / labels + 1, 5);
   huge.max_tokens = 1;
   huge.pool = pooling::all;
   auto refused = rc.submit(huge);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.err().message.find("exceed one message's"), std::string::npos) << refused.err().message;
 }
+
+INSTANTIATE_TEST_SUITE_P(Heads, ClassifierRows, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? std::string("Reward") : std::string("Linear"); });
 
 TEST(EmbeddingsOnly, ABareCheckpointEmbedsAndRefusesGenerations) {
   model::testing::temp_dir dir;

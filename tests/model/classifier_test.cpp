@@ -14,6 +14,7 @@
 
 #include "config_fixture.hpp"
 #include "llmesh/kernels/dtype.hpp"
+#include "llmesh/kernels/thread_pool.hpp"
 #include "llmesh/model/engine.hpp"
 #include "llmesh/model/random_model.hpp"
 #include "llmesh/model/safetensors.hpp"
@@ -312,9 +313,23 @@ TEST(Reward, TheTwoLayerHeadOnTheCausalModelsState) {
         for (size_t d = 0; d < H; ++d) want += static_cast<double>(kernels::load_as_f32(w2->data, w2->type, i * H + d)) * mid[d];
         EXPECT_NEAR(got[i], want, 1e-4 * (1.0 + std::abs(want))) << "label " << i;
       }
+      // Among other rows, on a pool: the same bits (one matmul over the rows, canonical order).
+      std::vector<float> rows(3 * H);
+      for (size_t d = 0; d < H; ++d) rows[d] = 0.5f * h[H - 1 - d], rows[H + d] = h[d], rows[2 * H + d] = -h[d];
+      kernels::thread_pool pool(2);
+      const auto batch = (*m)->classify(rows, &pool);
+      ASSERT_EQ(batch.size(), 3 * labels);
+      EXPECT_EQ(std::vector<float>(batch.begin() + static_cast<std::ptrdiff_t>(labels), batch.begin() + static_cast<std::ptrdiff_t>(2 * labels)), got);
+      EXPECT_EQ(batch, (*m)->classify(rows)) << "one thread";
     }
   }
-  // A reward model without its head's bias is refused by name.
+  // A head of the wrong shape is refused by name: a one-label model read as a process reward model.
+  load_options prm;
+  prm.hf_overrides = R"({"architectures": ["Qwen2ForProcessRewardModel"]})";
+  auto wrong = model::load(dir / "reward1", prm);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.err().message.find("tensor 'score.2.weight' must be [2, "), std::string::npos) << wrong.err().message;
+  // A causal LM's files read as a reward model: its missing head is refused by name.
   spec.classifier_labels = 1;
   load_options twin;
   twin.hf_overrides = R"({"architectures": ["Qwen2ForRewardModel"]})";

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../cli/subprocess.hpp"
 #include "../model/temp_dir.hpp"
 #include "server_process.hpp"
 
@@ -107,7 +108,11 @@ TEST(ServePooling, AQwen2RewardModelRewardsEveryToken) {
   model::testing::temp_dir dir;
   const std::string shape = " --arch qwen2 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 300 --seed 3";
   ASSERT_EQ(std::system((bin + " model random --classifier 1 --reward --out " + dir.path() + shape + " 2>/dev/null").c_str()), 0);
-  EXPECT_NE(std::system((bin + " serve --model " + dir.path() + " --task embed 2>/dev/null").c_str()), 0);
+  for (const char* refused : {" --task score", " --runner generate", " --convert embed"}) {  // a reward model's refusals
+    auto r = run_command(bin + " serve --model " + dir.path() + refused);
+    EXPECT_NE(r.exit_code, 0) << refused;
+    EXPECT_NE(r.err.find("the model is a reward model"), std::string::npos) << refused << ": " << r.err;
+  }
   server_process s(bin, {"--model", dir.path(), "--task", "reward"});
   ASSERT_GT(s.port(), 0) << s.log();
   const json ids = json::array({5, 17, 42, 99, 7, 3});

@@ -59,7 +59,8 @@ struct pooler_config {
 /// The most inputs one request may hold (OpenAI's limit).
 inline constexpr size_t max_embedding_inputs = 2048;
 /// The most values one /pooling token task may give over all its inputs (each input is bounded
-/// by one mesh message, transport::max_embedding): 64 MiB of floats, held until the reply.
+/// by one mesh message, transport::max_embedding): 64 MiB of floats held until the reply, whose
+/// JSON takes some 10-15 bytes a value (~200 MB).
 inline constexpr size_t max_token_task_values = size_t{1} << 24;
 
 struct embeddings_request {

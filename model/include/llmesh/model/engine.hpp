@@ -156,6 +156,11 @@ class engine {
 
   const model_config& config() const { return model_->config(); }
   const model& loaded_model() const { return *model_; }
+  /// model::classify on the first local rank's thread pool (the CPU backend's; CUDA's runs on
+  /// the caller's thread). Between steps only: the pool is the step's.
+  std::vector<float> classify(std::span<const float> rows) const {
+    return model_->classify(rows, pools_.empty() ? nullptr : pools_.front().get());
+  }
   const std::shared_ptr<const model>& shared_model() const { return model_; }
   int tp() const { return opt_.tp; }
   /// The ranks this engine runs (all of 0..tp-1, unless made by create_part).

@@ -12,6 +12,10 @@
 #include "llmesh/model/config.hpp"
 #include "llmesh/model/lora.hpp"
 #include "llmesh/model/lora_set.hpp"
+
+namespace llmesh::kernels {
+class thread_pool;
+}
 #include "llmesh/model/safetensors.hpp"
 
 namespace llmesh::model {
@@ -193,11 +197,12 @@ class model {
   /// the directory has no tokenizer the detokenizer reads.
   const std::shared_ptr<const token_vocabulary>& vocabulary() const { return vocabulary_; }
 
-  /// A sequence classifier's logits for one final hidden state (its `hidden` values, after the
-  /// final norm): score · row, summed in double; a reward model's score · relu(score_hidden ·
-  /// row + its bias) + score_bias, the hidden layer's dot products in kernels::dot's canonical
-  /// order (hidden² multiply-adds a row). REQUIRES: config().classifier.labels > 0.
-  std::vector<float> classify(std::span<const float> row) const;
+  /// A sequence classifier's logits for final hidden states (after the final norm), `rows`
+  /// [n][hidden] → [n][labels]: score · row, summed in double; a reward model's score ·
+  /// relu(score_hidden · row + its bias) + score_bias, its hidden layer one kernels::matmul
+  /// over the n rows on `pool` (null: this thread), in the canonical order — a row's bits do
+  /// not depend on its neighbours or the pool. REQUIRES: config().classifier.labels > 0.
+  std::vector<float> classify(std::span<const float> rows, kernels::thread_pool* pool = nullptr) const;
 
   /// Weight bytes a decode step reads per token at batch 1: every layer matrix and the LM
   /// head (the embedding row is negligible).
