@@ -84,6 +84,7 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
                                                  " labels: /score and /rerank take a classifier of one (a cross-encoder) "
                                                  "or an embedding model");
   }
+  es.width = labels > 0 ? labels : cfg.hidden;  // values a position (token tasks)
   if (labels > 0) {  // its logits are the answer: neither cut nor normalized
     es.cross_encoder = es.kind == shape::score || es.kind == shape::rerank;
     es.labels = cfg.classifier.names;
@@ -119,7 +120,7 @@ result<generation_job> api_service::pooling_job(const std::string& model, std::v
           i, inputs.size());
     }
     // A token task's values come back in one mesh message, bounded by the wire's limit.
-    const size_t width = labels > 0 ? labels : cfg.hidden;
+    const size_t width = es.width;
     if (es.per_token && ids.size() * width > transport::max_embedding) {
       return about_input(make_error(errc::invalid_request, "its " + std::to_string(ids.size()) + " tokens would give " +
                                                                std::to_string(ids.size() * width) + " values (" +
@@ -302,7 +303,6 @@ api_outcome api_service::pooling(std::string_view body) {
   es.dimensions = r->dimensions ? static_cast<size_t>(*r->dimensions) : 0;
   es.activation = on.value_or((*m)->embedding.activation);
   es.per_token = task == pooling_task::token_embed || task == pooling_task::token_classify;
-  es.width = (*m)->cfg.hidden;
   auto job = pooling_job(r->model, std::move(r->inputs), {r->add_special_tokens, r->truncate_prompt_tokens, r->priority, on},
                          std::move(es));
   if (!job) return error_reply(job.err());

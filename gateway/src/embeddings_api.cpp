@@ -351,10 +351,10 @@ result<pooler_config> parse_pooler_config(std::string_view json_text) {
         return bad("--pooler-config: '" + key + "' is not taken here (pooling_type, normalize, use_activation)");
       }
     }
-    auto flag = [&](const char* k) { return j.contains(k) && j[k].is_boolean() ? std::optional<bool>(j[k].get<bool>()) : std::nullopt; };
-    c.normalize = flag("normalize");
-    const auto softmax = flag("softmax"), activation = flag("activation");
-    c.activation = softmax ? softmax : activation ? activation : flag("use_activation");
+    LLMESH_TRY(boolean(j, "normalize", c.normalize));  // (types checked above)
+    auto a = use_activation_of(j);
+    if (!a) return a.take_error();
+    c.activation = *a;
     return c;
   });
 }
@@ -472,7 +472,7 @@ void embeddings_output::on_message(const actors::token_msg& t) {
     if (!std::isfinite(x)) return fail(make_error(errc::internal, "the model's embedding is not finite"));
   }
   if (s_.per_token) {  // every position's values, each row finished on its own
-    const size_t width = s_.labels.empty() ? s_.width : s_.labels.size();
+    const size_t width = s_.width;
     const size_t rows = it->request.prompt.size();
     if (width == 0 || t.embedding.size() != rows * width) {
       return fail(make_error(errc::internal, "the replica sent " + std::to_string(t.embedding.size()) + " values for " +
@@ -553,9 +553,13 @@ http_reply embeddings_output::classify_reply() const {
   return r;
 }
 
+std::string embeddings_output::list_head() const {
+  return "{\"id\":" + json(s_.id).dump() + ",\"object\":\"list\",\"created\":" + std::to_string(s_.created) +
+         ",\"model\":" + json(s_.model).dump(-1, ' ', false, json::error_handler_t::replace) + ",\"data\":[";
+}
+
 http_reply embeddings_output::pooling_reply() const {
-  std::string body = "{\"id\":" + json(s_.id).dump() + ",\"object\":\"list\",\"created\":" + std::to_string(s_.created) +
-                     ",\"model\":" + json(s_.model).dump(-1, ' ', false, json::error_handler_t::replace) + ",\"data\":[";
+  std::string body = list_head();
   for (size_t i = 0; i < inputs_.size(); ++i) {
     const auto& in = inputs_[i];
     std::vector<float> values = in.vector;
@@ -618,8 +622,7 @@ http_reply embeddings_output::reply() const {
     r.body = out.dump(-1, ' ', false, json::error_handler_t::replace);
     return r;
   }
-  std::string body = "{\"id\":" + json(s_.id).dump() + ",\"object\":\"list\",\"created\":" + std::to_string(s_.created) +
-                     ",\"model\":" + json(s_.model).dump(-1, ' ', false, json::error_handler_t::replace) + ",\"data\":[";
+  std::string body = list_head();
   for (size_t i = 0; i < inputs_.size(); ++i) {
     if (i > 0) body += ',';
     body += "{\"object\":\"embedding\",\"index\":";

@@ -112,13 +112,10 @@ std::vector<float> model::classify(std::span<const float> rows, kernels::thread_
     a.m = n;
     a.n = h;
     a.k = h;
-    if (pool != nullptr && n > 0 && kernels::matmul(a, *pool)) {
-      // done on the pool
-    } else {
-      for (size_t i = 0; i < n; ++i) {  // the same canonical dot products, on this thread
-        for (size_t d = 0; d < h; ++d) {
-          hidden[i * h + d] = kernels::dot(&weights_.score_hidden[d * h], &rows[i * h], h) + weights_.score_hidden_bias[d];
-        }
+    const bool pooled = pool != nullptr && n > 0 && kernels::matmul(a, *pool).ok();
+    for (size_t i = 0; !pooled && i < n; ++i) {  // the same canonical dot products, on this thread
+      for (size_t d = 0; d < h; ++d) {
+        hidden[i * h + d] = kernels::dot(&weights_.score_hidden[d * h], &rows[i * h], h) + weights_.score_hidden_bias[d];
       }
     }
     for (float& v : hidden) v = std::max(v, 0.0f);

@@ -159,7 +159,8 @@ class embeddings_output {
     /// sentence-transformers activation is Identity).
     bool activation = true;
     /// /pooling's token tasks: the replica sends every prompt position's values ([prompt][width]
-    /// with `width` the hidden size, or the labels' count for a classifier) and each row is
+    /// with `width` the hidden size, or the labels' count for a classifier: set by
+    /// api_service::pooling_job) and each row is
     /// finished (cut, normalized) and rendered on its own.
     bool per_token = false;
     size_t width = 0;
@@ -211,6 +212,8 @@ class embeddings_output {
   std::vector<float> finish_vector(std::vector<float> v) const;
   http_reply classify_reply() const;
   http_reply pooling_reply() const;
+  /// `{"id":…,"object":"list","created":…,"model":…,"data":[` of the vector replies.
+  std::string list_head() const;
   void fail(error e);
 
   setup s_;
