@@ -4,7 +4,11 @@
 #include <algorithm>
 #include <string>
 
+#include "llmesh/actors/draft_model_proposer.hpp"
+
 namespace llmesh::actors {
+
+batch_scheduler::batch_scheduler(scheduler_config cfg, block_manager& blocks) : cfg_(std::move(cfg)), blocks_(blocks) {}
 
 batch_scheduler::~batch_scheduler() {
   for (auto& [id, r] : requests_) blocks_.release(r.blocks);
@@ -45,6 +49,7 @@ bool batch_scheduler::cancel(uint64_t id) {
   if (it == requests_.end()) return false;
   blocks_.release(it->second.blocks);
   requests_.erase(it);
+  if (drafter_) drafter_->forget(id);
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
   return true;
@@ -103,30 +108,66 @@ bool batch_scheduler::awaits_shared_prefix(const request& r) const {
   return false;
 }
 
-size_t batch_scheduler::speculate(request& r, size_t budget) {
+void batch_scheduler::set_draft_model(std::unique_ptr<draft_model_proposer> d) { drafter_ = std::move(d); }
+
+size_t batch_scheduler::draft_limit(request& r, size_t left) {
   const auto& cfg = cfg_.speculation;
-  if (!r.spec.speculate || cfg.tokens == 0 || scoring(r) || r.n_generated == 0 || budget < 2) return 1;
+  if (!r.spec.speculate || cfg.tokens == 0 || scoring(r) || r.n_generated == 0 || left < 2) return 0;
   if (r.sit_out > 0) {
     --r.sit_out;
-    return 1;
+    return 0;
   }
   // Drafts past max_tokens would be drawn for nothing.
-  const size_t k = std::min({cfg.tokens, r.draft_cap, max_speculative_tokens, r.spec.max_tokens - r.n_generated - 1, budget - 1});
-  if (k == 0 || propose_ngram(r.tokens, cfg, k, draft_) == 0) return 1;
+  return std::min({cfg.tokens, r.draft_cap, max_speculative_tokens, r.spec.max_tokens - r.n_generated - 1, left - 1});
+}
+
+size_t batch_scheduler::take_drafts(request& r, std::vector<int32_t>& drafts) {
   // Past an end id nothing is drawn; and the caller may know drafts can never be drawn (a
   // grammar that does not allow them).
-  for (size_t i = 0; i < draft_.size(); ++i) {
-    if (std::find(r.spec.eos_ids.begin(), r.spec.eos_ids.end(), draft_[i]) != r.spec.eos_ids.end()) draft_.resize(i + 1);
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    if (std::find(r.spec.eos_ids.begin(), r.spec.eos_ids.end(), drafts[i]) != r.spec.eos_ids.end()) drafts.resize(i + 1);
   }
-  if (filter_) draft_.resize(std::min(draft_.size(), filter_(r.spec.id, draft_)));
-  if (draft_.empty()) return 1;
+  if (filter_) drafts.resize(std::min(drafts.size(), filter_(r.spec.id, drafts)));
+  if (drafts.empty()) return 1;
   // Only blocks nobody uses, not even the prefix cache (every request of the step has its
   // blocks already; complete() gives these back): drafts never preempt or evict.
-  if (blocks_.blocks_needed(r.blocks, r.n_computed + 1 + draft_.size()) > blocks_.unused_blocks()) return 1;
-  if (!blocks_.reserve(r.blocks, r.n_computed + 1 + draft_.size()).ok()) return 1;
+  if (blocks_.blocks_needed(r.blocks, r.n_computed + 1 + drafts.size()) > blocks_.unused_blocks()) return 1;
+  if (!blocks_.reserve(r.blocks, r.n_computed + 1 + drafts.size()).ok()) return 1;
   r.step_tokens.push_back(r.tokens.back());
-  r.step_tokens.insert(r.step_tokens.end(), draft_.begin(), draft_.end());
+  r.step_tokens.insert(r.step_tokens.end(), drafts.begin(), drafts.end());
   return r.step_tokens.size();
+}
+
+void batch_scheduler::speculate(std::vector<std::pair<uint64_t, size_t>>& picks, size_t& budget) {
+  // Who asks, and for how many at most: decodes in admission order, each from what the ones
+  // before it may take.
+  queries_.clear();
+  std::vector<size_t> at;  // the pick of each query
+  size_t left = budget;
+  for (size_t p = 0; p < picks.size() && left >= 2; ++p) {
+    auto& r = requests_.at(picks[p].first);
+    if (picks[p].second != 1 || r.n_computed + 1 != r.tokens.size()) continue;  // a prompt chunk
+    const size_t k = draft_limit(r, left);
+    if (k == 0) continue;
+    queries_.push_back({picks[p].first, r.tokens, k});
+    at.push_back(p);
+    left -= k;
+  }
+  if (queries_.empty()) return;
+  if (drafter_) {
+    if (!drafter_->propose(queries_, drafts_).ok()) {
+      ++draft_failures_;
+      return;
+    }
+  } else {
+    drafts_.resize(queries_.size());
+    for (size_t i = 0; i < queries_.size(); ++i) propose_ngram(queries_[i].history, cfg_.speculation, queries_[i].k, drafts_[i]);
+  }
+  for (size_t i = 0; i < queries_.size(); ++i) {
+    auto& n = picks[at[i]].second;
+    n = take_drafts(requests_.at(queries_[i].id), drafts_[i]);
+    budget -= n - 1;
+  }
 }
 
 step_plan batch_scheduler::schedule() {
@@ -195,14 +236,8 @@ step_plan batch_scheduler::schedule() {
   // Speculation last: drafts take only the budget and blocks every running request's token and
   // every admission left over, decodes in admission order.
   const size_t busy = cfg_.speculation.disable_by_batch_size;
-  for (auto& [id, n] : picks) {
-    if (budget < 2 || !plan.preempted.empty()) break;  // a step that had to preempt is short of blocks
-    if (busy > 0 && running_.size() > busy) break;
-    auto& r = requests_.at(id);
-    if (n != 1 || r.n_computed + 1 != r.tokens.size()) continue;  // a prompt chunk
-    n = speculate(r, budget);
-    budget -= n - 1;
-  }
+  // A step that had to preempt is short of blocks.
+  if (budget >= 2 && plan.preempted.empty() && !(busy > 0 && running_.size() > busy)) speculate(picks, budget);
   for (const auto& [id, n] : picks) {
     const auto& r = requests_.at(id);
     scheduled_seq s;

@@ -5,6 +5,7 @@
 
 #include "llmesh/actors/bridge_actor.hpp"
 #include "llmesh/actors/coordinator.hpp"
+#include "llmesh/actors/draft_model_proposer.hpp"
 #include "llmesh/actors/join_auth.hpp"
 #include "llmesh/actors/replica_actor.hpp"
 #include "llmesh/actors/router_actor.hpp"
@@ -109,7 +110,7 @@ void load_replica(agent* self, const transport::assign_msg& a) {
   auto kv_type = kv_type_of(a, eo.device);
   if (kv_type) eo.kv_type = *kv_type;
   self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, kv_mb, max_seqs, key,
-                              load, kv_type, node = st.opt.node](caf::event_based_actor* helper) mutable {
+                              load, kv_type, node = st.opt.node, draft = st.opt.sched.draft_model](caf::event_based_actor* helper) mutable {
     std::shared_ptr<const model::model> m = cached;
     std::string err;
     std::shared_ptr<model::engine> eng;
@@ -122,7 +123,10 @@ void load_replica(agent* self, const transport::assign_msg& a) {
       if (loaded) m = held_model(*loaded, node, a.model);
       else err = loaded.err().message;
     }
-    if (m) {
+    if (m && draft) {  // the node's draft model must share this model's tokenizer
+      if (auto ok = check_draft_model(*draft, *m, a.path); !ok) err = "--speculative-config: " + ok.err().message;
+    }
+    if (m && err.empty()) {
       eo.kv_tokens = kv_tokens_for_budget(kv_sizing_config(m->config(), a), eo.tp, kv_mb, max_seqs, eo.kv_type);
       auto e = model::engine::create(m, eo);
       if (e) eng = std::move(*e);
@@ -155,7 +159,9 @@ void agent_detail::loaded(agent* self, uint64_t id, const std::string& key, std:
                  static_cast<unsigned long long>(id), model.c_str(), err.c_str());
     return report(self, id, model, transport::replica_phase::dead, 0, err);
   }
-  auto r = self->spawn(replica_actor, eng.get(), st.opt.sched);
+  // With a draft model the replica runs the draft's kernels while it plans: a thread of its own.
+  auto r = st.opt.sched.draft_model ? self->spawn<caf::detached>(replica_actor, eng.get(), st.opt.sched)
+                                    : self->spawn(replica_actor, eng.get(), st.opt.sched);
   const int tp = eng->tp();
   const uint64_t export_id = host_replica(self, id, model, std::move(eng), r, {});
   std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' ready (tp %d)\n", st.opt.node.c_str(),

@@ -12,6 +12,7 @@
 
 #include "llmesh/actors/bridge_actor.hpp"
 #include "llmesh/actors/coordinator.hpp"
+#include "llmesh/actors/draft_model_proposer.hpp"
 #include "llmesh/actors/replica_actor.hpp"
 #include "llmesh/actors/shard_actor.hpp"
 #include "node_agent_detail.hpp"
@@ -147,7 +148,8 @@ void load_part(agent* self, const transport::assign_msg& a) {
                               make = st.opt.make_tensor_transport, node = st.opt.node,
                               host = st.opt.tensor_host,
                               load = load_options_of(a, eo.device),
-                              kv_type = kv_type_of(a, eo.device)](caf::event_based_actor* helper) mutable {
+                              kv_type = kv_type_of(a, eo.device),
+                              draft = st.opt.sched.draft_model](caf::event_based_actor* helper) mutable {
     auto p = std::make_shared<loaded_part>();
     p->id = a.replica;
     p->path = model_key(a, true);
@@ -161,6 +163,9 @@ void load_part(agent* self, const transport::assign_msg& a) {
       auto loaded = model::model::load(a.path, *load);
       if (loaded) p->m = held_model(*loaded, node, a.model);
       else p->err = loaded.err().message;
+    }
+    if (p->err.empty() && p->m && draft) {  // the node's draft model must share this model's tokenizer
+      if (auto ok = check_draft_model(*draft, *p->m, a.path); !ok) p->err = "--speculative-config: " + ok.err().message;
     }
     if (p->m) p->resident_mb = p->m->resident_weight_bytes() >> 20;
     std::vector<std::unique_ptr<kernels::communicator>> comms;
@@ -326,7 +331,8 @@ void joined(agent* self, uint64_t id, const std::string& err) {
     const std::string model = f->second.a.model;
     auto eng = f->second.engine;
     st.forming.erase(f);
-    auto r = self->spawn(split_replica_actor, eng.get(), st.opt.sched, remote);
+    auto r = st.opt.sched.draft_model ? self->spawn<caf::detached>(split_replica_actor, eng.get(), st.opt.sched, remote)
+                                      : self->spawn(split_replica_actor, eng.get(), st.opt.sched, remote);
     std::vector<caf::actor> stand_ins;
     for (auto& [rank, p] : remote) stand_ins.push_back(p);
     const uint64_t export_id = host_replica(self, id, model, eng, r, std::move(stand_ins));

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <unordered_set>
 
+#include "llmesh/actors/draft_model_proposer.hpp"
 #include "llmesh/transport/wire.hpp"
 
 namespace llmesh::actors {
@@ -15,11 +16,25 @@ namespace llmesh::actors {
 replica_core::replica_core(model::engine& eng, scheduler_config cfg, bool prefix_caching)
     : eng_(eng), blocks_(eng.kv_blocks(), eng.kv_block_size(), prefix_caching && cfg.prefix_caching), sched_(cfg, blocks_) {
   sched_.set_draft_filter([this](uint64_t id, std::span<const int32_t> drafts) { return grammatical_drafts(id, drafts); });
+  if (cfg.draft_model) {
+    // The draft's KV holds as many positions as the replica's: every running sequence's
+    // history and drafts fit beside each other.
+    draft_model_proposer::options o;
+    o.threads = eng.threads();
+    o.kv_tokens = eng.kv_blocks() * eng.kv_block_size();
+    o.block_size = eng.kv_block_size();
+    o.kv_type = eng.kv_type();
+    o.target_vocab = static_cast<int32_t>(eng.config().vocab);
+    auto d = draft_model_proposer::create(cfg.draft_model, o);
+    if (d) sched_.set_draft_model(std::move(*d));
+    else draft_error_ = d.err();
+  }
 }
 
 replica_core::~replica_core() = default;
 
 status replica_core::submit(replica_request r) {
+  if (draft_error_) return *draft_error_;
   const auto& c = eng_.config();
   if (r.pool != pooling::none) {
     const auto& p = r.sampling;

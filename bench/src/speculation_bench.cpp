@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 
+#include "llmesh/actors/draft_model_proposer.hpp"
 #include "llmesh/actors/replica_core.hpp"
 #include "llmesh/model/tokenizer.hpp"
 
@@ -41,9 +42,11 @@ struct run_result {
 };
 
 result<run_result> run(model::engine& eng, const std::vector<std::vector<int32_t>>& prompts,
-                       const speculation_bench_options& opt, const std::vector<int32_t>& eos, size_t drafts) {
+                       const speculation_bench_options& opt, const std::vector<int32_t>& eos, size_t drafts,
+                       std::shared_ptr<const model::model> draft) {
   actors::scheduler_config cfg;
   cfg.speculation = {drafts, opt.max_n, opt.min_n, opt.disable_by_batch_size};
+  if (drafts > 0) cfg.draft_model = std::move(draft);
   actors::replica_core rc(eng, cfg, /*prefix_caching=*/false);  // each run computes its prompts
   run_result r;
   size_t next = 0;
@@ -128,14 +131,20 @@ status run_speculation_bench(const speculation_bench_options& opt) {
   eo.kv_tokens = std::max<size_t>(opt.concurrency, 1) * (longest + opt.max_tokens + 64) + 256;  // every request in flight fits
   auto eng = model::engine::create(*m, eo);
   if (!eng) return eng.take_error();
+  std::shared_ptr<const model::model> draft;
+  if (!opt.draft_model.empty()) {
+    auto d = actors::load_draft_model(opt.draft_model, **m, opt.model_dir);
+    if (!d) return d.take_error();
+    draft = std::move(*d);
+  }
 
   // Each run twice, alternating, the faster of each kept: the first run also warms the caches.
   result<run_result> plain = make_error(errc::internal, ""), spec = make_error(errc::internal, "");
   for (int rep = 0; rep < 2; ++rep) {
-    auto p = run(**eng, prompts, opt, eos, 0);
+    auto p = run(**eng, prompts, opt, eos, 0, nullptr);
     if (!p) return p.take_error();
     if (!plain || p->seconds < plain->seconds) plain = std::move(p);
-    auto s = run(**eng, prompts, opt, eos, opt.tokens);
+    auto s = run(**eng, prompts, opt, eos, opt.tokens, draft);
     if (!s) return s.take_error();
     if (!spec || s->seconds < spec->seconds) spec = std::move(s);
   }
@@ -143,7 +152,11 @@ status run_speculation_bench(const speculation_bench_options& opt) {
 
   std::printf("speculate: %s, %zu prompts, max_tokens %zu, concurrency %zu, temperature %.2f, %d threads\n",
               opt.model_dir.c_str(), prompts.size(), opt.max_tokens, opt.concurrency, opt.temperature, (*eng)->threads());
-  std::printf("drafts: up to %zu a step, by prompt lookup of %zu..%zu-grams\n\n", opt.tokens, opt.min_n, opt.max_n);
+  if (draft) {
+    std::printf("drafts: up to %zu a step, the greedy continuation of draft model %s\n\n", opt.tokens, opt.draft_model.c_str());
+  } else {
+    std::printf("drafts: up to %zu a step, by prompt lookup of %zu..%zu-grams\n\n", opt.tokens, opt.min_n, opt.max_n);
+  }
   std::printf("%-26s %14s %14s\n", "", "plain decode", "speculative");
   std::printf("%-26s %14zu %14zu\n", "tokens", plain->tokens, spec->tokens);
   std::printf("%-26s %14zu %14zu\n", "engine steps", plain->steps, spec->steps);

@@ -103,7 +103,7 @@ void add_bench(CLI::App& app, command_set& commands) {
   commands.emplace_back(gsub, [gr] { return bench::run_grammar_bench(*gr); });
 
   auto sp = std::make_shared<bench::speculation_bench_options>();
-  auto* spsub = bench_cmd->add_subcommand("speculate", "Speculative decoding by prompt lookup against plain decoding");
+  auto* spsub = bench_cmd->add_subcommand("speculate", "Speculative decoding (prompt lookup or a draft model) against plain decoding");
   spsub->add_option("--model", sp->model_dir, "Model directory")->required();
   spsub->add_option("--prompts", sp->prompt_file, "Prompts, one a line (needs tokenizer.json); default: built in")
       ->check(CLI::ExistingFile);
@@ -117,6 +117,8 @@ void add_bench(CLI::App& app, command_set& commands) {
   spsub->add_option("--temperature", sp->temperature, "0: greedy")->check(CLI::Range(0.0, 2.0))->capture_default_str();
   spsub->add_option("--threads", sp->threads, "Kernel threads; 0 = one per core")->check(CLI::Range(0, 1024));
   spsub->add_option("--quantization", sp->quantization, "none or int8 (weight-only, blocks of 32)")->capture_default_str();
+  spsub->add_option("--draft-model", sp->draft_model,
+                    "Draft with this model (same tokenizer) instead of prompt lookup: its greedy continuation");
   commands.emplace_back(spsub, [sp] { return bench::run_speculation_bench(*sp); });
 
   auto x = std::make_shared<bench::transport_bench_options>();

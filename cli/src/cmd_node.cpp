@@ -17,6 +17,7 @@
 #include "commands.hpp"
 #include "gateway_flags.hpp"
 #include "replica_flags.hpp"
+#include "vllm_flags.hpp"
 #include "llmesh/actors/bridge_actor.hpp"
 #include "llmesh/actors/cluster_config.hpp"
 #include "llmesh/actors/coordinator_actor.hpp"
@@ -66,6 +67,7 @@ struct node_flags {
   bool deterministic = false;
   gateway_flags gw;
   actors::speculation_config speculation;
+  std::string speculative_config;  ///< vLLM's --speculative-config JSON (a replica node's)
   bool prefix_caching = true;  ///< vLLM's --enable-prefix-caching / --no-enable-prefix-caching
 };
 
@@ -206,8 +208,16 @@ std::vector<transport::role> wire_roles(const std::vector<actors::node_role>& ro
   return out;
 }
 
-status run_node(const node_flags& f) {
+status run_node(node_flags f) {
+  std::string draft_dir;  // --speculative-config's draft model, for every replica of this node
+  if (!f.speculative_config.empty()) LLMESH_TRY(apply_speculative_config(f.speculative_config, f.speculation, draft_dir));
   LLMESH_TRY(check_speculation_flags(f.speculation));
+  std::shared_ptr<const model::model> draft;
+  if (!draft_dir.empty()) {
+    auto d = model::model::load(draft_dir);
+    if (!d) return make_error(d.err().code, "--speculative-config: draft model " + draft_dir + ": " + d.err().message);
+    draft = std::move(*d);
+  }
   auto plan = plan_from_flags(f);
   if (!plan) return plan.take_error();
   const node_plan& p = *plan;
@@ -352,6 +362,7 @@ status run_node(const node_flags& f) {
   ao.engine.deterministic = f.deterministic;
   ao.engine.threads = f.threads > 0 ? f.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ao.sched.speculation = f.speculation;
+  ao.sched.draft_model = draft;  // each replica checks it shares its model's tokenizer
   ao.sched.prefix_caching = f.prefix_caching;
   ao.set_fault = [fault_hook](const std::string& spec) {
     auto rule = transport::parse_fault_rule(spec);
@@ -498,6 +509,10 @@ void add_node(CLI::App& app, command_set& commands) {
   add_gateway_flags(sub, f->gw);  // a gateway node's API key and limits
   add_prefix_caching_flag(sub, f->prefix_caching);
   add_speculation_flags(sub, f->speculation);  // a replica node's (quantization is the model's: the cluster config)
+  sub->add_option("--speculative-config", f->speculative_config,
+                  "A replica node's, vLLM's JSON: prompt lookup ({\"method\": \"ngram\", \"num_speculative_tokens\": K, ...}) or "
+                  "a draft model ({\"model\": DIR, \"num_speculative_tokens\": K}) for every replica it hosts (each model "
+                  "must share the draft's tokenizer)");
   commands.emplace_back(sub, [f] {
     if (f->roles.empty()) f->roles = "replica";
     return run_node(*f);

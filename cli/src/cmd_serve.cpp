@@ -14,6 +14,7 @@
 #include "llmesh/actors/node_agent.hpp"
 #include "llmesh/kernels/device.hpp"
 #include "stop_signal.hpp"
+#include "llmesh/actors/draft_model_proposer.hpp"
 #include "llmesh/actors/local_mesh.hpp"
 #include "llmesh/gateway/http_server.hpp"
 #include "llmesh/gateway/rpc_server.hpp"
@@ -89,7 +90,10 @@ void add_vllm_flags(CLI::App* sub, serve_flags& f) {
 
 status run_serve(serve_flags f) {
   LLMESH_TRY(check_vllm_model_flags(f.vllm, f.model_dir));
-  if (!f.vllm.speculative_config.empty()) LLMESH_TRY(apply_speculative_config(f.vllm.speculative_config, f.speculation));
+  std::string draft_dir;  // --speculative-config's draft model
+  if (!f.vllm.speculative_config.empty()) {
+    LLMESH_TRY(apply_speculative_config(f.vllm.speculative_config, f.speculation, draft_dir));
+  }
   LLMESH_TRY(check_speculation_flags(f.speculation));
   auto where = parse_host_port(f.http, "--http");
   if (!where) return where.take_error();
@@ -144,6 +148,12 @@ status run_serve(serve_flags f) {
   if (!m) return m.take_error();
   const auto& cfg = (*m)->config();
   LLMESH_TRY(check_vllm_task(f.vllm, cfg));
+  std::shared_ptr<const model::model> draft;
+  if (!draft_dir.empty()) {
+    auto d = actors::load_draft_model(draft_dir, **m, tok_dir);
+    if (!d) return make_error(d.err().code, "--speculative-config: " + d.err().message);
+    draft = std::move(*d);
+  }
   gateway::served_model served{ao.model_name, *tok, std::move(chat), cfg, *reasoning, *tool_parser, *tool_tokens, *pooling, *loras};
   LLMESH_TRY(apply_model_overrides(served, tok_dir, f.gw.chat_template, f.gw.max_model_len));
   for (size_t i = 1; i < f.served_names.size(); ++i) {  // vLLM's further names for the model
@@ -204,6 +214,7 @@ status run_serve(serve_flags f) {
   mo.sched.max_batch_tokens = f.max_batch_tokens;
   mo.sched.max_seqs = f.max_seqs;
   mo.sched.speculation = f.speculation;
+  mo.sched.draft_model = std::move(draft);
   mo.sched.prefix_caching = f.prefix_caching;
   mo.policy = *policy;
   mo.max_migrations = f.max_migrations;

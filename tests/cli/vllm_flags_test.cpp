@@ -63,31 +63,64 @@ TEST(ExpandConfigFile, RandomFilesGiveFlagsOrAnErrorNeverACrash) {
 
 TEST(SpeculativeConfig, NgramFieldsSetAndOthersRefused) {
   actors::speculation_config c;
-  ASSERT_TRUE(apply_speculative_config(R"({"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4,"prompt_lookup_min":2})", c));
+  std::string draft = "left over";
+  ASSERT_TRUE(apply_speculative_config(R"({"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4,"prompt_lookup_min":2})",
+                                       c, draft));
   EXPECT_EQ(c.tokens, 5u);
   EXPECT_EQ(c.max_n, 4u);
   EXPECT_EQ(c.min_n, 2u);
-  for (const char* bad : {R"({"method":"eagle"})", R"({"model":"draft"})", R"({"num_speculative_tokens":-1})",
+  EXPECT_EQ(draft, "") << "prompt lookup names no draft model";
+  for (const char* bad : {R"({"method":"eagle","model":"x","num_speculative_tokens":3})", R"({"method":"mtp"})",
+                          R"({"model":"draft"})", R"({"model":"draft","num_speculative_tokens":0})",
+                          R"({"method":"draft_model","num_speculative_tokens":3})",
+                          R"({"method":"ngram","model":"draft","num_speculative_tokens":3})",
+                          R"({"model":"draft","num_speculative_tokens":3,"draft_tensor_parallel_size":2})",
+                          R"({"num_speculative_tokens":3,"draft_tensor_parallel_size":1})",
+                          R"({"model":"draft","num_speculative_tokens":3,"prompt_lookup_max":3})", R"({"model":7})",
+                          R"({"model":"","num_speculative_tokens":3})", R"({"num_speculative_tokens":-1})",
                           R"({"num_speculative_tokens":99})", R"({"prompt_lookup_min":0})", R"({"foo":1})", "[]", "nope"}) {
     actors::speculation_config d;
-    EXPECT_FALSE(apply_speculative_config(bad, d)) << bad;
+    std::string dd = "kept";
+    EXPECT_FALSE(apply_speculative_config(bad, d, dd)) << bad;
     EXPECT_EQ(d.tokens, 0u) << "a refused config changes nothing: " << bad;
+    EXPECT_EQ(dd, "kept") << bad;
   }
+}
+
+TEST(SpeculativeConfig, ADraftModelNamesItsDirectory) {
+  actors::speculation_config c;
+  std::string draft;
+  ASSERT_TRUE(apply_speculative_config(R"({"model":"/m/draft","num_speculative_tokens":4,"draft_tensor_parallel_size":1,
+                                           "disable_by_batch_size":8})",
+                                       c, draft));
+  EXPECT_EQ(draft, "/m/draft");
+  EXPECT_EQ(c.tokens, 4u);
+  EXPECT_EQ(c.disable_by_batch_size, 8u);
+  actors::speculation_config c2;
+  ASSERT_TRUE(apply_speculative_config(R"({"method":"draft_model","model":"d","num_speculative_tokens":2})", c2, draft));
+  EXPECT_EQ(draft, "d");
+  EXPECT_EQ(c2.tokens, 2u);
+  ASSERT_TRUE(apply_speculative_config(R"({"model":"[ngram]","num_speculative_tokens":2})", c2, draft));
+  EXPECT_EQ(draft, "") << "vLLM's \"[ngram]\" model is prompt lookup";
 }
 
 TEST(SpeculativeConfig, RandomJsonGivesABoundedConfigOrAnError) {
   std::mt19937_64 rng(11);
-  const char* keys[] = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size", "model"};
-  const nlohmann::json values[] = {"ngram", "eagle", 0, 1, 3, 64, 65, -5, 1.5, nullptr, true, "[ngram]", nlohmann::json::array()};
+  const char* keys[] = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size", "model",
+                        "draft_tensor_parallel_size"};
+  const nlohmann::json values[] = {"ngram", "eagle", 0, 1, 3, 64, 65, -5, 1.5, nullptr, true, "[ngram]", nlohmann::json::array(),
+                                   "draft_model", "/d"};
   for (int i = 0; i < 2000; ++i) {
     nlohmann::json j = nlohmann::json::object();
-    for (size_t k = rng() % 5; k > 0; --k) j[keys[rng() % 6]] = values[rng() % 13];
+    for (size_t k = rng() % 5; k > 0; --k) j[keys[rng() % 7]] = values[rng() % 15];
     actors::speculation_config c;
-    if (apply_speculative_config(j.dump(), c)) {
+    std::string draft;
+    if (apply_speculative_config(j.dump(), c, draft)) {
       EXPECT_LE(c.tokens, actors::max_speculative_tokens) << j;
       EXPECT_GE(c.min_n, 1u) << j;
       EXPECT_LE(c.min_n, c.max_n) << j;
       EXPECT_LE(c.max_n, 64u) << j;
+      if (!draft.empty()) EXPECT_GE(c.tokens, 1u) << j;
     }
   }
 }

@@ -129,7 +129,13 @@ inline size_t count_ready(const nlohmann::json& replicas, const std::string& nod
 /// has its replica.
 struct three_nodes {
   node_process seed, a, b;
-  explicit three_nodes(const mesh_files& m) : seed(m.node("seed")), a(m.node("replica-a")), b(m.node("replica-b")) {}
+  /// `a_flags`: more flags for replica-a's process.
+  explicit three_nodes(const mesh_files& m, const std::vector<std::string>& a_flags = {})
+      : seed(m.node("seed")), a(with(m.node("replica-a"), a_flags)), b(m.node("replica-b")) {}
+  static std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  }
   ::testing::AssertionResult ready(const mesh_files& m) {
     if (!seed.wait_for("serving 'kjv-tiny' on http://")) return ::testing::AssertionFailure() << seed.log();
     nlohmann::json reps;

@@ -85,7 +85,9 @@ TEST(Mesh, LocalYamlServesExactlyAndSurvivesAJoinAndADrainUnderLoad) {
 TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
   // Heartbeats may pause here (replica-b is frozen below): the kill is seen by the transport.
   mesh_files m("failure_timeout_ms: 60000");
-  three_nodes n(m);
+  // replica-a speculates with a draft model (the model itself): the streams that move there
+  // continue with the draft catching up on their tokens so far, and change no token.
+  three_nodes n(m, {"--speculative-config", R"({"model": ")" + model_dir + R"(", "num_speculative_tokens": 3})"});
   ASSERT_TRUE(n.ready(m));
   auto& [seed, a, b] = n;
   nlohmann::json reps;
@@ -172,6 +174,16 @@ TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
   }
   EXPECT_GT(metric_value(m.http_port, "llmesh_request_migrations_total"), 0.0)
       << "the kill hit no stream; " << http_request(m.http_port, "GET", "/metrics").body << "\n" << seed.log() << a.log() << spare.log();
+  double kept = 0;  // replica-a's drafts kept, from the router's load reports
+  for (int i = 0; i < 100 && kept == 0; ++i) {
+    const std::string body = http_request(m.http_port, "GET", "/metrics").body;
+    const std::string series = "\nllmesh_spec_decode_accepted_tokens_total{";
+    for (size_t at = body.find(series); at != std::string::npos; at = body.find(series, at + 1)) {
+      kept += std::atof(body.c_str() + body.find("} ", at) + 2);
+    }
+    if (kept == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GT(kept, 0.0) << "replica-a kept no draft: its draft model did not run\n" << a.log();
   EXPECT_EQ(spare.stop(), 0) << spare.log();
   EXPECT_EQ(a.stop(), 0) << a.log();
   EXPECT_EQ(seed.stop(), 0) << seed.log();
@@ -370,6 +382,10 @@ TEST(Mesh, NodeAndCtlRefuseBadFlagsAndConfigsWithOneLine) {
     EXPECT_NE(taken.exit_code, 0);
     EXPECT_NE(taken.err.find("cannot listen on 127.0.0.1:" + std::to_string(port)), std::string::npos) << taken.err;
   }
+  auto no_draft = run_command(bin + " node --config " + m.config + " --name replica-a --speculative-config "
+                                     "'{\"model\": \"/nowhere/draft\", \"num_speculative_tokens\": 3}'");
+  EXPECT_NE(no_draft.exit_code, 0);
+  EXPECT_NE(no_draft.err.find("--speculative-config: draft model /nowhere/draft"), std::string::npos) << no_draft.err;
   auto unreachable = run_command(bin + " ctl --control 127.0.0.1:1 --token abcdefghijklmnopq --timeout 3 status");
   EXPECT_NE(unreachable.exit_code, 0);
   EXPECT_NE(unreachable.err.find("coordinator"), std::string::npos) << unreachable.err;

@@ -3,7 +3,7 @@
 // answers (a continued message keeps its own role), --enable-request-id-headers echoes or makes
 // X-Request-Id, --tokenizer takes the tokenizer and chat template from another directory,
 // --override-generation-config sets sampling defaults, --speculative-config turns on prompt
-// lookup (drafts counted, tokens unchanged), --config reads flags from YAML (the command line
+// lookup or a draft model (drafts counted, tokens unchanged), --config reads flags from YAML (the command line
 // wins), --hf-overrides changes config.json as the model is read, vLLM's flags for what a local
 // model never needs start the server, and what llmesh does not do is refused by name before the
 // model loads.
@@ -143,6 +143,32 @@ TEST(ServeVllmCompatFlags, TokenizerGenerationOverridesAndSpeculation) {
     EXPECT_GT(accepted, 0.0) << "no draft kept: speculation did not run";
   }
   {
+    // kjv-tiny drafting for itself (a draft model of the same tokenizer): greedy and sampled
+    // tokens are those of a plain decode, and greedy drafts are kept.
+    server_process k(bin, {"--model", kjv, "--served-model-name", "m", "--speculative-config",
+                           R"({"model": ")" + kjv + R"(", "num_speculative_tokens": 3})"});
+    ASSERT_GT(k.port(), 0) << k.log();
+    const json greedy = {{"model", "m"}, {"prompt", "And God said"}, {"max_tokens", 40}, {"temperature", 0}, {"return_token_ids", true}};
+    auto r = post(k.port(), "/v1/completions", greedy);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+              generate_ids(bin, kjv, "--prompt 'And God said'", 40));
+    const json sampled = {{"model", "m"}, {"prompt", "The LORD"}, {"max_tokens", 24}, {"temperature", 0.8}, {"top_k", 40}, {"seed", 5},
+                          {"return_token_ids", true}};
+    r = post(k.port(), "/v1/completions", sampled);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+              generate_ids(bin, kjv, "--prompt 'The LORD'", 24, "--temperature 0.8 --top-k 40 --seed 5"));
+    double accepted = 0;
+    for (int i = 0; i < 200 && accepted == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const std::string metrics = http_request(k.port(), "GET", "/metrics").body;
+      const auto at = metrics.find("\nllmesh_spec_decode_accepted_tokens_total{");
+      if (at != std::string::npos) accepted = std::atof(metrics.c_str() + metrics.find("} ", at) + 2);
+    }
+    EXPECT_GT(accepted, 0.0) << "no draft kept: the draft model did not run";
+  }
+  {
     server_process own(bin, {"--model", m});
     ASSERT_GT(own.port(), 0) << own.log();
     auto r = post(own.port(), "/tokenize", tokenize);
@@ -183,6 +209,11 @@ TEST(ServeVllmCompatFlags, TokenizerGenerationOverridesAndSpeculation) {
 
 TEST(ServeVllmCompatFlags, ConfigFileAcceptedFlagsAndRefusals) {
   model::testing::temp_dir dir;
+  const std::string m = dir.path() + "/other-tokenizer";  // kjv-tiny's vocabulary size, another tokenizer
+  ASSERT_EQ(std::system((bin + " model random --out " + m +
+                         " --hidden 32 --intermediate 64 --layers 1 --heads 2 --kv-heads 1 --vocab 4096 --seed 4 2>/dev/null")
+                            .c_str()),
+            0);
   const std::string cfg = dir.path() + "/serve.yaml";
   std::ofstream(cfg) << "model: " << kjv << "\nserved_model_name: from-yaml\nmax-logprobs: 3\nresponse_role: yaml-role\n"
                      << "enable-request-id-headers: true\nswap-space: 4\n";
@@ -257,8 +288,11 @@ TEST(ServeVllmCompatFlags, ConfigFileAcceptedFlagsAndRefusals) {
       {"--pooling cls --pooler-config '{\"pooling_type\": \"mean\"}'", "disagree"},
       {"--task classify", "is not a sequence classifier"},
       {"--tokenizer-mode mistral", "--tokenizer-mode mistral"},
-      {"--speculative-config '{\"method\": \"eagle\", \"model\": \"x\"}'", "prompt lookup only"},
-      {"--speculative-config '{\"num_speculative_tokens\": 4, \"draft_tensor_parallel_size\": 1}'", "'draft_tensor_parallel_size' is not taken"},
+      {"--speculative-config '{\"method\": \"eagle\", \"model\": \"x\"}'", "EAGLE, Medusa"},
+      {"--speculative-config '{\"num_speculative_tokens\": 4, \"draft_tensor_parallel_size\": 1}'", "'draft_tensor_parallel_size' is a draft model's"},
+      {"--speculative-config '{\"model\": \"" + dir.path() + "/nowhere\", \"num_speculative_tokens\": 4}'", "--speculative-config: draft model"},
+      {"--speculative-config '{\"model\": \"" + m + "\", \"num_speculative_tokens\": 4}'", "must share the target's tokenizer"},
+      {"--speculative-config '{\"model\": \"" + kjv + "\"}'", "a draft model needs num_speculative_tokens"},
       {"--speculative-config '{\"num_speculative_tokens\": 4, \"prompt_lookup_min\": 5, \"prompt_lookup_max\": 2}'", "1 <= min <= max"},
       {"--override-generation-config '{\"min_p\": 0.1}'", "'min_p' is not taken here"},
       {"--override-generation-config '{\"top_p\": 2}'", "'top_p' must be a number in"},

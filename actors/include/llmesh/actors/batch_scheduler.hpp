@@ -27,7 +27,14 @@
 #include "llmesh/kernels/sampling.hpp"
 #include "llmesh/model/shard_executor.hpp"
 
+namespace llmesh::model {
+class model;
+}
+
 namespace llmesh::actors {
+
+class draft_model_proposer;
+struct draft_query;
 
 struct scheduler_config {
   size_t max_batch_tokens = 2048;  ///< tokens per step (prefill chunks + decodes)
@@ -43,6 +50,10 @@ struct scheduler_config {
   /// vLLM's automatic prefix caching (on by default; --no-enable-prefix-caching turns it off: no
   /// request reuses another's KV blocks, every prompt is computed whole).
   bool prefix_caching = true;
+  /// Speculation from a draft model (vLLM's speculative_config "model"; null: prompt lookup):
+  /// the replica (replica_core) runs it on an engine of its own, and speculation.tokens
+  /// drafts per step are its greedy continuation instead of a lookup's.
+  std::shared_ptr<const model::model> draft_model;
 };
 
 /// An embedding request's pooling (vLLM's pooling types; none: a generation): the model's
@@ -148,7 +159,7 @@ struct token_event {
 /// manager (one scheduler per manager).
 class batch_scheduler {
  public:
-  batch_scheduler(scheduler_config cfg, block_manager& blocks) : cfg_(cfg), blocks_(blocks) {}
+  batch_scheduler(scheduler_config cfg, block_manager& blocks);
   ~batch_scheduler();
 
   /// Queues a request (FCFS). Refuses an empty prompt, max_tokens 0 (unless it pools) or a
@@ -162,6 +173,12 @@ class batch_scheduler {
   /// knowledge of what can be drawn (a grammar). Unset: all.
   using draft_filter = std::function<size_t(uint64_t id, std::span<const int32_t> drafts)>;
   void set_draft_filter(draft_filter f) { filter_ = std::move(f); }
+  /// Drafts from a draft model (scheduler_config::draft_model) instead of prompt lookup; every
+  /// speculating request of a step asks it at once.
+  void set_draft_model(std::unique_ptr<draft_model_proposer> d);
+  const draft_model_proposer* draft_model() const { return drafter_.get(); }
+  /// Steps whose drafts the draft model failed to give (they ran without drafts).
+  size_t draft_failures() const { return draft_failures_; }
 
   /// Plans the next step (reserves its blocks). An empty plan means nothing can run now.
   step_plan schedule();
@@ -205,8 +222,15 @@ class batch_scheduler {
   void enqueue(uint64_t id, bool front);
   /// The running request to preempt for blocks: the highest priority value, the newest of those.
   uint64_t victim() const;
-  /// A decoding request's tokens for this step: 1, or 1 + the drafts it runs (in step_tokens).
-  size_t speculate(request& r, size_t budget);
+  /// Speculation over the step's picks: each decoding request that may speculate gets drafts
+  /// (prompt lookup, or the draft model for all of them at once) and runs its last token and
+  /// them (its pick's count becomes 1 + its drafts); the drafts come out of `budget`.
+  void speculate(std::vector<std::pair<uint64_t, size_t>>& picks, size_t& budget);
+  /// How many drafts `r` may propose now from `left` tokens of budget (0: none this step).
+  size_t draft_limit(request& r, size_t left);
+  /// Runs `drafts` (cut at an end id, by the filter, to unused blocks) after r's last token:
+  /// its step's tokens, 1 when none is left.
+  size_t take_drafts(request& r, std::vector<int32_t>& drafts);
   bool admit(request& r, size_t& budget);
   /// Whether `r` should wait for a running request to finish computing the prefix they share:
   /// whole blocks covering at least half of r's tokens that the prefix cache does not hold yet.
@@ -228,8 +252,11 @@ class batch_scheduler {
   size_t preemptions_ = 0;
   size_t deferrals_ = 0;
   size_t drafted_ = 0, accepted_ = 0;
-  std::vector<int32_t> draft_;  ///< scratch
+  std::vector<draft_query> queries_;           ///< scratch
+  std::vector<std::vector<int32_t>> drafts_;  ///< scratch
   draft_filter filter_;
+  std::unique_ptr<draft_model_proposer> drafter_;
+  size_t draft_failures_ = 0;
 };
 
 }  // namespace llmesh::actors

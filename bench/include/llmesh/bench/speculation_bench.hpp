@@ -22,6 +22,9 @@ struct speculation_bench_options {
   float temperature = 0.0f;  ///< 0: greedy; else sampled with a seed per request
   int threads = 0;
   std::string quantization = "none";  ///< --quantization: none or int8
+  /// A draft model's directory (--draft-model): drafts are its greedy continuation instead of
+  /// a prompt lookup's (it must share the model's tokenizer).
+  std::string draft_model;
 };
 
 /// Prints, for the plain and the speculative run: tokens, steps, tokens/s, drafts kept, tokens
