@@ -277,6 +277,10 @@ struct Assign {
   # A mixture of experts' ranks run whole experts instead of a slice of each (the cluster
   # config's `expert_parallel`, vLLM's --enable-expert-parallel; every rank of a replica alike).
   expertParallel @16 :Bool;
+  # vLLM's speculative_config for its replica as JSON (the cluster config's
+  # `speculative_config`; "": the replica node's own --speculative-config or flags). A draft model
+  # it names is loaded by the node hosting the replica.
+  speculativeConfig @17 :Text;
 }
 
 struct LoraModule {

@@ -2,6 +2,7 @@
 #include "llmesh/actors/batch_scheduler.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "llmesh/actors/draft_model_proposer.hpp"
@@ -139,14 +140,30 @@ size_t batch_scheduler::take_drafts(request& r, std::vector<int32_t>& drafts) {
 }
 
 void batch_scheduler::speculate(std::vector<std::pair<uint64_t, size_t>>& picks, size_t& budget) {
-  // Who asks, and for how many at most: decodes in admission order, each from what the ones
-  // before it may take.
+  const auto decoding = [&](size_t p) {
+    const auto& r = requests_.at(picks[p].first);
+    return picks[p].second == 1 && r.n_computed + 1 == r.tokens.size();  // not a prompt chunk
+  };
+  if (!drafter_) {  // prompt lookup: each decode in admission order, from what the ones before it took
+    drafts_.resize(1);
+    for (size_t p = 0; p < picks.size() && budget >= 2; ++p) {
+      if (!decoding(p)) continue;
+      auto& r = requests_.at(picks[p].first);
+      const size_t k = draft_limit(r, budget);
+      if (k == 0 || propose_ngram(r.tokens, cfg_.speculation, k, drafts_[0]) == 0) continue;
+      picks[p].second = take_drafts(r, drafts_[0]);
+      budget -= picks[p].second - 1;
+    }
+    return;
+  }
+  // A draft model: every decode that may speculate asks at once, each for what the ones before
+  // it leave if they take all they ask for.
   queries_.clear();
   std::vector<size_t> at;  // the pick of each query
   size_t left = budget;
   for (size_t p = 0; p < picks.size() && left >= 2; ++p) {
+    if (!decoding(p)) continue;
     auto& r = requests_.at(picks[p].first);
-    if (picks[p].second != 1 || r.n_computed + 1 != r.tokens.size()) continue;  // a prompt chunk
     const size_t k = draft_limit(r, left);
     if (k == 0) continue;
     queries_.push_back({picks[p].first, r.tokens, k});
@@ -154,14 +171,12 @@ void batch_scheduler::speculate(std::vector<std::pair<uint64_t, size_t>>& picks,
     left -= k;
   }
   if (queries_.empty()) return;
-  if (drafter_) {
-    if (!drafter_->propose(queries_, drafts_).ok()) {
-      ++draft_failures_;
-      return;
-    }
-  } else {
-    drafts_.resize(queries_.size());
-    for (size_t i = 0; i < queries_.size(); ++i) propose_ngram(queries_[i].history, cfg_.speculation, queries_[i].k, drafts_[i]);
+  if (auto ok = drafter_->propose(queries_, drafts_); !ok) {
+    // Its engine is failed for good: speculation goes on without drafts (the output is the same).
+    ++draft_failures_;
+    std::fprintf(stderr, "llmesh: the draft model failed (%s); decoding goes on without its drafts\n", ok.err().message.c_str());
+    drafter_.reset();
+    return;
   }
   for (size_t i = 0; i < queries_.size(); ++i) {
     auto& n = picks[at[i]].second;

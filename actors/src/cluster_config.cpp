@@ -23,7 +23,10 @@
 #include <map>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "llmesh/actors/balancer.hpp"
+#include "llmesh/actors/speculative_config.hpp"
 
 namespace llmesh::actors {
 namespace {
@@ -320,11 +323,32 @@ result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, boo
   return out;
 }
 
+/// A YAML node as JSON: plain scalars that read as numbers or booleans become those.
+nlohmann::json yaml_as_json(const YAML::Node& n) {
+  if (n.IsMap()) {
+    nlohmann::json o = nlohmann::json::object();
+    for (const auto& kv : n) o[kv.first.as<std::string>()] = yaml_as_json(kv.second);
+    return o;
+  }
+  if (n.IsSequence()) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& e : n) a.push_back(yaml_as_json(e));
+    return a;
+  }
+  if (n.IsNull()) return nullptr;
+  const std::string v = n.as<std::string>();
+  if (n.Tag() != "!") {
+    auto parsed = nlohmann::json::parse(v, nullptr, false);
+    if (!parsed.is_discarded() && (parsed.is_number() || parsed.is_boolean())) return parsed;
+  }
+  return v;
+}
+
 result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   r.at(entry_label("models", index, node));
   LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization",
                                  "dtype", "kv_cache_dtype", "chat_template", "max_model_len", "reasoning_parser", "tool_call_parser", "pooling", "loras",
-                                 "enable_lora", "max_loras", "expert_parallel"}));
+                                 "enable_lora", "max_loras", "expert_parallel", "speculative_config"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -415,6 +439,21 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   }
   LLMESH_READ(expert_parallel, r.boolean(f, "expert_parallel"));
   out.expert_parallel = expert_parallel;
+  if (auto spec = f.find("speculative_config"); spec != f.end()) {
+    // vLLM's speculative_config: a mapping (or its JSON as a string), checked here; the
+    // replica nodes load a draft model it names.
+    nlohmann::json j = spec->second.IsScalar() ? nlohmann::json::parse(spec->second.as<std::string>(), nullptr, false)
+                                               : yaml_as_json(spec->second);
+    if (j.is_discarded() || !j.is_object()) {
+      return r.fail("'speculative_config' must be a mapping such as {model: DIR, num_speculative_tokens: 3}");
+    }
+    speculation_config c;
+    std::string draft;
+    if (auto ok = apply_speculative_config(j.dump(), c, draft, "'speculative_config'"); !ok) return r.fail(ok.err().message);
+    if (c.tokens == 0) return r.fail("'speculative_config': num_speculative_tokens is needed (1 to " +
+                                     std::to_string(max_speculative_tokens) + ")");
+    out.speculative_config = j.dump();
+  }
   LLMESH_READ(enable_lora, r.boolean(f, "enable_lora"));
   out.enable_lora = enable_lora;  // an opt-in of its own: listing loras does not open the runtime routes
   if (enable_lora && out.place == placement::spread) {

@@ -256,6 +256,7 @@ coordinator::actions coordinator::apply(const std::vector<change>& changes) {
       a.enable_lora = spec->enable_lora;
       a.max_loras = static_cast<uint32_t>(spec->max_loras);
       a.expert_parallel = spec->expert_parallel;
+      a.speculative_config = spec->speculative_config;
       const bool spread = std::any_of(c.r.shards.begin(), c.r.shards.end(), [&](const auto& n) { return n != node; });
       if (!spread) {
         out.push_back(send_to(m->second.peer, agent_actor_id, a));

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <limits>
 
 #include "llmesh/model/detokenizer.hpp"
 
@@ -50,6 +49,7 @@ result<std::unique_ptr<draft_model_proposer>> draft_model_proposer::create(std::
   if (!draft) return make_error(errc::invalid_request, "draft model: none given");
   if (opt.target_vocab <= 0) return make_error(errc::invalid_request, "draft model: the target's vocabulary size is needed");
   if (opt.chunk == 0) opt.chunk = 512;
+  if (opt.catch_up == 0) opt.catch_up = 2048;
   model::engine_options eo;
   eo.tp = 1;
   eo.threads = opt.threads;  // 0: one per hardware thread
@@ -63,9 +63,8 @@ result<std::unique_ptr<draft_model_proposer>> draft_model_proposer::create(std::
 }
 
 draft_model_proposer::draft_model_proposer(std::unique_ptr<model::engine> eng, options opt) : eng_(std::move(eng)), opt_(opt) {
-  max_positions_ = eng_->config().max_positions;
+  max_positions_ = eng_->config().max_positions;  // (0: the engine refuses every position; no drafts)
   draft_vocab_ = eng_->config().vocab;
-  if (max_positions_ == 0) max_positions_ = std::numeric_limits<size_t>::max() / 2;
   free_.resize(eng_->kv_blocks());
   // Handed out from the back: block 0 first.
   for (size_t i = 0; i < free_.size(); ++i) free_[i] = static_cast<int32_t>(free_.size() - 1 - i);
@@ -110,7 +109,22 @@ bool draft_model_proposer::reserve(uint64_t id, sequence& s, size_t positions,
   return true;
 }
 
+status draft_model_proposer::fail(const std::string& why, std::vector<std::vector<int32_t>>& out) {
+  for (auto& [id, s] : seqs_) release(s);  // the draft KV is in no known state: start over
+  seqs_.clear();
+  for (auto& o : out) o.clear();
+  return make_error(errc::internal, "draft model: " + why);
+}
+
 status draft_model_proposer::propose(std::span<const draft_query> queries, std::vector<std::vector<int32_t>>& out) {
+  try {
+    return run(queries, out);
+  } catch (const std::exception& e) {  // a kernel's allocation, say: no drafts, and no replica lost
+    return fail(e.what(), out);
+  }
+}
+
+status draft_model_proposer::run(std::span<const draft_query> queries, std::vector<std::vector<int32_t>>& out) {
   ++calls_;
   out.assign(queries.size(), {});
   std::unordered_map<uint64_t, size_t> asked;
@@ -153,22 +167,18 @@ status draft_model_proposer::propose(std::span<const draft_query> queries, std::
     out[j.q].push_back(tok);
     if (out[j.q].size() >= j.k) j.open = false;
   };
-  const auto fail = [&](const error& e) {
-    for (auto& [id, s] : seqs_) release(s);  // the draft KV is in no known state: start over
-    seqs_.clear();
-    for (auto& o : out) o.clear();
-    return make_error(e.code, "draft model: " + e.message);
-  };
 
   std::vector<model::step_sequence> batch;
   std::vector<size_t> who;  // jobs of the batch, in order
   std::vector<int32_t> drawn;
   // Catch-up: each history's tokens not yet run, in chunks; a chunk that ends the history draws
-  // the first draft.
+  // the first draft. At most opt_.catch_up tokens a call: a long prompt catches up over several
+  // steps (its request gets drafts once it has), so no step waits long on the draft.
+  size_t caught = 0;
   for (;;) {
     batch.clear();
     who.clear();
-    size_t budget = opt_.chunk;
+    size_t budget = std::min(opt_.chunk, opt_.catch_up - caught);
     for (size_t ji = 0; ji < jobs.size() && budget > 0; ++ji) {
       auto& j = jobs[ji];
       const auto& h = queries[j.q].history;
@@ -184,10 +194,11 @@ status draft_model_proposer::propose(std::span<const draft_query> queries, std::
       budget -= take;
     }
     if (batch.empty()) break;
+    for (const auto& b : batch) caught += b.tokens.size();
     size_t rows = 0;
     for (const auto& s : batch) rows += s.want_logits ? 1 : 0;
     const std::vector<kernels::sample_row> greedy(rows);
-    if (auto st = eng_->forward_sample(batch, greedy, drawn); !st.ok()) return fail(st.err());
+    if (auto st = eng_->forward_sample(batch, greedy, drawn); !st.ok()) return fail(st.err().message, out);
     size_t row = 0;
     for (size_t b = 0; b < batch.size(); ++b) {
       auto& j = jobs[who[b]];
@@ -196,6 +207,9 @@ status draft_model_proposer::propose(std::span<const draft_query> queries, std::
       tokens_run_ += batch[b].tokens.size();
       if (batch[b].want_logits) accept(j, drawn[row++]);
     }
+  }
+  for (auto& j : jobs) {
+    if (j.done < queries[j.q].history.size()) j.open = false;  // still catching up: no drafts this time
   }
   // Decodes: each open sequence feeds its latest draft and draws the next.
   std::vector<int32_t> fed(jobs.size());
@@ -215,7 +229,7 @@ status draft_model_proposer::propose(std::span<const draft_query> queries, std::
     }
     if (batch.empty()) break;
     const std::vector<kernels::sample_row> greedy(batch.size());
-    if (auto st = eng_->forward_sample(batch, greedy, drawn); !st.ok()) return fail(st.err());
+    if (auto st = eng_->forward_sample(batch, greedy, drawn); !st.ok()) return fail(st.err().message, out);
     for (size_t b = 0; b < batch.size(); ++b) {
       auto& j = jobs[who[b]];
       j.s->tokens.push_back(fed[who[b]]);

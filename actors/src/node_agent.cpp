@@ -109,8 +109,10 @@ void load_replica(agent* self, const transport::assign_msg& a) {
   auto load = load_options_of(a, eo.device);
   auto kv_type = kv_type_of(a, eo.device);
   if (kv_type) eo.kv_type = *kv_type;
+  auto sp = speculation_of(a, st.opt.sched);
+  if (sp.own && sp.err.empty()) st.sched_of[a.replica] = sp.sched;
   self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, kv_mb, max_seqs, key,
-                              load, kv_type, node = st.opt.node, draft = st.opt.sched.draft_model](caf::event_based_actor* helper) mutable {
+                              load, kv_type, node = st.opt.node, sp](caf::event_based_actor* helper) mutable {
     std::shared_ptr<const model::model> m = cached;
     std::string err;
     std::shared_ptr<model::engine> eng;
@@ -123,16 +125,15 @@ void load_replica(agent* self, const transport::assign_msg& a) {
       if (loaded) m = held_model(*loaded, node, a.model);
       else err = loaded.err().message;
     }
-    if (m && draft) {  // the node's draft model must share this model's tokenizer
-      if (auto ok = check_draft_model(*draft, *m, a.path); !ok) err = "--speculative-config: " + ok.err().message;
-    }
+    std::shared_ptr<const model::model> draft;
+    if (m && err.empty()) draft = draft_for(sp, *m, a.path, err);
     if (m && err.empty()) {
       eo.kv_tokens = kv_tokens_for_budget(kv_sizing_config(m->config(), a), eo.tp, kv_mb, max_seqs, eo.kv_type);
       auto e = model::engine::create(m, eo);
       if (e) eng = std::move(*e);
       else err = e.err().message;
     }
-    helper->send(agent_handle, loaded_atom::value, a.replica, key, m, eng, err);
+    helper->send(agent_handle, loaded_atom::value, a.replica, key, m, eng, err, draft);
   });
 }
 
@@ -142,7 +143,10 @@ void agent_detail::loaded(agent* self, uint64_t id, const std::string& key, std:
             std::shared_ptr<model::engine> eng, const std::string& err) {
   auto& st = self->state;
   auto pending = st.loading.find(id);
-  if (pending == st.loading.end()) return;
+  if (pending == st.loading.end()) {
+    st.sched_of.erase(id);
+    return;
+  }
   const std::string model = pending->second.first;
   const bool cancelled = pending->second.second || st.quitting;
   if (m) recache(self, key, m);
@@ -153,6 +157,11 @@ void agent_detail::loaded(agent* self, uint64_t id, const std::string& key, std:
     if (!cancelled && eng) return apply_queued_loras(self, id, key, std::move(m), std::move(eng), std::move(ops));
   }
   st.loading.erase(pending);
+  scheduler_config sched = st.opt.sched;  // or its assignment's own speculation
+  if (auto own = st.sched_of.find(id); own != st.sched_of.end()) {
+    sched = std::move(own->second);
+    st.sched_of.erase(own);
+  }
   if (cancelled) return report(self, id, model, transport::replica_phase::dead, 0, "stopped while loading");
   if (!eng) {
     std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' failed to load: %s\n", st.opt.node.c_str(),
@@ -160,8 +169,8 @@ void agent_detail::loaded(agent* self, uint64_t id, const std::string& key, std:
     return report(self, id, model, transport::replica_phase::dead, 0, err);
   }
   // With a draft model the replica runs the draft's kernels while it plans: a thread of its own.
-  auto r = st.opt.sched.draft_model ? self->spawn<caf::detached>(replica_actor, eng.get(), st.opt.sched)
-                                    : self->spawn(replica_actor, eng.get(), st.opt.sched);
+  auto r = sched.draft_model ? self->spawn<caf::detached>(replica_actor, eng.get(), sched)
+                             : self->spawn(replica_actor, eng.get(), sched);
   const int tp = eng->tp();
   const uint64_t export_id = host_replica(self, id, model, std::move(eng), r, {});
   std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' ready (tp %d)\n", st.opt.node.c_str(),
@@ -393,7 +402,10 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
         self->delayed_send(self, 1s, join_atom::value);
       },
       [=](loaded_atom, uint64_t id, const std::string& path, std::shared_ptr<const model::model> m,
-          std::shared_ptr<model::engine> eng, const std::string& err) { loaded(self, id, path, std::move(m), std::move(eng), err); },
+          std::shared_ptr<model::engine> eng, const std::string& err, std::shared_ptr<const model::model> draft) {
+        if (auto own = self->state.sched_of.find(id); own != self->state.sched_of.end()) own->second.draft_model = std::move(draft);
+        loaded(self, id, path, std::move(m), std::move(eng), err);
+      },
       [=](poll_atom, uint64_t id) { poll(self, id); },
       [=](lora_atom, bool load, const std::string& model, const std::string& name, const std::string& path) {
         request_lora(self, self->make_response_promise(), load, model, name, path);

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "llmesh/actors/draft_model_proposer.hpp"
+#include "llmesh/actors/speculative_config.hpp"
 #include "llmesh/actors/node_agent.hpp"
 
 namespace llmesh::actors::agent_detail {
@@ -29,7 +31,48 @@ struct loaded_part {
   std::vector<tensor_communicator*> comms;  ///< inside engine, by ascending rank
   std::string err;
   size_t resident_mb = 0;  ///< the model's weights in memory once loaded (model::resident_weight_bytes)
+  std::shared_ptr<const model::model> draft;  ///< rank 0's: its assignment's draft model
 };
+
+/// A replica's speculation from its assignment: the node's settings (`node`) when it brings no
+/// speculative_config, else those with the config's speculation, no draft model yet, and the
+/// draft's directory in `draft_dir` ("": none). `err` says why the config is refused.
+struct replica_speculation {
+  scheduler_config sched;
+  std::string draft_dir;
+  bool own = false;  ///< from the assignment
+  std::string err;
+};
+inline replica_speculation speculation_of(const transport::assign_msg& a, const scheduler_config& node) {
+  replica_speculation out{node, {}, false, {}};
+  if (a.speculative_config.empty()) return out;
+  out.own = true;
+  out.sched.draft_model = nullptr;
+  out.sched.speculation = {};
+  if (auto ok = apply_speculative_config(a.speculative_config, out.sched.speculation, out.draft_dir, "speculative_config"); !ok) {
+    out.err = ok.err().message;
+  }
+  return out;
+}
+
+/// On a loading helper: the draft model `sp` names for target `m` (loaded and checked), or the
+/// node's draft checked against `m`; `err` set when either fails.
+inline std::shared_ptr<const model::model> draft_for(const replica_speculation& sp, const model::model& m,
+                                                     const std::string& model_dir, std::string& err) {
+  if (!sp.err.empty()) {
+    err = sp.err;
+    return nullptr;
+  }
+  if (!sp.draft_dir.empty()) {
+    auto d = load_draft_model(sp.draft_dir, m, model_dir);
+    if (!d) err = "speculative_config: " + d.err().message;
+    return d ? *d : nullptr;
+  }
+  if (!sp.own && sp.sched.draft_model) {  // the node's draft model must share this model's tokenizer
+    if (auto ok = check_draft_model(*sp.sched.draft_model, m, model_dir); !ok) err = "--speculative-config: " + ok.err().message;
+  }
+  return nullptr;
+}
 
 /// The ranks of a spread replica's assignment this node loads the model for (model::load_options::ranks).
 inline model::rank_set ranks_of(const transport::assign_msg& a) {

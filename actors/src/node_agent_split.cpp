@@ -149,7 +149,7 @@ void load_part(agent* self, const transport::assign_msg& a) {
                               host = st.opt.tensor_host,
                               load = load_options_of(a, eo.device),
                               kv_type = kv_type_of(a, eo.device),
-                              draft = st.opt.sched.draft_model](caf::event_based_actor* helper) mutable {
+                              sp = speculation_of(a, st.opt.sched)](caf::event_based_actor* helper) mutable {
     auto p = std::make_shared<loaded_part>();
     p->id = a.replica;
     p->path = model_key(a, true);
@@ -164,8 +164,9 @@ void load_part(agent* self, const transport::assign_msg& a) {
       if (loaded) p->m = held_model(*loaded, node, a.model);
       else p->err = loaded.err().message;
     }
-    if (p->err.empty() && p->m && draft) {  // the node's draft model must share this model's tokenizer
-      if (auto ok = check_draft_model(*draft, *p->m, a.path); !ok) p->err = "--speculative-config: " + ok.err().message;
+    // Rank 0's node runs the replica (and its draft model, if any).
+    if (p->err.empty() && p->m && std::find(a.ranks.begin(), a.ranks.end(), 0u) != a.ranks.end()) {
+      p->draft = draft_for(sp, *p->m, a.path, p->err);
     }
     if (p->m) p->resident_mb = p->m->resident_weight_bytes() >> 20;
     std::vector<std::unique_ptr<kernels::communicator>> comms;
@@ -216,6 +217,7 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
                  st.opt.node.c_str(), static_cast<unsigned long long>(p->id), model.c_str(), p->resident_mb);
     f->second.engine = p->engine;
     f->second.comms = p->comms;
+    f->second.draft = p->draft;
     for (auto* c : p->comms) f->second.tensors[static_cast<size_t>(c->rank())] = c->address();
     self->delayed_send(self, st.opt.form_timeout, form_timeout_atom::value, p->id);
     return maybe_form(self, p->id);
@@ -330,9 +332,11 @@ void joined(agent* self, uint64_t id, const std::string& err) {
     }
     const std::string model = f->second.a.model;
     auto eng = f->second.engine;
+    auto sched = speculation_of(f->second.a, st.opt.sched).sched;  // checked when it loaded
+    if (!f->second.a.speculative_config.empty()) sched.draft_model = f->second.draft;
     st.forming.erase(f);
-    auto r = st.opt.sched.draft_model ? self->spawn<caf::detached>(split_replica_actor, eng.get(), st.opt.sched, remote)
-                                      : self->spawn(split_replica_actor, eng.get(), st.opt.sched, remote);
+    auto r = sched.draft_model ? self->spawn<caf::detached>(split_replica_actor, eng.get(), sched, remote)
+                               : self->spawn(split_replica_actor, eng.get(), sched, remote);
     std::vector<caf::actor> stand_ins;
     for (auto& [rank, p] : remote) stand_ins.push_back(p);
     const uint64_t export_id = host_replica(self, id, model, eng, r, std::move(stand_ins));

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -16,25 +17,30 @@ namespace llmesh::actors {
 replica_core::replica_core(model::engine& eng, scheduler_config cfg, bool prefix_caching)
     : eng_(eng), blocks_(eng.kv_blocks(), eng.kv_block_size(), prefix_caching && cfg.prefix_caching), sched_(cfg, blocks_) {
   sched_.set_draft_filter([this](uint64_t id, std::span<const int32_t> drafts) { return grammatical_drafts(id, drafts); });
-  if (cfg.draft_model) {
-    // The draft's KV holds as many positions as the replica's: every running sequence's
-    // history and drafts fit beside each other.
+  // A draft model, where speculation can run: a generating model whose logits do not depend on
+  // the batch (on CUDA, --deterministic). Its KV holds as many positions as the replica's (at
+  // most 128 Ki): every running sequence's history and drafts fit beside each other.
+  if (cfg.draft_model && eng.batch_invariant() && eng.config().classifier.labels == 0 && cfg.speculation.tokens > 0) {
     draft_model_proposer::options o;
     o.threads = eng.threads();
-    o.kv_tokens = eng.kv_blocks() * eng.kv_block_size();
+    o.kv_tokens = std::min<size_t>(eng.kv_blocks() * eng.kv_block_size(), size_t{1} << 17);
     o.block_size = eng.kv_block_size();
     o.kv_type = eng.kv_type();
     o.target_vocab = static_cast<int32_t>(eng.config().vocab);
+    o.catch_up = cfg.max_batch_tokens;
     auto d = draft_model_proposer::create(cfg.draft_model, o);
-    if (d) sched_.set_draft_model(std::move(*d));
-    else draft_error_ = d.err();
+    if (d) {
+      sched_.set_draft_model(std::move(*d));
+    } else {  // the output does not depend on drafts: serve without them
+      std::fprintf(stderr, "llmesh: the draft model's engine did not start (%s); decoding goes on without drafts\n",
+                   d.err().message.c_str());
+    }
   }
 }
 
 replica_core::~replica_core() = default;
 
 status replica_core::submit(replica_request r) {
-  if (draft_error_) return *draft_error_;
   const auto& c = eng_.config();
   if (r.pool != pooling::none) {
     const auto& p = r.sampling;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "llmesh/actors/ngram_proposer.hpp"
+#include "llmesh/actors/speculative_config.hpp"
 #include "llmesh/common/error.hpp"
 #include "llmesh/model/config.hpp"
 
@@ -46,14 +47,8 @@ void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f);
 /// embeddings).
 [[nodiscard]] status check_vllm_task(const vllm_model_flags& f, const model::model_config& c);
 
-/// vLLM's --speculative-config JSON. Prompt lookup: method "ngram" (or left out without a
-/// model), num_speculative_tokens, prompt_lookup_max, prompt_lookup_min and
-/// disable_by_batch_size set `c`. A draft model: "model" names its directory (method
-/// "draft_model" or left out), with num_speculative_tokens (required), disable_by_batch_size
-/// and draft_tensor_parallel_size 1; `draft_model` receives the directory (cleared otherwise).
-/// Another method (EAGLE, Medusa, MTP) or key is refused by name, and nothing changes.
-[[nodiscard]] status apply_speculative_config(const std::string& json_text, actors::speculation_config& c,
-                                              std::string& draft_model);
+/// vLLM's --speculative-config JSON (actors/speculative_config.hpp).
+using actors::apply_speculative_config;
 
 /// The directory the tokenizer and chat template come from: --tokenizer's, else the model's.
 inline const std::string& tokenizer_dir(const vllm_model_flags& f, const std::string& model_path) {

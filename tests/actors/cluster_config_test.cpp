@@ -3,6 +3,8 @@
 // and malformed or hostile YAML (tabs, unclosed brackets, garbage, 100000-deep nesting, random
 // mutations) ends in an error, never a crash.
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 #include <sys/resource.h>
 
 #include <filesystem>
@@ -334,6 +336,30 @@ TEST(ClusterConfig, ExpertParallelIsAModelsFlag) {
   ASSERT_TRUE(on.ok()) << on.err().message;
   EXPECT_TRUE(on->models[0].expert_parallel);
   expect_refused(with("placement: packed", "placement: packed\n    expert_parallel: 1"), {"'expert_parallel' must be true or false"});
+}
+
+TEST(ClusterConfig, SpeculativeConfigIsVllmsAndCheckedWhenRead) {
+  EXPECT_EQ(parse_cluster_config(base, "t.yaml")->models[0].speculative_config, "");
+  auto map = parse_cluster_config(
+      with("placement: packed", "placement: packed\n    speculative_config: {model: /d/draft, num_speculative_tokens: 3}"), "t.yaml");
+  ASSERT_TRUE(map.ok()) << map.err().message;
+  auto j = nlohmann::json::parse(map->models[0].speculative_config);
+  EXPECT_EQ(j["model"], "/d/draft");
+  EXPECT_EQ(j["num_speculative_tokens"], 3) << "a number, not the string \"3\"";
+  auto text = parse_cluster_config(
+      with("placement: packed", "placement: packed\n    speculative_config: '{\"method\": \"ngram\", \"num_speculative_tokens\": 2}'"),
+      "t.yaml");
+  ASSERT_TRUE(text.ok()) << text.err().message;
+  EXPECT_EQ(nlohmann::json::parse(text->models[0].speculative_config)["method"], "ngram");
+  expect_refused(with("placement: packed", "placement: packed\n    speculative_config: {method: eagle, model: x, num_speculative_tokens: 2}"),
+                 {"models[0] (m): 'speculative_config': method \"eagle\""});
+  expect_refused(with("placement: packed", "placement: packed\n    speculative_config: {model: x}"),
+                 {"'speculative_config': a draft model needs num_speculative_tokens"});
+  expect_refused(with("placement: packed", "placement: packed\n    speculative_config: {method: ngram}"),
+                 {"'speculative_config': num_speculative_tokens is needed"});
+  expect_refused(with("placement: packed", "placement: packed\n    speculative_config: ngram"), {"'speculative_config' must be a mapping"});
+  expect_refused(with("placement: packed", "placement: packed\n    speculative_config: {model: x, num_speculative_tokens: 2, foo: 1}"),
+                 {"'foo' is not taken here"});
 }
 
 TEST(ClusterConfig, ModelRulesAreChecked) {

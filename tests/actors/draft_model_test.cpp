@@ -104,6 +104,29 @@ TEST_F(DraftModel, ItsKvFollowsTheHistoryTheTargetKept) {
   EXPECT_EQ(p->tokens_run() - mid, 2 + 1u);
 }
 
+TEST_F(DraftModel, ALongHistoryCatchesUpOverSeveralCalls) {
+  draft_model_proposer::options o;
+  o.threads = 2;
+  o.kv_tokens = 512;
+  o.block_size = 8;
+  o.target_vocab = 300;
+  o.chunk = 8;
+  o.catch_up = 16;  // history tokens a call
+  auto made = draft_model_proposer::create(model_, o);
+  ASSERT_TRUE(made.ok());
+  auto& p = *made;
+  const auto h = prompt(12, 40);
+  std::vector<std::vector<int32_t>> out;
+  for (size_t call = 1; call <= 2; ++call) {
+    ASSERT_TRUE(p->propose(std::vector<draft_query>{{1, h, 3}}, out).ok());
+    EXPECT_TRUE(out[0].empty()) << "call " << call << ": still catching up";
+    EXPECT_EQ(p->tokens_run(), 16 * call);
+  }
+  ASSERT_TRUE(p->propose(std::vector<draft_query>{{1, h, 3}}, out).ok());
+  EXPECT_EQ(out[0], greedy(h, 3)) << "caught up: the drafts of a history run whole";
+  EXPECT_EQ(p->tokens_run(), 40 + 2u);
+}
+
 TEST_F(DraftModel, ForgetFreesAndAShortCacheEvictsWhoWasNotAsked) {
   auto p = proposer(model_, 64);  // 8 blocks of 8 positions
   ASSERT_TRUE(p);
@@ -132,6 +155,7 @@ TEST_F(DraftModel, ForgetFreesAndAShortCacheEvictsWhoWasNotAsked) {
 TEST_F(DraftModel, DraftsOutsideTheTargetsVocabularyOrPositionsAreCut) {
   const auto h = prompt(7, 12);
   const auto want = greedy(h, 4);
+  ASSERT_GT(want[0], 0) << "a target vocabulary of want[0] ids must hold at least one";
   std::vector<std::vector<int32_t>> out;
   // A target whose vocabulary ends below the first greedy draft: nothing to propose.
   auto p = proposer(model_, 512, want[0]);
@@ -204,22 +228,41 @@ TEST_F(DraftModel, AReplicaSpeculatingWithADraftGivesThePlainTokens) {
 }
 
 TEST_F(DraftModel, GreedyRequestsKeepEveryDraftOfTheTargetItself) {
-  auto reqs = requests(6);
+  // Every draft is the target's own greedy token, so each is kept: a draft KV out of step with
+  // the history (after an eviction, a preemption, a partial catch-up) would show as a miss.
+  auto reqs = requests(8);
   for (auto& r : reqs) {
     r.sampling = {};
     r.eos_ids.clear();
     r.max_tokens = 30;
   }
-  auto e = engine(1, 1024);
+  for (int tp : {1, 2}) {
+    auto want = alone(reqs, tp);
+    for (size_t kv : {1024, 200}) {  // the draft's KV as tight as the replica's: it evicts
+      auto e = engine(tp, kv);
+      scheduler_config cfg;
+      cfg.max_batch_tokens = 40;  // prompts catch up over several steps too
+      cfg.speculation.tokens = 5;
+      cfg.draft_model = model_;
+      replica_core rc(*e, cfg);
+      auto got = serve_tokens(rc, reqs);
+      for (const auto& r : reqs) EXPECT_EQ(got[r.id], want[r.id]) << r.id << " tp " << tp << " kv " << kv;
+      EXPECT_GT(rc.scheduler().drafted(), 0u);
+      EXPECT_EQ(rc.scheduler().accepted(), rc.scheduler().drafted())
+          << "the model drafting for itself is always right when greedy; tp " << tp << " kv " << kv;
+    }
+  }
+}
+
+TEST_F(DraftModel, NoDraftEngineWhereNothingCouldSpeculate) {
+  auto e = engine(1, 256);
   scheduler_config cfg;
-  cfg.speculation.tokens = 5;
-  cfg.draft_model = model_;
-  replica_core rc(*e, cfg);
-  auto got = serve_tokens(rc, reqs);
-  auto want = alone(reqs, 1);
-  for (const auto& r : reqs) EXPECT_EQ(got[r.id], want[r.id]) << r.id;
-  EXPECT_GT(rc.scheduler().drafted(), 0u);
-  EXPECT_EQ(rc.scheduler().accepted(), rc.scheduler().drafted()) << "the model drafting for itself is always right when greedy";
+  cfg.draft_model = model_;  // but speculation.tokens 0
+  replica_core off(*e, cfg);
+  EXPECT_EQ(off.scheduler().draft_model(), nullptr);
+  cfg.speculation.tokens = 2;
+  replica_core on(*e, cfg);
+  EXPECT_NE(on.scheduler().draft_model(), nullptr);
 }
 
 TEST_F(DraftModel, LoadChecksTheVocabulary) {

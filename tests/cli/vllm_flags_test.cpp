@@ -100,6 +100,8 @@ TEST(SpeculativeConfig, ADraftModelNamesItsDirectory) {
   ASSERT_TRUE(apply_speculative_config(R"({"method":"draft_model","model":"d","num_speculative_tokens":2})", c2, draft));
   EXPECT_EQ(draft, "d");
   EXPECT_EQ(c2.tokens, 2u);
+  ASSERT_TRUE(apply_speculative_config(R"({"method":null,"model":"d2","num_speculative_tokens":2})", c2, draft));
+  EXPECT_EQ(draft, "d2") << "a null method is vLLM's: worked out from the model";
   ASSERT_TRUE(apply_speculative_config(R"({"model":"[ngram]","num_speculative_tokens":2})", c2, draft));
   EXPECT_EQ(draft, "") << "vLLM's \"[ngram]\" model is prompt lookup";
 }
@@ -120,7 +122,9 @@ TEST(SpeculativeConfig, RandomJsonGivesABoundedConfigOrAnError) {
       EXPECT_GE(c.min_n, 1u) << j;
       EXPECT_LE(c.min_n, c.max_n) << j;
       EXPECT_LE(c.max_n, 64u) << j;
-      if (!draft.empty()) EXPECT_GE(c.tokens, 1u) << j;
+      if (!draft.empty()) {
+        EXPECT_GE(c.tokens, 1u) << j;
+      }
     }
   }
 }

@@ -183,6 +183,17 @@ inline double metric_value(int port, const std::string& series) {
   return at == std::string::npos ? 0.0 : std::atof(r.body.c_str() + at + series.size() + 2);
 }
 
+/// The sum of every labelled sample of `name` (`name{...} value` lines).
+inline double metric_sum(int port, const std::string& name) {
+  const std::string body = http_request(port, "GET", "/metrics").body;
+  const std::string series = "\n" + name + "{";
+  double sum = 0;
+  for (size_t at = body.find(series); at != std::string::npos; at = body.find(series, at + 1)) {
+    sum += std::atof(body.c_str() + body.find("} ", at) + 2);
+  }
+  return sum;
+}
+
 /// Clients sending greedy completions in a loop, checking every answer against `want`.
 struct load {
   load(int port_, const std::vector<std::vector<int32_t>>& prompts_, const std::vector<std::vector<int32_t>>& want_, int max_tokens_)

@@ -176,11 +176,7 @@ TEST(Mesh, AKilledNodesRequestsContinueElsewhereAndItsReplicaIsReplaced) {
       << "the kill hit no stream; " << http_request(m.http_port, "GET", "/metrics").body << "\n" << seed.log() << a.log() << spare.log();
   double kept = 0;  // replica-a's drafts kept, from the router's load reports
   for (int i = 0; i < 100 && kept == 0; ++i) {
-    const std::string body = http_request(m.http_port, "GET", "/metrics").body;
-    const std::string series = "\nllmesh_spec_decode_accepted_tokens_total{";
-    for (size_t at = body.find(series); at != std::string::npos; at = body.find(series, at + 1)) {
-      kept += std::atof(body.c_str() + body.find("} ", at) + 2);
-    }
+    kept = metric_sum(m.http_port, "llmesh_spec_decode_accepted_tokens_total");
     if (kept == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_GT(kept, 0.0) << "replica-a kept no draft: its draft model did not run\n" << a.log();

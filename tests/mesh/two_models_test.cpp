@@ -1,5 +1,6 @@
 // Two models in one mesh across processes: cluster-configs/local-two-models.yaml (ports moved to
-// free ones) serves kjv-tiny (one tp-2 replica) and a random Qwen2 model (one tp-1 replica).
+// free ones) serves kjv-tiny (one tp-2 replica, speculating with a draft model its entry's
+// speculative_config names) and a random Qwen2 model (one tp-1 replica).
 // Each request is answered by a replica of the model it names — exactly `llmesh generate`'s
 // tokens for that model, logprobs included — /v1/models lists both, an unknown model is a 404, and scaling one
 // model to zero makes only its requests 503 while the other model goes on serving, and its
@@ -29,8 +30,14 @@ TEST(Mesh, TwoModelsAreEachServedByTheirOwnReplicas) {
     std::ifstream in(m.config);
     std::stringstream ss;
     ss << in.rdbuf();
-    const std::string yaml = std::regex_replace(ss.str(), std::regex("path: models/tiny-qwen"), "path: " + qwen_dir);
+    std::string yaml = std::regex_replace(ss.str(), std::regex("path: models/tiny-qwen"), "path: " + qwen_dir);
     ASSERT_NE(yaml.find(qwen_dir), std::string::npos);
+    // kjv-tiny's replicas speculate with a draft model (kjv-tiny itself), named in its entry:
+    // the replica node loads it from the assignment; tiny-qwen's replicas do not speculate.
+    const std::string kjv_entry = "    kv_cache_mb: 256\n";
+    ASSERT_NE(yaml.find(kjv_entry), std::string::npos);
+    yaml.insert(yaml.find(kjv_entry) + kjv_entry.size(),
+                "    speculative_config: {model: " + model_dir + ", num_speculative_tokens: 3}\n");
     std::ofstream(m.config) << yaml;
   }
   node_process seed(m.node("seed")), a(m.node("replica-a")), b(m.node("replica-b"));
@@ -75,6 +82,14 @@ TEST(Mesh, TwoModelsAreEachServedByTheirOwnReplicas) {
     EXPECT_EQ(q["model"], "tiny-qwen");
   }
   EXPECT_GT(differ, 0u) << "the test's two models should not agree";
+  double kept = 0;  // kjv-tiny's replica kept drafts of its draft model (the router's load reports)
+  for (int i = 0; i < 100 && kept == 0; ++i) {
+    kept = metric_sum(m.http_port, "llmesh_spec_decode_accepted_tokens_total");
+    if (kept == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GT(kept, 0.0) << "kjv-tiny's replica ran no draft model";
+  EXPECT_EQ(metric_value(m.http_port, "llmesh_spec_decode_draft_tokens_total{replica=\"" + qwen_replica + "\"}"), 0.0)
+      << "tiny-qwen's replica has no speculative_config";
   // Every tiny-qwen request went to tiny-qwen's replica.
   EXPECT_EQ(metric_value(m.http_port, "llmesh_replica_requests_total{replica=\"" + qwen_replica + "\"}"),
             static_cast<double>(prompts.size()));

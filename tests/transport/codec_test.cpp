@@ -83,6 +83,9 @@ std::vector<envelope> samples() {
       assign_msg{22, "kjv-tiny", "models/kjv-tiny", 1, 64, assign_op::start, {}, {}, {}, "", {}, "", 0, "", true, 8},
       // A mixture of experts whose two ranks run whole experts.
       assign_msg{23, "qwen3-moe", "models/qwen3-moe", 2, 64, assign_op::start, {}, {}, {}, "", {}, "", 0, "", false, 0, true},
+      // Its replicas speculate with a draft model (the cluster config's speculative_config).
+      assign_msg{24, "kjv-tiny", "models/kjv-tiny", 1, 64, assign_op::start, {}, {}, {}, "", {}, "", 0, "", false, 0, false,
+                 R"({"model":"models/kjv-draft","num_speculative_tokens":3})"},
       // Spread placement: this node runs ranks 1 and 2 of 3; the key is bytes (zeros too).
       assign_msg{15, "kjv-tiny", "models/kjv-tiny", 3, 128, assign_op::start, {1, 2},
                  {"127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7102"}, std::string("\x00key\xff\x01-of-the-group", 19)},

@@ -193,6 +193,7 @@ struct writer {
     a.setEnableLora(m.enable_lora);
     a.setMaxLoras(m.max_loras);
     a.setExpertParallel(m.expert_parallel);
+    a.setSpeculativeConfig(text(m.speculative_config));
   }
   void operator()(const shard_step_msg& m) {
     auto st = b.initShardStep();
@@ -481,7 +482,7 @@ struct reader {
                      a.getKvCacheMb(), static_cast<assign_op>(enum_value(a.getOp(), 1, "op")), {}, {}, {},
                      str(a.getQuantization(), "quantization"), {}, str(a.getKvCacheDtype(), "kvCacheDtype"),
                      a.getMaxModelLen(), str(a.getDtype(), "dtype"), a.getEnableLora(), a.getMaxLoras(),
-                     a.getExpertParallel()};
+                     a.getExpertParallel(), str(a.getSpeculativeConfig(), "speculativeConfig")};
         if (fits(a.getRanks(), "ranks")) {
           for (auto x : a.getRanks()) m.ranks.push_back(x);
         }

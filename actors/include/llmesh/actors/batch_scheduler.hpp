@@ -177,7 +177,7 @@ class batch_scheduler {
   /// speculating request of a step asks it at once.
   void set_draft_model(std::unique_ptr<draft_model_proposer> d);
   const draft_model_proposer* draft_model() const { return drafter_.get(); }
-  /// Steps whose drafts the draft model failed to give (they ran without drafts).
+  /// Times the draft model failed (its engine is then dropped: later steps run without drafts).
   size_t draft_failures() const { return draft_failures_; }
 
   /// Plans the next step (reserves its blocks). An empty plan means nothing can run now.
@@ -223,8 +223,9 @@ class batch_scheduler {
   /// The running request to preempt for blocks: the highest priority value, the newest of those.
   uint64_t victim() const;
   /// Speculation over the step's picks: each decoding request that may speculate gets drafts
-  /// (prompt lookup, or the draft model for all of them at once) and runs its last token and
-  /// them (its pick's count becomes 1 + its drafts); the drafts come out of `budget`.
+  /// (prompt lookup, one after another from the budget left; or the draft model for all of
+  /// them at once) and runs its last token and them (its pick's count becomes 1 + its drafts);
+  /// the drafts come out of `budget`.
   void speculate(std::vector<std::pair<uint64_t, size_t>>& picks, size_t& budget);
   /// How many drafts `r` may propose now from `left` tokens of budget (0: none this step).
   size_t draft_limit(request& r, size_t left);

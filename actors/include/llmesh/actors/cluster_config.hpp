@@ -102,6 +102,10 @@ struct model_spec {
   /// A mixture of experts' shards run whole experts instead of a slice of each (vLLM's
   /// --enable-expert-parallel; a dense model ignores it).
   bool expert_parallel = false;
+  /// vLLM's speculative_config for its replicas, as JSON ("": the replica nodes' own
+  /// --speculative-config or speculation flags): prompt lookup, or a draft model's directory
+  /// (as written; relative paths are the node's cwd's) that each replica node loads.
+  std::string speculative_config;
 };
 
 /// A whole cluster config, validated. Immutable after parsing; safe to share between threads.

@@ -50,6 +50,9 @@ class draft_model_proposer {
     kernels::dtype kv_type = kernels::dtype::f32;
     int32_t target_vocab = 0;  ///< drafts at or past this id are cut (the target cannot draw them)
     size_t chunk = 512;        ///< tokens per draft forward while catching up on a prompt
+    /// History tokens one propose() runs at most (a replica's max_batch_tokens): a longer
+    /// catch-up (a long prompt) goes on at the next call, its drafts after it.
+    size_t catch_up = 2048;
   };
   [[nodiscard]] static result<std::unique_ptr<draft_model_proposer>> create(std::shared_ptr<const model::model> draft,
                                                                             options opt);
@@ -59,8 +62,9 @@ class draft_model_proposer {
   /// tokens, the draft model's greedy continuation of its history, cut before the first id
   /// outside the target's vocabulary. A query whose KV does not fit (after dropping the state
   /// of sequences not asked now), that would pass the draft's positions or whose history holds
-  /// an id outside the draft's vocabulary gets none. An
-  /// error means the draft engine failed: no drafts now, and the caller runs without them.
+  /// an id outside the draft's vocabulary gets none, as does one still catching up (its
+  /// history beyond what options::catch_up let run). An error (its engine failed, or threw)
+  /// clears every sequence's state: no drafts now; the engine stays failed.
   [[nodiscard]] status propose(std::span<const draft_query> queries, std::vector<std::vector<int32_t>>& out);
   /// Drops a sequence's draft state (it finished or was cancelled). Unknown ids are ignored.
   void forget(uint64_t id);
@@ -81,6 +85,9 @@ class draft_model_proposer {
   /// Blocks for `positions` positions of `s`, taking them from sequences not in `keep`
   /// (least recently asked first) when the free list is short. False when they do not fit.
   bool reserve(uint64_t id, sequence& s, size_t positions, const std::unordered_map<uint64_t, size_t>& keep);
+  [[nodiscard]] status run(std::span<const draft_query> queries, std::vector<std::vector<int32_t>>& out);
+  /// Drops every sequence's state and `out`'s drafts: the error `why`.
+  [[nodiscard]] status fail(const std::string& why, std::vector<std::vector<int32_t>>& out);
   void release(sequence& s);
 
   std::unique_ptr<model::engine> eng_;

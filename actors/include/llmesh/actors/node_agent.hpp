@@ -104,6 +104,8 @@ struct forming_replica {
   std::map<int, std::string> loras;                               ///< rank → the adapters its node loaded (lora_names)
   std::vector<tensor_communicator*> comms;  ///< inside engine: the ranks here
   bool joining = false;
+  /// The draft model its assignment's speculative_config names (loaded with rank 0's part).
+  std::shared_ptr<const model::model> draft;
 };
 
 struct node_agent_state {
@@ -120,6 +122,9 @@ struct node_agent_state {
   std::string nonce;
   std::map<uint64_t, hosted_replica> hosted;
   std::map<uint64_t, std::pair<std::string, bool>> loading;  ///< replica id → (model, stop asked)
+  /// Replicas loading whose assignment brings its own speculative_config: the scheduler
+  /// settings they start with (its draft model set once loaded), in place of opt.sched.
+  std::map<uint64_t, scheduler_config> sched_of;
   std::map<uint64_t, forming_replica> forming;
   std::map<uint64_t, transport::assign_msg> assigned;  ///< a follower's assignments while loading
   std::map<caf::actor_addr, uint64_t> by_actor;  ///< replica and shard actors → replica id

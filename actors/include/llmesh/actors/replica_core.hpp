@@ -90,8 +90,7 @@ class replica_core {
   replica_core& operator=(const replica_core&) = delete;
 
   /// Queues a request. Refuses empty prompts, max_tokens 0, duplicate ids, and prompts that
-  /// cannot fit the model's context or the KV cache even alone; and every request when the
-  /// scheduler's draft model (scheduler_config::draft_model) could not start its engine.
+  /// cannot fit the model's context or the KV cache even alone.
   [[nodiscard]] status submit(replica_request r);
   /// The vocabulary's token bytes, for requests with a constraint (structured outputs): without
   /// one, submit() refuses them.
@@ -127,7 +126,6 @@ class replica_core {
   model::engine& eng_;
   block_manager blocks_;
   batch_scheduler sched_;
-  std::optional<error> draft_error_;  ///< the draft model's engine did not start
   std::unordered_map<uint64_t, kernels::sampling_params> sampling_;
   /// Per request with penalties or min_tokens: its tokens seen so far and its output count.
   struct adjust_state {

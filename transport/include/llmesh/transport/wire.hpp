@@ -193,6 +193,8 @@ struct assign_msg {
   bool enable_lora = false;        ///< adapters may come while it serves
   uint32_t max_loras = 0;          ///< adapters held at once (0: the node's default)
   bool expert_parallel = false;    ///< an MoE model's ranks run whole experts (--enable-expert-parallel)
+  /// vLLM's speculative_config JSON for its replica ("": the node's own settings)
+  std::string speculative_config = {};
   bool operator==(const assign_msg&) const = default;
 };
 
