@@ -144,6 +144,7 @@ void batch_scheduler::speculate(std::vector<std::pair<uint64_t, size_t>>& picks,
     const auto& r = requests_.at(picks[p].first);
     return picks[p].second == 1 && r.n_computed + 1 == r.tokens.size();  // not a prompt chunk
   };
+  if (cfg_.draft_model && !drafter_) return;  // its draft model did not start, or failed: no drafts
   if (!drafter_) {  // prompt lookup: each decode in admission order, from what the ones before it took
     drafts_.resize(1);
     for (size_t p = 0; p < picks.size() && budget >= 2; ++p) {

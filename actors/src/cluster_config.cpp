@@ -323,21 +323,37 @@ result<node_spec> read_node(reader& r, const YAML::Node& node, size_t index, boo
   return out;
 }
 
-/// A YAML node as JSON: plain scalars that read as numbers or booleans become those.
-nlohmann::json yaml_as_json(const YAML::Node& n) {
+/// A YAML node as JSON: plain scalars that read as numbers or booleans become those. Nothing
+/// (discarded) for a mapping with a non-scalar or repeated key, or past `budget` nodes (aliases
+/// may repeat a subtree many times over).
+nlohmann::json yaml_as_json(const YAML::Node& n, size_t& budget) {
+  const auto bad = nlohmann::json(nlohmann::json::value_t::discarded);
+  if (budget == 0) return bad;
+  --budget;
   if (n.IsMap()) {
     nlohmann::json o = nlohmann::json::object();
-    for (const auto& kv : n) o[kv.first.as<std::string>()] = yaml_as_json(kv.second);
+    for (const auto& kv : n) {
+      if (!kv.first.IsScalar()) return bad;
+      const std::string key = kv.first.as<std::string>();
+      if (o.contains(key)) return bad;
+      auto v = yaml_as_json(kv.second, budget);
+      if (v.is_discarded()) return bad;
+      o[key] = std::move(v);
+    }
     return o;
   }
   if (n.IsSequence()) {
     nlohmann::json a = nlohmann::json::array();
-    for (const auto& e : n) a.push_back(yaml_as_json(e));
+    for (const auto& e : n) {
+      auto v = yaml_as_json(e, budget);
+      if (v.is_discarded()) return bad;
+      a.push_back(std::move(v));
+    }
     return a;
   }
   if (n.IsNull()) return nullptr;
   const std::string v = n.as<std::string>();
-  if (n.Tag() != "!") {
+  if (n.Tag() == "?") {  // plain (unquoted, untagged) scalars: numbers and booleans as such
     auto parsed = nlohmann::json::parse(v, nullptr, false);
     if (!parsed.is_discarded() && (parsed.is_number() || parsed.is_boolean())) return parsed;
   }
@@ -442,10 +458,11 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   if (auto spec = f.find("speculative_config"); spec != f.end()) {
     // vLLM's speculative_config: a mapping (or its JSON as a string), checked here; the
     // replica nodes load a draft model it names.
+    size_t budget = 256;  // nodes: a handful of keys
     nlohmann::json j = spec->second.IsScalar() ? nlohmann::json::parse(spec->second.as<std::string>(), nullptr, false)
-                                               : yaml_as_json(spec->second);
+                                               : yaml_as_json(spec->second, budget);
     if (j.is_discarded() || !j.is_object()) {
-      return r.fail("'speculative_config' must be a mapping such as {model: DIR, num_speculative_tokens: 3}");
+      return r.fail("'speculative_config' must be a mapping of distinct keys such as {model: DIR, num_speculative_tokens: 3}");
     }
     speculation_config c;
     std::string draft;

@@ -174,12 +174,19 @@ status draft_model_proposer::run(std::span<const draft_query> queries, std::vect
   // Catch-up: each history's tokens not yet run, in chunks; a chunk that ends the history draws
   // the first draft. At most opt_.catch_up tokens a call: a long prompt catches up over several
   // steps (its request gets drafts once it has), so no step waits long on the draft.
+  // The shortest catch-ups first: one long prompt does not hold up everyone else's drafts.
+  std::vector<size_t> order(jobs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return queries[jobs[x].q].history.size() - jobs[x].done < queries[jobs[y].q].history.size() - jobs[y].done;
+  });
   size_t caught = 0;
   for (;;) {
     batch.clear();
     who.clear();
     size_t budget = std::min(opt_.chunk, opt_.catch_up - caught);
-    for (size_t ji = 0; ji < jobs.size() && budget > 0; ++ji) {
+    for (size_t oi = 0; oi < order.size() && budget > 0; ++oi) {
+      const size_t ji = order[oi];
       auto& j = jobs[ji];
       const auto& h = queries[j.q].history;
       if (j.done == h.size()) continue;

@@ -165,7 +165,7 @@ void load_part(agent* self, const transport::assign_msg& a) {
       else p->err = loaded.err().message;
     }
     // Rank 0's node runs the replica (and its draft model, if any).
-    if (p->err.empty() && p->m && std::find(a.ranks.begin(), a.ranks.end(), 0u) != a.ranks.end()) {
+    if (p->err.empty() && p->m && is_leader(a)) {
       p->draft = draft_for(sp, *p->m, a.path, p->err);
     }
     if (p->m) p->resident_mb = p->m->resident_weight_bytes() >> 20;

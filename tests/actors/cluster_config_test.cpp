@@ -358,6 +358,12 @@ TEST(ClusterConfig, SpeculativeConfigIsVllmsAndCheckedWhenRead) {
   expect_refused(with("placement: packed", "placement: packed\n    speculative_config: {method: ngram}"),
                  {"'speculative_config': num_speculative_tokens is needed"});
   expect_refused(with("placement: packed", "placement: packed\n    speculative_config: ngram"), {"'speculative_config' must be a mapping"});
+  // Aliases that repeat a subtree thousands of times are refused before they are expanded.
+  expect_refused(with("placement: packed",
+                      "placement: packed\n    speculative_config:\n      a: &a [1, 1, 1, 1, 1, 1, 1, 1]\n"
+                      "      b: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n      c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\n"
+                      "      d: [*c, *c, *c, *c, *c, *c, *c, *c]"),
+                 {"'speculative_config' must be a mapping of distinct keys"});
   expect_refused(with("placement: packed", "placement: packed\n    speculative_config: {model: x, num_speculative_tokens: 2, foo: 1}"),
                  {"'foo' is not taken here"});
 }

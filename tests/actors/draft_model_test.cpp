@@ -265,6 +265,42 @@ TEST_F(DraftModel, NoDraftEngineWhereNothingCouldSpeculate) {
   EXPECT_NE(on.scheduler().draft_model(), nullptr);
 }
 
+TEST_F(DraftModel, ADraftModelThatIsNotRunningMeansNoDraftsNotPromptLookup) {
+  // A draft model named but no proposer (it did not start, or failed and was dropped): the
+  // scheduler drafts nothing rather than fall back to a prompt lookup nobody configured.
+  for (bool named : {true, false}) {
+    block_manager m(64, 8, false);
+    scheduler_config cfg;
+    cfg.speculation.tokens = 4;
+    cfg.speculation.min_n = 1;
+    if (named) cfg.draft_model = model_;
+    batch_scheduler s(cfg, m);
+    request_spec r;
+    r.id = 1;
+    r.prompt = {5, 6, 7, 5, 6, 7, 5, 6};
+    r.max_tokens = 12;
+    r.speculate = true;
+    ASSERT_TRUE(s.add(r).ok());
+    const std::vector<int32_t> cycle{7, 5, 6};  // what the lookup guesses
+    size_t i = 0;
+    for (int guard = 0; s.running() + s.waiting() > 0 && guard < 100; ++guard) {
+      auto plan = s.schedule();
+      ASSERT_FALSE(plan.seqs.empty());
+      std::vector<int32_t> sampled;
+      for (const auto& q : plan.seqs) {
+        for (uint32_t d = 0; q.want_logits && d < q.draws; ++d) sampled.push_back(cycle[i++ % 3]);
+      }
+      auto events = s.complete(plan, sampled);
+      EXPECT_FALSE(events.empty());
+    }
+    if (named) {
+      EXPECT_EQ(s.drafted(), 0u);
+    } else {
+      EXPECT_GT(s.drafted(), 0u) << "prompt lookup drafts this text: the test would not see a fallback";
+    }
+  }
+}
+
 TEST_F(DraftModel, LoadChecksTheVocabulary) {
   ASSERT_TRUE(load_draft_model(dir_.path(), *model_, dir_.path()).ok());
   model::testing::temp_dir same, far, respelled;
