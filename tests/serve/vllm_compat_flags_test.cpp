@@ -109,6 +109,19 @@ TEST(ServeVllmCompatFlags, MaxLogprobsResponseRoleAndRequestIds) {
   EXPECT_EQ(post(wide.port(), "/v1/completions", c).headers.count("x-request-id"), 0u) << "off without the flag";
 }
 
+/// The replica's drafts kept (/metrics), once the router's next load report has brought a
+/// non-zero count (up to 20 s); 0 if none came.
+double drafts_kept(int port) {
+  double accepted = 0;
+  for (int i = 0; i < 200 && accepted == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::string metrics = http_request(port, "GET", "/metrics").body;
+    const auto at = metrics.find("\nllmesh_spec_decode_accepted_tokens_total{");
+    if (at != std::string::npos) accepted = std::atof(metrics.c_str() + metrics.find("} ", at) + 2);
+  }
+  return accepted;
+}
+
 TEST(ServeVllmCompatFlags, TokenizerGenerationOverridesAndSpeculation) {
   model::testing::temp_dir dir;
   const std::string m = dir.path() + "/m";
@@ -133,14 +146,7 @@ TEST(ServeVllmCompatFlags, TokenizerGenerationOverridesAndSpeculation) {
     ASSERT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
               generate_ids(bin, kjv, "--prompt 'And God said'", 40));
-    double accepted = 0;  // the counters reach /metrics with the router's next load report
-    for (int i = 0; i < 200 && accepted == 0; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      const std::string metrics = http_request(k.port(), "GET", "/metrics").body;
-      const auto at = metrics.find("\nllmesh_spec_decode_accepted_tokens_total{");
-      if (at != std::string::npos) accepted = std::atof(metrics.c_str() + metrics.find("} ", at) + 2);
-    }
-    EXPECT_GT(accepted, 0.0) << "no draft kept: speculation did not run";
+    EXPECT_GT(drafts_kept(k.port()), 0.0) << "no draft kept: speculation did not run";
   }
   {
     // kjv-tiny drafting for itself (a draft model of the same tokenizer): greedy and sampled
@@ -159,14 +165,7 @@ TEST(ServeVllmCompatFlags, TokenizerGenerationOverridesAndSpeculation) {
     ASSERT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
               generate_ids(bin, kjv, "--prompt 'The LORD'", 24, "--temperature 0.8 --top-k 40 --seed 5"));
-    double accepted = 0;
-    for (int i = 0; i < 200 && accepted == 0; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      const std::string metrics = http_request(k.port(), "GET", "/metrics").body;
-      const auto at = metrics.find("\nllmesh_spec_decode_accepted_tokens_total{");
-      if (at != std::string::npos) accepted = std::atof(metrics.c_str() + metrics.find("} ", at) + 2);
-    }
-    EXPECT_GT(accepted, 0.0) << "no draft kept: the draft model did not run";
+    EXPECT_GT(drafts_kept(k.port()), 0.0) << "no draft kept: the draft model did not run";
   }
   {
     server_process own(bin, {"--model", m});
