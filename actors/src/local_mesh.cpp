@@ -48,10 +48,7 @@ result<std::unique_ptr<local_mesh>> local_mesh::create(std::shared_ptr<const mod
   ro.ready = p->ready;
   p->router = p->sys->spawn(router_actor, ro);
   for (auto& e : p->engines) {
-    // The replica never blocks; its shard actors (detached) run the kernels. With a draft
-    // model it runs the draft's kernels itself while planning a step: a thread of its own.
-    auto r = opt.sched.draft_model ? p->sys->spawn<caf::detached>(replica_actor, e.get(), opt.sched)
-                                   : p->sys->spawn(replica_actor, e.get(), opt.sched);
+    auto r = spawn_replica(*p->sys, e.get(), opt.sched);
     caf::anon_send(p->router, add_atom::value, r, std::to_string(p->replicas.size()), opt.model_name);
     p->replicas.push_back(r);
   }

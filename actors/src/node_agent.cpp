@@ -5,7 +5,6 @@
 
 #include "llmesh/actors/bridge_actor.hpp"
 #include "llmesh/actors/coordinator.hpp"
-#include "llmesh/actors/draft_model_proposer.hpp"
 #include "llmesh/actors/join_auth.hpp"
 #include "llmesh/actors/replica_actor.hpp"
 #include "llmesh/actors/router_actor.hpp"
@@ -168,9 +167,7 @@ void agent_detail::loaded(agent* self, uint64_t id, const std::string& key, std:
                  static_cast<unsigned long long>(id), model.c_str(), err.c_str());
     return report(self, id, model, transport::replica_phase::dead, 0, err);
   }
-  // With a draft model the replica runs the draft's kernels while it plans: a thread of its own.
-  auto r = sched.draft_model ? self->spawn<caf::detached>(replica_actor, eng.get(), sched)
-                             : self->spawn(replica_actor, eng.get(), sched);
+  auto r = spawn_replica(*self, eng.get(), sched);
   const int tp = eng->tp();
   const uint64_t export_id = host_replica(self, id, model, std::move(eng), r, {});
   std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' ready (tp %d)\n", st.opt.node.c_str(),

@@ -31,7 +31,7 @@ struct loaded_part {
   std::vector<tensor_communicator*> comms;  ///< inside engine, by ascending rank
   std::string err;
   size_t resident_mb = 0;  ///< the model's weights in memory once loaded (model::resident_weight_bytes)
-  std::shared_ptr<const model::model> draft;  ///< rank 0's: its assignment's draft model
+  scheduler_config sched;  ///< rank 0's: the replica's scheduler settings (its assignment's speculation and draft, or the node's)
 };
 
 /// A replica's speculation from its assignment: the node's settings (`node`) when it brings no

@@ -12,7 +12,6 @@
 
 #include "llmesh/actors/bridge_actor.hpp"
 #include "llmesh/actors/coordinator.hpp"
-#include "llmesh/actors/draft_model_proposer.hpp"
 #include "llmesh/actors/replica_actor.hpp"
 #include "llmesh/actors/shard_actor.hpp"
 #include "node_agent_detail.hpp"
@@ -166,7 +165,9 @@ void load_part(agent* self, const transport::assign_msg& a) {
     }
     // Rank 0's node runs the replica (and its draft model, if any).
     if (p->err.empty() && p->m && is_leader(a)) {
-      p->draft = draft_for(sp, *p->m, a.path, p->err);
+      auto draft = draft_for(sp, *p->m, a.path, p->err);  // the assignment's draft, or the node's checked
+      p->sched = sp.sched;
+      if (sp.own) p->sched.draft_model = std::move(draft);
     }
     if (p->m) p->resident_mb = p->m->resident_weight_bytes() >> 20;
     std::vector<std::unique_ptr<kernels::communicator>> comms;
@@ -217,7 +218,7 @@ void part_loaded(agent* self, const std::shared_ptr<loaded_part>& p) {
                  st.opt.node.c_str(), static_cast<unsigned long long>(p->id), model.c_str(), p->resident_mb);
     f->second.engine = p->engine;
     f->second.comms = p->comms;
-    f->second.draft = p->draft;
+    f->second.sched = p->sched;
     for (auto* c : p->comms) f->second.tensors[static_cast<size_t>(c->rank())] = c->address();
     self->delayed_send(self, st.opt.form_timeout, form_timeout_atom::value, p->id);
     return maybe_form(self, p->id);
@@ -332,11 +333,9 @@ void joined(agent* self, uint64_t id, const std::string& err) {
     }
     const std::string model = f->second.a.model;
     auto eng = f->second.engine;
-    auto sched = speculation_of(f->second.a, st.opt.sched).sched;  // checked when it loaded
-    if (!f->second.a.speculative_config.empty()) sched.draft_model = f->second.draft;
+    const scheduler_config sched = f->second.sched;
     st.forming.erase(f);
-    auto r = sched.draft_model ? self->spawn<caf::detached>(split_replica_actor, eng.get(), sched, remote)
-                               : self->spawn(split_replica_actor, eng.get(), sched, remote);
+    auto r = spawn_replica(*self, eng.get(), sched, remote);
     std::vector<caf::actor> stand_ins;
     for (auto& [rank, p] : remote) stand_ins.push_back(p);
     const uint64_t export_id = host_replica(self, id, model, eng, r, std::move(stand_ins));

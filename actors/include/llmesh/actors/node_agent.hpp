@@ -104,8 +104,9 @@ struct forming_replica {
   std::map<int, std::string> loras;                               ///< rank → the adapters its node loaded (lora_names)
   std::vector<tensor_communicator*> comms;  ///< inside engine: the ranks here
   bool joining = false;
-  /// The draft model its assignment's speculative_config names (loaded with rank 0's part).
-  std::shared_ptr<const model::model> draft;
+  /// The replica's scheduler settings: the node's, or its assignment's speculative_config with
+  /// the draft model it names (set when rank 0's part has loaded).
+  scheduler_config sched;
 };
 
 struct node_agent_state {

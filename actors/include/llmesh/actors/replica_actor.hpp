@@ -64,6 +64,17 @@ caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::eng
 caf::behavior split_replica_actor(caf::stateful_actor<replica_state>* self, model::engine* eng, scheduler_config cfg,
                                   std::map<int, caf::actor> remote_shards);
 
+/// Spawns a replica (split_replica_actor; no `remote_shards`: every rank here) with `spawner`
+/// (an actor system or an actor): on a thread of its own when its scheduler has a draft model
+/// (it runs the draft's kernels while planning a step), else on the actor scheduler (it never
+/// blocks; its shard actors run the kernels).
+template <class Spawner>
+caf::actor spawn_replica(Spawner& spawner, model::engine* eng, const scheduler_config& cfg,
+                         std::map<int, caf::actor> remote_shards = {}) {
+  if (cfg.draft_model) return spawner.template spawn<caf::detached>(split_replica_actor, eng, cfg, std::move(remote_shards));
+  return spawner.spawn(split_replica_actor, eng, cfg, std::move(remote_shards));
+}
+
 }  // namespace llmesh::actors
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::replica_request)
