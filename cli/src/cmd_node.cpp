@@ -244,6 +244,12 @@ status run_node(node_flags f) {
   if (cors->enabled() && !p.has(actors::node_role::gateway)) {
     return make_error(errc::invalid_request, "--allowed-origins: CORS is a gateway's; this node has no gateway role");
   }
+  auto otlp = otlp_options_of(f.gw);
+  if (!otlp) return otlp.take_error();
+  if (*otlp && !p.has(actors::node_role::gateway)) {
+    return make_error(errc::invalid_request,
+                      "--otlp-traces-endpoint: request spans are a gateway's; this node has no gateway role");
+  }
   if (f.gw.tls.enabled() && !p.has(actors::node_role::gateway) && !p.metrics) {
     return make_error(errc::invalid_request,
                       "--ssl-certfile: HTTPS is a gateway's or a metrics endpoint's; this node has no gateway role and no "
@@ -413,6 +419,7 @@ status run_node(node_flags f) {
     ho.port = p.http->port;
     apply_gateway_flags(f.gw, api_opt, ho);
     ho.cors = *cors;
+    ho.tracer = start_tracer(std::move(*otlp), metrics);
     // vLLM's runtime LoRA routes: the coordinator takes them for models with enable_lora.
     api_opt.runtime_lora_updates = true;
     std::string names;

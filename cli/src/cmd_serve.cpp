@@ -101,6 +101,8 @@ status run_serve(serve_flags f) {
   if (f.port >= 0) where->second = static_cast<uint16_t>(f.port);
   auto cors = cors_options_of(f.gw);
   if (!cors) return cors.take_error();
+  auto otlp = otlp_options_of(f.gw);
+  if (!otlp) return otlp.take_error();
   LLMESH_TRY(gateway::check_tls(f.gw.tls));
   auto policy = actors::parse_balance_policy(f.policy);
   if (!policy) return policy.take_error();
@@ -228,6 +230,7 @@ status run_serve(serve_flags f) {
   ho.port = where->second;
   apply_gateway_flags(f.gw, ao, ho);
   ho.cors = *cors;
+  ho.tracer = start_tracer(std::move(*otlp), metrics);
   ao.runtime_lora_updates = f.lora.updates_allowed();
   auto api = std::make_unique<gateway::api_service>(ao, std::vector{std::move(served)}, **mesh, metrics);
   auto server = gateway::http_server::listen(*api, ho);

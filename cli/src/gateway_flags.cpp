@@ -81,6 +81,10 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
                 "vLLM's: a line on stderr per choice of a response that ended (finish reason, text, ids)");
   sub->add_option("--max-log-len", f.max_log_len, "vLLM's: the prompt characters and ids a logged request shows (0: all)")
       ->capture_default_str();
+  sub->add_option("--otlp-traces-endpoint", f.otlp_traces_endpoint,
+                  "vLLM's: send a span per request (OpenTelemetry, gen_ai.* attributes) to this OTLP/HTTP collector "
+                  "endpoint, e.g. http://localhost:4318/v1/traces; OTEL_EXPORTER_OTLP_TRACES_* and OTEL_BSP_* "
+                  "settings apply (protocol http/protobuf or http/json)");
   sub->add_flag_function("--enable-server-load-tracking", [](int64_t) {},
                          "vLLM's; accepted: GET /load always reports the requests in flight");
   sub->add_flag_function("--disable-uvicorn-access-log", [](int64_t) {},
@@ -145,6 +149,20 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
   http.max_connections = f.max_connections;
   http.max_connections_per_client = f.max_connections_per_client;
   http.tls = f.tls;
+}
+
+result<std::optional<gateway::otlp_options>> otlp_options_of(const gateway_flags& f) {
+  if (f.otlp_traces_endpoint.empty()) return std::optional<gateway::otlp_options>();
+  auto o = gateway::otlp_options_from(f.otlp_traces_endpoint, [](const char* name) { return std::getenv(name); });
+  if (!o) return o.take_error();
+  return std::optional<gateway::otlp_options>(std::move(*o));
+}
+
+std::shared_ptr<gateway::otlp_exporter> start_tracer(std::optional<gateway::otlp_options> o, actors::metrics_registry& metrics) {
+  if (!o) return nullptr;
+  std::fprintf(stderr, "llmesh: tracing: a span per request to %s (%s, every %lld ms)\n", o->endpoint.c_str(),
+               o->json ? "http/json" : "http/protobuf", static_cast<long long>(o->schedule_delay.count()));
+  return std::make_shared<gateway::otlp_exporter>(std::move(*o), &metrics);
 }
 
 result<gateway::cors_options> cors_options_of(const gateway_flags& f) {

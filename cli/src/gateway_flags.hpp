@@ -9,6 +9,7 @@
 
 #include "llmesh/gateway/api_service.hpp"
 #include "llmesh/gateway/http_server.hpp"
+#include "llmesh/gateway/otlp_exporter.hpp"
 
 namespace llmesh::cli {
 
@@ -39,6 +40,7 @@ struct gateway_flags {
   bool log_outputs = false;          ///< vLLM's --enable-log-outputs
   std::string content_format = "auto";  ///< vLLM's --chat-template-content-format
   size_t max_log_len = 0;            ///< vLLM's --max-log-len
+  std::string otlp_traces_endpoint;  ///< vLLM's --otlp-traces-endpoint ("": no tracing)
 };
 
 /// Adds --api-key (or LLMESH_API_KEY), --max-concurrent, --max-tokens-limit, --max-body-kb,
@@ -69,6 +71,15 @@ void apply_gateway_flags(const gateway_flags& f, gateway::api_options& api, gate
 /// The CORS flags parsed (all three lists, whether or not origins are given: a typo fails the
 /// start before anything loads); origins empty when --allowed-origins is not given.
 [[nodiscard]] result<gateway::cors_options> cors_options_of(const gateway_flags& f);
+
+/// --otlp-traces-endpoint's exporter settings, with the OTEL_* environment
+/// (otlp_exporter.hpp); none without the flag. Read before anything loads, so that a bad
+/// endpoint or variable fails the start.
+[[nodiscard]] result<std::optional<gateway::otlp_options>> otlp_options_of(const gateway_flags& f);
+
+/// The exporter for those settings (null: none), its spans counted in `metrics`, and a line on
+/// stderr saying where spans go.
+std::shared_ptr<gateway::otlp_exporter> start_tracer(std::optional<gateway::otlp_options> o, actors::metrics_registry& metrics);
 
 /// The URL scheme the gateway serves: "https" with --ssl-certfile, else "http".
 inline const char* url_scheme(const gateway_flags& f) { return f.tls.enabled() ? "https" : "http"; }

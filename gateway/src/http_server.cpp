@@ -11,6 +11,8 @@
 #include "llmesh/actors/serving_metrics.hpp"
 #include "llmesh/gateway/background_runs.hpp"
 #include "llmesh/gateway/metrics_endpoint.hpp"
+#include "llmesh/gateway/otlp_exporter.hpp"
+#include "llmesh/gateway/tracing.hpp"
 #include "tls_context.hpp"
 
 #include <boost/asio/co_spawn.hpp>
@@ -66,6 +68,7 @@ struct http_server::impl {
   /// HTTPS (tls.hpp): the context new connections take; none: plain HTTP.
   std::optional<tls_contexts> tls;
   std::mt19937_64 ids{std::random_device{}()};  ///< X-Request-Id values (io thread only)
+  span_ids trace_ids;                           ///< span and trace ids (io thread only)
   net::io_context ioc{1};
   tcp::acceptor acceptor{ioc};
   /// Runs api_service::handle for POSTs. After ioc: destroyed (joined) first, so a handle in
@@ -195,15 +198,77 @@ awaitable<bool> end_sse(http_server::impl* s, Stream& stream, bool chunked) {
   co_return !ec;
 }
 
+/// A traced request (http_options::tracer): when it came, its path and its remote parent.
+struct job_trace {
+  std::chrono::system_clock::time_point arrived;
+  std::chrono::steady_clock::time_point t0;
+  std::string path;
+  std::optional<trace_parent> parent;
+  std::optional<std::chrono::steady_clock::time_point> first_token;
+  request_facts facts;  ///< what the job's requests asked (before they go to the mesh)
+};
+
+/// The trace of a request about to run (null: not traced — no tracer, or a parent that says
+/// "not sampled").
+std::unique_ptr<job_trace> trace_of(http_server::impl* s, std::string_view path, std::string_view traceparent,
+                                    std::string_view tracestate) {
+  if (!s->opt.tracer) return nullptr;
+  auto t = std::make_unique<job_trace>();
+  t->arrived = std::chrono::system_clock::now();
+  t->t0 = std::chrono::steady_clock::now();
+  t->path = std::string(path.substr(0, path.find('?')));
+  t->parent = parse_traceparent(traceparent, tracestate);
+  if (t->parent && !t->parent->sampled()) return nullptr;
+  return t;
+}
+
+/// The job's span, to the exporter: `http_status` as answered (499: the client went away).
+void record_span(http_server::impl* s, job_trace& t, const completion_group& out, int http_status) {
+  request_facts& f = t.facts;
+  const auto now = std::chrono::steady_clock::now();
+  f.path = t.path;
+  f.http_status = http_status;
+  if (const auto* e = out.embeddings()) {
+    f.operation = "embeddings";
+    f.id = e->id();
+    f.model = e->model();
+    f.prompt_tokens = static_cast<int64_t>(e->prompt_tokens());
+    f.sequences = static_cast<int64_t>(e->size());
+  } else {
+    f.operation = out.setup().chat ? "chat" : "text_completion";
+    f.id = out.id();
+    f.model = out.setup().model;
+    f.n = static_cast<int64_t>(out.setup().n);
+    const usage_counts u = out.usage();
+    f.prompt_tokens = static_cast<int64_t>(u.prompt_tokens);
+    f.completion_tokens = static_cast<int64_t>(u.completion_tokens);
+    f.sequences = static_cast<int64_t>(out.size());
+  }
+  if (t.first_token) f.ttft_s = std::chrono::duration<double>(*t.first_token - t.t0).count();
+  f.e2e_s = std::chrono::duration<double>(now - t.t0).count();
+  if (out.failure()) f.error = out.failure()->message;
+  const auto ns = [](std::chrono::system_clock::time_point p) {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(p.time_since_epoch()).count());
+  };
+  const auto end = t.arrived + std::chrono::duration_cast<std::chrono::system_clock::duration>(now - t.t0);
+  s->opt.tracer->record(request_span(f, t.parent, s->trace_ids, ns(t.arrived), ns(end)));
+}
+
 /// Runs one generation job (every choice of a response) on this connection. Returns false when
-/// the connection must close.
+/// the connection must close. `trace`: its span's start (null: not traced).
 template <class Stream>
 awaitable<bool> run_job(http_server::impl* s, Stream& stream, generation_job& job, unsigned version,
-                        bool keep, const header_list& extra) {
+                        bool keep, const header_list& extra, job_trace* trace = nullptr) {
   auto ex = stream.get_executor();
   auto st = std::make_shared<job_state>(ex);
   const finish_guard over{*st};
   std::vector<uint64_t> ids;
+  if (trace && !job.requests.empty()) {
+    const auto& r = job.requests.front();
+    trace->facts.max_tokens = static_cast<int64_t>(r.max_tokens);
+    trace->facts.temperature = r.sampling.temperature;
+    trace->facts.top_p = r.sampling.top_p;
+  }
   // Every choice's messages join one queue (each carries its request id; the group routes them).
   // A beam search's step requests are many (width × steps): the group names its running ones.
   auto submit = [&](actors::replica_request req, bool beam_step = false) {
@@ -234,6 +299,9 @@ awaitable<bool> run_job(http_server::impl* s, Stream& stream, generation_job& jo
     }
     std::string bytes;
     while (!st->queue.empty() && !out.done()) {
+      if (trace && !trace->first_token && st->queue.front().token >= 0 && !st->queue.front().failed) {
+        trace->first_token = std::chrono::steady_clock::now();
+      }
       bytes += out.on_message(st->queue.front());
       st->queue.pop_front();
     }
@@ -259,14 +327,17 @@ awaitable<bool> run_job(http_server::impl* s, Stream& stream, generation_job& jo
   for (uint64_t id : out.running_searches()) s->api->mesh().cancel(id);
   if (st->gone || ec) {
     count_request(s, 499);  // nginx's "client closed request"
+    if (trace) record_span(s, *trace, out, 499);
     co_return false;
   }
   if (s->api->logs_outputs() && !out.failure() && out.size() > 0) s->api->log_outputs(out);
   if (!head_sent) {
     const http_reply r = out.reply();
     count_request(s, r.status);
+    if (trace) record_span(s, *trace, out, r.status);
     co_return co_await write_reply(s, stream, r, version, keep, extra);
   }
+  if (trace) record_span(s, *trace, out, 200);
   co_return co_await end_sse(s, stream, chunked);
 }
 
@@ -387,6 +458,7 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
       }
       header_list extra = cors_headers(s->opt.cors, origin);
       add_request_id(s, extra, sv(req["X-Request-Id"]));
+      std::unique_ptr<job_trace> trace = trace_of(s, sv(req.target()), sv(req["traceparent"]), sv(req["tracestate"]));
       auto handle = [s, &req]() -> awaitable<api_outcome> {
         co_return s->api->handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
       };
@@ -410,7 +482,7 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
         count_request(s, reply->status);
         ok = co_await write_reply(s, stream, *reply, req.version(), keep, extra);
       } else if (auto* job = std::get_if<generation_job>(&outcome)) {
-        ok = co_await run_job(s, stream, *job, req.version(), keep, extra);
+        ok = co_await run_job(s, stream, *job, req.version(), keep, extra, trace.get());
       } else {
         ok = co_await run_tail(s, stream, std::get<event_tail>(outcome), req.version(), keep, extra);
       }

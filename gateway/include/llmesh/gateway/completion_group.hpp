@@ -105,6 +105,8 @@ class completion_group {
   /// The response's id ("cmpl-…" / "chatcmpl-…") and creation time.
   const std::string& id() const { return g_.id; }
   int64_t created() const { return g_.created; }
+  /// What the choices share (chat or not, model, n).
+  const group_setup& setup() const { return g_; }
   const completion_stream& choice(size_t i) const { return *choices_[i].stream; }
   /// Summed over the choices (every best_of candidate); prompt tokens once per prompt.
   usage_counts usage() const;

@@ -200,6 +200,9 @@ class embeddings_output {
   double pair_score(size_t i) const;
   size_t prompt_tokens() const { return prompt_tokens_; }
   size_t size() const { return inputs_.size(); }
+  /// The response's id and model (its trace span names them).
+  const std::string& id() const { return s_.id; }
+  const std::string& model() const { return s_.model; }
 
  private:
   struct input {

@@ -3,8 +3,9 @@
 // plain replies, and runs generation jobs — submitting to the mesh, streaming SSE chunks over
 // chunked encoding as tokens arrive, and cancelling the request in the mesh when the client
 // goes away (a readiness watch on the socket notices a disconnect while nothing is written).
-// HTTPS with tls.hpp's options. This is the only translation unit that includes Beast (it
-// compiles slowly).
+// HTTPS with tls.hpp's options. With a tracer, each generation or pooling job it runs becomes
+// a span (tracing.hpp), a child of the request's traceparent when it sent one. This and
+// otlp_exporter.cpp are the translation units that include Beast (it compiles slowly).
 #pragma once
 
 #include <chrono>
@@ -18,6 +19,8 @@
 #include "llmesh/gateway/tls.hpp"
 
 namespace llmesh::gateway {
+
+class otlp_exporter;
 
 struct http_options {
   std::string host = "127.0.0.1";
@@ -41,6 +44,9 @@ struct http_options {
   /// vLLM's --enable-request-id-headers: every answer to a request carries X-Request-Id, the
   /// request's own (when it sent a printable one of at most 256 bytes) or a new random one.
   bool request_id_headers = false;
+  /// vLLM's --otlp-traces-endpoint: the exporter that takes a span per job run (null: no
+  /// tracing). A request whose traceparent says "not sampled" is not recorded.
+  std::shared_ptr<otlp_exporter> tracer;
 };
 
 /// Thread affinity: run() on one thread; stop() from any thread (signal handlers excluded).
