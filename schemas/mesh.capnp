@@ -129,6 +129,9 @@ struct Token {
   cachedTokens @7 :Int32 = -1;  # with a request's first token: how many of its tokens the replica's
                                 # prefix cache held when it was admitted; -1 on the others
   embedding @8 :List(Float32);  # an embedding request's end: its pooled final hidden state
+  queuedUs @9 :Int64 = -1;      # the request's time on its replica, microseconds: queued (arrival to
+  prefillUs @10 :Int64 = -1;    # first admission) and prefill (to its first token) with its first
+  inferenceUs @11 :Int64 = -1;  # token; those and inference (first admission to the end) with its last
 }
 
 # A token's log-probability and the most likely tokens' at its position (raw log-softmax).

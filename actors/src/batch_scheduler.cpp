@@ -23,6 +23,7 @@ status batch_scheduler::add(request_spec r) {
   request q;
   q.tokens = r.prompt;
   q.spec = std::move(r);
+  q.added = std::chrono::steady_clock::now();
   requests_.emplace(id, std::move(q));
   enqueue(id, false);
   return ok_status();
@@ -86,8 +87,21 @@ bool batch_scheduler::admit(request& r, size_t& budget) {
     return false;
   }
   r.n_computed = hit;
-  if (!r.cached) r.cached = hit;  // the first admission's (a preempted request's later ones are not the client's)
+  if (!r.cached) {  // the first admission's (a preempted request's later ones are not the client's)
+    r.cached = hit;
+    r.admitted = std::chrono::steady_clock::now();
+  }
   return true;
+}
+
+replica_times batch_scheduler::times_of(const request& r, bool last) {
+  using us = std::chrono::microseconds;
+  const auto span = [](auto from, auto to) { return std::max<int64_t>(0, std::chrono::duration_cast<us>(to - from).count()); };
+  replica_times t;
+  t.queued_us = span(r.added, r.admitted);
+  t.prefill_us = span(r.admitted, r.first_token);
+  if (last) t.inference_us = span(r.admitted, std::chrono::steady_clock::now());
+  return t;
 }
 
 bool batch_scheduler::awaits_shared_prefix(const request& r) const {
@@ -311,6 +325,8 @@ std::vector<token_event> batch_scheduler::complete(const step_plan& plan, std::s
       e.id = s.id;
       e.finish = finish_reason::length;
       e.cached_tokens = static_cast<int32_t>(r.cached.value_or(0));
+      r.first_token = std::chrono::steady_clock::now();  // its end is its one result
+      e.times = times_of(r, true);
       events.push_back(std::move(e));
       cancel(s.id);
       continue;
@@ -333,7 +349,10 @@ std::vector<token_event> batch_scheduler::complete(const step_plan& plan, std::s
       if (!r.cached_reported) {
         e.cached_tokens = static_cast<int32_t>(r.cached.value_or(0));
         r.cached_reported = true;
+        r.first_token = std::chrono::steady_clock::now();
+        e.times = times_of(r, false);
       }
+      if (e.finish != finish_reason::none) e.times = times_of(r, true);
       events.push_back(e);
       finished = e.finish != finish_reason::none;
       // A draft drawn as proposed is kept: its KV is in place, and the row after it was drawn

@@ -67,7 +67,7 @@ void step_done(replica* self) {
       self->send(it->second, token_msg{e.id, -1, finish_reason::none, true, *e.failure, {}, {}});
     } else {
       self->send(it->second, token_msg{e.id, e.token, e.finish, false, {}, std::move(e.logprobs), std::move(e.prompt_logprobs),
-                                       e.cached_tokens, std::move(e.embedding)});
+                                       e.cached_tokens, std::move(e.embedding), e.times});
     }
     if (e.finish != finish_reason::none) st.owners.erase(it);
   }

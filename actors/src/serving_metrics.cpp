@@ -1,6 +1,10 @@
 // The serving metric families (serving_metrics.hpp).
 #include "llmesh/actors/serving_metrics.hpp"
 
+#include <algorithm>
+
+#include "llmesh/actors/batch_scheduler.hpp"
+
 namespace llmesh::actors::metric {
 
 void declare_serving(metrics_registry& r) {
@@ -8,6 +12,10 @@ void declare_serving(metrics_registry& r) {
   r.declare_histogram(ttft, "Time from request arrival to its first token.", lat);
   r.declare_histogram(itl, "Time between consecutive tokens of a stream.", lat);
   r.declare_histogram(e2e, "Time from request arrival to its last token.", lat);
+  r.declare_histogram(queue_time, "Time a request waited at its replica before it was first scheduled.", lat);
+  r.declare_histogram(prefill_time, "Time from a request's first scheduling to its first token.", lat);
+  r.declare_histogram(decode_time, "Time from a request's first token to its last.", lat);
+  r.declare_histogram(inference_time, "Time from a request's first scheduling to its last token (prefill + decode).", lat);
   r.declare_counter(prompt_tokens, "Prompt tokens of admitted requests.");
   r.declare_counter(prompt_tokens_cached, "Prompt tokens a replica's prefix cache held (not computed again).");
   r.declare_counter(generation_tokens, "Tokens generated.");
@@ -29,11 +37,22 @@ void declare_serving(metrics_registry& r) {
   r.declare_gauge(conversation_bytes, "Bytes of JSON the conversations take.");
   // Unlabelled series exist from the start (a scrape before the first request sees zeros).
   for (const char* name : {prompt_tokens, prompt_tokens_cached, generation_tokens, migrations}) r.get_counter(name)->add(0);
-  for (const char* name : {ttft, itl, e2e}) r.get_histogram(name);
+  for (const char* name : {ttft, itl, e2e, queue_time, prefill_time, decode_time, inference_time}) r.get_histogram(name);
   for (const char* name : {gateway_inflight, background_running, stored_responses, stored_response_bytes, conversations,
                            conversation_bytes}) {
     r.get_gauge(name)->add(0);
   }
+}
+
+void observe_replica_times(metrics_registry& r, const replica_times& t) {
+  if (t.queued_us < 0 || t.prefill_us < 0 || t.inference_us < 0) return;
+  const auto observe = [&r](const char* name, int64_t us) {
+    if (auto* h = r.get_histogram(name)) h->observe(1e-6 * static_cast<double>(us));
+  };
+  observe(queue_time, t.queued_us);
+  observe(prefill_time, t.prefill_us);
+  observe(decode_time, std::max<int64_t>(0, t.inference_us - t.prefill_us));
+  observe(inference_time, t.inference_us);
 }
 
 }  // namespace llmesh::actors::metric

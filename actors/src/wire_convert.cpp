@@ -103,6 +103,9 @@ transport::token_body to_wire(const token_msg& t) {
   out.prompt_logprobs.reserve(t.prompt_logprobs.size());
   for (const auto& x : t.prompt_logprobs) out.prompt_logprobs.push_back(to_wire(x));
   out.embedding = t.embedding;
+  out.queued_us = t.times.queued_us;
+  out.prefill_us = t.times.prefill_us;
+  out.inference_us = t.times.inference_us;
   return out;
 }
 
@@ -114,6 +117,7 @@ token_msg from_wire(const transport::token_body& t) {
   out.prompt_logprobs.reserve(t.prompt_logprobs.size());
   for (const auto& x : t.prompt_logprobs) out.prompt_logprobs.push_back(from_wire(x));
   out.embedding = t.embedding;
+  out.times = {t.queued_us, t.prefill_us, t.inference_us};
   return out;
 }
 

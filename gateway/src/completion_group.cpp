@@ -73,6 +73,13 @@ std::string completion_group::replay(const beam_member& b) {
   return bytes;
 }
 
+actors::replica_times completion_group::times() const {
+  if (embeddings_) return embeddings_->times();
+  actors::replica_times t;
+  for (const auto& c : choices_) t.widen(c.stream->times());
+  return t;
+}
+
 usage_counts completion_group::usage() const {
   usage_counts u;
   for (size_t i = 0; i < choices_.size(); ++i) {

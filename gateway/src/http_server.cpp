@@ -245,6 +245,13 @@ void record_span(http_server::impl* s, job_trace& t, const completion_group& out
     f.sequences = static_cast<int64_t>(out.size());
   }
   if (t.first_token) f.ttft_s = std::chrono::duration<double>(*t.first_token - t.t0).count();
+  const actors::replica_times rt = out.times();
+  if (rt.queued_us >= 0) f.queue_s = 1e-6 * static_cast<double>(rt.queued_us);
+  if (rt.prefill_us >= 0) f.prefill_s = 1e-6 * static_cast<double>(rt.prefill_us);
+  if (rt.inference_us >= 0) {
+    f.inference_s = 1e-6 * static_cast<double>(rt.inference_us);
+    f.decode_s = std::max(0.0, f.inference_s - std::max(f.prefill_s, 0.0));
+  }
   f.e2e_s = std::chrono::duration<double>(now - t.t0).count();
   if (out.failure()) f.error = out.failure()->message;
   const auto ns = [](std::chrono::system_clock::time_point p) {

@@ -357,7 +357,10 @@ struct rpc_server::impl {
       c.mesh_done = true;
     } else {
       c.ids.push_back(t.token);
-      if (!st->beams) observe_token(c);  // (a beam call's group counts its own choices)
+      if (!st->beams) {  // (a beam call's group counts its own choices)
+        observe_token(c);
+        actors::metric::observe_replica_times(api.metrics(), t.times);  // a last message's
+      }
       if (t.logprobs) c.logprobs.push_back(*t.logprobs);
       if (k == 0 && !t.prompt_logprobs.empty()) st->prompt_logprobs = t.prompt_logprobs;
       if (k == 0 && c.ids.size() == 1 && t.cached_tokens >= 0) {

@@ -245,6 +245,10 @@ span_record request_span(const request_facts& f, const std::optional<trace_paren
   count("gen_ai.usage.num_sequences", f.sequences);
   real("gen_ai.latency.time_to_first_token", f.ttft_s);
   real("gen_ai.latency.e2e", f.e2e_s);
+  real("gen_ai.latency.time_in_queue", f.queue_s);
+  real("gen_ai.latency.time_in_model_prefill", f.prefill_s);
+  real("gen_ai.latency.time_in_model_decode", f.decode_s);
+  real("gen_ai.latency.time_in_model_inference", f.inference_s);
   text("http.request.method", f.method);
   text("url.path", f.path);
   if (f.http_status > 0) a.push_back({"http.response.status_code", int64_t{f.http_status}});

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "llmesh/actors/batch_scheduler.hpp"
 
@@ -227,6 +228,45 @@ TEST(BatchScheduler, TheFirstTokenCarriesThePrefixCacheHit) {
   ASSERT_TRUE(s.add(again).ok());
   drive();
   EXPECT_EQ(reported[2], (std::vector<int32_t>{32, -1, -1}));  // two whole blocks of its 40
+}
+
+// A request's time on the replica: its first token says how long it waited and how long its
+// prefill took, its last token adds the whole inference; the tokens between say nothing. A
+// request that waited for another (one sequence at a time) reports that wait.
+TEST(BatchScheduler, FirstAndLastTokensCarryTheRequestsTimes) {
+  block_manager m(64, 16);
+  scheduler_config cfg;
+  cfg.max_seqs = 1;
+  batch_scheduler s(cfg, m);
+  ASSERT_TRUE(s.add(make_request(1, 20, 3)).ok());
+  ASSERT_TRUE(s.add(make_request(2, 20, 1, /*salt=*/5)).ok());
+  std::map<uint64_t, std::vector<replica_times>> reported;
+  fake_cache cache(m);
+  while (s.waiting() + s.running() > 0) {
+    auto plan = s.schedule();
+    ASSERT_FALSE(plan.seqs.empty());
+    std::vector<int32_t> sampled;
+    for (const auto& q : plan.seqs) {
+      for (int32_t t : cache.run_rows(q, fake_next)) sampled.push_back(t);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the step's "forward"
+    for (const auto& e : s.complete(plan, sampled)) reported[e.id].push_back(e.times);
+  }
+  const auto& a = reported[1];
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_GE(a[0].queued_us, 0);
+  EXPECT_GE(a[0].prefill_us, 5000);  // admitted, then one step to its first token
+  EXPECT_EQ(a[0].inference_us, -1);
+  EXPECT_EQ(a[1], replica_times{});
+  EXPECT_EQ(a[2].queued_us, a[0].queued_us);
+  EXPECT_EQ(a[2].prefill_us, a[0].prefill_us);
+  EXPECT_GE(a[2].inference_us, a[2].prefill_us + 2 * 5000);  // two more steps
+  // Request 2 waited for request 1's three steps; its one token is first and last at once.
+  const auto& b = reported[2];
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_GE(b[0].queued_us, 3 * 5000);
+  EXPECT_GE(b[0].prefill_us, 5000);
+  EXPECT_GE(b[0].inference_us, b[0].prefill_us);
 }
 
 // vLLM's priority policy: waiting requests are admitted lowest value first (arrival order

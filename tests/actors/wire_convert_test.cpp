@@ -89,6 +89,9 @@ TEST(WireConvert, AnEmbeddingRequestAndItsVectorCross) {
   ASSERT_EQ(back.embedding.size(), 4u);
   EXPECT_EQ(0, std::memcmp(back.embedding.data(), t.embedding.data(), 16));
   EXPECT_EQ(back.token, -1);
+  EXPECT_EQ(back.times, replica_times{});  // none sent: none come
+  t.times = {250, 1000, 1000};
+  EXPECT_EQ(through_a_frame(t).times, (replica_times{250, 1000, 1000}));
 }
 
 TEST(WireConvert, ATokenKeepsItsLogprobs) {

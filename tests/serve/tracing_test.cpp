@@ -132,6 +132,16 @@ TEST(ServeTracing, RequestsBecomeSpansInTheirCallersTraces) {
   const double e2e = std::get<double>(a->attributes.at("gen_ai.latency.e2e"));
   EXPECT_GT(ttft, 0.0);
   EXPECT_LE(ttft, e2e);
+  // Its time on the replica (the slower choice's): queued, then prefill and decode within the inference.
+  const double queued = std::get<double>(a->attributes.at("gen_ai.latency.time_in_queue"));
+  const double prefill = std::get<double>(a->attributes.at("gen_ai.latency.time_in_model_prefill"));
+  const double decode = std::get<double>(a->attributes.at("gen_ai.latency.time_in_model_decode"));
+  const double inference = std::get<double>(a->attributes.at("gen_ai.latency.time_in_model_inference"));
+  EXPECT_GE(queued, 0.0);
+  EXPECT_GT(prefill, 0.0);
+  EXPECT_GT(decode, 0.0);  // three more tokens after the first
+  EXPECT_NEAR(prefill + decode, inference, 1e-6);
+  EXPECT_LE(queued + inference, e2e);
   EXPECT_GE(a->start_ns, before_ns);
   EXPECT_NEAR(static_cast<double>(a->end_ns - a->start_ns) * 1e-9, e2e, 1e-3);
   EXPECT_EQ(a->status_code, 0u);
@@ -149,9 +159,15 @@ TEST(ServeTracing, RequestsBecomeSpansInTheirCallersTraces) {
   EXPECT_EQ(std::get<std::string>(e->attributes.at("gen_ai.operation.name")), "embeddings");
   EXPECT_EQ(int_attr(*e, "gen_ai.usage.prompt_tokens"), json::parse(emb.body)["usage"]["prompt_tokens"].get<int64_t>());
   EXPECT_EQ(e->attributes.count("gen_ai.latency.time_to_first_token"), 0u);
+  EXPECT_GT(std::get<double>(e->attributes.at("gen_ai.latency.time_in_model_inference")), 0.0);
 
   auto metrics = http_request(s.port(), "GET", "/metrics");
   EXPECT_NE(metrics.body.find("llmesh_trace_spans_total{outcome=\"exported\"} 3"), std::string::npos) << metrics.body;
+  // vLLM's per-request replica times, one observation per generation or pooled input that ended
+  // (2 + 1 + 2 completions' choices, 1 embedding), traced or not.
+  for (const char* h : {"queue_time", "prefill_time", "decode_time", "inference_time"}) {
+    EXPECT_NE(metrics.body.find("llmesh_request_" + std::string(h) + "_seconds_count 6"), std::string::npos) << h << metrics.body;
+  }
 }
 
 TEST(ServeTracing, SpansStillQueuedAreSentWhenTheServerStops) {

@@ -52,6 +52,8 @@ std::vector<envelope> samples() {
       token_body{11, 4, finish_kind::none, false, errc::internal, "", std::nullopt, {}, 48},
       // An embedding's end.
       token_body{16, -1, finish_kind::length, false, errc::internal, "", std::nullopt, {}, 0, {0.25f, -1.5f, 3e-8f, 0.0f}},
+      // A last token with its time on the replica (queued, prefill, inference; microseconds).
+      token_body{18, 5, finish_kind::eos, false, errc::internal, "", std::nullopt, {}, -1, {}, 1500, 0, int64_t{1} << 40},
       cancel_msg{9},
       status_request{},
       load_msg{5, true, 3, 4, 100, 4096},
@@ -286,6 +288,10 @@ TEST(Codec, LogprobsOutOfBoundsAreRefused) {
     EXPECT_NE(r.err().message.find("cachedTokens -2 is below -1"), std::string::npos) << r.err().message;
     t.setCachedTokens(-1);
     EXPECT_TRUE(decoded(mb).ok());
+    t.setInferenceUs(-7);  // a replica time below -1 (its "none")
+    r = decoded(mb);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.err().message.find("inferenceUs -7 is below -1"), std::string::npos) << r.err().message;
   }
   {  // a constraint of an unknown kind, or longer than any spec may be
     capnp::MallocMessageBuilder mb;

@@ -104,6 +104,9 @@ struct writer {
     }
     if (m.logprobs) write_logprobs(t.initLogprobs(), *m.logprobs);
     t.setCachedTokens(m.cached_tokens);
+    t.setQueuedUs(m.queued_us);
+    t.setPrefillUs(m.prefill_us);
+    t.setInferenceUs(m.inference_us);
     if (!m.prompt_logprobs.empty()) {
       auto list = t.initPromptLogprobs(static_cast<unsigned>(m.prompt_logprobs.size()));
       for (unsigned i = 0; i < m.prompt_logprobs.size(); ++i) write_logprobs(list[i], m.prompt_logprobs[i]);
@@ -423,6 +426,12 @@ struct reader {
         if (t.hasLogprobs()) m.logprobs = logprobs_of(t.getLogprobs());
         m.cached_tokens = t.getCachedTokens();
         if (m.cached_tokens < -1) err = bad("cachedTokens " + std::to_string(m.cached_tokens) + " is below -1");
+        m.queued_us = t.getQueuedUs();
+        m.prefill_us = t.getPrefillUs();
+        m.inference_us = t.getInferenceUs();
+        for (const auto& [v, name] : {std::pair{m.queued_us, "queuedUs"}, {m.prefill_us, "prefillUs"}, {m.inference_us, "inferenceUs"}}) {
+          if (v < -1) err = bad(std::string(name) + " " + std::to_string(v) + " is below -1");
+        }
         if (auto pl = t.getPromptLogprobs(); fits(pl, "promptLogprobs")) {
           for (auto l : pl) m.prompt_logprobs.push_back(logprobs_of(l));
         }

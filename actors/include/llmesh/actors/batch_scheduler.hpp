@@ -13,6 +13,8 @@
 // caller's (they need text).
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -134,6 +136,28 @@ struct step_plan {
 
 enum class finish_reason { none, length, eos, cancelled };
 
+/// A request's time on the replica that runs it, in microseconds (-1: not known): queued (its
+/// arrival there to its first admission), prefill (first admission to its first token) and
+/// inference (first admission to its last token; prefill + decode). vLLM's request_queue_time,
+/// request_prefill_time and request_inference_time. A preemption does not restart them.
+struct replica_times {
+  int64_t queued_us = -1, prefill_us = -1, inference_us = -1;
+  bool operator==(const replica_times&) const = default;
+  /// Takes `later`'s fields that are set: a later message's word stands (after a migration, the
+  /// replica that finished the request).
+  void update(const replica_times& later) {
+    if (later.queued_us >= 0) queued_us = later.queued_us;
+    if (later.prefill_us >= 0) prefill_us = later.prefill_us;
+    if (later.inference_us >= 0) inference_us = later.inference_us;
+  }
+  /// Each field the larger of the two (a response's: its slowest generation's).
+  void widen(const replica_times& o) {
+    queued_us = std::max(queued_us, o.queued_us);
+    prefill_us = std::max(prefill_us, o.prefill_us);
+    inference_us = std::max(inference_us, o.inference_us);
+  }
+};
+
 /// What a completed step produced for one request.
 struct token_event {
   uint64_t id = 0;
@@ -153,6 +177,9 @@ struct token_event {
   int32_t cached_tokens = -1;
   /// An embedding request's end: its pooled hidden state (replica_core sets it).
   std::vector<float> embedding = {};
+  /// With a request's first token: queued and prefill; with its last (an embedding's end too):
+  /// all three. Unset (-1) on the tokens between.
+  replica_times times = {};
 };
 
 /// Thread affinity: the replica's thread. Ownership: owns request state; borrows the block
@@ -215,7 +242,11 @@ class batch_scheduler {
     unsigned misses = 0;
     std::optional<size_t> cached;  ///< the prefix-cache hit at its first admission
     bool cached_reported = false;  ///< its first token (which carries `cached`) is out
+    /// When it was added, first admitted and drew its first token (replica_times).
+    std::chrono::steady_clock::time_point added, admitted, first_token;
   };
+  /// `r`'s replica_times now: queued and prefill once known, inference when `last`.
+  static replica_times times_of(const request& r, bool last);
   void preempt(uint64_t id);
   /// Queues a waiting request: at the end of its priority's requests, or (`front`: a preempted
   /// one, which came before them) at their head.

@@ -4,11 +4,21 @@
 
 #include "llmesh/actors/metrics.hpp"
 
+namespace llmesh::actors {
+struct replica_times;
+}
+
 namespace llmesh::actors::metric {
 
 inline constexpr const char* ttft = "llmesh_time_to_first_token_seconds";
 inline constexpr const char* itl = "llmesh_inter_token_latency_seconds";
 inline constexpr const char* e2e = "llmesh_e2e_request_latency_seconds";
+/// A finished request's time on its replica (replica_times; vLLM's request_queue_time_seconds,
+/// request_prefill_time_seconds, request_decode_time_seconds, request_inference_time_seconds).
+inline constexpr const char* queue_time = "llmesh_request_queue_time_seconds";
+inline constexpr const char* prefill_time = "llmesh_request_prefill_time_seconds";
+inline constexpr const char* decode_time = "llmesh_request_decode_time_seconds";
+inline constexpr const char* inference_time = "llmesh_request_inference_time_seconds";
 inline constexpr const char* prompt_tokens = "llmesh_prompt_tokens_total";
 /// Of those, the ones a replica's prefix cache held (the hit rate: this over prompt_tokens).
 inline constexpr const char* prompt_tokens_cached = "llmesh_prompt_tokens_cached_total";
@@ -37,5 +47,10 @@ inline constexpr const char* conversation_bytes = "llmesh_conversations_bytes";
 
 /// Declares every family above in `r` (idempotent).
 void declare_serving(metrics_registry& r);
+
+/// Observes a request's replica_times in the queue, prefill, decode (inference - prefill) and
+/// inference histograms — when its last message set them all; nothing otherwise (nor in a
+/// registry without declare_serving's families).
+void observe_replica_times(metrics_registry& r, const replica_times& t);
 
 }  // namespace llmesh::actors::metric

@@ -30,6 +30,9 @@ struct token_msg {
   int32_t cached_tokens = -1;
   /// An embedding request's end (replica_request::pool): its pooled hidden state.
   std::vector<float> embedding = {};
+  /// The request's time on the replica that runs it (batch_scheduler.hpp's replica_times): queued
+  /// and prefill with its first token, all three with its last; -1 otherwise.
+  replica_times times = {};
 };
 
 /// Receives a request's stream. Called on an actor's thread, one call at a time per request,

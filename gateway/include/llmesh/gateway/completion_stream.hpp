@@ -143,6 +143,9 @@ class completion_stream {
   /// The sum of the generated tokens' log-probabilities, as their messages carried them
   /// (token_msg::logprobs; the request asked for them): best_of's ranking. 0 without them.
   double cumulative_logprob() const { return cumulative_logprob_; }
+  /// Its time on the replica, as its messages said (queued and prefill after its first token;
+  /// inference once the replica ended it).
+  const actors::replica_times& times() const { return times_; }
 
  private:
   /// An entry not yet reported, with the end of its token's text in the decoded text.
@@ -179,6 +182,7 @@ class completion_stream {
   size_t released_bytes_ = 0;  ///< text the stop matcher released to the client
   double cumulative_logprob_ = 0.0;
   std::optional<size_t> cached_;  ///< the prompt tokens the prefix cache held (its first token's word)
+  actors::replica_times times_;
   std::vector<pending_entry> pending_;  ///< logprobs not reported yet (non-streaming: until result)
   std::vector<logprob_entry> prompt_entries_;  ///< echo with logprobs: reported first, at once
   size_t prompt_text_bytes_ = 0;               ///< their texts' sum: where the generated offsets start

@@ -203,6 +203,8 @@ class embeddings_output {
   /// The response's id and model (its trace span names them).
   const std::string& id() const { return s_.id; }
   const std::string& model() const { return s_.model; }
+  /// The slowest input's time on its replica, field by field.
+  const actors::replica_times& times() const { return times_; }
 
  private:
   struct input {
@@ -224,6 +226,7 @@ class embeddings_output {
   size_t next_ = 0, in_flight_ = 0, ended_ = 0, prompt_tokens_ = 0;
   std::optional<error> failure_;
   bool done_ = false;
+  actors::replica_times times_;
 };
 
 }  // namespace llmesh::gateway

@@ -92,6 +92,9 @@ struct request_facts {
   double temperature = -1, top_p = -1;
   int64_t prompt_tokens = -1, completion_tokens = -1, sequences = -1;
   double ttft_s = -1, e2e_s = -1;
+  /// Its time on the replica (the slowest generation's): queued before its first scheduling,
+  /// then prefill to its first token, decode to its last, inference the two together.
+  double queue_s = -1, prefill_s = -1, decode_s = -1, inference_s = -1;
   int http_status = 0;
   std::string error = {};  ///< why it failed (the span's status is then error)
 };
@@ -99,7 +102,8 @@ struct request_facts {
 /// The span of a request: vLLM's "llm_request" (kind server) with vLLM's gen_ai.* attribute
 /// names (gen_ai.request.id, .max_tokens, .temperature, .top_p, .n; gen_ai.response.model;
 /// gen_ai.usage.prompt_tokens, .completion_tokens, .num_sequences; gen_ai.latency.e2e,
-/// .time_to_first_token in seconds), OpenTelemetry's GenAI and HTTP names beside them
+/// .time_to_first_token, .time_in_queue, .time_in_model_prefill, .time_in_model_decode,
+/// .time_in_model_inference in seconds), OpenTelemetry's GenAI and HTTP names beside them
 /// (gen_ai.operation.name, gen_ai.request.model, gen_ai.response.id, gen_ai.usage.input_tokens,
 /// .output_tokens, http.request.method, url.path, http.response.status_code). A child of
 /// `parent`'s span in its trace, or the root of a new trace.

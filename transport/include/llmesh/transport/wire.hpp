@@ -90,6 +90,8 @@ struct token_body {
   std::vector<logprobs_t> prompt_logprobs;
   int32_t cached_tokens = -1;  ///< with a request's first token: the prefix-cache hit (token_msg's)
   std::vector<float> embedding = {};  ///< an embedding request's end (at most max_embedding values, checked on decode)
+  /// The request's time on its replica, microseconds (token_msg's times; -1: unset, below: refused on decode).
+  int64_t queued_us = -1, prefill_us = -1, inference_us = -1;
   bool operator==(const token_body&) const = default;
 };
 struct cancel_msg {
