@@ -207,6 +207,8 @@ struct read_span {
   uint64_t kind = 0, start_ns = 0, end_ns = 0, flags = 0, status_code = 0;
   std::string status_message;
   std::map<std::string, pb_value> attributes;
+  std::map<uint32_t, uint32_t> wires;                 ///< each Span field's wire type
+  std::map<std::string, uint32_t> attribute_wires;    ///< each attribute's AnyValue wire type
 };
 
 inline std::string pb_hex(const std::string& b) {
@@ -219,13 +221,15 @@ inline std::string pb_hex(const std::string& b) {
   return s;
 }
 
-/// A KeyValue's key and value (AnyValue: string 1, bool 2, int 3, double 4).
-inline std::pair<std::string, pb_value> pb_key_value(const std::string& kv) {
+/// A KeyValue's key and value (AnyValue: string 1, bool 2, int 3, double 4); `wire`: the
+/// value's wire type.
+inline std::pair<std::string, pb_value> pb_key_value(const std::string& kv, uint32_t* wire = nullptr) {
   std::pair<std::string, pb_value> out;
   for (const auto& f : pb_fields(kv)) {
     if (f.number == 1) out.first = f.bytes;
     if (f.number != 2) continue;
     for (const auto& v : pb_fields(f.bytes)) {
+      if (wire) *wire = v.wire;
       if (v.number == 1) out.second = v.bytes;
       if (v.number == 2) out.second = v.value != 0;
       if (v.number == 3) out.second = static_cast<int64_t>(v.value);
@@ -266,6 +270,7 @@ inline read_request pb_read_traces(const std::string& body) {
         if (ss.number != 2) continue;                  // spans = 2
         read_span s;
         for (const auto& x : pb_fields(ss.bytes)) {
+          s.wires[x.number] = x.wire;
           switch (x.number) {
             case 1: s.trace_id = pb_hex(x.bytes); break;
             case 2: s.span_id = pb_hex(x.bytes); break;
@@ -275,7 +280,13 @@ inline read_request pb_read_traces(const std::string& body) {
             case 6: s.kind = x.value; break;
             case 7: s.start_ns = x.value; break;
             case 8: s.end_ns = x.value; break;
-            case 9: s.attributes.insert(pb_key_value(x.bytes)); break;
+            case 9: {
+              uint32_t wire = 0;
+              auto kv = pb_key_value(x.bytes, &wire);
+              s.attribute_wires[kv.first] = wire;
+              s.attributes.insert(std::move(kv));
+              break;
+            }
             case 15:
               for (const auto& st : pb_fields(x.bytes)) {
                 if (st.number == 2) s.status_message = st.bytes;

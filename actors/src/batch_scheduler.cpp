@@ -98,10 +98,17 @@ replica_times batch_scheduler::times_of(const request& r, bool last) {
   using us = std::chrono::microseconds;
   const auto span = [](auto from, auto to) { return std::max<int64_t>(0, std::chrono::duration_cast<us>(to - from).count()); };
   replica_times t;
+  if (!r.cached) return t;  // never admitted
   t.queued_us = span(r.added, r.admitted);
+  if (!r.cached_reported) return t;  // no first token yet
   t.prefill_us = span(r.admitted, r.first_token);
   if (last) t.inference_us = span(r.admitted, std::chrono::steady_clock::now());
   return t;
+}
+
+replica_times batch_scheduler::times(uint64_t id, bool last) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? replica_times{} : times_of(it->second, last);
 }
 
 bool batch_scheduler::awaits_shared_prefix(const request& r) const {
@@ -326,6 +333,7 @@ std::vector<token_event> batch_scheduler::complete(const step_plan& plan, std::s
       e.finish = finish_reason::length;
       e.cached_tokens = static_cast<int32_t>(r.cached.value_or(0));
       r.first_token = std::chrono::steady_clock::now();  // its end is its one result
+      r.cached_reported = true;
       e.times = times_of(r, true);
       events.push_back(std::move(e));
       cancel(s.id);

@@ -464,6 +464,7 @@ std::vector<token_event> replica_core::finish_step(std::span<const int32_t> samp
         // Its grammar is complete and it has no end id to draw: it ends here, as at an end id.
         // Or the token is outside it (a vocabulary without some byte's token can leave a
         // grammar where nothing continues it): the request fails rather than end unfinished.
+        e.times = sched_.times(e.id, true);  // its last token: its whole time here
         sched_.cancel(e.id);
         e.finish = f == followed::done ? finish_reason::eos : finish_reason::cancelled;
         if (f == followed::outside) {

@@ -76,7 +76,7 @@ std::string completion_group::replay(const beam_member& b) {
 actors::replica_times completion_group::times() const {
   if (embeddings_) return embeddings_->times();
   actors::replica_times t;
-  for (const auto& c : choices_) t.widen(c.stream->times());
+  for (const auto& c : choices_) t.keep_slower(c.stream->times());
   return t;
 }
 

@@ -465,7 +465,7 @@ void embeddings_output::on_message(const actors::token_msg& t) {
   it->ended = true;
   if (t.failed) return fail(t.err);
   --in_flight_;
-  times_.widen(t.times);
+  times_.keep_slower(t.times);
   if (s_.metrics) actors::metric::observe_replica_times(*s_.metrics, t.times);
   if (t.embedding.empty()) {
     return fail(make_error(errc::internal, "the replica sent no embedding for input " + std::to_string(it - inputs_.begin())));

@@ -208,17 +208,25 @@ struct job_trace {
   request_facts facts;  ///< what the job's requests asked (before they go to the mesh)
 };
 
-/// The trace of a request about to run (null: not traced — no tracer, or a parent that says
-/// "not sampled").
-std::unique_ptr<job_trace> trace_of(http_server::impl* s, std::string_view path, std::string_view traceparent,
-                                    std::string_view tracestate) {
-  if (!s->opt.tracer) return nullptr;
+/// The trace of a request about to run (null: not traced — no tracer, not a POST, or a parent
+/// that says "not sampled"). W3C: repeated traceparent fields make none (a trace of its own),
+/// repeated tracestate fields are one list.
+template <class Request>
+std::unique_ptr<job_trace> trace_of(http_server::impl* s, const Request& req) {
+  if (!s->opt.tracer || req.method() != http::verb::post) return nullptr;
   auto t = std::make_unique<job_trace>();
   t->arrived = std::chrono::system_clock::now();
   t->t0 = std::chrono::steady_clock::now();
+  const std::string_view path = sv(req.target());
   t->path = std::string(path.substr(0, path.find('?')));
-  t->parent = parse_traceparent(traceparent, tracestate);
-  if (t->parent && !t->parent->sampled()) return nullptr;
+  if (req.count("traceparent") == 1) {
+    std::string state;
+    for (auto [it, end] = req.equal_range("tracestate"); it != end; ++it) {
+      state += (state.empty() ? "" : ",") + std::string(sv(it->value()));
+    }
+    t->parent = parse_traceparent(sv(req["traceparent"]), state);
+    if (t->parent && !t->parent->sampled()) return nullptr;
+  }
   return t;
 }
 
@@ -253,7 +261,9 @@ void record_span(http_server::impl* s, job_trace& t, const completion_group& out
     f.decode_s = std::max(0.0, f.inference_s - std::max(f.prefill_s, 0.0));
   }
   f.e2e_s = std::chrono::duration<double>(now - t.t0).count();
-  if (out.failure()) f.error = out.failure()->message;
+  // A failure is the span's error when it is the server's (5xx) or came after the answer began
+  // (the stream's 200); a 4xx is the client's (OpenTelemetry's HTTP server rule).
+  if (out.failure() && (http_status >= 500 || http_status == 200)) f.error = out.failure()->message;
   const auto ns = [](std::chrono::system_clock::time_point p) {
     return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(p.time_since_epoch()).count());
   };
@@ -465,7 +475,7 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
       }
       header_list extra = cors_headers(s->opt.cors, origin);
       add_request_id(s, extra, sv(req["X-Request-Id"]));
-      std::unique_ptr<job_trace> trace = trace_of(s, sv(req.target()), sv(req["traceparent"]), sv(req["tracestate"]));
+      std::unique_ptr<job_trace> trace = trace_of(s, req);
       auto handle = [s, &req]() -> awaitable<api_outcome> {
         co_return s->api->handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
       };

@@ -82,26 +82,40 @@ result<std::vector<std::pair<std::string, std::string>>> key_values(std::string_
   return out;
 }
 
-/// The traces-specific variable, else its generic twin; null when neither is set (or empty).
-const char* setting(const env_reader& env, const char* traces, const char* generic) {
+/// A set variable: its name and value.
+struct env_value {
+  std::string name;
+  std::string value;
+};
+
+/// The traces-specific variable, else its generic twin; none when neither is set (or empty).
+std::optional<env_value> setting(const env_reader& env, const char* traces, const char* generic) {
   for (const char* name : {traces, generic}) {
-    if (name == nullptr) continue;
     const char* v = env(name);
-    if (v != nullptr && *v != '\0') return v;
+    if (v != nullptr && *v != '\0') return env_value{name, v};
   }
-  return nullptr;
+  return std::nullopt;
 }
 
-result<size_t> positive(const env_reader& env, const char* name, size_t fallback) {
-  const char* v = env(name);
-  if (v == nullptr || *v == '\0') return fallback;
+/// At most a day: a bigger delay or timeout is surely a slip, and would overflow the clocks.
+constexpr size_t max_ms = 86'400'000;
+
+result<size_t> positive(const std::optional<env_value>& v, size_t fallback, size_t most) {
+  if (!v) return fallback;
   size_t n = 0;
-  const std::string_view s = trim(v);
+  const std::string_view s = trim(v->value);
   const auto r = std::from_chars(s.data(), s.data() + s.size(), n);
-  if (r.ec != std::errc() || r.ptr != s.data() + s.size() || n == 0) {
-    return make_error(errc::invalid_request, std::string(name) + "=" + v + ": not a positive whole number");
+  if (r.ec != std::errc() || r.ptr != s.data() + s.size() || n == 0 || n > most) {
+    return make_error(errc::invalid_request,
+                      v->name + "=" + v->value + ": not a whole number from 1 to " + std::to_string(most));
   }
   return n;
+}
+
+std::optional<env_value> plain(const env_reader& env, const char* name) {
+  const char* v = env(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return env_value{name, v};
 }
 
 }  // namespace
@@ -157,38 +171,47 @@ result<otlp_options> otlp_options_from(const std::string& endpoint, const env_re
   o.port = std::to_string(port_number);
   o.target = std::move(target);
 
-  if (const char* p = setting(env, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")) {
-    const std::string_view proto = trim(p);
+  if (auto p = setting(env, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")) {
+    const std::string_view proto = trim(p->value);
     if (proto == "http/json") {
       o.json = true;
     } else if (proto != "http/protobuf") {
-      return make_error(errc::invalid_request, "OTLP protocol '" + std::string(proto) + "' is not spoken" + grpc_hint);
+      return make_error(errc::invalid_request, p->name + "=" + std::string(proto) + ": not spoken" + grpc_hint);
     }
   }
-  if (const char* h = setting(env, "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")) {
-    auto headers = key_values(h, "OTEL_EXPORTER_OTLP_TRACES_HEADERS");
+  if (auto h = setting(env, "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")) {
+    auto headers = key_values(h->value, h->name);
     if (!headers) return headers.take_error();
     for (const auto& [k, v] : *headers) {
       const bool clean = std::all_of(k.begin(), k.end(), [](char c) { return c > 0x20 && c < 0x7f && c != ':'; }) &&
                          std::none_of(v.begin(), v.end(), [](char c) { return c == '\r' || c == '\n' || c == '\0'; });
-      if (!clean) return make_error(errc::invalid_request, "OTEL_EXPORTER_OTLP_TRACES_HEADERS: header '" + k + "' cannot be sent");
+      if (!clean) return make_error(errc::invalid_request, h->name + ": header '" + k + "' cannot be sent");
     }
     o.headers = std::move(*headers);
   }
-  if (const char* t = setting(env, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")) {
-    auto ms = positive([t](const char*) { return t; }, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", 0);
-    if (!ms) return ms.take_error();
-    o.timeout = std::chrono::milliseconds(*ms);
-  }
-  if (const char* c = setting(env, "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION")) {
-    if (trim(c) != "none") {
-      return make_error(errc::invalid_request, "OTLP compression '" + std::string(trim(c)) + "' is not supported (none only)");
+  auto timeout = positive(setting(env, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"), 10000, max_ms);
+  if (!timeout) return timeout.take_error();
+  o.timeout = std::chrono::milliseconds(*timeout);
+  if (auto c = setting(env, "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION")) {
+    if (trim(c->value) != "none") {
+      return make_error(errc::invalid_request, c->name + "=" + c->value + ": compression is not supported (none only)");
     }
   }
-  if (const char* ca = setting(env, "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")) o.ca_file = ca;
-  auto delay = positive(env, "OTEL_BSP_SCHEDULE_DELAY", 5000);
-  auto queue = positive(env, "OTEL_BSP_MAX_QUEUE_SIZE", 2048);
-  auto batch = positive(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512);
+  if (auto ca = setting(env, "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")) {
+    // Read now, so that a wrong path fails the start rather than every export.
+    beast::error_code ec;
+    try {
+      net::ssl::context probe(net::ssl::context::tls_client);
+      probe.load_verify_file(ca->value, ec);
+    } catch (const std::exception& e) {
+      return make_error(errc::internal, std::string("cannot make a TLS context: ") + e.what());
+    }
+    if (ec) return make_error(errc::invalid_request, ca->name + "=" + ca->value + ": " + ec.message());
+    o.ca_file = ca->value;
+  }
+  auto delay = positive(plain(env, "OTEL_BSP_SCHEDULE_DELAY"), 5000, max_ms);
+  auto queue = positive(plain(env, "OTEL_BSP_MAX_QUEUE_SIZE"), 2048, size_t{1} << 20);
+  auto batch = positive(plain(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"), 512, size_t{1} << 20);
   for (auto* r : {&delay, &queue, &batch}) {
     if (!*r) return r->take_error();
   }
@@ -213,10 +236,23 @@ result<otlp_options> otlp_options_from(const std::string& endpoint, const env_re
   }
   if (const char* sn = env("OTEL_SERVICE_NAME"); sn != nullptr && *sn != '\0') service = sn;
   o.resource.attributes.push_back({"service.name", service});
-  o.resource.attributes.push_back({"telemetry.sdk.name", std::string("llmesh")});
-  o.resource.attributes.push_back({"telemetry.sdk.language", std::string("cpp")});
-  o.resource.attributes.push_back({"telemetry.sdk.version", std::string(version())});
-  for (auto& a : attrs) o.resource.attributes.push_back(std::move(a));
+  // The SDK's own attributes, unless the environment names them (keys are unique in OTLP).
+  for (auto [k, v] : {std::pair<const char*, std::string>{"telemetry.sdk.name", "llmesh"},
+                      {"telemetry.sdk.language", "cpp"},
+                      {"telemetry.sdk.version", std::string(version())}}) {
+    if (std::none_of(attrs.begin(), attrs.end(), [&](const attribute& a) { return a.key == k; })) {
+      o.resource.attributes.push_back({k, v});
+    }
+  }
+  for (auto& a : attrs) {  // the last of a repeated key wins
+    auto same = [&](const attribute& b) { return b.key == a.key; };
+    auto it = std::find_if(o.resource.attributes.begin(), o.resource.attributes.end(), same);
+    if (it != o.resource.attributes.end()) {
+      it->value = std::move(a.value);
+    } else {
+      o.resource.attributes.push_back(std::move(a));
+    }
+  }
   o.resource.scope_version = std::string(version());
   return o;
 }
@@ -258,6 +294,8 @@ awaitable<void> post(const otlp_options& o, net::ssl::context* tls, std::string 
   req.keep_alive(false);
   req.body() = std::move(body);
   req.prepare_payload();
+  // Name resolution is not bounded by the export timeout (getaddrinfo cannot be cancelled);
+  // an address literal skips it.
   tcp::resolver resolver(ex);
   const auto found = co_await resolver.async_resolve(o.host, o.port, use_awaitable);
   if (tls == nullptr) {
@@ -271,7 +309,10 @@ awaitable<void> post(const otlp_options& o, net::ssl::context* tls, std::string 
   }
   beast::ssl_stream<beast::tcp_stream> stream(ex, *tls);
   beast::get_lowest_layer(stream).expires_after(o.timeout);
-  if (!SSL_set_tlsext_host_name(stream.native_handle(), o.host.c_str())) {
+  beast::error_code not_ip;
+  (void)net::ip::make_address(o.host, not_ip);
+  // SNI names a host, never an address (RFC 6066); the certificate is checked against either.
+  if (not_ip && !SSL_set_tlsext_host_name(stream.native_handle(), o.host.c_str())) {
     out.why = "cannot set the TLS server name";
     co_return;
   }
@@ -317,7 +358,10 @@ void otlp_exporter::record(span_record s) {
 void otlp_exporter::shutdown() {
   {
     std::lock_guard lk(mu_);
-    stop_ = true;
+    if (!stop_) {
+      stop_ = true;
+      drain_until_ = std::chrono::steady_clock::now() + opt_.timeout;
+    }
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -330,13 +374,11 @@ otlp_exporter::totals otlp_exporter::counts() const {
 
 void otlp_exporter::run() {
   std::unique_lock lk(mu_);
-  std::optional<std::chrono::steady_clock::time_point> drain_until;
   for (;;) {
     const auto due = std::chrono::steady_clock::now() + opt_.schedule_delay;
     wake_.wait_until(lk, due, [&] { return stop_ || queue_.size() >= opt_.max_batch; });
-    if (stop_ && !drain_until) drain_until = std::chrono::steady_clock::now() + opt_.timeout;
     while (!queue_.empty()) {
-      if (drain_until && std::chrono::steady_clock::now() >= *drain_until) {
+      if (stop_ && std::chrono::steady_clock::now() >= drain_until_) {
         const uint64_t left = queue_.size();
         queue_.clear();
         lk.unlock();
@@ -347,9 +389,8 @@ void otlp_exporter::run() {
       const size_t n = std::min(queue_.size(), opt_.max_batch);
       std::vector<span_record> batch(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.begin() + n));
       queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
-      const bool last = stop_;
       lk.unlock();
-      const bool sent = send(batch, last);
+      const bool sent = send(batch);
       count(sent ? "exported" : "failed", batch.size());
       lk.lock();
       if (!stop_ && queue_.size() < opt_.max_batch) break;  // a partial batch waits for the delay
@@ -358,28 +399,41 @@ void otlp_exporter::run() {
   }
 }
 
-bool otlp_exporter::send(const std::vector<span_record>& batch, bool last) {
-  std::string body = opt_.json ? otlp_json(opt_.resource, batch) : otlp_protobuf(opt_.resource, batch);
-  std::optional<net::ssl::context> tls;
-  if (opt_.tls) {
-    tls.emplace(net::ssl::context::tls_client);
-    beast::error_code ec;
-    if (opt_.ca_file.empty()) {
-      tls->set_default_verify_paths(ec);
-    } else {
-      tls->load_verify_file(opt_.ca_file, ec);
-    }
-    tls->set_verify_mode(net::ssl::verify_peer);
-    if (ec) {
-      std::fprintf(stderr, "llmesh: cannot load the CAs for OTLP export (%s): %s\n",
-                   opt_.ca_file.empty() ? "the system's" : opt_.ca_file.c_str(), ec.message().c_str());
-      return false;
-    }
-  }
-  auto backoff = opt_.retry_backoff;
-  const int tries = last ? 1 : std::max(1, opt_.tries);
+bool otlp_exporter::send(const std::vector<span_record>& batch) {
   post_outcome out;
-  for (int attempt = 1; attempt <= tries; ++attempt) {
+  std::optional<net::ssl::context> tls;
+  try {
+    if (opt_.tls) {
+      tls.emplace(net::ssl::context::tls_client);
+      beast::error_code ec;
+      if (opt_.ca_file.empty()) {
+        tls->set_default_verify_paths(ec);
+      } else {
+        tls->load_verify_file(opt_.ca_file, ec);
+      }
+      tls->set_verify_mode(net::ssl::verify_peer);
+      if (ec) out.why = "cannot load the CAs (" + (opt_.ca_file.empty() ? std::string("the system's") : opt_.ca_file) + "): " + ec.message();
+    }
+  } catch (const std::exception& e) {
+    out.why = std::string("cannot make a TLS context: ") + e.what();
+  }
+  const std::string body = opt_.json ? otlp_json(opt_.resource, batch) : otlp_protobuf(opt_.resource, batch);
+  auto backoff = opt_.retry_backoff;
+  bool tried_stopping = false;  // shutting down, a batch gets one try (its last) within the drain
+  for (int attempt = 1; out.why.empty() || attempt > 1; ++attempt) {  // (a TLS setup error: no try)
+    std::chrono::milliseconds limit = opt_.timeout;
+    {
+      std::lock_guard lk(mu_);
+      if (stop_) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(drain_until_ - std::chrono::steady_clock::now());
+        if (tried_stopping || left.count() <= 0) {
+          if (out.why.empty()) out.why = "the server stopped before it could be sent";
+          break;
+        }
+        tried_stopping = true;
+        limit = std::min(limit, left);
+      }
+    }
     out = {};
     net::io_context ioc;
     net::co_spawn(ioc, post(opt_, tls ? &*tls : nullptr, body, out), [&out](std::exception_ptr e) {
@@ -391,15 +445,26 @@ bool otlp_exporter::send(const std::vector<span_record>& batch, bool last) {
         out.why = x.what();
       }
     });
-    ioc.run();
+    // The stream's own timeout bounds each step; this bounds the whole try (and, at shutdown,
+    // keeps it within the drain). Left unfinished, the try is dropped with its io_context.
+    ioc.run_for(limit);
+    if (!ioc.stopped()) {
+      ioc.stop();
+      out.status = 0;
+      out.why = "no answer within " + std::to_string(limit.count()) + " ms";
+    }
     if (out.status / 100 == 2) return true;
     const bool retryable = out.status == 0 || out.status == 429 || out.status == 502 || out.status == 503 || out.status == 504;
-    if (!retryable || attempt == tries) break;
-    auto wait = backoff;
-    if (out.retry_after_s >= 0) wait = std::chrono::milliseconds(1000 * std::min(out.retry_after_s, 5));
-    backoff *= 2;
+    if (!retryable) break;
     std::unique_lock lk(mu_);
-    if (wake_.wait_for(lk, wait, [&] { return stop_; })) break;  // shutting down: no more tries
+    if (!stop_) {
+      if (attempt >= std::max(1, opt_.tries)) break;
+      auto wait = backoff;
+      if (out.retry_after_s >= 0) wait = std::chrono::milliseconds(1000 * std::min(out.retry_after_s, 5));
+      backoff *= 2;
+      wake_.wait_for(lk, wait, [&] { return stop_; });  // a shutdown ends the wait: one last try
+    }
+    if (out.why.empty()) out.why = "HTTP " + std::to_string(out.status);
   }
   // One line per 10 s at most: a collector that is down must not flood the log.
   const auto now = std::chrono::steady_clock::now();

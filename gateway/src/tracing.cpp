@@ -170,7 +170,8 @@ std::optional<trace_parent> parse_traceparent(std::string_view h, std::string_vi
     return std::nullopt;
   }
   if (all_zero(p.trace) || all_zero(p.span)) return std::nullopt;
-  p.flags = flags[0];
+  // Version 00 defines the sampled bit only; a later version's other bits mean nothing here.
+  p.flags = version[0] == 0 ? flags[0] : static_cast<uint8_t>(flags[0] & 1);
   // tracestate: at most 512 characters are to be propagated (W3C); a longer one is dropped
   // rather than cut mid-entry. Printable ASCII only.
   const bool printable = std::all_of(state.begin(), state.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
@@ -181,7 +182,13 @@ std::optional<trace_parent> parse_traceparent(std::string_view h, std::string_vi
 std::string to_hex(const trace_id& id) { return hex_of(id); }
 std::string to_hex(const span_id& id) { return hex_of(id); }
 
-span_ids::span_ids() : rng_(std::random_device{}()) {}
+span_ids::span_ids() {
+  // 256 bits of seed: two gateways must not draw the same ids (one 32-bit seed would give them
+  // even odds of a collision somewhere among ~77k processes).
+  std::random_device rd;
+  std::seed_seq seq{rd(), rd(), rd(), rd(), rd(), rd(), rd(), rd()};
+  rng_.seed(seq);
+}
 
 trace_id span_ids::new_trace() {
   trace_id t{};

@@ -269,6 +269,22 @@ TEST(BatchScheduler, FirstAndLastTokensCarryTheRequestsTimes) {
   EXPECT_GE(b[0].inference_us, b[0].prefill_us);
 }
 
+// A response's replica times are one generation's, its slowest: never a mix of two.
+TEST(BatchScheduler, ReplicaTimesKeepTheSlowerGenerationWhole) {
+  replica_times t;
+  t.keep_slower({5, 200'000, 210'000});   // long prefill, short decode
+  t.keep_slower({1, 10'000, 500'000});    // the longer inference
+  EXPECT_EQ(t, (replica_times{1, 10'000, 500'000}));
+  t.keep_slower({9, 300'000, -1});        // no inference (a stop string ended it): not slower
+  EXPECT_EQ(t, (replica_times{1, 10'000, 500'000}));
+  replica_times u;
+  u.keep_slower({9, 300'000, -1});
+  u.keep_slower({3, 100, -1});
+  EXPECT_EQ(u, (replica_times{9, 300'000, -1}));
+  u.keep_slower({});                      // nothing known: changes nothing
+  EXPECT_EQ(u, (replica_times{9, 300'000, -1}));
+}
+
 // vLLM's priority policy: waiting requests are admitted lowest value first (arrival order
 // within one), and blocks come from the lowest-priority running request, never from a more
 // urgent one; the outputs stay those of each request alone.

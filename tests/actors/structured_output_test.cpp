@@ -65,6 +65,7 @@ class StructuredOutput : public testing::replica_test_base {
   struct outcome {
     std::vector<int32_t> tokens;
     finish_reason finish = finish_reason::none;
+    replica_times last_times;  ///< the last event's
   };
   static std::map<uint64_t, outcome> serve(replica_core& rc, const std::vector<replica_request>& reqs) {
     std::map<uint64_t, outcome> out;
@@ -79,6 +80,7 @@ class StructuredOutput : public testing::replica_test_base {
       for (const auto& e : *ev) {
         out[e.id].tokens.push_back(e.token);
         out[e.id].finish = e.finish;
+        out[e.id].last_times = e.times;
       }
     }
     EXPECT_TRUE(rc.idle());
@@ -264,6 +266,11 @@ TEST_F(StructuredOutput, AChoiceEndsWhenCompleteWithOrWithoutAnEndId) {
     if (!r.eos_ids.empty()) {
       EXPECT_EQ(o.tokens.back(), 7) << "request " << r.id;
     }
+    // Its last token carries its whole time on the replica, however it ended (at an end id, or
+    // at a complete grammar without one, where the replica ends it itself).
+    EXPECT_GE(o.last_times.queued_us, 0) << "request " << r.id;
+    EXPECT_GE(o.last_times.inference_us, o.last_times.prefill_us) << "request " << r.id;
+    EXPECT_GE(o.last_times.prefill_us, 0) << "request " << r.id;
   }
 }
 

@@ -51,9 +51,10 @@ TEST(Traceparent, InvalidHeadersAreRefused) {
     EXPECT_FALSE(parse_traceparent(bad)) << bad;
   }
   // A later version may carry more after a '-'; the first four fields are read as version 00's.
-  auto later = parse_traceparent("cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-the-future-holds");
+  auto later = parse_traceparent("cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-ff-what-the-future-holds");
   ASSERT_TRUE(later);
   EXPECT_EQ(to_hex(later->span), "00f067aa0ba902b7");
+  EXPECT_EQ(later->flags, 1);  // its flags but the sampled bit mean nothing to version 00
   // A tracestate over 512 characters, or with control bytes, is dropped (the parent stays).
   auto long_state = parse_traceparent(kParent, std::string(513, 'a'));
   ASSERT_TRUE(long_state);
@@ -150,6 +151,13 @@ TEST(OtlpEncoding, ProtobufCarriesTheSpanAndItsAttributes) {
   EXPECT_DOUBLE_EQ(std::get<double>(s.attributes.at("gen_ai.latency.e2e")), 1.5);
   EXPECT_EQ(std::get<int64_t>(s.attributes.at("http.response.status_code")), 200);
   EXPECT_EQ(std::get<std::string>(s.attributes.at("url.path")), "/v1/completions");
+  // Wire types as trace.proto declares the fields: ids and strings length-delimited, kind a
+  // varint, the times fixed64, flags fixed32; AnyValue's int a varint, double a fixed64.
+  const std::map<uint32_t, uint32_t> wires = {{1, 2}, {2, 2}, {3, 2}, {4, 2}, {5, 2}, {6, 0}, {7, 1}, {8, 1}, {9, 2}, {16, 5}};
+  EXPECT_EQ(s.wires, wires);
+  EXPECT_EQ(s.attribute_wires.at("gen_ai.request.id"), 2u);
+  EXPECT_EQ(s.attribute_wires.at("gen_ai.usage.prompt_tokens"), 0u);
+  EXPECT_EQ(s.attribute_wires.at("gen_ai.latency.e2e"), 1u);
 }
 
 TEST(OtlpEncoding, UnknownFactsAreLeftOutAndAFailureIsAnErrorStatus) {
@@ -167,6 +175,7 @@ TEST(OtlpEncoding, UnknownFactsAreLeftOutAndAFailureIsAnErrorStatus) {
   EXPECT_EQ(s.flags, 0x101u);       // sampled; no remote parent
   EXPECT_EQ(s.end_ns, 10u);         // never before its start
   EXPECT_EQ(s.status_code, 2u);
+  EXPECT_EQ(s.wires.at(15), 2u);    // Status: a message
   EXPECT_EQ(s.status_message, "no replica serves 'x'");
   EXPECT_EQ(s.attributes.count("gen_ai.request.max_tokens"), 0u);
   EXPECT_EQ(s.attributes.count("gen_ai.latency.time_to_first_token"), 0u);
@@ -191,6 +200,15 @@ TEST(OtlpEncoding, JsonFollowsOtlpsMapping) {
   EXPECT_EQ(s.at("parentSpanId"), "00f067aa0ba902b7");
   EXPECT_EQ(s.at("kind"), 2);
   EXPECT_EQ(s.at("startTimeUnixNano"), "1700000000000000000");  // 64-bit integers as strings
+  EXPECT_EQ(s.at("endTimeUnixNano"), "1700000001500000000");
+  EXPECT_EQ(s.at("flags"), 0x301);
+  EXPECT_EQ(s.at("traceState"), "k=v");
+  EXPECT_FALSE(s.contains("status"));  // unset
+  auto failed = span;
+  failed.status = span_status::error;
+  failed.status_message = "boom";
+  const auto f = nlohmann::json::parse(otlp_json(sample_resource(), {failed}));
+  EXPECT_EQ(f["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["status"], nlohmann::json({{"message", "boom"}, {"code", 2}}));
   std::map<std::string, nlohmann::json> attrs;
   for (const auto& a : s.at("attributes")) attrs[a.at("key")] = a.at("value");
   EXPECT_EQ(attrs.at("gen_ai.usage.prompt_tokens").at("intValue"), "5");
@@ -270,6 +288,9 @@ TEST(OtlpOptions, WhatCannotBeSpokenIsRefusedByName) {
       {"http://h", {{"OTEL_BSP_MAX_QUEUE_SIZE", "0"}}},
       {"http://h", {{"OTEL_BSP_SCHEDULE_DELAY", "-5"}}},
       {"http://h", {{"OTEL_RESOURCE_ATTRIBUTES", "=x"}}},
+      {"https://h", {{"OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "/nonexistent/ca.pem"}}},
+      {"http://h", {{"OTEL_BSP_SCHEDULE_DELAY", "99999999999999999"}}},  // would overflow the clock
+      {"http://h", {{"OTEL_EXPORTER_OTLP_TIMEOUT", "86400001"}}},
   };
   for (const auto& [endpoint, vars] : bad) {
     auto o = otlp_options_from(endpoint, env_of(vars));
@@ -278,6 +299,20 @@ TEST(OtlpOptions, WhatCannotBeSpokenIsRefusedByName) {
   auto grpc = otlp_options_from("grpc://localhost:4317", env_of({}));
   ASSERT_FALSE(grpc);
   EXPECT_NE(grpc.err().message.find("4318"), std::string::npos) << grpc.err().message;
+  // Errors name the variable that was set (the generic one here).
+  auto timeout = otlp_options_from("http://h", env_of({{"OTEL_EXPORTER_OTLP_TIMEOUT", "soon"}}));
+  ASSERT_FALSE(timeout);
+  EXPECT_EQ(timeout.err().message.rfind("OTEL_EXPORTER_OTLP_TIMEOUT=soon", 0), 0u) << timeout.err().message;
+  // The environment's resource attributes replace the SDK's own, keys staying unique.
+  auto o = otlp_options_from("http://h", env_of({{"OTEL_RESOURCE_ATTRIBUTES", "telemetry.sdk.language=c++20,a=1,a=2"}}));
+  ASSERT_TRUE(o);
+  std::map<std::string, int> seen;
+  for (const auto& a : o->resource.attributes) ++seen[a.key];
+  for (const auto& [k, n] : seen) EXPECT_EQ(n, 1) << k;
+  for (const auto& a : o->resource.attributes) {
+    if (a.key == "telemetry.sdk.language") EXPECT_EQ(std::get<std::string>(a.value), "c++20");
+    if (a.key == "a") EXPECT_EQ(std::get<std::string>(a.value), "2");
+  }
 }
 
 otlp_options fast_options(const otlp_collector& c) {
@@ -345,12 +380,26 @@ TEST(OtlpExporter, RetriesWhatTheCollectorCannotTakeYetAndGivesUpOnWhatItRefuses
   EXPECT_EQ(x.counts().failed, 1u);
 }
 
-TEST(OtlpExporter, AFullQueueDropsAndAnAbsentCollectorFails) {
+/// A port bound but never listened on (connecting gets a refusal), held until destroyed.
+struct refusing_port {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
   int port = 0;
-  {
-    otlp_collector gone;  // a port nobody listens on once it closes
-    port = gone.port();
+  refusing_port() {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      port = ntohs(a.sin_port);
+    }
   }
+  ~refusing_port() { close(fd); }
+};
+
+TEST(OtlpExporter, AFullQueueDropsAndAnAbsentCollectorFails) {
+  refusing_port refusing;
+  ASSERT_GT(refusing.port, 0);
+  const int port = refusing.port;
   auto o = otlp_options_from("http://127.0.0.1:" + std::to_string(port), env_of({{"OTEL_BSP_SCHEDULE_DELAY", "60000"}}));
   ASSERT_TRUE(o);
   o->max_queue = 3;
@@ -365,6 +414,35 @@ TEST(OtlpExporter, AFullQueueDropsAndAnAbsentCollectorFails) {
   EXPECT_GE(t.failed, 3u);
   x.record(numbered(9));  // after shutdown: dropped
   EXPECT_EQ(x.counts().dropped, t.dropped + 1);
+}
+
+TEST(OtlpExporter, AShutdownDropsWhatItCannotSendWithinTheExportTimeout) {
+  // A socket that listens but never accepts: connections complete in its backlog, requests are
+  // written, no answer ever comes.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(fd, 64), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  auto o = otlp_options_from("http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)),
+                             env_of({{"OTEL_BSP_SCHEDULE_DELAY", "60000"}, {"OTEL_EXPORTER_OTLP_TIMEOUT", "1000"}}));
+  ASSERT_TRUE(o);
+  o->max_batch = 1;
+  o->tries = 1;
+  otlp_exporter x(*o);
+  for (int64_t i = 0; i < 6; ++i) x.record(numbered(i));  // six batches; each try waits its whole timeout
+  x.shutdown();
+  // One export timeout from the shutdown in all: the try under way (or one after it) fails, the
+  // batches behind it are dropped at the deadline — not six tries of a second each.
+  const auto t = x.counts();
+  EXPECT_EQ(t.exported, 0u);
+  EXPECT_EQ(t.failed + t.dropped, 6u);
+  EXPECT_LE(t.failed, 2u);
+  EXPECT_GE(t.dropped, 4u);
+  close(fd);
 }
 
 }  // namespace

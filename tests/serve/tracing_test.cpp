@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 
 #include "../cli/subprocess.hpp"
 #include "../otlp_collector.hpp"
@@ -25,17 +26,35 @@ const std::string model_dir = std::string(LLMESH_SOURCE_DIR) + "/models/kjv-tiny
 constexpr const char* kTrace = "4bf92f3577b34da6a3ce929d0e0e4736";
 constexpr const char* kParentSpan = "00f067aa0ba902b7";
 
-/// Sets environment variables for the servers a test starts; restores them after.
+/// Sets environment variables for the servers a test starts — and empties the other OTEL_*
+/// settings the exporter reads, so the machine's own cannot change what the test sees —;
+/// restores them all after.
 struct scoped_env {
-  std::vector<std::string> names;
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  void set(const char* k, const char* v) {
+    const char* old = std::getenv(k);
+    saved.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+    setenv(k, v, 1);
+  }
   scoped_env(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (const auto& [k, v] : vars) {
-      setenv(k, v, 1);
-      names.emplace_back(k);
+    for (const char* k : {"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_HEADERS",
+                          "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+                          "OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+                          "OTEL_EXPORTER_OTLP_CERTIFICATE", "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_BSP_SCHEDULE_DELAY",
+                          "OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_SERVICE_NAME",
+                          "OTEL_RESOURCE_ATTRIBUTES"}) {
+      set(k, "");  // empty: unset, to the exporter
     }
+    for (const auto& [k, v] : vars) set(k, v);
   }
   ~scoped_env() {
-    for (const auto& n : names) unsetenv(n.c_str());
+    for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
+      if (it->second) {
+        setenv(it->first.c_str(), it->second->c_str(), 1);
+      } else {
+        unsetenv(it->first.c_str());
+      }
+    }
   }
 };
 
@@ -101,11 +120,17 @@ TEST(ServeTracing, RequestsBecomeSpansInTheirCallersTraces) {
   ASSERT_EQ(unsampled.status, 200);
   auto refused = http_request(s.port(), "POST", "/v1/completions", R"({"model": "kjv-tiny", "prompt": "x", "max_tokens": -1})");
   ASSERT_EQ(refused.status, 400);
+  // Two traceparent fields: no parent (W3C), so a trace of its own.
+  const json one = {{"model", "kjv-tiny"}, {"prompt", "Let there be"}, {"max_tokens", 2}};
+  auto doubled = http_request(s.port(), "POST", "/v1/completions", one.dump(),
+                              std::string("traceparent: 00-") + kTrace + "-" + kParentSpan + "-01\r\n" +
+                                  "traceparent: 00-22222222222222222222222222222222-3333333333333333-01\r\n");
+  ASSERT_EQ(doubled.status, 200) << doubled.body;
 
-  ASSERT_TRUE(wait_spans(c, 3)) << s.log();
+  ASSERT_TRUE(wait_spans(c, 4)) << s.log();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // nothing more is to come
   const auto spans = spans_of(c);
-  ASSERT_EQ(spans.size(), 3u) << "the unsampled and the refused request leave no span";
+  ASSERT_EQ(spans.size(), 4u) << "the unsampled and the refused request leave no span";
   const auto r0 = pb_read_traces(c.posts().at(0).body);
   EXPECT_EQ(std::get<std::string>(r0.resource.at("service.name")), "serve-test");
 
@@ -140,8 +165,8 @@ TEST(ServeTracing, RequestsBecomeSpansInTheirCallersTraces) {
   EXPECT_GE(queued, 0.0);
   EXPECT_GT(prefill, 0.0);
   EXPECT_GT(decode, 0.0);  // three more tokens after the first
-  EXPECT_NEAR(prefill + decode, inference, 1e-6);
-  EXPECT_LE(queued + inference, e2e);
+  EXPECT_LE(prefill, inference);
+  EXPECT_LE(queued + inference, e2e);  // one generation's times, within the request's
   EXPECT_GE(a->start_ns, before_ns);
   EXPECT_NEAR(static_cast<double>(a->end_ns - a->start_ns) * 1e-9, e2e, 1e-3);
   EXPECT_EQ(a->status_code, 0u);
@@ -159,14 +184,24 @@ TEST(ServeTracing, RequestsBecomeSpansInTheirCallersTraces) {
   EXPECT_EQ(std::get<std::string>(e->attributes.at("gen_ai.operation.name")), "embeddings");
   EXPECT_EQ(int_attr(*e, "gen_ai.usage.prompt_tokens"), json::parse(emb.body)["usage"]["prompt_tokens"].get<int64_t>());
   EXPECT_EQ(e->attributes.count("gen_ai.latency.time_to_first_token"), 0u);
+  const read_span* d = span_with(spans, json::parse(doubled.body)["id"]);
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->parent_span_id, "");
+  EXPECT_NE(d->trace_id, kTrace);
   EXPECT_GT(std::get<double>(e->attributes.at("gen_ai.latency.time_in_model_inference")), 0.0);
 
-  auto metrics = http_request(s.port(), "GET", "/metrics");
-  EXPECT_NE(metrics.body.find("llmesh_trace_spans_total{outcome=\"exported\"} 3"), std::string::npos) << metrics.body;
-  // vLLM's per-request replica times, one observation per generation or pooled input that ended
-  // (2 + 1 + 2 completions' choices, 1 embedding), traced or not.
+  // The exporter counts a batch once the collector's answer is read: a moment after the POST.
+  http_response metrics;
+  for (int i = 0; i < 200; ++i) {
+    metrics = http_request(s.port(), "GET", "/metrics");
+    if (metrics.body.find("llmesh_trace_spans_total{outcome=\"exported\"} 4") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(metrics.body.find("llmesh_trace_spans_total{outcome=\"exported\"} 4"), std::string::npos) << metrics.body;
+  // vLLM's per-request replica times, one observation per generation or pooled input the
+  // replica ended (2 + 1 + 2 + 1 completions' choices, 1 embedding), traced or not.
   for (const char* h : {"queue_time", "prefill_time", "decode_time", "inference_time"}) {
-    EXPECT_NE(metrics.body.find("llmesh_request_" + std::string(h) + "_seconds_count 6"), std::string::npos) << h << metrics.body;
+    EXPECT_NE(metrics.body.find("llmesh_request_" + std::string(h) + "_seconds_count 7"), std::string::npos) << h << metrics.body;
   }
 }
 
@@ -187,13 +222,14 @@ TEST(ServeTracing, SpansStillQueuedAreSentWhenTheServerStops) {
 }
 
 TEST(ServeTracing, AnEndpointItCannotSpeakToStopsTheStart) {
+  scoped_env env{};
   const auto grpc = run_command(bin + " serve --model " + model_dir + " --http 127.0.0.1:0 --rpc none --otlp-traces-endpoint grpc://localhost:4317");
   EXPECT_NE(grpc.exit_code, 0);
   EXPECT_NE(grpc.err.find("OTLP over HTTP"), std::string::npos) << grpc.err;
   const auto gzip = run_command("OTEL_EXPORTER_OTLP_COMPRESSION=gzip " + bin + " serve --model " + model_dir +
                                 " --http 127.0.0.1:0 --rpc none --otlp-traces-endpoint http://localhost:4318");
   EXPECT_NE(gzip.exit_code, 0);
-  EXPECT_NE(gzip.err.find("compression 'gzip'"), std::string::npos) << gzip.err;
+  EXPECT_NE(gzip.err.find("OTEL_EXPORTER_OTLP_COMPRESSION=gzip: compression is not supported"), std::string::npos) << gzip.err;
 }
 
 }  // namespace

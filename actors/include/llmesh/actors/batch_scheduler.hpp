@@ -150,11 +150,14 @@ struct replica_times {
     if (later.prefill_us >= 0) prefill_us = later.prefill_us;
     if (later.inference_us >= 0) inference_us = later.inference_us;
   }
-  /// Each field the larger of the two (a response's: its slowest generation's).
-  void widen(const replica_times& o) {
-    queued_us = std::max(queued_us, o.queued_us);
-    prefill_us = std::max(prefill_us, o.prefill_us);
-    inference_us = std::max(inference_us, o.inference_us);
+  /// Becomes `o` when o's generation took longer (a longer inference, else without either one a
+  /// longer prefill, else a longer wait): a response reports its slowest generation's times,
+  /// all from that one generation.
+  void keep_slower(const replica_times& o) {
+    const bool slower = o.inference_us != inference_us ? o.inference_us > inference_us
+                        : o.prefill_us != prefill_us   ? o.prefill_us > prefill_us
+                                                       : o.queued_us > queued_us;
+    if (slower) *this = o;
   }
 };
 
@@ -225,6 +228,10 @@ class batch_scheduler {
   size_t accepted() const { return accepted_; }
   /// Generated tokens so far of a live request (empty for unknown ids).
   std::span<const int32_t> output(uint64_t id) const;
+  /// A live request's replica_times now, as its `last` token would carry them (what is not
+  /// known yet: -1; unknown ids: all -1). For a caller that ends a request itself (a grammar
+  /// that is complete).
+  replica_times times(uint64_t id, bool last) const;
 
  private:
   struct request {

@@ -107,7 +107,7 @@ class completion_group {
   int64_t created() const { return g_.created; }
   /// What the choices share (chat or not, model, n).
   const group_setup& setup() const { return g_; }
-  /// The slowest choice's (or pooled input's) time on its replica, field by field.
+  /// The slowest choice's (or pooled input's) time on its replica (replica_times::keep_slower).
   actors::replica_times times() const;
   const completion_stream& choice(size_t i) const { return *choices_[i].stream; }
   /// Summed over the choices (every best_of candidate); prompt tokens once per prompt.

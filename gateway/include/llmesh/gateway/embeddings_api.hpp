@@ -203,7 +203,7 @@ class embeddings_output {
   /// The response's id and model (its trace span names them).
   const std::string& id() const { return s_.id; }
   const std::string& model() const { return s_.model; }
-  /// The slowest input's time on its replica, field by field.
+  /// The slowest input's time on its replica (replica_times::keep_slower).
   const actors::replica_times& times() const { return times_; }
 
  private:

@@ -3,7 +3,7 @@
 // queue (bounded; beyond it they are dropped and counted), a thread sends them in batches every
 // schedule delay or as soon as a batch is full, retries a batch the collector may take later
 // (no answer, 429, 502, 503, 504), and on shutdown sends what is queued within the export
-// timeout. Protobuf (http/protobuf, the SDKs' default for HTTP) or JSON (http/json); http:// or
+// timeout (drops the rest). Protobuf (http/protobuf, the SDKs' default for HTTP) or JSON (http/json); http:// or
 // https:// (the system's CAs, or OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE). gRPC is not spoken.
 //
 // Settings come from the endpoint and the OpenTelemetry SDK environment variables, each
@@ -68,8 +68,9 @@ class otlp_exporter {
 
   /// Queues a finished span (dropped and counted when max_queue are waiting or after shutdown).
   void record(span_record s);
-  /// Sends what is queued (one try per batch, within the export timeout in all) and stops the
-  /// thread. Idempotent.
+  /// Sends what is queued — one try per batch, all within the export timeout from now (name
+  /// resolution aside: getaddrinfo cannot be cut short) — and stops the thread. What is left
+  /// at the deadline is dropped. Idempotent.
   void shutdown();
 
   struct totals {
@@ -80,8 +81,9 @@ class otlp_exporter {
 
  private:
   void run();
-  /// One batch, with its retries (one try when `last`). True when the collector took it.
-  bool send(const std::vector<span_record>& batch, bool last);
+  /// One batch, with its retries (after shutdown() one try, within the drain). True when the
+  /// collector took it.
+  bool send(const std::vector<span_record>& batch);
   void count(const char* outcome, uint64_t n);
 
   otlp_options opt_;
@@ -90,6 +92,7 @@ class otlp_exporter {
   std::condition_variable wake_;
   std::deque<span_record> queue_;
   bool stop_ = false;
+  std::chrono::steady_clock::time_point drain_until_{};  ///< set by shutdown(): export timeout from then
   totals totals_;
   std::chrono::steady_clock::time_point last_failure_log_{};
   std::thread thread_;
