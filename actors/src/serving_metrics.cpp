@@ -44,15 +44,18 @@ void declare_serving(metrics_registry& r) {
   }
 }
 
-void observe_replica_times(metrics_registry& r, const replica_times& t) {
-  if (t.queued_us < 0 || t.prefill_us < 0 || t.inference_us < 0) return;
+void observe_replica_times(metrics_registry& r, const replica_times& t, bool first) {
   const auto observe = [&r](const char* name, int64_t us) {
     if (auto* h = r.get_histogram(name)) h->observe(1e-6 * static_cast<double>(us));
   };
-  observe(queue_time, t.queued_us);
-  observe(prefill_time, t.prefill_us);
-  observe(decode_time, std::max<int64_t>(0, t.inference_us - t.prefill_us));
-  observe(inference_time, t.inference_us);
+  if (first && t.queued_us >= 0 && t.prefill_us >= 0) {
+    observe(queue_time, t.queued_us);
+    observe(prefill_time, t.prefill_us);
+  }
+  if (t.prefill_us >= 0 && t.inference_us >= 0) {
+    observe(decode_time, std::max<int64_t>(0, t.inference_us - t.prefill_us));
+    observe(inference_time, t.inference_us);
+  }
 }
 
 }  // namespace llmesh::actors::metric

@@ -193,7 +193,7 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
     if (metrics_) metrics_->get_counter(metric::prompt_tokens_cached)->add(static_cast<double>(*cached_));
   }
   times_.update(t.times);
-  if (metrics_) metric::observe_replica_times(*metrics_, t.times);  // a last message's
+  if (metrics_) metric::observe_replica_times(*metrics_, t.times, tokens_.empty());
   tokens_.push_back(t.token);
   if (t.logprobs) cumulative_logprob_ += t.logprobs->logprob;
   observe_token();

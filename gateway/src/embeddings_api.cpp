@@ -466,7 +466,7 @@ void embeddings_output::on_message(const actors::token_msg& t) {
   if (t.failed) return fail(t.err);
   --in_flight_;
   times_.keep_slower(t.times);
-  if (s_.metrics) actors::metric::observe_replica_times(*s_.metrics, t.times);
+  if (s_.metrics) actors::metric::observe_replica_times(*s_.metrics, t.times, true);
   if (t.embedding.empty()) {
     return fail(make_error(errc::internal, "the replica sent no embedding for input " + std::to_string(it - inputs_.begin())));
   }

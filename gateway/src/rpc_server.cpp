@@ -359,7 +359,7 @@ struct rpc_server::impl {
       c.ids.push_back(t.token);
       if (!st->beams) {  // (a beam call's group counts its own choices)
         observe_token(c);
-        actors::metric::observe_replica_times(api.metrics(), t.times);  // a last message's
+        actors::metric::observe_replica_times(api.metrics(), t.times, c.ids.size() == 1);
       }
       if (t.logprobs) c.logprobs.push_back(*t.logprobs);
       if (k == 0 && !t.prompt_logprobs.empty()) st->prompt_logprobs = t.prompt_logprobs;

@@ -126,11 +126,17 @@ TEST(ServeTracing, RequestsBecomeSpansInTheirCallersTraces) {
                               std::string("traceparent: 00-") + kTrace + "-" + kParentSpan + "-01\r\n" +
                                   "traceparent: 00-22222222222222222222222222222222-3333333333333333-01\r\n");
   ASSERT_EQ(doubled.status, 200) << doubled.body;
+  // A stop string (a space, within 12 tokens of this text): the gateway cancels the generation,
+  // whose replica then sends no last message.
+  const json stopped_body = {{"model", "kjv-tiny"}, {"prompt", "And the earth was"}, {"max_tokens", 12}, {"stop", " "}};
+  auto stopped = http_request(s.port(), "POST", "/v1/completions", stopped_body.dump());
+  ASSERT_EQ(stopped.status, 200) << stopped.body;
+  const bool by_stop = json::parse(stopped.body)["choices"][0]["finish_reason"] == "stop";
 
-  ASSERT_TRUE(wait_spans(c, 4)) << s.log();
+  ASSERT_TRUE(wait_spans(c, 5)) << s.log();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // nothing more is to come
   const auto spans = spans_of(c);
-  ASSERT_EQ(spans.size(), 4u) << "the unsampled and the refused request leave no span";
+  ASSERT_EQ(spans.size(), 5u) << "the unsampled and the refused request leave no span";
   const auto r0 = pb_read_traces(c.posts().at(0).body);
   EXPECT_EQ(std::get<std::string>(r0.resource.at("service.name")), "serve-test");
 
@@ -194,15 +200,21 @@ TEST(ServeTracing, RequestsBecomeSpansInTheirCallersTraces) {
   http_response metrics;
   for (int i = 0; i < 200; ++i) {
     metrics = http_request(s.port(), "GET", "/metrics");
-    if (metrics.body.find("llmesh_trace_spans_total{outcome=\"exported\"} 4") != std::string::npos) break;
+    if (metrics.body.find("llmesh_trace_spans_total{outcome=\"exported\"} 5") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_NE(metrics.body.find("llmesh_trace_spans_total{outcome=\"exported\"} 4"), std::string::npos) << metrics.body;
-  // vLLM's per-request replica times, one observation per generation or pooled input the
-  // replica ended (2 + 1 + 2 + 1 completions' choices, 1 embedding), traced or not.
-  for (const char* h : {"queue_time", "prefill_time", "decode_time", "inference_time"}) {
-    EXPECT_NE(metrics.body.find("llmesh_request_" + std::string(h) + "_seconds_count 7"), std::string::npos) << h << metrics.body;
+  EXPECT_NE(metrics.body.find("llmesh_trace_spans_total{outcome=\"exported\"} 5"), std::string::npos) << metrics.body;
+  // vLLM's per-request replica times, traced or not: queue and prefill for every generation
+  // or pooled input (2 + 1 + 2 + 1 + 1 completions' choices, 1 embedding), decode and inference
+  // for those the replica ended (all but one a stop string ended).
+  for (const char* h : {"queue_time", "prefill_time"}) {
+    EXPECT_NE(metrics.body.find("llmesh_request_" + std::string(h) + "_seconds_count 8"), std::string::npos) << h << metrics.body;
   }
+  const std::string ended = by_stop ? "7" : "8";
+  for (const char* h : {"decode_time", "inference_time"}) {
+    EXPECT_NE(metrics.body.find("llmesh_request_" + std::string(h) + "_seconds_count " + ended), std::string::npos) << h << metrics.body;
+  }
+  EXPECT_TRUE(by_stop) << "the stop string never came: " << stopped.body;
 }
 
 TEST(ServeTracing, SpansStillQueuedAreSentWhenTheServerStops) {

@@ -48,9 +48,11 @@ inline constexpr const char* conversation_bytes = "llmesh_conversations_bytes";
 /// Declares every family above in `r` (idempotent).
 void declare_serving(metrics_registry& r);
 
-/// Observes a request's replica_times in the queue, prefill, decode (inference - prefill) and
-/// inference histograms — when its last message set them all; nothing otherwise (nor in a
-/// registry without declare_serving's families).
-void observe_replica_times(metrics_registry& r, const replica_times& t);
+/// Observes a generation's replica_times as its messages bring them: its first message's
+/// (`first`: the generation's first, not a migrated one's first on another replica) queue and
+/// prefill times, its last message's decode (inference - prefill) and inference times. A
+/// generation a stop string ends (cancelled, no last message) has queue and prefill times only.
+/// Nothing in a registry without declare_serving's families.
+void observe_replica_times(metrics_registry& r, const replica_times& t, bool first);
 
 }  // namespace llmesh::actors::metric
