@@ -155,6 +155,7 @@ struct ReplicaLoad {
   kvTotal @5 :UInt64;
   specDrafted @6 :UInt64;   # speculative decoding: drafts run since the replica started
   specAccepted @7 :UInt64;  # and drafts kept
+  preemptions @8 :UInt64;   # running requests sent back to wait for KV blocks since the replica started
 }
 
 # --- membership --------------------------------------------------------------------------

@@ -177,7 +177,8 @@ caf::behavior split_replica_actor(replica* self, model::engine* eng, scheduler_c
         const auto& b = st.core->blocks();
         const auto& sc = st.core->scheduler();
         self->send(reply_to, replica_load{self->id(), !st.dead && !st.draining, st.core->running(), st.core->waiting(),
-                                          b.total_blocks() - b.free_blocks(), b.total_blocks(), sc.drafted(), sc.accepted()});
+                                          b.total_blocks() - b.free_blocks(), b.total_blocks(), sc.drafted(), sc.accepted(),
+                                          sc.preemptions()});
       },
       [=](fault_atom, int64_t steps) { self->state.crash_after = steps; },
       [=](drain_atom) { self->state.draining = true; },

@@ -28,6 +28,7 @@ void publish(router* self) {
         ->set(l.kv_total ? static_cast<double>(l.kv_used) / static_cast<double>(l.kv_total) : 0.0);
     m->get_counter(metric::spec_drafted, replica)->set_total(static_cast<double>(l.drafted));
     m->get_counter(metric::spec_accepted, replica)->set_total(static_cast<double>(l.accepted));
+    m->get_counter(metric::preemptions, replica)->set_total(static_cast<double>(l.preemptions));
   }
 }
 
@@ -36,7 +37,7 @@ void forget(router* self, uint64_t id) {
   if (st.replicas.erase(id) == 0) return;
   st.routes->remove(id);
   const auto& was = st.loads[id];  // its counters stay where they were
-  st.loads[id] = replica_load{id, false, 0, 0, 0, was.kv_total, was.drafted, was.accepted};
+  st.loads[id] = replica_load{id, false, 0, 0, 0, was.kv_total, was.drafted, was.accepted, was.preemptions};
   publish(self);
 }
 

@@ -29,6 +29,15 @@ void declare_serving(metrics_registry& r) {
   r.declare_gauge(replicas_ready, "Replicas ready to take requests.");
   r.declare_counter(spec_drafted, "Speculative decoding: draft tokens the replica ran.", {"replica"});
   r.declare_counter(spec_accepted, "Speculative decoding: draft tokens the model drew as proposed (kept).", {"replica"});
+  r.declare_counter(preemptions, "Running requests the replica sent back to wait for KV-cache blocks.", {"replica"});
+  r.declare_counter(request_success, "Generations that ended, by the finish reason their response gives.", {"finished_reason"});
+  // 1, 2, 5, 10, ... 1M tokens (vLLM's 1-2-5 buckets).
+  std::vector<double> sizes;
+  for (double d = 1; d <= 1e6; d *= 10) {
+    for (double m : {1.0, 2.0, 5.0}) sizes.push_back(d * m);
+  }
+  r.declare_histogram(request_prompt_tokens, "Prompt tokens of each generation that ended.", sizes);
+  r.declare_histogram(request_generation_tokens, "Tokens each generation that ended produced.", sizes);
   r.declare_gauge(gateway_inflight, "Generation requests the gateway is serving.");
   r.declare_gauge(background_running, "Background responses running (the Responses API's background mode).");
   r.declare_gauge(stored_responses, "Responses the gateway keeps for previous_response_id and GET.");
@@ -37,7 +46,10 @@ void declare_serving(metrics_registry& r) {
   r.declare_gauge(conversation_bytes, "Bytes of JSON the conversations take.");
   // Unlabelled series exist from the start (a scrape before the first request sees zeros).
   for (const char* name : {prompt_tokens, prompt_tokens_cached, generation_tokens, migrations}) r.get_counter(name)->add(0);
-  for (const char* name : {ttft, itl, e2e, queue_time, prefill_time, decode_time, inference_time}) r.get_histogram(name);
+  for (const char* name : {ttft, itl, e2e, queue_time, prefill_time, decode_time, inference_time, request_prompt_tokens,
+                           request_generation_tokens}) {
+    r.get_histogram(name);
+  }
   for (const char* name : {gateway_inflight, background_running, stored_responses, stored_response_bytes, conversations,
                            conversation_bytes}) {
     r.get_gauge(name)->add(0);
@@ -56,6 +68,12 @@ void observe_replica_times(metrics_registry& r, const replica_times& t, bool fir
     observe(decode_time, std::max<int64_t>(0, t.inference_us - t.prefill_us));
     observe(inference_time, t.inference_us);
   }
+}
+
+void observe_finished(metrics_registry& r, const std::string& finished_reason, size_t prompt_tokens, size_t generated) {
+  if (auto* c = r.get_counter(request_success, {finished_reason})) c->add();
+  if (auto* h = r.get_histogram(request_prompt_tokens)) h->observe(static_cast<double>(prompt_tokens));
+  if (auto* h = r.get_histogram(request_generation_tokens)) h->observe(static_cast<double>(generated));
 }
 
 }  // namespace llmesh::actors::metric

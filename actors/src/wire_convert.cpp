@@ -123,11 +123,11 @@ token_msg from_wire(const transport::token_body& t) {
 
 transport::load_msg to_wire(const replica_load& l) {
   return {l.replica, l.ready, static_cast<uint32_t>(l.running), static_cast<uint32_t>(l.waiting), l.kv_used, l.kv_total,
-          l.drafted, l.accepted};
+          l.drafted, l.accepted, l.preemptions};
 }
 
 replica_load from_wire(const transport::load_msg& l) {
-  return {l.replica, l.ready, l.running, l.waiting, l.kv_used, l.kv_total, l.drafted, l.accepted};
+  return {l.replica, l.ready, l.running, l.waiting, l.kv_used, l.kv_total, l.drafted, l.accepted, l.preemptions};
 }
 
 transport::shard_step_msg to_wire(const shard_step& s) {

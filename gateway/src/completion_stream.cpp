@@ -157,6 +157,7 @@ std::string completion_stream::finish(const std::string& reason, std::string tex
   if (metrics_) {
     metrics_->get_histogram(metric::e2e)
         ->observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+    metric::observe_finished(*metrics_, reason, s_.prompt_ids.size(), tokens_.size());
   }
   std::string rest = std::move(text);  // the last token's text rides on the final chunk (as vLLM sends it)
   if (!stopped_by_string_) {

@@ -8,6 +8,7 @@
 #include <future>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "llmesh/actors/local_mesh.hpp"
 #include "llmesh/actors/serving_metrics.hpp"
@@ -50,6 +51,25 @@ TEST_F(LocalMesh, EveryRequestGetsItsAloneTokensAtAnyReplicaCount) {
     }
     EXPECT_EQ(m->inflight(), 0u);
   }
+}
+
+// A cache too small for every request at once: the replica preempts (the tokens stay each
+// request's own) and /metrics counts it under the replica's name, vLLM's num_preemptions.
+TEST_F(LocalMesh, PreemptionsAreCountedPerReplica) {
+  auto reqs = requests(12);
+  auto want = alone(reqs, 1);
+  auto m = mesh(1, 1, /*kv_tokens=*/128);
+  collector c;
+  for (const auto& r : reqs) m->submit(r, c.sink());
+  ASSERT_TRUE(c.wait_ends(reqs.size()));
+  for (const auto& r : reqs) EXPECT_EQ(c.tokens[r.id], want[r.id]) << "request " << r.id;
+  // The router publishes a replica's count as its status reports come.
+  double seen = 0;
+  for (int i = 0; i < 200 && seen == 0; ++i) {
+    if (auto* p = metrics_.get_counter(metric::preemptions, {"0"})) seen = p->value();
+    if (seen == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_GT(seen, 0.0) << metrics_.render();
 }
 
 TEST_F(LocalMesh, TensorParallelReplicasGiveTheSameTokens) {

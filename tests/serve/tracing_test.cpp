@@ -121,14 +121,14 @@ TEST(ServeTracing, RequestsBecomeSpansInTheirCallersTraces) {
   auto refused = http_request(s.port(), "POST", "/v1/completions", R"({"model": "kjv-tiny", "prompt": "x", "max_tokens": -1})");
   ASSERT_EQ(refused.status, 400);
   // Two traceparent fields: no parent (W3C), so a trace of its own.
-  const json one = {{"model", "kjv-tiny"}, {"prompt", "Let there be"}, {"max_tokens", 2}};
+  const json one = {{"model", "kjv-tiny"}, {"prompt", "Let there be"}, {"max_tokens", 2}, {"temperature", 0}};
   auto doubled = http_request(s.port(), "POST", "/v1/completions", one.dump(),
                               std::string("traceparent: 00-") + kTrace + "-" + kParentSpan + "-01\r\n" +
                                   "traceparent: 00-22222222222222222222222222222222-3333333333333333-01\r\n");
   ASSERT_EQ(doubled.status, 200) << doubled.body;
   // A stop string (a space, within 12 tokens of this text): the gateway cancels the generation,
   // whose replica then sends no last message.
-  const json stopped_body = {{"model", "kjv-tiny"}, {"prompt", "And the earth was"}, {"max_tokens", 12}, {"stop", " "}};
+  const json stopped_body = {{"model", "kjv-tiny"}, {"prompt", "And the earth was"}, {"max_tokens", 12}, {"stop", " "}, {"temperature", 0}};
   auto stopped = http_request(s.port(), "POST", "/v1/completions", stopped_body.dump());
   ASSERT_EQ(stopped.status, 200) << stopped.body;
   const bool by_stop = json::parse(stopped.body)["choices"][0]["finish_reason"] == "stop";
@@ -215,6 +215,13 @@ TEST(ServeTracing, RequestsBecomeSpansInTheirCallersTraces) {
     EXPECT_NE(metrics.body.find("llmesh_request_" + std::string(h) + "_seconds_count " + ended), std::string::npos) << h << metrics.body;
   }
   EXPECT_TRUE(by_stop) << "the stop string never came: " << stopped.body;
+  // Generations that ended, by why (vLLM's request_success), and their sizes: every choice above
+  // ran to max_tokens (ignore_eos on most; the greedy ones' text has no end id that soon) but
+  // the one the stop string ended.
+  EXPECT_NE(metrics.body.find("llmesh_request_success_total{finished_reason=\"stop\"} 1"), std::string::npos) << metrics.body;
+  EXPECT_NE(metrics.body.find("llmesh_request_success_total{finished_reason=\"length\"} 6"), std::string::npos) << metrics.body;
+  EXPECT_NE(metrics.body.find("llmesh_request_generation_tokens_count 7"), std::string::npos) << metrics.body;
+  EXPECT_NE(metrics.body.find("llmesh_request_prompt_tokens_count 7"), std::string::npos) << metrics.body;
 }
 
 TEST(ServeTracing, SpansStillQueuedAreSentWhenTheServerStops) {

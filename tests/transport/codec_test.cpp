@@ -58,6 +58,7 @@ std::vector<envelope> samples() {
       status_request{},
       load_msg{5, true, 3, 4, 100, 4096},
       load_msg{6, true, 1, 0, 10, 64, 1ull << 40, 12345},
+      load_msg{7, true, 2, 9, 60, 64, 0, 0, 31},  // a replica short of blocks: its preemptions
       hello_msg{"replica-a", {role::replica, role::router}, "127.0.0.1:7101", {2, 24ull << 30, 0, 6}, std::string("\x00\x01\xff", 3)},
       challenge_msg{std::string(32, '\x7f')},
       proof_msg{std::string(32, '\x01')},

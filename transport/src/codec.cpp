@@ -131,6 +131,7 @@ struct writer {
     l.setKvTotal(m.kv_total);
     l.setSpecDrafted(m.drafted);
     l.setSpecAccepted(m.accepted);
+    l.setPreemptions(m.preemptions);
   }
   void operator()(const hello_msg& m) {
     auto h = b.initHello();
@@ -449,7 +450,7 @@ struct reader {
       case Body::LOAD: {
         auto l = b.getLoad();
         out = load_msg{l.getReplica(), l.getReady(), l.getRunning(), l.getWaiting(), l.getKvUsed(), l.getKvTotal(),
-                       l.getSpecDrafted(), l.getSpecAccepted()};
+                       l.getSpecDrafted(), l.getSpecAccepted(), l.getPreemptions()};
         break;
       }
       case Body::HELLO: {

@@ -2,6 +2,8 @@
 // so that the router, the request actors and the gateway record into the same families.
 #pragma once
 
+#include <string>
+
 #include "llmesh/actors/metrics.hpp"
 
 namespace llmesh::actors {
@@ -36,6 +38,14 @@ inline constexpr const char* replicas_ready = "llmesh_replicas_ready";
 /// Speculative decoding (vLLM's spec_decode_num_draft_tokens / num_accepted_tokens); label: replica.
 inline constexpr const char* spec_drafted = "llmesh_spec_decode_draft_tokens_total";
 inline constexpr const char* spec_accepted = "llmesh_spec_decode_accepted_tokens_total";
+/// Running requests a replica sent back to wait for KV blocks (vLLM's num_preemptions); label: replica.
+inline constexpr const char* preemptions = "llmesh_preemptions_total";
+/// Generations that ended, by why (vLLM's request_success; label finished_reason: stop — an end
+/// id or a stop string — or length), and their sizes (vLLM's
+/// request_prompt_tokens and request_generation_tokens histograms).
+inline constexpr const char* request_success = "llmesh_request_success_total";
+inline constexpr const char* request_prompt_tokens = "llmesh_request_prompt_tokens";
+inline constexpr const char* request_generation_tokens = "llmesh_request_generation_tokens";
 inline constexpr const char* gateway_inflight = "llmesh_gateway_requests_inflight";
 /// The Responses API's state in the gateway: background runs live, stored responses and
 /// conversations (with the bytes of JSON they hold).
@@ -54,5 +64,9 @@ void declare_serving(metrics_registry& r);
 /// generation a stop string ends (cancelled, no last message) has queue and prefill times only.
 /// Nothing in a registry without declare_serving's families.
 void observe_replica_times(metrics_registry& r, const replica_times& t, bool first);
+
+/// A generation that ended with `finished_reason` ("stop" or "length"), its prompt's and
+/// its output's token counts. Nothing in a registry without declare_serving's families.
+void observe_finished(metrics_registry& r, const std::string& finished_reason, size_t prompt_tokens, size_t generated);
 
 }  // namespace llmesh::actors::metric

@@ -107,6 +107,7 @@ struct load_msg {
   uint32_t running = 0, waiting = 0;
   uint64_t kv_used = 0, kv_total = 0;
   uint64_t drafted = 0, accepted = 0;  ///< speculative decoding's drafts run and kept
+  uint64_t preemptions = 0;            ///< running requests sent back to wait for blocks
   bool operator==(const load_msg&) const = default;
 };
 
