@@ -31,7 +31,7 @@ void declare_serving(metrics_registry& r) {
   r.declare_counter(spec_accepted, "Speculative decoding: draft tokens the model drew as proposed (kept).", {"replica"});
   r.declare_counter(preemptions, "Running requests the replica sent back to wait for KV-cache blocks.", {"replica"});
   r.declare_counter(request_success, "Generations that ended, by the finish reason their response gives.", {"finished_reason"});
-  // 1, 2, 5, 10, ... 1M tokens (vLLM's 1-2-5 buckets).
+  // 1, 2, 5, 10, ... 5M tokens (vLLM's 1-2-5 buckets).
   std::vector<double> sizes;
   for (double d = 1; d <= 1e6; d *= 10) {
     for (double m : {1.0, 2.0, 5.0}) sizes.push_back(d * m);

@@ -197,7 +197,7 @@ result<otlp_options> otlp_options_from(const std::string& endpoint, const env_re
       return make_error(errc::invalid_request, c->name + "=" + c->value + ": compression is not supported (none only)");
     }
   }
-  if (auto ca = setting(env, "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")) {
+  if (auto ca = setting(env, "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"); ca && o.tls) {
     // Read now, so that a wrong path fails the start rather than every export.
     beast::error_code ec;
     try {
@@ -390,8 +390,8 @@ void otlp_exporter::run() {
       std::vector<span_record> batch(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.begin() + n));
       queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
       lk.unlock();
-      const bool sent = send(batch);
-      count(sent ? "exported" : "failed", batch.size());
+      const sent outcome = send(batch);
+      count(outcome == sent::yes ? "exported" : outcome == sent::failed ? "failed" : "dropped", batch.size());
       lk.lock();
       if (!stop_ && queue_.size() < opt_.max_batch) break;  // a partial batch waits for the delay
     }
@@ -399,7 +399,7 @@ void otlp_exporter::run() {
   }
 }
 
-bool otlp_exporter::send(const std::vector<span_record>& batch) {
+otlp_exporter::sent otlp_exporter::send(const std::vector<span_record>& batch) {
   post_outcome out;
   std::optional<net::ssl::context> tls;
   try {
@@ -419,21 +419,25 @@ bool otlp_exporter::send(const std::vector<span_record>& batch) {
   }
   const std::string body = opt_.json ? otlp_json(opt_.resource, batch) : otlp_protobuf(opt_.resource, batch);
   auto backoff = opt_.retry_backoff;
-  bool tried_stopping = false;  // shutting down, a batch gets one try (its last) within the drain
-  for (int attempt = 1; out.why.empty() || attempt > 1; ++attempt) {  // (a TLS setup error: no try)
-    std::chrono::milliseconds limit = opt_.timeout;
+  const int tries = std::max(1, opt_.tries);
+  bool tried_stopping = false;  // shutting down, a batch gets one try more at most, within the drain
+  int attempt = 0;
+  while (out.why.empty() || attempt > 0) {  // (a TLS setup error: no try)
+    // The try's end as a time point (a duration rounded down would end it before the drain's
+    // deadline, and the next batch would find time left that is not there).
+    auto until = std::chrono::steady_clock::now() + opt_.timeout;
     {
       std::lock_guard lk(mu_);
       if (stop_) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(drain_until_ - std::chrono::steady_clock::now());
-        if (tried_stopping || left.count() <= 0) {
-          if (out.why.empty()) out.why = "the server stopped before it could be sent";
+        if (tried_stopping || attempt >= tries || std::chrono::steady_clock::now() >= drain_until_) {
+          if (attempt == 0) return sent::not_tried;
           break;
         }
         tried_stopping = true;
-        limit = std::min(limit, left);
+        until = std::min(until, drain_until_);
       }
     }
+    ++attempt;
     out = {};
     net::io_context ioc;
     net::co_spawn(ioc, post(opt_, tls ? &*tls : nullptr, body, out), [&out](std::exception_ptr e) {
@@ -447,18 +451,17 @@ bool otlp_exporter::send(const std::vector<span_record>& batch) {
     });
     // The stream's own timeout bounds each step; this bounds the whole try (and, at shutdown,
     // keeps it within the drain). Left unfinished, the try is dropped with its io_context.
-    ioc.run_for(limit);
+    ioc.run_until(until);
     if (!ioc.stopped()) {
       ioc.stop();
       out.status = 0;
-      out.why = "no answer within " + std::to_string(limit.count()) + " ms";
+      out.why = "no answer in time";
     }
-    if (out.status / 100 == 2) return true;
+    if (out.status / 100 == 2) return sent::yes;
     const bool retryable = out.status == 0 || out.status == 429 || out.status == 502 || out.status == 503 || out.status == 504;
-    if (!retryable) break;
+    if (!retryable || attempt >= tries) break;
     std::unique_lock lk(mu_);
     if (!stop_) {
-      if (attempt >= std::max(1, opt_.tries)) break;
       auto wait = backoff;
       if (out.retry_after_s >= 0) wait = std::chrono::milliseconds(1000 * std::min(out.retry_after_s, 5));
       backoff *= 2;
@@ -475,7 +478,7 @@ bool otlp_exporter::send(const std::vector<span_record>& batch) {
     std::fprintf(stderr, "llmesh: OTLP export of %zu span(s) to %s failed: %s%s\n", batch.size(), opt_.endpoint.c_str(),
                  out.why.empty() ? "no answer" : out.why.c_str(), hint.c_str());
   }
-  return false;
+  return sent::failed;
 }
 
 }  // namespace llmesh::gateway

@@ -404,7 +404,7 @@ struct rpc_server::impl {
         if (!st->beams) {
           api.metrics().get_histogram(actors::metric::e2e)
               ->observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - c.start).count());
-          actors::metric::observe_finished(api.metrics(), c.finish == actors::finish_reason::length ? "length" : "stop",
+          actors::metric::observe_finished(api.metrics(), c.finish == actors::finish_reason::eos ? "stop" : "length",  // the reply's
                                            st->prompt_tokens, c.ids.size());
         }
       }

@@ -6,6 +6,7 @@
 // max_tokens and EOS; cancellation frees blocks.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <numeric>
 #include <random>
@@ -197,6 +198,22 @@ TEST(BatchScheduler, PrefixCacheSkipsComputedPromptBlocks) {
   EXPECT_EQ(plan.seqs[0].tokens.size(), 8u);
 }
 
+/// Runs steps with the fake model until no request is left, each event to `on`; each step's
+/// "forward" takes `step_time`.
+void run_until_idle(batch_scheduler& s, fake_cache& cache, const std::function<void(const token_event&)>& on,
+                    std::chrono::milliseconds step_time = std::chrono::milliseconds(0)) {
+  while (s.waiting() + s.running() > 0) {
+    auto plan = s.schedule();
+    ASSERT_FALSE(plan.seqs.empty());
+    std::vector<int32_t> sampled;
+    for (const auto& q : plan.seqs) {
+      for (int32_t t : cache.run_rows(q, fake_next)) sampled.push_back(t);
+    }
+    std::this_thread::sleep_for(step_time);
+    for (const auto& e : s.complete(plan, sampled)) on(e);
+  }
+}
+
 // The client's cached_tokens: a request's first token says how many of its tokens the prefix
 // cache held when it was first admitted; its other tokens say nothing (-1).
 TEST(BatchScheduler, TheFirstTokenCarriesThePrefixCacheHit) {
@@ -209,17 +226,7 @@ TEST(BatchScheduler, TheFirstTokenCarriesThePrefixCacheHit) {
   ASSERT_TRUE(s.add(b).ok());
   std::map<uint64_t, std::vector<int32_t>> reported;
   fake_cache cache(m);
-  auto drive = [&] {
-    while (s.waiting() + s.running() > 0) {
-      auto plan = s.schedule();
-      ASSERT_FALSE(plan.seqs.empty());
-      std::vector<int32_t> sampled;
-      for (const auto& q : plan.seqs) {
-        for (int32_t t : cache.run_rows(q, fake_next)) sampled.push_back(t);
-      }
-      for (const auto& e : s.complete(plan, sampled)) reported[e.id].push_back(e.cached_tokens);
-    }
-  };
+  auto drive = [&] { run_until_idle(s, cache, [&](const token_event& e) { reported[e.id].push_back(e.cached_tokens); }); };
   drive();
   EXPECT_EQ(reported[1], (std::vector<int32_t>{0, -1, -1}));  // nothing was cached yet
   EXPECT_EQ(reported[3], (std::vector<int32_t>{0, -1}));
@@ -242,16 +249,7 @@ TEST(BatchScheduler, FirstAndLastTokensCarryTheRequestsTimes) {
   ASSERT_TRUE(s.add(make_request(2, 20, 1, /*salt=*/5)).ok());
   std::map<uint64_t, std::vector<replica_times>> reported;
   fake_cache cache(m);
-  while (s.waiting() + s.running() > 0) {
-    auto plan = s.schedule();
-    ASSERT_FALSE(plan.seqs.empty());
-    std::vector<int32_t> sampled;
-    for (const auto& q : plan.seqs) {
-      for (int32_t t : cache.run_rows(q, fake_next)) sampled.push_back(t);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the step's "forward"
-    for (const auto& e : s.complete(plan, sampled)) reported[e.id].push_back(e.times);
-  }
+  run_until_idle(s, cache, [&](const token_event& e) { reported[e.id].push_back(e.times); }, std::chrono::milliseconds(5));
   const auto& a = reported[1];
   ASSERT_EQ(a.size(), 3u);
   EXPECT_GE(a[0].queued_us, 0);

@@ -62,7 +62,10 @@ TEST_F(LocalMesh, PreemptionsAreCountedPerReplica) {
   collector c;
   for (const auto& r : reqs) m->submit(r, c.sink());
   ASSERT_TRUE(c.wait_ends(reqs.size()));
-  for (const auto& r : reqs) EXPECT_EQ(c.tokens[r.id], want[r.id]) << "request " << r.id;
+  for (const auto& r : reqs) {
+    EXPECT_FALSE(c.ends[r.id].failed) << c.ends[r.id].err.message;
+    EXPECT_EQ(c.tokens[r.id], want[r.id]) << "request " << r.id;
+  }
   // The router publishes a replica's count as its status reports come.
   double seen = 0;
   for (int i = 0; i < 200 && seen == 0; ++i) {

@@ -61,7 +61,8 @@ void declare_serving(metrics_registry& r);
 /// Observes a generation's replica_times as its messages bring them: its first message's
 /// (`first`: the generation's first, not a migrated one's first on another replica) queue and
 /// prefill times, its last message's decode (inference - prefill) and inference times. A
-/// generation a stop string ends (cancelled, no last message) has queue and prefill times only.
+/// generation a stop string ends before its last token (cancelled, no last message) has queue
+/// and prefill times only.
 /// Nothing in a registry without declare_serving's families.
 void observe_replica_times(metrics_registry& r, const replica_times& t, bool first);
 

@@ -42,7 +42,8 @@ struct otlp_options {
   size_t max_queue = 2048, max_batch = 512;
   trace_resource resource;
   /// Backoff before retrying a batch (doubled each time; the collector's Retry-After, at most
-  /// 5 s, when it gives one), and how many tries a batch gets.
+  /// 5 s, when it gives one), and how many tries a batch gets at most (a shutdown cuts them
+  /// short: then a batch gets one try more at most, if its tries are not spent).
   std::chrono::milliseconds retry_backoff{500};
   int tries = 3;
 };
@@ -52,7 +53,8 @@ using env_reader = std::function<const char*(const char*)>;
 
 /// The exporter's options for `endpoint` (http[s]://host[:port][/path]; no path: /v1/traces)
 /// and the environment. Errors name the setting: a gRPC endpoint or protocol, a bad header
-/// list, a number that is not one, gzip compression.
+/// list, a number that is not one or out of range (delays and timeouts at most a day, queue
+/// and batch at most 1 Mi spans), gzip compression, an https endpoint's CA file that does not load.
 [[nodiscard]] result<otlp_options> otlp_options_from(const std::string& endpoint, const env_reader& env);
 
 /// Thread affinity: record() from any thread; the rest from the owner's.
@@ -81,9 +83,10 @@ class otlp_exporter {
 
  private:
   void run();
-  /// One batch, with its retries (after shutdown() one try, within the drain). True when the
-  /// collector took it.
-  bool send(const std::vector<span_record>& batch);
+  enum class sent { yes, failed, not_tried };
+  /// One batch, with its retries (after shutdown() one more try at most, within the drain):
+  /// taken, failed, or not tried at all (the drain's time was up).
+  sent send(const std::vector<span_record>& batch);
   void count(const char* outcome, uint64_t n);
 
   otlp_options opt_;

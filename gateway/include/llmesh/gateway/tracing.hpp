@@ -94,8 +94,8 @@ struct request_facts {
   double ttft_s = -1, e2e_s = -1;
   /// Its time on the replica (its slowest generation's, all from that one): queued before its
   /// first scheduling, then prefill to its first token, decode to its last, inference the two
-  /// together. A generation a stop string ended (the gateway cancels it) has no decode or
-  /// inference time.
+  /// together. A generation a stop string ended before its last token (the gateway cancels it)
+  /// has no decode or inference time; a beam search's none at all.
   double queue_s = -1, prefill_s = -1, decode_s = -1, inference_s = -1;
   int http_status = 0;
   std::string error = {};  ///< why it failed (the span's status is then error)
