@@ -103,6 +103,8 @@ struct GenerateRequest {
                                     # requests of the same salt
   promptCacheKey @33 :Text;         # OpenAI's prompt_cache_key (empty: none): the router sends a
                                     # key's requests where its last one went (unless much busier)
+  traceparent @34 :Text;            # W3C Trace Context (empty: none): with the server's
+  tracestate @35 :Text;             # --otlp-traces-endpoint, the call's span is a child of it
 }
 
 struct TokenLogprob {

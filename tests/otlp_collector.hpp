@@ -1,7 +1,8 @@
 // Test helpers for tracing: a stand-in OpenTelemetry collector (an HTTP/1.1 server on
 // 127.0.0.1, a port chosen at run time, that keeps every POST and answers with the statuses it
-// is told), and a protobuf reader that turns an OTLP ExportTraceServiceRequest into its spans —
-// written from opentelemetry-proto's field numbers, independently of the encoder under test.
+// is told), a protobuf reader that turns an OTLP ExportTraceServiceRequest into its spans —
+// written from opentelemetry-proto's field numbers, independently of the encoder under test —
+// and, for tests that start servers, the OTEL_* environment they see and the spans they sent.
 #pragma once
 
 #include <arpa/inet.h>
@@ -14,10 +15,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <variant>
@@ -302,6 +305,65 @@ inline read_request pb_read_traces(const std::string& body) {
     }
   }
   return r;
+}
+
+/// Sets environment variables for the servers a test starts — and empties the other OTEL_*
+/// settings the exporter reads, so the machine's own cannot change what the test sees —;
+/// restores them all after.
+struct scoped_otel_env {
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  void set(const char* k, const char* v) {
+    const char* old = std::getenv(k);
+    saved.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+    setenv(k, v, 1);
+  }
+  scoped_otel_env(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const char* k : {"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_HEADERS",
+                          "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+                          "OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+                          "OTEL_EXPORTER_OTLP_CERTIFICATE", "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_BSP_SCHEDULE_DELAY",
+                          "OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_SERVICE_NAME",
+                          "OTEL_RESOURCE_ATTRIBUTES"}) {
+      set(k, "");  // empty: unset, to the exporter
+    }
+    for (const auto& [k, v] : vars) set(k, v);
+  }
+  ~scoped_otel_env() {
+    for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
+      if (it->second) {
+        setenv(it->first.c_str(), it->second->c_str(), 1);
+      } else {
+        unsetenv(it->first.c_str());
+      }
+    }
+  }
+};
+
+/// Every span the collector got so far.
+inline std::vector<read_span> spans_of(otlp_collector& c) {
+  std::vector<read_span> out;
+  for (const auto& p : c.posts()) {
+    for (auto& s : pb_read_traces(p.body).spans) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+/// Waits until the collector holds `n` spans (false after 30 s).
+inline bool wait_spans(otlp_collector& c, size_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (spans_of(c).size() < n) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+inline const read_span* span_with(const std::vector<read_span>& spans, const std::string& request_id) {
+  for (const auto& s : spans) {
+    auto it = s.attributes.find("gen_ai.request.id");
+    if (it != s.attributes.end() && std::get<std::string>(it->second) == request_id) return &s;
+  }
+  return nullptr;
 }
 
 }  // namespace llmesh::testing

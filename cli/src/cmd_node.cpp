@@ -433,7 +433,7 @@ status run_node(node_flags f) {
     }
     std::unique_ptr<gateway::rpc_server> rpc;
     if (p.rpc) {
-      auto r = gateway::rpc_server::start(*api, {p.rpc->host, p.rpc->port, f.gw.tls});
+      auto r = gateway::rpc_server::start(*api, {p.rpc->host, p.rpc->port, f.gw.tls, ho.tracer});
       if (!r) {
         caf::anon_send_exit(agent, caf::exit_reason::kill);
         return r.take_error();

@@ -244,7 +244,7 @@ status run_serve(serve_flags f) {
     // free port (the start line names it), so that two such servers, or --port 8081, never collide.
     if (!f.rpc_given && (!f.host.empty() || f.port >= 0)) *rpc_where = {where->first, 0};
     rpc_host = rpc_where->first;
-    auto r = gateway::rpc_server::start(*api, {rpc_where->first, rpc_where->second, f.gw.tls});
+    auto r = gateway::rpc_server::start(*api, {rpc_where->first, rpc_where->second, f.gw.tls, ho.tracer});
     if (!r) return r.take_error();
     rpc = std::move(*r);
   }

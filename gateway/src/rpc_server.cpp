@@ -17,8 +17,10 @@
 #include <unordered_set>
 
 #include "llmesh/gateway/completion_stream.hpp"
+#include "llmesh/gateway/otlp_exporter.hpp"
 #include "llmesh/gateway/stop_matcher.hpp"
 #include "llmesh/gateway/structured_output.hpp"
+#include "llmesh/gateway/tracing.hpp"
 #include "llmesh/actors/serving_metrics.hpp"
 #include "llmesh/schemas/rpc.capnp.h"
 #include "rpc_listener.hpp"
@@ -40,6 +42,7 @@ struct choice_state {
   bool absent = false;     ///< a beam search found fewer beams than choices: not in the result
   /// When its call began and its last token came (the serving metrics, as completion_stream's).
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), last = start;
+  actors::replica_times times;  ///< its time on the replica, as its messages said
 
   choice_state(uint64_t i, const model::detokenizer& d, bool skip) : id(i), decoder(d, skip) {}
 };
@@ -72,6 +75,16 @@ struct call_state {
   size_t ended = 0;                   ///< choices ended
   bool finished = false;              ///< the RPC call's outcome is decided
   std::optional<error> failure;
+  /// With a tracer: the call's span so far (recorded once, when the call is decided or dropped).
+  struct trace_state {
+    std::chrono::system_clock::time_point arrived;
+    std::chrono::steady_clock::time_point t0;
+    std::optional<trace_parent> parent;
+    std::optional<std::chrono::steady_clock::time_point> first_token;
+    request_facts facts;
+    bool recorded = false;
+  };
+  std::unique_ptr<trace_state> trace;
 
   call_state(rpc_server::impl* o, rpc::TokenSink::Client s) : owner(o), sink(kj::mv(s)) {}
   ~call_state();
@@ -228,8 +241,43 @@ struct rpc_server::impl {
   /// Runs native_generate (the checks, tokenizing, a structured-output compile) off the loop,
   /// which streams every other call's tokens. Joined before the loop stops.
   boost::asio::thread_pool workers{2};
+  span_ids trace_ids;  ///< the loop thread's
 
   impl(api_service& a, rpc_options o) : api(a), opt(std::move(o)) {}
+
+  /// The call's span, to the tracer, once (the call was decided, or dropped by its client).
+  void record_span(call_state* st) {
+    if (!st->trace || st->trace->recorded || !opt.tracer) return;
+    auto& t = *st->trace;
+    t.recorded = true;
+    request_facts& f = t.facts;
+    const auto now = std::chrono::steady_clock::now();
+    f.id = st->response_id;
+    f.n = static_cast<int64_t>(st->choices.size());
+    f.prompt_tokens = static_cast<int64_t>(st->prompt_tokens);
+    int64_t generated = 0;
+    actors::replica_times rt;
+    for (const auto& c : st->choices) {
+      generated += static_cast<int64_t>(c.ids.size());
+      rt.keep_slower(c.times);
+    }
+    f.completion_tokens = generated;
+    f.sequences = f.n;
+    if (t.first_token) f.ttft_s = std::chrono::duration<double>(*t.first_token - t.t0).count();
+    f.e2e_s = std::chrono::duration<double>(now - t.t0).count();
+    if (rt.queued_us >= 0) f.queue_s = 1e-6 * static_cast<double>(rt.queued_us);
+    if (rt.prefill_us >= 0) f.prefill_s = 1e-6 * static_cast<double>(rt.prefill_us);
+    if (rt.inference_us >= 0) {
+      f.inference_s = 1e-6 * static_cast<double>(rt.inference_us);
+      f.decode_s = std::max(0.0, f.inference_s - std::max(f.prefill_s, 0.0));
+    }
+    if (st->failure) f.error = st->failure->message;
+    const auto ns = [](std::chrono::system_clock::time_point p) {
+      return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(p.time_since_epoch()).count());
+    };
+    const auto end = t.arrived + std::chrono::duration_cast<std::chrono::system_clock::duration>(now - t.t0);
+    opt.tracer->record(request_span(f, t.parent, trace_ids, ns(t.arrived), ns(end)));
+  }
 
   /// A token of generation `id` (on the loop thread): decoded, streamed to the client's sink
   /// with its choice's index; the last one of the last choice completes the call once every
@@ -357,6 +405,8 @@ struct rpc_server::impl {
       c.mesh_done = true;
     } else {
       c.ids.push_back(t.token);
+      c.times.update(t.times);
+      if (st->trace && !st->trace->first_token) st->trace->first_token = std::chrono::steady_clock::now();
       if (!st->beams) {  // (a beam call's group counts its own choices)
         observe_token(c);
         actors::metric::observe_replica_times(api.metrics(), t.times, c.ids.size() == 1);
@@ -430,6 +480,7 @@ struct rpc_server::impl {
   /// mesh is not wanted; the result goes once the sink has taken every token sent before.
   void finish_call(call_state* st) {
     st->finished = true;
+    record_span(st);
     for (auto& other : st->choices) {
       if (!other.mesh_done) {
         api.mesh().cancel(other.id);
@@ -447,6 +498,7 @@ struct rpc_server::impl {
 namespace {
 
 call_state::~call_state() {
+  owner->record_span(this);  // a call its client dropped (a decided one's is recorded already)
   for (const auto& c : choices) {
     if (!c.mesh_done) owner->api.mesh().cancel(c.id);
     owner->calls.erase(c.id);
@@ -528,7 +580,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
                                              std::move(work->g), work->extra, work->add_special_tokens));
       (*done)->fulfill();
     });
-    return paf.promise.then([this, ctx, work]() mutable { return start(ctx, *work->job); });
+    return paf.promise.then([this, ctx, work]() mutable { return start(ctx, *work->job, *work); });
   }
 
   kj::Promise<void> embed(EmbedContext ctx) override {
@@ -627,10 +679,13 @@ class llmesh_service final : public rpc::Llmesh::Server {
     bool add_special_tokens = true;
     std::string key, model;
     std::optional<result<generation_job>> job;
+    /// When the call came (its span's start).
+    std::chrono::system_clock::time_point arrived = std::chrono::system_clock::now();
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   };
 
   /// The call's generation in the mesh (on the loop): its state, the submit, the result.
-  kj::Promise<void> start(GenerateContext ctx, result<generation_job>& job) {
+  kj::Promise<void> start(GenerateContext ctx, result<generation_job>& job, const pending& work) {
     auto params = ctx.getParams();
     auto in = params.getRequest();
     if (!job) {
@@ -657,6 +712,25 @@ class llmesh_service final : public rpc::Llmesh::Server {
       for (auto t : in.getStopTokenIds()) st->stop_ids.push_back(t);
     }
     st->min_tokens = static_cast<size_t>(std::max(first.sampling.min_tokens, 0));
+    if (p_->opt.tracer) {
+      // A span unless the caller's trace context says "not sampled" (HTTP's rule).
+      auto parent = parse_traceparent(std::string_view(in.getTraceparent().cStr(), in.getTraceparent().size()),
+                                      std::string_view(in.getTracestate().cStr(), in.getTracestate().size()));
+      if (!parent || parent->sampled()) {
+        st->trace = std::make_unique<call_state::trace_state>();
+        auto& t = *st->trace;
+        t.arrived = work.arrived;
+        t.t0 = work.t0;
+        t.parent = std::move(parent);
+        t.facts.operation = "text_completion";
+        t.facts.method = "";
+        t.facts.rpc_method = "generate";
+        t.facts.model = job->output ? job->output->setup().model : work.model;
+        t.facts.max_tokens = static_cast<int64_t>(first.max_tokens);
+        t.facts.temperature = first.sampling.temperature;
+        t.facts.top_p = first.sampling.top_p;
+      }
+    }
     std::vector<uint64_t> choice_ids;
     for (const auto& req : job->requests) choice_ids.push_back(req.id);
     if (beams) choice_ids = job->output->search_choices(0);

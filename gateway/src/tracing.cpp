@@ -258,6 +258,10 @@ span_record request_span(const request_facts& f, const std::optional<trace_paren
   real("gen_ai.latency.time_in_model_inference", f.inference_s);
   text("http.request.method", f.method);
   text("url.path", f.path);
+  if (!f.rpc_method.empty()) {
+    a.push_back({"rpc.system", std::string("capnp")});
+    a.push_back({"rpc.method", f.rpc_method});
+  }
   if (f.http_status > 0) a.push_back({"http.response.status_code", int64_t{f.http_status}});
   if (!f.error.empty()) {
     s.status = span_status::error;

@@ -26,70 +26,11 @@ const std::string model_dir = std::string(LLMESH_SOURCE_DIR) + "/models/kjv-tiny
 constexpr const char* kTrace = "4bf92f3577b34da6a3ce929d0e0e4736";
 constexpr const char* kParentSpan = "00f067aa0ba902b7";
 
-/// Sets environment variables for the servers a test starts — and empties the other OTEL_*
-/// settings the exporter reads, so the machine's own cannot change what the test sees —;
-/// restores them all after.
-struct scoped_env {
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
-  void set(const char* k, const char* v) {
-    const char* old = std::getenv(k);
-    saved.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
-    setenv(k, v, 1);
-  }
-  scoped_env(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (const char* k : {"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_HEADERS",
-                          "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
-                          "OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
-                          "OTEL_EXPORTER_OTLP_CERTIFICATE", "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_BSP_SCHEDULE_DELAY",
-                          "OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_SERVICE_NAME",
-                          "OTEL_RESOURCE_ATTRIBUTES"}) {
-      set(k, "");  // empty: unset, to the exporter
-    }
-    for (const auto& [k, v] : vars) set(k, v);
-  }
-  ~scoped_env() {
-    for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
-      if (it->second) {
-        setenv(it->first.c_str(), it->second->c_str(), 1);
-      } else {
-        unsetenv(it->first.c_str());
-      }
-    }
-  }
-};
-
-/// Every span the collector got so far.
-std::vector<read_span> spans_of(otlp_collector& c) {
-  std::vector<read_span> out;
-  for (const auto& p : c.posts()) {
-    for (auto& s : pb_read_traces(p.body).spans) out.push_back(std::move(s));
-  }
-  return out;
-}
-
-/// Waits until the collector holds `n` spans (false after 30 s).
-bool wait_spans(otlp_collector& c, size_t n) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (spans_of(c).size() < n) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
-
-const read_span* span_with(const std::vector<read_span>& spans, const std::string& request_id) {
-  for (const auto& s : spans) {
-    auto it = s.attributes.find("gen_ai.request.id");
-    if (it != s.attributes.end() && std::get<std::string>(it->second) == request_id) return &s;
-  }
-  return nullptr;
-}
-
 int64_t int_attr(const read_span& s, const std::string& key) { return std::get<int64_t>(s.attributes.at(key)); }
 
 TEST(ServeTracing, RequestsBecomeSpansInTheirCallersTraces) {
   otlp_collector c;
-  scoped_env env{{"OTEL_BSP_SCHEDULE_DELAY", "50"}, {"OTEL_SERVICE_NAME", "serve-test"}};
+  scoped_otel_env env{{"OTEL_BSP_SCHEDULE_DELAY", "50"}, {"OTEL_SERVICE_NAME", "serve-test"}};
   const auto before_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   server_process s(bin, {"--model", model_dir, "--otlp-traces-endpoint", c.url("")});
@@ -231,7 +172,7 @@ TEST(ServeTracing, RequestsBecomeSpansInTheirCallersTraces) {
 TEST(ServeTracing, SpansStillQueuedAreSentWhenTheServerStops) {
   otlp_collector c;
   // A minute between exports: the span is still queued when the server is told to stop.
-  scoped_env env{{"OTEL_BSP_SCHEDULE_DELAY", "60000"}};
+  scoped_otel_env env{{"OTEL_BSP_SCHEDULE_DELAY", "60000"}};
   server_process s(bin, {"--model", model_dir, "--otlp-traces-endpoint", c.url()});
   ASSERT_GT(s.port(), 0) << s.log();
   auto r = http_request(s.port(), "POST", "/v1/completions",
@@ -245,7 +186,7 @@ TEST(ServeTracing, SpansStillQueuedAreSentWhenTheServerStops) {
 }
 
 TEST(ServeTracing, AnEndpointItCannotSpeakToStopsTheStart) {
-  scoped_env env{};
+  scoped_otel_env env{};
   const auto grpc = run_command(bin + " serve --model " + model_dir + " --http 127.0.0.1:0 --rpc none --otlp-traces-endpoint grpc://localhost:4317");
   EXPECT_NE(grpc.exit_code, 0);
   EXPECT_NE(grpc.err.find("OTLP over HTTP"), std::string::npos) << grpc.err;

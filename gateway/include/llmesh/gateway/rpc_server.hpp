@@ -15,11 +15,16 @@
 
 namespace llmesh::gateway {
 
+class otlp_exporter;
+
 struct rpc_options {
   std::string host = "127.0.0.1";
   uint16_t port = 8081;  ///< 0: any free port (see port())
   /// TLS with the HTTP server's certificate (rpc_listener.hpp); off without one.
   tls_options tls;
+  /// --otlp-traces-endpoint's exporter (null: none): a span per generate call, a child of its
+  /// request's traceparent field when it has one.
+  std::shared_ptr<otlp_exporter> tracer = nullptr;
 };
 
 /// Thread affinity: create and destroy on one thread; port() from any.

@@ -87,7 +87,8 @@ struct request_facts {
   std::string id;         ///< the response id ("cmpl-…", "chatcmpl-…", "embd-…")
   std::string model;      ///< the served model's name the request used
   std::string operation;  ///< gen_ai.operation.name: chat, text_completion, embeddings
-  std::string method = "POST", path;
+  std::string method = "POST", path;  ///< HTTP's (empty: left out)
+  std::string rpc_method = {};        ///< the native API's call (rpc.system "capnp", rpc.method)
   int64_t max_tokens = -1, n = -1;
   double temperature = -1, top_p = -1;
   int64_t prompt_tokens = -1, completion_tokens = -1, sequences = -1;
