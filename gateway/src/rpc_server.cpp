@@ -272,6 +272,7 @@ struct rpc_server::impl {
       f.decode_s = std::max(0.0, f.inference_s - std::max(f.prefill_s, 0.0));
     }
     if (st->failure) f.error = st->failure->message;
+    f.cancelled = !st->finished;  // recorded from the destructor: its client dropped it
     const auto ns = [](std::chrono::system_clock::time_point p) {
       return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(p.time_since_epoch()).count());
     };
@@ -309,6 +310,8 @@ struct rpc_server::impl {
   /// choices' tokens (as completion_group replays them for HTTP), a failed one fails the call.
   void on_step(call_state* st, uint64_t id, const actors::token_msg& t) {
     if (st->finished) return;
+    // The search's first step token is its first token, as the HTTP span counts it.
+    if (st->trace && !st->trace->first_token && !t.failed && t.token >= 0) st->trace->first_token = std::chrono::steady_clock::now();
     if (t.failed || t.finish != actors::finish_reason::none) calls.erase(id);
     (void)st->beams->on_message(t);  // (the group's own rendering of the beams is not used)
     const beam_search& b = st->beams->search(0);

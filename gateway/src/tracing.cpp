@@ -262,6 +262,7 @@ span_record request_span(const request_facts& f, const std::optional<trace_paren
     a.push_back({"rpc.system", std::string("capnp")});
     a.push_back({"rpc.method", f.rpc_method});
   }
+  if (f.cancelled) a.push_back({"llmesh.cancelled", true});
   if (f.http_status > 0) a.push_back({"http.response.status_code", int64_t{f.http_status}});
   if (!f.error.empty()) {
     s.status = span_status::error;

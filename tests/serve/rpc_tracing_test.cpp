@@ -1,7 +1,8 @@
 // The native API's generate calls under --otlp-traces-endpoint: each call is one llm_request
 // span — a child of its request's traceparent field, else a root, none when that says "not
 // sampled" — naming the call (rpc.system capnp, rpc.method generate) with the call's token
-// counts; the spans still queued when the server stops are sent before it exits.
+// counts; a call its client drops is recorded too, marked cancelled; the spans still queued
+// when the server stops are sent before it exits.
 #include "../otlp_collector.hpp"
 #include "rpc_client.hpp"
 
@@ -45,13 +46,42 @@ TEST(RpcTracing, GenerateCallsBecomeSpansInTheirCallersTraces) {
     ASSERT_TRUE(root.ok) << root.message;
     auto unsampled = call("00-11111111111111111111111111111111-2222222222222222-00", 1);
     ASSERT_TRUE(unsampled.ok) << unsampled.message;
+    // A call its client drops mid-stream: its span says so, with the tokens it got.
+    std::vector<int32_t> ids;
+    std::string text;
+    auto paf = kj::newPromiseAndFulfiller<void>();
+    auto req = client.getMain<rpc::Llmesh>().generateRequest();
+    auto r = req.initRequest();
+    r.setModel("kjv-tiny");
+    r.getPrompt().setText("And God said");
+    r.setMaxTokens(200);
+    r.setIgnoreEos(true);
+    r.setTraceparent("00-33333333333333333333333333333333-4444444444444444-01");
+    req.setSink(kj::heap<sink>(ids, text, 3, kj::mv(paf.fulfiller)));
+    auto running = req.send();
+    paf.promise.wait(client.getWaitScope());  // streaming
+    { auto dropped = kj::mv(running); }
+    // Once the server has let it go, a next call runs (the loop handled the cancel first).
+    auto after = call("", 1);
+    ASSERT_TRUE(after.ok) << after.message;
   }
   EXPECT_EQ(s.stop(), 0) << s.log();
   const auto spans = spans_of(c);
-  ASSERT_EQ(spans.size(), 2u) << "the unsampled call leaves no span";
+  ASSERT_EQ(spans.size(), 4u) << "the unsampled call leaves no span";
   const read_span* child = nullptr;
   const read_span* root = nullptr;
-  for (const auto& sp : spans) (sp.parent_span_id.empty() ? root : child) = &sp;
+  const read_span* dropped = nullptr;
+  for (const auto& sp : spans) {
+    if (sp.trace_id == kTrace) child = &sp;
+    if (sp.trace_id == "33333333333333333333333333333333") dropped = &sp;
+    if (sp.parent_span_id.empty() && root == nullptr) root = &sp;
+  }
+  ASSERT_NE(dropped, nullptr);
+  EXPECT_TRUE(std::get<bool>(dropped->attributes.at("llmesh.cancelled")));
+  EXPECT_EQ(dropped->status_code, 0u);  // the client's choice, not an error
+  const int64_t got = std::get<int64_t>(dropped->attributes.at("gen_ai.usage.completion_tokens"));
+  EXPECT_GE(got, 3);
+  EXPECT_LT(got, 200);
   ASSERT_NE(child, nullptr);
   ASSERT_NE(root, nullptr);
   EXPECT_EQ(child->trace_id, kTrace);
@@ -73,6 +103,7 @@ TEST(RpcTracing, GenerateCallsBecomeSpansInTheirCallersTraces) {
   EXPECT_LE(std::get<double>(child->attributes.at("gen_ai.latency.time_in_model_inference")), e2e);
   EXPECT_NE(root->trace_id, kTrace);
   EXPECT_EQ(std::get<int64_t>(root->attributes.at("gen_ai.usage.completion_tokens")), 4);
+  EXPECT_EQ(child->attributes.count("llmesh.cancelled"), 0u);
 }
 
 }  // namespace

@@ -89,6 +89,7 @@ struct request_facts {
   std::string operation;  ///< gen_ai.operation.name: chat, text_completion, embeddings
   std::string method = "POST", path;  ///< HTTP's (empty: left out)
   std::string rpc_method = {};        ///< the native API's call (rpc.system "capnp", rpc.method)
+  bool cancelled = false;             ///< the client dropped the call (llmesh.cancelled; not an error)
   int64_t max_tokens = -1, n = -1;
   double temperature = -1, top_p = -1;
   int64_t prompt_tokens = -1, completion_tokens = -1, sequences = -1;
@@ -108,8 +109,9 @@ struct request_facts {
 /// .time_to_first_token, .time_in_queue, .time_in_model_prefill, .time_in_model_decode,
 /// .time_in_model_inference in seconds), OpenTelemetry's GenAI and HTTP names beside them
 /// (gen_ai.operation.name, gen_ai.request.model, gen_ai.response.id, gen_ai.usage.input_tokens,
-/// .output_tokens, http.request.method, url.path, http.response.status_code). A child of
-/// `parent`'s span in its trace, or the root of a new trace.
+/// .output_tokens, http.request.method, url.path, http.response.status_code; for a native-API
+/// call rpc.system "capnp" and rpc.method, and llmesh.cancelled when its client dropped it). A
+/// child of `parent`'s span in its trace, or the root of a new trace.
 span_record request_span(const request_facts& f, const std::optional<trace_parent>& parent, span_ids& ids,
                          uint64_t start_unix_ns, uint64_t end_unix_ns);
 
