@@ -198,27 +198,15 @@ awaitable<bool> end_sse(http_server::impl* s, Stream& stream, bool chunked) {
   co_return !ec;
 }
 
-/// A traced request (http_options::tracer): when it came, its path and its remote parent.
-struct job_trace {
-  std::chrono::system_clock::time_point arrived;
-  std::chrono::steady_clock::time_point t0;
-  std::string path;
-  std::optional<trace_parent> parent;
-  std::optional<std::chrono::steady_clock::time_point> first_token;
-  request_facts facts;  ///< what the job's requests asked (before they go to the mesh)
-};
-
 /// The trace of a request about to run (null: not traced — no tracer, not a POST, or a parent
 /// that says "not sampled"). W3C: repeated traceparent fields make none (a trace of its own),
 /// repeated tracestate fields are one list.
 template <class Request>
-std::unique_ptr<job_trace> trace_of(http_server::impl* s, const Request& req) {
+std::unique_ptr<request_trace> trace_of(http_server::impl* s, const Request& req) {
   if (!s->opt.tracer || req.method() != http::verb::post) return nullptr;
-  auto t = std::make_unique<job_trace>();
-  t->arrived = std::chrono::system_clock::now();
-  t->t0 = std::chrono::steady_clock::now();
+  auto t = std::make_unique<request_trace>();  // stamped now: the request has just been read
   const std::string_view path = sv(req.target());
-  t->path = std::string(path.substr(0, path.find('?')));
+  t->facts.path = std::string(path.substr(0, path.find('?')));
   if (req.count("traceparent") == 1) {
     std::string state;
     for (auto [it, end] = req.equal_range("tracestate"); it != end; ++it) {
@@ -231,10 +219,8 @@ std::unique_ptr<job_trace> trace_of(http_server::impl* s, const Request& req) {
 }
 
 /// The job's span, to the exporter: `http_status` as answered (499: the client went away).
-void record_span(http_server::impl* s, job_trace& t, const completion_group& out, int http_status) {
+void record_span(http_server::impl* s, request_trace& t, const completion_group& out, int http_status) {
   request_facts& f = t.facts;
-  const auto now = std::chrono::steady_clock::now();
-  f.path = t.path;
   f.http_status = http_status;
   if (const auto* e = out.embeddings()) {
     f.operation = "embeddings";
@@ -252,30 +238,17 @@ void record_span(http_server::impl* s, job_trace& t, const completion_group& out
     f.completion_tokens = static_cast<int64_t>(u.completion_tokens);
     f.sequences = static_cast<int64_t>(out.size());
   }
-  if (t.first_token) f.ttft_s = std::chrono::duration<double>(*t.first_token - t.t0).count();
-  const actors::replica_times rt = out.times();
-  if (rt.queued_us >= 0) f.queue_s = 1e-6 * static_cast<double>(rt.queued_us);
-  if (rt.prefill_us >= 0) f.prefill_s = 1e-6 * static_cast<double>(rt.prefill_us);
-  if (rt.inference_us >= 0) {
-    f.inference_s = 1e-6 * static_cast<double>(rt.inference_us);
-    f.decode_s = std::max(0.0, f.inference_s - std::max(f.prefill_s, 0.0));
-  }
-  f.e2e_s = std::chrono::duration<double>(now - t.t0).count();
   // A failure is the span's error when it is the server's (5xx) or came after the answer began
   // (the stream's 200); a 4xx is the client's (OpenTelemetry's HTTP server rule).
   if (out.failure() && (http_status >= 500 || http_status == 200)) f.error = out.failure()->message;
-  const auto ns = [](std::chrono::system_clock::time_point p) {
-    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(p.time_since_epoch()).count());
-  };
-  const auto end = t.arrived + std::chrono::duration_cast<std::chrono::system_clock::duration>(now - t.t0);
-  s->opt.tracer->record(request_span(f, t.parent, s->trace_ids, ns(t.arrived), ns(end)));
+  s->opt.tracer->record(t.finish(out.times(), s->trace_ids));
 }
 
 /// Runs one generation job (every choice of a response) on this connection. Returns false when
 /// the connection must close. `trace`: its span's start (null: not traced).
 template <class Stream>
 awaitable<bool> run_job(http_server::impl* s, Stream& stream, generation_job& job, unsigned version,
-                        bool keep, const header_list& extra, job_trace* trace = nullptr) {
+                        bool keep, const header_list& extra, request_trace* trace = nullptr) {
   auto ex = stream.get_executor();
   auto st = std::make_shared<job_state>(ex);
   const finish_guard over{*st};
@@ -316,9 +289,7 @@ awaitable<bool> run_job(http_server::impl* s, Stream& stream, generation_job& jo
     }
     std::string bytes;
     while (!st->queue.empty() && !out.done()) {
-      if (trace && !trace->first_token && st->queue.front().token >= 0 && !st->queue.front().failed) {
-        trace->first_token = std::chrono::steady_clock::now();
-      }
+      if (trace && st->queue.front().token >= 0 && !st->queue.front().failed) trace->saw_token();
       bytes += out.on_message(st->queue.front());
       st->queue.pop_front();
     }
@@ -475,7 +446,7 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
       }
       header_list extra = cors_headers(s->opt.cors, origin);
       add_request_id(s, extra, sv(req["X-Request-Id"]));
-      std::unique_ptr<job_trace> trace = trace_of(s, req);
+      std::unique_ptr<request_trace> trace = trace_of(s, req);
       auto handle = [s, &req]() -> awaitable<api_outcome> {
         co_return s->api->handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
       };

@@ -332,14 +332,15 @@ otlp_exporter::otlp_exporter(otlp_options o, actors::metrics_registry* metrics) 
 
 otlp_exporter::~otlp_exporter() { shutdown(); }
 
-void otlp_exporter::count(const char* outcome, uint64_t n) {
+void otlp_exporter::count(outcome o, uint64_t n) {
   if (n == 0) return;
   {
     std::lock_guard lk(mu_);
-    (outcome[0] == 'e' ? totals_.exported : outcome[0] == 'd' ? totals_.dropped : totals_.failed) += n;
+    (o == outcome::exported ? totals_.exported : o == outcome::dropped ? totals_.dropped : totals_.failed) += n;
   }
   if (metrics_) {
-    if (auto* c = metrics_->get_counter(spans_metric, {outcome})) c->add(static_cast<double>(n));
+    const char* label = o == outcome::exported ? "exported" : o == outcome::dropped ? "dropped" : "failed";
+    if (auto* c = metrics_->get_counter(spans_metric, {label})) c->add(static_cast<double>(n));
   }
 }
 
@@ -352,7 +353,7 @@ void otlp_exporter::record(span_record s) {
       return;
     }
   }
-  count("dropped", 1);
+  count(outcome::dropped, 1);
 }
 
 void otlp_exporter::shutdown() {
@@ -382,7 +383,7 @@ void otlp_exporter::run() {
         const uint64_t left = queue_.size();
         queue_.clear();
         lk.unlock();
-        count("dropped", left);  // shutdown's time is up
+        count(outcome::dropped, left);  // shutdown's time is up
         lk.lock();
         break;
       }
@@ -390,8 +391,8 @@ void otlp_exporter::run() {
       std::vector<span_record> batch(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.begin() + n));
       queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
       lk.unlock();
-      const sent outcome = send(batch);
-      count(outcome == sent::yes ? "exported" : outcome == sent::failed ? "failed" : "dropped", batch.size());
+      const sent s = send(batch);
+      count(s == sent::yes ? outcome::exported : s == sent::failed ? outcome::failed : outcome::dropped, batch.size());
       lk.lock();
       if (!stop_ && queue_.size() < opt_.max_batch) break;  // a partial batch waits for the delay
     }

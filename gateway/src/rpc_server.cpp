@@ -14,15 +14,14 @@
 #include <future>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "llmesh/gateway/completion_stream.hpp"
 #include "llmesh/gateway/otlp_exporter.hpp"
 #include "llmesh/gateway/stop_matcher.hpp"
-#include "llmesh/gateway/structured_output.hpp"
 #include "llmesh/gateway/tracing.hpp"
 #include "llmesh/actors/serving_metrics.hpp"
 #include "llmesh/schemas/rpc.capnp.h"
+#include "rpc_fields.hpp"
 #include "rpc_listener.hpp"
 
 namespace llmesh::gateway {
@@ -75,16 +74,9 @@ struct call_state {
   size_t ended = 0;                   ///< choices ended
   bool finished = false;              ///< the RPC call's outcome is decided
   std::optional<error> failure;
-  /// With a tracer: the call's span so far (recorded once, when the call is decided or dropped).
-  struct trace_state {
-    std::chrono::system_clock::time_point arrived;
-    std::chrono::steady_clock::time_point t0;
-    std::optional<trace_parent> parent;
-    std::optional<std::chrono::steady_clock::time_point> first_token;
-    request_facts facts;
-    bool recorded = false;
-  };
-  std::unique_ptr<trace_state> trace;
+  /// With a tracer: the call's span so far (recorded, and reset, once the call is decided or
+  /// dropped).
+  std::unique_ptr<request_trace> trace;
 
   call_state(rpc_server::impl* o, rpc::TokenSink::Client s) : owner(o), sink(kj::mv(s)) {}
   ~call_state();
@@ -101,127 +93,6 @@ struct embed_call {
   embed_call(rpc_server::impl* o, generation_job j) : owner(o), job(std::move(j)) {}
   ~embed_call();
 };
-
-/// One token's log-probability entry (rpc.capnp's TokenLogprob).
-void set_logprob(rpc::TokenLogprob::Builder out, int32_t id, const kernels::token_logprobs& lp, const model::detokenizer& d) {
-  auto bytes_of = [&](int32_t t) {
-    const std::string& b = d.token_bytes(t);
-    return kj::arrayPtr(reinterpret_cast<const kj::byte*>(b.data()), b.size());
-  };
-  out.setId(id);
-  out.setLogprob(lp.logprob);
-  out.setRank(lp.rank);
-  out.setBytes(bytes_of(id));
-  auto top = out.initTop(static_cast<unsigned>(lp.top.size()));
-  for (unsigned i = 0; i < lp.top.size(); ++i) {
-    top[i].setId(lp.top[i].id);
-    top[i].setLogprob(lp.top[i].logprob);
-    top[i].setRank(static_cast<int32_t>(i + 1));
-    top[i].setBytes(bytes_of(lp.top[i].id));
-  }
-}
-
-/// A request's fields beyond sampling, in /v1/completions' names for apply_extra_fields (the
-/// HTTP API's checks and error messages); an error for what JSON cannot say (a bias's id twice).
-/// `max_logprobs`: the server's bound (--max-logprobs).
-result<nlohmann::ordered_json> extra_fields(rpc::GenerateRequest::Reader in, int max_logprobs) {
-  for (auto [name, n] : {std::pair{"logprobs", in.getLogprobs()}, std::pair{"prompt_logprobs", in.getPromptLogprobs()}}) {
-    if (n < -1 || n > max_logprobs) {
-      return make_error(errc::invalid_request, "'" + std::string(name) + "' must be between 0 and " +
-                                                   std::to_string(max_logprobs) +
-                                                   " (how many alternatives), or -1 for none");
-    }
-  }
-  nlohmann::ordered_json j = {{"presence_penalty", in.getPresencePenalty()},
-                              {"frequency_penalty", in.getFrequencyPenalty()},
-                              {"repetition_penalty", in.getRepetitionPenalty()},
-                              {"min_tokens", in.getMinTokens()},
-                              {"min_p", in.getMinP()},
-                              {"include_stop_str_in_output", in.getIncludeStopStr()},
-                              {"skip_special_tokens", in.getSkipSpecialTokens()}};
-  if (in.getTruncatePromptTokens() != 0) j["truncate_prompt_tokens"] = in.getTruncatePromptTokens();
-  if (in.getUseBeamSearch()) j["use_beam_search"] = true;
-  if (in.getLengthPenalty() != 1.0f) j["length_penalty"] = in.getLengthPenalty();
-  if (in.getPriority() != 0) j["priority"] = in.getPriority();
-  if (in.hasCacheSalt() && in.getCacheSalt().size() > 0) {
-    j["cache_salt"] = std::string(in.getCacheSalt().cStr(), std::min<size_t>(in.getCacheSalt().size(), max_cache_salt + 1));
-  }
-  if (in.hasPromptCacheKey() && in.getPromptCacheKey().size() > 0) {
-    j["prompt_cache_key"] =
-        std::string(in.getPromptCacheKey().cStr(), std::min<size_t>(in.getPromptCacheKey().size(), max_cache_salt + 1));
-  }
-  // Sizes first (this runs before the API key is checked): a message may be tens of MiB.
-  if (in.hasStop()) {
-    if (in.getStop().size() > request_limits{}.max_stop) return make_error(errc::invalid_request, "'stop' holds at most 4 strings");
-    auto stops = nlohmann::ordered_json::array();
-    for (auto s : in.getStop()) stops.push_back(std::string(s.cStr(), std::min<size_t>(s.size(), 4096)));
-    j["stop"] = std::move(stops);
-  }
-  if (in.hasAllowedTokenIds()) {
-    if (in.getAllowedTokenIds().size() > request_limits{}.max_allowed_token_ids) {
-      return make_error(errc::invalid_request,
-                        "'allowed_token_ids' holds at most " + std::to_string(request_limits{}.max_allowed_token_ids) + " ids");
-    }
-    auto ids = nlohmann::ordered_json::array();
-    for (auto id : in.getAllowedTokenIds()) ids.push_back(id);
-    j["allowed_token_ids"] = std::move(ids);
-  }
-  if (in.hasBadWords()) {
-    if (in.getBadWords().size() > request_limits{}.max_bad_words) {
-      return make_error(errc::invalid_request,
-                        "'bad_words' holds at most " + std::to_string(request_limits{}.max_bad_words) + " words");
-    }
-    auto words = nlohmann::ordered_json::array();
-    for (auto w : in.getBadWords()) words.push_back(std::string(w.cStr(), std::min<size_t>(w.size(), 4096)));
-    j["bad_words"] = std::move(words);
-  }
-  if (in.hasStopTokenIds()) {
-    auto ids = nlohmann::ordered_json::array();
-    for (auto id : in.getStopTokenIds()) ids.push_back(id);
-    j["stop_token_ids"] = std::move(ids);
-  }
-  if (in.hasLogitBias()) {
-    if (in.getLogitBias().size() > max_logit_bias_entries) {
-      return make_error(errc::invalid_request, "'logit_bias' holds at most " + std::to_string(max_logit_bias_entries) + " entries");
-    }
-    auto bias = nlohmann::ordered_json::object();
-    std::unordered_set<int32_t> seen;
-    for (auto b : in.getLogitBias()) {
-      if (b.getId() < 0) return make_error(errc::invalid_request, "'logit_bias' keys must be token ids (non-negative)");
-      if (!seen.insert(b.getId()).second) {
-        return make_error(errc::invalid_request, "'logit_bias' names token " + std::to_string(b.getId()) + " twice");
-      }
-      bias[std::to_string(b.getId())] = b.getBias();
-    }
-    j["logit_bias"] = std::move(bias);
-  }
-  if (in.hasConstraint()) {
-    auto c = in.getConstraint();
-    if (c.getText().size() > model::max_constraint_bytes) {
-      return make_error(errc::invalid_request, "constraint: the text is longer than " + std::to_string(model::max_constraint_bytes) + " bytes");
-    }
-    const std::string text(c.getText().cStr(), c.getText().size());
-    using kind = rpc::OutputConstraint::Kind;
-    if ((c.getKind() == kind::NONE || c.getKind() == kind::JSON_OBJECT) && !text.empty()) {
-      return make_error(errc::invalid_request, "constraint: this kind takes no text");
-    }
-    switch (c.getKind()) {
-      case kind::NONE: break;
-      case kind::JSON_SCHEMA: j["guided_json"] = text; break;
-      case kind::JSON_OBJECT: j["response_format"] = {{"type", "json_object"}}; break;
-      case kind::REGEX: j["guided_regex"] = text; break;
-      case kind::CHOICE: {
-        auto choices = parse_embedded_json(text);  // depth-bounded
-        if (!choices) return make_error(errc::invalid_request, "'guided_choice': the text must be a JSON array of strings");
-        j["guided_choice"] = std::move(*choices);
-        break;
-      }
-      case kind::GRAMMAR: j["guided_grammar"] = text; break;
-      default: return make_error(errc::invalid_request, "constraint: unknown kind " + std::to_string(static_cast<int>(c.getKind())));
-    }
-  }
-  return j;
-}
 
 }  // namespace
 
@@ -247,11 +118,8 @@ struct rpc_server::impl {
 
   /// The call's span, to the tracer, once (the call was decided, or dropped by its client).
   void record_span(call_state* st) {
-    if (!st->trace || st->trace->recorded || !opt.tracer) return;
-    auto& t = *st->trace;
-    t.recorded = true;
-    request_facts& f = t.facts;
-    const auto now = std::chrono::steady_clock::now();
+    if (!st->trace || !opt.tracer) return;
+    request_facts& f = st->trace->facts;
     f.id = st->response_id;
     f.n = static_cast<int64_t>(st->choices.size());
     f.prompt_tokens = static_cast<int64_t>(st->prompt_tokens);
@@ -263,21 +131,10 @@ struct rpc_server::impl {
     }
     f.completion_tokens = generated;
     f.sequences = f.n;
-    if (t.first_token) f.ttft_s = std::chrono::duration<double>(*t.first_token - t.t0).count();
-    f.e2e_s = std::chrono::duration<double>(now - t.t0).count();
-    if (rt.queued_us >= 0) f.queue_s = 1e-6 * static_cast<double>(rt.queued_us);
-    if (rt.prefill_us >= 0) f.prefill_s = 1e-6 * static_cast<double>(rt.prefill_us);
-    if (rt.inference_us >= 0) {
-      f.inference_s = 1e-6 * static_cast<double>(rt.inference_us);
-      f.decode_s = std::max(0.0, f.inference_s - std::max(f.prefill_s, 0.0));
-    }
     if (st->failure) f.error = st->failure->message;
     f.cancelled = !st->finished;  // recorded from the destructor: its client dropped it
-    const auto ns = [](std::chrono::system_clock::time_point p) {
-      return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(p.time_since_epoch()).count());
-    };
-    const auto end = t.arrived + std::chrono::duration_cast<std::chrono::system_clock::duration>(now - t.t0);
-    opt.tracer->record(request_span(f, t.parent, trace_ids, ns(t.arrived), ns(end)));
+    opt.tracer->record(st->trace->finish(rt, trace_ids));
+    st->trace.reset();  // once
   }
 
   /// A token of generation `id` (on the loop thread): decoded, streamed to the client's sink
@@ -311,7 +168,7 @@ struct rpc_server::impl {
   void on_step(call_state* st, uint64_t id, const actors::token_msg& t) {
     if (st->finished) return;
     // The search's first step token is its first token, as the HTTP span counts it.
-    if (st->trace && !st->trace->first_token && !t.failed && t.token >= 0) st->trace->first_token = std::chrono::steady_clock::now();
+    if (st->trace && !t.failed && t.token >= 0) st->trace->saw_token();
     if (t.failed || t.finish != actors::finish_reason::none) calls.erase(id);
     (void)st->beams->on_message(t);  // (the group's own rendering of the beams is not used)
     const beam_search& b = st->beams->search(0);
@@ -409,7 +266,7 @@ struct rpc_server::impl {
     } else {
       c.ids.push_back(t.token);
       c.times.update(t.times);
-      if (st->trace && !st->trace->first_token) st->trace->first_token = std::chrono::steady_clock::now();
+      if (st->trace) st->trace->saw_token();
       if (!st->beams) {  // (a beam call's group counts its own choices)
         observe_token(c);
         actors::metric::observe_replica_times(api.metrics(), t.times, c.ids.size() == 1);
@@ -682,9 +539,7 @@ class llmesh_service final : public rpc::Llmesh::Server {
     bool add_special_tokens = true;
     std::string key, model;
     std::optional<result<generation_job>> job;
-    /// When the call came (its span's start).
-    std::chrono::system_clock::time_point arrived = std::chrono::system_clock::now();
-    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    request_trace trace;  ///< stamped when the call came (its span's start)
   };
 
   /// The call's generation in the mesh (on the loop): its state, the submit, the result.
@@ -720,10 +575,8 @@ class llmesh_service final : public rpc::Llmesh::Server {
       auto parent = parse_traceparent(std::string_view(in.getTraceparent().cStr(), in.getTraceparent().size()),
                                       std::string_view(in.getTracestate().cStr(), in.getTracestate().size()));
       if (!parent || parent->sampled()) {
-        st->trace = std::make_unique<call_state::trace_state>();
+        st->trace = std::make_unique<request_trace>(work.trace);
         auto& t = *st->trace;
-        t.arrived = work.arrived;
-        t.t0 = work.t0;
         t.parent = std::move(parent);
         t.facts.operation = "text_completion";
         t.facts.method = "";

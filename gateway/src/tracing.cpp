@@ -1,6 +1,8 @@
 // W3C Trace Context parsing and the OTLP encodings of spans (tracing.hpp).
 #include "llmesh/gateway/tracing.hpp"
 
+#include "llmesh/actors/batch_scheduler.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -269,6 +271,24 @@ span_record request_span(const request_facts& f, const std::optional<trace_paren
     s.status_message = f.error;
   }
   return s;
+}
+
+span_record request_trace::finish(const actors::replica_times& rt, span_ids& ids) {
+  const auto now = std::chrono::steady_clock::now();
+  request_facts& f = facts;
+  if (first_token) f.ttft_s = std::chrono::duration<double>(*first_token - t0).count();
+  f.e2e_s = std::chrono::duration<double>(now - t0).count();
+  if (rt.queued_us >= 0) f.queue_s = 1e-6 * static_cast<double>(rt.queued_us);
+  if (rt.prefill_us >= 0) f.prefill_s = 1e-6 * static_cast<double>(rt.prefill_us);
+  if (rt.inference_us >= 0) {
+    f.inference_s = 1e-6 * static_cast<double>(rt.inference_us);
+    f.decode_s = std::max(0.0, f.inference_s - std::max(f.prefill_s, 0.0));
+  }
+  const auto ns = [](std::chrono::system_clock::time_point p) {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(p.time_since_epoch()).count());
+  };
+  const auto end = arrived + std::chrono::duration_cast<std::chrono::system_clock::duration>(now - t0);
+  return request_span(f, parent, ids, ns(arrived), ns(end));
 }
 
 std::string otlp_protobuf(const trace_resource& resource, const std::vector<span_record>& spans) {

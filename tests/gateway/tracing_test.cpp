@@ -380,24 +380,27 @@ TEST(OtlpExporter, RetriesWhatTheCollectorCannotTakeYetAndGivesUpOnWhatItRefuses
   EXPECT_EQ(x.counts().failed, 1u);
 }
 
-/// A port bound but never listened on (connecting gets a refusal), held until destroyed.
-struct refusing_port {
+/// A loopback port held until destroyed: bound only (connecting gets a refusal), or listening
+/// but never accepting (connections complete in its backlog, requests are written, no answer
+/// ever comes).
+struct held_port {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   int port = 0;
-  refusing_port() {
+  explicit held_port(bool listening) {
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof a;
-    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && (!listening || listen(fd, 64) == 0) &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
       port = ntohs(a.sin_port);
     }
   }
-  ~refusing_port() { close(fd); }
+  ~held_port() { close(fd); }
 };
 
 TEST(OtlpExporter, AFullQueueDropsAndAnAbsentCollectorFails) {
-  refusing_port refusing;
+  held_port refusing(false);
   ASSERT_GT(refusing.port, 0);
   const int port = refusing.port;
   auto o = otlp_options_from("http://127.0.0.1:" + std::to_string(port), env_of({{"OTEL_BSP_SCHEDULE_DELAY", "60000"}}));
@@ -417,17 +420,9 @@ TEST(OtlpExporter, AFullQueueDropsAndAnAbsentCollectorFails) {
 }
 
 TEST(OtlpExporter, AShutdownDropsWhatItCannotSendWithinTheExportTimeout) {
-  // A socket that listens but never accepts: connections complete in its backlog, requests are
-  // written, no answer ever comes.
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(listen(fd, 64), 0);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  auto o = otlp_options_from("http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)),
+  held_port silent(true);
+  ASSERT_GT(silent.port, 0);
+  auto o = otlp_options_from("http://127.0.0.1:" + std::to_string(silent.port),
                              env_of({{"OTEL_BSP_SCHEDULE_DELAY", "60000"}, {"OTEL_EXPORTER_OTLP_TIMEOUT", "1000"}}));
   ASSERT_TRUE(o);
   o->max_batch = 1;
@@ -442,7 +437,6 @@ TEST(OtlpExporter, AShutdownDropsWhatItCannotSendWithinTheExportTimeout) {
   EXPECT_EQ(t.failed + t.dropped, 6u);
   EXPECT_LE(t.failed, 2u);
   EXPECT_GE(t.dropped, 4u);
-  close(fd);
 }
 
 }  // namespace

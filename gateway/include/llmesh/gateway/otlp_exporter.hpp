@@ -87,7 +87,8 @@ class otlp_exporter {
   /// One batch, with its retries (after shutdown() one more try at most, within the drain):
   /// taken, failed, or not tried at all (the drain's time was up).
   sent send(const std::vector<span_record>& batch);
-  void count(const char* outcome, uint64_t n);
+  enum class outcome { exported, dropped, failed };
+  void count(outcome o, uint64_t n);
 
   otlp_options opt_;
   actors::metrics_registry* metrics_;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -20,6 +21,10 @@
 #include <utility>
 #include <variant>
 #include <vector>
+
+namespace llmesh::actors {
+struct replica_times;
+}
 
 namespace llmesh::gateway {
 
@@ -114,6 +119,24 @@ struct request_facts {
 /// child of `parent`'s span in its trace, or the root of a new trace.
 span_record request_span(const request_facts& f, const std::optional<trace_parent>& parent, span_ids& ids,
                          uint64_t start_unix_ns, uint64_t end_unix_ns);
+
+/// A request's span in the making (the HTTP server's and the native API's alike): when it came,
+/// its remote parent, when its first token came, and what is known of it so far.
+struct request_trace {
+  std::chrono::system_clock::time_point arrived = std::chrono::system_clock::now();
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  std::optional<trace_parent> parent;
+  std::optional<std::chrono::steady_clock::time_point> first_token;
+  request_facts facts;
+
+  /// A token came (the first one sets the time to first token).
+  void saw_token() {
+    if (!first_token) first_token = std::chrono::steady_clock::now();
+  }
+  /// The span, ending now: facts plus the time to first token, end to end, and `rt` (the
+  /// request's slowest generation's replica times) as queue, prefill, decode and inference.
+  span_record finish(const actors::replica_times& rt, span_ids& ids);
+};
 
 /// The process the spans come from (OTLP's Resource) and the library that made them
 /// (InstrumentationScope).
