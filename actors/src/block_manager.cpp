@@ -56,7 +56,17 @@ int32_t block_manager::allocate_one() {
 size_t block_manager::match_prefix(std::span<const int32_t> prompt, block_list& b) {
   queried_tokens_ += prompt.size();
   if (!prefix_caching_ || prompt.empty()) return 0;
-  const size_t usable = (prompt.size() - 1) / block_size_;  // never the last token's block
+  const size_t hit = take_chain(prompt, (prompt.size() - 1) / block_size_, b);  // never the last token's block
+  hit_tokens_ += hit;
+  return hit;
+}
+
+size_t block_manager::match_chain(std::span<const int32_t> tokens, block_list& b) {
+  if (!prefix_caching_) return 0;
+  return take_chain(tokens, tokens.size() / block_size_, b);
+}
+
+size_t block_manager::take_chain(std::span<const int32_t> prompt, size_t usable, block_list& b) {
   for (size_t i = 0; i < usable; ++i) {
     auto tokens = prompt.subspan(i * block_size_, block_size_);
     const uint64_t h = detail::chain_block_hash(b.last_hash, tokens);
@@ -71,9 +81,7 @@ size_t block_manager::match_prefix(std::span<const int32_t> prompt, block_list& 
     b.n_hashed = i + 1;
     b.last_hash = h;
   }
-  const size_t hit = b.ids.size() * block_size_;
-  hit_tokens_ += hit;
-  return hit;
+  return b.ids.size() * block_size_;
 }
 
 status block_manager::reserve(block_list& b, size_t n_tokens) {

@@ -57,6 +57,11 @@ class block_manager {
   /// REQUIRES: b is empty.
   size_t match_prefix(std::span<const int32_t> prompt, block_list& b);
 
+  /// KV transfer (disaggregated prefill): as match_prefix, for a chain of whole blocks `tokens`
+  /// (a multiple of the block size, each block eligible, the last too) from b.last_hash, and
+  /// not counted as a lookup (hit_tokens, queried_tokens). REQUIRES: b is empty.
+  size_t match_chain(std::span<const int32_t> tokens, block_list& b);
+
   /// Grows `b` to cover `n_tokens` positions, evicting least recently used cached blocks when
   /// no free block is left. On overloaded (not enough blocks) nothing changes.
   [[nodiscard]] status reserve(block_list& b, size_t n_tokens);
@@ -77,6 +82,8 @@ class block_manager {
   [[nodiscard]] status check_invariants() const;
 
  private:
+  /// Takes the cached chain of up to `n_blocks` leading blocks of `tokens` into b; its tokens.
+  size_t take_chain(std::span<const int32_t> tokens, size_t n_blocks, block_list& b);
   void take(int32_t id);
   int32_t allocate_one();
 

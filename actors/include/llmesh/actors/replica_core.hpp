@@ -80,6 +80,20 @@ struct replica_request {
 using kernels::sample_row;
 using kernels::sample_rows;
 
+/// A prompt's leading whole blocks of KV as one replica hands them to another (disaggregated
+/// prefill: a prefill replica computes a long prompt, a decode replica takes its blocks into
+/// its prefix cache and computes only the rest). The bytes are model::engine::export_kv's.
+struct kv_prefix {
+  std::vector<int32_t> tokens;  ///< the positions the blocks hold (whole blocks of the prompt's start)
+  uint64_t cache_salt = 0;      ///< replica_request::cache_salt: blocks are cached under it
+  std::string lora = {};        ///< replica_request::lora: they hold that adapter's keys and values
+  uint32_t block_size = 0;
+  kernels::dtype kv_type = kernels::dtype::f32;
+  uint64_t block_bytes = 0;     ///< model::engine::kv_block_bytes() of the exporter
+  std::shared_ptr<const std::vector<std::byte>> data;  ///< tokens / block_size blocks
+  size_t blocks() const { return block_size ? tokens.size() / block_size : 0; }
+};
+
 /// Thread affinity: one thread (the replica actor's). Ownership: borrows the engine, which it
 /// drives through engine::forward with its own block tables.
 class replica_core {
@@ -116,6 +130,18 @@ class replica_core {
   std::vector<token_event> finish_step(std::span<const int32_t> sampled, const model::step_logprobs& logprobs = {});
   bool in_step() const { return in_step_; }
 
+  /// Disaggregated prefill, the prefill side: the leading whole blocks of `prompt` (never the
+  /// block of its last token, as a prefix-cache hit) that the prefix cache holds now — after a
+  /// request with that prompt ran here — with their KV. Between steps. unsupported when prefix
+  /// caching is off or the engine cannot copy its cache (CUDA, a spread group).
+  [[nodiscard]] result<kv_prefix> export_prefix(std::span<const int32_t> prompt, uint64_t cache_salt, const std::string& lora);
+  /// The decode side: writes the blocks of `p` the prefix cache does not hold yet into free
+  /// blocks and caches them (evictable as any cached block), so that a request with that prompt
+  /// finds them. Returns the blocks written. Between steps. Refuses (changing nothing) a prefix
+  /// of another block size, KV dtype or block shape, tokens outside the vocabulary, an unknown
+  /// adapter, or more blocks than are free.
+  [[nodiscard]] result<size_t> import_prefix(const kv_prefix& p);
+
   bool idle() const { return sched_.waiting() + sched_.running() == 0; }
   size_t waiting() const { return sched_.waiting(); }
   size_t running() const { return sched_.running(); }
@@ -123,6 +149,9 @@ class replica_core {
   const batch_scheduler& scheduler() const { return sched_; }
 
  private:
+  /// The prefix-cache key of requests with this salt and adapter (not_found: an unknown adapter).
+  result<uint64_t> cache_key(uint64_t cache_salt, const std::string& lora) const;
+
   model::engine& eng_;
   block_manager blocks_;
   batch_scheduler sched_;

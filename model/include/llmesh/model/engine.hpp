@@ -168,6 +168,17 @@ class engine {
   int threads() const { return opt_.threads; }
   size_t free_blocks() const { return free_blocks_.size(); }
 
+  /// KV transfer (disaggregated prefill: a prefill replica's blocks become a decode replica's):
+  /// bytes one block takes in the transfer layout (step_executor::kv_copy_out; every rank's
+  /// heads, so engines of any tp that run the same model and KV dtype agree).
+  size_t kv_block_bytes() const;
+  /// The contents of KV blocks `blocks` (ids as forward() takes them), each kv_block_bytes().
+  /// Between steps only. unsupported on CUDA and on an engine holding part of its group.
+  [[nodiscard]] result<std::vector<std::byte>> export_kv(std::span<const int32_t> blocks) const;
+  /// Writes export_kv's bytes (blocks × kv_block_bytes()) into blocks `blocks` of every rank.
+  /// Between steps only; on a refusal nothing is written.
+  [[nodiscard]] status import_kv(std::span<const int32_t> blocks, std::span<const std::byte> data);
+
  private:
   struct sequence {
     std::vector<int32_t> blocks;

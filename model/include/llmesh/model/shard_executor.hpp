@@ -4,6 +4,7 @@
 // gate/up, row-parallel o and down, vocabulary-parallel LM head).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <span>
 #include <string>
@@ -152,6 +153,14 @@ class step_executor {
 
   virtual const shard_layout& layout() const = 0;
 
+  /// KV transfer (disaggregated prefill): copies whole blocks of this rank's cache out to, or
+  /// in from, `data`, laid out per block as [layer][keys, values][position][the model's KV
+  /// heads][head_dim] elements of the cache's type (kv_transfer.cpp); a rank reads and writes its
+  /// own heads only. REQUIRES: ids in range and data of blocks × that size (the engine checks).
+  /// unsupported where the backend cannot (the default).
+  [[nodiscard]] virtual status kv_copy_out(std::span<const int32_t> blocks, std::span<std::byte> data) const;
+  [[nodiscard]] virtual status kv_copy_in(std::span<const int32_t> blocks, std::span<const std::byte> data);
+
   /// Per-op device time since the last reset, one line per op ("" where not profiled).
   virtual std::string profile_report() const { return ""; }
   virtual void profile_reset() {}
@@ -177,6 +186,8 @@ class shard_executor final : public step_executor {
   [[nodiscard]] status forward_sample(std::span<const step_sequence> batch, std::span<const kernels::sample_row> rows,
                                       std::vector<int32_t>& tokens, step_logprobs* logprobs) override;
   const shard_layout& layout() const override { return layout_; }
+  [[nodiscard]] status kv_copy_out(std::span<const int32_t> blocks, std::span<std::byte> data) const override;
+  [[nodiscard]] status kv_copy_in(std::span<const int32_t> blocks, std::span<const std::byte> data) override;
 
  private:
   status attention_block(size_t layer, std::span<const step_sequence> batch, size_t n_tokens);
