@@ -27,12 +27,21 @@ local_mesh::local_mesh(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 result<std::unique_ptr<local_mesh>> local_mesh::create(std::shared_ptr<const model::model> m, mesh_options opt,
                                                        metrics_registry* metrics) {
   if (opt.replicas < 1) return make_error(errc::invalid_request, "a mesh needs at least one replica");
+  if (opt.prefill_replicas < 0) return make_error(errc::invalid_request, "prefill replicas cannot be negative");
+  if (opt.prefill_replicas > 0 && !opt.sched.prefix_caching) {
+    return make_error(errc::invalid_request, "prefill replicas hand their KV blocks over through the prefix cache: they need "
+                                             "prefix caching (drop --no-enable-prefix-caching)");
+  }
   auto p = std::make_unique<impl>();
   p->opt = opt;
   p->metrics = metrics;
-  for (int i = 0; i < opt.replicas; ++i) {
+  for (int i = 0; i < opt.replicas + opt.prefill_replicas; ++i) {
     auto e = model::engine::create(m, opt.engine);
     if (!e) return e.take_error();
+    if (opt.prefill_replicas > 0 && std::string_view((*e)->backend_name()) != "cpu") {
+      return make_error(errc::unsupported, "prefill replicas move KV blocks on the CPU backend only (this replica runs on " +
+                                               std::string((*e)->backend_name()) + ")");
+    }
     p->engines.push_back(std::move(*e));
   }
   p->cfg = std::make_unique<caf::actor_system_config>();
@@ -46,13 +55,16 @@ result<std::unique_ptr<local_mesh>> local_mesh::create(std::shared_ptr<const mod
   ro.block_size = p->engines[0]->kv_block_size();
   ro.metrics = metrics;
   ro.ready = p->ready;
+  ro.max_local_prefill = opt.max_local_prefill;
   p->router = p->sys->spawn(router_actor, ro);
   for (auto& e : p->engines) {
     auto r = spawn_replica(*p->sys, e.get(), opt.sched);
-    caf::anon_send(p->router, add_atom::value, r, std::to_string(p->replicas.size()), opt.model_name);
+    const bool prefill = p->replicas.size() >= static_cast<size_t>(opt.replicas);
+    caf::anon_send(p->router, add_atom::value, r, std::to_string(p->replicas.size()), opt.model_name,
+                   prefill ? replica_role::prefill : replica_role::decode);
     p->replicas.push_back(r);
   }
-  p->ready->set({{opt.model_name, p->replicas.size()}});  // the router confirms with its first poll
+  p->ready->set({{opt.model_name, static_cast<size_t>(opt.replicas)}});  // the router confirms with its first poll
   p->client = std::make_unique<router_client>(*p->sys, p->router, p->ready, opt.max_migrations, metrics);
   return std::unique_ptr<local_mesh>(new local_mesh(std::move(p)));
 }

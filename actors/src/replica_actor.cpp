@@ -22,8 +22,12 @@ void die(replica* self, const error& cause) {
   auto& st = self->state;
   const error e = make_error(errc::shard_failed, "replica failed: " + cause.message);
   st.dead = true;
-  for (auto& [id, owner] : st.owners) self->send(owner, token_msg{id, -1, finish_reason::none, true, e, std::nullopt, {}});
+  for (auto& [id, owner] : st.owners) {
+    if (st.prefills.count(id)) self->send(owner, prefill_reply{id, false, e, {}});
+    else self->send(owner, token_msg{id, -1, finish_reason::none, true, e, std::nullopt, {}});
+  }
   st.owners.clear();
+  st.prefills.clear();
   for (auto& s : st.shards) {
     if (s) self->send_exit(s, caf::exit_reason::user_shutdown);
   }
@@ -49,6 +53,46 @@ void submit(replica* self, replica_request r, const caf::actor& reply_to) {
 void cancel(replica* self, uint64_t id) {
   self->state.core->cancel(id);
   self->state.owners.erase(id);
+  self->state.prefills.erase(id);
+}
+
+/// Computes `r`'s prompt for another replica: a one-token request of it, whose end exports the
+/// prompt's blocks to reply_to (prefill_done).
+void prefill(replica* self, const replica_request& r, const caf::actor& reply_to) {
+  auto& st = self->state;
+  replica_request p;
+  p.id = r.id;
+  p.prompt = r.prompt;
+  p.max_tokens = 1;
+  p.sampling.seed = r.sampling.seed;
+  p.priority = r.priority;
+  p.cache_salt = r.cache_salt;
+  p.lora = r.lora;
+  auto refuse = [&](error e) { self->send(reply_to, prefill_reply{r.id, false, std::move(e), {}}); };
+  if (st.dead) return refuse(make_error(errc::replica_unavailable, "replica is dead"));
+  if (st.owners.count(r.id)) return refuse(make_error(errc::invalid_request, "a request with that id runs here"));
+  if (auto s = st.core->submit(std::move(p)); !s) return refuse(s.err());
+  st.owners[r.id] = reply_to;
+  st.prefills[r.id] = replica_state::prefill_job{r.prompt, r.cache_salt, r.lora};
+  kick(self);
+}
+
+/// A prefill's one-token request ended (or failed): its prompt's blocks go to its owner.
+void prefill_done(replica* self, const token_event& e, const caf::actor& owner) {
+  auto& st = self->state;
+  auto job = std::move(st.prefills.at(e.id));
+  st.prefills.erase(e.id);
+  if (e.failure) return self->send(owner, prefill_reply{e.id, false, *e.failure, {}});
+  auto out = st.core->export_prefix(job.prompt, job.cache_salt, job.lora);
+  if (!out) return self->send(owner, prefill_reply{e.id, false, out.err(), {}});
+  self->send(owner, prefill_reply{e.id, true, {}, std::move(*out)});
+}
+
+void import(replica* self, const kv_prefix& p) {
+  auto& st = self->state;
+  if (st.dead) return;
+  if (auto n = st.core->import_prefix(p); n) st.kv_imported += *n;
+  else ++st.kv_refused;
 }
 
 /// All shards answered: merge (success only if every shard succeeded; the root cause wins
@@ -63,6 +107,13 @@ void step_done(replica* self) {
   for (auto& e : events) {
     auto it = st.owners.find(e.id);
     if (it == st.owners.end()) continue;
+    if (st.prefills.count(e.id)) {
+      if (e.finish != finish_reason::none || e.failure) {
+        prefill_done(self, e, it->second);
+        st.owners.erase(it);
+      }
+      continue;
+    }
     if (e.failure) {
       self->send(it->second, token_msg{e.id, -1, finish_reason::none, true, *e.failure, {}, {}});
     } else {
@@ -179,6 +230,20 @@ caf::behavior split_replica_actor(replica* self, model::engine* eng, scheduler_c
         self->send(reply_to, replica_load{self->id(), !st.dead && !st.draining, st.core->running(), st.core->waiting(),
                                           b.total_blocks() - b.free_blocks(), b.total_blocks(), sc.drafted(), sc.accepted(),
                                           sc.preemptions()});
+      },
+      [=](prefill_atom, replica_request r, caf::actor reply_to) {
+        if (self->state.core->in_step()) {
+          self->state.deferred.push_back([=] { prefill(self, r, reply_to); });
+          return;
+        }
+        prefill(self, r, reply_to);
+      },
+      [=](kvimport_atom, const kv_prefix& p) {
+        if (self->state.core->in_step()) {  // the step's shards read the cache
+          self->state.deferred.push_back([=] { import(self, p); });
+          return;
+        }
+        import(self, p);
       },
       [=](fault_atom, int64_t steps) { self->state.crash_after = steps; },
       [=](drain_atom) { self->state.draining = true; },

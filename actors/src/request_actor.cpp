@@ -36,6 +36,32 @@ void release(request* self) {
   st.replica = caf::actor{};
 }
 
+/// Lets go of the prefill replica: the router uncounts the request there.
+void release_prefill(request* self) {
+  auto& st = self->state;
+  if (!st.prefill) return;
+  self->demonitor(st.prefill);
+  self->send(st.opt.router, done_atom::value, st.prefill.id());
+  st.prefill = caf::actor{};
+}
+
+/// The prefill is over (blocks or not): the request goes to its replica.
+void start_held(request* self) {
+  auto& st = self->state;
+  release_prefill(self);
+  if (!st.held || !st.replica) return;
+  auto r = std::move(*st.held);
+  st.held.reset();
+  self->send(st.replica, generate_atom::value, std::move(r), caf::actor{self});
+}
+
+void count_transfer(request* self, const char* outcome, size_t bytes) {
+  auto* m = self->state.opt.metrics;
+  if (!m) return;
+  m->get_counter(metric::kv_transfers, {outcome})->add(1);
+  if (bytes) m->get_counter(metric::kv_transfer_bytes)->add(static_cast<double>(bytes));
+}
+
 void route(request* self, replica_request r) {
   auto prompt = r.prompt;
   auto model = r.model;
@@ -47,10 +73,19 @@ void route(request* self, replica_request r) {
             if (!reply.replica) return fail(self, reply.err);
             st.replica = reply.replica;
             if (st.cancelled) {  // the client left while we were routing
+              if (reply.prefill) self->send(st.opt.router, done_atom::value, reply.prefill.id());
               release(self);
               return self->quit();
             }
             self->monitor(st.replica);
+            if (reply.prefill && reply.prefill != st.replica) {  // disaggregated prefill: the prompt there first
+              st.prefill = reply.prefill;
+              self->monitor(st.prefill);
+              st.held = r;
+              self->send(st.prefill, prefill_atom::value, r, caf::actor{self});
+              return;
+            }
+            if (reply.prefill) self->send(st.opt.router, done_atom::value, reply.prefill.id());
             self->send(st.replica, generate_atom::value, r, caf::actor{self});
           },
           [=](caf::error& e) {
@@ -61,6 +96,9 @@ void route(request* self, replica_request r) {
 /// The replica is gone: continue elsewhere, or fail once the migrations are spent.
 void failover(request* self, const error& why) {
   auto& st = self->state;
+  if (st.prefill) self->send(st.prefill, cancel_atom::value, st.tracker->original().id);
+  release_prefill(self);
+  st.held.reset();
   if (st.replica) self->send(st.opt.router, dead_atom::value, st.replica.id());
   release(self);
   auto next = st.tracker->failover();
@@ -82,6 +120,10 @@ caf::behavior request_actor(request* self, replica_request req, token_sink sink,
   st.opt = opt;
   if (opt.metrics) metric::declare_serving(*opt.metrics);
   self->set_down_handler([=](const caf::down_msg& d) {
+    if (self->state.prefill && d.source == self->state.prefill.address()) {
+      count_transfer(self, "fallback", 0);
+      return start_held(self);  // the prefill replica died: the request's replica computes the prompt
+    }
     if (self->state.replica && d.source == self->state.replica.address()) {
       failover(self, make_error(errc::replica_unavailable, "replica stopped"));
     }
@@ -105,9 +147,22 @@ caf::behavior request_actor(request* self, replica_request req, token_sink sink,
           self->quit();
         }
       },
+      [=](prefill_reply& p) {
+        auto& st = self->state;
+        if (!st.prefill || caf::actor_cast<caf::actor_addr>(self->current_sender()) != st.prefill.address()) return;
+        if (p.ok && p.prefix.blocks() > 0 && p.prefix.data) {
+          count_transfer(self, "moved", p.prefix.data->size());
+          self->send(st.replica, kvimport_atom::value, std::move(p.prefix));  // before the request: mailboxes keep order
+        } else {
+          count_transfer(self, "fallback", 0);
+        }
+        start_held(self);
+      },
       [=](cancel_atom) {
         auto& st = self->state;
         st.cancelled = true;
+        if (st.prefill) self->send(st.prefill, cancel_atom::value, st.tracker->original().id);
+        release_prefill(self);
         if (!st.replica) return;  // routing: handled when the reply comes
         self->send(st.replica, cancel_atom::value, st.tracker->original().id);
         release(self);

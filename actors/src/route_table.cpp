@@ -7,60 +7,81 @@ route_table::route_table(balance_policy fallback, std::map<std::string, balance_
                          size_t block_size)
     : fallback_(fallback), policies_(std::move(policies)), block_size_(block_size) {}
 
-balancer& route_table::of(const std::string& model) {
-  auto it = balancers_.find(model);
-  if (it == balancers_.end()) {
+result<replica_role> parse_replica_role(std::string_view name) {
+  if (name == "decode") return replica_role::decode;
+  if (name == "prefill") return replica_role::prefill;
+  return make_error(errc::invalid_request, "unknown replica role '" + std::string(name) + "' (expected decode or prefill)");
+}
+
+std::string_view replica_role_name(replica_role r) { return r == replica_role::prefill ? "prefill" : "decode"; }
+
+balancer& route_table::of(const std::string& model, replica_role role) {
+  auto& pool = role == replica_role::prefill ? prefill_ : balancers_;
+  auto it = pool.find(model);
+  if (it == pool.end()) {
     auto p = policies_.find(model);
-    it = balancers_.emplace(model, std::make_unique<balancer>(p == policies_.end() ? fallback_ : p->second, 1, block_size_))
-             .first;
+    it = pool.emplace(model, std::make_unique<balancer>(p == policies_.end() ? fallback_ : p->second, 1, block_size_)).first;
   }
   return *it->second;
 }
 
-void route_table::add(uint64_t replica, std::string model) {
+void route_table::add(uint64_t replica, std::string model, replica_role role) {
   remove(replica);
-  of(model).update(replica_load{replica, true, 0, 0, 0, 0});
+  of(model, role).update(replica_load{replica, true, 0, 0, 0, 0});
   ready_[replica] = true;
   model_of_[replica] = std::move(model);
+  role_of_[replica] = role;
 }
 
 void route_table::remove(uint64_t replica) {
   auto it = model_of_.find(replica);
   if (it == model_of_.end()) return;
-  of(it->second).remove(replica);
+  of(it->second, role_of_.at(replica)).remove(replica);
   ready_.erase(replica);
+  role_of_.erase(replica);
   model_of_.erase(it);
 }
 
 bool route_table::update(const replica_load& load) {
   auto it = model_of_.find(load.replica);
   if (it == model_of_.end()) return false;
-  of(it->second).update(load);
+  of(it->second, role_of_.at(load.replica)).update(load);
   ready_[load.replica] = load.ready;
   return true;
 }
 
-result<uint64_t> route_table::pick(std::string_view model, std::span<const int32_t> prompt, uint64_t salt, uint64_t key) {
+result<uint64_t> route_table::pick_in(std::map<std::string, std::unique_ptr<balancer>, std::less<>>& pool, std::string_view model,
+                                      std::span<const int32_t> prompt, uint64_t salt, uint64_t key, const char* what) {
   auto none = [&] {
-    return make_error(errc::replica_unavailable,
-                      model.empty() ? std::string("no ready replica") : "no ready replica of model '" + std::string(model) + "'");
+    return make_error(errc::replica_unavailable, model.empty() ? std::string("no ready ") + what
+                                                               : std::string("no ready ") + what + " of model '" + std::string(model) + "'");
   };
-  auto it = balancers_.find(model);
-  if (it == balancers_.end()) return none();
+  auto it = pool.find(model);
+  if (it == pool.end()) return none();
   auto picked = it->second->pick(prompt, salt, key);
   if (!picked) return none();
   it->second->assigned(*picked, prompt, salt, key);
   return picked;
 }
 
+result<uint64_t> route_table::pick(std::string_view model, std::span<const int32_t> prompt, uint64_t salt, uint64_t key) {
+  return pick_in(balancers_, model, prompt, salt, key, "replica");
+}
+
+result<uint64_t> route_table::pick_prefill(std::string_view model, std::span<const int32_t> prompt, uint64_t salt, uint64_t key) {
+  return pick_in(prefill_, model, prompt, salt, key, "prefill replica");
+}
+
 void route_table::finished(uint64_t replica) {
   auto it = model_of_.find(replica);
-  if (it != model_of_.end()) of(it->second).finished(replica);
+  if (it != model_of_.end()) of(it->second, role_of_.at(replica)).finished(replica);
 }
 
 model_counts route_table::ready() const {
   model_counts out;
-  for (const auto& [id, model] : model_of_) out[model] += ready_.at(id) ? 1 : 0;
+  for (const auto& [id, model] : model_of_) {
+    out[model] += ready_.at(id) && role_of_.at(id) == replica_role::decode ? 1 : 0;
+  }
   return out;
 }
 

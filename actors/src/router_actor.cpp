@@ -55,13 +55,16 @@ caf::behavior router_actor(router* self, router_options opt) {
   self->send(self, tick_atom::value);
   return {
       [=](add_atom, caf::actor replica, const std::string& name, const std::string& model) {
+        self->send(self, add_atom::value, std::move(replica), name, model, replica_role::decode);
+      },
+      [=](add_atom, caf::actor replica, const std::string& name, const std::string& model, replica_role role) {
         auto& st = self->state;
         st.names[replica.id()] = name;
         self->monitor(replica);
         const uint64_t id = replica.id();
         st.replicas[id] = replica;
         st.loads[id] = replica_load{id, true, 0, 0, 0, 0};
-        st.routes->add(id, model);
+        st.routes->add(id, model, role);
         publish(self);
       },
       [=](route_atom, const std::string& model, const std::vector<int32_t>& prompt, uint64_t salt, uint64_t key) -> route_reply {
@@ -69,7 +72,14 @@ caf::behavior router_actor(router* self, router_options opt) {
         auto picked = st.routes->pick(model, prompt, salt, key);
         if (!picked) return route_reply{caf::actor{}, picked.err()};
         if (st.opt.metrics) st.opt.metrics->get_counter(metric::routed, {st.names[*picked]})->add(1);
-        return route_reply{st.replicas.at(*picked), {}};
+        route_reply out{st.replicas.at(*picked), {}};
+        if (prompt.size() > st.opt.max_local_prefill) {
+          if (auto p = st.routes->pick_prefill(model, prompt, salt, key)) {
+            if (st.opt.metrics) st.opt.metrics->get_counter(metric::routed, {st.names[*p]})->add(1);
+            out.prefill = st.replicas.at(*p);
+          }
+        }
+        return out;
       },
       [=](done_atom, uint64_t replica) { self->state.routes->finished(replica); },
       [=](dead_atom, uint64_t replica) { forget(self, replica); },

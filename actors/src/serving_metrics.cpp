@@ -38,6 +38,8 @@ void declare_serving(metrics_registry& r) {
   }
   r.declare_histogram(request_prompt_tokens, "Prompt tokens of each generation that ended.", sizes);
   r.declare_histogram(request_generation_tokens, "Tokens each generation that ended produced.", sizes);
+  r.declare_counter(kv_transfers, "Disaggregated prefill: prompts a prefill replica computed for another, by outcome.", {"outcome"});
+  r.declare_counter(kv_transfer_bytes, "Disaggregated prefill: bytes of KV blocks moved to decode replicas.");
   r.declare_gauge(gateway_inflight, "Generation requests the gateway is serving.");
   r.declare_gauge(background_running, "Background responses running (the Responses API's background mode).");
   r.declare_gauge(stored_responses, "Responses the gateway keeps for previous_response_id and GET.");
@@ -45,7 +47,9 @@ void declare_serving(metrics_registry& r) {
   r.declare_gauge(conversations, "Conversations the gateway keeps (the Conversations API).");
   r.declare_gauge(conversation_bytes, "Bytes of JSON the conversations take.");
   // Unlabelled series exist from the start (a scrape before the first request sees zeros).
-  for (const char* name : {prompt_tokens, prompt_tokens_cached, generation_tokens, migrations}) r.get_counter(name)->add(0);
+  for (const char* name : {prompt_tokens, prompt_tokens_cached, generation_tokens, migrations, kv_transfer_bytes}) {
+    r.get_counter(name)->add(0);
+  }
   for (const char* name : {ttft, itl, e2e, queue_time, prefill_time, decode_time, inference_time, request_prompt_tokens,
                            request_generation_tokens}) {
     r.get_histogram(name);

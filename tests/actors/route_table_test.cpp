@@ -29,6 +29,44 @@ TEST(RouteTable, ARequestGoesOnlyToAReplicaOfItsModel) {
   EXPECT_EQ(qwen, (std::set<uint64_t>{2}));
 }
 
+// Disaggregated prefill: a model's prefill replicas have a balancer of their own; they are never
+// a request's replica, are not counted ready (they cannot serve alone), and are spread by load.
+TEST(RouteTable, PrefillReplicasArePickedApartFromTheServingOnes) {
+  route_table t(balance_policy::least_load, {}, 16);
+  t.add(1, "llama");
+  t.add(2, "llama", replica_role::prefill);
+  t.add(3, "llama", replica_role::prefill);
+  t.add(4, "qwen", replica_role::prefill);
+  const std::vector<int32_t> prompt{1, 2, 3};
+  std::set<uint64_t> served, prefilled;
+  for (int i = 0; i < 6; ++i) {
+    served.insert(*t.pick("llama", prompt));
+    prefilled.insert(*t.pick_prefill("llama", prompt));
+  }
+  EXPECT_EQ(served, (std::set<uint64_t>{1}));
+  EXPECT_EQ(prefilled, (std::set<uint64_t>{2, 3}));
+  auto none = t.pick("qwen", prompt);  // prefill replicas alone do not serve a model
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.err().message.find("no ready replica of model 'qwen'"), std::string::npos) << none.err().message;
+  EXPECT_EQ(*t.pick_prefill("qwen", prompt), 4u);
+  auto no_prefill = t.pick_prefill("mistral", prompt);
+  ASSERT_FALSE(no_prefill.ok());
+  EXPECT_NE(no_prefill.err().message.find("no ready prefill replica of model 'mistral'"), std::string::npos);
+  EXPECT_EQ(t.ready(), (model_counts{{"llama", 1}, {"qwen", 0}}));
+  // A prefill replica's load counts as any replica's: a busy one is passed over.
+  t.update(replica_load{2, true, 5, 5, 0, 0});
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(*t.pick_prefill("llama", prompt), 3u);
+  t.update(replica_load{3, false, 0, 0, 0, 0});  // not ready
+  EXPECT_EQ(*t.pick_prefill("llama", prompt), 2u);
+  t.remove(2);
+  EXPECT_FALSE(t.pick_prefill("llama", prompt).ok());
+  t.finished(3);  // harmless for a replica of any role
+  EXPECT_EQ(*parse_replica_role("prefill"), replica_role::prefill);
+  EXPECT_EQ(*parse_replica_role("decode"), replica_role::decode);
+  EXPECT_FALSE(parse_replica_role("both").ok());
+  EXPECT_EQ(replica_role_name(replica_role::prefill), "prefill");
+}
+
 TEST(RouteTable, AModelWithoutReadyReplicasIsAnErrorNamingIt) {
   route_table t(balance_policy::least_load, {}, 16);
   auto none = t.pick("llama", {});

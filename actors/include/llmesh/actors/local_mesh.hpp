@@ -62,6 +62,11 @@ struct mesh_options {
   size_t max_migrations = 3;
   int actor_threads = 2;  ///< CAF scheduler threads (replicas run detached, on their own)
   std::string model_name;  ///< the model the replicas serve: requests must name it (replica_request::model)
+  /// Disaggregated prefill: replicas beside `replicas` that only compute prompts longer than
+  /// `max_local_prefill` tokens, whose KV blocks then move to the request's replica (router_actor).
+  /// Needs prefix caching and the CPU backend.
+  int prefill_replicas = 0;
+  size_t max_local_prefill = 1000;
 };
 
 /// Thread affinity: any thread. Destruction stops every actor (in-flight requests end without
@@ -82,6 +87,7 @@ class local_mesh final : public mesh_client {
   [[nodiscard]] status load_lora(std::string_view model, const model::lora_source& src) override;
   [[nodiscard]] status unload_lora(std::string_view model, std::string_view name) override;
 
+  /// Replicas, decode ones first (indices below mesh_options::replicas), then prefill ones.
   size_t replica_count() const;
   const model::engine& engine(size_t i) const;
   /// Fault injection: replica i crashes as if its process had died (its requests move on),

@@ -25,6 +25,17 @@ using status_atom = caf::atom_constant<caf::atom("status")>;
 using fault_atom = caf::atom_constant<caf::atom("fault")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using shards_atom = caf::atom_constant<caf::atom("shards")>;
+using prefill_atom = caf::atom_constant<caf::atom("prefill")>;
+using kvimport_atom = caf::atom_constant<caf::atom("kvimport")>;
+
+/// A prefill replica's answer to `(prefill_atom, ...)`: the prompt's whole blocks of KV, or why
+/// there are none (the requester then lets its decode replica compute the prompt).
+struct prefill_reply {
+  uint64_t id = 0;
+  bool ok = false;
+  error err = {};
+  kv_prefix prefix = {};
+};
 
 struct replica_state {
   std::unique_ptr<replica_core> core;
@@ -42,6 +53,15 @@ struct replica_state {
   model::step_logprobs logprobs;  ///< rank 0's, for the step in flight
   std::vector<std::function<void()>> deferred;
   int64_t crash_after = -1;  ///< fault injection: steps left before the replica crashes
+  /// Disaggregated prefill: the prompts this replica computes for another's request, by id
+  /// (their owners are in `owners`); and the blocks it took in from others.
+  struct prefill_job {
+    std::vector<int32_t> prompt;
+    uint64_t cache_salt = 0;
+    std::string lora;
+  };
+  std::unordered_map<uint64_t, prefill_job> prefills;
+  size_t kv_imported = 0, kv_refused = 0;
   static inline const char* name = "replica";
 };
 
@@ -54,7 +74,12 @@ struct replica_state {
 /// reports the replica not ready from then on (routers stop sending it work; the router is told
 /// first) while it finishes what it has, including requests routed to it just before (the router's report; ready is false once dead). If the engine fails, every
 /// live request gets a failed token_msg and the actor refuses further work (the replica is
-/// dead; its tensor-parallel group fails as a unit). Borrows the engine.
+/// dead; its tensor-parallel group fails as a unit). Disaggregated prefill: `(prefill_atom,
+/// replica_request, caf::actor reply_to)` computes the request's prompt (as a one-token request
+/// of its prompt, salt, adapter and priority; `(cancel_atom, id)` drops it) and answers reply_to
+/// a prefill_reply with its whole blocks (replica_core::export_prefix); `(kvimport_atom,
+/// kv_prefix)` takes such blocks into the prefix cache (replica_core::import_prefix; a refusal
+/// only means the request that follows computes its prompt here). Borrows the engine.
 caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::engine* eng, scheduler_config cfg);
 
 /// A replica whose engine holds only some ranks (engine::create_part): those run in shard
@@ -80,3 +105,5 @@ caf::actor spawn_replica(Spawner& spawner, model::engine* eng, const scheduler_c
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::replica_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::token_msg)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::replica_load)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::prefill_reply)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::kv_prefix)

@@ -4,9 +4,14 @@
 // replica or a shard is gone) it asks the router again with the prompt plus the tokens already
 // streamed — the client sees one unbroken stream. It ends after the last token, a failure, or
 // a cancel (the client went away: the replica frees the sequence at its next step).
+// Disaggregated prefill: when the router names a prefill replica for a long prompt, the request
+// goes there first; the prompt's blocks it answers with go to the request's replica just before
+// the request itself (in that order, so they are in its prefix cache when it is admitted). If
+// none come — a refusal, a failure, its death — the request's replica computes the prompt.
 #pragma once
 
 #include <caf/all.hpp>
+#include <optional>
 
 #include "llmesh/actors/metrics.hpp"
 #include "llmesh/actors/replica_core.hpp"
@@ -27,6 +32,8 @@ struct request_state {
   token_sink sink;
   request_options opt;
   caf::actor replica;  ///< where the request runs now (invalid while routing)
+  caf::actor prefill;  ///< the replica computing its prompt first (invalid: none, or done)
+  std::optional<replica_request> held;  ///< the request while its prefill runs
   bool cancelled = false;
   static inline const char* name = "request";
 };

@@ -1,5 +1,6 @@
 // The router's replicas grouped by model, a plain class: each model has its own balancer (and
-// policy), so a request for one model is only ever routed to a replica of that model. Also
+// policy), so a request for one model is only ever routed to a replica of that model; a model's
+// prefill replicas (disaggregated prefill) have a balancer of their own beside it. Also
 // `ready_counts`, the ready replicas per model that a router publishes for gateways (/ready,
 // the native API's early 503) to read from any thread.
 #pragma once
@@ -19,6 +20,15 @@ namespace llmesh::actors {
 
 using model_counts = std::map<std::string, size_t, std::less<>>;
 
+/// What a replica does for its model's requests: serve them (decode; the default: it computes a
+/// prompt itself unless a prefill replica did), or only compute long prompts whose KV blocks
+/// then move to the decode replica (disaggregated prefill: Dynamo's prefill workers, vLLM's
+/// kv_producer).
+enum class replica_role : uint8_t { decode, prefill };
+/// "decode" or "prefill".
+[[nodiscard]] result<replica_role> parse_replica_role(std::string_view name);
+std::string_view replica_role_name(replica_role r);
+
 /// Thread affinity: the router's. Deterministic for a given sequence of calls.
 class route_table {
  public:
@@ -28,7 +38,7 @@ class route_table {
 
   /// Adds a replica of `model`, ready with no load. A known id moves to `model` (a replica
   /// never changes model; an id reused by the caller is a new replica).
-  void add(uint64_t replica, std::string model);
+  void add(uint64_t replica, std::string model, replica_role role = replica_role::decode);
   /// Forgets a replica; unknown ids are ignored.
   void remove(uint64_t replica);
   /// A replica's report; reports of unknown replicas are ignored (false).
@@ -38,20 +48,28 @@ class route_table {
   /// A ready replica of `model` by its policy, counted against it until finished();
   /// replica_unavailable naming the model when it has none ready.
   [[nodiscard]] result<uint64_t> pick(std::string_view model, std::span<const int32_t> prompt, uint64_t salt = 0, uint64_t key = 0);
+  /// A ready prefill replica of `model` by its policy (counted until finished()), or
+  /// replica_unavailable when it has none.
+  [[nodiscard]] result<uint64_t> pick_prefill(std::string_view model, std::span<const int32_t> prompt, uint64_t salt = 0,
+                                              uint64_t key = 0);
   /// One request routed to `replica` ended.
   void finished(uint64_t replica);
 
-  /// Ready replicas per model, every model that has a replica listed (0 included).
+  /// Ready decode replicas per model (those that serve requests), every model that has a replica
+  /// listed (0 included).
   model_counts ready() const;
 
  private:
-  balancer& of(const std::string& model);
+  balancer& of(const std::string& model, replica_role role);
+  result<uint64_t> pick_in(std::map<std::string, std::unique_ptr<balancer>, std::less<>>& pool, std::string_view model,
+                           std::span<const int32_t> prompt, uint64_t salt, uint64_t key, const char* what);
 
   balance_policy fallback_;
   std::map<std::string, balance_policy, std::less<>> policies_;
   size_t block_size_;
-  std::map<std::string, std::unique_ptr<balancer>, std::less<>> balancers_;
+  std::map<std::string, std::unique_ptr<balancer>, std::less<>> balancers_, prefill_;
   std::map<uint64_t, std::string> model_of_;
+  std::map<uint64_t, replica_role> role_of_;
   std::map<uint64_t, bool> ready_;
 };
 

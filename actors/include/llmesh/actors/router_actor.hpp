@@ -26,10 +26,12 @@ using done_atom = caf::atom_constant<caf::atom("done")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using dead_atom = caf::atom_constant<caf::atom("dead")>;
 
-/// The answer to a route request: a replica, or (replica invalid) why there is none.
+/// The answer to a route request: a replica, or (replica invalid) why there is none; and, for a
+/// long prompt when the model has prefill replicas, the one to compute it first (invalid: none).
 struct route_reply {
   caf::actor replica;
   error err;
+  caf::actor prefill = {};
 };
 
 struct router_options {
@@ -39,6 +41,9 @@ struct router_options {
   std::chrono::milliseconds poll{50};       ///< how often replicas are asked for their load
   metrics_registry* metrics = nullptr;      ///< optional: per-replica gauges (see serving_metrics)
   std::shared_ptr<ready_counts> ready;  ///< optional: ready replicas per model, for /ready
+  /// Disaggregated prefill (Dynamo's max_local_prefill_length): a prompt longer than this goes
+  /// to one of the model's prefill replicas first, when it has one ready.
+  size_t max_local_prefill = 1000;
 };
 
 struct router_state {
@@ -52,10 +57,11 @@ struct router_state {
 };
 
 /// `(add_atom, caf::actor replica, std::string name, std::string model)` adds a replica of
-/// `model` (name: its metrics label); `(route_atom, std::string model, std::vector<int32_t>
+/// `model` (name: its metrics label); with a replica_role after the model, one of that role
+/// (prefill replicas are never a request's replica, only its route_reply::prefill); `(route_atom, std::string model, std::vector<int32_t>
 /// prompt, uint64_t cache_salt, uint64_t route_key)` replies a route_reply (a replica of that
-/// model; balancer::pick) and counts the request against it; `(done_atom,
-/// uint64_t replica_id)` uncounts it. A replica that stops is forgotten (its down message, or
+/// model; balancer::pick) and counts the request against it (and against its prefill replica);
+/// `(done_atom, uint64_t replica_id)` uncounts it. A replica that stops is forgotten (its down message, or
 /// `(dead_atom, uint64_t replica_id)` from a requester that saw it die first: that requester's
 /// next route request must not get the dead replica back). `(drain_atom, uint64_t replica_id)`:
 /// the replica is draining; it gets no new requests from here on.
@@ -64,3 +70,4 @@ caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_optio
 }  // namespace llmesh::actors
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::route_reply)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::replica_role)

@@ -46,6 +46,12 @@ inline constexpr const char* preemptions = "llmesh_preemptions_total";
 inline constexpr const char* request_success = "llmesh_request_success_total";
 inline constexpr const char* request_prompt_tokens = "llmesh_request_prompt_tokens";
 inline constexpr const char* request_generation_tokens = "llmesh_request_generation_tokens";
+/// Disaggregated prefill: prompts a prefill replica computed for another, by outcome (moved: its
+/// blocks went to the decode replica; fallback: none came — the prefill replica refused, failed
+/// or died, or held no whole block — and the decode replica computed the prompt), and the bytes
+/// of KV that moved.
+inline constexpr const char* kv_transfers = "llmesh_kv_transfers_total";
+inline constexpr const char* kv_transfer_bytes = "llmesh_kv_transfer_bytes_total";
 inline constexpr const char* gateway_inflight = "llmesh_gateway_requests_inflight";
 /// The Responses API's state in the gateway: background runs live, stored responses and
 /// conversations (with the bytes of JSON they hold).

@@ -1,0 +1,148 @@
+// Disaggregated prefill in the in-process mesh (mesh_options::prefill_replicas): a prompt longer
+// than max_local_prefill is computed on a prefill replica, its whole blocks move to the
+// request's replica, which finds them in its prefix cache (the first token's cached_tokens says
+// so) and decodes — each request's tokens exactly those it gets alone. A prefill replica that
+// dies mid-prompt costs the request nothing but the work: its replica computes the prompt.
+#include <thread>
+
+#include "llmesh/actors/local_mesh.hpp"
+#include "llmesh/actors/serving_metrics.hpp"
+#include "replica_fixture.hpp"
+
+namespace llmesh::actors {
+namespace {
+
+using testing::collector;
+
+class Disaggregated : public testing::replica_test_base {
+ protected:
+  std::unique_ptr<local_mesh> mesh(int replicas, int prefill_replicas, int tp = 1) {
+    mesh_options o;
+    o.replicas = replicas;
+    o.prefill_replicas = prefill_replicas;
+    o.max_local_prefill = 16;
+    o.engine.tp = tp;
+    o.engine.threads = 2;
+    o.engine.kv_tokens = 2048;  // imported blocks are not evicted before their request comes
+    o.engine.block_size = 8;
+    o.sched.max_batch_tokens = 48;
+    auto m = local_mesh::create(model_, o, &metrics_);
+    EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.err().message);
+    return m.ok() ? std::move(*m) : nullptr;
+  }
+
+  /// The collector's sink, also keeping each request's first cached_tokens.
+  token_sink sink(collector& c) {
+    auto inner = c.sink();
+    return [this, inner](const token_msg& t) {
+      {
+        std::lock_guard lock(mu_);
+        if (!t.failed && !cached_.count(t.id)) cached_[t.id] = t.cached_tokens;
+      }
+      inner(t);
+    };
+  }
+
+  /// Every request with its alone tokens; returns how many had a prompt long enough to move.
+  size_t expect_alone_tokens(local_mesh& m, const std::vector<replica_request>& reqs, bool moved) {
+    auto want = alone(reqs, 1);
+    collector c;
+    for (const auto& r : reqs) m.submit(r, sink(c));
+    EXPECT_TRUE(c.wait_ends(reqs.size())) << c.describe();
+    size_t longs = 0;
+    for (const auto& r : reqs) {
+      EXPECT_FALSE(c.ends[r.id].failed) << c.ends[r.id].err.message;
+      EXPECT_EQ(c.tokens[r.id], want[r.id]) << "request " << r.id;
+      if (r.prompt.size() <= 16) continue;
+      ++longs;
+      std::lock_guard lock(mu_);
+      // Moved: every whole block but the last token's came from the prefill replica.
+      if (moved) {
+        EXPECT_EQ(cached_[r.id], static_cast<int32_t>((r.prompt.size() - 1) / 8 * 8)) << "request " << r.id;
+      }
+    }
+    EXPECT_EQ(m.inflight(), 0u);
+    return longs;
+  }
+
+  double counter(const char* name, label_values labels = {}) {
+    auto* c = metrics_.get_counter(name, labels);
+    return c ? c->value() : 0.0;
+  }
+
+  metrics_registry metrics_;
+  std::mutex mu_;
+  std::map<uint64_t, int32_t> cached_;
+};
+
+TEST_F(Disaggregated, LongPromptsArePrefilledElsewhereAndKeepTheirTokens) {
+  auto m = mesh(2, 1);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->replica_count(), 3u);
+  EXPECT_EQ(m->ready_replicas(), 2u);  // the prefill replica does not serve alone
+  auto reqs = requests(12);
+  const size_t longs = expect_alone_tokens(*m, reqs, true);
+  ASSERT_GT(longs, 3u);
+  EXPECT_EQ(counter(metric::kv_transfers, {"moved"}), static_cast<double>(longs));
+  EXPECT_EQ(counter(metric::kv_transfers, {"fallback"}), 0.0);
+  EXPECT_GT(counter(metric::kv_transfer_bytes), 0.0);
+  EXPECT_EQ(counter(metric::routed, {"2"}), static_cast<double>(longs));  // the prefill replica's count
+}
+
+TEST_F(Disaggregated, TensorParallelReplicasTakeTheSameBlocks) {
+  auto m = mesh(1, 1, 2);
+  ASSERT_TRUE(m);
+  expect_alone_tokens(*m, requests(6), true);
+  EXPECT_GT(counter(metric::kv_transfers, {"moved"}), 0.0);
+}
+
+TEST_F(Disaggregated, APrefillReplicaThatDiesCostsOnlyItsWork) {
+  auto m = mesh(1, 1);
+  ASSERT_TRUE(m);
+  m->kill_replica(1, 2);  // the prefill replica crashes at its second step: mid-prompt (48 tokens a step)
+  replica_request r;
+  r.id = 1;
+  for (int i = 0; i < 400; ++i) r.prompt.push_back((i * 7) % 300);
+  r.max_tokens = 8;
+  expect_alone_tokens(*m, {r}, false);
+  EXPECT_EQ(counter(metric::kv_transfers, {"fallback"}), 1.0);  // the prompt went back to its replica
+  EXPECT_EQ(counter(metric::kv_transfers, {"moved"}), 0.0);
+  EXPECT_EQ(counter(metric::migrations), 0.0);  // not a failover: the request's replica is fine
+  // Gone for good: later long prompts are computed where they are served.
+  auto more = requests(8);
+  for (auto& q : more) q.id += 100;
+  expect_alone_tokens(*m, more, false);
+  EXPECT_EQ(counter(metric::kv_transfers, {"moved"}), 0.0);
+}
+
+TEST_F(Disaggregated, ACancelledRequestIsDroppedOnItsPrefillReplica) {
+  auto m = mesh(1, 1);
+  ASSERT_TRUE(m);
+  replica_request r;
+  r.id = 7;
+  for (int i = 0; i < 400; ++i) r.prompt.push_back(i % 300);
+  r.max_tokens = 50;
+  collector c;
+  m->submit(r, sink(c));
+  m->cancel(7);
+  for (int i = 0; i < 200 && m->inflight() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(m->inflight(), 0u);
+  // Both replicas still serve.
+  auto reqs = requests(4);
+  expect_alone_tokens(*m, reqs, true);
+}
+
+TEST_F(Disaggregated, PrefillReplicasNeedPrefixCaching) {
+  mesh_options o;
+  o.prefill_replicas = 1;
+  o.sched.prefix_caching = false;
+  auto m = local_mesh::create(model_, o, nullptr);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.err().message.find("prefix caching"), std::string::npos) << m.err().message;
+  o.sched.prefix_caching = true;
+  o.prefill_replicas = -1;
+  EXPECT_FALSE(local_mesh::create(model_, o, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace llmesh::actors
