@@ -38,6 +38,8 @@ struct serve_flags {
   lora_flags lora;
   vllm_model_flags vllm;
   int replicas = 1, tp = 1, threads = 0;
+  int prefill_replicas = 0;          ///< disaggregated prefill: replicas that only compute long prompts
+  size_t max_local_prefill = 1000;   ///< Dynamo's max_local_prefill_length
   bool expert_parallel = false;  ///< vLLM's --enable-expert-parallel
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256;
   size_t max_migrations = 3, drain_s = 10;
@@ -185,7 +187,9 @@ status run_serve(serve_flags f) {
   mo.replicas = f.replicas;
   mo.engine.tp = f.tp;
   mo.engine.expert_parallel = f.expert_parallel;
-  mo.engine.threads = f.threads > 0 ? f.threads : std::max(f.tp, cores / f.replicas);
+  mo.prefill_replicas = f.prefill_replicas;
+  mo.max_local_prefill = f.max_local_prefill;
+  mo.engine.threads = f.threads > 0 ? f.threads : std::max(f.tp, cores / (f.replicas + f.prefill_replicas));
   // No more than max_seqs contexts of the granted length (--max-model-len) could ever be used.
   mo.engine.kv_type = *kv_type;
   mo.engine.device = *device;
@@ -255,6 +259,10 @@ status run_serve(serve_flags f) {
   }
   const std::string url_host = ho.host.find(':') != std::string::npos ? "[" + ho.host + "]" : ho.host;  // IPv6 in a URL
   const auto& e0 = (*mesh)->engine(0);
+  if (f.prefill_replicas > 0) {
+    kv_note += (kv_note.empty() ? "" : "; ") + std::to_string(f.prefill_replicas) + " prefill replica(s) for prompts over " +
+               std::to_string(f.max_local_prefill) + " tokens";
+  }
   const std::string notes = e0.device_note() + (e0.device_note().empty() || kv_note.empty() ? "" : "; ") + kv_note;
   std::fprintf(stderr,
                "llmesh: serving '%s' on %s://%s:%u (%d replica(s), tp %d, %s%s%s, %d kernel threads each, KV %zu "
@@ -311,6 +319,15 @@ void add_serve(CLI::App& app, command_set& commands) {
   sub->add_option("model,--model", f->model_dir, "HF model directory (or GGUF file), as the first argument or --model")
       ->required();
   sub->add_option("--replicas,--data-parallel-size", f->replicas, "Model replicas (vLLM's data parallelism)")->check(CLI::Range(1, 64))->capture_default_str();
+  sub->add_option("--prefill-replicas", f->prefill_replicas,
+                  "Disaggregated prefill: replicas beside --replicas that compute long prompts and hand their KV blocks "
+                  "to the request's replica (CPU backend, prefix caching on)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  sub->add_option("--max-local-prefill-length", f->max_local_prefill,
+                  "Dynamo's: prompts longer than this go to a prefill replica first (with --prefill-replicas)")
+      ->check(CLI::Range(1, 1 << 30))
+      ->capture_default_str();
   sub->add_option("--tp,--tensor-parallel-size", f->tp, "Tensor-parallel shards per replica")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_flag("--enable-expert-parallel", f->expert_parallel,
                 "vLLM's: a mixture of experts' shards run whole experts instead of a slice of each (dense models: no effect)");
