@@ -40,6 +40,7 @@ struct Envelope {
     shardResult @20 :ShardResult;
     shardReady @21 :ShardReady;
     shardGroup @22 :ShardGroup;
+    kvBlocks @23 :KvBlocks;
   }
 }
 
@@ -103,6 +104,8 @@ struct GenerateRequest {
                                      # 3 cls, 4 all): its one Token is the end, with the pooled hidden
                                      # state (all: every prompt position's, in order)
   lora @14 :Text;                    # the LoRA adapter its projections add, by name ("": none)
+  prefillOnly @15 :Bool;             # disaggregated prefill: compute the prompt only and answer with
+                                     # its whole KV blocks (a KvBlocks), not tokens
 }
 
 enum Finish {
@@ -156,6 +159,23 @@ struct ReplicaLoad {
   specDrafted @6 :UInt64;   # speculative decoding: drafts run since the replica started
   specAccepted @7 :UInt64;  # and drafts kept
   preemptions @8 :UInt64;   # running requests sent back to wait for KV blocks since the replica started
+}
+
+# Disaggregated prefill: a prompt's leading whole blocks of KV, from a prefill replica to the
+# request's owner (its answer to a prefillOnly GenerateRequest), and from the owner to the
+# request's replica (import set), which caches them before the request comes.
+struct KvBlocks {
+  id @0 :UInt64;             # the request's
+  ok @1 :Bool;               # false: no blocks, error says why
+  error @2 :Error;
+  tokens @3 :List(Int32);    # the positions the blocks hold: whole blocks of the prompt's start
+  cacheSalt @4 :UInt64;
+  lora @5 :Text;
+  blockSize @6 :UInt32;
+  kvDtype @7 :UInt8;         # 0 float32, 1 bfloat16
+  blockBytes @8 :UInt64;     # one block: per layer, keys then values, [position][KV head][head dim]
+  data @9 :Data;             # tokens / blockSize blocks of blockBytes
+  import @10 :Bool;          # to a replica: take them in
 }
 
 # --- membership --------------------------------------------------------------------------
@@ -228,6 +248,7 @@ struct ReplicaState {
   actor @4 :UInt64;         # the replica actor's id on its node (ready: where to send requests)
   reason @5 :Text;          # dead: why (a model that failed to load, ...)
   listen @6 :Text;          # the hosting node's mesh address (for routers in other processes)
+  prefillFor @7 :Text;      # ready: a prefill replica for this model's requests ("": a replica of `model`)
 }
 
 # A tensor-parallel group's rendezvous: rank 0 makes the collective's id (e.g. NCCL's unique

@@ -24,6 +24,15 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, caf::actor bri
   return {
       [=](generate_atom, const replica_request& r, caf::actor reply_to) { out(to_wire(r), reply_to); },
       [=](cancel_atom, uint64_t id) { out(transport::cancel_msg{id}, caf::actor{}); },
+      // Disaggregated prefill: a prompt for a prefill replica, its blocks back, blocks to import.
+      [=](prefill_atom, const replica_request& r, caf::actor reply_to) {
+        auto m = to_wire(r);
+        m.prefill_only = true;
+        out(std::move(m), reply_to);
+      },
+      [=](const prefill_reply& r) { out(to_wire(r), caf::actor_cast<caf::actor>(self->current_sender())); },
+      [=](kvimport_atom, const kv_prefix& p) { out(to_wire(p, true), caf::actor{}); },
+      [=](deliver_atom, caf::actor dest, const prefill_reply& r) { self->send(dest, r); },
       [=](status_atom, caf::actor reply_to) { out(transport::status_request{}, reply_to); },
       [=](const token_msg& t) { out(to_wire(t), caf::actor_cast<caf::actor>(self->current_sender())); },
       [=](const replica_load& l) { out(to_wire(l), caf::actor_cast<caf::actor>(self->current_sender())); },
@@ -109,7 +118,11 @@ void deliver(bridge* self, transport::peer_id peer, const std::shared_ptr<transp
       [&](const auto& m) {
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, transport::generate_msg>) {
-          self->send(dest, generate_atom::value, from_wire(m), from);
+          if (m.prefill_only) self->send(dest, prefill_atom::value, from_wire(m), from);
+          else self->send(dest, generate_atom::value, from_wire(m), from);
+        } else if constexpr (std::is_same_v<T, transport::kv_blocks_msg>) {
+          if (m.import) self->send(dest, kvimport_atom::value, prefix_from_wire(m));  // before the request that follows it
+          else self->send(from, deliver_atom::value, dest, reply_from_wire(m));
         } else if constexpr (std::is_same_v<T, transport::cancel_msg>) {
           self->send(dest, cancel_atom::value, m.id);
         } else if constexpr (std::is_same_v<T, transport::status_request>) {

@@ -364,7 +364,8 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   r.at(entry_label("models", index, node));
   LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization",
                                  "dtype", "kv_cache_dtype", "chat_template", "max_model_len", "reasoning_parser", "tool_call_parser", "pooling", "loras",
-                                 "enable_lora", "max_loras", "expert_parallel", "speculative_config"}));
+                                 "enable_lora", "max_loras", "expert_parallel", "speculative_config", "prefill_for",
+                                 "max_local_prefill_length"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -471,6 +472,16 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
                                      std::to_string(max_speculative_tokens) + ")");
     out.speculative_config = j.dump();
   }
+  LLMESH_READ(prefill_for, r.string(f, "prefill_for", false));
+  if (prefill_for) out.prefill_for = *prefill_for;
+  LLMESH_READ(max_local, r.integer(f, "max_local_prefill_length", 1, int64_t{1} << 30));
+  if (max_local) {
+    if (out.prefill_for.empty()) return r.fail("'max_local_prefill_length' goes with 'prefill_for' (the prefill replicas' entry)");
+    out.max_local_prefill_length = static_cast<size_t>(*max_local);
+  }
+  if (!out.prefill_for.empty() && out.place == placement::spread) {
+    return r.fail("'prefill_for': prefill replicas hand over their KV blocks from one process; use placement packed");
+  }
   LLMESH_READ(enable_lora, r.boolean(f, "enable_lora"));
   out.enable_lora = enable_lora;  // an opt-in of its own: listing loras does not open the runtime routes
   if (enable_lora && out.place == placement::spread) {
@@ -525,6 +536,19 @@ status check_mesh(reader& r, const cluster_config& c) {
             if (mine.name == l.name) return r.fail("LoRA adapter " + shown(l.name) + " is already models[" + std::to_string(j) + "]'s");
           }
         }
+      }
+    }
+    if (!m.prefill_for.empty()) {
+      auto target = std::find_if(c.models.begin(), c.models.end(), [&](const model_spec& t) { return t.name == m.prefill_for; });
+      if (target == c.models.end() || &*target == &m || !target->prefill_for.empty()) {
+        return r.fail("'prefill_for' " + shown(m.prefill_for) + " must name another model entry that serves requests");
+      }
+      if (target->kv_cache_dtype != m.kv_cache_dtype) {
+        return r.fail("'kv_cache_dtype' " + shown(m.kv_cache_dtype) + " differs from " + shown(target->name) + "'s " +
+                      shown(target->kv_cache_dtype) + ": its replicas could not take these KV blocks");
+      }
+      if (!m.loras.empty() || m.enable_lora) {
+        return r.fail("'prefill_for': a prefill entry serves its model's adapters by name; give 'loras' to " + shown(target->name));
       }
     }
     if (m.replicas > 0 && replica_nodes == 0) return r.fail("'replicas' is " + std::to_string(m.replicas) + " but no node has the replica role");

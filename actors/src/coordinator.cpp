@@ -102,8 +102,10 @@ coordinator::actions coordinator::on_message(transport::peer_id peer, const tran
           if (m.phase == replica_phase::ready && r.phase == replica_phase::loading) {
             r.phase = replica_phase::ready;
             r.actor = m.actor;
+            const auto* spec = spec_of(r.a.model);
             out.push_back({coordinator_action::replica_ready, peer, m.actor, {}, m.replica,
-                           r.a.shards.front() + "/" + std::to_string(m.replica), r.a.model});
+                           r.a.shards.front() + "/" + std::to_string(m.replica), r.a.model,
+                           spec ? spec->prefill_for : std::string()});
             settled(m.replica, out);
           } else if (m.phase == replica_phase::dead) {
             const replica_phase was = r.phase;
@@ -177,6 +179,7 @@ void coordinator::tell_routers(actions& out) const {
       news.phase = replica_phase::ready;
       news.actor = r->second.actor;
       news.listen = host->second.who.listen;
+      news.prefill_for = a.prefill_for;
     } else if (a.k == coordinator_action::replica_drain) {
       news.phase = replica_phase::draining;
     } else if (a.k == coordinator_action::replica_gone) {
@@ -193,9 +196,10 @@ void coordinator::brief_router(transport::peer_id peer, actions& out) const {
     if (r.phase != replica_phase::ready) continue;
     auto host = members_.members().find(r.a.shards.front());
     if (host == members_.members().end()) continue;
+    const auto* spec = spec_of(r.a.model);
     out.push_back(send_to(peer, agent_actor_id,
                           transport::replica_state_msg{id, host->first, r.a.model, replica_phase::ready, r.actor, "",
-                                                       host->second.who.listen}));
+                                                       host->second.who.listen, spec ? spec->prefill_for : std::string()}));
   }
 }
 

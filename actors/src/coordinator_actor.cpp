@@ -40,10 +40,11 @@ void run(coord* self, const coordinator::actions& actions) {
         // The replica's actor: local (the bridge's export) or a proxy of the remote one. Awaited,
         // so a drain or loss that follows finds it.
         const uint64_t id = a.replica;
-        const std::string name = a.name, model = a.model;
+        const std::string name = a.name, model = a.prefill_for.empty() ? a.model : a.prefill_for;
+        const replica_role role = a.prefill_for.empty() ? replica_role::decode : replica_role::prefill;
         auto add = [=](caf::actor r, bool proxy) {
           self->state.replicas[id] = {r, proxy};
-          if (self->state.router) self->send(self->state.router, add_atom::value, r, name, model);
+          if (self->state.router) self->send(self->state.router, add_atom::value, r, name, model, role);
         };
         if (a.peer == 0) {
           self->request(st.bridge, 10s, lookup_atom::value, a.remote).await([=](caf::actor r) { add(r, false); });

@@ -73,7 +73,8 @@ caf::behavior router_actor(router* self, router_options opt) {
         if (!picked) return route_reply{caf::actor{}, picked.err()};
         if (st.opt.metrics) st.opt.metrics->get_counter(metric::routed, {st.names[*picked]})->add(1);
         route_reply out{st.replicas.at(*picked), {}};
-        if (prompt.size() > st.opt.max_local_prefill) {
+        auto limit = st.opt.max_local_prefill_by_model.find(model);
+        if (prompt.size() > (limit == st.opt.max_local_prefill_by_model.end() ? st.opt.max_local_prefill : limit->second)) {
           if (auto p = st.routes->pick_prefill(model, prompt, salt, key)) {
             if (st.opt.metrics) st.opt.metrics->get_counter(metric::routed, {st.names[*p]})->add(1);
             out.prefill = st.replicas.at(*p);

@@ -182,4 +182,51 @@ shard_result from_wire(const transport::shard_result_msg& m) {
   return {m.step, static_cast<int>(m.rank), m.ok, m.ok ? error{} : make_error(m.code, m.message), {}, {}};
 }
 
+transport::kv_blocks_msg to_wire(const kv_prefix& p, bool import) {
+  transport::kv_blocks_msg m;
+  m.ok = true;
+  m.import = import;
+  m.cache_salt = p.cache_salt;
+  m.lora = p.lora;
+  m.block_size = p.block_size;
+  m.kv_dtype = p.kv_type == kernels::dtype::bf16 ? 1 : 0;
+  m.block_bytes = p.block_bytes;
+  size_t blocks = p.data ? std::min(p.blocks(), p.data->size() / std::max<uint64_t>(p.block_bytes, 1)) : 0;
+  if (p.block_bytes) blocks = std::min<size_t>(blocks, transport::max_kv_bytes / p.block_bytes);
+  m.tokens.assign(p.tokens.begin(), p.tokens.begin() + static_cast<std::ptrdiff_t>(blocks * p.block_size));
+  if (blocks) m.data.assign(reinterpret_cast<const char*>(p.data->data()), blocks * p.block_bytes);
+  return m;
+}
+
+kv_prefix prefix_from_wire(const transport::kv_blocks_msg& m) {
+  kv_prefix p;
+  p.tokens = m.tokens;
+  p.cache_salt = m.cache_salt;
+  p.lora = m.lora;
+  p.block_size = m.block_size;
+  p.kv_type = m.kv_dtype == 1 ? kernels::dtype::bf16 : kernels::dtype::f32;
+  p.block_bytes = m.block_bytes;
+  const auto* bytes = reinterpret_cast<const std::byte*>(m.data.data());
+  p.data = std::make_shared<const std::vector<std::byte>>(bytes, bytes + m.data.size());
+  return p;
+}
+
+transport::kv_blocks_msg to_wire(const prefill_reply& r) {
+  transport::kv_blocks_msg m = r.ok ? to_wire(r.prefix, false) : transport::kv_blocks_msg{};
+  m.id = r.id;
+  m.ok = r.ok;
+  if (!r.ok) {
+    m.code = r.err.code;
+    m.message = r.err.message;
+  }
+  return m;
+}
+
+prefill_reply reply_from_wire(const transport::kv_blocks_msg& m) {
+  prefill_reply r{m.id, m.ok, {}, {}};
+  if (m.ok) r.prefix = prefix_from_wire(m);
+  else r.err = make_error(m.code, m.message);
+  return r;
+}
+
 }  // namespace llmesh::actors

@@ -129,6 +129,7 @@ result<node_plan> plan_from_flags(const node_flags& f) {
                           "each model's reasoning_parser, tool_call_parser, pooling, chat_template and max_model_len in the config");
       }
       for (const auto& m : cfg->models) {
+        if (!m.prefill_for.empty()) continue;  // its replicas prefill for another model: not a model of the API
         p.gateway_models.push_back({m.name, m.path, m.reasoning_parser, m.tool_call_parser, m.pooling, m.loras, m.chat_template,
                                     m.max_model_len});
       }
@@ -344,6 +345,7 @@ status run_node(node_flags f) {
     actors::router_options ro;
     for (const auto& m : p.models) {  // each model's policy (a joined router: the default)
       if (auto pol = actors::parse_balance_policy(m.policy); pol) ro.policies[m.name] = *pol;
+      if (!m.prefill_for.empty()) ro.max_local_prefill_by_model[m.prefill_for] = m.max_local_prefill_length;
     }
     ro.metrics = &metrics;
     ro.ready = ready;

@@ -632,3 +632,35 @@ TEST(LoadClusterConfig, MissingFileAndDirectoryAreErrors) {
 
 }  // namespace
 }  // namespace llmesh::actors
+
+namespace llmesh::actors {
+namespace {
+
+// Disaggregated prefill: an entry whose replicas prefill for another entry's requests.
+TEST(ClusterConfig, APrefillEntryNamesAModelThatServesAndMatchesItsCache) {
+  const std::string prefill = "    placement: packed\n  - name: p\n    path: models/m\n    tp: 1\n    prefill_for: m\n";
+  auto two = [&](const std::string& more) { return with("    placement: packed\n", prefill + more); };
+  auto c = parse_cluster_config(two("    max_local_prefill_length: 256\n"), "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  ASSERT_EQ(c->models.size(), 2u);
+  EXPECT_EQ(c->models[1].prefill_for, "m");
+  EXPECT_EQ(c->models[1].max_local_prefill_length, 256u);
+  EXPECT_EQ(c->models[0].prefill_for, "");
+  c = parse_cluster_config(two(""), "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_EQ(c->models[1].max_local_prefill_length, 1000u);  // Dynamo's default
+  expect_refused(with("    placement: packed\n", "    placement: packed\n  - name: p\n    path: models/m\n    prefill_for: nobody\n"),
+                 {"models[1] (p)", "'prefill_for' 'nobody' must name another model entry that serves requests"});
+  expect_refused(with("    placement: packed\n", "    placement: packed\n  - name: p\n    path: models/m\n    prefill_for: p\n"),
+                 {"must name another model entry"});
+  expect_refused(two("  - name: q\n    path: models/m\n    prefill_for: p\n"), {"models[2] (q)", "must name another model entry that serves"});
+  expect_refused(two("    kv_cache_dtype: bfloat16\n"), {"'kv_cache_dtype' 'bfloat16' differs from 'm''s 'float32'"});
+  expect_refused(two("    placement: spread\n"), {"'prefill_for': prefill replicas hand over their KV blocks from one process"});
+  expect_refused(two("    loras: [{name: a, path: /a}]\n"), {"'prefill_for': a prefill entry serves its model's adapters by name"});
+  expect_refused(with("    placement: packed\n", "    placement: packed\n    max_local_prefill_length: 9\n"),
+                 {"'max_local_prefill_length' goes with 'prefill_for'"});
+  expect_refused(two("    max_local_prefill_length: 0\n"), {"'max_local_prefill_length'"});
+}
+
+}  // namespace
+}  // namespace llmesh::actors

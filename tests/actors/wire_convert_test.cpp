@@ -164,3 +164,80 @@ TEST(WireConvert, AShardStepKeepsItsDrawsAndRefusesRowsThatDoNotMatchThem) {
 
 }  // namespace
 }  // namespace llmesh::actors
+
+namespace llmesh::actors {
+namespace {
+
+/// `blocks` blocks of 4 positions, `block_bytes` each, byte i of the data = i mod 251.
+kv_prefix prefix_of(size_t blocks, uint64_t block_bytes) {
+  kv_prefix p;
+  for (size_t i = 0; i < blocks * 4; ++i) p.tokens.push_back(static_cast<int32_t>(i + 3));
+  p.cache_salt = 42;
+  p.lora = "sql";
+  p.block_size = 4;
+  p.kv_type = kernels::dtype::bf16;
+  p.block_bytes = block_bytes;
+  std::vector<std::byte> data(blocks * block_bytes);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>(i % 251);
+  p.data = std::make_shared<const std::vector<std::byte>>(std::move(data));
+  return p;
+}
+
+void expect_same(const kv_prefix& a, const kv_prefix& b) {
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.cache_salt, b.cache_salt);
+  EXPECT_EQ(a.lora, b.lora);
+  EXPECT_EQ(a.block_size, b.block_size);
+  EXPECT_EQ(a.kv_type, b.kv_type);
+  EXPECT_EQ(a.block_bytes, b.block_bytes);
+  ASSERT_TRUE(a.data && b.data);
+  EXPECT_EQ(*a.data, *b.data);
+}
+
+kv_prefix through_frame(const kv_prefix& p, bool import) {
+  transport::envelope e;
+  e.msg = to_wire(p, import);
+  auto back = transport::decode(transport::encode(e));
+  EXPECT_TRUE(back.ok()) << back.err().message;
+  const auto& m = std::get<transport::kv_blocks_msg>(back->msg);
+  EXPECT_EQ(m.import, import);
+  return prefix_from_wire(m);
+}
+
+TEST(WireConvert, KvBlocksCrossWholeAndAnAnswerKeepsItsRequestAndError) {
+  const auto p = prefix_of(3, 64);
+  expect_same(through_frame(p, true), p);
+  prefill_reply ok;
+  ok.id = 7;
+  ok.ok = true;
+  ok.prefix = p;
+  transport::envelope e;
+  e.msg = to_wire(ok);
+  auto back = reply_from_wire(std::get<transport::kv_blocks_msg>(transport::decode(transport::encode(e))->msg));
+  EXPECT_EQ(back.id, 7u);
+  EXPECT_TRUE(back.ok);
+  expect_same(back.prefix, p);
+  prefill_reply refused{8, false, make_error(errc::overloaded, "KV cache full"), {}};
+  e.msg = to_wire(refused);
+  back = reply_from_wire(std::get<transport::kv_blocks_msg>(transport::decode(transport::encode(e))->msg));
+  EXPECT_EQ(back.id, 8u);
+  EXPECT_FALSE(back.ok);
+  EXPECT_EQ(back.err.code, errc::overloaded);
+  EXPECT_EQ(back.err.message, "KV cache full");
+  EXPECT_EQ(back.prefix.blocks(), 0u);
+}
+
+// A prefix beyond max_kv_bytes keeps the leading blocks that fit (the rest is computed where
+// the request runs): a valid, shorter chain.
+TEST(WireConvert, KvBlocksOverTheFrameBudgetKeepTheirLeadingBlocks) {
+  const uint64_t block_bytes = transport::max_kv_bytes / 5 + 8;  // 4 fit, not 5
+  const auto p = prefix_of(6, block_bytes);
+  auto cut = through_frame(p, true);
+  ASSERT_EQ(cut.blocks(), 4u);
+  EXPECT_EQ(cut.tokens, std::vector<int32_t>(p.tokens.begin(), p.tokens.begin() + 16));
+  ASSERT_EQ(cut.data->size(), 4 * block_bytes);
+  EXPECT_TRUE(std::equal(cut.data->begin(), cut.data->end(), p.data->begin()));
+}
+
+}  // namespace
+}  // namespace llmesh::actors

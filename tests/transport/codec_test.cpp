@@ -41,6 +41,8 @@ std::vector<envelope> samples() {
       generate_msg{16, {5, 6}, 1, {0.0f, 1.0f, 0, 3}, {}, 0, {}, 0, "", {}, {}, {}, 0, 0, 2},
       // A request with a LoRA adapter (by name) and a cache salt.
       generate_msg{17, {5, 6}, 8, {0.0f, 1.0f, 0, 3}, {}, 0, {}, 0, "", {}, {}, {}, 0, 99, 0, "sql-lora"},
+      // Disaggregated prefill: a prompt for a prefill replica.
+      generate_msg{18, {5, 6, 7}, 1, {0.0f, 1.0f, 0, 3}, {}, 0, {}, 0, "", {}, {}, {}, 2, 99, 0, "sql-lora", true},
       token_body{7, 42, finish_kind::length, false, errc::internal, "", std::nullopt},
       token_body{7, -1, finish_kind::none, true, errc::shard_failed, "shard 1 is gone", std::nullopt},
       token_body{8, 9, finish_kind::none, false, errc::internal, "", token_body::logprobs_t{-0.25f, {9, 3}, {-0.25f, -2.5f}, 2}},
@@ -67,6 +69,11 @@ std::vector<envelope> samples() {
       replica_state_msg{11, "replica-a", "kjv-tiny", replica_phase::draining, 0, "", ""},
       replica_state_msg{12, "replica-b", "kjv-tiny", replica_phase::ready, 1012, "", "127.0.0.1:7102"},
       replica_state_msg{13, "replica-b", "kjv-tiny", replica_phase::dead, 0, "config.json: not found", ""},
+      replica_state_msg{14, "replica-b", "kjv-tiny-prefill", replica_phase::ready, 1014, "", "127.0.0.1:7102", "kjv-tiny"},
+      // A prefill replica's two blocks of 2 positions (8 bytes each; zeros too), to the request's owner or to import.
+      kv_blocks_msg{18, true, errc::internal, "", {5, 6, 7, 8}, 99, "sql-lora", 2, 1, 8, std::string("\x00\x01\x02\x03\x04\x05\x06\x07\xff\xfe\xfd\xfc\x00\x00\x00\x01", 16), false},
+      kv_blocks_msg{18, true, errc::internal, "", {5, 6}, 0, "", 2, 0, 8, std::string(8, '\x7f'), true},
+      kv_blocks_msg{19, false, errc::overloaded, "KV cache full", {}, 0, "", 0, 0, 0, "", false},
       collective_id_msg{11, 2, std::string(128, '\x05')},
       assign_msg{14, "kjv-tiny", "models/kjv-tiny", 2, 256, assign_op::start, {}, {}, {}},
       assign_msg{14, "kjv-tiny", "models/kjv-tiny", 2, 256, assign_op::stop, {}, {}, {}},
@@ -138,6 +145,43 @@ TEST(Codec, EveryKindRoundTripsAlignedOrNot) {
   EXPECT_STREQ(kind_name(body{shard_result_msg{}}), "shard_result");
   EXPECT_STREQ(kind_name(body{shard_ready_msg{}}), "shard_ready");
   EXPECT_STREQ(kind_name(body{shard_group_msg{}}), "shard_group");
+  EXPECT_STREQ(kind_name(body{kv_blocks_msg{}}), "kv_blocks");
+}
+
+// A KvBlocks frame whose bytes do not add up to its blocks, of an unknown type, or beyond
+// max_kv_bytes is refused by name; nothing of it reaches a replica.
+TEST(Codec, KvBlocksThatDoNotAddUpAreRefused) {
+  auto refused = [](kv_blocks_msg m, const char* what) {
+    auto r = decode(encode({{}, {}, 0, 0, m}));
+    EXPECT_FALSE(r.ok()) << what;
+    return r.ok() ? std::string() : r.err().message;
+  };
+  const kv_blocks_msg good{1, true, errc::internal, "", {5, 6, 7, 8}, 0, "", 2, 0, 4, std::string(8, 'x'), true};
+  ASSERT_TRUE(decode(encode({{}, {}, 0, 0, good})).ok());
+  auto m = good;
+  m.data.pop_back();
+  EXPECT_NE(refused(m, "a byte short").find("data holds 7 bytes for 4 tokens"), std::string::npos);
+  m = good;
+  m.tokens.pop_back();
+  EXPECT_NE(refused(m, "not whole blocks").find("for 3 tokens in blocks of 2"), std::string::npos);
+  m = good;
+  m.block_size = 0;
+  refused(m, "no block size");
+  m = good;
+  m.block_bytes = uint64_t{1} << 62;  // a count that would overflow
+  refused(m, "huge blocks");
+  m = good;
+  m.kv_dtype = 2;
+  EXPECT_NE(refused(m, "an unknown dtype").find("unknown kvDtype 2"), std::string::npos);
+  m = good;
+  m.ok = false;
+  m.code = static_cast<errc>(static_cast<uint16_t>(errc::internal) + 1);
+  EXPECT_NE(refused(m, "an unknown code").find("unknown error code"), std::string::npos);
+  m = good;
+  m.block_size = 1;
+  m.block_bytes = (max_kv_bytes + 8) / 4;
+  m.data.assign(4 * m.block_bytes, '\0');
+  EXPECT_NE(refused(m, "over max_kv_bytes").find("at most"), std::string::npos);
 }
 
 TEST(Codec, EveryKindHasASample) {

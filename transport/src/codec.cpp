@@ -76,6 +76,7 @@ struct writer {
     g.setCacheSalt(m.cache_salt);
     g.setPooling(m.pooling);
     g.setLora(text(m.lora));
+    g.setPrefillOnly(m.prefill_only);
     if (!m.constraint_after.empty()) {
       fill(g.initConstraintAfter(static_cast<unsigned>(m.constraint_after.size())), m.constraint_after);
     }
@@ -172,6 +173,25 @@ struct writer {
     r.setActor(m.actor);
     r.setReason(text(m.reason));
     r.setListen(text(m.listen));
+    r.setPrefillFor(text(m.prefill_for));
+  }
+  void operator()(const kv_blocks_msg& m) {
+    auto k = b.initKvBlocks();
+    k.setId(m.id);
+    k.setOk(m.ok);
+    if (!m.ok) {
+      auto e = k.initError();
+      e.setCode(static_cast<uint16_t>(m.code));
+      e.setMessage(text(m.message));
+    }
+    fill(k.initTokens(static_cast<unsigned>(m.tokens.size())), m.tokens);
+    k.setCacheSalt(m.cache_salt);
+    k.setLora(text(m.lora));
+    k.setBlockSize(m.block_size);
+    k.setKvDtype(m.kv_dtype);
+    k.setBlockBytes(m.block_bytes);
+    k.setData(data(m.data));
+    k.setImport(m.import);
   }
   void operator()(const assign_msg& m) {
     auto a = b.initAssign();
@@ -387,6 +407,7 @@ struct reader {
         m.pooling = g.getPooling();
         if (m.pooling > 4) err = bad("unknown pooling " + std::to_string(m.pooling));
         m.lora = str(g.getLora(), "lora");
+        m.prefill_only = g.getPrefillOnly();
         if (auto words = g.getBadWords(); fits(words, "badWords")) {
           size_t total = 0;
           for (auto w : words) {
@@ -483,7 +504,42 @@ struct reader {
         auto r = b.getReplicaState();
         out = replica_state_msg{r.getReplica(), str(r.getNode(), "node"), str(r.getModel(), "model"),
                                 static_cast<replica_phase>(enum_value(r.getPhase(), 3, "phase")), r.getActor(),
-                                str(r.getReason(), "reason"), str(r.getListen(), "listen")};
+                                str(r.getReason(), "reason"), str(r.getListen(), "listen"),
+                                str(r.getPrefillFor(), "prefillFor")};
+        break;
+      }
+      case Body::KV_BLOCKS: {
+        auto k = b.getKvBlocks();
+        kv_blocks_msg m;
+        m.id = k.getId();
+        m.ok = k.getOk();
+        if (!m.ok) {
+          const auto code = k.getError().getCode();
+          if (code > static_cast<uint16_t>(errc::internal)) err = bad("unknown error code " + std::to_string(code));
+          m.code = static_cast<errc>(code);
+          m.message = str(k.getError().getMessage(), "error.message");
+        }
+        m.tokens = ints(k.getTokens(), "tokens");
+        m.cache_salt = k.getCacheSalt();
+        m.lora = str(k.getLora(), "lora");
+        m.block_size = k.getBlockSize();
+        m.kv_dtype = k.getKvDtype();
+        m.block_bytes = k.getBlockBytes();
+        m.import = k.getImport();
+        if (m.kv_dtype > 1) err = bad("unknown kvDtype " + std::to_string(m.kv_dtype));
+        const auto d = k.getData();
+        const size_t blocks = m.block_size ? m.tokens.size() / m.block_size : 0;
+        if (d.size() > max_kv_bytes) {
+          err = bad("data holds " + std::to_string(d.size()) + " bytes (at most " + std::to_string(max_kv_bytes) + ")");
+        } else if ((m.block_size == 0 && !m.tokens.empty()) || (m.block_size && m.tokens.size() % m.block_size) ||
+                   (m.block_bytes && blocks > d.size() / m.block_bytes) || d.size() != blocks * m.block_bytes) {
+          err = bad("data holds " + std::to_string(d.size()) + " bytes for " + std::to_string(m.tokens.size()) +
+                    " tokens in blocks of " + std::to_string(m.block_size) + " positions and " + std::to_string(m.block_bytes) +
+                    " bytes");
+        } else {
+          m.data.assign(reinterpret_cast<const char*>(d.begin()), d.size());
+        }
+        out = std::move(m);
         break;
       }
       case Body::ASSIGN: {
@@ -599,7 +655,8 @@ struct reader {
 const char* kind_name(const body& b) {
   static constexpr const char* names[] = {"generate", "token",   "cancel",    "status_request", "load",          "hello",
                                           "challenge", "proof", "welcome", "heartbeat",      "replica_state", "collective_id",
-                                          "assign",    "control", "control_reply", "shard_step", "shard_result", "shard_ready", "shard_group"};
+                                          "assign",    "control", "control_reply", "shard_step", "shard_result", "shard_ready", "shard_group",
+                                          "kv_blocks"};
   static_assert(std::size(names) == std::variant_size_v<body>);
   return names[b.index()];
 }

@@ -56,7 +56,8 @@ struct bridge_state {
 /// `(connect_atom, std::string host_port)` → peer_id: opens a connection.
 /// `(proxy_atom, peer_id, uint64_t remote_id)` → caf::actor: the local stand-in for a remote
 /// actor (a replica: it takes generate / cancel / status and answers with token_msg and
-/// replica_load like a local one). Owns the transport (pass the only reference: the transport's
+/// replica_load like a local one; disaggregated prefill's prefill / kvimport and prefill_reply
+/// too, a prefix over transport::max_kv_bytes cut to the leading blocks that fit). Owns the transport (pass the only reference: the transport's
 /// callbacks must not outlive the actor system); listen on it before spawning.
 caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, std::shared_ptr<transport::transport> net,
                            std::string node);

@@ -55,6 +55,8 @@ struct coordinator_action {
   uint64_t replica = 0;
   std::string name;
   std::string model;  ///< replica_ready: the model it serves (routers route by it)
+  /// replica_ready: its model's prefill_for (a prefill replica for that model's requests; "": none)
+  std::string prefill_for = {};
 };
 
 /// A replica as the coordinator tracks it.

@@ -44,6 +44,8 @@ struct router_options {
   /// Disaggregated prefill (Dynamo's max_local_prefill_length): a prompt longer than this goes
   /// to one of the model's prefill replicas first, when it has one ready.
   size_t max_local_prefill = 1000;
+  /// The same per model (a cluster config's prefill entries' max_local_prefill_length), over it.
+  std::map<std::string, size_t, std::less<>> max_local_prefill_by_model;
 };
 
 struct router_state {

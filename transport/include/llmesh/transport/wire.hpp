@@ -67,6 +67,7 @@ struct generate_msg {
   uint64_t cache_salt = 0;                      ///< vLLM's cache_salt as a key (0: none)
   uint8_t pooling = 0;                          ///< actors::pooling (0..4, checked on decode; 0: a generation)
   std::string lora;                             ///< its LoRA adapter's name ("": none; at most max_name bytes)
+  bool prefill_only = false;                    ///< disaggregated prefill: answer with a kv_blocks_msg
   bool operator==(const generate_msg&) const = default;
 };
 enum class finish_kind : uint8_t { none, length, eos, cancelled };
@@ -109,6 +110,26 @@ struct load_msg {
   uint64_t drafted = 0, accepted = 0;  ///< speculative decoding's drafts run and kept
   uint64_t preemptions = 0;            ///< running requests sent back to wait for blocks
   bool operator==(const load_msg&) const = default;
+};
+
+/// The most KV bytes one kv_blocks_msg carries (a prefix beyond it moves only its leading
+/// blocks; the rest is computed where the request runs): under the 64 MiB frame limit.
+inline constexpr size_t max_kv_bytes = size_t{48} << 20;
+/// Disaggregated prefill's blocks (mesh.capnp KvBlocks; actors::kv_prefix on the wire).
+struct kv_blocks_msg {
+  uint64_t id = 0;
+  bool ok = false;
+  errc code = errc::internal;  ///< when !ok
+  std::string message;         ///< when !ok
+  std::vector<int32_t> tokens;  ///< whole blocks (a multiple of block_size, checked on decode)
+  uint64_t cache_salt = 0;
+  std::string lora;
+  uint32_t block_size = 0;
+  uint8_t kv_dtype = 0;        ///< 0 float32, 1 bfloat16 (checked on decode)
+  uint64_t block_bytes = 0;
+  std::string data;            ///< tokens / block_size × block_bytes bytes, at most max_kv_bytes (checked on decode)
+  bool import = false;
+  bool operator==(const kv_blocks_msg&) const = default;
 };
 
 // --- membership ---
@@ -163,6 +184,7 @@ struct replica_state_msg {
   uint64_t actor = 0;   ///< ready: the replica actor's id on its node
   std::string reason;   ///< dead: why
   std::string listen;   ///< the hosting node's mesh address (for routers in other processes)
+  std::string prefill_for = {};  ///< ready: a prefill replica for that model's requests ("": one of `model`)
   bool operator==(const replica_state_msg&) const = default;
 };
 struct collective_id_msg {
@@ -273,7 +295,7 @@ struct control_reply_msg {
 using body = std::variant<generate_msg, token_body, cancel_msg, status_request, load_msg, hello_msg, challenge_msg,
                           proof_msg, welcome_msg, heartbeat_msg, replica_state_msg, collective_id_msg, assign_msg,
                           control_msg, control_reply_msg, shard_step_msg, shard_result_msg, shard_ready_msg,
-                          shard_group_msg>;
+                          shard_group_msg, kv_blocks_msg>;
 
 struct envelope {
   actor_address source, destination;
