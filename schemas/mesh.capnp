@@ -159,6 +159,8 @@ struct ReplicaLoad {
   specDrafted @6 :UInt64;   # speculative decoding: drafts run since the replica started
   specAccepted @7 :UInt64;  # and drafts kept
   preemptions @8 :UInt64;   # running requests sent back to wait for KV blocks since the replica started
+  kvImported @9 :UInt64;    # disaggregated prefill: KV blocks taken in from prefill replicas since it started
+  kvRefused @10 :UInt64;    # and imports it refused (another block shape, a full cache, ...)
 }
 
 # Disaggregated prefill: a prompt's leading whole blocks of KV, from a prefill replica to the
@@ -249,6 +251,7 @@ struct ReplicaState {
   reason @5 :Text;          # dead: why (a model that failed to load, ...)
   listen @6 :Text;          # the hosting node's mesh address (for routers in other processes)
   prefillFor @7 :Text;      # ready: a prefill replica for this model's requests ("": a replica of `model`)
+  maxLocalPrefill @8 :UInt64;  # with prefillFor: prompts longer than this go to it first (0: the router's own)
 }
 
 # A tensor-parallel group's rendezvous: rank 0 makes the collective's id (e.g. NCCL's unique

@@ -70,9 +70,28 @@ caf::actor proxy_for(bridge* self, transport::peer_id peer, uint64_t remote) {
   return p;
 }
 
+/// KV blocks (disaggregated prefill) take at most half of the transport's send queue, so that
+/// tokens and requests always find room: beyond it a prefill replica's answer goes as a refusal
+/// (the request's replica computes the prompt) and blocks to import are not sent.
+bool kv_room(const bridge_state& st, const transport::body& b) {
+  const auto* kv = std::get_if<transport::kv_blocks_msg>(&b);
+  const size_t bound = st.net->max_pending_send_bytes();
+  return !kv || bound == 0 || st.net->pending_send_bytes() + kv->data.size() <= bound / 2;
+}
+
 /// Encodes `b` from local actor `from` to actor `remote` on `peer`, and sends it.
 void send_out(bridge* self, transport::peer_id peer, uint64_t remote, const transport::body& b, const caf::actor& from) {
   auto& st = self->state;
+  if (!kv_room(st, b)) {
+    const auto& kv = std::get<transport::kv_blocks_msg>(b);
+    ++st.dropped;
+    if (kv.import) return;  // the request that follows computes its prompt
+    transport::kv_blocks_msg refusal;
+    refusal.id = kv.id;
+    refusal.code = errc::overloaded;
+    refusal.message = "the mesh's send queue is too full for KV blocks";
+    return send_out(self, peer, remote, refusal, from);
+  }
   transport::envelope e{{st.node, export_id(self, from)}, {"", remote}, 0, 0, b};
   if (auto s = st.net->send(peer, transport::encode(e)); !s) {
     ++st.dropped;  // the peer is gone: its down report stops the proxies

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <tuple>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -543,9 +544,25 @@ status check_mesh(reader& r, const cluster_config& c) {
       if (target == c.models.end() || &*target == &m || !target->prefill_for.empty()) {
         return r.fail("'prefill_for' " + shown(m.prefill_for) + " must name another model entry that serves requests");
       }
-      if (target->kv_cache_dtype != m.kv_cache_dtype) {
-        return r.fail("'kv_cache_dtype' " + shown(m.kv_cache_dtype) + " differs from " + shown(target->name) + "'s " +
-                      shown(target->kv_cache_dtype) + ": its replicas could not take these KV blocks");
+      // Its KV blocks must be the ones the target's replicas would compute: the same weights held
+      // the same way, and a cache they can take.
+      for (auto [field, mine, theirs] : {std::tuple{"path", &m.path, &target->path},
+                                         std::tuple{"quantization", &m.quantization, &target->quantization},
+                                         std::tuple{"dtype", &m.dtype, &target->dtype},
+                                         std::tuple{"kv_cache_dtype", &m.kv_cache_dtype, &target->kv_cache_dtype}}) {
+        if (*mine != *theirs) {
+          return r.fail(std::string("'") + field + "' " + shown(*mine) + " differs from " + shown(target->name) + "'s " +
+                        shown(*theirs) + ": a prefill entry computes its target's KV blocks (same weights, same cache)");
+        }
+      }
+      if (target->place != placement::packed) {
+        return r.fail("'prefill_for' " + shown(target->name) + " is spread over nodes: its replicas cannot take KV blocks "
+                      "(packed targets only)");
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (c.models[j].prefill_for == m.prefill_for) {
+          return r.fail("models[" + std::to_string(j) + "] already prefills for " + shown(m.prefill_for) + " (one prefill entry a model)");
+        }
       }
       if (!m.loras.empty() || m.enable_lora) {
         return r.fail("'prefill_for': a prefill entry serves its model's adapters by name; give 'loras' to " + shown(target->name));

@@ -61,11 +61,12 @@ result<std::unique_ptr<local_mesh>> local_mesh::create(std::shared_ptr<const mod
     auto r = spawn_replica(*p->sys, e.get(), opt.sched);
     const bool prefill = p->replicas.size() >= static_cast<size_t>(opt.replicas);
     caf::anon_send(p->router, add_atom::value, r, std::to_string(p->replicas.size()), opt.model_name,
-                   prefill ? replica_role::prefill : replica_role::decode);
+                   prefill ? replica_role::prefill : replica_role::decode, uint64_t{0});
     p->replicas.push_back(r);
   }
   p->ready->set({{opt.model_name, static_cast<size_t>(opt.replicas)}});  // the router confirms with its first poll
   p->client = std::make_unique<router_client>(*p->sys, p->router, p->ready, opt.max_migrations, metrics);
+  p->client->set_prefill_timeout(opt.prefill_timeout);
   return std::unique_ptr<local_mesh>(new local_mesh(std::move(p)));
 }
 

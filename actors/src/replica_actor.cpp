@@ -229,7 +229,7 @@ caf::behavior split_replica_actor(replica* self, model::engine* eng, scheduler_c
         const auto& sc = st.core->scheduler();
         self->send(reply_to, replica_load{self->id(), !st.dead && !st.draining, st.core->running(), st.core->waiting(),
                                           b.total_blocks() - b.free_blocks(), b.total_blocks(), sc.drafted(), sc.accepted(),
-                                          sc.preemptions()});
+                                          sc.preemptions(), st.kv_imported, st.kv_refused});
       },
       [=](prefill_atom, replica_request r, caf::actor reply_to) {
         if (self->state.core->in_step()) {

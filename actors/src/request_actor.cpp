@@ -8,6 +8,8 @@
 namespace llmesh::actors {
 namespace {
 
+using prefill_timeout_atom = caf::atom_constant<caf::atom("pftimeout")>;
+
 using request = caf::stateful_actor<request_state>;
 
 /// The salt the router's prefix-aware policy hashes with: the request's cache_salt, mixed with
@@ -55,6 +57,13 @@ void start_held(request* self) {
   self->send(st.replica, generate_atom::value, std::move(r), caf::actor{self});
 }
 
+/// Whether prefilled blocks can serve `r`: a request that scores its prompt or pools over every
+/// position computes the prompt whole on its replica (no prefix-cache hit), so a prefill
+/// replica's work would be lost.
+bool takes_prefilled_blocks(const replica_request& r) {
+  return r.sampling.prompt_logprobs < 0 && (r.pool == pooling::none || r.pool == pooling::last);
+}
+
 void count_transfer(request* self, const char* outcome, size_t bytes) {
   auto* m = self->state.opt.metrics;
   if (!m) return;
@@ -66,7 +75,7 @@ void route(request* self, replica_request r) {
   auto prompt = r.prompt;
   auto model = r.model;
   self->request(self->state.opt.router, self->state.opt.route_timeout, route_atom::value, std::move(model),
-                std::move(prompt), route_salt(r), r.route_key)
+                std::move(prompt), route_salt(r), r.route_key, takes_prefilled_blocks(r))
       .then(
           [=](const route_reply& reply) {
             auto& st = self->state;
@@ -83,6 +92,7 @@ void route(request* self, replica_request r) {
               self->monitor(st.prefill);
               st.held = r;
               self->send(st.prefill, prefill_atom::value, r, caf::actor{self});
+              self->delayed_send(self, st.opt.prefill_timeout, prefill_timeout_atom::value, ++st.prefill_attempt);
               return;
             }
             if (reply.prefill) self->send(st.opt.router, done_atom::value, reply.prefill.id());
@@ -156,6 +166,13 @@ caf::behavior request_actor(request* self, replica_request req, token_sink sink,
         } else {
           count_transfer(self, "fallback", 0);
         }
+        start_held(self);
+      },
+      [=](prefill_timeout_atom, uint64_t attempt) {
+        auto& st = self->state;
+        if (!st.prefill || attempt != st.prefill_attempt) return;  // answered, or an earlier prefill's
+        self->send(st.prefill, cancel_atom::value, st.tracker->original().id);
+        count_transfer(self, "fallback", 0);
         start_held(self);
       },
       [=](cancel_atom) {

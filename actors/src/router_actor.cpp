@@ -29,6 +29,10 @@ void publish(router* self) {
     m->get_counter(metric::spec_drafted, replica)->set_total(static_cast<double>(l.drafted));
     m->get_counter(metric::spec_accepted, replica)->set_total(static_cast<double>(l.accepted));
     m->get_counter(metric::preemptions, replica)->set_total(static_cast<double>(l.preemptions));
+    if (l.kv_imported || l.kv_refused) {  // replicas that take prefilled blocks
+      m->get_counter(metric::kv_imported, replica)->set_total(static_cast<double>(l.kv_imported));
+      m->get_counter(metric::kv_refused, replica)->set_total(static_cast<double>(l.kv_refused));
+    }
   }
 }
 
@@ -37,7 +41,22 @@ void forget(router* self, uint64_t id) {
   if (st.replicas.erase(id) == 0) return;
   st.routes->remove(id);
   const auto& was = st.loads[id];  // its counters stay where they were
-  st.loads[id] = replica_load{id, false, 0, 0, 0, was.kv_total, was.drafted, was.accepted, was.preemptions};
+  st.loads[id] = replica_load{id, false, 0, 0, 0, was.kv_total, was.drafted, was.accepted, was.preemptions, was.kv_imported,
+                              was.kv_refused};
+  publish(self);
+}
+
+/// A replica of `model` joins (a prefill replica may bring its model's max_local_prefill; 0: none).
+void add(router* self, const caf::actor& replica, const std::string& name, const std::string& model, replica_role role,
+         uint64_t max_local_prefill) {
+  auto& st = self->state;
+  st.names[replica.id()] = name;
+  self->monitor(replica);
+  const uint64_t id = replica.id();
+  st.replicas[id] = replica;
+  st.loads[id] = replica_load{id, true, 0, 0, 0, 0};
+  st.routes->add(id, model, role);
+  if (role == replica_role::prefill && max_local_prefill > 0) st.opt.max_local_prefill_by_model[model] = max_local_prefill;
   publish(self);
 }
 
@@ -55,26 +74,20 @@ caf::behavior router_actor(router* self, router_options opt) {
   self->send(self, tick_atom::value);
   return {
       [=](add_atom, caf::actor replica, const std::string& name, const std::string& model) {
-        self->send(self, add_atom::value, std::move(replica), name, model, replica_role::decode);
+        add(self, replica, name, model, replica_role::decode, 0);
       },
-      [=](add_atom, caf::actor replica, const std::string& name, const std::string& model, replica_role role) {
-        auto& st = self->state;
-        st.names[replica.id()] = name;
-        self->monitor(replica);
-        const uint64_t id = replica.id();
-        st.replicas[id] = replica;
-        st.loads[id] = replica_load{id, true, 0, 0, 0, 0};
-        st.routes->add(id, model, role);
-        publish(self);
-      },
-      [=](route_atom, const std::string& model, const std::vector<int32_t>& prompt, uint64_t salt, uint64_t key) -> route_reply {
+      [=](add_atom, caf::actor replica, const std::string& name, const std::string& model, replica_role role,
+          uint64_t max_local_prefill) { add(self, replica, name, model, role, max_local_prefill); },
+      [=](route_atom, const std::string& model, const std::vector<int32_t>& prompt, uint64_t salt, uint64_t key,
+          bool prefill_ok) -> route_reply {
         auto& st = self->state;
         auto picked = st.routes->pick(model, prompt, salt, key);
         if (!picked) return route_reply{caf::actor{}, picked.err()};
         if (st.opt.metrics) st.opt.metrics->get_counter(metric::routed, {st.names[*picked]})->add(1);
         route_reply out{st.replicas.at(*picked), {}};
         auto limit = st.opt.max_local_prefill_by_model.find(model);
-        if (prompt.size() > (limit == st.opt.max_local_prefill_by_model.end() ? st.opt.max_local_prefill : limit->second)) {
+        if (prefill_ok &&
+            prompt.size() > (limit == st.opt.max_local_prefill_by_model.end() ? st.opt.max_local_prefill : limit->second)) {
           if (auto p = st.routes->pick_prefill(model, prompt, salt, key)) {
             if (st.opt.metrics) st.opt.metrics->get_counter(metric::routed, {st.names[*p]})->add(1);
             out.prefill = st.replicas.at(*p);

@@ -43,6 +43,7 @@ void router_client::submit(replica_request r, token_sink sink) {
   ro.router = router_;
   ro.max_migrations = max_migrations_;
   ro.metrics = metrics_;
+  ro.prefill_timeout = prefill_timeout_;
   // CAF's spawn leaves the calling thread holding the system's logger (a thread-local strong
   // reference), and ~actor_system waits for it: a thread that is not CAF's and outlives the
   // system (an HTTP worker, where a background response is submitted) would hang its shutdown.

@@ -40,6 +40,9 @@ void declare_serving(metrics_registry& r) {
   r.declare_histogram(request_generation_tokens, "Tokens each generation that ended produced.", sizes);
   r.declare_counter(kv_transfers, "Disaggregated prefill: prompts a prefill replica computed for another, by outcome.", {"outcome"});
   r.declare_counter(kv_transfer_bytes, "Disaggregated prefill: bytes of KV blocks moved to decode replicas.");
+  r.declare_counter(kv_imported, "Disaggregated prefill: KV blocks the replica took into its prefix cache.", {"replica"});
+  r.declare_counter(kv_refused, "Disaggregated prefill: KV imports the replica refused (its request computed the prompt).",
+                    {"replica"});
   r.declare_gauge(gateway_inflight, "Generation requests the gateway is serving.");
   r.declare_gauge(background_running, "Background responses running (the Responses API's background mode).");
   r.declare_gauge(stored_responses, "Responses the gateway keeps for previous_response_id and GET.");

@@ -123,11 +123,12 @@ token_msg from_wire(const transport::token_body& t) {
 
 transport::load_msg to_wire(const replica_load& l) {
   return {l.replica, l.ready, static_cast<uint32_t>(l.running), static_cast<uint32_t>(l.waiting), l.kv_used, l.kv_total,
-          l.drafted, l.accepted, l.preemptions};
+          l.drafted, l.accepted, l.preemptions, l.kv_imported, l.kv_refused};
 }
 
 replica_load from_wire(const transport::load_msg& l) {
-  return {l.replica, l.ready, l.running, l.waiting, l.kv_used, l.kv_total, l.drafted, l.accepted, l.preemptions};
+  return {l.replica, l.ready, l.running, l.waiting, l.kv_used, l.kv_total, l.drafted, l.accepted, l.preemptions, l.kv_imported,
+          l.kv_refused};
 }
 
 transport::shard_step_msg to_wire(const shard_step& s) {
@@ -192,7 +193,9 @@ transport::kv_blocks_msg to_wire(const kv_prefix& p, bool import) {
   m.kv_dtype = p.kv_type == kernels::dtype::bf16 ? 1 : 0;
   m.block_bytes = p.block_bytes;
   size_t blocks = p.data ? std::min(p.blocks(), p.data->size() / std::max<uint64_t>(p.block_bytes, 1)) : 0;
-  if (p.block_bytes) blocks = std::min<size_t>(blocks, transport::max_kv_bytes / p.block_bytes);
+  // A block costs its bytes and its positions' token ids (4 bytes each): the frame stays under
+  // max_kv_bytes of both, well within the 64 MiB frame limit.
+  blocks = std::min<size_t>(blocks, transport::max_kv_bytes / (p.block_bytes + 4 * uint64_t{p.block_size} + 1));
   m.tokens.assign(p.tokens.begin(), p.tokens.begin() + static_cast<std::ptrdiff_t>(blocks * p.block_size));
   if (blocks) m.data.assign(reinterpret_cast<const char*>(p.data->data()), blocks * p.block_bytes);
   return m;

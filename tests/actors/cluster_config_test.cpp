@@ -655,6 +655,13 @@ TEST(ClusterConfig, APrefillEntryNamesAModelThatServesAndMatchesItsCache) {
                  {"must name another model entry"});
   expect_refused(two("  - name: q\n    path: models/m\n    prefill_for: p\n"), {"models[2] (q)", "must name another model entry that serves"});
   expect_refused(two("    kv_cache_dtype: bfloat16\n"), {"'kv_cache_dtype' 'bfloat16' differs from 'm''s 'float32'"});
+  expect_refused(with("path: models/m\n    tp: 1", "path: models/other\n    tp: 1", with("    placement: packed\n", prefill)),
+                 {"'path' 'models/other' differs from 'm''s 'models/m'", "same weights"});
+  expect_refused(two("    quantization: int8\n"), {"'quantization' 'int8' differs"});
+  expect_refused(two("    dtype: float32\n"), {"'dtype' 'float32' differs"});
+  expect_refused(two("  - name: q\n    path: models/m\n    prefill_for: m\n"), {"models[2] (q)", "models[1] already prefills for 'm'"});
+  expect_refused(with("    placement: packed\n", "    placement: spread\n" + prefill.substr(std::string("    placement: packed\n").size())),
+                 {"'prefill_for' 'm' is spread over nodes"});
   expect_refused(two("    placement: spread\n"), {"'prefill_for': prefill replicas hand over their KV blocks from one process"});
   expect_refused(two("    loras: [{name: a, path: /a}]\n"), {"'prefill_for': a prefill entry serves its model's adapters by name"});
   expect_refused(with("    placement: packed\n", "    placement: packed\n    max_local_prefill_length: 9\n"),

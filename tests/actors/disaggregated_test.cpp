@@ -124,12 +124,62 @@ TEST_F(Disaggregated, ACancelledRequestIsDroppedOnItsPrefillReplica) {
   r.max_tokens = 50;
   collector c;
   m->submit(r, sink(c));
+  for (int i = 0; i < 500 && counter(metric::routed, {"1"}) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_EQ(counter(metric::routed, {"1"}), 1.0);  // on its prefill replica (or just past it)
   m->cancel(7);
   for (int i = 0; i < 200 && m->inflight() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(m->inflight(), 0u);
+  // Neither replica holds it for long (the router's gauges, from their status reports).
+  auto held = [&](const char* replica) {
+    auto* run = metrics_.get_gauge(metric::running, {replica});
+    auto* wait = metrics_.get_gauge(metric::waiting, {replica});
+    return (run ? run->value() : 0.0) + (wait ? wait->value() : 0.0);
+  };
+  for (int i = 0; i < 200 && held("0") + held("1") > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(held("0") + held("1"), 0.0);
   // Both replicas still serve.
   auto reqs = requests(4);
   expect_alone_tokens(*m, reqs, true);
+}
+
+// Blocks that do not come within prefill_timeout (a frame the mesh dropped, a prefill replica
+// stuck behind others) are not waited for: the request's replica computes the prompt, and the
+// prefill replica's late answer is dropped.
+TEST_F(Disaggregated, BlocksThatComeTooLateAreNotWaitedFor) {
+  mesh_options o;
+  o.replicas = 1;
+  o.prefill_replicas = 1;
+  o.max_local_prefill = 16;
+  o.prefill_timeout = std::chrono::milliseconds(1);
+  o.engine.threads = 2;
+  o.engine.kv_tokens = 2048;
+  o.engine.block_size = 8;
+  o.sched.max_batch_tokens = 8;  // a prefill of several steps: most answers come after 1 ms
+  auto m = local_mesh::create(model_, o, &metrics_);
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  auto reqs = requests(12);
+  const size_t longs = expect_alone_tokens(**m, reqs, false);
+  EXPECT_GT(counter(metric::kv_transfers, {"fallback"}), 0.0);
+  EXPECT_EQ(counter(metric::kv_transfers, {"fallback"}) + counter(metric::kv_transfers, {"moved"}), static_cast<double>(longs));
+}
+
+// A request that scores its prompt computes it whole where it runs (no prefix-cache hit): it
+// does not go through a prefill replica, whose work would be lost.
+TEST_F(Disaggregated, APromptToScoreIsNotPrefilledElsewhere) {
+  auto m = mesh(1, 1);
+  ASSERT_TRUE(m);
+  replica_request r;
+  r.id = 1;
+  for (int i = 0; i < 60; ++i) r.prompt.push_back((i * 5) % 300);
+  r.max_tokens = 3;
+  r.sampling.prompt_logprobs = 1;
+  collector c;
+  m->submit(r, sink(c));
+  ASSERT_TRUE(c.wait_ends(1));
+  EXPECT_FALSE(c.ends[1].failed) << c.ends[1].err.message;
+  EXPECT_EQ(c.tokens[1].size(), 3u);
+  EXPECT_EQ(counter(metric::kv_transfers, {"moved"}) + counter(metric::kv_transfers, {"fallback"}), 0.0);
+  EXPECT_EQ(counter(metric::routed, {"1"}), 0.0);  // nothing reached the prefill replica
 }
 
 TEST_F(Disaggregated, PrefillReplicasNeedPrefixCaching) {

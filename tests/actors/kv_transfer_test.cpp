@@ -4,6 +4,7 @@
 // request gets computed alone — across tensor-parallel sizes (the transfer layout holds every
 // head), with a bfloat16 cache, with LoRA adapters — and the blocks are hits. Corrupted bytes
 // change the tokens (the imported KV is what runs), and bad prefixes are refused changing nothing.
+#include "llmesh/model/random_model.hpp"
 #include "replica_fixture.hpp"
 
 namespace llmesh::actors {
@@ -14,7 +15,7 @@ class KvTransfer : public testing::replica_test_base {
   std::unique_ptr<model::engine> engine_with(int tp, size_t block_size, kernels::dtype kv_type, size_t kv_tokens = 1024) {
     model::engine_options o;
     o.tp = tp;
-    o.threads = 2;
+    o.threads = std::max(2, tp);
     o.kv_tokens = kv_tokens;
     o.block_size = block_size;
     o.kv_type = kv_type;
@@ -97,6 +98,13 @@ TEST_F(KvTransfer, ImportedBlocksGiveTheTokensOfARequestAlone) { transfer_all(re
 TEST_F(KvTransfer, TheLayoutDoesNotDependOnTensorParallelism) {
   transfer_all(requests(6), 1, 2, kernels::dtype::f32);
   transfer_all(requests(6), 2, 1, kernels::dtype::f32);
+}
+
+// Four ranks over the model's two KV heads: each head is replicated on two ranks, whose copies
+// hold the same values (exported by either, imported into both).
+TEST_F(KvTransfer, ReplicatedKvHeadsMoveToo) {
+  transfer_all(requests(4), 4, 1, kernels::dtype::f32);
+  transfer_all(requests(4), 1, 4, kernels::dtype::f32);
 }
 
 TEST_F(KvTransfer, ABfloat16CacheMovesAsIs) { transfer_all(requests(6), 2, 1, kernels::dtype::bf16); }
@@ -223,6 +231,30 @@ TEST_F(KvTransfer, ExportNeedsPrefixCachingAndGivesOnlyWhatIsCached) {
   EXPECT_EQ(ea->export_kv(bad).err().code, errc::invalid_request);
   std::vector<std::byte> bytes(2 * ea->kv_block_bytes());
   EXPECT_EQ(ea->import_kv(bad, bytes).err().code, errc::invalid_request);
+}
+
+// Requests with LoRA adapters: their blocks hold the adapter's keys and values, cached under the
+// adapter on both sides (the importer looks the adapter up by name).
+class KvTransferLora : public KvTransfer {
+ protected:
+  void SetUp() override {
+    KvTransfer::SetUp();
+    model::random_lora_spec a, b;
+    b.seed = 7, b.rank = 4, b.targets = {"q_proj", "k_proj", "v_proj", "down_proj"};
+    ASSERT_TRUE(model::write_random_lora(a, dir_.path(), dir_.path() + "/lora-a").ok());
+    ASSERT_TRUE(model::write_random_lora(b, dir_.path(), dir_.path() + "/lora-b").ok());
+    model::load_options lo;
+    lo.loras = {{"a", dir_.path() + "/lora-a"}, {"b", dir_.path() + "/lora-b"}};
+    auto m = model::model::load(dir_.path(), lo);
+    ASSERT_TRUE(m.ok()) << m.err().message;
+    model_ = *m;
+  }
+};
+
+TEST_F(KvTransferLora, AnAdaptersBlocksMoveUnderItsName) {
+  auto reqs = requests(9);
+  for (auto& r : reqs) r.lora = r.id % 3 == 0 ? "" : r.id % 3 == 1 ? "a" : "b";
+  transfer_all(reqs, 1, 2, kernels::dtype::f32);
 }
 
 }  // namespace

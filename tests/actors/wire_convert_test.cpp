@@ -230,7 +230,7 @@ TEST(WireConvert, KvBlocksCrossWholeAndAnAnswerKeepsItsRequestAndError) {
 // A prefix beyond max_kv_bytes keeps the leading blocks that fit (the rest is computed where
 // the request runs): a valid, shorter chain.
 TEST(WireConvert, KvBlocksOverTheFrameBudgetKeepTheirLeadingBlocks) {
-  const uint64_t block_bytes = transport::max_kv_bytes / 5 + 8;  // 4 fit, not 5
+  const uint64_t block_bytes = transport::max_kv_bytes / 5 - 8;  // 4 fit, not 5 (with their token ids)
   const auto p = prefix_of(6, block_bytes);
   auto cut = through_frame(p, true);
   ASSERT_EQ(cut.blocks(), 4u);

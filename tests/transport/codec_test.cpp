@@ -61,6 +61,7 @@ std::vector<envelope> samples() {
       load_msg{5, true, 3, 4, 100, 4096},
       load_msg{6, true, 1, 0, 10, 64, 1ull << 40, 12345},
       load_msg{7, true, 2, 9, 60, 64, 0, 0, 31},  // a replica short of blocks: its preemptions
+      load_msg{8, true, 1, 0, 12, 64, 0, 0, 0, 4200, 3},  // a replica that took prefilled blocks (and refused 3 imports)
       hello_msg{"replica-a", {role::replica, role::router}, "127.0.0.1:7101", {2, 24ull << 30, 0, 6}, std::string("\x00\x01\xff", 3)},
       challenge_msg{std::string(32, '\x7f')},
       proof_msg{std::string(32, '\x01')},
@@ -69,7 +70,7 @@ std::vector<envelope> samples() {
       replica_state_msg{11, "replica-a", "kjv-tiny", replica_phase::draining, 0, "", ""},
       replica_state_msg{12, "replica-b", "kjv-tiny", replica_phase::ready, 1012, "", "127.0.0.1:7102"},
       replica_state_msg{13, "replica-b", "kjv-tiny", replica_phase::dead, 0, "config.json: not found", ""},
-      replica_state_msg{14, "replica-b", "kjv-tiny-prefill", replica_phase::ready, 1014, "", "127.0.0.1:7102", "kjv-tiny"},
+      replica_state_msg{14, "replica-b", "kjv-tiny-prefill", replica_phase::ready, 1014, "", "127.0.0.1:7102", "kjv-tiny", 256},
       // A prefill replica's two blocks of 2 positions (8 bytes each; zeros too), to the request's owner or to import.
       kv_blocks_msg{18, true, errc::internal, "", {5, 6, 7, 8}, 99, "sql-lora", 2, 1, 8, std::string("\x00\x01\x02\x03\x04\x05\x06\x07\xff\xfe\xfd\xfc\x00\x00\x00\x01", 16), false},
       kv_blocks_msg{18, true, errc::internal, "", {5, 6}, 0, "", 2, 0, 8, std::string(8, '\x7f'), true},

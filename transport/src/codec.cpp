@@ -133,6 +133,8 @@ struct writer {
     l.setSpecDrafted(m.drafted);
     l.setSpecAccepted(m.accepted);
     l.setPreemptions(m.preemptions);
+    l.setKvImported(m.kv_imported);
+    l.setKvRefused(m.kv_refused);
   }
   void operator()(const hello_msg& m) {
     auto h = b.initHello();
@@ -174,6 +176,7 @@ struct writer {
     r.setReason(text(m.reason));
     r.setListen(text(m.listen));
     r.setPrefillFor(text(m.prefill_for));
+    r.setMaxLocalPrefill(m.max_local_prefill);
   }
   void operator()(const kv_blocks_msg& m) {
     auto k = b.initKvBlocks();
@@ -471,7 +474,7 @@ struct reader {
       case Body::LOAD: {
         auto l = b.getLoad();
         out = load_msg{l.getReplica(), l.getReady(), l.getRunning(), l.getWaiting(), l.getKvUsed(), l.getKvTotal(),
-                       l.getSpecDrafted(), l.getSpecAccepted(), l.getPreemptions()};
+                       l.getSpecDrafted(), l.getSpecAccepted(), l.getPreemptions(), l.getKvImported(), l.getKvRefused()};
         break;
       }
       case Body::HELLO: {
@@ -505,7 +508,7 @@ struct reader {
         out = replica_state_msg{r.getReplica(), str(r.getNode(), "node"), str(r.getModel(), "model"),
                                 static_cast<replica_phase>(enum_value(r.getPhase(), 3, "phase")), r.getActor(),
                                 str(r.getReason(), "reason"), str(r.getListen(), "listen"),
-                                str(r.getPrefillFor(), "prefillFor")};
+                                str(r.getPrefillFor(), "prefillFor"), r.getMaxLocalPrefill()};
         break;
       }
       case Body::KV_BLOCKS: {

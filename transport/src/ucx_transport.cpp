@@ -883,5 +883,7 @@ transport_stats ucx_transport::stats() const {
 }
 
 uint64_t ucx_transport::rndv_frames_received() const { return impl_->stat.rndv_received; }
+size_t ucx_transport::pending_send_bytes() const { return impl_->pending_send_bytes; }
+size_t ucx_transport::max_pending_send_bytes() const { return impl_->options.max_pending_send_bytes; }
 
 }  // namespace llmesh::transport

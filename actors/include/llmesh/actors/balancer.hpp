@@ -31,6 +31,7 @@ struct replica_load {
   size_t kv_used = 0, kv_total = 0;  ///< KV blocks held by requests (cached-free ones excluded), of all
   size_t drafted = 0, accepted = 0;  ///< speculative decoding: drafts run and kept since the replica started
   size_t preemptions = 0;            ///< running requests sent back to wait for blocks since it started
+  size_t kv_imported = 0, kv_refused = 0;  ///< disaggregated prefill: KV blocks taken in, imports refused, since it started
 };
 
 /// Thread affinity: the router's. Deterministic for a given seed and sequence of calls.

@@ -57,6 +57,7 @@ struct coordinator_action {
   std::string model;  ///< replica_ready: the model it serves (routers route by it)
   /// replica_ready: its model's prefill_for (a prefill replica for that model's requests; "": none)
   std::string prefill_for = {};
+  uint64_t max_local_prefill = 0;  ///< replica_ready of a prefill replica: its max_local_prefill_length
 };
 
 /// A replica as the coordinator tracks it.

@@ -4,6 +4,7 @@
 // layer is tested against a fake and the multi-process mesh can implement the same interface.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -67,6 +68,7 @@ struct mesh_options {
   /// Needs prefix caching and the CPU backend.
   int prefill_replicas = 0;
   size_t max_local_prefill = 1000;
+  std::chrono::milliseconds prefill_timeout{60000};  ///< request_options::prefill_timeout
 };
 
 /// Thread affinity: any thread. Destruction stops every actor (in-flight requests end without

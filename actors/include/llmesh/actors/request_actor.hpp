@@ -7,7 +7,8 @@
 // Disaggregated prefill: when the router names a prefill replica for a long prompt, the request
 // goes there first; the prompt's blocks it answers with go to the request's replica just before
 // the request itself (in that order, so they are in its prefix cache when it is admitted). If
-// none come — a refusal, a failure, its death — the request's replica computes the prompt.
+// none come in time — a refusal, a failure, its death, prefill_timeout — the request's replica
+// computes the prompt.
 #pragma once
 
 #include <caf/all.hpp>
@@ -25,6 +26,9 @@ struct request_options {
   size_t max_migrations = 3;
   std::chrono::milliseconds route_timeout{10000};
   metrics_registry* metrics = nullptr;  ///< optional: counts migrations
+  /// Disaggregated prefill: a prefill replica's blocks not here by then, the request's replica
+  /// computes the prompt (a frame the mesh dropped must not hold a request forever).
+  std::chrono::milliseconds prefill_timeout{60000};
 };
 
 struct request_state {
@@ -34,6 +38,7 @@ struct request_state {
   caf::actor replica;  ///< where the request runs now (invalid while routing)
   caf::actor prefill;  ///< the replica computing its prompt first (invalid: none, or done)
   std::optional<replica_request> held;  ///< the request while its prefill runs
+  uint64_t prefill_attempt = 0;         ///< which prefill a timeout is for
   bool cancelled = false;
   static inline const char* name = "request";
 };

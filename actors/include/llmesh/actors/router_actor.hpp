@@ -59,10 +59,12 @@ struct router_state {
 };
 
 /// `(add_atom, caf::actor replica, std::string name, std::string model)` adds a replica of
-/// `model` (name: its metrics label); with a replica_role after the model, one of that role
-/// (prefill replicas are never a request's replica, only its route_reply::prefill); `(route_atom, std::string model, std::vector<int32_t>
-/// prompt, uint64_t cache_salt, uint64_t route_key)` replies a route_reply (a replica of that
-/// model; balancer::pick) and counts the request against it (and against its prefill replica);
+/// `model` (name: its metrics label); with a replica_role and a uint64_t max_local_prefill (0:
+/// none) after the model, one of that role (prefill replicas are never a request's replica, only
+/// its route_reply::prefill; a prefill replica's max_local_prefill becomes its model's); `(route_atom, std::string model, std::vector<int32_t>
+/// prompt, uint64_t cache_salt, uint64_t route_key, bool prefill_ok)` replies a route_reply (a replica of that
+/// model; balancer::pick) and counts the request against it (and, when prefill_ok — the request can
+/// start from prefilled blocks — and its prompt is long, against a prefill replica it names too);
 /// `(done_atom, uint64_t replica_id)` uncounts it. A replica that stops is forgotten (its down message, or
 /// `(dead_atom, uint64_t replica_id)` from a requester that saw it die first: that requester's
 /// next route request must not get the dead replica back). `(drain_atom, uint64_t replica_id)`:

@@ -34,6 +34,9 @@ class router_client final : public mesh_client {
   size_t ready_replicas(std::string_view model) const override { return ready_->of(model); }
   /// Requests in flight (submitted, not yet finished or cancelled).
   size_t inflight() const;
+  /// How long a request waits for a prefill replica's blocks before its replica computes the
+  /// prompt (request_options::prefill_timeout). Set before the first submit.
+  void set_prefill_timeout(std::chrono::milliseconds t) { prefill_timeout_ = t; }
   /// A gateway node: runtime LoRA updates go through its node agent to the coordinator, which
   /// applies them on every node of the model's replicas (node_agent.hpp, lora_atom). Set before
   /// the gateway serves.
@@ -53,6 +56,7 @@ class router_client final : public mesh_client {
   std::shared_ptr<live> live_;
   caf::actor lora_agent_;
   std::chrono::milliseconds lora_timeout_{120000};
+  std::chrono::milliseconds prefill_timeout_{60000};
 };
 
 }  // namespace llmesh::actors

@@ -52,6 +52,11 @@ inline constexpr const char* request_generation_tokens = "llmesh_request_generat
 /// of KV that moved.
 inline constexpr const char* kv_transfers = "llmesh_kv_transfers_total";
 inline constexpr const char* kv_transfer_bytes = "llmesh_kv_transfer_bytes_total";
+/// The receiving side (label: replica): KV blocks a replica took into its prefix cache, and
+/// imports it refused (another block shape or KV dtype, a full cache: its request computed the
+/// prompt) — a pair misconfigured shows here, not in kv_transfers.
+inline constexpr const char* kv_imported = "llmesh_kv_imported_blocks_total";
+inline constexpr const char* kv_refused = "llmesh_kv_import_refusals_total";
 inline constexpr const char* gateway_inflight = "llmesh_gateway_requests_inflight";
 /// The Responses API's state in the gateway: background runs live, stored responses and
 /// conversations (with the bytes of JSON they hold).

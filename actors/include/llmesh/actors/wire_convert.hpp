@@ -22,8 +22,8 @@ transport::shard_step_msg to_wire(const shard_step& s);
 result<shard_step> from_wire(const transport::shard_step_msg& m);
 transport::shard_result_msg to_wire(const shard_result& r);
 shard_result from_wire(const transport::shard_result_msg& m);
-/// Disaggregated prefill's blocks: a prefix of more than transport::max_kv_bytes keeps the
-/// leading blocks that fit (the request's replica computes the rest).
+/// Disaggregated prefill's blocks: a prefix of more than transport::max_kv_bytes (its data and
+/// token ids together) keeps the leading blocks that fit (the request's replica computes the rest).
 transport::kv_blocks_msg to_wire(const kv_prefix& p, bool import);
 kv_prefix prefix_from_wire(const transport::kv_blocks_msg& m);
 transport::kv_blocks_msg to_wire(const prefill_reply& r);

@@ -47,6 +47,8 @@ class fault_injector final : public transport {
   status send(peer_id peer, std::vector<uint8_t> frame) override;
   void close(peer_id peer) override { inner_->close(peer); }
   transport_stats stats() const override;
+  size_t pending_send_bytes() const override { return inner_->pending_send_bytes(); }
+  size_t max_pending_send_bytes() const override { return inner_->max_pending_send_bytes(); }
 
  private:
   fault_rule rule_for(peer_id p) const;  // REQUIRES: mu_ held

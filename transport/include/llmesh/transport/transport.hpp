@@ -51,6 +51,10 @@ class transport {
   /// Closes a connection (on_peer_down follows).
   virtual void close(peer_id peer) = 0;
   virtual transport_stats stats() const = 0;
+  /// Bytes queued to send and not sent yet, and the most there may be (0: no bound): a sender
+  /// of bulk frames (KV blocks) leaves room for the small ones (tokens, requests).
+  virtual size_t pending_send_bytes() const { return 0; }
+  virtual size_t max_pending_send_bytes() const { return 0; }
 };
 
 }  // namespace llmesh::transport

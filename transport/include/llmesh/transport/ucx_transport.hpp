@@ -92,6 +92,8 @@ class ucx_transport final : public transport {
   /// oversized frames both ways, frames from unknown peers, and frames left undelivered when a
   /// peer failed.
   transport_stats stats() const override;
+  size_t pending_send_bytes() const override;
+  size_t max_pending_send_bytes() const override;
 
   /// Frames that arrived by rendezvous (so tests and benchmarks can tell the protocols apart).
   uint64_t rndv_frames_received() const;

@@ -109,6 +109,7 @@ struct load_msg {
   uint64_t kv_used = 0, kv_total = 0;
   uint64_t drafted = 0, accepted = 0;  ///< speculative decoding's drafts run and kept
   uint64_t preemptions = 0;            ///< running requests sent back to wait for blocks
+  uint64_t kv_imported = 0, kv_refused = 0;  ///< disaggregated prefill: blocks taken in, imports refused
   bool operator==(const load_msg&) const = default;
 };
 
@@ -185,6 +186,7 @@ struct replica_state_msg {
   std::string reason;   ///< dead: why
   std::string listen;   ///< the hosting node's mesh address (for routers in other processes)
   std::string prefill_for = {};  ///< ready: a prefill replica for that model's requests ("": one of `model`)
+  uint64_t max_local_prefill = 0;  ///< with prefill_for: its model's max_local_prefill_length (0: the router's own)
   bool operator==(const replica_state_msg&) const = default;
 };
 struct collective_id_msg {
