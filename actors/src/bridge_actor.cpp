@@ -72,11 +72,13 @@ caf::actor proxy_for(bridge* self, transport::peer_id peer, uint64_t remote) {
 
 /// KV blocks (disaggregated prefill) take at most half of the transport's send queue, so that
 /// tokens and requests always find room: beyond it a prefill replica's answer goes as a refusal
-/// (the request's replica computes the prompt) and blocks to import are not sent.
+/// (the request's replica computes the prompt; a refusal carries no blocks, so it always goes)
+/// and blocks to import are not sent (the request actor counted them moved: the serving
+/// replica's llmesh_kv_imported_blocks_total says what arrived).
 bool kv_room(const bridge_state& st, const transport::body& b) {
   const auto* kv = std::get_if<transport::kv_blocks_msg>(&b);
   const size_t bound = st.net->max_pending_send_bytes();
-  return !kv || bound == 0 || st.net->pending_send_bytes() + kv->data.size() <= bound / 2;
+  return !kv || kv->data.empty() || bound == 0 || st.net->pending_send_bytes() + kv->data.size() <= bound / 2;
 }
 
 /// Encodes `b` from local actor `from` to actor `remote` on `peer`, and sends it.

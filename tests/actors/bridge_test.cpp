@@ -96,3 +96,102 @@ TEST_F(Bridge, RequestsRunOnARemoteReplicaAndSurviveItsNodesDeath) {
 
 }  // namespace
 }  // namespace llmesh::actors
+
+namespace llmesh::actors {
+namespace {
+
+namespace tr = llmesh::transport;
+
+/// A transport whose send queue says it is `full` (more than half its bound queued) or empty.
+class queue_transport final : public tr::transport {
+ public:
+  queue_transport(std::unique_ptr<tr::transport> inner, std::shared_ptr<std::atomic<bool>> full)
+      : inner_(std::move(inner)), full_(std::move(full)) {}
+  void set_handlers(tr::transport_handlers h) override { inner_->set_handlers(std::move(h)); }
+  result<std::string> listen(const std::string& a) override { return inner_->listen(a); }
+  result<tr::peer_id> connect(const std::string& a) override { return inner_->connect(a); }
+  status send(tr::peer_id p, std::vector<uint8_t> f) override { return inner_->send(p, std::move(f)); }
+  void close(tr::peer_id p) override { inner_->close(p); }
+  tr::transport_stats stats() const override { return inner_->stats(); }
+  size_t pending_send_bytes() const override { return *full_ ? (size_t{600} << 20) : 0; }
+  size_t max_pending_send_bytes() const override { return size_t{1000} << 20; }
+
+ private:
+  std::unique_ptr<tr::transport> inner_;
+  std::shared_ptr<std::atomic<bool>> full_;
+};
+
+// Disaggregated prefill across the bridge: a prefill for a replica in another node answers
+// with its blocks, which then go to import there; when a node's send queue is past half full,
+// its KV frames give way to small ones — a prefill's answer goes as an overloaded refusal (the
+// request's replica would compute the prompt), blocks to import are not sent.
+TEST_F(Bridge, KvBlocksCrossAndGiveWayWhenTheQueueIsFull) {
+  auto net = std::make_shared<transport::loopback_network>();
+  auto eng_b = engine(1, 4096);
+  auto full_a = std::make_shared<std::atomic<bool>>(false), full_b = std::make_shared<std::atomic<bool>>(false);
+  caf::actor_system_config cfg_a, cfg_b;
+  caf::actor_system sys_a{config(cfg_a)}, sys_b{config(cfg_b)};
+  testing::actor_reaper reap_a, reap_b;
+  auto net_b = std::make_unique<transport::loopback_transport>(net);
+  ASSERT_TRUE(net_b->listen("node-b:7101").ok());
+  auto replica_b = reap_b(sys_b.spawn(replica_actor, eng_b.get(), scheduler_config{}));
+  auto bridge_b = reap_b(spawn_bridge(sys_b, std::make_shared<queue_transport>(std::move(net_b), full_b), std::string("node-b")));
+  caf::anon_send(bridge_b, export_atom::value, replica_b, uint64_t{1});
+  auto bridge_a = reap_a(spawn_bridge(
+      sys_a, std::make_shared<queue_transport>(std::make_unique<transport::loopback_transport>(net), full_a), std::string("node-a")));
+  caf::scoped_actor self{sys_a};
+  transport::peer_id peer = 0;
+  self->request(bridge_a, std::chrono::seconds(30), connect_atom::value, std::string("node-b:7101"))
+      .receive([&](transport::peer_id p) { peer = p; }, [&](caf::error& e) { FAIL() << sys_a.render(e); });
+  caf::actor remote;
+  self->request(bridge_a, std::chrono::seconds(30), proxy_atom::value, peer, uint64_t{1})
+      .receive([&](caf::actor p) { remote = p; }, [&](caf::error& e) { FAIL() << sys_a.render(e); });
+
+  replica_request r;
+  r.id = 1;
+  for (int i = 0; i < 50; ++i) r.prompt.push_back((i * 3) % 300);
+  auto prefill = [&](uint64_t id) {
+    r.id = id;
+    prefill_reply got;
+    self->send(remote, prefill_atom::value, r, caf::actor{self});
+    self->receive([&](prefill_reply& p) { got = std::move(p); },
+                  caf::after(std::chrono::seconds(30)) >> [&] { ADD_FAILURE() << "no answer"; });
+    return got;
+  };
+  auto imported = [&] {
+    replica_load load;
+    self->send(remote, status_atom::value, caf::actor{self});
+    self->receive([&](const replica_load& l) { load = l; }, caf::after(std::chrono::seconds(30)) >> [&] { ADD_FAILURE() << "no status"; });
+    return load.kv_imported;
+  };
+  auto blocks = prefill(1);
+  ASSERT_TRUE(blocks.ok) << blocks.err.message;
+  EXPECT_EQ(blocks.id, 1u);
+  EXPECT_EQ(blocks.prefix.tokens.size(), 48u);  // six whole blocks of 8 crossed in a KvBlocks frame
+  ASSERT_TRUE(blocks.prefix.data);
+  EXPECT_EQ(blocks.prefix.data->size(), 6 * eng_b->kv_block_bytes());
+
+  *full_b = true;  // node B's queue: the answer gives way
+  auto refused = prefill(2);
+  EXPECT_FALSE(refused.ok);
+  EXPECT_EQ(refused.id, 2u);
+  EXPECT_EQ(refused.err.code, errc::overloaded) << refused.err.message;
+  r.prompt = {1, 999};  // a refusal of its own (no blocks) always goes
+  auto bad = prefill(3);
+  EXPECT_FALSE(bad.ok);
+  EXPECT_EQ(bad.err.code, errc::invalid_request) << bad.err.message;
+  *full_b = false;
+
+  // Blocks to import: another prompt's, so node B's replica does not hold them yet.
+  auto other = blocks.prefix;
+  other.tokens[0] = (other.tokens[0] + 1) % 300;
+  *full_a = true;  // node A's queue: not sent
+  self->send(remote, kvimport_atom::value, other);
+  EXPECT_EQ(imported(), 0u);  // the status went after it: the import would have come first
+  *full_a = false;
+  self->send(remote, kvimport_atom::value, other);
+  EXPECT_EQ(imported(), 6u);
+}
+
+}  // namespace
+}  // namespace llmesh::actors

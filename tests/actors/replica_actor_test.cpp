@@ -113,3 +113,78 @@ TEST_F(ReplicaActor, RefusesBadRequestsAndCancels) {
 
 }  // namespace
 }  // namespace llmesh::actors
+
+namespace llmesh::actors {
+namespace {
+
+class ReplicaActorPrefill : public testing::replica_test_base {
+ protected:
+  caf::actor_system_config cfg_ = [] {
+    caf::actor_system_config c;
+    c.set("scheduler.max-threads", 2);
+    return c;
+  }();
+};
+
+// Disaggregated prefill at the replica: a prefill answers its owner with the prompt's whole
+// blocks (never tokens); a cancelled one answers nothing — once a status says the replica holds
+// nothing, no answer may follow (messages between two actors keep their order).
+TEST_F(ReplicaActorPrefill, APrefillAnswersWithBlocksAndACancelledOneWithNothing) {
+  auto eng = engine(1, 1024);
+  caf::actor_system sys{cfg_};
+  testing::actor_reaper reap;
+  scheduler_config sc;
+  sc.max_batch_tokens = 8;  // a 200-token prompt takes 25 steps: the cancel comes long before its end
+  auto replica = reap(sys.spawn(replica_actor, eng.get(), sc));
+  caf::scoped_actor self{sys};
+  replica_request r;
+  r.id = 5;
+  for (int i = 0; i < 200; ++i) r.prompt.push_back((i * 7) % 300);
+  r.max_tokens = 40;
+  self->send(replica, prefill_atom::value, r, caf::actor{self});
+  self->send(replica, cancel_atom::value, uint64_t{5});
+  self->send(replica, status_atom::value, caf::actor{self});
+  size_t answers = 0;
+  bool idle = false;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!idle) {
+    self->receive([&](const prefill_reply&) { ++answers; }, [&](const token_msg&) { ADD_FAILURE() << "a prefill sent a token"; },
+                  [&](const replica_load& l) {
+                    idle = l.running + l.waiting == 0;
+                    if (!idle && std::chrono::steady_clock::now() < give_up) self->send(replica, status_atom::value, caf::actor{self});
+                    else if (!idle) idle = true, ADD_FAILURE() << "the cancelled prefill is still held";
+                  },
+                  caf::after(std::chrono::seconds(10)) >> [&] { idle = true; ADD_FAILURE() << "no status"; });
+  }
+  bool quiet = false;
+  while (!quiet) {
+    self->receive([&](const prefill_reply&) { ++answers; }, caf::after(std::chrono::milliseconds(300)) >> [&] { quiet = true; });
+  }
+  EXPECT_EQ(answers, 0u);
+  // Not cancelled: its blocks come back (every whole block but the last token's), no token.
+  r.id = 6;
+  self->send(replica, prefill_atom::value, r, caf::actor{self});
+  self->receive(
+      [&](const prefill_reply& p) {
+        EXPECT_EQ(p.id, 6u);
+        ASSERT_TRUE(p.ok) << p.err.message;
+        EXPECT_EQ(p.prefix.tokens, std::vector<int32_t>(r.prompt.begin(), r.prompt.begin() + 192));
+        ASSERT_TRUE(p.prefix.data);
+        EXPECT_EQ(p.prefix.data->size(), 24 * eng->kv_block_bytes());
+      },
+      [&](const token_msg&) { ADD_FAILURE() << "a prefill sent a token"; },
+      caf::after(std::chrono::seconds(20)) >> [&] { ADD_FAILURE() << "no answer"; });
+  // A refused one answers at once with why.
+  r.id = 7;
+  r.prompt = {1, 999};
+  self->send(replica, prefill_atom::value, r, caf::actor{self});
+  self->receive([&](const prefill_reply& p) {
+    EXPECT_EQ(p.id, 7u);
+    EXPECT_FALSE(p.ok);
+    EXPECT_EQ(p.err.code, errc::invalid_request) << p.err.message;
+  }, caf::after(std::chrono::seconds(10)) >> [&] { ADD_FAILURE() << "no answer"; });
+  self->send_exit(replica, caf::exit_reason::user_shutdown);
+}
+
+}  // namespace
+}  // namespace llmesh::actors
