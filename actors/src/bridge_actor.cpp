@@ -78,7 +78,7 @@ caf::actor proxy_for(bridge* self, transport::peer_id peer, uint64_t remote) {
 bool kv_room(const bridge_state& st, const transport::body& b) {
   const auto* kv = std::get_if<transport::kv_blocks_msg>(&b);
   const size_t bound = st.net->max_pending_send_bytes();
-  return !kv || kv->data.empty() || bound == 0 || st.net->pending_send_bytes() + kv->data.size() <= bound / 2;
+  return !kv || kv->data_size() == 0 || bound == 0 || st.net->pending_send_bytes() + kv->data_size() <= bound / 2;
 }
 
 /// Encodes `b` from local actor `from` to actor `remote` on `peer`, and sends it.

@@ -197,7 +197,11 @@ transport::kv_blocks_msg to_wire(const kv_prefix& p, bool import) {
   // max_kv_bytes of both, well within the 64 MiB frame limit.
   blocks = std::min<size_t>(blocks, transport::max_kv_bytes / (p.block_bytes + 4 * uint64_t{p.block_size} + 1));
   m.tokens.assign(p.tokens.begin(), p.tokens.begin() + static_cast<std::ptrdiff_t>(blocks * p.block_size));
-  if (blocks) m.data.assign(reinterpret_cast<const char*>(p.data->data()), blocks * p.block_bytes);
+  if (blocks == p.blocks() && p.data && p.data->size() == blocks * p.block_bytes) {
+    m.data = p.data;  // shared: the frame is where it is copied
+  } else if (blocks) {
+    m.data = std::make_shared<const std::vector<std::byte>>(p.data->begin(), p.data->begin() + static_cast<std::ptrdiff_t>(blocks * p.block_bytes));
+  }
   return m;
 }
 
@@ -209,8 +213,7 @@ kv_prefix prefix_from_wire(const transport::kv_blocks_msg& m) {
   p.block_size = m.block_size;
   p.kv_type = m.kv_dtype == 1 ? kernels::dtype::bf16 : kernels::dtype::f32;
   p.block_bytes = m.block_bytes;
-  const auto* bytes = reinterpret_cast<const std::byte*>(m.data.data());
-  p.data = std::make_shared<const std::vector<std::byte>>(bytes, bytes + m.data.size());
+  p.data = m.data ? m.data : std::make_shared<const std::vector<std::byte>>();
   return p;
 }
 

@@ -27,12 +27,17 @@ std::vector<int32_t> prompt_of(size_t n, int seed) {
 
 TEST(Mesh, LongPromptsArePrefilledOnAnotherNode) {
   mesh_files m("local-disaggregated.yaml", {"7400", "7401", "7402", "8085", "8086"}, "disaggregated-dev-token-change-me");
-  node_process seed(m.node("seed")), decode(m.node("decode")), prefill(m.node("prefill"));
+  node_process seed(m.node("seed")), a(m.node("replica-a")), b(m.node("replica-b"));
   ASSERT_TRUE(seed.wait_for("serving 'kjv-tiny' on http://")) << seed.log();  // the prefill entry is not a model of the API
   nlohmann::json reps;
   ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) {
-    return count_ready(j, "decode") == 1 && count_ready(j, "prefill") == 1;
-  }, &reps)) << reps.dump() << "\n" << seed.log() << decode.log() << prefill.log();
+    return count_ready(j, "replica-a") == 1 && count_ready(j, "replica-b") == 1;
+  }, &reps)) << reps.dump() << "\n" << seed.log() << a.log() << b.log();
+  std::string prefill_node;  // placement's choice
+  for (const auto& r : reps) {
+    if (r["model"] == "kjv-tiny-prefill") prefill_node = r["node"].get<std::string>();
+  }
+  ASSERT_FALSE(prefill_node.empty()) << reps.dump();
   auto models = nlohmann::json::parse(http_request(m.http_port, "GET", "/v1/models").body);
   ASSERT_EQ(models["data"].size(), 1u) << models.dump();
 
@@ -58,7 +63,7 @@ TEST(Mesh, LongPromptsArePrefilledOnAnotherNode) {
   EXPECT_EQ(metric_value(m.http_port, "llmesh_kv_transfers_total{outcome=\"moved\"}"), before + 1);
 
   // The prefill node dies: long prompts are computed where they are served.
-  prefill.crash();
+  (prefill_node == "replica-a" ? a : b).crash();
   ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) { return count_ready(j) == 1; }, &reps)) << reps.dump();
   const auto after = prompt_of(100, 3);
   auto alone = complete(m.http_port, after);

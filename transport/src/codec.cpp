@@ -2,7 +2,9 @@
 #include "llmesh/transport/codec.hpp"
 
 #include <capnp/message.h>
+#include <capnp/orphan.h>
 #include <capnp/serialize.h>
+#include <kj/io.h>
 
 #include <cmath>
 #include <cstring>
@@ -193,7 +195,16 @@ struct writer {
     k.setBlockSize(m.block_size);
     k.setKvDtype(m.kv_dtype);
     k.setBlockBytes(m.block_bytes);
-    k.setData(data(m.data));
+    if (m.data_size() > 0) {
+      // Referenced, not copied, by the builder (the frame's one copy is the serialization):
+      // it outlives the builder (encode's), and a vector's storage is word-aligned.
+      capnp::Data::Reader bytes(reinterpret_cast<const kj::byte*>(m.data->data()), m.data->size());
+      if (m.data->size() % sizeof(capnp::word) == 0) {
+        k.adoptData(capnp::Orphanage::getForMessageContaining(k).referenceExternalData(bytes));
+      } else {
+        k.setData(bytes);  // the padding after it would be read from beyond the vector
+      }
+    }
     k.setImport(m.import);
   }
   void operator()(const assign_msg& m) {
@@ -540,7 +551,8 @@ struct reader {
                     " tokens in blocks of " + std::to_string(m.block_size) + " positions and " + std::to_string(m.block_bytes) +
                     " bytes");
         } else {
-          m.data.assign(reinterpret_cast<const char*>(d.begin()), d.size());
+          const auto* first = reinterpret_cast<const std::byte*>(d.begin());
+          m.data = std::make_shared<const std::vector<std::byte>>(first, first + d.size());
         }
         out = std::move(m);
         break;
@@ -676,9 +688,11 @@ std::vector<uint8_t> encode(const envelope& e) {
   root.setCorrelationId(e.correlation_id);
   root.setTraceId(e.trace_id);
   std::visit(writer{root.getBody()}, e.msg);
-  const kj::Array<capnp::word> words = capnp::messageToFlatArray(mb);
-  const auto bytes = words.asBytes();
-  return std::vector<uint8_t>(bytes.begin(), bytes.end());
+  // Straight into the frame: one copy of each segment (KV blocks' data is one, referenced).
+  std::vector<uint8_t> frame(capnp::computeSerializedSizeInWords(mb) * sizeof(capnp::word));
+  kj::ArrayOutputStream out(kj::arrayPtr(reinterpret_cast<kj::byte*>(frame.data()), frame.size()));
+  capnp::writeMessage(out, mb);
+  return frame;
 }
 
 result<envelope> decode(std::span<const uint8_t> frame, const frame_limits& lim) {

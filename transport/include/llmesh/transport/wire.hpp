@@ -4,7 +4,9 @@
 // frames (schemas/mesh.capnp) and back, under limits.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
@@ -128,9 +130,18 @@ struct kv_blocks_msg {
   uint32_t block_size = 0;
   uint8_t kv_dtype = 0;        ///< 0 float32, 1 bfloat16 (checked on decode)
   uint64_t block_bytes = 0;
-  std::string data;            ///< tokens / block_size × block_bytes bytes, at most max_kv_bytes (checked on decode)
+  /// tokens / block_size × block_bytes bytes, at most max_kv_bytes (checked on decode); shared,
+  /// not copied, on its way through the actors and into the frame (tens of MiB).
+  std::shared_ptr<const std::vector<std::byte>> data;
   bool import = false;
-  bool operator==(const kv_blocks_msg&) const = default;
+  size_t data_size() const { return data ? data->size() : 0; }
+  /// Field by field, the bytes by value.
+  bool operator==(const kv_blocks_msg& o) const {
+    const bool same_bytes = data_size() == o.data_size() && (data_size() == 0 || *data == *o.data);
+    return id == o.id && ok == o.ok && code == o.code && message == o.message && tokens == o.tokens &&
+           cache_salt == o.cache_salt && lora == o.lora && block_size == o.block_size && kv_dtype == o.kv_dtype &&
+           block_bytes == o.block_bytes && import == o.import && same_bytes;
+  }
 };
 
 // --- membership ---
