@@ -550,7 +550,10 @@ status check_mesh(reader& r, const cluster_config& c) {
                                          std::tuple{"quantization", &m.quantization, &target->quantization},
                                          std::tuple{"dtype", &m.dtype, &target->dtype},
                                          std::tuple{"kv_cache_dtype", &m.kv_cache_dtype, &target->kv_cache_dtype}}) {
-        if (*mine != *theirs) {
+        const bool same = std::string_view(field) == "path"  // models/m and ./models/m are one directory
+                              ? std::filesystem::path(*mine).lexically_normal() == std::filesystem::path(*theirs).lexically_normal()
+                              : *mine == *theirs;
+        if (!same) {
           return r.fail(std::string("'") + field + "' " + shown(*mine) + " differs from " + shown(target->name) + "'s " +
                         shown(*theirs) + ": a prefill entry computes its target's KV blocks (same weights, same cache)");
         }

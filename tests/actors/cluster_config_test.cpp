@@ -657,6 +657,9 @@ TEST(ClusterConfig, APrefillEntryNamesAModelThatServesAndMatchesItsCache) {
   expect_refused(two("    kv_cache_dtype: bfloat16\n"), {"'kv_cache_dtype' 'bfloat16' differs from 'm''s 'float32'"});
   expect_refused(with("path: models/m\n    tp: 1", "path: models/other\n    tp: 1", with("    placement: packed\n", prefill)),
                  {"'path' 'models/other' differs from 'm''s 'models/m'", "same weights"});
+  // The same directory written another way is the same weights.
+  EXPECT_TRUE(parse_cluster_config(with("path: models/m\n    tp: 1", "path: ./models//m\n    tp: 1",
+                                        with("    placement: packed\n", prefill)), "t.yaml").ok());
   expect_refused(two("    quantization: int8\n"), {"'quantization' 'int8' differs"});
   expect_refused(two("    dtype: float32\n"), {"'dtype' 'float32' differs"});
   expect_refused(two("  - name: q\n    path: models/m\n    prefill_for: m\n"), {"models[2] (q)", "models[1] already prefills for 'm'"});

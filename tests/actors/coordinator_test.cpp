@@ -231,6 +231,50 @@ TEST(Coordinator, RoutersInOtherProcessesHearOfReplicasThroughTheirAgents) {
   EXPECT_EQ(describe(ready(c, 2, 3)), (strings{"ready r3 at 2:1003 (b/3)"}));
 }
 
+// Disaggregated prefill: a prefill entry's replicas reach routers as prefill replicas of the
+// model they prefill for, with its threshold — the router here (replica_ready) and routers in
+// other processes (news, and a briefing for one that joins later); a plain replica carries none.
+TEST(Coordinator, PrefillReplicasReachRoutersWithTheirModelAndThreshold) {
+  model_spec prefill = tiny();
+  prefill.name = "tiny-prefill";
+  prefill.prefill_for = "tiny";
+  prefill.max_local_prefill_length = 300;
+  auto c = make({tiny(), prefill});
+  join(c, 1, "a");
+  join(c, 2, "b");
+  join(c, 3, hello("gw2", 3, {transport::role::gateway, transport::role::router}));
+  ASSERT_EQ(c.replicas().size(), 2u);
+  for (const auto& [id, r] : c.replicas()) {
+    const bool is_prefill = r.a.model == "tiny-prefill";
+    auto out = ready(c, r.peer, id);
+    size_t seen = 0;
+    for (const auto& a : out) {
+      if (a.k == coordinator_action::replica_ready) {
+        ++seen;
+        EXPECT_EQ(a.model, r.a.model);
+        EXPECT_EQ(a.prefill_for, is_prefill ? "tiny" : "");
+        EXPECT_EQ(a.max_local_prefill, is_prefill ? 300u : 0u);
+      } else if (const auto* m = std::get_if<transport::replica_state_msg>(&a.msg)) {
+        ++seen;
+        EXPECT_EQ(a.peer, 3u);
+        EXPECT_EQ(m->prefill_for, is_prefill ? "tiny" : "");
+        EXPECT_EQ(m->max_local_prefill, is_prefill ? 300u : 0u);
+      }
+    }
+    EXPECT_EQ(seen, 2u) << testing::PrintToString(describe(out));
+  }
+  size_t briefed = 0;
+  for (const auto& a : join(c, 4, hello("gw3", 4, {transport::role::gateway, transport::role::router}))) {
+    const auto* m = std::get_if<transport::replica_state_msg>(&a.msg);
+    if (!m) continue;
+    ++briefed;
+    const bool is_prefill = c.replicas().at(m->replica).a.model == "tiny-prefill";
+    EXPECT_EQ(m->prefill_for, is_prefill ? "tiny" : "");
+    EXPECT_EQ(m->max_local_prefill, is_prefill ? 300u : 0u);
+  }
+  EXPECT_EQ(briefed, 2u);
+}
+
 // --- drain, remove, scale ---
 
 TEST(Coordinator, DrainStartsTheReplacementThenDrainsAndStopsTheOldReplica) {
