@@ -50,6 +50,14 @@ void submit(replica* self, replica_request r, const caf::actor& reply_to) {
   kick(self);
 }
 
+/// Runs `fn` now, or after the step in flight: the step's batch points into request state and
+/// its shards read the KV cache, so submits, cancels, prefills and imports wait for its end.
+template <class Fn>
+void between_steps(replica* self, Fn fn) {
+  if (self->state.core->in_step()) self->state.deferred.push_back(std::move(fn));
+  else fn();
+}
+
 void cancel(replica* self, uint64_t id) {
   self->state.core->cancel(id);
   self->state.owners.erase(id);
@@ -70,7 +78,6 @@ void prefill(replica* self, const replica_request& r, const caf::actor& reply_to
   p.lora = r.lora;
   auto refuse = [&](error e) { self->send(reply_to, prefill_reply{r.id, false, std::move(e), {}}); };
   if (st.dead) return refuse(make_error(errc::replica_unavailable, "replica is dead"));
-  if (st.owners.count(r.id)) return refuse(make_error(errc::invalid_request, "a request with that id runs here"));
   if (auto s = st.core->submit(std::move(p)); !s) return refuse(s.err());
   st.owners[r.id] = reply_to;
   st.prefills[r.id] = replica_state::prefill_job{r.prompt, r.cache_salt, r.lora};
@@ -210,19 +217,9 @@ caf::behavior split_replica_actor(replica* self, model::engine* eng, scheduler_c
   });
   return {
       [=](generate_atom, replica_request r, caf::actor reply_to) {
-        if (self->state.core->in_step()) {  // the step's batch points into request state
-          self->state.deferred.push_back([=]() mutable { submit(self, std::move(r), reply_to); });
-          return;
-        }
-        submit(self, std::move(r), reply_to);
+        between_steps(self, [=]() mutable { submit(self, std::move(r), reply_to); });
       },
-      [=](cancel_atom, uint64_t id) {
-        if (self->state.core->in_step()) {
-          self->state.deferred.push_back([=] { cancel(self, id); });
-          return;
-        }
-        cancel(self, id);
-      },
+      [=](cancel_atom, uint64_t id) { between_steps(self, [=] { cancel(self, id); }); },
       [=](status_atom, caf::actor reply_to) {
         const auto& st = self->state;
         const auto& b = st.core->blocks();
@@ -231,20 +228,10 @@ caf::behavior split_replica_actor(replica* self, model::engine* eng, scheduler_c
                                           b.total_blocks() - b.free_blocks(), b.total_blocks(), sc.drafted(), sc.accepted(),
                                           sc.preemptions(), st.kv_imported, st.kv_refused});
       },
-      [=](prefill_atom, replica_request r, caf::actor reply_to) {
-        if (self->state.core->in_step()) {
-          self->state.deferred.push_back([=] { prefill(self, r, reply_to); });
-          return;
-        }
-        prefill(self, r, reply_to);
+      [=](prefill_atom, const replica_request& r, caf::actor reply_to) {
+        between_steps(self, [=] { prefill(self, r, reply_to); });
       },
-      [=](kvimport_atom, const kv_prefix& p) {
-        if (self->state.core->in_step()) {  // the step's shards read the cache
-          self->state.deferred.push_back([=] { import(self, p); });
-          return;
-        }
-        import(self, p);
-      },
+      [=](kvimport_atom, const kv_prefix& p) { between_steps(self, [=] { import(self, p); }); },
       [=](fault_atom, int64_t steps) { self->state.crash_after = steps; },
       [=](drain_atom) { self->state.draining = true; },
       [=](shards_atom) { return self->state.shards; },

@@ -29,23 +29,16 @@ void fail(request* self, error e) {
   self->quit();
 }
 
-/// Lets go of the current replica: the router uncounts the request there.
-void release(request* self) {
-  auto& st = self->state;
-  if (!st.replica) return;
-  self->demonitor(st.replica);
-  self->send(st.opt.router, done_atom::value, st.replica.id());
-  st.replica = caf::actor{};
+/// Lets go of `which` (the state's replica or prefill replica): the router uncounts the request there.
+void let_go(request* self, caf::actor& which) {
+  if (!which) return;
+  self->demonitor(which);
+  self->send(self->state.opt.router, done_atom::value, which.id());
+  which = caf::actor{};
 }
 
-/// Lets go of the prefill replica: the router uncounts the request there.
-void release_prefill(request* self) {
-  auto& st = self->state;
-  if (!st.prefill) return;
-  self->demonitor(st.prefill);
-  self->send(st.opt.router, done_atom::value, st.prefill.id());
-  st.prefill = caf::actor{};
-}
+void release(request* self) { let_go(self, self->state.replica); }
+void release_prefill(request* self) { let_go(self, self->state.prefill); }
 
 /// The prefill is over (blocks or not): the request goes to its replica.
 void start_held(request* self) {

@@ -58,6 +58,12 @@ sampling read_sampling(s::Sampling::Reader sp) {
           sp.getPromptLogprobs(), sp.getConstrained(), sp.getBadWords(), sp.getProcessedLogprobs()};
 }
 
+/// An Error's code and message.
+void write_error(s::Error::Builder e, errc code, const std::string& message) {
+  e.setCode(static_cast<uint16_t>(code));
+  e.setMessage(text(message));
+}
+
 struct writer {
   Body::Builder b;
   void operator()(const generate_msg& m) {
@@ -101,9 +107,7 @@ struct writer {
     t.setFinish(static_cast<s::Finish>(m.finish));
     t.setFailed(m.failed);
     if (m.failed) {
-      auto e = t.initError();
-      e.setCode(static_cast<uint16_t>(m.code));
-      e.setMessage(text(m.message));
+      write_error(t.initError(), m.code, m.message);
     }
     if (m.logprobs) write_logprobs(t.initLogprobs(), *m.logprobs);
     t.setCachedTokens(m.cached_tokens);
@@ -185,9 +189,7 @@ struct writer {
     k.setId(m.id);
     k.setOk(m.ok);
     if (!m.ok) {
-      auto e = k.initError();
-      e.setCode(static_cast<uint16_t>(m.code));
-      e.setMessage(text(m.message));
+      write_error(k.initError(), m.code, m.message);
     }
     fill(k.initTokens(static_cast<unsigned>(m.tokens.size())), m.tokens);
     k.setCacheSalt(m.cache_salt);
@@ -261,9 +263,7 @@ struct writer {
     r.setRank(m.rank);
     r.setOk(m.ok);
     if (!m.ok) {
-      auto e = r.initError();
-      e.setCode(static_cast<uint16_t>(m.code));
-      e.setMessage(text(m.message));
+      write_error(r.initError(), m.code, m.message);
     }
   }
   void operator()(const shard_ready_msg& m) {
@@ -324,6 +324,13 @@ struct reader {
       return {};
     }
     return std::string(t.begin(), t.size());
+  }
+  /// An Error's code (a known errc, else a bad frame) and message.
+  void error_of(s::Error::Reader e, errc& code, std::string& message) {
+    const auto c = e.getCode();
+    if (c > static_cast<uint16_t>(errc::internal)) err = bad("unknown error code " + std::to_string(c));
+    code = static_cast<errc>(c);
+    message = str(e.getMessage(), "error.message");
   }
   std::string bytes(capnp::Data::Reader d, const char* field) {
     if (d.size() > lim.max_text) {
@@ -454,10 +461,7 @@ struct reader {
         m.finish = static_cast<finish_kind>(enum_value(t.getFinish(), 3, "finish"));
         m.failed = t.getFailed();
         if (m.failed) {
-          const auto code = t.getError().getCode();
-          if (code > static_cast<uint16_t>(errc::internal)) err = bad("unknown error code " + std::to_string(code));
-          m.code = static_cast<errc>(code);
-          m.message = str(t.getError().getMessage(), "error.message");
+          error_of(t.getError(), m.code, m.message);
         }
         if (t.hasLogprobs()) m.logprobs = logprobs_of(t.getLogprobs());
         m.cached_tokens = t.getCachedTokens();
@@ -528,10 +532,7 @@ struct reader {
         m.id = k.getId();
         m.ok = k.getOk();
         if (!m.ok) {
-          const auto code = k.getError().getCode();
-          if (code > static_cast<uint16_t>(errc::internal)) err = bad("unknown error code " + std::to_string(code));
-          m.code = static_cast<errc>(code);
-          m.message = str(k.getError().getMessage(), "error.message");
+          error_of(k.getError(), m.code, m.message);
         }
         m.tokens = ints(k.getTokens(), "tokens");
         m.cache_salt = k.getCacheSalt();
@@ -607,10 +608,7 @@ struct reader {
         auto r = b.getShardResult();
         shard_result_msg m{r.getStep(), r.getRank(), r.getOk(), errc::internal, {}};
         if (!m.ok) {
-          const auto code = r.getError().getCode();
-          if (code > static_cast<uint16_t>(errc::internal)) err = bad("unknown error code " + std::to_string(code));
-          m.code = static_cast<errc>(code);
-          m.message = str(r.getError().getMessage(), "error.message");
+          error_of(r.getError(), m.code, m.message);
         }
         out = std::move(m);
         break;
