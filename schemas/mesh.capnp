@@ -251,7 +251,8 @@ struct ReplicaState {
   reason @5 :Text;          # dead: why (a model that failed to load, ...)
   listen @6 :Text;          # the hosting node's mesh address (for routers in other processes)
   prefillFor @7 :Text;      # ready: a prefill replica for this model's requests ("": a replica of `model`)
-  maxLocalPrefill @8 :UInt64;  # with prefillFor: prompts longer than this go to it first (0: the router's own)
+  maxLocalPrefill @8 :UInt64;  # with prefillFor: prompts of which more than this is not cached on their replica go to it first (0: the router's own)
+  maxPrefillQueue @9 :UInt64;  # with prefillFor: ... unless every prefill replica has this many requests (0: the router's own)
 }
 
 # A tensor-parallel group's rendezvous: rank 0 makes the collective's id (e.g. NCCL's unique

@@ -12,11 +12,11 @@ namespace llmesh::actors {
 namespace {
 
 /// The prompt's full leading blocks hashed as the replicas' prefix caches hash them, from its
-/// cache_salt (at most 64 blocks: enough to tell prompts apart).
+/// cache_salt (at most balancer::max_prefix_blocks).
 std::vector<uint64_t> block_hashes(std::span<const int32_t> prompt, size_t bs, uint64_t salt) {
   std::vector<uint64_t> out;
   uint64_t h = salt;
-  for (size_t b = 0; (b + 1) * bs <= prompt.size() && b < 64; ++b) {
+  for (size_t b = 0; (b + 1) * bs <= prompt.size() && b < balancer::max_prefix_blocks; ++b) {
     h = detail::chain_block_hash(h, prompt.subspan(b * bs, bs));
     out.push_back(h);
   }
@@ -48,6 +48,24 @@ void balancer::remove(uint64_t replica) { replicas_.erase(replica); }
 size_t balancer::load_of(uint64_t replica) const {
   auto it = replicas_.find(replica);
   return it == replicas_.end() ? 0 : load(it->second);
+}
+
+std::optional<size_t> balancer::least_load() const {
+  auto least = least_loaded();
+  if (!least) return std::nullopt;
+  return load(replicas_.at(*least));
+}
+
+size_t balancer::cached_tokens(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt) const {
+  if (policy_ != balance_policy::prefix_aware && !track_prefixes_) return 0;
+  const auto hashes = block_hashes(prompt, block_size_, salt);
+  // Chained hashes: block i's stands for the whole prefix up to it. The longest one last sent
+  // to this replica (an earlier block may since have gone elsewhere with another prompt).
+  for (size_t i = hashes.size(); i-- > 0;) {
+    auto it = prefixes_.find(hashes[i]);
+    if (it != prefixes_.end() && it->second.first == replica) return (i + 1) * block_size_;
+  }
+  return 0;
 }
 
 result<uint64_t> balancer::least_loaded() const {
@@ -148,7 +166,7 @@ void balancer::assigned(uint64_t replica, std::span<const int32_t> prompt, uint6
   auto it = replicas_.find(replica);
   if (it == replicas_.end()) return;
   ++it->second.extra;
-  if (policy_ == balance_policy::prefix_aware) {
+  if (policy_ == balance_policy::prefix_aware || track_prefixes_) {
     for (uint64_t h : block_hashes(prompt, block_size_, salt)) remember(h, replica);
   }
   // After the blocks: the key is its request's newest entry, the last of them to age out.

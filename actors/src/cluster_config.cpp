@@ -366,7 +366,7 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization",
                                  "dtype", "kv_cache_dtype", "chat_template", "max_model_len", "reasoning_parser", "tool_call_parser", "pooling", "loras",
                                  "enable_lora", "max_loras", "expert_parallel", "speculative_config", "prefill_for",
-                                 "max_local_prefill_length"}));
+                                 "max_local_prefill_length", "max_prefill_queue_size"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -479,6 +479,11 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   if (max_local) {
     if (out.prefill_for.empty()) return r.fail("'max_local_prefill_length' goes with 'prefill_for' (the prefill replicas' entry)");
     out.max_local_prefill_length = static_cast<size_t>(*max_local);
+  }
+  LLMESH_READ(max_queue, r.integer(f, "max_prefill_queue_size", 0, int64_t{1} << 30));
+  if (max_queue) {
+    if (out.prefill_for.empty()) return r.fail("'max_prefill_queue_size' goes with 'prefill_for' (the prefill replicas' entry)");
+    out.max_prefill_queue_size = static_cast<size_t>(*max_queue);
   }
   if (!out.prefill_for.empty() && out.place == placement::spread) {
     return r.fail("'prefill_for': prefill replicas hand over their KV blocks from one process; use placement packed");

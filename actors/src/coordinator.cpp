@@ -106,7 +106,8 @@ coordinator::actions coordinator::on_message(transport::peer_id peer, const tran
             out.push_back({coordinator_action::replica_ready, peer, m.actor, {}, m.replica,
                            r.a.shards.front() + "/" + std::to_string(m.replica), r.a.model,
                            spec ? spec->prefill_for : std::string(),
-                           spec && !spec->prefill_for.empty() ? spec->max_local_prefill_length : 0});
+                           spec && !spec->prefill_for.empty() ? spec->max_local_prefill_length : 0,
+                           spec && !spec->prefill_for.empty() ? spec->max_prefill_queue_size : 0});
             settled(m.replica, out);
           } else if (m.phase == replica_phase::dead) {
             const replica_phase was = r.phase;
@@ -182,6 +183,7 @@ void coordinator::tell_routers(actions& out) const {
       news.listen = host->second.who.listen;
       news.prefill_for = a.prefill_for;
       news.max_local_prefill = a.max_local_prefill;
+      news.max_prefill_queue = a.max_prefill_queue;
     } else if (a.k == coordinator_action::replica_drain) {
       news.phase = replica_phase::draining;
     } else if (a.k == coordinator_action::replica_gone) {
@@ -202,7 +204,8 @@ void coordinator::brief_router(transport::peer_id peer, actions& out) const {
     out.push_back(send_to(peer, agent_actor_id,
                           transport::replica_state_msg{id, host->first, r.a.model, replica_phase::ready, r.actor, "",
                                                        host->second.who.listen, spec ? spec->prefill_for : std::string(),
-                                                       spec && !spec->prefill_for.empty() ? spec->max_local_prefill_length : 0}));
+                                                       spec && !spec->prefill_for.empty() ? spec->max_local_prefill_length : 0,
+                                                       spec && !spec->prefill_for.empty() ? spec->max_prefill_queue_size : 0}));
   }
 }
 

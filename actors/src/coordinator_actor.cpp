@@ -42,10 +42,10 @@ void run(coord* self, const coordinator::actions& actions) {
         const uint64_t id = a.replica;
         const std::string name = a.name, model = a.prefill_for.empty() ? a.model : a.prefill_for;
         const replica_role role = a.prefill_for.empty() ? replica_role::decode : replica_role::prefill;
-        const uint64_t max_local = a.max_local_prefill;
+        const uint64_t max_local = a.max_local_prefill, max_queue = a.max_prefill_queue;
         auto add = [=](caf::actor r, bool proxy) {
           self->state.replicas[id] = {r, proxy};
-          if (self->state.router) self->send(self->state.router, add_atom::value, r, name, model, role, max_local);
+          if (self->state.router) self->send(self->state.router, add_atom::value, r, name, model, role, max_local, max_queue);
         };
         if (a.peer == 0) {
           self->request(st.bridge, 10s, lookup_atom::value, a.remote).await([=](caf::actor r) { add(r, false); });

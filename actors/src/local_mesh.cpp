@@ -56,12 +56,13 @@ result<std::unique_ptr<local_mesh>> local_mesh::create(std::shared_ptr<const mod
   ro.metrics = metrics;
   ro.ready = p->ready;
   ro.max_local_prefill = opt.max_local_prefill;
+  ro.max_prefill_queue = opt.max_prefill_queue;
   p->router = p->sys->spawn(router_actor, ro);
   for (auto& e : p->engines) {
     auto r = spawn_replica(*p->sys, e.get(), opt.sched);
     const bool prefill = p->replicas.size() >= static_cast<size_t>(opt.replicas);
     caf::anon_send(p->router, add_atom::value, r, std::to_string(p->replicas.size()), opt.model_name,
-                   prefill ? replica_role::prefill : replica_role::decode, uint64_t{0});
+                   prefill ? replica_role::prefill : replica_role::decode, uint64_t{0}, uint64_t{0});
     p->replicas.push_back(r);
   }
   p->ready->set({{opt.model_name, static_cast<size_t>(opt.replicas)}});  // the router confirms with its first poll

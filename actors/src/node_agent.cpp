@@ -270,11 +270,11 @@ void replica_news(agent* self, const transport::replica_state_msg& m) {
     if (known != st.routed.end()) return;
     const std::string name = m.node + "/" + std::to_string(id), model = m.prefill_for.empty() ? m.model : m.prefill_for;
     const replica_role role = m.prefill_for.empty() ? replica_role::decode : replica_role::prefill;
-    const uint64_t max_local = m.max_local_prefill;
+    const uint64_t max_local = m.max_local_prefill, max_queue = m.max_prefill_queue;
     auto add = [=](caf::actor r, bool proxy) {
       if (!r) return;
       self->state.routed[id] = {r, proxy};
-      self->send(self->state.router, add_atom::value, r, name, model, role, max_local);
+      self->send(self->state.router, add_atom::value, r, name, model, role, max_local, max_queue);
     };
     if (m.node == st.opt.node) {  // hosted here
       self->request(st.bridge, 10s, lookup_atom::value, m.actor).await([=](caf::actor r) { add(r, false); });

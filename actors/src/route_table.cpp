@@ -28,6 +28,8 @@ balancer& route_table::of(const std::string& model, replica_role role) {
 void route_table::add(uint64_t replica, std::string model, replica_role role) {
   remove(replica);
   of(model, role).update(replica_load{replica, true, 0, 0, 0, 0});
+  // Whether a prompt goes to a prefill replica depends on what its decode replica caches.
+  if (role == replica_role::prefill) of(model, replica_role::decode).track_prefixes();
   ready_[replica] = true;
   model_of_[replica] = std::move(model);
   role_of_[replica] = role;
@@ -51,7 +53,8 @@ bool route_table::update(const replica_load& load) {
 }
 
 result<uint64_t> route_table::pick_in(std::map<std::string, std::unique_ptr<balancer>, std::less<>>& pool, std::string_view model,
-                                      std::span<const int32_t> prompt, uint64_t salt, uint64_t key, const char* what) {
+                                      std::span<const int32_t> prompt, uint64_t salt, uint64_t key, const char* what,
+                                      size_t* cached_tokens) {
   auto none = [&] {
     return make_error(errc::replica_unavailable, model.empty() ? std::string("no ready ") + what
                                                                : std::string("no ready ") + what + " of model '" + std::string(model) + "'");
@@ -60,16 +63,29 @@ result<uint64_t> route_table::pick_in(std::map<std::string, std::unique_ptr<bala
   if (it == pool.end()) return none();
   auto picked = it->second->pick(prompt, salt, key);
   if (!picked) return none();
+  if (cached_tokens) *cached_tokens = it->second->cached_tokens(*picked, prompt, salt);  // before this prompt is recorded
   it->second->assigned(*picked, prompt, salt, key);
   return picked;
 }
 
-result<uint64_t> route_table::pick(std::string_view model, std::span<const int32_t> prompt, uint64_t salt, uint64_t key) {
-  return pick_in(balancers_, model, prompt, salt, key, "replica");
+result<uint64_t> route_table::pick(std::string_view model, std::span<const int32_t> prompt, uint64_t salt, uint64_t key,
+                                   size_t* cached_tokens) {
+  return pick_in(balancers_, model, prompt, salt, key, "replica", cached_tokens);
 }
 
 result<uint64_t> route_table::pick_prefill(std::string_view model, std::span<const int32_t> prompt, uint64_t salt, uint64_t key) {
   return pick_in(prefill_, model, prompt, salt, key, "prefill replica");
+}
+
+std::optional<size_t> route_table::prefill_queue(std::string_view model) const {
+  auto it = prefill_.find(model);
+  if (it == prefill_.end()) return std::nullopt;
+  return it->second->least_load();
+}
+
+bool route_table::has_prefill(std::string_view model) const {
+  auto it = prefill_.find(model);
+  return it != prefill_.end() && !it->second->empty();
 }
 
 void route_table::finished(uint64_t replica) {

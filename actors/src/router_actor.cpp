@@ -1,6 +1,7 @@
 // The router actor (router_actor.hpp): messages in, calls on balancer, messages out.
 #include "llmesh/actors/router_actor.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "llmesh/actors/replica_actor.hpp"
@@ -46,9 +47,10 @@ void forget(router* self, uint64_t id) {
   publish(self);
 }
 
-/// A replica of `model` joins (a prefill replica may bring its model's max_local_prefill; 0: none).
+/// A replica of `model` joins (a prefill replica may bring its model's max_local_prefill and
+/// max_prefill_queue; 0: none).
 void add(router* self, const caf::actor& replica, const std::string& name, const std::string& model, replica_role role,
-         uint64_t max_local_prefill) {
+         uint64_t max_local_prefill, uint64_t max_prefill_queue) {
   auto& st = self->state;
   st.names[replica.id()] = name;
   self->monitor(replica);
@@ -57,7 +59,35 @@ void add(router* self, const caf::actor& replica, const std::string& name, const
   st.loads[id] = replica_load{id, true, 0, 0, 0, 0};
   st.routes->add(id, model, role);
   if (role == replica_role::prefill && max_local_prefill > 0) st.opt.max_local_prefill_by_model[model] = max_local_prefill;
+  if (role == replica_role::prefill && max_prefill_queue > 0) st.opt.max_prefill_queue_by_model[model] = max_prefill_queue;
   publish(self);
+}
+
+size_t of_model(const std::map<std::string, size_t, std::less<>>& by_model, const std::string& model, size_t fallback) {
+  auto it = by_model.find(model);
+  return it == by_model.end() ? fallback : it->second;
+}
+
+/// Whether a prompt routed to a replica that caches `cached` of its tokens is computed on a
+/// prefill replica first (Dynamo's conditional disaggregation): names it in `out` when so,
+/// counts why not when the prompt is long but stays.
+void maybe_prefill(router* self, const std::string& model, const std::vector<int32_t>& prompt, uint64_t salt, uint64_t key,
+                   size_t cached, route_reply& out) {
+  auto& st = self->state;
+  const size_t limit = of_model(st.opt.max_local_prefill_by_model, model, st.opt.max_local_prefill);
+  if (prompt.size() <= limit || !st.routes->has_prefill(model)) return;
+  auto local = [&](const char* reason) {
+    if (st.opt.metrics) st.opt.metrics->get_counter(metric::prefill_local, {reason})->add(1);
+  };
+  if (prompt.size() - std::min(cached, prompt.size()) <= limit) return local("cached");
+  auto queue = st.routes->prefill_queue(model);
+  if (!queue) return local("unavailable");
+  const size_t max_queue = of_model(st.opt.max_prefill_queue_by_model, model, st.opt.max_prefill_queue);
+  if (max_queue > 0 && *queue >= max_queue) return local("queue");
+  auto p = st.routes->pick_prefill(model, prompt, salt, key);
+  if (!p) return local("unavailable");
+  if (st.opt.metrics) st.opt.metrics->get_counter(metric::routed, {st.names[*p]})->add(1);
+  out.prefill = st.replicas.at(*p);
 }
 
 }  // namespace
@@ -74,25 +104,21 @@ caf::behavior router_actor(router* self, router_options opt) {
   self->send(self, tick_atom::value);
   return {
       [=](add_atom, caf::actor replica, const std::string& name, const std::string& model) {
-        add(self, replica, name, model, replica_role::decode, 0);
+        add(self, replica, name, model, replica_role::decode, 0, 0);
       },
       [=](add_atom, caf::actor replica, const std::string& name, const std::string& model, replica_role role,
-          uint64_t max_local_prefill) { add(self, replica, name, model, role, max_local_prefill); },
+          uint64_t max_local_prefill, uint64_t max_prefill_queue) {
+        add(self, replica, name, model, role, max_local_prefill, max_prefill_queue);
+      },
       [=](route_atom, const std::string& model, const std::vector<int32_t>& prompt, uint64_t salt, uint64_t key,
           bool prefill_ok) -> route_reply {
         auto& st = self->state;
-        auto picked = st.routes->pick(model, prompt, salt, key);
+        size_t cached = 0;
+        auto picked = st.routes->pick(model, prompt, salt, key, &cached);
         if (!picked) return route_reply{caf::actor{}, picked.err()};
         if (st.opt.metrics) st.opt.metrics->get_counter(metric::routed, {st.names[*picked]})->add(1);
         route_reply out{st.replicas.at(*picked), {}};
-        auto limit = st.opt.max_local_prefill_by_model.find(model);
-        if (prefill_ok &&
-            prompt.size() > (limit == st.opt.max_local_prefill_by_model.end() ? st.opt.max_local_prefill : limit->second)) {
-          if (auto p = st.routes->pick_prefill(model, prompt, salt, key)) {
-            if (st.opt.metrics) st.opt.metrics->get_counter(metric::routed, {st.names[*p]})->add(1);
-            out.prefill = st.replicas.at(*p);
-          }
-        }
+        if (prefill_ok) maybe_prefill(self, model, prompt, salt, key, cached, out);
         return out;
       },
       [=](done_atom, uint64_t replica) { self->state.routes->finished(replica); },

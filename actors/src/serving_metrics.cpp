@@ -40,6 +40,10 @@ void declare_serving(metrics_registry& r) {
   r.declare_histogram(request_generation_tokens, "Tokens each generation that ended produced.", sizes);
   r.declare_counter(kv_transfers, "Disaggregated prefill: prompts a prefill replica computed for another, by outcome (moved: its blocks were sent on).", {"outcome"});
   r.declare_counter(kv_transfer_bytes, "Disaggregated prefill: bytes of KV blocks moved to decode replicas.");
+  r.declare_counter(prefill_local,
+                    "Disaggregated prefill: prompts over the length limit the router left to their decode replica, by reason "
+                    "(cached: it holds enough of the prompt; queue: the prefill replicas are busy; unavailable: none is ready).",
+                    {"reason"});
   r.declare_counter(kv_imported, "Disaggregated prefill: KV blocks the replica took into its prefix cache.", {"replica"});
   r.declare_counter(kv_refused, "Disaggregated prefill: KV imports the replica refused (its request computed the prompt).",
                     {"replica"});

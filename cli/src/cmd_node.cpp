@@ -345,7 +345,10 @@ status run_node(node_flags f) {
     actors::router_options ro;
     for (const auto& m : p.models) {  // each model's policy (a joined router: the default)
       if (auto pol = actors::parse_balance_policy(m.policy); pol) ro.policies[m.name] = *pol;
-      if (!m.prefill_for.empty()) ro.max_local_prefill_by_model[m.prefill_for] = m.max_local_prefill_length;
+      if (!m.prefill_for.empty()) {
+        ro.max_local_prefill_by_model[m.prefill_for] = m.max_local_prefill_length;
+        ro.max_prefill_queue_by_model[m.prefill_for] = m.max_prefill_queue_size;
+      }
     }
     ro.metrics = &metrics;
     ro.ready = ready;

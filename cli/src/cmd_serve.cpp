@@ -40,6 +40,7 @@ struct serve_flags {
   int replicas = 1, tp = 1, threads = 0;
   int prefill_replicas = 0;          ///< disaggregated prefill: replicas that only compute long prompts
   size_t max_local_prefill = 1000;   ///< Dynamo's max_local_prefill_length
+  size_t max_prefill_queue = 0;      ///< Dynamo's max_prefill_queue_size (0: no limit)
   bool expert_parallel = false;  ///< vLLM's --enable-expert-parallel
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256;
   size_t max_migrations = 3, drain_s = 10;
@@ -189,6 +190,7 @@ status run_serve(serve_flags f) {
   mo.engine.expert_parallel = f.expert_parallel;
   mo.prefill_replicas = f.prefill_replicas;
   mo.max_local_prefill = f.max_local_prefill;
+  mo.max_prefill_queue = f.max_prefill_queue;
   mo.engine.threads = f.threads > 0 ? f.threads : std::max(f.tp, cores / (f.replicas + f.prefill_replicas));
   // No more than max_seqs contexts of the granted length (--max-model-len) could ever be used.
   mo.engine.kv_type = *kv_type;
@@ -261,7 +263,8 @@ status run_serve(serve_flags f) {
   const auto& e0 = (*mesh)->engine(0);
   if (f.prefill_replicas > 0) {
     kv_note += (kv_note.empty() ? "" : "; ") + std::to_string(f.prefill_replicas) + " prefill replica(s) for prompts over " +
-               std::to_string(f.max_local_prefill) + " tokens";
+               std::to_string(f.max_local_prefill) + " uncached tokens" +
+               (f.max_prefill_queue ? ", at most " + std::to_string(f.max_prefill_queue) + " queued on each" : std::string());
   }
   const std::string notes = e0.device_note() + (e0.device_note().empty() || kv_note.empty() ? "" : "; ") + kv_note;
   std::fprintf(stderr,
@@ -325,8 +328,14 @@ void add_serve(CLI::App& app, command_set& commands) {
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
   sub->add_option("--max-local-prefill-length", f->max_local_prefill,
-                  "Dynamo's: prompts longer than this go to a prefill replica first (with --prefill-replicas)")
+                  "Dynamo's: prompts of which more than this many tokens are not in their replica's prefix cache go to a "
+                  "prefill replica first (with --prefill-replicas)")
       ->check(CLI::Range(1, 1 << 30))
+      ->capture_default_str();
+  sub->add_option("--max-prefill-queue-size", f->max_prefill_queue,
+                  "Dynamo's: ...unless every prefill replica already has this many requests; then the request's replica "
+                  "computes the prompt (0: no limit)")
+      ->check(CLI::Range(0, 1 << 30))
       ->capture_default_str();
   sub->add_option("--tp,--tensor-parallel-size", f->tp, "Tensor-parallel shards per replica")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_flag("--enable-expert-parallel", f->expert_parallel,

@@ -132,5 +132,56 @@ TEST(Balancer, AnAffinityKeyKeepsItsRequestsOnOneReplica) {
   EXPECT_NE(*rr.pick({}, 0, 7), first);
 }
 
+// Conditional disaggregation asks what a replica caches of a prompt: the leading whole blocks
+// this balancer last sent there — under any policy once tracked, past 64 blocks, per salt.
+TEST(Balancer, CachedTokensAreTheLeadingBlocksLastSentToTheReplica) {
+  balancer b(balance_policy::least_load, 1, 16);
+  b.update({1, true, 0, 0});
+  b.update({2, true, 0, 0});
+  const auto conversation = prompt_of(1, 100);  // 6 whole blocks
+  b.assigned(1, conversation);
+  EXPECT_EQ(b.cached_tokens(1, conversation), 0u);  // not tracked: least-load keeps no prefixes
+  b.track_prefixes();
+  b.assigned(1, conversation);
+  EXPECT_EQ(b.cached_tokens(1, conversation), 96u);
+  EXPECT_EQ(b.cached_tokens(2, conversation), 0u);
+  auto next_turn = conversation;  // the same conversation, grown
+  for (int32_t t = 0; t < 40; ++t) next_turn.push_back(5000 + t);
+  EXPECT_EQ(b.cached_tokens(1, next_turn), 96u);
+  EXPECT_EQ(b.cached_tokens(1, next_turn, /*salt=*/7), 0u);  // another salt, another cache key
+  auto other = next_turn;
+  other[0] = 9;  // differs at the first token: nothing shared
+  EXPECT_EQ(b.cached_tokens(1, other), 0u);
+  // The first 3 blocks go to replica 2 with another prompt: replica 1 still holds all 6.
+  auto shorter = std::vector<int32_t>(conversation.begin(), conversation.begin() + 50);
+  b.assigned(2, shorter);
+  EXPECT_EQ(b.cached_tokens(2, conversation), 48u);
+  EXPECT_EQ(b.cached_tokens(1, conversation), 96u);
+  // Long prompts are followed past 64 blocks (1024 tokens).
+  const auto long_prompt = prompt_of(2, 3000);
+  b.assigned(2, long_prompt);
+  EXPECT_EQ(b.cached_tokens(2, long_prompt), 2992u);
+  // Prefix-aware routing tracks without being asked.
+  balancer pa(balance_policy::prefix_aware, 1, 16);
+  pa.update({3, true, 0, 0});
+  pa.assigned(3, conversation);
+  EXPECT_EQ(pa.cached_tokens(3, next_turn), 96u);
+}
+
+TEST(Balancer, LeastLoadIsThatOfTheLeastBusyReadyReplica) {
+  balancer b(balance_policy::round_robin);
+  EXPECT_FALSE(b.least_load().has_value());
+  b.update({1, true, 3, 2});
+  b.update({2, false, 0, 0});  // not ready: not counted
+  EXPECT_EQ(b.least_load(), 5u);
+  b.assigned(1, {});
+  EXPECT_EQ(b.least_load(), 6u);
+  b.update({3, true, 1, 0});
+  EXPECT_EQ(b.least_load(), 1u);
+  b.finished(1);
+  b.update({3, false, 1, 0});
+  EXPECT_EQ(b.least_load(), 5u);
+}
+
 }  // namespace
 }  // namespace llmesh::actors

@@ -640,15 +640,17 @@ namespace {
 TEST(ClusterConfig, APrefillEntryNamesAModelThatServesAndMatchesItsCache) {
   const std::string prefill = "    placement: packed\n  - name: p\n    path: models/m\n    tp: 1\n    prefill_for: m\n";
   auto two = [&](const std::string& more) { return with("    placement: packed\n", prefill + more); };
-  auto c = parse_cluster_config(two("    max_local_prefill_length: 256\n"), "t.yaml");
+  auto c = parse_cluster_config(two("    max_local_prefill_length: 256\n    max_prefill_queue_size: 3\n"), "t.yaml");
   ASSERT_TRUE(c.ok()) << c.err().message;
   ASSERT_EQ(c->models.size(), 2u);
   EXPECT_EQ(c->models[1].prefill_for, "m");
   EXPECT_EQ(c->models[1].max_local_prefill_length, 256u);
+  EXPECT_EQ(c->models[1].max_prefill_queue_size, 3u);
   EXPECT_EQ(c->models[0].prefill_for, "");
   c = parse_cluster_config(two(""), "t.yaml");
   ASSERT_TRUE(c.ok()) << c.err().message;
   EXPECT_EQ(c->models[1].max_local_prefill_length, 1000u);  // Dynamo's default
+  EXPECT_EQ(c->models[1].max_prefill_queue_size, 0u);        // no limit
   expect_refused(with("    placement: packed\n", "    placement: packed\n  - name: p\n    path: models/m\n    prefill_for: nobody\n"),
                  {"models[1] (p)", "'prefill_for' 'nobody' must name another model entry that serves requests"});
   expect_refused(with("    placement: packed\n", "    placement: packed\n  - name: p\n    path: models/m\n    prefill_for: p\n"),
@@ -670,6 +672,9 @@ TEST(ClusterConfig, APrefillEntryNamesAModelThatServesAndMatchesItsCache) {
   expect_refused(with("    placement: packed\n", "    placement: packed\n    max_local_prefill_length: 9\n"),
                  {"'max_local_prefill_length' goes with 'prefill_for'"});
   expect_refused(two("    max_local_prefill_length: 0\n"), {"'max_local_prefill_length'"});
+  expect_refused(with("    placement: packed\n", "    placement: packed\n    max_prefill_queue_size: 2\n"),
+                 {"'max_prefill_queue_size' goes with 'prefill_for'"});
+  expect_refused(two("    max_prefill_queue_size: -1\n"), {"'max_prefill_queue_size'"});
 }
 
 }  // namespace

@@ -239,6 +239,7 @@ TEST(Coordinator, PrefillReplicasReachRoutersWithTheirModelAndThreshold) {
   prefill.name = "tiny-prefill";
   prefill.prefill_for = "tiny";
   prefill.max_local_prefill_length = 300;
+  prefill.max_prefill_queue_size = 4;
   auto c = make({tiny(), prefill});
   join(c, 1, "a");
   join(c, 2, "b");
@@ -254,11 +255,13 @@ TEST(Coordinator, PrefillReplicasReachRoutersWithTheirModelAndThreshold) {
         EXPECT_EQ(a.model, r.a.model);
         EXPECT_EQ(a.prefill_for, is_prefill ? "tiny" : "");
         EXPECT_EQ(a.max_local_prefill, is_prefill ? 300u : 0u);
+        EXPECT_EQ(a.max_prefill_queue, is_prefill ? 4u : 0u);
       } else if (const auto* m = std::get_if<transport::replica_state_msg>(&a.msg)) {
         ++seen;
         EXPECT_EQ(a.peer, 3u);
         EXPECT_EQ(m->prefill_for, is_prefill ? "tiny" : "");
         EXPECT_EQ(m->max_local_prefill, is_prefill ? 300u : 0u);
+        EXPECT_EQ(m->max_prefill_queue, is_prefill ? 4u : 0u);
       }
     }
     EXPECT_EQ(seen, 2u) << testing::PrintToString(describe(out));
@@ -271,6 +274,7 @@ TEST(Coordinator, PrefillReplicasReachRoutersWithTheirModelAndThreshold) {
     const bool is_prefill = c.replicas().at(m->replica).a.model == "tiny-prefill";
     EXPECT_EQ(m->prefill_for, is_prefill ? "tiny" : "");
     EXPECT_EQ(m->max_local_prefill, is_prefill ? 300u : 0u);
+    EXPECT_EQ(m->max_prefill_queue, is_prefill ? 4u : 0u);
   }
   EXPECT_EQ(briefed, 2u);
 }

@@ -89,6 +89,42 @@ TEST_F(Disaggregated, LongPromptsArePrefilledElsewhereAndKeepTheirTokens) {
   EXPECT_EQ(counter(metric::routed, {"2"}), static_cast<double>(longs));  // the prefill replica's count
 }
 
+// Conditional disaggregation: a conversation's next turn goes to the replica that holds its
+// history (its blocks moved there with the first turn), whose uncached part is short: computed
+// there, nothing moved — and its tokens are still those it gets alone.
+TEST_F(Disaggregated, ANextTurnIsComputedWhereItsHistoryIsCached) {
+  auto m = mesh(1, 1);
+  ASSERT_TRUE(m);
+  replica_request first;
+  first.id = 1;
+  for (int i = 0; i < 120; ++i) first.prompt.push_back((i * 13) % 300);
+  first.max_tokens = 6;
+  expect_alone_tokens(*m, {first}, true);
+  EXPECT_EQ(counter(metric::kv_transfers, {"moved"}), 1.0);
+  replica_request next = first;  // the history, then 10 new tokens: 8 of 130 not cached
+  next.id = 2;
+  for (int i = 0; i < 10; ++i) next.prompt.push_back(200 + i);
+  auto want = alone({next}, 1);
+  collector c;
+  m->submit(next, sink(c));
+  ASSERT_TRUE(c.wait_ends(1)) << c.describe();
+  EXPECT_FALSE(c.ends[2].failed) << c.ends[2].err.message;
+  EXPECT_EQ(c.tokens[2], want[2]);
+  EXPECT_EQ(counter(metric::kv_transfers, {"moved"}), 1.0);  // not prefilled elsewhere
+  EXPECT_EQ(counter(metric::prefill_local, {"cached"}), 1.0);
+  {
+    // The first turn's whole blocks: 14 moved, the 15th computed and cached by its replica.
+    std::lock_guard lock(mu_);
+    EXPECT_EQ(cached_[2], 120);
+  }
+  // Another conversation is prefilled elsewhere again.
+  replica_request other = first;
+  other.id = 3;
+  other.prompt[0] = 299;
+  expect_alone_tokens(*m, {other}, true);
+  EXPECT_EQ(counter(metric::kv_transfers, {"moved"}), 2.0);
+}
+
 TEST_F(Disaggregated, TensorParallelReplicasTakeTheSameBlocks) {
   auto m = mesh(1, 1, 2);
   ASSERT_TRUE(m);

@@ -103,6 +103,40 @@ TEST(RouteTable, EachModelHasItsOwnPolicy) {
   EXPECT_EQ(ll, (std::vector<uint64_t>{4, 4, 4, 4}));
 }
 
+// Conditional disaggregation: once a model has a prefill replica its decode replicas' prefixes
+// are tracked, so the router can tell how much of a prompt the picked replica caches; the
+// prefill queue is the least busy ready prefill replica's load.
+TEST(RouteTable, AModelWithPrefillReplicasKnowsWhatItsReplicasCache) {
+  route_table t(balance_policy::least_load, {}, 16);
+  t.add(1, "llama");
+  std::vector<int32_t> prompt(200);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i);
+  size_t cached = 99;
+  ASSERT_EQ(*t.pick("llama", prompt, 0, 0, &cached), 1u);
+  EXPECT_EQ(cached, 0u);
+  ASSERT_EQ(*t.pick("llama", prompt, 0, 0, &cached), 1u);
+  EXPECT_EQ(cached, 0u);  // no prefill replica yet: nothing tracked
+  EXPECT_FALSE(t.has_prefill("llama"));
+  EXPECT_FALSE(t.prefill_queue("llama").has_value());
+  t.add(2, "llama", replica_role::prefill);
+  EXPECT_TRUE(t.has_prefill("llama"));
+  EXPECT_FALSE(t.has_prefill("qwen"));
+  ASSERT_EQ(*t.pick("llama", prompt, 0, 0, &cached), 1u);
+  EXPECT_EQ(cached, 0u);  // measured before this request's own blocks are recorded
+  ASSERT_EQ(*t.pick("llama", prompt, 0, 0, &cached), 1u);
+  EXPECT_EQ(cached, 192u);
+  EXPECT_EQ(t.prefill_queue("llama"), 0u);
+  ASSERT_TRUE(t.pick_prefill("llama", prompt).ok());
+  EXPECT_EQ(t.prefill_queue("llama"), 1u);
+  t.finished(2);
+  EXPECT_EQ(t.prefill_queue("llama"), 0u);
+  t.update({2, false, 0, 0});  // not ready: no queue to join, but the model still has one
+  EXPECT_FALSE(t.prefill_queue("llama").has_value());
+  EXPECT_TRUE(t.has_prefill("llama"));
+  t.remove(2);
+  EXPECT_FALSE(t.has_prefill("llama"));
+}
+
 TEST(RouteTable, ReadyCountsPerModel) {
   route_table t(balance_policy::least_load, {}, 16);
   EXPECT_TRUE(t.ready().empty());

@@ -76,7 +76,7 @@ std::vector<envelope> samples() {
       replica_state_msg{11, "replica-a", "kjv-tiny", replica_phase::draining, 0, "", ""},
       replica_state_msg{12, "replica-b", "kjv-tiny", replica_phase::ready, 1012, "", "127.0.0.1:7102"},
       replica_state_msg{13, "replica-b", "kjv-tiny", replica_phase::dead, 0, "config.json: not found", ""},
-      replica_state_msg{14, "replica-b", "kjv-tiny-prefill", replica_phase::ready, 1014, "", "127.0.0.1:7102", "kjv-tiny", 256},
+      replica_state_msg{14, "replica-b", "kjv-tiny-prefill", replica_phase::ready, 1014, "", "127.0.0.1:7102", "kjv-tiny", 256, 3},
       // A prefill replica's two blocks of 2 positions (8 bytes each; zeros too), to the request's owner or to import.
       kv_blocks_msg{18, true, errc::internal, "", {5, 6, 7, 8}, 99, "sql-lora", 2, 1, 8, kv_bytes(std::string("\x00\x01\x02\x03\x04\x05\x06\x07\xff\xfe\xfd\xfc\x00\x00\x00\x01", 16)), false},
       kv_blocks_msg{18, true, errc::internal, "", {5, 6}, 0, "", 2, 0, 8, kv_bytes(std::string(8, '\x7f')), true},

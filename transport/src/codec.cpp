@@ -183,6 +183,7 @@ struct writer {
     r.setListen(text(m.listen));
     r.setPrefillFor(text(m.prefill_for));
     r.setMaxLocalPrefill(m.max_local_prefill);
+    r.setMaxPrefillQueue(m.max_prefill_queue);
   }
   void operator()(const kv_blocks_msg& m) {
     auto k = b.initKvBlocks();
@@ -523,7 +524,8 @@ struct reader {
         out = replica_state_msg{r.getReplica(), str(r.getNode(), "node"), str(r.getModel(), "model"),
                                 static_cast<replica_phase>(enum_value(r.getPhase(), 3, "phase")), r.getActor(),
                                 str(r.getReason(), "reason"), str(r.getListen(), "listen"),
-                                str(r.getPrefillFor(), "prefillFor"), r.getMaxLocalPrefill()};
+                                str(r.getPrefillFor(), "prefillFor"), r.getMaxLocalPrefill(),
+                                r.getMaxPrefillQueue()};
         break;
       }
       case Body::KV_BLOCKS: {

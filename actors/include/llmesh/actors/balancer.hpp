@@ -55,8 +55,23 @@ class balancer {
   /// Records that one of its requests ended.
   void finished(uint64_t replica);
 
+  bool empty() const { return replicas_.empty(); }
   /// Current load estimate of a replica (0 for unknown ones).
   size_t load_of(uint64_t replica) const;
+  /// The least load estimate among ready replicas; none when no replica is ready.
+  std::optional<size_t> least_load() const;
+
+  /// Remember the block hashes of every assigned prompt under any policy (prefix-aware always
+  /// does), so that cached_tokens() can tell what a replica was sent (disaggregated prefill).
+  void track_prefixes() { track_prefixes_ = true; }
+  /// The prompt's leading tokens, in whole blocks, whose blocks this balancer last sent to
+  /// `replica` — what its prefix cache should hold unless it evicted them (an estimate, as
+  /// Dynamo's approximate KV router's; 0 when prefixes are not tracked). At most
+  /// max_prefix_blocks blocks.
+  size_t cached_tokens(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt = 0) const;
+
+  /// Blocks of a prompt hashed at most (4096: 64 Ki tokens at block size 16).
+  static constexpr size_t max_prefix_blocks = 4096;
 
  private:
   struct entry {
@@ -72,6 +87,7 @@ class balancer {
 
   balance_policy policy_;
   size_t block_size_, max_prefixes_;
+  bool track_prefixes_ = false;
   std::mt19937_64 rng_;
   std::map<uint64_t, entry> replicas_;  ///< ordered: round-robin and ties go by id
   uint64_t next_rr_ = 0;

@@ -107,11 +107,13 @@ struct model_spec {
   /// (as written; relative paths are the node's cwd's) that each replica node loads.
   std::string speculative_config;
   /// Disaggregated prefill: this entry's replicas are prefill replicas for that model's requests
-  /// (another entry's name; the same weights, any tp, the same KV dtype, packed): a prompt
-  /// longer than `max_local_prefill_length` is computed on one of them first and its KV blocks
-  /// move to the request's replica. Gateways do not serve this entry's name.
+  /// (another entry's name; the same weights, any tp, the same KV dtype, packed): a prompt of
+  /// which more than `max_local_prefill_length` tokens are not cached on its replica is computed
+  /// on one of them first, unless each has `max_prefill_queue_size` requests (0: no limit), and
+  /// its KV blocks move to the request's replica. Gateways do not serve this entry's name.
   std::string prefill_for;
   size_t max_local_prefill_length = 1000;  ///< Dynamo's; with prefill_for
+  size_t max_prefill_queue_size = 0;       ///< Dynamo's; with prefill_for
 };
 
 /// A whole cluster config, validated. Immutable after parsing; safe to share between threads.

@@ -58,6 +58,7 @@ struct coordinator_action {
   /// replica_ready: its model's prefill_for (a prefill replica for that model's requests; "": none)
   std::string prefill_for = {};
   uint64_t max_local_prefill = 0;  ///< replica_ready of a prefill replica: its max_local_prefill_length
+  uint64_t max_prefill_queue = 0;  ///< ... and its max_prefill_queue_size (0: none)
 };
 
 /// A replica as the coordinator tracks it.

@@ -63,11 +63,13 @@ struct mesh_options {
   size_t max_migrations = 3;
   int actor_threads = 2;  ///< CAF scheduler threads (replicas run detached, on their own)
   std::string model_name;  ///< the model the replicas serve: requests must name it (replica_request::model)
-  /// Disaggregated prefill: replicas beside `replicas` that only compute prompts longer than
-  /// `max_local_prefill` tokens, whose KV blocks then move to the request's replica (router_actor).
-  /// Needs prefix caching and the CPU backend.
+  /// Disaggregated prefill: replicas beside `replicas` that only compute prompts of which more
+  /// than `max_local_prefill` tokens are not cached on their replica, while fewer than
+  /// `max_prefill_queue` (0: no limit) wait on each; their KV blocks then move to the request's
+  /// replica (router_options). Needs prefix caching and the CPU backend.
   int prefill_replicas = 0;
   size_t max_local_prefill = 1000;
+  size_t max_prefill_queue = 0;
   std::chrono::milliseconds prefill_timeout{60000};  ///< request_options::prefill_timeout
 };
 

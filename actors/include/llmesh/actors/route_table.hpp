@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -46,12 +47,20 @@ class route_table {
   bool has(uint64_t replica) const { return model_of_.count(replica) != 0; }
 
   /// A ready replica of `model` by its policy, counted against it until finished();
-  /// replica_unavailable naming the model when it has none ready.
-  [[nodiscard]] result<uint64_t> pick(std::string_view model, std::span<const int32_t> prompt, uint64_t salt = 0, uint64_t key = 0);
+  /// replica_unavailable naming the model when it has none ready. `cached_tokens`, when given:
+  /// the prompt's leading tokens this table sent to that replica before (balancer::cached_tokens;
+  /// tracked for models with prefill replicas and under prefix-aware routing, else 0).
+  [[nodiscard]] result<uint64_t> pick(std::string_view model, std::span<const int32_t> prompt, uint64_t salt = 0, uint64_t key = 0,
+                                      size_t* cached_tokens = nullptr);
   /// A ready prefill replica of `model` by its policy (counted until finished()), or
   /// replica_unavailable when it has none.
   [[nodiscard]] result<uint64_t> pick_prefill(std::string_view model, std::span<const int32_t> prompt, uint64_t salt = 0,
                                               uint64_t key = 0);
+  /// The least load (running, waiting and routed since their report) among `model`'s ready
+  /// prefill replicas — Dynamo's prefill queue; none when it has no ready prefill replica.
+  std::optional<size_t> prefill_queue(std::string_view model) const;
+  /// Whether `model` has prefill replicas, ready or not.
+  bool has_prefill(std::string_view model) const;
   /// One request routed to `replica` ended.
   void finished(uint64_t replica);
 
@@ -62,7 +71,8 @@ class route_table {
  private:
   balancer& of(const std::string& model, replica_role role);
   result<uint64_t> pick_in(std::map<std::string, std::unique_ptr<balancer>, std::less<>>& pool, std::string_view model,
-                           std::span<const int32_t> prompt, uint64_t salt, uint64_t key, const char* what);
+                           std::span<const int32_t> prompt, uint64_t salt, uint64_t key, const char* what,
+                           size_t* cached_tokens = nullptr);
 
   balance_policy fallback_;
   std::map<std::string, balance_policy, std::less<>> policies_;

@@ -41,11 +41,16 @@ struct router_options {
   std::chrono::milliseconds poll{50};       ///< how often replicas are asked for their load
   metrics_registry* metrics = nullptr;      ///< optional: per-replica gauges (see serving_metrics)
   std::shared_ptr<ready_counts> ready;  ///< optional: ready replicas per model, for /ready
-  /// Disaggregated prefill (Dynamo's max_local_prefill_length): a prompt longer than this goes
-  /// to one of the model's prefill replicas first, when it has one ready.
+  /// Disaggregated prefill, conditional as Dynamo's: a prompt goes to one of the model's prefill
+  /// replicas first when the part of it its decode replica does not cache (as far as this router
+  /// sent it there: route_table::pick's cached_tokens) is longer than this
+  /// (max_local_prefill_length)...
   size_t max_local_prefill = 1000;
-  /// The same per model (a cluster config's prefill entries' max_local_prefill_length), over it.
-  std::map<std::string, size_t, std::less<>> max_local_prefill_by_model;
+  /// ...and the least busy ready prefill replica has fewer than this many requests
+  /// (max_prefill_queue_size; 0: no limit) — else the decode replica computes it.
+  size_t max_prefill_queue = 0;
+  /// The same per model (a cluster config's prefill entries), over them.
+  std::map<std::string, size_t, std::less<>> max_local_prefill_by_model, max_prefill_queue_by_model;
 };
 
 struct router_state {
@@ -59,12 +64,14 @@ struct router_state {
 };
 
 /// `(add_atom, caf::actor replica, std::string name, std::string model)` adds a replica of
-/// `model` (name: its metrics label); with a replica_role and a uint64_t max_local_prefill (0:
-/// none) after the model, one of that role (prefill replicas are never a request's replica, only
-/// its route_reply::prefill; a prefill replica's max_local_prefill becomes its model's); `(route_atom, std::string model, std::vector<int32_t>
-/// prompt, uint64_t cache_salt, uint64_t route_key, bool prefill_ok)` replies a route_reply (a replica of that
-/// model; balancer::pick) and counts the request against it (and, when prefill_ok — the request can
-/// start from prefilled blocks — and its prompt is long, against a prefill replica it names too);
+/// `model` (name: its metrics label); with a replica_role, a uint64_t max_local_prefill and a
+/// uint64_t max_prefill_queue (0: none) after the model, one of that role (prefill replicas are
+/// never a request's replica, only its route_reply::prefill; a prefill replica's limits become its
+/// model's); `(route_atom, std::string model, std::vector<int32_t> prompt, uint64_t cache_salt,
+/// uint64_t route_key, bool prefill_ok)` replies a route_reply (a replica of that model;
+/// balancer::pick) and counts the request against it (and, when prefill_ok — the request can
+/// start from prefilled blocks — and the part of its prompt that replica does not cache is long,
+/// against a prefill replica it names too: router_options::max_local_prefill);
 /// `(done_atom, uint64_t replica_id)` uncounts it. A replica that stops is forgotten (its down message, or
 /// `(dead_atom, uint64_t replica_id)` from a requester that saw it die first: that requester's
 /// next route request must not get the dead replica back). `(drain_atom, uint64_t replica_id)`:

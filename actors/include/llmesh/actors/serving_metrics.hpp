@@ -52,6 +52,8 @@ inline constexpr const char* request_generation_tokens = "llmesh_request_generat
 /// of KV that moved.
 inline constexpr const char* kv_transfers = "llmesh_kv_transfers_total";
 inline constexpr const char* kv_transfer_bytes = "llmesh_kv_transfer_bytes_total";
+/// Long prompts the router kept on their decode replica (label: reason — cached, queue, unavailable).
+inline constexpr const char* prefill_local = "llmesh_prefill_local_total";
 /// The receiving side (label: replica): KV blocks a replica took into its prefix cache, and
 /// imports it refused (another block shape or KV dtype, a full cache: its request computed the
 /// prompt) — a pair misconfigured shows here, not in kv_transfers.

@@ -198,6 +198,7 @@ struct replica_state_msg {
   std::string listen;   ///< the hosting node's mesh address (for routers in other processes)
   std::string prefill_for = {};  ///< ready: a prefill replica for that model's requests ("": one of `model`)
   uint64_t max_local_prefill = 0;  ///< with prefill_for: its model's max_local_prefill_length (0: the router's own)
+  uint64_t max_prefill_queue = 0;  ///< with prefill_for: its model's max_prefill_queue_size (0: the router's own)
   bool operator==(const replica_state_msg&) const = default;
 };
 struct collective_id_msg {
