@@ -95,12 +95,15 @@ std::vector<double> poisson_arrivals(size_t n, double rate, uint64_t seed) {
   return at;
 }
 
-std::vector<std::vector<int32_t>> random_prompts(size_t n, size_t len, size_t vocab, uint64_t seed) {
+std::vector<std::vector<int32_t>> random_prompts(size_t n, size_t len, size_t vocab, uint64_t seed, size_t prefix_len) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(vocab - 1));
-  std::vector<std::vector<int32_t>> out(n, std::vector<int32_t>(len));
+  std::vector<int32_t> prefix(prefix_len);
+  for (auto& t : prefix) t = id(rng);
+  std::vector<std::vector<int32_t>> out(n, std::vector<int32_t>(prefix_len + len));
   for (auto& p : out) {
-    for (auto& t : p) t = id(rng);
+    std::copy(prefix.begin(), prefix.end(), p.begin());
+    for (size_t i = prefix_len; i < p.size(); ++i) p[i] = id(rng);
   }
   return out;
 }
@@ -354,9 +357,10 @@ awaitable<void> wait_for_a_request(run_state& st) {
 awaitable<void> run_all(run_state& st, std::vector<std::string> bodies, std::vector<double> arrivals) {
   co_await preflight(st);
   if (!st.outcome) co_return;
-  if (st.max_model_len && st.opt.input_len + st.opt.output_len > st.max_model_len) {
-    st.outcome = make_error(errc::invalid_request, "--input-len + --output-len = " +
-                                                       std::to_string(st.opt.input_len + st.opt.output_len) +
+  const size_t prompt_len = st.opt.random_prefix_len + st.opt.input_len;
+  if (st.max_model_len && prompt_len + st.opt.output_len > st.max_model_len) {
+    st.outcome = make_error(errc::invalid_request, "--random-prefix-len + --input-len + --output-len = " +
+                                                       std::to_string(prompt_len + st.opt.output_len) +
                                                        " exceeds the server's max_model_len " +
                                                        std::to_string(st.max_model_len));
     co_return;
@@ -382,7 +386,7 @@ awaitable<void> run_all(run_state& st, std::vector<std::string> bodies, std::vec
     // Late arrivals wait here in order, as vLLM's tasks wait on its semaphore.
     while (st.opt.max_concurrency && st.in_flight >= st.opt.max_concurrency) co_await wait_for_a_request(st);
     ++st.in_flight;
-    net::co_spawn(st.ioc, run_request(st, i, std::move(bodies[i]), st.opt.input_len), net::detached);
+    net::co_spawn(st.ioc, run_request(st, i, std::move(bodies[i]), prompt_len), net::detached);
   }
   while (st.in_flight > 0) co_await wait_for_a_request(st);
   st.duration_s = std::chrono::duration<double>(bench_clock::now() - start).count();
@@ -419,7 +423,7 @@ status run_serve_bench(const serve_bench_options& opt) {
   // once the preflight knows it.
   std::vector<std::string> bodies;
   bodies.reserve(opt.num_prompts);
-  for (auto& ids : random_prompts(opt.num_prompts, opt.input_len, vocab, opt.seed)) {
+  for (auto& ids : random_prompts(opt.num_prompts, opt.input_len, vocab, opt.seed, opt.random_prefix_len)) {
     nlohmann::ordered_json j;
     j["model"] = "";
     j["prompt"] = std::move(ids);
@@ -456,7 +460,8 @@ status run_serve_bench(const serve_bench_options& opt) {
   if (!st.outcome) return st.outcome;
 
   const serve_metrics m = compute_serve_metrics(st.records, st.duration_s > 0 ? st.duration_s : 1e-9);
-  serve_run_info info{st.model, opt.num_prompts, opt.input_len, opt.output_len, opt.request_rate, opt.max_concurrency};
+  serve_run_info info{st.model, opt.num_prompts, opt.input_len, opt.output_len, opt.request_rate, opt.max_concurrency,
+                      opt.random_prefix_len};
   std::fputs(format_serve_table(m, info).c_str(), stdout);
   std::printf("%s\n", format_serve_json(m, info).c_str());
   std::fflush(stdout);

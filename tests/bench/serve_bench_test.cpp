@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -179,6 +180,24 @@ TEST(RandomPrompts, HaveExactLengthAndStayInTheVocabulary) {
   }
   for (int n : seen) EXPECT_GT(n, 0);
   EXPECT_EQ(p, bench::random_prompts(50, 33, 5, 1));
+  EXPECT_EQ(p, bench::random_prompts(50, 33, 5, 1, 0));
+}
+
+// vLLM's --random-prefix-len: the same random ids before every prompt's own.
+TEST(RandomPrompts, ShareTheirPrefix) {
+  const auto p = bench::random_prompts(20, 16, 1000, 3, 40);
+  ASSERT_EQ(p.size(), 20u);
+  const std::vector<int32_t> prefix(p[0].begin(), p[0].begin() + 40);
+  std::set<std::vector<int32_t>> tails;
+  for (const auto& ids : p) {
+    ASSERT_EQ(ids.size(), 56u);
+    EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.begin() + 40), prefix);
+    tails.emplace(ids.begin() + 40, ids.end());
+  }
+  EXPECT_EQ(tails.size(), 20u);  // each its own input
+  std::set<int32_t> distinct(prefix.begin(), prefix.end());
+  EXPECT_GT(distinct.size(), 30u);  // random ids, not one repeated
+  EXPECT_NE(bench::random_prompts(20, 16, 1000, 4, 40)[0], p[0]);
 }
 
 }  // namespace

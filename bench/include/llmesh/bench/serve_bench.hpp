@@ -1,7 +1,8 @@
 // `llmesh bench serve`: a serving benchmark client with vLLM `bench serve` semantics, against
 // any OpenAI-compatible server (llmesh serve, vLLM, llama.cpp's server). It sends
 // `num_prompts` streamed POST /v1/completions requests, each a prompt of exactly `input_len`
-// random token ids (uniform over [0, vocab), seeded) with max_tokens `output_len`,
+// random token ids (uniform over [0, vocab), seeded; after `random_prefix_len` ids that every
+// prompt shares, vLLM's --random-prefix-len) with max_tokens `output_len`,
 // ignore_eos and temperature 0, arriving as a Poisson process of `request_rate` requests/s
 // (infinity: all at once), at most `max_concurrency` in flight; then prints vLLM's table and
 // one JSON line (serve_stats.hpp has the metric definitions).
@@ -31,6 +32,7 @@ struct serve_bench_options {
   double request_rate = std::numeric_limits<double>::infinity();  ///< requests/s (vLLM's default: inf)
   size_t max_concurrency = 0;                                     ///< 0: unlimited
   size_t input_len = 1024;
+  size_t random_prefix_len = 0;  ///< vLLM's: ids every prompt starts with (a shared system prompt, a conversation's history)
   size_t output_len = 128;
   /// Prompt ids are drawn from [0, vocab). 0: tokenizer_dir's vocab_size, else 256 (every
   /// model has at least 256 ids: byte-level BPE starts from the bytes).
@@ -60,7 +62,8 @@ struct base_url {
 /// is infinite. REQUIRES: rate > 0.
 std::vector<double> poisson_arrivals(size_t n, double rate, uint64_t seed);
 
-/// `n` prompts of `len` ids each, uniform over [0, vocab), from `seed`. REQUIRES: vocab > 0.
-std::vector<std::vector<int32_t>> random_prompts(size_t n, size_t len, size_t vocab, uint64_t seed);
+/// `n` prompts of `prefix_len` + `len` ids each, uniform over [0, vocab), from `seed`: the first
+/// `prefix_len` are the same in every prompt. REQUIRES: vocab > 0.
+std::vector<std::vector<int32_t>> random_prompts(size_t n, size_t len, size_t vocab, uint64_t seed, size_t prefix_len = 0);
 
 }  // namespace llmesh::bench
