@@ -11,14 +11,20 @@
 namespace llmesh::actors {
 namespace {
 
-/// The prompt's full leading blocks hashed as the replicas' prefix caches hash them, from its
-/// cache_salt (at most balancer::max_prefix_blocks).
-std::vector<uint64_t> block_hashes(std::span<const int32_t> prompt, size_t bs, uint64_t salt) {
-  std::vector<uint64_t> out;
+/// A remembered prefix: its whole blocks' chained hash and how many blocks it spans.
+struct prefix_hash {
+  uint64_t hash;
+  size_t blocks;
+};
+
+/// The prompt's whole leading blocks hashed as the replicas' prefix caches hash them, from its
+/// cache_salt; kept: every block's up to balancer::dense_blocks, then every sparse_step-th.
+std::vector<prefix_hash> block_hashes(std::span<const int32_t> prompt, size_t bs, uint64_t salt) {
+  std::vector<prefix_hash> out;
   uint64_t h = salt;
-  for (size_t b = 0; (b + 1) * bs <= prompt.size() && b < balancer::max_prefix_blocks; ++b) {
+  for (size_t b = 0; (b + 1) * bs <= prompt.size(); ++b) {
     h = detail::chain_block_hash(h, prompt.subspan(b * bs, bs));
-    out.push_back(h);
+    if (b < balancer::dense_blocks || (b + 1) % balancer::sparse_step == 0) out.push_back({h, b + 1});
   }
   return out;
 }
@@ -50,20 +56,14 @@ size_t balancer::load_of(uint64_t replica) const {
   return it == replicas_.end() ? 0 : load(it->second);
 }
 
-std::optional<size_t> balancer::least_load() const {
-  auto least = least_loaded();
-  if (!least) return std::nullopt;
-  return load(replicas_.at(*least));
-}
-
 size_t balancer::cached_tokens(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt) const {
   if (policy_ != balance_policy::prefix_aware && !track_prefixes_) return 0;
   const auto hashes = block_hashes(prompt, block_size_, salt);
   // Chained hashes: block i's stands for the whole prefix up to it. The longest one last sent
   // to this replica (an earlier block may since have gone elsewhere with another prompt).
   for (size_t i = hashes.size(); i-- > 0;) {
-    auto it = prefixes_.find(hashes[i]);
-    if (it != prefixes_.end() && it->second.first == replica) return (i + 1) * block_size_;
+    auto it = prefixes_.find(hashes[i].hash);
+    if (it != prefixes_.end() && it->second.first == replica) return hashes[i].blocks * block_size_;
   }
   return 0;
 }
@@ -138,8 +138,8 @@ result<uint64_t> balancer::pick(std::span<const int32_t> prompt, uint64_t salt, 
       const size_t floor = load(replicas_.at(*least));
       const auto hashes = block_hashes(prompt, block_size_, salt);
       for (size_t i = hashes.size(); i-- > 0;) {  // the longest remembered prefix first
-        if (!prefixes_.count(hashes[i])) continue;
-        if (auto r = affine(hashes[i], floor)) return *r;
+        if (!prefixes_.count(hashes[i].hash)) continue;
+        if (auto r = affine(hashes[i].hash, floor)) return *r;
         break;
       }
       return least;
@@ -167,7 +167,7 @@ void balancer::assigned(uint64_t replica, std::span<const int32_t> prompt, uint6
   if (it == replicas_.end()) return;
   ++it->second.extra;
   if (policy_ == balance_policy::prefix_aware || track_prefixes_) {
-    for (uint64_t h : block_hashes(prompt, block_size_, salt)) remember(h, replica);
+    for (const auto& p : block_hashes(prompt, block_size_, salt)) remember(p.hash, replica);
   }
   // After the blocks: the key is its request's newest entry, the last of them to age out.
   if (key != 0 && policy_ != balance_policy::round_robin) remember(key_hash(key), replica);

@@ -54,7 +54,7 @@ bool route_table::update(const replica_load& load) {
 
 result<uint64_t> route_table::pick_in(std::map<std::string, std::unique_ptr<balancer>, std::less<>>& pool, std::string_view model,
                                       std::span<const int32_t> prompt, uint64_t salt, uint64_t key, const char* what,
-                                      size_t* cached_tokens) {
+                                      size_t* cached_tokens, size_t max_queue) {
   auto none = [&] {
     return make_error(errc::replica_unavailable, model.empty() ? std::string("no ready ") + what
                                                                : std::string("no ready ") + what + " of model '" + std::string(model) + "'");
@@ -62,6 +62,10 @@ result<uint64_t> route_table::pick_in(std::map<std::string, std::unique_ptr<bala
   auto it = pool.find(model);
   if (it == pool.end()) return none();
   auto picked = it->second->pick(prompt, salt, key);
+  if (!picked) return none();
+  // The policy's pick (an affinity key's replica, a prefix's) may be over the queue limit while
+  // another is not (pick_prefill made sure one is): the least busy then.
+  if (max_queue > 0 && it->second->load_of(*picked) >= max_queue) picked = it->second->least_loaded();
   if (!picked) return none();
   if (cached_tokens) *cached_tokens = it->second->cached_tokens(*picked, prompt, salt);  // before this prompt is recorded
   it->second->assigned(*picked, prompt, salt, key);
@@ -73,14 +77,16 @@ result<uint64_t> route_table::pick(std::string_view model, std::span<const int32
   return pick_in(balancers_, model, prompt, salt, key, "replica", cached_tokens);
 }
 
-result<uint64_t> route_table::pick_prefill(std::string_view model, std::span<const int32_t> prompt, uint64_t salt, uint64_t key) {
-  return pick_in(prefill_, model, prompt, salt, key, "prefill replica");
-}
-
-std::optional<size_t> route_table::prefill_queue(std::string_view model) const {
-  auto it = prefill_.find(model);
-  if (it == prefill_.end()) return std::nullopt;
-  return it->second->least_load();
+result<uint64_t> route_table::pick_prefill(std::string_view model, std::span<const int32_t> prompt, uint64_t salt, uint64_t key,
+                                           size_t max_queue) {
+  if (auto it = prefill_.find(model); max_queue > 0 && it != prefill_.end()) {
+    auto least = it->second->least_loaded();
+    if (least && it->second->load_of(*least) >= max_queue) {
+      return make_error(errc::overloaded, "every ready prefill replica of model '" + std::string(model) + "' has " +
+                                              std::to_string(max_queue) + " or more requests");
+    }
+  }
+  return pick_in(prefill_, model, prompt, salt, key, "prefill replica", nullptr, max_queue);
 }
 
 bool route_table::has_prefill(std::string_view model) const {

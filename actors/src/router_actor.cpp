@@ -80,12 +80,9 @@ void maybe_prefill(router* self, const std::string& model, const std::vector<int
     if (st.opt.metrics) st.opt.metrics->get_counter(metric::prefill_local, {reason})->add(1);
   };
   if (prompt.size() - std::min(cached, prompt.size()) <= limit) return local("cached");
-  auto queue = st.routes->prefill_queue(model);
-  if (!queue) return local("unavailable");
   const size_t max_queue = of_model(st.opt.max_prefill_queue_by_model, model, st.opt.max_prefill_queue);
-  if (max_queue > 0 && *queue >= max_queue) return local("queue");
-  auto p = st.routes->pick_prefill(model, prompt, salt, key);
-  if (!p) return local("unavailable");
+  auto p = st.routes->pick_prefill(model, prompt, salt, key, max_queue);
+  if (!p) return local(p.err().code == errc::overloaded ? "queue" : "unavailable");
   if (st.opt.metrics) st.opt.metrics->get_counter(metric::routed, {st.names[*p]})->add(1);
   out.prefill = st.replicas.at(*p);
 }

@@ -157,10 +157,15 @@ TEST(Balancer, CachedTokensAreTheLeadingBlocksLastSentToTheReplica) {
   b.assigned(2, shorter);
   EXPECT_EQ(b.cached_tokens(2, conversation), 48u);
   EXPECT_EQ(b.cached_tokens(1, conversation), 96u);
-  // Long prompts are followed past 64 blocks (1024 tokens).
+  // Long prompts are followed past 64 blocks (1024 tokens), every 16th block from there: 187
+  // whole blocks count as 176.
   const auto long_prompt = prompt_of(2, 3000);
   b.assigned(2, long_prompt);
-  EXPECT_EQ(b.cached_tokens(2, long_prompt), 2992u);
+  EXPECT_EQ(b.cached_tokens(2, long_prompt), 2816u);
+  auto long_next = long_prompt;
+  long_next.resize(4000, 7);
+  EXPECT_EQ(b.cached_tokens(2, long_next), 2816u);
+  EXPECT_EQ(b.cached_tokens(2, std::vector<int32_t>(long_prompt.begin(), long_prompt.begin() + 1100)), 1024u);
   // Prefix-aware routing tracks without being asked.
   balancer pa(balance_policy::prefix_aware, 1, 16);
   pa.update({3, true, 0, 0});
@@ -168,19 +173,19 @@ TEST(Balancer, CachedTokensAreTheLeadingBlocksLastSentToTheReplica) {
   EXPECT_EQ(pa.cached_tokens(3, next_turn), 96u);
 }
 
-TEST(Balancer, LeastLoadIsThatOfTheLeastBusyReadyReplica) {
+TEST(Balancer, LeastLoadedIsTheLeastBusyReadyReplica) {
   balancer b(balance_policy::round_robin);
-  EXPECT_FALSE(b.least_load().has_value());
+  EXPECT_FALSE(b.least_loaded().ok());
   b.update({1, true, 3, 2});
   b.update({2, false, 0, 0});  // not ready: not counted
-  EXPECT_EQ(b.least_load(), 5u);
+  EXPECT_EQ(*b.least_loaded(), 1u);
+  b.update({3, true, 5, 0});
+  EXPECT_EQ(*b.least_loaded(), 1u);  // equal loads: the lowest id
   b.assigned(1, {});
-  EXPECT_EQ(b.least_load(), 6u);
-  b.update({3, true, 1, 0});
-  EXPECT_EQ(b.least_load(), 1u);
+  EXPECT_EQ(*b.least_loaded(), 3u);
   b.finished(1);
   b.update({3, false, 1, 0});
-  EXPECT_EQ(b.least_load(), 5u);
+  EXPECT_EQ(*b.least_loaded(), 1u);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
-// Disaggregated prefill in the in-process mesh (mesh_options::prefill_replicas): a prompt longer
-// than max_local_prefill is computed on a prefill replica, its whole blocks move to the
-// request's replica, which finds them in its prefix cache (the first token's cached_tokens says
-// so) and decodes — each request's tokens exactly those it gets alone. A prefill replica that
+// Disaggregated prefill in the in-process mesh (mesh_options::prefill_replicas): a prompt of which
+// more than max_local_prefill tokens are not cached on its replica is computed on a prefill
+// replica, its whole blocks move to the request's replica, which finds them in its prefix cache
+// (the first token's cached_tokens says so) and decodes — each request's tokens exactly those it gets alone. A prefill replica that
 // dies mid-prompt costs the request nothing but the work: its replica computes the prompt.
 #include <thread>
 
@@ -101,7 +101,7 @@ TEST_F(Disaggregated, ANextTurnIsComputedWhereItsHistoryIsCached) {
   first.max_tokens = 6;
   expect_alone_tokens(*m, {first}, true);
   EXPECT_EQ(counter(metric::kv_transfers, {"moved"}), 1.0);
-  replica_request next = first;  // the history, then 10 new tokens: 8 of 130 not cached
+  replica_request next = first;  // the history, then 10 new tokens: 10 of 130 not cached
   next.id = 2;
   for (int i = 0; i < 10; ++i) next.prompt.push_back(200 + i);
   auto want = alone({next}, 1);

@@ -104,8 +104,7 @@ TEST(RouteTable, EachModelHasItsOwnPolicy) {
 }
 
 // Conditional disaggregation: once a model has a prefill replica its decode replicas' prefixes
-// are tracked, so the router can tell how much of a prompt the picked replica caches; the
-// prefill queue is the least busy ready prefill replica's load.
+// are tracked, so the router can tell how much of a prompt the picked replica caches.
 TEST(RouteTable, AModelWithPrefillReplicasKnowsWhatItsReplicasCache) {
   route_table t(balance_policy::least_load, {}, 16);
   t.add(1, "llama");
@@ -117,7 +116,6 @@ TEST(RouteTable, AModelWithPrefillReplicasKnowsWhatItsReplicasCache) {
   ASSERT_EQ(*t.pick("llama", prompt, 0, 0, &cached), 1u);
   EXPECT_EQ(cached, 0u);  // no prefill replica yet: nothing tracked
   EXPECT_FALSE(t.has_prefill("llama"));
-  EXPECT_FALSE(t.prefill_queue("llama").has_value());
   t.add(2, "llama", replica_role::prefill);
   EXPECT_TRUE(t.has_prefill("llama"));
   EXPECT_FALSE(t.has_prefill("qwen"));
@@ -125,16 +123,38 @@ TEST(RouteTable, AModelWithPrefillReplicasKnowsWhatItsReplicasCache) {
   EXPECT_EQ(cached, 0u);  // measured before this request's own blocks are recorded
   ASSERT_EQ(*t.pick("llama", prompt, 0, 0, &cached), 1u);
   EXPECT_EQ(cached, 192u);
-  EXPECT_EQ(t.prefill_queue("llama"), 0u);
-  ASSERT_TRUE(t.pick_prefill("llama", prompt).ok());
-  EXPECT_EQ(t.prefill_queue("llama"), 1u);
-  t.finished(2);
-  EXPECT_EQ(t.prefill_queue("llama"), 0u);
-  t.update({2, false, 0, 0});  // not ready: no queue to join, but the model still has one
-  EXPECT_FALSE(t.prefill_queue("llama").has_value());
+  t.update({2, false, 0, 0});  // not ready: the model still has one
   EXPECT_TRUE(t.has_prefill("llama"));
   t.remove(2);
   EXPECT_FALSE(t.has_prefill("llama"));
+}
+
+// Dynamo's prefill queue: a prefill replica is picked only with fewer than max_queue requests —
+// the policy's pick (here an affinity key's replica), else the least busy; overloaded when all
+// have that many.
+TEST(RouteTable, APrefillReplicaIsPickedOnlyBelowTheQueueLimit) {
+  route_table t(balance_policy::least_load, {}, 16);
+  t.add(1, "llama", replica_role::prefill);
+  t.add(2, "llama", replica_role::prefill);
+  const std::vector<int32_t> prompt{1, 2, 3};
+  const uint64_t key = 77;
+  ASSERT_EQ(*t.pick_prefill("llama", prompt, 0, key, 2), 1u);
+  EXPECT_EQ(*t.pick_prefill("llama", prompt, 0, key, 2), 1u);  // the key's replica, within 2x + 2
+  EXPECT_EQ(*t.pick_prefill("llama", prompt, 0, key, 2), 2u);  // the key's is full: the least busy
+  EXPECT_EQ(*t.pick_prefill("llama", prompt, 0, 0, 2), 2u);
+  auto full = t.pick_prefill("llama", prompt, 0, key, 2);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.err().code, errc::overloaded);
+  EXPECT_NE(full.err().message.find("every ready prefill replica of model 'llama' has 2 or more requests"), std::string::npos)
+      << full.err().message;
+  EXPECT_EQ(*t.pick_prefill("llama", prompt, 0, key), 2u);  // no limit: the key's (now 2), 3 requests
+  t.finished(1);
+  EXPECT_EQ(*t.pick_prefill("llama", prompt, 0, key, 2), 1u);  // the key's is full again
+  t.update({1, false, 0, 0});
+  t.update({2, false, 0, 0});
+  auto none = t.pick_prefill("llama", prompt, 0, key, 2);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.err().code, errc::replica_unavailable);
 }
 
 TEST(RouteTable, ReadyCountsPerModel) {

@@ -1,5 +1,6 @@
-// `llmesh serve --prefill-replicas` over real HTTP (disaggregated prefill): a prompt longer than
-// --max-local-prefill-length is computed on a prefill replica and its whole blocks reach the
+// `llmesh serve --prefill-replicas` over real HTTP (disaggregated prefill): a prompt of which
+// more than --max-local-prefill-length tokens are not cached on its replica is computed on a
+// prefill replica and its whole blocks reach the
 // serving replica — the response reports them as cached prompt tokens, its tokens are
 // `llmesh generate`'s, /metrics counts the move — while a short prompt is computed where it is
 // served. Prefill replicas without prefix caching are refused at start.
@@ -29,7 +30,7 @@ TEST(ServeDisaggregated, LongPromptsArePrefilledOnAPrefillReplica) {
   server_process s(bin, {"--model", m, "--rpc", "none", "--served-model-name", "m", "--prefill-replicas", "1",
                          "--max-local-prefill-length", "40", "--block-size", "16"});
   ASSERT_GT(s.port(), 0) << s.log();
-  EXPECT_NE(s.log().find("1 prefill replica(s) for prompts over 40 tokens"), std::string::npos) << s.log();
+  EXPECT_NE(s.log().find("1 prefill replica(s) for prompts over 40 uncached tokens"), std::string::npos) << s.log();
   auto complete = [&](const std::vector<int32_t>& prompt) {
     const json body = {{"model", "m"}, {"prompt", prompt}, {"max_tokens", 10}, {"temperature", 0}, {"return_token_ids", true}};
     auto r = http_request(s.port(), "POST", "/v1/completions", body.dump());
@@ -51,8 +52,16 @@ TEST(ServeDisaggregated, LongPromptsArePrefilledOnAPrefillReplica) {
             generate_ids(bin, m, "--prompt-ids " + id_list(short_prompt), 10, "--temperature 0"));
   EXPECT_EQ(local["usage"]["prompt_tokens_details"].value("cached_tokens", 0), 0) << local.dump();
 
+  // The same prompt again: its replica holds its blocks, so it is computed there (Dynamo's
+  // conditional disaggregation), nothing moves.
+  auto again = complete(long_prompt);
+  ASSERT_TRUE(again.is_object());
+  EXPECT_EQ(again["choices"][0]["token_ids"], moved["choices"][0]["token_ids"]);
+  EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], 96) << again.dump();
+
   auto metrics = http_request(s.port(), "GET", "/metrics", "");
   EXPECT_NE(metrics.body.find("llmesh_kv_transfers_total{outcome=\"moved\"} 1"), std::string::npos) << metrics.body;
+  EXPECT_NE(metrics.body.find("llmesh_prefill_local_total{reason=\"cached\"} 1"), std::string::npos) << metrics.body;
   EXPECT_NE(metrics.body.find("llmesh_kv_transfer_bytes_total 49152"), std::string::npos)  // 6 blocks × 2 layers × K,V × 16 positions × 32 floats
       << metrics.body;
 }

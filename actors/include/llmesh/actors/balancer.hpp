@@ -58,20 +58,22 @@ class balancer {
   bool empty() const { return replicas_.empty(); }
   /// Current load estimate of a replica (0 for unknown ones).
   size_t load_of(uint64_t replica) const;
-  /// The least load estimate among ready replicas; none when no replica is ready.
-  std::optional<size_t> least_load() const;
+  /// The ready replica with the least load estimate (the lowest id among equals);
+  /// replica_unavailable when none is ready.
+  [[nodiscard]] result<uint64_t> least_loaded() const;
 
   /// Remember the block hashes of every assigned prompt under any policy (prefix-aware always
   /// does), so that cached_tokens() can tell what a replica was sent (disaggregated prefill).
   void track_prefixes() { track_prefixes_ = true; }
   /// The prompt's leading tokens, in whole blocks, whose blocks this balancer last sent to
   /// `replica` — what its prefix cache should hold unless it evicted them (an estimate, as
-  /// Dynamo's approximate KV router's; 0 when prefixes are not tracked). At most
-  /// max_prefix_blocks blocks.
+  /// Dynamo's approximate KV router's; 0 when prefixes are not tracked). Past the first
+  /// dense_blocks blocks it counts in steps of sparse_step blocks (rounded down).
   size_t cached_tokens(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt = 0) const;
 
-  /// Blocks of a prompt hashed at most (4096: 64 Ki tokens at block size 16).
-  static constexpr size_t max_prefix_blocks = 4096;
+  /// A prompt's prefixes remembered: every whole block's up to dense_blocks, then every
+  /// sparse_step-th (a 64 Ki-token prompt takes ~316 of the max_prefixes entries, not 4096).
+  static constexpr size_t dense_blocks = 64, sparse_step = 16;
 
  private:
   struct entry {
@@ -79,7 +81,6 @@ class balancer {
     size_t extra = 0;  ///< assigned since the report, minus finished
   };
   size_t load(const entry& e) const { return e.report.running + e.report.waiting + e.extra; }
-  result<uint64_t> least_loaded() const;
   /// The replica remembered for hash `h` when it is ready and within 2x + 2 of `floor`.
   std::optional<uint64_t> affine(uint64_t h, size_t floor) const;
   /// Remembers `h` → `replica` (most recent; the oldest goes beyond max_prefixes).

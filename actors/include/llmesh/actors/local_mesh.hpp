@@ -64,8 +64,8 @@ struct mesh_options {
   int actor_threads = 2;  ///< CAF scheduler threads (replicas run detached, on their own)
   std::string model_name;  ///< the model the replicas serve: requests must name it (replica_request::model)
   /// Disaggregated prefill: replicas beside `replicas` that only compute prompts of which more
-  /// than `max_local_prefill` tokens are not cached on their replica, while fewer than
-  /// `max_prefill_queue` (0: no limit) wait on each; their KV blocks then move to the request's
+  /// than `max_local_prefill` tokens are not cached on their replica, while one of them has fewer
+  /// than `max_prefill_queue` requests (0: no limit); their KV blocks then move to the request's
   /// replica (router_options). Needs prefix caching and the CPU backend.
   int prefill_replicas = 0;
   size_t max_local_prefill = 1000;

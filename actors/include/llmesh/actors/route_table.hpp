@@ -9,7 +9,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -53,12 +52,11 @@ class route_table {
   [[nodiscard]] result<uint64_t> pick(std::string_view model, std::span<const int32_t> prompt, uint64_t salt = 0, uint64_t key = 0,
                                       size_t* cached_tokens = nullptr);
   /// A ready prefill replica of `model` by its policy (counted until finished()), or
-  /// replica_unavailable when it has none.
+  /// replica_unavailable when it has none. With `max_queue` (0: no limit), one with fewer than
+  /// that many requests (running, waiting and routed since its report — Dynamo's prefill queue):
+  /// the policy's pick, else the least busy; overloaded when every one has that many.
   [[nodiscard]] result<uint64_t> pick_prefill(std::string_view model, std::span<const int32_t> prompt, uint64_t salt = 0,
-                                              uint64_t key = 0);
-  /// The least load (running, waiting and routed since their report) among `model`'s ready
-  /// prefill replicas — Dynamo's prefill queue; none when it has no ready prefill replica.
-  std::optional<size_t> prefill_queue(std::string_view model) const;
+                                              uint64_t key = 0, size_t max_queue = 0);
   /// Whether `model` has prefill replicas, ready or not.
   bool has_prefill(std::string_view model) const;
   /// One request routed to `replica` ended.
@@ -72,7 +70,7 @@ class route_table {
   balancer& of(const std::string& model, replica_role role);
   result<uint64_t> pick_in(std::map<std::string, std::unique_ptr<balancer>, std::less<>>& pool, std::string_view model,
                            std::span<const int32_t> prompt, uint64_t salt, uint64_t key, const char* what,
-                           size_t* cached_tokens = nullptr);
+                           size_t* cached_tokens = nullptr, size_t max_queue = 0);
 
   balance_policy fallback_;
   std::map<std::string, balance_policy, std::less<>> policies_;
