@@ -41,6 +41,7 @@ struct Envelope {
     shardReady @21 :ShardReady;
     shardGroup @22 :ShardGroup;
     kvBlocks @23 :KvBlocks;
+    resetPrefixCache @24 :Void;  # a replica empties its prefix cache, then answers its load
   }
 }
 

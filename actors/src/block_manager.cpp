@@ -127,6 +127,21 @@ void block_manager::trim(block_list& b, size_t n_tokens) {
   }
 }
 
+size_t block_manager::reset_prefix_cache() {
+  const size_t n = by_hash_.size();
+  for (const auto& [h, id] : by_hash_) {
+    cached_[id] = false;
+    content_[id].clear();
+    if (in_lru_[id]) {
+      in_lru_[id] = false;
+      free_.push_back(id);
+    }
+  }
+  by_hash_.clear();
+  lru_.clear();
+  return n;
+}
+
 void block_manager::release(block_list& b) {
   for (int32_t id : b.ids) {
     if (--ref_[id] > 0) continue;

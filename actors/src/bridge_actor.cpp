@@ -34,6 +34,7 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, caf::actor bri
       [=](kvimport_atom, const kv_prefix& p) { out(to_wire(p, true), caf::actor{}); },
       [=](deliver_atom, caf::actor dest, const prefill_reply& r) { self->send(dest, r); },
       [=](status_atom, caf::actor reply_to) { out(transport::status_request{}, reply_to); },
+      [=](reset_atom, caf::actor reply_to) { out(transport::reset_prefix_cache_msg{}, reply_to); },
       [=](const token_msg& t) { out(to_wire(t), caf::actor_cast<caf::actor>(self->current_sender())); },
       [=](const replica_load& l) { out(to_wire(l), caf::actor_cast<caf::actor>(self->current_sender())); },
       // A replica's step for a shard in another process (told, not asked: replica_actor.cpp).
@@ -148,6 +149,8 @@ void deliver(bridge* self, transport::peer_id peer, const std::shared_ptr<transp
           self->send(dest, cancel_atom::value, m.id);
         } else if constexpr (std::is_same_v<T, transport::status_request>) {
           self->send(dest, status_atom::value, from);
+        } else if constexpr (std::is_same_v<T, transport::reset_prefix_cache_msg>) {
+          self->send(dest, reset_atom::value, from);
         } else if constexpr (std::is_same_v<T, transport::token_body>) {
           self->send(from, deliver_atom::value, dest, from_wire(m));
         } else if constexpr (std::is_same_v<T, transport::load_msg>) {

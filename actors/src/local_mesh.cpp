@@ -94,6 +94,8 @@ status serves(const mesh_options& opt, std::string_view model) {
 
 }  // namespace
 
+result<size_t> local_mesh::reset_prefix_cache() { return impl_->client->reset_prefix_cache(); }
+
 status local_mesh::load_lora(std::string_view model, const model::lora_source& src) {
   LLMESH_TRY(serves(impl_->opt, model));
   auto id = impl_->engines[0]->loaded_model().load_lora(src);  // every engine holds this model

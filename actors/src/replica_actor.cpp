@@ -58,6 +58,15 @@ void between_steps(replica* self, Fn fn) {
   else fn();
 }
 
+replica_load load_of(replica* self) {
+  const auto& st = self->state;
+  const auto& b = st.core->blocks();
+  const auto& sc = st.core->scheduler();
+  return replica_load{self->id(), !st.dead && !st.draining, st.core->running(), st.core->waiting(),
+                      b.total_blocks() - b.free_blocks(), b.total_blocks(), sc.drafted(), sc.accepted(),
+                      sc.preemptions(), st.kv_imported, st.kv_refused};
+}
+
 void cancel(replica* self, uint64_t id) {
   self->state.core->cancel(id);
   self->state.owners.erase(id);
@@ -220,13 +229,12 @@ caf::behavior split_replica_actor(replica* self, model::engine* eng, scheduler_c
         between_steps(self, [=]() mutable { submit(self, std::move(r), reply_to); });
       },
       [=](cancel_atom, uint64_t id) { between_steps(self, [=] { cancel(self, id); }); },
-      [=](status_atom, caf::actor reply_to) {
-        const auto& st = self->state;
-        const auto& b = st.core->blocks();
-        const auto& sc = st.core->scheduler();
-        self->send(reply_to, replica_load{self->id(), !st.dead && !st.draining, st.core->running(), st.core->waiting(),
-                                          b.total_blocks() - b.free_blocks(), b.total_blocks(), sc.drafted(), sc.accepted(),
-                                          sc.preemptions(), st.kv_imported, st.kv_refused});
+      [=](status_atom, caf::actor reply_to) { self->send(reply_to, load_of(self)); },
+      [=](reset_atom, caf::actor reply_to) {
+        between_steps(self, [=] {
+          self->state.core->reset_prefix_cache();
+          self->send(reply_to, load_of(self));
+        });
       },
       [=](prefill_atom, const replica_request& r, caf::actor reply_to) {
         between_steps(self, [=] { prefill(self, r, reply_to); });

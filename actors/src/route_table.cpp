@@ -89,6 +89,12 @@ result<uint64_t> route_table::pick_prefill(std::string_view model, std::span<con
   return pick_in(prefill_, model, prompt, salt, key, "prefill replica", nullptr, max_queue);
 }
 
+void route_table::forget_prefixes() {
+  for (auto* pool : {&balancers_, &prefill_}) {
+    for (auto& [model, b] : *pool) b->forget_prefixes();
+  }
+}
+
 bool route_table::has_prefill(std::string_view model) const {
   auto it = prefill_.find(model);
   return it != prefill_.end() && !it->second->empty();

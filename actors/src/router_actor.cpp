@@ -119,6 +119,12 @@ caf::behavior router_actor(router* self, router_options opt) {
         return out;
       },
       [=](done_atom, uint64_t replica) { self->state.routes->finished(replica); },
+      [=](reset_atom) -> uint64_t {
+        auto& st = self->state;
+        st.routes->forget_prefixes();
+        for (const auto& [id, r] : st.replicas) self->send(r, reset_atom::value, caf::actor{self});
+        return st.replicas.size();
+      },
       [=](dead_atom, uint64_t replica) { forget(self, replica); },
       [=](drain_atom, uint64_t replica) {
         auto& st = self->state;

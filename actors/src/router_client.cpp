@@ -100,6 +100,21 @@ status router_client::lora_update(bool load, std::string_view model, std::string
   return out;
 }
 
+result<size_t> router_client::reset_prefix_cache() {
+  const bool foreign_thread = caf::logger::current_logger() == nullptr;  // as in submit()
+  result<size_t> out = make_error(errc::internal, "no answer");
+  {
+    caf::scoped_actor self{sys_};
+    self->request(router_, std::chrono::seconds(10), reset_atom::value)
+        .receive([&](uint64_t told) { out = static_cast<size_t>(told); },
+                 [&](caf::error& e) {
+                   out = make_error(errc::replica_unavailable, "the router did not answer the prefix cache reset: " + sys_.render(e));
+                 });
+  }
+  if (foreign_thread) caf::logger::set_current_actor_system(nullptr);
+  return out;
+}
+
 size_t router_client::inflight() const {
   std::lock_guard lock(live_->mu);
   return live_->requests.size();

@@ -197,9 +197,10 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   const bool classify_route = path == "/classify";  // vLLM's, for sequence classifiers
   const bool pooling_route = path == "/pooling";    // vLLM's generic pooling
   const bool invocations = path == "/invocations";  // vLLM's SageMaker route: the request's shape picks the API
+  const bool cache_route = path == "/reset_prefix_cache" || path == "/flush_cache";  // vLLM's, SGLang's
   const bool guarded_route =
       path.starts_with("/v1/") || tokenizer_route || score_route || rerank_route || classify_route || pooling_route ||
-      invocations;  // the API key's
+      invocations || cache_route;  // the API key's
   const bool stored_route = path.starts_with("/v1/responses/");  // a stored response's routes
   const bool conversation_route = path == "/v1/conversations" || path.starts_with("/v1/conversations/");
   const bool model_route = path.starts_with("/v1/models/") && path.size() > std::string_view("/v1/models/").size();
@@ -207,7 +208,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   const bool known = lora_route || path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
                      path == "/v1/responses" || path == "/v1/embeddings" || score_route || rerank_route || stored_route ||
                      conversation_route || model_route || tokenizer_route || classify_route || pooling_route ||
-                     invocations;
+                     invocations || cache_route;
   if (!known && !(path == "/health" || path == "/ready" || path == "/metrics" || path == "/version" || path == "/ping" ||
                   path == "/load")) {
     return error_reply(make_error(errc::not_found, "no route for " + std::string(method) + " " + std::string(path)));
@@ -236,10 +237,15 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   if (invocations && post) return invoke(body);
   if (path == "/tokenize" && post) return tokenize(body);
   if (path == "/detokenize" && post) return detokenize(body);
+  if (cache_route && (post || (get && path == "/flush_cache"))) {  // SGLang takes either
+    auto told = mesh_.reset_prefix_cache();
+    if (!told) return error_reply(told.err());
+    return json_reply(200, nlohmann::json{{"status", "ok"}, {"replicas", *told}}.dump());
+  }
   http_reply r = error_reply(make_error(errc::invalid_request, std::string(method) + " is not allowed on " + std::string(path)));
   r.status = 405;
   const bool get_route = path == "/v1/models" || model_route || !guarded_route;
-  r.headers.emplace_back("Allow", path == "/ping" ? "GET, POST" : get_route ? "GET" : "POST");
+  r.headers.emplace_back("Allow", path == "/ping" || path == "/flush_cache" ? "GET, POST" : get_route ? "GET" : "POST");
   return r;
 }
 

@@ -46,6 +46,43 @@ TEST(BlockManager, ReservesAndRefusesWithoutSideEffects) {
   EXPECT_TRUE(m.check_invariants().ok());
 }
 
+// vLLM's reset_prefix_cache: evictable blocks become free at once; a running sequence keeps its
+// blocks, no longer found by a lookup and freed (not cached) at its release; what it fills
+// afterwards is cached as usual (but unreachable: its chain starts at a block no longer cached).
+TEST(BlockManager, AResetEmptiesThePrefixCacheAndLeavesRunningSequencesTheirBlocks) {
+  block_manager m(16, 16);
+  const auto first = seq_tokens(50, 100), second = seq_tokens(40, 900);
+  EXPECT_EQ(serve(m, first), 0u);  // 3 full blocks cached, evictable
+  block_list running;
+  ASSERT_EQ(m.match_prefix(second, running), 0u);
+  ASSERT_TRUE(m.reserve(running, second.size()).ok());  // 3 blocks
+  m.commit(running, second);  // 2 full blocks cached, held
+  EXPECT_EQ(m.cached_blocks(), 5u);
+  EXPECT_EQ(m.unused_blocks(), 10u);  // 16 - 3 held - 3 evictable
+  EXPECT_EQ(m.reset_prefix_cache(), 5u);
+  EXPECT_EQ(m.cached_blocks(), 0u);
+  EXPECT_EQ(m.unused_blocks(), 13u);  // the evictable ones are free
+  EXPECT_EQ(m.free_blocks(), 13u);
+  EXPECT_TRUE(m.check_invariants().ok()) << m.check_invariants().err().message;
+  block_list probe;
+  EXPECT_EQ(m.match_prefix(second, probe), 0u);  // held blocks are not found
+  m.release(probe);
+  auto grown = second;
+  for (int32_t t = 0; t < 30; ++t) grown.push_back(5000 + t);  // 70 tokens: 4 full blocks
+  ASSERT_TRUE(m.reserve(running, grown.size()).ok());
+  m.commit(running, grown);  // its third and fourth blocks are full now: cached
+  EXPECT_EQ(m.cached_blocks(), 2u);
+  m.release(running);
+  EXPECT_EQ(m.unused_blocks(), 14u);  // the two reset blocks freed, the two new ones evictable
+  EXPECT_EQ(m.free_blocks(), 16u);
+  EXPECT_TRUE(m.check_invariants().ok()) << m.check_invariants().err().message;
+  EXPECT_EQ(serve(m, first), 0u);  // computed again, then cached again
+  EXPECT_EQ(serve(m, first), 48u);
+  EXPECT_EQ(m.reset_prefix_cache(), 3u + 2u);
+  EXPECT_EQ(m.free_blocks(), 16u);
+  EXPECT_EQ(m.unused_blocks(), 16u);
+}
+
 TEST(BlockManager, ReusesFullPrefixBlocksButNeverTheLastTokensBlock) {
   block_manager m(32, 16);
   auto prompt = seq_tokens(40, 100);

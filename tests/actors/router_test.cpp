@@ -14,7 +14,7 @@ namespace llmesh::actors {
 namespace {
 
 caf::behavior silent_replica(caf::event_based_actor*) {
-  return {[](status_atom, const caf::actor&) {}};
+  return {[](status_atom, const caf::actor&) {}, [](reset_atom, const caf::actor&) {}};
 }
 
 class RouterPrefill : public ::testing::Test {
@@ -87,6 +87,13 @@ TEST_F(RouterPrefill, AConversationsNextTurnStaysWhereItsHistoryIsCached) {
   EXPECT_EQ(local("cached"), 1.0);
   EXPECT_EQ(local("queue"), 0.0);
   EXPECT_EQ(local("unavailable"), 0.0);
+  // The replicas' prefix caches are emptied (/reset_prefix_cache): the router forgets too, and
+  // the conversation's next turn is prefilled elsewhere again.
+  caf::scoped_actor self{sys_};
+  self->request(router, std::chrono::seconds(10), reset_atom::value)
+      .receive([](uint64_t told) { EXPECT_EQ(told, 2u); }, [&](caf::error& e) { ADD_FAILURE() << sys_.render(e); });
+  for (int32_t t = 0; t < 10; ++t) turn.push_back(9800 + t);
+  EXPECT_TRUE(routed_with_prefill(router, turn));
 }
 
 TEST_F(RouterPrefill, BusyPrefillReplicasLeaveTheirPromptsLocal) {

@@ -21,8 +21,15 @@ struct fake_mesh : actors::mesh_client {
     auto it = ready_of.find(std::string(model));
     return it == ready_of.end() ? ready : it->second;
   }
+  result<size_t> reset_prefix_cache() override {
+    ++resets;
+    if (!can_reset) return mesh_client::reset_prefix_cache();  // the default: unsupported
+    return size_t{3};
+  }
   size_t ready = 1;
   std::map<std::string, size_t> ready_of;  ///< per model, where set
+  bool can_reset = true;
+  size_t resets = 0;
 };
 
 /// A pooling request's end, as a replica sends it: its vector (an embedding, or a classifier's logits).

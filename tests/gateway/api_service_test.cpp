@@ -723,5 +723,29 @@ TEST_F(ApiService, ContinueFinalMessagePrefillsTheAnswer) {
             400);
 }
 
+// vLLM's POST /reset_prefix_cache and SGLang's /flush_cache (GET or POST): the mesh's replicas
+// empty their prefix caches; the API key guards them (a reset costs every later request its
+// cache hits); a mesh that cannot reset says so.
+TEST_F(ApiService, PrefixCacheResetRoutes) {
+  auto r = call("POST", "/reset_prefix_cache");
+  ASSERT_EQ(status(r), 200);
+  EXPECT_EQ(json::parse(std::get<http_reply>(r).body), json({{"status", "ok"}, {"replicas", 3}}));
+  EXPECT_EQ(mesh_.resets, 1u);
+  EXPECT_EQ(status(call("POST", "/flush_cache")), 200);
+  EXPECT_EQ(status(call("GET", "/flush_cache")), 200);
+  EXPECT_EQ(mesh_.resets, 3u);
+  EXPECT_EQ(status(call("POST", "/reset_prefix_cache", "", "")), 401);
+  EXPECT_EQ(status(call("GET", "/flush_cache", "", "Bearer wrong")), 401);
+  auto get = call("GET", "/reset_prefix_cache");
+  ASSERT_EQ(status(get), 405);
+  const auto& headers = std::get<http_reply>(get).headers;
+  EXPECT_NE(std::find(headers.begin(), headers.end(), std::pair<std::string, std::string>("Allow", "POST")), headers.end());
+  EXPECT_EQ(mesh_.resets, 3u);
+  mesh_.can_reset = false;
+  auto refused = call("POST", "/reset_prefix_cache");
+  EXPECT_EQ(status(refused), 400);
+  EXPECT_NE(std::get<http_reply>(refused).body.find("cannot reset its replicas' prefix caches"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace llmesh::gateway

@@ -62,6 +62,23 @@ TEST(Mesh, LongPromptsArePrefilledOnAnotherNode) {
   EXPECT_EQ(local["ids"].get<std::vector<int32_t>>(), generate_ids(bin, model_dir, "--prompt-ids " + id_list(short_prompt), 10));
   EXPECT_EQ(metric_value(m.http_port, "llmesh_kv_transfers_total{outcome=\"moved\"}"), before + 1);
 
+  // The long prompt again: its replica holds it, so it stays there (conditional disaggregation).
+  auto again = complete(m.http_port, long_prompt);
+  ASSERT_EQ(again["status"], 200) << again.dump();
+  EXPECT_EQ(again["ids"], got["ids"]);
+  EXPECT_EQ(metric_value(m.http_port, "llmesh_kv_transfers_total{outcome=\"moved\"}"), before + 1);
+  EXPECT_EQ(metric_value(m.http_port, "llmesh_prefill_local_total{reason=\"cached\"}"), 1.0);
+  EXPECT_EQ(complete(m.http_port, short_prompt)["cached"], 16);  // its whole block, cached the first time
+  // vLLM's /reset_prefix_cache crosses the bridge to both replicas; the router forgets too.
+  auto reset = http_request(m.http_port, "POST", "/reset_prefix_cache", "");
+  ASSERT_EQ(reset.status, 200) << reset.body;
+  EXPECT_EQ(nlohmann::json::parse(reset.body)["replicas"], 2) << reset.body;
+  auto short_again = complete(m.http_port, short_prompt);
+  EXPECT_EQ(short_again["cached"], 0) << short_again.dump();
+  EXPECT_EQ(short_again["ids"], local["ids"]);
+  EXPECT_EQ(complete(m.http_port, long_prompt)["cached"], 96);  // prefilled on the other node again
+  EXPECT_EQ(metric_value(m.http_port, "llmesh_kv_transfers_total{outcome=\"moved\"}"), before + 2);
+
   // The prefill node dies: long prompts are computed where they are served.
   (prefill_node == "replica-a" ? a : b).crash();
   ASSERT_TRUE(wait_replicas(m, [](const nlohmann::json& j) { return count_ready(j) == 1; }, &reps)) << reps.dump();

@@ -24,6 +24,38 @@ json completion(int port, const json& body, int* status) {
   return j.is_discarded() ? json{{"raw", r.body}} : j;
 }
 
+// vLLM's POST /reset_prefix_cache (SGLang's /flush_cache): every replica's prefix cache is
+// emptied — a prompt cached before is computed again, with the same tokens, then cached again.
+TEST(Serve, ResetPrefixCacheEmptiesEveryReplicasCache) {
+  server_process s(bin, {"--model", model_dir, "--replicas", "2", "--policy", "round-robin"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 70; ++i) prompt.push_back(100 + (i * 41) % 900);
+  const json body = {{"model", "kjv-tiny"}, {"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}, {"return_token_ids", true}};
+  auto cached_of = [&](const json& want) {
+    int status = 0;
+    const json r = completion(s.port(), body, &status);
+    EXPECT_EQ(status, 200) << r;
+    if (!want.is_null()) EXPECT_EQ(r["choices"][0]["token_ids"], want);
+    return std::make_pair(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<size_t>(), r["choices"][0]["token_ids"]);
+  };
+  const auto [first, tokens] = cached_of(json());
+  EXPECT_EQ(first, 0u);
+  EXPECT_EQ(cached_of(tokens).first, 0u);  // round-robin: the other replica's first time
+  const size_t cached = cached_of(tokens).first;
+  EXPECT_GT(cached, 0u);
+  EXPECT_EQ(cached_of(tokens).first, cached);  // both replicas hold it
+  auto r = http_request(s.port(), "POST", "/reset_prefix_cache", "");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body), json({{"status", "ok"}, {"replicas", 2}}));
+  EXPECT_EQ(cached_of(tokens).first, 0u);
+  EXPECT_EQ(cached_of(tokens).first, 0u);
+  EXPECT_EQ(cached_of(tokens).first, cached);  // cached again, on both
+  EXPECT_EQ(cached_of(tokens).first, cached);
+  EXPECT_EQ(http_request(s.port(), "GET", "/flush_cache", "").status, 200);
+  EXPECT_EQ(cached_of(tokens).first, 0u);
+}
+
 // OpenAI's cached_tokens: a prompt the prefix cache already holds says how much of it was not
 // computed again (whole KV blocks, never its last token), in completions', chat's and the
 // Responses API's usage and in /metrics; the tokens are the same as without the cache.

@@ -64,6 +64,7 @@ std::vector<envelope> samples() {
       token_body{18, 5, finish_kind::eos, false, errc::internal, "", std::nullopt, {}, -1, {}, 1500, 0, int64_t{1} << 40},
       cancel_msg{9},
       status_request{},
+      reset_prefix_cache_msg{},
       load_msg{5, true, 3, 4, 100, 4096},
       load_msg{6, true, 1, 0, 10, 64, 1ull << 40, 12345},
       load_msg{7, true, 2, 9, 60, 64, 0, 0, 31},  // a replica short of blocks: its preemptions

@@ -128,6 +128,7 @@ struct writer {
   }
   void operator()(const cancel_msg& m) { b.initCancel().setId(m.id); }
   void operator()(const status_request&) { b.setStatusRequest(); }
+  void operator()(const reset_prefix_cache_msg&) { b.setResetPrefixCache(); }
   void operator()(const load_msg& m) {
     auto l = b.initLoad();
     l.setReplica(m.replica);
@@ -487,6 +488,7 @@ struct reader {
       }
       case Body::CANCEL: out = cancel_msg{b.getCancel().getId()}; break;
       case Body::STATUS_REQUEST: out = status_request{}; break;
+      case Body::RESET_PREFIX_CACHE: out = reset_prefix_cache_msg{}; break;
       case Body::LOAD: {
         auto l = b.getLoad();
         out = load_msg{l.getReplica(), l.getReady(), l.getRunning(), l.getWaiting(), l.getKvUsed(), l.getKvTotal(),
@@ -671,7 +673,7 @@ const char* kind_name(const body& b) {
   static constexpr const char* names[] = {"generate", "token",   "cancel",    "status_request", "load",          "hello",
                                           "challenge", "proof", "welcome", "heartbeat",      "replica_state", "collective_id",
                                           "assign",    "control", "control_reply", "shard_step", "shard_result", "shard_ready", "shard_group",
-                                          "kv_blocks"};
+                                          "kv_blocks", "reset_prefix_cache"};
   static_assert(std::size(names) == std::variant_size_v<body>);
   return names[b.index()];
 }

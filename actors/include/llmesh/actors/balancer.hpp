@@ -71,6 +71,12 @@ class balancer {
   /// dense_blocks blocks it counts in steps of sparse_step blocks (rounded down).
   size_t cached_tokens(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt = 0) const;
 
+  /// Forgets where every prefix and affinity key went (the replicas' prefix caches were emptied).
+  void forget_prefixes() {
+    prefixes_.clear();
+    lru_.clear();
+  }
+
   /// A prompt's prefixes remembered: every whole block's up to dense_blocks, then every
   /// sparse_step-th (a 64 Ki-token prompt takes ~316 of the max_prefixes entries, not 4096).
   static constexpr size_t dense_blocks = 64, sparse_step = 16;

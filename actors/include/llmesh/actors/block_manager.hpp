@@ -77,6 +77,12 @@ class block_manager {
   /// Returns all of b's blocks (cached ones stay in the cache, evictable) and empties it.
   void release(block_list& b);
 
+  /// Empties the prefix cache (vLLM's reset_prefix_cache, SGLang's flush_cache): evictable
+  /// blocks become free; blocks that sequences hold stay theirs but are no longer found by a
+  /// lookup (and are freed, not cached, when released). Blocks their sequences fill later are
+  /// cached as usual. Returns how many blocks left the cache.
+  size_t reset_prefix_cache();
+
   /// Checks the bookkeeping (every block free, evictable or referenced exactly once in its
   /// state; the cache maps agree). For tests; returns a message naming the first problem.
   [[nodiscard]] status check_invariants() const;

@@ -50,6 +50,13 @@ class mesh_client {
     (void)name;
     return make_error(errc::unsupported, no_runtime_lora);
   }
+  /// vLLM's reset_prefix_cache, SGLang's flush_cache: every replica (and its router's memory of
+  /// where prefixes went) lets go of its cached prefixes; requests running keep their blocks.
+  /// Returns how many replicas were told (each empties its cache between two steps, before any
+  /// request this client submits afterwards). By default unsupported.
+  [[nodiscard]] virtual result<size_t> reset_prefix_cache() {
+    return make_error(errc::unsupported, "this mesh cannot reset its replicas' prefix caches");
+  }
   /// Why a mesh without a way to its replicas refuses runtime LoRA updates.
   static constexpr const char* no_runtime_lora =
       "this mesh takes no runtime LoRA updates: its replicas serve the adapters they started with";
@@ -90,6 +97,7 @@ class local_mesh final : public mesh_client {
   bool runtime_lora() const override { return true; }
   [[nodiscard]] status load_lora(std::string_view model, const model::lora_source& src) override;
   [[nodiscard]] status unload_lora(std::string_view model, std::string_view name) override;
+  [[nodiscard]] result<size_t> reset_prefix_cache() override;
 
   /// Replicas, decode ones first (indices below mesh_options::replicas), then prefill ones.
   size_t replica_count() const;

@@ -27,6 +27,7 @@ using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using shards_atom = caf::atom_constant<caf::atom("shards")>;
 using prefill_atom = caf::atom_constant<caf::atom("prefill")>;
 using kvimport_atom = caf::atom_constant<caf::atom("kvimport")>;
+using reset_atom = caf::atom_constant<caf::atom("reset")>;
 
 /// A prefill replica's answer to `(prefill_atom, ...)`: the prompt's whole blocks of KV, or why
 /// there are none (the requester then lets its decode replica compute the prompt).
@@ -79,7 +80,9 @@ struct replica_state {
 /// of its prompt, salt, adapter and priority; `(cancel_atom, id)` drops it) and answers reply_to
 /// a prefill_reply with its whole blocks (replica_core::export_prefix); `(kvimport_atom,
 /// kv_prefix)` takes such blocks into the prefix cache (replica_core::import_prefix; a refusal
-/// only means the request that follows computes its prompt here). Borrows the engine.
+/// only means the request that follows computes its prompt here). `(reset_atom, caf::actor
+/// reply_to)` empties the prefix cache between steps (replica_core::reset_prefix_cache) and
+/// then sends reply_to its replica_load. Borrows the engine.
 caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::engine* eng, scheduler_config cfg);
 
 /// A replica whose engine holds only some ranks (engine::create_part): those run in shard

@@ -142,6 +142,10 @@ class replica_core {
   /// adapter, or more blocks than are free.
   [[nodiscard]] result<size_t> import_prefix(const kv_prefix& p);
 
+  /// Empties the prefix cache (block_manager::reset_prefix_cache; requests keep their blocks).
+  /// Between steps. Returns the blocks that left it.
+  size_t reset_prefix_cache() { return blocks_.reset_prefix_cache(); }
+
   bool idle() const { return sched_.waiting() + sched_.running() == 0; }
   size_t waiting() const { return sched_.waiting(); }
   size_t running() const { return sched_.running(); }

@@ -57,6 +57,8 @@ class route_table {
   /// the policy's pick, else the least busy; overloaded when every one has that many.
   [[nodiscard]] result<uint64_t> pick_prefill(std::string_view model, std::span<const int32_t> prompt, uint64_t salt = 0,
                                               uint64_t key = 0, size_t max_queue = 0);
+  /// Every balancer forgets where prefixes went (balancer::forget_prefixes).
+  void forget_prefixes();
   /// Whether `model` has prefill replicas, ready or not.
   bool has_prefill(std::string_view model) const;
   /// One request routed to `replica` ended.

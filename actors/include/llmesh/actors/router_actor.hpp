@@ -75,7 +75,9 @@ struct router_state {
 /// `(done_atom, uint64_t replica_id)` uncounts it. A replica that stops is forgotten (its down message, or
 /// `(dead_atom, uint64_t replica_id)` from a requester that saw it die first: that requester's
 /// next route request must not get the dead replica back). `(drain_atom, uint64_t replica_id)`:
-/// the replica is draining; it gets no new requests from here on.
+/// the replica is draining; it gets no new requests from here on. `(reset_atom)` → size_t: every
+/// replica it knows (prefill ones too) is told to empty its prefix cache (reset_atom, replying
+/// its load here) and the router forgets where prefixes went; replies how many were told.
 caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_options opt);
 
 }  // namespace llmesh::actors

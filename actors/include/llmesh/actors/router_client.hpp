@@ -44,6 +44,8 @@ class router_client final : public mesh_client {
   bool runtime_lora() const override { return static_cast<bool>(lora_agent_); }
   [[nodiscard]] status load_lora(std::string_view model, const model::lora_source& src) override;
   [[nodiscard]] status unload_lora(std::string_view model, std::string_view name) override;
+  /// Through the router (router_actor's reset_atom): the replicas it knows, here and elsewhere.
+  [[nodiscard]] result<size_t> reset_prefix_cache() override;
 
  private:
   status lora_update(bool load, std::string_view model, std::string_view name, std::string_view path);

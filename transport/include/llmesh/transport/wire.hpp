@@ -104,6 +104,10 @@ struct cancel_msg {
 struct status_request {
   bool operator==(const status_request&) const = default;
 };
+/// vLLM's reset_prefix_cache for one replica: it empties its prefix cache, then answers a load_msg.
+struct reset_prefix_cache_msg {
+  bool operator==(const reset_prefix_cache_msg&) const = default;
+};
 struct load_msg {
   uint64_t replica = 0;
   bool ready = false;
@@ -309,7 +313,7 @@ struct control_reply_msg {
 using body = std::variant<generate_msg, token_body, cancel_msg, status_request, load_msg, hello_msg, challenge_msg,
                           proof_msg, welcome_msg, heartbeat_msg, replica_state_msg, collective_id_msg, assign_msg,
                           control_msg, control_reply_msg, shard_step_msg, shard_result_msg, shard_ready_msg,
-                          shard_group_msg, kv_blocks_msg>;
+                          shard_group_msg, kv_blocks_msg, reset_prefix_cache_msg>;
 
 struct envelope {
   actor_address source, destination;
