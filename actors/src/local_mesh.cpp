@@ -39,7 +39,8 @@ result<std::unique_ptr<local_mesh>> local_mesh::create(std::shared_ptr<const mod
     auto e = model::engine::create(m, opt.engine);
     if (!e) return e.take_error();
     if (opt.prefill_replicas > 0 && std::string_view((*e)->backend_name()) != "cpu") {
-      return make_error(errc::unsupported, "prefill replicas move KV blocks on the CPU backend only (this replica runs on " +
+      return make_error(errc::unsupported, "prefill replicas run on the CPU backend only for now: moving KV blocks on a GPU "
+                                           "is not yet verified on one (this replica runs on " +
                                                std::string((*e)->backend_name()) + ")");
     }
     p->engines.push_back(std::move(*e));

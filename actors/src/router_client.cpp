@@ -108,7 +108,9 @@ result<size_t> router_client::reset_prefix_cache() {
     self->request(router_, std::chrono::seconds(10), reset_atom::value)
         .receive([&](uint64_t told) { out = static_cast<size_t>(told); },
                  [&](caf::error& e) {
-                   out = make_error(errc::replica_unavailable, "the router did not answer the prefix cache reset: " + sys_.render(e));
+                   out = e == caf::sec::request_timeout
+                             ? make_error(errc::deadline_exceeded, "the router did not answer the prefix cache reset in time")
+                             : make_error(errc::replica_unavailable, "the router did not answer the prefix cache reset: " + sys_.render(e));
                  });
   }
   if (foreign_thread) caf::logger::set_current_actor_system(nullptr);

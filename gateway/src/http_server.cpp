@@ -78,6 +78,12 @@ struct http_server::impl {
 
 namespace {
 
+/// A GET that waits for the mesh (SGLang's GET /flush_cache: every replica told, the router's
+/// answer awaited) runs on the worker pool as POSTs do, never on the one Asio thread.
+bool waits_on_the_mesh(std::string_view target) {
+  return target.substr(0, target.find('?')).ends_with("/flush_cache");
+}
+
 std::string_view sv(beast::string_view s) { return {s.data(), s.size()}; }
 
 /// The TCP layer under a connection's stream (itself for plain HTTP): timeouts and the socket.
@@ -455,7 +461,7 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
       api_outcome outcome;
       if (!s->api) {
         outcome = metrics_endpoint(s->metrics, sv(req.method_string()), sv(req.target()));
-      } else if (req.method() == http::verb::post) {
+      } else if (req.method() == http::verb::post || waits_on_the_mesh(sv(req.target()))) {
         ++s->handling;
         struct done_guard {
           size_t& n;

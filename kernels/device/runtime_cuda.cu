@@ -113,6 +113,11 @@ status copy_to_device_2d(void* dst, size_t dst_pitch, const void* src, size_t sr
   return check(cudaMemcpy2D(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyHostToDevice), "cudaMemcpy2D");
 }
 
+status copy_to_host_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height) {
+  if (width == 0 || height == 0) return ok_status();
+  return check(cudaMemcpy2D(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToHost), "cudaMemcpy2D(D2H)");
+}
+
 status fill_bytes(void* dst, int value, size_t bytes, stream_t s) {
   if (bytes == 0) return ok_status();
   return check(cudaMemsetAsync(dst, value, bytes, s), "cudaMemsetAsync");

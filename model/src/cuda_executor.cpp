@@ -71,6 +71,23 @@ class cuda_executor final : public step_executor {
     return stream_.synchronize();
   }
 
+  // KV transfer (disaggregated prefill; model/src/kv_transfer.cpp has the layout): this rank's
+  // heads of a block's positions are one run of block_size rows in each layer's cache, and
+  // strided rows (every KV head of the model per position) in `data`: one 2-D copy each.
+  status kv_copy_out(std::span<const int32_t> blocks, std::span<std::byte> data) const override {
+    LLMESH_TRY(stream_.synchronize());  // the steps that wrote them
+    return kv_rows(blocks, [&](std::byte* theirs, std::byte* mine, size_t full, size_t row) {
+      return cuda::copy_to_host_2d(theirs, full, mine, row, row, kv_.block_size);
+    }, data.data());
+  }
+
+  status kv_copy_in(std::span<const int32_t> blocks, std::span<const std::byte> data) override {
+    LLMESH_TRY(stream_.synchronize());  // no step still reads them
+    return kv_rows(blocks, [&](std::byte* theirs, std::byte* mine, size_t full, size_t row) {
+      return cuda::copy_to_device_2d(mine, row, theirs, full, row, kv_.block_size);
+    }, const_cast<std::byte*>(data.data()));
+  }
+
   status forward(std::span<const step_sequence> batch, std::vector<float>& logits) override {
     step_plan p;
     LLMESH_TRY(run(batch, p));
@@ -575,6 +592,25 @@ class cuda_executor final : public step_executor {
       for (size_t row = 0; row < W; ++row) {
         LLMESH_TRY(cuda::copy_on_device(gathered_.as<float>() + row * cfg_.vocab + peer.vocab0,
                                         raw + (rk * W + row) * nv_max_, peer.n_vocab * sizeof(float), s));
+      }
+    }
+    return ok_status();
+  }
+
+  /// Calls copy(data's rows, the cache's rows, data's row pitch, this rank's row bytes) for each
+  /// block, layer, and keys then values (float32 caches only).
+  template <class Copy>
+  status kv_rows(std::span<const int32_t> blocks, Copy copy, std::byte* data) const {
+    const size_t es = sizeof(float), hd = cfg_.head_dim, bs = kv_.block_size;
+    const size_t row = layout_.n_kv_heads * hd * es, full = cfg_.n_kv_heads * hd * es;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const size_t block = static_cast<size_t>(blocks[i]);
+      for (size_t layer = 0; layer < cfg_.n_layers; ++layer) {
+        for (size_t kind = 0; kind < 2; ++kind) {
+          auto* mine = (kind == 0 ? k_cache_ : v_cache_)[layer].as<std::byte>() + block * bs * row;
+          auto* theirs = data + (((i * cfg_.n_layers + layer) * 2 + kind) * bs * cfg_.n_kv_heads + layout_.kv_head0) * hd * es;
+          LLMESH_TRY(copy(theirs, mine, full, row));
+        }
       }
     }
     return ok_status();

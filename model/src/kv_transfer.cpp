@@ -16,11 +16,11 @@ size_t element_bytes(kernels::dtype t) { return t == kernels::dtype::bf16 ? 2 : 
 }  // namespace
 
 status step_executor::kv_copy_out(std::span<const int32_t>, std::span<std::byte>) const {
-  return make_error(errc::unsupported, "KV transfer runs on the CPU backend only");
+  return make_error(errc::unsupported, "this backend cannot copy KV blocks out");
 }
 
 status step_executor::kv_copy_in(std::span<const int32_t>, std::span<const std::byte>) {
-  return make_error(errc::unsupported, "KV transfer runs on the CPU backend only");
+  return make_error(errc::unsupported, "this backend cannot copy KV blocks in");
 }
 
 namespace {
@@ -88,7 +88,6 @@ status check_blocks(std::span<const int32_t> blocks, size_t n_blocks) {
 
 result<std::vector<std::byte>> engine::export_kv(std::span<const int32_t> blocks) const {
   LLMESH_TRY(all_local("KV export"));
-  if (on_cuda_) return make_error(errc::unsupported, "KV transfer runs on the CPU backend only");
   LLMESH_TRY(check_blocks(blocks, kv_.n_blocks));
   std::vector<std::byte> data(blocks.size() * kv_block_bytes());
   for (const auto& shard : shards_) LLMESH_TRY(shard->kv_copy_out(blocks, data));
@@ -97,7 +96,6 @@ result<std::vector<std::byte>> engine::export_kv(std::span<const int32_t> blocks
 
 status engine::import_kv(std::span<const int32_t> blocks, std::span<const std::byte> data) {
   LLMESH_TRY(all_local("KV import"));
-  if (on_cuda_) return make_error(errc::unsupported, "KV transfer runs on the CPU backend only");
   LLMESH_TRY(check_blocks(blocks, kv_.n_blocks));
   if (data.size() != blocks.size() * kv_block_bytes()) {
     return make_error(errc::invalid_request, "KV import: " + std::to_string(data.size()) + " bytes for " +

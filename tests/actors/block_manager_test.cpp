@@ -81,6 +81,21 @@ TEST(BlockManager, AResetEmptiesThePrefixCacheAndLeavesRunningSequencesTheirBloc
   EXPECT_EQ(m.reset_prefix_cache(), 3u + 2u);
   EXPECT_EQ(m.free_blocks(), 16u);
   EXPECT_EQ(m.unused_blocks(), 16u);
+  EXPECT_TRUE(m.check_invariants().ok()) << m.check_invariants().err().message;
+  // A block two sequences share through the cache: after a reset both keep it; it is freed
+  // when the second lets go, and evictions afterwards find nothing stale.
+  EXPECT_EQ(serve(m, first), 0u);
+  block_list x, y;
+  ASSERT_EQ(m.match_prefix(first, x), 48u);
+  ASSERT_EQ(m.match_prefix(first, y), 48u);
+  EXPECT_EQ(x.ids, y.ids);
+  EXPECT_EQ(m.reset_prefix_cache(), 3u);
+  m.release(x);
+  EXPECT_EQ(m.unused_blocks(), 13u);  // still y's
+  m.release(y);
+  EXPECT_EQ(m.unused_blocks(), 16u);
+  for (int32_t round = 0; round < 6; ++round) serve(m, seq_tokens(100, 2000 + 200 * round));  // evicts as it goes
+  EXPECT_TRUE(m.check_invariants().ok()) << m.check_invariants().err().message;
 }
 
 TEST(BlockManager, ReusesFullPrefixBlocksButNeverTheLastTokensBlock) {

@@ -491,6 +491,77 @@ TEST(CudaEngine, HiddenRowsEqualTheCpusAndDoNotDependOnChunks) {
   EXPECT_LT(diff / scale, 1e-4);
 }
 
+/// KV transfer (disaggregated prefill) on the device: a prompt's whole blocks copied out of a
+/// CUDA engine hold the CPU engine's values in the same layout (within 1e-4); copied into
+/// another CUDA engine's blocks they come back out bit for bit, and the rest of the prompt
+/// computed there on them gives the bits of the prompt computed whole (chunk invariance) — and,
+/// on the CPU's blocks, logits within 1e-4 of them.
+TEST(CudaEngine, KvBlocksMoveBetweenEnginesInOneLayout) {
+  LLMESH_REQUIRE_GPU();
+  for (size_t shape : {size_t{0}, size_t{3}}) {  // GQA; MQA with head_dim 48
+    loaded_model m(golden_shapes()[shape].spec);
+    const auto& cfg = m.get()->config();
+    const auto prompt = prompt_of(40, cfg.vocab, 95);
+    auto cpu = make_engine(m.get(), model::backend::cpu), gpu = make_engine(m.get(), model::backend::cuda);
+    ASSERT_TRUE(cpu && gpu);
+    const size_t bs = gpu->kv_block_size();
+    ASSERT_EQ(cpu->kv_block_size(), bs);
+    auto run = [](model::engine& e, std::span<const int32_t> tokens, size_t pos0, std::span<const int32_t> table) {
+      model::step_sequence s;
+      s.tokens = tokens;
+      s.pos0 = pos0;
+      s.block_table = table;
+      std::vector<float> logits;
+      auto st = e.forward(std::span(&s, 1), logits);
+      EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.err().message);
+      return logits;
+    };
+    std::vector<int32_t> table(8), moved(8);
+    for (size_t i = 0; i < table.size(); ++i) {
+      table[i] = static_cast<int32_t>(i);
+      moved[i] = static_cast<int32_t>(20 + i);
+    }
+    const auto whole = run(*gpu, prompt, 0, table);
+    (void)run(*cpu, prompt, 0, table);
+    const size_t n = (prompt.size() - 1) / bs;  // the whole blocks a prefill replica moves
+    auto from_gpu = gpu->export_kv(std::span(table).first(n));
+    auto from_cpu = cpu->export_kv(std::span(table).first(n));
+    ASSERT_TRUE(from_gpu.ok()) << from_gpu.err().message;
+    ASSERT_TRUE(from_cpu.ok()) << from_cpu.err().message;
+    ASSERT_EQ(from_gpu->size(), n * gpu->kv_block_bytes());
+    ASSERT_EQ(from_cpu->size(), from_gpu->size());
+    std::vector<float> g(from_gpu->size() / sizeof(float)), c(g.size());
+    std::memcpy(g.data(), from_gpu->data(), from_gpu->size());
+    std::memcpy(c.data(), from_cpu->data(), from_cpu->size());
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      diff = std::max(diff, double(std::abs(g[i] - c[i])));
+      scale = std::max(scale, double(std::abs(c[i])));
+    }
+    EXPECT_GT(scale, 0.0);
+    EXPECT_LT(diff / scale, 1e-4) << "shape " << shape;
+    auto other = make_engine(m.get(), model::backend::cuda);
+    ASSERT_TRUE(other);
+    ASSERT_TRUE(other->import_kv(std::span(moved).first(n), *from_gpu).ok());
+    auto back = other->export_kv(std::span(moved).first(n));
+    ASSERT_TRUE(back.ok()) << back.err().message;
+    EXPECT_TRUE(*back == *from_gpu);
+    const auto rest = run(*other, std::span(prompt).subspan(n * bs), n * bs, moved);
+    EXPECT_TRUE(same_bits(rest, whole)) << "shape " << shape;
+    auto on_cpu_blocks = make_engine(m.get(), model::backend::cuda);
+    ASSERT_TRUE(on_cpu_blocks->import_kv(std::span(moved).first(n), *from_cpu).ok());
+    const auto near = run(*on_cpu_blocks, std::span(prompt).subspan(n * bs), n * bs, moved);
+    ASSERT_EQ(near.size(), whole.size());
+    double d = 0, sc = 0;
+    for (size_t i = 0; i < near.size(); ++i) {
+      d = std::max(d, double(std::abs(near[i] - whole[i])));
+      sc = std::max(sc, double(std::abs(whole[i])));
+    }
+    EXPECT_LT(d / sc, 1e-4) << "shape " << shape;
+    EXPECT_EQ(kernels::argmax(near), kernels::argmax(whole));
+  }
+}
+
 /// Needs two GPUs (NCCL refuses two ranks on one device): --tp 2 over NCCL gives the greedy
 /// tokens of --tp 1 and logits within 1e-4.
 TEST(CudaEngine, TensorParallelOverNcclMatchesOneGpu) {

@@ -69,7 +69,8 @@ TEST(Mesh, LongPromptsArePrefilledOnAnotherNode) {
   EXPECT_EQ(metric_value(m.http_port, "llmesh_kv_transfers_total{outcome=\"moved\"}"), before + 1);
   EXPECT_EQ(metric_value(m.http_port, "llmesh_prefill_local_total{reason=\"cached\"}"), 1.0);
   EXPECT_EQ(complete(m.http_port, short_prompt)["cached"], 16);  // its whole block, cached the first time
-  // vLLM's /reset_prefix_cache crosses the bridge to both replicas; the router forgets too.
+  // vLLM's /reset_prefix_cache crosses the bridge (the decode replica's cache is empty after it)
+  // and the router forgets where prefixes went (the long prompt is prefilled elsewhere again).
   auto reset = http_request(m.http_port, "POST", "/reset_prefix_cache", "");
   ASSERT_EQ(reset.status, 200) << reset.body;
   EXPECT_EQ(nlohmann::json::parse(reset.body)["replicas"], 2) << reset.body;

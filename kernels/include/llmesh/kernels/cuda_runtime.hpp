@@ -69,6 +69,9 @@ class buffer {
 /// Synchronous strided host → device copy of `height` rows of `width` bytes.
 [[nodiscard]] status copy_to_device_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
                                        size_t width, size_t height);
+/// Synchronous strided device → host copy of `height` rows of `width` bytes.
+[[nodiscard]] status copy_to_host_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                                     size_t height);
 /// Sets `bytes` bytes to `value` (asynchronous).
 [[nodiscard]] status fill_bytes(void* dst, int value, size_t bytes, stream_t s);
 
