@@ -113,6 +113,13 @@ status copy_to_device_2d(void* dst, size_t dst_pitch, const void* src, size_t sr
   return check(cudaMemcpy2D(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyHostToDevice), "cudaMemcpy2D");
 }
 
+status copy_to_device_2d_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height,
+                               stream_t s) {
+  if (width == 0 || height == 0) return ok_status();
+  return check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyHostToDevice, s),
+               "cudaMemcpy2DAsync(H2D)");
+}
+
 status copy_to_host_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height) {
   if (width == 0 || height == 0) return ok_status();
   return check(cudaMemcpy2D(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToHost), "cudaMemcpy2D(D2H)");

@@ -75,17 +75,21 @@ class cuda_executor final : public step_executor {
   // heads of a block's positions are one run of block_size rows in each layer's cache, and
   // strided rows (every KV head of the model per position) in `data`: one 2-D copy each.
   status kv_copy_out(std::span<const int32_t> blocks, std::span<std::byte> data) const override {
-    LLMESH_TRY(stream_.synchronize());  // the steps that wrote them
+    LLMESH_TRY(cuda::use_device(opt_.device));  // called from any thread
+    LLMESH_TRY(stream_.synchronize());           // the steps that wrote them
     return kv_rows(blocks, [&](std::byte* theirs, std::byte* mine, size_t full, size_t row) {
-      return cuda::copy_to_host_2d(theirs, full, mine, row, row, kv_.block_size);
+      return cuda::copy_to_host_2d(theirs, full, mine, row, row, kv_.block_size);  // done when it returns
     }, data.data());
   }
 
   status kv_copy_in(std::span<const int32_t> blocks, std::span<const std::byte> data) override {
-    LLMESH_TRY(stream_.synchronize());  // no step still reads them
-    return kv_rows(blocks, [&](std::byte* theirs, std::byte* mine, size_t full, size_t row) {
-      return cuda::copy_to_device_2d(mine, row, theirs, full, row, kv_.block_size);
-    }, const_cast<std::byte*>(data.data()));
+    LLMESH_TRY(cuda::use_device(opt_.device));
+    // On the executor's stream (after the steps before, before the next), then waited for: a
+    // copy from pageable memory may return before its data is on the device.
+    LLMESH_TRY(kv_rows(blocks, [&](std::byte* theirs, std::byte* mine, size_t full, size_t row) {
+      return cuda::copy_to_device_2d_async(mine, row, theirs, full, row, kv_.block_size, stream_.get());
+    }, const_cast<std::byte*>(data.data())));
+    return stream_.synchronize();
   }
 
   status forward(std::span<const step_sequence> batch, std::vector<float>& logits) override {

@@ -357,7 +357,7 @@ TEST(CudaEngine, ChunkedPrefillGivesIdenticalBits) {
 /// of them (deterministic mode: batch- and chunk-invariant), and draws their argmax.
 TEST(CudaEngine, DrawsFromSeveralPositionsAreTheRowsOfStepsEndingThere) {
   LLMESH_REQUIRE_GPU();
-  loaded_model m(golden_shapes()[5].spec);  // the wide one
+  loaded_model m(golden_shapes()[5].spec);  // Qwen3's per-head q/k norms
   const size_t v = m.get()->config().vocab;
   auto prompt = prompt_of(21, v, 81);
   const std::vector<int32_t> table{4, 9};  // block size 16: positions 0..31

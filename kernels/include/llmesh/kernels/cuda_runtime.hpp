@@ -69,6 +69,10 @@ class buffer {
 /// Synchronous strided host → device copy of `height` rows of `width` bytes.
 [[nodiscard]] status copy_to_device_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
                                        size_t width, size_t height);
+/// The same on a stream (a copy from pageable host memory may return before its data reaches
+/// the device: synchronize `s` before the source changes or other streams read `dst`).
+[[nodiscard]] status copy_to_device_2d_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                                             size_t width, size_t height, stream_t s);
 /// Synchronous strided device → host copy of `height` rows of `width` bytes.
 [[nodiscard]] status copy_to_host_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                                      size_t height);
