@@ -79,6 +79,16 @@ status router_client::load_lora(std::string_view model, const model::lora_source
 
 status router_client::unload_lora(std::string_view model, std::string_view name) { return lora_update(false, model, name, ""); }
 
+namespace {
+
+/// A request of the gateway's to the mesh that got no answer: not in time, or not at all.
+error no_answer(caf::actor_system& sys, const caf::error& e, const std::string& what) {
+  if (e == caf::sec::request_timeout) return make_error(errc::deadline_exceeded, "the mesh did not answer " + what + " in time");
+  return make_error(errc::replica_unavailable, "this node cannot reach the mesh (" + what + "): " + sys.render(e));
+}
+
+}  // namespace
+
 status router_client::lora_update(bool load, std::string_view model, std::string_view name, std::string_view path) {
   if (!lora_agent_) return mesh_client::unload_lora(model, name);  // unsupported, with the reason
   const bool foreign_thread = caf::logger::current_logger() == nullptr;  // as in submit()
@@ -90,11 +100,7 @@ status router_client::lora_update(bool load, std::string_view model, std::string
             [&](bool ok, int32_t code, const std::string& text) {
               if (!ok) out = make_error(static_cast<errc>(code), text);
             },
-            [&](caf::error& e) {
-              out = e == caf::sec::request_timeout
-                        ? make_error(errc::deadline_exceeded, "the mesh did not answer the LoRA adapter update in time")
-                        : make_error(errc::replica_unavailable, "this node cannot reach the mesh: " + sys_.render(e));
-            });
+            [&](caf::error& e) { out = no_answer(sys_, e, "the LoRA adapter update"); });
   }
   if (foreign_thread) caf::logger::set_current_actor_system(nullptr);
   return out;
@@ -107,11 +113,7 @@ result<size_t> router_client::reset_prefix_cache() {
     caf::scoped_actor self{sys_};
     self->request(router_, std::chrono::seconds(10), reset_atom::value)
         .receive([&](uint64_t told) { out = static_cast<size_t>(told); },
-                 [&](caf::error& e) {
-                   out = e == caf::sec::request_timeout
-                             ? make_error(errc::deadline_exceeded, "the router did not answer the prefix cache reset in time")
-                             : make_error(errc::replica_unavailable, "the router did not answer the prefix cache reset: " + sys_.render(e));
-                 });
+                 [&](caf::error& e) { out = no_answer(sys_, e, "the prefix cache reset"); });
   }
   if (foreign_thread) caf::logger::set_current_actor_system(nullptr);
   return out;
