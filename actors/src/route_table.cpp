@@ -64,9 +64,15 @@ result<uint64_t> route_table::pick_in(std::map<std::string, std::unique_ptr<bala
   auto picked = it->second->pick(prompt, salt, key);
   if (!picked) return none();
   // The policy's pick (an affinity key's replica, a prefix's) may be over the queue limit while
-  // another is not (pick_prefill made sure one is): the least busy then.
-  if (max_queue > 0 && it->second->load_of(*picked) >= max_queue) picked = it->second->least_loaded();
-  if (!picked) return none();
+  // another is not: the least busy then, unless it is full too.
+  if (max_queue > 0 && it->second->load_of(*picked) >= max_queue) {
+    picked = it->second->least_loaded();  // a ready one exists: the policy picked one
+    if (!picked) return none();
+    if (it->second->load_of(*picked) >= max_queue) {
+      return make_error(errc::overloaded, "every ready " + std::string(what) + " of model '" + std::string(model) + "' has " +
+                                              std::to_string(max_queue) + " or more requests");
+    }
+  }
   if (cached_tokens) *cached_tokens = it->second->cached_tokens(*picked, prompt, salt);  // before this prompt is recorded
   it->second->assigned(*picked, prompt, salt, key);
   return picked;
@@ -79,13 +85,6 @@ result<uint64_t> route_table::pick(std::string_view model, std::span<const int32
 
 result<uint64_t> route_table::pick_prefill(std::string_view model, std::span<const int32_t> prompt, uint64_t salt, uint64_t key,
                                            size_t max_queue) {
-  if (auto it = prefill_.find(model); max_queue > 0 && it != prefill_.end()) {
-    auto least = it->second->least_loaded();
-    if (least && it->second->load_of(*least) >= max_queue) {
-      return make_error(errc::overloaded, "every ready prefill replica of model '" + std::string(model) + "' has " +
-                                              std::to_string(max_queue) + " or more requests");
-    }
-  }
   return pick_in(prefill_, model, prompt, salt, key, "prefill replica", nullptr, max_queue);
 }
 
