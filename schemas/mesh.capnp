@@ -42,6 +42,8 @@ struct Envelope {
     shardGroup @22 :ShardGroup;
     kvBlocks @23 :KvBlocks;
     resetPrefixCache @24 :Void;  # a replica empties its prefix cache, then answers its load
+    kvEventsRequest @25 :UInt64; # a router asks a replica for its KV events after this cursor
+    kvEvents @26 :KvEvents;      # the replica's answer
   }
 }
 
@@ -162,6 +164,19 @@ struct ReplicaLoad {
   preemptions @8 :UInt64;   # running requests sent back to wait for KV blocks since the replica started
   kvImported @9 :UInt64;    # disaggregated prefill: KV blocks taken in from prefill replicas since it started
   kvRefused @10 :UInt64;    # and imports it refused (another block shape, a full cache, ...)
+}
+
+# What a replica's prefix cache gained (stored) and lost (removed) after a router's cursor, as
+# chained block hashes (the router's prefix-aware policy hashes prompts the same way), netted:
+# a hash is in one list at most. full: the cursor was too old (or the cache was reset since),
+# stored is the whole cache. seq: the cursor for the next request. A list holds at most the
+# decoder's list limit (4 Mi hashes).
+struct KvEvents {
+  full @0 :Bool;
+  seq @1 :UInt64;
+  stored @2 :List(UInt64);
+  removed @3 :List(UInt64);
+  blockSize @4 :UInt32;     # tokens per block of these hashes
 }
 
 # Disaggregated prefill: a prompt's leading whole blocks of KV, from a prefill replica to the

@@ -11,23 +11,22 @@
 namespace llmesh::actors {
 namespace {
 
-/// A remembered prefix: its whole blocks' chained hash and how many blocks it spans.
-struct prefix_hash {
-  uint64_t hash;
-  size_t blocks;
-};
-
-/// The prompt's whole leading blocks hashed as the replicas' prefix caches hash them, from its
-/// cache_salt; kept: every block's up to balancer::dense_blocks, then every sparse_step-th.
-std::vector<prefix_hash> block_hashes(std::span<const int32_t> prompt, size_t bs, uint64_t salt) {
-  std::vector<prefix_hash> out;
+/// The prompt's whole blocks' chained hashes, as the replicas' prefix caches hash them, from
+/// its cache_salt: element i stands for the prefix of blocks 0..i.
+std::vector<uint64_t> block_hashes(std::span<const int32_t> prompt, size_t bs, uint64_t salt) {
+  std::vector<uint64_t> out;
+  out.reserve(prompt.size() / bs);
   uint64_t h = salt;
   for (size_t b = 0; (b + 1) * bs <= prompt.size(); ++b) {
     h = detail::chain_block_hash(h, prompt.subspan(b * bs, bs));
-    if (b < balancer::dense_blocks || (b + 1) % balancer::sparse_step == 0) out.push_back({h, b + 1});
+    out.push_back(h);
   }
   return out;
 }
+
+/// Whether block i's prefix is remembered as a prediction: every block's up to
+/// balancer::dense_blocks, then every sparse_step-th.
+bool remembered(size_t i) { return i < balancer::dense_blocks || (i + 1) % balancer::sparse_step == 0; }
 
 }  // namespace
 
@@ -56,16 +55,68 @@ size_t balancer::load_of(uint64_t replica) const {
   return it == replicas_.end() ? 0 : load(it->second);
 }
 
-size_t balancer::cached_tokens(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt) const {
-  if (policy_ != balance_policy::prefix_aware && !track_prefixes_) return 0;
-  const auto hashes = block_hashes(prompt, block_size_, salt);
-  // Chained hashes: block i's stands for the whole prefix up to it. The longest one last sent
-  // to this replica (an earlier block may since have gone elsewhere with another prompt).
-  for (size_t i = hashes.size(); i-- > 0;) {
-    auto it = prefixes_.find(hashes[i].hash);
-    if (it != prefixes_.end() && it->second.first == replica) return hashes[i].blocks * block_size_;
+size_t balancer::cached_blocks(uint64_t replica, const entry& e, std::span<const uint64_t> hashes) const {
+  // Reported: the leading run of blocks the replica said it caches.
+  size_t n = 0;
+  while (n < hashes.size() && e.kv.contains(hashes[n])) ++n;
+  // Predicted: chained hashes, block i's stands for the whole prefix up to it. The longest one
+  // last sent to this replica (an earlier block may since have gone elsewhere with another prompt).
+  for (size_t i = hashes.size(); i-- > n;) {
+    if (!remembered(i)) continue;
+    auto it = prefixes_.find(hashes[i]);
+    if (it != prefixes_.end() && it->second.replica == replica) return i + 1;
   }
-  return 0;
+  return n;
+}
+
+size_t balancer::cached_tokens(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt) const {
+  if (!tracking()) return 0;
+  auto it = replicas_.find(replica);
+  if (it == replicas_.end()) return 0;
+  // Never the block of the prompt's last token: a replica computes that one whatever it caches.
+  const auto hashes = block_hashes(prompt.empty() ? prompt : prompt.first(prompt.size() - 1), block_size_, salt);
+  return cached_blocks(replica, it->second, hashes) * block_size_;
+}
+
+void balancer::unpredict(uint64_t h, uint64_t replica) {
+  auto p = prefixes_.find(h);
+  if (p == prefixes_.end() || p->second.replica != replica) return;
+  lru_.erase(p->second.pos);
+  prefixes_.erase(p);
+}
+
+void balancer::apply(const kv_events& e) {
+  auto it = replicas_.find(e.replica);
+  if (it == replicas_.end() || !tracking() || e.block_size != block_size_) return;
+  auto& kv = it->second.kv;
+  if (e.full) {
+    // Predictions of this replica that it does not confirm are dropped (its cache was reset,
+    // or this balancer fell behind and cannot tell what it evicted meanwhile): a scan of the
+    // predictions, as rare as whole-cache reports.
+    std::unordered_set<uint64_t> now(e.stored.begin(), e.stored.end());
+    for (auto p = lru_.begin(); p != lru_.end();) {
+      auto entry = prefixes_.find(*p);
+      if (entry->second.replica == e.replica && !entry->second.key && !now.contains(*p)) {
+        prefixes_.erase(entry);
+        p = lru_.erase(p);
+      } else {
+        ++p;
+      }
+    }
+    kv = std::move(now);
+    return;
+  }
+  for (uint64_t h : e.removed) {
+    kv.erase(h);
+    unpredict(h, e.replica);
+  }
+  kv.insert(e.stored.begin(), e.stored.end());
+}
+
+void balancer::forget_prefixes() {
+  prefixes_.clear();
+  lru_.clear();
+  for (auto& [id, e] : replicas_) e.kv.clear();
 }
 
 result<uint64_t> balancer::least_loaded() const {
@@ -97,7 +148,7 @@ uint64_t key_hash(uint64_t key) {
 std::optional<uint64_t> balancer::affine(uint64_t h, size_t floor) const {
   auto it = prefixes_.find(h);
   if (it == prefixes_.end()) return std::nullopt;
-  auto r = replicas_.find(it->second.first);
+  auto r = replicas_.find(it->second.replica);
   // Cache affinity is worth a little imbalance, not a queue: at most 2x + 2 the least load.
   if (r != replicas_.end() && r->second.report.ready && load(r->second) <= 2 * floor + 2) return r->first;
   return std::nullopt;
@@ -137,25 +188,33 @@ result<uint64_t> balancer::pick(std::span<const int32_t> prompt, uint64_t salt, 
       if (!least) return least;
       const size_t floor = load(replicas_.at(*least));
       const auto hashes = block_hashes(prompt, block_size_, salt);
-      for (size_t i = hashes.size(); i-- > 0;) {  // the longest remembered prefix first
-        if (!prefixes_.count(hashes[i].hash)) continue;
-        if (auto r = affine(hashes[i].hash, floor)) return *r;
-        break;
+      // The replica that caches the most of the prompt, among those within 2x + 2 of the least
+      // load (cache affinity is worth a little imbalance, not a queue); the less loaded, then
+      // the lower id, among equals; the least loaded when none caches any of it.
+      uint64_t best = *least;
+      size_t best_blocks = 0;
+      for (const auto& [id, e] : replicas_) {
+        if (!e.report.ready || load(e) > 2 * floor + 2) continue;
+        const size_t n = cached_blocks(id, e, hashes);
+        if (n > best_blocks || (n == best_blocks && n > 0 && load(e) < load(replicas_.at(best)))) {
+          best = id;
+          best_blocks = n;
+        }
       }
-      return least;
+      return best;
     }
   }
   return make_error(errc::internal, "balancer: unknown policy");
 }
 
-void balancer::remember(uint64_t h, uint64_t replica) {
+void balancer::remember(uint64_t h, uint64_t replica, bool key) {
   auto p = prefixes_.find(h);
   if (p != prefixes_.end()) {
-    lru_.erase(p->second.second);
+    lru_.erase(p->second.pos);
     prefixes_.erase(p);
   }
   lru_.push_back(h);
-  prefixes_[h] = {replica, std::prev(lru_.end())};
+  prefixes_[h] = {replica, std::prev(lru_.end()), key};
   if (prefixes_.size() > max_prefixes_) {
     prefixes_.erase(lru_.front());
     lru_.pop_front();
@@ -166,11 +225,14 @@ void balancer::assigned(uint64_t replica, std::span<const int32_t> prompt, uint6
   auto it = replicas_.find(replica);
   if (it == replicas_.end()) return;
   ++it->second.extra;
-  if (policy_ == balance_policy::prefix_aware || track_prefixes_) {
-    for (const auto& p : block_hashes(prompt, block_size_, salt)) remember(p.hash, replica);
+  if (tracking()) {
+    const auto hashes = block_hashes(prompt, block_size_, salt);
+    for (size_t i = 0; i < hashes.size(); ++i) {
+      if (remembered(i)) remember(hashes[i], replica);
+    }
   }
   // After the blocks: the key is its request's newest entry, the last of them to age out.
-  if (key != 0 && policy_ != balance_policy::round_robin) remember(key_hash(key), replica);
+  if (key != 0 && policy_ != balance_policy::round_robin) remember(key_hash(key), replica, true);
 }
 
 void balancer::finished(uint64_t replica) {

@@ -18,7 +18,8 @@ block_manager::block_manager(size_t n_blocks, size_t block_size, bool prefix_cac
       hash_(n_blocks, 0),
       parent_(n_blocks, 0),
       content_(n_blocks),
-      cached_(n_blocks, false) {
+      cached_(n_blocks, false),
+      log_capacity_(std::max<size_t>(4096, 2 * n_blocks)) {
   free_.reserve(n_blocks);
   for (size_t b = n_blocks; b-- > 0;) free_.push_back(static_cast<int32_t>(b));  // block 0 first
 }
@@ -46,6 +47,7 @@ int32_t block_manager::allocate_one() {
     lru_.pop_front();
     in_lru_[id] = false;
     by_hash_.erase(hash_[id]);
+    log_event(hash_[id], false);
     cached_[id] = false;
     content_[id].clear();
   }
@@ -106,6 +108,7 @@ void block_manager::commit(block_list& b, std::span<const int32_t> tokens) {
       hash_[id] = h;
       parent_[id] = b.last_hash;
       content_[id].assign(block_tokens.begin(), block_tokens.end());
+      log_event(h, true);
     }
     b.last_hash = h;
     ++b.n_hashed;
@@ -139,11 +142,45 @@ size_t block_manager::reset_prefix_cache() {
   }
   by_hash_.clear();
   lru_.clear();
+  // Every cursor before the reset now gets the whole (empty) cache.
+  log_first_ = event_seq() + 1;
+  log_.clear();
   return n;
 }
 
+void block_manager::log_event(uint64_t h, bool stored) {
+  log_.emplace_back(h, stored);
+  if (log_.size() > log_capacity_) {
+    log_.pop_front();
+    ++log_first_;
+  }
+}
+
+kv_events block_manager::events_since(uint64_t since) const {
+  kv_events out;
+  out.seq = event_seq();
+  out.block_size = block_size_;
+  if (!prefix_caching_) return out;
+  if (since < log_first_ || since > out.seq) {
+    out.full = true;
+    out.stored.reserve(by_hash_.size());
+    for (const auto& [h, id] : by_hash_) out.stored.push_back(h);
+    std::sort(out.stored.begin(), out.stored.end());
+    return out;
+  }
+  // Netted: a hash's last event decides which list it is in.
+  std::unordered_map<uint64_t, bool> last;
+  for (auto it = log_.begin() + static_cast<std::ptrdiff_t>(since - log_first_); it != log_.end(); ++it) last[it->first] = it->second;
+  for (const auto& [h, stored] : last) (stored ? out.stored : out.removed).push_back(h);
+  std::sort(out.stored.begin(), out.stored.end());
+  std::sort(out.removed.begin(), out.removed.end());
+  return out;
+}
+
 void block_manager::release(block_list& b) {
-  for (int32_t id : b.ids) {
+  // Last block first: the LRU list's front is evicted first, so the tail goes before the head.
+  for (auto it = b.ids.rbegin(); it != b.ids.rend(); ++it) {
+    const int32_t id = *it;
     if (--ref_[id] > 0) continue;
     if (cached_[id]) {
       lru_pos_[id] = lru_.insert(lru_.end(), id);

@@ -35,6 +35,12 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, caf::actor bri
       [=](deliver_atom, caf::actor dest, const prefill_reply& r) { self->send(dest, r); },
       [=](status_atom, caf::actor reply_to) { out(transport::status_request{}, reply_to); },
       [=](reset_atom, caf::actor reply_to) { out(transport::reset_prefix_cache_msg{}, reply_to); },
+      [=](kv_events_atom, caf::actor reply_to, uint64_t since) { out(transport::kv_events_request{since}, reply_to); },
+      [=](const kv_events& e) { out(to_wire(e), caf::actor_cast<caf::actor>(self->current_sender())); },
+      [=](deliver_atom, caf::actor dest, kv_events e) {
+        e.replica = self->id();  // the router knows the replica by its proxy
+        self->send(dest, std::move(e));
+      },
       [=](const token_msg& t) { out(to_wire(t), caf::actor_cast<caf::actor>(self->current_sender())); },
       [=](const replica_load& l) { out(to_wire(l), caf::actor_cast<caf::actor>(self->current_sender())); },
       // A replica's step for a shard in another process (told, not asked: replica_actor.cpp).
@@ -151,6 +157,10 @@ void deliver(bridge* self, transport::peer_id peer, const std::shared_ptr<transp
           self->send(dest, status_atom::value, from);
         } else if constexpr (std::is_same_v<T, transport::reset_prefix_cache_msg>) {
           self->send(dest, reset_atom::value, from);
+        } else if constexpr (std::is_same_v<T, transport::kv_events_request>) {
+          self->send(dest, kv_events_atom::value, from, m.since);
+        } else if constexpr (std::is_same_v<T, transport::kv_events_msg>) {
+          self->send(from, deliver_atom::value, dest, from_wire(m));
         } else if constexpr (std::is_same_v<T, transport::token_body>) {
           self->send(from, deliver_atom::value, dest, from_wire(m));
         } else if constexpr (std::is_same_v<T, transport::load_msg>) {

@@ -230,6 +230,11 @@ caf::behavior split_replica_actor(replica* self, model::engine* eng, scheduler_c
       },
       [=](cancel_atom, uint64_t id) { between_steps(self, [=] { cancel(self, id); }); },
       [=](status_atom, caf::actor reply_to) { self->send(reply_to, load_of(self)); },
+      [=](kv_events_atom, caf::actor reply_to, uint64_t since) {
+        auto e = self->state.core->blocks().events_since(since);
+        e.replica = self->id();
+        self->send(reply_to, std::move(e));
+      },
       [=](reset_atom, caf::actor reply_to) {
         between_steps(self, [=] {
           self->state.core->reset_prefix_cache();

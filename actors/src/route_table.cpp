@@ -52,6 +52,16 @@ bool route_table::update(const replica_load& load) {
   return true;
 }
 
+void route_table::apply(const kv_events& e) {
+  auto it = model_of_.find(e.replica);
+  if (it != model_of_.end()) of(it->second, role_of_.at(e.replica)).apply(e);
+}
+
+bool route_table::tracks(uint64_t replica) {
+  auto it = model_of_.find(replica);
+  return it != model_of_.end() && of(it->second, role_of_.at(replica)).tracking();
+}
+
 result<uint64_t> route_table::pick_in(std::map<std::string, std::unique_ptr<balancer>, std::less<>>& pool, std::string_view model,
                                       std::span<const int32_t> prompt, uint64_t salt, uint64_t key, const char* what,
                                       size_t* cached_tokens, size_t max_queue) {

@@ -41,6 +41,7 @@ void forget(router* self, uint64_t id) {
   auto& st = self->state;
   if (st.replicas.erase(id) == 0) return;
   st.routes->remove(id);
+  st.kv.erase(id);
   const auto& was = st.loads[id];  // its counters stay where they were
   st.loads[id] = replica_load{id, false, 0, 0, 0, was.kv_total, was.drafted, was.accepted, was.preemptions, was.kv_imported,
                               was.kv_refused};
@@ -57,6 +58,7 @@ void add(router* self, const caf::actor& replica, const std::string& name, const
   const uint64_t id = replica.id();
   st.replicas[id] = replica;
   st.loads[id] = replica_load{id, true, 0, 0, 0, 0};
+  st.kv.erase(id);  // its balancer entry starts empty: so does its cursor
   st.routes->add(id, model, role);
   if (role == replica_role::prefill && max_local_prefill > 0) st.opt.max_local_prefill_by_model[model] = max_local_prefill;
   if (role == replica_role::prefill && max_prefill_queue > 0) st.opt.max_prefill_queue_by_model[model] = max_prefill_queue;
@@ -122,6 +124,7 @@ caf::behavior router_actor(router* self, router_options opt) {
       [=](reset_atom) -> uint64_t {
         auto& st = self->state;
         st.routes->forget_prefixes();
+        for (auto& [id, p] : st.kv) p.seq = 0;  // whatever was known is gone: learn it all again
         for (const auto& [id, r] : st.replicas) self->send(r, reset_atom::value, caf::actor{self});
         return st.replicas.size();
       },
@@ -142,8 +145,29 @@ caf::behavior router_actor(router* self, router_options opt) {
         st.routes->update(l);
         publish(self);
       },
+      [=](kv_events& e) {
+        auto& st = self->state;
+        if (st.replicas.count(e.replica) == 0) return;  // crossed the replica's death
+        auto& p = st.kv[e.replica];
+        p.seq = e.seq;
+        p.waiting = false;
+        p.backoff = 1;
+        st.routes->apply(e);
+      },
       [=](tick_atom) {
-        for (const auto& [id, r] : self->state.replicas) self->send(r, status_atom::value, caf::actor{self});
+        auto& st = self->state;
+        for (const auto& [id, r] : st.replicas) {
+          self->send(r, status_atom::value, caf::actor{self});
+          if (!st.routes->tracks(id)) continue;
+          auto& p = st.kv[id];
+          if (p.waiting) {
+            if (++p.ticks < p.backoff) continue;
+            p.backoff = std::min<uint32_t>(2 * p.backoff, 1024);
+          }
+          p.waiting = true;
+          p.ticks = 0;
+          self->send(r, kv_events_atom::value, caf::actor{self}, p.seq);
+        }
         self->delayed_send(self, self->state.opt.poll, tick_atom::value);
       },
   };

@@ -131,6 +131,10 @@ replica_load from_wire(const transport::load_msg& l) {
           l.kv_refused};
 }
 
+transport::kv_events_msg to_wire(const kv_events& e) { return {e.full, e.seq, e.stored, e.removed, e.block_size}; }
+
+kv_events from_wire(const transport::kv_events_msg& m) { return {0, m.full, m.seq, m.stored, m.removed, m.block_size}; }
+
 transport::shard_step_msg to_wire(const shard_step& s) {
   transport::shard_step_msg m;
   m.step = s.step;

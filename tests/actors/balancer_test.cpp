@@ -1,11 +1,13 @@
 // The router's policies: only ready replicas, round-robin order, least load with assignments
 // counted, power-of-two never the busier of its pair, prefix affinity within a load bound, and
-// a clear error when no replica is ready.
+// a clear error when no replica is ready; KV events (from a real block_manager, so the hashes
+// are the replicas') make what a replica caches exact.
 #include <gtest/gtest.h>
 
 #include <map>
 
 #include "llmesh/actors/balancer.hpp"
+#include "llmesh/actors/block_manager.hpp"
 
 namespace llmesh::actors {
 namespace {
@@ -171,6 +173,114 @@ TEST(Balancer, CachedTokensAreTheLeadingBlocksLastSentToTheReplica) {
   pa.update({3, true, 0, 0});
   pa.assigned(3, conversation);
   EXPECT_EQ(pa.cached_tokens(3, next_turn), 96u);
+}
+
+/// Runs a whole request on a replica's block manager (match, reserve, commit, release).
+void serve(block_manager& m, const std::vector<int32_t>& prompt) {
+  block_list b;
+  m.match_prefix(prompt, b);
+  ASSERT_TRUE(m.reserve(b, prompt.size()).ok());
+  m.commit(b, prompt);
+  m.release(b);
+}
+
+/// The replica's events after `since`, as its actor answers them.
+kv_events events_of(uint64_t replica, const block_manager& m, uint64_t since) {
+  auto e = m.events_since(since);
+  e.replica = replica;
+  return e;
+}
+
+TEST(Balancer, KvEventsTellWhatAReplicaCachesExactly) {
+  balancer b(balance_policy::least_load, 1, 16);
+  b.track_prefixes();
+  b.update({1, true, 0, 0});
+  b.update({2, true, 0, 0});
+  // Replica 1 computed a conversation this balancer never routed (another router's request).
+  block_manager m1(400, 16);
+  const auto conversation = prompt_of(1, 100);  // 6 whole blocks
+  serve(m1, conversation);
+  b.apply(events_of(1, m1, 0));
+  EXPECT_EQ(b.cached_tokens(1, conversation), 96u);
+  EXPECT_EQ(b.cached_tokens(2, conversation), 0u);
+  auto next_turn = conversation;
+  next_turn.resize(140, 7);
+  EXPECT_EQ(b.cached_tokens(1, next_turn), 96u);
+  EXPECT_EQ(b.cached_tokens(1, next_turn, /*salt=*/7), 0u);
+  // Reported blocks count every one, also past the 64 blocks predictions follow densely.
+  const auto long_prompt = prompt_of(2, 3000);  // 187 whole blocks
+  const uint64_t cursor = m1.event_seq();
+  serve(m1, long_prompt);
+  b.apply(events_of(1, m1, cursor));
+  EXPECT_EQ(b.cached_tokens(1, long_prompt), 2992u);
+  // Events of an unknown replica change nothing.
+  b.apply(events_of(9, m1, 0));
+  EXPECT_EQ(b.cached_tokens(9, conversation), 0u);
+
+  // Replica 2 was sent a prompt (predicted), computed it, then evicted its tail for another:
+  // the prediction yields to the eviction it reports.
+  block_manager m2(8, 16);
+  const auto p = prompt_of(3, 97), q = prompt_of(4, 97);  // 7 blocks each, 6 whole
+  b.assigned(2, p);
+  EXPECT_EQ(b.cached_tokens(2, p), 96u);
+  serve(m2, p);
+  b.apply(events_of(2, m2, 0));
+  const uint64_t after_p = m2.event_seq();
+  EXPECT_EQ(b.cached_tokens(2, p), 96u);
+  serve(m2, q);  // 7 blocks: the 2 free, then p's 5 last whole blocks
+  b.assigned(2, q);
+  b.apply(events_of(2, m2, after_p));
+  EXPECT_EQ(b.cached_tokens(2, p), 16u);
+  EXPECT_EQ(b.cached_tokens(2, q), 96u);
+  // A prompt sent there with an affinity key, not computed yet.
+  const auto r = prompt_of(8, 40);
+  b.assigned(2, r, 0, /*key=*/77);
+  EXPECT_EQ(b.cached_tokens(2, r), 32u);
+  // Its cache is reset (by another router): the whole, empty cache arrives; every prediction of
+  // its blocks goes too, reported before or not; the affinity key stays.
+  const uint64_t before_reset = m2.event_seq();
+  m2.reset_prefix_cache();
+  auto full = events_of(2, m2, before_reset);
+  ASSERT_TRUE(full.full);
+  b.apply(full);
+  EXPECT_EQ(b.cached_tokens(2, q), 0u);
+  EXPECT_EQ(b.cached_tokens(2, p), 0u);
+  EXPECT_EQ(b.cached_tokens(2, r), 0u);
+  b.update({2, true, 0, 0});
+  EXPECT_EQ(*b.pick(r, 0, 77), 2u);  // the least loaded would be 1
+  // Hashes of blocks of another size never match prompts hashed in this one's: ignored.
+  block_manager m8(64, 8);
+  serve(m8, conversation);
+  b.apply(events_of(2, m8, 0));
+  EXPECT_EQ(b.cached_tokens(2, conversation), 0u);
+  // Untracked balancers ignore events.
+  balancer plain(balance_policy::round_robin, 1, 16);
+  plain.update({1, true, 0, 0});
+  plain.apply(events_of(1, m1, 0));
+  EXPECT_EQ(plain.cached_tokens(1, conversation), 0u);
+}
+
+TEST(Balancer, PrefixAwarePicksTheReplicaThatReportsTheLongestPrefix) {
+  balancer b(balance_policy::prefix_aware, 1, 16);
+  for (uint64_t id : {1, 2, 3}) b.update({id, true, 1, 0});
+  const auto system = prompt_of(5, 320);  // 20 blocks
+  block_manager m2(64, 16), m3(64, 16);
+  serve(m2, std::vector<int32_t>(system.begin(), system.begin() + 100));  // 6 blocks
+  serve(m3, system);                                                       // all 20
+  b.apply(events_of(2, m2, 0));
+  b.apply(events_of(3, m3, 0));
+  auto request = system;
+  request.push_back(1);
+  EXPECT_EQ(*b.pick(request), 3u);  // never routed here before: the events alone decide
+  b.update({3, true, 6, 0});        // busier than 2x + 2 the least load: the next longest
+  EXPECT_EQ(*b.pick(request), 2u);
+  b.update({2, true, 5, 0});
+  EXPECT_EQ(*b.pick(request), 1u);  // both over the bound: the least loaded
+  EXPECT_EQ(*b.pick(prompt_of(6, 320)), 1u);
+  b.update({3, true, 1, 0});
+  b.update({2, true, 1, 0});
+  b.forget_prefixes();  // the caches were emptied: nothing is known until the next events
+  EXPECT_EQ(*b.pick(request), 1u);
 }
 
 TEST(Balancer, LeastLoadedIsTheLeastBusyReadyReplica) {

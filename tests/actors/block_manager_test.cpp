@@ -1,10 +1,14 @@
 // The block manager: allocation and refusal without side effects, prefix-cache hits (chained
 // hashes, never the prompt's last block, verified content), shared blocks and reference
-// counts, LRU eviction, and a random-operation loop checking the bookkeeping after each step.
+// counts, LRU eviction (a sequence's tail first), KV events (what entered and left the cache,
+// netted, the whole cache for a cursor the log no longer reaches), and a random-operation loop
+// checking the bookkeeping after each step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "llmesh/actors/block_manager.hpp"
 
@@ -156,6 +160,95 @@ TEST(BlockManager, EvictsLeastRecentlyUsedFirst) {
   m.release(big);
   EXPECT_EQ(serve(m, a), 0u);  // a was evicted
   EXPECT_EQ(serve(m, c), 2u);  // c survived
+}
+
+TEST(BlockManager, AReleasedSequenceLosesItsTailBeforeItsHead) {
+  block_manager m(4, 4);
+  const auto a = seq_tokens(9, 1);  // blocks a0, a1 cached, a partial third
+  serve(m, a);
+  block_list other;
+  ASSERT_TRUE(m.reserve(other, 12).ok());  // 3 blocks: the 2 free, then one cached: a1, not a0
+  EXPECT_EQ(m.cached_blocks(), 1u);
+  block_list again;
+  EXPECT_EQ(m.match_prefix(a, again), 4u);  // a0 still serves a's first block
+  m.release(again);
+  m.release(other);
+  EXPECT_TRUE(m.check_invariants().ok());
+}
+
+std::set<uint64_t> as_set(const std::vector<uint64_t>& v) { return {v.begin(), v.end()}; }
+
+TEST(BlockManager, KvEventsReportWhatEntersAndLeavesTheCache) {
+  block_manager m(4, 4);
+  EXPECT_EQ(m.event_seq(), 0u);
+  const auto a = seq_tokens(9, 1), b = seq_tokens(9, 100);
+  // a0 alone, from a manager that only ever saw a's first block.
+  block_manager first(4, 4);
+  serve(first, seq_tokens(5, 1));
+  const auto a0 = first.events_since(0).stored;
+  ASSERT_EQ(a0.size(), 1u);
+
+  serve(m, a);
+  auto e = m.events_since(0);
+  EXPECT_FALSE(e.full);
+  EXPECT_EQ(e.seq, 2u);
+  ASSERT_EQ(e.stored.size(), 2u);
+  EXPECT_TRUE(e.removed.empty());
+  EXPECT_TRUE(as_set(e.stored).contains(a0[0]));
+  const auto a_blocks = as_set(e.stored);
+  auto none = m.events_since(e.seq);  // nothing since
+  EXPECT_FALSE(none.full);
+  EXPECT_TRUE(none.stored.empty() && none.removed.empty());
+  EXPECT_EQ(none.seq, 2u);
+
+  serve(m, b);  // 3 blocks: the 2 free and a1 (a's tail); b0, b1 cached
+  auto d = m.events_since(e.seq);
+  EXPECT_FALSE(d.full);
+  EXPECT_EQ(d.seq, 5u);
+  ASSERT_EQ(d.removed.size(), 1u);
+  EXPECT_TRUE(a_blocks.contains(d.removed[0]));
+  EXPECT_NE(d.removed[0], a0[0]);
+  EXPECT_EQ(d.stored.size(), 2u);
+  for (uint64_t h : d.stored) EXPECT_FALSE(a_blocks.contains(h));
+
+  // From the start, netted: a1 came and went, so it is only removed; a0, b0, b1 are stored.
+  auto all = m.events_since(0);
+  EXPECT_EQ(all.stored.size(), 3u);
+  EXPECT_EQ(all.removed, d.removed);
+  EXPECT_TRUE(as_set(all.stored).contains(a0[0]));
+  // A cursor ahead of the log (another manager's, a restarted replica's): the whole cache.
+  auto ahead = m.events_since(99);
+  EXPECT_TRUE(ahead.full);
+  EXPECT_EQ(as_set(ahead.stored), as_set(all.stored));
+  EXPECT_TRUE(ahead.removed.empty());
+}
+
+TEST(BlockManager, KvEventsGiveTheWholeCacheWhenTheLogNoLongerReachesBack) {
+  block_manager m(8, 2);
+  for (int32_t i = 0; i < 3000; ++i) serve(m, {i, i, i, i, -1});  // 2 blocks cached each: 6000 events
+  EXPECT_GT(m.event_seq(), 4096u);
+  auto e = m.events_since(0);
+  EXPECT_TRUE(e.full);
+  EXPECT_EQ(e.stored.size(), m.cached_blocks());
+  EXPECT_TRUE(e.removed.empty());
+  EXPECT_FALSE(m.events_since(m.event_seq() - 10).full);  // a recent cursor still gets changes
+
+  // A reset: every earlier cursor gets the whole, empty, cache; later ones changes again.
+  const uint64_t before = m.event_seq();
+  m.reset_prefix_cache();
+  auto r = m.events_since(before);
+  EXPECT_TRUE(r.full);
+  EXPECT_TRUE(r.stored.empty());
+  EXPECT_EQ(r.seq, before + 1);
+  serve(m, {7, 7, 7, 7, -1});
+  auto after = m.events_since(r.seq);
+  EXPECT_FALSE(after.full);
+  EXPECT_EQ(after.stored.size(), 2u);
+  // Without prefix caching there is nothing to report.
+  block_manager plain(8, 2, /*prefix_caching=*/false);
+  serve(plain, {1, 1, 1});
+  auto p = plain.events_since(0);
+  EXPECT_TRUE(p.stored.empty() && p.removed.empty() && !p.full);
 }
 
 TEST(BlockManager, WithoutPrefixCachingNothingIsShared) {

@@ -124,7 +124,7 @@ class queue_transport final : public tr::transport {
 // Disaggregated prefill across the bridge: a prefill for a replica in another node answers
 // with its blocks, which then go to import there; when a node's send queue is past half full,
 // its KV frames give way to small ones — a prefill's answer goes as an overloaded refusal (the
-// request's replica would compute the prompt), blocks to import are not sent.
+// request's replica would compute the prompt), blocks to import are not sent. KV events cross too.
 TEST_F(Bridge, KvBlocksCrossAndGiveWayWhenTheQueueIsFull) {
   auto net = std::make_shared<transport::loopback_network>();
   auto eng_b = engine(1, 4096);
@@ -170,6 +170,18 @@ TEST_F(Bridge, KvBlocksCrossAndGiveWayWhenTheQueueIsFull) {
   EXPECT_EQ(blocks.prefix.tokens.size(), 48u);  // six whole blocks of 8 crossed in a KvBlocks frame
   ASSERT_TRUE(blocks.prefix.data);
   EXPECT_EQ(blocks.prefix.data->size(), 6 * eng_b->kv_block_bytes());
+  // The prefill left the prompt's 6 whole blocks in node B's prefix cache: its KV events say
+  // so across the bridge, named by the proxy (as a router knows the replica).
+  self->send(remote, kv_events_atom::value, caf::actor{self}, uint64_t{0});
+  self->receive(
+      [&](const kv_events& e) {
+        EXPECT_EQ(e.replica, remote.id());
+        EXPECT_FALSE(e.full);
+        EXPECT_EQ(e.stored.size(), 6u);
+        EXPECT_EQ(e.seq, 6u);
+        EXPECT_TRUE(e.removed.empty());
+      },
+      caf::after(std::chrono::seconds(30)) >> [&] { ADD_FAILURE() << "no KV events"; });
 
   *full_b = true;  // node B's queue: the answer gives way
   auto refused = prefill(2);

@@ -2,11 +2,13 @@
 // prompt goes to a prefill replica first unless the replica it is routed to already caches
 // enough of it (as far as the router sent it there) or every prefill replica already has
 // max_prefill_queue requests; each prompt left local is counted by reason. The replicas here
-// are stand-ins that never report, so the router's own counts are its whole view of their load.
+// are stand-ins that never report their load, so the router's own counts are its whole view of
+// it; one reports KV events (what its prefix cache holds, whoever sent the prompts).
 #include <gtest/gtest.h>
 
 #include <caf/all.hpp>
 
+#include "llmesh/actors/block_manager.hpp"
 #include "llmesh/actors/router_actor.hpp"
 #include "llmesh/actors/serving_metrics.hpp"
 
@@ -14,7 +16,20 @@ namespace llmesh::actors {
 namespace {
 
 caf::behavior silent_replica(caf::event_based_actor*) {
-  return {[](status_atom, const caf::actor&) {}, [](reset_atom, const caf::actor&) {}};
+  return {[](status_atom, const caf::actor&) {}, [](reset_atom, const caf::actor&) {},
+          [](kv_events_atom, const caf::actor&, uint64_t) {}};
+}
+
+/// A stand-in replica whose prefix cache holds `cache` (its KV events from cursor 0); it tells
+/// `watcher` the cursor once a router asks from where they end (the router has applied them).
+caf::behavior reporting_replica(caf::event_based_actor* self, kv_events cache, caf::actor watcher) {
+  return {[](status_atom, const caf::actor&) {}, [](reset_atom, const caf::actor&) {},
+          [=](kv_events_atom, const caf::actor& router, uint64_t since) {
+            if (since == cache.seq) return self->send(watcher, since);
+            auto e = cache;
+            e.replica = self->id();
+            self->send(router, std::move(e));
+          }};
 }
 
 class RouterPrefill : public ::testing::Test {
@@ -24,13 +39,13 @@ class RouterPrefill : public ::testing::Test {
     for (auto& a : actors_) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   }
 
-  caf::actor spawn_router(size_t max_local, size_t max_queue) {
+  caf::actor spawn_router(size_t max_local, size_t max_queue, std::chrono::milliseconds poll = std::chrono::milliseconds(10000)) {
     router_options ro;
     ro.block_size = 16;
     ro.metrics = &metrics_;
     ro.max_local_prefill = max_local;
     ro.max_prefill_queue = max_queue;
-    ro.poll = std::chrono::milliseconds(10000);
+    ro.poll = poll;
     return keep(sys_.spawn(router_actor, ro));
   }
   caf::actor keep(caf::actor a) {
@@ -94,6 +109,34 @@ TEST_F(RouterPrefill, AConversationsNextTurnStaysWhereItsHistoryIsCached) {
       .receive([](uint64_t told) { EXPECT_EQ(told, 2u); }, [&](caf::error& e) { ADD_FAILURE() << sys_.render(e); });
   for (int32_t t = 0; t < 10; ++t) turn.push_back(9800 + t);
   EXPECT_TRUE(routed_with_prefill(router, turn));
+}
+
+// A conversation another router (another gateway) sent to the decode replica: this router never
+// routed it, yet the replica's KV events say its history is cached there.
+TEST_F(RouterPrefill, AHistoryOnlyTheReplicasKvEventsShowStaysLocal) {
+  metric::declare_serving(metrics_);
+  block_manager cache(64, 16);
+  const auto history = tokens(1, 200);  // 12 whole blocks
+  {
+    block_list b;
+    cache.match_prefix(history, b);
+    ASSERT_TRUE(cache.reserve(b, history.size()).ok());
+    cache.commit(b, history);
+    cache.release(b);
+  }
+  auto router = spawn_router(64, 0, std::chrono::milliseconds(20));
+  caf::scoped_actor watcher{sys_};
+  caf::anon_send(router, add_atom::value, keep(sys_.spawn(reporting_replica, cache.events_since(0), caf::actor{watcher})),
+                 std::string("d0"), std::string("m"));
+  caf::anon_send(router, add_atom::value, keep(sys_.spawn(silent_replica)), std::string("p0"), std::string("m"),
+                 replica_role::prefill, uint64_t{0}, uint64_t{0});
+  watcher->receive([](uint64_t since) { EXPECT_EQ(since, 12u); },
+                   caf::after(std::chrono::seconds(10)) >> [] { ADD_FAILURE() << "the router never applied the events"; });
+  auto turn = history;
+  for (int32_t t = 0; t < 50; ++t) turn.push_back(9000 + t);  // 192 cached, 58 new
+  EXPECT_FALSE(routed_with_prefill(router, turn));
+  EXPECT_EQ(local("cached"), 1.0);
+  EXPECT_TRUE(routed_with_prefill(router, tokens(50000, 200)));  // a conversation it does not hold
 }
 
 TEST_F(RouterPrefill, BusyPrefillReplicasLeaveTheirPromptsLocal) {

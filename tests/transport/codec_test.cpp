@@ -65,6 +65,12 @@ std::vector<envelope> samples() {
       cancel_msg{9},
       status_request{},
       reset_prefix_cache_msg{},
+      // KV events: a router's cursor, a replica's changes, its whole cache.
+      kv_events_request{0},
+      kv_events_request{~0ull - 1},
+      kv_events_msg{false, 17, {3, 0xfedcba9876543210ull}, {9}, 16},
+      kv_events_msg{true, 4096, {1, 2, 3}, {}, 32},
+      kv_events_msg{},
       load_msg{5, true, 3, 4, 100, 4096},
       load_msg{6, true, 1, 0, 10, 64, 1ull << 40, 12345},
       load_msg{7, true, 2, 9, 60, 64, 0, 0, 31},  // a replica short of blocks: its preemptions

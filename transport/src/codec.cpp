@@ -129,6 +129,15 @@ struct writer {
   void operator()(const cancel_msg& m) { b.initCancel().setId(m.id); }
   void operator()(const status_request&) { b.setStatusRequest(); }
   void operator()(const reset_prefix_cache_msg&) { b.setResetPrefixCache(); }
+  void operator()(const kv_events_request& m) { b.setKvEventsRequest(m.since); }
+  void operator()(const kv_events_msg& m) {
+    auto k = b.initKvEvents();
+    k.setFull(m.full);
+    k.setSeq(m.seq);
+    fill(k.initStored(static_cast<unsigned>(m.stored.size())), m.stored);
+    fill(k.initRemoved(static_cast<unsigned>(m.removed.size())), m.removed);
+    k.setBlockSize(m.block_size);
+  }
   void operator()(const load_msg& m) {
     auto l = b.initLoad();
     l.setReplica(m.replica);
@@ -489,6 +498,18 @@ struct reader {
       case Body::CANCEL: out = cancel_msg{b.getCancel().getId()}; break;
       case Body::STATUS_REQUEST: out = status_request{}; break;
       case Body::RESET_PREFIX_CACHE: out = reset_prefix_cache_msg{}; break;
+      case Body::KV_EVENTS_REQUEST: out = kv_events_request{b.getKvEventsRequest()}; break;
+      case Body::KV_EVENTS: {
+        auto k = b.getKvEvents();
+        kv_events_msg m{k.getFull(), k.getSeq(), {}, {}, k.getBlockSize()};
+        if (!fits(k.getStored(), "stored") || !fits(k.getRemoved(), "removed")) break;
+        m.stored.reserve(k.getStored().size());
+        for (auto h : k.getStored()) m.stored.push_back(h);
+        m.removed.reserve(k.getRemoved().size());
+        for (auto h : k.getRemoved()) m.removed.push_back(h);
+        out = std::move(m);
+        break;
+      }
       case Body::LOAD: {
         auto l = b.getLoad();
         out = load_msg{l.getReplica(), l.getReady(), l.getRunning(), l.getWaiting(), l.getKvUsed(), l.getKvTotal(),
@@ -673,7 +694,7 @@ const char* kind_name(const body& b) {
   static constexpr const char* names[] = {"generate", "token",   "cancel",    "status_request", "load",          "hello",
                                           "challenge", "proof", "welcome", "heartbeat",      "replica_state", "collective_id",
                                           "assign",    "control", "control_reply", "shard_step", "shard_result", "shard_ready", "shard_group",
-                                          "kv_blocks", "reset_prefix_cache"};
+                                          "kv_blocks", "reset_prefix_cache", "kv_events_request", "kv_events"};
   static_assert(std::size(names) == std::variant_size_v<body>);
   return names[b.index()];
 }

@@ -1,6 +1,8 @@
 // The router's replica choice, a plain class: round-robin, least-load, power-of-two-choices or
-// prefix-aware (send a prompt where its leading blocks were sent before, so the replica's
-// prefix cache already holds them, unless that replica is much busier than the least loaded).
+// prefix-aware (send a prompt where its leading blocks are cached, unless that replica is much
+// busier than the least loaded). What a replica caches is known two ways: the prompts this
+// balancer sent it (a prediction, Dynamo's approximate KV router) and, exactly, the KV events
+// the replica reports (apply: what it stored and evicted, also for other routers' requests).
 // Load is what replicas report (running + waiting requests) plus what this router assigned
 // since their last report.
 #pragma once
@@ -13,7 +15,9 @@
 #include <span>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
+#include "llmesh/actors/kv_events.hpp"
 #include "llmesh/common/error.hpp"
 
 namespace llmesh::actors {
@@ -62,20 +66,24 @@ class balancer {
   /// replica_unavailable when none is ready.
   [[nodiscard]] result<uint64_t> least_loaded() const;
 
+  /// A replica's KV events (kv_events.hpp): the blocks it reports cached count towards
+  /// cached_tokens() and prefix-aware picks; an evicted block is also no longer predicted there.
+  /// Ignored for unknown replicas and when prefixes are not tracked.
+  void apply(const kv_events& e);
+  /// Whether prefixes are tracked (prefix-aware, or track_prefixes()): KV events are of use.
+  bool tracking() const { return policy_ == balance_policy::prefix_aware || track_prefixes_; }
+
   /// Remember the block hashes of every assigned prompt under any policy (prefix-aware always
   /// does), so that cached_tokens() can tell what a replica was sent (disaggregated prefill).
   void track_prefixes() { track_prefixes_ = true; }
-  /// The prompt's leading tokens, in whole blocks, whose blocks this balancer last sent to
-  /// `replica` — what its prefix cache should hold unless it evicted them (an estimate, as
-  /// Dynamo's approximate KV router's; 0 when prefixes are not tracked). Past the first
-  /// dense_blocks blocks it counts in steps of sparse_step blocks (rounded down).
+  /// The prompt's leading tokens, in whole blocks, that `replica` caches: the longer of the
+  /// leading blocks its KV events reported and those this balancer last sent it (a prediction:
+  /// past the first dense_blocks blocks it counts in steps of sparse_step blocks, rounded down).
+  /// 0 when prefixes are not tracked.
   size_t cached_tokens(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt = 0) const;
 
   /// Forgets where every prefix and affinity key went (the replicas' prefix caches were emptied).
-  void forget_prefixes() {
-    prefixes_.clear();
-    lru_.clear();
-  }
+  void forget_prefixes();
 
   /// A prompt's prefixes remembered: every whole block's up to dense_blocks, then every
   /// sparse_step-th (a 64 Ki-token prompt takes ~316 of the max_prefixes entries, not 4096).
@@ -85,12 +93,18 @@ class balancer {
   struct entry {
     replica_load report;
     size_t extra = 0;  ///< assigned since the report, minus finished
+    std::unordered_set<uint64_t> kv;  ///< block hashes its KV events report cached
   };
+  /// Leading blocks of a prompt (its chained block hashes, every block) that `e` caches.
+  size_t cached_blocks(uint64_t replica, const entry& e, std::span<const uint64_t> hashes) const;
+  /// Forgets the prediction `h` → `replica` (not one that names another replica).
+  void unpredict(uint64_t h, uint64_t replica);
   size_t load(const entry& e) const { return e.report.running + e.report.waiting + e.extra; }
   /// The replica remembered for hash `h` when it is ready and within 2x + 2 of `floor`.
   std::optional<uint64_t> affine(uint64_t h, size_t floor) const;
-  /// Remembers `h` → `replica` (most recent; the oldest goes beyond max_prefixes).
-  void remember(uint64_t h, uint64_t replica);
+  /// Remembers `h` → `replica` (most recent; the oldest goes beyond max_prefixes); `key`: an
+  /// affinity key's entry, not a prefix's.
+  void remember(uint64_t h, uint64_t replica, bool key = false);
 
   balance_policy policy_;
   size_t block_size_, max_prefixes_;
@@ -100,8 +114,13 @@ class balancer {
   uint64_t next_rr_ = 0;
   // prefix-aware: chained block hash → (replica, position in the LRU list); affinity keys too
   // (key_hash), under every policy but round-robin
+  struct remembered_at {
+    uint64_t replica;
+    std::list<uint64_t>::iterator pos;  ///< in lru_
+    bool key;                           ///< an affinity key's entry
+  };
   std::list<uint64_t> lru_;
-  std::unordered_map<uint64_t, std::pair<uint64_t, std::list<uint64_t>::iterator>> prefixes_;
+  std::unordered_map<uint64_t, remembered_at> prefixes_;
 };
 
 }  // namespace llmesh::actors

@@ -8,16 +8,23 @@
 // cached block nobody uses stays in the cache until a new allocation needs it (LRU eviction).
 // Only full blocks are shared, and never the block that holds a prompt's last token, so every
 // shared block is read-only and at least one prompt token is always computed (its logits
-// start the generation).
+// start the generation). A released sequence's blocks join the LRU list last block first, so
+// its tail is evicted before its head and what stays cached is still a prefix (vLLM's order).
+//
+// KV events: every block entering or leaving the cache is logged by its chained hash (a
+// bounded log, counted by a sequence number), so that routers can follow exactly what this
+// replica caches (events_since).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
+#include "llmesh/actors/kv_events.hpp"
 #include "llmesh/common/error.hpp"
 
 namespace llmesh::actors {
@@ -83,6 +90,14 @@ class block_manager {
   /// cached as usual. Returns how many blocks left the cache.
   size_t reset_prefix_cache();
 
+  /// The cache's changes after event `since` (kv_events: netted, hashes that entered and left),
+  /// or, when the log no longer reaches back that far (it keeps max(4096, 2 x blocks) events;
+  /// a reset empties it) or `since` is ahead of it, the whole cache (`full`). `seq` is the
+  /// cursor for the next call. A manager without prefix caching has no events.
+  kv_events events_since(uint64_t since) const;
+  /// Events so far (a reset counts as one).
+  uint64_t event_seq() const { return log_first_ + log_.size(); }
+
   /// Checks the bookkeeping (every block free, evictable or referenced exactly once in its
   /// state; the cache maps agree). For tests; returns a message naming the first problem.
   [[nodiscard]] status check_invariants() const;
@@ -92,6 +107,8 @@ class block_manager {
   size_t take_chain(std::span<const int32_t> tokens, size_t n_blocks, block_list& b);
   void take(int32_t id);
   int32_t allocate_one();
+  /// Logs that hash `h` entered (stored) or left the cache.
+  void log_event(uint64_t h, bool stored);
 
   size_t block_size_;
   bool prefix_caching_;
@@ -106,6 +123,9 @@ class block_manager {
   std::vector<std::vector<int32_t>> content_;  ///< its tokens, to verify hits
   std::vector<bool> cached_;
   size_t hit_tokens_ = 0, queried_tokens_ = 0;
+  std::deque<std::pair<uint64_t, bool>> log_;  ///< (hash, stored) for events log_first_ + 1 ..
+  uint64_t log_first_ = 0;
+  size_t log_capacity_;
 };
 
 }  // namespace llmesh::actors

@@ -28,6 +28,7 @@ using shards_atom = caf::atom_constant<caf::atom("shards")>;
 using prefill_atom = caf::atom_constant<caf::atom("prefill")>;
 using kvimport_atom = caf::atom_constant<caf::atom("kvimport")>;
 using reset_atom = caf::atom_constant<caf::atom("reset")>;
+using kv_events_atom = caf::atom_constant<caf::atom("kvevents")>;
 
 /// A prefill replica's answer to `(prefill_atom, ...)`: the prompt's whole blocks of KV, or why
 /// there are none (the requester then lets its decode replica compute the prompt).
@@ -82,7 +83,9 @@ struct replica_state {
 /// kv_prefix)` takes such blocks into the prefix cache (replica_core::import_prefix; a refusal
 /// only means the request that follows computes its prompt here). `(reset_atom, caf::actor
 /// reply_to)` empties the prefix cache between steps (replica_core::reset_prefix_cache) and
-/// then sends reply_to its replica_load. Borrows the engine.
+/// then sends reply_to its replica_load. `(kv_events_atom, caf::actor reply_to, uint64_t since)`
+/// sends reply_to its prefix cache's kv_events after cursor `since`
+/// (block_manager::events_since; kv_events::replica is its id). Borrows the engine.
 caf::behavior replica_actor(caf::stateful_actor<replica_state>* self, model::engine* eng, scheduler_config cfg);
 
 /// A replica whose engine holds only some ranks (engine::create_part): those run in shard
@@ -110,3 +113,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::token_msg)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::replica_load)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::prefill_reply)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::kv_prefix)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmesh::actors::kv_events)

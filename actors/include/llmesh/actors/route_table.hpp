@@ -44,6 +44,10 @@ class route_table {
   /// A replica's report; reports of unknown replicas are ignored (false).
   bool update(const replica_load& load);
   bool has(uint64_t replica) const { return model_of_.count(replica) != 0; }
+  /// A replica's KV events, to its balancer (balancer::apply); unknown replicas are ignored.
+  void apply(const kv_events& e);
+  /// Whether a replica's balancer tracks prefixes (its KV events are worth asking for).
+  bool tracks(uint64_t replica);
 
   /// A ready replica of `model` by its policy, counted against it until finished();
   /// replica_unavailable naming the model when it has none ready. `cached_tokens`, when given:

@@ -1,6 +1,7 @@
 // The router actor (CAF): a thin shell over `route_table` (a balancer per model). It knows its
 // replicas and the model each serves (added by message, monitored, dropped when they die),
-// asks each for its load every `poll` interval, and answers a route request for a model with
+// asks each for its load every `poll` interval (and, for models whose policy follows prefixes,
+// for its KV events since the last answer: what its prefix cache gained and lost), and answers a route request for a model with
 // the replica of that model its policy picks. Requesters report when a
 // request they were routed ends, so load estimates between polls stay honest.
 #pragma once
@@ -53,10 +54,20 @@ struct router_options {
   std::map<std::string, size_t, std::less<>> max_local_prefill_by_model, max_prefill_queue_by_model;
 };
 
+/// The router's KV events poll of one replica: one ask in flight at a time; one unanswered
+/// (a lost frame, a node of an older version that drops the ask) is asked again after 1, 2, 4,
+/// ... up to 1024 polls.
+struct kv_poll {
+  uint64_t seq = 0;  ///< the cursor (kv_events::seq of the last answer)
+  bool waiting = false;
+  uint32_t ticks = 0, backoff = 1;
+};
+
 struct router_state {
   std::unique_ptr<route_table> routes;
   std::map<uint64_t, caf::actor> replicas;
   std::map<uint64_t, replica_load> loads;
+  std::map<uint64_t, kv_poll> kv;         ///< each replica's KV events poll
   std::map<uint64_t, std::string> names;  ///< the replica label in metrics
   std::set<uint64_t> draining;            ///< never picked again, whatever a stale report says
   router_options opt;
@@ -78,6 +89,9 @@ struct router_state {
 /// the replica is draining; it gets no new requests from here on. `(reset_atom)` → size_t: every
 /// replica it knows (prefill ones too) is told to empty its prefix cache (reset_atom, replying
 /// its load here) and the router forgets where prefixes went; replies how many were told.
+/// Each poll asks a replica whose balancer tracks prefixes `(kv_events_atom, caf::actor self,
+/// uint64_t since)` (kv_poll) and applies the kv_events it answers (route_table::apply); a
+/// reset or a replica added again starts its cursor over (the next answer: its whole cache).
 caf::behavior router_actor(caf::stateful_actor<router_state>* self, router_options opt);
 
 }  // namespace llmesh::actors

@@ -16,6 +16,9 @@ transport::token_body to_wire(const token_msg& t);
 token_msg from_wire(const transport::token_body& t);
 transport::load_msg to_wire(const replica_load& l);
 replica_load from_wire(const transport::load_msg& l);
+transport::kv_events_msg to_wire(const kv_events& e);
+/// The replica field is 0: the receiver's proxy names it.
+kv_events from_wire(const transport::kv_events_msg& m);
 /// A step for a shard in another process (its rows stay home: rank 0 samples).
 transport::shard_step_msg to_wire(const shard_step& s);
 /// protocol_violation when the sequences' counts do not add up to the lists.

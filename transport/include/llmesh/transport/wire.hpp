@@ -108,6 +108,20 @@ struct status_request {
 struct reset_prefix_cache_msg {
   bool operator==(const reset_prefix_cache_msg&) const = default;
 };
+/// A router asks a replica for its KV events after cursor `since` (actors' kv_events.hpp).
+struct kv_events_request {
+  uint64_t since = 0;
+  bool operator==(const kv_events_request&) const = default;
+};
+/// A replica's prefix cache changes (chained block hashes) after the asked cursor, or its whole
+/// cache (`full`); `seq` is the next cursor; `block_size`: tokens per hashed block.
+struct kv_events_msg {
+  bool full = false;
+  uint64_t seq = 0;
+  std::vector<uint64_t> stored, removed;
+  uint64_t block_size = 0;
+  bool operator==(const kv_events_msg&) const = default;
+};
 struct load_msg {
   uint64_t replica = 0;
   bool ready = false;
@@ -313,7 +327,7 @@ struct control_reply_msg {
 using body = std::variant<generate_msg, token_body, cancel_msg, status_request, load_msg, hello_msg, challenge_msg,
                           proof_msg, welcome_msg, heartbeat_msg, replica_state_msg, collective_id_msg, assign_msg,
                           control_msg, control_reply_msg, shard_step_msg, shard_result_msg, shard_ready_msg,
-                          shard_group_msg, kv_blocks_msg, reset_prefix_cache_msg>;
+                          shard_group_msg, kv_blocks_msg, reset_prefix_cache_msg, kv_events_request, kv_events_msg>;
 
 struct envelope {
   actor_address source, destination;
