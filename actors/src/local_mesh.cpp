@@ -58,6 +58,7 @@ result<std::unique_ptr<local_mesh>> local_mesh::create(std::shared_ptr<const mod
   ro.ready = p->ready;
   ro.max_local_prefill = opt.max_local_prefill;
   ro.max_prefill_queue = opt.max_prefill_queue;
+  ro.kv_events = opt.kv_events;
   p->router = p->sys->spawn(router_actor, ro);
   for (auto& e : p->engines) {
     auto r = spawn_replica(*p->sys, e.get(), opt.sched);

@@ -158,7 +158,7 @@ caf::behavior router_actor(router* self, router_options opt) {
         auto& st = self->state;
         for (const auto& [id, r] : st.replicas) {
           self->send(r, status_atom::value, caf::actor{self});
-          if (!st.routes->tracks(id)) continue;
+          if (!st.opt.kv_events || !st.routes->tracks(id)) continue;
           auto& p = st.kv[id];
           if (p.waiting) {
             if (++p.ticks < p.backoff) continue;

@@ -95,13 +95,18 @@ std::vector<double> poisson_arrivals(size_t n, double rate, uint64_t seed) {
   return at;
 }
 
-std::vector<std::vector<int32_t>> random_prompts(size_t n, size_t len, size_t vocab, uint64_t seed, size_t prefix_len) {
+std::vector<std::vector<int32_t>> random_prompts(size_t n, size_t len, size_t vocab, uint64_t seed, size_t prefix_len,
+                                                 size_t num_prefixes) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> prefix(prefix_len);
-  for (auto& t : prefix) t = id(rng);
+  std::vector<std::vector<int32_t>> prefixes(std::max<size_t>(1, num_prefixes), std::vector<int32_t>(prefix_len));
+  for (auto& prefix : prefixes) {
+    for (auto& t : prefix) t = id(rng);
+  }
   std::vector<std::vector<int32_t>> out(n, std::vector<int32_t>(prefix_len + len));
-  for (auto& p : out) {
+  for (size_t k = 0; k < n; ++k) {
+    auto& p = out[k];
+    const auto& prefix = prefixes[k % prefixes.size()];
     std::copy(prefix.begin(), prefix.end(), p.begin());
     for (size_t i = prefix_len; i < p.size(); ++i) p[i] = id(rng);
   }
@@ -423,7 +428,7 @@ status run_serve_bench(const serve_bench_options& opt) {
   // once the preflight knows it.
   std::vector<std::string> bodies;
   bodies.reserve(opt.num_prompts);
-  for (auto& ids : random_prompts(opt.num_prompts, opt.input_len, vocab, opt.seed, opt.random_prefix_len)) {
+  for (auto& ids : random_prompts(opt.num_prompts, opt.input_len, vocab, opt.seed, opt.random_prefix_len, opt.num_prefixes)) {
     nlohmann::ordered_json j;
     j["model"] = "";
     j["prompt"] = std::move(ids);
@@ -461,7 +466,7 @@ status run_serve_bench(const serve_bench_options& opt) {
 
   const serve_metrics m = compute_serve_metrics(st.records, st.duration_s > 0 ? st.duration_s : 1e-9);
   serve_run_info info{st.model, opt.num_prompts, opt.input_len, opt.output_len, opt.request_rate, opt.max_concurrency,
-                      opt.random_prefix_len};
+                      opt.random_prefix_len, opt.random_prefix_len ? std::max<size_t>(1, opt.num_prefixes) : 0};
   std::fputs(format_serve_table(m, info).c_str(), stdout);
   std::printf("%s\n", format_serve_json(m, info).c_str());
   std::fflush(stdout);

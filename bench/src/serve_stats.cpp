@@ -194,6 +194,7 @@ std::string format_serve_json(const serve_metrics& m, const serve_run_info& info
   j["num_prompts"] = info.num_prompts;
   j["input_len"] = info.input_len;
   if (info.random_prefix_len) j["random_prefix_len"] = info.random_prefix_len;
+  if (info.num_prefixes > 1) j["num_prefixes"] = info.num_prefixes;
   j["output_len"] = info.output_len;
   j["request_rate"] = std::isinf(info.request_rate) ? nlohmann::ordered_json() : nlohmann::ordered_json(info.request_rate);
   j["max_concurrency"] = info.max_concurrency ? nlohmann::ordered_json(info.max_concurrency) : nlohmann::ordered_json();

@@ -162,6 +162,10 @@ void add_bench(CLI::App& app, command_set& commands) {
                    "vLLM's: random ids that every prompt starts with, before its --input-len own (prefix caching, "
                    "a conversation's history)")
       ->capture_default_str();
+  ssub->add_option("--num-prefixes", s->num_prefixes,
+                   "vLLM's prefix repetition: that many different --random-prefix-len prefixes, taken in turn")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20))
+      ->capture_default_str();
   ssub->add_option("--output-len", s->output_len, "Generated tokens per request (max_tokens, ignore_eos)")
       ->capture_default_str();
   ssub->add_option("--tokenizer-dir", s->tokenizer_dir, "Model directory whose config.json's vocab_size bounds the ids");

@@ -41,6 +41,7 @@ struct serve_flags {
   int prefill_replicas = 0;          ///< disaggregated prefill: replicas that only compute long prompts
   size_t max_local_prefill = 1000;   ///< Dynamo's max_local_prefill_length
   size_t max_prefill_queue = 0;      ///< Dynamo's max_prefill_queue_size (0: no limit)
+  bool no_kv_events = false;         ///< Dynamo's --no-kv-events: the router predicts what replicas cache
   bool expert_parallel = false;  ///< vLLM's --enable-expert-parallel
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256;
   size_t max_migrations = 3, drain_s = 10;
@@ -191,6 +192,7 @@ status run_serve(serve_flags f) {
   mo.prefill_replicas = f.prefill_replicas;
   mo.max_local_prefill = f.max_local_prefill;
   mo.max_prefill_queue = f.max_prefill_queue;
+  mo.kv_events = !f.no_kv_events;
   mo.engine.threads = f.threads > 0 ? f.threads : std::max(f.tp, cores / (f.replicas + f.prefill_replicas));
   // No more than max_seqs contexts of the granted length (--max-model-len) could ever be used.
   mo.engine.kv_type = *kv_type;
@@ -337,6 +339,9 @@ void add_serve(CLI::App& app, command_set& commands) {
                   "computes the prompt (0: no limit)")
       ->check(CLI::Range(0, 1 << 30))
       ->capture_default_str();
+  sub->add_flag("--no-kv-events", f->no_kv_events,
+                "Dynamo's: the router does not ask replicas what their prefix caches hold (KV events) and predicts it from "
+                "where it sent each prompt (prefix-aware routing, --prefill-replicas)");
   sub->add_option("--tp,--tensor-parallel-size", f->tp, "Tensor-parallel shards per replica")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_flag("--enable-expert-parallel", f->expert_parallel,
                 "vLLM's: a mixture of experts' shards run whole experts instead of a slice of each (dense models: no effect)");

@@ -200,5 +200,22 @@ TEST(RandomPrompts, ShareTheirPrefix) {
   EXPECT_NE(bench::random_prompts(20, 16, 1000, 4, 40)[0], p[0]);
 }
 
+// vLLM's prefix repetition: several prefixes, taken in turn; one is --random-prefix-len's.
+TEST(RandomPrompts, TakeSeveralPrefixesInTurn) {
+  const auto p = bench::random_prompts(10, 8, 1000, 3, 24, 3);
+  ASSERT_EQ(p.size(), 10u);
+  auto prefix = [&](size_t i) { return std::vector<int32_t>(p[i].begin(), p[i].begin() + 24); };
+  for (size_t i = 0; i < p.size(); ++i) {
+    ASSERT_EQ(p[i].size(), 32u);
+    EXPECT_EQ(prefix(i), prefix(i % 3)) << i;
+  }
+  EXPECT_NE(prefix(0), prefix(1));
+  EXPECT_NE(prefix(1), prefix(2));
+  EXPECT_NE(prefix(0), prefix(2));
+  EXPECT_EQ(bench::random_prompts(10, 8, 1000, 3, 24, 1), bench::random_prompts(10, 8, 1000, 3, 24));
+  const auto one = bench::random_prompts(1, 8, 1000, 3, 24);  // the first prefix: the single one's
+  EXPECT_EQ(prefix(0), std::vector<int32_t>(one[0].begin(), one[0].begin() + 24));
+}
+
 }  // namespace
 }  // namespace llmesh::testing

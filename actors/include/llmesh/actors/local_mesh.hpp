@@ -78,6 +78,7 @@ struct mesh_options {
   size_t max_local_prefill = 1000;
   size_t max_prefill_queue = 0;
   std::chrono::milliseconds prefill_timeout{60000};  ///< request_options::prefill_timeout
+  bool kv_events = true;  ///< router_options::kv_events (Dynamo's --no-kv-events: false)
 };
 
 /// Thread affinity: any thread. Destruction stops every actor (in-flight requests end without

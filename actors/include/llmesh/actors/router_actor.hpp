@@ -50,6 +50,9 @@ struct router_options {
   /// ...and the least busy ready prefill replica has fewer than this many requests
   /// (max_prefill_queue_size; 0: no limit) — else the decode replica computes it.
   size_t max_prefill_queue = 0;
+  /// Whether replicas are asked for their KV events (what they cache, exactly); without them
+  /// (Dynamo's --no-kv-events) only predictions from this router's own routing count.
+  bool kv_events = true;
   /// The same per model (a cluster config's prefill entries), over them.
   std::map<std::string, size_t, std::less<>> max_local_prefill_by_model, max_prefill_queue_by_model;
 };

@@ -33,6 +33,8 @@ struct serve_bench_options {
   size_t max_concurrency = 0;                                     ///< 0: unlimited
   size_t input_len = 1024;
   size_t random_prefix_len = 0;  ///< vLLM's: ids every prompt starts with (a shared system prompt, a conversation's history)
+  /// That many different prefixes, taken in turn (vLLM's prefix-repetition dataset's num-prefixes).
+  size_t num_prefixes = 1;
   size_t output_len = 128;
   /// Prompt ids are drawn from [0, vocab). 0: tokenizer_dir's vocab_size, else 256 (every
   /// model has at least 256 ids: byte-level BPE starts from the bytes).
@@ -63,7 +65,9 @@ struct base_url {
 std::vector<double> poisson_arrivals(size_t n, double rate, uint64_t seed);
 
 /// `n` prompts of `prefix_len` + `len` ids each, uniform over [0, vocab), from `seed`: the first
-/// `prefix_len` are the same in every prompt. REQUIRES: vocab > 0.
-std::vector<std::vector<int32_t>> random_prompts(size_t n, size_t len, size_t vocab, uint64_t seed, size_t prefix_len = 0);
+/// `prefix_len` are one of `num_prefixes` (0 counts as 1) random prefixes, prompt i's the
+/// (i mod num_prefixes)-th. REQUIRES: vocab > 0.
+std::vector<std::vector<int32_t>> random_prompts(size_t n, size_t len, size_t vocab, uint64_t seed, size_t prefix_len = 0,
+                                                 size_t num_prefixes = 1);
 
 }  // namespace llmesh::bench

@@ -99,6 +99,7 @@ struct serve_run_info {
   double request_rate = 0;     ///< requests/s; infinity: all at once
   size_t max_concurrency = 0;  ///< 0: unlimited
   size_t random_prefix_len = 0;  ///< ids every prompt shared before its input_len
+  size_t num_prefixes = 0;       ///< how many such prefixes, taken in turn
 };
 
 /// The human table, laid out like vLLM's "Serving Benchmark Result".
