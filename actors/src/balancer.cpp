@@ -69,13 +69,20 @@ size_t balancer::cached_blocks(uint64_t replica, const entry& e, std::span<const
   return n;
 }
 
-size_t balancer::cached_tokens(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt) const {
-  if (!tracking()) return 0;
+prompt_blocks balancer::blocks_of(std::span<const int32_t> prompt, uint64_t salt) const {
+  prompt_blocks out;
+  out.tokens = prompt.size();
+  if (tracking()) out.hashes = block_hashes(prompt, block_size_, salt);
+  return out;
+}
+
+size_t balancer::cached_tokens_of(uint64_t replica, const prompt_blocks& p) const {
+  if (!tracking() || p.tokens == 0) return 0;
   auto it = replicas_.find(replica);
   if (it == replicas_.end()) return 0;
   // Never the block of the prompt's last token: a replica computes that one whatever it caches.
-  const auto hashes = block_hashes(prompt.empty() ? prompt : prompt.first(prompt.size() - 1), block_size_, salt);
-  return cached_blocks(replica, it->second, hashes) * block_size_;
+  const size_t usable = std::min(p.hashes.size(), (p.tokens - 1) / block_size_);
+  return cached_blocks(replica, it->second, std::span<const uint64_t>(p.hashes).first(usable)) * block_size_;
 }
 
 void balancer::unpredict(uint64_t h, uint64_t replica) {
@@ -154,7 +161,7 @@ std::optional<uint64_t> balancer::affine(uint64_t h, size_t floor) const {
   return std::nullopt;
 }
 
-result<uint64_t> balancer::pick(std::span<const int32_t> prompt, uint64_t salt, uint64_t key) {
+result<uint64_t> balancer::pick_blocks(const prompt_blocks& p, uint64_t key) {
   std::vector<uint64_t> ready;
   for (const auto& [id, e] : replicas_) {
     if (e.report.ready) ready.push_back(id);
@@ -187,7 +194,7 @@ result<uint64_t> balancer::pick(std::span<const int32_t> prompt, uint64_t salt, 
       auto least = least_loaded();
       if (!least) return least;
       const size_t floor = load(replicas_.at(*least));
-      const auto hashes = block_hashes(prompt, block_size_, salt);
+      const auto& hashes = p.hashes;
       // The replica that caches the most of the prompt, among those within 2x + 2 of the least
       // load (cache affinity is worth a little imbalance, not a queue); the less loaded, then
       // the lower id, among equals; the least loaded when none caches any of it.
@@ -221,14 +228,13 @@ void balancer::remember(uint64_t h, uint64_t replica, bool key) {
   }
 }
 
-void balancer::assigned(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt, uint64_t key) {
+void balancer::assigned_blocks(uint64_t replica, const prompt_blocks& p, uint64_t key) {
   auto it = replicas_.find(replica);
   if (it == replicas_.end()) return;
   ++it->second.extra;
   if (tracking()) {
-    const auto hashes = block_hashes(prompt, block_size_, salt);
-    for (size_t i = 0; i < hashes.size(); ++i) {
-      if (remembered(i)) remember(hashes[i], replica);
+    for (size_t i = 0; i < p.hashes.size(); ++i) {
+      if (remembered(i)) remember(p.hashes[i], replica);
     }
   }
   // After the blocks: the key is its request's newest entry, the last of them to age out.

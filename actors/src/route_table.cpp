@@ -62,6 +62,11 @@ bool route_table::tracks(uint64_t replica) {
   return it != model_of_.end() && of(it->second, role_of_.at(replica)).tracking();
 }
 
+size_t route_table::reported_blocks(uint64_t replica) {
+  auto it = model_of_.find(replica);
+  return it == model_of_.end() ? 0 : of(it->second, role_of_.at(replica)).reported_blocks(replica);
+}
+
 result<uint64_t> route_table::pick_in(std::map<std::string, std::unique_ptr<balancer>, std::less<>>& pool, std::string_view model,
                                       std::span<const int32_t> prompt, uint64_t salt, uint64_t key, const char* what,
                                       size_t* cached_tokens, size_t max_queue) {
@@ -71,7 +76,8 @@ result<uint64_t> route_table::pick_in(std::map<std::string, std::unique_ptr<bala
   };
   auto it = pool.find(model);
   if (it == pool.end()) return none();
-  auto picked = it->second->pick(prompt, salt, key);
+  const prompt_blocks blocks = it->second->blocks_of(prompt, salt);  // hashed once per pick
+  auto picked = it->second->pick_blocks(blocks, key);
   if (!picked) return none();
   // The policy's pick (an affinity key's replica, a prefix's) may be over the queue limit while
   // another is not: the least busy then, unless it is full too.
@@ -83,8 +89,8 @@ result<uint64_t> route_table::pick_in(std::map<std::string, std::unique_ptr<bala
                                               std::to_string(max_queue) + " or more requests");
     }
   }
-  if (cached_tokens) *cached_tokens = it->second->cached_tokens(*picked, prompt, salt);  // before this prompt is recorded
-  it->second->assigned(*picked, prompt, salt, key);
+  if (cached_tokens) *cached_tokens = it->second->cached_tokens_of(*picked, blocks);  // before this prompt is recorded
+  it->second->assigned_blocks(*picked, blocks, key);
   return picked;
 }
 

@@ -41,7 +41,10 @@ void forget(router* self, uint64_t id) {
   auto& st = self->state;
   if (st.replicas.erase(id) == 0) return;
   st.routes->remove(id);
-  st.kv.erase(id);
+  if (auto p = st.kv.find(id); p != st.kv.end()) {
+    if (p->second.answered && st.opt.metrics) st.opt.metrics->get_gauge(metric::kv_reported, {st.names[id]})->set(0);
+    st.kv.erase(p);
+  }
   const auto& was = st.loads[id];  // its counters stay where they were
   st.loads[id] = replica_load{id, false, 0, 0, 0, was.kv_total, was.drafted, was.accepted, was.preemptions, was.kv_imported,
                               was.kv_refused};
@@ -124,7 +127,10 @@ caf::behavior router_actor(router* self, router_options opt) {
       [=](reset_atom) -> uint64_t {
         auto& st = self->state;
         st.routes->forget_prefixes();
-        for (auto& [id, p] : st.kv) p.seq = 0;  // whatever was known is gone: learn it all again
+        for (auto& [id, p] : st.kv) {  // whatever was known is gone: learn it all again
+          p.seq = 0;
+          if (p.answered && st.opt.metrics) st.opt.metrics->get_gauge(metric::kv_reported, {st.names[id]})->set(0);
+        }
         for (const auto& [id, r] : st.replicas) self->send(r, reset_atom::value, caf::actor{self});
         return st.replicas.size();
       },
@@ -151,8 +157,13 @@ caf::behavior router_actor(router* self, router_options opt) {
         auto& p = st.kv[e.replica];
         p.seq = e.seq;
         p.waiting = false;
+        p.answered = true;
         p.backoff = 1;
         st.routes->apply(e);
+        if (st.opt.metrics) {
+          st.opt.metrics->get_gauge(metric::kv_reported, {st.names[e.replica]})
+              ->set(static_cast<double>(st.routes->reported_blocks(e.replica)));
+        }
       },
       [=](tick_atom) {
         auto& st = self->state;

@@ -24,6 +24,7 @@ void declare_serving(metrics_registry& r) {
   r.declare_gauge(running, "Requests in the replica's running batch.", {"replica"});
   r.declare_gauge(waiting, "Requests queued at the replica.", {"replica"});
   r.declare_gauge(kv_usage, "Fraction of the replica's KV-cache blocks held by requests.", {"replica"});
+  r.declare_gauge(kv_reported, "KV blocks the router knows the replica's prefix cache holds (its KV events).", {"replica"});
   r.declare_counter(migrations, "Requests moved to another replica after theirs failed.");
   r.declare_counter(routed, "Requests (and migrated continuations) the router sent to the replica.", {"replica"});
   r.declare_gauge(replicas_ready, "Replicas ready to take requests.");

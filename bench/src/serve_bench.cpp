@@ -23,6 +23,7 @@
 #include <boost/beast/ssl.hpp>
 #include <optional>
 #include <type_traits>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -99,7 +100,9 @@ std::vector<std::vector<int32_t>> random_prompts(size_t n, size_t len, size_t vo
                                                  size_t num_prefixes) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(vocab - 1));
-  std::vector<std::vector<int32_t>> prefixes(std::max<size_t>(1, num_prefixes), std::vector<int32_t>(prefix_len));
+  // Never more prefixes than prompts (those would never be used).
+  std::vector<std::vector<int32_t>> prefixes(std::clamp<size_t>(num_prefixes, 1, std::max<size_t>(n, 1)),
+                                             std::vector<int32_t>(prefix_len));
   for (auto& prefix : prefixes) {
     for (auto& t : prefix) t = id(rng);
   }

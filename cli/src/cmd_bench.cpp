@@ -158,13 +158,15 @@ void add_bench(CLI::App& app, command_set& commands) {
   ssub->add_option("--max-concurrency", s->max_concurrency, "Requests in flight at most; 0: unlimited")
       ->capture_default_str();
   ssub->add_option("--input-len", s->input_len, "Prompt tokens per request (random ids)")->capture_default_str();
-  ssub->add_option("--random-prefix-len", s->random_prefix_len,
+  auto* prefix_len = ssub->add_option("--random-prefix-len", s->random_prefix_len,
                    "vLLM's: random ids that every prompt starts with, before its --input-len own (prefix caching, "
                    "a conversation's history)")
       ->capture_default_str();
   ssub->add_option("--num-prefixes", s->num_prefixes,
-                   "vLLM's prefix repetition: that many different --random-prefix-len prefixes, taken in turn")
+                   "That many different --random-prefix-len prefixes, taken in turn (vLLM's prefix repetition, "
+                   "unshuffled: the worst order for an LRU cache)")
       ->check(CLI::Range(size_t{1}, size_t{1} << 20))
+      ->needs(prefix_len)
       ->capture_default_str();
   ssub->add_option("--output-len", s->output_len, "Generated tokens per request (max_tokens, ignore_eos)")
       ->capture_default_str();

@@ -1,12 +1,13 @@
 // The router's disaggregated-prefill decision, Dynamo's conditional disaggregation: a long
 // prompt goes to a prefill replica first unless the replica it is routed to already caches
-// enough of it (as far as the router sent it there) or every prefill replica already has
+// enough of it (as its KV events report, or as the router sent it there) or every prefill replica already has
 // max_prefill_queue requests; each prompt left local is counted by reason. The replicas here
 // are stand-ins that never report their load, so the router's own counts are its whole view of
 // it; one reports KV events (what its prefix cache holds, whoever sent the prompts).
 #include <gtest/gtest.h>
 
 #include <caf/all.hpp>
+#include <thread>
 
 #include "llmesh/actors/block_manager.hpp"
 #include "llmesh/actors/router_actor.hpp"
@@ -39,13 +40,15 @@ class RouterPrefill : public ::testing::Test {
     for (auto& a : actors_) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   }
 
-  caf::actor spawn_router(size_t max_local, size_t max_queue, std::chrono::milliseconds poll = std::chrono::milliseconds(10000)) {
+  caf::actor spawn_router(size_t max_local, size_t max_queue, std::chrono::milliseconds poll = std::chrono::milliseconds(10000),
+                          bool kv_events = true) {
     router_options ro;
     ro.block_size = 16;
     ro.metrics = &metrics_;
     ro.max_local_prefill = max_local;
     ro.max_prefill_queue = max_queue;
     ro.poll = poll;
+    ro.kv_events = kv_events;
     return keep(sys_.spawn(router_actor, ro));
   }
   caf::actor keep(caf::actor a) {
@@ -132,11 +135,42 @@ TEST_F(RouterPrefill, AHistoryOnlyTheReplicasKvEventsShowStaysLocal) {
                  replica_role::prefill, uint64_t{0}, uint64_t{0});
   watcher->receive([](uint64_t since) { EXPECT_EQ(since, 12u); },
                    caf::after(std::chrono::seconds(10)) >> [] { ADD_FAILURE() << "the router never applied the events"; });
+  EXPECT_EQ(metrics_.get_gauge(metric::kv_reported, {"d0"})->value(), 12.0);  // llmesh_router_cached_blocks
   auto turn = history;
   for (int32_t t = 0; t < 50; ++t) turn.push_back(9000 + t);  // 192 cached, 58 new
   EXPECT_FALSE(routed_with_prefill(router, turn));
   EXPECT_EQ(local("cached"), 1.0);
   EXPECT_TRUE(routed_with_prefill(router, tokens(50000, 200)));  // a conversation it does not hold
+}
+
+// Dynamo's --no-kv-events: the replica is never asked, so the history it holds is unknown and
+// the next turn is prefilled elsewhere (the router predicts from its own routing only).
+TEST_F(RouterPrefill, WithoutKvEventsOnlyItsOwnRoutingCounts) {
+  metric::declare_serving(metrics_);
+  block_manager cache(64, 16);
+  const auto history = tokens(1, 200);
+  {
+    block_list b;
+    cache.match_prefix(history, b);
+    ASSERT_TRUE(cache.reserve(b, history.size()).ok());
+    cache.commit(b, history);
+    cache.release(b);
+  }
+  auto router = spawn_router(64, 0, std::chrono::milliseconds(20), /*kv_events=*/false);
+  caf::scoped_actor watcher{sys_};
+  auto d0 = keep(sys_.spawn(reporting_replica, cache.events_since(0), caf::actor{watcher}));
+  caf::anon_send(router, add_atom::value, d0, std::string("d0"), std::string("m"));
+  caf::anon_send(router, add_atom::value, keep(sys_.spawn(silent_replica)), std::string("p0"), std::string("m"),
+                 replica_role::prefill, uint64_t{0}, uint64_t{0});
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // ten polls
+  auto turn = history;
+  for (int32_t t = 0; t < 50; ++t) turn.push_back(9000 + t);
+  EXPECT_TRUE(routed_with_prefill(router, turn));
+  EXPECT_EQ(local("cached"), 0.0);
+  EXPECT_FALSE(metrics_.render().find("llmesh_router_cached_blocks{") != std::string::npos);
+  // Its own routing is predicted: the history, now sent there with the turn, stays.
+  EXPECT_FALSE(routed_with_prefill(router, history));
+  EXPECT_EQ(local("cached"), 1.0);
 }
 
 TEST_F(RouterPrefill, BusyPrefillReplicasLeaveTheirPromptsLocal) {

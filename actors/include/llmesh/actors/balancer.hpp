@@ -16,6 +16,7 @@
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "llmesh/actors/kv_events.hpp"
 #include "llmesh/common/error.hpp"
@@ -38,6 +39,14 @@ struct replica_load {
   size_t kv_imported = 0, kv_refused = 0;  ///< disaggregated prefill: KV blocks taken in, imports refused, since it started
 };
 
+/// A prompt's whole blocks' chained hashes from its salt (element i stands for blocks 0..i, as
+/// the replicas' prefix caches hash them; empty when the balancer tracks no prefixes): hashed
+/// once per route, then picked, measured and recorded with.
+struct prompt_blocks {
+  std::vector<uint64_t> hashes;
+  size_t tokens = 0;  ///< the prompt's length
+};
+
 /// Thread affinity: the router's. Deterministic for a given seed and sequence of calls.
 class balancer {
  public:
@@ -53,9 +62,17 @@ class balancer {
   /// replicas' caches are. `key`: its affinity key (OpenAI's prompt_cache_key; 0: none): under
   /// every policy but round-robin, the replica the key's last request went to, unless it is no
   /// longer ready or is much busier than the least loaded (more than 2x + 2 its load).
-  [[nodiscard]] result<uint64_t> pick(std::span<const int32_t> prompt, uint64_t salt = 0, uint64_t key = 0);
+  [[nodiscard]] result<uint64_t> pick(std::span<const int32_t> prompt, uint64_t salt = 0, uint64_t key = 0) {
+    return pick_blocks(blocks_of(prompt, salt), key);
+  }
+  [[nodiscard]] result<uint64_t> pick_blocks(const prompt_blocks& p, uint64_t key = 0);
   /// Records that a request with this prompt (and key) went to `replica`.
-  void assigned(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt = 0, uint64_t key = 0);
+  void assigned(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt = 0, uint64_t key = 0) {
+    assigned_blocks(replica, blocks_of(prompt, salt), key);
+  }
+  void assigned_blocks(uint64_t replica, const prompt_blocks& p, uint64_t key = 0);
+  /// The prompt's blocks as this balancer hashes them (none when it tracks no prefixes).
+  prompt_blocks blocks_of(std::span<const int32_t> prompt, uint64_t salt = 0) const;
   /// Records that one of its requests ended.
   void finished(uint64_t replica);
 
@@ -70,6 +87,11 @@ class balancer {
   /// cached_tokens() and prefix-aware picks; an evicted block is also no longer predicted there.
   /// Ignored for unknown replicas and when prefixes are not tracked.
   void apply(const kv_events& e);
+  /// Blocks a replica's KV events report cached (0 for unknown replicas).
+  size_t reported_blocks(uint64_t replica) const {
+    auto it = replicas_.find(replica);
+    return it == replicas_.end() ? 0 : it->second.kv.size();
+  }
   /// Whether prefixes are tracked (prefix-aware, or track_prefixes()): KV events are of use.
   bool tracking() const { return policy_ == balance_policy::prefix_aware || track_prefixes_; }
 
@@ -80,7 +102,10 @@ class balancer {
   /// leading blocks its KV events reported and those this balancer last sent it (a prediction:
   /// past the first dense_blocks blocks it counts in steps of sparse_step blocks, rounded down).
   /// 0 when prefixes are not tracked.
-  size_t cached_tokens(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt = 0) const;
+  size_t cached_tokens(uint64_t replica, std::span<const int32_t> prompt, uint64_t salt = 0) const {
+    return cached_tokens_of(replica, blocks_of(prompt, salt));
+  }
+  size_t cached_tokens_of(uint64_t replica, const prompt_blocks& p) const;
 
   /// Forgets where every prefix and affinity key went (the replicas' prefix caches were emptied).
   void forget_prefixes();

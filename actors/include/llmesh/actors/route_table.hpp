@@ -48,6 +48,8 @@ class route_table {
   void apply(const kv_events& e);
   /// Whether a replica's balancer tracks prefixes (its KV events are worth asking for).
   bool tracks(uint64_t replica);
+  /// Blocks a replica's KV events report cached (balancer::reported_blocks; 0 for unknown ones).
+  size_t reported_blocks(uint64_t replica);
 
   /// A ready replica of `model` by its policy, counted against it until finished();
   /// replica_unavailable naming the model when it has none ready. `cached_tokens`, when given:

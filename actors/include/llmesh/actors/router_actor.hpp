@@ -63,6 +63,7 @@ struct router_options {
 struct kv_poll {
   uint64_t seq = 0;  ///< the cursor (kv_events::seq of the last answer)
   bool waiting = false;
+  bool answered = false;  ///< an answer was applied (its llmesh_router_cached_blocks series exists)
   uint32_t ticks = 0, backoff = 1;
 };
 

@@ -32,6 +32,9 @@ inline constexpr const char* model_requests = "llmesh_model_requests_total";
 inline constexpr const char* running = "llmesh_requests_running";        ///< label: replica
 inline constexpr const char* waiting = "llmesh_requests_waiting";        ///< label: replica
 inline constexpr const char* kv_usage = "llmesh_kv_cache_usage_ratio";   ///< label: replica
+/// KV blocks the router knows a replica's prefix cache holds, from its KV events (replicas it
+/// asks for them: prefix-aware routing, models with prefill replicas); label: replica.
+inline constexpr const char* kv_reported = "llmesh_router_cached_blocks";
 inline constexpr const char* migrations = "llmesh_request_migrations_total";
 inline constexpr const char* routed = "llmesh_replica_requests_total";  ///< label: replica
 inline constexpr const char* replicas_ready = "llmesh_replicas_ready";

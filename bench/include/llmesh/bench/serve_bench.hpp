@@ -33,7 +33,7 @@ struct serve_bench_options {
   size_t max_concurrency = 0;                                     ///< 0: unlimited
   size_t input_len = 1024;
   size_t random_prefix_len = 0;  ///< vLLM's: ids every prompt starts with (a shared system prompt, a conversation's history)
-  /// That many different prefixes, taken in turn (vLLM's prefix-repetition dataset's num-prefixes).
+  /// That many different prefixes, taken in turn (vLLM's prefix-repetition dataset, unshuffled).
   size_t num_prefixes = 1;
   size_t output_len = 128;
   /// Prompt ids are drawn from [0, vocab). 0: tokenizer_dir's vocab_size, else 256 (every
