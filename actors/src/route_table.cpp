@@ -35,36 +35,40 @@ void route_table::add(uint64_t replica, std::string model, replica_role role) {
   role_of_[replica] = role;
 }
 
-void route_table::remove(uint64_t replica) {
+balancer* route_table::balancer_of(uint64_t replica) {
   auto it = model_of_.find(replica);
-  if (it == model_of_.end()) return;
-  of(it->second, role_of_.at(replica)).remove(replica);
+  return it == model_of_.end() ? nullptr : &of(it->second, role_of_.at(replica));
+}
+
+void route_table::remove(uint64_t replica) {
+  auto* b = balancer_of(replica);
+  if (!b) return;
+  b->remove(replica);
   ready_.erase(replica);
   role_of_.erase(replica);
-  model_of_.erase(it);
+  model_of_.erase(replica);
 }
 
 bool route_table::update(const replica_load& load) {
-  auto it = model_of_.find(load.replica);
-  if (it == model_of_.end()) return false;
-  of(it->second, role_of_.at(load.replica)).update(load);
+  auto* b = balancer_of(load.replica);
+  if (!b) return false;
+  b->update(load);
   ready_[load.replica] = load.ready;
   return true;
 }
 
 void route_table::apply(const kv_events& e) {
-  auto it = model_of_.find(e.replica);
-  if (it != model_of_.end()) of(it->second, role_of_.at(e.replica)).apply(e);
+  if (auto* b = balancer_of(e.replica)) b->apply(e);
 }
 
 bool route_table::tracks(uint64_t replica) {
-  auto it = model_of_.find(replica);
-  return it != model_of_.end() && of(it->second, role_of_.at(replica)).tracking();
+  auto* b = balancer_of(replica);
+  return b && b->tracking();
 }
 
 size_t route_table::reported_blocks(uint64_t replica) {
-  auto it = model_of_.find(replica);
-  return it == model_of_.end() ? 0 : of(it->second, role_of_.at(replica)).reported_blocks(replica);
+  auto* b = balancer_of(replica);
+  return b ? b->reported_blocks(replica) : 0;
 }
 
 result<uint64_t> route_table::pick_in(std::map<std::string, std::unique_ptr<balancer>, std::less<>>& pool, std::string_view model,
@@ -116,8 +120,7 @@ bool route_table::has_prefill(std::string_view model) const {
 }
 
 void route_table::finished(uint64_t replica) {
-  auto it = model_of_.find(replica);
-  if (it != model_of_.end()) of(it->second, role_of_.at(replica)).finished(replica);
+  if (auto* b = balancer_of(replica)) b->finished(replica);
 }
 
 model_counts route_table::ready() const {

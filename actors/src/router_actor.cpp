@@ -37,12 +37,18 @@ void publish(router* self) {
   }
 }
 
+/// The llmesh_router_cached_blocks series of a replica.
+void set_cached_blocks(router* self, uint64_t id, size_t blocks) {
+  auto& st = self->state;
+  if (st.opt.metrics) st.opt.metrics->get_gauge(metric::kv_reported, {st.names[id]})->set(static_cast<double>(blocks));
+}
+
 void forget(router* self, uint64_t id) {
   auto& st = self->state;
   if (st.replicas.erase(id) == 0) return;
   st.routes->remove(id);
   if (auto p = st.kv.find(id); p != st.kv.end()) {
-    if (p->second.answered && st.opt.metrics) st.opt.metrics->get_gauge(metric::kv_reported, {st.names[id]})->set(0);
+    if (p->second.answered) set_cached_blocks(self, id, 0);
     st.kv.erase(p);
   }
   const auto& was = st.loads[id];  // its counters stay where they were
@@ -129,7 +135,7 @@ caf::behavior router_actor(router* self, router_options opt) {
         st.routes->forget_prefixes();
         for (auto& [id, p] : st.kv) {  // whatever was known is gone: learn it all again
           p.seq = 0;
-          if (p.answered && st.opt.metrics) st.opt.metrics->get_gauge(metric::kv_reported, {st.names[id]})->set(0);
+          if (p.answered) set_cached_blocks(self, id, 0);
         }
         for (const auto& [id, r] : st.replicas) self->send(r, reset_atom::value, caf::actor{self});
         return st.replicas.size();
@@ -160,10 +166,7 @@ caf::behavior router_actor(router* self, router_options opt) {
         p.answered = true;
         p.backoff = 1;
         st.routes->apply(e);
-        if (st.opt.metrics) {
-          st.opt.metrics->get_gauge(metric::kv_reported, {st.names[e.replica]})
-              ->set(static_cast<double>(st.routes->reported_blocks(e.replica)));
-        }
+        set_cached_blocks(self, e.replica, st.routes->reported_blocks(e.replica));
       },
       [=](tick_atom) {
         auto& st = self->state;

@@ -356,13 +356,15 @@ struct reader {
     err = bad(std::string(field) + " holds " + std::to_string(l.size()) + " elements");
     return false;
   }
-  std::vector<int32_t> ints(capnp::List<int32_t>::Reader l, const char* field) {
-    std::vector<int32_t> out;
+  template <class T>
+  std::vector<T> values(typename capnp::List<T>::Reader l, const char* field) {
+    std::vector<T> out;
     if (!fits(l, field)) return out;
     out.reserve(l.size());
-    for (int32_t v : l) out.push_back(v);
+    for (T v : l) out.push_back(v);
     return out;
   }
+  std::vector<int32_t> ints(capnp::List<int32_t>::Reader l, const char* field) { return values<int32_t>(l, field); }
   std::vector<role> roles(capnp::List<s::Role>::Reader l) {
     std::vector<role> out;
     if (!fits(l, "roles")) return out;
@@ -501,13 +503,8 @@ struct reader {
       case Body::KV_EVENTS_REQUEST: out = kv_events_request{b.getKvEventsRequest()}; break;
       case Body::KV_EVENTS: {
         auto k = b.getKvEvents();
-        kv_events_msg m{k.getFull(), k.getSeq(), {}, {}, k.getBlockSize()};
-        if (!fits(k.getStored(), "stored") || !fits(k.getRemoved(), "removed")) break;
-        m.stored.reserve(k.getStored().size());
-        for (auto h : k.getStored()) m.stored.push_back(h);
-        m.removed.reserve(k.getRemoved().size());
-        for (auto h : k.getRemoved()) m.removed.push_back(h);
-        out = std::move(m);
+        out = kv_events_msg{k.getFull(), k.getSeq(), values<uint64_t>(k.getStored(), "stored"),
+                            values<uint64_t>(k.getRemoved(), "removed"), k.getBlockSize()};
         break;
       }
       case Body::LOAD: {

@@ -76,6 +76,8 @@ class route_table {
 
  private:
   balancer& of(const std::string& model, replica_role role);
+  /// The balancer a known replica is in; null for unknown ones.
+  balancer* balancer_of(uint64_t replica);
   result<uint64_t> pick_in(std::map<std::string, std::unique_ptr<balancer>, std::less<>>& pool, std::string_view model,
                            std::span<const int32_t> prompt, uint64_t salt, uint64_t key, const char* what,
                            size_t* cached_tokens = nullptr, size_t max_queue = 0);
