@@ -190,7 +190,7 @@ struct KvBlocks {
   cacheSalt @4 :UInt64;
   lora @5 :Text;
   blockSize @6 :UInt32;
-  kvDtype @7 :UInt8;         # 0 float32, 1 bfloat16
+  kvDtype @7 :UInt8;         # 0 float32, 1 bfloat16, 2 fp8_e4m3, 3 fp8_e5m2
   blockBytes @8 :UInt64;     # one block: per layer, keys then values, [position][KV head][head dim]
   data @9 :Data;             # tokens / blockSize blocks of blockBytes
   import @10 :Bool;          # to a replica: take them in

@@ -405,7 +405,7 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   LLMESH_READ(kv_dtype, r.string(f, "kv_cache_dtype", false));
   if (kv_dtype) {
     auto t = model::parse_kv_cache_dtype(*kv_dtype);
-    if (!t) return r.fail("'kv_cache_dtype' must be auto, float32 or bfloat16, got " + shown(*kv_dtype));
+    if (!t) return r.fail("'kv_cache_dtype' must be auto, float32, bfloat16, fp8, fp8_e4m3 or fp8_e5m2, got " + shown(*kv_dtype));
     out.kv_cache_dtype = std::string(model::kv_cache_dtype_name(*t));
   }
   LLMESH_READ(chat, r.string(f, "chat_template", false));

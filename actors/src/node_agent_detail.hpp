@@ -144,7 +144,7 @@ inline result<model::load_options> load_options_of(const transport::assign_msg& 
 }
 
 /// The KV cache an assignment asks for: invalid_request for a dtype this build does not know,
-/// unsupported for bfloat16 on a CUDA node.
+/// unsupported for bfloat16 or fp8 on a CUDA node.
 inline result<kernels::dtype> kv_type_of(const transport::assign_msg& a, model::backend device) {
   auto t = model::parse_kv_cache_dtype(a.kv_cache_dtype.empty() ? "float32" : a.kv_cache_dtype);
   if (!t) return t.take_error();

@@ -194,7 +194,10 @@ transport::kv_blocks_msg to_wire(const kv_prefix& p, bool import) {
   m.cache_salt = p.cache_salt;
   m.lora = p.lora;
   m.block_size = p.block_size;
-  m.kv_dtype = p.kv_type == kernels::dtype::bf16 ? 1 : 0;
+  m.kv_dtype = p.kv_type == kernels::dtype::bf16      ? 1
+               : p.kv_type == kernels::dtype::f8_e4m3 ? 2
+               : p.kv_type == kernels::dtype::f8_e5m2 ? 3
+                                                      : 0;
   m.block_bytes = p.block_bytes;
   size_t blocks = p.data ? std::min(p.blocks(), p.data->size() / std::max<uint64_t>(p.block_bytes, 1)) : 0;
   // A block costs its bytes and its positions' token ids (4 bytes each): the frame stays under
@@ -215,7 +218,10 @@ kv_prefix prefix_from_wire(const transport::kv_blocks_msg& m) {
   p.cache_salt = m.cache_salt;
   p.lora = m.lora;
   p.block_size = m.block_size;
-  p.kv_type = m.kv_dtype == 1 ? kernels::dtype::bf16 : kernels::dtype::f32;
+  p.kv_type = m.kv_dtype == 1   ? kernels::dtype::bf16
+              : m.kv_dtype == 2 ? kernels::dtype::f8_e4m3
+              : m.kv_dtype == 3 ? kernels::dtype::f8_e5m2
+                                : kernels::dtype::f32;
   p.block_bytes = m.block_bytes;
   p.data = m.data ? m.data : std::make_shared<const std::vector<std::byte>>();
   return p;

@@ -280,7 +280,8 @@ status run_serve(serve_flags f) {
                : ao.runtime_lora_updates
                    ? (", " + std::to_string(loras->size()) + " LoRA adapter(s), runtime updates on").c_str()
                    : (", " + std::to_string(loras->size()) + " LoRA adapter(s)").c_str(),
-               mo.engine.threads, e0.kv_blocks() * e0.kv_block_size(), *kv_type == kernels::dtype::bf16 ? ", bfloat16" : "",
+               mo.engine.threads, e0.kv_blocks() * e0.kv_block_size(),
+               *kv_type == kernels::dtype::f32 ? "" : (", " + std::string(model::kv_cache_dtype_name(*kv_type))).c_str(),
                notes.empty() ? "" : "; ", notes.c_str());
   std::fprintf(stderr,
                "llmesh: try: curl %s://%s:%u/v1/completions -H 'Content-Type: application/json'%s -d "

@@ -79,11 +79,12 @@ inline void add_dtype_flag(CLI::App* sub, std::string& t) {
 inline void add_kv_cache_dtype_flag(CLI::App* sub, std::string& t) {
   sub->add_option("--kv-cache-dtype", t,
                   "KV cache elements: auto or float32 (the reference precision), bfloat16 (half the memory per position, "
-                  "so twice the context in --kv-cache-mb; CPU backend)")
+                  "so twice the context in --kv-cache-mb), fp8 = fp8_e4m3 or fp8_e5m2 (a quarter: 8-bit floats, scale 1, "
+                  "as vLLM's without calibrated scales); CPU backend")
       ->capture_default_str();
 }
 
-/// Parses --kv-cache-dtype against --device before anything loads: bfloat16 runs on the CPU only.
+/// Parses --kv-cache-dtype against --device before anything loads: bfloat16 and fp8 run on the CPU only.
 [[nodiscard]] inline result<kernels::dtype> kv_cache_dtype_for(const std::string& flag, model::backend device) {
   auto t = model::parse_kv_cache_dtype(flag);
   if (!t) return t.take_error();

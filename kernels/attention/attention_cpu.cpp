@@ -13,9 +13,18 @@
 #include "llmesh/kernels/attention.hpp"
 #include "llmesh/kernels/elementwise.hpp"
 #include "llmesh/kernels/matmul.hpp"
+#include "attention/kv_widen.hpp"
+#include "llmesh/kernels/cpu_features.hpp"
 #include "matmul/matmul_isa.hpp"
 
 namespace llmesh::kernels {
+
+void detail::widen_f8_rows_portable(dtype t, const uint8_t* src, size_t stride, size_t n, size_t width, float* dst) {
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t d = 0; d < width; ++d) dst[i * width + d] = f8_to_f32(t, src[i * stride + d]);
+  }
+}
+
 namespace {
 
 size_t row_stride(const attention_shape& s) { return s.n_kv_heads * s.head_dim; }
@@ -24,8 +33,8 @@ size_t block_stride(const attention_shape& s) { return s.block_size * row_stride
 status check_table(const kv_layer_view& cache, const attention_shape& shape,
                    std::span<const int32_t> table, size_t end_pos) {
   if (shape.block_size == 0) return make_error(errc::internal, "attention: block_size is 0");
-  if (cache.type != dtype::f32 && cache.type != dtype::bf16) {
-    return make_error(errc::internal, "attention: a KV cache of " + std::string(dtype_name(cache.type)) + " (f32 or bf16)");
+  if (cache.type != dtype::f32 && cache.type != dtype::bf16 && !is_f8(cache.type)) {
+    return make_error(errc::internal, "attention: a KV cache of " + std::string(dtype_name(cache.type)) + " (f32, bf16, f8_e4m3 or f8_e5m2)");
   }
   size_t need = (end_pos + shape.block_size - 1) / shape.block_size;
   if (table.size() < need) {
@@ -100,14 +109,19 @@ LLMESH_VECTOR_CLONES void widen_rows(const uint16_t* __restrict src, size_t stri
 }
 
 /// Rows [p, end) of one kv head's keys or values as float32 rows: in place in a float32 cache
-/// (row_stride apart), or widened once into `scratch` from a bf16 cache (head_dim apart), so
-/// every (row, head) pair of a work item reads floats. Returns the first row and the stride.
+/// (row_stride apart), or widened once into `scratch` from a bf16 or 8-bit float cache
+/// (head_dim apart), so every (row, head) pair of a work item reads floats. Returns the first
+/// row and the stride.
 std::pair<const float*, size_t> float_rows(const void* base, dtype type, size_t offset, size_t n, const attention_shape& s,
                                            std::vector<float>& scratch) {
   const size_t stride = row_stride(s);
   if (type == dtype::f32) return {static_cast<const float*>(base) + offset, stride};
   scratch.resize(n * s.head_dim);
-  widen_rows(static_cast<const uint16_t*>(base) + offset, stride, n, s.head_dim, scratch.data());
+  if (type == dtype::bf16) {
+    widen_rows(static_cast<const uint16_t*>(base) + offset, stride, n, s.head_dim, scratch.data());
+  } else {
+    widen_kv_rows(type, static_cast<const uint8_t*>(base) + offset, stride, n, s.head_dim, scratch.data(), active_isa());
+  }
   return {scratch.data(), s.head_dim};
 }
 
@@ -214,6 +228,17 @@ void attend_tile(const kv_layer_view& cache, const attention_shape& s, const att
 
 }  // namespace
 
+void widen_kv_rows(dtype t, const void* src, size_t stride, size_t n, size_t width, float* dst, isa level) {
+  const auto* bytes = static_cast<const uint8_t*>(src);
+#if !defined(LLMESH_NO_X86_KERNELS) && defined(__x86_64__)
+  if (level == isa::avx512) return detail::widen_f8_rows_avx512(t, bytes, stride, n, width, dst);
+  if (level == isa::avx2) return detail::widen_f8_rows_avx2(t, bytes, stride, n, width, dst);
+#else
+  (void)level;
+#endif
+  detail::widen_f8_rows_portable(t, bytes, stride, n, width, dst);
+}
+
 status kv_write(const kv_layer_view& cache, const attention_shape& shape,
                 std::span<const int32_t> block_table, size_t pos0, size_t n_tokens,
                 const float* k, const float* v) {
@@ -228,6 +253,11 @@ status kv_write(const kv_layer_view& cache, const attention_shape& shape,
       uint16_t* values = static_cast<uint16_t*>(cache.values) + off;
       for (size_t i = 0; i < row; ++i) keys[i] = f32_to_bf16(k[t * row + i]);
       for (size_t i = 0; i < row; ++i) values[i] = f32_to_bf16(v[t * row + i]);
+    } else if (is_f8(cache.type)) {
+      uint8_t* keys = static_cast<uint8_t*>(cache.keys) + off;
+      uint8_t* values = static_cast<uint8_t*>(cache.values) + off;
+      for (size_t i = 0; i < row; ++i) keys[i] = f32_to_f8(cache.type, k[t * row + i]);
+      for (size_t i = 0; i < row; ++i) values[i] = f32_to_f8(cache.type, v[t * row + i]);
     } else {
       std::copy(k + t * row, k + (t + 1) * row, static_cast<float*>(cache.keys) + off);
       std::copy(v + t * row, v + (t + 1) * row, static_cast<float*>(cache.values) + off);

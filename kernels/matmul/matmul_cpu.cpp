@@ -34,6 +34,9 @@ status validate(const matmul_args& a) {
                       "matmul: leading dimension smaller than the row (ldx " + std::to_string(a.ldx) +
                           ", ldw " + std::to_string(a.ldw) + ", ldy " + std::to_string(a.ldy) + ")");
   }
+  if (is_f8(a.w_type)) {
+    return make_error(errc::invalid_request, "matmul: " + std::string(dtype_name(a.w_type)) + " is a KV cache type, not a weight type");
+  }
   const size_t block = dtype_block(a.w_type);
   if (a.ldw % block != 0) {
     return make_error(errc::invalid_request, "matmul: " + std::string(dtype_name(a.w_type)) + " weights need rows of whole blocks (ldw " +

@@ -99,13 +99,15 @@ status quantize_q8(const void* src, dtype src_type, size_t rows, size_t cols, ui
     }
     case dtype::q4: return quantize_q4_rows(static_cast<const uint8_t*>(src), rows, cols, dst, first_row);
     case dtype::q8: break;
+    case dtype::f8_e4m3: case dtype::f8_e5m2:
+      return make_error(errc::invalid_request, "quantize_q8: 8-bit floats are a KV cache type, not a weight type");
   }
   return make_error(errc::invalid_request, "quantize_q8: the weights are int8 already");
 }
 
 status convert_rows(const void* src, dtype src_type, size_t rows, size_t cols, void* dst, dtype dst_type,
                     size_t first_row) {
-  if (is_quantized(src_type) || is_quantized(dst_type)) {
+  if (is_quantized(src_type) || is_quantized(dst_type) || is_f8(src_type) || is_f8(dst_type)) {
     return make_error(errc::invalid_request, "convert_rows: quantized weights are not converted");
   }
   const size_t n = rows * cols;
@@ -134,7 +136,7 @@ status convert_rows(const void* src, dtype src_type, size_t rows, size_t cols, v
         return ok_status();
       });
     case dtype::q8: case dtype::q4: case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k:
-    case dtype::iq4_xs: break;
+    case dtype::iq4_xs: case dtype::f8_e4m3: case dtype::f8_e5m2: break;
   }
   return ok_status();
 }

@@ -91,19 +91,33 @@ status check_quantized_layout(const model& m, const shard_layout& l) {
 result<kernels::dtype> parse_kv_cache_dtype(std::string_view s) {
   if (s == "auto" || s == "float32" || s == "fp32") return kernels::dtype::f32;
   if (s == "bfloat16" || s == "bf16") return kernels::dtype::bf16;
+  if (s == "fp8" || s == "fp8_e4m3") return kernels::dtype::f8_e4m3;  // vLLM: fp8 is e4m3
+  if (s == "fp8_e5m2") return kernels::dtype::f8_e5m2;
   if (s.substr(0, 3) == "fp8") {
-    return make_error(errc::unsupported, "--kv-cache-dtype " + std::string(s) + ": fp8 KV caches are not supported (auto, float32 or bfloat16)");
+    return make_error(errc::unsupported, "--kv-cache-dtype " + std::string(s) +
+                                             ": not supported (auto, float32, bfloat16, fp8, fp8_e4m3 or fp8_e5m2)");
   }
-  return make_error(errc::invalid_request, "--kv-cache-dtype must be auto, float32 or bfloat16, not '" + std::string(s) + "'");
+  return make_error(errc::invalid_request,
+                    "--kv-cache-dtype must be auto, float32, bfloat16, fp8, fp8_e4m3 or fp8_e5m2, not '" + std::string(s) + "'");
 }
 
-std::string_view kv_cache_dtype_name(kernels::dtype t) { return t == kernels::dtype::bf16 ? "bfloat16" : "float32"; }
+std::string_view kv_cache_dtype_name(kernels::dtype t) {
+  switch (t) {
+    case kernels::dtype::bf16: return "bfloat16";
+    case kernels::dtype::f8_e4m3: return "fp8_e4m3";
+    case kernels::dtype::f8_e5m2: return "fp8_e5m2";
+    case kernels::dtype::f32: return "float32";
+    case kernels::dtype::f16: case kernels::dtype::q8: case kernels::dtype::q4_k: case kernels::dtype::q5_k: case kernels::dtype::q6_k:
+    case kernels::dtype::q2_k: case kernels::dtype::q3_k: case kernels::dtype::iq4_xs: case kernels::dtype::q4: break;
+  }
+  return kernels::dtype_name(t);  // not a KV cache type (set_kv_type refuses it)
+}
 
 namespace {
 
 status set_kv_type(kv_cache_config& kv, kernels::dtype type) {
-  if (type != kernels::dtype::f32 && type != kernels::dtype::bf16) {
-    return make_error(errc::invalid_request, "a KV cache holds float32 or bfloat16");
+  if (type != kernels::dtype::f32 && type != kernels::dtype::bf16 && !kernels::is_f8(type)) {
+    return make_error(errc::invalid_request, "a KV cache holds float32, bfloat16, fp8_e4m3 or fp8_e5m2");
   }
   kv.type = type;
   return ok_status();
@@ -114,8 +128,10 @@ status set_kv_type(kv_cache_config& kv, kernels::dtype type) {
 result<backend_choice> choose_backend(const model& m, const engine_options& opt) {
   const auto& c = m.config();
   const bool quantized = !m.quantized_weights().empty();
+  const std::string kv_name(kv_cache_dtype_name(opt.kv_type));
+  const std::string kv_reason = kv_name + " KV caches (--kv-cache-dtype " + kv_name + ")";
   const char* cpu_only = m.lora_enabled()                     ? "LoRA adapters"
-                         : opt.kv_type != kernels::dtype::f32 ? "bfloat16 KV caches (--kv-cache-dtype bfloat16)"
+                         : opt.kv_type != kernels::dtype::f32 ? kv_reason.c_str()
                                                               : cpu_only_family(c);
   if (opt.device == backend::cuda && quantized) {
     return make_error(errc::unsupported, m.quantized_weights() + " weights (--quantization int8, a quantized GGUF, or an AWQ/GPTQ/compressed-tensors checkpoint) run on the CPU backend only (use --device cpu)");

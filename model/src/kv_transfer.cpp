@@ -9,12 +9,6 @@
 #include "llmesh/model/shard_executor.hpp"
 
 namespace llmesh::model {
-namespace {
-
-size_t element_bytes(kernels::dtype t) { return t == kernels::dtype::bf16 ? 2 : 4; }
-
-}  // namespace
-
 status step_executor::kv_copy_out(std::span<const int32_t>, std::span<std::byte>) const {
   return make_error(errc::unsupported, "this backend cannot copy KV blocks out");
 }
@@ -47,30 +41,24 @@ void for_each_row(const model_config& c, const shard_layout& l, size_t bs, size_
 }  // namespace
 
 status shard_executor::kv_copy_out(std::span<const int32_t> blocks, std::span<std::byte> data) const {
-  const bool half = kv_.type == kernels::dtype::bf16;
-  for_each_row(model_->config(), layout_, kv_.block_size, element_bytes(kv_.type), blocks,
+  for_each_row(model_->config(), layout_, kv_.block_size, kernels::dtype_size(kv_.type), blocks,
                [&](size_t layer, int kind, size_t mine, size_t theirs, size_t n) {
-                 const auto* cache = half ? reinterpret_cast<const std::byte*>((kind == 0 ? keys16_ : values16_)[layer].data())
-                                          : reinterpret_cast<const std::byte*>((kind == 0 ? keys_ : values_)[layer].data());
-                 std::memcpy(data.data() + theirs, cache + mine, n);
+                 std::memcpy(data.data() + theirs, (kind == 0 ? keys_ : values_)[layer].data() + mine, n);
                });
   return ok_status();
 }
 
 status shard_executor::kv_copy_in(std::span<const int32_t> blocks, std::span<const std::byte> data) {
-  const bool half = kv_.type == kernels::dtype::bf16;
-  for_each_row(model_->config(), layout_, kv_.block_size, element_bytes(kv_.type), blocks,
+  for_each_row(model_->config(), layout_, kv_.block_size, kernels::dtype_size(kv_.type), blocks,
                [&](size_t layer, int kind, size_t mine, size_t theirs, size_t n) {
-                 auto* cache = half ? reinterpret_cast<std::byte*>((kind == 0 ? keys16_ : values16_)[layer].data())
-                                    : reinterpret_cast<std::byte*>((kind == 0 ? keys_ : values_)[layer].data());
-                 std::memcpy(cache + mine, data.data() + theirs, n);
+                 std::memcpy((kind == 0 ? keys_ : values_)[layer].data() + mine, data.data() + theirs, n);
                });
   return ok_status();
 }
 
 size_t engine::kv_block_bytes() const {
   const auto& c = model_->config();
-  return c.n_layers * 2 * kv_.block_size * c.n_kv_heads * c.head_dim * element_bytes(kv_.type);
+  return c.n_layers * 2 * kv_.block_size * c.n_kv_heads * c.head_dim * kernels::dtype_size(kv_.type);
 }
 
 namespace {

@@ -101,14 +101,9 @@ shard_executor::shard_executor(std::shared_ptr<const model> m, shard_layout layo
                    : type == kernels::dtype::f16 ? kernels::f16_to_f32(kernels::f32_to_f16(root))
                                                  : root;
   }
-  const size_t elements = kv_.n_blocks * kv_.block_size * layout_.n_kv_heads * c.head_dim;
-  if (kv_.type == kernels::dtype::bf16) {
-    keys16_.assign(c.n_layers, std::vector<uint16_t>(elements));
-    values16_.assign(c.n_layers, std::vector<uint16_t>(elements));
-  } else {
-    keys_.assign(c.n_layers, std::vector<float>(elements));
-    values_.assign(c.n_layers, std::vector<float>(elements));
-  }
+  const size_t bytes = kv_.n_blocks * kv_.block_size * layout_.n_kv_heads * c.head_dim * kernels::dtype_size(kv_.type);
+  keys_.assign(c.n_layers, std::vector<std::byte>(bytes));
+  values_.assign(c.n_layers, std::vector<std::byte>(bytes));
 }
 
 void shard_executor::ensure_buffers(size_t t) {
@@ -256,9 +251,7 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
     kernels::rope_apply(&k_[t * kv_dim], layout_.n_kv_heads, hd, cos + t * half, sin + t * half);
   });
 
-  kernels::kv_layer_view cache = kv_.type == kernels::dtype::bf16
-                                     ? kernels::kv_layer_view{keys16_[layer].data(), values16_[layer].data(), kv_.n_blocks, kv_.type}
-                                     : kernels::kv_layer_view{keys_[layer].data(), values_[layer].data(), kv_.n_blocks, kv_.type};
+  const kernels::kv_layer_view cache{keys_[layer].data(), values_[layer].data(), kv_.n_blocks, kv_.type};
   kernels::attention_shape shape = attn_shape_;
   shape.sliding_window = layer_window(c, layer);
   std::vector<kernels::attention_seq> seqs;

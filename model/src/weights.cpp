@@ -116,7 +116,8 @@ std::string_view weight_dtype_name(std::optional<kernels::dtype> t) {
     case kernels::dtype::q8: return "int8";
     case kernels::dtype::q4: return "int4";
     case kernels::dtype::q2_k: case kernels::dtype::q3_k: case kernels::dtype::q4_k: case kernels::dtype::q5_k:
-    case kernels::dtype::q6_k: case kernels::dtype::iq4_xs: break;
+    case kernels::dtype::q6_k: case kernels::dtype::iq4_xs: case kernels::dtype::f8_e4m3: case kernels::dtype::f8_e5m2:
+      break;
   }
   return kernels::dtype_name(*t);
 }

@@ -390,9 +390,10 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
     ASSERT_TRUE(marlin.ok()) << marlin.err().message;
     EXPECT_EQ(marlin->models[0].quantization, "awq");  // vLLM's alias, by its method
   }
-  expect_refused(with("placement: packed", "placement: packed\n    kv_cache_dtype: fp8"),
-                 {"'kv_cache_dtype' must be auto, float32 or bfloat16, got 'fp8'"});
-  for (const auto& [given, kept] : {std::pair{"bfloat16", "bfloat16"}, {"bf16", "bfloat16"}, {"auto", "float32"}}) {
+  expect_refused(with("placement: packed", "placement: packed\n    kv_cache_dtype: fp8_inc"),
+                 {"'kv_cache_dtype' must be auto, float32, bfloat16, fp8, fp8_e4m3 or fp8_e5m2, got 'fp8_inc'"});
+  for (const auto& [given, kept] : {std::pair{"bfloat16", "bfloat16"}, {"bf16", "bfloat16"}, {"auto", "float32"},
+                                    {"fp8", "fp8_e4m3"}, {"fp8_e4m3", "fp8_e4m3"}, {"fp8_e5m2", "fp8_e5m2"}}) {
     auto t = parse_cluster_config(with("placement: packed", std::string("placement: packed\n    kv_cache_dtype: ") + given), "t.yaml");
     ASSERT_TRUE(t.ok()) << t.err().message;
     EXPECT_EQ(t->models[0].kv_cache_dtype, kept);

@@ -2,7 +2,7 @@
 // import_prefix, model::engine::export_kv / import_kv): a prompt computed on one replica, its
 // whole blocks copied into another replica's prefix cache, gives there exactly the tokens the
 // request gets computed alone — across tensor-parallel sizes (the transfer layout holds every
-// head), with a bfloat16 cache, with LoRA adapters — and the blocks are hits. Corrupted bytes
+// head), with a bfloat16 or an fp8 cache, with LoRA adapters — and the blocks are hits. Corrupted bytes
 // change the tokens (the imported KV is what runs), and bad prefixes are refused changing nothing.
 #include "llmesh/model/random_model.hpp"
 #include "replica_fixture.hpp"
@@ -109,6 +109,11 @@ TEST_F(KvTransfer, ReplicatedKvHeadsMoveToo) {
 
 TEST_F(KvTransfer, ABfloat16CacheMovesAsIs) { transfer_all(requests(6), 2, 1, kernels::dtype::bf16); }
 
+TEST_F(KvTransfer, AnFp8CacheMovesAsIs) {
+  transfer_all(requests(4), 2, 1, kernels::dtype::f8_e4m3);
+  transfer_all(requests(4), 1, 2, kernels::dtype::f8_e5m2);
+}
+
 TEST_F(KvTransfer, CorruptedBytesChangeTheTokens) {
   auto ea = engine_with(1, 8, kernels::dtype::f32), eb = engine_with(1, 8, kernels::dtype::f32);
   replica_core a(*ea, scheduler_config{}), b(*eb, scheduler_config{});
@@ -191,6 +196,9 @@ TEST_F(KvTransfer, BadPrefixesAreRefusedChangingNothing) {
   q = p;
   q.kv_type = kernels::dtype::bf16;
   expect_refused(q, errc::invalid_request, "another KV dtype");
+  q = p;
+  q.kv_type = kernels::dtype::f8_e4m3;
+  expect_refused(q, errc::invalid_request, "an fp8 prefix into a float32 cache");
   q = p;
   q.block_bytes /= 2;
   expect_refused(q, errc::invalid_request, "another block shape");

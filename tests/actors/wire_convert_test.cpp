@@ -207,6 +207,11 @@ kv_prefix through_frame(const kv_prefix& p, bool import) {
 TEST(WireConvert, KvBlocksCrossWholeAndAnAnswerKeepsItsRequestAndError) {
   const auto p = prefix_of(3, 64);
   expect_same(through_frame(p, true), p);
+  for (auto t : {kernels::dtype::f32, kernels::dtype::f8_e4m3, kernels::dtype::f8_e5m2}) {  // every cache type by its own number
+    auto q = p;
+    q.kv_type = t;
+    expect_same(through_frame(q, false), q);
+  }
   prefill_reply ok;
   ok.id = 7;
   ok.ok = true;

@@ -124,12 +124,15 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   // vLLM's --chat-template (no such file, no template inline) and --max-model-len past the model's.
   r = run_command(llmesh_bin + " serve --model " + model_ + " --http 127.0.0.1:0 --rpc none --chat-template /no/such.jinja");
   expect_one_line_error(r, "--chat-template /no/such.jinja: no such file");
-  // --kv-cache-dtype: fp8 (vLLM's, not served here), a name it does not know, bfloat16 on CUDA.
-  r = run_command(llmesh_bin + " serve --model " + model_ + " --kv-cache-dtype fp8");
-  expect_one_line_error(r, "fp8 KV caches are not supported");
+  // --kv-cache-dtype: vLLM's fp8_inc (Intel Gaudi's, not served here), a name it does not know,
+  // bfloat16 and fp8 on CUDA.
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --kv-cache-dtype fp8_inc");
+  expect_one_line_error(r, "--kv-cache-dtype fp8_inc: not supported");
   r = run_command(llmesh_bin + " generate --device cpu --model " + model_ + " --prompt-ids 1 --kv-cache-dtype half");
-  expect_one_line_error(r, "--kv-cache-dtype must be auto, float32 or bfloat16");
+  expect_one_line_error(r, "--kv-cache-dtype must be auto, float32, bfloat16, fp8, fp8_e4m3 or fp8_e5m2");
   r = run_command(llmesh_bin + " generate --device cuda --model " + model_ + " --prompt-ids 1 --kv-cache-dtype bfloat16");
+  expect_one_line_error(r, "CPU backend only");
+  r = run_command(llmesh_bin + " generate --device cuda --model " + model_ + " --prompt-ids 1 --kv-cache-dtype fp8");
   expect_one_line_error(r, "CPU backend only");
   // --dtype: a name it does not know.
   r = run_command(llmesh_bin + " serve --model " + model_ + " --dtype fp8");

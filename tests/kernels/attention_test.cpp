@@ -44,11 +44,12 @@ struct sequence {
   }
 };
 
-/// A poisoned cache of float32 or bfloat16 elements: positions never written read as NaN, so
-/// reading one fails the test.
+/// A poisoned cache of float32, bfloat16 or 8-bit float elements: positions never written read
+/// as NaN, so reading one fails the test.
 struct cache_storage {
   std::vector<float> keys, values;
   std::vector<uint16_t> keys16, values16;
+  std::vector<uint8_t> keys8, values8;
   size_t n_blocks;
   dtype type;
   cache_storage(const attention_shape& s, size_t blocks, dtype t = dtype::f32) : n_blocks(blocks), type(t) {
@@ -56,6 +57,9 @@ struct cache_storage {
     if (t == dtype::bf16) {
       keys16.assign(n, 0x7fc0);
       values16.assign(n, 0x7fc0);
+    } else if (is_f8(t)) {
+      keys8.assign(n, 0x7f);  // NaN in both 8-bit types
+      values8.assign(n, 0x7f);
     } else {
       keys.assign(n, poison);
       values.assign(n, poison);
@@ -63,17 +67,19 @@ struct cache_storage {
   }
   kv_layer_view view() {
     if (type == dtype::bf16) return {keys16.data(), values16.data(), n_blocks, type};
+    if (is_f8(type)) return {keys8.data(), values8.data(), n_blocks, type};
     return {keys.data(), values.data(), n_blocks, type};
   }
 };
 
-/// A bf16 cache holds each key and value rounded: the sequences' logical values become those,
-/// so the references below describe what the kernel must compute from the cache.
+/// A bf16 or 8-bit float cache holds each key and value rounded: the sequences' logical values
+/// become those, so the references below describe what the kernel must compute from the cache.
 void round_to_cache(dtype t, std::vector<struct sequence>& seqs) {
-  if (t != dtype::bf16) return;
+  if (t == dtype::f32) return;
+  auto round = [t](float x) { return t == dtype::bf16 ? bf16_to_f32(f32_to_bf16(x)) : f8_to_f32(t, f32_to_f8(t, x)); };
   for (auto& seq : seqs) {
-    for (float& x : seq.k) x = bf16_to_f32(f32_to_bf16(x));
-    for (float& x : seq.v) x = bf16_to_f32(f32_to_bf16(x));
+    for (float& x : seq.k) x = round(x);
+    for (float& x : seq.v) x = round(x);
   }
 }
 
@@ -239,13 +245,13 @@ std::vector<float> scalar_definition(const attention_shape& s, const sequence& s
 // kv head in one work item, head dims 64/128/256 specialised) against the scalar definition, bit
 // for bit: tiles that cross block and window edges, decode rows, soft-capping, every specialised
 // head dim and two that are not, GQA groups of 1, 2, 4, 6 and 17 heads (whole, split in parts when
-// a lone decode row leaves too few items for the threads — 6 into 3s —, and 17 one by one), float32 and bfloat16 caches (a bf16
-// cache: the same definition over the rounded keys and values).
+// a lone decode row leaves too few items for the threads — 6 into 3s —, and 17 one by one), float32, bfloat16 and both 8-bit
+// float caches (those: the same definition over the rounded keys and values).
 TEST(Attention, EqualsTheScalarDefinitionBitForBit) {
   thread_pool pool(3);
   std::mt19937 rng(testing::test_seed(23));
   const std::vector<std::vector<std::pair<size_t, size_t>>> batches = {{{0, 45}, {70, 1}, {19, 33}}, {{70, 1}}};
-  for (dtype type : {dtype::f32, dtype::bf16})
+  for (dtype type : {dtype::f32, dtype::bf16, dtype::f8_e4m3, dtype::f8_e5m2})
   for (auto [n_heads, n_kv] : {std::pair<size_t, size_t>{4, 2}, {8, 2}, {3, 3}, {12, 2}, {34, 2}}) {
     for (size_t head_dim : {8, 40, 64, 128, 256}) {
       for (size_t window : {0, 7, 40}) {
@@ -283,7 +289,7 @@ TEST(Attention, EqualsTheScalarDefinitionBitForBit) {
 TEST(Attention, SequenceOutputIsBitwiseIndependentOfBatchAndThreads) {
   thread_pool pool1(1), pool2(2), pool3(3);
   std::mt19937 rng(testing::test_seed(22));
-  for (dtype type : {dtype::f32, dtype::bf16})
+  for (dtype type : {dtype::f32, dtype::bf16, dtype::f8_e4m3, dtype::f8_e5m2})
   for (const attention_shape& s : all_shapes()) {
     std::vector<sequence> seqs;
     cache_storage cache(s, make_batch(s, batch_specs, rng, seqs), type);
@@ -311,7 +317,7 @@ TEST(Attention, SequenceOutputIsBitwiseIndependentOfBatchAndThreads) {
 TEST(Attention, PrefillAndTokenByTokenDecodeGiveTheSameBits) {
   thread_pool pool(2);
   std::mt19937 rng(testing::test_seed(23));
-  for (dtype type : {dtype::f32, dtype::bf16})
+  for (dtype type : {dtype::f32, dtype::bf16, dtype::f8_e4m3, dtype::f8_e5m2})
   for (const attention_shape& s : all_shapes()) {
     std::vector<sequence> seqs;
     const size_t blocks = make_batch(s, batch_specs, rng, seqs);

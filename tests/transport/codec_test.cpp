@@ -186,9 +186,14 @@ TEST(Codec, KvBlocksThatDoNotAddUpAreRefused) {
   m = good;
   m.block_bytes = uint64_t{1} << 62;  // a count that would overflow
   refused(m, "huge blocks");
+  for (uint8_t t = 1; t <= 3; ++t) {  // bfloat16, fp8_e4m3, fp8_e5m2
+    m = good;
+    m.kv_dtype = t;
+    EXPECT_TRUE(decode(encode({{}, {}, 0, 0, m})).ok()) << int(t);
+  }
   m = good;
-  m.kv_dtype = 2;
-  EXPECT_NE(refused(m, "an unknown dtype").find("unknown kvDtype 2"), std::string::npos);
+  m.kv_dtype = 4;
+  EXPECT_NE(refused(m, "an unknown dtype").find("unknown kvDtype 4"), std::string::npos);
   m = good;
   m.ok = false;
   m.code = static_cast<errc>(static_cast<uint16_t>(errc::internal) + 1);

@@ -563,7 +563,7 @@ struct reader {
         m.kv_dtype = k.getKvDtype();
         m.block_bytes = k.getBlockBytes();
         m.import = k.getImport();
-        if (m.kv_dtype > 1) err = bad("unknown kvDtype " + std::to_string(m.kv_dtype));
+        if (m.kv_dtype > 3) err = bad("unknown kvDtype " + std::to_string(m.kv_dtype));
         const auto d = k.getData();
         const size_t blocks = m.block_size ? m.tokens.size() / m.block_size : 0;
         if (d.size() > max_kv_bytes) {

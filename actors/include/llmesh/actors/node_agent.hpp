@@ -143,7 +143,7 @@ struct node_agent_state {
   static inline const char* name = "node-agent";
 };
 
-/// KV positions per replica from a per-shard budget in MiB: K and V of `kv_type` (f32 or bf16), a
+/// KV positions per replica from a per-shard budget in MiB: K and V of `kv_type` (f32, bf16 or fp8), a
 /// shard's KV heads (no more than `max_seqs` full contexts, which could never be used).
 size_t kv_tokens_for_budget(const model::model_config& c, int tp, size_t budget_mb, size_t max_seqs, kernels::dtype kv_type);
 

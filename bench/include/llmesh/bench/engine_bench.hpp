@@ -22,7 +22,7 @@ struct engine_bench_options {
   std::string lora;    ///< a LoRA adapter's directory: also time pp and tg with it, as ratios to the base model's
   int reps = 3;
   std::string quantization = "none";  ///< --quantization: none or int8
-  std::string kv_cache_dtype = "auto";  ///< --kv-cache-dtype: auto/float32 or bfloat16
+  std::string kv_cache_dtype = "auto";  ///< --kv-cache-dtype: auto/float32, bfloat16, fp8 (fp8_e4m3), fp8_e5m2
   std::string dtype = "auto";           ///< --dtype: the weight matrices' type (auto: as stored)
   std::vector<size_t> batches;  ///< also decode this many sequences at once (aggregate tok/s vs batch 1)
 };

@@ -2,9 +2,11 @@
 //
 // KV layout (one layer of one shard): blocks of `block_size` positions; a block holds
 // [block_size][n_kv_heads][head_dim] keys, and the same for values in a second array, as
-// float32 or bfloat16 (`--kv-cache-dtype`: half the bytes, so twice the positions in the same
-// memory; a bf16 cache holds each key and value rounded to nearest even, and attention reads
-// them widened exactly, so its numbers are those of float32 attention over the rounded values).
+// float32, bfloat16 or an 8-bit float (`--kv-cache-dtype`: a half or a quarter of the bytes, so
+// two or four times the positions in the same memory; such a cache holds each key and value
+// rounded to nearest even — an 8-bit float saturating at its largest finite value, with scale 1
+// as vLLM's fp8 cache without calibrated scales — and attention reads them widened exactly, so
+// its numbers are those of float32 attention over the rounded values).
 // A sequence's block table maps its position p to block block_table[p / block_size].
 #pragma once
 
@@ -13,6 +15,7 @@
 #include <span>
 
 #include "llmesh/common/error.hpp"
+#include "llmesh/kernels/cpu_features.hpp"
 #include "llmesh/kernels/dtype.hpp"
 #include "llmesh/kernels/thread_pool.hpp"
 
@@ -35,7 +38,7 @@ struct kv_layer_view {
   void* keys = nullptr;
   void* values = nullptr;
   size_t n_blocks = 0;
-  dtype type = dtype::f32;  ///< f32 or bf16
+  dtype type = dtype::f32;  ///< f32, bf16, f8_e4m3 or f8_e5m2 (vLLM's fp8 caches, scale 1)
 };
 
 /// One sequence's slice of an attention call: `n_tokens` consecutive query rows at positions
@@ -47,6 +50,12 @@ struct attention_seq {
   size_t n_tokens = 0;
   std::span<const int32_t> block_table;  ///< covers positions 0 .. pos0 + n_tokens - 1
 };
+
+/// n rows of `width` 8-bit float cache elements of type t (f8_e4m3 or f8_e5m2), `stride`
+/// elements apart, widened exactly into n contiguous float rows at dst with the code of
+/// instruction set `level` (every level gives dtype.hpp's f8_to_f32 bits): what attention reads
+/// from an fp8 cache.
+void widen_kv_rows(dtype t, const void* src, size_t stride, size_t n, size_t width, float* dst, isa level);
 
 /// Writes keys/values [n_tokens][n_kv_heads][head_dim] at positions pos0.. into the cache.
 [[nodiscard]] status kv_write(const kv_layer_view& cache, const attention_shape& shape,

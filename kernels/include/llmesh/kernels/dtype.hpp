@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string_view>
 
 namespace llmesh::kernels {
@@ -26,9 +27,11 @@ namespace llmesh::kernels {
 /// multiply-subtract). A checkpoint's zero points are stored only where m = f·z is exact, so
 /// the value is f·(q − z) rounded once: the value an int8 block of q − z with scale f gives (but
 /// +0 where that gives −0: a matmul, whose sums start at +0, cannot tell); GGUF Q4_1's m is
-/// −min (ggml's q·d + min). Rows are padded to whole blocks. (Types are appended: the values
-/// are stable.)
-enum class dtype : uint8_t { f32, f16, bf16, q8, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_xs, q4 };
+/// −min (ggml's q·d + min). Rows are padded to whole blocks. f8_e4m3 and f8_e5m2 are the OCP
+/// 8-bit floats (e4m3fn: bias 7, no infinities, NaN S.1111.111, largest 448; e5m2: bias 15,
+/// IEEE-like, largest 57344), held by KV caches only (`--kv-cache-dtype fp8`), never weights.
+/// (Types are appended: the values are stable.)
+enum class dtype : uint8_t { f32, f16, bf16, q8, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_xs, q4, f8_e4m3, f8_e5m2 };
 
 inline constexpr size_t q8_block = 32;                      ///< elements per q8 block
 inline constexpr size_t q8_block_bytes = 4 + q8_block;      ///< scale + values
@@ -48,7 +51,7 @@ inline constexpr int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22,
 /// Elements per block: 1 for the plain types.
 constexpr size_t dtype_block(dtype t) {
   switch (t) {
-    case dtype::f32: case dtype::f16: case dtype::bf16: return 1;
+    case dtype::f32: case dtype::f16: case dtype::bf16: case dtype::f8_e4m3: case dtype::f8_e5m2: return 1;
     case dtype::q8: return q8_block;
     case dtype::q4: return q4_block;
     case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k: case dtype::iq4_xs:
@@ -62,6 +65,7 @@ constexpr size_t dtype_block_bytes(dtype t) {
   switch (t) {
     case dtype::f32: return 4;
     case dtype::f16: case dtype::bf16: return 2;
+    case dtype::f8_e4m3: case dtype::f8_e5m2: return 1;
     case dtype::q8: return q8_block_bytes;
     case dtype::q4: return q4_block_bytes;
     case dtype::q4_k: return q4_k_block_bytes;
@@ -88,10 +92,13 @@ constexpr size_t k_quant_group(dtype t) { return t == dtype::q4_k || t == dtype:
 /// the others' are unsigned with a min (value = f·q − m).
 constexpr bool k_quant_signed(dtype t) { return t == dtype::q3_k || t == dtype::q6_k || t == dtype::iq4_xs; }
 
+/// Whether t is one of the 8-bit floats (KV caches only).
+constexpr bool is_f8(dtype t) { return t == dtype::f8_e4m3 || t == dtype::f8_e5m2; }
+
 /// Bytes per element of the plain types; for q8, the int8 value only (its block's scale is
 /// extra); 1 for q4 and the K-quants (a bound: they hold fewer): sizes and offsets of block data
 /// go through dtype_bytes.
-constexpr size_t dtype_size(dtype t) { return t == dtype::f32 ? 4 : (is_quantized(t) ? 1 : 2); }
+constexpr size_t dtype_size(dtype t) { return t == dtype::f32 ? 4 : (is_quantized(t) || is_f8(t) ? 1 : 2); }
 
 /// Bytes from the start of a buffer (a row or block boundary) to element n: for q8, whole
 /// blocks plus the scale and n % q8_block values of the block n falls in; for q4 and the
@@ -124,6 +131,8 @@ constexpr std::string_view dtype_name(dtype t) {
     case dtype::q2_k: return "Q2_K";
     case dtype::q3_k: return "Q3_K";
     case dtype::iq4_xs: return "IQ4_XS";
+    case dtype::f8_e4m3: return "F8_E4M3";
+    case dtype::f8_e5m2: return "F8_E5M2";
   }
   return "?";
 }
@@ -191,6 +200,76 @@ inline uint16_t f32_to_f16(float f) {
   uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
   return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
 }
+
+/// OCP e4m3fn bits -> float32 (exact): bias 7, subnormals m·2^-9, S.1111.111 NaN, no infinity.
+/// Branch-free (selects only), so the kernels' loops over a row vectorise it.
+inline float f8_e4m3_to_f32(uint8_t byte) {
+  const uint32_t b = byte, sign = (b & 0x80u) << 24, e = (b >> 3) & 0xfu, m = b & 7u;
+  const uint32_t normal = sign | ((e + 120u) << 23) | (m << 20);
+  uint32_t sub;  // m·2^-9: exact, never a float32 subnormal
+  const float scaled = static_cast<float>(m) * 0x1p-9f;
+  std::memcpy(&sub, &scaled, 4);
+  uint32_t bits = e == 0 ? (sign | sub) : normal;
+  bits = (b & 0x7fu) == 0x7fu ? (sign | 0x7ff00000u) : bits;  // a quiet NaN (the kernels' half 0x7f80 widened)
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+/// float32 -> e4m3fn bits, round to nearest even, saturating at ±448 (CUDA's __NV_SATFINITE,
+/// vLLM's KV cache conversion); NaN stays NaN (S.1111.111).
+inline uint8_t f32_to_f8_e4m3(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const auto sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7fu;
+  if (abs >= 0x43e00000u) return sign | 0x7eu;  // 448 and beyond, infinity too
+  if (abs < 0x3c800000u) {  // below 2^-6: a subnormal (or the smallest normal, 8·2^-9) of step 2^-9
+    float a;
+    std::memcpy(&a, &abs, 4);
+    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f)));  // exact scaling, then ties to even
+  }
+  const uint32_t rounded = (abs + 0x7ffffu + ((abs >> 20) & 1u)) >> 20;  // exponent and 3 mantissa bits
+  return static_cast<uint8_t>(sign | (rounded - ((127u - 7u) << 3)));
+}
+
+/// OCP e5m2 bits (float16's upper byte) -> float32 (exact): bias 15, subnormals m·2^-16,
+/// exponent 31 infinity (m = 0) or a quiet NaN keeping m (as the F16C converter gives it).
+/// Branch-free, as f8_e4m3_to_f32.
+inline float f8_e5m2_to_f32(uint8_t byte) {
+  const uint32_t b = byte, sign = (b & 0x80u) << 24, e = (b >> 2) & 0x1fu, m = b & 3u;
+  uint32_t bits = sign | ((e == 31 ? 255u : e + 112u) << 23) | (m << 21) | (e == 31 && m != 0 ? 0x400000u : 0u);
+  uint32_t sub;
+  const float scaled = static_cast<float>(m) * 0x1p-16f;
+  std::memcpy(&sub, &scaled, 4);
+  bits = e == 0 ? (sign | sub) : bits;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+/// float32 -> e5m2 bits, round to nearest even, saturating at ±57344 (infinity too, as
+/// __NV_SATFINITE); NaN stays NaN.
+inline uint8_t f32_to_f8_e5m2(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const auto sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7fu;
+  if (abs >= 0x47600000u) return sign | 0x7bu;  // 57344 and beyond
+  if (abs < 0x38800000u) {  // below 2^-14: step 2^-16
+    float a;
+    std::memcpy(&a, &abs, 4);
+    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::nearbyint(a * 65536.0f)));
+  }
+  const uint32_t rounded = (abs + 0xfffffu + ((abs >> 21) & 1u)) >> 21;  // exponent and 2 mantissa bits
+  return static_cast<uint8_t>(sign | (rounded - ((127u - 15u) << 2)));
+}
+
+/// An 8-bit float of type t (f8_e4m3 or f8_e5m2) to float32 and back.
+inline float f8_to_f32(dtype t, uint8_t b) { return t == dtype::f8_e4m3 ? f8_e4m3_to_f32(b) : f8_e5m2_to_f32(b); }
+inline uint8_t f32_to_f8(dtype t, float f) { return t == dtype::f8_e4m3 ? f32_to_f8_e4m3(f) : f32_to_f8_e5m2(f); }
 
 // The layouts (ggml-common.h's block_q2_K ... block_q6_K). In each, element e of the 256 sits
 // in half n = e / 128, chunk j = (e % 128) / 32, lane l = e % 32.
@@ -317,6 +396,7 @@ inline float load_as_f32(const void* data, dtype t, size_t i) {
     case dtype::f32: return static_cast<const float*>(data)[i];
     case dtype::f16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
     case dtype::bf16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case dtype::f8_e4m3: case dtype::f8_e5m2: return f8_to_f32(t, static_cast<const uint8_t*>(data)[i]);
     case dtype::q8: {
       const auto* block = static_cast<const uint8_t*>(data) + (i / q8_block) * q8_block_bytes;
       float scale;

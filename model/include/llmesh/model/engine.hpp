@@ -31,7 +31,7 @@ struct engine_options {
   int threads = 0;            ///< kernel threads in all; 0 = one per hardware thread
   size_t kv_tokens = 0;       ///< KV cache capacity in positions; 0 = min(max positions, 8192)
   size_t block_size = 16;
-  kernels::dtype kv_type = kernels::dtype::f32;  ///< the KV cache's elements: f32 or bf16 (CPU only)
+  kernels::dtype kv_type = kernels::dtype::f32;  ///< the KV cache's elements: f32; bf16, f8_e4m3 or f8_e5m2 (CPU only)
   backend device = backend::cpu;
   bool deterministic = false;  ///< CUDA: batch-invariant projections at every batch size
   bool cuda_graphs = true;     ///< CUDA: replay decode steps from captured graphs
@@ -44,7 +44,7 @@ struct backend_choice {
   std::string note;
 };
 /// opt.device, or for automatic the CUDA backend when at least opt.tp devices are found and
-/// the model runs there (no int8 weights, LoRA adapters, bfloat16 KV cache or CPU-only
+/// the model runs there (no int8 weights, LoRA adapters, bfloat16 or fp8 KV cache or CPU-only
 /// family), else the CPU. unsupported: CUDA asked for what runs on the CPU only.
 [[nodiscard]] result<backend_choice> choose_backend(const model& m, const engine_options& opt);
 
@@ -60,9 +60,10 @@ struct backend_choice {
                                                   size_t max_batch_tokens);
 
 /// vLLM's --kv-cache-dtype: "auto" and "float32" (this server's reference precision), "bfloat16"
-/// (half the bytes per position; CPU backend). fp8 kinds are refused by name.
+/// (half the bytes per position), "fp8" / "fp8_e4m3" and "fp8_e5m2" (a quarter, scale 1; CPU
+/// backend). vLLM's other fp8 kinds (fp8_inc, fp8_ds_mla) are refused by name.
 [[nodiscard]] result<kernels::dtype> parse_kv_cache_dtype(std::string_view s);
-/// "float32" or "bfloat16".
+/// "float32", "bfloat16", "fp8_e4m3" or "fp8_e5m2".
 std::string_view kv_cache_dtype_name(kernels::dtype t);
 
 /// Part of a step for one sequence: tokens to append, and whether to return the logits of

@@ -49,7 +49,7 @@ struct shard_layout {
 struct kv_cache_config {
   size_t block_size = 16;  ///< positions per block (vLLM's default)
   size_t n_blocks = 0;
-  kernels::dtype type = kernels::dtype::f32;  ///< f32 or bf16 (--kv-cache-dtype)
+  kernels::dtype type = kernels::dtype::f32;  ///< f32, bf16, f8_e4m3 or f8_e5m2 (--kv-cache-dtype)
 };
 
 /// The final hidden states a sequence wants from a step (embeddings: a pooling model's
@@ -234,8 +234,7 @@ class shard_executor final : public step_executor {
   kernels::attention_shape attn_shape_;
   std::vector<double> inv_freq_, inv_freq_local_;  ///< the second: Gemma 3's sliding layers'
   float embed_scale_ = 1.0f;  ///< Gemma: sqrt(hidden) in the embedding's dtype; Granite: embedding_multiplier; else 1
-  std::vector<std::vector<float>> keys_, values_;        ///< per layer, a float32 cache
-  std::vector<std::vector<uint16_t>> keys16_, values16_;  ///< per layer, a bfloat16 cache
+  std::vector<std::vector<std::byte>> keys_, values_;  ///< per layer, the cache's elements (kv_.type)
 
   // Step buffers, [n_tokens][...], grown on demand and reused.
   std::vector<float> sample_logits_, score_logits_;

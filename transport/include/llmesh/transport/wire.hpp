@@ -146,7 +146,7 @@ struct kv_blocks_msg {
   uint64_t cache_salt = 0;
   std::string lora;
   uint32_t block_size = 0;
-  uint8_t kv_dtype = 0;        ///< 0 float32, 1 bfloat16 (checked on decode)
+  uint8_t kv_dtype = 0;        ///< 0 float32, 1 bfloat16, 2 fp8_e4m3, 3 fp8_e5m2 (checked on decode)
   uint64_t block_bytes = 0;
   /// tokens / block_size × block_bytes bytes, at most max_kv_bytes (checked on decode); shared,
   /// not copied, on its way through the actors and into the frame (tens of MiB).
