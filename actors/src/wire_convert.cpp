@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <iterator>
 
 namespace llmesh::actors {
 namespace {
@@ -37,6 +38,17 @@ kernels::sampling_params from_wire(const transport::sampling& p) {
   out.bad_words = p.bad_words;
   out.processed_logprobs = p.processed_logprobs;
   return out;
+}
+
+/// KvBlocks.kvDtype (mesh.capnp): a KV cache type's number on the wire is its place here.
+constexpr kernels::dtype kv_wire_types[] = {kernels::dtype::f32, kernels::dtype::bf16, kernels::dtype::f8_e4m3,
+                                            kernels::dtype::f8_e5m2};
+
+uint8_t kv_wire_number(kernels::dtype t) {
+  for (uint8_t i = 0; i < std::size(kv_wire_types); ++i) {
+    if (kv_wire_types[i] == t) return i;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -194,10 +206,7 @@ transport::kv_blocks_msg to_wire(const kv_prefix& p, bool import) {
   m.cache_salt = p.cache_salt;
   m.lora = p.lora;
   m.block_size = p.block_size;
-  m.kv_dtype = p.kv_type == kernels::dtype::bf16      ? 1
-               : p.kv_type == kernels::dtype::f8_e4m3 ? 2
-               : p.kv_type == kernels::dtype::f8_e5m2 ? 3
-                                                      : 0;
+  m.kv_dtype = kv_wire_number(p.kv_type);
   m.block_bytes = p.block_bytes;
   size_t blocks = p.data ? std::min(p.blocks(), p.data->size() / std::max<uint64_t>(p.block_bytes, 1)) : 0;
   // A block costs its bytes and its positions' token ids (4 bytes each): the frame stays under
@@ -218,10 +227,7 @@ kv_prefix prefix_from_wire(const transport::kv_blocks_msg& m) {
   p.cache_salt = m.cache_salt;
   p.lora = m.lora;
   p.block_size = m.block_size;
-  p.kv_type = m.kv_dtype == 1   ? kernels::dtype::bf16
-              : m.kv_dtype == 2 ? kernels::dtype::f8_e4m3
-              : m.kv_dtype == 3 ? kernels::dtype::f8_e5m2
-                                : kernels::dtype::f32;
+  p.kv_type = m.kv_dtype < std::size(kv_wire_types) ? kv_wire_types[m.kv_dtype] : kernels::dtype::f32;  // the codec refuses others
   p.block_bytes = m.block_bytes;
   p.data = m.data ? m.data : std::make_shared<const std::vector<std::byte>>();
   return p;
