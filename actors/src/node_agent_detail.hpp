@@ -138,7 +138,7 @@ inline result<model::load_options> load_options_of(const transport::assign_msg& 
   if ((!a.loras.empty() || a.enable_lora) && device == model::backend::cuda) {
     return make_error(errc::unsupported, "LoRA adapters run on the CPU backend only, and this node's device is cuda");
   }
-  model::load_options o{.dtype = *dtype, .quant = *q, .loras = {}, .enable_lora = a.enable_lora, .max_loras = a.max_loras, .tokenizer_dir = {}, .lora_dtype = {}, .hf_overrides = {}, .ranks = {}};
+  model::load_options o{.dtype = *dtype, .quant = *q, .loras = {}, .enable_lora = a.enable_lora, .max_loras = a.max_loras, .tokenizer_dir = {}, .lora_dtype = {}, .hf_overrides = {}, .ranks = {}, .max_model_len = a.max_model_len};
   for (const auto& l : a.loras) o.loras.push_back({l.name, l.path});
   return o;
 }

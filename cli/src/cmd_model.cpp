@@ -26,11 +26,14 @@ status run_random(model_flags& f) {
   } else {
     return make_error(errc::invalid_request, "--dtype must be f32, f16 or bf16, not '" + f.dtype + "'");
   }
-  if (!f.rope_scaling.empty() && f.rope_scaling != "llama3" && f.rope_scaling != "linear") {
-    return make_error(errc::invalid_request, "--rope-scaling must be llama3 or linear");
+  if (!f.rope_scaling.empty() && f.rope_scaling != "llama3" && f.rope_scaling != "linear" && f.rope_scaling != "yarn" &&
+      f.rope_scaling != "longrope") {
+    return make_error(errc::invalid_request, "--rope-scaling must be llama3, linear, yarn or longrope");
   }
   f.spec.llama3_scaling = f.rope_scaling == "llama3";
   f.spec.linear_scaling = f.rope_scaling == "linear";
+  f.spec.yarn_scaling = f.rope_scaling == "yarn";
+  f.spec.longrope_scaling = f.rope_scaling == "longrope";
   LLMESH_TRY(model::write_random_model(f.spec, f.out));
   auto check = model::model::load(f.out);  // what we write must load
   if (!check) return check.take_error();
@@ -84,7 +87,11 @@ void add_model(CLI::App& app, command_set& commands) {
   sub->add_flag("--tie", s.tie_embeddings, "tie_word_embeddings");
   sub->add_flag("--attention-bias", s.attention_bias, "Llama attention_bias (q/k/v/o biases)");
   sub->add_option("--rope-theta", s.rope_theta, "rope_theta")->capture_default_str();
-  sub->add_option("--rope-scaling", f->rope_scaling, "llama3 or linear (factor 8) to write that rope_scaling block");
+  sub->add_option("--rope-scaling", f->rope_scaling,
+                  "llama3 or linear (factor 8), yarn (factor 4, original context 256) or longrope (Phi-3.5's layout, "
+                  "original context 64) to write that rope_scaling block");
+  sub->add_option("--partial-rotary", s.partial_rotary, "partial_rotary_factor: the part of each head that rotates (0, 1]")
+      ->capture_default_str();
   sub->add_option("--sliding-window", s.sliding_window, "Mistral, Phi-3, Mixtral or Gemma 2/3 sliding_window; 0 = none");
   sub->add_option("--attn-softcap", s.attn_softcap, "gemma2/gemma3 attn_logit_softcapping (0 = none; default 50 / none)");
   sub->add_option("--final-softcap", s.final_softcap, "gemma2/gemma3 final_logit_softcapping (0 = none; default 30 / none)");

@@ -142,6 +142,8 @@ status run_serve(serve_flags f) {
   if (!loras) return loras.take_error();
   auto lora_dtype = parse_lora_dtype(f.lora.dtype);
   if (!lora_dtype) return lora_dtype.take_error();
+  auto hf_overrides = effective_hf_overrides(f.vllm);
+  if (!hf_overrides) return hf_overrides.take_error();
   auto m = model::model::load(f.model_dir, {.dtype = *dtype,
                                                  .quant = *quant,
                                                  .loras = *loras,
@@ -149,8 +151,9 @@ status run_serve(serve_flags f) {
                                                  .max_loras = f.lora.max_cpu_loras,
                                                  .tokenizer_dir = f.vllm.tokenizer,
                                                  .lora_dtype = *lora_dtype,
-                                                 .hf_overrides = f.vllm.hf_overrides,
-                                                 .ranks = {}});
+                                                 .hf_overrides = *hf_overrides,
+                                                 .ranks = {},
+                                                 .max_model_len = f.gw.max_model_len});
   if (!m) return m.take_error();
   const auto& cfg = (*m)->config();
   LLMESH_TRY(check_vllm_task(f.vllm, cfg));

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 
 #include "llmesh/gateway/embeddings_api.hpp"
 #include "llmesh/model/gguf.hpp"
@@ -134,6 +136,11 @@ void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f) {
   sub->add_option("--hf-overrides", f.hf_overrides,
                   "vLLM's: JSON over the model's config.json, e.g. {\"max_position_embeddings\": 4096} or a "
                   "rope_scaling; null removes a key, an object for a *_config updates it key by key");
+  sub->add_option("--rope-scaling", f.rope_scaling,
+                  "vLLM's: JSON, the model's rope_scaling replaced, e.g. Qwen's long context: "
+                  "{\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32768} "
+                  "(linear, llama3, yarn, longrope)");
+  sub->add_option("--rope-theta", f.rope_theta, "vLLM's: the rotary base, replacing the model's rope_theta");
   sub->add_option("--speculative-config", f.speculative_config,
                   "vLLM's: JSON, prompt-lookup speculation: {\"method\": \"ngram\", \"num_speculative_tokens\": K, "
                   "\"prompt_lookup_max\": N, \"prompt_lookup_min\": M}, or a draft model of the same tokenizer: "
@@ -191,14 +198,37 @@ status check_vllm_task(const vllm_model_flags& f, const model::model_config& c) 
   return ok_status();
 }
 
+result<std::string> effective_hf_overrides(const vllm_model_flags& f) {
+  if (!f.hf_overrides.empty()) {
+    if (auto o = model::apply_hf_overrides("{}", f.hf_overrides); !o) return o.take_error();
+  }
+  if (f.rope_scaling.empty() && f.rope_theta.empty()) return f.hf_overrides;
+  nlohmann::json j = f.hf_overrides.empty() ? nlohmann::json::object() : nlohmann::json::parse(f.hf_overrides);
+  if (!f.rope_scaling.empty()) {
+    auto r = nlohmann::json::parse(f.rope_scaling, nullptr, false);
+    if (r.is_discarded() || !r.is_object()) {
+      return make_error(errc::invalid_request, "--rope-scaling must be a JSON object, e.g. '{\"rope_type\": \"yarn\", "
+                                               "\"factor\": 4.0, \"original_max_position_embeddings\": 32768}'");
+    }
+    j["rope_scaling"] = std::move(r);
+  }
+  if (!f.rope_theta.empty()) {
+    char* end = nullptr;
+    const double theta = std::strtod(f.rope_theta.c_str(), &end);
+    if (end == f.rope_theta.c_str() || *end != '\0' || !(theta > 0.0) || !std::isfinite(theta)) {
+      return make_error(errc::invalid_request, "--rope-theta must be a positive number, not '" + f.rope_theta + "'");
+    }
+    j["rope_theta"] = theta;
+  }
+  return j.dump();
+}
+
 status check_vllm_model_flags(const vllm_model_flags& f, const std::string& model_path) {
   if (!one_of(f.tokenizer_mode, {"auto", "slow", "hf"})) {
     return make_error(errc::unsupported, "--tokenizer-mode " + f.tokenizer_mode +
                                              ": this server reads Hugging Face tokenizers (auto); mistral and custom are not taken");
   }
-  if (!f.hf_overrides.empty()) {
-    if (auto o = model::apply_hf_overrides("{}", f.hf_overrides); !o) return o.take_error();
-  }
+  if (auto o = effective_hf_overrides(f); !o) return o.take_error();
   LLMESH_TRY(gateway::parse_pooler_config(f.pooler_config));
   const bool gguf = model::is_gguf_file(model_path);
   if (!one_of(f.load_format, {"auto", "safetensors", "gguf"})) {

@@ -25,6 +25,8 @@ struct vllm_model_flags {
   std::string override_generation_config;  ///< JSON object
   std::string speculative_config;          ///< JSON object
   std::string hf_overrides;                ///< JSON object over config.json (model::apply_hf_overrides)
+  std::string rope_scaling;                ///< vLLM's --rope-scaling: a JSON object, config.json's rope_scaling
+  std::string rope_theta;                  ///< vLLM's --rope-theta: a positive number ("": the model's)
   std::string pooler_config;               ///< JSON object (gateway::parse_pooler_config)
 };
 
@@ -41,6 +43,10 @@ void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f);
 /// model path is not; pipeline parallelism; a task other than generation and embeddings; the
 /// mistral tokenizer), naming the flag. `model_path`: the model directory or GGUF file.
 [[nodiscard]] status check_vllm_model_flags(const vllm_model_flags& f, const std::string& model_path);
+
+/// --hf-overrides with --rope-scaling and --rope-theta folded in (they win over its keys, as in
+/// vLLM): what model::load takes. invalid_request naming the flag for a malformed value.
+[[nodiscard]] result<std::string> effective_hf_overrides(const vllm_model_flags& f);
 
 /// --task/--runner/--convert against the loaded model: a sequence classifier refuses generate
 /// and embed; any other model refuses classify (score is either's: a cross-encoder's, or over

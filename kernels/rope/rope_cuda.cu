@@ -1,7 +1,8 @@
 // RoPE on the device fused with the KV-cache write, bit-identical to rope_cpu.cpp + kv_write:
-// x[i] = a·cos − b·sin, x[i+d/2] = b·cos + a·sin with a = x[i], b = x[i+d/2], then the token's
-// rotated k and its v stored at its cache slot. One block per token.
-// Layout: q [T][n_heads][hd], k/v [T][n_kv_heads][hd]; cos/sin tables [position][hd/2];
+// x[i] = a·cos − b·sin, x[i+r/2] = b·cos + a·sin with a = x[i], b = x[i+r/2] for i < r/2 (r the
+// rotary dimension; the rest of each head passes), then the token's rotated k and its v stored
+// at its cache slot. One block per token.
+// Layout: q [T][n_heads][hd], k/v [T][n_kv_heads][hd]; cos/sin tables [position][r/2];
 // cache [slot][n_kv_heads][hd] float32.
 #include "device/cuda_common.cuh"
 #include "llmesh/kernels/cuda_ops.hpp"
@@ -13,7 +14,8 @@ __global__ void rope_kv_kernel(rope_kv_args a) {
   const unsigned t = blockIdx.x;
   const int32_t slot = a.slot[t];
   if (slot < 0) return;  // batch padding
-  const unsigned hd = static_cast<unsigned>(a.head_dim), half = hd / 2;
+  const unsigned hd = static_cast<unsigned>(a.head_dim);
+  const unsigned rot = a.rotary_dim != 0 ? static_cast<unsigned>(a.rotary_dim) : hd, half = rot / 2;
   const unsigned nq = static_cast<unsigned>(a.n_heads), nkv = static_cast<unsigned>(a.n_kv_heads);
   const size_t p = static_cast<size_t>(a.pos[t]);
   const float* c = a.cos + p * half;
@@ -34,6 +36,9 @@ __global__ void rope_kv_kernel(rope_kv_args a) {
         kc[i] = ra;
         kc[i + half] = rb;
       }
+    }
+    if (kc) {
+      for (unsigned i = rot + (threadIdx.x & 31u); i < hd; i += 32) kc[i] = x[i];  // the part that does not rotate
     }
   }
   const size_t kv = static_cast<size_t>(nkv) * hd;

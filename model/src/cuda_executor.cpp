@@ -53,10 +53,11 @@ class cuda_executor final : public step_executor {
       LLMESH_TRY(alloc(v_cache_.emplace_back(), kv_floats * sizeof(float)));
     }
     // Rotary tables for every position the cache can hold, computed as the CPU computes them.
-    const size_t half = hd / 2, positions = std::min(slots, cfg_.max_positions);
+    const size_t half = cfg_.rope.head_dim / 2, positions = std::min(slots, cfg_.max_positions);
     std::vector<float> cs(positions * half), sn(positions * half);
     auto inv_freq = kernels::rope_inv_freq(cfg_.rope);
-    for (size_t p = 0; p < positions; ++p) kernels::rope_angles(inv_freq, p, &cs[p * half], &sn[p * half]);
+    const double scale = kernels::rope_scale(cfg_.rope);
+    for (size_t p = 0; p < positions; ++p) kernels::rope_angles(inv_freq, p, &cs[p * half], &sn[p * half], scale);
     LLMESH_TRY(alloc(cos_, cs.size() * sizeof(float)));
     LLMESH_TRY(alloc(sin_, sn.size() * sizeof(float)));
     LLMESH_TRY(cuda::copy_to_device(cos_.get(), cs.data(), cs.size() * sizeof(float), stream_.get()));
@@ -533,6 +534,7 @@ class cuda_executor final : public step_executor {
       r.n_heads = layout_.n_heads;
       r.n_kv_heads = layout_.n_kv_heads;
       r.head_dim = hd;
+      r.rotary_dim = cfg_.rope.head_dim;
       r.pos = meta + off_pos();
       r.slot = meta + off_slot();
       r.cos = cos_.as<float>();

@@ -227,6 +227,18 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
   }
+  if (s.yarn_scaling) cfg["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 256}};
+  if (s.partial_rotary != 1.0) cfg["partial_rotary_factor"] = s.partial_rotary;
+  if (s.longrope_scaling) {
+    const size_t n = static_cast<size_t>(static_cast<double>(hd) * s.partial_rotary) / 2;
+    json short_f = json::array(), long_f = json::array();
+    for (size_t i = 0; i < n; ++i) {
+      short_f.push_back(1.0 + 0.05 * static_cast<double>(i));
+      long_f.push_back(1.0 + 0.5 * static_cast<double>(i));
+    }
+    cfg["rope_scaling"] = {{"type", "longrope"}, {"short_factor", short_f}, {"long_factor", long_f}};
+    cfg["original_max_position_embeddings"] = 64;
+  }
   if (!s.packed.empty()) {
     auto q = detail::packed_quantization_config(s.packed, s.group_size);
     if (!q) return q.take_error();

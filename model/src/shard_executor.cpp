@@ -92,7 +92,11 @@ shard_executor::shard_executor(std::shared_ptr<const model> m, shard_layout layo
   attn_shape_.scale = static_cast<float>(c.attn_scale > 0.0 ? c.attn_scale : 1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   attn_shape_.softcap = c.gemma.attn_softcap;
   inv_freq_ = kernels::rope_inv_freq(c.rope);
-  if (c.rope_local) inv_freq_local_ = kernels::rope_inv_freq(*c.rope_local);
+  rope_scale_ = kernels::rope_scale(c.rope);
+  if (c.rope_local) {
+    inv_freq_local_ = kernels::rope_inv_freq(*c.rope_local);
+    rope_scale_local_ = kernels::rope_scale(*c.rope_local);
+  }
   embed_scale_ = c.scaling.embedding;  // Granite's embedding_multiplier, else 1
   if (c.gemma.on) {  // HF: the normalizer is a tensor of the embedding's dtype
     const auto type = model_->weights().embed.type;
@@ -142,7 +146,7 @@ status shard_executor::run(std::span<const step_sequence> batch, std::vector<flo
 
   // Embedding rows and rotary angles for every token of the step.
   size_t t = 0;
-  const size_t half = c.head_dim / 2;
+  const size_t half = c.rope.head_dim / 2;
   for (const auto& s : batch) {
     for (size_t i = 0; i < s.tokens.size(); ++i, ++t) {
       size_t id = static_cast<size_t>(s.tokens[i]);
@@ -154,9 +158,9 @@ status shard_executor::run(std::span<const step_sequence> batch, std::vector<flo
       } else {
         for (size_t d = 0; d < c.hidden; ++d) row[d] = kernels::load_as_f32(w.embed.data, w.embed.type, id * c.hidden + d) * embed_scale_;
       }
-      kernels::rope_angles(inv_freq_, s.pos0 + i, cos_.data() + t * half, sin_.data() + t * half);
+      kernels::rope_angles(inv_freq_, s.pos0 + i, cos_.data() + t * half, sin_.data() + t * half, rope_scale_);
       if (!inv_freq_local_.empty()) {
-        kernels::rope_angles(inv_freq_local_, s.pos0 + i, cos_local_.data() + t * half, sin_local_.data() + t * half);
+        kernels::rope_angles(inv_freq_local_, s.pos0 + i, cos_local_.data() + t * half, sin_local_.data() + t * half, rope_scale_local_);
       }
     }
   }
@@ -242,13 +246,13 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
       kernels::rmsnorm(&k_[r * hd], lw.k_norm.data(), &k_[r * hd], hd, c.rms_norm_eps);
     });
   }
-  const size_t half = hd / 2;
+  const size_t rot = c.rope.head_dim, half = rot / 2;  // the rotary part of each head (partial_rotary_factor)
   const bool local = !inv_freq_local_.empty() && layer_sliding(c, layer);  // Gemma 3's sliding layers
   const float* cos = local ? cos_local_.data() : cos_.data();
   const float* sin = local ? sin_local_.data() : sin_.data();
   for_rows(*pool_, n_tokens, q_dim + kv_dim, [&](size_t t) {
-    kernels::rope_apply(&q_[t * q_dim], layout_.n_heads, hd, cos + t * half, sin + t * half);
-    kernels::rope_apply(&k_[t * kv_dim], layout_.n_kv_heads, hd, cos + t * half, sin + t * half);
+    kernels::rope_apply(&q_[t * q_dim], layout_.n_heads, hd, rot, cos + t * half, sin + t * half);
+    kernels::rope_apply(&k_[t * kv_dim], layout_.n_kv_heads, hd, rot, cos + t * half, sin + t * half);
   });
 
   const kernels::kv_layer_view cache{keys_[layer].data(), values_[layer].data(), kv_.n_blocks, kv_.type};

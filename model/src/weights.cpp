@@ -171,6 +171,7 @@ status model::check_ranks(int tp, bool expert_parallel, std::span<const int> ran
 result<std::shared_ptr<const model>> model::load(const std::string& dir, load_options opt) {
   auto cfg = load_config(dir, opt.hf_overrides);
   if (!cfg) return cfg.take_error();
+  choose_longrope(*cfg, opt.max_model_len);
   if (auto s = check_checkpoint_method(opt.quant, *cfg, dir); !s) {
     error e = s.take_error();
     e.message = dir + ": " + e.message;

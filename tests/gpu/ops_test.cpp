@@ -390,51 +390,63 @@ struct paged_cache {
   }
 };
 
+// Full rotary with llama3 scaling, and Phi-4-mini's shape: 96 of 128 dims rotating with yarn
+// frequencies and a scale on cos and sin (the dims after 96 pass to q, k and the cache as they are).
 TEST(CudaRopeKv, BitIdenticalToCpuRopeAndCacheWrite) {
   LLMESH_REQUIRE_GPU();
-  const size_t n_heads = 8, n_kv = 2, hd = 128, T = 5, half = hd / 2, positions = 4096;
-  kernels::rope_config rc;
-  rc.head_dim = hd;
-  rc.theta = 500000;
-  rc.llama3 = true;
-  auto inv = kernels::rope_inv_freq(rc);
-  std::vector<float> cs(positions * half), sn(positions * half);
-  for (size_t p = 0; p < positions; ++p) kernels::rope_angles(inv, p, &cs[p * half], &sn[p * half]);
-  auto q = random_floats(T * n_heads * hd, 900), k = random_floats(T * n_kv * hd, 901), v = random_floats(T * n_kv * hd, 902);
-  std::vector<int32_t> pos = {0, 1, 17, 4000, 4095}, slot = {3, 40, -1, 7, 0};
-  const size_t slots = 64;
-  auto dq = to_device(q), dk = to_device(k), dv = to_device(v), dcos = to_device(cs), dsin = to_device(sn);
-  auto dpos = to_device(pos), dslot = to_device(slot);
-  std::vector<float> zeros(slots * n_kv * hd, 0.0f);
-  auto kc = to_device(zeros), vc = to_device(zeros);
-  cuda::rope_kv_args a;
-  a.q = dq.as<float>();
-  a.k = dk.as<float>();
-  a.v = dv.as<float>();
-  a.n_tokens = T;
-  a.n_heads = n_heads;
-  a.n_kv_heads = n_kv;
-  a.head_dim = hd;
-  a.pos = dpos.as<int32_t>();
-  a.slot = dslot.as<int32_t>();
-  a.cos = dcos.as<float>();
-  a.sin = dsin.as<float>();
-  a.k_cache = kc.as<float>();
-  a.v_cache = vc.as<float>();
-  ASSERT_TRUE(cuda::rope_kv(a, nullptr).ok());
-  auto want_q = q, want_k = k;
-  std::vector<float> want_kc = zeros, want_vc = zeros;
-  for (size_t t = 0; t < T; ++t) {
-    if (slot[t] < 0) continue;  // padding rows are left alone
-    kernels::rope_apply(&want_q[t * n_heads * hd], n_heads, hd, &cs[pos[t] * half], &sn[pos[t] * half]);
-    kernels::rope_apply(&want_k[t * n_kv * hd], n_kv, hd, &cs[pos[t] * half], &sn[pos[t] * half]);
-    std::copy_n(&want_k[t * n_kv * hd], n_kv * hd, &want_kc[slot[t] * n_kv * hd]);
-    std::copy_n(&v[t * n_kv * hd], n_kv * hd, &want_vc[slot[t] * n_kv * hd]);
+  for (const size_t rot : {size_t{128}, size_t{96}}) {
+    SCOPED_TRACE("rotary_dim " + std::to_string(rot));
+    const size_t n_heads = 8, n_kv = 2, hd = 128, T = 5, half = rot / 2, positions = 4096;
+    kernels::rope_config rc;
+    rc.head_dim = rot;
+    rc.theta = 500000;
+    rc.llama3 = rot == hd;
+    if (rot != hd) {
+      rc.yarn = true;
+      rc.factor = 4.0;
+      rc.original_max_position = 1024;
+      rc.attention_factor = 1.1386;
+    }
+    auto inv = kernels::rope_inv_freq(rc);
+    std::vector<float> cs(positions * half), sn(positions * half);
+    for (size_t p = 0; p < positions; ++p) kernels::rope_angles(inv, p, &cs[p * half], &sn[p * half], kernels::rope_scale(rc));
+    auto q = random_floats(T * n_heads * hd, 900), k = random_floats(T * n_kv * hd, 901), v = random_floats(T * n_kv * hd, 902);
+    std::vector<int32_t> pos = {0, 1, 17, 4000, 4095}, slot = {3, 40, -1, 7, 0};
+    const size_t slots = 64;
+    auto dq = to_device(q), dk = to_device(k), dv = to_device(v), dcos = to_device(cs), dsin = to_device(sn);
+    auto dpos = to_device(pos), dslot = to_device(slot);
+    std::vector<float> zeros(slots * n_kv * hd, 0.0f);
+    auto kc = to_device(zeros), vc = to_device(zeros);
+    cuda::rope_kv_args a;
+    a.q = dq.as<float>();
+    a.k = dk.as<float>();
+    a.v = dv.as<float>();
+    a.n_tokens = T;
+    a.n_heads = n_heads;
+    a.n_kv_heads = n_kv;
+    a.head_dim = hd;
+    a.rotary_dim = rot;
+    a.pos = dpos.as<int32_t>();
+    a.slot = dslot.as<int32_t>();
+    a.cos = dcos.as<float>();
+    a.sin = dsin.as<float>();
+    a.k_cache = kc.as<float>();
+    a.v_cache = vc.as<float>();
+    ASSERT_TRUE(cuda::rope_kv(a, nullptr).ok());
+    auto want_q = q, want_k = k;
+    std::vector<float> want_kc = zeros, want_vc = zeros;
+    for (size_t t = 0; t < T; ++t) {
+      if (slot[t] < 0) continue;  // padding rows are left alone
+      kernels::rope_apply(&want_q[t * n_heads * hd], n_heads, hd, rot, &cs[pos[t] * half], &sn[pos[t] * half]);
+      kernels::rope_apply(&want_k[t * n_kv * hd], n_kv, hd, rot, &cs[pos[t] * half], &sn[pos[t] * half]);
+      std::copy_n(&want_k[t * n_kv * hd], n_kv * hd, &want_kc[slot[t] * n_kv * hd]);
+      std::copy_n(&v[t * n_kv * hd], n_kv * hd, &want_vc[slot[t] * n_kv * hd]);
+    }
+    EXPECT_TRUE(same_bits(to_host<float>(dq, q.size()), want_q));
+    EXPECT_TRUE(same_bits(to_host<float>(dk, k.size()), want_k));
+    EXPECT_TRUE(same_bits(to_host<float>(kc, zeros.size()), want_kc));
+    EXPECT_TRUE(same_bits(to_host<float>(vc, zeros.size()), want_vc));
   }
-  EXPECT_TRUE(same_bits(to_host<float>(dq, q.size()), want_q));
-  EXPECT_TRUE(same_bits(to_host<float>(dk, k.size()), want_k));
-  EXPECT_TRUE(same_bits(to_host<float>(kc, zeros.size()), want_kc));
-  EXPECT_TRUE(same_bits(to_host<float>(vc, zeros.size()), want_vc));
 }
 
 struct attn_seq {

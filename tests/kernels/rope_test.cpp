@@ -1,9 +1,11 @@
-// Tests of rotary position embedding: inverse frequencies (default and llama3-scaled), the
-// per-position angles, and the rotate_half application.
+// Tests of rotary position embedding: inverse frequencies (default, llama3-, yarn- and
+// longrope-scaled), the per-position angles and their scale, and the rotate_half application
+// (over the whole head or its first part).
 #include "llmesh/kernels/rope.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <random>
@@ -124,7 +126,7 @@ TEST(RopeApply, RotatesPairsHalfADimensionApart) {
   const float sin[] = {1.0f, 0.8f};
   float v[] = {1.0f, 2.0f, 3.0f, 4.0f,     // head 0
                -1.0f, 0.5f, 2.0f, -3.0f};  // head 1: same angles, its own values
-  rope_apply(v, 2, 4, cos, sin);
+  rope_apply(v, 2, 4, 4, cos, sin);
   // v[0] = a·cos − b·sin, v[2] = b·cos + a·sin with (a, b) = (v[0], v[2]).
   EXPECT_FLOAT_EQ(v[0], 1 * 0.0f - 3 * 1.0f);  // -3
   EXPECT_FLOAT_EQ(v[2], 3 * 0.0f + 1 * 1.0f);  // 1
@@ -141,7 +143,7 @@ TEST(RopeApply, IdentityAngleLeavesVectorUnchanged) {
   std::vector<float> v(3 * 16);
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.37f - 5.0f;
   std::vector<float> before = v;
-  rope_apply(v.data(), 3, 16, c.data(), s.data());
+  rope_apply(v.data(), 3, 16, 16, c.data(), s.data());
   EXPECT_EQ(v, before);
 }
 
@@ -159,7 +161,7 @@ TEST(RopeApply, PreservesTheNormOfEveryPair) {
       std::vector<float> v(n_heads * 128);
       for (float& x : v) x = val(rng);
       std::vector<float> before = v;
-      rope_apply(v.data(), n_heads, 128, c.data(), s.data());
+      rope_apply(v.data(), n_heads, 128, 128, c.data(), s.data());
       for (size_t h = 0; h < n_heads; ++h) {
         for (size_t i = 0; i < 64; ++i) {
           const float* b = before.data() + h * 128;
@@ -177,6 +179,85 @@ TEST(RopeApply, PreservesTheNormOfEveryPair) {
       }
     }
   }
+}
+
+/// Qwen3's YaRN recipe (theta 1e6, factor 4 over 32768 positions, head_dim 128): the frequencies
+/// turning more than 32 times over 32768 positions (i <= 23, by hand: 128·ln(32768 / 64π) /
+/// (2·ln 1e6) = 23.6, rounded down) keep their value, those turning less than once (i >= 40:
+/// 39.65 rounded up) are divided by 4, and a linear ramp over i joins them.
+TEST(RopeInvFreq, YarnKeepsFastFrequenciesStretchesSlowOnesAndRampsBetween) {
+  rope_config plain;
+  plain.head_dim = 128;
+  plain.theta = 1e6;
+  rope_config yarn = plain;
+  yarn.yarn = true;
+  yarn.factor = 4.0;
+  yarn.original_max_position = 32768;
+  const auto a = rope_inv_freq(plain), b = rope_inv_freq(yarn);
+  ASSERT_EQ(b.size(), 64u);
+  for (size_t i = 0; i < 64; ++i) {
+    const double ramp = std::clamp((static_cast<double>(i) - 23.0) / 17.0, 0.0, 1.0);
+    EXPECT_NEAR(b[i], a[i] * (1.0 - ramp) + a[i] / 4.0 * ramp, 1e-15 * a[i]) << i;
+  }
+  EXPECT_EQ(b[23], a[23]);
+  EXPECT_EQ(b[63], a[63] / 4.0);
+  EXPECT_DOUBLE_EQ(rope_scale(yarn), 1.0);  // the parser sets attention_factor; 1 until then
+  yarn.attention_factor = 1.25;
+  EXPECT_DOUBLE_EQ(rope_scale(yarn), 1.25);
+  EXPECT_DOUBLE_EQ(rope_scale(plain), 1.0);
+  yarn.yarn_truncate = false;  // gpt-oss: the ends unrounded (23.6 .. 39.65)
+  const auto c = rope_inv_freq(yarn);
+  EXPECT_EQ(c[23], a[23]);  // still before the ramp
+  EXPECT_GT(c[24], b[24]);  // 0.025 of the way down at 24 (0.4 / 16.05), not 1/17
+  EXPECT_LT(c[24], a[24]);
+}
+
+TEST(RopeInvFreq, LongropeDividesEachFrequencyByItsFactor) {
+  rope_config cfg;
+  cfg.head_dim = 8;
+  cfg.longrope = true;
+  cfg.short_factor = {1.0, 2.0, 3.0, 4.0};
+  cfg.long_factor = {5.0, 6.0, 7.0, 8.0};
+  cfg.short_mscale = 1.1;
+  cfg.long_mscale = 1.2;
+  rope_config plain;
+  plain.head_dim = 8;
+  const auto base = rope_inv_freq(plain);
+  auto s = rope_inv_freq(cfg);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(s[i], base[i] / static_cast<double>(i + 1));
+  EXPECT_DOUBLE_EQ(rope_scale(cfg), 1.1);
+  cfg.use_long = true;
+  s = rope_inv_freq(cfg);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(s[i], base[i] / static_cast<double>(i + 5));
+  EXPECT_DOUBLE_EQ(rope_scale(cfg), 1.2);
+}
+
+TEST(RopeAngles, AScaleMultipliesCosAndSin) {
+  const std::vector<double> inv = {1.0, 0.25, 1e-3};
+  float c[3], s[3], cs[3], ss[3];
+  rope_angles(inv, 37, c, s);
+  rope_angles(inv, 37, cs, ss, 1.19);
+  for (size_t i = 0; i < 3; ++i) {
+    const double a = 37.0 * inv[i];
+    EXPECT_EQ(c[i], static_cast<float>(std::cos(a)));
+    EXPECT_EQ(cs[i], static_cast<float>(std::cos(a) * 1.19));
+    EXPECT_EQ(ss[i], static_cast<float>(std::sin(a) * 1.19));
+  }
+}
+
+TEST(RopeApply, APartialRotaryTurnsTheHeadsFirstDimsAndLeavesTheRest) {
+  // head_dim 10, rotary_dim 6: pairs (0, 3), (1, 4), (2, 5) turn; 6..9 pass.
+  const float cos[] = {0.0f, 0.6f, 1.0f};
+  const float sin[] = {1.0f, 0.8f, 0.0f};
+  std::vector<float> v(2 * 10);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) - 7.5f;
+  std::vector<float> want = v;
+  for (size_t h = 0; h < 2; ++h) rope_apply(&want[h * 10], 1, 6, 6, cos, sin);  // the first 6 as a head of their own
+  rope_apply(v.data(), 2, 10, 6, cos, sin);
+  EXPECT_EQ(v, want);
+  EXPECT_EQ(v[6], -1.5f);  // untouched
+  EXPECT_EQ(v[19], 11.5f);
+  EXPECT_NE(v[0], -7.5f);
 }
 
 }  // namespace

@@ -74,10 +74,15 @@ TEST(ParseConfig, RopeParametersOfTransformersV5) {
   EXPECT_DOUBLE_EQ(c.rope.theta, 500000.0);
   EXPECT_TRUE(c.rope.llama3);
   EXPECT_DOUBLE_EQ(c.rope.factor, 32.0);
-  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}, {"original_max_position_embeddings", 4096}};
+  c = parse_ok(j);
+  EXPECT_TRUE(c.rope.yarn);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 10000.0);
+  EXPECT_EQ(c.max_positions, 16384u);
+  j["rope_parameters"] = {{"rope_type", "dynamic"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
   auto r = parse_config(j.dump());
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.err().message.find("'yarn'"), std::string::npos) << r.err().message;
+  EXPECT_NE(r.err().message.find("'dynamic'"), std::string::npos) << r.err().message;
   j["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e6}}}, {"sliding_attention", {{"rope_theta", 1e4}}}};
   r = parse_config(j.dump());
   ASSERT_FALSE(r.ok());
@@ -101,20 +106,9 @@ TEST(ParseConfig, Phi3HasFusedProjectionsAndASlidingWindow) {
   j["sliding_window"] = nullptr;
   EXPECT_EQ(parse_ok(j).sliding_window, 0u);
   j["partial_rotary_factor"] = 1.0;
-  EXPECT_TRUE(parse_config(j.dump()).ok());
-  j["partial_rotary_factor"] = 0.75;  // Phi-4-mini
-  auto r = parse_config(j.dump());
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.err().code, errc::unsupported);
-  EXPECT_NE(r.err().message.find("partial_rotary_factor"), std::string::npos) << r.err().message;
-  j.erase("partial_rotary_factor");
-  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};  // v5
-  EXPECT_FALSE(parse_config(j.dump()).ok());
-  j.erase("rope_parameters");
-  j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}};  // Phi-3-128k
-  r = parse_config(j.dump());
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.err().message.find("'longrope'"), std::string::npos) << r.err().message;
+  EXPECT_EQ(parse_ok(j).rope.head_dim, c.head_dim);
+  j["partial_rotary_factor"] = 0.75;  // Phi-4-mini (config_rope_test.cpp has the rest)
+  EXPECT_EQ(parse_ok(j).rope.head_dim, c.head_dim * 3 / 4);
   EXPECT_FALSE(parse_ok(minimal_llama()).fused_projections);
 }
 

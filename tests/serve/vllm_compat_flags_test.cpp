@@ -273,11 +273,33 @@ TEST(ServeVllmCompatFlags, ConfigFileAcceptedFlagsAndRefusals) {
                                                 {"ignore_eos", true}, {"return_token_ids", true}});
     ASSERT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want);
+
+    // --rope-scaling and --rope-theta (vLLM's; Qwen's recipe for a long context): the same as a
+    // config.json that says them, and a yarn context of the original one times the factor.
+    json y = json::parse(read_file(kjv + "/config.json"));
+    y["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 64}};
+    y["rope_theta"] = 500.0;
+    std::filesystem::remove(changed + "/config.json");
+    std::ofstream(changed + "/config.json") << y.dump();
+    const auto want_yarn = generate_ids(bin, changed, "--prompt '" + prompt + "'", 24);
+    ASSERT_NE(want_yarn, want) << "yarn must change the tokens";
+    server_process sy(bin, {"--model", kjv, "--rope-scaling", R"({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64})",
+                            "--rope-theta", "500"});
+    ASSERT_GT(sy.port(), 0) << sy.log();
+    models = json::parse(http_request(sy.port(), "GET", "/v1/models").body);
+    EXPECT_EQ(models["data"][0]["max_model_len"], 128) << models;
+    r = post(sy.port(), "/v1/completions", {{"model", "kjv-tiny"}, {"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0},
+                                            {"ignore_eos", true}, {"return_token_ids", true}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want_yarn);
   }
   std::ofstream(dir.path() + "/bad.yaml") << "no-such-flag: 1\n";
   const std::string serve = bin + " serve --model " + kjv + " --http 127.0.0.1:0 --rpc none ";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--load-format pt", "--load-format pt: this server loads safetensors and GGUF"},
+      {"--rope-scaling '[1, 2]'", "--rope-scaling must be a JSON object"},
+      {"--rope-theta 0", "--rope-theta must be a positive number, not '0'"},
+      {"--rope-scaling '{\"rope_type\": \"dynamic\", \"factor\": 2.0}'", "unsupported rope_scaling type 'dynamic'"},
       {"--load-format gguf", "is not a GGUF file"},
       {"--pipeline-parallel-size 2", "no pipeline parallelism here"},
       {"--task reward", "is not a reward model (Qwen2ForRewardModel, Qwen2ForProcessRewardModel)"},

@@ -13,7 +13,9 @@ renormalised; Qwen2MoeForCausalLM adds a shared expert scaled by a sigmoid gate)
 GraniteForCausalLM (embedding, attention, residual and logit multipliers), GemmaForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM (norms times
 1 + weight, the embedding times sqrt(hidden) in the weights' dtype, tanh-GELU GeGLU; Gemma 2/3
 also normalise each block's output, soft-cap scores and logits, alternate sliding and global
-layers, and Gemma 3 gives its sliding layers their own rotary base), with
+layers, and Gemma 3 gives its sliding layers their own rotary base); rope_scaling linear,
+llama3, yarn and longrope (vLLM's choice of long factors by the served context) and
+partial_rotary_factor; with
 weights in model.safetensors or a sharded model.safetensors.index.json
 (F32, F16 or BF16; AWQ (GEMM), GPTQ and compressed-tensors pack-quantized checkpoints'
 packed layers decoded from their quantization_config, see Weights.unpack and
@@ -275,8 +277,14 @@ def load_config(model_dir):
         cfg["qkv_bias"] = cfg["o_bias"] = bool(c.get("attention_bias", False))
     else:  # Mistral, Phi-3: no biases
         cfg["qkv_bias"] = cfg["o_bias"] = False
-    if arch == "Phi3ForCausalLM" and c.get("partial_rotary_factor", 1.0) != 1.0:
-        sys.exit("error: partial_rotary_factor other than 1 is not supported")
+    # HF's partial_rotary_factor: only the first head_dim * factor dims of each head rotate.
+    rp = c.get("rope_parameters") or {}
+    partial = rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
+    cfg["rotary_dim"] = int(cfg["head_dim"] * partial)
+    if cfg["rotary_dim"] % 2 or cfg["rotary_dim"] <= 0:
+        sys.exit("error: partial_rotary_factor gives an odd or empty rotary dimension")
+    cfg["max_pos"] = c.get("max_position_embeddings", 2048)
+    cfg["orig_max_pos"] = c.get("original_max_position_embeddings")   # Phi-3's top-level field (longrope)
     cfg["fused"] = arch == "Phi3ForCausalLM"
     window = None
     if arch in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM") or (
@@ -334,17 +342,55 @@ def load_config(model_dir):
 
 # ---------------------------------------------------------------- model
 
-def rope_inv_freq(cfg, theta=None, rs=None):
-    d = cfg["head_dim"]
-    inv_freq = 1.0 / ((theta or cfg["theta"]) ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+def rope_inv_freq(cfg, theta=None, rs=None, max_model_len=None):
+    """Returns (inv_freq [rotary_dim/2], the factor cos and sin are multiplied by)."""
+    d = cfg["rotary_dim"]
+    base = theta or cfg["theta"]
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     rs = cfg["rope_scaling"] if theta is None else rs
     if not rs:
-        return inv_freq
+        return inv_freq, 1.0
     kind = rs.get("rope_type", rs.get("type"))
     if kind == "default":
-        return inv_freq
+        return inv_freq, 1.0
     if kind == "linear":   # HF's linear interpolation
-        return inv_freq / rs["factor"]
+        return inv_freq / rs["factor"], 1.0
+    if kind == "yarn":
+        # YaRN (Peng et al. 2023, "NTK-by-parts" + attention temperature), as vLLM applies it:
+        # dims turning more than beta_fast times over the original context keep their frequency,
+        # those turning fewer than beta_slow times are interpolated (divided by the factor), a
+        # linear ramp between; cos and sin are scaled by 0.1 ln(factor) + 1.
+        factor = rs["factor"]
+        orig = rs.get("original_max_position_embeddings") or cfg["max_pos"]
+        beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+        def dim_of(rotations):   # the dim index i (of d) whose wavelength fits `rotations` times into orig
+            return d * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        lo, hi = dim_of(beta_fast), dim_of(beta_slow)
+        if rs.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, d - 1)
+        if lo == hi:
+            hi += 0.001
+        out = []
+        for i, f in enumerate(inv_freq.tolist()):
+            r = min(max((i - lo) / (hi - lo), 0.0), 1.0)   # 0: extrapolate (keep), 1: interpolate
+            out.append(f * (1 - r) + (f / factor) * r)
+        mscale = rs.get("attention_factor")
+        if mscale is None:
+            mscale = 0.1 * math.log(factor) + 1 if factor > 1 else 1.0
+        return torch.tensor(out, dtype=torch.float64), mscale * rs.get("attn_factor", 1.0)
+    if kind in ("longrope", "su"):
+        # LongRoPE (Phi-3): per-frequency divisors, the long ones when the served context
+        # (max_model_len, default the model's) exceeds the original one (vLLM's rule);
+        # cos/sin scaled by sqrt(1 + ln(s) / ln(orig)), s = max_position_embeddings / orig.
+        orig = rs.get("original_max_position_embeddings") or cfg["orig_max_pos"]
+        ctx = max_model_len or cfg["max_pos"]
+        ext = rs["long_factor"] if ctx > orig else rs["short_factor"]
+        assert len(ext) == d // 2
+        s_ = cfg["max_pos"] / orig
+        mscale = rs.get("attention_factor") or (1.0 if s_ <= 1 else math.sqrt(1 + math.log(s_) / math.log(orig)))
+        return inv_freq / torch.tensor(ext, dtype=torch.float64), mscale
     if kind != "llama3":
         sys.exit(f"error: unsupported rope_scaling type {kind}")
     factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
@@ -359,7 +405,7 @@ def rope_inv_freq(cfg, theta=None, rs=None):
         else:
             smooth = (old_ctx / wavelen - low) / (high - low)
             out.append((1 - smooth) * freq / factor + smooth * freq)
-    return torch.tensor(out, dtype=torch.float64)
+    return torch.tensor(out, dtype=torch.float64), 1.0
 
 
 def rotate_half(x):
@@ -504,8 +550,12 @@ class Model:
         if cfg["qk_norm"]:
             q = rms_norm(q, L["q_norm"], cfg["eps"], cfg["gemma"])
             k = rms_norm(k, L["k_norm"], cfg["eps"], cfg["gemma"])
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        r = cfg["rotary_dim"]   # the first r dims of each head rotate; the rest pass
+
+        def rotate(x):
+            xr = x[..., :r]
+            return torch.cat((xr * cos + rotate_half(xr) * sin, x[..., r:]), dim=-1)
+        q, k = rotate(q), rotate(k)
         group = nh // nkv
         out = torch.empty(nh, T, hd, dtype=torch.float64)
         i = torch.arange(T).view(T, 1)
@@ -528,10 +578,11 @@ class Model:
         h = self.embed[torch.tensor(ids, dtype=torch.long)] * self.normalizer
         pos = torch.arange(len(ids), dtype=torch.float64)
 
-        def angles(inv_freq):
+        def angles(freqs):
+            inv_freq, mscale = freqs
             angle = pos.view(-1, 1) * inv_freq.view(1, -1)
-            emb = torch.cat((angle, angle), dim=-1)   # [T, hd]
-            return emb.cos(), emb.sin()
+            emb = torch.cat((angle, angle), dim=-1)   # [T, rotary_dim]
+            return emb.cos() * mscale, emb.sin() * mscale
         cos, sin = angles(self.inv_freq)
         local = angles(self.inv_freq_local) if self.inv_freq_local is not None else None
         for L, window, sliding in zip(self.layers, cfg["layer_windows"], cfg["layer_sliding"]):

@@ -36,8 +36,9 @@ namespace llmesh::kernels::cuda {
 /// out[i] = silu(gate[i]) * up[i] (exp as kernels::exp_det). out may alias gate.
 [[nodiscard]] status swiglu(const float* gate, const float* up, float* out, size_t n, stream_t s);
 
-/// Rotary embedding of q [T][n_heads][hd] and k [T][n_kv_heads][hd] in place for the token at
-/// pos[t] (cos/sin tables [positions][hd/2], as kernels::rope_angles fills them), then the
+/// Rotary embedding of q [T][n_heads][hd] and k [T][n_kv_heads][hd] in place over each head's
+/// first rotary_dim entries (0: all of it) for the token at pos[t] (cos/sin tables
+/// [positions][rotary_dim/2], as kernels::rope_angles fills them), then the
 /// token's k and v written to cache slot slot[t] ([slot][n_kv_heads][hd]). Tokens with
 /// slot[t] < 0 (batch padding) are left alone.
 struct rope_kv_args {
@@ -45,6 +46,7 @@ struct rope_kv_args {
   float* k = nullptr;
   const float* v = nullptr;
   size_t n_tokens = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  size_t rotary_dim = 0;
   const int32_t* pos = nullptr;
   const int32_t* slot = nullptr;
   const float* cos = nullptr;

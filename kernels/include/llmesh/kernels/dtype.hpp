@@ -216,23 +216,34 @@ inline float f8_e4m3_to_f32(uint8_t byte) {
   return f;
 }
 
-/// float32 -> e4m3fn bits, round to nearest even, saturating at ±448 (CUDA's __NV_SATFINITE,
-/// vLLM's KV cache conversion); NaN stays NaN (S.1111.111).
-inline uint8_t f32_to_f8_e4m3(float f) {
+namespace detail {
+/// float32 -> the bits of an 8-bit float with M mantissa bits, exponent bias Bias and largest
+/// finite code MaxCode: round to nearest even, saturating at the largest finite value (CUDA's
+/// __NV_SATFINITE, vLLM's KV cache conversion; infinity too); NaN stays NaN (S.1111.111).
+template <unsigned M, unsigned Bias, uint8_t MaxCode>
+inline uint8_t f32_to_f8_bits(float f) {
+  constexpr uint32_t shift = 23 - M;
+  constexpr uint32_t largest = ((uint32_t{MaxCode} >> M) - Bias + 127u) << 23 | (uint32_t{MaxCode} & ((1u << M) - 1u)) << shift;
+  constexpr uint32_t smallest_normal = (1u - Bias + 127u) << 23;      // 2^(1-Bias)
+  constexpr float subnormal_steps = static_cast<float>(1u << (Bias - 1 + M));  // 1 / the subnormal step
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
   const auto sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
   const uint32_t abs = bits & 0x7fffffffu;
   if (abs > 0x7f800000u) return sign | 0x7fu;
-  if (abs >= 0x43e00000u) return sign | 0x7eu;  // 448 and beyond, infinity too
-  if (abs < 0x3c800000u) {  // below 2^-6: a subnormal (or the smallest normal, 8·2^-9) of step 2^-9
+  if (abs >= largest) return sign | MaxCode;
+  if (abs < smallest_normal) {  // a subnormal (or the smallest normal): exact scaling, then ties to even
     float a;
     std::memcpy(&a, &abs, 4);
-    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f)));  // exact scaling, then ties to even
+    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::nearbyint(a * subnormal_steps)));
   }
-  const uint32_t rounded = (abs + 0x7ffffu + ((abs >> 20) & 1u)) >> 20;  // exponent and 3 mantissa bits
-  return static_cast<uint8_t>(sign | (rounded - ((127u - 7u) << 3)));
+  const uint32_t rounded = (abs + ((1u << (shift - 1)) - 1u) + ((abs >> shift) & 1u)) >> shift;  // exponent and M bits
+  return static_cast<uint8_t>(sign | (rounded - ((127u - Bias) << M)));
 }
+}  // namespace detail
+
+/// float32 -> e4m3fn bits, round to nearest even, saturating at ±448; NaN stays NaN.
+inline uint8_t f32_to_f8_e4m3(float f) { return detail::f32_to_f8_bits<3, 7, 0x7e>(f); }
 
 /// OCP e5m2 bits (float16's upper byte) -> float32 (exact): bias 15, subnormals m·2^-16,
 /// exponent 31 infinity (m = 0) or a quiet NaN keeping m (as the F16C converter gives it).
@@ -249,23 +260,9 @@ inline float f8_e5m2_to_f32(uint8_t byte) {
   return f;
 }
 
-/// float32 -> e5m2 bits, round to nearest even, saturating at ±57344 (infinity too, as
-/// __NV_SATFINITE); NaN stays NaN.
-inline uint8_t f32_to_f8_e5m2(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  const auto sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
-  const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7fu;
-  if (abs >= 0x47600000u) return sign | 0x7bu;  // 57344 and beyond
-  if (abs < 0x38800000u) {  // below 2^-14: step 2^-16
-    float a;
-    std::memcpy(&a, &abs, 4);
-    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::nearbyint(a * 65536.0f)));
-  }
-  const uint32_t rounded = (abs + 0xfffffu + ((abs >> 21) & 1u)) >> 21;  // exponent and 2 mantissa bits
-  return static_cast<uint8_t>(sign | (rounded - ((127u - 15u) << 2)));
-}
+/// float32 -> e5m2 bits, round to nearest even, saturating at ±57344 (infinity too); NaN
+/// stays NaN.
+inline uint8_t f32_to_f8_e5m2(float f) { return detail::f32_to_f8_bits<2, 15, 0x7b>(f); }
 
 /// An 8-bit float of type t (f8_e4m3 or f8_e5m2) to float32 and back.
 inline float f8_to_f32(dtype t, uint8_t b) { return t == dtype::f8_e4m3 ? f8_e4m3_to_f32(b) : f8_e5m2_to_f32(b); }

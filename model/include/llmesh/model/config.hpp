@@ -23,7 +23,7 @@ struct model_config {
   size_t vocab = 0;
   size_t max_positions = 0;
   float rms_norm_eps = 1e-6f;
-  kernels::rope_config rope;   ///< head_dim, theta and llama3 scaling
+  kernels::rope_config rope;   ///< the rotary dimension, theta and the rope_scaling rule
   bool tie_embeddings = false;
   /// The checkpoint has an LM head (its own, or tied to the embedding). False for a bare
   /// transformer ("LlamaModel", "Qwen3Model", ...: how embedding models such as e5-mistral ship,
@@ -147,6 +147,12 @@ inline const char* cpu_only_family(const model_config& c) {
 
 /// Parses config.json text. Errors name the missing or invalid field.
 [[nodiscard]] result<model_config> parse_config(const std::string& json_text);
+
+/// A longrope model's factors for a server granting `max_model_len` positions (0: the model's
+/// max_position_embeddings): the long ones when that exceeds original_max_position_embeddings,
+/// else the short ones — vLLM's rule, so a sequence's rotary never changes as it grows (HF
+/// switches per forward pass). Other models: unchanged.
+void choose_longrope(model_config& c, size_t max_model_len);
 
 /// Reads and parses DIR/config.json, then merges DIR/generation_config.json when present:
 /// its eos_token_id (an int or a list) is appended to config.json's eos ids without

@@ -29,6 +29,13 @@ struct random_model_spec {
   double rope_theta = 10000.0;
   bool llama3_scaling = false;  ///< rope_scaling {rope_type: llama3, factor 8, low 1, high 4, original 8192 / 64}
   bool linear_scaling = false;  ///< rope_scaling {rope_type: linear, factor 8} (Gemma 3: its global layers')
+  /// rope_scaling {rope_type: yarn, factor 4, original_max_position_embeddings 256} (Qwen's
+  /// long-context recipe; 256 so tiny test contexts straddle its ramp).
+  bool yarn_scaling = false;
+  /// rope_scaling {type: longrope, short_factor 1 + 0.05·i, long_factor 1 + 0.5·i} with a top-level
+  /// original_max_position_embeddings of 64 (Phi-3.5's layout).
+  bool longrope_scaling = false;
+  double partial_rotary = 1.0;  ///< partial_rotary_factor (written when not 1; Phi-4-mini's 0.75)
   size_t sliding_window = 0;    ///< Mistral, Phi-3, Mixtral, Gemma 2/3; 0 writes null
   /// Gemma 2/3: attn_logit_softcapping and final_logit_softcapping (negative: Gemma 2's 50 and 30,
   /// Gemma 3's none; 0 writes null), query_pre_attn_scalar (0: head_dim), and Gemma 3's

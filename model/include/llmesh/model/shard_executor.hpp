@@ -233,6 +233,7 @@ class shard_executor final : public step_executor {
   kernels::thread_pool* pool_;
   kernels::attention_shape attn_shape_;
   std::vector<double> inv_freq_, inv_freq_local_;  ///< the second: Gemma 3's sliding layers'
+  double rope_scale_ = 1.0, rope_scale_local_ = 1.0;  ///< cos and sin times these (kernels::rope_scale)
   float embed_scale_ = 1.0f;  ///< Gemma: sqrt(hidden) in the embedding's dtype; Granite: embedding_multiplier; else 1
   std::vector<std::vector<std::byte>> keys_, values_;  ///< per layer, the cache's elements (kv_.type)
 

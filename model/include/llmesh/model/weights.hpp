@@ -109,6 +109,10 @@ struct load_options {
   /// (column_slice), so the node holds about its share of them. Such a model runs only
   /// engines of these ranks (check_ranks). nullopt: every rank.
   std::optional<rank_set> ranks;
+  /// vLLM's --max-model-len: the context the server grants (0: the model's). A longrope model
+  /// takes its long factors only when this exceeds original_max_position_embeddings
+  /// (choose_longrope).
+  size_t max_model_len = 0;
 };
 
 /// One decoder layer. Norm weights and biases are small and converted to float32 at load.
