@@ -37,8 +37,10 @@ status check_draft_model(const model::model& draft, const model::model& target, 
 }
 
 result<std::shared_ptr<const model::model>> load_draft_model(const std::string& dir, const model::model& target,
-                                                             const std::string& target_tokenizer_dir) {
-  auto m = model::model::load(dir);
+                                                             const std::string& target_tokenizer_dir, size_t max_model_len) {
+  model::load_options o;
+  o.max_model_len = max_model_len != 0 ? max_model_len : target.config().max_positions;  // vLLM: the smaller of the two
+  auto m = model::model::load(dir, o);
   if (!m) return make_error(m.err().code, "draft model " + dir + ": " + m.err().message);
   LLMESH_TRY(check_draft_model(**m, target, target_tokenizer_dir));
   return *m;

@@ -125,7 +125,7 @@ void load_replica(agent* self, const transport::assign_msg& a) {
       else err = loaded.err().message;
     }
     std::shared_ptr<const model::model> draft;
-    if (m && err.empty()) draft = draft_for(sp, *m, a.path, err);
+    if (m && err.empty()) draft = draft_for(sp, *m, a.path, a.max_model_len, err);
     if (m && err.empty()) {
       eo.kv_tokens = kv_tokens_for_budget(kv_sizing_config(m->config(), a), eo.tp, kv_mb, max_seqs, eo.kv_type);
       auto e = model::engine::create(m, eo);

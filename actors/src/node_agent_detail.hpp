@@ -58,13 +58,13 @@ inline replica_speculation speculation_of(const transport::assign_msg& a, const 
 /// On a loading helper: the draft model `sp` names for target `m` (loaded and checked), or the
 /// node's draft checked against `m`; `err` set when either fails.
 inline std::shared_ptr<const model::model> draft_for(const replica_speculation& sp, const model::model& m,
-                                                     const std::string& model_dir, std::string& err) {
+                                                     const std::string& model_dir, size_t max_model_len, std::string& err) {
   if (!sp.err.empty()) {
     err = sp.err;
     return nullptr;
   }
   if (!sp.draft_dir.empty()) {
-    auto d = load_draft_model(sp.draft_dir, m, model_dir);
+    auto d = load_draft_model(sp.draft_dir, m, model_dir, max_model_len);
     if (!d) err = "speculative_config: " + d.err().message;
     return d ? *d : nullptr;
   }
@@ -83,14 +83,15 @@ inline model::rank_set ranks_of(const transport::assign_msg& a) {
   return r;
 }
 
-/// The node's model cache key: a model directory held one way (its path, quantization, dtype,
-/// whether it takes adapters, the ranks of a spread replica it holds the parts of, and its
-/// LoRA adapters in order). The first five lines are the model's; adapter lines follow.
+/// The node's model cache key: a model directory held one way (its path, quantization, dtype
+/// and served context — a longrope model's factors follow max_model_len —, whether it takes
+/// adapters, the ranks of a spread replica it holds the parts of, and its LoRA adapters in
+/// order). The first five lines are the model's; adapter lines follow.
 inline std::string model_key(const transport::assign_msg& a, bool spread = false) {
   // A model taking runtime updates is its own copy: another model of the same directory must
   // not see its adapters come and go.
   std::string key = a.path + '\n' + (a.quantization.empty() ? std::string("none") : a.quantization) + '\n' +
-                    (a.dtype.empty() ? std::string("auto") : a.dtype) + '\n' +
+                    (a.dtype.empty() ? std::string("auto") : a.dtype) + " ctx " + std::to_string(a.max_model_len) + '\n' +
                     (a.enable_lora ? "lora " + a.model : !a.loras.empty() ? std::string("lora") : std::string()) + '\n';
   if (spread) {
     const auto r = ranks_of(a);

@@ -165,7 +165,7 @@ void load_part(agent* self, const transport::assign_msg& a) {
     }
     // Rank 0's node runs the replica (and its draft model, if any).
     if (p->err.empty() && p->m && is_leader(a)) {
-      auto draft = draft_for(sp, *p->m, a.path, p->err);  // the assignment's draft, or the node's checked
+      auto draft = draft_for(sp, *p->m, a.path, a.max_model_len, p->err);  // the assignment's draft, or the node's checked
       p->sched = sp.sched;
       if (sp.own) p->sched.draft_model = std::move(draft);
     }

@@ -159,7 +159,7 @@ status run_serve(serve_flags f) {
   LLMESH_TRY(check_vllm_task(f.vllm, cfg));
   std::shared_ptr<const model::model> draft;
   if (!draft_dir.empty()) {
-    auto d = actors::load_draft_model(draft_dir, **m, tok_dir);
+    auto d = actors::load_draft_model(draft_dir, **m, tok_dir, f.gw.max_model_len);
     if (!d) return make_error(d.err().code, "--speculative-config: " + d.err().message);
     draft = std::move(*d);
   }

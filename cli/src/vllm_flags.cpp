@@ -220,7 +220,13 @@ result<std::string> effective_hf_overrides(const vllm_model_flags& f) {
     }
     j["rope_theta"] = theta;
   }
-  return j.dump();
+  std::string merged = j.dump();
+  if (auto o = model::apply_hf_overrides("{}", merged); !o) {  // e.g. nested too deep: name the flag given
+    std::string m = o.err().message;
+    if (m.rfind("--hf-overrides", 0) == 0) m.replace(0, 14, "--rope-scaling");
+    return make_error(o.err().code, m);
+  }
+  return merged;
 }
 
 status check_vllm_model_flags(const vllm_model_flags& f, const std::string& model_path) {

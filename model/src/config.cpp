@@ -90,6 +90,15 @@ status parse_partial_rotary(const json& j, const json* params, model_config& c) 
   return ok_status();
 }
 
+/// The served context a rope_scaling gives (vLLM's derived max_model_len), at most 2^30.
+status stretch_context(model_config& c, double positions) {
+  if (!(positions <= static_cast<double>(size_t{1} << 30))) {
+    return bad("rope_scaling: the scaled context (" + std::to_string(positions) + " positions) exceeds 2^30");
+  }
+  c.max_positions = static_cast<size_t>(positions);
+  return ok_status();
+}
+
 /// YaRN (Qwen2.5/Qwen3's long-context recipe): factor, original_max_position_embeddings (the
 /// model's max_position_embeddings when absent), beta_fast (32), beta_slow (1), truncate (true);
 /// cos and sin times HF's attention_factor, else 0.1·ln(factor) + 1 (or HF's ratio for
@@ -124,8 +133,9 @@ status parse_yarn(const json& s, model_config& c) {
   c.rope.beta_slow = *slow;
   c.rope.yarn_truncate = *truncate;
   c.rope.attention_factor = a * *attn_mult;
-  // vLLM's context for a yarn model: the original one times the factor (Qwen2.5's 32768 × 4).
-  c.max_positions = static_cast<size_t>(*orig * std::max(*factor, 1.0));
+  // vLLM's context for a yarn model: the original one times the factor (Qwen2.5's 32768 × 4;
+  // Gemma 3's max_position_embeddings already counts its scaling).
+  if (c.arch != architecture::gemma3) LLMESH_TRY(stretch_context(c, *orig * std::max(*factor, 1.0)));
   return ok_status();
 }
 
@@ -216,7 +226,7 @@ status parse_rope(const json& j, model_config& c) {
     if (!(*factor > 0.0)) return bad("rope_scaling: a linear rope_scaling needs factor > 0");
     c.rope.linear_factor = *factor;
     // vLLM's context: max_position_embeddings times the factor (Gemma 3's already counts it).
-    if (c.arch != architecture::gemma3) c.max_positions = static_cast<size_t>(static_cast<double>(c.max_positions) * std::max(*factor, 1.0));
+    if (c.arch != architecture::gemma3) LLMESH_TRY(stretch_context(c, static_cast<double>(c.max_positions) * std::max(*factor, 1.0)));
     return ok_status();
   }
   if (type == "yarn") return parse_yarn(s, c);
@@ -716,7 +726,7 @@ status override_generation_config(model_config& c, const std::string& text) {
 
 void choose_longrope(model_config& c, size_t max_model_len) {
   if (!c.rope.longrope) return;
-  const size_t context = max_model_len != 0 ? max_model_len : c.max_positions;
+  const size_t context = max_model_len != 0 ? std::min(max_model_len, c.max_positions) : c.max_positions;
   c.rope.use_long = static_cast<double>(context) > c.rope.original_max_position;
 }
 

@@ -104,6 +104,16 @@ TEST(ConfigRope, ALinearFactorStretchesTheContextButGemma3sAlreadyCountsIt) {
   j["max_position_embeddings"] = 131072;
   j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
   EXPECT_EQ(parse_ok(j).max_positions, 131072u);
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8.0}, {"original_max_position_embeddings", 8192}};
+  EXPECT_EQ(parse_ok(j).max_positions, 131072u);  // nor yarn's (vLLM skips Gemma 3's)
+}
+
+TEST(ConfigRope, AScaledContextBeyond2To30IsRefused) {
+  json j = minimal_llama();
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 1e12}, {"original_max_position_embeddings", 4096}};
+  EXPECT_NE(parse_err(j).message.find("2^30"), std::string::npos);
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 1e300}};
+  EXPECT_NE(parse_err(j).message.find("2^30"), std::string::npos);
 }
 
 TEST(ConfigRope, YarnRefusesWhatItCannotUse) {

@@ -299,6 +299,7 @@ TEST(ServeVllmCompatFlags, ConfigFileAcceptedFlagsAndRefusals) {
       {"--load-format pt", "--load-format pt: this server loads safetensors and GGUF"},
       {"--rope-scaling '[1, 2]'", "--rope-scaling must be a JSON object"},
       {"--rope-theta 0", "--rope-theta must be a positive number, not '0'"},
+      {"--rope-scaling '{\"a\": [[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]}'", "--rope-scaling: nested deeper than 16 levels"},
       {"--rope-scaling '{\"rope_type\": \"dynamic\", \"factor\": 2.0}'", "unsupported rope_scaling type 'dynamic'"},
       {"--load-format gguf", "is not a GGUF file"},
       {"--pipeline-parallel-size 2", "no pipeline parallelism here"},

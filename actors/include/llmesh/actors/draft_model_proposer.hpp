@@ -32,9 +32,11 @@ struct draft_query {
 /// and checks that it can draft for it: a causal LM (not a classifier) whose vocabulary size is
 /// within 128 of the target's (llama.cpp's rule: padding differs between sizes of one family)
 /// and whose tokenizer spells every id both vocabularies hold, special tokens aside, as the
-/// target's does. Errors name the draft's directory and what differs.
+/// target's does. Errors name the draft's directory and what differs. `max_model_len`: the
+/// context served (0: the target's); a longrope draft's factors follow it, capped at its own.
 [[nodiscard]] result<std::shared_ptr<const model::model>> load_draft_model(const std::string& dir, const model::model& target,
-                                                                           const std::string& target_tokenizer_dir);
+                                                                           const std::string& target_tokenizer_dir,
+                                                                           size_t max_model_len = 0);
 /// The same checks of an already loaded draft (its tokenizer read from its directory).
 [[nodiscard]] status check_draft_model(const model::model& draft, const model::model& target,
                                        const std::string& target_tokenizer_dir);

@@ -148,8 +148,8 @@ inline const char* cpu_only_family(const model_config& c) {
 /// Parses config.json text. Errors name the missing or invalid field.
 [[nodiscard]] result<model_config> parse_config(const std::string& json_text);
 
-/// A longrope model's factors for a server granting `max_model_len` positions (0: the model's
-/// max_position_embeddings): the long ones when that exceeds original_max_position_embeddings,
+/// A longrope model's factors for a server granting `max_model_len` positions (0, or more than
+/// the model's max_position_embeddings: that): the long ones when it exceeds original_max_position_embeddings,
 /// else the short ones — vLLM's rule, so a sequence's rotary never changes as it grows (HF
 /// switches per forward pass). Other models: unchanged.
 void choose_longrope(model_config& c, size_t max_model_len);
