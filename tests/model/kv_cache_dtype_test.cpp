@@ -14,12 +14,16 @@
 #include "llmesh/model/engine.hpp"
 #include "llmesh/model/generate.hpp"
 #include "llmesh/model/random_model.hpp"
+#include "engine_runs.hpp"
 #include "temp_dir.hpp"
 
 namespace llmesh::model {
 namespace {
 
 using kernels::dtype;
+using testing::prompt_of;
+using testing::run;
+using testing::same_bits;
 
 struct loaded_model {
   testing::temp_dir dir;
@@ -67,61 +71,6 @@ std::unique_ptr<engine> engine_with(std::shared_ptr<const model> m, dtype kv, in
   auto e = engine::create(std::move(m), o);
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.err().message);
   return e.ok() ? std::move(*e) : nullptr;
-}
-
-std::vector<int32_t> prompt_of(size_t n, uint32_t salt) {
-  std::vector<int32_t> p(n);
-  for (size_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>((i * 37 + salt * 101 + 11) % 300);
-  return p;
-}
-
-/// The last prompt token's logits, then 5 greedy steps'; `neighbours` other sequences (prompts
-/// of their own, then decoding) share every step.
-std::vector<std::vector<float>> run(engine& e, const std::vector<int32_t>& prompt, size_t chunk, int neighbours = 0) {
-  std::vector<std::vector<float>> out;
-  std::vector<float> logits;
-  const size_t v = e.config().vocab;
-  std::vector<int> others;
-  std::vector<std::vector<int32_t>> other_prompts;
-  for (int i = 0; i < neighbours; ++i) {
-    others.push_back(e.open_sequence());
-    other_prompts.push_back(prompt_of(7 + 3 * i, 40 + i));
-  }
-  std::vector<int32_t> other_next(neighbours, 3);
-  const int seq = e.open_sequence();
-  auto step = [&](std::span<const int32_t> tokens, bool want) {
-    std::vector<step_item> items;
-    for (int i = 0; i < neighbours; ++i) {  // neighbours first: the target's row is the last
-      if (!other_prompts[i].empty()) {
-        items.push_back({others[i], other_prompts[i], true});
-      } else {
-        items.push_back({others[i], std::span(&other_next[i], 1), true});
-      }
-    }
-    items.push_back({seq, tokens, want});
-    EXPECT_TRUE(e.step(items, logits).ok());
-    for (auto& p : other_prompts) p.clear();
-    for (int i = 0; i < neighbours; ++i) other_next[i] = kernels::argmax(std::span(&logits[i * v], v));
-    if (!want) return std::vector<float>();
-    return std::vector<float>(logits.end() - static_cast<std::ptrdiff_t>(v), logits.end());
-  };
-  std::vector<float> last;
-  for (size_t at = 0; at < prompt.size(); at += chunk) {
-    const size_t n = std::min(chunk, prompt.size() - at);
-    last = step(std::span(prompt).subspan(at, n), at + n == prompt.size());
-  }
-  out.push_back(last);
-  for (int i = 0; i < 5; ++i) {
-    const int32_t next = kernels::argmax(out.back());
-    out.push_back(step(std::span(&next, 1), true));
-  }
-  e.close_sequence(seq);
-  for (int s : others) e.close_sequence(s);
-  return out;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 float relative_gap(const std::vector<float>& a, const std::vector<float>& b) {
