@@ -333,8 +333,22 @@ result<json> config_json(const gguf_file& g, const std::string& arch, const voca
     auto factor = get_double(g, p + "rope.scaling.factor", 0.0);
     if (!factor) return factor.take_error();
     c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", *factor}};
+  } else if (scaling == "yarn") {  // llama.cpp's keys for a config's yarn rope_scaling (Qwen's long context)
+    auto factor = get_double(g, p + "rope.scaling.factor", 0.0);
+    auto orig = get_uint(g, p + "rope.scaling.original_context_length", *positions);
+    auto fast = get_double(g, p + "rope.scaling.yarn_beta_fast", 32.0);
+    auto slow = get_double(g, p + "rope.scaling.yarn_beta_slow", 1.0);
+    auto attn = get_double(g, p + "rope.scaling.attn_factor", 1.0);  // multiplies yarn's own, as vLLM's attn_factor
+    auto log_mul = get_double(g, p + "rope.scaling.yarn_log_multiplier", 0.0);
+    for (auto* r : {&factor, &fast, &slow, &attn, &log_mul}) {
+      if (!*r) return r->take_error();
+    }
+    if (!orig) return orig.take_error();
+    if (*log_mul != 0.0) return unsupported(g, "rope.scaling.yarn_log_multiplier (DeepSeek's yarn)");
+    c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", *factor}, {"original_max_position_embeddings", *orig},
+                         {"beta_fast", *fast}, {"beta_slow", *slow}, {"attn_factor", *attn}};
   } else if (!scaling.empty() && scaling != "none") {
-    return unsupported(g, "rope.scaling.type '" + scaling + "' (supported: none, linear)");
+    return unsupported(g, "rope.scaling.type '" + scaling + "' (supported: none, linear, yarn)");
   }
   if (const gguf_tensor* f = g.tensor("rope_freqs.weight")) {
     if (f->type != ggml::f32 || f->elements() != *head_dim / 2) return bad(g, "rope_freqs.weight must be F32 of head_dim / 2");

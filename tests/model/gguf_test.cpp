@@ -174,6 +174,34 @@ TEST(GgufModel, Llama3RopeFreqsBecomeItsScaling) {
   EXPECT_NE(bad.err().message.find("not Llama 3's rotary scaling"), std::string::npos) << bad.err().message;
 }
 
+TEST(GgufModel, YarnScalingBecomesItsRopeScaling) {
+  // llama.cpp's keys for a config's yarn rope_scaling (a Qwen GGUF converted for a long context).
+  temp_dir dir;
+  gguf_writer w = small_llama();
+  w.str("llama.rope.scaling.type", "yarn");
+  w.f32("llama.rope.scaling.factor", 4.0f);
+  w.u32("llama.rope.scaling.original_context_length", 64);
+  w.f32("llama.rope.scaling.yarn_beta_fast", 16.0f);
+  auto c = load_config(write(w, dir));
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_TRUE(c->rope.yarn);
+  EXPECT_EQ(c->rope.factor, 4.0);
+  EXPECT_EQ(c->rope.original_max_position, 64.0);
+  EXPECT_EQ(c->rope.beta_fast, 16.0);
+  EXPECT_EQ(c->rope.beta_slow, 1.0);
+  EXPECT_DOUBLE_EQ(c->rope.attention_factor, 0.1 * std::log(4.0) + 1.0);
+  EXPECT_EQ(c->max_positions, 256u);  // vLLM's context: the original one times the factor
+  w.f32("llama.rope.scaling.yarn_log_multiplier", 0.1f);  // DeepSeek's
+  auto bad = load_config(write(w, dir, "deepseek.gguf"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("yarn_log_multiplier"), std::string::npos) << bad.err().message;
+  gguf_writer dyn = small_llama();
+  dyn.str("llama.rope.scaling.type", "dynamic");
+  bad = load_config(write(dyn, dir, "dyn.gguf"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("(supported: none, linear, yarn)"), std::string::npos) << bad.err().message;
+}
+
 TEST(GgufModel, UnsupportedFilesAreRefusedByName) {
   temp_dir dir;
   auto refused = [&](gguf_writer w, const std::string& want) {
