@@ -269,6 +269,39 @@ status moe_config(const gguf_file& g, const std::string& arch, uint64_t experts,
   return ok_status();
 }
 
+/// Phi-3's own metadata (llama.cpp's converter): the sliding window, the original context and
+/// LongRoPE's factors as the F32 tensors rope_factors_long / rope_factors_short (rotary / 2
+/// each), with rope.scaling.attn_factor, the scale of cos and sin.
+status phi3_config(const gguf_file& g, uint64_t positions, uint64_t rope_dims, json& c) {
+  auto window = get_uint(g, "phi3.attention.sliding_window", 0);
+  auto orig = get_uint(g, "phi3.rope.scaling.original_context_length", positions);
+  if (!window) return window.take_error();
+  if (!orig) return orig.take_error();
+  c["sliding_window"] = *window == 0 ? json(nullptr) : json(*window);
+  c["original_max_position_embeddings"] = *orig;
+  const gguf_tensor* lf = g.tensor("rope_factors_long.weight");
+  const gguf_tensor* sf = g.tensor("rope_factors_short.weight");
+  if (lf == nullptr && sf == nullptr) return ok_status();
+  auto factors = [&](const gguf_tensor* t, const char* name) -> result<json> {
+    if (t == nullptr || t->type != ggml::f32 || t->elements() != rope_dims / 2) {
+      return bad(g, std::string(name) + " must be F32 of rope.dimension_count / 2 beside its long/short twin");
+    }
+    const auto* d = reinterpret_cast<const float*>(t->data);
+    json out = json::array();
+    for (size_t i = 0; i < rope_dims / 2; ++i) out.push_back(static_cast<double>(d[i]));
+    return out;
+  };
+  auto long_f = factors(lf, "rope_factors_long.weight");
+  if (!long_f) return long_f.take_error();
+  auto short_f = factors(sf, "rope_factors_short.weight");
+  if (!short_f) return short_f.take_error();
+  c["rope_scaling"] = {{"type", "longrope"}, {"long_factor", *long_f}, {"short_factor", *short_f}};
+  auto attn = get_double(g, "phi3.rope.scaling.attn_factor", 0.0);
+  if (!attn) return attn.take_error();
+  if (*attn > 0.0) c["rope_scaling"]["attention_factor"] = *attn;
+  return ok_status();
+}
+
 /// config.json from the {arch}.* metadata; rope_freqs (llama.cpp's per-frequency divisors for
 /// Llama 3.1's rotary) must be the llama3 rule of some factor, which becomes rope_scaling.
 result<json> config_json(const gguf_file& g, const std::string& arch, const vocab_facts* v) {
@@ -276,10 +309,10 @@ result<json> config_json(const gguf_file& g, const std::string& arch, const voca
   static const std::map<std::string, std::pair<const char*, const char*>> archs = {
       {"llama", {"LlamaForCausalLM", "llama"}},           {"qwen2", {"Qwen2ForCausalLM", "qwen2"}},
       {"qwen3", {"Qwen3ForCausalLM", "qwen3"}},           {"qwen3moe", {"Qwen3MoeForCausalLM", "qwen3_moe"}},
-      {"qwen2moe", {"Qwen2MoeForCausalLM", "qwen2_moe"}}};
+      {"qwen2moe", {"Qwen2MoeForCausalLM", "qwen2_moe"}}, {"phi3", {"Phi3ForCausalLM", "phi3"}}};
   auto it = archs.find(arch);
   if (it == archs.end()) {
-    return unsupported(g, "general.architecture '" + arch + "' (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe)");
+    return unsupported(g, "general.architecture '" + arch + "' (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3)");
   }
   const std::string p = arch + ".";
   json c = {{"architectures", {it->second.first}}, {"model_type", it->second.second}};
@@ -316,7 +349,13 @@ result<json> config_json(const gguf_file& g, const std::string& arch, const voca
   if (*value_dim != *head_dim) return unsupported(g, "attention.value_length other than key_length");
   auto rope_dims = get_uint(g, p + "rope.dimension_count", *head_dim);
   if (!rope_dims) return rope_dims.take_error();
-  if (*rope_dims != *head_dim) return unsupported(g, "a rotary over part of each head (rope.dimension_count < head dim)");
+  if (*rope_dims > *head_dim || (*rope_dims != *head_dim && arch != "phi3")) {  // Phi-4-mini's partial rotary
+    return unsupported(g, "a rotary over part of each head (rope.dimension_count < head dim) in a " + arch + " model");
+  }
+  if (*rope_dims != *head_dim) {  // a factor whose int(head_dim × factor) is rope_dims whatever the rounding
+    c["partial_rotary_factor"] = (static_cast<double>(*rope_dims) + 0.5) / static_cast<double>(*head_dim);
+  }
+  if (arch == "phi3") LLMESH_TRY(phi3_config(g, *positions, *rope_dims, c));
   const gguf_tensor* embd = g.tensor("token_embd.weight");
   if (embd == nullptr || embd->dims.size() != 2) return bad(g, "missing the 2-D tensor token_embd.weight");
   c["num_key_value_heads"] = *kv;

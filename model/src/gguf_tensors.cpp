@@ -183,9 +183,10 @@ hf_name named(std::string name) {
   return out;
 }
 
-/// What the names depend on: Llama's permuted q/k, and where an MoE model keeps its experts.
+/// What the names depend on: Llama's permuted q/k, Phi-3's fused projections, and where an MoE
+/// model keeps its experts.
 struct name_facts {
-  bool llama = false, mixtral = false;
+  bool llama = false, mixtral = false, phi3 = false;
   size_t heads = 0, kv_heads = 0;
   size_t experts = 0;  ///< expert_count: expert tensors are known only where it is positive
 };
@@ -205,6 +206,9 @@ hf_name map_name(const std::string& g, const name_facts& f) {
   if (dot == std::string::npos || dot == 4) return {};
   const std::string layer = g.substr(4, dot - 4), rest = g.substr(dot + 1);
   if (!std::all_of(layer.begin(), layer.end(), [](char c) { return c >= '0' && c <= '9'; })) return {};
+  if (f.phi3 && rest == "attn_qkv.weight") return named("model.layers." + layer + ".self_attn.qkv_proj.weight");
+  if (f.phi3 && rest == "ffn_up.weight") return named("model.layers." + layer + ".mlp.gate_up_proj.weight");  // gate, then up
+  if (f.phi3 && (rest == "attn_q.weight" || rest == "attn_k.weight" || rest == "attn_v.weight" || rest == "ffn_gate.weight")) return {};
   static const std::pair<const char*, const char*> per_layer[] = {
       {"attn_norm.weight", "input_layernorm.weight"}, {"ffn_norm.weight", "post_attention_layernorm.weight"},
       {"attn_q.weight", "self_attn.q_proj.weight"},   {"attn_k.weight", "self_attn.k_proj.weight"},
@@ -386,6 +390,7 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
   const gguf_value* arch = g->find("general.architecture");
   name_facts facts;
   facts.llama = arch != nullptr && arch->is_string() && arch->s == "llama";
+  facts.phi3 = arch != nullptr && arch->is_string() && arch->s == "phi3";
   if (arch != nullptr && arch->is_string()) {
     uint64_t heads = 0, kv_heads = 0, experts = 0;
     if (const gguf_value* v = g->find(arch->s + ".attention.head_count")) v->as_uint(heads);
@@ -400,7 +405,9 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
   tensor_store store;
   std::vector<job> jobs;
   for (const gguf_tensor& t : g->tensors()) {
-    if (t.name == "rope_freqs.weight") continue;  // config.json's rope_scaling (gguf_model.cpp)
+    if (t.name == "rope_freqs.weight" || (facts.phi3 && (t.name == "rope_factors_long.weight" || t.name == "rope_factors_short.weight"))) {
+      continue;  // config.json's rope_scaling (gguf_model.cpp)
+    }
     hf_name name = map_name(t.name, facts);
     if (name.name.empty()) return make_error(errc::unsupported, path + ": tensor '" + t.name + "' is not one llmesh knows");
     const bool stacked = !name.expert_suffix.empty();

@@ -202,6 +202,78 @@ TEST(GgufModel, YarnScalingBecomesItsRopeScaling) {
   EXPECT_NE(bad.err().message.find("(supported: none, linear, yarn)"), std::string::npos) << bad.err().message;
 }
 
+/// A small Phi-3 as llama.cpp's converter writes Phi-4-mini: fused attn_qkv and ffn_up, a rotary
+/// over 6 of each head's 8 dims, LongRoPE's factors as F32 tensors.
+gguf_writer small_phi3(bool longrope) {
+  gguf_writer w;
+  w.str("general.architecture", "phi3");
+  w.u32("phi3.context_length", 4096);
+  w.u32("phi3.embedding_length", 16);
+  w.u32("phi3.block_count", 1);
+  w.u32("phi3.feed_forward_length", 8);
+  w.u32("phi3.attention.head_count", 2);
+  w.u32("phi3.attention.head_count_kv", 1);
+  w.f32("phi3.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.f32("phi3.rope.freq_base", 10000.0f);
+  w.u32("phi3.rope.dimension_count", 6);
+  w.u32("phi3.rope.scaling.original_context_length", 1024);
+  w.u32("phi3.attention.sliding_window", 512);
+  auto t = [&](const std::string& name, std::vector<uint64_t> dims) {
+    size_t n = 1;
+    for (auto d : dims) n *= d;
+    w.tensor_f32(name, std::move(dims), std::vector<float>(n, 0.125f));
+  };
+  t("token_embd.weight", {16, 8});
+  t("output_norm.weight", {16});
+  t("blk.0.attn_norm.weight", {16});
+  t("blk.0.ffn_norm.weight", {16});
+  t("blk.0.attn_qkv.weight", {16, 16 + 2 * 8});
+  t("blk.0.attn_output.weight", {16, 16});
+  t("blk.0.ffn_up.weight", {16, 16});
+  t("blk.0.ffn_down.weight", {8, 16});
+  if (longrope) {
+    w.f32("phi3.rope.scaling.attn_factor", 1.1f);
+    w.tensor_f32("rope_factors_long.weight", {3}, {1.0f, 2.0f, 4.0f});
+    w.tensor_f32("rope_factors_short.weight", {3}, {1.0f, 1.5f, 2.0f});
+  }
+  return w;
+}
+
+TEST(GgufModel, Phi3sFusedTensorsPartialRotaryAndLongropeFactorsLoad) {
+  temp_dir dir;
+  auto m = model::load(write(small_phi3(true), dir));
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  const model_config& c = (*m)->config();
+  EXPECT_EQ(c.arch, architecture::phi3);
+  EXPECT_TRUE(c.fused_projections);
+  EXPECT_EQ(c.head_dim, 8u);
+  EXPECT_EQ(c.rope.head_dim, 6u);
+  EXPECT_EQ(c.sliding_window, 512u);
+  EXPECT_TRUE(c.rope.longrope);
+  EXPECT_TRUE(c.rope.use_long);  // served at 4096 > 1024
+  EXPECT_EQ(c.rope.long_factor, (std::vector<double>{1.0, 2.0, 4.0}));
+  EXPECT_EQ(c.rope.short_factor, (std::vector<double>{1.0, 1.5, 2.0}));
+  EXPECT_DOUBLE_EQ(c.rope.long_mscale, static_cast<double>(1.1f));
+  EXPECT_EQ((*m)->weights().layers[0].q.rows, 16u);  // q, k, v and gate, up: views of the fused tensors
+  EXPECT_EQ((*m)->weights().layers[0].v.rows, 8u);
+  EXPECT_EQ((*m)->weights().layers[0].up.rows, 8u);
+  auto plain = load_config(write(small_phi3(false), dir, "plain.gguf"));
+  ASSERT_TRUE(plain.ok()) << plain.err().message;
+  EXPECT_FALSE(plain->rope.longrope);
+  EXPECT_EQ(plain->rope.head_dim, 6u);
+
+  gguf_writer odd = small_phi3(false);  // one factor list missing
+  odd.tensor_f32("rope_factors_long.weight", {3}, {1.0f, 2.0f, 4.0f});
+  auto bad = load_config(write(odd, dir, "odd.gguf"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("rope_factors_short.weight"), std::string::npos) << bad.err().message;
+  gguf_writer partial = small_llama(8, 16, 2, 1);  // Llama's permuted q/k with a partial rotary: refused
+  partial.u32("llama.rope.dimension_count", 6);
+  bad = load_config(write(partial, dir, "partial.gguf"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("rope.dimension_count < head dim) in a llama model"), std::string::npos) << bad.err().message;
+}
+
 TEST(GgufModel, UnsupportedFilesAreRefusedByName) {
   temp_dir dir;
   auto refused = [&](gguf_writer w, const std::string& want) {
@@ -212,7 +284,7 @@ TEST(GgufModel, UnsupportedFilesAreRefusedByName) {
   };
   gguf_writer arch;
   arch.str("general.architecture", "mamba");
-  refused(arch, "general.architecture 'mamba' (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe)");
+  refused(arch, "general.architecture 'mamba' (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3)");
   gguf_writer moe = small_llama();
   moe.u32("llama.expert_count", 8);
   refused(moe, "missing metadata 'llama.expert_used_count'");

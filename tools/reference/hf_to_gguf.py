@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes an HF model directory (Llama/Mistral, Qwen2, Qwen3; the mixtures of experts Mixtral,
+"""Writes an HF model directory (Llama/Mistral, Qwen2, Qwen3, Phi-3; the mixtures of experts Mixtral,
 Qwen3-MoE, Qwen2-MoE) as a GGUF file the way llama.cpp's converter (convert_hf_to_gguf.py) does, and the weights that file really holds back as an HF
 float32 directory for llama_reference.py. Shares no code with llmesh.
 
@@ -19,7 +19,10 @@ rotary scaling as the F32 tensor rope_freqs.weight of per-frequency divisors; a 
 experts' router as F32 ffn_gate_inp (never quantized), each projection of every expert stacked
 into one [experts, rows, cols] tensor ffn_{gate,up,down}_exps, Qwen2-MoE's shared expert as
 ffn_*_shexp and its gate as the F32 vector ffn_gate_inp_shexp; metadata expert_count,
-expert_used_count, expert_feed_forward_length (Qwen) and expert_shared_feed_forward_length.
+expert_used_count, expert_feed_forward_length (Qwen) and expert_shared_feed_forward_length;
+Phi-3's fused attn_qkv and ffn_up (gate, then up) as they are, rope.dimension_count for a
+partial rotary, original_context_length, sliding_window, and LongRoPE's factors as the F32
+tensors rope_factors_long / rope_factors_short with rope.scaling.attn_factor.
 
 --types: every tensor of 2 dimensions in that type (norms and biases stay F32); "mixed" gives
 the matrices Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K in turn (the embedding Q8_0), so one
@@ -504,7 +507,7 @@ def main():
     tok = json.load(open(os.path.join(args.model, "tokenizer.json")))
     archs = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
              "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
-             "Qwen2MoeForCausalLM": "qwen2moe"}
+             "Qwen2MoeForCausalLM": "qwen2moe", "Phi3ForCausalLM": "phi3"}
     arch = archs[cfg["architectures"][0]]
     mixtral = cfg["architectures"][0] == "MixtralForCausalLM"
     n_experts = cfg.get("num_local_experts" if mixtral else "num_experts", 0) if mixtral or arch.endswith("moe") else 0
@@ -532,7 +535,18 @@ def main():
     kv_add(f"{arch}.attention.head_count_kv", 4, kv)
     kv_add(f"{arch}.rope.freq_base", 6, theta)
     kv_add(f"{arch}.attention.layer_norm_rms_epsilon", 6, cfg.get("rms_norm_eps", 1e-6))
-    kv_add(f"{arch}.rope.dimension_count", 4, hd)
+    phi3 = arch == "phi3"
+    rope_dims = int(hd * cfg.get("partial_rotary_factor", 1.0))  # the converter's int(rot_pct * n_embd) // n_head
+    kv_add(f"{arch}.rope.dimension_count", 4, rope_dims)
+    rs = cfg.get("rope_scaling") or {}
+    if phi3:  # Phi3MiniModel's metadata: the original context, the window, LongRoPE's cos/sin scale
+        orig = cfg.get("original_max_position_embeddings", cfg.get("max_position_embeddings", 2048))
+        kv_add("phi3.rope.scaling.original_context_length", 4, orig)
+        kv_add("phi3.attention.sliding_window", 4, cfg.get("sliding_window") or 0)
+        if rs.get("rope_type", rs.get("type")) in ("longrope", "su"):
+            scale = cfg.get("max_position_embeddings", 2048) / orig
+            kv_add("phi3.rope.scaling.attn_factor", 6,
+                   math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
     if "head_dim" in cfg:
         kv_add(f"{arch}.attention.key_length", 4, hd)
         kv_add(f"{arch}.attention.value_length", 4, hd)
@@ -622,6 +636,8 @@ def main():
                 k = "q6_k"
             elif ("attn_v.weight" in gguf_name or "ffn_down" in gguf_name) and use_more_bits(int(gguf_name.split(".")[1])):
                 k = "q6_k"
+            elif gguf_name.endswith("attn_qkv.weight"):  # Phi-3's fused q, k, v: one step up
+                k = "q5_k" if args.types == "q4_k_m" else "q6_k"
             return fitting(k, shape[-1])
         if args.types != "mixed":
             return args.types
@@ -653,8 +669,12 @@ def main():
     add("output_norm.weight", "model.norm.weight", [hidden])
     if not tied:
         add("output.weight", "lm_head.weight", [vocab, hidden])
-    rs = cfg.get("rope_scaling") or {}
     rope_old = None
+    if phi3 and rs.get("rope_type", rs.get("type")) in ("longrope", "su"):  # the factors as F32 tensors
+        for which in ("long", "short"):
+            fac = np.array(rs[f"{which}_factor"], F32)
+            assert len(fac) == rope_dims // 2
+            tensors.append((f"rope_factors_{which}.weight", "f32", [rope_dims // 2], fac.tobytes(), None, None))
     if rs.get("rope_type", rs.get("type")) == "llama3":
         factor, low, high = rs.get("factor", 8.0), rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
         old = cfg.get("original_max_position_embeddings", 8192)  # the converter's lookup: top level only
@@ -675,6 +695,13 @@ def main():
     for i in range(layers):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         add(b + "attn_norm.weight", p + "input_layernorm.weight", [hidden])
+        if phi3:  # the fused projections as they are (no permutation: Phi-3's rotary is NEOX's)
+            add(b + "attn_qkv.weight", p + "self_attn.qkv_proj.weight", [q_dim + 2 * kv_dim, hidden])
+            add(b + "attn_output.weight", p + "self_attn.o_proj.weight", [hidden, q_dim])
+            add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", [hidden])
+            add(b + "ffn_up.weight", p + "mlp.gate_up_proj.weight", [2 * inter, hidden])
+            add(b + "ffn_down.weight", p + "mlp.down_proj.weight", [hidden, inter])
+            continue
         add(b + "attn_q.weight", p + "self_attn.q_proj.weight", [q_dim, hidden], heads if llama else None)
         add(b + "attn_k.weight", p + "self_attn.k_proj.weight", [kv_dim, hidden], kv if llama else None)
         add(b + "attn_v.weight", p + "self_attn.v_proj.weight", [kv_dim, hidden])
