@@ -71,6 +71,11 @@ constexpr const char* llama3_regex =
 constexpr const char* qwen2_regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* gpt2_regex = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+/// GPT-4o's (o200k; Phi-4-mini's tokenizer.json, llama.cpp's "gpt-4o").
+constexpr const char* gpt4o_regex =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+    R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+    R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 json template_processing(const std::vector<std::pair<std::string, int64_t>>& before,
                          const std::vector<std::pair<std::string, int64_t>>& after) {
@@ -186,9 +191,11 @@ result<json> tokenizer_json(const gguf_file& g, const std::string& model, const 
       nfc = true;
     } else if (pre == "gpt-2" || pre == "gpt2") {
       regex = gpt2_regex;
+    } else if (pre == "gpt-4o") {
+      regex = gpt4o_regex;
     } else {
       return unsupported(g, "tokenizer.ggml.pre '" + pre + "' (supported: llama-bpe, llama3, llama-v3, smaug-bpe, qwen2, "
-                             "deepseek-r1-qwen, gpt-2)");
+                             "deepseek-r1-qwen, gpt-2, gpt-4o)");
     }
     auto merges = get_strings(g, "tokenizer.ggml.merges");
     if (!merges) return merges.take_error();
@@ -377,15 +384,19 @@ result<json> config_json(const gguf_file& g, const std::string& arch, const voca
     auto orig = get_uint(g, p + "rope.scaling.original_context_length", *positions);
     auto fast = get_double(g, p + "rope.scaling.yarn_beta_fast", 32.0);
     auto slow = get_double(g, p + "rope.scaling.yarn_beta_slow", 1.0);
-    auto attn = get_double(g, p + "rope.scaling.attn_factor", 1.0);  // multiplies yarn's own, as vLLM's attn_factor
+    auto attn = get_double(g, p + "rope.scaling.attn_factor", 1.0);  // llama.cpp's general multiplier: vLLM's attn_factor
+    auto yarn_attn = get_double(g, p + "rope.scaling.yarn_attn_factor", 0.0);  // a config's attention_factor: the whole scale
+    auto ext = get_double(g, p + "rope.scaling.yarn_ext_factor", 1.0);
     auto log_mul = get_double(g, p + "rope.scaling.yarn_log_multiplier", 0.0);
-    for (auto* r : {&factor, &fast, &slow, &attn, &log_mul}) {
+    for (auto* r : {&factor, &fast, &slow, &attn, &yarn_attn, &ext, &log_mul}) {
       if (!*r) return r->take_error();
     }
     if (!orig) return orig.take_error();
     if (*log_mul != 0.0) return unsupported(g, "rope.scaling.yarn_log_multiplier (DeepSeek's yarn)");
+    if (*ext != 1.0 && *ext >= 0.0) return unsupported(g, "rope.scaling.yarn_ext_factor other than 1");  // negative: llama.cpp's auto
     c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", *factor}, {"original_max_position_embeddings", *orig},
                          {"beta_fast", *fast}, {"beta_slow", *slow}, {"attn_factor", *attn}};
+    if (*yarn_attn > 0.0) c["rope_scaling"]["attention_factor"] = *yarn_attn;
   } else if (!scaling.empty() && scaling != "none") {
     return unsupported(g, "rope.scaling.type '" + scaling + "' (supported: none, linear, yarn)");
   }

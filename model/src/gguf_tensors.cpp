@@ -409,6 +409,13 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
       continue;  // config.json's rope_scaling (gguf_model.cpp)
     }
     hf_name name = map_name(t.name, facts);
+    if (name.name.empty() && facts.phi3 &&
+        (t.name.ends_with(".attn_q.weight") || t.name.ends_with(".attn_k.weight") || t.name.ends_with(".attn_v.weight") ||
+         t.name.ends_with(".ffn_gate.weight"))) {
+      return make_error(errc::unsupported, path + ": tensor '" + t.name +
+                                               "': a phi3 file with separate attn_q/attn_k/attn_v or ffn_gate tensors is not "
+                                               "supported (llama.cpp's converter writes them fused, as attn_qkv and ffn_up)");
+    }
     if (name.name.empty()) return make_error(errc::unsupported, path + ": tensor '" + t.name + "' is not one llmesh knows");
     const bool stacked = !name.expert_suffix.empty();
     if (stacked != (t.dims.size() == 3) || t.dims.size() > 3) {

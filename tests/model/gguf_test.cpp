@@ -191,6 +191,18 @@ TEST(GgufModel, YarnScalingBecomesItsRopeScaling) {
   EXPECT_EQ(c->rope.beta_slow, 1.0);
   EXPECT_DOUBLE_EQ(c->rope.attention_factor, 0.1 * std::log(4.0) + 1.0);
   EXPECT_EQ(c->max_positions, 256u);  // vLLM's context: the original one times the factor
+  w.f32("llama.rope.scaling.yarn_attn_factor", 1.25f);  // a config's attention_factor: the whole scale
+  w.f32("llama.rope.scaling.attn_factor", 2.0f);         // llama.cpp's multiplier of it
+  c = load_config(write(w, dir, "attn.gguf"));
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_DOUBLE_EQ(c->rope.attention_factor, 2.5);
+  gguf_writer ext = small_llama();
+  ext.str("llama.rope.scaling.type", "yarn");
+  ext.f32("llama.rope.scaling.factor", 4.0f);
+  ext.f32("llama.rope.scaling.yarn_ext_factor", 0.5f);
+  auto refused = load_config(write(ext, dir, "ext.gguf"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.err().message.find("yarn_ext_factor"), std::string::npos) << refused.err().message;
   w.f32("llama.rope.scaling.yarn_log_multiplier", 0.1f);  // DeepSeek's
   auto bad = load_config(write(w, dir, "deepseek.gguf"));
   ASSERT_FALSE(bad.ok());
@@ -470,6 +482,31 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GgufTokenizer,
                          ::testing::Values(tokenizer_case{"llama3", "llama-bpe", true}, tokenizer_case{"qwen3", "qwen2", false},
                                            tokenizer_case{"llama2", "", true}),
                          [](const auto& info) { return info.param.fixture; });
+
+// GPT-4o's pre-tokenizer (Phi-4-mini's GGUFs say "gpt-4o"): a lower-case run ends a word before
+// an upper-case letter, and a contraction stays with its word — where Llama 3's pattern keeps
+// "helloWorld" whole and splits "it's". Merges across those boundaries show the pieces.
+TEST(GgufTokenizer, Gpt4oSplitsAtCaseChangesAndKeepsContractions) {
+  temp_dir dir;
+  auto tokenizer_of = [&](const std::string& pre) {
+    gguf_writer w;
+    w.str("general.architecture", "llama");
+    w.str("tokenizer.ggml.model", "gpt2");
+    w.str("tokenizer.ggml.pre", pre);
+    w.strings("tokenizer.ggml.tokens", {"h", "e", "l", "o", "W", "r", "d", "i", "t", "'", "s", "oW", "t'", "1", "2", "3", "4", "34"});
+    w.strings("tokenizer.ggml.merges", {"o W", "t '", "3 4"});
+    auto tok = tokenizer::load(write(w, dir, pre + ".gguf"));
+    EXPECT_TRUE(tok.ok()) << (tok.ok() ? "" : tok.err().message);
+    return tok.ok() ? *tok : nullptr;
+  };
+  auto o200k = tokenizer_of("gpt-4o"), llama3 = tokenizer_of("llama-bpe");
+  ASSERT_TRUE(o200k && llama3);
+  EXPECT_EQ(o200k->encode("helloWorld", false), (std::vector<int32_t>{0, 1, 2, 2, 3, 4, 3, 5, 2, 6}));  // hello | World
+  EXPECT_EQ(llama3->encode("helloWorld", false), (std::vector<int32_t>{0, 1, 2, 2, 11, 3, 5, 2, 6}));  // one word: "oW"
+  EXPECT_EQ(o200k->encode("it's", false), (std::vector<int32_t>{7, 12, 10}));  // one piece: "t'"
+  EXPECT_EQ(llama3->encode("it's", false), (std::vector<int32_t>{7, 8, 9, 10}));  // it | 's
+  EXPECT_EQ(o200k->encode("1234", false), (std::vector<int32_t>{13, 14, 15, 16}));  // 123 | 4
+}
 
 TEST(GgufTokenizer, AnUnknownPreTokenizerIsRefusedByName) {
   temp_dir dir;

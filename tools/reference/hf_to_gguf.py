@@ -595,6 +595,8 @@ def main():
             return "q3_k" if q2 else ("q5_k" if layer < layers // 16 else "q4_k")
         if gguf_name.endswith("attn_output.weight"):
             return "q3_k" if q2 else "q4_k"
+        if gguf_name.endswith("attn_qkv.weight") and not q2:  # Phi-3's fused q, k, v
+            return "q4_k"
         return "q2_k" if q2 else "q3_k"
 
     def recipe_iq4(gguf_name):  # llama.cpp's IQ4_XS / IQ4_NL without an importance matrix
