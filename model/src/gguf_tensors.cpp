@@ -208,7 +208,6 @@ hf_name map_name(const std::string& g, const name_facts& f) {
   if (!std::all_of(layer.begin(), layer.end(), [](char c) { return c >= '0' && c <= '9'; })) return {};
   if (f.phi3 && rest == "attn_qkv.weight") return named("model.layers." + layer + ".self_attn.qkv_proj.weight");
   if (f.phi3 && rest == "ffn_up.weight") return named("model.layers." + layer + ".mlp.gate_up_proj.weight");  // gate, then up
-  if (f.phi3 && (rest == "attn_q.weight" || rest == "attn_k.weight" || rest == "attn_v.weight" || rest == "ffn_gate.weight")) return {};
   static const std::pair<const char*, const char*> per_layer[] = {
       {"attn_norm.weight", "input_layernorm.weight"}, {"ffn_norm.weight", "post_attention_layernorm.weight"},
       {"attn_q.weight", "self_attn.q_proj.weight"},   {"attn_k.weight", "self_attn.k_proj.weight"},
@@ -408,14 +407,13 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
     if (t.name == "rope_freqs.weight" || (facts.phi3 && (t.name == "rope_factors_long.weight" || t.name == "rope_factors_short.weight"))) {
       continue;  // config.json's rope_scaling (gguf_model.cpp)
     }
-    hf_name name = map_name(t.name, facts);
-    if (name.name.empty() && facts.phi3 &&
-        (t.name.ends_with(".attn_q.weight") || t.name.ends_with(".attn_k.weight") || t.name.ends_with(".attn_v.weight") ||
-         t.name.ends_with(".ffn_gate.weight"))) {
+    if (facts.phi3 && (t.name.ends_with(".attn_q.weight") || t.name.ends_with(".attn_k.weight") ||
+                       t.name.ends_with(".attn_v.weight") || t.name.ends_with(".ffn_gate.weight"))) {
       return make_error(errc::unsupported, path + ": tensor '" + t.name +
                                                "': a phi3 file with separate attn_q/attn_k/attn_v or ffn_gate tensors is not "
                                                "supported (llama.cpp's converter writes them fused, as attn_qkv and ffn_up)");
     }
+    hf_name name = map_name(t.name, facts);
     if (name.name.empty()) return make_error(errc::unsupported, path + ": tensor '" + t.name + "' is not one llmesh knows");
     const bool stacked = !name.expert_suffix.empty();
     if (stacked != (t.dims.size() == 3) || t.dims.size() > 3) {
