@@ -19,8 +19,8 @@ namespace {
 
 namespace k = kernels;
 
-constexpr k::dtype all_types[] = {k::dtype::f32,  k::dtype::f16,  k::dtype::bf16, k::dtype::q8,   k::dtype::q4,    k::dtype::q2_k,
-                                  k::dtype::q3_k, k::dtype::q4_k, k::dtype::q5_k, k::dtype::q6_k, k::dtype::iq4_xs};
+constexpr k::dtype all_types[] = {k::dtype::f32,  k::dtype::f16,  k::dtype::bf16, k::dtype::q8,   k::dtype::fp8,  k::dtype::q4,
+                                  k::dtype::q2_k, k::dtype::q3_k, k::dtype::q4_k, k::dtype::q5_k, k::dtype::q6_k, k::dtype::iq4_xs};
 
 /// The bench's name of a type: bf16, int8, int4, q4_k, ... (lower-case dtype_name; q8 is int8,
 /// q4 int4).
@@ -50,6 +50,18 @@ result<weights> make_weights(k::dtype t, size_t rows, size_t cols, std::mt19937&
     return w;
   }
   w.bytes.resize(k::dtype_bytes(t, rows * cols));
+  if (t == k::dtype::fp8) {  // every code but NaN's, scale 0.002 (an FP8 checkpoint's layers)
+    w.ldw = k::q8_row_elements(cols);
+    w.bytes.resize(k::dtype_bytes(t, rows * w.ldw));
+    std::uniform_int_distribution<int> code(0, 253);
+    for (auto& b : w.bytes) {
+      const int c = code(rng);
+      b = static_cast<uint8_t>(c < 127 ? c : c + 1);
+    }
+    const float s = 0.002f;
+    for (size_t b = 0; b < w.bytes.size() / k::q8_block_bytes; ++b) std::memcpy(w.bytes.data() + b * k::q8_block_bytes, &s, 4);
+    return w;
+  }
   if (t == k::dtype::q4) {  // random nibbles, factor 0.001 and offset 8 × 0.001 (as Q4_0's)
     w.ldw = k::q8_row_elements(cols);
     w.bytes.resize(k::dtype_bytes(t, rows * w.ldw));

@@ -46,7 +46,7 @@ inline void add_quantization_flag(CLI::App* sub, std::string& q) {
   sub->add_option("--quantization", q,
                   "Weights in memory: none (as stored) or int8 (weight-only, blocks of 32 with a float32 scale; "
                   "CPU backend; about half the bytes per decode step of BF16); vLLM's awq (awq_marlin), gptq "
-                  "(gptq_marlin), compressed-tensors and gguf name the checkpoint's own quantization (as none, "
+                  "(gptq_marlin), compressed-tensors, gguf and fp8 name the checkpoint's own quantization (as none, "
                   "refused for another checkpoint)")
       ->check(CLI::Validator(
           [](std::string& s) {

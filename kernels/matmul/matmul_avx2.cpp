@@ -35,6 +35,14 @@ struct v256 {
     __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + at)));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(scale));
   }
+  // As v512::load_fp8 (matmul_avx512.cpp), 8 codes at a time.
+  static reg load_fp8(const uint8_t* block, size_t at) {
+    float scale;
+    std::memcpy(&scale, block, 4);
+    const __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + at)));
+    const __m128i h = _mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16(static_cast<short>(0xbfff)));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(scale * 256.0f));
+  }
   static reg load_q4(const uint8_t* block, size_t e) {  // e: 0, 8, 16 or 24
     float f, m;
     std::memcpy(&f, block, 4);

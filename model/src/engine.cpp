@@ -134,7 +134,7 @@ result<backend_choice> choose_backend(const model& m, const engine_options& opt)
                          : opt.kv_type != kernels::dtype::f32 ? kv_reason.c_str()
                                                               : cpu_only_family(c);
   if (opt.device == backend::cuda && quantized) {
-    return make_error(errc::unsupported, m.quantized_weights() + " weights (--quantization int8, a quantized GGUF, or an AWQ/GPTQ/compressed-tensors checkpoint) run on the CPU backend only (use --device cpu)");
+    return make_error(errc::unsupported, m.quantized_weights() + " weights (--quantization int8, a quantized GGUF, or an AWQ/GPTQ/FP8/compressed-tensors checkpoint) run on the CPU backend only (use --device cpu)");
   }
   if (opt.device == backend::cuda && cpu_only) {
     return make_error(errc::unsupported, std::string(cpu_only) + " run on the CPU backend only (use --device cpu)");

@@ -8,6 +8,7 @@
 #include <new>
 
 #include "llmesh/kernels/quantize.hpp"
+#include "fp8_weights.hpp"
 #include "load_threads.hpp"
 
 namespace llmesh::model::detail {
@@ -20,7 +21,7 @@ using method = model_config::packed_config::method;
 error bad(const std::string& msg) { return make_error(errc::invalid_request, "config.json: quantization_config: " + msg); }
 error refused(const std::string& msg) {
   return make_error(errc::unsupported, "config.json: quantization_config: " + msg +
-                                           "; llmesh reads AWQ (GEMM), GPTQ and compressed-tensors (W4A16, W8A16) checkpoints and GGUF files, or load the "
+                                           "; llmesh reads AWQ (GEMM), GPTQ, FP8 and compressed-tensors (W4A16, W8A16, FP8) checkpoints and GGUF files, or load the "
                                            "unquantized checkpoint (with --quantization int8)");
 }
 
@@ -359,15 +360,17 @@ status unpack_all(std::vector<packed_layer>& layers, const model_config::packed_
 /// quantization (W4A16, W8A16; llm-compressor's schemes) in the pack-quantized format.
 status parse_compressed(const json& q, model_config::packed_config& p) {
   const std::string format = q.contains("format") && q["format"].is_string() ? q["format"].get<std::string>() : "";
-  if (format != "pack-quantized") {
-    return refused("compressed-tensors format '" + format + "' is not supported (pack-quantized, W4A16 and W8A16, is)");
-  }
   if (q.contains("kv_cache_scheme") && !q["kv_cache_scheme"].is_null()) {
     return refused("compressed-tensors' kv_cache_scheme (a quantized KV cache) is not supported");
   }
   if (q.contains("sparsity_config") && q["sparsity_config"].is_object() && q["sparsity_config"].contains("format") &&
       q["sparsity_config"]["format"] != "dense") {
     return refused("compressed-tensors' sparsity_config is not supported");
+  }
+  // FP8 (float-quantized; early llm-compressor releases named it naive-quantized): fp8_weights.hpp.
+  if (format == "float-quantized" || format == "naive-quantized") return parse_compressed_fp8(q, p);
+  if (format != "pack-quantized") {
+    return refused("compressed-tensors format '" + format + "' is not supported (pack-quantized, W4A16 and W8A16, and float-quantized, FP8, are)");
   }
   if (!q.contains("config_groups") || !q["config_groups"].is_object() || q["config_groups"].size() != 1) {
     return refused("compressed-tensors with other than one config group is not supported");
@@ -419,6 +422,7 @@ status parse_packed_config(const json& j, model_config& c) {
   const std::string m = q["quant_method"].get<std::string>();
   auto& p = c.packed;
   if (m == "compressed-tensors") return parse_compressed(q, p);
+  if (m == "fp8") return parse_fp8_config(q, p);
   auto bits = integer(q, {"bits", "w_bit"}, 4);
   if (!bits) return bits.take_error();
   if (*bits < 1 || *bits > 32) return bad("'bits' must be 1..32");
@@ -462,6 +466,7 @@ status unpack_packed_weights(tensor_store& store, const model_config::packed_con
     if (p.kind == method::none) {
       return make_error(errc::invalid_request, "tensor '" + n + "' is packed, but config.json has no quantization_config");
     }
+    if (p.float8) return make_error(errc::invalid_request, "tensor '" + n + "' is packed, but config.json's quantization_config is FP8");
     if ((suffix == ".weight_packed") != (p.kind == method::compressed)) {
       return make_error(errc::invalid_request, "tensor '" + n + "' is not how config.json's quantization_config packs its layers");
     }

@@ -1,4 +1,4 @@
-// Random AWQ / GPTQ packed linear layers (random_packed.hpp). Every tensor comes from its own
+// Random AWQ / GPTQ / compressed-tensors packed and FP8 linear layers (random_packed.hpp). Every tensor comes from its own
 // stream keyed by (seed, tensor name), as random_model.cpp's do.
 #include "random_packed.hpp"
 
@@ -62,8 +62,29 @@ result<nlohmann::ordered_json> packed_quantization_config(const std::string& pac
                                         {"output_activations", nullptr}}}}},
         {"ignore", {"lm_head"}}, {"kv_cache_scheme", nullptr}, {"sparsity_config", nlohmann::ordered_json::object()}};
   }
+  if (packed == "fp8") {  // AutoFP8's static scheme: per-tensor scales, an input_scale beside each
+    return nlohmann::ordered_json{{"quant_method", "fp8"}, {"activation_scheme", "static"}};
+  }
+  if (packed == "fp8-block") {  // Qwen3's and DeepSeek's FP8 releases (blocks of 128 there)
+    return nlohmann::ordered_json{{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"fmt", "e4m3"},
+                                  {"weight_block_size", {group_size, group_size}}};
+  }
+  if (packed == "ct-fp8" || packed == "ct-fp8-block") {  // llm-compressor's FP8_DYNAMIC and FP8_BLOCK
+    const bool block = packed == "ct-fp8-block";
+    nlohmann::ordered_json weights{{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", block ? "block" : "channel"},
+                                   {"group_size", nullptr}, {"block_structure", block ? nlohmann::ordered_json{group_size, group_size} : nullptr},
+                                   {"dynamic", false}, {"actorder", nullptr}, {"observer", "minmax"}};
+    nlohmann::ordered_json inputs{{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", block ? "group" : "token"},
+                                  {"group_size", block ? nlohmann::ordered_json(group_size) : nullptr}, {"dynamic", true}};
+    return nlohmann::ordered_json{
+        {"quant_method", "compressed-tensors"}, {"format", "float-quantized"}, {"quantization_status", "compressed"},
+        {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", inputs},
+                                        {"output_activations", nullptr}}}}},
+        {"ignore", {"lm_head"}}, {"kv_cache_scheme", nullptr}, {"sparsity_config", nlohmann::ordered_json::object()}};
+  }
   return make_error(errc::invalid_request,
-                    "--packed must be awq, gptq, gptq-act-order, gptq8, ct-w4a16, ct-w4a16-asym or ct-w8a16, not '" + packed + "'");
+                    "--packed must be awq, gptq, gptq-act-order, gptq8, ct-w4a16, ct-w4a16-asym, ct-w8a16, fp8, fp8-block, ct-fp8 "
+                    "or ct-fp8-block, not '" + packed + "'");
 }
 
 namespace {
@@ -113,10 +134,52 @@ std::vector<tensor_spec> compressed_linear(uint64_t seed, const std::string& x, 
   return t;
 }
 
+/// An FP8 layer (fp8_weights.hpp): X.weight F8_E4M3, codes of values uniform over about
+/// ±448·0.9, and its scale (about scale / 400 each): "fp8" one F32 per tensor, shape [], with
+/// X.input_scale; "fp8-block" F32 X.weight_scale_inv per block of group_size × group_size;
+/// "ct-fp8" BF16 per output [out, 1]; "ct-fp8-block" F32 per block.
+std::vector<tensor_spec> fp8_linear(uint64_t seed, const std::string& x, size_t out, size_t in, float scale, const std::string& packed,
+                                    size_t group_size) {
+  using k = kernels::dtype;
+  std::vector<tensor_spec> t;
+  t.push_back({x + ".weight", k::f8_e4m3, {out, in}, [=](std::span<uint8_t> b) {
+                 stream r(seed, x + ".weight");
+                 for (size_t i = 0; i < out * in; ++i) b[i] = kernels::f32_to_f8_e4m3((2.0f * r.unit() - 1.0f) * 403.0f);
+               }});
+  const bool block = packed.ends_with("-block");
+  const size_t bo = block ? (out + group_size - 1) / group_size : out, bi = block ? (in + group_size - 1) / group_size : 1;
+  std::vector<size_t> shape = packed == "fp8" ? std::vector<size_t>{} : std::vector<size_t>{bo, bi};
+  const size_t n = packed == "fp8" ? 1 : bo * bi;
+  const k type = packed == "ct-fp8" ? k::bf16 : k::f32;
+  const std::string name = x + (packed == "fp8-block" ? ".weight_scale_inv" : ".weight_scale");
+  t.push_back({name, type, shape, [=](std::span<uint8_t> b) {
+                 stream r(seed, name);
+                 for (size_t i = 0; i < n; ++i) {
+                   const float v = scale / 400.0f * (0.75f + 0.5f * r.unit());
+                   if (type == k::bf16) {
+                     const uint16_t h = kernels::f32_to_bf16(v);
+                     std::memcpy(b.data() + 2 * i, &h, 2);
+                   } else {
+                     std::memcpy(b.data() + 4 * i, &v, 4);
+                   }
+                 }
+               }});
+  if (packed == "fp8") {
+    t.push_back({x + ".input_scale", k::f32, {}, [](std::span<uint8_t> b) {
+                   const float v = 0.01f;
+                   std::memcpy(b.data(), &v, 4);
+                 }});
+  }
+  return t;
+}
+
 }  // namespace
 
 result<std::vector<tensor_spec>> random_packed_linear(uint64_t seed, const std::string& x, size_t out, size_t in, float scale,
                                                       const std::string& packed, size_t group_size) {
+  if (packed == "fp8" || packed == "fp8-block" || packed == "ct-fp8" || packed == "ct-fp8-block") {
+    return fp8_linear(seed, x, out, in, scale, packed, group_size);
+  }
   const bool awq = packed == "awq", eight = packed == "gptq8" || packed == "ct-w8a16", act_order = packed == "gptq-act-order";
   const int bits = eight ? 8 : 4;
   const size_t pack = 32 / static_cast<size_t>(bits), levels = size_t{1} << bits;

@@ -34,7 +34,9 @@ result<kernels::dtype> parse_dtype(const std::string& s) {
   if (s == "F32") return kernels::dtype::f32;
   if (s == "F16") return kernels::dtype::f16;
   if (s == "BF16") return kernels::dtype::bf16;
-  return make_error(errc::unsupported, "dtype " + s + " (supported: F32, F16, BF16, and I32/I64 for packed checkpoints' integers)");
+  if (s == "F8_E4M3") return kernels::dtype::f8_e4m3;  // FP8 checkpoints' weights (fp8_weights.hpp)
+  if (s == "F8_E5M2") return kernels::dtype::f8_e5m2;
+  return make_error(errc::unsupported, "dtype " + s + " (supported: F32, F16, BF16, F8_E4M3 for FP8 checkpoints, and I32/I64 for packed checkpoints' integers)");
 }
 
 }  // namespace
@@ -133,6 +135,14 @@ status tensor_store::add_file(const std::string& path) {
 
 status tensor_store::add(const std::string& name, tensor_view t, std::shared_ptr<const void> owner) {
   if (!tensors_.emplace(name, std::move(t)).second) return make_error(errc::invalid_request, "tensor '" + name + "' appears twice");
+  if (keep_.empty() || keep_.back() != owner) keep_.push_back(std::move(owner));
+  return ok_status();
+}
+
+status tensor_store::replace(const std::string& name, tensor_view t, std::shared_ptr<const void> owner) {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) return make_error(errc::not_found, "tensor '" + name + "' not found");
+  it->second = std::move(t);
   if (keep_.empty() || keep_.back() != owner) keep_.push_back(std::move(owner));
   return ok_status();
 }

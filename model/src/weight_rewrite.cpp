@@ -12,12 +12,13 @@ namespace {
 
 /// Adds `w` to `targets` (beside a target over the same bytes, if any) unless it is empty,
 /// of type `to` already, or quantized (a quantized GGUF's tensors arrive so) unless a K-quant
-/// or int4 matrix is to become int8 (`--quantization int8` on a Q4_K_M file or an AWQ
-/// checkpoint: the CPU decodes int8 faster, where memory bandwidth is not what limits it).
+/// int4 or fp8 matrix is to become int8 (`--quantization int8` on a Q4_K_M file, an AWQ or an
+/// FP8 checkpoint: the CPU decodes int8 faster, where memory bandwidth is not what limits it).
 void add_target(std::vector<convert_target>& targets, weight_matrix* w, std::string name, kernels::dtype to,
                 matrix_part part = {}) {
   if (w->rows == 0 || w->type == to) return;
-  const bool to_int8 = (kernels::is_k_quant(w->type) || w->type == kernels::dtype::q4) && to == kernels::dtype::q8;
+  const bool to_int8 = (kernels::is_k_quant(w->type) || w->type == kernels::dtype::q4 || w->type == kernels::dtype::fp8) &&
+                       to == kernels::dtype::q8;
   if (kernels::is_quantized(w->type) && !to_int8) return;
   for (auto& t : targets) {
     if (t.w().data == w->data && t.w().type == w->type && t.w().rows == w->rows && t.w().cols == w->cols) {

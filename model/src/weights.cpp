@@ -12,6 +12,7 @@
 #include "llmesh/model/detokenizer.hpp"
 #include "llmesh/model/gguf.hpp"
 #include "llmesh/model/token_mask.hpp"
+#include "fp8_weights.hpp"
 #include "gguf_model.hpp"
 #include "load_threads.hpp"
 #include "packed_weights.hpp"
@@ -60,6 +61,7 @@ std::string_view quantization_name(quantization q) {
     case quantization::gptq: return "gptq";
     case quantization::compressed_tensors: return "compressed-tensors";
     case quantization::gguf: return "gguf";
+    case quantization::fp8: return "fp8";
   }
   return "none";
 }
@@ -71,17 +73,18 @@ result<quantization> parse_quantization(std::string_view s) {
   if (s == "gptq" || s == "gptq_marlin") return quantization::gptq;
   if (s == "compressed-tensors") return quantization::compressed_tensors;
   if (s == "gguf") return quantization::gguf;
-  for (const char* other : {"fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_fp4", "mxfp4", "bitsandbytes", "experts_int8",
+  if (s == "fp8") return quantization::fp8;
+  for (const char* other : {"fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_fp4", "mxfp4", "bitsandbytes", "experts_int8",
                             "deepspeedfp", "marlin", "gptq_bitblas", "bitblas", "hqq", "moe_wna16", "quark", "torchao", "ipex", "inc",
                             "tpu_int8", "fp_quant", "auto-round", "rtn"}) {
     if (s == other) {
       return make_error(errc::unsupported, "--quantization " + std::string(s) +
                                                " is not supported: llmesh quantizes to int8, or runs a checkpoint's own AWQ, "
-                                               "GPTQ, compressed-tensors or GGUF quantization");
+                                               "GPTQ, compressed-tensors, FP8 or GGUF quantization");
     }
   }
   return make_error(errc::invalid_request, "--quantization must be none, int8, awq (awq_marlin), gptq (gptq_marlin), "
-                                           "compressed-tensors or gguf, not '" + std::string(s) + "'");
+                                           "compressed-tensors, gguf or fp8, not '" + std::string(s) + "'");
 }
 
 namespace {
@@ -94,13 +97,19 @@ status check_checkpoint_method(quantization q, const model_config& c, const std:
                            : c.packed.kind == method::awq        ? quantization::awq
                            : c.packed.kind == method::gptq       ? quantization::gptq
                            : c.packed.kind == method::compressed ? quantization::compressed_tensors
+                           : c.packed.kind == method::fp8        ? quantization::fp8
                                                                  : quantization::none;
   if (own == q) return ok_status();
   const char* has = own == quantization::gguf                 ? "it is a GGUF file"
                     : own == quantization::awq                ? "its quantization_config is AWQ"
                     : own == quantization::gptq               ? "its quantization_config is GPTQ"
                     : own == quantization::compressed_tensors ? "its quantization_config is compressed-tensors"
+                    : own == quantization::fp8                ? "its quantization_config is fp8"
                                                               : "it has no quantization_config";
+  if (q == quantization::fp8 && own == quantization::none) {
+    return make_error(errc::unsupported, "--quantization fp8 on a checkpoint without an FP8 quantization_config (vLLM's "
+                                         "online FP8) is not supported; --quantization int8 quantizes it at load");
+  }
   return make_error(errc::invalid_request, "--quantization " + std::string(quantization_name(q)) +
                                                " does not match the checkpoint: " + has);
 }
@@ -115,6 +124,7 @@ std::string_view weight_dtype_name(std::optional<kernels::dtype> t) {
     case kernels::dtype::bf16: return "bfloat16";
     case kernels::dtype::q8: return "int8";
     case kernels::dtype::q4: return "int4";
+    case kernels::dtype::fp8: return "fp8";
     case kernels::dtype::q2_k: case kernels::dtype::q3_k: case kernels::dtype::q4_k: case kernels::dtype::q5_k:
     case kernels::dtype::q6_k: case kernels::dtype::iq4_xs: case kernels::dtype::f8_e4m3: case kernels::dtype::f8_e5m2:
       break;
@@ -197,6 +207,11 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     e.message = dir + ": " + e.message;
     return e;
   }
+  if (auto s = detail::convert_fp8_weights(*store, cfg->packed, part_of, &own); !s) {  // FP8 checkpoints' layers into fp8 blocks
+    error e = s.take_error();
+    e.message = dir + ": " + e.message;
+    return e;
+  }
   std::shared_ptr<model> m(new model(dir, std::move(cfg.value()), std::move(store.value())));
   m->held_ranks_ = std::move(*ranks);
   m->keep_column_slices(own);
@@ -240,7 +255,7 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     for (const weight_matrix* w : {&l.shared.gate, &l.shared.up, &l.shared.down, &l.shared_gate}) note(*w);
   }
   for (auto t : {kernels::dtype::q2_k, kernels::dtype::q3_k, kernels::dtype::q4_k, kernels::dtype::q5_k, kernels::dtype::q6_k,
-                 kernels::dtype::iq4_xs, kernels::dtype::q4, kernels::dtype::q8}) {
+                 kernels::dtype::iq4_xs, kernels::dtype::q4, kernels::dtype::q8, kernels::dtype::fp8}) {
     if (held & (1u << static_cast<unsigned>(t))) {
       m->quantized_types_ += (m->quantized_types_.empty() ? "" : "+") + std::string(weight_dtype_name(t));
     }

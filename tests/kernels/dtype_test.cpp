@@ -542,6 +542,40 @@ TEST(Q4, BlockLayoutAndHandMadeValues) {
   }
 }
 
+TEST(Fp8, BlockLayoutAndEveryCodeTimesItsScale) {
+  EXPECT_EQ(dtype_name(dtype::fp8), "FP8");
+  EXPECT_TRUE(is_quantized(dtype::fp8));
+  EXPECT_FALSE(is_k_quant(dtype::fp8));
+  EXPECT_FALSE(is_f8(dtype::fp8));  // a weight type, not a KV cache's
+  EXPECT_EQ(dtype_block(dtype::fp8), 32u);
+  EXPECT_EQ(dtype_bytes(dtype::fp8, 64), 72u);
+  EXPECT_EQ(dtype_bytes(dtype::fp8, 40), 72u);  // rows pad to whole blocks
+  EXPECT_EQ(dtype_offset(dtype::fp8, 96), 108u);
+  EXPECT_EQ(dtype_offset(dtype::fp8, 33), 36u + 4u + 1u);  // as q8: within a block, past its scale
+  // Eight blocks holding the 256 codes in order, each with its own scale; the value is the
+  // code's (OCP e4m3fn: 2^(e−7)·(1 + m/8), subnormals 2^-6·m/8) times the scale, rounded once.
+  std::vector<uint8_t> b(8 * q8_block_bytes);
+  const float scales[8] = {1.0f, 0.5f, 3.0f, 1.0f + 0x1p-20f, 0x1p-40f, 1.0f / 3.0f, 2048.0f, 0x1p-130f};
+  for (int c = 0; c < 256; ++c) {
+    uint8_t* block = b.data() + (c / 32) * q8_block_bytes;
+    std::memcpy(block, &scales[c / 32], 4);
+    block[4 + c % 32] = static_cast<uint8_t>(c);
+  }
+  for (int c = 0; c < 256; ++c) {
+    const int e = (c >> 3) & 15, m = c & 7;
+    const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+    const double code = (c & 0x80) ? -mag : mag;
+    const float got = load_as_f32(b.data(), dtype::fp8, static_cast<size_t>(c));
+    if ((c & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(got)) << c;  // the loader never stores it
+      continue;
+    }
+    EXPECT_EQ(got, static_cast<float>(code * static_cast<double>(scales[c / 32]))) << c;
+    EXPECT_EQ(std::signbit(got), (c & 0x80) != 0) << c;
+  }
+  EXPECT_EQ(load_as_f32(b.data(), dtype::fp8, 0x7e), 448.0f * scales[3]);
+}
+
 TEST(Q4, RoundsOnceLikeAFusedMultiplySubtract) {
   // q·f − m is rounded once (a fused multiply-subtract), whatever m: with a factor of 24
   // significant bits q·f is not a float, so rounding it first would give other bits.

@@ -32,8 +32,8 @@ constexpr float poison = std::numeric_limits<float>::quiet_NaN();
 constexpr uint16_t f16_nan = 0x7e00;
 constexpr uint16_t bf16_nan = 0x7fc0;
 
-constexpr dtype all_dtypes[] = {dtype::f32,  dtype::f16,  dtype::bf16, dtype::q8,   dtype::q4,    dtype::q2_k,
-                                 dtype::q3_k, dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::iq4_xs};
+constexpr dtype all_dtypes[] = {dtype::f32,  dtype::f16,  dtype::bf16, dtype::q8,   dtype::fp8,  dtype::q4,
+                                 dtype::q2_k, dtype::q3_k, dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::iq4_xs};
 constexpr size_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 constexpr size_t ns[] = {1, 5, 7, 13, 37};
 
@@ -67,7 +67,7 @@ std::vector<float> make_activations(size_t m, size_t k, size_t ldx, std::mt19937
 }
 
 /// Weights [n][ldw] of one dtype; columns >= k are poisoned with that dtype's NaN (q8: with
-/// the value 127, q4 with the nibble 15, which change any sum that reads them, since a block's
+/// the value 127, fp8 with the code of 448, q4 with the nibble 15, which change any sum that reads them, since a block's
 /// scale is shared; q4's blocks wholly past k a NaN factor; the K-quants: a NaN scale d in each
 /// padding super-block).
 struct weight_matrix {
@@ -127,6 +127,22 @@ weight_matrix make_weights(dtype t, size_t n, size_t k, size_t ldw, std::mt19937
         const float scale = random_value(rng) / 64.0f;
         std::memcpy(block, &scale, 4);
         for (size_t q = 0; q < q8_block && b * q8_block + q < k; ++q) block[4 + q] = static_cast<uint8_t>(value(rng));
+      }
+    }
+    return w;
+  }
+  if (t == dtype::fp8) {  // every code but NaN's (subnormals, ±0 and ±448 too) and random scales of mixed size
+    w.q8.assign(dtype_bytes(t, n * ldw), 0x7e);
+    std::uniform_int_distribution<int> code(0, 253);
+    for (size_t j = 0; j < n; ++j) {
+      for (size_t b = 0; b < ldw / q8_block; ++b) {
+        uint8_t* block = w.q8.data() + dtype_offset(t, j * ldw + b * q8_block);
+        const float scale = random_value(rng) / 64.0f;
+        std::memcpy(block, &scale, 4);
+        for (size_t q = 0; q < q8_block && b * q8_block + q < k; ++q) {
+          const int c = code(rng);
+          block[4 + q] = static_cast<uint8_t>(c < 127 ? c : c + 1);  // 0..0x7e, 0x80..0xfe: skips 0x7f and 0xff
+        }
       }
     }
     return w;
@@ -520,6 +536,11 @@ void expect_column_slices_in_place(dtype t, size_t row, std::initializer_list<si
 TEST(Matmul, Q8ColumnSliceFromABlockBoundaryIsUsedInPlace) {
   std::mt19937 rng(testing::test_seed(8));
   expect_column_slices_in_place(dtype::q8, 200, {0, 32, 64, 96}, {17, 32, 64, 96}, rng);
+}
+
+TEST(Matmul, Fp8ColumnSliceFromABlockBoundaryIsUsedInPlace) {
+  std::mt19937 rng(testing::test_seed(32));
+  expect_column_slices_in_place(dtype::fp8, 200, {0, 32, 64, 96}, {17, 32, 64, 96}, rng);
 }
 
 TEST(Matmul, Q4ColumnSliceFromABlockBoundaryIsUsedInPlace) {

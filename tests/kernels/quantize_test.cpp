@@ -160,6 +160,33 @@ TEST(DequantizeRow, KQuantRowsAreLoadAsF32sValuesBitForBit) {
   }
 }
 
+TEST(Quantize, Fp8RowsBecomeTheInt8BlocksOfTheirDecodedValues) {
+  // --quantization int8 on an FP8 checkpoint: the fp8 rows (padded to whole blocks) give the
+  // bytes their decoded float32 values give.
+  std::mt19937 rng(testing::test_seed(77));
+  std::uniform_int_distribution<int> code(0, 126);
+  std::uniform_real_distribution<float> scale(0.001f, 0.1f);
+  const size_t rows = 3, cols = 40, ld = q8_row_elements(cols);
+  std::vector<uint8_t> fp8(dtype_bytes(dtype::fp8, rows * ld), 0);
+  std::vector<float> decoded(rows * cols);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t b = 0; b < ld / q8_block; ++b) {
+      uint8_t* block = fp8.data() + dtype_offset(dtype::fp8, r * ld + b * q8_block);
+      const float s = scale(rng);
+      std::memcpy(block, &s, 4);
+      for (size_t e = 0; e < q8_block && b * q8_block + e < cols; ++e) {
+        block[4 + e] = static_cast<uint8_t>(code(rng) | (e % 3 == 0 ? 0x80 : 0));
+        decoded[r * cols + b * q8_block + e] = load_as_f32(block, dtype::fp8, e);
+      }
+    }
+  }
+  std::vector<uint8_t> from_fp8(dtype_bytes(dtype::q8, rows * ld)), from_f32(from_fp8.size());
+  ASSERT_TRUE(quantize_q8(fp8.data(), dtype::fp8, rows, cols, from_fp8.data()).ok());
+  ASSERT_TRUE(quantize_q8(decoded.data(), dtype::f32, rows, cols, from_f32.data()).ok());
+  EXPECT_EQ(from_fp8, from_f32);
+  EXPECT_NE(decoded[0], 0.0f);
+}
+
 TEST(Quantize, OffsetsAndSizesOfQ8Data) {
   EXPECT_EQ(dtype_bytes(dtype::q8, 32), 36u);
   EXPECT_EQ(dtype_bytes(dtype::q8, 33), 72u);

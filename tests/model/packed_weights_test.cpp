@@ -212,8 +212,8 @@ std::string with_quantization_config(const testing::temp_dir& dir, const json& q
 
 TEST(PackedWeights, QuantizationConfigsReadOrRefusedByName) {
   const std::pair<json, std::string> refused[] = {
-      {{{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}}, "quant_method 'fp8' is not supported"},
-      {{{"quant_method", "compressed-tensors"}, {"format", "float-quantized"}}, "compressed-tensors format 'float-quantized' is not supported"},
+      {{{"quant_method", "fbgemm_fp8"}, {"activation_scale_ub", 1200.0}}, "quant_method 'fbgemm_fp8' is not supported"},
+      {{{"quant_method", "compressed-tensors"}, {"format", "int-quantized"}}, "compressed-tensors format 'int-quantized' is not supported"},
       {ct_config([](json& q) { q["config_groups"]["group_0"]["input_activations"] = {{"num_bits", 8}}; }),
        "quantized input_activations (W8A8) is not supported"},
       {ct_config([](json& q) { q["config_groups"]["group_1"] = q["config_groups"]["group_0"]; }), "other than one config group"},
@@ -638,8 +638,8 @@ TEST(PackedWeights, VllmQuantizationNamesMustNameTheCheckpointsMethod) {
   EXPECT_EQ(parse_quantization("awq_marlin").value(), quantization::awq);
   EXPECT_EQ(parse_quantization("gptq_marlin").value(), quantization::gptq);
   EXPECT_EQ(quantization_name(parse_quantization("compressed-tensors").value()), "compressed-tensors");
-  EXPECT_EQ(parse_quantization("fp8").err().code, errc::unsupported);
-  EXPECT_NE(parse_quantization("fp8").err().message.find("--quantization fp8 is not supported"), std::string::npos);
+  EXPECT_EQ(parse_quantization("bitsandbytes").err().code, errc::unsupported);
+  EXPECT_NE(parse_quantization("bitsandbytes").err().message.find("--quantization bitsandbytes is not supported"), std::string::npos);
   EXPECT_EQ(parse_quantization("awq4").err().code, errc::invalid_request);
   testing::temp_dir awq, ct;
   ASSERT_TRUE(write_random_model(packed_spec("awq"), awq.path()).ok());

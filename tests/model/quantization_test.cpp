@@ -75,7 +75,7 @@ TEST(Quantization, NamesParse) {
   EXPECT_EQ(*parse_quantization("int8"), quantization::int8);
   auto bad = parse_quantization("fp4");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.err().message.find("must be none, int8, awq (awq_marlin), gptq (gptq_marlin), compressed-tensors or gguf"),
+  EXPECT_NE(bad.err().message.find("must be none, int8, awq (awq_marlin), gptq (gptq_marlin), compressed-tensors, gguf or fp8"),
             std::string::npos)
       << bad.err().message;
   EXPECT_EQ(quantization_name(quantization::int8), "int8");

@@ -199,6 +199,18 @@ TEST_F(RankParts, PackedCheckpoints) {
   expect_parts_give_whole_bits(d.path(), held_as(quantization::int8), 2, false, {{1}, {0}});
 }
 
+TEST_F(RankParts, Fp8Checkpoints) {
+  for (const char* packed : {"fp8-block", "ct-fp8"}) {
+    SCOPED_TRACE(packed);
+    testing::temp_dir d;
+    auto s = llama_spec();
+    s.packed = packed;
+    ASSERT_TRUE(write_random_model(s, d.path()).ok());
+    expect_parts_give_whole_bits(d.path(), {}, 2, false, {{0}, {1}});
+    expect_parts_give_whole_bits(d.path(), held_as(quantization::int8), 2, false, {{1}, {0}});
+  }
+}
+
 TEST_F(RankParts, MixturesOfExpertsWithAndWithoutExpertParallelism) {
   for (const char* arch : {"qwen3_moe", "qwen2_moe", "mixtral"}) {
     SCOPED_TRACE(arch);

@@ -19,7 +19,8 @@ partial_rotary_factor; with
 weights in model.safetensors or a sharded model.safetensors.index.json
 (F32, F16 or BF16; AWQ (GEMM), GPTQ and compressed-tensors pack-quantized checkpoints'
 packed layers decoded from their quantization_config, see Weights.unpack and
-Weights.unpack_compressed). Everything is computed in float64; the full sequence is
+Weights.unpack_compressed; FP8 checkpoints' F8_E4M3 layers times their scale, see
+Weights.fp8). Everything is computed in float64; the full sequence is
 recomputed at every step (no KV cache), which is fine for tiny models.
 
 Needs only python3 with numpy and torch (Debian: python3-numpy python3-torch).
@@ -194,6 +195,40 @@ class Weights:
         w = torch.from_numpy(s[:, g] * (Q - ZP[:, g]).astype(np.float64))
         return w if self.int8_exact(g, bits == 4 or np.all(ZP == 0)) else quantize_int8(w)
 
+    def fp8(self, x, raw, shape):
+        """Layer x of an FP8 checkpoint: OCP e4m3fn codes (sign, 4 exponent bits of bias 7,
+        3 mantissa bits; exponent 0: subnormal m/8 * 2^-6; S.1111.111 NaN) times the scale
+        X.weight_scale(_inv) — one per tensor ([] or [1]), per output ([out] or [out, 1]), per
+        group of group_size inputs ([out, groups], compressed-tensors' strategy group) or per
+        block ([ceil(out/r), ceil(in/c)], weight_block_size or block_structure [r, c]) —
+        multiplied in float32 (the dequantized weight's definition)."""
+        out, n_in = shape
+        u = raw.astype(np.int64).reshape(out, n_in)
+        e, m = (u >> 3) & 15, (u & 7).astype(np.float64)
+        mag = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1.0 + m / 8.0) * np.exp2(e - 7.0))
+        if np.any((u & 0x7f) == 0x7f):
+            sys.exit(f"error: {x}.weight holds a NaN code")
+        codes = np.where(u & 0x80, -mag, mag).astype(np.float32)
+        sname = x + ".weight_scale_inv" if x + ".weight_scale_inv" in self.entries else x + ".weight_scale"
+        sshape = list(self.entries[sname][2]["shape"])
+        s = self.get(sname, sshape).numpy().astype(np.float32)
+        q = self.qcfg or {}
+        block = q.get("weight_block_size")
+        if q.get("quant_method") == "compressed-tensors":
+            w = next(iter(q["config_groups"].values()))["weights"]
+            if w.get("strategy") == "block":
+                block = w["block_structure"]
+            elif w.get("strategy") == "group":
+                block = [1, w["group_size"]]
+        if s.size == 1:
+            full = np.full((out, n_in), s.reshape(-1)[0], dtype=np.float32)
+        elif block is None:
+            full = np.repeat(s.reshape(out, 1), n_in, axis=1)
+        else:
+            r, c = block
+            full = np.repeat(np.repeat(s.reshape(-(-out // r), -(-n_in // c)), r, axis=0), c, axis=1)[:out, :n_in]
+        return (codes * full).astype(np.float64).reshape(-1)
+
     def get(self, name, shape):
         if name not in self.entries and name.endswith(".weight") and name[:-len(".weight")] + ".qweight" in self.entries:
             return self.unpack(name[:-len(".weight")], shape)
@@ -216,6 +251,8 @@ class Weights:
         elif dtype == "BF16":
             bits = raw.view("<u2").astype(np.uint32) << 16
             arr = bits.view(np.float32).astype(np.float64)
+        elif dtype == "F8_E4M3" and name.endswith(".weight") and len(shape) == 2:
+            arr = self.fp8(name[:-len(".weight")], raw, shape)
         else:
             sys.exit(f"error: tensor {name} has unsupported dtype {dtype}")
         if arr.size != math.prod(shape):

@@ -30,8 +30,13 @@ namespace llmesh::kernels {
 /// −min (ggml's q·d + min). Rows are padded to whole blocks. f8_e4m3 and f8_e5m2 are the OCP
 /// 8-bit floats (e4m3fn: bias 7, no infinities, NaN S.1111.111, largest 448; e5m2: bias 15,
 /// IEEE-like, largest 57344), held by KV caches only (`--kv-cache-dtype fp8`), never weights.
+/// fp8 holds FP8 checkpoints' weights (quant_method fp8, compressed-tensors float-quantized;
+/// `--quantization fp8`): q8's layout — blocks of q8_block, each a float32 scale followed by
+/// q8_block e4m3fn bytes — with element value = e4m3(q) · scale, one IEEE multiply (exact where
+/// the scale has at most 20 significant bits: bfloat16 and float16 scales). Never the NaN code
+/// (the loader refuses one). Rows are padded to whole blocks (code 0).
 /// (Types are appended: the values are stable.)
-enum class dtype : uint8_t { f32, f16, bf16, q8, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_xs, q4, f8_e4m3, f8_e5m2 };
+enum class dtype : uint8_t { f32, f16, bf16, q8, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_xs, q4, f8_e4m3, f8_e5m2, fp8 };
 
 inline constexpr size_t q8_block = 32;                      ///< elements per q8 block
 inline constexpr size_t q8_block_bytes = 4 + q8_block;      ///< scale + values
@@ -52,7 +57,7 @@ inline constexpr int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22,
 constexpr size_t dtype_block(dtype t) {
   switch (t) {
     case dtype::f32: case dtype::f16: case dtype::bf16: case dtype::f8_e4m3: case dtype::f8_e5m2: return 1;
-    case dtype::q8: return q8_block;
+    case dtype::q8: case dtype::fp8: return q8_block;
     case dtype::q4: return q4_block;
     case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k: case dtype::iq4_xs:
       return k_block;
@@ -66,7 +71,7 @@ constexpr size_t dtype_block_bytes(dtype t) {
     case dtype::f32: return 4;
     case dtype::f16: case dtype::bf16: return 2;
     case dtype::f8_e4m3: case dtype::f8_e5m2: return 1;
-    case dtype::q8: return q8_block_bytes;
+    case dtype::q8: case dtype::fp8: return q8_block_bytes;
     case dtype::q4: return q4_block_bytes;
     case dtype::q4_k: return q4_k_block_bytes;
     case dtype::q5_k: return q5_k_block_bytes;
@@ -78,7 +83,7 @@ constexpr size_t dtype_block_bytes(dtype t) {
   return 0;
 }
 
-/// Whether t is a block type (q8, q4 or a K-quant): weights only, CPU only.
+/// Whether t is a block type (q8, fp8, q4 or a K-quant): weights only, CPU only.
 constexpr bool is_quantized(dtype t) { return dtype_block(t) > 1; }
 
 /// Whether t is one of the K-quants (q2_k ... q6_k, iq4_xs): 256-element super-blocks.
@@ -100,12 +105,12 @@ constexpr bool is_f8(dtype t) { return t == dtype::f8_e4m3 || t == dtype::f8_e5m
 /// go through dtype_bytes.
 constexpr size_t dtype_size(dtype t) { return t == dtype::f32 ? 4 : (is_quantized(t) || is_f8(t) ? 1 : 2); }
 
-/// Bytes from the start of a buffer (a row or block boundary) to element n: for q8, whole
+/// Bytes from the start of a buffer (a row or block boundary) to element n: for q8 and fp8, whole
 /// blocks plus the scale and n % q8_block values of the block n falls in; for q4 and the
 /// K-quants, the start of the block n falls in (n is a multiple of the block wherever an
 /// offset is taken: rows and row-parallel slices start on one).
 constexpr size_t dtype_offset(dtype t, size_t n) {
-  if (t == dtype::q8) return (n / q8_block) * q8_block_bytes + (n % q8_block == 0 ? 0 : 4 + n % q8_block);
+  if (t == dtype::q8 || t == dtype::fp8) return (n / q8_block) * q8_block_bytes + (n % q8_block == 0 ? 0 : 4 + n % q8_block);
   if (is_quantized(t)) return (n / dtype_block(t)) * dtype_block_bytes(t);
   return n * dtype_size(t);
 }
@@ -116,8 +121,8 @@ constexpr size_t dtype_bytes(dtype t, size_t n) {
   return (n + b - 1) / b * dtype_block_bytes(t);
 }
 
-/// Safetensors spelling ("F32", "F16", "BF16"); "Q8" and "Q4" for q8 and q4, which no file
-/// holds; ggml's "Q2_K" ... "Q6_K", "IQ4_XS".
+/// Safetensors spelling ("F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"); "Q8", "Q4" and "FP8" for
+/// q8, q4 and fp8, which no file holds; ggml's "Q2_K" ... "Q6_K", "IQ4_XS".
 constexpr std::string_view dtype_name(dtype t) {
   switch (t) {
     case dtype::f32: return "F32";
@@ -133,6 +138,7 @@ constexpr std::string_view dtype_name(dtype t) {
     case dtype::iq4_xs: return "IQ4_XS";
     case dtype::f8_e4m3: return "F8_E4M3";
     case dtype::f8_e5m2: return "F8_E5M2";
+    case dtype::fp8: return "FP8";
   }
   return "?";
 }
@@ -387,6 +393,13 @@ inline float q4_value(const uint8_t* b, size_t e) {
   return std::fma(static_cast<float>(e < 16 ? byte & 0xF : byte >> 4), f, -m);
 }
 
+/// Element e (< q8_block) of the fp8 block at b: e4m3(q) · scale, rounded once.
+inline float fp8_value(const uint8_t* b, size_t e) {
+  float scale;
+  std::memcpy(&scale, b, 4);
+  return f8_e4m3_to_f32(b[4 + e]) * scale;
+}
+
 /// Converts element i of a weight buffer of type t to float32.
 inline float load_as_f32(const void* data, dtype t, size_t i) {
   switch (t) {
@@ -401,6 +414,7 @@ inline float load_as_f32(const void* data, dtype t, size_t i) {
       return static_cast<float>(static_cast<int8_t>(block[4 + i % q8_block])) * scale;
     }
     case dtype::q4: return q4_value(static_cast<const uint8_t*>(data) + (i / q4_block) * q4_block_bytes, i % q4_block);
+    case dtype::fp8: return fp8_value(static_cast<const uint8_t*>(data) + (i / q8_block) * q8_block_bytes, i % q8_block);
     case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k: case dtype::iq4_xs:
       return k_quant_value(static_cast<const uint8_t*>(data) + (i / k_block) * dtype_block_bytes(t), t, i % k_block);
   }

@@ -33,7 +33,8 @@ constexpr size_t q8_row_elements(size_t cols) { return (cols + q8_block - 1) / q
 /// Quantizes `rows` rows of `cols` weights (row-major, src_type F32/F16/BF16, or a K-quant's
 /// whole super-blocks, decoded first: `--quantization int8` on a Q4_K_M GGUF; or q4 rows of
 /// q8_row_elements(cols), each block whose offset is a whole multiple z (−112 ... 127) of its factor
-/// taken exactly as q − z with the factor as scale, any other decoded) into dst, which
+/// taken exactly as q − z with the factor as scale, any other decoded; or fp8 rows of
+/// q8_row_elements(cols), decoded: `--quantization int8` on an FP8 checkpoint) into dst, which
 /// holds dtype_bytes(q8, rows * q8_row_elements(cols)) bytes. Per block of 32: scale =
 /// max|w| / 127 (float32), q = w / scale rounded to nearest (ties to even) and clamped to
 /// [-127, 127]; a block whose scale is 0 (all zero, or max|w| below ~1.8e-43, where the

@@ -104,14 +104,21 @@ struct model_config {
   /// quantization_config): its linear layers are X.qweight, X.qzeros and X.scales (GPTQ: and
   /// X.g_idx), or X.weight_packed, X.weight_scale (and X.weight_zero_point, X.weight_g_idx,
   /// X.weight_shape), instead of X.weight; the loader unpacks them into int4 or int8 blocks
-  /// (packed_weights.cpp). none: plain weights.
+  /// (packed_weights.cpp). fp8: quant_method fp8 (or compressed with `float8`): X.weight is
+  /// F8_E4M3 beside a float scale (fp8_weights.hpp). none: plain weights.
   struct packed_config {
-    enum class method : uint8_t { none, awq, gptq, compressed } kind = method::none;
+    enum class method : uint8_t { none, awq, gptq, compressed, fp8 } kind = method::none;
     int bits = 0;                 ///< 4 (AWQ, GPTQ, compressed) or 8 (GPTQ, compressed)
     size_t group_size = 0;        ///< input elements per scale and zero; 0: the whole row (GPTQ's -1, a channel strategy)
     bool zeros_plus_one = false;  ///< GPTQ's own checkpoint format stores each zero less one
     bool symmetric = false;       ///< compressed: no zero points
     bool act_order = false;       ///< each layer has a g_idx (GPTQ's desc_act, compressed-tensors' actorder "group")
+    /// FP8 weights (kind fp8, or compressed-tensors' float-quantized format): one scale per
+    /// tensor, per output (channel), per group of group_size inputs of an output, or per
+    /// block of block_rows × block_cols.
+    bool float8 = false;
+    enum class fp8_scales : uint8_t { tensor, channel, group, block } scales = fp8_scales::tensor;
+    size_t block_rows = 0, block_cols = 0;
   } packed;
   std::vector<int32_t> bos_ids, eos_ids;  ///< load_config merges generation_config.json's in
   /// The model's recommended sampling (generation_config.json's temperature, top_p, top_k):

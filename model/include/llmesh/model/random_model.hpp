@@ -62,8 +62,11 @@ struct random_model_spec {
   /// in order), "gptq-act-order" (desc_act: g_idx a random assignment of groups), "gptq8" (8
   /// bits, symmetric), "ct-w4a16" (pack-quantized, 4 bits, symmetric groups), "ct-w4a16-asym"
   /// (with zero points), "ct-w8a16" (8 bits, symmetric, per channel); random quants, zeros and
-  /// float16 scales of the size of the plain weights; quantization_config in config.json. "":
-  /// plain weights.
+  /// float16 scales of the size of the plain weights; or as an FP8 checkpoint stores them
+  /// (fp8_weights.hpp): "fp8" (quant_method fp8, static: a float32 scale per tensor and an
+  /// input_scale), "fp8-block" (weight_block_size [group_size, group_size], weight_scale_inv),
+  /// "ct-fp8" (compressed-tensors FP8_DYNAMIC: bfloat16 scales per output), "ct-fp8-block"
+  /// (FP8_BLOCK); quantization_config in config.json. "": plain weights.
   std::string packed;
   size_t group_size = 32;  ///< inputs per scale and zero of a packed layer
 };

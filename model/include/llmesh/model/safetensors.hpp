@@ -69,6 +69,10 @@ class tensor_store {
   /// copy); a name already present is invalid_request.
   status add(const std::string& name, tensor_view t, std::shared_ptr<const void> owner);
 
+  /// Puts `t` (whose bytes `owner` keeps alive) in place of the tensor `name` (an FP8
+  /// checkpoint's weight in the kernels' fp8 blocks); not_found when there is none.
+  status replace(const std::string& name, tensor_view t, std::shared_ptr<const void> owner);
+
   /// The tensor, or not_found naming it.
   result<tensor_view> get(const std::string& name) const;
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }

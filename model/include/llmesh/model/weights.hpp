@@ -46,12 +46,13 @@ enum class quantization : uint8_t {
   gptq,                ///< "gptq" or "gptq_marlin": a GPTQ checkpoint
   compressed_tensors,  ///< "compressed-tensors": an llm-compressor checkpoint
   gguf,                ///< "gguf": a GGUF file
+  fp8,                 ///< "fp8": a checkpoint whose quantization_config is quant_method fp8
 };
 
-/// "none", "int8", "awq", "gptq", "compressed-tensors", "gguf".
+/// "none", "int8", "awq", "gptq", "compressed-tensors", "gguf", "fp8".
 std::string_view quantization_name(quantization q);
 /// Parses a --quantization value (vLLM's: none, int8, awq, awq_marlin, gptq, gptq_marlin,
-/// compressed-tensors, gguf); unsupported names vLLM's other methods (fp8, bitsandbytes, ...),
+/// compressed-tensors, gguf, fp8); unsupported names vLLM's other methods (bitsandbytes, ...),
 /// invalid_request names the choices for anything else.
 [[nodiscard]] result<quantization> parse_quantization(std::string_view s);
 
