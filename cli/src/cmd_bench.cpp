@@ -46,7 +46,7 @@ void add_bench(CLI::App& app, command_set& commands) {
   sub->add_option("--pp", o->prompt_tokens, "Prompt tokens (prefill test)")->capture_default_str();
   sub->add_option("--tg", o->gen_tokens, "Generated tokens (decode test)")->capture_default_str();
   sub->add_option("--reps", o->reps, "Repetitions; the best is reported")->capture_default_str();
-  sub->add_option("--quantization", o->quantization, "cpu: none or int8 (weight-only, blocks of 32)")->capture_default_str();
+  sub->add_option("--quantization", o->quantization, "cpu: none, int8 (weight-only, blocks of 32) or fp8 (vLLM's online FP8; an FP8 checkpoint's own)")->capture_default_str();
   sub->add_option("--kv-cache-dtype", o->kv_cache_dtype, "cpu: auto/float32, bfloat16, fp8 (fp8_e4m3) or fp8_e5m2")->capture_default_str();
   sub->add_option("--dtype", o->dtype, "cpu: the weight matrices' type: auto (as stored), bfloat16, float16, float32")
       ->capture_default_str();

@@ -108,7 +108,7 @@ void add_model(CLI::App& app, command_set& commands) {
   sub->add_option("--packed", s.packed,
                   "The layers' projections as an AWQ, GPTQ or compressed-tensors checkpoint stores them: awq, gptq, "
                   "gptq-act-order, gptq8, ct-w4a16, ct-w4a16-asym, ct-w8a16; or as an FP8 checkpoint: fp8, fp8-block, ct-fp8, "
-                  "ct-fp8-block");
+                  "ct-fp8-block, ct-fp8-group");
   sub->add_option("--group-size", s.group_size, "--packed: inputs per scale and zero (FP8 blocks: rows and columns per scale)")->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 20));
   sub->add_option("--classifier", s.classifier_labels,
                   "A sequence classifier of N labels (<Arch>ForSequenceClassification, score.weight in place of lm_head)");

@@ -112,6 +112,62 @@ status quantize_q8(const void* src, dtype src_type, size_t rows, size_t cols, ui
   return make_error(errc::invalid_request, "quantize_q8: the weights are int8 already");
 }
 
+namespace {
+
+status plain_source(dtype t, const char* what) {
+  if (t == dtype::f32 || t == dtype::f16 || t == dtype::bf16) return ok_status();
+  return make_error(errc::invalid_request, std::string(what) + ": the weights must be F32, F16 or BF16, not " + std::string(dtype_name(t)));
+}
+
+error non_finite(size_t row) {
+  return make_error(errc::invalid_request, "weight row " + std::to_string(row) + " holds a non-finite value; it cannot be quantized");
+}
+
+}  // namespace
+
+result<float> max_abs(const void* src, dtype src_type, size_t rows, size_t cols, size_t first_row) {
+  LLMESH_TRY(plain_source(src_type, "max_abs"));
+  float m = 0.0f;
+  for (size_t r = 0; r < rows; ++r) {
+    float row_max = 0.0f;
+    bool finite = true;
+    for (size_t c = 0; c < cols; ++c) {
+      const float w = load_as_f32(src, src_type, r * cols + c);
+      finite = finite && std::isfinite(w);
+      row_max = std::max(row_max, std::fabs(w));
+    }
+    if (!finite) return non_finite(first_row + r);
+    m = std::max(m, row_max);
+  }
+  return m;
+}
+
+status quantize_fp8(const void* src, dtype src_type, size_t rows, size_t cols, float scale, uint8_t* dst, size_t first_row) {
+  LLMESH_TRY(plain_source(src_type, "quantize_fp8"));
+  if (!std::isfinite(scale) || scale < 0.0f) {
+    return make_error(errc::invalid_request, "quantize_fp8: the scale " + std::to_string(scale) + " is not a finite non-negative number");
+  }
+  const float inverse = scale == 0.0f ? 0.0f : 1.0f / scale;
+  const size_t per_row = q8_row_elements(cols) / q8_block;
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t b = 0; b < per_row; ++b) {
+      uint8_t* block = dst + (r * per_row + b) * q8_block_bytes;
+      std::memcpy(block, &scale, 4);
+      for (size_t i = 0; i < q8_block; ++i) {
+        const size_t c = b * q8_block + i;
+        if (c >= cols) {
+          block[4 + i] = 0;
+          continue;
+        }
+        const float w = load_as_f32(src, src_type, r * cols + c);
+        if (!std::isfinite(w)) return non_finite(first_row + r);
+        block[4 + i] = f32_to_f8_e4m3(w * inverse);
+      }
+    }
+  }
+  return ok_status();
+}
+
 status convert_rows(const void* src, dtype src_type, size_t rows, size_t cols, void* dst, dtype dst_type,
                     size_t first_row) {
   if (is_quantized(src_type) || is_quantized(dst_type) || is_f8(src_type) || is_f8(dst_type)) {

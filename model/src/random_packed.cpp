@@ -69,10 +69,12 @@ result<nlohmann::ordered_json> packed_quantization_config(const std::string& pac
     return nlohmann::ordered_json{{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"fmt", "e4m3"},
                                   {"weight_block_size", {group_size, group_size}}};
   }
-  if (packed == "ct-fp8" || packed == "ct-fp8-block") {  // llm-compressor's FP8_DYNAMIC and FP8_BLOCK
-    const bool block = packed == "ct-fp8-block";
-    nlohmann::ordered_json weights{{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", block ? "block" : "channel"},
-                                   {"group_size", nullptr}, {"block_structure", block ? nlohmann::ordered_json{group_size, group_size} : nullptr},
+  if (packed == "ct-fp8" || packed == "ct-fp8-block" || packed == "ct-fp8-group") {  // llm-compressor's FP8_DYNAMIC, FP8_BLOCK
+    const bool block = packed == "ct-fp8-block", group = packed == "ct-fp8-group";
+    nlohmann::ordered_json weights{{"num_bits", 8}, {"type", "float"}, {"symmetric", true},
+                                   {"strategy", block ? "block" : group ? "group" : "channel"},
+                                   {"group_size", group ? nlohmann::ordered_json(group_size) : nullptr},
+                                   {"block_structure", block ? nlohmann::ordered_json{group_size, group_size} : nullptr},
                                    {"dynamic", false}, {"actorder", nullptr}, {"observer", "minmax"}};
     nlohmann::ordered_json inputs{{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", block ? "group" : "token"},
                                   {"group_size", block ? nlohmann::ordered_json(group_size) : nullptr}, {"dynamic", true}};
@@ -83,8 +85,8 @@ result<nlohmann::ordered_json> packed_quantization_config(const std::string& pac
         {"ignore", {"lm_head"}}, {"kv_cache_scheme", nullptr}, {"sparsity_config", nlohmann::ordered_json::object()}};
   }
   return make_error(errc::invalid_request,
-                    "--packed must be awq, gptq, gptq-act-order, gptq8, ct-w4a16, ct-w4a16-asym, ct-w8a16, fp8, fp8-block, ct-fp8 "
-                    "or ct-fp8-block, not '" + packed + "'");
+                    "--packed must be awq, gptq, gptq-act-order, gptq8, ct-w4a16, ct-w4a16-asym, ct-w8a16, fp8, fp8-block, ct-fp8, "
+                    "ct-fp8-block or ct-fp8-group, not '" + packed + "'");
 }
 
 namespace {
@@ -137,7 +139,8 @@ std::vector<tensor_spec> compressed_linear(uint64_t seed, const std::string& x, 
 /// An FP8 layer (fp8_weights.hpp): X.weight F8_E4M3, codes of values uniform over about
 /// ±448·0.9, and its scale (about scale / 400 each): "fp8" one F32 per tensor, shape [], with
 /// X.input_scale; "fp8-block" F32 X.weight_scale_inv per block of group_size × group_size;
-/// "ct-fp8" BF16 per output [out, 1]; "ct-fp8-block" F32 per block.
+/// "ct-fp8" BF16 per output [out, 1]; "ct-fp8-block" F32 per block; "ct-fp8-group" F16 per
+/// group of group_size inputs [out, ceil(in / group_size)].
 std::vector<tensor_spec> fp8_linear(uint64_t seed, const std::string& x, size_t out, size_t in, float scale, const std::string& packed,
                                     size_t group_size) {
   using k = kernels::dtype;
@@ -146,18 +149,18 @@ std::vector<tensor_spec> fp8_linear(uint64_t seed, const std::string& x, size_t 
                  stream r(seed, x + ".weight");
                  for (size_t i = 0; i < out * in; ++i) b[i] = kernels::f32_to_f8_e4m3((2.0f * r.unit() - 1.0f) * 403.0f);
                }});
-  const bool block = packed.ends_with("-block");
-  const size_t bo = block ? (out + group_size - 1) / group_size : out, bi = block ? (in + group_size - 1) / group_size : 1;
+  const bool block = packed.ends_with("-block"), group = packed == "ct-fp8-group";
+  const size_t bo = block ? (out + group_size - 1) / group_size : out, bi = block || group ? (in + group_size - 1) / group_size : 1;
   std::vector<size_t> shape = packed == "fp8" ? std::vector<size_t>{} : std::vector<size_t>{bo, bi};
   const size_t n = packed == "fp8" ? 1 : bo * bi;
-  const k type = packed == "ct-fp8" ? k::bf16 : k::f32;
+  const k type = packed == "ct-fp8" ? k::bf16 : group ? k::f16 : k::f32;
   const std::string name = x + (packed == "fp8-block" ? ".weight_scale_inv" : ".weight_scale");
   t.push_back({name, type, shape, [=](std::span<uint8_t> b) {
                  stream r(seed, name);
                  for (size_t i = 0; i < n; ++i) {
                    const float v = scale / 400.0f * (0.75f + 0.5f * r.unit());
-                   if (type == k::bf16) {
-                     const uint16_t h = kernels::f32_to_bf16(v);
+                   if (type != k::f32) {
+                     const uint16_t h = type == k::bf16 ? kernels::f32_to_bf16(v) : kernels::f32_to_f16(v);
                      std::memcpy(b.data() + 2 * i, &h, 2);
                    } else {
                      std::memcpy(b.data() + 4 * i, &v, 4);
@@ -177,7 +180,7 @@ std::vector<tensor_spec> fp8_linear(uint64_t seed, const std::string& x, size_t 
 
 result<std::vector<tensor_spec>> random_packed_linear(uint64_t seed, const std::string& x, size_t out, size_t in, float scale,
                                                       const std::string& packed, size_t group_size) {
-  if (packed == "fp8" || packed == "fp8-block" || packed == "ct-fp8" || packed == "ct-fp8-block") {
+  if (packed == "fp8" || packed == "fp8-block" || packed.starts_with("ct-fp8")) {
     return fp8_linear(seed, x, out, in, scale, packed, group_size);
   }
   const bool awq = packed == "awq", eight = packed == "gptq8" || packed == "ct-w8a16", act_order = packed == "gptq-act-order";

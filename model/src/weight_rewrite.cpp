@@ -2,6 +2,7 @@
 #include "weight_rewrite.hpp"
 
 #include <algorithm>
+#include <map>
 #include <tuple>
 
 #include "llmesh/kernels/quantize.hpp"
@@ -32,6 +33,18 @@ void add_target(std::vector<convert_target>& targets, weight_matrix* w, std::str
   t.name = std::move(name);
   t.part = std::move(part);
   targets.push_back(std::move(t));
+}
+
+/// The layer vLLM fuses target `name` (targets_of's names) into, which online FP8 gives one
+/// scale: a layer's q, k and v projections; the gate and up projections of a dense MLP, an
+/// expert or the shared expert; else the target alone.
+std::string fused_layer_of(const std::string& name) {
+  const size_t sp = name.rfind(' ');
+  const std::string head = sp == std::string::npos ? "" : name.substr(0, sp + 1);
+  const std::string last = sp == std::string::npos ? name : name.substr(sp + 1);
+  if (last == "q_proj" || last == "k_proj" || last == "v_proj") return head + "qkv";
+  if (last == "gate_proj" || last == "up_proj" || last == "gate" || last == "up") return head + "gate_up";
+  return name;
 }
 
 }  // namespace
@@ -79,7 +92,8 @@ std::vector<convert_target> targets_of(model_weights& w, kernels::dtype to, bool
 
 result<std::shared_ptr<uint8_t>> rewrite(std::vector<convert_target>& targets, kernels::dtype to, const char* what,
                                          const held_columns_of& held, std::vector<own_columns>& own) {
-  auto ld_of = [to](size_t cols) { return to == kernels::dtype::q8 ? kernels::q8_row_elements(cols) : cols; };
+  const bool blocks = to == kernels::dtype::q8 || to == kernels::dtype::fp8;
+  auto ld_of = [blocks](size_t cols) { return blocks ? kernels::q8_row_elements(cols) : cols; };
   auto bytes_of = [&](size_t rows, size_t cols) { return (kernels::dtype_bytes(to, rows * ld_of(cols)) + 63) / 64 * 64; };
   // Where each target is written: whole rows, or the part's columns of each (where they start
   // and end on blocks of both types), or (own_cols) into a matrix of their own.
@@ -115,6 +129,24 @@ result<std::shared_ptr<uint8_t>> rewrite(std::vector<convert_target>& targets, k
     targets[i].offset = l.at[i];
     targets[i].own_offset = l.own_at[i];
   }
+  // fp8 (vLLM's online FP8): one scale per fused layer of vLLM's, max |w| / 448 over the whole
+  // of it, whatever part the held ranks write, so every rank's part has the whole engine's scale.
+  std::vector<float> fp8_scale(targets.size(), 0.0f);
+  if (to == kernels::dtype::fp8) {
+    LLMESH_TRY(for_each_item(targets.size(), [&](size_t i) -> status {
+      const weight_matrix& w = targets[i].w();
+      auto m = kernels::max_abs(w.data, w.type, w.rows, w.cols);
+      if (!m) return make_error(errc::invalid_request, targets[i].name + ": " + m.err().message);
+      fp8_scale[i] = *m;
+      return ok_status();
+    }));
+    std::map<std::string, float> fused;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      float& m = fused[fused_layer_of(targets[i].name)];
+      m = std::max(m, fp8_scale[i]);
+    }
+    for (size_t i = 0; i < targets.size(); ++i) fp8_scale[i] = fused[fused_layer_of(targets[i].name)] / 448.0f;
+  }
   auto mapped = weight_mapping(l.huge, l.total, std::string(what) + " weights");
   if (!mapped) return mapped.take_error();
   if (l.total == 0) return mapped;
@@ -132,8 +164,9 @@ result<std::shared_ptr<uint8_t>> rewrite(std::vector<convert_target>& targets, k
     const auto& t = targets[it.target];
     const weight_matrix& w = t.w();
     auto convert = [&](const uint8_t* src, size_t row0, size_t rows, size_t n, uint8_t* dst) -> status {
-      auto s = to == kernels::dtype::q8 ? kernels::quantize_q8(src, w.type, rows, n, dst, row0)
-                                        : kernels::convert_rows(src, w.type, rows, n, dst, to, row0);
+      auto s = to == kernels::dtype::q8    ? kernels::quantize_q8(src, w.type, rows, n, dst, row0)
+               : to == kernels::dtype::fp8 ? kernels::quantize_fp8(src, w.type, rows, n, fp8_scale[it.target], dst, row0)
+                                           : kernels::convert_rows(src, w.type, rows, n, dst, to, row0);
       if (!s) return make_error(errc::invalid_request, t.name + ": " + s.err().message);
       return ok_status();
     };

@@ -41,7 +41,9 @@ using held_columns_of = std::function<const weight_matrix*(const weight_matrix& 
 std::vector<convert_target> targets_of(model_weights& w, kernels::dtype to, bool everything, const model_config& c,
                                        const std::optional<rank_set>& ranks);
 
-/// Rewrites every target as `to` (q8: quantize_q8; else convert_rows) into one new anonymous
+/// Rewrites every target as `to` (q8: quantize_q8; fp8: quantize_fp8 with max|w| / 448 of the
+/// whole of vLLM's fused layer — q, k and v; gate and up — as its scale; else convert_rows)
+/// into one new anonymous
 /// mapping, over up to 64 hardware threads, and points the views there; a target with own
 /// columns is written there (reading `held`'s copy of them when its source has one) and
 /// listed in `own`. The checkpoint's pages of each rewritten matrix (not shared) then leave

@@ -106,10 +106,7 @@ status check_checkpoint_method(quantization q, const model_config& c, const std:
                     : own == quantization::compressed_tensors ? "its quantization_config is compressed-tensors"
                     : own == quantization::fp8                ? "its quantization_config is fp8"
                                                               : "it has no quantization_config";
-  if (q == quantization::fp8 && own == quantization::none) {
-    return make_error(errc::unsupported, "--quantization fp8 on a checkpoint without an FP8 quantization_config (vLLM's "
-                                         "online FP8) is not supported; --quantization int8 quantizes it at load");
-  }
+  if (q == quantization::fp8 && own == quantization::none) return ok_status();  // vLLM's online FP8: model::quantize
   return make_error(errc::invalid_request, "--quantization " + std::string(quantization_name(q)) +
                                                " does not match the checkpoint: " + has);
 }
@@ -226,6 +223,18 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     e.message = dir + ": " + e.message;
     return e;
   }
+  // Online FP8 quantizes the checkpoint's values (each matrix's scale from all of it: a cast
+  // of some ranks' parts would not have all of it), then --dtype casts what stays unquantized.
+  const bool quantize_first = opt.quant == quantization::fp8 && !m->config_.packed.float8;
+  auto quantize = [&]() -> status {
+    if (auto s = m->quantize(opt.quant); !s) {
+      error e = s.take_error();
+      e.message = dir + ": " + e.message;
+      return e;
+    }
+    return ok_status();
+  };
+  if (quantize_first) LLMESH_TRY(quantize());
   if (opt.dtype) {
     if (auto s = m->cast(*opt.dtype); !s) {
       error e = s.take_error();
@@ -233,11 +242,7 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
       return e;
     }
   }
-  if (auto s = m->quantize(opt.quant); !s) {
-    error e = s.take_error();
-    e.message = dir + ": " + e.message;
-    return e;
-  }
+  if (!quantize_first) LLMESH_TRY(quantize());
   if (auto s = m->compact_columns(); !s) return s.take_error();
   uint32_t held = 0;  // a bit per dtype
   auto note = [&](const weight_matrix& w) {
@@ -405,18 +410,22 @@ status model::bind_experts(size_t layer) {
 
 
 status model::quantize(quantization q) {
-  if (q != quantization::int8) {  // none, or a checkpoint's own (load checked it)
+  const bool online_fp8 = q == quantization::fp8 && !config_.packed.float8;  // vLLM's online FP8
+  if (q != quantization::int8 && !online_fp8) {  // none, or a checkpoint's own (load checked it)
     quant_ = q;
     return ok_status();
   }
+  const kernels::dtype to = online_fp8 ? kernels::dtype::fp8 : kernels::dtype::q8;
   // The router and the shared expert's gate stay as loaded (small); the embedding gather keeps
-  // the checkpoint's rows, so a tied head's source rows stay resident.
-  auto targets = detail::targets_of(weights_, kernels::dtype::q8, false, config_, held_ranks_);
+  // the checkpoint's rows, so a tied head's source rows stay resident. FP8, as vLLM's, leaves
+  // the LM head as loaded too.
+  auto targets = detail::targets_of(weights_, to, false, config_, held_ranks_);
   if (!targets.empty() && targets.back().w().data == weights_.lm_head.data) {
-    targets.back().shared = config_.tie_embeddings || !config_.has_lm_head;
+    if (online_fp8) targets.pop_back();
+    else targets.back().shared = config_.tie_embeddings || !config_.has_lm_head;
   }
   std::vector<detail::own_columns> own;
-  auto store = detail::rewrite(targets, kernels::dtype::q8, "int8", [this](const weight_matrix& w, size_t c0) { return column_slice(w, c0); }, own);
+  auto store = detail::rewrite(targets, to, online_fp8 ? "fp8" : "int8", [this](const weight_matrix& w, size_t c0) { return column_slice(w, c0); }, own);
   if (!store) return store.take_error();
   quantized_ = std::move(*store);
   keep_column_slices(own);

@@ -380,7 +380,7 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
   expect_refused(with("kv_cache_mb: 256", "kv_cache_mb: 0"), {"'kv_cache_mb' must be an integer"});
   expect_refused(with("placement: packed", "placement: scattered"), {"'placement' must be packed or spread, got 'scattered'"});
   EXPECT_EQ(error_of(with("placement: packed", "placement: spread")), "(parsed)");  // 2 replica nodes for tp 2
-  expect_refused(with("placement: packed", "placement: packed\n    quantization: fp8"), {"'quantization': --quantization fp8 is not supported"});
+  expect_refused(with("placement: packed", "placement: packed\n    quantization: bitsandbytes"), {"'quantization': --quantization bitsandbytes is not supported"});
   {
     auto q = parse_cluster_config(with("placement: packed", "placement: packed\n    quantization: int8"), "t.yaml");
     ASSERT_TRUE(q.ok()) << q.err().message;

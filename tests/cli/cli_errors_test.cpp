@@ -115,8 +115,6 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   expect_one_line_error(r, "--quantization must be none, int8, awq");
   r = run_command(llmesh_bin + " serve --model " + model_ + " --quantization bitsandbytes");  // vLLM's, not llmesh's
   expect_one_line_error(r, "--quantization bitsandbytes is not supported");
-  r = run_command(llmesh_bin + " generate --device cpu --model " + model_ + " --prompt-ids 1 --quantization fp8");  // vLLM's online FP8
-  expect_one_line_error(r, "--quantization fp8 on a checkpoint without an FP8 quantization_config");
   r = run_command(llmesh_bin + " generate --device cpu --model " + model_ + " --prompt-ids 1 --quantization awq_marlin");
   expect_one_line_error(r, "--quantization awq does not match the checkpoint: it has no quantization_config");
   r = run_command(llmesh_bin + " generate --device cpu --model " + model_ + " --prompt-ids 1 --quantization int8 --tp 2");

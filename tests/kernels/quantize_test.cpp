@@ -187,6 +187,59 @@ TEST(Quantize, Fp8RowsBecomeTheInt8BlocksOfTheirDecodedValues) {
   EXPECT_NE(decoded[0], 0.0f);
 }
 
+TEST(QuantizeFp8, OneScalePerTensorReciprocalMultiplyAndSaturation) {
+  // vLLM's online FP8: scale = max|w| / 448; code = e4m3(w · (1 / scale)), ties to even,
+  // saturating; every block carries the scale; a short row's padding is code 0.
+  const size_t rows = 2, cols = 40;
+  std::vector<float> w(rows * cols);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = (static_cast<float>(i % 17) - 8.0f) * 0.37f;
+  w[5] = -3.5f;  // the largest magnitude: code −448
+  auto amax = max_abs(w.data(), dtype::f32, rows, cols);
+  ASSERT_TRUE(amax.ok());
+  EXPECT_EQ(*amax, 3.5f);
+  const float scale = *amax / 448.0f;
+  std::vector<uint8_t> dst(dtype_bytes(dtype::fp8, rows * q8_row_elements(cols)), 0xaa);
+  ASSERT_TRUE(quantize_fp8(w.data(), dtype::f32, rows, cols, scale, dst.data()).ok());
+  const float inverse = 1.0f / scale;
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = 0; c < q8_row_elements(cols); ++c) {
+      const uint8_t* block = dst.data() + dtype_offset(dtype::fp8, r * q8_row_elements(cols) + c / 32 * 32);
+      float s;
+      std::memcpy(&s, block, 4);
+      EXPECT_EQ(s, scale);
+      const uint8_t code = block[4 + c % 32];
+      if (c >= cols) {
+        EXPECT_EQ(code, 0) << c;
+        continue;
+      }
+      EXPECT_EQ(code, f32_to_f8_e4m3(w[r * cols + c] * inverse)) << r << " " << c;
+      // Within half an e4m3 step of the weight: the relative step is at most 2^-4 (normals).
+      const float back = load_as_f32(block, dtype::fp8, c % 32);
+      EXPECT_LE(std::fabs(back - w[r * cols + c]), std::fabs(w[r * cols + c]) / 16.0f + scale * 0x1p-9f) << r << " " << c;
+    }
+  }
+  EXPECT_EQ(dst[4 + 5], 0xfe);  // −448
+  // Past the scale's range saturates at ±448; a zero scale (an all-zero tensor) gives zeros.
+  const float big[2] = {1000.0f, -1000.0f};
+  std::vector<uint8_t> one(dtype_bytes(dtype::fp8, 32));
+  ASSERT_TRUE(quantize_fp8(big, dtype::f32, 1, 2, 1.0f, one.data()).ok());
+  EXPECT_EQ(one[4], 0x7e);
+  EXPECT_EQ(one[5], 0xfe);
+  const float zeros[2] = {0.0f, 0.0f};
+  ASSERT_TRUE(quantize_fp8(zeros, dtype::f32, 1, 2, 0.0f, one.data()).ok());
+  EXPECT_EQ(one[4], 0);
+  EXPECT_EQ(load_as_f32(one.data(), dtype::fp8, 1), 0.0f);
+  // Bad input: a non-finite weight (its row named), a bad scale, a quantized source.
+  float nan_row[4] = {1.0f, 2.0f, NAN, 3.0f};
+  auto bad = quantize_fp8(nan_row, dtype::f32, 2, 2, 1.0f, one.data(), 7);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("weight row 8"), std::string::npos) << bad.err().message;
+  EXPECT_FALSE(max_abs(nan_row, dtype::f32, 2, 2).ok());
+  EXPECT_FALSE(quantize_fp8(big, dtype::f32, 1, 2, -1.0f, one.data()).ok());
+  EXPECT_FALSE(quantize_fp8(big, dtype::f32, 1, 2, INFINITY, one.data()).ok());
+  EXPECT_FALSE(quantize_fp8(one.data(), dtype::q8, 1, 2, 1.0f, one.data()).ok());
+}
+
 TEST(Quantize, OffsetsAndSizesOfQ8Data) {
   EXPECT_EQ(dtype_bytes(dtype::q8, 32), 36u);
   EXPECT_EQ(dtype_bytes(dtype::q8, 33), 72u);

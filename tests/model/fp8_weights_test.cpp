@@ -47,8 +47,9 @@ double e4m3(uint8_t c) {
 }
 
 /// Layer x's weights [out, in] decoded from the checkpoint: code times its scale (by the scale
-/// tensor's shape: one, one per output, or one per block of `block` × `block`).
-std::vector<float> decoded(const tensor_store& st, const std::string& x, size_t block) {
+/// tensor's shape: one, one per output, or one per block of `block` × `block`; `group`: one
+/// per `block` inputs of an output).
+std::vector<float> decoded(const tensor_store& st, const std::string& x, size_t block, bool group = false) {
   const auto w = st.get(x + ".weight").value();
   const std::string sname = st.contains(x + ".weight_scale_inv") ? x + ".weight_scale_inv" : x + ".weight_scale";
   const auto s = st.get(sname).value();
@@ -57,7 +58,8 @@ std::vector<float> decoded(const tensor_store& st, const std::string& x, size_t 
   for (size_t o = 0; o < out; ++o) {
     for (size_t i = 0; i < in; ++i) {
       size_t at = 0;
-      if (s.elements() == out) at = o;
+      if (group) at = o * ((in + block - 1) / block) + i / block;
+      else if (s.elements() == out) at = o;
       else if (s.elements() > 1) at = (o / block) * ((in + block - 1) / block) + i / block;
       const float scale = kernels::load_as_f32(s.data, s.type, at);
       const double exact = e4m3(static_cast<const uint8_t*>(w.data)[o * in + i]) * static_cast<double>(scale);
@@ -82,7 +84,8 @@ TEST(Fp8Weights, EveryLayoutIsHeldExactlyAsCodeTimesScale) {
   for (auto [packed, block, kind, how] : {std::tuple{"fp8", size_t{32}, method::fp8, scales::tensor},
                                           {"fp8-block", size_t{96}, method::fp8, scales::block},
                                           {"ct-fp8", size_t{32}, method::compressed, scales::channel},
-                                          {"ct-fp8-block", size_t{64}, method::compressed, scales::block}}) {
+                                          {"ct-fp8-block", size_t{64}, method::compressed, scales::block},
+                                          {"ct-fp8-group", size_t{64}, method::compressed, scales::group}}) {
     SCOPED_TRACE(packed);
     testing::temp_dir dir;
     ASSERT_TRUE(write_random_model(fp8_spec(packed, block), dir.path()).ok());
@@ -100,7 +103,7 @@ TEST(Fp8Weights, EveryLayoutIsHeldExactlyAsCodeTimesScale) {
                         {"model.layers.0.mlp.up_proj", &l.up}}) {
       SCOPED_TRACE(x);
       ASSERT_EQ(w->type, dtype::fp8);
-      const auto want = decoded(*st, x, block);
+      const auto want = decoded(*st, x, block, how == scales::group);
       const auto got = held(*w);
       ASSERT_EQ(got.size(), want.size());
       size_t differ = 0, nonzero = 0;
@@ -273,36 +276,65 @@ TEST(Fp8Weights, BrokenTensorsAreRefusedNamingThem) {
 }
 
 TEST(Fp8Weights, Tp2GivesTp1sLogitsAndInt8KeepsTheRuleOverTheDecodedValues) {
+  // Blocks of 96 (rank 1's rows and columns start inside one); intermediate 192: each rank's
+  // share of it and of the attention width falls on blocks of 32. Llama, and Phi-3's fused
+  // q/k/v and gate/up.
+  for (const std::string arch : {"phi3", "llama"}) {
+    SCOPED_TRACE(arch);
+    testing::temp_dir dir;
+    auto spec = fp8_spec("fp8-block", 96);
+    spec.arch = arch;
+    spec.n_layers = 2;
+    spec.intermediate = 192;
+    ASSERT_TRUE(write_random_model(spec, dir.path()).ok());
+    auto m = model::load(dir.path());
+    ASSERT_TRUE(m.ok()) << m.err().message;
+    EXPECT_EQ((*m)->weights().layers[0].q.type, dtype::fp8);
+    std::vector<std::vector<float>> logits;
+    for (int tp : {1, 2}) {
+      engine_options o;
+      o.tp = tp;
+      o.threads = 2;
+      o.kv_tokens = 64;
+      auto e = engine::create(*m, o);
+      ASSERT_TRUE(e.ok()) << e.err().message;
+      const std::vector<int32_t> prompt = {5, 17, 42, 99};
+      const std::vector<int32_t> table = {0, 1, 2, 3};
+      step_sequence s;
+      s.tokens = prompt;
+      s.block_table = table;
+      logits.emplace_back();
+      ASSERT_TRUE((*e)->forward(std::span(&s, 1), logits.back()).ok());
+    }
+    float max_abs = 0, max_diff = 0;
+    for (size_t i = 0; i < logits[0].size(); ++i) {
+      ASSERT_TRUE(std::isfinite(logits[0][i]) && std::isfinite(logits[1][i])) << i;
+      max_abs = std::max(max_abs, std::fabs(logits[0][i]));
+      max_diff = std::max(max_diff, std::fabs(logits[0][i] - logits[1][i]));
+    }
+    EXPECT_GT(max_abs, 0.0f);
+    EXPECT_LT(max_diff, 1e-4f * max_abs);
+  }
+  // A split whose share is not whole blocks of 32 (intermediate 160: rank 1 from 80) is refused.
+  testing::temp_dir odd;
+  ASSERT_TRUE(write_random_model(fp8_spec("fp8-block"), odd.path()).ok());
+  auto m160 = model::load(odd.path());
+  ASSERT_TRUE(m160.ok());
+  engine_options o2;
+  o2.tp = 2;
+  o2.threads = 2;
+  o2.kv_tokens = 64;
+  auto refused = engine::create(*m160, o2);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.err().message.find("fp8 weights (--quantization int8 or fp8"), std::string::npos) << refused.err().message;
+  EXPECT_NE(refused.err().message.find("multiple of 32"), std::string::npos) << refused.err().message;
+
   testing::temp_dir dir;
   auto spec = fp8_spec("fp8-block");
   spec.n_layers = 2;
   ASSERT_TRUE(write_random_model(spec, dir.path()).ok());
   auto m = model::load(dir.path());
   ASSERT_TRUE(m.ok()) << m.err().message;
-  std::vector<std::vector<float>> logits;
-  for (int tp : {1, 2}) {
-    engine_options o;
-    o.tp = tp;
-    o.threads = 2;
-    o.kv_tokens = 64;
-    auto e = engine::create(*m, o);
-    ASSERT_TRUE(e.ok()) << e.err().message;
-    const std::vector<int32_t> prompt = {5, 17, 42, 99};
-    const std::vector<int32_t> table = {0, 1, 2, 3};
-    step_sequence s;
-    s.tokens = prompt;
-    s.block_table = table;
-    logits.emplace_back();
-    ASSERT_TRUE((*e)->forward(std::span(&s, 1), logits.back()).ok());
-  }
-  float max_abs = 0, max_diff = 0;
-  for (size_t i = 0; i < logits[0].size(); ++i) {
-    ASSERT_TRUE(std::isfinite(logits[0][i]));
-    max_abs = std::max(max_abs, std::fabs(logits[0][i]));
-    max_diff = std::max(max_diff, std::fabs(logits[0][i] - logits[1][i]));
-  }
-  EXPECT_GT(max_abs, 0.0f);
-  EXPECT_LT(max_diff, 1e-4f * max_abs);
   // --quantization int8: each fp8 matrix becomes the int8 blocks of its decoded values.
   load_options o;
   o.quant = quantization::int8;
@@ -343,11 +375,88 @@ TEST(Fp8Weights, VllmQuantizationFp8NamesAnFp8Checkpoint) {
   o.quant = quantization::compressed_tensors;
   EXPECT_TRUE(model::load(ct.path(), o).ok());
   o.quant = quantization::fp8;
-  auto online = model::load(plain.path(), o);
-  ASSERT_FALSE(online.ok());
-  EXPECT_EQ(online.err().code, errc::unsupported);
-  EXPECT_NE(online.err().message.find("vLLM's online FP8) is not supported; --quantization int8"), std::string::npos)
-      << online.err().message;
+  auto online = model::load(plain.path(), o);  // vLLM's online FP8 (below)
+  ASSERT_TRUE(online.ok()) << online.err().message;
+  EXPECT_EQ((*online)->quantized_weights(), "fp8");
+}
+
+TEST(Fp8Weights, OnlineFp8QuantizesEachProjectionWithOneScaleAsVllm) {
+  // --quantization fp8 on a BF16 checkpoint: every projection (not the LM head, the embedding
+  // or a router) becomes fp8 with scale max|w| / 448 over vLLM's fused layer (q, k and v; gate
+  // and up; o and down alone) and codes e4m3(w · (1 / scale)); --dtype float32 then casts what
+  // is left.
+  testing::temp_dir dir;
+  auto spec = fp8_spec("");
+  spec.n_layers = 2;
+  ASSERT_TRUE(write_random_model(spec, dir.path()).ok());
+  // Random matrices share their largest magnitude: halve the k projections so that q, k and
+  // v's shared scale is not each one's own.
+  rewrite(dir, [](tensor_spec& s) {
+    if (s.name.ends_with("k_proj.weight")) {
+      s.fill = [before = s.fill](std::span<uint8_t> out) {
+        before(out);
+        for (size_t i = 0; i + 1 < out.size(); i += 2) {
+          uint16_t h;
+          std::memcpy(&h, out.data() + i, 2);
+          h = kernels::f32_to_bf16(kernels::bf16_to_f32(h) * 0.5f);
+          std::memcpy(out.data() + i, &h, 2);
+        }
+      };
+    }
+    return true;
+  });
+  auto plain = model::load(dir.path());
+  ASSERT_TRUE(plain.ok());
+  load_options o;
+  o.quant = quantization::fp8;
+  o.dtype = dtype::f32;
+  auto m = model::load(dir.path(), o);
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  EXPECT_EQ((*m)->quant(), quantization::fp8);
+  EXPECT_EQ((*m)->weights().lm_head.type, dtype::f32);
+  EXPECT_EQ((*m)->weights().embed.type, dtype::f32);
+  for (size_t layer = 0; layer < 2; ++layer) {
+    const auto& p = (*plain)->weights().layers[layer];
+    const auto& q = (*m)->weights().layers[layer];
+    auto amax_of = [](std::initializer_list<const weight_matrix*> ws) {
+      float m = 0.0f;
+      for (const weight_matrix* w : ws) {
+        for (float v : held(*w)) m = std::max(m, std::fabs(v));
+      }
+      return m;
+    };
+    const float qkv = amax_of({&p.q, &p.k, &p.v}), gate_up = amax_of({&p.gate, &p.up});
+    EXPECT_EQ(qkv, 2.0f * amax_of({&p.k}));
+    for (auto [from, to, amax] : {std::tuple{&p.q, &q.q, qkv}, {&p.k, &q.k, qkv}, {&p.v, &q.v, qkv}, {&p.o, &q.o, amax_of({&p.o})},
+                                  {&p.gate, &q.gate, gate_up}, {&p.up, &q.up, gate_up}, {&p.down, &q.down, amax_of({&p.down})}}) {
+      ASSERT_EQ(from->type, dtype::bf16);
+      ASSERT_EQ(to->type, dtype::fp8);
+      const auto w = held(*from);
+      const float scale = amax / 448.0f, inverse = 1.0f / scale;
+      const auto* blocks = static_cast<const uint8_t*>(to->data);
+      size_t differ = 0;
+      for (size_t r = 0; r < to->rows; ++r) {
+        for (size_t c = 0; c < to->cols; ++c) {
+          const uint8_t* block = blocks + kernels::dtype_offset(dtype::fp8, r * to->ld() + c / 32 * 32);
+          float s;
+          std::memcpy(&s, block, 4);
+          const uint8_t code = block[4 + c % 32];
+          differ += s != scale || code != kernels::f32_to_f8_e4m3(w[r * to->cols + c] * inverse);
+        }
+      }
+      EXPECT_EQ(differ, 0u);
+    }
+  }
+  // Held for one rank of two, a matrix keeps the whole matrix's scale.
+  load_options r = o;
+  r.ranks = rank_set{2, false, {1}};
+  auto part = model::load(dir.path(), r);
+  ASSERT_TRUE(part.ok()) << part.err().message;
+  float whole, half;
+  std::memcpy(&whole, (*m)->weights().layers[0].gate.data, 4);
+  std::memcpy(&half, static_cast<const uint8_t*>((*part)->weights().layers[0].gate.data) +
+                         kernels::dtype_offset(dtype::fp8, (spec.intermediate - 1) * (*m)->weights().layers[0].gate.ld()), 4);
+  EXPECT_EQ(whole, half);
 }
 
 }  // namespace

@@ -200,15 +200,21 @@ TEST_F(RankParts, PackedCheckpoints) {
 }
 
 TEST_F(RankParts, Fp8Checkpoints) {
+  // Blocks of 96: rank 1's rows and columns start inside a scale's block.
   for (const char* packed : {"fp8-block", "ct-fp8"}) {
     SCOPED_TRACE(packed);
     testing::temp_dir d;
     auto s = llama_spec();
     s.packed = packed;
+    s.group_size = 96;
     ASSERT_TRUE(write_random_model(s, d.path()).ok());
     expect_parts_give_whole_bits(d.path(), {}, 2, false, {{0}, {1}});
     expect_parts_give_whole_bits(d.path(), held_as(quantization::int8), 2, false, {{1}, {0}});
   }
+  // vLLM's online FP8 of a BF16 checkpoint (a scale per whole matrix), also after --dtype.
+  const std::string dir = write(llama_spec());
+  expect_parts_give_whole_bits(dir, held_as(quantization::fp8), 2, false, {{0}, {1}});
+  expect_parts_give_whole_bits(dir, held_as(quantization::fp8, kernels::dtype::f16), 2, false, {{1}, {0}});
 }
 
 TEST_F(RankParts, MixturesOfExpertsWithAndWithoutExpertParallelism) {

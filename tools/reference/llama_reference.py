@@ -275,6 +275,36 @@ def quantize_int8(w):
     return (q * scale).view(rows, -1)[:, :cols].to(torch.float64)
 
 
+def e4m3_values(codes):
+    """The OCP e4m3fn values of non-negative codes (0..126): 2^(e-7) * (1 + m/8), or m/8 * 2^-6."""
+    e, m = (codes >> 3) & 15, (codes & 7).astype(np.float64)
+    return np.where(e == 0, m / 8.0 * 2.0 ** -6, (1.0 + m / 8.0) * np.exp2(e - 7.0))
+
+
+def quantize_fp8(ws):
+    """vLLM's online FP8 (llmesh --quantization fp8 on an unquantized checkpoint) of the
+    matrices `ws`, which vLLM holds as one fused layer (q, k, v; gate and up): one scale
+    max|w| / 448 over all of them, in float32; each weight times the scale's float32 reciprocal
+    (float32), rounded to the nearest e4m3 value (ties to the even code), saturating at 448;
+    dequantized as value * scale in float32. Returns the dequantized matrices as float64."""
+    w32 = [w.to(torch.float32).numpy() for w in ws]
+    scale = np.float32(max(float(np.abs(w).max()) for w in w32)) / np.float32(448.0)
+    if scale == 0:
+        return [torch.zeros_like(w) for w in ws]
+    inverse = np.float32(1.0) / scale
+    codes = np.arange(0, 127)
+    values = e4m3_values(codes)
+    out = []
+    for w in w32:
+        a = np.minimum(np.abs((w * inverse).astype(np.float32)).astype(np.float64), 448.0)
+        i = np.clip(np.searchsorted(values, a), 1, len(values) - 1)
+        lo, hi = values[i - 1], values[i]
+        up = (hi - a < a - lo) | ((hi - a == a - lo) & (codes[i] % 2 == 0))
+        v = np.where(up, hi, lo) * np.sign(w)
+        out.append(torch.from_numpy((v.astype(np.float32) * scale).astype(np.float64)))
+    return out
+
+
 # ---------------------------------------------------------------- config
 
 def load_config(model_dir):
@@ -547,6 +577,23 @@ class Model:
                 if "shared" in L:
                     L["shared"] = tuple(quantize_int8(w) for w in L["shared"])
             self.lm_head = quantize_int8(self.lm_head)
+        if quantize == "fp8":   # vLLM's fused layers share a scale; the LM head and routers stay
+            for L in self.layers:
+                if "q" in L:
+                    L["q"], L["k"], L["v"] = quantize_fp8([L["q"], L["k"], L["v"]])
+                L["o"], = quantize_fp8([L["o"]])
+                if "gate" in L:
+                    L["gate"], L["up"] = quantize_fp8([L["gate"], L["up"]])
+                    L["down"], = quantize_fp8([L["down"]])
+                for key in ("experts", "shared"):
+                    if key in L:
+                        xs = L["experts"] if key == "experts" else [L["shared"]]
+                        done = []
+                        for g, u, d in xs:
+                            g, u = quantize_fp8([g, u])
+                            d, = quantize_fp8([d])
+                            done.append((g, u, d))
+                        L[key] = done if key == "experts" else done[0]
         self.inv_freq = rope_inv_freq(cfg)
         self.inv_freq_local = None
         if cfg["local_theta"]:   # Gemma 3's sliding layers: their own base, never scaled
@@ -649,7 +696,7 @@ def main():
     ap.add_argument("--out-ids", required=True)
     ap.add_argument("--out-logits", required=True)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    ap.add_argument("--quantize", choices=("none", "int8", "gguf"), default="none",
+    ap.add_argument("--quantize", choices=("none", "int8", "gguf", "fp8"), default="none",
                     help="llmesh --quantization applied to the weights first")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -13,6 +13,7 @@ while IFS='|' read -r name prompt flags run_flags; do
   name=$(echo "$name" | xargs); prompt=$(echo "$prompt" | xargs)
   quantize=none
   [[ "${run_flags:-}" == *"--quantization int8"* ]] && quantize=int8
+  [[ "${run_flags:-}" == *"--quantization fp8"* ]] && quantize=fp8
   [[ -z "$name" || "$name" == \#* ]] && continue
   echo "== $name"
   # shellcheck disable=SC2086

@@ -66,7 +66,8 @@ struct random_model_spec {
   /// (fp8_weights.hpp): "fp8" (quant_method fp8, static: a float32 scale per tensor and an
   /// input_scale), "fp8-block" (weight_block_size [group_size, group_size], weight_scale_inv),
   /// "ct-fp8" (compressed-tensors FP8_DYNAMIC: bfloat16 scales per output), "ct-fp8-block"
-  /// (FP8_BLOCK); quantization_config in config.json. "": plain weights.
+  /// (FP8_BLOCK), "ct-fp8-group" (float16 scales per group of group_size inputs);
+  /// quantization_config in config.json. "": plain weights.
   std::string packed;
   size_t group_size = 32;  ///< inputs per scale and zero of a packed layer
 };

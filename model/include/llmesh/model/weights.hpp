@@ -170,11 +170,15 @@ class model {
   /// a 4-bit AWQ/GPTQ/compressed-tensors checkpoint or a GGUF file's Q4_0/Q4_1; "Q4_K", "Q6_K"
   /// as a GGUF file holds them), joined with "+"; empty when none. Such weights run on the CPU.
   const std::string& quantized_weights() const { return quantized_types_; }
-  /// Whether any weight matrix is held in blocks of 32 (int8 or int4: kernels::dtype::q8, q4),
-  /// whose rows a rank's row-parallel slice must cut on a block boundary. (A Q4_K / Q6_K slice
-  /// that would cut a super-block is copied by its rank as int8: shard_executor's row slices.)
+  /// Whether any weight matrix is held in blocks of 32 (int8, fp8 or int4: kernels::dtype::q8,
+  /// fp8, q4), whose rows a rank's row-parallel slice must cut on a block boundary. (A Q4_K /
+  /// Q6_K slice that would cut a super-block is copied by its rank as int8: shard_executor's
+  /// row slices.)
   bool holds_blocks_of_32() const {
-    return quantized_types_.find("int8") != std::string::npos || quantized_types_.find("int4") != std::string::npos;
+    for (const char* t : {"int8", "int4", "fp8"}) {
+      if (quantized_types_.find(t) != std::string::npos) return true;
+    }
+    return false;
   }
   /// load_options::ranks: the ranks whose parts it holds (nullopt: every rank's).
   const std::optional<rank_set>& held_ranks() const { return held_ranks_; }
