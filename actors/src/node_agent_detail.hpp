@@ -127,13 +127,13 @@ inline std::string lora_names(const model::model& m) {
 }
 
 /// How an assignment asks this node to load the model: invalid_request for a quantization or
-/// dtype this build does not know, unsupported for int8 on a CUDA node (refused before loading).
+/// dtype this build does not know, unsupported for int8 or fp8 on a CUDA node (refused before loading).
 inline result<model::load_options> load_options_of(const transport::assign_msg& a, model::backend device) {
   auto dtype = model::parse_weight_dtype(a.dtype.empty() ? "auto" : a.dtype);
   if (!dtype) return dtype.take_error();
   auto q = model::parse_quantization(a.quantization.empty() ? "none" : a.quantization);
   if (!q) return q.take_error();
-  if (*q == model::quantization::int8 && device == model::backend::cuda) {
+  if ((*q == model::quantization::int8 || *q == model::quantization::fp8) && device == model::backend::cuda) {
     return make_error(errc::unsupported, "quantization " + a.quantization + " runs on the CPU backend only, and this node's device is cuda");
   }
   if ((!a.loras.empty() || a.enable_lora) && device == model::backend::cuda) {

@@ -116,7 +116,7 @@ void add_bench(CLI::App& app, command_set& commands) {
   spsub->add_option("--concurrency", sp->concurrency, "Requests in flight")->check(CLI::Range(1, 4096))->capture_default_str();
   spsub->add_option("--temperature", sp->temperature, "0: greedy")->check(CLI::Range(0.0, 2.0))->capture_default_str();
   spsub->add_option("--threads", sp->threads, "Kernel threads; 0 = one per core")->check(CLI::Range(0, 1024));
-  spsub->add_option("--quantization", sp->quantization, "none or int8 (weight-only, blocks of 32)")->capture_default_str();
+  spsub->add_option("--quantization", sp->quantization, "none, int8 (weight-only, blocks of 32) or fp8")->capture_default_str();
   spsub->add_option("--draft-model", sp->draft_model,
                     "Draft with this model (same tokenizer) instead of prompt lookup: its greedy continuation");
   commands.emplace_back(spsub, [sp] { return bench::run_speculation_bench(*sp); });

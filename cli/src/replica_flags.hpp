@@ -45,8 +45,9 @@ inline void add_prefix_caching_flag(CLI::App* sub, bool& on) {
 inline void add_quantization_flag(CLI::App* sub, std::string& q) {
   sub->add_option("--quantization", q,
                   "Weights in memory: none (as stored) or int8 (weight-only, blocks of 32 with a float32 scale; "
-                  "CPU backend; about half the bytes per decode step of BF16); vLLM's awq (awq_marlin), gptq "
-                  "(gptq_marlin), compressed-tensors, gguf and fp8 name the checkpoint's own quantization (as none, "
+                  "CPU backend; about half the bytes per decode step of BF16); fp8: an FP8 checkpoint's own, or on an "
+                  "unquantized one vLLM's online FP8 (a scale per fused layer; CPU backend); vLLM's awq (awq_marlin), "
+                  "gptq (gptq_marlin), compressed-tensors and gguf name the checkpoint's own quantization (as none, "
                   "refused for another checkpoint)")
       ->check(CLI::Validator(
           [](std::string& s) {
@@ -57,11 +58,11 @@ inline void add_quantization_flag(CLI::App* sub, std::string& q) {
       ->capture_default_str();
 }
 
-/// Parses --quantization against --device before anything loads: int8 runs on the CPU only.
+/// Parses --quantization against --device before anything loads: int8 and fp8 run on the CPU only.
 [[nodiscard]] inline result<model::quantization> quantization_for(const std::string& flag, model::backend device) {
   auto q = model::parse_quantization(flag);
   if (!q) return q.take_error();
-  if (*q == model::quantization::int8 && device == model::backend::cuda) {
+  if ((*q == model::quantization::int8 || *q == model::quantization::fp8) && device == model::backend::cuda) {
     return make_error(errc::unsupported, "--quantization " + flag + " runs on the CPU backend only (use --device cpu or auto)");
   }
   return q;

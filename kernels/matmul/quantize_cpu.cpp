@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -123,31 +124,47 @@ error non_finite(size_t row) {
   return make_error(errc::invalid_request, "weight row " + std::to_string(row) + " holds a non-finite value; it cannot be quantized");
 }
 
+/// w rounded to `through` (F16 / BF16; else as is); nullopt beyond float16's range.
+std::optional<float> rounded(float w, dtype through) {
+  if (through == dtype::bf16) return bf16_to_f32(f32_to_bf16(w));
+  if (through != dtype::f16) return w;
+  if (std::fabs(w) > 65504.0f) return std::nullopt;
+  return f16_to_f32(f32_to_f16(w));
+}
+
+error beyond_f16(size_t row, float w) {
+  return make_error(errc::invalid_request, "weight row " + std::to_string(row) + " holds " + std::to_string(w) +
+                                               ", beyond float16's range (65504)");
+}
+
 }  // namespace
 
-result<float> max_abs(const void* src, dtype src_type, size_t rows, size_t cols, size_t first_row) {
+result<float> max_abs(const void* src, dtype src_type, size_t rows, size_t cols, size_t first_row, dtype through) {
   LLMESH_TRY(plain_source(src_type, "max_abs"));
   float m = 0.0f;
   for (size_t r = 0; r < rows; ++r) {
-    float row_max = 0.0f;
-    bool finite = true;
     for (size_t c = 0; c < cols; ++c) {
-      const float w = load_as_f32(src, src_type, r * cols + c);
-      finite = finite && std::isfinite(w);
-      row_max = std::max(row_max, std::fabs(w));
+      const float raw = load_as_f32(src, src_type, r * cols + c);
+      if (!std::isfinite(raw)) return non_finite(first_row + r);
+      const auto w = rounded(raw, through);
+      if (!w) return beyond_f16(first_row + r, raw);
+      if (!std::isfinite(*w)) return non_finite(first_row + r);  // a float32 beyond bfloat16's range
+      m = std::max(m, std::fabs(*w));
     }
-    if (!finite) return non_finite(first_row + r);
-    m = std::max(m, row_max);
   }
   return m;
 }
 
-status quantize_fp8(const void* src, dtype src_type, size_t rows, size_t cols, float scale, uint8_t* dst, size_t first_row) {
+status quantize_fp8(const void* src, dtype src_type, size_t rows, size_t cols, float scale, uint8_t* dst, size_t first_row,
+                    dtype through) {
   LLMESH_TRY(plain_source(src_type, "quantize_fp8"));
   if (!std::isfinite(scale) || scale < 0.0f) {
     return make_error(errc::invalid_request, "quantize_fp8: the scale " + std::to_string(scale) + " is not a finite non-negative number");
   }
+  // A scale below ~2^-126 has no finite reciprocal: zeros stay zero, anything else saturates
+  // (as vLLM's clamp does with its NaN or infinite products).
   const float inverse = scale == 0.0f ? 0.0f : 1.0f / scale;
+  const bool overflow = !std::isfinite(inverse);
   const size_t per_row = q8_row_elements(cols) / q8_block;
   for (size_t r = 0; r < rows; ++r) {
     for (size_t b = 0; b < per_row; ++b) {
@@ -159,9 +176,12 @@ status quantize_fp8(const void* src, dtype src_type, size_t rows, size_t cols, f
           block[4 + i] = 0;
           continue;
         }
-        const float w = load_as_f32(src, src_type, r * cols + c);
-        if (!std::isfinite(w)) return non_finite(first_row + r);
-        block[4 + i] = f32_to_f8_e4m3(w * inverse);
+        const float raw = load_as_f32(src, src_type, r * cols + c);
+        if (!std::isfinite(raw)) return non_finite(first_row + r);
+        const auto rw = rounded(raw, through);
+        if (!rw) return beyond_f16(first_row + r, raw);
+        const float w = *rw;
+        block[4 + i] = overflow ? (w == 0.0f ? uint8_t{0} : static_cast<uint8_t>(std::signbit(w) ? 0xfe : 0x7e)) : f32_to_f8_e4m3(w * inverse);
       }
     }
   }

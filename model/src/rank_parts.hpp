@@ -26,7 +26,8 @@ struct matrix_part {
   spans rows, cols;
   /// Held for one rank, a row-parallel matrix (one span of columns): written, where its
   /// columns fall on whole blocks (and a packed layer is taken exactly), as a matrix of its own
-  /// (model::column_slice), the full matrix's bytes never touched.
+  /// (model::column_slice), the full matrix's bytes never touched (but for online fp8's one
+  /// read of the whole matrix for its scale).
   bool own = false;
   bool whole() const { return !skip && rows.empty() && cols.empty(); }
 };

@@ -70,7 +70,7 @@ std::vector<convert_target> targets_of(model_weights& w, kernels::dtype to, bool
     }
     if (everything) {
       add_target(targets, &l.router, p + "router", to);
-      add_target(targets, &l.shared_gate, p + "shared expert gate", to);
+      add_target(targets, &l.shared_gate, p + "shared_expert_gate", to);  // the sigmoid gate, not the expert's gate_proj
     }
     for (size_t e = 0; e < l.experts.size(); ++e) {
       auto& x = l.experts[e];
@@ -91,7 +91,7 @@ std::vector<convert_target> targets_of(model_weights& w, kernels::dtype to, bool
 }
 
 result<std::shared_ptr<uint8_t>> rewrite(std::vector<convert_target>& targets, kernels::dtype to, const char* what,
-                                         const held_columns_of& held, std::vector<own_columns>& own) {
+                                         const held_columns_of& held, std::vector<own_columns>& own, kernels::dtype through) {
   const bool blocks = to == kernels::dtype::q8 || to == kernels::dtype::fp8;
   auto ld_of = [blocks](size_t cols) { return blocks ? kernels::q8_row_elements(cols) : cols; };
   auto bytes_of = [&](size_t rows, size_t cols) { return (kernels::dtype_bytes(to, rows * ld_of(cols)) + 63) / 64 * 64; };
@@ -133,11 +133,16 @@ result<std::shared_ptr<uint8_t>> rewrite(std::vector<convert_target>& targets, k
   // of it, whatever part the held ranks write, so every rank's part has the whole engine's scale.
   std::vector<float> fp8_scale(targets.size(), 0.0f);
   if (to == kernels::dtype::fp8) {
+    // A target no held rank reads (an expert of another node) is not read at all; the pages of
+    // one read only in part leave memory again after the scan.
     LLMESH_TRY(for_each_item(targets.size(), [&](size_t i) -> status {
-      const weight_matrix& w = targets[i].w();
-      auto m = kernels::max_abs(w.data, w.type, w.rows, w.cols);
-      if (!m) return make_error(errc::invalid_request, targets[i].name + ": " + m.err().message);
+      const convert_target& t = targets[i];
+      if (t.part.skip) return ok_status();
+      const weight_matrix& w = t.w();
+      auto m = kernels::max_abs(w.data, w.type, w.rows, w.cols, 0, through);
+      if (!m) return make_error(errc::invalid_request, t.name + ": " + m.err().message);
       fp8_scale[i] = *m;
+      if (!t.part.whole() && !t.shared) let_go(w.data, w.bytes());
       return ok_status();
     }));
     std::map<std::string, float> fused;
@@ -165,7 +170,7 @@ result<std::shared_ptr<uint8_t>> rewrite(std::vector<convert_target>& targets, k
     const weight_matrix& w = t.w();
     auto convert = [&](const uint8_t* src, size_t row0, size_t rows, size_t n, uint8_t* dst) -> status {
       auto s = to == kernels::dtype::q8    ? kernels::quantize_q8(src, w.type, rows, n, dst, row0)
-               : to == kernels::dtype::fp8 ? kernels::quantize_fp8(src, w.type, rows, n, fp8_scale[it.target], dst, row0)
+               : to == kernels::dtype::fp8 ? kernels::quantize_fp8(src, w.type, rows, n, fp8_scale[it.target], dst, row0, through)
                                            : kernels::convert_rows(src, w.type, rows, n, dst, to, row0);
       if (!s) return make_error(errc::invalid_request, t.name + ": " + s.err().message);
       return ok_status();

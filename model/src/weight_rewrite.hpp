@@ -1,8 +1,9 @@
 // Private: rewriting a loaded model's matrices in another type at load (model::quantize:
-// --quantization int8; model::cast: --dtype) into one new anonymous mapping, on every hardware
-// thread. Held for some ranks (load_options::ranks), only what they read is written; held for
-// one rank, a row-parallel matrix's columns are written as a matrix of their own
-// (model::column_slice) and its full view's pages are never touched.
+// --quantization int8 or online fp8; model::cast: --dtype) into one new anonymous mapping, on
+// every hardware thread. Held for some ranks (load_options::ranks), only what they read is
+// written; held for one rank, a row-parallel matrix's columns are written as a matrix of their
+// own (model::column_slice) and its full view's pages are never touched (online fp8 reads all
+// of a matrix once, for its scale, and lets those pages go).
 #pragma once
 
 #include <functional>
@@ -42,7 +43,8 @@ std::vector<convert_target> targets_of(model_weights& w, kernels::dtype to, bool
                                        const std::optional<rank_set>& ranks);
 
 /// Rewrites every target as `to` (q8: quantize_q8; fp8: quantize_fp8 with max|w| / 448 of the
-/// whole of vLLM's fused layer — q, k and v; gate and up — as its scale; else convert_rows)
+/// whole of vLLM's fused layer — q, k and v; gate and up — as its scale, each weight rounded
+/// to `through` first (the --dtype vLLM would quantize from); else convert_rows)
 /// into one new anonymous
 /// mapping, over up to 64 hardware threads, and points the views there; a target with own
 /// columns is written there (reading `held`'s copy of them when its source has one) and
@@ -50,6 +52,7 @@ std::vector<convert_target> targets_of(model_weights& w, kernels::dtype to, bool
 /// this process's resident memory (they stay in the page cache, clean). On an error no view
 /// has moved.
 [[nodiscard]] result<std::shared_ptr<uint8_t>> rewrite(std::vector<convert_target>& targets, kernels::dtype to, const char* what,
-                                                       const held_columns_of& held, std::vector<own_columns>& own);
+                                                       const held_columns_of& held, std::vector<own_columns>& own,
+                                                       kernels::dtype through = kernels::dtype::f32);
 
 }  // namespace llmesh::model::detail

@@ -79,8 +79,8 @@ result<quantization> parse_quantization(std::string_view s) {
                             "tpu_int8", "fp_quant", "auto-round", "rtn"}) {
     if (s == other) {
       return make_error(errc::unsupported, "--quantization " + std::string(s) +
-                                               " is not supported: llmesh quantizes to int8, or runs a checkpoint's own AWQ, "
-                                               "GPTQ, compressed-tensors, FP8 or GGUF quantization");
+                                               " is not supported: llmesh quantizes to int8 or (vLLM's online) fp8, or runs a "
+                                               "checkpoint's own AWQ, GPTQ, compressed-tensors, FP8 or GGUF quantization");
     }
   }
   return make_error(errc::invalid_request, "--quantization must be none, int8, awq (awq_marlin), gptq (gptq_marlin), "
@@ -227,7 +227,7 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
   // of some ranks' parts would not have all of it), then --dtype casts what stays unquantized.
   const bool quantize_first = opt.quant == quantization::fp8 && !m->config_.packed.float8;
   auto quantize = [&]() -> status {
-    if (auto s = m->quantize(opt.quant); !s) {
+    if (auto s = m->quantize(opt.quant, quantize_first && opt.dtype ? *opt.dtype : kernels::dtype::f32); !s) {
       error e = s.take_error();
       e.message = dir + ": " + e.message;
       return e;
@@ -409,7 +409,7 @@ status model::bind_experts(size_t layer) {
 }
 
 
-status model::quantize(quantization q) {
+status model::quantize(quantization q, kernels::dtype through) {
   const bool online_fp8 = q == quantization::fp8 && !config_.packed.float8;  // vLLM's online FP8
   if (q != quantization::int8 && !online_fp8) {  // none, or a checkpoint's own (load checked it)
     quant_ = q;
@@ -425,7 +425,8 @@ status model::quantize(quantization q) {
     else targets.back().shared = config_.tie_embeddings || !config_.has_lm_head;
   }
   std::vector<detail::own_columns> own;
-  auto store = detail::rewrite(targets, to, online_fp8 ? "fp8" : "int8", [this](const weight_matrix& w, size_t c0) { return column_slice(w, c0); }, own);
+  auto store = detail::rewrite(targets, to, online_fp8 ? "fp8" : "int8", [this](const weight_matrix& w, size_t c0) { return column_slice(w, c0); }, own,
+                               online_fp8 ? through : kernels::dtype::f32);
   if (!store) return store.take_error();
   quantized_ = std::move(*store);
   keep_column_slices(own);

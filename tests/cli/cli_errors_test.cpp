@@ -121,6 +121,8 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   expect_one_line_error(r, "multiple of 32");
   r = run_command(llmesh_bin + " generate --device cuda --model " + model_ + " --prompt-ids 1 --quantization int8");
   expect_one_line_error(r, "CPU backend only");
+  r = run_command(llmesh_bin + " generate --device cuda --model " + model_ + " --prompt-ids 1 --quantization fp8");  // before loading
+  expect_one_line_error(r, "--quantization fp8 runs on the CPU backend only");
   // vLLM's --chat-template (no such file, no template inline) and --max-model-len past the model's.
   r = run_command(llmesh_bin + " serve --model " + model_ + " --http 127.0.0.1:0 --rpc none --chat-template /no/such.jinja");
   expect_one_line_error(r, "--chat-template /no/such.jinja: no such file");

@@ -229,15 +229,22 @@ TEST(QuantizeFp8, OneScalePerTensorReciprocalMultiplyAndSaturation) {
   ASSERT_TRUE(quantize_fp8(zeros, dtype::f32, 1, 2, 0.0f, one.data()).ok());
   EXPECT_EQ(one[4], 0);
   EXPECT_EQ(load_as_f32(one.data(), dtype::fp8, 1), 0.0f);
+  // A scale whose reciprocal overflows (weights near 1e-37): zeros stay zero, the rest saturate.
+  const float tiny[3] = {0.0f, 1e-37f, -2e-37f};
+  ASSERT_TRUE(quantize_fp8(tiny, dtype::f32, 1, 3, 2e-37f / 448.0f, one.data()).ok());
+  EXPECT_EQ(one[4], 0);
+  EXPECT_EQ(one[5], 0x7e);
+  EXPECT_EQ(one[6], 0xfe);
   // Bad input: a non-finite weight (its row named), a bad scale, a quantized source.
   float nan_row[4] = {1.0f, 2.0f, NAN, 3.0f};
-  auto bad = quantize_fp8(nan_row, dtype::f32, 2, 2, 1.0f, one.data(), 7);
+  std::vector<uint8_t> two(dtype_bytes(dtype::fp8, 64));
+  auto bad = quantize_fp8(nan_row, dtype::f32, 2, 2, 1.0f, two.data(), 7);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.err().message.find("weight row 8"), std::string::npos) << bad.err().message;
   EXPECT_FALSE(max_abs(nan_row, dtype::f32, 2, 2).ok());
   EXPECT_FALSE(quantize_fp8(big, dtype::f32, 1, 2, -1.0f, one.data()).ok());
   EXPECT_FALSE(quantize_fp8(big, dtype::f32, 1, 2, INFINITY, one.data()).ok());
-  EXPECT_FALSE(quantize_fp8(one.data(), dtype::q8, 1, 2, 1.0f, one.data()).ok());
+  EXPECT_FALSE(quantize_fp8(two.data(), dtype::q8, 1, 2, 1.0f, one.data()).ok());
 }
 
 TEST(Quantize, OffsetsAndSizesOfQ8Data) {

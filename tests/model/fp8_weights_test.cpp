@@ -388,18 +388,26 @@ TEST(Fp8Weights, OnlineFp8QuantizesEachProjectionWithOneScaleAsVllm) {
   testing::temp_dir dir;
   auto spec = fp8_spec("");
   spec.n_layers = 2;
+  spec.intermediate = 192;  // tp 2: each rank's share of down_proj's columns is whole blocks
   ASSERT_TRUE(write_random_model(spec, dir.path()).ok());
-  // Random matrices share their largest magnitude: halve the k projections so that q, k and
-  // v's shared scale is not each one's own.
+  // Random matrices of one input width share their largest magnitude: halve k, o and up so
+  // that a shared scale is not each one's own (and o's and up's own are not q's and gate's),
+  // and give gate a large weight in row 0 and down one in column 0 (rank 0's part of each).
   rewrite(dir, [](tensor_spec& s) {
-    if (s.name.ends_with("k_proj.weight")) {
-      s.fill = [before = s.fill](std::span<uint8_t> out) {
+    const bool halve = s.name.ends_with("k_proj.weight") || s.name.ends_with("o_proj.weight") || s.name.ends_with("up_proj.weight");
+    const bool outlier = s.name.ends_with("layers.0.mlp.gate_proj.weight") || s.name.ends_with("layers.0.mlp.down_proj.weight");
+    if (halve || outlier) {
+      s.fill = [before = s.fill, halve](std::span<uint8_t> out) {
         before(out);
-        for (size_t i = 0; i + 1 < out.size(); i += 2) {
+        for (size_t i = 0; halve && i + 1 < out.size(); i += 2) {
           uint16_t h;
           std::memcpy(&h, out.data() + i, 2);
           h = kernels::f32_to_bf16(kernels::bf16_to_f32(h) * 0.5f);
           std::memcpy(out.data() + i, &h, 2);
+        }
+        if (!halve) {
+          const uint16_t big = kernels::f32_to_bf16(1.5f);
+          std::memcpy(out.data(), &big, 2);  // row 0, column 0
         }
       };
     }
@@ -427,6 +435,8 @@ TEST(Fp8Weights, OnlineFp8QuantizesEachProjectionWithOneScaleAsVllm) {
     };
     const float qkv = amax_of({&p.q, &p.k, &p.v}), gate_up = amax_of({&p.gate, &p.up});
     EXPECT_EQ(qkv, 2.0f * amax_of({&p.k}));
+    EXPECT_GT(gate_up, amax_of({&p.up}));  // up's shared scale is not its own
+    if (layer == 0) EXPECT_EQ(gate_up, 1.5f);
     for (auto [from, to, amax] : {std::tuple{&p.q, &q.q, qkv}, {&p.k, &q.k, qkv}, {&p.v, &q.v, qkv}, {&p.o, &q.o, amax_of({&p.o})},
                                   {&p.gate, &q.gate, gate_up}, {&p.up, &q.up, gate_up}, {&p.down, &q.down, amax_of({&p.down})}}) {
       ASSERT_EQ(from->type, dtype::bf16);
@@ -447,16 +457,65 @@ TEST(Fp8Weights, OnlineFp8QuantizesEachProjectionWithOneScaleAsVllm) {
       EXPECT_EQ(differ, 0u);
     }
   }
-  // Held for one rank of two, a matrix keeps the whole matrix's scale.
+  // Held for rank 1 of two, gate's rows and down's columns keep the whole matrix's scale,
+  // though the large weight is in rank 0's part.
   load_options r = o;
   r.ranks = rank_set{2, false, {1}};
   auto part = model::load(dir.path(), r);
   ASSERT_TRUE(part.ok()) << part.err().message;
-  float whole, half;
-  std::memcpy(&whole, (*m)->weights().layers[0].gate.data, 4);
-  std::memcpy(&half, static_cast<const uint8_t*>((*part)->weights().layers[0].gate.data) +
-                         kernels::dtype_offset(dtype::fp8, (spec.intermediate - 1) * (*m)->weights().layers[0].gate.ld()), 4);
-  EXPECT_EQ(whole, half);
+  auto scale_at = [](const weight_matrix& w, size_t row, size_t col) {
+    float s;
+    std::memcpy(&s, static_cast<const uint8_t*>(w.data) + kernels::dtype_offset(dtype::fp8, row * w.ld() + col), 4);
+    return s;
+  };
+  const auto& whole = (*m)->weights().layers[0];
+  const auto& held1 = (*part)->weights().layers[0];
+  EXPECT_EQ(scale_at(whole.gate, 0, 0), 1.5f / 448.0f);
+  EXPECT_EQ(scale_at(held1.gate, spec.intermediate - 1, 0), 1.5f / 448.0f);
+  EXPECT_EQ(scale_at(whole.down, 0, 0), 1.5f / 448.0f);
+  const weight_matrix* cols = (*part)->column_slice(held1.down, spec.intermediate / 2);
+  ASSERT_NE(cols, nullptr);
+  EXPECT_EQ(scale_at(*cols, 0, 0), 1.5f / 448.0f);
+  EXPECT_EQ(scale_at(*cols, spec.hidden - 1, 0), 1.5f / 448.0f);
+}
+
+TEST(Fp8Weights, OnlineFp8RoundsThroughANarrowerDtypeFirst) {
+  // --dtype float16 --quantization fp8 on a float32 checkpoint: vLLM quantizes the float16
+  // copy, so each weight (and the scale's maximum) is rounded to float16 first.
+  testing::temp_dir dir;
+  auto spec = fp8_spec("");
+  spec.dtype = dtype::f32;
+  ASSERT_TRUE(write_random_model(spec, dir.path()).ok());
+  auto plain = model::load(dir.path());
+  ASSERT_TRUE(plain.ok());
+  load_options o;
+  o.quant = quantization::fp8;
+  o.dtype = dtype::f16;
+  auto m = model::load(dir.path(), o);
+  ASSERT_TRUE(m.ok()) << m.err().message;
+  EXPECT_EQ((*m)->weights().lm_head.type, dtype::f16);  // cast after
+  const auto& from = (*plain)->weights().layers[0].o;
+  const auto& to = (*m)->weights().layers[0].o;
+  ASSERT_EQ(to.type, dtype::fp8);
+  auto through = [](float w) { return kernels::f16_to_f32(kernels::f32_to_f16(w)); };
+  const auto w = held(from);
+  float amax = 0.0f, raw = 0.0f;
+  for (float v : w) {
+    amax = std::max(amax, std::fabs(through(v)));
+    raw = std::max(raw, std::fabs(v));
+  }
+  EXPECT_NE(amax, raw);  // the float32 maximum is no float16: the scale tells the two apart
+  const float scale = amax / 448.0f, inverse = 1.0f / scale;
+  size_t differ = 0;
+  for (size_t r = 0; r < to.rows; ++r) {
+    for (size_t c = 0; c < to.cols; ++c) {
+      const uint8_t* block = static_cast<const uint8_t*>(to.data) + kernels::dtype_offset(dtype::fp8, r * to.ld() + c / 32 * 32);
+      float s;
+      std::memcpy(&s, block, 4);
+      differ += s != scale || block[4 + c % 32] != kernels::f32_to_f8_e4m3(through(w[r * to.cols + c]) * inverse);
+    }
+  }
+  EXPECT_EQ(differ, 0u);
 }
 
 }  // namespace

@@ -81,7 +81,7 @@ struct model_spec {
   std::string chat_template;
   size_t max_model_len = 0;  ///< the context gateways grant (--max-model-len; 0: the model's)
   placement place = placement::packed;
-  std::string quantization = "none";  ///< how replica nodes hold the weights: none | int8, or the checkpoint's method (--quantization)
+  std::string quantization = "none";  ///< how replica nodes hold the weights: none | int8 | fp8 (online), or the checkpoint's method (--quantization)
   std::string dtype = "auto";         ///< the weight matrices' type: auto | float32 | bfloat16 | float16 (--dtype)
   /// How gateways split chat output's thinking (--reasoning-parser): none | deepseek_r1 | qwen3
   std::string reasoning_parser = "none";

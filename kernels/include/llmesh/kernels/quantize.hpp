@@ -46,19 +46,24 @@ constexpr size_t q8_row_elements(size_t cols) { return (cols + q8_block - 1) / q
                                  size_t first_row = 0);
 
 /// The largest |w| of `rows` rows of `cols` weights (row-major, F32/F16/BF16): an online FP8
-/// tensor's scale is it / 448. Fails with invalid_request on a non-finite weight (the row
-/// named, counted from `first_row`) or another type.
-[[nodiscard]] result<float> max_abs(const void* src, dtype src_type, size_t rows, size_t cols, size_t first_row = 0);
+/// tensor's scale is it / 448. With `through` F16 or BF16, each weight is first rounded to it
+/// (vLLM quantizes the weights as --dtype holds them). Fails with invalid_request on a
+/// non-finite weight (the row named, counted from `first_row`), one beyond float16's range
+/// through F16, or another type.
+[[nodiscard]] result<float> max_abs(const void* src, dtype src_type, size_t rows, size_t cols, size_t first_row = 0,
+                                    dtype through = dtype::f32);
 
 /// vLLM's online FP8 (`--quantization fp8` on an unquantized checkpoint): `rows` rows of `cols`
 /// weights (row-major, F32/F16/BF16) into fp8 rows of q8_row_elements(cols) (dst holds
 /// dtype_bytes(fp8, rows * q8_row_elements(cols)) bytes), every block with the tensor's
 /// `scale` (max|w| / 448); code = e4m3(w · (1 / scale)) rounded to nearest even, saturating at
 /// ±448 (vLLM's kernel multiplies by the reciprocal and clamps); scale 0 (an all-zero tensor)
-/// gives zero codes. The padding of a row's last block is code 0. Fails with invalid_request on
+/// gives zero codes, and a scale without a finite reciprocal zero codes for zeros and ±448 for
+/// the rest. The padding of a row's last block is code 0. Fails with invalid_request on
 /// a non-finite weight, a scale that is negative or not finite, or another type.
+/// `through` as for max_abs.
 [[nodiscard]] status quantize_fp8(const void* src, dtype src_type, size_t rows, size_t cols, float scale, uint8_t* dst,
-                                  size_t first_row = 0);
+                                  size_t first_row = 0, dtype through = dtype::f32);
 
 /// Writes `rows` rows of `cols` weights (row-major, src_type F32/F16/BF16) to dst as dst_type
 /// (F32/F16/BF16): widening is exact, narrowing rounds to nearest even (dtype.hpp's

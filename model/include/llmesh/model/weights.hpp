@@ -46,7 +46,7 @@ enum class quantization : uint8_t {
   gptq,                ///< "gptq" or "gptq_marlin": a GPTQ checkpoint
   compressed_tensors,  ///< "compressed-tensors": an llm-compressor checkpoint
   gguf,                ///< "gguf": a GGUF file
-  fp8,                 ///< "fp8": a checkpoint whose quantization_config is quant_method fp8
+  fp8,                 ///< "fp8": an FP8 checkpoint (quant_method fp8), or vLLM's online FP8 of an unquantized one
 };
 
 /// "none", "int8", "awq", "gptq", "compressed-tensors", "gguf", "fp8".
@@ -73,12 +73,16 @@ struct load_options {
   /// --dtype: every weight matrix (embedding, projections, LM head, MoE router) is rewritten
   /// in this type at load (nullopt: as stored; int8 matrices of a quantized GGUF stay so).
   /// Widening is exact; narrowing rounds to nearest even, and a float16 cast refuses weights
-  /// beyond its range. Activations and norms stay float32 either way. Applied before `quant`.
+  /// beyond its range. Activations and norms stay float32 either way. Applied before `quant`
+  /// (online fp8: after it, the weights rounded to this type as they are quantized, as vLLM
+  /// quantizes the --dtype copy).
   std::optional<kernels::dtype> dtype;
   /// int8: q, k, v, o, gate, up, down and the LM head are quantized at load (the embedding
   /// gather keeps the checkpoint's rows). About 1.1 bytes per weight instead of 2 (BF16): a
-  /// memory-bound decode step reads half as much. awq, gptq, compressed_tensors, gguf: as
-  /// none, refused (invalid_request) unless the checkpoint is of that kind.
+  /// memory-bound decode step reads half as much. fp8: an FP8 checkpoint as none; else vLLM's
+  /// online FP8 (weight_rewrite.hpp: the projections, a scale per fused layer). awq, gptq,
+  /// compressed_tensors, gguf: as none, refused (invalid_request) unless the checkpoint is of
+  /// that kind.
   quantization quant = quantization::none;
   /// LoRA adapters served beside the model (--lora-modules), loaded at start, with ids 0, 1, ...
   /// in this order; a step sequence names one by its id (step_sequence::lora).
@@ -232,7 +236,8 @@ class model {
   /// The classifier's score head: score.weight, or the LM head's rows of classifier_from_token's
   /// tokens (looked up in `tokenizer_dir`'s tokenizer). Before cast and quantize (classifier.cpp).
   status bind_classifier(const std::string& tokenizer_dir);
-  status quantize(quantization q);
+  /// `through`: online fp8 rounds each weight to it first (the --dtype it runs before).
+  status quantize(quantization q, kernels::dtype through = kernels::dtype::f32);
   /// Held for some ranks: copies each rank's columns of the row-parallel matrices into
   /// column_slices_ and lets the full matrices' pages go (column_slices.cpp).
   status compact_columns();
