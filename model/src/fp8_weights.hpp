@@ -5,7 +5,8 @@
 // w[o][i] = e4m3(q[o][i]) · s, where s is
 // - one per tensor: X.weight_scale of shape [] or [1] (vLLM's and AutoFP8's quant_method fp8
 //   without weight_block_size; compressed-tensors' strategy "tensor");
-// - one per output: [out] or [out, 1] (compressed-tensors' strategy "channel", FP8_DYNAMIC);
+// - one per output: [out] or [out, 1] (compressed-tensors' strategy "channel", FP8_DYNAMIC;
+//   quant_method fbgemm_fp8);
 // - one per group of group_size inputs of an output: [out, ceil(in / group_size)]
 //   (compressed-tensors' strategy "group");
 // - one per block of block_rows × block_cols: [ceil(out / rows), ceil(in / cols)]
@@ -28,8 +29,9 @@
 
 namespace llmesh::model::detail {
 
-/// quant_method "fp8" (vLLM's and transformers' FP8 config) into p: fmt e4m3 (e5m2 refused),
-/// activation_scheme dynamic or static, weight_block_size [rows, cols] or none.
+/// quant_method "fp8" (vLLM's and transformers' FP8 config) or "fbgemm_fp8" (Meta's
+/// Llama 3.1 FP8 releases: a weight_scale per output, [out, 1]) into p: fmt e4m3 (e5m2
+/// refused), activation_scheme dynamic or static, weight_block_size [rows, cols] or none.
 [[nodiscard]] status parse_fp8_config(const nlohmann::json& q, model_config::packed_config& p);
 
 /// compressed-tensors' float-quantized format (llm-compressor's FP8, FP8_DYNAMIC, FP8_BLOCK)

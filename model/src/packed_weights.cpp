@@ -422,7 +422,7 @@ status parse_packed_config(const json& j, model_config& c) {
   const std::string m = q["quant_method"].get<std::string>();
   auto& p = c.packed;
   if (m == "compressed-tensors") return parse_compressed(q, p);
-  if (m == "fp8") return parse_fp8_config(q, p);
+  if (m == "fp8" || m == "fbgemm_fp8") return parse_fp8_config(q, p);  // fbgemm_fp8: Meta's FP8 releases, per-channel scales
   auto bits = integer(q, {"bits", "w_bit"}, 4);
   if (!bits) return bits.take_error();
   if (*bits < 1 || *bits > 32) return bad("'bits' must be 1..32");

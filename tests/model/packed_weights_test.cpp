@@ -18,6 +18,7 @@
 #include "llmesh/model/engine.hpp"
 #include "llmesh/model/random_model.hpp"
 #include "llmesh/model/safetensors.hpp"
+#include "checkpoint_edit.hpp"
 #include "temp_dir.hpp"
 
 namespace llmesh::model {
@@ -212,7 +213,7 @@ std::string with_quantization_config(const testing::temp_dir& dir, const json& q
 
 TEST(PackedWeights, QuantizationConfigsReadOrRefusedByName) {
   const std::pair<json, std::string> refused[] = {
-      {{{"quant_method", "fbgemm_fp8"}, {"activation_scale_ub", 1200.0}}, "quant_method 'fbgemm_fp8' is not supported"},
+      {{{"quant_method", "mxfp4"}}, "quant_method 'mxfp4' is not supported"},
       {{{"quant_method", "compressed-tensors"}, {"format", "int-quantized"}}, "compressed-tensors format 'int-quantized' is not supported"},
       {ct_config([](json& q) { q["config_groups"]["group_0"]["input_activations"] = {{"num_bits", 8}}; }),
        "quantized input_activations (W8A8) is not supported"},
@@ -265,29 +266,6 @@ TEST(PackedWeights, QuantizationConfigsReadOrRefusedByName) {
   ASSERT_FALSE(unset.ok());
   EXPECT_NE(unset.err().message.find("is packed, but config.json has no quantization_config"), std::string::npos)
       << unset.err().message;
-}
-
-/// The model's tensors rewritten through `change` (name → spec; return false to drop it).
-void rewrite(const testing::temp_dir& dir, const std::function<bool(tensor_spec&)>& change) {
-  auto st = tensor_store::open(dir.path());
-  ASSERT_TRUE(st.ok());
-  std::vector<tensor_spec> specs;
-  std::vector<std::string> names = st->names();
-  for (const auto& n : st->integer_names()) names.push_back(n);
-  for (const auto& n : names) {
-    auto t = st->contains(n) ? st->get(n) : st->get_i32(n);
-    if (!t.ok() && st->integers(n).ok()) {  // an int64 tensor (compressed-tensors' weight_shape)
-      const auto v = st->integers(n).value();
-      specs.push_back({n, dtype::f32, {v.size()}, [v](std::span<uint8_t> out) { std::memcpy(out.data(), v.data(), out.size()); }, 8});
-      continue;
-    }
-    ASSERT_TRUE(t.ok());
-    std::vector<uint8_t> bytes(static_cast<const uint8_t*>(t->data), static_cast<const uint8_t*>(t->data) + t->bytes);
-    tensor_spec s{n, t->type, t->shape, [bytes](std::span<uint8_t> out) { std::memcpy(out.data(), bytes.data(), std::min(out.size(), bytes.size())); },
-                  t->int_bytes};
-    if (change(s)) specs.push_back(std::move(s));
-  }
-  ASSERT_TRUE(write_safetensors(dir / "model.safetensors", specs).ok());
 }
 
 TEST(PackedWeights, BrokenPackedTensorsAreRefusedNamingThem) {
