@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <new>
 
 #include "llmesh/kernels/quantize.hpp"
 #include "load_threads.hpp"
@@ -37,23 +36,14 @@ status block_shape(const json& v, const char* key, model_config::packed_config& 
   return ok_status();
 }
 
-/// One FP8 layer, checked, ready to write.
-struct fp8_layer {
+/// One FP8 layer, checked, ready to write (as fp8 blocks).
+struct fp8_layer : block_layer {
+  fp8_layer() { type = k::dtype::fp8; }
   std::string name;  ///< X (its tensors are X.weight and the scale)
   std::string scale_name;
   tensor_view w, s;
-  size_t out = 0, in = 0;
   scales_kind kind = scales_kind::tensor;
   size_t rows_per = 1, cols_per = 1, scale_cols = 1;  ///< a scale's span, and the scale tensor's row length
-  matrix_part part;
-  spans cols;
-  bool own = false;
-  uint8_t* full = nullptr;
-  uint8_t* bytes = nullptr;
-  size_t row_bytes() const { return k::dtype_bytes(k::dtype::fp8, k::q8_row_elements(in)); }
-  size_t written_in() const { return own ? cols.front().second - cols.front().first : in; }
-  size_t written_row_bytes() const { return k::dtype_bytes(k::dtype::fp8, k::q8_row_elements(written_in())); }
-  size_t first_block() const { return own ? cols.front().first / k::q8_block : 0; }
   float scale(size_t o, size_t i) const {
     switch (kind) {
       case scales_kind::tensor: return k::load_as_f32(s.data, s.type, 0);
@@ -61,13 +51,6 @@ struct fp8_layer {
       case scales_kind::group: case scales_kind::block: break;
     }
     return k::load_as_f32(s.data, s.type, (o / rows_per) * scale_cols + i / cols_per);
-  }
-  bool held(size_t i0) const {
-    if (cols.empty()) return true;
-    for (const auto& [b, e] : cols) {
-      if (i0 >= b && i0 < e) return true;
-    }
-    return false;
   }
 };
 
@@ -143,7 +126,7 @@ status write_rows(const fp8_layer& l, size_t o0, size_t o1) {
     uint8_t* dst = l.bytes + o * row_bytes;
     for (size_t b = 0; b * k::q8_block < l.in; ++b) {
       const size_t i0 = b * k::q8_block, n = std::min(k::q8_block, l.in - i0);
-      if (!l.held(i0)) continue;
+      if (!l.holds(i0)) continue;
       const float s = l.scale(o, i0);
       uint8_t* block = dst + (b - l.first_block()) * k::q8_block_bytes;
       std::memcpy(block, &s, 4);
@@ -248,13 +231,7 @@ status convert_fp8_weights(tensor_store& store, const model_config::packed_confi
     layers.push_back(std::move(*l));
   }
   if (layers.empty()) return ok_status();
-  // One anonymous mapping for every layer, laid out as unpack_packed_weights lays out its own.
-  auto bytes_of = [](const fp8_layer& l) { return l.out * l.row_bytes(); };
-  const auto layout = lay_out_weights(
-      layers.size(), [&](size_t i) { return layers[i].own || small_pages(layers[i].part, bytes_of(layers[i])); },
-      [&](size_t i) { return bytes_of(layers[i]); },
-      [&](size_t i) { return layers[i].own ? layers[i].out * layers[i].written_row_bytes() : 0; });
-  auto mapped = weight_mapping(layout.huge, layout.total, "FP8 weights");
+  auto mapped = map_block_layers(layers, "FP8 weights");
   if (!mapped) return mapped.take_error();
   const std::shared_ptr<uint8_t> owner = std::move(*mapped);
   struct item {
@@ -262,23 +239,15 @@ status convert_fp8_weights(tensor_store& store, const model_config::packed_confi
   };
   std::vector<item> items;
   for (size_t i = 0; i < layers.size(); ++i) {
-    layers[i].full = owner.get() + layout.at[i];
-    layers[i].bytes = layers[i].own ? owner.get() + layout.own_at[i] : layers[i].full;
     for_row_runs(layers[i].part, layers[i].out, 64, [&](size_t o, size_t n) { items.push_back({i, o, o + n}); });
   }
-  LLMESH_TRY(for_each_item(items.size(), [&](size_t n) -> status {
-    try {
-      return write_rows(layers[items[n].layer], items[n].o0, items[n].o1);
-    } catch (const std::bad_alloc&) {
-      return make_error(errc::io_error, layers[items[n].layer].name + ": out of memory while converting it");
-    }
-  }));
+  LLMESH_TRY(for_each_item(items.size(), [&](size_t n) { return write_rows(layers[items[n].layer], items[n].o0, items[n].o1); }));
   for (auto& l : layers) {
     tensor_view t;
     t.type = k::dtype::fp8;
     t.shape = {l.out, l.in};
     t.data = l.full;
-    t.bytes = bytes_of(l);
+    t.bytes = l.out * l.row_bytes();
     LLMESH_TRY(store.replace(l.name + ".weight", std::move(t), owner));
     if (l.own) own->push_back({l.full, l.cols.front().first, weight_matrix{l.bytes, k::dtype::fp8, l.out, l.written_in()}});
     let_go(l.w.data, l.w.bytes);  // the checkpoint's codes leave resident memory (page cache, clean)

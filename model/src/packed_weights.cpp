@@ -48,28 +48,17 @@ uint32_t word(const tensor_view& t, size_t w) {
   return v;
 }
 
-/// One packed layer, checked, ready to unpack.
-struct packed_layer {
+/// One packed layer, checked, ready to unpack: written as q8 blocks, or q4 where exact, 4
+/// bits, and every scale·zero exact in float32 (block_layer::type).
+struct packed_layer : block_layer {
   std::string name;         ///< X (its tensors are X.qweight, ... or X.weight_packed, ...)
   std::string scales_name;  ///< X.scales or X.weight_scale
   tensor_view qweight, qzeros, scales;
   bool has_zeros = true;        ///< compressed-tensors' symmetric schemes store none (zero 0)
   std::vector<uint32_t> group;  ///< per input, its group
-  size_t in = 0, out = 0, groups = 0;
+  size_t groups = 0;
   bool exact = true;  ///< every 32-input block in one group, every q − z within int8
-  k::dtype type = k::dtype::q8;  ///< q4 where exact, 4 bits, and every scale·zero exact in float32
-  matrix_part part;              ///< what is unpacked (load_options::ranks; default: all)
-  spans cols;                    ///< the part's columns, on blocks of 32 (empty: whole rows)
-  bool own = false;              ///< cols (one span) written as a matrix of their own (part.own)
-  uint8_t* full = nullptr;       ///< the [out, in] matrix of int8 (or int4) blocks
-  uint8_t* bytes = nullptr;      ///< where rows are written: `full`, or (own) the columns' matrix
-  size_t row_bytes() const { return k::dtype_bytes(type, k::q8_row_elements(in)); }
-  /// Inputs of a written row, its bytes, and the block of `full` its first block is.
-  size_t written_in() const { return own ? cols.front().second - cols.front().first : in; }
-  size_t written_row_bytes() const { return k::dtype_bytes(type, k::q8_row_elements(written_in())); }
-  size_t first_block() const { return own ? cols.front().first / k::q8_block : 0; }
 };
-static_assert(k::q4_block == k::q8_block, "a column span on blocks of 32 is whole blocks of both");
 
 /// What a stored 4-bit quant is offset by in a q4 nibble: compressed-tensors' quants() are
 /// signed (stored − 8), AWQ's and GPTQ's the stored nibble.
@@ -117,15 +106,6 @@ float scale(const packed_layer& l, const model_config::packed_config& p, size_t 
   return k::load_as_f32(l.scales.data, l.scales.type, p.kind == method::compressed ? o * l.groups + g : g * l.out + o);
 }
 
-/// Whether the block of 32 inputs from i0 is in the layer's part.
-bool held(const packed_layer& l, size_t i0) {
-  if (l.cols.empty()) return true;
-  for (const auto& [b, e] : l.cols) {
-    if (i0 >= b && i0 < e) return true;
-  }
-  return false;
-}
-
 /// Output row o of a q4 layer: per block of 32 inputs (one group), the factor s, the offset
 /// s·(z + nibble_offset) (exact: set_groups checked) and the stored nibbles; the padding of a
 /// short last block is nibble 0 (never read: the kernels stop at the row's length).
@@ -133,7 +113,7 @@ status unpack_q4_row(const packed_layer& l, const model_config::packed_config& p
   const int off = nibble_offset(p);
   for (size_t b = 0; b * k::q4_block < l.in; ++b) {
     const size_t i0 = b * k::q4_block, g = l.group[i0];
-    if (!held(l, i0)) continue;
+    if (!l.holds(i0)) continue;
     const float s = scale(l, p, g, o);
     if (!std::isfinite(s)) return make_error(errc::invalid_request, l.scales_name + ": a scale is not finite");
     const int z = zero(l, p, g, o) + off;
@@ -165,7 +145,7 @@ status unpack_rows(const packed_layer& l, const model_config::packed_config& p, 
     if (l.exact) {
       for (size_t b = 0; b * k::q8_block < l.in; ++b) {
         const size_t i0 = b * k::q8_block, g = l.group[i0];
-        if (!held(l, i0)) continue;
+        if (!l.holds(i0)) continue;
         const float s = scale(l, p, g, o);
         if (!std::isfinite(s)) return make_error(errc::invalid_request, l.scales_name + ": a scale is not finite");
         const int z = zero(l, p, g, o);
@@ -486,30 +466,17 @@ status unpack_packed_weights(tensor_store& store, const model_config::packed_con
   }
   if (layers.empty()) return ok_status();
   // One anonymous mapping for every layer's int8 or int4 rows (an allocation that fails is an
-  // error, not an exception): layers unpacked whole or by rows, and own columns' matrices,
-  // first, under huge pages (as for --quantization int8); those held in small parts
-  // (load_options::ranks: by columns, not at all, by rows of a small matrix; and the full
-  // matrices of own columns, never written) after, under small pages, so only what is written
-  // takes memory.
-  auto bytes_of = [](const packed_layer& l) { return l.out * l.row_bytes(); };
-  const auto layout = lay_out_weights(
-      layers.size(), [&](size_t i) { return layers[i].own || small_pages(layers[i].part, bytes_of(layers[i])); },
-      [&](size_t i) { return bytes_of(layers[i]); },
-      [&](size_t i) { return layers[i].own ? layers[i].out * layers[i].written_row_bytes() : 0; });
-  auto mapped = weight_mapping(layout.huge, layout.total, "unpacked weights");
+  // error, not an exception).
+  auto mapped = map_block_layers(layers, "unpacked weights");
   if (!mapped) return mapped.take_error();
   const std::shared_ptr<uint8_t> owner = std::move(*mapped);
-  for (size_t i = 0; i < layers.size(); ++i) {
-    layers[i].full = owner.get() + layout.at[i];
-    layers[i].bytes = layers[i].own ? owner.get() + layout.own_at[i] : layers[i].full;
-  }
   LLMESH_TRY(unpack_all(layers, p));
   for (auto& l : layers) {
     tensor_view t;
     t.type = l.type;
     t.shape = {l.out, l.in};
     t.data = l.full;
-    t.bytes = bytes_of(l);
+    t.bytes = l.out * l.row_bytes();
     LLMESH_TRY(store.add(l.name + ".weight", std::move(t), owner));
     if (l.own) own->push_back({l.full, l.cols.front().first, weight_matrix{l.bytes, l.type, l.out, l.written_in()}});
     // The packed pages leave resident memory (they stay in the page cache, clean).

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "llmesh/kernels/dtype.hpp"
+#include "llmesh/kernels/quantize.hpp"
 #include "llmesh/model/weights.hpp"
 
 namespace llmesh::model::detail {
@@ -99,11 +100,58 @@ struct weight_layout {
 weight_layout lay_out_weights(size_t n, const std::function<bool(size_t)>& small, const std::function<size_t(size_t)>& bytes,
                               const std::function<size_t(size_t)>& own_bytes);
 
+/// A matrix [out, in] written at load in blocks of 32 inputs (q8, q4 or fp8: an unpacked
+/// packed layer, an FP8 layer), and what of it the held ranks read.
+struct block_layer {
+  size_t in = 0, out = 0;
+  kernels::dtype type = kernels::dtype::q8;
+  matrix_part part;         ///< what is written (load_options::ranks; default: all)
+  spans cols;               ///< the part's columns, on blocks of 32 (empty: whole rows)
+  bool own = false;         ///< cols (one span) written as a matrix of their own (part.own)
+  uint8_t* full = nullptr;  ///< the [out, in] matrix of blocks
+  uint8_t* bytes = nullptr; ///< where rows are written: `full`, or (own) the columns' matrix
+  size_t row_bytes() const { return kernels::dtype_bytes(type, kernels::q8_row_elements(in)); }
+  /// Inputs of a written row, its bytes, and the block of `full` its first block is.
+  size_t written_in() const { return own ? cols.front().second - cols.front().first : in; }
+  size_t written_row_bytes() const { return kernels::dtype_bytes(type, kernels::q8_row_elements(written_in())); }
+  size_t first_block() const { return own ? cols.front().first / kernels::q8_block : 0; }
+  /// Whether the block of 32 inputs from i0 is written.
+  bool holds(size_t i0) const {
+    if (cols.empty()) return true;
+    for (const auto& [b, e] : cols) {
+      if (i0 >= b && i0 < e) return true;
+    }
+    return false;
+  }
+};
+static_assert(kernels::q4_block == kernels::q8_block, "a column span on blocks of 32 is whole blocks of each");
+
 /// One anonymous mapping of `total` bytes for weights written at load, whose pages take memory
 /// only once written (MAP_NORESERVE): huge pages advised for [0, huge), fewer TLB misses while
 /// decode streams them; small pages after, where parts held in small pieces lie (a huge page
 /// would back other ranks' rows). io_error naming `what` when it cannot be had; null for 0.
 [[nodiscard]] result<std::shared_ptr<uint8_t>> weight_mapping(size_t huge, size_t total, const std::string& what);
+
+/// One weight_mapping (named `what`) for every layer's blocks: those written whole or by rows
+/// of a large matrix, and own columns' matrices, first, under huge pages; those held in small
+/// parts (by columns, not at all, by rows of a small matrix; and the full matrices of own
+/// columns, never written) after, under small pages, so only what is written takes memory.
+/// Points each layer's full and bytes there; the mapping's owner, or io_error.
+template <class Layer>
+[[nodiscard]] result<std::shared_ptr<uint8_t>> map_block_layers(std::vector<Layer>& layers, const std::string& what) {
+  auto bytes_of = [](const block_layer& l) { return l.out * l.row_bytes(); };
+  const auto layout = lay_out_weights(
+      layers.size(), [&](size_t i) { return layers[i].own || small_pages(layers[i].part, bytes_of(layers[i])); },
+      [&](size_t i) { return bytes_of(layers[i]); },
+      [&](size_t i) { return layers[i].own ? layers[i].out * layers[i].written_row_bytes() : 0; });
+  auto mapped = weight_mapping(layout.huge, layout.total, what);
+  if (!mapped) return mapped.take_error();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    layers[i].full = mapped->get() + layout.at[i];
+    layers[i].bytes = layers[i].own ? mapped->get() + layout.own_at[i] : layers[i].full;
+  }
+  return mapped;
+}
 
 /// Lets the whole pages within [p, p + bytes) leave memory (an edge page may be a neighbour's);
 /// a checkpoint's stay in the page cache, clean.
