@@ -27,13 +27,14 @@ status run_random(model_flags& f) {
     return make_error(errc::invalid_request, "--dtype must be f32, f16 or bf16, not '" + f.dtype + "'");
   }
   if (!f.rope_scaling.empty() && f.rope_scaling != "llama3" && f.rope_scaling != "linear" && f.rope_scaling != "yarn" &&
-      f.rope_scaling != "longrope") {
-    return make_error(errc::invalid_request, "--rope-scaling must be llama3, linear, yarn or longrope");
+      f.rope_scaling != "longrope" && f.rope_scaling != "dynamic") {
+    return make_error(errc::invalid_request, "--rope-scaling must be llama3, linear, yarn, longrope or dynamic");
   }
   f.spec.llama3_scaling = f.rope_scaling == "llama3";
   f.spec.linear_scaling = f.rope_scaling == "linear";
   f.spec.yarn_scaling = f.rope_scaling == "yarn";
   f.spec.longrope_scaling = f.rope_scaling == "longrope";
+  f.spec.dynamic_scaling = f.rope_scaling == "dynamic";
   LLMESH_TRY(model::write_random_model(f.spec, f.out));
   auto check = model::model::load(f.out);  // what we write must load
   if (!check) return check.take_error();
@@ -88,8 +89,8 @@ void add_model(CLI::App& app, command_set& commands) {
   sub->add_flag("--attention-bias", s.attention_bias, "Llama attention_bias (q/k/v/o biases)");
   sub->add_option("--rope-theta", s.rope_theta, "rope_theta")->capture_default_str();
   sub->add_option("--rope-scaling", f->rope_scaling,
-                  "llama3 or linear (factor 8), yarn (factor 4, original context 256) or longrope (Phi-3.5's layout, "
-                  "original context 64) to write that rope_scaling block");
+                  "llama3 or linear (factor 8), yarn (factor 4, original context 256), longrope (Phi-3.5's layout, "
+                  "original context 64) or dynamic (NTK, factor 4) to write that rope_scaling block");
   sub->add_option("--partial-rotary", s.partial_rotary, "partial_rotary_factor: the part of each head that rotates (0, 1]")
       ->capture_default_str();
   sub->add_option("--sliding-window", s.sliding_window, "Mistral, Phi-3, Mixtral or Gemma 2/3 sliding_window; 0 = none");
@@ -109,6 +110,9 @@ void add_model(CLI::App& app, command_set& commands) {
                   "The layers' projections as an AWQ, GPTQ or compressed-tensors checkpoint stores them: awq, gptq, "
                   "gptq-act-order, gptq8, ct-w4a16, ct-w4a16-asym, ct-w8a16; or as an FP8 checkpoint: fp8, fp8-block, ct-fp8, "
                   "ct-fp8-block, ct-fp8-group");
+  sub->add_flag("--kv-scales", s.kv_scales,
+                "With an FP8 or compressed-tensors --packed: each layer's FP8 KV-cache scales (self_attn.k_scale, v_scale; "
+                "compressed-tensors' kv_cache_scheme), as a checkpoint calibrated for --kv-cache-dtype fp8 holds them");
   sub->add_option("--group-size", s.group_size, "--packed: inputs per scale and zero (FP8 blocks: rows and columns per scale)")->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 20));
   sub->add_option("--classifier", s.classifier_labels,
                   "A sequence classifier of N labels (<Arch>ForSequenceClassification, score.weight in place of lm_head)");

@@ -80,8 +80,8 @@ inline void add_dtype_flag(CLI::App* sub, std::string& t) {
 inline void add_kv_cache_dtype_flag(CLI::App* sub, std::string& t) {
   sub->add_option("--kv-cache-dtype", t,
                   "KV cache elements: auto or float32 (the reference precision), bfloat16 (half the memory per position, "
-                  "so twice the context in --kv-cache-mb), fp8 = fp8_e4m3 or fp8_e5m2 (a quarter: 8-bit floats, scale 1, "
-                  "as vLLM's without calibrated scales); CPU backend")
+                  "so twice the context in --kv-cache-mb), fp8 = fp8_e4m3 or fp8_e5m2 (a quarter: 8-bit floats, scaled by "
+                  "the checkpoint's per-layer k_scale / v_scale where it has them, else 1, as vLLM's); CPU backend")
       ->capture_default_str();
 }
 

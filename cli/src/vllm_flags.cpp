@@ -139,7 +139,7 @@ void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f) {
   sub->add_option("--rope-scaling", f.rope_scaling,
                   "vLLM's: JSON, the model's rope_scaling replaced, e.g. Qwen's long context: "
                   "{\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32768} "
-                  "(linear, llama3, yarn, longrope)");
+                  "(linear, llama3, yarn, longrope, dynamic)");
   sub->add_option("--rope-theta", f.rope_theta, "vLLM's: the rotary base, replacing the model's rope_theta");
   sub->add_option("--speculative-config", f.speculative_config,
                   "vLLM's: JSON, prompt-lookup speculation: {\"method\": \"ngram\", \"num_speculative_tokens\": K, "

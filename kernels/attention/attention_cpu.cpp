@@ -6,6 +6,7 @@
 // Benchmark: part of `llmesh bench engine` (prefill and decode).
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <bit>
 #include <string>
 #include <vector>
@@ -35,6 +36,10 @@ status check_table(const kv_layer_view& cache, const attention_shape& shape,
   if (shape.block_size == 0) return make_error(errc::internal, "attention: block_size is 0");
   if (cache.type != dtype::f32 && cache.type != dtype::bf16 && !is_f8(cache.type)) {
     return make_error(errc::internal, "attention: a KV cache of " + std::string(dtype_name(cache.type)) + " (f32, bf16, f8_e4m3 or f8_e5m2)");
+  }
+  const auto usable = [](float s) { return s > 0.0f && std::isfinite(s); };
+  if (!usable(cache.k_scale) || !usable(cache.v_scale) || (!is_f8(cache.type) && (cache.k_scale != 1.0f || cache.v_scale != 1.0f))) {
+    return make_error(errc::internal, "attention: KV scales must be finite and positive, and 1 unless the cache is 8-bit");
   }
   size_t need = (end_pos + shape.block_size - 1) / shape.block_size;
   if (table.size() < need) {
@@ -108,12 +113,18 @@ LLMESH_VECTOR_CLONES void widen_rows(const uint16_t* __restrict src, size_t stri
   }
 }
 
+/// x[i] · scale for n floats (an 8-bit cache's widened rows): one multiply each, the same bits
+/// in every clone.
+LLMESH_VECTOR_CLONES void scale_rows(float* __restrict x, size_t n, float scale) {
+  for (size_t i = 0; i < n; ++i) x[i] = x[i] * scale;
+}
+
 /// Rows [p, end) of one kv head's keys or values as float32 rows: in place in a float32 cache
 /// (row_stride apart), or widened once into `scratch` from a bf16 or 8-bit float cache
-/// (head_dim apart), so every (row, head) pair of a work item reads floats. Returns the first
-/// row and the stride.
-std::pair<const float*, size_t> float_rows(const void* base, dtype type, size_t offset, size_t n, const attention_shape& s,
-                                           std::vector<float>& scratch) {
+/// (head_dim apart) — an 8-bit cache's times its `scale` — so every (row, head) pair of a work
+/// item reads floats. Returns the first row and the stride.
+std::pair<const float*, size_t> float_rows(const void* base, dtype type, float scale, size_t offset, size_t n,
+                                           const attention_shape& s, std::vector<float>& scratch) {
   const size_t stride = row_stride(s);
   if (type == dtype::f32) return {static_cast<const float*>(base) + offset, stride};
   scratch.resize(n * s.head_dim);
@@ -121,6 +132,7 @@ std::pair<const float*, size_t> float_rows(const void* base, dtype type, size_t 
     widen_rows(static_cast<const uint16_t*>(base) + offset, stride, n, s.head_dim, scratch.data());
   } else {
     widen_kv_rows(type, static_cast<const uint8_t*>(base) + offset, stride, n, s.head_dim, scratch.data(), active_isa());
+    if (scale != 1.0f) scale_rows(scratch.data(), n * s.head_dim, scale);
   }
   return {scratch.data(), s.head_dim};
 }
@@ -160,7 +172,7 @@ void attend_tile(const kv_layer_view& cache, const attention_shape& s, const att
   const auto& isa = detail::cpu_kernels();
   for (size_t p = lo; p <= last;) {
     const size_t end = std::min((p / s.block_size + 1) * s.block_size, last + 1);
-    const auto [keys, ldk] = float_rows(cache.keys, cache.type, offset(p), end - p, s, scratch);
+    const auto [keys, ldk] = float_rows(cache.keys, cache.type, cache.k_scale, offset(p), end - p, s, scratch);
     matmul_args a;
     a.w = keys;
     a.ldw = ldk;
@@ -211,7 +223,7 @@ void attend_tile(const kv_layer_view& cache, const attention_shape& s, const att
   const add_rows_fn add_rows = add_rows_for(s.head_dim);
   for (size_t p = lo; p <= last;) {
     const size_t end = std::min((p / s.block_size + 1) * s.block_size, last + 1);
-    const auto [values, ldv] = float_rows(cache.values, cache.type, offset(p), end - p, s, scratch);
+    const auto [values, ldv] = float_rows(cache.values, cache.type, cache.v_scale, offset(p), end - p, s, scratch);
     for (size_t j = 0; j < nh; ++j) {
       for (size_t row = r0; row < r1; ++row) {
         const size_t pos = seq.pos0 + row, begin = std::max(p, window_begin(s, pos)), stop = std::min(end, pos + 1);
@@ -256,8 +268,10 @@ status kv_write(const kv_layer_view& cache, const attention_shape& shape,
     } else if (is_f8(cache.type)) {
       uint8_t* keys = static_cast<uint8_t*>(cache.keys) + off;
       uint8_t* values = static_cast<uint8_t*>(cache.values) + off;
-      for (size_t i = 0; i < row; ++i) keys[i] = f32_to_f8(cache.type, k[t * row + i]);
-      for (size_t i = 0; i < row; ++i) values[i] = f32_to_f8(cache.type, v[t * row + i]);
+      // vLLM's scaled conversion: x / scale in float32, then rounded (scale 1: x itself).
+      const float ks = cache.k_scale, vs = cache.v_scale;
+      for (size_t i = 0; i < row; ++i) keys[i] = f32_to_f8(cache.type, k[t * row + i] / ks);
+      for (size_t i = 0; i < row; ++i) values[i] = f32_to_f8(cache.type, v[t * row + i] / vs);
     } else {
       std::copy(k + t * row, k + (t + 1) * row, static_cast<float*>(cache.keys) + off);
       std::copy(v + t * row, v + (t + 1) * row, static_cast<float*>(cache.values) + off);

@@ -1,5 +1,5 @@
 // config.json's rotary settings -> kernels::rope_config: rope_theta, partial_rotary_factor and
-// rope_scaling (linear, llama3, yarn, longrope; transformers v5's rope_parameters too), read as
+// rope_scaling (linear, llama3, yarn, longrope, dynamic; transformers v5's rope_parameters too), read as
 // vLLM reads them, with the context a scaling gives; choose_longrope's factors by the served
 // context.
 #include <nlohmann/json.hpp>
@@ -91,6 +91,36 @@ status parse_yarn(const json& s, model_config& c) {
   // vLLM's context for a yarn model: the original one times the factor (Qwen2.5's 32768 × 4;
   // Gemma 3's max_position_embeddings already counts its scaling).
   if (c.arch != architecture::gemma3) LLMESH_TRY(stretch_context(c, *orig * std::max(*factor, 1.0)));
+  return ok_status();
+}
+
+/// Dynamic NTK (rope_scaling type "dynamic"), as vLLM computes it: one rotary base for every
+/// position, NTK-aware scaling's at the longest context L = max_position_embeddings × factor,
+/// theta · (factor · L / max_position_embeddings − (factor − 1))^(r / (r − 2)) for rotary
+/// dimension r, and the context stretched to L. (HF rescales by the sequence's current length
+/// instead: a key's rotation would then depend on when it was computed, against chunk
+/// invariance.) Hunyuan's form with `alpha`: theta · alpha^(r / (r − 2)), the context
+/// stretched by a `factor` beside it if any (vLLM's max_model_len rule). Gemma 3's context
+/// already counts its scaling, as for linear and yarn.
+status parse_dynamic_ntk(const json& s, model_config& c) {
+  if (c.rope.head_dim <= 2) return bad("rope_scaling: a dynamic rope_scaling needs a rotary dimension above 2");
+  const double r = static_cast<double>(c.rope.head_dim), exponent = r / (r - 2.0);
+  const bool alpha_form = s.contains("alpha");
+  if (!alpha_form && !s.contains("factor")) return bad("rope_scaling: a dynamic rope_scaling needs factor (or alpha)");
+  auto factor = scaling_number(s, "factor", 1.0);
+  if (!factor) return factor.take_error();
+  if (!(*factor > 0.0)) return bad("rope_scaling: a dynamic rope_scaling needs factor > 0");
+  const double original = static_cast<double>(c.max_positions), longest = original * *factor;
+  if (c.arch != architecture::gemma3) LLMESH_TRY(stretch_context(c, original * std::max(*factor, 1.0)));
+  if (alpha_form) {
+    auto alpha = scaling_number(s, "alpha", 0.0);
+    if (!alpha) return alpha.take_error();
+    if (!(*alpha > 0.0)) return bad("rope_scaling: a dynamic rope_scaling needs alpha > 0");
+    c.rope.theta *= std::pow(*alpha, exponent);
+  } else {
+    c.rope.theta *= std::pow(*factor * longest / original - (*factor - 1.0), exponent);
+  }
+  if (!std::isfinite(c.rope.theta) || !(c.rope.theta > 0.0)) return bad("rope_scaling: the dynamic scaling gives no finite rotary base");
   return ok_status();
 }
 
@@ -188,9 +218,10 @@ status detail::parse_rope(const json& j, model_config& c) {
   }
   if (type == "yarn") return parse_yarn(s, c);
   if (type == "longrope" || type == "su") return parse_longrope(j, s, c);  // "su": its name in early Phi-3 configs
+  if (type == "dynamic") return parse_dynamic_ntk(s, c);
   if (type != "llama3") {
-    return make_error(errc::unsupported,
-                      "config.json: unsupported rope_scaling type '" + type + "' (supported: linear, llama3, yarn, longrope)");
+    return make_error(errc::unsupported, "config.json: unsupported rope_scaling type '" + type +
+                                             "' (supported: linear, llama3, yarn, longrope, dynamic)");
   }
   c.rope.llama3 = true;
   auto factor = scaling_number(s, "factor", 8.0);

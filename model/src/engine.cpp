@@ -115,9 +115,15 @@ std::string_view kv_cache_dtype_name(kernels::dtype t) {
 
 namespace {
 
-status set_kv_type(kv_cache_config& kv, kernels::dtype type) {
+status set_kv_type(kv_cache_config& kv, kernels::dtype type, const model& m) {
   if (type != kernels::dtype::f32 && type != kernels::dtype::bf16 && !kernels::is_f8(type)) {
     return make_error(errc::invalid_request, "a KV cache holds float32, bfloat16, fp8_e4m3 or fp8_e5m2");
+  }
+  const auto& layers = m.weights().layers;
+  const bool calibrated = std::any_of(layers.begin(), layers.end(), [](const layer_weights& l) { return l.k_scale > 0.0f; });
+  if (type == kernels::dtype::f8_e5m2 && calibrated) {  // vLLM: "fp8_e5m2 kv-cache is not supported with fp8 checkpoints"
+    return make_error(errc::unsupported, "--kv-cache-dtype fp8_e5m2 with a checkpoint's FP8 KV-cache scales (k_scale, v_scale): "
+                                         "they are e4m3 scales; use --kv-cache-dtype fp8");
   }
   kv.type = type;
   return ok_status();
@@ -197,7 +203,7 @@ result<std::unique_ptr<engine>> engine::create(std::shared_ptr<const model> m, e
   std::unique_ptr<engine> e(new engine(m, opt));
   e->kv_.block_size = opt.block_size;
   e->kv_.n_blocks = (opt.kv_tokens + opt.block_size - 1) / opt.block_size;
-  LLMESH_TRY(set_kv_type(e->kv_, opt.kv_type));
+  LLMESH_TRY(set_kv_type(e->kv_, opt.kv_type, *m));
   auto where = choose_backend(*m, opt);
   if (!where) return where.take_error();
   opt.device = where->device;
@@ -244,7 +250,7 @@ result<std::unique_ptr<engine>> engine::create_part(std::shared_ptr<const model>
   e->opt_.device = backend::cpu;
   e->kv_.block_size = opt.block_size;
   e->kv_.n_blocks = (opt.kv_tokens + opt.block_size - 1) / opt.block_size;
-  LLMESH_TRY(set_kv_type(e->kv_, opt.kv_type));
+  LLMESH_TRY(set_kv_type(e->kv_, opt.kv_type, *m));
   const int per_rank = std::max(1, opt.threads / static_cast<int>(comms.size()));
   for (auto& comm : comms) {
     const int r = comm->rank();

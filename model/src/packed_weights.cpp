@@ -9,6 +9,7 @@
 
 #include "llmesh/kernels/quantize.hpp"
 #include "fp8_weights.hpp"
+#include "kv_scales.hpp"
 #include "load_threads.hpp"
 
 namespace llmesh::model::detail {
@@ -340,9 +341,7 @@ status unpack_all(std::vector<packed_layer>& layers, const model_config::packed_
 /// quantization (W4A16, W8A16; llm-compressor's schemes) in the pack-quantized format.
 status parse_compressed(const json& q, model_config::packed_config& p) {
   const std::string format = q.contains("format") && q["format"].is_string() ? q["format"].get<std::string>() : "";
-  if (q.contains("kv_cache_scheme") && !q["kv_cache_scheme"].is_null()) {
-    return refused("compressed-tensors' kv_cache_scheme (a quantized KV cache) is not supported");
-  }
+  if (q.contains("kv_cache_scheme")) LLMESH_TRY(check_kv_cache_scheme(q["kv_cache_scheme"]));  // its scales: kv_scales.hpp
   if (q.contains("sparsity_config") && q["sparsity_config"].is_object() && q["sparsity_config"].contains("format") &&
       q["sparsity_config"]["format"] != "dense") {
     return refused("compressed-tensors' sparsity_config is not supported");

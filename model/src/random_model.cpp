@@ -221,6 +221,7 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
   }
   if (s.linear_scaling) cfg["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  if (s.dynamic_scaling) cfg["rope_scaling"] = {{"type", "dynamic"}, {"factor", 4.0}};
   if (s.llama3_scaling) {
     // Why 64: with tiny test contexts an original context of 8192 would leave every
     // frequency in the unscaled band; 64 puts frequencies in all three llama3 bands.
@@ -243,6 +244,15 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     auto q = detail::packed_quantization_config(s.packed, s.group_size);
     if (!q) return q.take_error();
     cfg["quantization_config"] = *q;
+  }
+  if (s.kv_scales) {  // llm-compressor's FP8 KV scheme; quant_method fp8 has no field for it
+    if (!s.packed.starts_with("fp8") && !s.packed.starts_with("ct-")) {
+      return make_error(errc::invalid_request, "--kv-scales needs an FP8 or compressed-tensors --packed (fp8, fp8-block, ct-...)");
+    }
+    if (s.packed.starts_with("ct-")) {
+      cfg["quantization_config"]["kv_cache_scheme"] = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", "tensor"},
+                                                       {"dynamic", false}, {"group_size", nullptr}, {"observer", "minmax"}};
+    }
   }
   if (s.classifier_labels > 0) {
     json labels = json::object();
@@ -352,6 +362,11 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     if (qk_norm) {
       add(f, p + "self_attn.q_norm.weight", {hd}, norm_center, 0.2f);
       add(f, p + "self_attn.k_norm.weight", {hd}, norm_center, 0.2f);
+    }
+    if (s.kv_scales) {  // scalars: shape [] as AutoFP8 saves them, [1] as llm-compressor does
+      const std::vector<size_t> one = s.packed.starts_with("fp8") ? std::vector<size_t>{} : std::vector<size_t>{1};
+      add(f, p + "self_attn.k_scale", one, 0.02f, 0.01f);
+      add(f, p + "self_attn.v_scale", one, 0.02f, 0.01f);
     }
   }
   LLMESH_TRY(packed_failed);

@@ -255,7 +255,11 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
     kernels::rope_apply(&k_[t * kv_dim], layout_.n_kv_heads, hd, rot, cos + t * half, sin + t * half);
   });
 
-  const kernels::kv_layer_view cache{keys_[layer].data(), values_[layer].data(), kv_.n_blocks, kv_.type};
+  kernels::kv_layer_view cache{keys_[layer].data(), values_[layer].data(), kv_.n_blocks, kv_.type};
+  if (kernels::is_f8(kv_.type) && lw.k_scale > 0.0f) {  // the checkpoint's calibrated scales (else 1)
+    cache.k_scale = lw.k_scale;
+    cache.v_scale = lw.v_scale;
+  }
   kernels::attention_shape shape = attn_shape_;
   shape.sliding_window = layer_window(c, layer);
   std::vector<kernels::attention_seq> seqs;

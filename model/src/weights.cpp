@@ -14,6 +14,7 @@
 #include "llmesh/model/token_mask.hpp"
 #include "fp8_weights.hpp"
 #include "gguf_model.hpp"
+#include "kv_scales.hpp"
 #include "load_threads.hpp"
 #include "packed_weights.hpp"
 #include "rank_parts.hpp"
@@ -367,6 +368,13 @@ status model::bind_weights() {
     if (c.qk_norm) {
       LLMESH_BIND(l.q_norm, norm(p + "self_attn.q_norm.weight", c.head_dim))
       LLMESH_BIND(l.k_norm, norm(p + "self_attn.k_norm.weight", c.head_dim))
+    }
+    using method = model_config::packed_config::method;
+    if (c.packed.kind == method::fp8 || c.packed.kind == method::compressed) {  // vLLM's configs with a KV-cache method
+      auto kv = detail::read_kv_scales(store_, p + "self_attn.");
+      if (!kv) return kv.take_error();
+      l.k_scale = kv->k;
+      l.v_scale = kv->v;
     }
   }
 #undef LLMESH_BIND

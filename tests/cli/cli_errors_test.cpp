@@ -186,8 +186,8 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   r = run_command(llmesh_bin + " node --name x --join 127.0.0.1:1 --token 0123456789abcdef0123 --listen 127.0.0.1:1 "
                                 "--role gateway,router --http 127.0.0.1:1 --model " + model_ + " --model /tmp/other --lora-modules a=/x");
   expect_one_line_error(r, "give exactly one --model");
-  r = run_command(llmesh_bin + " model random --out " + tmp_.path() + "/gemma --arch gemma3 --rope-scaling dynamic");
-  expect_one_line_error(r, "--rope-scaling must be llama3, linear, yarn or longrope");
+  r = run_command(llmesh_bin + " model random --out " + tmp_.path() + "/gemma --arch gemma3 --rope-scaling ntk");
+  expect_one_line_error(r, "--rope-scaling must be llama3, linear, yarn, longrope or dynamic");
 }
 
 TEST_F(CliErrors, DumpLogitsToUnwritablePath) {

@@ -52,6 +52,7 @@ struct cache_storage {
   std::vector<uint8_t> keys8, values8;
   size_t n_blocks;
   dtype type;
+  float k_scale = 1.0f, v_scale = 1.0f;  ///< an 8-bit cache's scales
   cache_storage(const attention_shape& s, size_t blocks, dtype t = dtype::f32) : n_blocks(blocks), type(t) {
     const size_t n = blocks * s.block_size * s.n_kv_heads * s.head_dim;
     if (t == dtype::bf16) {
@@ -66,20 +67,23 @@ struct cache_storage {
     }
   }
   kv_layer_view view() {
-    if (type == dtype::bf16) return {keys16.data(), values16.data(), n_blocks, type};
-    if (is_f8(type)) return {keys8.data(), values8.data(), n_blocks, type};
-    return {keys.data(), values.data(), n_blocks, type};
+    if (type == dtype::bf16) return {keys16.data(), values16.data(), n_blocks, type, k_scale, v_scale};
+    if (is_f8(type)) return {keys8.data(), values8.data(), n_blocks, type, k_scale, v_scale};
+    return {keys.data(), values.data(), n_blocks, type, k_scale, v_scale};
   }
 };
 
-/// A bf16 or 8-bit float cache holds each key and value rounded: the sequences' logical values
-/// become those, so the references below describe what the kernel must compute from the cache.
-void round_to_cache(dtype t, std::vector<struct sequence>& seqs) {
+/// A bf16 or 8-bit float cache holds each key and value rounded (an 8-bit one x / scale, read
+/// back times the scale): the sequences' logical values become those, so the references below
+/// describe what the kernel must compute from the cache.
+void round_to_cache(dtype t, std::vector<struct sequence>& seqs, float k_scale = 1.0f, float v_scale = 1.0f) {
   if (t == dtype::f32) return;
-  auto round = [t](float x) { return t == dtype::bf16 ? bf16_to_f32(f32_to_bf16(x)) : f8_to_f32(t, f32_to_f8(t, x)); };
+  auto round = [t](float x, float s) {
+    return t == dtype::bf16 ? bf16_to_f32(f32_to_bf16(x)) : f8_to_f32(t, f32_to_f8(t, x / s)) * s;
+  };
   for (auto& seq : seqs) {
-    for (float& x : seq.k) x = round(x);
-    for (float& x : seq.v) x = round(x);
+    for (float& x : seq.k) x = round(x, k_scale);
+    for (float& x : seq.v) x = round(x, v_scale);
   }
 }
 
@@ -286,6 +290,50 @@ TEST(Attention, EqualsTheScalarDefinitionBitForBit) {
   }
 }
 
+// An 8-bit cache with a checkpoint's scales (vLLM's k_scale / v_scale): keys and values stored
+// as f8(x / scale) — small scales saturate the largest, a large one sends small values to
+// subnormals — and read back times the scale, bit for bit the scalar definition over those values.
+TEST(Attention, ScaledEightBitCacheEqualsTheScalarDefinitionBitForBit) {
+  thread_pool pool(3);
+  std::mt19937 rng(testing::test_seed(27));
+  const std::vector<std::pair<size_t, size_t>> batch = {{0, 45}, {70, 1}, {19, 33}};
+  for (dtype type : {dtype::f8_e4m3, dtype::f8_e5m2})
+  for (auto [ks, vs] : {std::pair<float, float>{0.0013f, 0.0071f}, {0.0173f, 2.9f}, {37.0f, 0.5f}}) {
+    for (size_t head_dim : {8, 64, 128}) {
+      attention_shape s;
+      s.n_heads = 8;
+      s.n_kv_heads = 2;
+      s.head_dim = head_dim;
+      s.block_size = 16;
+      s.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      std::vector<sequence> seqs;
+      cache_storage cache(s, make_batch(s, batch, rng, seqs), type);
+      cache.k_scale = ks;
+      cache.v_scale = vs;
+      for (const auto& seq : seqs) write_sequence(cache, s, seq);
+      const std::vector<sequence> unrounded = seqs;
+      round_to_cache(type, seqs, ks, vs);
+      size_t changed = 0;  // the scales matter: a scale-1 cache would hold other values
+      for (size_t si = 0; si < seqs.size(); ++si) {
+        for (size_t i = 0; i < seqs[si].k.size(); ++i) {
+          changed += seqs[si].k[i] != f8_to_f32(type, f32_to_f8(type, unrounded[si].k[i]));
+        }
+      }
+      EXPECT_GT(changed, seqs[0].k.size() / 4);
+      ASSERT_TRUE(attend(cache, s, seqs, pool).ok()) << describe(s);
+      for (size_t si = 0; si < seqs.size(); ++si) {
+        for (size_t row = 0; row < seqs[si].n_tokens; ++row) {
+          for (size_t h = 0; h < s.n_heads; ++h) {
+            const auto want = scalar_definition(s, seqs[si], row, h);
+            ASSERT_EQ(std::memcmp(seqs[si].out.data() + (row * s.n_heads + h) * head_dim, want.data(), head_dim * sizeof(float)), 0)
+                << describe(s) << " " << dtype_name(type) << " scales " << ks << " " << vs << " seq " << si << " row " << row;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Attention, SequenceOutputIsBitwiseIndependentOfBatchAndThreads) {
   thread_pool pool1(1), pool2(2), pool3(3);
   std::mt19937 rng(testing::test_seed(22));
@@ -391,6 +439,29 @@ TEST(KvWrite, RejectsShortOrOutOfRangeBlockTables) {
   const std::vector<int32_t> negative = {-1};
   EXPECT_FALSE(kv_write(cache.view(), s, negative, 0, 1, kv.data(), kv.data()).ok());
   EXPECT_FALSE(kv_write(cache.view(), s, std::span<const int32_t>(), 0, 1, kv.data(), kv.data()).ok());
+}
+
+TEST(KvWrite, RefusesUnusableScales) {
+  const attention_shape s = small_shape();
+  std::vector<float> kv(3 * 8, 1.0f);
+  const std::vector<int32_t> table = {2, 0};
+  cache_storage f8(s, 4, dtype::f8_e4m3);
+  for (float bad : {0.0f, -0.5f, std::numeric_limits<float>::infinity(), poison}) {
+    f8.k_scale = bad;
+    EXPECT_FALSE(kv_write(f8.view(), s, table, 0, 3, kv.data(), kv.data()).ok()) << bad;
+    f8.k_scale = 1.0f;
+    f8.v_scale = bad;
+    EXPECT_FALSE(kv_write(f8.view(), s, table, 0, 3, kv.data(), kv.data()).ok()) << bad;
+    f8.v_scale = 1.0f;
+  }
+  f8.k_scale = 0.25f;
+  EXPECT_TRUE(kv_write(f8.view(), s, table, 0, 3, kv.data(), kv.data()).ok());
+  const size_t first = 2 * s.block_size * s.n_kv_heads * s.head_dim;  // position 0 is in block 2
+  EXPECT_EQ(f8.keys8[first], f32_to_f8(dtype::f8_e4m3, 4.0f));  // 1 / 0.25
+  EXPECT_EQ(f8.values8[first], f32_to_f8(dtype::f8_e4m3, 1.0f));
+  cache_storage wide(s, 4);  // float32 and bfloat16 caches hold values themselves: scales must be 1
+  wide.k_scale = 2.0f;
+  EXPECT_FALSE(kv_write(wide.view(), s, table, 0, 3, kv.data(), kv.data()).ok());
 }
 
 TEST(Attention, RejectsShortOrOutOfRangeBlockTables) {

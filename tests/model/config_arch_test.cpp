@@ -79,10 +79,10 @@ TEST(ParseConfig, RopeParametersOfTransformersV5) {
   EXPECT_TRUE(c.rope.yarn);
   EXPECT_DOUBLE_EQ(c.rope.theta, 10000.0);
   EXPECT_EQ(c.max_positions, 16384u);
-  j["rope_parameters"] = {{"rope_type", "dynamic"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
+  j["rope_parameters"] = {{"rope_type", "mrope"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
   auto r = parse_config(j.dump());
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.err().message.find("'dynamic'"), std::string::npos) << r.err().message;
+  EXPECT_NE(r.err().message.find("'mrope'"), std::string::npos) << r.err().message;
   j["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e6}}}, {"sliding_attention", {{"rope_theta", 1e4}}}};
   r = parse_config(j.dump());
   ASSERT_FALSE(r.ok());

@@ -199,13 +199,48 @@ TEST(ConfigRope, LongropeRefusesMalformedFactors) {
   EXPECT_NE(parse_err(j).message.find("8"), std::string::npos);
 }
 
+// vLLM's dynamic NTK: one base, NTK-aware scaling's at max_position_embeddings × factor.
+TEST(ConfigRope, DynamicNtkGivesVllmsFixedBaseAndContext) {
+  json j = minimal_llama();  // head_dim 16
+  j["max_position_embeddings"] = 2048;
+  j["rope_theta"] = 10000.0;
+  j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+  auto c = parse_ok(j);
+  EXPECT_EQ(c.max_positions, 4096u);
+  EXPECT_NEAR(c.rope.theta, 10000.0 * std::pow(3.0, 16.0 / 14.0), 1e-6);  // 2·4096/2048 − 1 = 3
+  EXPECT_FALSE(c.rope.yarn || c.rope.llama3 || c.rope.longrope);
+  EXPECT_EQ(c.rope.linear_factor, 1.0);
+  j["partial_rotary_factor"] = 0.5;  // the exponent counts the rotating dimensions: 8 / 6
+  EXPECT_NEAR(parse_ok(j).rope.theta, 10000.0 * std::pow(3.0, 8.0 / 6.0), 1e-6);
+  j.erase("partial_rotary_factor");
+  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"alpha", 1000.0}};  // Hunyuan's form
+  c = parse_ok(j);
+  EXPECT_EQ(c.max_positions, 2048u);
+  EXPECT_NEAR(c.rope.theta / (10000.0 * std::pow(1000.0, 16.0 / 14.0)), 1.0, 1e-12);
+  j["rope_scaling"]["factor"] = 2.0;  // vLLM's context rule takes a factor beside alpha
+  EXPECT_EQ(parse_ok(j).max_positions, 4096u);
+  j = with_arch(j, "Gemma3ForCausalLM");  // Gemma 3's context already counts its scaling
+  j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+  EXPECT_EQ(parse_ok(j).max_positions, 2048u);
+  j = minimal_llama();
+  for (const json& bad : {json{{"type", "dynamic"}}, json{{"type", "dynamic"}, {"factor", 0.0}},
+                          json{{"type", "dynamic"}, {"factor", "2"}}, json{{"type", "dynamic"}, {"alpha", -1.0}},
+                          json{{"type", "dynamic"}, {"factor", 1e200}}, json{{"type", "dynamic"}, {"alpha", 1e300}}}) {
+    j["rope_scaling"] = bad;
+    error e = parse_err(j);
+    EXPECT_EQ(e.code, errc::invalid_request) << bad.dump();
+    EXPECT_NE(e.message.find("rope_scaling"), std::string::npos) << e.message;
+  }
+}
+
 TEST(ConfigRope, OtherScalingTypesAreStillRefusedByName) {
   json j = minimal_llama();
-  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+  j["rope_scaling"] = {{"rope_type", "ntk-by-parts"}, {"factor", 2.0}};
   error e = parse_err(j);
   EXPECT_EQ(e.code, errc::unsupported);
-  EXPECT_NE(e.message.find("'dynamic'"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("'ntk-by-parts'"), std::string::npos) << e.message;
   EXPECT_NE(e.message.find("yarn"), std::string::npos) << e.message;  // the list of what is supported
+  EXPECT_NE(e.message.find("dynamic"), std::string::npos) << e.message;
 }
 
 }  // namespace

@@ -281,7 +281,7 @@ TEST(ParseConfig, RejectsOddOrZeroHeadDim) {
 }
 
 TEST(ParseConfig, RejectsUnsupportedRopeScalingType) {
-  for (const char* type : {"dynamic", "ntk", "mrope"}) {  // (linear: config_gemma_test.cpp; yarn, longrope: config_rope_test.cpp)
+  for (const char* type : {"ntk", "mrope"}) {  // (linear: config_gemma_test.cpp; yarn, longrope, dynamic: config_rope_test.cpp)
     for (const char* key : {"rope_type", "type"}) {
       json j = minimal_llama();
       j["rope_scaling"] = {{key, type}, {"factor", 4.0}};

@@ -1,10 +1,11 @@
-// Engine test helpers shared by kv_cache_dtype_test.cpp and rope_scaling_test.cpp: a prompt of
-// the tests' 300-id vocabulary, and a sequence run whole, in chunks or beside neighbours.
+// Engine test helpers shared by the model tests (kv_cache_dtype, kv_scales, rope_scaling, fp8_weights): a prompt of
+// the tests' 300-id vocabulary, a sequence run whole, in chunks or beside neighbours, and logit comparisons.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <span>
 #include <vector>
@@ -68,6 +69,16 @@ inline std::vector<std::vector<float>> run(engine& e, const std::vector<int32_t>
 
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// max |a − b| / max |a|: how far logits b are from a, relative to a's largest.
+inline float relative_gap(const std::vector<float>& a, const std::vector<float>& b) {
+  float max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_abs = std::max(max_abs, std::fabs(a[i]));
+    max_diff = std::max(max_diff, std::fabs(a[i] - b[i]));
+  }
+  return max_diff / max_abs;
 }
 
 /// Every row of a run the same bits as the other's.

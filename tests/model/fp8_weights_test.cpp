@@ -158,7 +158,7 @@ TEST(Fp8Weights, ConfigsReadOrRefusedByName) {
        "FP8 group_size 16 (not a multiple of 32)"},
       {ct_fp8([](json& q) { q["config_groups"]["group_0"]["input_activations"]["type"] = "int"; }), "'int' input_activations"},
       {ct_fp8([](json& q) { q["config_groups"]["group_0"]["output_activations"] = {{"num_bits", 8}}; }), "output_activations"},
-      {ct_fp8([](json& q) { q["kv_cache_scheme"] = {{"num_bits", 8}, {"type", "float"}}; }), "kv_cache_scheme"},
+      {ct_fp8([](json& q) { q["kv_cache_scheme"] = {{"num_bits", 8}, {"type", "int"}}; }), "kv_cache_scheme: type 'int'"},
       {ct_fp8([](json& q) { q["format"] = "naive-quantized"; q["config_groups"]["group_0"]["weights"]["type"] = "int"; }),
        "format 'naive-quantized' with int weights"},
   };

@@ -22,6 +22,7 @@ namespace {
 
 using kernels::dtype;
 using testing::prompt_of;
+using testing::relative_gap;
 using testing::run;
 using testing::same_bits;
 
@@ -71,15 +72,6 @@ std::unique_ptr<engine> engine_with(std::shared_ptr<const model> m, dtype kv, in
   auto e = engine::create(std::move(m), o);
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.err().message);
   return e.ok() ? std::move(*e) : nullptr;
-}
-
-float relative_gap(const std::vector<float>& a, const std::vector<float>& b) {
-  float max_abs = 0, max_diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    max_abs = std::max(max_abs, std::fabs(a[i]));
-    max_diff = std::max(max_diff, std::fabs(a[i] - b[i]));
-  }
-  return max_diff / max_abs;
 }
 
 const dtype reduced[] = {dtype::bf16, dtype::f8_e4m3, dtype::f8_e5m2};

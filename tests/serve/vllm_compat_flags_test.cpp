@@ -300,7 +300,7 @@ TEST(ServeVllmCompatFlags, ConfigFileAcceptedFlagsAndRefusals) {
       {"--rope-scaling '[1, 2]'", "--rope-scaling must be a JSON object"},
       {"--rope-theta 0", "--rope-theta must be a positive number, not '0'"},
       {"--rope-scaling '{\"a\": [[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]}'", "--rope-scaling: nested deeper than 16 levels"},
-      {"--rope-scaling '{\"rope_type\": \"dynamic\", \"factor\": 2.0}'", "unsupported rope_scaling type 'dynamic'"},
+      {"--rope-scaling '{\"rope_type\": \"mrope\", \"factor\": 2.0}'", "unsupported rope_scaling type 'mrope'"},
       {"--load-format gguf", "is not a GGUF file"},
       {"--pipeline-parallel-size 2", "no pipeline parallelism here"},
       {"--task reward", "is not a reward model (Qwen2ForRewardModel, Qwen2ForProcessRewardModel)"},

@@ -14,7 +14,7 @@ GraniteForCausalLM (embedding, attention, residual and logit multipliers), Gemma
 1 + weight, the embedding times sqrt(hidden) in the weights' dtype, tanh-GELU GeGLU; Gemma 2/3
 also normalise each block's output, soft-cap scores and logits, alternate sliding and global
 layers, and Gemma 3 gives its sliding layers their own rotary base); rope_scaling linear,
-llama3, yarn and longrope (vLLM's choice of long factors by the served context) and
+llama3, yarn, dynamic (vLLM's fixed NTK base) and longrope (vLLM's choice of long factors by the served context) and
 partial_rotary_factor; with
 weights in model.safetensors or a sharded model.safetensors.index.json
 (F32, F16 or BF16; AWQ (GEMM), GPTQ and compressed-tensors pack-quantized checkpoints'
@@ -36,6 +36,11 @@ applies it only to the matrices a GGUF file holds in a block type llmesh
 re-quantizes (Q5_1; its Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K blocks are
 read exactly), as the model directory's gguf_types.json (hf_to_gguf.py
 --decoded) lists them.
+
+--kv-cache-dtype fp8 (e4m3) or fp8_e5m2 rounds every key and value as llmesh's
+8-bit KV cache holds them (see round_f8): x / scale in float32, to the nearest
+8-bit float, saturating, then times the scale; the scale is the layer's k_scale /
+v_scale from the checkpoint (the names vLLM reads), else 1.
 
 --out-ids gets the generated ids, space-separated on one line. --out-logits
 gets the logits after the last prompt token (the first generated position) as
@@ -305,6 +310,53 @@ def quantize_fp8(ws):
     return out
 
 
+def f8_values(kind):
+    """The non-negative finite values of OCP e4m3fn (codes 0..126) or e5m2 (0..123), with their codes."""
+    if kind == "e4m3":
+        codes = np.arange(0, 127)
+        return codes, e4m3_values(codes)
+    codes = np.arange(0, 124)
+    e, m = (codes >> 2) & 31, (codes & 3).astype(np.float64)
+    return codes, np.where(e == 0, m / 4.0 * 2.0 ** -14, (1.0 + m / 4.0) * np.exp2(e - 15.0))
+
+
+def round_f8(x, kind, scale):
+    """An 8-bit float KV cache's copy of x (float64 tensor): x in float32 divided by the float32
+    scale, rounded to the nearest value of `kind` (ties to the even code), saturating at the
+    largest finite one; read back as that value times the scale in float32."""
+    codes, values = f8_values(kind)
+    s = np.float32(scale)
+    a32 = (x.numpy().astype(np.float32) / s).astype(np.float32)
+    a = np.minimum(np.abs(a32).astype(np.float64), values[-1])
+    i = np.clip(np.searchsorted(values, a), 1, len(values) - 1)
+    lo, hi = values[i - 1], values[i]
+    up = (hi - a < a - lo) | ((hi - a == a - lo) & (codes[i] % 2 == 0))
+    v = (np.where(up, hi, lo) * np.sign(a32)).astype(np.float32)
+    return torch.from_numpy((v * s).astype(np.float32).astype(np.float64))
+
+
+def kv_scales(W, p):
+    """A layer's FP8 KV-cache scales (k, v) under the names vLLM reads (prefix p = ...self_attn.;
+    the largest where a layer has several), a key scale alone serving both; (1, 1) when the
+    checkpoint has none or its quantization_config is not fp8 / compressed-tensors (vLLM reads
+    them for those only)."""
+    if (W.qcfg or {}).get("quant_method") not in ("fp8", "fbgemm_fp8", "compressed-tensors"):
+        return 1.0, 1.0
+
+    def scalar(name):
+        if name not in W.entries:
+            return 0.0
+        t = W.get(name, list(W.entries[name][2]["shape"]))
+        return float(t.reshape(-1)[0])
+    k = max([scalar(p + n) for n in ("k_scale", "k_proj.k_scale", "k_proj.output_scale", "kv_scale")])
+    v = max([scalar(p + n) for n in ("v_scale", "v_proj.v_scale", "v_proj.output_scale")])
+    if k == 0.0 and v > 0.0:
+        sys.exit(f"error: {p}v_scale without a key scale")
+    if k == 0.0:
+        return 1.0, 1.0
+    return k, (v if v > 0.0 else k)
+
+
 # ---------------------------------------------------------------- config
 
 def load_config(model_dir):
@@ -458,6 +510,18 @@ def rope_inv_freq(cfg, theta=None, rs=None, max_model_len=None):
         s_ = cfg["max_pos"] / orig
         mscale = rs.get("attention_factor") or (1.0 if s_ <= 1 else math.sqrt(1 + math.log(s_) / math.log(orig)))
         return inv_freq / torch.tensor(ext, dtype=torch.float64), mscale
+    if kind == "dynamic":
+        # Dynamic NTK as vLLM applies it: the NTK-aware base for a sequence of the longest
+        # context, seq = max_position_embeddings * factor, at every position:
+        # base * (factor * seq / max_pos - (factor - 1)) ** (d / (d - 2)); Hunyuan's alpha form
+        # base * alpha ** (d / (d - 2)).
+        if "alpha" in rs:
+            ntk = rs["alpha"]
+        else:
+            seq = cfg["max_pos"] * rs["factor"]
+            ntk = rs["factor"] * seq / cfg["max_pos"] - (rs["factor"] - 1)
+        scaled = base * ntk ** (d / (d - 2))
+        return 1.0 / (scaled ** (torch.arange(0, d, 2, dtype=torch.float64) / d)), 1.0
     if kind != "llama3":
         sys.exit(f"error: unsupported rope_scaling type {kind}")
     factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
@@ -489,8 +553,9 @@ def soft_cap(x, cap):
 
 
 class Model:
-    def __init__(self, model_dir, quantize="none"):
+    def __init__(self, model_dir, quantize="none", kv_cache="auto"):
         self.cfg = cfg = load_config(model_dir)
+        self.kv_kind = {"auto": None, "fp8": "e4m3", "fp8_e5m2": "e5m2"}[kv_cache]
         W = Weights(model_dir)
         H, I, V = cfg["hidden"], cfg["inter"], cfg["vocab"]
         nh, nkv, hd = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
@@ -510,6 +575,7 @@ class Model:
                 "post_mlp": W.get(p + "post_feedforward_layernorm.weight", [H]) if sandwich else None,
                 "o": W.get(p + "self_attn.o_proj.weight", [H, nh * hd]),
             }
+            L["k_scale"], L["v_scale"] = kv_scales(W, p + "self_attn.")
             if cfg["experts"]:
                 mixtral = cfg["arch"] == "MixtralForCausalLM"
                 m = p + ("block_sparse_moe." if mixtral else "mlp.")
@@ -640,6 +706,8 @@ class Model:
             xr = x[..., :r]
             return torch.cat((xr * cos + rotate_half(xr) * sin, x[..., r:]), dim=-1)
         q, k = rotate(q), rotate(k)
+        if self.kv_kind:   # attention reads the 8-bit cache's copies of every key and value
+            k, v = round_f8(k, self.kv_kind, L["k_scale"]), round_f8(v, self.kv_kind, L["v_scale"])
         group = nh // nkv
         out = torch.empty(nh, T, hd, dtype=torch.float64)
         i = torch.arange(T).view(T, 1)
@@ -698,13 +766,15 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--quantize", choices=("none", "int8", "gguf", "fp8"), default="none",
                     help="llmesh --quantization applied to the weights first")
+    ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8", "fp8_e5m2"), default="auto",
+                    help="llmesh --kv-cache-dtype: keys and values rounded as an 8-bit cache holds them")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
     if not prompt:
         sys.exit("error: empty prompt")
-    model = Model(args.model, args.quantize)
+    model = Model(args.model, args.quantize, args.kv_cache_dtype)
     vocab = model.cfg["vocab"]
     if any(t < 0 or t >= vocab for t in prompt):
         sys.exit(f"error: prompt id out of range [0, {vocab})")

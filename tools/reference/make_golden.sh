@@ -14,12 +14,15 @@ while IFS='|' read -r name prompt flags run_flags; do
   quantize=none
   [[ "${run_flags:-}" == *"--quantization int8"* ]] && quantize=int8
   [[ "${run_flags:-}" == *"--quantization fp8"* ]] && quantize=fp8
+  kv=auto
+  [[ "${run_flags:-}" == *"--kv-cache-dtype fp8"* ]] && kv=fp8
+  [[ "${run_flags:-}" == *"--kv-cache-dtype fp8_e5m2"* ]] && kv=fp8_e5m2
   [[ -z "$name" || "$name" == \#* ]] && continue
   echo "== $name"
   # shellcheck disable=SC2086
   "$llmesh" model random --out "$work/$name" $flags
   mkdir -p "$golden/$name"
   /usr/bin/python3 "$root/tools/reference/llama_reference.py" --model "$work/$name" --prompt-ids "$prompt" \
-    --max-tokens 32 --out-ids "$golden/$name/ids.txt" --out-logits "$golden/$name/logits.f32" --quantize "$quantize"
+    --max-tokens 32 --out-ids "$golden/$name/ids.txt" --out-logits "$golden/$name/logits.f32" --quantize "$quantize" --kv-cache-dtype "$kv"
   (cd "$work/$name" && sha256sum model*.safetensors config.json) > "$golden/$name/model.sha256"
 done < "$golden/cases.txt"

@@ -4,9 +4,10 @@
 // [block_size][n_kv_heads][head_dim] keys, and the same for values in a second array, as
 // float32, bfloat16 or an 8-bit float (`--kv-cache-dtype`: a half or a quarter of the bytes, so
 // two or four times the positions in the same memory; such a cache holds each key and value
-// rounded to nearest even — an 8-bit float saturating at its largest finite value, with scale 1
-// as vLLM's fp8 cache without calibrated scales — and attention reads them widened exactly, so
-// its numbers are those of float32 attention over the rounded values).
+// rounded to nearest even — an 8-bit float saturating at its largest finite value; an 8-bit
+// cache holds x / scale with the layer's key or value scale, vLLM's k_scale / v_scale from the
+// checkpoint or 1 — and attention reads them widened exactly, times the scale, so its numbers
+// are those of float32 attention over the rounded values).
 // A sequence's block table maps its position p to block block_table[p / block_size].
 #pragma once
 
@@ -38,7 +39,11 @@ struct kv_layer_view {
   void* keys = nullptr;
   void* values = nullptr;
   size_t n_blocks = 0;
-  dtype type = dtype::f32;  ///< f32, bf16, f8_e4m3 or f8_e5m2 (vLLM's fp8 caches, scale 1)
+  dtype type = dtype::f32;  ///< f32, bf16, f8_e4m3 or f8_e5m2 (vLLM's fp8 caches)
+  /// An 8-bit cache's scales (vLLM's per-layer k_scale and v_scale): a key x is stored as
+  /// f8(x / k_scale) and read as f8 · k_scale, in float32; finite and positive. Must be 1 for
+  /// f32 and bf16 caches.
+  float k_scale = 1.0f, v_scale = 1.0f;
 };
 
 /// One sequence's slice of an attention call: `n_tokens` consecutive query rows at positions

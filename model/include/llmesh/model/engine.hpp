@@ -60,8 +60,8 @@ struct backend_choice {
                                                   size_t max_batch_tokens);
 
 /// vLLM's --kv-cache-dtype: "auto" and "float32" (this server's reference precision), "bfloat16"
-/// (half the bytes per position), "fp8" / "fp8_e4m3" and "fp8_e5m2" (a quarter, scale 1; CPU
-/// backend). vLLM's other fp8 kinds (fp8_inc, fp8_ds_mla) are refused by name.
+/// (half the bytes per position), "fp8" / "fp8_e4m3" and "fp8_e5m2" (a quarter; the checkpoint's
+/// KV scales or 1; CPU backend). vLLM's other fp8 kinds (fp8_inc, fp8_ds_mla) are refused by name.
 [[nodiscard]] result<kernels::dtype> parse_kv_cache_dtype(std::string_view s);
 /// "float32", "bfloat16", "fp8_e4m3" or "fp8_e5m2".
 std::string_view kv_cache_dtype_name(kernels::dtype t);

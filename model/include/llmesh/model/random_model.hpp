@@ -35,6 +35,7 @@ struct random_model_spec {
   /// rope_scaling {type: longrope, short_factor 1 + 0.05·i, long_factor 1 + 0.5·i} with a top-level
   /// original_max_position_embeddings of 64 (Phi-3.5's layout).
   bool longrope_scaling = false;
+  bool dynamic_scaling = false;  ///< rope_scaling {type: dynamic, factor 4} (dynamic NTK, vLLM's fixed base)
   double partial_rotary = 1.0;  ///< partial_rotary_factor (written when not 1; Phi-4-mini's 0.75)
   size_t sliding_window = 0;    ///< Mistral, Phi-3, Mixtral, Gemma 2/3; 0 writes null
   /// Gemma 2/3: attn_logit_softcapping and final_logit_softcapping (negative: Gemma 2's 50 and 30,
@@ -70,6 +71,10 @@ struct random_model_spec {
   /// quantization_config in config.json. "": plain weights.
   std::string packed;
   size_t group_size = 32;  ///< inputs per scale and zero of a packed layer
+  /// With an FP8 or compressed-tensors `packed`: an FP8 KV-cache calibration as such checkpoints
+  /// ship it — each layer's self_attn.k_scale and self_attn.v_scale (scalars in the model's
+  /// dtype, about 0.01 to 0.03; kv_scales.hpp) and, for compressed-tensors, its kv_cache_scheme.
+  bool kv_scales = false;
 };
 
 /// Writes the model into `dir` (created if missing). Same spec, same bytes, on every machine.

@@ -139,6 +139,9 @@ struct layer_weights {
   /// Qwen2-MoE: the shared expert every token runs, and its gate [1, hidden] (a sigmoid scale).
   expert shared;
   weight_matrix shared_gate;
+  /// The checkpoint's scales for an 8-bit float KV cache (vLLM's k_scale / v_scale, one per
+  /// layer); 0 when it has none (such a cache then uses 1). Other cache types ignore them.
+  float k_scale = 0.0f, v_scale = 0.0f;
 };
 
 struct model_weights {
