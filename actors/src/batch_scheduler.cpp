@@ -81,7 +81,7 @@ bool batch_scheduler::admit(request& r, size_t& budget) {
   // A prompt to score is computed whole (vLLM does the same): cached positions have no logits
   // (nor hidden rows, for a pooling over them).
   const size_t hit = whole(r) ? 0 : blocks_.match_prefix(r.tokens, r.blocks);
-  const size_t chunk = std::min(r.tokens.size() - hit, budget);
+  const size_t chunk = chunk_of(r, hit, budget);
   if (!blocks_.reserve(r.blocks, hit + chunk).ok()) {
     blocks_.release(r.blocks);
     return false;
@@ -92,6 +92,11 @@ bool batch_scheduler::admit(request& r, size_t& budget) {
     r.admitted = std::chrono::steady_clock::now();
   }
   return true;
+}
+
+size_t batch_scheduler::chunk_of(const request& r, size_t from, size_t budget) const {
+  const size_t n = std::min(r.tokens.size() - from, budget);
+  return cfg_.long_prefill_threshold > 0 ? std::min(n, cfg_.long_prefill_threshold) : n;
 }
 
 replica_times batch_scheduler::times_of(const request& r, bool last) {
@@ -216,7 +221,7 @@ step_plan batch_scheduler::schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0 && picks.size() < cfg_.max_seqs;) {
     const uint64_t id = running_[i];
     auto& r = requests_.at(id);
-    const size_t n = std::min(r.tokens.size() - r.n_computed, budget);
+    const size_t n = chunk_of(r, r.n_computed, budget);
     r.step_tokens.clear();
     bool ok = blocks_.reserve(r.blocks, r.n_computed + n).ok();
     // Free blocks by preempting the newest request of the lowest priority (the highest value).
@@ -251,12 +256,31 @@ step_plan batch_scheduler::schedule() {
   // a step that had to preempt: the pool is short, admitting would thrash). A request that
   // waits for a shared prefix lets the ones behind it pass; at most max_deferred_scan of those
   // are looked past per step (each look compares its prompt with the running prefills).
+  // With vLLM's partial-prefill limits, prompts being computed are counted (long ones apart): a
+  // waiting prompt past the limit waits with those behind it; a long one past the long limit
+  // lets shorter ones behind it pass.
   constexpr size_t max_deferred_scan = 64;
   size_t deferred = 0;
+  const bool limited = cfg_.max_partial_prefills > 1;
+  size_t partial = 0, partial_long = 0;
+  for (uint64_t id : running_) {
+    const auto& r = requests_.at(id);
+    if (limited && prefilling(r)) {
+      ++partial;
+      partial_long += long_prefill(r) ? 1 : 0;
+    }
+  }
   for (auto w = waiting_.begin(); plan.preempted.empty() && w != waiting_.end() && budget > 0 &&
                                   picks.size() < cfg_.max_seqs && deferred < max_deferred_scan;) {
     const uint64_t id = *w;
     auto& r = requests_.at(id);
+    const bool counted = limited && prefilling(r), is_long = counted && long_prefill(r);
+    if (counted && partial >= cfg_.max_partial_prefills) break;
+    if (is_long && partial_long >= cfg_.max_long_partial_prefills) {
+      ++deferred;
+      ++w;
+      continue;
+    }
     if (awaits_shared_prefix(r)) {
       ++deferrals_;
       ++deferred;
@@ -266,9 +290,11 @@ step_plan batch_scheduler::schedule() {
     if (!admit(r, budget)) break;  // blocks are short: keep arrival order among the rest
     w = waiting_.erase(w);
     running_.push_back(id);
-    const size_t n = std::min(r.tokens.size() - r.n_computed, budget);
+    const size_t n = chunk_of(r, r.n_computed, budget);
     picks.emplace_back(id, n);
     budget -= n;
+    partial += counted ? 1 : 0;
+    partial_long += is_long ? 1 : 0;
   }
   // Speculation last: drafts take only the budget and blocks every running request's token and
   // every admission left over, decodes in admission order.

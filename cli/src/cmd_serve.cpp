@@ -44,6 +44,7 @@ struct serve_flags {
   bool no_kv_events = false;         ///< Dynamo's --no-kv-events: the router predicts what replicas cache
   bool expert_parallel = false;  ///< vLLM's --enable-expert-parallel
   size_t kv_cache_mb = 1024, max_batch_tokens = 2048, max_seqs = 256;
+  size_t long_prefill_threshold = 0, max_partial_prefills = 1, max_long_partial_prefills = 1;  ///< vLLM's partial-prefill flags
   size_t max_migrations = 3, drain_s = 10;
   bool deterministic = false;
   gateway_flags gw;
@@ -226,6 +227,19 @@ status run_serve(serve_flags f) {
   mo.engine.deterministic = f.deterministic;
   mo.sched.max_batch_tokens = f.max_batch_tokens;
   mo.sched.max_seqs = f.max_seqs;
+  if (f.max_long_partial_prefills > f.max_partial_prefills) {
+    return make_error(errc::invalid_request, "--max-long-partial-prefills must be at most --max-num-partial-prefills");
+  }
+  if (f.long_prefill_threshold > served.cfg.max_positions) {
+    return make_error(errc::invalid_request, "--long-prefill-token-threshold " + std::to_string(f.long_prefill_threshold) +
+                                                 " exceeds the model's context (" + std::to_string(served.cfg.max_positions) + ")");
+  }
+  mo.sched.long_prefill_threshold = f.long_prefill_threshold;
+  if (f.max_partial_prefills > 1 && f.long_prefill_threshold == 0) {  // vLLM's default then: 4 % of the context
+    mo.sched.long_prefill_threshold = std::max<size_t>(1, served.cfg.max_positions * 4 / 100);
+  }
+  mo.sched.max_partial_prefills = f.max_partial_prefills;
+  mo.sched.max_long_partial_prefills = f.max_long_partial_prefills;
   mo.sched.speculation = f.speculation;
   mo.sched.draft_model = std::move(draft);
   mo.sched.prefix_caching = f.prefix_caching;
@@ -365,6 +379,17 @@ void add_serve(CLI::App& app, command_set& commands) {
   sub->add_option("--max-batch-tokens,--max-num-batched-tokens", f->max_batch_tokens, "Tokens per engine step (prefill chunks + decodes)")
       ->check(CLI::Range(16, 1 << 20))->capture_default_str();
   sub->add_option("--max-seqs,--max-num-seqs", f->max_seqs, "Sequences per engine step")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  sub->add_option("--long-prefill-token-threshold", f->long_prefill_threshold,
+                  "vLLM's: a prompt runs at most this many tokens a step, leaving the rest of the step to the requests "
+                  "behind it; longer prompts count as long (0: no cap)")
+      ->check(CLI::Range(size_t{0}, size_t{1} << 30))->capture_default_str();
+  sub->add_option("--max-num-partial-prefills", f->max_partial_prefills,
+                  "vLLM's: above 1, at most this many prompts computed at once (the threshold then defaults to 4 % of "
+                  "the context)")
+      ->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  sub->add_option("--max-long-partial-prefills", f->max_long_partial_prefills,
+                  "vLLM's: of those, at most this many long ones; shorter prompts pass a long one waiting for it")
+      ->check(CLI::Range(1, 1 << 16))->capture_default_str();
   add_gateway_flags(sub, f->gw);
   add_speculation_flags(sub, f->speculation);
   add_quantization_flag(sub, f->quantization);

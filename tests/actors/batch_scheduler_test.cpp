@@ -155,6 +155,89 @@ TEST(BatchScheduler, ChunkedPrefillRunsBesideDecodesWithinTheBudget) {
   EXPECT_EQ(out_a, reference(a));
 }
 
+/// Steps until each request drew its first token, stepping the scheduler to the end.
+std::map<uint64_t, size_t> first_token_steps(batch_scheduler& s, fake_cache& cache, const scheduler_config& cfg,
+                                             std::map<uint64_t, std::vector<int32_t>>& out) {
+  std::map<uint64_t, size_t> first;
+  for (size_t step = 1; s.waiting() + s.running() > 0; ++step) {
+    auto plan = s.schedule();
+    EXPECT_FALSE(plan.seqs.empty());
+    if (plan.seqs.empty()) break;
+    EXPECT_LE(plan.n_tokens, cfg.max_batch_tokens);
+    std::vector<int32_t> sampled;
+    for (const auto& q : plan.seqs) {
+      if (cfg.long_prefill_threshold > 0) EXPECT_LE(q.tokens.size(), cfg.long_prefill_threshold);
+      const int32_t t = cache.run(q);
+      if (q.want_logits) sampled.push_back(t);
+    }
+    for (const auto& e : s.complete(plan, sampled)) {
+      first.emplace(e.id, step);
+      out[e.id].push_back(e.token);
+    }
+  }
+  return first;
+}
+
+// vLLM's --long-prefill-token-threshold: a long prompt runs at most that many tokens a step, so
+// a short request behind it is admitted at once instead of after the whole long prompt; the
+// outputs stay the single-sequence ones.
+TEST(BatchScheduler, ALongPrefillThresholdLetsShortPromptsPassALongOne) {
+  const auto long_one = make_request(1, 400, 3), short_one = make_request(2, 6, 3);
+  std::map<size_t, std::map<uint64_t, size_t>> first;  // by threshold
+  for (size_t threshold : {0, 32}) {
+    block_manager m(128, 16);
+    scheduler_config cfg;
+    cfg.max_batch_tokens = 64;
+    cfg.long_prefill_threshold = threshold;
+    batch_scheduler s(cfg, m);
+    ASSERT_TRUE(s.add(long_one).ok());
+    ASSERT_TRUE(s.add(short_one).ok());
+    std::map<uint64_t, std::vector<int32_t>> out;
+    fake_cache cache(m);
+    first[threshold] = first_token_steps(s, cache, cfg, out);
+    EXPECT_EQ(out[1], reference(long_one)) << threshold;
+    EXPECT_EQ(out[2], reference(short_one)) << threshold;
+  }
+  EXPECT_EQ(first[0][1], 7u);  // 400 tokens at 64 a step
+  EXPECT_EQ(first[0][2], 7u);  // behind it: the budget was all the long prompt's
+  EXPECT_EQ(first[32][2], 1u);  // beside its first chunk of 32
+  EXPECT_EQ(first[32][1], 13u);  // 400 at 32 a step
+}
+
+// vLLM's --max-num-partial-prefills / --max-long-partial-prefills: at most N prompts computed
+// at once, at most M of them long; a long prompt past M waits while short ones behind it pass.
+TEST(BatchScheduler, PartialPrefillLimitsLetShortPromptsJumpLongOnes) {
+  block_manager m(256, 16);
+  scheduler_config cfg;
+  cfg.max_batch_tokens = 64;
+  cfg.long_prefill_threshold = 16;
+  cfg.max_partial_prefills = 2;
+  cfg.max_long_partial_prefills = 1;
+  batch_scheduler s(cfg, m);
+  const std::vector<request_spec> reqs = {make_request(1, 200, 2), make_request(2, 150, 2), make_request(3, 10, 2),
+                                          make_request(4, 12, 2), make_request(5, 8, 2)};
+  for (const auto& r : reqs) ASSERT_TRUE(s.add(r).ok());
+  auto plan = s.schedule();
+  std::vector<uint64_t> ids;
+  for (const auto& q : plan.seqs) ids.push_back(q.id);
+  EXPECT_EQ(ids, (std::vector<uint64_t>{1, 3}));  // 2 is long past the limit, 3 passes it; then 2 prompts at once
+  std::vector<int32_t> sampled;
+  fake_cache cache(m);
+  for (const auto& q : plan.seqs) {
+    const int32_t t = cache.run(q);
+    if (q.want_logits) sampled.push_back(t);
+  }
+  (void)s.complete(plan, sampled);
+  std::map<uint64_t, std::vector<int32_t>> out;
+  auto first = first_token_steps(s, cache, cfg, out);
+  for (uint64_t id : {4u, 5u}) EXPECT_LT(first[id], first[1]) << id;  // the short ones before the long ones
+  EXPECT_LT(first[1], first[2]);
+  for (const auto& r : reqs) {
+    if (r.id != 3) EXPECT_EQ(out[r.id], reference(r)) << r.id;
+  }
+  EXPECT_EQ(m.free_blocks(), 256u);
+}
+
 TEST(BatchScheduler, OutputsDoNotDependOnBatchingPreemptionOrCaching) {
   std::mt19937 rng(7);
   std::vector<request_spec> reqs;

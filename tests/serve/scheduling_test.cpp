@@ -1,9 +1,10 @@
 // `llmesh serve` over real HTTP, the scheduling and prefix-cache fields: usage's cached_tokens
-// (completions, chat, the Responses API, a beam search, /metrics), vLLM's cache_salt, and
-// priority under --scheduling-policy priority.
+// (completions, chat, the Responses API, a beam search, /metrics), vLLM's cache_salt,
+// priority under --scheduling-policy priority, and vLLM's partial-prefill flags.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "reference.hpp"
 #include "server_process.hpp"
@@ -120,6 +121,34 @@ TEST(Serve, UsageSaysHowManyPromptTokensThePrefixCacheHeld) {
 // vLLM's priority scheduling: with --scheduling-policy priority, requests of any priority are
 // served their own tokens (priority orders the queue, never the numbers); without it a
 // non-zero priority is a 400.
+// vLLM's partial-prefill flags change who waits, never a token: a long prompt computed 8 tokens
+// a step beside short ones that pass it gives each the tokens `llmesh generate` gives.
+TEST(Serve, PartialPrefillFlagsChangeNoToken) {
+  server_process s(bin, {"--model", model_dir, "--long-prefill-token-threshold", "8", "--max-num-partial-prefills", "2",
+                         "--max-long-partial-prefills", "1"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  std::vector<std::vector<int32_t>> prompts(4);
+  for (int i = 0; i < 150; ++i) prompts[0].push_back(100 + (i * 37) % 900);
+  for (int i = 0; i < 90; ++i) prompts[1].push_back(200 + (i * 53) % 800);
+  for (int i = 0; i < 5; ++i) prompts[2].push_back(300 + i * 7);
+  for (int i = 0; i < 11; ++i) prompts[3].push_back(400 + i * 3);
+  std::vector<json> got(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    clients.emplace_back([&, p] {
+      int status = 0;
+      got[p] = completion(s.port(), {{"model", "kjv-tiny"}, {"prompt", prompts[p]}, {"max_tokens", 6}, {"temperature", 0},
+                                     {"return_token_ids", true}}, &status);
+      EXPECT_EQ(status, 200) << got[p];
+    });
+  }
+  for (auto& c : clients) c.join();
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    EXPECT_EQ(got[p]["choices"][0]["token_ids"], json(generate_ids(bin, model_dir, "--prompt-ids " + id_list(prompts[p]), 6)))
+        << "prompt " << p;
+  }
+}
+
 TEST(Serve, PrioritiesAreServedUnderThePriorityPolicyOnly) {
   const auto want = testing::generate_ids(bin, model_dir, "--prompt '" + prompt + "'", 12);
   server_process s(bin, {"--model", model_dir, "--scheduling-policy", "priority"});

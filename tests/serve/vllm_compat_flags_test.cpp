@@ -302,6 +302,8 @@ TEST(ServeVllmCompatFlags, ConfigFileAcceptedFlagsAndRefusals) {
       {"--rope-scaling '{\"a\": [[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]}'", "--rope-scaling: nested deeper than 16 levels"},
       {"--rope-scaling '{\"rope_type\": \"mrope\", \"factor\": 2.0}'", "unsupported rope_scaling type 'mrope'"},
       {"--load-format gguf", "is not a GGUF file"},
+      {"--max-num-partial-prefills 2 --max-long-partial-prefills 3", "--max-long-partial-prefills must be at most --max-num-partial-prefills"},
+      {"--long-prefill-token-threshold 100000", "exceeds the model's context (256)"},
       {"--pipeline-parallel-size 2", "no pipeline parallelism here"},
       {"--task reward", "is not a reward model (Qwen2ForRewardModel, Qwen2ForProcessRewardModel)"},
       {"--task rank", "a Qwen2 reward model reward (/pooling)"},

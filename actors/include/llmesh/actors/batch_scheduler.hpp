@@ -1,8 +1,8 @@
 // The replica's continuous-batching scheduler (iteration-level, vLLM/Orca style), a plain
 // class: each call plans one forward step over the running requests under a token budget —
-// every decoding request's next token first, then prompt chunks (chunked prefill), then new
-// requests admitted in arrival order (within vLLM's priorities, lower first) while KV blocks
-// allow — and then applies the sampled tokens, finishing requests on max_tokens or an
+// every decoding request's next token first, then prompt chunks (chunked prefill; at most
+// long_prefill_threshold tokens a prompt), then new requests admitted in arrival order (within
+// vLLM's priorities, lower first; vLLM's partial-prefill limits) while KV blocks allow — and then applies the sampled tokens, finishing requests on max_tokens or an
 // end-of-sequence id. When a running request cannot get a block, the most recently admitted
 // request of the lowest priority is preempted: its blocks are freed and it waits at the head
 // of its priority's queue to be recomputed (prompt + output so far; the prefix cache often
@@ -41,6 +41,18 @@ struct draft_query;
 struct scheduler_config {
   size_t max_batch_tokens = 2048;  ///< tokens per step (prefill chunks + decodes)
   size_t max_seqs = 256;           ///< sequences per step
+  /// vLLM's --long-prefill-token-threshold: a prompt runs at most this many tokens a step, so
+  /// one long prompt leaves the budget's rest to the requests behind it (their first tokens do
+  /// not wait for all of it); a prompt with more than this many left to compute is "long".
+  /// 0: no cap (a prompt takes what the budget has), nothing is long.
+  size_t long_prefill_threshold = 0;
+  /// vLLM's --max-num-partial-prefills: above 1, at most this many prompts are being computed
+  /// at once (across steps); a waiting prompt is admitted only below it. 0 or 1: no such limit.
+  size_t max_partial_prefills = 1;
+  /// vLLM's --max-long-partial-prefills (with max_partial_prefills above 1): of those, at most
+  /// this many long ones; a long prompt past it waits while shorter prompts behind it are
+  /// admitted (they jump the queue).
+  size_t max_long_partial_prefills = 1;
   /// Speculative decoding by prompt lookup (off by default): a decoding request that may
   /// speculate (request_spec::speculate) runs its next token with up to `tokens` drafts, and
   /// keeps each draft the model itself draws at that position, plus the token drawn after the
@@ -271,6 +283,15 @@ class batch_scheduler {
   /// its step's tokens, 1 when none is left.
   size_t take_drafts(request& r, std::vector<int32_t>& drafts);
   bool admit(request& r, size_t& budget);
+  /// Tokens r runs this step from position `from` within `budget`: what is left of its known
+  /// tokens, at most the long-prefill threshold.
+  size_t chunk_of(const request& r, size_t from, size_t budget) const;
+  /// It has more than its last token to compute (a prompt, or a preempted request's context).
+  static bool prefilling(const request& r) { return r.tokens.size() - r.n_computed > 1; }
+  /// A prefill with more left than the long-prefill threshold.
+  bool long_prefill(const request& r) const {
+    return cfg_.long_prefill_threshold > 0 && r.tokens.size() - r.n_computed > cfg_.long_prefill_threshold;
+  }
   /// Whether `r` should wait for a running request to finish computing the prefix they share:
   /// whole blocks covering at least half of r's tokens that the prefix cache does not hold yet.
   bool awaits_shared_prefix(const request& r) const;
