@@ -326,6 +326,14 @@ struct Assign {
   # `speculative_config`; "": the replica node's own --speculative-config or flags). A draft model
   # it names is loaded by the node hosting the replica.
   speculativeConfig @17 :Text;
+  # The cluster config's scheduler limits for its replica (0: the node's own): vLLM's
+  # max_num_batched_tokens (16 to 2^20), max_num_seqs (to 2^16), long_prefill_token_threshold
+  # (to 2^30), max_num_partial_prefills and max_long_partial_prefills (to 2^16; long <= partial).
+  maxBatchTokens @18 :UInt64;
+  maxSeqs @19 :UInt64;
+  longPrefillThreshold @20 :UInt64;
+  maxPartialPrefills @21 :UInt32;
+  maxLongPartialPrefills @22 :UInt32;
 }
 
 struct LoraModule {

@@ -366,7 +366,8 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   LLMESH_READ(f, r.map(node, {"name", "path", "tp", "replicas", "policy", "kv_cache_mb", "placement", "quantization",
                                  "dtype", "kv_cache_dtype", "chat_template", "max_model_len", "reasoning_parser", "tool_call_parser", "pooling", "loras",
                                  "enable_lora", "max_loras", "expert_parallel", "speculative_config", "prefill_for",
-                                 "max_local_prefill_length", "max_prefill_queue_size"}));
+                                 "max_local_prefill_length", "max_prefill_queue_size", "max_num_batched_tokens", "max_num_seqs",
+                                 "long_prefill_token_threshold", "max_num_partial_prefills", "max_long_partial_prefills"}));
   model_spec out;
   LLMESH_READ(name, r.string(f, "name", true));
   if (name->empty() || name->size() > 128 || !is_printable_word(*name))
@@ -487,6 +488,23 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   }
   if (!out.prefill_for.empty() && out.place == placement::spread) {
     return r.fail("'prefill_for': prefill replicas hand over their KV blocks from one process; use placement packed");
+  }
+  // The scheduler's limits, with serve's ranges.
+  LLMESH_READ(batched, r.integer(f, "max_num_batched_tokens", 16, int64_t{1} << 20));
+  if (batched) out.max_num_batched_tokens = static_cast<size_t>(*batched);
+  LLMESH_READ(seqs, r.integer(f, "max_num_seqs", 1, int64_t{1} << 16));
+  if (seqs) out.max_num_seqs = static_cast<size_t>(*seqs);
+  LLMESH_READ(threshold, r.integer(f, "long_prefill_token_threshold", 0, int64_t{1} << 30));
+  if (threshold) out.long_prefill_token_threshold = static_cast<size_t>(*threshold);
+  LLMESH_READ(partial, r.integer(f, "max_num_partial_prefills", 1, int64_t{1} << 16));
+  if (partial) out.max_num_partial_prefills = static_cast<size_t>(*partial);
+  LLMESH_READ(long_partial, r.integer(f, "max_long_partial_prefills", 1, int64_t{1} << 16));
+  if (long_partial) {
+    if (*long_partial > std::max<int64_t>(partial ? *partial : 1, 1)) {
+      return r.fail("'max_long_partial_prefills' must be at most 'max_num_partial_prefills' (" +
+                    std::to_string(partial ? *partial : 1) + ")");
+    }
+    out.max_long_partial_prefills = static_cast<size_t>(*long_partial);
   }
   LLMESH_READ(enable_lora, r.boolean(f, "enable_lora"));
   out.enable_lora = enable_lora;  // an opt-in of its own: listing loras does not open the runtime routes

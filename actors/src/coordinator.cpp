@@ -267,6 +267,11 @@ coordinator::actions coordinator::apply(const std::vector<change>& changes) {
       a.max_loras = static_cast<uint32_t>(spec->max_loras);
       a.expert_parallel = spec->expert_parallel;
       a.speculative_config = spec->speculative_config;
+      a.max_batch_tokens = spec->max_num_batched_tokens;
+      a.max_seqs = spec->max_num_seqs;
+      a.long_prefill_threshold = spec->long_prefill_token_threshold;
+      a.max_partial_prefills = static_cast<uint32_t>(spec->max_num_partial_prefills);
+      a.max_long_partial_prefills = static_cast<uint32_t>(spec->max_long_partial_prefills);
       const bool spread = std::any_of(c.r.shards.begin(), c.r.shards.end(), [&](const auto& n) { return n != node; });
       if (!spread) {
         out.push_back(send_to(m->second.peer, agent_actor_id, a));

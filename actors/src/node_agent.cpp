@@ -103,13 +103,13 @@ void load_replica(agent* self, const transport::assign_msg& a) {
   eo.tp = static_cast<int>(std::max<uint32_t>(a.tp, 1));
   eo.expert_parallel = a.expert_parallel;
   const size_t kv_mb = a.kv_cache_mb;
-  const size_t max_seqs = st.opt.sched.max_seqs;
   st.loading[a.replica] = {a.model, false};
   auto load = load_options_of(a, eo.device);
   auto kv_type = kv_type_of(a, eo.device);
   if (kv_type) eo.kv_type = *kv_type;
   auto sp = speculation_of(a, st.opt.sched);
-  if (sp.own && sp.err.empty()) st.sched_of[a.replica] = sp.sched;
+  if ((sp.own || sp.limits) && sp.err.empty()) st.sched_of[a.replica] = sp.sched;
+  const size_t max_seqs = sp.sched.max_seqs;
   self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, kv_mb, max_seqs, key,
                               load, kv_type, node = st.opt.node, sp](caf::event_based_actor* helper) mutable {
     std::shared_ptr<const model::model> m = cached;
@@ -156,11 +156,12 @@ void agent_detail::loaded(agent* self, uint64_t id, const std::string& key, std:
     if (!cancelled && eng) return apply_queued_loras(self, id, key, std::move(m), std::move(eng), std::move(ops));
   }
   st.loading.erase(pending);
-  scheduler_config sched = st.opt.sched;  // or its assignment's own speculation
+  scheduler_config sched = st.opt.sched;  // or its assignment's own speculation and limits
   if (auto own = st.sched_of.find(id); own != st.sched_of.end()) {
     sched = std::move(own->second);
     st.sched_of.erase(own);
   }
+  if (m) default_long_prefill_threshold(sched, m->config().max_positions);
   if (cancelled) return report(self, id, model, transport::replica_phase::dead, 0, "stopped while loading");
   if (!eng) {
     std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' failed to load: %s\n", st.opt.node.c_str(),
@@ -402,7 +403,9 @@ caf::behavior node_agent(agent* self, node_agent_options opt, caf::actor bridge)
       },
       [=](loaded_atom, uint64_t id, const std::string& path, std::shared_ptr<const model::model> m,
           std::shared_ptr<model::engine> eng, const std::string& err, std::shared_ptr<const model::model> draft) {
-        if (auto own = self->state.sched_of.find(id); own != self->state.sched_of.end()) own->second.draft_model = std::move(draft);
+        // Its own speculation's draft model; prompt lookup has none already, and limits alone keep the node's.
+        auto own = self->state.sched_of.find(id);
+        if (own != self->state.sched_of.end() && draft) own->second.draft_model = std::move(draft);
         loaded(self, id, path, std::move(m), std::move(eng), err);
       },
       [=](poll_atom, uint64_t id) { poll(self, id); },

@@ -34,17 +34,35 @@ struct loaded_part {
   scheduler_config sched;  ///< rank 0's: the replica's scheduler settings (its assignment's speculation and draft, or the node's)
 };
 
-/// A replica's speculation from its assignment: the node's settings (`node`) when it brings no
-/// speculative_config, else those with the config's speculation, no draft model yet, and the
-/// draft's directory in `draft_dir` ("": none). `err` says why the config is refused.
+/// A replica's scheduler settings from its assignment: the node's (`node`), with the
+/// assignment's scheduler limits where it sets them (`limits`), and with its speculative_config's
+/// speculation where it brings one (`own`: no draft model yet, the draft's directory in
+/// `draft_dir`, "": none). `err` says why the config is refused.
 struct replica_speculation {
   scheduler_config sched;
   std::string draft_dir;
-  bool own = false;  ///< from the assignment
+  bool own = false;  ///< speculation from the assignment
   std::string err;
+  bool limits = false;  ///< scheduler limits from the assignment
 };
+/// The assignment's scheduler limits (0: the node's) over `s`; whether it set any.
+inline bool apply_scheduler_limits(const transport::assign_msg& a, scheduler_config& s) {
+  bool any = false;
+  auto set = [&](size_t& field, uint64_t v) {
+    if (v == 0) return;
+    field = static_cast<size_t>(v);
+    any = true;
+  };
+  set(s.max_batch_tokens, a.max_batch_tokens);
+  set(s.max_seqs, a.max_seqs);
+  set(s.long_prefill_threshold, a.long_prefill_threshold);
+  set(s.max_partial_prefills, a.max_partial_prefills);
+  set(s.max_long_partial_prefills, a.max_long_partial_prefills);
+  return any;
+}
 inline replica_speculation speculation_of(const transport::assign_msg& a, const scheduler_config& node) {
   replica_speculation out{node, {}, false, {}};
+  out.limits = apply_scheduler_limits(a, out.sched);
   if (a.speculative_config.empty()) return out;
   out.own = true;
   out.sched.draft_model = nullptr;

@@ -138,7 +138,8 @@ void load_part(agent* self, const transport::assign_msg& a) {
   model::engine_options eo = st.opt.engine;
   eo.tp = static_cast<int>(tp);
   eo.expert_parallel = a.expert_parallel;
-  const size_t max_seqs = st.opt.sched.max_seqs;
+  auto settings = speculation_of(a, st.opt.sched);  // the node's, with the assignment's limits and speculation
+  const size_t max_seqs = settings.sched.max_seqs;
   tensor_group_options go;
   go.size = static_cast<int>(tp);
   go.key = a.group_key;
@@ -148,7 +149,7 @@ void load_part(agent* self, const transport::assign_msg& a) {
                               host = st.opt.tensor_host,
                               load = load_options_of(a, eo.device),
                               kv_type = kv_type_of(a, eo.device),
-                              sp = speculation_of(a, st.opt.sched)](caf::event_based_actor* helper) mutable {
+                              sp = std::move(settings)](caf::event_based_actor* helper) mutable {
     auto p = std::make_shared<loaded_part>();
     p->id = a.replica;
     p->path = model_key(a, true);
@@ -168,6 +169,7 @@ void load_part(agent* self, const transport::assign_msg& a) {
       auto draft = draft_for(sp, *p->m, a.path, a.max_model_len, p->err);  // the assignment's draft, or the node's checked
       p->sched = sp.sched;
       if (sp.own) p->sched.draft_model = std::move(draft);
+      default_long_prefill_threshold(p->sched, p->m->config().max_positions);
     }
     if (p->m) p->resident_mb = p->m->resident_weight_bytes() >> 20;
     std::vector<std::unique_ptr<kernels::communicator>> comms;

@@ -235,11 +235,9 @@ status run_serve(serve_flags f) {
                                                  " exceeds the model's context (" + std::to_string(served.cfg.max_positions) + ")");
   }
   mo.sched.long_prefill_threshold = f.long_prefill_threshold;
-  if (f.max_partial_prefills > 1 && f.long_prefill_threshold == 0) {  // vLLM's default then: 4 % of the context
-    mo.sched.long_prefill_threshold = std::max<size_t>(1, served.cfg.max_positions * 4 / 100);
-  }
   mo.sched.max_partial_prefills = f.max_partial_prefills;
   mo.sched.max_long_partial_prefills = f.max_long_partial_prefills;
+  actors::default_long_prefill_threshold(mo.sched, served.cfg.max_positions);
   mo.sched.speculation = f.speculation;
   mo.sched.draft_model = std::move(draft);
   mo.sched.prefix_caching = f.prefix_caching;

@@ -338,6 +338,32 @@ TEST(ClusterConfig, ExpertParallelIsAModelsFlag) {
   expect_refused(with("placement: packed", "placement: packed\n    expert_parallel: 1"), {"'expert_parallel' must be true or false"});
 }
 
+// serve's scheduler flags, by vLLM's names, for a model's replicas (0: the node's own).
+TEST(ClusterConfig, SchedulerLimitsAreAModelsAndCheckedWhenRead) {
+  const auto plain = parse_cluster_config(base, "t.yaml")->models[0];
+  EXPECT_EQ(plain.max_num_batched_tokens + plain.max_num_seqs + plain.long_prefill_token_threshold + plain.max_num_partial_prefills +
+                plain.max_long_partial_prefills,
+            0u);
+  auto c = parse_cluster_config(with("placement: packed", "placement: packed\n    max_num_batched_tokens: 512\n    max_num_seqs: 32\n"
+                                                          "    long_prefill_token_threshold: 64\n    max_num_partial_prefills: 4\n"
+                                                          "    max_long_partial_prefills: 2"),
+                                "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  const auto& m = c->models[0];
+  EXPECT_EQ(m.max_num_batched_tokens, 512u);
+  EXPECT_EQ(m.max_num_seqs, 32u);
+  EXPECT_EQ(m.long_prefill_token_threshold, 64u);
+  EXPECT_EQ(m.max_num_partial_prefills, 4u);
+  EXPECT_EQ(m.max_long_partial_prefills, 2u);
+  expect_refused(with("placement: packed", "placement: packed\n    max_num_batched_tokens: 8"), {"'max_num_batched_tokens'"});
+  expect_refused(with("placement: packed", "placement: packed\n    max_num_seqs: 0"), {"'max_num_seqs'"});
+  expect_refused(with("placement: packed", "placement: packed\n    long_prefill_token_threshold: -1"), {"'long_prefill_token_threshold'"});
+  expect_refused(with("placement: packed", "placement: packed\n    max_num_partial_prefills: 2\n    max_long_partial_prefills: 3"),
+                 {"'max_long_partial_prefills' must be at most 'max_num_partial_prefills' (2)"});
+  expect_refused(with("placement: packed", "placement: packed\n    max_long_partial_prefills: 2"),
+                 {"'max_long_partial_prefills' must be at most 'max_num_partial_prefills' (1)"});
+}
+
 TEST(ClusterConfig, SpeculativeConfigIsVllmsAndCheckedWhenRead) {
   EXPECT_EQ(parse_cluster_config(base, "t.yaml")->models[0].speculative_config, "");
   auto map = parse_cluster_config(

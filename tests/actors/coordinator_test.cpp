@@ -349,6 +349,11 @@ TEST(Coordinator, ScaleUpAndDownThroughCtl) {
   spec.max_model_len = 100;
   spec.dtype = "float16";
   spec.expert_parallel = true;
+  spec.max_num_batched_tokens = 512;
+  spec.max_num_seqs = 8;
+  spec.long_prefill_token_threshold = 64;
+  spec.max_num_partial_prefills = 3;
+  spec.max_long_partial_prefills = 2;
   auto c = make({spec});
   join(c, 1, "a");
   join(c, 2, "b");
@@ -365,6 +370,10 @@ TEST(Coordinator, ScaleUpAndDownThroughCtl) {
   EXPECT_EQ(assigns(up.effects)[0].max_model_len, 100u);
   EXPECT_EQ(assigns(up.effects)[0].dtype, "float16");
   EXPECT_TRUE(assigns(up.effects)[0].expert_parallel);
+  const auto& a = assigns(up.effects)[0];
+  EXPECT_EQ(std::vector<uint64_t>({a.max_batch_tokens, a.max_seqs, a.long_prefill_threshold, a.max_partial_prefills,
+                                   a.max_long_partial_prefills}),
+            std::vector<uint64_t>({512, 8, 64, 3, 2}));
 
   // Past capacity: the rest is pending.
   auto more = ctl(c, "scale", {"tiny", "3"});

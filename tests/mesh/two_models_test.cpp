@@ -1,6 +1,6 @@
 // Two models in one mesh across processes: cluster-configs/local-two-models.yaml (ports moved to
 // free ones) serves kjv-tiny (one tp-2 replica, speculating with a draft model its entry's
-// speculative_config names) and a random Qwen2 model (one tp-1 replica).
+// speculative_config names, and scheduler limits) and a random Qwen2 model (one tp-1 replica).
 // Each request is answered by a replica of the model it names — exactly `llmesh generate`'s
 // tokens for that model, logprobs included — /v1/models lists both, an unknown model is a 404, and scaling one
 // model to zero makes only its requests 503 while the other model goes on serving, and its
@@ -36,8 +36,11 @@ TEST(Mesh, TwoModelsAreEachServedByTheirOwnReplicas) {
     // the replica node loads it from the assignment; tiny-qwen's replicas do not speculate.
     const std::string kjv_entry = "    kv_cache_mb: 256\n";
     ASSERT_NE(yaml.find(kjv_entry), std::string::npos);
+    // Its scheduler limits travel with the assignment too: prompts run 2 tokens a step, a step
+    // holds at most 16 tokens and 4 sequences; the tokens stay those of `llmesh generate`.
     yaml.insert(yaml.find(kjv_entry) + kjv_entry.size(),
-                "    speculative_config: {model: " + model_dir + ", num_speculative_tokens: 3}\n");
+                "    speculative_config: {model: " + model_dir + ", num_speculative_tokens: 3}\n"
+                "    max_num_batched_tokens: 16\n    max_num_seqs: 4\n    long_prefill_token_threshold: 2\n");
     std::ofstream(m.config) << yaml;
   }
   node_process seed(m.node("seed")), a(m.node("replica-a")), b(m.node("replica-b"));

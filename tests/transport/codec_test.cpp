@@ -112,6 +112,9 @@ std::vector<envelope> samples() {
       // Its replicas speculate with a draft model (the cluster config's speculative_config).
       assign_msg{24, "kjv-tiny", "models/kjv-tiny", 1, 64, assign_op::start, {}, {}, {}, "", {}, "", 0, "", false, 0, false,
                  R"({"model":"models/kjv-draft","num_speculative_tokens":3})"},
+      // Its replicas' scheduler limits (the cluster config's max_num_batched_tokens and the rest).
+      assign_msg{25, "kjv-tiny", "models/kjv-tiny", 1, 64, assign_op::start, {}, {}, {}, "", {}, "", 0, "", false, 0, false, "",
+                 512, 64, 128, 4, 2},
       // Spread placement: this node runs ranks 1 and 2 of 3; the key is bytes (zeros too).
       assign_msg{15, "kjv-tiny", "models/kjv-tiny", 3, 128, assign_op::start, {1, 2},
                  {"127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7102"}, std::string("\x00key\xff\x01-of-the-group", 19)},
@@ -203,6 +206,22 @@ TEST(Codec, KvBlocksThatDoNotAddUpAreRefused) {
   m.block_bytes = (max_kv_bytes + 8) / 4;
   m.data = std::make_shared<const std::vector<std::byte>>(4 * m.block_bytes);
   EXPECT_NE(refused(m, "over max_kv_bytes").find("at most"), std::string::npos);
+}
+
+TEST(Codec, AssignSchedulerLimitsOutOfRangeAreRefused) {
+  const assign_msg good{25, "m", "p", 1, 64, assign_op::start, {}, {}, {}, "", {}, "", 0, "", false, 0, false, "", 16, 1 << 16, 1 << 30, 1 << 16, 1 << 16};
+  ASSERT_TRUE(decode(encode({{}, {}, 0, 0, good})).ok());
+  for (int field = 0; field < 5; ++field) {
+    auto m = good;
+    if (field == 0) m.max_batch_tokens = 15;
+    if (field == 1) m.max_seqs = (1 << 16) + 1;
+    if (field == 2) m.long_prefill_threshold = (uint64_t{1} << 30) + 1;
+    if (field == 3) m.max_partial_prefills = (1 << 16) - 1;  // below the long limit
+    if (field == 4) m.max_batch_tokens = (1 << 20) + 1;
+    auto r = decode(encode({{}, {}, 0, 0, m}));
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_NE(r.err().message.find("scheduler limits out of range"), std::string::npos) << r.err().message;
+  }
 }
 
 TEST(Codec, EveryKindHasASample) {

@@ -6,6 +6,7 @@
 #include <capnp/serialize.h>
 #include <kj/io.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -245,6 +246,11 @@ struct writer {
     a.setMaxLoras(m.max_loras);
     a.setExpertParallel(m.expert_parallel);
     a.setSpeculativeConfig(text(m.speculative_config));
+    a.setMaxBatchTokens(m.max_batch_tokens);
+    a.setMaxSeqs(m.max_seqs);
+    a.setLongPrefillThreshold(m.long_prefill_threshold);
+    a.setMaxPartialPrefills(m.max_partial_prefills);
+    a.setMaxLongPartialPrefills(m.max_long_partial_prefills);
   }
   void operator()(const shard_step_msg& m) {
     auto st = b.initShardStep();
@@ -596,6 +602,17 @@ struct reader {
         m.group_key = bytes(a.getGroupKey(), "groupKey");
         if (fits(a.getLoras(), "loras")) {
           for (auto x : a.getLoras()) m.loras.push_back({str(x.getName(), "loras.name"), str(x.getPath(), "loras.path")});
+        }
+        m.max_batch_tokens = a.getMaxBatchTokens();
+        m.max_seqs = a.getMaxSeqs();
+        m.long_prefill_threshold = a.getLongPrefillThreshold();
+        m.max_partial_prefills = a.getMaxPartialPrefills();
+        m.max_long_partial_prefills = a.getMaxLongPartialPrefills();
+        if ((m.max_batch_tokens != 0 && (m.max_batch_tokens < 16 || m.max_batch_tokens > (uint64_t{1} << 20))) ||
+            m.max_seqs > (uint64_t{1} << 16) || m.long_prefill_threshold > (uint64_t{1} << 30) ||
+            m.max_partial_prefills > (1u << 16) || m.max_long_partial_prefills > std::max(m.max_partial_prefills, 1u)) {
+          err = bad("scheduler limits out of range (maxBatchTokens 16..2^20, maxSeqs, maxPartialPrefills ..2^16, "
+                    "longPrefillThreshold ..2^30, maxLongPartialPrefills <= maxPartialPrefills)");
         }
         out = std::move(m);
         break;

@@ -70,6 +70,12 @@ struct scheduler_config {
   std::shared_ptr<const model::model> draft_model;
 };
 
+/// vLLM's default for the long-prefill threshold: with more than one partial prefill allowed
+/// and no threshold given, 4 % of the context (at least 1).
+inline void default_long_prefill_threshold(scheduler_config& c, size_t context) {
+  if (c.max_partial_prefills > 1 && c.long_prefill_threshold == 0) c.long_prefill_threshold = std::max<size_t>(1, context * 4 / 100);
+}
+
 /// An embedding request's pooling (vLLM's pooling types; none: a generation): the model's
 /// final hidden state at the last prompt token, their mean over the prompt, the first
 /// token's (BERT's CLS), or every prompt position's, in order (vLLM's ALL: /pooling's

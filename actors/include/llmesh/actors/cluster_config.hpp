@@ -114,6 +114,12 @@ struct model_spec {
   std::string prefill_for;
   size_t max_local_prefill_length = 1000;  ///< Dynamo's; with prefill_for
   size_t max_prefill_queue_size = 0;       ///< Dynamo's; with prefill_for
+  /// Its replicas' scheduler limits, as `llmesh serve`'s flags of vLLM's names (0: the replica
+  /// node's own): max_num_batched_tokens (16..2^20), max_num_seqs (1..2^16),
+  /// long_prefill_token_threshold, max_num_partial_prefills and max_long_partial_prefills
+  /// (at most max_num_partial_prefills) — batch_scheduler.hpp's scheduler_config.
+  size_t max_num_batched_tokens = 0, max_num_seqs = 0, long_prefill_token_threshold = 0;
+  size_t max_num_partial_prefills = 0, max_long_partial_prefills = 0;
 };
 
 /// A whole cluster config, validated. Immutable after parsing; safe to share between threads.

@@ -252,6 +252,11 @@ struct assign_msg {
   bool expert_parallel = false;    ///< an MoE model's ranks run whole experts (--enable-expert-parallel)
   /// vLLM's speculative_config JSON for its replica ("": the node's own settings)
   std::string speculative_config = {};
+  /// The cluster config's scheduler limits for its replica (0: the node's own): vLLM's
+  /// max_num_batched_tokens (16..2^20), max_num_seqs (..2^16), long_prefill_token_threshold
+  /// (..2^30), max_num_partial_prefills and max_long_partial_prefills (..2^16, long <= partial).
+  uint64_t max_batch_tokens = 0, max_seqs = 0, long_prefill_threshold = 0;
+  uint32_t max_partial_prefills = 0, max_long_partial_prefills = 0;
   bool operator==(const assign_msg&) const = default;
 };
 
