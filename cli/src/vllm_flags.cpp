@@ -124,6 +124,9 @@ void add_vllm_model_flags(CLI::App* sub, vllm_model_flags& f) {
   sub->add_option("--pooler-config,--override-pooler-config", f.pooler_config,
                   "vLLM's: a JSON object of pooling_type (LAST, MEAN or CLS, as --pooling), normalize and use_activation: "
                   "what an embedding or classify request that does not say gets");
+  sub->add_flag("--calculate-kv-scales", f.calculate_kv_scales,
+                "vLLM's; refused: KV-cache scales from a replica's first batch would differ between replicas (a checkpoint's "
+                "calibrated k_scale / v_scale are used with --kv-cache-dtype fp8)");
   sub->add_option("--pipeline-parallel-size,--pp", f.pipeline_parallel_size, "vLLM's: 1 (tensor parallelism splits the model here)")
       ->capture_default_str();
   sub->add_option("--distributed-executor-backend", f.distributed_executor_backend,
@@ -253,6 +256,12 @@ status check_vllm_model_flags(const vllm_model_flags& f, const std::string& mode
   if (f.pipeline_parallel_size != 1) {
     return make_error(errc::unsupported, "--pipeline-parallel-size " + std::to_string(f.pipeline_parallel_size) +
                                              ": no pipeline parallelism here; split the model with --tensor-parallel-size");
+  }
+  if (f.calculate_kv_scales) {
+    return make_error(errc::unsupported,
+                      "--calculate-kv-scales: not supported: scales computed from each replica's first batch would differ "
+                      "between replicas, and a request moved to another one would not continue with the same numbers; "
+                      "--kv-cache-dtype fp8 uses an FP8 checkpoint's calibrated k_scale / v_scale, else 1");
   }
   return ok_status();
 }

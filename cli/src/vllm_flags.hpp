@@ -1,5 +1,5 @@
 // vLLM's `serve` flags about the model and the engine that map onto llmesh (--tokenizer,
-// --load-format, --task/--runner/--convert, --tokenizer-mode, --pipeline-parallel-size,
+// --load-format, --task/--runner/--convert, --tokenizer-mode, --pipeline-parallel-size, --calculate-kv-scales,
 // --override-generation-config, --speculative-config, --hf-overrides, --config FILE), and those naming what it
 // always does or what a local model never needs, accepted so that a vLLM command line runs
 // unchanged. What llmesh cannot do is refused by name, never silently dropped.
@@ -21,6 +21,7 @@ struct vllm_model_flags {
   std::string tokenizer_mode = "auto", load_format = "auto";
   std::string task = "auto", runner = "auto", convert = "auto";
   int pipeline_parallel_size = 1;
+  bool calculate_kv_scales = false;  ///< refused: scales from a replica's first batch would differ between replicas
   std::string distributed_executor_backend = "mp";
   std::string override_generation_config;  ///< JSON object
   std::string speculative_config;          ///< JSON object

@@ -304,6 +304,7 @@ TEST(ServeVllmCompatFlags, ConfigFileAcceptedFlagsAndRefusals) {
       {"--load-format gguf", "is not a GGUF file"},
       {"--max-num-partial-prefills 2 --max-long-partial-prefills 3", "--max-long-partial-prefills must be at most --max-num-partial-prefills"},
       {"--long-prefill-token-threshold 100000", "exceeds the model's context (256)"},
+      {"--calculate-kv-scales", "--calculate-kv-scales: not supported: scales computed from each replica's first batch"},
       {"--pipeline-parallel-size 2", "no pipeline parallelism here"},
       {"--task reward", "is not a reward model (Qwen2ForRewardModel, Qwen2ForProcessRewardModel)"},
       {"--task rank", "a Qwen2 reward model reward (/pooling)"},
