@@ -144,8 +144,10 @@ size_t batch_scheduler::draft_limit(request& r, size_t left) {
     --r.sit_out;
     return 0;
   }
-  // Drafts past max_tokens would be drawn for nothing.
-  return std::min({cfg.tokens, r.draft_cap, max_speculative_tokens, r.spec.max_tokens - r.n_generated - 1, left - 1});
+  // Drafts past max_tokens would be drawn for nothing; with a long-prefill threshold a step runs
+  // at most that many tokens of a request, drafts included (vLLM V1 caps them alike).
+  const size_t cap = cfg_.long_prefill_threshold > 0 ? cfg_.long_prefill_threshold - 1 : max_speculative_tokens;
+  return std::min({cfg.tokens, r.draft_cap, max_speculative_tokens, cap, r.spec.max_tokens - r.n_generated - 1, left - 1});
 }
 
 size_t batch_scheduler::take_drafts(request& r, std::vector<int32_t>& drafts) {
@@ -276,9 +278,8 @@ step_plan batch_scheduler::schedule() {
     auto& r = requests_.at(id);
     const bool counted = limited && prefilling(r), is_long = counted && long_prefill(r);
     if (counted && partial >= cfg_.max_partial_prefills) break;
-    if (is_long && partial_long >= cfg_.max_long_partial_prefills) {
-      ++deferred;
-      ++w;
+    if (is_long && partial_long >= std::max<size_t>(1, cfg_.max_long_partial_prefills)) {
+      ++w;  // an O(1) look: not counted against the scan's limit, so every short one behind is reached
       continue;
     }
     if (awaits_shared_prefix(r)) {

@@ -495,7 +495,13 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   LLMESH_READ(seqs, r.integer(f, "max_num_seqs", 1, int64_t{1} << 16));
   if (seqs) out.max_num_seqs = static_cast<size_t>(*seqs);
   LLMESH_READ(threshold, r.integer(f, "long_prefill_token_threshold", 0, int64_t{1} << 30));
-  if (threshold) out.long_prefill_token_threshold = static_cast<size_t>(*threshold);
+  if (threshold) {
+    if (out.max_model_len > 0 && static_cast<size_t>(*threshold) > out.max_model_len) {
+      return r.fail("'long_prefill_token_threshold' (" + std::to_string(*threshold) + ") exceeds 'max_model_len' (" +
+                    std::to_string(out.max_model_len) + ")");
+    }
+    out.long_prefill_token_threshold = static_cast<size_t>(*threshold);
+  }
   LLMESH_READ(partial, r.integer(f, "max_num_partial_prefills", 1, int64_t{1} << 16));
   if (partial) out.max_num_partial_prefills = static_cast<size_t>(*partial);
   LLMESH_READ(long_partial, r.integer(f, "max_long_partial_prefills", 1, int64_t{1} << 16));

@@ -108,6 +108,7 @@ void load_replica(agent* self, const transport::assign_msg& a) {
   auto kv_type = kv_type_of(a, eo.device);
   if (kv_type) eo.kv_type = *kv_type;
   auto sp = speculation_of(a, st.opt.sched);
+  if (a.max_model_len > 0) default_long_prefill_threshold(sp.sched, a.max_model_len);  // the served context's 4 %
   if ((sp.own || sp.limits) && sp.err.empty()) st.sched_of[a.replica] = sp.sched;
   const size_t max_seqs = sp.sched.max_seqs;
   self->spawn<caf::detached>([agent_handle = caf::actor_cast<caf::actor>(self), a, eo, cached, kv_mb, max_seqs, key,
@@ -161,7 +162,7 @@ void agent_detail::loaded(agent* self, uint64_t id, const std::string& key, std:
     sched = std::move(own->second);
     st.sched_of.erase(own);
   }
-  if (m) default_long_prefill_threshold(sched, m->config().max_positions);
+  if (m) default_long_prefill_threshold(sched, m->config().max_positions);  // no max_model_len: the model's context
   if (cancelled) return report(self, id, model, transport::replica_phase::dead, 0, "stopped while loading");
   if (!eng) {
     std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' failed to load: %s\n", st.opt.node.c_str(),
@@ -171,8 +172,9 @@ void agent_detail::loaded(agent* self, uint64_t id, const std::string& key, std:
   auto r = spawn_replica(*self, eng.get(), sched);
   const int tp = eng->tp();
   const uint64_t export_id = host_replica(self, id, model, std::move(eng), r, {});
-  std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' ready (tp %d)\n", st.opt.node.c_str(),
-               static_cast<unsigned long long>(id), model.c_str(), tp);
+  const std::string limits = prefill_limits_text(sched);
+  std::fprintf(stderr, "llmesh: node %s: replica %llu of '%s' ready (tp %d%s%s)\n", st.opt.node.c_str(),
+               static_cast<unsigned long long>(id), model.c_str(), tp, limits.empty() ? "" : "; ", limits.c_str());
   report(self, id, model, transport::replica_phase::ready, export_id);
 }
 

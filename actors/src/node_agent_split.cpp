@@ -169,7 +169,7 @@ void load_part(agent* self, const transport::assign_msg& a) {
       auto draft = draft_for(sp, *p->m, a.path, a.max_model_len, p->err);  // the assignment's draft, or the node's checked
       p->sched = sp.sched;
       if (sp.own) p->sched.draft_model = std::move(draft);
-      default_long_prefill_threshold(p->sched, p->m->config().max_positions);
+      default_long_prefill_threshold(p->sched, kv_sizing_config(p->m->config(), a).max_positions);
     }
     if (p->m) p->resident_mb = p->m->resident_weight_bytes() >> 20;
     std::vector<std::unique_ptr<kernels::communicator>> comms;

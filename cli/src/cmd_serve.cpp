@@ -298,6 +298,9 @@ status run_serve(serve_flags f) {
                mo.engine.threads, e0.kv_blocks() * e0.kv_block_size(),
                *kv_type == kernels::dtype::f32 ? "" : (", " + std::string(model::kv_cache_dtype_name(*kv_type))).c_str(),
                notes.empty() ? "" : "; ", notes.c_str());
+  if (const auto limits = actors::prefill_limits_text(mo.sched); !limits.empty()) {
+    std::fprintf(stderr, "llmesh: scheduler: %s\n", limits.c_str());
+  }
   std::fprintf(stderr,
                "llmesh: try: curl %s://%s:%u/v1/completions -H 'Content-Type: application/json'%s -d "
                "'{\"model\":\"%s\",\"prompt\":\"In the beginning God created\",\"max_tokens\":32}'\n",

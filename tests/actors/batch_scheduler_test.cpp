@@ -238,6 +238,49 @@ TEST(BatchScheduler, PartialPrefillLimitsLetShortPromptsJumpLongOnes) {
   EXPECT_EQ(m.free_blocks(), 256u);
 }
 
+// However many long prompts wait past the long limit, a short one behind them is reached; and a
+// speculating decode runs at most the threshold's tokens, drafts included (vLLM V1's cap).
+TEST(BatchScheduler, ShortPromptsPassAnyNumberOfWaitingLongOnesAndDraftsKeepTheCap) {
+  block_manager m(4096, 16);
+  scheduler_config cfg;
+  cfg.max_batch_tokens = 64;
+  cfg.long_prefill_threshold = 8;
+  cfg.max_partial_prefills = 2;
+  cfg.max_long_partial_prefills = 1;
+  batch_scheduler s(cfg, m);
+  for (uint64_t id = 1; id <= 100; ++id) ASSERT_TRUE(s.add(make_request(id, 40, 1)).ok());
+  ASSERT_TRUE(s.add(make_request(101, 5, 1)).ok());
+  auto plan = s.schedule();
+  ASSERT_EQ(plan.seqs.size(), 2u);
+  EXPECT_EQ(plan.seqs[0].id, 1u);
+  EXPECT_EQ(plan.seqs[0].tokens.size(), 8u);
+  EXPECT_EQ(plan.seqs[1].id, 101u);
+
+  block_manager m2(256, 16);
+  scheduler_config spec_cfg;
+  spec_cfg.long_prefill_threshold = 3;
+  spec_cfg.speculation.tokens = 5;
+  batch_scheduler s2(spec_cfg, m2);
+  auto r = make_request(1, 30, 40);
+  for (size_t i = 0; i < r.prompt.size(); ++i) r.prompt[i] = static_cast<int32_t>(i % 4);  // repeats: lookups find drafts
+  r.speculate = true;
+  ASSERT_TRUE(s2.add(r).ok());
+  size_t steps = 0, widest = 0;
+  fake_cache cache(m2);
+  while (s2.running() + s2.waiting() > 0 && steps < 200) {
+    auto p = s2.schedule();
+    std::vector<int32_t> sampled;
+    for (const auto& q : p.seqs) {
+      widest = std::max(widest, q.tokens.size());
+      for (int32_t t : cache.run_rows(q, copying_next)) sampled.push_back(t);
+    }
+    (void)s2.complete(p, sampled);
+    ++steps;
+  }
+  EXPECT_EQ(widest, 3u);  // prompt chunks of 3, and decodes of 1 + at most 2 drafts
+  EXPECT_GT(s2.drafted(), 0u);
+}
+
 TEST(BatchScheduler, OutputsDoNotDependOnBatchingPreemptionOrCaching) {
   std::mt19937 rng(7);
   std::vector<request_spec> reqs;

@@ -362,6 +362,8 @@ TEST(ClusterConfig, SchedulerLimitsAreAModelsAndCheckedWhenRead) {
                  {"'max_long_partial_prefills' must be at most 'max_num_partial_prefills' (2)"});
   expect_refused(with("placement: packed", "placement: packed\n    max_long_partial_prefills: 2"),
                  {"'max_long_partial_prefills' must be at most 'max_num_partial_prefills' (1)"});
+  expect_refused(with("placement: packed", "placement: packed\n    max_model_len: 100\n    long_prefill_token_threshold: 101"),
+                 {"'long_prefill_token_threshold' (101) exceeds 'max_model_len' (100)"});
 }
 
 TEST(ClusterConfig, SpeculativeConfigIsVllmsAndCheckedWhenRead) {

@@ -56,6 +56,9 @@ TEST(Mesh, TwoModelsAreEachServedByTheirOwnReplicas) {
     qwen_replica = qwen_node + "/" + std::to_string(r["id"].get<uint64_t>());
   }
   ASSERT_FALSE(qwen_replica.empty()) << reps.dump();
+  // kjv-tiny's replica node took the entry's scheduler limits (its ready line says so).
+  EXPECT_NE((a.log() + b.log()).find("of 'kjv-tiny' ready (tp 2; prompts at most 2 tokens a step)"), std::string::npos)
+      << a.log() << b.log();
 
   auto models = http_request(m.http_port, "GET", "/v1/models");
   ASSERT_EQ(models.status, 200);

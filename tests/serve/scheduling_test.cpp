@@ -118,15 +118,15 @@ TEST(Serve, UsageSaysHowManyPromptTokensThePrefixCacheHeld) {
   }
 }
 
-// vLLM's priority scheduling: with --scheduling-policy priority, requests of any priority are
-// served their own tokens (priority orders the queue, never the numbers); without it a
-// non-zero priority is a 400.
 // vLLM's partial-prefill flags change who waits, never a token: a long prompt computed 8 tokens
-// a step beside short ones that pass it gives each the tokens `llmesh generate` gives.
+// a step beside short ones that pass it gives each the tokens `llmesh generate` gives. The
+// server says what its scheduler does with them.
 TEST(Serve, PartialPrefillFlagsChangeNoToken) {
   server_process s(bin, {"--model", model_dir, "--long-prefill-token-threshold", "8", "--max-num-partial-prefills", "2",
                          "--max-long-partial-prefills", "1"});
   ASSERT_GT(s.port(), 0) << s.log();
+  EXPECT_NE(s.log().find("llmesh: scheduler: prompts at most 8 tokens a step, at most 2 at once, 1 of them long"), std::string::npos)
+      << s.log();
   std::vector<std::vector<int32_t>> prompts(4);
   for (int i = 0; i < 150; ++i) prompts[0].push_back(100 + (i * 37) % 900);
   for (int i = 0; i < 90; ++i) prompts[1].push_back(200 + (i * 53) % 800);
@@ -149,6 +149,9 @@ TEST(Serve, PartialPrefillFlagsChangeNoToken) {
   }
 }
 
+// vLLM's priority scheduling: with --scheduling-policy priority, requests of any priority are
+// served their own tokens (priority orders the queue, never the numbers); without it a
+// non-zero priority is a 400.
 TEST(Serve, PrioritiesAreServedUnderThePriorityPolicyOnly) {
   const auto want = testing::generate_ids(bin, model_dir, "--prompt '" + prompt + "'", 12);
   server_process s(bin, {"--model", model_dir, "--scheduling-policy", "priority"});

@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "llmesh/actors/block_manager.hpp"
@@ -46,12 +47,15 @@ struct scheduler_config {
   /// not wait for all of it); a prompt with more than this many left to compute is "long".
   /// 0: no cap (a prompt takes what the budget has), nothing is long.
   size_t long_prefill_threshold = 0;
-  /// vLLM's --max-num-partial-prefills: above 1, at most this many prompts are being computed
-  /// at once (across steps); a waiting prompt is admitted only below it. 0 or 1: no such limit.
+  /// vLLM's --max-num-partial-prefills (V0's meaning; V0 also split the step's budget among
+  /// them, here each takes up to the threshold): above 1, at most this many prompts are being
+  /// computed at once (across steps); a waiting prompt is admitted only below it. 0 or 1: no
+  /// such limit.
   size_t max_partial_prefills = 1;
   /// vLLM's --max-long-partial-prefills (with max_partial_prefills above 1): of those, at most
-  /// this many long ones; a long prompt past it waits while shorter prompts behind it are
-  /// admitted (they jump the queue).
+  /// this many long ones (at least 1); a long prompt past it waits while shorter prompts behind
+  /// it are admitted (they jump the queue). Long counts a waiting prompt's tokens before its
+  /// prefix-cache hit, as V0 does.
   size_t max_long_partial_prefills = 1;
   /// Speculative decoding by prompt lookup (off by default): a decoding request that may
   /// speculate (request_spec::speculate) runs its next token with up to `tokens` drafts, and
@@ -71,9 +75,21 @@ struct scheduler_config {
 };
 
 /// vLLM's default for the long-prefill threshold: with more than one partial prefill allowed
-/// and no threshold given, 4 % of the context (at least 1).
+/// and no threshold given, 4 % of the served context (at least 1).
 inline void default_long_prefill_threshold(scheduler_config& c, size_t context) {
   if (c.max_partial_prefills > 1 && c.long_prefill_threshold == 0) c.long_prefill_threshold = std::max<size_t>(1, context * 4 / 100);
+}
+
+/// The partial-prefill settings in words for a log line ("" when off): "prompts at most 128
+/// tokens a step, at most 4 at once, 1 of them long".
+inline std::string prefill_limits_text(const scheduler_config& c) {
+  std::string out;
+  if (c.long_prefill_threshold > 0) out = "prompts at most " + std::to_string(c.long_prefill_threshold) + " tokens a step";
+  if (c.max_partial_prefills > 1) {
+    out += (out.empty() ? "prompts " : ", ") + std::string("at most ") + std::to_string(c.max_partial_prefills) + " at once, " +
+           std::to_string(std::max<size_t>(1, c.max_long_partial_prefills)) + " of them long";
+  }
+  return out;
 }
 
 /// An embedding request's pooling (vLLM's pooling types; none: a generation): the model's
