@@ -610,10 +610,13 @@ status check_mesh(reader& r, const cluster_config& c) {
 }
 
 result<cluster_config> read_config(reader& r, const YAML::Node& root) {
-  LLMESH_READ(f, r.map(root, {"mesh", "seed", "token", "heartbeat_ms", "failure_timeout_ms", "allow_public", "nodes", "models"}));
+  LLMESH_READ(f, r.map(root, {"mesh", "seed", "token", "heartbeat_ms", "failure_timeout_ms", "allow_public", "kv_events", "nodes",
+                               "models"}));
   cluster_config c;
   LLMESH_READ(allow_public, r.boolean(f, "allow_public"));
   c.allow_public = allow_public;
+  LLMESH_READ(kv_events, r.boolean(f, "kv_events"));
+  c.kv_events = kv_events || f.find("kv_events") == f.end();  // on unless the file says false
   LLMESH_READ(mesh, r.string(f, "mesh", true));
   if (!is_name(*mesh)) return r.fail("'mesh' must be 1..64 letters, digits, '-', '_' or '.', got " + shown(*mesh));
   c.mesh = *mesh;

@@ -69,6 +69,7 @@ struct node_flags {
   actors::speculation_config speculation;
   std::string speculative_config;  ///< vLLM's --speculative-config JSON (a replica node's)
   bool prefix_caching = true;  ///< vLLM's --enable-prefix-caching / --no-enable-prefix-caching
+  bool no_kv_events = false;   ///< Dynamo's --no-kv-events (a router node joined by hand)
 };
 
 /// What this process is, from the config or the flags.
@@ -89,6 +90,7 @@ struct node_plan {
   std::vector<gateway_model> gateway_models;
   std::optional<actors::endpoint> http, rpc;
   std::optional<actors::endpoint> metrics;  ///< this process's own metrics endpoint, if any
+  bool kv_events = true;  ///< its router asks replicas for KV events (the config's kv_events, or not --no-kv-events)
   bool has(actors::node_role r) const { return std::find(roles.begin(), roles.end(), r) != roles.end(); }
 };
 
@@ -115,9 +117,11 @@ result<node_plan> plan_from_flags(const node_flags& f) {
     p.rpc = n->rpc;
     p.metrics = n->metrics;
     p.slots = n->slots;
+    p.kv_events = cfg->kv_events;
     if (!f.metrics.empty()) {
       return make_error(errc::invalid_request, "--metrics: with --config, set the node's 'metrics' address in the config");
     }
+    if (f.no_kv_events) return make_error(errc::invalid_request, "--no-kv-events: with --config, set 'kv_events: false' in the config");
     if (!f.lora_modules.empty()) {
       return make_error(errc::invalid_request, "--lora-modules: with --config, list a model's adapters as its 'loras' in the config");
     }
@@ -152,6 +156,7 @@ result<node_plan> plan_from_flags(const node_flags& f) {
   }
   p.heartbeat = std::chrono::milliseconds(f.heartbeat_ms);
   p.slots = f.slots;
+  p.kv_events = !f.no_kv_events;
   p.token = f.token;
   if (p.token.empty()) {
     if (const char* t = std::getenv("LLMESH_TOKEN")) p.token = t;
@@ -169,6 +174,9 @@ result<node_plan> plan_from_flags(const node_flags& f) {
   }
   if (!p.has(actors::node_role::gateway) && sets_model_flags(f.gw)) {
     return make_error(errc::invalid_request, no_gateway_role);
+  }
+  if (f.no_kv_events && !p.has(actors::node_role::router)) {
+    return make_error(errc::invalid_request, "--no-kv-events is a router's flag (this node has no router role)");
   }
   if (p.has(actors::node_role::gateway)) {
     if (f.model_dirs.empty() || f.http.empty()) return make_error(errc::invalid_request, "a gateway node needs --model DIR and --http HOST:PORT");
@@ -352,6 +360,7 @@ status run_node(node_flags f) {
     }
     ro.metrics = &metrics;
     ro.ready = ready;
+    ro.kv_events = p.kv_events;
     router = sys->spawn(actors::router_actor, ro);
   }
   caf::actor coordinator;
@@ -520,6 +529,9 @@ void add_node(CLI::App& app, command_set& commands) {
       ->check(CLI::Range(0, 100))->capture_default_str();
   add_gateway_flags(sub, f->gw);  // a gateway node's API key and limits
   add_prefix_caching_flag(sub, f->prefix_caching);
+  sub->add_flag("--no-kv-events", f->no_kv_events,
+                "Dynamo's, for a router node joined by hand: its router does not ask replicas what their prefix caches hold "
+                "and predicts it from where it sent each prompt (with --config: the config's kv_events: false)");
   add_speculation_flags(sub, f->speculation);  // a replica node's (quantization is the model's: the cluster config)
   sub->add_option("--speculative-config", f->speculative_config,
                   "A replica node's, vLLM's JSON: prompt lookup ({\"method\": \"ngram\", \"num_speculative_tokens\": K, ...}) or "

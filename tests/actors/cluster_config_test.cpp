@@ -330,6 +330,16 @@ TEST(ClusterConfig, EnableLoraLetsAdaptersComeWhileServingPackedModelsOnly) {
                  {"'enable_lora': adapters added while serving reach packed replicas only"});
 }
 
+// Dynamo's --no-kv-events for a whole mesh: its routers predict what replicas cache.
+TEST(ClusterConfig, KvEventsAreOnUnlessTheFileSaysFalse) {
+  EXPECT_TRUE(parse_cluster_config(base, "t.yaml")->kv_events);
+  EXPECT_TRUE(parse_cluster_config(with("heartbeat_ms: 500", "heartbeat_ms: 500\nkv_events: true"), "t.yaml")->kv_events);
+  auto off = parse_cluster_config(with("heartbeat_ms: 500", "heartbeat_ms: 500\nkv_events: false"), "t.yaml");
+  ASSERT_TRUE(off.ok()) << off.err().message;
+  EXPECT_FALSE(off->kv_events);
+  expect_refused(with("heartbeat_ms: 500", "heartbeat_ms: 500\nkv_events: no"), {"'kv_events' must be true or false"});
+}
+
 TEST(ClusterConfig, ExpertParallelIsAModelsFlag) {
   EXPECT_FALSE(parse_cluster_config(base, "t.yaml")->models[0].expert_parallel);
   auto on = parse_cluster_config(with("placement: packed", "placement: packed\n    expert_parallel: true"), "t.yaml");

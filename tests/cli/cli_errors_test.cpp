@@ -184,6 +184,11 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
                                 "--role replica --allowed-origins http://a.example");
   expect_one_line_error(r, "--allowed-origins: CORS is a gateway's; this node has no gateway role");
   r = run_command(llmesh_bin + " node --name x --join 127.0.0.1:1 --token 0123456789abcdef0123 --listen 127.0.0.1:1 "
+                                "--role replica --no-kv-events");
+  expect_one_line_error(r, "--no-kv-events is a router's flag (this node has no router role)");
+  r = run_command(llmesh_bin + " node --config " + std::string(LLMESH_SOURCE_DIR) + "/cluster-configs/local.yaml --name seed --no-kv-events");
+  expect_one_line_error(r, "--no-kv-events: with --config, set 'kv_events: false' in the config");
+  r = run_command(llmesh_bin + " node --name x --join 127.0.0.1:1 --token 0123456789abcdef0123 --listen 127.0.0.1:1 "
                                 "--role gateway,router --http 127.0.0.1:1 --model " + model_ + " --model /tmp/other --lora-modules a=/x");
   expect_one_line_error(r, "give exactly one --model");
   r = run_command(llmesh_bin + " model random --out " + tmp_.path() + "/gemma --arch gemma3 --rope-scaling ntk");

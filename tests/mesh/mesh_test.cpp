@@ -274,6 +274,26 @@ TEST(Mesh, ASecondGatewayWithItsOwnRouterServesTheSameReplicas) {
   EXPECT_EQ(gw2.stop(), 0) << gw2.log();
 }
 
+// A config's `kv_events: false` (Dynamo's --no-kv-events for the whole mesh): the gateway's
+// router never asks replicas what they cache, even with prefix-aware routing, so it reports no
+// cached blocks (with KV events on, the same requests make it report some); tokens unchanged.
+TEST(Mesh, KvEventsOffInTheConfigLeavesTheRouterPredicting) {
+  mesh_files m;
+  m.rewrite("policy: least-load", "policy: prefix-aware");
+  m.rewrite("\nnodes:", "\nkv_events: false\nnodes:");
+  three_nodes n(m);
+  ASSERT_TRUE(n.ready(m));
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 70; ++i) prompt.push_back(100 + (i * 41) % 900);
+  const auto want = generate_ids(prompt, 6);
+  for (int i = 0; i < 3; ++i) {
+    std::string why;
+    EXPECT_EQ(complete(m.http_port, prompt, 6, &why), want) << why;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // ten of the router's 50 ms polls
+  EXPECT_EQ(metric_sum(m.http_port, "llmesh_router_cached_blocks"), 0.0) << http_request(m.http_port, "GET", "/metrics").body;
+}
+
 TEST(Mesh, AJoinedGatewayTakesTheApiKeyLimitAndRpcFlags) {
   mesh_files m;
   three_nodes n(m);

@@ -129,6 +129,9 @@ struct cluster_config {
   std::string token;  ///< cluster join token, at least 16 characters
   std::chrono::milliseconds heartbeat{500}, failure_timeout{3000};
   bool allow_public = false;  ///< whether 0.0.0.0 / :: addresses were allowed
+  /// Routers ask replicas what their prefix caches hold (KV events); false: Dynamo's
+  /// --no-kv-events, they predict it from where they sent each prompt.
+  bool kv_events = true;
   std::vector<node_spec> nodes;
   std::vector<model_spec> models;
 
