@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -69,6 +70,20 @@ inline std::vector<std::vector<float>> run(engine& e, const std::vector<int32_t>
 
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// A CPU engine of `tp` ranks (2 threads, blocks of 4, 2048 positions) whose KV cache holds `kv`.
+inline std::unique_ptr<engine> engine_with(std::shared_ptr<const model> m, kernels::dtype kv, int tp = 1) {
+  engine_options o;
+  o.tp = tp;
+  o.threads = 2;
+  o.kv_tokens = 2048;
+  o.block_size = 4;
+  o.kv_type = kv;
+  o.device = backend::cpu;
+  auto e = engine::create(std::move(m), o);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.err().message);
+  return e.ok() ? std::move(*e) : nullptr;
 }
 
 /// max |a − b| / max |a|: how far logits b are from a, relative to a's largest.

@@ -21,6 +21,7 @@ namespace llmesh::model {
 namespace {
 
 using kernels::dtype;
+using testing::engine_with;
 using testing::prompt_of;
 using testing::relative_gap;
 using testing::run;
@@ -62,17 +63,6 @@ random_model_spec gemma_spec() {
   return s;
 }
 
-std::unique_ptr<engine> engine_with(std::shared_ptr<const model> m, dtype kv, int tp = 1) {
-  engine_options o;
-  o.tp = tp;
-  o.threads = 2;
-  o.kv_tokens = 2048;
-  o.block_size = 4;
-  o.kv_type = kv;
-  auto e = engine::create(std::move(m), o);
-  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.err().message);
-  return e.ok() ? std::move(*e) : nullptr;
-}
 
 const dtype reduced[] = {dtype::bf16, dtype::f8_e4m3, dtype::f8_e5m2};
 

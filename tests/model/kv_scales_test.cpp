@@ -211,18 +211,6 @@ TEST(KvScales, KvCacheSchemeReadOrRefusedByName) {
   EXPECT_EQ(m.err().code, errc::invalid_request);
 }
 
-std::unique_ptr<engine> engine_for(std::shared_ptr<const model> m, dtype kv, int tp = 1) {
-  engine_options o;
-  o.tp = tp;
-  o.threads = 2;
-  o.kv_tokens = 512;
-  o.block_size = 4;
-  o.kv_type = kv;
-  o.device = backend::cpu;
-  auto e = engine::create(std::move(m), o);
-  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.err().message);
-  return e.ok() ? std::move(*e) : nullptr;
-}
 
 TEST(KvScales, AnFp8CacheUsesThemAndKeepsItsContracts) {
   testing::temp_dir scaled_dir, plain_dir;
@@ -235,13 +223,13 @@ TEST(KvScales, AnFp8CacheUsesThemAndKeepsItsContracts) {
   const auto prompt = testing::prompt_of(29, 3);
   // Float32 and bfloat16 caches ignore the scales: the same bits with them and without.
   for (dtype kv : {dtype::f32, dtype::bf16}) {
-    auto a = engine_for(scaled, kv), b = engine_for(plain, kv);
+    auto a = testing::engine_with(scaled, kv), b = testing::engine_with(plain, kv);
     ASSERT_TRUE(a && b);
     const auto with = testing::run(*a, prompt, prompt.size()), without = testing::run(*b, prompt, prompt.size());
     for (size_t s = 0; s < with.size(); ++s) EXPECT_TRUE(testing::same_bits(with[s], without[s])) << "step " << s;
   }
   // An fp8_e4m3 cache stores x / scale: other values than a scale-1 cache's, near float32's.
-  auto f32 = engine_for(scaled, dtype::f32), fp8 = engine_for(scaled, dtype::f8_e4m3), fp8_plain = engine_for(plain, dtype::f8_e4m3);
+  auto f32 = testing::engine_with(scaled, dtype::f32), fp8 = testing::engine_with(scaled, dtype::f8_e4m3), fp8_plain = testing::engine_with(plain, dtype::f8_e4m3);
   ASSERT_TRUE(f32 && fp8 && fp8_plain);
   const auto exact = testing::run(*f32, prompt, prompt.size());
   const auto whole = testing::run(*fp8, prompt, prompt.size());
@@ -255,7 +243,7 @@ TEST(KvScales, AnFp8CacheUsesThemAndKeepsItsContracts) {
     EXPECT_TRUE(testing::same_bits(whole[s], chunks[s])) << "chunks of 5, step " << s;
     EXPECT_TRUE(testing::same_bits(whole[s], batched[s])) << "beside 3 neighbours, step " << s;
   }
-  auto tp2 = engine_for(scaled, dtype::f8_e4m3, 2);
+  auto tp2 = testing::engine_with(scaled, dtype::f8_e4m3, 2);
   ASSERT_TRUE(tp2);
   const auto split = testing::run(*tp2, prompt, prompt.size());
   EXPECT_LT(testing::relative_gap(split[0], whole[0]), 1e-4f);
