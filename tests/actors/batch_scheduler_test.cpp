@@ -155,9 +155,11 @@ TEST(BatchScheduler, ChunkedPrefillRunsBesideDecodesWithinTheBudget) {
   EXPECT_EQ(out_a, reference(a));
 }
 
-/// Steps until each request drew its first token, stepping the scheduler to the end.
+/// Steps until each request drew its first token, stepping the scheduler to the end (`widest`:
+/// the most tokens one sequence ran in a step).
 std::map<uint64_t, size_t> first_token_steps(batch_scheduler& s, fake_cache& cache, const scheduler_config& cfg,
-                                             std::map<uint64_t, std::vector<int32_t>>& out) {
+                                             std::map<uint64_t, std::vector<int32_t>>& out, next_fn next = fake_next,
+                                             size_t* widest = nullptr) {
   std::map<uint64_t, size_t> first;
   for (size_t step = 1; s.waiting() + s.running() > 0; ++step) {
     auto plan = s.schedule();
@@ -167,8 +169,8 @@ std::map<uint64_t, size_t> first_token_steps(batch_scheduler& s, fake_cache& cac
     std::vector<int32_t> sampled;
     for (const auto& q : plan.seqs) {
       if (cfg.long_prefill_threshold > 0) EXPECT_LE(q.tokens.size(), cfg.long_prefill_threshold);
-      const int32_t t = cache.run(q);
-      if (q.want_logits) sampled.push_back(t);
+      if (widest) *widest = std::max(*widest, q.tokens.size());
+      for (int32_t t : cache.run_rows(q, next)) sampled.push_back(t);
     }
     for (const auto& e : s.complete(plan, sampled)) {
       first.emplace(e.id, step);
@@ -265,18 +267,10 @@ TEST(BatchScheduler, ShortPromptsPassAnyNumberOfWaitingLongOnesAndDraftsKeepTheC
   for (size_t i = 0; i < r.prompt.size(); ++i) r.prompt[i] = static_cast<int32_t>(i % 4);  // repeats: lookups find drafts
   r.speculate = true;
   ASSERT_TRUE(s2.add(r).ok());
-  size_t steps = 0, widest = 0;
+  size_t widest = 0;
   fake_cache cache(m2);
-  while (s2.running() + s2.waiting() > 0 && steps < 200) {
-    auto p = s2.schedule();
-    std::vector<int32_t> sampled;
-    for (const auto& q : p.seqs) {
-      widest = std::max(widest, q.tokens.size());
-      for (int32_t t : cache.run_rows(q, copying_next)) sampled.push_back(t);
-    }
-    (void)s2.complete(p, sampled);
-    ++steps;
-  }
+  std::map<uint64_t, std::vector<int32_t>> out;
+  first_token_steps(s2, cache, spec_cfg, out, copying_next, &widest);
   EXPECT_EQ(widest, 3u);  // prompt chunks of 3, and decodes of 1 + at most 2 drafts
   EXPECT_GT(s2.drafted(), 0u);
 }
