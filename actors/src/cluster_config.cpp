@@ -424,8 +424,9 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   }
   LLMESH_READ(tools, r.string(f, "tool_call_parser", false));
   if (tools) {
-    if (*tools != "hermes" && *tools != "llama3_json" && *tools != "mistral" && *tools != "pythonic")
-      return r.fail("'tool_call_parser' must be hermes, llama3_json, mistral or pythonic, got " + shown(*tools));
+    if (*tools != "hermes" && *tools != "llama3_json" && *tools != "mistral" && *tools != "pythonic" && *tools != "qwen3_coder" &&
+        *tools != "qwen3_xml")
+      return r.fail("'tool_call_parser' must be hermes, llama3_json, mistral, pythonic or qwen3_coder, got " + shown(*tools));
     out.tool_call_parser = *tools;
   }
   LLMESH_READ(pooling, r.string(f, "pooling", false));

@@ -102,8 +102,9 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
                   "Split chat output's <think> block into reasoning_content: none | deepseek_r1 | qwen3")
       ->check(CLI::IsMember({"none", "deepseek_r1", "qwen3"}))->capture_default_str();
   sub->add_option("--tool-call-parser", f.tool_call_parser,
-                  "The format tool_choice \"auto\" takes calls from: hermes (<tool_call> blocks) | llama3_json | mistral | pythonic")
-      ->check(CLI::IsMember({"hermes", "llama3_json", "mistral", "pythonic"}))->capture_default_str();
+                  "The format tool_choice \"auto\" takes calls from: hermes (<tool_call> blocks) | llama3_json | mistral | pythonic | "
+                  "qwen3_coder (Qwen3-Coder's XML calls; also qwen3_xml)")
+      ->check(CLI::IsMember({"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "qwen3_xml"}))->capture_default_str();
   sub->add_option("--chat-template", f.chat_template,
                   "The chat template instead of the model's: a Jinja file, or the template itself in one line");
   sub->add_option("--max-model-len", f.max_model_len,

@@ -205,6 +205,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
   const bool conversation_route = path == "/v1/conversations" || path.starts_with("/v1/conversations/");
   const bool model_route = path.starts_with("/v1/models/") && path.size() > std::string_view("/v1/models/").size();
   const bool lora_route = path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter";
+  if (path == "/v1/messages" || path == "/v1/messages/count_tokens") return messages_route(method, path, authorization, body);
   const bool known = lora_route || path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
                      path == "/v1/responses" || path == "/v1/embeddings" || score_route || rerank_route || stored_route ||
                      conversation_route || model_route || tokenizer_route || classify_route || pooling_route ||
@@ -214,7 +215,7 @@ api_outcome api_service::handle(std::string_view method, std::string_view target
     return error_reply(make_error(errc::not_found, "no route for " + std::string(method) + " " + std::string(path)));
   }
   if (guarded_route && !authorized(authorization)) {
-    return error_reply(make_error(errc::unauthorized, "missing or wrong API key (send 'Authorization: Bearer KEY')"));
+    return error_reply(make_error(errc::unauthorized, "missing or wrong API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')"));
   }
   if (path == "/v1/models" && get) return models();
   if (model_route && get) return model(path.substr(std::string_view("/v1/models/").size()));
@@ -403,7 +404,7 @@ result<std::pair<std::string, std::vector<int32_t>>> api_service::chat_prompt(co
   return std::pair{std::move(*text), std::move(ids)};
 }
 
-api_outcome api_service::chat_completions(std::string_view body, const responses_job* responses) {
+api_outcome api_service::chat_completions(std::string_view body, const responses_job* responses, bool as_messages) {
   auto r = parse_chat_request(body, opt_.limits);
   if (!r && responses) {
     // The chat fields' names in the message are the Responses API's.
@@ -428,7 +429,8 @@ api_outcome api_service::chat_completions(std::string_view body, const responses
   auto prompt = chat_prompt(*r, sm);
   if (!prompt) return error_reply(prompt.err());
   auto& [text, ids] = *prompt;
-  const tool_output shape{r->tools.mode, r->tools.name, sm.tool_parser};
+  const tool_output shape{r->tools.mode, r->tools.name, sm.tool_parser,
+                          r->tools.tools.empty() ? nullptr : std::make_shared<const nlohmann::ordered_json>(r->tools.tools)};
   // The model's reasoning parser splits the thinking off. A structured output or a forced tool
   // call then holds for the answer, after "</think>" (unless the prompt closed the block).
   reasoning_mode reasoning;
@@ -464,6 +466,7 @@ api_outcome api_service::chat_completions(std::string_view body, const responses
   auto job = prepare(true, sm, {prepared_prompt{std::move(ids), {}}}, r->gen, shape, reasoning, role);
   if (!job) return error_reply(job.err());
   if (responses) job->output->render_as_responses(responses_output(*responses, job->output->id(), job->output->created(), sm.name));
+  if (as_messages) job->output->render_as_messages(std::make_unique<messages_renderer>(job->output->id(), sm.name));
   return std::move(*job);
 }
 

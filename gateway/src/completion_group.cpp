@@ -111,7 +111,9 @@ std::string completion_group::fail(const error& e) {
 
 std::string completion_group::on_message(const actors::token_msg& t) {
   std::string bytes = on_chat_message(t);
-  return responses_ && !bytes.empty() ? responses_->stream(bytes) : bytes;
+  if (bytes.empty()) return bytes;
+  if (responses_) return responses_->stream(bytes);
+  return messages_ ? messages_->stream(bytes) : bytes;
 }
 
 std::string completion_group::on_chat_message(const actors::token_msg& t) {
@@ -179,12 +181,17 @@ std::vector<choice_delta> completion_group::results() const {
 }
 
 http_reply completion_group::reply() const {
-  if (failure_) return error_reply(*failure_);
+  if (failure_) {
+    http_reply r = error_reply(*failure_);
+    if (messages_) r.body = messages_->whole(r.body);
+    return r;
+  }
   if (embeddings_) return embeddings_->reply();
   http_reply r;
   r.body = response_json(g_.chat ? "chat.completion" : "text_completion", g_.id, g_.created, g_.model, results(),
                          usage());
   if (responses_) r.body = responses_->whole(r.body);
+  if (messages_) r.body = messages_->whole(r.body);
   return r;
 }
 

@@ -129,6 +129,7 @@ std::string completion_stream::chunk(const std::string& text, const std::optiona
   c.index = s_.index;
   c.text = started_ ? text : s_.echo_prefix + text;
   c.finish = finish;
+  if (finish) stop_reason_into(c);
   c.role = s_.chat && !started_;
   c.role_name = s_.role;
   if (s_.return_token_ids) {
@@ -212,6 +213,10 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
     stopped_by_string_ = true;
     return finish("stop", std::move(out.text));
   }
+  if (t.finish == actors::finish_reason::eos &&
+      std::find(s_.stop_token_ids.begin(), s_.stop_token_ids.end(), t.token) != s_.stop_token_ids.end()) {
+    stop_token_ = t.token;  // one the request asked for (vLLM's stop_reason), not the model's end
+  }
   if (t.finish != actors::finish_reason::none) {
     return finish(t.finish == actors::finish_reason::length ? "length" : "stop", std::move(out.text));
   }
@@ -225,12 +230,21 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
   return chunk(out.text, std::nullopt);
 }
 
+void completion_stream::stop_reason_into(choice_delta& c) const {
+  if (stopped_by_string_) {
+    c.stop_string = matcher_.matched();
+  } else {
+    c.stop_token = stop_token_;
+  }
+}
+
 choice_delta completion_stream::result() const {
   choice_delta c;
   c.role_name = s_.role;
   c.index = s_.index;
   c.text = text_;
   c.finish = finish_reason_;
+  stop_reason_into(c);
   if (s_.return_token_ids) {
     c.with_token_ids = true;
     c.token_ids = tokens_;

@@ -396,6 +396,17 @@ void add_request_id(http_server::impl* s, header_list& headers, std::string_view
   if (s->opt.request_id_headers) headers.emplace_back("X-Request-Id", request_id(s, sent));
 }
 
+/// The request's API key as api_service::handle takes it ("Bearer KEY"): the Authorization
+/// field, or, when that is not a bearer token, Anthropic's x-api-key field (its SDKs and
+/// proxies send the key there).
+template <class Request>
+std::string credentials(const Request& req) {
+  const std::string_view authorization = sv(req[http::field::authorization]);
+  const std::string_view x_api_key = sv(req["x-api-key"]);
+  if (authorization.starts_with("Bearer ") || x_api_key.empty()) return std::string(authorization);
+  return "Bearer " + std::string(x_api_key);
+}
+
 bool quiet_close(const error_code& ec) {
   return ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::eof ||
          ec == net::error::connection_reset || ec == net::error::operation_aborted || ec == net::error::broken_pipe ||
@@ -453,8 +464,9 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
       header_list extra = cors_headers(s->opt.cors, origin);
       add_request_id(s, extra, sv(req["X-Request-Id"]));
       std::unique_ptr<request_trace> trace = trace_of(s, req);
-      auto handle = [s, &req]() -> awaitable<api_outcome> {
-        co_return s->api->handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
+      const std::string key = credentials(req);
+      auto handle = [s, &req, &key]() -> awaitable<api_outcome> {
+        co_return s->api->handle(sv(req.method_string()), sv(req.target()), key, req.body());
       };
       // GETs are cheap (health, metrics, models); a POST's work goes to the pool. (No co_await
       // inside a conditional expression: g++ 12 destroys such a temporary twice.)
@@ -469,7 +481,7 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
         } done{s->handling};
         outcome = co_await net::co_spawn(s->workers, handle, use_awaitable);
       } else {
-        outcome = s->api->handle(sv(req.method_string()), sv(req.target()), sv(req[http::field::authorization]), req.body());
+        outcome = s->api->handle(sv(req.method_string()), sv(req.target()), key, req.body());
       }
       bool ok = false;
       if (auto* reply = std::get_if<http_reply>(&outcome)) {

@@ -126,6 +126,9 @@ json choice_json(std::string_view kind, const choice_delta& c, bool stream) {
                    : chat      ? chat_logprobs_json(*c.logprobs)
                                : completion_logprobs_json(*c.logprobs);
   ch["finish_reason"] = c.finish ? json(*c.finish) : json(nullptr);
+  if (!stream || c.finish) {
+    ch["stop_reason"] = c.stop_string ? json(*c.stop_string) : c.stop_token ? json(*c.stop_token) : json(nullptr);
+  }
   if (c.with_token_ids) {
     ch["token_ids"] = c.token_ids;
     if (!c.prompt_token_ids.empty()) ch["prompt_token_ids"] = c.prompt_token_ids;

@@ -29,6 +29,15 @@ class reader {
  public:
   explicit reader(std::string_view s) : s_(s) {}
 
+  /// One literal, the whole (stripped) text.
+  std::optional<json> literal() {
+    skip();
+    auto v = value(0);
+    skip();
+    if (!v || at_ != s_.size()) return std::nullopt;
+    return v;
+  }
+
   std::optional<std::vector<tool_call_delta>> calls() {
     std::vector<tool_call_delta> out;
     skip();
@@ -303,6 +312,8 @@ bool pythonic_calls_may_follow(std::string_view text) {
   spaces();
   return at == text.size() || text[at] == '(';
 }
+
+std::optional<nlohmann::ordered_json> python_literal(std::string_view text) { return reader(text).literal(); }
 
 result<std::vector<tool_call_delta>> parse_pythonic_calls(std::string_view text) {
   const size_t first = text.find_first_not_of(" \t\n\r");

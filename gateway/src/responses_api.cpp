@@ -5,6 +5,7 @@
 #include <array>
 
 #include "llmesh/gateway/openai_api.hpp"
+#include "sse_data.hpp"
 
 namespace llmesh::gateway {
 namespace {
@@ -639,27 +640,21 @@ std::string responses_renderer::on_chunk(const json& chunk) {
 
 std::string responses_renderer::stream(std::string_view chat_sse) {
   std::string out;
-  size_t at = 0;
-  while (at < chat_sse.size()) {
-    size_t end = chat_sse.find("\n\n", at);
-    if (end == std::string_view::npos) end = chat_sse.size();
-    std::string_view ev = chat_sse.substr(at, end - at);
-    at = end + 2;
-    if (!ev.starts_with("data: ") || ended_) continue;
-    ev.remove_prefix(6);
+  detail::for_each_sse_data(chat_sse, [&](std::string_view ev) {
+    if (ended_) return;
     if (ev == "[DONE]") {
       out += finish();  // the Responses stream ends with its last event: no [DONE]
-      continue;
+      return;
     }
     const json chunk = json::parse(ev, nullptr, false);
-    if (chunk.is_discarded()) continue;
+    if (chunk.is_discarded()) return;
     // The chunks are the chat renderer's own; one of another shape (a bug) is skipped rather
     // than allowed to throw through the connection.
     try {
       out += on_chunk(chunk);
     } catch (const nlohmann::json::exception&) {
     }
-  }
+  });
   return out;
 }
 

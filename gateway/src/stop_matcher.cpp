@@ -20,6 +20,7 @@ stop_matcher::output stop_matcher::push(std::string_view piece, bool match) {
   // matched, held_ before the piece holds no whole stop string anyway: it would have been
   // found then.)
   size_t first = std::string::npos, length = 0;  // at the earliest position, the first stop listed
+  const std::string* which = nullptr;
   if (match) {
     for (const auto& s : stops_) {
       const size_t from = searched_ >= s.size() ? searched_ - s.size() + 1 : 0;
@@ -27,10 +28,12 @@ stop_matcher::output stop_matcher::push(std::string_view piece, bool match) {
       if (at < first) {
         first = at;
         length = s.size();
+        which = &s;
       }
     }
   }
   if (first != std::string::npos) {
+    matched_ = *which;
     out.text = held_.substr(0, include_ ? first + length : first);
     out.stopped = stopped_ = true;
     held_.clear();

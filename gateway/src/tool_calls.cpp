@@ -36,9 +36,11 @@ std::string unparsed_content(tool_call_parser p, std::string text) {
   return text;
 }
 
-/// The calls in `text`, which begins with the parser's tag.
-result<std::vector<tool_call_delta>> parse_tagged(tool_call_parser p, std::string_view text) {
-  return p == tool_call_parser::mistral ? parse_mistral_calls(text.substr(mistral_open.size())) : parse_hermes_calls(text);
+/// The calls in `text`, which begins with the parser's tag (`tools`: the request's).
+result<std::vector<tool_call_delta>> parse_tagged(tool_call_parser p, std::string_view text, const json* tools) {
+  if (p == tool_call_parser::mistral) return parse_mistral_calls(text.substr(mistral_open.size()));
+  if (p == tool_call_parser::qwen3_coder) return parse_qwen3_coder_calls(text, tools);
+  return parse_hermes_calls(text);
 }
 /// What Llama 3.1 may write before its calls (a special token: the decoder usually drops it).
 constexpr std::string_view python_tag = "<|python_tag|>";
@@ -104,6 +106,7 @@ std::string_view tool_call_parser_name(tool_call_parser p) {
     case tool_call_parser::llama3_json: return "llama3_json";
     case tool_call_parser::mistral: return "mistral";
     case tool_call_parser::pythonic: return "pythonic";
+    case tool_call_parser::qwen3_coder: return "qwen3_coder";
     default: return "hermes";
   }
 }
@@ -113,8 +116,9 @@ result<tool_call_parser> parse_tool_call_parser(std::string_view s) {
   if (s == "llama3_json") return tool_call_parser::llama3_json;
   if (s == "mistral") return tool_call_parser::mistral;
   if (s == "pythonic") return tool_call_parser::pythonic;
+  if (s == "qwen3_coder" || s == "qwen3_xml") return tool_call_parser::qwen3_coder;  // (vLLM's two names of one format)
   return make_error(errc::invalid_request,
-                    "unknown tool-call parser '" + std::string(s) + "' (hermes, llama3_json, mistral, pythonic)");
+                    "unknown tool-call parser '" + std::string(s) + "' (hermes, llama3_json, mistral, pythonic, qwen3_coder)");
 }
 
 result<std::vector<int32_t>> tool_parser_kept_tokens(const model::tokenizer& tok, tool_call_parser p,
@@ -292,7 +296,7 @@ void shape_tool_calls(const tool_output& t, choice_delta& c) {
   if (t.mode == tool_choice_mode::automatic) {
     const size_t at = c.text.find(open_tag(t.parser));
     if (at == std::string::npos) return;
-    auto calls = parse_tagged(t.parser, std::string_view(c.text).substr(at));
+    auto calls = parse_tagged(t.parser, std::string_view(c.text).substr(at), t.tools.get());
     if (!calls) {  // not calls after all: all of it is content
       c.text = unparsed_content(t.parser, std::move(c.text));
       return;
@@ -328,6 +332,8 @@ std::vector<choice_delta> tool_call_stream::shape(choice_delta c) {
       c.role = false;
       if (c.text.empty()) {  // nothing more to say: the head carries the rest of c
         head.finish = std::move(c.finish);
+        head.stop_string = std::move(c.stop_string);
+        head.stop_token = c.stop_token;
         head.token_ids = std::move(c.token_ids);
         head.prompt_token_ids = std::move(c.prompt_token_ids);
         head.with_token_ids = c.with_token_ids;
@@ -430,7 +436,7 @@ std::vector<choice_delta> tool_call_stream::shape_automatic(choice_delta c) {
   }
   if (c.finish) {
     if (in_calls_) {
-      auto calls = parse_tagged(t_.parser, held_);
+      auto calls = parse_tagged(t_.parser, held_, t_.tools.get());
       if (calls) {
         c.tool_calls = std::move(*calls);
         if (*c.finish == "stop") c.finish = "tool_calls";

@@ -455,7 +455,7 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
   expect_refused(with("placement: packed", "placement: packed\n    reasoning_parser: granite"),
                  {"'reasoning_parser' must be none, deepseek_r1 or qwen3, got 'granite'"});
   expect_refused(with("placement: packed", "placement: packed\n    tool_call_parser: granite"),
-                 {"'tool_call_parser' must be hermes, llama3_json, mistral or pythonic, got 'granite'"});
+                 {"'tool_call_parser' must be hermes, llama3_json, mistral, pythonic or qwen3_coder, got 'granite'"});
   expect_refused(with("placement: packed", "placement: packed\n    pooling: max"),
                  {"'pooling' must be model, last, mean or cls, got 'max'"});
   {

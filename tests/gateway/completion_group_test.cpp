@@ -104,10 +104,10 @@ TEST_F(CompletionGroup, AWholeResponseHoldsEveryChoiceInIndexOrderWithUsageSumme
   const http_reply r = g.reply();
   EXPECT_EQ(r.status, 200);
   auto want = json::parse(R"({"id":"cmpl-g","object":"text_completion","created":7,"model":"m","choices":[
-      {"index":0,"text":" the LORD","logprobs":null,"finish_reason":"length","token_ids":[],"prompt_token_ids":[1,2,3]},
-      {"index":1,"text":" and","logprobs":null,"finish_reason":"length","token_ids":[],"prompt_token_ids":[1,2,3]},
-      {"index":2,"text":" said unto","logprobs":null,"finish_reason":"length","token_ids":[],"prompt_token_ids":[4,5]},
-      {"index":3,"text":" and","logprobs":null,"finish_reason":"stop","token_ids":[],"prompt_token_ids":[4,5]}],
+      {"index":0,"text":" the LORD","logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":[],"prompt_token_ids":[1,2,3]},
+      {"index":1,"text":" and","logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":[],"prompt_token_ids":[1,2,3]},
+      {"index":2,"text":" said unto","logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":[],"prompt_token_ids":[4,5]},
+      {"index":3,"text":" and","logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":[],"prompt_token_ids":[4,5]}],
       "usage":{"prompt_tokens":5,"completion_tokens":6,"total_tokens":11}})");
   want["choices"][0]["token_ids"] = x;
   want["choices"][1]["token_ids"] = y;

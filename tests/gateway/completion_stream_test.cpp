@@ -157,7 +157,11 @@ TEST_F(CompletionStream, ChatChunksStartWithTheRoleAndEndOnEos) {
   for (const auto& e : ev) text += e["choices"][0]["delta"].value("content", "");
   EXPECT_EQ(text, "Fine, thanks.");
   EXPECT_EQ(ev.back()["choices"][0]["finish_reason"], "stop");
-  for (size_t i = 1; i < ev.size(); ++i) EXPECT_FALSE(ev[i]["choices"][0]["delta"].contains("role"));
+  EXPECT_TRUE(ev.back()["choices"][0]["stop_reason"].is_null());  // vLLM's: the model's own end names none
+  for (size_t i = 1; i < ev.size(); ++i) {
+    EXPECT_FALSE(ev[i]["choices"][0]["delta"].contains("role"));
+    if (i + 1 < ev.size()) EXPECT_FALSE(ev[i]["choices"][0].contains("stop_reason"));  // only with the finish
+  }
 }
 
 TEST_F(CompletionStream, StopStringsCutAcrossTokensAndAskForCancellation) {
@@ -181,10 +185,12 @@ TEST_F(CompletionStream, StopStringsCutAcrossTokensAndAskForCancellation) {
       for (const auto& e : ev) text += e["choices"][0]["text"];
       EXPECT_EQ(text, "one two thre");
       EXPECT_EQ(ev.back()["choices"][0]["finish_reason"], "stop");
+      EXPECT_EQ(ev.back()["choices"][0]["stop_reason"], "e fo");  // vLLM's stop_reason: the string
     } else {
       auto j = json::parse(c.reply().body);
       EXPECT_EQ(j["choices"][0]["text"], "one two thre");
       EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+      EXPECT_EQ(j["choices"][0]["stop_reason"], "e fo");
     }
   }
 }
@@ -264,12 +270,14 @@ TEST_F(CompletionStream, AStopTokenIdEndsTheTextBeforeItselfButStaysInTokenIds) 
     std::string text;
     std::vector<int32_t> token_ids;
     std::string finish;
+    json stop_reason;
     if (streaming) {
       bool done = false;
       for (const auto& e : events(sse, done)) {
         text += e["choices"][0]["text"];
         for (int32_t t : e["choices"][0]["token_ids"]) token_ids.push_back(t);
         if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+        if (e["choices"][0].contains("stop_reason")) stop_reason = e["choices"][0]["stop_reason"];
       }
       EXPECT_TRUE(done);
     } else {
@@ -277,7 +285,9 @@ TEST_F(CompletionStream, AStopTokenIdEndsTheTextBeforeItselfButStaysInTokenIds) 
       text = j["choices"][0]["text"];
       token_ids = j["choices"][0]["token_ids"].get<std::vector<int32_t>>();
       finish = j["choices"][0]["finish_reason"];
+      stop_reason = j["choices"][0]["stop_reason"];
     }
+    EXPECT_EQ(stop_reason, ids.back());  // vLLM's stop_reason: the stop token's id
     EXPECT_EQ(text, "one two") << (streaming ? "streamed" : "whole");
     EXPECT_EQ(token_ids, ids);
     EXPECT_EQ(finish, "stop");
@@ -289,6 +299,7 @@ TEST_F(CompletionStream, AStopTokenIdEndsTheTextBeforeItselfButStaysInTokenIds) 
   one_choice c(s, tok_->decoder());
   feed(c, ids, finish_reason::eos);
   EXPECT_EQ(json::parse(c.reply().body)["choices"][0]["text"], "one two three");
+  EXPECT_TRUE(json::parse(c.reply().body)["choices"][0]["stop_reason"].is_null());
 }
 
 // vLLM's skip_special_tokens false: special tokens' text stays in the output, but the end token

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "json_mutation.hpp"
+#include "typed_events.hpp"
 #include "llmesh/gateway/api_service.hpp"
 #include "llmesh/gateway/responses_api.hpp"
 
@@ -210,24 +211,8 @@ TEST(ResponsesApi, TheThinkingsTokenCountIsTheUsagesReasoningTokens) {
   EXPECT_EQ(j["usage"]["output_tokens"], 6);
 }
 
-/// The events of a Responses stream: (type, data).
-std::vector<json> events_of(const std::string& sse) {
-  std::vector<json> out;
-  size_t at = 0;
-  while (at < sse.size()) {
-    const size_t end = sse.find("\n\n", at);
-    const std::string ev = sse.substr(at, end - at);
-    at = end + 2;
-    const size_t type_end = ev.find('\n');
-    EXPECT_EQ(ev.substr(0, 7), "event: ");
-    const json data = json::parse(ev.substr(ev.find("data: ") + 6));
-    EXPECT_EQ(data["type"], ev.substr(7, type_end - 7));
-    out.push_back(data);
-  }
-  return out;
-}
-
-std::string data(const std::string& chunk) { return "data: " + chunk + "\n\n"; }
+const auto events_of = testing::typed_events;
+const auto data = testing::sse_data;
 
 TEST(ResponsesApi, ChatChunksBecomeTypedEventsEndingInTheWholeResponse) {
   const std::string env = R"("id":"chatcmpl-00ff","object":"chat.completion.chunk","created":9,"model":"m")";
@@ -357,17 +342,7 @@ TEST(ResponsesApi, MutatedRequestsAndStreamsNeverThrow) {
     std::string out;
     ASSERT_NO_THROW(out = r.stream(testing::mutate_json(stream_seed, rng)));
     ASSERT_NO_THROW(r.whole(testing::mutate_json(chat_whole, rng)));
-    for (size_t at = 0; at < out.size();) {
-      const size_t end = out.find("\n\n", at);
-      ASSERT_NE(end, std::string::npos);
-      const std::string ev = out.substr(at, end - at);
-      at = end + 2;
-      const size_t data_at = ev.find("\ndata: ");
-      ASSERT_NE(data_at, std::string::npos) << ev;
-      const json d = json::parse(ev.substr(data_at + 7), nullptr, false);
-      ASSERT_FALSE(d.is_discarded()) << ev;
-      EXPECT_EQ("event: " + d["type"].get<std::string>(), ev.substr(0, data_at));
-    }
+    testing::expect_well_typed(out);
   }
 }
 

@@ -252,7 +252,14 @@ class api_service {
     nlohmann::ordered_json earlier = nlohmann::ordered_json::array();
     std::string conversation;  ///< the conversation it continues and extends (empty: none)
   };
-  api_outcome chat_completions(std::string_view body, const responses_job* responses = nullptr);
+  /// `as_messages`: the request came to /v1/messages; its output is rendered as Anthropic's
+  /// (messages_api.hpp).
+  api_outcome chat_completions(std::string_view body, const responses_job* responses = nullptr, bool as_messages = false);
+  /// Anthropic's Messages API (api_messages.cpp): /v1/messages and /v1/messages/count_tokens,
+  /// every answer (errors too: the key's, the route's) in its shape.
+  api_outcome messages_route(std::string_view method, std::string_view path, std::string_view authorization, std::string_view body);
+  api_outcome messages(std::string_view body);
+  http_reply count_message_tokens(std::string_view body);
   /// A checked chat request's prompt: the model's template rendered (tools, chat_template_kwargs,
   /// continue_final_message), and its tokens (truncate_prompt_tokens applied). REQUIRES: sm.chat.
   result<std::pair<std::string, std::vector<int32_t>>> chat_prompt(const chat_request& r, const served_model& sm) const;

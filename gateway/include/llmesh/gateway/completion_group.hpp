@@ -15,6 +15,7 @@
 #include "llmesh/gateway/beam_search.hpp"
 #include "llmesh/gateway/completion_stream.hpp"
 #include "llmesh/gateway/embeddings_api.hpp"
+#include "llmesh/gateway/messages_api.hpp"
 #include "llmesh/gateway/responses_api.hpp"
 
 namespace llmesh::gateway {
@@ -68,6 +69,9 @@ class completion_group {
   void render_as_responses(std::unique_ptr<responses_renderer> r) { responses_ = std::move(r); }
   /// That renderer (nullptr: a chat or completions response).
   responses_renderer* responses() const { return responses_.get(); }
+  /// /v1/messages: the chat output (one choice) goes out as Anthropic's message object or
+  /// stream events instead, and an error in Anthropic's shape (messages_api.hpp).
+  void render_as_messages(std::unique_ptr<messages_renderer> m) { messages_ = std::move(m); }
   /// /v1/embeddings: the group has no choices; `e` runs the inputs (its requests come out of
   /// take_submissions, a window at a time) and its list is the reply. Not streamed.
   void render_as_embeddings(std::unique_ptr<embeddings_output> e);
@@ -143,6 +147,7 @@ class completion_group {
   std::vector<beam_member> beams_;
   std::vector<actors::replica_request> submissions_;
   std::unique_ptr<responses_renderer> responses_;
+  std::unique_ptr<messages_renderer> messages_;
   std::unique_ptr<embeddings_output> embeddings_;
   size_t finished_ = 0;
   std::optional<error> failure_;

@@ -140,6 +140,8 @@ class completion_stream {
   const std::vector<int32_t>& token_ids() const { return tokens_; }
   const std::string& text() const { return text_; }
   const std::string& finish_reason() const { return finish_reason_; }
+  /// The stop string that ended the text (empty: none did).
+  const std::string& stop_string() const { return matcher_.matched(); }
   /// The sum of the generated tokens' log-probabilities, as their messages carried them
   /// (token_msg::logprobs; the request asked for them): best_of's ranking. 0 without them.
   double cumulative_logprob() const { return cumulative_logprob_; }
@@ -156,6 +158,8 @@ class completion_stream {
 
   /// This choice's chunk carrying `text` (the echo prefix ahead of it in the first chunk).
   std::string chunk(const std::string& text, const std::optional<std::string>& finish);
+  /// vLLM's stop_reason of the ended stream into c (choice_delta::stop_string / stop_token).
+  void stop_reason_into(choice_delta& c) const;
   /// Ends the stream; `text` is what the last token released.
   std::string finish(const std::string& reason, std::string text);
   void observe_token();
@@ -194,6 +198,7 @@ class completion_stream {
   /// A generated token's entry as reported: its offset counted in the whole choice text.
   logprob_entry reported(logprob_entry e) const;
   std::string finish_reason_;
+  std::optional<int32_t> stop_token_;  ///< the request's stop token that ended it
   std::optional<tool_call_stream> tool_stream_;  ///< streamed chat with s_.tools.shapes()
   std::optional<reasoning_stream> reasoning_stream_;  ///< streamed chat with s_.reasoning.active()
   std::optional<error> failure_;

@@ -29,11 +29,14 @@ class stop_matcher {
   output push(std::string_view piece, bool match = true);
   /// The stream ended without a stop string: everything held back.
   std::string flush();
+  /// The stop string that ended the text (empty: none has).
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;
   bool include_ = false;
   std::string held_;
+  std::string matched_;
   /// held_'s first bytes that were searched already (or, before min_tokens, must not be): a
   /// match must end after them.
   size_t searched_ = 0;

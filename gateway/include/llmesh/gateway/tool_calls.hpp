@@ -13,6 +13,8 @@
 // nothing is shaped.
 #pragma once
 
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,9 +27,9 @@
 namespace llmesh::gateway {
 
 /// The format "auto" looks for calls in (vLLM's --tool-call-parser names).
-enum class tool_call_parser { hermes, llama3_json, mistral, pythonic };
+enum class tool_call_parser { hermes, llama3_json, mistral, pythonic, qwen3_coder };
 
-/// "hermes", "llama3_json", "mistral", "pythonic".
+/// "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder".
 std::string_view tool_call_parser_name(tool_call_parser p);
 /// Parses a --tool-call-parser value (or a cluster config's tool_call_parser); invalid_request
 /// names the choices.
@@ -44,6 +46,9 @@ struct tool_output {
   tool_choice_mode mode = tool_choice_mode::none;  ///< none shapes nothing (automatic: only with tools)
   std::string name;                                ///< named: the function
   tool_call_parser parser = tool_call_parser::hermes;  ///< automatic: the served model's format
+  /// The request's chat tools (qwen3_coder converts each parameter's text by its schema there);
+  /// null: none.
+  std::shared_ptr<const nlohmann::ordered_json> tools;
   bool shapes() const { return mode != tool_choice_mode::none; }
 };
 
@@ -85,6 +90,19 @@ std::string new_mistral_tool_call_id();
 /// dicts with string keys; negative numbers too). Each is a call with a new id and its
 /// arguments as compact JSON text. An invalid_request error when the text is anything else.
 [[nodiscard]] result<std::vector<tool_call_delta>> parse_pythonic_calls(std::string_view text);
+
+/// A Python literal (what pythonic arguments may be: strings, numbers, True / False / None,
+/// lists, tuples, dicts) as JSON, the whole stripped text; nullopt when it is not one
+/// (ast.literal_eval's use in vLLM's parsers).
+std::optional<nlohmann::ordered_json> python_literal(std::string_view text);
+
+/// Qwen3-Coder's XML calls (vLLM's qwen3_coder parser; qwen3_coder_calls.cpp), `text` from its
+/// first "<tool_call>" on: each <tool_call> block's <function=NAME> with its
+/// <parameter=P>\nVALUE\n</parameter> parameters is a call with a new id; a value becomes JSON
+/// by the type its parameter has in `tools` (the request's chat tools; a string when the tool
+/// or parameter is not there). Blocks without a valid function are left out; an
+/// invalid_request error when none is left.
+[[nodiscard]] result<std::vector<tool_call_delta>> parse_qwen3_coder_calls(std::string_view text, const nlohmann::ordered_json* tools);
 
 /// Whether pythonic takes this output for calls: after leading whitespace, "[" or <|python_start|>.
 bool pythonic_calls_start(std::string_view text);
