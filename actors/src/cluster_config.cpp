@@ -425,8 +425,9 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   LLMESH_READ(tools, r.string(f, "tool_call_parser", false));
   if (tools) {
     if (*tools != "hermes" && *tools != "llama3_json" && *tools != "mistral" && *tools != "pythonic" && *tools != "qwen3_coder" &&
-        *tools != "qwen3_xml")
-      return r.fail("'tool_call_parser' must be hermes, llama3_json, mistral, pythonic or qwen3_coder, got " + shown(*tools));
+        *tools != "qwen3_xml" && *tools != "granite" && *tools != "phi4_mini_json")
+      return r.fail("'tool_call_parser' must be hermes, llama3_json, mistral, pythonic, qwen3_coder, granite or phi4_mini_json, got " +
+                    shown(*tools));
     out.tool_call_parser = *tools;
   }
   LLMESH_READ(pooling, r.string(f, "pooling", false));

@@ -103,8 +103,9 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
       ->check(CLI::IsMember({"none", "deepseek_r1", "qwen3"}))->capture_default_str();
   sub->add_option("--tool-call-parser", f.tool_call_parser,
                   "The format tool_choice \"auto\" takes calls from: hermes (<tool_call> blocks) | llama3_json | mistral | pythonic | "
-                  "qwen3_coder (Qwen3-Coder's XML calls; also qwen3_xml)")
-      ->check(CLI::IsMember({"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "qwen3_xml"}))->capture_default_str();
+                  "qwen3_coder (Qwen3-Coder's XML calls; also qwen3_xml) | granite | phi4_mini_json")
+      ->check(CLI::IsMember({"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "qwen3_xml", "granite", "phi4_mini_json"}))
+      ->capture_default_str();
   sub->add_option("--chat-template", f.chat_template,
                   "The chat template instead of the model's: a Jinja file, or the template itself in one line");
   sub->add_option("--max-model-len", f.max_model_len,

@@ -662,6 +662,7 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   choice.tokens_as_ids = g.tokens_as_ids || opt_.tokens_as_ids;
   choice.continuous_usage = g.continuous_usage;
   choice.stop_token_ids = g.stop_token_ids;
+  if (!g.ignore_eos) choice.model_end_ids = cfg.eos_ids;
   choice.logprobs = g.logprobs;
   choice.echo_logprobs = g.prompt_logprobs >= 0;
   choice.prompt_logprobs = g.prompt_logprobs_shown;

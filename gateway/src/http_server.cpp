@@ -10,6 +10,7 @@
 
 #include "llmesh/actors/serving_metrics.hpp"
 #include "llmesh/gateway/background_runs.hpp"
+#include "llmesh/gateway/messages_api.hpp"
 #include "llmesh/gateway/metrics_endpoint.hpp"
 #include "llmesh/gateway/otlp_exporter.hpp"
 #include "llmesh/gateway/tracing.hpp"
@@ -440,6 +441,11 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
         } else {
           r = error_reply(make_error(errc::invalid_request, "malformed HTTP request: " + ec.message()));
         }
+        // Anthropic's routes answer in their API's shape, this answer too (their path is known
+        // once the request line was read).
+        std::string_view path = sv(parser.get().target());
+        path = path.substr(0, path.find('?'));
+        if (path.ends_with("/v1/messages") || path.ends_with("/v1/messages/count_tokens")) r.body = messages_error_body(r.body);
         count_request(s, r.status);
         // The fields read so far (a body over the limit came after whole headers): the page may
         // read the 413 when its Origin is allowed (CORS).

@@ -1,6 +1,7 @@
 // Anthropic's Messages API over the chat endpoint (messages_api.hpp).
 #include "llmesh/gateway/messages_api.hpp"
 
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -16,9 +17,20 @@ error bad(std::string message) { return make_error(errc::invalid_request, std::m
 
 bool sent(const json& j, const char* name) { return j.contains(name) && !j[name].is_null(); }
 
-std::string type_of(const json& block) {
-  return block.is_object() && block.contains("type") && block["type"].is_string() ? block["type"].get<std::string>() : std::string();
+/// j[key] when j is an object holding a string there, else "" (never throws: the renderer's
+/// input is the chat renderer's, read defensively).
+std::string str_of(const json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
 }
+int64_t int_of(const json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : 0;
+}
+const json& member(const json& j, const char* key) {
+  static const json none;
+  return j.is_object() && j.contains(key) ? j[key] : none;
+}
+
+std::string type_of(const json& block) { return str_of(block, "type"); }
 
 std::string dumped(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -233,10 +245,9 @@ status add_template_kwargs(const json& body, json& chat) {
 /// cache_read_input_tokens (with cache_creation_input_tokens 0) when the count is known —
 /// vLLM's mapping.
 json usage_of(const json& u) {
-  const int64_t prompt = u.is_object() ? u.value("prompt_tokens", int64_t{0}) : 0;
-  const int64_t output = u.is_object() ? u.value("completion_tokens", int64_t{0}) : 0;
-  const bool known = u.is_object() && u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object();
-  const int64_t cached = known ? u["prompt_tokens_details"].value("cached_tokens", int64_t{0}) : 0;
+  const int64_t prompt = int_of(u, "prompt_tokens"), output = int_of(u, "completion_tokens");
+  const bool known = member(u, "prompt_tokens_details").is_object();
+  const int64_t cached = int_of(member(u, "prompt_tokens_details"), "cached_tokens");
   json out = {{"input_tokens", prompt - cached}};
   if (known) {
     out["cache_creation_input_tokens"] = 0;
@@ -246,17 +257,25 @@ json usage_of(const json& u) {
   return out;
 }
 
-/// stop_reason and stop_sequence from the chat choice's finish_reason and stop_reason.
+/// stop_reason and stop_sequence from the chat choice's finish_reason and stop_reason:
+/// tool_use only when a tool_use block was written (a call whose arguments are no object is
+/// text: the turn ends).
 std::pair<json, json> stop_of(const std::string& finish, const json& stop_reason, bool tool_used) {
   if (finish == "length") return {"max_tokens", nullptr};
-  if (finish == "tool_calls" || tool_used) return {"tool_use", nullptr};
+  if (tool_used) return {"tool_use", nullptr};
   if (stop_reason.is_string()) return {"stop_sequence", stop_reason};
   return {"end_turn", nullptr};
 }
 
-json error_object(const json& e) {
-  return {{"type", messages_error_type(e.is_object() ? e.value("code", std::string()) : std::string())},
-          {"message", e.is_object() ? e.value("message", std::string()) : std::string()}};
+json error_object(const json& e) { return {{"type", messages_error_type(str_of(e, "code"))}, {"message", str_of(e, "message")}}; }
+
+/// A call's arguments as a tool_use block's input: the JSON object they are, or that a JSON
+/// string of them holds (a model that wrote its arguments as a string); nullopt otherwise.
+std::optional<json> call_input(const std::string& args) {
+  auto input = parse_embedded_json(args);  // (depth-bounded: a model's output)
+  if (input && input->is_string()) input = parse_embedded_json(input->get<std::string>());
+  if (!input || !input->is_object()) return std::nullopt;
+  return input;
 }
 
 std::string event(std::string_view type, const json& body) {
@@ -290,6 +309,20 @@ result<json> messages_to_chat(const json& body, bool counting) {
   }
   if (messages.empty()) return bad("'messages' holds nothing for the model (only system text)");
   if (!system.empty()) messages.insert(messages.begin(), json{{"role", "system"}, {"content", std::move(system)}});
+  // Anthropic's prefill: a final assistant message with text is the answer's start, which the
+  // model continues (the chat endpoint's continue_final_message; the reply holds what follows).
+  json& last = messages.back();
+  if (last["role"] == "assistant" && !last.contains("tool_calls")) {
+    if (last["content"].is_array()) {  // several text blocks: one text, as continuing needs
+      std::string joined;
+      for (const json& part : last["content"]) joined += part["text"].get<std::string>();
+      last["content"] = std::move(joined);
+    }
+    if (last["content"].is_string() && !last["content"].get_ref<const std::string&>().empty()) {
+      chat["continue_final_message"] = true;
+      chat["add_generation_prompt"] = false;
+    }
+  }
   chat["messages"] = std::move(messages);
   if (sent(body, "tools")) {
     auto tools = chat_tools(body["tools"]);
@@ -376,19 +409,18 @@ std::string messages_renderer::whole(std::string_view chat_body) const {
     }
     bool tool_used = false;
     if (msg["tool_calls"].is_array()) {
-      for (json& t : msg["tool_calls"]) {
-        const std::string args = t["function"].value("arguments", std::string());
-        json input = json::parse(args, nullptr, false);
-        if (!input.is_object()) {  // (a parser's call is an object) nothing is lost: the call's text
+      for (const json& t : msg["tool_calls"]) {
+        const std::string args = str_of(member(t, "function"), "arguments");
+        auto input = call_input(args);
+        if (!input) {  // nothing is lost: the call's text
           content.push_back({{"type", "text"}, {"text", args}});
           continue;
         }
-        content.push_back({{"type", "tool_use"}, {"id", t.value("id", std::string())}, {"name", t["function"].value("name", std::string())},
-                           {"input", std::move(input)}});
+        content.push_back({{"type", "tool_use"}, {"id", str_of(t, "id")}, {"name", str_of(member(t, "function"), "name")}, {"input", std::move(*input)}});
         tool_used = true;
       }
     }
-    auto [stop, sequence] = stop_of(c.value("finish_reason", std::string()), c["stop_reason"], tool_used);
+    auto [stop, sequence] = stop_of(str_of(c, "finish_reason"), c["stop_reason"], tool_used);
     const json m = {{"id", id_},          {"type", "message"},        {"role", "assistant"},     {"model", model_},
                     {"content", content}, {"stop_reason", stop}, {"stop_sequence", sequence}, {"usage", usage_of(j["usage"])}};
     return dumped(m);
@@ -436,7 +468,7 @@ std::string messages_renderer::on_chunk(const json& chunk) {
     ended_ = true;
     return event("error", {{"type", "error"}, {"error", error_object(chunk["error"])}});
   }
-  if (chunk.contains("usage") && chunk["usage"].is_object()) usage_ = chunk["usage"];
+  if (member(chunk, "usage").is_object()) usage_ = chunk["usage"];
   if (!started_) {
     started_ = true;
     json u = usage_of(usage_);
@@ -445,10 +477,10 @@ std::string messages_renderer::on_chunk(const json& chunk) {
                     {"content", json::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr}, {"usage", std::move(u)}};
     out += event("message_start", {{"type", "message_start"}, {"message", m}});
   }
-  if (!chunk.contains("choices") || !chunk["choices"].is_array() || chunk["choices"].empty()) return out;
+  if (!member(chunk, "choices").is_array() || chunk["choices"].empty()) return out;
   const json& c = chunk["choices"][0];
-  const json d = c.value("delta", json::object());
-  auto piece = [&](const char* key) { return d.contains(key) && d[key].is_string() ? d[key].get<std::string>() : std::string(); };
+  const json& d = member(c, "delta");
+  auto piece = [&](const char* key) { return str_of(d, key); };
   auto delta = [&](json body) { return event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_}, {"delta", std::move(body)}}); };
   if (const std::string r = piece("reasoning_content"); !r.empty()) {
     if (open_ != block::thinking) {
@@ -457,33 +489,44 @@ std::string messages_renderer::on_chunk(const json& chunk) {
     }
     out += delta({{"type", "thinking_delta"}, {"thinking", r}});
   }
-  if (std::string t = piece("content"); !t.empty()) {
+  auto text = [&](std::string t) {
     if (open_ != block::text && blank(held_ + t)) {
       held_ += t;  // a text block opens with its first non-blank text (whole(): none is blank)
-    } else {
-      if (open_ != block::text) {
-        t = std::exchange(held_, std::string()) + t;
-        out += close_open();
-        out += open(block::text, {{"type", "text"}, {"text", ""}});
-      }
-      out += delta({{"type", "text_delta"}, {"text", t}});
+      return;
     }
-  }
-  if (d.contains("tool_calls") && d["tool_calls"].is_array()) {
+    if (open_ != block::text) {
+      t = std::exchange(held_, std::string()) + t;
+      out += close_open();
+      out += open(block::text, {{"type", "text"}, {"text", ""}});
+    }
+    out += delta({{"type", "text_delta"}, {"text", t}});
+  };
+  if (std::string t = piece("content"); !t.empty()) text(std::move(t));
+  if (member(d, "tool_calls").is_array()) {
     for (const json& tc : d["tool_calls"]) {
-      const json f = tc.value("function", json::object());
-      if (tc.contains("id")) {
+      const json& f = member(tc, "function");
+      const std::string args = str_of(f, "arguments");
+      if (!member(tc, "id").is_null()) {
+        // A parser's call comes whole: arguments that are complete JSON but no object (nor a
+        // string of one) are text, as whole() makes them. Others are an object, or its first
+        // piece (a named call streams its arguments, a grammar keeping them an object).
+        std::optional<json> input = call_input(args);
+        if (!input && parse_embedded_json(args)) {
+          text(args);
+          continue;
+        }
         out += close_open();
-        out += open(block::tool_use, {{"type", "tool_use"}, {"id", tc["id"]}, {"name", f.value("name", std::string())}, {"input", json::object()}});
+        out += open(block::tool_use, {{"type", "tool_use"}, {"id", str_of(tc, "id")}, {"name", str_of(f, "name")}, {"input", json::object()}});
         tool_used_ = true;
+        if (!args.empty()) out += delta({{"type", "input_json_delta"}, {"partial_json", input ? dumped(*input) : args}});
+        continue;
       }
-      const std::string args = f.contains("arguments") && f["arguments"].is_string() ? f["arguments"].get<std::string>() : std::string();
       if (!args.empty() && open_ == block::tool_use) out += delta({{"type", "input_json_delta"}, {"partial_json", args}});
     }
   }
-  if (c.contains("finish_reason") && c["finish_reason"].is_string()) {
+  if (member(c, "finish_reason").is_string()) {
     finish_reason_ = c["finish_reason"];
-    stop_reason_ = c.value("stop_reason", json());
+    stop_reason_ = member(c, "stop_reason");
     out += close_open();
   }
   return out;
@@ -493,14 +536,16 @@ std::string messages_renderer::stream(std::string_view chat_sse) {
   std::string out;
   detail::for_each_sse_data(chat_sse, [&](std::string_view ev) {
     if (ended_) return;
-    if (ev == "[DONE]") {
-      out += finish();  // the Messages stream ends with message_stop: no [DONE]
-      return;
-    }
-    const json chunk = json::parse(ev, nullptr, false);
-    if (chunk.is_discarded()) return;
-    try {  // the chat renderer's own chunks; one of another shape (a bug) is skipped
-      out += on_chunk(chunk);
+    // The chat renderer's own chunks, read without throwing (str_of, member); should one of
+    // another shape (a bug) throw all the same, it is skipped rather than thrown through the
+    // connection.
+    try {
+      if (ev == "[DONE]") {
+        out += finish();  // the Messages stream ends with message_stop: no [DONE]
+        return;
+      }
+      const json chunk = json::parse(ev, nullptr, false);
+      if (!chunk.is_discarded()) out += on_chunk(chunk);
     } catch (const nlohmann::json::exception&) {
     }
   });

@@ -126,7 +126,8 @@ json choice_json(std::string_view kind, const choice_delta& c, bool stream) {
                    : chat      ? chat_logprobs_json(*c.logprobs)
                                : completion_logprobs_json(*c.logprobs);
   ch["finish_reason"] = c.finish ? json(*c.finish) : json(nullptr);
-  if (!stream || c.finish) {
+  // vLLM's: whole choices and completions' chunks always carry it; chat chunks once it is set.
+  if (!stream || !chat || c.finish) {
     ch["stop_reason"] = c.stop_string ? json(*c.stop_string) : c.stop_token ? json(*c.stop_token) : json(nullptr);
   }
   if (c.with_token_ids) {

@@ -132,6 +132,7 @@ std::optional<double> python_float(std::string_view s) {
     negative = s.front() == '-';
     s.remove_prefix(1);
   }
+  if (s.empty() || s.front() == '+' || s.front() == '-') return std::nullopt;  // one sign, as Python's
   std::string text;
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
@@ -204,12 +205,11 @@ json convert(const std::string& value, const std::string& name, const json* prop
   if (type == "boolean" || type == "bool" || type == "binary") return low == "true";
   const bool container = type == "object" || type == "array" || type == "arr" || type.starts_with("dict") || type.starts_with("list");
   if (container) {
-    json parsed = json::parse(value, nullptr, false);
-    if (!parsed.is_discarded()) {
-      if (parsed.is_string()) {
-        if (auto again = python_literal(parsed.get_ref<const std::string&>())) return *again;
+    if (auto parsed = parse_embedded_json(value)) {  // (depth-bounded: a model's output)
+      if (parsed->is_string()) {
+        if (auto again = python_literal(parsed->get_ref<const std::string&>())) return *again;
       }
-      return parsed;
+      return *parsed;
     }
   }
   auto literal = python_literal(value);

@@ -23,8 +23,15 @@ constexpr std::string_view hermes_open = "<tool_call>", hermes_close = "</tool_c
 /// name[CALL_ID]id[ARGS]{...} where the model writes its call's id, as later tokenizers do).
 constexpr std::string_view mistral_open = "[TOOL_CALLS]", mistral_args = "[ARGS]", mistral_call_id = "[CALL_ID]";
 
+/// Phi-4-mini's: the word before its JSON array of calls.
+constexpr std::string_view phi4_open = "functools";
+/// Granite's: 3.0's special token and 3.1's string before the JSON array of calls.
+constexpr std::string_view granite_token = "<|tool_call|>", granite_string = "<tool_call>";
+
 /// The tag the automatic parser's calls start with.
-std::string_view open_tag(tool_call_parser p) { return p == tool_call_parser::mistral ? mistral_open : hermes_open; }
+std::string_view open_tag(tool_call_parser p) {
+  return p == tool_call_parser::mistral ? mistral_open : p == tool_call_parser::phi4_mini_json ? phi4_open : hermes_open;
+}
 
 /// What a failed parse leaves as content: the text, without Mistral's markers (special
 /// tokens kept only to find the calls; vLLM drops them too).
@@ -40,6 +47,7 @@ std::string unparsed_content(tool_call_parser p, std::string text) {
 result<std::vector<tool_call_delta>> parse_tagged(tool_call_parser p, std::string_view text, const json* tools) {
   if (p == tool_call_parser::mistral) return parse_mistral_calls(text.substr(mistral_open.size()));
   if (p == tool_call_parser::qwen3_coder) return parse_qwen3_coder_calls(text, tools);
+  if (p == tool_call_parser::phi4_mini_json) return parse_phi4_mini_calls(text);
   return parse_hermes_calls(text);
 }
 /// What Llama 3.1 may write before its calls (a special token: the decoder usually drops it).
@@ -75,19 +83,42 @@ bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; 
 bool llama3_calls_start(std::string_view text) { return text.starts_with('{') || text.starts_with(python_tag); }
 
 /// The parsers that take the output whole as calls, or not at all.
-bool whole_output(tool_call_parser p) { return p == tool_call_parser::llama3_json || p == tool_call_parser::pythonic; }
+bool whole_output(tool_call_parser p) {
+  return p == tool_call_parser::llama3_json || p == tool_call_parser::pythonic || p == tool_call_parser::granite;
+}
+
+std::string_view lstripped(std::string_view text) {
+  while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
+  return text;
+}
+
+/// Granite's output past its optional markers (leading whitespace, "<|tool_call|>", "<tool_call>").
+std::string_view granite_body(std::string_view text) {
+  text = lstripped(text);
+  for (std::string_view tag : {granite_token, granite_string}) {
+    if (text.starts_with(tag)) text = lstripped(text.substr(tag.size()));
+  }
+  return text;
+}
 
 bool whole_calls_start(tool_call_parser p, std::string_view text) {
+  if (p == tool_call_parser::granite) return granite_body(text).starts_with('[');
   return p == tool_call_parser::pythonic ? pythonic_calls_start(text) : llama3_calls_start(text);
 }
 
 result<std::vector<tool_call_delta>> parse_whole(tool_call_parser p, std::string_view text) {
+  if (p == tool_call_parser::granite) return parse_granite_calls(text);
   return p == tool_call_parser::pythonic ? parse_pythonic_calls(text) : parse_llama3_json_calls(text);
 }
 
 /// Whether the output's text so far cannot tell yet: llama3_json — a piece of the python tag;
 /// pythonic — only whitespace, or whitespace and a piece of <|python_start|>.
 bool undecided(tool_call_parser p, std::string_view held) {
+  if (p == tool_call_parser::granite) {  // whitespace, or a piece of a marker after any whole ones
+    const std::string_view rest = granite_body(held);
+    return rest.empty() || (rest.size() < granite_token.size() && granite_token.starts_with(rest)) ||
+           (rest.size() < granite_string.size() && granite_string.starts_with(rest));
+  }
   if (p == tool_call_parser::pythonic) {
     const size_t first = held.find_first_not_of(" \t\n\r");
     if (first == std::string_view::npos) return true;
@@ -107,6 +138,8 @@ std::string_view tool_call_parser_name(tool_call_parser p) {
     case tool_call_parser::mistral: return "mistral";
     case tool_call_parser::pythonic: return "pythonic";
     case tool_call_parser::qwen3_coder: return "qwen3_coder";
+    case tool_call_parser::granite: return "granite";
+    case tool_call_parser::phi4_mini_json: return "phi4_mini_json";
     default: return "hermes";
   }
 }
@@ -117,8 +150,10 @@ result<tool_call_parser> parse_tool_call_parser(std::string_view s) {
   if (s == "mistral") return tool_call_parser::mistral;
   if (s == "pythonic") return tool_call_parser::pythonic;
   if (s == "qwen3_coder" || s == "qwen3_xml") return tool_call_parser::qwen3_coder;  // (vLLM's two names of one format)
-  return make_error(errc::invalid_request,
-                    "unknown tool-call parser '" + std::string(s) + "' (hermes, llama3_json, mistral, pythonic, qwen3_coder)");
+  if (s == "granite") return tool_call_parser::granite;
+  if (s == "phi4_mini_json") return tool_call_parser::phi4_mini_json;
+  return make_error(errc::invalid_request, "unknown tool-call parser '" + std::string(s) +
+                                               "' (hermes, llama3_json, mistral, pythonic, qwen3_coder, granite, phi4_mini_json)");
 }
 
 result<std::vector<int32_t>> tool_parser_kept_tokens(const model::tokenizer& tok, tool_call_parser p,
@@ -245,6 +280,48 @@ result<std::vector<tool_call_delta>> parse_hermes_calls(std::string_view text) {
   }
   if (calls.empty()) return not_calls;
   return calls;
+}
+
+namespace {
+
+/// A JSON array of call objects {"name": string, `args` (or `alt_args` when given): any} as calls.
+result<std::vector<tool_call_delta>> json_list_calls(const std::optional<json>& j, const char* args_key, const char* alt_args_key,
+                                                     const error& not_calls) {
+  if (!j || !j->is_array() || j->empty()) return not_calls;
+  std::vector<tool_call_delta> calls;
+  for (const auto& e : *j) {
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string()) return not_calls;
+    auto args = e.find(args_key);
+    if (args == e.end() && alt_args_key) args = e.find(alt_args_key);
+    if (args == e.end()) return not_calls;
+    tool_call_delta c;
+    c.index = calls.size();
+    c.id = new_tool_call_id();
+    c.name = e["name"].get<std::string>();
+    c.arguments = args->dump(-1, ' ', false, json::error_handler_t::replace);
+    calls.push_back(std::move(c));
+  }
+  return calls;
+}
+
+}  // namespace
+
+result<std::vector<tool_call_delta>> parse_granite_calls(std::string_view text) {
+  const error not_calls = make_error(errc::invalid_request, "the output is not a JSON array of {\"name\", \"arguments\"}");
+  text = granite_body(text);
+  while (!text.empty() && is_space(text.back())) text.remove_suffix(1);
+  if (!text.starts_with('[')) return not_calls;
+  return json_list_calls(parse_embedded_json(text), "arguments", nullptr, not_calls);
+}
+
+result<std::vector<tool_call_delta>> parse_phi4_mini_calls(std::string_view text) {
+  const error not_calls = make_error(errc::invalid_request, "the output after \"functools\" is not a JSON array of calls");
+  const size_t at = text.find(phi4_open);
+  if (at == std::string_view::npos || !text.substr(at + phi4_open.size()).starts_with('[')) return not_calls;
+  const std::string_view list = text.substr(at + phi4_open.size());
+  const size_t len = json_value_end(list);
+  if (len == std::string_view::npos) return not_calls;
+  return json_list_calls(parse_embedded_json(list.substr(0, len)), "arguments", "parameters", not_calls);
 }
 
 result<std::vector<tool_call_delta>> parse_llama3_json_calls(std::string_view text) {

@@ -454,8 +454,8 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
   }
   expect_refused(with("placement: packed", "placement: packed\n    reasoning_parser: granite"),
                  {"'reasoning_parser' must be none, deepseek_r1 or qwen3, got 'granite'"});
-  expect_refused(with("placement: packed", "placement: packed\n    tool_call_parser: granite"),
-                 {"'tool_call_parser' must be hermes, llama3_json, mistral, pythonic or qwen3_coder, got 'granite'"});
+  expect_refused(with("placement: packed", "placement: packed\n    tool_call_parser: xlam"),
+                 {"'tool_call_parser' must be hermes, llama3_json, mistral, pythonic, qwen3_coder, granite or phi4_mini_json, got 'xlam'"});
   expect_refused(with("placement: packed", "placement: packed\n    pooling: max"),
                  {"'pooling' must be model, last, mean or cls, got 'max'"});
   {

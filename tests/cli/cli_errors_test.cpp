@@ -143,7 +143,7 @@ TEST_F(CliErrors, BadFlagsAreRefused) {
   // a node without the gateway role, and a mixture of experts on CUDA.
   r = run_command(llmesh_bin + " serve --model " + model_ + " --reasoning-parser granite");
   expect_one_line_error(r, "--reasoning-parser");
-  r = run_command(llmesh_bin + " serve --model " + model_ + " --tool-call-parser granite");
+  r = run_command(llmesh_bin + " serve --model " + model_ + " --tool-call-parser xlam");
   expect_one_line_error(r, "--tool-call-parser");
   r = run_command(llmesh_bin + " serve --model " + model_ + " --scheduling-policy lottery");
   expect_one_line_error(r, "--scheduling-policy");

@@ -186,6 +186,7 @@ TEST_F(CompletionStream, StopStringsCutAcrossTokensAndAskForCancellation) {
       EXPECT_EQ(text, "one two thre");
       EXPECT_EQ(ev.back()["choices"][0]["finish_reason"], "stop");
       EXPECT_EQ(ev.back()["choices"][0]["stop_reason"], "e fo");  // vLLM's stop_reason: the string
+      for (const auto& e : ev) EXPECT_TRUE(e["choices"][0].contains("stop_reason"));  // completions: on every chunk
     } else {
       auto j = json::parse(c.reply().body);
       EXPECT_EQ(j["choices"][0]["text"], "one two thre");
@@ -300,6 +301,13 @@ TEST_F(CompletionStream, AStopTokenIdEndsTheTextBeforeItselfButStaysInTokenIds) 
   feed(c, ids, finish_reason::eos);
   EXPECT_EQ(json::parse(c.reply().body)["choices"][0]["text"], "one two three");
   EXPECT_TRUE(json::parse(c.reply().body)["choices"][0]["stop_reason"].is_null());
+  // A requested stop id that is also the model's end: the model's end names none (vLLM).
+  auto both = setup(false, false);
+  both.stop_token_ids = {ids.back()};
+  both.model_end_ids = {ids.back()};
+  one_choice d(both, tok_->decoder());
+  feed(d, ids, finish_reason::eos);
+  EXPECT_TRUE(json::parse(d.reply().body)["choices"][0]["stop_reason"].is_null());
 }
 
 // vLLM's skip_special_tokens false: special tokens' text stays in the output, but the end token

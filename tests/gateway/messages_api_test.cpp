@@ -103,6 +103,16 @@ TEST(MessagesApi, ToolsChoicesStopsThinkingAndStreamMapToChatFields) {
             json::parse(R"({"enable_thinking":true})"));
   EXPECT_EQ(chat_of(json::parse(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"disabled"},"chat_template_kwargs":{"enable_thinking":true}})"))["chat_template_kwargs"],
             json::parse(R"({"enable_thinking":true})"));
+  // Prefill: a final assistant message with text is continued (its blocks joined); one that
+  // ends with a tool call is not.
+  const json pre = chat_of(json::parse(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"},
+    {"role":"assistant","content":[{"type":"text","text":"The answer"},{"type":"text","text":" is"}]}]})"));
+  EXPECT_EQ(pre["continue_final_message"], true);
+  EXPECT_EQ(pre["add_generation_prompt"], false);
+  EXPECT_EQ(pre["messages"].back(), json::parse(R"({"role":"assistant","content":"The answer is"})"));
+  const json called = chat_of(json::parse(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"},
+    {"role":"assistant","content":[{"type":"text","text":"On it."},{"type":"tool_use","id":"t","name":"f","input":{}}]}]})"));
+  EXPECT_FALSE(called.contains("continue_final_message"));
   // count_tokens needs no max_tokens and carries nothing about sampling.
   const json counted = chat_of(json::parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"temperature":0.5,"stream":true})"), true);
   EXPECT_EQ(counted, json::parse(R"({"model":"m","messages":[{"role":"user","content":"x"}]})"));
@@ -179,11 +189,17 @@ TEST(MessagesApi, TheWholeChatAnswerBecomesAMessage) {
   // Prefix-cache hits are cache reads, not input tokens (vLLM's mapping).
   EXPECT_EQ(stop("stop", "null", R"(,"prompt_tokens_details":{"cached_tokens":8})")["usage"],
             json::parse(R"({"input_tokens":2,"cache_creation_input_tokens":0,"cache_read_input_tokens":8,"output_tokens":2})"));
-  // Arguments that are not an object (no parser writes them) stay as text: nothing is lost.
+  // Arguments written as a JSON string of an object are that object; arguments that are no
+  // object stay as text (nothing is lost) and, with no tool_use block, the turn ends.
   const json odd = json::parse(r.whole(R"({"choices":[{"index":0,"message":{"role":"assistant","content":"",
-    "tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"[1"}}]},"finish_reason":"stop"}],"usage":{}})"));
-  EXPECT_EQ(odd["content"], json::parse(R"([{"type":"text","text":"[1"}])"));
-  EXPECT_EQ(odd["stop_reason"], "end_turn");
+    "tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"\"{\\\"x\\\":1}\""}},
+                  {"id":"d","type":"function","function":{"name":"g","arguments":"[1"}}]},"finish_reason":"tool_calls"}],"usage":{}})"));
+  EXPECT_EQ(odd["content"], json::parse(R"([{"type":"tool_use","id":"c","name":"f","input":{"x":1}},{"type":"text","text":"[1"}])")) << odd.dump();
+  EXPECT_EQ(odd["stop_reason"], "tool_use");
+  const json none = json::parse(r.whole(R"({"choices":[{"index":0,"message":{"role":"assistant","content":"",
+    "tool_calls":[{"id":"d","type":"function","function":{"name":"g","arguments":"5"}}]},"finish_reason":"tool_calls"}],"usage":{}})"));
+  EXPECT_EQ(none["content"], json::parse(R"([{"type":"text","text":"5"}])"));
+  EXPECT_EQ(none["stop_reason"], "end_turn");
   // Errors take Anthropic's shape, typed by our code.
   EXPECT_EQ(json::parse(r.whole(R"({"error":{"message":"no","type":"invalid_request_error","code":"invalid_request"}})")),
             json::parse(R"({"type":"error","error":{"type":"invalid_request_error","message":"no"}})"));
@@ -278,6 +294,26 @@ TEST(MessagesApi, AStopSequenceAnErrorMidStreamAndAnEmptyAnswer) {
   EXPECT_EQ(events[2]["delta"], json::parse(R"({"type":"text_delta","text":"\n\n Hi"})"));
   EXPECT_EQ(json::parse(blank.whole(R"({"choices":[{"index":0,"message":{"role":"assistant","content":" \n"},"finish_reason":"stop"}],"usage":{}})"))["content"],
             json::array());
+
+  // A streamed call whose arguments are complete JSON but no object is text, as whole() makes
+  // it; one of a JSON string is its object.
+  messages_renderer calls("chatcmpl-04", "m");
+  events = events_of(calls.stream(
+      data("{" + env + R"(,"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","type":"function","function":{"name":"f","arguments":"\"{\\\"x\\\":1}\""}},)"
+                       R"({"index":1,"id":"d","type":"function","function":{"name":"g","arguments":"[1]"}}]},"finish_reason":"tool_calls"}]})") +
+      "data: [DONE]\n\n"));
+  types.clear();
+  for (const auto& e : events) types.push_back(e["type"]);
+  EXPECT_EQ(types, (std::vector<std::string>{"message_start", "content_block_start", "content_block_delta", "content_block_stop",
+                                             "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"}));
+  EXPECT_EQ(events[2]["delta"], json::parse(R"({"type":"input_json_delta","partial_json":"{\"x\":1}"})"));
+  EXPECT_EQ(events[4]["content_block"]["type"], "text");
+  EXPECT_EQ(events[5]["delta"]["text"], "[1]");
+  EXPECT_EQ(events[7]["delta"]["stop_reason"], "tool_use");
+  // A usage of the wrong type, and [DONE] after it, do not throw.
+  messages_renderer odd_usage("chatcmpl-05", "m");
+  EXPECT_NO_THROW(odd_usage.stream(data("{" + env + R"(,"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}],"usage":{"prompt_tokens":"x"}})") +
+                                   "data: [DONE]\n\n"));
 }
 
 /// A served tiny model behind api_service, with an API key.
@@ -301,6 +337,14 @@ TEST_F(MessagesRoute, RunsAsAChatRequestAndNamesTheStopSequence) {
   EXPECT_EQ(m["stop_reason"], "stop_sequence");
   EXPECT_EQ(m["stop_sequence"], "God");
   EXPECT_EQ(m["usage"]["input_tokens"], req(o).prompt.size());
+}
+
+TEST_F(MessagesRoute, AFinalAssistantMessageIsContinued) {
+  const json body = json::parse(R"({"model":"kjv","max_tokens":4,"messages":[{"role":"user","content":"Who?"},{"role":"assistant","content":"In the beginning"}]})");
+  api_outcome o = api_->handle("POST", "/v1/messages", "Bearer sekret", body.dump());
+  ASSERT_TRUE(std::holds_alternative<generation_job>(o)) << std::get<http_reply>(o).body;
+  const std::string prompt = kjv_tiny("kjv").tok->decoder().decode(req(o).prompt, false);
+  EXPECT_TRUE(prompt.ends_with("assistant: In the beginning")) << prompt;  // no new turn opened after it
 }
 
 TEST_F(MessagesRoute, ErrorsKeyAndTokenCountInTheApisOwnShape) {

@@ -163,7 +163,8 @@ TEST(Qwen3CoderCalls, RandomCallsAndTheirCorruptionsGiveAClearAnswer) {
   for (int round = 0; round < 2000; ++round) {
     json want = json::object();
     std::string text = "<tool_call>\n<function=write_file>\n";
-    for (int p = 0; p < 1 + static_cast<int>(rng() % 3); ++p) {
+    const int params = 1 + static_cast<int>(rng() % 3);
+    for (int p = 0; p < params; ++p) {
       const std::string name = p == 0 ? "path" : "content";
       std::string value = word(1 + rng() % 12);
       // Values with a </parameter> or a line-starting <parameter= of their own, or a call's end
@@ -181,7 +182,8 @@ TEST(Qwen3CoderCalls, RandomCallsAndTheirCorruptionsGiveAClearAnswer) {
     ASSERT_TRUE(calls.ok()) << text;
     EXPECT_EQ(json::parse(calls->at(0).arguments), want) << text;
     std::string bad = text;
-    for (int e = 0; e < 1 + static_cast<int>(rng() % 4); ++e) {
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits; ++e) {
       const size_t at = rng() % bad.size();
       if (rng() % 2) bad.erase(at, 1 + rng() % 4);
       else bad.insert(at, 1, alphabet[rng() % alphabet.size()]);

@@ -17,6 +17,10 @@ inline std::vector<nlohmann::ordered_json> typed_events(const std::string& sse) 
   size_t at = 0;
   while (at < sse.size()) {
     const size_t end = sse.find("\n\n", at);
+    if (end == std::string::npos) {
+      ADD_FAILURE() << "an event without its blank line: " << sse.substr(at);
+      break;
+    }
     const std::string ev = sse.substr(at, end - at);
     at = end + 2;
     const size_t type_end = ev.find('\n');

@@ -33,7 +33,7 @@ std::vector<std::pair<std::string, json>> message_events(const std::string& body
 }
 
 TEST(ServeMessages, AMessageSaysWhatTheChatRequestSaysWholeAndStreamed) {
-  server_process s(bin, {"--model", model_dir, "--api-key", "k"});
+  server_process s(bin, {"--model", model_dir, "--api-key", "k", "--max-body-kb", "64"});
   ASSERT_GT(s.port(), 0) << s.log();
   const std::string key = "x-api-key: k\r\nanthropic-version: 2023-06-01\r\n";
   const json msgs = json::array({{{"role", "user"}, {"content", "In the beginning"}}});
@@ -128,6 +128,12 @@ TEST(ServeMessages, AMessageSaysWhatTheChatRequestSaysWholeAndStreamed) {
   EXPECT_EQ(nm.status, 400);
   EXPECT_NE(nm.body.find("'max_tokens' is required"), std::string::npos) << nm.body;
   EXPECT_NE(nm.body.find("\"invalid_request_error\""), std::string::npos) << nm.body;
+  // A body over --max-body-kb, refused before any route runs: still this API's shape.
+  json big = req;
+  big["system"] = std::string(80 * 1024, 'x');
+  auto tb = http_request(s.port(), "POST", "/v1/messages", big.dump(), key);
+  EXPECT_EQ(tb.status, 413);
+  EXPECT_EQ(json::parse(tb.body, nullptr, false)["type"], "error") << tb.body;
 }
 
 }  // namespace

@@ -350,9 +350,9 @@ struct choice_delta {
   size_t index = 0;                   ///< the choice's index (prompt index * n + j)
   std::string text;                   ///< completion text, or the chat delta's content
   std::optional<std::string> finish;  ///< "stop", "length", or none (mid-stream)
-  /// vLLM's stop_reason, rendered beside finish_reason (on a whole choice always, streamed on
-  /// the chunk that finishes): the stop string that ended the text, else the request's
-  /// stop_token_ids id that did, else null (an end-of-sequence id, the length, a tool call).
+  /// vLLM's stop_reason, rendered beside finish_reason (on a whole choice and a completions
+  /// chunk always, on a chat chunk with the finish): the stop string that ended the text, else
+  /// the request's stop_token_ids id that did, else null (the model's end id, the length).
   std::optional<std::string> stop_string;
   std::optional<int32_t> stop_token;
   std::vector<int32_t> token_ids;     ///< with return_token_ids

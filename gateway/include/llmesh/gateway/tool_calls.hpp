@@ -27,9 +27,9 @@
 namespace llmesh::gateway {
 
 /// The format "auto" looks for calls in (vLLM's --tool-call-parser names).
-enum class tool_call_parser { hermes, llama3_json, mistral, pythonic, qwen3_coder };
+enum class tool_call_parser { hermes, llama3_json, mistral, pythonic, qwen3_coder, granite, phi4_mini_json };
 
-/// "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder".
+/// "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "granite", "phi4_mini_json".
 std::string_view tool_call_parser_name(tool_call_parser p);
 /// Parses a --tool-call-parser value (or a cluster config's tool_call_parser); invalid_request
 /// names the choices.
@@ -82,6 +82,19 @@ std::string new_mistral_tool_call_id();
 /// "arguments"): any} separated by ";" (or "," or whitespace alone); each is a call with a new id and its
 /// parameters as compact JSON text. An invalid_request error when the text is anything else.
 [[nodiscard]] result<std::vector<tool_call_delta>> parse_llama3_json_calls(std::string_view text);
+
+/// Granite 3.x's calls (vLLM's granite parser): `text`, stripped, after an optional
+/// "<|tool_call|>" (Granite 3.0's token, when kept) and then "<tool_call>" (3.1's string), is a
+/// JSON array of {"name": string, "arguments": any}, nothing after it; each is a call with a new
+/// id and its arguments as compact JSON text. An invalid_request error when the text is
+/// anything else (an empty array too).
+[[nodiscard]] result<std::vector<tool_call_delta>> parse_granite_calls(std::string_view text);
+
+/// Phi-4-mini's calls (vLLM's phi4_mini_json parser), `text` from "functools" on: "functools"
+/// then a JSON array of {"name": string, "arguments" (or "parameters"): any}; text after the
+/// array is dropped. Each is a call with a new id and its arguments as compact JSON text. An
+/// invalid_request error when the array is missing, unclosed or not such objects.
+[[nodiscard]] result<std::vector<tool_call_delta>> parse_phi4_mini_calls(std::string_view text);
 
 /// Pythonic calls (vLLM's pythonic and llama4_pythonic parsers): `text`, stripped (and without a
 /// Llama 4 <|python_start|> ... <|python_end|> around it), is a Python list of calls
