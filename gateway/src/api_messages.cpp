@@ -11,7 +11,7 @@ using json = nlohmann::ordered_json;
 
 /// An error reply in Anthropic's shape (the status as ours).
 http_reply anthropic(http_reply r) {
-  if (r.status >= 400) r.body = messages_error_body(r.body);
+  if (r.status >= 400) r.body = messages_error_body(r.body, r.status);
   return r;
 }
 

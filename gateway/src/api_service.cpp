@@ -662,7 +662,16 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   choice.tokens_as_ids = g.tokens_as_ids || opt_.tokens_as_ids;
   choice.continuous_usage = g.continuous_usage;
   choice.stop_token_ids = g.stop_token_ids;
-  if (!g.ignore_eos) choice.model_end_ids = cfg.eos_ids;
+  // vLLM's stop_reason ids: the request's stop ids and the model's other end ids (vLLM folds a
+  // generation config's into the stop ids), but the tokenizer's EOS (tested first: none named),
+  // when that one is known (the chat template's eos_token) and ends it (not ignore_eos).
+  choice.stop_reason_ids = g.stop_token_ids;
+  if (!g.ignore_eos && m.chat && !m.chat->eos_token.empty()) {
+    if (const auto eos = m.tok->encode(m.chat->eos_token, false); eos.size() == 1) {
+      for (int32_t t : cfg.eos_ids) choice.stop_reason_ids.push_back(t);
+      std::erase(choice.stop_reason_ids, eos[0]);
+    }
+  }
   choice.logprobs = g.logprobs;
   choice.echo_logprobs = g.prompt_logprobs >= 0;
   choice.prompt_logprobs = g.prompt_logprobs_shown;

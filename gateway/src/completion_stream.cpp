@@ -214,9 +214,8 @@ std::string completion_stream::on_message(const actors::token_msg& t) {
     return finish("stop", std::move(out.text));
   }
   if (t.finish == actors::finish_reason::eos &&
-      std::find(s_.stop_token_ids.begin(), s_.stop_token_ids.end(), t.token) != s_.stop_token_ids.end() &&
-      std::find(s_.model_end_ids.begin(), s_.model_end_ids.end(), t.token) == s_.model_end_ids.end()) {
-    stop_token_ = t.token;  // one the request asked for (vLLM's stop_reason), not the model's end
+      std::find(s_.stop_reason_ids.begin(), s_.stop_reason_ids.end(), t.token) != s_.stop_reason_ids.end()) {
+    stop_token_ = t.token;  // vLLM's stop_reason: a stop id, not the tokenizer's EOS
   }
   if (t.finish != actors::finish_reason::none) {
     return finish(t.finish == actors::finish_reason::length ? "length" : "stop", std::move(out.text));

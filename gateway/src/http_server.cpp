@@ -445,7 +445,7 @@ awaitable<void> serve_requests(http_server::impl* s, Stream& stream) {
         // once the request line was read).
         std::string_view path = sv(parser.get().target());
         path = path.substr(0, path.find('?'));
-        if (path.ends_with("/v1/messages") || path.ends_with("/v1/messages/count_tokens")) r.body = messages_error_body(r.body);
+        if (path.ends_with("/v1/messages") || path.ends_with("/v1/messages/count_tokens")) r.body = messages_error_body(r.body, r.status);
         count_request(s, r.status);
         // The fields read so far (a body over the limit came after whole headers): the page may
         // read the 413 when its Origin is allowed (CORS).

@@ -311,14 +311,14 @@ result<json> messages_to_chat(const json& body, bool counting) {
   if (!system.empty()) messages.insert(messages.begin(), json{{"role", "system"}, {"content", std::move(system)}});
   // Anthropic's prefill: a final assistant message with text is the answer's start, which the
   // model continues (the chat endpoint's continue_final_message; the reply holds what follows).
-  json& last = messages.back();
+  // (Blank text is not continued: a template would close the turn around nothing.)
+  const json& last = messages.back();
   if (last["role"] == "assistant" && !last.contains("tool_calls")) {
-    if (last["content"].is_array()) {  // several text blocks: one text, as continuing needs
-      std::string joined;
-      for (const json& part : last["content"]) joined += part["text"].get<std::string>();
-      last["content"] = std::move(joined);
+    std::string text = last["content"].is_string() ? last["content"].get<std::string>() : std::string();
+    if (last["content"].is_array()) {
+      for (const json& part : last["content"]) text += part["text"].get<std::string>();
     }
-    if (last["content"].is_string() && !last["content"].get_ref<const std::string&>().empty()) {
+    if (!blank(text)) {
       chat["continue_final_message"] = true;
       chat["add_generation_prompt"] = false;
     }
@@ -381,10 +381,12 @@ std::string_view messages_error_type(std::string_view code) {
   return "api_error";
 }
 
-std::string messages_error_body(std::string_view openai_error_body) {
+std::string messages_error_body(std::string_view openai_error_body, int status) {
   const json j = json::parse(openai_error_body, nullptr, false);
   if (!j.is_object() || !j.contains("error") || !j["error"].is_object()) return std::string(openai_error_body);
-  return dumped({{"type", "error"}, {"error", error_object(j["error"])}});
+  json e = error_object(j["error"]);
+  if (status == 413) e["type"] = "request_too_large";
+  return dumped({{"type", "error"}, {"error", std::move(e)}});
 }
 
 messages_renderer::messages_renderer(std::string_view chat_id, std::string model) : model_(std::move(model)) {
@@ -511,8 +513,11 @@ std::string messages_renderer::on_chunk(const json& chunk) {
         // string of one) are text, as whole() makes them. Others are an object, or its first
         // piece (a named call streams its arguments, a grammar keeping them an object).
         std::optional<json> input = call_input(args);
-        if (!input && parse_embedded_json(args)) {
-          text(args);
+        if (!input && parse_embedded_json(args)) {  // a text block of its own, as in whole()
+          held_.clear();
+          out += close_open();
+          out += open(block::text, {{"type", "text"}, {"text", ""}});
+          out += delta({{"type", "text_delta"}, {"text", args}});
           continue;
         }
         out += close_open();

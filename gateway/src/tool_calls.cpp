@@ -23,8 +23,9 @@ constexpr std::string_view hermes_open = "<tool_call>", hermes_close = "</tool_c
 /// name[CALL_ID]id[ARGS]{...} where the model writes its call's id, as later tokenizers do).
 constexpr std::string_view mistral_open = "[TOOL_CALLS]", mistral_args = "[ARGS]", mistral_call_id = "[CALL_ID]";
 
-/// Phi-4-mini's: the word before its JSON array of calls.
-constexpr std::string_view phi4_open = "functools";
+/// Phi-4-mini's: the word and bracket that open its JSON array of calls (vLLM's regex needs
+/// both: "functools" alone is Python's module, in prose or code).
+constexpr std::string_view phi4_open = "functools[";
 /// Granite's: 3.0's special token and 3.1's string before the JSON array of calls.
 constexpr std::string_view granite_token = "<|tool_call|>", granite_string = "<tool_call>";
 
@@ -112,7 +113,8 @@ result<std::vector<tool_call_delta>> parse_whole(tool_call_parser p, std::string
 }
 
 /// Whether the output's text so far cannot tell yet: llama3_json — a piece of the python tag;
-/// pythonic — only whitespace, or whitespace and a piece of <|python_start|>.
+/// pythonic — only whitespace, or whitespace and a piece of <|python_start|>; granite —
+/// whitespace and whole markers, or a piece of one after them.
 bool undecided(tool_call_parser p, std::string_view held) {
   if (p == tool_call_parser::granite) {  // whitespace, or a piece of a marker after any whole ones
     const std::string_view rest = granite_body(held);
@@ -317,8 +319,8 @@ result<std::vector<tool_call_delta>> parse_granite_calls(std::string_view text) 
 result<std::vector<tool_call_delta>> parse_phi4_mini_calls(std::string_view text) {
   const error not_calls = make_error(errc::invalid_request, "the output after \"functools\" is not a JSON array of calls");
   const size_t at = text.find(phi4_open);
-  if (at == std::string_view::npos || !text.substr(at + phi4_open.size()).starts_with('[')) return not_calls;
-  const std::string_view list = text.substr(at + phi4_open.size());
+  if (at == std::string_view::npos) return not_calls;
+  const std::string_view list = text.substr(at + phi4_open.size() - 1);  // from its "["
   const size_t len = json_value_end(list);
   if (len == std::string_view::npos) return not_calls;
   return json_list_calls(parse_embedded_json(list.substr(0, len)), "arguments", "parameters", not_calls);

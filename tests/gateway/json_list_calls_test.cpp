@@ -88,17 +88,18 @@ TEST(JsonListCalls, Phi4MiniTakesTheArrayAfterFunctools) {
   EXPECT_EQ((*calls)[1].name, "now");
   EXPECT_EQ((*calls)[1].arguments, R"({"tz":"UTC"})");
   for (const char* bad : {"", "functools", "functools [", R"(functools[{"name": "f"}])", R"(functools[{"name": "f", "arguments": {})",
-                          "functools[]", R"(functools{"name": "f", "arguments": {}})"}) {
+                          "functools[]", R"(functools{"name": "f", "arguments": {}})", R"(functools [{"name": "f", "arguments": {}}])"}) {
     EXPECT_FALSE(parse_phi4_mini_calls(bad).ok()) << bad;
   }
-  const std::string out = R"(Let me check. functools[{"name": "get_weather", "arguments": {"city": "Ur"}}])";
+  // Python's functools in prose or code is not a call's start: only "functools[" is (vLLM's regex).
+  const std::string out = R"(With functools.reduce: functools[{"name": "get_weather", "arguments": {"city": "Ur"}}])";
   const auto c = whole(tool_call_parser::phi4_mini_json, out);
-  EXPECT_EQ(c.text, "Let me check. ");  // the content before the calls stays (vLLM drops it)
+  EXPECT_EQ(c.text, "With functools.reduce: ");  // the content before the calls stays (vLLM drops it)
   ASSERT_EQ(c.tool_calls.size(), 1u);
   EXPECT_EQ(c.finish, "tool_calls");
   for (size_t step : {1u, 3u, 100u}) {
     const auto s = stream(tool_call_parser::phi4_mini_json, out, step);
-    EXPECT_EQ(s.content, "Let me check. ") << step;
+    EXPECT_EQ(s.content, "With functools.reduce: ") << step;
     ASSERT_EQ(s.calls.size(), 1u) << step;
     EXPECT_EQ(s.calls[0].arguments, R"({"city":"Ur"})");
     EXPECT_EQ(s.finish, "tool_calls");

@@ -103,13 +103,15 @@ TEST(MessagesApi, ToolsChoicesStopsThinkingAndStreamMapToChatFields) {
             json::parse(R"({"enable_thinking":true})"));
   EXPECT_EQ(chat_of(json::parse(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"disabled"},"chat_template_kwargs":{"enable_thinking":true}})"))["chat_template_kwargs"],
             json::parse(R"({"enable_thinking":true})"));
-  // Prefill: a final assistant message with text is continued (its blocks joined); one that
-  // ends with a tool call is not.
+  // Prefill: a final assistant message with text is continued; one that ends with a tool call,
+  // or whose text is blank, is not.
   const json pre = chat_of(json::parse(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"},
     {"role":"assistant","content":[{"type":"text","text":"The answer"},{"type":"text","text":" is"}]}]})"));
   EXPECT_EQ(pre["continue_final_message"], true);
   EXPECT_EQ(pre["add_generation_prompt"], false);
-  EXPECT_EQ(pre["messages"].back(), json::parse(R"({"role":"assistant","content":"The answer is"})"));
+  EXPECT_EQ(pre["messages"].back()["content"].size(), 2u);  // (parts, joined as the chat endpoint joins them)
+  EXPECT_FALSE(chat_of(json::parse(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":" \n"}]})"))
+                   .contains("continue_final_message"));
   const json called = chat_of(json::parse(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"},
     {"role":"assistant","content":[{"type":"text","text":"On it."},{"type":"tool_use","id":"t","name":"f","input":{}}]}]})"));
   EXPECT_FALSE(called.contains("continue_final_message"));
@@ -310,10 +312,26 @@ TEST(MessagesApi, AStopSequenceAnErrorMidStreamAndAnEmptyAnswer) {
   EXPECT_EQ(events[4]["content_block"]["type"], "text");
   EXPECT_EQ(events[5]["delta"]["text"], "[1]");
   EXPECT_EQ(events[7]["delta"]["stop_reason"], "tool_use");
-  // A usage of the wrong type, and [DONE] after it, do not throw.
+  // A usage of the wrong type counts nothing, and the message still ends.
   messages_renderer odd_usage("chatcmpl-05", "m");
-  EXPECT_NO_THROW(odd_usage.stream(data("{" + env + R"(,"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}],"usage":{"prompt_tokens":"x"}})") +
-                                   "data: [DONE]\n\n"));
+  events = events_of(odd_usage.stream(data("{" + env + R"(,"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}],"usage":{"prompt_tokens":"x"}})") +
+                                      "data: [DONE]\n\n"));
+  ASSERT_EQ(events.size(), 6u);
+  EXPECT_EQ(events[0]["message"]["usage"]["input_tokens"], 0);
+  EXPECT_EQ(events[4]["type"], "message_delta");
+  EXPECT_EQ(events[5]["type"], "message_stop");
+  // Text before a call that is text after all: two blocks, as whole() gives.
+  messages_renderer apart("chatcmpl-06", "m");
+  events = events_of(apart.stream(
+      data("{" + env + R"(,"choices":[{"index":0,"delta":{"content":"Sure."},"finish_reason":null}]})") +
+      data("{" + env + R"(,"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","type":"function","function":{"name":"f","arguments":"5"}}]},"finish_reason":"tool_calls"}]})") +
+      "data: [DONE]\n\n"));
+  std::vector<std::string> texts;
+  for (const auto& e : events) {
+    if (e["type"] == "content_block_delta") texts.push_back(e["delta"]["text"]);
+  }
+  EXPECT_EQ(texts, (std::vector<std::string>{"Sure.", "5"}));
+  EXPECT_EQ(events[events.size() - 2]["delta"]["stop_reason"], "end_turn");
 }
 
 /// A served tiny model behind api_service, with an API key.
@@ -482,6 +500,31 @@ TEST_F(MessagesWithQwen, ToolUseAndResultsReachTheTemplateAndCallsComeBackAsTool
   EXPECT_EQ(json::parse(args), m["content"][1]["input"]);
   EXPECT_EQ(events.back()["type"], "message_stop");
   EXPECT_EQ(events[events.size() - 2]["delta"]["stop_reason"], "tool_use");
+}
+
+// vLLM's stop_reason on the chat endpoint: the model's end ids name it but the tokenizer's EOS
+// (Qwen3's <|im_end|>, tested first in vLLM), and so does a requested stop id.
+TEST_F(MessagesWithQwen, StopReasonNamesEveryEndIdButTheTokenizersEos) {
+  model::model_config cfg;
+  cfg.vocab = 151936;
+  cfg.max_positions = 8192;
+  const int32_t im_end = tok_->encode("<|im_end|>", false).at(0), eot = tok_->encode("<|endoftext|>", false).at(0);
+  cfg.eos_ids = {im_end, eot};
+  api_service api(api_options{}, std::vector{served_model{"q", tok_, chat_, cfg}}, mesh_, metrics_);
+  auto stop_reason = [&](const std::string& extra, int32_t last) {
+    api_outcome o = api.handle("POST", "/v1/chat/completions", "", R"({"model":"q","messages":[{"role":"user","content":"hi"}])" + extra + "}");
+    EXPECT_TRUE(std::holds_alternative<generation_job>(o));
+    if (!std::holds_alternative<generation_job>(o)) return json();
+    auto& job = std::get<generation_job>(o);
+    job.output->on_message(actors::token_msg{job.requests[0].id, tok_->encode("Hi", false).at(0), actors::finish_reason::none, false, {}, {}, {}});
+    job.output->on_message(actors::token_msg{job.requests[0].id, last, actors::finish_reason::eos, false, {}, {}, {}});
+    return json::parse(job.output->reply().body)["choices"][0]["stop_reason"];
+  };
+  EXPECT_TRUE(stop_reason("", im_end).is_null());
+  EXPECT_EQ(stop_reason("", eot), eot);
+  EXPECT_TRUE(stop_reason(R"(,"stop_token_ids":[)" + std::to_string(im_end) + "]", im_end).is_null());
+  EXPECT_EQ(stop_reason(R"(,"stop_token_ids":[)" + std::to_string(im_end) + R"(],"ignore_eos":true)", im_end), im_end);
+  EXPECT_TRUE(stop_reason(R"(,"ignore_eos":true,"stop_token_ids":[7])", eot).is_null());  // ignore_eos: the model's ends are not stops
 }
 
 TEST_F(MessagesWithQwen, Qwen3CoderCallsAreTypedByTheToolsInputSchema) {

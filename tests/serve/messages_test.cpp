@@ -134,6 +134,7 @@ TEST(ServeMessages, AMessageSaysWhatTheChatRequestSaysWholeAndStreamed) {
   auto tb = http_request(s.port(), "POST", "/v1/messages", big.dump(), key);
   EXPECT_EQ(tb.status, 413);
   EXPECT_EQ(json::parse(tb.body, nullptr, false)["type"], "error") << tb.body;
+  EXPECT_EQ(json::parse(tb.body, nullptr, false)["error"]["type"], "request_too_large") << tb.body;
 }
 
 }  // namespace

@@ -85,9 +85,9 @@ struct stream_setup {
   /// The request's stop_token_ids: a generation that ends on one (finish eos) keeps the id in
   /// token_ids but not its text, as vLLM does (include_stop_str_in_output off).
   std::vector<int32_t> stop_token_ids;
-  /// The model's end ids when they end it (not ignore_eos): one of them ending it names no
-  /// stop_reason even when the request listed it too (vLLM tests the EOS first).
-  std::vector<int32_t> model_end_ids;
+  /// The end ids that name vLLM's stop_reason when they end the generation (api_service: the
+  /// request's stop ids and the model's end ids but the tokenizer's EOS).
+  std::vector<int32_t> stop_reason_ids;
   /// -1: no logprobs. n >= 0: each token's message carries its logprobs (token_msg::logprobs)
   /// and the choice reports them with the n most likely alternatives.
   int logprobs = -1;

@@ -31,8 +31,9 @@ namespace llmesh::gateway {
 /// overloaded_error (no replica), timeout_error, else api_error.
 std::string_view messages_error_type(std::string_view code);
 
-/// An OpenAI-shaped error body (error_json's) as Anthropic's error body; any other body as it is.
-std::string messages_error_body(std::string_view openai_error_body);
+/// An OpenAI-shaped error body (error_json's) as Anthropic's error body (its HTTP `status` 413:
+/// request_too_large); any other body as it is.
+std::string messages_error_body(std::string_view openai_error_body, int status = 0);
 
 /// Thread affinity: the connection's. Renders one message from its chat output.
 class messages_renderer {

@@ -127,12 +127,14 @@ bool pythonic_calls_may_follow(std::string_view text);
 /// A whole (non-streamed) choice: named — one call whose arguments are the text, finish kept
 /// (vLLM's "stop"); required — the parsed calls, finish "tool_calls" where it was "stop"; the
 /// content becomes "" (vLLM's). A required output that does not parse (cut by max_tokens)
-/// stays the content, with its finish reason ("length"). automatic, hermes (mistral) — where
-/// the text holds Hermes-style calls (a [TOOL_CALLS] and Mistral's calls) that all parse, they
+/// stays the content, with its finish reason ("length"). automatic, hermes (mistral,
+/// qwen3_coder, phi4_mini_json) — where the text holds Hermes-style calls (a [TOOL_CALLS] and
+/// Mistral's calls; Qwen3-Coder's XML calls; "functools[" and its array) that parse, they
 /// become the calls, the content is the text before the first, finish "tool_calls" where it
-/// was "stop"; llama3_json (pythonic) — where the text
-/// begins with "{" (or "<|python_tag|>"; pythonic: "[") and is all calls, they become the calls and the
-/// content is ""; otherwise nothing changes. Nothing changes when !t.shapes().
+/// was "stop"; llama3_json (pythonic, granite) — where the text
+/// begins with "{" (or "<|python_tag|>"; pythonic: "["; granite: "[" after its markers) and is
+/// all calls, they become the calls and the content is ""; otherwise nothing changes. Nothing
+/// changes when !t.shapes().
 void shape_tool_calls(const tool_output& t, choice_delta& c);
 
 /// Thread affinity: its stream's. Shapes one streamed choice's deltas.
@@ -142,12 +144,13 @@ void shape_tool_calls(const tool_output& t, choice_delta& c);
 /// delta has text it follows as a second delta. required: the text is held until the choice
 /// ends (not parsed incrementally), then one delta carries every call whole (index, id, type,
 /// name, arguments) with finish "tool_calls"; if it does not parse, the held text goes out as
-/// content with the engine's finish reason. automatic, hermes (mistral): content streams as it
-/// comes, except that text which may begin a "<tool_call>" ("[TOOL_CALLS]") tag is held back
-/// until the next piece tells; from a tag on, the text is held until the choice ends, then goes out as one delta of
+/// content with the engine's finish reason. automatic, hermes (mistral, qwen3_coder,
+/// phi4_mini_json): content streams as it comes, except that text which may begin a
+/// "<tool_call>" ("[TOOL_CALLS]", "functools[") tag is held back until the next piece tells;
+/// from a tag on, the text is held until the choice ends, then goes out as one delta of
 /// calls (finish "tool_calls") if they all parse, else as content. automatic, llama3_json
-/// (pythonic): an output whose text begins with "{" (or "<|python_tag|>"; pythonic: "[" after
-/// any whitespace) is held until the choice ends, then
+/// (pythonic, granite): an output whose text begins with "{" (or "<|python_tag|>"; pythonic: "[" after
+/// any whitespace; granite: "[" after whitespace and its markers) is held until the choice ends, then
 /// goes out as calls or, if it is not all calls, as content; any other output streams as content. Logprobs and token ids ride on
 /// the deltas as before (while text is held, on the deltas that still go out: the first,
 /// those that carry them, the last).
