@@ -64,7 +64,7 @@ std::string completion_group::replay(const beam_member& b) {
       auto it = std::find_if(choices_.begin(), choices_.end(), [&](const member& m) { return m.request_id == b.choice_ids[r]; });
       if (it != choices_.end() && !it->absent) {
         it->absent = true;
-        if (++finished_ == choices_.size()) done_ = true;
+        if (++finished_ == choices_.size()) bytes += end();
       }
       continue;
     }
@@ -137,15 +137,17 @@ std::string completion_group::on_chat_message(const actors::token_msg& t) {
   if (it->stream->failure()) return fail(*it->stream->failure());
   if (!bytes.empty()) started_ = true;
   if (it->stream->stopped_by_string()) cancels_.push_back(t.id);  // only this choice ends
-  if (it->stream->done() && ++finished_ == choices_.size()) {
-    done_ = true;
-    if (g_.streaming) {
-      if (g_.include_usage) bytes += sse_event(usage_chunk_json(chunk_kind(), g_.id, g_.created, g_.model, usage()));
-      bytes += sse_done;
-      started_ = true;
-    }
-  }
+  if (it->stream->done() && ++finished_ == choices_.size()) bytes += end();
   return bytes;
+}
+
+std::string completion_group::end() {
+  done_ = true;
+  if (!g_.streaming) return "";
+  started_ = true;
+  std::string bytes;
+  if (g_.include_usage) bytes += sse_event(usage_chunk_json(chunk_kind(), g_.id, g_.created, g_.model, usage()));
+  return bytes + std::string(sse_done);
 }
 
 std::vector<uint64_t> completion_group::take_cancellations() {

@@ -142,7 +142,6 @@ status parse_beam_search(const json& j, int max_logprobs, generation_fields& g) 
                " with 'use_beam_search' (the beam width; each step asks twice as many alternatives, at most " +
                std::to_string(max_logprobs) + ")");
   }
-  if (g.stream) return bad("'use_beam_search' cannot be streamed (send 'stream': false)");
   if (g.best_of > 1) return bad("'use_beam_search' cannot be combined with 'best_of' above 1");
   return ok_status();
 }

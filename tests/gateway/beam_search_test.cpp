@@ -455,6 +455,32 @@ TEST(BeamSearch, TheGroupRendersTheBeamsAsChoicesAndHandsOutEachStep) {
   const auto oj = json::parse(one.reply().body);
   ASSERT_EQ(oj["choices"].size(), 2u) << oj;  // one step of two possible tokens
   EXPECT_EQ(oj["choices"][1]["index"], 1);
+
+  // Streamed: the beams' chunks once the search ends, then the usage chunk and [DONE] once,
+  // though the last choice has no beam.
+  group_setup gs = g;
+  gs.streaming = true;
+  gs.include_usage = true;
+  completion_group streamed(gs, (*tok)->decoder(), nullptr);
+  for (uint64_t id : {800u, 801u, 802u}) streamed.add_choice(id, stream_setup{});
+  streamed.add_beam_search(std::make_unique<beam_search>(setup(prompt, 3, 1, {}), ids_from(3000)), {800, 801, 802});
+  std::string sse;
+  for (auto reqs = streamed.take_submissions(); !reqs.empty(); reqs = streamed.take_submissions()) {
+    for (const auto& r : reqs) sse += streamed.on_message(narrow.answer(r));
+  }
+  ASSERT_TRUE(streamed.done());
+  ASSERT_TRUE(sse.ends_with("data: [DONE]\n\n")) << sse;
+  EXPECT_EQ(sse.find("[DONE]"), sse.rfind("[DONE]"));
+  std::set<size_t> indices;
+  for (size_t at = 0; (at = sse.find("data: {", at)) != std::string::npos; at += 6) {
+    const auto c = json::parse(sse.substr(at + 6, sse.find("\n\n", at) - at - 6));
+    if (c["choices"].empty()) {
+      EXPECT_EQ(c["usage"]["completion_tokens"], oj["usage"]["completion_tokens"]);
+      continue;
+    }
+    indices.insert(c["choices"][0]["index"].get<size_t>());
+  }
+  EXPECT_EQ(indices, (std::set<size_t>{0, 1}));
 }
 
 // A failed step fails the response and cancels the search's other running requests.

@@ -200,10 +200,10 @@ TEST(OpenaiApi, VllmSamplingExtrasAreParsedOrRefusedByName) {
   EXPECT_EQ(use_beam->gen.n, 3u);
   EXPECT_DOUBLE_EQ(use_beam->gen.length_penalty, 0.5);
   EXPECT_FALSE(parse(R"("n":2)")->gen.beam_search);
+  EXPECT_TRUE(parse(R"("use_beam_search":true,"stream":true)").ok());  // streamed once the search ends
   EXPECT_DOUBLE_EQ(parse(R"("n":2)")->gen.length_penalty, 1.0);
   for (const auto& [field, needle] : std::vector<std::pair<std::string, std::string>>{
            {R"("use_beam_search":true,"n":11)", "'n' must be at most 10 with 'use_beam_search'"},
-           {R"("use_beam_search":true,"stream":true)", "'use_beam_search' cannot be streamed"},
            {R"("use_beam_search":true,"best_of":2)", "'use_beam_search' cannot be combined with 'best_of'"},
            {R"("use_beam_search":"yes")", "'use_beam_search' must be true or false"},
            {R"("length_penalty":"x")", "'length_penalty'"}}) {

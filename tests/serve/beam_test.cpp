@@ -3,7 +3,8 @@
 // log-probability is the one the model gives that token after the prompt and the choice's
 // earlier tokens (re-scored by echo), and the choices are ordered by vLLM's score; a
 // structured output's beams all match it and a banned token enters none; a stop string ends
-// the beams that show it, their text cut before it; chat; the fields' errors.
+// the beams that show it, their text cut before it; chat; streamed, the same choices once the
+// search ends; the fields' errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -145,9 +146,44 @@ TEST(ServeBeamSearch, WidthOneIsGreedyAndWiderBeamsCarryTheModelsLogprobsInScore
   ASSERT_EQ(chat["choices"].size(), 2u) << chat;
   EXPECT_NE(chat["choices"][0]["message"]["content"], chat["choices"][1]["message"]["content"]) << chat;
 
+  // Streamed: once the search ends, each beam's chunks (by index) add up to the whole reply's
+  // choices, then the usage chunk and [DONE].
+  for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
+    const bool is_chat = path == "/v1/chat/completions";
+    json req = is_chat ? json{{"model", "kjv-tiny"}, {"messages", {{{"role", "user"}, {"content", "Who is the LORD?"}}}}}
+                       : json{{"model", "kjv-tiny"}, {"prompt", prompt}};
+    req["max_tokens"] = 6;
+    req["use_beam_search"] = true;
+    req["n"] = 3;
+    auto whole = post(s.port(), path, req, status);
+    ASSERT_EQ(status, 200) << whole;
+    req["stream"] = true;
+    req["stream_options"] = {{"include_usage", true}};
+    auto r = http_request(s.port(), "POST", path, req.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    const auto payloads = sse_payloads(r.body);
+    ASSERT_GE(payloads.size(), 3u) << r.body;
+    EXPECT_EQ(payloads.back(), "[DONE]");
+    std::vector<std::string> texts(whole["choices"].size());
+    std::vector<std::string> finishes(texts.size());
+    for (size_t i = 0; i + 2 < payloads.size(); ++i) {
+      const json c = json::parse(payloads[i]);
+      ASSERT_EQ(c["choices"].size(), 1u) << payloads[i];
+      const size_t idx = c["choices"][0]["index"];
+      ASSERT_LT(idx, texts.size());
+      texts[idx] += is_chat ? c["choices"][0]["delta"].value("content", "") : c["choices"][0]["text"].get<std::string>();
+      if (c["choices"][0]["finish_reason"].is_string()) finishes[idx] = c["choices"][0]["finish_reason"];
+    }
+    const json usage = json::parse(payloads[payloads.size() - 2]);
+    EXPECT_EQ(usage["usage"], whole["usage"]) << path;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      EXPECT_EQ(texts[i], is_chat ? whole["choices"][i]["message"]["content"] : whole["choices"][i]["text"]) << path << " " << i;
+      EXPECT_EQ(finishes[i], whole["choices"][i]["finish_reason"]) << path << " " << i;
+    }
+  }
+
   for (const auto& [field, needle] : std::vector<std::pair<json, std::string>>{
            {{{"n", 11}}, "'n' must be at most 10"},
-           {{{"stream", true}}, "cannot be streamed"},
            {{{"best_of", 2}}, "'best_of'"},
            {{{"length_penalty", "long"}}, "'length_penalty'"},
            {{{"use_beam_search", 1}}, "'use_beam_search' must be true or false"}}) {

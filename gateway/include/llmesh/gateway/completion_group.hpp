@@ -62,7 +62,7 @@ class completion_group {
   /// beam first). The group feeds the search its steps' messages and hands out its requests
   /// (take_submissions); once it ends, its beams are replayed into those choices as their
   /// tokens (the ones beyond the beams found, when a grammar allowed fewer, are left out of
-  /// the response).
+  /// the response) — streamed, their chunks all go out then, after the search.
   void add_beam_search(std::unique_ptr<beam_search> b, std::vector<uint64_t> choice_ids);
   /// /v1/responses: the chat output this group renders (one choice) goes out as the Responses
   /// API's response object or stream events instead (responses_api.hpp).
@@ -137,6 +137,8 @@ class completion_group {
 
   /// Ends the response on `e` (see the class comment); returns what to send.
   std::string fail(const error& e);
+  /// Every choice has ended: streamed, the usage chunk (include_usage) and [DONE] to send.
+  std::string end();
   std::string_view chunk_kind() const { return g_.chat ? "chat.completion.chunk" : "text_completion"; }
 
   group_setup g_;
