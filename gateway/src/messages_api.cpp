@@ -7,6 +7,7 @@
 
 #include "llmesh/gateway/openai_api.hpp"
 #include "sse_data.hpp"
+#include "text_space.hpp"
 
 namespace llmesh::gateway {
 namespace {
@@ -284,7 +285,7 @@ std::string event(std::string_view type, const json& body) {
 
 /// Text that makes no text block of its own: the newlines between a model's thinking and its
 /// calls, say.
-bool blank(std::string_view text) { return text.find_first_not_of(" \t\r\n") == std::string_view::npos; }
+bool blank(std::string_view text) { return detail::lstripped(text).empty(); }
 
 /// The signature of a thinking block: opaque to clients, which send it back (and this server
 /// ignores it).

@@ -8,6 +8,7 @@
 // function's or the call's end, or the text's end — literal ones inside a value pair up by
 // depth; a "</tool_call>" only before another call or the end.
 #include "llmesh/gateway/tool_calls.hpp"
+#include "text_space.hpp"
 
 #include <cctype>
 #include <charconv>
@@ -25,18 +26,8 @@ constexpr auto npos = std::string_view::npos;
 constexpr std::string_view call_open = "<tool_call>", call_close = "</tool_call>", fn_open = "<function=",
                            fn_close = "</function>", param_open = "<parameter=", param_close = "</parameter>";
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-std::string_view lstrip(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  return s;
-}
-
-std::string_view strip(std::string_view s) {
-  s = lstrip(s);
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-  return s;
-}
+using detail::lstripped;
+using detail::stripped;
 
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -82,7 +73,7 @@ size_t value_end(std::string_view v, const std::set<std::string, std::less<>>* n
       --depth;
       continue;
     }
-    const std::string_view after = lstrip(v.substr(pos));
+    const std::string_view after = lstripped(v.substr(pos));
     bool next = after.starts_with(param_open);
     if (next && names) {
       const auto name = name_at(after, param_open.size());
@@ -97,7 +88,7 @@ size_t value_end(std::string_view v, const std::set<std::string, std::less<>>* n
 /// ends at its structural "</tool_call>"); npos when none.
 size_t function_end(std::string_view v) {
   for (size_t at = 0; (at = v.find(fn_close, at)) != npos; at += fn_close.size()) {
-    const std::string_view after = lstrip(v.substr(at + fn_close.size()));
+    const std::string_view after = lstripped(v.substr(at + fn_close.size()));
     if (after.empty() || after.starts_with(call_close)) return at;
   }
   return npos;
@@ -106,7 +97,7 @@ size_t function_end(std::string_view v) {
 /// Python's int() of a stripped string: a sign, digits with single underscores between them;
 /// nullopt otherwise or beyond 64 bits.
 std::optional<int64_t> python_int(std::string_view s) {
-  s = strip(s);
+  s = stripped(s);
   std::string digits;
   if (!s.empty() && (s.front() == '+' || s.front() == '-')) {
     if (s.front() == '-') digits += '-';
@@ -126,7 +117,7 @@ std::optional<int64_t> python_int(std::string_view s) {
 
 /// Python's float() of a finite number (a sign, digits, a point, an exponent); nullopt otherwise.
 std::optional<double> python_float(std::string_view s) {
-  s = strip(s);
+  s = stripped(s);
   bool negative = false;
   if (!s.empty() && (s.front() == '+' || s.front() == '-')) {
     negative = s.front() == '-';
@@ -159,7 +150,7 @@ std::pair<std::string, bool> type_of(const json& schema) {
     for (const json& t : types) {
       const json* ty = t.is_object() && t.contains("type") ? &t["type"] : &t;
       if (!ty->is_string()) continue;
-      const std::string name = lower(strip(ty->get_ref<const std::string&>()));
+      const std::string name = lower(stripped(ty->get_ref<const std::string&>()));
       if (name == "null") null = true;
       else if (first.empty()) first = name;
     }
@@ -168,7 +159,7 @@ std::pair<std::string, bool> type_of(const json& schema) {
   if (schema.contains("type")) {
     const json& t = schema["type"];
     if (t.is_string()) {
-      const std::string name = lower(strip(t.get_ref<const std::string&>()));
+      const std::string name = lower(stripped(t.get_ref<const std::string&>()));
       return {name, name == "null"};
     }
     if (t.is_array()) return pick(t);
@@ -256,7 +247,7 @@ std::optional<tool_call_delta> parse_call(std::string_view raw, const json* tool
   const std::string_view body = raw.substr(f + fn_open.size() + fname->size() + 1);
   json args = json::object();
   for (size_t pos = 0;;) {
-    if (lstrip(body.substr(pos)).starts_with(fn_close)) break;
+    if (lstripped(body.substr(pos)).starts_with(fn_close)) break;
     const size_t start = next_param(body, pos, nullptr);
     if (start == npos) break;
     const auto pname = name_at(body, start + param_open.size());
@@ -295,7 +286,7 @@ result<std::vector<tool_call_delta>> parse_qwen3_coder_calls(std::string_view te
     const size_t from = start + call_open.size();
     size_t end = npos;  // the structural close: before another call, or the end
     for (size_t at = from; (at = text.find(call_close, at)) != npos; at += call_close.size()) {
-      const std::string_view after = lstrip(text.substr(at + call_close.size()));
+      const std::string_view after = lstripped(text.substr(at + call_close.size()));
       if (after.empty() || after.starts_with(call_open)) {
         end = at;
         break;

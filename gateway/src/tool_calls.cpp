@@ -2,6 +2,7 @@
 #include "llmesh/gateway/tool_calls.hpp"
 
 #include "partial_tag.hpp"
+#include "text_space.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -78,7 +79,8 @@ size_t json_value_end(std::string_view text) {
   return std::string_view::npos;
 }
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+using detail::is_space;
+using detail::lstripped;
 
 /// Whether llama3_json takes this output for calls: it begins with "{" or the python tag.
 bool llama3_calls_start(std::string_view text) { return text.starts_with('{') || text.starts_with(python_tag); }
@@ -86,11 +88,6 @@ bool llama3_calls_start(std::string_view text) { return text.starts_with('{') ||
 /// The parsers that take the output whole as calls, or not at all.
 bool whole_output(tool_call_parser p) {
   return p == tool_call_parser::llama3_json || p == tool_call_parser::pythonic || p == tool_call_parser::granite;
-}
-
-std::string_view lstripped(std::string_view text) {
-  while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
-  return text;
 }
 
 /// Granite's output past its optional markers (leading whitespace, "<|tool_call|>", "<tool_call>").
@@ -310,8 +307,7 @@ result<std::vector<tool_call_delta>> json_list_calls(const std::optional<json>& 
 
 result<std::vector<tool_call_delta>> parse_granite_calls(std::string_view text) {
   const error not_calls = make_error(errc::invalid_request, "the output is not a JSON array of {\"name\", \"arguments\"}");
-  text = granite_body(text);
-  while (!text.empty() && is_space(text.back())) text.remove_suffix(1);
+  text = detail::stripped(granite_body(text));
   if (!text.starts_with('[')) return not_calls;
   return json_list_calls(parse_embedded_json(text), "arguments", nullptr, not_calls);
 }
