@@ -20,7 +20,8 @@ namespace {
 namespace k = kernels;
 
 constexpr k::dtype all_types[] = {k::dtype::f32,  k::dtype::f16,  k::dtype::bf16, k::dtype::q8,   k::dtype::fp8,  k::dtype::q4,
-                                  k::dtype::q2_k, k::dtype::q3_k, k::dtype::q4_k, k::dtype::q5_k, k::dtype::q6_k, k::dtype::iq4_xs};
+                                  k::dtype::mxfp4, k::dtype::q2_k, k::dtype::q3_k, k::dtype::q4_k, k::dtype::q5_k, k::dtype::q6_k,
+                                  k::dtype::iq4_xs};
 
 /// The bench's name of a type: bf16, int8, int4, q4_k, ... (lower-case dtype_name; q8 is int8,
 /// q4 int4).
@@ -72,6 +73,15 @@ result<weights> make_weights(k::dtype t, size_t rows, size_t cols, std::mt19937&
       std::memcpy(w.bytes.data() + b * k::q4_block_bytes, &f, 4);
       std::memcpy(w.bytes.data() + b * k::q4_block_bytes + 4, &m, 4);
     }
+    return w;
+  }
+  if (t == k::dtype::mxfp4) {  // random nibbles, scale 2^-8 (exponent byte 119: GPT-OSS's experts' range)
+    w.ldw = k::q8_row_elements(cols);
+    w.bytes.resize(k::dtype_bytes(t, rows * w.ldw));
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto& b : w.bytes) b = static_cast<uint8_t>(byte(rng));
+    const float s = std::ldexp(1.0f, -9);  // 2^(119 - 128)
+    for (size_t b = 0; b < w.bytes.size() / k::mxfp4_block_bytes; ++b) std::memcpy(w.bytes.data() + b * k::mxfp4_block_bytes, &s, 4);
     return w;
   }
   if (!k::is_k_quant(t)) {

@@ -74,7 +74,7 @@ void add_model(CLI::App& app, command_set& commands) {
   auto& s = f->spec;
   auto* sub = model_cmd->add_subcommand("random", "Write a deterministic random model (HF directory)");
   sub->add_option("--out", f->out, "Output directory")->required();
-  sub->add_option("--arch", s.arch, "llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | qwen2_moe | gemma | gemma2 | gemma3 | granite")
+  sub->add_option("--arch", s.arch, "llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | qwen2_moe | gemma | gemma2 | gemma3 | granite | gpt_oss")
       ->capture_default_str();
   sub->add_option("--hidden", s.hidden, "hidden_size")->capture_default_str();
   sub->add_option("--intermediate", s.intermediate, "intermediate_size")->capture_default_str();
@@ -109,7 +109,7 @@ void add_model(CLI::App& app, command_set& commands) {
   sub->add_option("--packed", s.packed,
                   "The layers' projections as an AWQ, GPTQ or compressed-tensors checkpoint stores them: awq, gptq, "
                   "gptq-act-order, gptq8, ct-w4a16, ct-w4a16-asym, ct-w8a16; or as an FP8 checkpoint: fp8, fp8-block, ct-fp8, "
-                  "ct-fp8-block, ct-fp8-group");
+                  "ct-fp8-block, ct-fp8-group; with --arch gpt_oss: mxfp4 (the experts as OpenAI's release holds them)");
   sub->add_flag("--kv-scales", s.kv_scales,
                 "With an FP8 or compressed-tensors --packed: each layer's FP8 KV-cache scales (self_attn.k_scale, v_scale; "
                 "compressed-tensors' kv_cache_scheme), as a checkpoint calibrated for --kv-cache-dtype fp8 holds them");

@@ -15,6 +15,15 @@ void swiglu(const float* gate, const float* up, float* out, size_t n) {
   }
 }
 
+void gpt_oss_glu(const float* gate, const float* up, float* out, size_t n, float limit) {
+  constexpr float alpha = 1.702f;
+  for (size_t i = 0; i < n; ++i) {
+    const float g = gate[i] > limit ? limit : gate[i];  // torch.clamp(max=): NaN passes
+    const float u = up[i] > limit ? limit : up[i] < -limit ? -limit : up[i];
+    out[i] = (u + 1.0f) * (g / (1.0f + exp_det(-alpha * g)));
+  }
+}
+
 void softcap_inplace(float* x, size_t n, float cap) {
   for (size_t i = 0; i < n; ++i) x[i] = cap * tanh_det(x[i] / cap);
 }

@@ -210,10 +210,12 @@ void attend_tile(const kv_layer_view& cache, const attention_shape& s, const att
         sc_row[p - begin] = sc;
         max_score = std::max(max_score, sc);
       }
+      if (s.sinks) max_score = std::max(max_score, s.sinks[h0 + j]);
       const size_t count = pos + 1 - begin;
       exp_shifted(sc_row, count, max_score);
       float sum = 0.0f;
       for (size_t i = 0; i < count; ++i) sum = sum + sc_row[i];  // in position order
+      if (s.sinks) sum = sum + exp_det(s.sinks[h0 + j] - max_score);
       inv[j * rows + (row - r0)] = 1.0f / sum;
       float* out = seq.out + (row * s.n_heads + h0 + j) * s.head_dim;
       std::fill(out, out + s.head_dim, 0.0f);

@@ -54,7 +54,7 @@ void gemm_block_portable(const matmul_args& a, size_t m0, size_t m1, size_t n0, 
           v = dot_lanes(x, a.k, [w](size_t q) { return f16_to_f32(w[q]); });
           break;
         }
-        case dtype::q8: case dtype::fp8: case dtype::q4: case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k:
+        case dtype::q8: case dtype::fp8: case dtype::q4: case dtype::mxfp4: case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k:
         case dtype::iq4_xs: {
           const auto* w = static_cast<const uint8_t*>(a.w) + dtype_offset(a.w_type, j * a.ldw);
           v = dot_lanes(x, a.k, [w, t = a.w_type](size_t q) { return load_as_f32(w, t, q); });

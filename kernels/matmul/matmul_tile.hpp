@@ -20,7 +20,8 @@
 // dequantized weights; load_fp8(const uint8_t* block, size_t at): likewise for width e4m3
 // bytes (fp8_value's floats: the code widened exactly to float16 bits, times 2^8·scale — the
 // same product, rounded once); load_q4(const uint8_t* block, size_t e): width elements from e of a q4
-// block, decoded to q4_value's floats (q·f − m in one fused multiply-subtract); load_k<dtype>(const uint8_t* block, size_t e, float f, float m) for
+// block, decoded to q4_value's floats (q·f − m in one fused multiply-subtract); load_mxfp4 likewise
+// for an mxfp4 block (mxfp4_value's floats); load_k<dtype>(const uint8_t* block, size_t e, float f, float m) for
 // q2_k ... q6_k and iq4_xs: width elements from e of a K-quant super-block, given its sub-block's
 // (or group's) factors (k_factors below), decoded to k_quant_value's floats (dtype.hpp);
 // optionally (a V with k_lut) k_table<q4_k or iq4_xs>(f, m, float* t) writing a sub-block's 16
@@ -279,11 +280,11 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
       }
     }
   }
-  if constexpr ((WT == dtype::q4 || WT == dtype::q8 || WT == dtype::fp8) && MR <= 2) {
+  if constexpr ((WT == dtype::q4 || WT == dtype::q8 || WT == dtype::fp8 || WT == dtype::mxfp4) && MR <= 2) {
     // Decode (one or two x rows), whole blocks of 32: one block per iteration, its two steps
     // unrolled, so every load's byte offset (and an int4 load's nibble half) is a constant
     // (the generic loop below works them out per step).
-    static_assert(q4_block == 32 && q8_block == 32);
+    static_assert(q4_block == 32 && q8_block == 32 && mxfp4_block == 32);
     for (; kk % 32 == 0 && kk + 32 <= k1; kk += 32) {
       const size_t at = kk / 32 * dtype_block_bytes(WT);
       if (MR == 1 || i0 == 0) {  // the next tile's rows (see the generic loop's prefetch)
@@ -300,6 +301,7 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
 #pragma GCC unroll 8
           for (int n = 0; n < NR; ++n) {
             if constexpr (WT == dtype::q4) wv[n] = V::load_q4(q8_row[n] + at, e);
+            else if constexpr (WT == dtype::mxfp4) wv[n] = V::load_mxfp4(q8_row[n] + at, e);
             else if constexpr (WT == dtype::fp8) wv[n] = V::load_fp8(q8_row[n] + at, 4 + e);
             else wv[n] = V::load_q8(q8_row[n] + at, 4 + e);
             asm("" : "+x"(wv[n]));
@@ -328,7 +330,7 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
       // at 55-65 % of the read bandwidth, T0 reaches ~100 % (bf16 and q8, both ISAs).
       // The last tile's "next rows" lie past the weights: the addresses are formed as
       // integers (a prefetch never faults; a pointer past its array would be undefined).
-      if constexpr (WT == dtype::q8 || WT == dtype::fp8 || WT == dtype::q4) {
+      if constexpr (WT == dtype::q8 || WT == dtype::fp8 || WT == dtype::q4 || WT == dtype::mxfp4) {
         const size_t ahead = q8_next + q8_block_at;
 #pragma GCC unroll 8
         for (int n = 0; n < NR; ++n) __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(q8_row[n]) + ahead), 0, 3);
@@ -349,6 +351,8 @@ void matmul_tile(const matmul_args& a, size_t i0, size_t j0, size_t k0, size_t k
           wv[n] = V::load_fp8(q8_row[n] + q8_block_at, 4 + kk % q8_block + static_cast<size_t>(p) * W);
         } else if constexpr (WT == dtype::q4) {
           wv[n] = V::load_q4(q8_row[n] + q8_block_at, kk % q4_block + static_cast<size_t>(p) * W);
+        } else if constexpr (WT == dtype::mxfp4) {
+          wv[n] = V::load_mxfp4(q8_row[n] + q8_block_at, kk % mxfp4_block + static_cast<size_t>(p) * W);
         } else {
           wv[n] = V::template load_w<WT>(a.w, w_row0 + n * a.ldw + kk, p);
         }
@@ -502,6 +506,7 @@ void gemm_block(const matmul_args& a, size_t m0, size_t m1, size_t n0, size_t n1
   static const auto tq8 = make_table<V, dtype::q8, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto tq4 = make_table<V, dtype::q4, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto tfp8 = make_table<V, dtype::fp8, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
+  static const auto tmx4 = make_table<V, dtype::mxfp4, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto tq4k = make_table<V, dtype::q4_k, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto tq5k = make_table<V, dtype::q5_k, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
   static const auto tq6k = make_table<V, dtype::q6_k, MRMax, NRMax>(std::make_integer_sequence<int, MRMax>{});
@@ -513,6 +518,7 @@ void gemm_block(const matmul_args& a, size_t m0, size_t m1, size_t n0, size_t n1
                       : a.w_type == dtype::q8   ? tq8
                       : a.w_type == dtype::q4   ? tq4
                       : a.w_type == dtype::fp8  ? tfp8
+                      : a.w_type == dtype::mxfp4 ? tmx4
                       : a.w_type == dtype::q4_k ? tq4k
                       : a.w_type == dtype::q5_k ? tq5k
                       : a.w_type == dtype::q6_k ? tq6k

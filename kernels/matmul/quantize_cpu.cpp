@@ -99,11 +99,11 @@ status quantize_q8(const void* src, dtype src_type, size_t rows, size_t cols, ui
       return ok_status();
     }
     case dtype::q4: return quantize_q4_rows(static_cast<const uint8_t*>(src), rows, cols, dst, first_row);
-    case dtype::fp8: {  // rows of q8_row_elements(cols), decoded (fp8_value), then quantized
+    case dtype::fp8: case dtype::mxfp4: {  // rows of whole blocks of 32, decoded (fp8_value, mxfp4_value), then quantized
       const auto* s = static_cast<const uint8_t*>(src);
-      const size_t row_bytes = dtype_bytes(dtype::fp8, q8_row_elements(cols));
-      return quantize_rows(rows, cols, dst, first_row, [s, cols, row_bytes](size_t i) {
-        return load_as_f32(s + (i / cols) * row_bytes, dtype::fp8, i % cols);
+      const size_t row_bytes = dtype_bytes(src_type, q8_row_elements(cols));
+      return quantize_rows(rows, cols, dst, first_row, [s, cols, row_bytes, src_type](size_t i) {
+        return load_as_f32(s + (i / cols) * row_bytes, src_type, i % cols);
       });
     }
     case dtype::q8: break;
@@ -219,7 +219,7 @@ status convert_rows(const void* src, dtype src_type, size_t rows, size_t cols, v
         return ok_status();
       });
     case dtype::q8: case dtype::q4: case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k:
-    case dtype::iq4_xs: case dtype::f8_e4m3: case dtype::f8_e5m2: case dtype::fp8: break;
+    case dtype::iq4_xs: case dtype::f8_e4m3: case dtype::f8_e5m2: case dtype::fp8: case dtype::mxfp4: break;
   }
   return ok_status();
 }

@@ -43,14 +43,38 @@ std::vector<int32_t> get_ids(const json& j, const char* key) {
   return ids;
 }
 
+/// config.json's layer_types (transformers 4.53 on) into c.sliding_layers (sized n_layers).
+status parse_layer_types(const json& j, model_config& c) {
+  const auto& types = j["layer_types"];
+  if (!types.is_array() || types.size() != c.n_layers) return bad("layer_types must list every layer");
+  for (size_t i = 0; i < c.n_layers; ++i) {
+    if (types[i] != "sliding_attention" && types[i] != "full_attention") {
+      return bad("layer_types entries must be sliding_attention or full_attention");
+    }
+    c.sliding_layers[i] = types[i] == "sliding_attention";
+  }
+  return ok_status();
+}
+
 /// The experts of Qwen3-MoE and Qwen2-MoE (num_experts, num_experts_per_tok, norm_topk_prob;
 /// every layer sparse; Qwen2-MoE's shared expert, shared_expert_intermediate_size) and Mixtral
 /// (num_local_experts, num_experts_per_tok; always renormalised).
 status parse_moe(const json& j, model_config& c) {
-  if (c.arch != architecture::qwen3_moe && c.arch != architecture::mixtral && c.arch != architecture::qwen2_moe) {
+  if (c.arch != architecture::qwen3_moe && c.arch != architecture::mixtral && c.arch != architecture::qwen2_moe &&
+      c.arch != architecture::gpt_oss) {
     return ok_status();
   }
-  const bool qwen = c.arch != architecture::mixtral;
+  const bool qwen = c.arch == architecture::qwen3_moe || c.arch == architecture::qwen2_moe;
+  if (c.arch == architecture::gpt_oss) {  // GptOssConfig: num_local_experts, num_experts_per_tok (the original config: experts_per_token)
+    auto limit = get_number(j, "swiglu_limit", 7.0);
+    if (!limit) return limit.take_error();
+    if (!(*limit > 0.0 && *limit < 1e30)) return bad("swiglu_limit must be positive");
+    auto alpha = get_number(j, "swiglu_alpha", 1.702);
+    if (!alpha) return alpha.take_error();
+    if (*alpha != 1.702) return make_error(errc::unsupported, "config.json: swiglu_alpha other than 1.702 is not supported");
+    c.moe.swiglu_limit = static_cast<float>(*limit);
+    c.moe.biases = true;
+  }
   if (c.arch == architecture::qwen2_moe) {  // Qwen2MoeConfig's default: 5632
     auto shared = get_size(j, "shared_expert_intermediate_size", false, 5632);
     if (!shared) return shared.take_error();
@@ -58,7 +82,10 @@ status parse_moe(const json& j, model_config& c) {
   }
   auto experts = get_size(j, qwen ? "num_experts" : "num_local_experts", true);
   if (!experts) return experts.take_error();
-  auto per_token = get_size(j, "num_experts_per_tok", true);
+  const bool gpt_oss = c.arch == architecture::gpt_oss;
+  const char* per_key = gpt_oss && !j.contains("num_experts_per_tok") && j.contains("experts_per_token") ? "experts_per_token"
+                                                                                                          : "num_experts_per_tok";
+  auto per_token = get_size(j, per_key, !gpt_oss, 4);  // GptOssConfig's default: 4
   if (!per_token) return per_token.take_error();
   if (*experts == 0 || *per_token == 0 || *per_token > *experts || *experts > 1024) {
     return bad("need 1 <= num_experts_per_tok <= the number of experts <= 1024");
@@ -116,14 +143,7 @@ status parse_gemma(const json& j, model_config& c) {
   c.sliding_window = *w;  // 0 (null): no layer has a window; Gemma 3's sliding layers keep their rotary
   c.sliding_layers.assign(c.n_layers, false);
   if (j.contains("layer_types") && !j["layer_types"].is_null()) {  // transformers 4.53 on
-    const auto& types = j["layer_types"];
-    if (!types.is_array() || types.size() != c.n_layers) return bad("layer_types must list every layer");
-    for (size_t i = 0; i < c.n_layers; ++i) {
-      if (types[i] != "sliding_attention" && types[i] != "full_attention") {
-        return bad("layer_types entries must be sliding_attention or full_attention");
-      }
-      c.sliding_layers[i] = types[i] == "sliding_attention";
-    }
+    LLMESH_TRY(parse_layer_types(j, c));
   } else if (c.arch == architecture::gemma2) {  // layers 0, 2, 4, ... slide
     for (size_t i = 0; i < c.n_layers; i += 2) c.sliding_layers[i] = true;
   } else {  // Gemma 3: every sliding_window_pattern-th layer (the last of each group) is global
@@ -314,6 +334,8 @@ result<model_config> parse_config_json(const std::string& text) {
     c.arch = architecture::qwen2_moe;
   } else if (arch_name == "GraniteForCausalLM") {
     c.arch = architecture::granite;
+  } else if (arch_name == "GptOssForCausalLM") {
+    c.arch = architecture::gpt_oss;
   } else if (arch_name == "GemmaForCausalLM") {
     c.arch = architecture::gemma;
   } else if (arch_name == "Gemma2ForCausalLM") {
@@ -327,7 +349,7 @@ result<model_config> parse_config_json(const std::string& text) {
     return make_error(errc::unsupported, "config.json: unknown architecture '" + c.arch_name +
                                              "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
                                              "Qwen3ForCausalLM, Phi3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
-                                             "GraniteForCausalLM, "
+                                             "GraniteForCausalLM, GptOssForCausalLM, "
                                              "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, and the bare LlamaModel, "
                                              "MistralModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model for embeddings, "
                                              "each causal LM's …ForSequenceClassification but Gemma 3's, and "
@@ -356,13 +378,14 @@ result<model_config> parse_config_json(const std::string& text) {
   LLMESH_FIELD(c.vocab, "vocab_size", true, 0)
   // The config classes' defaults: Gemma 1/2 8192, Gemma 3 131072, the others 2048 (HF writes the key anyway).
   LLMESH_FIELD(c.max_positions, "max_position_embeddings", false,
-               c.arch == architecture::gemma3 ? 131072 : (c.arch == architecture::gemma || c.arch == architecture::gemma2) ? 8192 : 2048)
+               c.arch == architecture::gemma3 || c.arch == architecture::gpt_oss ? 131072 : (c.arch == architecture::gemma || c.arch == architecture::gemma2) ? 8192 : 2048)
   if (c.hidden == 0 || c.intermediate == 0 || c.n_layers == 0 || c.n_heads == 0 || c.vocab == 0) {
     return bad("hidden_size, intermediate_size, num_hidden_layers, num_attention_heads and vocab_size must be positive");
   }
   const bool qwen3_like = c.arch == architecture::qwen3 || c.arch == architecture::qwen3_moe;
   // HF's Qwen3Config defaults head_dim to 128, the Gemma configs to 256 (not hidden / heads).
-  LLMESH_FIELD(c.head_dim, "head_dim", false, qwen3_like ? 128 : gemma ? 256 : c.hidden / c.n_heads)
+  LLMESH_FIELD(c.head_dim, "head_dim", false,
+               qwen3_like ? 128 : gemma ? 256 : c.arch == architecture::gpt_oss ? 64 : c.hidden / c.n_heads)
 #undef LLMESH_FIELD
   if (c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0) {
     return bad("num_attention_heads (" + std::to_string(c.n_heads) + ") must be a multiple of num_key_value_heads (" +
@@ -381,7 +404,8 @@ result<model_config> parse_config_json(const std::string& text) {
   }
   auto mlp_bias = get_bool(j, "mlp_bias", false);
   auto tie = get_bool(j, "tie_word_embeddings", gemma);  // the Gemma configs default to tied
-  auto attention_bias_r = get_bool(j, "attention_bias", false);
+  const bool gpt_oss = c.arch == architecture::gpt_oss;
+  auto attention_bias_r = get_bool(j, "attention_bias", gpt_oss);  // GptOssConfig's default: true
   auto use_window = get_bool(j, "use_sliding_window", false);
   for (auto* r : {&mlp_bias, &tie, &attention_bias_r, &use_window}) {
     if (!*r) return r->take_error();
@@ -392,13 +416,26 @@ result<model_config> parse_config_json(const std::string& text) {
   c.tie_embeddings = *tie;
   bool attention_bias = *attention_bias_r;
   const bool qwen3_family = c.arch == architecture::qwen3 || c.arch == architecture::qwen3_moe;
-  const bool biased = attention_bias && (c.arch == architecture::llama || qwen3_family || gemma || c.arch == architecture::granite);
+  const bool biased =
+      attention_bias && (c.arch == architecture::llama || qwen3_family || gemma || c.arch == architecture::granite || gpt_oss);
   c.qkv_bias = c.arch == architecture::qwen2 || c.arch == architecture::qwen2_moe || biased;
   c.o_bias = biased;
   c.qk_norm = qwen3_family || c.arch == architecture::gemma3;
   LLMESH_TRY(parse_moe(j, c));
   LLMESH_TRY(detail::parse_packed_config(j, c));
   if (gemma) LLMESH_TRY(parse_gemma(j, c));
+  if (gpt_oss) {  // sinks on every layer; the window on layer_types' sliding layers (GptOssConfig's default: the even ones)
+    c.attn_sinks = true;
+    auto w = get_size(j, "sliding_window", false, j.contains("sliding_window") ? 0 : 128);
+    if (!w) return w.take_error();
+    c.sliding_window = *w;
+    c.sliding_layers.assign(c.n_layers, false);
+    if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+      LLMESH_TRY(parse_layer_types(j, c));
+    } else {
+      for (size_t i = 0; i < c.n_layers; i += 2) c.sliding_layers[i] = true;
+    }
+  }
   if (c.arch == architecture::granite) LLMESH_TRY(parse_granite(j, c));
   c.fused_projections = c.arch == architecture::phi3;
   if ((c.arch == architecture::qwen2 || c.arch == architecture::qwen2_moe || qwen3_family) && *use_window) {

@@ -18,7 +18,7 @@ class uploader {
   /// Rows [row0, row0 + rows) and columns [col0, col0 + cols) of a host matrix.
   result<device_matrix> matrix(const weight_matrix& m, size_t row0, size_t rows, size_t col0, size_t cols) {
     if (kernels::is_quantized(m.type)) {
-      return make_error(errc::unsupported, "int8, int4, FP8 and GGUF block weights (--quantization int8, a quantized GGUF, or an AWQ/GPTQ/FP8/compressed-tensors checkpoint) run on the CPU backend only");
+      return make_error(errc::unsupported, "int8, int4, FP8, MXFP4 and GGUF block weights (--quantization int8, a quantized GGUF, or an AWQ/GPTQ/FP8/compressed-tensors/MXFP4 checkpoint) run on the CPU backend only");
     }
     const size_t es = kernels::dtype_size(m.type);
     auto b = cuda::buffer::device(rows * cols * es);

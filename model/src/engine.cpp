@@ -78,7 +78,7 @@ status check_quantized_layout(const model& m, const shard_layout& l) {
   if ((l.q_head0 * head_dim) % kernels::q8_block != 0 || l.inter0 % kernels::q8_block != 0 ||
       l.shared0 % kernels::q8_block != 0) {
     return make_error(errc::invalid_request,
-                      m.quantized_weights() + " weights (--quantization int8 or fp8, a quantized GGUF, or an AWQ/GPTQ/FP8/compressed-tensors checkpoint) with --tp " + std::to_string(l.tp) +
+                      m.quantized_weights() + " weights (--quantization int8 or fp8, a quantized GGUF, or an AWQ/GPTQ/FP8/compressed-tensors/MXFP4 checkpoint) with --tp " + std::to_string(l.tp) +
                           " needs each rank's share of the attention width and of intermediate_size (and of "
                           "shared_expert_intermediate_size) to be a multiple of " +
                           std::to_string(kernels::q8_block));
@@ -108,7 +108,7 @@ std::string_view kv_cache_dtype_name(kernels::dtype t) {
     case kernels::dtype::f8_e5m2: return "fp8_e5m2";
     case kernels::dtype::f32: return "float32";
     case kernels::dtype::f16: case kernels::dtype::q8: case kernels::dtype::q4_k: case kernels::dtype::q5_k: case kernels::dtype::q6_k:
-    case kernels::dtype::q2_k: case kernels::dtype::q3_k: case kernels::dtype::iq4_xs: case kernels::dtype::q4: case kernels::dtype::fp8: break;
+    case kernels::dtype::q2_k: case kernels::dtype::q3_k: case kernels::dtype::iq4_xs: case kernels::dtype::q4: case kernels::dtype::fp8: case kernels::dtype::mxfp4: break;
   }
   return kernels::dtype_name(t);  // not a KV cache type (set_kv_type refuses it)
 }
@@ -140,7 +140,7 @@ result<backend_choice> choose_backend(const model& m, const engine_options& opt)
                          : opt.kv_type != kernels::dtype::f32 ? kv_reason.c_str()
                                                               : cpu_only_family(c);
   if (opt.device == backend::cuda && quantized) {
-    return make_error(errc::unsupported, m.quantized_weights() + " weights (--quantization int8 or fp8, a quantized GGUF, or an AWQ/GPTQ/FP8/compressed-tensors checkpoint) run on the CPU backend only (use --device cpu)");
+    return make_error(errc::unsupported, m.quantized_weights() + " weights (--quantization int8 or fp8, a quantized GGUF, or an AWQ/GPTQ/FP8/compressed-tensors/MXFP4 checkpoint) run on the CPU backend only (use --device cpu)");
   }
   if (opt.device == backend::cuda && cpu_only) {
     return make_error(errc::unsupported, std::string(cpu_only) + " run on the CPU backend only (use --device cpu)");

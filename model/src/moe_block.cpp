@@ -7,7 +7,9 @@
 // token's rows on this rank weighted and summed in its experts' order → all-reduce →
 // residual, in chunks of tokens (bounded scratch). Batch-invariant: a row's matmul does not
 // depend on the rows beside it, and a token's sum runs in an order of its own. The router's
-// logits are float32 (HF's are the model dtype's), its softmax double. Qwen2-MoE's shared
+// logits are float32 (HF's are the model dtype's), its softmax double. GPT-OSS (GptOssMLP): the
+// router's bias, softmax over the chosen logits (norm_topk_prob's weights), the experts' biases
+// and clamped SwiGLU (kernels::gpt_oss_glu). Qwen2-MoE's shared
 // expert (Qwen2MoeSparseMoeBlock) runs this rank's slice on every token in the same parallel
 // regions; sigmoid(shared_expert_gate · x) scales it, added after the routed experts' sum.
 #include <algorithm>
@@ -54,7 +56,7 @@ status shard_executor::moe_chunk(size_t layer, size_t t0, size_t n_tokens) {
   // The router is whole on every rank: each decides the same experts.
   router_.resize(n_tokens * n_experts);
   LLMESH_TRY(kernels::matmul(job(xn, hidden, lw.router, lw.router.data, router_.data(), n_experts, n_tokens, n_experts,
-                                 hidden, nullptr),
+                                 hidden, lw.router_bias.empty() ? nullptr : lw.router_bias.data()),
                              *pool_));
   chosen_.resize(n_tokens * k);
   weight_.resize(n_tokens * k);
@@ -121,20 +123,26 @@ status shard_executor::moe_chunk(size_t layer, size_t t0, size_t n_tokens) {
     const size_t r0 = first[e], m = first[e + 1] - first[e];
     if (m == 0) continue;
     const auto& x = lw.experts[e];
+    // GPT-OSS's biases: gate's and up's for this rank's slice; down's added by the rank whose
+    // slice starts the intermediate (the only one that runs the expert under expert parallelism),
+    // so the all-reduce yields it once.
+    const float* gate_bias = x.gate_bias.empty() ? nullptr : x.gate_bias.data() + i0;
+    const float* up_bias = x.up_bias.empty() ? nullptr : x.up_bias.data() + i0;
+    const float* down_bias = x.down_bias.empty() || i0 != 0 ? nullptr : x.down_bias.data();
     gate_up.push_back(job(&expert_x_[r0 * hidden], hidden, x.gate, rows_from(x.gate, i0), &expert_gate_[r0 * ni], ni, m,
-                          ni, hidden, nullptr));
+                          ni, hidden, gate_bias));
     gate_up.push_back(job(&expert_x_[r0 * hidden], hidden, x.up, rows_from(x.up, i0), &expert_up_[r0 * ni], ni, m, ni,
-                          hidden, nullptr));
+                          hidden, up_bias));
     // This rank's int8 copy of a K-quant slice that would cut a super-block, if any.
     const detail::row_slice* own = layer < expert_down_slices_.size() && e < expert_down_slices_[layer].size()
                                        ? expert_down_slices_[layer][e].get()
                                        : nullptr;
     if (own) {
       down.push_back(job(&expert_gate_[r0 * ni], ni, own->w, own->w.data, &expert_y_[r0 * hidden], hidden, m, hidden, ni,
-                         nullptr));
+                         down_bias));
     } else {
       down.push_back(job(&expert_gate_[r0 * ni], ni, x.down, cols_from(x.down, i0), &expert_y_[r0 * hidden], hidden, m,
-                         hidden, ni, nullptr));
+                         hidden, ni, down_bias));
     }
   }
   const size_t ns = layout_.n_shared, s0 = layout_.shared0;
@@ -156,7 +164,11 @@ status shard_executor::moe_chunk(size_t layer, size_t t0, size_t n_tokens) {
   LLMESH_TRY(kernels::matmul(gate_up, *pool_));
   pool_->run([&](int th, int n_threads) {
     auto [b, e] = kernels::thread_pool::split(rows * ni, th, n_threads);
-    kernels::swiglu(expert_gate_.data() + b, expert_up_.data() + b, expert_gate_.data() + b, e - b);
+    if (c.moe.swiglu_limit > 0.0f) {  // GPT-OSS
+      kernels::gpt_oss_glu(expert_gate_.data() + b, expert_up_.data() + b, expert_gate_.data() + b, e - b, c.moe.swiglu_limit);
+    } else {
+      kernels::swiglu(expert_gate_.data() + b, expert_up_.data() + b, expert_gate_.data() + b, e - b);
+    }
     if (!shared) return;
     auto [sb, se] = kernels::thread_pool::split(n_tokens * ns, th, n_threads);
     kernels::swiglu(shared_gate_.data() + sb, shared_up_.data() + sb, shared_gate_.data() + sb, se - sb);

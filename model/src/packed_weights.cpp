@@ -22,7 +22,7 @@ using method = model_config::packed_config::method;
 error bad(const std::string& msg) { return make_error(errc::invalid_request, "config.json: quantization_config: " + msg); }
 error refused(const std::string& msg) {
   return make_error(errc::unsupported, "config.json: quantization_config: " + msg +
-                                           "; llmesh reads AWQ (GEMM), GPTQ, FP8 and compressed-tensors (W4A16, W8A16, FP8) checkpoints and GGUF files, or load the "
+                                           "; llmesh reads AWQ (GEMM), GPTQ, FP8, compressed-tensors (W4A16, W8A16, FP8) and GPT-OSS's MXFP4 checkpoints and GGUF files, or load the "
                                            "unquantized checkpoint (with --quantization int8)");
 }
 
@@ -402,6 +402,11 @@ status parse_packed_config(const json& j, model_config& c) {
   auto& p = c.packed;
   if (m == "compressed-tensors") return parse_compressed(q, p);
   if (m == "fp8" || m == "fbgemm_fp8") return parse_fp8_config(q, p);  // fbgemm_fp8: Meta's FP8 releases, per-channel scales
+  if (m == "mxfp4") {  // GPT-OSS's experts (gpt_oss_experts.hpp); modules_to_not_convert names the rest, which stay plain
+    if (c.arch != architecture::gpt_oss) return refused("quant_method 'mxfp4' outside GPT-OSS's experts is not supported");
+    p.kind = model_config::packed_config::method::mxfp4;
+    return ok_status();
+  }
   auto bits = integer(q, {"bits", "w_bit"}, 4);
   if (!bits) return bits.take_error();
   if (*bits < 1 || *bits > 32) return bad("'bits' must be 1..32");

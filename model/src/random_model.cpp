@@ -97,8 +97,10 @@ result<std::string> config_architecture_name(const std::string& arch) {
   if (arch == "gemma") return std::string("GemmaForCausalLM");
   if (arch == "gemma2") return std::string("Gemma2ForCausalLM");
   if (arch == "gemma3") return std::string("Gemma3ForCausalLM");
+  if (arch == "gpt_oss") return std::string("GptOssForCausalLM");
   return make_error(errc::invalid_request, "unknown --arch '" + arch +
-                                               "' (llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, qwen2_moe, gemma, gemma2, gemma3, granite)");
+                                               "' (llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, qwen2_moe, gemma, gemma2, gemma3, granite, "
+                                               "gpt_oss)");
 }
 
 status write_random_model(const random_model_spec& s, const std::string& dir) {
@@ -152,11 +154,23 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   const bool gemma = s.arch == "gemma" || s.arch == "gemma2" || s.arch == "gemma3";
   const bool sandwich = s.arch == "gemma2" || s.arch == "gemma3";  // Gemma 2/3's four norms per layer
   const bool granite = s.arch == "granite";
-  const bool biased = (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma || granite) && s.attention_bias;
+  const bool gpt_oss = s.arch == "gpt_oss";
+  const bool biased = ((s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma || granite) && s.attention_bias) || gpt_oss;
   const bool qkv_bias = s.arch == "qwen2" || s.arch == "qwen2_moe" || biased;
   const bool o_bias = biased;
   const bool qk_norm = s.arch == "qwen3" || s.arch == "qwen3_moe" || s.arch == "gemma3";
-  const bool moe = s.arch == "qwen3_moe" || s.arch == "mixtral" || s.arch == "qwen2_moe";
+  const bool moe = s.arch == "qwen3_moe" || s.arch == "mixtral" || s.arch == "qwen2_moe" || gpt_oss;
+  if (gpt_oss) {
+    if (s.classifier_labels > 0 || s.base_model || s.tie_embeddings) {
+      return make_error(errc::invalid_request, "gpt_oss: a causal LM with its own LM head only (no --classifier, --base or --tie)");
+    }
+    if (!s.packed.empty() && s.packed != "mxfp4") return make_error(errc::invalid_request, "gpt_oss: --packed must be mxfp4 or none");
+    if (s.packed == "mxfp4" && (s.hidden % 32 != 0 || s.intermediate % 32 != 0)) {
+      return make_error(errc::invalid_request, "gpt_oss --packed mxfp4: --hidden and --intermediate must be multiples of 32");
+    }
+  } else if (s.packed == "mxfp4") {
+    return make_error(errc::invalid_request, "--packed mxfp4 is GPT-OSS's (--arch gpt_oss)");
+  }
   const size_t shared_inter = s.arch != "qwen2_moe" ? 0 : s.shared_intermediate ? s.shared_intermediate : 2 * s.intermediate;
   const size_t n_experts = s.n_experts ? s.n_experts : 8, per_token = s.experts_per_token ? s.experts_per_token : 2;
   if (moe && (per_token > n_experts || n_experts > 1024)) {
@@ -179,7 +193,7 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
               {"bos_token_id", 256},
               {"eos_token_id", 257},
               {"torch_dtype", s.dtype == kernels::dtype::f32 ? "float32" : (s.dtype == kernels::dtype::f16 ? "float16" : "bfloat16")}};
-  if (s.head_dim || qk_norm || gemma) cfg["head_dim"] = hd;  // Qwen3's default (128), Gemma's (256)
+  if (s.head_dim || qk_norm || gemma || gpt_oss) cfg["head_dim"] = hd;  // Qwen3's default (128), Gemma's (256), GPT-OSS's (64)
   if (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma || granite) cfg["attention_bias"] = s.attention_bias;
   if (granite) {  // shaped like granite-3.x's (which has 12, 1/64, 0.22 and 8): scales unlike the defaults
     cfg["embedding_multiplier"] = 12.0;
@@ -229,6 +243,26 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
   }
   if (s.yarn_scaling) cfg["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 256}};
+  if (gpt_oss) {  // GptOssConfig's fields; layer_types: even layers slide, as OpenAI's checkpoints
+    cfg["num_local_experts"] = n_experts;
+    cfg["num_experts_per_tok"] = per_token;
+    cfg["experts_per_token"] = per_token;
+    cfg["swiglu_limit"] = 7.0;
+    cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
+    json types = json::array();
+    for (size_t i = 0; i < s.n_layers; ++i) types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+    cfg["layer_types"] = std::move(types);
+    if (s.yarn_scaling) {  // OpenAI's rope_scaling; the context is the factor's (HF and vLLM then agree on it)
+      cfg["rope_scaling"]["beta_fast"] = 32.0;
+      cfg["rope_scaling"]["beta_slow"] = 1.0;
+      cfg["rope_scaling"]["truncate"] = false;
+      cfg["max_position_embeddings"] = 4 * 256;
+    }
+    if (s.packed == "mxfp4") {
+      cfg["quantization_config"] = {{"quant_method", "mxfp4"},
+                                    {"modules_to_not_convert", {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}};
+    }
+  }
   if (s.partial_rotary != 1.0) cfg["partial_rotary_factor"] = s.partial_rotary;
   if (s.longrope_scaling) {
     const size_t n = static_cast<size_t>(static_cast<double>(hd) * s.partial_rotary) / 2;
@@ -240,7 +274,7 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
     cfg["rope_scaling"] = {{"type", "longrope"}, {"short_factor", short_f}, {"long_factor", long_f}};
     cfg["original_max_position_embeddings"] = 64;
   }
-  if (!s.packed.empty()) {
+  if (!s.packed.empty() && !gpt_oss) {
     auto q = detail::packed_quantization_config(s.packed, s.group_size);
     if (!q) return q.take_error();
     cfg["quantization_config"] = *q;
@@ -277,7 +311,7 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   status packed_failed = ok_status();
   // --packed: the decoder layers' projections (and Mixtral's experts' w1/w2/w3), not a router.
   auto packed_linear = [&](const std::string& name) {
-    return !s.packed.empty() && name.starts_with("model.layers.") &&
+    return !s.packed.empty() && !gpt_oss && name.starts_with("model.layers.") &&
            (name.ends_with("_proj.weight") || name.ends_with(".w1.weight") || name.ends_with(".w2.weight") ||
             name.ends_with(".w3.weight"));
   };
@@ -325,7 +359,36 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
       add(f, p + "self_attn.v_proj.weight", {kv_dim, s.hidden}, 0.0f, in_h);
     }
     add(f, p + "self_attn.o_proj.weight", {s.hidden, q_dim}, 0.0f, std::sqrt(3.0f / static_cast<float>(q_dim)));
-    if (moe) {
+    if (gpt_oss) {
+      add(f, p + "self_attn.sinks", {s.n_heads}, 0.0f, 2.0f);
+      add(f, p + "mlp.router.weight", {n_experts, s.hidden}, 0.0f, 4.0f * in_h);
+      add(f, p + "mlp.router.bias", {n_experts}, 0.0f, 0.5f);
+      const std::string x = p + "mlp.experts.";
+      const size_t I = s.intermediate, H = s.hidden;
+      if (s.packed == "mxfp4") {  // random codes; exponents near in_h / 3 (e2m1 values reach 6), ±1
+        const int e_in = 127 + static_cast<int>(std::floor(std::log2(in_h / 3.0f)));
+        const int e_out = 127 + static_cast<int>(std::floor(std::log2(std::sqrt(3.0f / static_cast<float>(I)) / 3.0f)));
+        auto bytes = [&](const std::string& name, std::vector<size_t> shape, int exponent) {
+          files[f].push_back({name, kernels::dtype::f32, std::move(shape), [seed = s.seed, name, exponent](std::span<uint8_t> out) {
+                                uint64_t state = seed ^ detail::name_hash(name);
+                                for (auto& b : out) {
+                                  const uint64_t r = detail::splitmix64(state);
+                                  b = exponent < 0 ? static_cast<uint8_t>(r) : static_cast<uint8_t>(exponent - 1 + static_cast<int>(r % 3));
+                                }
+                              },
+                              1});
+        };
+        bytes(x + "gate_up_proj_blocks", {n_experts, 2 * I, H / 32, 16}, -1);
+        bytes(x + "gate_up_proj_scales", {n_experts, 2 * I, H / 32}, e_in);
+        bytes(x + "down_proj_blocks", {n_experts, H, I / 32, 16}, -1);
+        bytes(x + "down_proj_scales", {n_experts, H, I / 32}, e_out);
+      } else {  // HF's parameters: [E, in, out]
+        add(f, x + "gate_up_proj", {n_experts, H, 2 * I}, 0.0f, in_h);
+        add(f, x + "down_proj", {n_experts, I, H}, 0.0f, std::sqrt(3.0f / static_cast<float>(I)));
+      }
+      add(f, x + "gate_up_proj_bias", {n_experts, 2 * I}, 0.0f, 0.1f);
+      add(f, x + "down_proj_bias", {n_experts, H}, 0.0f, 0.1f);
+    } else if (moe) {
       const std::string m = p + (s.arch == "mixtral" ? "block_sparse_moe." : "mlp.");
       const bool mixtral = s.arch == "mixtral";
       add(f, m + "gate.weight", {n_experts, s.hidden}, 0.0f, 4.0f * in_h);  // a router with clear favourites

@@ -36,7 +36,7 @@ result<kernels::dtype> parse_dtype(const std::string& s) {
   if (s == "BF16") return kernels::dtype::bf16;
   if (s == "F8_E4M3") return kernels::dtype::f8_e4m3;  // FP8 checkpoints' weights (fp8_weights.hpp)
   if (s == "F8_E5M2") return kernels::dtype::f8_e5m2;
-  return make_error(errc::unsupported, "dtype " + s + " (supported: F32, F16, BF16, F8_E4M3 for FP8 checkpoints, and I32/I64 for packed checkpoints' integers)");
+  return make_error(errc::unsupported, "dtype " + s + " (supported: F32, F16, BF16, F8_E4M3 for FP8 checkpoints, I32/I64 for packed checkpoints' integers, U8 for MXFP4 blocks)");
 }
 
 }  // namespace
@@ -95,7 +95,7 @@ status tensor_store::add_file(const std::string& path) {
       return file_error(path, "malformed entry for tensor '" + name + "'");
     }
     const std::string dtype = info["dtype"].get<std::string>();
-    const uint8_t int_bytes = dtype == "I32" ? 4 : dtype == "I64" ? 8 : 0;
+    const uint8_t int_bytes = dtype == "I32" ? 4 : dtype == "I64" ? 8 : dtype == "U8" ? 1 : 0;
     auto type = int_bytes ? result<kernels::dtype>(kernels::dtype::f32) : parse_dtype(dtype);
     if (!type) return make_error(errc::unsupported, path + ": tensor '" + name + "' has unsupported " + type.err().message);
     tensor_view t;
@@ -194,7 +194,16 @@ result<tensor_view> tensor_store::get(const std::string& name) const {
 result<tensor_view> tensor_store::get_i32(const std::string& name) const {
   auto it = ints_.find(name);
   if (it == ints_.end()) return make_error(errc::not_found, "missing int32 tensor '" + name + "'");
-  if (it->second.int_bytes != 4) return make_error(errc::invalid_request, "tensor '" + name + "' is int64, not int32");
+  if (it->second.int_bytes != 4) {
+    return make_error(errc::invalid_request, "tensor '" + name + "' is " + (it->second.int_bytes == 8 ? "int64" : "uint8") + ", not int32");
+  }
+  return it->second;
+}
+
+result<tensor_view> tensor_store::get_u8(const std::string& name) const {
+  auto it = ints_.find(name);
+  if (it == ints_.end()) return make_error(errc::not_found, "missing uint8 tensor '" + name + "'");
+  if (it->second.int_bytes != 1) return make_error(errc::invalid_request, "tensor '" + name + "' is not uint8 (U8)");
   return it->second;
 }
 
@@ -207,6 +216,8 @@ result<std::vector<int64_t>> tensor_store::integers(const std::string& name) con
     const auto* p = static_cast<const uint8_t*>(t.data) + i * t.int_bytes;
     if (t.int_bytes == 8) {
       std::memcpy(&out[i], p, 8);
+    } else if (t.int_bytes == 1) {
+      out[i] = p[0];
     } else {
       int32_t v;
       std::memcpy(&v, p, 4);

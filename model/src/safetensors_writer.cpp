@@ -14,7 +14,7 @@ status write_safetensors(const std::string& path, const std::vector<tensor_spec>
   for (const auto& t : tensors) {
     size_t n = t.int_bytes ? t.int_bytes : kernels::dtype_size(t.type);
     for (size_t d : t.shape) n *= d;
-    header[t.name] = {{"dtype", t.int_bytes == 8 ? std::string("I64") : t.int_bytes ? std::string("I32") : std::string(kernels::dtype_name(t.type))},
+    header[t.name] = {{"dtype", t.int_bytes == 8 ? std::string("I64") : t.int_bytes == 1 ? std::string("U8") : t.int_bytes ? std::string("I32") : std::string(kernels::dtype_name(t.type))},
                       {"shape", t.shape},
                       {"data_offsets", {offset, offset + n}}};
     sizes.push_back(n);

@@ -262,6 +262,7 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
   }
   kernels::attention_shape shape = attn_shape_;
   shape.sliding_window = layer_window(c, layer);
+  if (!lw.sinks.empty()) shape.sinks = &lw.sinks[layout_.q_head0];  // GPT-OSS: this rank's heads' sinks
   std::vector<kernels::attention_seq> seqs;
   seqs.reserve(batch.size());
   size_t t = 0;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <tuple>
 
 #include "llmesh/kernels/quantize.hpp"
 
@@ -13,6 +14,7 @@
 #include "llmesh/model/gguf.hpp"
 #include "llmesh/model/token_mask.hpp"
 #include "fp8_weights.hpp"
+#include "gpt_oss_experts.hpp"
 #include "gguf_model.hpp"
 #include "kv_scales.hpp"
 #include "load_threads.hpp"
@@ -63,6 +65,7 @@ std::string_view quantization_name(quantization q) {
     case quantization::compressed_tensors: return "compressed-tensors";
     case quantization::gguf: return "gguf";
     case quantization::fp8: return "fp8";
+    case quantization::mxfp4: return "mxfp4";
   }
   return "none";
 }
@@ -75,17 +78,18 @@ result<quantization> parse_quantization(std::string_view s) {
   if (s == "compressed-tensors") return quantization::compressed_tensors;
   if (s == "gguf") return quantization::gguf;
   if (s == "fp8") return quantization::fp8;
-  for (const char* other : {"fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_fp4", "mxfp4", "bitsandbytes", "experts_int8",
+  if (s == "mxfp4") return quantization::mxfp4;
+  for (const char* other : {"fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_fp4", "bitsandbytes", "experts_int8",
                             "deepspeedfp", "marlin", "gptq_bitblas", "bitblas", "hqq", "moe_wna16", "quark", "torchao", "ipex", "inc",
                             "tpu_int8", "fp_quant", "auto-round", "rtn"}) {
     if (s == other) {
       return make_error(errc::unsupported, "--quantization " + std::string(s) +
                                                " is not supported: llmesh quantizes to int8 or (vLLM's online) fp8, or runs a "
-                                               "checkpoint's own AWQ, GPTQ, compressed-tensors, FP8 or GGUF quantization");
+                                               "checkpoint's own AWQ, GPTQ, compressed-tensors, FP8, MXFP4 or GGUF quantization");
     }
   }
   return make_error(errc::invalid_request, "--quantization must be none, int8, awq (awq_marlin), gptq (gptq_marlin), "
-                                           "compressed-tensors, gguf or fp8, not '" + std::string(s) + "'");
+                                           "compressed-tensors, gguf, fp8 or mxfp4, not '" + std::string(s) + "'");
 }
 
 namespace {
@@ -99,6 +103,7 @@ status check_checkpoint_method(quantization q, const model_config& c, const std:
                            : c.packed.kind == method::gptq       ? quantization::gptq
                            : c.packed.kind == method::compressed ? quantization::compressed_tensors
                            : c.packed.kind == method::fp8        ? quantization::fp8
+                           : c.packed.kind == method::mxfp4      ? quantization::mxfp4
                                                                  : quantization::none;
   if (own == q) return ok_status();
   const char* has = own == quantization::gguf                 ? "it is a GGUF file"
@@ -106,6 +111,7 @@ status check_checkpoint_method(quantization q, const model_config& c, const std:
                     : own == quantization::gptq               ? "its quantization_config is GPTQ"
                     : own == quantization::compressed_tensors ? "its quantization_config is compressed-tensors"
                     : own == quantization::fp8                ? "its quantization_config is fp8"
+                    : own == quantization::mxfp4              ? "its quantization_config is mxfp4"
                                                               : "it has no quantization_config";
   if (q == quantization::fp8 && own == quantization::none) return ok_status();  // vLLM's online FP8: model::quantize
   return make_error(errc::invalid_request, "--quantization " + std::string(quantization_name(q)) +
@@ -123,6 +129,7 @@ std::string_view weight_dtype_name(std::optional<kernels::dtype> t) {
     case kernels::dtype::q8: return "int8";
     case kernels::dtype::q4: return "int4";
     case kernels::dtype::fp8: return "fp8";
+    case kernels::dtype::mxfp4: return "mxfp4";
     case kernels::dtype::q2_k: case kernels::dtype::q3_k: case kernels::dtype::q4_k: case kernels::dtype::q5_k:
     case kernels::dtype::q6_k: case kernels::dtype::iq4_xs: case kernels::dtype::f8_e4m3: case kernels::dtype::f8_e5m2:
       break;
@@ -210,6 +217,14 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     e.message = dir + ": " + e.message;
     return e;
   }
+  if (cfg->arch == architecture::gpt_oss) {  // the fused experts into Qwen3-MoE's per-expert tensors
+    const std::string root = !store->contains("model.embed_tokens.weight") && store->contains("embed_tokens.weight") ? "" : "model.";
+    if (auto s = detail::split_gpt_oss_experts(*store, *cfg, root); !s) {
+      error e = s.take_error();
+      e.message = dir + ": " + e.message;
+      return e;
+    }
+  }
   std::shared_ptr<model> m(new model(dir, std::move(cfg.value()), std::move(store.value())));
   m->held_ranks_ = std::move(*ranks);
   m->keep_column_slices(own);
@@ -261,7 +276,7 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     for (const weight_matrix* w : {&l.shared.gate, &l.shared.up, &l.shared.down, &l.shared_gate}) note(*w);
   }
   for (auto t : {kernels::dtype::q2_k, kernels::dtype::q3_k, kernels::dtype::q4_k, kernels::dtype::q5_k, kernels::dtype::q6_k,
-                 kernels::dtype::iq4_xs, kernels::dtype::q4, kernels::dtype::q8, kernels::dtype::fp8}) {
+                 kernels::dtype::iq4_xs, kernels::dtype::q4, kernels::dtype::q8, kernels::dtype::fp8, kernels::dtype::mxfp4}) {
     if (held & (1u << static_cast<unsigned>(t))) {
       m->quantized_types_ += (m->quantized_types_.empty() ? "" : "+") + std::string(weight_dtype_name(t));
     }
@@ -365,6 +380,7 @@ status model::bind_weights() {
       LLMESH_BIND(l.v_bias, vector_f32(store_, p + "self_attn.v_proj.bias", kv_dim))
     }
     if (c.o_bias) LLMESH_BIND(l.o_bias, vector_f32(store_, p + "self_attn.o_proj.bias", c.hidden))
+    if (c.attn_sinks) LLMESH_BIND(l.sinks, vector_f32(store_, p + "self_attn.sinks", c.n_heads))
     if (c.qk_norm) {
       LLMESH_BIND(l.q_norm, norm(p + "self_attn.q_norm.weight", c.head_dim))
       LLMESH_BIND(l.k_norm, norm(p + "self_attn.k_norm.weight", c.head_dim))
@@ -384,11 +400,17 @@ status model::bind_weights() {
 status model::bind_experts(size_t layer) {
   const auto& c = config_;
   auto& l = weights_.layers[layer];
-  const bool qwen = c.arch != architecture::mixtral;
+  const bool qwen = c.arch != architecture::mixtral;  // GPT-OSS's experts are named as Qwen's (gpt_oss_experts.hpp)
   const std::string p = root_ + "layers." + std::to_string(layer) + (qwen ? ".mlp." : ".block_sparse_moe.");
-  auto r = matrix(store_, p + "gate.weight", c.moe.n_experts, c.hidden);
+  const std::string router = c.arch == architecture::gpt_oss ? "router." : "gate.";
+  auto r = matrix(store_, p + router + "weight", c.moe.n_experts, c.hidden);
   if (!r) return r.take_error();
   l.router = *r;
+  if (c.moe.biases) {
+    auto b = vector_f32(store_, p + router + "bias", c.moe.n_experts);
+    if (!b) return b.take_error();
+    l.router_bias = std::move(*b);
+  }
   l.experts.resize(c.moe.n_experts);
   for (size_t e = 0; e < c.moe.n_experts; ++e) {
     const std::string x = p + "experts." + std::to_string(e) + ".";
@@ -398,7 +420,16 @@ status model::bind_experts(size_t layer) {
     if (!up) return up.take_error();
     auto down = matrix(store_, x + (qwen ? "down_proj.weight" : "w2.weight"), c.hidden, c.intermediate);
     if (!down) return down.take_error();
-    l.experts[e] = {*gate, *up, *down};
+    l.experts[e] = {*gate, *up, *down, {}, {}, {}};
+    if (c.moe.biases) {
+      auto& x = l.experts[e];
+      for (auto [dst, name, n] : {std::tuple{&x.gate_bias, "gate_proj.bias", c.intermediate}, std::tuple{&x.up_bias, "up_proj.bias", c.intermediate},
+                                  std::tuple{&x.down_bias, "down_proj.bias", c.hidden}}) {
+        auto b = vector_f32(store_, p + "experts." + std::to_string(e) + "." + name, n);
+        if (!b) return b.take_error();
+        *dst = std::move(*b);
+      }
+    }
   }
   if (c.moe.shared_intermediate > 0) {  // Qwen2-MoE
     const size_t si = c.moe.shared_intermediate;
@@ -410,7 +441,7 @@ status model::bind_experts(size_t layer) {
     if (!down) return down.take_error();
     auto scale = matrix(store_, p + "shared_expert_gate.weight", 1, c.hidden);
     if (!scale) return scale.take_error();
-    l.shared = {*gate, *up, *down};
+    l.shared = {*gate, *up, *down, {}, {}, {}};
     l.shared_gate = *scale;
   }
   return ok_status();

@@ -40,7 +40,7 @@ TEST(MatmulBench, BadFlagsFailWithOneLine) {
   EXPECT_NE(r.err.find("--cols must be a positive multiple of 256"), std::string::npos) << r.err;
   r = run_command(llmesh_bin + " bench matmul --types q4_k,q9");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("unknown type 'q9' (known: f32, f16, bf16, int8, fp8, int4, q2_k"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("unknown type 'q9' (known: f32, f16, bf16, int8, fp8, int4, mxfp4, q2_k"), std::string::npos) << r.err;
   r = run_command(llmesh_bin + " bench matmul --rows 16777216 --cols 4096");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("at most 2^31 weights"), std::string::npos) << r.err;

@@ -90,7 +90,7 @@ void round_to_cache(dtype t, std::vector<struct sequence>& seqs, float k_scale =
 std::string describe(const attention_shape& s) {
   return "block_size " + std::to_string(s.block_size) + " heads " + std::to_string(s.n_heads) + "/" +
          std::to_string(s.n_kv_heads) + " head_dim " + std::to_string(s.head_dim) + " window " +
-         std::to_string(s.sliding_window) + " softcap " + std::to_string(s.softcap);
+         std::to_string(s.sliding_window) + " softcap " + std::to_string(s.softcap) + (s.sinks ? " sinks" : "");
 }
 
 /// Builds the sequences of one batch and hands out block ids from one shuffled pool, so every
@@ -141,8 +141,10 @@ std::vector<double> reference(const attention_shape& s, const sequence& seq, siz
     scores.push_back(sc);
     max_score = std::max(max_score, scores.back());
   }
+  if (s.sinks) max_score = std::max<double>(max_score, s.sinks[head]);
   double sum = 0.0;
   for (double& sc : scores) sum += (sc = std::exp(sc - max_score));
+  if (s.sinks) sum += std::exp(s.sinks[head] - max_score);  // GPT-OSS's sink: in the softmax, no value
   std::vector<double> out(d, 0.0);
   for (size_t p = begin; p <= pos; ++p) {
     const float* vv = seq.v.data() + (p * s.n_kv_heads + kvh) * d;
@@ -166,6 +168,12 @@ status attend(cache_storage& cache, const attention_shape& s, std::vector<sequen
   return attention(cache.view(), s, views, pool);
 }
 
+/// GPT-OSS's sink logits for up to 40 heads: from well below the scores to above them (a head
+/// that mostly attends to nothing).
+const float sink_logits[40] = {-3.0f, 0.5f, 2.0f, -0.25f, 6.0f, 1.0f, -8.0f, 3.5f, 0.0f, 1.5f, -1.0f, 4.0f, 2.5f, -2.0f,
+                               0.75f, 5.0f, -0.5f, 1.25f, 3.0f, -4.0f, 0.25f, 2.25f, -1.5f, 4.5f, 1.75f, -0.75f, 0.5f,
+                               3.25f, -2.5f, 1.0f, 2.0f, -6.0f, 0.125f, 2.75f, -1.25f, 3.75f, 0.875f, -0.375f, 1.5f, 2.5f};
+
 std::vector<attention_shape> all_shapes() {
   std::vector<attention_shape> shapes;
   for (size_t block_size : {4, 16})
@@ -180,6 +188,7 @@ std::vector<attention_shape> all_shapes() {
           s.block_size = block_size;
           s.sliding_window = window;
           s.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+          if (window != 5 && n_kv != 3) s.sinks = sink_logits;  // GPT-OSS's, with and without a window
           shapes.push_back(s);
         }
   return shapes;
@@ -230,11 +239,13 @@ std::vector<float> scalar_definition(const attention_shape& s, const sequence& s
     scores.push_back(sc);
     max_score = std::max(max_score, sc);
   }
+  if (s.sinks) max_score = std::max(max_score, s.sinks[head]);
   float sum = 0.0f;
   for (float& sc : scores) {
     sc = exp_det(sc - max_score);
     sum = sum + sc;
   }
+  if (s.sinks) sum = sum + exp_det(s.sinks[head] - max_score);  // last
   const float inv = 1.0f / sum;
   std::vector<float> out(d, 0.0f);
   for (size_t p = begin; p <= pos; ++p) {
@@ -268,6 +279,7 @@ TEST(Attention, EqualsTheScalarDefinitionBitForBit) {
           s.sliding_window = window;
           s.softcap = window == 7 ? 3.0f : 0.0f;
           s.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+          if (head_dim == 40 || (head_dim == 64 && window == 0)) s.sinks = sink_logits;  // GPT-OSS's
           std::vector<sequence> seqs;
           cache_storage cache(s, make_batch(s, batch, rng, seqs), type);
           for (const auto& seq : seqs) write_sequence(cache, s, seq);

@@ -542,6 +542,29 @@ TEST(Q4, BlockLayoutAndHandMadeValues) {
   }
 }
 
+TEST(Mxfp4, BlockLayoutAndEveryCodeAtEveryExponent) {
+  EXPECT_EQ(dtype_name(dtype::mxfp4), "MXFP4");
+  EXPECT_TRUE(is_quantized(dtype::mxfp4));
+  EXPECT_FALSE(is_k_quant(dtype::mxfp4));
+  EXPECT_EQ(dtype_block(dtype::mxfp4), 32u);
+  EXPECT_EQ(dtype_bytes(dtype::mxfp4, 64), 40u);
+  EXPECT_EQ(dtype_bytes(dtype::mxfp4, 40), 40u);  // rows pad to whole blocks
+  EXPECT_EQ(dtype_offset(dtype::mxfp4, 96), 60u);
+  // OCP MX's E2M1 codes (sign, 2 exponent bits, 1 mantissa bit) as HF's FP4_VALUES table has them.
+  const float e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  for (int e8 = 0; e8 <= 252; ++e8) {  // every E8M0 exponent whose values fit float32: the block's scale is 2^(e8 − 128)
+    uint8_t b[20] = {};
+    const float s = std::ldexp(1.0f, e8 - 128);
+    std::memcpy(b, &s, 4);
+    for (int j = 0; j < 16; ++j) b[4 + j] = static_cast<uint8_t>(j | (15 - j) << 4);
+    for (size_t i = 0; i < 32; ++i) {
+      const int q = i < 16 ? static_cast<int>(i) : 15 - static_cast<int>(i - 16);
+      const double want = std::ldexp(static_cast<double>(e2m1[q]), e8 - 127);  // the checkpoint's value
+      ASSERT_EQ(static_cast<double>(load_as_f32(b, dtype::mxfp4, i)), want) << "e8 " << e8 << " element " << i;
+    }
+  }
+}
+
 TEST(Fp8, BlockLayoutAndEveryCodeTimesItsScale) {
   EXPECT_EQ(dtype_name(dtype::fp8), "FP8");
   EXPECT_TRUE(is_quantized(dtype::fp8));

@@ -226,6 +226,38 @@ TEST(GegluTanh, MatchesDoublePrecisionReference) {
   EXPECT_EQ(std::memcmp(out.data(), in_place.data(), n * sizeof(float)), 0);
 }
 
+TEST(GptOssGlu, ClampsThenMatchesDoublePrecisionReference) {
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> val(-12.0f, 12.0f);
+  const size_t n = 5000;
+  const float limit = 7.0f;
+  std::vector<float> gate(n), up(n);
+  for (size_t i = 0; i < n; ++i) {
+    gate[i] = val(rng);
+    up[i] = val(rng);
+  }
+  const float special[] = {0.0f, 7.0f, -7.0f, 7.5f, -7.5f, 1e4f, -1e4f, -50.0f, 0.01f};
+  for (size_t i = 0; i < std::size(special); ++i) gate[i] = up[std::size(special) - 1 - i] = special[i];
+  std::vector<float> out(n + 1, std::numeric_limits<float>::quiet_NaN());
+  gpt_oss_glu(gate.data(), up.data(), out.data(), n, limit);
+  for (size_t i = 0; i < n; ++i) {  // HF GptOssExperts, in double
+    const double g = std::min<double>(gate[i], limit), u = std::clamp<double>(up[i], -limit, limit);
+    const double ref = (u + 1.0) * (g / (1.0 + std::exp(-1.702 * g)));
+    ASSERT_NEAR(out[i], ref, 4e-6 * std::fabs(ref) + 1e-30) << "gate " << gate[i] << " up " << up[i];
+  }
+  // A gate of 1e4 acts as the limit: the same output as a gate of 7 with the same up.
+  const float big = 1e4f, seven = 7.0f, u = 2.5f;
+  float a, b;
+  gpt_oss_glu(&big, &u, &a, 1, limit);
+  gpt_oss_glu(&seven, &u, &b, 1, limit);
+  EXPECT_EQ(a, b);
+  EXPECT_GT(a, 20.0f);
+  EXPECT_TRUE(std::isnan(out[n]));
+  std::vector<float> in_place = gate;
+  gpt_oss_glu(in_place.data(), up.data(), in_place.data(), n, limit);
+  EXPECT_EQ(std::memcmp(out.data(), in_place.data(), n * sizeof(float)), 0);
+}
+
 TEST(AddInplace, AddsElementwiseInFloat) {
   std::mt19937 rng(6);
   std::uniform_real_distribution<float> val(-1e4f, 1e4f);

@@ -33,7 +33,7 @@ constexpr uint16_t f16_nan = 0x7e00;
 constexpr uint16_t bf16_nan = 0x7fc0;
 
 constexpr dtype all_dtypes[] = {dtype::f32,  dtype::f16,  dtype::bf16, dtype::q8,   dtype::fp8,  dtype::q4,
-                                 dtype::q2_k, dtype::q3_k, dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::iq4_xs};
+                                 dtype::mxfp4, dtype::q2_k, dtype::q3_k, dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::iq4_xs};
 constexpr size_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 constexpr size_t ns[] = {1, 5, 7, 13, 37};
 
@@ -159,6 +159,22 @@ weight_matrix make_weights(dtype t, size_t n, size_t k, size_t ldw, std::mt19937
         for (size_t q = 0; q < q4_block && b * q4_block + q < k; ++q) {
           const int shift = q < 16 ? 0 : 4;
           block[8 + q % 16] = static_cast<uint8_t>((block[8 + q % 16] & ~(0xF << shift)) | (nibble(rng) << shift));
+        }
+      }
+    }
+    return w;
+  }
+  if (t == dtype::mxfp4) {  // every nibble, power-of-two scales from 2^-128 (a subnormal) up
+    w.q8.assign(dtype_bytes(t, n * ldw), 0xFF);
+    std::uniform_int_distribution<int> nibble(0, 15), exponent(-8, 2);
+    for (size_t j = 0; j < n; ++j) {
+      for (size_t b = 0; b < ldw / mxfp4_block; ++b) {
+        uint8_t* block = w.q8.data() + dtype_offset(t, j * ldw + b * mxfp4_block);
+        const float s = b * mxfp4_block >= k ? poison : (j + b) % 7 == 3 ? std::ldexp(1.0f, -128) : std::ldexp(1.0f, exponent(rng));
+        std::memcpy(block, &s, 4);
+        for (size_t q = 0; q < mxfp4_block && b * mxfp4_block + q < k; ++q) {
+          const int shift = q < 16 ? 0 : 4;
+          block[4 + q % 16] = static_cast<uint8_t>((block[4 + q % 16] & ~(0xF << shift)) | (nibble(rng) << shift));
         }
       }
     }

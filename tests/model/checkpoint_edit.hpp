@@ -27,6 +27,7 @@ inline void rewrite(const temp_dir& dir, const std::function<bool(tensor_spec&)>
   for (const auto& n : st->integer_names()) names.push_back(n);
   for (const auto& n : names) {
     auto t = st->contains(n) ? st->get(n) : st->get_i32(n);
+    if (!t.ok() && !st->contains(n) && st->get_u8(n).ok()) t = st->get_u8(n);  // MXFP4 blocks and exponents
     if (!t.ok() && st->integers(n).ok()) {
       const auto v = st->integers(n).value();
       specs.push_back({n, kernels::dtype::f32, {v.size()}, [v](std::span<uint8_t> out) { std::memcpy(out.data(), v.data(), out.size()); }, 8});

@@ -70,6 +70,20 @@ random_model_spec shared_moe_spec() {
   return s;
 }
 
+/// GPT-OSS as OpenAI ships it: MXFP4 experts with biases, clamped SwiGLU, a biased router
+/// softmaxed over its chosen logits, attention sinks, sliding (window 5) and full layers.
+random_model_spec gpt_oss_spec() {
+  random_model_spec s = small_spec();
+  s.arch = "gpt_oss";
+  s.intermediate = 64;
+  s.head_dim = 32;  // each of 2 ranks' attention width a multiple of 32 (the model holds blocks of 32)
+  s.n_experts = 6;
+  s.experts_per_token = 2;
+  s.sliding_window = 5;
+  s.packed = "mxfp4";
+  return s;
+}
+
 /// Gemma 3 with everything Gemma adds: sliding and global layers (window 5, every second layer
 /// global) with their own rotary, q/k norms, the sandwich norms, both soft-caps.
 random_model_spec gemma_spec() {
@@ -124,7 +138,7 @@ std::vector<std::vector<float>> run_alone(engine& e, const std::vector<int32_t>&
 }
 
 TEST(Engine, ChunkedPrefillAndTokenByTokenGiveIdenticalBits) {
-  for (const auto& spec : {small_spec(), moe_spec(), shared_moe_spec(), gemma_spec()}) {
+  for (const auto& spec : {small_spec(), moe_spec(), shared_moe_spec(), gemma_spec(), gpt_oss_spec()}) {
   SCOPED_TRACE(spec.arch);
   temp_model tm(spec);
   auto e = make_engine(tm.get(), 1);
@@ -155,7 +169,7 @@ TEST(Engine, AnMoEPromptLongerThanOneRoutingChunkGivesTheSameBits) {
 }
 
 TEST(Engine, SequenceLogitsDoNotDependOnBatchNeighbours) {
-  for (const auto& spec : {small_spec(), moe_spec(), shared_moe_spec(), gemma_spec()}) {
+  for (const auto& spec : {small_spec(), moe_spec(), shared_moe_spec(), gemma_spec(), gpt_oss_spec()}) {
   temp_model tm(spec);
   for (int tp : {1, 2}) {
     SCOPED_TRACE(spec.arch + " tp " + std::to_string(tp));
@@ -255,7 +269,7 @@ TEST(Engine, ExpertParallelMatchesSingleRank) {
   // ranks (3, 2, 2), an intermediate (64) no 3 ranks could split; the shared expert still
   // splits. Each rank sums its experts' rows, the all-reduce the ranks': same greedy tokens,
   // logits within 1e-4.
-  for (auto spec : {moe_spec(), shared_moe_spec()}) {
+  for (auto spec : {moe_spec(), shared_moe_spec(), gpt_oss_spec()}) {
     SCOPED_TRACE(spec.arch);
     spec.n_kv_heads = 6;
     spec.n_experts = 7;

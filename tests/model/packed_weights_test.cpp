@@ -213,7 +213,7 @@ std::string with_quantization_config(const testing::temp_dir& dir, const json& q
 
 TEST(PackedWeights, QuantizationConfigsReadOrRefusedByName) {
   const std::pair<json, std::string> refused[] = {
-      {{{"quant_method", "mxfp4"}}, "quant_method 'mxfp4' is not supported"},
+      {{{"quant_method", "mxfp4"}}, "quant_method 'mxfp4' outside GPT-OSS's experts is not supported"},
       {{{"quant_method", "compressed-tensors"}, {"format", "int-quantized"}}, "compressed-tensors format 'int-quantized' is not supported"},
       {ct_config([](json& q) { q["config_groups"]["group_0"]["input_activations"] = {{"num_bits", 8}}; }),
        "quantized input_activations (W8A8) is not supported"},

@@ -75,10 +75,12 @@ TEST(Quantization, NamesParse) {
   EXPECT_EQ(*parse_quantization("int8"), quantization::int8);
   auto bad = parse_quantization("fp4");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.err().message.find("must be none, int8, awq (awq_marlin), gptq (gptq_marlin), compressed-tensors, gguf or fp8"),
+  EXPECT_NE(bad.err().message.find("must be none, int8, awq (awq_marlin), gptq (gptq_marlin), compressed-tensors, gguf, fp8 or mxfp4"),
             std::string::npos)
       << bad.err().message;
   EXPECT_EQ(quantization_name(quantization::int8), "int8");
+  EXPECT_EQ(*parse_quantization("mxfp4"), quantization::mxfp4);  // GPT-OSS's checkpoints (gpt_oss_test)
+  EXPECT_EQ(quantization_name(quantization::mxfp4), "mxfp4");
 }
 
 TEST(Quantization, ProjectionsAndTheLmHeadBecomeInt8AndTheEmbeddingStays) {

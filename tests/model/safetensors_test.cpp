@@ -273,7 +273,7 @@ TEST(TensorStore, RejectsTensorEntryWithWrongFieldTypes) {
 }
 
 TEST(TensorStore, RejectsUnsupportedDtypeNamingIt) {
-  for (const char* dt : {"I8", "F64", "U8", "F8_E8M0", "f32", ""}) {  // F8_E4M3: FP8 checkpoints (fp8_weights_test)
+  for (const char* dt : {"I8", "F64", "U16", "F8_E8M0", "f32", ""}) {  // F8_E4M3: FP8 checkpoints (fp8_weights_test); U8: MXFP4 (gpt_oss_test)
     temp_dir dir;
     write_raw(dir / "model.safetensors", one_tensor_header([&](json& e) { e["dtype"] = dt; }), std::vector<uint8_t>(16));
     error e = expect_open_error(dir.path(), dir / "model.safetensors", "'w'");
@@ -312,6 +312,27 @@ TEST(TensorStore, Int32TensorsAreKeptApartForPackedWeights) {
   ASSERT_FALSE(as_float.ok());
   EXPECT_NE(as_float.err().message.find("'x.qweight' holds integers"), std::string::npos) << as_float.err().message;
   EXPECT_EQ(st->get_i32("w").err().code, errc::not_found);
+}
+
+TEST(TensorStore, Uint8TensorsAreKeptApartForMxfp4Blocks) {
+  // GPT-OSS's MXFP4 experts: U8 blocks and exponents; get_u8 returns them, written back as "U8".
+  temp_dir dir;
+  tensor_spec blocks{"x_blocks", dtype::f32, {2, 3}, [](std::span<uint8_t> b) {
+                       for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(250 + i);
+                     }, 1};
+  ASSERT_TRUE(write_safetensors(dir / "model.safetensors", {pattern_tensor("w", dtype::f32, {4}, 1), blocks}).ok());
+  EXPECT_NE(testing::read_text(dir / "model.safetensors").find(R"("dtype":"U8")"), std::string::npos);
+  auto st = tensor_store::open(dir.path());
+  ASSERT_TRUE(st.ok()) << st.err().message;
+  EXPECT_EQ(st->integer_names(), std::vector<std::string>{"x_blocks"});
+  auto t = st->get_u8("x_blocks");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->bytes, 6u);
+  EXPECT_EQ(static_cast<const uint8_t*>(t->data)[5], 255);
+  EXPECT_EQ(st->integers("x_blocks").value(), (std::vector<int64_t>{250, 251, 252, 253, 254, 255}));
+  EXPECT_NE(st->get_i32("x_blocks").err().message.find("is uint8"), std::string::npos);
+  EXPECT_EQ(st->get_u8("w").err().code, errc::not_found);
+  EXPECT_FALSE(st->get("x_blocks").ok());
 }
 
 TEST(TensorStore, RejectsTruncatedDataSection) {

@@ -13,15 +13,19 @@ renormalised; Qwen2MoeForCausalLM adds a shared expert scaled by a sigmoid gate)
 GraniteForCausalLM (embedding, attention, residual and logit multipliers), GemmaForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM (norms times
 1 + weight, the embedding times sqrt(hidden) in the weights' dtype, tanh-GELU GeGLU; Gemma 2/3
 also normalise each block's output, soft-cap scores and logits, alternate sliding and global
-layers, and Gemma 3 gives its sliding layers their own rotary base); rope_scaling linear,
+layers, and Gemma 3 gives its sliding layers their own rotary base), GptOssForCausalLM (see
+Model.moe_gpt_oss and Model.attention: biased router, softmax over the top-k logits, clamped
+SwiGLU experts with interleaved gate/up columns and biases, per-head attention sinks, sliding
+and full layers by layer_types; MXFP4 experts decoded by Weights.mxfp4); rope_scaling linear,
 llama3, yarn, dynamic (vLLM's fixed NTK base) and longrope (vLLM's choice of long factors by the served context) and
 partial_rotary_factor; with
 weights in model.safetensors or a sharded model.safetensors.index.json
 (F32, F16 or BF16; AWQ (GEMM), GPTQ and compressed-tensors pack-quantized checkpoints'
 packed layers decoded from their quantization_config, see Weights.unpack and
 Weights.unpack_compressed; FP8 checkpoints' F8_E4M3 layers times their scale, see
-Weights.fp8). Everything is computed in float64; the full sequence is
-recomputed at every step (no KV cache), which is fine for tiny models.
+Weights.fp8; GPT-OSS's MXFP4 (U8) expert blocks and scales, see Weights.mxfp4).
+Everything is computed in float64; the full sequence is recomputed at every step
+(no KV cache), which is fine for tiny models.
 
 Needs only python3 with numpy and torch (Debian: python3-numpy python3-torch).
 
@@ -65,7 +69,8 @@ except ImportError as e:
 GEMMAS = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                    "Phi3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-                   "GraniteForCausalLM") + GEMMAS
+                   "GraniteForCausalLM", "GptOssForCausalLM") + GEMMAS
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)   # e2m1 codes
 
 
 # ---------------------------------------------------------------- safetensors
@@ -234,7 +239,37 @@ class Weights:
             full = np.repeat(np.repeat(s.reshape(-(-out // r), -(-n_in // c)), r, axis=0), c, axis=1)[:out, :n_in]
         return (codes * full).astype(np.float64).reshape(-1)
 
+    def mxfp4(self, x, shape):
+        """GPT-OSS's MXFP4 experts x (mlp.experts.gate_up_proj or .down_proj) as HF's parameter
+        [E, in, out], decoded as transformers' convert_moe_packed_tensors (then transposed):
+        x_blocks (U8) [E, out, in / 32, 16] and x_scales (U8) [E, out, in / 32]; byte j of a
+        block's 16 holds element 2j in its low nibble and 2j + 1 in its high one, each an e2m1
+        code (FP4_VALUES); value = FP4_VALUES[code] * 2^(scale - 127). HF decodes into bfloat16,
+        which holds every such value exactly; a scale byte above 252 (255: the format's NaN;
+        253, 254: values float32 cannot hold) is refused."""
+        if (self.qcfg or {}).get("quant_method") != "mxfp4":
+            sys.exit(f"error: {x}_blocks without an mxfp4 quantization_config")
+        E, n_in, out = shape
+        if n_in % 32:
+            sys.exit(f"error: {x}: input size {n_in} not a multiple of 32")
+        for suffix, want in (("_blocks", [E, out, n_in // 32, 16]), ("_scales", [E, out, n_in // 32])):
+            info = self.entries.get(x + suffix, (None, None, None))[2]
+            if info is None or info["dtype"] != "U8" or list(info["shape"]) != want:
+                sys.exit(f"error: {x}{suffix} missing or not U8 {want}")
+        blocks = self.raw(x + "_blocks", np.uint8).astype(np.int64)   # [E, out, G, 16]
+        scales = self.raw(x + "_scales", np.uint8).astype(np.int64)   # [E, out, G]
+        if np.any(scales > 252):
+            sys.exit(f"error: {x}_scales holds an exponent byte above 252")
+        lut = np.array(FP4_VALUES, dtype=np.float64)
+        codes = np.empty(blocks.shape[:-1] + (32,), dtype=np.float64)
+        codes[..., 0::2] = lut[blocks & 0x0F]
+        codes[..., 1::2] = lut[blocks >> 4]
+        w = np.ldexp(codes, (scales - 127).astype(np.int32)[..., None])   # exact in float64
+        return torch.from_numpy(w.reshape(E, out, n_in).transpose(0, 2, 1).copy())
+
     def get(self, name, shape):
+        if name not in self.entries and name + "_blocks" in self.entries:
+            return self.mxfp4(name, shape)
         if name not in self.entries and name.endswith(".weight") and name[:-len(".weight")] + ".qweight" in self.entries:
             return self.unpack(name[:-len(".weight")], shape)
         if name not in self.entries and name.endswith(".weight") and name[:-len(".weight")] + ".weight_packed" in self.entries:
@@ -256,6 +291,8 @@ class Weights:
         elif dtype == "BF16":
             bits = raw.view("<u2").astype(np.uint32) << 16
             arr = bits.view(np.float32).astype(np.float64)
+        elif dtype == "U8":
+            arr = raw.astype(np.float64)
         elif dtype == "F8_E4M3" and name.endswith(".weight") and len(shape) == 2:
             arr = self.fp8(name[:-len(".weight")], raw, shape)
         else:
@@ -369,7 +406,7 @@ def load_config(model_dir):
     if gemma:   # HF's Gemma MLPs take hidden_activation (missing: the tanh GELU)
         if (c.get("hidden_activation") or "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
             sys.exit(f"error: hidden_activation {c.get('hidden_activation')} is not gelu_pytorch_tanh")
-    elif c.get("hidden_act", "silu") != "silu":
+    elif arch != "GptOssForCausalLM" and c.get("hidden_act", "silu") != "silu":   # GPT-OSS: its own SwiGLU
         sys.exit(f"error: hidden_act {c.get('hidden_act')} is not silu")
     moe_qwen = arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
     cfg = {
@@ -387,13 +424,16 @@ def load_config(model_dir):
     cfg["kv_heads"] = c.get("num_key_value_heads") or cfg["heads"]
     # HF's Qwen3Config defaults head_dim to 128; the others derive it.
     qwen3 = arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-    cfg["head_dim"] = c.get("head_dim") or (128 if qwen3 else 256 if gemma else cfg["hidden"] // cfg["heads"])
+    cfg["head_dim"] = c.get("head_dim") or (128 if qwen3 else 256 if gemma else 64 if arch == "GptOssForCausalLM"
+                                            else cfg["hidden"] // cfg["heads"])
     if cfg["heads"] % cfg["kv_heads"] != 0:
         sys.exit("error: num_attention_heads not a multiple of num_key_value_heads")
     if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
         cfg["qkv_bias"], cfg["o_bias"] = True, False
     elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GraniteForCausalLM") + GEMMAS:
         cfg["qkv_bias"] = cfg["o_bias"] = bool(c.get("attention_bias", False))
+    elif arch == "GptOssForCausalLM":   # GptOssConfig: attention_bias defaults to true
+        cfg["qkv_bias"] = cfg["o_bias"] = bool(c.get("attention_bias", True))
     else:  # Mistral, Phi-3: no biases
         cfg["qkv_bias"] = cfg["o_bias"] = False
     # HF's partial_rotary_factor: only the first head_dim * factor dims of each head rotate.
@@ -456,6 +496,28 @@ def load_config(model_dir):
             cfg["shared_inter"] = c.get("shared_expert_intermediate_size", 5632)
     elif arch == "MixtralForCausalLM":
         cfg["experts"], cfg["top_k"], cfg["norm_topk"] = c["num_local_experts"], c["num_experts_per_tok"], True
+    cfg["gpt_oss"] = arch == "GptOssForCausalLM"
+    if cfg["gpt_oss"]:
+        # GptOssConfig: rope_theta 150000, layer_types default sliding on even layers,
+        # sliding_window 128, yarn (factor 32 over 4096, beta 32 / 1, truncate false) when absent;
+        # every layer's MLP is the biased-router MoE, its SwiGLU clamped at swiglu_limit.
+        cfg["theta"] = c.get("rope_theta") or 150000.0
+        rp = c.get("rope_parameters") or {}
+        cfg["rope_scaling"] = c.get("rope_scaling") or (rp if rp.get("rope_type") else None) or {
+            "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+            "original_max_position_embeddings": 4096}
+        cfg["max_pos"] = c.get("max_position_embeddings", 131072)
+        n = cfg["layers"]
+        types = c.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+        if len(types) != n or any(t not in ("sliding_attention", "full_attention") for t in types):
+            sys.exit("error: layer_types must name sliding_attention or full_attention for every layer")
+        w = c.get("sliding_window", 128)
+        cfg["layer_sliding"] = [t == "sliding_attention" for t in types]
+        cfg["layer_windows"] = [w if (s_ and w) else None for s_ in cfg["layer_sliding"]]
+        cfg["experts"] = c["num_local_experts"]
+        cfg["top_k"] = c.get("num_experts_per_tok") or c.get("experts_per_token") or 4
+        cfg["swiglu_limit"] = c.get("swiglu_limit", 7.0)
+        cfg["swiglu_alpha"] = c.get("swiglu_alpha", 1.702)
     return cfg
 
 
@@ -556,6 +618,8 @@ class Model:
     def __init__(self, model_dir, quantize="none", kv_cache="auto"):
         self.cfg = cfg = load_config(model_dir)
         self.kv_kind = {"auto": None, "fp8": "e4m3", "fp8_e5m2": "e5m2"}[kv_cache]
+        if cfg["gpt_oss"] and quantize != "none":
+            sys.exit(f"error: --quantize {quantize} is not implemented for GptOssForCausalLM")
         W = Weights(model_dir)
         H, I, V = cfg["hidden"], cfg["inter"], cfg["vocab"]
         nh, nkv, hd = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
@@ -576,7 +640,16 @@ class Model:
                 "o": W.get(p + "self_attn.o_proj.weight", [H, nh * hd]),
             }
             L["k_scale"], L["v_scale"] = kv_scales(W, p + "self_attn.")
-            if cfg["experts"]:
+            L["sinks"] = W.get(p + "self_attn.sinks", [nh]) if cfg["gpt_oss"] else None
+            if cfg["gpt_oss"]:   # HF's parameters: router [E, H] + bias; experts [E, in, out] + biases
+                E, m = cfg["experts"], p + "mlp."
+                L["router"] = W.get(m + "router.weight", [E, H])
+                L["router_b"] = W.get(m + "router.bias", [E])
+                L["gate_up"] = W.get(m + "experts.gate_up_proj", [E, H, 2 * I])   # columns gate, up, gate, up, ...
+                L["gate_up_b"] = W.get(m + "experts.gate_up_proj_bias", [E, 2 * I])
+                L["down_e"] = W.get(m + "experts.down_proj", [E, I, H])
+                L["down_e_b"] = W.get(m + "experts.down_proj_bias", [E, H])
+            elif cfg["experts"]:
                 mixtral = cfg["arch"] == "MixtralForCausalLM"
                 m = p + ("block_sparse_moe." if mixtral else "mlp.")
                 names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
@@ -685,6 +758,29 @@ class Model:
             out = out + torch.sigmoid(x @ L["shared_gate"].T) * y
         return out
 
+    def moe_gpt_oss(self, x, L):
+        """HF's GptOssMLP: router logits x @ W^T + b; the top-k logits per token (ties: the lower
+        expert id), softmax over those k; each chosen expert e: gate_up = x @ gate_up_proj[e] +
+        bias (HF's [in, out] parameter), gate = its even columns, up = its odd ones; gate clamped
+        above at swiglu_limit, up to +-swiglu_limit; (up + 1) * gate * sigmoid(alpha * gate), @
+        down_proj[e] + bias; weighted by the routing weight and summed."""
+        cfg = self.cfg
+        limit, alpha = cfg["swiglu_limit"], cfg["swiglu_alpha"]
+        logits = x @ L["router"].T + L["router_b"]                                # [T, E]
+        order = np.argsort(-logits.numpy(), axis=-1, kind="stable")[:, :cfg["top_k"]]   # ties: lower id first
+        chosen = torch.from_numpy(order.copy())
+        weights = torch.softmax(torch.gather(logits, 1, chosen), dim=-1)           # [T, k]
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for w, e in zip(weights[t].tolist(), chosen[t].tolist()):
+                gate_up = x[t] @ L["gate_up"][e] + L["gate_up_b"][e]
+                gate, up = gate_up[0::2], gate_up[1::2]
+                gate = gate.clamp(max=limit)
+                up = up.clamp(min=-limit, max=limit)
+                glu = gate * torch.sigmoid(gate * alpha)
+                out[t] += w * (((up + 1) * glu) @ L["down_e"][e] + L["down_e_b"][e])
+        return out
+
     @staticmethod
     def linear(x, w, b):
         y = x @ w.T
@@ -719,6 +815,11 @@ class Model:
             kh, vh = k[h // group], v[h // group]
             scores = soft_cap((q[h] @ kh.T) * cfg["scale"], cfg["attn_cap"])
             scores = scores.masked_fill(~allowed, float("-inf"))
+            if L["sinks"] is not None:   # GPT-OSS (HF eager): the head's sink logit as an extra key
+                combined = torch.cat([scores, L["sinks"][h].expand(T, 1)], dim=-1)   # column, dropped
+                combined = combined - combined.max(dim=-1, keepdim=True).values      # after the softmax
+                out[h] = torch.softmax(combined, dim=-1)[:, :-1] @ vh
+                continue
             out[h] = torch.softmax(scores, dim=-1) @ vh
         out = out.transpose(0, 1).reshape(T, nh * hd)
         return self.linear(out, L["o"], L["o_b"])
@@ -744,7 +845,7 @@ class Model:
             h = h + (rms_norm(a, L["post_attn"], cfg["eps"], g) if L["post_attn"] is not None else a) * cfg["resid_mult"]
             x = rms_norm(h, L["ln2"], cfg["eps"], g)
             if cfg["experts"]:
-                h = h + self.moe(x, L)
+                h = h + (self.moe_gpt_oss(x, L) if cfg["gpt_oss"] else self.moe(x, L))
                 continue
             gate = self.linear(x, L["gate"], None)
             act = torch.nn.functional.gelu(gate, approximate="tanh") if g else torch.nn.functional.silu(gate)

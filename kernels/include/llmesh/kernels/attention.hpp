@@ -31,6 +31,9 @@ struct attention_shape {
   size_t sliding_window = 0;  ///< 0: none; else position i sees keys j with i - window < j <= i
   float scale = 1.0f;         ///< usually 1/sqrt(head_dim)
   float softcap = 0.0f;       ///< > 0: each scaled score s becomes softcap · tanh(s / softcap) (Gemma 2)
+  /// [n_heads]: each query head's sink logit (GPT-OSS), which joins every row's softmax — in its
+  /// max and, last, its sum — and carries no value (a row may attend to nothing); null: none.
+  const float* sinks = nullptr;
 };
 
 /// One layer's cache of one shard: keys and values, each [n_blocks][block_size][n_kv_heads][head_dim]

@@ -35,8 +35,15 @@ namespace llmesh::kernels {
 /// q8_block e4m3fn bytes — with element value = e4m3(q) · scale, one IEEE multiply (exact where
 /// the scale has at most 20 significant bits: bfloat16 and float16 scales). Never the NaN code
 /// (the loader refuses one). Rows are padded to whole blocks (code 0).
+/// mxfp4 holds OCP MXFP4 weights (GPT-OSS's experts: 4-bit e2m1 values, ±{0, 0.5, 1, 1.5, 2,
+/// 3, 4, 6}, sharing an 8-bit power-of-two exponent per 32): blocks of mxfp4_block elements, each
+/// a float32 scale s = 2^(e − 128) followed by q4's 16 bytes of nibbles (same order); element
+/// value = mxfp4_values[q] · s, one exact multiply (mxfp4_values are the e2m1 values doubled,
+/// as ggml's kvalues_mxfp4) — the checkpoint's value 2^(e − 127) · e2m1 exactly (e = 255, the
+/// format's NaN, and e > 252, whose largest values float32 cannot hold, are refused at load).
+/// Rows are padded to whole blocks.
 /// (Types are appended: the values are stable.)
-enum class dtype : uint8_t { f32, f16, bf16, q8, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_xs, q4, f8_e4m3, f8_e5m2, fp8 };
+enum class dtype : uint8_t { f32, f16, bf16, q8, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_xs, q4, f8_e4m3, f8_e5m2, fp8, mxfp4 };
 
 inline constexpr size_t q8_block = 32;                      ///< elements per q8 block
 inline constexpr size_t q8_block_bytes = 4 + q8_block;      ///< scale + values
@@ -49,6 +56,11 @@ inline constexpr size_t q6_k_block_bytes = 210;             ///< 128 low-nibble,
 inline constexpr size_t q2_k_block_bytes = 84;              ///< 16 scale/min bytes, 64 quant bytes, d, dmin
 inline constexpr size_t q3_k_block_bytes = 110;             ///< 32 high-bit, 64 quant bytes, 12 scale bytes, d
 inline constexpr size_t iq4_xs_block_bytes = 136;           ///< d, 2 + 4 scale bytes, 128 index nibble bytes
+inline constexpr size_t mxfp4_block = 32;                   ///< elements per mxfp4 block
+inline constexpr size_t mxfp4_block_bytes = 4 + mxfp4_block / 2;  ///< scale, nibbles
+
+/// The e2m1 values of MXFP4's 4-bit codes, doubled (so integers; −0 as 0): the mxfp4 type's quants.
+inline constexpr int8_t mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /// ggml's kvalues_iq4nl: the 16 values an IQ4_NL / IQ4_XS 4-bit index stands for.
 inline constexpr int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -59,6 +71,7 @@ constexpr size_t dtype_block(dtype t) {
     case dtype::f32: case dtype::f16: case dtype::bf16: case dtype::f8_e4m3: case dtype::f8_e5m2: return 1;
     case dtype::q8: case dtype::fp8: return q8_block;
     case dtype::q4: return q4_block;
+    case dtype::mxfp4: return mxfp4_block;
     case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k: case dtype::iq4_xs:
       return k_block;
   }
@@ -73,6 +86,7 @@ constexpr size_t dtype_block_bytes(dtype t) {
     case dtype::f8_e4m3: case dtype::f8_e5m2: return 1;
     case dtype::q8: case dtype::fp8: return q8_block_bytes;
     case dtype::q4: return q4_block_bytes;
+    case dtype::mxfp4: return mxfp4_block_bytes;
     case dtype::q4_k: return q4_k_block_bytes;
     case dtype::q5_k: return q5_k_block_bytes;
     case dtype::q6_k: return q6_k_block_bytes;
@@ -139,6 +153,7 @@ constexpr std::string_view dtype_name(dtype t) {
     case dtype::f8_e4m3: return "F8_E4M3";
     case dtype::f8_e5m2: return "F8_E5M2";
     case dtype::fp8: return "FP8";
+    case dtype::mxfp4: return "MXFP4";
   }
   return "?";
 }
@@ -393,6 +408,14 @@ inline float q4_value(const uint8_t* b, size_t e) {
   return std::fma(static_cast<float>(e < 16 ? byte & 0xF : byte >> 4), f, -m);
 }
 
+/// Element e (< mxfp4_block) of the mxfp4 block at b: mxfp4_values[q] · s, exact.
+inline float mxfp4_value(const uint8_t* b, size_t e) {
+  float s;
+  std::memcpy(&s, b, 4);
+  const uint8_t byte = b[4 + e % 16];
+  return static_cast<float>(mxfp4_values[e < 16 ? byte & 0xF : byte >> 4]) * s;
+}
+
 /// Element e (< q8_block) of the fp8 block at b: e4m3(q) · scale, rounded once.
 inline float fp8_value(const uint8_t* b, size_t e) {
   float scale;
@@ -415,6 +438,8 @@ inline float load_as_f32(const void* data, dtype t, size_t i) {
     }
     case dtype::q4: return q4_value(static_cast<const uint8_t*>(data) + (i / q4_block) * q4_block_bytes, i % q4_block);
     case dtype::fp8: return fp8_value(static_cast<const uint8_t*>(data) + (i / q8_block) * q8_block_bytes, i % q8_block);
+    case dtype::mxfp4:
+      return mxfp4_value(static_cast<const uint8_t*>(data) + (i / mxfp4_block) * mxfp4_block_bytes, i % mxfp4_block);
     case dtype::q2_k: case dtype::q3_k: case dtype::q4_k: case dtype::q5_k: case dtype::q6_k: case dtype::iq4_xs:
       return k_quant_value(static_cast<const uint8_t*>(data) + (i / k_block) * dtype_block_bytes(t), t, i % k_block);
   }

@@ -61,4 +61,8 @@ void swiglu(const float* gate, const float* up, float* out, size_t n);
 /// 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))). out may alias gate.
 void geglu_tanh(const float* gate, const float* up, float* out, size_t n);
 
+/// GPT-OSS's clamped SwiGLU (HF GptOssExperts): g = min(gate[i], limit), u = clamp(up[i], −limit,
+/// limit), out[i] = (u + 1) · g · sigmoid(1.702 · g) (limit > 0; a NaN stays NaN). out may alias gate.
+void gpt_oss_glu(const float* gate, const float* up, float* out, size_t n, float limit);
+
 }  // namespace llmesh::kernels

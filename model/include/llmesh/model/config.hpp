@@ -12,7 +12,7 @@
 namespace llmesh::model {
 
 /// Supported architectures (DESIGN.md §Models).
-enum class architecture { llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, gemma, gemma2, gemma3, qwen2_moe, granite };
+enum class architecture { llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, gemma, gemma2, gemma3, qwen2_moe, granite, gpt_oss };
 
 /// Everything the forward pass needs to know about a model's shape.
 struct model_config {
@@ -68,11 +68,20 @@ struct model_config {
   /// (renormalised over the chosen when norm_topk_prob) and summed. n_experts 0: a dense MLP.
   /// Qwen2-MoE adds a shared expert every token runs (SwiGLU of shared_intermediate), its output
   /// scaled by sigmoid(shared_expert_gate · x); shared_intermediate 0: none.
+  /// GPT-OSS (GptOssForCausalLM): the router has a bias (mlp.router), the experts_per_token
+  /// highest logits are softmaxed (the same weights as norm_topk_prob's), every expert's gate,
+  /// up and down have biases, and the activation is gpt_oss_glu with swiglu_limit (the
+  /// checkpoint's fused, interleaved gate_up_proj split at load: gpt_oss_experts.hpp).
   struct moe_config {
     size_t n_experts = 0, experts_per_token = 0;
     bool norm_topk_prob = true;
     size_t shared_intermediate = 0;
+    bool biases = false;       ///< GPT-OSS: router and expert biases
+    float swiglu_limit = 0.0f;  ///< > 0: GPT-OSS's clamped SwiGLU (kernels::gpt_oss_glu) in place of SwiGLU
   } moe;
+  /// GPT-OSS: each query head has a learned sink logit (self_attn.sinks) that joins its softmax's
+  /// denominator (attention that may attend to nothing).
+  bool attn_sinks = false;
   size_t sliding_window = 0;   ///< 0: none (Mistral's and Phi-3's sliding_window)
   /// Gemma 2 and 3: which layers use sliding_window (config.json's layer_types, else Gemma 2's
   /// even layers, Gemma 3's all but every sliding_window_pattern-th). Empty: every layer does.
@@ -107,7 +116,9 @@ struct model_config {
   /// (packed_weights.cpp). fp8: quant_method fp8 (or compressed with `float8`): X.weight is
   /// F8_E4M3 beside a float scale (fp8_weights.hpp). none: plain weights.
   struct packed_config {
-    enum class method : uint8_t { none, awq, gptq, compressed, fp8 } kind = method::none;
+    /// mxfp4: GPT-OSS's quant_method mxfp4 — its experts' gate_up_proj and down_proj are
+    /// _blocks (U8 e2m1 pairs) and _scales (U8 E8M0 exponents), held as kernels::dtype::mxfp4.
+    enum class method : uint8_t { none, awq, gptq, compressed, fp8, mxfp4 } kind = method::none;
     int bits = 0;                 ///< 4 (AWQ, GPTQ, compressed) or 8 (GPTQ, compressed)
     size_t group_size = 0;        ///< input elements per scale and zero; 0: the whole row (GPTQ's -1, a channel strategy)
     bool zeros_plus_one = false;  ///< GPTQ's own checkpoint format stores each zero less one

@@ -15,11 +15,11 @@
 namespace llmesh::model {
 
 struct random_model_spec {
-  std::string arch = "llama";  ///< llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | qwen2_moe | gemma | gemma2 | gemma3 | granite
+  std::string arch = "llama";  ///< llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | qwen2_moe | gemma | gemma2 | gemma3 | granite | gpt_oss
   size_t hidden = 64, intermediate = 160, n_layers = 2;
   size_t n_heads = 4, n_kv_heads = 2, head_dim = 0;  ///< head_dim 0: hidden / n_heads (omitted from config)
   size_t vocab = 517;                                ///< at least 258: 256 byte tokens + BOS + EOS
-  /// qwen3_moe, mixtral, qwen2_moe: experts per layer and per token (0: 8 and 2); intermediate is
+  /// qwen3_moe, mixtral, qwen2_moe, gpt_oss: experts per layer and per token (0: 8 and 2); intermediate is
   /// each expert's. qwen2_moe: the shared expert's intermediate size (0: 2 × intermediate).
   size_t n_experts = 0, experts_per_token = 0, shared_intermediate = 0;
   size_t max_positions = 2048;
@@ -68,7 +68,11 @@ struct random_model_spec {
   /// input_scale), "fp8-block" (weight_block_size [group_size, group_size], weight_scale_inv),
   /// "ct-fp8" (compressed-tensors FP8_DYNAMIC: bfloat16 scales per output), "ct-fp8-block"
   /// (FP8_BLOCK), "ct-fp8-group" (float16 scales per group of group_size inputs);
-  /// quantization_config in config.json. "": plain weights.
+  /// quantization_config in config.json; with arch gpt_oss, "mxfp4" (OpenAI's release: the
+  /// experts' _blocks and _scales, random codes, exponents near the plain weights' scale;
+  /// gpt_oss_experts.hpp). "": plain weights (gpt_oss: the experts as HF's [E, in, out]
+  /// parameters). gpt_oss always has attention biases and sinks, alternating sliding layers
+  /// (even ones; the window is sliding_window) and, with yarn_scaling, OpenAI's yarn fields.
   std::string packed;
   size_t group_size = 32;  ///< inputs per scale and zero of a packed layer
   /// With an FP8 or compressed-tensors `packed`: an FP8 KV-cache calibration as such checkpoints
@@ -87,7 +91,7 @@ struct tensor_spec {
   kernels::dtype type = kernels::dtype::f32;
   std::vector<size_t> shape;
   std::function<void(std::span<uint8_t>)> fill;
-  uint8_t int_bytes = 0;  ///< integer elements (type unused): 4 writes "I32", 8 "I64" (packed checkpoints' tensors)
+  uint8_t int_bytes = 0;  ///< integer elements (type unused): 1 writes "U8", 4 "I32", 8 "I64" (packed and MXFP4 checkpoints' tensors)
 };
 
 /// Writes one safetensors file (header padded to 8 bytes, tensors in the given order).

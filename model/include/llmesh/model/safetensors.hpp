@@ -39,7 +39,7 @@ struct tensor_view {
   std::vector<size_t> shape;
   const void* data = nullptr;
   size_t bytes = 0;
-  uint8_t int_bytes = 0;  ///< an integer tensor's element size (4: I32, 8: I64; `type` unused); 0: a float tensor
+  uint8_t int_bytes = 0;  ///< an integer tensor's element size (1: U8, 4: I32, 8: I64; `type` unused); 0: a float tensor
   size_t elements() const {
     size_t n = 1;
     for (size_t d : shape) n *= d;
@@ -81,6 +81,8 @@ class tensor_store {
   /// g_idx; integer tensors are kept apart from the float ones get() returns), or not_found
   /// naming it; invalid_request for an I64 one.
   result<tensor_view> get_i32(const std::string& name) const;
+  /// A uint8 tensor ("U8": an MXFP4 checkpoint's blocks and exponents), or not_found naming it.
+  result<tensor_view> get_u8(const std::string& name) const;
   /// An integer tensor's (I32 or I64) elements, or not_found naming it (small tensors:
   /// compressed-tensors' weight_shape).
   result<std::vector<int64_t>> integers(const std::string& name) const;

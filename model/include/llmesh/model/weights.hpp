@@ -47,6 +47,7 @@ enum class quantization : uint8_t {
   compressed_tensors,  ///< "compressed-tensors": an llm-compressor checkpoint
   gguf,                ///< "gguf": a GGUF file
   fp8,                 ///< "fp8": an FP8 checkpoint (quant_method fp8), or vLLM's online FP8 of an unquantized one
+  mxfp4,               ///< "mxfp4": GPT-OSS's MXFP4 checkpoint (quant_method mxfp4)
 };
 
 /// "none", "int8", "awq", "gptq", "compressed-tensors", "gguf", "fp8".
@@ -133,8 +134,11 @@ struct layer_weights {
   /// gate, up and down above are then empty.
   struct expert {
     weight_matrix gate, up, down;
+    std::vector<float> gate_bias, up_bias, down_bias;  ///< GPT-OSS's (model_config::moe_config::biases); else empty
   };
   weight_matrix router;
+  std::vector<float> router_bias;  ///< [n_experts], GPT-OSS's; else empty
+  std::vector<float> sinks;        ///< [n_heads]: GPT-OSS's attention sink logits (model_config::attn_sinks); else empty
   std::vector<expert> experts;
   /// Qwen2-MoE: the shared expert every token runs, and its gate [1, hidden] (a sigmoid scale).
   expert shared;
@@ -182,7 +186,7 @@ class model {
   /// Q6_K slice that would cut a super-block is copied by its rank as int8: shard_executor's
   /// row slices.)
   bool holds_blocks_of_32() const {
-    for (const char* t : {"int8", "int4", "fp8"}) {
+    for (const char* t : {"int8", "int4", "fp8", "mxfp4"}) {
       if (quantized_types_.find(t) != std::string::npos) return true;
     }
     return false;
