@@ -5,7 +5,9 @@
 // message.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <fstream>
+#include <sstream>
 
 #include "llmesh/model/chat_template.hpp"
 #include "temp_dir.hpp"
@@ -83,8 +85,67 @@ TEST(ChatTemplate, Qwen3RendersToolsReasoningAndThinkingAsJinja2Does) {
   EXPECT_EQ(cases, 14);
 }
 
+/// llmesh's strftime_now reads the clock, the Python fixtures pin it: replaces the date after the
+/// first "Current date: " (checked to be YYYY-MM-DD) by `date`; false when there is none.
+bool pin_current_date(std::string& text, const std::string& date) {
+  const std::string label = "Current date: ";
+  const size_t at = text.find(label);
+  if (at == std::string::npos || at + label.size() + 10 > text.size()) return false;
+  const size_t d = at + label.size();
+  for (size_t i = 0; i < 10; ++i) {
+    const char ch = text[d + i];
+    if ((i == 4 || i == 7) ? ch != '-' : std::isdigit(static_cast<unsigned char>(ch)) == 0) return false;
+  }
+  text.replace(d, 10, date);
+  return true;
+}
+
+// OpenAI's GPT-OSS (harmony) template, gpt_oss.jinja (Python jinja2 fixtures:
+// make_gpt_oss_cases.py): macros with default arguments, recursion (render_typescript_type) and
+// namespace() state, tool schemas (nested objects, arrays, enums, type unions, oneOf, defaults,
+// with the template's own stray whitespace), tool calls with object and string arguments and
+// their results through tojson, thinking kept or dropped, reasoning_effort, model_identity,
+// builtin_tools, `|length` counting characters (not UTF-8 bytes), and its four raise_exception
+// refusals. The date of the system message's "Current date: " line is pinned to the fixture's
+// before comparing.
+TEST(ChatTemplate, GptOssRendersAsJinja2Does) {
+  std::ifstream src(data_dir + "/chat_templates/gpt_oss.jinja");
+  ASSERT_TRUE(src.good());
+  std::stringstream source;
+  source << src.rdbuf();
+  auto t = chat_template::parse(source.str());
+  ASSERT_TRUE(t.ok()) << t.err().message;
+  std::ifstream in(data_dir + "/chat_templates/gpt_oss_cases.jsonl");
+  std::string line;
+  int cases = 0;
+  while (std::getline(in, line)) {
+    json c = json::parse(line);
+    const bool gen = c["add_generation_prompt"].get<bool>();
+    SCOPED_TRACE(c["conversation"].get<std::string>() + (gen ? " / +gen" : ""));
+    ++cases;
+    json extra = json::object();  // tools, reasoning_effort, model_identity, builtin_tools, bos/eos
+    for (const auto& [key, value] : c["context"].items()) {
+      if (key != "messages" && key != "add_generation_prompt") extra[key] = value;
+    }
+    auto r = t->render(c["context"]["messages"], gen, extra);
+    if (c.contains("error")) {
+      EXPECT_FALSE(r.ok()) << "rendered instead of raising: " << (r.ok() ? r.value() : "");
+      if (!r.ok()) {
+        EXPECT_NE(r.err().message.find(c["error"].get<std::string>()), std::string::npos) << r.err().message;
+      }
+      continue;
+    }
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.err().message);
+    if (!r.ok()) continue;
+    std::string rendered = r.value();
+    EXPECT_TRUE(pin_current_date(rendered, c["date"].get<std::string>())) << rendered;
+    EXPECT_EQ(rendered, c["rendered"].get<std::string>());
+  }
+  EXPECT_EQ(cases, 44);
+}
+
 TEST(ChatTemplate, UnsupportedConstructsAreNamed) {
-  for (const char* src : {"{% macro m() %}x{% endmacro %}", "{% include 'x' %}", "{{ x | wordwrap }}",
+  for (const char* src : {"{% call m() %}x{% endcall %}", "{% include 'x' %}", "{{ x | wordwrap }}",
                           "{{ foo() }}", "{% for x in y recursive %}{% endfor %}"}) {
     auto t = chat_template::parse(src);
     if (t.ok()) {
@@ -117,6 +178,39 @@ TEST(ChatTemplate, ExpressionsBehaveLikePython) {
   EXPECT_EQ(render("{% for i in [] %}x{% else %}empty{% endfor %}"), "empty");
   EXPECT_EQ(render("{{ {'b': [1, 'x']} | tojson }}"), "{\"b\": [1, \"x\"]}");
   EXPECT_EQ(render("{{ 'yes' if 0 else 'no' }} {{ '  pad ' | trim | upper }}"), "no PAD");
+}
+
+// Macros as Jinja2 runs them (checked with Python jinja2 3.1): positional and keyword
+// arguments, defaults evaluated at the call, a missing argument undefined, recursion, a body
+// that sees the top level but not its caller's loop variables, its own `set` staying inside,
+// a namespace() it changes; and the errors.
+TEST(ChatTemplate, MacrosBehaveAsJinja2s) {
+  auto render = [](const std::string& src, json ctx = json::object()) {
+    auto t = chat_template::parse(src);
+    if (!t.ok()) return "PARSE: " + t.err().message;
+    auto r = t->render(json::array(), false, ctx);
+    return r.ok() ? r.value() : "ERROR: " + r.err().message;
+  };
+  EXPECT_EQ(render("{% macro m(a, b=2, c='x') %}{{ a }}{{ b }}{{ c }}{% endmacro %}{{ m(1) }} {{ m(1, 3) }} {{ m(1, c='y') }}"),
+            "12x 13x 12y");
+  EXPECT_EQ(render("{% macro m(a, b) %}[{{ a }}|{{ b is defined }}]{% endmacro %}{{ m('p') }}"), "[p|False]");
+  EXPECT_EQ(render("{% set top = 't' %}{% macro m() %}{{ top }}{{ i is defined }}{% endmacro %}{% for i in [1] %}{{ m() }}{% endfor %}"),
+            "tFalse");
+  EXPECT_EQ(render("{% macro m() %}{% set x = 5 %}{{ x }}{% endmacro %}{% set x = 1 %}{{ m() }}{{ x }}"), "51");
+  EXPECT_EQ(render("{% set ns = namespace(n=0) %}{% macro bump() %}{% set ns.n = ns.n + 1 %}{% endmacro %}{{ bump() }}{{ bump() }}{{ ns.n }}"),
+            "2");
+  EXPECT_EQ(render("{% macro t(x) %}{% if x is mapping %}{ {% for k, v in x.items() %}{{ k }}: {{ t(v) }} {% endfor %}}"
+                   "{% else %}{{ x }}{% endif %}{% endmacro %}{{ t(s) }}",
+                   {{"s", {{"a", {{"b", 1}}}}}}),
+            "{ a: { b: 1 } }");
+  EXPECT_EQ(render("{% macro m(n=k * 2) %}{{ n }}{% endmacro %}{% set k = 4 %}{{ m() }}"), "8");  // the default at the call
+  EXPECT_EQ(render("{% macro m(s) %}{{ s | length }}{% endmacro %}{{ m('h\u00e9llo') }}"), "5");  // characters, not bytes
+  EXPECT_NE(render("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}").find("takes 1 arguments, 2 given"), std::string::npos);
+  EXPECT_NE(render("{% macro m(a) %}{% endmacro %}{{ m(b=1) }}").find("no parameter 'b'"), std::string::npos);
+  EXPECT_NE(render("{% macro m(a) %}{% endmacro %}{{ m(1, a=2) }}").find("parameter 'a' twice"), std::string::npos);
+  EXPECT_NE(render("{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}").find("recursion deeper than 64"), std::string::npos);
+  EXPECT_NE(render("{% macro m(a %}{% endmacro %}").find("PARSE"), std::string::npos);
+  EXPECT_NE(render("{% macro m() %}x").find("endmacro"), std::string::npos);
 }
 
 TEST(ChatTemplate, ContinuingTheFinalMessageCutsAfterItsContentAsTransformersDoes) {
@@ -176,7 +270,7 @@ TEST(ChatTemplate, AnOverrideFromAFileOrInlineReplacesTheModelsOwn) {
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.err().message.find("--chat-template " + (dir / "none.jinja") + ": no such file"), std::string::npos)
       << missing.err().message;
-  testing::write_text(dir / "bad.jinja", "{% macro m() %}{% endmacro %}");
+  testing::write_text(dir / "bad.jinja", "{% filter upper %}{% endfilter %}");
   auto bad = chat_template::load_override(model_dir, (dir / "bad.jinja"));
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.err().message.find("--chat-template " + (dir / "bad.jinja") + ": "), std::string::npos)

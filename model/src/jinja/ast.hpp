@@ -44,13 +44,14 @@ using node_list = std::vector<std::unique_ptr<node>>;
 
 /// A template statement.
 struct node {
-  enum class kind { text, output, if_, for_, set } type = kind::text;
-  std::string text;                  ///< text: the literal text
+  enum class kind { text, output, if_, for_, set, macro } type = kind::text;
+  std::string text;                  ///< text: the literal text; macro: its name
   expr_ptr value;                    ///< output / set: the value; for: the iterable
   std::vector<std::pair<expr_ptr, node_list>> branches;  ///< if: (condition or null for else, body)
-  std::vector<std::string> targets;  ///< for: loop variables; set: name (and attribute, "ns.attr")
+  std::vector<std::string> targets;  ///< for: loop variables; set: name (and attribute, "ns.attr"); macro: parameters
+  std::vector<expr_ptr> defaults;    ///< macro: each parameter's default (null: none)
   expr_ptr filter;                   ///< for: optional "if" filter
-  node_list body, else_body;         ///< for
+  node_list body, else_body;         ///< for; macro: body
 };
 
 }  // namespace llmesh::model::jinja

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <map>
 
 #include "eval.hpp"
 
@@ -183,6 +184,9 @@ class evaluator {
         case node::kind::for_:
           LLMESH_TRY(loop(*n, out));
           break;
+        case node::kind::macro:  // defined from here on (Jinja assigns it when the statement runs)
+          macros_[n->text] = n.get();
+          break;
       }
     }
     return ok_status();
@@ -199,9 +203,11 @@ class evaluator {
       return ok_status();
     }
     std::string obj = t.substr(0, dot), attr = t.substr(dot + 1);
-    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
-      if (it->contains(obj) && (*it)[obj].is_object()) {
-        (*it)[obj][attr] = v->j;
+    for (size_t i = scopes_.size(); i-- > 0;) {
+      if (i < floor_ && i > 0) i = 0;  // a macro's caller's scopes are hidden
+      json& sc = scopes_[i];
+      if (sc.contains(obj) && sc[obj].is_object()) {
+        sc[obj][attr] = v->j;
         return ok_status();
       }
     }
@@ -269,9 +275,10 @@ class evaluator {
   }
 
   value lookup(const std::string& name) const {
-    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
-      auto f = it->find(name);
-      if (f != it->end()) return {*f};
+    for (size_t i = scopes_.size(); i-- > 0;) {
+      if (i < floor_ && i > 0) i = 0;  // a macro's caller's scopes are hidden
+      auto f = scopes_[i].find(name);
+      if (f != scopes_[i].end()) return {*f};
     }
     return {json(), true};
   }
@@ -396,12 +403,63 @@ class evaluator {
     return value{is_str ? json(s) : out};
   }
 
+  /// A macro's call: its parameters bound from the arguments (positional, then keyword; a
+  /// missing one takes its default, evaluated now, or stays undefined), its body rendered in a
+  /// scope of its own over the template's top level (a macro does not see its caller's loop
+  /// variables), the text returned.
+  result<value> call_macro(const node& m, const expr& e, std::vector<value>& a) {
+    if (a.size() > m.targets.size()) {
+      return fail("macro '" + m.text + "' takes " + std::to_string(m.targets.size()) + " arguments, " + std::to_string(a.size()) + " given");
+    }
+    if (macro_depth_ >= max_macro_depth) return fail("macro '" + m.text + "' recursion deeper than " + std::to_string(max_macro_depth));
+    json scope = json::object();
+    std::vector<bool> bound(m.targets.size(), false);
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!a[i].undefined) scope[m.targets[i]] = a[i].j;
+      bound[i] = true;
+    }
+    for (const auto& [k, v] : e.kwargs) {
+      const auto at = std::find(m.targets.begin(), m.targets.end(), k);
+      if (at == m.targets.end()) return fail("macro '" + m.text + "' has no parameter '" + k + "'");
+      const size_t i = static_cast<size_t>(at - m.targets.begin());
+      if (bound[i]) return fail("macro '" + m.text + "' got parameter '" + k + "' twice");
+      auto x = eval(*v);
+      if (!x) return x;
+      if (!x->undefined) scope[k] = x->j;
+      bound[i] = true;
+    }
+    // The body sees the top level (scope 0: the context and the top level's assignments) and
+    // the scopes from its own up: the caller's between stay hidden, uncopied.
+    const size_t saved_floor = floor_;
+    floor_ = scopes_.size();
+    scopes_.push_back(std::move(scope));
+    status s = ok_status();
+    for (size_t i = 0; i < m.targets.size() && s; ++i) {
+      if (bound[i] || !m.defaults[i]) continue;
+      auto d = eval(*m.defaults[i]);
+      if (!d) {
+        s = d.take_error();
+      } else if (!d->undefined) {
+        scopes_.back()[m.targets[i]] = d->j;
+      }
+    }
+    std::string out;
+    ++macro_depth_;
+    if (s) s = run(m.body, out);
+    --macro_depth_;
+    scopes_.resize(floor_);
+    floor_ = saved_floor;
+    LLMESH_TRY(s);
+    return value{json(std::move(out))};
+  }
+
   result<value> call(const expr& e) {
     auto args = eval_args(e);
     if (!args) return args.take_error();
     auto& a = *args;
     if (e.a->type == expr::kind::name) {
       const std::string& f = e.a->text;
+      if (auto m = macros_.find(f); m != macros_.end() && lookup(f).undefined) return call_macro(*m->second, e, a);
       if (f == "raise_exception") return fail(a.empty() ? "raise_exception" : to_str(a[0]));
       if (f == "namespace") {
         json ns = json::object();
@@ -424,7 +482,9 @@ class evaluator {
       if (f == "strftime_now") {
         std::time_t now = std::time(nullptr);
         char buf[128];
-        std::strftime(buf, sizeof buf, a.empty() ? "%Y-%m-%d" : to_str(a[0]).c_str(), std::localtime(&now));
+        std::tm local{};
+        localtime_r(&now, &local);  // renders run on many threads at once
+        if (std::strftime(buf, sizeof buf, a.empty() ? "%Y-%m-%d" : to_str(a[0]).c_str(), &local) == 0) buf[0] = '\0';
         return value{json(std::string(buf))};
       }
       return unsupported("function '" + f + "'");
@@ -490,7 +550,10 @@ class evaluator {
       return value{json(r)};
     }
     if (f == "length" || f == "count") {
-      if (j.is_string()) return value{json(j.get<std::string>().size())};
+      if (j.is_string()) {  // Python's len: code points, not UTF-8 bytes
+        const auto& s = j.get_ref<const std::string&>();
+        return value{json(static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; })))};
+      }
       if (j.is_array() || j.is_object()) return value{json(j.size())};
       return value{json(0)};
     }
@@ -642,6 +705,10 @@ class evaluator {
   }
 
   std::vector<json> scopes_;
+  std::map<std::string, const node*> macros_;
+  size_t floor_ = 0;  ///< in a macro's body: its scope's index (scopes 1 .. floor_ − 1 are its callers')
+  static constexpr int max_macro_depth = 64;  ///< a recursive macro (a schema's nested types) deeper than this is refused
+  int macro_depth_ = 0;
 };
 
 }  // namespace

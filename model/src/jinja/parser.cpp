@@ -501,7 +501,9 @@ class stmt_parser {
         LLMESH_TRY(parse_for(p, out));
       } else if (k == "set") {
         LLMESH_TRY(parse_set(p, out));
-      } else if (k == "endif" || k == "endfor" || k == "else" || k == "elif") {
+      } else if (k == "macro") {
+        LLMESH_TRY(parse_macro(p, out));
+      } else if (k == "endif" || k == "endfor" || k == "else" || k == "elif" || k == "endmacro") {
         return syntax("unexpected '{% " + k + " %}'");
       } else {
         return make_error(errc::unsupported, "chat template: unsupported construct '{% " + k + " %}'");
@@ -560,6 +562,41 @@ class stmt_parser {
     std::string ended;
     LLMESH_TRY(block(n->body, {"else", "endfor"}, ended));
     if (ended == "else") LLMESH_TRY(block(n->else_body, {"endfor"}, ended));
+    out.push_back(std::move(n));
+    return ok_status();
+  }
+
+  /// {% macro name(a, b=default, ...) %} body {% endmacro %}
+  status parse_macro(expr_parser& p, node_list& out) {
+    auto n = std::make_unique<node>();
+    n->type = node::kind::macro;
+    auto name = p.name();
+    if (!name) return name.take_error();
+    n->text = *name;
+    if (!p.is_op("(")) return syntax("expected '(' after macro " + n->text);
+    p.next();
+    while (!p.is_op(")")) {
+      auto param = p.name();
+      if (!param) return param.take_error();
+      n->targets.push_back(*param);
+      expr_ptr def;
+      if (p.is_op("=")) {
+        p.next();
+        auto v = p.expression();
+        if (!v) return v.take_error();
+        def = std::move(v.value());
+      }
+      n->defaults.push_back(std::move(def));
+      if (p.is_op(",")) {
+        p.next();
+      } else if (!p.is_op(")")) {
+        return syntax("expected ',' or ')' in macro " + n->text + "'s parameters");
+      }
+    }
+    p.next();
+    if (!p.at_end()) return syntax("unexpected '" + p.peek().text + "' after macro " + n->text + "'s parameters");
+    std::string ended;
+    LLMESH_TRY(block(n->body, {"endmacro"}, ended));
     out.push_back(std::move(n));
     return ok_status();
   }

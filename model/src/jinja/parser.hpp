@@ -9,7 +9,7 @@
 namespace llmesh::model::jinja {
 
 /// Parses with HF's environment settings (trim_blocks, lstrip_blocks). Constructs outside the
-/// subset (macro, include, extends, block, call, filter blocks, ...) are errors naming them.
+/// subset (include, extends, block, call, filter blocks, ...) are errors naming them.
 [[nodiscard]] result<node_list> parse(const std::string& source);
 
 }  // namespace llmesh::model::jinja

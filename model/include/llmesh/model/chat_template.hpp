@@ -1,6 +1,8 @@
 // Chat templates: the `chat_template` of tokenizer_config.json rendered with a Jinja subset
-// large enough for the real templates of Llama 2/3/3.1, Qwen2/3, Mistral and Zephyr-style
-// models: for (with loop.*, else, filters), if/elif/else, set (incl. namespace attributes),
+// large enough for the real templates of Llama 2/3/3.1, Qwen2/3, Mistral, Gemma, GPT-OSS and
+// Zephyr-style models: for (with loop.*, else, filters), if/elif/else, set (incl. namespace
+// attributes), macros (positional and keyword arguments, defaults, recursion up to 64 deep;
+// the body sees the top level and its own scopes, not its caller's loop variables),
 // Python-like string methods, filters (trim, tojson, length, ...), tests (defined, none,
 // string, ...), slicing, raise_exception. HF's environment settings apply (trim_blocks,
 // lstrip_blocks). A construct outside the subset is an `unsupported` error naming it — never
