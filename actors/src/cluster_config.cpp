@@ -418,15 +418,15 @@ result<model_spec> read_model(reader& r, const YAML::Node& node, size_t index) {
   if (max_len) out.max_model_len = static_cast<size_t>(*max_len);
   LLMESH_READ(reasoning, r.string(f, "reasoning_parser", false));
   if (reasoning) {
-    if (*reasoning != "none" && *reasoning != "deepseek_r1" && *reasoning != "qwen3")
-      return r.fail("'reasoning_parser' must be none, deepseek_r1 or qwen3, got " + shown(*reasoning));
+    if (*reasoning != "none" && *reasoning != "deepseek_r1" && *reasoning != "qwen3" && *reasoning != "openai_gptoss")
+      return r.fail("'reasoning_parser' must be none, deepseek_r1, qwen3 or openai_gptoss, got " + shown(*reasoning));
     out.reasoning_parser = *reasoning;
   }
   LLMESH_READ(tools, r.string(f, "tool_call_parser", false));
   if (tools) {
     if (*tools != "hermes" && *tools != "llama3_json" && *tools != "mistral" && *tools != "pythonic" && *tools != "qwen3_coder" &&
-        *tools != "qwen3_xml" && *tools != "granite" && *tools != "phi4_mini_json")
-      return r.fail("'tool_call_parser' must be hermes, llama3_json, mistral, pythonic, qwen3_coder, granite or phi4_mini_json, got " +
+        *tools != "qwen3_xml" && *tools != "granite" && *tools != "phi4_mini_json" && *tools != "openai")
+      return r.fail("'tool_call_parser' must be hermes, llama3_json, mistral, pythonic, qwen3_coder, granite, phi4_mini_json or openai, got " +
                     shown(*tools));
     out.tool_call_parser = *tools;
   }

@@ -281,7 +281,7 @@ status run_node(node_flags f) {
     auto t = model::tokenizer::load(dir);
     if (!t) return t.take_error();
     m.tok = *t;
-    if (m.reasoning != gateway::reasoning_parser::none) LLMESH_TRY(gateway::check_reasoning_tokens(*m.tok, name));
+    if (m.reasoning != gateway::reasoning_parser::none) LLMESH_TRY(gateway::check_reasoning_tokens(*m.tok, name, m.reasoning));
     auto kept = gateway::tool_parser_kept_tokens(*m.tok, m.tool_parser, name);
     if (!kept) return kept.take_error();
     m.tool_tokens = std::move(*kept);

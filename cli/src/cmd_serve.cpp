@@ -118,7 +118,7 @@ status run_serve(serve_flags f) {
   if (!tok) return tok.take_error();
   auto reasoning = gateway::parse_reasoning_parser(f.gw.reasoning_parser);
   if (!reasoning) return reasoning.take_error();
-  if (*reasoning != gateway::reasoning_parser::none) LLMESH_TRY(gateway::check_reasoning_tokens(**tok, tok_dir));
+  if (*reasoning != gateway::reasoning_parser::none) LLMESH_TRY(gateway::check_reasoning_tokens(**tok, tok_dir, *reasoning));
   auto tool_parser = gateway::parse_tool_call_parser(f.gw.tool_call_parser);
   if (!tool_parser) return tool_parser.take_error();
   auto tool_tokens = gateway::tool_parser_kept_tokens(**tok, *tool_parser, tok_dir);

@@ -99,12 +99,14 @@ void add_gateway_flags(CLI::App* sub, gateway_flags& f) {
                   "vLLM's: requests without a seed draw theirs from this one, so that a server started again with it "
                   "samples the same sequence of requests alike (default: a random seed per start)");
   sub->add_option("--reasoning-parser", f.reasoning_parser,
-                  "Split chat output's <think> block into reasoning_content: none | deepseek_r1 | qwen3")
-      ->check(CLI::IsMember({"none", "deepseek_r1", "qwen3"}))->capture_default_str();
+                  "Split chat output's <think> block into reasoning_content: none | deepseek_r1 | qwen3 | openai_gptoss "
+                  "(OpenAI's harmony channels; GPT-OSS models use it unasked)")
+      ->check(CLI::IsMember({"none", "deepseek_r1", "qwen3", "openai_gptoss"}))->capture_default_str();
   sub->add_option("--tool-call-parser", f.tool_call_parser,
                   "The format tool_choice \"auto\" takes calls from: hermes (<tool_call> blocks) | llama3_json | mistral | pythonic | "
-                  "qwen3_coder (Qwen3-Coder's XML calls; also qwen3_xml) | granite | phi4_mini_json")
-      ->check(CLI::IsMember({"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "qwen3_xml", "granite", "phi4_mini_json"}))
+                  "qwen3_coder (Qwen3-Coder's XML calls; also qwen3_xml) | granite | phi4_mini_json | openai (GPT-OSS's harmony "
+                  "calls, which GPT-OSS models use whatever is named)")
+      ->check(CLI::IsMember({"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "qwen3_xml", "granite", "phi4_mini_json", "openai"}))
       ->capture_default_str();
   sub->add_option("--chat-template", f.chat_template,
                   "The chat template instead of the model's: a Jinja file, or the template itself in one line");

@@ -429,12 +429,28 @@ api_outcome api_service::chat_completions(std::string_view body, const responses
   auto prompt = chat_prompt(*r, sm);
   if (!prompt) return error_reply(prompt.err());
   auto& [text, ids] = *prompt;
-  const tool_output shape{r->tools.mode, r->tools.name, sm.tool_parser,
-                          r->tools.tools.empty() ? nullptr : std::make_shared<const nlohmann::ordered_json>(r->tools.tools)};
+  // GPT-OSS writes OpenAI's harmony format: its channels split as vLLM's harmony path splits
+  // them, asked for or not (reasoning.hpp, harmony.hpp).
+  const bool harmony = sm.reasoning == reasoning_parser::openai_gptoss ||
+                       (sm.reasoning == reasoning_parser::none && sm.cfg.arch == model::architecture::gpt_oss);
+  tool_output shape{r->tools.mode, r->tools.name, harmony ? tool_call_parser::openai : sm.tool_parser,
+                    r->tools.tools.empty() ? nullptr : std::make_shared<const nlohmann::ordered_json>(r->tools.tools)};
   // The model's reasoning parser splits the thinking off. A structured output or a forced tool
   // call then holds for the answer, after "</think>" (unless the prompt closed the block).
   reasoning_mode reasoning;
-  if (sm.reasoning != reasoning_parser::none) {
+  if (harmony) {
+    if (r->tools.mode == tool_choice_mode::named || r->tools.mode == tool_choice_mode::required) {
+      return error_reply(make_error(errc::invalid_request, "tool_choice \"required\" and a named tool_choice are not supported for "
+                                                           "the model '" + sm.name + "' (OpenAI's harmony format): use \"auto\""));
+    }
+    reasoning.parser = reasoning_parser::openai_gptoss;
+    reasoning.include = r->include_reasoning;
+    reasoning.harmony_calls = r->tools.mode == tool_choice_mode::automatic;
+    // A structured output holds for the final channel's message.
+    if (r->gen.constraint.type != model::constraint_spec::kind::none) {
+      r->gen.constraint_after = sm.tok->encode(std::string(harmony_final_header()), false);
+    }
+  } else if (sm.reasoning != reasoning_parser::none) {
     // Opened by the template's generation prompt, or by the message being continued; closed
     // by the prompt (thinking turned off), or by a continued message outside a block.
     bool opened = prompt_opens_reasoning(text), closed = prompt_closes_reasoning(text);
@@ -658,7 +674,8 @@ result<generation_job> api_service::prepare(bool chat, const served_model& m, st
   choice.return_token_ids = g.return_token_ids;
   choice.stop = g.stop;
   choice.include_stop_str = g.include_stop_str;
-  choice.skip_special = g.skip_special_tokens;
+  // Harmony's channels are special tokens: its parser reads them (and drops them).
+  choice.skip_special = g.skip_special_tokens && reasoning.parser != reasoning_parser::openai_gptoss;
   choice.tokens_as_ids = g.tokens_as_ids || opt_.tokens_as_ids;
   choice.continuous_usage = g.continuous_usage;
   choice.stop_token_ids = g.stop_token_ids;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "harmony.hpp"
 #include "partial_tag.hpp"
 
 namespace llmesh::gateway {
@@ -16,6 +17,7 @@ std::string_view reasoning_parser_name(reasoning_parser p) {
   switch (p) {
     case reasoning_parser::deepseek_r1: return "deepseek_r1";
     case reasoning_parser::qwen3: return "qwen3";
+    case reasoning_parser::openai_gptoss: return "openai_gptoss";
     default: return "none";
   }
 }
@@ -24,16 +26,23 @@ result<reasoning_parser> parse_reasoning_parser(std::string_view s) {
   if (s == "none" || s.empty()) return reasoning_parser::none;
   if (s == "deepseek_r1") return reasoning_parser::deepseek_r1;
   if (s == "qwen3") return reasoning_parser::qwen3;
+  if (s == "openai_gptoss") return reasoning_parser::openai_gptoss;
   return make_error(errc::invalid_request,
-                    "unknown reasoning parser '" + std::string(s) + "' (none, deepseek_r1, qwen3)");
+                    "unknown reasoning parser '" + std::string(s) + "' (none, deepseek_r1, qwen3, openai_gptoss)");
 }
 
-status check_reasoning_tokens(const model::tokenizer& tok, const std::string& model_name) {
-  for (std::string_view tag : {think_open, think_close}) {
+std::string_view harmony_final_header() { return "<|channel|>final<|message|>"; }
+
+status check_reasoning_tokens(const model::tokenizer& tok, const std::string& model_name, reasoning_parser p) {
+  const bool harmony = p == reasoning_parser::openai_gptoss;
+  const std::vector<std::string_view> tags = harmony ? std::vector<std::string_view>{"<|start|>", "<|channel|>", "<|message|>", "<|end|>"}
+                                                     : std::vector<std::string_view>{think_open, think_close};
+  for (std::string_view tag : tags) {
     const auto ids = tok.encode(std::string(tag), false);
     if (ids.size() != 1 || tok.decoder().token_bytes(ids[0]) != tag) {
       return make_error(errc::invalid_request, "--reasoning-parser: the model '" + model_name + "' has no token \"" +
-                                                   std::string(tag) + "\" of its own (it is not a reasoning model)");
+                                                   std::string(tag) + "\" of its own (" +
+                                                   (harmony ? "it does not write OpenAI's harmony format" : "it is not a reasoning model") + ")");
     }
   }
   return ok_status();
@@ -70,10 +79,17 @@ size_t count_reasoning_tokens(const reasoning_mode& m, const std::vector<int32_t
   return n;
 }
 
-reasoning_stream::reasoning_stream(reasoning_mode m) : m_(m) {}
+reasoning_stream::reasoning_stream(reasoning_mode m) : m_(m) {
+  if (m_.parser == reasoning_parser::openai_gptoss) harmony_ = std::make_shared<detail::harmony_stream>(m_.include, m_.harmony_calls);
+}
 
 void reasoning_stream::shape(choice_delta& c) {
   if (!m_.active()) return;
+  if (harmony_) {
+    harmony_->shape(c);
+    reasoned_ = harmony_->reasoned();
+    return;
+  }
   const bool last = c.finish.has_value();
   std::string in = std::move(pending_) + c.text;
   pending_.clear();

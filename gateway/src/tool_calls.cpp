@@ -139,6 +139,7 @@ std::string_view tool_call_parser_name(tool_call_parser p) {
     case tool_call_parser::qwen3_coder: return "qwen3_coder";
     case tool_call_parser::granite: return "granite";
     case tool_call_parser::phi4_mini_json: return "phi4_mini_json";
+    case tool_call_parser::openai: return "openai";
     default: return "hermes";
   }
 }
@@ -151,8 +152,9 @@ result<tool_call_parser> parse_tool_call_parser(std::string_view s) {
   if (s == "qwen3_coder" || s == "qwen3_xml") return tool_call_parser::qwen3_coder;  // (vLLM's two names of one format)
   if (s == "granite") return tool_call_parser::granite;
   if (s == "phi4_mini_json") return tool_call_parser::phi4_mini_json;
+  if (s == "openai") return tool_call_parser::openai;
   return make_error(errc::invalid_request, "unknown tool-call parser '" + std::string(s) +
-                                               "' (hermes, llama3_json, mistral, pythonic, qwen3_coder, granite, phi4_mini_json)");
+                                               "' (hermes, llama3_json, mistral, pythonic, qwen3_coder, granite, phi4_mini_json, openai)");
 }
 
 result<std::vector<int32_t>> tool_parser_kept_tokens(const model::tokenizer& tok, tool_call_parser p,
@@ -359,6 +361,7 @@ result<std::vector<tool_call_delta>> parse_llama3_json_calls(std::string_view te
 }
 
 void shape_tool_calls(const tool_output& t, choice_delta& c) {
+  if (t.mode == tool_choice_mode::automatic && t.parser == tool_call_parser::openai) return;  // harmony: shaped already
   if (t.mode == tool_choice_mode::automatic && whole_output(t.parser)) {
     if (!whole_calls_start(t.parser, c.text)) return;
     auto calls = parse_whole(t.parser, c.text);
@@ -396,6 +399,10 @@ void shape_tool_calls(const tool_output& t, choice_delta& c) {
 
 std::vector<choice_delta> tool_call_stream::shape(choice_delta c) {
   std::vector<choice_delta> out;
+  if (t_.mode == tool_choice_mode::automatic && t_.parser == tool_call_parser::openai) {  // harmony: shaped already
+    out.push_back(std::move(c));
+    return out;
+  }
   if (t_.mode == tool_choice_mode::named) {
     if (c.role) {
       // The call's start; the first text piece (if any) follows in its own delta.

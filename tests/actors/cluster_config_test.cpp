@@ -453,9 +453,9 @@ TEST(ClusterConfig, ModelRulesAreChecked) {
     EXPECT_EQ(g->models[0].chat_template, "templates/chat.jinja");
   }
   expect_refused(with("placement: packed", "placement: packed\n    reasoning_parser: granite"),
-                 {"'reasoning_parser' must be none, deepseek_r1 or qwen3, got 'granite'"});
+                 {"'reasoning_parser' must be none, deepseek_r1, qwen3 or openai_gptoss, got 'granite'"});
   expect_refused(with("placement: packed", "placement: packed\n    tool_call_parser: xlam"),
-                 {"'tool_call_parser' must be hermes, llama3_json, mistral, pythonic, qwen3_coder, granite or phi4_mini_json, got 'xlam'"});
+                 {"'tool_call_parser' must be hermes, llama3_json, mistral, pythonic, qwen3_coder, granite, phi4_mini_json or openai, got 'xlam'"});
   expect_refused(with("placement: packed", "placement: packed\n    pooling: max"),
                  {"'pooling' must be model, last, mean or cls, got 'max'"});
   {

@@ -182,6 +182,41 @@ TEST_F(PromptFields, AReasoningModelsConstraintWaitsForTheEndOfThinking) {
   }
 }
 
+// GPT-OSS (OpenAI's harmony format) is parsed as vLLM's harmony path parses it, asked for or
+// not: a structured output holds after "<|channel|>final<|message|>", the output keeps its
+// special tokens for the parser, and a forced tool call is refused (harmony calls come with
+// tool_choice auto only).
+TEST_F(PromptFields, GptOssOutputIsHarmony) {
+  auto chat = model::chat_template::parse("{% for m in messages %}{{ m.content }}{% endfor %}<|start|>assistant");
+  ASSERT_TRUE(chat.ok()) << chat.err().message;
+  model::model_config cfg;
+  cfg.vocab = 128256;
+  cfg.max_positions = 4096;
+  cfg.arch = model::architecture::gpt_oss;
+  api_options o;
+  for (auto parser : {reasoning_parser::none, reasoning_parser::openai_gptoss}) {
+    api_ = std::make_unique<api_service>(o, std::vector{served_model{"m", tok_, *chat, cfg, parser}}, mesh_, metrics_);
+    const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+    prompt_of("/v1/chat/completions", R"({"model":"m",)" + msgs + R"(,"response_format":{"type":"json_object"}})");
+    EXPECT_EQ(constraint_after_, encode("<|channel|>final<|message|>", false));
+    const std::string tools = R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}])";
+    int status = 0;
+    prompt_of("/v1/chat/completions", R"({"model":"m",)" + msgs + tools + R"(,"tool_choice":"required"})", &status);
+    EXPECT_EQ(status, 400);
+    EXPECT_NE(last_error_.find("harmony"), std::string::npos) << last_error_;
+    prompt_of("/v1/chat/completions", R"({"model":"m",)" + msgs + tools + R"(,"tool_choice":"auto"})", &status);
+    EXPECT_EQ(status, 200);
+  }
+  // Another architecture: the default parser (none) leaves its output alone.
+  cfg.arch = model::architecture::llama;
+  api_ = std::make_unique<api_service>(o, std::vector{served_model{"m", tok_, *chat, cfg}}, mesh_, metrics_);
+  int status = 0;
+  prompt_of("/v1/chat/completions",
+            R"({"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}})", &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_TRUE(constraint_after_.empty());
+}
+
 TEST_F(PromptFields, TruncationKeepsTheLastTokensAndAllowedIdsAreChecked) {
   const auto whole = encode("one two three four five six seven", true);
   ASSERT_GT(whole.size(), 4u);

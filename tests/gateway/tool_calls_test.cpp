@@ -229,7 +229,7 @@ TEST(ToolCalls, ParserNames) {
   EXPECT_EQ(parse_tool_call_parser("pythonic").value(), tool_call_parser::pythonic);
   auto bad = parse_tool_call_parser("xlam");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.err().message.find("'xlam' (hermes, llama3_json, mistral, pythonic, qwen3_coder, granite, phi4_mini_json)"), std::string::npos) << bad.err().message;
+  EXPECT_NE(bad.err().message.find("'xlam' (hermes, llama3_json, mistral, pythonic, qwen3_coder, granite, phi4_mini_json, openai)"), std::string::npos) << bad.err().message;
 }
 
 TEST(ToolCalls, Llama3JsonCallsParseIntoCalls) {

@@ -83,7 +83,7 @@ struct model_spec {
   placement place = placement::packed;
   std::string quantization = "none";  ///< how replica nodes hold the weights: none | int8 | fp8 (online), or the checkpoint's method (--quantization)
   std::string dtype = "auto";         ///< the weight matrices' type: auto | float32 | bfloat16 | float16 (--dtype)
-  /// How gateways split chat output's thinking (--reasoning-parser): none | deepseek_r1 | qwen3
+  /// How gateways split chat output's thinking (--reasoning-parser): none | deepseek_r1 | qwen3 | openai_gptoss
   std::string reasoning_parser = "none";
   /// The format gateways take tool_choice "auto"'s calls from (--tool-call-parser): hermes | llama3_json | mistral | pythonic
   std::string tool_call_parser = "hermes";

@@ -20,8 +20,15 @@
 // api_service sets generation_fields::constraint_after to the tokens of "</think>" (unless the
 // prompt closed the block already), so the model thinks unconstrained first, as vLLM does.
 // A model that never writes "</think>" is then never constrained.
+//
+// openai_gptoss (vLLM's name; GPT-OSS models use it without being asked, as vLLM's harmony
+// path does): the output is OpenAI's harmony format, decoded with its special tokens kept —
+// analysis → reasoning_content, final → content, functions.NAME calls → tool_calls (tool_choice
+// auto with tools; tool_call_parser openai), see harmony.hpp. A structured output then holds
+// after "<|channel|>final<|message|>".
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -31,9 +38,9 @@
 
 namespace llmesh::gateway {
 
-enum class reasoning_parser { none, deepseek_r1, qwen3 };
+enum class reasoning_parser { none, deepseek_r1, qwen3, openai_gptoss };
 
-/// "none", "deepseek_r1", "qwen3".
+/// "none", "deepseek_r1", "qwen3", "openai_gptoss".
 std::string_view reasoning_parser_name(reasoning_parser p);
 /// Parses a --reasoning-parser value (or a cluster config's reasoning_parser); invalid_request
 /// names the choices.
@@ -43,7 +50,9 @@ std::string_view reasoning_parser_name(reasoning_parser p);
 /// which a reasoning parser needs (the replica waits for that token before a constraint
 /// holds; a tag split differently in context would never be seen). An error naming the model
 /// otherwise, as vLLM refuses such parsers.
-[[nodiscard]] status check_reasoning_tokens(const model::tokenizer& tok, const std::string& model_name);
+/// openai_gptoss: harmony's <|start|>, <|channel|>, <|message|> and <|end|> instead.
+[[nodiscard]] status check_reasoning_tokens(const model::tokenizer& tok, const std::string& model_name,
+                                            reasoning_parser p = reasoning_parser::qwen3);
 
 /// Whether a rendered chat prompt opens a "<think>" block for the output: it ends with "<think>"
 /// and whitespace (Qwen3 thinking and DeepSeek-R1 templates). A "<think>" elsewhere in the
@@ -74,8 +83,18 @@ struct reasoning_mode {
   /// The "<think>" and "</think>" token ids (check_reasoning_tokens: each is one token), for
   /// count_reasoning_tokens; -1: unknown (nothing is counted).
   int32_t open_id = -1, close_id = -1;
+  /// openai_gptoss: function-call messages become tool_calls (tool_choice auto with tools);
+  /// otherwise their text is content.
+  bool harmony_calls = false;
   bool active() const { return parser != reasoning_parser::none; }
 };
+
+/// The harmony header after which a GPT-OSS answer begins (a structured output's start).
+std::string_view harmony_final_header();
+
+namespace detail {
+class harmony_stream;
+}
 
 /// How many of an output's tokens are its thinking, as reasoning_stream splits the text: those
 /// inside the block (not its "<think>" or "</think>"), the block opened by a first "<think>"
@@ -100,6 +119,7 @@ class reasoning_stream {
   state state_ = state::start;
   std::string pending_;
   bool reasoned_ = false;
+  std::shared_ptr<detail::harmony_stream> harmony_;  ///< openai_gptoss's
 };
 
 /// A whole (non-streamed) choice: its text split as a stream would split it; `reasoning` is

@@ -27,9 +27,11 @@
 namespace llmesh::gateway {
 
 /// The format "auto" looks for calls in (vLLM's --tool-call-parser names).
-enum class tool_call_parser { hermes, llama3_json, mistral, pythonic, qwen3_coder, granite, phi4_mini_json };
+/// openai: GPT-OSS's harmony calls, which the openai_gptoss reasoning parser takes out of the
+/// output (reasoning.hpp, harmony.hpp): the shapers here leave its choices as they are.
+enum class tool_call_parser { hermes, llama3_json, mistral, pythonic, qwen3_coder, granite, phi4_mini_json, openai };
 
-/// "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "granite", "phi4_mini_json".
+/// "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "granite", "phi4_mini_json", "openai".
 std::string_view tool_call_parser_name(tool_call_parser p);
 /// Parses a --tool-call-parser value (or a cluster config's tool_call_parser); invalid_request
 /// names the choices.
