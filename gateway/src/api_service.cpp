@@ -432,7 +432,8 @@ api_outcome api_service::chat_completions(std::string_view body, const responses
   // GPT-OSS writes OpenAI's harmony format: its channels split as vLLM's harmony path splits
   // them, asked for or not (reasoning.hpp, harmony.hpp).
   const bool harmony = sm.reasoning == reasoning_parser::openai_gptoss ||
-                       (sm.reasoning == reasoning_parser::none && sm.cfg.arch == model::architecture::gpt_oss);
+                       (sm.reasoning == reasoning_parser::none &&
+                        (sm.cfg.arch == model::architecture::gpt_oss || sm.tool_parser == tool_call_parser::openai));
   tool_output shape{r->tools.mode, r->tools.name, harmony ? tool_call_parser::openai : sm.tool_parser,
                     r->tools.tools.empty() ? nullptr : std::make_shared<const nlohmann::ordered_json>(r->tools.tools)};
   // The model's reasoning parser splits the thinking off. A structured output or a forced tool

@@ -1,6 +1,7 @@
 // OpenAI's harmony output into content, reasoning and tool calls (harmony.hpp).
 #include "harmony.hpp"
 
+#include <algorithm>
 #include <array>
 #include <nlohmann/json.hpp>
 
@@ -38,8 +39,28 @@ void harmony_stream::begin_message(std::string h) {
       break;
     }
   }
-  // The content type: "<|constrain|>json", or a bare word after the channel ("commentary json").
-  json_ = v.find("<|constrain|>") == std::string_view::npos || v.find("json") != std::string_view::npos;
+  // The content type: the word after <|constrain|>, else a bare word of the header that is not
+  // the role, the channel or the recipient ("commentary json"); none: JSON (vLLM's assumption).
+  std::string type;
+  if (const size_t at = v.find("<|constrain|>"); at != std::string_view::npos) {
+    type = word_at(v, at + std::string_view("<|constrain|>").size());
+  } else {
+    for (size_t at = 0; at < v.size();) {
+      if (v.compare(at, 2, "<|") == 0) {  // a tag: skip it
+        const size_t close = v.find("|>", at + 2);
+        at = close == std::string_view::npos ? v.size() : close + 2;
+        continue;
+      }
+      if (space(v[at])) {
+        ++at;
+        continue;
+      }
+      const std::string w = word_at(v, at);
+      at += std::max<size_t>(w.size(), 1);
+      if (w != "assistant" && w != channel && !w.starts_with("to=")) type = w;
+    }
+  }
+  json_ = type.empty() || type.find("json") != std::string::npos;
   args_.clear();
   name_.clear();
   if (recipient.starts_with("functions.")) {
@@ -139,7 +160,7 @@ void harmony_stream::shape(choice_delta& c) {
   if (last) {
     // The generation's end (<|call|> or <|return|>, unshown) ends a message in progress: whole
     // when it stopped, cut short at max_tokens.
-    if (in_body_) end_message(c.finish == "stop", content, calls);
+    if (in_body_) end_message(c.finish == "stop" && !c.stop_string, content, calls);  // a stop string cut it short
     if (!structured_ && !header_.empty()) {  // never harmony: the output as it came
       content += header_;
       said_ = true;

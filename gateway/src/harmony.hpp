@@ -8,13 +8,16 @@
 // (<|channel|>X), its recipient (to=X, before or after the channel) and its content type
 // (<|constrain|>json, or a bare word). The bodies are routed as vLLM routes them for chat:
 // - the final channel → content;
-// - a recipient functions.NAME → a tool call NAME with the body as arguments (JSON re-encoded
-//   compactly when it parses), whole when its message ends — with `calls` (tool_choice auto
+// - a recipient functions.NAME → a tool call NAME with the body as arguments (when its content
+//   type is JSON or unnamed and it parses, re-encoded compactly as llmesh's other parsers do;
+//   vLLM's json.dumps spaces it), whole when its message ends — with `calls` (tool_choice auto
 //   with tools); otherwise its body is content;
 // - anything else (analysis, commentary preambles, built-in tools' calls such as browser.* and
 //   python) → reasoning, messages joined by "\n" (vLLM joins all but the last message so).
-// An output cut before a call's end (max_tokens) gives its body as content; an output without
-// any <|message|> (a model not writing harmony) is content as it came.
+// An output cut before a call's end (max_tokens, a stop string) gives its body as content; an
+// output without any <|message|> (a model not writing harmony) is content as it came (held
+// until its end). The parser reads text: ordinary text spelling a tag (<|end|>...) reads as
+// one (vLLM parses token ids), and text before a first header's <|channel|> is dropped.
 #pragma once
 
 #include <string>

@@ -356,6 +356,14 @@ result<model_config> parse_config_json(const std::string& text) {
                                              "Qwen2ForRewardModel, Qwen2ForProcessRewardModel)");
   }
   const bool gemma = c.arch == architecture::gemma || c.arch == architecture::gemma2 || c.arch == architecture::gemma3;
+  if (c.arch == architecture::gpt_oss) {  // GptOssConfig's defaults where the file says nothing
+    if (!j.contains("rope_theta")) j["rope_theta"] = 150000.0;
+    if (!j.contains("rms_norm_eps")) j["rms_norm_eps"] = 1e-5;
+    if (!j.contains("rope_scaling") && !j.contains("rope_parameters")) {
+      j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                           {"original_max_position_embeddings", 4096}, {"truncate", false}};
+    }
+  }
   if (c.arch == architecture::gemma3) {
     auto flat = flatten_gemma3_rope(j);
     if (!flat) return flat.take_error();

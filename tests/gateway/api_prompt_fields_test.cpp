@@ -207,8 +207,15 @@ TEST_F(PromptFields, GptOssOutputIsHarmony) {
     prompt_of("/v1/chat/completions", R"({"model":"m",)" + msgs + tools + R"(,"tool_choice":"auto"})", &status);
     EXPECT_EQ(status, 200);
   }
-  // Another architecture: the default parser (none) leaves its output alone.
+  // Another architecture served with --tool-call-parser openai is taken for harmony too (its
+  // calls would otherwise be looked for by no one).
   cfg.arch = model::architecture::llama;
+  api_ = std::make_unique<api_service>(
+      o, std::vector{served_model{"m", tok_, *chat, cfg, reasoning_parser::none, tool_call_parser::openai}}, mesh_, metrics_);
+  prompt_of("/v1/chat/completions",
+            R"({"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}})");
+  EXPECT_EQ(constraint_after_, encode("<|channel|>final<|message|>", false));
+  // Otherwise the default parser (none) leaves its output alone.
   api_ = std::make_unique<api_service>(o, std::vector{served_model{"m", tok_, *chat, cfg}}, mesh_, metrics_);
   int status = 0;
   prompt_of("/v1/chat/completions",

@@ -119,6 +119,27 @@ TEST(Harmony, FunctionMessagesAreToolCalls) {
   EXPECT_TRUE(s.calls.empty());
   EXPECT_EQ(s.content, R"({"city": "Paris", "days": [1)");
   EXPECT_EQ(s.finish, "length");
+  // A stop string that cut the call: its body is content, the finish stays "stop".
+  {
+    choice_delta c;
+    c.text = call;
+    c.finish = "stop";
+    c.stop_string = "2]";
+    split_reasoning(harmony(), c);
+    EXPECT_TRUE(c.tool_calls.empty());
+    EXPECT_EQ(c.text, R"({"city": "Paris", "days": [1, 2]})");
+    EXPECT_EQ(c.finish, "stop");
+  }
+  // The content type decides whether arguments are JSON: "code" text is kept as written even
+  // when it parses, a recipient that merely contains "json" does not make it JSON.
+  s = whole(harmony(), "<|channel|>commentary to=functions.run <|constrain|>code<|message|>{ \"a\" : 1 }");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.calls[0].second, R"({ "a" : 1 })");
+  s = whole(harmony(), "<|channel|>commentary to=functions.get_json code<|message|>[1, 2]");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.calls[0].second, "[1, 2]");
+  s = whole(harmony(), "<|channel|>commentary to=functions.get_json json<|message|>[1, 2]");
+  EXPECT_EQ(s.calls.at(0).second, "[1,2]");
   // A built-in tool's call (browser, python) is the model's own work: reasoning.
   s = whole(harmony(), "<|channel|>analysis to=browser.search code<|message|>{\"query\": \"x\"}<|call|>");
   EXPECT_TRUE(s.calls.empty());

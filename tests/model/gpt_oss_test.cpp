@@ -209,6 +209,21 @@ TEST(GptOss, ConfigFieldsAndDefaults) {
   EXPECT_FALSE(c->sliding_layers[1]);
   EXPECT_EQ(c->head_dim, 64u);
   EXPECT_EQ(c->moe.swiglu_limit, 7.0f);
+  // Without rope_theta, rms_norm_eps and rope_scaling: GptOssConfig's 150000, 1e-5 and yarn
+  // (factor 32 over 4096, betas 32 and 1, not truncated).
+  edit_config(dir, [](json& j) {
+    j.erase("rope_theta");
+    j.erase("rms_norm_eps");
+    j.erase("rope_scaling");
+  });
+  c = load_config(dir.path());
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_EQ(c->rope.theta, 150000.0);
+  EXPECT_EQ(c->rms_norm_eps, 1e-5f);
+  EXPECT_TRUE(c->rope.yarn);
+  EXPECT_EQ(c->rope.factor, 32.0);
+  EXPECT_EQ(c->rope.original_max_position, 4096.0);
+  EXPECT_FALSE(c->rope.yarn_truncate);
   edit_config(dir, [](json& j) { j["swiglu_alpha"] = 1.5; });
   c = load_config(dir.path());
   ASSERT_FALSE(c.ok());
