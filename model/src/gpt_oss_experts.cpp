@@ -10,6 +10,7 @@
 
 #include "llmesh/kernels/dtype.hpp"
 #include "load_threads.hpp"
+#include "rank_parts.hpp"
 
 namespace llmesh::model::detail {
 namespace {
@@ -50,22 +51,34 @@ struct layer_out {
   }
 };
 
-/// out rows [r0, r0 + n) of expert e's [out, in] MXFP4 matrix (rows `stride` apart in the
-/// checkpoint's, starting at `first`) as mxfp4 rows at dst.
-status repack_rows(const uint8_t* blocks, const uint8_t* scales, size_t groups, size_t first, size_t stride, size_t n,
-                   uint8_t* dst, const std::string& name) {
-  for (size_t r = 0; r < n; ++r) {
-    const size_t src_row = first + r * stride;
+/// One expert's MXFP4 matrix [out, in] to write as mxfp4 blocks (block_layer: what the held
+/// ranks read of it, where it goes): its rows are the checkpoint's rows first, first + stride, ...
+/// of expert e's [out', in / 32, 16] blocks and [out', in / 32] exponents.
+struct mx_layer : block_layer {
+  mx_layer() { type = k::dtype::mxfp4; }
+  std::string name;      ///< the per-expert name, without ".weight"
+  std::string checkpoint;  ///< the fused tensor's name, without "_blocks"
+  const uint8_t* blocks = nullptr;
+  const uint8_t* scales = nullptr;
+  size_t first = 0, stride = 1;
+};
+
+/// Rows [o0, o1) of `l`: each held group of 32 as one mxfp4 block (q4's nibble order).
+status repack_rows(const mx_layer& l, size_t o0, size_t o1) {
+  const size_t groups = l.in / 32, row_bytes = l.written_row_bytes();
+  for (size_t o = o0; o < o1; ++o) {
+    const size_t src_row = l.first + o * l.stride;
     for (size_t g = 0; g < groups; ++g) {
-      const uint8_t e8 = scales[src_row * groups + g];
+      if (!l.holds(g * 32)) continue;
+      const uint8_t e8 = l.scales[src_row * groups + g];
       if (e8 > 252) {
-        return make_error(errc::invalid_request, "tensor '" + name + "_scales' holds the exponent " + std::to_string(e8) +
+        return make_error(errc::invalid_request, "tensor '" + l.checkpoint + "_scales' holds the exponent " + std::to_string(e8) +
                                                      (e8 == 255 ? " (E8M0's NaN)" : ", beyond float32's range"));
       }
-      uint8_t* out = dst + (r * groups + g) * k::mxfp4_block_bytes;
+      uint8_t* out = l.bytes + o * row_bytes + (g - l.first_block()) * k::mxfp4_block_bytes;
       const float s = std::ldexp(1.0f, static_cast<int>(e8) - 128);
       std::memcpy(out, &s, 4);
-      const uint8_t* in = blocks + (src_row * groups + g) * 16;
+      const uint8_t* in = l.blocks + (src_row * groups + g) * 16;
       uint8_t q[32];
       for (size_t j = 0; j < 16; ++j) {
         q[2 * j] = in[j] & 0xF;
@@ -95,7 +108,7 @@ void transpose_rows(const tensor_view& t, size_t e, size_t c0, size_t c_stride, 
   }
 }
 
-status split_layer(tensor_store& store, const model_config& c, const std::string& p, bool mx) {
+status split_layer(tensor_store& store, const model_config& c, const std::string& p, bool mx, std::vector<mx_layer>& mx_out) {
   const size_t E = c.moe.n_experts, I = c.intermediate, H = c.hidden;
   const std::string gu = p + "gate_up_proj", dn = p + "down_proj";
   auto gu_bias = store.get(gu + "_bias");
@@ -138,16 +151,38 @@ status split_layer(tensor_store& store, const model_config& c, const std::string
     LLMESH_TRY(get(gu, {E, H, 2 * I}, gu_w));
     LLMESH_TRY(get(dn, {E, I, H}, dn_w));
   }
-  const k::dtype wt = mx ? k::dtype::mxfp4 : gu_w.type, dt = mx ? k::dtype::mxfp4 : dn_w.type;
+  if (mx) {  // the matrices are written with every layer's, where the held ranks read them (split_gpt_oss_experts)
+    for (size_t e = 0; e < E; ++e) {
+      const std::string x = p + std::to_string(e) + ".";
+      for (auto [what, src, n_out, n_in, first, stride] :
+           {std::tuple{"gate_proj", &gu_b, I, H, size_t{0}, size_t{2}}, std::tuple{"up_proj", &gu_b, I, H, size_t{1}, size_t{2}},
+            std::tuple{"down_proj", &dn_b, H, I, size_t{0}, size_t{1}}}) {
+        mx_layer l;
+        l.name = x + what;
+        l.checkpoint = src == &gu_b ? gu : dn;
+        l.out = n_out;
+        l.in = n_in;
+        const size_t rows = src->shape[1], groups = n_in / 32;
+        l.blocks = static_cast<const uint8_t*>(src->data) + e * rows * groups * 16;
+        l.scales = static_cast<const uint8_t*>((src == &gu_b ? gu_s : dn_s).data) + e * rows * groups;
+        l.first = first;
+        l.stride = stride;
+        mx_out.push_back(std::move(l));
+      }
+    }
+  }
+  const k::dtype wt = gu_w.type, dt = dn_w.type;
   struct expert_at {
     size_t gate, up, down, gate_b, up_b, down_b;
   };
   std::vector<expert_at> at(E);
   for (size_t e = 0; e < E; ++e) {
     const std::string x = p + std::to_string(e) + ".";
-    at[e].gate = out.reserve(x + "gate_proj.weight", wt, {I, H}, k::dtype_bytes(wt, I * H));
-    at[e].up = out.reserve(x + "up_proj.weight", wt, {I, H}, k::dtype_bytes(wt, I * H));
-    at[e].down = out.reserve(x + "down_proj.weight", dt, {H, I}, k::dtype_bytes(dt, H * I));
+    if (!mx) {
+      at[e].gate = out.reserve(x + "gate_proj.weight", wt, {I, H}, k::dtype_bytes(wt, I * H));
+      at[e].up = out.reserve(x + "up_proj.weight", wt, {I, H}, k::dtype_bytes(wt, I * H));
+      at[e].down = out.reserve(x + "down_proj.weight", dt, {H, I}, k::dtype_bytes(dt, H * I));
+    }
     at[e].gate_b = out.reserve(x + "gate_proj.bias", k::dtype::f32, {I}, I * 4);
     at[e].up_b = out.reserve(x + "up_proj.bias", k::dtype::f32, {I}, I * 4);
     at[e].down_b = out.reserve(x + "down_proj.bias", k::dtype::f32, {H}, H * 4);
@@ -160,15 +195,7 @@ status split_layer(tensor_store& store, const model_config& c, const std::string
   uint8_t* base = out.bytes->data();
   LLMESH_TRY(for_each_item(E, [&](size_t e) -> status {
     const auto& a = at[e];
-    if (mx) {
-      const auto* gb = static_cast<const uint8_t*>(gu_b.data) + e * 2 * I * (H / 32) * 16;
-      const auto* gs = static_cast<const uint8_t*>(gu_s.data) + e * 2 * I * (H / 32);
-      LLMESH_TRY(repack_rows(gb, gs, H / 32, 0, 2, I, base + a.gate, gu));
-      LLMESH_TRY(repack_rows(gb, gs, H / 32, 1, 2, I, base + a.up, gu));
-      const auto* db = static_cast<const uint8_t*>(dn_b.data) + e * H * (I / 32) * 16;
-      const auto* ds = static_cast<const uint8_t*>(dn_s.data) + e * H * (I / 32);
-      LLMESH_TRY(repack_rows(db, ds, I / 32, 0, 1, H, base + a.down, dn));
-    } else {
+    if (!mx) {
       transpose_rows(gu_w, e, 0, 2, I, base + a.gate);
       transpose_rows(gu_w, e, 1, 2, I, base + a.up);
       transpose_rows(dn_w, e, 0, 1, H, base + a.down);
@@ -188,10 +215,49 @@ status split_layer(tensor_store& store, const model_config& c, const std::string
 
 }  // namespace
 
-status split_gpt_oss_experts(tensor_store& store, const model_config& c, const std::string& root) {
+status split_gpt_oss_experts(tensor_store& store, const model_config& c, const std::string& root, const part_of_tensor& part_of,
+                             std::vector<own_columns>* own) {
   const bool mx = c.packed.kind == model_config::packed_config::method::mxfp4;
+  std::vector<mx_layer> layers;
   for (size_t l = 0; l < c.n_layers; ++l) {
-    LLMESH_TRY(split_layer(store, c, root + "layers." + std::to_string(l) + ".mlp.experts.", mx));
+    LLMESH_TRY(split_layer(store, c, root + "layers." + std::to_string(l) + ".mlp.experts.", mx, layers));
+  }
+  if (layers.empty()) return ok_status();
+  // Every layer's MXFP4 matrices in one mapping whose pages take memory only where written: a
+  // spread replica's node writes the parts its ranks read (its experts, its rows of gate and
+  // up, its columns of down — as a matrix of their own where one rank's).
+  for (auto& l : layers) {
+    if (!part_of) continue;
+    l.part = part_of(l.name);
+    l.cols = aligned_cols(l.part, k::mxfp4_block, l.in);
+    l.own = own != nullptr && l.part.own && !l.cols.empty();
+  }
+  auto mapped = map_block_layers(layers, "MXFP4 experts");
+  if (!mapped) return mapped.take_error();
+  const std::shared_ptr<uint8_t> owner = std::move(*mapped);
+  struct item {
+    size_t layer, o0, o1;
+  };
+  std::vector<item> items;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    for_row_runs(layers[i].part, layers[i].out, 64, [&](size_t o, size_t n) { items.push_back({i, o, o + n}); });
+  }
+  LLMESH_TRY(for_each_item(items.size(), [&](size_t n) { return repack_rows(layers[items[n].layer], items[n].o0, items[n].o1); }));
+  for (auto& l : layers) {
+    tensor_view t;
+    t.type = k::dtype::mxfp4;
+    t.shape = {l.out, l.in};
+    t.data = l.full;
+    t.bytes = l.out * l.row_bytes();
+    LLMESH_TRY(store.add(l.name + ".weight", std::move(t), owner));
+    if (l.own) own->push_back({l.full, l.cols.front().first, weight_matrix{l.bytes, k::dtype::mxfp4, l.out, l.written_in()}});
+  }
+  for (const std::string suffix : {"_blocks", "_scales"}) {  // the checkpoint's bytes leave resident memory (page cache, clean)
+    for (size_t l = 0; mx && l < c.n_layers; ++l) {
+      for (const char* x : {"gate_up_proj", "down_proj"}) {
+        if (auto t = store.get_u8(root + "layers." + std::to_string(l) + ".mlp.experts." + x + suffix)) let_go(t->data, t->bytes);
+      }
+    }
   }
   return ok_status();
 }

@@ -19,6 +19,7 @@
 #include "llmesh/common/error.hpp"
 #include "llmesh/model/config.hpp"
 #include "llmesh/model/safetensors.hpp"
+#include "rank_parts.hpp"
 
 namespace llmesh::model::detail {
 
@@ -26,7 +27,10 @@ namespace llmesh::model::detail {
 /// "" for a bare transformer). invalid_request naming the tensor when one is missing or
 /// misshapen, a scale byte exceeds 252 (255 is E8M0's NaN; above 252 e2m1 · 2^(scale − 127)
 /// overflows float32) or the MXFP4 form is missing its quantization_config; io_error when memory
-/// runs out.
-[[nodiscard]] status split_gpt_oss_experts(tensor_store& store, const model_config& c, const std::string& root);
+/// runs out. `part_of` and `own` as for unpack_packed_weights: the MXFP4 form writes only what
+/// the held ranks read (the rest stays address space without memory); the plain form is written
+/// whole.
+[[nodiscard]] status split_gpt_oss_experts(tensor_store& store, const model_config& c, const std::string& root,
+                                           const part_of_tensor& part_of = {}, std::vector<own_columns>* own = nullptr);
 
 }  // namespace llmesh::model::detail

@@ -6,8 +6,10 @@
 // about their share of the weights, and one rank's load writes about its share (its columns
 // unpacked or repacked directly). A model held for some ranks runs no others.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -225,6 +227,59 @@ TEST_F(RankParts, MixturesOfExpertsWithAndWithoutExpertParallelism) {
     expect_parts_give_whole_bits(d.path(), held_as(quantization::int8), 2, false, {{0}, {1}});
     expect_parts_give_whole_bits(d.path(), held_as(quantization::int8), 2, true, {{0}, {1}});
   }
+}
+
+/// Bytes of the pages over [p, p + n) resident in memory (mincore).
+size_t resident_bytes(const void* p, size_t n) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n + page - 1) / page * page;
+  std::vector<unsigned char> in((end - begin) / page);
+  if (::mincore(reinterpret_cast<void*>(begin), end - begin, in.data()) != 0) return 0;
+  size_t pages = 0;
+  for (unsigned char c : in) pages += c & 1u;
+  return pages * page;
+}
+
+// GPT-OSS's MXFP4 experts are written where the held ranks read them: parts give the whole
+// engine's bits with the intermediate split and with whole experts per rank, and a rank of two
+// expert-parallel ones holds about half of the experts' bytes.
+TEST_F(RankParts, GptOssMxfp4Experts) {
+  random_model_spec s;
+  s.arch = "gpt_oss";
+  s.hidden = 64;
+  s.intermediate = 512;
+  s.n_layers = 2;
+  s.n_heads = 4;
+  s.n_kv_heads = 2;
+  s.head_dim = 16;
+  s.vocab = 300;
+  s.n_experts = 8;
+  s.experts_per_token = 2;
+  s.sliding_window = 4;
+  s.dtype = kernels::dtype::bf16;
+  s.packed = "mxfp4";
+  const std::string dir = write(s);
+  expect_parts_give_whole_bits(dir, {}, 2, false, {{0}, {1}});
+  expect_parts_give_whole_bits(dir, {}, 2, true, {{1}, {0}});
+  ASSERT_EQ(::prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0), 0);
+  auto whole = model::load(dir, {});
+  ASSERT_TRUE(whole.ok()) << whole.err().message;
+  auto experts_resident = [](const model& m) {
+    size_t n = 0;
+    for (const auto& l : m.weights().layers) {
+      for (const auto& x : l.experts) n += resident_bytes(x.gate.data, x.gate.bytes()) + resident_bytes(x.up.data, x.up.bytes()) +
+                                           resident_bytes(x.down.data, x.down.bytes());
+    }
+    return n;
+  };
+  const size_t all = experts_resident(**whole);
+  auto part = model::load(dir, held_as(quantization::none, std::nullopt, rank_set{2, true, {0}}));
+  ASSERT_TRUE(part.ok()) << part.err().message;
+  const size_t held = experts_resident(**part);
+  std::printf("rank 0 of 2 (expert parallel) holds %zu of %zu bytes of MXFP4 experts\n", held, all);
+  EXPECT_LT(held, all * 65 / 100);
+  EXPECT_GT(held, all * 35 / 100);
 }
 
 TEST_F(RankParts, GgufBlocks) {
