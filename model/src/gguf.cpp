@@ -158,6 +158,7 @@ block_info block(uint32_t type) {
     case q6_k: return {256, 210};
     case iq4_nl: return {32, 18};
     case iq4_xs: return {256, 136};
+    case mxfp4: return {32, 17};  // block_mxfp4: an E8M0 exponent, then 16 bytes of e2m1 pairs
     default: return {};
   }
 }
@@ -188,6 +189,7 @@ std::string type_name(uint32_t type) {
     case 22: return "IQ2_S";
     case iq4_xs: return "IQ4_XS";
     case 29: return "IQ1_M";
+    case mxfp4: return "MXFP4";
     default: return "type " + std::to_string(type);
   }
 }
@@ -260,7 +262,7 @@ result<std::shared_ptr<const gguf_file>> gguf_file::parse(const std::string& pat
     if (b.elements == 0) {
       return make_error(errc::unsupported, path + ": tensor '" + t.name + "' has type " + ggml::type_name(t.type) +
                                                " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
-                                               "IQ4_NL, IQ4_XS)");
+                                               "IQ4_NL, IQ4_XS, MXFP4)");
     }
     if (t.dims[0] % b.elements != 0) {
       return bad(path, "tensor '" + t.name + "' of type " + ggml::type_name(t.type) + " has rows of " +

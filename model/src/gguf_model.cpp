@@ -276,6 +276,36 @@ status moe_config(const gguf_file& g, const std::string& arch, uint64_t experts,
   return ok_status();
 }
 
+/// GPT-OSS's (llama.cpp's "gpt-oss", LLM_ARCH_OPENAI_MOE): experts (expert_used_count,
+/// expert_feed_forward_length, else feed_forward_length), the window of its even layers
+/// (attention.sliding_window: llama.cpp's swa pattern 2), attention biases, the clamped SwiGLU's
+/// limit 7 (llama.cpp's graph hardcodes it and alpha 1.702). The rotary's yarn keys are read with
+/// the others; its range is not truncated (HF's gpt-oss config says so; llama.cpp rounds it).
+status gpt_oss_config(const gguf_file& g, uint64_t experts, json& c) {
+  const std::string p = "gpt-oss.";
+  auto used = get_uint(g, p + "expert_used_count", std::nullopt);
+  if (!used) return used.take_error();
+  if (*used == 0 || *used > experts) return bad(g, p + "expert_used_count must be 1 to expert_count");
+  auto dense = get_uint(g, p + "feed_forward_length", 0);
+  if (!dense) return dense.take_error();
+  auto ffn = get_uint(g, p + "expert_feed_forward_length", *dense > 0 ? std::optional<uint64_t>(*dense) : std::nullopt);
+  if (!ffn) return ffn.take_error();
+  auto window = get_uint(g, p + "attention.sliding_window", std::nullopt);
+  auto layers = get_uint(g, p + "block_count", std::nullopt);
+  if (!window) return window.take_error();
+  if (!layers) return layers.take_error();
+  c["num_local_experts"] = experts;
+  c["num_experts_per_tok"] = *used;
+  c["intermediate_size"] = *ffn;
+  c["sliding_window"] = *window;
+  json types = json::array();
+  for (uint64_t i = 0; i < *layers; ++i) types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+  c["layer_types"] = std::move(types);
+  c["attention_bias"] = true;
+  c["swiglu_limit"] = 7.0;
+  return ok_status();
+}
+
 /// Phi-3's own metadata (llama.cpp's converter): the sliding window, the original context and
 /// LongRoPE's factors as the F32 tensors rope_factors_long / rope_factors_short (rotary / 2
 /// each), with rope.scaling.attn_factor, the scale of cos and sin.
@@ -316,26 +346,28 @@ result<json> config_json(const gguf_file& g, const std::string& arch, const voca
   static const std::map<std::string, std::pair<const char*, const char*>> archs = {
       {"llama", {"LlamaForCausalLM", "llama"}},           {"qwen2", {"Qwen2ForCausalLM", "qwen2"}},
       {"qwen3", {"Qwen3ForCausalLM", "qwen3"}},           {"qwen3moe", {"Qwen3MoeForCausalLM", "qwen3_moe"}},
-      {"qwen2moe", {"Qwen2MoeForCausalLM", "qwen2_moe"}}, {"phi3", {"Phi3ForCausalLM", "phi3"}}};
+      {"qwen2moe", {"Qwen2MoeForCausalLM", "qwen2_moe"}}, {"phi3", {"Phi3ForCausalLM", "phi3"}},
+      {"gpt-oss", {"GptOssForCausalLM", "gpt_oss"}}};
   auto it = archs.find(arch);
   if (it == archs.end()) {
-    return unsupported(g, "general.architecture '" + arch + "' (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3)");
+    return unsupported(g, "general.architecture '" + arch + "' (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gpt-oss)");
   }
   const std::string p = arch + ".";
   json c = {{"architectures", {it->second.first}}, {"model_type", it->second.second}};
-  const bool qwen_moe = arch == "qwen3moe" || arch == "qwen2moe";
-  auto experts = get_uint(g, p + "expert_count", qwen_moe ? std::nullopt : std::optional<uint64_t>(0));
+  const bool qwen_moe = arch == "qwen3moe" || arch == "qwen2moe", gpt_oss = arch == "gpt-oss";
+  auto experts = get_uint(g, p + "expert_count", qwen_moe || gpt_oss ? std::nullopt : std::optional<uint64_t>(0));
   if (!experts) return experts.take_error();
-  if (*experts > 0 && !qwen_moe && arch != "llama") return unsupported(g, "experts in a " + arch + " model");
-  if (qwen_moe && *experts == 0) return bad(g, p + "expert_count must be positive");
+  if (*experts > 0 && !qwen_moe && !gpt_oss && arch != "llama") return unsupported(g, "experts in a " + arch + " model");
+  if ((qwen_moe || gpt_oss) && *experts == 0) return bad(g, p + "expert_count must be positive");
   for (auto [key, hf] : {std::pair{"embedding_length", "hidden_size"}, {"block_count", "num_hidden_layers"},
                          {"attention.head_count", "num_attention_heads"}}) {
     auto n = get_uint(g, p + key, std::nullopt);
     if (!n) return n.take_error();
     c[hf] = *n;
   }
-  if (*experts > 0) LLMESH_TRY(moe_config(g, arch, *experts, c));
-  if (!qwen_moe) {  // Qwen's MoE configs carry a dense intermediate_size no layer uses: moe_config's default
+  if (gpt_oss) LLMESH_TRY(gpt_oss_config(g, *experts, c));
+  if (*experts > 0 && !gpt_oss) LLMESH_TRY(moe_config(g, arch, *experts, c));
+  if (!qwen_moe && !gpt_oss) {  // Qwen's MoE configs carry a dense intermediate_size no layer uses: moe_config's default
     auto ffn = get_uint(g, p + "feed_forward_length", std::nullopt);
     if (!ffn) return ffn.take_error();
     c["intermediate_size"] = *ffn;
@@ -397,6 +429,7 @@ result<json> config_json(const gguf_file& g, const std::string& arch, const voca
     c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", *factor}, {"original_max_position_embeddings", *orig},
                          {"beta_fast", *fast}, {"beta_slow", *slow}, {"attn_factor", *attn}};
     if (*yarn_attn > 0.0) c["rope_scaling"]["attention_factor"] = *yarn_attn;
+    if (gpt_oss) c["rope_scaling"]["truncate"] = false;
   } else if (!scaling.empty() && scaling != "none") {
     return unsupported(g, "rope.scaling.type '" + scaling + "' (supported: none, linear, yarn)");
   }

@@ -74,6 +74,14 @@ void dequantize_block(uint32_t type, const uint8_t* b, float* y) {
       }
       return;
     }
+    case ggml::mxfp4: {  // dequantize_row_mxfp4: kvalues_mxfp4 · 2^(e − 128)
+      const float d = std::ldexp(1.0f, static_cast<int>(b[0]) - 128);
+      for (int j = 0; j < 16; ++j) {
+        y[j] = static_cast<float>(k::mxfp4_values[b[1 + j] & 0xF]) * d;
+        y[j + 16] = static_cast<float>(k::mxfp4_values[b[1 + j] >> 4]) * d;
+      }
+      return;
+    }
     case ggml::iq4_nl: {
       const float d = half(b);
       for (int j = 0; j < 16; ++j) {
@@ -175,6 +183,7 @@ struct hf_name {
   /// name + e + expert_suffix.
   std::string expert_suffix;
   bool as_row = false;  ///< a vector HF holds as a [1, n] matrix (Qwen2-MoE's shared_expert_gate)
+  bool stacked_vectors = false;  ///< GPT-OSS's expert biases: [experts, n], a vector per expert
 };
 
 hf_name named(std::string name) {
@@ -186,7 +195,7 @@ hf_name named(std::string name) {
 /// What the names depend on: Llama's permuted q/k, Phi-3's fused projections, and where an MoE
 /// model keeps its experts.
 struct name_facts {
-  bool llama = false, mixtral = false, phi3 = false;
+  bool llama = false, mixtral = false, phi3 = false, gpt_oss = false;
   size_t heads = 0, kv_heads = 0;
   size_t experts = 0;  ///< expert_count: expert tensors are known only where it is positive
 };
@@ -226,6 +235,22 @@ hf_name map_name(const std::string& g, const name_facts& f) {
       out.heads = q ? f.heads : f.kv_heads;
     }
     return out;
+  }
+  if (f.gpt_oss) {  // GPT-OSS (llama.cpp's "gpt-oss"): its own names, and its experts' biases
+    static const std::pair<const char*, const char*> own[] = {
+        {"post_attention_norm.weight", "post_attention_layernorm.weight"}, {"attn_sinks.weight", "self_attn.sinks"},
+        {"ffn_gate_inp.weight", "mlp.router.weight"}, {"ffn_gate_inp.bias", "mlp.router.bias"}};
+    for (auto [from, to] : own) {
+      if (rest == from) return named("model.layers." + layer + "." + to);
+    }
+    for (const char* x : {"gate", "up", "down"}) {
+      if (rest == std::string("ffn_") + x + "_exps.bias") {
+        hf_name out = named("model.layers." + layer + ".mlp.experts.");
+        out.expert_suffix = std::string(".") + x + "_proj.bias";
+        out.stacked_vectors = true;
+        return out;
+      }
+    }
   }
   if (f.experts == 0) return {};
   const std::string moe = "model.layers." + layer + (f.mixtral ? ".block_sparse_moe." : ".mlp.");
@@ -303,6 +328,22 @@ status fill_rows(const job& w, size_t row0, size_t n, std::vector<float>& scratc
     // GGUF rows are whole blocks; an own matrix's row is its columns (whole blocks: q8_row_elements is the count).
     uint8_t* dst_row = w.owns ? w.own + k::dtype_bytes(w.out_type, r * w.own_cols()) : w.buffer + k::dtype_bytes(w.out_type, r * w.cols);
     const size_t dst_c0 = w.owns ? w.part_cols.front().first : 0;
+    if (w.out_type == k::dtype::mxfp4) {  // ggml's block_mxfp4: the exponent byte becomes the float 2^(e − 128)
+      for (const auto& [c0, c1] : w.part_cols.empty() ? whole : w.part_cols) {
+        for (size_t b = c0 / 32; b < c1 / 32; ++b) {
+          const uint8_t* src = row + b * info.bytes;
+          if (src[0] > 252) {
+            return make_error(errc::invalid_request, "row " + std::to_string(r) + " holds the exponent " + std::to_string(src[0]) +
+                                                         (src[0] == 255 ? " (E8M0's NaN)" : ", beyond float32's range"));
+          }
+          uint8_t* dst = dst_row + (b - dst_c0 / 32) * k::mxfp4_block_bytes;
+          const float s = std::ldexp(1.0f, static_cast<int>(src[0]) - 128);
+          std::memcpy(dst, &s, 4);
+          std::memcpy(dst + 4, src + 1, 16);  // the same nibble order (element j low, j + 16 high)
+        }
+      }
+      continue;
+    }
     if (w.out_type != k::dtype::q8 && w.out_type != k::dtype::q4) {  // a row as stored (a permuted F32/F16/BF16/K-quant row), or float32
       if (w.out_type == k::dtype::f32 && t.type != ggml::f32) {
         dequantize_row(t, from, reinterpret_cast<float*>(dst_row));
@@ -390,6 +431,7 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
   name_facts facts;
   facts.llama = arch != nullptr && arch->is_string() && arch->s == "llama";
   facts.phi3 = arch != nullptr && arch->is_string() && arch->s == "phi3";
+  facts.gpt_oss = arch != nullptr && arch->is_string() && arch->s == "gpt-oss";
   if (arch != nullptr && arch->is_string()) {
     uint64_t heads = 0, kv_heads = 0, experts = 0;
     if (const gguf_value* v = g->find(arch->s + ".attention.head_count")) v->as_uint(heads);
@@ -416,6 +458,17 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
     hf_name name = map_name(t.name, facts);
     if (name.name.empty()) return make_error(errc::unsupported, path + ": tensor '" + t.name + "' is not one llmesh knows");
     const bool stacked = !name.expert_suffix.empty();
+    if (name.stacked_vectors) {  // GPT-OSS's [experts, n] biases: one float32 vector per expert
+      if (t.dims.size() != 2 || t.dims[1] != facts.experts || t.type != ggml::f32) {
+        return make_error(errc::invalid_request, path + ": tensor '" + t.name + "' must be F32 [" + std::to_string(facts.experts) +
+                                                     " experts, n]");
+      }
+      for (size_t e = 0; e < facts.experts; ++e) {
+        tensor_view v{k::dtype::f32, {t.dims[0]}, t.data + e * t.dims[0] * 4, t.dims[0] * 4};
+        LLMESH_TRY(store.add(name.name + std::to_string(e) + name.expert_suffix, std::move(v), g));
+      }
+      continue;
+    }
     if (stacked != (t.dims.size() == 3) || t.dims.size() > 3) {
       return make_error(errc::unsupported, path + ": tensor '" + t.name + "' has " + std::to_string(t.dims.size()) +
                                                " dimensions (" + (stacked ? "3: [experts, rows, columns]" : "1 or 2") + ")");
@@ -448,7 +501,10 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
       job w;
       w.src = &t;
       w.name = name;
-      w.out_type = plain ? plain_type : (t.dims.size() == 1 ? k::dtype::f32 : four ? k::dtype::q4 : k::dtype::q8);
+      w.out_type = plain ? plain_type
+                         : t.dims.size() == 1 ? k::dtype::f32
+                         : t.type == ggml::mxfp4 ? k::dtype::mxfp4
+                         : four ? k::dtype::q4 : k::dtype::q8;
       w.rows = rows;
       w.cols = cols;
       w.name.name = hf;
@@ -459,7 +515,7 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
       w.bytes = k::dtype_bytes(w.out_type, rows * cols);
       if (part_of && matrix && t.dims.size() >= 2) {
         w.part = part_of(hf);
-        if (w.out_type == k::dtype::q8 || w.out_type == k::dtype::q4) {
+        if (w.out_type == k::dtype::q8 || w.out_type == k::dtype::q4 || w.out_type == k::dtype::mxfp4) {
           w.part_cols = detail::aligned_cols(w.part, std::max<size_t>(ggml::block(t.type).elements, 32), cols);
           w.owns = own != nullptr && w.part.own && !w.part_cols.empty();
         }

@@ -217,7 +217,7 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
     e.message = dir + ": " + e.message;
     return e;
   }
-  if (cfg->arch == architecture::gpt_oss) {  // the fused experts into Qwen3-MoE's per-expert tensors
+  if (cfg->arch == architecture::gpt_oss && !is_gguf_file(dir)) {  // the fused experts into Qwen3-MoE's per-expert tensors (a GGUF file's are split)
     const std::string root = !store->contains("model.embed_tokens.weight") && store->contains("embed_tokens.weight") ? "" : "model.";
     if (auto s = detail::split_gpt_oss_experts(*store, *cfg, root, part_of, &own); !s) {
       error e = s.take_error();

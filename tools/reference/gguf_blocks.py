@@ -1,8 +1,9 @@
 """ggml's block formats for hf_to_gguf.py: the type numbers, block sizes, the encoders (ggml's
 reference quantizers for Q*_0, Q*_1 and Q8_0; a simpler vectorized search for the K-quants and
 IQ4, any valid block decoding the same way) and decode_block (ggml-quants.c's dequantize_row_*,
-re-implemented from the block layouts), and llama.cpp's q/k permutation. Shares no code with
-llmesh. Needs numpy.
+re-implemented from the block layouts), llama.cpp's q/k permutation, and GPT-OSS's MXFP4 blocks
+repacked from HF's layout into ggml's (repack_mxfp4, as llama.cpp's GptOssModel.repack_mxfp4).
+Shares no code with llmesh. Needs numpy.
 """
 
 import math
@@ -11,11 +12,12 @@ import struct
 import numpy as np
 
 GGML = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q2_k": 10, "q3_k": 11,
-        "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_nl": 20, "iq4_xs": 23, "bf16": 30}
+        "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_nl": 20, "iq4_xs": 23, "bf16": 30, "mxfp4": 39}
 BLOCK = {"q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32, "q2_k": 256, "q3_k": 256, "q4_k": 256,
-         "q5_k": 256, "q6_k": 256, "iq4_nl": 32, "iq4_xs": 256}
+         "q5_k": 256, "q6_k": 256, "iq4_nl": 32, "iq4_xs": 256, "mxfp4": 32}
 K_QUANTS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)  # kvalues_iq4nl
+MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)  # kvalues_mxfp4: e2m1 times 2
 F32 = np.float32
 
 
@@ -244,7 +246,38 @@ def decode_block(kind, b):
             high = (qh[32 * n + l] >> (2 * k)) & 3
             y[e] = d * F32(sc[e // 16]) * F32(int(low | high << 4) - 32)
         return y
+    if kind == "mxfp4":  # ggml's dequantize_row_mxfp4: d = GGML_E8M0_TO_FP32_HALF(e) = 2^(e - 128)
+        d = F32(math.ldexp(1.0, b[0] - 128))
+        qs = np.frombuffer(b, np.uint8, 16, 1)
+        for j in range(16):
+            y[j] = F32(MXFP4[qs[j] & 15]) * d
+            y[j + 16] = F32(MXFP4[qs[j] >> 4]) * d
+        return y
     raise ValueError(kind)
+
+
+def repack_mxfp4(blocks, scales):
+    """HF's MXFP4 (GPT-OSS's x_blocks [..., rows, groups, 16] and x_scales [..., rows, groups], U8:
+    byte j of a group holds element 2j in its low nibble and 2j + 1 in its high one) as ggml's
+    block_mxfp4 rows {uint8 e; uint8 qs[16]}: e the scale byte unchanged, qs[j] element j low and
+    j + 16 high (what llama.cpp's transform_nibble_layout gives). Returns the bytes and what they
+    decode to (float32 [..., rows, groups * 32], vectorized; checked against decode_block on a
+    sample of blocks)."""
+    assert blocks.dtype == np.uint8 and scales.dtype == np.uint8 and blocks.shape[-1] == 16
+    assert blocks.shape[:-1] == scales.shape
+    x = np.empty(blocks.shape[:-1] + (32,), np.uint8)
+    x[..., 0::2], x[..., 1::2] = blocks & 15, blocks >> 4
+    qs = (x[..., :16] | (x[..., 16:] << 4)).astype(np.uint8)
+    data = np.concatenate([scales[..., None], qs], axis=-1)   # [..., rows, groups, 17]
+    d = np.ldexp(np.float32(1), scales.astype(np.int32) - 128).astype(F32)
+    back = (MXFP4[x].astype(F32) * d[..., None]).astype(F32)
+    raw = np.ascontiguousarray(data).tobytes()
+    flat = back.reshape(-1, 32)
+    for i in sorted({0, len(flat) // 3, len(flat) // 2, len(flat) - 1}):
+        got = decode_block("mxfp4", raw[i * 17:(i + 1) * 17])
+        if not np.array_equal(got.view(np.uint32), flat[i].view(np.uint32)):
+            raise AssertionError(f"mxfp4: block {i} decodes to other values than the repacker's")
+    return raw, back.reshape(blocks.shape[:-2] + (blocks.shape[-2] * 32,))
 
 
 # ------------------------------------------------------------------ the model

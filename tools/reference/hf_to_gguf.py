@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes an HF model directory (Llama/Mistral, Qwen2, Qwen3, Phi-3; the mixtures of experts Mixtral,
-Qwen3-MoE, Qwen2-MoE) as a GGUF file the way llama.cpp's converter (convert_hf_to_gguf.py) does, and the weights that file really holds back as an HF
+Qwen3-MoE, Qwen2-MoE, GPT-OSS) as a GGUF file the way llama.cpp's converter (convert_hf_to_gguf.py) does, and the weights that file really holds back as an HF
 float32 directory for llama_reference.py. Shares no code with llmesh.
 
 Needs python3 with numpy and torch (Debian: python3-numpy python3-torch; llama_reference.py's
@@ -23,6 +23,27 @@ expert_used_count, expert_feed_forward_length (Qwen) and expert_shared_feed_forw
 Phi-3's fused attn_qkv and ffn_up (gate, then up) as they are, rope.dimension_count for a
 partial rotary, original_context_length, sliding_window, and LongRoPE's factors as the F32
 tensors rope_factors_long / rope_factors_short with rope.scaling.attn_factor.
+
+GPT-OSS (llama.cpp's GptOssModel, arch "gpt-oss"): the generic metadata with expert_count,
+expert_used_count, key/value_length, attention.sliding_window and expert_feed_forward_length;
+rope.scaling.type yarn with factor, original_context_length and, where the config has them,
+yarn_beta_fast / yarn_beta_slow (yarn_ext_factor, yarn_attn_factor); tokenizer.ggml.pre "gpt-4o";
+GptOssConfig's defaults where config.json leaves a field out (as transformers' AutoConfig, which
+llama.cpp reads it with, fills them). Tensors: post_attention_layernorm as post_attention_norm,
+q/k/v/o weights and biases unpermuted (its rotary is NEOX's), the sinks as the F32 vector
+attn_sinks, the router and its bias as F32 ffn_gate_inp.{weight,bias}; the experts' MXFP4 blocks
+and scales repacked as ggml's MXFP4 (type 39, see gguf_blocks.repack_mxfp4) without re-encoding,
+gate_up_proj's even rows (outputs) as ffn_gate_exps and its odd ones as ffn_up_exps,
+down_proj as ffn_down_exps, each [experts, rows, cols]; their biases split the same way, F32
+[experts, rows]. A checkpoint whose experts are plain (BF16 gate_up_proj [E, in, 2I], down_proj
+[E, I, out]) gets them transposed and split the same way and written in --types, as llama.cpp
+does. llama.cpp's GPT-OSS graph alternates sliding (even) and full layers and clamps its SwiGLU
+at 7: a config saying otherwise is refused. --decoded writes the experts in HF's plain form
+(gate_up_proj interleaved [E, hidden, 2I] and down_proj [E, I, hidden], float32, with biases),
+the config without its quantization_config and with rope_scaling as the file says it (truncate
+false: HF's GPT-OSS semantics, though llama.cpp's yarn rounds the correction range), and lists
+the experts in gguf_types.json under llama.cpp's intermediate names
+model.layers.N.mlp.experts.{gate,up,down}_proj.{weight,bias}.
 
 --types: every tensor of 2 dimensions in that type (norms and biases stay F32); "mixed" gives
 the matrices Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K in turn (the embedding Q8_0), so one
@@ -58,7 +79,29 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 from llama_reference import Weights  # noqa: E402
-from gguf_blocks import BLOCK, F32, GGML, encode_tensor, permute, unpermute  # noqa: E402
+from gguf_blocks import BLOCK, F32, GGML, encode_tensor, permute, repack_mxfp4, unpermute  # noqa: E402
+
+
+def gpt_oss_defaults(cfg):
+    """config.json with transformers' GptOssConfig defaults where it leaves a field out (llama.cpp
+    reads the config through AutoConfig), checked against what llama.cpp's GPT-OSS graph can hold:
+    sliding even layers and full odd ones, the SwiGLU clamped at 7 (alpha 1.702)."""
+    c = dict(cfg)
+    n = c["num_hidden_layers"]
+    for k, v in (("rope_theta", 150000.0), ("rms_norm_eps", 1e-5), ("sliding_window", 128), ("head_dim", 64),
+                 ("max_position_embeddings", 131072), ("num_key_value_heads", c["num_attention_heads"]),
+                 ("num_experts_per_tok", c.get("experts_per_token", 4)), ("tie_word_embeddings", False),
+                 ("rope_scaling", {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                   "truncate": False, "original_max_position_embeddings": 4096})):
+        if c.get(k) is None:
+            c[k] = v
+    types = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    if types != ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]:
+        sys.exit("error: GPT-OSS layer_types other than sliding even layers and full odd ones (llama.cpp's swa pattern 2)")
+    if c.get("swiglu_limit", 7.0) != 7.0 or c.get("swiglu_alpha", 1.702) != 1.702:
+        sys.exit("error: GPT-OSS swiglu_limit / swiglu_alpha other than 7 / 1.702 (llama.cpp's graph hardcodes them)")
+    return c
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -74,11 +117,16 @@ def main():
     tok = json.load(open(os.path.join(args.model, "tokenizer.json")))
     archs = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
              "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
-             "Qwen2MoeForCausalLM": "qwen2moe", "Phi3ForCausalLM": "phi3"}
+             "Qwen2MoeForCausalLM": "qwen2moe", "Phi3ForCausalLM": "phi3", "GptOssForCausalLM": "gpt-oss"}
+    if cfg["architectures"][0] not in archs:
+        sys.exit(f"error: unsupported architecture {cfg['architectures'][0]}")
     arch = archs[cfg["architectures"][0]]
     mixtral = cfg["architectures"][0] == "MixtralForCausalLM"
-    n_experts = cfg.get("num_local_experts" if mixtral else "num_experts", 0) if mixtral or arch.endswith("moe") else 0
-    expert_inter = cfg["intermediate_size"] if mixtral else cfg.get("moe_intermediate_size", 0)
+    gpt_oss = arch == "gpt-oss"
+    if gpt_oss:
+        cfg = gpt_oss_defaults(cfg)
+    n_experts = cfg.get("num_local_experts" if mixtral or gpt_oss else "num_experts", 0) if mixtral or gpt_oss or arch.endswith("moe") else 0
+    expert_inter = cfg["intermediate_size"] if mixtral or gpt_oss else cfg.get("moe_intermediate_size", 0)
     shared_inter = cfg.get("shared_expert_intermediate_size", 0) if arch == "qwen2moe" else 0
     hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads", heads)
@@ -104,7 +152,8 @@ def main():
     kv_add(f"{arch}.attention.layer_norm_rms_epsilon", 6, cfg.get("rms_norm_eps", 1e-6))
     phi3 = arch == "phi3"
     rope_dims = int(hd * cfg.get("partial_rotary_factor", 1.0))  # the converter's int(rot_pct * n_embd) // n_head
-    kv_add(f"{arch}.rope.dimension_count", 4, rope_dims)
+    if not gpt_oss:  # GptOssModel writes TextModel's keys only: no rope.dimension_count, no vocab_size
+        kv_add(f"{arch}.rope.dimension_count", 4, rope_dims)
     rs = cfg.get("rope_scaling") or {}
     if phi3:  # Phi3MiniModel's metadata: the original context, the window, LongRoPE's cos/sin scale
         orig = cfg.get("original_max_position_embeddings", cfg.get("max_position_embeddings", 2048))
@@ -117,14 +166,28 @@ def main():
     if "head_dim" in cfg:
         kv_add(f"{arch}.attention.key_length", 4, hd)
         kv_add(f"{arch}.attention.value_length", 4, hd)
-    kv_add(f"{arch}.vocab_size", 4, vocab)
+    if not gpt_oss:
+        kv_add(f"{arch}.vocab_size", 4, vocab)
     if n_experts:
         kv_add(f"{arch}.expert_count", 4, n_experts)
         kv_add(f"{arch}.expert_used_count", 4, cfg["num_experts_per_tok"])
+        if gpt_oss:
+            kv_add("gpt-oss.attention.sliding_window", 4, cfg["sliding_window"])
         if not mixtral:
             kv_add(f"{arch}.expert_feed_forward_length", 4, expert_inter)
         if shared_inter:
             kv_add(f"{arch}.expert_shared_feed_forward_length", 4, shared_inter)
+    if gpt_oss:  # GptOssModel: yarn only; TextModel's yarn keys for the fields the config has
+        if rs.get("rope_type", rs.get("type")) != "yarn":
+            sys.exit(f"error: GPT-OSS only supports yarn rope scaling, got {rs.get('rope_type', rs.get('type'))}")
+        kv_add("gpt-oss.rope.scaling.type", 8, "yarn")
+        kv_add("gpt-oss.rope.scaling.factor", 6, rs.get("factor", 32.0))
+        kv_add("gpt-oss.rope.scaling.original_context_length", 4, int(rs.get("original_max_position_embeddings", 4096)))
+        for key, hf in (("yarn_ext_factor", ("extrapolation_factor",)), ("yarn_attn_factor", ("attention_factor", "attn_factor")),
+                        ("yarn_beta_fast", ("beta_fast",)), ("yarn_beta_slow", ("beta_slow",))):
+            v = next((rs[k] for k in hf if rs.get(k) is not None), None)
+            if v is not None:
+                kv_add(f"gpt-oss.rope.scaling.{key}", 6, v)
     by_id = {i: t for t, i in tok["model"]["vocab"].items()}
     types = {i: 1 for i in by_id}
     for a in tok.get("added_tokens", []):
@@ -133,7 +196,9 @@ def main():
     n_tokens = max(by_id) + 1
     tokens = [by_id.get(i, f"[PAD{i}]") for i in range(n_tokens)]
     kv_add("tokenizer.ggml.model", 8, "gpt2")
-    kv_add("tokenizer.ggml.pre", 8, "gpt-2")
+    # llama.cpp names a tokenizer.json by its pre-tokenizer; GptOssModel's o200k is "gpt-4o". The
+    # others here get "gpt-2" (the random models' byte-level tokenizer.json uses GPT-2's regex).
+    kv_add("tokenizer.ggml.pre", 8, "gpt-4o" if gpt_oss else "gpt-2")
     kv_add("tokenizer.ggml.tokens", 9, (8, tokens))
     kv_add("tokenizer.ggml.token_type", 9, (5, [types.get(i, 5) for i in range(n_tokens)]))
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"].get("merges", [])]
@@ -238,6 +303,60 @@ def main():
     add("output_norm.weight", "model.norm.weight", [hidden])
     if not tied:
         add("output.weight", "lm_head.weight", [vocab, hidden])
+    decoded_extra, kinds_extra = {}, {}  # GPT-OSS's experts: HF tensors made of several GGUF ones
+
+    def add_raw(gguf_name, kind, shape, data, back, kinds_name):  # a tensor --decoded writes otherwise
+        tensors.append((gguf_name, kind, list(shape), data, None, None))
+        kinds_extra[kinds_name] = kind
+        return back
+
+    def gpt_oss_experts(i, b, m):
+        """llama.cpp's GptOssModel: gate = gate_up's even outputs, up = its odd ones; MXFP4 blocks
+        repacked as they are, a plain checkpoint's experts transposed to [E, out, in] and encoded."""
+        E, I, H = n_experts, expert_inter, hidden
+        mine = f"model.layers.{i}.mlp.experts."   # llama.cpp's intermediate names, for gguf_types.json
+        if weights.has(m + "gate_up_proj_blocks"):
+            for x, rows, cols in (("gate_up_proj", 2 * I, H), ("down_proj", H, I)):
+                for suffix, want in (("_blocks", [E, rows, cols // 32, 16]), ("_scales", [E, rows, cols // 32])):
+                    info = weights.entries.get(m + x + suffix, (None, None, None))[2]
+                    if cols % 32 or info is None or info["dtype"] != "U8" or list(info["shape"]) != want:
+                        sys.exit(f"error: {m}{x}{suffix} missing or not U8 {want}")
+            gu_b, gu_s = weights.raw(m + "gate_up_proj_blocks", np.uint8), weights.raw(m + "gate_up_proj_scales", np.uint8)
+            parts = {}
+            for name, sl in (("gate", slice(0, None, 2)), ("up", slice(1, None, 2))):
+                data, back = repack_mxfp4(np.ascontiguousarray(gu_b[:, sl]), np.ascontiguousarray(gu_s[:, sl]))
+                parts[name] = add_raw(b + f"ffn_{name}_exps.weight", "mxfp4", [E, I, H], data, back, mine + f"{name}_proj.weight")
+            data, back = repack_mxfp4(weights.raw(m + "down_proj_blocks", np.uint8), weights.raw(m + "down_proj_scales", np.uint8))
+            down = add_raw(b + "ffn_down_exps.weight", "mxfp4", [E, H, I], data, back, mine + "down_proj.weight")
+        elif weights.has(m + "gate_up_proj"):   # llama.cpp: "not in MXFP4, performance may be degraded"
+            gu = weights.get(m + "gate_up_proj", [E, H, 2 * I]).numpy().astype(F32).transpose(0, 2, 1)   # [E, 2I, H]
+            parts = {}
+            for name, sl in (("gate", slice(0, None, 2)), ("up", slice(1, None, 2))):
+                w = np.ascontiguousarray(gu[:, sl])
+                kind = kind_for(w.shape, b + f"ffn_{name}_exps.weight")
+                data, back = encode_tensor(kind, w)
+                parts[name] = add_raw(b + f"ffn_{name}_exps.weight", kind, w.shape, data, back, mine + f"{name}_proj.weight")
+            w = np.ascontiguousarray(weights.get(m + "down_proj", [E, I, H]).numpy().astype(F32).transpose(0, 2, 1))  # [E, H, I]
+            kind = kind_for(w.shape, b + "ffn_down_exps.weight")
+            data, back = encode_tensor(kind, w)
+            down = add_raw(b + "ffn_down_exps.weight", kind, w.shape, data, back, mine + "down_proj.weight")
+        else:
+            sys.exit(f"error: {m}gate_up_proj(_blocks) missing")
+        gate_up = np.empty((E, 2 * I, H), F32)
+        gate_up[:, 0::2], gate_up[:, 1::2] = parts["gate"], parts["up"]
+        decoded_extra[m + "gate_up_proj"] = gate_up.transpose(0, 2, 1)   # HF's [E, in, out]
+        decoded_extra[m + "down_proj"] = down.transpose(0, 2, 1)
+        gu_bias = weights.get(m + "gate_up_proj_bias", [E, 2 * I]).numpy().astype(F32)
+        biases = {}
+        for name, sl in (("gate", slice(0, None, 2)), ("up", slice(1, None, 2))):
+            v = np.ascontiguousarray(gu_bias[:, sl])
+            biases[name] = add_raw(b + f"ffn_{name}_exps.bias", "f32", [E, I], v.astype("<f4").tobytes(), v, mine + f"{name}_proj.bias")
+        v = weights.get(m + "down_proj_bias", [E, H]).numpy().astype(F32)
+        decoded_extra[m + "down_proj_bias"] = add_raw(b + "ffn_down_exps.bias", "f32", [E, H], v.astype("<f4").tobytes(), v,
+                                                      mine + "down_proj.bias")
+        bias = np.empty((E, 2 * I), F32)
+        bias[:, 0::2], bias[:, 1::2] = biases["gate"], biases["up"]
+        decoded_extra[m + "gate_up_proj_bias"] = bias
     rope_old = None
     if phi3 and rs.get("rope_type", rs.get("type")) in ("longrope", "su"):  # the factors as F32 tensors
         for which in ("long", "short"):
@@ -283,6 +402,13 @@ def main():
         if weights.has(p + "self_attn.q_norm.weight"):
             add(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", [hd])
             add(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", [hd])
+        if gpt_oss:  # its sinks (one logit per head), the norm's own name, the biased router, the experts
+            add(b + "attn_sinks.weight", p + "self_attn.sinks", [heads])
+            add(b + "post_attention_norm.weight", p + "post_attention_layernorm.weight", [hidden])
+            add(b + "ffn_gate_inp.weight", p + "mlp.router.weight", [n_experts, hidden], kind="f32")
+            add(b + "ffn_gate_inp.bias", p + "mlp.router.bias", [n_experts])
+            gpt_oss_experts(i, b, p + "mlp.experts.")
+            continue
         add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", [hidden])
         if not n_experts:
             add(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", [inter, hidden])
@@ -349,21 +475,36 @@ def main():
                 header[hf] = {"dtype": "F32", "shape": shape, "data_offsets": [pos, pos + len(blob)]}
                 blobs.append(blob)
                 pos += len(blob)
+        for hf, back in decoded_extra.items():
+            blob = np.ascontiguousarray(back, dtype="<f4").tobytes()
+            header[hf] = {"dtype": "F32", "shape": list(back.shape), "data_offsets": [pos, pos + len(blob)]}
+            blobs.append(blob)
+            pos += len(blob)
         h = json.dumps(header).encode()
         h += b" " * ((8 - len(h) % 8) % 8)
         with open(os.path.join(args.decoded, "model.safetensors"), "wb") as f:
             f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
         with open(os.path.join(args.decoded, "gguf_types.json"), "w") as f:
-            json.dump({hf: kind for _, kind, _, _, hfs, _ in tensors if hfs is not None for hf, _ in hfs}, f, indent=1,
-                      sort_keys=True)
+            json.dump(dict({hf: kind for _, kind, _, _, hfs, _ in tensors if hfs is not None for hf, _ in hfs}, **kinds_extra),
+                      f, indent=1, sort_keys=True)
+        dcfg = None
         if rope_old is not None:
             # The file holds the converter's divisors, made with its `old`: the reference must see those.
             dcfg = dict(cfg)
             dcfg["rope_scaling"] = dict(rs, original_max_position_embeddings=rope_old)
+        if gpt_oss:  # plain float32 experts; the rotary as the file says it, with HF's untruncated range
+            dcfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
+            drs = {"rope_type": "yarn", "factor": rs.get("factor", 32.0),
+                   "original_max_position_embeddings": rs.get("original_max_position_embeddings", 4096), "truncate": False}
+            for k in ("beta_fast", "beta_slow", "attention_factor", "attn_factor", "extrapolation_factor"):
+                if rs.get(k) is not None:
+                    drs[k] = rs[k]
+            dcfg["rope_scaling"] = drs
+        if dcfg is not None:
             with open(os.path.join(args.decoded, "config.json"), "w") as f:
                 json.dump(dcfg, f)
         for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-            if name == "config.json" and rope_old is not None:
+            if name == "config.json" and dcfg is not None:
                 continue
             if os.path.exists(os.path.join(args.model, name)):
                 shutil.copy(os.path.join(args.model, name), os.path.join(args.decoded, name))

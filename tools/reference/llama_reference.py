@@ -39,7 +39,8 @@ torch arithmetic), then runs the same float64 forward pass. --quantize gguf
 applies it only to the matrices a GGUF file holds in a block type llmesh
 re-quantizes (Q5_1; its Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K blocks are
 read exactly), as the model directory's gguf_types.json (hf_to_gguf.py
---decoded) lists them.
+--decoded) lists them; GPT-OSS's attention and LM head likewise, its MXFP4 experts read exactly
+(experts in a requantized type are refused).
 
 --kv-cache-dtype fp8 (e4m3) or fp8_e5m2 rounds every key and value as llmesh's
 8-bit KV cache holds them (see round_f8): x / scale in float32, to the nearest
@@ -618,7 +619,7 @@ class Model:
     def __init__(self, model_dir, quantize="none", kv_cache="auto"):
         self.cfg = cfg = load_config(model_dir)
         self.kv_kind = {"auto": None, "fp8": "e4m3", "fp8_e5m2": "e5m2"}[kv_cache]
-        if cfg["gpt_oss"] and quantize != "none":
+        if cfg["gpt_oss"] and quantize not in ("none", "gguf"):
             sys.exit(f"error: --quantize {quantize} is not implemented for GptOssForCausalLM")
         W = Weights(model_dir)
         H, I, V = cfg["hidden"], cfg["inter"], cfg["vocab"]
@@ -695,6 +696,12 @@ class Model:
                 for n, hf in names.items():
                     if n in L and kinds.get(f"model.layers.{i}.{hf}.weight") in requantized:
                         L[n] = quantize_int8(L[n])
+                if cfg["gpt_oss"]:   # its experts (MXFP4 read exactly) under llama.cpp's names gate/up/down_proj
+                    bad = [x for x in ("gate_proj", "up_proj", "down_proj")
+                           if kinds.get(f"model.layers.{i}.mlp.experts.{x}.weight") in requantized]
+                    if bad:
+                        sys.exit(f"error: layer {i}'s GPT-OSS experts {bad} in a requantized block type: not implemented")
+                    continue
                 m = f"model.layers.{i}." + ("block_sparse_moe." if cfg["arch"] == "MixtralForCausalLM" else "mlp.")
                 mine = ("w1", "w3", "w2") if cfg["arch"] == "MixtralForCausalLM" else ("gate_proj", "up_proj", "down_proj")
                 if "experts" in L:   # the router and a shared expert's gate are never requantized

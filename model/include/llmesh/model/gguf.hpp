@@ -42,7 +42,7 @@ struct gguf_value {
 /// ggml's tensor type codes (ggml.h) that llmesh can load.
 namespace ggml {
 inline constexpr uint32_t f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8, q2_k = 10, q3_k = 11,
-                          q4_k = 12, q5_k = 13, q6_k = 14, iq4_nl = 20, iq4_xs = 23, bf16 = 30;
+                          q4_k = 12, q5_k = 13, q6_k = 14, iq4_nl = 20, iq4_xs = 23, bf16 = 30, mxfp4 = 39;
 /// Elements and bytes per block of a type; {0, 0} for a type llmesh does not read.
 struct block_info {
   size_t elements = 0, bytes = 0;
