@@ -93,13 +93,13 @@ void add_model(CLI::App& app, command_set& commands) {
                   "original context 64) or dynamic (NTK, factor 4) to write that rope_scaling block");
   sub->add_option("--partial-rotary", s.partial_rotary, "partial_rotary_factor: the part of each head that rotates (0, 1]")
       ->capture_default_str();
-  sub->add_option("--sliding-window", s.sliding_window, "Mistral, Phi-3, Mixtral or Gemma 2/3 sliding_window; 0 = none");
+  sub->add_option("--sliding-window", s.sliding_window, "Mistral, Phi-3, Mixtral, Gemma 2/3 or GPT-OSS (its even layers) sliding_window; 0 = none");
   sub->add_option("--attn-softcap", s.attn_softcap, "gemma2/gemma3 attn_logit_softcapping (0 = none; default 50 / none)");
   sub->add_option("--final-softcap", s.final_softcap, "gemma2/gemma3 final_logit_softcapping (0 = none; default 30 / none)");
   sub->add_option("--query-pre-attn-scalar", s.query_pre_attn_scalar, "gemma2/gemma3 query_pre_attn_scalar (0: head dim)");
   sub->add_option("--sliding-pattern", s.sliding_pattern, "gemma3 sliding_window_pattern (0: 6)");
-  sub->add_option("--experts", s.n_experts, "qwen3_moe, mixtral, qwen2_moe: experts per layer (0: 8)");
-  sub->add_option("--experts-per-token", s.experts_per_token, "qwen3_moe, mixtral, qwen2_moe: experts each token runs (0: 2)");
+  sub->add_option("--experts", s.n_experts, "qwen3_moe, mixtral, qwen2_moe, gpt_oss: experts per layer (0: 8)");
+  sub->add_option("--experts-per-token", s.experts_per_token, "qwen3_moe, mixtral, qwen2_moe, gpt_oss: experts each token runs (0: 2)");
   sub->add_option("--shared-intermediate", s.shared_intermediate, "qwen2_moe: the shared expert's size (0: 2 x intermediate)");
   sub->add_option("--rms-norm-eps", s.rms_norm_eps, "rms_norm_eps")->capture_default_str();
   sub->add_option("--seed", s.seed, "Seed of the weights")->capture_default_str();
