@@ -17,7 +17,8 @@
 // An output cut before a call's end (max_tokens, a stop string) gives its body as content; an
 // output without any <|message|> (a model not writing harmony) is content as it came (held
 // until its end). The parser reads text: ordinary text spelling a tag (<|end|>...) reads as
-// one (vLLM parses token ids), and text before a first header's <|channel|> is dropped.
+// one (vLLM parses token ids), and text before a first header's <|channel|> is dropped (a bare
+// word there even reads as the content type).
 #pragma once
 
 #include <string>

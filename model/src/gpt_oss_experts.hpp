@@ -24,10 +24,11 @@
 namespace llmesh::model::detail {
 
 /// Splits every layer's experts of a GPT-OSS checkpoint in `store` as above (root: "model." or
-/// "" for a bare transformer). invalid_request naming the tensor when one is missing or
-/// misshapen, a scale byte exceeds 252 (255 is E8M0's NaN; above 252 e2m1 · 2^(scale − 127)
-/// overflows float32) or the MXFP4 form is missing its quantization_config; io_error when memory
-/// runs out. `part_of` and `own` as for unpack_packed_weights: the MXFP4 form writes only what
+/// "" for a bare transformer). Errors name the tensor: not_found when one is missing;
+/// invalid_request when one is misshapen, a scale byte exceeds 252 (255 is E8M0's NaN; above 252
+/// e2m1 · 2^(scale − 127) overflows float32) or the MXFP4 form is missing its
+/// quantization_config (and naming config.json when hidden or intermediate size is no multiple of
+/// 32); unsupported for 8-bit float experts; io_error when memory runs out. `part_of` and `own` as for unpack_packed_weights: the MXFP4 form writes only what
 /// the held ranks read (the rest stays address space without memory); the plain form is written
 /// whole.
 [[nodiscard]] status split_gpt_oss_experts(tensor_store& store, const model_config& c, const std::string& root,

@@ -85,7 +85,8 @@ struct model_spec {
   std::string dtype = "auto";         ///< the weight matrices' type: auto | float32 | bfloat16 | float16 (--dtype)
   /// How gateways split chat output's thinking (--reasoning-parser): none | deepseek_r1 | qwen3 | openai_gptoss
   std::string reasoning_parser = "none";
-  /// The format gateways take tool_choice "auto"'s calls from (--tool-call-parser): hermes | llama3_json | mistral | pythonic
+  /// The format gateways take tool_choice "auto"'s calls from (--tool-call-parser): hermes | llama3_json | mistral | pythonic |
+  /// qwen3_coder (qwen3_xml) | granite | phi4_mini_json | openai
   std::string tool_call_parser = "hermes";
   /// Gateways' /v1/embeddings pooling (--pooling): model (the directory's) | last | mean | cls
   std::string pooling = "model";

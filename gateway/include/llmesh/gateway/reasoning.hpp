@@ -21,8 +21,8 @@
 // prompt closed the block already), so the model thinks unconstrained first, as vLLM does.
 // A model that never writes "</think>" is then never constrained.
 //
-// openai_gptoss (vLLM's name; GPT-OSS models use it without being asked, as vLLM's harmony
-// path does): the output is OpenAI's harmony format, decoded with its special tokens kept —
+// openai_gptoss (vLLM's name; GPT-OSS models served without a reasoning parser use it, as
+// vLLM's harmony path does, and so does any model served with tool_call_parser openai and none): the output is OpenAI's harmony format, decoded with its special tokens kept —
 // analysis → reasoning_content, final → content, functions.NAME calls → tool_calls (tool_choice
 // auto with tools; tool_call_parser openai), see harmony.hpp. A structured output then holds
 // after "<|channel|>final<|message|>".

@@ -28,7 +28,9 @@ namespace llmesh::gateway {
 
 /// The format "auto" looks for calls in (vLLM's --tool-call-parser names).
 /// openai: GPT-OSS's harmony calls, which the openai_gptoss reasoning parser takes out of the
-/// output (reasoning.hpp, harmony.hpp): the shapers here leave its choices as they are.
+/// output (reasoning.hpp, harmony.hpp; api_service turns it on with this parser unless another
+/// reasoning parser is named — then no call is found): the shapers here leave its choices as
+/// they are.
 enum class tool_call_parser { hermes, llama3_json, mistral, pythonic, qwen3_coder, granite, phi4_mini_json, openai };
 
 /// "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "granite", "phi4_mini_json", "openai".

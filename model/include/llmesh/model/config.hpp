@@ -83,8 +83,9 @@ struct model_config {
   /// denominator (attention that may attend to nothing).
   bool attn_sinks = false;
   size_t sliding_window = 0;   ///< 0: none (Mistral's and Phi-3's sliding_window)
-  /// Gemma 2 and 3: which layers use sliding_window (config.json's layer_types, else Gemma 2's
-  /// even layers, Gemma 3's all but every sliding_window_pattern-th). Empty: every layer does.
+  /// Gemma 2 and 3, GPT-OSS: which layers use sliding_window (config.json's layer_types, else
+  /// Gemma 2's and GPT-OSS's even layers, Gemma 3's all but every sliding_window_pattern-th).
+  /// Empty: every layer does.
   std::vector<bool> sliding_layers;
   /// Gemma 3: the sliding layers' rotary (rope_local_base_freq, unscaled); `rope` is the others'.
   std::optional<kernels::rope_config> rope_local;

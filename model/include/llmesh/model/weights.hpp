@@ -50,7 +50,7 @@ enum class quantization : uint8_t {
   mxfp4,               ///< "mxfp4": GPT-OSS's MXFP4 checkpoint (quant_method mxfp4)
 };
 
-/// "none", "int8", "awq", "gptq", "compressed-tensors", "gguf", "fp8".
+/// "none", "int8", "awq", "gptq", "compressed-tensors", "gguf", "fp8", "mxfp4".
 std::string_view quantization_name(quantization q);
 /// Parses a --quantization value (vLLM's: none, int8, awq, awq_marlin, gptq, gptq_marlin,
 /// compressed-tensors, gguf, fp8); unsupported names vLLM's other methods (bitsandbytes, ...),
