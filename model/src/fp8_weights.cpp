@@ -234,14 +234,7 @@ status convert_fp8_weights(tensor_store& store, const model_config::packed_confi
   auto mapped = map_block_layers(layers, "FP8 weights");
   if (!mapped) return mapped.take_error();
   const std::shared_ptr<uint8_t> owner = std::move(*mapped);
-  struct item {
-    size_t layer, o0, o1;
-  };
-  std::vector<item> items;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    for_row_runs(layers[i].part, layers[i].out, 64, [&](size_t o, size_t n) { items.push_back({i, o, o + n}); });
-  }
-  LLMESH_TRY(for_each_item(items.size(), [&](size_t n) { return write_rows(layers[items[n].layer], items[n].o0, items[n].o1); }));
+  LLMESH_TRY(write_block_rows(layers, write_rows));
   for (auto& l : layers) {
     tensor_view t;
     t.type = k::dtype::fp8;

@@ -75,7 +75,7 @@ void dequantize_block(uint32_t type, const uint8_t* b, float* y) {
       return;
     }
     case ggml::mxfp4: {  // dequantize_row_mxfp4: kvalues_mxfp4 · 2^(e − 128)
-      const float d = std::ldexp(1.0f, static_cast<int>(b[0]) - 128);
+      const float d = k::mxfp4_scale(b[0]);
       for (int j = 0; j < 16; ++j) {
         y[j] = static_cast<float>(k::mxfp4_values[b[1 + j] & 0xF]) * d;
         y[j + 16] = static_cast<float>(k::mxfp4_values[b[1 + j] >> 4]) * d;
@@ -332,12 +332,12 @@ status fill_rows(const job& w, size_t row0, size_t n, std::vector<float>& scratc
       for (const auto& [c0, c1] : w.part_cols.empty() ? whole : w.part_cols) {
         for (size_t b = c0 / 32; b < c1 / 32; ++b) {
           const uint8_t* src = row + b * info.bytes;
-          if (src[0] > 252) {
+          if (src[0] > k::mxfp4_max_exponent) {
             return make_error(errc::invalid_request, "row " + std::to_string(r) + " holds the exponent " + std::to_string(src[0]) +
                                                          (src[0] == 255 ? " (E8M0's NaN)" : ", beyond float32's range"));
           }
           uint8_t* dst = dst_row + (b - dst_c0 / 32) * k::mxfp4_block_bytes;
-          const float s = std::ldexp(1.0f, static_cast<int>(src[0]) - 128);
+          const float s = k::mxfp4_scale(src[0]);
           std::memcpy(dst, &s, 4);
           std::memcpy(dst + 4, src + 1, 16);  // the same nibble order (element j low, j + 16 high)
         }

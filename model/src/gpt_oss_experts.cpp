@@ -71,12 +71,12 @@ status repack_rows(const mx_layer& l, size_t o0, size_t o1) {
     for (size_t g = 0; g < groups; ++g) {
       if (!l.holds(g * 32)) continue;
       const uint8_t e8 = l.scales[src_row * groups + g];
-      if (e8 > 252) {
+      if (e8 > k::mxfp4_max_exponent) {
         return make_error(errc::invalid_request, "tensor '" + l.checkpoint + "_scales' holds the exponent " + std::to_string(e8) +
                                                      (e8 == 255 ? " (E8M0's NaN)" : ", beyond float32's range"));
       }
       uint8_t* out = l.bytes + o * row_bytes + (g - l.first_block()) * k::mxfp4_block_bytes;
-      const float s = std::ldexp(1.0f, static_cast<int>(e8) - 128);
+      const float s = k::mxfp4_scale(e8);
       std::memcpy(out, &s, 4);
       const uint8_t* in = l.blocks + (src_row * groups + g) * 16;
       uint8_t q[32];
@@ -235,14 +235,7 @@ status split_gpt_oss_experts(tensor_store& store, const model_config& c, const s
   auto mapped = map_block_layers(layers, "MXFP4 experts");
   if (!mapped) return mapped.take_error();
   const std::shared_ptr<uint8_t> owner = std::move(*mapped);
-  struct item {
-    size_t layer, o0, o1;
-  };
-  std::vector<item> items;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    for_row_runs(layers[i].part, layers[i].out, 64, [&](size_t o, size_t n) { items.push_back({i, o, o + n}); });
-  }
-  LLMESH_TRY(for_each_item(items.size(), [&](size_t n) { return repack_rows(layers[items[n].layer], items[n].o0, items[n].o1); }));
+  LLMESH_TRY(write_block_rows(layers, repack_rows));
   for (auto& l : layers) {
     tensor_view t;
     t.type = k::dtype::mxfp4;

@@ -320,19 +320,11 @@ result<packed_layer> layer_of(const tensor_store& store, const model_config::pac
 
 /// Every layer's rows, 64 at a time, over the hardware threads; the earliest failure is reported.
 status unpack_all(std::vector<packed_layer>& layers, const model_config::packed_config& p) {
-  struct item {
-    size_t layer, o0, o1;
-  };
-  std::vector<item> items;
-  constexpr size_t step = 64;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    for_row_runs(layers[i].part, layers[i].out, step, [&](size_t o, size_t n) { items.push_back({i, o, o + n}); });
-  }
-  return for_each_item(items.size(), [&](size_t n) -> status {
+  return write_block_rows(layers, [&](const packed_layer& l, size_t o0, size_t o1) -> status {
     try {
-      return unpack_rows(layers[items[n].layer], p, items[n].o0, items[n].o1);
+      return unpack_rows(l, p, o0, o1);
     } catch (const std::bad_alloc&) {
-      return make_error(errc::io_error, layers[items[n].layer].name + ": out of memory while unpacking it");
+      return make_error(errc::io_error, l.name + ": out of memory while unpacking it");
     }
   });
 }

@@ -15,6 +15,7 @@
 #include "llmesh/kernels/dtype.hpp"
 #include "llmesh/kernels/quantize.hpp"
 #include "llmesh/model/weights.hpp"
+#include "load_threads.hpp"
 
 namespace llmesh::model::detail {
 
@@ -151,6 +152,20 @@ template <class Layer>
     layers[i].bytes = layers[i].own ? mapped->get() + layout.own_at[i] : layers[i].full;
   }
   return mapped;
+}
+
+/// Calls write(layer, o0, o1) for every layer's rows of its part, 64 rows at a time, over the
+/// hardware threads (for_each_item: the earliest failure is reported).
+template <class Layer, class Write>
+[[nodiscard]] status write_block_rows(const std::vector<Layer>& layers, Write&& write) {
+  struct item {
+    size_t layer, o0, o1;
+  };
+  std::vector<item> items;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    for_row_runs(layers[i].part, layers[i].out, 64, [&](size_t o, size_t n) { items.push_back({i, o, o + n}); });
+  }
+  return for_each_item(items.size(), [&](size_t n) { return write(layers[items[n].layer], items[n].o0, items[n].o1); });
 }
 
 /// Lets the whole pages within [p, p + bytes) leave memory (an edge page may be a neighbour's);

@@ -4,6 +4,7 @@
 // is as batch- and chunk-invariant as an unquantized one, on every instruction set.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -26,6 +27,12 @@ inline std::vector<size_t> k_quant_halves(dtype t) {
     default: return {};
   }
 }
+
+/// An MXFP4 block's E8M0 exponent byte e as the mxfp4 type's scale 2^(e − 128) (dtype.hpp),
+/// exact for e ≤ mxfp4_max_exponent: 255 is E8M0's NaN, and above 252 the largest e2m1 values
+/// overflow float32 — loaders refuse those.
+inline constexpr uint8_t mxfp4_max_exponent = 252;
+inline float mxfp4_scale(uint8_t e) { return std::ldexp(1.0f, static_cast<int>(e) - 128); }
 
 /// Elements per q8 row of `cols` weights (whole blocks): the ldw a q8 matmul takes.
 constexpr size_t q8_row_elements(size_t cols) { return (cols + q8_block - 1) / q8_block * q8_block; }
