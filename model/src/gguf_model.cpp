@@ -306,6 +306,32 @@ status gpt_oss_config(const gguf_file& g, uint64_t experts, json& c) {
   return ok_status();
 }
 
+/// Gemma's (llama.cpp's "gemma", "gemma2", "gemma3"): the tanh GELU; Gemma 2's logit caps
+/// (missing: its 50 and 30, as in llama.cpp and HF) and window (missing: 4096); Gemma 3's window
+/// (required, as llama.cpp reads it), every sixth layer global, its sliding layers' rotary base
+/// 10000 unscaled (llama.cpp hardcodes both; so do HF's defaults). The query scale: llama.cpp's
+/// rule, 1/sqrt(head_dim) but for the 27B models (46 Gemma 2 layers, 62 Gemma 3 ones), whose
+/// query_pre_attn_scalar is hidden / heads — the converter writes no key for it.
+status gemma_config(const gguf_file& g, const std::string& arch, uint64_t head_dim, json& c) {
+  const std::string p = arch + ".";
+  c["hidden_activation"] = "gelu_pytorch_tanh";
+  if (arch == "gemma") return ok_status();
+  const uint64_t layers = c["num_hidden_layers"], hidden = c["hidden_size"], heads = c["num_attention_heads"];
+  const bool big = layers == (arch == "gemma2" ? 46u : 62u);
+  c["query_pre_attn_scalar"] = big ? hidden / heads : head_dim;
+  auto window = get_uint(g, p + "attention.sliding_window", arch == "gemma2" ? std::optional<uint64_t>(4096) : std::nullopt);
+  if (!window) return window.take_error();
+  c["sliding_window"] = *window;
+  if (arch == "gemma3") return ok_status();
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (g.find(p + key) == nullptr) continue;
+    auto cap = get_double(g, p + key, 0.0);
+    if (!cap) return cap.take_error();
+    c[key] = *cap;
+  }
+  return ok_status();
+}
+
 /// Phi-3's own metadata (llama.cpp's converter): the sliding window, the original context and
 /// LongRoPE's factors as the F32 tensors rope_factors_long / rope_factors_short (rotary / 2
 /// each), with rope.scaling.attn_factor, the scale of cos and sin.
@@ -347,10 +373,11 @@ result<json> config_json(const gguf_file& g, const std::string& arch, const voca
       {"llama", {"LlamaForCausalLM", "llama"}},           {"qwen2", {"Qwen2ForCausalLM", "qwen2"}},
       {"qwen3", {"Qwen3ForCausalLM", "qwen3"}},           {"qwen3moe", {"Qwen3MoeForCausalLM", "qwen3_moe"}},
       {"qwen2moe", {"Qwen2MoeForCausalLM", "qwen2_moe"}}, {"phi3", {"Phi3ForCausalLM", "phi3"}},
-      {"gpt-oss", {"GptOssForCausalLM", "gpt_oss"}}};
+      {"gpt-oss", {"GptOssForCausalLM", "gpt_oss"}},     {"gemma", {"GemmaForCausalLM", "gemma"}},
+      {"gemma2", {"Gemma2ForCausalLM", "gemma2"}},        {"gemma3", {"Gemma3ForCausalLM", "gemma3_text"}}};
   auto it = archs.find(arch);
   if (it == archs.end()) {
-    return unsupported(g, "general.architecture '" + arch + "' (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gpt-oss)");
+    return unsupported(g, "general.architecture '" + arch + "' (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gpt-oss, gemma, gemma2, gemma3)");
   }
   const std::string p = arch + ".";
   json c = {{"architectures", {it->second.first}}, {"model_type", it->second.second}};
@@ -395,6 +422,8 @@ result<json> config_json(const gguf_file& g, const std::string& arch, const voca
     c["partial_rotary_factor"] = (static_cast<double>(*rope_dims) + 0.5) / static_cast<double>(*head_dim);
   }
   if (arch == "phi3") LLMESH_TRY(phi3_config(g, *positions, *rope_dims, c));
+  const bool gemma = arch == "gemma" || arch == "gemma2" || arch == "gemma3";
+  if (gemma) LLMESH_TRY(gemma_config(g, arch, *head_dim, c));
   const gguf_tensor* embd = g.tensor("token_embd.weight");
   if (embd == nullptr || embd->dims.size() != 2) return bad(g, "missing the 2-D tensor token_embd.weight");
   c["num_key_value_heads"] = *kv;
@@ -468,6 +497,11 @@ result<json> config_json(const gguf_file& g, const std::string& arch, const voca
     for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
       auto id = get_uint(g, key, UINT64_MAX);
       if (id && *id < v->tokens.size() && std::find(eos.begin(), eos.end(), json(*id)) == eos.end()) eos.push_back(*id);
+    }
+    if (gemma) {  // llama.cpp ends a turn at <end_of_turn> by its text (Gemma 2/3 files name no eot id; HF's generation_config does)
+      auto t = std::find(v->tokens.begin(), v->tokens.end(), "<end_of_turn>");
+      const auto id = static_cast<uint64_t>(t - v->tokens.begin());
+      if (t != v->tokens.end() && std::find(eos.begin(), eos.end(), json(id)) == eos.end()) eos.push_back(id);
     }
     if (!eos.empty()) c["eos_token_id"] = eos;
   }

@@ -184,6 +184,10 @@ struct hf_name {
   std::string expert_suffix;
   bool as_row = false;  ///< a vector HF holds as a [1, n] matrix (Qwen2-MoE's shared_expert_gate)
   bool stacked_vectors = false;  ///< GPT-OSS's expert biases: [experts, n], a vector per expert
+  /// A Gemma norm: llama.cpp's converter stored HF's weight + 1 (ggml multiplies by it as it is);
+  /// the 1 is taken off here and added back at bind, as for an HF checkpoint. Exact for stored
+  /// values in [0.5, 2^24) (Sterbenz; the norms are near 1).
+  bool minus_one = false;
 };
 
 hf_name named(std::string name) {
@@ -196,6 +200,7 @@ hf_name named(std::string name) {
 /// model keeps its experts.
 struct name_facts {
   bool llama = false, mixtral = false, phi3 = false, gpt_oss = false;
+  bool gemma = false, sandwich = false;  ///< Gemma 1-3; Gemma 2/3's four norms a layer
   size_t heads = 0, kv_heads = 0;
   size_t experts = 0;  ///< expert_count: expert tensors are known only where it is positive
 };
@@ -217,6 +222,14 @@ hf_name map_name(const std::string& g, const name_facts& f) {
   if (!std::all_of(layer.begin(), layer.end(), [](char c) { return c >= '0' && c <= '9'; })) return {};
   if (f.phi3 && rest == "attn_qkv.weight") return named("model.layers." + layer + ".self_attn.qkv_proj.weight");
   if (f.phi3 && rest == "ffn_up.weight") return named("model.layers." + layer + ".mlp.gate_up_proj.weight");  // gate, then up
+  if (f.sandwich) {  // Gemma 2/3: norms after attention and around the MLP (llama.cpp's names)
+    static const std::pair<const char*, const char*> norms[] = {{"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+                                                                {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+                                                                {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"}};
+    for (auto [from, to] : norms) {
+      if (rest == from) return named("model.layers." + layer + "." + to);
+    }
+  }
   static const std::pair<const char*, const char*> per_layer[] = {
       {"attn_norm.weight", "input_layernorm.weight"}, {"ffn_norm.weight", "post_attention_layernorm.weight"},
       {"attn_q.weight", "self_attn.q_proj.weight"},   {"attn_k.weight", "self_attn.k_proj.weight"},
@@ -278,6 +291,13 @@ hf_name map_name(const std::string& g, const name_facts& f) {
     return out;
   }
   return {};
+}
+
+/// map_name, with a Gemma norm marked minus_one.
+hf_name map_tensor_name(const std::string& g, const name_facts& f) {
+  hf_name out = map_name(g, f);
+  out.minus_one = f.gemma && g.ends_with("norm.weight") && !out.name.empty();
+  return out;
 }
 
 /// A converted tensor: the work of filling it, row by row.
@@ -349,6 +369,10 @@ status fill_rows(const job& w, size_t row0, size_t n, std::vector<float>& scratc
         dequantize_row(t, from, reinterpret_cast<float*>(dst_row));
       } else {
         std::memcpy(dst_row, row, src_row_bytes);
+      }
+      if (w.name.minus_one) {
+        auto* x = reinterpret_cast<float*>(dst_row);
+        for (size_t c = 0; c < w.cols; ++c) x[c] -= 1.0f;
       }
       continue;
     }
@@ -432,6 +456,8 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
   facts.llama = arch != nullptr && arch->is_string() && arch->s == "llama";
   facts.phi3 = arch != nullptr && arch->is_string() && arch->s == "phi3";
   facts.gpt_oss = arch != nullptr && arch->is_string() && arch->s == "gpt-oss";
+  facts.sandwich = arch != nullptr && arch->is_string() && (arch->s == "gemma2" || arch->s == "gemma3");
+  facts.gemma = facts.sandwich || (arch != nullptr && arch->is_string() && arch->s == "gemma");
   if (arch != nullptr && arch->is_string()) {
     uint64_t heads = 0, kv_heads = 0, experts = 0;
     if (const gguf_value* v = g->find(arch->s + ".attention.head_count")) v->as_uint(heads);
@@ -455,7 +481,7 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
                                                "': a phi3 file with separate attn_q/attn_k/attn_v or ffn_gate tensors is not "
                                                "supported (llama.cpp's converter writes them fused, as attn_qkv and ffn_up)");
     }
-    hf_name name = map_name(t.name, facts);
+    hf_name name = map_tensor_name(t.name, facts);
     if (name.name.empty()) return make_error(errc::unsupported, path + ": tensor '" + t.name + "' is not one llmesh knows");
     const bool stacked = !name.expert_suffix.empty();
     if (name.stacked_vectors) {  // GPT-OSS's [experts, n] biases: one float32 vector per expert
@@ -492,7 +518,7 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
     const size_t n_experts = stacked ? t.dims[2] : 1, expert_bytes = t.bytes / n_experts;
     for (size_t e = 0; e < n_experts; ++e) {
       const std::string hf = stacked ? name.name + std::to_string(e) + name.expert_suffix : name.name;
-      if (plain && !name.permute) {  // a view into the mapping (an expert's rows are whole rows)
+      if (plain && !name.permute && !name.minus_one) {  // a view into the mapping (an expert's rows are whole rows)
         tensor_view v{plain_type, shape, t.data + e * expert_bytes, expert_bytes};
         LLMESH_TRY(store.add(hf, std::move(v), g));
         continue;
@@ -511,7 +537,7 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
       w.row0 = e * rows;
       w.matrix = matrix;
       if (t.dims.size() == 1 && !plain) w.out_type = k::dtype::f32;
-      if (t.dims.size() == 1 && name.permute) w.out_type = k::dtype::f32;  // biases are read as float32 anyway
+      if (t.dims.size() == 1 && (name.permute || name.minus_one)) w.out_type = k::dtype::f32;  // vectors are read as float32 anyway
       w.bytes = k::dtype_bytes(w.out_type, rows * cols);
       if (part_of && matrix && t.dims.size() >= 2) {
         w.part = part_of(hf);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes an HF model directory (Llama/Mistral, Qwen2, Qwen3, Phi-3; the mixtures of experts Mixtral,
+"""Writes an HF model directory (Llama/Mistral, Qwen2, Qwen3, Phi-3, Gemma 1-3; the mixtures of experts Mixtral,
 Qwen3-MoE, Qwen2-MoE, GPT-OSS) as a GGUF file the way llama.cpp's converter (convert_hf_to_gguf.py) does, and the weights that file really holds back as an HF
 float32 directory for llama_reference.py. Shares no code with llmesh.
 
@@ -45,6 +45,17 @@ false: HF's GPT-OSS semantics, though llama.cpp's yarn rounds the correction ran
 the experts in gguf_types.json under llama.cpp's intermediate names
 model.layers.N.mlp.experts.{gate,up,down}_proj.{weight,bias}.
 
+Gemma, Gemma 2, Gemma 3 (llama.cpp's GemmaModel, Gemma2Model, Gemma3Model: arch "gemma",
+"gemma2", "gemma3"): key/value_length always; Gemma 2's attn/final_logit_softcapping and
+attention.sliding_window; Gemma 3's sliding_window, rope.freq_base (its config's default 1e6) and
+a linear rope.scaling; every tensor named *norm.weight written as weight + 1 computed in the
+checkpoint's dtype (the converters' data_torch + 1, before the cast to F32); Gemma 2/3's
+post_attention_layernorm as post_attention_norm, pre_feedforward_layernorm as ffn_norm,
+post_feedforward_layernorm as post_ffw_norm; no output tensor (llama.cpp's Gemma graphs use the
+embedding). What llama.cpp's graphs cannot hold is refused (gemma_checks): an untied model, a
+query_pre_attn_scalar other than llama.cpp's rule, other layer patterns or local rotary base.
+--decoded writes each norm as the file's value less one, in float32.
+
 --types: every tensor of 2 dimensions in that type (norms and biases stay F32); "mixed" gives
 the matrices Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K in turn (the embedding Q8_0), so one
 file exercises those block formats. The others follow llama.cpp's llama_tensor_get_type for a
@@ -78,6 +89,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 from llama_reference import Weights  # noqa: E402
 from gguf_blocks import BLOCK, F32, GGML, encode_tensor, permute, repack_mxfp4, unpermute  # noqa: E402
 
@@ -103,6 +115,43 @@ def gpt_oss_defaults(cfg):
     return c
 
 
+def gemma_checks(cfg, arch):
+    """What llama.cpp's Gemma graphs can hold, refused otherwise (the converter writes no key for
+    them): the query scale 1/sqrt(head_dim) (the 27B models' hidden / heads, by their layer
+    count), Gemma 2's sliding even layers, Gemma 3's every sixth layer global and linear rotary
+    scaling only; the config classes' defaults filled in."""
+    c = dict(cfg)
+    n, hd = c["num_hidden_layers"], c.get("head_dim") or 256
+    c["head_dim"] = hd
+    if c.get("tie_word_embeddings", True) is False:
+        sys.exit("error: an untied Gemma (llama.cpp's Gemma graphs use the embedding as the output)")
+    if arch == "gemma":
+        return c
+    big = n == (46 if arch == "gemma2" else 62)
+    want = c["hidden_size"] // c["num_attention_heads"] if big else hd
+    if c.get("query_pre_attn_scalar", 256) != want:
+        sys.exit(f"error: query_pre_attn_scalar {c.get('query_pre_attn_scalar', 256)}: llama.cpp uses {want} for this model")
+    if arch == "gemma2":
+        for k, v in (("sliding_window", 4096), ("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0)):
+            if c.get(k) is None:
+                c[k] = v
+        sliding = [i % 2 == 0 for i in range(n)]
+    else:
+        if c.get("attn_logit_softcapping") is not None or c.get("final_logit_softcapping") is not None:
+            sys.exit("error: Gemma 3 with logit soft-capping (the converter asserts there is none)")
+        if c.get("sliding_window_pattern", 6) != 6:
+            sys.exit("error: Gemma 3 sliding_window_pattern other than 6 (llama.cpp hardcodes it)")
+        if c.get("rope_local_base_freq", 10000.0) != 10000.0:
+            sys.exit("error: Gemma 3 rope_local_base_freq other than 10000 (llama.cpp hardcodes it)")
+        rs = c.get("rope_scaling") or {}
+        if rs and rs.get("rope_type", rs.get("type")) != "linear":
+            sys.exit("error: Gemma 3 rope_scaling other than linear")
+        sliding = [(i + 1) % 6 != 0 for i in range(n)]
+    if c.get("layer_types") and [t == "sliding_attention" for t in c["layer_types"]] != sliding:
+        sys.exit("error: layer_types other than llama.cpp's swa pattern for this model")
+    return c
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -117,7 +166,8 @@ def main():
     tok = json.load(open(os.path.join(args.model, "tokenizer.json")))
     archs = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
              "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
-             "Qwen2MoeForCausalLM": "qwen2moe", "Phi3ForCausalLM": "phi3", "GptOssForCausalLM": "gpt-oss"}
+             "Qwen2MoeForCausalLM": "qwen2moe", "Phi3ForCausalLM": "phi3", "GptOssForCausalLM": "gpt-oss",
+             "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3"}
     if cfg["architectures"][0] not in archs:
         sys.exit(f"error: unsupported architecture {cfg['architectures'][0]}")
     arch = archs[cfg["architectures"][0]]
@@ -125,6 +175,9 @@ def main():
     gpt_oss = arch == "gpt-oss"
     if gpt_oss:
         cfg = gpt_oss_defaults(cfg)
+    gemma, sandwich = arch.startswith("gemma"), arch in ("gemma2", "gemma3")
+    if gemma:
+        cfg = gemma_checks(cfg, arch)
     n_experts = cfg.get("num_local_experts" if mixtral or gpt_oss else "num_experts", 0) if mixtral or gpt_oss or arch.endswith("moe") else 0
     expert_inter = cfg["intermediate_size"] if mixtral or gpt_oss else cfg.get("moe_intermediate_size", 0)
     shared_inter = cfg.get("shared_expert_intermediate_size", 0) if arch == "qwen2moe" else 0
@@ -132,7 +185,7 @@ def main():
     kv = cfg.get("num_key_value_heads", heads)
     hd = cfg.get("head_dim") or hidden // heads
     layers, inter, vocab = cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
-    theta = cfg.get("rope_theta", 10000.0)
+    theta = cfg.get("rope_theta") or (1000000.0 if arch == "gemma3" else 10000.0)
     weights = Weights(args.model)
 
     kv_items = []
@@ -163,7 +216,7 @@ def main():
             scale = cfg.get("max_position_embeddings", 2048) / orig
             kv_add("phi3.rope.scaling.attn_factor", 6,
                    math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
-    if "head_dim" in cfg:
+    if "head_dim" in cfg or gemma:
         kv_add(f"{arch}.attention.key_length", 4, hd)
         kv_add(f"{arch}.attention.value_length", 4, hd)
     if not gpt_oss:
@@ -188,6 +241,14 @@ def main():
             v = next((rs[k] for k in hf if rs.get(k) is not None), None)
             if v is not None:
                 kv_add(f"gpt-oss.rope.scaling.{key}", 6, v)
+    if sandwich:  # Gemma2Model / Gemma3Model: the window; Gemma 2's caps; Gemma 3's linear rotary scaling
+        kv_add(f"{arch}.attention.sliding_window", 4, cfg["sliding_window"])
+    if arch == "gemma2":
+        kv_add("gemma2.attn_logit_softcapping", 6, cfg["attn_logit_softcapping"])
+        kv_add("gemma2.final_logit_softcapping", 6, cfg["final_logit_softcapping"])
+    if arch == "gemma3" and rs:
+        kv_add("gemma3.rope.scaling.type", 8, "linear")
+        kv_add("gemma3.rope.scaling.factor", 6, rs["factor"])
     by_id = {i: t for t, i in tok["model"]["vocab"].items()}
     types = {i: 1 for i in by_id}
     for a in tok.get("added_tokens", []):
@@ -282,13 +343,19 @@ def main():
         return k
 
     def add(gguf_name, hf_name, shape, perm_heads=None, kind=None, file_shape=None):
-        w = weights.get(hf_name, shape).numpy().astype(F32)
+        t = weights.get(hf_name, shape)
+        plus_one = gemma and gguf_name.endswith("norm.weight")
+        if plus_one:  # Gemma's converters: data_torch + 1, in the checkpoint's dtype (then float32)
+            t = t.to({"BF16": torch.bfloat16, "F16": torch.float16}.get(weights.dtype(hf_name), torch.float32)) + 1
+        w = t.to(torch.float64).numpy().astype(F32)
         if perm_heads:
             w = permute(w, perm_heads)
         kind = kind or kind_for(shape, gguf_name)
         data, back = encode_tensor(kind, w)
         if perm_heads:
             back = unpermute(back, perm_heads)
+        if plus_one:  # HF's weight: what the file holds, less the 1 HF's RMSNorm adds back
+            back = (back.astype(F32) - np.float32(1)).astype(F32)
         tensors.append((gguf_name, kind, list(file_shape or shape), data, [(hf_name, list(shape))], back))
 
     def add_stacked(gguf_name, hf_names, shape):  # one [experts, *shape] tensor of every expert's matrix
@@ -298,7 +365,7 @@ def main():
         tensors.append((gguf_name, kind, list(w.shape), data, [(n, list(shape)) for n in hf_names], back))
 
     llama = arch == "llama"
-    tied = cfg.get("tie_word_embeddings", False)
+    tied = cfg.get("tie_word_embeddings", gemma)  # Gemma's configs default to tied
     add("token_embd.weight", "model.embed_tokens.weight", [vocab, hidden], kind="q8_0" if args.types == "mixed" else None)
     add("output_norm.weight", "model.norm.weight", [hidden])
     if not tied:
@@ -383,6 +450,9 @@ def main():
     for i in range(layers):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         add(b + "attn_norm.weight", p + "input_layernorm.weight", [hidden])
+        if sandwich:
+            add(b + "post_attention_norm.weight", p + "post_attention_layernorm.weight", [hidden])
+            add(b + "post_ffw_norm.weight", p + "post_feedforward_layernorm.weight", [hidden])
         if phi3:  # the fused projections as they are (no permutation: Phi-3's rotary is NEOX's)
             add(b + "attn_qkv.weight", p + "self_attn.qkv_proj.weight", [q_dim + 2 * kv_dim, hidden])
             add(b + "attn_output.weight", p + "self_attn.o_proj.weight", [hidden, q_dim])
@@ -409,7 +479,8 @@ def main():
             add(b + "ffn_gate_inp.bias", p + "mlp.router.bias", [n_experts])
             gpt_oss_experts(i, b, p + "mlp.experts.")
             continue
-        add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", [hidden])
+        add(b + "ffn_norm.weight", p + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight"),
+            [hidden])
         if not n_experts:
             add(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", [inter, hidden])
             add(b + "ffn_up.weight", p + "mlp.up_proj.weight", [inter, hidden])
