@@ -81,7 +81,7 @@ void add_bench(CLI::App& app, command_set& commands) {
   msub->add_option("--cols", mm->cols, "Weight columns (a multiple of 256)")->capture_default_str()->check(CLI::Range(size_t{256}, size_t{1} << 20));
   msub->add_option("--m", mm->m, "Activation rows per call (1: decode)")->delimiter(',')->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{4096}));
-  msub->add_option("--types", mm->types, "Weight types: f32, f16, bf16, int8, fp8, int4, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs (default: all but f32, f16)")
+  msub->add_option("--types", mm->types, "Weight types: f32, f16, bf16, int8, fp8, int4, mxfp4, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs (default: all but f32, f16)")
       ->delimiter(',');
   msub->add_option("--threads", mm->threads, "Kernel threads")->capture_default_str()->check(CLI::Range(1, 1024));
   msub->add_option("--reps", mm->reps, "Calls per type, interleaved; the best is reported")->capture_default_str()->check(CLI::Range(1, 100000));

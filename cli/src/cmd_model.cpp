@@ -74,7 +74,7 @@ void add_model(CLI::App& app, command_set& commands) {
   auto& s = f->spec;
   auto* sub = model_cmd->add_subcommand("random", "Write a deterministic random model (HF directory)");
   sub->add_option("--out", f->out, "Output directory")->required();
-  sub->add_option("--arch", s.arch, "llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | qwen2_moe | gemma | gemma2 | gemma3 | granite | gpt_oss")
+  sub->add_option("--arch", s.arch, "llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | qwen2_moe | gemma | gemma2 | gemma3 | granite | gpt_oss | smollm3")
       ->capture_default_str();
   sub->add_option("--hidden", s.hidden, "hidden_size")->capture_default_str();
   sub->add_option("--intermediate", s.intermediate, "intermediate_size")->capture_default_str();
@@ -93,7 +93,7 @@ void add_model(CLI::App& app, command_set& commands) {
                   "original context 64) or dynamic (NTK, factor 4) to write that rope_scaling block");
   sub->add_option("--partial-rotary", s.partial_rotary, "partial_rotary_factor: the part of each head that rotates (0, 1]")
       ->capture_default_str();
-  sub->add_option("--sliding-window", s.sliding_window, "Mistral, Phi-3, Mixtral, Gemma 2/3 or GPT-OSS (its even layers) sliding_window; 0 = none");
+  sub->add_option("--sliding-window", s.sliding_window, "Mistral, Phi-3, Mixtral, Gemma 2/3, GPT-OSS (its even layers) or SmolLM3 (its NoPE layers) sliding_window; 0 = none");
   sub->add_option("--attn-softcap", s.attn_softcap, "gemma2/gemma3 attn_logit_softcapping (0 = none; default 50 / none)");
   sub->add_option("--final-softcap", s.final_softcap, "gemma2/gemma3 final_logit_softcapping (0 = none; default 30 / none)");
   sub->add_option("--query-pre-attn-scalar", s.query_pre_attn_scalar, "gemma2/gemma3 query_pre_attn_scalar (0: head dim)");

@@ -47,7 +47,7 @@ inline void add_quantization_flag(CLI::App* sub, std::string& q) {
                   "Weights in memory: none (as stored) or int8 (weight-only, blocks of 32 with a float32 scale; "
                   "CPU backend; about half the bytes per decode step of BF16); fp8: an FP8 checkpoint's own, or on an "
                   "unquantized one vLLM's online FP8 (a scale per fused layer; CPU backend); vLLM's awq (awq_marlin), "
-                  "gptq (gptq_marlin), compressed-tensors and gguf name the checkpoint's own quantization (as none, "
+                  "gptq (gptq_marlin), compressed-tensors, mxfp4 (GPT-OSS) and gguf name the checkpoint's own quantization (as none, "
                   "refused for another checkpoint)")
       ->check(CLI::Validator(
           [](std::string& s) {

@@ -15,7 +15,7 @@ __global__ void rope_kv_kernel(rope_kv_args a) {
   const int32_t slot = a.slot[t];
   if (slot < 0) return;  // batch padding
   const unsigned hd = static_cast<unsigned>(a.head_dim);
-  const unsigned rot = a.rotary_dim != 0 ? static_cast<unsigned>(a.rotary_dim) : hd, half = rot / 2;
+  const unsigned rot = !a.rotate ? 0u : a.rotary_dim != 0 ? static_cast<unsigned>(a.rotary_dim) : hd, half = rot / 2;
   const unsigned nq = static_cast<unsigned>(a.n_heads), nkv = static_cast<unsigned>(a.n_kv_heads);
   const size_t p = static_cast<size_t>(a.pos[t]);
   const float* c = a.cos + p * half;

@@ -186,6 +186,33 @@ status parse_granite(const json& j, model_config& c) {
   return ok_status();
 }
 
+/// SmolLM3's NoPE layers: no_rope_layers (1: the layer rotates, 0: it does not), else every
+/// no_rope_layer_interval-th layer (SmolLM3Config's default 4) without; with use_sliding_window
+/// and a sliding_window, layer_types' sliding layers (SmolLM3Config's default: the NoPE ones).
+status parse_smollm3(const json& j, model_config& c, bool use_window) {
+  c.nope_layers.assign(c.n_layers, false);
+  if (j.contains("no_rope_layers") && !j["no_rope_layers"].is_null() && !j["no_rope_layers"].empty()) {
+    const auto& v = j["no_rope_layers"];
+    if (!v.is_array() || v.size() != c.n_layers) return bad("no_rope_layers must list every layer");
+    for (size_t i = 0; i < c.n_layers; ++i) {
+      if (!v[i].is_number_integer() || (v[i] != 0 && v[i] != 1)) return bad("no_rope_layers entries must be 0 or 1");
+      c.nope_layers[i] = v[i] == 0;
+    }
+  } else {
+    auto interval = get_size(j, "no_rope_layer_interval", false, 4);
+    if (!interval) return interval.take_error();
+    if (*interval == 0) return bad("no_rope_layer_interval must be positive");
+    for (size_t i = 0; i < c.n_layers; ++i) c.nope_layers[i] = (i + 1) % *interval == 0;
+  }
+  auto w = get_size(j, "sliding_window", false, 0);
+  if (!w) return w.take_error();
+  if (!use_window || *w == 0) return ok_status();
+  c.sliding_window = *w;
+  c.sliding_layers = c.nope_layers;
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) LLMESH_TRY(parse_layer_types(j, c));
+  return ok_status();
+}
+
 /// A missing rope_theta is Gemma3TextConfig's default, 1e6.
 result<json> flatten_gemma3_rope(json j) {
   const bool per_type = j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
@@ -336,6 +363,8 @@ result<model_config> parse_config_json(const std::string& text) {
     c.arch = architecture::granite;
   } else if (arch_name == "GptOssForCausalLM") {
     c.arch = architecture::gpt_oss;
+  } else if (arch_name == "SmolLM3ForCausalLM") {
+    c.arch = architecture::smollm3;
   } else if (arch_name == "GemmaForCausalLM") {
     c.arch = architecture::gemma;
   } else if (arch_name == "Gemma2ForCausalLM") {
@@ -349,7 +378,7 @@ result<model_config> parse_config_json(const std::string& text) {
     return make_error(errc::unsupported, "config.json: unknown architecture '" + c.arch_name +
                                              "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
                                              "Qwen3ForCausalLM, Phi3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
-                                             "GraniteForCausalLM, GptOssForCausalLM, "
+                                             "GraniteForCausalLM, GptOssForCausalLM, SmolLM3ForCausalLM, "
                                              "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, and the bare LlamaModel, "
                                              "MistralModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model for embeddings, "
                                              "each causal LM's …ForSequenceClassification but Gemma 3's, and "
@@ -363,6 +392,9 @@ result<model_config> parse_config_json(const std::string& text) {
       j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
                            {"original_max_position_embeddings", 4096}, {"truncate", false}};
     }
+  }
+  if (c.arch == architecture::smollm3 && !j.contains("rope_theta") && !j.contains("rope_parameters")) {
+    j["rope_theta"] = 2000000.0;  // SmolLM3Config's default_theta
   }
   if (c.arch == architecture::gemma3) {
     auto flat = flatten_gemma3_rope(j);
@@ -384,9 +416,11 @@ result<model_config> parse_config_json(const std::string& text) {
   LLMESH_FIELD(c.n_heads, "num_attention_heads", true, 0)
   LLMESH_FIELD(c.n_kv_heads, "num_key_value_heads", false, c.n_heads)
   LLMESH_FIELD(c.vocab, "vocab_size", true, 0)
-  // The config classes' defaults: Gemma 1/2 8192, Gemma 3 131072, the others 2048 (HF writes the key anyway).
+  // The config classes' defaults: Gemma 1/2 8192, Gemma 3 131072, SmolLM3 32768, the others 2048 (HF writes the key anyway).
   LLMESH_FIELD(c.max_positions, "max_position_embeddings", false,
-               c.arch == architecture::gemma3 || c.arch == architecture::gpt_oss ? 131072 : (c.arch == architecture::gemma || c.arch == architecture::gemma2) ? 8192 : 2048)
+               c.arch == architecture::gemma3 || c.arch == architecture::gpt_oss ? 131072
+               : (c.arch == architecture::gemma || c.arch == architecture::gemma2) ? 8192
+               : c.arch == architecture::smollm3 ? 32768 : 2048)
   if (c.hidden == 0 || c.intermediate == 0 || c.n_layers == 0 || c.n_heads == 0 || c.vocab == 0) {
     return bad("hidden_size, intermediate_size, num_hidden_layers, num_attention_heads and vocab_size must be positive");
   }
@@ -411,7 +445,8 @@ result<model_config> parse_config_json(const std::string& text) {
     if (*act != "silu") return make_error(errc::unsupported, "config.json: unsupported hidden_act '" + *act + "' (supported: silu)");
   }
   auto mlp_bias = get_bool(j, "mlp_bias", false);
-  auto tie = get_bool(j, "tie_word_embeddings", gemma);  // the Gemma configs default to tied
+  const bool smollm3 = c.arch == architecture::smollm3;
+  auto tie = get_bool(j, "tie_word_embeddings", gemma || smollm3);  // the Gemma and SmolLM3 configs default to tied
   const bool gpt_oss = c.arch == architecture::gpt_oss;
   auto attention_bias_r = get_bool(j, "attention_bias", gpt_oss);  // GptOssConfig's default: true
   auto use_window = get_bool(j, "use_sliding_window", false);
@@ -425,7 +460,7 @@ result<model_config> parse_config_json(const std::string& text) {
   bool attention_bias = *attention_bias_r;
   const bool qwen3_family = c.arch == architecture::qwen3 || c.arch == architecture::qwen3_moe;
   const bool biased =
-      attention_bias && (c.arch == architecture::llama || qwen3_family || gemma || c.arch == architecture::granite || gpt_oss);
+      attention_bias && (c.arch == architecture::llama || qwen3_family || gemma || c.arch == architecture::granite || gpt_oss || smollm3);
   c.qkv_bias = c.arch == architecture::qwen2 || c.arch == architecture::qwen2_moe || biased;
   c.o_bias = biased;
   c.qk_norm = qwen3_family || c.arch == architecture::gemma3;
@@ -445,6 +480,7 @@ result<model_config> parse_config_json(const std::string& text) {
     }
   }
   if (c.arch == architecture::granite) LLMESH_TRY(parse_granite(j, c));
+  if (smollm3) LLMESH_TRY(parse_smollm3(j, c, *use_window));
   c.fused_projections = c.arch == architecture::phi3;
   if ((c.arch == architecture::qwen2 || c.arch == architecture::qwen2_moe || qwen3_family) && *use_window) {
     // HF applies Qwen's window only from layer max_window_layers on; released checkpoints

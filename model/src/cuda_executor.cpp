@@ -535,6 +535,7 @@ class cuda_executor final : public step_executor {
       r.n_kv_heads = layout_.n_kv_heads;
       r.head_dim = hd;
       r.rotary_dim = cfg_.rope.head_dim;
+      r.rotate = !layer_nope(cfg_, L);
       r.pos = meta + off_pos();
       r.slot = meta + off_slot();
       r.cos = cos_.as<float>();

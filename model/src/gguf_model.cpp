@@ -374,10 +374,11 @@ result<json> config_json(const gguf_file& g, const std::string& arch, const voca
       {"qwen3", {"Qwen3ForCausalLM", "qwen3"}},           {"qwen3moe", {"Qwen3MoeForCausalLM", "qwen3_moe"}},
       {"qwen2moe", {"Qwen2MoeForCausalLM", "qwen2_moe"}}, {"phi3", {"Phi3ForCausalLM", "phi3"}},
       {"gpt-oss", {"GptOssForCausalLM", "gpt_oss"}},     {"gemma", {"GemmaForCausalLM", "gemma"}},
-      {"gemma2", {"Gemma2ForCausalLM", "gemma2"}},        {"gemma3", {"Gemma3ForCausalLM", "gemma3_text"}}};
+      {"gemma2", {"Gemma2ForCausalLM", "gemma2"}},        {"gemma3", {"Gemma3ForCausalLM", "gemma3_text"}},
+      {"smollm3", {"SmolLM3ForCausalLM", "smollm3"}}};
   auto it = archs.find(arch);
   if (it == archs.end()) {
-    return unsupported(g, "general.architecture '" + arch + "' (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gpt-oss, gemma, gemma2, gemma3)");
+    return unsupported(g, "general.architecture '" + arch + "' (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gpt-oss, gemma, gemma2, gemma3, smollm3)");
   }
   const std::string p = arch + ".";
   json c = {{"architectures", {it->second.first}}, {"model_type", it->second.second}};
@@ -434,7 +435,8 @@ result<json> config_json(const gguf_file& g, const std::string& arch, const voca
   c["vocab_size"] = embd->dims[1];
   c["tie_word_embeddings"] = g.tensor("output.weight") == nullptr;
   c["hidden_act"] = "silu";
-  if (arch == "llama" && g.tensor("blk.0.attn_q.bias") != nullptr) c["attention_bias"] = true;
+  if ((arch == "llama" || arch == "smollm3") && g.tensor("blk.0.attn_q.bias") != nullptr) c["attention_bias"] = true;
+  if (arch == "smollm3") c["no_rope_layer_interval"] = 4;  // llama.cpp hardcodes SmolLM3's NoPE step (n_no_rope_layer_step)
   const std::string scaling = get_string(g, p + "rope.scaling.type");
   if (scaling == "linear") {
     auto factor = get_double(g, p + "rope.scaling.factor", 0.0);

@@ -20,7 +20,7 @@ struct gguf_texts {
 };
 
 /// Architectures: llama (Llama, Mistral; Mixtral with experts), qwen2, qwen3, qwen3moe, qwen2moe,
-/// phi3, gpt-oss, gemma, gemma2, gemma3. Tokenizers: "gpt2" (byte-level BPE: Llama 3, Qwen) with
+/// phi3, gpt-oss, gemma, gemma2, gemma3, smollm3. Tokenizers: "gpt2" (byte-level BPE: Llama 3, Qwen) with
 /// the pre-tokenizers llama-bpe/llama3/llama-v3/smaug-bpe, qwen2, gpt-2 and gpt-4o;
 /// "llama" (SentencePiece BPE: Llama 2, Mistral v0.1-0.3), its merges derived from the
 /// scores as transformers' converter does. Anything else is refused, naming it.

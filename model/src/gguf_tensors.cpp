@@ -201,6 +201,7 @@ hf_name named(std::string name) {
 struct name_facts {
   bool llama = false, mixtral = false, phi3 = false, gpt_oss = false;
   bool gemma = false, sandwich = false;  ///< Gemma 1-3; Gemma 2/3's four norms a layer
+  bool permuted = false;                 ///< q/k rows interleaved by the converter: Llama's and SmolLM3's
   size_t heads = 0, kv_heads = 0;
   size_t experts = 0;  ///< expert_count: expert tensors are known only where it is positive
 };
@@ -243,7 +244,7 @@ hf_name map_name(const std::string& g, const name_facts& f) {
     if (rest != from) continue;
     hf_name out = named("model.layers." + layer + "." + to);
     const bool q = rest.rfind("attn_q.", 0) == 0, kk = rest.rfind("attn_k.", 0) == 0;
-    if (f.llama && (q || kk)) {
+    if (f.permuted && (q || kk)) {
       out.permute = true;
       out.heads = q ? f.heads : f.kv_heads;
     }
@@ -454,6 +455,7 @@ result<tensor_store> gguf_tensor_store(const std::string& path, const detail::pa
   const gguf_value* arch = g->find("general.architecture");
   name_facts facts;
   facts.llama = arch != nullptr && arch->is_string() && arch->s == "llama";
+  facts.permuted = facts.llama || (arch != nullptr && arch->is_string() && arch->s == "smollm3");
   facts.phi3 = arch != nullptr && arch->is_string() && arch->s == "phi3";
   facts.gpt_oss = arch != nullptr && arch->is_string() && arch->s == "gpt-oss";
   facts.sandwich = arch != nullptr && arch->is_string() && (arch->s == "gemma2" || arch->s == "gemma3");

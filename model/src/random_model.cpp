@@ -98,9 +98,10 @@ result<std::string> config_architecture_name(const std::string& arch) {
   if (arch == "gemma2") return std::string("Gemma2ForCausalLM");
   if (arch == "gemma3") return std::string("Gemma3ForCausalLM");
   if (arch == "gpt_oss") return std::string("GptOssForCausalLM");
+  if (arch == "smollm3") return std::string("SmolLM3ForCausalLM");
   return make_error(errc::invalid_request, "unknown --arch '" + arch +
                                                "' (llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, qwen2_moe, gemma, gemma2, gemma3, granite, "
-                                               "gpt_oss)");
+                                               "gpt_oss, smollm3)");
 }
 
 status write_random_model(const random_model_spec& s, const std::string& dir) {
@@ -155,7 +156,9 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
   const bool sandwich = s.arch == "gemma2" || s.arch == "gemma3";  // Gemma 2/3's four norms per layer
   const bool granite = s.arch == "granite";
   const bool gpt_oss = s.arch == "gpt_oss";
-  const bool biased = ((s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma || granite) && s.attention_bias) || gpt_oss;
+  const bool smollm3 = s.arch == "smollm3";
+  const bool biased =
+      ((s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma || granite || smollm3) && s.attention_bias) || gpt_oss;
   const bool qkv_bias = s.arch == "qwen2" || s.arch == "qwen2_moe" || biased;
   const bool o_bias = biased;
   const bool qk_norm = s.arch == "qwen3" || s.arch == "qwen3_moe" || s.arch == "gemma3";
@@ -194,7 +197,15 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
               {"eos_token_id", 257},
               {"torch_dtype", s.dtype == kernels::dtype::f32 ? "float32" : (s.dtype == kernels::dtype::f16 ? "float16" : "bfloat16")}};
   if (s.head_dim || qk_norm || gemma || gpt_oss) cfg["head_dim"] = hd;  // Qwen3's default (128), Gemma's (256), GPT-OSS's (64)
-  if (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma || granite) cfg["attention_bias"] = s.attention_bias;
+  if (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma || granite || smollm3) cfg["attention_bias"] = s.attention_bias;
+  if (smollm3) {  // SmolLM3Config's NoPE pattern (every 4th layer), written out as HF saves it; the window on those layers
+    json rope_layers = json::array();
+    for (size_t i = 0; i < s.n_layers; ++i) rope_layers.push_back((i + 1) % 4 != 0 ? 1 : 0);
+    cfg["no_rope_layer_interval"] = 4;
+    cfg["no_rope_layers"] = std::move(rope_layers);
+    cfg["use_sliding_window"] = s.sliding_window > 0;
+    cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
+  }
   if (granite) {  // shaped like granite-3.x's (which has 12, 1/64, 0.22 and 8): scales unlike the defaults
     cfg["embedding_multiplier"] = 12.0;
     cfg["attention_multiplier"] = 1.0 / static_cast<double>(hd);

@@ -250,10 +250,12 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
   const bool local = !inv_freq_local_.empty() && layer_sliding(c, layer);  // Gemma 3's sliding layers
   const float* cos = local ? cos_local_.data() : cos_.data();
   const float* sin = local ? sin_local_.data() : sin_.data();
-  for_rows(*pool_, n_tokens, q_dim + kv_dim, [&](size_t t) {
-    kernels::rope_apply(&q_[t * q_dim], layout_.n_heads, hd, rot, cos + t * half, sin + t * half);
-    kernels::rope_apply(&k_[t * kv_dim], layout_.n_kv_heads, hd, rot, cos + t * half, sin + t * half);
-  });
+  if (!layer_nope(c, layer)) {  // SmolLM3's NoPE layers leave q and k as projected
+    for_rows(*pool_, n_tokens, q_dim + kv_dim, [&](size_t t) {
+      kernels::rope_apply(&q_[t * q_dim], layout_.n_heads, hd, rot, cos + t * half, sin + t * half);
+      kernels::rope_apply(&k_[t * kv_dim], layout_.n_kv_heads, hd, rot, cos + t * half, sin + t * half);
+    });
+  }
 
   kernels::kv_layer_view cache{keys_[layer].data(), values_[layer].data(), kv_.n_blocks, kv_.type};
   if (kernels::is_f8(kv_.type) && lw.k_scale > 0.0f) {  // the checkpoint's calibrated scales (else 1)

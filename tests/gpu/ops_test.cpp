@@ -391,11 +391,14 @@ struct paged_cache {
 };
 
 // Full rotary with llama3 scaling, and Phi-4-mini's shape: 96 of 128 dims rotating with yarn
-// frequencies and a scale on cos and sin (the dims after 96 pass to q, k and the cache as they are).
+// frequencies and a scale on cos and sin (the dims after 96 pass to q, k and the cache as they are);
+// and a SmolLM3 NoPE layer (rotate false: q and k unchanged, the cache written).
 TEST(CudaRopeKv, BitIdenticalToCpuRopeAndCacheWrite) {
   LLMESH_REQUIRE_GPU();
-  for (const size_t rot : {size_t{128}, size_t{96}}) {
-    SCOPED_TRACE("rotary_dim " + std::to_string(rot));
+  for (const size_t case_rot : {size_t{128}, size_t{96}, size_t{0}}) {
+    SCOPED_TRACE("rotary_dim " + std::to_string(case_rot) + (case_rot == 0 ? " (NoPE)" : ""));
+    const bool nope = case_rot == 0;
+    const size_t rot = nope ? 128 : case_rot;
     const size_t n_heads = 8, n_kv = 2, hd = 128, T = 5, half = rot / 2, positions = 4096;
     kernels::rope_config rc;
     rc.head_dim = rot;
@@ -426,6 +429,7 @@ TEST(CudaRopeKv, BitIdenticalToCpuRopeAndCacheWrite) {
     a.n_kv_heads = n_kv;
     a.head_dim = hd;
     a.rotary_dim = rot;
+    a.rotate = !nope;
     a.pos = dpos.as<int32_t>();
     a.slot = dslot.as<int32_t>();
     a.cos = dcos.as<float>();
@@ -437,8 +441,10 @@ TEST(CudaRopeKv, BitIdenticalToCpuRopeAndCacheWrite) {
     std::vector<float> want_kc = zeros, want_vc = zeros;
     for (size_t t = 0; t < T; ++t) {
       if (slot[t] < 0) continue;  // padding rows are left alone
-      kernels::rope_apply(&want_q[t * n_heads * hd], n_heads, hd, rot, &cs[pos[t] * half], &sn[pos[t] * half]);
-      kernels::rope_apply(&want_k[t * n_kv * hd], n_kv, hd, rot, &cs[pos[t] * half], &sn[pos[t] * half]);
+      if (!nope) {
+        kernels::rope_apply(&want_q[t * n_heads * hd], n_heads, hd, rot, &cs[pos[t] * half], &sn[pos[t] * half]);
+        kernels::rope_apply(&want_k[t * n_kv * hd], n_kv, hd, rot, &cs[pos[t] * half], &sn[pos[t] * half]);
+      }
       std::copy_n(&want_k[t * n_kv * hd], n_kv * hd, &want_kc[slot[t] * n_kv * hd]);
       std::copy_n(&v[t * n_kv * hd], n_kv * hd, &want_vc[slot[t] * n_kv * hd]);
     }

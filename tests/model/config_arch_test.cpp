@@ -286,6 +286,63 @@ TEST(ParseConfig, GraniteHasItsMultipliers) {
   EXPECT_EQ(c.attn_scale, 0.0);
 }
 
+TEST(ParseConfig, SmolLM3sNoPeLayersAndWindow) {
+  // Shaped like HuggingFaceTB/SmolLM3-3B's config.json (abridged): every fourth layer NoPE.
+  json rope_layers = json::array();
+  for (int i = 0; i < 36; ++i) rope_layers.push_back((i + 1) % 4 != 0 ? 1 : 0);
+  json j = {{"architectures", {"SmolLM3ForCausalLM"}}, {"attention_bias", false}, {"eos_token_id", 128012},
+            {"hidden_act", "silu"}, {"hidden_size", 2048}, {"intermediate_size", 11008}, {"max_position_embeddings", 65536},
+            {"mlp_bias", false}, {"model_type", "smollm3"}, {"no_rope_layer_interval", 4}, {"no_rope_layers", rope_layers},
+            {"num_attention_heads", 16}, {"num_hidden_layers", 36}, {"num_key_value_heads", 4}, {"rms_norm_eps", 1e-6},
+            {"rope_scaling", nullptr}, {"rope_theta", 5000000.0}, {"sliding_window", nullptr}, {"use_sliding_window", false},
+            {"vocab_size", 128256}};
+  auto c = parse_ok(j);
+  EXPECT_EQ(c.arch, architecture::smollm3);
+  EXPECT_EQ(c.head_dim, 128u);
+  EXPECT_TRUE(c.tie_embeddings);  // SmolLM3Config's default
+  EXPECT_DOUBLE_EQ(c.rope.theta, 5e6);
+  for (size_t i = 0; i < 36; ++i) {
+    EXPECT_EQ(layer_nope(c, i), i % 4 == 3) << i;
+    EXPECT_EQ(layer_window(c, i), 0u) << i;
+  }
+  EXPECT_EQ(cpu_only_family(c), nullptr);  // the CUDA backend skips the rotary on the NoPE layers too
+  // Without the list: no_rope_layer_interval; the defaults are SmolLM3Config's (theta 2e6, 32768 positions).
+  auto k = j;
+  k.erase("no_rope_layers");
+  k.erase("rope_theta");
+  k.erase("max_position_embeddings");
+  k["no_rope_layer_interval"] = 3;
+  c = parse_ok(k);
+  for (size_t i = 0; i < 36; ++i) EXPECT_EQ(layer_nope(c, i), i % 3 == 2) << i;
+  EXPECT_DOUBLE_EQ(c.rope.theta, 2e6);
+  EXPECT_EQ(c.max_positions, 32768u);
+  // use_sliding_window: the NoPE layers slide (SmolLM3Config's layer_types), or layer_types' own.
+  k = j;
+  k["use_sliding_window"] = true;
+  k["sliding_window"] = 4096;
+  c = parse_ok(k);
+  for (size_t i = 0; i < 36; ++i) EXPECT_EQ(layer_window(c, i), i % 4 == 3 ? 4096u : 0u) << i;
+  json types = json::array();
+  for (int i = 0; i < 36; ++i) types.push_back(i == 0 ? "sliding_attention" : "full_attention");
+  k["layer_types"] = types;
+  c = parse_ok(k);
+  EXPECT_EQ(layer_window(c, 0), 4096u);
+  EXPECT_EQ(layer_window(c, 3), 0u);
+  // Bad lists are errors naming the field.
+  k = j;
+  k["no_rope_layers"] = json::array({1, 0});
+  EXPECT_NE(parse_err(k).message.find("no_rope_layers must list every layer"), std::string::npos);
+  k["no_rope_layers"] = rope_layers;
+  k["no_rope_layers"][5] = 2;
+  EXPECT_NE(parse_err(k).message.find("no_rope_layers entries must be 0 or 1"), std::string::npos);
+  k = j;
+  k.erase("no_rope_layers");
+  k["no_rope_layer_interval"] = 0;
+  EXPECT_NE(parse_err(k).message.find("no_rope_layer_interval must be positive"), std::string::npos);
+  // Only SmolLM3 has NoPE layers.
+  EXPECT_TRUE(parse_ok(minimal_llama()).nope_layers.empty());
+}
+
 TEST(ParseConfig, OnlyQwen3HasQkNorm) {
   for (const char* arch : {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}) {
     EXPECT_FALSE(parse_ok(with_arch(minimal_llama(), arch)).qk_norm) << arch;

@@ -296,7 +296,7 @@ TEST(GgufModel, UnsupportedFilesAreRefusedByName) {
   };
   gguf_writer arch;
   arch.str("general.architecture", "mamba");
-  refused(arch, "general.architecture 'mamba' (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gpt-oss, gemma, gemma2, gemma3)");
+  refused(arch, "general.architecture 'mamba' (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gpt-oss, gemma, gemma2, gemma3, smollm3)");
   gguf_writer moe = small_llama();
   moe.u32("llama.expert_count", 8);
   refused(moe, "missing metadata 'llama.expert_used_count'");

@@ -45,6 +45,9 @@ false: HF's GPT-OSS semantics, though llama.cpp's yarn rounds the correction ran
 the experts in gguf_types.json under llama.cpp's intermediate names
 model.layers.N.mlp.experts.{gate,up,down}_proj.{weight,bias}.
 
+SmolLM3 (llama.cpp's SmolLM3Model, arch "smollm3"): Llama's metadata and permuted q/k; llama.cpp
+hardcodes every fourth layer NoPE and no window, so a config saying otherwise is refused.
+
 Gemma, Gemma 2, Gemma 3 (llama.cpp's GemmaModel, Gemma2Model, Gemma3Model: arch "gemma",
 "gemma2", "gemma3"): key/value_length always; Gemma 2's attn/final_logit_softcapping and
 attention.sliding_window; Gemma 3's sliding_window, rope.freq_base (its config's default 1e6) and
@@ -167,7 +170,8 @@ def main():
     archs = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
              "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
              "Qwen2MoeForCausalLM": "qwen2moe", "Phi3ForCausalLM": "phi3", "GptOssForCausalLM": "gpt-oss",
-             "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3"}
+             "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
+             "SmolLM3ForCausalLM": "smollm3"}
     if cfg["architectures"][0] not in archs:
         sys.exit(f"error: unsupported architecture {cfg['architectures'][0]}")
     arch = archs[cfg["architectures"][0]]
@@ -178,6 +182,12 @@ def main():
     gemma, sandwich = arch.startswith("gemma"), arch in ("gemma2", "gemma3")
     if gemma:
         cfg = gemma_checks(cfg, arch)
+    if arch == "smollm3":  # llama.cpp's graph: every fourth layer NoPE (n_no_rope_layer_step 4), no window
+        n = cfg["num_hidden_layers"]
+        want = [int((i + 1) % 4 != 0) for i in range(n)]
+        if (cfg.get("no_rope_layers") or want) != want or (cfg.get("use_sliding_window") and cfg.get("sliding_window")):
+            sys.exit("error: SmolLM3 with NoPE layers other than every fourth, or a sliding window (llama.cpp hardcodes both)")
+        cfg = dict(cfg, tie_word_embeddings=cfg.get("tie_word_embeddings", True))
     n_experts = cfg.get("num_local_experts" if mixtral or gpt_oss else "num_experts", 0) if mixtral or gpt_oss or arch.endswith("moe") else 0
     expert_inter = cfg["intermediate_size"] if mixtral or gpt_oss else cfg.get("moe_intermediate_size", 0)
     shared_inter = cfg.get("shared_expert_intermediate_size", 0) if arch == "qwen2moe" else 0
@@ -364,7 +374,7 @@ def main():
         data, back = encode_tensor(kind, w)
         tensors.append((gguf_name, kind, list(w.shape), data, [(n, list(shape)) for n in hf_names], back))
 
-    llama = arch == "llama"
+    llama = arch in ("llama", "smollm3")  # LlamaModel's converters permute q and k (SmolLM3Model is one)
     tied = cfg.get("tie_word_embeddings", gemma)  # Gemma's configs default to tied
     add("token_embd.weight", "model.embed_tokens.weight", [vocab, hidden], kind="q8_0" if args.types == "mixed" else None)
     add("output_norm.weight", "model.norm.weight", [hidden])

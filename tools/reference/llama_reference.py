@@ -10,7 +10,8 @@ Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausa
 Phi3ForCausalLM (fused qkv_proj and gate_up_proj, split here), Qwen3MoeForCausalLM and
 MixtralForCausalLM (every layer's MLP a mixture of experts: softmax router, top-k,
 renormalised; Qwen2MoeForCausalLM adds a shared expert scaled by a sigmoid gate),
-GraniteForCausalLM (embedding, attention, residual and logit multipliers), GemmaForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM (norms times
+GraniteForCausalLM (embedding, attention, residual and logit multipliers), SmolLM3ForCausalLM (Llama with
+NoPE layers: no_rope_layers, every fourth by default), GemmaForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM (norms times
 1 + weight, the embedding times sqrt(hidden) in the weights' dtype, tanh-GELU GeGLU; Gemma 2/3
 also normalise each block's output, soft-cap scores and logits, alternate sliding and global
 layers, and Gemma 3 gives its sliding layers their own rotary base), GptOssForCausalLM (see
@@ -70,7 +71,7 @@ except ImportError as e:
 GEMMAS = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                    "Phi3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-                   "GraniteForCausalLM", "GptOssForCausalLM") + GEMMAS
+                   "GraniteForCausalLM", "GptOssForCausalLM", "SmolLM3ForCausalLM") + GEMMAS
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)   # e2m1 codes
 
 
@@ -419,7 +420,7 @@ def load_config(model_dir):
         "eps": c["rms_norm_eps"],
         "theta": c.get("rope_theta") or 10000.0,
         "vocab": c["vocab_size"],
-        "tied": bool(c.get("tie_word_embeddings", gemma)),   # Gemma's configs default to tied
+        "tied": bool(c.get("tie_word_embeddings", gemma or arch == "SmolLM3ForCausalLM")),   # Gemma's and SmolLM3's default to tied
         "rope_scaling": c.get("rope_scaling"),
     }
     cfg["kv_heads"] = c.get("num_key_value_heads") or cfg["heads"]
@@ -431,7 +432,8 @@ def load_config(model_dir):
         sys.exit("error: num_attention_heads not a multiple of num_key_value_heads")
     if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
         cfg["qkv_bias"], cfg["o_bias"] = True, False
-    elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GraniteForCausalLM") + GEMMAS:
+    elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GraniteForCausalLM",
+                  "SmolLM3ForCausalLM") + GEMMAS:
         cfg["qkv_bias"] = cfg["o_bias"] = bool(c.get("attention_bias", False))
     elif arch == "GptOssForCausalLM":   # GptOssConfig: attention_bias defaults to true
         cfg["qkv_bias"] = cfg["o_bias"] = bool(c.get("attention_bias", True))
@@ -497,6 +499,21 @@ def load_config(model_dir):
             cfg["shared_inter"] = c.get("shared_expert_intermediate_size", 5632)
     elif arch == "MixtralForCausalLM":
         cfg["experts"], cfg["top_k"], cfg["norm_topk"] = c["num_local_experts"], c["num_experts_per_tok"], True
+    cfg["nope"] = [False] * cfg["layers"]
+    if arch == "SmolLM3ForCausalLM":
+        # HF SmolLM3: no_rope_layers[i] == 0 leaves layer i's q and k unrotated (default: every
+        # no_rope_layer_interval-th layer); with use_sliding_window and a sliding_window, the
+        # layers layer_types calls sliding (default: the NoPE ones) slide. rope_theta default 2e6.
+        n = cfg["layers"]
+        flags = c.get("no_rope_layers") or [int((i + 1) % c.get("no_rope_layer_interval", 4) != 0) for i in range(n)]
+        cfg["nope"] = [not f for f in flags]
+        cfg["theta"] = c.get("rope_theta") or 2000000.0
+        cfg["max_pos"] = c.get("max_position_embeddings", 32768)
+        w = c.get("sliding_window")
+        if c.get("use_sliding_window") and w:
+            types = c.get("layer_types") or ["sliding_attention" if nope else "full_attention" for nope in cfg["nope"]]
+            cfg["layer_sliding"] = [t == "sliding_attention" for t in types]
+            cfg["layer_windows"] = [w if s_ else None for s_ in cfg["layer_sliding"]]
     cfg["gpt_oss"] = arch == "GptOssForCausalLM"
     if cfg["gpt_oss"]:
         # GptOssConfig: rope_theta 150000, layer_types default sliding on even layers,
@@ -808,7 +825,8 @@ class Model:
         def rotate(x):
             xr = x[..., :r]
             return torch.cat((xr * cos + rotate_half(xr) * sin, x[..., r:]), dim=-1)
-        q, k = rotate(q), rotate(k)
+        if cos is not None:   # None: a NoPE layer (SmolLM3)
+            q, k = rotate(q), rotate(k)
         if self.kv_kind:   # attention reads the 8-bit cache's copies of every key and value
             k, v = round_f8(k, self.kv_kind, L["k_scale"]), round_f8(v, self.kv_kind, L["v_scale"])
         group = nh // nkv
@@ -845,9 +863,11 @@ class Model:
             return emb.cos() * mscale, emb.sin() * mscale
         cos, sin = angles(self.inv_freq)
         local = angles(self.inv_freq_local) if self.inv_freq_local is not None else None
-        for L, window, sliding in zip(self.layers, cfg["layer_windows"], cfg["layer_sliding"]):
+        for L, window, sliding, nope in zip(self.layers, cfg["layer_windows"], cfg["layer_sliding"], cfg["nope"]):
             x = rms_norm(h, L["ln1"], cfg["eps"], g)
             c_, s_ = local if (local is not None and sliding) else (cos, sin)   # HF: by the layer's type
+            if nope:
+                c_ = s_ = None
             a = self.attention(x, L, c_, s_, window)
             h = h + (rms_norm(a, L["post_attn"], cfg["eps"], g) if L["post_attn"] is not None else a) * cfg["resid_mult"]
             x = rms_norm(h, L["ln2"], cfg["eps"], g)

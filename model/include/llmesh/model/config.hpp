@@ -12,7 +12,7 @@
 namespace llmesh::model {
 
 /// Supported architectures (DESIGN.md §Models).
-enum class architecture { llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, gemma, gemma2, gemma3, qwen2_moe, granite, gpt_oss };
+enum class architecture { llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, gemma, gemma2, gemma3, qwen2_moe, granite, gpt_oss, smollm3 };
 
 /// Everything the forward pass needs to know about a model's shape.
 struct model_config {
@@ -87,6 +87,9 @@ struct model_config {
   /// Gemma 2's and GPT-OSS's even layers, Gemma 3's all but every sliding_window_pattern-th).
   /// Empty: every layer does.
   std::vector<bool> sliding_layers;
+  /// SmolLM3: the layers that apply no rotary to q and k (NoPE; config.json's no_rope_layers
+  /// entries 0, else every no_rope_layer_interval-th layer). Empty: every layer rotates.
+  std::vector<bool> nope_layers;
   /// Gemma 3: the sliding layers' rotary (rope_local_base_freq, unscaled); `rope` is the others'.
   std::optional<kernels::rope_config> rope_local;
   /// The Gemma family (GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, text only).
@@ -146,6 +149,9 @@ struct model_config {
 inline bool layer_sliding(const model_config& c, size_t layer) {
   return c.sliding_layers.empty() ? c.sliding_window > 0 : static_cast<bool>(c.sliding_layers[layer]);
 }
+
+/// Whether layer `layer` leaves q and k unrotated (SmolLM3's NoPE layers).
+inline bool layer_nope(const model_config& c, size_t layer) { return !c.nope_layers.empty() && c.nope_layers[layer]; }
 
 /// Layer `layer`'s sliding window (0: it attends to every earlier position).
 inline size_t layer_window(const model_config& c, size_t layer) { return layer_sliding(c, layer) ? c.sliding_window : 0; }
