@@ -31,13 +31,25 @@ result<chat_template> chat_template::parse(const std::string& source) {
 }
 
 result<chat_template> chat_template::load(const std::string& dir) {
-  const std::string path = model_file_label(dir, "tokenizer_config.json");
+  std::string path = model_file_label(dir, "tokenizer_config.json");
   auto text = read_model_file(dir, "tokenizer_config.json");
-  if (!text) return text.take_error();
-  json cfg = json::parse(*text, nullptr, false);
+  // transformers 4.51 on saves the template as chat_template.jinja beside the tokenizer, and a
+  // file there clobbers tokenizer_config.json's (as transformers and vLLM load them); a
+  // processor's chat_template.json (multimodal checkpoints) is the last resort.
+  std::error_code ec;
+  const bool gguf = is_gguf_file(dir);
+  const bool jinja_file = !gguf && std::filesystem::is_regular_file(dir + "/chat_template.jinja", ec);
+  if (!text && !jinja_file) return text.take_error();
+  json cfg = text ? json::parse(*text, nullptr, false) : json::object();
   if (cfg.is_discarded() || !cfg.is_object()) return make_error(errc::invalid_request, path + ": not a JSON object");
   std::string source;
-  if (cfg.contains("chat_template") && cfg["chat_template"].is_string()) {
+  if (jinja_file) {
+    path = dir + "/chat_template.jinja";
+    auto file = read_text_file(path);
+    if (!file) return file.take_error();
+    source = std::move(*file);
+    if (source.empty()) return make_error(errc::invalid_request, path + ": empty");
+  } else if (cfg.contains("chat_template") && cfg["chat_template"].is_string()) {
     source = cfg["chat_template"].get<std::string>();
   } else if (cfg.contains("chat_template") && cfg["chat_template"].is_array()) {
     for (const auto& t : cfg["chat_template"]) {
@@ -45,6 +57,17 @@ result<chat_template> chat_template::load(const std::string& dir) {
         source = t["template"].get<std::string>();
       }
     }
+  }
+  if (source.empty() && !gguf && std::filesystem::is_regular_file(dir + "/chat_template.json", ec)) {
+    const std::string processor = dir + "/chat_template.json";
+    auto file = read_text_file(processor);
+    if (!file) return file.take_error();
+    json p = json::parse(*file, nullptr, false);
+    if (!p.is_object() || !p.contains("chat_template") || !p["chat_template"].is_string()) {
+      return make_error(errc::invalid_request, processor + ": no chat_template string");
+    }
+    source = p["chat_template"].get<std::string>();
+    path = processor;
   }
   if (source.empty()) return make_error(errc::not_found, path + ": no chat_template");
   auto t = parse(source);

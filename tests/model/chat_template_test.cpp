@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -249,6 +250,42 @@ TEST(ChatTemplate, LoadsFromTokenizerConfig) {
   auto missing = chat_template::load(dir.path());
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.err().message.find("no chat_template"), std::string::npos);
+}
+
+// transformers 4.51 on saves chat_template.jinja, which clobbers tokenizer_config.json's
+// template (bos/eos still come from there); a processor's chat_template.json comes last.
+TEST(ChatTemplate, ChatTemplateJinjaWinsAndAProcessorsJsonIsTheLastResort) {
+  const auto msgs = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  testing::temp_dir dir;
+  testing::write_text(dir / "tokenizer_config.json",
+                      R"({"bos_token": "<s>", "eos_token": {"content": "</s>"}, "chat_template": "config:{{ messages[0].content }}"})");
+  testing::write_text(dir / "chat_template.json", R"({"chat_template": "processor:{{ messages[0].content }}"})");
+  auto from_config = chat_template::load(dir.path());
+  ASSERT_TRUE(from_config.ok()) << from_config.err().message;
+  EXPECT_EQ(from_config->render(msgs, false).value(), "config:Hi");
+  testing::write_text(dir / "chat_template.jinja", "{{ bos_token }}jinja:{{ messages[0].content }}{{ eos_token }}");
+  auto from_jinja = chat_template::load(dir.path());
+  ASSERT_TRUE(from_jinja.ok()) << from_jinja.err().message;
+  EXPECT_EQ(from_jinja->render(msgs, false).value(), "<s>jinja:Hi</s>");
+  std::filesystem::remove(dir / "chat_template.jinja");
+  testing::write_text(dir / "tokenizer_config.json", R"({"bos_token": "<s>"})");
+  auto from_processor = chat_template::load(dir.path());
+  ASSERT_TRUE(from_processor.ok()) << from_processor.err().message;
+  EXPECT_EQ(from_processor->render(msgs, false).value(), "processor:Hi");
+  testing::write_text(dir / "chat_template.json", R"({"template": 1})");
+  auto bad = chat_template::load(dir.path());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("chat_template.json: no chat_template string"), std::string::npos) << bad.err().message;
+  // Without tokenizer_config.json, a chat_template.jinja alone serves (no bos/eos tokens).
+  std::filesystem::remove(dir / "tokenizer_config.json");
+  testing::write_text(dir / "chat_template.jinja", "[{{ bos_token }}]{{ messages[0].content }}");
+  auto alone = chat_template::load(dir.path());
+  ASSERT_TRUE(alone.ok()) << alone.err().message;
+  EXPECT_EQ(alone->render(msgs, false).value(), "[]Hi");
+  testing::write_text(dir / "chat_template.jinja", "{% if %}");
+  auto broken = chat_template::load(dir.path());
+  ASSERT_FALSE(broken.ok());
+  EXPECT_NE(broken.err().message.find("chat_template.jinja: "), std::string::npos) << broken.err().message;
 }
 
 // vLLM's --chat-template: a file or the template inline replaces the model's, keeping its

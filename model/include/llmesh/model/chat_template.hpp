@@ -27,8 +27,11 @@ class chat_template {
   /// Parses a template source.
   [[nodiscard]] static result<chat_template> parse(const std::string& source);
 
-  /// Reads DIR/tokenizer_config.json: its chat_template (a string, or a list of
-  /// {name, template} of which "default" is used) and its bos/eos tokens.
+  /// Reads DIR/chat_template.jinja when there is one (transformers 4.51's place for it, which
+  /// wins over tokenizer_config.json's, as transformers loads them), else
+  /// DIR/tokenizer_config.json's chat_template (a string, or a list of {name, template} of
+  /// which "default" is used), else a processor's DIR/chat_template.json; and
+  /// tokenizer_config.json's bos/eos tokens.
   [[nodiscard]] static result<chat_template> load(const std::string& model_dir);
 
   /// vLLM's --chat-template: `given` is a template file's path, or (holding "{{" or "{%") the
