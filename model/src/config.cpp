@@ -15,6 +15,7 @@
 #include "llmesh/model/config.hpp"
 #include "config_fields.hpp"
 #include "config_rope.hpp"
+#include "config_multimodal.hpp"
 #include "gguf_model.hpp"
 #include "packed_weights.hpp"
 #include "read_file.hpp"
@@ -306,6 +307,14 @@ result<model_config> parse_config_json(const std::string& text) {
     return bad("missing field 'architectures'");
   }
   c.arch_name = j["architectures"][0].get<std::string>();
+  if (auto text = detail::language_model_config(j)) {  // a multimodal checkpoint: its language model
+    if (!*text) return text->take_error();
+    auto lm = parse_config_json(text->value().dump());
+    if (!lm) return lm.take_error();
+    lm->arch_name = c.arch_name;
+    lm->language_model_of_multimodal = true;
+    return lm;
+  }
   // A bare transformer (an embedding model's checkpoint): the same layers, no LM head.
   static const std::pair<const char*, const char*> bare[] = {{"LlamaModel", "LlamaForCausalLM"},
                                                              {"MistralModel", "MistralForCausalLM"},
@@ -371,14 +380,13 @@ result<model_config> parse_config_json(const std::string& text) {
     c.arch = architecture::gemma2;
   } else if (arch_name == "Gemma3ForCausalLM") {
     c.arch = architecture::gemma3;
-  } else if (arch_name == "Gemma3ForConditionalGeneration") {
-    return make_error(errc::unsupported, "config.json: multimodal Gemma 3 (Gemma3ForConditionalGeneration) is not supported; "
-                                         "the text-only Gemma3ForCausalLM is");
   } else {
     return make_error(errc::unsupported, "config.json: unknown architecture '" + c.arch_name +
                                              "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
                                              "Qwen3ForCausalLM, Phi3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
                                              "GraniteForCausalLM, GptOssForCausalLM, SmolLM3ForCausalLM, "
+                                             "the language models of Gemma3ForConditionalGeneration and "
+                                             "Mistral3ForConditionalGeneration, "
                                              "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, and the bare LlamaModel, "
                                              "MistralModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model for embeddings, "
                                              "each causal LM's …ForSequenceClassification but Gemma 3's, and "

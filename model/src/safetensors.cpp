@@ -14,6 +14,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -144,6 +145,34 @@ status tensor_store::replace(const std::string& name, tensor_view t, std::shared
   if (it == tensors_.end()) return make_error(errc::not_found, "tensor '" + name + "' not found");
   it->second = std::move(t);
   if (keep_.empty() || keep_.back() != owner) keep_.push_back(std::move(owner));
+  return ok_status();
+}
+
+status tensor_store::take_language_model() {
+  // transformers before 4.52 saved language_model.model.* and language_model.lm_head.*; after,
+  // model.language_model.* and lm_head.*.
+  static const std::pair<std::string_view, std::string_view> prefixes[] = {
+      {"language_model.model.", "model."}, {"language_model.lm_head.", "lm_head."}, {"model.language_model.", "model."},
+      {"lm_head.", "lm_head."}};
+  size_t taken = 0;
+  for (auto* m : {&tensors_, &ints_}) {
+    std::map<std::string, tensor_view> kept;
+    for (auto& [name, t] : *m) {
+      for (const auto& [from, to] : prefixes) {
+        if (!name.starts_with(from)) continue;
+        const std::string renamed = std::string(to) + name.substr(from.size());
+        if (!kept.emplace(renamed, std::move(t)).second) {
+          return make_error(errc::invalid_request, "tensor '" + name + "': its language model's name '" + renamed + "' is taken twice");
+        }
+        ++taken;
+        break;
+      }
+    }
+    *m = std::move(kept);  // the vision tower's and the projector's tensors are let go
+  }
+  if (taken == 0) {
+    return make_error(errc::invalid_request, "no language model tensors (language_model.model.*, model.language_model.*) in a multimodal checkpoint");
+  }
   return ok_status();
 }
 

@@ -207,6 +207,13 @@ result<std::shared_ptr<const model>> model::load(const std::string& dir, load_op
   std::vector<detail::own_columns> own;  // one rank's columns written as matrices of their own
   auto store = is_gguf_file(dir) ? gguf_tensor_store(dir, part_of, &own) : tensor_store::open(dir);
   if (!store) return store.take_error();
+  if (cfg->language_model_of_multimodal && !is_gguf_file(dir)) {
+    if (auto s = store->take_language_model(); !s) {
+      error e = s.take_error();
+      e.message = dir + ": " + e.message;
+      return e;
+    }
+  }
   if (auto s = detail::unpack_packed_weights(*store, cfg->packed, part_of, &own); !s) {  // packed checkpoints' layers into int4 or int8
     error e = s.take_error();
     e.message = dir + ": " + e.message;

@@ -18,8 +18,8 @@ namespace llmesh::model::testing {
 
 /// The model's tensors (float and integer) rewritten into its model.safetensors through
 /// `change` (return false to drop one); an int64 tensor (compressed-tensors' weight_shape)
-/// is kept as it is.
-inline void rewrite(const temp_dir& dir, const std::function<bool(tensor_spec&)>& change) {
+/// is kept as it is; `extra` tensors are added.
+inline void rewrite(const temp_dir& dir, const std::function<bool(tensor_spec&)>& change, std::vector<tensor_spec> extra = {}) {
   auto st = tensor_store::open(dir.path());
   ASSERT_TRUE(st.ok());
   std::vector<tensor_spec> specs;
@@ -39,6 +39,7 @@ inline void rewrite(const temp_dir& dir, const std::function<bool(tensor_spec&)>
                   t->int_bytes};
     if (change(s)) specs.push_back(std::move(s));
   }
+  for (auto& s : extra) specs.push_back(std::move(s));
   ASSERT_TRUE(write_safetensors(dir / "model.safetensors", specs).ok());
 }
 

@@ -30,6 +30,10 @@ struct model_config {
   /// and a ...ForCausalLM checkpoint whose lm_head.weight is missing and not tied): it serves
   /// embeddings only; the loader then lets the embedding stand in for the head it never uses.
   bool has_lm_head = true;
+  /// A multimodal checkpoint's language model (Gemma3ForConditionalGeneration,
+  /// Mistral3ForConditionalGeneration: config_multimodal.hpp); its tensors sit under
+  /// language_model.* (tensor_store::take_language_model) and the vision tower is never read.
+  bool language_model_of_multimodal = false;
   /// A sequence classifier (…ForSequenceClassification: vLLM's classify and score tasks): the
   /// last position's final hidden state times `score` (labels × hidden) gives its logits, in place
   /// of an LM head's. labels 0: not one.

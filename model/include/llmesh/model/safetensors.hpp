@@ -73,6 +73,12 @@ class tensor_store {
   /// checkpoint's weight in the kernels' fp8 blocks); not_found when there is none.
   status replace(const std::string& name, tensor_view t, std::shared_ptr<const void> owner);
 
+  /// A multimodal checkpoint's language model under a causal LM's names:
+  /// language_model.model.X and model.language_model.X as model.X, language_model.lm_head.X
+  /// as lm_head.X (lm_head.X as it is); every other tensor (the vision tower, the projector) is
+  /// dropped. invalid_request when there is none, or two take one name.
+  status take_language_model();
+
   /// The tensor, or not_found naming it.
   result<tensor_view> get(const std::string& name) const;
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
