@@ -74,7 +74,7 @@ void add_model(CLI::App& app, command_set& commands) {
   auto& s = f->spec;
   auto* sub = model_cmd->add_subcommand("random", "Write a deterministic random model (HF directory)");
   sub->add_option("--out", f->out, "Output directory")->required();
-  sub->add_option("--arch", s.arch, "llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | qwen2_moe | gemma | gemma2 | gemma3 | granite | gpt_oss | smollm3")
+  sub->add_option("--arch", s.arch, "llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | qwen2_moe | gemma | gemma2 | gemma3 | granite | gpt_oss | smollm3 | ministral3")
       ->capture_default_str();
   sub->add_option("--hidden", s.hidden, "hidden_size")->capture_default_str();
   sub->add_option("--intermediate", s.intermediate, "intermediate_size")->capture_default_str();

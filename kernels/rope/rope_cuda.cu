@@ -40,6 +40,13 @@ __global__ void rope_kv_kernel(rope_kv_args a) {
     if (kc) {
       for (unsigned i = rot + (threadIdx.x & 31u); i < hd; i += 32) kc[i] = x[i];  // the part that does not rotate
     }
+    if (is_q && a.q_scale != nullptr) {  // after the rotation, as the CPU scales the rotated row
+      const float qs = a.q_scale[p];
+      __syncwarp();
+      if (qs != 1.0f) {
+        for (unsigned i = threadIdx.x & 31u; i < hd; i += 32) x[i] *= qs;
+      }
+    }
   }
   const size_t kv = static_cast<size_t>(nkv) * hd;
   float* vc = a.v_cache + static_cast<size_t>(slot) * kv;

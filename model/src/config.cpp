@@ -194,7 +194,7 @@ status parse_smollm3(const json& j, model_config& c, bool use_window) {
   c.nope_layers.assign(c.n_layers, false);
   if (j.contains("no_rope_layers") && !j["no_rope_layers"].is_null() && !j["no_rope_layers"].empty()) {
     const auto& v = j["no_rope_layers"];
-    if (!v.is_array() || v.size() != c.n_layers) return bad("no_rope_layers must list every layer");
+    if (!v.is_array() || v.size() < c.n_layers) return bad("no_rope_layers must list every layer");  // HF reads the first n_layers
     for (size_t i = 0; i < c.n_layers; ++i) {
       if (!v[i].is_number_integer() || (v[i] != 0 && v[i] != 1)) return bad("no_rope_layers entries must be 0 or 1");
       c.nope_layers[i] = v[i] == 0;
@@ -211,6 +211,41 @@ status parse_smollm3(const json& j, model_config& c, bool use_window) {
   c.sliding_window = *w;
   c.sliding_layers = c.nope_layers;
   if (j.contains("layer_types") && !j["layer_types"].is_null()) LLMESH_TRY(parse_layer_types(j, c));
+  return ok_status();
+}
+
+/// Ministral3Config's defaults where config.json leaves a field out: its yarn rotary (theta 1e6,
+/// factor 16 over 16384 positions, mscale 1/1, llama_4_scaling_beta 0.1), 262144 positions,
+/// head_dim 128, rms_norm_eps 1e-5.
+void ministral3_defaults(json& j) {
+  if (!j.contains("max_position_embeddings") || j["max_position_embeddings"].is_null()) j["max_position_embeddings"] = 262144;
+  if (!j.contains("head_dim") || j["head_dim"].is_null()) j["head_dim"] = 128;
+  if (!j.contains("rms_norm_eps") || j["rms_norm_eps"].is_null()) j["rms_norm_eps"] = 1e-5;
+  const bool scaled = (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) ||
+                      (j.contains("rope_scaling") && !j["rope_scaling"].is_null());
+  if (!scaled) {
+    j["rope_parameters"] = {{"type", "yarn"}, {"rope_theta", 1000000.0}, {"factor", 16.0},
+                            {"original_max_position_embeddings", 16384}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                            {"mscale_all_dim", 1.0}, {"mscale", 1.0}, {"llama_4_scaling_beta", 0.1}};
+  }
+}
+
+/// Ministral 3's attention temperature: rope_parameters' (or rope_scaling's)
+/// llama_4_scaling_beta over its original_max_position_embeddings.
+status parse_query_temperature(const json& j, model_config& c) {
+  const json* s = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? &j["rope_parameters"]
+                  : j.contains("rope_scaling") && j["rope_scaling"].is_object()    ? &j["rope_scaling"]
+                                                                                    : nullptr;
+  if (s == nullptr) return ok_status();
+  auto beta = get_number(*s, "llama_4_scaling_beta", 0.0);
+  auto original = get_number(*s, "original_max_position_embeddings", 0.0);
+  if (!beta) return beta.take_error();
+  if (!original) return original.take_error();
+  if (*beta == 0.0) return ok_status();
+  if (!std::isfinite(*beta) || !(*original >= 1.0) || !std::isfinite(*original)) {
+    return bad("llama_4_scaling_beta needs a finite beta and original_max_position_embeddings >= 1");
+  }
+  c.query_temperature = {*beta, *original};
   return ok_status();
 }
 
@@ -354,7 +389,7 @@ result<model_config> parse_config_json(const std::string& text) {
   }
   if (arch_name == "LlamaForCausalLM") {
     c.arch = architecture::llama;
-  } else if (arch_name == "MistralForCausalLM") {
+  } else if (arch_name == "MistralForCausalLM" || arch_name == "Ministral3ForCausalLM") {
     c.arch = architecture::mistral;
   } else if (arch_name == "Qwen2ForCausalLM") {
     c.arch = architecture::qwen2;
@@ -384,7 +419,7 @@ result<model_config> parse_config_json(const std::string& text) {
     return make_error(errc::unsupported, "config.json: unknown architecture '" + c.arch_name +
                                              "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
                                              "Qwen3ForCausalLM, Phi3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
-                                             "GraniteForCausalLM, GptOssForCausalLM, SmolLM3ForCausalLM, "
+                                             "GraniteForCausalLM, GptOssForCausalLM, SmolLM3ForCausalLM, Ministral3ForCausalLM, "
                                              "the language models of Gemma3ForConditionalGeneration and "
                                              "Mistral3ForConditionalGeneration, "
                                              "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, and the bare LlamaModel, "
@@ -401,8 +436,13 @@ result<model_config> parse_config_json(const std::string& text) {
                            {"original_max_position_embeddings", 4096}, {"truncate", false}};
     }
   }
+  const bool ministral3 = arch_name == "Ministral3ForCausalLM";
+  if (ministral3) ministral3_defaults(j);
   if (c.arch == architecture::smollm3 && !j.contains("rope_theta") && !j.contains("rope_parameters")) {
     j["rope_theta"] = 2000000.0;  // SmolLM3Config's default_theta
+  }
+  if (c.arch == architecture::smollm3 && (!j.contains("num_key_value_heads") || j["num_key_value_heads"].is_null())) {
+    j["num_key_value_heads"] = 4;  // SmolLM3Config's default (not the query heads)
   }
   if (c.arch == architecture::gemma3) {
     auto flat = flatten_gemma3_rope(j);
@@ -489,6 +529,7 @@ result<model_config> parse_config_json(const std::string& text) {
   }
   if (c.arch == architecture::granite) LLMESH_TRY(parse_granite(j, c));
   if (smollm3) LLMESH_TRY(parse_smollm3(j, c, *use_window));
+  if (ministral3) LLMESH_TRY(parse_query_temperature(j, c));
   c.fused_projections = c.arch == architecture::phi3;
   if ((c.arch == architecture::qwen2 || c.arch == architecture::qwen2_moe || qwen3_family) && *use_window) {
     // HF applies Qwen's window only from layer max_window_layers on; released checkpoints

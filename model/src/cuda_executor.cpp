@@ -62,6 +62,12 @@ class cuda_executor final : public step_executor {
     LLMESH_TRY(alloc(sin_, sn.size() * sizeof(float)));
     LLMESH_TRY(cuda::copy_to_device(cos_.get(), cs.data(), cs.size() * sizeof(float), stream_.get()));
     LLMESH_TRY(cuda::copy_to_device(sin_.get(), sn.data(), sn.size() * sizeof(float), stream_.get()));
+    if (const auto& qt = cfg_.query_temperature; qt.beta != 0.0) {  // Ministral 3: the queries' scale per position
+      std::vector<float> qs(positions);
+      for (size_t p = 0; p < positions; ++p) qs[p] = kernels::llama4_query_scale(p, qt.beta, qt.original);
+      LLMESH_TRY(alloc(q_temp_, qs.size() * sizeof(float)));
+      LLMESH_TRY(cuda::copy_to_device(q_temp_.get(), qs.data(), qs.size() * sizeof(float), stream_.get()));
+    }
     nv_max_ = layout_.n_vocab;
     for (int r = 0; r < layout_.tp; ++r) {
       auto peer = make_shard_layout(cfg_, r, layout_.tp, layout_.expert_parallel);
@@ -536,6 +542,7 @@ class cuda_executor final : public step_executor {
       r.head_dim = hd;
       r.rotary_dim = cfg_.rope.head_dim;
       r.rotate = !layer_nope(cfg_, L);
+      r.q_scale = cfg_.query_temperature.beta != 0.0 ? q_temp_.as<float>() : nullptr;
       r.pos = meta + off_pos();
       r.slot = meta + off_slot();
       r.cos = cos_.as<float>();
@@ -560,7 +567,7 @@ class cuda_executor final : public step_executor {
       a.n_kv_heads = layout_.n_kv_heads;
       a.head_dim = hd;
       a.block_size = kv_.block_size;
-      a.sliding_window = cfg_.sliding_window;
+      a.sliding_window = layer_window(cfg_, L);  // SmolLM3's sliding layers only (the families with others are CPU-only)
       a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
       a.max_partitions = p.partitions;
       a.partials = partials_.as<float>();
@@ -635,6 +642,7 @@ class cuda_executor final : public step_executor {
   std::unique_ptr<cuda::blas> blas_;
   std::vector<cuda::buffer> k_cache_, v_cache_;
   cuda::buffer cos_, sin_;
+  cuda::buffer q_temp_;  ///< [positions]: Ministral 3's query temperature (kernels::llama4_query_scale); empty otherwise
   size_t cap_ = 0, cap_tables_ = 0, cap_parts_ = 1, cap_singles_ = 0;
   cuda::buffer meta_, meta_host_, ids_, ids_host_, sample_args_, sample_args_host_;
   cuda::buffer adjust_;  ///< the step's logits adjustments (penalties, bans)

@@ -307,11 +307,13 @@ status gpt_oss_config(const gguf_file& g, uint64_t experts, json& c) {
 }
 
 /// Gemma's (llama.cpp's "gemma", "gemma2", "gemma3"): the tanh GELU; Gemma 2's logit caps
-/// (missing: its 50 and 30, as in llama.cpp and HF) and window (missing: 4096); Gemma 3's window
-/// (required, as llama.cpp reads it), every sixth layer global, its sliding layers' rotary base
-/// 10000 unscaled (llama.cpp hardcodes both; so do HF's defaults). The query scale: llama.cpp's
-/// rule, 1/sqrt(head_dim) but for the 27B models (46 Gemma 2 layers, 62 Gemma 3 ones), whose
-/// query_pre_attn_scalar is hidden / heads — the converter writes no key for it.
+/// (missing: its 50 and 30, as in llama.cpp and HF) and window (missing: 4096); Gemma 3's final
+/// cap when written, its window — every sixth layer global, the sliding layers' rotary base
+/// 10000 unscaled (llama.cpp hardcodes both; so do HF's defaults) — or, without one (the
+/// converter writes none for sliding_window_pattern 1), every layer global as llama.cpp runs it.
+/// The query scale: llama.cpp's rule, 1/sqrt(head_dim) but for the 27B models (46 Gemma 2
+/// layers, 62 Gemma 3 ones), whose query_pre_attn_scalar is hidden / heads — the converter
+/// writes no key for it.
 status gemma_config(const gguf_file& g, const std::string& arch, uint64_t head_dim, json& c) {
   const std::string p = arch + ".";
   c["hidden_activation"] = "gelu_pytorch_tanh";
@@ -319,11 +321,12 @@ status gemma_config(const gguf_file& g, const std::string& arch, uint64_t head_d
   const uint64_t layers = c["num_hidden_layers"], hidden = c["hidden_size"], heads = c["num_attention_heads"];
   const bool big = layers == (arch == "gemma2" ? 46u : 62u);
   c["query_pre_attn_scalar"] = big ? hidden / heads : head_dim;
-  auto window = get_uint(g, p + "attention.sliding_window", arch == "gemma2" ? std::optional<uint64_t>(4096) : std::nullopt);
+  auto window = get_uint(g, p + "attention.sliding_window", arch == "gemma2" ? 4096 : 0);
   if (!window) return window.take_error();
   c["sliding_window"] = *window;
-  if (arch == "gemma3") return ok_status();
+  if (arch == "gemma3" && *window == 0) c["sliding_window_pattern"] = 1;  // no sliding layers: one rotary for all
   for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (arch == "gemma3" && std::string_view(key) == "attn_logit_softcapping") continue;  // llama.cpp reads none for Gemma 3
     if (g.find(p + key) == nullptr) continue;
     auto cap = get_double(g, p + key, 0.0);
     if (!cap) return cap.take_error();

@@ -99,9 +99,10 @@ result<std::string> config_architecture_name(const std::string& arch) {
   if (arch == "gemma3") return std::string("Gemma3ForCausalLM");
   if (arch == "gpt_oss") return std::string("GptOssForCausalLM");
   if (arch == "smollm3") return std::string("SmolLM3ForCausalLM");
+  if (arch == "ministral3") return std::string("Ministral3ForCausalLM");
   return make_error(errc::invalid_request, "unknown --arch '" + arch +
                                                "' (llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral, qwen2_moe, gemma, gemma2, gemma3, granite, "
-                                               "gpt_oss, smollm3)");
+                                               "gpt_oss, smollm3, ministral3)");
 }
 
 status write_random_model(const random_model_spec& s, const std::string& dir) {
@@ -196,7 +197,7 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
               {"bos_token_id", 256},
               {"eos_token_id", 257},
               {"torch_dtype", s.dtype == kernels::dtype::f32 ? "float32" : (s.dtype == kernels::dtype::f16 ? "float16" : "bfloat16")}};
-  if (s.head_dim || qk_norm || gemma || gpt_oss) cfg["head_dim"] = hd;  // Qwen3's default (128), Gemma's (256), GPT-OSS's (64)
+  if (s.head_dim || qk_norm || gemma || gpt_oss || s.arch == "ministral3") cfg["head_dim"] = hd;  // Qwen3's default (128), Gemma's (256), GPT-OSS's (64), Ministral 3's (128)
   if (s.arch == "llama" || s.arch == "qwen3" || s.arch == "qwen3_moe" || gemma || granite || smollm3) cfg["attention_bias"] = s.attention_bias;
   if (smollm3) {  // SmolLM3Config's NoPE pattern (every 4th layer), written out as HF saves it; the window on those layers
     json rope_layers = json::array();
@@ -273,6 +274,14 @@ status write_random_model(const random_model_spec& s, const std::string& dir) {
       cfg["quantization_config"] = {{"quant_method", "mxfp4"},
                                     {"modules_to_not_convert", {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}};
     }
+  }
+  if (s.arch == "ministral3") {  // Ministral3Config's rope_parameters, over 4 positions so tiny tests see the temperature rise
+    cfg["rope_parameters"] = {{"type", "yarn"}, {"rope_theta", s.rope_theta}, {"factor", 16.0},
+                              {"original_max_position_embeddings", 4}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                              {"mscale", 1.0}, {"mscale_all_dim", 1.0}, {"llama_4_scaling_beta", 0.1}};
+    cfg["max_position_embeddings"] = 64;
+    cfg["sliding_window"] = s.sliding_window ? json(s.sliding_window) : json(nullptr);
+    cfg.erase("rope_theta");
   }
   if (s.partial_rotary != 1.0) cfg["partial_rotary_factor"] = s.partial_rotary;
   if (s.longrope_scaling) {

@@ -124,6 +124,7 @@ void shard_executor::ensure_buffers(size_t t) {
   up_.resize(t * layout_.n_inter);
   cos_.resize(t * hd / 2);
   sin_.resize(t * hd / 2);
+  q_temp_.resize(t);
   if (!inv_freq_local_.empty()) {
     cos_local_.resize(t * hd / 2);
     sin_local_.resize(t * hd / 2);
@@ -159,6 +160,8 @@ status shard_executor::run(std::span<const step_sequence> batch, std::vector<flo
         for (size_t d = 0; d < c.hidden; ++d) row[d] = kernels::load_as_f32(w.embed.data, w.embed.type, id * c.hidden + d) * embed_scale_;
       }
       kernels::rope_angles(inv_freq_, s.pos0 + i, cos_.data() + t * half, sin_.data() + t * half, rope_scale_);
+      const auto& qt = c.query_temperature;
+      q_temp_[t] = qt.beta == 0.0 ? 1.0f : kernels::llama4_query_scale(s.pos0 + i, qt.beta, qt.original);
       if (!inv_freq_local_.empty()) {
         kernels::rope_angles(inv_freq_local_, s.pos0 + i, cos_local_.data() + t * half, sin_local_.data() + t * half, rope_scale_local_);
       }
@@ -254,6 +257,12 @@ status shard_executor::attention_block(size_t layer, std::span<const step_sequen
     for_rows(*pool_, n_tokens, q_dim + kv_dim, [&](size_t t) {
       kernels::rope_apply(&q_[t * q_dim], layout_.n_heads, hd, rot, cos + t * half, sin + t * half);
       kernels::rope_apply(&k_[t * kv_dim], layout_.n_kv_heads, hd, rot, cos + t * half, sin + t * half);
+    });
+  }
+  if (c.query_temperature.beta != 0.0) {  // Ministral 3: the queries' temperature past the original context
+    for_rows(*pool_, n_tokens, q_dim, [&](size_t t) {
+      if (q_temp_[t] == 1.0f) return;
+      for (size_t d = 0; d < q_dim; ++d) q_[t * q_dim + d] *= q_temp_[t];
     });
   }
 

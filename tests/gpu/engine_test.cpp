@@ -52,6 +52,12 @@ std::vector<named_spec> golden_shapes() {
   add("phi3_fused_window_bf16", [](auto& s) {
     s.arch = "phi3"; s.hidden = 96; s.intermediate = 160; s.n_heads = 6; s.n_kv_heads = 2; s.vocab = 600;
     s.dtype = kernels::dtype::bf16; s.sliding_window = 6; s.seed = 19; });
+  add("smollm3_nope_window_bf16", [](auto& s) {  // NoPE layers (rope_kv's rotate false), the window on them only
+    s.arch = "smollm3"; s.hidden = 64; s.intermediate = 128; s.n_layers = 4; s.n_heads = 4; s.n_kv_heads = 2;
+    s.vocab = 600; s.dtype = kernels::dtype::bf16; s.sliding_window = 5; s.rope_theta = 2e6; s.seed = 95; });
+  add("ministral3_temp_yarn_bf16", [](auto& s) {  // yarn and the queries' temperature (rope_kv's q_scale)
+    s.arch = "ministral3"; s.hidden = 64; s.intermediate = 128; s.n_heads = 4; s.n_kv_heads = 2;
+    s.vocab = 600; s.dtype = kernels::dtype::bf16; s.rope_theta = 1e6; s.seed = 97; });
   add("llama_wide_bf16", [](auto& s) {
     s.hidden = 512; s.intermediate = 1376; s.n_layers = 3; s.n_heads = 8; s.n_kv_heads = 2; s.vocab = 4099;
     s.dtype = kernels::dtype::bf16; s.seed = 17; });

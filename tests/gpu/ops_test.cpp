@@ -392,7 +392,8 @@ struct paged_cache {
 
 // Full rotary with llama3 scaling, and Phi-4-mini's shape: 96 of 128 dims rotating with yarn
 // frequencies and a scale on cos and sin (the dims after 96 pass to q, k and the cache as they are);
-// and a SmolLM3 NoPE layer (rotate false: q and k unchanged, the cache written).
+// with Ministral 3's query temperature (beta 0.1 over 16 positions) on top; and a SmolLM3 NoPE
+// layer (rotate false: q and k unchanged, the cache written).
 TEST(CudaRopeKv, BitIdenticalToCpuRopeAndCacheWrite) {
   LLMESH_REQUIRE_GPU();
   for (const size_t case_rot : {size_t{128}, size_t{96}, size_t{0}}) {
@@ -418,6 +419,10 @@ TEST(CudaRopeKv, BitIdenticalToCpuRopeAndCacheWrite) {
     const size_t slots = 64;
     auto dq = to_device(q), dk = to_device(k), dv = to_device(v), dcos = to_device(cs), dsin = to_device(sn);
     auto dpos = to_device(pos), dslot = to_device(slot);
+    std::vector<float> qs(positions);
+    for (size_t p = 0; p < positions; ++p) qs[p] = kernels::llama4_query_scale(p, 0.1, 16.0);
+    auto dqs = to_device(qs);
+    const bool tempered = rot == 96;
     std::vector<float> zeros(slots * n_kv * hd, 0.0f);
     auto kc = to_device(zeros), vc = to_device(zeros);
     cuda::rope_kv_args a;
@@ -430,6 +435,7 @@ TEST(CudaRopeKv, BitIdenticalToCpuRopeAndCacheWrite) {
     a.head_dim = hd;
     a.rotary_dim = rot;
     a.rotate = !nope;
+    a.q_scale = tempered ? dqs.as<float>() : nullptr;
     a.pos = dpos.as<int32_t>();
     a.slot = dslot.as<int32_t>();
     a.cos = dcos.as<float>();
@@ -444,6 +450,9 @@ TEST(CudaRopeKv, BitIdenticalToCpuRopeAndCacheWrite) {
       if (!nope) {
         kernels::rope_apply(&want_q[t * n_heads * hd], n_heads, hd, rot, &cs[pos[t] * half], &sn[pos[t] * half]);
         kernels::rope_apply(&want_k[t * n_kv * hd], n_kv, hd, rot, &cs[pos[t] * half], &sn[pos[t] * half]);
+      }
+      if (tempered) {
+        for (size_t d = 0; d < n_heads * hd; ++d) want_q[t * n_heads * hd + d] *= qs[pos[t]];
       }
       std::copy_n(&want_k[t * n_kv * hd], n_kv * hd, &want_kc[slot[t] * n_kv * hd]);
       std::copy_n(&v[t * n_kv * hd], n_kv * hd, &want_vc[slot[t] * n_kv * hd]);

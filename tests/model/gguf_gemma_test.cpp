@@ -128,10 +128,17 @@ TEST(GgufGemma, Gemma3sGlobalLayersLocalRotaryAndQueryScale) {
   gguf_writer big = small_gemma("gemma3", 62, 5376, 32, 128);  // Gemma 3 27B: query_pre_attn_scalar 168
   big.u32("gemma3.attention.sliding_window", 1024);
   EXPECT_DOUBLE_EQ(config_of(big, dir, "27b.gguf").attn_scale, 1.0 / std::sqrt(168.0));
-  auto missing = load_config(write(small_gemma("gemma3", 26, 1152, 4, 256), dir, "nowindow.gguf"));
-  ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.err().message.find("missing metadata 'gemma3.attention.sliding_window'"), std::string::npos)
-      << missing.err().message;
+  // No window (the converter writes none for sliding_window_pattern 1): every layer global, with
+  // the global rotary, as llama.cpp runs it; a final cap the converter wrote is read.
+  gguf_writer global = small_gemma("gemma3", 26, 1152, 4, 256);
+  global.f32("gemma3.rope.freq_base", 1e6f);
+  global.f32("gemma3.final_logit_softcapping", 30.0f);
+  c = config_of(global, dir, "nowindow.gguf");
+  EXPECT_FLOAT_EQ(c.gemma.final_softcap, 30.0f);
+  for (size_t i = 0; i < 26; ++i) {
+    EXPECT_EQ(layer_window(c, i), 0u) << i;
+    EXPECT_DOUBLE_EQ(layer_rope(c, i).theta, 1e6) << i;
+  }
 }
 
 TEST(GgufGemma, NormsHoldWhatTheFileHoldsUnderHfsNames) {

@@ -4,11 +4,13 @@
 // or model.language_model.*, beside a vision tower) gives the text model's logits bit for bit.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint_edit.hpp"
 #include "gguf_test_util.hpp"
+#include "llmesh/kernels/rope.hpp"
 #include "llmesh/model/config.hpp"
 #include "llmesh/model/random_model.hpp"
 #include "llmesh/model/weights.hpp"
@@ -80,15 +82,61 @@ TEST(Multimodal, Mistral3sTextConfigIsMistrals) {
   EXPECT_DOUBLE_EQ(c->rope.theta, 1e9);
   EXPECT_EQ(c->sliding_window, 0u);
   EXPECT_FALSE(c->tie_embeddings);
-  // Another text model inside (Ministral 3's) is refused by name; so is a text_config that is not an object.
+  // Another text model inside is refused by name; so is a text_config that is not an object.
   auto other = j;
-  other["text_config"]["model_type"] = "ministral3";
+  other["text_config"]["model_type"] = "qwen2";
   auto r = parse(other);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.err().code, errc::unsupported);
-  EXPECT_NE(r.err().message.find("model_type 'ministral3'"), std::string::npos) << r.err().message;
+  EXPECT_NE(r.err().message.find("model_type 'qwen2'"), std::string::npos) << r.err().message;
   other["text_config"] = 3;
   EXPECT_NE(parse(other).err().message.find("text_config must be an object"), std::string::npos);
+}
+
+TEST(Multimodal, Ministral3sTextModelHasYarnAndTheQueryTemperature) {
+  // Shaped like mistralai/Ministral-3-8B-Instruct-2512's config.json (vision_config abridged).
+  const json j = json::parse(R"({"architectures": ["Mistral3ForConditionalGeneration"], "image_token_index": 10,
+    "model_type": "mistral3", "spatial_merge_size": 2,
+    "text_config": {"head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+      "max_position_embeddings": 262144, "model_type": "ministral3", "num_attention_heads": 32, "num_hidden_layers": 34,
+      "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+      "rope_parameters": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 16.0, "llama_4_scaling_beta": 0.1,
+                          "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 16384,
+                          "rope_theta": 1000000.0, "rope_type": "yarn", "type": "yarn"},
+      "sliding_window": null, "tie_word_embeddings": false, "vocab_size": 131072},
+    "vision_config": {"model_type": "pixtral"}})");
+  auto c = parse(j);
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  EXPECT_EQ(c->arch, architecture::mistral);
+  EXPECT_TRUE(c->language_model_of_multimodal);
+  EXPECT_TRUE(c->rope.yarn);
+  EXPECT_DOUBLE_EQ(c->rope.factor, 16.0);
+  EXPECT_DOUBLE_EQ(c->rope.original_max_position, 16384.0);
+  EXPECT_DOUBLE_EQ(c->rope.attention_factor, 1.0);  // mscale / mscale_all_dim
+  EXPECT_DOUBLE_EQ(c->rope.theta, 1e6);
+  EXPECT_EQ(c->max_positions, 262144u);
+  EXPECT_DOUBLE_EQ(c->query_temperature.beta, 0.1);
+  EXPECT_DOUBLE_EQ(c->query_temperature.original, 16384.0);
+  // The scale: 1 within the original context, then 1 + 0.1·ln(1 + floor(p / 16384)).
+  EXPECT_EQ(kernels::llama4_query_scale(0, 0.1, 16384), 1.0f);
+  EXPECT_EQ(kernels::llama4_query_scale(16383, 0.1, 16384), 1.0f);
+  EXPECT_EQ(kernels::llama4_query_scale(16384, 0.1, 16384), static_cast<float>(1.0 + 0.1 * std::log(2.0)));
+  EXPECT_EQ(kernels::llama4_query_scale(3 * 16384 + 5, 0.1, 16384), static_cast<float>(1.0 + 0.1 * std::log(4.0)));
+  // Ministral3Config's defaults for a bare text config; plain Mistral has no temperature.
+  json bare = {{"architectures", {"Ministral3ForCausalLM"}}, {"hidden_size", 4096}, {"intermediate_size", 14336},
+               {"num_hidden_layers", 34}, {"num_attention_heads", 32}, {"num_key_value_heads", 8}, {"vocab_size", 131072}};
+  auto d = parse(bare);
+  ASSERT_TRUE(d.ok()) << d.err().message;
+  EXPECT_FALSE(d->language_model_of_multimodal);
+  EXPECT_DOUBLE_EQ(d->query_temperature.beta, 0.1);
+  EXPECT_TRUE(d->rope.yarn);
+  EXPECT_EQ(d->max_positions, 262144u);
+  EXPECT_FLOAT_EQ(d->rms_norm_eps, 1e-5f);
+  bare["architectures"] = {"MistralForCausalLM"};
+  EXPECT_EQ(parse(bare)->query_temperature.beta, 0.0);
+  auto broken = j;
+  broken["text_config"]["rope_parameters"]["llama_4_scaling_beta"] = "0.1";
+  EXPECT_NE(parse(broken).err().message.find("llama_4_scaling_beta"), std::string::npos);
 }
 
 /// A random Gemma 3 checkpoint, and the same weights written as a multimodal one in `layout`

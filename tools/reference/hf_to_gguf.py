@@ -50,9 +50,9 @@ hardcodes every fourth layer NoPE and no window, so a config saying otherwise is
 
 Gemma, Gemma 2, Gemma 3 (llama.cpp's GemmaModel, Gemma2Model, Gemma3Model: arch "gemma",
 "gemma2", "gemma3"): key/value_length always; Gemma 2's attn/final_logit_softcapping and
-attention.sliding_window; Gemma 3's sliding_window, rope.freq_base (its config's default 1e6) and
-a linear rope.scaling; every tensor named *norm.weight written as weight + 1 computed in the
-checkpoint's dtype (the converters' data_torch + 1, before the cast to F32); Gemma 2/3's
+attention.sliding_window; Gemma 3's sliding_window, final_logit_softcapping when set, rope.freq_base (its config's default 1e6) and
+a linear rope.scaling; every tensor named *norm.weight written as weight + 1 (the converters' data_torch + 1, which
+prepare_tensors hands them in float32 but for an F16 checkpoint's, added in float16); Gemma 2/3's
 post_attention_layernorm as post_attention_norm, pre_feedforward_layernorm as ffn_norm,
 post_feedforward_layernorm as post_ffw_norm; no output tensor (llama.cpp's Gemma graphs use the
 embedding). What llama.cpp's graphs cannot hold is refused (gemma_checks): an untied model, a
@@ -140,10 +140,12 @@ def gemma_checks(cfg, arch):
                 c[k] = v
         sliding = [i % 2 == 0 for i in range(n)]
     else:
-        if c.get("attn_logit_softcapping") is not None or c.get("final_logit_softcapping") is not None:
-            sys.exit("error: Gemma 3 with logit soft-capping (the converter asserts there is none)")
+        if c.get("attn_logit_softcapping") is not None:
+            sys.exit("error: Gemma 3 with attention logit soft-capping (the converter asserts there is none)")
         if c.get("sliding_window_pattern", 6) != 6:
             sys.exit("error: Gemma 3 sliding_window_pattern other than 6 (llama.cpp hardcodes it)")
+        if "sliding_window" not in c:
+            c["sliding_window"] = 4096   # Gemma3TextConfig's default
         if c.get("rope_local_base_freq", 10000.0) != 10000.0:
             sys.exit("error: Gemma 3 rope_local_base_freq other than 10000 (llama.cpp hardcodes it)")
         rs = c.get("rope_scaling") or {}
@@ -195,7 +197,7 @@ def main():
     kv = cfg.get("num_key_value_heads", heads)
     hd = cfg.get("head_dim") or hidden // heads
     layers, inter, vocab = cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
-    theta = cfg.get("rope_theta") or (1000000.0 if arch == "gemma3" else 10000.0)
+    theta = cfg.get("rope_theta") or {"gemma3": 1000000.0, "smollm3": 2000000.0}.get(arch, 10000.0)
     weights = Weights(args.model)
 
     kv_items = []
@@ -256,6 +258,8 @@ def main():
     if arch == "gemma2":
         kv_add("gemma2.attn_logit_softcapping", 6, cfg["attn_logit_softcapping"])
         kv_add("gemma2.final_logit_softcapping", 6, cfg["final_logit_softcapping"])
+    if arch == "gemma3" and cfg.get("final_logit_softcapping"):
+        kv_add("gemma3.final_logit_softcapping", 6, cfg["final_logit_softcapping"])
     if arch == "gemma3" and rs:
         kv_add("gemma3.rope.scaling.type", 8, "linear")
         kv_add("gemma3.rope.scaling.factor", 6, rs["factor"])
@@ -355,8 +359,8 @@ def main():
     def add(gguf_name, hf_name, shape, perm_heads=None, kind=None, file_shape=None):
         t = weights.get(hf_name, shape)
         plus_one = gemma and gguf_name.endswith("norm.weight")
-        if plus_one:  # Gemma's converters: data_torch + 1, in the checkpoint's dtype (then float32)
-            t = t.to({"BF16": torch.bfloat16, "F16": torch.float16}.get(weights.dtype(hf_name), torch.float32)) + 1
+        if plus_one:  # Gemma's converters: data_torch + 1, after prepare_tensors widened all but F16 to F32
+            t = t.to(torch.float16 if weights.dtype(hf_name) == "F16" else torch.float32) + 1
         w = t.to(torch.float64).numpy().astype(F32)
         if perm_heads:
             w = permute(w, perm_heads)

@@ -71,7 +71,7 @@ except ImportError as e:
 GEMMAS = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                    "Phi3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-                   "GraniteForCausalLM", "GptOssForCausalLM", "SmolLM3ForCausalLM") + GEMMAS
+                   "GraniteForCausalLM", "GptOssForCausalLM", "SmolLM3ForCausalLM", "Ministral3ForCausalLM") + GEMMAS
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)   # e2m1 codes
 
 
@@ -423,7 +423,7 @@ def load_config(model_dir):
         "tied": bool(c.get("tie_word_embeddings", gemma or arch == "SmolLM3ForCausalLM")),   # Gemma's and SmolLM3's default to tied
         "rope_scaling": c.get("rope_scaling"),
     }
-    cfg["kv_heads"] = c.get("num_key_value_heads") or cfg["heads"]
+    cfg["kv_heads"] = c.get("num_key_value_heads") or (4 if arch == "SmolLM3ForCausalLM" else cfg["heads"])   # SmolLM3Config's default 4
     # HF's Qwen3Config defaults head_dim to 128; the others derive it.
     qwen3 = arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
     cfg["head_dim"] = c.get("head_dim") or (128 if qwen3 else 256 if gemma else 64 if arch == "GptOssForCausalLM"
@@ -500,6 +500,21 @@ def load_config(model_dir):
     elif arch == "MixtralForCausalLM":
         cfg["experts"], cfg["top_k"], cfg["norm_topk"] = c["num_local_experts"], c["num_experts_per_tok"], True
     cfg["nope"] = [False] * cfg["layers"]
+    cfg["q_temp"] = None
+    if arch == "Ministral3ForCausalLM":
+        # HF Ministral3: Mistral's layers; rope_parameters (yarn, Ministral3Config's defaults when
+        # absent) also hold llama_4_scaling_beta: each query times
+        # 1 + beta * ln(1 + floor(position / original_max_position_embeddings)) after the rotary.
+        rp = c.get("rope_parameters") or {
+            "type": "yarn", "rope_theta": 1000000.0, "factor": 16.0, "original_max_position_embeddings": 16384,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}
+        cfg["rope_scaling"] = c.get("rope_scaling") or rp
+        cfg["theta"] = c.get("rope_theta") or rp.get("rope_theta") or 10000.0
+        cfg["max_pos"] = c.get("max_position_embeddings", 262144)
+        if cfg["rope_scaling"].get("llama_4_scaling_beta"):
+            cfg["q_temp"] = (cfg["rope_scaling"]["llama_4_scaling_beta"], cfg["rope_scaling"]["original_max_position_embeddings"])
+        cfg["window"] = c.get("sliding_window")
+        cfg["layer_windows"] = [cfg["window"]] * cfg["layers"]
     if arch == "SmolLM3ForCausalLM":
         # HF SmolLM3: no_rope_layers[i] == 0 leaves layer i's q and k unrotated (default: every
         # no_rope_layer_interval-th layer); with use_sliding_window and a sliding_window, the
@@ -576,8 +591,13 @@ def rope_inv_freq(cfg, theta=None, rs=None, max_model_len=None):
             r = min(max((i - lo) / (hi - lo), 0.0), 1.0)   # 0: extrapolate (keep), 1: interpolate
             out.append(f * (1 - r) + (f / factor) * r)
         mscale = rs.get("attention_factor")
+
+        def get_mscale(m):   # HF's _compute_yarn_parameters
+            return 0.1 * m * math.log(factor) + 1 if factor > 1 else 1.0
+        if mscale is None and rs.get("mscale") and rs.get("mscale_all_dim"):
+            mscale = get_mscale(rs["mscale"]) / get_mscale(rs["mscale_all_dim"])
         if mscale is None:
-            mscale = 0.1 * math.log(factor) + 1 if factor > 1 else 1.0
+            mscale = get_mscale(1.0)
         return torch.tensor(out, dtype=torch.float64), mscale * rs.get("attn_factor", 1.0)
     if kind in ("longrope", "su"):
         # LongRoPE (Phi-3): per-frequency divisors, the long ones when the served context
@@ -827,6 +847,10 @@ class Model:
             return torch.cat((xr * cos + rotate_half(xr) * sin, x[..., r:]), dim=-1)
         if cos is not None:   # None: a NoPE layer (SmolLM3)
             q, k = rotate(q), rotate(k)
+        if cfg["q_temp"]:   # Ministral 3: the queries' temperature by position
+            beta, orig = cfg["q_temp"]
+            pos = torch.arange(T, dtype=torch.float64)
+            q = q * (1 + beta * torch.log(1 + torch.floor(pos / orig))).view(1, T, 1)
         if self.kv_kind:   # attention reads the 8-bit cache's copies of every key and value
             k, v = round_f8(k, self.kv_kind, L["k_scale"]), round_f8(v, self.kv_kind, L["v_scale"])
         group = nh // nkv

@@ -41,7 +41,8 @@ namespace llmesh::kernels::cuda {
 /// [positions][rotary_dim/2], as kernels::rope_angles fills them), then the
 /// token's k and v written to cache slot slot[t] ([slot][n_kv_heads][hd]). Tokens with
 /// slot[t] < 0 (batch padding) are left alone. rotate false (SmolLM3's NoPE layers): q and k
-/// are left as they are, k and v written.
+/// are left as they are, k and v written. q_scale ([positions], Ministral 3's query
+/// temperature): the rotated q times q_scale[pos[t]]; null: none.
 struct rope_kv_args {
   float* q = nullptr;
   float* k = nullptr;
@@ -49,6 +50,7 @@ struct rope_kv_args {
   size_t n_tokens = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
   size_t rotary_dim = 0;
   bool rotate = true;
+  const float* q_scale = nullptr;
   const int32_t* pos = nullptr;
   const int32_t* slot = nullptr;
   const float* cos = nullptr;

@@ -2,6 +2,7 @@
 // vLLM: linear, llama3, yarn and longrope; a partial rotary (the first dims of each head).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <vector>
 
@@ -43,6 +44,13 @@ double rope_scale(const rope_config& cfg);
 /// Fills cos/sin [inv_freq.size()] for one position, each times `scale` (computed in double,
 /// rounded once).
 void rope_angles(const std::vector<double>& inv_freq, size_t position, float* cos_out, float* sin_out, double scale = 1.0);
+
+/// Llama 4's attention temperature (Ministral 3's llama_4_scaling_beta): what the queries at
+/// `position` are multiplied by after the rotary, 1 + beta·ln(1 + floor(position / original)),
+/// computed in double and rounded once (1 below `original`).
+inline float llama4_query_scale(size_t position, double beta, double original) {
+  return static_cast<float>(1.0 + beta * std::log(1.0 + std::floor(static_cast<double>(position) / original)));
+}
 
 /// Rotates n_heads vectors of head_dim in place over their first rotary_dim entries: for
 /// i < rotary_dim/2, with a = v[i], b = v[i + rotary_dim/2]: v[i] = a·cos − b·sin,

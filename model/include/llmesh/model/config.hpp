@@ -91,6 +91,12 @@ struct model_config {
   /// Gemma 2's and GPT-OSS's even layers, Gemma 3's all but every sliding_window_pattern-th).
   /// Empty: every layer does.
   std::vector<bool> sliding_layers;
+  /// Ministral 3 (rope_parameters' llama_4_scaling_beta, Llama 4's attention temperature): each
+  /// query times kernels::llama4_query_scale(position, beta, original) after the rotary; beta 0:
+  /// none. `original`: rope_parameters' original_max_position_embeddings.
+  struct query_temperature_config {
+    double beta = 0.0, original = 0.0;
+  } query_temperature;
   /// SmolLM3: the layers that apply no rotary to q and k (NoPE; config.json's no_rope_layers
   /// entries 0, else every no_rope_layer_interval-th layer). Empty: every layer rotates.
   std::vector<bool> nope_layers;

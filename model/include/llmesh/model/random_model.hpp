@@ -15,7 +15,7 @@
 namespace llmesh::model {
 
 struct random_model_spec {
-  std::string arch = "llama";  ///< llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | qwen2_moe | gemma | gemma2 | gemma3 | granite | gpt_oss | smollm3
+  std::string arch = "llama";  ///< llama | mistral | qwen2 | qwen3 | phi3 | qwen3_moe | mixtral | qwen2_moe | gemma | gemma2 | gemma3 | granite | gpt_oss | smollm3 | ministral3
   size_t hidden = 64, intermediate = 160, n_layers = 2;
   size_t n_heads = 4, n_kv_heads = 2, head_dim = 0;  ///< head_dim 0: hidden / n_heads (omitted from config)
   size_t vocab = 517;                                ///< at least 258: 256 byte tokens + BOS + EOS

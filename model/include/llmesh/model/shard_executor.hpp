@@ -240,6 +240,7 @@ class shard_executor final : public step_executor {
   // Step buffers, [n_tokens][...], grown on demand and reused.
   std::vector<float> sample_logits_, score_logits_;
   std::vector<float> h_, xn_, q_, k_, v_, attn_, proj_, gate_, up_, cos_, sin_, cos_local_, sin_local_;
+  std::vector<float> q_temp_;  ///< per token: Ministral 3's query temperature (kernels::llama4_query_scale), else 1
   std::vector<float> router_, expert_x_, expert_gate_, expert_up_, expert_y_;  ///< MoE layers' (moe_block.cpp)
   std::vector<float> shared_gate_, shared_up_, shared_y_, shared_scale_;         ///< Qwen2-MoE's shared expert's
   std::vector<uint32_t> chosen_;  ///< per (token, slot): its expert
