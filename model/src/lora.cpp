@@ -175,7 +175,23 @@ result<lora_adapter> load_lora(const lora_source& src, const model_config& cfg) 
   };
   std::map<std::pair<size_t, lora_target>, found> pairs;
   std::vector<std::pair<std::string, tensor_view>> views;
-  for (const auto& name : store.names()) views.emplace_back(name, *store.get(name));
+  for (const auto& name : store.names()) {
+    std::string n = name;
+    if (cfg.language_model_of_multimodal) {  // PEFT over a multimodal checkpoint: its language model's names
+      static const std::pair<std::string_view, std::string_view> lm[] = {
+          {"base_model.model.language_model.model.", "base_model.model.model."},  // transformers before 4.52
+          {"base_model.model.model.language_model.", "base_model.model.model."}};
+      bool tower = false;
+      for (std::string_view other : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."}) {
+        tower = tower || n.starts_with("base_model.model." + std::string(other));
+      }
+      if (tower) continue;  // the vision tower's adapters: a text request never runs the tower
+      for (const auto& [from, to] : lm) {
+        if (n.starts_with(from)) n = std::string(to) + n.substr(from.size());
+      }
+    }
+    views.emplace_back(n, *store.get(name));
+  }
   for (const auto& [name, view] : views) {
     std::smatch m;
     if (name.size() > 256) {  // std::regex recurses per character: bound it before matching

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,7 @@
 #include "gguf_test_util.hpp"
 #include "llmesh/kernels/rope.hpp"
 #include "llmesh/model/config.hpp"
+#include "llmesh/model/lora.hpp"
 #include "llmesh/model/random_model.hpp"
 #include "llmesh/model/weights.hpp"
 
@@ -211,6 +213,68 @@ TEST(Multimodal, ALanguageModelUnderEitherLayoutGivesTheTextModelsLogits) {
   auto bad = model::load(empty.path());
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.err().message.find("no language model tensors"), std::string::npos) << bad.err().message;
+}
+
+// PEFT adapters trained on a multimodal checkpoint name its language model's modules under
+// either layout; they load as the text model's adapter, the vision tower's modules left out
+// (a text request never runs the tower). On a text model such names stay refused.
+TEST(Multimodal, AnAdapterOfTheMultimodalCheckpointLoadsAsTheTextModels) {
+  random_model_spec s;
+  s.arch = "gemma3";
+  s.hidden = 64;
+  s.intermediate = 128;
+  s.n_layers = 2;
+  s.n_heads = 4;
+  s.n_kv_heads = 2;
+  s.head_dim = 16;
+  s.vocab = 300;
+  s.sliding_window = 4;
+  s.dtype = kernels::dtype::bf16;
+  temp_dir text, adapter;
+  ASSERT_TRUE(write_random_model(s, text.path()).ok());
+  random_lora_spec ls;
+  ASSERT_TRUE(write_random_lora(ls, text.path(), adapter.path()).ok());
+  const auto text_cfg = load_config(text.path());
+  ASSERT_TRUE(text_cfg.ok());
+  auto want = load_lora({"a", adapter.path()}, *text_cfg);
+  ASSERT_TRUE(want.ok()) << want.err().message;
+  temp_dir multi;
+  ASSERT_TRUE(write_random_model(s, multi.path()).ok());
+  as_multimodal(multi, "new");
+  const auto multi_cfg = load_config(multi.path());
+  ASSERT_TRUE(multi_cfg.ok());
+  for (const std::string layout : {"old", "new"}) {
+    SCOPED_TRACE(layout);
+    temp_dir renamed;
+    std::filesystem::copy(adapter.path(), renamed.path(), std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::rename(renamed / "adapter_model.safetensors", renamed / "model.safetensors");  // rewrite's file
+    testing::rewrite(
+        renamed,
+        [&](tensor_spec& t) {
+          const std::string rest = t.name.substr(std::string("base_model.model.model.").size());
+          t.name = (layout == "old" ? "base_model.model.language_model.model." : "base_model.model.model.language_model.") + rest;
+          return true;
+        },
+        {tensor_spec{"base_model.model." + std::string(layout == "old" ? "" : "model.") +
+                         "vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.lora_A.weight",
+                     kernels::dtype::f32, {8, 4}, [](std::span<uint8_t> out) { std::fill(out.begin(), out.end(), 0); }}});
+    std::filesystem::rename(renamed / "model.safetensors", renamed / "adapter_model.safetensors");
+    auto got = load_lora({"a", renamed.path()}, *multi_cfg);
+    ASSERT_TRUE(got.ok()) << got.err().message;
+    ASSERT_EQ(got->layers.size(), want->layers.size());
+    for (size_t l = 0; l < want->layers.size(); ++l) {
+      for (size_t t = 0; t < lora_target_count; ++t) {
+        const auto& a = want->layers[l].pairs[t];
+        const auto& b = got->layers[l].pairs[t];
+        EXPECT_EQ(b.r, a.r) << l << "," << t;
+        EXPECT_EQ(b.scale, a.scale);
+        EXPECT_EQ(b.a.bytes, a.a.bytes);
+        EXPECT_EQ(b.b.bytes, a.b.bytes);
+      }
+    }
+    auto refused = load_lora({"a", renamed.path()}, *text_cfg);
+    EXPECT_FALSE(refused.ok());
+  }
 }
 
 }  // namespace
