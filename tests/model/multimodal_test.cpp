@@ -165,7 +165,8 @@ void as_multimodal(const temp_dir& dir, const std::string& layout) {
   std::ofstream(dir / "config.json") << j.dump(2);
 }
 
-TEST(Multimodal, ALanguageModelUnderEitherLayoutGivesTheTextModelsLogits) {
+/// A small Gemma 3: three layers, the middle one global.
+random_model_spec small_gemma3() {
   random_model_spec s;
   s.arch = "gemma3";
   s.hidden = 64;
@@ -179,6 +180,11 @@ TEST(Multimodal, ALanguageModelUnderEitherLayoutGivesTheTextModelsLogits) {
   s.sliding_pattern = 2;
   s.dtype = kernels::dtype::bf16;
   s.seed = 71;
+  return s;
+}
+
+TEST(Multimodal, ALanguageModelUnderEitherLayoutGivesTheTextModelsLogits) {
+  random_model_spec s = small_gemma3();
   const std::vector<int32_t> prompt = {5, 17, 200, 42, 8, 99, 1};
   for (const bool tied : {false, true}) {
     for (const std::string layout : {"old", "new"}) {
@@ -219,17 +225,7 @@ TEST(Multimodal, ALanguageModelUnderEitherLayoutGivesTheTextModelsLogits) {
 // either layout; they load as the text model's adapter, the vision tower's modules left out
 // (a text request never runs the tower). On a text model such names stay refused.
 TEST(Multimodal, AnAdapterOfTheMultimodalCheckpointLoadsAsTheTextModels) {
-  random_model_spec s;
-  s.arch = "gemma3";
-  s.hidden = 64;
-  s.intermediate = 128;
-  s.n_layers = 2;
-  s.n_heads = 4;
-  s.n_kv_heads = 2;
-  s.head_dim = 16;
-  s.vocab = 300;
-  s.sliding_window = 4;
-  s.dtype = kernels::dtype::bf16;
+  const random_model_spec s = small_gemma3();
   temp_dir text, adapter;
   ASSERT_TRUE(write_random_model(s, text.path()).ok());
   random_lora_spec ls;
