@@ -438,11 +438,9 @@ result<model_config> parse_config_json(const std::string& text) {
   }
   const bool ministral3 = arch_name == "Ministral3ForCausalLM";
   if (ministral3) ministral3_defaults(j);
-  if (c.arch == architecture::smollm3 && !j.contains("rope_theta") && !j.contains("rope_parameters")) {
-    j["rope_theta"] = 2000000.0;  // SmolLM3Config's default_theta
-  }
-  if (c.arch == architecture::smollm3 && (!j.contains("num_key_value_heads") || j["num_key_value_heads"].is_null())) {
-    j["num_key_value_heads"] = 4;  // SmolLM3Config's default (not the query heads)
+  if (c.arch == architecture::smollm3) {  // SmolLM3Config's defaults: default_theta, and 4 KV heads (not the query heads)
+    if (!j.contains("rope_theta") && !j.contains("rope_parameters")) j["rope_theta"] = 2000000.0;
+    if (!j.contains("num_key_value_heads") || j["num_key_value_heads"].is_null()) j["num_key_value_heads"] = 4;
   }
   if (c.arch == architecture::gemma3) {
     auto flat = flatten_gemma3_rope(j);

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <span>
 #include <unordered_map>
 
 #include "read_file.hpp"
@@ -325,8 +326,8 @@ status gemma_config(const gguf_file& g, const std::string& arch, uint64_t head_d
   if (!window) return window.take_error();
   c["sliding_window"] = *window;
   if (arch == "gemma3" && *window == 0) c["sliding_window_pattern"] = 1;  // no sliding layers: one rotary for all
-  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
-    if (arch == "gemma3" && std::string_view(key) == "attn_logit_softcapping") continue;  // llama.cpp reads none for Gemma 3
+  static const char* const caps[] = {"final_logit_softcapping", "attn_logit_softcapping"};
+  for (const char* key : std::span(caps).first(arch == "gemma2" ? 2 : 1)) {  // llama.cpp reads no attention cap for Gemma 3
     if (g.find(p + key) == nullptr) continue;
     auto cap = get_double(g, p + key, 0.0);
     if (!cap) return cap.take_error();

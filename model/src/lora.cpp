@@ -14,6 +14,7 @@
 
 #include "llmesh/kernels/quantize.hpp"
 #include "llmesh/model/safetensors.hpp"
+#include "language_model_name.hpp"
 #include "read_file.hpp"
 
 namespace llmesh::model {
@@ -177,17 +178,14 @@ result<lora_adapter> load_lora(const lora_source& src, const model_config& cfg) 
   std::vector<std::pair<std::string, tensor_view>> views;
   for (const auto& name : store.names()) {
     std::string n = name;
-    if (cfg.language_model_of_multimodal) {  // PEFT over a multimodal checkpoint: its language model's names
-      static const std::pair<std::string_view, std::string_view> lm[] = {
-          {"base_model.model.language_model.model.", "base_model.model.model."},  // transformers before 4.52
-          {"base_model.model.model.language_model.", "base_model.model.model."}};
-      bool tower = false;
-      for (std::string_view other : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."}) {
-        tower = tower || n.starts_with("base_model.model." + std::string(other));
-      }
-      if (tower) continue;  // the vision tower's adapters: a text request never runs the tower
-      for (const auto& [from, to] : lm) {
-        if (n.starts_with(from)) n = std::string(to) + n.substr(from.size());
+    constexpr std::string_view peft = "base_model.model.";
+    if (cfg.language_model_of_multimodal && n.starts_with(peft)) {  // PEFT over a multimodal checkpoint
+      const std::string_view rest = std::string_view(n).substr(peft.size());
+      if (auto lm = detail::language_model_name(rest)) {
+        n = std::string(peft) + *lm;
+      } else {
+        const std::string_view tower = rest.starts_with("model.") ? rest.substr(6) : rest;
+        if (tower.starts_with("vision_tower.") || tower.starts_with("multi_modal_projector.")) continue;  // never run for text
       }
     }
     views.emplace_back(n, *store.get(name));

@@ -5,6 +5,7 @@
 #include "llmesh/model/safetensors.hpp"
 
 #include "gguf_model.hpp"
+#include "language_model_name.hpp"
 #include "read_file.hpp"
 
 #include <fcntl.h>
@@ -148,25 +149,27 @@ status tensor_store::replace(const std::string& name, tensor_view t, std::shared
   return ok_status();
 }
 
-status tensor_store::take_language_model() {
-  // transformers before 4.52 saved language_model.model.* and language_model.lm_head.*; after,
-  // model.language_model.* and lm_head.*.
+std::optional<std::string> detail::language_model_name(std::string_view name) {
   static const std::pair<std::string_view, std::string_view> prefixes[] = {
       {"language_model.model.", "model."}, {"language_model.lm_head.", "lm_head."}, {"model.language_model.", "model."},
       {"lm_head.", "lm_head."}};
+  for (const auto& [from, to] : prefixes) {
+    if (name.starts_with(from)) return std::string(to) + std::string(name.substr(from.size()));
+  }
+  return std::nullopt;
+}
+
+status tensor_store::take_language_model() {
   size_t taken = 0;
   for (auto* m : {&tensors_, &ints_}) {
     std::map<std::string, tensor_view> kept;
     for (auto& [name, t] : *m) {
-      for (const auto& [from, to] : prefixes) {
-        if (!name.starts_with(from)) continue;
-        const std::string renamed = std::string(to) + name.substr(from.size());
-        if (!kept.emplace(renamed, std::move(t)).second) {
-          return make_error(errc::invalid_request, "tensor '" + name + "': its language model's name '" + renamed + "' is taken twice");
-        }
-        ++taken;
-        break;
+      auto renamed = detail::language_model_name(name);
+      if (!renamed) continue;
+      if (!kept.emplace(*renamed, std::move(t)).second) {
+        return make_error(errc::invalid_request, "tensor '" + name + "': its language model's name '" + *renamed + "' is taken twice");
       }
+      ++taken;
     }
     *m = std::move(kept);  // the vision tower's and the projector's tensors are let go
   }
